@@ -1,0 +1,3 @@
+"""mtcli: an end-to-end neural machine translation toolkit (prepare, train, evaluate, translate)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,202 @@
+"""The ``mtcli`` command line: parse arguments, call library functions, print results.
+
+Every library error (:class:`mtcli.errors.MtcliError`) becomes one line on stderr and a
+non-zero exit code; nothing here holds logic a library function could hold.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from mtcli.errors import MtcliError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="mtcli: prepare a parallel corpus, train a Transformer, evaluate and translate.",
+)
+
+SetOption = Annotated[
+    Optional[list[str]],  # noqa: UP045 - typer needs Optional here
+    typer.Option("--set", help="Override a config key: section.key=value (repeatable)."),
+]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")]
+
+
+def _fail(message: str, code: int) -> None:
+    print(f"mtcli: error: {message}", file=sys.stderr)
+    raise typer.Exit(code)
+
+
+def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn library errors, interrupts and OS errors into one line and an exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except MtcliError as exc:
+            _fail(str(exc), exc.exit_code)
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+        except BrokenPipeError:
+            # stdout closed early (e.g. `| head`): stop quietly like other Unix tools.
+            sys.stderr.close()
+            raise typer.Exit(141) from None
+        except OSError as exc:
+            where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+            _fail(f"{where}{exc.strerror or exc}", 1)
+
+    return wrapper
+
+
+@app.command()
+@handle_errors
+def prepare(
+    config: Annotated[Path, typer.Argument(help="Recipe YAML (see configs/).")],
+    set_: SetOption = None,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the cache is current.")] = False,
+    verbose: Verbose = False,
+) -> None:
+    """Read, clean, train SentencePiece and binarise a parallel corpus."""
+    from mtcli.config import load_config
+    from mtcli.logs import setup_logging
+    from mtcli.prepare import prepare as run_prepare
+
+    setup_logging(verbose)
+    report = run_prepare(load_config(config, set_), force=force)
+    print(report.summary())
+
+
+@app.command()
+@handle_errors
+def train(
+    config: Annotated[Path, typer.Argument(help="Recipe YAML (see configs/).")],
+    set_: SetOption = None,
+    verbose: Verbose = False,
+) -> None:
+    """Train a Transformer; re-running on an existing run directory resumes it exactly."""
+    from mtcli.config import load_config
+    from mtcli.logs import setup_logging
+    from mtcli.train import train as run_train
+
+    setup_logging(verbose)
+    summary = run_train(load_config(config, set_))
+    print(summary.summary())
+
+
+@app.command()
+@handle_errors
+def evaluate(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
+    split: Annotated[Optional[str], typer.Option(help="Prepared split to score (default: first test split).")] = None,  # noqa: UP045
+    src: Annotated[Optional[Path], typer.Option(help="Source text file (with --ref) instead of a split.")] = None,  # noqa: UP045
+    ref: Annotated[Optional[Path], typer.Option(help="Reference text file (with --src).")] = None,  # noqa: UP045
+    checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
+    average_last: Annotated[int, typer.Option(help="Average the last K step checkpoints first.")] = 0,
+    average_best: Annotated[int, typer.Option(help="Average the K best checkpoints first.")] = 0,
+    beam: Annotated[Optional[int], typer.Option(help="Beam size (1 = greedy).")] = None,  # noqa: UP045
+    output: Annotated[Optional[Path], typer.Option(help="Directory for hypotheses and report.json.")] = None,  # noqa: UP045
+    set_: SetOption = None,
+    verbose: Verbose = False,
+) -> None:
+    """Decode a test set and score it with sacreBLEU (BLEU, chrF, signatures)."""
+    from mtcli.evaluate import evaluate as run_evaluate
+    from mtcli.logs import setup_logging
+
+    setup_logging(verbose)
+    overrides = list(set_ or []) + ([f"decode.beam_size={beam}"] if beam else [])
+    report = run_evaluate(
+        run_dir,
+        split=split,
+        src_file=src,
+        ref_file=ref,
+        checkpoint=checkpoint,
+        average_last=average_last,
+        average_best=average_best,
+        overrides=overrides,
+        output_dir=output,
+    )
+    print(json.dumps(report, indent=2, ensure_ascii=False))
+
+
+@app.command()
+@handle_errors
+def translate(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
+    files: Annotated[Optional[list[Path]], typer.Argument(help="Input files (default: stdin).")] = None,  # noqa: UP045
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (default: stdout).")] = None,  # noqa: UP045
+    checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
+    beam: Annotated[Optional[int], typer.Option(help="Beam size (1 = greedy).")] = None,  # noqa: UP045
+    nbest: Annotated[Optional[int], typer.Option(help="Print the N best hypotheses with scores.")] = None,  # noqa: UP045
+    max_tokens: Annotated[Optional[int], typer.Option(help="Token budget per batch.")] = None,  # noqa: UP045
+    plot_attention: Annotated[Optional[Path], typer.Option(help="Write cross-attention heatmaps here.")] = None,  # noqa: UP045
+    set_: SetOption = None,
+    verbose: Verbose = False,
+) -> None:
+    """Translate text files or stdin to stdout (or --output), streamed."""
+    from mtcli.logs import setup_logging
+    from mtcli.translate import translate_files
+
+    setup_logging(verbose)
+    overrides = list(set_ or [])
+    if beam is not None:
+        overrides.append(f"decode.beam_size={beam}")
+    if nbest is not None:
+        overrides.append(f"decode.nbest={nbest}")
+    if max_tokens is not None:
+        overrides.append(f"decode.max_tokens={max_tokens}")
+    translate_files(
+        run_dir,
+        inputs=list(files or []),
+        output=output,
+        checkpoint=checkpoint,
+        overrides=overrides,
+        plot_attention=plot_attention,
+    )
+
+
+@app.command()
+@handle_errors
+def average(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Averaged checkpoint path.")],
+    last: Annotated[int, typer.Option(help="Average the last K step checkpoints.")] = 0,
+    best: Annotated[int, typer.Option(help="Average the K best checkpoints by validation BLEU.")] = 0,
+) -> None:
+    """Average the parameters of the last or best K checkpoints into one."""
+    from mtcli.checkpoint import average_run_checkpoints
+
+    used = average_run_checkpoints(run_dir, output, last=last, best=best)
+    print(f"averaged {len(used)} checkpoints into {output}: " + ", ".join(p.name for p in used))
+
+
+@app.command()
+@handle_errors
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
+    output: Annotated[Path, typer.Argument(help="Output directory.")],
+    format: Annotated[str, typer.Option("--format", help="Export format: ctranslate2.")] = "ctranslate2",
+    checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
+) -> None:
+    """Export a trained model for another runtime (CTranslate2)."""
+    from mtcli.export import export_model
+
+    out = export_model(run_dir, output, fmt=format, checkpoint=checkpoint)
+    print(f"exported {format} model to {out}")
+
+
+def main() -> None:  # pragma: no cover - console entry point alias
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,324 @@
+"""Typed configuration: four dataclass sections loaded from YAML and validated with clear errors.
+
+A config file has the sections ``data``, ``model``, ``train`` and ``decode``; every key maps to a
+field below (see ``configs/multi30k_de_en.yaml`` for a commented reference). Any key can be
+overridden from the command line with ``--set section.key=value``; the value is parsed as YAML,
+so ``--set train.max_steps=100`` is an int and ``--set data.test_splits=[a,b]`` a list.
+
+Errors are raised as :class:`mtcli.errors.ConfigError` whose message names the file and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from mtcli.errors import ConfigError
+
+
+@dataclass
+class DataConfig:
+    """Where the corpus comes from, how it is cleaned, and the joint SentencePiece model."""
+
+    name: str
+    source: str
+    src_lang: str
+    tgt_lang: str
+    hub_config: str | None = None
+    train_split: str = "train"
+    valid_split: str = "val"
+    test_splits: list[str] = field(default_factory=lambda: ["test"])
+    prepared_dir: str | None = None
+    max_length: int = 250
+    max_length_ratio: float = 3.0
+    dedup: bool = False
+    vocab_size: int = 8000
+    spm_model_type: Literal["unigram", "bpe", "char", "word"] = "unigram"
+    character_coverage: float = 1.0
+    spm_max_sentences: int = 2_000_000
+    num_workers: int = 2
+
+    def prepared_path(self) -> Path:
+        """Directory of the binarised cache (default ``data/prepared/<name>``)."""
+        return Path(self.prepared_dir) if self.prepared_dir else Path("data/prepared") / self.name
+
+
+@dataclass
+class ModelConfig:
+    """Shape of the encoder-decoder Transformer (defaults: the paper's base model)."""
+
+    d_model: int = 512
+    n_heads: int = 8
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    d_ff: int = 2048
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    activation_dropout: float = 0.0
+    pre_norm: bool = False
+    tie_embeddings: bool = True
+    max_positions: int = 1024
+
+
+@dataclass
+class TrainConfig:
+    """The training loop: batching, optimisation, validation, checkpoints."""
+
+    run_dir: str | None = None
+    seed: int = 1
+    device: str = "auto"
+    num_threads: int = 0
+    bf16: bool = False
+    max_tokens: int = 4096
+    update_freq: int = 1
+    max_source_length: int = 256
+    max_target_length: int = 256
+    max_steps: int = 100_000
+    max_epochs: int = 0
+    max_minutes: float = 0.0
+    patience: int = 0
+    lr_factor: float = 1.0
+    warmup_steps: int = 4000
+    label_smoothing: float = 0.1
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    clip_norm: float = 0.0
+    valid_every: int = 1000
+    valid_bleu: bool = True
+    valid_max_sentences: int = 0
+    keep_last: int = 5
+    log_every: int = 100
+    max_nonfinite: int = 5
+    progress: bool = True
+
+
+@dataclass
+class DecodeConfig:
+    """Search settings used by ``evaluate``, ``translate`` and validation BLEU."""
+
+    beam_size: int = 5
+    length_penalty: float = 1.0
+    max_len_a: float = 1.2
+    max_len_b: int = 10
+    max_tokens: int = 4096
+    nbest: int = 1
+    bf16: bool = False
+
+
+@dataclass
+class Config:
+    """A whole recipe: the four sections, plus the file it came from (for messages)."""
+
+    data: DataConfig
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    path: str = field(default="<config>", compare=False)
+
+    def run_path(self) -> Path:
+        """Run directory (default ``data/runs/<config file stem>``)."""
+        if self.train.run_dir:
+            return Path(self.train.run_dir)
+        stem = Path(self.path).stem if self.path != "<config>" else self.data.name
+        return Path("data/runs") / stem
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict of the four sections (what is written to ``config.yaml``)."""
+        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+
+
+SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "train": TrainConfig,
+    "decode": DecodeConfig,
+}
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        return f"list of {_type_name(inner)}"
+    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any) -> Any:
+    """Return ``value`` converted to ``tp`` or raise ``TypeError`` (ints are accepted as floats)."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        raise TypeError
+    if origin in (Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(value, arg)
+            except TypeError:
+                continue
+        raise TypeError
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise TypeError
+        return [_coerce(v, inner) for v in value]
+    if tp is type(None):
+        if value is None:
+            return None
+        raise TypeError
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise TypeError
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise TypeError
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise TypeError
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        # YAML reads `de` as str but `no`/`on`/numbers as other types; accept scalars as text.
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise TypeError
+    raise TypeError
+
+
+def _build_section(cls: type, raw: dict[str, Any], where: str, section: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in fields:
+            known = ", ".join(fields)
+            raise ConfigError(f"{where}: unknown key '{section}.{key}' (known keys: {known})")
+        try:
+            kwargs[key] = _coerce(value, hints[key])
+        except TypeError:
+            raise ConfigError(
+                f"{where}: key '{section}.{key}' must be {_type_name(hints[key])}, got {value!r}"
+            ) from None
+    for name, f in fields.items():
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if required and name not in kwargs:
+            raise ConfigError(f"{where}: missing required key '{section}.{name}'")
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """Split ``section.key=value`` into its parts, the value parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    dotted, raw_value = text.split("=", 1)
+    parts = dotted.strip().split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. train.max_steps=100")
+    try:
+        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
+    except yaml.YAMLError:
+        value = raw_value
+    return parts[0], parts[1], value
+
+
+def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | None = None) -> Config:
+    """Validate a nested dict (as read from YAML) plus overrides into a :class:`Config`."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping with sections {', '.join(SECTIONS)}")
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for text in overrides or []:
+        section, key, value = parse_override(text)
+        if section not in SECTIONS:
+            raise ConfigError(f"--set {text!r}: unknown section '{section}' (known: {', '.join(SECTIONS)})")
+        raw.setdefault(section, {})
+        if not isinstance(raw[section], dict):
+            raw[section] = {}
+        raw[section][key] = value
+    for section in raw:
+        if section not in SECTIONS:
+            raise ConfigError(f"{where}: unknown section '{section}' (known: {', '.join(SECTIONS)})")
+    built: dict[str, Any] = {}
+    for section, cls in SECTIONS.items():
+        body = raw.get(section)
+        if body is None and section == "data":
+            raise ConfigError(f"{where}: missing required section 'data'")
+        if body is None:
+            body = {}
+        if not isinstance(body, dict):
+            raise ConfigError(f"{where}: section '{section}' must be a mapping, got {body!r}")
+        built[section] = _build_section(cls, body, where, section)
+    config = Config(**built, path=where)
+    validate(config)
+    return config
+
+
+def validate(config: Config) -> None:
+    """Check value ranges and cross-field rules; raise :class:`ConfigError` naming the key."""
+    where = config.path
+    m, t, d, dc = config.model, config.train, config.decode, config.data
+    checks: list[tuple[bool, str]] = [
+        (m.d_model > 0 and m.d_model % m.n_heads == 0, "model.d_model must be a positive multiple of model.n_heads"),
+        (m.d_model % 2 == 0, "model.d_model must be even (sinusoidal positions pair sin/cos)"),
+        (m.encoder_layers >= 1 and m.decoder_layers >= 1, "model.encoder_layers/decoder_layers must be >= 1"),
+        (all(0.0 <= p < 1.0 for p in (m.dropout, m.attention_dropout, m.activation_dropout)), "model dropouts must be in [0, 1)"),
+        (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
+        (t.max_tokens > 0, "train.max_tokens must be > 0"),
+        (t.update_freq >= 1, "train.update_freq must be >= 1"),
+        (t.warmup_steps >= 1, "train.warmup_steps must be >= 1"),
+        (len(t.adam_betas) == 2, "train.adam_betas must have two values"),
+        (t.keep_last >= 1, "train.keep_last must be >= 1"),
+        (t.valid_every >= 1, "train.valid_every must be >= 1"),
+        (d.beam_size >= 1, "decode.beam_size must be >= 1"),
+        (1 <= d.nbest <= d.beam_size, "decode.nbest must be between 1 and decode.beam_size"),
+        (d.max_tokens > 0, "decode.max_tokens must be > 0"),
+        (dc.vocab_size >= 8, "data.vocab_size must be >= 8"),
+        (dc.src_lang != dc.tgt_lang, "data.src_lang and data.tgt_lang must differ"),
+        (dc.max_length >= 1 and dc.max_length_ratio >= 1.0, "data.max_length must be >= 1 and data.max_length_ratio >= 1"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(f"{where}: {message}")
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Read a YAML recipe with a safe loader, apply ``--set`` overrides, validate."""
+    path = Path(path)
+    where = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}: cannot read config ({exc})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{where}:{line}: {problem}") from None
+    return config_from_dict(raw, where, overrides)
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML, atomically."""
+    from mtcli.fileio import atomic_write
+
+    with atomic_write(path) as handle:
+        yaml.safe_dump(config.to_dict(), handle, sort_keys=False, allow_unicode=True)

@@ -1,0 +1,43 @@
+"""Typed errors raised by library code.
+
+Library modules never call ``sys.exit``; they raise one of these and ``mtcli.cli`` turns it
+into a one-line message on stderr and a non-zero exit code (``exit_code`` below).
+"""
+
+from __future__ import annotations
+
+
+class MtcliError(Exception):
+    """Base class of every error a user can cause; its message is one line for the terminal."""
+
+    exit_code = 1
+
+
+class ConfigError(MtcliError):
+    """A config file or ``--set`` override is invalid (unknown key, wrong type, missing key)."""
+
+    exit_code = 2
+
+
+class DataError(MtcliError):
+    """Input text or a prepared cache is unusable (mismatched files, bad UTF-8, missing split)."""
+
+
+class CheckpointError(MtcliError):
+    """A checkpoint or run directory is missing, corrupted, untrusted, or incompatible."""
+
+
+class RunLockedError(MtcliError):
+    """Another live process holds the run directory."""
+
+
+class TrainingError(MtcliError):
+    """Training cannot go on (for example, too many non-finite losses in a row)."""
+
+
+class TrainingInterrupted(MtcliError):
+    """Training stopped on SIGINT/SIGTERM after saving ``checkpoint_last``."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum

@@ -1,0 +1,69 @@
+"""The one path for progress and messages: the ``mtcli`` logger and tqdm bars on stderr.
+
+Library code logs through :func:`get_logger` and makes bars with :func:`progress`; it never
+prints. The CLI calls :func:`setup_logging` once; a run directory adds a file handler so the
+text log (``train.log``) gets the same lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+LOGGER_NAME = "mtcli"
+_FORMAT = "%(asctime)s | %(levelname)s | %(message)s"
+
+
+def get_logger() -> logging.Logger:
+    """The package logger; everything mtcli says goes through it."""
+    return logging.getLogger(LOGGER_NAME)
+
+
+class _TqdmHandler(logging.StreamHandler):
+    """Writes log lines through tqdm so they do not break an active progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # pragma: no cover - logging must never raise
+            self.handleError(record)
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """Send ``mtcli`` log records to stderr (INFO, or DEBUG when ``verbose``)."""
+    logger = get_logger()
+    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+    if not any(isinstance(h, _TqdmHandler) for h in logger.handlers):
+        handler = _TqdmHandler()
+        handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
+        logger.addHandler(handler)
+    logger.propagate = False
+
+
+def add_file_log(path: str | Path) -> logging.Handler:
+    """Also append log records to ``path``; returns the handler so the caller can remove it."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
+    logger = get_logger()
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
+    return handler
+
+
+def remove_log_handler(handler: logging.Handler) -> None:
+    """Detach and close a handler added by :func:`add_file_log`."""
+    get_logger().removeHandler(handler)
+    handler.close()
+
+
+def progress(iterable: Iterable | None = None, *, enabled: bool = True, **kwargs: Any) -> tqdm:
+    """A tqdm bar on stderr; ``enabled=False`` gives a silent bar with the same interface."""
+    kwargs.setdefault("dynamic_ncols", True)
+    kwargs.setdefault("leave", False)
+    return tqdm(iterable, file=sys.stderr, disable=not enabled, **kwargs)
