@@ -1,0 +1,77 @@
+"""Pictures of a run: learning curves read back from the run's TensorBoard scalars.
+
+``write_learning_curves(run_dir)`` writes ``learning_curves.png`` beside ``tensorboard/``:
+train loss and valid loss over steps (left axis) and valid BLEU (right panel).
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from mtcli.fileio import atomic_write
+
+TRAIN_LOSS, VALID_LOSS, VALID_BLEU = "train/loss", "valid/loss", "valid/bleu"
+
+
+def read_scalars(logdir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """All scalar series in a TensorBoard log directory as ``tag -> [(step, value), ...]``.
+
+    When a run was resumed, a step logged twice keeps its last value.
+    """
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    acc.Reload()
+    series: dict[str, list[tuple[int, float]]] = {}
+    for tag in acc.Tags().get("scalars", []):
+        by_step = {event.step: float(event.value) for event in acc.Scalars(tag)}
+        series[tag] = sorted(by_step.items())
+    return series
+
+
+def plot_learning_curves(series: dict[str, list[tuple[int, float]]], title: str = "") -> bytes:
+    """Render train/valid loss and valid BLEU against steps; returns PNG bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_bleu) = plt.subplots(1, 2, figsize=(11, 4))
+    for tag, label in ((TRAIN_LOSS, "train loss"), (VALID_LOSS, "valid loss")):
+        if series.get(tag):
+            steps, values = zip(*series[tag], strict=True)
+            ax_loss.plot(steps, values, label=label, marker="." if tag == VALID_LOSS else None)
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("label-smoothed loss per token")
+    ax_loss.grid(alpha=0.3)
+    if ax_loss.lines:
+        ax_loss.legend()
+    if series.get(VALID_BLEU):
+        steps, values = zip(*series[VALID_BLEU], strict=True)
+        ax_bleu.plot(steps, values, marker="o", color="tab:green", label="valid BLEU (greedy)")
+        ax_bleu.legend()
+    else:
+        ax_bleu.text(0.5, 0.5, "no validation BLEU logged", ha="center", va="center")
+    ax_bleu.set_xlabel("step")
+    ax_bleu.set_ylabel("BLEU")
+    ax_bleu.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def write_learning_curves(run_dir: str | Path) -> Path | None:
+    """Write ``<run_dir>/learning_curves.png`` from ``<run_dir>/tensorboard``; None if no scalars."""
+    run_dir = Path(run_dir)
+    series = read_scalars(run_dir / "tensorboard")
+    if not any(series.get(tag) for tag in (TRAIN_LOSS, VALID_LOSS, VALID_BLEU)):
+        return None
+    out = run_dir / "learning_curves.png"
+    with atomic_write(out, "wb") as handle:
+        handle.write(plot_learning_curves(series, title=run_dir.name))
+    return out

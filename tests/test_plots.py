@@ -1,0 +1,41 @@
+"""Learning curves are read back from real TensorBoard event files and drawn as a PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch.utils.tensorboard import SummaryWriter
+
+from mtcli.plots import read_scalars, write_learning_curves
+
+
+def _write_events(logdir: Path) -> None:
+    writer = SummaryWriter(str(logdir))
+    for step in range(1, 21):
+        writer.add_scalar("train/loss", 10.0 / step, step)
+        if step % 5 == 0:
+            writer.add_scalar("valid/loss", 8.0 / step, step)
+            writer.add_scalar("valid/bleu", 2.0 * step, step)
+    writer.add_scalar("valid/bleu", 99.0, 20)  # a resumed run re-logging step 20
+    writer.close()
+
+
+def test_read_scalars_keeps_last_value_per_step(tmp_path: Path) -> None:
+    _write_events(tmp_path / "tensorboard")
+    series = read_scalars(tmp_path / "tensorboard")
+    assert [s for s, _ in series["valid/bleu"]] == [5, 10, 15, 20]
+    assert series["valid/bleu"][-1] == (20, 99.0)
+    assert len(series["train/loss"]) == 20
+
+
+def test_write_learning_curves_png(tmp_path: Path) -> None:
+    _write_events(tmp_path / "tensorboard")
+    out = write_learning_curves(tmp_path)
+    assert out == tmp_path / "learning_curves.png"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_no_scalars_no_picture(tmp_path: Path) -> None:
+    (tmp_path / "tensorboard").mkdir()
+    assert write_learning_curves(tmp_path) is None
+    assert not (tmp_path / "learning_curves.png").exists()
