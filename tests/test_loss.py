@@ -1,0 +1,78 @@
+"""LabelSmoothedLoss against hand-computed values and the library formula."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mtcli.loss import LabelSmoothedLoss, perplexity, reference_loss
+
+
+def test_hand_computed_value() -> None:
+    # Two target positions over a vocabulary of 3; eps = 0.1.
+    logits = torch.tensor([[[1.0, 2.0, 0.0], [0.0, 0.0, 0.0]]])
+    target = torch.tensor([[1, 2]])
+    eps = 0.1
+    out = LabelSmoothedLoss(eps, pad_id=99)(logits, target)
+    # Position 1: log Z = log(e + e^2 + 1); the gold token is index 1.
+    log_z = math.log(math.e + math.e**2 + 1.0)
+    lp1 = [1.0 - log_z, 2.0 - log_z, 0.0 - log_z]
+    lp2 = [-math.log(3.0)] * 3
+    nll = -(lp1[1] + lp2[2])
+    smooth = -(sum(lp1) + sum(lp2)) / 3
+    expected = (1 - eps) * nll + eps * smooth
+    assert out.tokens == 2
+    assert out.nll.item() == pytest.approx(nll, rel=1e-6)
+    assert out.loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_pad_positions_contribute_nothing() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 7, requires_grad=True)
+    target = torch.tensor([[4, 5, 6, 0], [3, 0, 0, 0]])
+    loss_fn = LabelSmoothedLoss(0.1, pad_id=0)
+    out = loss_fn(logits, target)
+    assert out.tokens == 4
+    # Changing the logits at pad positions changes neither the loss nor their gradient share.
+    changed = logits.detach().clone()
+    changed[target == 0] = 100.0 * torch.randn_like(changed[target == 0])
+    out2 = loss_fn(changed, target)
+    assert out2.loss.item() == pytest.approx(out.loss.item(), rel=1e-6)
+    out.loss.backward()
+    assert torch.all(logits.grad[target == 0] == 0)
+    assert torch.any(logits.grad[target != 0] != 0)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_matches_library_cross_entropy(eps: float) -> None:
+    torch.manual_seed(1)
+    logits = torch.randn(3, 5, 11)
+    target = torch.randint(0, 11, (3, 5))
+    target[0, -2:] = 0
+    out = LabelSmoothedLoss(eps, pad_id=0)(logits, target)
+    ref = reference_loss(logits, target, eps, pad_id=0)
+    assert torch.allclose(out.loss, ref, rtol=1e-5, atol=1e-5)
+    plain = reference_loss(logits, target, 0.0, pad_id=0)
+    assert torch.allclose(out.nll, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_logits_are_scored_in_float32() -> None:
+    logits = torch.randn(2, 3, 9).to(torch.bfloat16)
+    target = torch.tensor([[1, 2, 3], [4, 5, 0]])
+    out = LabelSmoothedLoss(0.1)(logits, target)
+    assert out.loss.dtype == torch.float32
+    ref = reference_loss(logits.float(), target, 0.1)
+    assert torch.allclose(out.loss, ref, rtol=1e-5)
+
+
+def test_perplexity() -> None:
+    assert perplexity(2.0 * 10, 10) == pytest.approx(math.exp(2.0))
+    assert perplexity(1.0, 0) == float("inf")
+    assert math.isfinite(perplexity(1e9, 1))
+
+
+def test_rejects_bad_epsilon() -> None:
+    with pytest.raises(ValueError):
+        LabelSmoothedLoss(1.0)

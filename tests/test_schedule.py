@@ -1,0 +1,55 @@
+"""NoamSchedule and the optimiser against hand-computed values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mtcli.config import TrainConfig
+from mtcli.schedule import NoamSchedule, build_optimizer, build_schedule, noam_lr
+
+
+def test_noam_hand_values() -> None:
+    d, w, f = 512, 4000, 1.0
+    # step 1: 512^-0.5 * 1 * 4000^-1.5
+    assert noam_lr(1, d, w, f) == pytest.approx(512**-0.5 * 4000**-1.5)
+    # warm-up is linear
+    assert noam_lr(2000, d, w, f) == pytest.approx(2000 * noam_lr(1, d, w, f))
+    # peak at step == warmup: (d * w)^-0.5
+    peak = (512 * 4000) ** -0.5
+    assert noam_lr(4000, d, w, f) == pytest.approx(peak)
+    assert noam_lr(3999, d, w, f) < peak and noam_lr(4001, d, w, f) < peak
+    # decay: inverse square root
+    assert noam_lr(16000, d, w, f) == pytest.approx(peak / 2)
+    assert noam_lr(10, 256, 4, 2.0) == pytest.approx(2.0 * 256**-0.5 * 10**-0.5)
+
+
+def test_schedule_drives_optimizer_and_round_trips() -> None:
+    model = torch.nn.Linear(3, 2)
+    cfg = TrainConfig(warmup_steps=4, lr_factor=2.0)
+    opt = build_optimizer(model, cfg)
+    assert isinstance(opt, torch.optim.Adam) and not isinstance(opt, torch.optim.AdamW)
+    assert opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["eps"] == 1e-9
+    sched = build_schedule(opt, 16, cfg)
+    seen = []
+    for _ in range(6):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert seen == pytest.approx([noam_lr(k, 16, 4, 2.0) for k in range(1, 7)])
+    assert max(range(6), key=lambda i: seen[i]) == 3  # the 4th update is the peak
+    other = NoamSchedule(torch.optim.Adam(model.parameters()), 16, 4, 2.0)
+    other.load_state_dict(sched.state_dict())
+    assert other.lr == pytest.approx(sched.lr)
+    assert other.optimizer.param_groups[0]["lr"] == pytest.approx(noam_lr(7, 16, 4, 2.0))
+
+
+def test_weight_decay_selects_adamw() -> None:
+    opt = build_optimizer(torch.nn.Linear(2, 2), TrainConfig(weight_decay=0.01))
+    assert isinstance(opt, torch.optim.AdamW)
+    assert opt.defaults["weight_decay"] == 0.01
+
+
+def test_rejects_zero_warmup() -> None:
+    with pytest.raises(ValueError):
+        NoamSchedule(torch.optim.Adam(torch.nn.Linear(2, 2).parameters()), 8, 0)
