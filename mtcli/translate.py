@@ -1,0 +1,444 @@
+"""Streamed, length-batched translation of lines, and the ``mtcli translate`` command's body.
+
+:func:`translate_lines` is the one decoding path used by ``translate``, ``evaluate`` and the
+in-training validation BLEU. It reads its input a *window* of lines at a time, so memory stays
+bounded however long the input is:
+
+1. each line is encoded with the run's SentencePiece model; a source longer than the model's
+   limit (``max_positions - 1`` pieces, leaving room for ``</s>``) is truncated with a warning
+   naming the line, never dropped; an empty line is not sent to the model at all and gives an
+   empty translation;
+2. the window is sorted by source length and cut into batches whose padded size
+   ``B * S_max * beam_size`` stays within ``decode.max_tokens`` (at least one sentence a batch);
+3. every batch is decoded with :func:`mtcli.search.generate` (greedy or beam, under bf16
+   autocast when ``decode.bf16``);
+4. results are put back in input order and yielded as soon as a contiguous prefix of the window
+   is complete: one list of n-best :class:`Translation` per input line, line count in equals
+   line count out.
+
+:func:`translate_files` reads files (or stdin) strictly as UTF-8, writes stdout line by line or a
+file atomically, shows a progress bar for file inputs and can plot cross-attention heatmaps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, BinaryIO
+
+import torch
+
+from mtcli.config import Config, DecodeConfig, config_from_dict
+from mtcli.errors import ConfigError, DataError
+from mtcli.fileio import atomic_write
+from mtcli.logs import get_logger, progress
+
+#: Lines read (and sorted by length) at a time; bounds memory independently of input length.
+DEFAULT_WINDOW = 2000
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3  # same values as mtcli.tokenizer (fixed convention)
+
+
+@dataclass
+class Translation:
+    """One hypothesis for one input line.
+
+    ``text`` is the detokenised output, ``tokens`` its SentencePiece ids (no bos/eos),
+    ``score`` the length-penalised log-probability the search ranked by and ``logprob`` the
+    plain sum of token log-probabilities (including ``</s>``). ``attention`` is the
+    head-averaged cross-attention ``[layers, T, S]`` when it was asked for, else ``None``;
+    ``source_tokens`` are the source ids actually decoded (after truncation, no ``</s>``).
+    """
+
+    text: str
+    score: float
+    tokens: list[int]
+    logprob: float = 0.0
+    attention: torch.Tensor | None = None
+    source_tokens: list[int] | None = None
+
+
+def _empty_translation() -> Translation:
+    return Translation(text="", score=0.0, tokens=[], logprob=0.0, attention=None)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading input strictly
+# --------------------------------------------------------------------------------------------
+
+
+def iter_binary_lines(handle: BinaryIO, name: str) -> Iterator[str]:
+    """Decode a binary stream line by line as strict UTF-8 (``\\n`` or ``\\r\\n`` endings).
+
+    A UTF-8 byte-order mark at the start is dropped. Raises :class:`DataError` naming ``name``
+    and the 1-based line number at the first invalid byte sequence.
+    """
+    for lineno, raw in enumerate(handle, 1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(
+                f"{name}: line {lineno}: invalid UTF-8 ({exc.reason} at byte {exc.start})"
+            ) from None
+        if lineno == 1 and text.startswith("\ufeff"):
+            text = text[1:]
+        if text.endswith("\n"):
+            text = text[:-1]
+            if text.endswith("\r"):
+                text = text[:-1]
+        yield text
+
+
+def iter_text_file(path: str | Path) -> Iterator[str]:
+    """Lines of a text file read as strict UTF-8, without their line endings (streamed)."""
+    path = Path(path)
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    with handle:
+        yield from iter_binary_lines(handle, str(path))
+
+
+def read_text_file(path: str | Path) -> list[str]:
+    """All lines of a strict UTF-8 text file (for small files such as test sets)."""
+    return list(iter_text_file(path))
+
+
+def count_lines(path: str | Path) -> int:
+    """Number of lines of a file (a final line without ``\\n`` counts), read in binary chunks."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            count += chunk.count(b"\n")
+            last = chunk[-1:]
+    return count + (0 if last == b"\n" else 1)
+
+
+# --------------------------------------------------------------------------------------------
+# Batching
+# --------------------------------------------------------------------------------------------
+
+
+def source_limit(bundle: Any) -> int:
+    """Longest source (in pieces, before ``</s>``) the model accepts: ``max_positions - 1``."""
+    model = bundle.model
+    limit = getattr(model, "max_positions", None)
+    if limit is None:
+        cfg = getattr(model, "cfg", None) or getattr(model, "config", None)
+        limit = getattr(cfg, "max_positions", None)
+    if limit is None and getattr(bundle, "config", None) is not None:
+        limit = bundle.config.model.max_positions
+    if limit is None:
+        raise ConfigError("cannot find the model's max_positions")
+    return int(limit) - 1
+
+
+def make_batches(lengths: list[int], max_tokens: int, beam_size: int = 1) -> list[list[int]]:
+    """Group indices sorted by length (longest first) so ``B * S_max * beam <= max_tokens``.
+
+    ``S_max`` is the longest source in the batch counting ``</s>``; a sentence too long for the
+    budget on its own still gets a batch of one. Every index appears in exactly one batch.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        size = lengths[i] + 1
+        width = max(longest, size)
+        if current and width * (len(current) + 1) * beam_size > max_tokens:
+            batches.append(current)
+            current, width = [], size
+        current.append(i)
+        longest = width
+    if current:
+        batches.append(current)
+    return batches
+
+
+def collate_sources(sources: list[list[int]], device: torch.device | str) -> torch.Tensor:
+    """Pad ``ids + [eos]`` sequences into a ``[B, S]`` long tensor (pad id 0)."""
+    width = max(len(s) for s in sources) + 1
+    batch = torch.full((len(sources), width), PAD_ID, dtype=torch.long)
+    for row, ids in enumerate(sources):
+        batch[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+        batch[row, len(ids)] = EOS_ID
+    return batch.to(device)
+
+
+# --------------------------------------------------------------------------------------------
+# Translating lines
+# --------------------------------------------------------------------------------------------
+
+
+def _autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def translate_lines(
+    bundle: Any,
+    lines: Iterable[str],
+    decode: DecodeConfig,
+    device: torch.device | str = "cpu",
+    *,
+    return_attention: bool = False,
+    window: int = DEFAULT_WINDOW,
+    name: str = "input",
+    use_cache: bool = True,
+) -> Iterator[list[Translation]]:
+    """Translate ``lines`` lazily; yield one n-best list of :class:`Translation` per line, in order.
+
+    ``bundle`` is an :class:`mtcli.checkpoint.InferenceModel` or anything with ``.model`` (a
+    :class:`mtcli.model.Transformer`) and ``.tokenizer`` (a :class:`mtcli.tokenizer.Tokenizer`),
+    e.g. ``types.SimpleNamespace(model=m, tokenizer=t)`` during training. The model is put in
+    eval mode while decoding and its previous mode restored afterwards. Lines are read
+    ``window`` at a time (sorted by length inside the window only), so memory does not grow with
+    the input. ``name`` prefixes the line numbers of truncation warnings.
+    """
+    from mtcli.search import generate
+
+    log = get_logger()
+    device = torch.device(device)
+    model, tokenizer = bundle.model, bundle.tokenizer
+    limit = source_limit(bundle)
+    was_training = model.training
+    model.eval()
+    offset = 0
+    iterator = iter(lines)
+    try:
+        while True:
+            chunk = list(itertools.islice(iterator, max(1, window)))
+            if not chunk:
+                return
+            results: list[list[Translation] | None] = [None] * len(chunk)
+            sources: dict[int, list[int]] = {}
+            for i, line in enumerate(chunk):
+                ids = tokenizer.encode(line) if line.strip() else []
+                if not ids:
+                    results[i] = [_empty_translation()]
+                    continue
+                if len(ids) > limit:
+                    log.warning(
+                        "%s: line %d: source has %d pieces, truncated to the model limit of %d",
+                        name, offset + i + 1, len(ids), limit,
+                    )
+                    ids = ids[:limit]
+                sources[i] = ids
+            keys = list(sources)
+            batches = make_batches([len(sources[k]) for k in keys], decode.max_tokens, decode.beam_size)
+            emitted = 0
+            while emitted < len(chunk) and results[emitted] is not None:
+                yield results[emitted]  # type: ignore[misc]
+                emitted += 1
+            for batch in batches:
+                indices = [keys[b] for b in batch]
+                src = collate_sources([sources[i] for i in indices], device)
+                with torch.inference_mode(), _autocast(device, decode.bf16):
+                    hyps = generate(
+                        model,
+                        src,
+                        beam_size=decode.beam_size,
+                        length_penalty=decode.length_penalty,
+                        max_len_a=decode.max_len_a,
+                        max_len_b=decode.max_len_b,
+                        nbest=decode.nbest,
+                        use_cache=use_cache,
+                        return_attention=return_attention,
+                    )
+                for i, nbest in zip(indices, hyps, strict=True):
+                    results[i] = [
+                        Translation(
+                            text=tokenizer.decode(h.tokens),
+                            score=float(h.score),
+                            tokens=list(h.tokens),
+                            logprob=float(h.logprob),
+                            attention=h.attention.float().cpu() if h.attention is not None else None,
+                            source_tokens=sources[i],
+                        )
+                        for h in nbest
+                    ]
+                while emitted < len(chunk) and results[emitted] is not None:
+                    yield results[emitted]  # type: ignore[misc]
+                    emitted += 1
+            offset += len(chunk)
+    finally:
+        model.train(was_training)
+
+
+def translate_texts(
+    bundle: Any, lines: list[str], decode: DecodeConfig, device: torch.device | str = "cpu"
+) -> list[str]:
+    """List in, list out: the best translation of every line (e.g. validation BLEU in training)."""
+    return [nbest[0].text for nbest in translate_lines(bundle, lines, decode, device, window=len(lines) or 1)]
+
+
+# --------------------------------------------------------------------------------------------
+# The CLI command
+# --------------------------------------------------------------------------------------------
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """``auto`` -> the first CUDA device when there is one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def decode_config(config: Config, overrides: list[str]) -> Config:
+    """Apply ``decode.*`` ``--set`` overrides to a run's config (other sections are refused)."""
+    for text in overrides:
+        key = text.split("=", 1)[0].strip()
+        if not key.startswith("decode."):
+            raise ConfigError(f"--set {text!r}: only decode.* keys can be set when decoding")
+    return config_from_dict(config.to_dict(), config.path, overrides)
+
+
+def format_nbest(nbest: list[Translation], n: int, scored: bool) -> list[str]:
+    """Output lines for one input: the best text, or exactly ``n`` ``score<TAB>text`` lines.
+
+    With scores, lines come best first with the score printed to 4 decimals; an empty input (or
+    a search that found fewer than ``n`` hypotheses) is padded with ``-inf<TAB>`` lines, except
+    that an empty input's first line reads ``0.0000<TAB>``.
+    """
+    if not scored:
+        return [nbest[0].text if nbest else ""]
+    out = [f"{t.score:.4f}\t{t.text}" for t in nbest[:n]]
+    out.extend("-inf\t" for _ in range(n - len(out)))
+    return out
+
+
+
+
+def plot_attention_png(
+    path: Path, src_pieces: list[str], tgt_pieces: list[str], attention: torch.Tensor
+) -> None:
+    """Write a PNG heatmap of cross-attention: one panel per decoder layer, head-averaged.
+
+    ``attention`` is ``[layers, T, S]``; rows are target pieces (the output, then ``</s>``),
+    columns source pieces (then ``</s>``). Labels are trimmed or padded to the tensor's shape.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    att = attention.float().cpu().numpy()
+    layers, t_len, s_len = att.shape
+    xs = (src_pieces + ["</s>"] * s_len)[:s_len]
+    ys = (tgt_pieces + ["</s>"] * t_len)[:t_len]
+    fig, axes = plt.subplots(
+        1, layers, figsize=(max(3.0, 0.35 * s_len + 1.5) * layers, max(2.5, 0.35 * t_len + 1.5)),
+        squeeze=False,
+    )
+    for layer, ax in enumerate(axes[0]):
+        ax.imshow(att[layer], aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
+        ax.set_title(f"decoder layer {layer + 1}")
+        ax.set_xticks(range(s_len), xs, rotation=90, fontsize=7)
+        ax.set_yticks(range(t_len), ys, fontsize=7)
+        ax.set_xlabel("source")
+        if layer == 0:
+            ax.set_ylabel("target")
+    fig.tight_layout()
+    with atomic_write(path, "wb", encoding=None) as handle:
+        fig.savefig(handle, format="png", dpi=100)
+    plt.close(fig)
+
+
+def translate_files(
+    run_dir: str | Path,
+    inputs: list[Path],
+    output: Path | None,
+    checkpoint: str = "best",
+    overrides: list[str] | None = None,
+    plot_attention: Path | None = None,
+) -> dict:
+    """Translate files (or stdin when ``inputs`` is empty) to ``output`` (or stdout).
+
+    Output format: one line per input line with the best translation; when ``--nbest N`` is
+    given (a ``decode.nbest`` override), exactly ``N`` lines per input line instead, best first,
+    each ``score<TAB>text`` with the length-penalised log-probability to 4 decimals (empty input
+    lines give ``0.0000<TAB>`` then ``-inf<TAB>`` padding). Stdout gets each line as soon as it
+    is ready; a file output is written to a temporary name and renamed at the end, so an error
+    (e.g. invalid UTF-8 at some input line: :class:`DataError` naming file and line) leaves no
+    partial file. ``plot_attention`` writes ``<DIR>/<line:06d>.png`` per non-empty input line.
+    Returns a summary dict (lines, checkpoint, seconds, sentences_per_s, output).
+    """
+    from mtcli.checkpoint import load_for_inference
+
+    overrides = list(overrides or [])
+    device = resolve_device("auto")
+    bundle = load_for_inference(run_dir, checkpoint, device=device)
+    config = decode_config(bundle.config, overrides)
+    decode = config.decode
+    scored = any(o.split("=", 1)[0].strip() == "decode.nbest" for o in overrides)
+    tokenizer = bundle.tokenizer
+    for path in inputs:
+        if not Path(path).is_file():
+            raise DataError(f"{path}: input file not found")
+
+    def sources() -> Iterator[tuple[str, Iterable[str], int]]:
+        if not inputs:
+            stdin = sys.stdin.buffer
+            interactive = hasattr(stdin, "isatty") and stdin.isatty()
+            yield "<stdin>", iter_binary_lines(stdin, "<stdin>"), 1 if interactive else DEFAULT_WINDOW
+        for path in inputs:
+            yield str(path), iter_text_file(path), DEFAULT_WINDOW
+
+    total = sum(count_lines(p) for p in inputs) if inputs else None
+    bar = progress(total=total, enabled=bool(inputs), unit="line", desc="translate")
+    n_lines = 0
+    start = time.perf_counter()
+
+    def run(handle: IO[str], flush: bool) -> None:
+        nonlocal n_lines
+        for name, lines, window in sources():
+            for nbest in translate_lines(
+                bundle, lines, decode, device,
+                return_attention=plot_attention is not None, window=window, name=name,
+            ):
+                n_lines += 1
+                for text in format_nbest(nbest, decode.nbest, scored):
+                    handle.write(text + "\n")
+                if flush:
+                    handle.flush()
+                bar.update(1)
+                best = nbest[0]
+                if plot_attention is not None and best.attention is not None:
+                    plot_attention_png(
+                        Path(plot_attention) / f"{n_lines:06d}.png",
+                        [tokenizer.id_to_piece(t) for t in best.source_tokens or []],
+                        [tokenizer.id_to_piece(t) for t in best.tokens],
+                        best.attention,
+                    )
+
+    try:
+        if output is None:
+            run(sys.stdout, flush=True)
+        else:
+            with atomic_write(output) as handle:
+                run(handle, flush=False)
+    finally:
+        bar.close()
+    seconds = time.perf_counter() - start
+    summary = {
+        "lines": n_lines,
+        "checkpoint": bundle.name,
+        "seconds": round(seconds, 3),
+        "sentences_per_s": round(n_lines / seconds, 2) if seconds > 0 else None,
+        "output": str(output) if output is not None else "<stdout>",
+    }
+    get_logger().info(
+        "translated %d lines in %.1fs (%s sent/s) with %s", n_lines, seconds,
+        summary["sentences_per_s"], bundle.name,
+    )
+    return summary
+
