@@ -1,0 +1,118 @@
+"""Tests of mtcli.evaluate: sacreBLEU scoring and ``mtcli evaluate`` on a tiny run directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtcli.errors import DataError
+from mtcli.evaluate import score
+
+
+def test_score_perfect_and_signatures() -> None:
+    refs = ["A dog runs in the snow .", "Two men are playing football ."]
+    result = score(list(refs), refs)
+    assert result["bleu"] == pytest.approx(100.0)
+    assert result["chrf"] == pytest.approx(100.0)
+    assert result["bleu_lc"] == pytest.approx(100.0)
+    assert "tok:13a" in result["bleu_signature"] and "case:mixed" in result["bleu_signature"]
+    assert "case:lc" in result["bleu_lc_signature"]
+    assert result["chrf_signature"].startswith("nrefs:1|case:mixed")
+    assert result["signatures"]["bleu"] == result["bleu_signature"]
+
+
+def test_score_case_matters_only_for_cased_bleu() -> None:
+    refs = ["A dog runs in the snow near the big red house ."]
+    hyps = ["a DOG runs in THE snow near the BIG red house ."]
+    result = score(hyps, refs)
+    assert result["bleu_lc"] == pytest.approx(100.0)
+    assert result["bleu"] < 60.0
+    assert result["chrf"] < 100.0
+
+
+def test_score_matches_sacrebleu_directly() -> None:
+    import sacrebleu
+
+    hyps = ["the cat sat on a mat", "a dog barks", ""]
+    refs = ["the cat sat on the mat", "the dog barks loudly", "nothing here"]
+    expected = sacrebleu.corpus_bleu(hyps, [refs]).score
+    assert score(hyps, refs)["bleu"] == pytest.approx(expected, abs=1e-3)
+
+
+def test_score_count_mismatch() -> None:
+    with pytest.raises(DataError, match="2 hypotheses but 1 references"):
+        score(["a", "b"], ["a"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The library function and CLI on a tiny run directory
+# ---------------------------------------------------------------------------------------------
+
+
+def _mtcli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mtcli.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_evaluate_split_writes_report(tiny_run_dir: Path, tmp_path: Path) -> None:
+    from mtcli.evaluate import evaluate
+
+    out = tmp_path / "eval"
+    report = evaluate(
+        tiny_run_dir, split=None, src_file=None, ref_file=None, checkpoint="best",
+        average_last=0, average_best=0, overrides=["decode.beam_size=2"], output_dir=out,
+    )
+    for key in (
+        "bleu", "chrf", "bleu_lc", "bleu_signature", "chrf_signature", "bleu_lc_signature",
+        "checkpoint", "decode", "sentences", "sentences_per_second", "target_tokens_per_second",
+        "device", "peak_memory_mb",
+    ):
+        assert key in report, key
+    assert report["split"] == "test" and report["decode"]["beam_size"] == 2
+    hyp = Path(report["hypotheses"])
+    refs = (tiny_run_dir / "text" / "test.tgt").read_text(encoding="utf-8").splitlines()
+    hyps = hyp.read_text(encoding="utf-8").split("\n")[:-1]
+    assert report["sentences"] == len(refs) == len(hyps)
+    assert score(hyps, refs)["bleu"] == pytest.approx(report["bleu"])
+    on_disk = json.loads(Path(report["report"]).read_text(encoding="utf-8"))
+    assert on_disk["bleu_signature"] == report["bleu_signature"]
+    assert Path(report["report"]).parent == out
+
+
+def test_cli_evaluate_src_ref_pair(tiny_run_dir: Path, tmp_path: Path) -> None:
+    src, ref = tmp_path / "a.src", tmp_path / "a.ref"
+    src.write_text("eine katze spielt\n\nrot\n", encoding="utf-8")
+    ref.write_text("a cat plays\n\nred\n", encoding="utf-8")
+    res = _mtcli("evaluate", str(tiny_run_dir), "--src", str(src), "--ref", str(ref), "--beam", "1",
+                 "--output", str(tmp_path / "ev"))
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["sentences"] == 3 and "nrefs:1" in report["bleu_signature"]
+    assert (tmp_path / "ev" / f"a.src.{Path(report['hypotheses']).name.split('.')[2]}.hyp").exists()
+
+
+@pytest.mark.parametrize("case", ["missing_run", "missing_checkpoint", "count_mismatch", "bad_split"])
+def test_cli_evaluate_bad_input(case: str, tiny_run_dir: Path, tmp_path: Path) -> None:
+    src, ref = tmp_path / "a.src", tmp_path / "a.ref"
+    src.write_text("eine katze\nrot\n", encoding="utf-8")
+    ref.write_text("a cat\n", encoding="utf-8")
+    args = {
+        "missing_run": ["evaluate", str(tmp_path / "nope")],
+        "missing_checkpoint": ["evaluate", str(tiny_run_dir), "--checkpoint", str(tmp_path / "x.pt")],
+        "count_mismatch": ["evaluate", str(tiny_run_dir), "--src", str(src), "--ref", str(ref)],
+        "bad_split": ["evaluate", str(tiny_run_dir), "--split", "nosuchsplit"],
+    }[case]
+    res = _mtcli(*args)
+    assert res.returncode != 0
+    err = res.stderr.strip()
+    assert "Traceback" not in err and err.startswith("mtcli: error:"), err
+    assert len(err.splitlines()) == 1
+    if case == "count_mismatch":
+        assert str(src) in err and str(ref) in err
+    if case == "bad_split":
+        assert "nosuchsplit" in err
