@@ -176,7 +176,12 @@ def evaluate(
         bar.close()
     seconds = time.perf_counter() - start
     scores = score(hypotheses, references)
-    ckpt = _safe_name(str(bundle.name))
+    if average_last > 0:
+        ckpt = f"avg_last{average_last}"
+    elif average_best > 0:
+        ckpt = f"avg_best{average_best}"
+    else:
+        ckpt = _safe_name(str(bundle.name).split(" (")[0])
     out_dir = Path(output_dir) if output_dir is not None else run_dir / "eval"
     hyp_path = out_dir / f"{name}.{ckpt}.hyp"
     report_path = out_dir / f"{name}.{ckpt}.report.json"

@@ -49,3 +49,63 @@ def shared_corpus(name: str) -> Path:
     if not path.is_dir():
         pytest.skip(f"shared corpus {path} not found (tests that need real data read ../shared/data)")
     return path
+
+
+def build_tiny_run_dir(run_dir: Path, seed: int = 0) -> Path:
+    """Write a run directory with a random toy-shaped Transformer, without training.
+
+    Layout as ``mtcli train`` leaves it: ``config.yaml`` (configs/toy.yaml with
+    ``data.source``/``prepared_dir``/``run_dir`` pointed here), ``spm.model`` trained on the toy
+    training text, ``text/{val,test}.{src,tgt}``, and ``checkpoints/`` holding
+    ``checkpoint_10.pt``, ``checkpoint_20.pt`` (indexed in ``index.json``), ``checkpoint_best.pt``
+    and ``checkpoint_last.pt``.
+    """
+    import torch
+
+    from mtcli.checkpoint import save_checkpoint, update_index
+    from mtcli.config import load_config, save_config
+    from mtcli.fileio import sha256_file
+    from mtcli.model import Transformer
+    from mtcli.tokenizer import Tokenizer
+
+    run_dir = Path(run_dir)
+    config = load_config(
+        TOY_CONFIG,
+        [f"data.source={TOY_DIR}", f"data.prepared_dir={run_dir / 'prepared'}", f"train.run_dir={run_dir}"],
+    )
+    (run_dir / "text").mkdir(parents=True, exist_ok=True)
+    for split in ("val", "test"):
+        for lang in ("src", "tgt"):
+            shutil.copyfile(TOY_DIR / f"{split}.{lang}", run_dir / "text" / f"{split}.{lang}")
+    sentences = []
+    for lang in ("src", "tgt"):
+        sentences += (TOY_DIR / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+    spm_model = Tokenizer.train(
+        sentences, run_dir / "spm", config.data.vocab_size, config.data.spm_model_type,
+        config.data.character_coverage, config.data.spm_max_sentences, seed=1,
+    )
+    if spm_model != run_dir / "spm.model":
+        shutil.copyfile(spm_model, run_dir / "spm.model")
+    tokenizer = Tokenizer(run_dir / "spm.model")
+    save_config(config, run_dir / "config.yaml")
+    vocab = {"size": tokenizer.vocab_size, "spm_sha256": sha256_file(run_dir / "spm.model")}
+    ckpt_dir = run_dir / "checkpoints"
+    for k, step in enumerate((10, 20)):
+        torch.manual_seed(seed + k)
+        model = Transformer(config.model, tokenizer.vocab_size)
+        state = {
+            "format": 1, "step": step, "epoch": 1, "model": model.state_dict(),
+            "config": config.to_dict(), "vocab": vocab, "valid": {"loss": 5.0 - k, "bleu": float(k)},
+        }
+        save_checkpoint(ckpt_dir / f"checkpoint_{step}.pt", state)
+        update_index(run_dir, step, state["valid"])
+    shutil.copyfile(ckpt_dir / "checkpoint_20.pt", ckpt_dir / "checkpoint_best.pt")
+    shutil.copyfile(ckpt_dir / "checkpoint_20.pt", ckpt_dir / "checkpoint_last.pt")
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random (untrained) toy-config run directory, shared by the session: do not modify it
+    (copy it with shutil.copytree first). See :func:`build_tiny_run_dir`."""
+    return build_tiny_run_dir(tmp_path_factory.mktemp("tiny_run") / "run")
