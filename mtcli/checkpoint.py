@@ -154,13 +154,13 @@ def _one_line(exc: BaseException) -> str:
 
 def _unpickling_reason(exc: BaseException) -> str:
     """A short reason for a weights-only refusal, naming the refused global if present."""
-    match = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+    match = re.search(r"GLOBAL ([\w.]+)", str(exc))
     if match:
         return f"it references {match.group(1)}"
     match = re.search(r"Unsupported operand (\d+)", str(exc))
     if match:
         return f"it uses pickle opcode {match.group(1)}"
-    return _one_line(exc)
+    return "objects outside the weights-only allowlist"
 
 
 def read_payload(path: Path) -> bytes:
@@ -177,7 +177,7 @@ def read_payload(path: Path) -> bytes:
         raise CheckpointError(f"{path}: cannot read checkpoint ({exc.strerror or exc})") from None
     end = data.find(b"\n", 0, _MAX_HEADER)
     if not data.startswith(MAGIC):
-        if data and MAGIC.startswith(data[: len(MAGIC)]):
+        if MAGIC.startswith(data[: len(MAGIC)]):  # empty or cut inside the magic
             raise CheckpointError(f"{path}: checksum mismatch (corrupted or truncated)")
         raise CheckpointError(
             f"{path}: not an mtcli checkpoint (no checksum header); refusing to load an unverified file"
@@ -899,8 +899,8 @@ def load_for_inference(
     if average_last > 0 or average_best > 0:
         paths = select_checkpoints(run_dir, last=average_last, best=average_best)
         state = average_checkpoints(paths)
-        kind = f"last {average_last}" if average_last > 0 else f"best {average_best}"
-        name = f"average of {kind}: {_names(paths)}"
+        kind = f"last{average_last}" if average_last > 0 else f"best{average_best}"
+        name = f"avg_{kind} ({_names(paths)})"
         source = f"{paths[0].name}..{paths[-1].name}"
     else:
         path = _resolve_checkpoint(run_dir, checkpoint)

@@ -1,0 +1,729 @@
+"""Checkpoint safety: checksums, atomic writes under a file-size limit, weights-only loading of
+malicious pickles, resume fallback, the run lock, resume config checks, index/pruning,
+averaging and loading a run directory for inference (issue 3 items 5-6, issue 6 items 2-5, 8).
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import logging
+import os
+import pickle
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtcli import checkpoint as ck
+from mtcli.checkpoint import (
+    CheckpointError,
+    RunLock,
+    average_checkpoints,
+    average_run_checkpoints,
+    check_resume_config,
+    find_resume_checkpoint,
+    load_checkpoint,
+    load_for_inference,
+    prune_checkpoints,
+    read_index,
+    save_checkpoint,
+    update_index,
+)
+from mtcli.config import ConfigError, load_config, save_config
+from mtcli.errors import RunLockedError
+from mtcli.logs import get_logger
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def toy_state(step: int, seed: int = 0, vocab: dict | None = None) -> dict:
+    """A checkpoint state with the trainer's layout, on tiny tensors."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "format": 1,
+        "step": step,
+        "epoch": step // 10,
+        "model": {
+            "layer.weight": torch.randn(4, 3, generator=g),
+            "layer.bias": torch.randn(3, generator=g),
+            "half": torch.randn(5, generator=g).to(torch.float16),
+            "counter": torch.tensor([step, seed], dtype=torch.int64),
+        },
+        "optimizer": {
+            "state": {0: {"step": torch.tensor(float(step)), "exp_avg": torch.randn(4, 3, generator=g)}},
+            "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.98), "eps": 1e-9, "params": [0]}],
+        },
+        "scheduler": {"last_epoch": step, "_step_count": step + 1},
+        "rng": {"torch": torch.get_rng_state(), "python": (3, tuple(range(5)), None)},
+        "data_state": {"epoch": 0, "position": step * 7},
+        "train_state": {"best_bleu": 1.5, "bad_validations": 0},
+        "config": {"model": {"d_model": 32}},
+        "vocab": vocab if vocab is not None else {"size": 64, "spm_sha256": "ab" * 32},
+        "valid": {"loss": 2.0, "bleu": None},
+    }
+
+
+def assert_same(a: object, b: object) -> None:
+    """Recursive equality with exact tensor comparison."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b)
+        for key in a:
+            assert_same(a[key], b[key])
+    elif isinstance(a, list | tuple):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_same(x, y)
+    else:
+        assert a == b
+
+
+@pytest.fixture
+def log_lines():
+    """Messages logged on the mtcli logger during the test (independent of propagation)."""
+    records: list[logging.LogRecord] = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = get_logger()
+    handler, old_level = _Keep(level=logging.DEBUG), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield lambda: [r.getMessage() for r in records]
+    logger.removeHandler(handler)
+    logger.setLevel(old_level)
+
+
+def one_line(exc: pytest.ExceptionInfo) -> str:
+    message = str(exc.value)
+    assert "\n" not in message
+    return message
+
+
+def run_python(code: str, *args: str, **kwargs) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kwargs,
+    )
+
+
+# --------------------------------------------------------------------------- save / load
+
+
+def test_round_trip_is_exact(tmp_path: Path) -> None:
+    state = toy_state(7, seed=1)
+    path = tmp_path / "run" / "checkpoints" / "checkpoint_7.pt"
+    save_checkpoint(path, state)
+    assert path.read_bytes().startswith(ck.MAGIC + b" 1 sha256=")
+    assert_same(state, load_checkpoint(path))
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left
+
+
+def test_overwrite_replaces_whole_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, toy_state(1, seed=1))
+    save_checkpoint(path, toy_state(2, seed=2))
+    assert_same(toy_state(2, seed=2), load_checkpoint(path))
+
+
+@pytest.mark.parametrize("keep", [0, 10, 40, 0.5, -1])
+def test_truncated_checkpoint_is_detected(tmp_path: Path, keep: float) -> None:
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, toy_state(3))
+    data = path.read_bytes()
+    cut = int(len(data) * keep) if isinstance(keep, float) else (keep if keep >= 0 else len(data) - 1)
+    path.write_bytes(data[:cut])
+    with pytest.raises(CheckpointError) as exc:
+        load_checkpoint(path)
+    message = one_line(exc)
+    assert str(path) in message and "checksum mismatch (corrupted or truncated" in message
+
+
+@pytest.mark.parametrize("where", ["payload-start", "payload-middle", "payload-end", "digest"])
+def test_bit_flip_is_detected(tmp_path: Path, where: str) -> None:
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, toy_state(3))
+    data = bytearray(path.read_bytes())
+    header_end = data.index(b"\n") + 1
+    offset = {
+        "payload-start": header_end,
+        "payload-middle": (header_end + len(data)) // 2,
+        "payload-end": len(data) - 1,
+        "digest": data.index(b"sha256=") + 10,
+    }[where]
+    data[offset] ^= 0x04
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="checksum mismatch") as exc:
+        load_checkpoint(path)
+    assert str(path) in one_line(exc)
+
+
+def test_missing_file_and_unheadered_file(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="not found") as exc:
+        load_checkpoint(tmp_path / "nope.pt")
+    assert "nope.pt" in one_line(exc)
+    plain = tmp_path / "plain.pt"
+    torch.save({"model": {"w": torch.zeros(2)}}, plain)
+    with pytest.raises(CheckpointError, match="no checksum header"):
+        load_checkpoint(plain)
+
+
+def test_save_refuses_state_that_weights_only_cannot_load(tmp_path: Path) -> None:
+    import numpy as np
+
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, toy_state(1))
+    bad = toy_state(2)
+    bad["rng"]["numpy"] = np.random.get_state()
+    with pytest.raises(CheckpointError) as exc:
+        save_checkpoint(path, bad)
+    assert "state['rng']['numpy']" in one_line(exc) and "numpy.ndarray" in str(exc.value)
+    assert_same(toy_state(1), load_checkpoint(path))
+
+
+# --------------------------------------------------------------------------- untrusted pickles
+
+
+class _Payload:
+    """Unpickling this runs a shell command that creates a marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {shlex.quote(str(self.marker))}",))
+
+
+def test_malicious_payload_is_live_when_unpickled_unsafely(tmp_path: Path) -> None:
+    # Control: proves the payload used below really runs code under a plain pickle.load.
+    marker = tmp_path / "control"
+    pickle.loads(pickle.dumps({"model": _Payload(marker)}))
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("container", ["torch.save", "pickle"])
+def test_malicious_checkpoint_with_valid_checksum_is_refused(tmp_path: Path, container: str) -> None:
+    marker = tmp_path / "pwned"
+    buffer = io.BytesIO()
+    state = {"format": 1, "model": {"w": _Payload(marker)}}
+    if container == "torch.save":
+        torch.save(state, buffer)
+    else:
+        pickle.dump(state, buffer, protocol=2)
+    payload = buffer.getvalue()
+    path = tmp_path / "evil.pt"
+    path.write_bytes(ck._frame(payload) + payload)  # a correct checksum: integrity is not trust
+    with pytest.raises(CheckpointError) as exc:
+        load_checkpoint(path)
+    message = one_line(exc)
+    assert str(path) in message and "refused" in message and "system" in message
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("container", ["torch.save", "pickle"])
+def test_malicious_file_without_checksum_is_refused(tmp_path: Path, container: str) -> None:
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    state = {"model": {"w": _Payload(marker)}}
+    if container == "torch.save":
+        torch.save(state, path)
+    else:
+        path.write_bytes(pickle.dumps(state))
+    with pytest.raises(CheckpointError) as exc:
+        load_checkpoint(path)
+    assert str(path) in one_line(exc)
+    assert not marker.exists()
+    # resume never picks it either
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    os.replace(path, run / "checkpoints" / ck.LAST_NAME)
+    with pytest.raises(CheckpointError, match="no intact checkpoint"):
+        find_resume_checkpoint(run)
+    assert not marker.exists()
+
+
+def test_yaml_config_with_python_tag_is_rejected_and_never_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "yaml-pwned"
+    config = tmp_path / "evil.yaml"
+    command = f"touch {shlex.quote(str(marker))}"
+    config.write_text(
+        "data: !!python/object/apply:os.system [" + json.dumps(command) + "]\n", encoding="utf-8"
+    )
+    with pytest.raises(ConfigError) as exc:
+        load_config(config)
+    assert exc.value.exit_code == 2 and str(config) in one_line(exc)
+    assert not marker.exists()
+    # the config module reads YAML with the safe loader only
+    source = (REPO / "mtcli" / "config.py").read_text(encoding="utf-8")
+    assert "yaml.safe_load" in source and "yaml.load(" not in source and "unsafe_load" not in source
+
+
+# --------------------------------------------------------------------------- out of space
+
+
+_SAVE_UNDER_LIMIT = """
+import resource, signal, sys
+from pathlib import Path
+import torch
+from mtcli.checkpoint import save_checkpoint
+from mtcli.errors import CheckpointError
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write must fail with EFBIG, not kill us
+limit = int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+try:
+    save_checkpoint(Path(sys.argv[1]), {"model": {"w": torch.ones(200_000)}})
+except CheckpointError as exc:
+    print(exc)
+    sys.exit(3)
+sys.exit(0)
+"""
+
+
+def test_write_failure_under_file_size_limit_keeps_previous_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoints" / ck.LAST_NAME
+    previous = toy_state(5, seed=3)
+    save_checkpoint(path, previous)
+    proc = run_python(_SAVE_UNDER_LIMIT, str(path), str(64 * 1024))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, (out, err)
+    assert str(path) in out and "File too large" in out and "previous file is unchanged" in out
+    assert_same(previous, load_checkpoint(path))
+    assert sorted(p.name for p in path.parent.iterdir()) == [ck.LAST_NAME]
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def _write_run(run: Path, steps: list[int], last: int | None = None) -> None:
+    for step in steps:
+        save_checkpoint(run / "checkpoints" / ck.step_checkpoint_name(step), toy_state(step, seed=step))
+    if last is not None:
+        save_checkpoint(run / "checkpoints" / ck.LAST_NAME, toy_state(last, seed=last))
+
+
+def _corrupt(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_resume_uses_last_when_intact(tmp_path: Path) -> None:
+    assert find_resume_checkpoint(tmp_path / "empty") is None
+    _write_run(tmp_path, [10, 20], last=25)
+    path, state = find_resume_checkpoint(tmp_path)
+    assert path.name == ck.LAST_NAME and state["step"] == 25
+
+
+def test_resume_falls_back_to_newest_intact_checkpoint(tmp_path: Path, log_lines) -> None:
+    _write_run(tmp_path, [10, 20, 30], last=35)
+    _corrupt(tmp_path / "checkpoints" / ck.LAST_NAME)
+    (tmp_path / "checkpoints" / "checkpoint_30.pt").write_bytes(b"MTCLI-CHECKPOINT 1 sha")  # truncated
+    path, state = find_resume_checkpoint(tmp_path)
+    assert path.name == "checkpoint_20.pt" and state["step"] == 20
+    assert_same(toy_state(20, seed=20), state)
+    text = "\n".join(log_lines())
+    assert "checkpoint_last.pt" in text and "checkpoint_30.pt" in text
+    assert "resuming from checkpoint_20.pt (step 20)" in text
+
+
+def test_resume_with_every_checkpoint_corrupt_is_an_error(tmp_path: Path) -> None:
+    _write_run(tmp_path, [10], last=12)
+    _corrupt(tmp_path / "checkpoints" / ck.LAST_NAME)
+    _corrupt(tmp_path / "checkpoints" / "checkpoint_10.pt")
+    with pytest.raises(CheckpointError, match="no intact checkpoint") as exc:
+        find_resume_checkpoint(tmp_path)
+    assert "checkpoint_10.pt" in one_line(exc)
+
+
+def test_remove_stale_temp_files(tmp_path: Path) -> None:
+    _write_run(tmp_path, [10], last=10)
+    leftover = tmp_path / "checkpoints" / ".checkpoint_last.pt.abc123.tmp"
+    leftover.write_bytes(b"half a checkpoint")
+    assert ck.remove_stale_temp_files(tmp_path) == [leftover]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == sorted([ck.LAST_NAME, "checkpoint_10.pt"])
+
+
+# --------------------------------------------------------------------------- run lock
+
+
+def test_lock_holds_pid_host_time_and_is_released(tmp_path: Path) -> None:
+    with RunLock(tmp_path) as lock:
+        info = json.loads((tmp_path / "train.lock").read_text())
+        assert info["pid"] == os.getpid() and info["host"] == socket.gethostname() and info["started"]
+        with pytest.raises(RunLockedError) as exc:
+            RunLock(tmp_path).acquire()
+        assert f"pid {os.getpid()}" in one_line(exc) and socket.gethostname() in str(exc.value)
+        assert lock.held
+    assert not (tmp_path / "train.lock").exists()
+
+
+_HOLD_LOCK = """
+import sys, time
+from mtcli.checkpoint import RunLock
+with RunLock(sys.argv[1]):
+    print("locked", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_lock_refused_while_live_process_holds_it_then_taken_after_kill(tmp_path: Path, log_lines) -> None:
+    proc = run_python(_HOLD_LOCK, str(tmp_path))
+    try:
+        assert proc.stdout.readline().strip() == "locked", proc.stderr.read()
+        with pytest.raises(RunLockedError) as exc:
+            with RunLock(tmp_path):
+                pass
+        message = one_line(exc)
+        assert f"pid {proc.pid}" in message and socket.gethostname() in message and "since" in message
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    # SIGKILL left the lock behind: it is stale now and is taken over.
+    assert (tmp_path / "train.lock").exists()
+    with RunLock(tmp_path):
+        assert json.loads((tmp_path / "train.lock").read_text())["pid"] == os.getpid()
+    assert any("stale lock" in m and f"pid {proc.pid} is not running" in m for m in log_lines())
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_lock_of_dead_pid_is_taken_over(tmp_path: Path, log_lines) -> None:
+    pid = _dead_pid()
+    (tmp_path / "train.lock").write_text(
+        json.dumps({"pid": pid, "host": socket.gethostname(), "started": "2024-01-01T00:00:00"})
+    )
+    with RunLock(tmp_path):
+        assert json.loads((tmp_path / "train.lock").read_text())["pid"] == os.getpid()
+    assert any("stale lock" in m and str(pid) in m for m in log_lines())
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_lock_of_reused_pid_is_stale(tmp_path: Path) -> None:
+    # The pid is alive (it is us) but its process started at another time: a reused pid.
+    (tmp_path / "train.lock").write_text(
+        json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": "x", "proc_start": 1})
+    )
+    with RunLock(tmp_path) as lock:
+        assert lock.held
+
+
+def test_lock_from_another_host_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "train.lock").write_text(
+        json.dumps({"pid": 4242, "host": "gpu-node-7", "started": "2024-01-01T00:00:00"})
+    )
+    with pytest.raises(RunLockedError) as exc:
+        RunLock(tmp_path).acquire()
+    assert "pid 4242 on host gpu-node-7 since 2024-01-01T00:00:00" in one_line(exc)
+
+
+def test_release_leaves_a_lock_that_is_no_longer_ours(tmp_path: Path) -> None:
+    lock = RunLock(tmp_path).acquire()
+    other = json.dumps({"pid": 1, "host": "elsewhere", "token": "other"})
+    (tmp_path / "train.lock").write_text(other)
+    lock.release()
+    assert (tmp_path / "train.lock").read_text() == other
+
+
+# --------------------------------------------------------------------------- resume config
+
+
+@pytest.fixture
+def toy_dict(toy_config_path: Path) -> dict:
+    return load_config(toy_config_path).to_dict()
+
+
+def test_resume_config_identical_and_safe_changes(toy_dict: dict) -> None:
+    assert check_resume_config(toy_dict, copy.deepcopy(toy_dict)) == []
+    new = copy.deepcopy(toy_dict)
+    new["train"]["max_steps"] = toy_dict["train"]["max_steps"] * 2
+    new["train"]["device"] = "cuda"
+    new["decode"]["beam_size"] = 7
+    new["train"]["adam_betas"] = tuple(toy_dict["train"]["adam_betas"])  # list vs tuple: same
+    changes = check_resume_config(toy_dict, new)
+    assert changes == [
+        f"decode.beam_size: {toy_dict['decode']['beam_size']!r} -> 7",
+        "train.device: 'auto' -> 'cuda'",
+        f"train.max_steps: {toy_dict['train']['max_steps']} -> {new['train']['max_steps']}",
+    ]
+
+
+def test_resume_config_inexact_changes_are_allowed_and_flagged(toy_dict: dict) -> None:
+    new = copy.deepcopy(toy_dict)
+    new["train"]["update_freq"] = 2
+    new["model"]["dropout"] = 0.3
+    changes = check_resume_config(toy_dict, new)
+    assert changes == [
+        f"model.dropout: {toy_dict['model']['dropout']!r} -> 0.3 (resume no longer exact)",
+        "train.update_freq: 1 -> 2 (resume no longer exact)",
+    ]
+
+
+def test_resume_config_refuses_shape_vocab_and_data_stream_changes(toy_dict: dict) -> None:
+    new = copy.deepcopy(toy_dict)
+    new["model"]["d_model"] = 64
+    new["data"]["vocab_size"] = 128
+    new["data"]["source"] = "elsewhere"
+    new["train"]["seed"] = 2
+    new["train"]["max_steps"] = 999  # safe, but the refusal wins
+    with pytest.raises(CheckpointError) as exc:
+        check_resume_config(toy_dict, new, where="data/runs/toy")
+    message = one_line(exc)
+    assert message.startswith("data/runs/toy: cannot resume")
+    for text in ("model.d_model: 32 -> 64", "data.vocab_size: 64 -> 128",
+                 "data.source: 'tests/fixtures/toy' -> 'elsewhere'", "train.seed: 1 -> 2"):
+        assert text in message
+    assert "max_steps" not in message
+
+
+def test_resume_config_missing_saved_key_counts_as_default(toy_dict: dict) -> None:
+    saved = copy.deepcopy(toy_dict)
+    del saved["train"]["max_nonfinite"], saved["model"]["pre_norm"]
+    assert check_resume_config(saved, toy_dict) == []
+    new = copy.deepcopy(toy_dict)
+    new["model"]["pre_norm"] = True
+    with pytest.raises(CheckpointError, match=r"model.pre_norm: False -> True"):
+        check_resume_config(saved, new)
+
+
+# --------------------------------------------------------------------------- index and pruning
+
+
+def test_index_round_trip_and_recovery(tmp_path: Path, log_lines) -> None:
+    assert read_index(tmp_path) == {}
+    update_index(tmp_path, 10, {"loss": 3.5, "bleu": 1.25})
+    update_index(tmp_path, 20, {"loss": 3.0, "bleu": None})
+    update_index(tmp_path, 10, {"loss": 3.4, "bleu": 1.5})
+    assert read_index(tmp_path) == {
+        10: {"file": "checkpoint_10.pt", "loss": 3.4, "bleu": 1.5},
+        20: {"file": "checkpoint_20.pt", "loss": 3.0, "bleu": None},
+    }
+    index = tmp_path / "checkpoints" / "index.json"
+    index.write_text("{not json")
+    with pytest.raises(CheckpointError, match="index.json"):
+        read_index(tmp_path)
+    update_index(tmp_path, 30, {"loss": 2.0})
+    assert list(read_index(tmp_path)) == [30]
+    assert any("starting a new index" in m for m in log_lines())
+
+
+def test_prune_keeps_last_k_and_best(tmp_path: Path) -> None:
+    _write_run(tmp_path, [10, 20, 30, 40, 50], last=50)
+    save_checkpoint(tmp_path / "checkpoints" / ck.BEST_NAME, toy_state(20))
+    for step, bleu in [(10, 1.0), (20, 9.0), (30, 2.0), (40, 3.0), (50, 4.0)]:
+        update_index(tmp_path, step, {"loss": 1.0, "bleu": bleu})
+    prune_checkpoints(tmp_path, keep_last=2, keep_best=1)
+    names = sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt"))
+    assert names == sorted([ck.LAST_NAME, ck.BEST_NAME, "checkpoint_20.pt", "checkpoint_40.pt", "checkpoint_50.pt"])
+    prune_checkpoints(tmp_path, keep_last=1)
+    names = sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt"))
+    assert names == sorted([ck.LAST_NAME, ck.BEST_NAME, "checkpoint_50.pt"])
+
+
+# --------------------------------------------------------------------------- averaging
+
+
+def _mean(states: list[dict], key: str) -> torch.Tensor:
+    total = sum(s["model"][key].to(torch.float64) for s in states)
+    return (total / len(states)).to(states[0]["model"][key].dtype)
+
+
+def test_average_of_three_equals_hand_computed_mean(tmp_path: Path) -> None:
+    states = [toy_state(step, seed=step) for step in (10, 20, 30)]
+    paths = []
+    for state in states:
+        paths.append(tmp_path / f"checkpoint_{state['step']}.pt")
+        save_checkpoint(paths[-1], state)
+    out = average_checkpoints(paths)
+    for key in ("layer.weight", "layer.bias", "half"):
+        expected = _mean(states, key)
+        assert out["model"][key].dtype == states[0]["model"][key].dtype
+        assert torch.equal(out["model"][key], expected)
+    by_hand = (states[0]["model"]["layer.bias"][0].item() + states[1]["model"]["layer.bias"][0].item()
+               + states[2]["model"]["layer.bias"][0].item()) / 3
+    assert out["model"]["layer.bias"][0].item() == pytest.approx(by_hand, rel=1e-6)
+    assert torch.equal(out["model"]["counter"], states[-1]["model"]["counter"])  # int buffer: last
+    assert out["step"] == 30 and out["vocab"] == states[0]["vocab"]
+    assert "optimizer" not in out and "rng" not in out and "data_state" not in out
+    assert [s["step"] for s in out["averaged_from"]] == [10, 20, 30]
+
+
+def test_average_refuses_mismatched_checkpoints(tmp_path: Path) -> None:
+    a = tmp_path / "a.pt"
+    save_checkpoint(a, toy_state(1))
+    other_shape = toy_state(2)
+    other_shape["model"]["layer.bias"] = torch.zeros(4)
+    save_checkpoint(tmp_path / "b.pt", other_shape)
+    with pytest.raises(CheckpointError, match=r"layer.bias has shape \(3,\) vs \(4,\)"):
+        average_checkpoints([a, tmp_path / "b.pt"])
+    missing_key = toy_state(3)
+    del missing_key["model"]["half"]
+    save_checkpoint(tmp_path / "c.pt", missing_key)
+    with pytest.raises(CheckpointError, match="different parameters"):
+        average_checkpoints([a, tmp_path / "c.pt"])
+    save_checkpoint(tmp_path / "d.pt", toy_state(4, vocab={"size": 80, "spm_sha256": "cd" * 32}))
+    with pytest.raises(CheckpointError, match="different vocabularies") as exc:
+        average_checkpoints([a, tmp_path / "d.pt"])
+    assert "size 64" in one_line(exc) and "size 80" in str(exc.value)
+    with pytest.raises(CheckpointError):
+        average_checkpoints([])
+
+
+def test_average_run_last_and_best(tmp_path: Path) -> None:
+    steps = [10, 20, 30, 40]
+    _write_run(tmp_path, steps, last=40)
+    bleu = {10: 5.0, 20: 9.0, 30: 7.0, 40: 1.0}
+    for step in steps:
+        update_index(tmp_path, step, {"loss": 10.0 - step / 10, "bleu": bleu[step]})
+    states = {s: toy_state(s, seed=s) for s in steps}
+
+    used = average_run_checkpoints(tmp_path, tmp_path / "avg_last.pt", last=2)
+    assert [p.name for p in used] == ["checkpoint_30.pt", "checkpoint_40.pt"]
+    averaged = load_checkpoint(tmp_path / "avg_last.pt")
+    assert torch.equal(averaged["model"]["layer.weight"], _mean([states[30], states[40]], "layer.weight"))
+
+    used = average_run_checkpoints(tmp_path, tmp_path / "avg_best.pt", best=2)
+    assert [p.name for p in used] == ["checkpoint_20.pt", "checkpoint_30.pt"]  # BLEU 9 and 7
+    averaged = load_checkpoint(tmp_path / "avg_best.pt")
+    assert torch.equal(averaged["model"]["layer.weight"], _mean([states[20], states[30]], "layer.weight"))
+
+    # without BLEU everywhere, best falls back to the lowest validation loss (the newest here)
+    update_index(tmp_path, 40, {"loss": 6.0, "bleu": None})
+    assert [p.name for p in ck.select_checkpoints(tmp_path, best=2)] == ["checkpoint_30.pt", "checkpoint_40.pt"]
+
+    for last, best in [(0, 0), (2, 2)]:
+        with pytest.raises(CheckpointError, match="exactly one"):
+            average_run_checkpoints(tmp_path, tmp_path / "x.pt", last=last, best=best)
+    with pytest.raises(CheckpointError, match="last 9 checkpoints, found 4"):
+        average_run_checkpoints(tmp_path, tmp_path / "x.pt", last=9)
+    assert not (tmp_path / "x.pt").exists()
+
+
+# --------------------------------------------------------------------------- load_for_inference
+
+
+@pytest.fixture(scope="module")
+def spm_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two different SentencePiece models trained on the toy corpus (vocab 64 and 48)."""
+    from mtcli.tokenizer import Tokenizer
+
+    root = tmp_path_factory.mktemp("spm")
+    lines = []
+    for name in ("train.src", "train.tgt"):
+        lines += (REPO / "tests" / "fixtures" / "toy" / name).read_text(encoding="utf-8").splitlines()
+    a = Tokenizer.train(lines, root / "a", 64, "unigram", 1.0, 0)
+    b = Tokenizer.train(lines, root / "b", 48, "unigram", 1.0, 0)
+    return a, b
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path, toy_config_path: Path, spm_models: tuple[Path, Path]) -> Path:
+    """A run directory with config.yaml and spm.model but no checkpoints yet."""
+    import shutil
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_config(load_config(toy_config_path), run / "config.yaml")
+    shutil.copy(spm_models[0], run / "spm.model")
+    return run
+
+
+def _vocab(run: Path) -> dict:
+    from mtcli.fileio import sha256_file
+    from mtcli.tokenizer import Tokenizer
+
+    return {"size": Tokenizer(run / "spm.model").vocab_size, "spm_sha256": sha256_file(run / "spm.model")}
+
+
+def _model_state(run: Path, step: int, seed: int) -> dict:
+    from mtcli.model import Transformer
+
+    config = load_config(run / "config.yaml")
+    torch.manual_seed(seed)
+    model = Transformer(config.model, _vocab(run)["size"], pad_id=0)
+    return {"format": 1, "step": step, "epoch": 0, "model": model.state_dict(),
+            "config": config.to_dict(), "vocab": _vocab(run), "valid": {"loss": 1.0, "bleu": None}}
+
+
+def test_load_for_inference_errors(tmp_path: Path, run_dir: Path, spm_models) -> None:
+    with pytest.raises(CheckpointError, match="run directory not found") as exc:
+        load_for_inference(tmp_path / "missing")
+    assert "missing" in one_line(exc)
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(CheckpointError, match=r"not a run directory \(no config.yaml\)"):
+        load_for_inference(tmp_path / "plain")
+    with pytest.raises(CheckpointError, match="checkpoint not found") as exc:
+        load_for_inference(run_dir)
+    assert "none" in one_line(exc)
+    save_checkpoint(run_dir / "checkpoints" / "checkpoint_5.pt", toy_state(5, vocab=_vocab(run_dir)))
+    with pytest.raises(CheckpointError, match="checkpoint not found") as exc:
+        load_for_inference(run_dir, checkpoint="last")
+    assert "checkpoint_last.pt" in one_line(exc) and "checkpoints in" in str(exc.value)
+    assert "checkpoint_5.pt" in str(exc.value)
+    # a checkpoint trained with another SentencePiece model
+    from mtcli.fileio import sha256_file
+
+    foreign = {"size": 48, "spm_sha256": sha256_file(spm_models[1])}
+    save_checkpoint(run_dir / "checkpoints" / ck.LAST_NAME, toy_state(6, vocab=foreign))
+    with pytest.raises(CheckpointError, match="does not match") as exc:
+        load_for_inference(run_dir, checkpoint="last")
+    message = one_line(exc)
+    assert "size 48" in message and "size 64" in message and "spm.model" in message
+    assert foreign["spm_sha256"][:12] in message and _vocab(run_dir)["spm_sha256"][:12] in message
+    # a corrupted checkpoint
+    _corrupt(run_dir / "checkpoints" / "checkpoint_5.pt")
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        load_for_inference(run_dir, checkpoint="checkpoint_5.pt")
+
+
+def test_load_for_inference_builds_eval_model(run_dir: Path, log_lines) -> None:
+    pytest.importorskip("mtcli.model")
+    ckpts = run_dir / "checkpoints"
+    for step in (10, 20):
+        save_checkpoint(ckpts / ck.step_checkpoint_name(step), _model_state(run_dir, step, seed=step))
+    save_checkpoint(ckpts / ck.LAST_NAME, _model_state(run_dir, 20, seed=20))
+
+    bundle = load_for_inference(run_dir)  # no best yet: falls back to last, and says so
+    assert any("no checkpoint_best.pt" in m for m in log_lines())
+    assert bundle.name == "checkpoint_last.pt (step 20)" and not bundle.model.training
+    assert bundle.tokenizer.vocab_size == 64 and bundle.config.model.d_model == 32
+    expected = _model_state(run_dir, 20, seed=20)["model"]
+    for key, value in bundle.model.state_dict().items():
+        assert torch.equal(value, expected[key]), key
+
+    bundle = load_for_inference(run_dir, checkpoint=str(ckpts / "checkpoint_10.pt"))
+    assert bundle.name.startswith("checkpoint_10.pt")
+
+    bundle = load_for_inference(run_dir, average_last=2)
+    assert bundle.name.startswith("avg_last2 (")
+    a, b = (_model_state(run_dir, s, seed=s)["model"] for s in (10, 20))
+    weight = next(k for k, v in a.items() if v.is_floating_point() and v.dim() == 2)
+    mean = ((a[weight].double() + b[weight].double()) / 2).float()
+    assert torch.equal(bundle.model.state_dict()[weight], mean)
+
+    # parameters of another model shape: one-line error
+    wrong = _model_state(run_dir, 30, seed=1)
+    wrong["model"] = {k: torch.zeros(3) if k == weight else v for k, v in wrong["model"].items()}
+    save_checkpoint(ckpts / ck.BEST_NAME, wrong)
+    with pytest.raises(CheckpointError, match="do not fit the model") as exc:
+        load_for_inference(run_dir, checkpoint="best")
+    assert "\n" not in str(exc.value)
