@@ -29,13 +29,19 @@ from torch import Tensor, nn
 class LossOutput:
     """Sums over the non-pad target positions of one batch.
 
-    ``loss`` keeps its graph (backpropagate it); ``nll`` is detached; ``tokens`` counts the
-    non-pad targets the sums run over.
+    ``loss`` keeps its graph (backpropagate it); ``nll`` is detached; ``count`` is the number
+    of non-pad targets the sums run over, as a tensor on the logits' device (``tokens`` reads it
+    as an int, which waits for the device; the trainer counts tokens on the host instead).
     """
 
     loss: Tensor
     nll: Tensor
-    tokens: int
+    count: Tensor
+
+    @property
+    def tokens(self) -> int:
+        """Non-pad target positions (a host sync on GPUs)."""
+        return int(self.count.item())
 
 
 class LabelSmoothedLoss(nn.Module):
@@ -63,7 +69,7 @@ class LabelSmoothedLoss(nn.Module):
             loss = (1.0 - self.epsilon) * nll + self.epsilon * smooth
         else:
             loss = nll
-        return LossOutput(loss=loss, nll=nll.detach(), tokens=int(keep.sum().item()))
+        return LossOutput(loss=loss, nll=nll.detach(), count=keep.sum())
 
 
 def perplexity(nll_sum: float, tokens: int) -> float:
