@@ -720,6 +720,8 @@ def train(config: Config) -> TrainSummary:
         if info.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             stack.enter_context(RunLock(run_dir))
+            handler = add_file_log(run_dir / "train.log")
+            stack.callback(remove_log_handler, handler)
             remove_stale_temp_files(run_dir)
         if info.distributed:
             dist.barrier()
@@ -729,8 +731,6 @@ def train(config: Config) -> TrainSummary:
             trainer.resume(*found)
         if info.is_main:
             setup_run_dir(config, corpus, run_dir)
-            handler = add_file_log(run_dir / "train.log")
-            stack.callback(remove_log_handler, handler)
             from torch.utils.tensorboard import SummaryWriter
 
             trainer.writer = SummaryWriter(str(run_dir / "tensorboard"),

@@ -1,0 +1,250 @@
+"""The training loop on the toy corpus: run directory, stopping rules, exact resume, signals."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtcli.checkpoint import load_checkpoint, read_index
+from mtcli.config import Config, load_config
+from mtcli.errors import CheckpointError, DataError, TrainingError
+from mtcli.loss import LabelSmoothedLoss
+from mtcli.train import train
+
+REPO = Path(__file__).resolve().parents[1]
+TOY_CONFIG = REPO / "configs" / "toy.yaml"
+TOY_DIR = REPO / "tests" / "fixtures" / "toy"
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The toy corpus prepared once for the module."""
+    from mtcli.prepare import prepare
+
+    out = tmp_path_factory.mktemp("prepared") / "toy"
+    prepare(load_config(TOY_CONFIG, [f"data.source={TOY_DIR}", f"data.prepared_dir={out}"]))
+    return out
+
+
+def base_overrides(prepared: Path, run_dir: Path) -> list[str]:
+    return [
+        f"data.source={TOY_DIR}",
+        f"data.prepared_dir={prepared}",
+        f"train.run_dir={run_dir}",
+        "train.valid_bleu=false",
+        "train.num_threads=1",
+        "train.log_every=1",
+    ]
+
+
+def make_config(prepared: Path, run_dir: Path, *extra: str) -> Config:
+    return load_config(TOY_CONFIG, base_overrides(prepared, run_dir) + list(extra))
+
+
+def logged_losses(run_dir: Path) -> dict[int, str]:
+    """step -> the loss text logged for it (the last time it was logged)."""
+    found = {}
+    for line in (run_dir / "train.log").read_text(encoding="utf-8").splitlines():
+        m = re.search(r"\| step (\d+) \| epoch \d+ \| loss (\S+) \| nll (\S+)", line)
+        if m:
+            found[int(m.group(1))] = f"{m.group(2)} {m.group(3)}"
+    return found
+
+
+def model_params(path: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(path)["model"]
+
+
+def assert_same_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_run_directory_layout_and_checkpoints(prepared: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    summary = train(make_config(prepared, run, "train.max_steps=6", "train.valid_every=2",
+                                "train.keep_last=2"))
+    assert summary.steps == 6 and summary.stop_reason.startswith("max_steps")
+    assert summary.best_valid_loss is not None and summary.parameters > 0
+    assert "max_steps" in summary.summary() and str(run) in summary.summary()
+    for name in ("config.yaml", "spm.model", "manifest.json", "train.log", "text/val.src",
+                 "text/val.tgt", "text/test.src", "text/test.tgt"):
+        assert (run / name).is_file(), name
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    ckpts = run / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("checkpoint_*.pt")) == [
+        "checkpoint_4.pt", "checkpoint_6.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
+    index = read_index(run)
+    assert set(index) == {2, 4, 6} and all(e["loss"] is not None for e in index.values())
+    state = load_checkpoint(ckpts / "checkpoint_last.pt")
+    for key in ("format", "step", "epoch", "model", "optimizer", "scheduler", "rng", "data_state",
+                "train_state", "config", "vocab", "valid"):
+        assert key in state, key
+    assert state["step"] == 6 and state["scheduler"]["step"] == 6
+    assert state["vocab"]["size"] > 0 and len(state["vocab"]["spm_sha256"]) == 64
+    assert state["config"]["train"]["max_steps"] == 6
+    best = load_checkpoint(ckpts / "checkpoint_best.pt")
+    best_step = min(index, key=lambda s: index[s]["loss"])
+    assert best["step"] == best_step
+    log = (run / "train.log").read_text(encoding="utf-8")
+    assert "parameters" in log and "skipped" in log and "padding" in log
+
+
+def test_resume_is_exact(prepared: Path, tmp_path: Path) -> None:
+    """8 steps straight == 4 steps, a new process-like restart, 4 more (dropout on)."""
+    extra = ("model.dropout=0.2", "train.valid_every=4", "train.update_freq=2")
+    straight = tmp_path / "straight"
+    train(make_config(prepared, straight, "train.max_steps=8", *extra))
+    split = tmp_path / "split"
+    first = train(make_config(prepared, split, "train.max_steps=4", *extra))
+    assert first.steps == 4
+    torch.manual_seed(12345)  # disturb the global RNG: resume must restore it
+    second = train(make_config(prepared, split, "train.max_steps=8", *extra))
+    assert second.steps == 8 and second.resumed_from is not None
+    assert logged_losses(split) == logged_losses(straight)
+    assert len(logged_losses(straight)) == 8
+    assert_same_params(model_params(straight / "checkpoints" / "checkpoint_last.pt"),
+                       model_params(split / "checkpoints" / "checkpoint_last.pt"))
+    a, b = read_index(straight), read_index(split)
+    assert a[8]["loss"] == b[8]["loss"]
+    log = (split / "train.log").read_text(encoding="utf-8")
+    assert "train.max_steps: 4 -> 8" in log
+
+
+def test_resume_refuses_model_change(prepared: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train(make_config(prepared, run, "train.max_steps=2"))
+    with pytest.raises(CheckpointError, match="model.d_model"):
+        train(make_config(prepared, run, "train.max_steps=4", "model.d_model=16"))
+
+
+def test_missing_cache_says_run_prepare(tmp_path: Path) -> None:
+    config = make_config(tmp_path / "nothing", tmp_path / "run")
+    with pytest.raises(DataError, match="mtcli prepare"):
+        train(config)
+
+
+def test_patience_stops_when_validation_does_not_improve(prepared: Path, tmp_path: Path) -> None:
+    # lr factor 0: the weights never change, so validation never improves after the first.
+    summary = train(make_config(prepared, tmp_path / "run", "train.lr_factor=0.0",
+                                "train.max_steps=100", "train.valid_every=2", "train.patience=2"))
+    assert summary.steps == 6
+    assert summary.stop_reason.startswith("patience")
+
+
+def test_max_epochs(prepared: Path, tmp_path: Path) -> None:
+    config = make_config(prepared, tmp_path / "run", "train.max_epochs=1", "train.max_steps=100000",
+                         "train.valid_every=1000", "train.max_tokens=4096")
+    summary = train(config)
+    assert summary.epochs == 1 and summary.stop_reason.startswith("max_epochs")
+    from mtcli.batching import BatchStream
+    from mtcli.cache import PreparedCorpus
+
+    corpus = PreparedCorpus.open(prepared)
+    stream = BatchStream(corpus.array("train", "src"), corpus.array("train", "tgt"), max_tokens=4096,
+                         max_source_length=256, max_target_length=256, seed=1)
+    assert summary.steps == len(stream.epoch_batches(0))
+
+
+def test_nonfinite_loss_skips_then_stops(prepared: Path, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    real_forward = LabelSmoothedLoss.forward
+    calls = {"n": 0}
+
+    def flaky(self, logits, target):  # noqa: ANN001, ANN202
+        calls["n"] += 1
+        out = real_forward(self, logits, target)
+        if calls["n"] == 2 and self.training:
+            out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(LabelSmoothedLoss, "forward", flaky)
+    run = tmp_path / "run"
+    summary = train(make_config(prepared, run, "train.max_steps=4", "train.valid_every=100"))
+    assert summary.steps == 4  # the NaN step was skipped, not counted
+    assert "non-finite" in (run / "train.log").read_text(encoding="utf-8")
+
+    def always_nan(self, logits, target):  # noqa: ANN001, ANN202
+        out = real_forward(self, logits, target)
+        out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(LabelSmoothedLoss, "forward", always_nan)
+    with pytest.raises(TrainingError, match="3 non-finite losses in a row"):
+        train(make_config(prepared, tmp_path / "run2", "train.max_steps=10", "train.max_nonfinite=3"))
+
+
+def test_validation_bleu_selects_best(prepared: Path, tmp_path: Path) -> None:
+    pytest.importorskip("mtcli.search")
+    run = tmp_path / "run"
+    summary = train(make_config(prepared, run, "train.max_steps=4", "train.valid_every=2",
+                                "train.valid_bleu=true", "train.valid_max_sentences=8"))
+    index = read_index(run)
+    assert all(entry["bleu"] is not None for entry in index.values())
+    assert summary.best_valid_bleu == max(entry["bleu"] for entry in index.values())
+
+
+# --------------------------------------------------------------------------- subprocesses
+
+
+def cli_train(prepared: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
+    args = [sys.executable, "-m", "mtcli.cli", "train", str(TOY_CONFIG)]
+    for item in base_overrides(prepared, run_dir) + list(extra):
+        args += ["--set", item]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"trainer exited early ({proc.returncode}): {proc.stderr.read()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"{path} did not appear")
+        time.sleep(0.005)
+
+
+def test_sigterm_saves_checkpoint_and_exits_143(prepared: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = cli_train(prepared, run, "train.max_steps=100000", "train.valid_every=100000")
+    wait_for(run / "train.log", proc)
+    deadline = time.monotonic() + 60
+    while "| step 3 |" not in (run / "train.log").read_text(encoding="utf-8"):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "interrupted by SIGTERM" in err and "checkpoint_last" in err
+    state = load_checkpoint(run / "checkpoints" / "checkpoint_last.pt")
+    assert state["step"] >= 3
+    assert not (run / "train.lock").exists()
+
+
+def test_sigkill_then_resume_matches_straight_run(prepared: Path, tmp_path: Path) -> None:
+    extra = ("model.dropout=0.1", "train.valid_every=2", "train.max_steps=40", "train.log_every=100")
+    straight = tmp_path / "straight"
+    train(make_config(prepared, straight, *extra))
+    killed = tmp_path / "killed"
+    proc = cli_train(prepared, killed, *extra)
+    wait_for(killed / "checkpoints" / "checkpoint_6.pt", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the trainer finished before it could be killed"
+    assert (killed / "train.lock").exists()  # a stale lock, taken over on resume
+    summary = train(make_config(prepared, killed, *extra))
+    assert summary.resumed_from is not None and summary.steps == 40
+    assert_same_params(model_params(straight / "checkpoints" / "checkpoint_last.pt"),
+                       model_params(killed / "checkpoints" / "checkpoint_last.pt"))
