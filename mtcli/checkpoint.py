@@ -41,6 +41,7 @@ parameter's dtype.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import hashlib
 import io
@@ -49,14 +50,15 @@ import os
 import pickle
 import re
 import socket
+import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mtcli.errors import CheckpointError, RunLockedError
+from mtcli.config import SECTIONS, load_config
+from mtcli.errors import CheckpointError, DataError, RunLockedError
 from mtcli.fileio import atomic_write, sha256_file
 from mtcli.logs import get_logger
 
@@ -69,6 +71,7 @@ LOCK_NAME = "train.lock"
 _STEP_RE = re.compile(r"^checkpoint_(\d+)\.pt$")
 _HEADER_RE = re.compile(rb"^MTCLI-CHECKPOINT (\d+) sha256=([0-9a-f]{64}) size=(\d+)$")
 _MAX_HEADER = 256
+_WRAPPER_RE = re.compile(r"^(?:module\.|_orig_mod\.)+")
 
 # Types torch.load(weights_only=True) rebuilds; save_checkpoint refuses anything else.
 _PLAIN_SCALARS = (str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device)
@@ -231,14 +234,9 @@ def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict:
 def step_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     """``(step, path)`` of every ``checkpoint_<step>.pt`` in the run, oldest first."""
     directory = checkpoint_dir(run_dir)
-    if not directory.is_dir():
-        return []
-    found = []
-    for entry in directory.iterdir():
-        match = _STEP_RE.match(entry.name)
-        if match and entry.is_file():
-            found.append((int(match.group(1)), entry))
-    return sorted(found)
+    entries = directory.iterdir() if directory.is_dir() else []
+    matches = [(_STEP_RE.match(p.name), p) for p in entries]
+    return sorted((int(m.group(1)), p) for m, p in matches if m and p.is_file())
 
 
 def find_resume_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
@@ -250,10 +248,8 @@ def find_resume_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
     used. Raises :class:`CheckpointError` if checkpoints exist but none is intact.
     """
     directory = checkpoint_dir(run_dir)
-    candidates = [directory / LAST_NAME]
-    candidates += [p for _, p in reversed(step_checkpoints(run_dir))]
-    candidates.append(directory / BEST_NAME)
-    candidates = [p for p in candidates if p.is_file()]
+    steps = [p for _, p in reversed(step_checkpoints(run_dir))]
+    candidates = [p for p in [directory / LAST_NAME, *steps, directory / BEST_NAME] if p.is_file()]
     if not candidates:
         return None
     log = get_logger()
@@ -340,15 +336,9 @@ def _classify(key: str) -> str:
 
 
 def _section_defaults(section: str) -> dict[str, Any]:
-    import dataclasses
-
-    from mtcli.config import SECTIONS
-
-    cls = SECTIONS.get(section)
-    if cls is None:
-        return {}
+    """Default value of every key of a config section (for keys an older config lacks)."""
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
+    for f in dataclasses.fields(SECTIONS[section]) if section in SECTIONS else []:
         if f.default is not dataclasses.MISSING:
             out[f.name] = f.default
         elif f.default_factory is not dataclasses.MISSING:
@@ -441,7 +431,7 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # alive, owned by someone else
         return True
     return True
 
@@ -466,14 +456,9 @@ class RunLock:
         self.held = False
 
     def _content(self) -> bytes:
-        info = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "boot_id": _boot_id(),
-            "proc_start": _proc_start(os.getpid()),
-            "token": self.token,
-        }
+        started = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": started,
+                "boot_id": _boot_id(), "proc_start": _proc_start(os.getpid()), "token": self.token}
         return (json.dumps(info) + "\n").encode()
 
     def _try_create(self) -> bool:
@@ -499,8 +484,6 @@ class RunLock:
             pid = int(info["pid"])
         except (ValueError, KeyError, TypeError, UnicodeDecodeError):
             with contextlib.suppress(OSError):
-                import time
-
                 if time.time() - self.path.stat().st_mtime > 10:
                     return "unreadable lock file"
             return None
@@ -670,9 +653,7 @@ def prune_checkpoints(run_dir: Path, keep_last: int, keep_best: int = 0) -> None
     for _, path in steps:
         if path not in keep:
             try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
+                path.unlink(missing_ok=True)
             except OSError as exc:
                 get_logger().warning("cannot remove old checkpoint %s (%s)", path, exc.strerror or exc)
 
@@ -739,8 +720,7 @@ def average_checkpoints(paths: list[Path]) -> dict:
 def _vocab_text(vocab: Any) -> str:
     if not isinstance(vocab, dict):
         return "no vocab recorded"
-    sha = str(vocab.get("spm_sha256") or "?")[:12]
-    return f"size {vocab.get('size')}, spm {sha}"
+    return f"size {vocab.get('size')}, spm {str(vocab.get('spm_sha256') or '?')[:12]}"
 
 
 def _check_same_params(
@@ -811,7 +791,7 @@ def average_run_checkpoints(run_dir: Path, output: Path, last: int = 0, best: in
 # --------------------------------------------------------------------------- inference
 
 
-@dataclass
+@dataclasses.dataclass
 class InferenceModel:
     """What ``evaluate``/``translate`` need from a run: model, tokenizer, config and a name."""
 
@@ -820,14 +800,6 @@ class InferenceModel:
     config: Any
     name: str
     state: dict | None = None  # checkpoint metadata (step, valid, ...) without the parameters
-
-
-def _existing_checkpoints(run_dir: Path) -> str:
-    directory = checkpoint_dir(run_dir)
-    if not directory.is_dir():
-        return "none (no checkpoints/ directory)"
-    names = sorted(p.name for p in directory.glob("*.pt"))
-    return ", ".join(names) if names else "none"
 
 
 def _resolve_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:
@@ -844,20 +816,10 @@ def _resolve_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:
             path = directory / path
     if not path.is_file():
         raise CheckpointError(
-            f"{path}: checkpoint not found (checkpoints in {run_dir}: {_existing_checkpoints(run_dir)})"
+            f"{path}: checkpoint not found (checkpoints in {run_dir}: "
+            f"{_names(sorted(directory.glob('*.pt')))})"
         )
     return path
-
-
-def _strip_prefixes(model_state: dict) -> dict:
-    """Drop ``module.`` (DDP) and ``_orig_mod.`` (torch.compile) prefixes from parameter names."""
-    out = {}
-    for key, value in model_state.items():
-        for prefix in ("module.", "_orig_mod."):
-            while key.startswith(prefix):
-                key = key[len(prefix) :]
-        out[key] = value
-    return out
 
 
 def load_for_inference(
@@ -877,9 +839,6 @@ def load_for_inference(
     without ``config.yaml`` or ``spm.model``, a missing checkpoint (listing what exists), or
     a checkpoint whose vocabulary is not the run's ``spm.model`` (naming both).
     """
-    from mtcli.config import load_config
-    from mtcli.errors import DataError
-
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise CheckpointError(f"{run_dir}: run directory not found")
@@ -925,12 +884,13 @@ def load_for_inference(
 
     model = Transformer(config.model, tokenizer.vocab_size, pad_id=PAD_ID)
     try:
-        model.load_state_dict(_strip_prefixes(model_state), strict=True)
+        # names saved from a DDP (module.) or torch.compile (_orig_mod.) wrapper load too
+        model.load_state_dict({_WRAPPER_RE.sub("", k): v for k, v in model_state.items()})
     except RuntimeError as exc:
         detail = " ".join(str(exc).split())
         raise CheckpointError(
             f"{source}: parameters do not fit the model of {run_dir / 'config.yaml'} ({detail[:300]})"
         ) from None
     model.to(device).eval()
-    meta = {k: v for k, v in state.items() if k in ("format", "step", "epoch", "valid", "vocab", "averaged_from")}
+    meta = {k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler", "rng")}
     return InferenceModel(model=model, tokenizer=tokenizer, config=config, name=name, state=meta)

@@ -307,6 +307,14 @@ def test_write_failure_under_file_size_limit_keeps_previous_checkpoint(tmp_path:
     assert sorted(p.name for p in path.parent.iterdir()) == [ck.LAST_NAME]
 
 
+def test_unwritable_destination_is_a_one_line_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "checkpoints"
+    blocker.write_text("a file where the directory should be")
+    with pytest.raises(CheckpointError, match="cannot write checkpoint") as exc:
+        save_checkpoint(blocker / ck.LAST_NAME, toy_state(1))
+    assert str(blocker / ck.LAST_NAME) in one_line(exc)
+
+
 # --------------------------------------------------------------------------- resume
 
 
@@ -434,6 +442,16 @@ def test_lock_from_another_host_is_refused(tmp_path: Path) -> None:
     with pytest.raises(RunLockedError) as exc:
         RunLock(tmp_path).acquire()
     assert "pid 4242 on host gpu-node-7 since 2024-01-01T00:00:00" in one_line(exc)
+
+
+def test_unreadable_lock_is_refused_while_fresh_and_taken_over_when_old(tmp_path: Path) -> None:
+    lock_file = tmp_path / "train.lock"
+    lock_file.write_bytes(b"")  # a holder between O_EXCL create and its write
+    with pytest.raises(RunLockedError, match="unknown process"):
+        RunLock(tmp_path).acquire()
+    os.utime(lock_file, (1_000_000, 1_000_000))
+    with RunLock(tmp_path):
+        assert json.loads(lock_file.read_text())["pid"] == os.getpid()
 
 
 def test_release_leaves_a_lock_that_is_no_longer_ours(tmp_path: Path) -> None:
@@ -618,6 +636,22 @@ def test_average_run_last_and_best(tmp_path: Path) -> None:
     assert not (tmp_path / "x.pt").exists()
 
 
+def test_cli_average(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from mtcli.cli import app
+
+    _write_run(tmp_path, [10, 20, 30], last=30)
+    runner = CliRunner()
+    result = runner.invoke(app, ["average", str(tmp_path), "-o", str(tmp_path / "avg.pt"), "--last", "3"])
+    assert result.exit_code == 0, result.output
+    assert "averaged 3 checkpoints" in result.output and "checkpoint_30.pt" in result.output
+    states = [toy_state(s, seed=s) for s in (10, 20, 30)]
+    assert torch.equal(load_checkpoint(tmp_path / "avg.pt")["model"]["layer.bias"], _mean(states, "layer.bias"))
+    result = runner.invoke(app, ["average", str(tmp_path), "-o", str(tmp_path / "x.pt")])
+    assert result.exit_code == 1 and "exactly one of last=K or best=K" in result.output
+
+
 # --------------------------------------------------------------------------- load_for_inference
 
 
@@ -712,6 +746,15 @@ def test_load_for_inference_builds_eval_model(run_dir: Path, log_lines) -> None:
 
     bundle = load_for_inference(run_dir, checkpoint=str(ckpts / "checkpoint_10.pt"))
     assert bundle.name.startswith("checkpoint_10.pt")
+
+    # saved from a DistributedDataParallel wrapper: "module." names load too; a bare file name
+    # is looked up in checkpoints/
+    wrapped = _model_state(run_dir, 15, seed=15)
+    wrapped["model"] = {f"module.{k}": v for k, v in wrapped["model"].items()}
+    save_checkpoint(ckpts / "ddp.pt", wrapped)
+    bundle = load_for_inference(run_dir, checkpoint="ddp.pt")
+    for key, value in bundle.model.state_dict().items():
+        assert torch.equal(value, wrapped["model"][f"module.{key}"]), key
 
     bundle = load_for_inference(run_dir, average_last=2)
     assert bundle.name.startswith("avg_last2 (")
