@@ -166,8 +166,8 @@ def _unpickling_reason(exc: BaseException) -> str:
     return "objects outside the weights-only allowlist"
 
 
-def read_payload(path: Path) -> bytes:
-    """Return the verified payload bytes of checkpoint ``path`` (checks header, size, sha256)."""
+def read_payload(path: Path) -> memoryview:
+    """The verified payload bytes of checkpoint ``path`` (checks header, size and sha256)."""
     path = Path(path)
     try:
         with open(path, "rb") as handle:
@@ -198,7 +198,7 @@ def read_payload(path: Path) -> bytes:
         )
     if hashlib.sha256(payload).hexdigest() != digest:
         raise CheckpointError(f"{path}: checksum mismatch (corrupted or truncated)")
-    return payload  # type: ignore[return-value]  # a memoryview over the file's bytes
+    return payload
 
 
 def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict:
