@@ -324,7 +324,7 @@ def plot_attention_png(
     """Write a PNG heatmap of cross-attention: one panel per decoder layer, head-averaged.
 
     ``attention`` is ``[layers, T, S]``; rows are target pieces (the output, then ``</s>``),
-    columns source pieces (then ``</s>``). Labels are trimmed or padded to the tensor's shape.
+    columns source pieces (then ``</s>``); batch padding beyond them is dropped.
     """
     import matplotlib
 
@@ -332,6 +332,8 @@ def plot_attention_png(
     import matplotlib.pyplot as plt
 
     att = attention.float().cpu().numpy()
+    # Drop batch padding columns (and rows) beyond the pieces plus </s>.
+    att = att[:, : len(tgt_pieces) + 1, : len(src_pieces) + 1]
     layers, t_len, s_len = att.shape
     xs = (src_pieces + ["</s>"] * s_len)[:s_len]
     ys = (tgt_pieces + ["</s>"] * t_len)[:t_len]
@@ -340,7 +342,8 @@ def plot_attention_png(
         squeeze=False,
     )
     for layer, ax in enumerate(axes[0]):
-        ax.imshow(att[layer], aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
+        image = ax.imshow(att[layer], aspect="auto", cmap="viridis", vmin=0.0)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
         ax.set_title(f"decoder layer {layer + 1}")
         ax.set_xticks(range(s_len), xs, rotation=90, fontsize=7)
         ax.set_yticks(range(t_len), ys, fontsize=7)

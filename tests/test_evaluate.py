@@ -96,6 +96,18 @@ def test_cli_evaluate_src_ref_pair(tiny_run_dir: Path, tmp_path: Path) -> None:
     assert (tmp_path / "ev" / f"a.src.{Path(report['hypotheses']).name.split('.')[2]}.hyp").exists()
 
 
+def test_evaluate_average_last(tiny_run_dir: Path, tmp_path: Path) -> None:
+    from mtcli.evaluate import evaluate
+
+    report = evaluate(
+        tiny_run_dir, split="val", src_file=None, ref_file=None, checkpoint="best",
+        average_last=2, average_best=0, overrides=["decode.beam_size=1"], output_dir=tmp_path,
+    )
+    assert Path(report["hypotheses"]).name == "val.avg_last2.hyp"
+    assert report["average_last"] == 2 and "average" in report["checkpoint"]
+    assert report["sentences"] == len((tiny_run_dir / "text" / "val.src").read_text().splitlines())
+
+
 @pytest.mark.parametrize("case", ["missing_run", "missing_checkpoint", "count_mismatch", "bad_split"])
 def test_cli_evaluate_bad_input(case: str, tiny_run_dir: Path, tmp_path: Path) -> None:
     src, ref = tmp_path / "a.src", tmp_path / "a.ref"

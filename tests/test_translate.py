@@ -253,6 +253,24 @@ def test_cli_translate_bad_input(args: list[str], tiny_run_dir: Path, tmp_path: 
     assert len(err.splitlines()) == 1
 
 
+def test_cli_translate_checkpoint_from_other_vocab(tiny_run_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from mtcli.tokenizer import Tokenizer
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    text = (run / "text" / "val.src").read_text(encoding="utf-8").splitlines() * 3
+    Tokenizer.train(text, tmp_path / "other", 40, "unigram", 1.0, 0)
+    shutil.copyfile(tmp_path / "other.model", run / "spm.model")
+    out = tmp_path / "out.txt"
+    res = _mtcli("translate", str(run), "-o", str(out), stdin=b"eine katze\n")
+    assert res.returncode != 0
+    err = res.stderr.decode().strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and "vocabulary" in err
+    assert not out.exists()
+
+
 def test_cli_translate_plot_attention(tiny_run_dir: Path, tmp_path: Path) -> None:
     src = tmp_path / "in.txt"
     src.write_text("eine katze spielt\n\nrot\n", encoding="utf-8")
