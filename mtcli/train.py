@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import os
 import random
@@ -709,6 +710,8 @@ def train(config: Config) -> TrainSummary:
     device = resolve_device(config.train.device, info.local_rank)
     if config.train.num_threads > 0:
         torch.set_num_threads(config.train.num_threads)
+    if not info.is_main:  # one voice on the console: rank 0's
+        log.setLevel(logging.WARNING)
     corpus = open_corpus(config)
     run_dir = config.run_path()
     _init_distributed(info, device)

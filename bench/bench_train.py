@@ -1,0 +1,410 @@
+"""Training speed: mtcli's Transformer (fp32 and bf16 autocast) against a plain
+``torch.nn.Transformer`` of the same shape, fed the same token batches.
+
+Shape: the Multi30k recipe (configs/multi30k_de_en.yaml: d_model 256, 3+3 layers, 4 heads,
+d_ff 1024, dropout 0.3 / attention dropout 0.1, tied 8k joint vocabulary), ~4k-token batches
+(``--max-tokens``). Batches are real Multi30k training batches from the prepared cache
+``data/prepared/multi30k_de_en`` (built by mtcli's own batching: length-sorted pools, so the
+padding fraction is what training sees) when it exists, else synthetic pairs whose piece lengths
+follow Multi30k's (mean ~16, long right tail) with random ids.
+
+Each variant runs in its own subprocess (so each peak RSS is its own) on the same saved batches:
+``--warmup`` untimed steps, then ``--steps`` timed ones, a step being forward + label-smoothed
+loss + backward + Adam update. Reported: target tokens/s (non-pad target tokens per second of
+timed steps), ms/step, padding fraction, peak RSS (CPU) or peak allocated memory (CUDA),
+estimated model FLOP/s, and its share of this machine's measured matmul peak.
+
+FLOPs per step (padded shapes, training = 3x forward, multiply-add = 2 FLOPs):
+forward = 2 * [ B*S*L_e*(4d^2 + 2*d*d_ff)                        encoder projections + FFN
+              + B*T*L_d*(4d^2 + 2d^2 + 2*d*d_ff) + B*S*L_d*2d^2  decoder self/cross attn + FFN
+              + B*T*d*V ]                                        output projection
+        + 4*B*d*[ L_e*S^2 + L_d*(T^2 + T*S) ]                    QK^T and AV
+which is the usual ``6 * params * tokens`` made explicit per stack, plus attention.
+
+The matmul peak is measured in a separate worker: square ``--peak-size`` GEMMs and a GEMM of the
+FFN's shape (4096 x 256 x 1024), fp32 and bf16, best of several runs.
+
+Usage (from the repository root)::
+
+    python bench/bench_train.py                       # full: recipe shape, 30 timed steps
+    python bench/bench_train.py --smoke               # seconds: tiny shape, 3 steps
+    python bench/bench_train.py --variants ours-fp32 torch-nn-fp32 --steps 50 --threads 2
+
+Results: a table on stdout and ``bench/results/train_<time>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "configs" / "multi30k_de_en.yaml"
+PREPARED = REPO / "data" / "prepared" / "multi30k_de_en"
+VARIANTS = ["ours-fp32", "ours-bf16", "torch-nn-fp32", "torch-nn-bf16"]
+DEFAULT_VARIANTS = ["ours-fp32", "ours-bf16", "torch-nn-fp32"]
+
+
+# --------------------------------------------------------------------------- batches
+
+
+def build_batches(args: argparse.Namespace, path: Path) -> dict[str, Any]:
+    """Collate ``warmup + steps`` training batches once and save them for the workers."""
+    import numpy as np
+    import torch
+
+    from mtcli.batching import BatchStream, collate, make_batches
+
+    need = args.warmup + args.steps
+    source = "synthetic"
+    if PREPARED.is_dir() and not args.synthetic and not args.smoke:
+        from mtcli.cache import PreparedCorpus
+
+        corpus = PreparedCorpus.open(PREPARED, verify=False)
+        stream = BatchStream(corpus.array("train", corpus.src_lang), corpus.array("train", corpus.tgt_lang),
+                             max_tokens=args.max_tokens, max_source_length=256, max_target_length=256,
+                             seed=1)
+        vocab = corpus.vocab_size
+        batches = [stream.collate(stream.next_group().batches[0]) for _ in range(need)]
+        padding_epoch = stream.padding_fraction(0)
+        source = f"Multi30k train ({PREPARED})"
+    else:
+        rng = np.random.default_rng(0)
+        n = 29_000
+        vocab = args.vocab
+        # Multi30k de/en piece lengths with an 8k unigram model: mean ~16, sd ~6, tail to ~80.
+        src_len = np.clip(rng.gamma(7.0, 2.3, n).astype(np.int64), 2, 100)
+        tgt_len = np.clip((src_len * rng.normal(0.95, 0.15, n)).astype(np.int64), 2, 100)
+
+        class Synthetic:
+            def __init__(self, lengths: np.ndarray, seed: int) -> None:
+                self.lengths = lengths
+                self.rng = np.random.default_rng(seed)
+
+            def __len__(self) -> int:
+                return len(self.lengths)
+
+            def __getitem__(self, i: int) -> np.ndarray:
+                return self.rng.integers(4, vocab, int(self.lengths[i])).astype(np.int32)
+
+        src, tgt = Synthetic(src_len, 1), Synthetic(tgt_len, 2)
+        all_batches = make_batches(src_len, tgt_len, np.arange(n), args.max_tokens, seed=1)
+        from mtcli.batching import padding_fraction
+
+        padding_epoch = padding_fraction(all_batches, src_len, tgt_len)
+        batches = [collate(src, tgt, b) for b in all_batches[:need]]
+    payload = {
+        "src": [b.src for b in batches],
+        "tgt_in": [b.tgt_in for b in batches],
+        "tgt_out": [b.tgt_out for b in batches],
+        "vocab": vocab,
+    }
+    torch.save(payload, path)
+    timed = batches[args.warmup:]
+    real = sum(b.src_tokens + b.tgt_tokens for b in timed)
+    padded = sum(b.padded_tokens for b in timed)
+    return {
+        "source": source,
+        "vocab": vocab,
+        "batches": len(batches),
+        "mean_batch_sentences": float(np.mean([len(b.indices) for b in timed])),
+        "mean_batch_target_tokens": float(np.mean([b.tgt_tokens for b in timed])),
+        "padding_timed_batches": 1.0 - real / padded,
+        "padding_epoch": padding_epoch,
+    }
+
+
+# --------------------------------------------------------------------------- models
+
+
+def make_baseline(cfg: Any, vocab: int) -> Any:
+    """torch.nn.Transformer of the recipe's shape + tied embeddings, sinusoidal positions, output."""
+    import torch
+    from torch import nn
+
+    class NNTransformer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            d = cfg.d_model
+            self.d = d
+            self.embed = nn.Embedding(vocab, d, padding_idx=0)
+            nn.init.normal_(self.embed.weight, 0.0, d**-0.5)
+            pos = torch.arange(cfg.max_positions, dtype=torch.float32)[:, None]
+            div = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
+            pe = torch.zeros(cfg.max_positions, d)
+            pe[:, 0::2] = torch.sin(pos * div)
+            pe[:, 1::2] = torch.cos(pos * div)
+            self.register_buffer("pe", pe, persistent=False)
+            self.drop = nn.Dropout(cfg.dropout)
+            self.core = nn.Transformer(d, cfg.n_heads, cfg.encoder_layers, cfg.decoder_layers,
+                                       cfg.d_ff, cfg.dropout, batch_first=True,
+                                       norm_first=cfg.pre_norm)
+
+        def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+            scale = math.sqrt(self.d)
+            x = self.drop(self.embed(src) * scale + self.pe[: src.size(1)])
+            y = self.drop(self.embed(tgt_in) * scale + self.pe[: tgt_in.size(1)])
+            causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1), device=src.device)
+            src_pad, tgt_pad = src.eq(0), tgt_in.eq(0)
+            h = self.core(x, y, tgt_mask=causal, src_key_padding_mask=src_pad,
+                          tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad,
+                          tgt_is_causal=True)
+            return h @ self.embed.weight.t()
+
+    return NNTransformer()
+
+
+def flops_per_step(cfg: Any, vocab: int, batch_shapes: list[tuple[int, int, int]]) -> float:
+    """Training FLOPs (3x forward) of the padded batches, formula in the module docstring."""
+    d, f, le, ld = cfg.d_model, cfg.d_ff, cfg.encoder_layers, cfg.decoder_layers
+    total = 0.0
+    for b, s, t in batch_shapes:
+        linear = (b * s * le * (4 * d * d + 2 * d * f)
+                  + b * t * ld * (6 * d * d + 2 * d * f) + b * s * ld * 2 * d * d
+                  + b * t * d * vocab)
+        attention = 2 * b * d * (le * s * s + ld * (t * t + t * s))
+        total += 3 * (2 * linear + 2 * attention)
+    return total / max(len(batch_shapes), 1)
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
+    """Time one variant on the saved batches; returns its row."""
+    import torch
+
+    from mtcli.config import load_config
+    from mtcli.loss import LabelSmoothedLoss
+    from mtcli.schedule import build_optimizer, build_schedule
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    data = torch.load(args.batches, weights_only=True)
+    config = load_config(RECIPE, list(args.set or []))
+    cfg = config.model
+    vocab = int(data["vocab"])
+    torch.manual_seed(1)
+    name = args.worker
+    if name.startswith("ours"):
+        from mtcli.model import Transformer
+
+        model = Transformer(cfg, vocab).to(device)
+    else:
+        model = make_baseline(cfg, vocab).to(device)
+    bf16 = name.endswith("bf16")
+    params = sum(p.numel() for p in model.parameters())
+    criterion = LabelSmoothedLoss(config.train.label_smoothing)
+    optimizer = build_optimizer(model, config.train)
+    schedule = build_schedule(optimizer, cfg.d_model, config.train)
+    model.train()
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def step(i: int) -> int:
+        src, tgt_in, tgt_out = (data[k][i].to(device) for k in ("src", "tgt_in", "tgt_out"))
+        ctx = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else torch.autocast(device.type, enabled=False)
+        with ctx:
+            logits = model(src, tgt_in)
+        out = criterion(logits, tgt_out)
+        tokens = int(tgt_out.ne(0).sum())
+        (out.loss / tokens).backward()
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        return tokens
+
+    n = len(data["src"])
+    for i in range(args.warmup):
+        step(i)
+    sync()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    tokens = 0
+    start = time.perf_counter()
+    for i in range(args.warmup, n):
+        tokens += step(i)
+    sync()
+    seconds = time.perf_counter() - start
+    shapes = [(int(data["src"][i].size(0)), int(data["src"][i].size(1)), int(data["tgt_in"][i].size(1)))
+              for i in range(args.warmup, n)]
+    flops = flops_per_step(cfg, vocab, shapes)
+    steps = n - args.warmup
+    row = {
+        "variant": name,
+        "params": params,
+        "steps": steps,
+        "seconds": seconds,
+        "ms_per_step": 1000 * seconds / steps,
+        "target_tokens_per_s": tokens / seconds,
+        "model_gflops_per_step": flops / 1e9,
+        "achieved_gflop_s": flops * steps / seconds / 1e9,
+        "peak_rss_mb": peak_rss_mb(),
+        "threads": torch.get_num_threads(),
+    }
+    if device.type == "cuda":
+        row["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return row
+
+
+def worker_peak(args: argparse.Namespace) -> dict[str, Any]:
+    """Best-of-N GEMM throughput in fp32 and bf16 (square and the FFN's shape)."""
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    out: dict[str, Any] = {}
+    n = args.peak_size
+    shapes = {"square": (n, n, n), "ffn": (4096, 256, 1024)}
+    for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        for label, (m, k, nn_) in shapes.items():
+            a = torch.randn(m, k, device=device, dtype=dtype)
+            b = torch.randn(k, nn_, device=device, dtype=dtype)
+            best = float("inf")
+            for _ in range(args.peak_reps):
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                t = time.perf_counter()
+                for _ in range(3):
+                    a @ b
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                best = min(best, (time.perf_counter() - t) / 3)
+            out[f"{dtype_name}_{label}_gflop_s"] = 2 * m * k * nn_ / best / 1e9
+    return out
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def run_worker(args: argparse.Namespace, role: str, batches: Path) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--worker", role, "--batches", str(batches), "--device", args.device,
+           "--warmup", str(args.warmup), "--peak-size", str(args.peak_size),
+           "--peak-reps", str(args.peak_reps)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    for item in args.set or []:
+        cmd += ["--set", item]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    if proc.returncode != 0:
+        raise SystemExit(f"worker {role} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"{cpu_name()} ({os.cpu_count()} cores)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=VARIANTS)
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per variant")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--vocab", type=int, default=8000, help="synthetic vocabulary size")
+    parser.add_argument("--synthetic", action="store_true", help="ignore the prepared cache")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    parser.add_argument("--peak-size", type=int, default=1024)
+    parser.add_argument("--peak-reps", type=int, default=5)
+    parser.add_argument("--set", action="append", help="config override for the model shape")
+    parser.add_argument("--smoke", action="store_true", help="tiny shape and 3 steps (seconds)")
+    parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--batches", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.worker:
+        row = worker_peak(args) if args.worker == "peak" else worker_variant(args)
+        print(json.dumps(row))
+        return
+    if args.smoke:
+        args.steps, args.warmup, args.max_tokens, args.vocab = 3, 1, 512, 500
+        args.peak_size, args.peak_reps = 256, 2
+        args.set = (args.set or []) + ["model.d_model=64", "model.d_ff=128", "model.encoder_layers=1",
+                                       "model.decoder_layers=1", "model.n_heads=2"]
+    with tempfile.TemporaryDirectory() as tmp:
+        batches_path = Path(tmp) / "batches.pt"
+        info = build_batches(args, batches_path)
+        print(f"batches: {info['source']}: {info['batches']} x ~{info['mean_batch_sentences']:.0f} "
+              f"sentences, ~{info['mean_batch_target_tokens']:.0f} target tokens, padding "
+              f"{info['padding_timed_batches']:.3f} (epoch {info['padding_epoch']:.3f})", flush=True)
+        peak = run_worker(args, "peak", batches_path)
+        rows = []
+        for variant in args.variants:
+            row = run_worker(args, variant, batches_path)
+            peak_key = "bf16" if variant.endswith("bf16") else "fp32"
+            row["share_of_matmul_peak"] = row["achieved_gflop_s"] / peak[f"{peak_key}_square_gflop_s"]
+            rows.append(row)
+            print(f"  {variant}: {row['target_tokens_per_s']:,.0f} tok/s", flush=True)
+    base = next((r for r in rows if r["variant"] == "torch-nn-fp32"), None)
+    ours32 = next((r for r in rows if r["variant"] == "ours-fp32"), None)
+    for row in rows:
+        row["vs_torch_nn_fp32"] = row["target_tokens_per_s"] / base["target_tokens_per_s"] if base else None
+        row["vs_ours_fp32"] = row["target_tokens_per_s"] / ours32["target_tokens_per_s"] if ours32 else None
+
+    print()
+    print(f"device: {device_name(args.device)}; torch threads {rows[0]['threads'] if rows else '?'}")
+    print("matmul peak GFLOP/s: " + ", ".join(f"{k.replace('_gflop_s', '')} {v:,.0f}" for k, v in peak.items()))
+    header = f"{'variant':<15}{'tok/s':>10}{'ms/step':>10}{'vs nn':>8}{'vs ours32':>10}{'GFLOP/s':>10}{'% peak':>8}{'RSS MB':>9}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        vs_nn = f"{r['vs_torch_nn_fp32']:.2f}x" if r["vs_torch_nn_fp32"] else "-"
+        vs_32 = f"{r['vs_ours_fp32']:.2f}x" if r["vs_ours_fp32"] else "-"
+        print(f"{r['variant']:<15}{r['target_tokens_per_s']:>10,.0f}{r['ms_per_step']:>10.1f}{vs_nn:>8}"
+              f"{vs_32:>10}{r['achieved_gflop_s']:>10.1f}{100 * r['share_of_matmul_peak']:>7.1f}%"
+              f"{r['peak_rss_mb']:>9.0f}")
+    result = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "device": device_name(args.device),
+        "torch": __import__("torch").__version__,
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                     if k not in ("worker", "batches")},
+        "batches": info,
+        "matmul_peak": peak,
+        "rows": rows,
+    }
+    out = args.output or REPO / "bench" / "results" / f"train_{time.strftime('%Y%m%d_%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
