@@ -1,0 +1,170 @@
+"""The joint SentencePiece model shared by source and target: train, encode, decode.
+
+One subword vocabulary is learnt from both sides of the training split (Sennrich et al. and
+Kudo & Richardson), so source and target embeddings can be tied. The special ids are fixed
+across every model mtcli trains::
+
+    pad = 0    unk = 1    bos = 2    eos = 3
+
+The cache stores SentencePiece ids only; batching adds ``bos``/``eos`` (see ARCHITECTURE.md).
+
+Vocabulary size: SentencePiece refuses a ``vocab_size`` larger than the pieces a corpus can
+yield (``hard_vocab_limit``). mtcli keeps that hard limit and turns the refusal into a
+one-line :class:`~mtcli.errors.DataError` that names the largest size the corpus allows, rather
+than silently training a smaller vocabulary than the config asks for.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+
+from mtcli.errors import DataError
+from mtcli.logs import get_logger
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+PAD_PIECE, UNK_PIECE, BOS_PIECE, EOS_PIECE = "<pad>", "<unk>", "<s>", "</s>"
+SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))
+
+# SentencePiece rejects 1..100 as input_sentence_size (0 means "use every sentence").
+_MIN_SAMPLE = 101
+
+
+class Tokenizer:
+    """A loaded joint SentencePiece model with mtcli's fixed special ids."""
+
+    def __init__(self, model_path: str | Path) -> None:
+        """Load ``model_path``; raise :class:`DataError` if it is missing or not a model."""
+        self.model_path = Path(model_path)
+        if not self.model_path.is_file():
+            raise DataError(f"{self.model_path}: SentencePiece model not found")
+        processor = spm.SentencePieceProcessor()
+        try:
+            processor.Load(str(self.model_path))
+        except (OSError, RuntimeError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise DataError(f"{self.model_path}: not a readable SentencePiece model ({reason})") from None
+        ids = (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id())
+        if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+            raise DataError(
+                f"{self.model_path}: special ids pad/unk/bos/eos are {ids}, expected "
+                f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)} (not a model trained by mtcli)"
+            )
+        self._sp = processor
+        self.vocab_size: int = processor.get_piece_size()
+
+    def __getstate__(self) -> dict:
+        """Pickle by path (SentencePiece processors are not picklable)."""
+        return {"model_path": str(self.model_path)}
+
+    def __setstate__(self, state: dict) -> None:
+        """Reload the model from the pickled path."""
+        self.__init__(state["model_path"])  # type: ignore[misc]
+
+    def encode(self, text: str) -> list[int]:
+        """Subword ids of one sentence (no bos/eos)."""
+        return self._sp.encode(text, out_type=int)
+
+    def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
+        """Ids of many sentences at once (SentencePiece encodes them in C++ threads)."""
+        if not texts:
+            return []
+        return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Detokenized text of ``ids``; pad, bos and eos are skipped (unk decodes as " ⁇ ")."""
+        return self._sp.decode([int(i) for i in ids if int(i) not in SPECIAL_IDS])
+
+    def pieces(self, text: str) -> list[str]:
+        """Subword pieces of one sentence (for inspection and attention plots)."""
+        return self._sp.encode(text, out_type=str)
+
+    def id_to_piece(self, i: int) -> str:
+        """The piece string of id ``i``."""
+        if not 0 <= int(i) < self.vocab_size:
+            raise IndexError(f"id {i} outside the vocabulary (size {self.vocab_size})")
+        return self._sp.id_to_piece(int(i))
+
+    @staticmethod
+    def train(
+        sentences: Iterable[str],
+        model_prefix: Path,
+        vocab_size: int,
+        model_type: str,
+        character_coverage: float,
+        max_sentences: int,
+        seed: int = 1,
+        num_threads: int = 1,
+    ) -> Path:
+        """Train a SentencePiece model on ``sentences``; return the path of ``<prefix>.model``.
+
+        ``sentences`` is consumed as a stream; when there are more than ``max_sentences``,
+        SentencePiece keeps a uniform reservoir sample of that many (its memory is bounded by
+        the cap, not the corpus). Raises :class:`DataError` when the corpus cannot support
+        ``vocab_size`` pieces, naming the largest size it allows.
+        """
+        model_prefix = Path(model_prefix)
+        model_prefix.parent.mkdir(parents=True, exist_ok=True)
+        log = get_logger()
+        sample = max(int(max_sentences), _MIN_SAMPLE) if max_sentences > 0 else 0
+        counted = _CountingIterator(sentences)
+        spm.set_random_generator_seed(int(seed))
+        verbose = log.isEnabledFor(logging.DEBUG)
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=counted,
+                model_prefix=str(model_prefix),
+                vocab_size=int(vocab_size),
+                model_type=model_type,
+                character_coverage=float(character_coverage),
+                input_sentence_size=sample,
+                shuffle_input_sentence=True,
+                pad_id=PAD_ID,
+                unk_id=UNK_ID,
+                bos_id=BOS_ID,
+                eos_id=EOS_ID,
+                pad_piece=PAD_PIECE,
+                unk_piece=UNK_PIECE,
+                bos_piece=BOS_PIECE,
+                eos_piece=EOS_PIECE,
+                num_threads=max(1, int(num_threads)),
+                minloglevel=0 if verbose else 2,
+            )
+        except RuntimeError as exc:
+            message = str(exc)
+            limit = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", message)
+            if limit:
+                raise DataError(
+                    f"data.vocab_size={vocab_size} is too large for this training corpus: "
+                    f"SentencePiece ({model_type}) can build at most {limit.group(2)} pieces from it; "
+                    "lower data.vocab_size"
+                ) from None
+            if counted.count == 0:
+                raise DataError("cannot train SentencePiece: the training text is empty") from None
+            first = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
+            raise DataError(f"SentencePiece training failed: {first}") from None
+        log.info(
+            "trained SentencePiece %s model, %d pieces, from %d sentences (sample cap %s)",
+            model_type, vocab_size, counted.count, sample or "none",
+        )
+        return Path(f"{model_prefix}.model")
+
+
+class _CountingIterator:
+    """Wraps an iterable of sentences, counting what SentencePiece pulls from it."""
+
+    def __init__(self, sentences: Iterable[str]) -> None:
+        self._it = iter(sentences)
+        self.count = 0
+
+    def __iter__(self) -> _CountingIterator:
+        return self
+
+    def __next__(self) -> str:
+        item = next(self._it)
+        self.count += 1
+        return item
