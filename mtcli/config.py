@@ -11,6 +11,7 @@ Errors are raised as :class:`mtcli.errors.ConfigError` whose message names the f
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -154,6 +155,9 @@ def _type_name(tp: Any) -> str:
     return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
 
 
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
 def _coerce(value: Any, tp: Any) -> Any:
     """Return ``value`` converted to ``tp`` or raise ``TypeError`` (ints are accepted as floats)."""
     origin = typing.get_origin(tp)
@@ -187,6 +191,9 @@ def _coerce(value: Any, tp: Any) -> Any:
         raise TypeError
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        # PyYAML (YAML 1.1) reads `1e-9` (no dot) as a string; accept plain decimal notation.
+        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
             return float(value)
         raise TypeError
     if tp is str:

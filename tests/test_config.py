@@ -1,0 +1,130 @@
+"""Tests of mtcli.config: typed YAML recipes, one-line errors with exit code 2, --set overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO
+from typer.testing import CliRunner
+
+from mtcli.cli import app
+from mtcli.config import Config, config_from_dict, load_config, parse_override, save_config
+from mtcli.errors import ConfigError
+
+MINIMAL = {"data": {"name": "x", "source": "somewhere", "src_lang": "de", "tgt_lang": "en"}}
+
+
+def write(tmp_path: Path, raw: object, name: str = "recipe.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(raw if isinstance(raw, str) else yaml.safe_dump(raw))
+    return path
+
+
+def cli_error(path: Path, *extra: str) -> str:
+    """Run `mtcli prepare` on a bad config: exit code 2, one line on stderr, no traceback."""
+    result = CliRunner().invoke(app, ["prepare", str(path), *extra])
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert lines[0].startswith("mtcli: error: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path: Path) -> None:
+    config = load_config(path)
+    assert isinstance(config, Config)
+    assert config.path == str(path)
+    assert config.data.name and config.data.src_lang != config.data.tgt_lang
+
+
+def test_unknown_key_names_file_and_key(tmp_path: Path) -> None:
+    raw = {**MINIMAL, "train": {"max_step": 10}}
+    message = cli_error(write(tmp_path, raw))
+    assert "recipe.yaml" in message and "train.max_step" in message and "max_steps" in message
+
+
+def test_unknown_section(tmp_path: Path) -> None:
+    message = cli_error(write(tmp_path, {**MINIMAL, "optim": {}}))
+    assert "recipe.yaml" in message and "optim" in message
+
+
+def test_wrong_type_names_file_key_and_type(tmp_path: Path) -> None:
+    raw = {**MINIMAL, "train": {"max_steps": "many"}}
+    message = cli_error(write(tmp_path, raw))
+    assert "recipe.yaml" in message and "train.max_steps" in message and "int" in message
+    raw = {**MINIMAL, "model": {"pre_norm": 1}}
+    assert "model.pre_norm" in cli_error(write(tmp_path, raw))
+    raw = {"data": {**MINIMAL["data"], "spm_model_type": "wordpiece"}}
+    assert "data.spm_model_type" in cli_error(write(tmp_path, raw))
+
+
+def test_missing_required_key_names_file_and_key(tmp_path: Path) -> None:
+    data = dict(MINIMAL["data"])
+    del data["tgt_lang"]
+    message = cli_error(write(tmp_path, {"data": data}))
+    assert "recipe.yaml" in message and "data.tgt_lang" in message
+    message = cli_error(write(tmp_path, {"model": {}}, "nodata.yaml"))
+    assert "nodata.yaml" in message and "data" in message
+
+
+def test_invalid_yaml_and_missing_file(tmp_path: Path) -> None:
+    message = cli_error(write(tmp_path, "data: [unclosed\n"))
+    assert "recipe.yaml" in message
+    assert "not found" in cli_error(tmp_path / "absent.yaml")
+
+
+def test_set_overrides_parse_each_type(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL)
+    config = load_config(
+        path,
+        [
+            "train.max_steps=100",
+            "train.adam_eps=1e-8",
+            "train.lr_factor=2",
+            "model.pre_norm=true",
+            "data.test_splits=[a, b]",
+            "data.hub_config=de-en",
+            "data.src_lang=fr",
+            "train.adam_betas=[0.9, 0.99]",
+        ],
+    )
+    assert config.train.max_steps == 100 and isinstance(config.train.max_steps, int)
+    assert config.train.adam_eps == pytest.approx(1e-8)
+    assert config.train.lr_factor == 2.0 and isinstance(config.train.lr_factor, float)
+    assert config.model.pre_norm is True
+    assert config.data.test_splits == ["a", "b"]
+    assert config.data.hub_config == "de-en" and config.data.src_lang == "fr"
+    assert config.train.adam_betas == [0.9, 0.99]
+
+
+def test_set_wrong_type_or_unknown_key_is_exit_2(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL)
+    assert "train.max_steps" in cli_error(path, "--set", "train.max_steps=lots")
+    assert "train.adam_eps" in cli_error(path, "--set", "train.adam_eps=small")
+    assert "train.nope" in cli_error(path, "--set", "train.nope=1")
+    assert "bogus" in cli_error(path, "--set", "bogus.key=1")
+
+
+@pytest.mark.parametrize("bad", ["train.max_steps", "max_steps=3", "train.max.steps=3", ".x=1"])
+def test_bad_set_syntax(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(ConfigError, match="section.key=value"):
+        parse_override(bad)
+    assert "section.key=value" in cli_error(write(tmp_path, MINIMAL), "--set", bad)
+
+
+def test_cross_field_validation(tmp_path: Path) -> None:
+    raw = {**MINIMAL, "model": {"d_model": 30, "n_heads": 4}}
+    assert "model.d_model" in cli_error(write(tmp_path, raw))
+    with pytest.raises(ConfigError, match="src_lang"):
+        config_from_dict(MINIMAL, overrides=["data.tgt_lang=de"])
+
+
+def test_save_then_load_round_trip(tmp_path: Path) -> None:
+    config = load_config(REPO / "configs" / "multi30k_de_en.yaml", ["train.max_steps=7"])
+    save_config(config, tmp_path / "resolved.yaml")
+    again = load_config(tmp_path / "resolved.yaml")
+    assert again.to_dict() == config.to_dict()
+    assert again.train.max_steps == 7
