@@ -143,6 +143,13 @@ class Tokenizer:
                     f"SentencePiece ({model_type}) can build at most {limit.group(2)} pieces from it; "
                     "lower data.vocab_size"
                 ) from None
+            small = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", message)
+            if small:
+                raise DataError(
+                    f"data.vocab_size={vocab_size} is too small: covering the training text's characters "
+                    f"needs at least {small.group(2)} pieces (special ids included); raise "
+                    "data.vocab_size or lower data.character_coverage"
+                ) from None
             if counted.count == 0:
                 raise DataError("cannot train SentencePiece: the training text is empty") from None
             first = message.strip().splitlines()[0] if message.strip() else type(exc).__name__

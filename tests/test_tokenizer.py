@@ -101,6 +101,11 @@ def test_vocab_too_large_is_one_line_data_error(tmp_path: Path) -> None:
     assert "data.vocab_size=5000" in message and "at most" in message and "\n" not in message
 
 
+def test_vocab_smaller_than_alphabet_is_one_line_data_error(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"data.vocab_size=10 is too small.*at least \d+ pieces"):
+        Tokenizer.train(["abcdefghijklmnop"] * 5, tmp_path / "m", 10, "unigram", 1.0, 1_000_000)
+
+
 def test_sampling_cap_reads_everything_but_trains_on_a_sample(tmp_path: Path) -> None:
     corpus = _corpus()
     path = Tokenizer.train(iter(corpus), tmp_path / "s", 60, "unigram", 1.0, max_sentences=200)
