@@ -24,6 +24,7 @@ from mtcli.cli import app
 from mtcli.config import load_config
 from mtcli.corpus import read_lines
 from mtcli.errors import DataError
+from mtcli.fileio import sha256_file
 from mtcli.tokenizer import Tokenizer
 
 LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d \| [A-Z]+ \| ")
@@ -84,8 +85,12 @@ def test_prepare_toy_builds_a_complete_cache(tmp_path: Path, toy_dir: Path) -> N
     manifest = corpus.manifest
     assert manifest["counts"]["train"]["read"] == 600
     assert manifest["vocab"] == {"size": 64, "pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
-    assert manifest["inputs"]["files"]["train.src"] == manifest["inputs"]["files"]["train.src"]
-    assert set(manifest["inputs"]["files"]) == {f"{s}.{l}" for s in corpus.splits for l in ("src", "tgt")}
+    assert manifest["inputs"]["files"] == {
+        f"{split}.{lang}": sha256_file(toy_dir / f"{split}.{lang}")
+        for split in corpus.splits
+        for lang in ("src", "tgt")
+    }
+    assert manifest["files"]["train.src.bin"]["sha256"] == sha256_file(corpus.directory / "train.src.bin")
     tok = Tokenizer(corpus.spm_path)
     for split in ("val", "test"):
         for lang in ("src", "tgt"):

@@ -1,0 +1,135 @@
+"""Benchmark `mtcli prepare`: wall time per phase, peak RSS, pairs/s, and the no-op re-run.
+
+Usage (from the repository root):
+
+    python bench/bench_prepare.py                                   # Multi30k de-en, 8k vocab
+    python bench/bench_prepare.py configs/wmt_news_en_de.yaml
+    python bench/bench_prepare.py --scale 4                         # training split repeated 4x:
+                                                                    # peak RSS should stay flat
+
+The cache is built (always from scratch) in a temporary directory that is removed afterwards,
+so the real ``data/prepared/`` is never touched. Peak RSS is ``ru_maxrss`` of this process and,
+separately, of its largest child (encoding workers). Numbers depend on what else runs on the
+machine; record them with the date and machine in bench/NOTES.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import mtcli.prepare as prep
+from mtcli.config import load_config
+from mtcli.corpus import TextDirSource, open_source
+from mtcli.logs import setup_logging
+
+
+class PhaseTimer:
+    """Wraps prepare's phases (text writing, SentencePiece training, encoding) with timers."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {"read+clean": 0.0, "spm train": 0.0, "encode": 0.0}
+
+    def wrap(self, name: str, func):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - start
+
+        return timed
+
+    def install(self) -> None:
+        prep._write_texts = self.wrap("read+clean", prep._write_texts)
+        prep.encode_file = self.wrap("encode", prep.encode_file)
+        original_train = prep.Tokenizer.train
+        prep.Tokenizer.train = staticmethod(self.wrap("spm train", original_train))
+
+
+def scaled_copy(config, scale: int, workdir: Path) -> str:
+    """A text directory whose training split is the original repeated ``scale`` times."""
+    data = config.data
+    source = open_source(data.source, data.src_lang, data.tgt_lang, data.hub_config)
+    if not isinstance(source, TextDirSource):
+        raise SystemExit("--scale needs a text-directory source")
+    out = workdir / "scaled"
+    out.mkdir()
+    for split in prep.split_names(data):
+        for lang in (data.src_lang, data.tgt_lang):
+            src = source.path(split, lang)
+            if src.suffix == ".gz":
+                raise SystemExit("--scale needs plain (not .gz) files")
+            dst = out / f"{split}.{lang}"
+            with open(dst, "wb") as handle:
+                for _ in range(scale if split == data.train_split else 1):
+                    with open(src, "rb") as part:
+                        shutil.copyfileobj(part, handle)
+    return str(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", nargs="?", default="configs/multi30k_de_en.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value")
+    parser.add_argument("--scale", type=int, default=1, help="repeat the training split N times")
+    parser.add_argument("--verbose", action="store_true", help="show mtcli's log lines")
+    args = parser.parse_args()
+
+    setup_logging(verbose=False)
+    if not args.verbose:
+        logging.getLogger("mtcli").setLevel(logging.WARNING)
+    workdir = Path(tempfile.mkdtemp(prefix="bench_prepare."))
+    try:
+        overrides = list(args.overrides) + [f"data.prepared_dir={workdir / 'prepared'}"]
+        config = load_config(args.config, overrides)
+        if args.scale > 1:
+            config = load_config(args.config, overrides + [f"data.source={scaled_copy(config, args.scale, workdir)}"])
+        timer = PhaseTimer()
+        timer.install()
+
+        start = time.perf_counter()
+        report = prep.prepare(config, force=True)
+        total = time.perf_counter() - start
+
+        start = time.perf_counter()
+        again = prep.prepare(config)
+        noop = time.perf_counter() - start
+        assert again.skipped, "second run should be a no-op"
+
+        rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        rss_child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        train = report.counts[config.data.train_split]
+        tokens = sum(sum(t.values()) for t in report.tokens.values())
+        d = config.data
+        rows = [
+            ("config", f"{args.config} (scale {args.scale})"),
+            ("vocab / model", f"{report.vocab_size} {d.spm_model_type}, spm_max_sentences {d.spm_max_sentences}"),
+            ("workers", str(d.num_workers)),
+            ("train pairs read / kept", f"{train['read']} / {train['kept']}"),
+            ("tokens encoded (all splits)", f"{tokens}"),
+            ("wall time, full prepare", f"{total:.2f} s"),
+            *((f"  {name}", f"{sec:.2f} s") for name, sec in timer.seconds.items()),
+            ("  other (hash, manifest, checks)", f"{total - sum(timer.seconds.values()):.2f} s"),
+            ("train pairs / s", f"{train['read'] / total:,.0f}"),
+            ("wall time, no-op re-run", f"{noop:.2f} s"),
+            ("peak RSS, main process", f"{rss_self:.0f} MiB"),
+            ("peak RSS, largest worker", f"{rss_child:.0f} MiB" if rss_child else "n/a (in-process)"),
+        ]
+        width = max(len(k) for k, _ in rows)
+        print(f"{'metric':<{width}}  value")
+        print(f"{'-' * width}  {'-' * 30}")
+        for key, value in rows:
+            print(f"{key:<{width}}  {value}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
