@@ -123,10 +123,12 @@ def worker_ct2(job: dict) -> dict:
         if fixed:
             limit = fixed
         else:
-            limit = int(decode["max_len_a"] * (max(len(s) for s in src) + 1) + decode["max_len_b"])
+            # mtcli: at most int(a * m + b) tokens before </s> for m source pieces (no </s>).
+            limit = int(decode["max_len_a"] * max(len(s) for s in src) + decode["max_len_b"])
         out = translator.translate_batch(
             src, beam_size=job["beam"], length_penalty=decode["length_penalty"],
             max_decoding_length=limit, min_decoding_length=0, max_input_length=0,
+            suppress_sequences=[["<blank>"], ["<s>"]],  # mtcli's search never emits pad/bos
         )
         return sum(len(r.hypotheses[0]) for r in out)
 

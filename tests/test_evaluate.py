@@ -104,7 +104,8 @@ def test_evaluate_average_last(tiny_run_dir: Path, tmp_path: Path) -> None:
         average_last=2, average_best=0, overrides=["decode.beam_size=1"], output_dir=tmp_path,
     )
     assert Path(report["hypotheses"]).name == "val.avg_last2.hyp"
-    assert report["average_last"] == 2 and "average" in report["checkpoint"]
+    assert report["average_last"] == 2
+    assert "checkpoint_10.pt" in report["checkpoint"] and "checkpoint_20.pt" in report["checkpoint"]
     assert report["sentences"] == len((tiny_run_dir / "text" / "val.src").read_text().splitlines())
 
 
