@@ -184,6 +184,13 @@ def _autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContext
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
+def _encode_all(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """Ids of many lines at once when the tokenizer can batch them, else one by one."""
+    if hasattr(tokenizer, "encode_batch"):
+        return tokenizer.encode_batch(texts)
+    return [tokenizer.encode(text) for text in texts]
+
+
 def translate_lines(
     bundle: Any,
     lines: Iterable[str],
@@ -221,8 +228,10 @@ def translate_lines(
                 return
             results: list[list[Translation] | None] = [None] * len(chunk)
             sources: dict[int, list[int]] = {}
-            for i, line in enumerate(chunk):
-                ids = tokenizer.encode(line) if line.strip() else []
+            nonempty = [i for i, line in enumerate(chunk) if line.strip()]
+            encoded = dict(zip(nonempty, _encode_all(tokenizer, [chunk[i] for i in nonempty]), strict=True))
+            for i in range(len(chunk)):
+                ids = encoded.get(i) or []
                 if not ids:
                     results[i] = [_empty_translation()]
                     continue
