@@ -184,6 +184,37 @@ def test_model_mode_restored(fake_search) -> None:  # noqa: ANN001
 
 
 # ---------------------------------------------------------------------------------------------
+# translate_lines with the real model and search
+# ---------------------------------------------------------------------------------------------
+
+
+def test_batched_equals_one_by_one_real_model(tiny_run_dir: Path) -> None:
+    from mtcli.checkpoint import load_for_inference
+
+    bundle = load_for_inference(tiny_run_dir, "best")
+    lines = (tiny_run_dir / "text" / "test.src").read_text(encoding="utf-8").splitlines()[:12]
+    lines[3:3] = ["", "  "]
+    decode = DecodeConfig(beam_size=2, nbest=2, max_tokens=40, length_penalty=1.0)
+    batched = list(translate_lines(bundle, lines, decode, "cpu", window=5))
+    alone = [next(translate_lines(bundle, [line], decode, "cpu")) for line in lines]
+    assert len(batched) == len(lines)
+    for got, want in zip(batched, alone, strict=True):
+        assert [t.tokens for t in got] == [t.tokens for t in want]
+        assert [t.score for t in got] == pytest.approx([t.score for t in want], abs=1e-4)
+    assert batched[3][0].text == "" and batched[4][0].tokens == []
+    assert all(len(n) == 2 for i, n in enumerate(batched) if i not in (3, 4))
+
+
+def test_bf16_autocast_path(tiny_run_dir: Path) -> None:
+    from mtcli.checkpoint import load_for_inference
+
+    bundle = load_for_inference(tiny_run_dir, "best")
+    decode = DecodeConfig(beam_size=1, nbest=1, bf16=True)
+    out = translate_texts(bundle, ["eine katze spielt", "", "rot"], decode)
+    assert len(out) == 3 and out[1] == ""
+
+
+# ---------------------------------------------------------------------------------------------
 # The CLI on a tiny real run directory
 # ---------------------------------------------------------------------------------------------
 
