@@ -524,8 +524,9 @@ class DecoderCache:
         if not self._spare or self._spare[0].numel() < size:
             self._spare = [old[0].new_empty(size) for _ in old]
         new = [flat[:size].view(shape) for flat in self._spare]
-        for src, dst in zip(old, new, strict=True):
-            torch.index_select(src[: self.length], 1, index, out=dst[: self.length])
+        with torch.no_grad():  # the cache serves inference; no gradient flows through a reorder
+            for src, dst in zip(old, new, strict=True):
+                torch.index_select(src[: self.length], 1, index, out=dst[: self.length])
         self._spare, self._storage = self._storage, self._spare
         half = len(new) // 2
         self.self_k, self.self_v = new[:half], new[half:]

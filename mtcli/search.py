@@ -1,0 +1,287 @@
+"""Batched greedy and beam search over a trained :class:`~mtcli.model.Transformer`.
+
+``generate(model, src, ...)`` decodes every row of a padded source batch and returns, per row,
+an n-best list of :class:`Hypothesis` (best first).
+
+Scoring. A hypothesis ``y = y_1..y_n`` (eos excluded) has
+``logprob = sum_t log p(y_t | y_<t, x) + log p(eos | y, x)`` and
+``score = logprob / lp(n + 1)`` with the GNMT length penalty (Wu et al., 2016)
+``lp(L) = ((5 + L) / 6) ** alpha`` (``alpha = length_penalty``; 0 means no penalty, score =
+logprob). The length ``L`` counts eos. Pad and bos are never produced (their log-probability is
+set to -inf before choosing; the log-probabilities of the chosen tokens are the model's own).
+
+Length. A source of ``m`` tokens (eos excluded) gets at most ``max_len = int(a*m + b)`` output
+tokens before eos (eos is forced after that), capped so bos + tokens fit ``max_positions``.
+
+Beam search keeps ``beam_size`` live hypotheses per sentence in a flat ``[sentences*beam]``
+layout. Each step looks at the best ``2*beam`` extensions: an extension by eos that ranks among
+the best ``beam`` is finished; the best ``beam`` extensions by other tokens stay live. A sentence
+is done once it has ``nbest`` finished hypotheses and no live one can beat the ``nbest``-th:
+log-probabilities only fall as a hypothesis grows and, with ``alpha >= 0``, ``lp`` only grows, so
+a live hypothesis can at best reach ``logprob / lp(max_len + 1)``. (With ``alpha < 0`` the
+bound does not hold and the search runs to the length limit.) Done sentences leave the batch at
+once (their rows are dropped from the decoder cache), so the batch shrinks as it decodes.
+
+Greedy search (``beam_size=1``) is a separate, leaner loop with the same scoring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mtcli.errors import ConfigError
+from mtcli.model import DecoderCache, EncoderOutput, Transformer
+from mtcli.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+@dataclass
+class Hypothesis:
+    """One output of the search.
+
+    ``tokens`` exclude bos/eos; ``score`` is the length-penalised log-probability that the search
+    ranks by; ``logprob`` the sum of token log-probabilities including eos; ``attention`` the
+    head-averaged cross-attention ``[layers, len(tokens)+1, source length incl. eos]`` (row ``t``
+    is the step that produced token ``t``, the last row produced eos) when asked for, else None.
+    """
+
+    tokens: list[int]
+    score: float
+    logprob: float
+    attention: Tensor | None = None
+
+
+def length_penalty_factor(length: int | Tensor, alpha: float) -> float | Tensor:
+    """GNMT length penalty ``lp(L) = ((5 + L) / 6) ** alpha`` (1 when ``alpha == 0``)."""
+    if alpha == 0.0:
+        return 1.0 if isinstance(length, int) else torch.ones_like(length, dtype=torch.float32)
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def max_output_lengths(src: Tensor, a: float, b: int, max_positions: int) -> Tensor:
+    """Per row: ``int(a * m + b)`` where ``m`` is the source length without eos and padding,
+    capped at ``max_positions - 1`` (bos + tokens must fit the positional table)."""
+    m = src.ne(PAD_ID).sum(1) - 1
+    lengths = (a * m.clamp(min=0).double() + b).floor().long()
+    return lengths.clamp(min=0, max=max_positions - 1)
+
+
+class _StepDecoder:
+    """Log-probabilities of the next token for each row, with or without the key/value cache.
+
+    ``group`` rows per sentence (the beam). With the cache only the newest token is fed; without
+    it the decoder reruns over the whole prefix (for the benchmark and the equivalence test).
+    """
+
+    def __init__(
+        self, model: Transformer, enc: EncoderOutput, group: int, max_len: int, use_cache: bool
+    ) -> None:
+        self.model = model
+        self.cache: DecoderCache | None = None
+        self.enc = enc
+        if use_cache:
+            self.cache = model.init_cache(enc, beam_size=group, max_len=max_len)
+        elif group > 1:
+            self.enc = enc.repeat_interleave(group)
+
+    def logprobs(self, seq: Tensor) -> Tensor:
+        """``seq [rows, t]`` (bos + tokens so far) -> ``[rows, vocab]`` float32 log-probabilities,
+        pad and bos set to -inf."""
+        if self.cache is not None:
+            logits = self.model.decode(seq[:, -1:], self.enc, self.cache)[:, 0]
+        else:
+            hidden, _ = self.model.decoder(seq, self.enc)
+            logits = self.model.project(hidden[:, -1])
+        lprobs = torch.log_softmax(logits.float(), dim=-1)
+        lprobs[:, PAD_ID] = float("-inf")
+        lprobs[:, BOS_ID] = float("-inf")
+        return lprobs
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows ``index`` (grouped by sentence, see :meth:`DecoderCache.reorder`)."""
+        if self.cache is not None:
+            self.cache.reorder(index)
+        else:
+            self.enc = self.enc.select(index)
+
+
+def _greedy(
+    model: Transformer, enc: EncoderOutput, max_lens: Tensor, alpha: float, use_cache: bool
+) -> list[list[Hypothesis]]:
+    """Greedy search: the most probable token at each step until eos or the length limit."""
+    n, device = max_lens.numel(), max_lens.device
+    results: list[list[Hypothesis]] = [[] for _ in range(n)]
+    decoder = _StepDecoder(model, enc, 1, int(max_lens.max()) + 1, use_cache)
+    sentence = torch.arange(n, device=device)  # original index of each live row
+    seq = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
+    logprob = torch.zeros(n, dtype=torch.float32, device=device)
+    limits = max_lens
+    for step in range(int(max_lens.max()) + 1):
+        lprobs = decoder.logprobs(seq)
+        at_limit = limits.eq(step)
+        if bool(at_limit.any()):
+            eos_lp = lprobs[:, EOS_ID].clone()
+            lprobs[at_limit] = float("-inf")
+            lprobs[at_limit, EOS_ID] = eos_lp[at_limit]
+        best, token = lprobs.max(dim=-1)
+        logprob = logprob + best
+        seq = torch.cat([seq, token[:, None]], dim=1)
+        finished = token.eq(EOS_ID)
+        if not bool(finished.any()):
+            continue
+        for row in finished.nonzero()[:, 0].tolist():
+            tokens = seq[row, 1:-1].tolist()
+            lp = float(logprob[row])
+            score = lp / length_penalty_factor(len(tokens) + 1, alpha)
+            results[int(sentence[row])] = [Hypothesis(tokens, score, lp)]
+        keep = (~finished).nonzero()[:, 0]
+        if keep.numel() == 0:
+            break
+        decoder.reorder(keep)
+        sentence, seq, logprob, limits = sentence[keep], seq[keep], logprob[keep], limits[keep]
+    return results
+
+
+def _beam_search(
+    model: Transformer, enc: EncoderOutput, max_lens: Tensor, alpha: float, use_cache: bool,
+    beam_size: int, nbest: int,
+) -> list[list[Hypothesis]]:
+    """Beam search (see the module docstring), ``beam_size`` hypotheses per sentence."""
+    n, k, device = max_lens.numel(), beam_size, max_lens.device
+    finished: list[list[Hypothesis]] = [[] for _ in range(n)]
+    decoder = _StepDecoder(model, enc, k, int(max_lens.max()) + 1, use_cache)
+    sentence = torch.arange(n, device=device)  # original index of each live sentence
+    seq = torch.full((n * k, 1), BOS_ID, dtype=torch.long, device=device)
+    # only the first beam of a sentence is live at the start (all beams would be equal)
+    scores = torch.full((n, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0
+    limits = max_lens
+    bound_lp = length_penalty_factor(max_lens + 1, alpha) if alpha >= 0 else None
+    for step in range(int(max_lens.max()) + 1):
+        m = sentence.numel()
+        lprobs = decoder.logprobs(seq)  # [m*k, V]
+        at_limit = limits.eq(step).repeat_interleave(k)
+        if bool(at_limit.any()):
+            eos_lp = lprobs[:, EOS_ID].clone()
+            lprobs[at_limit] = float("-inf")
+            lprobs[at_limit, EOS_ID] = eos_lp[at_limit]
+        vocab = lprobs.size(1)
+        candidates = (scores.view(-1, 1) + lprobs).view(m, k * vocab)
+        top_scores, top_index = candidates.topk(2 * k, dim=1)  # [m, 2k], best first
+        top_beam, top_token = top_index // vocab, top_index % vocab
+        is_eos = top_token.eq(EOS_ID)
+
+        # finished: eos extensions among the best k (and not impossible)
+        done_now = is_eos[:, :k] & top_scores[:, :k].gt(float("-inf"))
+        if bool(done_now.any()):
+            for s, j in done_now.nonzero().tolist():
+                row = s * k + int(top_beam[s, j])
+                tokens = seq[row, 1:].tolist()
+                lp = float(top_scores[s, j])
+                score = lp / length_penalty_factor(len(tokens) + 1, alpha)
+                finished[int(sentence[s])].append(Hypothesis(tokens, score, lp))
+
+        # live: the best k extensions by a token other than eos (at most k of 2k are eos)
+        live = ~is_eos & (~is_eos).cumsum(dim=1).le(k)
+        scores = top_scores[live].view(m, k)
+        next_beam = top_beam[live].view(m, k)
+        next_token = top_token[live].view(m, k)
+
+        # a sentence is done when its nbest-th finished hypothesis beats every live one's bound
+        keep_mask = torch.ones(m, dtype=torch.bool, device=device)
+        best_live = scores[:, 0]  # -inf once the length limit forced eos everywhere
+        if bound_lp is not None:
+            bounds = (best_live / bound_lp[sentence]).tolist()
+        else:
+            bounds = [float("inf") if b > float("-inf") else b for b in best_live.tolist()]
+        for s, original in enumerate(sentence.tolist()):
+            hyps = finished[original]
+            if len(hyps) >= nbest:
+                hyps.sort(key=lambda h: h.score, reverse=True)
+                del hyps[nbest:]
+                if bounds[s] <= hyps[nbest - 1].score:
+                    keep_mask[s] = False
+        rows = torch.arange(m, device=device)[:, None] * k + next_beam  # [m, k] old rows
+        if not bool(keep_mask.all()):
+            keep = keep_mask.nonzero()[:, 0]
+            if keep.numel() == 0:
+                break
+            rows, scores, next_token = rows[keep], scores[keep], next_token[keep]
+            sentence, limits = sentence[keep], limits[keep]
+        index = rows.view(-1)
+        decoder.reorder(index)
+        seq = torch.cat([seq[index], next_token.view(-1, 1)], dim=1)
+    for hyps in finished:
+        hyps.sort(key=lambda h: h.score, reverse=True)
+        del hyps[nbest:]
+    return finished
+
+
+def _attach_attention(
+    model: Transformer, src: Tensor, enc: EncoderOutput, results: list[list[Hypothesis]]
+) -> None:
+    """Fill ``Hypothesis.attention`` by one teacher-forced pass over all hypotheses."""
+    flat = [(i, h) for i, hyps in enumerate(results) for h in hyps]
+    if not flat:
+        return
+    longest = max(len(h.tokens) for _, h in flat) + 1
+    tgt_in = torch.full((len(flat), longest), PAD_ID, dtype=torch.long, device=src.device)
+    for r, (_, h) in enumerate(flat):
+        tgt_in[r, 0] = BOS_ID
+        if h.tokens:
+            tgt_in[r, 1 : len(h.tokens) + 1] = torch.tensor(h.tokens, device=src.device)
+    rows = torch.tensor([i for i, _ in flat], device=src.device)
+    weights = model.cross_attention_weights(tgt_in, enc.select(rows)).float()
+    src_lens = src.ne(PAD_ID).sum(1).tolist()
+    for r, (i, h) in enumerate(flat):
+        h.attention = weights[r, :, : len(h.tokens) + 1, : src_lens[i]].cpu()
+
+
+def generate(
+    model: Transformer,
+    src: Tensor,
+    *,
+    beam_size: int = 1,
+    length_penalty: float = 0.0,
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+    nbest: int = 1,
+    use_cache: bool = True,
+    return_attention: bool = False,
+) -> list[list[Hypothesis]]:
+    """Translate a padded source batch: one n-best list (best first) per row of ``src``.
+
+    ``src [B, S]`` holds ids + eos, right-padded with pad (0), on the model's device. Greedy when
+    ``beam_size == 1``; ``length_penalty`` is GNMT's alpha; at most ``int(max_len_a * m +
+    max_len_b)`` tokens before eos for a source of ``m`` tokens. ``use_cache=False`` reruns the
+    decoder over the whole prefix each step (same results, slower). ``return_attention`` fills
+    :attr:`Hypothesis.attention` (one extra teacher-forced pass). The model runs in eval mode
+    under ``torch.inference_mode()``; its previous train/eval mode is restored afterwards.
+    """
+    if beam_size < 1:
+        raise ConfigError(f"decode.beam_size must be >= 1, got {beam_size}")
+    if not 1 <= nbest <= beam_size:
+        raise ConfigError(f"decode.nbest must be between 1 and beam_size={beam_size}, got {nbest}")
+    if src.dim() != 2:
+        raise ValueError(f"generate expects src [B, S], got shape {list(src.shape)}")
+    if src.size(0) == 0:
+        return []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            enc = model.encode(src)
+            max_lens = max_output_lengths(src, max_len_a, max_len_b, model.cfg.max_positions)
+            if beam_size == 1:
+                results = _greedy(model, enc, max_lens, length_penalty, use_cache)
+            else:
+                results = _beam_search(
+                    model, enc, max_lens, length_penalty, use_cache, beam_size, nbest
+                )
+            if return_attention:
+                _attach_attention(model, src, enc, results)
+    finally:
+        model.train(was_training)
+    return results

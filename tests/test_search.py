@@ -1,0 +1,264 @@
+"""Tests for mtcli.search: greedy and beam search on random and tiny trained models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mtcli.config import ModelConfig
+from mtcli.errors import ConfigError
+from mtcli.model import Transformer
+from mtcli.search import (
+    Hypothesis,
+    _beam_search,
+    _greedy,
+    generate,
+    length_penalty_factor,
+    max_output_lengths,
+)
+from mtcli.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+VOCAB = 24
+TOY_VOCAB = 14  # 4 specials + 10 symbols for the copy/reverse tasks
+
+
+def random_model(seed: int = 0, **overrides) -> Transformer:
+    values = dict(
+        d_model=32, n_heads=4, encoder_layers=2, decoder_layers=2, d_ff=64,
+        dropout=0.1, attention_dropout=0.1, max_positions=64,
+    )
+    values.update(overrides)
+    torch.manual_seed(seed)
+    return Transformer(ModelConfig(**values), VOCAB).eval()
+
+
+def pad_batch(rows: list[list[int]]) -> torch.Tensor:
+    """Right-padded ``ids + [eos]`` rows."""
+    width = max(len(r) for r in rows) + 1
+    out = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r) + 1] = torch.tensor(r + [EOS_ID])
+    return out
+
+
+def random_sources(seed: int = 1, n: int = 5, vocab: int = VOCAB) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 9, (n,), generator=g).tolist()
+    return [torch.randint(4, vocab, (k,), generator=g).tolist() for k in lengths]
+
+
+def teacher_forced_logprob(model: Transformer, src_ids: list[int], tokens: list[int]) -> float:
+    """log p(tokens + eos | src) by one teacher-forced forward pass."""
+    src = pad_batch([src_ids])
+    tgt_in = torch.tensor([[BOS_ID] + tokens])
+    tgt_out = torch.tensor(tokens + [EOS_ID])
+    with torch.no_grad():
+        lprobs = torch.log_softmax(model(src, tgt_in)[0].float(), dim=-1)
+    return lprobs.gather(1, tgt_out[:, None]).sum().item()
+
+
+def tokens_of(results: list[list[Hypothesis]]) -> list[list[list[int]]]:
+    return [[h.tokens for h in hyps] for hyps in results]
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_cached_and_uncached_decoding_agree(beam: int) -> None:
+    model = random_model()
+    src = pad_batch(random_sources())
+    kwargs = dict(beam_size=beam, nbest=beam, length_penalty=1.0)
+    cached = generate(model, src, **kwargs)
+    uncached = generate(model, src, use_cache=False, **kwargs)
+    assert tokens_of(cached) == tokens_of(uncached)
+    for a, b in zip(cached, uncached, strict=True):
+        for ha, hb in zip(a, b, strict=True):
+            assert ha.score == pytest.approx(hb.score, abs=1e-4)
+            assert ha.logprob == pytest.approx(hb.logprob, abs=1e-4)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_beam_of_one_equals_greedy(use_cache: bool) -> None:
+    model = random_model(seed=2)
+    src = pad_batch(random_sources(seed=3, n=6))
+    with torch.inference_mode():
+        enc = model.encode(src)
+        max_lens = max_output_lengths(src, 1.2, 10, model.cfg.max_positions)
+        greedy = _greedy(model, enc, max_lens, 0.6, use_cache)
+        beam = _beam_search(model, enc, max_lens, 0.6, use_cache, beam_size=1, nbest=1)
+    assert tokens_of(greedy) == tokens_of(beam)
+    for g, b in zip(greedy, beam, strict=True):
+        assert g[0].score == pytest.approx(b[0].score, abs=1e-4)
+    assert tokens_of(generate(model, src, length_penalty=0.6)) == tokens_of(greedy)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+@pytest.mark.parametrize("beam", [1, 3])
+def test_reported_score_equals_teacher_forced_logprob(alpha: float, beam: int) -> None:
+    model = random_model(seed=4)
+    sources = random_sources(seed=5, n=4)
+    results = generate(model, pad_batch(sources), beam_size=beam, nbest=beam, length_penalty=alpha)
+    for src_ids, hyps in zip(sources, results, strict=True):
+        for h in hyps:
+            logprob = teacher_forced_logprob(model, src_ids, h.tokens)
+            assert h.logprob == pytest.approx(logprob, abs=1e-4)
+            penalty = ((5 + len(h.tokens) + 1) / 6) ** alpha
+            assert h.score == pytest.approx(logprob / penalty, abs=1e-4)
+
+
+def test_nbest_lists_are_sorted_distinct_and_complete() -> None:
+    model = random_model(seed=6)
+    results = generate(model, pad_batch(random_sources(seed=7)), beam_size=5, nbest=4,
+                       length_penalty=1.0)
+    for hyps in results:
+        assert len(hyps) == 4
+        scores = [h.score for h in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == 4
+
+
+def test_beam_finds_at_least_the_greedy_score() -> None:
+    model = random_model(seed=8)
+    src = pad_batch(random_sources(seed=9, n=6))
+    greedy = generate(model, src)
+    beam = generate(model, src, beam_size=6)
+    for g, b in zip(greedy, beam, strict=True):
+        assert b[0].score >= g[0].score - 1e-5
+
+
+def test_max_length_is_respected() -> None:
+    model = random_model(seed=10)  # an untrained model rarely says eos: it runs to the limit
+    sources = random_sources(seed=11, n=6)
+    for beam in (1, 3):
+        results = generate(model, pad_batch(sources), beam_size=beam, max_len_a=0.5, max_len_b=2)
+        lengths = [len(hyps[0].tokens) for hyps in results]
+        limits = [int(0.5 * len(s) + 2) for s in sources]
+        assert all(n <= limit for n, limit in zip(lengths, limits, strict=True))
+        assert any(n == limit for n, limit in zip(lengths, limits, strict=True))
+    # the positional table caps the length too
+    capped = generate(random_model(seed=10, max_positions=6), pad_batch(sources[:1]),
+                      max_len_a=0.0, max_len_b=100)
+    assert len(capped[0][0].tokens) <= 5
+
+
+def test_eos_and_special_tokens() -> None:
+    model = random_model(seed=12)
+    src = pad_batch(random_sources(seed=13))
+    for beam in (1, 4):
+        for hyps in generate(model, src, beam_size=beam, nbest=beam):
+            for h in hyps:
+                assert not {PAD_ID, BOS_ID, EOS_ID} & set(h.tokens)
+    # no room for any token: eos at once, and its log-probability is the whole score
+    results = generate(model, src, beam_size=2, max_len_a=0.0, max_len_b=0)
+    for row, hyps in enumerate(results):
+        assert hyps[0].tokens == []
+        with torch.no_grad():
+            lprobs = torch.log_softmax(model(src[row : row + 1], torch.tensor([[BOS_ID]])), -1)
+        assert hyps[0].logprob == pytest.approx(lprobs[0, 0, EOS_ID].item(), abs=1e-5)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_batched_results_equal_single_sentence_results(beam: int) -> None:
+    model = random_model(seed=14)
+    sources = random_sources(seed=15, n=5)
+    batched = generate(model, pad_batch(sources), beam_size=beam, nbest=beam, length_penalty=1.0)
+    for src_ids, hyps in zip(sources, batched, strict=True):
+        alone = generate(model, pad_batch([src_ids]), beam_size=beam, nbest=beam,
+                         length_penalty=1.0)[0]
+        assert [h.tokens for h in hyps] == [h.tokens for h in alone]
+        for a, b in zip(hyps, alone, strict=True):
+            assert a.score == pytest.approx(b.score, abs=1e-4)
+
+
+def test_attention_is_returned_on_request_only() -> None:
+    model = random_model(seed=16)
+    sources = random_sources(seed=17, n=3)
+    plain = generate(model, pad_batch(sources), beam_size=2)
+    assert all(h.attention is None for hyps in plain for h in hyps)
+    results = generate(model, pad_batch(sources), beam_size=2, nbest=2, return_attention=True)
+    assert tokens_of(results)[0][:1] == tokens_of(plain)[0]
+    for src_ids, hyps in zip(sources, results, strict=True):
+        for h in hyps:
+            assert h.attention.shape == (2, len(h.tokens) + 1, len(src_ids) + 1)
+            assert torch.allclose(h.attention.sum(-1), torch.ones(2, len(h.tokens) + 1), atol=1e-4)
+
+
+def test_arguments_and_model_mode() -> None:
+    model = random_model().train()
+    src = pad_batch(random_sources(n=2))
+    with pytest.raises(ConfigError, match="nbest"):
+        generate(model, src, beam_size=2, nbest=3)
+    with pytest.raises(ConfigError, match="beam_size"):
+        generate(model, src, beam_size=0)
+    first = generate(model, src, beam_size=2)
+    assert model.training  # restored
+    assert tokens_of(generate(model, src, beam_size=2)) == tokens_of(first)  # no dropout
+    assert generate(model, src[:0]) == []
+
+
+def test_length_helpers() -> None:
+    assert length_penalty_factor(7, 0.0) == 1.0
+    assert length_penalty_factor(7, 1.0) == pytest.approx(2.0)
+    src = pad_batch([[5, 6, 7, 8], [5]])
+    assert max_output_lengths(src, 1.5, 2, 100).tolist() == [8, 3]
+    assert max_output_lengths(src, 1.5, 2, 5).tolist() == [4, 3]
+
+
+# ----------------------------------------------------------------------------------------------
+# Tiny models trained in the test to copy or reverse short integer sequences
+
+
+def toy_batch(g: torch.Generator, n: int, task: str, max_len: int):
+    """Random symbol sequences (empty ones too); the target is the sequence (copy) or its reverse."""
+    lengths = torch.randint(0, max_len + 1, (n,), generator=g)
+    seqs = [torch.randint(4, TOY_VOCAB, (k,), generator=g).tolist() for k in lengths.tolist()]
+    targets = [s if task == "copy" else s[::-1] for s in seqs]
+    src = pad_batch(seqs)
+    tgt_out = pad_batch(targets)
+    tgt_in = torch.cat([torch.full((n, 1), BOS_ID), tgt_out[:, :-1]], dim=1)
+    tgt_in[tgt_in.eq(EOS_ID)] = PAD_ID
+    return seqs, targets, src, tgt_in, tgt_out
+
+
+def train_toy(task: str, d_model: int, layers: int, steps: int, max_len: int) -> Transformer:
+    """Adam with warm-up and linear decay on fresh random batches; fixed seeds."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    cfg = ModelConfig(d_model=d_model, n_heads=4, encoder_layers=layers, decoder_layers=layers,
+                      d_ff=2 * d_model, dropout=0.0, attention_dropout=0.0, max_positions=32)
+    model = Transformer(cfg, TOY_VOCAB)
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3, betas=(0.9, 0.98))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / 30) * (1 - s / steps)
+    )
+    for _ in range(steps):
+        _, _, src, tgt_in, tgt_out = toy_batch(g, 64, task, max_len)
+        logits = model(src, tgt_in)
+        loss = F.cross_entropy(logits.view(-1, TOY_VOCAB), tgt_out.view(-1), ignore_index=PAD_ID)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+    return model.eval()
+
+
+def check_toy(model: Transformer, task: str, max_len: int) -> None:
+    seqs, targets, src, _, _ = toy_batch(torch.Generator().manual_seed(123), 40, task, max_len)
+    for beam in (1, 4):
+        for use_cache in (True, False):
+            results = generate(model, src, beam_size=beam, use_cache=use_cache)
+            assert [hyps[0].tokens for hyps in results] == targets, (task, beam, use_cache)
+    # an empty source (eos only) gives an empty output
+    assert generate(model, pad_batch([[]]), beam_size=4)[0][0].tokens == []
+
+
+def test_tiny_model_learns_to_copy() -> None:
+    check_toy(train_toy("copy", d_model=32, layers=1, steps=300, max_len=6), "copy", 6)
+
+
+def test_tiny_model_learns_to_reverse() -> None:
+    check_toy(train_toy("reverse", d_model=48, layers=1, steps=300, max_len=5), "reverse", 5)
+
+
+@pytest.mark.slow
+def test_small_model_learns_to_reverse_longer_sequences() -> None:
+    check_toy(train_toy("reverse", d_model=48, layers=2, steps=400, max_len=6), "reverse", 6)
