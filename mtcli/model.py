@@ -79,15 +79,17 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
 
 
 def reference_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_causal: bool = False
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_causal: bool = False,
+    dropout_p: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention written out (equation 1), for tests and attention plots.
 
     ``Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + M) V`` with ``q [..., T, d_k]``,
     ``k [..., S, d_k]``, ``v [..., S, d_v]``. ``mask`` follows SDPA: boolean True where a key may
     be attended, or an additive float mask (-inf where not); ``is_causal`` lets query ``t`` see
-    keys ``<= t`` only. A masked key gets exactly zero weight (``exp(-inf) = 0``).
-    Returns ``(output [..., T, d_v], weights [..., T, S])``.
+    keys ``<= t`` only. A masked key gets exactly zero weight (``exp(-inf) = 0``). ``dropout_p``
+    drops attention weights (training). Returns ``(output [..., T, d_v], weights [..., T, S])``,
+    the weights before dropout.
     """
     scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))
     if mask is not None:
@@ -100,7 +102,7 @@ def reference_attention(
         future = torch.ones(t, s, dtype=torch.bool, device=q.device).triu(1)
         scores = scores.masked_fill(future, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
-    return torch.matmul(weights, v), weights
+    return torch.matmul(dropout(weights, dropout_p, True), v), weights
 
 
 def padding_attn_mask(src_pad_mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor | None:
@@ -148,12 +150,17 @@ class MultiHeadAttention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool = False
     ) -> Tensor:
         """SDPA over heads, then ``Concat(heads) W^O``: ``[B, h, T, d_k]`` -> ``[B, T, d_model]``."""
-        if mask is not None and mask.dtype not in (torch.bool, q.dtype):
-            mask = mask.to(q.dtype)  # bf16 autocast: SDPA wants the mask in the query's dtype
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0,
-        )
+        dropout_p = self.dropout if self.training else 0.0
+        if dropout_p > 0.0 and q.device.type == "cpu":
+            # SDPA has no fused attention dropout on a CPU (it runs its unfused math path then),
+            # so write the same math out and use the faster dropout() above.
+            out = reference_attention(q, k, v, mask, is_causal, dropout_p)[0]
+        else:
+            if mask is not None and mask.dtype not in (torch.bool, q.dtype):
+                mask = mask.to(q.dtype)  # bf16 autocast: SDPA wants the mask in the query's dtype
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p
+            )
         b, _, t, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, t, self.d_model))
 

@@ -86,9 +86,12 @@ class _StepDecoder:
         elif group > 1:
             self.enc = enc.repeat_interleave(group)
 
-    def logprobs(self, seq: Tensor) -> Tensor:
-        """``seq [rows, t]`` (bos + tokens so far) -> ``[rows, vocab]`` float32 log-probabilities,
-        pad and bos set to -inf."""
+    def logprobs(self, seq: Tensor, limit_rows: Tensor) -> Tensor:
+        """``[rows, vocab]`` float32 log-probabilities of the token after ``seq [rows, t]``.
+
+        ``seq`` is bos + the tokens so far. Pad and bos are set to -inf, and so is every token
+        but eos in rows where ``limit_rows`` is True (the length limit is reached).
+        """
         if self.cache is not None:
             logits = self.model.decode(seq[:, -1:], self.enc, self.cache)[:, 0]
         else:
@@ -97,6 +100,10 @@ class _StepDecoder:
         lprobs = torch.log_softmax(logits.float(), dim=-1)
         lprobs[:, PAD_ID] = float("-inf")
         lprobs[:, BOS_ID] = float("-inf")
+        if bool(limit_rows.any()):
+            eos = lprobs[:, EOS_ID].clone()
+            lprobs[limit_rows] = float("-inf")
+            lprobs[:, EOS_ID] = eos
         return lprobs
 
     def reorder(self, index: Tensor) -> None:
@@ -119,13 +126,7 @@ def _greedy(
     logprob = torch.zeros(n, dtype=torch.float32, device=device)
     limits = max_lens
     for step in range(int(max_lens.max()) + 1):
-        lprobs = decoder.logprobs(seq)
-        at_limit = limits.eq(step)
-        if bool(at_limit.any()):
-            eos_lp = lprobs[:, EOS_ID].clone()
-            lprobs[at_limit] = float("-inf")
-            lprobs[at_limit, EOS_ID] = eos_lp[at_limit]
-        best, token = lprobs.max(dim=-1)
+        best, token = decoder.logprobs(seq, limits.eq(step)).max(dim=-1)
         logprob = logprob + best
         seq = torch.cat([seq, token[:, None]], dim=1)
         finished = token.eq(EOS_ID)
@@ -161,16 +162,15 @@ def _beam_search(
     bound_lp = length_penalty_factor(max_lens + 1, alpha) if alpha >= 0 else None
     for step in range(int(max_lens.max()) + 1):
         m = sentence.numel()
-        lprobs = decoder.logprobs(seq)  # [m*k, V]
-        at_limit = limits.eq(step).repeat_interleave(k)
-        if bool(at_limit.any()):
-            eos_lp = lprobs[:, EOS_ID].clone()
-            lprobs[at_limit] = float("-inf")
-            lprobs[at_limit, EOS_ID] = eos_lp[at_limit]
-        vocab = lprobs.size(1)
-        candidates = (scores.view(-1, 1) + lprobs).view(m, k * vocab)
-        top_scores, top_index = candidates.topk(2 * k, dim=1)  # [m, 2k], best first
-        top_beam, top_token = top_index // vocab, top_index % vocab
+        lprobs = decoder.logprobs(seq, limits.eq(step).repeat_interleave(k))  # [m*k, V]
+        # The best 2k extensions of a sentence are among the best 2k of each of its beams: rank
+        # those k*2k candidates rather than all k*vocab.
+        width = 2 * k
+        beam_lprobs, beam_tokens = lprobs.topk(width, dim=1)  # [m*k, width]
+        candidates = scores.view(-1, 1) + beam_lprobs
+        top_scores, top_index = candidates.view(m, k * width).topk(width, dim=1)  # best first
+        top_beam = top_index // width
+        top_token = beam_tokens.view(m, k * width).gather(1, top_index)
         is_eos = top_token.eq(EOS_ID)
 
         # finished: eos extensions among the best k (and not impossible)
@@ -264,6 +264,8 @@ def generate(
         raise ConfigError(f"decode.beam_size must be >= 1, got {beam_size}")
     if not 1 <= nbest <= beam_size:
         raise ConfigError(f"decode.nbest must be between 1 and beam_size={beam_size}, got {nbest}")
+    if beam_size > 1 and 2 * beam_size > model.vocab_size:
+        raise ConfigError(f"decode.beam_size={beam_size} needs a vocabulary of at least {2 * beam_size}")
     if src.dim() != 2:
         raise ValueError(f"generate expects src [B, S], got shape {list(src.shape)}")
     if src.size(0) == 0:
