@@ -22,7 +22,11 @@ Speed (fp32 and bf16 autocast on a CPU, also fine on GPUs): attention runs throu
 ``torch.nn.functional.scaled_dot_product_attention`` (SDPA); self-attention uses one fused
 ``[W^Q; W^K; W^V]`` projection and cross-attention one fused ``[W^K; W^V]`` projection of the
 encoder output; the decoder's causal mask is SDPA's ``is_causal`` (targets are right-padded, so
-no real position ever sees a pad key); dropout modules are skipped when their rate is 0.
+no real position ever sees a pad key); dropout is skipped when its rate is 0, and on a CPU it
+draws its mask from 16-bit slices of 64-bit random integers (:func:`dropout`), about 4x
+cheaper than ``F.dropout``. SDPA has no fused attention dropout on a CPU (with ``dropout_p > 0``
+it runs its own unfused math), so training with attention dropout on a CPU computes the same
+math explicitly (:func:`reference_attention`) with that faster dropout.
 
 Masks: ``src_pad_mask`` is boolean ``[B, S]``, True at padding (ARCHITECTURE.md). Attention takes
 an additive float mask ``[B, 1, 1, S]`` (0 where a key may be attended, -inf at padding), or a
