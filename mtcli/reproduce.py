@@ -96,7 +96,7 @@ def load_results(results_dir: Path = RESULTS_DIR) -> dict[str, dict[str, Any]]:
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
 
 
-def run_recipe(direction: str, data_dir: str | None, extra: list[str]) -> dict[str, Any]:
+def run_recipe(config_path: str, data_dir: str | None, extra: list[str]) -> dict[str, Any]:
     """prepare -> train -> average the last checkpoints -> evaluate on the test split."""
     from mtcli.checkpoint import average_run_checkpoints, load_checkpoint
     from mtcli.config import load_config
@@ -106,12 +106,13 @@ def run_recipe(direction: str, data_dir: str | None, extra: list[str]) -> dict[s
     from mtcli.train import train
 
     overrides = ([f"data.source={data_dir}"] if data_dir else []) + extra
-    config = load_config(RECIPES[direction], overrides)
+    config = load_config(config_path, overrides)
     prepare(config)
     summary = train(config)
     run_dir = config.run_path()
-    averaged = run_dir / "checkpoints" / f"checkpoint_avg_last{AVERAGE_LAST}.pt"
-    used = average_run_checkpoints(run_dir, averaged, last=AVERAGE_LAST)
+    k = min(AVERAGE_LAST, config.train.keep_last)  # only keep_last step checkpoints are kept
+    averaged = run_dir / "checkpoints" / f"checkpoint_avg_last{k}.pt"
+    used = average_run_checkpoints(run_dir, averaged, last=k)
     split = config.data.test_splits[0]
     report = evaluate(run_dir, split=split, src_file=None, ref_file=None, checkpoint=str(averaged),
                       average_last=0, average_best=0, overrides=[], output_dir=None)
@@ -148,18 +149,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("direction", choices=sorted(RECIPES))
     parser.add_argument("--data", default=None, help="directory of <split>.<lang> files")
+    parser.add_argument("--config", default=None, help="recipe to run instead of the direction's")
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="results directory")
+    parser.add_argument("--readme", type=Path, default=README, help="README whose table to refresh")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="config override section.key=value (repeatable)")
     args = parser.parse_args(argv)
     setup_logging()
     try:
-        row = run_recipe(args.direction, args.data, args.overrides)
+        row = run_recipe(args.config or RECIPES[args.direction], args.data, args.overrides)
     except MtcliError as exc:
         print(f"mtcli: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    results = load_results()
+    results = load_results(args.results)
     results[args.direction.replace("_", "-")] = row
-    write_results(results)
+    write_results(results, args.results, args.readme)
     print(render_markdown(results))
     return 0
 

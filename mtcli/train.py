@@ -751,6 +751,13 @@ def train(config: Config) -> TrainSummary:
         with trainer.signals:
             reason = trainer.run()
         log.info("stopped at step %d: %s", trainer.step, reason)
+        if trainer.writer is not None:
+            from mtcli.plots import write_learning_curves
+
+            trainer.writer.flush()
+            picture = write_learning_curves(run_dir)
+            if picture is not None:
+                log.info("learning curves: %s", picture)
         return TrainSummary(
             run_dir=run_dir,
             steps=trainer.step,

@@ -33,3 +33,26 @@ def test_write_results_updates_json_md_and_readme(tmp_path: Path) -> None:
     md = (tmp_path / "results" / "multi30k.md").read_text()
     text = readme.read_text()
     assert "old table" not in text and md in text and text.endswith("after\n")
+
+
+def test_reproduce_pipeline_on_toy(tmp_path: Path, toy_config_path: Path) -> None:
+    """prepare -> train -> average -> evaluate end to end, writing results and the README table."""
+    from mtcli.reproduce import main
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{MARK_START}\n{MARK_END}\n", encoding="utf-8")
+    code = main([
+        "de_en", "--config", str(toy_config_path), "--results", str(tmp_path / "results"),
+        "--readme", str(readme),
+        "--set", f"data.prepared_dir={tmp_path / 'prep'}", "--set", f"train.run_dir={tmp_path / 'run'}",
+        "--set", "train.max_steps=40", "--set", "train.valid_every=10",
+    ])
+    assert code == 0
+    row = json.loads((tmp_path / "results" / "multi30k.json").read_text())["de-en"]
+    for key in ("bleu", "bleu_signature", "bleu_lc", "chrf", "params", "train_minutes",
+                "train_tokens_per_s", "decode_sents_per_s", "device", "commit"):
+        assert key in row
+    assert row["params"] > 0 and row["train_tokens_per_s"] > 0
+    assert "average of 2 checkpoints" in row["decode"]  # keep_last=2 in the toy recipe
+    assert (tmp_path / "run" / "learning_curves.png").exists()
+    assert "| de-en |" in readme.read_text()
