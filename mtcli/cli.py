@@ -136,7 +136,7 @@ def translate(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (default: stdout).")] = None,  # noqa: UP045
     checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
     beam: Annotated[Optional[int], typer.Option(help="Beam size (1 = greedy).")] = None,  # noqa: UP045
-    nbest: Annotated[Optional[int], typer.Option(help="Print the N best hypotheses with scores.")] = None,  # noqa: UP045
+    nbest: Annotated[Optional[int], typer.Option(help="Print N lines per input, best first: score<TAB>text.")] = None,  # noqa: UP045
     max_tokens: Annotated[Optional[int], typer.Option(help="Token budget per batch.")] = None,  # noqa: UP045
     plot_attention: Annotated[Optional[Path], typer.Option(help="Write cross-attention heatmaps here.")] = None,  # noqa: UP045
     set_: SetOption = None,
