@@ -204,12 +204,16 @@ def evaluate(
         "hypotheses": str(hyp_path),
         "report": str(report_path),
     }
-    with atomic_write(hyp_path) as handle:
+    # The hypotheses are written and flushed before the report is written and renamed, and
+    # renamed right after it: a failed write (disk full, file-size limit) leaves the previous
+    # hypotheses and report, never a new one beside an old one.
+    report_text = json.dumps(report, indent=2, ensure_ascii=False) + "\n"
+    with atomic_write(hyp_path) as hyp_handle:
         for text in hypotheses:
-            handle.write(text + "\n")
-    with atomic_write(report_path) as handle:
-        json.dump(report, handle, indent=2, ensure_ascii=False)
-        handle.write("\n")
+            hyp_handle.write(text + "\n")
+        hyp_handle.flush()
+        with atomic_write(report_path) as report_handle:
+            report_handle.write(report_text)
     log.info(
         "%s (%s, %d sentences): BLEU %.2f  chrF %.2f  BLEU(lc) %.2f  [%.1f sent/s]",
         name, bundle.name, len(sources), scores["bleu"], scores["chrf"], scores["bleu_lc"],

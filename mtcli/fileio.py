@@ -36,7 +36,9 @@ def fsync_dir(path: Path) -> None:
 def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
     """Open a temporary file next to ``path``; on success rename it over ``path``.
 
-    On any exception the temporary file is removed and ``path`` is left untouched.
+    On any exception the temporary file is removed and ``path`` is left untouched; an
+    ``OSError`` that names no file (a failed write or flush: ``ENOSPC``, ``EFBIG``) is re-raised
+    with ``path`` as its filename, so the one-line error says which output could not be written.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -49,9 +51,12 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
             os.fsync(handle.fileno())
         os.replace(tmp, path)
         fsync_dir(path.parent)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
+            # A failed write/flush (disk full, file-size limit) names no file: name the target.
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
 
 
