@@ -27,13 +27,14 @@ Greedy search (``beam_size=1``) is a separate, leaner loop with the same scoring
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from mtcli.errors import ConfigError
-from mtcli.model import DecoderCache, EncoderOutput, Transformer
+from mtcli.model import DecoderCache, EncoderOutput, Transformer, Workspace
 from mtcli.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -68,11 +69,136 @@ def max_output_lengths(src: Tensor, a: float, b: int, max_positions: int) -> Ten
     return lengths.clamp(min=0, max=max_positions - 1)
 
 
-class _StepDecoder:
-    """Log-probabilities of the next token for each row, with or without the key/value cache.
+#: log2(e): ``exp(y) = 2 ** (y * LOG2E)``; ``exp2`` is about 2x faster than ``exp`` on a CPU.
+LOG2E = 1.4426950408889634
+#: Width of the vocabulary chunks of the two-stage top-k (see :class:`StepScores`).
+CHUNK = 64
 
-    ``group`` rows per sentence (the beam). With the cache only the newest token is fed; without
-    it the decoder reruns over the whole prefix (for the benchmark and the equivalence test).
+
+def chunk_width(vocab: int, preferred: int = CHUNK) -> int:
+    """Chunk width for a vocabulary: a divisor of ``vocab`` that is a multiple of 8 near
+    ``preferred`` when there is one (no padding needed), else ``preferred`` (the logits are then
+    padded with -inf up to a multiple of it)."""
+    if vocab <= preferred:
+        return vocab
+    divisors = [c for c in range(8, 2 * preferred + 1, 8) if vocab % c == 0]
+    return min(divisors, key=lambda c: abs(c - preferred)) if divisors else preferred
+
+
+def log_normalizer(logits: Tensor, out: Tensor | None = None) -> Tensor:
+    """``log sum_v exp(logits[r, v])`` per row of ``logits [R, V]`` (float32), i.e. ``logZ`` in
+    ``log p(v) = logits[v] - logZ``.
+
+    Computed as ``m + log(sum_v 2 ** ((logits[v] - m) * log2(e)))`` with ``m`` the row maximum,
+    in one scaled pass into ``out`` (a scratch ``[R, V]`` float32 buffer, allocated if None), an
+    in-place ``exp2`` and a sum: about 2x cheaper than ``log_softmax`` over the whole vocabulary,
+    whose full-size output the search never needs.
+    """
+    m = logits.amax(dim=1, keepdim=True)
+    if out is None:
+        out = torch.empty_like(logits)
+    torch.add(m * -LOG2E, logits, alpha=LOG2E, out=out)
+    return out.exp2_().sum(dim=1).log_().add_(m[:, 0])
+
+
+@dataclass
+class StepScores:
+    """The next-token distribution of every decoder row, kept as logits.
+
+    ``log p(v | row) = logits[row, v] - lse[row]``. ``logits [R, C * chunks]`` float32 has pad and
+    bos at -inf, every token but eos at -inf in rows at their length limit, and -inf padding
+    columns past the vocabulary (``chunk_max`` never picks them while a finite value is left);
+    ``chunk_max [R, chunks]`` is the maximum of each run of ``C`` columns. A top-k then looks
+    only inside the best ``k`` chunks, which hold the best ``k`` values (exact: a chunk holding
+    one of them has a maximum at least the k-th value), instead of sorting the whole vocabulary.
+    """
+
+    logits: Tensor
+    lse: Tensor
+    chunk_max: Tensor
+    width: int
+    vocab: int  # real vocabulary size: columns past it are -inf padding
+
+    @property
+    def chunks(self) -> int:
+        """Number of vocabulary chunks."""
+        return self.chunk_max.size(1)
+
+    def greedy(self) -> tuple[Tensor, Tensor]:
+        """Per row: the most probable token and its log-probability (first one on ties)."""
+        best, chunk = self.chunk_max.max(dim=1)
+        rows = torch.arange(chunk.numel(), device=chunk.device)
+        inside = self.logits.view(rows.numel(), self.chunks, self.width)[rows, chunk]
+        return chunk * self.width + inside.argmax(dim=1), best - self.lse
+
+    def top_extensions(self, scores: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The best ``n`` extensions of each sentence's hypotheses.
+
+        ``scores [m, b]`` are the log-probabilities of the ``b`` hypotheses (rows ``s*b + j``) of
+        each of ``m`` sentences. Returns ``(score [m, n], beam [m, n], token [m, n])`` best first,
+        ``score = scores[s, beam] + log p(token | that hypothesis)``.
+        """
+        m, b = scores.shape
+        c, chunks = self.width, self.chunks
+        offset = scores.reshape(-1) - self.lse  # [m*b]: score - logZ of each row
+        bound = (self.chunk_max + offset[:, None]).view(m, b * chunks)
+        picked = bound.topk(min(n, b * chunks), dim=1).indices  # [m, n'] best chunks
+        beam, chunk = picked // chunks, picked % chunks
+        row = torch.arange(m, device=scores.device)[:, None] * b + beam  # [m, n']
+        values = self.logits.view(-1, c).index_select(0, (row * chunks + chunk).view(-1))
+        values = values.view(m, -1, c).add_(offset[row][..., None])  # [m, n', c]
+        top, pos = values.view(m, -1).topk(n, dim=1)
+        slot = pos // c
+        token = (chunk.gather(1, slot) * c + pos % c).clamp_(max=self.vocab - 1)
+        return top, beam.gather(1, slot), token
+
+
+def step_scores(
+    logits: Tensor, limit_rows: Tensor, width: int, scratch: Tensor | None = None
+) -> StepScores:
+    """:class:`StepScores` from the raw decoder logits ``[R, V]`` (taken over and modified).
+
+    ``logZ`` is over the model's whole distribution (pad and bos included), so a chosen token's
+    log-probability is the model's own; then pad, bos, and every token but eos in the rows where
+    ``limit_rows`` is True, are set to -inf.
+    """
+    rows, vocab = logits.shape
+    logits = logits.float()
+    lse = log_normalizer(logits, scratch)
+    logits[:, PAD_ID] = float("-inf")
+    logits[:, BOS_ID] = float("-inf")
+    if bool(limit_rows.any()):
+        eos = logits[:, EOS_ID].clone()
+        logits[limit_rows] = float("-inf")
+        logits[:, EOS_ID] = eos
+    if vocab % width:
+        logits = torch.nn.functional.pad(logits, (0, width - vocab % width), value=float("-inf"))
+    chunk_max = logits.view(rows, -1, width).amax(dim=2)
+    return StepScores(logits, lse, chunk_max, width, vocab)
+
+
+_LOCAL = threading.local()
+
+
+def workspace() -> Workspace:
+    """This thread's decoding :class:`~mtcli.model.Workspace` (made on first use).
+
+    ``generate`` decodes with it so that consecutive batches reuse the key/value caches,
+    logits and scratch buffers instead of faulting in fresh memory each time;
+    ``workspace().clear()`` gives that memory back.
+    """
+    ws = getattr(_LOCAL, "workspace", None)
+    if ws is None:
+        ws = _LOCAL.workspace = Workspace()
+    return ws
+
+
+class _StepDecoder:
+    """Scores of the next token for each row, with or without the key/value cache.
+
+    ``group`` rows per sentence at the start (beam search starts with one; :meth:`reorder` can
+    change it). With the cache only the newest token is fed; without it the decoder reruns over
+    the whole prefix (for the benchmark and the equivalence test).
     """
 
     def __init__(
@@ -81,35 +207,30 @@ class _StepDecoder:
         self.model = model
         self.cache: DecoderCache | None = None
         self.enc = enc
+        self.width = chunk_width(model.vocab_size)
+        self.workspace = workspace()
         if use_cache:
-            self.cache = model.init_cache(enc, beam_size=group, max_len=max_len)
+            self.cache = model.init_cache(
+                enc, beam_size=group, max_len=max_len, workspace=self.workspace
+            )
         elif group > 1:
             self.enc = enc.repeat_interleave(group)
 
-    def logprobs(self, seq: Tensor, limit_rows: Tensor) -> Tensor:
-        """``[rows, vocab]`` float32 log-probabilities of the token after ``seq [rows, t]``.
-
-        ``seq`` is bos + the tokens so far. Pad and bos are set to -inf, and so is every token
-        but eos in rows where ``limit_rows`` is True (the length limit is reached).
-        """
+    def scores(self, seq: Tensor, limit_rows: Tensor) -> StepScores:
+        """:class:`StepScores` of the token after ``seq [rows, t]`` (bos + the tokens so far);
+        rows where ``limit_rows`` is True may only end (eos)."""
         if self.cache is not None:
             logits = self.model.decode(seq[:, -1:], self.enc, self.cache)[:, 0]
         else:
             hidden, _ = self.model.decoder(seq, self.enc)
             logits = self.model.project(hidden[:, -1])
-        lprobs = torch.log_softmax(logits.float(), dim=-1)
-        lprobs[:, PAD_ID] = float("-inf")
-        lprobs[:, BOS_ID] = float("-inf")
-        if bool(limit_rows.any()):
-            eos = lprobs[:, EOS_ID].clone()
-            lprobs[limit_rows] = float("-inf")
-            lprobs[:, EOS_ID] = eos
-        return lprobs
+        scratch = self.workspace.get("scratch", tuple(logits.shape), torch.float32, logits.device)
+        return step_scores(logits, limit_rows, self.width, scratch)
 
-    def reorder(self, index: Tensor) -> None:
+    def reorder(self, index: Tensor, group: int | None = None) -> None:
         """Keep rows ``index`` (grouped by sentence, see :meth:`DecoderCache.reorder`)."""
         if self.cache is not None:
-            self.cache.reorder(index)
+            self.cache.reorder(index, group)
         else:
             self.enc = self.enc.select(index)
 
@@ -126,7 +247,7 @@ def _greedy(
     logprob = torch.zeros(n, dtype=torch.float32, device=device)
     limits = max_lens
     for step in range(int(max_lens.max()) + 1):
-        best, token = decoder.logprobs(seq, limits.eq(step)).max(dim=-1)
+        token, best = decoder.scores(seq, limits.eq(step)).greedy()
         logprob = logprob + best
         seq = torch.cat([seq, token[:, None]], dim=1)
         finished = token.eq(EOS_ID)
@@ -152,32 +273,26 @@ def _beam_search(
     """Beam search (see the module docstring), ``beam_size`` hypotheses per sentence."""
     n, k, device = max_lens.numel(), beam_size, max_lens.device
     finished: list[list[Hypothesis]] = [[] for _ in range(n)]
-    decoder = _StepDecoder(model, enc, k, int(max_lens.max()) + 1, use_cache)
+    # The first step runs one row per sentence (all its beams would be equal); the first
+    # reorder then fans each sentence out to its k beams.
+    decoder = _StepDecoder(model, enc, 1, int(max_lens.max()) + 1, use_cache)
     sentence = torch.arange(n, device=device)  # original index of each live sentence
-    seq = torch.full((n * k, 1), BOS_ID, dtype=torch.long, device=device)
-    # only the first beam of a sentence is live at the start (all beams would be equal)
-    scores = torch.full((n, k), float("-inf"), device=device)
-    scores[:, 0] = 0.0
+    seq = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
+    scores = torch.zeros((n, 1), device=device)  # [sentences, live beams]
     limits = max_lens
     bound_lp = length_penalty_factor(max_lens + 1, alpha) if alpha >= 0 else None
     for step in range(int(max_lens.max()) + 1):
-        m = sentence.numel()
-        lprobs = decoder.logprobs(seq, limits.eq(step).repeat_interleave(k))  # [m*k, V]
-        # The best 2k extensions of a sentence are among the best 2k of each of its beams: rank
-        # those k*2k candidates rather than all k*vocab.
-        width = 2 * k
-        beam_lprobs, beam_tokens = lprobs.topk(width, dim=1)  # [m*k, width]
-        candidates = scores.view(-1, 1) + beam_lprobs
-        top_scores, top_index = candidates.view(m, k * width).topk(width, dim=1)  # best first
-        top_beam = top_index // width
-        top_token = beam_tokens.view(m, k * width).gather(1, top_index)
+        m, b = scores.shape
+        scored = decoder.scores(seq, limits.eq(step).repeat_interleave(b))
+        # the best 2k extensions of each sentence: at most k of them end (one per beam)
+        top_scores, top_beam, top_token = scored.top_extensions(scores, 2 * k)
         is_eos = top_token.eq(EOS_ID)
 
         # finished: eos extensions among the best k (and not impossible)
         done_now = is_eos[:, :k] & top_scores[:, :k].gt(float("-inf"))
         if bool(done_now.any()):
             for s, j in done_now.nonzero().tolist():
-                row = s * k + int(top_beam[s, j])
+                row = s * b + int(top_beam[s, j])
                 tokens = seq[row, 1:].tolist()
                 lp = float(top_scores[s, j])
                 score = lp / length_penalty_factor(len(tokens) + 1, alpha)
@@ -195,7 +310,7 @@ def _beam_search(
         if bound_lp is not None:
             bounds = (best_live / bound_lp[sentence]).tolist()
         else:
-            bounds = [float("inf") if b > float("-inf") else b for b in best_live.tolist()]
+            bounds = [float("inf") if x > float("-inf") else x for x in best_live.tolist()]
         for s, original in enumerate(sentence.tolist()):
             hyps = finished[original]
             if len(hyps) >= nbest:
@@ -203,7 +318,7 @@ def _beam_search(
                 del hyps[nbest:]
                 if bounds[s] <= hyps[nbest - 1].score:
                     keep_mask[s] = False
-        rows = torch.arange(m, device=device)[:, None] * k + next_beam  # [m, k] old rows
+        rows = torch.arange(m, device=device)[:, None] * b + next_beam  # [m, k] old rows
         if not bool(keep_mask.all()):
             keep = keep_mask.nonzero()[:, 0]
             if keep.numel() == 0:
@@ -211,7 +326,7 @@ def _beam_search(
             rows, scores, next_token = rows[keep], scores[keep], next_token[keep]
             sentence, limits = sentence[keep], limits[keep]
         index = rows.view(-1)
-        decoder.reorder(index)
+        decoder.reorder(index, k)
         seq = torch.cat([seq[index], next_token.view(-1, 1)], dim=1)
     for hyps in finished:
         hyps.sort(key=lambda h: h.score, reverse=True)
