@@ -74,8 +74,11 @@ def _empty_translation() -> Translation:
 def iter_binary_lines(handle: BinaryIO, name: str) -> Iterator[str]:
     """Decode a binary stream line by line as strict UTF-8 (``\\n`` or ``\\r\\n`` endings).
 
-    A UTF-8 byte-order mark at the start is dropped. Raises :class:`DataError` naming ``name``
-    and the 1-based line number at the first invalid byte sequence.
+    A UTF-8 byte-order mark at the start is dropped. Only ``\\n`` ends a line: a lone ``\\r``
+    (and any other Unicode line separator) stays inside it, ``\\r`` turned into a space exactly
+    as :func:`mtcli.corpus.read_lines` does for ``prepare``, so one input line always gives one
+    output line. Raises :class:`DataError` naming ``name`` and the 1-based line number at the
+    first invalid byte sequence.
     """
     for lineno, raw in enumerate(handle, 1):
         try:
@@ -90,6 +93,8 @@ def iter_binary_lines(handle: BinaryIO, name: str) -> Iterator[str]:
             text = text[:-1]
             if text.endswith("\r"):
                 text = text[:-1]
+        if "\r" in text:
+            text = text.replace("\r", " ")
         yield text
 
 
