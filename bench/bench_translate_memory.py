@@ -20,8 +20,8 @@ What is measured is memory, not decoding speed: by default every sentence decode
 a random model of ``configs/toy.yaml``'s shape (built like the tests' ``tiny_run_dir``).
 
 The bound: peak RSS of the largest input minus peak RSS of the smallest must stay within
-``--bound-mb`` (default 32 MiB, against a peak of about 255 MiB for the toy model): the exit status is 1 when
-it does not.
+``--bound-mb`` (default 32 MiB, against a peak of about 255 MiB for the toy model); the exit
+status is 1 when it does not.
 
 Usage (from the repository root)::
 
