@@ -353,6 +353,25 @@ def test_translate_output_over_the_size_limit_keeps_the_previous_file(tiny_run_d
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]  # no temporary file
 
 
+def test_train_checkpoint_over_the_size_limit_keeps_the_previous_one(prepared: Path, tmp_path: Path) -> None:
+    """A checkpoint (~1.1 MB) that cannot be written stops training with one line; the previous
+    checkpoint_last is intact, no temporary file is left, and a later run resumes from it."""
+    run = tmp_path / "run"
+    extra = ("train.valid_every=2", "train.max_steps=4")
+    train(make_config(prepared, run, "train.valid_every=2", "train.max_steps=2"))
+    before = (run / "checkpoints" / "checkpoint_last.pt").read_bytes()
+    res = mtcli_under_limit(512 * 1024, *train_argv(prepared, run, *extra))
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" not in res.stderr and "Logging error" not in res.stderr
+    errors = error_lines(res.stderr)
+    assert len(errors) == 1 and errors[0].startswith("mtcli: error: "), res.stderr
+    assert "checkpoint_4.pt: cannot write checkpoint (File too large); the previous file is unchanged" in errors[0]
+    assert (run / "checkpoints" / "checkpoint_last.pt").read_bytes() == before
+    assert temp_files(run) == [] and not (run / "train.lock").exists()
+    summary = train(make_config(prepared, run, *extra))
+    assert summary.steps == 4 and summary.resumed_from == "checkpoint_last.pt (step 2)"
+
+
 @pytest.mark.parametrize("failing", ["hyp", "report"])
 def test_evaluate_outputs_over_the_size_limit_keep_the_previous_pair(
     tiny_run_dir: Path, tmp_path: Path, failing: str
