@@ -22,6 +22,7 @@ next run removes; the cache path holds either the previous complete cache or not
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -329,6 +330,20 @@ def encode_file(
 # ----------------------------------------------------------------------------- prepare
 
 
+@contextlib.contextmanager
+def _naming_write_errors(out: Path) -> Iterator[None]:
+    """Turn a write that fails without naming a file (disk full, file-size limit) into a
+    one-line :class:`DataError` naming the cache being built."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno is None or exc.filename is not None:
+            raise
+        raise DataError(
+            f"{out}: cannot write the prepared cache ({exc.strerror}); any previous cache is unchanged"
+        ) from None
+
+
 def prepare(config: Config, force: bool = False) -> PrepareReport:
     """Prepare ``config.data`` into ``config.data.prepared_path()``; a no-op when up to date.
 
@@ -362,7 +377,7 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     log.info("preparing %s from %s (splits: %s)", out, source.describe(), ", ".join(splits))
     workers = max(1, data.num_workers)
     show = sys.stderr.isatty()
-    with atomic_dir(out) as tmp:
+    with _naming_write_errors(out), atomic_dir(out) as tmp:
         (tmp / _PID_FILE).write_text(str(os.getpid()))
         counts = _write_texts(source, data, splits, tmp)
         train_txt = [tmp / f"{array_name(data.train_split, lang)}.txt" for lang in (data.src_lang, data.tgt_lang)]

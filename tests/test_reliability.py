@@ -353,6 +353,26 @@ def test_translate_output_over_the_size_limit_keeps_the_previous_file(tiny_run_d
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]  # no temporary file
 
 
+def test_prepare_over_the_size_limit_keeps_the_previous_cache(tmp_path: Path) -> None:
+    from mtcli.prepare import prepare
+
+    out = tmp_path / "prepared"
+    sets = [f"data.source={TOY_DIR}", f"data.prepared_dir={out}"]
+    prepare(load_config(TOY_CONFIG, sets))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    args = ["prepare", str(TOY_CONFIG), "--force"]
+    for item in sets:
+        args += ["--set", item]
+    res = mtcli_under_limit(4096, *args)  # the training text alone is ~15 kB
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" not in res.stderr
+    assert error_lines(res.stderr) == [
+        f"mtcli: error: {out}: cannot write the prepared cache (File too large); any previous cache is unchanged"
+    ], res.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prepared"]  # no temporary directory left
+
+
 def test_train_checkpoint_over_the_size_limit_keeps_the_previous_one(prepared: Path, tmp_path: Path) -> None:
     """A checkpoint (~1.1 MB) that cannot be written stops training with one line; the previous
     checkpoint_last is intact, no temporary file is left, and a later run resumes from it."""
