@@ -18,6 +18,22 @@ from pathlib import Path
 from typing import IO
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def default_file_mode() -> int:
+    """The mode ``open()`` would give a new file (0o666 less the umask); mkstemp gives 0o600."""
+    return 0o666 & ~_umask()
+
+
+def default_dir_mode() -> int:
+    """The mode ``mkdir()`` would give a new directory (0o777 less the umask)."""
+    return 0o777 & ~_umask()
+
+
 def fsync_dir(path: Path) -> None:
     """Flush a directory entry (a rename) to disk; a no-op where the OS does not support it."""
     try:
@@ -45,6 +61,7 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
     binary = "b" in mode
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, default_file_mode())
         with os.fdopen(fd, mode, encoding=None if binary else encoding) as handle:
             yield handle
             handle.flush()
@@ -70,6 +87,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
+        os.chmod(tmp, default_dir_mode())
         yield tmp
         fsync_dir(tmp)
         old = None

@@ -169,15 +169,6 @@ def _remove_stale(out: Path) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
-def _set_modes(directory: Path) -> None:
-    """Give the cache ordinary permissions (temp dirs/files are created private, 0700/0600)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    directory.chmod(0o777 & ~mask)
-    for path in directory.iterdir():
-        path.chmod(0o666 & ~mask)
-
-
 def _current_cache(out: Path, key: str) -> PreparedCorpus | None:
     """The existing cache if it is complete, verified, and built from ``key``; else None."""
     if not (out / "manifest.json").is_file():
@@ -440,7 +431,6 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
         (tmp / _PID_FILE).unlink()
         write_manifest(tmp, manifest)
         PreparedCorpus.open(tmp, verify=False)
-        _set_modes(tmp)
     seconds = time.perf_counter() - start
     log.info("wrote %s in %.1f s", out, seconds)
     return PrepareReport(

@@ -498,7 +498,7 @@ def test_resume_config_inexact_changes_are_allowed_and_flagged(toy_dict: dict) -
 
 def test_resume_config_refuses_shape_vocab_and_data_stream_changes(toy_dict: dict) -> None:
     new = copy.deepcopy(toy_dict)
-    new["model"]["d_model"] = 64
+    new["model"]["d_model"] = 96
     new["data"]["vocab_size"] = 128
     new["data"]["source"] = "elsewhere"
     new["train"]["seed"] = 2
@@ -507,7 +507,7 @@ def test_resume_config_refuses_shape_vocab_and_data_stream_changes(toy_dict: dic
         check_resume_config(toy_dict, new, where="data/runs/toy")
     message = one_line(exc)
     assert message.startswith("data/runs/toy: cannot resume")
-    for text in ("model.d_model: 32 -> 64", "data.vocab_size: 64 -> 128",
+    for text in ("model.d_model: 64 -> 96", "data.vocab_size: 64 -> 128",
                  "data.source: 'tests/fixtures/toy' -> 'elsewhere'", "train.seed: 1 -> 2"):
         assert text in message
     assert "max_steps" not in message
@@ -739,7 +739,7 @@ def test_load_for_inference_builds_eval_model(run_dir: Path, log_lines) -> None:
     bundle = load_for_inference(run_dir)  # no best yet: falls back to last, and says so
     assert any("no checkpoint_best.pt" in m for m in log_lines())
     assert bundle.name == "checkpoint_last.pt (step 20)" and not bundle.model.training
-    assert bundle.tokenizer.vocab_size == 64 and bundle.config.model.d_model == 32
+    assert bundle.tokenizer.vocab_size == 64 and bundle.config.model.d_model == 64
     expected = _model_state(run_dir, 20, seed=20)["model"]
     for key, value in bundle.model.state_dict().items():
         assert torch.equal(value, expected[key]), key
