@@ -85,20 +85,21 @@ def chunk_width(vocab: int, preferred: int = CHUNK) -> int:
     return min(divisors, key=lambda c: abs(c - preferred)) if divisors else preferred
 
 
-def log_normalizer(logits: Tensor, out: Tensor | None = None) -> Tensor:
+def log_normalizer(logits: Tensor, out: Tensor | None = None, m: Tensor | None = None) -> Tensor:
     """``log sum_v exp(logits[r, v])`` per row of ``logits [R, V]`` (float32), i.e. ``logZ`` in
     ``log p(v) = logits[v] - logZ``.
 
-    Computed as ``m + log(sum_v 2 ** ((logits[v] - m) * log2(e)))`` with ``m`` the row maximum,
-    in one scaled pass into ``out`` (a scratch ``[R, V]`` float32 buffer, allocated if None), an
-    in-place ``exp2`` and a sum: about 2x cheaper than ``log_softmax`` over the whole vocabulary,
-    whose full-size output the search never needs.
+    Computed as ``m + log(sum_v 2 ** ((logits[v] - m) * log2(e)))`` with ``m [R]`` the row
+    maximum (computed when not given), in one scaled pass into ``out`` (a scratch ``[R, V]``
+    float32 buffer, allocated if None), an in-place ``exp2`` and a sum: about 2x cheaper than
+    ``log_softmax`` over the whole vocabulary, whose full-size output the search never needs.
     """
-    m = logits.amax(dim=1, keepdim=True)
+    if m is None:
+        m = logits.amax(dim=1)
     if out is None:
         out = torch.empty_like(logits)
-    torch.add(m * -LOG2E, logits, alpha=LOG2E, out=out)
-    return out.exp2_().sum(dim=1).log_().add_(m[:, 0])
+    torch.add(m[:, None] * -LOG2E, logits, alpha=LOG2E, out=out)
+    return out.exp2_().sum(dim=1).log_().add_(m)
 
 
 @dataclass
@@ -164,16 +165,24 @@ def step_scores(
     """
     rows, vocab = logits.shape
     logits = logits.float()
-    lse = log_normalizer(logits, scratch)
+    if vocab % width:
+        logits = torch.nn.functional.pad(logits, (0, width - vocab % width), value=float("-inf"))
+    chunk_max = logits.view(rows, -1, width).amax(dim=2)
+    if scratch is not None and scratch.shape != logits.shape:
+        scratch = None
+    lse = log_normalizer(logits, scratch, chunk_max.amax(dim=1))
     logits[:, PAD_ID] = float("-inf")
     logits[:, BOS_ID] = float("-inf")
+    for chunk in {PAD_ID // width, BOS_ID // width}:
+        chunk_max[:, chunk] = logits[:, chunk * width : (chunk + 1) * width].amax(dim=1)
     if bool(limit_rows.any()):
         eos = logits[:, EOS_ID].clone()
         logits[limit_rows] = float("-inf")
         logits[:, EOS_ID] = eos
-    if vocab % width:
-        logits = torch.nn.functional.pad(logits, (0, width - vocab % width), value=float("-inf"))
-    chunk_max = logits.view(rows, -1, width).amax(dim=2)
+        chunk_max[limit_rows] = float("-inf")
+        chunk_max[:, EOS_ID // width] = torch.where(
+            limit_rows, eos, chunk_max[:, EOS_ID // width]
+        )
     return StepScores(logits, lse, chunk_max, width, vocab)
 
 
@@ -207,7 +216,7 @@ class _StepDecoder:
         self.model = model
         self.cache: DecoderCache | None = None
         self.enc = enc
-        self.width = chunk_width(model.vocab_size)
+        self.width = chunk_width(model.vocab_size, CHUNK)
         self.workspace = workspace()
         if use_cache:
             self.cache = model.init_cache(
@@ -224,7 +233,9 @@ class _StepDecoder:
         else:
             hidden, _ = self.model.decoder(seq, self.enc)
             logits = self.model.project(hidden[:, -1])
-        scratch = self.workspace.get("scratch", tuple(logits.shape), torch.float32, logits.device)
+        rows, vocab = logits.shape
+        padded = -(-vocab // self.width) * self.width
+        scratch = self.workspace.get("scratch", (rows, padded), torch.float32, logits.device)
         return step_scores(logits, limit_rows, self.width, scratch)
 
     def reorder(self, index: Tensor, group: int | None = None) -> None:

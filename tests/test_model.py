@@ -12,6 +12,7 @@ from mtcli.config import ModelConfig
 from mtcli.model import (
     EncoderLayer,
     Transformer,
+    Workspace,
     count_parameters,
     dropout,
     padding_attn_mask,
@@ -236,6 +237,61 @@ def test_cache_groups_and_reorder() -> None:
         assert torch.allclose(out[:, 0], full[index, t], atol=1e-5)
     with pytest.raises(ValueError, match="multiple"):
         cache.reorder(torch.tensor([0]))
+
+
+def test_cache_reorder_can_change_the_group() -> None:
+    """Beam search's first step: one row per sentence, then each row fanned out to 3 beams."""
+    model = make_model(pre_norm=True)
+    src, tgt = make_batch()
+    tgt[:, 1:] = torch.randint(4, VOCAB, (3, 5))
+    full = model(src, tgt)
+    enc = model.encode(src)
+    with torch.no_grad():
+        cache = model.init_cache(enc, beam_size=1, max_len=6)
+        first = model.decode(tgt[:, :1], enc, cache)
+        assert torch.allclose(first[:, 0], full[:, 0], atol=1e-5)
+        index = torch.tensor([0, 0, 0, 2, 2, 2])  # sentences 0 and 2, three beams each; drop 1
+        cache.reorder(index, group=3)
+        assert cache.group == 3 and cache.rows == 6 and cache.cross_k[0].size(0) == 2
+        for t in range(1, 6):
+            out = model.decode(tgt[index, t : t + 1], enc, cache)
+            assert torch.allclose(out[:, 0], full[index, t], atol=1e-5)
+    with pytest.raises(ValueError, match="multiple"):
+        cache.reorder(torch.tensor([0, 1]), group=4)
+
+
+def test_workspace_backed_cache_matches_plain_cache() -> None:
+    model = make_model()
+    src, tgt = make_batch()
+    enc = model.encode(src)
+    workspace = Workspace()
+    with torch.inference_mode():
+        for rows in (3, 2, 3):  # sentences kept at the reorder; buffers reused across caches
+            plain = model.init_cache(enc, beam_size=2, max_len=6)
+            reused = model.init_cache(enc, beam_size=2, max_len=6, workspace=workspace)
+            tokens = tgt.repeat_interleave(2, 0)
+            for t in range(6):
+                a = model.decode(tokens[:, t : t + 1], enc, plain)
+                b = model.decode(tokens[:, t : t + 1], enc, reused).clone()
+                assert torch.allclose(a, b, atol=1e-6)
+                if t == 2:
+                    keep = torch.arange(2 * rows).flip(0).view(rows, 2).flip(0).reshape(-1)
+                    plain.reorder(keep)
+                    reused.reorder(keep)
+                    tokens = tokens[keep]
+    held = workspace.nbytes()
+    assert held > 0
+    workspace.clear()
+    assert workspace.nbytes() == 0
+
+
+def test_feed_forward_step_equals_forward() -> None:
+    model = make_model()
+    ffn = model.decoder.layers[0].feed_forward
+    x = torch.randn(5, 1, 32)
+    with torch.no_grad():
+        assert torch.equal(ffn.step(x), ffn(x))
+    assert torch.equal(ffn.step(x), ffn(x))  # with gradients: the same function
 
 
 def test_cross_attention_weights() -> None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import mtcli.search as search
 from mtcli.config import ModelConfig
 from mtcli.errors import ConfigError
 from mtcli.model import Transformer
@@ -13,9 +14,12 @@ from mtcli.search import (
     Hypothesis,
     _beam_search,
     _greedy,
+    chunk_width,
     generate,
     length_penalty_factor,
+    log_normalizer,
     max_output_lengths,
+    step_scores,
 )
 from mtcli.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -201,6 +205,97 @@ def test_length_helpers() -> None:
     src = pad_batch([[5, 6, 7, 8], [5]])
     assert max_output_lengths(src, 1.5, 2, 100).tolist() == [8, 3]
     assert max_output_lengths(src, 1.5, 2, 5).tolist() == [4, 3]
+
+
+# ----------------------------------------------------------------------------------------------
+# The step scoring: log-normaliser and the chunked top-k against plain PyTorch
+
+
+def masked_log_softmax(logits: torch.Tensor, limit_rows: torch.Tensor) -> torch.Tensor:
+    """What the search must rank by: the model's log-probabilities, pad/bos banned, eos forced."""
+    lprobs = torch.log_softmax(logits.double(), dim=-1)
+    lprobs[:, [PAD_ID, BOS_ID]] = float("-inf")
+    eos = lprobs[:, EOS_ID].clone()
+    lprobs[limit_rows] = float("-inf")
+    lprobs[:, EOS_ID] = eos
+    return lprobs
+
+
+def test_chunk_width() -> None:
+    assert chunk_width(8000) == 64
+    assert chunk_width(24) == 24  # small vocabularies: one chunk
+    assert chunk_width(7992, 64) == 72  # 7992 = 8 * 999: the multiple-of-8 divisor nearest 64
+    assert chunk_width(8009, 64) == 64  # none: padded up to a multiple of 64
+    assert chunk_width(27, 8) == 8
+
+
+def test_log_normalizer_matches_logsumexp() -> None:
+    g = torch.Generator().manual_seed(0)
+    for scale in (1.0, 30.0, 300.0):
+        logits = torch.randn(7, 1000, generator=g) * scale
+        logits[0, :500] = float("-inf")
+        expected = torch.logsumexp(logits.double(), dim=1)
+        assert torch.allclose(log_normalizer(logits).double(), expected, rtol=1e-6, atol=1e-5)
+        scratch = torch.empty_like(logits)
+        assert torch.equal(log_normalizer(logits, scratch), log_normalizer(logits))
+
+
+@pytest.mark.parametrize("vocab,width", [(64, 8), (61, 8), (200, 16), (30, 30)])
+def test_chunked_top_extensions_equal_a_full_sort(vocab: int, width: int) -> None:
+    g = torch.Generator().manual_seed(vocab)
+    m, b, n = 4, 3, 6
+    logits = torch.randn(m * b, vocab, generator=g) * 4
+    scores = -torch.rand(m, b, generator=g) * 5
+    limit_rows = torch.zeros(m * b, dtype=torch.bool)
+    limit_rows[b : 2 * b] = True  # sentence 1 is at its length limit
+    lprobs = masked_log_softmax(logits, limit_rows)
+    scored = step_scores(logits.clone(), limit_rows, width)
+    assert torch.allclose(scored.lse.double(), torch.logsumexp(logits.double(), 1), atol=1e-5)
+    top, beam, token = scored.top_extensions(scores, n)
+    candidates = (scores.double()[:, :, None] + lprobs.view(m, b, vocab)).view(m, -1)
+    expected, flat = candidates.topk(n, dim=1)
+    finite = expected.isfinite()
+    assert torch.equal(finite, top.isfinite())
+    assert torch.allclose(top.double()[finite], expected[finite], atol=1e-5)
+    assert torch.equal(beam[finite], (flat // vocab)[finite])
+    assert torch.equal(token[finite], (flat % vocab)[finite])
+    assert token.max() < vocab  # never a padding column
+    # greedy pick: the arg max and its log-probability
+    picked, best = step_scores(logits.clone(), limit_rows, width).greedy()
+    assert torch.equal(picked, lprobs.argmax(1))
+    assert torch.allclose(best.double(), lprobs.max(1).values, atol=1e-5)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_chunked_search_equals_one_chunk_search(beam: int, monkeypatch) -> None:
+    """Same outputs with several -inf-padded vocabulary chunks as with a single chunk."""
+    torch.manual_seed(3)
+    model = Transformer(ModelConfig(d_model=32, n_heads=4, encoder_layers=1, decoder_layers=2,
+                                    d_ff=64, max_positions=64), 27).eval()
+    src = pad_batch(random_sources(seed=21, n=5, vocab=27))
+    kwargs = dict(beam_size=beam, nbest=beam, length_penalty=1.0)
+    one_chunk = generate(model, src, **kwargs)
+    monkeypatch.setattr(search, "CHUNK", 8)  # 27 -> 4 chunks of 8, 5 padding columns
+    chunked = generate(model, src, **kwargs)
+    assert tokens_of(chunked) == tokens_of(one_chunk)
+    for a, b in zip(chunked, one_chunk, strict=True):
+        for ha, hb in zip(a, b, strict=True):
+            assert ha.score == pytest.approx(hb.score, abs=1e-5)
+
+
+def test_workspace_is_reused_and_results_do_not_depend_on_it() -> None:
+    model = random_model(seed=22)
+    big = pad_batch(random_sources(seed=23, n=6))
+    small = pad_batch(random_sources(seed=24, n=2))
+    search.workspace().clear()
+    first = generate(model, big, beam_size=3, nbest=3)
+    held = search.workspace().nbytes()
+    assert held > 0
+    generate(model, small, beam_size=3)  # smaller batch: reuses the same buffers
+    assert search.workspace().nbytes() == held
+    assert tokens_of(generate(model, big, beam_size=3, nbest=3)) == tokens_of(first)
+    search.workspace().clear()
+    assert tokens_of(generate(model, big, beam_size=3, nbest=3)) == tokens_of(first)
 
 
 # ----------------------------------------------------------------------------------------------
