@@ -230,8 +230,10 @@ class MultiHeadAttention(nn.Module):
         k = cache_k[: length + 1].permute(1, 2, 0, 3)  # [N, h, length+1, d_k], a view
         v = cache_v[: length + 1].permute(1, 2, 0, 3)
         if x.device.type == "cpu":
-            # One query per row: on a CPU the plain matmul form is about 2x faster than SDPA here.
-            out = reference_attention(q, k, v)[0]
+            # One query per row: on a CPU the plain matmul form is about 2x faster than SDPA
+            # here (equation 1, the scaling and softmax done in place on the small scores).
+            scores = torch.matmul(q, k.transpose(-2, -1)).mul_(1.0 / math.sqrt(self.d_k))
+            out = torch.matmul(torch.softmax(scores, dim=-1), v)
             return self.out_proj(out.reshape(n, 1, self.d_model))
         return self._attend(q, k, v, None)
 
