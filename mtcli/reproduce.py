@@ -46,7 +46,15 @@ def device_name(device: str) -> str:
         return torch.cuda.get_device_name(torch.device(device))
     import os
 
-    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU ({model}, {os.cpu_count()} cores)"
 
 
 def render_markdown(results: dict[str, dict[str, Any]]) -> str:
