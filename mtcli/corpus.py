@@ -36,7 +36,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from mtcli.errors import DataError
 from mtcli.fileio import sha256_file
@@ -63,33 +63,39 @@ def _normalise(text: str) -> str:
     return text
 
 
-def read_lines(path: str | Path) -> Iterator[str]:
-    """Stream the lines of a UTF-8 text file (``.gz`` allowed) without their line endings.
+def iter_binary_lines(handle: BinaryIO, name: str) -> Iterator[str]:
+    """Decode a binary stream line by line as strict UTF-8, without the line endings.
 
-    Strict UTF-8: an undecodable line raises :class:`DataError` with the file and line number.
-    A UTF-8 byte-order mark on the first line is dropped. Nothing but the line ending (``\\n``
-    or ``\\r\\n``) is stripped, so an empty line stays an empty string.
+    The one line reader of mtcli (``prepare``, ``translate``, ``evaluate``, validation):
+    only ``\\n`` ends a line and ``\\r\\n`` counts as ``\\n``; a lone ``\\r`` becomes a space
+    inside its line (other Unicode separators stay inside too), so one input line is always one
+    sentence. A UTF-8 byte-order mark on the first line is dropped; an empty line stays an empty
+    string. An undecodable line raises :class:`DataError` as ``NAME:LINE: invalid UTF-8 ...``.
     """
+    for lineno, raw in enumerate(handle, start=1):
+        if raw.endswith(b"\n"):
+            raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(
+                f"{name}:{lineno}: invalid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
+            ) from None
+        if lineno == 1 and line.startswith("\ufeff"):
+            line = line[1:]
+        if "\r" in line:
+            line = line.replace("\r", " ")
+        yield line
+
+
+def read_lines(path: str | Path) -> Iterator[str]:
+    """Stream the lines of a UTF-8 text file (``.gz`` allowed); see :func:`iter_binary_lines`."""
     path = Path(path)
-    lineno = 0
     try:
         with _open_binary(path) as handle:
-            for lineno, raw in enumerate(handle, start=1):  # noqa: B007 - lineno used after loop
-                if raw.endswith(b"\n"):
-                    raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise DataError(
-                        f"{path}:{lineno}: invalid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
-                    ) from None
-                if lineno == 1 and line.startswith("\ufeff"):
-                    line = line[1:]
-                if "\r" in line:
-                    line = line.replace("\r", " ")
-                yield line
+            yield from iter_binary_lines(handle, str(path))
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
-        raise DataError(f"{path}: corrupt gzip data after line {lineno} ({exc})") from None
+        raise DataError(f"{path}: corrupt gzip data ({exc})") from None
     except FileNotFoundError:
         raise DataError(f"{path}: file not found") from None
     except IsADirectoryError:

@@ -131,7 +131,8 @@ def evaluate(
     Returns the report dict.
     """
     from mtcli.checkpoint import load_for_inference
-    from mtcli.translate import decode_config, read_text_file, resolve_device, translate_lines
+    from mtcli.corpus import read_lines
+    from mtcli.translate import decode_config, resolve_device, translate_lines
 
     run_dir = Path(run_dir)
     log = get_logger()
@@ -154,7 +155,7 @@ def evaluate(
             raise ConfigError(f"{run_dir}: data.test_splits is empty; pass --split or --src/--ref")
         src_path, ref_path = _split_files(run_dir, config, split)
         name = _safe_name(split)
-    sources, references = read_text_file(src_path), read_text_file(ref_path)
+    sources, references = list(read_lines(src_path)), list(read_lines(ref_path))
     if len(sources) != len(references):
         raise DataError(
             f"{src_path} has {len(sources)} lines but {ref_path} has {len(references)}: "

@@ -53,6 +53,7 @@ from torch import nn
 
 from mtcli.batching import BatchStream, StepGroup, collate, filter_by_length, make_batches
 from mtcli.config import Config, save_config
+from mtcli.corpus import read_lines
 from mtcli.errors import CheckpointError, DataError, TrainingError, TrainingInterrupted
 from mtcli.fileio import atomic_write, sha256_file
 from mtcli.logs import add_file_log, get_logger, progress, remove_log_handler
@@ -255,15 +256,6 @@ def setup_run_dir(config: Config, corpus: Any, run_dir: Path) -> None:
             continue
         for lang in (config.data.src_lang, config.data.tgt_lang):
             _copy_file(corpus.text_path(split, lang), run_dir / "text" / f"{split}.{lang}")
-
-
-def read_lines(path: Path) -> list[str]:
-    """Lines of a UTF-8 file split on ``\\n`` only (other line separators stay inside lines)."""
-    text = path.read_text(encoding="utf-8")
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.rstrip("\r") for line in lines]
 
 
 def _bleu_tools() -> tuple[Any, Any] | None:
@@ -512,8 +504,8 @@ class Trainer:
         from mtcli.tokenizer import Tokenizer
 
         data = self.config.data
-        sources = read_lines(self.corpus.text_path(data.valid_split, data.src_lang))
-        refs = read_lines(self.corpus.text_path(data.valid_split, data.tgt_lang))
+        sources = list(read_lines(self.corpus.text_path(data.valid_split, data.src_lang)))
+        refs = list(read_lines(self.corpus.text_path(data.valid_split, data.tgt_lang)))
         if self.cfg.valid_max_sentences > 0:
             sources = sources[: self.cfg.valid_max_sentences]
             refs = refs[: self.cfg.valid_max_sentences]

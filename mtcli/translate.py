@@ -29,11 +29,12 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, BinaryIO
+from typing import IO, Any
 
 import torch
 
 from mtcli.config import Config, DecodeConfig, config_from_dict
+from mtcli.corpus import count_lines, iter_binary_lines, read_lines
 from mtcli.errors import ConfigError, DataError
 from mtcli.fileio import atomic_write
 from mtcli.logs import get_logger, progress
@@ -69,61 +70,6 @@ def _empty_translation() -> Translation:
 # --------------------------------------------------------------------------------------------
 # Reading input strictly
 # --------------------------------------------------------------------------------------------
-
-
-def iter_binary_lines(handle: BinaryIO, name: str) -> Iterator[str]:
-    """Decode a binary stream line by line as strict UTF-8 (``\\n`` or ``\\r\\n`` endings).
-
-    A UTF-8 byte-order mark at the start is dropped. Only ``\\n`` ends a line: a lone ``\\r``
-    (and any other Unicode line separator) stays inside it, ``\\r`` turned into a space exactly
-    as :func:`mtcli.corpus.read_lines` does for ``prepare``, so one input line always gives one
-    output line. Raises :class:`DataError` naming ``name`` and the 1-based line number at the
-    first invalid byte sequence.
-    """
-    for lineno, raw in enumerate(handle, 1):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise DataError(
-                f"{name}: line {lineno}: invalid UTF-8 ({exc.reason} at byte {exc.start})"
-            ) from None
-        if lineno == 1 and text.startswith("\ufeff"):
-            text = text[1:]
-        if text.endswith("\n"):
-            text = text[:-1]
-            if text.endswith("\r"):
-                text = text[:-1]
-        if "\r" in text:
-            text = text.replace("\r", " ")
-        yield text
-
-
-def iter_text_file(path: str | Path) -> Iterator[str]:
-    """Lines of a text file read as strict UTF-8, without their line endings (streamed)."""
-    path = Path(path)
-    try:
-        handle = open(path, "rb")
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    with handle:
-        yield from iter_binary_lines(handle, str(path))
-
-
-def read_text_file(path: str | Path) -> list[str]:
-    """All lines of a strict UTF-8 text file (for small files such as test sets)."""
-    return list(iter_text_file(path))
-
-
-def count_lines(path: str | Path) -> int:
-    """Number of lines of a file (a final line without ``\\n`` counts), read in binary chunks."""
-    count, last = 0, b"\n"
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            count += chunk.count(b"\n")
-            last = chunk[-1:]
-    return count + (0 if last == b"\n" else 1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -408,7 +354,7 @@ def translate_files(
             interactive = hasattr(stdin, "isatty") and stdin.isatty()
             yield "<stdin>", iter_binary_lines(stdin, "<stdin>"), 1 if interactive else DEFAULT_WINDOW
         for path in inputs:
-            yield str(path), iter_text_file(path), DEFAULT_WINDOW
+            yield str(path), read_lines(path), DEFAULT_WINDOW
 
     total = sum(count_lines(p) for p in inputs) if inputs else None
     bar = progress(total=total, enabled=bool(inputs), unit="line", desc="translate")

@@ -109,3 +109,34 @@ def tiny_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random (untrained) toy-config run directory, shared by the session: do not modify it
     (copy it with shutil.copytree first). See :func:`build_tiny_run_dir`."""
     return build_tiny_run_dir(tmp_path_factory.mktemp("tiny_run") / "run")
+
+
+@pytest.fixture(scope="session")
+def prepared_toy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The toy corpus prepared once per session (read-only for tests: copy it before damaging)."""
+    from mtcli.config import load_config
+    from mtcli.prepare import prepare
+
+    out = tmp_path_factory.mktemp("prepared") / "toy"
+    prepare(load_config(TOY_CONFIG, [f"data.source={TOY_DIR}", f"data.prepared_dir={out}"]))
+    return out
+
+
+def toy_train_overrides(prepared: Path, run_dir: Path, *extra: str) -> list[str]:
+    """``--set`` overrides for a fast, quiet toy training run in ``run_dir`` (extra ones last)."""
+    return [
+        f"data.source={TOY_DIR}",
+        f"data.prepared_dir={prepared}",
+        f"train.run_dir={run_dir}",
+        "train.valid_bleu=false",
+        "train.num_threads=1",
+        "train.log_every=1",
+        *extra,
+    ]
+
+
+def toy_train_config(prepared: Path, run_dir: Path, *extra: str):
+    """The toy recipe with :func:`toy_train_overrides` applied."""
+    from mtcli.config import load_config
+
+    return load_config(TOY_CONFIG, toy_train_overrides(prepared, run_dir, *extra))

@@ -131,7 +131,7 @@ def test_invalid_utf8_is_one_error_naming_the_line(
         with pytest.raises(DataError) as info:
             translate_files(tiny_run_dir, [src], out, overrides=["decode.beam_size=1"])
         message = str(info.value)
-        assert message.startswith(f"{src}: line {lineno}: invalid UTF-8") and "\n" not in message
+        assert message.startswith(f"{src}:{lineno}: invalid UTF-8") and "\n" not in message
         assert sorted(p.name for p in Path(tmp).iterdir()) == ["in.txt"]  # no output, no temporary
 
 

@@ -10,35 +10,21 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import REPO, TOY_CONFIG, toy_train_overrides
 
 from mtcli.checkpoint import load_checkpoint
 from mtcli.config import load_config
 from mtcli.train import train
 
-REPO = Path(__file__).resolve().parents[1]
-TOY_CONFIG = REPO / "configs" / "toy.yaml"
-TOY_DIR = REPO / "tests" / "fixtures" / "toy"
-
 
 def overrides(prepared: Path, run_dir: Path) -> list[str]:
-    return [
-        f"data.source={TOY_DIR}",
-        f"data.prepared_dir={prepared}",
-        f"train.run_dir={run_dir}",
-        "train.valid_bleu=false",
-        "train.num_threads=1",
-        "train.max_steps=1",
-        "train.warmup_steps=1",
-        "train.max_tokens=256",
-    ]
+    return toy_train_overrides(prepared, run_dir, "train.max_steps=1", "train.warmup_steps=1",
+                               "train.max_tokens=256")
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
-def test_two_gloo_processes_match_one_process_on_both_batches(tmp_path: Path) -> None:
-    from mtcli.prepare import prepare
-
-    prepared = tmp_path / "prepared"
-    prepare(load_config(TOY_CONFIG, [f"data.source={TOY_DIR}", f"data.prepared_dir={prepared}"]))
+def test_two_gloo_processes_match_one_process_on_both_batches(tmp_path: Path, prepared_toy: Path) -> None:
+    prepared = prepared_toy
     ddp_run = tmp_path / "ddp"
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
             "-m", "mtcli.cli", "train", str(TOY_CONFIG)]

@@ -25,41 +25,24 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TOY_CONFIG, TOY_DIR
+from conftest import REPO, TOY_CONFIG, TOY_DIR, toy_train_config, toy_train_overrides
 from typer.testing import CliRunner
 
 from mtcli.checkpoint import load_checkpoint
 from mtcli.cli import app
-from mtcli.config import Config, load_config
+from mtcli.config import load_config
 from mtcli.train import train
 
 LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d \| [A-Z]+ \| ")
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The toy corpus prepared once for the module (do not modify: copy it first)."""
-    from mtcli.prepare import prepare
-
-    out = tmp_path_factory.mktemp("prepared") / "toy"
-    prepare(load_config(TOY_CONFIG, [f"data.source={TOY_DIR}", f"data.prepared_dir={out}"]))
-    return out
+@pytest.fixture
+def prepared(prepared_toy: Path) -> Path:
+    return prepared_toy
 
 
-def overrides(prepared: Path, run_dir: Path, *extra: str) -> list[str]:
-    return [
-        f"data.source={TOY_DIR}",
-        f"data.prepared_dir={prepared}",
-        f"train.run_dir={run_dir}",
-        "train.valid_bleu=false",
-        "train.num_threads=1",
-        "train.log_every=1",
-        *extra,
-    ]
-
-
-def make_config(prepared: Path, run_dir: Path, *extra: str) -> Config:
-    return load_config(TOY_CONFIG, overrides(prepared, run_dir, *extra))
+overrides = toy_train_overrides
+make_config = toy_train_config
 
 
 def train_argv(prepared: Path, run_dir: Path, *extra: str) -> list[str]:

@@ -12,41 +12,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, TOY_CONFIG, toy_train_config, toy_train_overrides
 
 from mtcli.checkpoint import load_checkpoint, read_index
-from mtcli.config import Config, load_config
 from mtcli.errors import CheckpointError, DataError, TrainingError
 from mtcli.loss import LabelSmoothedLoss
 from mtcli.train import train
 
-REPO = Path(__file__).resolve().parents[1]
-TOY_CONFIG = REPO / "configs" / "toy.yaml"
-TOY_DIR = REPO / "tests" / "fixtures" / "toy"
+
+@pytest.fixture
+def prepared(prepared_toy: Path) -> Path:
+    return prepared_toy
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The toy corpus prepared once for the module."""
-    from mtcli.prepare import prepare
-
-    out = tmp_path_factory.mktemp("prepared") / "toy"
-    prepare(load_config(TOY_CONFIG, [f"data.source={TOY_DIR}", f"data.prepared_dir={out}"]))
-    return out
-
-
-def base_overrides(prepared: Path, run_dir: Path) -> list[str]:
-    return [
-        f"data.source={TOY_DIR}",
-        f"data.prepared_dir={prepared}",
-        f"train.run_dir={run_dir}",
-        "train.valid_bleu=false",
-        "train.num_threads=1",
-        "train.log_every=1",
-    ]
-
-
-def make_config(prepared: Path, run_dir: Path, *extra: str) -> Config:
-    return load_config(TOY_CONFIG, base_overrides(prepared, run_dir) + list(extra))
+base_overrides = toy_train_overrides
+make_config = toy_train_config
 
 
 def logged_losses(run_dir: Path) -> dict[int, str]:
