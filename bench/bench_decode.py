@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from mtcli.checkpoint import load_for_inference
-    from mtcli.translate import read_text_file
+    from mtcli.corpus import read_lines
 
     if not args.input.is_file():
         print(f"input {args.input} not found", file=sys.stderr)
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     fixed = args.fixed_length if args.fixed_length is not None else (0 if args.run_dir else 24)
     bundle = load_for_inference(run_dir, args.checkpoint, device="cpu")
     tok, decode = bundle.tokenizer, bundle.config.decode
-    lines = read_text_file(args.input)
+    lines = list(read_lines(args.input))
     if args.limit:
         lines = lines[: args.limit]
     limit = bundle.config.model.max_positions - 1
