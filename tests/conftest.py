@@ -140,3 +140,24 @@ def toy_train_config(prepared: Path, run_dir: Path, *extra: str):
     from mtcli.config import load_config
 
     return load_config(TOY_CONFIG, toy_train_overrides(prepared, run_dir, *extra))
+
+
+def logged_losses(run_dir: Path) -> dict[int, str]:
+    """step -> the loss/nll text last logged for it in ``train.log`` (a resumed step logs again)."""
+    import re
+
+    found = {}
+    for line in (run_dir / "train.log").read_text(encoding="utf-8").splitlines():
+        m = re.search(r"\| step (\d+) \| epoch \d+ \| loss (\S+) \| nll (\S+)", line)
+        if m:
+            found[int(m.group(1))] = f"{m.group(2)} {m.group(3)}"
+    return found
+
+
+def assert_same_params(a: dict, b: dict) -> None:
+    """Two state dicts hold bit-identical tensors under the same names."""
+    import torch
+
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key

@@ -25,7 +25,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TOY_CONFIG, TOY_DIR, toy_train_config, toy_train_overrides
+from conftest import (
+    REPO,
+    TOY_CONFIG,
+    TOY_DIR,
+    assert_same_params,
+    logged_losses,
+    toy_train_config,
+    toy_train_overrides,
+)
 from typer.testing import CliRunner
 
 from mtcli.checkpoint import load_checkpoint
@@ -64,22 +72,6 @@ def error_lines(stderr: str) -> list[str]:
 
 def model_params(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_checkpoint(run_dir / "checkpoints" / "checkpoint_last.pt")["model"]
-
-
-def assert_same_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
-
-
-def logged_losses(run_dir: Path) -> dict[int, str]:
-    """step -> the loss/nll text last logged for it in train.log."""
-    found = {}
-    for line in (run_dir / "train.log").read_text(encoding="utf-8").splitlines():
-        m = re.search(r"\| step (\d+) \| epoch \d+ \| loss (\S+) \| nll (\S+)", line)
-        if m:
-            found[int(m.group(1))] = f"{m.group(2)} {m.group(3)}"
-    return found
 
 
 def temp_files(run_dir: Path) -> list[str]:

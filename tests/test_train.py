@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -12,7 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TOY_CONFIG, toy_train_config, toy_train_overrides
+from conftest import (
+    REPO,
+    TOY_CONFIG,
+    assert_same_params,
+    logged_losses,
+    toy_train_config,
+    toy_train_overrides,
+)
 
 from mtcli.checkpoint import load_checkpoint, read_index
 from mtcli.errors import CheckpointError, DataError, TrainingError
@@ -29,24 +35,8 @@ base_overrides = toy_train_overrides
 make_config = toy_train_config
 
 
-def logged_losses(run_dir: Path) -> dict[int, str]:
-    """step -> the loss text logged for it (the last time it was logged)."""
-    found = {}
-    for line in (run_dir / "train.log").read_text(encoding="utf-8").splitlines():
-        m = re.search(r"\| step (\d+) \| epoch \d+ \| loss (\S+) \| nll (\S+)", line)
-        if m:
-            found[int(m.group(1))] = f"{m.group(2)} {m.group(3)}"
-    return found
-
-
 def model_params(path: Path) -> dict[str, torch.Tensor]:
     return load_checkpoint(path)["model"]
-
-
-def assert_same_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
 
 
 def test_run_directory_layout_and_checkpoints(prepared: Path, tmp_path: Path) -> None:
