@@ -617,7 +617,10 @@ class Trainer:
         """Train until a stop rule fires; returns the stop reason."""
         cfg = self.cfg
         self._clock = time.monotonic()
-        bar = progress(total=cfg.max_steps, initial=self.step, enabled=cfg.progress and self.info.is_main,
+        # Under a wall-clock limit, max_steps is usually a far ceiling: a step total would show
+        # a meaningless ETA, so the bar then counts steps and rate only.
+        total = None if cfg.max_minutes > 0 else cfg.max_steps
+        bar = progress(total=total, initial=self.step, enabled=cfg.progress and self.info.is_main,
                        desc="train", unit="step")
         window_tokens = 0.0
         window_start = time.monotonic()
