@@ -61,6 +61,15 @@ def _peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
 
 
+def _time_batches(run, batches: list[list[int]]) -> dict:
+    """Warm up on the first batch, then time ``run`` over all; output tokens and peak RSS too."""
+    run(batches[0])
+    start = time.perf_counter()
+    tokens = sum(run(batch) for batch in batches)
+    return {"seconds": time.perf_counter() - start, "output_tokens": tokens,
+            "peak_rss_mb": _peak_rss_mb()}
+
+
 def _batches(lengths: list[int], size: int) -> list[list[int]]:
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     return [order[i : i + size] for i in range(0, len(order), size)]
@@ -97,12 +106,7 @@ def worker_torch(job: dict) -> dict:
             )
         return sum(len(h[0].tokens) for h in hyps)
 
-    run(batches[0])  # warm-up
-    start = time.perf_counter()
-    tokens = sum(run(batch) for batch in batches)
-    seconds = time.perf_counter() - start
-    return {"seconds": seconds, "output_tokens": tokens, "sentences": len(ids),
-            "peak_rss_mb": _peak_rss_mb(), "torch": torch.__version__}
+    return dict(_time_batches(run, batches), sentences=len(ids), torch=torch.__version__)
 
 
 def worker_ct2(job: dict) -> dict:
@@ -132,12 +136,7 @@ def worker_ct2(job: dict) -> dict:
         )
         return sum(len(r.hypotheses[0]) for r in out)
 
-    run(batches[0])  # warm-up
-    start = time.perf_counter()
-    tokens = sum(run(batch) for batch in batches)
-    seconds = time.perf_counter() - start
-    return {"seconds": seconds, "output_tokens": tokens, "sentences": len(pieces),
-            "peak_rss_mb": _peak_rss_mb(), "ctranslate2": ctranslate2.__version__}
+    return dict(_time_batches(run, batches), sentences=len(pieces), ctranslate2=ctranslate2.__version__)
 
 
 # ------------------------------------------------------------------------------------ setup

@@ -74,6 +74,16 @@ def _norm(spec: Any, module: torch.nn.LayerNorm) -> None:
     spec.beta = _np(module.bias)
 
 
+def _self_attention_and_ffn(layer_spec: Any, layer: Any) -> None:
+    """Copy the sublayers encoder and decoder layers share: self-attention (first) and FFN (last)."""
+    _linear(layer_spec.self_attention.linear[0], layer.self_attn.qkv_proj)
+    _linear(layer_spec.self_attention.linear[1], layer.self_attn.out_proj)
+    _norm(layer_spec.self_attention.layer_norm, layer.sublayer[0].norm)
+    _linear(layer_spec.ffn.linear_0, layer.feed_forward.w_1)
+    _linear(layer_spec.ffn.linear_1, layer.feed_forward.w_2)
+    _norm(layer_spec.ffn.layer_norm, layer.sublayer[-1].norm)
+
+
 def build_spec(model: torch.nn.Module, vocabulary: list[str]) -> Any:
     """A ``ctranslate2.specs.TransformerSpec`` holding ``model``'s weights and ``vocabulary``.
 
@@ -108,23 +118,13 @@ def build_spec(model: torch.nn.Module, vocabulary: list[str]) -> Any:
         _linear(dec.projection, model.output_projection)
 
     for layer_spec, layer in zip(enc.layer, model.encoder.layers, strict=True):
-        _linear(layer_spec.self_attention.linear[0], layer.self_attn.qkv_proj)
-        _linear(layer_spec.self_attention.linear[1], layer.self_attn.out_proj)
-        _norm(layer_spec.self_attention.layer_norm, layer.sublayer[0].norm)
-        _linear(layer_spec.ffn.linear_0, layer.feed_forward.w_1)
-        _linear(layer_spec.ffn.linear_1, layer.feed_forward.w_2)
-        _norm(layer_spec.ffn.layer_norm, layer.sublayer[1].norm)
+        _self_attention_and_ffn(layer_spec, layer)
     for layer_spec, layer in zip(dec.layer, model.decoder.layers, strict=True):
-        _linear(layer_spec.self_attention.linear[0], layer.self_attn.qkv_proj)
-        _linear(layer_spec.self_attention.linear[1], layer.self_attn.out_proj)
-        _norm(layer_spec.self_attention.layer_norm, layer.sublayer[0].norm)
+        _self_attention_and_ffn(layer_spec, layer)
         _linear(layer_spec.attention.linear[0], layer.cross_attn.q_proj)
         _linear(layer_spec.attention.linear[1], layer.cross_attn.kv_proj)
         _linear(layer_spec.attention.linear[2], layer.cross_attn.out_proj)
         _norm(layer_spec.attention.layer_norm, layer.sublayer[1].norm)
-        _linear(layer_spec.ffn.linear_0, layer.feed_forward.w_1)
-        _linear(layer_spec.ffn.linear_1, layer.feed_forward.w_2)
-        _norm(layer_spec.ffn.layer_norm, layer.sublayer[2].norm)
 
     spec.config.layer_norm_epsilon = LAYER_NORM_EPS
     spec.config.unk_token = "<unk>"

@@ -161,3 +161,17 @@ def assert_same_params(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+def wait_until(ready, proc, what: str, timeout: float = 120.0) -> None:
+    """Poll ``ready()`` while the subprocess ``proc`` runs; fail if it exits first or time runs out."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None:
+            raise AssertionError(f"trainer exited ({proc.returncode}) before {what}: {proc.stderr.read()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
+        time.sleep(0.005)

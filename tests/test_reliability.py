@@ -33,6 +33,7 @@ from conftest import (
     logged_losses,
     toy_train_config,
     toy_train_overrides,
+    wait_until,
 )
 from typer.testing import CliRunner
 
@@ -172,19 +173,15 @@ app()
 def wait_for_log(run: Path, proc: subprocess.Popen, needle: str, offset: int, timeout: float = 120.0) -> None:
     """Poll train.log (from byte ``offset``) until ``needle`` appears; fail if the process exits."""
     log = run / "train.log"
-    deadline = time.monotonic() + timeout
-    while True:
-        if log.exists():
-            with open(log, "rb") as handle:
-                handle.seek(offset)
-                if needle.encode() in handle.read():
-                    return
-        if proc.poll() is not None:
-            raise AssertionError(f"trainer exited ({proc.returncode}) before {needle!r}: {proc.stderr.read()}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"{needle!r} did not appear in {log}")
-        time.sleep(0.005)
+
+    def logged() -> bool:
+        if not log.exists():
+            return False
+        with open(log, "rb") as handle:
+            handle.seek(offset)
+            return needle.encode() in handle.read()
+
+    wait_until(logged, proc, f"{needle!r} in {log}", timeout)
 
 
 def kill_while_temp_file_exists(run: Path, proc: subprocess.Popen, timeout: float = 120.0) -> bool:

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from conftest import (
     logged_losses,
     toy_train_config,
     toy_train_overrides,
+    wait_until,
 )
 
 from mtcli.checkpoint import load_checkpoint, read_index
@@ -175,25 +175,12 @@ def cli_train(prepared: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
                             text=True)
 
 
-def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if proc.poll() is not None:
-            raise AssertionError(f"trainer exited early ({proc.returncode}): {proc.stderr.read()}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"{path} did not appear")
-        time.sleep(0.005)
-
-
 def test_sigterm_saves_checkpoint_and_exits_143(prepared: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = cli_train(prepared, run, "train.max_steps=100000", "train.valid_every=100000")
-    wait_for(run / "train.log", proc)
-    deadline = time.monotonic() + 60
-    while "| step 3 |" not in (run / "train.log").read_text(encoding="utf-8"):
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.01)
+    log = run / "train.log"
+    wait_until(lambda: log.exists() and "| step 3 |" in log.read_text(encoding="utf-8"), proc,
+               "step 3 in train.log", timeout=60.0)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
@@ -209,7 +196,8 @@ def test_sigkill_then_resume_matches_straight_run(prepared: Path, tmp_path: Path
     train(make_config(prepared, straight, *extra))
     killed = tmp_path / "killed"
     proc = cli_train(prepared, killed, *extra)
-    wait_for(killed / "checkpoints" / "checkpoint_6.pt", proc)
+    wait_until((killed / "checkpoints" / "checkpoint_6.pt").exists, proc, "checkpoint_6.pt appearing",
+               timeout=60.0)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL, "the trainer finished before it could be killed"
