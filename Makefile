@@ -1,7 +1,8 @@
 # mtcli: set up, test, and reproduce the README's numbers.
 #   make setup      create .venv with a CPU build of torch and mtcli[dev]
 #   make test       run the default test suite (what CI runs)
-#   make reproduce  prepare -> train -> average -> evaluate every README recipe
+#   make reproduce  prepare -> train -> average -> evaluate the Multi30k recipes (both directions)
+#   make reproduce-wmt-news  the same for the WMT news smoke benchmark (configs/wmt_news_en_de.yaml)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 DATA ?= $(if $(wildcard ../shared/data/multi30k),../shared/data/multi30k,)
 MTCLI := $(BIN)/mtcli
 
-.PHONY: setup test test-all lint bench reproduce reproduce-de-en reproduce-en-de clean
+.PHONY: setup test test-all lint bench reproduce reproduce-de-en reproduce-en-de reproduce-wmt-news clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +36,10 @@ reproduce: reproduce-de-en reproduce-en-de
 
 reproduce-de-en reproduce-en-de: reproduce-%:
 	$(BIN)/python -m mtcli.reproduce $(subst -,_,$*) $(if $(DATA),--data $(DATA),)
+
+# reads the recipe's own source (../shared/data/wmt-news-en-de); DATA is Multi30k's
+reproduce-wmt-news:
+	$(BIN)/python -m mtcli.reproduce wmt_news_en_de
 
 clean:
 	rm -rf .pytest_cache .ruff_cache build dist *.egg-info

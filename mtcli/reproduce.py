@@ -1,9 +1,12 @@
 """``make reproduce``: prepare -> train -> average checkpoints -> evaluate, then the BLEU table.
 
-Run one direction with ``python -m mtcli.reproduce de_en [--data DIR]``. Results are merged into
-``results/multi30k.json`` (one object per direction, keyed ``"de-en"`` / ``"en-de"``), rendered
-to ``results/multi30k.md``, and that table replaces the block between the results markers in
-README.md, so every number in the README comes from this command.
+Run one recipe with ``python -m mtcli.reproduce de_en [--data DIR]`` (``en_de``, or
+``wmt_news_en_de`` for the WMT news smoke benchmark). Results are merged into
+``results/<table>.json`` (``multi30k`` or ``wmt_news``; one object per direction, keyed
+``"de-en"`` / ``"en-de"``), rendered to ``results/<table>.md``, and that table replaces the block
+between the table's markers in README.md, so every number in the README comes from this command.
+The first test split fills a direction's main row; further test splits (newstest2014 and its
+filtered subset) are scored too and rendered as rows of their own.
 """
 
 from __future__ import annotations
@@ -21,7 +24,12 @@ from mtcli.fileio import atomic_write
 RESULTS_DIR = Path("results")
 README = Path("README.md")
 MARK_START, MARK_END = "<!-- results:start -->", "<!-- results:end -->"
-RECIPES = {"de_en": "configs/multi30k_de_en.yaml", "en_de": "configs/multi30k_en_de.yaml"}
+# recipe name -> (config, results table); the table names results/<table>.{json,md}
+RECIPES = {
+    "de_en": ("configs/multi30k_de_en.yaml", "multi30k"),
+    "en_de": ("configs/multi30k_en_de.yaml", "multi30k"),
+    "wmt_news_en_de": ("configs/wmt_news_en_de.yaml", "wmt_news"),
+}
 AVERAGE_LAST = 5
 
 
@@ -57,8 +65,13 @@ def device_name(device: str) -> str:
     return f"CPU ({model}, {os.cpu_count()} cores)"
 
 
+def markers(table: str) -> tuple[str, str]:
+    """The README comments that enclose ``table``'s block."""
+    return (MARK_START, MARK_END) if table == "multi30k" else (f"<!-- {table}:start -->", f"<!-- {table}:end -->")
+
+
 def render_markdown(results: dict[str, dict[str, Any]]) -> str:
-    """The results table (one row per direction) and the sacreBLEU signatures below it."""
+    """The results table (one row per direction and test split) and the sacreBLEU signatures."""
     lines = [
         "| direction | BLEU | BLEU (lc, 13a) | chrF | params | train min | train tok/s "
         "| decode sent/s | device | commit |",
@@ -71,6 +84,12 @@ def render_markdown(results: dict[str, dict[str, Any]]) -> str:
             f"| {r['params'] / 1e6:.1f}M | {r['train_minutes']:.1f} | {r['train_tokens_per_s']:,.0f} "
             f"| {r['decode_sents_per_s']:.1f} | {r['device']} | {r['commit']} |"
         )
+        for split, t in sorted((r.get("more_tests") or {}).items()):
+            lines.append(
+                f"| {key} {split} | {t['bleu']:.2f} | {t['bleu_lc']:.2f} | {t['chrf']:.2f} "
+                f"| {r['params'] / 1e6:.1f}M | {r['train_minutes']:.1f} | {r['train_tokens_per_s']:,.0f} "
+                f"| {t['decode_sents_per_s']:.1f} | {r['device']} | {r['commit']} |"
+            )
     lines.append("")
     for key in sorted(results):
         r = results[key]
@@ -81,32 +100,63 @@ def render_markdown(results: dict[str, dict[str, Any]]) -> str:
 
 
 def write_results(results: dict[str, dict[str, Any]], results_dir: Path = RESULTS_DIR,
-                  readme: Path = README) -> None:
-    """Write ``multi30k.json`` and ``.md`` atomically and refresh the README's results block."""
+                  readme: Path = README, table_name: str = "multi30k") -> None:
+    """Write ``<table_name>.json`` and ``.md`` atomically and refresh the README's block."""
     table = render_markdown(results)
-    with atomic_write(results_dir / "multi30k.json") as handle:
+    with atomic_write(results_dir / f"{table_name}.json") as handle:
         json.dump(results, handle, indent=2, sort_keys=True)
         handle.write("\n")
-    with atomic_write(results_dir / "multi30k.md") as handle:
+    with atomic_write(results_dir / f"{table_name}.md") as handle:
         handle.write(table)
+    start, end = markers(table_name)
     if readme.exists():
         text = readme.read_text(encoding="utf-8")
-        if MARK_START in text and MARK_END in text:
-            head, rest = text.split(MARK_START, 1)
-            _, tail = rest.split(MARK_END, 1)
+        if start in text and end in text:
+            head, rest = text.split(start, 1)
+            _, tail = rest.split(end, 1)
             with atomic_write(readme) as handle:
-                handle.write(f"{head}{MARK_START}\n{table}{MARK_END}{tail}")
+                handle.write(f"{head}{start}\n{table}{end}{tail}")
 
 
-def load_results(results_dir: Path = RESULTS_DIR) -> dict[str, dict[str, Any]]:
+def load_results(results_dir: Path = RESULTS_DIR, table_name: str = "multi30k") -> dict[str, dict[str, Any]]:
     """Previously written results (empty when there are none)."""
-    path = results_dir / "multi30k.json"
+    path = results_dir / f"{table_name}.json"
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
 
 
+def choose_average(run_dir: Path, valid_split: str, max_k: int) -> tuple[Path, list[Path], dict[str, float]]:
+    """Average the last k step checkpoints for k = 1..max_k and keep the k with the best
+    validation BLEU (beam search as in the run's ``decode`` section).
+
+    The averaging window is a tuning choice, so it is made on the validation split; the test
+    split is decoded once, afterwards, with the chosen average. Returns the chosen averaged
+    checkpoint, the checkpoints in it, and validation BLEU by k (keys ``"1"``..``"max_k"``).
+    """
+    from mtcli.checkpoint import average_run_checkpoints, step_checkpoints
+    from mtcli.evaluate import evaluate
+
+    scores: dict[str, float] = {}
+    best: tuple[float, Path, list[Path]] | None = None
+    for k in range(1, max(1, min(max_k, len(step_checkpoints(run_dir)))) + 1):
+        path = run_dir / "checkpoints" / f"checkpoint_avg_last{k}.pt"
+        used = average_run_checkpoints(run_dir, path, last=k)
+        report = evaluate(run_dir, split=valid_split, src_file=None, ref_file=None,
+                          checkpoint=str(path), average_last=0, average_best=0, overrides=[],
+                          output_dir=None)
+        scores[str(k)] = round(float(report["bleu"]), 2)
+        if best is None or scores[str(k)] > best[0]:  # ties go to the smaller window
+            best = (scores[str(k)], path, used)
+    assert best is not None
+    for k in scores:  # keep only the chosen average on disk (each is a full model)
+        path = run_dir / "checkpoints" / f"checkpoint_avg_last{k}.pt"
+        if path != best[1]:
+            path.unlink(missing_ok=True)
+    return best[1], best[2], scores
+
+
 def run_recipe(config_path: str, data_dir: str | None, extra: list[str]) -> dict[str, Any]:
-    """prepare -> train -> average the last checkpoints -> evaluate on the test split."""
-    from mtcli.checkpoint import average_run_checkpoints, load_checkpoint
+    """prepare -> train -> average the last checkpoints (window chosen on valid) -> evaluate on test."""
+    from mtcli.checkpoint import load_checkpoint
     from mtcli.config import load_config
     from mtcli.evaluate import evaluate
     from mtcli.model import count_parameters
@@ -118,12 +168,17 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str]) -> dict
     prepare(config)
     summary = train(config)
     run_dir = config.run_path()
-    k = min(AVERAGE_LAST, config.train.keep_last)  # only keep_last step checkpoints are kept
-    averaged = run_dir / "checkpoints" / f"checkpoint_avg_last{k}.pt"
-    used = average_run_checkpoints(run_dir, averaged, last=k)
-    split = config.data.test_splits[0]
+    averaged, used, valid_bleu = choose_average(run_dir, config.data.valid_split,
+                                                min(AVERAGE_LAST, config.train.keep_last))
+    split, *more_splits = config.data.test_splits
     report = evaluate(run_dir, split=split, src_file=None, ref_file=None, checkpoint=str(averaged),
                       average_last=0, average_best=0, overrides=[], output_dir=None)
+    more_tests = {}
+    for other in more_splits:
+        extra = evaluate(run_dir, split=other, src_file=None, ref_file=None, checkpoint=str(averaged),
+                         average_last=0, average_best=0, overrides=[], output_dir=None)
+        more_tests[other] = {key: extra[key] for key in ("bleu", "bleu_lc", "chrf", "sentences")}
+        more_tests[other]["decode_sents_per_s"] = float(extra["sentences_per_second"])
     state = load_checkpoint(run_dir / "checkpoints" / "checkpoint_last.pt")
     train_state = state.get("train_state", {})
     from mtcli.model import Transformer
@@ -145,12 +200,14 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str]) -> dict
         "commit": git_commit(),
         "test_set": f"{split} ({report.get('sentences', '?')} sentences)",
         "decode": f"beam {config.decode.beam_size}, length penalty {config.decode.length_penalty}, "
-                  f"average of {len(used)} checkpoints",
+                  f"average of the last {len(used)} checkpoints (chosen on {config.data.valid_split})",
+        "valid_bleu_by_average": valid_bleu,
+        "more_tests": more_tests,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry: ``python -m mtcli.reproduce {de_en,en_de} [--data DIR] [--set k=v]``."""
+    """Command-line entry: ``python -m mtcli.reproduce {de_en,en_de,wmt_news_en_de} [--data DIR]``."""
     from mtcli.errors import MtcliError
     from mtcli.logs import setup_logging
 
@@ -165,13 +222,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging()
     try:
-        row = run_recipe(args.config or RECIPES[args.direction], args.data, args.overrides)
+        recipe, table_name = RECIPES[args.direction]
+        row = run_recipe(args.config or recipe, args.data, args.overrides)
     except MtcliError as exc:
         print(f"mtcli: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    results = load_results(args.results)
-    results[args.direction.replace("_", "-")] = row
-    write_results(results, args.results, args.readme)
+    results = load_results(args.results, table_name)
+    results["-".join(args.direction.split("_")[-2:])] = row  # wmt_news_en_de -> en-de
+    write_results(results, args.results, args.readme, table_name)
     print(render_markdown(results))
     return 0
 

@@ -322,6 +322,9 @@ class Trainer:
         self.elapsed = 0.0
         self.last_valid: dict[str, Any] = {"loss": None, "nll": None, "ppl": None, "bleu": None}
         self.last_valid_step = -1
+        # Sums over the steps since the last training-loss log line, so each line reports the
+        # mean over its window rather than one noisy step (saved with the state: resume is exact).
+        self.log_window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "real": 0.0, "padded": 0.0}
         self.resumed_from: str | None = None
         self.writer: Any = None
         self.signals = StopSignals()
@@ -363,6 +366,8 @@ class Trainer:
         self.nonfinite_in_row = int(ts.get("nonfinite_in_row", 0))
         self.elapsed = float(ts.get("elapsed_seconds", 0.0))
         self.last_valid_step = int(ts.get("last_valid_step", -1))
+        self.log_window.update({k: float(v) for k, v in (ts.get("log_window") or {}).items()
+                                if k in self.log_window})
         self.last_valid = dict(state.get("valid") or self.last_valid)
         if self.info.is_main:
             set_rng_state(state["rng"], self.device)
@@ -391,6 +396,7 @@ class Trainer:
                 "nonfinite_in_row": self.nonfinite_in_row,
                 "elapsed_seconds": self.elapsed,
                 "last_valid_step": self.last_valid_step,
+                "log_window": dict(self.log_window),
             },
             "config": self.config.to_dict(),
             "vocab": {"size": int(self.corpus.vocab_size), "spm_sha256": self.spm_sha256},
@@ -464,6 +470,8 @@ class Trainer:
             "nll": nll_sum / max(tokens_f, 1.0),
             "ppl": perplexity(nll_sum, int(tokens_f)),
             "tokens": tokens_f,
+            "real": real_f,
+            "padded": padded_f,
             "padding": 1.0 - real_f / max(padded_f, 1.0),
             "lr": lr,
             "grad_norm": grad_norm,
@@ -613,6 +621,23 @@ class Trainer:
             f"{self.ckpt_dir} (run the same command again to resume)", signum
         )
 
+    def _add_to_log_window(self, stats: dict[str, float]) -> None:
+        window = self.log_window
+        window["loss"] += stats["loss"] * stats["tokens"]
+        window["nll"] += stats["nll"] * stats["tokens"]
+        for key in ("tokens", "real", "padded"):
+            window[key] += stats[key]
+
+    def _take_log_window(self) -> dict[str, float]:
+        """Token-weighted means of loss/NLL, perplexity and padding since the last log line; resets."""
+        w = self.log_window
+        tokens = max(w["tokens"], 1.0)
+        mean = {"loss": w["loss"] / tokens, "nll": w["nll"] / tokens,
+                "ppl": perplexity(w["nll"], int(w["tokens"])),
+                "padding": 1.0 - w["real"] / max(w["padded"], 1.0)}
+        self.log_window = dict.fromkeys(w, 0.0)
+        return mean
+
     def run(self) -> str:
         """Train until a stop rule fires; returns the stop reason."""
         cfg = self.cfg
@@ -635,6 +660,8 @@ class Trainer:
                 step_start = time.monotonic()
                 stats = self.train_step(group)
                 self._train_seconds += time.monotonic() - step_start
+                if stats is not None:
+                    self._add_to_log_window(stats)  # before a signal's save: it is part of the state
                 if self.signals.signum is not None:
                     self._interrupt()
                 if stats is None:
@@ -646,14 +673,16 @@ class Trainer:
                 if self.step % cfg.log_every == 0:
                     seconds = max(time.monotonic() - window_start, 1e-9)
                     tps = window_tokens / seconds
-                    bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=f"{tps:.0f}")
+                    mean = self._take_log_window()
+                    mean.update(lr=stats["lr"], grad_norm=stats["grad_norm"])
+                    bar.set_postfix(loss=f"{mean['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=f"{tps:.0f}")
                     self.log.info(
                         "step %d | epoch %d | loss %.4f | nll %.4f | ppl %.2f | lr %.3e | gnorm %.3f "
-                        "| tok/s %.0f | pad %.3f", self.step, group.epoch, stats["loss"], stats["nll"],
-                        stats["ppl"], stats["lr"], stats["grad_norm"], tps, stats["padding"])
+                        "| tok/s %.0f | pad %.3f", self.step, group.epoch, mean["loss"], mean["nll"],
+                        mean["ppl"], stats["lr"], stats["grad_norm"], tps, mean["padding"])
                     if self.writer is not None:
                         for key in ("loss", "nll", "ppl", "lr", "grad_norm", "padding"):
-                            self.writer.add_scalar(f"train/{key}", stats[key], self.step)
+                            self.writer.add_scalar(f"train/{key}", mean[key], self.step)
                         self.writer.add_scalar("train/tokens_per_s", tps, self.step)
                     window_tokens = 0.0
                     window_start = time.monotonic()

@@ -53,6 +53,29 @@ def test_reproduce_pipeline_on_toy(tmp_path: Path, toy_config_path: Path) -> Non
                 "train_tokens_per_s", "decode_sents_per_s", "device", "commit"):
         assert key in row
     assert row["params"] > 0 and row["train_tokens_per_s"] > 0
-    assert "average of 2 checkpoints" in row["decode"]  # keep_last=2 in the toy recipe
+    # keep_last=2 in the toy recipe: the averaging window is chosen on val among the last 1 and 2
+    assert set(row["valid_bleu_by_average"]) == {"1", "2"}
+    chosen = max(row["valid_bleu_by_average"], key=lambda k: row["valid_bleu_by_average"][k])
+    assert f"average of the last {chosen} checkpoints (chosen on val)" in row["decode"]
+    left = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("checkpoint_avg_last*.pt"))
+    assert left == [f"checkpoint_avg_last{chosen}.pt"]
     assert (tmp_path / "run" / "learning_curves.png").exists()
     assert "| de-en |" in readme.read_text()
+
+
+def test_more_test_splits_get_rows_and_their_own_table(tmp_path: Path) -> None:
+    """The WMT news recipe scores two test splits; its table goes to wmt_news.* and its README block."""
+    from mtcli.reproduce import markers
+
+    more = {"newstest2014-filtered": {"bleu": 5.5, "bleu_lc": 6.25, "chrf": 30.0, "sentences": 2737,
+                                      "decode_sents_per_s": 40.0}}
+    start, end = markers("wmt_news")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{MARK_START}\nmulti30k\n{MARK_END}\n{start}\nold\n{end}\n", encoding="utf-8")
+    write_results({"en-de": dict(ROW, more_tests=more)}, tmp_path / "results", readme, "wmt_news")
+    md = (tmp_path / "results" / "wmt_news.md").read_text()
+    assert "| en-de newstest2014-filtered | 5.50 | 6.25 | 30.00 | 9.5M" in md
+    assert "| en-de | 38.12" in md
+    text = readme.read_text()
+    assert "multi30k" in text and "old" not in text and md in text
+    assert not (tmp_path / "results" / "multi30k.json").exists()

@@ -90,6 +90,30 @@ def test_resume_is_exact(prepared: Path, tmp_path: Path) -> None:
     assert "train.max_steps: 4 -> 8" in log
 
 
+def test_logged_loss_is_the_window_mean_and_survives_resume(prepared: Path, tmp_path: Path) -> None:
+    """With log_every=3 a log line reports the token-weighted mean of its 3 steps (not the last
+    step alone), and a restart in the middle of a window logs the same means as a straight run."""
+    import re
+
+    per_step = tmp_path / "per_step"
+    train(make_config(prepared, per_step, "train.max_steps=6", "train.valid_every=2"))
+    steps = {k: float(v.split()[0]) for k, v in logged_losses(per_step).items()}
+    straight = tmp_path / "straight"
+    train(make_config(prepared, straight, "train.max_steps=6", "train.valid_every=2", "train.log_every=3"))
+    windowed = {k: float(v.split()[0]) for k, v in logged_losses(straight).items()}
+    assert sorted(windowed) == [3, 6]
+    for end in (3, 6):
+        window = [steps[s] for s in range(end - 2, end + 1)]
+        assert min(window) - 1e-4 <= windowed[end] <= max(window) + 1e-4
+        assert abs(windowed[end] - steps[end]) > 1e-4  # a mean, not the window's last step
+    split = tmp_path / "split"
+    train(make_config(prepared, split, "train.max_steps=4", "train.valid_every=2", "train.log_every=3"))
+    train(make_config(prepared, split, "train.max_steps=6", "train.valid_every=2", "train.log_every=3"))
+    assert logged_losses(split) == logged_losses(straight)
+    pad = re.findall(r"step 6 \| .*\| pad (\S+)", (split / "train.log").read_text(encoding="utf-8"))
+    assert pad and 0.0 <= float(pad[-1]) < 1.0
+
+
 def test_resume_refuses_model_change(prepared: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     train(make_config(prepared, run, "train.max_steps=2"))
