@@ -70,6 +70,15 @@ def markers(table: str) -> tuple[str, str]:
     return (MARK_START, MARK_END) if table == "multi30k" else (f"<!-- {table}:start -->", f"<!-- {table}:end -->")
 
 
+def _table_row(label: str, scores: dict[str, Any], run: dict[str, Any]) -> str:
+    """One table row: ``scores`` (BLEU, chrF, decode speed) of one test split of ``run``."""
+    return (
+        f"| {label} | {scores['bleu']:.2f} | {scores['bleu_lc']:.2f} | {scores['chrf']:.2f} "
+        f"| {run['params'] / 1e6:.1f}M | {run['train_minutes']:.1f} | {run['train_tokens_per_s']:,.0f} "
+        f"| {scores['decode_sents_per_s']:.1f} | {run['device']} | {run['commit']} |"
+    )
+
+
 def render_markdown(results: dict[str, dict[str, Any]]) -> str:
     """The results table (one row per direction and test split) and the sacreBLEU signatures."""
     lines = [
@@ -79,17 +88,9 @@ def render_markdown(results: dict[str, dict[str, Any]]) -> str:
     ]
     for key in sorted(results):
         r = results[key]
-        lines.append(
-            f"| {key} | {r['bleu']:.2f} | {r['bleu_lc']:.2f} | {r['chrf']:.2f} "
-            f"| {r['params'] / 1e6:.1f}M | {r['train_minutes']:.1f} | {r['train_tokens_per_s']:,.0f} "
-            f"| {r['decode_sents_per_s']:.1f} | {r['device']} | {r['commit']} |"
-        )
-        for split, t in sorted((r.get("more_tests") or {}).items()):
-            lines.append(
-                f"| {key} {split} | {t['bleu']:.2f} | {t['bleu_lc']:.2f} | {t['chrf']:.2f} "
-                f"| {r['params'] / 1e6:.1f}M | {r['train_minutes']:.1f} | {r['train_tokens_per_s']:,.0f} "
-                f"| {t['decode_sents_per_s']:.1f} | {r['device']} | {r['commit']} |"
-            )
+        lines.append(_table_row(key, r, r))
+        for split, scores in sorted((r.get("more_tests") or {}).items()):
+            lines.append(_table_row(f"{key} {split}", scores, r))
     lines.append("")
     for key in sorted(results):
         r = results[key]
@@ -140,9 +141,7 @@ def choose_average(run_dir: Path, valid_split: str, max_k: int) -> tuple[Path, l
     for k in range(1, max(1, min(max_k, len(step_checkpoints(run_dir)))) + 1):
         path = run_dir / "checkpoints" / f"checkpoint_avg_last{k}.pt"
         used = average_run_checkpoints(run_dir, path, last=k)
-        report = evaluate(run_dir, split=valid_split, src_file=None, ref_file=None,
-                          checkpoint=str(path), average_last=0, average_best=0, overrides=[],
-                          output_dir=None)
+        report = evaluate(run_dir, split=valid_split, checkpoint=str(path))
         scores[str(k)] = round(float(report["bleu"]), 2)
         if best is None or scores[str(k)] > best[0]:  # ties go to the smaller window
             best = (scores[str(k)], path, used)
@@ -171,12 +170,10 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str]) -> dict
     averaged, used, valid_bleu = choose_average(run_dir, config.data.valid_split,
                                                 min(AVERAGE_LAST, config.train.keep_last))
     split, *more_splits = config.data.test_splits
-    report = evaluate(run_dir, split=split, src_file=None, ref_file=None, checkpoint=str(averaged),
-                      average_last=0, average_best=0, overrides=[], output_dir=None)
+    report = evaluate(run_dir, split=split, checkpoint=str(averaged))
     more_tests = {}
     for other in more_splits:
-        extra = evaluate(run_dir, split=other, src_file=None, ref_file=None, checkpoint=str(averaged),
-                         average_last=0, average_best=0, overrides=[], output_dir=None)
+        extra = evaluate(run_dir, split=other, checkpoint=str(averaged))
         more_tests[other] = {key: extra[key] for key in ("bleu", "bleu_lc", "chrf", "sentences")}
         more_tests[other]["decode_sents_per_s"] = float(extra["sentences_per_second"])
     state = load_checkpoint(run_dir / "checkpoints" / "checkpoint_last.pt")

@@ -366,6 +366,8 @@ class Trainer:
         self.nonfinite_in_row = int(ts.get("nonfinite_in_row", 0))
         self.elapsed = float(ts.get("elapsed_seconds", 0.0))
         self.last_valid_step = int(ts.get("last_valid_step", -1))
+        self._tokens_done = int(ts.get("tokens_done", 0))
+        self._train_seconds = float(ts.get("train_seconds", 0.0))
         self.log_window.update({k: float(v) for k, v in (ts.get("log_window") or {}).items()
                                 if k in self.log_window})
         self.last_valid = dict(state.get("valid") or self.last_valid)
@@ -397,6 +399,8 @@ class Trainer:
                 "elapsed_seconds": self.elapsed,
                 "last_valid_step": self.last_valid_step,
                 "log_window": dict(self.log_window),
+                "tokens_done": self._tokens_done,
+                "train_seconds": self._train_seconds,
             },
             "config": self.config.to_dict(),
             "vocab": {"size": int(self.corpus.vocab_size), "spm_sha256": self.spm_sha256},
@@ -701,7 +705,8 @@ class Trainer:
 
     @property
     def tokens_per_second(self) -> float:
-        """Mean target tokens/s of the training steps of this process (validation excluded)."""
+        """Mean target tokens/s over the run's training steps (validation excluded), counting
+        the processes before a resume too (their totals are saved in the checkpoint)."""
         return self._tokens_done / self._train_seconds if self._train_seconds > 0 else 0.0
 
 

@@ -86,6 +86,10 @@ def test_resume_is_exact(prepared: Path, tmp_path: Path) -> None:
                        model_params(split / "checkpoints" / "checkpoint_last.pt"))
     a, b = read_index(straight), read_index(split)
     assert a[8]["loss"] == b[8]["loss"]
+    # the training speed counts both processes: the token total survives the restart
+    done = [load_checkpoint(run / "checkpoints" / "checkpoint_last.pt")["train_state"]["tokens_done"]
+            for run in (straight, split)]
+    assert done[0] == done[1] > 0 and second.tokens_per_second > 0
     log = (split / "train.log").read_text(encoding="utf-8")
     assert "train.max_steps: 4 -> 8" in log
 
