@@ -476,7 +476,6 @@ class Trainer:
             "tokens": tokens_f,
             "real": real_f,
             "padded": padded_f,
-            "padding": 1.0 - real_f / max(padded_f, 1.0),
             "lr": lr,
             "grad_norm": grad_norm,
         }
@@ -679,11 +678,11 @@ class Trainer:
                     tps = window_tokens / seconds
                     mean = self._take_log_window()
                     mean.update(lr=stats["lr"], grad_norm=stats["grad_norm"])
-                    bar.set_postfix(loss=f"{mean['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=f"{tps:.0f}")
+                    bar.set_postfix(loss=f"{mean['loss']:.3f}", lr=f"{mean['lr']:.2e}", tok_s=f"{tps:.0f}")
                     self.log.info(
                         "step %d | epoch %d | loss %.4f | nll %.4f | ppl %.2f | lr %.3e | gnorm %.3f "
                         "| tok/s %.0f | pad %.3f", self.step, group.epoch, mean["loss"], mean["nll"],
-                        mean["ppl"], stats["lr"], stats["grad_norm"], tps, mean["padding"])
+                        mean["ppl"], mean["lr"], mean["grad_norm"], tps, mean["padding"])
                     if self.writer is not None:
                         for key in ("loss", "nll", "ppl", "lr", "grad_norm", "padding"):
                             self.writer.add_scalar(f"train/{key}", mean[key], self.step)
