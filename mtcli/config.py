@@ -83,6 +83,7 @@ class TrainConfig:
     max_steps: int = 100_000
     max_epochs: int = 0
     max_minutes: float = 0.0
+    cooldown_minutes: float = 0.0
     patience: int = 0
     lr_factor: float = 1.0
     warmup_steps: int = 4000
@@ -288,6 +289,8 @@ def validate(config: Config) -> None:
         (t.max_tokens > 0, "train.max_tokens must be > 0"),
         (t.update_freq >= 1, "train.update_freq must be >= 1"),
         (t.warmup_steps >= 1, "train.warmup_steps must be >= 1"),
+        (t.cooldown_minutes == 0.0 or 0.0 < t.cooldown_minutes <= t.max_minutes,
+         "train.cooldown_minutes must be 0 (off) or in (0, train.max_minutes]: it needs a time limit"),
         (len(t.adam_betas) == 2, "train.adam_betas must have two values"),
         (t.keep_last >= 1, "train.keep_last must be >= 1"),
         (t.valid_every >= 1, "train.valid_every must be >= 1"),

@@ -6,6 +6,12 @@ Noam schedule, with ``step`` counted from 1 (the first update uses step 1):
 
 It rises linearly for ``warmup`` steps, peaks at ``step == warmup`` with
 ``factor * (d_model * warmup)^-0.5`` and then decays with the inverse square root of the step.
+
+Optional cool-down for runs with a wall-clock budget (``train.max_minutes``): over the last
+``train.cooldown_minutes`` the rate is also multiplied by the fraction of the cool-down left,
+    lr = noam_lr(step) * min(1, (budget - elapsed) / cooldown),
+so it falls linearly to 0 when the budget ends (an extension, not in the paper: the last
+checkpoints of a time-limited run then sit at a low rate instead of mid-decay).
 The optimiser is Adam(beta1=0.9, beta2=0.98, eps=1e-9) as in the paper (values from the config),
 or AdamW when ``train.weight_decay > 0`` (decoupled weight decay).
 """
@@ -18,6 +24,13 @@ import torch
 from torch import nn
 
 from mtcli.config import TrainConfig
+
+
+def cooldown_scale(elapsed_s: float, budget_s: float, cooldown_s: float) -> float:
+    """min(1, (budget - elapsed) / cooldown), clamped to [0, 1]; 1 when ``cooldown_s <= 0``."""
+    if cooldown_s <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (budget_s - elapsed_s) / cooldown_s))
 
 
 def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
@@ -43,12 +56,19 @@ class NoamSchedule:
         self.warmup = int(warmup)
         self.factor = float(factor)
         self.step_num = 0
+        self.scale = 1.0
         self._apply()
 
     @property
     def lr(self) -> float:
-        """Learning rate of the next update."""
-        return noam_lr(self.step_num + 1, self.d_model, self.warmup, self.factor)
+        """Learning rate of the next update (times the cool-down :attr:`scale`)."""
+        return noam_lr(self.step_num + 1, self.d_model, self.warmup, self.factor) * self.scale
+
+    def set_scale(self, scale: float) -> None:
+        """Multiply the rate by ``scale`` from the next update on (the cool-down; not saved:
+        it is recomputed from the elapsed time, which the checkpoint keeps)."""
+        self.scale = float(scale)
+        self._apply()
 
     def _apply(self) -> None:
         lr = self.lr
@@ -86,4 +106,4 @@ def build_schedule(optimizer: torch.optim.Optimizer, d_model: int, cfg: TrainCon
     return NoamSchedule(optimizer, d_model=d_model, warmup=cfg.warmup_steps, factor=cfg.lr_factor)
 
 
-__all__ = ["NoamSchedule", "build_optimizer", "build_schedule", "noam_lr"]
+__all__ = ["NoamSchedule", "build_optimizer", "build_schedule", "cooldown_scale", "noam_lr"]

@@ -58,7 +58,7 @@ from mtcli.errors import CheckpointError, DataError, TrainingError, TrainingInte
 from mtcli.fileio import atomic_write, sha256_file
 from mtcli.logs import add_file_log, get_logger, progress, remove_log_handler
 from mtcli.loss import LabelSmoothedLoss, perplexity
-from mtcli.schedule import build_optimizer, build_schedule
+from mtcli.schedule import build_optimizer, build_schedule, cooldown_scale
 
 STATE_FORMAT = 1
 
@@ -606,10 +606,14 @@ class Trainer:
         if cfg.patience > 0 and self.bad_validations >= cfg.patience:
             return f"patience={cfg.patience} (no better validation {'BLEU' if self._uses_bleu() else 'loss'})"
         if cfg.max_minutes > 0:
-            spent = self.elapsed + (time.monotonic() - self._clock)
-            over = _broadcast([1.0 if spent >= cfg.max_minutes * 60 else 0.0], self.info, self.device)
-            if over[0] > 0:
+            # rank 0's clock decides for every rank: the stop and the cool-down's rate
+            spent = _broadcast([self.elapsed + (time.monotonic() - self._clock)], self.info, self.device)[0]
+            if spent >= cfg.max_minutes * 60:
                 return f"max_minutes={cfg.max_minutes:g}"
+            if cfg.cooldown_minutes > 0:
+                self.schedule.set_scale(
+                    cooldown_scale(spent, cfg.max_minutes * 60, cfg.cooldown_minutes * 60)
+                )
         return None
 
     def _uses_bleu(self) -> bool:

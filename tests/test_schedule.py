@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from mtcli.config import TrainConfig
-from mtcli.schedule import NoamSchedule, build_optimizer, build_schedule, noam_lr
+from mtcli.config import ConfigError, load_config
+from mtcli.schedule import NoamSchedule, build_optimizer, build_schedule, cooldown_scale, noam_lr
 
 
 def test_noam_hand_values() -> None:
@@ -53,3 +54,34 @@ def test_weight_decay_selects_adamw() -> None:
 def test_rejects_zero_warmup() -> None:
     with pytest.raises(ValueError):
         NoamSchedule(torch.optim.Adam(torch.nn.Linear(2, 2).parameters()), 8, 0)
+
+
+def test_cooldown_scale_falls_linearly_to_zero() -> None:
+    budget, cool = 600.0, 120.0
+    assert cooldown_scale(0.0, budget, cool) == 1.0
+    assert cooldown_scale(480.0, budget, cool) == 1.0  # the cool-down starts here
+    assert cooldown_scale(540.0, budget, cool) == pytest.approx(0.5)
+    assert cooldown_scale(594.0, budget, cool) == pytest.approx(0.05)
+    assert cooldown_scale(700.0, budget, cool) == 0.0
+    assert cooldown_scale(590.0, budget, 0.0) == 1.0  # off
+
+
+def test_set_scale_multiplies_the_noam_rate() -> None:
+    opt = torch.optim.Adam(torch.nn.Linear(2, 2).parameters())
+    sched = NoamSchedule(opt, 16, 4, 2.0)
+    sched.step()
+    sched.set_scale(0.25)
+    assert sched.lr == pytest.approx(0.25 * noam_lr(2, 16, 4, 2.0))
+    assert opt.param_groups[0]["lr"] == pytest.approx(sched.lr)
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.25 * noam_lr(3, 16, 4, 2.0))
+
+
+@pytest.mark.parametrize("extra", [["train.max_minutes=0", "train.cooldown_minutes=5"],
+                                   ["train.max_minutes=10", "train.cooldown_minutes=11"],
+                                   ["train.max_minutes=10", "train.cooldown_minutes=-1"]])
+def test_cooldown_needs_a_time_limit(extra: list[str]) -> None:
+    from conftest import TOY_CONFIG
+
+    with pytest.raises(ConfigError, match="train.cooldown_minutes"):
+        load_config(TOY_CONFIG, extra)

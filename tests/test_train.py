@@ -139,6 +139,29 @@ def test_patience_stops_when_validation_does_not_improve(prepared: Path, tmp_pat
     assert summary.stop_reason.startswith("patience")
 
 
+def test_cooldown_lowers_the_rate_towards_the_time_limit(prepared: Path, tmp_path: Path) -> None:
+    import re
+
+    from mtcli.schedule import noam_lr
+
+    # the whole 6-second budget is cool-down: every logged rate is below Noam's, falling
+    run = tmp_path / "run"
+    summary = train(make_config(prepared, run, "train.max_steps=100000", "train.valid_every=100000",
+                                "train.max_minutes=0.1", "train.cooldown_minutes=0.1"))
+    assert summary.stop_reason.startswith("max_minutes")
+    config = make_config(prepared, run)
+    ratios = []
+    for line in (run / "train.log").read_text(encoding="utf-8").splitlines():
+        m = re.search(r"\| step (\d+) \| .*\| lr (\S+) \|", line)
+        if m:
+            step, lr = int(m.group(1)), float(m.group(2))
+            full = noam_lr(step, config.model.d_model, config.train.warmup_steps, config.train.lr_factor)
+            ratios.append(lr / full)
+    assert len(ratios) >= 3, "the toy run should log several steps in 6 seconds"
+    assert all(0.0 < r <= 1.001 for r in ratios)  # the log keeps 4 digits
+    assert all(b <= a * 1.001 for a, b in zip(ratios, ratios[1:])) and ratios[-1] < 0.5
+
+
 def test_max_epochs(prepared: Path, tmp_path: Path) -> None:
     config = make_config(prepared, tmp_path / "run", "train.max_epochs=1", "train.max_steps=100000",
                          "train.valid_every=1000", "train.max_tokens=4096")
