@@ -31,6 +31,8 @@ RECIPES = {
     "wmt_news_en_de": ("configs/wmt_news_en_de.yaml", "wmt_news"),
 }
 AVERAGE_LAST = 5
+# GNMT length-penalty alphas tried on val with the chosen average (the recipe's own is added)
+LENGTH_PENALTIES = (0.6, 1.0, 1.4)
 
 
 def git_commit() -> str:
@@ -153,8 +155,30 @@ def choose_average(run_dir: Path, valid_split: str, max_k: int) -> tuple[Path, l
     return best[1], best[2], scores
 
 
+def choose_length_penalty(run_dir: Path, valid_split: str, checkpoint: Path,
+                          recipe_alpha: float) -> tuple[float, dict[str, float]]:
+    """Decode val with each GNMT alpha in :data:`LENGTH_PENALTIES` (and the recipe's own) and
+    keep the one with the best BLEU; ties go to the recipe's value, then the smaller alpha.
+
+    Returns the chosen alpha and validation BLEU by alpha (keys as ``"1.0"``). The hypotheses
+    of each try go to ``run_dir/eval/lp<alpha>/``.
+    """
+    from mtcli.evaluate import evaluate
+
+    alphas = sorted({float(recipe_alpha), *LENGTH_PENALTIES})
+    scores: dict[str, float] = {}
+    for alpha in alphas:
+        report = evaluate(run_dir, split=valid_split, checkpoint=str(checkpoint),
+                          overrides=[f"decode.length_penalty={alpha}"],
+                          output_dir=run_dir / "eval" / f"lp{alpha:g}")
+        scores[str(alpha)] = round(float(report["bleu"]), 2)
+    best = max(alphas, key=lambda a: (scores[str(a)], a == float(recipe_alpha), -a))
+    return best, scores
+
+
 def run_recipe(config_path: str, data_dir: str | None, extra: list[str]) -> dict[str, Any]:
-    """prepare -> train -> average the last checkpoints (window chosen on valid) -> evaluate on test."""
+    """prepare -> train -> average the last checkpoints -> pick the length penalty -> evaluate on
+    test (the averaging window and the length penalty are chosen on the validation split)."""
     from mtcli.checkpoint import load_checkpoint
     from mtcli.config import load_config
     from mtcli.evaluate import evaluate
@@ -169,11 +193,14 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str]) -> dict
     run_dir = config.run_path()
     averaged, used, valid_bleu = choose_average(run_dir, config.data.valid_split,
                                                 min(AVERAGE_LAST, config.train.keep_last))
+    alpha, valid_by_alpha = choose_length_penalty(run_dir, config.data.valid_split, averaged,
+                                                  config.decode.length_penalty)
+    decode_set = [f"decode.length_penalty={alpha}"]
     split, *more_splits = config.data.test_splits
-    report = evaluate(run_dir, split=split, checkpoint=str(averaged))
+    report = evaluate(run_dir, split=split, checkpoint=str(averaged), overrides=decode_set)
     more_tests = {}
     for other in more_splits:
-        extra = evaluate(run_dir, split=other, checkpoint=str(averaged))
+        extra = evaluate(run_dir, split=other, checkpoint=str(averaged), overrides=decode_set)
         more_tests[other] = {key: extra[key] for key in ("bleu", "bleu_lc", "chrf", "sentences")}
         more_tests[other]["decode_sents_per_s"] = float(extra["sentences_per_second"])
     state = load_checkpoint(run_dir / "checkpoints" / "checkpoint_last.pt")
@@ -196,9 +223,10 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str]) -> dict
         "device": device_name(str(report.get("device", "cpu"))),
         "commit": git_commit(),
         "test_set": f"{split} ({report.get('sentences', '?')} sentences)",
-        "decode": f"beam {config.decode.beam_size}, length penalty {config.decode.length_penalty}, "
-                  f"average of the last {len(used)} checkpoints (chosen on {config.data.valid_split})",
+        "decode": f"beam {config.decode.beam_size}, length penalty {alpha:g}, average of the last "
+                  f"{len(used)} checkpoints (both chosen on {config.data.valid_split})",
         "valid_bleu_by_average": valid_bleu,
+        "valid_bleu_by_length_penalty": valid_by_alpha,
         "more_tests": more_tests,
     }
 

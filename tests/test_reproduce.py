@@ -56,7 +56,12 @@ def test_reproduce_pipeline_on_toy(tmp_path: Path, toy_config_path: Path) -> Non
     # keep_last=2 in the toy recipe: the averaging window is chosen on val among the last 1 and 2
     assert set(row["valid_bleu_by_average"]) == {"1", "2"}
     chosen = max(row["valid_bleu_by_average"], key=lambda k: row["valid_bleu_by_average"][k])
-    assert f"average of the last {chosen} checkpoints (chosen on val)" in row["decode"]
+    assert f"average of the last {chosen} checkpoints (both chosen on val)" in row["decode"]
+    # then the length penalty, on val with that average: the recipe's 1.0 and the grid
+    by_alpha = row["valid_bleu_by_length_penalty"]
+    assert set(by_alpha) == {"0.6", "1.0", "1.4"}
+    alpha = max(sorted(by_alpha, key=lambda a: (a != "1.0", float(a))), key=lambda a: by_alpha[a])
+    assert f", length penalty {float(alpha):g}, " in row["decode"]
     left = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("checkpoint_avg_last*.pt"))
     assert left == [f"checkpoint_avg_last{chosen}.pt"]
     assert (tmp_path / "run" / "learning_curves.png").exists()
