@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mtcli.config import TrainConfig
-from mtcli.config import ConfigError, load_config
+from mtcli.config import ConfigError, TrainConfig, load_config
 from mtcli.schedule import NoamSchedule, build_optimizer, build_schedule, cooldown_scale, noam_lr
 
 

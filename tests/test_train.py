@@ -159,7 +159,7 @@ def test_cooldown_lowers_the_rate_towards_the_time_limit(prepared: Path, tmp_pat
             ratios.append(lr / full)
     assert len(ratios) >= 3, "the toy run should log several steps in 6 seconds"
     assert all(0.0 < r <= 1.001 for r in ratios)  # the log keeps 4 digits
-    assert all(b <= a * 1.001 for a, b in zip(ratios, ratios[1:])) and ratios[-1] < 0.5
+    assert all(b <= a * 1.001 for a, b in zip(ratios, ratios[1:], strict=False)) and ratios[-1] < 0.5
 
 
 def test_max_epochs(prepared: Path, tmp_path: Path) -> None:
