@@ -1,4 +1,4 @@
-"""Decoding speed: mtcli's search (with and without the key/value cache, fp32 and bf16) against
+"""Decoding speed: mtcli's search (with and without the key/value cache; fp32, bf16, int8) against
 CTranslate2 on the exported model, on the 1,000-sentence Multi30k test2016 source.
 
 Every variant runs in its own subprocess (CTranslate2's workers never share a process with
@@ -50,6 +50,8 @@ VARIANTS: dict[str, tuple[str, int, dict]] = {
     "torch-beam5-cache": ("torch", 5, {"use_cache": True, "bf16": False}),
     "torch-beam5-nocache": ("torch", 5, {"use_cache": False, "bf16": False}),
     "torch-beam5-cache-bf16": ("torch", 5, {"use_cache": True, "bf16": True}),
+    "torch-greedy-cache-int8": ("torch", 1, {"use_cache": True, "bf16": False, "int8": True}),
+    "torch-beam5-cache-int8": ("torch", 5, {"use_cache": True, "bf16": False, "int8": True}),
     "ct2-greedy-fp32": ("ct2", 1, {"compute_type": "float32"}),
     "ct2-beam5-fp32": ("ct2", 5, {"compute_type": "float32"}),
     "ct2-greedy-int8": ("ct2", 1, {"compute_type": "int8"}),
@@ -89,6 +91,10 @@ def worker_torch(job: dict) -> dict:
     torch.set_num_threads(job["threads"])
     bundle = load_for_inference(job["run_dir"], job["checkpoint"], device="cpu")
     model, decode = bundle.model, bundle.config.decode
+    if job.get("int8"):
+        from mtcli.quantize import quantize_for_decoding
+
+        model = quantize_for_decoding(model)  # what decode.int8 does in translate_lines
     ids = json.loads(Path(job["inputs"]).read_text(encoding="utf-8"))["ids"]
     fixed = job["fixed_length"]
     a, b = (0.0, fixed) if fixed else (decode.max_len_a, decode.max_len_b)
@@ -300,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         "beam5 cache / no cache (tokens/s)": ratio("torch-beam5-cache", "torch-beam5-nocache"),
         "torch beam5 / ct2 fp32 beam5 (tokens/s)": ratio("torch-beam5-cache", "ct2-beam5-fp32"),
         "torch beam5 bf16 / ct2 fp32 beam5 (tokens/s)": ratio("torch-beam5-cache-bf16", "ct2-beam5-fp32"),
+        "torch beam5 int8 / ct2 fp32 beam5 (tokens/s)": ratio("torch-beam5-cache-int8", "ct2-beam5-fp32"),
+        "torch beam5 int8 / ct2 int8 beam5 (tokens/s)": ratio("torch-beam5-cache-int8", "ct2-beam5-int8"),
         "torch greedy / ct2 fp32 greedy (tokens/s)": ratio("torch-greedy-cache", "ct2-greedy-fp32"),
     }
     header = f"{'variant':26s} {'sent/s':>8s} {'tok/s':>9s} {'out tok':>8s} {'sec':>7s} {'RSS MB':>7s}"

@@ -112,6 +112,8 @@ class DecodeConfig:
     max_tokens: int = 4096
     nbest: int = 1
     bf16: bool = False
+    int8: bool = False
+    workers: int = 1
 
 
 @dataclass
@@ -297,6 +299,8 @@ def validate(config: Config) -> None:
         (d.beam_size >= 1, "decode.beam_size must be >= 1"),
         (1 <= d.nbest <= d.beam_size, "decode.nbest must be between 1 and decode.beam_size"),
         (d.max_tokens > 0, "decode.max_tokens must be > 0"),
+        (not (d.int8 and d.bf16), "decode.int8 and decode.bf16 exclude each other: choose one"),
+        (d.workers >= 1, "decode.workers must be >= 1"),
         (dc.vocab_size >= 8, "data.vocab_size must be >= 8"),
         (dc.src_lang != dc.tgt_lang, "data.src_lang and data.tgt_lang must differ"),
         (dc.max_length >= 1 and dc.max_length_ratio >= 1.0, "data.max_length must be >= 1 and data.max_length_ratio >= 1"),

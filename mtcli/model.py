@@ -655,6 +655,8 @@ class Transformer(nn.Module):
         self.output_projection = (
             None if cfg.tie_embeddings else nn.Linear(cfg.d_model, vocab_size, bias=False)
         )
+        # set by mtcli.quantize.quantize_for_decoding: an int8 stand-in for ``hidden W^T``
+        self.int8_output: nn.Module | None = None
         self._init_projections()
 
     def _init_projections(self) -> None:
@@ -671,6 +673,8 @@ class Transformer(nn.Module):
 
     def project(self, hidden: Tensor) -> Tensor:
         """Pre-softmax linear transformation ``hidden W^T`` -> logits ``[..., vocab]``."""
+        if self.int8_output is not None:
+            return self.int8_output(hidden)
         if self.output_projection is None:
             return F.linear(hidden, self.decoder.embed.weight)
         return self.output_projection(hidden)
@@ -699,7 +703,7 @@ class Transformer(nn.Module):
         if cache.length >= cache.max_len:
             raise ValueError(f"decoder cache is full ({cache.max_len} positions)")
         hidden = self.decoder.step(tgt_in, cache)
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() or self.int8_output is not None:
             return self.project(hidden)
         if cache.output_t is None:
             weight = (

@@ -205,6 +205,22 @@ def test_batched_equals_one_by_one_real_model(tiny_run_dir: Path) -> None:
     assert all(len(n) == 2 for i, n in enumerate(batched) if i not in (3, 4))
 
 
+def test_parallel_workers_give_the_same_translations(tiny_run_dir: Path) -> None:
+    from mtcli.checkpoint import load_for_inference
+
+    bundle = load_for_inference(tiny_run_dir, "best")
+    lines = (tiny_run_dir / "text" / "test.src").read_text(encoding="utf-8").splitlines()[:20]
+    lines[5:5] = [""]
+    decode = DecodeConfig(beam_size=2, nbest=2, max_tokens=60, length_penalty=1.0)
+    threads = torch.get_num_threads()
+    serial = list(translate_lines(bundle, lines, decode, "cpu", window=8))
+    parallel = list(translate_lines(bundle, lines, DecodeConfig(**{**vars(decode), "workers": 3}), "cpu", window=8))
+    assert [[t.tokens for t in n] for n in parallel] == [[t.tokens for t in n] for n in serial]
+    for got, want in zip(parallel, serial, strict=True):
+        assert [t.score for t in got] == pytest.approx([t.score for t in want], abs=1e-4)
+    assert torch.get_num_threads() == threads  # restored after decoding
+
+
 def test_bf16_autocast_path(tiny_run_dir: Path) -> None:
     from mtcli.checkpoint import load_for_inference
 

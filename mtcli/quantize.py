@@ -1,0 +1,104 @@
+"""int8 decoding on a CPU: dynamic quantisation of every Linear layer and the output projection.
+
+``decode.int8`` trades a little accuracy for speed where the matrix products dominate (beam
+search on a CPU without bf16 matmul units). :func:`quantize_for_decoding` returns a copy of a
+trained :class:`~mtcli.model.Transformer` in which
+
+- each weight matrix ``W [out, in]`` is stored as int8 with one scale per output row
+  (symmetric: ``W ~= s_o * W_q``, ``s_o = max_i |W_oi| / 127``), and
+- each product ``x W^T + b`` quantises the activations ``x`` on the fly (one scale per call,
+  computed from the values themselves: "dynamic"), multiplies in int8 with int32 accumulation
+  and rescales to fp32 (PyTorch's fbgemm/oneDNN ``quantized::linear_dynamic`` kernel).
+
+The tied output projection (the largest product in a decoder step, ``[rows, d_model] x
+[d_model, vocab]``) is quantised the same way; embeddings, LayerNorm, attention over the
+cache and the softmax stay fp32. The original model is not modified.
+
+The kernels come from PyTorch's quantized-tensor API, which recent releases mark as deprecated;
+when a build no longer has it, :func:`quantize_for_decoding` raises a one-line
+:class:`~mtcli.errors.ConfigError` instead of failing mid-decode.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+from torch import Tensor, nn
+
+from mtcli.errors import ConfigError
+
+
+def _pack(weight: Tensor, bias: Tensor | None) -> object:
+    """int8 per-output-row symmetric quantisation of ``weight [out, in]``, packed for the kernel."""
+    w = weight.detach().float().contiguous()
+    scales = (w.abs().amax(dim=1) / 127.0).clamp_(min=1e-12).double()
+    zeros = torch.zeros(w.size(0), dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "quantized tensor creation functions are deprecated"
+        qweight = torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8)
+        b = None if bias is None else bias.detach().float().contiguous()
+        return torch.ops.quantized.linear_prepack(qweight, b)
+
+
+class Int8Linear(nn.Module):
+    """``y = x W^T + b`` with ``W`` in int8 (per-row scales) and ``x`` quantised per call.
+
+    Takes ``x [..., in]`` fp32 and returns ``[..., out]`` fp32, like the ``nn.Linear`` it replaces.
+    """
+
+    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = weight.size(1), weight.size(0)
+        self._packed = _pack(weight, bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[..., in]`` -> ``[..., out]``."""
+        shape = x.shape
+        out = torch.ops.quantized.linear_dynamic(x.reshape(-1, shape[-1]).float(), self._packed, True)
+        return out.view(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+def int8_supported() -> str | None:
+    """None when this PyTorch build can run :class:`Int8Linear`, else why not (one line)."""
+    if not hasattr(torch.ops.quantized, "linear_dynamic"):
+        return "this PyTorch build has no quantized::linear_dynamic kernel"
+    try:
+        layer = Int8Linear(torch.randn(4, 8), torch.zeros(4))
+        layer(torch.randn(2, 8))
+    except (RuntimeError, AttributeError, NotImplementedError) as exc:
+        return f"int8 kernels unavailable ({str(exc).splitlines()[0][:120]})"
+    return None
+
+
+def quantize_for_decoding(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` for CPU decoding with every ``nn.Linear`` as :class:`Int8Linear` and
+    the (tied or separate) output projection quantised too (see the module docstring).
+
+    The copy is in eval mode; use it under ``torch.inference_mode()`` (no gradients flow).
+    Raises :class:`ConfigError` when the model is not on the CPU or the kernels are missing.
+    """
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        raise ConfigError("decode.int8 runs on the CPU only (use decode.bf16 on a GPU)")
+    why = int8_supported()
+    if why is not None:
+        raise ConfigError(f"decode.int8: {why}")
+    quantized = copy.deepcopy(model).eval()
+    for parent in list(quantized.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, Int8Linear(child.weight, child.bias))
+    output = quantized.output_projection
+    weight = quantized.decoder.embed.weight if output is None else output.weight
+    if isinstance(output, Int8Linear):
+        quantized.int8_output = output
+    else:
+        quantized.int8_output = Int8Linear(weight, None)
+    return quantized
+
+
+__all__ = ["Int8Linear", "int8_supported", "quantize_for_decoding"]
