@@ -1,5 +1,8 @@
-"""Decoding speed: mtcli's search (with and without the key/value cache; fp32, bf16, int8) against
-CTranslate2 on the exported model, on the 1,000-sentence Multi30k test2016 source.
+"""Decoding speed of mtcli's search against CTranslate2 on the exported model (Multi30k test2016).
+
+mtcli with and without the key/value cache, in fp32, bf16 or int8 (``decode.int8``), one batch
+at a time or two at once (``decode.workers=2``; CTranslate2 then gets ``inter_threads=2``), on
+the 1,000-sentence Multi30k test2016 source.
 
 Every variant runs in its own subprocess (CTranslate2's workers never share a process with
 torch's thread pool), on the same pre-tokenised input, in the same batches: sentences sorted by
@@ -52,6 +55,12 @@ VARIANTS: dict[str, tuple[str, int, dict]] = {
     "torch-beam5-cache-bf16": ("torch", 5, {"use_cache": True, "bf16": True}),
     "torch-greedy-cache-int8": ("torch", 1, {"use_cache": True, "bf16": False, "int8": True}),
     "torch-beam5-cache-int8": ("torch", 5, {"use_cache": True, "bf16": False, "int8": True}),
+    # two batches at a time on two threads, one intra-op thread each (decode.workers=2;
+    # CTranslate2: inter_threads=2, intra_threads=1)
+    "torch-beam5-cache-w2": ("torch", 5, {"use_cache": True, "bf16": False, "workers": 2}),
+    "torch-beam5-cache-int8-w2": ("torch", 5, {"use_cache": True, "bf16": False, "int8": True, "workers": 2}),
+    "ct2-beam5-fp32-w2": ("ct2", 5, {"compute_type": "float32", "workers": 2}),
+    "ct2-beam5-int8-w2": ("ct2", 5, {"compute_type": "int8", "workers": 2}),
     "ct2-greedy-fp32": ("ct2", 1, {"compute_type": "float32"}),
     "ct2-beam5-fp32": ("ct2", 5, {"compute_type": "float32"}),
     "ct2-greedy-int8": ("ct2", 1, {"compute_type": "int8"}),
@@ -63,11 +72,18 @@ def _peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
 
 
-def _time_batches(run, batches: list[list[int]]) -> dict:
-    """Warm up on the first batch, then time ``run`` over all; output tokens and peak RSS too."""
+def _time_batches(run, batches: list[list[int]], workers: int = 1) -> dict:
+    """Warm up on the first batch, then time ``run`` over all (``workers`` batches at a time on
+    as many threads); output tokens and peak RSS too."""
+    from concurrent.futures import ThreadPoolExecutor
+
     run(batches[0])
     start = time.perf_counter()
-    tokens = sum(run(batch) for batch in batches)
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            tokens = sum(pool.map(run, batches))
+    else:
+        tokens = sum(run(batch) for batch in batches)
     return {"seconds": time.perf_counter() - start, "output_tokens": tokens,
             "peak_rss_mb": _peak_rss_mb()}
 
@@ -88,7 +104,8 @@ def worker_torch(job: dict) -> dict:
     from mtcli.search import generate
     from mtcli.translate import collate_sources
 
-    torch.set_num_threads(job["threads"])
+    workers = job.get("workers", 1)
+    torch.set_num_threads(max(1, job["threads"] // workers))  # as decode.workers does
     bundle = load_for_inference(job["run_dir"], job["checkpoint"], device="cpu")
     model, decode = bundle.model, bundle.config.decode
     if job.get("int8"):
@@ -112,7 +129,7 @@ def worker_torch(job: dict) -> dict:
             )
         return sum(len(h[0].tokens) for h in hyps)
 
-    return dict(_time_batches(run, batches), sentences=len(ids), torch=torch.__version__)
+    return dict(_time_batches(run, batches, workers), sentences=len(ids), torch=torch.__version__)
 
 
 def worker_ct2(job: dict) -> dict:
@@ -123,7 +140,7 @@ def worker_ct2(job: dict) -> dict:
     pieces, decode = data["pieces"], data["decode"]
     translator = ctranslate2.Translator(
         job["ct2_dir"], device="cpu", compute_type=job["compute_type"],
-        intra_threads=job["threads"], inter_threads=1,
+        intra_threads=max(1, job["threads"] // job.get("workers", 1)), inter_threads=job.get("workers", 1),
     )
     batches = _batches([len(s) for s in pieces], job["batch"])
     fixed = job["fixed_length"]
@@ -142,7 +159,8 @@ def worker_ct2(job: dict) -> dict:
         )
         return sum(len(r.hypotheses[0]) for r in out)
 
-    return dict(_time_batches(run, batches), sentences=len(pieces), ctranslate2=ctranslate2.__version__)
+    return dict(_time_batches(run, batches, job.get("workers", 1)), sentences=len(pieces),
+                ctranslate2=ctranslate2.__version__)
 
 
 # ------------------------------------------------------------------------------------ setup
@@ -308,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         "torch beam5 bf16 / ct2 fp32 beam5 (tokens/s)": ratio("torch-beam5-cache-bf16", "ct2-beam5-fp32"),
         "torch beam5 int8 / ct2 fp32 beam5 (tokens/s)": ratio("torch-beam5-cache-int8", "ct2-beam5-fp32"),
         "torch beam5 int8 / ct2 int8 beam5 (tokens/s)": ratio("torch-beam5-cache-int8", "ct2-beam5-int8"),
+        "torch beam5 2 workers / ct2 fp32 beam5 2 workers": ratio("torch-beam5-cache-w2", "ct2-beam5-fp32-w2"),
+        "torch beam5 int8 2 workers / ct2 fp32 beam5 2 workers": ratio("torch-beam5-cache-int8-w2", "ct2-beam5-fp32-w2"),
         "torch greedy / ct2 fp32 greedy (tokens/s)": ratio("torch-greedy-cache", "ct2-greedy-fp32"),
     }
     header = f"{'variant':26s} {'sent/s':>8s} {'tok/s':>9s} {'out tok':>8s} {'sec':>7s} {'RSS MB':>7s}"
