@@ -168,11 +168,11 @@ def evaluate(
     bar = progress(total=len(sources), unit="sent", desc=f"evaluate {name}")
     start = time.perf_counter()
     try:
-        for nbest in translate_lines(bundle, sources, decode, device, name=str(src_path)):
+        for nbest in translate_lines(bundle, sources, decode, device, name=str(src_path),
+                                     on_done=bar.update):
             best = nbest[0]
             hypotheses.append(best.text)
             target_tokens += len(best.tokens)
-            bar.update(1)
     finally:
         bar.close()
     seconds = time.perf_counter() - start

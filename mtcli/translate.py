@@ -29,7 +29,7 @@ import contextlib
 import itertools
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -158,6 +158,7 @@ def translate_lines(
     window: int = DEFAULT_WINDOW,
     name: str = "input",
     use_cache: bool = True,
+    on_done: Callable[[int], None] | None = None,
 ) -> Iterator[list[Translation]]:
     """Translate ``lines`` lazily; yield one n-best list of :class:`Translation` per line, in order.
 
@@ -166,7 +167,10 @@ def translate_lines(
     e.g. ``types.SimpleNamespace(model=m, tokenizer=t)`` during training. The model is put in
     eval mode while decoding and its previous mode restored afterwards. Lines are read
     ``window`` at a time (sorted by length inside the window only), so memory does not grow with
-    the input. ``name`` prefixes the line numbers of truncation warnings.
+    the input. ``name`` prefixes the line numbers of truncation warnings. ``on_done(n)``, when
+    given, is called as soon as ``n`` more lines are translated (empty lines, then batch by
+    batch), before they can be yielded in order: a progress bar fed by it moves with the
+    decoding instead of waiting for the window's first lines.
     """
     from mtcli.search import generate
 
@@ -221,6 +225,8 @@ def translate_lines(
                     ids = ids[:limit]
                 sources[i] = ids
             keys = list(sources)
+            if on_done is not None and len(chunk) > len(keys):
+                on_done(len(chunk) - len(keys))
             batches = make_batches([len(sources[k]) for k in keys], decode.max_tokens, decode.beam_size)
             emitted = 0
             while emitted < len(chunk) and results[emitted] is not None:
@@ -229,6 +235,8 @@ def translate_lines(
             groups = [[keys[b] for b in batch] for batch in batches]
             decoded = pool.map(decode_batch, groups) if pool is not None else map(decode_batch, groups)
             for indices, hyps in zip(groups, decoded, strict=True):
+                if on_done is not None:
+                    on_done(len(indices))
                 for i, nbest in zip(indices, hyps, strict=True):
                     results[i] = [
                         Translation(
@@ -385,13 +393,13 @@ def translate_files(
             for nbest in translate_lines(
                 bundle, lines, decode, device,
                 return_attention=plot_attention is not None, window=window, name=name,
+                on_done=bar.update,
             ):
                 n_lines += 1
                 for text in format_nbest(nbest, decode.nbest, scored):
                     handle.write(text + "\n")
                 if flush:
                     handle.flush()
-                bar.update(1)
                 best = nbest[0]
                 if plot_attention is not None and best.attention is not None:
                     plot_attention_png(

@@ -147,6 +147,20 @@ def test_order_restored_and_counts_preserved(fake_search, caplog) -> None:  # no
     assert all(b == 1 or b * s <= 12 for b, s in fake_search)
 
 
+def test_progress_counts_lines_as_batches_finish(fake_search) -> None:  # noqa: ANN001
+    # The window's longest lines are decoded first; the first line can only be yielded when its
+    # batch is done, but on_done already reports every finished batch (and the empty lines).
+    lines = ["w4", "", "w5 w6 w7 w8 w9 w10 w11", "w12 w13 w14 w15", "w16 w17", "w18 w19 w20"]
+    done: list[int] = []
+    stream = translate_lines(_bundle(), lines, DecodeConfig(beam_size=1, nbest=1, max_tokens=8),
+                             "cpu", on_done=done.append)
+    first = next(stream)
+    assert first[0].text == "w4"
+    assert done[0] == 1 and sum(done) == len(lines)  # "w4" is the shortest: its batch comes last
+    assert len(done) == 1 + len(fake_search)  # the empty line, then one call per batch
+    assert len(list(stream)) == len(lines) - 1
+
+
 def test_streaming_reads_lazily(fake_search) -> None:  # noqa: ANN001
     consumed = []
 
