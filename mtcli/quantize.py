@@ -92,12 +92,10 @@ def quantize_for_decoding(model: nn.Module) -> nn.Module:
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, Int8Linear(child.weight, child.bias))
+    # a separate output projection was an nn.Linear and is quantised above; a tied one is the
+    # embedding matrix, which stays fp32 for the lookups and gets an int8 twin for the product
     output = quantized.output_projection
-    weight = quantized.decoder.embed.weight if output is None else output.weight
-    if isinstance(output, Int8Linear):
-        quantized.int8_output = output
-    else:
-        quantized.int8_output = Int8Linear(weight, None)
+    quantized.int8_output = output if output is not None else Int8Linear(quantized.decoder.embed.weight, None)
     return quantized
 
 

@@ -155,19 +155,22 @@ def choose_average(run_dir: Path, valid_split: str, max_k: int) -> tuple[Path, l
     return best[1], best[2], scores
 
 
-def choose_length_penalty(run_dir: Path, valid_split: str, checkpoint: Path,
-                          recipe_alpha: float) -> tuple[float, dict[str, float]]:
-    """Decode val with each GNMT alpha in :data:`LENGTH_PENALTIES` (and the recipe's own) and
-    keep the one with the best BLEU; ties go to the recipe's value, then the smaller alpha.
+def choose_length_penalty(run_dir: Path, valid_split: str, checkpoint: Path, recipe_alpha: float,
+                          recipe_score: float) -> tuple[float, dict[str, float]]:
+    """Decode val with each GNMT alpha in :data:`LENGTH_PENALTIES` and keep the one with the best
+    BLEU; ties go to the recipe's value, then the smaller alpha.
 
-    Returns the chosen alpha and validation BLEU by alpha (keys as ``"1.0"``). The hypotheses
-    of each try go to ``run_dir/eval/lp<alpha>/``.
+    ``recipe_score`` is the checkpoint's val BLEU with the recipe's own alpha (already decoded
+    while choosing the average). Returns the chosen alpha and validation BLEU by alpha (keys as
+    ``"1.0"``). The hypotheses of each try go to ``run_dir/eval/lp<alpha>/``.
     """
     from mtcli.evaluate import evaluate
 
     alphas = sorted({float(recipe_alpha), *LENGTH_PENALTIES})
-    scores: dict[str, float] = {}
+    scores: dict[str, float] = {str(float(recipe_alpha)): recipe_score}
     for alpha in alphas:
+        if str(alpha) in scores:
+            continue
         report = evaluate(run_dir, split=valid_split, checkpoint=str(checkpoint),
                           overrides=[f"decode.length_penalty={alpha}"],
                           output_dir=run_dir / "eval" / f"lp{alpha:g}")
@@ -194,7 +197,7 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str]) -> dict
     averaged, used, valid_bleu = choose_average(run_dir, config.data.valid_split,
                                                 min(AVERAGE_LAST, config.train.keep_last))
     alpha, valid_by_alpha = choose_length_penalty(run_dir, config.data.valid_split, averaged,
-                                                  config.decode.length_penalty)
+                                                  config.decode.length_penalty, valid_bleu[str(len(used))])
     decode_set = [f"decode.length_penalty={alpha}"]
     split, *more_splits = config.data.test_splits
     report = evaluate(run_dir, split=split, checkpoint=str(averaged), overrides=decode_set)

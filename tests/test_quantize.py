@@ -33,8 +33,9 @@ def test_int8_linear_is_close_to_fp32() -> None:
     assert 0 < error < 0.05
 
 
-def test_quantized_copy_replaces_every_linear_and_leaves_the_original() -> None:
-    model = random_model(seed=2)
+@pytest.mark.parametrize("tied", [True, False])
+def test_quantized_copy_replaces_every_linear_and_leaves_the_original(tied: bool) -> None:
+    model = random_model(seed=2, tie_embeddings=tied)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     quantized = quantize_for_decoding(model)
     assert not any(isinstance(m, torch.nn.Linear) for m in quantized.modules())
