@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -314,8 +316,10 @@ def toy_batch(g: torch.Generator, n: int, task: str, max_len: int):
     return seqs, targets, src, tgt_in, tgt_out
 
 
+@functools.cache
 def train_toy(task: str, d_model: int, layers: int, steps: int, max_len: int) -> Transformer:
-    """Adam with warm-up and linear decay on fresh random batches; fixed seeds."""
+    """Adam with warm-up and linear decay on fresh random batches; fixed seeds. Cached: the same
+    arguments give the same (shared, not to be modified) model, trained once per session."""
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     cfg = ModelConfig(d_model=d_model, n_heads=4, encoder_layers=layers, decoder_layers=layers,
