@@ -179,9 +179,14 @@ def choose_length_penalty(run_dir: Path, valid_split: str, checkpoint: Path, rec
     return best, scores
 
 
-def run_recipe(config_path: str, data_dir: str | None, extra: list[str]) -> dict[str, Any]:
+def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
+               valid_only: bool = False) -> dict[str, Any]:
     """prepare -> train -> average the last checkpoints -> pick the length penalty -> evaluate on
-    test (the averaging window and the length penalty are chosen on the validation split)."""
+    test (the averaging window and the length penalty are chosen on the validation split).
+
+    With ``valid_only`` (a tuning run) it stops before the test split: the returned row holds
+    only the validation choices, and it is also written to ``run_dir/tuning.json``.
+    """
     from mtcli.checkpoint import load_checkpoint
     from mtcli.config import load_config
     from mtcli.evaluate import evaluate
@@ -198,6 +203,16 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str]) -> dict
                                                 min(AVERAGE_LAST, config.train.keep_last))
     alpha, valid_by_alpha = choose_length_penalty(run_dir, config.data.valid_split, averaged,
                                                   config.decode.length_penalty, valid_bleu[str(len(used))])
+    if valid_only:
+        row = {"valid_split": config.data.valid_split, "train_steps": summary.steps,
+               "train_tokens_per_s": summary.tokens_per_second,
+               "best_valid_bleu_greedy": summary.best_valid_bleu, "average_last": len(used), "length_penalty": alpha,
+               "valid_bleu": valid_by_alpha[str(alpha)],
+               "valid_bleu_by_average": valid_bleu, "valid_bleu_by_length_penalty": valid_by_alpha,
+               "overrides": overrides, "commit": git_commit()}
+        with atomic_write(run_dir / "tuning.json") as handle:
+            handle.write(json.dumps(row, indent=2) + "\n")
+        return row
     decode_set = [f"decode.length_penalty={alpha}"]
     split, *more_splits = config.data.test_splits
     report = evaluate(run_dir, split=split, checkpoint=str(averaged), overrides=decode_set)
@@ -247,14 +262,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", type=Path, default=README, help="README whose table to refresh")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="config override section.key=value (repeatable)")
+    parser.add_argument("--valid-only", action="store_true",
+                        help="tuning run: choose on val and stop; the test split is not decoded and "
+                             "no results table is written (val scores go to RUN_DIR/tuning.json)")
     args = parser.parse_args(argv)
     setup_logging()
     try:
         recipe, table_name = RECIPES[args.direction]
-        row = run_recipe(args.config or recipe, args.data, args.overrides)
+        row = run_recipe(args.config or recipe, args.data, args.overrides, args.valid_only)
     except MtcliError as exc:
         print(f"mtcli: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    if args.valid_only:
+        print(json.dumps(row, indent=2))
+        return 0
     results = load_results(args.results, table_name)
     results["-".join(args.direction.split("_")[-2:])] = row  # wmt_news_en_de -> en-de
     write_results(results, args.results, args.readme, table_name)

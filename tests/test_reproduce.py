@@ -84,3 +84,24 @@ def test_more_test_splits_get_rows_and_their_own_table(tmp_path: Path) -> None:
     text = readme.read_text()
     assert "multi30k" in text and "old" not in text and md in text
     assert not (tmp_path / "results" / "multi30k.json").exists()
+
+
+def test_valid_only_tuning_run_never_decodes_test(tmp_path: Path, toy_config_path: Path, capsys) -> None:
+    """--valid-only chooses on val, writes run_dir/tuning.json, and leaves test and the tables alone."""
+    from mtcli.reproduce import main
+
+    code = main([
+        "de_en", "--config", str(toy_config_path), "--results", str(tmp_path / "results"),
+        "--readme", str(tmp_path / "README.md"), "--valid-only",
+        "--set", f"data.prepared_dir={tmp_path / 'prep'}", "--set", f"train.run_dir={tmp_path / 'run'}",
+        "--set", "train.max_steps=20", "--set", "train.valid_every=10",
+    ])
+    assert code == 0
+    row = json.loads((tmp_path / "run" / "tuning.json").read_text())
+    assert json.loads(capsys.readouterr().out) == row
+    assert row["train_steps"] == 20 and row["valid_split"] == "val"
+    assert row["valid_bleu"] == row["valid_bleu_by_length_penalty"][str(row["length_penalty"])]
+    assert set(row["valid_bleu_by_average"]) == {"1", "2"}
+    assert not (tmp_path / "results").exists() and not (tmp_path / "README.md").exists()
+    decoded = [p.name for p in (tmp_path / "run" / "eval").rglob("*") if p.is_file()]
+    assert decoded and all("test" not in name for name in decoded), decoded
