@@ -96,6 +96,7 @@ class TrainConfig:
     valid_bleu: bool = True
     valid_max_sentences: int = 0
     keep_last: int = 5
+    keep_best: int = 0
     log_every: int = 100
     max_nonfinite: int = 5
     progress: bool = True
@@ -295,6 +296,7 @@ def validate(config: Config) -> None:
          "train.cooldown_minutes must be 0 (off) or in (0, train.max_minutes]: it needs a time limit"),
         (len(t.adam_betas) == 2, "train.adam_betas must have two values"),
         (t.keep_last >= 1, "train.keep_last must be >= 1"),
+        (t.keep_best >= 0, "train.keep_best must be >= 0 (0: keep only the last train.keep_last)"),
         (t.valid_every >= 1, "train.valid_every must be >= 1"),
         (d.beam_size >= 1, "decode.beam_size must be >= 1"),
         (1 <= d.nbest <= d.beam_size, "decode.nbest must be between 1 and decode.beam_size"),

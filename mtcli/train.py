@@ -586,7 +586,7 @@ class Trainer:
                 save_checkpoint(self.ckpt_dir / "checkpoint_best.pt", state)
         save_checkpoint(self.ckpt_dir / "checkpoint_last.pt", state)
         if validated:
-            prune_checkpoints(self.run_dir, self.cfg.keep_last)
+            prune_checkpoints(self.run_dir, self.cfg.keep_last, self.cfg.keep_best)
 
     def _consume_time(self) -> float:
         now = time.monotonic()

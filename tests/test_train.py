@@ -204,6 +204,17 @@ def test_nonfinite_loss_skips_then_stops(prepared: Path, tmp_path: Path,
         train(make_config(prepared, tmp_path / "run2", "train.max_steps=10", "train.max_nonfinite=3"))
 
 
+def test_keep_best_keeps_the_best_step_checkpoints_beside_the_last(prepared: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train(make_config(prepared, run, "train.max_steps=10", "train.valid_every=2",
+                      "train.keep_last=1", "train.keep_best=2"))
+    index = read_index(run)
+    assert set(index) == {2, 4, 6, 8, 10}
+    best_two = sorted(index, key=lambda s: (index[s]["loss"], -s))[:2]
+    kept = {p.name for p in (run / "checkpoints").glob("checkpoint_[0-9]*.pt")}
+    assert kept == {f"checkpoint_{s}.pt" for s in {10, *best_two}}
+
+
 def test_validation_bleu_selects_best(prepared: Path, tmp_path: Path) -> None:
     pytest.importorskip("mtcli.search")
     run = tmp_path / "run"
