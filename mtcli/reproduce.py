@@ -206,8 +206,8 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
     if valid_only:
         row = {"valid_split": config.data.valid_split, "train_steps": summary.steps,
                "train_tokens_per_s": summary.tokens_per_second,
-               "best_valid_bleu_greedy": summary.best_valid_bleu, "average_last": len(used), "length_penalty": alpha,
-               "valid_bleu": valid_by_alpha[str(alpha)],
+               "best_valid_bleu_greedy": summary.best_valid_bleu,
+               "average_last": len(used), "length_penalty": alpha, "valid_bleu": valid_by_alpha[str(alpha)],
                "valid_bleu_by_average": valid_bleu, "valid_bleu_by_length_penalty": valid_by_alpha,
                "overrides": overrides, "commit": git_commit()}
         with atomic_write(run_dir / "tuning.json") as handle:
