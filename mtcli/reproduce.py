@@ -187,10 +187,8 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
     With ``valid_only`` (a tuning run) it stops before the test split: the returned row holds
     only the validation choices, and it is also written to ``run_dir/tuning.json``.
     """
-    from mtcli.checkpoint import load_checkpoint
     from mtcli.config import load_config
     from mtcli.evaluate import evaluate
-    from mtcli.model import count_parameters
     from mtcli.prepare import prepare
     from mtcli.train import train
 
@@ -203,13 +201,14 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
                                                 min(AVERAGE_LAST, config.train.keep_last))
     alpha, valid_by_alpha = choose_length_penalty(run_dir, config.data.valid_split, averaged,
                                                   config.decode.length_penalty, valid_bleu[str(len(used))])
+    # what the training run and the choices on val give, for a tuning row and a results row alike
+    common = {"train_steps": summary.steps, "train_tokens_per_s": summary.tokens_per_second,
+              "valid_bleu_by_average": valid_bleu, "valid_bleu_by_length_penalty": valid_by_alpha,
+              "commit": git_commit()}
     if valid_only:
-        row = {"valid_split": config.data.valid_split, "train_steps": summary.steps,
-               "train_tokens_per_s": summary.tokens_per_second,
-               "best_valid_bleu_greedy": summary.best_valid_bleu,
+        row = {"valid_split": config.data.valid_split, "best_valid_bleu_greedy": summary.best_valid_bleu,
                "average_last": len(used), "length_penalty": alpha, "valid_bleu": valid_by_alpha[str(alpha)],
-               "valid_bleu_by_average": valid_bleu, "valid_bleu_by_length_penalty": valid_by_alpha,
-               "overrides": overrides, "commit": git_commit()}
+               "overrides": overrides, **common}
         with atomic_write(run_dir / "tuning.json") as handle:
             handle.write(json.dumps(row, indent=2) + "\n")
         return row
@@ -218,14 +217,9 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
     report = evaluate(run_dir, split=split, checkpoint=str(averaged), overrides=decode_set)
     more_tests = {}
     for other in more_splits:
-        extra = evaluate(run_dir, split=other, checkpoint=str(averaged), overrides=decode_set)
-        more_tests[other] = {key: extra[key] for key in ("bleu", "bleu_lc", "chrf", "sentences")}
-        more_tests[other]["decode_sents_per_s"] = float(extra["sentences_per_second"])
-    state = load_checkpoint(run_dir / "checkpoints" / "checkpoint_last.pt")
-    train_state = state.get("train_state", {})
-    from mtcli.model import Transformer
-
-    model = Transformer(config.model, state["vocab"]["size"])
+        scored = evaluate(run_dir, split=other, checkpoint=str(averaged), overrides=decode_set)
+        more_tests[other] = {key: scored[key] for key in ("bleu", "bleu_lc", "chrf", "sentences")}
+        more_tests[other]["decode_sents_per_s"] = float(scored["sentences_per_second"])
     return {
         "bleu": report["bleu"],
         "bleu_signature": report["bleu_signature"],
@@ -233,19 +227,16 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
         "bleu_lc_signature": report.get("bleu_lc_signature", ""),
         "chrf": report["chrf"],
         "chrf_signature": report["chrf_signature"],
-        "params": count_parameters(model),
-        "train_minutes": float(train_state.get("elapsed_seconds", 0.0)) / 60.0,
-        "train_tokens_per_s": float(getattr(summary, "tokens_per_second", 0.0)),
-        "train_steps": int(state.get("step", 0)),
+        # the summary holds what checkpoint_last holds (the elapsed time is saved with it)
+        "params": summary.parameters,
+        "train_minutes": summary.elapsed_seconds / 60.0,
         "decode_sents_per_s": float(report["sentences_per_second"]),
         "device": device_name(str(report.get("device", "cpu"))),
-        "commit": git_commit(),
         "test_set": f"{split} ({report.get('sentences', '?')} sentences)",
         "decode": f"beam {config.decode.beam_size}, length penalty {alpha:g}, average of the last "
                   f"{len(used)} checkpoints (both chosen on {config.data.valid_split})",
-        "valid_bleu_by_average": valid_bleu,
-        "valid_bleu_by_length_penalty": valid_by_alpha,
         "more_tests": more_tests,
+        **common,
     }
 
 
