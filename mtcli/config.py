@@ -84,6 +84,7 @@ class TrainConfig:
     max_epochs: int = 0
     max_minutes: float = 0.0
     cooldown_minutes: float = 0.0
+    cooldown_steps: int = 0
     patience: int = 0
     lr_factor: float = 1.0
     warmup_steps: int = 4000
@@ -294,6 +295,8 @@ def validate(config: Config) -> None:
         (t.warmup_steps >= 1, "train.warmup_steps must be >= 1"),
         (t.cooldown_minutes == 0.0 or 0.0 < t.cooldown_minutes <= t.max_minutes,
          "train.cooldown_minutes must be 0 (off) or in (0, train.max_minutes]: it needs a time limit"),
+        (0 <= t.cooldown_steps <= t.max_steps,
+         "train.cooldown_steps must be 0 (off) or in (0, train.max_steps]: it counts back from max_steps"),
         (len(t.adam_betas) == 2, "train.adam_betas must have two values"),
         (t.keep_last >= 1, "train.keep_last must be >= 1"),
         (t.keep_best >= 0, "train.keep_best must be >= 0 (0: keep only the last train.keep_last)"),

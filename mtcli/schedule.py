@@ -11,7 +11,9 @@ Optional cool-down for runs with a wall-clock budget (``train.max_minutes``): ov
 ``train.cooldown_minutes`` the rate is also multiplied by the fraction of the cool-down left,
     lr = noam_lr(step) * min(1, (budget - elapsed) / cooldown),
 so it falls linearly to 0 when the budget ends (an extension, not in the paper: the last
-checkpoints of a time-limited run then sit at a low rate instead of mid-decay).
+checkpoints of a time-limited run then sit at a low rate instead of mid-decay). The same in steps
+with ``train.cooldown_steps``: lr = noam_lr(step) * min(1, (max_steps - step + 1) / cooldown) for
+the update numbered ``step``; with both set, the lower factor applies.
 The optimiser is Adam(beta1=0.9, beta2=0.98, eps=1e-9) as in the paper (values from the config),
 or AdamW when ``train.weight_decay > 0`` (decoupled weight decay).
 """
@@ -27,7 +29,11 @@ from mtcli.config import TrainConfig
 
 
 def cooldown_scale(elapsed_s: float, budget_s: float, cooldown_s: float) -> float:
-    """min(1, (budget - elapsed) / cooldown), clamped to [0, 1]; 1 when ``cooldown_s <= 0``."""
+    """min(1, (budget - elapsed) / cooldown), clamped to [0, 1]; 1 when ``cooldown_s <= 0``.
+
+    Seconds for ``train.cooldown_minutes``; steps for ``train.cooldown_steps`` (elapsed = updates
+    done, budget = ``max_steps``).
+    """
     if cooldown_s <= 0:
         return 1.0
     return min(1.0, max(0.0, (budget_s - elapsed_s) / cooldown_s))

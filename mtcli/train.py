@@ -605,15 +605,18 @@ class Trainer:
             return f"max_epochs={cfg.max_epochs}"
         if cfg.patience > 0 and self.bad_validations >= cfg.patience:
             return f"patience={cfg.patience} (no better validation {'BLEU' if self._uses_bleu() else 'loss'})"
+        scale = 1.0
+        if cfg.cooldown_steps > 0:  # the next update is step + 1; the last one (max_steps) gets 1/cooldown
+            scale = cooldown_scale(self.step, cfg.max_steps, cfg.cooldown_steps)
         if cfg.max_minutes > 0:
             # rank 0's clock decides for every rank: the stop and the cool-down's rate
             spent = _broadcast([self.elapsed + (time.monotonic() - self._clock)], self.info, self.device)[0]
             if spent >= cfg.max_minutes * 60:
                 return f"max_minutes={cfg.max_minutes:g}"
             if cfg.cooldown_minutes > 0:
-                self.schedule.set_scale(
-                    cooldown_scale(spent, cfg.max_minutes * 60, cfg.cooldown_minutes * 60)
-                )
+                scale = min(scale, cooldown_scale(spent, cfg.max_minutes * 60, cfg.cooldown_minutes * 60))
+        if cfg.cooldown_steps > 0 or cfg.cooldown_minutes > 0:
+            self.schedule.set_scale(scale)
         return None
 
     def _uses_bleu(self) -> bool:

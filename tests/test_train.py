@@ -21,7 +21,7 @@ from conftest import (
 )
 
 from mtcli.checkpoint import load_checkpoint, read_index
-from mtcli.errors import CheckpointError, DataError, TrainingError
+from mtcli.errors import CheckpointError, ConfigError, DataError, TrainingError
 from mtcli.loss import LabelSmoothedLoss
 from mtcli.train import train
 
@@ -160,6 +160,35 @@ def test_cooldown_lowers_the_rate_towards_the_time_limit(prepared: Path, tmp_pat
     assert len(ratios) >= 3, "the toy run should log several steps in 6 seconds"
     assert all(0.0 < r <= 1.001 for r in ratios)  # the log keeps 4 digits
     assert all(b <= a * 1.001 for a, b in zip(ratios, ratios[1:], strict=False)) and ratios[-1] < 0.5
+
+
+def test_cooldown_steps_scale_the_last_updates_down_linearly(prepared: Path, tmp_path: Path) -> None:
+    import re
+
+    from mtcli.schedule import noam_lr
+
+    run = tmp_path / "run"
+    summary = train(make_config(prepared, run, "train.max_steps=8", "train.cooldown_steps=4",
+                                "train.log_every=1", "train.valid_every=100000"))
+    assert summary.steps == 8
+    config = make_config(prepared, run)
+    ratios = {}
+    for line in (run / "train.log").read_text(encoding="utf-8").splitlines():
+        m = re.search(r"\| step (\d+) \| .*\| lr (\S+) \|", line)
+        if m:
+            step, lr = int(m.group(1)), float(m.group(2))
+            ratios[step] = lr / noam_lr(step, config.model.d_model, config.train.warmup_steps,
+                                         config.train.lr_factor)
+    # update s runs at min(1, (max_steps - s + 1) / cooldown_steps) of Noam's rate
+    expected = {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0, 6: 0.75, 7: 0.5, 8: 0.25}
+    assert ratios == pytest.approx(expected, rel=2e-3)
+
+
+@pytest.mark.parametrize("extra", [["train.max_steps=10", "train.cooldown_steps=11"],
+                                   ["train.cooldown_steps=-1"]])
+def test_cooldown_steps_must_fit_in_max_steps(prepared: Path, tmp_path: Path, extra: list[str]) -> None:
+    with pytest.raises(ConfigError, match="train.cooldown_steps"):
+        make_config(prepared, tmp_path / "run", *extra)
 
 
 def test_max_epochs(prepared: Path, tmp_path: Path) -> None:
