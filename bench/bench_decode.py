@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # runs from a checkout without mtcli installed (e.g. a GPU box)
 DEFAULT_INPUT = REPO.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.de"
 RECIPE = REPO / "configs" / "multi30k_de_en.yaml"
 

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # runs from a checkout without mtcli installed (e.g. a GPU box)
 RECIPE = REPO / "configs" / "multi30k_de_en.yaml"
 PREPARED = REPO / "data" / "prepared" / "multi30k_de_en"
 VARIANTS = ["ours-fp32", "ours-bf16", "torch-nn-fp32", "torch-nn-bf16"]

@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # runs from a checkout without mtcli installed (e.g. a GPU box)
 TOY_DIR = REPO / "tests" / "fixtures" / "toy"
 
 
