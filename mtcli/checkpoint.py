@@ -150,6 +150,37 @@ def save_checkpoint(path: Path, state: dict) -> None:
         buffer.close()
 
 
+def link_checkpoint(source: Path, path: Path) -> None:
+    """Make ``path`` a second name of the finished checkpoint ``source``, atomically.
+
+    A hard link under a temporary name is renamed over ``path``, so the bytes are written once
+    (a validation used to write the same state three times: step file, best, last). Where the
+    file system has no hard links, the file is copied instead, through the same temp + rename.
+    Either way ``path`` never holds a partial file, and removing ``source`` later (pruning)
+    leaves ``path`` intact.
+    """
+    import shutil
+
+    from mtcli.fileio import fsync_dir
+
+    source, path = Path(source), Path(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")  # swept by remove_stale_temp_files
+    try:
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+            with open(tmp, "rb") as handle:
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        reason = exc.strerror or _one_line(exc)
+        raise CheckpointError(f"{path}: cannot write checkpoint ({reason}); the previous file is unchanged") from None
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

@@ -14,8 +14,9 @@ One optimiser step, as in "Attention Is All You Need" (section 5):
    (``clip_norm`` > 0), Adam step, Noam schedule step.
 
 Every ``valid_every`` steps and at the end, rank 0 validates (loss, NLL, perplexity, and BLEU of
-greedy decoding when ``valid_bleu``) and writes ``checkpoint_<step>.pt``, ``checkpoint_last.pt``,
-``checkpoint_best.pt`` (by BLEU, or loss without BLEU) and ``checkpoints/index.json``.
+greedy decoding when ``valid_bleu``) and writes ``checkpoint_<step>.pt`` once, with
+``checkpoint_last.pt`` and ``checkpoint_best.pt`` (by BLEU, or loss without BLEU) as hard links to
+it (copies where links fail), and ``checkpoints/index.json``.
 
 A run directory with a checkpoint is resumed exactly: model, optimiser, schedule step, the RNG
 states (python, numpy, torch, cuda), the data position ``(epoch, batch)``, best score, patience
@@ -575,18 +576,28 @@ class Trainer:
         """Rank 0 writes checkpoint_last (and, after a validation, the step/best files and index)."""
         if not self.info.is_main:
             return
-        from mtcli.checkpoint import prune_checkpoints, save_checkpoint, update_index
+        from mtcli.checkpoint import (
+            link_checkpoint,
+            prune_checkpoints,
+            save_checkpoint,
+            step_checkpoint_name,
+            update_index,
+        )
 
         self.elapsed += self._consume_time()
         state = self.state_dict()
-        if validated:
-            save_checkpoint(self.ckpt_dir / f"checkpoint_{self.step}.pt", state)
-            update_index(self.run_dir, self.step, state["valid"])
-            if improved:
-                save_checkpoint(self.ckpt_dir / "checkpoint_best.pt", state)
-        save_checkpoint(self.ckpt_dir / "checkpoint_last.pt", state)
-        if validated:
-            prune_checkpoints(self.run_dir, self.cfg.keep_last, self.cfg.keep_best)
+        last = self.ckpt_dir / "checkpoint_last.pt"
+        if not validated:
+            save_checkpoint(last, state)
+            return
+        # written once; best and last are further names of the same file
+        step_file = self.ckpt_dir / step_checkpoint_name(self.step)
+        save_checkpoint(step_file, state)
+        update_index(self.run_dir, self.step, state["valid"])
+        if improved:
+            link_checkpoint(step_file, self.ckpt_dir / "checkpoint_best.pt")
+        link_checkpoint(step_file, last)
+        prune_checkpoints(self.run_dir, self.cfg.keep_last, self.cfg.keep_best)
 
     def _consume_time(self) -> float:
         now = time.monotonic()

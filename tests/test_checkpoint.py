@@ -30,6 +30,7 @@ from mtcli.checkpoint import (
     average_run_checkpoints,
     check_resume_config,
     find_resume_checkpoint,
+    link_checkpoint,
     load_checkpoint,
     load_for_inference,
     prune_checkpoints,
@@ -313,6 +314,42 @@ def test_unwritable_destination_is_a_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="cannot write checkpoint") as exc:
         save_checkpoint(blocker / ck.LAST_NAME, toy_state(1))
     assert str(blocker / ck.LAST_NAME) in one_line(exc)
+
+
+def test_link_checkpoint_names_the_same_bytes_and_survives_pruning(tmp_path: Path) -> None:
+    directory = tmp_path / "checkpoints"
+    step_file = directory / "checkpoint_7.pt"
+    save_checkpoint(step_file, toy_state(7, seed=1))
+    save_checkpoint(directory / ck.LAST_NAME, toy_state(5, seed=2))  # an older last, replaced
+    link_checkpoint(step_file, directory / ck.LAST_NAME)
+    assert (directory / ck.LAST_NAME).samefile(step_file)
+    step_file.unlink()  # pruning the step file leaves last intact
+    assert_same(toy_state(7, seed=1), load_checkpoint(directory / ck.LAST_NAME))
+    assert sorted(p.name for p in directory.iterdir()) == [ck.LAST_NAME]  # no temp file left
+
+
+def test_link_checkpoint_copies_where_hard_links_fail(tmp_path: Path, monkeypatch) -> None:
+    def no_links(*_args, **_kwargs):
+        raise OSError(1, "Operation not permitted")
+
+    directory = tmp_path / "checkpoints"
+    step_file = directory / "checkpoint_3.pt"
+    save_checkpoint(step_file, toy_state(3, seed=4))
+    monkeypatch.setattr(os, "link", no_links)
+    link_checkpoint(step_file, directory / ck.LAST_NAME)
+    assert not (directory / ck.LAST_NAME).samefile(step_file)
+    assert_same(toy_state(3, seed=4), load_checkpoint(directory / ck.LAST_NAME))
+
+
+def test_link_checkpoint_failure_keeps_the_previous_file(tmp_path: Path) -> None:
+    directory = tmp_path / "checkpoints"
+    previous = toy_state(2, seed=5)
+    save_checkpoint(directory / ck.LAST_NAME, previous)
+    with pytest.raises(CheckpointError, match="previous file is unchanged") as exc:
+        link_checkpoint(directory / "checkpoint_9.pt", directory / ck.LAST_NAME)  # no such source
+    assert str(directory / ck.LAST_NAME) in one_line(exc)
+    assert_same(previous, load_checkpoint(directory / ck.LAST_NAME))
+    assert sorted(p.name for p in directory.iterdir()) == [ck.LAST_NAME]
 
 
 # --------------------------------------------------------------------------- resume

@@ -114,8 +114,9 @@ def test_sigint_saves_checkpoint_last_exits_130_and_resumes_exactly(prepared: Pa
 # --------------------------------------------------------------------------- SIGKILL at many points
 
 #: `mtcli train` that SIGKILLs itself inside one checkpoint write. argv: NAME STEP MODE -- ARGS.
-#: MODE ``half``: after half the payload is on disk; ``full``: payload complete and fsynced but
-#: not renamed; ``none``: plain `mtcli train` (the test kills it from outside).
+#: MODE ``half``: after half the payload is on disk; ``full``: payload complete and fsynced (or,
+#: for checkpoint_last/best, hard-linked to the step file) but not renamed; ``none``: plain
+#: `mtcli train` (the test kills it from outside).
 TRAINER = r"""
 import contextlib, os, signal, sys
 import mtcli.checkpoint as ck
@@ -163,7 +164,17 @@ def save_checkpoint(path, state):
         armed[0] = False
 
 
-ck.atomic_write, ck.save_checkpoint = atomic_write, save_checkpoint
+real_link = ck.link_checkpoint
+
+
+def link_checkpoint(source, path):
+    # checkpoint_last/best are hard links to the step file: die at the rename of the new link
+    if path.name == name and source.name == f"checkpoint_{step}.pt" and mode == "full":
+        os.replace = lambda *_args, **_kwargs: die()
+    return real_link(source, path)
+
+
+ck.atomic_write, ck.save_checkpoint, ck.link_checkpoint = atomic_write, save_checkpoint, link_checkpoint
 sys.argv = ["mtcli", *sys.argv[5:]]
 from mtcli.cli import app
 app()
@@ -208,7 +219,7 @@ def kill_while_temp_file_exists(run: Path, proc: subprocess.Popen, timeout: floa
 ALL_KILL_POINTS = [
     ("step", 1),                                   # before any checkpoint exists: starts over
     ("write", "checkpoint_4.pt", 4, "half"),       # half a step checkpoint on disk
-    ("write", "checkpoint_last.pt", 6, "full"),    # checkpoint_6.pt done, last complete but not renamed
+    ("write", "checkpoint_last.pt", 6, "full"),    # checkpoint_6.pt done, last linked but not renamed
     ("step", 9),                                   # between two checkpoints
     ("tmp",),                                      # while a checkpoint write is in flight (*)
 ]
