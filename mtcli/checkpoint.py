@@ -52,6 +52,7 @@ import re
 import socket
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,7 @@ import torch
 
 from mtcli.config import SECTIONS, load_config
 from mtcli.errors import CheckpointError, DataError, RunLockedError
-from mtcli.fileio import atomic_write, sha256_file
+from mtcli.fileio import atomic_link, atomic_write, sha256_file
 from mtcli.logs import get_logger
 
 FORMAT = 1
@@ -117,14 +118,15 @@ def _frame(payload: bytes | memoryview) -> bytes:
     return MAGIC + f" {FORMAT} sha256={digest} size={len(payload)}\n".encode("ascii")
 
 
-def save_checkpoint(path: Path, state: dict) -> None:
+def save_checkpoint(path: Path, state: dict, also: Iterable[Path] = ()) -> None:
     """Write ``state`` to ``path`` atomically, with a sha256 of the payload in a header line.
 
     The state is checked to hold only types :func:`load_checkpoint` can read back, serialised
     with ``torch.save`` to memory, then header + payload go to a temporary file in the same
-    directory, which is fsynced and renamed over ``path``. If anything fails (disk full,
-    file-size limit, permissions) the temporary file is removed, the previous ``path`` is
-    untouched, and :class:`CheckpointError` names the path and the OS error.
+    directory, which is fsynced and renamed over ``path``; each of ``also`` then becomes another
+    name of that file (:func:`mtcli.fileio.atomic_link`). If anything fails (disk full, file-size
+    limit, permissions) the temporary file is removed, the previous file is untouched, and
+    :class:`CheckpointError` names the path and the OS error.
     """
     path = Path(path)
     if not isinstance(state, dict):
@@ -136,49 +138,19 @@ def save_checkpoint(path: Path, state: dict) -> None:
     except Exception as exc:  # pickling failures come in many types
         raise CheckpointError(f"{path}: cannot serialise checkpoint ({_one_line(exc)})") from None
     payload = buffer.getbuffer()
+    target = path
     try:
         with atomic_write(path, "wb") as handle:
             handle.write(_frame(payload))
             handle.write(payload)
+        for target in map(Path, also):
+            atomic_link(path, target)
     except OSError as exc:
         reason = exc.strerror or _one_line(exc)
-        raise CheckpointError(
-            f"{path}: cannot write checkpoint ({reason}); the previous file is unchanged"
-        ) from None
+        raise CheckpointError(f"{target}: cannot write checkpoint ({reason}); the previous file is unchanged") from None
     finally:
         del payload
         buffer.close()
-
-
-def link_checkpoint(source: Path, path: Path) -> None:
-    """Make ``path`` a second name of the finished checkpoint ``source``, atomically.
-
-    A hard link under a temporary name is renamed over ``path``, so the bytes are written once
-    (a validation used to write the same state three times: step file, best, last). Where the
-    file system has no hard links, the file is copied instead, through the same temp + rename.
-    Either way ``path`` never holds a partial file, and removing ``source`` later (pruning)
-    leaves ``path`` intact.
-    """
-    import shutil
-
-    from mtcli.fileio import fsync_dir
-
-    source, path = Path(source), Path(path)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")  # swept by remove_stale_temp_files
-    try:
-        try:
-            os.link(source, tmp)
-        except OSError:
-            shutil.copyfile(source, tmp)
-            with open(tmp, "rb") as handle:
-                os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        reason = exc.strerror or _one_line(exc)
-        raise CheckpointError(f"{path}: cannot write checkpoint ({reason}); the previous file is unchanged") from None
 
 
 def _one_line(exc: BaseException) -> str:

@@ -1,8 +1,9 @@
 """Atomic file writes and small file helpers shared by every step.
 
 Every artifact mtcli writes (caches, checkpoints, reports, hypotheses) goes through
-:func:`atomic_write` or :func:`atomic_dir`: the data is written to a temporary name in the same
-directory, flushed to disk, then renamed over the target. A crash or a full disk leaves either
+:func:`atomic_write` or :func:`atomic_dir` (:func:`atomic_link` gives a finished file a second
+name): the data is written to a temporary name in the same directory, flushed to disk, then
+renamed over the target. A crash or a full disk leaves either
 the old file or the new one, never a half-written file.
 """
 
@@ -13,6 +14,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -101,6 +103,31 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def atomic_link(source: str | Path, path: str | Path) -> None:
+    """Make ``path`` a second name of the finished file ``source``, atomically.
+
+    A hard link under a temporary name is renamed over ``path``, so no byte is written twice.
+    Where hard links fail (the file system has none), the file is copied through
+    :func:`atomic_write` instead. Either way ``path`` is never partial, and removing ``source``
+    later leaves ``path`` intact.
+    """
+    source, path = Path(source), Path(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        os.link(source, tmp)
+    except OSError:
+        with atomic_write(path, "wb") as out, open(source, "rb") as inp:
+            shutil.copyfileobj(inp, out)
+        return
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
 
 
 def sha256_file(path: str | Path, chunk_size: int = 1 << 20) -> str:

@@ -577,7 +577,6 @@ class Trainer:
         if not self.info.is_main:
             return
         from mtcli.checkpoint import (
-            link_checkpoint,
             prune_checkpoints,
             save_checkpoint,
             step_checkpoint_name,
@@ -590,13 +589,11 @@ class Trainer:
         if not validated:
             save_checkpoint(last, state)
             return
-        # written once; best and last are further names of the same file
-        step_file = self.ckpt_dir / step_checkpoint_name(self.step)
-        save_checkpoint(step_file, state)
+        # the index first (an entry whose file is missing is ignored, and rewritten on resume);
+        # the state is written once: last (and best) become further names of the step file
         update_index(self.run_dir, self.step, state["valid"])
-        if improved:
-            link_checkpoint(step_file, self.ckpt_dir / "checkpoint_best.pt")
-        link_checkpoint(step_file, last)
+        also = [self.ckpt_dir / "checkpoint_best.pt", last] if improved else [last]
+        save_checkpoint(self.ckpt_dir / step_checkpoint_name(self.step), state, also=also)
         prune_checkpoints(self.run_dir, self.cfg.keep_last, self.cfg.keep_best)
 
     def _consume_time(self) -> float:

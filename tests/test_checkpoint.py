@@ -6,12 +6,14 @@ averaging and loading a run directory for inference (issue 3 items 5-6, issue 6 
 from __future__ import annotations
 
 import copy
+import errno
 import io
 import json
 import logging
 import os
 import pickle
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,7 +32,6 @@ from mtcli.checkpoint import (
     average_run_checkpoints,
     check_resume_config,
     find_resume_checkpoint,
-    link_checkpoint,
     load_checkpoint,
     load_for_inference,
     prune_checkpoints,
@@ -316,40 +317,45 @@ def test_unwritable_destination_is_a_one_line_error(tmp_path: Path) -> None:
     assert str(blocker / ck.LAST_NAME) in one_line(exc)
 
 
-def test_link_checkpoint_names_the_same_bytes_and_survives_pruning(tmp_path: Path) -> None:
+def test_also_names_the_same_bytes_and_survives_pruning(tmp_path: Path) -> None:
     directory = tmp_path / "checkpoints"
-    step_file = directory / "checkpoint_7.pt"
-    save_checkpoint(step_file, toy_state(7, seed=1))
-    save_checkpoint(directory / ck.LAST_NAME, toy_state(5, seed=2))  # an older last, replaced
-    link_checkpoint(step_file, directory / ck.LAST_NAME)
-    assert (directory / ck.LAST_NAME).samefile(step_file)
-    step_file.unlink()  # pruning the step file leaves last intact
-    assert_same(toy_state(7, seed=1), load_checkpoint(directory / ck.LAST_NAME))
-    assert sorted(p.name for p in directory.iterdir()) == [ck.LAST_NAME]  # no temp file left
+    step_file, last, best = directory / "checkpoint_7.pt", directory / ck.LAST_NAME, directory / "checkpoint_best.pt"
+    save_checkpoint(last, toy_state(5, seed=2))  # an older last, replaced
+    save_checkpoint(step_file, toy_state(7, seed=1), also=[best, last])
+    assert last.samefile(step_file) and best.samefile(step_file)  # written once
+    step_file.unlink()  # pruning the step file leaves the other names intact
+    assert_same(toy_state(7, seed=1), load_checkpoint(last))
+    assert sorted(p.name for p in directory.iterdir()) == sorted([ck.LAST_NAME, best.name])  # no temp file
 
 
-def test_link_checkpoint_copies_where_hard_links_fail(tmp_path: Path, monkeypatch) -> None:
+def test_also_copies_where_hard_links_fail(tmp_path: Path, monkeypatch) -> None:
     def no_links(*_args, **_kwargs):
-        raise OSError(1, "Operation not permitted")
+        raise OSError(errno.EPERM, "Operation not permitted")
 
     directory = tmp_path / "checkpoints"
-    step_file = directory / "checkpoint_3.pt"
-    save_checkpoint(step_file, toy_state(3, seed=4))
     monkeypatch.setattr(os, "link", no_links)
-    link_checkpoint(step_file, directory / ck.LAST_NAME)
-    assert not (directory / ck.LAST_NAME).samefile(step_file)
+    save_checkpoint(directory / "checkpoint_3.pt", toy_state(3, seed=4), also=[directory / ck.LAST_NAME])
+    assert not (directory / ck.LAST_NAME).samefile(directory / "checkpoint_3.pt")
     assert_same(toy_state(3, seed=4), load_checkpoint(directory / ck.LAST_NAME))
 
 
-def test_link_checkpoint_failure_keeps_the_previous_file(tmp_path: Path) -> None:
+def test_also_failure_names_the_file_and_keeps_the_previous_one(tmp_path: Path, monkeypatch) -> None:
+    def no_links(*_args, **_kwargs):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    def disk_full(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
     directory = tmp_path / "checkpoints"
     previous = toy_state(2, seed=5)
     save_checkpoint(directory / ck.LAST_NAME, previous)
-    with pytest.raises(CheckpointError, match="previous file is unchanged") as exc:
-        link_checkpoint(directory / "checkpoint_9.pt", directory / ck.LAST_NAME)  # no such source
-    assert str(directory / ck.LAST_NAME) in one_line(exc)
+    monkeypatch.setattr(os, "link", no_links)
+    monkeypatch.setattr(shutil, "copyfileobj", disk_full)  # the copy fallback hits a full disk
+    with pytest.raises(CheckpointError, match="No space left on device") as exc:
+        save_checkpoint(directory / "checkpoint_4.pt", toy_state(4, seed=6), also=[directory / ck.LAST_NAME])
+    assert one_line(exc).startswith(f"{directory / ck.LAST_NAME}: cannot write checkpoint")
     assert_same(previous, load_checkpoint(directory / ck.LAST_NAME))
-    assert sorted(p.name for p in directory.iterdir()) == [ck.LAST_NAME]
+    assert sorted(p.name for p in directory.iterdir()) == ["checkpoint_4.pt", ck.LAST_NAME]
 
 
 # --------------------------------------------------------------------------- resume

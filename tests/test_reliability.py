@@ -156,25 +156,25 @@ def atomic_write(path, *args, **kwargs):
             die()
 
 
-def save_checkpoint(path, state):
-    armed[0] = path.name == name and int(state["step"]) == step
-    try:
-        real_save(path, state)
-    finally:
-        armed[0] = False
+real_link = ck.atomic_link
 
 
-real_link = ck.link_checkpoint
-
-
-def link_checkpoint(source, path):
-    # checkpoint_last/best are hard links to the step file: die at the rename of the new link
+def atomic_link(source, path):
+    # a validation's checkpoint_last/best are hard links to the step file: die at the link's rename
     if path.name == name and source.name == f"checkpoint_{step}.pt" and mode == "full":
         os.replace = lambda *_args, **_kwargs: die()
     return real_link(source, path)
 
 
-ck.atomic_write, ck.save_checkpoint, ck.link_checkpoint = atomic_write, save_checkpoint, link_checkpoint
+def save_checkpoint(path, state, **kwargs):
+    armed[0] = path.name == name and int(state["step"]) == step
+    try:
+        real_save(path, state, **kwargs)
+    finally:
+        armed[0] = False
+
+
+ck.atomic_write, ck.save_checkpoint, ck.atomic_link = atomic_write, save_checkpoint, atomic_link
 sys.argv = ["mtcli", *sys.argv[5:]]
 from mtcli.cli import app
 app()
