@@ -147,7 +147,8 @@ def save_checkpoint(path: Path, state: dict, also: Iterable[Path] = ()) -> None:
             atomic_link(path, target)
     except OSError as exc:
         reason = exc.strerror or _one_line(exc)
-        raise CheckpointError(f"{target}: cannot write checkpoint ({reason}); the previous file is unchanged") from None
+        message = f"{target}: cannot write checkpoint ({reason}); the previous file is unchanged"
+        raise CheckpointError(message) from None
     finally:
         del payload
         buffer.close()

@@ -3,8 +3,8 @@
 Every artifact mtcli writes (caches, checkpoints, reports, hypotheses) goes through
 :func:`atomic_write` or :func:`atomic_dir` (:func:`atomic_link` gives a finished file a second
 name): the data is written to a temporary name in the same directory, flushed to disk, then
-renamed over the target. A crash or a full disk leaves either
-the old file or the new one, never a half-written file.
+renamed over the target. A crash or a full disk leaves either the old file or the new one,
+never a half-written file.
 """
 
 from __future__ import annotations
