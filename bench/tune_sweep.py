@@ -13,7 +13,8 @@ so many settings can be compared on val in minutes; the chosen one is then train
 Usage (from the repository root)::
 
     python bench/tune_sweep.py en_de --data ../shared/data/multi30k --out data/sweeps/s1 --jobs 6 \\
-        --common train.max_minutes=0 --common train.max_steps=4200 --common train.cooldown_steps=1050 \\
+        --common train.max_minutes=0 --common train.cooldown_minutes=0 \\
+        --common train.max_steps=4200 --common train.cooldown_steps=1050 \\
         --variant base= --variant ls02=train.label_smoothing=0.2 \\
         --variant v6k=data.vocab_size=6000,data.name=multi30k_en_de_v6k
 
