@@ -90,8 +90,12 @@ def summarise(out: Path, jobs: list[dict[str, Any]]) -> dict[str, Any]:
             f"| {c[-1][1] if c else '-'} | {max((b for _, _, b in c), default='-')} "
             f"| {r.get('average_last', '-')} / {r.get('length_penalty', '-')} "
             f"| {r.get('valid_bleu', 'failed (rc ' + str(r['returncode']) + ')')} | {r['wall_s']} |")
-    (out / "summary.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-    (out / "summary.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    from mtcli.fileio import atomic_write
+
+    with atomic_write(out / "summary.json") as handle:
+        handle.write(json.dumps(rows, indent=1) + "\n")
+    with atomic_write(out / "summary.md") as handle:
+        handle.write("\n".join(lines) + "\n")
     return rows
 
 

@@ -577,6 +577,8 @@ class Trainer:
         if not self.info.is_main:
             return
         from mtcli.checkpoint import (
+            BEST_NAME,
+            LAST_NAME,
             prune_checkpoints,
             save_checkpoint,
             step_checkpoint_name,
@@ -585,14 +587,14 @@ class Trainer:
 
         self.elapsed += self._consume_time()
         state = self.state_dict()
-        last = self.ckpt_dir / "checkpoint_last.pt"
+        last = self.ckpt_dir / LAST_NAME
         if not validated:
             save_checkpoint(last, state)
             return
         # the index first (an entry whose file is missing is ignored, and rewritten on resume);
         # the state is written once: last (and best) become further names of the step file
         update_index(self.run_dir, self.step, state["valid"])
-        also = [self.ckpt_dir / "checkpoint_best.pt", last] if improved else [last]
+        also = [self.ckpt_dir / BEST_NAME, last] if improved else [last]
         save_checkpoint(self.ckpt_dir / step_checkpoint_name(self.step), state, also=also)
         prune_checkpoints(self.run_dir, self.cfg.keep_last, self.cfg.keep_best)
 

@@ -143,38 +143,12 @@ def test_patience_stops_when_validation_does_not_improve(prepared: Path, tmp_pat
     assert summary.stop_reason.startswith("patience")
 
 
-def test_cooldown_lowers_the_rate_towards_the_time_limit(prepared: Path, tmp_path: Path) -> None:
+def logged_lr_ratios(prepared: Path, run: Path) -> dict[int, float]:
+    """Logged learning rate / Noam's rate at that step, by step, from the run's train.log."""
     import re
 
     from mtcli.schedule import noam_lr
 
-    # the whole 6-second budget is cool-down: every logged rate is below Noam's, falling
-    run = tmp_path / "run"
-    summary = train(make_config(prepared, run, "train.max_steps=100000", "train.valid_every=100000",
-                                "train.max_minutes=0.1", "train.cooldown_minutes=0.1"))
-    assert summary.stop_reason.startswith("max_minutes")
-    config = make_config(prepared, run)
-    ratios = []
-    for line in (run / "train.log").read_text(encoding="utf-8").splitlines():
-        m = re.search(r"\| step (\d+) \| .*\| lr (\S+) \|", line)
-        if m:
-            step, lr = int(m.group(1)), float(m.group(2))
-            full = noam_lr(step, config.model.d_model, config.train.warmup_steps, config.train.lr_factor)
-            ratios.append(lr / full)
-    assert len(ratios) >= 3, "the toy run should log several steps in 6 seconds"
-    assert all(0.0 < r <= 1.001 for r in ratios)  # the log keeps 4 digits
-    assert all(b <= a * 1.001 for a, b in zip(ratios, ratios[1:], strict=False)) and ratios[-1] < 0.5
-
-
-def test_cooldown_steps_scale_the_last_updates_down_linearly(prepared: Path, tmp_path: Path) -> None:
-    import re
-
-    from mtcli.schedule import noam_lr
-
-    run = tmp_path / "run"
-    summary = train(make_config(prepared, run, "train.max_steps=8", "train.cooldown_steps=4",
-                                "train.log_every=1", "train.valid_every=100000"))
-    assert summary.steps == 8
     config = make_config(prepared, run)
     ratios = {}
     for line in (run / "train.log").read_text(encoding="utf-8").splitlines():
@@ -183,6 +157,27 @@ def test_cooldown_steps_scale_the_last_updates_down_linearly(prepared: Path, tmp
             step, lr = int(m.group(1)), float(m.group(2))
             ratios[step] = lr / noam_lr(step, config.model.d_model, config.train.warmup_steps,
                                          config.train.lr_factor)
+    return ratios
+
+
+def test_cooldown_lowers_the_rate_towards_the_time_limit(prepared: Path, tmp_path: Path) -> None:
+    # the whole 6-second budget is cool-down: every logged rate is below Noam's, falling
+    run = tmp_path / "run"
+    summary = train(make_config(prepared, run, "train.max_steps=100000", "train.valid_every=100000",
+                                "train.max_minutes=0.1", "train.cooldown_minutes=0.1"))
+    assert summary.stop_reason.startswith("max_minutes")
+    ratios = [ratio for _, ratio in sorted(logged_lr_ratios(prepared, run).items())]
+    assert len(ratios) >= 3, "the toy run should log several steps in 6 seconds"
+    assert all(0.0 < r <= 1.001 for r in ratios)  # the log keeps 4 digits
+    assert all(b <= a * 1.001 for a, b in zip(ratios, ratios[1:], strict=False)) and ratios[-1] < 0.5
+
+
+def test_cooldown_steps_scale_the_last_updates_down_linearly(prepared: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    summary = train(make_config(prepared, run, "train.max_steps=8", "train.cooldown_steps=4",
+                                "train.log_every=1", "train.valid_every=100000"))
+    assert summary.steps == 8
+    ratios = logged_lr_ratios(prepared, run)
     # update s runs at min(1, (max_steps - s + 1) / cooldown_steps) of Noam's rate
     expected = {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0, 6: 0.75, 7: 0.5, 8: 0.25}
     assert ratios == pytest.approx(expected, rel=2e-3)
