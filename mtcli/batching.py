@@ -26,7 +26,7 @@ decoder target = ids + [eos], padded with ``pad`` (0) into int64 tensors.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -47,6 +47,9 @@ class SentenceArray(Protocol):
     def __len__(self) -> int: ...
 
     def __getitem__(self, i: int) -> np.ndarray: ...
+
+
+Resegment = Callable[[int], tuple[SentenceArray, SentenceArray]]
 
 
 @dataclass
@@ -220,17 +223,22 @@ class BatchStream:
     in groups of ``update_freq * world_size`` batches that never cross an epoch boundary (the
     last group of an epoch may be shorter). ``state_dict()`` is the position ``(epoch, batch)``
     of the next group.
+
+    With ``resegment`` (subword regularisation), every epoch reads the pairs that
+    ``resegment(epoch)`` returns, a deterministic function of the epoch, instead of ``src``/``tgt``:
+    lengths, the length filter and the batches are recomputed per epoch, and ``src``, ``tgt``,
+    ``src_lengths``, ``tgt_lengths``, ``indices`` and ``skipped`` describe the epoch of the last
+    :meth:`next_group` (resume stays exact: the position still says everything).
     """
 
     def __init__(self, src: SentenceArray, tgt: SentenceArray, *, max_tokens: int,
                  max_source_length: int, max_target_length: int, seed: int, update_freq: int = 1,
-                 world_size: int = 1, rank: int = 0, pool_batches: int = 100) -> None:
-        self.src, self.tgt = src, tgt
-        self.src_lengths = np.asarray(src.lengths, dtype=np.int64)
-        self.tgt_lengths = np.asarray(tgt.lengths, dtype=np.int64)
-        self.indices, self.skipped = filter_by_length(
-            self.src_lengths, self.tgt_lengths, max_source_length, max_target_length
-        )
+                 world_size: int = 1, rank: int = 0, pool_batches: int = 100,
+                 resegment: Resegment | None = None) -> None:
+        self.max_source_length = int(max_source_length)
+        self.max_target_length = int(max_target_length)
+        self.resegment = resegment
+        self._use_arrays(src, tgt)
         self.max_tokens = int(max_tokens)
         self.seed = int(seed)
         self.update_freq = max(1, int(update_freq))
@@ -239,26 +247,39 @@ class BatchStream:
         self.pool_batches = int(pool_batches)
         self.epoch = 0
         self.batch = 0
-        self._cached: tuple[int, list[np.ndarray]] | None = None
-        if len(self.indices) == 0:
-            raise DataError(
-                f"no training pair is within train.max_source_length={max_source_length} and "
-                f"train.max_target_length={max_target_length} ({self.skipped} skipped)"
-            )
+        self._cached: tuple[int, list[np.ndarray], tuple[SentenceArray, SentenceArray]] | None = None
         if len(self.epoch_batches(0)) < self.world_size:
             raise DataError(
                 f"the training split makes {len(self.epoch_batches(0))} batches, fewer than the "
                 f"{self.world_size} processes; lower train.max_tokens"
             )
 
+    def _use_arrays(self, src: SentenceArray, tgt: SentenceArray) -> None:
+        """Read pairs from ``src``/``tgt`` from now on (lengths and the length filter follow)."""
+        self.src, self.tgt = src, tgt
+        self.src_lengths = np.asarray(src.lengths, dtype=np.int64)
+        self.tgt_lengths = np.asarray(tgt.lengths, dtype=np.int64)
+        self.indices, self.skipped = filter_by_length(
+            self.src_lengths, self.tgt_lengths, self.max_source_length, self.max_target_length
+        )
+        if len(self.indices) == 0:
+            raise DataError(
+                f"no training pair is within train.max_source_length={self.max_source_length} and "
+                f"train.max_target_length={self.max_target_length} ({self.skipped} skipped)"
+            )
+
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         """The epoch's batch list, trimmed to a multiple of ``world_size`` (cached per epoch)."""
         if self._cached is None or self._cached[0] != epoch:
+            if self.resegment is not None:
+                self._use_arrays(*self.resegment(epoch))
             batches = make_batches(self.src_lengths, self.tgt_lengths, self.indices,
                                    self.max_tokens, seed=self.seed, epoch=epoch,
                                    pool_batches=self.pool_batches)
             usable = len(batches) // self.world_size * self.world_size
-            self._cached = (epoch, batches[:usable])
+            self._cached = (epoch, batches[:usable], (self.src, self.tgt))
+        elif self.resegment is not None and self.src is not self._cached[2][0]:
+            self._use_arrays(*self._cached[2])
         return self._cached[1]
 
     def padding_fraction(self, epoch: int | None = None) -> float:

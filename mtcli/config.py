@@ -89,6 +89,8 @@ class TrainConfig:
     lr_factor: float = 1.0
     warmup_steps: int = 4000
     label_smoothing: float = 0.1
+    subword_alpha: float = 0.0
+    subword_nbest: int = 32
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
@@ -290,6 +292,10 @@ def validate(config: Config) -> None:
         (m.encoder_layers >= 1 and m.decoder_layers >= 1, "model.encoder_layers/decoder_layers must be >= 1"),
         (all(0.0 <= p < 1.0 for p in (m.dropout, m.attention_dropout, m.activation_dropout)), "model dropouts must be in [0, 1)"),
         (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
+        (t.subword_alpha >= 0.0, "train.subword_alpha must be 0 (off) or > 0"),
+        (t.subword_alpha == 0.0 or dc.spm_model_type == "unigram",
+         "train.subword_alpha > 0 samples from a unigram model: set data.spm_model_type: unigram"),
+        (t.subword_nbest >= 1, "train.subword_nbest must be >= 1"),
         (t.max_tokens > 0, "train.max_tokens must be > 0"),
         (t.update_freq >= 1, "train.update_freq must be >= 1"),
         (t.warmup_steps >= 1, "train.warmup_steps must be >= 1"),

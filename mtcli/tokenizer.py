@@ -75,6 +75,14 @@ class Tokenizer:
             return []
         return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
 
+    def nbest(self, texts: list[str], n: int) -> list[list[tuple[list[int], float]]]:
+        """The ``n`` most probable segmentations of each text, as ``(ids, log-probability)``."""
+        if not texts:
+            return []
+        results = self._sp.nbest_encode(list(texts), return_type="proto", nbest_size=int(n))
+        return [[([p.id for p in best.pieces], float(best.score)) for best in result.nbests]
+                for result in results]
+
     def decode(self, ids: Sequence[int]) -> str:
         """Detokenized text of ``ids``; pad, bos and eos are skipped (unk decodes as " ⁇ ")."""
         return self._sp.decode([int(i) for i in ids if int(i) not in SPECIAL_IDS])

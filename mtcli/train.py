@@ -52,7 +52,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mtcli.batching import BatchStream, StepGroup, collate, filter_by_length, make_batches
+from mtcli.batching import (
+    BatchStream,
+    Resegment,
+    SentenceArray,
+    StepGroup,
+    collate,
+    filter_by_length,
+    make_batches,
+)
 from mtcli.config import Config, save_config
 from mtcli.corpus import read_lines
 from mtcli.errors import CheckpointError, DataError, TrainingError, TrainingInterrupted
@@ -259,6 +267,37 @@ def setup_run_dir(config: Config, corpus: Any, run_dir: Path) -> None:
             _copy_file(corpus.text_path(split, lang), run_dir / "text" / f"{split}.{lang}")
 
 
+def subword_resegmenter(corpus: Any, config: Config) -> Resegment:
+    """Per-epoch sampled segmentations of the training split (``train.subword_alpha`` > 0).
+
+    The cleaned training text the cache was encoded from is read once and each side gets a
+    :class:`~mtcli.subword_sampling.WordSegmentationSampler`; epoch ``e`` draws with a NumPy
+    generator seeded by ``(train.seed, e, side)``, so every rank and every resume sees the
+    same pieces.
+    """
+    from mtcli.subword_sampling import WordSegmentationSampler
+    from mtcli.tokenizer import Tokenizer
+
+    data, seed = config.data, config.train.seed
+    tokenizer = Tokenizer(corpus.spm_path)
+    samplers = []
+    for lang in (data.src_lang, data.tgt_lang):
+        best = corpus.array(data.train_split, lang)
+        path = corpus.text_path(data.train_split, lang)
+        lines = list(read_lines(path))
+        if len(lines) != len(best):
+            raise DataError(f"{path}: {len(lines)} lines, but the cache holds {len(best)} sentences; "
+                            f"re-run `mtcli prepare {config.path}`")
+        samplers.append(WordSegmentationSampler(tokenizer, lines, best, config.train.subword_alpha,
+                                                nbest=config.train.subword_nbest))
+
+    def resegment(epoch: int) -> tuple[SentenceArray, SentenceArray]:
+        return tuple(s.sample(np.random.default_rng([seed, epoch, side]))  # type: ignore[return-value]
+                     for side, s in enumerate(samplers))
+
+    return resegment
+
+
 def _bleu_tools() -> tuple[Any, Any] | None:
     try:
         from mtcli.evaluate import score
@@ -313,6 +352,7 @@ class Trainer:
             update_freq=self.cfg.update_freq,
             world_size=info.world_size,
             rank=info.rank,
+            resegment=subword_resegmenter(corpus, config) if self.cfg.subword_alpha > 0 else None,
         )
         self.step = 0
         self.best: float | None = None
@@ -789,6 +829,10 @@ def train(config: Config) -> TrainSummary:
         log.info("training pairs: %d kept, %d skipped (longer than %d/%d pieces) | epoch padding %.3f",
                  len(trainer.stream.indices), trainer.stream.skipped, config.train.max_source_length,
                  config.train.max_target_length, trainer.stream.padding_fraction())
+        if config.train.subword_alpha > 0:
+            log.info("subword regularisation: a sampled segmentation per epoch (alpha %g; %d "
+                     "target pieces in this epoch)", config.train.subword_alpha,
+                     int(trainer.stream.tgt_lengths[trainer.stream.indices].sum()))
         if info.distributed:
             trainer.ddp = nn.parallel.DistributedDataParallel(
                 trainer.model, device_ids=[device.index] if device.type == "cuda" else None
