@@ -91,6 +91,7 @@ class TrainConfig:
     label_smoothing: float = 0.1
     subword_alpha: float = 0.0
     subword_nbest: int = 32
+    subword_sides: Literal["both", "source"] = "both"
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     adam_eps: float = 1e-9
     weight_decay: float = 0.0

@@ -270,6 +270,9 @@ def setup_run_dir(config: Config, corpus: Any, run_dir: Path) -> None:
 def subword_resegmenter(corpus: Any, config: Config) -> Resegment:
     """Per-epoch sampled segmentations of the training split (``train.subword_alpha`` > 0).
 
+    Both sides are sampled, or with ``train.subword_sides: source`` only the source (the
+    decoder keeps learning one segmentation of the target).
+
     The cleaned training text the cache was encoded from is read once and each side gets a
     :class:`~mtcli.subword_sampling.WordSegmentationSampler`; epoch ``e`` draws with a NumPy
     generator seeded by ``(train.seed, e, side)``, so every rank and every resume sees the
@@ -280,20 +283,24 @@ def subword_resegmenter(corpus: Any, config: Config) -> Resegment:
 
     data, seed = config.data, config.train.seed
     tokenizer = Tokenizer(corpus.spm_path)
-    samplers = []
-    for lang in (data.src_lang, data.tgt_lang):
+    sides: list[Any] = []
+    for side, lang in enumerate((data.src_lang, data.tgt_lang)):
         best = corpus.array(data.train_split, lang)
+        if side == 1 and config.train.subword_sides == "source":
+            sides.append(best)  # the target keeps its best segmentation
+            continue
         path = corpus.text_path(data.train_split, lang)
         lines = list(read_lines(path))
         if len(lines) != len(best):
             raise DataError(f"{path}: {len(lines)} lines, but the cache holds {len(best)} sentences; "
                             f"re-run `mtcli prepare {config.path}`")
-        samplers.append(WordSegmentationSampler(tokenizer, lines, best, config.train.subword_alpha,
-                                                nbest=config.train.subword_nbest))
+        sides.append(WordSegmentationSampler(tokenizer, lines, best, config.train.subword_alpha,
+                                             nbest=config.train.subword_nbest))
 
     def resegment(epoch: int) -> tuple[SentenceArray, SentenceArray]:
         return tuple(s.sample(np.random.default_rng([seed, epoch, side]))  # type: ignore[return-value]
-                     for side, s in enumerate(samplers))
+                     if isinstance(s, WordSegmentationSampler) else s
+                     for side, s in enumerate(sides))
 
     return resegment
 
@@ -830,8 +837,9 @@ def train(config: Config) -> TrainSummary:
                  len(trainer.stream.indices), trainer.stream.skipped, config.train.max_source_length,
                  config.train.max_target_length, trainer.stream.padding_fraction())
         if config.train.subword_alpha > 0:
-            log.info("subword regularisation: a sampled segmentation per epoch (alpha %g; %d "
+            log.info("subword regularisation: a sampled segmentation per epoch (alpha %g, %s; %d "
                      "target pieces in this epoch)", config.train.subword_alpha,
+                     "both sides" if config.train.subword_sides == "both" else "source only",
                      int(trainer.stream.tgt_lengths[trainer.stream.indices].sum()))
         if info.distributed:
             trainer.ddp = nn.parallel.DistributedDataParallel(
