@@ -148,3 +148,43 @@ def test_stream_refuses_when_everything_is_too_long() -> None:
     src, tgt = random_corpus(10)
     with pytest.raises(DataError, match="max_source_length"):
         BatchStream(src, tgt, max_tokens=100, max_source_length=0, max_target_length=0, seed=1)
+
+
+def test_stream_resegments_every_epoch_and_resumes_exactly() -> None:
+    """With ``resegment``, each epoch batches that epoch's pairs (new lengths, new filter)."""
+    calls: list[int] = []
+
+    def resegment(epoch: int) -> tuple[FakeArray, FakeArray]:
+        calls.append(epoch)
+        return random_corpus(200, seed=100 + epoch, max_len=30)
+
+    kwargs = dict(max_tokens=150, max_source_length=25, max_target_length=25, seed=3,
+                  resegment=resegment)
+    base = random_corpus(200, seed=0, max_len=30)
+    stream = BatchStream(*base, **kwargs)
+    groups = []
+    while stream.epoch < 3:
+        group = stream.next_group()
+        # the collated pairs are the group's own epoch's segmentation
+        batch = stream.collate(group.batches[0])
+        expected_src, _ = random_corpus(200, seed=100 + group.epoch, max_len=30)
+        assert batch.src[0, : expected_src.lengths[group.batches[0][0]]].tolist() == \
+            expected_src[int(group.batches[0][0])].tolist()
+        groups.append(group)
+    for epoch in range(3):
+        src, tgt = random_corpus(200, seed=100 + epoch, max_len=30)
+        kept, _ = filter_by_length(src.lengths, tgt.lengths, 25, 25)
+        seen = np.sort(np.concatenate([b for g in groups if g.epoch == epoch for b in g.batches]))
+        assert np.array_equal(seen, kept)  # every pair kept under this epoch's lengths, once
+    assert sorted(set(calls)) == [0, 1, 2]
+
+    cut = next(i for i, g in enumerate(groups) if g.epoch == 1) + 2
+    replay = BatchStream(*base, **kwargs)
+    for _ in range(cut):
+        replay.next_group()
+    resumed = BatchStream(*base, **kwargs)
+    resumed.load_state_dict(replay.state_dict())
+    for g in groups[cut:]:
+        r = resumed.next_group()
+        assert (r.epoch, r.start) == (g.epoch, g.start)
+        assert all(np.array_equal(x, y) for x, y in zip(r.batches, g.batches, strict=True))

@@ -190,6 +190,32 @@ def test_cooldown_steps_must_fit_in_max_steps(prepared: Path, tmp_path: Path, ex
         make_config(prepared, tmp_path / "run", *extra)
 
 
+def test_subword_regularisation_trains_and_resumes_exactly(prepared: Path, tmp_path: Path) -> None:
+    """Sampled segmentations: 2 epochs straight == stop mid-epoch 1, resume; pieces differ per epoch."""
+    extra = ("train.subword_alpha=0.1", "train.valid_every=100000")
+    straight = tmp_path / "straight"
+    full = train(make_config(prepared, straight, "train.max_epochs=2", *extra))
+    assert full.epochs == 2
+    split = tmp_path / "split"
+    train(make_config(prepared, split, f"train.max_steps={full.steps - 3}", *extra))
+    train(make_config(prepared, split, "train.max_epochs=2", "train.max_steps=100000", *extra))
+    assert logged_losses(split) == logged_losses(straight)
+    assert_same_params(model_params(straight / "checkpoints" / "checkpoint_last.pt"),
+                       model_params(split / "checkpoints" / "checkpoint_last.pt"))
+    plain = tmp_path / "plain"
+    train(make_config(prepared, plain, "train.max_steps=2", "train.valid_every=100000"))
+    assert logged_losses(plain)[1] != logged_losses(straight)[1]  # other pieces, other loss
+    assert "subword regularisation" in (straight / "train.log").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("extra", [["train.subword_alpha=-0.1"],
+                                   ["train.subword_alpha=0.1", "data.spm_model_type=bpe"],
+                                   ["train.subword_alpha=0.1", "train.subword_nbest=0"]])
+def test_subword_settings_are_checked(prepared: Path, tmp_path: Path, extra: list[str]) -> None:
+    with pytest.raises(ConfigError, match="train.subword_"):
+        make_config(prepared, tmp_path / "run", *extra)
+
+
 def test_max_epochs(prepared: Path, tmp_path: Path) -> None:
     config = make_config(prepared, tmp_path / "run", "train.max_epochs=1", "train.max_steps=100000",
                          "train.valid_every=1000", "train.max_tokens=4096")
