@@ -270,13 +270,11 @@ def setup_run_dir(config: Config, corpus: Any, run_dir: Path) -> None:
 def subword_resegmenter(corpus: Any, config: Config) -> Resegment:
     """Per-epoch sampled segmentations of the training split (``train.subword_alpha`` > 0).
 
-    Both sides are sampled, or with ``train.subword_sides: source`` only the source (the
-    decoder keeps learning one segmentation of the target).
-
-    The cleaned training text the cache was encoded from is read once and each side gets a
-    :class:`~mtcli.subword_sampling.WordSegmentationSampler`; epoch ``e`` draws with a NumPy
-    generator seeded by ``(train.seed, e, side)``, so every rank and every resume sees the
-    same pieces.
+    The cleaned training text the cache was encoded from is read once, and each sampled side
+    gets a :class:`~mtcli.subword_sampling.WordSegmentationSampler`: both sides, or with
+    ``train.subword_sides: source`` the source only (the target keeps its cached segmentation).
+    Epoch ``e`` draws with a NumPy generator seeded by ``(train.seed, e, side)``, so every rank
+    and every resume sees the same pieces.
     """
     from mtcli.subword_sampling import WordSegmentationSampler
     from mtcli.tokenizer import Tokenizer
