@@ -107,8 +107,7 @@ class WordSegmentationSampler:
         self.candidates = int(first[-1])
 
         # Sentences whose best-candidate concatenation is not the cached segmentation.
-        viterbi = self._assemble(self.first_cand[:-1][self.token_types] if len(self.token_types)
-                                 else np.zeros(0, dtype=np.int64))
+        viterbi = self._assemble(self.first_cand[:-1][self.token_types], {})
         self.overrides: dict[int, np.ndarray] = {}
         for i in range(len(sentences)):
             want = np.asarray(best[i], dtype=np.int32)
@@ -120,7 +119,7 @@ class WordSegmentationSampler:
             get_logger().info("subword sampling: %d of %d sentences keep their best segmentation "
                               "(the normaliser changes them across words)", self.fixed, len(sentences))
 
-    def _assemble(self, chosen: np.ndarray) -> FlatSentences:
+    def _assemble(self, chosen: np.ndarray, overrides: dict[int, np.ndarray]) -> FlatSentences:
         """Concatenate the chosen candidate of every word occurrence into sentences."""
         lens = self.cand_len[chosen]
         out_offsets = np.zeros(len(lens) + 1, dtype=np.int64)
@@ -128,15 +127,13 @@ class WordSegmentationSampler:
         total = int(out_offsets[-1])
         gather = np.repeat(self.cand_start[chosen] - out_offsets[:-1], lens) + np.arange(total)
         ids = self.pieces[gather]
-        return FlatSentences(ids, out_offsets[self.word_offsets], dict(getattr(self, "overrides", {})))
+        return FlatSentences(ids, out_offsets[self.word_offsets], overrides)
 
     def sample(self, rng: np.random.Generator) -> FlatSentences:
         """One segmentation of every sentence, drawn with ``rng``."""
-        if len(self.token_types) == 0:
-            return self._assemble(np.zeros(0, dtype=np.int64))
         u = rng.random(len(self.token_types))
         chosen = np.searchsorted(self.cand_key, self.token_types + u, side="right")
-        return self._assemble(chosen)
+        return self._assemble(chosen, self.overrides)
 
 
 __all__ = ["FlatSentences", "WordSegmentationSampler"]
