@@ -69,7 +69,6 @@ class WordSegmentationSampler:
                  nbest: int = 32) -> None:
         if alpha <= 0:
             raise ValueError("alpha must be > 0")
-        self.alpha = float(alpha)
         types: dict[str, int] = {}
         token_types: list[int] = []
         word_offsets = np.zeros(len(sentences) + 1, dtype=np.int64)
@@ -89,7 +88,7 @@ class WordSegmentationSampler:
         first = np.zeros(len(types) + 1, dtype=np.int64)
         for t, result in enumerate(results):
             cands = result or [([], 0.0)]
-            scores = np.array([s for _, s in cands], dtype=np.float64) * self.alpha
+            scores = np.array([s for _, s in cands], dtype=np.float64) * float(alpha)
             probs = np.exp(scores - scores.max())
             cum = np.cumsum(probs / probs.sum())
             cum[-1] = 1.0
@@ -103,21 +102,22 @@ class WordSegmentationSampler:
         self.cand_start = np.asarray(starts, dtype=np.int64)
         self.cand_len = np.asarray(lengths, dtype=np.int64)
         self.cand_key = np.asarray(keys, dtype=np.float64)
-        self.first_cand = first
-        self.candidates = int(first[-1])
 
         # Sentences whose best-candidate concatenation is not the cached segmentation.
-        viterbi = self._assemble(self.first_cand[:-1][self.token_types], {})
+        viterbi = self._assemble(first[:-1][self.token_types], {})
         self.overrides: dict[int, np.ndarray] = {}
         for i in range(len(sentences)):
             want = np.asarray(best[i], dtype=np.int32)
-            got = viterbi[i]
-            if len(want) != len(got) or not np.array_equal(want, got):
+            if not np.array_equal(want, viterbi[i]):
                 self.overrides[i] = want
-        self.fixed = len(self.overrides)
         if self.fixed:
             get_logger().info("subword sampling: %d of %d sentences keep their best segmentation "
                               "(the normaliser changes them across words)", self.fixed, len(sentences))
+
+    @property
+    def fixed(self) -> int:
+        """How many sentences keep their cached segmentation in every epoch."""
+        return len(self.overrides)
 
     def _assemble(self, chosen: np.ndarray, overrides: dict[int, np.ndarray]) -> FlatSentences:
         """Concatenate the chosen candidate of every word occurrence into sentences."""
