@@ -52,6 +52,26 @@ class SentenceArray(Protocol):
 Resegment = Callable[[int], tuple[SentenceArray, SentenceArray]]
 
 
+class JoinedSentences:
+    """Two sentence arrays read as one (a :class:`SentenceArray`): ``first``'s, then ``second``'s.
+
+    Bidirectional training reads the pairs ``(src + tgt, tgt + src)`` through two of these.
+    """
+
+    def __init__(self, first: SentenceArray, second: SentenceArray) -> None:
+        self.first, self.second = first, second
+        self.split = len(first)
+        self.lengths = np.concatenate([np.asarray(first.lengths, dtype=np.int64),
+                                       np.asarray(second.lengths, dtype=np.int64)])
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        i = int(i)
+        return self.first[i] if i < self.split else self.second[i - self.split]
+
+
 @dataclass
 class Batch:
     """One collated batch: ``src`` [B, S], ``tgt_in`` / ``tgt_out`` [B, T], all int64."""
@@ -319,6 +339,7 @@ class BatchStream:
 __all__ = [
     "Batch",
     "BatchStream",
+    "JoinedSentences",
     "StepGroup",
     "collate",
     "filter_by_length",

@@ -92,6 +92,7 @@ class TrainConfig:
     subword_alpha: float = 0.0
     subword_nbest: int = 32
     subword_sides: Literal["both", "source"] = "both"
+    bidirectional_epochs: int = 0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
@@ -297,6 +298,7 @@ def validate(config: Config) -> None:
         (t.subword_alpha == 0.0 or dc.spm_model_type == "unigram",
          "train.subword_alpha > 0 samples from a unigram model: set data.spm_model_type: unigram"),
         (t.subword_nbest >= 1, "train.subword_nbest must be >= 1"),
+        (t.bidirectional_epochs >= 0, "train.bidirectional_epochs must be >= 0 (0 = off)"),
         (t.max_tokens > 0, "train.max_tokens must be > 0"),
         (t.update_freq >= 1, "train.update_freq must be >= 1"),
         (t.warmup_steps >= 1, "train.warmup_steps must be >= 1"),

@@ -54,6 +54,7 @@ from torch import nn
 
 from mtcli.batching import (
     BatchStream,
+    JoinedSentences,
     Resegment,
     SentenceArray,
     StepGroup,
@@ -303,6 +304,38 @@ def subword_resegmenter(corpus: Any, config: Config) -> Resegment:
     return resegment
 
 
+def bidirectional_resegmenter(src: SentenceArray, tgt: SentenceArray, epochs: int,
+                              base: Resegment | None = None) -> Resegment:
+    """Bidirectional training (Ding et al., 2021): both directions first, then the asked one.
+
+    For epochs ``e < epochs`` the stream reads the doubled corpus ``(src + tgt -> tgt + src)``:
+    every pair once as asked and once reversed, so the shared encoder, decoder and joint
+    embeddings learn both languages on both sides. From epoch ``epochs`` on it reads
+    ``src -> tgt`` only. ``base`` (subword regularisation) supplies each epoch's pairs first.
+    """
+
+    def resegment(epoch: int) -> tuple[SentenceArray, SentenceArray]:
+        s, t = base(epoch) if base is not None else (src, tgt)
+        if epoch < epochs:
+            return JoinedSentences(s, t), JoinedSentences(t, s)
+        return s, t
+
+    return resegment
+
+
+def training_resegmenter(corpus: Any, config: Config) -> Resegment | None:
+    """What the training stream reads per epoch instead of the cached pairs, if anything:
+    sampled segmentations (``train.subword_alpha``), then both directions for the first
+    ``train.bidirectional_epochs``; ``None`` when neither is on."""
+    data = config.data
+    base = subword_resegmenter(corpus, config) if config.train.subword_alpha > 0 else None
+    if config.train.bidirectional_epochs == 0:
+        return base
+    return bidirectional_resegmenter(corpus.array(data.train_split, data.src_lang),
+                                     corpus.array(data.train_split, data.tgt_lang),
+                                     config.train.bidirectional_epochs, base)
+
+
 def _bleu_tools() -> tuple[Any, Any] | None:
     try:
         from mtcli.evaluate import score
@@ -357,7 +390,7 @@ class Trainer:
             update_freq=self.cfg.update_freq,
             world_size=info.world_size,
             rank=info.rank,
-            resegment=subword_resegmenter(corpus, config) if self.cfg.subword_alpha > 0 else None,
+            resegment=training_resegmenter(corpus, config),
         )
         self.step = 0
         self.best: float | None = None
@@ -839,6 +872,11 @@ def train(config: Config) -> TrainSummary:
                      "target pieces in this epoch)", config.train.subword_alpha,
                      "both sides" if config.train.subword_sides == "both" else "source only",
                      int(trainer.stream.tgt_lengths[trainer.stream.indices].sum()))
+        if config.train.bidirectional_epochs > 0:
+            log.info("bidirectional training: epochs 1-%d read every pair in both directions "
+                     "(%s<->%s), then %s->%s only", config.train.bidirectional_epochs,
+                     config.data.src_lang, config.data.tgt_lang, config.data.src_lang,
+                     config.data.tgt_lang)
         if info.distributed:
             trainer.ddp = nn.parallel.DistributedDataParallel(
                 trainer.model, device_ids=[device.index] if device.type == "cuda" else None

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import (
@@ -23,6 +24,7 @@ from conftest import (
 from mtcli.checkpoint import load_checkpoint, read_index
 from mtcli.errors import CheckpointError, ConfigError, DataError, TrainingError
 from mtcli.loss import LabelSmoothedLoss
+from mtcli.subword_sampling import FlatSentences
 from mtcli.train import train
 
 
@@ -214,6 +216,53 @@ def test_subword_regularisation_trains_and_resumes_exactly(prepared: Path, tmp_p
 def test_subword_settings_are_checked(prepared: Path, tmp_path: Path, extra: list[str]) -> None:
     with pytest.raises(ConfigError, match="train.subword_"):
         make_config(prepared, tmp_path / "run", *extra)
+
+
+def test_bidirectional_epochs_read_both_directions_then_one() -> None:
+    from mtcli.batching import BatchStream
+    from mtcli.train import bidirectional_resegmenter
+
+    src = FlatSentences(np.array([10, 11, 12, 13, 14]), np.array([0, 2, 3, 5]))
+    tgt = FlatSentences(np.array([20, 21, 22, 23, 24, 25]), np.array([0, 1, 4, 6]))
+    reseg = bidirectional_resegmenter(src, tgt, 2)
+    for epoch in (0, 1):
+        s, t = reseg(epoch)
+        assert [s[i].tolist() for i in range(len(s))] == \
+            [[10, 11], [12], [13, 14], [20], [21, 22, 23], [24, 25]]
+        assert [t[i].tolist() for i in range(len(t))] == \
+            [[20], [21, 22, 23], [24, 25], [10, 11], [12], [13, 14]]
+        assert s.lengths.tolist() == [2, 1, 2, 1, 3, 2]
+    assert reseg(2) == (src, tgt)
+    stream = BatchStream(src, tgt, max_tokens=8, max_source_length=10, max_target_length=10,
+                         seed=1, resegment=reseg)
+    seen: dict[int, list[int]] = {}
+    while stream.epoch < 3:
+        group = stream.next_group()
+        seen.setdefault(group.epoch, []).extend(int(i) for b in group.batches for i in b)
+    assert {e: sorted(v) for e, v in seen.items()} == {0: list(range(6)), 1: list(range(6)),
+                                                       2: [0, 1, 2]}
+
+
+def test_bidirectional_training_resumes_exactly(prepared: Path, tmp_path: Path) -> None:
+    """One doubled epoch, then a plain one: straight == stopped in the doubled epoch and resumed."""
+    extra = ("train.bidirectional_epochs=1", "train.valid_every=100000")
+    straight = tmp_path / "straight"
+    full = train(make_config(prepared, straight, "train.max_epochs=2", *extra))
+    plain = tmp_path / "plain"
+    once = train(make_config(prepared, plain, "train.max_epochs=2", "train.valid_every=100000"))
+    assert full.epochs == 2 and full.steps > once.steps  # the first epoch is twice as long
+    split = tmp_path / "split"
+    train(make_config(prepared, split, "train.max_steps=3", *extra))
+    train(make_config(prepared, split, "train.max_epochs=2", "train.max_steps=100000", *extra))
+    assert logged_losses(split) == logged_losses(straight)
+    assert_same_params(model_params(straight / "checkpoints" / "checkpoint_last.pt"),
+                       model_params(split / "checkpoints" / "checkpoint_last.pt"))
+    assert "bidirectional training: epochs 1-1" in (straight / "train.log").read_text(encoding="utf-8")
+
+
+def test_bidirectional_epochs_are_checked(prepared: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="train.bidirectional_epochs"):
+        make_config(prepared, tmp_path / "run", "train.bidirectional_epochs=-1")
 
 
 def test_max_epochs(prepared: Path, tmp_path: Path) -> None:
