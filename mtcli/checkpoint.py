@@ -896,5 +896,5 @@ def load_for_inference(
             f"{source}: parameters do not fit the model of {run_dir / 'config.yaml'} ({detail[:300]})"
         ) from None
     model.to(device).eval()
-    meta = {k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler", "rng")}
+    meta = {k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler", "rng", "rng_ranks")}
     return InferenceModel(model=model, tokenizer=tokenizer, config=config, name=name, state=meta)

@@ -26,8 +26,10 @@ parameters. SIGINT/SIGTERM finish the current step, write ``checkpoint_last.pt``
 
 Under ``torchrun --nproc_per_node=N`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set) the model is
 wrapped in DistributedDataParallel (NCCL on CUDA, gloo on CPU); only rank 0 writes files and
-validates. RNG states saved are rank 0's; other ranks reseed from ``(seed, rank, step)`` on
-resume, so a resumed multi-process run with dropout is exact on rank 0's share only.
+validates. Every rank's RNG states are gathered into the checkpoint (``rng_ranks``), so a resumed
+multi-process run with dropout is exact on every rank when resumed with the same process count;
+with another count, rank 0 takes the saved rank 0's states and the others reseed from
+``(seed, rank, step)``.
 """
 
 from __future__ import annotations
@@ -174,6 +176,16 @@ def _all_sum(values: list[float], info: DistInfo, device: torch.device) -> list[
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor.tolist()
+
+
+def _gather_rng_states(info: DistInfo, device: torch.device) -> list[dict[str, Any]]:
+    """Every rank's :func:`get_rng_state`, in rank order, on every rank (one entry in one process)."""
+    mine = get_rng_state(device)
+    if not info.distributed:
+        return [mine]
+    states: list[Any] = [None] * info.world_size
+    dist.all_gather_object(states, mine)
+    return states
 
 
 def _broadcast(values: list[float], info: DistInfo, device: torch.device) -> list[float]:
@@ -450,7 +462,10 @@ class Trainer:
         self.log_window.update({k: float(v) for k, v in (ts.get("log_window") or {}).items()
                                 if k in self.log_window})
         self.last_valid = dict(state.get("valid") or self.last_valid)
-        if self.info.is_main:
+        ranks = state.get("rng_ranks") or []
+        if len(ranks) == self.info.world_size:  # the same process count: every rank's own states
+            set_rng_state(ranks[self.info.rank], self.device)
+        elif self.info.is_main:
             set_rng_state(state["rng"], self.device)
         else:
             torch.manual_seed(self.cfg.seed * 1_000_003 + self.info.rank * 10_007 + self.step)
@@ -458,8 +473,11 @@ class Trainer:
         self.log.info("resumed from %s at step %d, epoch %d, batch %d", path, self.step,
                       self.stream.epoch, self.stream.batch)
 
-    def state_dict(self) -> dict[str, Any]:
-        """The checkpoint state (layout shared with mtcli.checkpoint; weights-only loadable)."""
+    def state_dict(self, rng_ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The checkpoint state (layout shared with mtcli.checkpoint; weights-only loadable).
+
+        ``rng_ranks``: every rank's RNG states (:func:`_gather_rng_states`), saved under a
+        multi-process run so that each rank resumes its own dropout masks."""
         return {
             "format": STATE_FORMAT,
             "step": self.step,
@@ -468,6 +486,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.schedule.state_dict(),
             "rng": get_rng_state(self.device),
+            **({"rng_ranks": rng_ranks} if rng_ranks and len(rng_ranks) > 1 else {}),
             "data_state": self.stream.state_dict(),
             "train_state": {
                 "best": self.best,
@@ -651,7 +670,11 @@ class Trainer:
     # ----------------------------------------------------------------- checkpoints
 
     def save(self, *, validated: bool, improved: bool = False) -> None:
-        """Rank 0 writes checkpoint_last (and, after a validation, the step/best files and index)."""
+        """Rank 0 writes checkpoint_last (and, after a validation, the step/best files and index).
+
+        Every rank calls this at the same step (the stop rules and signals are agreed on across
+        ranks), since the ranks' RNG states are gathered first."""
+        rng_ranks = _gather_rng_states(self.info, self.device) if self.info.distributed else None
         if not self.info.is_main:
             return
         from mtcli.checkpoint import (
@@ -664,7 +687,7 @@ class Trainer:
         )
 
         self.elapsed += self._consume_time()
-        state = self.state_dict()
+        state = self.state_dict(rng_ranks)
         last = self.ckpt_dir / LAST_NAME
         if not validated:
             save_checkpoint(last, state)

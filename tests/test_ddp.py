@@ -52,3 +52,33 @@ def test_two_gloo_processes_match_one_process_on_both_batches(tmp_path: Path, pr
     c = load_checkpoint(one_batch / "checkpoints" / "checkpoint_last.pt")
     assert any(not torch.allclose(c["model"][k], b["model"][k], rtol=1e-5, atol=1e-6)
                for k in b["model"])
+
+
+def _ddp_train(run_dir: Path, prepared: Path, *extra: str) -> None:
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            "-m", "mtcli.cli", "train", str(TOY_CONFIG)]
+    for item in toy_train_overrides(prepared, run_dir, "train.max_tokens=256", *extra):
+        args += ["--set", item]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
+def test_two_gloo_processes_with_dropout_resume_exactly(tmp_path: Path, prepared_toy: Path) -> None:
+    """Each rank draws its own dropout masks; a checkpoint keeps every rank's RNG states, so
+    2 + 2 steps give the parameters of 4 steps straight."""
+    dropout = ("model.dropout=0.3", "model.attention_dropout=0.2", "train.valid_every=100000")
+    straight = tmp_path / "straight"
+    _ddp_train(straight, prepared_toy, "train.max_steps=4", *dropout)
+    split = tmp_path / "split"
+    _ddp_train(split, prepared_toy, "train.max_steps=2", *dropout)
+    saved = load_checkpoint(split / "checkpoints" / "checkpoint_last.pt")
+    assert len(saved["rng_ranks"]) == 2
+    assert not torch.equal(saved["rng_ranks"][0]["torch"], saved["rng_ranks"][1]["torch"])
+    _ddp_train(split, prepared_toy, "train.max_steps=4", *dropout)
+    a = load_checkpoint(straight / "checkpoints" / "checkpoint_last.pt")["model"]
+    b = load_checkpoint(split / "checkpoints" / "checkpoint_last.pt")["model"]
+    assert a.keys() == b.keys()
+    for key, value in a.items():
+        assert torch.equal(value, b[key]), key
