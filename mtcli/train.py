@@ -56,9 +56,6 @@ from torch import nn
 
 from mtcli.batching import (
     BatchStream,
-    JoinedSentences,
-    Resegment,
-    SentenceArray,
     StepGroup,
     collate,
     filter_by_length,
@@ -66,6 +63,7 @@ from mtcli.batching import (
 )
 from mtcli.config import Config, save_config
 from mtcli.corpus import read_lines
+from mtcli.epoch_pairs import training_resegmenter
 from mtcli.errors import CheckpointError, DataError, TrainingError, TrainingInterrupted
 from mtcli.fileio import atomic_write, sha256_file
 from mtcli.logs import add_file_log, get_logger, progress, remove_log_handler
@@ -278,74 +276,6 @@ def setup_run_dir(config: Config, corpus: Any, run_dir: Path) -> None:
             continue
         for lang in (config.data.src_lang, config.data.tgt_lang):
             _copy_file(corpus.text_path(split, lang), run_dir / "text" / f"{split}.{lang}")
-
-
-def subword_resegmenter(corpus: Any, config: Config) -> Resegment:
-    """Per-epoch sampled segmentations of the training split (``train.subword_alpha`` > 0).
-
-    The cleaned training text the cache was encoded from is read once, and each sampled side
-    gets a :class:`~mtcli.subword_sampling.WordSegmentationSampler`: both sides, or with
-    ``train.subword_sides: source`` the source only (the target keeps its cached segmentation).
-    Epoch ``e`` draws with a NumPy generator seeded by ``(train.seed, e, side)``, so every rank
-    and every resume sees the same pieces.
-    """
-    from mtcli.subword_sampling import WordSegmentationSampler
-    from mtcli.tokenizer import Tokenizer
-
-    data, seed = config.data, config.train.seed
-    tokenizer = Tokenizer(corpus.spm_path)
-    sides: list[Any] = []
-    for side, lang in enumerate((data.src_lang, data.tgt_lang)):
-        best = corpus.array(data.train_split, lang)
-        if side == 1 and config.train.subword_sides == "source":
-            sides.append(best)  # the target keeps its best segmentation
-            continue
-        path = corpus.text_path(data.train_split, lang)
-        lines = list(read_lines(path))
-        if len(lines) != len(best):
-            raise DataError(f"{path}: {len(lines)} lines, but the cache holds {len(best)} sentences; "
-                            f"re-run `mtcli prepare {config.path}`")
-        sides.append(WordSegmentationSampler(tokenizer, lines, best, config.train.subword_alpha,
-                                             nbest=config.train.subword_nbest))
-
-    def resegment(epoch: int) -> tuple[SentenceArray, SentenceArray]:
-        return tuple(s.sample(np.random.default_rng([seed, epoch, side]))  # type: ignore[return-value]
-                     if isinstance(s, WordSegmentationSampler) else s
-                     for side, s in enumerate(sides))
-
-    return resegment
-
-
-def bidirectional_resegmenter(src: SentenceArray, tgt: SentenceArray, epochs: int,
-                              base: Resegment | None = None) -> Resegment:
-    """Bidirectional training (Ding et al., 2021): both directions first, then the asked one.
-
-    For epochs ``e < epochs`` the stream reads the doubled corpus ``(src + tgt -> tgt + src)``:
-    every pair once as asked and once reversed, so the shared encoder, decoder and joint
-    embeddings learn both languages on both sides. From epoch ``epochs`` on it reads
-    ``src -> tgt`` only. ``base`` (subword regularisation) supplies each epoch's pairs first.
-    """
-
-    def resegment(epoch: int) -> tuple[SentenceArray, SentenceArray]:
-        s, t = base(epoch) if base is not None else (src, tgt)
-        if epoch < epochs:
-            return JoinedSentences(s, t), JoinedSentences(t, s)
-        return s, t
-
-    return resegment
-
-
-def training_resegmenter(corpus: Any, config: Config) -> Resegment | None:
-    """What the training stream reads per epoch instead of the cached pairs, if anything:
-    sampled segmentations (``train.subword_alpha``), then both directions for the first
-    ``train.bidirectional_epochs``; ``None`` when neither is on."""
-    data = config.data
-    base = subword_resegmenter(corpus, config) if config.train.subword_alpha > 0 else None
-    if config.train.bidirectional_epochs == 0:
-        return base
-    return bidirectional_resegmenter(corpus.array(data.train_split, data.src_lang),
-                                     corpus.array(data.train_split, data.tgt_lang),
-                                     config.train.bidirectional_epochs, base)
 
 
 def _bleu_tools() -> tuple[Any, Any] | None:

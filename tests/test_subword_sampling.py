@@ -120,7 +120,7 @@ def test_the_trainer_resegments_the_sides_asked_for(prepared_toy: Path, tmp_path
     from conftest import toy_train_config
 
     from mtcli.cache import PreparedCorpus
-    from mtcli.train import subword_resegmenter
+    from mtcli.epoch_pairs import subword_resegmenter
 
     config = toy_train_config(prepared_toy, tmp_path / "run", "train.subword_alpha=0.1",
                               f"train.subword_sides={sides}")

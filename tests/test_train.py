@@ -220,7 +220,7 @@ def test_subword_settings_are_checked(prepared: Path, tmp_path: Path, extra: lis
 
 def test_bidirectional_epochs_read_both_directions_then_one() -> None:
     from mtcli.batching import BatchStream
-    from mtcli.train import bidirectional_resegmenter
+    from mtcli.epoch_pairs import bidirectional_resegmenter
 
     src = FlatSentences(np.array([10, 11, 12, 13, 14]), np.array([0, 2, 3, 5]))
     tgt = FlatSentences(np.array([20, 21, 22, 23, 24, 25]), np.array([0, 1, 4, 6]))
