@@ -604,7 +604,7 @@ class Trainer:
 
         Every rank calls this at the same step (the stop rules and signals are agreed on across
         ranks), since the ranks' RNG states are gathered first."""
-        rng_ranks = _gather_rng_states(self.info, self.device) if self.info.distributed else None
+        rng_ranks = _gather_rng_states(self.info, self.device)
         if not self.info.is_main:
             return
         from mtcli.checkpoint import (
