@@ -58,6 +58,33 @@ def test_matches_library_cross_entropy(eps: float) -> None:
     assert torch.allclose(out.nll, plain, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_gradient_matches_autograd_through_the_library_formula(eps: float) -> None:
+    # The closed-form backward (p - q') against autograd through F.cross_entropy, pads included.
+    torch.manual_seed(2)
+    logits = (3.0 * torch.randn(4, 6, 13)).requires_grad_()
+    target = torch.randint(1, 13, (4, 6))
+    target[1, 3:] = 0
+    target[3, 1:] = 0
+    out = LabelSmoothedLoss(eps, pad_id=0)(logits, target)
+    (2.5 * out.loss).backward()
+    ours = logits.grad.clone()
+    logits.grad = None
+    (2.5 * reference_loss(logits, target, eps, pad_id=0)).backward()
+    assert torch.allclose(ours, logits.grad, rtol=1e-5, atol=1e-6)
+    assert not out.nll.requires_grad
+
+
+def test_pad_id_outside_the_vocabulary() -> None:
+    # A pad id that is not a valid index (here 99 with V = 5) is never looked up.
+    logits = torch.randn(1, 3, 5)
+    target = torch.tensor([[1, 99, 2]])
+    out = LabelSmoothedLoss(0.1, pad_id=99)(logits, target)
+    kept = reference_loss(logits[:, [0, 2]], target[:, [0, 2]], 0.1, pad_id=99)
+    assert out.tokens == 2
+    assert torch.allclose(out.loss, kept, rtol=1e-5)
+
+
 def test_bf16_logits_are_scored_in_float32() -> None:
     logits = torch.randn(2, 3, 9).to(torch.bfloat16)
     target = torch.tensor([[1, 2, 3], [4, 5, 0]])
@@ -65,6 +92,9 @@ def test_bf16_logits_are_scored_in_float32() -> None:
     assert out.loss.dtype == torch.float32
     ref = reference_loss(logits.float(), target, 0.1)
     assert torch.allclose(out.loss, ref, rtol=1e-5)
+    leaf = logits.clone().requires_grad_()
+    LabelSmoothedLoss(0.1)(leaf, target).loss.backward()
+    assert leaf.grad.dtype == torch.bfloat16
 
 
 def test_perplexity() -> None:
