@@ -29,6 +29,7 @@ Usage (from the repository root)::
     python bench/bench_train.py                       # full: recipe shape, 30 timed steps
     python bench/bench_train.py --smoke               # seconds: tiny shape, 3 steps
     python bench/bench_train.py --variants ours-fp32 torch-nn-fp32 --steps 50 --threads 2
+    python bench/bench_train.py --variants ours-fp32 --profile 20   # + the top 20 ops (slower steps)
 
 Results: a table on stdout and ``bench/results/train_<time>.json``.
 """
@@ -36,6 +37,7 @@ Results: a table on stdout and ``bench/results/train_<time>.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -239,11 +241,20 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     tokens = 0
+    profiler = contextlib.nullcontext()
+    if args.profile:
+        from torch.profiler import profile
+
+        profiler = profile()
     start = time.perf_counter()
-    for i in range(args.warmup, n):
-        tokens += step(i)
-    sync()
+    with profiler:
+        for i in range(args.warmup, n):
+            tokens += step(i)
+        sync()
     seconds = time.perf_counter() - start
+    if args.profile:  # on stderr: stdout carries the row
+        print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile),
+              file=sys.stderr)
     shapes = [(int(data["src"][i].size(0)), int(data["src"][i].size(1)), int(data["tgt_in"][i].size(1)))
               for i in range(args.warmup, n)]
     flops = flops_per_step(cfg, vocab, shapes)
@@ -302,11 +313,16 @@ def run_worker(args: argparse.Namespace, role: str, batches: Path) -> dict[str, 
            "--peak-reps", str(args.peak_reps)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    if args.profile and role != "peak":
+        cmd += ["--profile", str(args.profile)]
     for item in args.set or []:
         cmd += ["--set", item]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     if proc.returncode != 0:
         raise SystemExit(f"worker {role} failed:\n{proc.stderr[-3000:]}")
+    if args.profile and role != "peak":
+        print(f"{role}: top ops over the timed steps (the profiler slows every op a little)\n"
+              f"{proc.stderr.strip()}", flush=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -342,6 +358,8 @@ def main() -> None:
     parser.add_argument("--peak-reps", type=int, default=5)
     parser.add_argument("--set", action="append", help="config override for the model shape")
     parser.add_argument("--smoke", action="store_true", help="tiny shape and 3 steps (seconds)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="profile the timed steps and print the top N ops by self CPU time")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batches", type=Path, default=None, help=argparse.SUPPRESS)
