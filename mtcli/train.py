@@ -403,11 +403,12 @@ class Trainer:
         self.log.info("resumed from %s at step %d, epoch %d, batch %d", path, self.step,
                       self.stream.epoch, self.stream.batch)
 
-    def state_dict(self, rng_ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    def state_dict(self, rng_ranks: list[dict[str, Any]]) -> dict[str, Any]:
         """The checkpoint state (layout shared with mtcli.checkpoint; weights-only loadable).
 
-        ``rng_ranks``: every rank's RNG states (:func:`_gather_rng_states`), saved under a
-        multi-process run so that each rank resumes its own dropout masks."""
+        ``rng_ranks``: every rank's RNG states (:func:`_gather_rng_states`). ``rng`` is rank 0's;
+        the whole list is saved under a multi-process run so that each rank resumes its own
+        dropout masks."""
         return {
             "format": STATE_FORMAT,
             "step": self.step,
@@ -415,8 +416,8 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.schedule.state_dict(),
-            "rng": get_rng_state(self.device),
-            **({"rng_ranks": rng_ranks} if rng_ranks and len(rng_ranks) > 1 else {}),
+            "rng": rng_ranks[0],
+            **({"rng_ranks": rng_ranks} if len(rng_ranks) > 1 else {}),
             "data_state": self.stream.state_dict(),
             "train_state": {
                 "best": self.best,
