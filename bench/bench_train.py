@@ -70,17 +70,23 @@ def build_batches(args: argparse.Namespace, path: Path) -> dict[str, Any]:
 
     need = args.warmup + args.steps
     source = "synthetic"
-    if PREPARED.is_dir() and not args.synthetic and not args.smoke:
+    output_ids = None
+    if args.prepared.is_dir() and not args.synthetic and not args.smoke:
         from mtcli.cache import PreparedCorpus
+        from mtcli.tokenizer import SPECIAL_IDS, UNK_ID
 
-        corpus = PreparedCorpus.open(PREPARED, verify=False)
+        corpus = PreparedCorpus.open(args.prepared, verify=False)
         stream = BatchStream(corpus.array("train", corpus.src_lang), corpus.array("train", corpus.tgt_lang),
                              max_tokens=args.max_tokens, max_source_length=256, max_target_length=256,
                              seed=1)
         vocab = corpus.vocab_size
         batches = [stream.collate(stream.next_group().batches[0]) for _ in range(need)]
         padding_epoch = stream.padding_fraction(0)
-        source = f"Multi30k train ({PREPARED})"
+        source = f"Multi30k train ({args.prepared})"
+        # what model.output_vocab: target would list (mtcli.epoch_pairs.output_vocabulary)
+        used = corpus.array("train", corpus.tgt_lang).id_counts(vocab) > 0
+        used[sorted(SPECIAL_IDS | {UNK_ID})] = True
+        output_ids = torch.from_numpy(np.flatnonzero(used))
     else:
         rng = np.random.default_rng(0)
         n = 29_000
@@ -111,6 +117,7 @@ def build_batches(args: argparse.Namespace, path: Path) -> dict[str, Any]:
         "tgt_in": [b.tgt_in for b in batches],
         "tgt_out": [b.tgt_out for b in batches],
         "vocab": vocab,
+        "output_ids": output_ids,
     }
     torch.save(payload, path)
     timed = batches[args.warmup:]
@@ -204,10 +211,11 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     vocab = int(data["vocab"])
     torch.manual_seed(1)
     name = args.worker
+    output_ids = data.get("output_ids") if cfg.output_vocab == "target" else None
     if name.startswith("ours"):
         from mtcli.model import Transformer
 
-        model = Transformer(cfg, vocab).to(device)
+        model = Transformer(cfg, vocab, output_ids=output_ids).to(device)
     else:
         model = make_baseline(cfg, vocab).to(device)
     bf16 = name.endswith("bf16")
@@ -224,9 +232,10 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     def step(i: int) -> int:
         src, tgt_in, tgt_out = (data[k][i].to(device) for k in ("src", "tgt_in", "tgt_out"))
         ctx = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else torch.autocast(device.type, enabled=False)
+        ours = name.startswith("ours")
         with ctx:
-            logits = model(src, tgt_in)
-        out = criterion(logits, tgt_out)
+            logits = model(src, tgt_in, shortlist=True) if ours else model(src, tgt_in)
+        out = criterion(logits, model.output_targets(tgt_out) if ours else tgt_out)
         tokens = int(tgt_out.ne(0).sum())
         (out.loss / tokens).backward()
         optimizer.step()
@@ -257,7 +266,8 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
               file=sys.stderr)
     shapes = [(int(data["src"][i].size(0)), int(data["src"][i].size(1)), int(data["tgt_in"][i].size(1)))
               for i in range(args.warmup, n)]
-    flops = flops_per_step(cfg, vocab, shapes)
+    flops = flops_per_step(cfg, vocab if output_ids is None or not name.startswith("ours")
+                           else len(output_ids), shapes)
     steps = n - args.warmup
     row = {
         "variant": name,
@@ -352,6 +362,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--vocab", type=int, default=8000, help="synthetic vocabulary size")
     parser.add_argument("--synthetic", action="store_true", help="ignore the prepared cache")
+    parser.add_argument("--prepared", type=Path, default=PREPARED,
+                        help="prepared cache whose training batches are timed (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--peak-size", type=int, default=1024)

@@ -140,6 +140,18 @@ class TokenArray:
             raise IndexError(f"sentence {i} out of range ({n} sentences)")
         return np.array(self._data[self.offsets[i] : self.offsets[i + 1]], dtype=np.int32)
 
+    def id_counts(self, size: int, chunk: int = 1 << 24) -> np.ndarray:
+        """How often each id ``0..size-1`` occurs over all sentences (read in ``chunk``-id slices,
+        so memory stays flat on a large corpus). :class:`DataError` for an id >= ``size``."""
+        counts = np.zeros(size, dtype=np.int64)
+        for start in range(0, len(self._data), chunk):
+            part = np.asarray(self._data[start : start + chunk])
+            if part.size and int(part.max()) >= size:
+                raise DataError(f"{self.bin_path}: holds id {int(part.max())}, beyond the vocabulary "
+                                f"of {size} (corrupt cache)")
+            counts += np.bincount(part, minlength=size)
+        return counts
+
     def __getstate__(self) -> dict[str, Any]:
         """Pickle by path (for DataLoader workers), never the mapped data."""
         return {"bin_path": str(self.bin_path), "idx_path": str(self.idx_path), "dtype": self.dtype.str}

@@ -886,11 +886,13 @@ def load_for_inference(
 
     from mtcli.model import Transformer
 
-    model = Transformer(config.model, tokenizer.vocab_size, pad_id=PAD_ID)
+    # names saved from a DDP (module.) or torch.compile (_orig_mod.) wrapper load too
+    model_state = {_WRAPPER_RE.sub("", k): v for k, v in model_state.items()}
     try:
-        # names saved from a DDP (module.) or torch.compile (_orig_mod.) wrapper load too
-        model.load_state_dict({_WRAPPER_RE.sub("", k): v for k, v in model_state.items()})
-    except RuntimeError as exc:
+        model = Transformer(config.model, tokenizer.vocab_size, pad_id=PAD_ID,
+                            output_ids=model_state.get("output_ids"))
+        model.load_state_dict(model_state)
+    except (RuntimeError, ValueError) as exc:
         detail = " ".join(str(exc).split())
         raise CheckpointError(
             f"{source}: parameters do not fit the model of {run_dir / 'config.yaml'} ({detail[:300]})"

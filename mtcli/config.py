@@ -65,6 +65,7 @@ class ModelConfig:
     pre_norm: bool = False
     tie_embeddings: bool = True
     max_positions: int = 1024
+    output_vocab: Literal["joint", "target"] = "joint"
 
 
 @dataclass
@@ -299,6 +300,10 @@ def validate(config: Config) -> None:
          "train.subword_alpha > 0 samples from a unigram model: set data.spm_model_type: unigram"),
         (t.subword_nbest >= 1, "train.subword_nbest must be >= 1"),
         (t.bidirectional_epochs >= 0, "train.bidirectional_epochs must be >= 0 (0 = off)"),
+        (m.output_vocab == "joint" or t.subword_alpha == 0.0
+         or (t.subword_sides == "source" and t.bidirectional_epochs == 0),
+         "model.output_vocab: target needs the target pieces fixed: with train.subword_alpha > 0 "
+         "set train.subword_sides: source and train.bidirectional_epochs: 0"),
         (t.max_tokens > 0, "train.max_tokens must be > 0"),
         (t.update_freq >= 1, "train.update_freq must be >= 1"),
         (t.warmup_steps >= 1, "train.warmup_steps must be >= 1"),

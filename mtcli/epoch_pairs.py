@@ -5,6 +5,7 @@ start of every epoch. :func:`training_resegmenter` builds it from the config: sa
 segmentations (``train.subword_alpha``, :mod:`mtcli.subword_sampling`), then both translation
 directions for the first ``train.bidirectional_epochs``. Each epoch's pairs are a pure function of
 the epoch, so every DDP rank and every resumed process reads the same ones.
+:func:`output_vocabulary` lists the pieces those pairs' targets can hold (``model.output_vocab``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from mtcli.batching import JoinedSentences, Resegment, SentenceArray
 from mtcli.config import Config
 from mtcli.corpus import read_lines
 from mtcli.errors import DataError
+from mtcli.tokenizer import SPECIAL_IDS, UNK_ID
 
 
 def subword_resegmenter(corpus: Any, config: Config) -> Resegment:
@@ -85,3 +87,23 @@ def training_resegmenter(corpus: Any, config: Config) -> Resegment | None:
     return bidirectional_resegmenter(corpus.array(data.train_split, data.src_lang),
                                      corpus.array(data.train_split, data.tgt_lang),
                                      config.train.bidirectional_epochs, base)
+
+
+def output_vocabulary(corpus: Any, config: Config) -> np.ndarray | None:
+    """The sorted ids the decoder learns to produce under ``model.output_vocab: target``, else None.
+
+    Every piece of the training split's target side, plus its source side while
+    ``train.bidirectional_epochs`` make the source a target too, plus pad, unk, bos and eos. The
+    config check keeps sampled segmentations (``train.subword_alpha``) off the target side, so
+    the cached pieces are all the targets can hold. A pure function of the cache: every rank
+    and every resume computes the same list.
+    """
+    if config.model.output_vocab == "joint":
+        return None
+    data = config.data
+    langs = [data.tgt_lang] + ([data.src_lang] if config.train.bidirectional_epochs > 0 else [])
+    used = np.zeros(corpus.vocab_size, dtype=bool)
+    used[sorted(SPECIAL_IDS | {UNK_ID})] = True
+    for lang in langs:
+        used |= corpus.array(data.train_split, lang).id_counts(corpus.vocab_size) > 0
+    return np.flatnonzero(used)

@@ -42,7 +42,7 @@ of cross-attention, so the encoder side is never copied per beam).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mtcli.config import ModelConfig
+from mtcli.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 LAYER_NORM_EPS = 1e-5
 
@@ -642,11 +643,32 @@ class Transformer(nn.Module):
     ``logits = Decoder(tgt_in, Encoder(src)) W_E^T`` where ``W_E`` is the joint embedding when
     ``cfg.tie_embeddings`` (section 3.4), else a separate output projection; source and target
     embeddings are then separate too. ``pad_id`` marks padding in ``src`` and ``tgt_in``.
+
+    Output vocabulary. ``output_ids`` (sorted ids into the joint vocabulary, ``pad_id`` and the
+    other specials among them; ``model.output_vocab: target``) restricts the softmax to the pieces
+    the training targets use: a joint vocabulary also holds source-only pieces the decoder never
+    has to produce. Training computes ``hidden W_E[output_ids]^T`` only (``forward(...,
+    shortlist=True)`` with :meth:`output_targets`), so the largest product of the step shrinks by
+    the source-only share and the label-smoothing mass stays on producible pieces. Search does
+    the same (``decode(..., shortlist=True)``) and maps positions back to ids; the other paths
+    return full-vocabulary logits with ``-inf`` off the list, the same distribution. Without
+    ``output_ids`` (the default) the softmax covers the whole joint vocabulary. ``output_ids``
+    is a buffer, saved in checkpoints.
     """
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int = 0) -> None:
+    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int = 0,
+                 output_ids: Tensor | Sequence[int] | None = None) -> None:
         super().__init__()
         self.cfg, self.vocab_size, self.pad_id = cfg, vocab_size, pad_id
+        # buffers (None: no output vocabulary, not saved): the list; 0 on it and -inf elsewhere;
+        # joint id -> position in the list (unk's for an id off the list)
+        self.output_ids: Tensor | None
+        self.output_bias: Tensor | None
+        self.output_index: Tensor | None
+        for name in ("output_ids", "output_bias", "output_index"):
+            self.register_buffer(name, None)
+        if output_ids is not None:
+            self._set_output_vocabulary(torch.as_tensor(output_ids, dtype=torch.long))
         self.positions = PositionalEncoding(cfg.d_model, cfg.max_positions)
         src_embed = Embeddings(vocab_size, cfg.d_model, pad_id)
         tgt_embed = src_embed if cfg.tie_embeddings else Embeddings(vocab_size, cfg.d_model, pad_id)
@@ -671,13 +693,65 @@ class Transformer(nn.Module):
         if self.output_projection is not None:
             nn.init.normal_(self.output_projection.weight, mean=0.0, std=self.cfg.d_model**-0.5)
 
-    def project(self, hidden: Tensor) -> Tensor:
-        """Pre-softmax linear transformation ``hidden W^T`` -> logits ``[..., vocab]``."""
-        if self.int8_output is not None:
-            return self.int8_output(hidden)
+    def _set_output_vocabulary(self, ids: Tensor) -> None:
+        """Register ``ids`` as the output vocabulary (see the class docstring)."""
+        ids = ids.reshape(-1)
+        specials = torch.tensor(sorted((PAD_ID, UNK_ID, BOS_ID, EOS_ID)))  # 0-3: their own positions
+        if ids.numel() <= len(specials) or not torch.equal(ids[: len(specials)].cpu(), specials) \
+                or bool((ids[1:] <= ids[:-1]).any()) or int(ids[-1]) >= self.vocab_size:
+            raise ValueError(f"output_ids must be sorted, distinct ids below {self.vocab_size} that "
+                             f"start with the special ids 0-{int(specials[-1])} and list a piece")
+        self.register_buffer("output_ids", ids)
+        bias = torch.full((self.vocab_size,), float("-inf"))
+        bias[ids] = 0.0
+        self.register_buffer("output_bias", bias, persistent=False)
+        index = torch.full((self.vocab_size,), UNK_ID, dtype=torch.long)  # unk's position is its id
+        index[ids] = torch.arange(ids.numel())
+        self.register_buffer("output_index", index, persistent=False)
+
+    @property
+    def output_size(self) -> int:
+        """Width of :meth:`project_shortlist`'s logits: the output vocabulary's size, else ``vocab``."""
+        return self.vocab_size if self.output_ids is None else self.output_ids.numel()
+
+    def output_weight(self) -> Tensor:
+        """The pre-softmax weight ``W [vocab, d_model]``: the tied embedding or the projection's."""
         if self.output_projection is None:
-            return F.linear(hidden, self.decoder.embed.weight)
-        return self.output_projection(hidden)
+            return self.decoder.embed.weight
+        return self.output_projection.weight
+
+    def project_shortlist(self, hidden: Tensor) -> Tensor:
+        """Logits over the output vocabulary only, ``hidden W[output_ids]^T`` -> ``[..., V_out]``
+        (the full ``[..., vocab]`` without one). Position ``i`` is id ``output_ids[i]``; the
+        special ids are their own positions. Index them with :meth:`output_targets`."""
+        if self.int8_output is not None:  # built over the output vocabulary's rows
+            return self.int8_output(hidden)
+        weight = self.output_weight()
+        if self.output_ids is not None:
+            weight = weight.index_select(0, self.output_ids)
+        return F.linear(hidden, weight)
+
+    def project(self, hidden: Tensor) -> Tensor:
+        """Pre-softmax linear transformation ``hidden W^T`` -> logits ``[..., vocab]``
+        (``-inf`` outside the output vocabulary, when there is one)."""
+        logits = self.project_shortlist(hidden)
+        return logits if self.output_ids is None else self.widen(logits)
+
+    def widen(self, logits: Tensor) -> Tensor:
+        """Output-vocabulary logits ``[..., V_out]`` -> joint-vocabulary ``[..., vocab]``, -inf off it."""
+        if self.output_ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        return full.index_copy(logits.dim() - 1, self.output_ids, logits)
+
+    def output_targets(self, target: Tensor) -> Tensor:
+        """Joint-vocabulary ids -> their positions among the logits of :meth:`project_shortlist`.
+
+        Pad stays pad (the special ids are their own positions). An id outside the output
+        vocabulary (a held-out piece the training targets never used) becomes unk's position."""
+        if self.output_index is None:
+            return target
+        return self.output_index[target]
 
     def encode(self, src: Tensor) -> EncoderOutput:
         """``src [B, S]`` (ids + eos, right-padded with ``pad_id``) -> :class:`EncoderOutput`."""
@@ -685,43 +759,55 @@ class Transformer(nn.Module):
         attn_mask = padding_attn_mask(src_pad_mask)
         return EncoderOutput(self.encoder(src, attn_mask), src_pad_mask, attn_mask)
 
-    def decode(self, tgt_in: Tensor, enc: EncoderOutput, cache: DecoderCache | None = None) -> Tensor:
+    def decode(self, tgt_in: Tensor, enc: EncoderOutput, cache: DecoderCache | None = None,
+               shortlist: bool = False) -> Tensor:
         """Logits ``[B, T, vocab]`` for ``tgt_in [B, T]`` (bos + ids, right-padded).
 
         Without a cache the whole target is processed at once (causal self-attention). With a
         ``cache`` (from :meth:`init_cache`) ``tgt_in`` is the newest token ``[rows, 1]``, the
         result is ``[rows, 1, vocab]`` for that position and the cache advances one step; the
-        encoder side then comes from the cache (``enc`` is not read). When the cache was made
-        with a :class:`Workspace` (and no autocast is on), the logits are a view of its
-        ``"logits"`` buffer, overwritten by the next step: copy them to keep them.
+        encoder side then comes from the cache (``enc`` is not read). ``shortlist=True``: logits
+        over the output vocabulary, ``[..., V_out]`` (:meth:`project_shortlist`; what search
+        uses). When the cache was made with a :class:`Workspace` (and no autocast is on) the
+        shortlist logits are a view of its ``"logits"`` buffer, overwritten by the next step:
+        copy them to keep them.
         """
         if cache is None:
             hidden, _ = self.decoder(tgt_in, enc)
-            return self.project(hidden)
-        if tgt_in.shape != (cache.rows, 1):
-            raise ValueError(f"decode with a cache takes [{cache.rows}, 1] tokens, got {list(tgt_in.shape)}")
-        if cache.length >= cache.max_len:
-            raise ValueError(f"decoder cache is full ({cache.max_len} positions)")
-        hidden = self.decoder.step(tgt_in, cache)
-        if torch.is_grad_enabled() or self.int8_output is not None:
-            return self.project(hidden)
+        else:
+            if tgt_in.shape != (cache.rows, 1):
+                raise ValueError(f"decode with a cache takes [{cache.rows}, 1] tokens, got {list(tgt_in.shape)}")
+            if cache.length >= cache.max_len:
+                raise ValueError(f"decoder cache is full ({cache.max_len} positions)")
+            hidden = self.decoder.step(tgt_in, cache)
+        if cache is None or torch.is_grad_enabled() or self.int8_output is not None:
+            logits = self.project_shortlist(hidden)
+        else:
+            logits = self._cached_projection(hidden, cache)
+        return logits if shortlist else self.widen(logits)
+
+    def _cached_projection(self, hidden: Tensor, cache: DecoderCache) -> Tensor:
+        """:meth:`project_shortlist` of one step ``[rows, 1, d]`` with the transposed weight
+        kept in the cache and the result in its workspace (a plain ``mm`` is faster on a CPU)."""
         if cache.output_t is None:
-            weight = (
-                self.decoder.embed.weight if self.output_projection is None
-                else self.output_projection.weight
-            )
+            weight = self.output_weight()
+            if self.output_ids is not None:
+                weight = weight.index_select(0, self.output_ids)
             cache.output_t = weight.t().contiguous()
         hidden = hidden.view(-1, hidden.size(-1))
         if cache.workspace is None or torch.is_autocast_enabled(hidden.device.type):
             return torch.mm(hidden, cache.output_t).unsqueeze(1)
         out = cache.workspace.get(
-            "logits", (hidden.size(0), self.vocab_size), hidden.dtype, hidden.device
+            "logits", (hidden.size(0), cache.output_t.size(1)), hidden.dtype, hidden.device
         )
         return torch.mm(hidden, cache.output_t, out=out).unsqueeze(1)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced logits ``[B, T, vocab]`` for ``src [B, S]`` and ``tgt_in [B, T]``."""
-        return self.decode(tgt_in, self.encode(src))
+    def forward(self, src: Tensor, tgt_in: Tensor, shortlist: bool = False) -> Tensor:
+        """Teacher-forced logits ``[B, T, vocab]`` for ``src [B, S]`` and ``tgt_in [B, T]``.
+
+        ``shortlist=True`` (training): logits over the output vocabulary only, ``[B, T, V_out]``,
+        see :meth:`project_shortlist`; the same as the default without an output vocabulary."""
+        return self.decode(tgt_in, self.encode(src), shortlist=shortlist)
 
     def init_cache(
         self, enc: EncoderOutput, beam_size: int = 1, max_len: int | None = None,

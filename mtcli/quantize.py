@@ -88,14 +88,17 @@ def quantize_for_decoding(model: nn.Module) -> nn.Module:
     if why is not None:
         raise ConfigError(f"decode.int8: {why}")
     quantized = copy.deepcopy(model).eval()
+    # the product search uses: hidden W^T over the output vocabulary's rows (all rows without one)
+    output = quantized.output_weight().detach()
+    if quantized.output_ids is not None:
+        output = output.index_select(0, quantized.output_ids)
     for parent in list(quantized.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, Int8Linear(child.weight, child.bias))
-    # a separate output projection was an nn.Linear and is quantised above; a tied one is the
-    # embedding matrix, which stays fp32 for the lookups and gets an int8 twin for the product
-    output = quantized.output_projection
-    quantized.int8_output = output if output is not None else Int8Linear(quantized.decoder.embed.weight, None)
+    # a tied output weight is the embedding matrix, which stays fp32 for the lookups; the
+    # product gets an int8 twin (of the separate projection's rows too, when it is untied)
+    quantized.int8_output = Int8Linear(output, None)
     return quantized
 
 

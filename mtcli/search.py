@@ -119,6 +119,7 @@ class StepScores:
     chunk_max: Tensor
     width: int
     vocab: int  # real vocabulary size: columns past it are -inf padding
+    ids: Tensor | None = None  # column -> token id (the model's output vocabulary), else identity
 
     @property
     def chunks(self) -> int:
@@ -130,7 +131,10 @@ class StepScores:
         best, chunk = self.chunk_max.max(dim=1)
         rows = torch.arange(chunk.numel(), device=chunk.device)
         inside = self.logits.view(rows.numel(), self.chunks, self.width)[rows, chunk]
-        return chunk * self.width + inside.argmax(dim=1), best - self.lse
+        return self._ids(chunk * self.width + inside.argmax(dim=1)), best - self.lse
+
+    def _ids(self, column: Tensor) -> Tensor:
+        return column if self.ids is None else self.ids[column]
 
     def top_extensions(self, scores: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
         """The best ``n`` extensions of each sentence's hypotheses.
@@ -150,14 +154,18 @@ class StepScores:
         values = values.view(m, -1, c).add_(offset[row][..., None])  # [m, n', c]
         top, pos = values.view(m, -1).topk(n, dim=1)
         slot = pos // c
-        token = (chunk.gather(1, slot) * c + pos % c).clamp_(max=self.vocab - 1)
-        return top, beam.gather(1, slot), token
+        column = (chunk.gather(1, slot) * c + pos % c).clamp_(max=self.vocab - 1)
+        return top, beam.gather(1, slot), self._ids(column)
 
 
 def step_scores(
-    logits: Tensor, limit_rows: Tensor, width: int, scratch: Tensor | None = None
+    logits: Tensor, limit_rows: Tensor, width: int, scratch: Tensor | None = None,
+    ids: Tensor | None = None,
 ) -> StepScores:
     """:class:`StepScores` from the raw decoder logits ``[R, V]`` (taken over and modified).
+
+    ``ids``: the token id of each column when the logits cover an output vocabulary (the
+    model's ``output_ids``, whose special ids are their own columns), else column = id.
 
     ``logZ`` is over the model's whole distribution (pad and bos included), so a chosen token's
     log-probability is the model's own; then pad, bos, and every token but eos in the rows where
@@ -183,7 +191,7 @@ def step_scores(
         chunk_max[:, EOS_ID // width] = torch.where(
             limit_rows, eos, chunk_max[:, EOS_ID // width]
         )
-    return StepScores(logits, lse, chunk_max, width, vocab)
+    return StepScores(logits, lse, chunk_max, width, vocab, ids)
 
 
 _LOCAL = threading.local()
@@ -216,7 +224,7 @@ class _StepDecoder:
         self.model = model
         self.cache: DecoderCache | None = None
         self.enc = enc
-        self.width = chunk_width(model.vocab_size, CHUNK)
+        self.width = chunk_width(model.output_size, CHUNK)
         self.workspace = workspace()
         if use_cache:
             self.cache = model.init_cache(
@@ -229,14 +237,14 @@ class _StepDecoder:
         """:class:`StepScores` of the token after ``seq [rows, t]`` (bos + the tokens so far);
         rows where ``limit_rows`` is True may only end (eos)."""
         if self.cache is not None:
-            logits = self.model.decode(seq[:, -1:], self.enc, self.cache)[:, 0]
+            logits = self.model.decode(seq[:, -1:], self.enc, self.cache, shortlist=True)[:, 0]
         else:
             hidden, _ = self.model.decoder(seq, self.enc)
-            logits = self.model.project(hidden[:, -1])
+            logits = self.model.project_shortlist(hidden[:, -1])
         rows, vocab = logits.shape
         padded = -(-vocab // self.width) * self.width
         scratch = self.workspace.get("scratch", (rows, padded), torch.float32, logits.device)
-        return step_scores(logits, limit_rows, self.width, scratch)
+        return step_scores(logits, limit_rows, self.width, scratch, self.model.output_ids)
 
     def reorder(self, index: Tensor, group: int | None = None) -> None:
         """Keep rows ``index`` (grouped by sentence, see :meth:`DecoderCache.reorder`)."""
@@ -390,8 +398,9 @@ def generate(
         raise ConfigError(f"decode.beam_size must be >= 1, got {beam_size}")
     if not 1 <= nbest <= beam_size:
         raise ConfigError(f"decode.nbest must be between 1 and beam_size={beam_size}, got {nbest}")
-    if beam_size > 1 and 2 * beam_size > model.vocab_size:
-        raise ConfigError(f"decode.beam_size={beam_size} needs a vocabulary of at least {2 * beam_size}")
+    if beam_size > 1 and 2 * beam_size > model.output_size:
+        raise ConfigError(f"decode.beam_size={beam_size} needs an output vocabulary of at least "
+                          f"{2 * beam_size} pieces")
     if src.dim() != 2:
         raise ValueError(f"generate expects src [B, S], got shape {list(src.shape)}")
     if src.size(0) == 0:

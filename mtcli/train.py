@@ -63,7 +63,7 @@ from mtcli.batching import (
 )
 from mtcli.config import Config, save_config
 from mtcli.corpus import read_lines
-from mtcli.epoch_pairs import training_resegmenter
+from mtcli.epoch_pairs import output_vocabulary, training_resegmenter
 from mtcli.errors import CheckpointError, DataError, TrainingError, TrainingInterrupted
 from mtcli.fileio import atomic_write, sha256_file
 from mtcli.logs import add_file_log, get_logger, progress, remove_log_handler
@@ -313,7 +313,8 @@ class Trainer:
         from mtcli.model import Transformer, count_parameters
 
         seed_everything(self.cfg.seed)  # identical initial weights on every rank
-        self.model = Transformer(config.model, corpus.vocab_size).to(device)
+        output_ids = output_vocabulary(corpus, config)
+        self.model = Transformer(config.model, corpus.vocab_size, output_ids=output_ids).to(device)
         self.parameters = count_parameters(self.model)
         if info.rank > 0:  # different dropout masks per rank
             torch.manual_seed(self.cfg.seed * 1_000_003 + info.rank * 10_007)
@@ -459,8 +460,8 @@ class Trainer:
             sync = contextlib.nullcontext() if (self.ddp is None or last) else self.ddp.no_sync()
             with sync:
                 with self._autocast():
-                    logits = model(batch.src, batch.tgt_in)
-                out = self.criterion(logits, batch.tgt_out)
+                    logits = model(batch.src, batch.tgt_in, shortlist=True)
+                out = self.criterion(logits, self.model.output_targets(batch.tgt_out))
                 (out.loss * scale).backward()
             loss_acc += out.loss.detach()
             nll_acc += out.nll
@@ -529,8 +530,8 @@ class Trainer:
         for batch_idx in make_batches(src.lengths, tgt.lengths, indices, self.cfg.max_tokens, shuffle=False):
             batch = collate(src, tgt, batch_idx).to(self.device)
             with self._autocast():
-                logits = self.model(batch.src, batch.tgt_in)
-            out = self.criterion(logits, batch.tgt_out)
+                logits = self.model(batch.src, batch.tgt_in, shortlist=True)
+            out = self.criterion(logits, self.model.output_targets(batch.tgt_out))
             loss += float(out.loss)
             nll += float(out.nll)
             tokens += out.tokens
@@ -821,6 +822,9 @@ def train(config: Config) -> TrainSummary:
         log.info("training pairs: %d kept, %d skipped (longer than %d/%d pieces) | epoch padding %.3f",
                  len(trainer.stream.indices), trainer.stream.skipped, config.train.max_source_length,
                  config.train.max_target_length, trainer.stream.padding_fraction())
+        if trainer.model.output_ids is not None:
+            log.info("output vocabulary: the %d of %d pieces the training targets use "
+                     "(model.output_vocab: target)", trainer.model.output_ids.numel(), trainer.corpus.vocab_size)
         if config.train.subword_alpha > 0:
             log.info("subword regularisation: a sampled segmentation per epoch (alpha %g, %s; %d "
                      "target pieces in this epoch)", config.train.subword_alpha,

@@ -91,6 +91,18 @@ def test_writer_rejects_ids_out_of_range(tmp_path: Path) -> None:
         writer.append(np.array([70000]), np.array([1]))
 
 
+@pytest.mark.parametrize("chunk", [1 << 24, 3])
+def test_id_counts_count_every_sentence(tmp_path: Path, chunk: int) -> None:
+    corpus = PreparedCorpus.open(make_cache(tmp_path / "c"))
+    for lang in ("de", "en"):
+        array = corpus.array("train", lang)
+        ids = [t for i in range(len(array)) for t in array[i].tolist()]
+        expected = np.bincount(np.asarray(ids, dtype=np.int64), minlength=corpus.vocab_size)
+        assert array.id_counts(corpus.vocab_size, chunk=chunk).tolist() == expected.tolist()
+    with pytest.raises(DataError, match="beyond the vocabulary"):
+        corpus.array("train", "de").id_counts(10)
+
+
 def test_token_array_pickles_by_path(tmp_path: Path) -> None:
     array = PreparedCorpus.open(make_cache(tmp_path / "c")).array("train", "de")
     blob = pickle.dumps(array)

@@ -337,3 +337,73 @@ def test_bf16_autocast_forward_backward_and_decoding() -> None:
     assert (logits.float() - reference).abs().max() < 0.25
     logits.float().sum().backward()
     assert model.encoder.layers[0].self_attn.qkv_proj.weight.grad is not None
+
+
+# ----------------------------------------------------------------- output vocabulary
+
+OUTPUT_IDS = [0, 1, 2, 3, 5, 8, 9, 13, 21, 30, 34]  # pad/unk/bos/eos + a few pieces
+
+
+def test_output_vocabulary_is_the_same_distribution_on_every_path() -> None:
+    """Training's shortlist logits, the full-vocabulary logits with -inf off the list, and the
+    cached step-by-step logits give one distribution; nothing off the list gets mass."""
+    torch.manual_seed(0)
+    model = Transformer(small_config(), VOCAB, output_ids=OUTPUT_IDS).eval()
+    src, tgt = make_batch()
+    ids = torch.tensor(OUTPUT_IDS)
+    with torch.no_grad():
+        short = model(src, tgt, shortlist=True)
+        full = model(src, tgt)
+    assert short.shape == (*tgt.shape, len(OUTPUT_IDS)) and full.shape == (*tgt.shape, VOCAB)
+    off = torch.ones(VOCAB, dtype=torch.bool)
+    off[ids] = False
+    assert torch.isneginf(full[..., off]).all()
+    torch.testing.assert_close(full[..., ids], short)
+    torch.testing.assert_close(torch.log_softmax(full, -1)[..., ids], torch.log_softmax(short, -1))
+    # incremental decoding (the search path, with a workspace) agrees with teacher forcing
+    enc = model.encode(src[:1])
+    cache = model.init_cache(enc, workspace=Workspace())
+    with torch.no_grad():
+        for t in range(tgt.size(1)):
+            step = model.decode(tgt[:1, t : t + 1], enc, cache, shortlist=True)[:, 0]
+            torch.testing.assert_close(step, short[:1, t])
+            torch.testing.assert_close(model.widen(step), full[:1, t])
+    assert model.output_size == len(OUTPUT_IDS)
+
+
+def test_output_vocabulary_without_a_list_is_the_joint_softmax() -> None:
+    model = make_model()
+    src, tgt = make_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt, shortlist=True), model(src, tgt))
+    target = torch.tensor([[5, 7, 0]])
+    assert torch.equal(model.output_targets(target), target)
+    assert model.output_ids is None and "output_ids" not in model.state_dict()
+
+
+def test_output_targets_map_to_list_positions_and_unlisted_ids_to_unk() -> None:
+    model = Transformer(small_config(), VOCAB, output_ids=OUTPUT_IDS)
+    target = torch.tensor([[13, 3, 0], [7, 34, 1]])  # 7 is not listed
+    assert model.output_targets(target).tolist() == [[7, 3, 0], [1, 10, 1]]
+    assert model.state_dict()["output_ids"].tolist() == OUTPUT_IDS  # saved with the weights
+    assert "output_bias" not in model.state_dict()  # derived, not saved
+
+
+@pytest.mark.parametrize("ids", [[0, 1, 3, 2, 5], [1, 2, 3, 5], [0, 1, 3, 5], [0, 1, 2, 3],
+                                 [0, 1, 2, 3, VOCAB], [0, 1, 2, 3, 5, 5], []])
+def test_output_vocabulary_rejects_a_bad_list(ids: list[int]) -> None:
+    with pytest.raises(ValueError, match="output_ids"):
+        Transformer(small_config(), VOCAB, output_ids=ids)
+
+
+def test_output_vocabulary_gradient_reaches_only_listed_embeddings_through_the_output() -> None:
+    """With untied source embeddings, the shared target/output matrix gets output gradient only
+    on listed rows (and input gradient on the rows the decoder reads)."""
+    torch.manual_seed(0)
+    model = Transformer(small_config(tie_embeddings=False), VOCAB, output_ids=OUTPUT_IDS)
+    src, tgt = make_batch()
+    model(src, tgt, shortlist=True).sum().backward()
+    grad = model.output_projection.weight.grad
+    listed = torch.zeros(VOCAB, dtype=torch.bool)
+    listed[OUTPUT_IDS] = True
+    assert grad[~listed].abs().sum() == 0 and grad[listed].abs().sum() > 0

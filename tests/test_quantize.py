@@ -82,3 +82,23 @@ def test_evaluate_with_int8(tiny_run_dir, tmp_path) -> None:
     assert report["decode"]["int8"] is True
     lines = (tmp_path / "eval").glob("*.hyp")
     assert sum(len(p.read_text(encoding="utf-8").splitlines()) for p in lines) == report["sentences"]
+
+
+def test_int8_copy_keeps_the_output_vocabulary() -> None:
+    """A model with an output vocabulary keeps -inf off the list after quantisation."""
+    from mtcli.model import Transformer
+
+    listed = [0, 1, 2, 3, 5, 9, 14]
+    base = random_model(seed=6)
+    model = Transformer(base.cfg, base.vocab_size, output_ids=listed).eval()
+    model.load_state_dict(base.state_dict(), strict=False)
+    quantized = quantize_for_decoding(model)
+    src = pad_batch(random_sources(seed=7, n=3))
+    with torch.inference_mode():
+        exact, approx = model(src, src), quantized(src, src)
+    off = torch.ones(base.vocab_size, dtype=torch.bool)
+    off[listed] = False
+    assert torch.isneginf(approx[..., off]).all() and torch.isfinite(approx[..., ~off]).all()
+    assert (approx[..., ~off] - exact[..., ~off]).abs().max() / exact[..., ~off].abs().max() < 0.1
+    hyps = generate(quantized, src, beam_size=2)
+    assert {t for row in hyps for h in row for t in h.tokens} <= set(listed)

@@ -361,3 +361,28 @@ def test_tiny_model_learns_to_reverse() -> None:
 @pytest.mark.slow
 def test_small_model_learns_to_reverse_longer_sequences() -> None:
     check_toy(train_toy("reverse", d_model=48, layers=2, steps=400, max_len=6), "reverse", 6)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_search_with_an_output_vocabulary_emits_listed_pieces_only(beam: int) -> None:
+    """The same random weights with and without an output vocabulary: without it the search
+    produces unlisted pieces; with it only listed ones, cached and uncached alike, scored with
+    the list-normalised log-probabilities of teacher forcing."""
+    listed = [PAD_ID, 1, BOS_ID, EOS_ID, 6, 11, 14, 17, 20, 22]
+    base = random_model()
+    model = Transformer(base.cfg, VOCAB, output_ids=listed).eval()
+    missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
+    assert missing == ["output_ids"] and not unexpected
+    sources = random_sources()
+    src = pad_batch(sources)
+    kwargs = dict(beam_size=beam, nbest=beam, length_penalty=1.0)
+    free = {t for hyps in tokens_of(generate(base, src, **kwargs)) for h in hyps for t in h}
+    assert free - set(listed), "degenerate test: the free model already stays on the list"
+    cached = generate(model, src, **kwargs)
+    uncached = generate(model, src, use_cache=False, **kwargs)
+    assert tokens_of(cached) == tokens_of(uncached)
+    produced = {t for hyps in tokens_of(cached) for h in hyps for t in h}
+    assert produced and produced <= set(listed) - {PAD_ID, BOS_ID, EOS_ID}
+    for src_ids, hyps in zip(sources, cached, strict=True):
+        best = hyps[0]
+        assert best.logprob == pytest.approx(teacher_forced_logprob(model, src_ids, best.tokens), abs=1e-4)

@@ -129,6 +129,72 @@ def test_resume_refuses_model_change(prepared: Path, tmp_path: Path) -> None:
     train(make_config(prepared, run, "train.max_steps=2"))
     with pytest.raises(CheckpointError, match="model.d_model"):
         train(make_config(prepared, run, "train.max_steps=4", "model.d_model=16"))
+    with pytest.raises(CheckpointError, match="model.output_vocab"):
+        train(make_config(prepared, run, "train.max_steps=4", "model.output_vocab=target"))
+
+
+def test_output_vocabulary_target_trains_resumes_and_decodes_from_the_list(prepared: Path,
+                                                                          tmp_path: Path) -> None:
+    """``model.output_vocab: target``: the list is the training targets' pieces plus the special
+    ids; it is saved with the weights, a resume continues exactly, and inference decodes from it."""
+    from mtcli.cache import PreparedCorpus
+    from mtcli.checkpoint import load_for_inference
+    from mtcli.search import generate
+    from mtcli.translate import collate_sources
+
+    extra = ("model.output_vocab=target", "train.valid_every=100000")
+    straight = tmp_path / "straight"
+    train(make_config(prepared, straight, "train.max_steps=4", *extra))
+    split = tmp_path / "split"
+    train(make_config(prepared, split, "train.max_steps=2", *extra))
+    train(make_config(prepared, split, "train.max_steps=4", *extra))
+    assert logged_losses(split) == logged_losses(straight)
+
+    corpus = PreparedCorpus.open(prepared, verify=False)
+    train_tgt = corpus.array("train", corpus.tgt_lang)
+    expected = sorted({0, 1, 2, 3} | {int(t) for i in range(len(train_tgt)) for t in train_tgt[i]})
+    assert len(expected) < corpus.vocab_size, "degenerate test: the targets use every piece"
+    assert model_params(straight / "checkpoints" / "checkpoint_last.pt")["output_ids"].tolist() == expected
+    assert f"output vocabulary: the {len(expected)} of {corpus.vocab_size} pieces" in \
+        (straight / "train.log").read_text(encoding="utf-8")
+
+    joint = tmp_path / "joint"  # the joint softmax smooths over more pieces: another loss
+    train(make_config(prepared, joint, "train.max_steps=1", "train.valid_every=100000"))
+    assert logged_losses(joint)[1] != logged_losses(straight)[1]
+
+    bundle = load_for_inference(straight, "last")
+    assert bundle.model.output_ids.tolist() == expected
+    source = corpus.array("test", corpus.src_lang)
+    with torch.inference_mode():
+        hyps = generate(bundle.model, collate_sources([source[i].tolist() for i in range(8)], "cpu"),
+                        beam_size=2, nbest=2)
+    produced = {t for row in hyps for h in row for t in h.tokens}
+    assert produced and produced <= set(expected)
+
+
+@pytest.mark.parametrize("extra", [["train.subword_alpha=0.1"],
+                                   ["train.subword_alpha=0.1", "train.subword_sides=source",
+                                    "train.bidirectional_epochs=1"]])
+def test_output_vocabulary_target_refuses_sampled_targets(prepared: Path, tmp_path: Path,
+                                                          extra: list[str]) -> None:
+    with pytest.raises(ConfigError, match="model.output_vocab: target"):
+        make_config(prepared, tmp_path / "run", "model.output_vocab=target", *extra)
+
+
+def test_output_vocabulary_with_bidirectional_epochs_lists_both_sides(prepared: Path,
+                                                                      tmp_path: Path) -> None:
+    from mtcli.cache import PreparedCorpus
+    from mtcli.epoch_pairs import output_vocabulary
+
+    corpus = PreparedCorpus.open(prepared, verify=False)
+    config = make_config(prepared, tmp_path / "run", "model.output_vocab=target")
+    one = set(output_vocabulary(corpus, config).tolist())
+    both = set(output_vocabulary(corpus, make_config(prepared, tmp_path / "run", "model.output_vocab=target",
+                                                     "train.bidirectional_epochs=1")).tolist())
+    source = corpus.array("train", corpus.src_lang)
+    source_ids = {int(t) for i in range(len(source)) for t in source[i]}
+    assert one < both and both == one | source_ids
+    assert output_vocabulary(corpus, make_config(prepared, tmp_path / "run")) is None
 
 
 def test_missing_cache_says_run_prepare(tmp_path: Path) -> None:
