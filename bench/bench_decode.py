@@ -167,8 +167,9 @@ def worker_ct2(job: dict) -> dict:
 # ------------------------------------------------------------------------------------ setup
 
 
-def _random_run_dir(work: Path, spm_path: Path | None, seed: int) -> Path:
-    """A run dir holding a random model of the Multi30k recipe shape and an 8k SentencePiece."""
+def _random_run_dir(work: Path, spm_path: Path | None, seed: int, output_vocab: str = "joint") -> Path:
+    """A run dir holding a random model of the Multi30k recipe shape and an 8k SentencePiece;
+    ``output_vocab="target"``: with the output vocabulary of the prepared cache's target side."""
     import shutil
 
     import torch
@@ -181,7 +182,17 @@ def _random_run_dir(work: Path, spm_path: Path | None, seed: int) -> Path:
 
     run = work / "random_run"
     run.mkdir(parents=True, exist_ok=True)
-    config = load_config(RECIPE, [f"train.run_dir={run}"])
+    config = load_config(RECIPE, [f"train.run_dir={run}", f"model.output_vocab={output_vocab}"])
+    output_ids = None
+    if output_vocab == "target":
+        from mtcli.cache import PreparedCorpus
+        from mtcli.epoch_pairs import output_vocabulary
+
+        prepared = REPO / "data" / "prepared" / config.data.name
+        if spm_path is not None or not prepared.is_dir():
+            raise SystemExit(f"--output-vocab target lists the target pieces of {prepared}: "
+                             f"run `mtcli prepare {RECIPE}` first (and leave out --spm)")
+        output_ids = output_vocabulary(PreparedCorpus.open(prepared, verify=False), config)
     if spm_path is None:
         cached = REPO / "data" / "prepared" / config.data.name / "spm.model"
         spm_path = cached if cached.is_file() else None
@@ -198,7 +209,7 @@ def _random_run_dir(work: Path, spm_path: Path | None, seed: int) -> Path:
     tokenizer = Tokenizer(run / "spm.model")
     save_config(config, run / "config.yaml")
     torch.manual_seed(seed)
-    model = Transformer(config.model, tokenizer.vocab_size)
+    model = Transformer(config.model, tokenizer.vocab_size, output_ids=output_ids)
     save_checkpoint(run / "checkpoints" / "checkpoint_best.pt", {
         "format": 1, "step": 0, "model": model.state_dict(), "config": config.to_dict(),
         "vocab": {"size": tokenizer.vocab_size, "spm_sha256": sha256_file(run / "spm.model")},
@@ -248,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="decode exactly this many tokens (default: 24 for a random model, "
                              "0 = the recipe's length cap for a trained run)")
     parser.add_argument("--spm", type=Path, default=None, help="SentencePiece model for the random model")
+    parser.add_argument("--output-vocab", choices=["joint", "target"], default="joint",
+                        help="the random model's softmax: the joint vocabulary or the target side's "
+                             "pieces of the prepared cache (model.output_vocab)")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per variant")
     parser.add_argument("--output", type=Path, default=None)
@@ -267,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"input {args.input} not found", file=sys.stderr)
         return 2
     work = Path(tempfile.mkdtemp(prefix="bench_decode_"))
-    run_dir = args.run_dir or _random_run_dir(work, args.spm, seed=1)
+    run_dir = args.run_dir or _random_run_dir(work, args.spm, seed=1, output_vocab=args.output_vocab)
     fixed = args.fixed_length if args.fixed_length is not None else (0 if args.run_dir else 24)
     bundle = load_for_inference(run_dir, args.checkpoint, device="cpu")
     tok, decode = bundle.tokenizer, bundle.config.decode

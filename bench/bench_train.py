@@ -73,7 +73,8 @@ def build_batches(args: argparse.Namespace, path: Path) -> dict[str, Any]:
     output_ids = None
     if args.prepared.is_dir() and not args.synthetic and not args.smoke:
         from mtcli.cache import PreparedCorpus
-        from mtcli.tokenizer import SPECIAL_IDS, UNK_ID
+        from mtcli.config import load_config
+        from mtcli.epoch_pairs import output_vocabulary
 
         corpus = PreparedCorpus.open(args.prepared, verify=False)
         stream = BatchStream(corpus.array("train", corpus.src_lang), corpus.array("train", corpus.tgt_lang),
@@ -83,10 +84,10 @@ def build_batches(args: argparse.Namespace, path: Path) -> dict[str, Any]:
         batches = [stream.collate(stream.next_group().batches[0]) for _ in range(need)]
         padding_epoch = stream.padding_fraction(0)
         source = f"Multi30k train ({args.prepared})"
-        # what model.output_vocab: target would list (mtcli.epoch_pairs.output_vocabulary)
-        used = corpus.array("train", corpus.tgt_lang).id_counts(vocab) > 0
-        used[sorted(SPECIAL_IDS | {UNK_ID})] = True
-        output_ids = torch.from_numpy(np.flatnonzero(used))
+        # what model.output_vocab: target lists for this cache's direction
+        langs = [f"data.src_lang={corpus.src_lang}", f"data.tgt_lang={corpus.tgt_lang}"]
+        listed = output_vocabulary(corpus, load_config(RECIPE, [*langs, "model.output_vocab=target"]))
+        output_ids = torch.from_numpy(listed)
     else:
         rng = np.random.default_rng(0)
         n = 29_000

@@ -116,10 +116,10 @@ def build_spec(model: torch.nn.Module, vocabulary: list[str]) -> Any:
         dec.projection.weight = _np(model.decoder.embed.weight)
     else:
         _linear(dec.projection, model.output_projection)
-    if model.output_bias is not None:
+    if model.output_ids is not None:
         # the output vocabulary (model.output_vocab: target) as a projection bias: 0 on the
         # list, a finite -1e9 elsewhere (exp underflows to 0 as with our -inf)
-        dec.projection.bias = _np(model.output_bias.clamp(min=-1e9))
+        dec.projection.bias = _np(model.widen(torch.zeros(model.output_size)).clamp(min=-1e9))
 
     for layer_spec, layer in zip(enc.layer, model.encoder.layers, strict=True):
         _self_attention_and_ffn(layer_spec, layer)

@@ -660,12 +660,11 @@ class Transformer(nn.Module):
                  output_ids: Tensor | Sequence[int] | None = None) -> None:
         super().__init__()
         self.cfg, self.vocab_size, self.pad_id = cfg, vocab_size, pad_id
-        # buffers (None: no output vocabulary, not saved): the list; 0 on it and -inf elsewhere;
-        # joint id -> position in the list (unk's for an id off the list)
+        # buffers (None: no output vocabulary, not saved): the list, and joint id -> position in
+        # the list (unk's for an id off the list)
         self.output_ids: Tensor | None
-        self.output_bias: Tensor | None
         self.output_index: Tensor | None
-        for name in ("output_ids", "output_bias", "output_index"):
+        for name in ("output_ids", "output_index"):
             self.register_buffer(name, None)
         if output_ids is not None:
             self._set_output_vocabulary(torch.as_tensor(output_ids, dtype=torch.long))
@@ -702,9 +701,6 @@ class Transformer(nn.Module):
             raise ValueError(f"output_ids must be sorted, distinct ids below {self.vocab_size} that "
                              f"start with the special ids 0-{int(specials[-1])} and list a piece")
         self.register_buffer("output_ids", ids)
-        bias = torch.full((self.vocab_size,), float("-inf"))
-        bias[ids] = 0.0
-        self.register_buffer("output_bias", bias, persistent=False)
         index = torch.full((self.vocab_size,), UNK_ID, dtype=torch.long)  # unk's position is its id
         index[ids] = torch.arange(ids.numel())
         self.register_buffer("output_index", index, persistent=False)

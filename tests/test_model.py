@@ -386,7 +386,7 @@ def test_output_targets_map_to_list_positions_and_unlisted_ids_to_unk() -> None:
     target = torch.tensor([[13, 3, 0], [7, 34, 1]])  # 7 is not listed
     assert model.output_targets(target).tolist() == [[7, 3, 0], [1, 10, 1]]
     assert model.state_dict()["output_ids"].tolist() == OUTPUT_IDS  # saved with the weights
-    assert "output_bias" not in model.state_dict()  # derived, not saved
+    assert "output_index" not in model.state_dict()  # derived, not saved
 
 
 @pytest.mark.parametrize("ids", [[0, 1, 3, 2, 5], [1, 2, 3, 5], [0, 1, 3, 5], [0, 1, 2, 3],
