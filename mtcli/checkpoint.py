@@ -886,11 +886,9 @@ def load_for_inference(
 
     from mtcli.model import Transformer
 
-    # names saved from a DDP (module.) or torch.compile (_orig_mod.) wrapper load too
-    model_state = {_WRAPPER_RE.sub("", k): v for k, v in model_state.items()}
+    model_state = {_WRAPPER_RE.sub("", k): v for k, v in model_state.items()}  # DDP/compile names
     try:
-        model = Transformer(config.model, tokenizer.vocab_size, pad_id=PAD_ID,
-                            output_ids=model_state.get("output_ids"))
+        model = Transformer(config.model, tokenizer.vocab_size, PAD_ID, model_state.get("output_ids"))
         model.load_state_dict(model_state)
     except (RuntimeError, ValueError) as exc:
         detail = " ".join(str(exc).split())
