@@ -230,6 +230,12 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    backends = contextlib.nullcontext()
+    if args.sdpa_backends:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backends = sdpa_kernel([getattr(SDPBackend, b.strip().upper()) for b in args.sdpa_backends.split(",")])
+
     def step(i: int) -> int:
         src, tgt_in, tgt_out = (data[k][i].to(device) for k in ("src", "tgt_in", "tgt_out"))
         ctx = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else torch.autocast(device.type, enabled=False)
@@ -245,6 +251,7 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
         return tokens
 
     n = len(data["src"])
+    backends.__enter__()
     for i in range(args.warmup):
         step(i)
     sync()
@@ -262,6 +269,7 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
             tokens += step(i)
         sync()
     seconds = time.perf_counter() - start
+    backends.__exit__(None, None, None)
     if args.profile:  # on stderr: stdout carries the row
         print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile),
               file=sys.stderr)
@@ -328,6 +336,8 @@ def run_worker(args: argparse.Namespace, role: str, batches: Path) -> dict[str, 
         cmd += ["--profile", str(args.profile)]
     for item in args.set or []:
         cmd += ["--set", item]
+    if args.sdpa_backends:
+        cmd += ["--sdpa-backends", args.sdpa_backends]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     if proc.returncode != 0:
         raise SystemExit(f"worker {role} failed:\n{proc.stderr[-3000:]}")
@@ -367,6 +377,9 @@ def main() -> None:
                         help="prepared cache whose training batches are timed (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    parser.add_argument("--sdpa-backends", default="",
+                        help="SDPA backends allowed in the timed steps, e.g. flash_attention,efficient_attention,math "
+                             "(default: PyTorch's choice)")
     parser.add_argument("--peak-size", type=int, default=1024)
     parser.add_argument("--peak-reps", type=int, default=5)
     parser.add_argument("--set", action="append", help="config override for the model shape")

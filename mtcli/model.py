@@ -26,7 +26,9 @@ no real position ever sees a pad key); dropout is skipped when its rate is 0, an
 draws its mask from 16-bit slices of 64-bit random integers (:func:`dropout`), about 4x
 cheaper than ``F.dropout``. SDPA has no fused attention dropout on a CPU (with ``dropout_p > 0``
 it runs its own unfused math), so training with attention dropout on a CPU computes the same
-math explicitly (:func:`reference_attention`) with that faster dropout.
+math explicitly (:func:`reference_attention`) with that faster dropout. 16-bit attention on
+CUDA avoids SDPA's cuDNN kernel (:func:`sdpa_backends`), whose per-shape graph builds made bf16
+training 3-15x slower than fp32 with length-varying batches.
 
 Masks: ``src_pad_mask`` is boolean ``[B, S]``, True at padding (ARCHITECTURE.md). Attention takes
 an additive float mask ``[B, 1, 1, S]`` (0 where a key may be attended, -inf at padding), or a
@@ -41,6 +43,7 @@ of cross-attention, so the encoder side is never copied per beam).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,6 +51,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mtcli.config import ModelConfig
 from mtcli.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -57,6 +61,19 @@ LAYER_NORM_EPS = 1e-5
 
 # ----------------------------------------------------------------------------------------------
 # Dropout
+
+
+#: SDPA kernels for 16-bit attention on CUDA: everything but cuDNN's, which builds (and caches) a
+#: graph per new shape, ~25 ms of host time each on an H100; batches of varying lengths and every
+#: decoding step are new shapes (bench/NOTES.md: bf16 training went from 0.07x to 2.7x fp32).
+NO_CUDNN_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def sdpa_backends(device_type: str, dtype: torch.dtype) -> list[SDPBackend] | None:
+    """The SDPA backends to allow for queries on ``device_type`` in ``dtype`` (None: PyTorch's choice)."""
+    if device_type == "cuda" and dtype in (torch.float16, torch.bfloat16):
+        return NO_CUDNN_BACKENDS
+    return None
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
@@ -163,9 +180,11 @@ class MultiHeadAttention(nn.Module):
         else:
             if mask is not None and mask.dtype not in (torch.bool, q.dtype):
                 mask = mask.to(q.dtype)  # bf16 autocast: SDPA wants the mask in the query's dtype
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p
-            )
+            backends = sdpa_backends(q.device.type, q.dtype)
+            with sdpa_kernel(backends) if backends else contextlib.nullcontext():
+                out = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p
+                )
         b, _, t, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, t, self.d_model))
 

@@ -17,6 +17,7 @@ from mtcli.model import (
     dropout,
     padding_attn_mask,
     reference_attention,
+    sdpa_backends,
 )
 
 VOCAB = 40
@@ -337,6 +338,36 @@ def test_bf16_autocast_forward_backward_and_decoding() -> None:
     assert (logits.float() - reference).abs().max() < 0.25
     logits.float().sum().backward()
     assert model.encoder.layers[0].self_attn.qkv_proj.weight.grad is not None
+
+
+def test_16_bit_attention_on_cuda_avoids_cudnn_sdpa() -> None:
+    from torch.nn.attention import SDPBackend
+
+    backends = sdpa_backends("cuda", torch.bfloat16)
+    assert backends and SDPBackend.CUDNN_ATTENTION not in backends and SDPBackend.MATH in backends
+    assert sdpa_backends("cuda", torch.float16) == backends
+    assert sdpa_backends("cuda", torch.float32) is None and sdpa_backends("cpu", torch.bfloat16) is None
+
+
+def test_attention_calls_sdpa_under_the_chosen_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every SDPA call of a forward pass and a decoding step runs with cuDNN's kernel switched off
+    when :func:`sdpa_backends` says so (simulated here on the CPU, which has no cuDNN kernel)."""
+    import mtcli.model as model_module
+
+    model = make_model()
+    src, tgt = make_batch()
+    reference = model(src, tgt)
+    monkeypatch.setattr(model_module, "sdpa_backends", lambda device, dtype: model_module.NO_CUDNN_BACKENDS)
+    sdpa, seen = F.scaled_dot_product_attention, []
+
+    def recording_sdpa(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording_sdpa)
+    logits = model(src, tgt)
+    assert seen and not any(seen)
+    assert torch.allclose(logits, reference, atol=1e-6)
 
 
 # ----------------------------------------------------------------- output vocabulary
