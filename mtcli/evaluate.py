@@ -132,7 +132,7 @@ def evaluate(
     """
     from mtcli.checkpoint import load_for_inference
     from mtcli.corpus import read_lines
-    from mtcli.translate import decode_config, resolve_device, translate_lines
+    from mtcli.translate import decode_config, decoding_device, translate_lines
 
     run_dir = Path(run_dir)
     log = get_logger()
@@ -140,12 +140,11 @@ def evaluate(
         raise ConfigError("--src and --ref must be given together")
     if src_file is not None and split is not None:
         raise ConfigError("give either --split or --src/--ref, not both")
-    device = resolve_device("auto")
-    bundle = load_for_inference(
-        run_dir, checkpoint, average_last=average_last, average_best=average_best, device=device
-    )
+    bundle = load_for_inference(run_dir, checkpoint, average_last=average_last, average_best=average_best)
     config = decode_config(bundle.config, list(overrides or []))
     decode = config.decode
+    device = decoding_device(decode)
+    bundle.model.to(device)
     if src_file is not None:
         src_path, ref_path = Path(src_file), Path(ref_file)  # type: ignore[arg-type]
         name = _safe_name(src_path.name)

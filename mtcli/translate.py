@@ -279,6 +279,12 @@ def resolve_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+def decoding_device(decode: DecodeConfig) -> torch.device:
+    """Where to decode: the CPU under ``decode.int8`` (its int8 kernels are CPU kernels), else
+    the first CUDA device when there is one, else the CPU."""
+    return torch.device("cpu") if decode.int8 else resolve_device("auto")
+
+
 def decode_config(config: Config, overrides: list[str]) -> Config:
     """Apply ``decode.*`` ``--set`` overrides to a run's config (other sections are refused)."""
     for text in overrides:
@@ -364,10 +370,11 @@ def translate_files(
     from mtcli.checkpoint import load_for_inference
 
     overrides = list(overrides or [])
-    device = resolve_device("auto")
-    bundle = load_for_inference(run_dir, checkpoint, device=device)
+    bundle = load_for_inference(run_dir, checkpoint)
     config = decode_config(bundle.config, overrides)
     decode = config.decode
+    device = decoding_device(decode)
+    bundle.model.to(device)
     scored = any(o.split("=", 1)[0].strip() == "decode.nbest" for o in overrides)
     tokenizer = bundle.tokenizer
     for path in inputs:

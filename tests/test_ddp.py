@@ -18,8 +18,9 @@ from mtcli.train import train
 
 
 def overrides(prepared: Path, run_dir: Path) -> list[str]:
+    # gloo on the CPU, also on a machine with a GPU (where "auto" would pick CUDA)
     return toy_train_overrides(prepared, run_dir, "train.max_steps=1", "train.warmup_steps=1",
-                               "train.max_tokens=256")
+                               "train.max_tokens=256", "train.device=cpu")
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")

@@ -31,6 +31,16 @@ from mtcli.translate import (
 # ---------------------------------------------------------------------------------------------
 
 
+def test_decoding_device_is_the_cpu_under_int8(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mtcli.translate import decoding_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert decoding_device(DecodeConfig()) == torch.device("cuda")
+    assert decoding_device(DecodeConfig(int8=True)) == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert decoding_device(DecodeConfig()) == torch.device("cpu")
+
+
 def test_iter_binary_lines_strips_endings_and_bom() -> None:
     data = "\ufeffeins\r\nzwei\n\ndrei".encode()
     assert list(iter_binary_lines(io.BytesIO(data), "x")) == ["eins", "zwei", "", "drei"]
