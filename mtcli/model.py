@@ -58,14 +58,10 @@ from mtcli.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 LAYER_NORM_EPS = 1e-5
 
-
-# ----------------------------------------------------------------------------------------------
-# Dropout
-
-
 #: SDPA kernels for 16-bit attention on CUDA: everything but cuDNN's, which builds (and caches) a
 #: graph per new shape, ~25 ms of host time each on an H100; batches of varying lengths and every
-#: decoding step are new shapes (bench/NOTES.md: bf16 training went from 0.07x to 2.7x fp32).
+#: decoding step are new shapes (bench/NOTES.md: bf16 training at the base shape went from 0.35x
+#: to 2.3x fp32).
 NO_CUDNN_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -74,6 +70,10 @@ def sdpa_backends(device_type: str, dtype: torch.dtype) -> list[SDPBackend] | No
     if device_type == "cuda" and dtype in (torch.float16, torch.bfloat16):
         return NO_CUDNN_BACKENDS
     return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Dropout
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
