@@ -199,12 +199,14 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     """Time one variant on the saved batches; returns its row."""
     import torch
 
+    from mtcli.allocator import keep_freed_memory
     from mtcli.config import load_config
     from mtcli.loss import LabelSmoothedLoss
     from mtcli.schedule import build_optimizer, build_schedule
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as mtcli.train does (MTCLI_KEEP_FREED_MEMORY=0 measures without it)
     device = torch.device(args.device)
     data = torch.load(args.batches, weights_only=True)
     config = load_config(RECIPE, list(args.set or []))

@@ -54,6 +54,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mtcli.allocator import keep_freed_memory
 from mtcli.batching import (
     BatchStream,
     StepGroup,
@@ -788,6 +789,7 @@ def train(config: Config) -> TrainSummary:
     device = resolve_device(config.train.device, info.local_rank)
     if config.train.num_threads > 0:
         torch.set_num_threads(config.train.num_threads)
+    keep_freed_memory()
     if not info.is_main:  # one voice on the console: rank 0's
         log.setLevel(logging.WARNING)
     corpus = open_corpus(config)

@@ -36,6 +36,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
+from mtcli.allocator import keep_freed_memory
 from mtcli.config import Config, DecodeConfig, config_from_dict
 from mtcli.corpus import count_lines, iter_binary_lines, read_lines
 from mtcli.errors import ConfigError, DataError
@@ -176,6 +177,7 @@ def translate_lines(
 
     log = get_logger()
     device = torch.device(device)
+    keep_freed_memory()
     model, tokenizer = bundle.model, bundle.tokenizer
     limit = source_limit(bundle)
     was_training = model.training
