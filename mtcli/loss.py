@@ -19,8 +19,9 @@ How it is computed. With logits ``x``, ``log p(k) = x_k - log Z`` and ``log Z = 
     NLL = log Z - x_y        sum_k -log p(k) / V = log Z - mean_k x_k
 
 need only ``log Z`` and two reductions of the logits: no ``[tokens, V]`` log-probability tensor.
-The gradient has the closed form ``dL/dx_k = p(k) - q'(k)``, which the backward writes into one
-``[tokens, V]`` buffer in place. Autograd through ``log_softmax`` + ``nll_loss`` would instead
+The gradient has the closed form ``dL/dx_k = p(k) - q'(k)``, which the forward writes into one
+``[tokens, V]`` buffer, block by block of rows while they are in cache. Autograd through
+``log_softmax`` + ``nll_loss`` would instead
 build a zero-filled one-hot gradient, add the smoothing gradient to it and run
 ``log_softmax``'s backward: several more passes over the largest activation of the model.
 The unsmoothed NLL we report comes out of the same forward.
@@ -56,43 +57,75 @@ class LossOutput:
         return int(self.count.item())
 
 
+#: Rows of logits processed together: about 4 MiB of float32, so each block's passes (max, exp,
+#: sum, scale) run on cached data rather than streaming the whole [N, V] tensor once per pass,
+#: while blocks stay large enough that per-op overhead is small (bench/NOTES.md, session 18).
+BLOCK_BYTES = 1 << 22
+
+
 class _SmoothedCrossEntropy(torch.autograd.Function):
-    """Summed label-smoothed cross entropy and NLL of ``[N, V]`` float logits, with a fused backward.
+    """Summed label-smoothed cross entropy and NLL of ``[N, V]`` logits, with a fused backward.
 
     Forward: ``loss = sum_i w_i [(1 - eps)(log Z_i - x_{i,y_i}) + eps (log Z_i - mean_k x_{i,k})]``
     with ``w_i = 1`` for kept (non-pad) rows; the NLL is the same sum with ``eps = 0``.
-    Backward: ``dloss/dx_{i,k} = w_i (exp(x_{i,k} - log Z_i) - (1 - eps)[k == y_i] - eps / V)``.
-    The NLL output is not differentiable (it is reported, never backpropagated).
+    Gradient: ``dloss/dx_{i,k} = w_i (p_{i,k} - (1 - eps)[k == y_i] - eps / V)``.
+
+    Both are computed in one sweep over blocks of rows in the forward, in float32 whatever the
+    logits' dtype: while a block is in cache, ``p = exp(x - max) / sum`` is written straight into
+    the gradient buffer (in the logits' dtype), so the logits themselves are not kept for the
+    backward, which only scales that buffer by the incoming gradient, in place (the graph can be
+    backpropagated once). The NLL output is not differentiable (it is reported, never
+    backpropagated). Without a gradient to compute (validation), only ``log Z`` is.
     """
 
     @staticmethod
     def forward(ctx: Any, logits: Tensor, target: Tensor, weight: Tensor,  # type: ignore[override]
                 epsilon: float) -> tuple[Tensor, Tensor]:
-        log_z = torch.logsumexp(logits, dim=-1)
-        gold = logits.gather(1, target.unsqueeze(1)).squeeze(1)
+        n, vocab = logits.shape
+        need_grad = bool(ctx.needs_input_grad[0])
+        log_z = torch.empty(n, dtype=torch.float32, device=logits.device)
+        mean = torch.empty(n, dtype=torch.float32, device=logits.device) if epsilon > 0 else None
+        grad = torch.empty_like(logits) if need_grad else None
+        rows = max(1, BLOCK_BYTES // (4 * vocab))
+        local = torch.arange(min(rows, n), device=logits.device)
+        for start in range(0, n, rows):
+            stop = min(n, start + rows)
+            x = logits[start:stop].float()  # a view for float32 logits, a cached copy otherwise
+            top = x.amax(dim=1, keepdim=True)
+            if mean is not None:
+                mean[start:stop] = x.mean(dim=1)
+            if grad is not None and grad.dtype == torch.float32:
+                p = torch.sub(x, top, out=grad[start:stop])
+            else:
+                p = x - top
+            p.exp_()
+            total = p.sum(dim=1, keepdim=True)
+            log_z[start:stop] = (top + total.log()).squeeze(1)
+            if grad is not None:
+                w = weight[start:stop].unsqueeze(1)
+                p.mul_(w / total)  # w p
+                if epsilon > 0:
+                    p.sub_(w * (epsilon / vocab))
+                p[local[: stop - start], target[start:stop]] -= weight[start:stop] * (1.0 - epsilon)
+                if p.data_ptr() != grad[start:stop].data_ptr():
+                    grad[start:stop].copy_(p)
+        gold = logits.gather(1, target.unsqueeze(1)).squeeze(1).float()
         nll = ((log_z - gold) * weight).sum()
-        if epsilon > 0.0:
-            smooth = ((log_z - logits.mean(dim=-1)) * weight).sum()
+        if mean is not None:
+            smooth = ((log_z - mean) * weight).sum()
             loss = (1.0 - epsilon) * nll + epsilon * smooth
         else:
             loss = nll.clone()
-        ctx.save_for_backward(logits, target, weight, log_z)
-        ctx.epsilon = epsilon
+        if grad is not None:
+            ctx.save_for_backward(grad)
         ctx.mark_non_differentiable(nll)
         return loss, nll
 
     @staticmethod
     def backward(ctx: Any, grad_loss: Tensor, grad_nll: Tensor | None  # type: ignore[override]
                  ) -> tuple[Tensor | None, None, None, None]:
-        logits, target, weight, log_z = ctx.saved_tensors
-        eps = ctx.epsilon
-        grad = torch.sub(logits, log_z.unsqueeze(1)).exp_()  # p(k), written once
-        if eps > 0.0:
-            grad.sub_(eps / logits.size(1))
-        rows = torch.arange(grad.size(0), device=grad.device)
-        grad[rows, target] -= 1.0 - eps
-        grad.mul_((weight * grad_loss).unsqueeze(1))
-        return grad, None, None, None
+        (grad,) = ctx.saved_tensors
+        return grad.mul_(grad_loss.to(grad.dtype)), None, None, None
 
 
 class LabelSmoothedLoss(nn.Module):
@@ -114,8 +147,8 @@ class LabelSmoothedLoss(nn.Module):
         flat = target.reshape(-1)
         keep = flat != self.pad_id
         gold = flat.masked_fill(~keep, 0)  # any in-range index; the weight of pad rows is 0
-        loss, nll = _SmoothedCrossEntropy.apply(logits.reshape(-1, vocab).float(), gold,
-                                                keep.float(), self.epsilon)
+        loss, nll = _SmoothedCrossEntropy.apply(logits.reshape(-1, vocab), gold, keep.float(),
+                                                self.epsilon)
         return LossOutput(loss=loss, nll=nll, count=keep.sum())
 
 

@@ -97,6 +97,42 @@ def test_bf16_logits_are_scored_in_float32() -> None:
     assert leaf.grad.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_blocks_of_rows_give_the_same_loss_and_gradient(monkeypatch: pytest.MonkeyPatch,
+                                                       dtype: torch.dtype) -> None:
+    # 3 rows per block over 4 x 5 = 20 rows: six full blocks and a partial one, pads in several.
+    from mtcli import loss as loss_module
+
+    monkeypatch.setattr(loss_module, "BLOCK_BYTES", 3 * 4 * 17)
+    torch.manual_seed(3)
+    logits = (2.0 * torch.randn(4, 5, 17)).to(dtype).requires_grad_()
+    target = torch.randint(1, 17, (4, 5))
+    target[0, 4:] = 0
+    target[2, 2:] = 0
+    out = LabelSmoothedLoss(0.1, pad_id=0)(logits, target)
+    (0.5 * out.loss).backward()
+    ours = logits.grad.float()
+    assert logits.grad.dtype == dtype
+    leaf = logits.detach().float().requires_grad_()
+    ref = reference_loss(leaf, target, 0.1, pad_id=0)
+    (0.5 * ref).backward()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # the bf16 gradient is rounded once, at the end
+    assert torch.allclose(out.loss, ref, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(ours, leaf.grad, rtol=tol, atol=tol * 0.1)
+    assert torch.all(logits.grad[target == 0] == 0)
+
+
+def test_without_gradient_only_the_sums_are_computed() -> None:
+    # Validation runs under no_grad: the same loss and NLL, and no gradient buffer is kept.
+    torch.manual_seed(4)
+    logits = torch.randn(3, 4, 11)
+    target = torch.randint(1, 11, (3, 4))
+    with torch.no_grad():
+        out = LabelSmoothedLoss(0.1)(logits, target)
+    assert out.loss.grad_fn is None
+    assert torch.allclose(out.loss, reference_loss(logits, target, 0.1), rtol=1e-5)
+
+
 def test_perplexity() -> None:
     assert perplexity(2.0 * 10, 10) == pytest.approx(math.exp(2.0))
     assert perplexity(1.0, 0) == float("inf")
