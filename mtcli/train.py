@@ -158,6 +158,20 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return device
 
 
+def cpu_has_bf16_units(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU multiplies bf16 natively (x86 AVX512-BF16 or AMX, Arm BF16); False if unknown.
+
+    Without them PyTorch's bf16 matmuls take a slow path: ~100x slower than fp32 on an AVX2
+    Zen 3 VM, ~2x *faster* than fp32 on the AVX512-BF16 Zen 4 one (bench/NOTES.md).
+    """
+    try:
+        with open(cpuinfo, encoding="utf-8") as handle:
+            flags = next((line for line in handle if line.startswith(("flags", "Features"))), "").split()
+    except OSError:
+        return False
+    return bool({"avx512_bf16", "amx_bf16", "bf16"} & set(flags))
+
+
 def _init_distributed(info: DistInfo, device: torch.device) -> None:
     if not info.distributed or dist.is_initialized():
         return
@@ -790,6 +804,10 @@ def train(config: Config) -> TrainSummary:
     if config.train.num_threads > 0:
         torch.set_num_threads(config.train.num_threads)
     keep_freed_memory()
+    if config.train.bf16 and device.type == "cpu" and not cpu_has_bf16_units():
+        log.warning("train.bf16 on a CPU without bf16 matrix units (avx512_bf16/amx_bf16 in "
+                    "/proc/cpuinfo): expect it to run many times slower than fp32 "
+                    "(--set train.bf16=false)")
     if not info.is_main:  # one voice on the console: rank 0's
         log.setLevel(logging.WARNING)
     corpus = open_corpus(config)

@@ -25,7 +25,7 @@ from mtcli.checkpoint import load_checkpoint, read_index
 from mtcli.errors import CheckpointError, ConfigError, DataError, TrainingError
 from mtcli.loss import LabelSmoothedLoss
 from mtcli.subword_sampling import FlatSentences
-from mtcli.train import train
+from mtcli.train import cpu_has_bf16_units, train
 
 
 @pytest.fixture
@@ -437,3 +437,16 @@ def test_sigkill_then_resume_matches_straight_run(prepared: Path, tmp_path: Path
     assert summary.resumed_from is not None and summary.steps == 40
     assert_same_params(model_params(straight / "checkpoints" / "checkpoint_last.pt"),
                        model_params(killed / "checkpoints" / "checkpoint_last.pt"))
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("flags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n", True),    # Zen 4, Cooper Lake
+    ("flags\t\t: fpu sse2 avx2 amx_bf16 amx_tile\n", True),                   # Sapphire Rapids
+    ("Features\t: fp asimd bf16 i8mm sve\n", True),                            # Arm v8.6+
+    ("flags\t\t: fpu sse2 avx2 fma\n", False),                                 # Zen 3: slow bf16
+])
+def test_cpu_has_bf16_units_reads_the_cpu_flags(tmp_path: Path, line: str, expected: bool) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: some cpu\n" + line, encoding="utf-8")
+    assert cpu_has_bf16_units(str(cpuinfo)) is expected
+    assert cpu_has_bf16_units(str(tmp_path / "missing")) is False
