@@ -76,7 +76,7 @@ class TrainConfig:
     seed: int = 1
     device: str = "auto"
     num_threads: int = 0
-    bf16: bool = False
+    bf16: bool | Literal["auto"] = False
     max_tokens: int = 4096
     update_freq: int = 1
     max_source_length: int = 256

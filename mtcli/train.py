@@ -172,6 +172,13 @@ def cpu_has_bf16_units(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return bool({"avx512_bf16", "amx_bf16", "bf16"} & set(flags))
 
 
+def device_has_bf16_units(device: torch.device) -> bool:
+    """What ``train.bf16: auto`` resolves to: CUDA with bf16 support, or a CPU with bf16 units."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    return device.type == "cpu" and cpu_has_bf16_units()
+
+
 def _init_distributed(info: DistInfo, device: torch.device) -> None:
     if not info.distributed or dist.is_initialized():
         return
@@ -804,10 +811,15 @@ def train(config: Config) -> TrainSummary:
     if config.train.num_threads > 0:
         torch.set_num_threads(config.train.num_threads)
     keep_freed_memory()
-    if config.train.bf16 and device.type == "cpu" and not cpu_has_bf16_units():
+    bf16_text = str(config.train.bf16)
+    if config.train.bf16 == "auto":  # resolved here: the run's config.yaml and checkpoints say which
+        use = device_has_bf16_units(device)
+        bf16_text = f"{use} (auto: the {device.type} has {'' if use else 'no '}bf16 units)"
+        config = dataclasses.replace(config, train=dataclasses.replace(config.train, bf16=use))
+    elif config.train.bf16 and device.type == "cpu" and not cpu_has_bf16_units():
         log.warning("train.bf16 on a CPU without bf16 matrix units (avx512_bf16/amx_bf16 in "
                     "/proc/cpuinfo): expect it to run many times slower than fp32 "
-                    "(--set train.bf16=false)")
+                    "(--set train.bf16=false, or auto)")
     if not info.is_main:  # one voice on the console: rank 0's
         log.setLevel(logging.WARNING)
     corpus = open_corpus(config)
@@ -838,7 +850,7 @@ def train(config: Config) -> TrainSummary:
                                            purge_step=trainer.step + 1 if found else None)
             stack.callback(trainer.writer.close)
         log.info("run dir %s | device %s | processes %d | bf16 %s | parameters %s", run_dir, device,
-                 info.world_size, config.train.bf16, f"{trainer.parameters:,}")
+                 info.world_size, bf16_text, f"{trainer.parameters:,}")
         log.info("training pairs: %d kept, %d skipped (longer than %d/%d pieces) | epoch padding %.3f",
                  len(trainer.stream.indices), trainer.stream.skipped, config.train.max_source_length,
                  config.train.max_target_length, trainer.stream.padding_fraction())

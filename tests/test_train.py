@@ -450,3 +450,19 @@ def test_cpu_has_bf16_units_reads_the_cpu_flags(tmp_path: Path, line: str, expec
     cpuinfo.write_text("processor\t: 0\nmodel name\t: some cpu\n" + line, encoding="utf-8")
     assert cpu_has_bf16_units(str(cpuinfo)) is expected
     assert cpu_has_bf16_units(str(tmp_path / "missing")) is False
+
+
+@pytest.mark.parametrize("has_units", [True, False])
+def test_bf16_auto_follows_the_device_and_the_run_records_the_choice(
+        prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, has_units: bool) -> None:
+    import mtcli.train as train_module
+
+    monkeypatch.setattr(train_module, "cpu_has_bf16_units", lambda *args: has_units)
+    run = tmp_path / "run"
+    train(make_config(prepared, run, "train.max_steps=2", "train.valid_every=2",
+                      "train.device=cpu", "train.bf16=auto"))
+    state = load_checkpoint(run / "checkpoints" / "checkpoint_last.pt")
+    assert state["config"]["train"]["bf16"] is has_units
+    assert f"bf16 {has_units} (auto: the cpu has" in (run / "train.log").read_text(encoding="utf-8")
+    saved = (run / "config.yaml").read_text(encoding="utf-8")
+    assert f"bf16: {str(has_units).lower()}" in saved
