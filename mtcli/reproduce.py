@@ -64,7 +64,10 @@ def device_name(device: str) -> str:
                 break
     except OSError:
         pass
-    return f"CPU ({model}, {os.cpu_count()} cores)"
+    from mtcli.train import cpu_has_bf16_units
+
+    # bf16 units decide what train.bf16 is worth here (1.4x fp32 or ~100x slower): say which
+    return f"CPU ({model}, {os.cpu_count()} cores{', bf16 units' if cpu_has_bf16_units() else ''})"
 
 
 def markers(table: str) -> tuple[str, str]:

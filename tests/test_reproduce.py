@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mtcli.reproduce import MARK_END, MARK_START, render_markdown, write_results
+import pytest
+
+from mtcli.reproduce import MARK_END, MARK_START, device_name, render_markdown, write_results
 
 ROW = {
     "bleu": 38.123, "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
@@ -105,3 +107,14 @@ def test_valid_only_tuning_run_never_decodes_test(tmp_path: Path, toy_config_pat
     assert not (tmp_path / "results").exists() and not (tmp_path / "README.md").exists()
     decoded = [p.name for p in (tmp_path / "run" / "eval").rglob("*") if p.is_file()]
     assert decoded and all("test" not in name for name in decoded), decoded
+
+
+@pytest.mark.parametrize("has_units", [True, False])
+def test_cpu_device_name_says_whether_it_has_bf16_units(monkeypatch: pytest.MonkeyPatch,
+                                                        has_units: bool) -> None:
+    import mtcli.train
+
+    monkeypatch.setattr(mtcli.train, "cpu_has_bf16_units", lambda *args: has_units)
+    name = device_name("cpu")
+    assert name.startswith("CPU (") and name.endswith(")")
+    assert ("bf16 units" in name) is has_units
