@@ -16,6 +16,7 @@ import json
 import platform
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,14 @@ RECIPES = {
     "en_de": ("configs/multi30k_en_de.yaml", "multi30k"),
     "wmt_news_en_de": ("configs/wmt_news_en_de.yaml", "wmt_news"),
 }
-AVERAGE_LAST = 5
-# GNMT length-penalty alphas tried on val with the chosen average (the recipe's own is added)
+# the averaging window k is chosen on val among 1..min(AVERAGE_LAST, train.keep_last)
+AVERAGE_LAST = 10
+# GNMT length-penalty alphas tried on val with the chosen average (the recipe's own is added);
+# while the best is at an edge of what was tried, the grid goes one more step that way, within
+# the bounds (en-de chose the top of 0.6-1.4 in tuning runs 17 and 18)
 LENGTH_PENALTIES = (0.6, 1.0, 1.4)
+LENGTH_PENALTY_STEP = 0.4
+LENGTH_PENALTY_BOUNDS = (0.2, 2.6)
 
 
 def git_commit() -> str:
@@ -158,10 +164,44 @@ def choose_average(run_dir: Path, valid_split: str, max_k: int) -> tuple[Path, l
     return best[1], best[2], scores
 
 
+def search_length_penalty(score: Callable[[float], float], recipe_alpha: float,
+                          recipe_score: float | None = None) -> tuple[float, dict[str, float]]:
+    """Try the alphas of :data:`LENGTH_PENALTIES` and the recipe's, then step outwards by
+    :data:`LENGTH_PENALTY_STEP` while the best is at the edge of those tried (within
+    :data:`LENGTH_PENALTY_BOUNDS`); ``score(alpha)`` is val BLEU. Ties go to the recipe's value,
+    then the smaller alpha. Returns the best alpha and the scores by alpha (keys as ``"1.0"``).
+    """
+    scores: dict[str, float] = {}
+    if recipe_score is not None:
+        scores[str(float(recipe_alpha))] = recipe_score
+
+    def tried(alpha: float) -> float:
+        alpha = round(alpha, 2)
+        if str(alpha) not in scores:
+            scores[str(alpha)] = score(alpha)
+        return alpha
+
+    def best() -> float:
+        return max((float(a) for a in scores),
+                   key=lambda a: (scores[str(a)], a == float(recipe_alpha), -a))
+
+    for alpha in sorted({float(recipe_alpha), *LENGTH_PENALTIES}):
+        tried(alpha)
+    low, high = LENGTH_PENALTY_BOUNDS
+    while True:
+        top = best()
+        alphas = sorted(float(a) for a in scores)
+        if top == alphas[-1] and top + LENGTH_PENALTY_STEP <= high + 1e-9:
+            tried(top + LENGTH_PENALTY_STEP)
+        elif top == alphas[0] and top - LENGTH_PENALTY_STEP >= low - 1e-9:
+            tried(top - LENGTH_PENALTY_STEP)
+        else:
+            return top, scores
+
+
 def choose_length_penalty(run_dir: Path, valid_split: str, checkpoint: Path, recipe_alpha: float,
                           recipe_score: float) -> tuple[float, dict[str, float]]:
-    """Decode val with each GNMT alpha in :data:`LENGTH_PENALTIES` and keep the one with the best
-    BLEU; ties go to the recipe's value, then the smaller alpha.
+    """Choose the GNMT alpha on val with :func:`search_length_penalty`.
 
     ``recipe_score`` is the checkpoint's val BLEU with the recipe's own alpha (already decoded
     while choosing the average). Returns the chosen alpha and validation BLEU by alpha (keys as
@@ -169,17 +209,13 @@ def choose_length_penalty(run_dir: Path, valid_split: str, checkpoint: Path, rec
     """
     from mtcli.evaluate import evaluate
 
-    alphas = sorted({float(recipe_alpha), *LENGTH_PENALTIES})
-    scores: dict[str, float] = {str(float(recipe_alpha)): recipe_score}
-    for alpha in alphas:
-        if str(alpha) in scores:
-            continue
+    def score(alpha: float) -> float:
         report = evaluate(run_dir, split=valid_split, checkpoint=str(checkpoint),
                           overrides=[f"decode.length_penalty={alpha}"],
                           output_dir=run_dir / "eval" / f"lp{alpha:g}")
-        scores[str(alpha)] = round(float(report["bleu"]), 2)
-    best = max(alphas, key=lambda a: (scores[str(a)], a == float(recipe_alpha), -a))
-    return best, scores
+        return round(float(report["bleu"]), 2)
+
+    return search_length_penalty(score, recipe_alpha, recipe_score)
 
 
 def run_recipe(config_path: str, data_dir: str | None, extra: list[str],

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from mtcli.reproduce import MARK_END, MARK_START, device_name, render_markdown, write_results
+from mtcli.reproduce import (
+    MARK_END,
+    MARK_START,
+    device_name,
+    render_markdown,
+    search_length_penalty,
+    write_results,
+)
 
 ROW = {
     "bleu": 38.123, "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
@@ -61,7 +68,7 @@ def test_reproduce_pipeline_on_toy(tmp_path: Path, toy_config_path: Path) -> Non
     assert f"average of the last {chosen} checkpoints (both chosen on val)" in row["decode"]
     # then the length penalty, on val with that average: the recipe's 1.0 and the grid
     by_alpha = row["valid_bleu_by_length_penalty"]
-    assert set(by_alpha) == {"0.6", "1.0", "1.4"}
+    assert {"0.6", "1.0", "1.4"} <= set(by_alpha)  # and a step outwards while the best is an edge
     alpha = max(sorted(by_alpha, key=lambda a: (a != "1.0", float(a))), key=lambda a: by_alpha[a])
     assert f", length penalty {float(alpha):g}, " in row["decode"]
     left = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("checkpoint_avg_last*.pt"))
@@ -118,3 +125,35 @@ def test_cpu_device_name_says_whether_it_has_bf16_units(monkeypatch: pytest.Monk
     name = device_name("cpu")
     assert name.startswith("CPU (") and name.endswith(")")
     assert ("bf16 units" in name) is has_units
+
+
+@pytest.mark.parametrize(("peak", "recipe", "chosen", "tried"), [
+    (1.0, 1.0, 1.0, ["0.6", "1.0", "1.4"]),                        # inside the grid: no more
+    (1.8, 1.0, 1.8, ["0.6", "1.0", "1.4", "1.8", "2.2"]),          # top edge: up until it falls
+    (3.0, 1.0, 2.6, ["0.6", "1.0", "1.4", "1.8", "2.2", "2.6"]),   # ... but not past the bound
+    (0.0, 1.0, 0.2, ["0.2", "0.6", "1.0", "1.4"]),                 # bottom edge: down to 0.2
+    (1.2, 1.2, 1.2, ["0.6", "1.0", "1.2", "1.4"]),                 # the recipe's own alpha joins
+])
+def test_length_penalty_search_steps_outwards_from_an_edge(peak: float, recipe: float, chosen: float,
+                                                           tried: list[str]) -> None:
+    calls: list[float] = []
+
+    def score(alpha: float) -> float:
+        calls.append(alpha)
+        return 40.0 - abs(alpha - peak)
+
+    best, scores = search_length_penalty(score, recipe)
+    assert best == chosen
+    assert sorted(scores, key=float) == tried
+    assert len(calls) == len(set(calls)) == len(tried)  # each alpha decoded once
+
+
+def test_length_penalty_search_reuses_the_recipe_score_and_prefers_it_on_ties() -> None:
+    calls: list[float] = []
+
+    def flat(alpha: float) -> float:
+        calls.append(alpha)
+        return 40.0
+
+    best, scores = search_length_penalty(flat, 1.0, recipe_score=40.0)
+    assert best == 1.0 and 1.0 not in calls and scores["1.0"] == 40.0
