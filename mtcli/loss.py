@@ -86,6 +86,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         log_z = torch.empty(n, dtype=torch.float32, device=logits.device)
         mean = torch.empty(n, dtype=torch.float32, device=logits.device) if epsilon > 0 else None
         grad = torch.empty_like(logits) if need_grad else None
+        in_place = grad is not None and grad.dtype == torch.float32  # p is built in grad itself
         rows = max(1, BLOCK_BYTES // (4 * vocab))
         local = torch.arange(min(rows, n), device=logits.device)
         for start in range(0, n, rows):
@@ -94,7 +95,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
             top = x.amax(dim=1, keepdim=True)
             if mean is not None:
                 mean[start:stop] = x.mean(dim=1)
-            if grad is not None and grad.dtype == torch.float32:
+            if in_place:
                 p = torch.sub(x, top, out=grad[start:stop])
             else:
                 p = x - top
@@ -107,7 +108,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
                 if epsilon > 0:
                     p.sub_(w * (epsilon / vocab))
                 p[local[: stop - start], target[start:stop]] -= weight[start:stop] * (1.0 - epsilon)
-                if p.data_ptr() != grad[start:stop].data_ptr():
+                if not in_place:
                     grad[start:stop].copy_(p)
         gold = logits.gather(1, target.unsqueeze(1)).squeeze(1).float()
         nll = ((log_z - gold) * weight).sum()

@@ -62,16 +62,9 @@ def device_name(device: str) -> str:
         return torch.cuda.get_device_name(torch.device(device))
     import os
 
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    from mtcli.train import cpu_has_bf16_units
+    from mtcli.train import cpu_has_bf16_units, cpu_info
 
+    model = cpu_info()[0] or platform.processor() or platform.machine()
     # bf16 units decide what train.bf16 is worth here (1.4x fp32 or ~100x slower): say which
     return f"CPU ({model}, {os.cpu_count()} cores{', bf16 units' if cpu_has_bf16_units() else ''})"
 
@@ -171,32 +164,21 @@ def search_length_penalty(score: Callable[[float], float], recipe_alpha: float,
     :data:`LENGTH_PENALTY_BOUNDS`); ``score(alpha)`` is val BLEU. Ties go to the recipe's value,
     then the smaller alpha. Returns the best alpha and the scores by alpha (keys as ``"1.0"``).
     """
-    scores: dict[str, float] = {}
-    if recipe_score is not None:
-        scores[str(float(recipe_alpha))] = recipe_score
-
-    def tried(alpha: float) -> float:
-        alpha = round(alpha, 2)
-        if str(alpha) not in scores:
-            scores[str(alpha)] = score(alpha)
-        return alpha
-
-    def best() -> float:
-        return max((float(a) for a in scores),
-                   key=lambda a: (scores[str(a)], a == float(recipe_alpha), -a))
-
-    for alpha in sorted({float(recipe_alpha), *LENGTH_PENALTIES}):
-        tried(alpha)
+    recipe = float(recipe_alpha)
+    scores: dict[float, float] = {} if recipe_score is None else {recipe: recipe_score}
+    for alpha in sorted({recipe, *LENGTH_PENALTIES}):
+        if alpha not in scores:
+            scores[alpha] = score(alpha)
     low, high = LENGTH_PENALTY_BOUNDS
     while True:
-        top = best()
-        alphas = sorted(float(a) for a in scores)
-        if top == alphas[-1] and top + LENGTH_PENALTY_STEP <= high + 1e-9:
-            tried(top + LENGTH_PENALTY_STEP)
-        elif top == alphas[0] and top - LENGTH_PENALTY_STEP >= low - 1e-9:
-            tried(top - LENGTH_PENALTY_STEP)
+        best = max(scores, key=lambda a: (scores[a], a == recipe, -a))
+        if best == max(scores) and best + LENGTH_PENALTY_STEP <= high + 1e-9:
+            step = round(best + LENGTH_PENALTY_STEP, 2)
+        elif best == min(scores) and best - LENGTH_PENALTY_STEP >= low - 1e-9:
+            step = round(best - LENGTH_PENALTY_STEP, 2)
         else:
-            return top, scores
+            return best, {str(a): s for a, s in scores.items()}
+        scores[step] = score(step)
 
 
 def choose_length_penalty(run_dir: Path, valid_split: str, checkpoint: Path, recipe_alpha: float,

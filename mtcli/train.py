@@ -158,18 +158,31 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return device
 
 
+def cpu_info(path: str = "/proc/cpuinfo") -> tuple[str, frozenset[str]]:
+    """The first CPU's model name (``""`` if unknown) and feature flags (x86 ``flags``, Arm
+    ``Features``) from ``/proc/cpuinfo``; empty where there is none."""
+    name, flags = "", frozenset[str]()
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and not name:
+                    name = value.strip()
+                elif key in ("flags", "Features") and not flags:
+                    flags = frozenset(value.split())
+    except OSError:
+        pass
+    return name, flags
+
+
 def cpu_has_bf16_units(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU multiplies bf16 natively (x86 AVX512-BF16 or AMX, Arm BF16); False if unknown.
 
     Without them PyTorch's bf16 matmuls take a slow path: ~100x slower than fp32 on an AVX2
     Zen 3 VM, ~2x *faster* than fp32 on the AVX512-BF16 Zen 4 one (bench/NOTES.md).
     """
-    try:
-        with open(cpuinfo, encoding="utf-8") as handle:
-            flags = next((line for line in handle if line.startswith(("flags", "Features"))), "").split()
-    except OSError:
-        return False
-    return bool({"avx512_bf16", "amx_bf16", "bf16"} & set(flags))
+    return bool({"avx512_bf16", "amx_bf16", "bf16"} & cpu_info(cpuinfo)[1])
 
 
 def device_has_bf16_units(device: torch.device) -> bool:
@@ -812,11 +825,11 @@ def train(config: Config) -> TrainSummary:
         torch.set_num_threads(config.train.num_threads)
     keep_freed_memory()
     bf16_text = str(config.train.bf16)
+    has_units = device_has_bf16_units(device)
     if config.train.bf16 == "auto":  # resolved here: the run's config.yaml and checkpoints say which
-        use = device_has_bf16_units(device)
-        bf16_text = f"{use} (auto: the {device.type} has {'' if use else 'no '}bf16 units)"
-        config = dataclasses.replace(config, train=dataclasses.replace(config.train, bf16=use))
-    elif config.train.bf16 and device.type == "cpu" and not cpu_has_bf16_units():
+        bf16_text = f"{has_units} (auto: the {device.type} has {'' if has_units else 'no '}bf16 units)"
+        config = dataclasses.replace(config, train=dataclasses.replace(config.train, bf16=has_units))
+    elif config.train.bf16 and device.type == "cpu" and not has_units:
         log.warning("train.bf16 on a CPU without bf16 matrix units (avx512_bf16/amx_bf16 in "
                     "/proc/cpuinfo): expect it to run many times slower than fp32 "
                     "(--set train.bf16=false, or auto)")
