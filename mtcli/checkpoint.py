@@ -322,6 +322,7 @@ SAFE_KEYS: frozenset[str] = frozenset(
         "train.run_dir", "train.device", "train.num_threads", "train.max_steps",
         "train.max_epochs", "train.max_minutes", "train.patience", "train.valid_every",
         "train.keep_last", "train.log_every", "train.max_nonfinite", "train.progress",
+        "train.ensemble",
         "data.num_workers", "data.test_splits", "data.prepared_dir",
     }
 )

@@ -89,8 +89,14 @@ def train(
     from mtcli.train import train as run_train
 
     setup_logging(verbose)
-    summary = run_train(load_config(config, set_))
-    print(summary.summary())
+    recipe = load_config(config, set_)
+    if recipe.train.ensemble > 1:
+        from mtcli.ensemble import train_members
+
+        for summary in train_members(recipe, verbose):
+            print(summary.summary())
+        return
+    print(run_train(recipe).summary())
 
 
 @app.command()

@@ -106,6 +106,7 @@ class TrainConfig:
     log_every: int = 100
     max_nonfinite: int = 5
     progress: bool = True
+    ensemble: int = 1  # members trained side by side (seeds seed..seed+N-1), decoded together
 
 
 @dataclass
@@ -313,6 +314,7 @@ def validate(config: Config) -> None:
          "train.cooldown_steps must be 0 (off) or in (0, train.max_steps]: it counts back from max_steps"),
         (len(t.adam_betas) == 2, "train.adam_betas must have two values"),
         (t.keep_last >= 1, "train.keep_last must be >= 1"),
+        (t.ensemble >= 1, "train.ensemble must be >= 1 (1: one model)"),
         (t.keep_best >= 0, "train.keep_best must be >= 0 (0: keep only the last train.keep_last)"),
         (t.valid_every >= 1, "train.valid_every must be >= 1"),
         (d.beam_size >= 1, "decode.beam_size must be >= 1"),

@@ -34,14 +34,17 @@ class _TqdmHandler(logging.StreamHandler):
             self.handleError(record)
 
 
-def setup_logging(verbose: bool = False) -> None:
-    """Send ``mtcli`` log records to stderr (INFO, or DEBUG when ``verbose``)."""
+def setup_logging(verbose: bool = False, tag: str = "") -> None:
+    """Send ``mtcli`` log records to stderr (INFO, or DEBUG when ``verbose``); ``tag`` prefixes
+    each message (e.g. ``member 2``, when several processes share one terminal)."""
     logger = get_logger()
     logger.setLevel(logging.DEBUG if verbose else logging.INFO)
-    if not any(isinstance(h, _TqdmHandler) for h in logger.handlers):
+    handler = next((h for h in logger.handlers if isinstance(h, _TqdmHandler)), None)
+    if handler is None:
         handler = _TqdmHandler()
-        handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
         logger.addHandler(handler)
+    fmt = _FORMAT.replace("%(message)s", f"{tag} | %(message)s") if tag else _FORMAT
+    handler.setFormatter(logging.Formatter(fmt, datefmt="%H:%M:%S"))
     logger.propagate = False
 
 
