@@ -29,6 +29,11 @@ SetOption = Annotated[
     typer.Option("--set", help="Override a config key: section.key=value (repeatable)."),
 ]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")]
+EnsembleOption = Annotated[
+    Optional[list[Path]],  # noqa: UP045 - typer needs Optional here
+    typer.Option("--ensemble", help="Decode together with another member: a run directory (its best "
+                 "checkpoint) or a checkpoint file in one (repeatable)."),
+]
 
 
 def _fail(message: str, code: int) -> None:
@@ -111,6 +116,7 @@ def evaluate(
     average_best: Annotated[int, typer.Option(help="Average the K best checkpoints first.")] = 0,
     beam: Annotated[Optional[int], typer.Option(help="Beam size (1 = greedy).")] = None,  # noqa: UP045
     output: Annotated[Optional[Path], typer.Option(help="Directory for hypotheses and report.json.")] = None,  # noqa: UP045
+    ensemble: EnsembleOption = None,
     set_: SetOption = None,
     verbose: Verbose = False,
 ) -> None:
@@ -130,6 +136,7 @@ def evaluate(
         average_best=average_best,
         overrides=overrides,
         output_dir=output,
+        ensemble=list(ensemble or []),
     )
     print(json.dumps(report, indent=2, ensure_ascii=False))
 
@@ -145,6 +152,7 @@ def translate(
     nbest: Annotated[Optional[int], typer.Option(help="Print N lines per input, best first: score<TAB>text.")] = None,  # noqa: UP045
     max_tokens: Annotated[Optional[int], typer.Option(help="Token budget per batch.")] = None,  # noqa: UP045
     plot_attention: Annotated[Optional[Path], typer.Option(help="Write cross-attention heatmaps here.")] = None,  # noqa: UP045
+    ensemble: EnsembleOption = None,
     set_: SetOption = None,
     verbose: Verbose = False,
 ) -> None:
@@ -167,6 +175,7 @@ def translate(
         checkpoint=checkpoint,
         overrides=overrides,
         plot_attention=plot_attention,
+        ensemble=list(ensemble or []),
     )
 
 

@@ -24,14 +24,20 @@ import concurrent.futures
 import dataclasses
 import multiprocessing
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mtcli.errors import ConfigError, MtcliError, TrainingError
+import torch
+from torch import nn
+
+from mtcli.errors import CheckpointError, ConfigError, MtcliError, TrainingError
 from mtcli.logs import get_logger
 
 if TYPE_CHECKING:
+    from mtcli.checkpoint import InferenceModel
     from mtcli.config import Config
+    from mtcli.model import Transformer
     from mtcli.train import TrainSummary
 
 
@@ -108,3 +114,79 @@ def train_members(config: Config, verbose: bool = False) -> list[TrainSummary]:
                                 f"{type(exc).__name__}: {exc}")
         summaries.append(future.result())
     return summaries
+
+
+# --------------------------------------------------------------------------------- decoding
+
+
+class Ensemble(nn.Module):
+    """Transformers decoded together: the next-token distribution is the mean of the members'
+    probabilities, ``p(y_t | y_<t, x) = 1/M * sum_m p_m(y_t | y_<t, x)``.
+
+    Only :func:`mtcli.search.generate` uses it (each member encodes the source and keeps its own
+    key/value cache); attention pictures show the first member's cross-attention.
+    """
+
+    def __init__(self, members: Sequence[Transformer]) -> None:
+        super().__init__()
+        if not members:
+            raise ConfigError("an ensemble needs at least one model")
+        first = members[0]
+        for i, other in enumerate(members[1:], 2):
+            same_ids = (first.output_ids is None and other.output_ids is None) or (
+                first.output_ids is not None and other.output_ids is not None
+                and torch.equal(first.output_ids.cpu(), other.output_ids.cpu()))
+            if other.vocab_size != first.vocab_size or not same_ids:
+                raise CheckpointError(f"ensemble member {i} has another vocabulary or output vocabulary "
+                                      "than member 1: members must come from the same prepared data")
+        self.members = nn.ModuleList(members)
+        self.train(first.training)  # a mode of its own would be set on the members by train()
+
+    @property
+    def max_positions(self) -> int:
+        """The longest sequence every member accepts."""
+        return min(m.cfg.max_positions for m in self.members)
+
+    @property
+    def output_size(self) -> int:
+        """Size of the (shared) output vocabulary."""
+        return self.members[0].output_size
+
+
+def decoding_members(model: nn.Module) -> list[Transformer]:
+    """The Transformers a search runs: an :class:`Ensemble`'s members, or the model itself."""
+    return list(model.members) if isinstance(model, Ensemble) else [model]  # type: ignore[list-item]
+
+
+def _member_location(spec: str | Path) -> tuple[Path, str]:
+    """``(run_dir, checkpoint)`` of an ``--ensemble`` argument: a run directory (its best
+    checkpoint) or a checkpoint file in a run directory's ``checkpoints/``."""
+    path = Path(spec)
+    if path.is_dir():
+        return path, "best"
+    if path.is_file() and path.parent.name == "checkpoints":
+        return path.parent.parent, str(path)
+    raise CheckpointError(f"{spec}: not a run directory nor a checkpoint in one's checkpoints/ "
+                          "(--ensemble takes either)")
+
+
+def add_members(bundle: InferenceModel, others: Sequence[str | Path]) -> InferenceModel:
+    """``bundle`` with its model replaced by the :class:`Ensemble` of it and ``others`` (each a
+    run directory or a checkpoint file in one, see :func:`_member_location`), which must use the
+    same SentencePiece model. Returns ``bundle`` itself when ``others`` is empty."""
+    if not others:
+        return bundle
+    from mtcli.checkpoint import load_for_inference
+    from mtcli.fileio import sha256_file
+
+    models, names = [bundle.model], [bundle.name]
+    spm = sha256_file(bundle.tokenizer.model_path)
+    for spec in others:
+        run_dir, checkpoint = _member_location(spec)
+        member = load_for_inference(run_dir, checkpoint)
+        if sha256_file(run_dir / "spm.model") != spm:
+            raise CheckpointError(f"{spec}: its spm.model differs from the first member's "
+                                  "(ensemble members must share the SentencePiece model)")
+        models.append(member.model)
+        names.append(f"{run_dir.name}/{member.name}")
+    return dataclasses.replace(bundle, model=Ensemble(models), name=" + ".join(names))

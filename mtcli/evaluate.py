@@ -18,6 +18,7 @@ import re
 import resource
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,7 @@ def evaluate(
     average_best: int = 0,
     overrides: list[str] | None = None,
     output_dir: str | Path | None = None,
+    ensemble: Sequence[str | Path] = (),
 ) -> dict[str, Any]:
     """Decode a split (or a ``src_file``/``ref_file`` pair), score it, write hypotheses + report.
 
@@ -128,10 +130,13 @@ def evaluate(
     device, peak memory) to ``<output_dir>/<name>.<ckpt>.report.json``; both atomically.
     ``output_dir`` defaults to ``run_dir/eval``. ``overrides`` are ``decode.*`` ``--set``
     strings. ``average_last``/``average_best`` average that many checkpoints before decoding.
+    ``ensemble``: more members decoded together with that model (run directories or checkpoint
+    files, see :func:`mtcli.ensemble.add_members`); the file names then end ``.ensemble<M>``.
     Returns the report dict.
     """
     from mtcli.checkpoint import load_for_inference
     from mtcli.corpus import read_lines
+    from mtcli.ensemble import add_members
     from mtcli.translate import decode_config, decoding_device, translate_lines
 
     run_dir = Path(run_dir)
@@ -141,6 +146,7 @@ def evaluate(
     if src_file is not None and split is not None:
         raise ConfigError("give either --split or --src/--ref, not both")
     bundle = load_for_inference(run_dir, checkpoint, average_last=average_last, average_best=average_best)
+    bundle = add_members(bundle, ensemble)
     config = decode_config(bundle.config, list(overrides or []))
     decode = config.decode
     device = decoding_device(decode)
@@ -182,6 +188,8 @@ def evaluate(
         ckpt = f"avg_best{average_best}"
     else:
         ckpt = _safe_name(str(bundle.name).split(" (")[0])
+    if ensemble:
+        ckpt += f".ensemble{len(ensemble) + 1}"
     out_dir = Path(output_dir) if output_dir is not None else run_dir / "eval"
     hyp_path = out_dir / f"{name}.{ckpt}.hyp"
     report_path = out_dir / f"{name}.{ckpt}.report.json"
@@ -193,6 +201,7 @@ def evaluate(
         "checkpoint": str(bundle.name),
         "average_last": average_last,
         "average_best": average_best,
+        "ensemble": [str(p) for p in ensemble],
         "decode": dict(vars(decode)),
         "sentences": len(sources),
         "seconds": round(seconds, 3),

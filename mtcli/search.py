@@ -27,12 +27,14 @@ Greedy search (``beam_size=1``) is a separate, leaner loop with the same scoring
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from mtcli.ensemble import Ensemble, decoding_members
 from mtcli.errors import ConfigError
 from mtcli.model import DecoderCache, EncoderOutput, Transformer, Workspace
 from mtcli.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -197,17 +199,20 @@ def step_scores(
 _LOCAL = threading.local()
 
 
-def workspace() -> Workspace:
-    """This thread's decoding :class:`~mtcli.model.Workspace` (made on first use).
+def workspace(member: int = 0) -> Workspace:
+    """This thread's decoding :class:`~mtcli.model.Workspace` (made on first use); an ensemble's
+    ``member`` > 0 gets one of its own.
 
     ``generate`` decodes with it so that consecutive batches reuse the key/value caches,
     logits and scratch buffers instead of faulting in fresh memory each time;
     ``workspace().clear()`` gives that memory back.
     """
-    ws = getattr(_LOCAL, "workspace", None)
-    if ws is None:
-        ws = _LOCAL.workspace = Workspace()
-    return ws
+    spaces = getattr(_LOCAL, "workspaces", None)
+    if spaces is None:
+        spaces = _LOCAL.workspaces = []
+    while len(spaces) <= member:
+        spaces.append(Workspace())
+    return spaces[member]
 
 
 class _StepDecoder:
@@ -215,52 +220,64 @@ class _StepDecoder:
 
     ``group`` rows per sentence at the start (beam search starts with one; :meth:`reorder` can
     change it). With the cache only the newest token is fed; without it the decoder reruns over
-    the whole prefix (for the benchmark and the equivalence test).
+    the whole prefix (for the benchmark and the equivalence test). With several ``models`` (an
+    ensemble, each with its encoder output in ``encs``) the scores are those of the mean of
+    their probabilities, ``log(1/M * sum_m p_m)``.
     """
 
     def __init__(
-        self, model: Transformer, enc: EncoderOutput, group: int, max_len: int, use_cache: bool
+        self, models: list[Transformer], encs: list[EncoderOutput], group: int, max_len: int,
+        use_cache: bool,
     ) -> None:
-        self.model = model
-        self.cache: DecoderCache | None = None
-        self.enc = enc
-        self.width = chunk_width(model.output_size, CHUNK)
+        self.models = models
+        self.caches: list[DecoderCache] | None = None
+        self.encs = encs
+        self.width = chunk_width(models[0].output_size, CHUNK)
         self.workspace = workspace()
         if use_cache:
-            self.cache = model.init_cache(
-                enc, beam_size=group, max_len=max_len, workspace=self.workspace
-            )
+            self.caches = [m.init_cache(e, beam_size=group, max_len=max_len, workspace=workspace(i))
+                           for i, (m, e) in enumerate(zip(models, encs, strict=True))]
         elif group > 1:
-            self.enc = enc.repeat_interleave(group)
+            self.encs = [e.repeat_interleave(group) for e in encs]
+
+    def _logits(self, i: int, seq: Tensor) -> Tensor:
+        model = self.models[i]
+        if self.caches is not None:
+            return model.decode(seq[:, -1:], self.encs[i], self.caches[i], shortlist=True)[:, 0]
+        hidden, _ = model.decoder(seq, self.encs[i])
+        return model.project_shortlist(hidden[:, -1])
 
     def scores(self, seq: Tensor, limit_rows: Tensor) -> StepScores:
         """:class:`StepScores` of the token after ``seq [rows, t]`` (bos + the tokens so far);
         rows where ``limit_rows`` is True may only end (eos)."""
-        if self.cache is not None:
-            logits = self.model.decode(seq[:, -1:], self.enc, self.cache, shortlist=True)[:, 0]
-        else:
-            hidden, _ = self.model.decoder(seq, self.enc)
-            logits = self.model.project_shortlist(hidden[:, -1])
+        if len(self.models) == 1:
+            logits = self._logits(0, seq)
+        else:  # log of the mean probability: logsumexp_m(log p_m) - log M
+            logp = torch.stack([self._logits(i, seq).float().log_softmax(-1)
+                                for i in range(len(self.models))])
+            logits = torch.logsumexp(logp, dim=0).sub_(math.log(len(self.models)))
         rows, vocab = logits.shape
         padded = -(-vocab // self.width) * self.width
         scratch = self.workspace.get("scratch", (rows, padded), torch.float32, logits.device)
-        return step_scores(logits, limit_rows, self.width, scratch, self.model.output_ids)
+        return step_scores(logits, limit_rows, self.width, scratch, self.models[0].output_ids)
 
     def reorder(self, index: Tensor, group: int | None = None) -> None:
         """Keep rows ``index`` (grouped by sentence, see :meth:`DecoderCache.reorder`)."""
-        if self.cache is not None:
-            self.cache.reorder(index, group)
+        if self.caches is not None:
+            for cache in self.caches:
+                cache.reorder(index, group)
         else:
-            self.enc = self.enc.select(index)
+            self.encs = [e.select(index) for e in self.encs]
 
 
 def _greedy(
-    model: Transformer, enc: EncoderOutput, max_lens: Tensor, alpha: float, use_cache: bool
+    models: list[Transformer], encs: list[EncoderOutput], max_lens: Tensor, alpha: float,
+    use_cache: bool,
 ) -> list[list[Hypothesis]]:
     """Greedy search: the most probable token at each step until eos or the length limit."""
     n, device = max_lens.numel(), max_lens.device
     results: list[list[Hypothesis]] = [[] for _ in range(n)]
-    decoder = _StepDecoder(model, enc, 1, int(max_lens.max()) + 1, use_cache)
+    decoder = _StepDecoder(models, encs, 1, int(max_lens.max()) + 1, use_cache)
     sentence = torch.arange(n, device=device)  # original index of each live row
     seq = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
     logprob = torch.zeros(n, dtype=torch.float32, device=device)
@@ -286,15 +303,15 @@ def _greedy(
 
 
 def _beam_search(
-    model: Transformer, enc: EncoderOutput, max_lens: Tensor, alpha: float, use_cache: bool,
-    beam_size: int, nbest: int,
+    models: list[Transformer], encs: list[EncoderOutput], max_lens: Tensor, alpha: float,
+    use_cache: bool, beam_size: int, nbest: int,
 ) -> list[list[Hypothesis]]:
     """Beam search (see the module docstring), ``beam_size`` hypotheses per sentence."""
     n, k, device = max_lens.numel(), beam_size, max_lens.device
     finished: list[list[Hypothesis]] = [[] for _ in range(n)]
     # The first step runs one row per sentence (all its beams would be equal); the first
     # reorder then fans each sentence out to its k beams.
-    decoder = _StepDecoder(model, enc, 1, int(max_lens.max()) + 1, use_cache)
+    decoder = _StepDecoder(models, encs, 1, int(max_lens.max()) + 1, use_cache)
     sentence = torch.arange(n, device=device)  # original index of each live sentence
     seq = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
     scores = torch.zeros((n, 1), device=device)  # [sentences, live beams]
@@ -374,7 +391,7 @@ def _attach_attention(
 
 
 def generate(
-    model: Transformer,
+    model: Transformer | Ensemble,
     src: Tensor,
     *,
     beam_size: int = 1,
@@ -391,8 +408,10 @@ def generate(
     ``beam_size == 1``; ``length_penalty`` is GNMT's alpha; at most ``int(max_len_a * m +
     max_len_b)`` tokens before eos for a source of ``m`` tokens. ``use_cache=False`` reruns the
     decoder over the whole prefix each step (same results, slower). ``return_attention`` fills
-    :attr:`Hypothesis.attention` (one extra teacher-forced pass). The model runs in eval mode
-    under ``torch.inference_mode()``; its previous train/eval mode is restored afterwards.
+    :attr:`Hypothesis.attention` (one extra teacher-forced pass; an ensemble's first member's).
+    ``model`` may be an :class:`~mtcli.ensemble.Ensemble`: the search then runs on the mean of
+    its members' probabilities. The model runs in eval mode under ``torch.inference_mode()``;
+    its previous train/eval mode is restored afterwards.
     """
     if beam_size < 1:
         raise ConfigError(f"decode.beam_size must be >= 1, got {beam_size}")
@@ -409,16 +428,18 @@ def generate(
     model.eval()
     try:
         with torch.inference_mode():
-            enc = model.encode(src)
-            max_lens = max_output_lengths(src, max_len_a, max_len_b, model.cfg.max_positions)
+            members = decoding_members(model)
+            encs = [m.encode(src) for m in members]
+            max_positions = min(m.cfg.max_positions for m in members)
+            max_lens = max_output_lengths(src, max_len_a, max_len_b, max_positions)
             if beam_size == 1:
-                results = _greedy(model, enc, max_lens, length_penalty, use_cache)
+                results = _greedy(members, encs, max_lens, length_penalty, use_cache)
             else:
                 results = _beam_search(
-                    model, enc, max_lens, length_penalty, use_cache, beam_size, nbest
+                    members, encs, max_lens, length_penalty, use_cache, beam_size, nbest
                 )
             if return_attention:
-                _attach_attention(model, src, enc, results)
+                _attach_attention(members[0], src, encs[0], results)
     finally:
         model.train(was_training)
     return results

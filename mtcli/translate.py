@@ -29,7 +29,7 @@ import contextlib
 import itertools
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -183,9 +183,11 @@ def translate_lines(
     was_training = model.training
     model.eval()
     if decode.int8:
+        from mtcli.ensemble import Ensemble, decoding_members
         from mtcli.quantize import quantize_for_decoding
 
-        model = quantize_for_decoding(model)
+        members = [quantize_for_decoding(m) for m in decoding_members(model)]
+        model = Ensemble(members) if len(members) > 1 else members[0]
     threads = torch.get_num_threads()
     pool = None
     if decode.workers > 1:
@@ -357,6 +359,7 @@ def translate_files(
     checkpoint: str = "best",
     overrides: list[str] | None = None,
     plot_attention: Path | None = None,
+    ensemble: Sequence[str | Path] = (),
 ) -> dict:
     """Translate files (or stdin when ``inputs`` is empty) to ``output`` (or stdout).
 
@@ -367,12 +370,15 @@ def translate_files(
     is ready; a file output is written to a temporary name and renamed at the end, so an error
     (e.g. invalid UTF-8 at some input line: :class:`DataError` naming file and line) leaves no
     partial file. ``plot_attention`` writes ``<DIR>/<line:06d>.png`` per non-empty input line.
+    ``ensemble``: more members decoded with the run's model (run directories or checkpoint
+    files, see :func:`mtcli.ensemble.add_members`).
     Returns a summary dict (lines, checkpoint, seconds, sentences_per_s, output).
     """
     from mtcli.checkpoint import load_for_inference
+    from mtcli.ensemble import add_members
 
     overrides = list(overrides or [])
-    bundle = load_for_inference(run_dir, checkpoint)
+    bundle = add_members(load_for_inference(run_dir, checkpoint), ensemble)
     config = decode_config(bundle.config, overrides)
     decode = config.decode
     device = decoding_device(decode)
