@@ -182,11 +182,13 @@ def search_length_penalty(score: Callable[[float], float], recipe_alpha: float,
 
 
 def choose_length_penalty(run_dir: Path, valid_split: str, checkpoint: Path, recipe_alpha: float,
-                          recipe_score: float) -> tuple[float, dict[str, float]]:
+                          recipe_score: float | None, ensemble: list[Path] | None = None,
+                          ) -> tuple[float, dict[str, float]]:
     """Choose the GNMT alpha on val with :func:`search_length_penalty`.
 
-    ``recipe_score`` is the checkpoint's val BLEU with the recipe's own alpha (already decoded
-    while choosing the average). Returns the chosen alpha and validation BLEU by alpha (keys as
+    ``recipe_score`` is the checkpoint's val BLEU with the recipe's own alpha when it is already
+    known (decoded while choosing the average), else None. ``ensemble``: more members' checkpoints
+    decoded with ``checkpoint``. Returns the chosen alpha and validation BLEU by alpha (keys as
     ``"1.0"``). The hypotheses of each try go to ``run_dir/eval/lp<alpha>/``.
     """
     from mtcli.evaluate import evaluate
@@ -194,7 +196,7 @@ def choose_length_penalty(run_dir: Path, valid_split: str, checkpoint: Path, rec
     def score(alpha: float) -> float:
         report = evaluate(run_dir, split=valid_split, checkpoint=str(checkpoint),
                           overrides=[f"decode.length_penalty={alpha}"],
-                          output_dir=run_dir / "eval" / f"lp{alpha:g}")
+                          output_dir=run_dir / "eval" / f"lp{alpha:g}", ensemble=ensemble or [])
         return round(float(report["bleu"]), 2)
 
     return search_length_penalty(score, recipe_alpha, recipe_score)
@@ -205,8 +207,11 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
     """prepare -> train -> average the last checkpoints -> pick the length penalty -> evaluate on
     test (the averaging window and the length penalty are chosen on the validation split).
 
-    With ``valid_only`` (a tuning run) it stops before the test split: the returned row holds
-    only the validation choices, and it is also written to ``run_dir/tuning.json``.
+    With ``train.ensemble: N`` the N members train side by side (:mod:`mtcli.ensemble`), each
+    member's averaging window is chosen on val on its own, and the length penalty and the test
+    decode use the ensemble of the chosen averages. With ``valid_only`` (a tuning run) it stops
+    before the test split: the returned row holds only the validation choices, and it is also
+    written to ``run_dir/tuning.json``.
     """
     from mtcli.config import load_config
     from mtcli.evaluate import evaluate
@@ -216,31 +221,52 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
     overrides = ([f"data.source={data_dir}"] if data_dir else []) + extra
     config = load_config(config_path, overrides)
     prepare(config)
-    summary = train(config)
-    run_dir = config.run_path()
-    averaged, used, valid_bleu = choose_average(run_dir, config.data.valid_split,
-                                                min(AVERAGE_LAST, config.train.keep_last))
-    alpha, valid_by_alpha = choose_length_penalty(run_dir, config.data.valid_split, averaged,
-                                                  config.decode.length_penalty, valid_bleu[str(len(used))])
+    if config.train.ensemble > 1:  # members side by side, each chooses its own average
+        from mtcli.ensemble import train_members
+
+        summaries = train_members(config)
+    else:
+        summaries = [train(config)]
+    valid = config.data.valid_split
+    max_k = min(AVERAGE_LAST, config.train.keep_last)
+    chosen = [choose_average(s.run_dir, valid, max_k) for s in summaries]
+    run_dir, averaged = summaries[0].run_dir, chosen[0][0]
+    others = [c[0] for c in chosen[1:]]
+    windows = [len(used) for _, used, _ in chosen]
+    # one model: its val score at the recipe's alpha is known already; an ensemble's is not
+    recipe_score = chosen[0][2][str(windows[0])] if not others else None
+    alpha, valid_by_alpha = choose_length_penalty(run_dir, valid, averaged, config.decode.length_penalty,
+                                                  recipe_score, others)
+    one = len(summaries) == 1
     # what the training run and the choices on val give, for a tuning row and a results row alike
-    common = {"train_steps": summary.steps, "train_tokens_per_s": summary.tokens_per_second,
-              "valid_bleu_by_average": valid_bleu, "valid_bleu_by_length_penalty": valid_by_alpha,
-              "commit": git_commit()}
+    common = {"train_steps": summaries[0].steps if one else [s.steps for s in summaries],
+              "train_tokens_per_s": sum(s.tokens_per_second for s in summaries),
+              "valid_bleu_by_average": chosen[0][2] if one else {
+                  f"member{i}": c[2] for i, c in enumerate(chosen, 1)},
+              "valid_bleu_by_length_penalty": valid_by_alpha, "commit": git_commit()}
     if valid_only:
-        row = {"valid_split": config.data.valid_split, "best_valid_bleu_greedy": summary.best_valid_bleu,
-               "average_last": len(used), "length_penalty": alpha, "valid_bleu": valid_by_alpha[str(alpha)],
-               "overrides": overrides, **common}
-        with atomic_write(run_dir / "tuning.json") as handle:
+        row = {"valid_split": valid, "best_valid_bleu_greedy": summaries[0].best_valid_bleu if one
+               else [s.best_valid_bleu for s in summaries],
+               "average_last": windows[0] if one else windows, "length_penalty": alpha,
+               "valid_bleu": valid_by_alpha[str(alpha)], "overrides": overrides, **common}
+        with atomic_write(config.run_path() / "tuning.json") as handle:
             handle.write(json.dumps(row, indent=2) + "\n")
         return row
     decode_set = [f"decode.length_penalty={alpha}"]
     split, *more_splits = config.data.test_splits
-    report = evaluate(run_dir, split=split, checkpoint=str(averaged), overrides=decode_set)
+    report = evaluate(run_dir, split=split, checkpoint=str(averaged), overrides=decode_set, ensemble=others)
     more_tests = {}
     for other in more_splits:
-        scored = evaluate(run_dir, split=other, checkpoint=str(averaged), overrides=decode_set)
+        scored = evaluate(run_dir, split=other, checkpoint=str(averaged), overrides=decode_set,
+                          ensemble=others)
         more_tests[other] = {key: scored[key] for key in ("bleu", "bleu_lc", "chrf", "sentences")}
         more_tests[other]["decode_sents_per_s"] = float(scored["sentences_per_second"])
+    if one:
+        model = f"average of the last {windows[0]} checkpoints"
+    else:
+        seeds = f"seeds {config.train.seed}-{config.train.seed + len(summaries) - 1}"
+        model = (f"ensemble of {len(summaries)} models trained side by side ({seeds}), each the "
+                 f"average of its last {'/'.join(map(str, windows))} checkpoints")
     return {
         "bleu": report["bleu"],
         "bleu_signature": report["bleu_signature"],
@@ -248,14 +274,15 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
         "bleu_lc_signature": report.get("bleu_lc_signature", ""),
         "chrf": report["chrf"],
         "chrf_signature": report["chrf_signature"],
-        # the summary holds what checkpoint_last holds (the elapsed time is saved with it)
-        "params": summary.parameters,
-        "train_minutes": summary.elapsed_seconds / 60.0,
+        # the summaries hold what checkpoint_last holds (the elapsed time is saved with it);
+        # members train at the same time, so the wall-clock is the longest member's
+        "params": sum(s.parameters for s in summaries),
+        "train_minutes": max(s.elapsed_seconds for s in summaries) / 60.0,
         "decode_sents_per_s": float(report["sentences_per_second"]),
         "device": device_name(str(report.get("device", "cpu"))),
         "test_set": f"{split} ({report.get('sentences', '?')} sentences)",
-        "decode": f"beam {config.decode.beam_size}, length penalty {alpha:g}, average of the last "
-                  f"{len(used)} checkpoints (both chosen on {config.data.valid_split})",
+        "decode": f"beam {config.decode.beam_size}, length penalty {alpha:g}, {model} (both "
+                  f"chosen on {valid})",
         "more_tests": more_tests,
         **common,
     }

@@ -89,8 +89,8 @@ def test_beam_of_one_equals_greedy(use_cache: bool) -> None:
     with torch.inference_mode():
         enc = model.encode(src)
         max_lens = max_output_lengths(src, 1.2, 10, model.cfg.max_positions)
-        greedy = _greedy(model, enc, max_lens, 0.6, use_cache)
-        beam = _beam_search(model, enc, max_lens, 0.6, use_cache, beam_size=1, nbest=1)
+        greedy = _greedy([model], [enc], max_lens, 0.6, use_cache)
+        beam = _beam_search([model], [enc], max_lens, 0.6, use_cache, beam_size=1, nbest=1)
     assert tokens_of(greedy) == tokens_of(beam)
     for g, b in zip(greedy, beam, strict=True):
         assert g[0].score == pytest.approx(b[0].score, abs=1e-4)
