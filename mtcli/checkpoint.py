@@ -848,6 +848,9 @@ def load_for_inference(
     if not run_dir.exists():
         raise CheckpointError(f"{run_dir}: run directory not found")
     if not run_dir.is_dir() or not (run_dir / "config.yaml").is_file():
+        if (run_dir / "member1" / "config.yaml").is_file():
+            raise CheckpointError(f"{run_dir}: an ensemble run (train.ensemble); decode its members "
+                                  f"together with {run_dir / 'member1'} --ensemble {run_dir / 'member2'}")
         raise CheckpointError(f"{run_dir}: not a run directory (no config.yaml)")
     config = load_config(run_dir / "config.yaml")
     spm_path = run_dir / "spm.model"

@@ -121,6 +121,7 @@ def test_evaluate_and_translate_with_ensemble_members(tiny_run_dir: Path, tmp_pa
     from mtcli.errors import CheckpointError
     from mtcli.evaluate import evaluate
     from mtcli.fileio import sha256_file
+    from mtcli.quantize import int8_supported
     from mtcli.translate import translate_files
 
     first = tmp_path / "first"
@@ -135,6 +136,15 @@ def test_evaluate_and_translate_with_ensemble_members(tiny_run_dir: Path, tmp_pa
     out = tmp_path / "out.txt"
     summary = translate_files(first, [first / "text" / "val.src"], out, ensemble=[other])
     assert summary["lines"] == len(out.read_text(encoding="utf-8").splitlines()) > 0
+    if int8_supported() is None:  # int8 decoding quantises each member
+        int8 = tmp_path / "int8.txt"
+        translate_files(first, [first / "text" / "val.src"], int8, ensemble=[other],
+                        overrides=["decode.int8=true"])
+        assert len(int8.read_text(encoding="utf-8").splitlines()) == summary["lines"]
+    # the parent of an ensemble run's members says how to decode them
+    shutil.copytree(first, tmp_path / "ens" / "member1")
+    with pytest.raises(CheckpointError, match="an ensemble run .* --ensemble .*member2"):
+        evaluate(tmp_path / "ens", split="val")
     with pytest.raises(CheckpointError, match="not a run directory nor a checkpoint"):
         evaluate(first, split="val", ensemble=[tmp_path / "nowhere.pt"])
     # a run whose checkpoints fit its own spm.model (trained anew: not byte-equal to first's)
