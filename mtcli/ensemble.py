@@ -21,12 +21,15 @@ does one model's distribution. The members must share the tokenizer and the outp
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import multiprocessing
 import os
-from collections.abc import Sequence
+import signal
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -82,7 +85,36 @@ def _train_member(config: Config, tag: str, verbose: bool) -> TrainSummary:
     from mtcli.train import train
 
     setup_logging(verbose, tag=tag)
-    return train(config)
+    try:
+        return train(config)
+    except MtcliError:
+        raise
+    except Exception as exc:  # a bug: its traceback goes to the log here, one line to the parent
+        get_logger().exception("unexpected error")
+        raise TrainingError(f"{type(exc).__name__}: {exc}") from None
+
+
+@contextlib.contextmanager
+def _forwarded_stop_signals() -> Iterator[None]:
+    """While waiting for the members: pass SIGINT/SIGTERM on to them instead of dying. Each
+    member then finishes its step, saves ``checkpoint_last`` and ends with
+    :class:`~mtcli.errors.TrainingInterrupted`, which :func:`train_members` raises. (A Ctrl-C
+    reaches the members from the terminal too; a second signal changes nothing for them.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, frame: Any) -> None:
+        for child in multiprocessing.active_children():
+            if child.pid is not None:
+                os.kill(child.pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def train_members(config: Config, verbose: bool = False) -> list[TrainSummary]:
@@ -102,7 +134,8 @@ def train_members(config: Config, verbose: bool = False) -> list[TrainSummary]:
     with concurrent.futures.ProcessPoolExecutor(len(configs), mp_context=context) as pool:
         futures = [pool.submit(_train_member, c, f"member {i}", verbose)
                    for i, c in enumerate(configs, 1)]
-        concurrent.futures.wait(futures)
+        with _forwarded_stop_signals():  # members checkpoint and stop; we wait for them
+            concurrent.futures.wait(futures)
     summaries = []
     for i, (future, member) in enumerate(zip(futures, configs, strict=True), 1):
         exc = future.exception()

@@ -40,4 +40,9 @@ class TrainingInterrupted(MtcliError):
 
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
+        self.signum = signum
         self.exit_code = 128 + signum
+
+    def __reduce__(self) -> tuple:
+        # picklable with its signal (an ensemble member's error crosses a process boundary)
+        return (type(self), (str(self), self.signum))

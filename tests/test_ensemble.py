@@ -152,3 +152,31 @@ def test_evaluate_and_translate_with_ensemble_members(tiny_run_dir: Path, tmp_pa
     assert sha256_file(stranger / "spm.model") != sha256_file(first / "spm.model")
     with pytest.raises(CheckpointError, match="spm.model differs from the first member's"):
         evaluate(first, split="val", ensemble=[stranger])
+
+
+def test_sigterm_to_the_ensemble_run_stops_every_member_with_a_checkpoint(prepared_toy: Path,
+                                                                           tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO, TOY_CONFIG, toy_train_overrides, wait_until
+
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "mtcli", "train", str(TOY_CONFIG)]
+    for item in toy_train_overrides(prepared_toy, run, "train.ensemble=2", "train.num_threads=2",
+                                    "train.max_steps=100000", "train.valid_every=100000"):
+        args += ["--set", item]
+    proc = subprocess.Popen(args, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    logs = [run / f"member{i}" / "train.log" for i in (1, 2)]
+    wait_until(lambda: all(p.exists() and "| step 3 |" in p.read_text(encoding="utf-8") for p in logs),
+               proc, "step 3 in both members' train.log", timeout=90.0)
+    proc.send_signal(signal.SIGTERM)  # to the parent only, as a job scheduler would
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 143, err
+    assert "ensemble member 1" in err and "interrupted by SIGTERM" in err, err
+    for i in (1, 2):
+        assert load_checkpoint(run / f"member{i}" / "checkpoints" / "checkpoint_last.pt")["step"] >= 3
+        assert not (run / f"member{i}" / "train.lock").exists()
