@@ -122,6 +122,7 @@ class DecodeConfig:
     bf16: bool = False
     int8: bool = False
     workers: int = 1
+    ensemble_mode: Literal["linear", "log_linear"] = "linear"  # how --ensemble members are combined
 
 
 @dataclass

@@ -222,14 +222,17 @@ class _StepDecoder:
     change it). With the cache only the newest token is fed; without it the decoder reruns over
     the whole prefix (for the benchmark and the equivalence test). With several ``models`` (an
     ensemble, each with its encoder output in ``encs``) the scores are those of the mean of
-    their probabilities, ``log(1/M * sum_m p_m)``.
+    their probabilities, ``log(1/M * sum_m p_m)`` (``ensemble_mode="linear"``), or of the
+    renormalised mean of their log-probabilities, ``1/M * sum_m log p_m - log Z``
+    (``"log_linear"``, a product of experts: a token must be likely under every member).
     """
 
     def __init__(
         self, models: list[Transformer], encs: list[EncoderOutput], group: int, max_len: int,
-        use_cache: bool,
+        use_cache: bool, ensemble_mode: str = "linear",
     ) -> None:
         self.models = models
+        self.log_linear = ensemble_mode == "log_linear"
         self.caches: list[DecoderCache] | None = None
         self.encs = encs
         self.width = chunk_width(models[0].output_size, CHUNK)
@@ -252,10 +255,13 @@ class _StepDecoder:
         rows where ``limit_rows`` is True may only end (eos)."""
         if len(self.models) == 1:
             logits = self._logits(0, seq)
-        else:  # log of the mean probability: logsumexp_m(log p_m) - log M
+        else:
             logp = torch.stack([self._logits(i, seq).float().log_softmax(-1)
                                 for i in range(len(self.models))])
-            logits = torch.logsumexp(logp, dim=0).sub_(math.log(len(self.models)))
+            if self.log_linear:  # step_scores renormalises (its log Z)
+                logits = logp.mean(dim=0)
+            else:  # log of the mean probability: logsumexp_m(log p_m) - log M
+                logits = torch.logsumexp(logp, dim=0).sub_(math.log(len(self.models)))
         rows, vocab = logits.shape
         padded = -(-vocab // self.width) * self.width
         scratch = self.workspace.get("scratch", (rows, padded), torch.float32, logits.device)
@@ -272,12 +278,12 @@ class _StepDecoder:
 
 def _greedy(
     models: list[Transformer], encs: list[EncoderOutput], max_lens: Tensor, alpha: float,
-    use_cache: bool,
+    use_cache: bool, ensemble_mode: str = "linear",
 ) -> list[list[Hypothesis]]:
     """Greedy search: the most probable token at each step until eos or the length limit."""
     n, device = max_lens.numel(), max_lens.device
     results: list[list[Hypothesis]] = [[] for _ in range(n)]
-    decoder = _StepDecoder(models, encs, 1, int(max_lens.max()) + 1, use_cache)
+    decoder = _StepDecoder(models, encs, 1, int(max_lens.max()) + 1, use_cache, ensemble_mode)
     sentence = torch.arange(n, device=device)  # original index of each live row
     seq = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
     logprob = torch.zeros(n, dtype=torch.float32, device=device)
@@ -304,14 +310,14 @@ def _greedy(
 
 def _beam_search(
     models: list[Transformer], encs: list[EncoderOutput], max_lens: Tensor, alpha: float,
-    use_cache: bool, beam_size: int, nbest: int,
+    use_cache: bool, beam_size: int, nbest: int, ensemble_mode: str = "linear",
 ) -> list[list[Hypothesis]]:
     """Beam search (see the module docstring), ``beam_size`` hypotheses per sentence."""
     n, k, device = max_lens.numel(), beam_size, max_lens.device
     finished: list[list[Hypothesis]] = [[] for _ in range(n)]
     # The first step runs one row per sentence (all its beams would be equal); the first
     # reorder then fans each sentence out to its k beams.
-    decoder = _StepDecoder(models, encs, 1, int(max_lens.max()) + 1, use_cache)
+    decoder = _StepDecoder(models, encs, 1, int(max_lens.max()) + 1, use_cache, ensemble_mode)
     sentence = torch.arange(n, device=device)  # original index of each live sentence
     seq = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
     scores = torch.zeros((n, 1), device=device)  # [sentences, live beams]
@@ -401,6 +407,7 @@ def generate(
     nbest: int = 1,
     use_cache: bool = True,
     return_attention: bool = False,
+    ensemble_mode: str = "linear",
 ) -> list[list[Hypothesis]]:
     """Translate a padded source batch: one n-best list (best first) per row of ``src``.
 
@@ -410,7 +417,8 @@ def generate(
     decoder over the whole prefix each step (same results, slower). ``return_attention`` fills
     :attr:`Hypothesis.attention` (one extra teacher-forced pass; an ensemble's first member's).
     ``model`` may be an :class:`~mtcli.ensemble.Ensemble`: the search then runs on the mean of
-    its members' probabilities. The model runs in eval mode under ``torch.inference_mode()``;
+    its members' probabilities, or with ``ensemble_mode="log_linear"`` on the renormalised mean
+    of their log-probabilities. The model runs in eval mode under ``torch.inference_mode()``;
     its previous train/eval mode is restored afterwards.
     """
     if beam_size < 1:
@@ -420,6 +428,8 @@ def generate(
     if beam_size > 1 and 2 * beam_size > model.output_size:
         raise ConfigError(f"decode.beam_size={beam_size} needs an output vocabulary of at least "
                           f"{2 * beam_size} pieces")
+    if ensemble_mode not in ("linear", "log_linear"):
+        raise ConfigError(f"decode.ensemble_mode must be linear or log_linear, got {ensemble_mode!r}")
     if src.dim() != 2:
         raise ValueError(f"generate expects src [B, S], got shape {list(src.shape)}")
     if src.size(0) == 0:
@@ -433,10 +443,10 @@ def generate(
             max_positions = min(m.cfg.max_positions for m in members)
             max_lens = max_output_lengths(src, max_len_a, max_len_b, max_positions)
             if beam_size == 1:
-                results = _greedy(members, encs, max_lens, length_penalty, use_cache)
+                results = _greedy(members, encs, max_lens, length_penalty, use_cache, ensemble_mode)
             else:
                 results = _beam_search(
-                    members, encs, max_lens, length_penalty, use_cache, beam_size, nbest
+                    members, encs, max_lens, length_penalty, use_cache, beam_size, nbest, ensemble_mode
                 )
             if return_attention:
                 _attach_attention(members[0], src, encs[0], results)

@@ -203,6 +203,7 @@ def translate_lines(
                 model, src, beam_size=decode.beam_size, length_penalty=decode.length_penalty,
                 max_len_a=decode.max_len_a, max_len_b=decode.max_len_b, nbest=decode.nbest,
                 use_cache=use_cache, return_attention=return_attention,
+                ensemble_mode=decode.ensemble_mode,
             )
 
     offset = 0

@@ -49,8 +49,9 @@ def test_a_failing_member_is_named(prepared_toy: Path, tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------ decoding
 
-def _mixture_logprob(models: list, src_ids: list[int], tokens: list[int]) -> float:
-    """log of prod_t (1/M sum_m p_m(y_t | y_<t, x)) by teacher forcing each member."""
+def _mixture_logprob(models: list, src_ids: list[int], tokens: list[int], mode: str = "linear") -> float:
+    """log of prod_t (1/M sum_m p_m(y_t | y_<t, x)) by teacher forcing each member (log_linear:
+    of prod_t softmax(1/M sum_m log p_m)(y_t))."""
     from test_search import pad_batch
 
     from mtcli.tokenizer import BOS_ID, EOS_ID
@@ -60,7 +61,10 @@ def _mixture_logprob(models: list, src_ids: list[int], tokens: list[int]) -> flo
     tgt_out = torch.tensor(tokens + [EOS_ID])
     with torch.no_grad():
         logp = torch.stack([torch.log_softmax(m(src, tgt_in)[0].float(), -1) for m in models])
-    mixture = torch.logsumexp(logp, 0) - torch.log(torch.tensor(float(len(models))))
+    if mode == "log_linear":
+        mixture = torch.log_softmax(logp.mean(0), -1)
+    else:
+        mixture = torch.logsumexp(logp, 0) - torch.log(torch.tensor(float(len(models))))
     return mixture.gather(1, tgt_out[:, None]).sum().item()
 
 
@@ -81,8 +85,8 @@ def test_an_ensemble_of_copies_decodes_like_the_model(beam: int) -> None:
 
 
 @pytest.mark.parametrize("beam", [1, 3])
-@pytest.mark.parametrize("use_cache", [True, False])
-def test_ensemble_scores_are_the_mixture_of_its_members(beam: int, use_cache: bool) -> None:
+@pytest.mark.parametrize(("use_cache", "mode"), [(True, "linear"), (False, "linear"), (True, "log_linear")])
+def test_ensemble_scores_are_the_mixture_of_its_members(beam: int, use_cache: bool, mode: str) -> None:
     from test_search import pad_batch, random_model, random_sources, tokens_of
 
     from mtcli.ensemble import Ensemble
@@ -91,10 +95,10 @@ def test_ensemble_scores_are_the_mixture_of_its_members(beam: int, use_cache: bo
     models = [random_model(1), random_model(2), random_model(5)]
     sources = random_sources(7)
     results = generate(Ensemble(models), pad_batch(sources), beam_size=beam, nbest=beam,
-                       length_penalty=0.0, use_cache=use_cache)
+                       length_penalty=0.0, use_cache=use_cache, ensemble_mode=mode)
     for src_ids, hyps in zip(sources, results, strict=True):
         for h in hyps:
-            assert h.logprob == pytest.approx(_mixture_logprob(models, src_ids, h.tokens), abs=1e-3)
+            assert h.logprob == pytest.approx(_mixture_logprob(models, src_ids, h.tokens, mode), abs=1e-3)
     # the mixture is not any one member: the search follows it, not the first model
     first = generate(models[0], pad_batch(sources), beam_size=beam, nbest=beam, length_penalty=0.0)
     assert tokens_of(results) != tokens_of(first)
