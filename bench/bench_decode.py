@@ -220,17 +220,14 @@ def _random_run_dir(work: Path, spm_path: Path | None, seed: int, output_vocab: 
 def _machine() -> dict:
     info = {"python": platform.python_version(), "platform": platform.platform(),
             "cpus": os.cpu_count()}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = line.split(":", 1)[1].split()
-                info["avx512_bf16"] = "avx512_bf16" in flags
-                info["amx_bf16"] = "amx_bf16" in flags
-                break
-    except OSError:
-        pass
+    from mtcli.device import cpu_info
+
+    name, flags = cpu_info()
+    if name:
+        info["cpu"] = name
+    if flags:
+        info["avx512_bf16"] = "avx512_bf16" in flags
+        info["amx_bf16"] = "amx_bf16" in flags
     return info
 
 

@@ -350,13 +350,9 @@ def run_worker(args: argparse.Namespace, role: str, batches: Path) -> dict[str, 
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from mtcli.device import cpu_info
+
+    return cpu_info()[0] or platform.processor() or platform.machine()
 
 
 def device_name(device: str) -> str:

@@ -42,16 +42,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as _dt
 import hashlib
 import io
 import json
-import os
 import pickle
 import re
-import socket
-import time
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -59,7 +54,7 @@ from typing import Any
 import torch
 
 from mtcli.config import SECTIONS, load_config
-from mtcli.errors import CheckpointError, DataError, RunLockedError
+from mtcli.errors import CheckpointError, DataError
 from mtcli.fileio import atomic_link, atomic_write, sha256_file
 from mtcli.logs import get_logger
 
@@ -68,7 +63,6 @@ MAGIC = b"MTCLI-CHECKPOINT"
 LAST_NAME = "checkpoint_last.pt"
 BEST_NAME = "checkpoint_best.pt"
 INDEX_NAME = "index.json"
-LOCK_NAME = "train.lock"
 _STEP_RE = re.compile(r"^checkpoint_(\d+)\.pt$")
 _HEADER_RE = re.compile(rb"^MTCLI-CHECKPOINT (\d+) sha256=([0-9a-f]{64}) size=(\d+)$")
 _MAX_HEADER = 256
@@ -409,176 +403,6 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-# --------------------------------------------------------------------------- run lock
-
-
-def _boot_id() -> str | None:
-    with contextlib.suppress(OSError):
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    return None
-
-
-def _proc_start(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (Linux), to tell a reused pid apart."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    with contextlib.suppress(IndexError, ValueError):
-        return int(text[text.rindex(")") + 2 :].split()[19])
-    return None
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by someone else
-        return True
-    return True
-
-
-class RunLock:
-    """Exclusive use of a run directory by one trainer: ``with RunLock(run_dir): ...``.
-
-    Acquiring creates ``run_dir/train.lock`` with ``O_CREAT | O_EXCL`` (atomic: of two
-    processes, exactly one creates it) holding JSON with the pid, hostname, start time, boot id
-    and the process start tick. If the file exists, its holder is checked: on this host, a pid
-    that is gone (or reused by a newer process, or from before a reboot) makes the lock stale;
-    it is logged and taken over. A live holder, or a holder on another host (whose liveness
-    cannot be checked), raises :class:`RunLockedError` naming pid, host and start time.
-    Leaving the ``with`` block removes the lock if it is still ours.
-    """
-
-    def __init__(self, run_dir: str | Path) -> None:
-        """Prepare a lock on ``run_dir`` (not acquired until ``__enter__``/:meth:`acquire`)."""
-        self.run_dir = Path(run_dir)
-        self.path = self.run_dir / LOCK_NAME
-        self.token = uuid.uuid4().hex
-        self.held = False
-
-    def _content(self) -> bytes:
-        started = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": started,
-                "boot_id": _boot_id(), "proc_start": _proc_start(os.getpid()), "token": self.token}
-        return (json.dumps(info) + "\n").encode()
-
-    def _try_create(self) -> bool:
-        try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        try:
-            os.write(fd, self._content())
-            os.fsync(fd)
-        except OSError as exc:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)
-            raise CheckpointError(f"{self.path}: cannot write lock file ({exc.strerror or exc})") from None
-        os.close(fd)
-        return True
-
-    def _stale_reason(self, raw: bytes) -> str | None:
-        """Why the lock held in ``raw`` is stale, or None if its holder may be alive."""
-        try:
-            info = json.loads(raw.decode())
-            pid = int(info["pid"])
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-            with contextlib.suppress(OSError):
-                if time.time() - self.path.stat().st_mtime > 10:
-                    return "unreadable lock file"
-            return None
-        if info.get("host") != socket.gethostname():
-            return None
-        boot = _boot_id()
-        if info.get("boot_id") and boot and info["boot_id"] != boot:
-            return f"pid {pid} ran before this machine rebooted"
-        if not _pid_alive(pid):
-            return f"pid {pid} is not running"
-        start = info.get("proc_start")
-        now = _proc_start(pid)
-        if start is not None and now is not None and int(start) != now:
-            return f"pid {pid} now belongs to another process"
-        return None
-
-    def _holder(self, raw: bytes) -> str:
-        try:
-            info = json.loads(raw.decode())
-            return f"pid {info.get('pid')} on host {info.get('host')} since {info.get('started')}"
-        except (ValueError, UnicodeDecodeError, AttributeError):
-            return "an unknown process (lock file being written)"
-
-    def acquire(self) -> RunLock:
-        """Take the lock or raise :class:`RunLockedError`; a stale lock is taken over."""
-        if self.held:
-            return self
-        log = get_logger()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        for _ in range(5):
-            if self._try_create():
-                self.held = True
-                return self
-            try:
-                raw = self.path.read_bytes()
-            except FileNotFoundError:
-                continue  # released between our create and read: try again
-            except OSError as exc:
-                raise CheckpointError(f"{self.path}: cannot read lock file ({exc.strerror or exc})") from None
-            reason = self._stale_reason(raw)
-            if reason is None:
-                raise RunLockedError(
-                    f"{self.run_dir}: run directory is in use by {self._holder(raw)} "
-                    f"(lock file {self.path}; remove it only if that process is gone)"
-                )
-            self._take_over(raw)
-            log.warning("stale lock %s (%s, %s) taken over", self.path, self._holder(raw), reason)
-        raise RunLockedError(f"{self.run_dir}: could not take the lock {self.path} (it keeps changing)")
-
-    def _take_over(self, raw: bytes) -> None:
-        """Remove the stale lock whose bytes are ``raw``, unless someone replaced it meanwhile."""
-        aside = self.path.with_name(f".{LOCK_NAME}.stale-{self.token}")
-        try:
-            os.rename(self.path, aside)
-        except FileNotFoundError:
-            return
-        try:
-            if aside.read_bytes() != raw:
-                # Another process took the lock over first: put its lock back, without clobbering.
-                with contextlib.suppress(OSError):
-                    os.link(aside, self.path)
-                raise RunLockedError(
-                    f"{self.run_dir}: run directory was just taken by {self._holder(aside.read_bytes())}"
-                )
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(aside)
-
-    def release(self) -> None:
-        """Remove the lock file if this object holds it and it still carries our token."""
-        if not self.held:
-            return
-        self.held = False
-        try:
-            info = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return
-        if info.get("token") == self.token:
-            with contextlib.suppress(OSError):
-                self.path.unlink()
-
-    def __enter__(self) -> RunLock:
-        """Acquire; see :meth:`acquire`."""
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        """Release; see :meth:`release`."""
-        self.release()
-
-
 # --------------------------------------------------------------------------- index and pruning
 
 
@@ -848,9 +672,13 @@ def load_for_inference(
     if not run_dir.exists():
         raise CheckpointError(f"{run_dir}: run directory not found")
     if not run_dir.is_dir() or not (run_dir / "config.yaml").is_file():
-        if (run_dir / "member1" / "config.yaml").is_file():
+        from mtcli.ensemble import member_dirs
+
+        members = member_dirs(run_dir)
+        if members:
+            others = " ".join(f"--ensemble {m}" for m in members[1:])
             raise CheckpointError(f"{run_dir}: an ensemble run (train.ensemble); decode its members "
-                                  f"together with {run_dir / 'member1'} --ensemble {run_dir / 'member2'}")
+                                  f"together with {members[0]} {others}")
         raise CheckpointError(f"{run_dir}: not a run directory (no config.yaml)")
     config = load_config(run_dir / "config.yaml")
     spm_path = run_dir / "spm.model"

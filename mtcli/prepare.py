@@ -58,6 +58,7 @@ from mtcli.corpus import CleanCounts, PairCleaner, Source, open_source, read_lin
 from mtcli.errors import DataError
 from mtcli.fileio import atomic_dir
 from mtcli.logs import get_logger, progress
+from mtcli.runlock import pid_alive
 from mtcli.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 CHUNK_LINES = 4096
@@ -137,16 +138,6 @@ def _check_writable(out: Path) -> None:
         raise DataError(f"cannot write the prepared cache to {out}: {exc.strerror or exc}") from None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_stale(out: Path) -> None:
     """Delete leftovers of killed runs: ``.<name>.*.tmp`` / ``.<name>.old-<pid>`` of dead pids."""
     for entry in out.parent.glob(f".{out.name}.*"):
@@ -164,7 +155,7 @@ def _remove_stale(out: Path) -> None:
                 continue
         else:
             continue
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             get_logger().info("removing %s left by an interrupted prepare", entry)
             shutil.rmtree(entry, ignore_errors=True)
 

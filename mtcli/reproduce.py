@@ -62,7 +62,7 @@ def device_name(device: str) -> str:
         return torch.cuda.get_device_name(torch.device(device))
     import os
 
-    from mtcli.train import cpu_has_bf16_units, cpu_info
+    from mtcli.device import cpu_has_bf16_units, cpu_info
 
     model = cpu_info()[0] or platform.processor() or platform.machine()
     # bf16 units decide what train.bf16 is worth here (1.4x fp32 or ~100x slower): say which
@@ -233,21 +233,24 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
     run_dir, averaged = summaries[0].run_dir, chosen[0][0]
     others = [c[0] for c in chosen[1:]]
     windows = [len(used) for _, used, _ in chosen]
+
+    def per_member(values: list[Any]) -> Any:
+        """One model's value as it is; an ensemble's as a list in member order."""
+        return values if others else values[0]
+
     # one model: its val score at the recipe's alpha is known already; an ensemble's is not
-    recipe_score = chosen[0][2][str(windows[0])] if not others else None
+    recipe_score = None if others else chosen[0][2][str(windows[0])]
     alpha, valid_by_alpha = choose_length_penalty(run_dir, valid, averaged, config.decode.length_penalty,
                                                   recipe_score, others)
-    one = len(summaries) == 1
     # what the training run and the choices on val give, for a tuning row and a results row alike
-    common = {"train_steps": summaries[0].steps if one else [s.steps for s in summaries],
+    common = {"train_steps": per_member([s.steps for s in summaries]),
               "train_tokens_per_s": sum(s.tokens_per_second for s in summaries),
-              "valid_bleu_by_average": chosen[0][2] if one else {
-                  f"member{i}": c[2] for i, c in enumerate(chosen, 1)},
+              "valid_bleu_by_average": ({f"member{i}": c[2] for i, c in enumerate(chosen, 1)}
+                                        if others else chosen[0][2]),
               "valid_bleu_by_length_penalty": valid_by_alpha, "commit": git_commit()}
     if valid_only:
-        row = {"valid_split": valid, "best_valid_bleu_greedy": summaries[0].best_valid_bleu if one
-               else [s.best_valid_bleu for s in summaries],
-               "average_last": windows[0] if one else windows, "length_penalty": alpha,
+        row = {"valid_split": valid, "best_valid_bleu_greedy": per_member([s.best_valid_bleu for s in summaries]),
+               "average_last": per_member(windows), "length_penalty": alpha,
                "valid_bleu": valid_by_alpha[str(alpha)], "overrides": overrides, **common}
         with atomic_write(config.run_path() / "tuning.json") as handle:
             handle.write(json.dumps(row, indent=2) + "\n")
@@ -261,7 +264,7 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
                           ensemble=others)
         more_tests[other] = {key: scored[key] for key in ("bleu", "bleu_lc", "chrf", "sentences")}
         more_tests[other]["decode_sents_per_s"] = float(scored["sentences_per_second"])
-    if one:
+    if not others:
         model = f"average of the last {windows[0]} checkpoints"
     else:
         seeds = f"seeds {config.train.seed}-{config.train.seed + len(summaries) - 1}"

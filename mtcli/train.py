@@ -64,6 +64,7 @@ from mtcli.batching import (
 )
 from mtcli.config import Config, save_config
 from mtcli.corpus import read_lines
+from mtcli.device import device_has_bf16_units, resolve_device
 from mtcli.epoch_pairs import output_vocabulary, training_resegmenter
 from mtcli.errors import CheckpointError, DataError, TrainingError, TrainingInterrupted
 from mtcli.fileio import atomic_write, sha256_file
@@ -144,52 +145,6 @@ class DistInfo:
             )
         except ValueError:
             raise TrainingError("RANK/WORLD_SIZE/LOCAL_RANK must be integers") from None
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """``auto`` -> ``cuda:<local_rank>`` when CUDA is available, else the CPU."""
-    if name == "auto":
-        return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and torch.cuda.is_available():
-        return torch.device(f"cuda:{local_rank}")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise TrainingError(f"train.device={name!r} but CUDA is not available (use auto or cpu)")
-    return device
-
-
-def cpu_info(path: str = "/proc/cpuinfo") -> tuple[str, frozenset[str]]:
-    """The first CPU's model name (``""`` if unknown) and feature flags (x86 ``flags``, Arm
-    ``Features``) from ``/proc/cpuinfo``; empty where there is none."""
-    name, flags = "", frozenset[str]()
-    try:
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and not name:
-                    name = value.strip()
-                elif key in ("flags", "Features") and not flags:
-                    flags = frozenset(value.split())
-    except OSError:
-        pass
-    return name, flags
-
-
-def cpu_has_bf16_units(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this CPU multiplies bf16 natively (x86 AVX512-BF16 or AMX, Arm BF16); False if unknown.
-
-    Without them PyTorch's bf16 matmuls take a slow path: ~100x slower than fp32 on an AVX2
-    Zen 3 VM, ~2x *faster* than fp32 on the AVX512-BF16 Zen 4 one (bench/NOTES.md).
-    """
-    return bool({"avx512_bf16", "amx_bf16", "bf16"} & cpu_info(cpuinfo)[1])
-
-
-def device_has_bf16_units(device: torch.device) -> bool:
-    """What ``train.bf16: auto`` resolves to: CUDA with bf16 support, or a CPU with bf16 units."""
-    if device.type == "cuda":
-        return bool(torch.cuda.is_bf16_supported())
-    return device.type == "cpu" and cpu_has_bf16_units()
 
 
 def _init_distributed(info: DistInfo, device: torch.device) -> None:
@@ -838,7 +793,8 @@ def train(config: Config) -> TrainSummary:
     corpus = open_corpus(config)
     run_dir = config.run_path()
     _init_distributed(info, device)
-    from mtcli.checkpoint import RunLock, find_resume_checkpoint, remove_stale_temp_files
+    from mtcli.checkpoint import find_resume_checkpoint, remove_stale_temp_files
+    from mtcli.runlock import RunLock
 
     with contextlib.ExitStack() as stack:
         if info.distributed and info.initialized_here:

@@ -27,7 +27,6 @@ import torch
 from mtcli import checkpoint as ck
 from mtcli.checkpoint import (
     CheckpointError,
-    RunLock,
     average_checkpoints,
     average_run_checkpoints,
     check_resume_config,
@@ -42,6 +41,7 @@ from mtcli.checkpoint import (
 from mtcli.config import ConfigError, load_config, save_config
 from mtcli.errors import RunLockedError
 from mtcli.logs import get_logger
+from mtcli.runlock import RunLock
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -426,7 +426,7 @@ def test_lock_holds_pid_host_time_and_is_released(tmp_path: Path) -> None:
 
 _HOLD_LOCK = """
 import sys, time
-from mtcli.checkpoint import RunLock
+from mtcli.runlock import RunLock
 with RunLock(sys.argv[1]):
     print("locked", flush=True)
     time.sleep(120)

@@ -146,7 +146,8 @@ def test_evaluate_and_translate_with_ensemble_members(tiny_run_dir: Path, tmp_pa
                         overrides=["decode.int8=true"])
         assert len(int8.read_text(encoding="utf-8").splitlines()) == summary["lines"]
     # the parent of an ensemble run's members says how to decode them
-    shutil.copytree(first, tmp_path / "ens" / "member1")
+    for member in ("member1", "member2"):
+        shutil.copytree(first, tmp_path / "ens" / member)
     with pytest.raises(CheckpointError, match="an ensemble run .* --ensemble .*member2"):
         evaluate(tmp_path / "ens", split="val")
     with pytest.raises(CheckpointError, match="not a run directory nor a checkpoint"):

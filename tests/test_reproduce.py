@@ -120,9 +120,9 @@ def test_valid_only_tuning_run_never_decodes_test(tmp_path: Path, toy_config_pat
 @pytest.mark.parametrize("has_units", [True, False])
 def test_cpu_device_name_says_whether_it_has_bf16_units(monkeypatch: pytest.MonkeyPatch,
                                                         has_units: bool) -> None:
-    import mtcli.train
+    import mtcli.device
 
-    monkeypatch.setattr(mtcli.train, "cpu_has_bf16_units", lambda *args: has_units)
+    monkeypatch.setattr(mtcli.device, "cpu_has_bf16_units", lambda *args: has_units)
     name = device_name("cpu")
     assert name.startswith("CPU (") and name.endswith(")")
     assert ("bf16 units" in name) is has_units

@@ -22,10 +22,11 @@ from conftest import (
 )
 
 from mtcli.checkpoint import load_checkpoint, read_index
+from mtcli.device import cpu_has_bf16_units
 from mtcli.errors import CheckpointError, ConfigError, DataError, TrainingError
 from mtcli.loss import LabelSmoothedLoss
 from mtcli.subword_sampling import FlatSentences
-from mtcli.train import cpu_has_bf16_units, train
+from mtcli.train import train
 
 
 @pytest.fixture
@@ -455,9 +456,9 @@ def test_cpu_has_bf16_units_reads_the_cpu_flags(tmp_path: Path, line: str, expec
 @pytest.mark.parametrize("has_units", [True, False])
 def test_bf16_auto_follows_the_device_and_the_run_records_the_choice(
         prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, has_units: bool) -> None:
-    import mtcli.train as train_module
+    import mtcli.device
 
-    monkeypatch.setattr(train_module, "cpu_has_bf16_units", lambda *args: has_units)
+    monkeypatch.setattr(mtcli.device, "cpu_has_bf16_units", lambda *args: has_units)
     run = tmp_path / "run"
     train(make_config(prepared, run, "train.max_steps=2", "train.valid_every=2",
                       "train.device=cpu", "train.bf16=auto"))
