@@ -1,4 +1,4 @@
-"""Where training runs: the device, and whether it multiplies bf16 natively.
+"""Where training and decoding run: the device, and whether it multiplies bf16 natively.
 
 ``train.bf16: auto`` asks :func:`device_has_bf16_units`: autocast pays only where the matrix
 units take bf16 (CUDA with bf16 support; a CPU with AVX512-BF16, AMX or Arm BF16), and costs

@@ -866,4 +866,4 @@ def train(config: Config) -> TrainSummary:
         )
 
 
-__all__ = ["DistInfo", "StopSignals", "TrainSummary", "Trainer", "resolve_device", "train"]
+__all__ = ["DistInfo", "StopSignals", "TrainSummary", "Trainer", "train"]

@@ -39,6 +39,7 @@ import torch
 from mtcli.allocator import keep_freed_memory
 from mtcli.config import Config, DecodeConfig, config_from_dict
 from mtcli.corpus import count_lines, iter_binary_lines, read_lines
+from mtcli.device import resolve_device
 from mtcli.errors import ConfigError, DataError
 from mtcli.fileio import atomic_write
 from mtcli.logs import get_logger, progress
@@ -275,13 +276,6 @@ def translate_texts(
 # --------------------------------------------------------------------------------------------
 # The CLI command
 # --------------------------------------------------------------------------------------------
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    """``auto`` -> the first CUDA device when there is one, else the CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def decoding_device(decode: DecodeConfig) -> torch.device:

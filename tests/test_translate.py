@@ -35,7 +35,7 @@ def test_decoding_device_is_the_cpu_under_int8(monkeypatch: pytest.MonkeyPatch) 
     from mtcli.translate import decoding_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert decoding_device(DecodeConfig()) == torch.device("cuda")
+    assert decoding_device(DecodeConfig()) == torch.device("cuda:0")
     assert decoding_device(DecodeConfig(int8=True)) == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert decoding_device(DecodeConfig()) == torch.device("cpu")
