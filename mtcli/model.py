@@ -725,6 +725,11 @@ class Transformer(nn.Module):
         self.register_buffer("output_index", index, persistent=False)
 
     @property
+    def max_positions(self) -> int:
+        """Longest sequence (``<s>`` or ``</s>`` included) the positional table covers."""
+        return self.cfg.max_positions
+
+    @property
     def output_size(self) -> int:
         """Width of :meth:`project_shortlist`'s logits: the output vocabulary's size, else ``vocab``."""
         return self.vocab_size if self.output_ids is None else self.output_ids.numel()

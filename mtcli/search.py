@@ -440,8 +440,7 @@ def generate(
         with torch.inference_mode():
             members = decoding_members(model)
             encs = [m.encode(src) for m in members]
-            max_positions = min(m.cfg.max_positions for m in members)
-            max_lens = max_output_lengths(src, max_len_a, max_len_b, max_positions)
+            max_lens = max_output_lengths(src, max_len_a, max_len_b, model.max_positions)
             if beam_size == 1:
                 results = _greedy(members, encs, max_lens, length_penalty, use_cache, ensemble_mode)
             else:

@@ -87,16 +87,7 @@ def _empty_translation() -> Translation:
 
 def source_limit(bundle: Any) -> int:
     """Longest source (in pieces, before ``</s>``) the model accepts: ``max_positions - 1``."""
-    model = bundle.model
-    limit = getattr(model, "max_positions", None)
-    if limit is None:
-        cfg = getattr(model, "cfg", None) or getattr(model, "config", None)
-        limit = getattr(cfg, "max_positions", None)
-    if limit is None and getattr(bundle, "config", None) is not None:
-        limit = bundle.config.model.max_positions
-    if limit is None:
-        raise ConfigError("cannot find the model's max_positions")
-    return int(limit) - 1
+    return int(bundle.model.max_positions) - 1
 
 
 def make_batches(lengths: list[int], max_tokens: int, beam_size: int = 1) -> list[list[int]]:
