@@ -41,7 +41,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -349,17 +348,13 @@ def run_worker(args: argparse.Namespace, role: str, batches: Path) -> dict[str, 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def cpu_name() -> str:
-    from mtcli.device import cpu_info
-
-    return cpu_info()[0] or platform.processor() or platform.machine()
-
-
 def device_name(device: str) -> str:
     if device.startswith("cuda"):
         import torch
 
         return torch.cuda.get_device_name(torch.device(device))
+    from mtcli.device import cpu_name
+
     return f"{cpu_name()} ({os.cpu_count()} cores)"
 
 

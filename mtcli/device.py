@@ -7,6 +7,8 @@ units take bf16 (CUDA with bf16 support; a CPU with AVX512-BF16, AMX or Arm BF16
 
 from __future__ import annotations
 
+import platform
+
 import torch
 
 from mtcli.errors import TrainingError
@@ -42,6 +44,11 @@ def cpu_info(path: str = "/proc/cpuinfo") -> tuple[str, frozenset[str]]:
     return name, flags
 
 
+def cpu_name() -> str:
+    """This CPU's model name, from ``/proc/cpuinfo`` where it has one, else what Python knows."""
+    return cpu_info()[0] or platform.processor() or platform.machine()
+
+
 def cpu_has_bf16_units(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU multiplies bf16 natively (x86 AVX512-BF16 or AMX, Arm BF16); False if unknown.
 
@@ -58,4 +65,4 @@ def device_has_bf16_units(device: torch.device) -> bool:
     return device.type == "cpu" and cpu_has_bf16_units()
 
 
-__all__ = ["cpu_has_bf16_units", "cpu_info", "device_has_bf16_units", "resolve_device"]
+__all__ = ["cpu_has_bf16_units", "cpu_info", "cpu_name", "device_has_bf16_units", "resolve_device"]

@@ -166,9 +166,8 @@ class Ensemble(nn.Module):
             raise ConfigError("an ensemble needs at least one model")
         first = members[0]
         for i, other in enumerate(members[1:], 2):
-            same_ids = (first.output_ids is None and other.output_ids is None) or (
-                first.output_ids is not None and other.output_ids is not None
-                and torch.equal(first.output_ids.cpu(), other.output_ids.cpu()))
+            a, b = first.output_ids, other.output_ids
+            same_ids = (a is None) == (b is None) and (a is None or torch.equal(a.cpu(), b.cpu()))
             if other.vocab_size != first.vocab_size or not same_ids:
                 raise CheckpointError(f"ensemble member {i} has another vocabulary or output vocabulary "
                                       "than member 1: members must come from the same prepared data")
@@ -217,7 +216,7 @@ def add_members(bundle: InferenceModel, others: Sequence[str | Path]) -> Inferen
     for spec in others:
         run_dir, checkpoint = _member_location(spec)
         member = load_for_inference(run_dir, checkpoint)
-        if sha256_file(run_dir / "spm.model") != spm:
+        if sha256_file(member.tokenizer.model_path) != spm:
             raise CheckpointError(f"{spec}: its spm.model differs from the first member's "
                                   "(ensemble members must share the SentencePiece model)")
         models.append(member.model)

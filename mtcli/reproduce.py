@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 from collections.abc import Callable
@@ -62,11 +61,10 @@ def device_name(device: str) -> str:
         return torch.cuda.get_device_name(torch.device(device))
     import os
 
-    from mtcli.device import cpu_has_bf16_units, cpu_info
+    from mtcli.device import cpu_has_bf16_units, cpu_name
 
-    model = cpu_info()[0] or platform.processor() or platform.machine()
     # bf16 units decide what train.bf16 is worth here (1.4x fp32 or ~100x slower): say which
-    return f"CPU ({model}, {os.cpu_count()} cores{', bf16 units' if cpu_has_bf16_units() else ''})"
+    return f"CPU ({cpu_name()}, {os.cpu_count()} cores{', bf16 units' if cpu_has_bf16_units() else ''})"
 
 
 def markers(table: str) -> tuple[str, str]:
