@@ -101,7 +101,9 @@ def train(
         for summary in train_members(recipe, verbose):
             print(summary.summary())
         return
-    print(run_train(recipe).summary())
+    summary = run_train(recipe)
+    if summary.is_main:  # under torchrun, one summary: rank 0's
+        print(summary.summary())
 
 
 @app.command()

@@ -94,6 +94,12 @@ class TrainSummary:
     parameters: int = 0
     skipped_pairs: int = 0
     resumed_from: str | None = None
+    rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """The summary of rank 0 (the only process whose summary goes to the console)."""
+        return self.rank == 0
 
     def summary(self) -> str:
         """A few lines for the terminal."""
@@ -863,6 +869,7 @@ def train(config: Config) -> TrainSummary:
             parameters=trainer.parameters,
             skipped_pairs=trainer.stream.skipped,
             resumed_from=trainer.resumed_from,
+            rank=info.rank,
         )
 
 

@@ -35,6 +35,7 @@ def test_two_gloo_processes_match_one_process_on_both_batches(tmp_path: Path, pr
     proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "processes 2" in (ddp_run / "train.log").read_text(encoding="utf-8")
+    assert proc.stdout.count("run dir:") == 1, proc.stdout  # one summary on the console, rank 0's
 
     # One process, the same two batches accumulated into one update (update_freq=2).
     single_run = tmp_path / "single"
