@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -38,7 +40,7 @@ import torch
 
 from mtcli.allocator import keep_freed_memory
 from mtcli.config import Config, DecodeConfig, config_from_dict
-from mtcli.corpus import count_lines, iter_binary_lines, read_lines
+from mtcli.corpus import ArrivingLines, count_lines, iter_binary_lines, read_lines
 from mtcli.device import resolve_device
 from mtcli.errors import ConfigError, DataError
 from mtcli.fileio import atomic_write
@@ -160,7 +162,9 @@ def translate_lines(
     e.g. ``types.SimpleNamespace(model=m, tokenizer=t)`` during training. The model is put in
     eval mode while decoding and its previous mode restored afterwards. Lines are read
     ``window`` at a time (sorted by length inside the window only), so memory does not grow with
-    the input. ``name`` prefixes the line numbers of truncation warnings. ``on_done(n)``, when
+    the input; from an :class:`~mtcli.corpus.ArrivingLines` (stdin from a pipe or a terminal) a
+    window is whatever has arrived, up to ``window`` lines, so each line of a slow producer is
+    answered before the next is written. ``name`` prefixes the line numbers of truncation warnings. ``on_done(n)``, when
     given, is called as soon as ``n`` more lines are translated (empty lines, then batch by
     batch), before they can be yielded in order: a progress bar fed by it moves with the
     decoding instead of waiting for the window's first lines.
@@ -199,12 +203,8 @@ def translate_lines(
             )
 
     offset = 0
-    iterator = iter(lines)
     try:
-        while True:
-            chunk = list(itertools.islice(iterator, max(1, window)))
-            if not chunk:
-                return
+        for chunk in _windows(lines, window):
             results: list[list[Translation] | None] = [None] * len(chunk)
             sources: dict[int, list[int]] = {}
             nonempty = [i for i, line in enumerate(chunk) if line.strip()]
@@ -255,6 +255,17 @@ def translate_lines(
             pool.shutdown(wait=True, cancel_futures=True)
             torch.set_num_threads(threads)
         bundle.model.train(was_training)
+
+
+def _windows(lines: Iterable[str], window: int) -> Iterator[list[str]]:
+    """``lines`` in lists of ``window`` (the last shorter); an :class:`ArrivingLines` hands over
+    what has arrived instead of waiting for a full window."""
+    if isinstance(lines, ArrivingLines):
+        yield from lines.windows(window)
+        return
+    iterator = iter(lines)
+    while chunk := list(itertools.islice(iterator, max(1, window))):
+        yield chunk
 
 
 def translate_texts(
@@ -338,6 +349,17 @@ def plot_attention_png(
     plt.close(fig)
 
 
+def _stdin_lines() -> Iterable[str]:
+    """Standard input's lines: a redirected file read straight through, a pipe or terminal as its
+    lines arrive (each translated without waiting for a full window, see :class:`ArrivingLines`)."""
+    stdin = sys.stdin.buffer
+    try:
+        regular = stat.S_ISREG(os.fstat(stdin.fileno()).st_mode)
+    except (AttributeError, OSError, ValueError):  # no descriptor (a test's stand-in stream)
+        regular = True
+    return iter_binary_lines(stdin, "<stdin>") if regular else ArrivingLines(stdin, "<stdin>")
+
+
 def translate_files(
     run_dir: str | Path,
     inputs: list[Path],
@@ -377,9 +399,7 @@ def translate_files(
 
     def sources() -> Iterator[tuple[str, Iterable[str], int]]:
         if not inputs:
-            stdin = sys.stdin.buffer
-            interactive = hasattr(stdin, "isatty") and stdin.isatty()
-            yield "<stdin>", iter_binary_lines(stdin, "<stdin>"), 1 if interactive else DEFAULT_WINDOW
+            yield "<stdin>", _stdin_lines(), DEFAULT_WINDOW
         for path in inputs:
             yield str(path), read_lines(path), DEFAULT_WINDOW
 

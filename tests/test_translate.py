@@ -54,6 +54,37 @@ def test_iter_binary_lines_names_line_of_invalid_utf8() -> None:
         list(lines)
 
 
+def test_arriving_lines_hand_over_what_has_arrived_without_waiting() -> None:
+    import os
+
+    from mtcli.corpus import ArrivingLines
+
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb", buffering=0) as reader:
+        windows = ArrivingLines(reader, "<pipe>", chunk_bytes=4).windows(3)
+        os.write(write_fd, "\ufeffeins\r\nzwei\ndr".encode())
+        assert next(windows) == ["eins", "zwei"]  # "dr" is not a line yet; no wait for it
+        os.write(write_fd, b"ei\nvier\nfuenf\nsechs\nsieben")
+        assert next(windows) == ["drei", "vier", "fuenf"]  # at most max_lines
+        assert next(windows) == ["sechs"]
+        os.write(write_fd, b" \xff\n")
+        os.close(write_fd)
+        with pytest.raises(DataError, match=r"<pipe>:7: invalid UTF-8"):
+            next(windows)
+
+
+def test_arriving_lines_iterate_like_the_line_reader() -> None:
+    import os
+
+    from mtcli.corpus import ArrivingLines
+
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, b"a\n\nb\r\nlast")
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb", buffering=0) as reader:
+        assert list(ArrivingLines(reader, "<pipe>")) == ["a", "", "b", "last"]
+
+
 def test_count_lines_with_and_without_final_newline(tmp_path: Path) -> None:
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     a.write_bytes(b"x\ny\n")
@@ -291,6 +322,25 @@ def test_cli_translate_stdin_and_files(tiny_run_dir: Path, tmp_path: Path) -> No
         float(value)
     first, second = (float(r.split("\t")[0]) for r in rows[:2])
     assert first >= second
+
+
+def test_cli_translate_answers_each_piped_line_before_the_next(tiny_run_dir: Path) -> None:
+    import select
+
+    proc = subprocess.Popen([sys.executable, "-m", "mtcli.cli", "translate", str(tiny_run_dir), "--beam", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for line in (b"eine katze spielt\n", b"rot\n"):
+            proc.stdin.write(line)
+            proc.stdin.flush()  # and keep stdin open: a pipe, not a file
+            ready, _, _ = select.select([proc.stdout], [], [], 120)
+            assert ready, "no translation came back while the input pipe stayed open"
+            assert proc.stdout.readline().endswith(b"\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=120) == 0, proc.stderr.read().decode()
+        assert proc.stdout.read() == b""  # one output line per input line
+    finally:
+        proc.kill()
 
 
 def test_cli_translate_invalid_utf8_leaves_no_output(tiny_run_dir: Path, tmp_path: Path) -> None:
