@@ -65,8 +65,45 @@ def remove_log_handler(handler: logging.Handler) -> None:
     handler.close()
 
 
-def progress(iterable: Iterable | None = None, *, enabled: bool = True, **kwargs: Any) -> tqdm:
-    """A tqdm bar on stderr; ``enabled=False`` gives a silent bar with the same interface."""
-    kwargs.setdefault("dynamic_ncols", True)
+#: Off a terminal (a log file, nohup, a batch or CI job) a bar redrawn in place would fill the
+#: log with carriage-return redraws, several a second; there a bar writes one plain line at most
+#: this often instead.
+PLAIN_BAR_SECONDS = 60.0
+
+
+class _PlainLines:
+    """Where tqdm writes off a terminal: each redraw becomes one line; the clearing writes vanish."""
+
+    def write(self, text: str) -> None:
+        text = text.replace("\r", "").strip()
+        if text:
+            sys.stderr.write(text + "\n")
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+def on_terminal() -> bool:
+    """True when stderr is a terminal (where a bar can redraw in place)."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed stderr
+        return False
+
+
+def progress(iterable: Iterable | None = None, *, enabled: bool = True, terminal_only: bool = False,
+             **kwargs: Any) -> tqdm:
+    """A tqdm bar on stderr; ``enabled=False`` gives a silent bar with the same interface.
+
+    On a terminal the bar redraws in place. Elsewhere it writes a plain line every
+    :data:`PLAIN_BAR_SECONDS` at most, the first after that long (a long ``translate`` in a
+    batch job still shows where it is; a short one writes no bar at all),
+    or nothing with ``terminal_only`` (for a loop whose log lines already say the same).
+    """
     kwargs.setdefault("leave", False)
-    return tqdm(iterable, file=sys.stderr, disable=not enabled, **kwargs)
+    if on_terminal():
+        kwargs.setdefault("dynamic_ncols", True)
+        return tqdm(iterable, file=sys.stderr, disable=not enabled, **kwargs)
+    for key in ("delay", "mininterval", "maxinterval"):  # nothing at all for a shorter job
+        kwargs.setdefault(key, PLAIN_BAR_SECONDS)
+    return tqdm(iterable, file=_PlainLines(), disable=not enabled or terminal_only, ascii=True, **kwargs)

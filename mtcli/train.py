@@ -695,7 +695,7 @@ class Trainer:
         # a meaningless ETA, so the bar then counts steps and rate only.
         total = None if cfg.max_minutes > 0 else cfg.max_steps
         bar = progress(total=total, initial=self.step, enabled=cfg.progress and self.info.is_main,
-                       desc="train", unit="step")
+                       terminal_only=True, desc="train", unit="step")  # train.log has the rest
         window_tokens = 0.0
         window_start = time.monotonic()
         try:
