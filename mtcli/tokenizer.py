@@ -16,6 +16,7 @@ than silently training a smaller vocabulary than the config asks for.
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 from collections.abc import Iterable, Sequence
@@ -24,6 +25,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from mtcli.errors import DataError
+from mtcli.fileio import atomic_write
 from mtcli.logs import get_logger
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -114,6 +116,12 @@ class Tokenizer:
         SentencePiece keeps a uniform reservoir sample of that many (its memory is bounded by
         the cap, not the corpus). Raises :class:`DataError` when the corpus cannot support
         ``vocab_size`` pieces, naming the largest size it allows.
+
+        The model comes back in memory and is written here (atomically, with ``<prefix>.vocab``
+        beside it), not by SentencePiece: a model it writes itself records its output path, so
+        the same corpus trained in two (temporary) directories gave byte-different files whose
+        sha256, which checkpoints record, did not match. These bytes depend on the data and
+        settings only.
         """
         model_prefix = Path(model_prefix)
         model_prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -122,10 +130,11 @@ class Tokenizer:
         counted = _CountingIterator(sentences)
         spm.set_random_generator_seed(int(seed))
         verbose = log.isEnabledFor(logging.DEBUG)
+        proto = io.BytesIO()
         try:
             spm.SentencePieceTrainer.train(
                 sentence_iterator=counted,
-                model_prefix=str(model_prefix),
+                model_writer=proto,
                 vocab_size=int(vocab_size),
                 model_type=model_type,
                 character_coverage=float(character_coverage),
@@ -162,11 +171,23 @@ class Tokenizer:
                 raise DataError("cannot train SentencePiece: the training text is empty") from None
             first = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
             raise DataError(f"SentencePiece training failed: {first}") from None
+        model_path = Path(f"{model_prefix}.model")
+        _write_model(proto.getvalue(), model_path, model_path.with_suffix(".vocab"))
         log.info(
             "trained SentencePiece %s model, %d pieces, from %d sentences (sample cap %s)",
             model_type, vocab_size, counted.count, sample or "none",
         )
-        return Path(f"{model_prefix}.model")
+        return model_path
+
+
+def _write_model(model: bytes, model_path: Path, vocab_path: Path) -> None:
+    """Write a serialized SentencePiece model and its ``piece<TAB>score`` listing atomically."""
+    sp = spm.SentencePieceProcessor(model_proto=model)
+    listing = "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size()))
+    with atomic_write(model_path, "wb", encoding=None) as handle:
+        handle.write(model)
+    with atomic_write(vocab_path) as handle:
+        handle.write(listing)
 
 
 class _CountingIterator:

@@ -51,14 +51,16 @@ def shared_corpus(name: str) -> Path:
     return path
 
 
-def build_tiny_run_dir(run_dir: Path, seed: int = 0) -> Path:
+def build_tiny_run_dir(run_dir: Path, seed: int = 0, spm_model_type: str | None = None) -> Path:
     """Write a run directory with a random toy-shaped Transformer, without training.
 
     Layout as ``mtcli train`` leaves it: ``config.yaml`` (configs/toy.yaml with
     ``data.source``/``prepared_dir``/``run_dir`` pointed here), ``spm.model`` trained on the toy
     training text, ``text/{val,test}.{src,tgt}``, and ``checkpoints/`` holding
     ``checkpoint_10.pt``, ``checkpoint_20.pt`` (indexed in ``index.json``), ``checkpoint_best.pt``
-    and ``checkpoint_last.pt``.
+    and ``checkpoint_last.pt``. ``spm_model_type`` overrides the toy config's (another model
+    type gives another ``spm.model`` of the same size: training the same one again is
+    byte-identical).
     """
     import torch
 
@@ -71,7 +73,8 @@ def build_tiny_run_dir(run_dir: Path, seed: int = 0) -> Path:
     run_dir = Path(run_dir)
     config = load_config(
         TOY_CONFIG,
-        [f"data.source={TOY_DIR}", f"data.prepared_dir={run_dir / 'prepared'}", f"train.run_dir={run_dir}"],
+        [f"data.source={TOY_DIR}", f"data.prepared_dir={run_dir / 'prepared'}", f"train.run_dir={run_dir}"]
+        + ([f"data.spm_model_type={spm_model_type}"] if spm_model_type else []),
     )
     (run_dir / "text").mkdir(parents=True, exist_ok=True)
     for split in ("val", "test"):

@@ -152,8 +152,8 @@ def test_evaluate_and_translate_with_ensemble_members(tiny_run_dir: Path, tmp_pa
         evaluate(tmp_path / "ens", split="val")
     with pytest.raises(CheckpointError, match="not a run directory nor a checkpoint"):
         evaluate(first, split="val", ensemble=[tmp_path / "nowhere.pt"])
-    # a run whose checkpoints fit its own spm.model (trained anew: not byte-equal to first's)
-    stranger = build_tiny_run_dir(tmp_path / "stranger", seed=3)
+    # a run whose checkpoints fit its own spm.model, of the same size but another model type
+    stranger = build_tiny_run_dir(tmp_path / "stranger", seed=3, spm_model_type="bpe")
     assert sha256_file(stranger / "spm.model") != sha256_file(first / "spm.model")
     with pytest.raises(CheckpointError, match="spm.model differs from the first member's"):
         evaluate(first, split="val", ensemble=[stranger])
