@@ -117,11 +117,10 @@ class Tokenizer:
         the cap, not the corpus). Raises :class:`DataError` when the corpus cannot support
         ``vocab_size`` pieces, naming the largest size it allows.
 
-        The model comes back in memory and is written here (atomically, with ``<prefix>.vocab``
-        beside it), not by SentencePiece: a model it writes itself records its output path, so
-        the same corpus trained in two (temporary) directories gave byte-different files whose
-        sha256, which checkpoints record, did not match. These bytes depend on the data and
-        settings only.
+        The model comes back in memory and is written here, atomically, with ``<prefix>.vocab``
+        beside it. A model SentencePiece writes itself records its output path, so its bytes (and
+        the sha256 checkpoints record) would depend on where it was trained, not only on the
+        data and settings.
         """
         model_prefix = Path(model_prefix)
         model_prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -184,7 +183,7 @@ def _write_model(model: bytes, model_path: Path, vocab_path: Path) -> None:
     """Write a serialized SentencePiece model and its ``piece<TAB>score`` listing atomically."""
     sp = spm.SentencePieceProcessor(model_proto=model)
     listing = "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size()))
-    with atomic_write(model_path, "wb", encoding=None) as handle:
+    with atomic_write(model_path, "wb") as handle:
         handle.write(model)
     with atomic_write(vocab_path) as handle:
         handle.write(listing)
