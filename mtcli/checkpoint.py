@@ -299,6 +299,8 @@ UNSAFE_KEYS: frozenset[str] = frozenset(
         "data.spm_max_sentences",
         # The saved data position indexes the batch stream these keys define.
         "train.seed", "train.max_tokens", "train.max_source_length", "train.max_target_length",
+        # The saved optimiser state is per parameter group, and this key decides the groups.
+        "train.decay_norms_and_biases",
     }
 )
 # Keys that may change: training goes on correctly but is no longer an exact continuation.
@@ -355,8 +357,9 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume") -> list[s
       and everything that builds the vocabulary or the training data. Also ``train.seed``,
       ``train.max_tokens`` and ``train.max_source_length``/``max_target_length``: the saved
       data position is an index into the batch stream these keys define, so resuming under
-      new values would silently repeat or skip data. To change them, start a new run
-      directory. One :class:`CheckpointError` names every such key as ``key: old -> new``.
+      new values would silently repeat or skip data. And ``train.decay_norms_and_biases``,
+      which splits AdamW's parameters into groups the saved optimiser state must match.
+      To change them, start a new run directory. One :class:`CheckpointError` names every such key as ``key: old -> new``.
     * allowed but inexact (:data:`INEXACT_KEYS`, unknown ``train.*`` keys): dropout,
       ``update_freq`` and optimiser/schedule hyperparameters; training stays correct (the
       data position counts batches, not updates) but no longer matches an uninterrupted run.

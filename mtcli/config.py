@@ -97,6 +97,7 @@ class TrainConfig:
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
+    decay_norms_and_biases: bool = True  # False: AdamW decays only matrices (weights, embeddings)
     clip_norm: float = 0.0
     valid_every: int = 1000
     valid_bleu: bool = True

@@ -545,13 +545,15 @@ def test_resume_config_refuses_shape_vocab_and_data_stream_changes(toy_dict: dic
     new["data"]["vocab_size"] = 128
     new["data"]["source"] = "elsewhere"
     new["train"]["seed"] = 2
+    new["train"]["decay_norms_and_biases"] = False  # AdamW's parameter groups
     new["train"]["max_steps"] = 999  # safe, but the refusal wins
     with pytest.raises(CheckpointError) as exc:
         check_resume_config(toy_dict, new, where="data/runs/toy")
     message = one_line(exc)
     assert message.startswith("data/runs/toy: cannot resume")
     for text in ("model.d_model: 64 -> 96", "data.vocab_size: 64 -> 128",
-                 "data.source: 'tests/fixtures/toy' -> 'elsewhere'", "train.seed: 1 -> 2"):
+                 "data.source: 'tests/fixtures/toy' -> 'elsewhere'", "train.seed: 1 -> 2",
+                 "train.decay_norms_and_biases: True -> False"):
         assert text in message
     assert "max_steps" not in message
 

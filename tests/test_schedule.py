@@ -50,6 +50,25 @@ def test_weight_decay_selects_adamw() -> None:
     assert opt.defaults["weight_decay"] == 0.01
 
 
+@pytest.mark.parametrize("decay_vectors", [True, False])
+def test_weight_decay_can_spare_norms_and_biases(decay_vectors: bool) -> None:
+    """With zero gradients AdamW's step is the decay alone: p <- p * (1 - lr * wd)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
+    cfg = TrainConfig(weight_decay=0.5, decay_norms_and_biases=decay_vectors)
+    opt = build_optimizer(model, cfg)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    for group in opt.param_groups:
+        group["lr"] = 0.1
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for name, p in model.named_parameters():
+        shrunk = p.dim() >= 2 or decay_vectors
+        expected = before[name] * (1 - 0.1 * 0.5) if shrunk else before[name]
+        assert torch.allclose(p, expected), name
+
+
 def test_rejects_zero_warmup() -> None:
     with pytest.raises(ValueError):
         NoamSchedule(torch.optim.Adam(torch.nn.Linear(2, 2).parameters()), 8, 0)
