@@ -90,6 +90,7 @@ class TrainConfig:
     lr_factor: float = 1.0
     warmup_steps: int = 4000
     label_smoothing: float = 0.1
+    rdrop_alpha: float = 0.0  # R-Drop: > 0 runs each batch twice and adds alpha * symmetric KL
     subword_alpha: float = 0.0
     subword_nbest: int = 32
     subword_sides: Literal["both", "source"] = "both"
@@ -298,6 +299,7 @@ def validate(config: Config) -> None:
         (m.encoder_layers >= 1 and m.decoder_layers >= 1, "model.encoder_layers/decoder_layers must be >= 1"),
         (all(0.0 <= p < 1.0 for p in (m.dropout, m.attention_dropout, m.activation_dropout)), "model dropouts must be in [0, 1)"),
         (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
+        (t.rdrop_alpha >= 0.0, "train.rdrop_alpha must be 0 (off) or > 0"),
         (t.subword_alpha >= 0.0, "train.subword_alpha must be 0 (off) or > 0"),
         (t.subword_alpha == 0.0 or dc.spm_model_type == "unigram",
          "train.subword_alpha > 0 samples from a unigram model: set data.spm_model_type: unigram"),

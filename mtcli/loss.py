@@ -153,6 +153,23 @@ class LabelSmoothedLoss(nn.Module):
         return LossOutput(loss=loss, nll=nll, count=keep.sum())
 
 
+def symmetric_kl(logits_a: Tensor, logits_b: Tensor, keep: Tensor) -> Tensor:
+    """R-Drop's consistency term (Liang et al. 2021), summed over the kept positions.
+
+    With ``p`` and ``q`` the softmaxes of two forward passes of the same batch under different
+    dropout masks, per position
+
+        D(p, q) = 1/2 [KL(p || q) + KL(q || p)] = 1/2 sum_k (p_k - q_k)(log p_k - log q_k)
+
+    computed in float32. ``logits_a``/``logits_b`` are [..., V]; ``keep`` (same leading shape)
+    is true for the non-pad targets. Gradients flow into both passes, as in the paper.
+    """
+    log_p = F.log_softmax(logits_a.float(), dim=-1)
+    log_q = F.log_softmax(logits_b.float(), dim=-1)
+    per_position = ((log_p.exp() - log_q.exp()) * (log_p - log_q)).sum(dim=-1)
+    return 0.5 * (per_position * keep.to(per_position.dtype)).sum()
+
+
 def perplexity(nll_sum: float, tokens: int) -> float:
     """exp(nll / tokens), capped to stay finite (inf only for an empty count)."""
     if tokens <= 0:
@@ -172,4 +189,4 @@ def reference_loss(logits: Tensor, target: Tensor, epsilon: float, pad_id: int =
     )
 
 
-__all__ = ["LabelSmoothedLoss", "LossOutput", "perplexity", "reference_loss"]
+__all__ = ["LabelSmoothedLoss", "LossOutput", "perplexity", "reference_loss", "symmetric_kl"]

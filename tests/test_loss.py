@@ -6,8 +6,9 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from mtcli.loss import LabelSmoothedLoss, perplexity, reference_loss
+from mtcli.loss import LabelSmoothedLoss, perplexity, reference_loss, symmetric_kl
 
 
 def test_hand_computed_value() -> None:
@@ -142,3 +143,18 @@ def test_perplexity() -> None:
 def test_rejects_bad_epsilon() -> None:
     with pytest.raises(ValueError):
         LabelSmoothedLoss(1.0)
+
+
+def test_symmetric_kl_is_the_mean_of_both_kl_directions_over_kept_positions() -> None:
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 5, 7), torch.randn(2, 5, 7)
+    keep = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    log_p, log_q = a.log_softmax(-1), b.log_softmax(-1)
+    kl_pq = F.kl_div(log_q, log_p, log_target=True, reduction="none").sum(-1)  # KL(p || q)
+    kl_qp = F.kl_div(log_p, log_q, log_target=True, reduction="none").sum(-1)
+    expected = (0.5 * (kl_pq + kl_qp))[keep].sum()
+    assert symmetric_kl(a, b, keep) == pytest.approx(float(expected), rel=1e-5)
+    assert float(symmetric_kl(a, a.clone(), keep)) == pytest.approx(0.0, abs=1e-6)
+    b_pad = b.clone()
+    b_pad[0, 3:] += 100.0  # padded positions do not count
+    assert symmetric_kl(a, b_pad, keep) == pytest.approx(float(expected), rel=1e-5)

@@ -125,6 +125,31 @@ def test_logged_loss_is_the_window_mean_and_survives_resume(prepared: Path, tmp_
     assert pad and 0.0 <= float(pad[-1]) < 1.0
 
 
+def test_rdrop_without_dropout_is_plain_training_and_with_dropout_is_not(prepared: Path,
+                                                                           tmp_path: Path) -> None:
+    """Two passes without dropout agree (KL 0, CE twice halved): R-Drop = the plain step.
+
+    Compared by the losses logged at every step, not the weights: the key projection's bias
+    has a zero gradient in exact arithmetic (softmax ignores a shift shared by all keys), and
+    Adam turns float rounding noise there into full-size steps that change nothing else."""
+    no_dropout = ("model.dropout=0.0", "model.attention_dropout=0.0", "model.activation_dropout=0.0",
+                  "train.max_steps=6", "train.valid_every=6", "train.bf16=false")
+    runs = {}
+    for name, extra in (("plain", ()), ("rdrop", ("train.rdrop_alpha=5.0",))):
+        train(make_config(prepared, tmp_path / name, *no_dropout, *extra))
+    plain, rdrop = logged_losses(tmp_path / "plain"), logged_losses(tmp_path / "rdrop")
+    assert sorted(plain) == sorted(rdrop) == list(range(1, 7))
+    for step in plain:
+        assert [float(x) for x in rdrop[step].split()] == pytest.approx(
+            [float(x) for x in plain[step].split()], rel=1e-3), step
+    with_dropout = ("model.dropout=0.3", "train.max_steps=4", "train.valid_every=4", "train.bf16=false")
+    for name, extra in (("plain_d", ()), ("rdrop_d", ("train.rdrop_alpha=5.0",))):
+        train(make_config(prepared, tmp_path / name, *with_dropout, *extra))
+        runs[name] = model_params(tmp_path / name / "checkpoints" / "checkpoint_last.pt")
+    assert any(not torch.allclose(value, runs["rdrop_d"][key], atol=1e-5, rtol=1e-4)
+               for key, value in runs["plain_d"].items())
+
+
 def test_resume_refuses_model_change(prepared: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     train(make_config(prepared, run, "train.max_steps=2"))
