@@ -359,7 +359,8 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume") -> list[s
       data position is an index into the batch stream these keys define, so resuming under
       new values would silently repeat or skip data. And ``train.decay_norms_and_biases``,
       which splits AdamW's parameters into groups the saved optimiser state must match.
-      To change them, start a new run directory. One :class:`CheckpointError` names every such key as ``key: old -> new``.
+      To change them, start a new run directory. One :class:`CheckpointError` names every
+      such key as ``key: old -> new``.
     * allowed but inexact (:data:`INEXACT_KEYS`, unknown ``train.*`` keys): dropout,
       ``update_freq`` and optimiser/schedule hyperparameters; training stays correct (the
       data position counts batches, not updates) but no longer matches an uninterrupted run.

@@ -170,6 +170,24 @@ def symmetric_kl(logits_a: Tensor, logits_b: Tensor, keep: Tensor) -> Tensor:
     return 0.5 * (per_position * keep.to(per_position.dtype)).sum()
 
 
+def rdrop_loss(criterion: LabelSmoothedLoss, logits: Tensor, targets: Tensor,
+               alpha: float) -> tuple[Tensor, LossOutput]:
+    """R-Drop (Liang et al. 2021) from ``logits`` of the batch stacked on itself ([2B, T, V]:
+    one forward, so the two halves draw different dropout masks) and its ``targets`` [B, T]:
+
+        L = 1/2 [CE(p1) + CE(p2) + alpha * D(p1, p2)]
+
+    per target token, with CE the label-smoothed loss and D :func:`symmetric_kl`. The 1/2 keeps
+    L on the scale of one pass's loss (fairseq's ``--reg-alpha`` has the same meaning). Returns
+    L summed over the targets, and the two passes' CE/NLL sums averaged (what is logged).
+    """
+    both = criterion(logits, torch.cat([targets, targets]))
+    first, second = logits.chunk(2)
+    kl = symmetric_kl(first, second, targets != criterion.pad_id)
+    logged = LossOutput(loss=0.5 * both.loss, nll=0.5 * both.nll, count=both.count // 2)
+    return 0.5 * (both.loss + alpha * kl), logged
+
+
 def perplexity(nll_sum: float, tokens: int) -> float:
     """exp(nll / tokens), capped to stay finite (inf only for an empty count)."""
     if tokens <= 0:
@@ -189,4 +207,5 @@ def reference_loss(logits: Tensor, target: Tensor, epsilon: float, pad_id: int =
     )
 
 
-__all__ = ["LabelSmoothedLoss", "LossOutput", "perplexity", "reference_loss", "symmetric_kl"]
+__all__ = ["LabelSmoothedLoss", "LossOutput", "perplexity", "rdrop_loss", "reference_loss",
+           "symmetric_kl"]

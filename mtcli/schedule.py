@@ -115,10 +115,10 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
     params = [p for p in model.parameters() if p.requires_grad]
     fused = all(p.device.type in ("cpu", "cuda") and p.dtype == torch.float32 for p in params)
     if cfg.weight_decay > 0:
-        groups: list[dict[str, Any]] | list[torch.Tensor] = params
-        if not cfg.decay_norms_and_biases:
-            groups = [{"params": [p for p in params if p.dim() >= 2]},
-                      {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        groups: list[dict[str, Any]] = [{"params": params}] if cfg.decay_norms_and_biases else [
+            {"params": [p for p in params if p.dim() >= 2]},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
         return torch.optim.AdamW(groups, lr=0.0, betas=betas, eps=cfg.adam_eps,
                                  weight_decay=cfg.weight_decay, fused=fused or None)
     return torch.optim.Adam(params, lr=0.0, betas=betas, eps=cfg.adam_eps, fused=fused or None)

@@ -69,7 +69,7 @@ from mtcli.epoch_pairs import output_vocabulary, training_resegmenter
 from mtcli.errors import CheckpointError, DataError, TrainingError, TrainingInterrupted
 from mtcli.fileio import atomic_write, sha256_file
 from mtcli.logs import add_file_log, get_logger, progress, remove_log_handler
-from mtcli.loss import LabelSmoothedLoss, LossOutput, perplexity, symmetric_kl
+from mtcli.loss import LabelSmoothedLoss, perplexity, rdrop_loss
 from mtcli.schedule import build_optimizer, build_schedule, cooldown_scale
 
 STATE_FORMAT = 1
@@ -440,26 +440,6 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
-    def _rdrop_loss(self, model: nn.Module, batch: Any, targets: torch.Tensor) -> tuple[torch.Tensor, LossOutput]:
-        """R-Drop (Liang et al. 2021): the batch goes through the model twice (one forward of
-        the batch stacked on itself, so the two halves draw different dropout masks), and
-
-            L = 1/2 [CE(p1) + CE(p2) + alpha * D(p1, p2)]
-
-        per target token, with CE the label-smoothed loss and D the symmetric KL of
-        :func:`mtcli.loss.symmetric_kl`. The 1/2 keeps L on the scale of one pass's loss
-        (fairseq's ``--reg-alpha`` has the same meaning). Returns L's sum over the batch's
-        targets and the CE/NLL sums of the two passes averaged, which is what is logged.
-        """
-        with self._autocast():
-            logits = model(torch.cat([batch.src, batch.src]), torch.cat([batch.tgt_in, batch.tgt_in]),
-                           shortlist=True)
-        both = self.criterion(logits, torch.cat([targets, targets]))
-        first, second = logits.chunk(2)
-        kl = symmetric_kl(first, second, targets != self.criterion.pad_id)
-        out = LossOutput(loss=0.5 * both.loss, nll=0.5 * both.nll, count=both.count // 2)
-        return 0.5 * (both.loss + self.cfg.rdrop_alpha * kl), out
-
     def train_step(self, group: StepGroup) -> dict[str, float] | None:
         """Forward/backward this rank's batches of ``group`` and update; None if skipped."""
         model = self.ddp or self.model
@@ -470,17 +450,21 @@ class Trainer:
         loss_acc = torch.zeros((), dtype=torch.float64, device=self.device)
         nll_acc = torch.zeros((), dtype=torch.float64, device=self.device)
         tokens = real = padded = 0
+        rdrop = self.cfg.rdrop_alpha > 0
         for i, indices in enumerate(mine):
             batch = self.stream.collate(indices).to(self.device)
             last = i == len(mine) - 1
             sync = contextlib.nullcontext() if (self.ddp is None or last) else self.ddp.no_sync()
             with sync:
+                src, tgt_in = batch.src, batch.tgt_in
+                if rdrop:  # the batch twice, as one: two dropout masks
+                    src, tgt_in = torch.cat([src, src]), torch.cat([tgt_in, tgt_in])
+                with self._autocast():
+                    logits = model(src, tgt_in, shortlist=True)
                 targets = self.model.output_targets(batch.tgt_out)
-                if self.cfg.rdrop_alpha > 0:
-                    loss, out = self._rdrop_loss(model, batch, targets)
+                if rdrop:
+                    loss, out = rdrop_loss(self.criterion, logits, targets, self.cfg.rdrop_alpha)
                 else:
-                    with self._autocast():
-                        logits = model(batch.src, batch.tgt_in, shortlist=True)
                     out = self.criterion(logits, targets)
                     loss = out.loss
                 (loss * scale).backward()
