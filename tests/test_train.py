@@ -134,7 +134,6 @@ def test_rdrop_without_dropout_is_plain_training_and_with_dropout_is_not(prepare
     Adam turns float rounding noise there into full-size steps that change nothing else."""
     no_dropout = ("model.dropout=0.0", "model.attention_dropout=0.0", "model.activation_dropout=0.0",
                   "train.max_steps=6", "train.valid_every=6", "train.bf16=false")
-    runs = {}
     for name, extra in (("plain", ()), ("rdrop", ("train.rdrop_alpha=5.0",))):
         train(make_config(prepared, tmp_path / name, *no_dropout, *extra))
     plain, rdrop = logged_losses(tmp_path / "plain"), logged_losses(tmp_path / "rdrop")
@@ -143,6 +142,7 @@ def test_rdrop_without_dropout_is_plain_training_and_with_dropout_is_not(prepare
         assert [float(x) for x in rdrop[step].split()] == pytest.approx(
             [float(x) for x in plain[step].split()], rel=1e-3), step
     with_dropout = ("model.dropout=0.3", "train.max_steps=4", "train.valid_every=4", "train.bf16=false")
+    runs = {}
     for name, extra in (("plain_d", ()), ("rdrop_d", ("train.rdrop_alpha=5.0",))):
         train(make_config(prepared, tmp_path / name, *with_dropout, *extra))
         runs[name] = model_params(tmp_path / name / "checkpoints" / "checkpoint_last.pt")
