@@ -153,6 +153,58 @@ class LabelSmoothedLoss(nn.Module):
         return LossOutput(loss=loss, nll=nll, count=keep.sum())
 
 
+class _SymmetricKL(torch.autograd.Function):
+    """R-Drop's summed consistency term over the two halves of stacked ``[2N, V]`` logits, with a
+    fused backward (the rows ``i`` and ``N + i`` are the same position under two dropout masks).
+
+    Forward: ``D = 1/2 sum_i w_i sum_k (p_ik - q_ik) r_ik`` with ``r = log p - log q``.
+    Gradient, with ``p = softmax(a)``, ``q = softmax(b)`` and the two KLs ``KL(p||q) = sum_k p r``,
+    ``KL(q||p) = -sum_k q r`` (the softmax Jacobian, and ``sum_k (p_k - q_k) = 0``):
+
+        dD/da_k = w/2 [p_k (r_k - KL(p||q)) + p_k - q_k]
+        dD/db_k = w/2 [-q_k (r_k + KL(q||p)) + q_k - p_k]
+
+    As in :class:`_SmoothedCrossEntropy`, one sweep over cached blocks of rows in float32 computes
+    the value and writes the gradient (in the logits' dtype); the backward only scales it. Autograd
+    through two ``log_softmax`` and their ``exp`` would keep five ``[N, V]`` float32 tensors and
+    pass over them about twenty times (bench/NOTES.md, session 27).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, weight: Tensor) -> Tensor:  # type: ignore[override]
+        n, vocab = logits.size(0) // 2, logits.size(1)
+        need_grad = bool(ctx.needs_input_grad[0])
+        grad = torch.empty_like(logits) if need_grad else None
+        total = torch.zeros((), dtype=torch.float32, device=logits.device)
+        rows = max(1, BLOCK_BYTES // (4 * 4 * vocab))  # ~4 blocks of float32 live at once
+        for start in range(0, n, rows):
+            stop = min(n, start + rows)
+            w = weight[start:stop].unsqueeze(1)
+            log_p = torch.log_softmax(logits[start:stop].float(), dim=1)
+            log_q = torch.log_softmax(logits[n + start:n + stop].float(), dim=1)
+            r = log_p.sub_(log_q)  # log p is not needed again: r in its place
+            p = (log_q + r).exp_()
+            q = log_q.exp_()
+            diff = p - q
+            total += (w.squeeze(1) * torch.linalg.vecdot(diff, r, dim=1)).sum()
+            if grad is not None:
+                kl_pq = torch.linalg.vecdot(p, r, dim=1).unsqueeze(1)
+                kl_qp = -torch.linalg.vecdot(q, r, dim=1).unsqueeze(1)
+                half_w = 0.5 * w
+                grad_a = (r - kl_pq).mul_(p).add_(diff).mul_(half_w)
+                grad[start:stop].copy_(grad_a)
+                grad_b = r.add_(kl_qp).mul_(q).add_(diff).neg_().mul_(half_w)
+                grad[n + start:n + stop].copy_(grad_b)
+        if grad is not None:
+            ctx.save_for_backward(grad)
+        return 0.5 * total
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, None]:  # type: ignore[override]
+        (grad,) = ctx.saved_tensors
+        return grad.mul_(grad_out.to(grad.dtype)), None
+
+
 def symmetric_kl(logits_a: Tensor, logits_b: Tensor, keep: Tensor) -> Tensor:
     """R-Drop's consistency term (Liang et al. 2021), summed over the kept positions.
 
@@ -164,6 +216,13 @@ def symmetric_kl(logits_a: Tensor, logits_b: Tensor, keep: Tensor) -> Tensor:
     computed in float32. ``logits_a``/``logits_b`` are [..., V]; ``keep`` (same leading shape)
     is true for the non-pad targets. Gradients flow into both passes, as in the paper.
     """
+    vocab = logits_a.size(-1)
+    stacked = torch.cat([logits_a.reshape(-1, vocab), logits_b.reshape(-1, vocab)])
+    return _SymmetricKL.apply(stacked, keep.reshape(-1).float())
+
+
+def reference_symmetric_kl(logits_a: Tensor, logits_b: Tensor, keep: Tensor) -> Tensor:
+    """:func:`symmetric_kl` written with autograd through ``log_softmax`` (for tests)."""
     log_p = F.log_softmax(logits_a.float(), dim=-1)
     log_q = F.log_softmax(logits_b.float(), dim=-1)
     per_position = ((log_p.exp() - log_q.exp()) * (log_p - log_q)).sum(dim=-1)
@@ -182,8 +241,8 @@ def rdrop_loss(criterion: LabelSmoothedLoss, logits: Tensor, targets: Tensor,
     L summed over the targets, and the two passes' CE/NLL sums averaged (what is logged).
     """
     both = criterion(logits, torch.cat([targets, targets]))
-    first, second = logits.chunk(2)
-    kl = symmetric_kl(first, second, targets != criterion.pad_id)
+    keep = (targets != criterion.pad_id).reshape(-1).float()
+    kl = _SymmetricKL.apply(logits.reshape(-1, logits.size(-1)), keep)  # rows b*T+t: halves in order
     logged = LossOutput(loss=0.5 * both.loss, nll=0.5 * both.nll, count=both.count // 2)
     return 0.5 * (both.loss + alpha * kl), logged
 
@@ -208,4 +267,4 @@ def reference_loss(logits: Tensor, target: Tensor, epsilon: float, pad_id: int =
 
 
 __all__ = ["LabelSmoothedLoss", "LossOutput", "perplexity", "rdrop_loss", "reference_loss",
-           "symmetric_kl"]
+           "reference_symmetric_kl", "symmetric_kl"]
