@@ -62,6 +62,13 @@ class LossOutput:
 #: while blocks stay large enough that per-op overhead is small (bench/NOTES.md, session 18).
 BLOCK_BYTES = 1 << 22
 
+#: Floor for the argument of every ``exp`` here. torch's float32 ``exp`` on a CPU leaves its
+#: vectorised path for arguments below about -87 (where ``exp`` leaves float32's normal range)
+#: and runs 20-70x slower on them; a trained model puts most of its vocabulary there, so the
+#: losses slowed down as training went on (bench/NOTES.md, session 27). ``exp(-80) = 1.8e-35``:
+#: a probability floored there changes a sum over 10^4 pieces by less than 10^-30.
+EXP_FLOOR = -80.0
+
 
 class _SmoothedCrossEntropy(torch.autograd.Function):
     """Summed label-smoothed cross entropy and NLL of ``[N, V]`` logits, with a fused backward.
@@ -99,7 +106,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
                 p = torch.sub(x, top, out=grad[start:stop])
             else:
                 p = x - top
-            p.exp_()
+            p.clamp_min_(EXP_FLOOR).exp_()
             total = p.sum(dim=1, keepdim=True)
             log_z[start:stop] = (top + total.log()).squeeze(1)
             if grad is not None:
@@ -153,6 +160,14 @@ class LabelSmoothedLoss(nn.Module):
         return LossOutput(loss=loss, nll=nll, count=keep.sum())
 
 
+def _log_softmax_rows(x: Tensor) -> Tensor:
+    """``log_softmax`` of the rows of a block, in a new float32 tensor, with ``exp`` taken at
+    :data:`EXP_FLOOR` or above (``torch.log_softmax`` slows down like ``exp`` on peaked rows)."""
+    shifted = x.to(torch.float32, copy=True).sub_(x.amax(dim=1, keepdim=True))
+    log_z = shifted.clamp_min(EXP_FLOOR).exp_().sum(dim=1, keepdim=True).log_()
+    return shifted.sub_(log_z)
+
+
 class _SymmetricKL(torch.autograd.Function):
     """R-Drop's summed consistency term over the two halves of stacked ``[2N, V]`` logits, with a
     fused backward (the rows ``i`` and ``N + i`` are the same position under two dropout masks).
@@ -180,11 +195,11 @@ class _SymmetricKL(torch.autograd.Function):
         for start in range(0, n, rows):
             stop = min(n, start + rows)
             w = weight[start:stop].unsqueeze(1)
-            log_p = torch.log_softmax(logits[start:stop].float(), dim=1)
-            log_q = torch.log_softmax(logits[n + start:n + stop].float(), dim=1)
+            log_p = _log_softmax_rows(logits[start:stop])
+            log_q = _log_softmax_rows(logits[n + start:n + stop])
+            p = log_p.clamp_min(EXP_FLOOR).exp_()
             r = log_p.sub_(log_q)  # log p is not needed again: r in its place
-            p = (log_q + r).exp_()
-            q = log_q.exp_()
+            q = log_q.clamp_min_(EXP_FLOOR).exp_()
             diff = p - q
             total += (w.squeeze(1) * torch.linalg.vecdot(diff, r, dim=1)).sum()
             if grad is not None:

@@ -218,3 +218,23 @@ def test_symmetric_kl_without_gradient_keeps_no_buffer() -> None:
         value = symmetric_kl(a, b, keep)
     assert value.grad_fn is None
     assert float(value) == pytest.approx(float(reference_symmetric_kl(a, b, keep)), rel=1e-5)
+
+
+def test_peaked_logits_give_the_exact_losses_and_gradients() -> None:
+    # Rows whose log-probabilities reach far below EXP_FLOOR (where exp is floored for speed):
+    # the losses and gradients still match the autograd formulas.
+    from mtcli.loss import EXP_FLOOR
+
+    torch.manual_seed(8)
+    logits = (60.0 * torch.randn(2, 4, 31)).requires_grad_()
+    target = torch.randint(1, 31, (1, 4))
+    assert float((logits - logits.amax(-1, keepdim=True)).min()) < 2 * EXP_FLOOR
+    loss, _ = rdrop_loss(LabelSmoothedLoss(0.1), logits, target, alpha=5.0)
+    loss.backward()
+    leaf = logits.detach().double().requires_grad_()
+    first, second = leaf.chunk(2)
+    ref = 0.5 * (reference_loss(first, target, 0.1) + reference_loss(second, target, 0.1)
+                 + 5.0 * reference_symmetric_kl(first, second, target != 0))
+    ref.backward()
+    assert float(loss) == pytest.approx(float(ref), rel=1e-5)
+    assert torch.allclose(logits.grad.double(), leaf.grad, rtol=1e-5, atol=1e-6)
