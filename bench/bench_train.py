@@ -30,6 +30,7 @@ Usage (from the repository root)::
     python bench/bench_train.py --smoke               # seconds: tiny shape, 3 steps
     python bench/bench_train.py --variants ours-fp32 torch-nn-fp32 --steps 50 --threads 2
     python bench/bench_train.py --variants ours-fp32 --profile 20   # + the top 20 ops (slower steps)
+    python bench/bench_train.py --variants ours-bf16 --set train.rdrop_alpha=5   # R-Drop's doubled step
 
 Results: a table on stdout and ``bench/results/train_<time>.json``.
 """
@@ -200,7 +201,7 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
 
     from mtcli.allocator import keep_freed_memory
     from mtcli.config import load_config
-    from mtcli.loss import LabelSmoothedLoss
+    from mtcli.loss import LabelSmoothedLoss, rdrop_loss
     from mtcli.schedule import build_optimizer, build_schedule
 
     if args.threads:
@@ -237,15 +238,20 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
 
         backends = sdpa_kernel([getattr(SDPBackend, b.strip().upper()) for b in args.sdpa_backends.split(",")])
 
+    ours = name.startswith("ours")
+    alpha = config.train.rdrop_alpha if ours else 0.0  # --set train.rdrop_alpha=A: R-Drop's step
+
     def step(i: int) -> int:
         src, tgt_in, tgt_out = (data[k][i].to(device) for k in ("src", "tgt_in", "tgt_out"))
         ctx = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else torch.autocast(device.type, enabled=False)
-        ours = name.startswith("ours")
+        if alpha > 0:  # the batch twice, as one, as mtcli.train runs it
+            src, tgt_in = torch.cat([src, src]), torch.cat([tgt_in, tgt_in])
         with ctx:
             logits = model(src, tgt_in, shortlist=True) if ours else model(src, tgt_in)
-        out = criterion(logits, model.output_targets(tgt_out) if ours else tgt_out)
+        targets = model.output_targets(tgt_out) if ours else tgt_out
+        loss = rdrop_loss(criterion, logits, targets, alpha)[0] if alpha > 0 else criterion(logits, targets).loss
         tokens = int(tgt_out.ne(0).sum())
-        (out.loss / tokens).backward()
+        (loss / tokens).backward()
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
@@ -277,7 +283,7 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     shapes = [(int(data["src"][i].size(0)), int(data["src"][i].size(1)), int(data["tgt_in"][i].size(1)))
               for i in range(args.warmup, n)]
     flops = flops_per_step(cfg, vocab if output_ids is None or not name.startswith("ours")
-                           else len(output_ids), shapes)
+                           else len(output_ids), shapes) * (2 if alpha > 0 else 1)
     steps = n - args.warmup
     row = {
         "variant": name,
@@ -375,7 +381,8 @@ def main() -> None:
                              "(default: PyTorch's choice)")
     parser.add_argument("--peak-size", type=int, default=1024)
     parser.add_argument("--peak-reps", type=int, default=5)
-    parser.add_argument("--set", action="append", help="config override for the model shape")
+    parser.add_argument("--set", action="append",
+                        help="config override: the model shape, or train.rdrop_alpha=A to time R-Drop's step")
     parser.add_argument("--smoke", action="store_true", help="tiny shape and 3 steps (seconds)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="profile the timed steps and print the top N ops by self CPU time")
