@@ -282,8 +282,7 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
               file=sys.stderr)
     shapes = [(int(data["src"][i].size(0)), int(data["src"][i].size(1)), int(data["tgt_in"][i].size(1)))
               for i in range(args.warmup, n)]
-    flops = flops_per_step(cfg, vocab if output_ids is None or not name.startswith("ours")
-                           else len(output_ids), shapes) * (2 if alpha > 0 else 1)
+    flops = flops_per_step(cfg, vocab if output_ids is None or not ours else len(output_ids), shapes) * (2 if alpha > 0 else 1)
     steps = n - args.warmup
     row = {
         "variant": name,

@@ -64,9 +64,10 @@ BLOCK_BYTES = 1 << 22
 
 #: Floor for the argument of every ``exp`` here. torch's float32 ``exp`` on a CPU leaves its
 #: vectorised path for arguments below about -87 (where ``exp`` leaves float32's normal range)
-#: and runs 20-70x slower on them; a trained model puts most of its vocabulary there, so the
-#: losses slowed down as training went on (bench/NOTES.md, session 27). ``exp(-80) = 1.8e-35``:
-#: a probability floored there changes a sum over 10^4 pieces by less than 10^-30.
+#: and runs 20-70x slower on them. A model trained without label smoothing puts much of its
+#: vocabulary there (ours, with smoothing 0.1, stay above -20: bench/NOTES.md, session 27).
+#: ``exp(-80) = 1.8e-35``: a probability floored there changes a sum over 10^4 pieces by less
+#: than 10^-30.
 EXP_FLOOR = -80.0
 
 
@@ -160,12 +161,14 @@ class LabelSmoothedLoss(nn.Module):
         return LossOutput(loss=loss, nll=nll, count=keep.sum())
 
 
-def _log_softmax_rows(x: Tensor) -> Tensor:
-    """``log_softmax`` of the rows of a block, in a new float32 tensor, with ``exp`` taken at
-    :data:`EXP_FLOOR` or above (``torch.log_softmax`` slows down like ``exp`` on peaked rows)."""
+def _softmax_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``(log_softmax, softmax)`` of the rows of a block, as new float32 tensors, from one ``exp``
+    taken at :data:`EXP_FLOOR` or above (``torch.log_softmax`` slows down like ``exp`` on peaked
+    rows)."""
     shifted = x.to(torch.float32, copy=True).sub_(x.amax(dim=1, keepdim=True))
-    log_z = shifted.clamp_min(EXP_FLOOR).exp_().sum(dim=1, keepdim=True).log_()
-    return shifted.sub_(log_z)
+    probs = shifted.clamp_min(EXP_FLOOR).exp_()
+    total = probs.sum(dim=1, keepdim=True)
+    return shifted.sub_(total.log()), probs.div_(total)
 
 
 class _SymmetricKL(torch.autograd.Function):
@@ -191,17 +194,15 @@ class _SymmetricKL(torch.autograd.Function):
         need_grad = bool(ctx.needs_input_grad[0])
         grad = torch.empty_like(logits) if need_grad else None
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
-        # CPU: ~4 float32 blocks live at once stay in cache. Elsewhere one block: a GPU gains
+        # CPU: ~5 float32 blocks live at once stay in cache. Elsewhere one block: a GPU gains
         # nothing from cache-sized blocks and would pay ~20 kernel launches for each.
         rows = max(1, BLOCK_BYTES // (4 * 4 * vocab)) if logits.device.type == "cpu" else max(n, 1)
         for start in range(0, n, rows):
             stop = min(n, start + rows)
             w = weight[start:stop].unsqueeze(1)
-            log_p = _log_softmax_rows(logits[start:stop])
-            log_q = _log_softmax_rows(logits[n + start:n + stop])
-            p = log_p.clamp_min(EXP_FLOOR).exp_()
+            log_p, p = _softmax_rows(logits[start:stop])
+            log_q, q = _softmax_rows(logits[n + start:n + stop])
             r = log_p.sub_(log_q)  # log p is not needed again: r in its place
-            q = log_q.clamp_min_(EXP_FLOOR).exp_()
             diff = p - q
             total += (w.squeeze(1) * torch.linalg.vecdot(diff, r, dim=1)).sum()
             if grad is not None:
