@@ -11,7 +11,8 @@ Optional cool-down for runs with a wall-clock budget (``train.max_minutes``): ov
 ``train.cooldown_minutes`` the rate is also multiplied by the fraction of the cool-down left,
     lr = noam_lr(step) * min(1, (budget - elapsed) / cooldown),
 so it falls linearly to 0 when the budget ends (an extension, not in the paper: the last
-checkpoints of a time-limited run then sit at a low rate instead of mid-decay). The same in steps
+checkpoints of a time-limited run then sit at a low rate instead of mid-decay). The run stops
+a step and a final validation before the budget ends, at a rate a few percent of Noam's. The same in steps
 with ``train.cooldown_steps``: lr = noam_lr(step) * min(1, (max_steps - step + 1) / cooldown) for
 the update numbered ``step``; with both set, the lower factor applies.
 The optimiser is Adam(beta1=0.9, beta2=0.98, eps=1e-9) as in the paper (values from the config),

@@ -350,6 +350,10 @@ class Trainer:
         self._tokens_done = 0
         self._train_seconds = 0.0
         self._clock = time.monotonic()
+        # the last step's and the last validation's (with its save) wall time: a time limit stops
+        # early enough for one more of each to fit, so the final validation ends within it
+        self._step_seconds = 0.0
+        self._valid_seconds = 0.0
 
     # ----------------------------------------------------------------- resume
 
@@ -657,9 +661,11 @@ class Trainer:
         if cfg.cooldown_steps > 0:  # the next update is step + 1; the last one (max_steps) gets 1/cooldown
             scale = cooldown_scale(self.step, cfg.max_steps, cfg.cooldown_steps)
         if cfg.max_minutes > 0:
-            # rank 0's clock decides for every rank: the stop and the cool-down's rate
-            spent = _broadcast([self.elapsed + (time.monotonic() - self._clock)], self.info, self.device)[0]
-            if spent >= cfg.max_minutes * 60:
+            # rank 0's clock decides for every rank: the stop and the cool-down's rate. The run
+            # stops if one more step and the final validation would end past the limit.
+            spent, ahead = _broadcast([self.elapsed + (time.monotonic() - self._clock),
+                                       self._step_seconds + self._valid_seconds], self.info, self.device)
+            if spent + ahead > cfg.max_minutes * 60:
                 return f"max_minutes={cfg.max_minutes:g}"
             if cfg.cooldown_minutes > 0:
                 scale = min(scale, cooldown_scale(spent, cfg.max_minutes * 60, cfg.cooldown_minutes * 60))
@@ -717,7 +723,8 @@ class Trainer:
                 group = self.stream.next_group()
                 step_start = time.monotonic()
                 stats = self.train_step(group)
-                self._train_seconds += time.monotonic() - step_start
+                self._step_seconds = time.monotonic() - step_start
+                self._train_seconds += self._step_seconds
                 if stats is not None:
                     self._add_to_log_window(stats)  # before a signal's save: it is part of the state
                 if self.signals.signum is not None:
@@ -745,9 +752,11 @@ class Trainer:
                     window_tokens = 0.0
                     window_start = time.monotonic()
                 if self.step % cfg.valid_every == 0:
+                    valid_start = time.monotonic()
                     result = self.validate()
                     self.save(validated=True, improved=result["improved"])
                     window_start = time.monotonic()
+                    self._valid_seconds = window_start - valid_start
             if self.last_valid_step != self.step:
                 result = self.validate()
                 self.save(validated=True, improved=result["improved"])

@@ -266,6 +266,34 @@ def test_cooldown_lowers_the_rate_towards_the_time_limit(prepared: Path, tmp_pat
     assert all(b <= a * 1.001 for a, b in zip(ratios, ratios[1:], strict=False)) and ratios[-1] < 0.5
 
 
+def test_time_limit_includes_the_final_validation(prepared: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # Steps take >= 0.3 s and validations >= 1 s here. A run that stopped once the 6-second
+    # budget was spent (the old rule) always ended past it; now it stops while one more step
+    # and the final validation still fit, and the step's 0.3 s absorbs the timing jitter.
+    import time
+
+    from mtcli.train import Trainer
+
+    validate, train_step = Trainer.validate, Trainer.train_step
+
+    def slow_validate(self: Trainer) -> dict:
+        time.sleep(1.0)
+        return validate(self)
+
+    def slow_step(self: Trainer, group: object) -> object:
+        time.sleep(0.3)
+        return train_step(self, group)
+
+    monkeypatch.setattr(Trainer, "validate", slow_validate)
+    monkeypatch.setattr(Trainer, "train_step", slow_step)
+    run = tmp_path / "run"
+    summary = train(make_config(prepared, run, "train.max_steps=100000", "train.valid_every=4",
+                                "train.max_minutes=0.1"))
+    assert summary.stop_reason.startswith("max_minutes")
+    assert 6.0 - 2.5 < summary.elapsed_seconds <= 6.0, summary.elapsed_seconds
+
+
 def test_cooldown_steps_scale_the_last_updates_down_linearly(prepared: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     summary = train(make_config(prepared, run, "train.max_steps=8", "train.cooldown_steps=4",
