@@ -12,9 +12,9 @@ Optional cool-down for runs with a wall-clock budget (``train.max_minutes``): ov
     lr = noam_lr(step) * min(1, (budget - elapsed) / cooldown),
 so it falls linearly to 0 when the budget ends (an extension, not in the paper: the last
 checkpoints of a time-limited run then sit at a low rate instead of mid-decay). The run stops
-a step and a final validation before the budget ends, at a rate a few percent of Noam's. The same in steps
-with ``train.cooldown_steps``: lr = noam_lr(step) * min(1, (max_steps - step + 1) / cooldown) for
-the update numbered ``step``; with both set, the lower factor applies.
+a step and a final validation before the budget ends, at a rate a few percent of Noam's. The
+same in steps with ``train.cooldown_steps``: lr = noam_lr(step) * min(1, (max_steps - step + 1) /
+cooldown) for the update numbered ``step``; with both set, the lower factor applies.
 The optimiser is Adam(beta1=0.9, beta2=0.98, eps=1e-9) as in the paper (values from the config),
 or AdamW when ``train.weight_decay > 0`` (decoupled weight decay:
     theta <- theta - lr * (adam_update + weight_decay * theta)).

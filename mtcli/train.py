@@ -752,19 +752,22 @@ class Trainer:
                     window_tokens = 0.0
                     window_start = time.monotonic()
                 if self.step % cfg.valid_every == 0:
-                    valid_start = time.monotonic()
-                    result = self.validate()
-                    self.save(validated=True, improved=result["improved"])
+                    self._validate_and_save()
                     window_start = time.monotonic()
-                    self._valid_seconds = window_start - valid_start
             if self.last_valid_step != self.step:
-                result = self.validate()
-                self.save(validated=True, improved=result["improved"])
+                self._validate_and_save()
             else:
                 self.save(validated=False)
             return reason
         finally:
             bar.close()
+
+    def _validate_and_save(self) -> None:
+        """Validate, write the step's checkpoint, and time both (a time limit keeps room for them)."""
+        start = time.monotonic()
+        result = self.validate()
+        self.save(validated=True, improved=result["improved"])
+        self._valid_seconds = time.monotonic() - start
 
     @property
     def tokens_per_second(self) -> float:
