@@ -98,19 +98,19 @@ def _batches(lengths: list[int], size: int) -> list[list[int]]:
 
 
 def worker_torch(job: dict) -> dict:
-    """Decode with mtcli.search.generate in this process; return timings."""
+    """Decode with mtcli.infer.search.generate in this process; return timings."""
     import torch
 
-    from mtcli.checkpoint import load_for_inference
-    from mtcli.search import generate
-    from mtcli.translate import collate_sources
+    from mtcli.data.batching import collate_sources
+    from mtcli.infer.loading import load_for_inference
+    from mtcli.infer.search import generate
 
     workers = job.get("workers", 1)
     torch.set_num_threads(max(1, job["threads"] // workers))  # as decode.workers does
     bundle = load_for_inference(job["run_dir"], job["checkpoint"], device="cpu")
     model, decode = bundle.model, bundle.config.decode
     if job.get("int8"):
-        from mtcli.quantize import quantize_for_decoding
+        from mtcli.infer.quantize import quantize_for_decoding
 
         model = quantize_for_decoding(model)  # what decode.int8 does in translate_lines
     ids = json.loads(Path(job["inputs"]).read_text(encoding="utf-8"))["ids"]
@@ -176,23 +176,22 @@ def _random_run_dir(work: Path, spm_path: Path | None, seed: int, output_vocab: 
 
     from mtcli.checkpoint import save_checkpoint
     from mtcli.config import load_config, save_config
+    from mtcli.data.tokenizer import Tokenizer
     from mtcli.fileio import sha256_file
     from mtcli.model import Transformer
-    from mtcli.tokenizer import Tokenizer
 
     run = work / "random_run"
     run.mkdir(parents=True, exist_ok=True)
     config = load_config(RECIPE, [f"train.run_dir={run}", f"model.output_vocab={output_vocab}"])
     output_ids = None
     if output_vocab == "target":
-        from mtcli.cache import PreparedCorpus
-        from mtcli.epoch_pairs import output_vocabulary
+        from mtcli.data.cache import PreparedCorpus
 
         prepared = REPO / "data" / "prepared" / config.data.name
         if spm_path is not None or not prepared.is_dir():
             raise SystemExit(f"--output-vocab target lists the target pieces of {prepared}: "
                              f"run `mtcli prepare {RECIPE}` first (and leave out --spm)")
-        output_ids = output_vocabulary(PreparedCorpus.open(prepared, verify=False), config)
+        output_ids = PreparedCorpus.open(prepared, verify=False).target_vocabulary()
     if spm_path is None:
         cached = REPO / "data" / "prepared" / config.data.name / "spm.model"
         spm_path = cached if cached.is_file() else None
@@ -271,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
 
-    from mtcli.checkpoint import load_for_inference
-    from mtcli.corpus import read_lines
+    from mtcli.data.textio import read_lines
+    from mtcli.infer.loading import load_for_inference
 
     if not args.input.is_file():
         print(f"input {args.input} not found", file=sys.stderr)
@@ -299,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     ct2_dir = None
     if any(VARIANTS[v][0] == "ct2" for v in args.variants):
         try:
-            from mtcli.export import export_model
+            from mtcli.infer.export import export_model
 
             ct2_dir = str(export_model(run_dir, work / "ct2", checkpoint=args.checkpoint))
         except Exception as exc:  # noqa: BLE001 - report and go on with the torch variants

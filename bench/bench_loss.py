@@ -3,14 +3,14 @@
 Times, on random logits of the en-de recipe's shape (``--rows`` target positions a pass,
 ``--vocab`` output pieces, the German-piece softmax), each stacked twice as R-Drop runs them:
 
-* ``cross_entropy``: :class:`mtcli.loss.LabelSmoothedLoss` over both passes ([2N, V]);
+* ``cross_entropy``: :class:`mtcli.train.loss.LabelSmoothedLoss` over both passes ([2N, V]);
 * ``symmetric_kl_autograd``: R-Drop's KL written with autograd through ``log_softmax``
-  (:func:`mtcli.loss.reference_symmetric_kl`, what training ran before session 27);
+  (:func:`mtcli.train.loss.reference_symmetric_kl`, what training ran before session 27);
 * ``symmetric_kl_fused``: the one-sweep KL with its closed-form gradient that training runs
-  (called through :func:`mtcli.loss.symmetric_kl`, which first stacks the two halves: one copy
+  (called through :func:`mtcli.train.loss.symmetric_kl`, which first stacks the two halves: one copy
   that training's stacked logits do not need);
 * ``rdrop_loss_autograd_kl``: the cross entropy plus the autograd KL (R-Drop's loss before);
-* ``rdrop_loss``: :func:`mtcli.loss.rdrop_loss`, the cross entropy plus the fused KL, as one
+* ``rdrop_loss``: :func:`mtcli.train.rdrop.rdrop_loss`, the cross entropy plus the fused KL, as one
   training step runs them now.
 
 Each is warmed up, then timed over ``--reps`` calls (median ms); peak RSS is not reported
@@ -71,7 +71,8 @@ def main() -> None:
 
     from mtcli.allocator import keep_freed_memory
     from mtcli.device import cpu_name
-    from mtcli.loss import LabelSmoothedLoss, rdrop_loss, reference_symmetric_kl, symmetric_kl
+    from mtcli.train.loss import LabelSmoothedLoss
+    from mtcli.train.rdrop import rdrop_loss, reference_symmetric_kl, symmetric_kl
 
     torch.set_num_threads(args.threads)
     kept = keep_freed_memory()  # as training does: without it, page faults on fresh memory dominate

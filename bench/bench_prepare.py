@@ -24,9 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import mtcli.prepare as prep
+import mtcli.data.prepare as prep
 from mtcli.config import load_config
-from mtcli.corpus import TextDirSource, open_source
+from mtcli.data.sources import TextDirSource, open_source
 from mtcli.logs import setup_logging
 
 

@@ -66,15 +66,13 @@ def build_batches(args: argparse.Namespace, path: Path) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from mtcli.batching import BatchStream, collate, make_batches
+    from mtcli.data.batching import BatchStream, collate, make_batches
 
     need = args.warmup + args.steps
     source = "synthetic"
     output_ids = None
     if args.prepared.is_dir() and not args.synthetic and not args.smoke:
-        from mtcli.cache import PreparedCorpus
-        from mtcli.config import load_config
-        from mtcli.epoch_pairs import output_vocabulary
+        from mtcli.data.cache import PreparedCorpus
 
         corpus = PreparedCorpus.open(args.prepared, verify=False)
         stream = BatchStream(corpus.array("train", corpus.src_lang), corpus.array("train", corpus.tgt_lang),
@@ -85,9 +83,7 @@ def build_batches(args: argparse.Namespace, path: Path) -> dict[str, Any]:
         padding_epoch = stream.padding_fraction(0)
         source = f"Multi30k train ({args.prepared})"
         # what model.output_vocab: target lists for this cache's direction
-        langs = [f"data.src_lang={corpus.src_lang}", f"data.tgt_lang={corpus.tgt_lang}"]
-        listed = output_vocabulary(corpus, load_config(RECIPE, [*langs, "model.output_vocab=target"]))
-        output_ids = torch.from_numpy(listed)
+        output_ids = torch.from_numpy(corpus.target_vocabulary())
     else:
         rng = np.random.default_rng(0)
         n = 29_000
@@ -109,7 +105,7 @@ def build_batches(args: argparse.Namespace, path: Path) -> dict[str, Any]:
 
         src, tgt = Synthetic(src_len, 1), Synthetic(tgt_len, 2)
         all_batches = make_batches(src_len, tgt_len, np.arange(n), args.max_tokens, seed=1)
-        from mtcli.batching import padding_fraction
+        from mtcli.data.batching import padding_fraction
 
         padding_epoch = padding_fraction(all_batches, src_len, tgt_len)
         batches = [collate(src, tgt, b) for b in all_batches[:need]]
@@ -201,8 +197,9 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
 
     from mtcli.allocator import keep_freed_memory
     from mtcli.config import load_config
-    from mtcli.loss import LabelSmoothedLoss, rdrop_loss
-    from mtcli.schedule import build_optimizer, build_schedule
+    from mtcli.train.loss import LabelSmoothedLoss
+    from mtcli.train.rdrop import rdrop_loss
+    from mtcli.train.schedule import build_optimizer, build_schedule
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -247,7 +244,7 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
         if alpha > 0:  # the batch twice, as one, as mtcli.train runs it
             src, tgt_in = torch.cat([src, src]), torch.cat([tgt_in, tgt_in])
         with ctx:
-            logits = model(src, tgt_in, shortlist=True) if ours else model(src, tgt_in)
+            logits = model(src, tgt_in)
         targets = model.output_targets(tgt_out) if ours else tgt_out
         loss = rdrop_loss(criterion, logits, targets, alpha)[0] if alpha > 0 else criterion(logits, targets).loss
         tokens = int(tgt_out.ne(0).sum())

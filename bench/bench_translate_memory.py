@@ -1,6 +1,6 @@
 """Memory of `mtcli translate` on long inputs: peak RSS must not grow with the number of lines.
 
-`mtcli translate` reads its input a window of lines at a time (``mtcli.translate.DEFAULT_WINDOW``
+`mtcli translate` reads its input a window of lines at a time (``mtcli.infer.translate.DEFAULT_WINDOW``
 = 2,000 lines), sorts and batches inside the window, writes each result as soon as the lines
 before it are done, and keeps nothing per line afterwards (the output file is written to a
 temporary name as it goes and renamed at the end). So its peak RSS should be the model + one
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"translating {n:,} lines ...", file=sys.stderr, flush=True)
             rows.append(run_once(args, run_dir, work, n))
 
-    from mtcli.translate import DEFAULT_WINDOW
+    from mtcli.infer.translate import DEFAULT_WINDOW
 
     mode = "stdin -> stdout" if args.stdin else "FILE -o FILE"
     print(f"\nmtcli translate ({mode}, beam {args.beam}, {args.threads} thread(s), "

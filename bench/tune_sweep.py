@@ -51,7 +51,7 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 def prepare_all(recipe: str, jobs: list[dict[str, Any]]) -> None:
     """Build each distinct prepared cache once, before any job starts."""
     from mtcli.config import load_config
-    from mtcli.prepare import prepare
+    from mtcli.data.prepare import prepare
 
     seen: set[str] = set()
     for job in jobs:

@@ -1,7 +1,9 @@
 """The ``mtcli`` command line: parse arguments, call library functions, print results.
 
 Every library error (:class:`mtcli.errors.MtcliError`) becomes one line on stderr and a
-non-zero exit code; nothing here holds logic a library function could hold.
+non-zero exit code; nothing here holds logic a library function could hold. The library is
+imported inside each command, so ``mtcli --help`` answers without loading torch; commands that
+train or decode first set the process-wide allocator policy (:mod:`mtcli.allocator`).
 """
 
 from __future__ import annotations
@@ -73,8 +75,8 @@ def prepare(
 ) -> None:
     """Read, clean, train SentencePiece and binarise a parallel corpus."""
     from mtcli.config import load_config
+    from mtcli.data.prepare import prepare as run_prepare
     from mtcli.logs import setup_logging
-    from mtcli.prepare import prepare as run_prepare
 
     setup_logging(verbose)
     report = run_prepare(load_config(config, set_), force=force)
@@ -89,19 +91,14 @@ def train(
     verbose: Verbose = False,
 ) -> None:
     """Train a Transformer; re-running on an existing run directory resumes it exactly."""
+    from mtcli.allocator import keep_freed_memory
     from mtcli.config import load_config
     from mtcli.logs import setup_logging
     from mtcli.train import train as run_train
 
     setup_logging(verbose)
-    recipe = load_config(config, set_)
-    if recipe.train.ensemble > 1:
-        from mtcli.ensemble import train_members
-
-        for summary in train_members(recipe, verbose):
-            print(summary.summary())
-        return
-    summary = run_train(recipe)
+    keep_freed_memory()
+    summary = run_train(load_config(config, set_))
     if summary.is_main:  # under torchrun, one summary: rank 0's
         print(summary.summary())
 
@@ -123,10 +120,12 @@ def evaluate(
     verbose: Verbose = False,
 ) -> None:
     """Decode a test set and score it with sacreBLEU (BLEU, chrF, signatures)."""
+    from mtcli.allocator import keep_freed_memory
     from mtcli.evaluate import evaluate as run_evaluate
     from mtcli.logs import setup_logging
 
     setup_logging(verbose)
+    keep_freed_memory()
     overrides = list(set_ or []) + ([f"decode.beam_size={beam}"] if beam else [])
     report = run_evaluate(
         run_dir,
@@ -159,10 +158,12 @@ def translate(
     verbose: Verbose = False,
 ) -> None:
     """Translate text files or stdin to stdout (or --output), streamed."""
+    from mtcli.allocator import keep_freed_memory
+    from mtcli.infer.translate import translate_files
     from mtcli.logs import setup_logging
-    from mtcli.translate import translate_files
 
     setup_logging(verbose)
+    keep_freed_memory()
     overrides = list(set_ or [])
     if beam is not None:
         overrides.append(f"decode.beam_size={beam}")
@@ -190,7 +191,7 @@ def average(
     best: Annotated[int, typer.Option(help="Average the K best checkpoints by validation BLEU.")] = 0,
 ) -> None:
     """Average the parameters of the last or best K checkpoints into one."""
-    from mtcli.checkpoint import average_run_checkpoints
+    from mtcli.infer.averaging import average_run_checkpoints
 
     used = average_run_checkpoints(run_dir, output, last=last, best=best)
     print(f"averaged {len(used)} checkpoints into {output}: " + ", ".join(p.name for p in used))
@@ -205,7 +206,7 @@ def export(
     checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
 ) -> None:
     """Export a trained model for another runtime (CTranslate2)."""
-    from mtcli.export import export_model
+    from mtcli.infer.export import export_model
 
     out = export_model(run_dir, output, fmt=format, checkpoint=checkpoint)
     print(f"exported {format} model to {out}")

@@ -21,6 +21,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from mtcli.errors import ConfigError
+from mtcli.fileio import atomic_write
 
 
 @dataclass
@@ -94,11 +95,9 @@ class TrainConfig:
     subword_alpha: float = 0.0
     subword_nbest: int = 32
     subword_sides: Literal["both", "source"] = "both"
-    bidirectional_epochs: int = 0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
-    decay_norms_and_biases: bool = True  # False: AdamW decays only matrices (weights, embeddings)
     clip_norm: float = 0.0
     valid_every: int = 1000
     valid_bleu: bool = True
@@ -108,7 +107,6 @@ class TrainConfig:
     log_every: int = 100
     max_nonfinite: int = 5
     progress: bool = True
-    ensemble: int = 1  # members trained side by side (seeds seed..seed+N-1), decoded together
 
 
 @dataclass
@@ -148,6 +146,18 @@ class Config:
         """Plain nested dict of the four sections (what is written to ``config.yaml``)."""
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
+
+#: Keys earlier versions had, with the value that made them a no-op and what replaces them. A
+#: recipe naming one gets one line saying so; a run directory's ``config.yaml`` written by an
+#: earlier version (which lists every key) loads for decoding whatever their values.
+REMOVED_KEYS: dict[str, tuple[Any, str]] = {
+    "train.ensemble": (1, "train each seed as its own run (--set train.seed=N --set "
+                          "train.run_dir=DIR) and decode them together with --ensemble DIR"),
+    "train.bidirectional_epochs": (0, "no replacement: every epoch reads data.src_lang -> "
+                                      "data.tgt_lang"),
+    "train.decay_norms_and_biases": (True, "AdamW (train.weight_decay > 0) decays every "
+                                           "parameter, as this key's default did"),
+}
 
 SECTIONS: dict[str, type] = {
     "data": DataConfig,
@@ -220,11 +230,17 @@ def _coerce(value: Any, tp: Any) -> Any:
     raise TypeError
 
 
-def _build_section(cls: type, raw: dict[str, Any], where: str, section: str) -> Any:
+def _build_section(cls: type, raw: dict[str, Any], where: str, section: str,
+                   ignore_removed: bool = False) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
     for key, value in raw.items():
+        removed = REMOVED_KEYS.get(f"{section}.{key}")
+        if removed is not None:
+            if not ignore_removed and value != removed[0]:
+                raise ConfigError(f"{where}: '{section}.{key}' was removed: {removed[1]}")
+            continue
         if key not in fields:
             known = ", ".join(fields)
             raise ConfigError(f"{where}: unknown key '{section}.{key}' (known keys: {known})")
@@ -256,8 +272,13 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     return parts[0], parts[1], value
 
 
-def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | None = None) -> Config:
-    """Validate a nested dict (as read from YAML) plus overrides into a :class:`Config`."""
+def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | None = None,
+                     ignore_removed: bool = False) -> Config:
+    """Validate a nested dict (as read from YAML) plus overrides into a :class:`Config`.
+
+    A key of :data:`REMOVED_KEYS` is dropped when it holds its no-op value and refused with one
+    line otherwise; ``ignore_removed`` drops it whatever its value (a run directory's config,
+    read for decoding, which such keys never affected)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -283,7 +304,7 @@ def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | N
             body = {}
         if not isinstance(body, dict):
             raise ConfigError(f"{where}: section '{section}' must be a mapping, got {body!r}")
-        built[section] = _build_section(cls, body, where, section)
+        built[section] = _build_section(cls, body, where, section, ignore_removed)
     config = Config(**built, path=where)
     validate(config)
     return config
@@ -304,11 +325,9 @@ def validate(config: Config) -> None:
         (t.subword_alpha == 0.0 or dc.spm_model_type == "unigram",
          "train.subword_alpha > 0 samples from a unigram model: set data.spm_model_type: unigram"),
         (t.subword_nbest >= 1, "train.subword_nbest must be >= 1"),
-        (t.bidirectional_epochs >= 0, "train.bidirectional_epochs must be >= 0 (0 = off)"),
-        (m.output_vocab == "joint" or t.subword_alpha == 0.0
-         or (t.subword_sides == "source" and t.bidirectional_epochs == 0),
+        (m.output_vocab == "joint" or t.subword_alpha == 0.0 or t.subword_sides == "source",
          "model.output_vocab: target needs the target pieces fixed: with train.subword_alpha > 0 "
-         "set train.subword_sides: source and train.bidirectional_epochs: 0"),
+         "set train.subword_sides: source"),
         (t.max_tokens > 0, "train.max_tokens must be > 0"),
         (t.update_freq >= 1, "train.update_freq must be >= 1"),
         (t.warmup_steps >= 1, "train.warmup_steps must be >= 1"),
@@ -318,7 +337,6 @@ def validate(config: Config) -> None:
          "train.cooldown_steps must be 0 (off) or in (0, train.max_steps]: it counts back from max_steps"),
         (len(t.adam_betas) == 2, "train.adam_betas must have two values"),
         (t.keep_last >= 1, "train.keep_last must be >= 1"),
-        (t.ensemble >= 1, "train.ensemble must be >= 1 (1: one model)"),
         (t.keep_best >= 0, "train.keep_best must be >= 0 (0: keep only the last train.keep_last)"),
         (t.valid_every >= 1, "train.valid_every must be >= 1"),
         (d.beam_size >= 1, "decode.beam_size must be >= 1"),
@@ -335,8 +353,10 @@ def validate(config: Config) -> None:
             raise ConfigError(f"{where}: {message}")
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """Read a YAML recipe with a safe loader, apply ``--set`` overrides, validate."""
+def load_config(path: str | Path, overrides: list[str] | None = None,
+                ignore_removed: bool = False) -> Config:
+    """Read a YAML recipe with a safe loader, apply ``--set`` overrides, validate
+    (``ignore_removed``: see :func:`config_from_dict`)."""
     path = Path(path)
     where = str(path)
     try:
@@ -352,12 +372,10 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
         line = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise ConfigError(f"{where}:{line}: {problem}") from None
-    return config_from_dict(raw, where, overrides)
+    return config_from_dict(raw, where, overrides, ignore_removed)
 
 
 def save_config(config: Config, path: str | Path) -> None:
     """Write the resolved config as YAML, atomically."""
-    from mtcli.fileio import atomic_write
-
     with atomic_write(path) as handle:
         yaml.safe_dump(config.to_dict(), handle, sort_keys=False, allow_unicode=True)

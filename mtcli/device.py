@@ -7,6 +7,7 @@ units take bf16 (CUDA with bf16 support; a CPU with AVX512-BF16, AMX or Arm BF16
 
 from __future__ import annotations
 
+import contextlib
 import platform
 
 import torch
@@ -65,4 +66,11 @@ def device_has_bf16_units(device: torch.device) -> bool:
     return device.type == "cpu" and cpu_has_bf16_units()
 
 
-__all__ = ["cpu_has_bf16_units", "cpu_info", "cpu_name", "device_has_bf16_units", "resolve_device"]
+def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
+    """bf16 autocast on ``device`` when ``enabled`` (``train.bf16``, ``decode.bf16``), else nothing."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+__all__ = ["autocast", "cpu_has_bf16_units", "cpu_info", "cpu_name", "device_has_bf16_units", "resolve_device"]

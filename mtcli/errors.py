@@ -44,5 +44,13 @@ class TrainingInterrupted(MtcliError):
         self.exit_code = 128 + signum
 
     def __reduce__(self) -> tuple:
-        # picklable with its signal (an ensemble member's error crosses a process boundary)
+        # picklable with its signal (an error may cross a process boundary)
         return (type(self), (str(self), self.signum))
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line (whitespace runs, newlines included, become one space;
+    at most ``limit`` characters; its type name when empty): how mtcli quotes a third-party
+    failure inside its own one-line errors."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -130,6 +130,12 @@ def atomic_link(source: str | Path, path: str | Path) -> None:
     fsync_dir(path.parent)
 
 
+def atomic_copy(source: str | Path, path: str | Path) -> None:
+    """Copy ``source`` to ``path`` through :func:`atomic_write` (never a half-copied file)."""
+    with atomic_write(path, "wb", encoding=None) as out, open(source, "rb") as inp:
+        shutil.copyfileobj(inp, out)
+
+
 def sha256_file(path: str | Path, chunk_size: int = 1 << 20) -> str:
     """Hex SHA-256 of a file's bytes, read in chunks."""
     digest = hashlib.sha256()

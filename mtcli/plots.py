@@ -1,17 +1,33 @@
-"""Pictures of a run: learning curves read back from the run's TensorBoard scalars.
+"""Pictures: a run's learning curves, and cross-attention heatmaps of translations.
 
 ``write_learning_curves(run_dir)`` writes ``learning_curves.png`` beside ``tensorboard/``:
-train loss and valid loss over steps (left axis) and valid BLEU (right panel).
+train loss and valid loss over steps (left axis) and valid BLEU (right panel), read back from
+the run's TensorBoard scalars. ``plot_attention_png`` draws ``mtcli translate --plot-attention``.
+matplotlib and TensorBoard's reader are imported when a picture is drawn (they are slow to import
+and no other command needs them).
 """
 
 from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from mtcli.fileio import atomic_write
 
 TRAIN_LOSS, VALID_LOSS, VALID_BLEU = "train/loss", "valid/loss", "valid/bleu"
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (files only, no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def read_scalars(logdir: str | Path) -> dict[str, list[tuple[int, float]]]:
@@ -32,11 +48,7 @@ def read_scalars(logdir: str | Path) -> dict[str, list[tuple[int, float]]]:
 
 def plot_learning_curves(series: dict[str, list[tuple[int, float]]], title: str = "") -> bytes:
     """Render train/valid loss and valid BLEU against steps; returns PNG bytes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, (ax_loss, ax_bleu) = plt.subplots(1, 2, figsize=(11, 4))
     for tag, label in ((TRAIN_LOSS, "train loss"), (VALID_LOSS, "valid loss")):
         if series.get(tag):
@@ -75,3 +87,37 @@ def write_learning_curves(run_dir: str | Path) -> Path | None:
     with atomic_write(out, "wb") as handle:
         handle.write(plot_learning_curves(series, title=run_dir.name))
     return out
+
+
+def plot_attention_png(
+    path: Path, src_pieces: list[str], tgt_pieces: list[str], attention: torch.Tensor
+) -> None:
+    """Write a PNG heatmap of cross-attention: one panel per decoder layer, head-averaged.
+
+    ``attention`` is ``[layers, T, S]``; rows are target pieces (the output, then ``</s>``),
+    columns source pieces (then ``</s>``); batch padding beyond them is dropped.
+    """
+    plt = _pyplot()
+    att = attention.float().cpu().numpy()
+    # Drop batch padding columns (and rows) beyond the pieces plus </s>.
+    att = att[:, : len(tgt_pieces) + 1, : len(src_pieces) + 1]
+    layers, t_len, s_len = att.shape
+    xs = (src_pieces + ["</s>"] * s_len)[:s_len]
+    ys = (tgt_pieces + ["</s>"] * t_len)[:t_len]
+    fig, axes = plt.subplots(
+        1, layers, figsize=(max(3.0, 0.35 * s_len + 1.5) * layers, max(2.5, 0.35 * t_len + 1.5)),
+        squeeze=False,
+    )
+    for layer, ax in enumerate(axes[0]):
+        image = ax.imshow(att[layer], aspect="auto", cmap="viridis", vmin=0.0)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+        ax.set_title(f"decoder layer {layer + 1}")
+        ax.set_xticks(range(s_len), xs, rotation=90, fontsize=7)
+        ax.set_yticks(range(t_len), ys, fontsize=7)
+        ax.set_xlabel("source")
+        if layer == 0:
+            ax.set_ylabel("target")
+    fig.tight_layout()
+    with atomic_write(path, "wb", encoding=None) as handle:
+        fig.savefig(handle, format="png", dpi=100)
+    plt.close(fig)

@@ -13,13 +13,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from mtcli.allocator import keep_freed_memory
+from mtcli.config import load_config
+from mtcli.data.prepare import prepare
+from mtcli.device import cpu_has_bf16_units, cpu_name
+from mtcli.errors import MtcliError
+from mtcli.evaluate import evaluate
 from mtcli.fileio import atomic_write
+from mtcli.infer.averaging import average_run_checkpoints
+from mtcli.logs import setup_logging
+from mtcli.rundir import step_checkpoints
+from mtcli.train import train
 
 RESULTS_DIR = Path("results")
 README = Path("README.md")
@@ -34,7 +47,7 @@ RECIPES = {
 AVERAGE_LAST = 10
 # GNMT length-penalty alphas tried on val with the chosen average (the recipe's own is added);
 # while the best is at an edge of what was tried, the grid goes one more step that way, within
-# the bounds (en-de chose the top of 0.6-1.4 in tuning runs 17 and 18)
+# the bounds
 LENGTH_PENALTIES = (0.6, 1.0, 1.4)
 LENGTH_PENALTY_STEP = 0.4
 LENGTH_PENALTY_BOUNDS = (0.2, 2.6)
@@ -56,13 +69,7 @@ def git_commit() -> str:
 def device_name(device: str) -> str:
     """Human-readable name of the device a run used."""
     if device.startswith("cuda"):
-        import torch
-
         return torch.cuda.get_device_name(torch.device(device))
-    import os
-
-    from mtcli.device import cpu_has_bf16_units, cpu_name
-
     # bf16 units decide what train.bf16 is worth here (1.4x fp32 or ~100x slower): say which
     return f"CPU ({cpu_name()}, {os.cpu_count()} cores{', bf16 units' if cpu_has_bf16_units() else ''})"
 
@@ -135,9 +142,6 @@ def choose_average(run_dir: Path, valid_split: str, max_k: int) -> tuple[Path, l
     split is decoded once, afterwards, with the chosen average. Returns the chosen averaged
     checkpoint, the checkpoints in it, and validation BLEU by k (keys ``"1"``..``"max_k"``).
     """
-    from mtcli.checkpoint import average_run_checkpoints, step_checkpoints
-    from mtcli.evaluate import evaluate
-
     scores: dict[str, float] = {}
     best: tuple[float, Path, list[Path]] | None = None
     for k in range(1, max(1, min(max_k, len(step_checkpoints(run_dir)))) + 1):
@@ -180,24 +184,36 @@ def search_length_penalty(score: Callable[[float], float], recipe_alpha: float,
 
 
 def choose_length_penalty(run_dir: Path, valid_split: str, checkpoint: Path, recipe_alpha: float,
-                          recipe_score: float | None, ensemble: list[Path] | None = None,
-                          ) -> tuple[float, dict[str, float]]:
+                          recipe_score: float | None) -> tuple[float, dict[str, float]]:
     """Choose the GNMT alpha on val with :func:`search_length_penalty`.
 
     ``recipe_score`` is the checkpoint's val BLEU with the recipe's own alpha when it is already
-    known (decoded while choosing the average), else None. ``ensemble``: more members' checkpoints
-    decoded with ``checkpoint``. Returns the chosen alpha and validation BLEU by alpha (keys as
-    ``"1.0"``). The hypotheses of each try go to ``run_dir/eval/lp<alpha>/``.
+    known (decoded while choosing the average), else None. Returns the chosen alpha and
+    validation BLEU by alpha (keys as ``"1.0"``). The hypotheses of each try go to
+    ``run_dir/eval/lp<alpha>/``.
     """
-    from mtcli.evaluate import evaluate
 
     def score(alpha: float) -> float:
         report = evaluate(run_dir, split=valid_split, checkpoint=str(checkpoint),
                           overrides=[f"decode.length_penalty={alpha}"],
-                          output_dir=run_dir / "eval" / f"lp{alpha:g}", ensemble=ensemble or [])
+                          output_dir=run_dir / "eval" / f"lp{alpha:g}")
         return round(float(report["bleu"]), 2)
 
     return search_length_penalty(score, recipe_alpha, recipe_score)
+
+
+def _test_scores(run_dir: Path, splits: list[str], checkpoint: Path, alpha: float
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The report of the first test split, and the scores of the others by split."""
+    decode_set = [f"decode.length_penalty={alpha}"]
+    split, *more_splits = splits
+    report = evaluate(run_dir, split=split, checkpoint=str(checkpoint), overrides=decode_set)
+    more_tests = {}
+    for other in more_splits:
+        scored = evaluate(run_dir, split=other, checkpoint=str(checkpoint), overrides=decode_set)
+        more_tests[other] = {key: scored[key] for key in ("bleu", "bleu_lc", "chrf", "sentences")}
+        more_tests[other]["decode_sents_per_s"] = float(scored["sentences_per_second"])
+    return report, more_tests
 
 
 def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
@@ -205,69 +221,29 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
     """prepare -> train -> average the last checkpoints -> pick the length penalty -> evaluate on
     test (the averaging window and the length penalty are chosen on the validation split).
 
-    With ``train.ensemble: N`` the N members train side by side (:mod:`mtcli.ensemble`), each
-    member's averaging window is chosen on val on its own, and the length penalty and the test
-    decode use the ensemble of the chosen averages. With ``valid_only`` (a tuning run) it stops
-    before the test split: the returned row holds only the validation choices, and it is also
-    written to ``run_dir/tuning.json``.
+    With ``valid_only`` (a tuning run) it stops before the test split: the returned row holds
+    only the validation choices, and it is also written to ``run_dir/tuning.json``.
     """
-    from mtcli.config import load_config
-    from mtcli.evaluate import evaluate
-    from mtcli.prepare import prepare
-    from mtcli.train import train
-
     overrides = ([f"data.source={data_dir}"] if data_dir else []) + extra
     config = load_config(config_path, overrides)
     prepare(config)
-    if config.train.ensemble > 1:  # members side by side, each chooses its own average
-        from mtcli.ensemble import train_members
-
-        summaries = train_members(config)
-    else:
-        summaries = [train(config)]
-    valid = config.data.valid_split
-    max_k = min(AVERAGE_LAST, config.train.keep_last)
-    chosen = [choose_average(s.run_dir, valid, max_k) for s in summaries]
-    run_dir, averaged = summaries[0].run_dir, chosen[0][0]
-    others = [c[0] for c in chosen[1:]]
-    windows = [len(used) for _, used, _ in chosen]
-
-    def per_member(values: list[Any]) -> Any:
-        """One model's value as it is; an ensemble's as a list in member order."""
-        return values if others else values[0]
-
-    # one model: its val score at the recipe's alpha is known already; an ensemble's is not
-    recipe_score = None if others else chosen[0][2][str(windows[0])]
+    summary = train(config)
+    valid, run_dir = config.data.valid_split, summary.run_dir
+    averaged, used, valid_by_average = choose_average(run_dir, valid, min(AVERAGE_LAST, config.train.keep_last))
     alpha, valid_by_alpha = choose_length_penalty(run_dir, valid, averaged, config.decode.length_penalty,
-                                                  recipe_score, others)
+                                                  valid_by_average[str(len(used))])
     # what the training run and the choices on val give, for a tuning row and a results row alike
-    common = {"train_steps": per_member([s.steps for s in summaries]),
-              "train_tokens_per_s": sum(s.tokens_per_second for s in summaries),
-              "valid_bleu_by_average": ({f"member{i}": c[2] for i, c in enumerate(chosen, 1)}
-                                        if others else chosen[0][2]),
+    common = {"train_steps": summary.steps, "train_tokens_per_s": summary.tokens_per_second,
+              "valid_bleu_by_average": valid_by_average,
               "valid_bleu_by_length_penalty": valid_by_alpha, "commit": git_commit()}
     if valid_only:
-        row = {"valid_split": valid, "best_valid_bleu_greedy": per_member([s.best_valid_bleu for s in summaries]),
-               "average_last": per_member(windows), "length_penalty": alpha,
+        row = {"valid_split": valid, "best_valid_bleu_greedy": summary.best_valid_bleu,
+               "average_last": len(used), "length_penalty": alpha,
                "valid_bleu": valid_by_alpha[str(alpha)], "overrides": overrides, **common}
         with atomic_write(config.run_path() / "tuning.json") as handle:
             handle.write(json.dumps(row, indent=2) + "\n")
         return row
-    decode_set = [f"decode.length_penalty={alpha}"]
-    split, *more_splits = config.data.test_splits
-    report = evaluate(run_dir, split=split, checkpoint=str(averaged), overrides=decode_set, ensemble=others)
-    more_tests = {}
-    for other in more_splits:
-        scored = evaluate(run_dir, split=other, checkpoint=str(averaged), overrides=decode_set,
-                          ensemble=others)
-        more_tests[other] = {key: scored[key] for key in ("bleu", "bleu_lc", "chrf", "sentences")}
-        more_tests[other]["decode_sents_per_s"] = float(scored["sentences_per_second"])
-    if not others:
-        model = f"average of the last {windows[0]} checkpoints"
-    else:
-        seeds = f"seeds {config.train.seed}-{config.train.seed + len(summaries) - 1}"
-        model = (f"ensemble of {len(summaries)} models trained side by side ({seeds}), each the "
-                 f"average of its last {'/'.join(map(str, windows))} checkpoints")
+    report, more_tests = _test_scores(run_dir, config.data.test_splits, averaged, alpha)
     return {
         "bleu": report["bleu"],
         "bleu_signature": report["bleu_signature"],
@@ -275,15 +251,14 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
         "bleu_lc_signature": report.get("bleu_lc_signature", ""),
         "chrf": report["chrf"],
         "chrf_signature": report["chrf_signature"],
-        # the summaries hold what checkpoint_last holds (the elapsed time is saved with it);
-        # members train at the same time, so the wall-clock is the longest member's
-        "params": sum(s.parameters for s in summaries),
-        "train_minutes": max(s.elapsed_seconds for s in summaries) / 60.0,
+        # the summary holds what checkpoint_last holds (the elapsed time is saved with it)
+        "params": summary.parameters,
+        "train_minutes": summary.elapsed_seconds / 60.0,
         "decode_sents_per_s": float(report["sentences_per_second"]),
         "device": device_name(str(report.get("device", "cpu"))),
-        "test_set": f"{split} ({report.get('sentences', '?')} sentences)",
-        "decode": f"beam {config.decode.beam_size}, length penalty {alpha:g}, {model} (both "
-                  f"chosen on {valid})",
+        "test_set": f"{config.data.test_splits[0]} ({report.get('sentences', '?')} sentences)",
+        "decode": f"beam {config.decode.beam_size}, length penalty {alpha:g}, average of the last "
+                  f"{len(used)} checkpoints (both chosen on {valid})",
         "more_tests": more_tests,
         **common,
     }
@@ -291,9 +266,6 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry: ``python -m mtcli.reproduce {de_en,en_de,wmt_news_en_de} [--data DIR]``."""
-    from mtcli.errors import MtcliError
-    from mtcli.logs import setup_logging
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("direction", choices=sorted(RECIPES))
     parser.add_argument("--data", default=None, help="directory of <split>.<lang> files")
@@ -307,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                              "no results table is written (val scores go to RUN_DIR/tuning.json)")
     args = parser.parse_args(argv)
     setup_logging()
+    keep_freed_memory()
     try:
         recipe, table_name = RECIPES[args.direction]
         row = run_recipe(args.config or recipe, args.data, args.overrides, args.valid_only)

@@ -64,11 +64,12 @@ def build_tiny_run_dir(run_dir: Path, seed: int = 0, spm_model_type: str | None 
     """
     import torch
 
-    from mtcli.checkpoint import save_checkpoint, update_index
+    from mtcli.checkpoint import save_checkpoint
     from mtcli.config import load_config, save_config
+    from mtcli.data.tokenizer import Tokenizer
     from mtcli.fileio import sha256_file
     from mtcli.model import Transformer
-    from mtcli.tokenizer import Tokenizer
+    from mtcli.rundir import update_index
 
     run_dir = Path(run_dir)
     config = load_config(
@@ -118,7 +119,7 @@ def tiny_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def prepared_toy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The toy corpus prepared once per session (read-only for tests: copy it before damaging)."""
     from mtcli.config import load_config
-    from mtcli.prepare import prepare
+    from mtcli.data.prepare import prepare
 
     out = tmp_path_factory.mktemp("prepared") / "toy"
     prepare(load_config(TOY_CONFIG, [f"data.source={TOY_DIR}", f"data.prepared_dir={out}"]))

@@ -4,7 +4,7 @@ line endings. Translation never crashes and keeps the line count; invalid UTF-8 
 error naming file and line; `prepare` builds a cache or raises one clear DataError.
 
 Line endings, the same for every reader (prepare: ``mtcli.corpus.read_lines``; translate and
-evaluate: ``mtcli.translate.iter_binary_lines``): only ``\\n`` ends a line, ``\\r\\n`` counts as
+evaluate: ``mtcli.infer.translate.iter_binary_lines``): only ``\\n`` ends a line, ``\\r\\n`` counts as
 ``\\n``, a lone ``\\r`` (an old-Mac ending or a stray byte) stays inside its line as a space, and
 other Unicode separators (U+0085, U+2028, U+2029, form feed...) stay inside the line as they are.
 
@@ -27,11 +27,11 @@ from conftest import REPO, TOY_CONFIG, TOY_DIR
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from mtcli.cache import PreparedCorpus
 from mtcli.config import load_config
-from mtcli.corpus import read_lines
+from mtcli.data.cache import PreparedCorpus
+from mtcli.data.textio import read_lines
 from mtcli.errors import DataError
-from mtcli.translate import iter_binary_lines, translate_files, translate_lines
+from mtcli.infer.translate import iter_binary_lines, translate_files, translate_lines
 
 SETTINGS = settings(
     max_examples=25,
@@ -140,7 +140,7 @@ def test_invalid_utf8_is_one_error_naming_the_line(
 
 @pytest.fixture(scope="module")
 def bundle(tiny_run_dir: Path):  # noqa: ANN201
-    from mtcli.checkpoint import load_for_inference
+    from mtcli.infer.loading import load_for_inference
 
     return load_for_inference(tiny_run_dir, "best")
 
@@ -225,7 +225,7 @@ def toy_corpus_files() -> dict[str, bytes]:
 @example(files=toy_corpus_files())  # always one corpus that prepares
 @example(files={**toy_corpus_files(), "val.tgt": b"ok\n\xc3\x28\n"})  # always one that cannot
 def test_prepare_gives_a_cache_or_one_data_error(files: dict[str, bytes]) -> None:
-    from mtcli.prepare import prepare
+    from mtcli.data.prepare import prepare
 
     with tempfile.TemporaryDirectory() as tmp:
         source, out = Path(tmp) / "corpus", Path(tmp) / "prepared"

@@ -25,23 +25,16 @@ import pytest
 import torch
 
 from mtcli import checkpoint as ck
-from mtcli.checkpoint import (
-    CheckpointError,
-    average_checkpoints,
-    average_run_checkpoints,
-    check_resume_config,
-    find_resume_checkpoint,
-    load_checkpoint,
-    load_for_inference,
-    prune_checkpoints,
-    read_index,
-    save_checkpoint,
-    update_index,
-)
+from mtcli import rundir as rd
+from mtcli.checkpoint import load_checkpoint, save_checkpoint
 from mtcli.config import ConfigError, load_config, save_config
-from mtcli.errors import RunLockedError
+from mtcli.errors import CheckpointError, RunLockedError
+from mtcli.infer.averaging import average_checkpoints, average_run_checkpoints
+from mtcli.infer.loading import load_for_inference
 from mtcli.logs import get_logger
+from mtcli.rundir import prune_checkpoints, read_index, update_index
 from mtcli.runlock import RunLock
+from mtcli.train.resume import check_resume_config, find_resume_checkpoint, remove_stale_temp_files
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -253,7 +246,7 @@ def test_malicious_file_without_checksum_is_refused(tmp_path: Path, container: s
     # resume never picks it either
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
-    os.replace(path, run / "checkpoints" / ck.LAST_NAME)
+    os.replace(path, run / "checkpoints" / rd.LAST_NAME)
     with pytest.raises(CheckpointError, match="no intact checkpoint"):
         find_resume_checkpoint(run)
     assert not marker.exists()
@@ -298,7 +291,7 @@ sys.exit(0)
 
 
 def test_write_failure_under_file_size_limit_keeps_previous_checkpoint(tmp_path: Path) -> None:
-    path = tmp_path / "checkpoints" / ck.LAST_NAME
+    path = tmp_path / "checkpoints" / rd.LAST_NAME
     previous = toy_state(5, seed=3)
     save_checkpoint(path, previous)
     proc = run_python(_SAVE_UNDER_LIMIT, str(path), str(64 * 1024))
@@ -306,26 +299,26 @@ def test_write_failure_under_file_size_limit_keeps_previous_checkpoint(tmp_path:
     assert proc.returncode == 3, (out, err)
     assert str(path) in out and "File too large" in out and "previous file is unchanged" in out
     assert_same(previous, load_checkpoint(path))
-    assert sorted(p.name for p in path.parent.iterdir()) == [ck.LAST_NAME]
+    assert sorted(p.name for p in path.parent.iterdir()) == [rd.LAST_NAME]
 
 
 def test_unwritable_destination_is_a_one_line_error(tmp_path: Path) -> None:
     blocker = tmp_path / "checkpoints"
     blocker.write_text("a file where the directory should be")
     with pytest.raises(CheckpointError, match="cannot write checkpoint") as exc:
-        save_checkpoint(blocker / ck.LAST_NAME, toy_state(1))
-    assert str(blocker / ck.LAST_NAME) in one_line(exc)
+        save_checkpoint(blocker / rd.LAST_NAME, toy_state(1))
+    assert str(blocker / rd.LAST_NAME) in one_line(exc)
 
 
 def test_also_names_the_same_bytes_and_survives_pruning(tmp_path: Path) -> None:
     directory = tmp_path / "checkpoints"
-    step_file, last, best = directory / "checkpoint_7.pt", directory / ck.LAST_NAME, directory / "checkpoint_best.pt"
+    step_file, last, best = directory / "checkpoint_7.pt", directory / rd.LAST_NAME, directory / "checkpoint_best.pt"
     save_checkpoint(last, toy_state(5, seed=2))  # an older last, replaced
     save_checkpoint(step_file, toy_state(7, seed=1), also=[best, last])
     assert last.samefile(step_file) and best.samefile(step_file)  # written once
     step_file.unlink()  # pruning the step file leaves the other names intact
     assert_same(toy_state(7, seed=1), load_checkpoint(last))
-    assert sorted(p.name for p in directory.iterdir()) == sorted([ck.LAST_NAME, best.name])  # no temp file
+    assert sorted(p.name for p in directory.iterdir()) == sorted([rd.LAST_NAME, best.name])  # no temp file
 
 
 def test_also_copies_where_hard_links_fail(tmp_path: Path, monkeypatch) -> None:
@@ -334,9 +327,9 @@ def test_also_copies_where_hard_links_fail(tmp_path: Path, monkeypatch) -> None:
 
     directory = tmp_path / "checkpoints"
     monkeypatch.setattr(os, "link", no_links)
-    save_checkpoint(directory / "checkpoint_3.pt", toy_state(3, seed=4), also=[directory / ck.LAST_NAME])
-    assert not (directory / ck.LAST_NAME).samefile(directory / "checkpoint_3.pt")
-    assert_same(toy_state(3, seed=4), load_checkpoint(directory / ck.LAST_NAME))
+    save_checkpoint(directory / "checkpoint_3.pt", toy_state(3, seed=4), also=[directory / rd.LAST_NAME])
+    assert not (directory / rd.LAST_NAME).samefile(directory / "checkpoint_3.pt")
+    assert_same(toy_state(3, seed=4), load_checkpoint(directory / rd.LAST_NAME))
 
 
 def test_also_failure_names_the_file_and_keeps_the_previous_one(tmp_path: Path, monkeypatch) -> None:
@@ -348,14 +341,14 @@ def test_also_failure_names_the_file_and_keeps_the_previous_one(tmp_path: Path, 
 
     directory = tmp_path / "checkpoints"
     previous = toy_state(2, seed=5)
-    save_checkpoint(directory / ck.LAST_NAME, previous)
+    save_checkpoint(directory / rd.LAST_NAME, previous)
     monkeypatch.setattr(os, "link", no_links)
     monkeypatch.setattr(shutil, "copyfileobj", disk_full)  # the copy fallback hits a full disk
     with pytest.raises(CheckpointError, match="No space left on device") as exc:
-        save_checkpoint(directory / "checkpoint_4.pt", toy_state(4, seed=6), also=[directory / ck.LAST_NAME])
-    assert one_line(exc).startswith(f"{directory / ck.LAST_NAME}: cannot write checkpoint")
-    assert_same(previous, load_checkpoint(directory / ck.LAST_NAME))
-    assert sorted(p.name for p in directory.iterdir()) == ["checkpoint_4.pt", ck.LAST_NAME]
+        save_checkpoint(directory / "checkpoint_4.pt", toy_state(4, seed=6), also=[directory / rd.LAST_NAME])
+    assert one_line(exc).startswith(f"{directory / rd.LAST_NAME}: cannot write checkpoint")
+    assert_same(previous, load_checkpoint(directory / rd.LAST_NAME))
+    assert sorted(p.name for p in directory.iterdir()) == ["checkpoint_4.pt", rd.LAST_NAME]
 
 
 # --------------------------------------------------------------------------- resume
@@ -363,9 +356,9 @@ def test_also_failure_names_the_file_and_keeps_the_previous_one(tmp_path: Path, 
 
 def _write_run(run: Path, steps: list[int], last: int | None = None) -> None:
     for step in steps:
-        save_checkpoint(run / "checkpoints" / ck.step_checkpoint_name(step), toy_state(step, seed=step))
+        save_checkpoint(run / "checkpoints" / rd.step_checkpoint_name(step), toy_state(step, seed=step))
     if last is not None:
-        save_checkpoint(run / "checkpoints" / ck.LAST_NAME, toy_state(last, seed=last))
+        save_checkpoint(run / "checkpoints" / rd.LAST_NAME, toy_state(last, seed=last))
 
 
 def _corrupt(path: Path) -> None:
@@ -378,12 +371,12 @@ def test_resume_uses_last_when_intact(tmp_path: Path) -> None:
     assert find_resume_checkpoint(tmp_path / "empty") is None
     _write_run(tmp_path, [10, 20], last=25)
     path, state = find_resume_checkpoint(tmp_path)
-    assert path.name == ck.LAST_NAME and state["step"] == 25
+    assert path.name == rd.LAST_NAME and state["step"] == 25
 
 
 def test_resume_falls_back_to_newest_intact_checkpoint(tmp_path: Path, log_lines) -> None:
     _write_run(tmp_path, [10, 20, 30], last=35)
-    _corrupt(tmp_path / "checkpoints" / ck.LAST_NAME)
+    _corrupt(tmp_path / "checkpoints" / rd.LAST_NAME)
     (tmp_path / "checkpoints" / "checkpoint_30.pt").write_bytes(b"MTCLI-CHECKPOINT 1 sha")  # truncated
     path, state = find_resume_checkpoint(tmp_path)
     assert path.name == "checkpoint_20.pt" and state["step"] == 20
@@ -395,7 +388,7 @@ def test_resume_falls_back_to_newest_intact_checkpoint(tmp_path: Path, log_lines
 
 def test_resume_with_every_checkpoint_corrupt_is_an_error(tmp_path: Path) -> None:
     _write_run(tmp_path, [10], last=12)
-    _corrupt(tmp_path / "checkpoints" / ck.LAST_NAME)
+    _corrupt(tmp_path / "checkpoints" / rd.LAST_NAME)
     _corrupt(tmp_path / "checkpoints" / "checkpoint_10.pt")
     with pytest.raises(CheckpointError, match="no intact checkpoint") as exc:
         find_resume_checkpoint(tmp_path)
@@ -406,8 +399,8 @@ def test_remove_stale_temp_files(tmp_path: Path) -> None:
     _write_run(tmp_path, [10], last=10)
     leftover = tmp_path / "checkpoints" / ".checkpoint_last.pt.abc123.tmp"
     leftover.write_bytes(b"half a checkpoint")
-    assert ck.remove_stale_temp_files(tmp_path) == [leftover]
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == sorted([ck.LAST_NAME, "checkpoint_10.pt"])
+    assert remove_stale_temp_files(tmp_path) == [leftover]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == sorted([rd.LAST_NAME, "checkpoint_10.pt"])
 
 
 # --------------------------------------------------------------------------- run lock
@@ -545,17 +538,25 @@ def test_resume_config_refuses_shape_vocab_and_data_stream_changes(toy_dict: dic
     new["data"]["vocab_size"] = 128
     new["data"]["source"] = "elsewhere"
     new["train"]["seed"] = 2
-    new["train"]["decay_norms_and_biases"] = False  # AdamW's parameter groups
     new["train"]["max_steps"] = 999  # safe, but the refusal wins
+    saved = copy.deepcopy(toy_dict)
+    saved["train"]["decay_norms_and_biases"] = False  # a run of an earlier mtcli, a removed behaviour
     with pytest.raises(CheckpointError) as exc:
-        check_resume_config(toy_dict, new, where="data/runs/toy")
+        check_resume_config(saved, new, where="data/runs/toy")
     message = one_line(exc)
     assert message.startswith("data/runs/toy: cannot resume")
     for text in ("model.d_model: 64 -> 96", "data.vocab_size: 64 -> 128",
                  "data.source: 'tests/fixtures/toy' -> 'elsewhere'", "train.seed: 1 -> 2",
-                 "train.decay_norms_and_biases: True -> False"):
+                 "train.decay_norms_and_biases: False was removed"):
         assert text in message
     assert "max_steps" not in message
+
+
+def test_resume_config_ignores_removed_keys_at_their_no_op_values(toy_dict: dict) -> None:
+    """A checkpoint of an earlier mtcli lists the removed keys with their defaults: it resumes."""
+    saved = copy.deepcopy(toy_dict)
+    saved["train"].update(ensemble=1, bidirectional_epochs=0, decay_norms_and_biases=True)
+    assert check_resume_config(saved, toy_dict) == []
 
 
 def test_resume_config_missing_saved_key_counts_as_default(toy_dict: dict) -> None:
@@ -591,15 +592,15 @@ def test_index_round_trip_and_recovery(tmp_path: Path, log_lines) -> None:
 
 def test_prune_keeps_last_k_and_best(tmp_path: Path) -> None:
     _write_run(tmp_path, [10, 20, 30, 40, 50], last=50)
-    save_checkpoint(tmp_path / "checkpoints" / ck.BEST_NAME, toy_state(20))
+    save_checkpoint(tmp_path / "checkpoints" / rd.BEST_NAME, toy_state(20))
     for step, bleu in [(10, 1.0), (20, 9.0), (30, 2.0), (40, 3.0), (50, 4.0)]:
         update_index(tmp_path, step, {"loss": 1.0, "bleu": bleu})
     prune_checkpoints(tmp_path, keep_last=2, keep_best=1)
     names = sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt"))
-    assert names == sorted([ck.LAST_NAME, ck.BEST_NAME, "checkpoint_20.pt", "checkpoint_40.pt", "checkpoint_50.pt"])
+    assert names == sorted([rd.LAST_NAME, rd.BEST_NAME, "checkpoint_20.pt", "checkpoint_40.pt", "checkpoint_50.pt"])
     prune_checkpoints(tmp_path, keep_last=1)
     names = sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt"))
-    assert names == sorted([ck.LAST_NAME, ck.BEST_NAME, "checkpoint_50.pt"])
+    assert names == sorted([rd.LAST_NAME, rd.BEST_NAME, "checkpoint_50.pt"])
 
 
 # --------------------------------------------------------------------------- averaging
@@ -671,7 +672,7 @@ def test_average_run_last_and_best(tmp_path: Path) -> None:
 
     # without BLEU everywhere, best falls back to the lowest validation loss (the newest here)
     update_index(tmp_path, 40, {"loss": 6.0, "bleu": None})
-    assert [p.name for p in ck.select_checkpoints(tmp_path, best=2)] == ["checkpoint_30.pt", "checkpoint_40.pt"]
+    assert [p.name for p in rd.select_checkpoints(tmp_path, best=2)] == ["checkpoint_30.pt", "checkpoint_40.pt"]
 
     for last, best in [(0, 0), (2, 2)]:
         with pytest.raises(CheckpointError, match="exactly one"):
@@ -703,7 +704,7 @@ def test_cli_average(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def spm_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Two different SentencePiece models trained on the toy corpus (vocab 64 and 48)."""
-    from mtcli.tokenizer import Tokenizer
+    from mtcli.data.tokenizer import Tokenizer
 
     root = tmp_path_factory.mktemp("spm")
     lines = []
@@ -727,8 +728,8 @@ def run_dir(tmp_path: Path, toy_config_path: Path, spm_models: tuple[Path, Path]
 
 
 def _vocab(run: Path) -> dict:
+    from mtcli.data.tokenizer import Tokenizer
     from mtcli.fileio import sha256_file
-    from mtcli.tokenizer import Tokenizer
 
     return {"size": Tokenizer(run / "spm.model").vocab_size, "spm_sha256": sha256_file(run / "spm.model")}
 
@@ -762,7 +763,7 @@ def test_load_for_inference_errors(tmp_path: Path, run_dir: Path, spm_models) ->
     from mtcli.fileio import sha256_file
 
     foreign = {"size": 48, "spm_sha256": sha256_file(spm_models[1])}
-    save_checkpoint(run_dir / "checkpoints" / ck.LAST_NAME, toy_state(6, vocab=foreign))
+    save_checkpoint(run_dir / "checkpoints" / rd.LAST_NAME, toy_state(6, vocab=foreign))
     with pytest.raises(CheckpointError, match="does not match") as exc:
         load_for_inference(run_dir, checkpoint="last")
     message = one_line(exc)
@@ -778,8 +779,8 @@ def test_load_for_inference_builds_eval_model(run_dir: Path, log_lines) -> None:
     pytest.importorskip("mtcli.model")
     ckpts = run_dir / "checkpoints"
     for step in (10, 20):
-        save_checkpoint(ckpts / ck.step_checkpoint_name(step), _model_state(run_dir, step, seed=step))
-    save_checkpoint(ckpts / ck.LAST_NAME, _model_state(run_dir, 20, seed=20))
+        save_checkpoint(ckpts / rd.step_checkpoint_name(step), _model_state(run_dir, step, seed=step))
+    save_checkpoint(ckpts / rd.LAST_NAME, _model_state(run_dir, 20, seed=20))
 
     bundle = load_for_inference(run_dir)  # no best yet: falls back to last, and says so
     assert any("no checkpoint_best.pt" in m for m in log_lines())
@@ -811,7 +812,7 @@ def test_load_for_inference_builds_eval_model(run_dir: Path, log_lines) -> None:
     # parameters of another model shape: one-line error
     wrong = _model_state(run_dir, 30, seed=1)
     wrong["model"] = {k: torch.zeros(3) if k == weight else v for k, v in wrong["model"].items()}
-    save_checkpoint(ckpts / ck.BEST_NAME, wrong)
+    save_checkpoint(ckpts / rd.BEST_NAME, wrong)
     with pytest.raises(CheckpointError, match="do not fit the model") as exc:
         load_for_inference(run_dir, checkpoint="best")
     assert "\n" not in str(exc.value)

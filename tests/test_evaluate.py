@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mtcli.errors import DataError
-from mtcli.evaluate import score
+from mtcli.metrics import score
 
 
 def test_score_perfect_and_signatures() -> None:

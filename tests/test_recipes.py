@@ -23,7 +23,7 @@ TOY_DATA = [
 
 
 def _two_steps(recipe: str, tmp_path: Path) -> None:
-    from mtcli.prepare import prepare
+    from mtcli.data.prepare import prepare
     from mtcli.train import train
 
     overrides = TOY_DATA + [

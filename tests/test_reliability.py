@@ -175,6 +175,9 @@ def save_checkpoint(path, state, **kwargs):
 
 
 ck.atomic_write, ck.save_checkpoint, ck.atomic_link = atomic_write, save_checkpoint, atomic_link
+import mtcli.train.trainer as trainer  # it imported save_checkpoint by name
+
+trainer.save_checkpoint = save_checkpoint
 sys.argv = ["mtcli", *sys.argv[5:]]
 from mtcli.cli import app
 app()
@@ -337,7 +340,7 @@ def test_translate_output_over_the_size_limit_keeps_the_previous_file(tiny_run_d
 
 
 def test_prepare_over_the_size_limit_keeps_the_previous_cache(tmp_path: Path) -> None:
-    from mtcli.prepare import prepare
+    from mtcli.data.prepare import prepare
 
     out = tmp_path / "prepared"
     sets = [f"data.source={TOY_DIR}", f"data.prepared_dir={out}"]

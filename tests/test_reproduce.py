@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -120,9 +119,9 @@ def test_valid_only_tuning_run_never_decodes_test(tmp_path: Path, toy_config_pat
 @pytest.mark.parametrize("has_units", [True, False])
 def test_cpu_device_name_says_whether_it_has_bf16_units(monkeypatch: pytest.MonkeyPatch,
                                                         has_units: bool) -> None:
-    import mtcli.device
+    import mtcli.reproduce
 
-    monkeypatch.setattr(mtcli.device, "cpu_has_bf16_units", lambda *args: has_units)
+    monkeypatch.setattr(mtcli.reproduce, "cpu_has_bf16_units", lambda *args: has_units)
     name = device_name("cpu")
     assert name.startswith("CPU (") and name.endswith(")")
     assert ("bf16 units" in name) is has_units
@@ -158,29 +157,3 @@ def test_length_penalty_search_reuses_the_recipe_score_and_prefers_it_on_ties() 
 
     best, scores = search_length_penalty(flat, 1.0, recipe_score=40.0)
     assert best == 1.0 and 1.0 not in calls and scores["1.0"] == 40.0
-
-
-def test_reproduce_an_ensemble_recipe_on_toy(tmp_path: Path, toy_config_path: Path) -> None:
-    """train.ensemble=2: two members trained side by side, each its own average, decoded together."""
-    from mtcli.reproduce import main
-
-    readme = tmp_path / "README.md"
-    readme.write_text(f"{MARK_START}\n{MARK_END}\n", encoding="utf-8")
-    code = main([
-        "de_en", "--config", str(toy_config_path), "--results", str(tmp_path / "results"),
-        "--readme", str(readme), "--set", "train.ensemble=2", "--set", "train.num_threads=2",
-        "--set", f"data.prepared_dir={tmp_path / 'prep'}", "--set", f"train.run_dir={tmp_path / 'run'}",
-        "--set", "train.max_steps=20", "--set", "train.valid_every=10",
-    ])
-    assert code == 0
-    row = json.loads((tmp_path / "results" / "multi30k.json").read_text())["de-en"]
-    assert row["train_steps"] == [20, 20]
-    assert set(row["valid_bleu_by_average"]) == {"member1", "member2"}
-    assert all(set(v) == {"1", "2"} for v in row["valid_bleu_by_average"].values())
-    assert "ensemble of 2 models trained side by side (seeds 1-2)" in row["decode"]
-    one = int(re.search(r"parameters ([\d,]+)", (tmp_path / "run" / "member1" / "train.log").read_text())
-              .group(1).replace(",", ""))
-    assert row["params"] == 2 * one
-    averages = list((tmp_path / "run").glob("member*/checkpoints/checkpoint_avg_last*.pt"))
-    assert len(averages) == 2  # one chosen average per member
-    assert list((tmp_path / "run" / "member1" / "eval").glob("test.avg_last*.ensemble2.hyp"))

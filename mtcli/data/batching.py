@@ -1,0 +1,351 @@
+"""Token-budget batches from length-sorted buckets, and collation with bos/eos/pad.
+
+A batch holds as many sentence pairs as fit a budget of *padded* tokens:
+
+    batch_size * max(longest source, longest target) <= max_tokens
+
+where lengths include the added eos (source, target) or bos (decoder input). To keep padding
+low without making every batch hold sentences of one length forever, an epoch is built as:
+
+1. shuffle the kept pair indices with a generator seeded by ``(seed, epoch)``;
+2. cut the shuffled order into pools of about ``pool_batches`` batches' worth of pairs;
+3. sort each pool by length and cut it greedily into token-budget batches;
+4. shuffle the order of all the epoch's batches.
+
+The batch list of an epoch is therefore a pure function of ``(seed, epoch)``, so the position in
+the data stream is just ``(epoch, index of the next batch)``: what :class:`BatchStream` saves and
+restores for exact resume. Under DistributedDataParallel every rank builds the same list and takes
+every ``world_size``-th batch of each step's group.
+
+Pairs longer than ``max_source_length`` / ``max_target_length`` pieces are skipped and counted;
+a single pair over ``max_tokens`` gets a batch of its own.
+
+Collation follows the fixed conventions: source = ids + [eos], decoder input = [bos] + ids,
+decoder target = ids + [eos], padded with ``pad`` (0) into int64 tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from mtcli.errors import DataError
+
+
+class SentenceArray(Protocol):
+    """What batching needs of a cache array (``mtcli.data.cache.TokenArray``)."""
+
+    lengths: np.ndarray
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> np.ndarray: ...
+
+
+Resegment = Callable[[int], tuple[SentenceArray, SentenceArray]]
+
+
+@dataclass
+class Batch:
+    """One collated batch: ``src`` [B, S], ``tgt_in`` / ``tgt_out`` [B, T], all int64."""
+
+    src: Tensor
+    tgt_in: Tensor
+    tgt_out: Tensor
+    indices: np.ndarray
+    src_tokens: int
+    tgt_tokens: int
+
+    @property
+    def padded_tokens(self) -> int:
+        """Slots in the source and target tensors, padding included."""
+        return int(self.src.numel() + self.tgt_out.numel())
+
+    @property
+    def padding(self) -> float:
+        """Share of padding among the slots of ``src`` and ``tgt_out``."""
+        return 1.0 - (self.src_tokens + self.tgt_tokens) / max(self.padded_tokens, 1)
+
+    def to(self, device: torch.device | str) -> Batch:
+        """Move the tensors (non-blocking where the source memory allows it)."""
+        return Batch(
+            src=self.src.to(device, non_blocking=True),
+            tgt_in=self.tgt_in.to(device, non_blocking=True),
+            tgt_out=self.tgt_out.to(device, non_blocking=True),
+            indices=self.indices,
+            src_tokens=self.src_tokens,
+            tgt_tokens=self.tgt_tokens,
+        )
+
+
+def filter_by_length(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_source_length: int,
+                     max_target_length: int) -> tuple[np.ndarray, int]:
+    """Indices of pairs within both limits (in pieces, without bos/eos), and how many were skipped."""
+    src_lengths = np.asarray(src_lengths, dtype=np.int64)
+    tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)
+    if src_lengths.shape != tgt_lengths.shape:
+        raise DataError(
+            f"source and target have different sentence counts ({len(src_lengths)} vs {len(tgt_lengths)})"
+        )
+    keep = (src_lengths <= max_source_length) & (tgt_lengths <= max_target_length)
+    indices = np.flatnonzero(keep).astype(np.int64)
+    return indices, int(len(src_lengths) - len(indices))
+
+
+def cut_batches(order: np.ndarray, width: np.ndarray, max_tokens: int) -> list[np.ndarray]:
+    """Greedily cut ``order`` (items sorted by ``width``, ``width[k]`` that of ``order[k]``) into
+    batches of consecutive items with ``len(batch) * max(width in batch) <= max_tokens``; an item
+    wider than the budget gets a batch of its own. The one batching rule of training,
+    validation and decoding."""
+    batches: list[np.ndarray] = []
+    start = 0
+    widest = 0
+    for pos in range(len(order)):
+        w = int(width[pos])
+        widest_if_added = max(widest, w)
+        if pos > start and (pos - start + 1) * widest_if_added > max_tokens:
+            batches.append(order[start:pos])
+            start = pos
+            widest_if_added = w
+        widest = widest_if_added
+    if start < len(order):
+        batches.append(order[start:])
+    return batches
+
+
+def make_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, indices: np.ndarray,
+                 max_tokens: int, *, seed: int = 1, epoch: int = 0, shuffle: bool = True,
+                 pool_batches: int = 100) -> list[np.ndarray]:
+    """Token-budget batches of ``indices`` (each an int64 array of pair indices).
+
+    ``src_lengths``/``tgt_lengths`` are piece counts without bos/eos (one per pair of the
+    whole split). With ``shuffle=False`` the pairs are sorted by length as one pool and the
+    batches come in that order (for validation). Deterministic given ``(seed, epoch)``.
+    """
+    if max_tokens < 1:
+        raise ValueError("max_tokens must be >= 1")
+    indices = np.asarray(indices, dtype=np.int64)
+    if len(indices) == 0:
+        return []
+    src_size = np.asarray(src_lengths, dtype=np.int64)[indices] + 1
+    tgt_size = np.asarray(tgt_lengths, dtype=np.int64)[indices] + 1
+    width = np.maximum(src_size, tgt_size)
+    rng = np.random.default_rng([int(seed), int(epoch)])
+    if shuffle:
+        perm = rng.permutation(len(indices))
+        per_batch = max(1, max_tokens // max(1, int(width.mean())))
+        pool = max(1, per_batch * max(1, pool_batches))
+    else:
+        perm = np.arange(len(indices))
+        pool = len(indices)
+    batches: list[np.ndarray] = []
+    for start in range(0, len(perm), pool):
+        chunk = perm[start:start + pool]
+        # Stable sort by (width, source size, target size): ties keep the shuffled order.
+        order = chunk[np.lexsort((tgt_size[chunk], src_size[chunk], width[chunk]))]
+        for local in cut_batches(order, width[order], max_tokens):
+            batches.append(indices[local])
+    if shuffle:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+def source_batches(lengths: Sequence[int], max_tokens: int, beam_size: int = 1) -> list[list[int]]:
+    """Decoding batches: indices into ``lengths`` (source pieces, without eos), longest first,
+    cut with :func:`cut_batches` so that ``B * S_max * beam_size <= max_tokens`` where ``S_max``
+    counts eos. Every index appears in exactly one batch."""
+    order = np.array(sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)), dtype=np.int64)
+    width = np.asarray(lengths, dtype=np.int64)[order] + 1 if len(order) else order
+    return [b.tolist() for b in cut_batches(order, width, max_tokens // max(1, beam_size))]
+
+
+def padding_fraction(batches: Sequence[np.ndarray], src_lengths: np.ndarray,
+                     tgt_lengths: np.ndarray) -> float:
+    """Share of padding slots over all source and target tensors the batches collate to."""
+    real = 0
+    padded = 0
+    for batch in batches:
+        s = np.asarray(src_lengths)[batch] + 1
+        t = np.asarray(tgt_lengths)[batch] + 1
+        real += int(s.sum() + t.sum())
+        padded += len(batch) * int(s.max() + t.max())
+    return 1.0 - real / padded if padded else 0.0
+
+
+def collate(src: SentenceArray, tgt: SentenceArray, indices: np.ndarray, *, pad_id: int = PAD_ID,
+            bos_id: int = BOS_ID, eos_id: int = EOS_ID) -> Batch:
+    """Pad pairs into tensors: source = ids+[eos], decoder input = [bos]+ids, target = ids+[eos]."""
+    indices = np.asarray(indices, dtype=np.int64)
+    src_ids = [np.asarray(src[int(i)], dtype=np.int64) for i in indices]
+    tgt_ids = [np.asarray(tgt[int(i)], dtype=np.int64) for i in indices]
+    n = len(indices)
+    s_len = max(len(x) for x in src_ids) + 1
+    t_len = max(len(y) for y in tgt_ids) + 1
+    src_out = np.full((n, s_len), pad_id, dtype=np.int64)
+    tgt_in = np.full((n, t_len), pad_id, dtype=np.int64)
+    tgt_out = np.full((n, t_len), pad_id, dtype=np.int64)
+    for row, (x, y) in enumerate(zip(src_ids, tgt_ids, strict=True)):
+        src_out[row, : len(x)] = x
+        src_out[row, len(x)] = eos_id
+        tgt_in[row, 0] = bos_id
+        tgt_in[row, 1 : len(y) + 1] = y
+        tgt_out[row, : len(y)] = y
+        tgt_out[row, len(y)] = eos_id
+    return Batch(
+        src=torch.from_numpy(src_out),
+        tgt_in=torch.from_numpy(tgt_in),
+        tgt_out=torch.from_numpy(tgt_out),
+        indices=indices,
+        src_tokens=int(sum(len(x) + 1 for x in src_ids)),
+        tgt_tokens=int(sum(len(y) + 1 for y in tgt_ids)),
+    )
+
+
+def collate_sources(sources: list[list[int]], device: torch.device | str) -> torch.Tensor:
+    """Pad source ids for decoding: ``ids + [eos]`` rows of a ``[B, S]`` long tensor (pad 0)."""
+    width = max(len(s) for s in sources) + 1
+    batch = torch.full((len(sources), width), PAD_ID, dtype=torch.long)
+    for row, ids in enumerate(sources):
+        batch[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+        batch[row, len(ids)] = EOS_ID
+    return batch.to(device)
+
+
+@dataclass
+class StepGroup:
+    """The batches of one optimiser step: ``batches`` is the whole group (all ranks)."""
+
+    epoch: int
+    start: int
+    batches: list[np.ndarray]
+    world_size: int
+    rank: int
+
+    def mine(self) -> list[np.ndarray]:
+        """This rank's share: every ``world_size``-th batch starting at ``rank``."""
+        return self.batches[self.rank :: self.world_size]
+
+    def target_tokens(self, tgt_lengths: np.ndarray) -> int:
+        """Non-pad target tokens (with eos) of the whole group, the loss normaliser on every rank."""
+        return int(sum(int(np.asarray(tgt_lengths)[b].sum()) + len(b) for b in self.batches))
+
+
+class BatchStream:
+    """The endless, deterministic sequence of training batches, grouped per optimiser step.
+
+    Each epoch's batch list comes from :func:`make_batches` with ``(seed, epoch)``; the list is
+    trimmed to a multiple of ``world_size`` (so every rank does the same number of steps) and read
+    in groups of ``update_freq * world_size`` batches that never cross an epoch boundary (the
+    last group of an epoch may be shorter). ``state_dict()`` is the position ``(epoch, batch)``
+    of the next group.
+
+    With ``resegment`` (subword regularisation), every epoch reads the pairs that
+    ``resegment(epoch)`` returns, a deterministic function of the epoch, instead of ``src``/``tgt``:
+    lengths, the length filter and the batches are recomputed per epoch, and ``src``, ``tgt``,
+    ``src_lengths``, ``tgt_lengths``, ``indices`` and ``skipped`` describe the epoch of the last
+    :meth:`next_group` (resume stays exact: the position still says everything).
+    """
+
+    def __init__(self, src: SentenceArray, tgt: SentenceArray, *, max_tokens: int,
+                 max_source_length: int, max_target_length: int, seed: int, update_freq: int = 1,
+                 world_size: int = 1, rank: int = 0, pool_batches: int = 100,
+                 resegment: Resegment | None = None) -> None:
+        self.max_source_length = int(max_source_length)
+        self.max_target_length = int(max_target_length)
+        self.resegment = resegment
+        self._use_arrays(src, tgt)
+        self.max_tokens = int(max_tokens)
+        self.seed = int(seed)
+        self.update_freq = max(1, int(update_freq))
+        self.world_size = max(1, int(world_size))
+        self.rank = int(rank)
+        self.pool_batches = int(pool_batches)
+        self.epoch = 0
+        self.batch = 0
+        self._cached: tuple[int, list[np.ndarray], tuple[SentenceArray, SentenceArray]] | None = None
+        if len(self.epoch_batches(0)) < self.world_size:
+            raise DataError(
+                f"the training split makes {len(self.epoch_batches(0))} batches, fewer than the "
+                f"{self.world_size} processes; lower train.max_tokens"
+            )
+
+    def _use_arrays(self, src: SentenceArray, tgt: SentenceArray) -> None:
+        """Read pairs from ``src``/``tgt`` from now on (lengths and the length filter follow)."""
+        self.src, self.tgt = src, tgt
+        self.src_lengths = np.asarray(src.lengths, dtype=np.int64)
+        self.tgt_lengths = np.asarray(tgt.lengths, dtype=np.int64)
+        self.indices, self.skipped = filter_by_length(
+            self.src_lengths, self.tgt_lengths, self.max_source_length, self.max_target_length
+        )
+        if len(self.indices) == 0:
+            raise DataError(
+                f"no training pair is within train.max_source_length={self.max_source_length} and "
+                f"train.max_target_length={self.max_target_length} ({self.skipped} skipped)"
+            )
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        """The epoch's batch list, trimmed to a multiple of ``world_size`` (cached per epoch)."""
+        if self._cached is None or self._cached[0] != epoch:
+            if self.resegment is not None:
+                self._use_arrays(*self.resegment(epoch))
+            batches = make_batches(self.src_lengths, self.tgt_lengths, self.indices,
+                                   self.max_tokens, seed=self.seed, epoch=epoch,
+                                   pool_batches=self.pool_batches)
+            usable = len(batches) // self.world_size * self.world_size
+            self._cached = (epoch, batches[:usable], (self.src, self.tgt))
+        elif self.resegment is not None and self.src is not self._cached[2][0]:
+            self._use_arrays(*self._cached[2])
+        return self._cached[1]
+
+    def padding_fraction(self, epoch: int | None = None) -> float:
+        """Padding share of an epoch's batches (default: the current epoch)."""
+        batches = self.epoch_batches(self.epoch if epoch is None else epoch)
+        return padding_fraction(batches, self.src_lengths, self.tgt_lengths)
+
+    def next_group(self) -> StepGroup:
+        """The batches of the next optimiser step; advances the position."""
+        batches = self.epoch_batches(self.epoch)
+        group_size = self.update_freq * self.world_size
+        group = StepGroup(self.epoch, self.batch, batches[self.batch : self.batch + group_size],
+                          self.world_size, self.rank)
+        self.batch += len(group.batches)
+        if self.batch >= len(batches):
+            self.epoch += 1
+            self.batch = 0
+        return group
+
+    def collate(self, indices: np.ndarray) -> Batch:
+        """Collate pairs of this stream's split."""
+        return collate(self.src, self.tgt, indices)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position of the next group: ``{"epoch": int, "batch": int}`` (plus the seed for checks)."""
+        return {"epoch": self.epoch, "batch": self.batch, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Jump to a saved position."""
+        self.epoch = int(state["epoch"])
+        self.batch = int(state["batch"])
+        if self.batch >= len(self.epoch_batches(self.epoch)):
+            self.epoch += 1
+            self.batch = 0
+
+
+__all__ = [
+    "Batch",
+    "BatchStream",
+    "StepGroup",
+    "collate",
+    "collate_sources",
+    "filter_by_length",
+    "cut_batches",
+    "make_batches",
+    "padding_fraction",
+    "source_batches",
+]

@@ -1,0 +1,271 @@
+"""The binarised, memory-mapped cache of a prepared corpus (``PreparedCorpus``).
+
+Layout of ``data/prepared/<name>/``::
+
+    manifest.json          counts, vocab, settings, input hashes, and size + sha256 of every file
+    spm.model, spm.vocab   the joint SentencePiece model
+    <split>.<lang>.bin     all sentences' token ids back to back (uint16 if the vocab fits, else int32)
+    <split>.<lang>.idx     int64 offsets, one more than sentences: sentence i is bin[idx[i]:idx[i+1]]
+    <split>.<lang>.txt     the text that was encoded (cleaned for the training split), one line each
+
+Ids are SentencePiece ids only (no bos/eos). Arrays are written in a stream by
+:class:`ArrayWriter` (memory stays flat in corpus size) and read with ``numpy.memmap``, so
+opening a 4.5M-pair cache costs the offsets only. The manifest is written last; together with
+the atomic directory swap done by ``prepare`` this means a cache is either complete and
+verifiable or rejected by :meth:`PreparedCorpus.open`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from mtcli.errors import DataError
+from mtcli.fileio import atomic_write, sha256_file
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+SPM_MODEL = "spm.model"
+SPM_VOCAB = "spm.vocab"
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """Smallest id type for a vocabulary: uint16 up to 65,536 ids, else int32."""
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.int32)
+
+
+def array_name(split: str, lang: str) -> str:
+    """File stem of one split and language, e.g. ``train.de``."""
+    return f"{split}.{lang}"
+
+
+class ArrayWriter:
+    """Appends encoded sentences of one split/language to ``.bin`` and ``.idx`` as they come."""
+
+    def __init__(self, directory: str | Path, split: str, lang: str, dtype: np.dtype) -> None:
+        self.directory = Path(directory)
+        self.dtype = np.dtype(dtype)
+        stem = array_name(split, lang)
+        self.bin_path = self.directory / f"{stem}.bin"
+        self.idx_path = self.directory / f"{stem}.idx"
+        self._bin = open(self.bin_path, "wb")
+        self._idx = open(self.idx_path, "wb")
+        self._idx.write(np.zeros(1, dtype=np.int64).tobytes())
+        self.sentences = 0
+        self.tokens = 0
+
+    def append(self, ids: np.ndarray, lengths: np.ndarray) -> None:
+        """Add sentences given as one flat id array and their lengths (``sum(lengths) == len(ids)``)."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        ids = np.asarray(ids)
+        if int(lengths.sum()) != len(ids):
+            raise ValueError("lengths do not add up to the number of ids")
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) > np.iinfo(self.dtype).max):
+            raise ValueError(f"ids out of range for {self.dtype}")
+        self._bin.write(ids.astype(self.dtype, copy=False).tobytes())
+        offsets = self.tokens + np.cumsum(lengths, dtype=np.int64)
+        self._idx.write(offsets.tobytes())
+        self.sentences += len(lengths)
+        self.tokens += int(lengths.sum())
+
+    def close(self) -> dict[str, int]:
+        """Flush and close both files; return ``{"sentences": n, "tokens": t}``."""
+        for handle in (self._bin, self._idx):
+            if not handle.closed:
+                handle.flush()
+                handle.close()
+        return {"sentences": self.sentences, "tokens": self.tokens}
+
+    def __enter__(self) -> ArrayWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_manifest(directory: str | Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Record size and sha256 of every file in ``directory`` and write ``manifest.json`` last."""
+    directory = Path(directory)
+    files = {}
+    for path in sorted(directory.iterdir()):
+        if path.is_file() and path.name != MANIFEST and not path.name.startswith("."):
+            files[path.name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+    manifest = dict(manifest, format=FORMAT_VERSION, files=files)
+    with atomic_write(directory / MANIFEST) as handle:
+        json.dump(manifest, handle, indent=2, ensure_ascii=False, sort_keys=False)
+        handle.write("\n")
+    return manifest
+
+
+class TokenArray:
+    """The token ids of one language of one split, memory-mapped; ``arr[i]`` is sentence ``i``."""
+
+    def __init__(self, bin_path: str | Path, idx_path: str | Path, dtype: str | np.dtype) -> None:
+        """Map ``bin_path``/``idx_path``; :class:`DataError` if they are inconsistent."""
+        self.bin_path, self.idx_path = Path(bin_path), Path(idx_path)
+        self.dtype = np.dtype(dtype)
+        idx_size = self.idx_path.stat().st_size
+        if idx_size < 8 or idx_size % 8:
+            raise DataError(f"{self.idx_path}: truncated offsets file ({idx_size} bytes)")
+        offsets = np.memmap(self.idx_path, dtype=np.int64, mode="r")
+        bin_size = self.bin_path.stat().st_size
+        total = int(offsets[-1])
+        if offsets[0] != 0 or total * self.dtype.itemsize != bin_size:
+            raise DataError(
+                f"{self.bin_path}: holds {bin_size} bytes but {self.idx_path.name} expects "
+                f"{total * self.dtype.itemsize} (incomplete or corrupt cache)"
+            )
+        self.offsets = offsets
+        self.lengths: np.ndarray = np.diff(np.asarray(offsets)).astype(np.int64)
+        if len(self.lengths) and int(self.lengths.min()) < 0:
+            raise DataError(f"{self.idx_path}: offsets are not increasing (corrupt cache)")
+        self._data = (
+            np.memmap(self.bin_path, dtype=self.dtype, mode="r") if bin_size else np.zeros(0, self.dtype)
+        )
+
+    def __len__(self) -> int:
+        """Number of sentences."""
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        """Ids of sentence ``i`` as a fresh int32 array (no bos/eos)."""
+        n = len(self.lengths)
+        i = int(i)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sentence {i} out of range ({n} sentences)")
+        return np.array(self._data[self.offsets[i] : self.offsets[i + 1]], dtype=np.int32)
+
+    def id_counts(self, size: int, chunk: int = 1 << 24) -> np.ndarray:
+        """How often each id ``0..size-1`` occurs over all sentences (read in ``chunk``-id slices,
+        so memory stays flat on a large corpus). :class:`DataError` for an id >= ``size``."""
+        counts = np.zeros(size, dtype=np.int64)
+        for start in range(0, len(self._data), chunk):
+            part = np.asarray(self._data[start : start + chunk])
+            if part.size and int(part.max()) >= size:
+                raise DataError(f"{self.bin_path}: holds id {int(part.max())}, beyond the vocabulary "
+                                f"of {size} (corrupt cache)")
+            counts += np.bincount(part, minlength=size)
+        return counts
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle by path (for DataLoader workers), never the mapped data."""
+        return {"bin_path": str(self.bin_path), "idx_path": str(self.idx_path), "dtype": self.dtype.str}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Re-map the files named in the pickled state."""
+        self.__init__(state["bin_path"], state["idx_path"], state["dtype"])  # type: ignore[misc]
+
+
+class PreparedCorpus:
+    """A complete prepared cache directory, as written by ``mtcli prepare``."""
+
+    def __init__(self, directory: Path, manifest: dict[str, Any]) -> None:
+        """Use :meth:`open`, which checks the directory first."""
+        self.directory = directory
+        self.manifest = manifest
+        self.spm_path: Path = directory / SPM_MODEL
+        self.vocab_size: int = int(manifest["vocab"]["size"])
+        self.src_lang: str = manifest["src_lang"]
+        self.tgt_lang: str = manifest["tgt_lang"]
+        self.splits: list[str] = list(manifest["splits"])
+        self.train_split: str = manifest["train_split"]
+        self.valid_split: str = manifest["valid_split"]
+        self.test_splits: list[str] = list(manifest["test_splits"])
+        self._dtype = np.dtype(manifest["token_dtype"])
+
+    @classmethod
+    def open(cls, directory: str | Path, verify: bool = True) -> PreparedCorpus:
+        """Open a cache; :class:`DataError` if it is missing, incomplete or corrupt.
+
+        Always checks that the manifest parses, has this format version, and that every file it
+        lists exists with the recorded size and consistent offsets; with ``verify`` also
+        compares each file's sha256 with the manifest (reads every byte once).
+        """
+        directory = Path(directory)
+        hint = "run `mtcli prepare CONFIG` (add --force to rebuild)"
+        if not directory.is_dir():
+            raise DataError(f"{directory}: no prepared cache here; {hint}")
+        path = directory / MANIFEST
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise DataError(f"{directory}: no {MANIFEST} (incomplete or not a prepared cache); {hint}") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DataError(f"{path}: unreadable manifest ({exc}); {hint}") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
+            found = manifest.get("format") if isinstance(manifest, dict) else None
+            raise DataError(f"{path}: cache format {found!r}, expected {FORMAT_VERSION}; {hint}")
+        try:
+            files = manifest["files"]
+            needed = [SPM_MODEL] + [
+                f"{array_name(split, lang)}.{ext}"
+                for split in manifest["splits"]
+                for lang in (manifest["src_lang"], manifest["tgt_lang"])
+                for ext in ("bin", "idx", "txt")
+            ]
+            corpus = cls(directory, manifest)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataError(f"{path}: manifest lacks or mangles {exc}; {hint}") from None
+        for name in needed:
+            if name not in files:
+                raise DataError(f"{path}: manifest does not list {name}; {hint}")
+        for name, info in files.items():
+            file = directory / name
+            if not file.is_file():
+                raise DataError(f"{file}: missing from the prepared cache; {hint}")
+            size = file.stat().st_size
+            if size != info["size"]:
+                raise DataError(f"{file}: {size} bytes, manifest says {info['size']} (incomplete or corrupt); {hint}")
+            if verify and sha256_file(file) != info["sha256"]:
+                raise DataError(f"{file}: checksum differs from the manifest (corrupt); {hint}")
+        for split in corpus.splits:
+            for lang in (corpus.src_lang, corpus.tgt_lang):
+                expected = manifest.get("sentences", {}).get(split)
+                array = corpus.array(split, lang)
+                if expected is not None and len(array) != expected:
+                    raise DataError(
+                        f"{array.idx_path}: {len(array)} sentences, manifest says {expected}; {hint}"
+                    )
+        return corpus
+
+    def array(self, split: str, lang: str) -> TokenArray:
+        """The memory-mapped ids of ``split`` in ``lang``."""
+        self._check(split, lang)
+        stem = array_name(split, lang)
+        return TokenArray(self.directory / f"{stem}.bin", self.directory / f"{stem}.idx", self._dtype)
+
+    def text_path(self, split: str, lang: str) -> Path:
+        """The text that was encoded for ``split`` in ``lang`` (cleaned for the training split).
+
+        Read it with :func:`mtcli.data.textio.read_lines` (or split on ``\\n`` only).
+        """
+        self._check(split, lang)
+        return self.directory / f"{array_name(split, lang)}.txt"
+
+    def target_vocabulary(self) -> np.ndarray:
+        """The sorted ids the training split's targets use, plus pad, unk, bos and eos: what
+        ``model.output_vocab: target`` restricts the decoder's softmax to (a joint vocabulary
+        also holds source-only pieces the decoder never has to produce). A pure function of the
+        cache: every rank and every resume computes the same list."""
+        used = np.zeros(self.vocab_size, dtype=bool)
+        used[[PAD_ID, UNK_ID, BOS_ID, EOS_ID]] = True
+        used |= self.array(self.train_split, self.tgt_lang).id_counts(self.vocab_size) > 0
+        return np.flatnonzero(used)
+
+    def counts(self) -> dict[str, Any]:
+        """Per-split ``{"read", "kept", "dropped": {reason: n}}`` from the manifest."""
+        return dict(self.manifest.get("counts", {}))
+
+    def _check(self, split: str, lang: str) -> None:
+        if split not in self.splits:
+            raise DataError(f"{self.directory}: no split '{split}' (prepared splits: {', '.join(self.splits)})")
+        if lang not in (self.src_lang, self.tgt_lang):
+            raise DataError(
+                f"{self.directory}: no language '{lang}' (prepared: {self.src_lang}, {self.tgt_lang})"
+            )

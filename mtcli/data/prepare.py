@@ -1,0 +1,454 @@
+"""``mtcli prepare``: read, clean, learn a joint SentencePiece model, and binarise a corpus.
+
+Steps (each streamed, so memory stays flat in corpus size):
+
+1. open the source (:func:`mtcli.data.sources.open_source`) and check every split and language exist;
+2. hash the inputs; if ``data.prepared_path()`` already holds a verified cache built from the same
+   inputs and data config, stop: re-running is a no-op (``force=True`` rebuilds);
+3. inside a temporary directory that is swapped in only when complete
+   (:func:`mtcli.fileio.atomic_dir`):
+
+   a. write ``<split>.<lang>.txt``: the training split cleaned by :class:`~mtcli.data.cleaning.PairCleaner`
+      (counts per reason), every other split verbatim (an empty line stays);
+   b. train one SentencePiece model on both sides of the cleaned training text only, sampling
+      at most ``data.spm_max_sentences`` sentences;
+   c. encode every split into ``<split>.<lang>.bin/.idx`` (:class:`~mtcli.data.cache.ArrayWriter`), in
+      chunks; large files are spread over ``data.num_workers`` processes;
+   d. write ``manifest.json`` last, with sizes and sha256 of every file.
+
+An interrupted run (even SIGKILL) leaves at most a hidden ``.<name>.*.tmp`` directory, which the
+next run removes; the cache path holds either the previous complete cache or nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import itertools
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sentencepiece
+
+from mtcli import __version__
+from mtcli.config import Config, DataConfig
+from mtcli.data.cache import (
+    FORMAT_VERSION,
+    SPM_MODEL,
+    ArrayWriter,
+    PreparedCorpus,
+    array_name,
+    token_dtype,
+    write_manifest,
+)
+from mtcli.data.cleaning import CleanCounts, PairCleaner
+from mtcli.data.sources import Source, open_source
+from mtcli.data.textio import read_lines
+from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from mtcli.errors import DataError
+from mtcli.fileio import atomic_dir
+from mtcli.logs import get_logger, progress
+from mtcli.runlock import pid_alive
+
+CHUNK_LINES = 4096
+CHUNK_BYTES = 1 << 22
+# Below this many lines a file is encoded in-process: forking workers
+# costs about as much as it saves on a corpus the size of Multi30k.
+PARALLEL_MIN_LINES = 50_000
+SPM_SEED = 1
+_PID_FILE = ".prepare.pid"
+# Data-config keys that do not change the cache's content (where it goes, how fast it is built).
+_KEY_EXCLUDES = ("name", "prepared_dir", "num_workers", "source")
+
+
+@dataclass
+class PrepareReport:
+    """What ``prepare`` did: counts per split, vocab, time; ``skipped`` when it was a no-op."""
+
+    directory: Path
+    skipped: bool
+    source: str
+    counts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tokens: dict[str, dict[str, int]] = field(default_factory=dict)
+    vocab_size: int = 0
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        """A few human-readable lines for the terminal."""
+        if self.skipped:
+            return (
+                f"up to date: {self.directory} (same inputs and data config; nothing to do, "
+                "--force rebuilds)"
+            )
+        lines = [f"prepared {self.directory} from {self.source} in {self.seconds:.1f} s"]
+        for split, c in self.counts.items():
+            dropped = c.get("dropped", {})
+            if any(dropped.values()):
+                why = ", ".join(f"{k} {v}" for k, v in dropped.items())
+                lines.append(f"  {split}: read {c['read']}, kept {c['kept']} (dropped: {why})")
+            else:
+                lines.append(f"  {split}: {c['kept']} pairs")
+        lines.append(
+            f"  vocab {self.vocab_size} (pad={PAD_ID} unk={UNK_ID} bos={BOS_ID} eos={EOS_ID}), "
+            f"{self.directory / SPM_MODEL}"
+        )
+        return "\n".join(lines)
+
+
+def split_names(data: DataConfig) -> list[str]:
+    """Training, validation and test split names, in that order, without repeats."""
+    return list(dict.fromkeys([data.train_split, data.valid_split, *data.test_splits]))
+
+
+def build_key(data: DataConfig, fingerprint: dict[str, Any]) -> str:
+    """sha256 over everything the cache content depends on: inputs, data config, format."""
+    settings = {k: v for k, v in dataclasses.asdict(data).items() if k not in _KEY_EXCLUDES}
+    blob = json.dumps(
+        {
+            "format": FORMAT_VERSION,
+            "sentencepiece": sentencepiece.__version__,
+            "spm_seed": SPM_SEED,
+            "settings": settings,
+            "inputs": fingerprint,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _check_writable(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise DataError(f"cannot write the prepared cache to {out}: it exists and is not a directory")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out.parent):
+            pass
+    except OSError as exc:
+        raise DataError(f"cannot write the prepared cache to {out}: {exc.strerror or exc}") from None
+
+
+def _remove_stale(out: Path) -> None:
+    """Delete leftovers of killed runs: ``.<name>.*.tmp`` / ``.<name>.old-<pid>`` of dead pids."""
+    for entry in out.parent.glob(f".{out.name}.*"):
+        if not entry.is_dir():
+            continue
+        if entry.name.endswith(".tmp"):
+            try:
+                pid = int((entry / _PID_FILE).read_text().strip())
+            except (OSError, ValueError):
+                continue  # not ours, or still starting: leave it alone
+        elif ".old-" in entry.name:
+            try:
+                pid = int(entry.name.rsplit("-", 1)[1])
+            except ValueError:
+                continue
+        else:
+            continue
+        if not pid_alive(pid):
+            get_logger().info("removing %s left by an interrupted prepare", entry)
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _current_cache(out: Path, key: str) -> PreparedCorpus | None:
+    """The existing cache if it is complete, verified, and built from ``key``; else None."""
+    if not (out / "manifest.json").is_file():
+        return None
+    try:
+        corpus = PreparedCorpus.open(out, verify=True)
+    except DataError as exc:
+        get_logger().warning("existing cache is unusable (%s); rebuilding", exc)
+        return None
+    if corpus.manifest.get("build_key") != key:
+        get_logger().info("inputs or data config changed since %s was built; rebuilding", out)
+        return None
+    return corpus
+
+
+def _write_texts(source: Source, data: DataConfig, splits: list[str], tmp: Path) -> dict[str, CleanCounts]:
+    """Write ``<split>.<lang>.txt`` for every split (training split cleaned); return counts."""
+    log = get_logger()
+    counts: dict[str, CleanCounts] = {}
+    for split in splits:
+        if split == data.train_split:
+            cleaner = PairCleaner(data.max_length, data.max_length_ratio, data.dedup)
+            pairs: Iterable[tuple[str, str]] = cleaner(source.pairs(split))
+        else:
+            cleaner = None
+            pairs = source.pairs(split)
+        n = 0
+        src_txt = tmp / f"{array_name(split, data.src_lang)}.txt"
+        tgt_txt = tmp / f"{array_name(split, data.tgt_lang)}.txt"
+        with open(src_txt, "w", encoding="utf-8", newline="\n") as fs, open(
+            tgt_txt, "w", encoding="utf-8", newline="\n"
+        ) as ft:
+            for src, tgt in pairs:
+                fs.write(src + "\n")
+                ft.write(tgt + "\n")
+                n += 1
+        counts[split] = cleaner.counts if cleaner is not None else CleanCounts(read=n, kept=n)
+        c = counts[split]
+        if cleaner is not None:
+            why = ", ".join(f"{k} {v}" for k, v in c.dropped().items())
+            log.info("read %s: %d pairs, kept %d (dropped: %s)", split, c.read, c.kept, why)
+        else:
+            log.info("read %s: %d pairs (kept as they are)", split, c.read)
+    train = counts[data.train_split]
+    if train.kept == 0:
+        why = ", ".join(f"{k} {v}" for k, v in train.dropped().items())
+        raise DataError(
+            f"{source.describe()}: training split '{data.train_split}' is empty after cleaning "
+            f"(read {train.read} pairs; dropped: {why})"
+        )
+    return counts
+
+
+# ----------------------------------------------------------------------------- encoding
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(model_path: str, dtype: str) -> None:
+    _WORKER["tokenizer"] = Tokenizer(model_path)
+    _WORKER["dtype"] = np.dtype(dtype)
+
+
+def _encode_range_in_worker(task: tuple[str, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Read bytes ``[start, end)`` of a text file we wrote (whole ``\n``-ended lines), encode."""
+    path, start, end = task
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        lines = handle.read(end - start).decode("utf-8").split("\n")
+    lines.pop()  # the text after the last "\n" is empty
+    return encode_chunk(_WORKER["tokenizer"], lines, _WORKER["dtype"])
+
+
+def encode_chunk(
+    tokenizer: Tokenizer, lines: list[str], dtype: np.dtype, num_threads: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
+    """Encode lines into one flat id array of ``dtype`` and an int64 array of lengths."""
+    encoded = tokenizer.encode_batch(lines, num_threads=num_threads)
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    ids = np.fromiter(itertools.chain.from_iterable(encoded), dtype=dtype, count=int(lengths.sum()))
+    return ids, lengths
+
+
+def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    it = iter(lines)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
+
+
+def byte_ranges(path: Path, chunk_bytes: int) -> list[tuple[int, int]]:
+    """Split a ``\n``-terminated text file into ``[start, end)`` byte ranges of whole lines."""
+    size = path.stat().st_size
+    ranges = []
+    start = 0
+    with open(path, "rb") as handle:
+        while start < size:
+            if start + chunk_bytes >= size:
+                end = size
+            else:
+                handle.seek(start + chunk_bytes)
+                handle.readline()
+                end = handle.tell()
+            ranges.append((start, end))
+            start = end
+    return ranges
+
+
+def encode_file(
+    model_path: Path,
+    text_path: Path,
+    writer: ArrayWriter,
+    num_lines: int,
+    workers: int = 1,
+    show_progress: bool = False,
+) -> None:
+    """Encode a text file written by :func:`prepare` into ``writer``, in order.
+
+    Files of at least :data:`PARALLEL_MIN_LINES` lines are cut into byte ranges of whole lines
+    that ``workers`` forked processes read, decode and encode themselves (the parent only
+    writes), with at most ``2 * workers`` ranges in flight so memory stays bounded. Smaller files
+    are encoded in-process: starting processes would cost more than it saves.
+    """
+    bar = progress(total=num_lines, enabled=show_progress, desc=f"encode {text_path.stem}", unit="sent")
+    try:
+        if workers > 1 and num_lines >= PARALLEL_MIN_LINES and "fork" in multiprocessing.get_all_start_methods():
+            context = multiprocessing.get_context("fork")
+            tasks = [(str(text_path), a, b) for a, b in byte_ranges(text_path, CHUNK_BYTES)]
+            with context.Pool(workers, initializer=_init_worker, initargs=(str(model_path), writer.dtype.str)) as pool:
+                pending: deque = deque()
+                for task in tasks:
+                    pending.append(pool.apply_async(_encode_range_in_worker, (task,)))
+                    if len(pending) >= 2 * workers:
+                        ids, lengths = pending.popleft().get()
+                        writer.append(ids, lengths)
+                        bar.update(len(lengths))
+                while pending:
+                    ids, lengths = pending.popleft().get()
+                    writer.append(ids, lengths)
+                    bar.update(len(lengths))
+        else:
+            tokenizer = Tokenizer(model_path)
+            for chunk in _chunks(read_lines(text_path), CHUNK_LINES):
+                ids, lengths = encode_chunk(tokenizer, chunk, writer.dtype)
+                writer.append(ids, lengths)
+                bar.update(len(lengths))
+    finally:
+        bar.close()
+
+
+# ----------------------------------------------------------------------------- prepare
+
+
+@contextlib.contextmanager
+def _naming_write_errors(out: Path) -> Iterator[None]:
+    """Turn a write that fails without naming a file (disk full, file-size limit) into a
+    one-line :class:`DataError` naming the cache being built."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno is None or exc.filename is not None:
+            raise
+        raise DataError(
+            f"{out}: cannot write the prepared cache ({exc.strerror}); any previous cache is unchanged"
+        ) from None
+
+
+def _train_spm(tmp: Path, data: DataConfig, workers: int) -> Path:
+    """Train the joint SentencePiece model on both sides of the cleaned training text in ``tmp``."""
+    train_txt = [tmp / f"{array_name(data.train_split, lang)}.txt" for lang in (data.src_lang, data.tgt_lang)]
+    return Tokenizer.train(
+        itertools.chain.from_iterable(read_lines(p) for p in train_txt),
+        tmp / "spm",
+        vocab_size=data.vocab_size,
+        model_type=data.spm_model_type,
+        character_coverage=data.character_coverage,
+        max_sentences=data.spm_max_sentences,
+        seed=SPM_SEED,
+        num_threads=workers,
+    )
+
+
+def _encode_splits(tmp: Path, data: DataConfig, splits: list[str], model_path: Path, dtype: np.dtype,
+                   counts: dict[str, CleanCounts], workers: int) -> dict[str, dict[str, int]]:
+    """Encode every split's text in ``tmp`` into its binarised arrays; tokens per split and side."""
+    tokens: dict[str, dict[str, int]] = {}
+    for split in splits:
+        tokens[split] = {}
+        for lang in (data.src_lang, data.tgt_lang):
+            with ArrayWriter(tmp, split, lang, dtype) as writer:
+                encode_file(model_path, tmp / f"{array_name(split, lang)}.txt", writer,
+                            num_lines=counts[split].kept, workers=workers,
+                            show_progress=sys.stderr.isatty())
+            tokens[split][lang] = writer.tokens
+        get_logger().info("encoded %s: %s tokens", split, tokens[split])
+    return tokens
+
+
+def _manifest(data: DataConfig, source: Source, key: str, fingerprint: dict[str, Any], splits: list[str],
+              counts: dict[str, CleanCounts], tokens: dict[str, dict[str, int]], dtype: np.dtype,
+              vocab_size: int) -> dict[str, Any]:
+    """What ``manifest.json`` records: where the cache came from, how it was built, what it holds."""
+    return {
+        "build_key": key,
+        "mtcli_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "source": {"kind": source.kind, "location": source.location, "hub_config": data.hub_config},
+        "inputs": fingerprint,
+        "data_config": dataclasses.asdict(data),
+        "src_lang": data.src_lang,
+        "tgt_lang": data.tgt_lang,
+        "splits": splits,
+        "train_split": data.train_split,
+        "valid_split": data.valid_split,
+        "test_splits": list(dict.fromkeys(data.test_splits)),
+        "counts": {split: c.to_dict() for split, c in counts.items()},
+        "sentences": {split: c.kept for split, c in counts.items()},
+        "tokens": tokens,
+        "token_dtype": dtype.name,
+        "vocab": {"size": vocab_size, "pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID},
+        "spm": {
+            "model": SPM_MODEL,
+            "model_type": data.spm_model_type,
+            "vocab_size": data.vocab_size,
+            "character_coverage": data.character_coverage,
+            "max_sentences": data.spm_max_sentences,
+            "trained_on": f"{data.train_split} ({data.src_lang}+{data.tgt_lang}, cleaned)",
+            "seed": SPM_SEED,
+            "sentencepiece_version": sentencepiece.__version__,
+        },
+    }
+
+
+def prepare(config: Config, force: bool = False) -> PrepareReport:
+    """Prepare ``config.data`` into ``config.data.prepared_path()``; a no-op when up to date.
+
+    Raises :class:`DataError` (one line, nothing written) on bad input: mismatched line counts,
+    invalid UTF-8, a missing split or language, an empty training split after cleaning, an
+    unwritable output directory, or a hub dataset that cannot be loaded.
+    """
+    log = get_logger()
+    data = config.data
+    out = data.prepared_path()
+    splits = split_names(data)
+    source = open_source(data.source, data.src_lang, data.tgt_lang, data.hub_config)
+    source.check(splits)
+    _check_writable(out)
+    _remove_stale(out)
+    fingerprint = source.fingerprint(splits)
+    key = build_key(data, fingerprint)
+    current = None if force else _current_cache(out, key)
+    if current is not None:
+        log.info("%s is up to date with %s; nothing to do (--force rebuilds)", out, source.describe())
+        return PrepareReport(directory=out, skipped=True, source=source.describe(), counts=current.counts(),
+                             tokens=current.manifest.get("tokens", {}), vocab_size=current.vocab_size)
+    start = time.perf_counter()
+    log.info("preparing %s from %s (splits: %s)", out, source.describe(), ", ".join(splits))
+    workers = max(1, data.num_workers)
+    with _naming_write_errors(out), atomic_dir(out) as tmp:
+        (tmp / _PID_FILE).write_text(str(os.getpid()))
+        counts = _write_texts(source, data, splits, tmp)
+        model_path = _train_spm(tmp, data, workers)
+        vocab_size = Tokenizer(model_path).vocab_size
+        dtype = token_dtype(vocab_size)
+        tokens = _encode_splits(tmp, data, splits, model_path, dtype, counts, workers)
+        manifest = _manifest(data, source, key, fingerprint, splits, counts, tokens, dtype, vocab_size)
+        (tmp / _PID_FILE).unlink()
+        write_manifest(tmp, manifest)
+        PreparedCorpus.open(tmp, verify=False)
+    seconds = time.perf_counter() - start
+    log.info("wrote %s in %.1f s", out, seconds)
+    return PrepareReport(directory=out, skipped=False, source=source.describe(),
+                         counts={split: c.to_dict() for split, c in counts.items()}, tokens=tokens,
+                         vocab_size=vocab_size, seconds=seconds)
+
+
+def open_prepared(config: Config) -> PreparedCorpus:
+    """The prepared cache of ``config`` (checksums verified); DataError if it is missing or corrupt."""
+    path = config.data.prepared_path()
+    if not path.is_dir():
+        raise DataError(f"{path}: no prepared cache; run `mtcli prepare {config.path}` first")
+    corpus = PreparedCorpus.open(path, verify=True)
+    data = config.data
+    for split in (data.train_split, data.valid_split):
+        if split not in corpus.splits:
+            raise DataError(f"{path}: the prepared cache has no split '{split}'; run `mtcli prepare "
+                            f"{config.path} --force`")
+    if (corpus.src_lang, corpus.tgt_lang) != (data.src_lang, data.tgt_lang):
+        raise DataError(f"{path}: prepared for {corpus.src_lang}->{corpus.tgt_lang}, config says "
+                        f"{data.src_lang}->{data.tgt_lang}")
+    return corpus

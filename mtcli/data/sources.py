@@ -1,0 +1,419 @@
+"""Parallel-corpus sources: where ``data.source`` points, read as (source, target) pairs.
+
+A source is where ``data.source`` points; :func:`open_source` decides its kind from what is
+there:
+
+``text``
+    a directory of ``<split>.<lang>`` plain-text files, one sentence a line, optionally gzipped
+    (``<split>.<lang>.gz``), e.g. ``../shared/data/multi30k``;
+``dataset``
+    a directory written by ``datasets.DatasetDict.save_to_disk`` (``dataset_dict.json`` and one
+    sub-directory per split), read with ``datasets.load_from_disk``;
+``parquet``
+    a directory of parquet files in the hub layout: ``<split>-*.parquet``,
+    ``<split>/*.parquet`` or ``data/<split>-*.parquet`` (optionally under ``<hub_config>/``);
+``hub``
+    a Hugging Face hub id (plus ``data.hub_config``) loaded with ``datasets.load_dataset``.
+
+Hub-layout rows carry a ``translation`` dict ``{src_lang: ..., tgt_lang: ...}`` (or, failing
+that, one column per language). Every source yields ``(source, target)`` string pairs as a
+stream, so a 4.5M-pair corpus is never held in memory.
+
+Text files are read with :mod:`mtcli.data.textio` (strict UTF-8); hub rows get their inner line
+breaks replaced by spaces, so a sentence is always one line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from mtcli.data.textio import read_lines
+from mtcli.errors import DataError, one_line
+from mtcli.fileio import sha256_file
+from mtcli.logs import get_logger
+
+Pair = tuple[str, str]
+_ARROW_BATCH = 10_000
+
+
+def _normalise(text: str) -> str:
+    """Make a sentence safe for one line: inner CR/LF (from hub rows or stray CRs) become spaces."""
+    if "\r" in text or "\n" in text:
+        text = text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+    return text
+
+
+class Source:
+    """A parallel corpus: named splits, each a stream of (source, target) sentence pairs."""
+
+    kind = "?"
+
+    def __init__(self, location: str, src_lang: str, tgt_lang: str) -> None:
+        self.location = location
+        self.src_lang = src_lang
+        self.tgt_lang = tgt_lang
+
+    def describe(self) -> str:
+        """Short human description, e.g. ``text directory ../shared/data/multi30k``."""
+        return f"{self.kind} source {self.location}"
+
+    def splits(self) -> list[str]:
+        """Names of the splits this source holds (sorted)."""
+        raise NotImplementedError
+
+    def check(self, splits: Iterable[str]) -> None:
+        """Raise :class:`DataError` if a split or a language is missing, listing what exists."""
+        raise NotImplementedError
+
+    def pairs(self, split: str) -> Iterator[Pair]:
+        """Stream the (source, target) pairs of ``split`` in corpus order."""
+        raise NotImplementedError
+
+    def fingerprint(self, splits: Iterable[str]) -> dict[str, Any]:
+        """What identifies the input of ``splits`` (file hashes, or hub id + fingerprints)."""
+        raise NotImplementedError
+
+    def _missing_split(self, split: str) -> DataError:
+        found = ", ".join(self.splits()) or "none"
+        return DataError(f"{self.describe()}: no split '{split}' (found splits: {found})")
+
+
+class TextDirSource(Source):
+    """A directory of ``<split>.<lang>`` (or ``<split>.<lang>.gz``) aligned text files."""
+
+    kind = "text"
+
+    def __init__(self, root: Path, src_lang: str, tgt_lang: str) -> None:
+        super().__init__(str(root), src_lang, tgt_lang)
+        self.root = root
+        self._files: dict[tuple[str, str], list[Path]] = {}
+        for entry in sorted(root.iterdir()):
+            if not entry.is_file() or entry.name.startswith("."):
+                continue
+            name = entry.name[:-3] if entry.name.endswith(".gz") else entry.name
+            if "." not in name:
+                continue
+            split, lang = name.rsplit(".", 1)
+            if split and lang:
+                self._files.setdefault((split, lang), []).append(entry)
+
+    def describe(self) -> str:
+        return f"text directory {self.root}"
+
+    def splits(self) -> list[str]:
+        return sorted({split for split, _ in self._files})
+
+    def languages(self, split: str) -> list[str]:
+        """Languages that have a file for ``split``."""
+        return sorted(lang for s, lang in self._files if s == split)
+
+    def path(self, split: str, lang: str) -> Path:
+        """The file of one side of a split; :class:`DataError` if missing or ambiguous."""
+        found = self._files.get((split, lang))
+        if not found:
+            if split not in self.splits():
+                raise self._missing_split(split)
+            langs = ", ".join(self.languages(split))
+            raise DataError(
+                f"{self.describe()}: no file {split}.{lang}[.gz] for language '{lang}' "
+                f"(split '{split}' has languages: {langs})"
+            )
+        if len(found) > 1:
+            names = " and ".join(p.name for p in found)
+            raise DataError(f"{self.describe()}: both {names} exist; keep one")
+        return found[0]
+
+    def check(self, splits: Iterable[str]) -> None:
+        for split in splits:
+            self.path(split, self.src_lang)
+            self.path(split, self.tgt_lang)
+
+    def pairs(self, split: str) -> Iterator[Pair]:
+        src_path, tgt_path = self.path(split, self.src_lang), self.path(split, self.tgt_lang)
+        src_it, tgt_it = read_lines(src_path), read_lines(tgt_path)
+        n = 0
+        for src in src_it:
+            tgt = next(tgt_it, None)
+            if tgt is None:
+                rest = 1 + sum(1 for _ in src_it)
+                raise _mismatch(src_path, n + rest, tgt_path, n)
+            n += 1
+            yield src, tgt
+        rest = sum(1 for _ in tgt_it)
+        if rest:
+            raise _mismatch(src_path, n, tgt_path, n + rest)
+
+    def fingerprint(self, splits: Iterable[str]) -> dict[str, Any]:
+        files = {}
+        for split in splits:
+            for lang in (self.src_lang, self.tgt_lang):
+                path = self.path(split, lang)
+                files[path.name] = sha256_file(path)
+        return {"kind": self.kind, "files": files}
+
+
+def _mismatch(src_path: Path, src_n: int, tgt_path: Path, tgt_n: int) -> DataError:
+    return DataError(
+        f"line counts differ: {src_path} has {src_n} lines but {tgt_path} has {tgt_n} lines"
+    )
+
+
+class _ArrowSource(Source):
+    """Shared reading of hub-layout rows (``translation`` dicts) from Arrow tables."""
+
+    def _schema(self, split: str) -> Any:
+        raise NotImplementedError
+
+    def _batches(self, split: str) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def _check_schema(self, split: str, schema: Any) -> None:
+        names = list(schema.names)
+        if "translation" in names:
+            field_type = schema.field("translation").type
+            langs = [f.name for f in field_type] if hasattr(field_type, "num_fields") else []
+            for lang in (self.src_lang, self.tgt_lang):
+                if lang not in langs:
+                    raise DataError(
+                        f"{self.describe()}: split '{split}' has no language '{lang}' in its "
+                        f"'translation' column (languages: {', '.join(langs) or 'none'})"
+                    )
+            return
+        missing = [lang for lang in (self.src_lang, self.tgt_lang) if lang not in names]
+        if missing:
+            raise DataError(
+                f"{self.describe()}: split '{split}' has neither a 'translation' column nor a "
+                f"column for language '{missing[0]}' (columns: {', '.join(names) or 'none'})"
+            )
+
+    def check(self, splits: Iterable[str]) -> None:
+        available = self.splits()
+        for split in splits:
+            if split not in available:
+                raise self._missing_split(split)
+            self._check_schema(split, self._schema(split))
+
+    def pairs(self, split: str) -> Iterator[Pair]:
+        import pyarrow.compute as pc
+
+        for batch in self._batches(split):
+            names = list(batch.schema.names)
+            if "translation" in names:
+                column = batch.column("translation")
+                src_col = pc.struct_field(column, self.src_lang)
+                tgt_col = pc.struct_field(column, self.tgt_lang)
+            else:
+                src_col, tgt_col = batch.column(self.src_lang), batch.column(self.tgt_lang)
+            for src, tgt in zip(src_col.to_pylist(), tgt_col.to_pylist(), strict=True):
+                yield _normalise(src or ""), _normalise(tgt or "")
+
+
+def _split_of_parquet(name: str) -> str:
+    """Split name of a hub-layout parquet file: ``train-00000-of-00002.parquet`` -> ``train``."""
+    stem = name[: -len(".parquet")]
+    match = re.match(r"^(.*?)-\d", stem)
+    return match.group(1) if match else stem
+
+
+class ParquetDirSource(_ArrowSource):
+    """Parquet files in the hub layout, streamed batch by batch with pyarrow."""
+
+    kind = "parquet"
+
+    def __init__(self, root: Path, src_lang: str, tgt_lang: str, hub_config: str | None) -> None:
+        super().__init__(str(root), src_lang, tgt_lang)
+        self.root = root / hub_config if hub_config and (root / hub_config).is_dir() else root
+        self._files: dict[str, list[Path]] = {}
+        for base in (self.root, self.root / "data"):
+            if not base.is_dir():
+                continue
+            for path in sorted(base.glob("*.parquet")):
+                self._files.setdefault(_split_of_parquet(path.name), []).append(path)
+        for sub in sorted(p for p in self.root.iterdir() if p.is_dir() and p.name != "data"):
+            files = sorted(sub.glob("*.parquet"))
+            if files:
+                self._files.setdefault(sub.name, []).extend(files)
+
+    def describe(self) -> str:
+        return f"parquet directory {self.root}"
+
+    def splits(self) -> list[str]:
+        return sorted(self._files)
+
+    def _schema(self, split: str) -> Any:
+        import pyarrow.parquet as pq
+
+        return pq.read_schema(self._files[split][0])
+
+    def _batches(self, split: str) -> Iterator[Any]:
+        import pyarrow.parquet as pq
+
+        if split not in self._files:
+            raise self._missing_split(split)
+        for path in self._files[split]:
+            try:
+                handle = pq.ParquetFile(path)
+                yield from handle.iter_batches(batch_size=_ARROW_BATCH)
+            except OSError as exc:
+                raise DataError(f"{path}: unreadable parquet file ({exc})") from None
+
+    def fingerprint(self, splits: Iterable[str]) -> dict[str, Any]:
+        files = {}
+        for split in splits:
+            for path in self._files[split]:
+                files[str(path.relative_to(self.root))] = sha256_file(path)
+        return {"kind": self.kind, "files": files}
+
+
+def _dataset_batches(dataset: Any) -> Iterator[Any]:
+    """Arrow tables of a ``datasets.Dataset``, without converting rows to Python dicts."""
+    yield from dataset.with_format("arrow").iter(batch_size=_ARROW_BATCH)
+
+
+class DatasetDirSource(_ArrowSource):
+    """A ``DatasetDict.save_to_disk`` directory (one memory-mapped Arrow dataset per split)."""
+
+    kind = "dataset"
+
+    def __init__(self, root: Path, src_lang: str, tgt_lang: str) -> None:
+        super().__init__(str(root), src_lang, tgt_lang)
+        self.root = root
+        if (root / "state.json").is_file() and not (root / "dataset_dict.json").is_file():
+            raise DataError(
+                f"{root}: holds a single dataset without splits; save a DatasetDict "
+                "(DatasetDict({'train': ds, ...}).save_to_disk) so splits have names"
+            )
+        self._splits = sorted(p.name for p in root.iterdir() if (p / "state.json").is_file())
+        self._loaded: dict[str, Any] = {}
+
+    def describe(self) -> str:
+        return f"dataset directory {self.root}"
+
+    def splits(self) -> list[str]:
+        return list(self._splits)
+
+    def _dataset(self, split: str) -> Any:
+        if split not in self._loaded:
+            import datasets
+
+            try:
+                self._loaded[split] = datasets.load_from_disk(str(self.root / split))
+            except Exception as exc:  # noqa: BLE001 - any failure of the library is bad input
+                raise DataError(f"{self.root / split}: cannot load dataset ({one_line(exc)})") from None
+        return self._loaded[split]
+
+    def _schema(self, split: str) -> Any:
+        return self._dataset(split).data.schema
+
+    def _batches(self, split: str) -> Iterator[Any]:
+        return _dataset_batches(self._dataset(split))
+
+    def fingerprint(self, splits: Iterable[str]) -> dict[str, Any]:
+        files = {}
+        for split in splits:
+            for path in sorted((self.root / split).rglob("*")):
+                if path.is_file():
+                    files[str(path.relative_to(self.root))] = sha256_file(path)
+        return {"kind": self.kind, "files": files}
+
+
+def _offline() -> bool:
+    return any(
+        os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
+        for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
+
+
+class HubSource(_ArrowSource):
+    """A Hugging Face hub dataset (``datasets.load_dataset(id, hub_config)``)."""
+
+    kind = "hub"
+
+    def __init__(self, hub_id: str, hub_config: str | None, src_lang: str, tgt_lang: str) -> None:
+        super().__init__(hub_id, src_lang, tgt_lang)
+        self.hub_id = hub_id
+        self.hub_config = hub_config
+        self._dict: Any = None
+
+    def describe(self) -> str:
+        config = f" (config {self.hub_config})" if self.hub_config else ""
+        return f"hub dataset {self.hub_id}{config}"
+
+    def _load(self) -> Any:
+        if self._dict is None:
+            try:
+                import datasets
+
+                loaded = datasets.load_dataset(self.hub_id, self.hub_config)
+            except Exception as exc:  # noqa: BLE001 - network, auth, missing id: all bad input
+                why = (
+                    "it is not in the local cache and offline mode is on (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE)"
+                    if _offline()
+                    else "the hub may be unreachable or the id/config wrong"
+                )
+                raise DataError(
+                    f"cannot load Hugging Face dataset '{self.hub_id}'"
+                    f"{f' config {self.hub_config!r}' if self.hub_config else ''}: {why} "
+                    f"[{one_line(exc)}]; with no internet, point data.source at a local directory "
+                    "(<split>.<lang> text files, a save_to_disk directory, or parquet files)"
+                ) from None
+            if not hasattr(loaded, "keys"):
+                loaded = {"train": loaded}
+            self._dict = loaded
+        return self._dict
+
+    def splits(self) -> list[str]:
+        return sorted(self._load().keys())
+
+    def _schema(self, split: str) -> Any:
+        return self._load()[split].data.schema
+
+    def _batches(self, split: str) -> Iterator[Any]:
+        return _dataset_batches(self._load()[split])
+
+    def fingerprint(self, splits: Iterable[str]) -> dict[str, Any]:
+        loaded = self._load()
+        prints = {split: getattr(loaded[split], "_fingerprint", None) for split in splits}
+        return {"kind": self.kind, "id": self.hub_id, "config": self.hub_config, "fingerprints": prints}
+
+
+def detect_kind(root: Path) -> str:
+    """``dataset``, ``parquet`` or ``text``: the kind of a local source directory."""
+    if (root / "dataset_dict.json").is_file() or (root / "state.json").is_file():
+        return "dataset"
+    if any(root.glob("*.parquet")) or any(root.glob("*/*.parquet")) or any(root.glob("*/data/*.parquet")):
+        return "parquet"
+    return "text"
+
+
+def _looks_like_path(source: str) -> bool:
+    return source.startswith(("/", ".", "~")) or source.count("/") > 1
+
+
+def open_source(source: str, src_lang: str, tgt_lang: str, hub_config: str | None = None) -> Source:
+    """The :class:`Source` ``data.source`` names: a local directory (kind detected) or a hub id."""
+    path = Path(source).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise DataError(f"data.source {source}: is a file, expected a directory or a hub id")
+        kind = detect_kind(path)
+        if kind == "dataset":
+            return DatasetDirSource(path, src_lang, tgt_lang)
+        if kind == "parquet":
+            return ParquetDirSource(path, src_lang, tgt_lang, hub_config)
+        text = TextDirSource(path, src_lang, tgt_lang)
+        if not text.splits():
+            entries = ", ".join(sorted(p.name for p in path.iterdir())[:10]) or "nothing"
+            raise DataError(
+                f"data.source {source}: no <split>.<lang> text files, parquet files or saved "
+                f"dataset found (it holds: {entries})"
+            )
+        return text
+    if _looks_like_path(source) or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
+        raise DataError(f"data.source {source}: directory not found (relative paths are from {Path.cwd()})")
+    get_logger().info("data.source %s is not a local directory: loading it from the Hugging Face hub", source)
+    return HubSource(source, hub_config, src_lang, tgt_lang)

@@ -1,0 +1,148 @@
+"""Strict UTF-8 line reading: the one reader of every text mtcli reads.
+
+Text is read strictly as UTF-8 (an invalid byte is a :class:`DataError` naming file and line),
+``\\r\\n`` is normalised, only the line ending is stripped (inner and trailing spaces stay), and a
+stray ``\\r`` inside a line becomes a space (so any reader splits the written text identically).
+``.gz`` files are read transparently. :class:`ArrivingLines` hands over the lines of a pipe or
+terminal as they arrive.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import select
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from mtcli.errors import DataError
+
+
+def open_binary(path: Path) -> BinaryIO:
+    """Binary handle on ``path``, transparently gunzipped for ``.gz`` files."""
+    if path.suffix == ".gz":
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def _decode_line(raw: bytes, name: str, lineno: int) -> str:
+    """One line's bytes (its ending included or not) as text, by :func:`iter_binary_lines`' rules."""
+    if raw.endswith(b"\n"):
+        raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"{name}:{lineno}: invalid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
+        ) from None
+    if lineno == 1 and line.startswith("\ufeff"):
+        line = line[1:]
+    if "\r" in line:
+        line = line.replace("\r", " ")
+    return line
+
+
+def iter_binary_lines(handle: BinaryIO, name: str) -> Iterator[str]:
+    """Decode a binary stream line by line as strict UTF-8, without the line endings.
+
+    The one line reader of mtcli (``prepare``, ``translate``, ``evaluate``, validation):
+    only ``\\n`` ends a line and ``\\r\\n`` counts as ``\\n``; a lone ``\\r`` becomes a space
+    inside its line (other Unicode separators stay inside too), so one input line is always one
+    sentence. A UTF-8 byte-order mark on the first line is dropped; an empty line stays an empty
+    string. An undecodable line raises :class:`DataError` as ``NAME:LINE: invalid UTF-8 ...``.
+    """
+    for lineno, raw in enumerate(handle, start=1):
+        yield _decode_line(raw, name, lineno)
+
+
+def _has_input(fd: int) -> bool:
+    """True when reading ``fd`` would not block (data or end of input waiting), by ``select``."""
+    try:
+        return bool(select.select([fd], [], [], 0)[0])
+    except (OSError, ValueError):  # no select on this kind of descriptor: reading may block
+        return True
+
+
+class ArrivingLines:
+    """The lines of a pipe, terminal or socket, handed over as they arrive.
+
+    Iterating gives every line, like :func:`iter_binary_lines` (same decoding rules and errors).
+    :meth:`windows` gives them in lists instead: it waits for one complete line, then adds the
+    lines that have already arrived, without waiting for more. A consumer that works a window at
+    a time (``mtcli translate``) then answers each line of a slow producer (``tail -f``, a
+    program writing one request at a time) as soon as it is written, while a fast producer
+    (``cat big.txt |``) still fills whole windows. Reads the file descriptor directly (unbuffered
+    ``os.read``), so nothing may have read from ``handle`` before.
+    """
+
+    def __init__(self, handle: BinaryIO, name: str, chunk_bytes: int = 1 << 16) -> None:
+        self.fd = handle.fileno()
+        self.name = name
+        self.chunk_bytes = int(chunk_bytes)
+
+    def __iter__(self) -> Iterator[str]:
+        for window in self.windows(1):
+            yield from window
+
+    def windows(self, max_lines: int) -> Iterator[list[str]]:
+        """Lists of 1 to ``max_lines`` lines: the next line (waiting for it) and those already there."""
+        max_lines = max(1, int(max_lines))
+        pending = bytearray()  # read, not yet handed over
+        scan = 0  # pending[:scan] holds no newline
+        lineno = 0
+        eof = False
+        while True:
+            window: list[str] = []
+            while len(window) < max_lines:
+                end = pending.find(b"\n", scan)
+                if end >= 0:
+                    lineno += 1
+                    window.append(_decode_line(bytes(pending[:end + 1]), self.name, lineno))
+                    del pending[:end + 1]
+                    scan = 0
+                    continue
+                scan = len(pending)
+                if eof:
+                    if pending:  # a last line without a newline
+                        lineno += 1
+                        window.append(_decode_line(bytes(pending), self.name, lineno))
+                        pending.clear()
+                    break
+                if window and not _has_input(self.fd):
+                    break  # hand over what has arrived rather than wait for more
+                chunk = os.read(self.fd, self.chunk_bytes)
+                pending += chunk
+                eof = not chunk
+            if window:
+                yield window
+            if eof and not pending:
+                return
+
+
+def read_lines(path: str | Path) -> Iterator[str]:
+    """Stream the lines of a UTF-8 text file (``.gz`` allowed); see :func:`iter_binary_lines`."""
+    path = Path(path)
+    try:
+        with open_binary(path) as handle:
+            yield from iter_binary_lines(handle, str(path))
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise DataError(f"{path}: corrupt gzip data ({exc})") from None
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, expected a text file") from None
+    except PermissionError:
+        raise DataError(f"{path}: permission denied") from None
+
+
+def count_lines(path: str | Path) -> int:
+    """Number of lines of a text file (a last line without ``\\n`` counts), streamed."""
+    count = 0
+    last = b"\n"
+    with open_binary(Path(path)) as handle:
+        while chunk := handle.read(1 << 20):
+            count += chunk.count(b"\n")
+            last = chunk[-1:]
+    return count + (last != b"\n")

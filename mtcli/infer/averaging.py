@@ -1,0 +1,114 @@
+"""Checkpoint averaging (Vaswani et al. 2017, section 6.1: average the last checkpoints).
+
+For every floating-point parameter, ``theta_avg = (1/K) * sum_k theta_k``, accumulated in float64
+and cast back to the parameter's dtype. ``mtcli average`` writes the result as a checkpoint;
+:func:`mtcli.infer.loading.load_for_inference` averages in memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtcli.checkpoint import FORMAT, load_checkpoint, save_checkpoint
+from mtcli.errors import CheckpointError
+from mtcli.logs import get_logger
+from mtcli.rundir import names, select_checkpoints
+
+
+def average_checkpoints(paths: list[Path]) -> dict:
+    """Average the model parameters of ``paths`` into one state.
+
+    For each floating-point tensor, theta = (1/K) sum_k theta_k, accumulated in float64 and
+    cast back; other tensors (integer buffers) are taken from the last checkpoint. All
+    checkpoints must hold the same parameter names and shapes and the same ``vocab``, else
+    :class:`CheckpointError`. The result keeps ``format``, ``step``, ``epoch``, ``config``,
+    ``vocab`` of the last checkpoint, drops optimiser/RNG/data state (it cannot be resumed),
+    and lists its sources under ``averaged_from``.
+    """
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    sums: dict[str, torch.Tensor] = {}
+    reference: dict[str, tuple[torch.dtype, torch.Size]] = {}
+    first_vocab: Any = None
+    last: dict = {}
+    sources: list[dict] = []
+    for i, path in enumerate(paths):
+        state = load_checkpoint(path)
+        model = state.get("model")
+        if not isinstance(model, dict) or not model:
+            raise CheckpointError(f"{path}: checkpoint has no model parameters")
+        if i == 0:
+            first_vocab = state.get("vocab")
+            reference = {k: (v.dtype, v.shape) for k, v in model.items() if isinstance(v, torch.Tensor)}
+        else:
+            if state.get("vocab") != first_vocab:
+                raise CheckpointError(
+                    f"cannot average {paths[0].name} and {path.name}: different vocabularies "
+                    f"({_vocab_text(first_vocab)} vs {_vocab_text(state.get('vocab'))})"
+                )
+            _check_same_params(paths[0], reference, path, model)
+        for key, value in model.items():
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                value = value.detach().to(torch.float64)
+                if key in sums:
+                    sums[key] += value
+                else:
+                    sums[key] = value.clone()
+        sources.append({"file": path.name, "step": state.get("step")})
+        last = state
+    count = len(paths)
+    averaged: dict[str, Any] = {}
+    for key, value in last["model"].items():
+        if key in sums:
+            averaged[key] = (sums[key] / count).to(value.dtype)
+        else:
+            averaged[key] = value
+    out = {k: last[k] for k in ("format", "step", "epoch", "config", "vocab") if k in last}
+    out.setdefault("format", FORMAT)
+    out["model"] = averaged
+    out["averaged_from"] = sources
+    return out
+
+
+def _vocab_text(vocab: Any) -> str:
+    if not isinstance(vocab, dict):
+        return "no vocab recorded"
+    return f"size {vocab.get('size')}, spm {str(vocab.get('spm_sha256') or '?')[:12]}"
+
+
+def _check_same_params(
+    first: Path, reference: dict[str, tuple[torch.dtype, torch.Size]], path: Path, model: dict
+) -> None:
+    keys = {k for k, v in model.items() if isinstance(v, torch.Tensor)}
+    missing, extra = sorted(set(reference) - keys), sorted(keys - set(reference))
+    if missing or extra:
+        raise CheckpointError(
+            f"cannot average {first.name} and {path.name}: different parameters "
+            f"(missing {missing[:3]}, extra {extra[:3]})"
+        )
+    for key, (_dtype, shape) in reference.items():
+        if model[key].shape != shape:
+            raise CheckpointError(
+                f"cannot average {first.name} and {path.name}: {key} has shape "
+                f"{tuple(shape)} vs {tuple(model[key].shape)}"
+            )
+
+
+def average_run_checkpoints(run_dir: Path, output: Path, last: int = 0, best: int = 0) -> list[Path]:
+    """Average the last or best K checkpoints of a run into ``output`` (see :func:`select_checkpoints`).
+
+    Returns the averaged paths, oldest step first; ``output`` is written with
+    :func:`save_checkpoint`.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir}: run directory not found")
+    paths = select_checkpoints(run_dir, last=last, best=best)
+    state = average_checkpoints(paths)
+    save_checkpoint(Path(output), state)
+    get_logger().info("averaged %s into %s", names(paths), output)
+    return paths

@@ -1,0 +1,97 @@
+"""Ensembles at decode time: several trained models decoded together (``--ensemble``).
+
+An :class:`Ensemble` of M members gives the next token the mean of their probabilities (the
+mixture of the members),
+
+    p(y_t | y_<t, x) = 1/M * sum_m p_m(y_t | y_<t, x),
+
+each member with its own encoder output and key/value cache; the search
+(:func:`mtcli.infer.search.generate`) scores, ranks and length-normalises the mixture exactly as
+it does one model's distribution (``decode.ensemble_mode: log_linear`` uses the renormalised mean
+of their log-probabilities instead). The members must share the tokenizer and the output
+vocabulary. Each member is an ordinary run directory (train them as separate runs, for example
+with different ``train.seed``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from mtcli.errors import CheckpointError, ConfigError
+from mtcli.fileio import sha256_file
+from mtcli.infer.loading import InferenceModel, load_for_inference
+from mtcli.model import Transformer
+
+
+class Ensemble(nn.Module):
+    """Transformers decoded together: the next-token distribution is the mean of the members'
+    probabilities, ``p(y_t | y_<t, x) = 1/M * sum_m p_m(y_t | y_<t, x)``.
+
+    Only :func:`mtcli.infer.search.generate` uses it (each member encodes the source and keeps its own
+    key/value cache); attention pictures show the first member's cross-attention.
+    """
+
+    def __init__(self, members: Sequence[Transformer]) -> None:
+        super().__init__()
+        if not members:
+            raise ConfigError("an ensemble needs at least one model")
+        first = members[0]
+        for i, other in enumerate(members[1:], 2):
+            a, b = first.output_ids, other.output_ids
+            same_ids = (a is None) == (b is None) and (a is None or torch.equal(a.cpu(), b.cpu()))
+            if other.vocab_size != first.vocab_size or not same_ids:
+                raise CheckpointError(f"ensemble member {i} has another vocabulary or output vocabulary "
+                                      "than member 1: members must come from the same prepared data")
+        self.members = nn.ModuleList(members)
+        self.train(first.training)  # a mode of its own would be set on the members by train()
+
+    @property
+    def max_positions(self) -> int:
+        """The longest sequence every member accepts."""
+        return min(m.cfg.max_positions for m in self.members)
+
+    @property
+    def output_size(self) -> int:
+        """Size of the (shared) output vocabulary."""
+        return self.members[0].output_size
+
+
+def decoding_members(model: nn.Module) -> list[Transformer]:
+    """The Transformers a search runs: an :class:`Ensemble`'s members, or the model itself."""
+    return list(model.members) if isinstance(model, Ensemble) else [model]  # type: ignore[list-item]
+
+
+def _member_location(spec: str | Path) -> tuple[Path, str]:
+    """``(run_dir, checkpoint)`` of an ``--ensemble`` argument: a run directory (its best
+    checkpoint) or a checkpoint file in a run directory's ``checkpoints/``."""
+    path = Path(spec)
+    if path.is_dir():
+        return path, "best"
+    if path.is_file() and path.parent.name == "checkpoints":
+        return path.parent.parent, str(path)
+    raise CheckpointError(f"{spec}: not a run directory nor a checkpoint in one's checkpoints/ "
+                          "(--ensemble takes either)")
+
+
+def add_members(bundle: InferenceModel, others: Sequence[str | Path]) -> InferenceModel:
+    """``bundle`` with its model replaced by the :class:`Ensemble` of it and ``others`` (each a
+    run directory or a checkpoint file in one, see :func:`_member_location`), which must use the
+    same SentencePiece model. Returns ``bundle`` itself when ``others`` is empty."""
+    if not others:
+        return bundle
+    models, names = [bundle.model], [bundle.name]
+    spm = sha256_file(bundle.tokenizer.model_path)
+    for spec in others:
+        run_dir, checkpoint = _member_location(spec)
+        member = load_for_inference(run_dir, checkpoint)
+        if sha256_file(member.tokenizer.model_path) != spm:
+            raise CheckpointError(f"{spec}: its spm.model differs from the first member's "
+                                  "(ensemble members must share the SentencePiece model)")
+        models.append(member.model)
+        names.append(f"{run_dir.name}/{member.name}")
+    return dataclasses.replace(bundle, model=Ensemble(models), name=" + ".join(names))

@@ -1,0 +1,185 @@
+"""Export a trained run to CTranslate2 (``mtcli export RUN_DIR OUT --format ctranslate2``).
+
+The model is rebuilt with CTranslate2's Python specification API
+(``ctranslate2.specs.TransformerSpec``), weight by weight from our state dict, so nothing
+depends on another toolkit's checkpoint format. What has to line up with :mod:`mtcli.model`:
+
+* **embeddings** are multiplied by ``sqrt(d_model)`` (section 3.4): ``scale_embeddings = True``;
+* **positions** are our sinusoid table (``PE(pos, 2i) = sin``, ``PE(pos, 2i+1) = cos``), written
+  explicitly as ``position_encodings.encodings`` (CTranslate2's built-in table interleaves
+  differently), starting at position 0 for the first token;
+* **norms**: post-norm (``LayerNorm(x + Sublayer(x))``, the paper) or pre-norm with a final
+  LayerNorm per stack, epsilon ``1e-5``;
+* **attention**: our fused ``[W^Q; W^K; W^V]`` self-attention projection and fused
+  ``[W^K; W^V]`` cross-attention projection are exactly CTranslate2's fused layouts;
+* **tied embeddings**: the joint embedding is written as the encoder and decoder embeddings and
+  as the output projection (no bias);
+* **vocabulary**: one joint list of SentencePiece pieces in id order (``pad=0`` named
+  ``<blank>`` as CTranslate2 expects, ``<unk>=1``, ``<s>=2``, ``</s>=3``), the decoder starts
+  from ``<s>``, and ``</s>`` is appended to the source automatically (``add_source_eos``), so a
+  caller passes the SentencePiece pieces of a sentence as they are.
+
+``spm.model`` is copied beside the model (``<OUT>/spm.model``). Usage from Python::
+
+    import ctranslate2, sentencepiece as spm
+    sp = spm.SentencePieceProcessor(model_file="OUT/spm.model")
+    tr = ctranslate2.Translator("OUT")
+    out = tr.translate_batch([sp.encode("Ein Hund läuft.", out_type=str)], beam_size=5)
+    print(sp.decode(out[0].hypotheses[0]))
+
+CTranslate2 is an optional dependency: ``pip install 'mtcli[ctranslate2]'``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtcli.errors import ConfigError, MtcliError
+from mtcli.fileio import atomic_dir
+from mtcli.infer.loading import load_for_inference
+from mtcli.logs import get_logger
+from mtcli.model import LAYER_NORM_EPS, Transformer
+
+FORMATS = ("ctranslate2",)
+
+
+def require_ctranslate2() -> Any:
+    """Import and return ``ctranslate2``, or raise a one-line :class:`MtcliError` saying how to get it."""
+    try:
+        import ctranslate2
+        import ctranslate2.specs  # noqa: F401
+    except ImportError:
+        raise MtcliError(
+            "export to ctranslate2 needs the optional 'ctranslate2' package: "
+            "pip install 'mtcli[ctranslate2]'"
+        ) from None
+    return ctranslate2
+
+
+def _np(t: torch.Tensor) -> Any:
+    return t.detach().to(torch.float32).cpu().contiguous().numpy()
+
+
+def _linear(spec: Any, module: torch.nn.Linear) -> None:
+    spec.weight = _np(module.weight)
+    if module.bias is not None:
+        spec.bias = _np(module.bias)
+
+
+def _norm(spec: Any, module: torch.nn.LayerNorm) -> None:
+    spec.gamma = _np(module.weight)
+    spec.beta = _np(module.bias)
+
+
+def _self_attention_and_ffn(layer_spec: Any, layer: Any) -> None:
+    """Copy the sublayers encoder and decoder layers share: self-attention (first) and FFN (last)."""
+    _linear(layer_spec.self_attention.linear[0], layer.self_attn.qkv_proj)
+    _linear(layer_spec.self_attention.linear[1], layer.self_attn.out_proj)
+    _norm(layer_spec.self_attention.layer_norm, layer.sublayer[0].norm)
+    _linear(layer_spec.ffn.linear_0, layer.feed_forward.w_1)
+    _linear(layer_spec.ffn.linear_1, layer.feed_forward.w_2)
+    _norm(layer_spec.ffn.layer_norm, layer.sublayer[-1].norm)
+
+
+def build_spec(model: Transformer, vocabulary: list[str]) -> Any:
+    """A ``ctranslate2.specs.TransformerSpec`` holding ``model``'s weights and ``vocabulary``.
+
+    ``model`` is a :class:`mtcli.model.Transformer`; ``vocabulary`` the pieces of ids
+    ``0..V-1``. Only ReLU FFNs with absolute sinusoidal positions exist in mtcli, so the mapping
+    is one to one (see the module docstring).
+    """
+    require_ctranslate2()
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    cfg = model.cfg
+    spec = transformer_spec.TransformerSpec.from_config(
+        (cfg.encoder_layers, cfg.decoder_layers),
+        cfg.n_heads,
+        pre_norm=cfg.pre_norm,
+        activation=common_spec.Activation.RELU,
+    )
+    pe = _np(model.positions.pe)
+    enc, dec = spec.encoder, spec.decoder
+    for stack_spec, stack in ((enc, model.encoder), (dec, model.decoder)):
+        stack_spec.scale_embeddings = True
+        stack_spec.position_encodings.encodings = pe
+        if cfg.pre_norm:
+            _norm(stack_spec.layer_norm, stack.norm)
+    enc.embeddings[0].weight = _np(model.encoder.embed.weight)
+    dec.embeddings.weight = _np(model.decoder.embed.weight)
+    if model.output_projection is None:
+        dec.projection.weight = _np(model.decoder.embed.weight)
+    else:
+        _linear(dec.projection, model.output_projection)
+    if model.output_ids is not None:
+        # the output vocabulary (model.output_vocab: target) as a projection bias: 0 on the
+        # list, a finite -1e9 elsewhere (exp underflows to 0 as with our -inf)
+        dec.projection.bias = _np(model.widen(torch.zeros(model.output_size)).clamp(min=-1e9))
+
+    for layer_spec, layer in zip(enc.layer, model.encoder.layers, strict=True):
+        _self_attention_and_ffn(layer_spec, layer)
+    for layer_spec, layer in zip(dec.layer, model.decoder.layers, strict=True):
+        _self_attention_and_ffn(layer_spec, layer)
+        _linear(layer_spec.attention.linear[0], layer.cross_attn.q_proj)
+        _linear(layer_spec.attention.linear[1], layer.cross_attn.kv_proj)
+        _linear(layer_spec.attention.linear[2], layer.cross_attn.out_proj)
+        _norm(layer_spec.attention.layer_norm, layer.sublayer[1].norm)
+
+    spec.config.layer_norm_epsilon = LAYER_NORM_EPS
+    spec.config.unk_token = "<unk>"
+    spec.config.bos_token = "<s>"
+    spec.config.eos_token = "</s>"
+    spec.config.decoder_start_token = "<s>"
+    spec.config.add_source_eos = True
+    spec.register_source_vocabulary(vocabulary)
+    spec.register_target_vocabulary(vocabulary)
+    return spec
+
+
+def vocabulary_of(tokenizer: Any) -> list[str]:
+    """Pieces of ids ``0..V-1`` with the pad piece renamed ``<blank>`` (CTranslate2's pad name)."""
+    pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    pieces[0] = "<blank>"
+    return pieces
+
+
+def export_model(
+    run_dir: str | Path, output: str | Path, fmt: str = "ctranslate2", checkpoint: str = "best"
+) -> Path:
+    """Export ``checkpoint`` of ``run_dir`` to the directory ``output`` (written atomically).
+
+    ``output`` gets CTranslate2's ``model.bin``, ``config.json`` and vocabulary files, the run's
+    ``spm.model`` and ``mtcli_export.json`` (source checkpoint and model shape). Raises
+    :class:`ConfigError` for an unknown format, :class:`MtcliError` when ``ctranslate2`` is not
+    installed, :class:`mtcli.errors.CheckpointError` for a bad run directory or checkpoint.
+    """
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r}: unknown export format (known: {', '.join(FORMATS)})")
+    require_ctranslate2()
+    output = Path(output)
+    if output.exists() and not output.is_dir():
+        raise MtcliError(f"{output}: exists and is not a directory")
+    bundle = load_for_inference(run_dir, checkpoint, device="cpu")
+    model = bundle.model.float().eval()
+    spec = build_spec(model, vocabulary_of(bundle.tokenizer))
+    spec.validate()
+    spec.optimize(quantization=None)
+    with atomic_dir(output) as tmp:
+        spec.save(str(tmp))
+        shutil.copyfile(bundle.tokenizer.model_path, tmp / "spm.model")
+        info = {
+            "format": fmt,
+            "run_dir": str(run_dir),
+            "checkpoint": bundle.name,
+            "model": bundle.config.to_dict()["model"],
+            "vocab_size": bundle.tokenizer.vocab_size,
+            "usage": "ctranslate2.Translator(dir).translate_batch([spm pieces]); source </s> is added",
+        }
+        (tmp / "mtcli_export.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    get_logger().info("exported %s to %s (%s)", bundle.name, output, fmt)
+    return output

@@ -1,0 +1,144 @@
+"""Loading a run directory for decoding: the model, its tokenizer and its config."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import torch
+
+from mtcli.checkpoint import load_checkpoint
+from mtcli.config import Config, load_config
+from mtcli.data.tokenizer import PAD_ID, Tokenizer
+from mtcli.errors import CheckpointError, DataError
+from mtcli.fileio import sha256_file
+from mtcli.infer.averaging import average_checkpoints
+from mtcli.logs import get_logger
+from mtcli.model import Transformer
+from mtcli.rundir import (
+    BEST_NAME,
+    CONFIG_NAME,
+    LAST_NAME,
+    SPM_NAME,
+    checkpoint_dir,
+    names,
+    select_checkpoints,
+)
+
+_WRAPPER_RE = re.compile(r"^(?:module\.|_orig_mod\.)+")
+
+
+@dataclasses.dataclass
+class InferenceModel:
+    """What ``evaluate``/``translate`` need from a run: model, tokenizer, config and a name."""
+
+    model: torch.nn.Module
+    tokenizer: Tokenizer
+    config: Config
+    name: str
+    state: dict | None = None  # checkpoint metadata (step, valid, ...) without the parameters
+
+
+def _resolve_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:
+    directory = checkpoint_dir(run_dir)
+    text = str(checkpoint)
+    if text in ("best", "last"):
+        path = directory / (BEST_NAME if text == "best" else LAST_NAME)
+        if text == "best" and not path.is_file() and (directory / LAST_NAME).is_file():
+            get_logger().info("%s has no %s; using %s", run_dir, BEST_NAME, LAST_NAME)
+            path = directory / LAST_NAME
+    else:
+        path = Path(checkpoint)
+        if not path.exists() and not path.is_absolute() and (directory / path).exists():
+            path = directory / path
+    if not path.is_file():
+        raise CheckpointError(
+            f"{path}: checkpoint not found (checkpoints in {run_dir}: "
+            f"{names(sorted(directory.glob('*.pt')))})"
+        )
+    return path
+
+
+def _open_run(run_dir: Path) -> tuple[Config, Tokenizer]:
+    """The run's config and tokenizer; :class:`CheckpointError` for anything but a run directory."""
+    if not run_dir.exists():
+        raise CheckpointError(f"{run_dir}: run directory not found")
+    if not run_dir.is_dir() or not (run_dir / CONFIG_NAME).is_file():
+        raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_NAME})")
+    config = load_config(run_dir / CONFIG_NAME, ignore_removed=True)
+    spm_path = run_dir / SPM_NAME
+    if not spm_path.is_file():
+        raise CheckpointError(f"{run_dir}: incomplete run directory (no {SPM_NAME})")
+    try:
+        return config, Tokenizer(spm_path)
+    except DataError as exc:
+        raise CheckpointError(str(exc)) from None
+
+
+def _check_vocabulary(state: dict, source: str, tokenizer: Tokenizer) -> None:
+    """Refuse a checkpoint whose vocabulary is not the run's ``spm.model`` (naming both)."""
+    vocab = state.get("vocab")
+    if not isinstance(vocab, dict):
+        return
+    spm_sha = sha256_file(tokenizer.model_path)
+    size, sha = vocab.get("size"), vocab.get("spm_sha256")
+    if (size is not None and int(size) != tokenizer.vocab_size) or (sha and sha != spm_sha):
+        raise CheckpointError(
+            f"{source}: checkpoint vocabulary (size {size}, spm sha256 {str(sha)[:12]}) does not "
+            f"match {tokenizer.model_path} (size {tokenizer.vocab_size}, sha256 {spm_sha[:12]})"
+        )
+
+
+def _build_model(state: dict, source: str, config: Config, vocab_size: int, run_dir: Path) -> Transformer:
+    """The Transformer of ``config`` with the checkpoint's parameters (DDP/compile prefixes dropped)."""
+    model_state = state.get("model")
+    if not isinstance(model_state, dict):
+        raise CheckpointError(f"{source}: checkpoint has no model parameters")
+    model_state = {_WRAPPER_RE.sub("", k): v for k, v in model_state.items()}
+    try:
+        model = Transformer(config.model, vocab_size, PAD_ID, model_state.get("output_ids"))
+        model.load_state_dict(model_state)
+    except (RuntimeError, ValueError) as exc:
+        detail = " ".join(str(exc).split())
+        raise CheckpointError(
+            f"{source}: parameters do not fit the model of {run_dir / CONFIG_NAME} ({detail[:300]})"
+        ) from None
+    return model
+
+
+def load_for_inference(
+    run_dir: str | Path,
+    checkpoint: str | Path = "best",
+    average_last: int = 0,
+    average_best: int = 0,
+    device: str | torch.device = "cpu",
+) -> InferenceModel:
+    """Load a run directory for decoding: Transformer (eval mode, on ``device``) + tokenizer + config.
+
+    ``checkpoint`` is "best" (falls back to "last", logged, when there is no best), "last",
+    or a path (absolute, relative to the working directory, or a file name in
+    ``checkpoints/``). With ``average_last``/``average_best`` > 0 the last/best K step
+    checkpoints are averaged in memory instead (``checkpoint`` is then ignored).
+    Raises :class:`CheckpointError` (one line) for a missing run directory, a directory
+    without ``config.yaml`` or ``spm.model``, a missing checkpoint (listing what exists), or
+    a checkpoint whose vocabulary is not the run's ``spm.model`` (naming both).
+    """
+    run_dir = Path(run_dir)
+    config, tokenizer = _open_run(run_dir)
+    if average_last > 0 or average_best > 0:
+        paths = select_checkpoints(run_dir, last=average_last, best=average_best)
+        state = average_checkpoints(paths)
+        kind = f"last{average_last}" if average_last > 0 else f"best{average_best}"
+        name = f"avg_{kind} ({names(paths)})"
+        source = f"{paths[0].name}..{paths[-1].name}"
+    else:
+        path = _resolve_checkpoint(run_dir, checkpoint)
+        state = load_checkpoint(path)
+        name = f"{path.name} (step {state.get('step', '?')})"
+        source = str(path)
+    _check_vocabulary(state, source, tokenizer)
+    model = _build_model(state, source, config, tokenizer.vocab_size, run_dir)
+    model.to(device).eval()
+    meta = {k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler", "rng", "rng_ranks")}
+    return InferenceModel(model=model, tokenizer=tokenizer, config=config, name=name, state=meta)

@@ -1,0 +1,454 @@
+"""Batched greedy and beam search over a trained :class:`~mtcli.model.Transformer` (or an ensemble).
+
+``generate(model, src, ...)`` decodes every row of a padded source batch and returns, per row,
+an n-best list of :class:`Hypothesis` (best first).
+
+Scoring. A hypothesis ``y = y_1..y_n`` (eos excluded) has
+``logprob = sum_t log p(y_t | y_<t, x) + log p(eos | y, x)`` and
+``score = logprob / lp(n + 1)`` with the GNMT length penalty (Wu et al., 2016)
+``lp(L) = ((5 + L) / 6) ** alpha`` (``alpha = length_penalty``; 0 means no penalty, score =
+logprob). The length ``L`` counts eos. Pad and bos are never produced (their log-probability is
+set to -inf before choosing; the log-probabilities of the chosen tokens are the model's own).
+
+Length. A source of ``m`` tokens (eos excluded) gets at most ``max_len = int(a*m + b)`` output
+tokens before eos (eos is forced after that), capped so bos + tokens fit ``max_positions``.
+
+Beam search keeps ``beam_size`` live hypotheses per sentence in a flat ``[sentences*beam]``
+layout. Each step looks at the best ``2*beam`` extensions: an extension by eos that ranks among
+the best ``beam`` is finished; the best ``beam`` extensions by other tokens stay live. A sentence
+is done once it has ``nbest`` finished hypotheses and no live one can beat the ``nbest``-th:
+log-probabilities only fall as a hypothesis grows and, with ``alpha >= 0``, ``lp`` only grows, so
+a live hypothesis can at best reach ``logprob / lp(max_len + 1)``. (With ``alpha < 0`` the
+bound does not hold and the search runs to the length limit.) Done sentences leave the batch at
+once (their rows are dropped from the decoder cache), so the batch shrinks as it decodes.
+
+Greedy search (``beam_size=1``) is a separate, leaner loop with the same scoring.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from mtcli.errors import ConfigError
+from mtcli.infer.ensemble import Ensemble, decoding_members
+from mtcli.model import DecoderCache, EncoderOutput, Transformer, Workspace
+
+
+@dataclass
+class Hypothesis:
+    """One output of the search.
+
+    ``tokens`` exclude bos/eos; ``score`` is the length-penalised log-probability that the search
+    ranks by; ``logprob`` the sum of token log-probabilities including eos; ``attention`` the
+    head-averaged cross-attention ``[layers, len(tokens)+1, source length incl. eos]`` (row ``t``
+    is the step that produced token ``t``, the last row produced eos) when asked for, else None.
+    """
+
+    tokens: list[int]
+    score: float
+    logprob: float
+    attention: Tensor | None = None
+
+
+def length_penalty_factor(length: int | Tensor, alpha: float) -> float | Tensor:
+    """GNMT length penalty ``lp(L) = ((5 + L) / 6) ** alpha`` (1 when ``alpha == 0``)."""
+    if alpha == 0.0:
+        return 1.0 if isinstance(length, int) else torch.ones_like(length, dtype=torch.float32)
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def max_output_lengths(src: Tensor, a: float, b: int, max_positions: int) -> Tensor:
+    """Per row: ``int(a * m + b)`` where ``m`` is the source length without eos and padding,
+    capped at ``max_positions - 1`` (bos + tokens must fit the positional table)."""
+    m = src.ne(PAD_ID).sum(1) - 1
+    lengths = (a * m.clamp(min=0).double() + b).floor().long()
+    return lengths.clamp(min=0, max=max_positions - 1)
+
+
+#: log2(e): ``exp(y) = 2 ** (y * LOG2E)``; ``exp2`` is about 2x faster than ``exp`` on a CPU.
+LOG2E = 1.4426950408889634
+#: Width of the vocabulary chunks of the two-stage top-k (see :class:`StepScores`).
+CHUNK = 64
+
+
+def chunk_width(vocab: int, preferred: int = CHUNK) -> int:
+    """Chunk width for a vocabulary: a divisor of ``vocab`` that is a multiple of 8 near
+    ``preferred`` when there is one (no padding needed), else ``preferred`` (the logits are then
+    padded with -inf up to a multiple of it)."""
+    if vocab <= preferred:
+        return vocab
+    divisors = [c for c in range(8, 2 * preferred + 1, 8) if vocab % c == 0]
+    return min(divisors, key=lambda c: abs(c - preferred)) if divisors else preferred
+
+
+def log_normalizer(logits: Tensor, out: Tensor | None = None, m: Tensor | None = None) -> Tensor:
+    """``log sum_v exp(logits[r, v])`` per row of ``logits [R, V]`` (float32), i.e. ``logZ`` in
+    ``log p(v) = logits[v] - logZ``.
+
+    Computed as ``m + log(sum_v 2 ** ((logits[v] - m) * log2(e)))`` with ``m [R]`` the row
+    maximum (computed when not given), in one scaled pass into ``out`` (a scratch ``[R, V]``
+    float32 buffer, allocated if None), an in-place ``exp2`` and a sum: about 2x cheaper than
+    ``log_softmax`` over the whole vocabulary, whose full-size output the search never needs.
+    """
+    if m is None:
+        m = logits.amax(dim=1)
+    if out is None:
+        out = torch.empty_like(logits)
+    torch.add(m[:, None] * -LOG2E, logits, alpha=LOG2E, out=out)
+    return out.exp2_().sum(dim=1).log_().add_(m)
+
+
+@dataclass
+class StepScores:
+    """The next-token distribution of every decoder row, kept as logits.
+
+    ``log p(v | row) = logits[row, v] - lse[row]``. ``logits [R, C * chunks]`` float32 has pad and
+    bos at -inf, every token but eos at -inf in rows at their length limit, and -inf padding
+    columns past the vocabulary (``chunk_max`` never picks them while a finite value is left);
+    ``chunk_max [R, chunks]`` is the maximum of each run of ``C`` columns. A top-k then looks
+    only inside the best ``k`` chunks, which hold the best ``k`` values (exact: a chunk holding
+    one of them has a maximum at least the k-th value), instead of sorting the whole vocabulary.
+    """
+
+    logits: Tensor
+    lse: Tensor
+    chunk_max: Tensor
+    width: int
+    vocab: int  # real vocabulary size: columns past it are -inf padding
+    ids: Tensor | None = None  # column -> token id (the model's output vocabulary), else identity
+
+    @property
+    def chunks(self) -> int:
+        """Number of vocabulary chunks."""
+        return self.chunk_max.size(1)
+
+    def greedy(self) -> tuple[Tensor, Tensor]:
+        """Per row: the most probable token and its log-probability (first one on ties)."""
+        best, chunk = self.chunk_max.max(dim=1)
+        rows = torch.arange(chunk.numel(), device=chunk.device)
+        inside = self.logits.view(rows.numel(), self.chunks, self.width)[rows, chunk]
+        return self._ids(chunk * self.width + inside.argmax(dim=1)), best - self.lse
+
+    def _ids(self, column: Tensor) -> Tensor:
+        return column if self.ids is None else self.ids[column]
+
+    def top_extensions(self, scores: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The best ``n`` extensions of each sentence's hypotheses.
+
+        ``scores [m, b]`` are the log-probabilities of the ``b`` hypotheses (rows ``s*b + j``) of
+        each of ``m`` sentences. Returns ``(score [m, n], beam [m, n], token [m, n])`` best first,
+        ``score = scores[s, beam] + log p(token | that hypothesis)``.
+        """
+        m, b = scores.shape
+        c, chunks = self.width, self.chunks
+        offset = scores.reshape(-1) - self.lse  # [m*b]: score - logZ of each row
+        bound = (self.chunk_max + offset[:, None]).view(m, b * chunks)
+        picked = bound.topk(min(n, b * chunks), dim=1).indices  # [m, n'] best chunks
+        beam, chunk = picked // chunks, picked % chunks
+        row = torch.arange(m, device=scores.device)[:, None] * b + beam  # [m, n']
+        values = self.logits.view(-1, c).index_select(0, (row * chunks + chunk).view(-1))
+        values = values.view(m, -1, c).add_(offset[row][..., None])  # [m, n', c]
+        top, pos = values.view(m, -1).topk(n, dim=1)
+        slot = pos // c
+        column = (chunk.gather(1, slot) * c + pos % c).clamp_(max=self.vocab - 1)
+        return top, beam.gather(1, slot), self._ids(column)
+
+
+def step_scores(
+    logits: Tensor, limit_rows: Tensor, width: int, scratch: Tensor | None = None,
+    ids: Tensor | None = None,
+) -> StepScores:
+    """:class:`StepScores` from the raw decoder logits ``[R, V]`` (taken over and modified).
+
+    ``ids``: the token id of each column when the logits cover an output vocabulary (the
+    model's ``output_ids``, whose special ids are their own columns), else column = id.
+
+    ``logZ`` is over the model's whole distribution (pad and bos included), so a chosen token's
+    log-probability is the model's own; then pad, bos, and every token but eos in the rows where
+    ``limit_rows`` is True, are set to -inf.
+    """
+    rows, vocab = logits.shape
+    logits = logits.float()
+    if vocab % width:
+        logits = torch.nn.functional.pad(logits, (0, width - vocab % width), value=float("-inf"))
+    chunk_max = logits.view(rows, -1, width).amax(dim=2)
+    if scratch is not None and scratch.shape != logits.shape:
+        scratch = None
+    lse = log_normalizer(logits, scratch, chunk_max.amax(dim=1))
+    logits[:, PAD_ID] = float("-inf")
+    logits[:, BOS_ID] = float("-inf")
+    for chunk in {PAD_ID // width, BOS_ID // width}:
+        chunk_max[:, chunk] = logits[:, chunk * width : (chunk + 1) * width].amax(dim=1)
+    if bool(limit_rows.any()):
+        eos = logits[:, EOS_ID].clone()
+        logits[limit_rows] = float("-inf")
+        logits[:, EOS_ID] = eos
+        chunk_max[limit_rows] = float("-inf")
+        chunk_max[:, EOS_ID // width] = torch.where(
+            limit_rows, eos, chunk_max[:, EOS_ID // width]
+        )
+    return StepScores(logits, lse, chunk_max, width, vocab, ids)
+
+
+_LOCAL = threading.local()
+
+
+def workspace(member: int = 0) -> Workspace:
+    """This thread's decoding :class:`~mtcli.model.Workspace` (made on first use); an ensemble's
+    ``member`` > 0 gets one of its own.
+
+    ``generate`` decodes with it so that consecutive batches reuse the key/value caches,
+    logits and scratch buffers instead of faulting in fresh memory each time;
+    ``workspace().clear()`` gives that memory back.
+    """
+    spaces = getattr(_LOCAL, "workspaces", None)
+    if spaces is None:
+        spaces = _LOCAL.workspaces = []
+    while len(spaces) <= member:
+        spaces.append(Workspace())
+    return spaces[member]
+
+
+class _StepDecoder:
+    """Scores of the next token for each row, with or without the key/value cache.
+
+    ``group`` rows per sentence at the start (beam search starts with one; :meth:`reorder` can
+    change it). With the cache only the newest token is fed; without it the decoder reruns over
+    the whole prefix (for the benchmark and the equivalence test). With several ``models`` (an
+    ensemble, each with its encoder output in ``encs``) the scores are those of the mean of
+    their probabilities, ``log(1/M * sum_m p_m)`` (``ensemble_mode="linear"``), or of the
+    renormalised mean of their log-probabilities, ``1/M * sum_m log p_m - log Z``
+    (``"log_linear"``, a product of experts: a token must be likely under every member).
+    """
+
+    def __init__(
+        self, models: list[Transformer], encs: list[EncoderOutput], group: int, max_len: int,
+        use_cache: bool, ensemble_mode: str = "linear",
+    ) -> None:
+        self.models = models
+        self.log_linear = ensemble_mode == "log_linear"
+        self.caches: list[DecoderCache] | None = None
+        self.encs = encs
+        self.width = chunk_width(models[0].output_size, CHUNK)
+        self.workspace = workspace()
+        if use_cache:
+            self.caches = [m.init_cache(e, beam_size=group, max_len=max_len, workspace=workspace(i))
+                           for i, (m, e) in enumerate(zip(models, encs, strict=True))]
+        elif group > 1:
+            self.encs = [e.repeat_interleave(group) for e in encs]
+
+    def _logits(self, i: int, seq: Tensor) -> Tensor:
+        model = self.models[i]
+        if self.caches is not None:
+            return model.decode(seq[:, -1:], self.encs[i], self.caches[i])[:, 0]
+        hidden, _ = model.decoder(seq, self.encs[i])
+        return model.project(hidden[:, -1])
+
+    def scores(self, seq: Tensor, limit_rows: Tensor) -> StepScores:
+        """:class:`StepScores` of the token after ``seq [rows, t]`` (bos + the tokens so far);
+        rows where ``limit_rows`` is True may only end (eos)."""
+        if len(self.models) == 1:
+            logits = self._logits(0, seq)
+        else:
+            logp = torch.stack([self._logits(i, seq).float().log_softmax(-1)
+                                for i in range(len(self.models))])
+            if self.log_linear:  # step_scores renormalises (its log Z)
+                logits = logp.mean(dim=0)
+            else:  # log of the mean probability: logsumexp_m(log p_m) - log M
+                logits = torch.logsumexp(logp, dim=0).sub_(math.log(len(self.models)))
+        rows, vocab = logits.shape
+        padded = -(-vocab // self.width) * self.width
+        scratch = self.workspace.get("scratch", (rows, padded), torch.float32, logits.device)
+        return step_scores(logits, limit_rows, self.width, scratch, self.models[0].output_ids)
+
+    def reorder(self, index: Tensor, group: int | None = None) -> None:
+        """Keep rows ``index`` (grouped by sentence, see :meth:`DecoderCache.reorder`)."""
+        if self.caches is not None:
+            for cache in self.caches:
+                cache.reorder(index, group)
+        else:
+            self.encs = [e.select(index) for e in self.encs]
+
+
+def _greedy(
+    models: list[Transformer], encs: list[EncoderOutput], max_lens: Tensor, alpha: float,
+    use_cache: bool, ensemble_mode: str = "linear",
+) -> list[list[Hypothesis]]:
+    """Greedy search: the most probable token at each step until eos or the length limit."""
+    n, device = max_lens.numel(), max_lens.device
+    results: list[list[Hypothesis]] = [[] for _ in range(n)]
+    decoder = _StepDecoder(models, encs, 1, int(max_lens.max()) + 1, use_cache, ensemble_mode)
+    sentence = torch.arange(n, device=device)  # original index of each live row
+    seq = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
+    logprob = torch.zeros(n, dtype=torch.float32, device=device)
+    limits = max_lens
+    for step in range(int(max_lens.max()) + 1):
+        token, best = decoder.scores(seq, limits.eq(step)).greedy()
+        logprob = logprob + best
+        seq = torch.cat([seq, token[:, None]], dim=1)
+        finished = token.eq(EOS_ID)
+        if not bool(finished.any()):
+            continue
+        for row in finished.nonzero()[:, 0].tolist():
+            tokens = seq[row, 1:-1].tolist()
+            lp = float(logprob[row])
+            score = lp / length_penalty_factor(len(tokens) + 1, alpha)
+            results[int(sentence[row])] = [Hypothesis(tokens, score, lp)]
+        keep = (~finished).nonzero()[:, 0]
+        if keep.numel() == 0:
+            break
+        decoder.reorder(keep)
+        sentence, seq, logprob, limits = sentence[keep], seq[keep], logprob[keep], limits[keep]
+    return results
+
+
+def _beam_search(
+    models: list[Transformer], encs: list[EncoderOutput], max_lens: Tensor, alpha: float,
+    use_cache: bool, beam_size: int, nbest: int, ensemble_mode: str = "linear",
+) -> list[list[Hypothesis]]:
+    """Beam search (see the module docstring), ``beam_size`` hypotheses per sentence."""
+    n, k, device = max_lens.numel(), beam_size, max_lens.device
+    finished: list[list[Hypothesis]] = [[] for _ in range(n)]
+    # The first step runs one row per sentence (all its beams would be equal); the first
+    # reorder then fans each sentence out to its k beams.
+    decoder = _StepDecoder(models, encs, 1, int(max_lens.max()) + 1, use_cache, ensemble_mode)
+    sentence = torch.arange(n, device=device)  # original index of each live sentence
+    seq = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
+    scores = torch.zeros((n, 1), device=device)  # [sentences, live beams]
+    limits = max_lens
+    bound_lp = length_penalty_factor(max_lens + 1, alpha) if alpha >= 0 else None
+    for step in range(int(max_lens.max()) + 1):
+        m, b = scores.shape
+        scored = decoder.scores(seq, limits.eq(step).repeat_interleave(b))
+        # the best 2k extensions of each sentence: at most k of them end (one per beam)
+        top_scores, top_beam, top_token = scored.top_extensions(scores, 2 * k)
+        is_eos = top_token.eq(EOS_ID)
+
+        # finished: eos extensions among the best k (and not impossible)
+        done_now = is_eos[:, :k] & top_scores[:, :k].gt(float("-inf"))
+        if bool(done_now.any()):
+            for s, j in done_now.nonzero().tolist():
+                row = s * b + int(top_beam[s, j])
+                tokens = seq[row, 1:].tolist()
+                lp = float(top_scores[s, j])
+                score = lp / length_penalty_factor(len(tokens) + 1, alpha)
+                finished[int(sentence[s])].append(Hypothesis(tokens, score, lp))
+
+        # live: the best k extensions by a token other than eos (at most k of 2k are eos)
+        live = ~is_eos & (~is_eos).cumsum(dim=1).le(k)
+        scores = top_scores[live].view(m, k)
+        next_beam = top_beam[live].view(m, k)
+        next_token = top_token[live].view(m, k)
+
+        # a sentence is done when its nbest-th finished hypothesis beats every live one's bound
+        keep_mask = torch.ones(m, dtype=torch.bool, device=device)
+        best_live = scores[:, 0]  # -inf once the length limit forced eos everywhere
+        if bound_lp is not None:
+            bounds = (best_live / bound_lp[sentence]).tolist()
+        else:
+            bounds = [float("inf") if x > float("-inf") else x for x in best_live.tolist()]
+        for s, original in enumerate(sentence.tolist()):
+            hyps = finished[original]
+            if len(hyps) >= nbest:
+                hyps.sort(key=lambda h: h.score, reverse=True)
+                del hyps[nbest:]
+                if bounds[s] <= hyps[nbest - 1].score:
+                    keep_mask[s] = False
+        rows = torch.arange(m, device=device)[:, None] * b + next_beam  # [m, k] old rows
+        if not bool(keep_mask.all()):
+            keep = keep_mask.nonzero()[:, 0]
+            if keep.numel() == 0:
+                break
+            rows, scores, next_token = rows[keep], scores[keep], next_token[keep]
+            sentence, limits = sentence[keep], limits[keep]
+        index = rows.view(-1)
+        decoder.reorder(index, k)
+        seq = torch.cat([seq[index], next_token.view(-1, 1)], dim=1)
+    for hyps in finished:
+        hyps.sort(key=lambda h: h.score, reverse=True)
+        del hyps[nbest:]
+    return finished
+
+
+def _attach_attention(
+    model: Transformer, src: Tensor, enc: EncoderOutput, results: list[list[Hypothesis]]
+) -> None:
+    """Fill ``Hypothesis.attention`` by one teacher-forced pass over all hypotheses."""
+    flat = [(i, h) for i, hyps in enumerate(results) for h in hyps]
+    if not flat:
+        return
+    longest = max(len(h.tokens) for _, h in flat) + 1
+    tgt_in = torch.full((len(flat), longest), PAD_ID, dtype=torch.long, device=src.device)
+    for r, (_, h) in enumerate(flat):
+        tgt_in[r, 0] = BOS_ID
+        if h.tokens:
+            tgt_in[r, 1 : len(h.tokens) + 1] = torch.tensor(h.tokens, device=src.device)
+    rows = torch.tensor([i for i, _ in flat], device=src.device)
+    weights = model.cross_attention_weights(tgt_in, enc.select(rows)).float()
+    src_lens = src.ne(PAD_ID).sum(1).tolist()
+    for r, (i, h) in enumerate(flat):
+        h.attention = weights[r, :, : len(h.tokens) + 1, : src_lens[i]].cpu()
+
+
+def generate(
+    model: Transformer | Ensemble,
+    src: Tensor,
+    *,
+    beam_size: int = 1,
+    length_penalty: float = 0.0,
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+    nbest: int = 1,
+    use_cache: bool = True,
+    return_attention: bool = False,
+    ensemble_mode: str = "linear",
+) -> list[list[Hypothesis]]:
+    """Translate a padded source batch: one n-best list (best first) per row of ``src``.
+
+    ``src [B, S]`` holds ids + eos, right-padded with pad (0), on the model's device. Greedy when
+    ``beam_size == 1``; ``length_penalty`` is GNMT's alpha; at most ``int(max_len_a * m +
+    max_len_b)`` tokens before eos for a source of ``m`` tokens. ``use_cache=False`` reruns the
+    decoder over the whole prefix each step (same results, slower). ``return_attention`` fills
+    :attr:`Hypothesis.attention` (one extra teacher-forced pass; an ensemble's first member's).
+    ``model`` may be an :class:`~mtcli.infer.ensemble.Ensemble`: the search then runs on the mean of
+    its members' probabilities, or with ``ensemble_mode="log_linear"`` on the renormalised mean
+    of their log-probabilities. The model runs in eval mode under ``torch.inference_mode()``;
+    its previous train/eval mode is restored afterwards.
+    """
+    if beam_size < 1:
+        raise ConfigError(f"decode.beam_size must be >= 1, got {beam_size}")
+    if not 1 <= nbest <= beam_size:
+        raise ConfigError(f"decode.nbest must be between 1 and beam_size={beam_size}, got {nbest}")
+    if beam_size > 1 and 2 * beam_size > model.output_size:
+        raise ConfigError(f"decode.beam_size={beam_size} needs an output vocabulary of at least "
+                          f"{2 * beam_size} pieces")
+    if ensemble_mode not in ("linear", "log_linear"):
+        raise ConfigError(f"decode.ensemble_mode must be linear or log_linear, got {ensemble_mode!r}")
+    if src.dim() != 2:
+        raise ValueError(f"generate expects src [B, S], got shape {list(src.shape)}")
+    if src.size(0) == 0:
+        return []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            members = decoding_members(model)
+            encs = [m.encode(src) for m in members]
+            max_lens = max_output_lengths(src, max_len_a, max_len_b, model.max_positions)
+            if beam_size == 1:
+                results = _greedy(members, encs, max_lens, length_penalty, use_cache, ensemble_mode)
+            else:
+                results = _beam_search(
+                    members, encs, max_lens, length_penalty, use_cache, beam_size, nbest, ensemble_mode
+                )
+            if return_attention:
+                _attach_attention(members[0], src, encs[0], results)
+    finally:
+        model.train(was_training)
+    return results

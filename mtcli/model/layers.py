@@ -1,0 +1,251 @@
+"""The Transformer's building blocks (sections 3.1-3.5), named as in the paper.
+
+* :class:`Embeddings` (section 3.4): ``Embedding(x) * sqrt(d_model)``.
+* :class:`PositionalEncoding` (section 3.5): the sinusoid table, added to the embeddings.
+* :class:`PositionwiseFeedForward` (section 3.3, equation 2): ``max(0, xW_1 + b_1) W_2 + b_2``.
+* :class:`SublayerConnection` (sections 3.1 and 5.4): ``LayerNorm(x + Dropout(Sublayer(x)))``,
+  or pre-norm ``x + Dropout(Sublayer(LayerNorm(x)))`` with ``model.pre_norm``.
+* :class:`EncoderLayer`, :class:`DecoderLayer`, :class:`Encoder`, :class:`Decoder` (section 3.1,
+  figure 1); the decoder's ``step`` methods run one position with a :class:`DecoderCache`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mtcli.config import ModelConfig
+from mtcli.model.attention import MultiHeadAttention, dropout
+from mtcli.model.incremental import DecoderCache, EncoderOutput
+
+LAYER_NORM_EPS = 1e-5
+
+
+class PositionwiseFeedForward(nn.Module):
+    """Position-wise feed-forward network (section 3.3, equation 2).
+
+    ``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2`` with inner width ``d_ff``; ``activation_dropout``
+    (if > 0) drops units after the ReLU while training.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float) -> None:
+        super().__init__()
+        self.w_1 = nn.Linear(d_model, d_ff)
+        self.w_2 = nn.Linear(d_ff, d_model)
+        self.activation_dropout = activation_dropout
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[..., d_model]`` -> ``[..., d_model]``."""
+        h = F.relu(self.w_1(x))
+        return self.w_2(dropout(h, self.activation_dropout, self.training))
+
+    def step(self, x: Tensor) -> Tensor:
+        """:meth:`forward` for incremental decoding: the ReLU in place when no gradient is
+        recorded (one fewer ``[rows, d_ff]`` tensor per layer and step)."""
+        if self.training or torch.is_grad_enabled():
+            return self.forward(x)
+        return self.w_2(self.w_1(x).relu_())
+
+
+class Embeddings(nn.Module):
+    """Token embeddings scaled by sqrt(d_model) (section 3.4): ``E[x] * sqrt(d_model)``.
+
+    Initialised N(0, d_model^-0.5), so that the scaled embeddings have unit variance; the row of
+    ``pad_id`` is zero and gets no gradient. ``weight`` is also the pre-softmax projection when
+    embeddings are tied.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, pad_id: int) -> None:
+        super().__init__()
+        self.lut = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        self.scale = math.sqrt(d_model)
+        nn.init.normal_(self.lut.weight, mean=0.0, std=d_model**-0.5)
+        with torch.no_grad():
+            self.lut.weight[pad_id].zero_()
+
+    @property
+    def weight(self) -> Tensor:
+        """The embedding matrix ``[vocab, d_model]``."""
+        return self.lut.weight
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """``[B, T]`` ids -> ``[B, T, d_model]``."""
+        return self.lut(tokens) * self.scale
+
+
+class PositionalEncoding(nn.Module):
+    """Sinusoidal positional encoding (section 3.5), added to the embeddings.
+
+    ``PE(pos, 2i) = sin(pos / 10000^(2i/d_model))``, ``PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))``
+    for ``pos < max_positions``; the table is a precomputed (non-persistent) buffer ``pe``.
+    """
+
+    def __init__(self, d_model: int, max_positions: int) -> None:
+        super().__init__()
+        pos = torch.arange(max_positions, dtype=torch.float64)[:, None]
+        two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
+        angle = pos / torch.pow(10000.0, two_i / d_model)
+        pe = torch.empty(max_positions, d_model, dtype=torch.float64)
+        pe[:, 0::2] = torch.sin(angle)
+        pe[:, 1::2] = torch.cos(angle)
+        self.max_positions = max_positions
+        self.register_buffer("pe", pe.float(), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """``x [B, T, d_model]`` + ``PE[offset : offset+T]``."""
+        t = x.size(1)
+        if offset + t > self.max_positions:
+            raise ValueError(
+                f"sequence of {offset + t} positions exceeds model.max_positions={self.max_positions}"
+            )
+        return x + self.pe[offset : offset + t]
+
+
+class SublayerConnection(nn.Module):
+    """Residual connection around a sublayer, with LayerNorm and dropout (sections 3.1, 5.4).
+
+    Post-norm (the paper): ``LayerNorm(x + Dropout(Sublayer(x)))``.
+    Pre-norm (``pre_norm=True``): ``x + Dropout(Sublayer(LayerNorm(x)))``.
+    """
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
+        self.dropout = dropout
+        self.pre_norm = pre_norm
+
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        """Apply ``sublayer`` to ``x`` with the residual connection and normalisation."""
+        y = dropout(sublayer(self.norm(x) if self.pre_norm else x), self.dropout, self.training)
+        return x + y if self.pre_norm else self.norm(x + y)
+
+
+class EncoderLayer(nn.Module):
+    """Encoder layer (section 3.1): self-attention, then the feed-forward network.
+
+    ``x = SublayerConnection(x, SelfAttention)``; ``x = SublayerConnection(x, FFN)``.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, True)
+        self.feed_forward = PositionwiseFeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.sublayer = nn.ModuleList(
+            SublayerConnection(cfg.d_model, cfg.dropout, cfg.pre_norm) for _ in range(2)
+        )
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        """``x [B, S, d_model]``; ``mask`` the additive source padding mask or None."""
+        x = self.sublayer[0](x, lambda h: self.self_attn.forward_self(h, mask))
+        return self.sublayer[1](x, self.feed_forward)
+
+
+class DecoderLayer(nn.Module):
+    """Decoder layer (section 3.1): masked self-attention, encoder-decoder attention, FFN.
+
+    Self-attention is causal (position ``t`` attends to positions ``<= t``); in encoder-decoder
+    attention the queries come from the decoder and the keys/values from the encoder output.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, True)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, False)
+        self.feed_forward = PositionwiseFeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.sublayer = nn.ModuleList(
+            SublayerConnection(cfg.d_model, cfg.dropout, cfg.pre_norm) for _ in range(3)
+        )
+
+    def forward(
+        self, x: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor | None, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Whole target ``x [B, T, d_model]`` at once (training, uncached decoding).
+
+        ``kv`` are this layer's encoder keys/values, ``mask`` the source padding mask. Returns the
+        output and, with ``need_weights``, the head-averaged cross-attention weights ``[B, T, S]``.
+        """
+        x = self.sublayer[0](x, lambda h: self.self_attn.forward_self(h, None, is_causal=True))
+        weights: list[Tensor | None] = [None]
+
+        def cross(h: Tensor) -> Tensor:
+            out, weights[0] = self.cross_attn.forward_cross(h, kv, mask, need_weights)
+            return out
+
+        x = self.sublayer[1](x, cross)
+        return self.sublayer[2](x, self.feed_forward), weights[0]
+
+    def step(self, x: Tensor, cache: DecoderCache, layer: int) -> Tensor:
+        """One new position ``x [N, 1, d_model]`` for the ``N`` rows of ``cache``."""
+        k_buf, v_buf = cache.self_k[layer], cache.self_v[layer]
+        x = self.sublayer[0](x, lambda h: self.self_attn.forward_step(h, k_buf, v_buf, cache.length))
+        n_sent, group = cache.cross_k[layer].size(0), cache.group
+        k, v = cache.cross_k[layer], cache.cross_v[layer]
+        # The `group` beams of a sentence share its encoder keys/values: fold them into the query
+        # axis, [N, 1, D] -> [sentences, group, D], instead of copying the encoder side per beam.
+        x = self.sublayer[1](
+            x,
+            lambda h: self.cross_attn.forward_cross_step(
+                h.view(n_sent, group, -1), k, v, cache.cross_mask
+            ),
+        )
+        return self.sublayer[2](x, self.feed_forward.step)
+
+
+class Encoder(nn.Module):
+    """The encoder stack (section 3.1): ``N`` identical :class:`EncoderLayer` s.
+
+    Input is ``Dropout(Embeddings(src) + PE)``; pre-norm adds a final LayerNorm.
+    """
+
+    def __init__(self, cfg: ModelConfig, embed: Embeddings, positions: PositionalEncoding) -> None:
+        super().__init__()
+        self.embed, self.positions, self.dropout = embed, positions, cfg.dropout
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.norm = nn.LayerNorm(cfg.d_model, eps=LAYER_NORM_EPS) if cfg.pre_norm else None
+
+    def forward(self, src: Tensor, mask: Tensor | None) -> Tensor:
+        """``src [B, S]`` ids -> ``memory [B, S, d_model]``."""
+        x = dropout(self.positions(self.embed(src)), self.dropout, self.training)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.norm(x) if self.norm is not None else x
+
+
+class Decoder(nn.Module):
+    """The decoder stack (section 3.1): ``N`` identical :class:`DecoderLayer` s.
+
+    Input is ``Dropout(Embeddings(tgt_in) + PE)``; pre-norm adds a final LayerNorm. Returns the
+    final hidden states; the pre-softmax projection lives in :class:`Transformer`.
+    """
+
+    def __init__(self, cfg: ModelConfig, embed: Embeddings, positions: PositionalEncoding) -> None:
+        super().__init__()
+        self.embed, self.positions, self.dropout = embed, positions, cfg.dropout
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.norm = nn.LayerNorm(cfg.d_model, eps=LAYER_NORM_EPS) if cfg.pre_norm else None
+
+    def forward(
+        self, tgt_in: Tensor, enc: EncoderOutput, need_weights: bool = False
+    ) -> tuple[Tensor, list[Tensor]]:
+        """``tgt_in [B, T]`` -> hidden ``[B, T, d_model]`` and, with ``need_weights``, a list of
+        per-layer head-averaged cross-attention weights ``[B, T, S]`` (else an empty list)."""
+        x = dropout(self.positions(self.embed(tgt_in)), self.dropout, self.training)
+        weights: list[Tensor] = []
+        for layer in self.layers:
+            kv = layer.cross_attn.project_kv(enc.memory)
+            x, w = layer(x, kv, enc.attn_mask, need_weights)
+            if w is not None:
+                weights.append(w)
+        return (self.norm(x) if self.norm is not None else x), weights
+
+    def step(self, tgt_in: Tensor, cache: DecoderCache) -> Tensor:
+        """The newest position ``tgt_in [N, 1]`` -> hidden ``[N, 1, d_model]``; advances the cache."""
+        x = dropout(self.positions(self.embed(tgt_in), cache.length), self.dropout, self.training)
+        for i, layer in enumerate(self.layers):
+            x = layer.step(x, cache, i)
+        cache.length += 1
+        return self.norm(x) if self.norm is not None else x

@@ -1,0 +1,171 @@
+"""The run directory: the contract between training and everything after it.
+
+::
+
+    <run_dir>/
+      config.yaml          resolved config of the run
+      spm.model            the joint SentencePiece model
+      manifest.json        the prepared cache's manifest (vocab, counts, hashes)
+      text/<split>.<lang>  raw text of the valid and test splits (evaluate needs no cache)
+      checkpoints/         checkpoint_last.pt, checkpoint_best.pt, checkpoint_<step>.pt, index.json
+      tensorboard/         scalars
+      train.log            text log
+      train.lock           pid of the live trainer (:mod:`mtcli.runlock`)
+
+After a validation, ``checkpoint_last.pt`` and ``checkpoint_best.pt`` are hard links to the step
+file. ``checkpoints/index.json`` maps each step checkpoint to its validation scores, which rank
+checkpoints for ``keep_best`` and ``--average-best``. This module names the files and keeps the
+index; :mod:`mtcli.checkpoint` writes and reads the files themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from mtcli.checkpoint import FORMAT
+from mtcli.errors import CheckpointError, one_line
+from mtcli.fileio import atomic_write
+from mtcli.logs import get_logger
+
+CONFIG_NAME = "config.yaml"
+SPM_NAME = "spm.model"
+MANIFEST_NAME = "manifest.json"
+TEXT_DIR = "text"
+LAST_NAME = "checkpoint_last.pt"
+BEST_NAME = "checkpoint_best.pt"
+INDEX_NAME = "index.json"
+_STEP_RE = re.compile(r"^checkpoint_(\d+)\.pt$")
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    """``<run_dir>/checkpoints``."""
+    return Path(run_dir) / "checkpoints"
+
+
+def step_checkpoint_name(step: int) -> str:
+    """File name of the checkpoint written at ``step``: ``checkpoint_<step>.pt``."""
+    return f"checkpoint_{int(step)}.pt"
+
+
+def step_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every ``checkpoint_<step>.pt`` in the run, oldest first."""
+    directory = checkpoint_dir(run_dir)
+    entries = directory.iterdir() if directory.is_dir() else []
+    matches = [(_STEP_RE.match(p.name), p) for p in entries]
+    return sorted((int(m.group(1)), p) for m, p in matches if m and p.is_file())
+
+
+def read_index(run_dir: Path) -> dict[int, dict]:
+    """``checkpoints/index.json`` as ``{step: {"file": name, "loss": float|None, "bleu": float|None}}``.
+
+    Missing index: ``{}``. Unreadable index: :class:`CheckpointError` naming the file.
+    """
+    path = checkpoint_dir(run_dir) / INDEX_NAME
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: unreadable checkpoint index ({one_line(exc)})") from None
+    try:
+        entries = raw["checkpoints"]
+        return {int(step): dict(entry) for step, entry in entries.items()}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise CheckpointError(f"{path}: malformed checkpoint index (expected 'checkpoints' mapping)") from None
+
+
+def update_index(run_dir: Path, step: int, valid: dict) -> None:
+    """Record ``checkpoint_<step>.pt`` with its validation ``loss``/``bleu`` in index.json, atomically.
+
+    An unreadable index is logged and rebuilt from this entry on (it only ranks checkpoints).
+    """
+    try:
+        entries = read_index(run_dir)
+    except CheckpointError as exc:
+        get_logger().warning("%s; starting a new index", exc)
+        entries = {}
+    entries[int(step)] = {
+        "file": step_checkpoint_name(step),
+        "loss": None if valid.get("loss") is None else float(valid["loss"]),
+        "bleu": None if valid.get("bleu") is None else float(valid["bleu"]),
+    }
+    body = {"format": FORMAT, "checkpoints": {str(s): entries[s] for s in sorted(entries)}}
+    path = checkpoint_dir(run_dir) / INDEX_NAME
+    try:
+        with atomic_write(path) as handle:
+            json.dump(body, handle, indent=1)
+            handle.write("\n")
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot write checkpoint index ({exc.strerror or exc})") from None
+
+
+def _ranked_best(run_dir: Path) -> list[tuple[int, Path]]:
+    """Indexed step checkpoints that still exist, best first: by BLEU if all have it, else loss."""
+    directory = checkpoint_dir(run_dir)
+    rows = []
+    for step, entry in read_index(run_dir).items():
+        path = directory / str(entry.get("file") or step_checkpoint_name(step))
+        if path.is_file():
+            rows.append((step, path, entry.get("bleu"), entry.get("loss")))
+    if rows and all(r[2] is not None for r in rows):
+        rows.sort(key=lambda r: (-float(r[2]), -r[0]))
+    else:
+        rows = [r for r in rows if r[3] is not None]
+        rows.sort(key=lambda r: (float(r[3]), -r[0]))
+    return [(r[0], r[1]) for r in rows]
+
+
+def prune_checkpoints(run_dir: Path, keep_last: int, keep_best: int = 0) -> None:
+    """Delete ``checkpoint_<step>.pt`` files beyond the newest ``keep_last``.
+
+    ``checkpoint_last.pt``/``checkpoint_best.pt`` are never touched; with ``keep_best`` > 0
+    the best ``keep_best`` indexed step checkpoints are kept too (for ``--average-best``).
+    """
+    steps = step_checkpoints(run_dir)
+    keep = {p for _, p in steps[-keep_last:]} if keep_last > 0 else set()
+    if keep_best > 0:
+        try:
+            keep |= {p for _, p in _ranked_best(run_dir)[:keep_best]}
+        except CheckpointError as exc:
+            get_logger().warning("%s; keeping only the last %d", exc, keep_last)
+    for _, path in steps:
+        if path not in keep:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                get_logger().warning("cannot remove old checkpoint %s (%s)", path, exc.strerror or exc)
+
+
+def select_checkpoints(run_dir: Path, last: int = 0, best: int = 0) -> list[Path]:
+    """The step checkpoints to average: the newest ``last`` or the best ``best`` by index.json.
+
+    Exactly one of ``last``/``best`` must be > 0. "Best" ranks by validation BLEU when every
+    indexed checkpoint has one, else by validation loss. Paths are returned oldest step first.
+    """
+    run_dir = Path(run_dir)
+    if (last > 0) == (best > 0) or last < 0 or best < 0:
+        raise CheckpointError(f"give exactly one of last=K or best=K (> 0), got last={last}, best={best}")
+    if last:
+        steps = step_checkpoints(run_dir)
+        if len(steps) < last:
+            raise CheckpointError(
+                f"{checkpoint_dir(run_dir)}: asked for the last {last} checkpoints, found "
+                f"{len(steps)}: {names(p for _, p in steps)}"
+            )
+        return [p for _, p in steps[-last:]]
+    ranked = _ranked_best(run_dir)
+    if len(ranked) < best:
+        raise CheckpointError(
+            f"{checkpoint_dir(run_dir) / INDEX_NAME}: asked for the best {best} checkpoints, "
+            f"{len(ranked)} indexed with scores still exist: {names(p for _, p in ranked)}"
+        )
+    return [p for _, p in sorted(ranked[:best])]
+
+
+def names(paths: Any) -> str:
+    """``"a.pt, b.pt"`` for messages (``"none"`` when empty)."""
+    listed = [p.name for p in paths]
+    return ", ".join(listed) if listed else "none"

@@ -1,0 +1,91 @@
+"""Distributed data parallel training under ``torchrun``: this process's rank and the few
+collectives the trainer needs.
+
+Under ``torchrun --nproc_per_node=N`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set) the model is
+wrapped in DistributedDataParallel (NCCL on CUDA, gloo on CPU). Every rank runs the same loop;
+only rank 0 writes files and validates, and the stop decisions are agreed on with these
+collectives so that every rank stops at the same step. In one process they are the identity.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mtcli.errors import TrainingError
+from mtcli.train.rng import get_rng_state
+
+
+@dataclass
+class DistInfo:
+    """This process's place in a ``torchrun`` job (rank 0 of 1 without one)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    initialized_here: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes files, logs to TensorBoard and validates."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """More than one process."""
+        return self.world_size > 1
+
+    @classmethod
+    def from_env(cls) -> DistInfo:
+        """Read ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (as set by torchrun)."""
+        try:
+            return cls(
+                rank=int(os.environ.get("RANK", "0")),
+                world_size=int(os.environ.get("WORLD_SIZE", "1")),
+                local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+            )
+        except ValueError:
+            raise TrainingError("RANK/WORLD_SIZE/LOCAL_RANK must be integers") from None
+
+
+def init_distributed(info: DistInfo, device: torch.device) -> None:
+    """Join the process group of a multi-process run (a no-op in one process or if joined)."""
+    if not info.distributed or dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend=backend, rank=info.rank, world_size=info.world_size)
+    info.initialized_here = True
+
+
+def all_sum(values: list[float], info: DistInfo, device: torch.device) -> list[float]:
+    """Element-wise sum over ranks (identity in one process)."""
+    if not info.distributed:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor.tolist()
+
+
+def gather_rng_states(info: DistInfo, device: torch.device) -> list[dict[str, Any]]:
+    """Every rank's :func:`get_rng_state`, in rank order, on every rank (one entry in one process)."""
+    mine = get_rng_state(device)
+    if not info.distributed:
+        return [mine]
+    states: list[Any] = [None] * info.world_size
+    dist.all_gather_object(states, mine)
+    return states
+
+
+def broadcast(values: list[float], info: DistInfo, device: torch.device) -> list[float]:
+    """Rank 0's values on every rank (the other ranks wait here while rank 0 validates)."""
+    if not info.distributed:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.broadcast(tensor, src=0)
+    return tensor.tolist()

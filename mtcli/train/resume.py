@@ -1,0 +1,192 @@
+"""Resuming a run: which checkpoint to resume from, and which config changes a resume allows.
+
+A run directory with a checkpoint is resumed exactly (``mtcli train`` on it again). This module
+finds the newest intact checkpoint (:func:`find_resume_checkpoint`), removes what a killed
+writer left behind (:func:`remove_stale_temp_files`), and compares the checkpoint's config with
+the one given now (:func:`check_resume_config`): changes that would break the checkpoint are
+refused, the others are logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from mtcli.checkpoint import load_checkpoint
+from mtcli.config import REMOVED_KEYS, SECTIONS
+from mtcli.errors import CheckpointError
+from mtcli.logs import get_logger
+from mtcli.rundir import BEST_NAME, LAST_NAME, checkpoint_dir, step_checkpoints
+
+
+def find_resume_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
+    """The checkpoint to resume a run from, loaded: ``(path, state)``, or None if there is none.
+
+    Tries ``checkpoint_last.pt``, then the step checkpoints newest first, then
+    ``checkpoint_best.pt`` as a last resort (it is never newer than the newest step checkpoint
+    the trainer keeps). Every corrupt file met on the way is logged as a warning, with the one
+    used. Raises :class:`CheckpointError` if checkpoints exist but none is intact.
+    """
+    directory = checkpoint_dir(run_dir)
+    steps = [p for _, p in reversed(step_checkpoints(run_dir))]
+    candidates = [p for p in [directory / LAST_NAME, *steps, directory / BEST_NAME] if p.is_file()]
+    if not candidates:
+        return None
+    log = get_logger()
+    failures: list[str] = []
+    for path in candidates:
+        try:
+            state = load_checkpoint(path)
+        except CheckpointError as exc:
+            log.warning("corrupt checkpoint, skipped: %s", exc)
+            failures.append(path.name)
+            continue
+        if failures:
+            log.warning(
+                "resuming from %s (step %s) because %s %s not intact",
+                path.name, state.get("step", "?"), ", ".join(failures),
+                "is" if len(failures) == 1 else "are",
+            )
+        return path, state
+    raise CheckpointError(
+        f"{directory}: no intact checkpoint to resume from ({', '.join(failures)} all corrupt); "
+        "move the run directory away to start over"
+    )
+
+
+def remove_stale_temp_files(run_dir: Path) -> list[Path]:
+    """Delete temporary files a killed writer left in ``checkpoints/``; call under :class:`RunLock`."""
+    directory = checkpoint_dir(run_dir)
+    removed: list[Path] = []
+    if not directory.is_dir():
+        return removed
+    for entry in directory.iterdir():
+        if entry.name.startswith(".") and entry.name.endswith(".tmp") and entry.is_file():
+            with contextlib.suppress(OSError):
+                entry.unlink()
+                removed.append(entry)
+    if removed:
+        get_logger().info("removed %d unfinished checkpoint write(s) in %s", len(removed), directory)
+    return removed
+
+
+# Keys whose change makes a checkpoint unusable: the network's shape and the vocabulary/data.
+UNSAFE_KEYS: frozenset[str] = frozenset(
+    {
+        "model.d_model", "model.n_heads", "model.encoder_layers", "model.decoder_layers",
+        "model.d_ff", "model.pre_norm", "model.tie_embeddings", "model.max_positions",
+        "data.name", "data.source", "data.src_lang", "data.tgt_lang", "data.hub_config",
+        "data.train_split", "data.valid_split", "data.max_length", "data.max_length_ratio",
+        "data.dedup", "data.vocab_size", "data.spm_model_type", "data.character_coverage",
+        "data.spm_max_sentences",
+        # The saved data position indexes the batch stream these keys define.
+        "train.seed", "train.max_tokens", "train.max_source_length", "train.max_target_length",
+    }
+)
+# Keys that may change: training goes on correctly but is no longer an exact continuation.
+INEXACT_KEYS: frozenset[str] = frozenset(
+    {
+        "model.dropout", "model.attention_dropout", "model.activation_dropout",
+        "train.update_freq", "train.lr_factor", "train.warmup_steps", "train.label_smoothing",
+        "train.adam_betas", "train.adam_eps", "train.weight_decay", "train.clip_norm",
+        "train.bf16", "train.valid_bleu", "train.valid_max_sentences",
+    }
+)
+# Keys with no effect on the trajectory (stopping, logging, hardware, decoding, evaluation).
+SAFE_KEYS: frozenset[str] = frozenset(
+    {
+        "train.run_dir", "train.device", "train.num_threads", "train.max_steps",
+        "train.max_epochs", "train.max_minutes", "train.patience", "train.valid_every",
+        "train.keep_last", "train.log_every", "train.max_nonfinite", "train.progress",
+        "data.num_workers", "data.test_splits", "data.prepared_dir",
+    }
+)
+
+
+def _classify(key: str) -> str:
+    """'unsafe', 'inexact' or 'safe'; unknown keys: model/data unsafe, train inexact, decode safe."""
+    if key in UNSAFE_KEYS:
+        return "unsafe"
+    if key in INEXACT_KEYS:
+        return "inexact"
+    if key in SAFE_KEYS or key.startswith("decode."):
+        return "safe"
+    section = key.split(".", 1)[0]
+    return "unsafe" if section in ("model", "data") else "inexact"
+
+
+def _section_defaults(section: str) -> dict[str, Any]:
+    """Default value of every key of a config section (for keys an older config lacks)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(SECTIONS[section]) if section in SECTIONS else []:
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+def check_resume_config(saved: dict, new: dict, where: str = "resume") -> list[str]:
+    """Compare the config a checkpoint was trained with to the one given for resuming.
+
+    Both are ``Config.to_dict()`` dicts; a key missing from ``saved`` (an older mtcli) counts
+    as its dataclass default. Three kinds of change:
+
+    * refused (:data:`UNSAFE_KEYS`, any unknown ``model.*``/``data.*`` key): the model shape
+      and everything that builds the vocabulary or the training data. Also ``train.seed``,
+      ``train.max_tokens`` and ``train.max_source_length``/``max_target_length``: the saved
+      data position is an index into the batch stream these keys define, so resuming under
+      new values would silently repeat or skip data. Also a key of
+      :data:`~mtcli.config.REMOVED_KEYS` that the checkpoint's run set to anything but its
+      no-op value (the behaviour is gone). To change them, start a new run directory. One :class:`CheckpointError` names every
+      such key as ``key: old -> new``.
+    * allowed but inexact (:data:`INEXACT_KEYS`, unknown ``train.*`` keys): dropout,
+      ``update_freq`` and optimiser/schedule hyperparameters; training stays correct (the
+      data position counts batches, not updates) but no longer matches an uninterrupted run.
+      Returned as ``"key: old -> new (resume no longer exact)"``.
+    * safe (:data:`SAFE_KEYS`, ``decode.*``): stopping rules, logging, devices, decoding.
+      Returned as ``"key: old -> new"``.
+
+    The caller logs the returned strings and applies the new config.
+    """
+    refused: list[str] = []
+    changes: list[str] = []
+    for section in sorted(set(saved) | set(new)):
+        old_body = dict(_section_defaults(section))
+        old_body.update(saved.get(section) or {})
+        new_body = new.get(section) or {}
+        for key in sorted(set(old_body) | set(new_body)):
+            old_value = old_body.get(key, "<unset>")
+            new_value = new_body.get(key, "<unset>")
+            dotted = f"{section}.{key}"
+            if dotted in REMOVED_KEYS:
+                if not _same(old_value, REMOVED_KEYS[dotted][0]):
+                    refused.append(f"{dotted}: {old_value!r} was removed ({REMOVED_KEYS[dotted][1]})")
+                continue
+            if _same(old_value, new_value):
+                continue
+            text = f"{dotted}: {old_value!r} -> {new_value!r}"
+            kind = _classify(dotted)
+            if kind == "unsafe":
+                refused.append(text)
+            elif kind == "inexact":
+                changes.append(f"{text} (resume no longer exact)")
+            else:
+                changes.append(text)
+    if refused:
+        raise CheckpointError(
+            f"{where}: cannot resume: the config changes keys the checkpoint depends on: "
+            f"{'; '.join(refused)} (restore them or use a new run directory)"
+        )
+    return changes
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality that treats lists and tuples alike and 1 == 1.0 (YAML round trips)."""
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    return a == b

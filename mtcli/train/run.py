@@ -1,0 +1,190 @@
+"""``mtcli train``: train (or resume) the run a config describes, start to finish.
+
+:func:`train` opens the prepared cache, takes the run directory's lock, resumes from its newest
+intact checkpoint when there is one, writes the self-contained run directory
+(:mod:`mtcli.rundir`), builds the :class:`~mtcli.train.trainer.Trainer` (wrapped in
+DistributedDataParallel under ``torchrun``), trains until a stop rule fires, and returns a
+:class:`TrainSummary`. SIGINT/SIGTERM finish the current step, write ``checkpoint_last.pt`` and
+raise :class:`~mtcli.errors.TrainingInterrupted` (exit code 128 + signal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.tensorboard import SummaryWriter
+
+from mtcli.config import Config, save_config
+from mtcli.data.cache import PreparedCorpus
+from mtcli.data.prepare import open_prepared
+from mtcli.device import device_has_bf16_units, resolve_device
+from mtcli.fileio import atomic_copy
+from mtcli.logs import add_file_log, get_logger, remove_log_handler
+from mtcli.plots import write_learning_curves
+from mtcli.rundir import CONFIG_NAME, MANIFEST_NAME, SPM_NAME, TEXT_DIR, checkpoint_dir
+from mtcli.runlock import RunLock
+from mtcli.train.distributed import DistInfo, init_distributed
+from mtcli.train.resume import find_resume_checkpoint, remove_stale_temp_files
+from mtcli.train.trainer import Trainer
+
+
+@dataclass
+class TrainSummary:
+    """What a finished (or already finished) run reports."""
+
+    run_dir: Path
+    steps: int
+    epochs: int
+    stop_reason: str
+    best_valid_bleu: float | None
+    best_valid_loss: float | None
+    last_valid: dict[str, Any] = field(default_factory=dict)
+    elapsed_seconds: float = 0.0
+    tokens_per_second: float = 0.0
+    parameters: int = 0
+    skipped_pairs: int = 0
+    resumed_from: str | None = None
+    rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """The summary of rank 0 (the only process whose summary goes to the console)."""
+        return self.rank == 0
+
+    def summary(self) -> str:
+        """A few lines for the terminal."""
+        bleu = "n/a" if self.best_valid_bleu is None else f"{self.best_valid_bleu:.2f}"
+        loss = "n/a" if self.best_valid_loss is None else f"{self.best_valid_loss:.4f}"
+        lines = [
+            f"run dir: {self.run_dir}",
+            f"stopped: {self.stop_reason} after {self.steps} steps, {self.epochs} epochs, "
+            f"{self.elapsed_seconds / 60:.1f} min of training",
+            f"best valid BLEU: {bleu}   best valid loss: {loss}",
+            f"parameters: {self.parameters:,}   skipped training pairs: {self.skipped_pairs}   "
+            f"train tokens/s: {self.tokens_per_second:,.0f}",
+        ]
+        if self.resumed_from:
+            lines.append(f"resumed from: {self.resumed_from}")
+        return "\n".join(lines)
+
+
+def setup_run_dir(config: Config, corpus: PreparedCorpus, run_dir: Path) -> None:
+    """Write config.yaml, spm.model, manifest.json and text/<split>.<lang> (the self-contained run)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint_dir(run_dir).mkdir(exist_ok=True)
+    save_config(config, run_dir / CONFIG_NAME)
+    atomic_copy(corpus.spm_path, run_dir / SPM_NAME)
+    atomic_copy(corpus.directory / MANIFEST_NAME, run_dir / MANIFEST_NAME)
+    splits = [config.data.valid_split, *config.data.test_splits]
+    for split in dict.fromkeys(splits):
+        if split not in corpus.splits:
+            continue
+        for lang in (config.data.src_lang, config.data.tgt_lang):
+            atomic_copy(corpus.text_path(split, lang), run_dir / TEXT_DIR / f"{split}.{lang}")
+
+
+def resolve_bf16(config: Config, device: torch.device) -> tuple[Config, str]:
+    """``config`` with ``train.bf16: auto`` resolved for ``device`` (the run's config.yaml and
+    checkpoints then say which), and the text the run's first log line shows. Warns when bf16
+    is asked for on a CPU without bf16 units, where it runs many times slower than fp32."""
+    has_units = device_has_bf16_units(device)
+    if config.train.bf16 == "auto":
+        text = f"{has_units} (auto: the {device.type} has {'' if has_units else 'no '}bf16 units)"
+        return dataclasses.replace(config, train=dataclasses.replace(config.train, bf16=has_units)), text
+    if config.train.bf16 and device.type == "cpu" and not has_units:
+        get_logger().warning("train.bf16 on a CPU without bf16 matrix units (avx512_bf16/amx_bf16 in "
+                             "/proc/cpuinfo): expect it to run many times slower than fp32 "
+                             "(--set train.bf16=false, or auto)")
+    return config, str(config.train.bf16)
+
+
+def _log_start(trainer: Trainer, config: Config, device: torch.device, bf16_text: str) -> None:
+    """The run's first log lines: where, on what, and what the training stream reads."""
+    log, stream, train = get_logger(), trainer.stream, config.train
+    log.info("run dir %s | device %s | processes %d | bf16 %s | parameters %s", trainer.run_dir,
+             device, trainer.info.world_size, bf16_text, f"{trainer.parameters:,}")
+    log.info("training pairs: %d kept, %d skipped (longer than %d/%d pieces) | epoch padding %.3f",
+             len(stream.indices), stream.skipped, train.max_source_length, train.max_target_length,
+             stream.padding_fraction())
+    if trainer.model.output_ids is not None:
+        log.info("output vocabulary: the %d of %d pieces the training targets use "
+                 "(model.output_vocab: target)", trainer.model.output_ids.numel(), trainer.corpus.vocab_size)
+    if train.subword_alpha > 0:
+        log.info("subword regularisation: a sampled segmentation per epoch (alpha %g, %s; %d "
+                 "target pieces in this epoch)", train.subword_alpha,
+                 "both sides" if train.subword_sides == "both" else "source only",
+                 int(stream.tgt_lengths[stream.indices].sum()))
+
+
+def _summary(trainer: Trainer, reason: str) -> TrainSummary:
+    return TrainSummary(
+        run_dir=trainer.run_dir,
+        steps=trainer.step,
+        epochs=trainer.stream.epoch,
+        stop_reason=reason,
+        best_valid_bleu=trainer.best_bleu,
+        best_valid_loss=trainer.best_loss,
+        last_valid=dict(trainer.last_valid),
+        elapsed_seconds=trainer.elapsed,
+        tokens_per_second=trainer.tokens_per_second,
+        parameters=trainer.parameters,
+        skipped_pairs=trainer.stream.skipped,
+        resumed_from=trainer.resumed_from,
+        rank=trainer.info.rank,
+    )
+
+
+def train(config: Config) -> TrainSummary:
+    """Train (or resume) the run of ``config``; see the module docstring."""
+    log = get_logger()
+    info = DistInfo.from_env()
+    device = resolve_device(config.train.device, info.local_rank)
+    if config.train.num_threads > 0:
+        torch.set_num_threads(config.train.num_threads)
+    config, bf16_text = resolve_bf16(config, device)
+    if not info.is_main:  # one voice on the console: rank 0's
+        log.setLevel(logging.WARNING)
+    corpus = open_prepared(config)
+    run_dir = config.run_path()
+    init_distributed(info, device)
+    with contextlib.ExitStack() as stack:
+        if info.distributed and info.initialized_here:
+            stack.callback(dist.destroy_process_group)
+        if info.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(RunLock(run_dir))
+            stack.callback(remove_log_handler, add_file_log(run_dir / "train.log"))
+            remove_stale_temp_files(run_dir)
+        if info.distributed:
+            dist.barrier()
+        found = find_resume_checkpoint(run_dir)
+        trainer = Trainer(config, info, device, corpus, run_dir)
+        if found is not None:
+            trainer.resume(*found)
+        if info.is_main:
+            setup_run_dir(config, corpus, run_dir)
+            trainer.writer = SummaryWriter(str(run_dir / "tensorboard"),
+                                           purge_step=trainer.step + 1 if found else None)
+            stack.callback(trainer.writer.close)
+        _log_start(trainer, config, device, bf16_text)
+        if info.distributed:
+            trainer.ddp = nn.parallel.DistributedDataParallel(
+                trainer.model, device_ids=[device.index] if device.type == "cuda" else None
+            )
+        with trainer.signals:
+            reason = trainer.run()
+        log.info("stopped at step %d: %s", trainer.step, reason)
+        if trainer.writer is not None:
+            trainer.writer.flush()
+            picture = write_learning_curves(run_dir)
+            if picture is not None:
+                log.info("learning curves: %s", picture)
+        return _summary(trainer, reason)

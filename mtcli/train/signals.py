@@ -1,0 +1,33 @@
+"""SIGINT/SIGTERM during training: finish the step, save ``checkpoint_last``, then stop."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+from mtcli.logs import get_logger
+
+
+class StopSignals:
+    """Record SIGINT/SIGTERM instead of dying, so the loop can checkpoint and stop cleanly."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            get_logger().warning("received %s: finishing this step, then saving checkpoint_last",
+                                 signal.Signals(signum).name)
+        self.signum = signum
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)

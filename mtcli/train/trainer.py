@@ -1,0 +1,493 @@
+"""The trainer: one run's model, optimiser, data stream and bookkeeping, and its loop.
+
+One optimiser step, as in "Attention Is All You Need" (section 5):
+
+1. take the step's group of ``update_freq * world_size`` token batches from the deterministic
+   :class:`~mtcli.data.batching.BatchStream`; this rank runs every ``world_size``-th of them;
+2. for each, forward (bf16 autocast if ``train.bf16``), the loss summed over target tokens
+   (label-smoothed cross entropy, or :class:`~mtcli.train.rdrop.RDropLoss`), and backward of ``loss * world_size / N`` where ``N`` is the target-token count of
+   the whole group (known on every rank from the cached lengths). DDP averages gradients over
+   ranks, so the gradient is d/dtheta [sum of losses / N]: the same as one process running the
+   whole group with ``update_freq`` accumulation;
+3. a non-finite loss or gradient norm skips the update (gradients zeroed, logged;
+   ``max_nonfinite`` in a row raise :class:`TrainingError`); otherwise clip the gradient norm
+   (``clip_norm`` > 0), Adam step, Noam schedule step.
+
+Every ``valid_every`` steps and at the end, rank 0 validates (loss, NLL, perplexity, and BLEU of
+greedy decoding when ``valid_bleu``) and writes ``checkpoint_<step>.pt`` once, with
+``checkpoint_last.pt`` and ``checkpoint_best.pt`` (by BLEU, or loss without BLEU) as hard links to
+it (copies where links fail), and ``checkpoints/index.json``.
+
+A run directory with a checkpoint is resumed exactly: model, optimiser, schedule step, the RNG
+states (python, numpy, torch, cuda), the data position ``(epoch, batch)``, best score, patience
+counter and elapsed time all come back, so N steps straight and N/2 + N/2 give the same
+parameters. SIGINT/SIGTERM finish the current step, write ``checkpoint_last.pt`` and raise
+:class:`TrainingInterrupted` (exit code 128 + signal).
+
+Under ``torchrun`` (:mod:`mtcli.train.distributed`) only rank 0 writes files and validates.
+Every rank's RNG states are gathered into the checkpoint (``rng_ranks``), so a resumed
+multi-process run with dropout is exact on every rank when resumed with the same process count;
+with another count, rank 0 takes the saved rank 0's states and the others reseed from
+``(seed, rank, step)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from mtcli.checkpoint import save_checkpoint
+from mtcli.config import Config
+from mtcli.data.batching import BatchStream, StepGroup
+from mtcli.data.cache import PreparedCorpus
+from mtcli.data.sampling import subword_resegmenter
+from mtcli.data.tokenizer import PAD_ID
+from mtcli.device import autocast
+from mtcli.errors import CheckpointError, TrainingError, TrainingInterrupted, one_line
+from mtcli.fileio import sha256_file
+from mtcli.logs import get_logger, progress
+from mtcli.model import Transformer, count_parameters
+from mtcli.rundir import (
+    BEST_NAME,
+    LAST_NAME,
+    checkpoint_dir,
+    prune_checkpoints,
+    step_checkpoint_name,
+    update_index,
+)
+from mtcli.train.distributed import DistInfo, all_sum, broadcast, gather_rng_states
+from mtcli.train.loss import LabelSmoothedLoss, perplexity
+from mtcli.train.rdrop import RDropLoss
+from mtcli.train.resume import check_resume_config
+from mtcli.train.rng import seed_everything, set_rng_state
+from mtcli.train.schedule import build_optimizer, build_schedule, cooldown_scale
+from mtcli.train.signals import StopSignals
+from mtcli.train.validation import validation_bleu, validation_loss
+
+STATE_FORMAT = 1
+
+
+class Trainer:
+    """Holds the model, optimiser, data stream and bookkeeping of one run; :meth:`run` trains."""
+
+    def __init__(self, config: Config, info: DistInfo, device: torch.device,
+                 corpus: PreparedCorpus, run_dir: Path) -> None:
+        self.config = config
+        self.cfg = config.train
+        self.info = info
+        self.device = device
+        self.corpus = corpus
+        self.run_dir = run_dir
+        self.ckpt_dir = checkpoint_dir(run_dir)
+        self.log = get_logger()
+        self.spm_sha256 = sha256_file(corpus.spm_path)
+        seed_everything(self.cfg.seed)  # identical initial weights on every rank
+        output_ids = corpus.target_vocabulary() if config.model.output_vocab == "target" else None
+        self.model = Transformer(config.model, corpus.vocab_size, output_ids=output_ids).to(device)
+        self.parameters = count_parameters(self.model)
+        if info.rank > 0:  # different dropout masks per rank
+            torch.manual_seed(self.cfg.seed * 1_000_003 + info.rank * 10_007)
+        self.ddp: nn.Module | None = None
+        self.criterion = (RDropLoss(self.cfg.label_smoothing, self.cfg.rdrop_alpha, PAD_ID)
+                          if self.cfg.rdrop_alpha > 0 else LabelSmoothedLoss(self.cfg.label_smoothing, PAD_ID))
+        self.optimizer = build_optimizer(self.model, self.cfg)
+        self.schedule = build_schedule(self.optimizer, config.model.d_model, self.cfg)
+        data = config.data
+        self.stream = BatchStream(
+            corpus.array(data.train_split, data.src_lang),
+            corpus.array(data.train_split, data.tgt_lang),
+            max_tokens=self.cfg.max_tokens,
+            max_source_length=min(self.cfg.max_source_length, config.model.max_positions - 1),
+            max_target_length=min(self.cfg.max_target_length, config.model.max_positions - 1),
+            seed=self.cfg.seed,
+            update_freq=self.cfg.update_freq,
+            world_size=info.world_size,
+            rank=info.rank,
+            resegment=subword_resegmenter(corpus, config) if self.cfg.subword_alpha > 0 else None,
+        )
+        self.step = 0
+        self.best: float | None = None
+        self.best_bleu: float | None = None
+        self.best_loss: float | None = None
+        self.bad_validations = 0
+        self.nonfinite_in_row = 0
+        self.elapsed = 0.0
+        self.last_valid: dict[str, Any] = {"loss": None, "nll": None, "ppl": None, "bleu": None}
+        self.last_valid_step = -1
+        # Sums over the steps since the last training-loss log line, so each line reports the
+        # mean over its window rather than one noisy step (saved with the state: resume is exact).
+        self.log_window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "real": 0.0, "padded": 0.0}
+        self.resumed_from: str | None = None
+        self.writer: Any = None
+        self.signals = StopSignals()
+        self._tokens_done = 0
+        self._train_seconds = 0.0
+        self._clock = time.monotonic()
+        # the last step's and the last validation's (with its save) wall time: a time limit stops
+        # early enough for one more of each to fit, so the final validation ends within it
+        self._step_seconds = 0.0
+        self._valid_seconds = 0.0
+
+    # ----------------------------------------------------------------- resume
+
+    def resume(self, path: Path, state: dict[str, Any]) -> None:
+        """Restore everything a checkpoint holds; refuses incompatible configs and vocabularies."""
+        if state.get("format") != STATE_FORMAT:
+            raise CheckpointError(f"{path}: checkpoint format {state.get('format')!r}, expected {STATE_FORMAT}")
+        for change in check_resume_config(state.get("config") or {}, self.config.to_dict(), str(path)):
+            self.log.info("config change on resume: %s", change)
+        vocab = state.get("vocab") or {}
+        if vocab.get("spm_sha256") not in (None, self.spm_sha256) or \
+                int(vocab.get("size", self.corpus.vocab_size)) != self.corpus.vocab_size:
+            raise CheckpointError(
+                f"{path}: the checkpoint's SentencePiece model differs from {self.corpus.spm_path} "
+                "(the cache was re-prepared); use a new run directory"
+            )
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (KeyError, RuntimeError, ValueError) as exc:
+            raise CheckpointError(f"{path}: cannot restore model/optimizer ({one_line(exc)})") from None
+        self.schedule.load_state_dict(state["scheduler"])
+        self.stream.load_state_dict(state["data_state"])
+        self.step = int(state["step"])
+        ts = state.get("train_state") or {}
+        self.best = ts.get("best")
+        self.best_bleu = ts.get("best_bleu")
+        self.best_loss = ts.get("best_loss")
+        self.bad_validations = int(ts.get("bad_validations", 0))
+        self.nonfinite_in_row = int(ts.get("nonfinite_in_row", 0))
+        self.elapsed = float(ts.get("elapsed_seconds", 0.0))
+        self.last_valid_step = int(ts.get("last_valid_step", -1))
+        self._tokens_done = int(ts.get("tokens_done", 0))
+        self._train_seconds = float(ts.get("train_seconds", 0.0))
+        self.log_window.update({k: float(v) for k, v in (ts.get("log_window") or {}).items()
+                                if k in self.log_window})
+        self.last_valid = dict(state.get("valid") or self.last_valid)
+        ranks = state.get("rng_ranks") or []
+        if len(ranks) == self.info.world_size:  # the same process count: every rank's own states
+            set_rng_state(ranks[self.info.rank], self.device)
+        elif self.info.is_main:
+            set_rng_state(state["rng"], self.device)
+        else:
+            torch.manual_seed(self.cfg.seed * 1_000_003 + self.info.rank * 10_007 + self.step)
+        self.resumed_from = f"{path.name} (step {self.step})"
+        self.log.info("resumed from %s at step %d, epoch %d, batch %d", path, self.step,
+                      self.stream.epoch, self.stream.batch)
+
+    def state_dict(self, rng_ranks: list[dict[str, Any]]) -> dict[str, Any]:
+        """The checkpoint state (plain data and tensors: :func:`mtcli.checkpoint.load_checkpoint`
+        reads it weights-only).
+
+        ``rng_ranks``: every rank's RNG states (:func:`~mtcli.train.distributed.gather_rng_states`). ``rng`` is rank 0's;
+        the whole list is saved under a multi-process run so that each rank resumes its own
+        dropout masks."""
+        return {
+            "format": STATE_FORMAT,
+            "step": self.step,
+            "epoch": self.stream.epoch,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.schedule.state_dict(),
+            "rng": rng_ranks[0],
+            **({"rng_ranks": rng_ranks} if len(rng_ranks) > 1 else {}),
+            "data_state": self.stream.state_dict(),
+            "train_state": {
+                "best": self.best,
+                "best_bleu": self.best_bleu,
+                "best_loss": self.best_loss,
+                "bad_validations": self.bad_validations,
+                "nonfinite_in_row": self.nonfinite_in_row,
+                "elapsed_seconds": self.elapsed,
+                "last_valid_step": self.last_valid_step,
+                "log_window": dict(self.log_window),
+                "tokens_done": self._tokens_done,
+                "train_seconds": self._train_seconds,
+            },
+            "config": self.config.to_dict(),
+            "vocab": {"size": int(self.corpus.vocab_size), "spm_sha256": self.spm_sha256},
+            "valid": {k: self.last_valid.get(k) for k in ("loss", "nll", "ppl", "bleu")},
+        }
+
+    # ----------------------------------------------------------------- one step
+
+    def train_step(self, group: StepGroup) -> dict[str, float] | None:
+        """Forward/backward this rank's batches of ``group`` and update; None if skipped."""
+        model = self.ddp or self.model
+        model.train()
+        total_tokens = group.target_tokens(self.stream.tgt_lengths)
+        scale = self.info.world_size / max(total_tokens, 1)
+        mine = group.mine()
+        loss_acc = torch.zeros((), dtype=torch.float64, device=self.device)
+        nll_acc = torch.zeros((), dtype=torch.float64, device=self.device)
+        tokens = real = padded = 0
+        for i, indices in enumerate(mine):
+            batch = self.stream.collate(indices).to(self.device)
+            last = i == len(mine) - 1
+            sync = contextlib.nullcontext() if (self.ddp is None or last) else self.ddp.no_sync()
+            with sync:
+                src, tgt_in = self.criterion.inputs(batch.src, batch.tgt_in)
+                with autocast(self.device, bool(self.cfg.bf16)):
+                    logits = model(src, tgt_in)
+                loss, out = self.criterion.objective(logits, self.model.output_targets(batch.tgt_out))
+                (loss * scale).backward()
+            loss_acc += out.loss.detach()
+            nll_acc += out.nll
+            tokens += batch.tgt_tokens
+            real += batch.src_tokens + batch.tgt_tokens
+            padded += batch.padded_tokens
+        stop = 1.0 if self.signals.signum is not None else 0.0
+        loss_sum, nll_sum, tokens_f, real_f, padded_f, stop_any = all_sum(
+            [float(loss_acc), float(nll_acc), float(tokens), float(real), float(padded), stop],
+            self.info, self.device,
+        )
+        if stop_any > 0 and self.signals.signum is None:
+            self.signals.signum = signal.SIGTERM  # another rank was signalled
+        need_norm = self.cfg.clip_norm > 0 or (self.step + 1) % self.cfg.log_every == 0
+        grad_norm = self._clip_gradients() if math.isfinite(loss_sum) and need_norm else float("nan")
+        if not math.isfinite(loss_sum) or (need_norm and not math.isfinite(grad_norm)):
+            self._skip_update(group.epoch)
+            return None
+        lr = self.schedule.lr
+        self.optimizer.step()
+        self.schedule.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.nonfinite_in_row = 0
+        self.step += 1
+        return {
+            "loss": loss_sum / max(tokens_f, 1.0),
+            "nll": nll_sum / max(tokens_f, 1.0),
+            "ppl": perplexity(nll_sum, int(tokens_f)),
+            "tokens": tokens_f,
+            "real": real_f,
+            "padded": padded_f,
+            "lr": lr,
+            "grad_norm": grad_norm,
+        }
+
+    def _clip_gradients(self) -> float:
+        """The gradient norm, clipped to ``train.clip_norm`` when that is > 0."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.cfg.clip_norm if self.cfg.clip_norm > 0 else float("inf")
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    def _skip_update(self, epoch: int) -> None:
+        """Drop this step's gradients after a non-finite loss or gradient norm; raise
+        :class:`TrainingError` after ``max_nonfinite`` in a row."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.nonfinite_in_row += 1
+        self.log.warning("non-finite loss/gradient at step %d (epoch %d): update skipped (%d in a row)",
+                         self.step + 1, epoch, self.nonfinite_in_row)
+        if self.nonfinite_in_row >= self.cfg.max_nonfinite:
+            raise TrainingError(
+                f"{self.nonfinite_in_row} non-finite losses in a row at step {self.step + 1} "
+                f"(train.max_nonfinite={self.cfg.max_nonfinite}); lower train.lr_factor, "
+                "set train.clip_norm, or check the data"
+            )
+
+    # ----------------------------------------------------------------- validation
+
+    def validate(self) -> dict[str, Any]:
+        """Rank 0 computes loss/NLL/ppl/BLEU (RNG untouched); every rank gets the numbers."""
+        values = [float("nan")] * 3
+        if self.info.is_main:
+            devices = [self.device] if self.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                loss, nll, tokens = validation_loss(self.model, self.criterion, self.corpus,
+                                                    self.config, self.device)
+                bleu = (validation_bleu(self.model, self.corpus, self.config, self.device)
+                        if self.cfg.valid_bleu else None)
+            values = [loss / max(tokens, 1), nll / max(tokens, 1),
+                      float("nan") if bleu is None else bleu]
+        loss, nll, bleu = broadcast(values, self.info, self.device)
+        result = {"loss": loss, "nll": nll, "ppl": math.exp(min(nll, 700.0)),
+                  "bleu": None if math.isnan(bleu) else bleu}
+        self.last_valid = result
+        self.last_valid_step = self.step
+        use_bleu = self.cfg.valid_bleu and result["bleu"] is not None
+        metric = result["bleu"] if use_bleu else -loss
+        improved = self.best is None or metric > self.best
+        if improved:
+            self.best = metric
+            self.bad_validations = 0
+        else:
+            self.bad_validations += 1
+        if result["bleu"] is not None and (self.best_bleu is None or result["bleu"] > self.best_bleu):
+            self.best_bleu = result["bleu"]
+        if self.best_loss is None or loss < self.best_loss:
+            self.best_loss = loss
+        result["improved"] = improved
+        bleu_text = "n/a" if result["bleu"] is None else f"{result['bleu']:.2f}"
+        self.log.info("valid step %d | loss %.4f | nll %.4f | ppl %.2f | bleu %s%s", self.step, loss,
+                      nll, result["ppl"], bleu_text, " | best" if improved else "")
+        if self.writer is not None:
+            for key in ("loss", "nll", "ppl", "bleu"):
+                if result[key] is not None:
+                    self.writer.add_scalar(f"valid/{key}", result[key], self.step)
+            self.writer.flush()
+        return result
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def save(self, *, validated: bool, improved: bool = False) -> None:
+        """Rank 0 writes checkpoint_last (and, after a validation, the step/best files and index).
+
+        Every rank calls this at the same step (the stop rules and signals are agreed on across
+        ranks), since the ranks' RNG states are gathered first."""
+        rng_ranks = gather_rng_states(self.info, self.device)
+        if not self.info.is_main:
+            return
+        self.elapsed += self._consume_time()
+        state = self.state_dict(rng_ranks)
+        last = self.ckpt_dir / LAST_NAME
+        if not validated:
+            save_checkpoint(last, state)
+            return
+        # the index first (an entry whose file is missing is ignored, and rewritten on resume);
+        # the state is written once: last (and best) become further names of the step file
+        update_index(self.run_dir, self.step, state["valid"])
+        also = [self.ckpt_dir / BEST_NAME, last] if improved else [last]
+        save_checkpoint(self.ckpt_dir / step_checkpoint_name(self.step), state, also=also)
+        prune_checkpoints(self.run_dir, self.cfg.keep_last, self.cfg.keep_best)
+
+    def _consume_time(self) -> float:
+        now = time.monotonic()
+        spent = now - self._clock
+        self._clock = now
+        return spent
+
+    # ----------------------------------------------------------------- the loop
+
+    def stop_reason(self) -> str | None:
+        """Why training should stop now, or None (the same answer on every rank)."""
+        cfg = self.cfg
+        if self.step >= cfg.max_steps:
+            return f"max_steps={cfg.max_steps}"
+        if cfg.max_epochs > 0 and self.stream.epoch >= cfg.max_epochs:
+            return f"max_epochs={cfg.max_epochs}"
+        if cfg.patience > 0 and self.bad_validations >= cfg.patience:
+            return f"patience={cfg.patience} (no better validation {'BLEU' if self._uses_bleu() else 'loss'})"
+        scale = 1.0
+        if cfg.cooldown_steps > 0:  # the next update is step + 1; the last one (max_steps) gets 1/cooldown
+            scale = cooldown_scale(self.step, cfg.max_steps, cfg.cooldown_steps)
+        if cfg.max_minutes > 0:
+            # rank 0's clock decides for every rank: the stop and the cool-down's rate. The run
+            # stops if one more step and the final validation would end past the limit.
+            spent, ahead = broadcast([self.elapsed + (time.monotonic() - self._clock),
+                                       self._step_seconds + self._valid_seconds], self.info, self.device)
+            if spent + ahead > cfg.max_minutes * 60:
+                return f"max_minutes={cfg.max_minutes:g}"
+            if cfg.cooldown_minutes > 0:
+                scale = min(scale, cooldown_scale(spent, cfg.max_minutes * 60, cfg.cooldown_minutes * 60))
+        if cfg.cooldown_steps > 0 or cfg.cooldown_minutes > 0:
+            self.schedule.set_scale(scale)
+        return None
+
+    def _uses_bleu(self) -> bool:
+        return self.cfg.valid_bleu and self.last_valid.get("bleu") is not None
+
+    def _interrupt(self) -> None:
+        signum = int(self.signals.signum or signal.SIGTERM)
+        self.save(validated=False)
+        name = signal.Signals(signum).name
+        raise TrainingInterrupted(
+            f"training interrupted by {name} at step {self.step}; checkpoint_last saved in "
+            f"{self.ckpt_dir} (run the same command again to resume)", signum
+        )
+
+    def _add_to_log_window(self, stats: dict[str, float]) -> None:
+        window = self.log_window
+        window["loss"] += stats["loss"] * stats["tokens"]
+        window["nll"] += stats["nll"] * stats["tokens"]
+        for key in ("tokens", "real", "padded"):
+            window[key] += stats[key]
+
+    def _take_log_window(self) -> dict[str, float]:
+        """Token-weighted means of loss/NLL, perplexity and padding since the last log line; resets."""
+        w = self.log_window
+        tokens = max(w["tokens"], 1.0)
+        mean = {"loss": w["loss"] / tokens, "nll": w["nll"] / tokens,
+                "ppl": perplexity(w["nll"], int(w["tokens"])),
+                "padding": 1.0 - w["real"] / max(w["padded"], 1.0)}
+        self.log_window = dict.fromkeys(w, 0.0)
+        return mean
+
+    def run(self) -> str:
+        """Train until a stop rule fires; returns the stop reason."""
+        cfg = self.cfg
+        self._clock = time.monotonic()
+        # Under a wall-clock limit, max_steps is usually a far ceiling: a step total would show
+        # a meaningless ETA, so the bar then counts steps and rate only.
+        total = None if cfg.max_minutes > 0 else cfg.max_steps
+        bar = progress(total=total, initial=self.step, enabled=cfg.progress and self.info.is_main,
+                       terminal_only=True, desc="train", unit="step")  # train.log has the rest
+        window_tokens = 0.0
+        window_start = time.monotonic()
+        try:
+            while True:
+                reason = self.stop_reason()
+                if reason is not None:
+                    break
+                if self.signals.signum is not None and not self.info.distributed:
+                    self._interrupt()
+                group = self.stream.next_group()
+                step_start = time.monotonic()
+                stats = self.train_step(group)
+                self._step_seconds = time.monotonic() - step_start
+                self._train_seconds += self._step_seconds
+                if stats is not None:
+                    self._add_to_log_window(stats)  # before a signal's save: it is part of the state
+                if self.signals.signum is not None:
+                    self._interrupt()
+                if stats is None:
+                    continue
+                window_tokens += stats["tokens"]
+                self._tokens_done += int(stats["tokens"])
+                bar.update(1)
+                bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", refresh=False)
+                if self.step % cfg.log_every == 0:
+                    seconds = max(time.monotonic() - window_start, 1e-9)
+                    tps = window_tokens / seconds
+                    mean = self._take_log_window()
+                    mean.update(lr=stats["lr"], grad_norm=stats["grad_norm"])
+                    bar.set_postfix(loss=f"{mean['loss']:.3f}", lr=f"{mean['lr']:.2e}", tok_s=f"{tps:.0f}")
+                    self.log.info(
+                        "step %d | epoch %d | loss %.4f | nll %.4f | ppl %.2f | lr %.3e | gnorm %.3f "
+                        "| tok/s %.0f | pad %.3f", self.step, group.epoch, mean["loss"], mean["nll"],
+                        mean["ppl"], mean["lr"], mean["grad_norm"], tps, mean["padding"])
+                    if self.writer is not None:
+                        for key in ("loss", "nll", "ppl", "lr", "grad_norm", "padding"):
+                            self.writer.add_scalar(f"train/{key}", mean[key], self.step)
+                        self.writer.add_scalar("train/tokens_per_s", tps, self.step)
+                    window_tokens = 0.0
+                    window_start = time.monotonic()
+                if self.step % cfg.valid_every == 0:
+                    self._validate_and_save()
+                    window_start = time.monotonic()
+            if self.last_valid_step != self.step:
+                self._validate_and_save()
+            else:
+                self.save(validated=False)
+            return reason
+        finally:
+            bar.close()
+
+    def _validate_and_save(self) -> None:
+        """Validate, write the step's checkpoint, and time both (a time limit keeps room for them)."""
+        start = time.monotonic()
+        result = self.validate()
+        self.save(validated=True, improved=result["improved"])
+        self._valid_seconds = time.monotonic() - start
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Mean target tokens/s over the run's training steps (validation excluded), counting
+        the processes before a resume too (their totals are saved in the checkpoint)."""
+        return self._tokens_done / self._train_seconds if self._train_seconds > 0 else 0.0

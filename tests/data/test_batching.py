@@ -1,0 +1,215 @@
+"""Token-budget batching, length filtering, collation and the resumable batch stream."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mtcli.data.batching import (
+    BatchStream,
+    collate,
+    collate_sources,
+    filter_by_length,
+    make_batches,
+    padding_fraction,
+    source_batches,
+)
+from mtcli.errors import DataError
+
+
+class FakeArray:
+    """A TokenArray-like list of id arrays."""
+
+    def __init__(self, rows: list[list[int]]) -> None:
+        self.rows = [np.asarray(r, dtype=np.int32) for r in rows]
+        self.lengths = np.asarray([len(r) for r in rows], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.rows[i]
+
+
+def random_corpus(n: int, seed: int = 0, max_len: int = 40) -> tuple[FakeArray, FakeArray]:
+    rng = np.random.default_rng(seed)
+    # Correlated lengths, as in real parallel text.
+    src_len = rng.integers(1, max_len, n)
+    tgt_len = np.clip(src_len + rng.integers(-3, 4, n), 1, max_len)
+    src = [list(rng.integers(4, 50, k)) for k in src_len]
+    tgt = [list(rng.integers(4, 50, k)) for k in tgt_len]
+    return FakeArray(src), FakeArray(tgt)
+
+
+def test_budget_respected_and_every_pair_once() -> None:
+    src, tgt = random_corpus(500)
+    idx = np.arange(500)
+    batches = make_batches(src.lengths, tgt.lengths, idx, 200, seed=3, epoch=0)
+    flat = np.sort(np.concatenate(batches))
+    assert np.array_equal(flat, idx)
+    for b in batches:
+        width = max((src.lengths[b] + 1).max(), (tgt.lengths[b] + 1).max())
+        assert len(b) * width <= 200
+
+
+def test_oversized_pair_gets_its_own_batch() -> None:
+    src = FakeArray([[5] * 3, [5] * 100, [5] * 4])
+    tgt = FakeArray([[6] * 3, [6] * 2, [6] * 4])
+    batches = make_batches(src.lengths, tgt.lengths, np.arange(3), 20, seed=1)
+    assert sorted(map(len, batches)) == [1, 2]
+    assert [1] in [list(b) for b in batches]
+
+
+def test_deterministic_per_seed_and_epoch() -> None:
+    src, tgt = random_corpus(300)
+    idx = np.arange(300)
+    a = make_batches(src.lengths, tgt.lengths, idx, 150, seed=7, epoch=2)
+    b = make_batches(src.lengths, tgt.lengths, idx, 150, seed=7, epoch=2)
+    c = make_batches(src.lengths, tgt.lengths, idx, 150, seed=7, epoch=3)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True)) and len(a) == len(b)
+    assert len(a) != len(c) or not all(np.array_equal(x, y) for x, y in zip(a, c, strict=False))
+
+
+def test_sorted_pools_pad_less_than_random_batches() -> None:
+    src, tgt = random_corpus(2000, max_len=60)
+    idx = np.arange(2000)
+    bucketed = make_batches(src.lengths, tgt.lengths, idx, 600, seed=1, pool_batches=50)
+    # Same batch sizes, but random membership.
+    rng = np.random.default_rng(0)
+    perm = rng.permutation(idx)
+    sizes = np.cumsum([len(b) for b in bucketed])[:-1]
+    random_batches = np.split(perm, sizes)
+    pad_sorted = padding_fraction(bucketed, src.lengths, tgt.lengths)
+    pad_random = padding_fraction(random_batches, src.lengths, tgt.lengths)
+    assert pad_sorted < pad_random / 2
+
+
+def test_padding_fraction_hand_value() -> None:
+    # one batch: src sizes 2,4 (with eos), tgt sizes 3,3 -> real 12, padded 2*4 + 2*3 = 14
+    frac = padding_fraction([np.array([0, 1])], np.array([1, 3]), np.array([2, 2]))
+    assert frac == pytest.approx(1 - 12 / 14)
+
+
+def test_filter_by_length_counts_skips() -> None:
+    kept, skipped = filter_by_length(np.array([3, 10, 5, 2]), np.array([3, 2, 9, 2]), 5, 5)
+    assert list(kept) == [0, 3] and skipped == 2
+    with pytest.raises(DataError):
+        filter_by_length(np.array([1, 2]), np.array([1]), 5, 5)
+
+
+def test_collate_adds_bos_eos_pad() -> None:
+    src = FakeArray([[10, 11], [12]])
+    tgt = FakeArray([[20], [21, 22, 23]])
+    batch = collate(src, tgt, np.array([0, 1]))
+    assert batch.src.dtype == torch.int64
+    assert batch.src.tolist() == [[10, 11, 3], [12, 3, 0]]
+    assert batch.tgt_in.tolist() == [[2, 20, 0, 0], [2, 21, 22, 23]]
+    assert batch.tgt_out.tolist() == [[20, 3, 0, 0], [21, 22, 23, 3]]
+    assert batch.src_tokens == 5 and batch.tgt_tokens == 6
+    assert batch.padding == pytest.approx(1 - 11 / 14)
+
+
+def test_stream_skips_long_pairs_and_resumes_exactly() -> None:
+    src, tgt = random_corpus(400, max_len=30)
+    kwargs = dict(max_tokens=120, max_source_length=25, max_target_length=25, seed=5, update_freq=2)
+    stream = BatchStream(src, tgt, **kwargs)
+    assert stream.skipped == int(((src.lengths > 25) | (tgt.lengths > 25)).sum()) > 0
+    groups = [stream.next_group() for _ in range(40)]
+    assert any(g.epoch == 1 for g in groups)  # crossed an epoch
+    # every kept pair appears exactly once in epoch 0
+    epoch0 = np.sort(np.concatenate([b for g in groups if g.epoch == 0 for b in g.batches]))
+    assert np.array_equal(epoch0, stream.indices)
+    # restart from a saved position reproduces the rest
+    replay = BatchStream(src, tgt, **kwargs)
+    for _ in range(17):
+        replay.next_group()
+    state = replay.state_dict()
+    resumed = BatchStream(src, tgt, **kwargs)
+    resumed.load_state_dict(state)
+    for g in groups[17:]:
+        r = resumed.next_group()
+        assert (r.epoch, r.start) == (g.epoch, g.start)
+        assert all(np.array_equal(x, y) for x, y in zip(r.batches, g.batches, strict=True))
+
+
+def test_stream_shards_batches_across_ranks() -> None:
+    src, tgt = random_corpus(300)
+    kwargs = dict(max_tokens=100, max_source_length=64, max_target_length=64, seed=2)
+    streams = [BatchStream(src, tgt, world_size=2, rank=r, **kwargs) for r in range(2)]
+    assert len(streams[0].epoch_batches(0)) % 2 == 0
+    g0, g1 = streams[0].next_group(), streams[1].next_group()
+    assert len(g0.batches) == 2
+    assert np.array_equal(g0.mine()[0], g0.batches[0])
+    assert np.array_equal(g1.mine()[0], g0.batches[1])
+    total = g0.target_tokens(tgt.lengths)
+    assert total == sum(int(tgt.lengths[b].sum()) + len(b) for b in g0.batches)
+
+
+def test_stream_refuses_when_everything_is_too_long() -> None:
+    src, tgt = random_corpus(10)
+    with pytest.raises(DataError, match="max_source_length"):
+        BatchStream(src, tgt, max_tokens=100, max_source_length=0, max_target_length=0, seed=1)
+
+
+def test_stream_resegments_every_epoch_and_resumes_exactly() -> None:
+    """With ``resegment``, each epoch batches that epoch's pairs (new lengths, new filter)."""
+    calls: list[int] = []
+
+    def resegment(epoch: int) -> tuple[FakeArray, FakeArray]:
+        calls.append(epoch)
+        return random_corpus(200, seed=100 + epoch, max_len=30)
+
+    kwargs = dict(max_tokens=150, max_source_length=25, max_target_length=25, seed=3,
+                  resegment=resegment)
+    base = random_corpus(200, seed=0, max_len=30)
+    stream = BatchStream(*base, **kwargs)
+    groups = []
+    while stream.epoch < 3:
+        group = stream.next_group()
+        # the collated pairs are the group's own epoch's segmentation
+        batch = stream.collate(group.batches[0])
+        expected_src, _ = random_corpus(200, seed=100 + group.epoch, max_len=30)
+        assert batch.src[0, : expected_src.lengths[group.batches[0][0]]].tolist() == \
+            expected_src[int(group.batches[0][0])].tolist()
+        groups.append(group)
+    for epoch in range(3):
+        src, tgt = random_corpus(200, seed=100 + epoch, max_len=30)
+        kept, _ = filter_by_length(src.lengths, tgt.lengths, 25, 25)
+        seen = np.sort(np.concatenate([b for g in groups if g.epoch == epoch for b in g.batches]))
+        assert np.array_equal(seen, kept)  # every pair kept under this epoch's lengths, once
+    assert sorted(set(calls)) == [0, 1, 2]
+
+    cut = next(i for i, g in enumerate(groups) if g.epoch == 1) + 2
+    replay = BatchStream(*base, **kwargs)
+    for _ in range(cut):
+        replay.next_group()
+    resumed = BatchStream(*base, **kwargs)
+    resumed.load_state_dict(replay.state_dict())
+    for g in groups[cut:]:
+        r = resumed.next_group()
+        assert (r.epoch, r.start) == (g.epoch, g.start)
+        assert all(np.array_equal(x, y) for x, y in zip(r.batches, g.batches, strict=True))
+
+
+# ----------------------------------------------------------------- decoding batches
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_source_batches_cover_all_and_respect_the_budget(beam: int) -> None:
+    lengths = [5, 1, 30, 7, 7, 2, 90, 3, 12, 4] * 7
+    budget = 200
+    batches = source_batches(lengths, budget, beam)
+    flat = sorted(i for b in batches for i in b)
+    assert flat == list(range(len(lengths)))
+    for batch in batches:
+        width = max(lengths[i] for i in batch) + 1
+        assert len(batch) == 1 or width * len(batch) * beam <= budget
+    # Longest first, so batches are length-homogeneous.
+    firsts = [max(lengths[i] for i in b) for b in batches]
+    assert firsts == sorted(firsts, reverse=True)
+
+
+def test_collate_sources_appends_eos_and_pads() -> None:
+    batch = collate_sources([[5, 6, 7], [9]], "cpu")
+    assert batch.tolist() == [[5, 6, 7, 3], [9, 3, 0, 0]]

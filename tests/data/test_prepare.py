@@ -1,0 +1,433 @@
+"""Tests of mtcli.data.prepare and `mtcli prepare`: every source kind, cleaning counts, the no-op,
+--force, atomicity under SIGKILL, and a one-line error for every kind of bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, TOY_DIR, shared_corpus
+from typer.testing import CliRunner
+
+import mtcli.data.prepare as prep
+from mtcli.cli import app
+from mtcli.config import load_config
+from mtcli.data.cache import PreparedCorpus
+from mtcli.data.textio import read_lines
+from mtcli.data.tokenizer import Tokenizer
+from mtcli.errors import DataError
+from mtcli.fileio import sha256_file
+
+LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d \| [A-Z]+ \| ")
+
+
+def write_config(tmp_path: Path, source: Path | str, name: str = "cfg", **data) -> Path:
+    """A toy-sized recipe reading ``source`` and writing the cache under ``tmp_path``."""
+    section = {
+        "name": name,
+        "source": str(source),
+        "src_lang": "src",
+        "tgt_lang": "tgt",
+        "valid_split": "val",
+        "test_splits": ["test"],
+        "prepared_dir": str(tmp_path / "prepared" / name),
+        "vocab_size": 64,
+        "num_workers": 1,
+    }
+    section.update(data)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"data": section}))
+    return path
+
+
+def run_cli(*args: str):
+    result = CliRunner().invoke(app, ["prepare", *args])
+    return result
+
+
+def assert_one_line_error(result, *needles: str) -> str:
+    """Exit code != 0, no traceback, and exactly one non-log line on stderr: the error."""
+    assert result.exit_code not in (0, None), result.output
+    stderr = result.stderr
+    assert "Traceback" not in stderr
+    other = [line for line in stderr.splitlines() if line.strip() and not LOG_LINE.match(line)]
+    assert len(other) == 1 and other[0].startswith("mtcli: error: "), stderr
+    for needle in needles:
+        assert needle in other[0], other[0]
+    return other[0]
+
+
+def assert_nothing_written(config_path: Path) -> None:
+    out = Path(yaml.safe_load(config_path.read_text())["data"]["prepared_dir"])
+    assert not out.exists()
+    if out.parent.exists():
+        assert list(out.parent.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- happy paths
+
+
+def test_prepare_toy_builds_a_complete_cache(tmp_path: Path, toy_dir: Path) -> None:
+    config = load_config(write_config(tmp_path, toy_dir))
+    report = prep.prepare(config)
+    assert not report.skipped and report.vocab_size == 64
+    corpus = PreparedCorpus.open(config.data.prepared_path(), verify=True)
+    assert corpus.splits == ["train", "val", "test"]
+    manifest = corpus.manifest
+    assert manifest["counts"]["train"]["read"] == 600
+    assert manifest["vocab"] == {"size": 64, "pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
+    assert manifest["inputs"]["files"] == {
+        f"{split}.{lang}": sha256_file(toy_dir / f"{split}.{lang}")
+        for split in corpus.splits
+        for lang in ("src", "tgt")
+    }
+    assert manifest["files"]["train.src.bin"]["sha256"] == sha256_file(corpus.directory / "train.src.bin")
+    tok = Tokenizer(corpus.spm_path)
+    for split in ("val", "test"):
+        for lang in ("src", "tgt"):
+            lines = list(read_lines(toy_dir / f"{split}.{lang}"))
+            assert list(read_lines(corpus.text_path(split, lang))) == lines
+            array = corpus.array(split, lang)
+            assert [tok.decode(array[i]) for i in range(len(array))] == lines
+    assert "prepared" in report.summary() and "train" in report.summary()
+
+
+def test_no_op_force_and_rebuild_on_change(tmp_path: Path, toy_dir: Path) -> None:
+    cfg = write_config(tmp_path, toy_dir)
+    config = load_config(cfg)
+    out = config.data.prepared_path()
+    assert not prep.prepare(config).skipped
+    created = json.loads((out / "manifest.json").read_text())["build_key"]
+    stamp = (out / "manifest.json").stat().st_mtime_ns
+
+    again = prep.prepare(load_config(cfg))
+    assert again.skipped and "up to date" in again.summary()
+    assert again.counts["train"]["read"] == 600
+    assert (out / "manifest.json").stat().st_mtime_ns == stamp
+
+    assert not prep.prepare(load_config(cfg), force=True).skipped
+    assert (out / "manifest.json").stat().st_mtime_ns != stamp
+
+    # a data-config change that alters the cache rebuilds; one that does not (workers) does not
+    assert not prep.prepare(load_config(cfg, ["data.max_length=5"])).skipped
+    assert prep.prepare(load_config(cfg, ["data.max_length=5", "data.num_workers=2"])).skipped
+    changed = json.loads((out / "manifest.json").read_text())["build_key"]
+    assert changed != created
+
+    # an input change rebuilds
+    with open(toy_dir / "test.src", "a") as handle, open(toy_dir / "test.tgt", "a") as other:
+        handle.write("ein hund\n")
+        other.write("a dog\n")
+    report = prep.prepare(load_config(cfg, ["data.max_length=5"]))
+    assert not report.skipped and report.counts["test"]["kept"] == 41
+
+
+def test_corrupt_cache_is_rebuilt_not_trusted(tmp_path: Path, toy_dir: Path) -> None:
+    cfg = write_config(tmp_path, toy_dir)
+    out = load_config(cfg).data.prepared_path()
+    prep.prepare(load_config(cfg))
+    (out / "val.src.bin").write_bytes(b"\0\0")
+    with pytest.raises(DataError):
+        PreparedCorpus.open(out)
+    assert not prep.prepare(load_config(cfg)).skipped
+    PreparedCorpus.open(out, verify=True)
+
+
+def test_cli_prepare_then_up_to_date_then_force(tmp_path: Path, toy_dir: Path) -> None:
+    cfg = write_config(tmp_path, toy_dir)
+    first = run_cli(str(cfg))
+    assert first.exit_code == 0, first.output
+    assert "prepared" in first.stdout and "Traceback" not in first.stderr
+    second = run_cli(str(cfg))
+    assert second.exit_code == 0 and "up to date" in second.stdout
+    third = run_cli(str(cfg), "--force", "--set", "data.dedup=true")
+    assert third.exit_code == 0 and "prepared" in third.stdout
+
+
+def test_cleaning_counts_end_to_end(tmp_path: Path) -> None:
+    root = tmp_path / "corpus"
+    root.mkdir()
+    good = [(f"ein hund {w}", f"a dog {w}") for w in "abcdefghijklmnopqrstuvwxyz"]
+    train = good + [
+        ("", "empty"),
+        ("leer", "  "),
+        ("x " * 30, "y " * 30),
+        ("eins", "one two three four"),
+        good[0],
+        good[1],
+    ]
+    val = [("ein hund", "a dog"), ("", ""), ("x " * 30, "y")]  # kept verbatim
+    for split, pairs in (("train", train), ("val", val), ("test", val)):
+        for side, lang in enumerate(("src", "tgt")):
+            (root / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs))
+    config = load_config(
+        write_config(tmp_path, root, max_length=20, max_length_ratio=3.0, dedup=True, vocab_size=33)
+    )
+    report = prep.prepare(config)
+    assert report.counts["train"] == {
+        "read": 32,
+        "kept": 26,
+        "dropped": {"empty": 2, "too_long": 1, "ratio": 1, "duplicate": 2},
+    }
+    assert report.counts["val"] == {"read": 3, "kept": 3, "dropped": {"empty": 0, "too_long": 0, "ratio": 0, "duplicate": 0}}
+    corpus = PreparedCorpus.open(config.data.prepared_path())
+    assert list(read_lines(corpus.text_path("train", "tgt"))) == [t for _, t in good]
+    assert list(read_lines(corpus.text_path("val", "src"))) == [s for s, _ in val]
+    assert corpus.array("val", "src").lengths[1] == 0  # the empty line is an empty sentence
+    assert corpus.manifest["counts"] == report.counts
+    assert "dropped: empty 2, too_long 1, ratio 1, duplicate 2" in report.summary()
+
+
+def _toy_pairs(split: str) -> list[tuple[str, str]]:
+    return list(zip(read_lines(TOY_DIR / f"{split}.src"), read_lines(TOY_DIR / f"{split}.tgt"), strict=True))
+
+
+def _cache_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in out.iterdir() if p.suffix in (".bin", ".idx", ".txt")}
+
+
+def test_every_source_kind_gives_the_same_cache(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    datasets = pytest.importorskip("datasets")
+    splits = {s: _toy_pairs(s) for s in ("train", "val", "test")}
+
+    gz_dir = tmp_path / "gz"
+    gz_dir.mkdir()
+    for split, pairs in splits.items():
+        for side, lang in enumerate(("src", "tgt")):
+            (gz_dir / f"{split}.{lang}.gz").write_bytes(gzip.compress("".join(p[side] + "\n" for p in pairs).encode()))
+
+    pq_dir = tmp_path / "pq"
+    for split, pairs in splits.items():
+        half = len(pairs) // 2
+        for i, part in enumerate((pairs[:half], pairs[half:])):
+            (pq_dir / "data").mkdir(parents=True, exist_ok=True)
+            table = pa.table({"translation": [{"src": s, "tgt": t} for s, t in part]})
+            pq.write_table(table, pq_dir / "data" / f"{split}-{i:05d}-of-00002.parquet")
+
+    ds_dir = tmp_path / "saved"
+    datasets.DatasetDict(
+        {s: datasets.Dataset.from_dict({"translation": [{"src": a, "tgt": b} for a, b in p]}) for s, p in splits.items()}
+    ).save_to_disk(str(ds_dir))
+
+    caches = {}
+    for name, source in (("text", TOY_DIR), ("gz", gz_dir), ("parquet", pq_dir), ("dataset", ds_dir)):
+        config = load_config(write_config(tmp_path, source, name=name))
+        report = prep.prepare(config)
+        corpus = PreparedCorpus.open(report.directory)
+        assert corpus.manifest["source"]["kind"] == ("text" if name == "gz" else name)
+        caches[name] = _cache_bytes(report.directory)
+    assert caches["text"] and all(c == caches["text"] for c in caches.values())
+
+
+def test_parallel_encoding_matches_in_process(tmp_path: Path, toy_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    serial = prep.prepare(load_config(write_config(tmp_path, toy_dir, name="serial")))
+    monkeypatch.setattr(prep, "PARALLEL_MIN_LINES", 1)
+    monkeypatch.setattr(prep, "CHUNK_BYTES", 500)  # many small ranges, cut mid-file
+    parallel = prep.prepare(load_config(write_config(tmp_path, toy_dir, name="parallel", num_workers=2)))
+    assert _cache_bytes(serial.directory) == _cache_bytes(parallel.directory)
+
+
+def test_byte_ranges_cover_whole_lines(tmp_path: Path) -> None:
+    path = tmp_path / "t.txt"
+    lines = [f"line {i} " + "x" * (i % 7) for i in range(100)]
+    path.write_text("".join(line + "\n" for line in lines))
+    ranges = prep.byte_ranges(path, 37)
+    assert ranges[0][0] == 0 and ranges[-1][1] == path.stat().st_size
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    data = path.read_bytes()
+    assert [x for a, b in ranges for x in data[a:b].decode().split("\n")[:-1]] == lines
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _corrupt(kind: str, root: Path) -> dict:
+    """Damage a copy of the toy corpus; return config overrides for the case."""
+    if kind == "mismatch":
+        (root / "val.tgt").write_text("".join(f"{x}\n" for x in range(39)))
+    elif kind == "utf8":
+        data = (root / "test.src").read_bytes().split(b"\n")
+        data[6] = b"ein \xc3\x28 hund"
+        (root / "test.src").write_bytes(b"\n".join(data))
+    elif kind == "split":
+        return {"test_splits": ["test", "test2018"]}
+    elif kind == "lang":
+        return {"tgt_lang": "fr"}
+    elif kind == "empty":
+        return {"max_length": 1}
+    elif kind == "vocab":
+        return {"vocab_size": 5000}
+    return {}
+
+
+@pytest.mark.parametrize(
+    ("kind", "needles"),
+    [
+        ("mismatch", ("val.src has 40 lines", "val.tgt has 39 lines")),
+        ("utf8", ("test.src:7: invalid UTF-8",)),
+        ("split", ("no split 'test2018'", "found splits: test, train, val")),
+        ("lang", ("language 'fr'", "languages: src, tgt")),
+        ("empty", ("empty after cleaning", "read 600 pairs", "too_long")),
+        ("vocab", ("data.vocab_size=5000", "at most")),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, toy_dir: Path, kind: str, needles: tuple) -> None:
+    overrides = _corrupt(kind, toy_dir)
+    cfg = write_config(tmp_path, toy_dir, **overrides)
+    result = run_cli(str(cfg))
+    assert result.exit_code == 1
+    assert_one_line_error(result, *needles)
+    assert_nothing_written(cfg)
+
+
+def test_failed_rebuild_keeps_the_previous_cache(tmp_path: Path, toy_dir: Path) -> None:
+    cfg = write_config(tmp_path, toy_dir)
+    prep.prepare(load_config(cfg))
+    out = load_config(cfg).data.prepared_path()
+    before = _cache_bytes(out)
+    _corrupt("mismatch", toy_dir)
+    assert_one_line_error(run_cli(str(cfg), "--force"), "line counts differ")
+    assert _cache_bytes(out) == before
+    PreparedCorpus.open(out, verify=True)
+    assert sorted(p.name for p in out.parent.iterdir()) == [out.name]
+
+
+def test_unwritable_output_directory(tmp_path: Path, toy_dir: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    cfg = write_config(tmp_path, toy_dir, prepared_dir=str(blocker / "prepared"))
+    assert_one_line_error(run_cli(str(cfg)), "cannot write the prepared cache", "a-file")
+    cfg = write_config(tmp_path, toy_dir, prepared_dir=str(blocker))
+    assert_one_line_error(run_cli(str(cfg)), "not a directory")
+    if os.geteuid() != 0:  # root ignores permission bits
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        cfg = write_config(tmp_path, toy_dir, prepared_dir=str(locked / "out"))
+        assert_one_line_error(run_cli(str(cfg)), "cannot write", "ermission denied")
+
+
+def test_missing_source_directory(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, tmp_path / "no-such-corpus")
+    assert_one_line_error(run_cli(str(cfg)), "no-such-corpus", "directory not found")
+
+
+def _run_mtcli(args: list[str], env_extra: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **env_extra)
+    return subprocess.run(
+        [sys.executable, "-m", "mtcli.cli", *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO
+    )
+
+
+def test_hub_id_unreachable_offline(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, "mtcli-tests/no-such-dataset-7f3a", hub_config="de-en")
+    offline = {
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf-home"),  # an empty cache: nothing to fall back on
+    }
+    proc = _run_mtcli(["prepare", str(cfg)], offline)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.strip() and not LOG_LINE.match(line)]
+    assert len(errors) == 1, proc.stderr
+    assert "mtcli-tests/no-such-dataset-7f3a" in errors[0]
+    assert "offline" in errors[0] and "local directory" in errors[0]
+    assert_nothing_written(cfg)
+
+
+# ----------------------------------------------------------------------------- atomicity
+
+_KILLABLE = """
+import sys, time
+from pathlib import Path
+import mtcli.data.prepare as prep
+from mtcli.config import load_config
+original = prep.Tokenizer.train
+def train_then_hang(*args, **kwargs):
+    path = original(*args, **kwargs)
+    Path(sys.argv[2]).write_text("in the middle")
+    time.sleep(120)
+    return path
+prep.Tokenizer.train = staticmethod(train_then_hang)
+prep.prepare(load_config(sys.argv[1]), force=True)
+"""
+
+
+def _kill_mid_prepare(cfg: Path, marker: Path) -> None:
+    marker.unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", _KILLABLE, str(cfg), str(marker)], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None, "prepare ended before it could be killed"
+            assert time.monotonic() < deadline, "prepare never reached the kill point"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_sigkill_mid_prepare_never_leaves_an_accepted_cache(tmp_path: Path, toy_dir: Path) -> None:
+    cfg = write_config(tmp_path, toy_dir)
+    out = load_config(cfg).data.prepared_path()
+    marker = tmp_path / "marker"
+
+    _kill_mid_prepare(cfg, marker)  # no previous cache: nothing a later step would accept
+    with pytest.raises(DataError):
+        PreparedCorpus.open(out, verify=False)
+    leftovers = [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+    assert leftovers, "the killed run's temporary directory should be the only trace"
+
+    report = prep.prepare(load_config(cfg))  # cleans the dead run's leftovers and builds
+    assert not report.skipped
+    assert sorted(p.name for p in out.parent.iterdir()) == [out.name]
+    before = _cache_bytes(out)
+
+    _kill_mid_prepare(cfg, marker)  # a killed --force rebuild keeps the previous cache
+    assert PreparedCorpus.open(out, verify=True).manifest["counts"]["train"]["read"] == 600
+    assert _cache_bytes(out) == before
+    assert prep.prepare(load_config(cfg)).skipped
+
+
+# ----------------------------------------------------------------------------- real data
+
+
+@pytest.mark.shared_data
+def test_multi30k_directory(tmp_path: Path) -> None:
+    root = shared_corpus("multi30k")
+    cfg = write_config(
+        tmp_path,
+        root,
+        name="m30k",
+        src_lang="de",
+        tgt_lang="en",
+        valid_split="val",
+        test_splits=["test_2016_flickr"],
+        vocab_size=1000,  # small and sampled: the full 8k recipe is timed in bench/bench_prepare.py
+        spm_max_sentences=4000,
+        num_workers=2,
+    )
+    report = prep.prepare(load_config(cfg))
+    counts = report.counts
+    assert counts["train"]["read"] == 29000 and counts["train"]["kept"] > 28000
+    assert counts["val"]["kept"] == 1014 and counts["test_2016_flickr"]["kept"] == 1000
+    corpus = PreparedCorpus.open(report.directory, verify=True)
+    tok = Tokenizer(corpus.spm_path)
+    refs = list(read_lines(root / "test_2016_flickr.en"))
+    array = corpus.array("test_2016_flickr", "en")
+    decoded = [tok.decode(array[i]) for i in range(len(array))]
+    same = sum(d == r for d, r in zip(decoded, refs, strict=True))
+    assert same >= 0.95 * len(refs)  # the rest differ by whitespace normalisation or unseen chars

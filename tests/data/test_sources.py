@@ -1,0 +1,267 @@
+"""Tests of mtcli.data.textio, .sources and .cleaning: strict UTF-8 reading, every source kind,
+and cleaning counts."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from mtcli.data.cleaning import CleanCounts, PairCleaner
+from mtcli.data.sources import (
+    DatasetDirSource,
+    HubSource,
+    ParquetDirSource,
+    TextDirSource,
+    detect_kind,
+    open_source,
+)
+from mtcli.data.textio import count_lines, read_lines
+from mtcli.errors import DataError
+
+PAIRS = [("ein hund", "a dog"), ("", "empty source"), ("zwei katzen", "two cats"), ("drei", "three")]
+
+
+def write_text_dir(root: Path, splits: dict[str, list[tuple[str, str]]], langs=("de", "en"), gz=False) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for split, pairs in splits.items():
+        for side, lang in enumerate(langs):
+            data = "".join(p[side] + "\n" for p in pairs).encode()
+            path = root / f"{split}.{lang}{'.gz' if gz else ''}"
+            path.write_bytes(gzip.compress(data) if gz else data)
+    return root
+
+
+def translation_table(pairs, langs=("de", "en")):
+    import pyarrow as pa
+
+    return pa.table({"translation": [{langs[0]: s, langs[1]: t} for s, t in pairs]})
+
+
+def write_parquet(path: Path, pairs, langs=("de", "en")) -> None:
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(translation_table(pairs, langs), path)
+
+
+# ----------------------------------------------------------------------------- read_lines
+
+
+def test_read_lines_normalises_crlf_and_strips_only_the_newline(tmp_path: Path) -> None:
+    path = tmp_path / "a.txt"
+    path.write_bytes(b"one  \r\ntwo\n\n  three\r\nlast without newline")
+    assert list(read_lines(path)) == ["one  ", "two", "", "  three", "last without newline"]
+    assert count_lines(path) == 5
+
+
+def test_read_lines_gzip_bom_and_inner_cr(tmp_path: Path) -> None:
+    path = tmp_path / "a.txt.gz"
+    path.write_bytes(gzip.compress("\ufeffä\rb\nö\n".encode()))
+    assert list(read_lines(path)) == ["ä b", "ö"]
+    assert count_lines(path) == 2
+
+
+def test_read_lines_invalid_utf8_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.de"
+    path.write_bytes(b"fine\nalso fine\nbroken \xff here\n")
+    with pytest.raises(DataError, match=r"bad\.de:3: invalid UTF-8") as info:
+        list(read_lines(path))
+    assert "\n" not in str(info.value)
+
+
+def test_read_lines_corrupt_gzip(tmp_path: Path) -> None:
+    path = tmp_path / "x.de.gz"
+    path.write_bytes(gzip.compress(b"a\nb\n" * 100)[:-20])
+    with pytest.raises(DataError, match="x.de.gz"):
+        list(read_lines(path))
+
+
+def test_read_lines_is_lazy(tmp_path: Path) -> None:
+    path = tmp_path / "big.txt"
+    path.write_bytes(b"ok\n" + b"\xff\n")
+    lines = read_lines(path)
+    assert next(lines) == "ok"  # the bad second line is not touched yet
+    with pytest.raises(DataError):
+        next(lines)
+
+
+# ----------------------------------------------------------------------------- text directories
+
+
+def test_text_dir_pairs_plain_and_gz(tmp_path: Path) -> None:
+    for gz in (False, True):
+        root = write_text_dir(tmp_path / f"c{gz}", {"train": PAIRS, "val": PAIRS[:2]}, gz=gz)
+        source = open_source(str(root), "de", "en")
+        assert isinstance(source, TextDirSource)
+        assert source.splits() == ["train", "val"]
+        source.check(["train", "val"])
+        assert list(source.pairs("train")) == PAIRS
+        assert list(source.pairs("val")) == PAIRS[:2]
+
+
+def test_text_dir_missing_split_lists_found(tmp_path: Path) -> None:
+    root = write_text_dir(tmp_path / "c", {"train": PAIRS, "dev": PAIRS})
+    source = open_source(str(root), "de", "en")
+    with pytest.raises(DataError, match=r"no split 'val' \(found splits: dev, train\)"):
+        source.check(["train", "val"])
+
+
+def test_text_dir_missing_language_lists_found(tmp_path: Path) -> None:
+    root = write_text_dir(tmp_path / "c", {"train": PAIRS}, langs=("de", "fr"))
+    source = open_source(str(root), "de", "en")
+    with pytest.raises(DataError, match=r"language 'en'.*languages: de, fr"):
+        source.check(["train"])
+
+
+def test_text_dir_mismatched_counts_names_both_files(tmp_path: Path) -> None:
+    root = write_text_dir(tmp_path / "c", {"train": PAIRS})
+    (root / "train.en").write_text("a\nb\n")
+    source = open_source(str(root), "de", "en")
+    with pytest.raises(DataError) as info:
+        list(source.pairs("train"))
+    message = str(info.value)
+    assert "train.de has 4 lines" in message and "train.en has 2 lines" in message
+    (root / "train.en").write_text("a\nb\nc\nd\ne\nf\n")
+    with pytest.raises(DataError, match=r"train.de has 4 lines.*train.en has 6 lines"):
+        list(source.pairs("train"))
+
+
+def test_text_dir_plain_and_gz_both_present_is_ambiguous(tmp_path: Path) -> None:
+    root = write_text_dir(tmp_path / "c", {"train": PAIRS})
+    (root / "train.de.gz").write_bytes(gzip.compress(b"x\n"))
+    with pytest.raises(DataError, match="keep one"):
+        open_source(str(root), "de", "en").check(["train"])
+
+
+def test_text_dir_fingerprint_follows_content(tmp_path: Path) -> None:
+    root = write_text_dir(tmp_path / "c", {"train": PAIRS})
+    first = open_source(str(root), "de", "en").fingerprint(["train"])
+    assert first == open_source(str(root), "de", "en").fingerprint(["train"])
+    (root / "train.en").write_text("changed\n" * 4)
+    assert open_source(str(root), "de", "en").fingerprint(["train"]) != first
+
+
+def test_open_source_missing_directory_and_empty_directory(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="directory not found"):
+        open_source(str(tmp_path / "nope"), "de", "en")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "README").write_text("x")
+    with pytest.raises(DataError, match=r"no <split>.<lang> text files.*README"):
+        open_source(str(tmp_path / "empty"), "de", "en")
+
+
+def test_open_source_hub_id_is_lazy() -> None:
+    source = open_source("some-org/some-dataset", "de", "en", "de-en")
+    assert isinstance(source, HubSource)
+    assert source.hub_id == "some-org/some-dataset" and source.hub_config == "de-en"
+
+
+# ----------------------------------------------------------------------------- hub layout, offline
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["train-00000-of-00002.parquet", "train/part-0.parquet", "data/train-00000-of-00001.parquet"],
+)
+def test_parquet_layouts(tmp_path: Path, layout: str) -> None:
+    root = tmp_path / "pq"
+    write_parquet(root / layout, PAIRS)
+    write_parquet(root / layout.replace("train", "validation"), PAIRS[:1])
+    assert detect_kind(root) == "parquet"
+    source = open_source(str(root), "de", "en")
+    assert isinstance(source, ParquetDirSource)
+    assert source.splits() == ["train", "validation"]
+    source.check(["train", "validation"])
+    assert list(source.pairs("train")) == PAIRS
+    assert list(source.pairs("validation")) == PAIRS[:1]
+
+
+def test_parquet_shards_in_order_and_config_subdir(tmp_path: Path) -> None:
+    root = tmp_path / "pq"
+    write_parquet(root / "de-en" / "train-00000-of-00002.parquet", PAIRS[:2])
+    write_parquet(root / "de-en" / "train-00001-of-00002.parquet", PAIRS[2:])
+    source = open_source(str(root), "de", "en", hub_config="de-en")
+    assert list(source.pairs("train")) == PAIRS
+
+
+def test_parquet_missing_language_and_split(tmp_path: Path) -> None:
+    root = tmp_path / "pq"
+    write_parquet(root / "train-00000-of-00001.parquet", PAIRS, langs=("de", "fr"))
+    source = open_source(str(root), "de", "en")
+    with pytest.raises(DataError, match=r"no language 'en'.*languages: de, fr"):
+        source.check(["train"])
+    with pytest.raises(DataError, match=r"no split 'test' \(found splits: train\)"):
+        source.check(["test"])
+
+
+def test_parquet_language_columns_and_newlines_in_rows(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "pq"
+    root.mkdir()
+    pq.write_table(pa.table({"de": ["a\nb", None], "en": ["c", "d"]}), root / "train-0.parquet")
+    assert list(open_source(str(root), "de", "en").pairs("train")) == [("a b", "c"), ("", "d")]
+
+
+def test_saved_dataset_dict(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    rows = lambda pairs: {"translation": [{"de": s, "en": t} for s, t in pairs]}  # noqa: E731
+    dd = datasets.DatasetDict(
+        train=datasets.Dataset.from_dict(rows(PAIRS)), test=datasets.Dataset.from_dict(rows(PAIRS[:3]))
+    )
+    root = tmp_path / "saved"
+    dd.save_to_disk(str(root))
+    assert detect_kind(root) == "dataset"
+    source = open_source(str(root), "de", "en")
+    assert isinstance(source, DatasetDirSource)
+    assert source.splits() == ["test", "train"]
+    source.check(["train", "test"])
+    assert list(source.pairs("train")) == PAIRS
+    assert list(source.pairs("test")) == PAIRS[:3]
+    with pytest.raises(DataError, match=r"no split 'val'.*test, train"):
+        source.check(["val"])
+    fp = source.fingerprint(["train"])
+    assert fp["kind"] == "dataset" and fp["files"]
+
+
+def test_saved_single_dataset_is_rejected(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"translation": [{"de": "a", "en": "b"}]}).save_to_disk(str(tmp_path / "one"))
+    with pytest.raises(DataError, match="without splits"):
+        open_source(str(tmp_path / "one"), "de", "en")
+
+
+# ----------------------------------------------------------------------------- cleaning
+
+
+def test_cleaner_counts_each_reason() -> None:
+    long = " ".join(["w"] * 11)
+    pairs = [
+        ("a b", "c d"),  # kept
+        ("", "x"),  # empty
+        ("x", "   "),  # empty (whitespace only)
+        (long, long),  # too_long (11 > 10)
+        ("a", "a b c d"),  # ratio 4 > 3
+        ("a b", "c d"),  # duplicate of the first
+        ("a b c", "a"),  # ratio exactly 3: kept
+    ]
+    cleaner = PairCleaner(max_length=10, max_ratio=3.0, dedup=True)
+    kept = list(cleaner(pairs))
+    assert kept == [("a b", "c d"), ("a b c", "a")]
+    assert cleaner.counts == CleanCounts(read=7, kept=2, empty=2, too_long=1, ratio=1, duplicate=1)
+    assert cleaner.counts.to_dict()["dropped"] == {"empty": 2, "too_long": 1, "ratio": 1, "duplicate": 1}
+    assert CleanCounts.from_dict(cleaner.counts.to_dict()) == cleaner.counts
+
+
+def test_cleaner_without_dedup_keeps_duplicates() -> None:
+    cleaner = PairCleaner(max_length=10, max_ratio=3.0, dedup=False)
+    assert len(list(cleaner([("a", "b")] * 3))) == 3
+    assert cleaner.counts.duplicate == 0
+
+
+def test_cleaner_dedup_is_on_the_pair_not_one_side() -> None:
+    cleaner = PairCleaner(max_length=10, max_ratio=3.0, dedup=True)
+    assert list(cleaner([("a", "b"), ("a", "c"), ("a", "b")])) == [("a", "b"), ("a", "c")]

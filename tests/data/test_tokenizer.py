@@ -1,0 +1,131 @@
+"""Tests of mtcli.data.tokenizer: joint SentencePiece training, fixed special ids, round trips."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+from mtcli.data.textio import read_lines
+from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from mtcli.errors import DataError
+
+TOY_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "toy"
+
+SENTENCES = [
+    "Ein Mann fährt mit dem Fahrrad über die Brücke.",
+    "Two young children are playing in the garden, laughing.",
+    "Die Frau liest ein Buch im Park.",
+    "A dog runs after the red ball!",
+    "Kinder spielen Fußball auf der Straße.",
+    "The woman is reading a book in the park.",
+]
+
+
+def _corpus() -> list[str]:
+    toy = list(read_lines(TOY_DIR / "train.src")) + list(read_lines(TOY_DIR / "train.tgt"))
+    return toy + SENTENCES * 20
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    prefix = tmp_path_factory.mktemp("spm") / "spm"
+    return Tokenizer.train(_corpus(), prefix, vocab_size=120, model_type="unigram",
+                           character_coverage=1.0, max_sentences=1_000_000)
+
+
+def test_train_writes_model_with_fixed_special_ids(model: Path) -> None:
+    assert model.name == "spm.model" and model.is_file()
+    assert (model.parent / "spm.vocab").is_file()
+    tok = Tokenizer(model)
+    assert tok.vocab_size == 120
+    assert [tok.id_to_piece(i) for i in (PAD_ID, UNK_ID, BOS_ID, EOS_ID)] == ["<pad>", "<unk>", "<s>", "</s>"]
+    assert (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
+
+
+def test_round_trip_on_normal_sentences(model: Path) -> None:
+    tok = Tokenizer(model)
+    for text in SENTENCES + list(read_lines(TOY_DIR / "test.src"))[:10]:
+        ids = tok.encode(text)
+        assert ids and all(4 <= i < tok.vocab_size for i in ids), text
+        assert tok.decode(ids) == text
+
+
+def test_encode_batch_matches_encode_and_decode_skips_specials(model: Path) -> None:
+    tok = Tokenizer(model)
+    batch = tok.encode_batch(SENTENCES)
+    assert batch == [tok.encode(s) for s in SENTENCES]
+    assert tok.encode_batch([]) == []
+    ids = tok.encode(SENTENCES[0])
+    assert tok.decode([BOS_ID, *ids, EOS_ID, PAD_ID, PAD_ID]) == SENTENCES[0]
+    assert "".join(tok.pieces(SENTENCES[3])).replace("\u2581", " ").strip() == SENTENCES[3]
+
+
+def test_unknown_character_maps_to_unk(model: Path) -> None:
+    tok = Tokenizer(model)
+    assert UNK_ID in tok.encode("日本")
+
+
+def test_tokenizer_pickles_by_path(model: Path) -> None:
+    tok = pickle.loads(pickle.dumps(Tokenizer(model)))
+    assert tok.decode(tok.encode(SENTENCES[1])) == SENTENCES[1]
+
+
+def test_id_to_piece_out_of_range(model: Path) -> None:
+    with pytest.raises(IndexError):
+        Tokenizer(model).id_to_piece(10_000)
+
+
+def test_training_is_deterministic(tmp_path: Path, model: Path) -> None:
+    again = Tokenizer.train(_corpus(), tmp_path / "elsewhere" / "again", 120, "unigram", 1.0, 1_000_000)
+    # byte-identical although written to another directory under another name: the model
+    # must not record its output path (checkpoints compare the model's sha256)
+    assert again.read_bytes() == model.read_bytes()
+    assert again.with_suffix(".vocab").read_text() == model.with_suffix(".vocab").read_text()
+    assert not list(tmp_path.glob("**/*.tmp*")), "no temporary files left behind"
+
+
+@pytest.mark.parametrize("model_type", ["bpe", "char", "word"])
+def test_other_model_types_round_trip(tmp_path: Path, model_type: str) -> None:
+    corpus = _corpus()
+    size = {"bpe": 100, "char": 40, "word": 60}[model_type]
+    path = Tokenizer.train(corpus, tmp_path / model_type, size, model_type, 1.0, 1_000_000)
+    tok = Tokenizer(path)
+    assert tok.vocab_size == size
+    text = "ein hund spielt"
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_vocab_too_large_is_one_line_data_error(tmp_path: Path) -> None:
+    with pytest.raises(DataError) as info:
+        Tokenizer.train(["a b c", "c b a"] * 5, tmp_path / "m", 5000, "unigram", 1.0, 1_000_000)
+    message = str(info.value)
+    assert "data.vocab_size=5000" in message and "at most" in message and "\n" not in message
+
+
+def test_vocab_smaller_than_alphabet_is_one_line_data_error(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"data.vocab_size=10 is too small.*at least \d+ pieces"):
+        Tokenizer.train(["abcdefghijklmnop"] * 5, tmp_path / "m", 10, "unigram", 1.0, 1_000_000)
+
+
+def test_sampling_cap_reads_everything_but_trains_on_a_sample(tmp_path: Path) -> None:
+    corpus = _corpus()
+    path = Tokenizer.train(iter(corpus), tmp_path / "s", 60, "unigram", 1.0, max_sentences=200)
+    tok = Tokenizer(path)
+    assert tok.vocab_size == 60
+    assert tok.decode(tok.encode("ein hund")) == "ein hund"
+
+
+def test_empty_training_text_is_data_error(tmp_path: Path) -> None:
+    with pytest.raises(DataError):
+        Tokenizer.train([], tmp_path / "e", 50, "unigram", 1.0, 1000)
+
+
+def test_unreadable_model_is_data_error(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="not found"):
+        Tokenizer(tmp_path / "missing.model")
+    bad = tmp_path / "bad.model"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(DataError, match="bad.model"):
+        Tokenizer(bad)

@@ -1,0 +1,117 @@
+"""Tests of mtcli.infer.export: CTranslate2 export reproduces our greedy search token for token."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtcli.errors import ConfigError, MtcliError
+
+MAX_LEN = 12
+
+
+def _randomised_run(tiny_run_dir: Path, tmp_path: Path, pre_norm: bool, tied: bool,
+                    shortlist: bool = False) -> Path:
+    """A copy of the tiny run whose every parameter is drawn at random, large enough that the
+    output depends on the input (a freshly initialised model mostly repeats one token);
+    ``shortlist``: with an output vocabulary of the specials and every other piece."""
+    from mtcli.checkpoint import load_checkpoint, save_checkpoint
+    from mtcli.config import load_config, save_config
+    from mtcli.model import Transformer
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    config = load_config(run / "config.yaml", [f"model.pre_norm={pre_norm}", f"model.tie_embeddings={tied}"])
+    save_config(config, run / "config.yaml")
+    path = run / "checkpoints" / "checkpoint_best.pt"
+    state = load_checkpoint(path)
+    shapes = Transformer(config.model, state["vocab"]["size"]).state_dict()
+    gen = torch.Generator().manual_seed(7)
+    state["model"] = {
+        k: torch.randn(v.shape, generator=gen) * (0.5 if v.dim() > 1 else 0.2)
+        + (1.0 if k.endswith("norm.weight") else 0.0)
+        for k, v in shapes.items()
+    }
+    if shortlist:
+        state["model"]["output_ids"] = torch.tensor([0, 1, 2, 3, *range(5, state["vocab"]["size"], 2)])
+    save_checkpoint(path, state)
+    return run
+
+
+@pytest.mark.parametrize(("pre_norm", "tied", "shortlist"),
+                         [(False, True, False), (True, True, False), (False, False, False),
+                          (False, True, True)])
+def test_ctranslate2_greedy_equals_ours(
+    tiny_run_dir: Path, tmp_path: Path, pre_norm: bool, tied: bool, shortlist: bool
+) -> None:
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from mtcli.data.batching import collate_sources
+    from mtcli.infer.export import export_model
+    from mtcli.infer.loading import load_for_inference
+    from mtcli.infer.search import generate
+
+    run = _randomised_run(tiny_run_dir, tmp_path, pre_norm, tied, shortlist)
+    out = export_model(run, tmp_path / "ct2", checkpoint="best")
+    assert (out / "model.bin").is_file() and (out / "spm.model").is_file()
+
+    bundle = load_for_inference(run, "best")
+    tok = bundle.tokenizer
+    lines = (run / "text" / "test.src").read_text(encoding="utf-8").splitlines()[:8]
+    ids = [tok.encode(line) for line in lines]
+    with torch.inference_mode():
+        ours = [
+            generate(bundle.model, collate_sources([s], "cpu"), beam_size=1, max_len_a=0.0,
+                     max_len_b=MAX_LEN)[0][0].tokens
+            for s in ids
+        ]
+    translator = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
+    results = translator.translate_batch(
+        [[tok.id_to_piece(i) for i in s] for s in ids], beam_size=1, max_decoding_length=MAX_LEN,
+        min_decoding_length=0, suppress_sequences=[["<blank>"], ["<s>"]],  # ours never emits them
+    )
+    ours_pieces = [[tok.id_to_piece(i) for i in seq] for seq in ours]
+    assert [r.hypotheses[0] for r in results] == ours_pieces
+    assert len({tuple(t) for t in ours_pieces}) > 1, "degenerate test: every output is the same"
+    if shortlist:
+        assert all(i == 1 or i % 2 for seq in ours for i in seq)  # unk or an odd id: listed
+
+
+def test_export_without_ctranslate2_says_how_to_install(
+    tiny_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mtcli.infer.export import export_model
+
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)
+    with pytest.raises(MtcliError, match=r"pip install 'mtcli\[ctranslate2\]'"):
+        export_model(tiny_run_dir, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_unknown_format(tiny_run_dir: Path, tmp_path: Path) -> None:
+    from mtcli.infer.export import export_model
+
+    with pytest.raises(ConfigError, match="unknown export format"):
+        export_model(tiny_run_dir, tmp_path / "out", fmt="onnx")
+
+
+def test_cli_export(tiny_run_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("ctranslate2")
+    out = tmp_path / "exported"
+    res = subprocess.run(
+        [sys.executable, "-m", "mtcli.cli", "export", str(tiny_run_dir), str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    assert {"model.bin", "config.json", "spm.model"} <= {p.name for p in out.iterdir()}
+    res = subprocess.run(
+        [sys.executable, "-m", "mtcli.cli", "export", str(tmp_path / "missing"), str(tmp_path / "o2")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert res.stderr.strip().startswith("mtcli: error:") and len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o2").exists()

@@ -1,0 +1,104 @@
+"""int8 decoding (mtcli.infer.quantize): accuracy of the layers, an untouched original, a consistent
+search, the copy task still solved, and clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_search import (
+    pad_batch,
+    random_model,
+    random_sources,
+    teacher_forced_logprob,
+    toy_batch,
+    train_toy,
+)
+
+from mtcli.config import ConfigError, load_config
+from mtcli.infer.quantize import Int8Linear, int8_supported, quantize_for_decoding
+from mtcli.infer.search import generate
+
+pytestmark = pytest.mark.skipif(int8_supported() is not None, reason=f"no int8 kernels: {int8_supported()}")
+
+
+def test_int8_linear_is_close_to_fp32() -> None:
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 96)
+    x = torch.randn(3, 7, 64)
+    exact = layer(x).detach()
+    approx = Int8Linear(layer.weight, layer.bias)(x)
+    assert approx.shape == exact.shape and approx.dtype == torch.float32
+    # 8-bit weights and (7-bit range) activations: errors of a few percent of the output scale
+    error = (approx - exact).abs().max() / exact.abs().max()
+    assert 0 < error < 0.05
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_quantized_copy_replaces_every_linear_and_leaves_the_original(tied: bool) -> None:
+    model = random_model(seed=2, tie_embeddings=tied)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    quantized = quantize_for_decoding(model)
+    assert not any(isinstance(m, torch.nn.Linear) for m in quantized.modules())
+    assert quantized.int8_output is not None and model.int8_output is None
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    src = pad_batch(random_sources(seed=3, n=4))
+    with torch.inference_mode():
+        exact, approx = model(src, src), quantized(src, src)
+    assert (approx - exact).abs().max() / exact.abs().max() < 0.1
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_int8_search_scores_are_the_int8_models_logprobs(beam: int) -> None:
+    # the cached search and a teacher-forced pass of the same int8 model agree (rows are
+    # quantised per call, so allow for the per-call activation scales)
+    quantized = quantize_for_decoding(random_model(seed=4))
+    sources = random_sources(seed=5, n=4)
+    results = generate(quantized, pad_batch(sources), beam_size=beam, nbest=beam, length_penalty=1.0)
+    for src_ids, hyps in zip(sources, results, strict=True):
+        for h in hyps:
+            assert h.logprob == pytest.approx(teacher_forced_logprob(quantized, src_ids, h.tokens), abs=0.05)
+
+
+def test_int8_model_still_copies() -> None:
+    model = train_toy("copy", d_model=32, layers=1, steps=300, max_len=6)
+    quantized = quantize_for_decoding(model)
+    _, targets, src, _, _ = toy_batch(torch.Generator().manual_seed(123), 40, "copy", 6)
+    for beam in (1, 4):
+        assert [h[0].tokens for h in generate(quantized, src, beam_size=beam)] == targets
+
+
+def test_int8_with_bf16_is_a_config_error() -> None:
+    from conftest import TOY_CONFIG
+
+    with pytest.raises(ConfigError, match="decode.int8 and decode.bf16"):
+        load_config(TOY_CONFIG, ["decode.int8=true", "decode.bf16=true"])
+
+
+def test_evaluate_with_int8(tiny_run_dir, tmp_path) -> None:
+    from mtcli.evaluate import evaluate
+
+    report = evaluate(tiny_run_dir, split="val", overrides=["decode.int8=true", "decode.beam_size=2"],
+                      output_dir=tmp_path / "eval")
+    assert report["decode"]["int8"] is True
+    lines = (tmp_path / "eval").glob("*.hyp")
+    assert sum(len(p.read_text(encoding="utf-8").splitlines()) for p in lines) == report["sentences"]
+
+
+def test_int8_copy_keeps_the_output_vocabulary() -> None:
+    """A model with an output vocabulary keeps -inf off the list after quantisation."""
+    from mtcli.model import Transformer
+
+    listed = [0, 1, 2, 3, 5, 9, 14]
+    base = random_model(seed=6)
+    model = Transformer(base.cfg, base.vocab_size, output_ids=listed).eval()
+    model.load_state_dict(base.state_dict(), strict=False)
+    quantized = quantize_for_decoding(model)
+    src = pad_batch(random_sources(seed=7, n=3))
+    with torch.inference_mode():
+        exact, approx = model.widen(model(src, src)), quantized.widen(quantized(src, src))
+    off = torch.ones(base.vocab_size, dtype=torch.bool)
+    off[listed] = False
+    assert torch.isneginf(approx[..., off]).all() and torch.isfinite(approx[..., ~off]).all()
+    assert (approx[..., ~off] - exact[..., ~off]).abs().max() / exact[..., ~off].abs().max() < 0.1
+    hyps = generate(quantized, src, beam_size=2)
+    assert {t for row in hyps for h in row for t in h.tokens} <= set(listed)

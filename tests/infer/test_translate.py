@@ -1,0 +1,387 @@
+"""Tests of mtcli.infer.translate: strict reading, batching, order, truncation, n-best, the CLI."""
+
+from __future__ import annotations
+
+import io
+import logging
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtcli.config import DecodeConfig
+from mtcli.errors import ConfigError, DataError
+from mtcli.infer.translate import (
+    Translation,
+    count_lines,
+    decode_config,
+    format_nbest,
+    iter_binary_lines,
+    translate_lines,
+    translate_texts,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Pure helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def test_decoding_device_is_the_cpu_under_int8(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mtcli.infer.translate import decoding_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert decoding_device(DecodeConfig()) == torch.device("cuda:0")
+    assert decoding_device(DecodeConfig(int8=True)) == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert decoding_device(DecodeConfig()) == torch.device("cpu")
+
+
+def test_iter_binary_lines_strips_endings_and_bom() -> None:
+    data = "\ufeffeins\r\nzwei\n\ndrei".encode()
+    assert list(iter_binary_lines(io.BytesIO(data), "x")) == ["eins", "zwei", "", "drei"]
+
+
+def test_iter_binary_lines_names_line_of_invalid_utf8() -> None:
+    data = b"ok\nstill ok\nbad \xff byte\nnever read\n"
+    lines = iter_binary_lines(io.BytesIO(data), "in.txt")
+    assert next(lines) == "ok"
+    with pytest.raises(DataError, match=r"in\.txt:3: invalid UTF-8"):
+        list(lines)
+
+
+def test_arriving_lines_hand_over_what_has_arrived_without_waiting() -> None:
+    import os
+
+    from mtcli.data.textio import ArrivingLines
+
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb", buffering=0) as reader:
+        windows = ArrivingLines(reader, "<pipe>", chunk_bytes=4).windows(3)
+        os.write(write_fd, "\ufeffeins\r\nzwei\ndr".encode())
+        assert next(windows) == ["eins", "zwei"]  # "dr" is not a line yet; no wait for it
+        os.write(write_fd, b"ei\nvier\nfuenf\nsechs\nsieben")
+        assert next(windows) == ["drei", "vier", "fuenf"]  # at most max_lines
+        assert next(windows) == ["sechs"]
+        os.write(write_fd, b" \xff\n")
+        os.close(write_fd)
+        with pytest.raises(DataError, match=r"<pipe>:7: invalid UTF-8"):
+            next(windows)
+
+
+def test_arriving_lines_iterate_like_the_line_reader() -> None:
+    import os
+
+    from mtcli.data.textio import ArrivingLines
+
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, b"a\n\nb\r\nlast")
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb", buffering=0) as reader:
+        assert list(ArrivingLines(reader, "<pipe>")) == ["a", "", "b", "last"]
+
+
+def test_count_lines_with_and_without_final_newline(tmp_path: Path) -> None:
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    a.write_bytes(b"x\ny\n")
+    b.write_bytes(b"x\ny")
+    c.write_bytes(b"")
+    assert (count_lines(a), count_lines(b), count_lines(c)) == (2, 2, 0)
+
+
+def test_format_nbest() -> None:
+    hyps = [Translation("a b", -0.5, [4, 5]), Translation("a c", -1.25, [4, 6])]
+    assert format_nbest(hyps, 2, scored=False) == ["a b"]
+    assert format_nbest(hyps, 2, scored=True) == ["-0.5000\ta b", "-1.2500\ta c"]
+    assert format_nbest([Translation("", 0.0, [])], 3, scored=True) == ["0.0000\t", "-inf\t", "-inf\t"]
+
+
+def test_decode_config_refuses_other_sections(toy_config_path: Path) -> None:
+    from mtcli.config import load_config
+
+    config = load_config(toy_config_path)
+    assert decode_config(config, ["decode.beam_size=3"]).decode.beam_size == 3
+    with pytest.raises(ConfigError, match="only decode"):
+        decode_config(config, ["train.max_steps=3"])
+
+
+# ---------------------------------------------------------------------------------------------
+# translate_lines with a fake search (reverses the source): order, empties, truncation
+# ---------------------------------------------------------------------------------------------
+
+
+class _FakeTokenizer:
+    """One id per whitespace word: word 'wN' -> id N (>= 4)."""
+
+    def encode(self, text: str) -> list[int]:
+        return [int(w[1:]) for w in text.split()]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(text) for text in texts]
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(f"w{i}" for i in ids)
+
+
+class _FakeModel(torch.nn.Module):
+    max_positions = 9
+
+
+@pytest.fixture
+def fake_search(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Replace the search translate_lines runs with a reverser that records batch shapes."""
+    shapes: list[tuple[int, int]] = []
+
+    def generate(model, src, *, beam_size=1, nbest=1, **kwargs):  # noqa: ANN001, ANN003
+        shapes.append(tuple(src.shape))
+        out = []
+        for row in src.tolist():
+            ids = [t for t in row if t not in (0, 3)][::-1]
+            out.append([
+                types.SimpleNamespace(tokens=ids, score=-float(k), logprob=-float(k), attention=None)
+                for k in range(nbest)
+            ])
+        return out
+
+    monkeypatch.setattr("mtcli.infer.translate.generate", generate)
+    return shapes
+
+
+def _bundle() -> types.SimpleNamespace:
+    return types.SimpleNamespace(model=_FakeModel(), tokenizer=_FakeTokenizer())
+
+
+def test_order_restored_and_counts_preserved(fake_search, caplog) -> None:  # noqa: ANN001
+    lines = ["w4 w5 w6", "", "w7", "   ", "w8 w9 w10 w11 w12", "w13 w14"] * 5
+    lines.append(" ".join(f"w{i}" for i in range(4, 30)))  # 26 pieces > limit of 8
+    decode = DecodeConfig(beam_size=1, nbest=1, max_tokens=12)
+    with caplog.at_level(logging.WARNING, logger="mtcli"):
+        out = list(translate_lines(_bundle(), iter(lines), decode, "cpu", window=7, name="doc"))
+    assert len(out) == len(lines)
+    for line, nbest in zip(lines[:-1], out[:-1], strict=True):
+        assert nbest[0].text == " ".join(reversed(line.split()))
+    assert out[-1][0].tokens == list(range(4, 12))[::-1]  # truncated to 8 pieces, not dropped
+    assert "doc: line 31" in caplog.text and "truncated" in caplog.text
+    # Empty lines never reach the model; every batch keeps to the token budget (or is single).
+    assert sum(s[0] for s in fake_search) == sum(1 for line in lines if line.strip())
+    assert all(b == 1 or b * s <= 12 for b, s in fake_search)
+
+
+def test_progress_counts_lines_as_batches_finish(fake_search) -> None:  # noqa: ANN001
+    # The window's longest lines are decoded first; the first line can only be yielded when its
+    # batch is done, but on_done already reports every finished batch (and the empty lines).
+    lines = ["w4", "", "w5 w6 w7 w8 w9 w10 w11", "w12 w13 w14 w15", "w16 w17", "w18 w19 w20"]
+    done: list[int] = []
+    stream = translate_lines(_bundle(), lines, DecodeConfig(beam_size=1, nbest=1, max_tokens=8),
+                             "cpu", on_done=done.append)
+    first = next(stream)
+    assert first[0].text == "w4"
+    assert done[0] == 1 and sum(done) == len(lines)  # "w4" is the shortest: its batch comes last
+    assert len(done) == 1 + len(fake_search)  # the empty line, then one call per batch
+    assert len(list(stream)) == len(lines) - 1
+
+
+def test_streaming_reads_lazily(fake_search) -> None:  # noqa: ANN001
+    consumed = []
+
+    def source():  # noqa: ANN202
+        for i in range(100):
+            consumed.append(i)
+            yield f"w{4 + i % 5}"
+
+    stream = translate_lines(_bundle(), source(), DecodeConfig(beam_size=1, nbest=1), "cpu", window=10)
+    first = next(stream)
+    assert first[0].text == "w4"
+    assert len(consumed) <= 11  # one window (plus the look-ahead of islice), not the whole input
+
+
+def test_nbest_and_beam_budget(fake_search) -> None:  # noqa: ANN001
+    decode = DecodeConfig(beam_size=3, nbest=2, max_tokens=20)
+    out = list(translate_lines(_bundle(), ["w4 w5", "w6", ""], decode, "cpu"))
+    assert [len(n) for n in out] == [2, 2, 1]
+    assert [t.score for t in out[0]] == [0.0, -1.0]
+    assert all(b == 1 or b * s * 3 <= 20 for b, s in fake_search)
+
+
+def test_translate_texts_list_in_list_out(fake_search) -> None:  # noqa: ANN001
+    assert translate_texts(_bundle(), ["w4 w5", "", "w6"], DecodeConfig(beam_size=1, nbest=1)) == [
+        "w5 w4", "", "w6",
+    ]
+    assert translate_texts(_bundle(), [], DecodeConfig(beam_size=1, nbest=1)) == []
+
+
+def test_model_mode_restored(fake_search) -> None:  # noqa: ANN001
+    bundle = _bundle()
+    bundle.model.train()
+    list(translate_lines(bundle, ["w4"], DecodeConfig(beam_size=1, nbest=1), "cpu"))
+    assert bundle.model.training
+
+
+# ---------------------------------------------------------------------------------------------
+# translate_lines with the real model and search
+# ---------------------------------------------------------------------------------------------
+
+
+def test_batched_equals_one_by_one_real_model(tiny_run_dir: Path) -> None:
+    from mtcli.infer.loading import load_for_inference
+
+    bundle = load_for_inference(tiny_run_dir, "best")
+    lines = (tiny_run_dir / "text" / "test.src").read_text(encoding="utf-8").splitlines()[:12]
+    lines[3:3] = ["", "  "]
+    decode = DecodeConfig(beam_size=2, nbest=2, max_tokens=40, length_penalty=1.0)
+    batched = list(translate_lines(bundle, lines, decode, "cpu", window=5))
+    alone = [next(translate_lines(bundle, [line], decode, "cpu")) for line in lines]
+    assert len(batched) == len(lines)
+    for got, want in zip(batched, alone, strict=True):
+        assert [t.tokens for t in got] == [t.tokens for t in want]
+        assert [t.score for t in got] == pytest.approx([t.score for t in want], abs=1e-4)
+    assert batched[3][0].text == "" and batched[4][0].tokens == []
+    assert all(len(n) == 2 for i, n in enumerate(batched) if i not in (3, 4))
+
+
+def test_parallel_workers_give_the_same_translations(tiny_run_dir: Path) -> None:
+    from mtcli.infer.loading import load_for_inference
+
+    bundle = load_for_inference(tiny_run_dir, "best")
+    lines = (tiny_run_dir / "text" / "test.src").read_text(encoding="utf-8").splitlines()[:20]
+    lines[5:5] = [""]
+    decode = DecodeConfig(beam_size=2, nbest=2, max_tokens=60, length_penalty=1.0)
+    threads = torch.get_num_threads()
+    serial = list(translate_lines(bundle, lines, decode, "cpu", window=8))
+    parallel = list(translate_lines(bundle, lines, DecodeConfig(**{**vars(decode), "workers": 3}), "cpu", window=8))
+    assert [[t.tokens for t in n] for n in parallel] == [[t.tokens for t in n] for n in serial]
+    for got, want in zip(parallel, serial, strict=True):
+        assert [t.score for t in got] == pytest.approx([t.score for t in want], abs=1e-4)
+    assert torch.get_num_threads() == threads  # restored after decoding
+
+
+def test_bf16_autocast_path(tiny_run_dir: Path) -> None:
+    from mtcli.infer.loading import load_for_inference
+
+    bundle = load_for_inference(tiny_run_dir, "best")
+    decode = DecodeConfig(beam_size=1, nbest=1, bf16=True)
+    out = translate_texts(bundle, ["eine katze spielt", "", "rot"], decode)
+    assert len(out) == 3 and out[1] == ""
+
+
+# ---------------------------------------------------------------------------------------------
+# The CLI on a tiny real run directory
+# ---------------------------------------------------------------------------------------------
+
+
+def _mtcli(*args: str, stdin: bytes | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mtcli.cli", *args], input=stdin, capture_output=True, cwd=cwd,
+        timeout=300,
+    )
+
+
+def test_cli_translate_stdin_and_files(tiny_run_dir: Path, tmp_path: Path) -> None:
+    lines = ["eine katze spielt", "", "ein hund " * 200, "rot"]
+    text = "\n".join(lines) + "\n"
+    res = _mtcli("translate", str(tiny_run_dir), "--beam", "1", stdin=text.encode())
+    assert res.returncode == 0, res.stderr.decode()
+    assert res.stdout.decode().count("\n") == len(lines)
+    assert res.stdout.decode().split("\n")[1] == ""
+    assert b"truncated" in res.stderr and b"line 3" in res.stderr
+
+    src = tmp_path / "in.txt"
+    src.write_text(text, encoding="utf-8")
+    out = tmp_path / "out.txt"
+    res = _mtcli("translate", str(tiny_run_dir), str(src), str(src), "-o", str(out), "--beam", "2")
+    assert res.returncode == 0, res.stderr.decode()
+    assert out.read_text(encoding="utf-8").count("\n") == 2 * len(lines)
+
+    res = _mtcli("translate", str(tiny_run_dir), str(src), "--beam", "3", "--nbest", "2")
+    assert res.returncode == 0, res.stderr.decode()
+    rows = res.stdout.decode().splitlines()
+    assert len(rows) == 2 * len(lines)
+    for row in rows:
+        value, _, _ = row.partition("\t")
+        float(value)
+    first, second = (float(r.split("\t")[0]) for r in rows[:2])
+    assert first >= second
+
+
+def test_cli_translate_answers_each_piped_line_before_the_next(tiny_run_dir: Path) -> None:
+    import select
+
+    proc = subprocess.Popen([sys.executable, "-m", "mtcli.cli", "translate", str(tiny_run_dir), "--beam", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for line in (b"eine katze spielt\n", b"rot\n"):
+            proc.stdin.write(line)
+            proc.stdin.flush()  # and keep stdin open: a pipe, not a file
+            ready, _, _ = select.select([proc.stdout], [], [], 120)
+            assert ready, "no translation came back while the input pipe stayed open"
+            assert proc.stdout.readline().endswith(b"\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=120) == 0, proc.stderr.read().decode()
+        assert proc.stdout.read() == b""  # one output line per input line
+    finally:
+        proc.kill()
+
+
+def test_cli_translate_invalid_utf8_leaves_no_output(tiny_run_dir: Path, tmp_path: Path) -> None:
+    src = tmp_path / "bad.txt"
+    src.write_bytes(b"eine katze\n" * 5 + b"kaputt \xc3\x28\n" + b"rot\n")
+    out = tmp_path / "out.txt"
+    res = _mtcli("translate", str(tiny_run_dir), str(src), "-o", str(out), "--beam", "1")
+    assert res.returncode != 0
+    err = res.stderr.decode()
+    assert ":6: invalid UTF-8" in err and "Traceback" not in err
+    assert len([line for line in err.splitlines() if line.startswith("mtcli: error")]) == 1
+    assert not out.exists()
+    assert list(tmp_path.glob(".out.txt*")) == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["translate", "{missing}"],
+        ["translate", "{run}", "--checkpoint", "{missing}/nope.pt"],
+        ["translate", "{run}", "{missing}/in.txt"],
+    ],
+)
+def test_cli_translate_bad_input(args: list[str], tiny_run_dir: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "does-not-exist"
+    argv = [a.format(run=tiny_run_dir, missing=missing) for a in args]
+    res = _mtcli(*argv, stdin=b"eine katze\n")
+    assert res.returncode != 0
+    err = res.stderr.decode().strip()
+    assert "Traceback" not in err and err.startswith("mtcli: error:")
+    assert len(err.splitlines()) == 1
+
+
+def test_cli_translate_checkpoint_from_other_vocab(tiny_run_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from mtcli.data.tokenizer import Tokenizer
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    text = (run / "text" / "val.src").read_text(encoding="utf-8").splitlines() * 3
+    Tokenizer.train(text, tmp_path / "other", 40, "unigram", 1.0, 0)
+    shutil.copyfile(tmp_path / "other.model", run / "spm.model")
+    out = tmp_path / "out.txt"
+    res = _mtcli("translate", str(run), "-o", str(out), stdin=b"eine katze\n")
+    assert res.returncode != 0
+    err = res.stderr.decode().strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and "vocabulary" in err
+    assert not out.exists()
+
+
+def test_cli_translate_plot_attention(tiny_run_dir: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("eine katze spielt\n\nrot\n", encoding="utf-8")
+    plots = tmp_path / "att"
+    res = _mtcli(
+        "translate", str(tiny_run_dir), str(src), "--beam", "1", "--plot-attention", str(plots),
+        "-o", str(tmp_path / "out.txt"),
+    )
+    assert res.returncode == 0, res.stderr.decode()
+    pngs = sorted(p.name for p in plots.glob("*.png"))
+    assert pngs == ["000001.png", "000003.png"]
+    assert (plots / "000001.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,109 @@
+"""NoamSchedule and the optimiser against hand-computed values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mtcli.config import ConfigError, TrainConfig, load_config
+from mtcli.train.schedule import (
+    NoamSchedule,
+    build_optimizer,
+    build_schedule,
+    cooldown_scale,
+    noam_lr,
+)
+
+
+def test_noam_hand_values() -> None:
+    d, w, f = 512, 4000, 1.0
+    # step 1: 512^-0.5 * 1 * 4000^-1.5
+    assert noam_lr(1, d, w, f) == pytest.approx(512**-0.5 * 4000**-1.5)
+    # warm-up is linear
+    assert noam_lr(2000, d, w, f) == pytest.approx(2000 * noam_lr(1, d, w, f))
+    # peak at step == warmup: (d * w)^-0.5
+    peak = (512 * 4000) ** -0.5
+    assert noam_lr(4000, d, w, f) == pytest.approx(peak)
+    assert noam_lr(3999, d, w, f) < peak and noam_lr(4001, d, w, f) < peak
+    # decay: inverse square root
+    assert noam_lr(16000, d, w, f) == pytest.approx(peak / 2)
+    assert noam_lr(10, 256, 4, 2.0) == pytest.approx(2.0 * 256**-0.5 * 10**-0.5)
+
+
+def test_schedule_drives_optimizer_and_round_trips() -> None:
+    model = torch.nn.Linear(3, 2)
+    cfg = TrainConfig(warmup_steps=4, lr_factor=2.0)
+    opt = build_optimizer(model, cfg)
+    assert isinstance(opt, torch.optim.Adam) and not isinstance(opt, torch.optim.AdamW)
+    assert opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["eps"] == 1e-9
+    sched = build_schedule(opt, 16, cfg)
+    seen = []
+    for _ in range(6):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert seen == pytest.approx([noam_lr(k, 16, 4, 2.0) for k in range(1, 7)])
+    assert max(range(6), key=lambda i: seen[i]) == 3  # the 4th update is the peak
+    other = NoamSchedule(torch.optim.Adam(model.parameters()), 16, 4, 2.0)
+    other.load_state_dict(sched.state_dict())
+    assert other.lr == pytest.approx(sched.lr)
+    assert other.optimizer.param_groups[0]["lr"] == pytest.approx(noam_lr(7, 16, 4, 2.0))
+
+
+def test_weight_decay_selects_adamw() -> None:
+    opt = build_optimizer(torch.nn.Linear(2, 2), TrainConfig(weight_decay=0.01))
+    assert isinstance(opt, torch.optim.AdamW)
+    assert opt.defaults["weight_decay"] == 0.01
+
+
+def test_weight_decay_shrinks_every_parameter() -> None:
+    """With zero gradients AdamW's step is the decay alone: p <- p * (1 - lr * wd), LayerNorm
+    gains and biases included."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
+    cfg = TrainConfig(weight_decay=0.5)
+    opt = build_optimizer(model, cfg)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    for group in opt.param_groups:
+        group["lr"] = 0.1
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for name, p in model.named_parameters():
+        assert torch.allclose(p, before[name] * (1 - 0.1 * 0.5)), name
+
+
+def test_rejects_zero_warmup() -> None:
+    with pytest.raises(ValueError):
+        NoamSchedule(torch.optim.Adam(torch.nn.Linear(2, 2).parameters()), 8, 0)
+
+
+def test_cooldown_scale_falls_linearly_to_zero() -> None:
+    budget, cool = 600.0, 120.0
+    assert cooldown_scale(0.0, budget, cool) == 1.0
+    assert cooldown_scale(480.0, budget, cool) == 1.0  # the cool-down starts here
+    assert cooldown_scale(540.0, budget, cool) == pytest.approx(0.5)
+    assert cooldown_scale(594.0, budget, cool) == pytest.approx(0.05)
+    assert cooldown_scale(700.0, budget, cool) == 0.0
+    assert cooldown_scale(590.0, budget, 0.0) == 1.0  # off
+
+
+def test_set_scale_multiplies_the_noam_rate() -> None:
+    opt = torch.optim.Adam(torch.nn.Linear(2, 2).parameters())
+    sched = NoamSchedule(opt, 16, 4, 2.0)
+    sched.step()
+    sched.set_scale(0.25)
+    assert sched.lr == pytest.approx(0.25 * noam_lr(2, 16, 4, 2.0))
+    assert opt.param_groups[0]["lr"] == pytest.approx(sched.lr)
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.25 * noam_lr(3, 16, 4, 2.0))
+
+
+@pytest.mark.parametrize("extra", [["train.max_minutes=0", "train.cooldown_minutes=5"],
+                                   ["train.max_minutes=10", "train.cooldown_minutes=11"],
+                                   ["train.max_minutes=10", "train.cooldown_minutes=-1"]])
+def test_cooldown_needs_a_time_limit(extra: list[str]) -> None:
+    from conftest import TOY_CONFIG
+
+    with pytest.raises(ConfigError, match="train.cooldown_minutes"):
+        load_config(TOY_CONFIG, extra)

@@ -1,0 +1,454 @@
+"""The training loop on the toy corpus: run directory, stopping rules, exact resume, signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import (
+    REPO,
+    TOY_CONFIG,
+    assert_same_params,
+    logged_losses,
+    toy_train_config,
+    toy_train_overrides,
+    wait_until,
+)
+
+from mtcli.checkpoint import load_checkpoint
+from mtcli.device import cpu_has_bf16_units
+from mtcli.errors import CheckpointError, ConfigError, DataError, TrainingError
+from mtcli.rundir import read_index
+from mtcli.train import train
+from mtcli.train.loss import LabelSmoothedLoss
+
+
+@pytest.fixture
+def prepared(prepared_toy: Path) -> Path:
+    return prepared_toy
+
+
+base_overrides = toy_train_overrides
+make_config = toy_train_config
+
+
+def model_params(path: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(path)["model"]
+
+
+def test_run_directory_layout_and_checkpoints(prepared: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    summary = train(make_config(prepared, run, "train.max_steps=6", "train.valid_every=2",
+                                "train.keep_last=2"))
+    assert summary.steps == 6 and summary.stop_reason.startswith("max_steps")
+    assert summary.best_valid_loss is not None and summary.parameters > 0
+    assert "max_steps" in summary.summary() and str(run) in summary.summary()
+    for name in ("config.yaml", "spm.model", "manifest.json", "train.log", "text/val.src",
+                 "text/val.tgt", "text/test.src", "text/test.tgt"):
+        assert (run / name).is_file(), name
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    ckpts = run / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("checkpoint_*.pt")) == [
+        "checkpoint_4.pt", "checkpoint_6.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
+    index = read_index(run)
+    assert set(index) == {2, 4, 6} and all(e["loss"] is not None for e in index.values())
+    state = load_checkpoint(ckpts / "checkpoint_last.pt")
+    for key in ("format", "step", "epoch", "model", "optimizer", "scheduler", "rng", "data_state",
+                "train_state", "config", "vocab", "valid"):
+        assert key in state, key
+    assert state["step"] == 6 and state["scheduler"]["step"] == 6
+    assert state["vocab"]["size"] > 0 and len(state["vocab"]["spm_sha256"]) == 64
+    assert state["config"]["train"]["max_steps"] == 6
+    best = load_checkpoint(ckpts / "checkpoint_best.pt")
+    best_step = min(index, key=lambda s: index[s]["loss"])
+    assert best["step"] == best_step
+    # a validation writes the state once: best is a second name of its step file (last is
+    # rewritten at the stop, with the final elapsed time)
+    if best_step in (4, 6):
+        assert (ckpts / "checkpoint_best.pt").samefile(ckpts / f"checkpoint_{best_step}.pt")
+    log = (run / "train.log").read_text(encoding="utf-8")
+    assert "parameters" in log and "skipped" in log and "padding" in log
+
+
+def test_resume_is_exact(prepared: Path, tmp_path: Path) -> None:
+    """8 steps straight == 4 steps, a new process-like restart, 4 more (dropout on)."""
+    extra = ("model.dropout=0.2", "train.valid_every=4", "train.update_freq=2")
+    straight = tmp_path / "straight"
+    train(make_config(prepared, straight, "train.max_steps=8", *extra))
+    split = tmp_path / "split"
+    first = train(make_config(prepared, split, "train.max_steps=4", *extra))
+    assert first.steps == 4
+    torch.manual_seed(12345)  # disturb the global RNG: resume must restore it
+    second = train(make_config(prepared, split, "train.max_steps=8", *extra))
+    assert second.steps == 8 and second.resumed_from is not None
+    assert logged_losses(split) == logged_losses(straight)
+    assert len(logged_losses(straight)) == 8
+    assert_same_params(model_params(straight / "checkpoints" / "checkpoint_last.pt"),
+                       model_params(split / "checkpoints" / "checkpoint_last.pt"))
+    a, b = read_index(straight), read_index(split)
+    assert a[8]["loss"] == b[8]["loss"]
+    # the training speed counts both processes: the token total survives the restart
+    done = [load_checkpoint(run / "checkpoints" / "checkpoint_last.pt")["train_state"]["tokens_done"]
+            for run in (straight, split)]
+    assert done[0] == done[1] > 0 and second.tokens_per_second > 0
+    log = (split / "train.log").read_text(encoding="utf-8")
+    assert "train.max_steps: 4 -> 8" in log
+
+
+def test_logged_loss_is_the_window_mean_and_survives_resume(prepared: Path, tmp_path: Path) -> None:
+    """With log_every=3 a log line reports the token-weighted mean of its 3 steps (not the last
+    step alone), and a restart in the middle of a window logs the same means as a straight run."""
+    import re
+
+    per_step = tmp_path / "per_step"
+    train(make_config(prepared, per_step, "train.max_steps=6", "train.valid_every=2"))
+    steps = {k: float(v.split()[0]) for k, v in logged_losses(per_step).items()}
+    straight = tmp_path / "straight"
+    train(make_config(prepared, straight, "train.max_steps=6", "train.valid_every=2", "train.log_every=3"))
+    windowed = {k: float(v.split()[0]) for k, v in logged_losses(straight).items()}
+    assert sorted(windowed) == [3, 6]
+    for end in (3, 6):
+        window = [steps[s] for s in range(end - 2, end + 1)]
+        assert min(window) - 1e-4 <= windowed[end] <= max(window) + 1e-4
+        assert abs(windowed[end] - steps[end]) > 1e-4  # a mean, not the window's last step
+    split = tmp_path / "split"
+    train(make_config(prepared, split, "train.max_steps=4", "train.valid_every=2", "train.log_every=3"))
+    train(make_config(prepared, split, "train.max_steps=6", "train.valid_every=2", "train.log_every=3"))
+    assert logged_losses(split) == logged_losses(straight)
+    pad = re.findall(r"step 6 \| .*\| pad (\S+)", (split / "train.log").read_text(encoding="utf-8"))
+    assert pad and 0.0 <= float(pad[-1]) < 1.0
+
+
+def test_rdrop_without_dropout_is_plain_training_and_with_dropout_is_not(prepared: Path,
+                                                                           tmp_path: Path) -> None:
+    """Two passes without dropout agree (KL 0, CE twice halved): R-Drop = the plain step.
+
+    Compared by the losses logged at every step, not the weights: the key projection's bias
+    has a zero gradient in exact arithmetic (softmax ignores a shift shared by all keys), and
+    Adam turns float rounding noise there into full-size steps that change nothing else."""
+    no_dropout = ("model.dropout=0.0", "model.attention_dropout=0.0", "model.activation_dropout=0.0",
+                  "train.max_steps=6", "train.valid_every=6", "train.bf16=false")
+    for name, extra in (("plain", ()), ("rdrop", ("train.rdrop_alpha=5.0",))):
+        train(make_config(prepared, tmp_path / name, *no_dropout, *extra))
+    plain, rdrop = logged_losses(tmp_path / "plain"), logged_losses(tmp_path / "rdrop")
+    assert sorted(plain) == sorted(rdrop) == list(range(1, 7))
+    for step in plain:
+        assert [float(x) for x in rdrop[step].split()] == pytest.approx(
+            [float(x) for x in plain[step].split()], rel=1e-3), step
+    with_dropout = ("model.dropout=0.3", "train.max_steps=4", "train.valid_every=4", "train.bf16=false")
+    runs = {}
+    for name, extra in (("plain_d", ()), ("rdrop_d", ("train.rdrop_alpha=5.0",))):
+        train(make_config(prepared, tmp_path / name, *with_dropout, *extra))
+        runs[name] = model_params(tmp_path / name / "checkpoints" / "checkpoint_last.pt")
+    assert any(not torch.allclose(value, runs["rdrop_d"][key], atol=1e-5, rtol=1e-4)
+               for key, value in runs["plain_d"].items())
+
+
+def test_resume_refuses_model_change(prepared: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train(make_config(prepared, run, "train.max_steps=2"))
+    with pytest.raises(CheckpointError, match="model.d_model"):
+        train(make_config(prepared, run, "train.max_steps=4", "model.d_model=16"))
+    with pytest.raises(CheckpointError, match="model.output_vocab"):
+        train(make_config(prepared, run, "train.max_steps=4", "model.output_vocab=target"))
+
+
+def test_output_vocabulary_target_trains_resumes_and_decodes_from_the_list(prepared: Path,
+                                                                          tmp_path: Path) -> None:
+    """``model.output_vocab: target``: the list is the training targets' pieces plus the special
+    ids; it is saved with the weights, a resume continues exactly, and inference decodes from it."""
+    from mtcli.data.batching import collate_sources
+    from mtcli.data.cache import PreparedCorpus
+    from mtcli.infer.loading import load_for_inference
+    from mtcli.infer.search import generate
+
+    extra = ("model.output_vocab=target", "train.valid_every=100000")
+    straight = tmp_path / "straight"
+    train(make_config(prepared, straight, "train.max_steps=4", *extra))
+    split = tmp_path / "split"
+    train(make_config(prepared, split, "train.max_steps=2", *extra))
+    train(make_config(prepared, split, "train.max_steps=4", *extra))
+    assert logged_losses(split) == logged_losses(straight)
+
+    corpus = PreparedCorpus.open(prepared, verify=False)
+    train_tgt = corpus.array("train", corpus.tgt_lang)
+    expected = sorted({0, 1, 2, 3} | {int(t) for i in range(len(train_tgt)) for t in train_tgt[i]})
+    assert len(expected) < corpus.vocab_size, "degenerate test: the targets use every piece"
+    assert model_params(straight / "checkpoints" / "checkpoint_last.pt")["output_ids"].tolist() == expected
+    assert f"output vocabulary: the {len(expected)} of {corpus.vocab_size} pieces" in \
+        (straight / "train.log").read_text(encoding="utf-8")
+
+    joint = tmp_path / "joint"  # the joint softmax smooths over more pieces: another loss
+    train(make_config(prepared, joint, "train.max_steps=1", "train.valid_every=100000"))
+    assert logged_losses(joint)[1] != logged_losses(straight)[1]
+
+    bundle = load_for_inference(straight, "last")
+    assert bundle.model.output_ids.tolist() == expected
+    source = corpus.array("test", corpus.src_lang)
+    with torch.inference_mode():
+        hyps = generate(bundle.model, collate_sources([source[i].tolist() for i in range(8)], "cpu"),
+                        beam_size=2, nbest=2)
+    produced = {t for row in hyps for h in row for t in h.tokens}
+    assert produced and produced <= set(expected)
+
+
+def test_output_vocabulary_target_refuses_sampled_targets(prepared: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="model.output_vocab: target"):
+        make_config(prepared, tmp_path / "run", "model.output_vocab=target", "train.subword_alpha=0.1")
+
+
+def test_missing_cache_says_run_prepare(tmp_path: Path) -> None:
+    config = make_config(tmp_path / "nothing", tmp_path / "run")
+    with pytest.raises(DataError, match="mtcli prepare"):
+        train(config)
+
+
+def test_patience_stops_when_validation_does_not_improve(prepared: Path, tmp_path: Path) -> None:
+    # lr factor 0: the weights never change, so validation never improves after the first.
+    summary = train(make_config(prepared, tmp_path / "run", "train.lr_factor=0.0",
+                                "train.max_steps=100", "train.valid_every=2", "train.patience=2"))
+    assert summary.steps == 6
+    assert summary.stop_reason.startswith("patience")
+
+
+def logged_lr_ratios(prepared: Path, run: Path) -> dict[int, float]:
+    """Logged learning rate / Noam's rate at that step, by step, from the run's train.log."""
+    import re
+
+    from mtcli.train.schedule import noam_lr
+
+    config = make_config(prepared, run)
+    ratios = {}
+    for line in (run / "train.log").read_text(encoding="utf-8").splitlines():
+        m = re.search(r"\| step (\d+) \| .*\| lr (\S+) \|", line)
+        if m:
+            step, lr = int(m.group(1)), float(m.group(2))
+            ratios[step] = lr / noam_lr(step, config.model.d_model, config.train.warmup_steps,
+                                         config.train.lr_factor)
+    return ratios
+
+
+def test_cooldown_lowers_the_rate_towards_the_time_limit(prepared: Path, tmp_path: Path) -> None:
+    # the whole 6-second budget is cool-down: every logged rate is below Noam's, falling
+    run = tmp_path / "run"
+    summary = train(make_config(prepared, run, "train.max_steps=100000", "train.valid_every=100000",
+                                "train.max_minutes=0.1", "train.cooldown_minutes=0.1"))
+    assert summary.stop_reason.startswith("max_minutes")
+    ratios = [ratio for _, ratio in sorted(logged_lr_ratios(prepared, run).items())]
+    assert len(ratios) >= 3, "the toy run should log several steps in 6 seconds"
+    assert all(0.0 < r <= 1.001 for r in ratios)  # the log keeps 4 digits
+    assert all(b <= a * 1.001 for a, b in zip(ratios, ratios[1:], strict=False)) and ratios[-1] < 0.5
+
+
+def test_time_limit_includes_the_final_validation(prepared: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # Steps take >= 0.3 s and validations >= 1 s here. A run that stopped once the 6-second
+    # budget was spent (the old rule) always ended past it; now it stops while one more step
+    # and the final validation still fit, and the step's 0.3 s absorbs the timing jitter.
+    import time
+
+    from mtcli.train import Trainer
+
+    validate, train_step = Trainer.validate, Trainer.train_step
+
+    def slow_validate(self: Trainer) -> dict:
+        time.sleep(1.0)
+        return validate(self)
+
+    def slow_step(self: Trainer, group: object) -> object:
+        time.sleep(0.3)
+        return train_step(self, group)
+
+    monkeypatch.setattr(Trainer, "validate", slow_validate)
+    monkeypatch.setattr(Trainer, "train_step", slow_step)
+    run = tmp_path / "run"
+    summary = train(make_config(prepared, run, "train.max_steps=100000", "train.valid_every=4",
+                                "train.max_minutes=0.1"))
+    assert summary.stop_reason.startswith("max_minutes")
+    assert 6.0 - 2.5 < summary.elapsed_seconds <= 6.0, summary.elapsed_seconds
+
+
+def test_cooldown_steps_scale_the_last_updates_down_linearly(prepared: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    summary = train(make_config(prepared, run, "train.max_steps=8", "train.cooldown_steps=4",
+                                "train.log_every=1", "train.valid_every=100000"))
+    assert summary.steps == 8
+    ratios = logged_lr_ratios(prepared, run)
+    # update s runs at min(1, (max_steps - s + 1) / cooldown_steps) of Noam's rate
+    expected = {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0, 6: 0.75, 7: 0.5, 8: 0.25}
+    assert ratios == pytest.approx(expected, rel=2e-3)
+
+
+@pytest.mark.parametrize("extra", [["train.max_steps=10", "train.cooldown_steps=11"],
+                                   ["train.cooldown_steps=-1"]])
+def test_cooldown_steps_must_fit_in_max_steps(prepared: Path, tmp_path: Path, extra: list[str]) -> None:
+    with pytest.raises(ConfigError, match="train.cooldown_steps"):
+        make_config(prepared, tmp_path / "run", *extra)
+
+
+def test_subword_regularisation_trains_and_resumes_exactly(prepared: Path, tmp_path: Path) -> None:
+    """Sampled segmentations: 2 epochs straight == stop mid-epoch 1, resume; pieces differ per epoch."""
+    extra = ("train.subword_alpha=0.1", "train.valid_every=100000")
+    straight = tmp_path / "straight"
+    full = train(make_config(prepared, straight, "train.max_epochs=2", *extra))
+    assert full.epochs == 2
+    split = tmp_path / "split"
+    train(make_config(prepared, split, f"train.max_steps={full.steps - 3}", *extra))
+    train(make_config(prepared, split, "train.max_epochs=2", "train.max_steps=100000", *extra))
+    assert logged_losses(split) == logged_losses(straight)
+    assert_same_params(model_params(straight / "checkpoints" / "checkpoint_last.pt"),
+                       model_params(split / "checkpoints" / "checkpoint_last.pt"))
+    plain = tmp_path / "plain"
+    train(make_config(prepared, plain, "train.max_steps=2", "train.valid_every=100000"))
+    assert logged_losses(plain)[1] != logged_losses(straight)[1]  # other pieces, other loss
+    assert "subword regularisation" in (straight / "train.log").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("extra", [["train.subword_alpha=-0.1"],
+                                   ["train.subword_alpha=0.1", "data.spm_model_type=bpe"],
+                                   ["train.subword_alpha=0.1", "train.subword_nbest=0"]])
+def test_subword_settings_are_checked(prepared: Path, tmp_path: Path, extra: list[str]) -> None:
+    with pytest.raises(ConfigError, match="train.subword_"):
+        make_config(prepared, tmp_path / "run", *extra)
+
+
+def test_max_epochs(prepared: Path, tmp_path: Path) -> None:
+    config = make_config(prepared, tmp_path / "run", "train.max_epochs=1", "train.max_steps=100000",
+                         "train.valid_every=1000", "train.max_tokens=4096")
+    summary = train(config)
+    assert summary.epochs == 1 and summary.stop_reason.startswith("max_epochs")
+    from mtcli.data.batching import BatchStream
+    from mtcli.data.cache import PreparedCorpus
+
+    corpus = PreparedCorpus.open(prepared)
+    stream = BatchStream(corpus.array("train", "src"), corpus.array("train", "tgt"), max_tokens=4096,
+                         max_source_length=256, max_target_length=256, seed=1)
+    assert summary.steps == len(stream.epoch_batches(0))
+
+
+def test_nonfinite_loss_skips_then_stops(prepared: Path, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    real_forward = LabelSmoothedLoss.forward
+    calls = {"n": 0}
+
+    def flaky(self, logits, target):  # noqa: ANN001, ANN202
+        calls["n"] += 1
+        out = real_forward(self, logits, target)
+        if calls["n"] == 2 and self.training:
+            out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(LabelSmoothedLoss, "forward", flaky)
+    run = tmp_path / "run"
+    summary = train(make_config(prepared, run, "train.max_steps=4", "train.valid_every=100"))
+    assert summary.steps == 4  # the NaN step was skipped, not counted
+    assert "non-finite" in (run / "train.log").read_text(encoding="utf-8")
+
+    def always_nan(self, logits, target):  # noqa: ANN001, ANN202
+        out = real_forward(self, logits, target)
+        out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(LabelSmoothedLoss, "forward", always_nan)
+    with pytest.raises(TrainingError, match="3 non-finite losses in a row"):
+        train(make_config(prepared, tmp_path / "run2", "train.max_steps=10", "train.max_nonfinite=3"))
+
+
+def test_keep_best_keeps_the_best_step_checkpoints_beside_the_last(prepared: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train(make_config(prepared, run, "train.max_steps=10", "train.valid_every=2",
+                      "train.keep_last=1", "train.keep_best=2"))
+    index = read_index(run)
+    assert set(index) == {2, 4, 6, 8, 10}
+    best_two = sorted(index, key=lambda s: (index[s]["loss"], -s))[:2]
+    kept = {p.name for p in (run / "checkpoints").glob("checkpoint_[0-9]*.pt")}
+    assert kept == {f"checkpoint_{s}.pt" for s in {10, *best_two}}
+
+
+def test_validation_bleu_selects_best(prepared: Path, tmp_path: Path) -> None:
+    pytest.importorskip("mtcli.infer.search")
+    run = tmp_path / "run"
+    summary = train(make_config(prepared, run, "train.max_steps=4", "train.valid_every=2",
+                                "train.valid_bleu=true", "train.valid_max_sentences=8"))
+    index = read_index(run)
+    assert all(entry["bleu"] is not None for entry in index.values())
+    assert summary.best_valid_bleu == max(entry["bleu"] for entry in index.values())
+
+
+# --------------------------------------------------------------------------- subprocesses
+
+
+def cli_train(prepared: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
+    args = [sys.executable, "-m", "mtcli.cli", "train", str(TOY_CONFIG)]
+    for item in base_overrides(prepared, run_dir) + list(extra):
+        args += ["--set", item]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def test_sigterm_saves_checkpoint_and_exits_143(prepared: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = cli_train(prepared, run, "train.max_steps=100000", "train.valid_every=100000")
+    log = run / "train.log"
+    wait_until(lambda: log.exists() and "| step 3 |" in log.read_text(encoding="utf-8"), proc,
+               "step 3 in train.log", timeout=60.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "interrupted by SIGTERM" in err and "checkpoint_last" in err
+    state = load_checkpoint(run / "checkpoints" / "checkpoint_last.pt")
+    assert state["step"] >= 3
+    assert not (run / "train.lock").exists()
+
+
+def test_sigkill_then_resume_matches_straight_run(prepared: Path, tmp_path: Path) -> None:
+    extra = ("model.dropout=0.1", "train.valid_every=2", "train.max_steps=40", "train.log_every=100")
+    straight = tmp_path / "straight"
+    train(make_config(prepared, straight, *extra))
+    killed = tmp_path / "killed"
+    proc = cli_train(prepared, killed, *extra)
+    wait_until((killed / "checkpoints" / "checkpoint_6.pt").exists, proc, "checkpoint_6.pt appearing",
+               timeout=60.0)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the trainer finished before it could be killed"
+    assert (killed / "train.lock").exists()  # a stale lock, taken over on resume
+    summary = train(make_config(prepared, killed, *extra))
+    assert summary.resumed_from is not None and summary.steps == 40
+    assert_same_params(model_params(straight / "checkpoints" / "checkpoint_last.pt"),
+                       model_params(killed / "checkpoints" / "checkpoint_last.pt"))
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("flags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n", True),    # Zen 4, Cooper Lake
+    ("flags\t\t: fpu sse2 avx2 amx_bf16 amx_tile\n", True),                   # Sapphire Rapids
+    ("Features\t: fp asimd bf16 i8mm sve\n", True),                            # Arm v8.6+
+    ("flags\t\t: fpu sse2 avx2 fma\n", False),                                 # Zen 3: slow bf16
+])
+def test_cpu_has_bf16_units_reads_the_cpu_flags(tmp_path: Path, line: str, expected: bool) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: some cpu\n" + line, encoding="utf-8")
+    assert cpu_has_bf16_units(str(cpuinfo)) is expected
+    assert cpu_has_bf16_units(str(tmp_path / "missing")) is False
+
+
+@pytest.mark.parametrize("has_units", [True, False])
+def test_bf16_auto_follows_the_device_and_the_run_records_the_choice(
+        prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, has_units: bool) -> None:
+    import mtcli.device
+
+    monkeypatch.setattr(mtcli.device, "cpu_has_bf16_units", lambda *args: has_units)
+    run = tmp_path / "run"
+    train(make_config(prepared, run, "train.max_steps=2", "train.valid_every=2",
+                      "train.device=cpu", "train.bf16=auto"))
+    state = load_checkpoint(run / "checkpoints" / "checkpoint_last.pt")
+    assert state["config"]["train"]["bf16"] is has_units
+    assert f"bf16 {has_units} (auto: the cpu has" in (run / "train.log").read_text(encoding="utf-8")
+    saved = (run / "config.yaml").read_text(encoding="utf-8")
+    assert f"bf16: {str(has_units).lower()}" in saved
