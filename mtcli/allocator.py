@@ -5,10 +5,10 @@ PyTorch's CPU tensors come from ``malloc``. glibc serves every block above its m
 the tensor dies, and it trims the top of the heap back to the kernel when more than 128 KiB
 there is free. A training step allocates and frees the same large activations every step
 (the ``[tokens, vocab]`` logits and their gradient are ~20-40 MiB at Multi30k's shapes), so
-each step pays the kernel to zero and map those pages again: one page fault per 4 KiB. On the
-2-core VM an element-wise pass over 10M floats took 16 ms in fresh memory and 2-4 ms in reused
-memory, and a whole training step ran 15% (fp32) to 40% (bf16 autocast) faster with freed
-memory kept (bench/NOTES.md, session 18).
+each step pays the kernel to zero and map those pages again: one page fault per 4 KiB. On a
+2-core CPU an element-wise pass over 10M floats took 16 ms in fresh memory and 2-4 ms in reused
+memory; what it saves a whole training step depends on how many large temporaries the step
+makes (bench/NOTES.md has the measurements).
 
 :func:`keep_freed_memory` sets ``M_MMAP_MAX = 0`` (no block is served by its own mapping, so
 every block comes from the heap and is reused) and a 1 GiB ``M_TRIM_THRESHOLD`` (free memory

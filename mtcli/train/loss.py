@@ -59,13 +59,13 @@ class LossOutput:
 
 #: Rows of logits processed together: about 4 MiB of float32, so each block's passes (max, exp,
 #: sum, scale) run on cached data rather than streaming the whole [N, V] tensor once per pass,
-#: while blocks stay large enough that per-op overhead is small (bench/NOTES.md, session 18).
+#: while blocks stay large enough that per-op overhead is small (bench/NOTES.md).
 BLOCK_BYTES = 1 << 22
 
 #: Floor for the argument of every ``exp`` here. torch's float32 ``exp`` on a CPU leaves its
 #: vectorised path for arguments below about -87 (where ``exp`` leaves float32's normal range)
 #: and runs 20-70x slower on them. A model trained without label smoothing puts much of its
-#: vocabulary there (ours, with smoothing 0.1, stay above -20: bench/NOTES.md, session 27).
+#: vocabulary there (ours, with smoothing 0.1, stay above -20: bench/NOTES.md).
 #: ``exp(-80) = 1.8e-35``: a probability floored there changes a sum over 10^4 pieces by less
 #: than 10^-30.
 EXP_FLOOR = -80.0
