@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from mtcli.data.tokenizer import Tokenizer
 from mtcli.errors import ConfigError, MtcliError
 from mtcli.fileio import atomic_dir
 from mtcli.infer.loading import load_for_inference
@@ -141,7 +142,7 @@ def build_spec(model: Transformer, vocabulary: list[str]) -> Any:
     return spec
 
 
-def vocabulary_of(tokenizer: Any) -> list[str]:
+def vocabulary_of(tokenizer: Tokenizer) -> list[str]:
     """Pieces of ids ``0..V-1`` with the pad piece renamed ``<blank>`` (CTranslate2's pad name)."""
     pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
     pieces[0] = "<blank>"

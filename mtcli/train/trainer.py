@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.tensorboard import SummaryWriter
 
 from mtcli.checkpoint import save_checkpoint
 from mtcli.config import Config
@@ -125,7 +126,7 @@ class Trainer:
         # mean over its window rather than one noisy step (saved with the state: resume is exact).
         self.log_window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "real": 0.0, "padded": 0.0}
         self.resumed_from: str | None = None
-        self.writer: Any = None
+        self.writer: SummaryWriter | None = None
         self.signals = StopSignals()
         self._tokens_done = 0
         self._train_seconds = 0.0
