@@ -2,12 +2,13 @@
 #   make setup       create .venv with a CPU build of torch and mtcli[dev]
 #   make test        the default test suite (what CI runs); PYTEST_ARGS='-m ""' adds the slow tests
 #   make lint        ruff over the package, the tests and the benchmarks (CI runs it too)
-#   make reproduce   prepare -> train -> average -> evaluate both Multi30k recipes, then the table
-#                    (make reproduce-de-en / reproduce-en-de for one direction)
+#   make reproduce   prepare -> train -> average -> evaluate both Multi30k recipes for each seed,
+#                    then the table (make reproduce-de-en / reproduce-en-de for one direction)
 #   make reproduce-wmt-news   the same for the WMT news smoke benchmark (configs/wmt_news_en_de.yaml)
 #   make clean       remove caches and build leftovers (never data/ or results/)
-# REPRODUCE_ARGS passes more options to `python -m mtcli.reproduce` (see its --help), e.g.
-# REPRODUCE_ARGS='--set train.device=cuda'.
+# SEEDS: the seeds make reproduce trains and scores for each Multi30k direction (the README's rows
+# are their means). REPRODUCE_ARGS passes more options to `python -m mtcli.reproduce` (see its
+# --help), e.g. REPRODUCE_ARGS='--set train.device=cuda'.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -16,6 +17,7 @@ BIN ?= $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 DATA ?= $(if $(wildcard ../shared/data/multi30k),../shared/data/multi30k,)
 PYTEST_ARGS ?=
+SEEDS ?= 1,2,3
 REPRODUCE_ARGS ?=
 
 .PHONY: setup test lint reproduce reproduce-de-en reproduce-en-de reproduce-wmt-news clean
@@ -35,7 +37,7 @@ lint:
 reproduce: reproduce-de-en reproduce-en-de
 
 reproduce-de-en reproduce-en-de: reproduce-%:
-	$(BIN)/python -m mtcli.reproduce $(subst -,_,$*) $(if $(DATA),--data $(DATA),) $(REPRODUCE_ARGS)
+	$(BIN)/python -m mtcli.reproduce $(subst -,_,$*) $(if $(DATA),--data $(DATA),) --seeds $(SEEDS) $(REPRODUCE_ARGS)
 
 # reads the recipe's own source (../shared/data/wmt-news-en-de); DATA is Multi30k's
 reproduce-wmt-news:

@@ -85,7 +85,6 @@ class TrainConfig:
     max_steps: int = 100_000
     max_epochs: int = 0
     max_minutes: float = 0.0
-    cooldown_minutes: float = 0.0
     cooldown_steps: int = 0
     patience: int = 0
     lr_factor: float = 1.0
@@ -157,6 +156,8 @@ REMOVED_KEYS: dict[str, tuple[Any, str]] = {
                                       "data.tgt_lang"),
     "train.decay_norms_and_biases": (True, "AdamW (train.weight_decay > 0) decays every "
                                            "parameter, as this key's default did"),
+    "train.cooldown_minutes": (0.0, "budget steps (train.max_steps) and cool down over the last "
+                                    "train.cooldown_steps; train.max_minutes is a safety cap"),
 }
 
 SECTIONS: dict[str, type] = {
@@ -331,8 +332,6 @@ def validate(config: Config) -> None:
         (t.max_tokens > 0, "train.max_tokens must be > 0"),
         (t.update_freq >= 1, "train.update_freq must be >= 1"),
         (t.warmup_steps >= 1, "train.warmup_steps must be >= 1"),
-        (t.cooldown_minutes == 0.0 or 0.0 < t.cooldown_minutes <= t.max_minutes,
-         "train.cooldown_minutes must be 0 (off) or in (0, train.max_minutes]: it needs a time limit"),
         (0 <= t.cooldown_steps <= t.max_steps,
          "train.cooldown_steps must be 0 (off) or in (0, train.max_steps]: it counts back from max_steps"),
         (len(t.adam_betas) == 2, "train.adam_betas must have two values"),

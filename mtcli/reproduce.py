@@ -1,12 +1,15 @@
 """``make reproduce``: prepare -> train -> average checkpoints -> evaluate, then the BLEU table.
 
-Run one recipe with ``python -m mtcli.reproduce de_en [--data DIR]`` (``en_de``, or
-``wmt_news_en_de`` for the WMT news smoke benchmark). Results are merged into
-``results/<table>.json`` (``multi30k`` or ``wmt_news``; one object per direction, keyed
-``"de-en"`` / ``"en-de"``), rendered to ``results/<table>.md``, and that table replaces the block
-between the table's markers in README.md, so every number in the README comes from this command.
-The first test split fills a direction's main row; further test splits (newstest2014 and its
-filtered subset) are scored too and rendered as rows of their own.
+Run one recipe with ``python -m mtcli.reproduce de_en [--data DIR] [--seeds 1,2,3]`` (``en_de``,
+or ``wmt_news_en_de`` for the WMT news smoke benchmark). With ``--seeds`` every seed trains its
+own run (``train.seed``, run directory ``<run_dir>-seed<N>``) and is scored on its own; the
+direction's row holds the mean of each score, its sample standard deviation (``<score>_std``) and
+every seed's row under ``seeds``. Results are merged into ``results/<table>.json`` (``multi30k``
+or ``wmt_news``; one object per direction, keyed ``"de-en"`` / ``"en-de"``), rendered to
+``results/<table>.md``, and that table replaces the block between the table's markers in
+README.md, so every number in the README comes from this command. The first test split fills a
+direction's main row; further test splits (newstest2014 and its filtered subset) are scored too
+and rendered as rows of their own.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -23,10 +27,10 @@ from typing import Any
 import torch
 
 from mtcli.allocator import keep_freed_memory
-from mtcli.config import load_config
+from mtcli.config import Config, load_config
 from mtcli.data.prepare import prepare
 from mtcli.device import cpu_has_bf16_units, cpu_name
-from mtcli.errors import MtcliError
+from mtcli.errors import ConfigError, MtcliError
 from mtcli.evaluate import evaluate
 from mtcli.fileio import atomic_write
 from mtcli.infer.averaging import average_run_checkpoints
@@ -79,21 +83,40 @@ def markers(table: str) -> tuple[str, str]:
     return (MARK_START, MARK_END) if table == "multi30k" else (f"<!-- {table}:start -->", f"<!-- {table}:end -->")
 
 
+SCORES = ("bleu", "bleu_lc", "chrf")
+
+
+def _seed_cells(run: dict[str, Any]) -> tuple[str, str]:
+    """The table's ``± sd`` and per-seed cells (lowercased BLEU) of a direction's row."""
+    seeds = run.get("seeds") or {}
+    sd = run.get("bleu_lc_std")
+    spread = "–" if sd is None else f"{sd:.2f}"
+    each = " / ".join(f"{seeds[s]['bleu_lc']:.2f}" for s in sorted(seeds, key=int)) or "–"
+    return spread, each
+
+
 def _table_row(label: str, scores: dict[str, Any], run: dict[str, Any]) -> str:
     """One table row: ``scores`` (BLEU, chrF, decode speed) of one test split of ``run``."""
+    spread, each = _seed_cells(run) if scores is run else ("–", "–")
+    steps = run.get("train_steps", "?")
+    steps = f"{steps:,}" if isinstance(steps, int) else str(steps)
     return (
-        f"| {label} | {scores['bleu']:.2f} | {scores['bleu_lc']:.2f} | {scores['chrf']:.2f} "
-        f"| {run['params'] / 1e6:.1f}M | {run['train_minutes']:.1f} | {run['train_tokens_per_s']:,.0f} "
-        f"| {scores['decode_sents_per_s']:.1f} | {run['device']} | {run['commit']} |"
+        f"| {label} | {scores['bleu_lc']:.2f} | {spread} | {each} | {scores['bleu']:.2f} "
+        f"| {scores['chrf']:.2f} | {run['params'] / 1e6:.1f}M | {steps} | {run['train_minutes']:.1f} "
+        f"| {run['train_tokens_per_s']:,.0f} | {scores['decode_sents_per_s']:.1f} | {run['device']} "
+        f"| {run['commit']} |"
     )
 
 
 def render_markdown(results: dict[str, dict[str, Any]]) -> str:
-    """The results table (one row per direction and test split) and the sacreBLEU signatures."""
+    """The results table (one row per direction and test split) and the sacreBLEU signatures.
+
+    Scores of a row trained with several seeds are their means; ``± sd`` is the sample standard
+    deviation of the lowercased BLEU and "per seed" each seed's lowercased BLEU, seed order."""
     lines = [
-        "| direction | BLEU | BLEU (lc, 13a) | chrF | params | train min | train tok/s "
-        "| decode sent/s | device | commit |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| direction | BLEU (lc, 13a) | ± sd | per seed | BLEU | chrF | params | steps | train min "
+        "| train tok/s | decode sent/s | device | commit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key in sorted(results):
         r = results[key]
@@ -233,12 +256,12 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
     alpha, valid_by_alpha = choose_length_penalty(run_dir, valid, averaged, config.decode.length_penalty,
                                                   valid_by_average[str(len(used))])
     # what the training run and the choices on val give, for a tuning row and a results row alike
-    common = {"train_steps": summary.steps, "train_tokens_per_s": summary.tokens_per_second,
-              "valid_bleu_by_average": valid_by_average,
+    common = {"seed": config.train.seed, "train_steps": summary.steps,
+              "train_tokens_per_s": summary.tokens_per_second, "average_last": len(used),
+              "length_penalty": alpha, "valid_bleu_by_average": valid_by_average,
               "valid_bleu_by_length_penalty": valid_by_alpha, "commit": git_commit()}
     if valid_only:
         row = {"valid_split": valid, "best_valid_bleu_greedy": summary.best_valid_bleu,
-               "average_last": len(used), "length_penalty": alpha,
                "valid_bleu": valid_by_alpha[str(alpha)], "overrides": overrides, **common}
         with atomic_write(config.run_path() / "tuning.json") as handle:
             handle.write(json.dumps(row, indent=2) + "\n")
@@ -264,6 +287,73 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
     }
 
 
+def seed_overrides(config_path: str, extra: list[str], seed: int) -> list[str]:
+    """``extra`` plus what makes seed ``seed`` a run of its own: ``train.seed`` and the run
+    directory ``<the recipe's run dir>-seed<seed>``."""
+    base: Config = load_config(config_path, extra)
+    return [*extra, f"train.seed={seed}", f"train.run_dir={base.run_path()}-seed{seed}"]
+
+
+def combine_seeds(rows: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """A direction's row from its seeds' rows (seed -> row as :func:`run_recipe` returns it):
+    the mean of every score and speed under the same keys, the sample standard deviation of each
+    score as ``<score>_std`` (None for one seed), the training steps (one number when every seed
+    made the same), and each seed's row under ``seeds``."""
+    ordered = [rows[s] for s in sorted(rows)]
+    first = ordered[0]
+    if len(ordered) == 1:  # one seed: its row as it is, plus the seed layout
+        return {**first, **{f"{key}_std": None for key in SCORES}, "seeds": {str(first["seed"]): first}}
+    out: dict[str, Any] = {k: first[k] for k in ("bleu_signature", "bleu_lc_signature", "chrf_signature",
+                                                   "params", "test_set") if k in first}
+    for key in (*SCORES, "decode_sents_per_s", "train_minutes", "train_tokens_per_s"):
+        out[key] = statistics.fmean(r[key] for r in ordered)
+    for key in SCORES:
+        out[f"{key}_std"] = statistics.stdev(r[key] for r in ordered) if len(ordered) > 1 else None
+    steps = sorted({r["train_steps"] for r in ordered})
+    out["train_steps"] = steps[0] if len(steps) == 1 else [r["train_steps"] for r in ordered]
+    out["device"] = " / ".join(dict.fromkeys(r["device"] for r in ordered))
+    out["commit"] = " / ".join(dict.fromkeys(r["commit"] for r in ordered))
+    windows = "/".join(str(r["average_last"]) for r in ordered)
+    alphas = "/".join(f"{r['length_penalty']:g}" for r in ordered)
+    beam = first["decode"].split(",")[0]
+    out["decode"] = (f"{beam}; for seed {'/'.join(map(str, sorted(rows)))}: the average of the last "
+                     f"{windows} checkpoints and length penalty {alphas} (chosen on val)")
+    splits = (first.get("more_tests") or {}).keys()
+    out["more_tests"] = {split: {key: statistics.fmean(r["more_tests"][split][key] for r in ordered)
+                                 for key in (*SCORES, "decode_sents_per_s")} for split in splits}
+    for split in splits:
+        out["more_tests"][split]["sentences"] = first["more_tests"][split]["sentences"]
+    out["seeds"] = {str(s): rows[s] for s in sorted(rows)}
+    return out
+
+
+def _parse_seeds(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"--seeds {text!r}: expected integers separated by commas, e.g. 1,2,3") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds {text!r}: give one or more distinct seeds, e.g. 1,2,3")
+    return seeds
+
+
+def run_seeds(config_path: str, data_dir: str | None, extra: list[str], seeds: list[int] | None,
+              valid_only: bool = False) -> dict[str, Any]:
+    """:func:`run_recipe` once per seed (each in its own run directory) and their combined row;
+    without ``seeds`` one run of the recipe as it is (its seed, its run directory)."""
+    if seeds is None:
+        row = run_recipe(config_path, data_dir, extra, valid_only)
+        return row if valid_only else combine_seeds({row["seed"]: row})
+    rows = {seed: run_recipe(config_path, data_dir, seed_overrides(config_path, extra, seed), valid_only)
+            for seed in seeds}
+    if valid_only:
+        return {"seeds": {str(s): r for s, r in rows.items()},
+                "valid_bleu_mean": statistics.fmean(r["valid_bleu"] for r in rows.values())}
+    return combine_seeds(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry: ``python -m mtcli.reproduce {de_en,en_de,wmt_news_en_de} [--data DIR]``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -274,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", type=Path, default=README, help="README whose table to refresh")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="config override section.key=value (repeatable)")
+    parser.add_argument("--seeds", default=None,
+                        help="train and score each of these seeds (e.g. 1,2,3), each in RUN_DIR-seed<N>; "
+                             "the row holds their mean, standard deviation and each seed's scores")
     parser.add_argument("--valid-only", action="store_true",
                         help="tuning run: choose on val and stop; the test split is not decoded and "
                              "no results table is written (val scores go to RUN_DIR/tuning.json)")
@@ -282,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
     try:
         recipe, table_name = RECIPES[args.direction]
-        row = run_recipe(args.config or recipe, args.data, args.overrides, args.valid_only)
+        row = run_seeds(args.config or recipe, args.data, args.overrides, _parse_seeds(args.seeds),
+                        args.valid_only)
     except MtcliError as exc:
         print(f"mtcli: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -35,10 +35,12 @@ def toy_args(tmp_path: Path) -> str:
 
 
 def test_make_reproduce_runs_both_directions(tmp_path: Path) -> None:
-    make(tmp_path, "reproduce", "DATA=", f"REPRODUCE_ARGS={toy_args(tmp_path)}")
+    make(tmp_path, "reproduce", "DATA=", "SEEDS=3", f"REPRODUCE_ARGS={toy_args(tmp_path)}")
     rows = json.loads((tmp_path / "results" / "multi30k.json").read_text(encoding="utf-8"))
     assert sorted(rows) == ["de-en", "en-de"]
     assert all(row["train_steps"] == 20 and row["bleu_signature"].startswith("nrefs:1") for row in rows.values())
+    assert all(list(row["seeds"]) == ["3"] for row in rows.values())
+    assert (tmp_path / "data" / "runs" / "toy-seed3" / "checkpoints").is_dir()
     assert (tmp_path / "results" / "multi30k.md").is_file()
 
 

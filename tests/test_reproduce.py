@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from mtcli.checkpoint import load_checkpoint
 from mtcli.reproduce import (
     MARK_END,
     MARK_START,
@@ -28,8 +30,8 @@ ROW = {
 def test_render_has_a_row_per_direction_and_signatures() -> None:
     text = render_markdown({"en-de": ROW, "de-en": dict(ROW, bleu=41.0)})
     rows = [line for line in text.splitlines() if line.startswith("| de-en") or line.startswith("| en-de")]
-    assert rows[0].startswith("| de-en | 41.00 | 40.50 | 60.25 | 9.5M | 59.9 | 3,210 | 101.2")
-    assert rows[1].startswith("| en-de | 38.12")
+    assert rows[0].startswith("| de-en | 40.50 | – | – | 41.00 | 60.25 | 9.5M | ? | 59.9 | 3,210 | 101.2")
+    assert rows[1].startswith("| en-de | 40.50 | – | – | 38.12")
     assert ROW["bleu_signature"] in text and ROW["chrf_signature"] in text
 
 
@@ -88,8 +90,8 @@ def test_more_test_splits_get_rows_and_their_own_table(tmp_path: Path) -> None:
     readme.write_text(f"{MARK_START}\nmulti30k\n{MARK_END}\n{start}\nold\n{end}\n", encoding="utf-8")
     write_results({"en-de": dict(ROW, more_tests=more)}, tmp_path / "results", readme, "wmt_news")
     md = (tmp_path / "results" / "wmt_news.md").read_text()
-    assert "| en-de newstest2014-filtered | 5.50 | 6.25 | 30.00 | 9.5M" in md
-    assert "| en-de | 38.12" in md
+    assert "| en-de newstest2014-filtered | 6.25 | – | – | 5.50 | 30.00 | 9.5M" in md
+    assert "| en-de | 40.50 | – | – | 38.12" in md
     text = readme.read_text()
     assert "multi30k" in text and "old" not in text and md in text
     assert not (tmp_path / "results" / "multi30k.json").exists()
@@ -157,3 +159,40 @@ def test_length_penalty_search_reuses_the_recipe_score_and_prefers_it_on_ties() 
 
     best, scores = search_length_penalty(flat, 1.0, recipe_score=40.0)
     assert best == 1.0 and 1.0 not in calls and scores["1.0"] == 40.0
+
+
+def test_seeds_train_their_own_runs_and_the_row_keeps_each(tmp_path: Path, toy_config_path: Path) -> None:
+    """--seeds 1,2: two runs (train.seed, RUN_DIR-seed<N>), scored each; the row holds their mean,
+    sample standard deviation and every seed's row, and the table shows them."""
+    from mtcli.reproduce import main
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{MARK_START}\n{MARK_END}\n", encoding="utf-8")
+    code = main([
+        "de_en", "--config", str(toy_config_path), "--results", str(tmp_path / "results"),
+        "--readme", str(readme), "--seeds", "1,2",
+        "--set", f"data.prepared_dir={tmp_path / 'prep'}", "--set", f"train.run_dir={tmp_path / 'run'}",
+        "--set", "train.max_steps=20", "--set", "train.valid_every=10",
+    ])
+    assert code == 0
+    row = json.loads((tmp_path / "results" / "multi30k.json").read_text())["de-en"]
+    assert sorted(row["seeds"]) == ["1", "2"] and row["train_steps"] == 20
+    seeds = [row["seeds"][s] for s in ("1", "2")]
+    assert [s["seed"] for s in seeds] == [1, 2] and all(s["train_steps"] == 20 for s in seeds)
+    for key in ("bleu", "bleu_lc", "chrf"):
+        assert row[key] == pytest.approx((seeds[0][key] + seeds[1][key]) / 2)
+        assert row[f"{key}_std"] == pytest.approx(abs(seeds[0][key] - seeds[1][key]) / 2 ** 0.5)
+    assert (tmp_path / "run-seed1" / "checkpoints").is_dir() and (tmp_path / "run-seed2" / "checkpoints").is_dir()
+    a = load_checkpoint(tmp_path / "run-seed1" / "checkpoints" / "checkpoint_last.pt")["model"]
+    b = load_checkpoint(tmp_path / "run-seed2" / "checkpoints" / "checkpoint_last.pt")["model"]
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+    line = next(x for x in readme.read_text().splitlines() if x.startswith("| de-en |"))
+    assert f"| {seeds[0]['bleu_lc']:.2f} / {seeds[1]['bleu_lc']:.2f} |" in line
+
+
+@pytest.mark.parametrize("text", ["1,x", "", "2,2"])
+def test_bad_seeds_are_one_line_errors(text: str, capsys) -> None:
+    from mtcli.reproduce import main
+
+    assert main(["de_en", "--seeds", text]) == 2
+    assert "--seeds" in capsys.readouterr().err

@@ -7,14 +7,11 @@ Noam schedule, with ``step`` counted from 1 (the first update uses step 1):
 It rises linearly for ``warmup`` steps, peaks at ``step == warmup`` with
 ``factor * (d_model * warmup)^-0.5`` and then decays with the inverse square root of the step.
 
-Optional cool-down for runs with a wall-clock budget (``train.max_minutes``): over the last
-``train.cooldown_minutes`` the rate is also multiplied by the fraction of the cool-down left,
-    lr = noam_lr(step) * min(1, (budget - elapsed) / cooldown),
-so it falls linearly to 0 when the budget ends (an extension, not in the paper: the last
-checkpoints of a time-limited run then sit at a low rate instead of mid-decay). The run stops
-a step and a final validation before the budget ends, at a rate a few percent of Noam's. The
-same in steps with ``train.cooldown_steps``: lr = noam_lr(step) * min(1, (max_steps - step + 1) /
-cooldown) for the update numbered ``step``; with both set, the lower factor applies.
+Optional cool-down (``train.cooldown_steps``, an extension, not in the paper): over the last
+``cooldown`` of ``max_steps`` updates the rate is also multiplied by the share of the cool-down
+left, lr = noam_lr(step) * min(1, (max_steps - step + 1) / cooldown) for the update numbered
+``step``, so it falls linearly to 1/cooldown of Noam's at the last update. The last checkpoints,
+which ``make reproduce`` averages, then sit at a low rate instead of mid-decay.
 The optimiser is Adam(beta1=0.9, beta2=0.98, eps=1e-9) as in the paper (values from the config),
 or AdamW when ``train.weight_decay > 0`` (decoupled weight decay:
     theta <- theta - lr * (adam_update + weight_decay * theta)),
@@ -31,15 +28,12 @@ from torch import nn
 from mtcli.config import TrainConfig
 
 
-def cooldown_scale(elapsed_s: float, budget_s: float, cooldown_s: float) -> float:
-    """min(1, (budget - elapsed) / cooldown), clamped to [0, 1]; 1 when ``cooldown_s <= 0``.
-
-    Seconds for ``train.cooldown_minutes``; steps for ``train.cooldown_steps`` (elapsed = updates
-    done, budget = ``max_steps``).
-    """
-    if cooldown_s <= 0:
+def cooldown_scale(done: float, budget: float, cooldown: float) -> float:
+    """min(1, (budget - done) / cooldown), clamped to [0, 1]; 1 when ``cooldown <= 0``: the
+    factor of ``train.cooldown_steps`` after ``done`` of ``budget = max_steps`` updates."""
+    if cooldown <= 0:
         return 1.0
-    return min(1.0, max(0.0, (budget_s - elapsed_s) / cooldown_s))
+    return min(1.0, max(0.0, (budget - done) / cooldown))
 
 
 def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
@@ -75,7 +69,7 @@ class NoamSchedule:
 
     def set_scale(self, scale: float) -> None:
         """Multiply the rate by ``scale`` from the next update on (the cool-down; not saved:
-        it is recomputed from the elapsed time, which the checkpoint keeps)."""
+        it is recomputed from the step, which the checkpoint keeps)."""
         self.scale = float(scale)
         self._apply()
 

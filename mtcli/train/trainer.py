@@ -379,15 +379,13 @@ class Trainer:
         if cfg.cooldown_steps > 0:  # the next update is step + 1; the last one (max_steps) gets 1/cooldown
             scale = cooldown_scale(self.step, cfg.max_steps, cfg.cooldown_steps)
         if cfg.max_minutes > 0:
-            # rank 0's clock decides for every rank: the stop and the cool-down's rate. The run
-            # stops if one more step and the final validation would end past the limit.
+            # rank 0's clock decides for every rank. The run stops if one more step and the
+            # final validation would end past the limit (a safety cap: a recipe budgets steps).
             spent, ahead = broadcast([self.elapsed + (time.monotonic() - self._clock),
                                        self._step_seconds + self._valid_seconds], self.info, self.device)
             if spent + ahead > cfg.max_minutes * 60:
                 return f"max_minutes={cfg.max_minutes:g}"
-            if cfg.cooldown_minutes > 0:
-                scale = min(scale, cooldown_scale(spent, cfg.max_minutes * 60, cfg.cooldown_minutes * 60))
-        if cfg.cooldown_steps > 0 or cfg.cooldown_minutes > 0:
+        if cfg.cooldown_steps > 0:
             self.schedule.set_scale(scale)
         return None
 
