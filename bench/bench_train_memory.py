@@ -9,11 +9,9 @@ memory goes" (session 28) are such runs.
 
 Usage (from the repository root; the recipe's cache must be prepared)::
 
-    python bench/bench_train_memory.py configs/multi30k_en_de.yaml --set train.max_minutes=25 \\
-        --set train.cooldown_minutes=5
+    python bench/bench_train_memory.py configs/multi30k_en_de.yaml --set train.max_minutes=25
     python bench/bench_train_memory.py configs/multi30k_en_de.yaml --env ONEDNN_PRIMITIVE_CACHE_CAPACITY=64 \\
-        --set train.max_minutes=0 --set train.cooldown_minutes=0 --set train.max_steps=1200 \\
-        --set train.valid_every=100000
+        --set train.max_steps=1200 --set train.valid_every=100000
     python bench/bench_train_memory.py configs/toy.yaml --set train.max_steps=20 --every 1   # smoke
 
 Results: the samples on stdout (every ``--print-every``-th) and ``bench/results/train_memory_<time>.json``.

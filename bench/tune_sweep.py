@@ -6,14 +6,12 @@ Several run at once (``--jobs``), which pays on a GPU, where one small model lea
 mostly idle; on the 2-core CPU use ``--jobs 1``. Variants whose ``data.*`` overrides change the
 prepared cache are prepared first, one at a time, so no two jobs build the same cache.
 
-The point on a GPU: a fixed-step stand-in for the 60-minute CPU recipe (``train.max_minutes=0``,
-``train.max_steps`` = the steps the CPU run makes, ``train.cooldown_steps`` for the cool-down),
-so many settings can be compared on val in minutes; the chosen one is then trained on the CPU.
+The point on a GPU: the recipes budget steps, so a GPU runs the same tuning run as the CPU, and
+many settings can be compared on val in minutes (``--common`` shortens them all alike).
 
 Usage (from the repository root)::
 
     python bench/tune_sweep.py en_de --data ../shared/data/multi30k --out data/sweeps/s1 --jobs 6 \\
-        --common train.max_minutes=0 --common train.cooldown_minutes=0 \\
         --common train.max_steps=4200 --common train.cooldown_steps=1050 \\
         --variant base= --variant ls02=train.label_smoothing=0.2 \\
         --variant v6k=data.vocab_size=6000,data.name=multi30k_en_de_v6k

@@ -332,8 +332,8 @@ def validate(config: Config) -> None:
         (t.max_tokens > 0, "train.max_tokens must be > 0"),
         (t.update_freq >= 1, "train.update_freq must be >= 1"),
         (t.warmup_steps >= 1, "train.warmup_steps must be >= 1"),
-        (0 <= t.cooldown_steps <= t.max_steps,
-         "train.cooldown_steps must be 0 (off) or in (0, train.max_steps]: it counts back from max_steps"),
+        (t.cooldown_steps >= 0, "train.cooldown_steps must be 0 (off) or > 0 (it counts back from "
+                                "train.max_steps; more than max_steps cools down from the first step)"),
         (len(t.adam_betas) == 2, "train.adam_betas must have two values"),
         (t.keep_last >= 1, "train.keep_last must be >= 1"),
         (t.keep_best >= 0, "train.keep_best must be >= 0 (0: keep only the last train.keep_last)"),
