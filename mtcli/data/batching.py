@@ -161,7 +161,7 @@ def source_batches(lengths: Sequence[int], max_tokens: int, beam_size: int = 1) 
     cut with :func:`cut_batches` so that ``B * S_max * beam_size <= max_tokens`` where ``S_max``
     counts eos. Every index appears in exactly one batch."""
     order = np.array(sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)), dtype=np.int64)
-    width = np.asarray(lengths, dtype=np.int64)[order] + 1 if len(order) else order
+    width = np.asarray(lengths, dtype=np.int64).reshape(-1)[order] + 1
     return [b.tolist() for b in cut_batches(order, width, max_tokens // max(1, beam_size))]
 
 

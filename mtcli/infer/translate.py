@@ -30,7 +30,7 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,21 +180,29 @@ def translate_lines(
                                                   decode.beam_size)]
             batches = [[sources[i] for i in group] for group in groups]
             decoded = pool.map(decode_batch, batches) if pool is not None else map(decode_batch, batches)
-            emitted = 0
-            for indices, hyps in itertools.chain([([], [])], zip(groups, decoded, strict=True)):
-                if on_done is not None and indices:
+            emitted = yield from _ready(results, 0)  # the empty lines before the first source
+            for indices, hyps in zip(groups, decoded, strict=True):
+                if on_done is not None:
                     on_done(len(indices))
                 for i, nbest in zip(indices, hyps, strict=True):
                     results[i] = _translations(tokenizer, nbest, sources[i])
-                while emitted < len(chunk) and results[emitted] is not None:
-                    yield results[emitted]  # type: ignore[misc]
-                    emitted += 1
+                emitted = yield from _ready(results, emitted)
             offset += len(chunk)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
             torch.set_num_threads(threads)
         bundle.model.train(was_training)
+
+
+def _ready(results: list[list[Translation] | None], start: int
+           ) -> Generator[list[Translation], None, int]:
+    """Yield the finished results from ``start`` on, up to the first unfinished one; return the
+    index of that one (how far the window's results have been handed over, in order)."""
+    while start < len(results) and results[start] is not None:
+        yield results[start]  # type: ignore[misc]
+        start += 1
+    return start
 
 
 def _windows(lines: Iterable[str], window: int) -> Iterator[list[str]]:
