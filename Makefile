@@ -5,6 +5,8 @@
 #   make reproduce   prepare -> train -> average -> evaluate both Multi30k recipes for each seed,
 #                    then the table (make reproduce-de-en / reproduce-en-de for one direction)
 #   make reproduce-wmt-news   the same for the WMT news smoke benchmark (configs/wmt_news_en_de.yaml)
+#   make reproduce-wmt-news-adapt   the Multi30k en-de model (seed 1 of make reproduce-en-de)
+#                    adapted to WMT news (configs/wmt_news_en_de_adapt.yaml), beside the parent
 #   make clean       remove caches and build leftovers (never data/ or results/)
 # SEEDS: the seeds make reproduce trains and scores for each Multi30k direction (the README's rows
 # are their means). REPRODUCE_ARGS passes more options to `python -m mtcli.reproduce` (see its
@@ -20,7 +22,8 @@ PYTEST_ARGS ?=
 SEEDS ?= 1,2,3
 REPRODUCE_ARGS ?=
 
-.PHONY: setup test lint reproduce reproduce-de-en reproduce-en-de reproduce-wmt-news clean
+.PHONY: setup test lint reproduce reproduce-de-en reproduce-en-de reproduce-wmt-news \
+	reproduce-wmt-news-adapt clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +45,10 @@ reproduce-de-en reproduce-en-de: reproduce-%:
 # reads the recipe's own source (../shared/data/wmt-news-en-de); DATA is Multi30k's
 reproduce-wmt-news:
 	$(BIN)/python -m mtcli.reproduce wmt_news_en_de $(REPRODUCE_ARGS)
+
+# starts from data/runs/multi30k_en_de-seed1 (make reproduce-en-de trains it)
+reproduce-wmt-news-adapt:
+	$(BIN)/python -m mtcli.reproduce wmt_news_en_de_adapt $(REPRODUCE_ARGS)
 
 clean:
 	rm -rf .pytest_cache .ruff_cache .import_linter_cache build dist *.egg-info

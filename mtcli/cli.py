@@ -88,6 +88,9 @@ def prepare(
 def train(
     config: Annotated[Path, typer.Argument(help="Recipe YAML (see configs/).")],
     set_: SetOption = None,
+    init_from: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--init-from", help="Start from this run directory's (or checkpoint's) weights "
+                            "(train.init_from; a new run directory, fresh optimizer).")] = None,
     verbose: Verbose = False,
 ) -> None:
     """Train a Transformer; re-running on an existing run directory resumes it exactly."""
@@ -98,7 +101,8 @@ def train(
 
     setup_logging(verbose)
     keep_freed_memory()
-    summary = run_train(load_config(config, set_))
+    overrides = [*(set_ or []), *([f"train.init_from={init_from}"] if init_from else [])]
+    summary = run_train(load_config(config, overrides))
     if summary.is_main:  # under torchrun, one summary: rank 0's
         print(summary.summary())
 

@@ -44,6 +44,7 @@ class DataConfig:
     spm_model_type: Literal["unigram", "bpe", "char", "word"] = "unigram"
     character_coverage: float = 1.0
     spm_max_sentences: int = 2_000_000
+    spm_model: str | None = None  # encode with this model (run dir, cache or spm.model), not a new one
     num_workers: int = 2
 
     def prepared_path(self) -> Path:
@@ -87,6 +88,10 @@ class TrainConfig:
     max_minutes: float = 0.0
     cooldown_steps: int = 0
     patience: int = 0
+    init_from: str | None = None  # start from this run directory's (or checkpoint's) weights
+    init_average: int = 1  # ... averaged over the run's last K step checkpoints
+    lr_schedule: Literal["noam", "inverse_sqrt", "constant"] = "noam"
+    lr: float = 0.0  # the peak rate of inverse_sqrt/constant (Noam's comes from lr_factor)
     lr_factor: float = 1.0
     warmup_steps: int = 4000
     label_smoothing: float = 0.1
@@ -332,6 +337,14 @@ def validate(config: Config) -> None:
         (t.max_tokens > 0, "train.max_tokens must be > 0"),
         (t.update_freq >= 1, "train.update_freq must be >= 1"),
         (t.warmup_steps >= 1, "train.warmup_steps must be >= 1"),
+        (t.init_average >= 1, "train.init_average must be >= 1 (the parent's last K checkpoints)"),
+        (t.lr_schedule == "noam" or t.lr > 0.0,
+         f"train.lr_schedule: {t.lr_schedule} needs train.lr > 0 (its peak learning rate)"),
+        (t.lr_schedule != "noam" or t.lr == 0.0,
+         "train.lr sets the peak of lr_schedule inverse_sqrt or constant; Noam's peak is "
+         "train.lr_factor * (d_model * warmup_steps)^-0.5: set train.lr_factor, or choose a schedule"),
+        (t.lr_schedule == "noam" or t.lr_factor == 1.0,
+         "train.lr_factor scales Noam's rate only; with inverse_sqrt or constant set train.lr"),
         (t.cooldown_steps >= 0, "train.cooldown_steps must be 0 (off) or > 0 (it counts back from "
                                 "train.max_steps; more than max_steps cools down from the first step)"),
         (len(t.adam_betas) == 2, "train.adam_betas must have two values"),

@@ -27,7 +27,9 @@ from typing import Any
 import torch
 
 from mtcli.allocator import keep_freed_memory
+from mtcli.checkpoint import load_checkpoint
 from mtcli.config import Config, load_config
+from mtcli.data.cache import PreparedCorpus
 from mtcli.data.prepare import prepare
 from mtcli.device import cpu_has_bf16_units, cpu_name
 from mtcli.errors import ConfigError, MtcliError
@@ -35,17 +37,20 @@ from mtcli.evaluate import evaluate
 from mtcli.fileio import atomic_write
 from mtcli.infer.averaging import average_run_checkpoints
 from mtcli.logs import setup_logging
-from mtcli.rundir import step_checkpoints
+from mtcli.rundir import CONFIG_NAME, TEXT_DIR, step_checkpoints
 from mtcli.train import train
+from mtcli.train.parent import parent_checkpoints
 
 RESULTS_DIR = Path("results")
+ADAPTED_ROW = "en-de adapted"
 README = Path("README.md")
 MARK_START, MARK_END = "<!-- results:start -->", "<!-- results:end -->"
-# recipe name -> (config, results table); the table names results/<table>.{json,md}
+# recipe name -> (config, results table, row); the table names results/<table>.{json,md}
 RECIPES = {
-    "de_en": ("configs/multi30k_de_en.yaml", "multi30k"),
-    "en_de": ("configs/multi30k_en_de.yaml", "multi30k"),
-    "wmt_news_en_de": ("configs/wmt_news_en_de.yaml", "wmt_news"),
+    "de_en": ("configs/multi30k_de_en.yaml", "multi30k", "de-en"),
+    "en_de": ("configs/multi30k_en_de.yaml", "multi30k", "en-de"),
+    "wmt_news_en_de": ("configs/wmt_news_en_de.yaml", "wmt_news", "en-de"),
+    "wmt_news_en_de_adapt": ("configs/wmt_news_en_de_adapt.yaml", "wmt_news", ADAPTED_ROW),
 }
 # the averaging window k is chosen on val among 1..min(AVERAGE_LAST, train.keep_last)
 AVERAGE_LAST = 10
@@ -129,6 +134,7 @@ def render_markdown(results: dict[str, dict[str, Any]]) -> str:
         lines.append(f"- {key} {r.get('test_set', '')}, {r.get('decode', '')}:")
         lines.append(f"  BLEU `{r['bleu_signature']}`; chrF `{r['chrf_signature']}`;")
         lines.append(f"  lowercased BLEU `{r.get('bleu_lc_signature', '')}`")
+    lines.extend(_adaptation_table(results))
     return "\n".join(lines) + "\n"
 
 
@@ -354,6 +360,76 @@ def run_seeds(config_path: str, data_dir: str | None, extra: list[str], seeds: l
     return combine_seeds(rows)
 
 
+def _scores(report: dict[str, Any]) -> dict[str, Any]:
+    return {key: report[key] for key in (*SCORES, "sentences")}
+
+
+def run_adaptation(config_path: str, extra: list[str]) -> dict[str, Any]:
+    """The adapted row of a recipe with ``train.init_from``: the parent scored as it is, the child
+    trained and scored as any recipe (:func:`run_recipe`: averaging window and length penalty
+    chosen on the child's validation split), and the parent's own test set before and after.
+
+    The parent is decoded with the weights the child starts from (the average of its last
+    ``train.init_average`` step checkpoints) and its run's decode settings, on the child's first
+    test split and on its own first test split; the adapted model is decoded on the parent's
+    test split with the parent's length penalty, so that "before" and "after" differ only in
+    the weights."""
+    config = load_config(config_path, extra)
+    parent, k = Path(config.train.init_from or ""), config.train.init_average
+    try:
+        last = parent_checkpoints(str(parent), k)[-1]
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (train the parent first: make reproduce-en-de SEEDS=1)") from None
+    prepare(config)
+    corpus = PreparedCorpus.open(config.data.prepared_path(), verify=False)
+    test, (src, tgt) = config.data.test_splits[0], (config.data.src_lang, config.data.tgt_lang)
+    news = {"src_file": corpus.text_path(test, src), "ref_file": corpus.text_path(test, tgt)}
+    parent_config = load_config(parent / CONFIG_NAME, ignore_removed=True)
+    own_test = parent_config.data.test_splits[0]
+    out = config.run_path() / "eval" / "parent"
+    before_news = evaluate(parent, average_last=k, output_dir=out, **news)
+    before_own = evaluate(parent, split=own_test, average_last=k, output_dir=out)
+    row = run_recipe(config_path, None, extra)
+    child = config.run_path()
+    after_own = evaluate(child, checkpoint=str(child / "checkpoints" / f"checkpoint_avg_last{row['average_last']}.pt"),
+                         src_file=parent / TEXT_DIR / f"{own_test}.{src}",
+                         ref_file=parent / TEXT_DIR / f"{own_test}.{tgt}",
+                         overrides=[f"decode.length_penalty={parent_config.decode.length_penalty}"])
+    row["parent"] = {
+        "run_dir": str(parent), "average_last": k, "step": load_checkpoint(last).get("step"),
+        "test": test, "scores": _scores(before_news), "own_test": own_test, "own_scores": _scores(before_own),
+        "decode": f"beam {parent_config.decode.beam_size}, length penalty "
+                  f"{parent_config.decode.length_penalty:g}, average of its last {k} checkpoints",
+    }
+    row["own_scores_after"] = _scores(after_own)
+    return row
+
+
+def _adaptation_table(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The (a) parent / (b) from scratch / (c) adapted comparison, when the adapted row exists."""
+    adapted = results.get(ADAPTED_ROW) or {}
+    parent = adapted.get("parent")
+    if not parent:
+        return []
+    test, own = parent["test"], parent["own_test"]
+
+    def row(label: str, steps: Any, scores: dict[str, Any], own_scores: dict[str, Any] | None) -> str:
+        mine = f"{own_scores['bleu_lc']:.2f}" if own_scores else "–"
+        return (f"| {label} | {steps:,} | {scores['bleu_lc']:.2f} | {scores['bleu']:.2f} | "
+                f"{scores['chrf']:.2f} | {mine} |")
+
+    lines = ["", f"Adaptation: the Multi30k en-de model ({parent['run_dir']}) before and after "
+             f"training on news, on {test} and on its own {own}:", "",
+             f"| model | steps | {test} BLEU (lc) | BLEU | chrF | {own} BLEU (lc) |",
+             "|---|---|---|---|---|---|",
+             row("(a) parent, as it is", parent["step"], parent["scores"], parent["own_scores"])]
+    if "en-de" in results:
+        lines.append(row("(b) from scratch on news", results["en-de"]["train_steps"], results["en-de"], None))
+    lines.append(row("(c) parent adapted to news", adapted["train_steps"], adapted, adapted["own_scores_after"]))
+    lines.append(f"\n(a): {parent['decode']}; {own} of (c) with the parent's length penalty.")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry: ``python -m mtcli.reproduce {de_en,en_de,wmt_news_en_de} [--data DIR]``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -374,9 +450,12 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     keep_freed_memory()
     try:
-        recipe, table_name = RECIPES[args.direction]
-        row = run_seeds(args.config or recipe, args.data, args.overrides, _parse_seeds(args.seeds),
-                        args.valid_only)
+        recipe, table_name, row_key = RECIPES[args.direction]
+        if row_key == ADAPTED_ROW and not args.valid_only:
+            row = run_adaptation(args.config or recipe, args.overrides)
+        else:
+            row = run_seeds(args.config or recipe, args.data, args.overrides, _parse_seeds(args.seeds),
+                            args.valid_only)
     except MtcliError as exc:
         print(f"mtcli: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -384,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row, indent=2))
         return 0
     results = load_results(args.results, table_name)
-    results["-".join(args.direction.split("_")[-2:])] = row  # wmt_news_en_de -> en-de
+    results[row_key] = row
     write_results(results, args.results, args.readme, table_name)
     print(render_markdown(results))
     return 0

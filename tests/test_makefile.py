@@ -50,6 +50,29 @@ def test_make_reproduce_wmt_news_writes_its_own_table(tmp_path: Path) -> None:
     assert not (tmp_path / "results" / "multi30k.json").exists()
 
 
+def test_make_reproduce_wmt_news_adapt_adds_the_adapted_row(tmp_path: Path) -> None:
+    """The toy run of reproduce-wmt-news is the parent; the adapted run starts from it with its
+    SentencePiece model and adds (a) parent / (b) from scratch / (c) adapted to the table."""
+    make(tmp_path, "reproduce-wmt-news", f"REPRODUCE_ARGS={toy_args(tmp_path)}")
+    parent = tmp_path / "data" / "runs" / "toy"
+    child = " ".join([
+        f"--set train.init_from={parent}", "--set train.init_average=2", f"--set data.spm_model={parent}",
+        "--set data.name=toy_adapt", f"--set train.run_dir={tmp_path / 'data' / 'runs' / 'toy-adapt'}",
+        "--set train.lr_schedule=constant", "--set train.lr=0.0005", "--set train.lr_factor=1",
+    ])
+    make(tmp_path, "reproduce-wmt-news-adapt", f"REPRODUCE_ARGS={toy_args(tmp_path)} {child}")
+    rows = json.loads((tmp_path / "results" / "wmt_news.json").read_text(encoding="utf-8"))
+    assert sorted(rows) == ["en-de", "en-de adapted"]
+    adapted = rows["en-de adapted"]
+    assert adapted["parent"]["run_dir"] == str(parent) and adapted["parent"]["step"] == 20
+    assert adapted["train_steps"] == 20 and adapted["own_scores_after"]["sentences"] == 40
+    # the parent decoded as it is on the child's test set is the parent's own test set here
+    assert adapted["parent"]["scores"]["bleu"] == adapted["parent"]["own_scores"]["bleu"]
+    assert json.loads((tmp_path / "data" / "runs" / "toy-adapt" / "parent.json").read_text())["average"] == 2
+    table = (tmp_path / "results" / "wmt_news.md").read_text(encoding="utf-8")
+    assert "(a) parent, as it is" in table and "(c) parent adapted to news" in table
+
+
 def test_make_clean_removes_caches_and_keeps_data(tmp_path: Path) -> None:
     for name in (".pytest_cache", ".ruff_cache", "build", "mtcli.egg-info", "data/runs"):
         (tmp_path / name).mkdir(parents=True)

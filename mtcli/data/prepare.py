@@ -11,7 +11,8 @@ Steps (each streamed, so memory stays flat in corpus size):
    a. write ``<split>.<lang>.txt``: the training split cleaned by :class:`~mtcli.data.cleaning.PairCleaner`
       (counts per reason), every other split verbatim (an empty line stays);
    b. train one SentencePiece model on both sides of the cleaned training text only, sampling
-      at most ``data.spm_max_sentences`` sentences;
+      at most ``data.spm_max_sentences`` sentences; or, with ``data.spm_model``, copy the given
+      model (a trained run's, to adapt it to this corpus: the same pieces get the same ids);
    c. encode every split into ``<split>.<lang>.bin/.idx`` (:class:`~mtcli.data.cache.ArrayWriter`), in
       chunks; large files are spread over ``data.num_workers`` processes;
    d. write ``manifest.json`` last, with sizes and sha256 of every file.
@@ -57,9 +58,9 @@ from mtcli.data.cache import (
 from mtcli.data.cleaning import CleanCounts, PairCleaner
 from mtcli.data.sources import Source, open_source
 from mtcli.data.textio import read_lines
-from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, copy_model
 from mtcli.errors import DataError
-from mtcli.fileio import atomic_dir
+from mtcli.fileio import atomic_dir, sha256_file
 from mtcli.logs import get_logger, progress
 from mtcli.runlock import pid_alive
 
@@ -71,7 +72,9 @@ PARALLEL_MIN_LINES = 50_000
 SPM_SEED = 1
 _PID_FILE = ".prepare.pid"
 # Data-config keys that do not change the cache's content (where it goes, how fast it is built).
-_KEY_EXCLUDES = ("name", "prepared_dir", "num_workers", "source")
+_KEY_EXCLUDES = ("name", "prepared_dir", "num_workers", "source", "spm_model")
+# What only a trained SentencePiece model depends on (a given one makes them moot).
+_SPM_TRAINING_KEYS = ("vocab_size", "spm_model_type", "character_coverage", "spm_max_sentences")
 
 
 @dataclass
@@ -113,9 +116,31 @@ def split_names(data: DataConfig) -> list[str]:
     return list(dict.fromkeys([data.train_split, data.valid_split, *data.test_splits]))
 
 
-def build_key(data: DataConfig, fingerprint: dict[str, Any]) -> str:
-    """sha256 over everything the cache content depends on: inputs, data config, format."""
-    settings = {k: v for k, v in dataclasses.asdict(data).items() if k not in _KEY_EXCLUDES}
+def given_spm_model(data: DataConfig) -> Path | None:
+    """The SentencePiece model ``data.spm_model`` names (a run directory or prepared cache holding
+    ``spm.model``, or the file itself), checked to be one mtcli can use; None when it is unset."""
+    if not data.spm_model:
+        return None
+    path = Path(data.spm_model)
+    model = path / SPM_MODEL if path.is_dir() else path
+    if not model.is_file():
+        where = f"no {SPM_MODEL} in that directory" if path.is_dir() else "not found"
+        raise DataError(f"data.spm_model: {data.spm_model}: {where} (give a run directory, a "
+                        "prepared cache or an spm.model file)")
+    try:
+        Tokenizer(model)
+    except DataError as exc:
+        raise DataError(f"data.spm_model: {exc}") from None
+    return model
+
+
+def build_key(data: DataConfig, fingerprint: dict[str, Any], spm_sha256: str | None = None) -> str:
+    """sha256 over everything the cache content depends on: inputs, data config, format, and
+    the given SentencePiece model's sha256 (``data.spm_model``), not its path."""
+    excluded = _KEY_EXCLUDES + (_SPM_TRAINING_KEYS if spm_sha256 else ())
+    settings = {k: v for k, v in dataclasses.asdict(data).items() if k not in excluded}
+    if spm_sha256:
+        settings["spm_model_sha256"] = spm_sha256
     blob = json.dumps(
         {
             "format": FORMAT_VERSION,
@@ -359,10 +384,29 @@ def _encode_splits(tmp: Path, data: DataConfig, splits: list[str], model_path: P
     return tokens
 
 
+def _spm_record(data: DataConfig, given: Path | None, model_path: Path, vocab_size: int) -> dict[str, Any]:
+    """The manifest's ``spm`` entry: how the SentencePiece model was trained, or where it came from."""
+    if given is not None:
+        return {"model": SPM_MODEL, "vocab_size": vocab_size, "given": str(given.resolve()),
+                "sha256": sha256_file(model_path), "sentencepiece_version": sentencepiece.__version__}
+    return {
+        "model": SPM_MODEL,
+        "model_type": data.spm_model_type,
+        "vocab_size": data.vocab_size,
+        "character_coverage": data.character_coverage,
+        "max_sentences": data.spm_max_sentences,
+        "trained_on": f"{data.train_split} ({data.src_lang}+{data.tgt_lang}, cleaned)",
+        "seed": SPM_SEED,
+        "sha256": sha256_file(model_path),
+        "sentencepiece_version": sentencepiece.__version__,
+    }
+
+
 def _manifest(data: DataConfig, source: Source, key: str, fingerprint: dict[str, Any], splits: list[str],
               counts: dict[str, CleanCounts], tokens: dict[str, dict[str, int]], dtype: np.dtype,
-              vocab_size: int) -> dict[str, Any]:
+              spm: dict[str, Any]) -> dict[str, Any]:
     """What ``manifest.json`` records: where the cache came from, how it was built, what it holds."""
+    vocab_size = spm["vocab_size"]
     return {
         "build_key": key,
         "mtcli_version": __version__,
@@ -381,16 +425,7 @@ def _manifest(data: DataConfig, source: Source, key: str, fingerprint: dict[str,
         "tokens": tokens,
         "token_dtype": dtype.name,
         "vocab": {"size": vocab_size, "pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID},
-        "spm": {
-            "model": SPM_MODEL,
-            "model_type": data.spm_model_type,
-            "vocab_size": data.vocab_size,
-            "character_coverage": data.character_coverage,
-            "max_sentences": data.spm_max_sentences,
-            "trained_on": f"{data.train_split} ({data.src_lang}+{data.tgt_lang}, cleaned)",
-            "seed": SPM_SEED,
-            "sentencepiece_version": sentencepiece.__version__,
-        },
+        "spm": spm,
     }
 
 
@@ -409,8 +444,9 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     source.check(splits)
     _check_writable(out)
     _remove_stale(out)
+    given = given_spm_model(data)
     fingerprint = source.fingerprint(splits)
-    key = build_key(data, fingerprint)
+    key = build_key(data, fingerprint, sha256_file(given) if given is not None else None)
     current = None if force else _current_cache(out, key)
     if current is not None:
         log.info("%s is up to date with %s; nothing to do (--force rebuilds)", out, source.describe())
@@ -422,11 +458,16 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     with _naming_write_errors(out), atomic_dir(out) as tmp:
         (tmp / _PID_FILE).write_text(str(os.getpid()))
         counts = _write_texts(source, data, splits, tmp)
-        model_path = _train_spm(tmp, data, workers)
+        if given is not None:
+            model_path = copy_model(given, tmp / "spm")
+            log.info("encoding with the given SentencePiece model %s (data.spm_model)", given)
+        else:
+            model_path = _train_spm(tmp, data, workers)
         vocab_size = Tokenizer(model_path).vocab_size
         dtype = token_dtype(vocab_size)
         tokens = _encode_splits(tmp, data, splits, model_path, dtype, counts, workers)
-        manifest = _manifest(data, source, key, fingerprint, splits, counts, tokens, dtype, vocab_size)
+        spm = _spm_record(data, given, model_path, vocab_size)
+        manifest = _manifest(data, source, key, fingerprint, splits, counts, tokens, dtype, spm)
         (tmp / _PID_FILE).unlink()
         write_manifest(tmp, manifest)
         PreparedCorpus.open(tmp, verify=False)

@@ -179,6 +179,15 @@ class Tokenizer:
         return model_path
 
 
+def copy_model(source: Path, model_prefix: Path) -> Path:
+    """Write the SentencePiece model ``source`` (checked like any model mtcli loads) as
+    ``<prefix>.model``, byte for byte, with ``<prefix>.vocab`` beside it; return the model path."""
+    Tokenizer(source)
+    model_path = Path(f"{model_prefix}.model")
+    _write_model(Path(source).read_bytes(), model_path, model_path.with_suffix(".vocab"))
+    return model_path
+
+
 def _write_model(model: bytes, model_path: Path, vocab_path: Path) -> None:
     """Write a serialized SentencePiece model and its ``piece<TAB>score`` listing atomically."""
     sp = spm.SentencePieceProcessor(model_proto=model)

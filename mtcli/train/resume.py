@@ -89,7 +89,7 @@ UNSAFE_KEYS: frozenset[str] = frozenset(
 INEXACT_KEYS: frozenset[str] = frozenset(
     {
         "model.dropout", "model.attention_dropout", "model.activation_dropout",
-        "train.update_freq", "train.lr_factor", "train.warmup_steps", "train.label_smoothing",
+        "train.update_freq", "train.lr_schedule", "train.lr", "train.lr_factor", "train.warmup_steps", "train.label_smoothing",
         "train.adam_betas", "train.adam_eps", "train.weight_decay", "train.clip_norm",
         "train.bf16", "train.valid_bleu", "train.valid_max_sentences",
     }
@@ -101,6 +101,8 @@ SAFE_KEYS: frozenset[str] = frozenset(
         "train.max_epochs", "train.max_minutes", "train.patience", "train.valid_every",
         "train.keep_last", "train.log_every", "train.max_nonfinite", "train.progress",
         "data.num_workers", "data.test_splits", "data.prepared_dir",
+        # the parent's weights are read once, when the run starts; a resume never reads them
+        "train.init_from", "train.init_average",
     }
 )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +27,13 @@ from mtcli.config import Config, save_config
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.prepare import open_prepared
 from mtcli.device import device_has_bf16_units, resolve_device
-from mtcli.fileio import atomic_copy
+from mtcli.fileio import atomic_copy, atomic_write
 from mtcli.logs import add_file_log, get_logger, remove_log_handler
 from mtcli.plots import write_learning_curves
-from mtcli.rundir import CONFIG_NAME, MANIFEST_NAME, SPM_NAME, TEXT_DIR, checkpoint_dir
+from mtcli.rundir import CONFIG_NAME, MANIFEST_NAME, SPM_NAME, TEXT_DIR, checkpoint_dir, names
 from mtcli.runlock import RunLock
 from mtcli.train.distributed import DistInfo, init_distributed
+from mtcli.train.parent import PARENT_NAME, load_parent, start_from
 from mtcli.train.resume import find_resume_checkpoint, remove_stale_temp_files
 from mtcli.train.trainer import Trainer
 
@@ -167,10 +169,19 @@ def train(config: Config) -> TrainSummary:
             dist.barrier()
         found = find_resume_checkpoint(run_dir)
         trainer = Trainer(config, info, device, corpus, run_dir)
+        parent = None
         if found is not None:
             trainer.resume(*found)
+        elif config.train.init_from:
+            parent = load_parent(config.train.init_from, config.train.init_average)
+            start_from(trainer.model, parent, config, trainer.spm_sha256)
+            log.info("starting from the weights of %s: %s (train.init_from)", parent.source,
+                     names(parent.checkpoints))
         if info.is_main:
             setup_run_dir(config, corpus, run_dir)
+            if parent is not None:
+                with atomic_write(run_dir / PARENT_NAME) as handle:
+                    handle.write(json.dumps(parent.record(), indent=2) + "\n")
             trainer.writer = SummaryWriter(str(run_dir / "tensorboard"),
                                            purge_step=trainer.step + 1 if found else None)
             stack.callback(trainer.writer.close)

@@ -11,7 +11,7 @@ One optimiser step, as in "Attention Is All You Need" (section 5):
    whole group with ``update_freq`` accumulation;
 3. a non-finite loss or gradient norm skips the update (gradients zeroed, logged;
    ``max_nonfinite`` in a row raise :class:`TrainingError`); otherwise clip the gradient norm
-   (``clip_norm`` > 0), Adam step, Noam schedule step.
+   (``clip_norm`` > 0), Adam step, learning-rate schedule step.
 
 Every ``valid_every`` steps and at the end, rank 0 validates (loss, NLL, perplexity, and BLEU of
 greedy decoding when ``valid_bleu``) and writes ``checkpoint_<step>.pt`` once, with

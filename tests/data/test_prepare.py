@@ -431,3 +431,53 @@ def test_multi30k_directory(tmp_path: Path) -> None:
     decoded = [tok.decode(array[i]) for i in range(len(array))]
     same = sum(d == r for d, r in zip(decoded, refs, strict=True))
     assert same >= 0.95 * len(refs)  # the rest differ by whitespace normalisation or unseen chars
+
+
+def test_spm_model_encodes_with_the_given_model(tmp_path: Path, toy_dir: Path) -> None:
+    """data.spm_model: the parent's model is copied byte for byte, the new corpus gets the ids
+    the parent's tokenizer gives, the manifest says where the model came from, and the no-op
+    check follows the model's content, not its path."""
+    parent = load_config(write_config(tmp_path, toy_dir, name="parent"))
+    prep.prepare(parent)
+    parent_model = parent.data.prepared_path() / "spm.model"
+    other = tmp_path / "other"  # another corpus: the toy's lines in reverse order, fewer of them
+    other.mkdir()
+    for split in ("train", "val", "test"):
+        for lang in ("src", "tgt"):
+            lines = list(read_lines(toy_dir / f"{split}.{lang}"))[::-1][: 400 if split == "train" else None]
+            (other / f"{split}.{lang}").write_text("".join(f"{line}\n" for line in lines))
+    given = tmp_path / "given.model"
+    given.write_bytes(parent_model.read_bytes())
+    cfg = write_config(tmp_path, other, name="child", spm_model=str(given), vocab_size=32)
+    report = prep.prepare(load_config(cfg))
+    assert not report.skipped and report.vocab_size == 64  # the given model's size, not data.vocab_size
+    child = PreparedCorpus.open(tmp_path / "prepared" / "child", verify=True)
+    assert child.spm_path.read_bytes() == parent_model.read_bytes()
+    assert child.manifest["spm"]["given"] == str(given.resolve())
+    assert child.manifest["spm"]["sha256"] == sha256_file(parent_model)
+    tok = Tokenizer(parent_model)
+    for split in ("train", "val"):
+        text = list(read_lines(other / f"{split}.src"))
+        array = child.array(split, "src")
+        assert [list(array[i]) for i in range(len(array))] == [tok.encode(line) for line in text]
+    assert prep.prepare(load_config(cfg)).skipped
+    given.write_bytes((tmp_path / "prepared" / "parent" / "spm.model").read_bytes())  # same content
+    assert prep.prepare(load_config(cfg)).skipped
+    # a run directory (or a cache) is accepted as well: its spm.model; another model rebuilds
+    Tokenizer.train(read_lines(toy_dir / "train.tgt"), tmp_path / "run" / "spm", vocab_size=48,
+                    model_type="unigram", character_coverage=1.0, max_sentences=0)
+    rebuilt = prep.prepare(load_config(cfg, [f"data.spm_model={tmp_path / 'run'}"]))
+    assert not rebuilt.skipped and rebuilt.vocab_size == 48
+
+
+@pytest.mark.parametrize(("make", "needle"), [
+    (lambda p: p / "missing.model", "missing.model: not found"),
+    (lambda p: p, "no spm.model in that directory"),
+    (lambda p: (p / "junk.model").write_text("not a model") and p / "junk.model", "not a readable SentencePiece model"),
+])
+def test_spm_model_errors_are_one_line(tmp_path: Path, toy_dir: Path, make, needle: str) -> None:
+    cfg = write_config(tmp_path, toy_dir, spm_model=str(make(tmp_path)))
+    result = run_cli(str(cfg))
+    line = assert_one_line_error(result, "data.spm_model", needle)
+    assert "Traceback" not in result.output, line
+    assert_nothing_written(cfg)

@@ -1,4 +1,4 @@
-"""NoamSchedule and the optimiser against hand-computed values."""
+"""The learning-rate schedules and the optimiser against hand-computed values."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import torch
 
 from mtcli.config import ConfigError, TrainConfig, load_config
 from mtcli.train.schedule import (
-    NoamSchedule,
+    LRSchedule,
     build_optimizer,
     build_schedule,
     cooldown_scale,
     noam_lr,
+    peak_lr,
 )
 
 
@@ -44,7 +45,7 @@ def test_schedule_drives_optimizer_and_round_trips() -> None:
         sched.step()
     assert seen == pytest.approx([noam_lr(k, 16, 4, 2.0) for k in range(1, 7)])
     assert max(range(6), key=lambda i: seen[i]) == 3  # the 4th update is the peak
-    other = NoamSchedule(torch.optim.Adam(model.parameters()), 16, 4, 2.0)
+    other = LRSchedule(torch.optim.Adam(model.parameters()), 16, 4, 2.0)
     other.load_state_dict(sched.state_dict())
     assert other.lr == pytest.approx(sched.lr)
     assert other.optimizer.param_groups[0]["lr"] == pytest.approx(noam_lr(7, 16, 4, 2.0))
@@ -75,7 +76,7 @@ def test_weight_decay_shrinks_every_parameter() -> None:
 
 def test_rejects_zero_warmup() -> None:
     with pytest.raises(ValueError):
-        NoamSchedule(torch.optim.Adam(torch.nn.Linear(2, 2).parameters()), 8, 0)
+        LRSchedule(torch.optim.Adam(torch.nn.Linear(2, 2).parameters()), 8, 0)
 
 
 def test_cooldown_scale_falls_linearly_to_zero() -> None:
@@ -90,7 +91,7 @@ def test_cooldown_scale_falls_linearly_to_zero() -> None:
 
 def test_set_scale_multiplies_the_noam_rate() -> None:
     opt = torch.optim.Adam(torch.nn.Linear(2, 2).parameters())
-    sched = NoamSchedule(opt, 16, 4, 2.0)
+    sched = LRSchedule(opt, 16, 4, 2.0)
     sched.step()
     sched.set_scale(0.25)
     assert sched.lr == pytest.approx(0.25 * noam_lr(2, 16, 4, 2.0))
@@ -105,3 +106,46 @@ def test_the_time_based_cool_down_was_removed() -> None:
     with pytest.raises(ConfigError, match="train.cooldown_minutes' was removed: .*train.cooldown_steps"):
         load_config(TOY_CONFIG, ["train.max_minutes=10", "train.cooldown_minutes=5"])
     assert load_config(TOY_CONFIG, ["train.cooldown_minutes=0"]).train.max_minutes == 0
+
+
+def test_inverse_sqrt_and_constant_hand_values() -> None:
+    peak, w = 5e-4, 4
+    assert peak_lr(1, w, peak, decay=True) == pytest.approx(peak / 4)
+    assert peak_lr(4, w, peak, decay=True) == pytest.approx(peak)
+    assert peak_lr(16, w, peak, decay=True) == pytest.approx(peak / 2)
+    assert peak_lr(2, w, peak, decay=False) == pytest.approx(peak / 2)
+    assert peak_lr(1000, w, peak, decay=False) == pytest.approx(peak)
+    # inverse_sqrt is Noam's shape with the peak given: equal when the peaks are equal
+    noam_peak = noam_lr(w, 16, w, 2.0)
+    for step in (1, 3, 4, 9, 100):
+        assert peak_lr(step, w, noam_peak, decay=True) == pytest.approx(noam_lr(step, 16, w, 2.0))
+
+
+@pytest.mark.parametrize("kind", ["inverse_sqrt", "constant"])
+def test_build_schedule_follows_lr_schedule(kind: str) -> None:
+    model = torch.nn.Linear(3, 2)
+    cfg = TrainConfig(warmup_steps=2, lr_schedule=kind, lr=1e-3)
+    opt = build_optimizer(model, cfg)
+    sched = build_schedule(opt, 16, cfg)
+    seen = []
+    for _ in range(8):
+        seen.append(opt.param_groups[0]["lr"])
+        sched.step()
+    expected = [peak_lr(k, 2, 1e-3, decay=kind == "inverse_sqrt") for k in range(1, 9)]
+    assert seen == pytest.approx(expected)
+    assert max(seen) == pytest.approx(1e-3)
+    assert sched.state_dict()["kind"] == kind
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["train.lr_schedule=constant"], "train.lr_schedule: constant needs train.lr > 0"),
+    (["train.lr=0.001"], "train.lr sets the peak of lr_schedule inverse_sqrt or constant"),
+    (["train.lr_schedule=inverse_sqrt", "train.lr=0.001", "train.lr_factor=2"],
+     "train.lr_factor scales Noam's rate only"),
+    (["train.lr_schedule=cosine"], "train.lr_schedule' must be 'noam' | 'inverse_sqrt' | 'constant'"),
+])
+def test_schedule_keys_are_checked(overrides: list[str], message: str) -> None:
+    from conftest import TOY_CONFIG
+
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(TOY_CONFIG, overrides)
