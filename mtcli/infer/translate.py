@@ -25,6 +25,7 @@ file atomically, shows a progress bar for file inputs and can plot cross-attenti
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import stat
@@ -263,15 +264,40 @@ def _stdin_lines() -> Iterable[str]:
     return iter_binary_lines(stdin, "<stdin>") if regular else ArrivingLines(stdin, "<stdin>")
 
 
-def _input_lines(inputs: list[Path]) -> Iterator[tuple[str, Iterable[str]]]:
-    """``(name, lines)`` of each input file, or of standard input when there is none."""
-    for path in inputs:
-        if not Path(path).is_file():
+def _is_regular(path: Path) -> bool:
+    """A regular file (read straight through, counted for the progress bar), not a stream."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def open_inputs(inputs: Sequence[str | Path], stack: contextlib.ExitStack) -> list[tuple[str, Iterable[str]]]:
+    """``(name, lines)`` of each input, or of standard input when there is none; every input is
+    checked before any is read, with one line naming it (not found, a directory).
+
+    A regular file is read as text (``.gz`` gunzipped); anything else a shell can name is read as
+    the stream it is, its lines handed over as they arrive (:class:`ArrivingLines`): ``<(zcat
+    news.gz)``, a named pipe, ``/dev/stdin``, ``/dev/null``. Streams are opened here (a named
+    pipe's open waits for its writer) and closed by ``stack``."""
+    for path in map(Path, inputs):
+        if path.is_dir():
+            raise DataError(f"{path}: is a directory, expected a text file")
+        if not path.exists():
             raise DataError(f"{path}: input file not found")
     if not inputs:
-        yield "<stdin>", _stdin_lines()
-    for path in inputs:
-        yield str(path), read_lines(path)
+        return [("<stdin>", _stdin_lines())]
+    opened: list[tuple[str, Iterable[str]]] = []
+    for path in map(Path, inputs):
+        if _is_regular(path):
+            opened.append((str(path), read_lines(path)))
+            continue
+        try:
+            handle = stack.enter_context(open(path, "rb", buffering=0))
+        except OSError as exc:
+            raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        opened.append((str(path), ArrivingLines(handle, str(path))))
+    return opened
 
 
 def translate_files(
@@ -302,8 +328,10 @@ def translate_files(
     device = decoding_device(decode)
     bundle.model.to(device)
     scored = any(o.split("=", 1)[0].strip() == "decode.nbest" for o in overrides)
-    sources = list(_input_lines(inputs))  # checks every input exists before decoding any
-    total = sum(count_lines(p) for p in inputs) if inputs else None
+    stack = contextlib.ExitStack()
+    sources = open_inputs(inputs, stack)
+    regular = bool(inputs) and all(_is_regular(Path(p)) for p in inputs)
+    total = sum(count_lines(p) for p in inputs) if regular else None
     bar = progress(total=total, enabled=bool(inputs), unit="line", desc="translate")
     n_lines = 0
     start = time.perf_counter()
@@ -328,6 +356,7 @@ def translate_files(
                 run(handle, flush=False)
     finally:
         bar.close()
+        stack.close()
     seconds = time.perf_counter() - start
     summary = {
         "lines": n_lines,

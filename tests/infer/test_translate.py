@@ -305,6 +305,43 @@ def test_cli_translate_stdin_and_files(tiny_run_dir: Path, tmp_path: Path) -> No
     assert first >= second
 
 
+def test_cli_translate_reads_the_inputs_a_shell_passes(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """Process substitution, a named pipe, /dev/stdin, /dev/null and a .gz file are read as the
+    streams (or files) they are and give what the plain file gives; a directory says so."""
+    import gzip
+    import shlex
+    import shutil
+
+    if shutil.which("bash") is None:
+        pytest.skip("bash is not installed (process substitution needs it)")
+    src = tmp_path / "in.txt"
+    src.write_text("eine katze spielt\n\nein hund\nrot\n", encoding="utf-8")
+    packed = tmp_path / "in.txt.gz"
+    packed.write_bytes(gzip.compress(src.read_bytes()))
+    expected = _mtcli("translate", str(tiny_run_dir), str(src), "--beam", "2")
+    assert expected.returncode == 0 and expected.stdout.count(b"\n") == 4, expected.stderr.decode()
+    mtcli = f"{shlex.quote(sys.executable)} -m mtcli.cli translate {shlex.quote(str(tiny_run_dir))} --beam 2"
+    q = shlex.quote
+    commands = {
+        "process substitution": f"{mtcli} <(cat {q(str(src))})",
+        "named pipe": f"mkfifo {q(str(tmp_path / 'fifo'))}; (cat {q(str(src))} > {q(str(tmp_path / 'fifo'))} &); "
+                      f"{mtcli} {q(str(tmp_path / 'fifo'))}",
+        "/dev/stdin from a pipe": f"cat {q(str(src))} | {mtcli} /dev/stdin",
+        "/dev/stdin redirected": f"{mtcli} /dev/stdin < {q(str(src))}",
+        "gzip": f"{mtcli} {q(str(packed))}",
+        "a file, then /dev/null": f"{mtcli} {q(str(src))} /dev/null",
+    }
+    for what, command in commands.items():
+        res = subprocess.run(["bash", "-c", command], capture_output=True, timeout=300)
+        assert res.returncode == 0, (what, res.stderr.decode())
+        assert res.stdout == expected.stdout, what
+    res = subprocess.run(["bash", "-c", f"{mtcli} /dev/null"], capture_output=True, timeout=300)
+    assert res.returncode == 0 and res.stdout == b"", res.stderr.decode()
+    res = _mtcli("translate", str(tiny_run_dir), str(tmp_path))
+    assert res.returncode != 0
+    assert res.stderr.decode().strip() == f"mtcli: error: {tmp_path}: is a directory, expected a text file"
+
+
 def test_cli_translate_answers_each_piped_line_before_the_next(tiny_run_dir: Path) -> None:
     import select
 
