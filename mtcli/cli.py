@@ -163,7 +163,7 @@ def translate(
 ) -> None:
     """Translate text files or stdin to stdout (or --output), streamed."""
     from mtcli.allocator import keep_freed_memory
-    from mtcli.infer.translate import translate_files
+    from mtcli.infer.files import translate_files
     from mtcli.logs import setup_logging
 
     setup_logging(verbose)

@@ -17,14 +17,13 @@ from typing import Any
 
 import torch
 
-from mtcli.config import Config, DecodeConfig
+from mtcli.config import Config
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.textio import read_lines
 from mtcli.errors import ConfigError, DataError
 from mtcli.fileio import atomic_write
-from mtcli.infer.ensemble import add_members
-from mtcli.infer.loading import InferenceModel, load_for_inference
-from mtcli.infer.translate import decode_config, decoding_device, translate_lines
+from mtcli.infer.loading import InferenceModel
+from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, progress
 from mtcli.metrics import score
 from mtcli.rundir import TEXT_DIR
@@ -113,14 +112,13 @@ def _write_outputs(hyp_path: Path, report_path: Path, hypotheses: list[str], rep
             report_handle.write(report_text)
 
 
-def _decode(bundle: InferenceModel, sources: list[str], decode: DecodeConfig, device: torch.device,
-            name: str, where: str) -> tuple[list[str], int]:
+def _decode(translator: Translator, sources: list[str], name: str, where: str) -> tuple[list[str], int]:
     """The best translation of every source line (with a progress bar), and their token count."""
     hypotheses: list[str] = []
     target_tokens = 0
     bar = progress(total=len(sources), unit="sent", desc=f"evaluate {name}")
     try:
-        for nbest in translate_lines(bundle, sources, decode, device, name=where, on_done=bar.update):
+        for nbest in translator.stream(sources, name=where, on_done=bar.update):
             hypotheses.append(nbest[0].text)
             target_tokens += len(nbest[0].tokens)
     finally:
@@ -156,11 +154,9 @@ def evaluate(
     """
     run_dir = Path(run_dir)
     _check_test_args(split, src_file, ref_file)
-    bundle = load_for_inference(run_dir, checkpoint, average_last=average_last, average_best=average_best)
-    bundle = add_members(bundle, ensemble)
-    decode = decode_config(bundle.config, list(overrides or [])).decode
-    device = decoding_device(decode)
-    bundle.model.to(device)
+    translator = Translator.from_run(run_dir, checkpoint, average_last=average_last,
+                                     average_best=average_best, ensemble=ensemble, overrides=overrides or ())
+    bundle, decode, device = translator.bundle, translator.decode, translator.device
     src_path, ref_path, name, split = _test_files(run_dir, bundle.config, split, src_file, ref_file)
     sources, references = list(read_lines(src_path)), list(read_lines(ref_path))
     if len(sources) != len(references):
@@ -171,7 +167,7 @@ def evaluate(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
-    hypotheses, target_tokens = _decode(bundle, sources, decode, device, name, str(src_path))
+    hypotheses, target_tokens = _decode(translator, sources, name, str(src_path))
     seconds = time.perf_counter() - start
     scores = score(hypotheses, references)
     ckpt = _checkpoint_name(bundle, average_last, average_best, len(ensemble) + 1)

@@ -4,7 +4,7 @@ line endings. Translation never crashes and keeps the line count; invalid UTF-8 
 error naming file and line; `prepare` builds a cache or raises one clear DataError.
 
 Line endings, the same for every reader (prepare: ``mtcli.corpus.read_lines``; translate and
-evaluate: ``mtcli.infer.translate.iter_binary_lines``): only ``\\n`` ends a line, ``\\r\\n`` counts as
+evaluate: ``mtcli.data.textio.iter_binary_lines``): only ``\\n`` ends a line, ``\\r\\n`` counts as
 ``\\n``, a lone ``\\r`` (an old-Mac ending or a stray byte) stays inside its line as a space, and
 other Unicode separators (U+0085, U+2028, U+2029, form feed...) stay inside the line as they are.
 
@@ -29,9 +29,10 @@ from hypothesis import strategies as st
 
 from mtcli.config import load_config
 from mtcli.data.cache import PreparedCorpus
-from mtcli.data.textio import read_lines
+from mtcli.data.textio import iter_binary_lines, read_lines
 from mtcli.errors import DataError
-from mtcli.infer.translate import iter_binary_lines, translate_files, translate_lines
+from mtcli.infer.files import translate_files
+from mtcli.infer.translate import translate_lines
 
 SETTINGS = settings(
     max_examples=25,

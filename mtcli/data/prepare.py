@@ -44,7 +44,6 @@ from typing import Any
 import numpy as np
 import sentencepiece
 
-from mtcli import __version__
 from mtcli.config import Config, DataConfig
 from mtcli.data.cache import (
     FORMAT_VERSION,
@@ -63,6 +62,7 @@ from mtcli.errors import DataError
 from mtcli.fileio import atomic_dir, sha256_file
 from mtcli.logs import get_logger, progress
 from mtcli.runlock import pid_alive
+from mtcli.version import __version__
 
 CHUNK_LINES = 4096
 CHUNK_BYTES = 1 << 22

@@ -19,39 +19,30 @@ bounded however long the input is:
    is complete: one list of n-best :class:`Translation` per input line, line count in equals
    line count out.
 
-:func:`translate_files` reads files (or stdin) strictly as UTF-8, writes stdout line by line or a
-file atomically, shows a progress bar for file inputs and can plot cross-attention heatmaps.
+Files and streams (``mtcli translate``) are read in :mod:`mtcli.infer.files`, and the Python API
+over this module is :class:`mtcli.infer.translator.Translator`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import os
-import stat
-import sys
-import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO
 
 import torch
 
 from mtcli.config import Config, DecodeConfig, config_from_dict
 from mtcli.data.batching import collate_sources, source_batches
-from mtcli.data.textio import ArrivingLines, count_lines, iter_binary_lines, read_lines
+from mtcli.data.textio import ArrivingLines
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.device import autocast, resolve_device
-from mtcli.errors import ConfigError, DataError
-from mtcli.fileio import atomic_write
-from mtcli.infer.ensemble import Ensemble, add_members, decoding_members
-from mtcli.infer.loading import InferenceModel, load_for_inference
+from mtcli.errors import ConfigError
+from mtcli.infer.ensemble import Ensemble, decoding_members
+from mtcli.infer.loading import InferenceModel
 from mtcli.infer.quantize import quantize_for_decoding
 from mtcli.infer.search import Hypothesis, generate
-from mtcli.logs import get_logger, progress
-from mtcli.plots import plot_attention_png
+from mtcli.logs import get_logger
 
 #: Lines read (and sorted by length) at a time; bounds memory independently of input length.
 DEFAULT_WINDOW = 2000
@@ -237,140 +228,3 @@ def decode_config(config: Config, overrides: list[str]) -> Config:
         if not key.startswith("decode."):
             raise ConfigError(f"--set {text!r}: only decode.* keys can be set when decoding")
     return config_from_dict(config.to_dict(), config.path, overrides)
-
-
-def format_nbest(nbest: list[Translation], n: int, scored: bool) -> list[str]:
-    """Output lines for one input: the best text, or exactly ``n`` ``score<TAB>text`` lines.
-
-    With scores, lines come best first with the score printed to 4 decimals; an empty input (or
-    a search that found fewer than ``n`` hypotheses) is padded with ``-inf<TAB>`` lines, except
-    that an empty input's first line reads ``0.0000<TAB>``.
-    """
-    if not scored:
-        return [nbest[0].text if nbest else ""]
-    out = [f"{t.score:.4f}\t{t.text}" for t in nbest[:n]]
-    out.extend("-inf\t" for _ in range(n - len(out)))
-    return out
-
-
-def _stdin_lines() -> Iterable[str]:
-    """Standard input's lines: a redirected file read straight through, a pipe or terminal as its
-    lines arrive (each translated without waiting for a full window, see :class:`ArrivingLines`)."""
-    stdin = sys.stdin.buffer
-    try:
-        regular = stat.S_ISREG(os.fstat(stdin.fileno()).st_mode)
-    except (AttributeError, OSError, ValueError):  # no descriptor (a test's stand-in stream)
-        regular = True
-    return iter_binary_lines(stdin, "<stdin>") if regular else ArrivingLines(stdin, "<stdin>")
-
-
-def _is_regular(path: Path) -> bool:
-    """A regular file (read straight through, counted for the progress bar), not a stream."""
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        return False
-
-
-def open_inputs(inputs: Sequence[str | Path], stack: contextlib.ExitStack) -> list[tuple[str, Iterable[str]]]:
-    """``(name, lines)`` of each input, or of standard input when there is none; every input is
-    checked before any is read, with one line naming it (not found, a directory).
-
-    A regular file is read as text (``.gz`` gunzipped); anything else a shell can name is read as
-    the stream it is, its lines handed over as they arrive (:class:`ArrivingLines`): ``<(zcat
-    news.gz)``, a named pipe, ``/dev/stdin``, ``/dev/null``. Streams are opened here (a named
-    pipe's open waits for its writer) and closed by ``stack``."""
-    for path in map(Path, inputs):
-        if path.is_dir():
-            raise DataError(f"{path}: is a directory, expected a text file")
-        if not path.exists():
-            raise DataError(f"{path}: input file not found")
-    if not inputs:
-        return [("<stdin>", _stdin_lines())]
-    opened: list[tuple[str, Iterable[str]]] = []
-    for path in map(Path, inputs):
-        if _is_regular(path):
-            opened.append((str(path), read_lines(path)))
-            continue
-        try:
-            handle = stack.enter_context(open(path, "rb", buffering=0))
-        except OSError as exc:
-            raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
-        opened.append((str(path), ArrivingLines(handle, str(path))))
-    return opened
-
-
-def translate_files(
-    run_dir: str | Path,
-    inputs: list[Path],
-    output: Path | None,
-    checkpoint: str = "best",
-    overrides: list[str] | None = None,
-    plot_attention: Path | None = None,
-    ensemble: Sequence[str | Path] = (),
-) -> dict:
-    """Translate files (or stdin when ``inputs`` is empty) to ``output`` (or stdout).
-
-    Output format: one line per input line with the best translation; when ``--nbest N`` is
-    given (a ``decode.nbest`` override), exactly ``N`` lines per input line instead, best first,
-    each ``score<TAB>text`` with the length-penalised log-probability to 4 decimals (empty input
-    lines give ``0.0000<TAB>`` then ``-inf<TAB>`` padding). Stdout gets each line as soon as it
-    is ready; a file output is written to a temporary name and renamed at the end, so an error
-    (e.g. invalid UTF-8 at some input line: :class:`DataError` naming file and line) leaves no
-    partial file. ``plot_attention`` writes ``<DIR>/<line:06d>.png`` per non-empty input line.
-    ``ensemble``: more members decoded with the run's model (run directories or checkpoint
-    files, see :func:`mtcli.infer.ensemble.add_members`).
-    Returns a summary dict (lines, checkpoint, seconds, sentences_per_s, output).
-    """
-    overrides = list(overrides or [])
-    bundle = add_members(load_for_inference(run_dir, checkpoint), ensemble)
-    decode = decode_config(bundle.config, overrides).decode
-    device = decoding_device(decode)
-    bundle.model.to(device)
-    scored = any(o.split("=", 1)[0].strip() == "decode.nbest" for o in overrides)
-    stack = contextlib.ExitStack()
-    sources = open_inputs(inputs, stack)
-    regular = bool(inputs) and all(_is_regular(Path(p)) for p in inputs)
-    total = sum(count_lines(p) for p in inputs) if regular else None
-    bar = progress(total=total, enabled=bool(inputs), unit="line", desc="translate")
-    n_lines = 0
-    start = time.perf_counter()
-
-    def run(handle: IO[str], flush: bool) -> None:
-        nonlocal n_lines
-        for name, lines in sources:
-            for nbest in translate_lines(bundle, lines, decode, device, name=name, on_done=bar.update,
-                                         return_attention=plot_attention is not None):
-                n_lines += 1
-                handle.writelines(text + "\n" for text in format_nbest(nbest, decode.nbest, scored))
-                if flush:
-                    handle.flush()
-                if plot_attention is not None and nbest[0].attention is not None:
-                    _plot(bundle.tokenizer, nbest[0], Path(plot_attention) / f"{n_lines:06d}.png")
-
-    try:
-        if output is None:
-            run(sys.stdout, flush=True)
-        else:
-            with atomic_write(output) as handle:
-                run(handle, flush=False)
-    finally:
-        bar.close()
-        stack.close()
-    seconds = time.perf_counter() - start
-    summary = {
-        "lines": n_lines,
-        "checkpoint": bundle.name,
-        "seconds": round(seconds, 3),
-        "sentences_per_s": round(n_lines / seconds, 2) if seconds > 0 else None,
-        "output": str(output) if output is not None else "<stdout>",
-    }
-    get_logger().info("translated %d lines in %.1fs (%s sent/s) with %s", n_lines, seconds,
-                      summary["sentences_per_s"], bundle.name)
-    return summary
-
-
-def _plot(tokenizer: Tokenizer, best: Translation, path: Path) -> None:
-    """The cross-attention heatmap of one translation (:func:`mtcli.plots.plot_attention_png`)."""
-    plot_attention_png(path, [tokenizer.id_to_piece(t) for t in best.source_tokens or []],
-                       [tokenizer.id_to_piece(t) for t in best.tokens], best.attention)

@@ -85,8 +85,8 @@ def test_evaluate_and_translate_with_ensemble_members(tiny_run_dir: Path, tmp_pa
     from mtcli.errors import CheckpointError
     from mtcli.evaluate import evaluate
     from mtcli.fileio import sha256_file
+    from mtcli.infer.files import translate_files
     from mtcli.infer.quantize import int8_supported
-    from mtcli.infer.translate import translate_files
 
     first = tmp_path / "first"
     shutil.copytree(tiny_run_dir, first)

@@ -13,13 +13,12 @@ import pytest
 import torch
 
 from mtcli.config import DecodeConfig
+from mtcli.data.textio import count_lines, iter_binary_lines
 from mtcli.errors import ConfigError, DataError
+from mtcli.infer.files import format_nbest
 from mtcli.infer.translate import (
     Translation,
-    count_lines,
     decode_config,
-    format_nbest,
-    iter_binary_lines,
     translate_lines,
     translate_texts,
 )

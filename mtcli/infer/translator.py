@@ -1,0 +1,192 @@
+"""``mtcli.Translator``: a trained model, loaded once, translating from Python.
+
+    >>> from mtcli import Translator
+    >>> translator = Translator.from_run("data/runs/multi30k_de_en", beam=5)
+    >>> translator.translate(["Ein Hund läuft im Schnee."])
+    ['A dog is running in the snow.']
+
+Every way mtcli decodes goes through this class: ``mtcli translate`` and ``mtcli evaluate``
+build a :class:`Translator` and call :meth:`Translator.stream`, which is
+:func:`mtcli.infer.translate.translate_lines` with the loaded model, its tokenizer, the decode
+settings and the device. The other methods are views of it: :meth:`translate` (list in, list
+out), :meth:`translate_iter` (streamed, in order), :meth:`nbest` (hypotheses with scores), and
+:meth:`score`, which runs no search: the model's log-probability of given translations.
+
+Decode settings come from the run's ``decode`` section; :meth:`from_run` and every method take
+the common ones as keywords (``beam``, ``length_penalty``, ``max_tokens``, ...), checked as a
+``--set decode.*`` override is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mtcli.config import DecodeConfig
+from mtcli.data.batching import collate, source_batches
+from mtcli.device import autocast
+from mtcli.errors import ConfigError, DataError
+from mtcli.infer.ensemble import Ensemble, add_members, decoding_members
+from mtcli.infer.loading import InferenceModel, load_for_inference
+from mtcli.infer.quantize import quantize_for_decoding
+from mtcli.infer.translate import (
+    Translation,
+    decode_config,
+    decoding_device,
+    source_limit,
+    translate_lines,
+)
+
+#: Keyword -> ``decode.*`` key, for the settings every method accepts.
+SETTINGS = {"beam": "beam_size", "length_penalty": "length_penalty", "max_tokens": "max_tokens",
+            "nbest": "nbest", "max_len_a": "max_len_a", "max_len_b": "max_len_b",
+            "int8": "int8", "bf16": "bf16", "workers": "workers"}
+
+
+def _overrides(settings: dict[str, Any]) -> list[str]:
+    """``--set`` strings for keyword settings; a TypeError names an unknown keyword."""
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise TypeError(f"unknown decode setting(s) {', '.join(unknown)} (known: {', '.join(SETTINGS)})")
+    return [f"decode.{SETTINGS[k]}={v!r}" if isinstance(v, str) else f"decode.{SETTINGS[k]}={v}"
+            for k, v in settings.items() if v is not None]
+
+
+def _texts(texts: Any, what: str = "texts") -> list[str]:
+    """``texts`` as a list of strings; a TypeError for a lone string or a non-string item."""
+    if isinstance(texts, str):
+        raise TypeError(f"{what} must be a list of strings, not one string (wrap it: [text])")
+    items = list(texts)
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise TypeError(f"{what}[{i}] is a {type(item).__name__}, expected str")
+    return items
+
+
+class Translator:
+    """A loaded model with its tokenizer, decode settings and device (see the module docstring)."""
+
+    def __init__(self, bundle: InferenceModel, decode: DecodeConfig, device: torch.device | str) -> None:
+        self.bundle = bundle
+        self.decode = decode
+        self.device = torch.device(device)
+        bundle.model.to(self.device).eval()
+        self._int8: InferenceModel | None = None
+
+    @classmethod
+    def from_run(cls, run_dir: str | Path, checkpoint: str | Path = "best", *, device: str = "auto",
+                 average_last: int = 0, average_best: int = 0, ensemble: Sequence[str | Path] = (),
+                 overrides: Sequence[str] = (), **settings: Any) -> Translator:
+        """Load ``run_dir``'s checkpoint (``best``, ``last``, a path; or the average of the last
+        or best K) for decoding. ``device``: ``auto`` (the first GPU if there is one, the CPU
+        under int8), ``cpu``, ``cuda:N``. ``ensemble``: more run directories or checkpoints
+        decoded together with it. ``settings``: ``beam``, ``length_penalty``, ``max_tokens``,
+        ``nbest``, ``max_len_a``, ``max_len_b``, ``int8``, ``bf16``, ``workers``; ``overrides``:
+        ``decode.*=value`` strings as ``--set`` takes them. Raises :class:`CheckpointError` or
+        :class:`ConfigError` with one line."""
+        bundle = load_for_inference(run_dir, checkpoint, average_last=average_last, average_best=average_best)
+        bundle = add_members(bundle, ensemble)
+        decode = decode_config(bundle.config, [*overrides, *_overrides(settings)]).decode
+        return cls(bundle, decode, decoding_device(decode) if device == "auto" else torch.device(device))
+
+    @property
+    def name(self) -> str:
+        """Which checkpoint (or average, or ensemble) is loaded."""
+        return self.bundle.name
+
+    def settings(self, **settings: Any) -> DecodeConfig:
+        """The decode settings with ``settings`` applied (checked; the translator's stay as they are)."""
+        if not any(v is not None for v in settings.values()):
+            return self.decode
+        config = dataclasses.replace(self.bundle.config, decode=self.decode)
+        return decode_config(config, _overrides(settings)).decode
+
+    def _for(self, decode: DecodeConfig) -> tuple[InferenceModel, DecodeConfig]:
+        """The model to decode with: under int8 an int8 copy, made once and kept."""
+        if not decode.int8:
+            return self.bundle, decode
+        if self._int8 is None:
+            members = [quantize_for_decoding(m) for m in decoding_members(self.bundle.model)]
+            model = Ensemble(members) if len(members) > 1 else members[0]
+            self._int8 = dataclasses.replace(self.bundle, model=model)
+        return self._int8, dataclasses.replace(decode, int8=False)
+
+    def stream(self, lines: Iterable[str], *, decode: DecodeConfig | None = None, name: str = "input",
+               on_done: Any = None, return_attention: bool = False) -> Iterator[list[Translation]]:
+        """The n-best list of every line of ``lines``, lazily and in order
+        (:func:`~mtcli.infer.translate.translate_lines`; ``name`` prefixes truncation warnings,
+        ``on_done(n)`` counts finished lines)."""
+        bundle, decode = self._for(decode or self.decode)
+        return translate_lines(bundle, lines, decode, self.device, name=name, on_done=on_done,
+                               return_attention=return_attention)
+
+    def translate(self, texts: Sequence[str], **settings: Any) -> list[str]:
+        """The best translation of each text, in order (an empty text gives ``""``)."""
+        items = _texts(texts)
+        decode = dataclasses.replace(self.settings(**settings), nbest=1)
+        return [nbest[0].text for nbest in self.stream(items, decode=decode)]
+
+    def translate_iter(self, texts: Iterable[str], **settings: Any) -> Iterator[str]:
+        """Translate an iterable (a file, a generator) lazily: one output per input, in order,
+        reading a window of inputs at a time, so memory stays bounded."""
+        if isinstance(texts, str):
+            raise TypeError("texts must be an iterable of strings, not one string (wrap it: [text])")
+        decode = dataclasses.replace(self.settings(**settings), nbest=1)
+
+        def checked() -> Iterator[str]:
+            for i, item in enumerate(texts):
+                if not isinstance(item, str):
+                    raise TypeError(f"texts[{i}] is a {type(item).__name__}, expected str")
+                yield item
+
+        return (nbest[0].text for nbest in self.stream(checked(), decode=decode))
+
+    def nbest(self, texts: Sequence[str], n: int | None = None, **settings: Any) -> list[list[Translation]]:
+        """The ``n`` best hypotheses of each text (default: the beam size), best first, each a
+        :class:`Translation` with ``text``, ``score`` (length-penalised log-probability, what
+        the search ranks by) and ``logprob``. The beam widens to ``n`` when it is narrower."""
+        decode = self.settings(**settings)
+        n = decode.beam_size if n is None else int(n)
+        if n < 1:
+            raise ConfigError(f"nbest n must be >= 1, got {n}")
+        decode = dataclasses.replace(decode, nbest=n, beam_size=max(decode.beam_size, n))
+        return list(self.stream(_texts(texts), decode=decode))
+
+    def score(self, sources: Sequence[str], targets: Sequence[str], *, max_tokens: int | None = None) -> list[float]:
+        """log p(target | source) under the model for each pair: the sum of the log-probabilities
+        of the target's pieces and ``</s>`` by teacher forcing, no search (for rescoring and
+        filtering). A piece the model cannot produce gives ``-inf``. Sources longer than the
+        model's limit are truncated (as when translating); longer targets raise :class:`DataError`."""
+        src_texts, tgt_texts = _texts(sources, "sources"), _texts(targets, "targets")
+        if len(src_texts) != len(tgt_texts):
+            raise ValueError(f"{len(src_texts)} sources but {len(tgt_texts)} targets")
+        model = self.bundle.model
+        if isinstance(model, Ensemble):
+            raise ConfigError("score needs one model, not an ensemble")
+        limit, tokenizer = source_limit(self.bundle), self.bundle.tokenizer
+        src_ids = [ids[:limit] for ids in tokenizer.encode_batch(src_texts)]
+        tgt_ids = tokenizer.encode_batch(tgt_texts)
+        for i, ids in enumerate(tgt_ids):
+            if len(ids) > limit:
+                raise DataError(f"targets[{i}]: {len(ids)} pieces, more than the model's limit of {limit}")
+        lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids, strict=True)]
+        out = [0.0] * len(src_texts)
+        with torch.inference_mode(), autocast(self.device, self.decode.bf16):
+            for batch in source_batches(lengths, max_tokens or self.decode.max_tokens, 1):
+                pairs = collate(src_ids, tgt_ids, np.asarray(batch))
+                logits = model(pairs.src.to(self.device), pairs.tgt_in.to(self.device))
+                lprobs = torch.log_softmax(model.widen(logits.float()), dim=-1)
+                target = pairs.tgt_out.to(self.device)
+                picked = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+                sums = picked.masked_fill(target.eq(model.pad_id), 0.0).sum(-1)
+                for row, i in enumerate(batch):
+                    out[i] = float(sums[row])
+        return out
+
+
+__all__ = ["SETTINGS", "Translator"]

@@ -1,0 +1,99 @@
+"""mtcli.Translator: the Python API equals the command line, streams in order, n-best lists
+with scores, teacher-forced scoring, and clear errors for wrong arguments."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mtcli
+from mtcli.errors import ConfigError
+from mtcli.infer.translator import Translator
+
+LINES = ["eine katze spielt", "", "ein hund läuft im park", "rot", "zwei kleine kinder spielen im garten"]
+
+
+@pytest.fixture(scope="module")
+def translator(tiny_run_dir: Path) -> Translator:
+    return Translator.from_run(tiny_run_dir, beam=2, device="cpu")
+
+
+def test_public_name_and_lazy_import() -> None:
+    assert "Translator" in mtcli.__all__ and mtcli.Translator is Translator
+    fresh = subprocess.run([sys.executable, "-c", "import sys, mtcli; print('torch' in sys.modules)"],
+                           capture_output=True, text=True, check=True)
+    assert fresh.stdout.strip() == "False"  # importing mtcli alone does not load torch
+
+
+def test_translate_equals_the_command_line(translator: Translator, tiny_run_dir: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("".join(f"{line}\n" for line in LINES), encoding="utf-8")
+    cli = subprocess.run([sys.executable, "-m", "mtcli.cli", "translate", str(tiny_run_dir), str(src),
+                          "--beam", "2"], capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0, cli.stderr
+    assert translator.translate(LINES) == cli.stdout.split("\n")[:-1]
+    assert translator.translate(LINES)[1] == ""
+
+
+def test_translate_iter_streams_in_order(translator: Translator) -> None:
+    pulled: list[int] = []
+
+    def source():
+        for i, line in enumerate(LINES * 3):
+            pulled.append(i)
+            yield line
+
+    outputs = translator.translate_iter(source())
+    assert pulled == []  # nothing is read before the first output is asked for
+    assert list(outputs) == translator.translate(LINES * 3)
+
+
+def test_nbest_lists_are_ranked_and_widen_the_beam(translator: Translator) -> None:
+    lists = translator.nbest(LINES, n=3)
+    assert len(lists) == len(LINES)
+    for line, hyps in zip(LINES, lists, strict=True):
+        if not line:
+            continue
+        assert len(hyps) == 3
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+    assert [hyps[0].text for hyps in translator.nbest(LINES, n=2)] == translator.translate(LINES)
+
+
+def test_score_is_the_searchs_log_probability_and_batching_does_not_change_it(translator: Translator) -> None:
+    sources = [line for line in LINES if line] * 4
+    hyps = [h for nbest in translator.nbest(sources, n=2) for h in nbest]
+    tokenizer = translator.bundle.tokenizer
+    canonical = [(src, h) for src, nbest in zip(sources, translator.nbest(sources, n=2), strict=True)
+                 for h in nbest if tokenizer.encode(h.text) == h.tokens]
+    assert len(hyps) == 2 * len(sources) and canonical
+    scores = translator.score([s for s, _ in canonical], [h.text for _, h in canonical])
+    assert scores == pytest.approx([h.logprob for _, h in canonical], abs=1e-4)
+    targets = ["a cat plays", "", "red", "two small children"] * 4
+    batched = translator.score(sources, targets)
+    one_by_one = [translator.score([s], [t], max_tokens=1)[0] for s, t in zip(sources, targets, strict=True)]
+    assert batched == pytest.approx(one_by_one, abs=1e-4)
+    assert all(s < 0 for s in batched)
+
+
+def test_int8_copy_is_made_once(tiny_run_dir: Path) -> None:
+    translator = Translator.from_run(tiny_run_dir, beam=2, device="cpu")
+    first = translator.translate(LINES, int8=True)
+    copy = translator._int8
+    assert copy is not None and translator.translate(LINES, int8=True) == first
+    assert translator._int8 is copy
+
+
+@pytest.mark.parametrize(("call", "error", "message"), [
+    (lambda t: t.translate("ein satz"), TypeError, "not one string"),
+    (lambda t: t.translate(["ok", 3]), TypeError, r"texts\[1\] is a int"),
+    (lambda t: t.translate(["ok"], beam=0), ConfigError, "decode.beam_size must be >= 1"),
+    (lambda t: t.translate(["ok"], beam_width=3), TypeError, "unknown decode setting"),
+    (lambda t: t.score(["a"], ["b", "c"]), ValueError, "1 sources but 2 targets"),
+    (lambda t: list(t.translate_iter([b"bytes"])), TypeError, r"texts\[0\] is a bytes"),
+])
+def test_wrong_arguments_say_what_is_wrong(translator: Translator, call, error, message: str) -> None:
+    with pytest.raises(error, match=message):
+        call(translator)
