@@ -1,5 +1,7 @@
 # mtcli: set up, test, and reproduce the README's numbers.
 #   make setup       create .venv with a CPU build of torch and mtcli[dev]
+#   make setup-browser   Debian's chromium + chromium-driver for the browser test of `mtcli serve`
+#                    (root; without them that one test skips)
 #   make test        the default test suite (what CI runs); PYTEST_ARGS='-m ""' adds the slow tests
 #   make lint        ruff over the package, the tests and the benchmarks (CI runs it too)
 #   make reproduce   prepare -> train -> average -> evaluate both Multi30k recipes for each seed,
@@ -22,14 +24,17 @@ PYTEST_ARGS ?=
 SEEDS ?= 1,2,3
 REPRODUCE_ARGS ?=
 
-.PHONY: setup test lint reproduce reproduce-de-en reproduce-en-de reproduce-wmt-news \
+.PHONY: setup setup-browser test lint reproduce reproduce-de-en reproduce-en-de reproduce-wmt-news \
 	reproduce-wmt-news-adapt clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[dev,ctranslate2]"
+	$(BIN)/pip install --quiet -e ".[dev,ctranslate2,serve]"
+
+setup-browser:
+	apt-get install -y -q chromium chromium-driver
 
 test:
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -216,6 +216,39 @@ def export(
     print(f"exported {format} model to {out}")
 
 
+@app.command()
+@handle_errors
+def serve(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
+    host: Annotated[str, typer.Option(help="Address to bind (0.0.0.0 to accept other machines).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
+    beam: Annotated[Optional[int], typer.Option(help="Default beam size (a request may set its own).")] = None,  # noqa: UP045
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda[:N].")] = "auto",
+    api_key: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--api-key", envvar="MTCLI_API_KEY", show_envvar=True,
+        help="Require 'Authorization: Bearer KEY' on /translate.")] = None,
+    max_lines: Annotated[int, typer.Option(help="Most lines a request may send.")] = 64,
+    max_chars: Annotated[int, typer.Option(help="Most characters a line may have.")] = 2000,
+    batch_wait_ms: Annotated[float, typer.Option(help="How long to gather requests into one batch.")] = 5.0,
+    set_: SetOption = None,
+    verbose: Verbose = False,
+) -> None:
+    """Serve a trained model over HTTP: POST /translate, GET /health, a page at /, docs at /docs."""
+    try:
+        from mtcli.serve import Limits
+        from mtcli.serve import serve as run_server
+    except ImportError as exc:
+        _fail(f"mtcli serve needs the serve extra: pip install 'mtcli[serve]' ({exc.name} is missing)", 1)
+    from mtcli.infer.translator import Translator
+    from mtcli.logs import setup_logging
+
+    setup_logging(verbose)
+    translator = Translator.from_run(run_dir, checkpoint, device=device, overrides=list(set_ or []), beam=beam)
+    limits = Limits(max_lines=max_lines, max_chars=max_chars, batch_wait_ms=batch_wait_ms)
+    run_server(translator, host=host, port=port, limits=limits, api_key=api_key)
+
+
 def main() -> None:  # pragma: no cover - console entry point alias
     app()
 

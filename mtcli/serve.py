@@ -1,0 +1,265 @@
+"""``mtcli serve``: a trained model over HTTP (FastAPI + uvicorn, the ``serve`` extra).
+
+Endpoints:
+
+* ``POST /translate`` ``{"text": ["...", ...], "beam": 5, "length_penalty": 1.0}`` ->
+  ``{"translations": ["...", ...], "model": NAME}``, in request order;
+* ``GET /health`` -> ``{"status": "ok", "model": NAME, "device": DEVICE}``;
+* ``GET /`` a page to type or paste text and read its translation; ``GET /docs`` the OpenAPI docs.
+
+Requests from many clients are decoded together: :class:`Batcher` collects what arrives within
+``batch_wait_ms`` of the first waiting request (or until ``batch_lines`` lines), decodes each
+group of equal settings with one :meth:`Translator.translate` call on one worker thread, and
+hands every request its own lines back. Decoding many sentences at once is what makes a
+beam search fast on any device, so 32 concurrent clients get several times the sentences/s of one.
+
+Bad requests get a 4xx with a one-line ``{"error": ...}``: malformed JSON (400), wrong types or
+a beam or length penalty out of range (422), too many lines or characters (413), a missing or
+wrong API key (401). A failure while decoding answers 500 and the server keeps serving. With an
+API key (``--api-key`` or ``MTCLI_API_KEY``) ``/translate`` needs ``Authorization: Bearer KEY``,
+compared in constant time. The server binds 127.0.0.1 unless told otherwise. On SIGTERM
+(or Ctrl-C) uvicorn stops accepting connections, the requests in flight are answered, and the
+process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import hmac
+import queue
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+
+from mtcli.infer.translator import Translator
+from mtcli.logs import get_logger
+from mtcli.serve_page import PAGE
+
+API_KEY_ENV = "MTCLI_API_KEY"
+
+
+@dataclass
+class Limits:
+    """What one request may ask for, and how requests are gathered into batches."""
+
+    max_lines: int = 64
+    max_chars: int = 2000  # per line
+    max_total_chars: int = 20_000  # per request
+    max_beam: int = 16
+    batch_wait_ms: float = 5.0
+    batch_lines: int = 256
+
+
+class TranslateRequest(BaseModel):
+    """The body of ``POST /translate``."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: list[StrictStr] = Field(description="Lines to translate, one sentence each.")
+    beam: StrictInt | None = Field(default=None, description="Beam size (1 = greedy); the run's by default.")
+    length_penalty: StrictFloat | StrictInt | None = Field(default=None, ge=0.0, le=5.0,
+                                                          description="GNMT length penalty alpha.")
+
+
+class TranslateResponse(BaseModel):
+    """The answer of ``POST /translate``: one translation per input line, in order."""
+
+    translations: list[str]
+    model: str
+
+
+class RequestError(Exception):
+    """A request the server refuses, with its HTTP status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class _Job:
+    lines: list[str]
+    settings: tuple[tuple[str, Any], ...]
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+class Batcher:
+    """One worker thread that decodes the requests of many clients together (module docstring)."""
+
+    def __init__(self, translator: Translator, limits: Limits) -> None:
+        self.translator = translator
+        self.limits = limits
+        self.jobs: queue.Queue[_Job | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._work, name="mtcli-serve-decode", daemon=True)
+        self.thread.start()
+
+    def submit(self, lines: list[str], **settings: Any) -> concurrent.futures.Future:
+        """Queue ``lines`` for translation; the future gets their translations, in order."""
+        job = _Job(lines, tuple(sorted((k, v) for k, v in settings.items() if v is not None)))
+        self.jobs.put(job)
+        return job.future
+
+    def close(self) -> None:
+        """Finish the queued jobs, then stop the worker."""
+        self.jobs.put(None)
+        self.thread.join()
+
+    def _gather(self, first: _Job) -> tuple[list[_Job], bool]:
+        """``first`` and what arrives within ``batch_wait_ms`` (up to ``batch_lines`` lines)."""
+        batch, lines = [first], len(first.lines)
+        deadline = time.monotonic() + self.limits.batch_wait_ms / 1000.0
+        while lines < self.limits.batch_lines:
+            try:
+                job = self.jobs.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if job is None:
+                return batch, True
+            batch.append(job)
+            lines += len(job.lines)
+        return batch, False
+
+    def _work(self) -> None:
+        stop = False
+        while not stop:
+            first = self.jobs.get()
+            if first is None:
+                return
+            batch, stop = self._gather(first)
+            groups: dict[tuple, list[_Job]] = {}
+            for job in batch:
+                groups.setdefault(job.settings, []).append(job)
+            for settings, jobs in groups.items():
+                self._decode(jobs, dict(settings))
+
+    def _decode(self, jobs: list[_Job], settings: dict[str, Any]) -> None:
+        """One translate call for ``jobs`` (equal settings); each job gets its slice, or the error."""
+        lines = [line for job in jobs for line in job.lines]
+        try:
+            out = self.translator.translate(lines, **settings)
+        except Exception as exc:  # answered as a 500; the worker lives on
+            get_logger().exception("decoding failed")
+            for job in jobs:
+                job.future.set_exception(exc)
+            return
+        start = 0
+        for job in jobs:
+            job.future.set_result(out[start:start + len(job.lines)])
+            start += len(job.lines)
+
+
+def check_request(body: TranslateRequest, limits: Limits) -> None:
+    """Raise :class:`RequestError` when ``body`` asks for more than ``limits`` allow."""
+    if len(body.text) > limits.max_lines:
+        raise RequestError(413, f"too many lines: {len(body.text)} (at most {limits.max_lines} a request)")
+    for i, line in enumerate(body.text):
+        if len(line) > limits.max_chars:
+            raise RequestError(413, f"text[{i}] has {len(line)} characters (at most {limits.max_chars})")
+    total = sum(map(len, body.text))
+    if total > limits.max_total_chars:
+        raise RequestError(413, f"{total} characters in the request (at most {limits.max_total_chars})")
+    if body.beam is not None and not 1 <= body.beam <= limits.max_beam:
+        raise RequestError(422, f"beam must be between 1 and {limits.max_beam}, got {body.beam}")
+
+
+def _bearer_check(api_key: str | None) -> Any:
+    """A FastAPI dependency: with ``api_key`` set, ``Authorization: Bearer KEY`` or a 401."""
+
+    def check(request: Request) -> None:
+        if not api_key:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise RequestError(401, "missing or wrong API key (send Authorization: Bearer KEY)")
+
+    return check
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
+    """Malformed JSON -> 400; anything else the schema refuses -> 422, naming the field."""
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        return 400, f"malformed JSON: {first.get('ctx', {}).get('error', 'cannot parse the body')}"
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+    return 422, f"{where}: {first.get('msg', 'invalid value')}"
+
+
+def create_app(translator: Translator, limits: Limits | None = None, api_key: str | None = None) -> FastAPI:
+    """The FastAPI application serving ``translator`` (see the module docstring)."""
+    limits = limits or Limits()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.batcher = Batcher(translator, limits)
+        try:
+            yield
+        finally:
+            app.state.batcher.close()
+
+    app = FastAPI(title="mtcli", summary=f"Machine translation with {translator.name}", lifespan=lifespan)
+    guard = Depends(_bearer_check(api_key))
+
+    @app.exception_handler(RequestError)
+    async def refused(request: Request, exc: RequestError) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        status, message = _validation_message(exc)
+        return JSONResponse({"error": message}, status_code=status)
+
+    @app.post("/translate", response_model=TranslateResponse, dependencies=[guard])
+    async def translate(body: TranslateRequest) -> TranslateResponse:
+        check_request(body, limits)
+        future = app.state.batcher.submit(body.text, beam=body.beam, length_penalty=body.length_penalty)
+        try:
+            translations = await asyncio.wrap_future(future)
+        except Exception as exc:
+            raise RequestError(500, f"translation failed: {' '.join(str(exc).split())[:300]}") from None
+        return TranslateResponse(translations=translations, model=translator.name)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok", "model": translator.name, "device": str(translator.device)}
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page() -> str:
+        return PAGE
+
+    return app
+
+
+def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
+          api_key: str | None = None) -> None:
+    """Run the server until SIGTERM/SIGINT (requests in flight are answered first)."""
+    log = get_logger()
+    log.info("serving %s on http://%s:%d (API key %s)", translator.name, host, port,
+             "required" if api_key else "not set")
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT and then raises the signal again for the
+    # handler it found installed: with this one, a drained server returns and exits 0
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        uvicorn.run(create_app(translator, limits, api_key), host=host, port=port, log_level="info",
+                    timeout_graceful_shutdown=60)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        log.info("stopped by %s after answering the requests in flight", signal.Signals(received[0]).name)
+
+
+__all__ = ["API_KEY_ENV", "Batcher", "Limits", "TranslateRequest", "create_app", "serve"]

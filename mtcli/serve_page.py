@@ -1,0 +1,58 @@
+"""The page ``mtcli serve`` shows at ``/``: type or paste text, read its translation."""
+
+PAGE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>mtcli</title>
+<style>
+  body { font-family: system-ui, sans-serif; max-width: 52rem; margin: 2rem auto; padding: 0 1rem; }
+  textarea, #result { width: 100%; box-sizing: border-box; font-size: 1rem; padding: .5rem; }
+  textarea { height: 9rem; }
+  #result { min-height: 9rem; border: 1px solid #999; white-space: pre-wrap; background: #f7f7f7; }
+  .row { display: flex; gap: 1rem; align-items: center; margin: .75rem 0; flex-wrap: wrap; }
+  #status { color: #555; }
+  #status.error { color: #b00020; }
+</style>
+</head>
+<body>
+<h1>mtcli</h1>
+<p>One sentence per line. <a href="/docs">API docs</a></p>
+<label for="source">Text</label>
+<textarea id="source" autofocus></textarea>
+<div class="row">
+  <button id="translate" type="button">Translate</button>
+  <label>Beam <input id="beam" type="number" min="1" max="16" value="5" style="width:4rem"></label>
+  <label>API key <input id="api-key" type="password" autocomplete="off"></label>
+  <span id="status" role="status"></span>
+</div>
+<label for="result">Translation</label>
+<div id="result" aria-live="polite"></div>
+<script>
+const $ = (id) => document.getElementById(id);
+async function translate() {
+  const lines = $("source").value.split("\\n");
+  const headers = {"Content-Type": "application/json"};
+  if ($("api-key").value) headers["Authorization"] = "Bearer " + $("api-key").value;
+  $("status").className = ""; $("status").textContent = "translating...";
+  $("translate").disabled = true;
+  try {
+    const answer = await fetch("/translate", {method: "POST", headers,
+      body: JSON.stringify({text: lines, beam: Number($("beam").value)})});
+    const body = await answer.json();
+    if (!answer.ok) throw new Error(body.error || answer.statusText);
+    $("result").textContent = body.translations.join("\\n");
+    $("status").textContent = "done (" + body.model + ")";
+  } catch (err) {
+    $("status").className = "error"; $("status").textContent = err.message;
+  } finally {
+    $("translate").disabled = false;
+  }
+}
+$("translate").addEventListener("click", translate);
+$("source").addEventListener("keydown", (e) => { if (e.key === "Enter" && e.ctrlKey) translate(); });
+</script>
+</body>
+</html>
+"""

@@ -1,0 +1,146 @@
+"""`mtcli serve` as users run it: a real uvicorn server on 127.0.0.1 in a subprocess, talked to
+with httpx. Answers equal Translator.translate; bad requests get their 4xx and the server keeps
+serving; the API key is enforced; SIGTERM answers the request in flight and exits 0."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx", reason="the serve tests need httpx (pip install 'mtcli[dev]')")
+pytest.importorskip("fastapi", reason="mtcli serve needs the serve extra (pip install 'mtcli[serve]')")
+
+from mtcli.infer.translator import Translator  # noqa: E402
+
+LINES = ["eine katze spielt", "", "ein hund läuft im park", "rot"]
+KEY = "s3cret-key"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """`mtcli serve RUN_DIR` in a subprocess, ready when /health answers."""
+
+    def __init__(self, run_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mtcli.cli", "serve", str(run_dir), "--port", str(self.port),
+             "--beam", "2", "--max-lines", "8", "--max-chars", "200", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, **(env or {})},
+        )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited {self.proc.returncode}: {self.proc.stdout.read()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        self.stop()
+        raise AssertionError("server did not start within 120 s")
+
+    def post(self, body: object = None, content: bytes | None = None, key: str | None = None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        if content is not None:
+            headers["Content-Type"] = "application/json"
+            return httpx.post(f"{self.url}/translate", content=content, headers=headers, timeout=120)
+        return httpx.post(f"{self.url}/translate", json=body, headers=headers, timeout=120)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_run_dir: Path) -> Iterator[Server]:
+    running = Server(tiny_run_dir)
+    yield running
+    assert running.stop() == 0
+
+
+def test_answers_equal_the_python_api(server: Server, tiny_run_dir: Path) -> None:
+    expected = Translator.from_run(tiny_run_dir, beam=2, device="cpu")
+    answer = server.post({"text": LINES})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["translations"] == expected.translate(LINES)
+    greedy = server.post({"text": LINES, "beam": 1, "length_penalty": 0.6})
+    assert greedy.json()["translations"] == expected.translate(LINES, beam=1, length_penalty=0.6)
+    health = httpx.get(f"{server.url}/health").json()
+    assert health["status"] == "ok" and health["model"] == expected.name
+    assert "<textarea" in httpx.get(server.url).text
+    assert httpx.get(f"{server.url}/openapi.json").json()["paths"]["/translate"]["post"]
+
+
+def test_concurrent_clients_each_get_their_own_lines(server: Server, tiny_run_dir: Path) -> None:
+    expected = Translator.from_run(tiny_run_dir, beam=2, device="cpu")
+    requests = [[f"{line} {i}" for line in LINES if line] for i in range(16)]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda text: server.post({"text": text}), requests))
+    assert all(a.status_code == 200 for a in answers)
+    assert [a.json()["translations"] for a in answers] == [expected.translate(t) for t in requests]
+
+
+@pytest.mark.parametrize(("body", "content", "status", "needle"), [
+    (None, b'{"text": ["unclosed"', 400, "malformed JSON"),
+    (None, b"\xff\xfe", 400, "malformed JSON"),
+    ({"text": "not a list"}, None, 422, "text"),
+    ({"text": [1, 2]}, None, 422, "text.0"),
+    ({"text": ["ok"], "beam": "5"}, None, 422, "beam"),
+    ({"text": ["ok"], "beam": 0}, None, 422, "beam must be between 1 and 16"),
+    ({"text": ["ok"], "beam": 17}, None, 422, "beam must be between 1 and 16"),
+    ({"text": ["ok"], "length_penalty": -1}, None, 422, "length_penalty"),
+    ({"text": ["ok"], "colour": "red"}, None, 422, "colour"),
+    ({}, None, 422, "text"),
+    ({"text": ["x"] * 9}, None, 413, "too many lines: 9 (at most 8"),
+    ({"text": ["x" * 201]}, None, 413, "text[0] has 201 characters (at most 200)"),
+])
+def test_bad_requests_get_a_4xx_and_the_server_keeps_serving(server: Server, body: object, content: bytes | None,
+                                                             status: int, needle: str) -> None:
+    answer = server.post(body, content)
+    assert answer.status_code == status, answer.text
+    assert needle in answer.json()["error"]
+    assert server.post({"text": ["rot"]}).status_code == 200
+
+
+def test_api_key_is_required_when_set(tiny_run_dir: Path) -> None:
+    keyed = Server(tiny_run_dir, env={"MTCLI_API_KEY": KEY})
+    try:
+        assert keyed.post({"text": ["rot"]}).status_code == 401
+        assert keyed.post({"text": ["rot"]}, key="wrong").status_code == 401
+        assert "API key" in keyed.post({"text": ["rot"]}, key="wrong").json()["error"]
+        assert keyed.post({"text": ["rot"]}, key=KEY).status_code == 200
+        assert httpx.get(f"{keyed.url}/health").status_code == 200  # health stays open
+    finally:
+        assert keyed.stop() == 0
+
+
+def test_sigterm_answers_the_request_in_flight_then_exits_0(tiny_run_dir: Path) -> None:
+    server = Server(tiny_run_dir, "--max-lines", "2000", "--batch-wait-ms", "300")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(server.post, {"text": ["ein hund läuft im park"] * 400, "beam": 4})
+        time.sleep(0.5)  # the request is being gathered or decoded
+        server.proc.send_signal(signal.SIGTERM)
+        answer = pending.result(timeout=120)
+    assert answer.status_code == 200 and len(answer.json()["translations"]) == 400
+    assert server.proc.wait(timeout=60) == 0
