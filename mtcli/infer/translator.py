@@ -2,8 +2,7 @@
 
     >>> from mtcli import Translator
     >>> translator = Translator.from_run("data/runs/multi30k_de_en", beam=5)
-    >>> translator.translate(["Ein Hund läuft im Schnee."])
-    ['A dog is running in the snow.']
+    >>> translator.translate(["Ein Hund läuft im Schnee."])  # -> a list with one English line
 
 Every way mtcli decodes goes through this class: ``mtcli translate`` and ``mtcli evaluate``
 build a :class:`Translator` and call :meth:`Translator.stream`, which is
