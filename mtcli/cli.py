@@ -31,6 +31,8 @@ SetOption = Annotated[
     typer.Option("--set", help="Override a config key: section.key=value (repeatable)."),
 ]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")]
+EngineOption = Annotated[str, typer.Option(
+    help="torch (ours) or ctranslate2 (the checkpoint converted once into the run directory).")]
 EnsembleOption = Annotated[
     Optional[list[Path]],  # noqa: UP045 - typer needs Optional here
     typer.Option("--ensemble", help="Decode together with another member: a run directory (its best "
@@ -120,6 +122,7 @@ def evaluate(
     beam: Annotated[Optional[int], typer.Option(help="Beam size (1 = greedy).")] = None,  # noqa: UP045
     output: Annotated[Optional[Path], typer.Option(help="Directory for hypotheses and report.json.")] = None,  # noqa: UP045
     ensemble: EnsembleOption = None,
+    engine: EngineOption = "torch",
     set_: SetOption = None,
     verbose: Verbose = False,
 ) -> None:
@@ -142,6 +145,7 @@ def evaluate(
         overrides=overrides,
         output_dir=output,
         ensemble=list(ensemble or []),
+        engine=engine,
     )
     print(json.dumps(report, indent=2, ensure_ascii=False))
 
@@ -158,6 +162,7 @@ def translate(
     max_tokens: Annotated[Optional[int], typer.Option(help="Token budget per batch.")] = None,  # noqa: UP045
     plot_attention: Annotated[Optional[Path], typer.Option(help="Write cross-attention heatmaps here.")] = None,  # noqa: UP045
     ensemble: EnsembleOption = None,
+    engine: EngineOption = "torch",
     set_: SetOption = None,
     verbose: Verbose = False,
 ) -> None:
@@ -183,6 +188,7 @@ def translate(
         overrides=overrides,
         plot_attention=plot_attention,
         ensemble=list(ensemble or []),
+        engine=engine,
     )
 
 
@@ -231,6 +237,7 @@ def serve(
     max_lines: Annotated[int, typer.Option(help="Most lines a request may send.")] = 64,
     max_chars: Annotated[int, typer.Option(help="Most characters a line may have.")] = 2000,
     batch_wait_ms: Annotated[float, typer.Option(help="How long to gather requests into one batch.")] = 5.0,
+    engine: EngineOption = "torch",
     set_: SetOption = None,
     verbose: Verbose = False,
 ) -> None:
@@ -244,7 +251,8 @@ def serve(
     from mtcli.logs import setup_logging
 
     setup_logging(verbose)
-    translator = Translator.from_run(run_dir, checkpoint, device=device, overrides=list(set_ or []), beam=beam)
+    translator = Translator.from_run(run_dir, checkpoint, device=device, engine=engine,
+                                     overrides=list(set_ or []), beam=beam)
     limits = Limits(max_lines=max_lines, max_chars=max_chars, batch_wait_ms=batch_wait_ms)
     run_server(translator, host=host, port=port, limits=limits, api_key=api_key)
 

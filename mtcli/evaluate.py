@@ -138,6 +138,7 @@ def evaluate(
     overrides: list[str] | None = None,
     output_dir: str | Path | None = None,
     ensemble: Sequence[str | Path] = (),
+    engine: str = "torch",
 ) -> dict[str, Any]:
     """Decode a split (or a ``src_file``/``ref_file`` pair), score it, write hypotheses + report.
 
@@ -150,12 +151,13 @@ def evaluate(
     strings. ``average_last``/``average_best`` average that many checkpoints before decoding.
     ``ensemble``: more members decoded together with that model (run directories or checkpoint
     files, see :func:`mtcli.infer.ensemble.add_members`); the file names then end ``.ensemble<M>``.
-    Returns the report dict.
+    ``engine``: ``torch`` or ``ctranslate2`` (:mod:`mtcli.infer.ct2`). Returns the report dict.
     """
     run_dir = Path(run_dir)
     _check_test_args(split, src_file, ref_file)
     translator = Translator.from_run(run_dir, checkpoint, average_last=average_last,
-                                     average_best=average_best, ensemble=ensemble, overrides=overrides or ())
+                                     average_best=average_best, ensemble=ensemble, engine=engine,
+                                     overrides=overrides or ())
     bundle, decode, device = translator.bundle, translator.decode, translator.device
     src_path, ref_path, name, split = _test_files(run_dir, bundle.config, split, src_file, ref_file)
     sources, references = list(read_lines(src_path)), list(read_lines(ref_path))
@@ -183,6 +185,7 @@ def evaluate(
         "average_last": average_last,
         "average_best": average_best,
         "ensemble": [str(p) for p in ensemble],
+        "engine": engine,
         "decode": dict(vars(decode)),
         "sentences": len(sources),
         "seconds": round(seconds, 3),

@@ -89,6 +89,10 @@ class Tokenizer:
         """Detokenized text of ``ids``; pad, bos and eos are skipped (unk decodes as " ⁇ ")."""
         return self._sp.decode([int(i) for i in ids if int(i) not in SPECIAL_IDS])
 
+    def piece_to_id(self, piece: str) -> int:
+        """The id of a piece (unk's id for a piece the model does not have)."""
+        return int(self._sp.piece_to_id(piece))
+
     def pieces(self, text: str) -> list[str]:
         """Subword pieces of one sentence (for inspection and attention plots)."""
         return self._sp.encode(text, out_type=str)

@@ -96,6 +96,7 @@ def translate_files(
     overrides: list[str] | None = None,
     plot_attention: Path | None = None,
     ensemble: Sequence[str | Path] = (),
+    engine: str = "torch",
 ) -> dict:
     """Translate files (or stdin when ``inputs`` is empty) to ``output`` (or stdout).
 
@@ -107,11 +108,11 @@ def translate_files(
     (e.g. invalid UTF-8 at some input line: :class:`DataError` naming file and line) leaves no
     partial file. ``plot_attention`` writes ``<DIR>/<line:06d>.png`` per non-empty input line.
     ``ensemble``: more members decoded with the run's model (run directories or checkpoint
-    files, see :func:`mtcli.infer.ensemble.add_members`).
+    files, see :func:`mtcli.infer.ensemble.add_members`). ``engine``: ``torch`` or ``ctranslate2``.
     Returns a summary dict (lines, checkpoint, seconds, sentences_per_s, output).
     """
     overrides = list(overrides or [])
-    translator = Translator.from_run(run_dir, checkpoint, ensemble=ensemble, overrides=overrides)
+    translator = Translator.from_run(run_dir, checkpoint, ensemble=ensemble, engine=engine, overrides=overrides)
     decode = translator.decode
     scored = any(o.split("=", 1)[0].strip() == "decode.nbest" for o in overrides)
     stack = contextlib.ExitStack()

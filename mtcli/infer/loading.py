@@ -40,7 +40,9 @@ class InferenceModel:
     state: dict | None = None  # checkpoint metadata (step, valid, ...) without the parameters
 
 
-def _resolve_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:
+def resolve_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:
+    """The file ``checkpoint`` names in ``run_dir``: ``best`` (``last`` when there is no best),
+    ``last``, or a path (as given, or a file name in ``checkpoints/``); CheckpointError if none."""
     directory = checkpoint_dir(run_dir)
     text = str(checkpoint)
     if text in ("best", "last"):
@@ -133,7 +135,7 @@ def load_for_inference(
         name = f"avg_{kind} ({names(paths)})"
         source = f"{paths[0].name}..{paths[-1].name}"
     else:
-        path = _resolve_checkpoint(run_dir, checkpoint)
+        path = resolve_checkpoint(run_dir, checkpoint)
         state = load_checkpoint(path)
         name = f"{path.name} (step {state.get('step', '?')})"
         source = str(path)

@@ -76,7 +76,7 @@ def source_limit(bundle: InferenceModel) -> int:
     return int(bundle.model.max_positions) - 1
 
 
-def _encode_window(tokenizer: Tokenizer, chunk: list[str], limit: int, name: str, offset: int
+def encode_window(tokenizer: Tokenizer, chunk: list[str], limit: int, name: str, offset: int
                    ) -> tuple[dict[int, list[int]], list[list[Translation] | None]]:
     """The source ids of a window's non-empty lines (truncated to ``limit`` with a warning naming
     the line), and the window's results with the empty lines' already filled in."""
@@ -162,8 +162,8 @@ def translate_lines(
 
     offset = 0
     try:
-        for chunk in _windows(lines, window):
-            sources, results = _encode_window(tokenizer, chunk, limit, name, offset)
+        for chunk in line_windows(lines, window):
+            sources, results = encode_window(tokenizer, chunk, limit, name, offset)
             keys = list(sources)
             if on_done is not None and len(chunk) > len(keys):
                 on_done(len(chunk) - len(keys))
@@ -197,7 +197,7 @@ def _ready(results: list[list[Translation] | None], start: int
     return start
 
 
-def _windows(lines: Iterable[str], window: int) -> Iterator[list[str]]:
+def line_windows(lines: Iterable[str], window: int) -> Iterator[list[str]]:
     """``lines`` in lists of ``window`` (the last shorter); an :class:`ArrivingLines` hands over
     what has arrived instead of waiting for a full window."""
     if isinstance(lines, ArrivingLines):

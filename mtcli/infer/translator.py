@@ -30,8 +30,9 @@ from mtcli.config import DecodeConfig
 from mtcli.data.batching import collate, source_batches
 from mtcli.device import autocast
 from mtcli.errors import ConfigError, DataError
+from mtcli.infer.ct2 import ENGINES, CT2Engine, converted_model
 from mtcli.infer.ensemble import Ensemble, add_members, decoding_members
-from mtcli.infer.loading import InferenceModel, load_for_inference
+from mtcli.infer.loading import InferenceModel, load_for_inference, resolve_checkpoint
 from mtcli.infer.quantize import quantize_for_decoding
 from mtcli.infer.translate import (
     Translation,
@@ -70,28 +71,42 @@ def _texts(texts: Any, what: str = "texts") -> list[str]:
 class Translator:
     """A loaded model with its tokenizer, decode settings and device (see the module docstring)."""
 
-    def __init__(self, bundle: InferenceModel, decode: DecodeConfig, device: torch.device | str) -> None:
+    def __init__(self, bundle: InferenceModel, decode: DecodeConfig, device: torch.device | str,
+                 engine: CT2Engine | None = None) -> None:
         self.bundle = bundle
         self.decode = decode
         self.device = torch.device(device)
+        self.engine = engine
         bundle.model.to(self.device).eval()
         self._int8: InferenceModel | None = None
 
     @classmethod
     def from_run(cls, run_dir: str | Path, checkpoint: str | Path = "best", *, device: str = "auto",
                  average_last: int = 0, average_best: int = 0, ensemble: Sequence[str | Path] = (),
-                 overrides: Sequence[str] = (), **settings: Any) -> Translator:
+                 engine: str = "torch", overrides: Sequence[str] = (), **settings: Any) -> Translator:
         """Load ``run_dir``'s checkpoint (``best``, ``last``, a path; or the average of the last
         or best K) for decoding. ``device``: ``auto`` (the first GPU if there is one, the CPU
         under int8), ``cpu``, ``cuda:N``. ``ensemble``: more run directories or checkpoints
         decoded together with it. ``settings``: ``beam``, ``length_penalty``, ``max_tokens``,
         ``nbest``, ``max_len_a``, ``max_len_b``, ``int8``, ``bf16``, ``workers``; ``overrides``:
-        ``decode.*=value`` strings as ``--set`` takes them. Raises :class:`CheckpointError` or
-        :class:`ConfigError` with one line."""
+        ``decode.*=value`` strings as ``--set`` takes them. ``engine``: ``torch`` (ours) or
+        ``ctranslate2`` (:mod:`mtcli.infer.ct2`: the checkpoint converted once into the run
+        directory; one checkpoint file, int8/bf16 fixed here). Raises :class:`CheckpointError`
+        or :class:`ConfigError` with one line."""
+        if engine not in ENGINES:
+            raise ConfigError(f"--engine {engine!r}: unknown (known: {', '.join(ENGINES)})")
+        if engine == "ctranslate2" and (average_last or average_best or ensemble):
+            raise ConfigError("--engine ctranslate2 decodes one checkpoint file, not an average or an "
+                              "ensemble (write the average first: mtcli average RUN --last K -o avg.pt)")
         bundle = load_for_inference(run_dir, checkpoint, average_last=average_last, average_best=average_best)
         bundle = add_members(bundle, ensemble)
         decode = decode_config(bundle.config, [*overrides, *_overrides(settings)]).decode
-        return cls(bundle, decode, decoding_device(decode) if device == "auto" else torch.device(device))
+        where = decoding_device(decode) if device == "auto" else torch.device(device)
+        fast = None
+        if engine == "ctranslate2":
+            model_dir = converted_model(Path(run_dir), resolve_checkpoint(Path(run_dir), checkpoint))
+            fast = CT2Engine(model_dir, bundle, where, decode)
+        return cls(bundle, decode, where, fast)
 
     @property
     def name(self) -> str:
@@ -120,6 +135,12 @@ class Translator:
         """The n-best list of every line of ``lines``, lazily and in order
         (:func:`~mtcli.infer.translate.translate_lines`; ``name`` prefixes truncation warnings,
         ``on_done(n)`` counts finished lines)."""
+        if self.engine is not None:
+            decode = decode or self.decode
+            if (decode.int8, decode.bf16) != (self.decode.int8, self.decode.bf16) or return_attention:
+                raise ConfigError("with --engine ctranslate2, int8/bf16 are chosen when the model is "
+                                  "loaded, and attention is not returned")
+            return self.engine.translate_lines(lines, decode, name=name, on_done=on_done)
         bundle, decode = self._for(decode or self.decode)
         return translate_lines(bundle, lines, decode, self.device, name=name, on_done=on_done,
                                return_attention=return_attention)

@@ -97,3 +97,59 @@ def test_int8_copy_is_made_once(tiny_run_dir: Path) -> None:
 def test_wrong_arguments_say_what_is_wrong(translator: Translator, call, error, message: str) -> None:
     with pytest.raises(error, match=message):
         call(translator)
+
+
+def test_ctranslate2_engine_converts_once_and_equals_ours_for_greedy(tiny_run_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("ctranslate2")
+    import shutil
+
+    from mtcli.infer.ct2 import CT2_DIR
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    ours = Translator.from_run(run, beam=1, device="cpu")
+    theirs = Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2")
+    assert theirs.translate(LINES) == ours.translate(LINES)
+    assert len({line for line in ours.translate(LINES) if line}) > 1, "degenerate: every output alike"
+    converted = sorted((run / CT2_DIR).iterdir())
+    assert len(converted) == 1 and (converted[0] / "model.bin").is_file()
+    stamp = (converted[0] / "model.bin").stat().st_mtime_ns
+    Translator.from_run(run, engine="ctranslate2", device="cpu")  # the same checkpoint: reused
+    assert (converted[0] / "model.bin").stat().st_mtime_ns == stamp
+    best = run / "checkpoints" / "checkpoint_best.pt"  # another checkpoint behind the same name
+    best.unlink()
+    shutil.copyfile(run / "checkpoints" / "checkpoint_10.pt", best)
+    again = Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2")
+    assert sorted((run / CT2_DIR).iterdir()) != converted and len(list((run / CT2_DIR).iterdir())) == 1
+    assert again.translate(LINES) == Translator.from_run(run, beam=1, device="cpu").translate(LINES)
+    beam = theirs.nbest(LINES, n=2, beam=2)  # beam search runs; its ranking may differ (docstring)
+    assert all(len(hyps) == 2 for line, hyps in zip(LINES, beam, strict=True) if line)
+
+
+def test_ctranslate2_engine_refuses_what_it_cannot_do(tiny_run_dir: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown"):
+        Translator.from_run(tiny_run_dir, engine="onnx")
+    with pytest.raises(ConfigError, match="one checkpoint file, not an average"):
+        Translator.from_run(tiny_run_dir, engine="ctranslate2", average_last=2)
+
+
+def test_cli_translate_and_evaluate_take_the_engine(tiny_run_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("ctranslate2")
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    src = tmp_path / "in.txt"
+    src.write_text("".join(f"{line}\n" for line in LINES), encoding="utf-8")
+    outputs = {}
+    for engine in ("torch", "ctranslate2"):
+        cli = subprocess.run([sys.executable, "-m", "mtcli.cli", "translate", str(run), str(src), "--beam", "1",
+                              "--engine", engine], capture_output=True, text=True, timeout=300)
+        assert cli.returncode == 0, cli.stderr
+        outputs[engine] = cli.stdout
+    assert outputs["torch"] == outputs["ctranslate2"]
+    cli = subprocess.run([sys.executable, "-m", "mtcli.cli", "evaluate", str(run), "--beam", "1",
+                          "--engine", "ctranslate2"], capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout)["engine"] == "ctranslate2"

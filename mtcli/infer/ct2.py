@@ -1,0 +1,109 @@
+"""``--engine ctranslate2``: decode a run with CTranslate2 instead of our own search.
+
+The run's checkpoint is converted once (:func:`mtcli.infer.export.export_model`) into
+``<run_dir>/ctranslate2/<sha256 of the checkpoint file, 16 hex digits>/`` and reused while the
+checkpoint is the same file; when it changes (a longer run, another checkpoint) the next use
+converts it again and removes the older conversions. :class:`CT2Engine` then translates lines
+as :func:`mtcli.infer.translate.translate_lines` does: windows of lines, empty lines answered
+without the model, sources truncated to the model's limit with a warning, n-best lists of
+:class:`~mtcli.infer.translate.Translation` in input order.
+
+What matches and what does not:
+
+* greedy search gives our tokens exactly (the model and the argmax are the same; each output is
+  cut at our per-sentence limit ``max_len_a * S + max_len_b``, which CTranslate2 only has per
+  batch);
+* beam search may differ: CTranslate2 normalises a hypothesis' score by ``length^alpha``
+  (``length_penalty``), ours by GNMT's ``((5 + length) / 6)^alpha``, so with alpha > 0 the two
+  can rank finished hypotheses differently; with alpha = 0 both rank by log-probability;
+* ``decode.int8`` maps to ``compute_type="int8"`` and ``decode.bf16`` to ``"bfloat16"``; scores
+  are CTranslate2's (``Translation.logprob`` is its cumulated log-probability).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtcli.config import DecodeConfig
+from mtcli.fileio import sha256_file
+from mtcli.infer.export import export_model, require_ctranslate2
+from mtcli.infer.loading import InferenceModel
+from mtcli.infer.translate import Translation, encode_window, line_windows, source_limit
+from mtcli.logs import get_logger
+
+CT2_DIR = "ctranslate2"
+ENGINES = ("torch", "ctranslate2")
+
+
+def converted_model(run_dir: Path, checkpoint: Path) -> Path:
+    """The CTranslate2 conversion of ``checkpoint`` in ``run_dir/ctranslate2/``, made if needed."""
+    key = sha256_file(checkpoint)[:16]
+    root = Path(run_dir) / CT2_DIR
+    target = root / key
+    if (target / "model.bin").is_file():
+        return target
+    get_logger().info("converting %s for CTranslate2 into %s (once per checkpoint)", checkpoint.name, target)
+    export_model(run_dir, target, checkpoint=str(checkpoint))
+    for old in root.iterdir():
+        if old.is_dir() and old.name != key and not old.name.startswith("."):
+            shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+class CT2Engine:
+    """A ``ctranslate2.Translator`` over a converted run, with the run's tokenizer."""
+
+    def __init__(self, model_dir: Path, bundle: InferenceModel, device: torch.device, decode: DecodeConfig) -> None:
+        ctranslate2 = require_ctranslate2()
+        compute = "int8" if decode.int8 else "bfloat16" if decode.bf16 else "default"
+        self.model_dir = model_dir
+        self.bundle = bundle
+        self.translator = ctranslate2.Translator(
+            str(model_dir), device=device.type, device_index=device.index or 0, compute_type=compute,
+            intra_threads=torch.get_num_threads() if device.type == "cpu" else 0,
+        )
+
+    def translate_lines(self, lines: Iterable[str], decode: DecodeConfig, *, name: str = "input",
+                        window: int = 2000, on_done: Callable[[int], None] | None = None
+                        ) -> Iterator[list[Translation]]:
+        """One n-best list per line of ``lines``, in order (see the module docstring)."""
+        tokenizer, limit, offset = self.bundle.tokenizer, source_limit(self.bundle), 0
+        for chunk in line_windows(lines, window):
+            sources, results = encode_window(tokenizer, chunk, limit, name, offset)
+            keys = list(sources)
+            if keys:
+                batch = [[tokenizer.id_to_piece(i) for i in sources[k]] for k in keys]
+                longest = max(self._limit(len(s), decode) for s in batch)
+                outputs = self.translator.translate_batch(
+                    batch, beam_size=decode.beam_size, num_hypotheses=decode.nbest,
+                    length_penalty=decode.length_penalty, max_decoding_length=longest,
+                    min_decoding_length=0, return_scores=True, max_batch_size=decode.max_tokens,
+                    batch_type="tokens", suppress_sequences=[["<blank>"], ["<s>"]],
+                )
+                for k, pieces, out in zip(keys, batch, outputs, strict=True):
+                    results[k] = self._translations(out, sources[k], self._limit(len(pieces), decode))
+            if on_done is not None:
+                on_done(len(chunk))
+            offset += len(chunk)
+            yield from results  # type: ignore[misc]
+
+    @staticmethod
+    def _limit(source_length: int, decode: DecodeConfig) -> int:
+        return max(1, int(decode.max_len_a * source_length + decode.max_len_b))
+
+    def _translations(self, out: Any, source: list[int], limit: int) -> list[Translation]:
+        tokenizer = self.bundle.tokenizer
+        found = []
+        for pieces, score in zip(out.hypotheses, out.scores, strict=True):
+            ids = [tokenizer.piece_to_id(p) for p in pieces][:limit]
+            found.append(Translation(text=tokenizer.decode(ids), score=float(score), tokens=ids,
+                                     logprob=float(score), source_tokens=source))
+        return found
+
+
+__all__ = ["CT2_DIR", "CT2Engine", "ENGINES", "converted_model"]
