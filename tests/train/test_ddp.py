@@ -84,3 +84,38 @@ def test_two_gloo_processes_with_dropout_resume_exactly(tmp_path: Path, prepared
     assert a.keys() == b.keys()
     for key, value in a.items():
         assert torch.equal(value, b[key]), key
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
+def test_two_nodes_of_one_process_match_one_process(tmp_path: Path, prepared_toy: Path) -> None:
+    """`torchrun --nnodes 2 --nproc-per-node 1` started twice, as on two machines (a c10d
+    rendezvous on 127.0.0.1, gloo): the same parameters as one process on both batches."""
+    run = tmp_path / "nodes"
+    endpoint = f"127.0.0.1:{_free_port()}"
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--rdzv-id=mtcli-test",
+                "-m", "mtcli.cli", "train", str(TOY_CONFIG)]
+    for item in overrides(prepared_toy, run):
+        launcher += ["--set", item]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    nodes = [subprocess.Popen(launcher, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outputs = [node.communicate(timeout=300) for node in nodes]
+    for node, (_, err) in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, err[-3000:]
+    assert "processes 2" in (run / "train.log").read_text(encoding="utf-8")
+    single = tmp_path / "single"
+    train(load_config(TOY_CONFIG, overrides(prepared_toy, single) + ["train.update_freq=2"]))
+    a = load_checkpoint(run / "checkpoints" / "checkpoint_last.pt")
+    b = load_checkpoint(single / "checkpoints" / "checkpoint_last.pt")
+    assert a["step"] == b["step"] == 1 and a["data_state"]["batch"] == 2
+    for key, value in a["model"].items():
+        assert torch.allclose(value, b["model"][key], rtol=1e-5, atol=1e-6), key
