@@ -6,6 +6,15 @@ Usage (from the repository root):
     python bench/bench_prepare.py configs/wmt_news_en_de.yaml
     python bench/bench_prepare.py --scale 4                         # training split repeated 4x:
                                                                     # peak RSS should stay flat
+    python bench/bench_prepare.py configs/wmt14_en_de_base.yaml --floor \
+        --set data.source=/tmp/wmt45/text --set data.hub_config=null   # a WMT-size corpus
+                                                                    # (bench/make_wmt_corpus.py)
+
+``--floor`` also measures, in the same run, what each stage cannot beat: one read of the input
+files (gunzipped, or the parquet/arrow tables read), SentencePiece's own trainer on the same
+cleaned text with the same sample size and threads, its encoder over every line on
+``data.num_workers`` threads, and one write of the same number of bytes; each stage's time is
+printed beside its floor and their ratio.
 
 The cache is built (always from scratch) in a temporary directory that is removed afterwards,
 so the real ``data/prepared/`` is never touched. Peak RSS is ``ru_maxrss`` of this process and,
@@ -34,7 +43,7 @@ class PhaseTimer:
     """Wraps prepare's phases (text writing, SentencePiece training, encoding) with timers."""
 
     def __init__(self) -> None:
-        self.seconds: dict[str, float] = {"read+clean": 0.0, "spm train": 0.0, "encode": 0.0}
+        self.seconds: dict[str, float] = {"read+clean": 0.0, "spm train": 0.0, "encode": 0.0, "write": 0.0}
 
     def wrap(self, name: str, func):
         def timed(*args, **kwargs):
@@ -49,6 +58,7 @@ class PhaseTimer:
     def install(self) -> None:
         prep._write_texts = self.wrap("read+clean", prep._write_texts)
         prep.encode_file = self.wrap("encode", prep.encode_file)
+        prep.ArrayWriter.append = self.wrap("write", prep.ArrayWriter.append)
         original_train = prep.Tokenizer.train
         prep.Tokenizer.train = staticmethod(self.wrap("spm train", original_train))
 
@@ -74,12 +84,80 @@ def scaled_copy(config, scale: int, workdir: Path) -> str:
     return str(out)
 
 
+def _read_floor(config) -> float:
+    """Seconds for one read of every input file (text, .gz, parquet, arrow): for a text
+    directory the config's splits and languages, else every file under the source."""
+    import gzip
+
+    import pyarrow.parquet as pq
+    from pyarrow import ipc
+
+    d = config.data
+    source = open_source(d.source, d.src_lang, d.tgt_lang, d.hub_config)
+    if isinstance(source, TextDirSource):
+        paths = [source.path(split, lang) for split in prep.split_names(d) for lang in (d.src_lang, d.tgt_lang)]
+    else:
+        paths = sorted(Path(d.source).rglob("*"))
+    start = time.perf_counter()
+    for path in paths:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as handle:
+                while handle.read(1 << 22):
+                    pass
+        elif path.suffix == ".parquet":
+            pq.read_table(path)
+        elif path.suffix == ".arrow":
+            with open(path, "rb") as handle:
+                ipc.open_stream(handle).read_all()
+        elif path.is_file() and path.suffix not in (".json",):
+            with open(path, "rb") as handle:
+                while handle.read(1 << 22):
+                    pass
+    return time.perf_counter() - start
+
+
+def floors(config, cache: Path, workdir: Path) -> dict[str, float]:
+    """What each stage cannot beat, measured on this machine now (see the module docstring)."""
+    import numpy as np
+    import sentencepiece as spm
+
+    from mtcli.data.textio import read_lines
+
+    d = config.data
+    texts = [cache / f"{d.train_split}.{lang}.txt" for lang in (d.src_lang, d.tgt_lang)]
+    out: dict[str, float] = {"read+clean": _read_floor(config)}
+    start = time.perf_counter()
+    spm.SentencePieceTrainer.train(
+        input=",".join(map(str, texts)), model_prefix=str(workdir / "floor"), vocab_size=d.vocab_size,
+        model_type=d.spm_model_type, character_coverage=d.character_coverage,
+        input_sentence_size=d.spm_max_sentences, shuffle_input_sentence=True, pad_id=0, unk_id=1,
+        bos_id=2, eos_id=3, num_threads=max(1, d.num_workers), minloglevel=2)
+    out["spm train"] = time.perf_counter() - start
+    processor = spm.SentencePieceProcessor(model_file=str(cache / "spm.model"))
+    encode = total = 0.0
+    pieces = 0
+    for path in sorted(cache.glob("*.txt")):
+        lines = list(read_lines(path))
+        start = time.perf_counter()
+        for i in range(0, len(lines), 100_000):
+            pieces += sum(map(len, processor.encode(lines[i:i + 100_000], num_threads=max(1, d.num_workers))))
+        encode += time.perf_counter() - start
+    out["encode"] = encode
+    blob = np.zeros(pieces, dtype=np.uint16 if processor.get_piece_size() < 65536 else np.uint32)
+    start = time.perf_counter()
+    blob.tofile(workdir / "floor.bin")
+    total = time.perf_counter() - start
+    out["write"] = total
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", default="configs/multi30k_de_en.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value")
     parser.add_argument("--scale", type=int, default=1, help="repeat the training split N times")
     parser.add_argument("--verbose", action="store_true", help="show mtcli's log lines")
+    parser.add_argument("--floor", action="store_true", help="measure each stage's floor in the same run")
     args = parser.parse_args()
 
     setup_logging(verbose=False)
@@ -105,6 +183,8 @@ def main() -> None:
 
         rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         rss_child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        floor = floors(config, report.directory, workdir) if args.floor else {}
+        timer.seconds["encode"] -= timer.seconds["write"]  # appends happen inside encode_file
         train = report.counts[config.data.train_split]
         tokens = sum(sum(t.values()) for t in report.tokens.values())
         d = config.data
@@ -115,7 +195,8 @@ def main() -> None:
             ("train pairs read / kept", f"{train['read']} / {train['kept']}"),
             ("tokens encoded (all splits)", f"{tokens}"),
             ("wall time, full prepare", f"{total:.2f} s"),
-            *((f"  {name}", f"{sec:.2f} s") for name, sec in timer.seconds.items()),
+            *((f"  {name}", f"{sec:.2f} s" + (f"  (floor {floor[name]:.2f} s, {sec / max(floor[name], 1e-9):.2f}x)"
+                                               if name in floor else "")) for name, sec in timer.seconds.items()),
             ("  other (hash, manifest, checks)", f"{total - sum(timer.seconds.values()):.2f} s"),
             ("train pairs / s", f"{train['read'] / total:,.0f}"),
             ("wall time, no-op re-run", f"{noop:.2f} s"),
