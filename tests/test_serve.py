@@ -144,3 +144,25 @@ def test_sigterm_answers_the_request_in_flight_then_exits_0(tiny_run_dir: Path) 
         answer = pending.result(timeout=120)
     assert answer.status_code == 200 and len(answer.json()["translations"]) == 400
     assert server.proc.wait(timeout=60) == 0
+
+
+def test_a_failure_while_decoding_is_a_500_and_the_server_keeps_serving(tiny_run_dir: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from mtcli.serve import create_app
+
+    translator = Translator.from_run(tiny_run_dir, beam=2, device="cpu")
+    real = translator.translate
+
+    def flaky(lines: list[str], **settings: object) -> list[str]:
+        if "explode" in lines:
+            raise RuntimeError("out of memory\nwhile decoding")
+        return real(lines, **settings)
+
+    translator.translate = flaky  # type: ignore[method-assign]
+    with TestClient(create_app(translator)) as client:
+        broken = client.post("/translate", json={"text": ["explode"]})
+        assert broken.status_code == 500
+        assert broken.json()["error"] == "translation failed: out of memory while decoding"
+        fine = client.post("/translate", json={"text": ["rot"]})
+        assert fine.status_code == 200 and fine.json()["translations"] == real(["rot"])
