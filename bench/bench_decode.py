@@ -66,6 +66,9 @@ VARIANTS: dict[str, tuple[str, int, dict]] = {
     "ct2-beam5-fp32": ("ct2", 5, {"compute_type": "float32"}),
     "ct2-greedy-int8": ("ct2", 1, {"compute_type": "int8"}),
     "ct2-beam5-int8": ("ct2", 5, {"compute_type": "int8"}),
+    # latency as a server sees it: one sentence per call, p50/p99 over the input
+    "torch-beam5-latency": ("torch", 5, {"use_cache": True, "bf16": False, "batch": 1}),
+    "ct2-beam5-latency": ("ct2", 5, {"compute_type": "float32", "batch": 1}),
 }
 
 
@@ -80,13 +83,22 @@ def _time_batches(run, batches: list[list[int]], workers: int = 1) -> dict:
 
     run(batches[0])
     start = time.perf_counter()
+    each: list[float] = []
     if workers > 1:
         with ThreadPoolExecutor(workers) as pool:
             tokens = sum(pool.map(run, batches))
     else:
-        tokens = sum(run(batch) for batch in batches)
-    return {"seconds": time.perf_counter() - start, "output_tokens": tokens,
-            "peak_rss_mb": _peak_rss_mb()}
+        tokens = 0
+        for batch in batches:
+            began = time.perf_counter()
+            tokens += run(batch)
+            each.append(time.perf_counter() - began)
+    result = {"seconds": time.perf_counter() - start, "output_tokens": tokens, "peak_rss_mb": _peak_rss_mb()}
+    if each and len(batches[0]) == 1:  # one sentence a call: its latency distribution
+        each.sort()
+        result["p50_ms"] = round(1000 * each[len(each) // 2], 1)
+        result["p99_ms"] = round(1000 * each[min(len(each) - 1, int(0.99 * len(each)))], 1)
+    return result
 
 
 def _batches(lengths: list[int], size: int) -> list[list[int]]:
@@ -340,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         "torch beam5 2 workers / ct2 fp32 beam5 2 workers": ratio("torch-beam5-cache-w2", "ct2-beam5-fp32-w2"),
         "torch beam5 int8 2 workers / ct2 fp32 beam5 2 workers": ratio("torch-beam5-cache-int8-w2", "ct2-beam5-fp32-w2"),
         "torch greedy / ct2 fp32 greedy (tokens/s)": ratio("torch-greedy-cache", "ct2-greedy-fp32"),
+        "torch beam5 / ct2 fp32 beam5, one sentence a call (tokens/s)": ratio("torch-beam5-latency",
+                                                                             "ct2-beam5-latency"),
     }
     header = f"{'variant':26s} {'sent/s':>8s} {'tok/s':>9s} {'out tok':>8s} {'sec':>7s} {'RSS MB':>7s}"
     print(header)
@@ -348,8 +362,9 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in r:
             print(f"{r['variant']:26s} error: {r['error']}")
             continue
+        latency = f"  p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms" if "p50_ms" in r else ""
         print(f"{r['variant']:26s} {r['sentences_per_s']:8.1f} {r['tokens_per_s']:9.1f} "
-              f"{r['output_tokens']:8d} {r['seconds']:7.2f} {r['peak_rss_mb']:7.1f}")
+              f"{r['output_tokens']:8d} {r['seconds']:7.2f} {r['peak_rss_mb']:7.1f}{latency}")
     for key, value in comparisons.items():
         if value is not None:
             print(f"{key}: {value}x")
