@@ -25,6 +25,7 @@ machine; record them with the date and machine in bench/NOTES.md.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import resource
 import shutil
@@ -158,6 +159,7 @@ def main() -> None:
     parser.add_argument("--scale", type=int, default=1, help="repeat the training split N times")
     parser.add_argument("--verbose", action="store_true", help="show mtcli's log lines")
     parser.add_argument("--floor", action="store_true", help="measure each stage's floor in the same run")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
 
     setup_logging(verbose=False)
@@ -203,6 +205,11 @@ def main() -> None:
             ("peak RSS, main process", f"{rss_self:.0f} MiB"),
             ("peak RSS, largest worker", f"{rss_child:.0f} MiB" if rss_child else "n/a (in-process)"),
         ]
+        if args.json is not None:
+            args.json.write_text(json.dumps({
+                "pairs_read": train["read"], "pairs_kept": train["kept"], "seconds": total,
+                "stages": timer.seconds, "floors": floor, "noop_seconds": noop,
+                "peak_rss_mb": rss_self, "peak_rss_worker_mb": rss_child}, indent=2) + "\n")
         width = max(len(k) for k, _ in rows)
         print(f"{'metric':<{width}}  value")
         print(f"{'-' * width}  {'-' * 30}")
