@@ -75,6 +75,27 @@ def train_row(config: Path, source: Path, cache: Path, steps: int, resume: int) 
     return figures
 
 
+def prepare_cells(r: dict) -> list[str]:
+    stages = [f"{r['stages'][k]:.1f} ({r['floors'].get(k, float('nan')):.1f})"
+              for k in ("read+clean", "spm train", "encode", "write")]
+    return [f"{r['seconds']:.1f}", *stages, f"{max(r['peak_rss_mb'], r['peak_rss_worker_mb']):.0f}",
+            f"{r['noop_seconds']:.2f}"]
+
+
+def train_cells(r: dict) -> list[str]:
+    return [f"{r['command_to_first_step_s']:.1f}", f"{r['corpus_mb']:.0f}", f"{r['model_mb']:.0f}",
+            f"{r['optimizer_mb']:.0f}", f"{r['peak_rss_mb']:.0f}", f"{r['tokens_per_s']:.0f}",
+            f"{r['epoch_boundary_s']:.2f}", str(r.get("exact_resume", "–"))]
+
+
+def print_table(header: list[str], rows: dict, cells) -> None:
+    """A markdown table: one row per measurement, or its error."""
+    print("\n| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for name, r in rows.items():
+        print(f"| {name} | error: {r['error']} |" if "error" in r else f"| {name} | {' | '.join(cells(r))} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, required=True, help="scratch directory (tens of GB at 4.5M)")
@@ -104,27 +125,10 @@ def main() -> int:
             rows["train"][f"{size} {label}"] = train_row(config, corpus / "text", args.work / f"cache_{size}",
                                                          args.steps, resume)
             print(json.dumps({f"train {size} {label}": rows["train"][f"{size} {label}"]}), flush=True)
-    print("\n| pairs form | prepare s | read+clean (floor) | spm (floor) | encode (floor) | write (floor) "
-          "| peak RSS MB | no-op s |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, r in rows["prepare"].items():
-        if "error" in r:
-            print(f"| {name} | error: {r['error']} |")
-            continue
-        cells = " | ".join(f"{r['stages'][k]:.1f} ({r['floors'].get(k, float('nan')):.1f})"
-                           for k in ("read+clean", "spm train", "encode", "write"))
-        print(f"| {name} | {r['seconds']:.1f} | {cells} | {max(r['peak_rss_mb'], r['peak_rss_worker_mb']):.0f} "
-              f"| {r['noop_seconds']:.2f} |")
-    print("\n| pairs shape | command to first step s | corpus MB | model MB | optimizer MB | peak RSS MB "
-          "| tok/s | epoch boundary s | exact resume |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, r in rows["train"].items():
-        if "error" in r:
-            print(f"| {name} | error: {r['error']} |")
-            continue
-        print(f"| {name} | {r['command_to_first_step_s']:.1f} | {r['corpus_mb']:.0f} | {r['model_mb']:.0f} | "
-              f"{r['optimizer_mb']:.0f} | {r['peak_rss_mb']:.0f} | {r['tokens_per_s']:.0f} | "
-              f"{r['epoch_boundary_s']:.2f} | {r.get('exact_resume', '–')} |")
+    print_table(["pairs form", "prepare s", "read+clean (floor)", "spm (floor)", "encode (floor)",
+                 "write (floor)", "peak RSS MB", "no-op s"], rows["prepare"], prepare_cells)
+    print_table(["pairs shape", "command to first step s", "corpus MB", "model MB", "optimizer MB",
+                 "peak RSS MB", "tok/s", "epoch boundary s", "exact resume"], rows["train"], train_cells)
     out = BENCH / "results" / f"scale_{time.strftime('%Y%m%d_%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=2) + "\n")

@@ -117,7 +117,7 @@ def translate_files(
     scored = any(o.split("=", 1)[0].strip() == "decode.nbest" for o in overrides)
     stack = contextlib.ExitStack()
     sources = open_inputs(inputs, stack)
-    regular = bool(inputs) and all(_is_regular(Path(p)) for p in inputs)
+    regular = bool(inputs) and not any(isinstance(lines, ArrivingLines) for _, lines in sources)
     total = sum(count_lines(p) for p in inputs) if regular else None
     bar = progress(total=total, enabled=bool(inputs), unit="line", desc="translate")
     n_lines = 0

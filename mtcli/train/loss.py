@@ -64,7 +64,7 @@ BLOCK_BYTES = 1 << 22
 
 #: Floor for the argument of every ``exp`` here. torch's float32 ``exp`` on a CPU leaves its
 #: vectorised path for arguments below about -87 (where ``exp`` leaves float32's normal range)
-#: and runs 20-70x slower on them. Without label smoothing a trained model's shifted logits
+#: and runs many times slower on them. Without label smoothing a trained model's shifted logits
 #: reach there for much of the vocabulary; with smoothing 0.1 they stay above about -20.
 #: ``exp(-80) = 1.8e-35``: a probability floored there changes a sum over 10^4 pieces by less
 #: than 10^-30.
