@@ -1,7 +1,8 @@
 """``make reproduce``: prepare -> train -> average checkpoints -> evaluate, then the BLEU table.
 
 Run one recipe with ``python -m mtcli.reproduce de_en [--data DIR] [--seeds 1,2,3]`` (``en_de``,
-or ``wmt_news_en_de`` for the WMT news smoke benchmark). With ``--seeds`` every seed trains its
+or ``wmt_news_en_de`` for the WMT news smoke benchmark). Seeds run apart (one per machine, each
+``--seeds N --results DIR``) are combined into the table with ``--merge DIR...``. With ``--seeds`` every seed trains its
 own run (``train.seed``, run directory ``<run_dir>-seed<N>``) and is scored on its own; the
 direction's row holds the mean of each score, its sample standard deviation (``<score>_std``) and
 every seed's row under ``seeds``. Results are merged into ``results/<table>.json`` (``multi30k``
@@ -360,6 +361,28 @@ def run_seeds(config_path: str, data_dir: str | None, extra: list[str], seeds: l
     return combine_seeds(rows)
 
 
+def merge_seed_results(paths: list[Path], row_key: str, table_name: str) -> dict[str, Any]:
+    """One direction's row from results files written by separate runs of the same recipe (for
+    example one seed per machine, each with ``--results DIR``): every seed row of ``row_key`` in
+    ``paths`` (``DIR`` or ``DIR/<table>.json``), combined as :func:`combine_seeds` does."""
+    rows: dict[int, dict[str, Any]] = {}
+    for path in paths:
+        file = path / f"{table_name}.json" if path.is_dir() else path
+        try:
+            row = json.loads(file.read_text(encoding="utf-8"))[row_key]
+        except FileNotFoundError:
+            raise ConfigError(f"{file}: results file not found") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{file}: not a results file ({exc})") from None
+        except KeyError:
+            raise ConfigError(f"{file}: no {row_key!r} row") from None
+        for seed, seed_row in (row.get("seeds") or {str(row["seed"]): row}).items():
+            if int(seed) in rows:
+                raise ConfigError(f"{file}: seed {seed} of {row_key!r} is in two of the merged files")
+            rows[int(seed)] = seed_row
+    return combine_seeds(rows)
+
+
 def _scores(report: dict[str, Any]) -> dict[str, Any]:
     return {key: report[key] for key in (*SCORES, "sentences")}
 
@@ -443,6 +466,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default=None,
                         help="train and score each of these seeds (e.g. 1,2,3), each in RUN_DIR-seed<N>; "
                              "the row holds their mean, standard deviation and each seed's scores")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="RESULTS",
+                        help="train nothing: combine the seed rows of results directories (or "
+                             "<table>.json files) written by separate runs, e.g. one seed per machine")
     parser.add_argument("--valid-only", action="store_true",
                         help="tuning run: choose on val and stop; the test split is not decoded and "
                              "no results table is written (val scores go to RUN_DIR/tuning.json)")
@@ -451,7 +477,9 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
     try:
         recipe, table_name, row_key = RECIPES[args.direction]
-        if row_key == ADAPTED_ROW and not args.valid_only:
+        if args.merge:
+            row = merge_seed_results(args.merge, row_key, table_name)
+        elif row_key == ADAPTED_ROW and not args.valid_only:
             row = run_adaptation(args.config or recipe, args.overrides)
         else:
             row = run_seeds(args.config or recipe, args.data, args.overrides, _parse_seeds(args.seeds),

@@ -196,3 +196,31 @@ def test_bad_seeds_are_one_line_errors(text: str, capsys) -> None:
 
     assert main(["de_en", "--seeds", text]) == 2
     assert "--seeds" in capsys.readouterr().err
+
+
+def _seed_file(directory: Path, seed: int, bleu_lc: float) -> Path:
+    """A results directory as ``reproduce de_en --seeds <seed> --results DIR`` leaves it."""
+    row = dict(ROW, seed=seed, bleu_lc=bleu_lc, train_steps=8000, average_last=2, length_penalty=1.0,
+               decode="beam 5, length penalty 1, average of the last 2 checkpoints (both chosen on val)")
+    write_results({"de-en": {**row, "seeds": {str(seed): row}}}, results_dir=directory, readme=directory / "none")
+    return directory
+
+
+def test_merge_combines_seeds_run_apart_and_refuses_a_seed_twice(tmp_path: Path, capsys) -> None:
+    from mtcli.reproduce import main
+
+    one, two = _seed_file(tmp_path / "one", 1, 40.0), _seed_file(tmp_path / "two", 2, 42.0)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{MARK_START}\n{MARK_END}\n", encoding="utf-8")
+    out = tmp_path / "results"
+    assert main(["de_en", "--merge", str(one), str(two / "multi30k.json"), "--results", str(out),
+                 "--readme", str(readme)]) == 0
+    row = json.loads((out / "multi30k.json").read_text())["de-en"]
+    assert sorted(row["seeds"]) == ["1", "2"] and row["bleu_lc"] == pytest.approx(41.0)
+    assert row["bleu_lc_std"] == pytest.approx(2 ** 0.5)
+    assert "| 40.00 / 42.00 |" in readme.read_text()
+    capsys.readouterr()
+    assert main(["de_en", "--merge", str(one), str(one), "--results", str(out)]) == 2
+    assert "seed 1" in capsys.readouterr().err
+    assert main(["en_de", "--merge", str(one), "--results", str(out)]) == 2
+    assert "no 'en-de' row" in capsys.readouterr().err
