@@ -11,6 +11,10 @@ bench/make_wmt_corpus.py), in one process:
   again in the memory the first one freed); the peak over ``--steps`` steps (activations and the
   optimiser's moments on top). Model and optimiser bytes are also counted from their tensors;
 * **tokens/s** over the steps after the first;
+* **data wait**: the part of each step spent taking the next batches from the stream, while the
+  device waits (CPU and GPU alike);
+* **on a GPU**: peak GPU memory, the FLOPs per target token of a step (torch's FlopCounterMode)
+  and the rate they give, against a bf16 matrix product's rate measured in the same run;
 * **epoch boundary**: the seconds to build one epoch's batch list (shuffle and token-budget
   batching over every pair), what the step that crosses an epoch pays;
 * **exact resume** (``--resume-steps K``): K steps, stop, resume for K more in a new trainer,
@@ -97,10 +101,14 @@ def measure(config, run_dir: Path, steps: int) -> dict:
     batches = trainer.stream.epoch_batches(0)  # the first epoch's list: what a boundary builds
     out["epoch_boundary_s"] = time.perf_counter() - start
     out.update(pairs=pairs, batches_per_epoch=len(batches), rss_with_epoch_list_mb=rss_mb())
-    peak, tokens, timed = out["rss_with_epoch_list_mb"], 0.0, 0.0
+    peak, tokens, timed, waited = out["rss_with_epoch_list_mb"], 0.0, 0.0, 0.0
     for step in range(steps):
         start = time.perf_counter()
-        stats = trainer.train_step(trainer.stream.next_group())
+        group = trainer.stream.next_group()  # the data path: the device has nothing to do meanwhile
+        fetched = time.perf_counter()
+        stats = trainer.train_step(group)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         if step == 0:
             out["first_step_s"] = seconds
@@ -108,11 +116,49 @@ def measure(config, run_dir: Path, steps: int) -> dict:
         elif stats is not None:
             tokens += stats["tokens"]
             timed += seconds
+            waited += fetched - start
         peak = max(peak, rss_mb())
     state = [t for s in trainer.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
     out.update(optimizer_mb=tensor_mb(state), peak_rss_mb=peak, rss_after_steps_mb=rss_mb(),
-               tokens_per_s=tokens / timed if timed else float("nan"), steps=steps)
+               tokens_per_s=tokens / timed if timed else float("nan"), steps=steps,
+               data_wait_ms_per_step=1000 * waited / max(steps - 1, 1),
+               data_wait_share=waited / timed if timed else float("nan"))
+    if device.type == "cuda":
+        out.update(gpu_efficiency(trainer, device, out["tokens_per_s"]))
     return out
+
+
+def matmul_peak_tflops(device: torch.device, n: int = 8192, repeats: int = 10) -> float:
+    """What this GPU's bf16 matrix product reaches here: an n x n x n product, timed."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e12
+
+
+def gpu_efficiency(trainer: Trainer, device: torch.device, tokens_per_s: float) -> dict:
+    """Peak GPU memory, and the training FLOP rate against the bf16 matmul peak measured here.
+
+    The FLOPs of one more step are counted by torch's FlopCounterMode (forward and backward
+    matrix products and attention), per target token; times tokens/s that is the rate reached."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        stats = trainer.train_step(trainer.stream.next_group())
+    per_token = counter.get_total_flops() / max(stats["tokens"] if stats else 1.0, 1.0)
+    peak = matmul_peak_tflops(device)
+    reached = per_token * tokens_per_s / 1e12
+    return {"gpu": torch.cuda.get_device_name(device),
+            "gpu_peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30,
+            "train_flops_per_target_token": per_token, "train_tflops": reached,
+            "bf16_matmul_peak_tflops": peak, "share_of_bf16_peak": reached / peak}
 
 
 def exact_resume(config_path: str, overrides: list[str], work: Path, k: int) -> bool:

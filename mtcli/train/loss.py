@@ -62,6 +62,11 @@ class LossOutput:
 #: while blocks stay large enough that per-op overhead is small (bench/NOTES.md).
 BLOCK_BYTES = 1 << 22
 
+#: The same on a GPU, where a block's passes are kernel launches and the cache argument does not
+#: hold: 4 MiB would be 28 rows of a 37k vocabulary, over a thousand launches for one batch's
+#: loss. Up to 2 GiB of float32 rows go at once, which is every row of any usual batch.
+GPU_BLOCK_BYTES = 1 << 31
+
 #: Floor for the argument of every ``exp`` here. torch's float32 ``exp`` on a CPU leaves its
 #: vectorised path for arguments below about -87 (where ``exp`` leaves float32's normal range)
 #: and runs many times slower on them. Without label smoothing a trained model's shifted logits
@@ -95,7 +100,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         mean = torch.empty(n, dtype=torch.float32, device=logits.device) if epsilon > 0 else None
         grad = torch.empty_like(logits) if need_grad else None
         in_place = grad is not None and grad.dtype == torch.float32  # p is built in grad itself
-        rows = max(1, BLOCK_BYTES // (4 * vocab))
+        rows = max(1, (GPU_BLOCK_BYTES if logits.is_cuda else BLOCK_BYTES) // (4 * vocab))
         local = torch.arange(min(rows, n), device=logits.device)
         for start in range(0, n, rows):
             stop = min(n, start + rows)
