@@ -119,6 +119,7 @@ class DecodeConfig:
 
     beam_size: int = 5
     length_penalty: float = 1.0
+    length_penalty_limit: float = 0.0  # the penalty counts length up to this x the source's (0: all)
     max_len_a: float = 1.2
     max_len_b: int = 10
     max_tokens: int = 4096

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from mtcli.config import DecodeConfig
+from mtcli.errors import ConfigError
 from mtcli.fileio import sha256_file
 from mtcli.infer.export import export_model, require_ctranslate2
 from mtcli.infer.loading import InferenceModel
@@ -72,6 +73,9 @@ class CT2Engine:
                         window: int = 2000, on_done: Callable[[int], None] | None = None
                         ) -> Iterator[list[Translation]]:
         """One n-best list per line of ``lines``, in order (see the module docstring)."""
+        if decode.length_penalty_limit > 0:
+            raise ConfigError("decode.length_penalty_limit is not available with --engine ctranslate2 "
+                              "(set it to 0, or decode with --engine torch)")
         tokenizer, limit, offset = self.bundle.tokenizer, source_limit(self.bundle), 0
         for chunk in line_windows(lines, window):
             sources, results = encode_window(tokenizer, chunk, limit, name, offset)

@@ -7,7 +7,12 @@ Scoring. A hypothesis ``y = y_1..y_n`` (eos excluded) has
 ``logprob = sum_t log p(y_t | y_<t, x) + log p(eos | y, x)`` and
 ``score = logprob / lp(n + 1)`` with the GNMT length penalty (Wu et al., 2016)
 ``lp(L) = ((5 + L) / 6) ** alpha`` (``alpha = length_penalty``; 0 means no penalty, score =
-logprob). The length ``L`` counts eos. Pad and bos are never produced (their log-probability is
+logprob). The length ``L`` counts eos. With ``length_penalty_limit = r > 0`` the penalty counts
+the length only up to ``r * (m + 1)`` for a source of ``m`` tokens (eos counted on both sides):
+``lp(min(L, r (m + 1)))``. A large alpha then still lifts outputs of a plausible length against
+too-short ones, but no longer pays for padding a short input past that length ("A man." ->
+"Ein Mann auf einem Mann."); beyond it every token only costs its log-probability.
+Pad and bos are never produced (their log-probability is
 set to -inf before choosing; the log-probabilities of the chosen tokens are the model's own).
 
 Length. A source of ``m`` tokens (eos excluded) gets at most ``max_len = int(a*m + b)`` output
@@ -18,7 +23,8 @@ layout. Each step looks at the best ``2*beam`` extensions: an extension by eos t
 the best ``beam`` is finished; the best ``beam`` extensions by other tokens stay live. A sentence
 is done once it has ``nbest`` finished hypotheses and no live one can beat the ``nbest``-th:
 log-probabilities only fall as a hypothesis grows and, with ``alpha >= 0``, ``lp`` only grows, so
-a live hypothesis can at best reach ``logprob / lp(max_len + 1)``. (With ``alpha < 0`` the
+a live hypothesis can at best reach ``logprob / lp(max_len + 1)`` (or ``lp`` of the limited
+length). (With ``alpha < 0`` the
 bound does not hold and the search runs to the length limit.) Done sentences leave the batch at
 once (their rows are dropped from the decoder cache), so the batch shrinks as it decodes.
 
@@ -61,6 +67,16 @@ def length_penalty_factor(length: int | Tensor, alpha: float) -> float | Tensor:
     if alpha == 0.0:
         return 1.0 if isinstance(length, int) else torch.ones_like(length, dtype=torch.float32)
     return ((5.0 + length) / 6.0) ** alpha
+
+
+def penalty_lengths(src: Tensor, limit: float, max_lens: Tensor) -> Tensor:
+    """Per row: the longest length (eos included) the length penalty counts,
+    ``ceil(limit * (m + 1))`` for a source of ``m`` tokens, or ``max_len + 1`` (every length a
+    hypothesis can have) when ``limit`` is 0."""
+    if limit <= 0:
+        return max_lens + 1
+    m = src.ne(PAD_ID).sum(1) - 1
+    return (limit * (m.clamp(min=0).double() + 1)).ceil().long().clamp(min=1)
 
 
 def max_output_lengths(src: Tensor, a: float, b: int, max_positions: int) -> Tensor:
@@ -278,7 +294,7 @@ class _StepDecoder:
 
 def _greedy(
     models: list[Transformer], encs: list[EncoderOutput], max_lens: Tensor, alpha: float,
-    use_cache: bool, ensemble_mode: str = "linear",
+    use_cache: bool, ensemble_mode: str = "linear", counted: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Greedy search: the most probable token at each step until eos or the length limit."""
     n, device = max_lens.numel(), max_lens.device
@@ -288,6 +304,7 @@ def _greedy(
     seq = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
     logprob = torch.zeros(n, dtype=torch.float32, device=device)
     limits = max_lens
+    counted_lengths = (max_lens + 1 if counted is None else counted).tolist()
     for step in range(int(max_lens.max()) + 1):
         token, best = decoder.scores(seq, limits.eq(step)).greedy()
         logprob = logprob + best
@@ -297,9 +314,9 @@ def _greedy(
             continue
         for row in finished.nonzero()[:, 0].tolist():
             tokens = seq[row, 1:-1].tolist()
-            lp = float(logprob[row])
-            score = lp / length_penalty_factor(len(tokens) + 1, alpha)
-            results[int(sentence[row])] = [Hypothesis(tokens, score, lp)]
+            lp, original = float(logprob[row]), int(sentence[row])
+            score = lp / length_penalty_factor(min(len(tokens) + 1, counted_lengths[original]), alpha)
+            results[original] = [Hypothesis(tokens, score, lp)]
         keep = (~finished).nonzero()[:, 0]
         if keep.numel() == 0:
             break
@@ -311,8 +328,10 @@ def _greedy(
 def _beam_search(
     models: list[Transformer], encs: list[EncoderOutput], max_lens: Tensor, alpha: float,
     use_cache: bool, beam_size: int, nbest: int, ensemble_mode: str = "linear",
+    counted: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
-    """Beam search (see the module docstring), ``beam_size`` hypotheses per sentence."""
+    """Beam search (see the module docstring), ``beam_size`` hypotheses per sentence;
+    ``counted``: per sentence, the longest length the length penalty counts (None: any)."""
     n, k, device = max_lens.numel(), beam_size, max_lens.device
     finished: list[list[Hypothesis]] = [[] for _ in range(n)]
     # The first step runs one row per sentence (all its beams would be equal); the first
@@ -322,7 +341,9 @@ def _beam_search(
     seq = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
     scores = torch.zeros((n, 1), device=device)  # [sentences, live beams]
     limits = max_lens
-    bound_lp = length_penalty_factor(max_lens + 1, alpha) if alpha >= 0 else None
+    counted = max_lens + 1 if counted is None else torch.minimum(counted, max_lens + 1)
+    counted_lengths = counted.tolist()
+    bound_lp = length_penalty_factor(counted, alpha) if alpha >= 0 else None
     for step in range(int(max_lens.max()) + 1):
         m, b = scores.shape
         scored = decoder.scores(seq, limits.eq(step).repeat_interleave(b))
@@ -336,9 +357,9 @@ def _beam_search(
             for s, j in done_now.nonzero().tolist():
                 row = s * b + int(top_beam[s, j])
                 tokens = seq[row, 1:].tolist()
-                lp = float(top_scores[s, j])
-                score = lp / length_penalty_factor(len(tokens) + 1, alpha)
-                finished[int(sentence[s])].append(Hypothesis(tokens, score, lp))
+                lp, original = float(top_scores[s, j]), int(sentence[s])
+                score = lp / length_penalty_factor(min(len(tokens) + 1, counted_lengths[original]), alpha)
+                finished[original].append(Hypothesis(tokens, score, lp))
 
         # live: the best k extensions by a token other than eos (at most k of 2k are eos)
         live = ~is_eos & (~is_eos).cumsum(dim=1).le(k)
@@ -402,6 +423,7 @@ def generate(
     *,
     beam_size: int = 1,
     length_penalty: float = 0.0,
+    length_penalty_limit: float = 0.0,
     max_len_a: float = 1.2,
     max_len_b: int = 10,
     nbest: int = 1,
@@ -412,7 +434,8 @@ def generate(
     """Translate a padded source batch: one n-best list (best first) per row of ``src``.
 
     ``src [B, S]`` holds ids + eos, right-padded with pad (0), on the model's device. Greedy when
-    ``beam_size == 1``; ``length_penalty`` is GNMT's alpha; at most ``int(max_len_a * m +
+    ``beam_size == 1``; ``length_penalty`` is GNMT's alpha, counting the length up to
+``length_penalty_limit`` times the source's (0: no limit; see the module docstring); at most ``int(max_len_a * m +
     max_len_b)`` tokens before eos for a source of ``m`` tokens. ``use_cache=False`` reruns the
     decoder over the whole prefix each step (same results, slower). ``return_attention`` fills
     :attr:`Hypothesis.attention` (one extra teacher-forced pass; an ensemble's first member's).
@@ -430,6 +453,8 @@ def generate(
                           f"{2 * beam_size} pieces")
     if ensemble_mode not in ("linear", "log_linear"):
         raise ConfigError(f"decode.ensemble_mode must be linear or log_linear, got {ensemble_mode!r}")
+    if length_penalty_limit < 0:
+        raise ConfigError(f"decode.length_penalty_limit must be >= 0 (0: no limit), got {length_penalty_limit}")
     if src.dim() != 2:
         raise ValueError(f"generate expects src [B, S], got shape {list(src.shape)}")
     if src.size(0) == 0:
@@ -441,12 +466,12 @@ def generate(
             members = decoding_members(model)
             encs = [m.encode(src) for m in members]
             max_lens = max_output_lengths(src, max_len_a, max_len_b, model.max_positions)
+            counted = penalty_lengths(src, length_penalty_limit, max_lens)
             if beam_size == 1:
-                results = _greedy(members, encs, max_lens, length_penalty, use_cache, ensemble_mode)
+                results = _greedy(members, encs, max_lens, length_penalty, use_cache, ensemble_mode, counted)
             else:
-                results = _beam_search(
-                    members, encs, max_lens, length_penalty, use_cache, beam_size, nbest, ensemble_mode
-                )
+                results = _beam_search(members, encs, max_lens, length_penalty, use_cache, beam_size, nbest,
+                                       ensemble_mode, counted)
             if return_attention:
                 _attach_attention(members[0], src, encs[0], results)
     finally:

@@ -43,7 +43,8 @@ from mtcli.infer.translate import (
 )
 
 #: Keyword -> ``decode.*`` key, for the settings every method accepts.
-SETTINGS = {"beam": "beam_size", "length_penalty": "length_penalty", "max_tokens": "max_tokens",
+SETTINGS = {"beam": "beam_size", "length_penalty": "length_penalty",
+            "length_penalty_limit": "length_penalty_limit", "max_tokens": "max_tokens",
             "nbest": "nbest", "max_len_a": "max_len_a", "max_len_b": "max_len_b",
             "int8": "int8", "bf16": "bf16", "workers": "workers"}
 
