@@ -1,9 +1,9 @@
 """``make reproduce``: prepare -> train -> average checkpoints -> evaluate, then the BLEU table.
 
 Run one recipe with ``python -m mtcli.reproduce de_en [--data DIR] [--seeds 1,2,3]`` (``en_de``,
-or ``wmt_news_en_de`` for the WMT news smoke benchmark). Seeds run apart (one per machine, each
-``--seeds N --results DIR``) are combined into the table with ``--merge DIR...``. With ``--seeds`` every seed trains its
-own run (``train.seed``, run directory ``<run_dir>-seed<N>``) and is scored on its own; the
+or ``wmt_news_en_de`` for the WMT news smoke benchmark). With ``--seeds`` every seed trains its
+own run (``train.seed``, run directory ``<run_dir>-seed<N>``) and is scored on its own; seeds run
+apart (one per machine, each ``--seeds N --results DIR``) are combined with ``--merge DIR...``. The
 direction's row holds the mean of each score, its sample standard deviation (``<score>_std``) and
 every seed's row under ``seeds``. Results are merged into ``results/<table>.json`` (``multi30k``
 or ``wmt_news``; one object per direction, keyed ``"de-en"`` / ``"en-de"``), rendered to

@@ -11,9 +11,9 @@ logprob). The length ``L`` counts eos. With ``length_penalty_limit = r > 0`` the
 the length only up to ``r * (m + 1)`` for a source of ``m`` tokens (eos counted on both sides):
 ``lp(min(L, r (m + 1)))``. A large alpha then still lifts outputs of a plausible length against
 too-short ones, but no longer pays for padding a short input past that length ("A man." ->
-"Ein Mann auf einem Mann."); beyond it every token only costs its log-probability.
-Pad and bos are never produced (their log-probability is
-set to -inf before choosing; the log-probabilities of the chosen tokens are the model's own).
+"Ein Mann auf einem Mann."); beyond it every token only costs its log-probability. Pad and bos
+are never produced (their log-probability is set to -inf before choosing; the log-probabilities
+of the chosen tokens are the model's own).
 
 Length. A source of ``m`` tokens (eos excluded) gets at most ``max_len = int(a*m + b)`` output
 tokens before eos (eos is forced after that), capped so bos + tokens fit ``max_positions``.
@@ -24,8 +24,7 @@ the best ``beam`` is finished; the best ``beam`` extensions by other tokens stay
 is done once it has ``nbest`` finished hypotheses and no live one can beat the ``nbest``-th:
 log-probabilities only fall as a hypothesis grows and, with ``alpha >= 0``, ``lp`` only grows, so
 a live hypothesis can at best reach ``logprob / lp(max_len + 1)`` (or ``lp`` of the limited
-length). (With ``alpha < 0`` the
-bound does not hold and the search runs to the length limit.) Done sentences leave the batch at
+length). (With ``alpha < 0`` the bound does not hold and the search runs to the length limit.) Done sentences leave the batch at
 once (their rows are dropped from the decoder cache), so the batch shrinks as it decodes.
 
 Greedy search (``beam_size=1``) is a separate, leaner loop with the same scoring.
@@ -71,12 +70,17 @@ def length_penalty_factor(length: int | Tensor, alpha: float) -> float | Tensor:
 
 def penalty_lengths(src: Tensor, limit: float, max_lens: Tensor) -> Tensor:
     """Per row: the longest length (eos included) the length penalty counts,
-    ``ceil(limit * (m + 1))`` for a source of ``m`` tokens, or ``max_len + 1`` (every length a
-    hypothesis can have) when ``limit`` is 0."""
+    ``ceil(limit * (m + 1))`` for a source of ``m`` tokens, at most ``max_len + 1`` (every length
+    a hypothesis can have, which is also the answer when ``limit`` is 0)."""
     if limit <= 0:
         return max_lens + 1
     m = src.ne(PAD_ID).sum(1) - 1
-    return (limit * (m.clamp(min=0).double() + 1)).ceil().long().clamp(min=1)
+    return torch.minimum((limit * (m.clamp(min=0).double() + 1)).ceil().long(), max_lens + 1)
+
+
+def _penalised(logprob: float, length: int, counted: int, alpha: float) -> float:
+    """A finished hypothesis's score: ``logprob / lp(min(length, counted))``."""
+    return logprob / length_penalty_factor(min(length, counted), alpha)
 
 
 def max_output_lengths(src: Tensor, a: float, b: int, max_positions: int) -> Tensor:
@@ -315,7 +319,7 @@ def _greedy(
         for row in finished.nonzero()[:, 0].tolist():
             tokens = seq[row, 1:-1].tolist()
             lp, original = float(logprob[row]), int(sentence[row])
-            score = lp / length_penalty_factor(min(len(tokens) + 1, counted_lengths[original]), alpha)
+            score = _penalised(lp, len(tokens) + 1, counted_lengths[original], alpha)
             results[original] = [Hypothesis(tokens, score, lp)]
         keep = (~finished).nonzero()[:, 0]
         if keep.numel() == 0:
@@ -341,7 +345,7 @@ def _beam_search(
     seq = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
     scores = torch.zeros((n, 1), device=device)  # [sentences, live beams]
     limits = max_lens
-    counted = max_lens + 1 if counted is None else torch.minimum(counted, max_lens + 1)
+    counted = max_lens + 1 if counted is None else counted
     counted_lengths = counted.tolist()
     bound_lp = length_penalty_factor(counted, alpha) if alpha >= 0 else None
     for step in range(int(max_lens.max()) + 1):
@@ -358,7 +362,7 @@ def _beam_search(
                 row = s * b + int(top_beam[s, j])
                 tokens = seq[row, 1:].tolist()
                 lp, original = float(top_scores[s, j]), int(sentence[s])
-                score = lp / length_penalty_factor(min(len(tokens) + 1, counted_lengths[original]), alpha)
+                score = _penalised(lp, len(tokens) + 1, counted_lengths[original], alpha)
                 finished[original].append(Hypothesis(tokens, score, lp))
 
         # live: the best k extensions by a token other than eos (at most k of 2k are eos)
@@ -435,8 +439,8 @@ def generate(
 
     ``src [B, S]`` holds ids + eos, right-padded with pad (0), on the model's device. Greedy when
     ``beam_size == 1``; ``length_penalty`` is GNMT's alpha, counting the length up to
-``length_penalty_limit`` times the source's (0: no limit; see the module docstring); at most ``int(max_len_a * m +
-    max_len_b)`` tokens before eos for a source of ``m`` tokens. ``use_cache=False`` reruns the
+    ``length_penalty_limit`` times the source's (0: no limit; see the module docstring); at most
+    ``int(max_len_a * m + max_len_b)`` tokens before eos for a source of ``m`` tokens. ``use_cache=False`` reruns the
     decoder over the whole prefix each step (same results, slower). ``return_attention`` fills
     :attr:`Hypothesis.attention` (one extra teacher-forced pass; an ensemble's first member's).
     ``model`` may be an :class:`~mtcli.infer.ensemble.Ensemble`: the search then runs on the mean of
