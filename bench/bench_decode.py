@@ -31,6 +31,7 @@ Results: a table on stdout and ``bench/results/decode_<time>.json``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -52,6 +53,9 @@ VARIANTS: dict[str, tuple[str, int, dict]] = {
     "torch-greedy-nocache": ("torch", 1, {"use_cache": False, "bf16": False}),
     "torch-greedy-cache-bf16": ("torch", 1, {"use_cache": True, "bf16": True}),
     "torch-beam5-cache": ("torch", 5, {"use_cache": True, "bf16": False}),
+    # the model as it is, without the packed fp32 copy translate_lines decodes with
+    "torch-greedy-cache-unpacked": ("torch", 1, {"use_cache": True, "bf16": False, "plain": True}),
+    "torch-beam5-cache-unpacked": ("torch", 5, {"use_cache": True, "bf16": False, "plain": True}),
     "torch-beam5-nocache": ("torch", 5, {"use_cache": False, "bf16": False}),
     "torch-beam5-cache-bf16": ("torch", 5, {"use_cache": True, "bf16": True}),
     "torch-greedy-cache-int8": ("torch", 1, {"use_cache": True, "bf16": False, "int8": True}),
@@ -69,6 +73,8 @@ VARIANTS: dict[str, tuple[str, int, dict]] = {
     # latency as a server sees it: one sentence per call, p50/p99 over the input
     "torch-beam5-latency": ("torch", 5, {"use_cache": True, "bf16": False, "batch": 1}),
     "ct2-beam5-latency": ("ct2", 5, {"compute_type": "float32", "batch": 1}),
+    "torch-beam5-latency-int8": ("torch", 5, {"use_cache": True, "bf16": False, "int8": True, "batch": 1}),
+    "ct2-beam5-latency-int8": ("ct2", 5, {"compute_type": "int8", "batch": 1}),
 }
 
 
@@ -116,15 +122,15 @@ def worker_torch(job: dict) -> dict:
     from mtcli.data.batching import collate_sources
     from mtcli.infer.loading import load_for_inference
     from mtcli.infer.search import generate
+    from mtcli.infer.translate import model_for_decoding
 
     workers = job.get("workers", 1)
     torch.set_num_threads(max(1, job["threads"] // workers))  # as decode.workers does
     bundle = load_for_inference(job["run_dir"], job["checkpoint"], device="cpu")
-    model, decode = bundle.model, bundle.config.decode
-    if job.get("int8"):
-        from mtcli.infer.quantize import quantize_for_decoding
-
-        model = quantize_for_decoding(model)  # what decode.int8 does in translate_lines
+    decode = dataclasses.replace(bundle.config.decode, int8=bool(job.get("int8")), bf16=job["bf16"])
+    model = bundle.model
+    if not job.get("plain"):  # what translate_lines decodes with: an int8 or a packed fp32 copy
+        model = model_for_decoding(model, decode, "cpu")
     ids = json.loads(Path(job["inputs"]).read_text(encoding="utf-8"))["ids"]
     fixed = job["fixed_length"]
     a, b = (0.0, fixed) if fixed else (decode.max_len_a, decode.max_len_b)
@@ -352,18 +358,23 @@ def main(argv: list[str] | None = None) -> int:
         "torch beam5 2 workers / ct2 fp32 beam5 2 workers": ratio("torch-beam5-cache-w2", "ct2-beam5-fp32-w2"),
         "torch beam5 int8 2 workers / ct2 fp32 beam5 2 workers": ratio("torch-beam5-cache-int8-w2", "ct2-beam5-fp32-w2"),
         "torch greedy / ct2 fp32 greedy (tokens/s)": ratio("torch-greedy-cache", "ct2-greedy-fp32"),
+        "torch greedy int8 / ct2 int8 greedy (tokens/s)": ratio("torch-greedy-cache-int8", "ct2-greedy-int8"),
+        "torch beam5 packed / unpacked (tokens/s)": ratio("torch-beam5-cache", "torch-beam5-cache-unpacked"),
+        "torch greedy packed / unpacked (tokens/s)": ratio("torch-greedy-cache", "torch-greedy-cache-unpacked"),
         "torch beam5 / ct2 fp32 beam5, one sentence a call (tokens/s)": ratio("torch-beam5-latency",
                                                                              "ct2-beam5-latency"),
+        "torch beam5 int8 / ct2 int8 beam5, one sentence a call (tokens/s)": ratio(
+            "torch-beam5-latency-int8", "ct2-beam5-latency-int8"),
     }
-    header = f"{'variant':26s} {'sent/s':>8s} {'tok/s':>9s} {'out tok':>8s} {'sec':>7s} {'RSS MB':>7s}"
+    header = f"{'variant':28s} {'sent/s':>8s} {'tok/s':>9s} {'out tok':>8s} {'sec':>7s} {'RSS MB':>7s}"
     print(header)
     print("-" * len(header))
     for r in rows:
         if "error" in r:
-            print(f"{r['variant']:26s} error: {r['error']}")
+            print(f"{r['variant']:28s} error: {r['error']}")
             continue
         latency = f"  p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms" if "p50_ms" in r else ""
-        print(f"{r['variant']:26s} {r['sentences_per_s']:8.1f} {r['tokens_per_s']:9.1f} "
+        print(f"{r['variant']:28s} {r['sentences_per_s']:8.1f} {r['tokens_per_s']:9.1f} "
               f"{r['output_tokens']:8d} {r['seconds']:7.2f} {r['peak_rss_mb']:7.1f}{latency}")
     for key, value in comparisons.items():
         if value is not None:

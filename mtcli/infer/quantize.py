@@ -98,7 +98,7 @@ def quantize_for_decoding(model: nn.Module) -> nn.Module:
                 setattr(parent, name, Int8Linear(child.weight, child.bias))
     # a tied output weight is the embedding matrix, which stays fp32 for the lookups; the
     # product gets an int8 twin (of the separate projection's rows too, when it is untied)
-    quantized.int8_output = Int8Linear(output, None)
+    quantized.output_product = Int8Linear(output, None)
     return quantized
 
 

@@ -11,8 +11,9 @@ bounded however long the input is:
 2. the window is sorted by source length and cut into batches whose padded size
    ``B * S_max * beam_size`` stays within ``decode.max_tokens`` (at least one sentence a batch);
 3. every batch is decoded with :func:`mtcli.infer.search.generate` (greedy or beam, under bf16
-   autocast when ``decode.bf16``; with an int8 copy of the model when ``decode.int8``, see
-   :mod:`mtcli.infer.quantize`); with ``decode.workers`` = N > 1, N batches at a time on N threads,
+   autocast when ``decode.bf16``; with the copy of the model :func:`model_for_decoding` makes:
+   int8 when ``decode.int8`` (:mod:`mtcli.infer.quantize`), on a CPU in fp32 with its weights
+   packed for oneDNN (:mod:`mtcli.infer.packed`)); with ``decode.workers`` = N > 1, N batches at a time on N threads,
    each with 1/N of torch's intra-op threads (small decoder steps scale better across batches
    than inside one matrix product);
 4. results are put back in input order and yielded as soon as a contiguous prefix of the window
@@ -40,9 +41,11 @@ from mtcli.device import autocast, resolve_device
 from mtcli.errors import ConfigError
 from mtcli.infer.ensemble import Ensemble, decoding_members
 from mtcli.infer.loading import InferenceModel
+from mtcli.infer.packed import pack_for_decoding
 from mtcli.infer.quantize import quantize_for_decoding
 from mtcli.infer.search import Hypothesis, generate
 from mtcli.logs import get_logger
+from mtcli.model import Transformer
 
 #: Lines read (and sorted by length) at a time; bounds memory independently of input length.
 DEFAULT_WINDOW = 2000
@@ -141,9 +144,7 @@ def translate_lines(
     limit = source_limit(bundle)
     was_training = model.training
     model.eval()
-    if decode.int8:
-        members = [quantize_for_decoding(m) for m in decoding_members(model)]
-        model = Ensemble(members) if len(members) > 1 else members[0]
+    model = model_for_decoding(model, decode, device)
     threads = torch.get_num_threads()
     pool = None
     if decode.workers > 1:
@@ -214,6 +215,26 @@ def translate_texts(
 ) -> list[str]:
     """List in, list out: the best translation of every line (e.g. validation BLEU in training)."""
     return [nbest[0].text for nbest in translate_lines(bundle, lines, decode, device, window=len(lines) or 1)]
+
+
+def model_for_decoding(
+    model: Transformer | Ensemble, decode: DecodeConfig, device: torch.device | str
+) -> Transformer | Ensemble:
+    """The model as decoding runs it: an int8 copy under ``decode.int8``; on a CPU in fp32 a copy
+    with every weight packed for oneDNN's kernels (same products, faster); else ``model`` itself.
+
+    A model already made for decoding (its output product replaced) is returned as it is, so a
+    caller can make the copy once and keep it (:class:`~mtcli.infer.translator.Translator`)."""
+    members = decoding_members(model)
+    if not all(isinstance(m, Transformer) and m.output_product is None for m in members):
+        return model
+    if decode.int8:
+        members = [quantize_for_decoding(m) for m in members]
+    elif torch.device(device).type == "cpu" and not decode.bf16:
+        members = [pack_for_decoding(m) for m in members]
+    else:
+        return model
+    return Ensemble(members) if len(members) > 1 else members[0]
 
 
 def decoding_device(decode: DecodeConfig) -> torch.device:

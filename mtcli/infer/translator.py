@@ -31,13 +31,13 @@ from mtcli.data.batching import collate, source_batches
 from mtcli.device import autocast
 from mtcli.errors import ConfigError, DataError
 from mtcli.infer.ct2 import ENGINES, CT2Engine, converted_model
-from mtcli.infer.ensemble import Ensemble, add_members, decoding_members
+from mtcli.infer.ensemble import Ensemble, add_members
 from mtcli.infer.loading import InferenceModel, load_for_inference, resolve_checkpoint
-from mtcli.infer.quantize import quantize_for_decoding
 from mtcli.infer.translate import (
     Translation,
     decode_config,
     decoding_device,
+    model_for_decoding,
     source_limit,
     translate_lines,
 )
@@ -79,7 +79,7 @@ class Translator:
         self.device = torch.device(device)
         self.engine = engine
         bundle.model.to(self.device).eval()
-        self._int8: InferenceModel | None = None
+        self._prepared: dict[tuple[bool, bool], InferenceModel] = {}
 
     @classmethod
     def from_run(cls, run_dir: str | Path, checkpoint: str | Path = "best", *, device: str = "auto",
@@ -122,14 +122,13 @@ class Translator:
         return decode_config(config, _overrides(settings)).decode
 
     def _for(self, decode: DecodeConfig) -> tuple[InferenceModel, DecodeConfig]:
-        """The model to decode with: under int8 an int8 copy, made once and kept."""
-        if not decode.int8:
-            return self.bundle, decode
-        if self._int8 is None:
-            members = [quantize_for_decoding(m) for m in decoding_members(self.bundle.model)]
-            model = Ensemble(members) if len(members) > 1 else members[0]
-            self._int8 = dataclasses.replace(self.bundle, model=model)
-        return self._int8, dataclasses.replace(decode, int8=False)
+        """The model to decode with (:func:`~mtcli.infer.translate.model_for_decoding`: an int8
+        or a packed copy), made once per setting and kept."""
+        key = (decode.int8, decode.bf16)
+        if key not in self._prepared:
+            model = model_for_decoding(self.bundle.model, decode, self.device)
+            self._prepared[key] = dataclasses.replace(self.bundle, model=model)
+        return self._prepared[key], dataclasses.replace(decode, int8=False)
 
     def stream(self, lines: Iterable[str], *, decode: DecodeConfig | None = None, name: str = "input",
                on_done: Any = None, return_attention: bool = False) -> Iterator[list[Translation]]:

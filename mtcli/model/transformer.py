@@ -76,8 +76,9 @@ class Transformer(nn.Module):
         self.output_projection = (
             None if cfg.tie_embeddings else nn.Linear(cfg.d_model, vocab_size, bias=False)
         )
-        # set by mtcli.infer.quantize.quantize_for_decoding: an int8 stand-in for ``hidden W^T``
-        self.int8_output: nn.Module | None = None
+        # a decoding-time stand-in for ``hidden W^T`` over the output vocabulary: int8
+        # (mtcli.infer.quantize) or oneDNN-packed fp32 (mtcli.infer.packed)
+        self.output_product: nn.Module | None = None
         self._init_projections()
 
     def _init_projections(self) -> None:
@@ -125,8 +126,8 @@ class Transformer(nn.Module):
         """The pre-softmax linear transformation over the output vocabulary,
         ``hidden W[output_ids]^T`` -> ``[..., output_size]`` (``hidden W^T`` without one). Position
         ``i`` is id ``output_ids[i]``; the special ids are their own positions."""
-        if self.int8_output is not None:  # built over the output vocabulary's rows
-            return self.int8_output(hidden)
+        if self.output_product is not None:  # built over the output vocabulary's rows
+            return self.output_product(hidden)
         weight = self.output_weight()
         if self.output_ids is not None:
             weight = weight.index_select(0, self.output_ids)
@@ -172,7 +173,7 @@ class Transformer(nn.Module):
             if cache.length >= cache.max_len:
                 raise ValueError(f"decoder cache is full ({cache.max_len} positions)")
             hidden = self.decoder.step(tgt_in, cache)
-        if cache is None or torch.is_grad_enabled() or self.int8_output is not None:
+        if cache is None or torch.is_grad_enabled() or self.output_product is not None:
             return self.project(hidden)
         return self._cached_projection(hidden, cache)
 

@@ -39,7 +39,7 @@ def test_quantized_copy_replaces_every_linear_and_leaves_the_original(tied: bool
     before = {k: v.clone() for k, v in model.state_dict().items()}
     quantized = quantize_for_decoding(model)
     assert not any(isinstance(m, torch.nn.Linear) for m in quantized.modules())
-    assert quantized.int8_output is not None and model.int8_output is None
+    assert quantized.output_product is not None and model.output_product is None
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     src = pad_batch(random_sources(seed=3, n=4))
     with torch.inference_mode():

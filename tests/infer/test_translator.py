@@ -78,12 +78,15 @@ def test_score_is_the_searchs_log_probability_and_batching_does_not_change_it(tr
     assert all(s < 0 for s in batched)
 
 
-def test_int8_copy_is_made_once(tiny_run_dir: Path) -> None:
+@pytest.mark.parametrize("int8", [True, False])
+def test_decoding_copy_is_made_once(tiny_run_dir: Path, int8: bool) -> None:
+    # int8, or fp32 with packed weights on the CPU: the copy is made on first use and kept
     translator = Translator.from_run(tiny_run_dir, beam=2, device="cpu")
-    first = translator.translate(LINES, int8=True)
-    copy = translator._int8
-    assert copy is not None and translator.translate(LINES, int8=True) == first
-    assert translator._int8 is copy
+    first = translator.translate(LINES, int8=int8)
+    copy = translator._prepared[(int8, False)]
+    assert copy.model is not translator.bundle.model
+    assert translator.translate(LINES, int8=int8) == first
+    assert translator._prepared[(int8, False)] is copy
 
 
 @pytest.mark.parametrize(("call", "error", "message"), [

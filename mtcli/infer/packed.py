@@ -1,0 +1,91 @@
+"""fp32 decoding on a CPU with every weight matrix prepacked for oneDNN's matrix kernels.
+
+A decoder step multiplies a few rows (the beams of the sentences still being decoded) by every
+weight matrix of the decoder and by the output projection. ``torch.nn.functional.linear`` on a
+CPU hands each product to the BLAS it was built with (MKL), which re-lays-out the weight on every
+call and is slow for skinny inputs; the output projection, ``[rows, d_model] x [d_model, vocab]``,
+is the largest product of the step. oneDNN can lay a weight out once, in the blocked format its
+kernels read, and then run every product on that copy. :func:`pack_for_decoding` returns a copy of
+a trained :class:`~mtcli.model.Transformer` whose ``nn.Linear`` layers and output projection are
+:class:`PackedLinear` s; the arithmetic is the same fp32 ``x W^T + b`` (the sums run in a
+different order, so results agree to float rounding, not bit for bit). bench/NOTES.md has the
+measurements.
+
+The kernels are PyTorch's ``mkldnn`` operators (the ones its compiler uses for the same purpose);
+:func:`packing_supported` checks that a build has them and that they compute ``x W^T + b``, and
+:func:`pack_for_decoding` returns the model unchanged when they do not.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class PackedLinear(nn.Module):
+    """``y = x W^T + b`` in fp32 with ``W [out, in]`` stored in oneDNN's blocked layout.
+
+    Takes ``x [..., in]`` fp32 and returns ``[..., out]`` fp32, like the ``nn.Linear`` it replaces.
+    """
+
+    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = weight.size(1), weight.size(0)
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().float().contiguous())
+        self._bias = None if bias is None else bias.detach().float().contiguous()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[..., in]`` -> ``[..., out]``."""
+        shape = x.shape
+        out = torch.ops.mkldnn._linear_pointwise(
+            x.reshape(-1, shape[-1]).float(), self._packed, self._bias, "none", [], ""
+        )
+        return out.view(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed"
+
+
+@functools.cache
+def packing_supported() -> bool:
+    """Whether this PyTorch build has the oneDNN operators and they compute ``x W^T + b``."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    generator = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(24, 16, generator=generator), torch.randn(24, generator=generator)
+    x = torch.randn(3, 16, generator=generator)
+    try:
+        out = PackedLinear(weight, bias)(x)
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+    return bool(torch.allclose(out, F.linear(x, weight, bias), rtol=1e-4, atol=1e-5))
+
+
+def pack_for_decoding(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` for fp32 CPU decoding with every ``nn.Linear`` and the output
+    projection as :class:`PackedLinear` (see the module docstring); ``model`` itself when it is
+    not on the CPU or this build cannot pack. The copy is in eval mode and serves inference only
+    (the packed weights take no gradient)."""
+    if any(p.device.type != "cpu" or p.dtype != torch.float32 for p in model.parameters()):
+        return model
+    if not packing_supported():
+        return model
+    packed = copy.deepcopy(model).eval()
+    output = packed.output_weight().detach()
+    if packed.output_ids is not None:
+        output = output.index_select(0, packed.output_ids)
+    for parent in list(packed.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, PackedLinear(child.weight, child.bias))
+    # the tied output weight is also the embedding table (kept for the lookups); the product
+    # gets a packed twin over the output vocabulary's rows
+    packed.output_product = PackedLinear(output, None)
+    return packed
+
+
+__all__ = ["PackedLinear", "pack_for_decoding", "packing_supported"]

@@ -1,0 +1,60 @@
+"""fp32 decoding with oneDNN-packed weights (mtcli.infer.packed): the same products, an untouched
+original, the same search results, and the copy made only where it applies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_search import pad_batch, random_model, random_sources, teacher_forced_logprob
+
+from mtcli.config import DecodeConfig
+from mtcli.infer.packed import PackedLinear, pack_for_decoding, packing_supported
+from mtcli.infer.search import generate
+from mtcli.infer.translate import model_for_decoding
+
+pytestmark = pytest.mark.skipif(not packing_supported(), reason="this PyTorch build has no oneDNN linear")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_linear_equals_linear(bias: bool) -> None:
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 96, bias=bias)
+    x = torch.randn(3, 7, 64)
+    packed = PackedLinear(layer.weight, layer.bias)(x)
+    assert packed.shape == (3, 7, 96) and packed.dtype == torch.float32
+    torch.testing.assert_close(packed, layer(x).detach(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_packed_copy_replaces_every_linear_and_leaves_the_original(tied: bool) -> None:
+    model = random_model(seed=2, tie_embeddings=tied)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    packed = pack_for_decoding(model)
+    assert not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
+    assert isinstance(packed.output_product, PackedLinear) and model.output_product is None
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    src = pad_batch(random_sources(seed=3, n=4))
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(src, src), model(src, src), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_packed_search_equals_the_original_search(beam: int) -> None:
+    model = random_model(seed=4)
+    packed = pack_for_decoding(model)
+    sources = random_sources(seed=5, n=6)
+    exact = generate(model, pad_batch(sources), beam_size=beam, nbest=beam, length_penalty=1.0)
+    fast = generate(packed, pad_batch(sources), beam_size=beam, nbest=beam, length_penalty=1.0)
+    assert [[h.tokens for h in n] for n in fast] == [[h.tokens for h in n] for n in exact]
+    for src_ids, hyps in zip(sources, fast, strict=True):
+        for h in hyps:  # the cached, packed search scores what the plain model scores
+            assert h.logprob == pytest.approx(teacher_forced_logprob(model, src_ids, h.tokens), abs=1e-3)
+
+
+def test_model_for_decoding_packs_only_fp32_on_a_cpu() -> None:
+    model = random_model(seed=6)
+    packed = model_for_decoding(model, DecodeConfig(), "cpu")
+    assert isinstance(packed.output_product, PackedLinear)
+    assert model_for_decoding(packed, DecodeConfig(), "cpu") is packed  # made once, kept
+    assert model_for_decoding(model, DecodeConfig(bf16=True), "cpu") is model
+    assert model_for_decoding(model, DecodeConfig(), "meta") is model
