@@ -6,7 +6,9 @@ the 1,000-sentence Multi30k test2016 source.
 
 Every variant runs in its own subprocess (CTranslate2's workers never share a process with
 torch's thread pool), on the same pre-tokenised input, in the same batches: sentences sorted by
-source length (longest first) and cut into ``--batch`` sentences (64). Only the decoding is
+source length (longest first) and cut into ``--batch`` sentences (64). The torch worker keeps
+freed memory in the process (:func:`mtcli.allocator.keep_freed_memory`), as the commands that
+decode do; CTranslate2 has its own caching allocator. Only the decoding is
 timed (tokenisation and model loading are not), after one untimed warm-up batch. Reported per
 variant: sentences/s, output tokens/s (generated pieces, no ``</s>``), the number of output
 tokens, seconds, and the worker's peak RSS.
@@ -44,7 +46,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # runs from a checkout without mtcli installed (e.g. a GPU box)
-DEFAULT_INPUT = REPO.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.de"
+MULTI30K = REPO.parent / "shared" / "data" / "multi30k"  # input: test_2016_flickr.<the run's source language>
 RECIPE = REPO / "configs" / "multi30k_de_en.yaml"
 
 # name -> (engine, beam, options)
@@ -119,11 +121,13 @@ def worker_torch(job: dict) -> dict:
     """Decode with mtcli.infer.search.generate in this process; return timings."""
     import torch
 
+    from mtcli.allocator import keep_freed_memory
     from mtcli.data.batching import collate_sources
     from mtcli.infer.loading import load_for_inference
     from mtcli.infer.search import generate
     from mtcli.infer.translate import model_for_decoding
 
+    keep_freed_memory()  # as `mtcli translate`, `evaluate` and `serve` do before they decode
     workers = job.get("workers", 1)
     torch.set_num_threads(max(1, job["threads"] // workers))  # as decode.workers does
     bundle = load_for_inference(job["run_dir"], job["checkpoint"], device="cpu")
@@ -265,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", type=Path, help="trained run directory (default: random model)")
     parser.add_argument("--checkpoint", default="best")
-    parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
+    parser.add_argument("--input", type=Path, default=None,
+                        help="source lines (default: Multi30k's test2016 in the run's source language)")
     parser.add_argument("--limit", type=int, default=0, help="first N input lines only (0: all)")
     parser.add_argument("--batch", type=int, default=64, help="sentences per batch")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -291,13 +296,14 @@ def main(argv: list[str] | None = None) -> int:
     from mtcli.data.textio import read_lines
     from mtcli.infer.loading import load_for_inference
 
-    if not args.input.is_file():
-        print(f"input {args.input} not found", file=sys.stderr)
-        return 2
     work = Path(tempfile.mkdtemp(prefix="bench_decode_"))
     run_dir = args.run_dir or _random_run_dir(work, args.spm, seed=1, output_vocab=args.output_vocab)
     fixed = args.fixed_length if args.fixed_length is not None else (0 if args.run_dir else 24)
     bundle = load_for_inference(run_dir, args.checkpoint, device="cpu")
+    args.input = args.input or MULTI30K / f"test_2016_flickr.{bundle.config.data.src_lang}"
+    if not args.input.is_file():
+        print(f"input {args.input} not found", file=sys.stderr)
+        return 2
     tok, decode = bundle.tokenizer, bundle.config.decode
     lines = list(read_lines(args.input))
     if args.limit:
