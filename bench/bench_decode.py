@@ -60,6 +60,14 @@ VARIANTS: dict[str, tuple[str, int, dict]] = {
     "torch-beam5-cache-unpacked": ("torch", 5, {"use_cache": True, "bf16": False, "plain": True}),
     "torch-beam5-nocache": ("torch", 5, {"use_cache": False, "bf16": False}),
     "torch-beam5-cache-bf16": ("torch", 5, {"use_cache": True, "bf16": True}),
+    # bf16 autocast on the model as it is (before decoding packed its weights in bf16)
+    "torch-beam5-cache-bf16-unpacked": ("torch", 5, {"use_cache": True, "bf16": True, "plain": True}),
+    # decode.shortlist: a lexical shortlist of 50 target pieces per source piece + the 100 most
+    # frequent (needs the run's prepared cache; changes the output, see bench/NOTES.md)
+    "torch-greedy-cache-shortlist": ("torch", 1, {"use_cache": True, "bf16": False, "shortlist": 50}),
+    "torch-beam5-cache-shortlist": ("torch", 5, {"use_cache": True, "bf16": False, "shortlist": 50}),
+    "torch-beam5-cache-int8-shortlist": ("torch", 5, {"use_cache": True, "bf16": False, "int8": True,
+                                                     "shortlist": 50}),
     "torch-greedy-cache-int8": ("torch", 1, {"use_cache": True, "bf16": False, "int8": True}),
     "torch-beam5-cache-int8": ("torch", 5, {"use_cache": True, "bf16": False, "int8": True}),
     # two batches at a time on two threads, one intra-op thread each (decode.workers=2;
@@ -125,13 +133,15 @@ def worker_torch(job: dict) -> dict:
     from mtcli.data.batching import collate_sources
     from mtcli.infer.loading import load_for_inference
     from mtcli.infer.search import generate
-    from mtcli.infer.translate import model_for_decoding
+    from mtcli.infer.translate import model_for_decoding, run_shortlist
 
     keep_freed_memory()  # as `mtcli translate`, `evaluate` and `serve` do before they decode
     workers = job.get("workers", 1)
     torch.set_num_threads(max(1, job["threads"] // workers))  # as decode.workers does
     bundle = load_for_inference(job["run_dir"], job["checkpoint"], device="cpu")
-    decode = dataclasses.replace(bundle.config.decode, int8=bool(job.get("int8")), bf16=job["bf16"])
+    decode = dataclasses.replace(bundle.config.decode, int8=bool(job.get("int8")), bf16=job["bf16"],
+                                 shortlist=job.get("shortlist", 0))
+    shortlist = run_shortlist(bundle, decode)
     model = bundle.model
     if not job.get("plain"):  # what translate_lines decodes with: an int8 or a packed fp32 copy
         model = model_for_decoding(model, decode, "cpu")
@@ -148,7 +158,7 @@ def worker_torch(job: dict) -> dict:
         with torch.inference_mode(), autocast:
             hyps = generate(
                 model, src, beam_size=job["beam"], length_penalty=decode.length_penalty,
-                max_len_a=a, max_len_b=b, nbest=1, use_cache=job["use_cache"],
+                max_len_a=a, max_len_b=b, nbest=1, use_cache=job["use_cache"], shortlist=shortlist,
             )
         return sum(len(h[0].tokens) for h in hyps)
 
@@ -365,6 +375,15 @@ def main(argv: list[str] | None = None) -> int:
         "torch beam5 int8 2 workers / ct2 fp32 beam5 2 workers": ratio("torch-beam5-cache-int8-w2", "ct2-beam5-fp32-w2"),
         "torch greedy / ct2 fp32 greedy (tokens/s)": ratio("torch-greedy-cache", "ct2-greedy-fp32"),
         "torch greedy int8 / ct2 int8 greedy (tokens/s)": ratio("torch-greedy-cache-int8", "ct2-greedy-int8"),
+        "torch beam5 bf16 / ct2 int8 beam5 (tokens/s)": ratio("torch-beam5-cache-bf16", "ct2-beam5-int8"),
+        "torch beam5 bf16 packed / bf16 autocast (tokens/s)": ratio("torch-beam5-cache-bf16",
+                                                                    "torch-beam5-cache-bf16-unpacked"),
+        "torch greedy bf16 / ct2 int8 greedy (tokens/s)": ratio("torch-greedy-cache-bf16", "ct2-greedy-int8"),
+        "torch beam5 shortlist / exact (tokens/s)": ratio("torch-beam5-cache-shortlist", "torch-beam5-cache"),
+        "torch greedy shortlist / exact (tokens/s)": ratio("torch-greedy-cache-shortlist", "torch-greedy-cache"),
+        "torch beam5 shortlist / ct2 fp32 beam5 (tokens/s)": ratio("torch-beam5-cache-shortlist", "ct2-beam5-fp32"),
+        "torch beam5 int8 shortlist / ct2 int8 beam5 (tokens/s)": ratio("torch-beam5-cache-int8-shortlist",
+                                                                        "ct2-beam5-int8"),
         "torch beam5 packed / unpacked (tokens/s)": ratio("torch-beam5-cache", "torch-beam5-cache-unpacked"),
         "torch greedy packed / unpacked (tokens/s)": ratio("torch-greedy-cache", "torch-greedy-cache-unpacked"),
         "torch beam5 / ct2 fp32 beam5, one sentence a call (tokens/s)": ratio("torch-beam5-latency",

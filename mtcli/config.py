@@ -128,6 +128,8 @@ class DecodeConfig:
     int8: bool = False
     workers: int = 1
     ensemble_mode: Literal["linear", "log_linear"] = "linear"  # how --ensemble members are combined
+    shortlist: int = 0  # > 0: decode over a lexical shortlist, this many target pieces per source piece
+    shortlist_frequent: int = 100  # ... plus this many most frequent target pieces
 
 
 @dataclass
@@ -357,6 +359,7 @@ def validate(config: Config) -> None:
         (d.max_tokens > 0, "decode.max_tokens must be > 0"),
         (not (d.int8 and d.bf16), "decode.int8 and decode.bf16 exclude each other: choose one"),
         (d.workers >= 1, "decode.workers must be >= 1"),
+        (d.shortlist >= 0 and d.shortlist_frequent >= 0, "decode.shortlist and decode.shortlist_frequent must be >= 0"),
         (dc.vocab_size >= 8, "data.vocab_size must be >= 8"),
         (dc.src_lang != dc.tgt_lang, "data.src_lang and data.tgt_lang must differ"),
         (dc.max_length >= 1 and dc.max_length_ratio >= 1.0, "data.max_length must be >= 1 and data.max_length_ratio >= 1"),

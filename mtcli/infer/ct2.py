@@ -73,9 +73,10 @@ class CT2Engine:
                         window: int = 2000, on_done: Callable[[int], None] | None = None
                         ) -> Iterator[list[Translation]]:
         """One n-best list per line of ``lines``, in order (see the module docstring)."""
-        if decode.length_penalty_limit > 0:
-            raise ConfigError("decode.length_penalty_limit is not available with --engine ctranslate2 "
-                              "(set it to 0, or decode with --engine torch)")
+        for key in ("length_penalty_limit", "shortlist"):
+            if getattr(decode, key) > 0:
+                raise ConfigError(f"decode.{key} is not available with --engine ctranslate2 "
+                                  "(set it to 0, or decode with --engine torch)")
         tokenizer, limit, offset = self.bundle.tokenizer, source_limit(self.bundle), 0
         for chunk in line_windows(lines, window):
             sources, results = encode_window(tokenizer, chunk, limit, name, offset)

@@ -38,6 +38,8 @@ class InferenceModel:
     config: Config
     name: str
     state: dict | None = None  # checkpoint metadata (step, valid, ...) without the parameters
+    # lexical shortlists built for this run, by (decode.shortlist, decode.shortlist_frequent)
+    shortlists: dict = dataclasses.field(default_factory=dict)
 
 
 def resolve_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:

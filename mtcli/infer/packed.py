@@ -1,4 +1,4 @@
-"""fp32 decoding on a CPU with every weight matrix prepacked for oneDNN's matrix kernels.
+"""CPU decoding with every weight matrix prepacked for oneDNN's matrix kernels, in fp32 or bf16.
 
 A decoder step multiplies a few rows (the beams of the sentences still being decoded) by every
 weight matrix of the decoder and by the output projection. ``torch.nn.functional.linear`` on a
@@ -7,13 +7,18 @@ call and is slow for skinny inputs; the output projection, ``[rows, d_model] x [
 is the largest product of the step. oneDNN can lay a weight out once, in the blocked format its
 kernels read, and then run every product on that copy. :func:`pack_for_decoding` returns a copy of
 a trained :class:`~mtcli.model.Transformer` whose ``nn.Linear`` layers and output projection are
-:class:`PackedLinear` s; the arithmetic is the same fp32 ``x W^T + b`` (the sums run in a
-different order, so results agree to float rounding, not bit for bit). bench/NOTES.md has the
-measurements.
+:class:`PackedLinear` s:
 
-The kernels are PyTorch's ``mkldnn`` operators (the ones its compiler uses for the same purpose);
-:func:`packing_supported` checks that a build has them and that they compute ``x W^T + b``, and
-:func:`pack_for_decoding` returns the model unchanged when they do not.
+- fp32 (the default): the same fp32 ``x W^T + b`` (the sums run in a different order, so results
+  agree to float rounding, not bit for bit);
+- bf16 (``decode.bf16`` on a CPU with bf16 units): the weights stored in bf16 and each product
+  taking its input in bf16, accumulating in fp32 and returning bf16, which is what bf16 autocast
+  computes, without autocast casting the weights again for every batch.
+
+bench/NOTES.md has the measurements. The kernels are PyTorch's ``mkldnn`` operators (the ones its
+compiler uses for the same purpose); :func:`packing_supported` checks that a build has them and
+that they compute ``x W^T + b``, and :func:`pack_for_decoding` returns the model unchanged when
+they do not.
 """
 
 from __future__ import annotations
@@ -27,52 +32,65 @@ from torch import Tensor, nn
 
 
 class PackedLinear(nn.Module):
-    """``y = x W^T + b`` in fp32 with ``W [out, in]`` stored in oneDNN's blocked layout.
+    """``y = x W^T + b`` with ``W [out, in]`` stored in oneDNN's blocked layout, in ``dtype``.
 
-    Takes ``x [..., in]`` fp32 and returns ``[..., out]`` fp32, like the ``nn.Linear`` it replaces.
+    Takes ``x [..., in]`` (any float dtype; cast to ``dtype``) and returns ``[..., out]`` in
+    ``dtype``: fp32 like the ``nn.Linear`` it replaces, or bf16 as under bf16 autocast.
     """
 
-    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
-        self.in_features, self.out_features = weight.size(1), weight.size(0)
-        self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().float().contiguous())
+        self.in_features, self.out_features, self.dtype = weight.size(1), weight.size(0), dtype
+        self._source = (weight.detach(), None if bias is None else bias.detach())
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype).contiguous())
         self._bias = None if bias is None else bias.detach().float().contiguous()
+
+    def rows(self, index: Tensor) -> PackedLinear:
+        """The product with output rows ``index`` of ``W`` (and ``b``) only, packed the same way."""
+        weight, bias = self._source
+        return PackedLinear(weight.index_select(0, index),
+                            None if bias is None else bias.index_select(0, index), self.dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         """``[..., in]`` -> ``[..., out]``."""
         shape = x.shape
         out = torch.ops.mkldnn._linear_pointwise(
-            x.reshape(-1, shape[-1]).float(), self._packed, self._bias, "none", [], ""
+            x.reshape(-1, shape[-1]).to(self.dtype), self._packed, self._bias, "none", [], ""
         )
         return out.view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed"
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed {self.dtype}"
 
 
 @functools.cache
-def packing_supported() -> bool:
-    """Whether this PyTorch build has the oneDNN operators and they compute ``x W^T + b``."""
+def packing_supported(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this PyTorch build has the oneDNN operators and they compute ``x W^T + b`` in
+    ``dtype`` (fp32, or bf16 where oneDNN runs bf16 on this CPU)."""
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return False
     generator = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(24, 16, generator=generator), torch.randn(24, generator=generator)
     x = torch.randn(3, 16, generator=generator)
     try:
-        out = PackedLinear(weight, bias)(x)
+        out = PackedLinear(weight, bias, dtype)(x).float()
     except (RuntimeError, AttributeError, NotImplementedError):
         return False
-    return bool(torch.allclose(out, F.linear(x, weight, bias), rtol=1e-4, atol=1e-5))
+    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
+    return bool(torch.allclose(out, F.linear(x, weight, bias), rtol=tolerance, atol=tolerance))
 
 
-def pack_for_decoding(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` for fp32 CPU decoding with every ``nn.Linear`` and the output
-    projection as :class:`PackedLinear` (see the module docstring); ``model`` itself when it is
-    not on the CPU or this build cannot pack. The copy is in eval mode and serves inference only
-    (the packed weights take no gradient)."""
+def pack_for_decoding(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A copy of ``model`` for CPU decoding with every ``nn.Linear`` and the output projection
+    as :class:`PackedLinear` in ``dtype`` (fp32, or bf16 for ``decode.bf16``; see the module
+    docstring); ``model`` itself when it is not an fp32 model on the CPU or this build cannot
+    pack in ``dtype``. The copy is in eval mode and serves inference only (the packed weights
+    take no gradient)."""
     if any(p.device.type != "cpu" or p.dtype != torch.float32 for p in model.parameters()):
         return model
-    if not packing_supported():
+    if not packing_supported(dtype):
         return model
     packed = copy.deepcopy(model).eval()
     output = packed.output_weight().detach()
@@ -81,10 +99,10 @@ def pack_for_decoding(model: nn.Module) -> nn.Module:
     for parent in list(packed.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(parent, name, PackedLinear(child.weight, child.bias))
+                setattr(parent, name, PackedLinear(child.weight, child.bias, dtype))
     # the tied output weight is also the embedding table (kept for the lookups); the product
     # gets a packed twin over the output vocabulary's rows
-    packed.output_product = PackedLinear(output, None)
+    packed.output_product = PackedLinear(output, None, dtype)
     return packed
 
 

@@ -51,7 +51,13 @@ class Int8Linear(nn.Module):
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
         super().__init__()
         self.in_features, self.out_features = weight.size(1), weight.size(0)
+        self._source = (weight.detach(), None if bias is None else bias.detach())
         self._packed = _pack(weight, bias)
+
+    def rows(self, index: Tensor) -> Int8Linear:
+        """The product with output rows ``index`` of ``W`` (and ``b``) only, quantised the same way."""
+        weight, bias = self._source
+        return Int8Linear(weight.index_select(0, index), None if bias is None else bias.index_select(0, index))
 
     def forward(self, x: Tensor) -> Tensor:
         """``[..., in]`` -> ``[..., out]``."""

@@ -42,6 +42,7 @@ from torch import Tensor
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from mtcli.errors import ConfigError
 from mtcli.infer.ensemble import Ensemble, decoding_members
+from mtcli.infer.shortlist import Restriction, Shortlist
 from mtcli.model import DecoderCache, EncoderOutput, Transformer, Workspace
 
 
@@ -249,17 +250,21 @@ class _StepDecoder:
 
     def __init__(
         self, models: list[Transformer], encs: list[EncoderOutput], group: int, max_len: int,
-        use_cache: bool, ensemble_mode: str = "linear",
+        use_cache: bool, ensemble_mode: str = "linear", restriction: Restriction | None = None,
     ) -> None:
         self.models = models
         self.log_linear = ensemble_mode == "log_linear"
         self.caches: list[DecoderCache] | None = None
         self.encs = encs
-        self.width = chunk_width(models[0].output_size, CHUNK)
+        self.restriction = restriction
+        self.ids = models[0].output_ids if restriction is None else restriction.ids
+        self.width = chunk_width(models[0].output_size if restriction is None else len(restriction.ids))
         self.workspace = workspace()
         if use_cache:
             self.caches = [m.init_cache(e, beam_size=group, max_len=max_len, workspace=workspace(i))
                            for i, (m, e) in enumerate(zip(models, encs, strict=True))]
+            if restriction is not None:
+                self.caches[0].output_product = restriction.product
         elif group > 1:
             self.encs = [e.repeat_interleave(group) for e in encs]
 
@@ -268,7 +273,7 @@ class _StepDecoder:
         if self.caches is not None:
             return model.decode(seq[:, -1:], self.encs[i], self.caches[i])[:, 0]
         hidden, _ = model.decoder(seq, self.encs[i])
-        return model.project(hidden[:, -1])
+        return (model.project if self.restriction is None else self.restriction.product)(hidden[:, -1])
 
     def scores(self, seq: Tensor, limit_rows: Tensor) -> StepScores:
         """:class:`StepScores` of the token after ``seq [rows, t]`` (bos + the tokens so far);
@@ -285,7 +290,7 @@ class _StepDecoder:
         rows, vocab = logits.shape
         padded = -(-vocab // self.width) * self.width
         scratch = self.workspace.get("scratch", (rows, padded), torch.float32, logits.device)
-        return step_scores(logits, limit_rows, self.width, scratch, self.models[0].output_ids)
+        return step_scores(logits, limit_rows, self.width, scratch, self.ids)
 
     def reorder(self, index: Tensor, group: int | None = None) -> None:
         """Keep rows ``index`` (grouped by sentence, see :meth:`DecoderCache.reorder`)."""
@@ -299,11 +304,12 @@ class _StepDecoder:
 def _greedy(
     models: list[Transformer], encs: list[EncoderOutput], max_lens: Tensor, alpha: float,
     use_cache: bool, ensemble_mode: str = "linear", counted: Tensor | None = None,
+    restriction: Restriction | None = None,
 ) -> list[list[Hypothesis]]:
     """Greedy search: the most probable token at each step until eos or the length limit."""
     n, device = max_lens.numel(), max_lens.device
     results: list[list[Hypothesis]] = [[] for _ in range(n)]
-    decoder = _StepDecoder(models, encs, 1, int(max_lens.max()) + 1, use_cache, ensemble_mode)
+    decoder = _StepDecoder(models, encs, 1, int(max_lens.max()) + 1, use_cache, ensemble_mode, restriction)
     sentence = torch.arange(n, device=device)  # original index of each live row
     seq = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
     logprob = torch.zeros(n, dtype=torch.float32, device=device)
@@ -332,7 +338,7 @@ def _greedy(
 def _beam_search(
     models: list[Transformer], encs: list[EncoderOutput], max_lens: Tensor, alpha: float,
     use_cache: bool, beam_size: int, nbest: int, ensemble_mode: str = "linear",
-    counted: Tensor | None = None,
+    counted: Tensor | None = None, restriction: Restriction | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search (see the module docstring), ``beam_size`` hypotheses per sentence;
     ``counted``: per sentence, the longest length the length penalty counts (None: any)."""
@@ -340,7 +346,7 @@ def _beam_search(
     finished: list[list[Hypothesis]] = [[] for _ in range(n)]
     # The first step runs one row per sentence (all its beams would be equal); the first
     # reorder then fans each sentence out to its k beams.
-    decoder = _StepDecoder(models, encs, 1, int(max_lens.max()) + 1, use_cache, ensemble_mode)
+    decoder = _StepDecoder(models, encs, 1, int(max_lens.max()) + 1, use_cache, ensemble_mode, restriction)
     sentence = torch.arange(n, device=device)  # original index of each live sentence
     seq = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
     scores = torch.zeros((n, 1), device=device)  # [sentences, live beams]
@@ -434,6 +440,7 @@ def generate(
     use_cache: bool = True,
     return_attention: bool = False,
     ensemble_mode: str = "linear",
+    shortlist: Shortlist | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate a padded source batch: one n-best list (best first) per row of ``src``.
 
@@ -445,7 +452,8 @@ def generate(
     :attr:`Hypothesis.attention` (one extra teacher-forced pass; an ensemble's first member's).
     ``model`` may be an :class:`~mtcli.infer.ensemble.Ensemble`: the search then runs on the mean of
     its members' probabilities, or with ``ensemble_mode="log_linear"`` on the renormalised mean
-    of their log-probabilities. The model runs in eval mode under ``torch.inference_mode()``;
+    of their log-probabilities. ``shortlist`` restricts every step to the batch's candidate pieces
+    (:mod:`mtcli.infer.shortlist`; one model only). The model runs in eval mode under ``torch.inference_mode()``;
     its previous train/eval mode is restored afterwards.
     """
     if beam_size < 1:
@@ -459,6 +467,8 @@ def generate(
         raise ConfigError(f"decode.ensemble_mode must be linear or log_linear, got {ensemble_mode!r}")
     if length_penalty_limit < 0:
         raise ConfigError(f"decode.length_penalty_limit must be >= 0 (0: no limit), got {length_penalty_limit}")
+    if shortlist is not None and isinstance(model, Ensemble):
+        raise ConfigError("decode.shortlist decodes one model, not an --ensemble")
     if src.dim() != 2:
         raise ValueError(f"generate expects src [B, S], got shape {list(src.shape)}")
     if src.size(0) == 0:
@@ -471,11 +481,15 @@ def generate(
             encs = [m.encode(src) for m in members]
             max_lens = max_output_lengths(src, max_len_a, max_len_b, model.max_positions)
             counted = penalty_lengths(src, length_penalty_limit, max_lens)
+            restriction = None if shortlist is None else shortlist.restrict(members[0], src)
+            if restriction is not None and len(restriction.ids) < 2 * beam_size:
+                restriction = None  # too few candidates for the beam: the whole vocabulary
             if beam_size == 1:
-                results = _greedy(members, encs, max_lens, length_penalty, use_cache, ensemble_mode, counted)
+                results = _greedy(members, encs, max_lens, length_penalty, use_cache, ensemble_mode,
+                                  counted, restriction)
             else:
                 results = _beam_search(members, encs, max_lens, length_penalty, use_cache, beam_size, nbest,
-                                       ensemble_mode, counted)
+                                       ensemble_mode, counted, restriction)
             if return_attention:
                 _attach_attention(members[0], src, encs[0], results)
     finally:

@@ -44,6 +44,7 @@ from mtcli.infer.loading import InferenceModel
 from mtcli.infer.packed import pack_for_decoding
 from mtcli.infer.quantize import quantize_for_decoding
 from mtcli.infer.search import Hypothesis, generate
+from mtcli.infer.shortlist import Shortlist, shortlist_for
 from mtcli.logs import get_logger
 from mtcli.model import Transformer
 
@@ -145,6 +146,7 @@ def translate_lines(
     was_training = model.training
     model.eval()
     model = model_for_decoding(model, decode, device)
+    shortlist = run_shortlist(bundle, decode)
     threads = torch.get_num_threads()
     pool = None
     if decode.workers > 1:
@@ -159,7 +161,7 @@ def translate_lines(
                 length_penalty_limit=decode.length_penalty_limit, max_len_a=decode.max_len_a,
                 max_len_b=decode.max_len_b, nbest=decode.nbest,
                 use_cache=use_cache, return_attention=return_attention,
-                ensemble_mode=decode.ensemble_mode,
+                ensemble_mode=decode.ensemble_mode, shortlist=shortlist,
             )
 
     offset = 0
@@ -220,8 +222,9 @@ def translate_texts(
 def model_for_decoding(
     model: Transformer | Ensemble, decode: DecodeConfig, device: torch.device | str
 ) -> Transformer | Ensemble:
-    """The model as decoding runs it: an int8 copy under ``decode.int8``; on a CPU in fp32 a copy
-    with every weight packed for oneDNN's kernels (same products, faster); else ``model`` itself.
+    """The model as decoding runs it: an int8 copy under ``decode.int8``; on a CPU a copy with
+    every weight packed for oneDNN's kernels, in fp32 (same products, faster) or, under
+    ``decode.bf16``, in bf16; else ``model`` itself.
 
     A model already made for decoding (its output product replaced) is returned as it is, so a
     caller can make the copy once and keep it (:class:`~mtcli.infer.translator.Translator`)."""
@@ -230,11 +233,23 @@ def model_for_decoding(
         return model
     if decode.int8:
         members = [quantize_for_decoding(m) for m in members]
-    elif torch.device(device).type == "cpu" and not decode.bf16:
-        members = [pack_for_decoding(m) for m in members]
+    elif torch.device(device).type == "cpu":
+        members = [pack_for_decoding(m, torch.bfloat16 if decode.bf16 else torch.float32)
+                   for m in members]
     else:
         return model
     return Ensemble(members) if len(members) > 1 else members[0]
+
+
+def run_shortlist(bundle: InferenceModel, decode: DecodeConfig) -> Shortlist | None:
+    """The lexical shortlist ``decode.shortlist`` asks for (None when it is 0), built once per
+    run and setting from the run's training data and kept on ``bundle``."""
+    if decode.shortlist <= 0:
+        return None
+    key = (decode.shortlist, decode.shortlist_frequent)
+    if key not in bundle.shortlists:
+        bundle.shortlists[key] = shortlist_for(bundle.config, *key)
+    return bundle.shortlists[key]
 
 
 def decoding_device(decode: DecodeConfig) -> torch.device:

@@ -11,6 +11,7 @@ is never copied per beam).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -96,6 +97,8 @@ class DecoderCache:
     * ``output_t``: the pre-softmax weight transposed and contiguous ``[d_model, vocab]``, made
       once per cache by :meth:`Transformer.decode` (``hidden @ W^T`` is then one plain ``mm``,
       about 10% faster on a CPU than ``linear`` with the ``[vocab, d_model]`` weight).
+    * ``output_product``: when set (by a search decoding over a shortlist of the output
+      vocabulary), :meth:`Transformer.decode` returns ``output_product(hidden)`` as the logits.
 
     :meth:`reorder` selects rows (beam reordering, dropping finished sentences) and can change
     ``group`` (beam search runs its first step with one row per sentence). Time-major
@@ -116,6 +119,7 @@ class DecoderCache:
         self.group = group
         self.length = 0
         self.output_t: Tensor | None = None
+        self.output_product: Callable[[Tensor], Tensor] | None = None
         self.workspace = workspace
         self._spare: list[Tensor] = []  # flat storage for the next reorder
         self._storage = [t.view(-1) for t in self_k + self_v]  # flat storage of the current state

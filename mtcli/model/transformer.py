@@ -161,7 +161,8 @@ class Transformer(nn.Module):
         Without a cache the whole target is processed at once (causal self-attention). With a
         ``cache`` (from :meth:`init_cache`) ``tgt_in`` is the newest token ``[rows, 1]``, the
         result is ``[rows, 1, output_size]`` for that position and the cache advances one step;
-        the encoder side then comes from the cache (``enc`` is not read). When the cache was made
+        the encoder side then comes from the cache (``enc`` is not read), and the cache's
+        ``output_product``, when set, gives the logits (a shortlist's columns). When the cache was made
         with a :class:`Workspace` (and no autocast is on) the logits are a view of its
         ``"logits"`` buffer, overwritten by the next step: copy them to keep them.
         """
@@ -173,6 +174,8 @@ class Transformer(nn.Module):
             if cache.length >= cache.max_len:
                 raise ValueError(f"decoder cache is full ({cache.max_len} positions)")
             hidden = self.decoder.step(tgt_in, cache)
+            if cache.output_product is not None:
+                return cache.output_product(hidden)
         if cache is None or torch.is_grad_enabled() or self.output_product is not None:
             return self.project(hidden)
         return self._cached_projection(hidden, cache)

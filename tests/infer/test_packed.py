@@ -56,5 +56,28 @@ def test_model_for_decoding_packs_only_fp32_on_a_cpu() -> None:
     packed = model_for_decoding(model, DecodeConfig(), "cpu")
     assert isinstance(packed.output_product, PackedLinear)
     assert model_for_decoding(packed, DecodeConfig(), "cpu") is packed  # made once, kept
-    assert model_for_decoding(model, DecodeConfig(bf16=True), "cpu") is model
+    bf16 = model_for_decoding(model, DecodeConfig(bf16=True), "cpu")
+    if packing_supported(torch.bfloat16):
+        assert bf16.output_product.dtype == torch.bfloat16
+    else:
+        assert bf16 is model
     assert model_for_decoding(model, DecodeConfig(), "meta") is model
+
+
+@pytest.mark.skipif(not packing_supported(torch.bfloat16), reason="oneDNN has no bf16 kernels on this CPU")
+def test_bf16_packed_copy_computes_what_bf16_autocast_computes() -> None:
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 96)
+    x = torch.randn(5, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = layer(x).detach()
+    out = PackedLinear(layer.weight, layer.bias, torch.bfloat16)(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
+    model = random_model(seed=7)
+    packed = pack_for_decoding(model, torch.bfloat16)
+    src = pad_batch(random_sources(seed=8, n=4))
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.testing.assert_close(packed(src, src).float(), model(src, src).float(), rtol=5e-2, atol=5e-2)
+        hyps = generate(packed, pad_batch(random_sources(seed=9, n=4)), beam_size=3, length_penalty=1.0)
+    assert all(len(h) == 1 for h in hyps)

@@ -420,3 +420,4 @@ def test_search_with_an_output_vocabulary_emits_listed_pieces_only(beam: int) ->
     for src_ids, hyps in zip(sources, cached, strict=True):
         best = hyps[0]
         assert best.logprob == pytest.approx(teacher_forced_logprob(model, src_ids, best.tokens), abs=1e-4)
+

@@ -1,0 +1,132 @@
+"""Lexical shortlists (``decode.shortlist``): each batch decodes over the target pieces its
+sources are likely to produce, instead of the whole output vocabulary.
+
+On a CPU the largest product of a decoder step is the output projection, ``[rows, d_model] x
+[d_model, V]``, and the normaliser then runs over its ``V`` columns. A lexical shortlist (Marian's
+``--shortlist``, CTranslate2's vocabulary map) narrows ``V`` per batch to
+
+- the special pieces,
+- the ``decode.shortlist_frequent`` most frequent target pieces of the training split, and
+- for each source piece in the batch, the ``decode.shortlist`` target pieces most often seen in
+  the training pairs whose source holds it, ranked by ``p(t | s) = c(s, t) / c(s)`` (each piece
+  counted once per sentence; at most :data:`MAX_PAIRS` pairs are read).
+
+The table is built from the prepared cache the run was trained on (a second or two for
+Multi30k) when a decoder first asks for it. The search then normalises over the candidates only,
+as Marian and CTranslate2 do, so scores are no longer the model's exact log-probabilities and the
+output may change: the option is off by default (exact search), and bench/NOTES.md gives its
+speed and its BLEU cost on val.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mtcli.config import Config
+from mtcli.data.cache import PreparedCorpus, TokenArray
+from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from mtcli.errors import ConfigError
+from mtcli.infer.packed import PackedLinear
+from mtcli.infer.quantize import Int8Linear
+from mtcli.model import Transformer
+
+#: Training pairs read to build a table (the first ones; enough for the counts to settle).
+MAX_PAIRS = 500_000
+SPECIALS = torch.tensor(sorted((PAD_ID, UNK_ID, BOS_ID, EOS_ID)))
+
+
+@dataclass
+class Restriction:
+    """The output columns of one batch: ``ids`` (sorted joint ids, specials first, each on the
+    model's output vocabulary) and ``product(hidden) -> [..., len(ids)]`` logits over them."""
+
+    ids: Tensor
+    product: Callable[[Tensor], Tensor]
+
+
+@dataclass
+class Shortlist:
+    """Candidate target pieces: ``table[s]`` lists the best target ids for source id ``s`` (-1
+    pads a short row); ``frequent`` are always candidates."""
+
+    table: Tensor
+    frequent: Tensor
+
+    def candidates(self, src: Tensor) -> Tensor:
+        """Sorted joint ids a batch ``src [B, S]`` decodes over (the special ids included)."""
+        listed = self.table[torch.unique(src.cpu())].flatten()
+        return torch.unique(torch.cat([SPECIALS, self.frequent, listed[listed >= 0]]))
+
+    def restrict(self, model: Transformer, src: Tensor) -> Restriction:
+        """The columns and output product of ``model`` for batch ``src``."""
+        ids = self.candidates(src).to(src.device)
+        if model.output_ids is not None:  # keep the candidates on the output vocabulary
+            positions = model.output_index[ids]
+            positions = positions[model.output_ids[positions] == ids]
+            ids = model.output_ids[positions]
+        else:
+            positions = ids
+        return Restriction(ids, _rows_product(model, positions))
+
+
+def _rows_product(model: Transformer, positions: Tensor) -> Callable[[Tensor], Tensor]:
+    """``hidden -> hidden W[positions]^T`` in the precision the decoding copy of ``model`` runs
+    its output product in (oneDNN-packed fp32/bf16, int8, or plain)."""
+    product = model.output_product
+    if isinstance(product, (PackedLinear, Int8Linear)):
+        return product.rows(positions)
+    weight = model.output_weight().detach()
+    if model.output_ids is not None:
+        weight = weight.index_select(0, model.output_ids)
+    weight = weight.index_select(0, positions)
+    return lambda hidden: F.linear(hidden, weight)
+
+
+def build_shortlist(source: TokenArray, target: TokenArray, vocab_size: int, per_source: int,
+                    frequent: int, max_pairs: int = MAX_PAIRS) -> Shortlist:
+    """Count which target pieces appear with each source piece over the first ``max_pairs``
+    pairs, keep the ``per_source`` likeliest per source piece and the ``frequent`` most frequent
+    target pieces (see the module docstring)."""
+    pairs = min(len(source), len(target), max_pairs)
+    source_count = np.zeros(vocab_size, dtype=np.int64)
+    target_count = np.zeros(vocab_size, dtype=np.int64)
+    keys = []
+    for i in range(pairs):
+        s, t = np.unique(source[i]), np.unique(target[i])
+        source_count[s] += 1
+        target_count[t] += 1
+        keys.append((s.astype(np.int64)[:, None] * vocab_size + t[None, :]).ravel())
+    table = np.full((vocab_size, per_source), -1, dtype=np.int64)
+    if keys:
+        joint, counts = np.unique(np.concatenate(keys), return_counts=True)
+        s_of, t_of = joint // vocab_size, joint % vocab_size
+        order = np.lexsort((-counts / source_count[s_of], s_of))  # by source, likeliest first
+        s_sorted = s_of[order]
+        rank = np.arange(len(order)) - np.searchsorted(s_sorted, s_sorted)
+        kept = rank < per_source
+        table[s_sorted[kept], rank[kept]] = t_of[order][kept]
+    top = np.argsort(-target_count, kind="stable")[:frequent]
+    return Shortlist(torch.from_numpy(table), torch.from_numpy(top[target_count[top] > 0]))
+
+
+def shortlist_for(config: Config, per_source: int, frequent: int) -> Shortlist:
+    """The shortlist of a run whose config is ``config``, built from the training split of the
+    prepared cache it was trained on; :class:`ConfigError` when that cache is gone."""
+    path = config.data.prepared_path()
+    if not (path / "manifest.json").is_file():
+        raise ConfigError(f"decode.shortlist builds its table from the prepared cache {path}, which "
+                          f"is not there: run `mtcli prepare` on the run's recipe, or set decode.shortlist=0")
+    corpus = PreparedCorpus.open(path, verify=False)
+    data = config.data
+    return build_shortlist(corpus.array(data.train_split, data.src_lang),
+                           corpus.array(data.train_split, data.tgt_lang),
+                           corpus.vocab_size, per_source, frequent)
+
+
+__all__ = ["MAX_PAIRS", "Restriction", "Shortlist", "build_shortlist", "shortlist_for"]
