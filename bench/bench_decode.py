@@ -62,12 +62,12 @@ VARIANTS: dict[str, tuple[str, int, dict]] = {
     "torch-beam5-cache-bf16": ("torch", 5, {"use_cache": True, "bf16": True}),
     # bf16 autocast on the model as it is (before decoding packed its weights in bf16)
     "torch-beam5-cache-bf16-unpacked": ("torch", 5, {"use_cache": True, "bf16": True, "plain": True}),
-    # decode.shortlist: a lexical shortlist of 50 target pieces per source piece + the 100 most
+    # decode.shortlist: a lexical shortlist of 100 target pieces per source piece + the 100 most
     # frequent (needs the run's prepared cache; changes the output, see bench/NOTES.md)
-    "torch-greedy-cache-shortlist": ("torch", 1, {"use_cache": True, "bf16": False, "shortlist": 50}),
-    "torch-beam5-cache-shortlist": ("torch", 5, {"use_cache": True, "bf16": False, "shortlist": 50}),
+    "torch-greedy-cache-shortlist": ("torch", 1, {"use_cache": True, "bf16": False, "shortlist": 100}),
+    "torch-beam5-cache-shortlist": ("torch", 5, {"use_cache": True, "bf16": False, "shortlist": 100}),
     "torch-beam5-cache-int8-shortlist": ("torch", 5, {"use_cache": True, "bf16": False, "int8": True,
-                                                     "shortlist": 50}),
+                                                     "shortlist": 100}),
     "torch-greedy-cache-int8": ("torch", 1, {"use_cache": True, "bf16": False, "int8": True}),
     "torch-beam5-cache-int8": ("torch", 5, {"use_cache": True, "bf16": False, "int8": True}),
     # two batches at a time on two threads, one intra-op thread each (decode.workers=2;

@@ -46,7 +46,7 @@ from mtcli.infer.translate import (
 SETTINGS = {"beam": "beam_size", "length_penalty": "length_penalty",
             "length_penalty_limit": "length_penalty_limit", "max_tokens": "max_tokens",
             "nbest": "nbest", "max_len_a": "max_len_a", "max_len_b": "max_len_b",
-            "int8": "int8", "bf16": "bf16", "workers": "workers"}
+            "int8": "int8", "bf16": "bf16", "workers": "workers", "shortlist": "shortlist"}
 
 
 def _overrides(settings: dict[str, Any]) -> list[str]:
