@@ -165,7 +165,10 @@ def exact_resume(config_path: str, overrides: list[str], work: Path, k: int) -> 
     """K steps + resume K more == 2K steps straight (bit-identical parameters)."""
     from mtcli.checkpoint import load_checkpoint
 
-    common = [*overrides, "train.valid_every=1000000", "train.valid_bleu=false", "train.progress=false"]
+    # no cool-down: it counts back from train.max_steps, so a first half stopped by a smaller
+    # max_steps would follow other rates than the straight run (a schedule change, not a resume)
+    common = [*overrides, "train.valid_every=1000000", "train.valid_bleu=false", "train.progress=false",
+              "train.cooldown_steps=0"]
     straight, halves = work / "straight", work / "halves"
     train(load_config(config_path, [*common, f"train.run_dir={straight}", f"train.max_steps={2 * k}"]))
     train(load_config(config_path, [*common, f"train.run_dir={halves}", f"train.max_steps={k}"]))
