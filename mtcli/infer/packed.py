@@ -23,12 +23,13 @@ they do not.
 
 from __future__ import annotations
 
-import copy
 import functools
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from mtcli.model import Transformer
 
 
 class PackedLinear(nn.Module):
@@ -41,15 +42,8 @@ class PackedLinear(nn.Module):
     def __init__(self, weight: Tensor, bias: Tensor | None, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.in_features, self.out_features, self.dtype = weight.size(1), weight.size(0), dtype
-        self._source = (weight.detach(), None if bias is None else bias.detach())
         self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype).contiguous())
         self._bias = None if bias is None else bias.detach().float().contiguous()
-
-    def rows(self, index: Tensor) -> PackedLinear:
-        """The product with output rows ``index`` of ``W`` (and ``b``) only, packed the same way."""
-        weight, bias = self._source
-        return PackedLinear(weight.index_select(0, index),
-                            None if bias is None else bias.index_select(0, index), self.dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         """``[..., in]`` -> ``[..., out]``."""
@@ -82,7 +76,7 @@ def packing_supported(dtype: torch.dtype = torch.float32) -> bool:
     return bool(torch.allclose(out, F.linear(x, weight, bias), rtol=tolerance, atol=tolerance))
 
 
-def pack_for_decoding(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
+def pack_for_decoding(model: Transformer, dtype: torch.dtype = torch.float32) -> Transformer:
     """A copy of ``model`` for CPU decoding with every ``nn.Linear`` and the output projection
     as :class:`PackedLinear` in ``dtype`` (fp32, or bf16 for ``decode.bf16``; see the module
     docstring); ``model`` itself when it is not an fp32 model on the CPU or this build cannot
@@ -92,18 +86,7 @@ def pack_for_decoding(model: nn.Module, dtype: torch.dtype = torch.float32) -> n
         return model
     if not packing_supported(dtype):
         return model
-    packed = copy.deepcopy(model).eval()
-    output = packed.output_weight().detach()
-    if packed.output_ids is not None:
-        output = output.index_select(0, packed.output_ids)
-    for parent in list(packed.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, PackedLinear(child.weight, child.bias, dtype))
-    # the tied output weight is also the embedding table (kept for the lookups); the product
-    # gets a packed twin over the output vocabulary's rows
-    packed.output_product = PackedLinear(output, None, dtype)
-    return packed
+    return model.for_decoding(functools.partial(PackedLinear, dtype=dtype))
 
 
 __all__ = ["PackedLinear", "pack_for_decoding", "packing_supported"]

@@ -21,13 +21,13 @@ when a build no longer has it, :func:`quantize_for_decoding` raises a one-line
 
 from __future__ import annotations
 
-import copy
 import warnings
 
 import torch
 from torch import Tensor, nn
 
 from mtcli.errors import ConfigError
+from mtcli.model import Transformer
 
 
 def _pack(weight: Tensor, bias: Tensor | None) -> object:
@@ -51,13 +51,7 @@ class Int8Linear(nn.Module):
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
         super().__init__()
         self.in_features, self.out_features = weight.size(1), weight.size(0)
-        self._source = (weight.detach(), None if bias is None else bias.detach())
         self._packed = _pack(weight, bias)
-
-    def rows(self, index: Tensor) -> Int8Linear:
-        """The product with output rows ``index`` of ``W`` (and ``b``) only, quantised the same way."""
-        weight, bias = self._source
-        return Int8Linear(weight.index_select(0, index), None if bias is None else bias.index_select(0, index))
 
     def forward(self, x: Tensor) -> Tensor:
         """``[..., in]`` -> ``[..., out]``."""
@@ -81,7 +75,7 @@ def int8_supported() -> str | None:
     return None
 
 
-def quantize_for_decoding(model: nn.Module) -> nn.Module:
+def quantize_for_decoding(model: Transformer) -> Transformer:
     """A copy of ``model`` for CPU decoding with every ``nn.Linear`` as :class:`Int8Linear` and
     the (tied or separate) output projection quantised too (see the module docstring).
 
@@ -93,19 +87,7 @@ def quantize_for_decoding(model: nn.Module) -> nn.Module:
     why = int8_supported()
     if why is not None:
         raise ConfigError(f"decode.int8: {why}")
-    quantized = copy.deepcopy(model).eval()
-    # the product search uses: hidden W^T over the output vocabulary's rows (all rows without one)
-    output = quantized.output_weight().detach()
-    if quantized.output_ids is not None:
-        output = output.index_select(0, quantized.output_ids)
-    for parent in list(quantized.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, Int8Linear(child.weight, child.bias))
-    # a tied output weight is the embedding matrix, which stays fp32 for the lookups; the
-    # product gets an int8 twin (of the separate projection's rows too, when it is untied)
-    quantized.output_product = Int8Linear(output, None)
-    return quantized
+    return model.for_decoding(Int8Linear)
 
 
 __all__ = ["Int8Linear", "int8_supported", "quantize_for_decoding"]

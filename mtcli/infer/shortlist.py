@@ -25,15 +25,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from mtcli.config import Config
 from mtcli.data.cache import PreparedCorpus, TokenArray
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from mtcli.errors import ConfigError
-from mtcli.infer.packed import PackedLinear
-from mtcli.infer.quantize import Int8Linear
 from mtcli.model import Transformer
 
 #: Training pairs read to build a table (the first ones; enough for the counts to settle).
@@ -72,20 +69,7 @@ class Shortlist:
             ids = model.output_ids[positions]
         else:
             positions = ids
-        return Restriction(ids, _rows_product(model, positions))
-
-
-def _rows_product(model: Transformer, positions: Tensor) -> Callable[[Tensor], Tensor]:
-    """``hidden -> hidden W[positions]^T`` in the precision the decoding copy of ``model`` runs
-    its output product in (oneDNN-packed fp32/bf16, int8, or plain)."""
-    product = model.output_product
-    if isinstance(product, (PackedLinear, Int8Linear)):
-        return product.rows(positions)
-    weight = model.output_weight().detach()
-    if model.output_ids is not None:
-        weight = weight.index_select(0, model.output_ids)
-    weight = weight.index_select(0, positions)
-    return lambda hidden: F.linear(hidden, weight)
+        return Restriction(ids, model.output_rows(positions))
 
 
 def build_shortlist(source: TokenArray, target: TokenArray, vocab_size: int, per_source: int,

@@ -24,7 +24,8 @@ joint ids to positions. Without an output vocabulary both are the identity.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from copy import deepcopy
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +36,9 @@ from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from mtcli.model.attention import padding_attn_mask
 from mtcli.model.incremental import DecoderCache, EncoderOutput, Workspace
 from mtcli.model.layers import Decoder, Embeddings, Encoder, PositionalEncoding
+
+#: Makes a decoding-time product ``x W^T + b`` from ``(W, b)`` (see :meth:`Transformer.for_decoding`).
+ProductMaker = Callable[[Tensor, Tensor | None], nn.Module]
 
 
 class Transformer(nn.Module):
@@ -77,8 +81,9 @@ class Transformer(nn.Module):
             None if cfg.tie_embeddings else nn.Linear(cfg.d_model, vocab_size, bias=False)
         )
         # a decoding-time stand-in for ``hidden W^T`` over the output vocabulary: int8
-        # (mtcli.infer.quantize) or oneDNN-packed fp32 (mtcli.infer.packed)
+        # (mtcli.infer.quantize) or oneDNN-packed fp32/bf16 (mtcli.infer.packed); see for_decoding
         self.output_product: nn.Module | None = None
+        self._decoding_output: tuple[Tensor, ProductMaker] | None = None
         self._init_projections()
 
     def _init_projections(self) -> None:
@@ -128,10 +133,38 @@ class Transformer(nn.Module):
         ``i`` is id ``output_ids[i]``; the special ids are their own positions."""
         if self.output_product is not None:  # built over the output vocabulary's rows
             return self.output_product(hidden)
+        return F.linear(hidden, self.output_rows_weight())
+
+    def output_rows_weight(self) -> Tensor:
+        """The pre-softmax weight over the output vocabulary, ``W[output_ids] [output_size,
+        d_model]`` (``W`` itself without one)."""
         weight = self.output_weight()
-        if self.output_ids is not None:
-            weight = weight.index_select(0, self.output_ids)
-        return F.linear(hidden, weight)
+        return weight if self.output_ids is None else weight.index_select(0, self.output_ids)
+
+    def for_decoding(self, make: ProductMaker) -> Transformer:
+        """A copy in eval mode for decoding in another precision or layout: every ``nn.Linear``
+        becomes ``make(weight, bias)`` and the output product ``make(W[output_ids], None)`` (a
+        tied ``W`` is also the embedding table, which stays as it is for the lookups). The copy
+        serves inference only; :meth:`output_rows` makes its products over a subset the same way."""
+        copy = deepcopy(self).eval()
+        output = copy.output_rows_weight().detach()
+        for parent in list(copy.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(parent, name, make(child.weight, child.bias))
+        copy.output_product = make(output, None)
+        copy._decoding_output = (output, make)
+        return copy
+
+    def output_rows(self, positions: Tensor) -> Callable[[Tensor], Tensor]:
+        """``hidden -> hidden W[output_ids][positions]^T``: the output product over some of the
+        output vocabulary's positions (a shortlist), in this model's precision (see
+        :meth:`for_decoding`)."""
+        if self._decoding_output is None:
+            weight = self.output_rows_weight().detach().index_select(0, positions)
+            return lambda hidden: F.linear(hidden, weight)
+        output, make = self._decoding_output
+        return make(output.index_select(0, positions), None)
 
     def widen(self, logits: Tensor) -> Tensor:
         """Output-vocabulary logits ``[..., V_out]`` -> joint-vocabulary ``[..., vocab]``, -inf off it."""
@@ -184,10 +217,7 @@ class Transformer(nn.Module):
         """:meth:`project` of one step ``[rows, 1, d]`` with the transposed weight
         kept in the cache and the result in its workspace (a plain ``mm`` is faster on a CPU)."""
         if cache.output_t is None:
-            weight = self.output_weight()
-            if self.output_ids is not None:
-                weight = weight.index_select(0, self.output_ids)
-            cache.output_t = weight.t().contiguous()
+            cache.output_t = self.output_rows_weight().t().contiguous()
         hidden = hidden.view(-1, hidden.size(-1))
         if cache.workspace is None or torch.is_autocast_enabled(hidden.device.type):
             return torch.mm(hidden, cache.output_t).unsqueeze(1)
