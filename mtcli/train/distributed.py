@@ -9,6 +9,7 @@ collectives so that every rank stops at the same step. In one process they are t
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,20 @@ def init_distributed(info: DistInfo, device: torch.device) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group(backend=backend, rank=info.rank, world_size=info.world_size)
     info.initialized_here = True
+
+
+def leave_distributed(info: DistInfo) -> None:
+    """Leave the process group this process joined, while the interpreter is still whole.
+
+    Gloo's worker threads can hold tensors whose release needs the GIL: a group (or a
+    DistributedDataParallel reducer that keeps it alive) left to interpreter shutdown can abort
+    the process after a successful run. So drop the reducer first (the caller clears its
+    reference), collect the cycles that still hold it, and destroy the group here.
+    """
+    if not (info.distributed and info.initialized_here and dist.is_initialized()):
+        return
+    gc.collect()
+    dist.destroy_process_group()
 
 
 def all_sum(values: list[float], info: DistInfo, device: torch.device) -> list[float]:

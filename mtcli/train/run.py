@@ -32,7 +32,7 @@ from mtcli.logs import add_file_log, get_logger, remove_log_handler
 from mtcli.plots import write_learning_curves
 from mtcli.rundir import CONFIG_NAME, MANIFEST_NAME, SPM_NAME, TEXT_DIR, checkpoint_dir, names
 from mtcli.runlock import RunLock
-from mtcli.train.distributed import DistInfo, init_distributed
+from mtcli.train.distributed import DistInfo, init_distributed, leave_distributed
 from mtcli.train.parent import PARENT_NAME, load_parent, start_from
 from mtcli.train.resume import find_resume_checkpoint, remove_stale_temp_files
 from mtcli.train.trainer import Trainer
@@ -158,8 +158,7 @@ def train(config: Config) -> TrainSummary:
     run_dir = config.run_path()
     init_distributed(info, device)
     with contextlib.ExitStack() as stack:
-        if info.distributed and info.initialized_here:
-            stack.callback(dist.destroy_process_group)
+        stack.callback(leave_distributed, info)
         if info.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             stack.enter_context(RunLock(run_dir))
@@ -190,6 +189,7 @@ def train(config: Config) -> TrainSummary:
             trainer.ddp = nn.parallel.DistributedDataParallel(
                 trainer.model, device_ids=[device.index] if device.type == "cuda" else None
             )
+            stack.callback(setattr, trainer, "ddp", None)  # the reducer goes before the group
         with trainer.signals:
             reason = trainer.run()
         log.info("stopped at step %d: %s", trainer.step, reason)
@@ -198,4 +198,6 @@ def train(config: Config) -> TrainSummary:
             picture = write_learning_curves(run_dir)
             if picture is not None:
                 log.info("learning curves: %s", picture)
+        if info.distributed:
+            dist.barrier()  # no rank tears down its connections while another still writes
         return _summary(trainer, reason)
