@@ -33,34 +33,39 @@ from mtcli.model import Transformer
 
 
 class PackedLinear(nn.Module):
-    """``y = x W^T + b`` with ``W [out, in]`` stored in oneDNN's blocked layout, in ``dtype``.
+    """``y = x W^T + b`` with ``W [out, in]`` stored in oneDNN's blocked layout, in ``dtype``;
+    with ``relu=True``, ``max(0, x W^T + b)`` in the same kernel (no second pass over ``y``).
 
     Takes ``x [..., in]`` (any float dtype; cast to ``dtype``) and returns ``[..., out]`` in
     ``dtype``: fp32 like the ``nn.Linear`` it replaces, or bf16 as under bf16 autocast.
     """
 
-    def __init__(self, weight: Tensor, bias: Tensor | None, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, weight: Tensor, bias: Tensor | None, dtype: torch.dtype = torch.float32, relu: bool = False
+    ) -> None:
         super().__init__()
         self.in_features, self.out_features, self.dtype = weight.size(1), weight.size(0), dtype
         self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype).contiguous())
         self._bias = None if bias is None else bias.detach().float().contiguous()
+        self._post = "relu" if relu else "none"
 
     def forward(self, x: Tensor) -> Tensor:
         """``[..., in]`` -> ``[..., out]``."""
         shape = x.shape
         out = torch.ops.mkldnn._linear_pointwise(
-            x.reshape(-1, shape[-1]).to(self.dtype), self._packed, self._bias, "none", [], ""
+            x.reshape(-1, shape[-1]).to(self.dtype), self._packed, self._bias, self._post, [], ""
         )
         return out.view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed {self.dtype}"
+        relu = ", relu" if self._post == "relu" else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed {self.dtype}{relu}"
 
 
 @functools.cache
 def packing_supported(dtype: torch.dtype = torch.float32) -> bool:
-    """Whether this PyTorch build has the oneDNN operators and they compute ``x W^T + b`` in
-    ``dtype`` (fp32, or bf16 where oneDNN runs bf16 on this CPU)."""
+    """Whether this PyTorch build has the oneDNN operators and they compute ``x W^T + b`` (and
+    its ReLU) in ``dtype`` (fp32, or bf16 where oneDNN runs bf16 on this CPU)."""
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
     if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
@@ -70,10 +75,13 @@ def packing_supported(dtype: torch.dtype = torch.float32) -> bool:
     x = torch.randn(3, 16, generator=generator)
     try:
         out = PackedLinear(weight, bias, dtype)(x).float()
+        out_relu = PackedLinear(weight, bias, dtype, relu=True)(x).float()
     except (RuntimeError, AttributeError, NotImplementedError):
         return False
     tolerance = 1e-4 if dtype == torch.float32 else 5e-2
-    return bool(torch.allclose(out, F.linear(x, weight, bias), rtol=tolerance, atol=tolerance))
+    expected = F.linear(x, weight, bias)
+    return bool(torch.allclose(out, expected, rtol=tolerance, atol=tolerance)
+                and torch.allclose(out_relu, expected.relu(), rtol=tolerance, atol=tolerance))
 
 
 def pack_for_decoding(model: Transformer, dtype: torch.dtype = torch.float32) -> Transformer:

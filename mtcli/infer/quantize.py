@@ -43,33 +43,37 @@ def _pack(weight: Tensor, bias: Tensor | None) -> object:
 
 
 class Int8Linear(nn.Module):
-    """``y = x W^T + b`` with ``W`` in int8 (per-row scales) and ``x`` quantised per call.
+    """``y = x W^T + b`` with ``W`` in int8 (per-row scales) and ``x`` quantised per call; with
+    ``relu=True``, ``max(0, x W^T + b)`` in the same kernel.
 
     Takes ``x [..., in]`` fp32 and returns ``[..., out]`` fp32, like the ``nn.Linear`` it replaces.
     """
 
-    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False) -> None:
         super().__init__()
-        self.in_features, self.out_features = weight.size(1), weight.size(0)
+        self.in_features, self.out_features, self.relu = weight.size(1), weight.size(0), relu
         self._packed = _pack(weight, bias)
 
     def forward(self, x: Tensor) -> Tensor:
         """``[..., in]`` -> ``[..., out]``."""
         shape = x.shape
-        out = torch.ops.quantized.linear_dynamic(x.reshape(-1, shape[-1]).float(), self._packed, True)
+        kernel = torch.ops.quantized.linear_relu_dynamic if self.relu else torch.ops.quantized.linear_dynamic
+        out = kernel(x.reshape(-1, shape[-1]).float(), self._packed, True)
         return out.view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+        relu = ", relu" if self.relu else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8{relu}"
 
 
 def int8_supported() -> str | None:
     """None when this PyTorch build can run :class:`Int8Linear`, else why not (one line)."""
-    if not hasattr(torch.ops.quantized, "linear_dynamic"):
-        return "this PyTorch build has no quantized::linear_dynamic kernel"
+    for kernel in ("linear_dynamic", "linear_relu_dynamic"):
+        if not hasattr(torch.ops.quantized, kernel):
+            return f"this PyTorch build has no quantized::{kernel} kernel"
     try:
-        layer = Int8Linear(torch.randn(4, 8), torch.zeros(4))
-        layer(torch.randn(2, 8))
+        for relu in (False, True):
+            Int8Linear(torch.randn(4, 8), torch.zeros(4), relu=relu)(torch.randn(2, 8))
     except (RuntimeError, AttributeError, NotImplementedError) as exc:
         return f"int8 kernels unavailable ({str(exc).splitlines()[0][:120]})"
     return None

@@ -37,16 +37,19 @@ class PositionwiseFeedForward(nn.Module):
         self.w_1 = nn.Linear(d_model, d_ff)
         self.w_2 = nn.Linear(d_ff, d_model)
         self.activation_dropout = activation_dropout
+        #: True in a decoding copy whose ``w_1`` applies the ReLU itself, fused into its
+        #: product (:meth:`~mtcli.model.Transformer.for_decoding`).
+        self.relu_in_w_1 = False
 
     def forward(self, x: Tensor) -> Tensor:
         """``[..., d_model]`` -> ``[..., d_model]``."""
-        h = F.relu(self.w_1(x))
+        h = self.w_1(x) if self.relu_in_w_1 else F.relu(self.w_1(x))
         return self.w_2(dropout(h, self.activation_dropout, self.training))
 
     def step(self, x: Tensor) -> Tensor:
         """:meth:`forward` for incremental decoding: the ReLU in place when no gradient is
         recorded (one fewer ``[rows, d_ff]`` tensor per layer and step)."""
-        if self.training or torch.is_grad_enabled():
+        if self.relu_in_w_1 or self.training or torch.is_grad_enabled():
             return self.forward(x)
         return self.w_2(self.w_1(x).relu_())
 

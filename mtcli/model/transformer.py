@@ -35,10 +35,17 @@ from mtcli.config import ModelConfig
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from mtcli.model.attention import padding_attn_mask
 from mtcli.model.incremental import DecoderCache, EncoderOutput, Workspace
-from mtcli.model.layers import Decoder, Embeddings, Encoder, PositionalEncoding
+from mtcli.model.layers import (
+    Decoder,
+    Embeddings,
+    Encoder,
+    PositionalEncoding,
+    PositionwiseFeedForward,
+)
 
-#: Makes a decoding-time product ``x W^T + b`` from ``(W, b)`` (see :meth:`Transformer.for_decoding`).
-ProductMaker = Callable[[Tensor, Tensor | None], nn.Module]
+#: Makes a decoding-time product ``x W^T + b`` from ``(W, b)``, or ``max(0, x W^T + b)`` when
+#: called with ``relu=True`` (see :meth:`Transformer.for_decoding`).
+ProductMaker = Callable[..., nn.Module]
 
 
 class Transformer(nn.Module):
@@ -143,12 +150,17 @@ class Transformer(nn.Module):
 
     def for_decoding(self, make: ProductMaker) -> Transformer:
         """A copy in eval mode for decoding in another precision or layout: every ``nn.Linear``
-        becomes ``make(weight, bias)`` and the output product ``make(W[output_ids], None)`` (a
-        tied ``W`` is also the embedding table, which stays as it is for the lookups). The copy
-        serves inference only; :meth:`output_rows` makes its products over a subset the same way."""
+        becomes ``make(weight, bias)``, a feed-forward network's first one
+        ``make(weight, bias, relu=True)`` (its ReLU fused into the product), and the output
+        product ``make(W[output_ids], None)`` (a tied ``W`` is also the embedding table, which
+        stays as it is for the lookups). The copy serves inference only; :meth:`output_rows`
+        makes its products over a subset the same way."""
         copy = deepcopy(self).eval()
         output = copy.output_rows_weight().detach()
         for parent in list(copy.modules()):
+            if isinstance(parent, PositionwiseFeedForward):
+                parent.w_1 = make(parent.w_1.weight, parent.w_1.bias, relu=True)
+                parent.relu_in_w_1 = True
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):
                     setattr(parent, name, make(child.weight, child.bias))

@@ -15,14 +15,25 @@ from mtcli.infer.translate import model_for_decoding
 pytestmark = pytest.mark.skipif(not packing_supported(), reason="this PyTorch build has no oneDNN linear")
 
 
+@pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("bias", [True, False])
-def test_packed_linear_equals_linear(bias: bool) -> None:
+def test_packed_linear_equals_linear(bias: bool, relu: bool) -> None:
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 96, bias=bias)
     x = torch.randn(3, 7, 64)
-    packed = PackedLinear(layer.weight, layer.bias)(x)
+    packed = PackedLinear(layer.weight, layer.bias, relu=relu)(x)
+    expected = layer(x).detach()
     assert packed.shape == (3, 7, 96) and packed.dtype == torch.float32
-    torch.testing.assert_close(packed, layer(x).detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(packed, expected.relu() if relu else expected, rtol=1e-5, atol=1e-5)
+    if relu:
+        assert bool((packed == 0).any()) and bool((expected < 0).any())
+
+
+def test_packed_copy_fuses_each_feed_forward_relu() -> None:
+    packed = pack_for_decoding(random_model(seed=1))
+    ffns = [layer.feed_forward for layer in (*packed.encoder.layers, *packed.decoder.layers)]
+    assert ffns and all(f.relu_in_w_1 and "relu" in repr(f.w_1) for f in ffns)
+    assert all("relu" not in repr(f.w_2) for f in ffns)
 
 
 @pytest.mark.parametrize("tied", [True, False])

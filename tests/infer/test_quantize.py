@@ -31,6 +31,8 @@ def test_int8_linear_is_close_to_fp32() -> None:
     # 8-bit weights and (7-bit range) activations: errors of a few percent of the output scale
     error = (approx - exact).abs().max() / exact.abs().max()
     assert 0 < error < 0.05
+    fused = Int8Linear(layer.weight, layer.bias, relu=True)(x)  # the ReLU in the same kernel
+    torch.testing.assert_close(fused, approx.relu(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("tied", [True, False])
