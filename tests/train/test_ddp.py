@@ -17,6 +17,11 @@ from mtcli.config import load_config
 from mtcli.train import train
 
 
+def worker_env() -> dict[str, str]:
+    # one thread per rank; a rank that dies on a signal prints its Python stack (faulthandler)
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
+
+
 def overrides(prepared: Path, run_dir: Path) -> list[str]:
     # gloo on the CPU, also on a machine with a GPU (where "auto" would pick CUDA)
     return toy_train_overrides(prepared, run_dir, "train.max_steps=1", "train.warmup_steps=1",
@@ -31,9 +36,9 @@ def test_two_gloo_processes_match_one_process_on_both_batches(tmp_path: Path, pr
             "-m", "mtcli.cli", "train", str(TOY_CONFIG)]
     for item in overrides(prepared, ddp_run):
         args += ["--set", item]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = worker_env()
     proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-8000:]
     assert "processes 2" in (ddp_run / "train.log").read_text(encoding="utf-8")
     assert proc.stdout.count("run dir:") == 1, proc.stdout  # one summary on the console, rank 0's
 
@@ -61,9 +66,9 @@ def _ddp_train(run_dir: Path, prepared: Path, *extra: str) -> None:
             "-m", "mtcli.cli", "train", str(TOY_CONFIG)]
     for item in toy_train_overrides(prepared, run_dir, "train.max_tokens=256", *extra):
         args += ["--set", item]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = worker_env()
     proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-8000:]
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
@@ -105,12 +110,12 @@ def test_two_nodes_of_one_process_match_one_process(tmp_path: Path, prepared_toy
                 "-m", "mtcli.cli", "train", str(TOY_CONFIG)]
     for item in overrides(prepared_toy, run):
         launcher += ["--set", item]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = worker_env()
     nodes = [subprocess.Popen(launcher, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(2)]
     outputs = [node.communicate(timeout=300) for node in nodes]
     for node, (_, err) in zip(nodes, outputs, strict=True):
-        assert node.returncode == 0, err[-3000:]
+        assert node.returncode == 0, err[-8000:]
     assert "processes 2" in (run / "train.log").read_text(encoding="utf-8")
     single = tmp_path / "single"
     train(load_config(TOY_CONFIG, overrides(prepared_toy, single) + ["train.update_freq=2"]))
