@@ -118,7 +118,8 @@ class Tokenizer:
 
         ``sentences`` is consumed as a stream; when there are more than ``max_sentences``,
         SentencePiece keeps a uniform reservoir sample of that many (its memory is bounded by
-        the cap, not the corpus). Raises :class:`DataError` when the corpus cannot support
+        the cap, not the corpus). That sample is not reproducible from run to run on large
+        corpora, so ``prepare`` draws its own (:func:`mtcli.data.prepare.spm_sample`) and passes 0. Raises :class:`DataError` when the corpus cannot support
         ``vocab_size`` pieces, naming the largest size it allows.
 
         The model comes back in memory and is written here, atomically, with ``<prefix>.vocab``

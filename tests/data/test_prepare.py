@@ -481,3 +481,34 @@ def test_spm_model_errors_are_one_line(tmp_path: Path, toy_dir: Path, make, need
     line = assert_one_line_error(result, "data.spm_model", needle)
     assert "Traceback" not in result.output, line
     assert_nothing_written(cfg)
+
+
+# ----------------------------------------------------------------------------- the SentencePiece sample
+
+
+def test_spm_sample_is_a_seeded_uniform_subset_in_file_order(tmp_path: Path) -> None:
+    paths = [tmp_path / "a.txt", tmp_path / "b.txt"]
+    paths[0].write_text("".join(f"a{i}\n" for i in range(300)), encoding="utf-8")
+    paths[1].write_text("".join(f"b{i}\n" for i in range(200)), encoding="utf-8")
+    every = [f"a{i}" for i in range(300)] + [f"b{i}" for i in range(200)]
+    assert list(prep.spm_sample(paths, 500, 0, seed=1)) == every
+    assert list(prep.spm_sample(paths, 500, 500, seed=1)) == every
+    sample = list(prep.spm_sample(paths, 500, 120, seed=1))
+    assert len(sample) == len(set(sample)) == 120
+    assert sorted(sample, key=every.index) == sample  # in file order
+    assert 30 < sum(line.startswith("b") for line in sample) < 70  # both files, in proportion
+    assert list(prep.spm_sample(paths, 500, 120, seed=1)) == sample
+    assert list(prep.spm_sample(paths, 500, 120, seed=2)) != sample
+
+
+def test_prepare_above_the_sample_cap_is_reproducible(tmp_path: Path, toy_dir: Path) -> None:
+    """Two builds of one corpus whose training text exceeds data.spm_max_sentences train
+    SentencePiece on the same sample: the same model, the same ids."""
+    models = []
+    for name in ("one", "two"):
+        config = load_config(write_config(tmp_path, toy_dir, name=name, spm_max_sentences=400))
+        report = prep.prepare(config)
+        out = config.data.prepared_path()
+        models.append(((out / "spm.model").read_bytes(), (out / "train.tgt.bin").read_bytes()))
+        assert report.counts["train"]["kept"] * 2 > 400
+    assert models[0] == models[1]
