@@ -14,10 +14,11 @@ import hashlib
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 
 def _umask() -> int:
@@ -143,3 +144,52 @@ def sha256_file(path: str | Path, chunk_size: int = 1 << 20) -> str:
         while chunk := handle.read(chunk_size):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+#: How long before its hashing a file must have last changed for its record to be trusted: a
+#: filesystem may keep modification times in whole seconds (or two), so a file written in the
+#: same tick as its hash could change again without its time moving.
+SETTLE_NS = 2_000_000_000
+
+
+def file_record(path: str | Path, digest: str, hashed_at_ns: int) -> dict[str, Any]:
+    """What identifies a file's bytes without reading them again: size, sha256, modification
+    time and inode, and when the digest was taken (see :func:`unchanged_since`)."""
+    st = os.stat(path)
+    return {"size": st.st_size, "sha256": digest, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
+            "hashed_at_ns": hashed_at_ns}
+
+
+def unchanged_since(path: str | Path, record: dict[str, Any] | None) -> bool:
+    """Whether ``path`` still holds the bytes ``record`` (:func:`file_record`) hashed: the same
+    size, modification time and inode, last changed well before the hash was taken. This is
+    what make and git trust instead of reading a file again; a file rewritten with its old size
+    and modification time put back (``touch -d``) fools it, as it fools them."""
+    if not record or "mtime_ns" not in record:
+        return False
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return (st.st_size == record["size"] and st.st_mtime_ns == record["mtime_ns"]
+            and st.st_ino == record["inode"] and record["mtime_ns"] < record["hashed_at_ns"] - SETTLE_NS)
+
+
+class FileHasher:
+    """sha256 of files by name, reusing the digest a previous :attr:`records` holds for a file
+    that is :func:`unchanged_since` then; :attr:`records` collects this round's records."""
+
+    def __init__(self, known: dict[str, dict[str, Any]] | None = None) -> None:
+        self.known = known if isinstance(known, dict) else {}
+        self.records: dict[str, dict[str, Any]] = {}
+
+    def __call__(self, path: str | Path, name: str) -> str:
+        """The sha256 of ``path``, recorded under ``name``."""
+        record = self.known.get(name)
+        if isinstance(record, dict) and unchanged_since(path, record):
+            self.records[name] = record
+            return record["sha256"]
+        hashed_at = time.time_ns()
+        digest = sha256_file(path)
+        self.records[name] = file_record(path, digest, hashed_at)
+        return digest

@@ -1,14 +1,25 @@
-"""Atomic writes: all or nothing, ordinary permissions, and the failing file named."""
+"""Atomic writes: all or nothing, ordinary permissions, and the failing file named; file digests
+trusted only while a file is provably unchanged."""
 
 from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
 
-from mtcli.fileio import atomic_dir, atomic_write, default_file_mode, sha256_file
+from mtcli import fileio
+from mtcli.fileio import (
+    FileHasher,
+    atomic_dir,
+    atomic_write,
+    default_file_mode,
+    file_record,
+    sha256_file,
+    unchanged_since,
+)
 
 
 def test_atomic_write_replaces_with_ordinary_mode(tmp_path: Path) -> None:
@@ -56,3 +67,32 @@ def test_sha256_file(tmp_path: Path) -> None:
     path = tmp_path / "x"
     path.write_bytes(b"abc")
     assert sha256_file(path) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+
+
+def test_unchanged_since_trusts_only_a_settled_file_with_the_same_size_time_and_inode(tmp_path: Path) -> None:
+    path = tmp_path / "f.txt"
+    path.write_text("hello\n")
+    fresh = file_record(path, sha256_file(path), time.time_ns())
+    assert not unchanged_since(path, fresh)  # changed in the tick it was hashed: read it again
+    hour_ago = time.time_ns() - 3600 * 10**9
+    os.utime(path, ns=(hour_ago, hour_ago))
+    settled = file_record(path, sha256_file(path), time.time_ns())
+    assert unchanged_since(path, settled)
+    path.write_text("HELLO\n")  # same size, new bytes: the modification time moves
+    assert not unchanged_since(path, settled)
+    assert not unchanged_since(tmp_path / "gone", settled) and not unchanged_since(path, None)
+
+
+def test_file_hasher_reuses_a_settled_digest_and_rereads_a_changed_file(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "f.txt"
+    path.write_text("hello\n")
+    hour_ago = time.time_ns() - 3600 * 10**9
+    os.utime(path, ns=(hour_ago, hour_ago))
+    first = FileHasher()
+    digest = first(path, "f")
+    reads = []
+    monkeypatch.setattr(fileio, "sha256_file", lambda p: reads.append(p) or "recomputed")
+    again = FileHasher(first.records)
+    assert again(path, "f") == digest and reads == [] and again.records["f"] == first.records["f"]
+    path.write_text("hellO\n")
+    assert FileHasher(first.records)(path, "f") == "recomputed" and reads == [path]

@@ -18,6 +18,7 @@ verifiable or rejected by :meth:`PreparedCorpus.open`.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from mtcli.errors import DataError
-from mtcli.fileio import atomic_write, sha256_file
+from mtcli.fileio import atomic_write, file_record, sha256_file, unchanged_since
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -88,12 +89,14 @@ class ArrayWriter:
 
 
 def write_manifest(directory: str | Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """Record size and sha256 of every file in ``directory`` and write ``manifest.json`` last."""
+    """Record every file in ``directory`` (size, sha256, and what lets :meth:`PreparedCorpus.open`
+    skip re-reading it later: :func:`~mtcli.fileio.file_record`) and write ``manifest.json`` last."""
     directory = Path(directory)
     files = {}
     for path in sorted(directory.iterdir()):
         if path.is_file() and path.name != MANIFEST and not path.name.startswith("."):
-            files[path.name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+            hashed_at = time.time_ns()
+            files[path.name] = file_record(path, sha256_file(path), hashed_at)
     manifest = dict(manifest, format=FORMAT_VERSION, files=files)
     with atomic_write(directory / MANIFEST) as handle:
         json.dump(manifest, handle, indent=2, ensure_ascii=False, sort_keys=False)
@@ -185,7 +188,9 @@ class PreparedCorpus:
 
         Always checks that the manifest parses, has this format version, and that every file it
         lists exists with the recorded size and consistent offsets; with ``verify`` also
-        compares each file's sha256 with the manifest (reads every byte once).
+        compares each file's sha256 with the manifest (reads every byte once), except for a
+        file whose size, modification time and inode show it unchanged since it was hashed
+        (:func:`~mtcli.fileio.unchanged_since`; a large cache then opens without a full read).
         """
         directory = Path(directory)
         hint = "run `mtcli prepare CONFIG` (add --force to rebuild)"
@@ -222,7 +227,7 @@ class PreparedCorpus:
             size = file.stat().st_size
             if size != info["size"]:
                 raise DataError(f"{file}: {size} bytes, manifest says {info['size']} (incomplete or corrupt); {hint}")
-            if verify and sha256_file(file) != info["sha256"]:
+            if verify and not unchanged_since(file, info) and sha256_file(file) != info["sha256"]:
                 raise DataError(f"{file}: checksum differs from the manifest (corrupt); {hint}")
         for split in corpus.splits:
             for lang in (corpus.src_lang, corpus.tgt_lang):

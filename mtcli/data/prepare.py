@@ -58,7 +58,7 @@ from mtcli.data.cleaning import CleanCounts, PairCleaner
 from mtcli.data.sources import Source, open_source
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, copy_model
 from mtcli.errors import DataError
-from mtcli.fileio import atomic_dir, sha256_file
+from mtcli.fileio import FileHasher, atomic_dir, sha256_file
 from mtcli.logs import get_logger, progress
 from mtcli.runlock import pid_alive
 from mtcli.version import __version__
@@ -184,6 +184,15 @@ def _remove_stale(out: Path) -> None:
         if not pid_alive(pid):
             get_logger().info("removing %s left by an interrupted prepare", entry)
             shutil.rmtree(entry, ignore_errors=True)
+
+
+def _previous_manifest(out: Path) -> dict[str, Any]:
+    """The existing cache's manifest as recorded, or {} (none, or unreadable: checked later)."""
+    try:
+        manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
 
 
 def _current_cache(out: Path, key: str) -> PreparedCorpus | None:
@@ -478,7 +487,8 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     _check_writable(out)
     _remove_stale(out)
     given = given_spm_model(data)
-    fingerprint = source.fingerprint(splits)
+    inputs = FileHasher(_previous_manifest(out).get("input_files"))  # unchanged inputs are not re-read
+    fingerprint = source.fingerprint(splits, inputs)
     key = build_key(data, fingerprint, sha256_file(given) if given is not None else None)
     current = None if force else _current_cache(out, key)
     if current is not None:
@@ -501,6 +511,7 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
         tokens = _encode_splits(tmp, data, splits, model_path, dtype, counts, workers)
         spm = _spm_record(data, given, model_path, vocab_size)
         manifest = _manifest(data, source, key, fingerprint, splits, counts, tokens, dtype, spm)
+        manifest["input_files"] = inputs.records
         (tmp / _PID_FILE).unlink()
         write_manifest(tmp, manifest)
         PreparedCorpus.open(tmp, verify=False)

@@ -33,7 +33,7 @@ from typing import Any
 
 from mtcli.data.textio import read_lines
 from mtcli.errors import DataError, one_line
-from mtcli.fileio import sha256_file
+from mtcli.fileio import FileHasher
 from mtcli.logs import get_logger
 
 Pair = tuple[str, str]
@@ -73,8 +73,9 @@ class Source:
         """Stream the (source, target) pairs of ``split`` in corpus order."""
         raise NotImplementedError
 
-    def fingerprint(self, splits: Iterable[str]) -> dict[str, Any]:
-        """What identifies the input of ``splits`` (file hashes, or hub id + fingerprints)."""
+    def fingerprint(self, splits: Iterable[str], hasher: FileHasher | None = None) -> dict[str, Any]:
+        """What identifies the input of ``splits`` (file hashes, or hub id + fingerprints);
+        ``hasher`` hashes the files (and may reuse a previous build's digests)."""
         raise NotImplementedError
 
     def _missing_split(self, split: str) -> DataError:
@@ -147,12 +148,13 @@ class TextDirSource(Source):
         if rest:
             raise _mismatch(src_path, n, tgt_path, n + rest)
 
-    def fingerprint(self, splits: Iterable[str]) -> dict[str, Any]:
+    def fingerprint(self, splits: Iterable[str], hasher: FileHasher | None = None) -> dict[str, Any]:
+        hasher = hasher or FileHasher()
         files = {}
         for split in splits:
             for lang in (self.src_lang, self.tgt_lang):
                 path = self.path(split, lang)
-                files[path.name] = sha256_file(path)
+                files[path.name] = hasher(path, path.name)
         return {"kind": self.kind, "files": files}
 
 
@@ -261,11 +263,13 @@ class ParquetDirSource(_ArrowSource):
             except OSError as exc:
                 raise DataError(f"{path}: unreadable parquet file ({exc})") from None
 
-    def fingerprint(self, splits: Iterable[str]) -> dict[str, Any]:
+    def fingerprint(self, splits: Iterable[str], hasher: FileHasher | None = None) -> dict[str, Any]:
+        hasher = hasher or FileHasher()
         files = {}
         for split in splits:
             for path in self._files[split]:
-                files[str(path.relative_to(self.root))] = sha256_file(path)
+                name = str(path.relative_to(self.root))
+                files[name] = hasher(path, name)
         return {"kind": self.kind, "files": files}
 
 
@@ -312,12 +316,14 @@ class DatasetDirSource(_ArrowSource):
     def _batches(self, split: str) -> Iterator[Any]:
         return _dataset_batches(self._dataset(split))
 
-    def fingerprint(self, splits: Iterable[str]) -> dict[str, Any]:
+    def fingerprint(self, splits: Iterable[str], hasher: FileHasher | None = None) -> dict[str, Any]:
+        hasher = hasher or FileHasher()
         files = {}
         for split in splits:
             for path in sorted((self.root / split).rglob("*")):
                 if path.is_file():
-                    files[str(path.relative_to(self.root))] = sha256_file(path)
+                    name = str(path.relative_to(self.root))
+                    files[name] = hasher(path, name)
         return {"kind": self.kind, "files": files}
 
 
@@ -375,7 +381,7 @@ class HubSource(_ArrowSource):
     def _batches(self, split: str) -> Iterator[Any]:
         return _dataset_batches(self._load()[split])
 
-    def fingerprint(self, splits: Iterable[str]) -> dict[str, Any]:
+    def fingerprint(self, splits: Iterable[str], hasher: FileHasher | None = None) -> dict[str, Any]:
         loaded = self._load()
         prints = {split: getattr(loaded[split], "_fingerprint", None) for split in splits}
         return {"kind": self.kind, "id": self.hub_id, "config": self.hub_config, "fingerprints": prints}

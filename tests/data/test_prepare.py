@@ -18,7 +18,9 @@ import yaml
 from conftest import REPO, TOY_DIR, shared_corpus
 from typer.testing import CliRunner
 
+import mtcli.data.cache as cache_module
 import mtcli.data.prepare as prep
+from mtcli import fileio
 from mtcli.cli import app
 from mtcli.config import load_config
 from mtcli.data.cache import PreparedCorpus
@@ -512,3 +514,31 @@ def test_prepare_above_the_sample_cap_is_reproducible(tmp_path: Path, toy_dir: P
         models.append(((out / "spm.model").read_bytes(), (out / "train.tgt.bin").read_bytes()))
         assert report.counts["train"]["kept"] * 2 > 400
     assert models[0] == models[1]
+
+
+def test_no_op_reads_no_file_that_is_provably_unchanged(tmp_path: Path, toy_dir: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """At WMT size a no-op that re-hashed every input and the whole cache read gigabytes; files
+    whose size, modification time and inode are those recorded when they were hashed are
+    trusted, and a changed input is read again (and rebuilds)."""
+    hour_ago = time.time_ns() - 3600 * 10**9
+    for path in toy_dir.iterdir():
+        os.utime(path, ns=(hour_ago, hour_ago))
+    monkeypatch.setattr(fileio, "SETTLE_NS", 0)  # the cache was written a moment ago: let it count as settled
+    cfg = write_config(tmp_path, toy_dir)
+    assert not prep.prepare(load_config(cfg)).skipped
+    reads: list[str] = []
+    real = fileio.sha256_file
+
+    def counting(path, *args):
+        reads.append(Path(path).name)
+        return real(path, *args)
+
+    for module in (fileio, cache_module, prep):
+        monkeypatch.setattr(module, "sha256_file", counting)
+    assert prep.prepare(load_config(cfg)).skipped and reads == []
+    with open(toy_dir / "test.src", "a") as handle, open(toy_dir / "test.tgt", "a") as other:
+        handle.write("ein hund\n")
+        other.write("a dog\n")
+    assert not prep.prepare(load_config(cfg)).skipped
+    assert "test.src" in reads and "train.src" not in reads
