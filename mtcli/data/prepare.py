@@ -379,15 +379,29 @@ def spm_sample(paths: list[Path], total: int, cap: int, seed: int) -> Iterator[s
     not reproducible: two runs of one command on a 4.5M-pair corpus gave two vocabularies. This
     sample depends on the seed and the count only, and holds just the chosen line numbers.
     """
-    lines = itertools.chain.from_iterable(_own_lines(path) for path in paths)
     if cap <= 0 or total <= cap:
-        yield from lines
+        for path in paths:
+            yield from _own_lines(path)
         return
     chosen = np.sort(np.random.default_rng(seed).choice(total, size=cap, replace=False))
-    skips = np.diff(chosen, prepend=-1) - 1  # lines to pass over before each chosen one
-    for start in range(0, len(skips), 1 << 16):
-        for skip in skips[start : start + (1 << 16)].tolist():
-            yield next(itertools.islice(lines, skip, None))
+    first = 0  # the line number of the block's first line
+    for path in paths:
+        for lines in _line_blocks(path):
+            lo, hi = np.searchsorted(chosen, [first, first + len(lines)])
+            for number in chosen[lo:hi].tolist():
+                yield lines[number - first].decode("utf-8")
+            first += len(lines)
+
+
+def _line_blocks(path: Path, block_bytes: int = 1 << 24) -> Iterator[list[bytes]]:
+    """The ``\n``-ended lines of a file :func:`_write_texts` wrote, undecoded, a block at a
+    time: the sample decodes only the lines it keeps."""
+    with open(path, "rb") as handle:
+        rest = b""
+        while block := handle.read(block_bytes):
+            lines = (rest + block).split(b"\n")
+            rest = lines.pop()
+            yield lines
 
 
 def _train_spm(tmp: Path, data: DataConfig, workers: int, sentences: int) -> Path:

@@ -503,6 +503,14 @@ def test_spm_sample_is_a_seeded_uniform_subset_in_file_order(tmp_path: Path) -> 
     assert list(prep.spm_sample(paths, 500, 120, seed=2)) != sample
 
 
+def test_line_blocks_cut_between_lines(tmp_path: Path) -> None:
+    path = tmp_path / "a.txt"
+    lines = [f"line {i} {'x' * (i % 5)}" for i in range(50)]
+    path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    blocks = list(prep._line_blocks(path, block_bytes=7))
+    assert len(blocks) > 1 and [b.decode() for block in blocks for b in block] == lines
+
+
 def test_prepare_above_the_sample_cap_is_reproducible(tmp_path: Path, toy_dir: Path) -> None:
     """Two builds of one corpus whose training text exceeds data.spm_max_sentences train
     SentencePiece on the same sample: the same model, the same ids."""
