@@ -18,7 +18,6 @@ verifiable or rejected by :meth:`PreparedCorpus.open`.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ import numpy as np
 
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from mtcli.errors import DataError
-from mtcli.fileio import atomic_write, file_record, sha256_file, unchanged_since
+from mtcli.fileio import FileHasher, atomic_write, sha256_file, unchanged_since
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -92,12 +91,11 @@ def write_manifest(directory: str | Path, manifest: dict[str, Any]) -> dict[str,
     """Record every file in ``directory`` (size, sha256, and what lets :meth:`PreparedCorpus.open`
     skip re-reading it later: :func:`~mtcli.fileio.file_record`) and write ``manifest.json`` last."""
     directory = Path(directory)
-    files = {}
+    hasher = FileHasher()
     for path in sorted(directory.iterdir()):
         if path.is_file() and path.name != MANIFEST and not path.name.startswith("."):
-            hashed_at = time.time_ns()
-            files[path.name] = file_record(path, sha256_file(path), hashed_at)
-    manifest = dict(manifest, format=FORMAT_VERSION, files=files)
+            hasher(path, path.name)
+    manifest = dict(manifest, format=FORMAT_VERSION, files=hasher.records)
     with atomic_write(directory / MANIFEST) as handle:
         json.dump(manifest, handle, indent=2, ensure_ascii=False, sort_keys=False)
         handle.write("\n")

@@ -56,7 +56,7 @@ from mtcli.data.cache import (
 )
 from mtcli.data.cleaning import CleanCounts, PairCleaner
 from mtcli.data.sources import Source, open_source
-from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, copy_model
+from mtcli.data.tokenizer import BOS_ID, EOS_ID, MIN_SAMPLE, PAD_ID, UNK_ID, Tokenizer, copy_model
 from mtcli.errors import DataError
 from mtcli.fileio import FileHasher, atomic_dir, sha256_file
 from mtcli.logs import get_logger, progress
@@ -278,13 +278,24 @@ def encode_chunk(
     return ids, lengths
 
 
-def _own_lines(path: Path) -> Iterator[str]:
+def _line_blocks(path: Path, block_bytes: int = 1 << 24) -> Iterator[list[bytes]]:
     """The lines of a text file :func:`_write_texts` wrote (valid UTF-8, each ended by ``\n``
-    alone), read with Python's plain reader: the checks of :func:`~mtcli.data.textio.read_lines` were made when
-    the source was read, and at WMT size they cost several seconds per pass."""
-    with open(path, encoding="utf-8", newline="\n") as handle:
-        for line in handle:
-            yield line[:-1]
+    alone), undecoded, a block at a time. The checks of :func:`~mtcli.data.textio.read_lines`
+    were made when the source was read; at WMT size they cost several seconds per pass, and
+    :func:`spm_sample` decodes only the lines it keeps."""
+    with open(path, "rb") as handle:
+        rest = b""
+        while block := handle.read(block_bytes):
+            lines = (rest + block).split(b"\n")
+            rest = lines.pop()
+            yield lines
+
+
+def _own_lines(path: Path) -> Iterator[str]:
+    """The lines of a text file :func:`_write_texts` wrote, decoded (see :func:`_line_blocks`)."""
+    for lines in _line_blocks(path):
+        for line in lines:
+            yield line.decode("utf-8")
 
 
 def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -393,22 +404,11 @@ def spm_sample(paths: list[Path], total: int, cap: int, seed: int) -> Iterator[s
             first += len(lines)
 
 
-def _line_blocks(path: Path, block_bytes: int = 1 << 24) -> Iterator[list[bytes]]:
-    """The ``\n``-ended lines of a file :func:`_write_texts` wrote, undecoded, a block at a
-    time: the sample decodes only the lines it keeps."""
-    with open(path, "rb") as handle:
-        rest = b""
-        while block := handle.read(block_bytes):
-            lines = (rest + block).split(b"\n")
-            rest = lines.pop()
-            yield lines
-
-
 def _train_spm(tmp: Path, data: DataConfig, workers: int, sentences: int) -> Path:
     """Train the joint SentencePiece model on both sides of the cleaned training text in ``tmp``
     (``sentences`` lines in all), or on :func:`spm_sample`'s sample of them."""
     train_txt = [tmp / f"{array_name(data.train_split, lang)}.txt" for lang in (data.src_lang, data.tgt_lang)]
-    cap = max(data.spm_max_sentences, 101) if data.spm_max_sentences > 0 else 0
+    cap = max(data.spm_max_sentences, MIN_SAMPLE) if data.spm_max_sentences > 0 else 0
     if 0 < cap < sentences:
         get_logger().info("SentencePiece trains on a uniform sample of %d of the %d training sentences "
                           "(data.spm_max_sentences)", cap, sentences)

@@ -74,8 +74,13 @@ class Source:
         raise NotImplementedError
 
     def fingerprint(self, splits: Iterable[str], hasher: FileHasher | None = None) -> dict[str, Any]:
-        """What identifies the input of ``splits`` (file hashes, or hub id + fingerprints);
-        ``hasher`` hashes the files (and may reuse a previous build's digests)."""
+        """What identifies the input of ``splits``: the sha256 of each of its files by name
+        (a hub source: its id and fingerprints); ``hasher`` may reuse a previous build's digests."""
+        hasher = hasher or FileHasher()
+        return {"kind": self.kind, "files": {name: hasher(path, name) for name, path in self._input_files(splits)}}
+
+    def _input_files(self, splits: Iterable[str]) -> Iterator[tuple[str, Path]]:
+        """``(name, path)`` of every file ``splits`` are read from."""
         raise NotImplementedError
 
     def _missing_split(self, split: str) -> DataError:
@@ -148,14 +153,11 @@ class TextDirSource(Source):
         if rest:
             raise _mismatch(src_path, n, tgt_path, n + rest)
 
-    def fingerprint(self, splits: Iterable[str], hasher: FileHasher | None = None) -> dict[str, Any]:
-        hasher = hasher or FileHasher()
-        files = {}
+    def _input_files(self, splits: Iterable[str]) -> Iterator[tuple[str, Path]]:
         for split in splits:
             for lang in (self.src_lang, self.tgt_lang):
                 path = self.path(split, lang)
-                files[path.name] = hasher(path, path.name)
-        return {"kind": self.kind, "files": files}
+                yield path.name, path
 
 
 def _mismatch(src_path: Path, src_n: int, tgt_path: Path, tgt_n: int) -> DataError:
@@ -263,14 +265,10 @@ class ParquetDirSource(_ArrowSource):
             except OSError as exc:
                 raise DataError(f"{path}: unreadable parquet file ({exc})") from None
 
-    def fingerprint(self, splits: Iterable[str], hasher: FileHasher | None = None) -> dict[str, Any]:
-        hasher = hasher or FileHasher()
-        files = {}
+    def _input_files(self, splits: Iterable[str]) -> Iterator[tuple[str, Path]]:
         for split in splits:
             for path in self._files[split]:
-                name = str(path.relative_to(self.root))
-                files[name] = hasher(path, name)
-        return {"kind": self.kind, "files": files}
+                yield str(path.relative_to(self.root)), path
 
 
 def _dataset_batches(dataset: Any) -> Iterator[Any]:
@@ -316,15 +314,11 @@ class DatasetDirSource(_ArrowSource):
     def _batches(self, split: str) -> Iterator[Any]:
         return _dataset_batches(self._dataset(split))
 
-    def fingerprint(self, splits: Iterable[str], hasher: FileHasher | None = None) -> dict[str, Any]:
-        hasher = hasher or FileHasher()
-        files = {}
+    def _input_files(self, splits: Iterable[str]) -> Iterator[tuple[str, Path]]:
         for split in splits:
             for path in sorted((self.root / split).rglob("*")):
                 if path.is_file():
-                    name = str(path.relative_to(self.root))
-                    files[name] = hasher(path, name)
-        return {"kind": self.kind, "files": files}
+                    yield str(path.relative_to(self.root)), path
 
 
 def _offline() -> bool:

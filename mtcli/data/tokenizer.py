@@ -32,8 +32,9 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 PAD_PIECE, UNK_PIECE, BOS_PIECE, EOS_PIECE = "<pad>", "<unk>", "<s>", "</s>"
 SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))
 
-# SentencePiece rejects 1..100 as input_sentence_size (0 means "use every sentence").
-_MIN_SAMPLE = 101
+#: The smallest SentencePiece sample: it rejects 1..100 as input_sentence_size (0 means "use
+#: every sentence"), so a smaller data.spm_max_sentences is raised to this.
+MIN_SAMPLE = 101
 
 
 class Tokenizer:
@@ -130,7 +131,7 @@ class Tokenizer:
         model_prefix = Path(model_prefix)
         model_prefix.parent.mkdir(parents=True, exist_ok=True)
         log = get_logger()
-        sample = max(int(max_sentences), _MIN_SAMPLE) if max_sentences > 0 else 0
+        sample = max(int(max_sentences), MIN_SAMPLE) if max_sentences > 0 else 0
         counted = _CountingIterator(sentences)
         spm.set_random_generator_seed(int(seed))
         verbose = log.isEnabledFor(logging.DEBUG)
