@@ -1,17 +1,30 @@
 """Cleaning the training pairs: each pair is kept or dropped for one counted reason.
 
 Only the training split is cleaned (:class:`PairCleaner`); valid/test splits keep every line, so
-scores are over the full test sets.
+scores are over the full test sets. Large plain-text files are cleaned by several processes at
+once (:func:`clean_text_files`), with the same result as one process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import os
+import shutil
+import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
-from mtcli.data.sources import Pair
+import numpy as np
+
+from mtcli.data.sources import Pair, mismatch_error
+from mtcli.data.textio import decode_block
+from mtcli.data.workers import forked_pool, in_order
+
+# Pairs a worker cleans at a time: about 4 MB of WMT text a side, a tenth of a second of work.
+PAIRS_PER_RANGE = 20_000
 
 
 @dataclass
@@ -38,6 +51,21 @@ class CleanCounts:
         """Inverse of :meth:`to_dict`."""
         return cls(read=raw["read"], kept=raw["kept"], **raw.get("dropped", {}))
 
+    def add(self, other: CleanCounts) -> None:
+        """Add ``other``'s counts to these (a range cleaned elsewhere)."""
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+def pair_key(src: str, tgt: str) -> int:
+    """The 8-byte BLAKE2b hash that stands for a pair in the dedup memory."""
+    return _key(f"{src}\x00{tgt}".encode())
+
+
+def _key(joined: bytes) -> int:
+    """:func:`pair_key` of the pair whose UTF-8 text, joined by a NUL byte, is ``joined``."""
+    return int.from_bytes(hashlib.blake2b(joined, digest_size=8).digest(), "little")
+
 
 class PairCleaner:
     """Filters training pairs; each pair is dropped for the first rule it breaks, in order:
@@ -46,15 +74,21 @@ class PairCleaner:
     2. ``too_long``: either side has more than ``max_length`` words (whitespace-separated);
     3. ``ratio``: ``max(|x|, |y|) / min(|x|, |y|) > max_ratio`` in words;
     4. ``duplicate`` (when ``dedup``): the exact (source, target) pair was already kept. Kept
-       pairs are remembered by an 8-byte BLAKE2b hash, so memory is 8 bytes plus set overhead
-       per unique pair, not the text.
+       pairs are remembered by an 8-byte BLAKE2b hash (:func:`pair_key`), so memory is 8 bytes
+       plus set overhead per unique pair, not the text.
+
+    ``record_keys`` also lists the kept pairs' keys in order (:attr:`kept_keys`), for a range
+    cleaned in a worker and handed to the parent's cleaner (:meth:`absorb`).
     """
 
-    def __init__(self, max_length: int, max_ratio: float, dedup: bool = False) -> None:
+    def __init__(self, max_length: int, max_ratio: float, dedup: bool = False,
+                 record_keys: bool = False) -> None:
         self.max_length = max_length
         self.max_ratio = max_ratio
         self.dedup = dedup
         self.counts = CleanCounts()
+        self.record_keys = record_keys
+        self.kept_keys: list[int] = []  # with record_keys: the kept pairs' keys, in order
         self._seen: set[int] = set()
 
     def reason(self, src: str, tgt: str) -> str | None:
@@ -77,16 +111,247 @@ class PairCleaner:
         for src, tgt in pairs:
             counts.read += 1
             why = self.reason(src, tgt)
-            if why is None and self.dedup:
-                key = int.from_bytes(
-                    hashlib.blake2b(f"{src}\x00{tgt}".encode(), digest_size=8).digest(), "little"
-                )
-                if key in self._seen:
-                    why = "duplicate"
-                else:
-                    self._seen.add(key)
+            if why is None and self.dedup and not self._admit(pair_key(src, tgt)):
+                why = "duplicate"
             if why is None:
                 counts.kept += 1
                 yield src, tgt
             else:
                 setattr(counts, why, getattr(counts, why) + 1)
+
+    def _admit(self, key: int) -> bool:
+        """Remember a pair that passed the filters by its key; False if it was kept before."""
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        if self.record_keys:
+            self.kept_keys.append(key)
+        return True
+
+    def clean_lines(self, src: list[bytes], tgt: list[bytes], n_src: np.ndarray,
+                    n_tgt: np.ndarray) -> tuple[list[bytes], list[bytes]]:
+        """The kept pairs of line-aligned UTF-8 lines (without their ``\n``) whose word counts
+        are ``n_src``/``n_tgt``: the rules of :meth:`reason` over whole arrays, then dedup on
+        the kept pairs' bytes (the same keys as :func:`pair_key`). Counts as :meth:`__call__`."""
+        empty = (n_src == 0) | (n_tgt == 0)
+        too_long = ~empty & ((n_src > self.max_length) | (n_tgt > self.max_length))
+        longer, shorter = np.maximum(n_src, n_tgt), np.minimum(n_src, n_tgt)
+        ratio = ~empty & ~too_long & (longer > self.max_ratio * shorter.astype(np.float64))
+        passing = np.flatnonzero(~(empty | too_long | ratio)).tolist()
+        counts = self.counts
+        counts.read += len(src)
+        counts.empty += int(empty.sum())
+        counts.too_long += int(too_long.sum())
+        counts.ratio += int(ratio.sum())
+        if self.dedup:
+            keys = [_key(b"%b\x00%b" % (src[i], tgt[i])) for i in passing]
+            passing = [i for i, key in zip(passing, keys, strict=True) if self._admit(key)]
+            counts.duplicate += len(keys) - len(passing)
+        counts.kept += len(passing)
+        return [src[i] for i in passing], [tgt[i] for i in passing]
+
+    def absorb(self, counts: CleanCounts, keys: list[int]) -> list[int] | None:
+        """Take over a range that another cleaner with these settings cleaned on its own (its
+        ``counts`` and ``kept_keys``), dropping the pairs kept in an earlier range as duplicates.
+        Returns None when every pair of the range stays, else the indices of those that do."""
+        self.counts.add(counts)
+        seen = self._seen
+        if seen.isdisjoint(keys):
+            seen.update(keys)
+            return None
+        stay = []
+        for i, key in enumerate(keys):
+            if key in seen:
+                self.counts.kept -= 1
+                self.counts.duplicate += 1
+            else:
+                seen.add(key)
+                stay.append(i)
+        return stay
+
+
+# ----------------------------------------------------------------------------- in parallel
+
+
+def _line_cuts(path: Path, every: int) -> tuple[list[int], int, int]:
+    """Byte offsets just after lines ``every``, ``2 * every``, ...; the line count (a last line
+    without ``\n`` counts) and the size of the file. One read, no decoding."""
+    cuts: list[int] = []
+    count = size = 0
+    last = b"\n"
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 24):
+            n = block.count(b"\n")
+            if count + n >= (len(cuts) + 1) * every:
+                ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
+                while count + n >= (len(cuts) + 1) * every:
+                    cuts.append(size + int(ends[(len(cuts) + 1) * every - count - 1]) + 1)
+            count += n
+            size += len(block)
+            last = block[-1:]
+    return cuts, count + (last != b"\n"), size
+
+
+def aligned_ranges(src: Path, tgt: Path, lines_per_range: int) -> list[tuple[int, int, int, int, int]]:
+    """Cut two line-aligned files into ranges of the same lines: ``(first line number, source
+    start, source end, target start, target end)`` in bytes. A :class:`DataError` names both
+    files if their line counts differ."""
+    src_cuts, src_lines, src_size = _line_cuts(src, lines_per_range)
+    tgt_cuts, tgt_lines, tgt_size = _line_cuts(tgt, lines_per_range)
+    if src_lines != tgt_lines:
+        raise mismatch_error(src, src_lines, tgt, tgt_lines)
+    src_edges, tgt_edges = [0, *src_cuts, src_size], [0, *tgt_cuts, tgt_size]
+    return [(1 + i * lines_per_range, src_edges[i], src_edges[i + 1], tgt_edges[i], tgt_edges[i + 1])
+            for i in range(len(src_edges) - 1) if src_edges[i] < src_size or tgt_edges[i] < tgt_size]
+
+
+def _read_range(path: str, start: int, end: int) -> bytes:
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        return handle.read(end - start)
+
+
+# What Python's str.split() splits on: ASCII whitespace (one byte in UTF-8) and the wider spaces
+# (two or three bytes; none is above U+3000).
+_ASCII_SPACE = np.zeros(256, dtype=bool)
+_ASCII_SPACE[[ord(c) for c in map(chr, range(128)) if c.isspace()]] = True
+_WIDE_SPACES = [chr(c).encode() for c in range(0x80, 0x3001) if chr(c).isspace()]
+_WIDE_LEADS = sorted({wide[0] for wide in _WIDE_SPACES})
+
+
+def word_counts(block: bytes) -> np.ndarray:
+    """``len(line.split())`` for every line of a block of valid UTF-8 (lines ended by ``\n``,
+    the last maybe not), without decoding it: word starts counted per line over the bytes, and
+    the few lines that hold a non-ASCII space counted by ``str.split`` itself."""
+    a = np.frombuffer(block, dtype=np.uint8)
+    space = a <= 32  # every ASCII space is; other control bytes are rare enough to check for
+    if not _ASCII_SPACE[a[np.flatnonzero(a < 32)]].all():
+        space = _ASCII_SPACE[a]
+    starts = np.flatnonzero(~space[1:] & space[:-1]) + 1  # a word starts after a space
+    if len(a) and not space[0]:
+        starts = np.concatenate(([0], starts))
+    ends = np.flatnonzero(a == 10)
+    if len(a) and a[-1] != 10:
+        ends = np.append(ends, len(a))
+    counts = np.diff(np.searchsorted(starts, ends), prepend=0)
+    for i in _wide_space_lines(a, ends).tolist():
+        start = int(ends[i - 1]) + 1 if i else 0
+        counts[i] = len(block[start:int(ends[i])].decode("utf-8").split())
+    return counts
+
+
+def _wide_space_lines(a: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Indices of the lines (ending at ``ends``) of the UTF-8 bytes ``a`` that hold a wide space."""
+    at = np.flatnonzero(np.isin(a, _WIDE_LEADS))
+    if not len(at):
+        return at
+    found = np.zeros(len(at), dtype=bool)
+    last = len(a) - 1
+    for wide in _WIDE_SPACES:
+        match = a[at] == wide[0]
+        for k in range(1, len(wide)):
+            match &= a[np.minimum(at + k, last)] == wide[k]
+        found |= match
+    return np.unique(np.searchsorted(ends, at[found]))
+
+
+def _text_blob(lines: list[str]) -> bytes:
+    """``lines`` as the UTF-8 text of a file, each ended by ``\n``."""
+    return ("\n".join(lines) + "\n").encode() if lines else b""
+
+
+def _lines_blob(lines: list[bytes]) -> bytes:
+    return b"\n".join(lines) + b"\n" if lines else b""
+
+
+def _verbatim(block: bytes, name: str, first: int) -> bool:
+    """True when ``block`` decodes to its lines byte for byte (valid UTF-8, no ``\r``, no
+    byte-order mark); raises the reader's one-line error for invalid UTF-8."""
+    try:
+        block.decode("utf-8")
+    except UnicodeDecodeError:
+        decode_block(block, name, first)  # raises, naming line and column
+        raise
+    return b"\r" not in block and not (first == 1 and block.startswith(b"\xef\xbb\xbf"))
+
+
+def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[list[int], CleanCounts]:
+    """Read, check and clean one range of both files into the part files ``<part>.src`` and
+    ``<part>.tgt``; return the kept pairs' keys and the counts. Most ranges are cleaned as bytes
+    (:meth:`PairCleaner.clean_lines`); one that the reader would change (``\r``, a byte-order
+    mark) is decoded line by line first."""
+    part, first, src_path, s0, s1, tgt_path, t0, t1, max_length, max_ratio, dedup = task
+    src_block, tgt_block = _read_range(src_path, s0, s1), _read_range(tgt_path, t0, t1)
+    cleaner = PairCleaner(max_length, max_ratio, dedup, record_keys=True)
+    if _verbatim(src_block, src_path, first) and _verbatim(tgt_block, tgt_path, first):
+        kept_src, kept_tgt = cleaner.clean_lines(_split_lines(src_block), _split_lines(tgt_block),
+                                                 word_counts(src_block), word_counts(tgt_block))
+    else:
+        src = decode_block(src_block, src_path, first)
+        tgt = decode_block(tgt_block, tgt_path, first)
+        kept = list(cleaner(zip(src, tgt, strict=True)))
+        kept_src, kept_tgt = [s.encode() for s, _ in kept], [t.encode() for _, t in kept]
+    Path(f"{part}.src").write_bytes(_lines_blob(kept_src))
+    Path(f"{part}.tgt").write_bytes(_lines_blob(kept_tgt))
+    return cleaner.kept_keys, cleaner.counts
+
+
+def _split_lines(block: bytes) -> list[bytes]:
+    lines = block.split(b"\n")
+    if not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def clean_text_files(src: Path, tgt: Path, out_src: Path, out_tgt: Path, cleaner: PairCleaner,
+                     workers: int, lines_per_range: int | None = None) -> None:
+    """Clean two plain-text files into ``out_src``/``out_tgt`` with ``workers`` processes, with
+    ``cleaner``'s settings and into its counts: the same files and counts as ``cleaner`` over the
+    files' pairs in one process.
+
+    One read finds where every ``lines_per_range``-th line (:data:`PAIRS_PER_RANGE`) ends in both files (and checks that
+    their line counts agree); each worker then reads, checks (the rules and errors of
+    :mod:`mtcli.data.textio`) and cleans a range of lines, deduplicating within it, into part
+    files beside the output. The parent appends the parts in order (a copy inside the kernel)
+    and drops the pairs an earlier range already kept, so the first occurrence of a pair is the
+    one kept, as in one process.
+    """
+    settings = (cleaner.max_length, cleaner.max_ratio, cleaner.dedup)
+    ranges = aligned_ranges(src, tgt, lines_per_range or PAIRS_PER_RANGE)
+    with tempfile.TemporaryDirectory(prefix=".clean-", dir=out_src.parent) as parts:
+        tasks = [(f"{parts}/{i:06d}", first, str(src), s0, s1, str(tgt), t0, t1, *settings)
+                 for i, (first, s0, s1, t0, t1) in enumerate(ranges)]
+        with open(out_src, "wb") as fs, open(out_tgt, "wb") as ft, forked_pool(workers) as pool:
+            results = in_order(pool, _clean_range_in_worker, tasks, 2 * workers)
+            for task, (keys, counts) in zip(tasks, results, strict=True):
+                stay = cleaner.absorb(counts, keys)
+                for suffix, out in (("src", fs), ("tgt", ft)):
+                    part = Path(f"{task[0]}.{suffix}")
+                    if stay is None:
+                        _append(out, part)
+                    else:
+                        out.write(_keep_lines(part.read_bytes(), stay))
+                    part.unlink()
+
+
+def _append(out: BinaryIO, part: Path) -> None:
+    """Append the file ``part`` to ``out``, inside the kernel where it can."""
+    out.flush()
+    with open(part, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        try:
+            while size > 0:
+                copied = os.copy_file_range(handle.fileno(), out.fileno(), size)
+                if copied == 0:
+                    break
+                size -= copied
+        except (AttributeError, OSError):
+            shutil.copyfileobj(handle, out)
+            return
+        if size > 0:
+            shutil.copyfileobj(handle, out)
+
+
+def _keep_lines(blob: bytes, stay: list[int]) -> bytes:
+    lines = blob.split(b"\n")
+    return b"".join(lines[i] + b"\n" for i in stay)

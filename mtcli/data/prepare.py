@@ -9,7 +9,8 @@ Steps (each streamed, so memory stays flat in corpus size):
    (:func:`mtcli.fileio.atomic_dir`):
 
    a. write ``<split>.<lang>.txt``: the training split cleaned by :class:`~mtcli.data.cleaning.PairCleaner`
-      (counts per reason), every other split verbatim (an empty line stays);
+      (counts per reason; large plain-text files by ``data.num_workers`` processes), every other
+      split verbatim (an empty line stays);
    b. train one SentencePiece model on both sides of the cleaned training text only, sampling
       at most ``data.spm_max_sentences`` sentences; or, with ``data.spm_model``, copy the given
       model (a trained run's, to adapt it to this corpus: the same pieces get the same ids);
@@ -28,13 +29,11 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import multiprocessing
 import os
 import shutil
 import sys
 import tempfile
 import time
-from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -54,9 +53,10 @@ from mtcli.data.cache import (
     token_dtype,
     write_manifest,
 )
-from mtcli.data.cleaning import CleanCounts, PairCleaner
+from mtcli.data.cleaning import CleanCounts, PairCleaner, clean_text_files
 from mtcli.data.sources import Source, open_source
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, MIN_SAMPLE, PAD_ID, UNK_ID, Tokenizer, copy_model
+from mtcli.data.workers import can_fork, forked_pool, in_order
 from mtcli.errors import DataError
 from mtcli.fileio import FileHasher, atomic_dir, sha256_file
 from mtcli.logs import get_logger, progress
@@ -68,6 +68,8 @@ CHUNK_BYTES = 1 << 22
 # Below this many lines a file is encoded in-process: forking workers
 # costs about as much as it saves on a corpus the size of Multi30k.
 PARALLEL_MIN_LINES = 50_000
+# The same for cleaning, in bytes of the smaller side (50k pairs of WMT text are about 8 MB).
+PARALLEL_CLEAN_BYTES = 8 << 20
 SPM_SEED = 1
 _PID_FILE = ".prepare.pid"
 # Data-config keys that do not change the cache's content (where it goes, how fast it is built).
@@ -210,34 +212,49 @@ def _current_cache(out: Path, key: str) -> PreparedCorpus | None:
     return corpus
 
 
-def _write_texts(source: Source, data: DataConfig, splits: list[str], tmp: Path) -> dict[str, CleanCounts]:
+def _write_pairs(pairs: Iterable[tuple[str, str]], src_txt: Path, tgt_txt: Path) -> int:
+    """Write pairs as two line-aligned UTF-8 text files; return how many."""
+    n = 0
+    with open(src_txt, "w", encoding="utf-8", newline="\n") as fs, open(
+        tgt_txt, "w", encoding="utf-8", newline="\n"
+    ) as ft:
+        for src, tgt in pairs:
+            fs.write(src + "\n")
+            ft.write(tgt + "\n")
+            n += 1
+    return n
+
+
+def _clean_split(source: Source, data: DataConfig, split: str, src_txt: Path, tgt_txt: Path,
+                 workers: int) -> CleanCounts:
+    """Write the training split cleaned; large plain-text files are cleaned by ``workers``
+    processes (:func:`~mtcli.data.cleaning.clean_text_files`, the same files as one process)."""
+    cleaner = PairCleaner(data.max_length, data.max_length_ratio, data.dedup)
+    files = source.plain_files(split)
+    if (files is not None and workers > 1 and can_fork()
+            and min(path.stat().st_size for path in files) >= PARALLEL_CLEAN_BYTES):
+        clean_text_files(*files, src_txt, tgt_txt, cleaner, workers)
+    else:
+        _write_pairs(cleaner(source.pairs(split)), src_txt, tgt_txt)
+    return cleaner.counts
+
+
+def _write_texts(source: Source, data: DataConfig, splits: list[str], tmp: Path,
+                 workers: int = 1) -> dict[str, CleanCounts]:
     """Write ``<split>.<lang>.txt`` for every split (training split cleaned); return counts."""
     log = get_logger()
     counts: dict[str, CleanCounts] = {}
     for split in splits:
-        if split == data.train_split:
-            cleaner = PairCleaner(data.max_length, data.max_length_ratio, data.dedup)
-            pairs: Iterable[tuple[str, str]] = cleaner(source.pairs(split))
-        else:
-            cleaner = None
-            pairs = source.pairs(split)
-        n = 0
         src_txt = tmp / f"{array_name(split, data.src_lang)}.txt"
         tgt_txt = tmp / f"{array_name(split, data.tgt_lang)}.txt"
-        with open(src_txt, "w", encoding="utf-8", newline="\n") as fs, open(
-            tgt_txt, "w", encoding="utf-8", newline="\n"
-        ) as ft:
-            for src, tgt in pairs:
-                fs.write(src + "\n")
-                ft.write(tgt + "\n")
-                n += 1
-        counts[split] = cleaner.counts if cleaner is not None else CleanCounts(read=n, kept=n)
-        c = counts[split]
-        if cleaner is not None:
+        if split == data.train_split:
+            c = counts[split] = _clean_split(source, data, split, src_txt, tgt_txt, workers)
             why = ", ".join(f"{k} {v}" for k, v in c.dropped().items())
             log.info("read %s: %d pairs, kept %d (dropped: %s)", split, c.read, c.kept, why)
         else:
-            log.info("read %s: %d pairs (kept as they are)", split, c.read)
+            n = _write_pairs(source.pairs(split), src_txt, tgt_txt)
+            counts[split] = CleanCounts(read=n, kept=n)
+            log.info("read %s: %d pairs (kept as they are)", split, n)
     train = counts[data.train_split]
     if train.kept == 0:
         why = ", ".join(f"{k} {v}" for k, v in train.dropped().items())
@@ -339,19 +356,10 @@ def encode_file(
     """
     bar = progress(total=num_lines, enabled=show_progress, desc=f"encode {text_path.stem}", unit="sent")
     try:
-        if workers > 1 and num_lines >= PARALLEL_MIN_LINES and "fork" in multiprocessing.get_all_start_methods():
-            context = multiprocessing.get_context("fork")
+        if workers > 1 and num_lines >= PARALLEL_MIN_LINES and can_fork():
             tasks = [(str(text_path), a, b) for a, b in byte_ranges(text_path, CHUNK_BYTES)]
-            with context.Pool(workers, initializer=_init_worker, initargs=(str(model_path), writer.dtype.str)) as pool:
-                pending: deque = deque()
-                for task in tasks:
-                    pending.append(pool.apply_async(_encode_range_in_worker, (task,)))
-                    if len(pending) >= 2 * workers:
-                        ids, lengths = pending.popleft().get()
-                        writer.append(ids, lengths)
-                        bar.update(len(lengths))
-                while pending:
-                    ids, lengths = pending.popleft().get()
+            with forked_pool(workers, _init_worker, (str(model_path), writer.dtype.str)) as pool:
+                for ids, lengths in in_order(pool, _encode_range_in_worker, tasks, 2 * workers):
                     writer.append(ids, lengths)
                     bar.update(len(lengths))
         else:
@@ -514,7 +522,7 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     workers = max(1, data.num_workers)
     with _naming_write_errors(out), atomic_dir(out) as tmp:
         (tmp / _PID_FILE).write_text(str(os.getpid()))
-        counts = _write_texts(source, data, splits, tmp)
+        counts = _write_texts(source, data, splits, tmp, workers)
         if given is not None:
             model_path = copy_model(given, tmp / "spm")
             log.info("encoding with the given SentencePiece model %s (data.spm_model)", given)

@@ -73,6 +73,11 @@ class Source:
         """Stream the (source, target) pairs of ``split`` in corpus order."""
         raise NotImplementedError
 
+    def plain_files(self, split: str) -> tuple[Path, Path] | None:
+        """The (source, target) files of ``split`` when they are uncompressed text that a
+        reader may cut into byte ranges (:func:`mtcli.data.cleaning.clean_text_files`); else None."""
+        return None
+
     def fingerprint(self, splits: Iterable[str], hasher: FileHasher | None = None) -> dict[str, Any]:
         """What identifies the input of ``splits``: the sha256 of each of its files by name
         (a hub source: its id and fingerprints); ``hasher`` may reuse a previous build's digests."""
@@ -146,12 +151,16 @@ class TextDirSource(Source):
             tgt = next(tgt_it, None)
             if tgt is None:
                 rest = 1 + sum(1 for _ in src_it)
-                raise _mismatch(src_path, n + rest, tgt_path, n)
+                raise mismatch_error(src_path, n + rest, tgt_path, n)
             n += 1
             yield src, tgt
         rest = sum(1 for _ in tgt_it)
         if rest:
-            raise _mismatch(src_path, n, tgt_path, n + rest)
+            raise mismatch_error(src_path, n, tgt_path, n + rest)
+
+    def plain_files(self, split: str) -> tuple[Path, Path] | None:
+        files = self.path(split, self.src_lang), self.path(split, self.tgt_lang)
+        return None if any(path.suffix == ".gz" for path in files) else files
 
     def _input_files(self, splits: Iterable[str]) -> Iterator[tuple[str, Path]]:
         for split in splits:
@@ -160,7 +169,8 @@ class TextDirSource(Source):
                 yield path.name, path
 
 
-def _mismatch(src_path: Path, src_n: int, tgt_path: Path, tgt_n: int) -> DataError:
+def mismatch_error(src_path: Path, src_n: int, tgt_path: Path, tgt_n: int) -> DataError:
+    """The one-line error for the two sides of a split having different line counts."""
     return DataError(
         f"line counts differ: {src_path} has {src_n} lines but {tgt_path} has {tgt_n} lines"
     )

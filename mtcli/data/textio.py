@@ -57,6 +57,31 @@ def iter_binary_lines(handle: BinaryIO, name: str) -> Iterator[str]:
         yield _decode_line(raw, name, lineno)
 
 
+def decode_block(block: bytes, name: str, first_lineno: int) -> list[str]:
+    """The lines of ``block`` decoded as :func:`iter_binary_lines` decodes them, for a reader
+    that cuts a file into blocks of whole lines itself: ``block`` starts at line
+    ``first_lineno`` of ``name``, and only the file's last line may lack its ``\n``.
+
+    The common block (valid UTF-8, no ``\r``, no byte-order mark) is decoded in one call; any
+    other falls back to the line-by-line rules, so errors name the same line and column.
+    """
+    try:
+        text: str | None = block.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and "\r" not in text and not (first_lineno == 1 and text.startswith("\ufeff")):
+        lines = text.split("\n")
+        if not lines[-1]:
+            lines.pop()  # the empty text after the last "\n"
+        return lines
+    raws = block.split(b"\n")
+    last = raws.pop()
+    lines = [_decode_line(raw + b"\n", name, first_lineno + i) for i, raw in enumerate(raws)]
+    if last:
+        lines.append(_decode_line(last, name, first_lineno + len(raws)))
+    return lines
+
+
 def _has_input(fd: int) -> bool:
     """True when reading ``fd`` would not block (data or end of input waiting), by ``select``."""
     try:

@@ -19,6 +19,7 @@ from conftest import REPO, TOY_DIR, shared_corpus
 from typer.testing import CliRunner
 
 import mtcli.data.cache as cache_module
+import mtcli.data.cleaning as cleaning_module
 import mtcli.data.prepare as prep
 from mtcli import fileio
 from mtcli.cli import app
@@ -233,12 +234,43 @@ def test_every_source_kind_gives_the_same_cache(tmp_path: Path) -> None:
     assert caches["text"] and all(c == caches["text"] for c in caches.values())
 
 
-def test_parallel_encoding_matches_in_process(tmp_path: Path, toy_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    serial = prep.prepare(load_config(write_config(tmp_path, toy_dir, name="serial")))
+def _parallel_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clean and encode even the toy corpus in worker processes, in many small ranges."""
     monkeypatch.setattr(prep, "PARALLEL_MIN_LINES", 1)
-    monkeypatch.setattr(prep, "CHUNK_BYTES", 500)  # many small ranges, cut mid-file
-    parallel = prep.prepare(load_config(write_config(tmp_path, toy_dir, name="parallel", num_workers=2)))
+    monkeypatch.setattr(prep, "CHUNK_BYTES", 500)  # ranges cut mid-file
+    monkeypatch.setattr(prep, "PARALLEL_CLEAN_BYTES", 1)
+    monkeypatch.setattr(cleaning_module, "PAIRS_PER_RANGE", 64)
+
+
+def test_parallel_cleaning_and_encoding_match_in_process(tmp_path: Path, toy_dir: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    with open(toy_dir / "train.src", "a") as src, open(toy_dir / "train.tgt", "a") as tgt:
+        lines = list(zip(read_lines(toy_dir / "train.src"), read_lines(toy_dir / "train.tgt"), strict=True))
+        for s, t in lines[:100:7]:  # duplicates of pairs in the first ranges
+            src.write(s + "\n")
+            tgt.write(t + "\n")
+    serial = prep.prepare(load_config(write_config(tmp_path, toy_dir, name="serial", dedup=True)))
+    _parallel_everywhere(monkeypatch)
+    parallel = prep.prepare(load_config(write_config(tmp_path, toy_dir, name="parallel", dedup=True, num_workers=2)))
+    assert serial.counts["train"]["dropped"]["duplicate"] >= 15
+    assert parallel.counts == serial.counts
     assert _cache_bytes(serial.directory) == _cache_bytes(parallel.directory)
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [(lambda lines: lines[:-1], "train.tgt has 599 lines"),
+     (lambda lines: [*lines[:300], b"ein \xc3\x28 hund", *lines[301:]], "train.tgt:301: invalid UTF-8")],
+)
+def test_bad_training_text_cleaned_in_parallel_is_one_line(tmp_path: Path, toy_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          damage, needle: str) -> None:
+    lines = (toy_dir / "train.tgt").read_bytes().split(b"\n")[:-1]
+    (toy_dir / "train.tgt").write_bytes(b"".join(line + b"\n" for line in damage(lines)))
+    _parallel_everywhere(monkeypatch)
+    cfg = write_config(tmp_path, toy_dir, num_workers=2)
+    result = run_cli(str(cfg))
+    assert_one_line_error(result, needle)
+    assert_nothing_written(cfg)
 
 
 def test_byte_ranges_cover_whole_lines(tmp_path: Path) -> None:

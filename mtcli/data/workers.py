@@ -1,0 +1,43 @@
+"""Forked worker processes for ``prepare``'s two parallel passes (cleaning, encoding).
+
+Both passes cut a large file into ranges of whole lines, let each worker read and process a
+range itself (the parent never touches the text), and take the results back in file order so
+that the output is the same as one process would write. At most ``2 * workers`` ranges are in
+flight, so memory stays bounded however large the file is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from multiprocessing.pool import Pool
+from typing import Any
+
+
+def can_fork() -> bool:
+    """True where worker processes can be forked (not on Windows or macOS's default ``spawn``)."""
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+@contextlib.contextmanager
+def forked_pool(workers: int, initializer: Callable[..., None] | None = None,
+                initargs: tuple[Any, ...] = ()) -> Iterator[Pool]:
+    """A pool of ``workers`` forked processes, terminated on leaving (also on an error)."""
+    context = multiprocessing.get_context("fork")
+    with context.Pool(workers, initializer=initializer, initargs=initargs) as pool:
+        yield pool
+
+
+def in_order(pool: Pool, func: Callable[[Any], Any], tasks: Iterable[Any], window: int) -> Iterator[Any]:
+    """``func(task)`` for every task, computed by ``pool`` and yielded in task order, with at
+    most ``window`` tasks submitted and not yet yielded. A worker's exception is re-raised here
+    when its task's turn comes, so the first error in file order is the one reported."""
+    pending: deque = deque()
+    for task in tasks:
+        pending.append(pool.apply_async(func, (task,)))
+        if len(pending) >= window:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()

@@ -1,0 +1,127 @@
+"""Tests of mtcli.data.cleaning: the filters over arrays equal the filters over pairs, word counts
+over bytes equal ``str.split``, and cleaning in several processes writes what one process writes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mtcli.data.cleaning import (
+    CleanCounts,
+    PairCleaner,
+    aligned_ranges,
+    clean_text_files,
+    word_counts,
+)
+from mtcli.errors import DataError
+
+# Every character Python's str.split() splits on, but the newline that ends a line.
+SPACES = [chr(c) for c in range(0x110000) if chr(c).isspace() and c != 10]
+
+
+def test_every_python_space_is_known_and_none_is_above_u3000() -> None:
+    assert max(map(ord, SPACES)) <= 0x3000
+
+
+@pytest.mark.parametrize("ended", [True, False])
+def test_word_counts_equal_str_split(ended: bool) -> None:
+    lines = ["", " ", "a", " a  b ", "a\tb", "ä ö ü", "“quoted” text", "\x01 x\x02", "\x1f", "end"]
+    lines += [f"a{space}b" for space in SPACES] + [f"{space}x{space}" for space in SPACES]
+    block = "\n".join(lines).encode() + (b"\n" if ended else b"")
+    assert word_counts(block).tolist() == [len(line.split()) for line in lines]
+    assert word_counts(b"").tolist() == []
+
+
+def _pairs() -> list[tuple[str, str]]:
+    long = " ".join(["w"] * 11)
+    return [("a b", "c d"), ("", "x"), ("x", "   "), (long, long), ("a", "a b c d"), ("a b", "c d"),
+            ("a b c", "a"), ("a\u3000b c", "d e"), ("ä", "ü")] * 3
+
+
+def test_clean_lines_equals_the_cleaner_over_pairs() -> None:
+    pairs = _pairs()
+    one = PairCleaner(max_length=10, max_ratio=3.0, dedup=True)
+    expected = list(one(pairs))
+    arrays = PairCleaner(max_length=10, max_ratio=3.0, dedup=True)
+    src, tgt = [s.encode() for s, _ in pairs], [t.encode() for _, t in pairs]
+    n_src = word_counts(b"".join(line + b"\n" for line in src))
+    n_tgt = word_counts(b"".join(line + b"\n" for line in tgt))
+    kept_src, kept_tgt = arrays.clean_lines(src, tgt, n_src, n_tgt)
+    assert [(s.decode(), t.decode()) for s, t in zip(kept_src, kept_tgt, strict=True)] == expected
+    assert arrays.counts == one.counts
+    assert arrays.counts == CleanCounts(read=27, kept=4, empty=6, too_long=3, ratio=3, duplicate=11)
+
+
+def test_absorb_drops_what_an_earlier_range_kept() -> None:
+    parent = PairCleaner(max_length=10, max_ratio=3.0, dedup=True)
+    for chunk, expected in (([("a", "b"), ("c", "d")], None), ([("c", "d"), ("e", "f")], [1])):
+        worker = PairCleaner(max_length=10, max_ratio=3.0, dedup=True, record_keys=True)
+        list(worker(chunk))
+        assert parent.absorb(worker.counts, worker.kept_keys) == expected
+    assert parent.counts == CleanCounts(read=4, kept=3, duplicate=1)
+
+
+def _write(path, lines: list[str], end: str = "\n", bom: bool = False) -> None:
+    path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + "".join(line + end for line in lines).encode())
+
+
+def test_aligned_ranges_cut_both_files_at_the_same_lines(tmp_path) -> None:
+    src, tgt = tmp_path / "a.src", tmp_path / "a.tgt"
+    _write(src, [f"s{i}" + "x" * (i % 5) for i in range(103)])
+    _write(tgt, [f"t{i}" + "yy" * (i % 3) for i in range(103)])
+    ranges = aligned_ranges(src, tgt, 10)
+    assert [r[0] for r in ranges] == list(range(1, 104, 10))
+    for first, s0, s1, t0, t1 in ranges:
+        got_src = src.read_bytes()[s0:s1].decode().splitlines()
+        got_tgt = tgt.read_bytes()[t0:t1].decode().splitlines()
+        assert got_src[0] == f"s{first - 1}" + "x" * ((first - 1) % 5)
+        assert len(got_src) == len(got_tgt) == min(10, 103 - first + 1)
+    assert ranges[-1][2] == src.stat().st_size and ranges[-1][4] == tgt.stat().st_size
+
+
+def _serial(src, tgt, tmp_path, **settings) -> tuple[bytes, bytes, CleanCounts]:
+    from mtcli.data.textio import read_lines
+
+    cleaner = PairCleaner(**settings)
+    kept = list(cleaner(zip(read_lines(src), read_lines(tgt), strict=True)))
+    return ("".join(s + "\n" for s, _ in kept).encode(), "".join(t + "\n" for _, t in kept).encode(),
+            cleaner.counts)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_clean_text_files_writes_what_one_process_writes(tmp_path, workers: int) -> None:
+    rng = np.random.default_rng(0)
+    words = ["ein", "Hund", "läuft", "über", "die", "Wiese", "a", "dog", "runs", "“x”"]
+    pairs = [(" ".join(rng.choice(words, rng.integers(0, 14))), " ".join(rng.choice(words, rng.integers(0, 14))))
+             for _ in range(400)]
+    pairs += pairs[:50]  # duplicates in later ranges
+    pairs[7] = ("carriage\rreturn here", "mit \r drin")  # the reader turns a lone CR into a space
+    pairs[133] = ("a\u00a0b\u00a0c\u2009d\u3000e", "x y")  # 5 words, 2: dropped for the ratio
+    src, tgt = tmp_path / "c.src", tmp_path / "c.tgt"
+    _write(src, [s for s, _ in pairs], bom=True)
+    _write(tgt, [t + ("\r" if i == 200 else "") for i, (_, t) in enumerate(pairs)])  # one Windows line end
+    with open(src, "ab") as handle:
+        handle.write(b"last line without an end")
+    with open(tgt, "ab") as handle:
+        handle.write(b"letzte Zeile ohne Ende")
+    settings = {"max_length": 10, "max_ratio": 2.0, "dedup": True}
+    want_src, want_tgt, want_counts = _serial(src, tgt, tmp_path, **settings)
+    cleaner = PairCleaner(**settings)
+    clean_text_files(src, tgt, tmp_path / "o.src", tmp_path / "o.tgt", cleaner, workers, lines_per_range=37)
+    assert (tmp_path / "o.src").read_bytes() == want_src
+    assert (tmp_path / "o.tgt").read_bytes() == want_tgt
+    assert cleaner.counts == want_counts and want_counts.duplicate > 0 and want_counts.ratio > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.src", "c.tgt", "o.src", "o.tgt"]  # no parts left
+
+
+def test_clean_text_files_errors_name_the_file_and_line(tmp_path) -> None:
+    src, tgt = tmp_path / "e.src", tmp_path / "e.tgt"
+    _write(src, [f"satz {i}" for i in range(100)])
+    _write(tgt, [f"sentence {i}" for i in range(99)])
+    with pytest.raises(DataError, match=r"e\.src has 100 lines but .*e\.tgt has 99 lines"):
+        clean_text_files(src, tgt, tmp_path / "o.src", tmp_path / "o.tgt", PairCleaner(10, 3.0), 2, 7)
+    lines = [f"sentence {i}".encode() for i in range(100)]
+    lines[76] = b"bad \xff byte"
+    tgt.write_bytes(b"".join(line + b"\n" for line in lines))
+    with pytest.raises(DataError, match=r"e\.tgt:77: invalid UTF-8 \(byte 0xff at column 5\)"):
+        clean_text_files(src, tgt, tmp_path / "o.src", tmp_path / "o.tgt", PairCleaner(10, 3.0), 2, 7)
