@@ -150,24 +150,21 @@ class PairCleaner:
         counts.kept += len(passing)
         return [src[i] for i in passing], [tgt[i] for i in passing]
 
-    def absorb(self, counts: CleanCounts, keys: list[int]) -> list[int] | None:
+    def absorb(self, counts: CleanCounts, keys: np.ndarray) -> np.ndarray | None:
         """Take over a range that another cleaner with these settings cleaned on its own (its
-        ``counts`` and ``kept_keys``), dropping the pairs kept in an earlier range as duplicates.
-        Returns None when every pair of the range stays, else the indices of those that do."""
+        ``counts`` and ``kept_keys`` as ``uint64``), dropping the pairs kept in an earlier range
+        as duplicates. Returns None when every pair of the range stays, else the indices of
+        those that go (in order)."""
         self.counts.add(counts)
-        seen = self._seen
-        if seen.isdisjoint(keys):
-            seen.update(keys)
+        listed = keys.tolist()
+        again = self._seen.intersection(listed)
+        self._seen.update(listed)
+        if not again:
             return None
-        stay = []
-        for i, key in enumerate(keys):
-            if key in seen:
-                self.counts.kept -= 1
-                self.counts.duplicate += 1
-            else:
-                seen.add(key)
-                stay.append(i)
-        return stay
+        drop = np.flatnonzero(np.isin(keys, np.fromiter(again, dtype=np.uint64, count=len(again))))
+        self.counts.kept -= len(drop)
+        self.counts.duplicate += len(drop)
+        return drop
 
 
 # ----------------------------------------------------------------------------- in parallel
@@ -275,7 +272,7 @@ def _verbatim(block: bytes, name: str, first: int) -> bool:
     return b"\r" not in block and not (first == 1 and block.startswith(b"\xef\xbb\xbf"))
 
 
-def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[list[int], CleanCounts]:
+def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[np.ndarray, CleanCounts]:
     """Read, check and clean one range of both files into the part files ``<part>.src`` and
     ``<part>.tgt``; return the kept pairs' keys and the counts. Most ranges are cleaned as bytes
     (:meth:`PairCleaner.clean_lines`); one that the reader would change (``\r``, a byte-order
@@ -293,7 +290,7 @@ def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[list[int], CleanCount
         kept_src, kept_tgt = [s.encode() for s, _ in kept], [t.encode() for _, t in kept]
     Path(f"{part}.src").write_bytes(_lines_blob(kept_src))
     Path(f"{part}.tgt").write_bytes(_lines_blob(kept_tgt))
-    return cleaner.kept_keys, cleaner.counts
+    return np.array(cleaner.kept_keys, dtype=np.uint64), cleaner.counts
 
 
 def _split_lines(block: bytes) -> list[bytes]:
@@ -324,13 +321,13 @@ def clean_text_files(src: Path, tgt: Path, out_src: Path, out_tgt: Path, cleaner
         with open(out_src, "wb") as fs, open(out_tgt, "wb") as ft, forked_pool(workers) as pool:
             results = in_order(pool, _clean_range_in_worker, tasks, 2 * workers)
             for task, (keys, counts) in zip(tasks, results, strict=True):
-                stay = cleaner.absorb(counts, keys)
+                drop = cleaner.absorb(counts, keys)
                 for suffix, out in (("src", fs), ("tgt", ft)):
                     part = Path(f"{task[0]}.{suffix}")
-                    if stay is None:
+                    if drop is None:
                         _append(out, part)
                     else:
-                        out.write(_keep_lines(part.read_bytes(), stay))
+                        out.write(_drop_lines(part.read_bytes(), drop))
                     part.unlink()
 
 
@@ -352,6 +349,12 @@ def _append(out: BinaryIO, part: Path) -> None:
             shutil.copyfileobj(handle, out)
 
 
-def _keep_lines(blob: bytes, stay: list[int]) -> bytes:
-    lines = blob.split(b"\n")
-    return b"".join(lines[i] + b"\n" for i in stay)
+def _drop_lines(blob: bytes, drop: np.ndarray) -> bytes:
+    """``blob`` (lines each ended by ``\n``) without the lines numbered ``drop`` (ascending)."""
+    ends = np.flatnonzero(np.frombuffer(blob, dtype=np.uint8) == 10) + 1
+    pieces, start = [], 0
+    for i in drop.tolist():
+        pieces.append(blob[start:int(ends[i - 1]) if i else 0])
+        start = int(ends[i])
+    pieces.append(blob[start:])
+    return b"".join(pieces)

@@ -54,11 +54,12 @@ def test_clean_lines_equals_the_cleaner_over_pairs() -> None:
 
 def test_absorb_drops_what_an_earlier_range_kept() -> None:
     parent = PairCleaner(max_length=10, max_ratio=3.0, dedup=True)
-    for chunk, expected in (([("a", "b"), ("c", "d")], None), ([("c", "d"), ("e", "f")], [1])):
+    for chunk, expected in (([("a", "b"), ("c", "d")], None), ([("e", "f"), ("c", "d"), ("a", "b")], [1, 2])):
         worker = PairCleaner(max_length=10, max_ratio=3.0, dedup=True, record_keys=True)
         list(worker(chunk))
-        assert parent.absorb(worker.counts, worker.kept_keys) == expected
-    assert parent.counts == CleanCounts(read=4, kept=3, duplicate=1)
+        drop = parent.absorb(worker.counts, np.array(worker.kept_keys, dtype=np.uint64))
+        assert (drop if drop is None else drop.tolist()) == expected
+    assert parent.counts == CleanCounts(read=5, kept=3, duplicate=2)
 
 
 def _write(path, lines: list[str], end: str = "\n", bom: bool = False) -> None:
