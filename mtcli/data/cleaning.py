@@ -1,8 +1,9 @@
 """Cleaning the training pairs: each pair is kept or dropped for one counted reason.
 
 Only the training split is cleaned (:class:`PairCleaner`); valid/test splits keep every line, so
-scores are over the full test sets. Large plain-text files are cleaned by several processes at
-once (:func:`clean_text_files`), with the same result as one process.
+scores are over the full test sets. A large training split is cleaned by several processes at
+once (:func:`clean_text_files` for plain-text files, :func:`clean_text_blocks` for Arrow rows),
+with the same result as one process.
 """
 
 from __future__ import annotations
@@ -273,20 +274,25 @@ def _verbatim(block: bytes, name: str, first: int) -> bool:
 
 
 def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[np.ndarray, CleanCounts]:
-    """Read, check and clean one range of both files into the part files ``<part>.src`` and
-    ``<part>.tgt``; return the kept pairs' keys and the counts. Most ranges are cleaned as bytes
-    (:meth:`PairCleaner.clean_lines`); one that the reader would change (``\r``, a byte-order
-    mark) is decoded line by line first."""
-    part, first, src_path, s0, s1, tgt_path, t0, t1, max_length, max_ratio, dedup = task
-    src_block, tgt_block = _read_range(src_path, s0, s1), _read_range(tgt_path, t0, t1)
+    """Clean one range into the part files ``<part>.src`` and ``<part>.tgt``; return the kept
+    pairs' keys and the counts. A range is either the text itself (Arrow rows made into lines)
+    or ``(path, start, end)`` of both text files, read here and checked by the reader's rules.
+    Most ranges are cleaned as bytes (:meth:`PairCleaner.clean_lines`); one that the reader would
+    change (``\r``, a byte-order mark) is decoded line by line first."""
+    part, first, src, tgt, max_length, max_ratio, dedup = task
     cleaner = PairCleaner(max_length, max_ratio, dedup, record_keys=True)
-    if _verbatim(src_block, src_path, first) and _verbatim(tgt_block, tgt_path, first):
+    if isinstance(src, bytes):
+        src_block, tgt_block, verbatim = src, tgt, True
+    else:
+        src_block, tgt_block = _read_range(*src), _read_range(*tgt)
+        verbatim = _verbatim(src_block, src[0], first) and _verbatim(tgt_block, tgt[0], first)
+    if verbatim:
         kept_src, kept_tgt = cleaner.clean_lines(_split_lines(src_block), _split_lines(tgt_block),
                                                  word_counts(src_block), word_counts(tgt_block))
     else:
-        src = decode_block(src_block, src_path, first)
-        tgt = decode_block(tgt_block, tgt_path, first)
-        kept = list(cleaner(zip(src, tgt, strict=True)))
+        src_lines = decode_block(src_block, src[0], first)
+        tgt_lines = decode_block(tgt_block, tgt[0], first)
+        kept = list(cleaner(zip(src_lines, tgt_lines, strict=True)))
         kept_src, kept_tgt = [s.encode() for s, _ in kept], [t.encode() for _, t in kept]
     Path(f"{part}.src").write_bytes(_lines_blob(kept_src))
     Path(f"{part}.tgt").write_bytes(_lines_blob(kept_tgt))
@@ -313,17 +319,29 @@ def clean_text_files(src: Path, tgt: Path, out_src: Path, out_tgt: Path, cleaner
     and drops the pairs an earlier range already kept, so the first occurrence of a pair is the
     one kept, as in one process.
     """
-    settings = (cleaner.max_length, cleaner.max_ratio, cleaner.dedup)
     ranges = aligned_ranges(src, tgt, lines_per_range or PAIRS_PER_RANGE)
+    tasks = ((first, (str(src), s0, s1), (str(tgt), t0, t1)) for first, s0, s1, t0, t1 in ranges)
+    _clean_in_workers(tasks, out_src, out_tgt, cleaner, workers)
+
+
+def clean_text_blocks(blocks: Iterable[tuple[bytes, bytes]], out_src: Path, out_tgt: Path,
+                      cleaner: PairCleaner, workers: int) -> None:
+    """Clean pairs given as blocks of text (:meth:`mtcli.data.sources.Source.text_blocks`) into
+    ``out_src``/``out_tgt`` with ``workers`` processes, as :func:`clean_text_files` does."""
+    _clean_in_workers(((0, src, tgt) for src, tgt in blocks), out_src, out_tgt, cleaner, workers)
+
+
+def _clean_in_workers(ranges: Iterable[tuple[int, Any, Any]], out_src: Path, out_tgt: Path,
+                      cleaner: PairCleaner, workers: int) -> None:
+    """Clean ``(first line, source, target)`` ranges in workers; append their parts in order."""
+    settings = (cleaner.max_length, cleaner.max_ratio, cleaner.dedup)
     with tempfile.TemporaryDirectory(prefix=".clean-", dir=out_src.parent) as parts:
-        tasks = [(f"{parts}/{i:06d}", first, str(src), s0, s1, str(tgt), t0, t1, *settings)
-                 for i, (first, s0, s1, t0, t1) in enumerate(ranges)]
+        tasks = ((f"{parts}/{i:06d}", *task, *settings) for i, task in enumerate(ranges))
         with open(out_src, "wb") as fs, open(out_tgt, "wb") as ft, forked_pool(workers) as pool:
-            results = in_order(pool, _clean_range_in_worker, tasks, 2 * workers)
-            for task, (keys, counts) in zip(tasks, results, strict=True):
+            for i, (keys, counts) in enumerate(in_order(pool, _clean_range_in_worker, tasks, 2 * workers)):
                 drop = cleaner.absorb(counts, keys)
                 for suffix, out in (("src", fs), ("tgt", ft)):
-                    part = Path(f"{task[0]}.{suffix}")
+                    part = Path(f"{parts}/{i:06d}.{suffix}")
                     if drop is None:
                         _append(out, part)
                     else:

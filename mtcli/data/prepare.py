@@ -9,8 +9,8 @@ Steps (each streamed, so memory stays flat in corpus size):
    (:func:`mtcli.fileio.atomic_dir`):
 
    a. write ``<split>.<lang>.txt``: the training split cleaned by :class:`~mtcli.data.cleaning.PairCleaner`
-      (counts per reason; large plain-text files by ``data.num_workers`` processes), every other
-      split verbatim (an empty line stays);
+      (counts per reason; a large split by ``data.num_workers`` processes, with the same
+      result), every other split verbatim (an empty line stays);
    b. train one SentencePiece model on both sides of the cleaned training text only, sampling
       at most ``data.spm_max_sentences`` sentences; or, with ``data.spm_model``, copy the given
       model (a trained run's, to adapt it to this corpus: the same pieces get the same ids);
@@ -53,7 +53,7 @@ from mtcli.data.cache import (
     token_dtype,
     write_manifest,
 )
-from mtcli.data.cleaning import CleanCounts, PairCleaner, clean_text_files
+from mtcli.data.cleaning import CleanCounts, PairCleaner, clean_text_blocks, clean_text_files
 from mtcli.data.sources import Source, open_source
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, MIN_SAMPLE, PAD_ID, UNK_ID, Tokenizer, copy_model
 from mtcli.data.workers import can_fork, forked_pool, in_order
@@ -227,13 +227,17 @@ def _write_pairs(pairs: Iterable[tuple[str, str]], src_txt: Path, tgt_txt: Path)
 
 def _clean_split(source: Source, data: DataConfig, split: str, src_txt: Path, tgt_txt: Path,
                  workers: int) -> CleanCounts:
-    """Write the training split cleaned; large plain-text files are cleaned by ``workers``
-    processes (:func:`~mtcli.data.cleaning.clean_text_files`, the same files as one process)."""
+    """Write the training split cleaned. A large split is cleaned by ``workers`` processes, with
+    the same result as one: plain-text files by byte ranges the workers read themselves
+    (:func:`~mtcli.data.cleaning.clean_text_files`), Arrow sources (parquet, datasets, the hub)
+    as blocks of text made from the rows (:func:`~mtcli.data.cleaning.clean_text_blocks`)."""
     cleaner = PairCleaner(data.max_length, data.max_length_ratio, data.dedup)
     files = source.plain_files(split)
-    if (files is not None and workers > 1 and can_fork()
-            and min(path.stat().st_size for path in files) >= PARALLEL_CLEAN_BYTES):
+    parallel = workers > 1 and can_fork()
+    if parallel and files is not None and min(path.stat().st_size for path in files) >= PARALLEL_CLEAN_BYTES:
         clean_text_files(*files, src_txt, tgt_txt, cleaner, workers)
+    elif parallel and files is None and (source.num_pairs(split) or 0) >= PARALLEL_MIN_LINES:
+        clean_text_blocks(source.text_blocks(split), src_txt, tgt_txt, cleaner, workers)
     else:
         _write_pairs(cleaner(source.pairs(split)), src_txt, tgt_txt)
     return cleaner.counts

@@ -73,6 +73,16 @@ class Source:
         """Stream the (source, target) pairs of ``split`` in corpus order."""
         raise NotImplementedError
 
+    def num_pairs(self, split: str) -> int | None:
+        """How many pairs ``split`` holds when that is known without reading it; else None."""
+        return None
+
+    def text_blocks(self, split: str) -> Iterator[tuple[bytes, bytes]]:
+        """The pairs of ``split`` in blocks, as the UTF-8 text of the two sides (one line a pair,
+        by the rules of :meth:`pairs`), for sources that can make them without a Python loop
+        (those whose :meth:`num_pairs` is known)."""
+        raise NotImplementedError
+
     def plain_files(self, split: str) -> tuple[Path, Path] | None:
         """The (source, target) files of ``split`` when they are uncompressed text that a
         reader may cut into byte ranges (:func:`mtcli.data.cleaning.clean_text_files`); else None."""
@@ -211,19 +221,49 @@ class _ArrowSource(Source):
                 raise self._missing_split(split)
             self._check_schema(split, self._schema(split))
 
-    def pairs(self, split: str) -> Iterator[Pair]:
+    def _columns(self, split: str) -> Iterator[tuple[Any, Any]]:
+        """The source and target columns of ``split``, a batch of rows at a time."""
         import pyarrow.compute as pc
 
         for batch in self._batches(split):
-            names = list(batch.schema.names)
-            if "translation" in names:
+            if "translation" in batch.schema.names:
                 column = batch.column("translation")
-                src_col = pc.struct_field(column, self.src_lang)
-                tgt_col = pc.struct_field(column, self.tgt_lang)
+                yield pc.struct_field(column, self.src_lang), pc.struct_field(column, self.tgt_lang)
             else:
-                src_col, tgt_col = batch.column(self.src_lang), batch.column(self.tgt_lang)
+                yield batch.column(self.src_lang), batch.column(self.tgt_lang)
+
+    def pairs(self, split: str) -> Iterator[Pair]:
+        for src_col, tgt_col in self._columns(split):
             for src, tgt in zip(src_col.to_pylist(), tgt_col.to_pylist(), strict=True):
                 yield _normalise(src or ""), _normalise(tgt or "")
+
+    def text_blocks(self, split: str) -> Iterator[tuple[bytes, bytes]]:
+        for src_col, tgt_col in self._columns(split):
+            yield _joined_lines(src_col), _joined_lines(tgt_col)
+
+
+def _joined_lines(column: Any) -> bytes:
+    """A string column as UTF-8 lines, each ended by ``\n``, by :func:`_normalise`'s rules (a
+    missing value is empty): Arrow's bytes with the line ends put in by numpy, no Python loop."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if len(column) == 0:
+        return b""
+    if column.null_count:
+        column = pc.fill_null(column, "")
+    offset_type = np.int64 if pa.types.is_large_string(column.type) else np.int32
+    _, offsets_buffer, data_buffer = column.buffers()
+    offsets = np.frombuffer(offsets_buffer, dtype=offset_type)[column.offset:column.offset + len(column) + 1]
+    data = np.frombuffer(data_buffer, dtype=np.uint8)[offsets[0]:offsets[-1]] if data_buffer else np.zeros(0, np.uint8)
+    if ((data == 10) | (data == 13)).any():  # an inner line break: _normalise's replacements, then again
+        for old in ("\r\n", "\n", "\r"):
+            column = pc.replace_substring(column, old, " ")
+        return _joined_lines(column)
+    return np.insert(data, (offsets[1:] - offsets[0]).astype(np.int64), 10).tobytes()
 
 
 def _split_of_parquet(name: str) -> str:
@@ -275,6 +315,14 @@ class ParquetDirSource(_ArrowSource):
             except OSError as exc:
                 raise DataError(f"{path}: unreadable parquet file ({exc})") from None
 
+    def num_pairs(self, split: str) -> int:
+        import pyarrow.parquet as pq
+
+        try:
+            return sum(pq.ParquetFile(path).metadata.num_rows for path in self._files[split])
+        except OSError as exc:
+            raise DataError(f"{self.describe()}: unreadable parquet file ({exc})") from None
+
     def _input_files(self, splits: Iterable[str]) -> Iterator[tuple[str, Path]]:
         for split in splits:
             for path in self._files[split]:
@@ -323,6 +371,9 @@ class DatasetDirSource(_ArrowSource):
 
     def _batches(self, split: str) -> Iterator[Any]:
         return _dataset_batches(self._dataset(split))
+
+    def num_pairs(self, split: str) -> int:
+        return self._dataset(split).num_rows
 
     def _input_files(self, splits: Iterable[str]) -> Iterator[tuple[str, Path]]:
         for split in splits:
@@ -384,6 +435,9 @@ class HubSource(_ArrowSource):
 
     def _batches(self, split: str) -> Iterator[Any]:
         return _dataset_batches(self._load()[split])
+
+    def num_pairs(self, split: str) -> int:
+        return self._load()[split].num_rows
 
     def fingerprint(self, splits: Iterable[str], hasher: FileHasher | None = None) -> dict[str, Any]:
         loaded = self._load()

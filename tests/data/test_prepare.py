@@ -236,7 +236,7 @@ def test_every_source_kind_gives_the_same_cache(tmp_path: Path) -> None:
 
 def _parallel_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """Clean and encode even the toy corpus in worker processes, in many small ranges."""
-    monkeypatch.setattr(prep, "PARALLEL_MIN_LINES", 1)
+    monkeypatch.setattr(prep, "PARALLEL_MIN_LINES", 1)  # also the Arrow sources' rows
     monkeypatch.setattr(prep, "CHUNK_BYTES", 500)  # ranges cut mid-file
     monkeypatch.setattr(prep, "PARALLEL_CLEAN_BYTES", 1)
     monkeypatch.setattr(cleaning_module, "PAIRS_PER_RANGE", 64)
@@ -253,6 +253,39 @@ def test_parallel_cleaning_and_encoding_match_in_process(tmp_path: Path, toy_dir
     _parallel_everywhere(monkeypatch)
     parallel = prep.prepare(load_config(write_config(tmp_path, toy_dir, name="parallel", dedup=True, num_workers=2)))
     assert serial.counts["train"]["dropped"]["duplicate"] >= 15
+    assert parallel.counts == serial.counts
+    assert _cache_bytes(serial.directory) == _cache_bytes(parallel.directory)
+
+
+@pytest.mark.parametrize("kind", ["parquet", "dataset"])
+def test_arrow_rows_cleaned_in_parallel_match_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          kind: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import mtcli.data.sources as sources_module
+
+    datasets = pytest.importorskip("datasets")
+    train = _toy_pairs("train")
+    train += train[:90:9]  # duplicates across blocks
+    train[5] = ("zwei\r\nzeilen und\nmehr", "two\rlines")  # inner line breaks become spaces
+    rows = {"train": train, "val": _toy_pairs("val"), "test": _toy_pairs("test")}
+    rows = {split: [{"src": s, "tgt": t} for s, t in pairs] for split, pairs in rows.items()}
+    rows["train"][11] = {"src": None, "tgt": "fehlt"}  # a missing value is an empty side
+    root = tmp_path / kind
+    if kind == "parquet":
+        (root / "data").mkdir(parents=True)
+        for split, part in rows.items():
+            pq.write_table(pa.table({"translation": part}), root / "data" / f"{split}-00000-of-00001.parquet",
+                           row_group_size=50)
+    else:
+        datasets.DatasetDict({split: datasets.Dataset.from_dict({"translation": part})
+                              for split, part in rows.items()}).save_to_disk(str(root))
+    serial = prep.prepare(load_config(write_config(tmp_path, root, name="serial", dedup=True)))
+    _parallel_everywhere(monkeypatch)
+    monkeypatch.setattr(sources_module, "_ARROW_BATCH", 37)
+    parallel = prep.prepare(load_config(write_config(tmp_path, root, name="parallel", dedup=True, num_workers=2)))
+    assert serial.counts["train"]["dropped"]["duplicate"] >= 10 and serial.counts["train"]["dropped"]["empty"] >= 1
     assert parallel.counts == serial.counts
     assert _cache_bytes(serial.directory) == _cache_bytes(parallel.directory)
 

@@ -265,3 +265,16 @@ def test_cleaner_without_dedup_keeps_duplicates() -> None:
 def test_cleaner_dedup_is_on_the_pair_not_one_side() -> None:
     cleaner = PairCleaner(max_length=10, max_ratio=3.0, dedup=True)
     assert list(cleaner([("a", "b"), ("a", "c"), ("a", "b")])) == [("a", "b"), ("a", "c")]
+
+
+def test_joined_lines_follow_the_pairs_rules() -> None:
+    import pyarrow as pa
+
+    from mtcli.data.sources import _joined_lines, _normalise
+
+    values = ["a\r\nb", None, "c\nd\re", "ä ü", "", "x"]
+    for column in (pa.array(values), pa.array(values, type=pa.large_string()), pa.array(["q", *values]).slice(1),
+                   pa.chunked_array([pa.array(values[:2]), pa.array(values[2:])]), pa.array(["", ""]),
+                   pa.array([], type=pa.string())):
+        expected = "".join(_normalise(v or "") + "\n" for v in column.to_pylist()).encode()
+        assert _joined_lines(column) == expected
