@@ -330,8 +330,34 @@ class ParquetDirSource(_ArrowSource):
 
 
 def _dataset_batches(dataset: Any) -> Iterator[Any]:
-    """Arrow tables of a ``datasets.Dataset``, without converting rows to Python dicts."""
-    yield from dataset.with_format("arrow").iter(batch_size=_ARROW_BATCH)
+    """Arrow tables of a ``datasets.Dataset``, without converting rows to Python dicts.
+
+    ``datasets`` memory-maps its Arrow files, and every page a pass reads would then stay in
+    this process's resident memory (1.8 GB at 4.5M pairs, growing with the corpus). A dataset
+    that is its files, in order (no indices mapping), is therefore read from them with plain
+    reads, a batch at a time, so memory stays flat; any other is iterated by ``datasets``.
+    """
+    import pyarrow as pa
+
+    files = [entry["filename"] for entry in dataset.cache_files] if dataset._indices is None else []
+    if not files:
+        yield from dataset.with_format("arrow").iter(batch_size=_ARROW_BATCH)
+        return
+    pending: list[Any] = []
+    rows = total = 0
+    for name in files:
+        with pa.OSFile(name) as handle:
+            for batch in pa.ipc.open_stream(handle):
+                pending.append(batch)
+                rows += batch.num_rows
+                if rows >= _ARROW_BATCH:
+                    yield pa.Table.from_batches(pending)
+                    pending, total, rows = [], total + rows, 0
+    if pending:
+        yield pa.Table.from_batches(pending)
+    if total + rows != dataset.num_rows:
+        raise DataError(f"{files[0]}: its dataset's Arrow files hold {total + rows} rows, the dataset "
+                        f"{dataset.num_rows}; save it again with save_to_disk")
 
 
 class DatasetDirSource(_ArrowSource):
