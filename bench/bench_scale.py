@@ -19,6 +19,7 @@ Usage::
 
     python bench/bench_scale.py --work /tmp/scale                         # the full table
     python bench/bench_scale.py --work /tmp/scale --sizes 20000 --forms text --steps 3   # a smoke run
+    python bench/bench_scale.py --work /tmp/scale --forms text,parquet,dataset --parts prepare
 """
 
 from __future__ import annotations
@@ -106,7 +107,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=5,
                         help="train steps per measurement (a base-shape step takes about a minute on 2 CPU cores)")
     parser.add_argument("--resume-steps", type=int, default=5, help="exact-resume check at the largest size")
+    parser.add_argument("--parts", default="prepare,train", help="which tables: prepare, train or both")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     sizes = [int(s) for s in args.sizes.split(",") if s]
     forms = [f for f in args.forms.split(",") if f]
     args.work.mkdir(parents=True, exist_ok=True)
@@ -120,10 +123,10 @@ def main() -> int:
         if not (corpus / "text" / "train.en").is_file():
             subprocess.run([sys.executable, str(BENCH / "make_wmt_corpus.py"), str(corpus), "--pairs", str(size),
                             "--forms", ",".join(dict.fromkeys(["text", *forms]))], check=True)
-        for form in forms:
+        for form in forms if "prepare" in parts else ():
             rows["prepare"][f"{size} {form}"] = prepare_row(corpus / form, args.work, f"{size}_{form}")
             print(json.dumps({f"prepare {size} {form}": rows["prepare"][f"{size} {form}"]}), flush=True)
-        for label, config in (("base", BASE), ("multi30k shape", SMALL)):
+        for label, config in (("base", BASE), ("multi30k shape", SMALL)) if "train" in parts else ():
             # exact resume at the largest size, in the cheap shape: the corpus-sized state it checks
             # (the data order and the position in the epoch) is the same in both shapes
             resume = args.resume_steps if size == sizes[-1] and label != "base" else 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import os
 import shutil
 import tempfile
@@ -26,6 +27,8 @@ from mtcli.data.workers import forked_pool, in_order
 
 # Pairs a worker cleans at a time: about 4 MB of WMT text a side, a tenth of a second of work.
 PAIRS_PER_RANGE = 20_000
+# Pairs one process cleans at a time (the dedup memory is looked up a batch at a time).
+CHUNK_PAIRS = 4096
 
 
 @dataclass
@@ -68,6 +71,40 @@ def _key(joined: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(joined, digest_size=8).digest(), "little")
 
 
+class KeySet:
+    """The dedup memory: 64-bit keys kept in a few sorted numpy runs, 8 bytes a key (a Python set
+    of ints takes about 80, 3 GB at WMT19's 38M pairs). Keys are looked up and added a batch at
+    a time. A new batch becomes a run of its own, and runs are merged while the one before the
+    last is less than four times its size, so there are at most ``log4(n)`` runs to search and
+    each key is re-sorted a logarithmic number of times."""
+
+    def __init__(self) -> None:
+        self._runs: list[np.ndarray] = []
+
+    def __len__(self) -> int:
+        return sum(len(run) for run in self._runs)
+
+    def add_new(self, keys: np.ndarray) -> np.ndarray:
+        """Add ``keys`` (uint64); return the mask of those that are new: in no earlier batch, and
+        the first of their value in this one."""
+        mask = np.zeros(len(keys), dtype=bool)
+        if not len(keys):
+            return mask
+        unique, first = np.unique(keys, return_index=True)
+        new = np.ones(len(unique), dtype=bool)
+        for run in self._runs:
+            new &= run[np.searchsorted(run, unique).clip(max=len(run) - 1)] != unique
+        mask[first[new]] = True
+        if new.any():
+            self._runs.append(unique[new])
+            while len(self._runs) > 1 and len(self._runs[-2]) < 4 * len(self._runs[-1]):
+                last = self._runs.pop()
+                merged = np.concatenate((self._runs.pop(), last))
+                merged.sort()
+                self._runs.append(merged)
+        return mask
+
+
 class PairCleaner:
     """Filters training pairs; each pair is dropped for the first rule it breaks, in order:
 
@@ -75,11 +112,11 @@ class PairCleaner:
     2. ``too_long``: either side has more than ``max_length`` words (whitespace-separated);
     3. ``ratio``: ``max(|x|, |y|) / min(|x|, |y|) > max_ratio`` in words;
     4. ``duplicate`` (when ``dedup``): the exact (source, target) pair was already kept. Kept
-       pairs are remembered by an 8-byte BLAKE2b hash (:func:`pair_key`), so memory is 8 bytes
-       plus set overhead per unique pair, not the text.
+       pairs are remembered by an 8-byte BLAKE2b hash (:func:`pair_key`) in a :class:`KeySet`,
+       so memory is about 8 bytes per unique pair, not the text.
 
-    ``record_keys`` also lists the kept pairs' keys in order (:attr:`kept_keys`), for a range
-    cleaned in a worker and handed to the parent's cleaner (:meth:`absorb`).
+    ``record_keys`` also keeps the kept pairs' keys in order (:attr:`kept_keys`, an array per
+    batch), for a range cleaned in a worker and handed to the parent's cleaner (:meth:`absorb`).
     """
 
     def __init__(self, max_length: int, max_ratio: float, dedup: bool = False,
@@ -89,8 +126,8 @@ class PairCleaner:
         self.dedup = dedup
         self.counts = CleanCounts()
         self.record_keys = record_keys
-        self.kept_keys: list[int] = []  # with record_keys: the kept pairs' keys, in order
-        self._seen: set[int] = set()
+        self.kept_keys: list[np.ndarray] = []  # with record_keys: the kept pairs' keys, in order
+        self._keys = KeySet()
 
     def reason(self, src: str, tgt: str) -> str | None:
         """Why the pair would be dropped (a :class:`CleanCounts` field name), or None to keep.
@@ -107,27 +144,31 @@ class PairCleaner:
         return None
 
     def __call__(self, pairs: Iterable[Pair]) -> Iterator[Pair]:
-        """Yield the kept pairs, counting every drop in :attr:`counts`."""
-        counts = self.counts
-        for src, tgt in pairs:
-            counts.read += 1
-            why = self.reason(src, tgt)
-            if why is None and self.dedup and not self._admit(pair_key(src, tgt)):
-                why = "duplicate"
-            if why is None:
-                counts.kept += 1
-                yield src, tgt
-            else:
-                setattr(counts, why, getattr(counts, why) + 1)
+        """Yield the kept pairs, counting every drop in :attr:`counts` (a batch at a time)."""
+        it = iter(pairs)
+        while chunk := list(itertools.islice(it, CHUNK_PAIRS)):
+            counts = self.counts
+            counts.read += len(chunk)
+            passing = []
+            for i, (src, tgt) in enumerate(chunk):
+                why = self.reason(src, tgt)
+                if why is None:
+                    passing.append(i)
+                else:
+                    setattr(counts, why, getattr(counts, why) + 1)
+            if self.dedup:
+                keys = np.array([pair_key(*chunk[i]) for i in passing], dtype=np.uint64)
+                passing = self._deduplicated(passing, keys)
+            counts.kept += len(passing)
+            yield from (chunk[i] for i in passing)
 
-    def _admit(self, key: int) -> bool:
-        """Remember a pair that passed the filters by its key; False if it was kept before."""
-        if key in self._seen:
-            return False
-        self._seen.add(key)
+    def _deduplicated(self, passing: list[int], keys: np.ndarray) -> list[int]:
+        """The items of ``passing`` whose ``keys`` were not kept before (now remembered)."""
+        new = self._keys.add_new(keys)
+        self.counts.duplicate += len(keys) - int(new.sum())
         if self.record_keys:
-            self.kept_keys.append(key)
-        return True
+            self.kept_keys.append(keys[new])
+        return [i for i, keep in zip(passing, new.tolist(), strict=True) if keep]
 
     def clean_lines(self, src: list[bytes], tgt: list[bytes], n_src: np.ndarray,
                     n_tgt: np.ndarray) -> tuple[list[bytes], list[bytes]]:
@@ -145,24 +186,21 @@ class PairCleaner:
         counts.too_long += int(too_long.sum())
         counts.ratio += int(ratio.sum())
         if self.dedup:
-            keys = [_key(b"%b\x00%b" % (src[i], tgt[i])) for i in passing]
-            passing = [i for i, key in zip(passing, keys, strict=True) if self._admit(key)]
-            counts.duplicate += len(keys) - len(passing)
+            keys = np.array([_key(b"%b\x00%b" % (src[i], tgt[i])) for i in passing], dtype=np.uint64)
+            passing = self._deduplicated(passing, keys)
         counts.kept += len(passing)
         return [src[i] for i in passing], [tgt[i] for i in passing]
 
     def absorb(self, counts: CleanCounts, keys: np.ndarray) -> np.ndarray | None:
         """Take over a range that another cleaner with these settings cleaned on its own (its
-        ``counts`` and ``kept_keys`` as ``uint64``), dropping the pairs kept in an earlier range
-        as duplicates. Returns None when every pair of the range stays, else the indices of
-        those that go (in order)."""
+        ``counts`` and its ``kept_keys`` joined), dropping the pairs kept in an earlier range as
+        duplicates. Returns None when every pair of the range stays, else the indices of those
+        that go (ascending)."""
         self.counts.add(counts)
-        listed = keys.tolist()
-        again = self._seen.intersection(listed)
-        self._seen.update(listed)
-        if not again:
+        new = self._keys.add_new(keys)
+        if new.all():
             return None
-        drop = np.flatnonzero(np.isin(keys, np.fromiter(again, dtype=np.uint64, count=len(again))))
+        drop = np.flatnonzero(~new)
         self.counts.kept -= len(drop)
         self.counts.duplicate += len(drop)
         return drop
@@ -296,7 +334,7 @@ def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[np.ndarray, CleanCoun
         kept_src, kept_tgt = [s.encode() for s, _ in kept], [t.encode() for _, t in kept]
     Path(f"{part}.src").write_bytes(_lines_blob(kept_src))
     Path(f"{part}.tgt").write_bytes(_lines_blob(kept_tgt))
-    return np.array(cleaner.kept_keys, dtype=np.uint64), cleaner.counts
+    return np.concatenate([np.zeros(0, dtype=np.uint64), *cleaner.kept_keys]), cleaner.counts
 
 
 def _split_lines(block: bytes) -> list[bytes]:

@@ -8,6 +8,7 @@ import pytest
 
 from mtcli.data.cleaning import (
     CleanCounts,
+    KeySet,
     PairCleaner,
     aligned_ranges,
     clean_text_files,
@@ -57,7 +58,7 @@ def test_absorb_drops_what_an_earlier_range_kept() -> None:
     for chunk, expected in (([("a", "b"), ("c", "d")], None), ([("e", "f"), ("c", "d"), ("a", "b")], [1, 2])):
         worker = PairCleaner(max_length=10, max_ratio=3.0, dedup=True, record_keys=True)
         list(worker(chunk))
-        drop = parent.absorb(worker.counts, np.array(worker.kept_keys, dtype=np.uint64))
+        drop = parent.absorb(worker.counts, np.concatenate(worker.kept_keys))
         assert (drop if drop is None else drop.tolist()) == expected
     assert parent.counts == CleanCounts(read=5, kept=3, duplicate=2)
 
@@ -126,3 +127,18 @@ def test_clean_text_files_errors_name_the_file_and_line(tmp_path) -> None:
     tgt.write_bytes(b"".join(line + b"\n" for line in lines))
     with pytest.raises(DataError, match=r"e\.tgt:77: invalid UTF-8 \(byte 0xff at column 5\)"):
         clean_text_files(src, tgt, tmp_path / "o.src", tmp_path / "o.tgt", PairCleaner(10, 3.0), 2, 7)
+
+
+def test_key_set_remembers_every_key_across_merges() -> None:
+    rng = np.random.default_rng(0)
+    keys = KeySet()
+    seen: set[int] = set()
+    for size in (1, 7, 300, 5, 2000, 0, 64, 10_000, 3):
+        batch = rng.integers(0, 5000, size=size, dtype=np.uint64)  # repeats, within and across
+        expected = []
+        for key in batch.tolist():
+            expected.append(key not in seen)
+            seen.add(key)
+        assert keys.add_new(batch).tolist() == expected
+    assert len(keys) == len(seen)
+    assert keys.add_new(np.array([2**64 - 1, 2**64 - 1], dtype=np.uint64)).tolist() == [True, False]
