@@ -55,7 +55,16 @@ from mtcli.data.cache import (
 )
 from mtcli.data.cleaning import CleanCounts, PairCleaner, clean_text_blocks, clean_text_files
 from mtcli.data.sources import Source, open_source
-from mtcli.data.tokenizer import BOS_ID, EOS_ID, MIN_SAMPLE, PAD_ID, UNK_ID, Tokenizer, copy_model
+from mtcli.data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    MIN_SAMPLE,
+    PAD_ID,
+    UNK_ID,
+    Tokenizer,
+    WordCache,
+    copy_model,
+)
 from mtcli.data.workers import can_fork, forked_pool, in_order
 from mtcli.errors import DataError
 from mtcli.fileio import FileHasher, atomic_dir, sha256_file
@@ -275,8 +284,7 @@ _WORKER: dict[str, Any] = {}
 
 
 def _init_worker(model_path: str, dtype: str) -> None:
-    _WORKER["tokenizer"] = Tokenizer(model_path)
-    _WORKER["dtype"] = np.dtype(dtype)
+    _WORKER["encoder"] = WordCache(Tokenizer(model_path), np.dtype(dtype))
 
 
 def _encode_range_in_worker(task: tuple[str, int, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -286,17 +294,7 @@ def _encode_range_in_worker(task: tuple[str, int, int]) -> tuple[np.ndarray, np.
         handle.seek(start)
         lines = handle.read(end - start).decode("utf-8").split("\n")
     lines.pop()  # the text after the last "\n" is empty
-    return encode_chunk(_WORKER["tokenizer"], lines, _WORKER["dtype"])
-
-
-def encode_chunk(
-    tokenizer: Tokenizer, lines: list[str], dtype: np.dtype, num_threads: int = 1
-) -> tuple[np.ndarray, np.ndarray]:
-    """Encode lines into one flat id array of ``dtype`` and an int64 array of lengths."""
-    encoded = tokenizer.encode_batch(lines, num_threads=num_threads)
-    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
-    ids = np.fromiter(itertools.chain.from_iterable(encoded), dtype=dtype, count=int(lengths.sum()))
-    return ids, lengths
+    return _WORKER["encoder"].encode(lines)
 
 
 def _line_blocks(path: Path, block_bytes: int = 1 << 24) -> Iterator[list[bytes]]:
@@ -367,9 +365,9 @@ def encode_file(
                     writer.append(ids, lengths)
                     bar.update(len(lengths))
         else:
-            tokenizer = Tokenizer(model_path)
+            encoder = WordCache(Tokenizer(model_path), writer.dtype)
             for chunk in _chunks(_own_lines(text_path), CHUNK_LINES):
-                ids, lengths = encode_chunk(tokenizer, chunk, writer.dtype)
+                ids, lengths = encoder.encode(chunk)
                 writer.append(ids, lengths)
                 bar.update(len(lengths))
     finally:

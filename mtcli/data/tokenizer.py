@@ -17,16 +17,20 @@ than silently training a smaller vocabulary than the config asks for.
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import numpy as np
 import sentencepiece as spm
 
 from mtcli.errors import DataError
 from mtcli.fileio import atomic_write
 from mtcli.logs import get_logger
+
+WORD_START = "\u2581"  # SentencePiece's mark of a word's start (the space before it)
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 PAD_PIECE, UNK_PIECE, BOS_PIECE, EOS_PIECE = "<pad>", "<unk>", "<s>", "</s>"
@@ -77,6 +81,21 @@ class Tokenizer:
         if not texts:
             return []
         return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
+
+    def words_encode_alone(self) -> bool:
+        """True when a sentence's ids are its space-separated words' ids, each word encoded on its
+        own: the model splits pieces at whitespace, so no piece holds a word boundary (a ``▁``
+        past its first character), strips extra whitespace and gives every word its ``▁`` prefix.
+        So is every model mtcli trains; :class:`WordCache` relies on it."""
+        from sentencepiece import sentencepiece_model_pb2
+
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(self.model_path.read_bytes())
+        normalizer, trainer = proto.normalizer_spec, proto.trainer_spec
+        return (trainer.split_by_whitespace and not trainer.treat_whitespace_as_suffix
+                and normalizer.add_dummy_prefix and normalizer.remove_extra_whitespaces
+                and normalizer.escape_whitespaces
+                and not any(WORD_START in piece.piece[1:] for piece in proto.pieces))
 
     def nbest(self, texts: list[str], n: int) -> list[list[tuple[list[int], float]]]:
         """The ``n`` most probable segmentations of each text, as ``(ids, log-probability)``."""
@@ -218,3 +237,57 @@ class _CountingIterator:
         item = next(self._it)
         self.count += 1
         return item
+
+
+class WordCache:
+    """Encodes sentences a word at a time, remembering the ids of up to ``max_words`` words.
+
+    Text is Zipfian: in a WMT-size corpus almost every word has been seen before, and looking its
+    ids up costs a fraction of running SentencePiece over it again. The ids are those of
+    :meth:`Tokenizer.encode_batch` for a model whose words encode alone
+    (:meth:`Tokenizer.words_encode_alone`); for any other model this encodes whole sentences.
+    The cache keeps the first ``max_words`` distinct words it meets (the frequent ones, in a
+    large corpus) and never grows past them.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, dtype: np.dtype, max_words: int = 500_000) -> None:
+        self.tokenizer = tokenizer
+        self.dtype = np.dtype(dtype)
+        self.max_words = max_words
+        self._words = _WordTable() if tokenizer.words_encode_alone() else None
+
+    def encode(self, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of all ``lines`` (no bos/eos) as one flat array of :attr:`dtype`, and each
+        line's number of ids (int64)."""
+        words = self._words
+        if words is None:
+            encoded = self.tokenizer.encode_batch(lines)
+            lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+            flat_ids = itertools.chain.from_iterable(encoded)
+            return np.fromiter(flat_ids, dtype=self.dtype, count=int(lengths.sum())), lengths
+        split = [line.split(" ") for line in lines]  # "a  b" has an empty word: no ids, as in SentencePiece
+        flat = list(itertools.chain.from_iterable(split))
+        new = sorted(set(flat).difference(words))
+        fresh = {word: np.array(ids, dtype=self.dtype).tobytes()
+                 for word, ids in zip(new, self.tokenizer.encode_batch(new), strict=True)}
+        if len(words) < self.max_words:
+            words.update(itertools.islice(fresh.items(), self.max_words - len(words)))
+        words.overflow = fresh  # the new words the cache had no room for
+        per_word = list(map(words.__getitem__, flat))  # each word's ids, as bytes of dtype
+        ids = np.frombuffer(b"".join(per_word), dtype=self.dtype)
+        sizes = np.fromiter(map(len, per_word), dtype=np.int64, count=len(per_word)) // self.dtype.itemsize
+        starts = np.cumsum([0, *map(len, split)])[:-1]  # every line has at least one word ("")
+        lengths = np.add.reduceat(sizes, starts) if len(lines) else np.zeros(0, dtype=np.int64)
+        return ids, lengths
+
+
+class _WordTable(dict):
+    """Word -> its ids as bytes; a word not in it is looked up in ``overflow`` (lookups stay in C)."""
+
+    overflow: dict[str, bytes] = {}
+
+    def __init__(self) -> None:
+        super().__init__({"": b""})
+
+    def __missing__(self, word: str) -> bytes:
+        return self.overflow[word]

@@ -129,3 +129,51 @@ def test_unreadable_model_is_data_error(tmp_path: Path) -> None:
     bad.write_bytes(b"not a model")
     with pytest.raises(DataError, match="bad.model"):
         Tokenizer(bad)
+
+
+# Lines whose words SentencePiece's normaliser changes or joins: extra, leading and trailing
+# spaces, tabs, no-break and ideographic spaces, combining marks after a space, compatibility
+# forms (NFKC), unknown characters.
+TRICKY = ["", " ", "  ", "a  b", " lead", "trail ", "a\tb c", "x\u00a0y", "\u00a0", "a \u00a0 b",
+          "a \u0301b", "e\u0301 x", "\ufb01ne \uff21\uff22\uff23", "\u3000z", "zz\u200b y", "\u00a8 a",
+          "x \u00b4", "\u2603 snow \u2603\u2603", "Kinder\u00a0spielen  Fußball ."]
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_word_cache_gives_the_ids_of_whole_sentences(tmp_path: Path, model_type: str) -> None:
+    import numpy as np
+
+    from mtcli.data.tokenizer import WordCache
+
+    model = Tokenizer.train(_corpus(), tmp_path / "spm", vocab_size=120, model_type=model_type,
+                            character_coverage=1.0, max_sentences=1_000_000)
+    tok = Tokenizer(model)
+    assert tok.words_encode_alone()
+    lines = TRICKY + SENTENCES + list(read_lines(TOY_DIR / "test.src"))
+    for max_words in (500_000, 3):  # a cache with room for everything, and one that fills at once
+        cache = WordCache(tok, np.dtype(np.uint16), max_words=max_words)
+        for start in range(0, len(lines), 7):  # in chunks, so later chunks hit the cache
+            chunk = lines[start:start + 7]
+            ids, lengths = cache.encode(chunk)
+            expected = tok.encode_batch(chunk)
+            assert lengths.tolist() == [len(e) for e in expected]
+            assert ids.tolist() == [i for e in expected for i in e]
+            assert ids.dtype == np.uint16
+
+
+def test_word_cache_encodes_whole_sentences_for_a_model_whose_pieces_cross_words(tmp_path: Path) -> None:
+    import numpy as np
+    import sentencepiece as spm
+
+    from mtcli.data.tokenizer import WordCache
+
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(_corpus()), model_prefix=str(tmp_path / "x"),
+                                   vocab_size=150, split_by_whitespace=False, pad_id=0, unk_id=1,
+                                   bos_id=2, eos_id=3, minloglevel=2)
+    tok = Tokenizer(tmp_path / "x.model")
+    assert not tok.words_encode_alone()  # pieces may hold a word boundary
+    lines = SENTENCES + TRICKY
+    ids, lengths = WordCache(tok, np.dtype(np.int32)).encode(lines)
+    expected = tok.encode_batch(lines)
+    assert lengths.tolist() == [len(e) for e in expected]
+    assert ids.tolist() == [i for e in expected for i in e]
