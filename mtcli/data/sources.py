@@ -339,7 +339,8 @@ def _dataset_batches(dataset: Any) -> Iterator[Any]:
     """
     import pyarrow as pa
 
-    files = [entry["filename"] for entry in dataset.cache_files] if dataset._indices is None else []
+    # (an unknown version of datasets without `_indices` is iterated by datasets itself)
+    files = [entry["filename"] for entry in dataset.cache_files] if getattr(dataset, "_indices", 1) is None else []
     if not files:
         yield from dataset.with_format("arrow").iter(batch_size=_ARROW_BATCH)
         return
