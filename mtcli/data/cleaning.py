@@ -225,7 +225,8 @@ def _line_cuts(path: Path, every: int) -> tuple[list[int], int, int]:
             count += n
             size += len(block)
             last = block[-1:]
-    return cuts, count + (last != b"\n"), size
+    # a cut at the very end (a file that ends with line ``k * every``) starts no range
+    return [cut for cut in cuts if cut < size], count + (last != b"\n"), size
 
 
 def aligned_ranges(src: Path, tgt: Path, lines_per_range: int) -> list[tuple[int, int, int, int, int]]:

@@ -142,3 +142,13 @@ def test_key_set_remembers_every_key_across_merges() -> None:
         assert keys.add_new(batch).tolist() == expected
     assert len(keys) == len(seen)
     assert keys.add_new(np.array([2**64 - 1, 2**64 - 1], dtype=np.uint64)).tolist() == [True, False]
+
+
+@pytest.mark.parametrize("ends", [("\n", ""), ("", "\n"), ("\n", "\n")])
+def test_aligned_ranges_when_the_last_range_is_full(tmp_path, ends: tuple[str, str]) -> None:
+    src, tgt = tmp_path / "f.src", tmp_path / "f.tgt"
+    src.write_text("\n".join(f"s{i}" for i in range(20)) + ends[0])
+    tgt.write_text("\n".join(f"t{i}" for i in range(20)) + ends[1])
+    ranges = aligned_ranges(src, tgt, 10)
+    assert [r[0] for r in ranges] == [1, 11]
+    assert ranges[-1][2] == src.stat().st_size and ranges[-1][4] == tgt.stat().st_size
