@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from mtcli.data.sources import Pair, mismatch_error
-from mtcli.data.textio import decode_block
+from mtcli.data.textio import decode_block, read_range
 from mtcli.data.workers import forked_pool, in_order
 
 # Pairs a worker cleans at a time: about 4 MB of WMT text a side, a tenth of a second of work.
@@ -242,12 +242,6 @@ def aligned_ranges(src: Path, tgt: Path, lines_per_range: int) -> list[tuple[int
             for i in range(len(src_edges) - 1) if src_edges[i] < src_size or tgt_edges[i] < tgt_size]
 
 
-def _read_range(path: str, start: int, end: int) -> bytes:
-    with open(path, "rb") as handle:
-        handle.seek(start)
-        return handle.read(end - start)
-
-
 # What Python's str.split() splits on: ASCII whitespace (one byte in UTF-8) and the wider spaces
 # (two or three bytes; none is above U+3000).
 _ASCII_SPACE = np.zeros(256, dtype=bool)
@@ -292,12 +286,8 @@ def _wide_space_lines(a: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return np.unique(np.searchsorted(ends, at[found]))
 
 
-def _text_blob(lines: list[str]) -> bytes:
-    """``lines`` as the UTF-8 text of a file, each ended by ``\n``."""
-    return ("\n".join(lines) + "\n").encode() if lines else b""
-
-
 def _lines_blob(lines: list[bytes]) -> bytes:
+    """``lines`` (UTF-8, without their ends) as the bytes of a file, each ended by ``\n``."""
     return b"\n".join(lines) + b"\n" if lines else b""
 
 
@@ -323,7 +313,7 @@ def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[np.ndarray, CleanCoun
     if isinstance(src, bytes):
         src_block, tgt_block, verbatim = src, tgt, True
     else:
-        src_block, tgt_block = _read_range(*src), _read_range(*tgt)
+        src_block, tgt_block = read_range(*src), read_range(*tgt)
         verbatim = _verbatim(src_block, src[0], first) and _verbatim(tgt_block, tgt[0], first)
     if verbatim:
         kept_src, kept_tgt = cleaner.clean_lines(_split_lines(src_block), _split_lines(tgt_block),

@@ -55,6 +55,7 @@ from mtcli.data.cache import (
 )
 from mtcli.data.cleaning import CleanCounts, PairCleaner, clean_text_blocks, clean_text_files
 from mtcli.data.sources import Source, open_source
+from mtcli.data.textio import read_range
 from mtcli.data.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -289,10 +290,7 @@ def _init_worker(model_path: str, dtype: str) -> None:
 
 def _encode_range_in_worker(task: tuple[str, int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Read bytes ``[start, end)`` of a text file we wrote (whole ``\n``-ended lines), encode."""
-    path, start, end = task
-    with open(path, "rb") as handle:
-        handle.seek(start)
-        lines = handle.read(end - start).decode("utf-8").split("\n")
+    lines = read_range(*task).decode("utf-8").split("\n")
     lines.pop()  # the text after the last "\n" is empty
     return _WORKER["encoder"].encode(lines)
 

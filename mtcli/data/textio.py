@@ -57,6 +57,13 @@ def iter_binary_lines(handle: BinaryIO, name: str) -> Iterator[str]:
         yield _decode_line(raw, name, lineno)
 
 
+def read_range(path: str | Path, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of a file, undecoded: a range of whole lines a worker cut for itself."""
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        return handle.read(end - start)
+
+
 def decode_block(block: bytes, name: str, first_lineno: int) -> list[str]:
     """The lines of ``block`` decoded as :func:`iter_binary_lines` decodes them, for a reader
     that cuts a file into blocks of whole lines itself: ``block`` starts at line
