@@ -85,6 +85,8 @@ VARIANTS: dict[str, tuple[str, int, dict]] = {
     "ct2-beam5-latency": ("ct2", 5, {"compute_type": "float32", "batch": 1}),
     "torch-beam5-latency-int8": ("torch", 5, {"use_cache": True, "bf16": False, "int8": True, "batch": 1}),
     "ct2-beam5-latency-int8": ("ct2", 5, {"compute_type": "int8", "batch": 1}),
+    "torch-greedy-latency": ("torch", 1, {"use_cache": True, "bf16": False, "batch": 1}),
+    "ct2-greedy-latency": ("ct2", 1, {"compute_type": "float32", "batch": 1}),
 }
 
 
@@ -390,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                              "ct2-beam5-latency"),
         "torch beam5 int8 / ct2 int8 beam5, one sentence a call (tokens/s)": ratio(
             "torch-beam5-latency-int8", "ct2-beam5-latency-int8"),
+        "torch greedy / ct2 fp32 greedy, one sentence a call (tokens/s)": ratio(
+            "torch-greedy-latency", "ct2-greedy-latency"),
     }
     header = f"{'variant':28s} {'sent/s':>8s} {'tok/s':>9s} {'out tok':>8s} {'sec':>7s} {'RSS MB':>7s}"
     print(header)
