@@ -131,13 +131,14 @@ def worker_torch(job: dict) -> dict:
     """Decode with mtcli.infer.search.generate in this process; return timings."""
     import torch
 
-    from mtcli.allocator import keep_freed_memory
+    from mtcli.allocator import bound_onednn_cache, keep_freed_memory
     from mtcli.data.batching import collate_sources
     from mtcli.infer.loading import load_for_inference
     from mtcli.infer.search import generate
     from mtcli.infer.translate import model_for_decoding, run_shortlist
 
-    keep_freed_memory()  # as `mtcli translate`, `evaluate` and `serve` do before they decode
+    keep_freed_memory()  # as `mtcli translate` and `evaluate` do before they decode
+    bound_onednn_cache()  # as `mtcli translate`, `evaluate` and `serve` do
     workers = job.get("workers", 1)
     torch.set_num_threads(max(1, job["threads"] // workers))  # as decode.workers does
     bundle = load_for_inference(job["run_dir"], job["checkpoint"], device="cpu")

@@ -1,4 +1,5 @@
-"""Keep freed memory in the process: glibc ``malloc`` settings for CPU training and decoding.
+"""Keep freed memory in the process: glibc ``malloc`` settings for CPU training and decoding
+(and :func:`bound_onednn_cache`, a bound on oneDNN's kernel cache for the decoding commands).
 
 PyTorch's CPU tensors come from ``malloc``. glibc serves every block above its mmap threshold
 (at most 32 MiB, often far less) with a fresh ``mmap`` and gives it back with ``munmap`` when
@@ -64,4 +65,26 @@ def keep_freed_memory() -> bool:
     return _done
 
 
-__all__ = ["keep_freed_memory"]
+#: oneDNN primitive-cache entries a decoding command allows (oneDNN's own default is 1,024).
+ONEDNN_CACHE_CAPACITY = 256
+_ONEDNN_CACHE_VARS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
+
+
+def bound_onednn_cache(capacity: int = ONEDNN_CACHE_CAPACITY) -> bool:
+    """Cap oneDNN's primitive cache at ``capacity`` entries for this process; True if set here.
+
+    oneDNN keeps every kernel it has built, keyed by the product's shapes, up to 1,024 of them.
+    Decoding multiplies by each weight a number of rows that changes from step to step (beams
+    times the sentences still live), so a long decoding process, a server above all, fills the
+    whole cache; in bf16 each kernel holds enough memory that the full cache costs ~300 MB
+    (bench/NOTES.md), and a cap of 256 costs no measurable speed. oneDNN reads the setting once,
+    when it builds its first kernel, so the commands call this before they load a model; the
+    user's own ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` (or ``DNNL_...``) wins.
+    """
+    if any(name in os.environ for name in _ONEDNN_CACHE_VARS):
+        return False
+    os.environ[_ONEDNN_CACHE_VARS[0]] = str(capacity)
+    return True
+
+
+__all__ = ["ONEDNN_CACHE_CAPACITY", "bound_onednn_cache", "keep_freed_memory"]

@@ -127,12 +127,13 @@ def evaluate(
     verbose: Verbose = False,
 ) -> None:
     """Decode a test set and score it with sacreBLEU (BLEU, chrF, signatures)."""
-    from mtcli.allocator import keep_freed_memory
+    from mtcli.allocator import bound_onednn_cache, keep_freed_memory
     from mtcli.evaluate import evaluate as run_evaluate
     from mtcli.logs import setup_logging
 
     setup_logging(verbose)
     keep_freed_memory()
+    bound_onednn_cache()
     overrides = list(set_ or []) + ([f"decode.beam_size={beam}"] if beam else [])
     report = run_evaluate(
         run_dir,
@@ -167,12 +168,13 @@ def translate(
     verbose: Verbose = False,
 ) -> None:
     """Translate text files or stdin to stdout (or --output), streamed."""
-    from mtcli.allocator import keep_freed_memory
+    from mtcli.allocator import bound_onednn_cache, keep_freed_memory
     from mtcli.infer.files import translate_files
     from mtcli.logs import setup_logging
 
     setup_logging(verbose)
     keep_freed_memory()
+    bound_onednn_cache()
     overrides = list(set_ or [])
     if beam is not None:
         overrides.append(f"decode.beam_size={beam}")
@@ -247,10 +249,12 @@ def serve(
         from mtcli.serve import serve as run_server
     except ImportError as exc:
         _fail(f"mtcli serve needs the serve extra: pip install 'mtcli[serve]' ({exc.name} is missing)", 1)
+    from mtcli.allocator import bound_onednn_cache
     from mtcli.infer.translator import Translator
     from mtcli.logs import setup_logging
 
     setup_logging(verbose)
+    bound_onednn_cache()
     translator = Translator.from_run(run_dir, checkpoint, device=device, engine=engine,
                                      overrides=list(set_ or []), beam=beam)
     limits = Limits(max_lines=max_lines, max_chars=max_chars, batch_wait_ms=batch_wait_ms)

@@ -61,3 +61,44 @@ def test_default_glibc_returns_it_and_the_switch_turns_it_off() -> None:
 def test_user_malloc_settings_win() -> None:
     applied, _ = _probe(MALLOC_ARENA_MAX="2")
     assert not applied
+
+
+# Products of 1, 2, 3 and again 1 row by one packed weight; ONEDNN_VERBOSE says whether oneDNN
+# found the last one's kernel in its cache.
+CACHE_PROBE = """
+import sys
+from mtcli.allocator import bound_onednn_cache
+print("set", int(bound_onednn_cache(int(sys.argv[1]))), flush=True)
+import torch
+from mtcli.infer.packed import PackedLinear
+product = PackedLinear(torch.randn(16, 8), torch.randn(16))
+with torch.inference_mode():
+    for rows in (1, 2, 3, 1):
+        print("rows", rows, flush=True)
+        product(torch.randn(rows, 8))
+"""
+
+
+def _last_product_cached(capacity: int, **env: str) -> tuple[bool, bool]:
+    """(whether bound_onednn_cache set the cap, whether the last product hit oneDNN's cache)."""
+    clean = {k: v for k, v in os.environ.items() if "PRIMITIVE_CACHE_CAPACITY" not in k}
+    out = subprocess.run([sys.executable, "-c", CACHE_PROBE, str(capacity)],
+                         env={**clean, "ONEDNN_VERBOSE": "all", **env}, capture_output=True,
+                         text=True, check=True).stdout
+    last = out.split("rows 1")[-1]
+    assert "create:cache_" in last, out[-2000:]
+    return out.startswith("set 1"), "create:cache_hit" in last
+
+
+def _packing() -> bool:
+    from mtcli.infer.packed import packing_supported
+
+    return packing_supported()
+
+
+@pytest.mark.skipif(not _packing(), reason="this PyTorch build has no oneDNN linear")
+def test_the_onednn_cache_bound_evicts_kernels_and_the_user_setting_wins() -> None:
+    # two entries hold one product's kernels: the first one-row kernel is gone by the last call
+    assert _last_product_cached(2) == (True, False)
+    assert _last_product_cached(64) == (True, True)
+    assert _last_product_cached(2, ONEDNN_PRIMITIVE_CACHE_CAPACITY="1024") == (False, True)
