@@ -117,14 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     src[0, -1] = 2
 
     with torch.inference_mode():
-        enc = packed.encode(src)
-        cache = packed.init_cache(enc, beam_size=rows, max_len=args.max_len)
+        # the encoder's keys/values per layer, [1, h, S, d_k] and contiguous, as init_cache makes them
+        cache = packed.init_cache(packed.encode(src), beam_size=rows, max_len=args.max_len)
+        cross_k, cross_v = cache.cross_k, cache.cross_v
         h, d_k = model.cfg.n_heads, model.cfg.d_model // model.cfg.n_heads
-        layers = len(model.decoder.layers)
-        keys = [torch.zeros(rows, h, args.max_len, d_k) for _ in range(layers)]
-        values = [torch.zeros(rows, h, args.max_len, d_k) for _ in range(layers)]
-        cross_k = [k.contiguous() for k in cache.cross_k]
-        cross_v = [v.contiguous() for v in cache.cross_v]
+        keys = [torch.zeros(rows, h, args.max_len, d_k) for _ in cross_k]
+        values = [torch.zeros(rows, h, args.max_len, d_k) for _ in cross_k]
 
         def eager(m: Transformer) -> list[torch.Tensor]:
             e = m.encode(src)

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from mtcli.infer.packed import packing_supported
+
 # Allocate and free a 64 MiB block, then report whether it was applied and how much of the
 # block's memory the process still holds (resident pages, from /proc/self/statm).
 PROBE = """
@@ -90,13 +92,7 @@ def _last_product_cached(capacity: int, **env: str) -> tuple[bool, bool]:
     return out.startswith("set 1"), "create:cache_hit" in last
 
 
-def _packing() -> bool:
-    from mtcli.infer.packed import packing_supported
-
-    return packing_supported()
-
-
-@pytest.mark.skipif(not _packing(), reason="this PyTorch build has no oneDNN linear")
+@pytest.mark.skipif(not packing_supported(), reason="this PyTorch build has no oneDNN linear")
 def test_the_onednn_cache_bound_evicts_kernels_and_the_user_setting_wins() -> None:
     # two entries hold one product's kernels: the first one-row kernel is gone by the last call
     assert _last_product_cached(2) == (True, False)
