@@ -183,12 +183,16 @@ class StepScores:
 
 def step_scores(
     logits: Tensor, limit_rows: Tensor, width: int, scratch: Tensor | None = None,
-    ids: Tensor | None = None,
+    ids: Tensor | None = None, padded: Tensor | None = None,
 ) -> StepScores:
     """:class:`StepScores` from the raw decoder logits ``[R, V]`` (taken over and modified).
 
     ``ids``: the token id of each column when the logits cover an output vocabulary (the
     model's ``output_ids``, whose special ids are their own columns), else column = id.
+    ``scratch`` and ``padded``: reusable ``[R, C * chunks]`` float32 buffers for the
+    normaliser's pass and, when ``V`` is not a multiple of ``width``, for the logits with their
+    -inf padding columns (each allocated when None or of another shape; a fresh padded copy
+    costs more than the copy itself, its first touch of new memory included).
 
     ``logZ`` is over the model's whole distribution (pad and bos included), so a chosen token's
     log-probability is the model's own; then pad, bos, and every token but eos in the rows where
@@ -197,7 +201,12 @@ def step_scores(
     rows, vocab = logits.shape
     logits = logits.float()
     if vocab % width:
-        logits = torch.nn.functional.pad(logits, (0, width - vocab % width), value=float("-inf"))
+        columns = vocab + width - vocab % width
+        if padded is None or padded.shape != (rows, columns):
+            padded = logits.new_empty((rows, columns))
+        padded[:, vocab:] = float("-inf")
+        padded[:, :vocab] = logits
+        logits = padded
     chunk_max = logits.view(rows, -1, width).amax(dim=2)
     if scratch is not None and scratch.shape != logits.shape:
         scratch = None
@@ -290,7 +299,10 @@ class _StepDecoder:
         rows, vocab = logits.shape
         padded = -(-vocab // self.width) * self.width
         scratch = self.workspace.get("scratch", (rows, padded), torch.float32, logits.device)
-        return step_scores(logits, limit_rows, self.width, scratch, self.ids)
+        padded_logits = None
+        if vocab % self.width:
+            padded_logits = self.workspace.get("padded_logits", (rows, padded), torch.float32, logits.device)
+        return step_scores(logits, limit_rows, self.width, scratch, self.ids, padded_logits)
 
     def reorder(self, index: Tensor, group: int | None = None) -> None:
         """Keep rows ``index`` (grouped by sentence, see :meth:`DecoderCache.reorder`)."""
@@ -322,9 +334,9 @@ def _greedy(
         finished = token.eq(EOS_ID)
         if not bool(finished.any()):
             continue
-        for row in finished.nonzero()[:, 0].tolist():
-            tokens = seq[row, 1:-1].tolist()
-            lp, original = float(logprob[row]), int(sentence[row])
+        done = finished.nonzero()[:, 0]
+        for tokens, lp, original in zip(seq[done, 1:-1].tolist(), logprob[done].tolist(),
+                                        sentence[done].tolist(), strict=True):
             score = _penalised(lp, len(tokens) + 1, counted_lengths[original], alpha)
             results[original] = [Hypothesis(tokens, score, lp)]
         keep = (~finished).nonzero()[:, 0]
@@ -333,6 +345,27 @@ def _greedy(
         decoder.reorder(keep)
         sentence, seq, logprob, limits = sentence[keep], seq[keep], logprob[keep], limits[keep]
     return results
+
+
+def keep_parent_rows(parent: Tensor) -> Tensor:
+    """A placement of each sentence's next hypotheses on its ``k`` rows that leaves as many
+    rows as it can where they are.
+
+    ``parent [m, k]``: the row (``0..k-1`` within its sentence) each new hypothesis extends.
+    Returns ``order [m, k]``: new row ``r`` of sentence ``s`` holds hypothesis ``order[s, r]``.
+    Each parent's first child takes the parent's own row, so its key/value history stays in
+    place (:meth:`~mtcli.model.DecoderCache.reorder` copies only the rows that change); the
+    other children take, in order, the rows of the parents that have none.
+    """
+    m, k = parent.shape
+    same = parent[:, :, None].eq(parent[:, None, :])  # [m, j, i]: j and i extend one parent
+    earlier = torch.ones(k, k, dtype=torch.bool, device=parent.device).tril(-1)  # i < j
+    first = ~(same & earlier).any(dim=2)  # j is its parent's first child
+    has_child = torch.zeros_like(first).scatter_(1, parent, True)
+    childless = has_child.to(torch.uint8).argsort(dim=1, stable=True)  # childless rows first
+    rank = (~first).long().cumsum(dim=1).sub_(1).clamp_(min=0)
+    row = torch.where(first, parent, childless.gather(1, rank))
+    return row.argsort(dim=1)
 
 
 def _beam_search(
@@ -363,11 +396,10 @@ def _beam_search(
 
         # finished: eos extensions among the best k (and not impossible)
         done_now = is_eos[:, :k] & top_scores[:, :k].gt(float("-inf"))
-        if bool(done_now.any()):
-            for s, j in done_now.nonzero().tolist():
-                row = s * b + int(top_beam[s, j])
-                tokens = seq[row, 1:].tolist()
-                lp, original = float(top_scores[s, j]), int(sentence[s])
+        if bool(done_now.any()):  # one gather each, not one tensor access per hypothesis
+            s, j = done_now.nonzero().unbind(1)
+            for tokens, lp, original in zip(seq[s * b + top_beam[s, j], 1:].tolist(), top_scores[s, j].tolist(),
+                                            sentence[s].tolist(), strict=True):
                 score = _penalised(lp, len(tokens) + 1, counted_lengths[original], alpha)
                 finished[original].append(Hypothesis(tokens, score, lp))
 
@@ -376,26 +408,30 @@ def _beam_search(
         scores = top_scores[live].view(m, k)
         next_beam = top_beam[live].view(m, k)
         next_token = top_token[live].view(m, k)
+        if b == k:  # rows in no particular order from here: the cache copies fewer of them
+            order = keep_parent_rows(next_beam)
+            scores, next_beam, next_token = (t.gather(1, order) for t in (scores, next_beam, next_token))
 
         # a sentence is done when its nbest-th finished hypothesis beats every live one's bound
-        keep_mask = torch.ones(m, dtype=torch.bool, device=device)
-        best_live = scores[:, 0]  # -inf once the length limit forced eos everywhere
+        kept: list[int] = []
+        best_live = scores.amax(dim=1)  # -inf once the length limit forced eos everywhere
         if bound_lp is not None:
             bounds = (best_live / bound_lp[sentence]).tolist()
         else:
             bounds = [float("inf") if x > float("-inf") else x for x in best_live.tolist()]
-        for s, original in enumerate(sentence.tolist()):
+        for i, original in enumerate(sentence.tolist()):
             hyps = finished[original]
             if len(hyps) >= nbest:
                 hyps.sort(key=lambda h: h.score, reverse=True)
                 del hyps[nbest:]
-                if bounds[s] <= hyps[nbest - 1].score:
-                    keep_mask[s] = False
+                if bounds[i] <= hyps[nbest - 1].score:
+                    continue
+            kept.append(i)
         rows = torch.arange(m, device=device)[:, None] * b + next_beam  # [m, k] old rows
-        if not bool(keep_mask.all()):
-            keep = keep_mask.nonzero()[:, 0]
-            if keep.numel() == 0:
+        if len(kept) < m:
+            if not kept:
                 break
+            keep = torch.tensor(kept, device=device)
             rows, scores, next_token = rows[keep], scores[keep], next_token[keep]
             sentence, limits = sentence[keep], limits[keep]
         index = rows.view(-1)

@@ -104,7 +104,10 @@ class DecoderCache:
     ``group`` (beam search runs its first step with one row per sentence). Time-major
     buffers make the filled part ``[:length]`` contiguous, so a reorder copies exactly that part,
     into a second preallocated set of buffers that then swaps with the first (ping-pong): after
-    the first reorder, decoding allocates nothing. With a :class:`Workspace` both sets (and the
+    the first reorder, decoding allocates nothing. A reorder that keeps the number of rows and
+    leaves at least half of them where they are (``index[i] == i``, as beam search arranges by
+    giving each surviving hypothesis's first extension its parent's row) copies only the rows
+    that change, in place. With a :class:`Workspace` both sets (and the
     logits, see :meth:`Transformer.decode`) live in the workspace's buffers ``"cache_a"``,
     ``"cache_b"`` and ``"logits"``, kept for the next cache made with it.
     """
@@ -156,6 +159,8 @@ class DecoderCache:
         if group < 1 or n_new % group:
             raise ValueError(f"reorder: {n_new} rows is not a multiple of group={group}")
         self.group = group
+        if n_new == self.rows and group == old_group and self._reorder_in_place(index):
+            return
         if n_new // group != self.cross_k[0].size(0):
             sentences = index.view(-1, group)[:, 0] // old_group
             self.cross_k = [t.index_select(0, sentences) for t in self.cross_k]
@@ -168,10 +173,39 @@ class DecoderCache:
         if not self._spare or self._spare[0].numel() < size:
             self._spare = self._allocate(len(old), size, old[0])
         new = [flat[:size].view(shape) for flat in self._spare]
+        flat_index = self._time_rows(index, old[0].size(1))
         with torch.no_grad():  # the cache serves inference; no gradient flows through a reorder
             for src, dst in zip(old, new, strict=True):
-                torch.index_select(src[: self.length], 1, index, out=dst[: self.length])
+                torch.index_select(self._rows(src), 0, flat_index, out=self._rows(dst)[: flat_index.numel()])
         self._spare, self._storage = self._storage, self._spare
         self._keys = self._keys[::-1]
         half = len(new) // 2
         self.self_k, self.self_v = new[:half], new[half:]
+
+    def _time_rows(self, rows: Tensor, width: int) -> Tensor:
+        """Indices into a ``[max_len * width, h * d_k]`` view of a buffer of ``width`` rows:
+        ``rows`` at every filled time ``0..length-1`` (one 1-D index: a gather of whole
+        ``h * d_k`` rows runs faster than indexing the second axis of the 4-D buffer)."""
+        times = torch.arange(self.length, device=rows.device) * width
+        return (times[:, None] + rows[None, :]).view(-1)
+
+    @staticmethod
+    def _rows(buffer: Tensor) -> Tensor:
+        """A time-major buffer ``[max_len, rows, h, d_k]`` as ``[max_len * rows, h * d_k]``."""
+        return buffer.view(-1, buffer.size(2) * buffer.size(3))
+
+    def _reorder_in_place(self, index: Tensor) -> bool:
+        """Copy only the rows ``i`` with ``index[i] != i``, in place (their sources are read
+        before any row is written); False, doing nothing, when more than half of them move."""
+        moved = index.ne(torch.arange(index.numel(), device=index.device)).nonzero()[:, 0]
+        if 2 * moved.numel() > index.numel():
+            return False
+        if moved.numel() == 0 or self.length == 0:
+            return True
+        sources = self._time_rows(index[moved], index.numel())
+        targets = self._time_rows(moved, index.numel())
+        with torch.no_grad():
+            for buffer in self.self_k + self.self_v:
+                rows = self._rows(buffer)
+                rows.index_copy_(0, targets, rows.index_select(0, sources))
+        return True

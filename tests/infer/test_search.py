@@ -18,6 +18,7 @@ from mtcli.infer.search import (
     _greedy,
     chunk_width,
     generate,
+    keep_parent_rows,
     length_penalty_factor,
     log_normalizer,
     max_output_lengths,
@@ -300,6 +301,20 @@ def test_chunked_top_extensions_equal_a_full_sort(vocab: int, width: int) -> Non
     picked, best = step_scores(logits.clone(), limit_rows, width).greedy()
     assert torch.equal(picked, lprobs.argmax(1))
     assert torch.allclose(best.double(), lprobs.max(1).values, atol=1e-5)
+    # a reused padded buffer (its old contents, and its padding, overwritten) changes nothing
+    padded = torch.full(scored.logits.shape, 7.0)
+    again = step_scores(logits.clone(), limit_rows, width, padded=padded)
+    assert torch.equal(again.logits, scored.logits) and torch.equal(again.lse, scored.lse)
+
+
+def test_keep_parent_rows_leaves_each_parents_first_child_in_its_row() -> None:
+    parent = torch.tensor([[0, 0, 1, 3, 3], [4, 4, 4, 4, 4], [2, 0, 1, 4, 3]])
+    order = keep_parent_rows(parent)
+    assert order.tolist() == [[0, 2, 1, 3, 4], [1, 2, 3, 4, 0], [1, 2, 0, 4, 3]]
+    placed = parent.gather(1, order)  # the parent of the hypothesis now in each row
+    for row in placed.tolist():
+        firsts = [r for r, p in enumerate(row) if r == p]
+        assert len(firsts) == len(set(row))  # every parent keeps one child in its own row
 
 
 @pytest.mark.parametrize("beam", [1, 3])

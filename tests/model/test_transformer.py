@@ -233,6 +233,31 @@ def test_cache_groups_and_reorder() -> None:
         cache.reorder(torch.tensor([0]))
 
 
+@pytest.mark.parametrize("index", [[0, 0, 2, 3, 4, 4], [5, 4, 3, 2, 1, 0], [0, 1, 2, 3, 4, 5]])
+def test_cache_reorder_in_place_equals_a_full_copy(index: list[int]) -> None:
+    """A reorder that keeps the rows and leaves at least half of them in place copies only the
+    others, in place (the first index, and the identity); a permutation that moves most rows
+    copies them all (the second). Either way the cache holds row ``index[i]``'s history in row
+    ``i``, even where a row is both read and overwritten."""
+    model = make_model()
+    src, tgt = make_batch()
+    enc = model.encode(src)
+    tokens = tgt.repeat_interleave(2, 0)
+    with torch.inference_mode():
+        cache = model.init_cache(enc, beam_size=2, max_len=6)
+        for t in range(3):
+            model.decode(tokens[:, t : t + 1], enc, cache)
+        before = [k[: cache.length].clone() for k in cache.self_k + cache.self_v]
+        storage = cache.self_k[0].data_ptr()
+        order = torch.tensor(index)
+        cache.reorder(order)
+        after = [k[: cache.length] for k in cache.self_k + cache.self_v]
+        for old, new in zip(before, after, strict=True):
+            assert torch.equal(new, old[:, order])
+        moved = int(order.ne(torch.arange(6)).sum())
+        assert (cache.self_k[0].data_ptr() == storage) == (2 * moved <= 6)
+
+
 def test_cache_reorder_can_change_the_group() -> None:
     """Beam search's first step: one row per sentence, then each row fanned out to 3 beams."""
     model = make_model(pre_norm=True)
