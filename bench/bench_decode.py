@@ -26,6 +26,7 @@ Usage (from the repository root)::
     python bench/bench_decode.py                          # random model of the recipe shape
     python bench/bench_decode.py --run-dir data/runs/multi30k_de_en
     python bench/bench_decode.py --limit 64 --variants torch-greedy-cache ct2-greedy-fp32  # smoke
+    python bench/bench_decode.py --rounds 5 --variants torch-beam5-cache ct2-beam5-fp32  # interleaved
 
 Results: a table on stdout and ``bench/results/decode_<time>.json``.
 """
@@ -38,6 +39,7 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -117,6 +119,19 @@ def _time_batches(run, batches: list[list[int]], workers: int = 1) -> dict:
         result["p50_ms"] = round(1000 * each[len(each) // 2], 1)
         result["p99_ms"] = round(1000 * each[min(len(each) - 1, int(0.99 * len(each)))], 1)
     return result
+
+
+def _median_round(runs: list[dict]) -> dict:
+    """One variant's row from its rounds: the round of median speed, with every round's tokens/s
+    under ``tokens_per_s_rounds`` (and its peak RSS the highest of the rounds')."""
+    timed = sorted((r for r in runs if "tokens_per_s" in r), key=lambda r: r["tokens_per_s"])
+    if not timed:
+        return runs[0]
+    row = dict(timed[(len(timed) - 1) // 2])
+    if len(runs) > 1:
+        row["tokens_per_s_rounds"] = [r.get("tokens_per_s") for r in runs]
+        row["peak_rss_mb"] = max(r["peak_rss_mb"] for r in timed)
+    return row
 
 
 def _batches(lengths: list[int], size: int) -> list[list[int]]:
@@ -295,6 +310,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the random model's softmax: the joint vocabulary or the target side's "
                              "pieces of the prepared cache (model.output_vocab)")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the variant list this many times, interleaved: each row is then "
+                             "the variant's median round and each ratio the median of the rounds' "
+                             "ratios (a shared VM's speed drifts by 10-20%% from minute to minute)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per variant")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -341,30 +360,34 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - report and go on with the torch variants
             print(f"CTranslate2 export failed, skipping ct2 variants: {exc}", file=sys.stderr)
 
-    rows = []
-    for name in args.variants:
-        engine, beam, options = VARIANTS[name]
-        if engine == "ct2" and ct2_dir is None:
-            continue
-        job = {"engine": engine, "beam": beam, "threads": args.threads, "batch": args.batch,
-               "fixed_length": fixed, "inputs": str(inputs), "run_dir": str(run_dir),
-               "checkpoint": args.checkpoint, "ct2_dir": ct2_dir, **options}
-        print(f"running {name} ...", file=sys.stderr, flush=True)
-        try:
-            result = _run_worker(job, args.timeout)
-        except subprocess.TimeoutExpired:
-            result = {"error": f"timed out after {args.timeout:.0f}s"}
-        row = {"variant": name, "engine": engine, "beam": beam, **options, **result}
-        if "seconds" in result:
-            row["sentences_per_s"] = round(result["sentences"] / result["seconds"], 1)
-            row["tokens_per_s"] = round(result["output_tokens"] / result["seconds"], 1)
-        rows.append(row)
-
+    rounds: dict[str, list[dict]] = {}
+    for round_number in range(args.rounds):
+        for name in args.variants:
+            engine, beam, options = VARIANTS[name]
+            if engine == "ct2" and ct2_dir is None:
+                continue
+            job = {"engine": engine, "beam": beam, "threads": args.threads, "batch": args.batch,
+                   "fixed_length": fixed, "inputs": str(inputs), "run_dir": str(run_dir),
+                   "checkpoint": args.checkpoint, "ct2_dir": ct2_dir, **options}
+            print(f"running {name} (round {round_number + 1}/{args.rounds}) ...", file=sys.stderr, flush=True)
+            try:
+                result = _run_worker(job, args.timeout)
+            except subprocess.TimeoutExpired:
+                result = {"error": f"timed out after {args.timeout:.0f}s"}
+            row = {"variant": name, "engine": engine, "beam": beam, **options, **result}
+            if "seconds" in result:
+                row["sentences_per_s"] = round(result["sentences"] / result["seconds"], 1)
+                row["tokens_per_s"] = round(result["output_tokens"] / result["seconds"], 1)
+            rounds.setdefault(name, []).append(row)
+    rows = [_median_round(runs) for runs in rounds.values()]
     by = {r["variant"]: r for r in rows if "sentences_per_s" in r}
 
     def ratio(a: str, b: str) -> float | None:
+        """The median over rounds of ``a``'s tokens/s over ``b``'s in the same round."""
         if a in by and b in by:
-            return round(by[a]["tokens_per_s"] / by[b]["tokens_per_s"], 2)
+            each = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(rounds[a], rounds[b], strict=True)
+                    if "tokens_per_s" in x and "tokens_per_s" in y]
+            return round(statistics.median(each), 2)
         return None
 
     comparisons = {
@@ -404,8 +427,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['variant']:28s} error: {r['error']}")
             continue
         latency = f"  p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms" if "p50_ms" in r else ""
+        each = r.get("tokens_per_s_rounds")
+        each = "  rounds: " + " / ".join(f"{x:.0f}" if x else "-" for x in each) if each else ""
         print(f"{r['variant']:28s} {r['sentences_per_s']:8.1f} {r['tokens_per_s']:9.1f} "
-              f"{r['output_tokens']:8d} {r['seconds']:7.2f} {r['peak_rss_mb']:7.1f}{latency}")
+              f"{r['output_tokens']:8d} {r['seconds']:7.2f} {r['peak_rss_mb']:7.1f}{latency}{each}")
     for key, value in comparisons.items():
         if value is not None:
             print(f"{key}: {value}x")
@@ -414,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "decode", "input": str(args.input), "sentences": len(lines),
         "model": str(args.run_dir) if args.run_dir else "random (configs/multi30k_de_en.yaml shape)",
         "checkpoint": args.checkpoint, "batch_sentences": args.batch, "threads": args.threads,
-        "fixed_length": fixed, "length_penalty": decode.length_penalty,
+        "fixed_length": fixed, "length_penalty": decode.length_penalty, "rounds": args.rounds,
         "machine": _machine(), "rows": rows, "comparisons": comparisons,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
