@@ -339,12 +339,24 @@ def _greedy(
                                         sentence[done].tolist(), strict=True):
             score = _penalised(lp, len(tokens) + 1, counted_lengths[original], alpha)
             results[original] = [Hypothesis(tokens, score, lp)]
-        keep = (~finished).nonzero()[:, 0]
-        if keep.numel() == 0:
+        kept = fill_from_the_end((~finished).nonzero()[:, 0].tolist())
+        if not kept:
             break
+        keep = torch.tensor(kept, device=device)
         decoder.reorder(keep)
         sentence, seq, logprob, limits = sentence[keep], seq[keep], logprob[keep], limits[keep]
     return results
+
+
+def fill_from_the_end(kept: list[int]) -> list[int]:
+    """The positions ``kept`` (ascending) as an order that leaves each one where it is when it
+    can: a kept position below ``len(kept)`` stays, and the last kept positions fill the gaps
+    the others left. :meth:`~mtcli.model.DecoderCache.reorder` then copies only the rows of the
+    sentences that fill a gap, not every sentence after the first one to finish."""
+    n = len(kept)
+    movers = iter(i for i in kept if i >= n)
+    staying = {i for i in kept if i < n}
+    return [i if i in staying else next(movers) for i in range(n)]
 
 
 def keep_parent_rows(parent: Tensor) -> Tensor:
@@ -431,7 +443,7 @@ def _beam_search(
         if len(kept) < m:
             if not kept:
                 break
-            keep = torch.tensor(kept, device=device)
+            keep = torch.tensor(fill_from_the_end(kept), device=device)
             rows, scores, next_token = rows[keep], scores[keep], next_token[keep]
             sentence, limits = sentence[keep], limits[keep]
         index = rows.view(-1)

@@ -90,9 +90,11 @@ class DecoderCache:
 
     Rows come in groups: row ``r`` belongs to sentence ``r // group`` (``group`` is the beam size).
 
-    * ``self_k[l]``, ``self_v[l]``: layer ``l``'s self-attention keys/values, preallocated
-      time-major ``[max_len, rows, h, d_k]``, filled up to ``length``.
-    * ``cross_k[l]``, ``cross_v[l]``: encoder keys/values ``[sentences, h, S, d_k]``, computed once.
+    * ``self_k[l]``, ``self_v[l]``: layer ``l``'s self-attention keys/values, time-major
+      ``[max_len, rows, h, d_k]``, filled up to ``length``: the first ``rows`` rows of a
+      preallocated buffer ``[max_len, capacity, h, d_k]`` (a view, contiguous in each time step).
+    * ``cross_k[l]``, ``cross_v[l]``: encoder keys/values ``[sentences, h, S, d_k]``, computed
+      once (the first ``sentences`` of the batch's, contiguous).
     * ``cross_mask``: the source padding mask ``[sentences, 1, 1, S]`` or None.
     * ``output_t``: the pre-softmax weight transposed and contiguous ``[d_model, vocab]``, made
       once per cache by :meth:`Transformer.decode` (``hidden @ W^T`` is then one plain ``mm``,
@@ -101,14 +103,14 @@ class DecoderCache:
       vocabulary), :meth:`Transformer.decode` returns ``output_product(hidden)`` as the logits.
 
     :meth:`reorder` selects rows (beam reordering, dropping finished sentences) and can change
-    ``group`` (beam search runs its first step with one row per sentence). Time-major
-    buffers make the filled part ``[:length]`` contiguous, so a reorder copies exactly that part,
-    into a second preallocated set of buffers that then swaps with the first (ping-pong): after
-    the first reorder, decoding allocates nothing. A reorder that keeps the number of rows and
-    leaves at least half of them where they are (``index[i] == i``, as beam search arranges by
-    giving each surviving hypothesis's first extension its parent's row) copies only the rows
-    that change, in place. With a :class:`Workspace` both sets (and the
-    logits, see :meth:`Transformer.decode`) live in the workspace's buffers ``"cache_a"``,
+    ``group`` (beam search runs its first step with one row per sentence). It works in place:
+    only the rows ``i`` with ``index[i] != i`` are copied (their sources read before any row is
+    written), at the filled times only, and the views shrink when rows are dropped. The search
+    keeps that copy small: beam search leaves each surviving hypothesis's first extension in
+    its parent's row, and finished sentences' places are taken by the last live ones. Only a
+    reorder to more rows than the buffers hold (beam search's first step fanning each sentence
+    out to its beams) copies everything, into new buffers. With a :class:`Workspace` the buffers
+    (and the logits, see :meth:`Transformer.decode`) live in the workspace's ``"cache_a"``,
     ``"cache_b"`` and ``"logits"``, kept for the next cache made with it.
     """
 
@@ -124,16 +126,9 @@ class DecoderCache:
         self.output_t: Tensor | None = None
         self.output_product: Callable[[Tensor], Tensor] | None = None
         self.workspace = workspace
-        self._spare: list[Tensor] = []  # flat storage for the next reorder
-        self._storage = [t.view(-1) for t in self_k + self_v]  # flat storage of the current state
+        self._buffers = self_k + self_v  # [max_len, capacity, h, d_k]: the views' storage
+        self._cross = cross_k + cross_v  # [capacity sentences, h, S, d_k]
         self._keys = (storage_key, "cache_b" if storage_key == "cache_a" else "cache_a")
-
-    def _allocate(self, count: int, size: int, like: Tensor) -> list[Tensor]:
-        """``count`` flat buffers of ``size`` elements for the next reorder."""
-        if self.workspace is None:
-            return [like.new_empty(size) for _ in range(count)]
-        flat = self.workspace.get(self._keys[1], (count, size), like.dtype, like.device)
-        return list(flat.unbind(0))
 
     @property
     def rows(self) -> int:
@@ -150,62 +145,78 @@ class DecoderCache:
 
         ``index`` must keep rows grouped: each run of ``group`` new rows (``group`` defaults to
         the current one; a new value, e.g. the beam size after a first step of one row per
-        sentence, replaces it) comes from one old sentence, sentences in increasing order (what
-        beam search and dropping finished sentences produce). The encoder side is then selected
-        per sentence, and left untouched when no sentence was dropped.
+        sentence, replaces it) comes from one old sentence, in any order of sentences. The
+        encoder side then follows the sentences (copying only those that change places).
         """
         n_new, old_group = index.numel(), self.group
         group = old_group if group is None else group
         if group < 1 or n_new % group:
             raise ValueError(f"reorder: {n_new} rows is not a multiple of group={group}")
         self.group = group
-        if n_new == self.rows and group == old_group and self._reorder_in_place(index):
-            return
-        if n_new // group != self.cross_k[0].size(0):
-            sentences = index.view(-1, group)[:, 0] // old_group
-            self.cross_k = [t.index_select(0, sentences) for t in self.cross_k]
-            self.cross_v = [t.index_select(0, sentences) for t in self.cross_v]
-            if self.cross_mask is not None:
-                self.cross_mask = self.cross_mask.index_select(0, sentences)
-        old = self.self_k + self.self_v
-        shape = (old[0].size(0), n_new) + tuple(old[0].shape[2:])
-        size = math.prod(shape)
-        if not self._spare or self._spare[0].numel() < size:
-            self._spare = self._allocate(len(old), size, old[0])
-        new = [flat[:size].view(shape) for flat in self._spare]
-        flat_index = self._time_rows(index, old[0].size(1))
+        sentences = index.view(-1, group)[:, 0] // old_group
+        n_sentences = sentences.numel()
         with torch.no_grad():  # the cache serves inference; no gradient flows through a reorder
-            for src, dst in zip(old, new, strict=True):
-                torch.index_select(self._rows(src), 0, flat_index, out=self._rows(dst)[: flat_index.numel()])
-        self._spare, self._storage = self._storage, self._spare
-        self._keys = self._keys[::-1]
-        half = len(new) // 2
-        self.self_k, self.self_v = new[:half], new[half:]
+            if n_new > self._buffers[0].size(1):
+                self._grow(index)
+            else:
+                _move_rows(self._buffers, index, self.length)
+            moved = _move_rows(self._cross, sentences)
+        half = len(self._buffers) // 2
+        views = [b[:, :n_new] for b in self._buffers]
+        self.self_k, self.self_v = views[:half], views[half:]
+        if moved or n_sentences != self.cross_k[0].size(0):
+            self.cross_k = [c[:n_sentences] for c in self._cross[:half]]
+            self.cross_v = [c[:n_sentences] for c in self._cross[half:]]
+            if self.cross_mask is not None:  # small, and shared with the encoder output: copied
+                self.cross_mask = self.cross_mask.index_select(0, sentences)
 
-    def _time_rows(self, rows: Tensor, width: int) -> Tensor:
-        """Indices into a ``[max_len * width, h * d_k]`` view of a buffer of ``width`` rows:
-        ``rows`` at every filled time ``0..length-1`` (one 1-D index: a gather of whole
-        ``h * d_k`` rows runs faster than indexing the second axis of the 4-D buffer)."""
-        times = torch.arange(self.length, device=rows.device) * width
-        return (times[:, None] + rows[None, :]).view(-1)
+    def _grow(self, index: Tensor) -> None:
+        """Rows ``index`` of the filled times into new buffers of ``index.numel()`` rows."""
+        old = self._buffers[0]
+        shape = (old.size(0), index.numel()) + tuple(old.shape[2:])
+        if self.workspace is None:
+            new = [old.new_empty(shape) for _ in self._buffers]
+        else:
+            flat = self.workspace.get(self._keys[1], (len(self._buffers), math.prod(shape)),
+                                      old.dtype, old.device)
+            new = [t.view(shape) for t in flat.unbind(0)]
+            self._keys = self._keys[::-1]
+        rows = _time_rows(index, old.size(1), self.length)
+        for src, dst in zip(self._buffers, new, strict=True):
+            torch.index_select(_flat(src), 0, rows, out=_flat(dst)[: rows.numel()])
+        self._buffers = new
 
-    @staticmethod
-    def _rows(buffer: Tensor) -> Tensor:
-        """A time-major buffer ``[max_len, rows, h, d_k]`` as ``[max_len * rows, h * d_k]``."""
-        return buffer.view(-1, buffer.size(2) * buffer.size(3))
 
-    def _reorder_in_place(self, index: Tensor) -> bool:
-        """Copy only the rows ``i`` with ``index[i] != i``, in place (their sources are read
-        before any row is written); False, doing nothing, when more than half of them move."""
-        moved = index.ne(torch.arange(index.numel(), device=index.device)).nonzero()[:, 0]
-        if 2 * moved.numel() > index.numel():
-            return False
-        if moved.numel() == 0 or self.length == 0:
+def _flat(buffer: Tensor) -> Tensor:
+    """A contiguous time-major buffer ``[max_len, width, h, d_k]`` as ``[max_len * width, h * d_k]``."""
+    return buffer.view(-1, buffer.size(2) * buffer.size(3))
+
+
+def _time_rows(rows: Tensor, width: int, times: int) -> Tensor:
+    """Indices of ``rows`` at every time ``0..times-1`` into the ``[max_len * width, h * d_k]``
+    view of a time-major buffer ``width`` rows wide (one 1-D gather of whole rows runs faster
+    than indexing the second axis of the 4-D buffer)."""
+    steps = torch.arange(times, device=rows.device) * width
+    return (steps[:, None] + rows[None, :]).view(-1)
+
+
+def _move_rows(buffers: list[Tensor], index: Tensor, times: int | None = None) -> bool:
+    """In place, row ``i`` of every buffer becomes old row ``index[i]``, for the ``i`` where they
+    differ (every source is read before any row is written); the buffers keep their size.
+    Returns whether any row moved.
+
+    With ``times``, the buffers are time-major ``[max_len, capacity, h, d_k]`` and only times
+    ``0..times-1`` are moved; otherwise the rows are the buffers' first axis."""
+    moved = index.ne(torch.arange(index.numel(), device=index.device)).nonzero()[:, 0]
+    if moved.numel() == 0:
+        return False
+    sources, targets = index[moved], moved
+    if times is not None:
+        if times == 0:
             return True
-        sources = self._time_rows(index[moved], index.numel())
-        targets = self._time_rows(moved, index.numel())
-        with torch.no_grad():
-            for buffer in self.self_k + self.self_v:
-                rows = self._rows(buffer)
-                rows.index_copy_(0, targets, rows.index_select(0, sources))
-        return True
+        width = buffers[0].size(1)
+        sources, targets = _time_rows(sources, width, times), _time_rows(targets, width, times)
+    for buffer in buffers:
+        rows = buffer if times is None else _flat(buffer)
+        rows.index_copy_(0, targets, rows.index_select(0, sources))
+    return True
