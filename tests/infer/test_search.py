@@ -17,6 +17,7 @@ from mtcli.infer.search import (
     _beam_search,
     _greedy,
     chunk_width,
+    fill_from_the_end,
     generate,
     keep_parent_rows,
     length_penalty_factor,
@@ -305,6 +306,12 @@ def test_chunked_top_extensions_equal_a_full_sort(vocab: int, width: int) -> Non
     padded = torch.full(scored.logits.shape, 7.0)
     again = step_scores(logits.clone(), limit_rows, width, padded=padded)
     assert torch.equal(again.logits, scored.logits) and torch.equal(again.lse, scored.lse)
+
+
+@pytest.mark.parametrize("kept,order", [([0, 2, 4, 5], [0, 4, 2, 5]), ([3, 4], [3, 4]),
+                                         ([0, 1, 2], [0, 1, 2]), ([1], [1]), ([], [])])
+def test_fill_from_the_end_keeps_what_it_can_in_place(kept: list[int], order: list[int]) -> None:
+    assert fill_from_the_end(kept) == order
 
 
 def test_keep_parent_rows_leaves_each_parents_first_child_in_its_row() -> None:
