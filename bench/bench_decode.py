@@ -399,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch beam5 int8 / ct2 int8 beam5 (tokens/s)": ratio("torch-beam5-cache-int8", "ct2-beam5-int8"),
         "torch beam5 2 workers / ct2 fp32 beam5 2 workers": ratio("torch-beam5-cache-w2", "ct2-beam5-fp32-w2"),
         "torch beam5 int8 2 workers / ct2 fp32 beam5 2 workers": ratio("torch-beam5-cache-int8-w2", "ct2-beam5-fp32-w2"),
+        "torch beam5 int8 2 workers / ct2 int8 beam5 2 workers": ratio("torch-beam5-cache-int8-w2", "ct2-beam5-int8-w2"),
         "torch greedy / ct2 fp32 greedy (tokens/s)": ratio("torch-greedy-cache", "ct2-greedy-fp32"),
         "torch greedy int8 / ct2 int8 greedy (tokens/s)": ratio("torch-greedy-cache-int8", "ct2-greedy-int8"),
         "torch beam5 bf16 / ct2 int8 beam5 (tokens/s)": ratio("torch-beam5-cache-bf16", "ct2-beam5-int8"),
