@@ -85,6 +85,23 @@ def test_cached_and_uncached_decoding_agree(beam: int) -> None:
             assert ha.logprob == pytest.approx(hb.logprob, abs=1e-4)
 
 
+@pytest.mark.parametrize("seed", [11, 12, 13])
+@pytest.mark.parametrize("beam", [1, 3])
+def test_in_place_cache_reorders_agree_with_uncached_decoding(seed: int, beam: int) -> None:
+    """Sentences finishing at many different steps: the cache's in-place reorders (rows moved
+    within a sentence, finished sentences' places taken by the last live ones) decode what
+    rerunning the decoder over the whole prefix decodes."""
+    model = random_model(seed=seed)
+    sources = random_sources(seed=seed, n=9)
+    kwargs = dict(beam_size=beam, nbest=beam, length_penalty=1.0, max_len_a=1.5, max_len_b=3)
+    cached = generate(model, pad_batch(sources), **kwargs)
+    uncached = generate(model, pad_batch(sources), use_cache=False, **kwargs)
+    assert tokens_of(cached) == tokens_of(uncached)
+    for a, b in zip(cached, uncached, strict=True):
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
+    assert len({len(hyps[0].tokens) for hyps in cached}) > 2  # sentences end at several steps
+
+
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_beam_of_one_equals_greedy(use_cache: bool) -> None:
     model = random_model(seed=2)
