@@ -265,7 +265,8 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
     # what the training run and the choices on val give, for a tuning row and a results row alike
     common = {"seed": config.train.seed, "train_steps": summary.steps,
               "train_tokens_per_s": summary.tokens_per_second, "average_last": len(used),
-              "length_penalty": alpha, "valid_bleu_by_average": valid_by_average,
+              "length_penalty": alpha, "length_penalty_limit": config.decode.length_penalty_limit,
+              "valid_bleu_by_average": valid_by_average,
               "valid_bleu_by_length_penalty": valid_by_alpha, "commit": git_commit()}
     if valid_only:
         row = {"valid_split": valid, "best_valid_bleu_greedy": summary.best_valid_bleu,
@@ -287,11 +288,17 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
         "decode_sents_per_s": float(report["sentences_per_second"]),
         "device": device_name(str(report.get("device", "cpu"))),
         "test_set": f"{config.data.test_splits[0]} ({report.get('sentences', '?')} sentences)",
-        "decode": f"beam {config.decode.beam_size}, length penalty {alpha:g}, average of the last "
-                  f"{len(used)} checkpoints (both chosen on {valid})",
+        "decode": f"beam {config.decode.beam_size}{_limit_words(config.decode.length_penalty_limit)}, "
+                  f"length penalty {alpha:g}, average of the last {len(used)} checkpoints (both chosen "
+                  f"on {valid})",
         "more_tests": more_tests,
         **common,
     }
+
+
+def _limit_words(limit: float) -> str:
+    """How a results row names ``decode.length_penalty_limit`` (nothing when it is off)."""
+    return f", length counted up to {limit:g} x the source's in the penalty" if limit else ""
 
 
 def seed_overrides(config_path: str, extra: list[str], seed: int) -> list[str]:
@@ -322,7 +329,7 @@ def combine_seeds(rows: dict[int, dict[str, Any]]) -> dict[str, Any]:
     out["commit"] = " / ".join(dict.fromkeys(r["commit"] for r in ordered))
     windows = "/".join(str(r["average_last"]) for r in ordered)
     alphas = "/".join(f"{r['length_penalty']:g}" for r in ordered)
-    beam = first["decode"].split(",")[0]
+    beam = first["decode"].split(",")[0] + _limit_words(first.get("length_penalty_limit", 0.0))
     out["decode"] = (f"{beam}; for seed {'/'.join(map(str, sorted(rows)))}: the average of the last "
                      f"{windows} checkpoints and length penalty {alphas} (chosen on val)")
     splits = (first.get("more_tests") or {}).keys()
