@@ -86,7 +86,7 @@ def test_peaked_logits_give_the_exact_losses_and_gradients() -> None:
     torch.manual_seed(8)
     logits = (60.0 * torch.randn(2, 4, 31)).requires_grad_()
     target = torch.randint(1, 31, (1, 4))
-    assert float((logits - logits.amax(-1, keepdim=True)).min()) < 2 * EXP_FLOOR
+    assert float((logits - logits.amax(-1, keepdim=True)).min().detach()) < 2 * EXP_FLOOR
     loss, _ = rdrop_loss(LabelSmoothedLoss(0.1), logits, target, alpha=5.0)
     loss.backward()
     leaf = logits.detach().double().requires_grad_()
@@ -94,7 +94,7 @@ def test_peaked_logits_give_the_exact_losses_and_gradients() -> None:
     ref = 0.5 * (reference_loss(first, target, 0.1) + reference_loss(second, target, 0.1)
                  + 5.0 * reference_symmetric_kl(first, second, target != 0))
     ref.backward()
-    assert float(loss) == pytest.approx(float(ref), rel=1e-5)
+    assert float(loss.detach()) == pytest.approx(float(ref.detach()), rel=1e-5)
     assert torch.allclose(logits.grad.double(), leaf.grad, rtol=1e-5, atol=1e-6)
 
 
@@ -110,7 +110,8 @@ def test_rdrop_criterion_doubles_the_batch_and_minimises_rdrop_loss() -> None:
     target = torch.randint(1, 11, (3, 5))
     loss, logged = criterion.objective(logits, target)
     ref_loss, ref_logged = rdrop_loss(LabelSmoothedLoss(0.1), logits, target, 5.0)
-    assert float(loss) == float(ref_loss) and float(logged.loss) == float(ref_logged.loss)
-    assert float(criterion(logits[:3], target).loss) == float(LabelSmoothedLoss(0.1)(logits[:3], target).loss)
+    assert float(loss.detach()) == float(ref_loss.detach()) and float(logged.loss.detach()) == float(ref_logged.loss.detach())
+    assert float(criterion(logits[:3], target).loss.detach()) == float(
+        LabelSmoothedLoss(0.1)(logits[:3], target).loss.detach())
     with pytest.raises(ValueError, match="alpha"):
         RDropLoss(0.1, alpha=0.0)
