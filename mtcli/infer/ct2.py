@@ -56,6 +56,15 @@ def converted_model(run_dir: Path, checkpoint: Path) -> Path:
     return target
 
 
+def check_supported(decode: DecodeConfig) -> None:
+    """Raise :class:`ConfigError` for a decode setting CTranslate2 cannot honour: our
+    ``length_penalty_limit`` and ``shortlist`` (it has neither)."""
+    for key in ("length_penalty_limit", "shortlist"):
+        if getattr(decode, key) > 0:
+            raise ConfigError(f"decode.{key} is not available with --engine ctranslate2 "
+                              f"(add --set decode.{key}=0, or decode with --engine torch)")
+
+
 class CT2Engine:
     """A ``ctranslate2.Translator`` over a converted run, with the run's tokenizer."""
 
@@ -73,10 +82,7 @@ class CT2Engine:
                         window: int = 2000, on_done: Callable[[int], None] | None = None
                         ) -> Iterator[list[Translation]]:
         """One n-best list per line of ``lines``, in order (see the module docstring)."""
-        for key in ("length_penalty_limit", "shortlist"):
-            if getattr(decode, key) > 0:
-                raise ConfigError(f"decode.{key} is not available with --engine ctranslate2 "
-                                  "(set it to 0, or decode with --engine torch)")
+        check_supported(decode)
         tokenizer, limit, offset = self.bundle.tokenizer, source_limit(self.bundle), 0
         for chunk in line_windows(lines, window):
             sources, results = encode_window(tokenizer, chunk, limit, name, offset)

@@ -30,7 +30,7 @@ from mtcli.config import DecodeConfig
 from mtcli.data.batching import collate, source_batches
 from mtcli.device import autocast
 from mtcli.errors import ConfigError, DataError
-from mtcli.infer.ct2 import ENGINES, CT2Engine, converted_model
+from mtcli.infer.ct2 import ENGINES, CT2Engine, check_supported, converted_model
 from mtcli.infer.ensemble import Ensemble, add_members
 from mtcli.infer.loading import InferenceModel, load_for_inference, resolve_checkpoint
 from mtcli.infer.translate import (
@@ -105,6 +105,7 @@ class Translator:
         where = decoding_device(decode) if device == "auto" else torch.device(device)
         fast = None
         if engine == "ctranslate2":
+            check_supported(decode)  # before converting: a run's own settings may ask for it
             model_dir = converted_model(Path(run_dir), resolve_checkpoint(Path(run_dir), checkpoint))
             fast = CT2Engine(model_dir, bundle, where, decode)
         return cls(bundle, decode, where, fast)

@@ -134,6 +134,12 @@ def test_ctranslate2_engine_refuses_what_it_cannot_do(tiny_run_dir: Path) -> Non
         Translator.from_run(tiny_run_dir, engine="onnx")
     with pytest.raises(ConfigError, match="one checkpoint file, not an average"):
         Translator.from_run(tiny_run_dir, engine="ctranslate2", average_last=2)
+    # the Multi30k recipes set a length-penalty limit: refused when loading, before any conversion
+    converted = tiny_run_dir / "ctranslate2"
+    before = sorted(converted.rglob("*")) if converted.exists() else None
+    with pytest.raises(ConfigError, match=r"decode.length_penalty_limit is not available .*=0"):
+        Translator.from_run(tiny_run_dir, engine="ctranslate2", overrides=["decode.length_penalty_limit=1.3"])
+    assert (sorted(converted.rglob("*")) if converted.exists() else None) == before
 
 
 def test_cli_translate_and_evaluate_take_the_engine(tiny_run_dir: Path, tmp_path: Path) -> None:
