@@ -89,6 +89,8 @@ VARIANTS: dict[str, tuple[str, int, dict]] = {
     "ct2-beam5-latency-int8": ("ct2", 5, {"compute_type": "int8", "batch": 1}),
     "torch-greedy-latency": ("torch", 1, {"use_cache": True, "bf16": False, "batch": 1}),
     "ct2-greedy-latency": ("ct2", 1, {"compute_type": "float32", "batch": 1}),
+    # at one sentence the products read every weight from memory: bf16 weights are half the bytes
+    "torch-beam5-latency-bf16": ("torch", 5, {"use_cache": True, "bf16": True, "batch": 1}),
 }
 
 
@@ -419,6 +421,10 @@ def main(argv: list[str] | None = None) -> int:
             "torch-beam5-latency-int8", "ct2-beam5-latency-int8"),
         "torch greedy / ct2 fp32 greedy, one sentence a call (tokens/s)": ratio(
             "torch-greedy-latency", "ct2-greedy-latency"),
+        "torch beam5 bf16 / ct2 int8 beam5, one sentence a call (tokens/s)": ratio(
+            "torch-beam5-latency-bf16", "ct2-beam5-latency-int8"),
+        "torch beam5 bf16 / ct2 fp32 beam5, one sentence a call (tokens/s)": ratio(
+            "torch-beam5-latency-bf16", "ct2-beam5-latency"),
     }
     header = f"{'variant':28s} {'sent/s':>8s} {'tok/s':>9s} {'out tok':>8s} {'sec':>7s} {'RSS MB':>7s}"
     print(header)
