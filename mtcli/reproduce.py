@@ -11,6 +11,11 @@ or ``wmt_news``; one object per direction, keyed ``"de-en"`` / ``"en-de"``), ren
 README.md, so every number in the README comes from this command. The first test split fills a
 direction's main row; further test splits (newstest2014 and its filtered subset) are scored too
 and rendered as rows of their own.
+
+Each row names the commit it ran (``commit``, ``-dirty`` when files differ from it) and the git
+tree hash of its files (``tree``). A machine that got a copy of the working tree with an older
+``.git`` labels its rows ``<older>-dirty``; ``--merge``, run in the repository, names such a row
+by the commit whose tree it is, when there is one.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,7 +43,7 @@ from mtcli.errors import ConfigError, MtcliError
 from mtcli.evaluate import evaluate
 from mtcli.fileio import atomic_write
 from mtcli.infer.averaging import average_run_checkpoints
-from mtcli.logs import setup_logging
+from mtcli.logs import get_logger, setup_logging
 from mtcli.rundir import CONFIG_NAME, TEXT_DIR, step_checkpoints
 from mtcli.train import train
 from mtcli.train.parent import parent_checkpoints
@@ -74,6 +80,38 @@ def git_commit() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("-dirty" if dirty else "")
+
+
+def _git(*args: str, env: dict[str, str] | None = None) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=True, env=env).stdout.strip()
+
+
+def source_tree() -> str:
+    """The git tree hash of the files as they are on disk (tracked, plus untracked ones git does
+    not ignore), or ``unknown``.
+
+    It equals ``git rev-parse C^{tree}`` exactly when the files are commit ``C``'s, whatever the
+    repository's HEAD says: a copy of a checkout whose ``.git`` is older than its files (as on a
+    machine the working tree was copied to) still names the files it ran. The real index is not
+    touched (a temporary one is used).
+    """
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            env = dict(os.environ, GIT_INDEX_FILE=str(Path(tmp) / "index"))
+            _git("read-tree", "HEAD", env=env)
+            _git("add", "--all", env=env)
+            return _git("write-tree", env=env)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def commit_of_tree(tree: str) -> str | None:
+    """The short hash of the newest commit (on any branch) whose files are ``tree``, or None."""
+    try:
+        lines = _git("log", "--all", "--format=%h %T").splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return next((commit for commit, t in (line.split() for line in lines) if t == tree), None)
 
 
 def device_name(device: str) -> str:
@@ -267,7 +305,7 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
               "train_tokens_per_s": summary.tokens_per_second, "average_last": len(used),
               "length_penalty": alpha, "length_penalty_limit": config.decode.length_penalty_limit,
               "valid_bleu_by_average": valid_by_average,
-              "valid_bleu_by_length_penalty": valid_by_alpha, "commit": git_commit()}
+              "valid_bleu_by_length_penalty": valid_by_alpha, "commit": git_commit(), "tree": source_tree()}
     if valid_only:
         row = {"valid_split": valid, "best_valid_bleu_greedy": summary.best_valid_bleu,
                "valid_bleu": valid_by_alpha[str(alpha)], "overrides": overrides, **common}
@@ -386,8 +424,21 @@ def merge_seed_results(paths: list[Path], row_key: str, table_name: str) -> dict
         for seed, seed_row in (row.get("seeds") or {str(row["seed"]): row}).items():
             if int(seed) in rows:
                 raise ConfigError(f"{file}: seed {seed} of {row_key!r} is in two of the merged files")
-            rows[int(seed)] = seed_row
+            rows[int(seed)] = _named_commit(seed_row, f"{file} seed {seed}")
     return combine_seeds(rows)
+
+
+def _named_commit(row: dict[str, Any], where: str) -> dict[str, Any]:
+    """``row`` with a ``-dirty`` commit replaced by the commit whose files it ran (same tree),
+    when this repository has one; as it is otherwise."""
+    tree = row.get("tree")
+    if not str(row.get("commit", "")).endswith("-dirty") or not tree:
+        return row
+    commit = commit_of_tree(tree)
+    if commit is None:
+        return row
+    get_logger().info("%s: %s ran the files of commit %s (tree %s)", where, row["commit"], commit, tree[:12])
+    return {**row, "commit": commit}
 
 
 def _scores(report: dict[str, Any]) -> dict[str, Any]:

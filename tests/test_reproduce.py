@@ -227,3 +227,60 @@ def test_merge_combines_seeds_run_apart_and_refuses_a_seed_twice(tmp_path: Path,
     assert "seed 1" in capsys.readouterr().err
     assert main(["en_de", "--merge", str(one), "--results", str(out)]) == 2
     assert "no 'en-de' row" in capsys.readouterr().err
+
+
+def _git(repo: Path, *args: str) -> str:
+    import subprocess
+
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=repo,
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_a_copy_with_a_stale_git_is_merged_under_the_commit_whose_files_it_ran(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """A working tree copied with an older ``.git`` labels its rows ``<old>-dirty``; its tree hash
+    names the files it ran, and ``--merge`` in the real repository finds the commit they belong to."""
+    from mtcli.reproduce import commit_of_tree, git_commit, main, source_tree
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "recipe.yaml").write_text("steps: 1\n", encoding="utf-8")
+    _git(repo, "add", "recipe.yaml")
+    _git(repo, "commit", "-qm", "one")
+    old = _git(repo, "rev-parse", "--short", "HEAD")
+    (repo / "recipe.yaml").write_text("steps: 2\n", encoding="utf-8")
+    (repo / "new.sh").write_text("echo\n", encoding="utf-8")
+    _git(repo, "add", "recipe.yaml", "new.sh")
+    _git(repo, "commit", "-qm", "two")
+    new = _git(repo, "rev-parse", "--short", "HEAD")
+    monkeypatch.chdir(repo)
+    assert git_commit() == new and source_tree() == _git(repo, "rev-parse", "HEAD^{tree}")
+    index = (repo / ".git" / "index").read_bytes()
+
+    copy = tmp_path / "copy"  # the device's copy: the new files, the old .git
+    _git(tmp_path, "clone", "-q", str(repo), str(copy))
+    _git(copy, "reset", "-q", "--mixed", old)
+    monkeypatch.chdir(copy)
+    assert git_commit() == f"{old}-dirty"
+    ran = source_tree()
+    assert ran == _git(repo, "rev-parse", f"{new}^{{tree}}")
+    (copy / "recipe.yaml").write_text("steps: 3\n", encoding="utf-8")
+    edited = source_tree()
+    assert edited != ran
+
+    monkeypatch.chdir(repo)
+    assert (repo / ".git" / "index").read_bytes() == index  # the real index is left alone
+    assert commit_of_tree(ran) == new and commit_of_tree(edited) is None
+    one, two = _seed_file(tmp_path / "one", 1, 40.0), _seed_file(tmp_path / "two", 2, 42.0)
+    for directory, tree in ((one, ran), (two, edited)):
+        table = json.loads((directory / "multi30k.json").read_text())
+        table["de-en"]["seeds"][next(iter(table["de-en"]["seeds"]))].update(commit=f"{old}-dirty", tree=tree)
+        (directory / "multi30k.json").write_text(json.dumps(table))
+    out = tmp_path / "results"
+    assert main(["de_en", "--merge", str(one), str(two), "--results", str(out),
+                 "--readme", str(tmp_path / "none.md")]) == 0
+    seeds = json.loads((out / "multi30k.json").read_text())["de-en"]["seeds"]
+    assert seeds["1"]["commit"] == new  # the files of a commit: named by it
+    assert seeds["2"]["commit"] == f"{old}-dirty"  # files no commit has: left as they were
