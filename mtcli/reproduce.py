@@ -69,21 +69,19 @@ LENGTH_PENALTY_STEP = 0.4
 LENGTH_PENALTY_BOUNDS = (0.2, 2.6)
 
 
+def _git(*args: str, env: dict[str, str] | None = None) -> str:
+    """``git ARGS`` in the current directory: its output, stripped (raises on failure)."""
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=True, env=env).stdout.strip()
+
+
 def git_commit() -> str:
     """Short hash of HEAD (with ``-dirty`` when the tree has changes), or ``unknown``."""
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = _git("rev-parse", "--short", "HEAD")
+        dirty = _git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("-dirty" if dirty else "")
-
-
-def _git(*args: str, env: dict[str, str] | None = None) -> str:
-    return subprocess.run(["git", *args], capture_output=True, text=True, check=True, env=env).stdout.strip()
 
 
 def source_tree() -> str:
