@@ -9,12 +9,10 @@ with the same result as one process.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import os
-import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -61,14 +59,24 @@ class CleanCounts:
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
-def pair_key(src: str, tgt: str) -> int:
-    """The 8-byte BLAKE2b hash that stands for a pair in the dedup memory."""
-    return _key(f"{src}\x00{tgt}".encode())
+# An odd 64-bit constant (2^64 over the golden ratio) that mixes the source's hash into a pair's key.
+_MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
-def _key(joined: bytes) -> int:
-    """:func:`pair_key` of the pair whose UTF-8 text, joined by a NUL byte, is ``joined``."""
-    return int.from_bytes(hashlib.blake2b(joined, digest_size=8).digest(), "little")
+def pair_keys(src: Sequence[bytes | str], tgt: Sequence[bytes | str]) -> np.ndarray:
+    """The 64-bit keys (uint64) that stand for the pairs ``zip(src, tgt)`` in the dedup memory.
+
+    Each side is hashed by SipHash-2-4 under a fixed key (pandas' ``hash_array``; a str is hashed
+    as its UTF-8 bytes, so a line gets one key as text or as bytes), and a pair's key is
+    ``hash(source) * C XOR hash(target)`` for an odd constant ``C``. The keys are the same in
+    every run and process. A batch costs about a quarter of a BLAKE2b call per pair.
+    """
+    from pandas.util import hash_array  # pandas comes with `datasets`; imported when deduplicating
+
+    sides = np.empty(2 * len(src), dtype=object)
+    sides[0::2], sides[1::2] = src, tgt
+    hashes = hash_array(sides, categorize=False)
+    return hashes[0::2] * _MIX ^ hashes[1::2]
 
 
 class KeySet:
@@ -76,10 +84,21 @@ class KeySet:
     of ints takes about 80, 3 GB at WMT19's 38M pairs). Keys are looked up and added a batch at
     a time. A new batch becomes a run of its own, and runs are merged while the one before the
     last is less than four times its size, so there are at most ``log4(n)`` runs to search and
-    each key is re-sorted a logarithmic number of times."""
+    each key is re-sorted a logarithmic number of times.
+
+    Past :data:`FILTER_FROM` keys a bitmap of at least 8 bits a key, indexed by a key's top bits,
+    says which keys cannot be there (their bit is clear), so only the few others (the real
+    repeats and about one key in eight) are searched for in the runs: a search costs about ten
+    cache misses a key in a large run, the bitmap one.
+    """
+
+    #: Keys held before the bitmap is made (a worker's range of pairs stays below it).
+    FILTER_FROM = 1 << 16
 
     def __init__(self) -> None:
         self._runs: list[np.ndarray] = []
+        self._bitmap: np.ndarray | None = None
+        self._bits = 0  # the bitmap has 2**_bits bits
 
     def __len__(self) -> int:
         return sum(len(run) for run in self._runs)
@@ -92,17 +111,43 @@ class KeySet:
             return mask
         unique, first = np.unique(keys, return_index=True)
         new = np.ones(len(unique), dtype=bool)
+        ask = np.flatnonzero(self._marked(unique)) if self._bitmap is not None else slice(None)
+        asked = unique[ask]
         for run in self._runs:
-            new &= run[np.searchsorted(run, unique).clip(max=len(run) - 1)] != unique
+            found = run[np.searchsorted(run, asked).clip(max=len(run) - 1)] == asked
+            new[ask] &= ~found
         mask[first[new]] = True
         if new.any():
             self._runs.append(unique[new])
             while len(self._runs) > 1 and len(self._runs[-2]) < 4 * len(self._runs[-1]):
                 last = self._runs.pop()
                 merged = np.concatenate((self._runs.pop(), last))
-                merged.sort()
+                merged.sort(kind="stable")  # timsort: two sorted runs merge in linear time
                 self._runs.append(merged)
+            self._update_bitmap(unique[new])
         return mask
+
+    def _slots(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each key's byte in the bitmap and its bit there, from the key's top ``_bits`` bits."""
+        slot = keys >> np.uint64(64 - self._bits)
+        return (slot >> np.uint64(3)).astype(np.intp), (slot & np.uint64(7)).astype(np.uint8)
+
+    def _marked(self, keys: np.ndarray) -> np.ndarray:
+        """True where a kept key shares the key's bit (the key may be kept), False where none does."""
+        byte, bit = self._slots(keys)
+        return (self._bitmap[byte] >> bit) & 1 == 1
+
+    def _update_bitmap(self, added: np.ndarray) -> None:
+        """Mark ``added``; past :data:`FILTER_FROM` keys, (re)make the bitmap at >= 8 bits a key."""
+        size = len(self)
+        if size < self.FILTER_FROM:
+            return
+        if self._bitmap is None or 8 * size > 1 << self._bits:
+            self._bits = (16 * size).bit_length()  # 16-32 bits a key now, >= 8 until remade
+            self._bitmap = np.zeros(1 << (self._bits - 3), dtype=np.uint8)
+            added = np.concatenate(self._runs)
+        byte, bit = self._slots(added)
+        np.bitwise_or.at(self._bitmap, byte, np.left_shift(np.uint8(1), bit))
 
 
 class PairCleaner:
@@ -112,7 +157,7 @@ class PairCleaner:
     2. ``too_long``: either side has more than ``max_length`` words (whitespace-separated);
     3. ``ratio``: ``max(|x|, |y|) / min(|x|, |y|) > max_ratio`` in words;
     4. ``duplicate`` (when ``dedup``): the exact (source, target) pair was already kept. Kept
-       pairs are remembered by an 8-byte BLAKE2b hash (:func:`pair_key`) in a :class:`KeySet`,
+       pairs are remembered by a 64-bit hash (:func:`pair_keys`) in a :class:`KeySet`,
        so memory is about 8 bytes per unique pair, not the text.
 
     ``record_keys`` also keeps the kept pairs' keys in order (:attr:`kept_keys`, an array per
@@ -157,7 +202,7 @@ class PairCleaner:
                 else:
                     setattr(counts, why, getattr(counts, why) + 1)
             if self.dedup:
-                keys = np.array([pair_key(*chunk[i]) for i in passing], dtype=np.uint64)
+                keys = pair_keys([chunk[i][0] for i in passing], [chunk[i][1] for i in passing])
                 passing = self._deduplicated(passing, keys)
             counts.kept += len(passing)
             yield from (chunk[i] for i in passing)
@@ -174,7 +219,7 @@ class PairCleaner:
                     n_tgt: np.ndarray) -> tuple[list[bytes], list[bytes]]:
         """The kept pairs of line-aligned UTF-8 lines (without their ``\n``) whose word counts
         are ``n_src``/``n_tgt``: the rules of :meth:`reason` over whole arrays, then dedup on
-        the kept pairs' bytes (the same keys as :func:`pair_key`). Counts as :meth:`__call__`."""
+        the kept pairs' bytes (the same keys as for the pairs as text). Counts as :meth:`__call__`."""
         empty = (n_src == 0) | (n_tgt == 0)
         too_long = ~empty & ((n_src > self.max_length) | (n_tgt > self.max_length))
         longer, shorter = np.maximum(n_src, n_tgt), np.minimum(n_src, n_tgt)
@@ -186,7 +231,7 @@ class PairCleaner:
         counts.too_long += int(too_long.sum())
         counts.ratio += int(ratio.sum())
         if self.dedup:
-            keys = np.array([_key(b"%b\x00%b" % (src[i], tgt[i])) for i in passing], dtype=np.uint64)
+            keys = pair_keys([src[i] for i in passing], [tgt[i] for i in passing])
             passing = self._deduplicated(passing, keys)
         counts.kept += len(passing)
         return [src[i] for i in passing], [tgt[i] for i in passing]
@@ -248,6 +293,8 @@ _ASCII_SPACE = np.zeros(256, dtype=bool)
 _ASCII_SPACE[[ord(c) for c in map(chr, range(128)) if c.isspace()]] = True
 _WIDE_SPACES = [chr(c).encode() for c in range(0x80, 0x3001) if chr(c).isspace()]
 _WIDE_LEADS = sorted({wide[0] for wide in _WIDE_SPACES})
+_IS_WIDE_LEAD = np.zeros(256, dtype=bool)
+_IS_WIDE_LEAD[_WIDE_LEADS] = True
 
 
 def word_counts(block: bytes) -> np.ndarray:
@@ -273,7 +320,8 @@ def word_counts(block: bytes) -> np.ndarray:
 
 def _wide_space_lines(a: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Indices of the lines (ending at ``ends``) of the UTF-8 bytes ``a`` that hold a wide space."""
-    at = np.flatnonzero(np.isin(a, _WIDE_LEADS))
+    at = np.flatnonzero(a >= _WIDE_LEADS[0])  # one fast pass finds the few bytes worth a look
+    at = at[_IS_WIDE_LEAD[a[at]]]
     if not len(at):
         return at
     found = np.zeros(len(at), dtype=bool)
@@ -302,9 +350,10 @@ def _verbatim(block: bytes, name: str, first: int) -> bool:
     return b"\r" not in block and not (first == 1 and block.startswith(b"\xef\xbb\xbf"))
 
 
-def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[np.ndarray, CleanCounts]:
+def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[np.ndarray, CleanCounts, np.ndarray, np.ndarray]:
     """Clean one range into the part files ``<part>.src`` and ``<part>.tgt``; return the kept
-    pairs' keys and the counts. A range is either the text itself (Arrow rows made into lines)
+    pairs' keys, the counts, and where each kept line ends in the two part files (so the parent
+    can drop lines without reading a part). A range is either the text itself (Arrow rows made into lines)
     or ``(path, start, end)`` of both text files, read here and checked by the reader's rules.
     Most ranges are cleaned as bytes (:meth:`PairCleaner.clean_lines`); one that the reader would
     change (``\r``, a byte-order mark) is decoded line by line first."""
@@ -325,7 +374,13 @@ def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[np.ndarray, CleanCoun
         kept_src, kept_tgt = [s.encode() for s, _ in kept], [t.encode() for _, t in kept]
     Path(f"{part}.src").write_bytes(_lines_blob(kept_src))
     Path(f"{part}.tgt").write_bytes(_lines_blob(kept_tgt))
-    return np.concatenate([np.zeros(0, dtype=np.uint64), *cleaner.kept_keys]), cleaner.counts
+    keys = np.concatenate([np.zeros(0, dtype=np.uint64), *cleaner.kept_keys])
+    return keys, cleaner.counts, _line_ends(kept_src), _line_ends(kept_tgt)
+
+
+def _line_ends(lines: list[bytes]) -> np.ndarray:
+    """Byte offsets just after each line of :func:`_lines_blob` ``(lines)``."""
+    return np.cumsum(np.fromiter(map(len, lines), dtype=np.int64, count=len(lines)) + 1)
 
 
 def _split_lines(block: bytes) -> list[bytes]:
@@ -367,41 +422,45 @@ def _clean_in_workers(ranges: Iterable[tuple[int, Any, Any]], out_src: Path, out
     with tempfile.TemporaryDirectory(prefix=".clean-", dir=out_src.parent) as parts:
         tasks = ((f"{parts}/{i:06d}", *task, *settings) for i, task in enumerate(ranges))
         with open(out_src, "wb") as fs, open(out_tgt, "wb") as ft, forked_pool(workers) as pool:
-            for i, (keys, counts) in enumerate(in_order(pool, _clean_range_in_worker, tasks, 2 * workers)):
+            for i, (keys, counts, *line_ends) in enumerate(
+                    in_order(pool, _clean_range_in_worker, tasks, 2 * workers)):
                 drop = cleaner.absorb(counts, keys)
-                for suffix, out in (("src", fs), ("tgt", ft)):
+                for suffix, out, ends in (("src", fs, line_ends[0]), ("tgt", ft, line_ends[1])):
                     part = Path(f"{parts}/{i:06d}.{suffix}")
-                    if drop is None:
-                        _append(out, part)
-                    else:
-                        out.write(_drop_lines(part.read_bytes(), drop))
+                    with open(part, "rb") as handle:
+                        out.flush()
+                        for start, stop in _kept_spans(ends, drop):
+                            _copy_span(handle, out, start, stop)
                     part.unlink()
 
 
-def _append(out: BinaryIO, part: Path) -> None:
-    """Append the file ``part`` to ``out``, inside the kernel where it can."""
-    out.flush()
-    with open(part, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        try:
-            while size > 0:
-                copied = os.copy_file_range(handle.fileno(), out.fileno(), size)
-                if copied == 0:
-                    break
-                size -= copied
-        except (AttributeError, OSError):
-            shutil.copyfileobj(handle, out)
-            return
-        if size > 0:
-            shutil.copyfileobj(handle, out)
-
-
-def _drop_lines(blob: bytes, drop: np.ndarray) -> bytes:
-    """``blob`` (lines each ended by ``\n``) without the lines numbered ``drop`` (ascending)."""
-    ends = np.flatnonzero(np.frombuffer(blob, dtype=np.uint8) == 10) + 1
-    pieces, start = [], 0
+def _kept_spans(ends: np.ndarray, drop: np.ndarray | None) -> list[tuple[int, int]]:
+    """The byte spans of a part file (whose lines end at ``ends``) left when the lines numbered
+    ``drop`` (ascending; None for none) are taken out."""
+    size = int(ends[-1]) if len(ends) else 0
+    if drop is None:
+        return [(0, size)]
+    spans, start = [], 0
     for i in drop.tolist():
-        pieces.append(blob[start:int(ends[i - 1]) if i else 0])
+        spans.append((start, int(ends[i - 1]) if i else 0))
         start = int(ends[i])
-    pieces.append(blob[start:])
-    return b"".join(pieces)
+    spans.append((start, size))
+    return [(a, b) for a, b in spans if b > a]
+
+
+def _copy_span(handle: BinaryIO, out: BinaryIO, start: int, stop: int) -> None:
+    """Append bytes ``[start, stop)`` of the open file ``handle`` to ``out`` (flushed), inside
+    the kernel where it can."""
+    size = stop - start
+    try:
+        while size > 0:
+            copied = os.copy_file_range(handle.fileno(), out.fileno(), size, offset_src=stop - size)
+            if copied == 0:
+                break
+            size -= copied
+    except (AttributeError, OSError):
+        pass
+    if size > 0:  # no copy_file_range here (or it stopped short): copy what is left in Python
+        handle.seek(stop - size)
+        out.write(handle.read(size))
+        out.flush()

@@ -91,6 +91,16 @@ def test_writer_rejects_ids_out_of_range(tmp_path: Path) -> None:
         writer.append(np.array([70000]), np.array([1]))
 
 
+def test_writer_takes_ids_in_its_own_type_as_they_are_and_checks_the_lengths(tmp_path: Path) -> None:
+    with ArrayWriter(tmp_path, "t", "x", np.uint16) as writer:
+        writer.append(np.array([65535, 0, 7], dtype=np.uint16), np.array([2, 1]))
+        writer.append(np.array([], dtype=np.uint16), np.array([0]))  # an empty sentence
+        with pytest.raises(ValueError, match="add up"):
+            writer.append(np.array([1, 2], dtype=np.uint16), np.array([1]))
+    array = TokenArray(writer.bin_path, writer.idx_path, np.uint16)
+    assert [array[i].tolist() for i in range(len(array))] == [[65535, 0], [7], []]
+
+
 @pytest.mark.parametrize("chunk", [1 << 24, 3])
 def test_id_counts_count_every_sentence(tmp_path: Path, chunk: int) -> None:
     corpus = PreparedCorpus.open(make_cache(tmp_path / "c"))

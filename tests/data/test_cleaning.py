@@ -3,15 +3,21 @@ over bytes equal ``str.split``, and cleaning in several processes writes what on
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
+from mtcli.data import cleaning
 from mtcli.data.cleaning import (
     CleanCounts,
     KeySet,
     PairCleaner,
     aligned_ranges,
     clean_text_files,
+    pair_keys,
     word_counts,
 )
 from mtcli.errors import DataError
@@ -129,12 +135,15 @@ def test_clean_text_files_errors_name_the_file_and_line(tmp_path) -> None:
         clean_text_files(src, tgt, tmp_path / "o.src", tmp_path / "o.tgt", PairCleaner(10, 3.0), 2, 7)
 
 
-def test_key_set_remembers_every_key_across_merges() -> None:
+@pytest.mark.parametrize("filter_from", [KeySet.FILTER_FROM, 16, 1])
+def test_key_set_remembers_every_key_across_merges(monkeypatch, filter_from: int) -> None:
+    monkeypatch.setattr(KeySet, "FILTER_FROM", filter_from)  # small: the bitmap is made and remade
     rng = np.random.default_rng(0)
+    pool = rng.integers(0, 2**64 - 1, size=5000, dtype=np.uint64, endpoint=True)
     keys = KeySet()
     seen: set[int] = set()
     for size in (1, 7, 300, 5, 2000, 0, 64, 10_000, 3):
-        batch = rng.integers(0, 5000, size=size, dtype=np.uint64)  # repeats, within and across
+        batch = rng.choice(pool, size=size)  # repeats, within and across
         expected = []
         for key in batch.tolist():
             expected.append(key not in seen)
@@ -152,3 +161,39 @@ def test_aligned_ranges_when_the_last_range_is_full(tmp_path, ends: tuple[str, s
     ranges = aligned_ranges(src, tgt, 10)
     assert [r[0] for r in ranges] == [1, 11]
     assert ranges[-1][2] == src.stat().st_size and ranges[-1][4] == tgt.stat().st_size
+
+
+@pytest.mark.parametrize("drop", [None, [0], [4], [1, 2], [0, 1, 2, 3, 4], [0, 2, 4]])
+@pytest.mark.parametrize("kernel_copy", [True, False])
+def test_a_part_is_copied_without_its_dropped_lines(tmp_path, monkeypatch, drop, kernel_copy: bool) -> None:
+    lines = [b"eins", b"", b"drei und", b"vier", b"f\xc3\xbcnf"]
+    part = tmp_path / "part"
+    part.write_bytes(b"".join(line + b"\n" for line in lines))
+    if not kernel_copy:  # a system without copy_file_range: the same bytes through Python
+        monkeypatch.setattr(cleaning.os, "copy_file_range", _no_copy_file_range, raising=False)
+    with open(tmp_path / "out", "wb") as out:
+        out.write(b"before\n")
+        with open(part, "rb") as handle:
+            out.flush()
+            for start, stop in cleaning._kept_spans(cleaning._line_ends(lines), None if drop is None else np.array(drop)):
+                cleaning._copy_span(handle, out, start, stop)
+        out.write(b"after\n")
+    kept = [line for i, line in enumerate(lines) if drop is None or i not in drop]
+    assert (tmp_path / "out").read_bytes() == b"before\n" + b"".join(line + b"\n" for line in kept) + b"after\n"
+
+
+def _no_copy_file_range(*args, **kwargs):
+    raise OSError(38, "Function not implemented")
+
+
+def test_pair_keys_are_one_per_pair_and_the_same_as_text_bytes_and_in_every_process() -> None:
+    src, tgt = ["a", "b", "ab", "", "Straße", "a"], ["b", "a", "", "ab", "x", "b"]
+    keys = pair_keys(src, tgt)
+    assert keys.dtype == np.uint64 and len(set(keys[:5].tolist())) == 5 and keys[5] == keys[0]
+    assert (pair_keys([s.encode() for s in src], [t.encode() for t in tgt]) == keys).all()
+    assert len(pair_keys([], [])) == 0
+    script = f"from mtcli.data.cleaning import pair_keys; print(pair_keys({src!r}, {tgt!r}).tolist())"
+    for seed in ("1", "2"):  # str hashing is salted per process; these keys must not be
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+        assert out.strip() == str(keys.tolist())
