@@ -86,10 +86,10 @@ class KeySet:
     last is less than four times its size, so there are at most ``log4(n)`` runs to search and
     each key is re-sorted a logarithmic number of times.
 
-    Past :data:`FILTER_FROM` keys a bitmap of at least 8 bits a key, indexed by a key's top bits,
-    says which keys cannot be there (their bit is clear), so only the few others (the real
-    repeats and about one key in eight) are searched for in the runs: a search costs about ten
-    cache misses a key in a large run, the bitmap one.
+    Past :data:`FILTER_FROM` keys a bitmap of 8-16 bits a key (1-2 bytes), indexed by a key's
+    top bits, says which keys cannot be there (their bit is clear), so only the few others (the
+    real repeats and at most one key in eight) are searched for in the runs: a search costs
+    about ten cache misses a key in a large run, the bitmap one.
     """
 
     #: Keys held before the bitmap is made (a worker's range of pairs stays below it).
@@ -143,11 +143,14 @@ class KeySet:
         if size < self.FILTER_FROM:
             return
         if self._bitmap is None or 8 * size > 1 << self._bits:
-            self._bits = (16 * size).bit_length()  # 16-32 bits a key now, >= 8 until remade
+            self._bits = (8 * size).bit_length()  # 8-16 bits a key now, >= 8 until remade
             self._bitmap = np.zeros(1 << (self._bits - 3), dtype=np.uint8)
-            added = np.concatenate(self._runs)
-        byte, bit = self._slots(added)
-        np.bitwise_or.at(self._bitmap, byte, np.left_shift(np.uint8(1), bit))
+            parts = [run[i:i + (1 << 18)] for run in self._runs for i in range(0, len(run), 1 << 18)]
+        else:
+            parts = [added]
+        for part in parts:  # a slice at a time: the temporaries take 25 bytes a key
+            byte, bit = self._slots(part)
+            np.bitwise_or.at(self._bitmap, byte, np.left_shift(np.uint8(1), bit))
 
 
 class PairCleaner:
