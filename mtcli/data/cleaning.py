@@ -14,6 +14,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from multiprocessing.pool import Pool
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -277,12 +278,17 @@ def _line_cuts(path: Path, every: int) -> tuple[list[int], int, int]:
     return [cut for cut in cuts if cut < size], count + (last != b"\n"), size
 
 
-def aligned_ranges(src: Path, tgt: Path, lines_per_range: int) -> list[tuple[int, int, int, int, int]]:
+def aligned_ranges(src: Path, tgt: Path, lines_per_range: int,
+                   pool: Pool | None = None) -> list[tuple[int, int, int, int, int]]:
     """Cut two line-aligned files into ranges of the same lines: ``(first line number, source
     start, source end, target start, target end)`` in bytes. A :class:`DataError` names both
-    files if their line counts differ."""
-    src_cuts, src_lines, src_size = _line_cuts(src, lines_per_range)
-    tgt_cuts, tgt_lines, tgt_size = _line_cuts(tgt, lines_per_range)
+    files if their line counts differ. With a ``pool``, its workers read the two files at once."""
+    if pool is None:
+        src_cuts, src_lines, src_size = _line_cuts(src, lines_per_range)
+        tgt_cuts, tgt_lines, tgt_size = _line_cuts(tgt, lines_per_range)
+    else:
+        reads = [pool.apply_async(_line_cuts, (path, lines_per_range)) for path in (src, tgt)]
+        (src_cuts, src_lines, src_size), (tgt_cuts, tgt_lines, tgt_size) = (r.get() for r in reads)
     if src_lines != tgt_lines:
         raise mismatch_error(src, src_lines, tgt, tgt_lines)
     src_edges, tgt_edges = [0, *src_cuts, src_size], [0, *tgt_cuts, tgt_size]
@@ -399,32 +405,36 @@ def clean_text_files(src: Path, tgt: Path, out_src: Path, out_tgt: Path, cleaner
     ``cleaner``'s settings and into its counts: the same files and counts as ``cleaner`` over the
     files' pairs in one process.
 
-    One read finds where every ``lines_per_range``-th line (:data:`PAIRS_PER_RANGE`) ends in both files (and checks that
-    their line counts agree); each worker then reads, checks (the rules and errors of
+    One read of each file (the two at once, by two workers) finds where every
+    ``lines_per_range``-th line (:data:`PAIRS_PER_RANGE`) ends (and checks that the files' line
+    counts agree); each worker then reads, checks (the rules and errors of
     :mod:`mtcli.data.textio`) and cleans a range of lines, deduplicating within it, into part
     files beside the output. The parent appends the parts in order (a copy inside the kernel)
     and drops the pairs an earlier range already kept, so the first occurrence of a pair is the
     one kept, as in one process.
     """
-    ranges = aligned_ranges(src, tgt, lines_per_range or PAIRS_PER_RANGE)
-    tasks = ((first, (str(src), s0, s1), (str(tgt), t0, t1)) for first, s0, s1, t0, t1 in ranges)
-    _clean_in_workers(tasks, out_src, out_tgt, cleaner, workers)
+    with forked_pool(workers) as pool:
+        ranges = aligned_ranges(src, tgt, lines_per_range or PAIRS_PER_RANGE, pool)
+        tasks = ((first, (str(src), s0, s1), (str(tgt), t0, t1)) for first, s0, s1, t0, t1 in ranges)
+        _clean_in_workers(tasks, out_src, out_tgt, cleaner, pool, workers)
 
 
 def clean_text_blocks(blocks: Iterable[tuple[bytes, bytes]], out_src: Path, out_tgt: Path,
                       cleaner: PairCleaner, workers: int) -> None:
     """Clean pairs given as blocks of text (:meth:`mtcli.data.sources.Source.text_blocks`) into
     ``out_src``/``out_tgt`` with ``workers`` processes, as :func:`clean_text_files` does."""
-    _clean_in_workers(((0, src, tgt) for src, tgt in blocks), out_src, out_tgt, cleaner, workers)
+    with forked_pool(workers) as pool:
+        _clean_in_workers(((0, src, tgt) for src, tgt in blocks), out_src, out_tgt, cleaner, pool, workers)
 
 
 def _clean_in_workers(ranges: Iterable[tuple[int, Any, Any]], out_src: Path, out_tgt: Path,
-                      cleaner: PairCleaner, workers: int) -> None:
-    """Clean ``(first line, source, target)`` ranges in workers; append their parts in order."""
+                      cleaner: PairCleaner, pool: Pool, workers: int) -> None:
+    """Clean ``(first line, source, target)`` ranges in ``pool``'s ``workers`` processes; append
+    their parts in order."""
     settings = (cleaner.max_length, cleaner.max_ratio, cleaner.dedup)
     with tempfile.TemporaryDirectory(prefix=".clean-", dir=out_src.parent) as parts:
         tasks = ((f"{parts}/{i:06d}", *task, *settings) for i, task in enumerate(ranges))
-        with open(out_src, "wb") as fs, open(out_tgt, "wb") as ft, forked_pool(workers) as pool:
+        with open(out_src, "wb") as fs, open(out_tgt, "wb") as ft:
             for i, (keys, counts, *line_ends) in enumerate(
                     in_order(pool, _clean_range_in_worker, tasks, 2 * workers)):
                 drop = cleaner.absorb(counts, keys)
