@@ -122,6 +122,7 @@ def floors(config, cache: Path, workdir: Path) -> dict[str, float]:
     import numpy as np
     import sentencepiece as spm
 
+    from mtcli.data.cache import token_dtype
     from mtcli.data.textio import read_lines
 
     d = config.data
@@ -136,15 +137,17 @@ def floors(config, cache: Path, workdir: Path) -> dict[str, float]:
     out["spm train"] = time.perf_counter() - start
     processor = spm.SentencePieceProcessor(model_file=str(cache / "spm.model"))
     encode = total = 0.0
-    pieces = 0
+    pieces = offsets = 0
     for path in sorted(cache.glob("*.txt")):
         lines = list(read_lines(path))
+        offsets += len(lines) + 1  # the .idx file: one int64 offset a sentence, and a leading 0
         start = time.perf_counter()
         for i in range(0, len(lines), 100_000):
             pieces += sum(map(len, processor.encode(lines[i:i + 100_000], num_threads=max(1, d.num_workers))))
         encode += time.perf_counter() - start
     out["encode"] = encode
-    blob = np.zeros(pieces, dtype=np.uint16 if processor.get_piece_size() < 65536 else np.uint32)
+    itemsize = token_dtype(processor.get_piece_size()).itemsize
+    blob = np.zeros(pieces * itemsize + offsets * 8, dtype=np.uint8)  # the .bin and .idx bytes
     start = time.perf_counter()
     blob.tofile(workdir / "floor.bin")
     total = time.perf_counter() - start
