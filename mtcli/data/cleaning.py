@@ -413,38 +413,44 @@ def clean_text_files(src: Path, tgt: Path, out_src: Path, out_tgt: Path, cleaner
     and drops the pairs an earlier range already kept, so the first occurrence of a pair is the
     one kept, as in one process.
     """
-    with forked_pool(workers) as pool:
+    with _parts_directory(out_src) as parts, forked_pool(workers) as pool:  # the pool ends first
         ranges = aligned_ranges(src, tgt, lines_per_range or PAIRS_PER_RANGE, pool)
         tasks = ((first, (str(src), s0, s1), (str(tgt), t0, t1)) for first, s0, s1, t0, t1 in ranges)
-        _clean_in_workers(tasks, out_src, out_tgt, cleaner, pool, workers)
+        _clean_in_workers(tasks, out_src, out_tgt, cleaner, pool, workers, parts)
 
 
 def clean_text_blocks(blocks: Iterable[tuple[bytes, bytes]], out_src: Path, out_tgt: Path,
                       cleaner: PairCleaner, workers: int) -> None:
     """Clean pairs given as blocks of text (:meth:`mtcli.data.sources.Source.text_blocks`) into
     ``out_src``/``out_tgt`` with ``workers`` processes, as :func:`clean_text_files` does."""
-    with forked_pool(workers) as pool:
-        _clean_in_workers(((0, src, tgt) for src, tgt in blocks), out_src, out_tgt, cleaner, pool, workers)
+    with _parts_directory(out_src) as parts, forked_pool(workers) as pool:
+        _clean_in_workers(((0, src, tgt) for src, tgt in blocks), out_src, out_tgt, cleaner, pool, workers,
+                          parts)
+
+
+def _parts_directory(out: Path) -> tempfile.TemporaryDirectory:
+    """A temporary directory beside ``out`` for the workers' part files. It must outlive the
+    pool: on an error, workers still running would write into a directory being removed."""
+    return tempfile.TemporaryDirectory(prefix=".clean-", dir=out.parent)
 
 
 def _clean_in_workers(ranges: Iterable[tuple[int, Any, Any]], out_src: Path, out_tgt: Path,
-                      cleaner: PairCleaner, pool: Pool, workers: int) -> None:
-    """Clean ``(first line, source, target)`` ranges in ``pool``'s ``workers`` processes; append
-    their parts in order."""
+                      cleaner: PairCleaner, pool: Pool, workers: int, parts: str) -> None:
+    """Clean ``(first line, source, target)`` ranges in ``pool``'s ``workers`` processes into
+    part files under ``parts``; append the parts in order."""
     settings = (cleaner.max_length, cleaner.max_ratio, cleaner.dedup)
-    with tempfile.TemporaryDirectory(prefix=".clean-", dir=out_src.parent) as parts:
-        tasks = ((f"{parts}/{i:06d}", *task, *settings) for i, task in enumerate(ranges))
-        with open(out_src, "wb") as fs, open(out_tgt, "wb") as ft:
-            for i, (keys, counts, *line_ends) in enumerate(
-                    in_order(pool, _clean_range_in_worker, tasks, 2 * workers)):
-                drop = cleaner.absorb(counts, keys)
-                for suffix, out, ends in (("src", fs, line_ends[0]), ("tgt", ft, line_ends[1])):
-                    part = Path(f"{parts}/{i:06d}.{suffix}")
-                    with open(part, "rb") as handle:
-                        out.flush()
-                        for start, stop in _kept_spans(ends, drop):
-                            _copy_span(handle, out, start, stop)
-                    part.unlink()
+    tasks = ((f"{parts}/{i:06d}", *task, *settings) for i, task in enumerate(ranges))
+    with open(out_src, "wb") as fs, open(out_tgt, "wb") as ft:
+        for i, (keys, counts, *line_ends) in enumerate(
+                in_order(pool, _clean_range_in_worker, tasks, 2 * workers)):
+            drop = cleaner.absorb(counts, keys)
+            for suffix, out, ends in (("src", fs, line_ends[0]), ("tgt", ft, line_ends[1])):
+                part = Path(f"{parts}/{i:06d}.{suffix}")
+                with open(part, "rb") as handle:
+                    out.flush()
+                    for start, stop in _kept_spans(ends, drop):
+                        _copy_span(handle, out, start, stop)
+                part.unlink()
 
 
 def _kept_spans(ends: np.ndarray, drop: np.ndarray | None) -> list[tuple[int, int]]:
