@@ -290,9 +290,7 @@ def _init_worker(model_path: str, dtype: str) -> None:
 
 def _encode_range_in_worker(task: tuple[str, int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Read bytes ``[start, end)`` of a text file we wrote (whole ``\n``-ended lines), encode."""
-    lines = read_range(*task).decode("utf-8").split("\n")
-    lines.pop()  # the text after the last "\n" is empty
-    return _WORKER["encoder"].encode(lines)
+    return _WORKER["encoder"].encode_text(read_range(*task))
 
 
 def _line_blocks(path: Path, block_bytes: int = 1 << 24) -> Iterator[list[bytes]]:

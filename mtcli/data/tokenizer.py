@@ -259,25 +259,63 @@ class WordCache:
     def encode(self, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The ids of all ``lines`` (no bos/eos) as one flat array of :attr:`dtype`, and each
         line's number of ids (int64)."""
-        words = self._words
-        if words is None:
+        if self._words is None:
             encoded = self.tokenizer.encode_batch(lines)
             lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
             flat_ids = itertools.chain.from_iterable(encoded)
             return np.fromiter(flat_ids, dtype=self.dtype, count=int(lengths.sum())), lengths
-        split = [line.split(" ") for line in lines]  # "a  b" has an empty word: no ids, as in SentencePiece
-        flat = list(itertools.chain.from_iterable(split))
-        new = sorted(set(flat).difference(words))
+        import pyarrow as pa
+
+        return self._encode_words(pa.array(lines, type=pa.string()))
+
+    def encode_text(self, text: bytes) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`encode` of the lines of ``text`` (valid UTF-8, each line ended by ``\n``, as
+        in the text files ``prepare`` writes), without making a Python string of each line."""
+        if self._words is None:
+            lines = text.decode("utf-8").split("\n")
+            lines.pop()  # the text after the last "\n" is empty
+            return self.encode(lines)
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if len(text) >= 1 << 31:  # one string's offsets are 32-bit
+            raise ValueError("encode_text takes less than 2 GiB at a time")
+        offsets = np.array([0, len(text)], dtype=np.int32)
+        whole = pa.StringArray.from_buffers(1, pa.py_buffer(offsets), pa.py_buffer(text))
+        lines = pc.list_flatten(pc.split_pattern(whole, "\n"))
+        return self._encode_words(lines.slice(0, len(lines) - 1))  # the "" after the last "\n"
+
+    def _encode_words(self, lines) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`encode` of a pyarrow string array of lines, word by word.
+
+        Arrow splits the lines at single spaces ("a  b" has an empty word: no ids, as in
+        SentencePiece) and numbers the distinct words of the batch; only those go through
+        Python (the table, and SentencePiece for the new ones). Each word's ids are then
+        gathered from the distinct words' ids by numpy, a few passes over the output in all.
+        """
+        import pyarrow.compute as pc
+
+        words = self._words
+        split = pc.split_pattern(lines, " ")
+        per_line = pc.list_value_length(split).to_numpy(zero_copy_only=False).astype(np.int64)
+        coded = pc.list_flatten(split).dictionary_encode()
+        distinct = coded.dictionary.to_pylist()
+        new = sorted(set(distinct).difference(words))
         fresh = {word: np.array(ids, dtype=self.dtype).tobytes()
                  for word, ids in zip(new, self.tokenizer.encode_batch(new), strict=True)}
         if len(words) < self.max_words:
             words.update(itertools.islice(fresh.items(), self.max_words - len(words)))
         words.overflow = fresh  # the new words the cache had no room for
-        per_word = list(map(words.__getitem__, flat))  # each word's ids, as bytes of dtype
-        ids = np.frombuffer(b"".join(per_word), dtype=self.dtype)
+        per_word = list(map(words.__getitem__, distinct))  # each distinct word's ids, as bytes
+        table = np.frombuffer(b"".join(per_word), dtype=self.dtype)
         sizes = np.fromiter(map(len, per_word), dtype=np.int64, count=len(per_word)) // self.dtype.itemsize
-        starts = np.cumsum([0, *map(len, split)])[:-1]  # every line has at least one word ("")
-        lengths = np.add.reduceat(sizes, starts) if len(lines) else np.zeros(0, dtype=np.int64)
+        which = coded.indices.to_numpy(zero_copy_only=False)  # distinct word of each word
+        count = sizes[which]  # ids of each word
+        ends = np.cumsum(count)
+        starts = np.cumsum(sizes) - sizes  # where each distinct word's ids start in the table
+        ids = table[np.repeat(starts[which] - (ends - count), count) + np.arange(ends[-1] if len(ends) else 0)]
+        first = np.cumsum(per_line) - per_line  # every line has at least one word ("")
+        lengths = np.add.reduceat(count, first) if len(per_line) else np.zeros(0, dtype=np.int64)
         return ids, lengths
 
 

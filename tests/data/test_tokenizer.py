@@ -154,11 +154,14 @@ def test_word_cache_gives_the_ids_of_whole_sentences(tmp_path: Path, model_type:
         cache = WordCache(tok, np.dtype(np.uint16), max_words=max_words)
         for start in range(0, len(lines), 7):  # in chunks, so later chunks hit the cache
             chunk = lines[start:start + 7]
-            ids, lengths = cache.encode(chunk)
             expected = tok.encode_batch(chunk)
-            assert lengths.tolist() == [len(e) for e in expected]
-            assert ids.tolist() == [i for e in expected for i in e]
-            assert ids.dtype == np.uint16
+            as_text = "".join(line + "\n" for line in chunk).encode()  # as prepare's text files hold it
+            for ids, lengths in (cache.encode(chunk), cache.encode_text(as_text)):
+                assert lengths.tolist() == [len(e) for e in expected]
+                assert ids.tolist() == [i for e in expected for i in e]
+                assert ids.dtype == np.uint16
+    assert [a.tolist() for a in cache.encode([])] == [[], []]
+    assert [a.tolist() for a in cache.encode_text(b"")] == [[], []]
 
 
 def test_word_cache_encodes_whole_sentences_for_a_model_whose_pieces_cross_words(tmp_path: Path) -> None:
@@ -173,7 +176,8 @@ def test_word_cache_encodes_whole_sentences_for_a_model_whose_pieces_cross_words
     tok = Tokenizer(tmp_path / "x.model")
     assert not tok.words_encode_alone()  # pieces may hold a word boundary
     lines = SENTENCES + TRICKY
-    ids, lengths = WordCache(tok, np.dtype(np.int32)).encode(lines)
+    cache = WordCache(tok, np.dtype(np.int32))
     expected = tok.encode_batch(lines)
-    assert lengths.tolist() == [len(e) for e in expected]
-    assert ids.tolist() == [i for e in expected for i in e]
+    for ids, lengths in (cache.encode(lines), cache.encode_text("".join(x + "\n" for x in lines).encode())):
+        assert lengths.tolist() == [len(e) for e in expected]
+        assert ids.tolist() == [i for e in expected for i in e]
