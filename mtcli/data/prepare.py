@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import itertools
 import json
 import os
 import shutil
@@ -73,7 +72,6 @@ from mtcli.logs import get_logger, progress
 from mtcli.runlock import pid_alive
 from mtcli.version import __version__
 
-CHUNK_LINES = 4096
 CHUNK_BYTES = 1 << 22
 # Below this many lines a file is encoded in-process: forking workers
 # costs about as much as it saves on a corpus the size of Multi30k.
@@ -313,12 +311,6 @@ def _own_lines(path: Path) -> Iterator[str]:
             yield line.decode("utf-8")
 
 
-def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
-    it = iter(lines)
-    while chunk := list(itertools.islice(it, size)):
-        yield chunk
-
-
 def byte_ranges(path: Path, chunk_bytes: int) -> list[tuple[int, int]]:
     """Split a ``\n``-terminated text file into ``[start, end)`` byte ranges of whole lines."""
     size = path.stat().st_size
@@ -364,8 +356,8 @@ def encode_file(
                     bar.update(len(lengths))
         else:
             encoder = WordCache(Tokenizer(model_path), writer.dtype)
-            for chunk in _chunks(_own_lines(text_path), CHUNK_LINES):
-                ids, lengths = encoder.encode(chunk)
+            for start, end in byte_ranges(text_path, CHUNK_BYTES):
+                ids, lengths = encoder.encode_text(read_range(str(text_path), start, end))
                 writer.append(ids, lengths)
                 bar.update(len(lengths))
     finally:
