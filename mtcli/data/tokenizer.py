@@ -269,12 +269,13 @@ class WordCache:
         return self._encode_words(pa.array(lines, type=pa.string()))
 
     def encode_text(self, text: bytes) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`encode` of the lines of ``text`` (valid UTF-8, each line ended by ``\n``, as
-        in the text files ``prepare`` writes), without making a Python string of each line."""
+        """:meth:`encode` of the lines of ``text`` (valid UTF-8, each line ended by ``\n`` as in
+        the text files ``prepare`` writes; a last line without one counts too), without making a
+        Python string of each line."""
+        ended = not text or text.endswith(b"\n")  # then the text after the last "\n" is no line
         if self._words is None:
             lines = text.decode("utf-8").split("\n")
-            lines.pop()  # the text after the last "\n" is empty
-            return self.encode(lines)
+            return self.encode(lines[:-1] if ended else lines)
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -283,7 +284,7 @@ class WordCache:
         offsets = np.array([0, len(text)], dtype=np.int32)
         whole = pa.StringArray.from_buffers(1, pa.py_buffer(offsets), pa.py_buffer(text))
         lines = pc.list_flatten(pc.split_pattern(whole, "\n"))
-        return self._encode_words(lines.slice(0, len(lines) - 1))  # the "" after the last "\n"
+        return self._encode_words(lines.slice(0, len(lines) - 1) if ended else lines)
 
     def _encode_words(self, lines) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`encode` of a pyarrow string array of lines, word by word.

@@ -162,6 +162,8 @@ def test_word_cache_gives_the_ids_of_whole_sentences(tmp_path: Path, model_type:
                 assert ids.dtype == np.uint16
     assert [a.tolist() for a in cache.encode([])] == [[], []]
     assert [a.tolist() for a in cache.encode_text(b"")] == [[], []]
+    unended = [a.tolist() for a in cache.encode_text(b"Kinder spielen\n\nim Park")]
+    assert unended == [a.tolist() for a in cache.encode(["Kinder spielen", "", "im Park"])]
 
 
 def test_word_cache_encodes_whole_sentences_for_a_model_whose_pieces_cross_words(tmp_path: Path) -> None:
@@ -178,6 +180,7 @@ def test_word_cache_encodes_whole_sentences_for_a_model_whose_pieces_cross_words
     lines = SENTENCES + TRICKY
     cache = WordCache(tok, np.dtype(np.int32))
     expected = tok.encode_batch(lines)
-    for ids, lengths in (cache.encode(lines), cache.encode_text("".join(x + "\n" for x in lines).encode())):
+    for ids, lengths in (cache.encode(lines), cache.encode_text("".join(x + "\n" for x in lines).encode()),
+                         cache.encode_text("\n".join(lines).encode())):  # the last line unended
         assert lengths.tolist() == [len(e) for e in expected]
         assert ids.tolist() == [i for e in expected for i in e]
