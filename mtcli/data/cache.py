@@ -62,15 +62,14 @@ class ArrayWriter:
         """Add sentences given as one flat id array and their lengths (``sum(lengths) == len(ids)``)."""
         lengths = np.asarray(lengths, dtype=np.int64)
         ids = np.asarray(ids)
-        offsets = self.tokens + np.cumsum(lengths, dtype=np.int64)
-        if (offsets[-1] if len(offsets) else self.tokens) - self.tokens != len(ids):
+        if int(lengths.sum()) != len(ids):
             raise ValueError("lengths do not add up to the number of ids")
         if ids.dtype != self.dtype:  # ids in the file's own type cannot be out of its range
             if len(ids) and (int(ids.min()) < 0 or int(ids.max()) > np.iinfo(self.dtype).max):
                 raise ValueError(f"ids out of range for {self.dtype}")
             ids = ids.astype(self.dtype)
         self._bin.write(memoryview(np.ascontiguousarray(ids)))  # no copy into a bytes object
-        self._idx.write(memoryview(offsets))
+        self._idx.write(memoryview(self.tokens + np.cumsum(lengths, dtype=np.int64)))
         self.sentences += len(lengths)
         self.tokens += len(ids)
 

@@ -119,13 +119,14 @@ class KeySet:
             new[ask] &= ~found
         mask[first[new]] = True
         if new.any():
-            self._runs.append(unique[new])
+            added = unique[new]
+            self._runs.append(added)
             while len(self._runs) > 1 and len(self._runs[-2]) < 4 * len(self._runs[-1]):
                 last = self._runs.pop()
                 merged = np.concatenate((self._runs.pop(), last))
                 merged.sort(kind="stable")  # timsort: two sorted runs merge in linear time
                 self._runs.append(merged)
-            self._update_bitmap(unique[new])
+            self._update_bitmap(added)
         return mask
 
     def _slots(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
