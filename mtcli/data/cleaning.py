@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from mtcli.data.sources import Pair, mismatch_error
-from mtcli.data.textio import decode_block, read_range
+from mtcli.data.textio import decode_block, is_utf8, read_range
 from mtcli.data.workers import forked_pool, in_order
 
 # Pairs a worker cleans at a time: about 4 MB of WMT text a side, a tenth of a second of work.
@@ -206,40 +206,46 @@ class PairCleaner:
                     passing.append(i)
                 else:
                     setattr(counts, why, getattr(counts, why) + 1)
+            kept = np.array(passing, dtype=np.intp)
             if self.dedup:
-                keys = pair_keys([chunk[i][0] for i in passing], [chunk[i][1] for i in passing])
-                passing = self._deduplicated(passing, keys)
-            counts.kept += len(passing)
-            yield from (chunk[i] for i in passing)
+                kept = self._deduplicated(kept, pair_keys([chunk[i][0] for i in passing],
+                                                          [chunk[i][1] for i in passing]))
+            counts.kept += len(kept)
+            yield from (chunk[i] for i in kept.tolist())
 
-    def _deduplicated(self, passing: list[int], keys: np.ndarray) -> list[int]:
+    def _deduplicated(self, passing: np.ndarray, keys: np.ndarray) -> np.ndarray:
         """The items of ``passing`` whose ``keys`` were not kept before (now remembered)."""
         new = self._keys.add_new(keys)
         self.counts.duplicate += len(keys) - int(new.sum())
         if self.record_keys:
             self.kept_keys.append(keys[new])
-        return [i for i, keep in zip(passing, new.tolist(), strict=True) if keep]
+        return passing[new]
 
-    def clean_lines(self, src: list[bytes], tgt: list[bytes], n_src: np.ndarray,
-                    n_tgt: np.ndarray) -> tuple[list[bytes], list[bytes]]:
-        """The kept pairs of line-aligned UTF-8 lines (without their ``\n``) whose word counts
-        are ``n_src``/``n_tgt``: the rules of :meth:`reason` over whole arrays, then dedup on
-        the kept pairs' bytes (the same keys as for the pairs as text). Counts as :meth:`__call__`."""
+    def clean_lines(self, src: Sequence[bytes], tgt: Sequence[bytes], n_src: np.ndarray,
+                    n_tgt: np.ndarray) -> np.ndarray:
+        """The indices (ascending) of the kept pairs among line-aligned UTF-8 lines (without
+        their ``\n``; items past ``len(n_src)`` are ignored) whose word counts are
+        ``n_src``/``n_tgt``: the rules of :meth:`reason` over whole arrays, then dedup on the
+        passing pairs' bytes (the same keys as for the pairs as text). Counts as :meth:`__call__`."""
         empty = (n_src == 0) | (n_tgt == 0)
         too_long = ~empty & ((n_src > self.max_length) | (n_tgt > self.max_length))
         longer, shorter = np.maximum(n_src, n_tgt), np.minimum(n_src, n_tgt)
         ratio = ~empty & ~too_long & (longer > self.max_ratio * shorter.astype(np.float64))
-        passing = np.flatnonzero(~(empty | too_long | ratio)).tolist()
+        passing = np.flatnonzero(~(empty | too_long | ratio))
         counts = self.counts
-        counts.read += len(src)
+        counts.read += len(n_src)
         counts.empty += int(empty.sum())
         counts.too_long += int(too_long.sum())
         counts.ratio += int(ratio.sum())
         if self.dedup:
-            keys = pair_keys([src[i] for i in passing], [tgt[i] for i in passing])
+            n = len(passing)
+            if n == len(n_src):  # every pair passes the rules: no lists to gather
+                keys = pair_keys(src[:n], tgt[:n])
+            else:
+                keys = pair_keys([src[i] for i in passing.tolist()], [tgt[i] for i in passing.tolist()])
             passing = self._deduplicated(passing, keys)
         counts.kept += len(passing)
-        return [src[i] for i in passing], [tgt[i] for i in passing]
+        return passing
 
     def absorb(self, counts: CleanCounts, keys: np.ndarray) -> np.ndarray | None:
         """Take over a range that another cleaner with these settings cleaned on its own (its
@@ -267,9 +273,10 @@ def _line_cuts(path: Path, every: int) -> tuple[list[int], int, int]:
     last = b"\n"
     with open(path, "rb") as handle:
         while block := handle.read(1 << 24):
-            n = block.count(b"\n")
+            newline = np.frombuffer(block, dtype=np.uint8) == 10
+            n = int(np.count_nonzero(newline))  # about 5x faster than bytes.count
             if count + n >= (len(cuts) + 1) * every:
-                ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
+                ends = np.flatnonzero(newline)
                 while count + n >= (len(cuts) + 1) * every:
                     cuts.append(size + int(ends[(len(cuts) + 1) * every - count - 1]) + 1)
             count += n
@@ -302,36 +309,46 @@ def aligned_ranges(src: Path, tgt: Path, lines_per_range: int,
 _ASCII_SPACE = np.zeros(256, dtype=bool)
 _ASCII_SPACE[[ord(c) for c in map(chr, range(128)) if c.isspace()]] = True
 _WIDE_SPACES = [chr(c).encode() for c in range(0x80, 0x3001) if chr(c).isspace()]
+# Their first bytes are 0xC2 and 0xE1-0xE3 (the tests check this).
 _WIDE_LEADS = sorted({wide[0] for wide in _WIDE_SPACES})
-_IS_WIDE_LEAD = np.zeros(256, dtype=bool)
-_IS_WIDE_LEAD[_WIDE_LEADS] = True
+
+
+def line_layout(block: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Where each line of a block of valid UTF-8 ends, and how many words it holds:
+    ``(stops, counts)``, where line ``i`` is ``block[stops[i - 1]:stops[i]]`` (``stops[-1]``
+    is 0) with its ``\n``, and ``counts[i]`` is ``len(line.split())``. Lines are ended by
+    ``\n``, the last maybe not. Nothing is decoded: word starts (a byte that is not a space,
+    after one that is) are summed per line over the bytes, and only the few lines that hold a
+    non-ASCII space are counted by ``str.split`` itself."""
+    a = np.frombuffer(block, dtype=np.uint8)
+    if not len(a):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    low = np.flatnonzero(a < 32)  # every line end, and the other control bytes (rare)
+    low_bytes = a[low]
+    ends = low[low_bytes == 10]
+    space = a <= 32  # every ASCII space is; other control bytes are checked for above
+    if not _ASCII_SPACE[low_bytes].all():
+        space = _ASCII_SPACE[a]
+    word_start = np.empty(len(a), dtype=bool)
+    word_start[0] = not space[0]
+    np.greater(space[:-1], space[1:], out=word_start[1:])
+    stops = ends + 1 if a[-1] == 10 else np.append(ends + 1, len(a))
+    line_starts = np.concatenate(([0], stops[:-1]))
+    counts = np.add.reduceat(word_start.view(np.uint8), line_starts, dtype=np.int32).astype(np.int64)
+    for i in _wide_space_lines(a, stops).tolist():
+        start = int(stops[i - 1]) if i else 0
+        counts[i] = len(block[start:int(stops[i])].decode("utf-8").split())
+    return stops, counts
 
 
 def word_counts(block: bytes) -> np.ndarray:
-    """``len(line.split())`` for every line of a block of valid UTF-8 (lines ended by ``\n``,
-    the last maybe not), without decoding it: word starts counted per line over the bytes, and
-    the few lines that hold a non-ASCII space counted by ``str.split`` itself."""
-    a = np.frombuffer(block, dtype=np.uint8)
-    space = a <= 32  # every ASCII space is; other control bytes are rare enough to check for
-    if not _ASCII_SPACE[a[np.flatnonzero(a < 32)]].all():
-        space = _ASCII_SPACE[a]
-    starts = np.flatnonzero(~space[1:] & space[:-1]) + 1  # a word starts after a space
-    if len(a) and not space[0]:
-        starts = np.concatenate(([0], starts))
-    ends = np.flatnonzero(a == 10)
-    if len(a) and a[-1] != 10:
-        ends = np.append(ends, len(a))
-    counts = np.diff(np.searchsorted(starts, ends), prepend=0)
-    for i in _wide_space_lines(a, ends).tolist():
-        start = int(ends[i - 1]) + 1 if i else 0
-        counts[i] = len(block[start:int(ends[i])].decode("utf-8").split())
-    return counts
+    """``len(line.split())`` for every line of a block of valid UTF-8 (:func:`line_layout`)."""
+    return line_layout(block)[1]
 
 
-def _wide_space_lines(a: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Indices of the lines (ending at ``ends``) of the UTF-8 bytes ``a`` that hold a wide space."""
-    at = np.flatnonzero(a >= _WIDE_LEADS[0])  # one fast pass finds the few bytes worth a look
-    at = at[_IS_WIDE_LEAD[a[at]]]
+def _wide_space_lines(a: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """Indices of the lines (ending before ``stops``) of the UTF-8 bytes ``a`` that hold a wide space."""
+    at = np.flatnonzero((a == 0xC2) | (a - np.uint8(0xE1) <= 2))  # the few bytes worth a look
     if not len(at):
         return at
     found = np.zeros(len(at), dtype=bool)
@@ -341,7 +358,7 @@ def _wide_space_lines(a: np.ndarray, ends: np.ndarray) -> np.ndarray:
         for k in range(1, len(wide)):
             match &= a[np.minimum(at + k, last)] == wide[k]
         found |= match
-    return np.unique(np.searchsorted(ends, at[found]))
+    return np.unique(np.searchsorted(stops, at[found], side="right"))
 
 
 def _lines_blob(lines: list[bytes]) -> bytes:
@@ -352,11 +369,9 @@ def _lines_blob(lines: list[bytes]) -> bytes:
 def _verbatim(block: bytes, name: str, first: int) -> bool:
     """True when ``block`` decodes to its lines byte for byte (valid UTF-8, no ``\r``, no
     byte-order mark); raises the reader's one-line error for invalid UTF-8."""
-    try:
-        block.decode("utf-8")
-    except UnicodeDecodeError:
+    if not is_utf8(block):
         decode_block(block, name, first)  # raises, naming line and column
-        raise
+        return False  # never reached while Arrow and Python agree on what is UTF-8
     return b"\r" not in block and not (first == 1 and block.startswith(b"\xef\xbb\xbf"))
 
 
@@ -365,8 +380,9 @@ def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[np.ndarray, CleanCoun
     pairs' keys, the counts, and where each kept line ends in the two part files (so the parent
     can drop lines without reading a part). A range is either the text itself (Arrow rows made into lines)
     or ``(path, start, end)`` of both text files, read here and checked by the reader's rules.
-    Most ranges are cleaned as bytes (:meth:`PairCleaner.clean_lines`); one that the reader would
-    change (``\r``, a byte-order mark) is decoded line by line first."""
+    Most ranges are cleaned as bytes (:meth:`PairCleaner.clean_lines`) and their kept lines
+    written as spans of the range; one that the reader would change (``\r``, a byte-order mark)
+    is decoded line by line first."""
     part, first, src, tgt, max_length, max_ratio, dedup = task
     cleaner = PairCleaner(max_length, max_ratio, dedup, record_keys=True)
     if isinstance(src, bytes):
@@ -375,29 +391,46 @@ def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[np.ndarray, CleanCoun
         src_block, tgt_block = read_range(*src), read_range(*tgt)
         verbatim = _verbatim(src_block, src[0], first) and _verbatim(tgt_block, tgt[0], first)
     if verbatim:
-        kept_src, kept_tgt = cleaner.clean_lines(_split_lines(src_block), _split_lines(tgt_block),
-                                                 word_counts(src_block), word_counts(tgt_block))
+        src_block, tgt_block = _ended(src_block), _ended(tgt_block)
+        (src_stops, n_src), (tgt_stops, n_tgt) = line_layout(src_block), line_layout(tgt_block)
+        kept = cleaner.clean_lines(src_block.split(b"\n"), tgt_block.split(b"\n"), n_src, n_tgt)
+        src_ends = _write_lines(f"{part}.src", src_block, src_stops, kept)
+        tgt_ends = _write_lines(f"{part}.tgt", tgt_block, tgt_stops, kept)
     else:
         src_lines = decode_block(src_block, src[0], first)
         tgt_lines = decode_block(tgt_block, tgt[0], first)
-        kept = list(cleaner(zip(src_lines, tgt_lines, strict=True)))
-        kept_src, kept_tgt = [s.encode() for s, _ in kept], [t.encode() for _, t in kept]
-    Path(f"{part}.src").write_bytes(_lines_blob(kept_src))
-    Path(f"{part}.tgt").write_bytes(_lines_blob(kept_tgt))
+        pairs = list(cleaner(zip(src_lines, tgt_lines, strict=True)))
+        kept_src, kept_tgt = [s.encode() for s, _ in pairs], [t.encode() for _, t in pairs]
+        Path(f"{part}.src").write_bytes(_lines_blob(kept_src))
+        Path(f"{part}.tgt").write_bytes(_lines_blob(kept_tgt))
+        src_ends, tgt_ends = _line_ends(kept_src), _line_ends(kept_tgt)
     keys = np.concatenate([np.zeros(0, dtype=np.uint64), *cleaner.kept_keys])
-    return keys, cleaner.counts, _line_ends(kept_src), _line_ends(kept_tgt)
+    return keys, cleaner.counts, src_ends, tgt_ends
+
+
+def _ended(block: bytes) -> bytes:
+    """``block`` with a ``\n`` after its last line if it has none (the last range of a file
+    that does not end with one)."""
+    return block + b"\n" if block and not block.endswith(b"\n") else block
+
+
+def _write_lines(path: str, block: bytes, stops: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """Write lines ``kept`` (ascending) of ``block`` (whose lines, each ended by ``\n``, end at
+    ``stops``) to ``path``, a run of consecutive lines at a time; return the byte offsets just
+    after each line written, as :func:`_line_ends`."""
+    starts = np.concatenate(([0], stops[:-1]))
+    runs = np.flatnonzero(np.diff(kept) != 1) + 1  # where a run of consecutive kept lines begins
+    firsts = kept[np.concatenate(([0], runs))] if len(kept) else kept
+    lasts = kept[np.concatenate((runs - 1, [len(kept) - 1]))] if len(kept) else kept
+    view = memoryview(block)
+    with open(path, "wb") as handle:
+        handle.writelines(view[starts[i]:stops[j]] for i, j in zip(firsts.tolist(), lasts.tolist(), strict=True))
+    return np.cumsum(stops[kept] - starts[kept])
 
 
 def _line_ends(lines: list[bytes]) -> np.ndarray:
     """Byte offsets just after each line of :func:`_lines_blob` ``(lines)``."""
     return np.cumsum(np.fromiter(map(len, lines), dtype=np.int64, count=len(lines)) + 1)
-
-
-def _split_lines(block: bytes) -> list[bytes]:
-    lines = block.split(b"\n")
-    if not lines[-1]:
-        lines.pop()
-    return lines
 
 
 def clean_text_files(src: Path, tgt: Path, out_src: Path, out_tgt: Path, cleaner: PairCleaner,

@@ -57,6 +57,22 @@ def iter_binary_lines(handle: BinaryIO, name: str) -> Iterator[str]:
         yield _decode_line(raw, name, lineno)
 
 
+def is_utf8(block: bytes) -> bool:
+    """Whether ``block`` is valid UTF-8, by the rules of Python's strict decoder (no overlong
+    forms, no surrogates, nothing above U+10FFFF), checked by Arrow without making a string:
+    several times faster than ``block.decode()`` on large blocks."""
+    import numpy as np
+    import pyarrow as pa
+
+    offsets = pa.py_buffer(np.array([0, len(block)], dtype=np.int64))
+    text = pa.Array.from_buffers(pa.large_string(), 1, [None, offsets, pa.py_buffer(block)])
+    try:
+        text.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
 def read_range(path: str | Path, start: int, end: int) -> bytes:
     """Bytes ``[start, end)`` of a file, undecoded: a range of whole lines a worker cut for itself."""
     with open(path, "rb") as handle:

@@ -28,6 +28,32 @@ SPACES = [chr(c) for c in range(0x110000) if chr(c).isspace() and c != 10]
 
 def test_every_python_space_is_known_and_none_is_above_u3000() -> None:
     assert max(map(ord, SPACES)) <= 0x3000
+    assert cleaning._WIDE_LEADS == [0xC2, 0xE1, 0xE2, 0xE3]  # the first bytes _wide_space_lines looks for
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_line_layout_finds_every_line_and_its_words(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    alphabet = ["a", "bc", "ä", "“", "\u2029x", " ", "  ", "\t", "\x1c", "\x01", *SPACES[::7]]
+    lines = ["".join(rng.choice(alphabet, size=rng.integers(0, 12))) for _ in range(300)]
+    for ended in (True, False):
+        block = "\n".join(lines).encode() + (b"\n" if ended else b"")
+        stops, counts = cleaning.line_layout(block)
+        starts = [0, *stops[:-1].tolist()]
+        assert [block[a:b].rstrip(b"\n").decode() for a, b in zip(starts, stops.tolist(), strict=True)] == lines
+        assert counts.tolist() == [len(line.split()) for line in lines]
+    assert [len(x) for x in cleaning.line_layout(b"")] == [0, 0]
+
+
+@pytest.mark.parametrize("kept", [[], [0], [5], [0, 1, 2, 3, 4, 5], [1, 2, 4], [0, 5], [2, 3]])
+def test_kept_lines_are_written_as_spans_of_the_block(tmp_path, kept: list[int]) -> None:
+    lines = [b"eins", b"", b"drei und", b"vier", b"f\xc3\xbcnf", b"sechs"]
+    block = b"".join(line + b"\n" for line in lines)
+    stops, _ = cleaning.line_layout(block)
+    ends = cleaning._write_lines(str(tmp_path / "part"), block, stops, np.array(kept, dtype=np.intp))
+    wanted = [lines[i] for i in kept]
+    assert (tmp_path / "part").read_bytes() == b"".join(line + b"\n" for line in wanted)
+    assert ends.tolist() == cleaning._line_ends(wanted).tolist()
 
 
 @pytest.mark.parametrize("ended", [True, False])
@@ -53,8 +79,8 @@ def test_clean_lines_equals_the_cleaner_over_pairs() -> None:
     src, tgt = [s.encode() for s, _ in pairs], [t.encode() for _, t in pairs]
     n_src = word_counts(b"".join(line + b"\n" for line in src))
     n_tgt = word_counts(b"".join(line + b"\n" for line in tgt))
-    kept_src, kept_tgt = arrays.clean_lines(src, tgt, n_src, n_tgt)
-    assert [(s.decode(), t.decode()) for s, t in zip(kept_src, kept_tgt, strict=True)] == expected
+    kept = arrays.clean_lines(src, tgt, n_src, n_tgt).tolist()
+    assert [(src[i].decode(), tgt[i].decode()) for i in kept] == expected
     assert arrays.counts == one.counts
     assert arrays.counts == CleanCounts(read=27, kept=4, empty=6, too_long=3, ratio=3, duplicate=11)
 
