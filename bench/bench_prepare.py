@@ -14,7 +14,9 @@ Usage (from the repository root):
 files (gunzipped, or the parquet/arrow tables read), SentencePiece's own trainer on the same
 cleaned text with the same sample size and threads, its encoder over every line on
 ``data.num_workers`` threads, and one write of the same number of bytes; each stage's time is
-printed beside its floor and their ratio.
+printed beside its floor and their ratio. The writes run in the main process while the
+workers encode on every core; their CPU time and the time they waited for a core are printed
+too, so the write's own cost can be told from the encoders' use of the cores.
 
 The cache is built (always from scratch) in a temporary directory that is removed afterwards,
 so the real ``data/prepared/`` is never touched. Peak RSS is ``ru_maxrss`` of this process and,
@@ -40,11 +42,26 @@ from mtcli.data.sources import TextDirSource, open_source
 from mtcli.logs import setup_logging
 
 
+def _run_queue_seconds() -> float:
+    """Seconds this thread has waited for a core so far (Linux schedstat; 0 where there is none)."""
+    try:
+        with open("/proc/thread-self/schedstat") as handle:
+            return int(handle.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 class PhaseTimer:
-    """Wraps prepare's phases (text writing, SentencePiece training, encoding) with timers."""
+    """Wraps prepare's phases (text writing, SentencePiece training, encoding) with timers.
+
+    The writes happen in the main process while the workers encode on every core, so beside
+    their wall time it also keeps the CPU time the main thread spent in them and the time it
+    waited for a core inside them (``write_cpu``, ``write_waiting``): what writing itself costs,
+    and what is the encoders' use of the cores."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {"read+clean": 0.0, "spm train": 0.0, "encode": 0.0, "write": 0.0}
+        self.write_cpu = self.write_waiting = 0.0
 
     def wrap(self, name: str, func):
         def timed(*args, **kwargs):
@@ -56,10 +73,23 @@ class PhaseTimer:
 
         return timed
 
+    def wrap_write(self, func):
+        timed = self.wrap("write", func)
+
+        def counted(*args, **kwargs):
+            cpu, waited = time.thread_time(), _run_queue_seconds()
+            try:
+                return timed(*args, **kwargs)
+            finally:
+                self.write_cpu += time.thread_time() - cpu
+                self.write_waiting += _run_queue_seconds() - waited
+
+        return counted
+
     def install(self) -> None:
         prep._write_texts = self.wrap("read+clean", prep._write_texts)
         prep.encode_file = self.wrap("encode", prep.encode_file)
-        prep.ArrayWriter.append = self.wrap("write", prep.ArrayWriter.append)
+        prep.ArrayWriter.append = self.wrap_write(prep.ArrayWriter.append)
         original_train = prep.Tokenizer.train
         prep.Tokenizer.train = staticmethod(self.wrap("spm train", original_train))
 
@@ -202,6 +232,9 @@ def main() -> None:
             ("wall time, full prepare", f"{total:.2f} s"),
             *((f"  {name}", f"{sec:.2f} s" + (f"  (floor {floor[name]:.2f} s, {sec / max(floor[name], 1e-9):.2f}x)"
                                                if name in floor else "")) for name, sec in timer.seconds.items()),
+            ("    write, on a CPU / waiting for one", f"{timer.write_cpu:.2f} s"
+             + (f"  (floor {floor['write']:.2f} s, {timer.write_cpu / max(floor['write'], 1e-9):.2f}x)"
+                if "write" in floor else "") + f" / {timer.write_waiting:.2f} s"),
             ("  other (hash, manifest, checks)", f"{total - sum(timer.seconds.values()):.2f} s"),
             ("train pairs / s", f"{train['read'] / total:,.0f}"),
             ("wall time, no-op re-run", f"{noop:.2f} s"),
@@ -211,7 +244,8 @@ def main() -> None:
         if args.json is not None:
             args.json.write_text(json.dumps({
                 "pairs_read": train["read"], "pairs_kept": train["kept"], "seconds": total,
-                "stages": timer.seconds, "floors": floor, "noop_seconds": noop,
+                "stages": timer.seconds, "write_cpu": timer.write_cpu,
+                "write_waiting": timer.write_waiting, "floors": floor, "noop_seconds": noop,
                 "peak_rss_mb": rss_self, "peak_rss_worker_mb": rss_child}, indent=2) + "\n")
         width = max(len(k) for k, _ in rows)
         print(f"{'metric':<{width}}  value")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import itertools
 import logging
+import operator
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -254,7 +255,7 @@ class WordCache:
         self.tokenizer = tokenizer
         self.dtype = np.dtype(dtype)
         self.max_words = max_words
-        self._words = _WordTable() if tokenizer.words_encode_alone() else None
+        self._words: dict[str, bytes] | None = {"": b""} if tokenizer.words_encode_alone() else None
 
     def encode(self, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The ids of all ``lines`` (no bos/eos) as one flat array of :attr:`dtype`, and each
@@ -301,13 +302,16 @@ class WordCache:
         per_line = pc.list_value_length(split).to_numpy(zero_copy_only=False).astype(np.int64)
         coded = pc.list_flatten(split).dictionary_encode()
         distinct = coded.dictionary.to_pylist()
-        new = sorted(set(distinct).difference(words))
-        fresh = {word: np.array(ids, dtype=self.dtype).tobytes()
-                 for word, ids in zip(new, self.tokenizer.encode_batch(new), strict=True)}
-        if len(words) < self.max_words:
-            words.update(itertools.islice(fresh.items(), self.max_words - len(words)))
-        words.overflow = fresh  # the new words the cache had no room for
-        per_word = list(map(words.__getitem__, distinct))  # each distinct word's ids, as bytes
+        per_word = list(map(words.get, distinct))  # each distinct word's ids as bytes; None if new
+        new = np.flatnonzero(np.fromiter(map(operator.is_, per_word, itertools.repeat(None)), dtype=bool,
+                                         count=len(per_word))).tolist()
+        if new:
+            encoded = self.tokenizer.encode_batch([distinct[i] for i in new])
+            room = self.max_words - len(words)
+            for n, (i, ids) in enumerate(zip(new, encoded, strict=True)):
+                per_word[i] = np.array(ids, dtype=self.dtype).tobytes()
+                if n < room:
+                    words[distinct[i]] = per_word[i]
         table = np.frombuffer(b"".join(per_word), dtype=self.dtype)
         sizes = np.fromiter(map(len, per_word), dtype=np.int64, count=len(per_word)) // self.dtype.itemsize
         which = coded.indices.to_numpy(zero_copy_only=False)  # distinct word of each word
@@ -320,13 +324,3 @@ class WordCache:
         return ids, lengths
 
 
-class _WordTable(dict):
-    """Word -> its ids as bytes; a word not in it is looked up in ``overflow`` (lookups stay in C)."""
-
-    overflow: dict[str, bytes] = {}
-
-    def __init__(self) -> None:
-        super().__init__({"": b""})
-
-    def __missing__(self, word: str) -> bytes:
-        return self.overflow[word]

@@ -160,6 +160,7 @@ def test_word_cache_gives_the_ids_of_whole_sentences(tmp_path: Path, model_type:
                 assert lengths.tolist() == [len(e) for e in expected]
                 assert ids.tolist() == [i for e in expected for i in e]
                 assert ids.dtype == np.uint16
+        assert len(cache._words) <= max_words  # the cache never grows past its size
     assert [a.tolist() for a in cache.encode([])] == [[], []]
     assert [a.tolist() for a in cache.encode_text(b"")] == [[], []]
     unended = [a.tolist() for a in cache.encode_text(b"Kinder spielen\n\nim Park")]
