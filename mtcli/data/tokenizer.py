@@ -255,71 +255,69 @@ class WordCache:
         self.tokenizer = tokenizer
         self.dtype = np.dtype(dtype)
         self.max_words = max_words
-        self._words: dict[str, bytes] | None = {"": b""} if tokenizer.words_encode_alone() else None
+        self._words: dict[str, bytes] | None = {" ": b"", "\n": b""} if tokenizer.words_encode_alone() else None
 
     def encode(self, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The ids of all ``lines`` (no bos/eos) as one flat array of :attr:`dtype`, and each
-        line's number of ids (int64)."""
+        """The ids of all ``lines`` (no bos/eos; none may hold a ``\n``) as one flat array of
+        :attr:`dtype`, and each line's number of ids (int64)."""
         if self._words is None:
             encoded = self.tokenizer.encode_batch(lines)
             lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
             flat_ids = itertools.chain.from_iterable(encoded)
             return np.fromiter(flat_ids, dtype=self.dtype, count=int(lengths.sum())), lengths
-        import pyarrow as pa
-
-        return self._encode_words(pa.array(lines, type=pa.string()))
+        return self.encode_text("".join(line + "\n" for line in lines).encode())
 
     def encode_text(self, text: bytes) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`encode` of the lines of ``text`` (valid UTF-8, each line ended by ``\n`` as in
         the text files ``prepare`` writes; a last line without one counts too), without making a
-        Python string of each line."""
+        Python string of each line: numpy finds the words, Arrow numbers the distinct ones, and
+        only those go through Python (the table, and SentencePiece for the new ones).
+
+        A word is what lies before a single space or a line's end, with that space or ``\n``
+        kept as its last character, which costs nothing to cut out: "a  b" has an empty word
+        (no ids, as in SentencePiece), and an empty line is one. Each word's ids are then
+        gathered from the distinct words' ids by numpy, a few passes over the output in all.
+        """
         ended = not text or text.endswith(b"\n")  # then the text after the last "\n" is no line
         if self._words is None:
             lines = text.decode("utf-8").split("\n")
             return self.encode(lines[:-1] if ended else lines)
         import pyarrow as pa
-        import pyarrow.compute as pc
 
-        if len(text) >= 1 << 31:  # one string's offsets are 32-bit
+        if len(text) >= 1 << 31:  # an array's offsets are 32-bit
             raise ValueError("encode_text takes less than 2 GiB at a time")
-        offsets = np.array([0, len(text)], dtype=np.int32)
-        whole = pa.StringArray.from_buffers(1, pa.py_buffer(offsets), pa.py_buffer(text))
-        lines = pc.list_flatten(pc.split_pattern(whole, "\n"))
-        return self._encode_words(lines.slice(0, len(lines) - 1) if ended else lines)
+        a = np.frombuffer(text if ended else text + b"\n", dtype=np.uint8)
+        ends = np.flatnonzero((a == 32) | (a == 10))  # where each word ends
+        offsets = np.empty(len(ends) + 1, dtype=np.int32)
+        offsets[0] = 0
+        np.add(ends, 1, out=offsets[1:])
+        words = pa.StringArray.from_buffers(len(ends), pa.py_buffer(offsets), pa.py_buffer(a))
+        per_line = np.diff(np.flatnonzero(a[ends] == 10), prepend=-1)  # each line's number of words
+        return self._encode_words(words, per_line)
 
-    def _encode_words(self, lines) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`encode` of a pyarrow string array of lines, word by word.
-
-        Arrow splits the lines at single spaces ("a  b" has an empty word: no ids, as in
-        SentencePiece) and numbers the distinct words of the batch; only those go through
-        Python (the table, and SentencePiece for the new ones). Each word's ids are then
-        gathered from the distinct words' ids by numpy, a few passes over the output in all.
-        """
-        import pyarrow.compute as pc
-
-        words = self._words
-        split = pc.split_pattern(lines, " ")
-        per_line = pc.list_value_length(split).to_numpy(zero_copy_only=False).astype(np.int64)
-        coded = pc.list_flatten(split).dictionary_encode()
+    def _encode_words(self, words, per_line: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`encode_text` of its words (a pyarrow string array, each word ended by its space
+        or ``\n``) and each line's number of words."""
+        table, coded = self._words, words.dictionary_encode()
         distinct = coded.dictionary.to_pylist()
-        per_word = list(map(words.get, distinct))  # each distinct word's ids as bytes; None if new
+        per_word = list(map(table.get, distinct))  # each distinct word's ids as bytes; None if new
         new = np.flatnonzero(np.fromiter(map(operator.is_, per_word, itertools.repeat(None)), dtype=bool,
                                          count=len(per_word))).tolist()
         if new:
-            encoded = self.tokenizer.encode_batch([distinct[i] for i in new])
-            room = self.max_words - len(words)
+            encoded = self.tokenizer.encode_batch([distinct[i][:-1] for i in new])
+            room = self.max_words - len(table)
             for n, (i, ids) in enumerate(zip(new, encoded, strict=True)):
                 per_word[i] = np.array(ids, dtype=self.dtype).tobytes()
                 if n < room:
-                    words[distinct[i]] = per_word[i]
-        table = np.frombuffer(b"".join(per_word), dtype=self.dtype)
+                    table[distinct[i]] = per_word[i]
+        flat = np.frombuffer(b"".join(per_word), dtype=self.dtype)
         sizes = np.fromiter(map(len, per_word), dtype=np.int64, count=len(per_word)) // self.dtype.itemsize
         which = coded.indices.to_numpy(zero_copy_only=False)  # distinct word of each word
         count = sizes[which]  # ids of each word
         ends = np.cumsum(count)
-        starts = np.cumsum(sizes) - sizes  # where each distinct word's ids start in the table
-        ids = table[np.repeat(starts[which] - (ends - count), count) + np.arange(ends[-1] if len(ends) else 0)]
-        first = np.cumsum(per_line) - per_line  # every line has at least one word ("")
+        starts = np.cumsum(sizes) - sizes  # where each distinct word's ids start in flat
+        ids = flat[np.repeat(starts[which] - (ends - count), count) + np.arange(ends[-1] if len(ends) else 0)]
+        first = np.cumsum(per_line) - per_line  # every line has at least one word
         lengths = np.add.reduceat(count, first) if len(per_line) else np.zeros(0, dtype=np.int64)
         return ids, lengths
 
