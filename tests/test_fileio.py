@@ -96,3 +96,18 @@ def test_file_hasher_reuses_a_settled_digest_and_rereads_a_changed_file(tmp_path
     assert again(path, "f") == digest and reads == [] and again.records["f"] == first.records["f"]
     path.write_text("hellO\n")
     assert FileHasher(first.records)(path, "f") == "recomputed" and reads == [path]
+
+
+def test_file_hasher_many_gives_each_files_digest_in_order(tmp_path: Path, monkeypatch) -> None:
+    files = []
+    for i in range(7):
+        path = tmp_path / f"f{i}"
+        path.write_bytes(os.urandom(1000 * (7 - i)))  # the first files take longest
+        files.append((path, f"name{i}"))
+    for cores in ({0}, {0, 1, 2}):  # one thread, and several
+        monkeypatch.setattr(fileio.os, "sched_getaffinity", lambda pid, cores=cores: cores, raising=False)
+        hasher = FileHasher()
+        digests = hasher.many(files)
+        assert digests == {name: fileio.sha256_file(path) for path, name in files}
+        assert list(hasher.records) == [name for _, name in files]
+        assert all(hasher.records[name]["sha256"] == digests[name] for _, name in files)

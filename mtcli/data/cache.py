@@ -93,9 +93,8 @@ def write_manifest(directory: str | Path, manifest: dict[str, Any]) -> dict[str,
     skip re-reading it later: :func:`~mtcli.fileio.file_record`) and write ``manifest.json`` last."""
     directory = Path(directory)
     hasher = FileHasher()
-    for path in sorted(directory.iterdir()):
-        if path.is_file() and path.name != MANIFEST and not path.name.startswith("."):
-            hasher(path, path.name)
+    hasher.many((path, path.name) for path in sorted(directory.iterdir())
+                if path.is_file() and path.name != MANIFEST and not path.name.startswith("."))
     manifest = dict(manifest, format=FORMAT_VERSION, files=hasher.records)
     with atomic_write(directory / MANIFEST) as handle:
         json.dump(manifest, handle, indent=2, ensure_ascii=False, sort_keys=False)

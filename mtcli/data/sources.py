@@ -92,7 +92,7 @@ class Source:
         """What identifies the input of ``splits``: the sha256 of each of its files by name
         (a hub source: its id and fingerprints); ``hasher`` may reuse a previous build's digests."""
         hasher = hasher or FileHasher()
-        return {"kind": self.kind, "files": {name: hasher(path, name) for name, path in self._input_files(splits)}}
+        return {"kind": self.kind, "files": hasher.many((path, name) for name, path in self._input_files(splits))}
 
     def _input_files(self, splits: Iterable[str]) -> Iterator[tuple[str, Path]]:
         """``(name, path)`` of every file ``splits`` are read from."""
