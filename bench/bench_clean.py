@@ -48,8 +48,10 @@ def measure(source_dir: str, src: str, tgt: str, split: str, workers: int) -> di
             prep._write_pairs(cleaner(source.pairs(split)), out_src, out_tgt)
         elif files is not None:
             clean_text_files(*files, out_src, out_tgt, cleaner, workers)
-        else:
-            clean_text_blocks(source.text_blocks(split), out_src, out_tgt, cleaner, workers)
+        else:  # as prepare does it: workers read parquet's row groups themselves
+            readers = source.block_readers(split) if hasattr(source, "block_readers") else None
+            clean_text_blocks(source.text_blocks(split) if readers is None else readers, out_src, out_tgt,
+                              cleaner, workers)
         seconds = time.perf_counter() - start
         return {"workers": workers, "seconds": round(seconds, 2), "counts": cleaner.counts.to_dict(),
                 "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),

@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from mtcli.data.sources import Pair, mismatch_error
+from mtcli.data.sources import BlockReader, Pair, mismatch_error
 from mtcli.data.textio import decode_block, is_utf8, read_range
 from mtcli.data.workers import forked_pool, in_order
 
@@ -378,34 +378,50 @@ def _verbatim(block: bytes, name: str, first: int) -> bool:
 def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[np.ndarray, CleanCounts, np.ndarray, np.ndarray]:
     """Clean one range into the part files ``<part>.src`` and ``<part>.tgt``; return the kept
     pairs' keys, the counts, and where each kept line ends in the two part files (so the parent
-    can drop lines without reading a part). A range is either the text itself (Arrow rows made into lines)
-    or ``(path, start, end)`` of both text files, read here and checked by the reader's rules.
-    Most ranges are cleaned as bytes (:meth:`PairCleaner.clean_lines`) and their kept lines
-    written as spans of the range; one that the reader would change (``\r``, a byte-order mark)
-    is decoded line by line first."""
+    can drop lines without reading a part). A range is the text itself (Arrow rows made into
+    lines), a :class:`~mtcli.data.sources.BlockReader` that gives it here, or ``(path, start,
+    end)`` of both text files, read here and checked by the reader's rules. Most text is cleaned
+    as bytes (:meth:`PairCleaner.clean_lines`) and its kept lines written as spans of it; a range
+    that the reader would change (``\r``, a byte-order mark) is decoded line by line first."""
     part, first, src, tgt, max_length, max_ratio, dedup = task
     cleaner = PairCleaner(max_length, max_ratio, dedup, record_keys=True)
+    ends: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
+    with open(f"{part}.src", "wb") as out_src, open(f"{part}.tgt", "wb") as out_tgt:
+        for src_block, tgt_block, verbatim in _range_blocks(first, src, tgt):
+            outs = (out_src, out_tgt)
+            sizes = [out.tell() for out in outs]
+            if verbatim:
+                blocks = _ended(src_block), _ended(tgt_block)
+                (src_stops, n_src), (tgt_stops, n_tgt) = layouts = [line_layout(block) for block in blocks]
+                kept = cleaner.clean_lines(blocks[0].split(b"\n"), blocks[1].split(b"\n"), n_src, n_tgt)
+                written = [_write_lines(out, block, stops, kept)
+                           for out, block, (stops, _) in zip(outs, blocks, layouts, strict=True)]
+            else:
+                src_lines = decode_block(src_block, src[0], first)
+                tgt_lines = decode_block(tgt_block, tgt[0], first)
+                pairs = list(cleaner(zip(src_lines, tgt_lines, strict=True)))
+                sides = [s.encode() for s, _ in pairs], [t.encode() for _, t in pairs]
+                for out, lines in zip(outs, sides, strict=True):
+                    out.write(_lines_blob(lines))
+                written = [_line_ends(lines) for lines in sides]
+            for side, size, side_ends in zip(ends, sizes, written, strict=True):
+                side.append(side_ends + size)
+    keys = np.concatenate([np.zeros(0, dtype=np.uint64), *cleaner.kept_keys])
+    src_ends, tgt_ends = (np.concatenate([np.zeros(0, dtype=np.int64), *side]) for side in ends)
+    return keys, cleaner.counts, src_ends, tgt_ends
+
+
+def _range_blocks(first: int, src: Any, tgt: Any) -> Iterator[tuple[bytes, bytes, bool]]:
+    """The text of a range (see :func:`_clean_range_in_worker`) as ``(source, target,
+    verbatim)`` blocks; ``verbatim`` when the bytes are the lines the reader would give."""
     if isinstance(src, bytes):
-        src_block, tgt_block, verbatim = src, tgt, True
+        yield src, tgt, True
+    elif isinstance(src, BlockReader):
+        for src_block, tgt_block in src.blocks():
+            yield src_block, tgt_block, True
     else:
         src_block, tgt_block = read_range(*src), read_range(*tgt)
-        verbatim = _verbatim(src_block, src[0], first) and _verbatim(tgt_block, tgt[0], first)
-    if verbatim:
-        src_block, tgt_block = _ended(src_block), _ended(tgt_block)
-        (src_stops, n_src), (tgt_stops, n_tgt) = line_layout(src_block), line_layout(tgt_block)
-        kept = cleaner.clean_lines(src_block.split(b"\n"), tgt_block.split(b"\n"), n_src, n_tgt)
-        src_ends = _write_lines(f"{part}.src", src_block, src_stops, kept)
-        tgt_ends = _write_lines(f"{part}.tgt", tgt_block, tgt_stops, kept)
-    else:
-        src_lines = decode_block(src_block, src[0], first)
-        tgt_lines = decode_block(tgt_block, tgt[0], first)
-        pairs = list(cleaner(zip(src_lines, tgt_lines, strict=True)))
-        kept_src, kept_tgt = [s.encode() for s, _ in pairs], [t.encode() for _, t in pairs]
-        Path(f"{part}.src").write_bytes(_lines_blob(kept_src))
-        Path(f"{part}.tgt").write_bytes(_lines_blob(kept_tgt))
-        src_ends, tgt_ends = _line_ends(kept_src), _line_ends(kept_tgt)
-    keys = np.concatenate([np.zeros(0, dtype=np.uint64), *cleaner.kept_keys])
-    return keys, cleaner.counts, src_ends, tgt_ends
+        yield src_block, tgt_block, _verbatim(src_block, src[0], first) and _verbatim(tgt_block, tgt[0], first)
 
 
 def _ended(block: bytes) -> bytes:
@@ -414,17 +430,16 @@ def _ended(block: bytes) -> bytes:
     return block + b"\n" if block and not block.endswith(b"\n") else block
 
 
-def _write_lines(path: str, block: bytes, stops: np.ndarray, kept: np.ndarray) -> np.ndarray:
+def _write_lines(out: BinaryIO, block: bytes, stops: np.ndarray, kept: np.ndarray) -> np.ndarray:
     """Write lines ``kept`` (ascending) of ``block`` (whose lines, each ended by ``\n``, end at
-    ``stops``) to ``path``, a run of consecutive lines at a time; return the byte offsets just
-    after each line written, as :func:`_line_ends`."""
+    ``stops``) to ``out``, a run of consecutive lines at a time; return the byte offsets just
+    after each line written, counted from where it began, as :func:`_line_ends`."""
     starts = np.concatenate(([0], stops[:-1]))
     runs = np.flatnonzero(np.diff(kept) != 1) + 1  # where a run of consecutive kept lines begins
     firsts = kept[np.concatenate(([0], runs))] if len(kept) else kept
     lasts = kept[np.concatenate((runs - 1, [len(kept) - 1]))] if len(kept) else kept
     view = memoryview(block)
-    with open(path, "wb") as handle:
-        handle.writelines(view[starts[i]:stops[j]] for i, j in zip(firsts.tolist(), lasts.tolist(), strict=True))
+    out.writelines(view[starts[i]:stops[j]] for i, j in zip(firsts.tolist(), lasts.tolist(), strict=True))
     return np.cumsum(stops[kept] - starts[kept])
 
 
@@ -453,13 +468,14 @@ def clean_text_files(src: Path, tgt: Path, out_src: Path, out_tgt: Path, cleaner
         _clean_in_workers(tasks, out_src, out_tgt, cleaner, pool, workers, parts)
 
 
-def clean_text_blocks(blocks: Iterable[tuple[bytes, bytes]], out_src: Path, out_tgt: Path,
+def clean_text_blocks(blocks: Iterable[tuple[bytes, bytes] | BlockReader], out_src: Path, out_tgt: Path,
                       cleaner: PairCleaner, workers: int) -> None:
-    """Clean pairs given as blocks of text (:meth:`mtcli.data.sources.Source.text_blocks`) into
-    ``out_src``/``out_tgt`` with ``workers`` processes, as :func:`clean_text_files` does."""
+    """Clean pairs given as blocks of text (:meth:`mtcli.data.sources.Source.text_blocks`), or
+    as readers of them that the workers call themselves (:meth:`~mtcli.data.sources.Source.block_readers`),
+    into ``out_src``/``out_tgt`` with ``workers`` processes, as :func:`clean_text_files` does."""
+    ranges = ((0, block, None) if isinstance(block, BlockReader) else (0, *block) for block in blocks)
     with _parts_directory(out_src) as parts, forked_pool(workers) as pool:
-        _clean_in_workers(((0, src, tgt) for src, tgt in blocks), out_src, out_tgt, cleaner, pool, workers,
-                          parts)
+        _clean_in_workers(ranges, out_src, out_tgt, cleaner, pool, workers, parts)
 
 
 def _parts_directory(out: Path) -> tempfile.TemporaryDirectory:

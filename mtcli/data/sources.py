@@ -25,6 +25,7 @@ breaks replaced by spaces, so a sentence is always one line.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -82,6 +83,12 @@ class Source:
         by the rules of :meth:`pairs`), for sources that can make them without a Python loop
         (those whose :meth:`num_pairs` is known)."""
         raise NotImplementedError
+
+    def block_readers(self, split: str) -> list[BlockReader] | None:
+        """:meth:`text_blocks` cut into parts that another process can read on its own, in
+        order, for sources whose files can be read from any place (parquet's row groups); else
+        None. A worker then reads and converts its part itself, in parallel with the others."""
+        return None
 
     def plain_files(self, split: str) -> tuple[Path, Path] | None:
         """The (source, target) files of ``split`` when they are uncompressed text that a
@@ -223,14 +230,8 @@ class _ArrowSource(Source):
 
     def _columns(self, split: str) -> Iterator[tuple[Any, Any]]:
         """The source and target columns of ``split``, a batch of rows at a time."""
-        import pyarrow.compute as pc
-
         for batch in self._batches(split):
-            if "translation" in batch.schema.names:
-                column = batch.column("translation")
-                yield pc.struct_field(column, self.src_lang), pc.struct_field(column, self.tgt_lang)
-            else:
-                yield batch.column(self.src_lang), batch.column(self.tgt_lang)
+            yield _pair_columns(batch, self.src_lang, self.tgt_lang)
 
     def pairs(self, split: str) -> Iterator[Pair]:
         for src_col, tgt_col in self._columns(split):
@@ -240,6 +241,46 @@ class _ArrowSource(Source):
     def text_blocks(self, split: str) -> Iterator[tuple[bytes, bytes]]:
         for src_col, tgt_col in self._columns(split):
             yield _joined_lines(src_col), _joined_lines(tgt_col)
+
+
+def _pair_columns(batch: Any, src_lang: str, tgt_lang: str) -> tuple[Any, Any]:
+    """The source and target columns of a batch of hub-layout rows (a ``translation`` struct
+    keyed by language, or a column per language)."""
+    import pyarrow.compute as pc
+
+    if "translation" in batch.schema.names:
+        column = batch.column("translation")
+        return pc.struct_field(column, src_lang), pc.struct_field(column, tgt_lang)
+    return batch.column(src_lang), batch.column(tgt_lang)
+
+
+class BlockReader:
+    """A part of a split that a worker process reads itself (:meth:`Source.block_readers`)."""
+
+    def blocks(self) -> Iterator[tuple[bytes, bytes]]:
+        """The part's pairs as :meth:`Source.text_blocks` gives them."""
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class ParquetRowGroup(BlockReader):
+    """One row group of a parquet file, read a batch at a time (its compressed bytes in memory,
+    not the whole group decoded)."""
+
+    path: Path
+    index: int
+    src_lang: str
+    tgt_lang: str
+
+    def blocks(self) -> Iterator[tuple[bytes, bytes]]:
+        import pyarrow.parquet as pq
+
+        try:
+            for batch in pq.ParquetFile(self.path).iter_batches(batch_size=_ARROW_BATCH, row_groups=[self.index]):
+                src, tgt = _pair_columns(batch, self.src_lang, self.tgt_lang)
+                yield _joined_lines(src), _joined_lines(tgt)
+        except OSError as exc:
+            raise DataError(f"{self.path}: unreadable parquet file ({exc})") from None
 
 
 def _joined_lines(column: Any) -> bytes:
@@ -322,6 +363,20 @@ class ParquetDirSource(_ArrowSource):
             return sum(pq.ParquetFile(path).metadata.num_rows for path in self._files[split])
         except OSError as exc:
             raise DataError(f"{self.describe()}: unreadable parquet file ({exc})") from None
+
+    def block_readers(self, split: str) -> list[BlockReader]:
+        import pyarrow.parquet as pq
+
+        if split not in self._files:
+            raise self._missing_split(split)
+        readers: list[BlockReader] = []
+        for path in self._files[split]:
+            try:
+                groups = pq.ParquetFile(path).metadata.num_row_groups
+            except OSError as exc:
+                raise DataError(f"{path}: unreadable parquet file ({exc})") from None
+            readers += [ParquetRowGroup(path, i, self.src_lang, self.tgt_lang) for i in range(groups)]
+        return readers
 
     def _input_files(self, splits: Iterable[str]) -> Iterator[tuple[str, Path]]:
         for split in splits:

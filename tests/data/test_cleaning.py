@@ -50,9 +50,11 @@ def test_kept_lines_are_written_as_spans_of_the_block(tmp_path, kept: list[int])
     lines = [b"eins", b"", b"drei und", b"vier", b"f\xc3\xbcnf", b"sechs"]
     block = b"".join(line + b"\n" for line in lines)
     stops, _ = cleaning.line_layout(block)
-    ends = cleaning._write_lines(str(tmp_path / "part"), block, stops, np.array(kept, dtype=np.intp))
+    with open(tmp_path / "part", "wb") as out:
+        out.write(b"before\n")
+        ends = cleaning._write_lines(out, block, stops, np.array(kept, dtype=np.intp))
     wanted = [lines[i] for i in kept]
-    assert (tmp_path / "part").read_bytes() == b"".join(line + b"\n" for line in wanted)
+    assert (tmp_path / "part").read_bytes() == b"before\n" + b"".join(line + b"\n" for line in wanted)
     assert ends.tolist() == cleaning._line_ends(wanted).tolist()
 
 
