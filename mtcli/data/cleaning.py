@@ -20,7 +20,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from mtcli.data.sources import BlockReader, Pair, mismatch_error
+from mtcli.data.arrowrows import BlockReader
+from mtcli.data.sources import Pair, mismatch_error
 from mtcli.data.textio import decode_block, is_utf8, read_range
 from mtcli.data.workers import forked_pool, in_order
 
@@ -379,7 +380,7 @@ def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[np.ndarray, CleanCoun
     """Clean one range into the part files ``<part>.src`` and ``<part>.tgt``; return the kept
     pairs' keys, the counts, and where each kept line ends in the two part files (so the parent
     can drop lines without reading a part). A range is the text itself (Arrow rows made into
-    lines), a :class:`~mtcli.data.sources.BlockReader` that gives it here, or ``(path, start,
+    lines), a :class:`~mtcli.data.arrowrows.BlockReader` that gives it here, or ``(path, start,
     end)`` of both text files, read here and checked by the reader's rules. Most text is cleaned
     as bytes (:meth:`PairCleaner.clean_lines`) and its kept lines written as spans of it; a range
     that the reader would change (``\r``, a byte-order mark) is decoded line by line first."""

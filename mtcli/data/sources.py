@@ -25,20 +25,27 @@ breaks replaced by spaces, so a sentence is always one line.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from mtcli.data import arrowrows
+from mtcli.data.arrowrows import (
+    BlockReader,
+    ParquetRowGroup,
+    dataset_batches,
+    dataset_readers,
+    joined_lines,
+    pair_columns,
+)
 from mtcli.data.textio import read_lines
 from mtcli.errors import DataError, one_line
 from mtcli.fileio import FileHasher
 from mtcli.logs import get_logger
 
 Pair = tuple[str, str]
-_ARROW_BATCH = 10_000
 
 
 def _normalise(text: str) -> str:
@@ -231,7 +238,7 @@ class _ArrowSource(Source):
     def _columns(self, split: str) -> Iterator[tuple[Any, Any]]:
         """The source and target columns of ``split``, a batch of rows at a time."""
         for batch in self._batches(split):
-            yield _pair_columns(batch, self.src_lang, self.tgt_lang)
+            yield pair_columns(batch, self.src_lang, self.tgt_lang)
 
     def pairs(self, split: str) -> Iterator[Pair]:
         for src_col, tgt_col in self._columns(split):
@@ -240,71 +247,7 @@ class _ArrowSource(Source):
 
     def text_blocks(self, split: str) -> Iterator[tuple[bytes, bytes]]:
         for src_col, tgt_col in self._columns(split):
-            yield _joined_lines(src_col), _joined_lines(tgt_col)
-
-
-def _pair_columns(batch: Any, src_lang: str, tgt_lang: str) -> tuple[Any, Any]:
-    """The source and target columns of a batch of hub-layout rows (a ``translation`` struct
-    keyed by language, or a column per language)."""
-    import pyarrow.compute as pc
-
-    if "translation" in batch.schema.names:
-        column = batch.column("translation")
-        return pc.struct_field(column, src_lang), pc.struct_field(column, tgt_lang)
-    return batch.column(src_lang), batch.column(tgt_lang)
-
-
-class BlockReader:
-    """A part of a split that a worker process reads itself (:meth:`Source.block_readers`)."""
-
-    def blocks(self) -> Iterator[tuple[bytes, bytes]]:
-        """The part's pairs as :meth:`Source.text_blocks` gives them."""
-        raise NotImplementedError
-
-
-@dataclasses.dataclass(frozen=True)
-class ParquetRowGroup(BlockReader):
-    """One row group of a parquet file, read a batch at a time (its compressed bytes in memory,
-    not the whole group decoded)."""
-
-    path: Path
-    index: int
-    src_lang: str
-    tgt_lang: str
-
-    def blocks(self) -> Iterator[tuple[bytes, bytes]]:
-        import pyarrow.parquet as pq
-
-        try:
-            for batch in pq.ParquetFile(self.path).iter_batches(batch_size=_ARROW_BATCH, row_groups=[self.index]):
-                src, tgt = _pair_columns(batch, self.src_lang, self.tgt_lang)
-                yield _joined_lines(src), _joined_lines(tgt)
-        except OSError as exc:
-            raise DataError(f"{self.path}: unreadable parquet file ({exc})") from None
-
-
-def _joined_lines(column: Any) -> bytes:
-    """A string column as UTF-8 lines, each ended by ``\n``, by :func:`_normalise`'s rules (a
-    missing value is empty): Arrow's bytes with the line ends put in by numpy, no Python loop."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    if len(column) == 0:
-        return b""
-    if column.null_count:
-        column = pc.fill_null(column, "")
-    offset_type = np.int64 if pa.types.is_large_string(column.type) else np.int32
-    _, offsets_buffer, data_buffer = column.buffers()
-    offsets = np.frombuffer(offsets_buffer, dtype=offset_type)[column.offset:column.offset + len(column) + 1]
-    data = np.frombuffer(data_buffer, dtype=np.uint8)[offsets[0]:offsets[-1]] if data_buffer else np.zeros(0, np.uint8)
-    if ((data == 10) | (data == 13)).any():  # an inner line break: _normalise's replacements, then again
-        for old in ("\r\n", "\n", "\r"):
-            column = pc.replace_substring(column, old, " ")
-        return _joined_lines(column)
-    return np.insert(data, (offsets[1:] - offsets[0]).astype(np.int64), 10).tobytes()
+            yield joined_lines(src_col), joined_lines(tgt_col)
 
 
 def _split_of_parquet(name: str) -> str:
@@ -352,7 +295,7 @@ class ParquetDirSource(_ArrowSource):
         for path in self._files[split]:
             try:
                 handle = pq.ParquetFile(path)
-                yield from handle.iter_batches(batch_size=_ARROW_BATCH)
+                yield from handle.iter_batches(batch_size=arrowrows.ARROW_BATCH)
             except OSError as exc:
                 raise DataError(f"{path}: unreadable parquet file ({exc})") from None
 
@@ -382,38 +325,6 @@ class ParquetDirSource(_ArrowSource):
         for split in splits:
             for path in self._files[split]:
                 yield str(path.relative_to(self.root)), path
-
-
-def _dataset_batches(dataset: Any) -> Iterator[Any]:
-    """Arrow tables of a ``datasets.Dataset``, without converting rows to Python dicts.
-
-    ``datasets`` memory-maps its Arrow files, and every page a pass reads would then stay in
-    this process's resident memory (1.8 GB at 4.5M pairs, growing with the corpus). A dataset
-    that is its files, in order (no indices mapping), is therefore read from them with plain
-    reads, a batch at a time, so memory stays flat; any other is iterated by ``datasets``.
-    """
-    import pyarrow as pa
-
-    # (an unknown version of datasets without `_indices` is iterated by datasets itself)
-    files = [entry["filename"] for entry in dataset.cache_files] if getattr(dataset, "_indices", 1) is None else []
-    if not files:
-        yield from dataset.with_format("arrow").iter(batch_size=_ARROW_BATCH)
-        return
-    pending: list[Any] = []
-    rows = total = 0
-    for name in files:
-        with pa.OSFile(name) as handle:
-            for batch in pa.ipc.open_stream(handle):
-                pending.append(batch)
-                rows += batch.num_rows
-                if rows >= _ARROW_BATCH:
-                    yield pa.Table.from_batches(pending)
-                    pending, total, rows = [], total + rows, 0
-    if pending:
-        yield pa.Table.from_batches(pending)
-    if total + rows != dataset.num_rows:
-        raise DataError(f"{files[0]}: its dataset's Arrow files hold {total + rows} rows, the dataset "
-                        f"{dataset.num_rows}; save it again with save_to_disk")
 
 
 class DatasetDirSource(_ArrowSource):
@@ -452,7 +363,10 @@ class DatasetDirSource(_ArrowSource):
         return self._dataset(split).data.schema
 
     def _batches(self, split: str) -> Iterator[Any]:
-        return _dataset_batches(self._dataset(split))
+        return dataset_batches(self._dataset(split))
+
+    def block_readers(self, split: str) -> list[BlockReader] | None:
+        return dataset_readers(self._dataset(split), self.src_lang, self.tgt_lang)
 
     def num_pairs(self, split: str) -> int:
         return self._dataset(split).num_rows
@@ -516,7 +430,10 @@ class HubSource(_ArrowSource):
         return self._load()[split].data.schema
 
     def _batches(self, split: str) -> Iterator[Any]:
-        return _dataset_batches(self._load()[split])
+        return dataset_batches(self._load()[split])
+
+    def block_readers(self, split: str) -> list[BlockReader] | None:
+        return dataset_readers(self._load()[split], self.src_lang, self.tgt_lang)
 
     def num_pairs(self, split: str) -> int:
         return self._load()[split].num_rows

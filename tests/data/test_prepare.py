@@ -263,7 +263,7 @@ def test_arrow_rows_cleaned_in_parallel_match_one_process(tmp_path: Path, monkey
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    import mtcli.data.sources as sources_module
+    import mtcli.data.arrowrows as arrowrows
 
     datasets = pytest.importorskip("datasets")
     train = _toy_pairs("train")
@@ -280,10 +280,12 @@ def test_arrow_rows_cleaned_in_parallel_match_one_process(tmp_path: Path, monkey
                            row_group_size=50)
     else:
         datasets.DatasetDict({split: datasets.Dataset.from_dict({"translation": part})
-                              for split, part in rows.items()}).save_to_disk(str(root))
+                              for split, part in rows.items()}).save_to_disk(str(root), num_shards={
+                                  "train": 3, "val": 1, "test": 1})  # workers read the files in slices
     serial = prep.prepare(load_config(write_config(tmp_path, root, name="serial", dedup=True)))
     _parallel_everywhere(monkeypatch)
-    monkeypatch.setattr(sources_module, "_ARROW_BATCH", 37)
+    monkeypatch.setattr(arrowrows, "ARROW_BATCH", 37)
+    monkeypatch.setattr(arrowrows, "SLICE_ROWS", 100)
     parallel = prep.prepare(load_config(write_config(tmp_path, root, name="parallel", dedup=True, num_workers=2)))
     assert serial.counts["train"]["dropped"]["duplicate"] >= 10 and serial.counts["train"]["dropped"]["empty"] >= 1
     assert parallel.counts == serial.counts

@@ -270,11 +270,48 @@ def test_cleaner_dedup_is_on_the_pair_not_one_side() -> None:
 def test_joined_lines_follow_the_pairs_rules() -> None:
     import pyarrow as pa
 
-    from mtcli.data.sources import _joined_lines, _normalise
+    from mtcli.data.arrowrows import joined_lines
+    from mtcli.data.sources import _normalise
 
     values = ["a\r\nb", None, "c\nd\re", "ä ü", "", "x"]
     for column in (pa.array(values), pa.array(values, type=pa.large_string()), pa.array(["q", *values]).slice(1),
                    pa.chunked_array([pa.array(values[:2]), pa.array(values[2:])]), pa.array(["", ""]),
                    pa.array([], type=pa.string())):
         expected = "".join(_normalise(v or "") + "\n" for v in column.to_pylist()).encode()
-        assert _joined_lines(column) == expected
+        assert joined_lines(column) == expected
+
+
+class _FilesDataset:
+    """What dataset_readers asks of a datasets.Dataset that is just its Arrow files."""
+
+    _indices = None
+
+    def __init__(self, files: list[str], num_rows: int) -> None:
+        self.cache_files = [{"filename": name} for name in files]
+        self.num_rows = num_rows
+
+
+@pytest.mark.parametrize("slice_rows", [1, 10, 1000])
+def test_dataset_slices_read_every_row_once_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      slice_rows: int) -> None:
+    import pyarrow as pa
+
+    from mtcli.data import arrowrows
+
+    monkeypatch.setattr(arrowrows, "SLICE_ROWS", slice_rows)
+    monkeypatch.setattr(arrowrows, "ARROW_BATCH", 4)
+    rows = [{"de": f"satz {i}" if i % 5 else None, "en": f"sentence\n{i}"} for i in range(47)]
+    files = []
+    for k, part in enumerate((rows[:30], rows[30:])):  # two files of batches of 7 rows
+        table = pa.table({"translation": part})
+        files.append(str(tmp_path / f"data-{k}.arrow"))
+        with pa.OSFile(files[-1], "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            for batch in table.to_batches(max_chunksize=7):
+                writer.write_batch(batch)
+    readers = arrowrows.dataset_readers(_FilesDataset(files, 47), "de", "en")
+    assert len(readers) == {1: 8, 10: 5, 1000: 2}[slice_rows]  # batches of 7 rows; no slice spans two files
+    blocks = [block for reader in readers for block in reader.blocks()]
+    assert b"".join(src for src, _ in blocks).decode().splitlines() == [r["de"] or "" for r in rows]
+    assert b"".join(tgt for _, tgt in blocks).decode().splitlines() == [r["en"].replace("\n", " ") for r in rows]
+    with pytest.raises(DataError, match="hold 47 rows, the dataset 48"):
+        arrowrows.dataset_readers(_FilesDataset(files, 48), "de", "en")
