@@ -292,6 +292,31 @@ def test_arrow_rows_cleaned_in_parallel_match_one_process(tmp_path: Path, monkey
     assert _cache_bytes(serial.directory) == _cache_bytes(parallel.directory)
 
 
+def test_a_damaged_parquet_row_group_read_by_a_worker_is_one_data_error(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "pq"
+    (root / "data").mkdir(parents=True)
+    for split in ("train", "val", "test"):
+        rows = [{"src": s, "tgt": t} for s, t in _toy_pairs(split)]
+        pq.write_table(pa.table({"translation": rows}), root / "data" / f"{split}-00000-of-00001.parquet",
+                       row_group_size=100)
+    train = root / "data" / "train-00000-of-00001.parquet"
+    damaged = bytearray(train.read_bytes())
+    for at in range(64, len(damaged) // 2, 101):  # the first row groups' pages; the footer is whole
+        damaged[at] ^= 0xFF
+    train.write_bytes(bytes(damaged))
+    _parallel_everywhere(monkeypatch)
+    config = load_config(write_config(tmp_path, root, name="damaged", num_workers=2))
+    with pytest.raises(DataError, match=r"train-00000-of-00001\.parquet: unreadable parquet file") as caught:
+        prep.prepare(config)
+    assert "\n" not in str(caught.value)
+    out = config.data.prepared_path()
+    assert not out.exists() and not list(out.parent.glob(".*"))  # no cache, no temporary left
+
+
 @pytest.mark.parametrize(
     ("damage", "needle"),
     [(lambda lines: lines[:-1], "train.tgt has 599 lines"),
