@@ -8,6 +8,7 @@ become spaces), made by Arrow and numpy without a Python loop over the rows.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,8 +62,9 @@ class ParquetRowGroup(BlockReader):
 
 
 def joined_lines(column: Any) -> bytes:
-    """A string column as UTF-8 lines, each ended by ``\n``, by :func:`_normalise`'s rules (a
-    missing value is empty): Arrow's bytes with the line ends put in by numpy, no Python loop."""
+    """A string column as UTF-8 lines, each ended by ``\n``, by the rules of
+    :meth:`mtcli.data.sources.Source.pairs` (a missing value is empty, an inner line break a
+    space): Arrow's bytes with the line ends put in by numpy, no Python loop."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -104,7 +106,7 @@ class ArrowStreamSlice(BlockReader):
     def blocks(self) -> Iterator[tuple[bytes, bytes]]:
         import pyarrow as pa
 
-        with pa.memory_map(self.path) as source:
+        with _naming_arrow_errors(self.path), pa.memory_map(self.path) as source:
             pending: list[Any] = []
             rows = 0
             for i, batch in enumerate(pa.ipc.open_stream(source)):
@@ -120,6 +122,17 @@ class ArrowStreamSlice(BlockReader):
             if pending:
                 src, tgt = pair_columns(pa.Table.from_batches(pending), self.src_lang, self.tgt_lang)
                 yield joined_lines(src), joined_lines(tgt)
+
+
+@contextlib.contextmanager
+def _naming_arrow_errors(path: str) -> Iterator[None]:
+    """Turn Arrow's failure to read a damaged or cut-short file into a one-line DataError."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise DataError(f"{path}: unreadable Arrow file ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
 
 
 def _dataset_files(dataset: Any) -> list[str]:
@@ -146,7 +159,7 @@ def dataset_readers(dataset: Any, src_lang: str, tgt_lang: str) -> list[BlockRea
     readers: list[BlockReader] = []
     total = 0
     for name in files:
-        with pa.memory_map(name) as source:
+        with _naming_arrow_errors(name), pa.memory_map(name) as source:
             first = rows = i = 0
             for i, batch in enumerate(pa.ipc.open_stream(source)):
                 rows += batch.num_rows

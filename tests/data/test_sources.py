@@ -315,3 +315,10 @@ def test_dataset_slices_read_every_row_once_in_order(tmp_path: Path, monkeypatch
     assert b"".join(tgt for _, tgt in blocks).decode().splitlines() == [r["en"].replace("\n", " ") for r in rows]
     with pytest.raises(DataError, match="hold 47 rows, the dataset 48"):
         arrowrows.dataset_readers(_FilesDataset(files, 48), "de", "en")
+    whole = Path(files[1]).read_bytes()
+    Path(files[1]).write_bytes(whole[: len(whole) // 2])  # cut short after the slices were made
+    with pytest.raises(DataError, match=r"data-1\.arrow: unreadable Arrow file") as caught:
+        [block for reader in readers for block in reader.blocks()]
+    assert "\n" not in str(caught.value)
+    with pytest.raises(DataError, match=r"data-1\.arrow: unreadable Arrow file"):
+        arrowrows.dataset_readers(_FilesDataset(files, 47), "de", "en")
