@@ -49,7 +49,7 @@ def measure(source_dir: str, src: str, tgt: str, split: str, workers: int) -> di
         elif files is not None:
             clean_text_files(*files, out_src, out_tgt, cleaner, workers)
         else:  # as prepare does it: workers read parquet's row groups themselves
-            readers = source.block_readers(split) if hasattr(source, "block_readers") else None
+            readers = source.block_readers(split)
             clean_text_blocks(source.text_blocks(split) if readers is None else readers, out_src, out_tgt,
                               cleaner, workers)
         seconds = time.perf_counter() - start

@@ -238,15 +238,16 @@ def _clean_split(source: Source, data: DataConfig, split: str, src_txt: Path, tg
     """Write the training split cleaned. A large split is cleaned by ``workers`` processes, with
     the same result as one: plain-text files by byte ranges the workers read themselves
     (:func:`~mtcli.data.cleaning.clean_text_files`), Arrow sources as blocks of text made from
-    the rows (:func:`~mtcli.data.cleaning.clean_text_blocks`), by the workers from the row groups
-    they read (parquet) or by this process (datasets, the hub)."""
+    the rows (:func:`~mtcli.data.cleaning.clean_text_blocks`) by the workers from the parts they
+    read themselves (parquet row groups, slices of a dataset's Arrow files), or else by this
+    process."""
     cleaner = PairCleaner(data.max_length, data.max_length_ratio, data.dedup)
     files = source.plain_files(split)
     parallel = workers > 1 and can_fork()
     if parallel and files is not None and min(path.stat().st_size for path in files) >= PARALLEL_CLEAN_BYTES:
         clean_text_files(*files, src_txt, tgt_txt, cleaner, workers)
     elif parallel and files is None and (source.num_pairs(split) or 0) >= PARALLEL_MIN_LINES:
-        readers = source.block_readers(split)  # parquet: each worker reads its own row groups
+        readers = source.block_readers(split)  # then each worker reads its own parts
         blocks = source.text_blocks(split) if readers is None else readers
         clean_text_blocks(blocks, src_txt, tgt_txt, cleaner, workers)
     else:

@@ -93,8 +93,9 @@ class Source:
 
     def block_readers(self, split: str) -> list[BlockReader] | None:
         """:meth:`text_blocks` cut into parts that another process can read on its own, in
-        order, for sources whose files can be read from any place (parquet's row groups); else
-        None. A worker then reads and converts its part itself, in parallel with the others."""
+        order, for sources whose files can be read from any place (parquet's row groups, a
+        dataset's Arrow files); else None. A worker then reads and converts its part itself, in
+        parallel with the others."""
         return None
 
     def plain_files(self, split: str) -> tuple[Path, Path] | None:
