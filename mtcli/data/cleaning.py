@@ -342,11 +342,6 @@ def line_layout(block: bytes) -> tuple[np.ndarray, np.ndarray]:
     return stops, counts
 
 
-def word_counts(block: bytes) -> np.ndarray:
-    """``len(line.split())`` for every line of a block of valid UTF-8 (:func:`line_layout`)."""
-    return line_layout(block)[1]
-
-
 def _wide_space_lines(a: np.ndarray, stops: np.ndarray) -> np.ndarray:
     """Indices of the lines (ending before ``stops``) of the UTF-8 bytes ``a`` that hold a wide space."""
     at = np.flatnonzero((a == 0xC2) | (a - np.uint8(0xE1) <= 2))  # the few bytes worth a look
@@ -388,15 +383,15 @@ def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[np.ndarray, CleanCoun
     cleaner = PairCleaner(max_length, max_ratio, dedup, record_keys=True)
     ends: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
     with open(f"{part}.src", "wb") as out_src, open(f"{part}.tgt", "wb") as out_tgt:
+        outs = (out_src, out_tgt)
         for src_block, tgt_block, verbatim in _range_blocks(first, src, tgt):
-            outs = (out_src, out_tgt)
             sizes = [out.tell() for out in outs]
             if verbatim:
-                blocks = _ended(src_block), _ended(tgt_block)
-                (src_stops, n_src), (tgt_stops, n_tgt) = layouts = [line_layout(block) for block in blocks]
-                kept = cleaner.clean_lines(blocks[0].split(b"\n"), blocks[1].split(b"\n"), n_src, n_tgt)
-                written = [_write_lines(out, block, stops, kept)
-                           for out, block, (stops, _) in zip(outs, blocks, layouts, strict=True)]
+                src_block, tgt_block = _ended(src_block), _ended(tgt_block)
+                (src_stops, n_src), (tgt_stops, n_tgt) = line_layout(src_block), line_layout(tgt_block)
+                kept = cleaner.clean_lines(src_block.split(b"\n"), tgt_block.split(b"\n"), n_src, n_tgt)
+                written = [_write_lines(out_src, src_block, src_stops, kept),
+                           _write_lines(out_tgt, tgt_block, tgt_stops, kept)]
             else:
                 src_lines = decode_block(src_block, src[0], first)
                 tgt_lines = decode_block(tgt_block, tgt[0], first)
@@ -436,12 +431,19 @@ def _write_lines(out: BinaryIO, block: bytes, stops: np.ndarray, kept: np.ndarra
     ``stops``) to ``out``, a run of consecutive lines at a time; return the byte offsets just
     after each line written, counted from where it began, as :func:`_line_ends`."""
     starts = np.concatenate(([0], stops[:-1]))
-    runs = np.flatnonzero(np.diff(kept) != 1) + 1  # where a run of consecutive kept lines begins
-    firsts = kept[np.concatenate(([0], runs))] if len(kept) else kept
-    lasts = kept[np.concatenate((runs - 1, [len(kept) - 1]))] if len(kept) else kept
     view = memoryview(block)
-    out.writelines(view[starts[i]:stops[j]] for i, j in zip(firsts.tolist(), lasts.tolist(), strict=True))
+    out.writelines(view[start:stop] for start, stop in _spans(starts, stops, kept))
     return np.cumsum(stops[kept] - starts[kept])
+
+
+def _spans(starts: np.ndarray, stops: np.ndarray, kept: np.ndarray) -> list[tuple[int, int]]:
+    """The byte spans of the lines numbered ``kept`` (ascending), line ``i`` being bytes
+    ``starts[i]`` to ``stops[i]``: one span for each run of consecutive lines."""
+    if not len(kept):
+        return []
+    runs = np.flatnonzero(np.diff(kept) != 1) + 1  # where a run of consecutive lines begins
+    firsts, lasts = kept[np.concatenate(([0], runs))], kept[np.concatenate((runs - 1, [len(kept) - 1]))]
+    return list(zip(starts[firsts].tolist(), stops[lasts].tolist(), strict=True))
 
 
 def _line_ends(lines: list[bytes]) -> np.ndarray:
@@ -507,15 +509,8 @@ def _clean_in_workers(ranges: Iterable[tuple[int, Any, Any]], out_src: Path, out
 def _kept_spans(ends: np.ndarray, drop: np.ndarray | None) -> list[tuple[int, int]]:
     """The byte spans of a part file (whose lines end at ``ends``) left when the lines numbered
     ``drop`` (ascending; None for none) are taken out."""
-    size = int(ends[-1]) if len(ends) else 0
-    if drop is None:
-        return [(0, size)]
-    spans, start = [], 0
-    for i in drop.tolist():
-        spans.append((start, int(ends[i - 1]) if i else 0))
-        start = int(ends[i])
-    spans.append((start, size))
-    return [(a, b) for a, b in spans if b > a]
+    kept = np.arange(len(ends)) if drop is None else np.delete(np.arange(len(ends)), drop)
+    return _spans(np.concatenate(([0], ends[:-1])), ends, kept)
 
 
 def _copy_span(handle: BinaryIO, out: BinaryIO, start: int, stop: int) -> None:

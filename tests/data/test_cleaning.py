@@ -17,8 +17,8 @@ from mtcli.data.cleaning import (
     PairCleaner,
     aligned_ranges,
     clean_text_files,
+    line_layout,
     pair_keys,
-    word_counts,
 )
 from mtcli.errors import DataError
 
@@ -63,8 +63,8 @@ def test_word_counts_equal_str_split(ended: bool) -> None:
     lines = ["", " ", "a", " a  b ", "a\tb", "ä ö ü", "“quoted” text", "\x01 x\x02", "\x1f", "end"]
     lines += [f"a{space}b" for space in SPACES] + [f"{space}x{space}" for space in SPACES]
     block = "\n".join(lines).encode() + (b"\n" if ended else b"")
-    assert word_counts(block).tolist() == [len(line.split()) for line in lines]
-    assert word_counts(b"").tolist() == []
+    assert line_layout(block)[1].tolist() == [len(line.split()) for line in lines]
+    assert line_layout(b"")[1].tolist() == []
 
 
 def _pairs() -> list[tuple[str, str]]:
@@ -79,8 +79,8 @@ def test_clean_lines_equals_the_cleaner_over_pairs() -> None:
     expected = list(one(pairs))
     arrays = PairCleaner(max_length=10, max_ratio=3.0, dedup=True)
     src, tgt = [s.encode() for s, _ in pairs], [t.encode() for _, t in pairs]
-    n_src = word_counts(b"".join(line + b"\n" for line in src))
-    n_tgt = word_counts(b"".join(line + b"\n" for line in tgt))
+    n_src = line_layout(b"".join(line + b"\n" for line in src))[1]
+    n_tgt = line_layout(b"".join(line + b"\n" for line in tgt))[1]
     kept = arrays.clean_lines(src, tgt, n_src, n_tgt).tolist()
     assert [(src[i].decode(), tgt[i].decode()) for i in kept] == expected
     assert arrays.counts == one.counts
