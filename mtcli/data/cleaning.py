@@ -23,7 +23,7 @@ import numpy as np
 from mtcli.data.arrowrows import BlockReader
 from mtcli.data.sources import Pair, mismatch_error
 from mtcli.data.textio import decode_block, is_utf8, read_range
-from mtcli.data.workers import forked_pool, in_order
+from mtcli.data.workers import forked_pool, in_order, settle
 
 # Pairs a worker cleans at a time: about 4 MB of WMT text a side, a tenth of a second of work.
 PAIRS_PER_RANGE = 20_000
@@ -297,6 +297,7 @@ def aligned_ranges(src: Path, tgt: Path, lines_per_range: int,
         tgt_cuts, tgt_lines, tgt_size = _line_cuts(tgt, lines_per_range)
     else:
         reads = [pool.apply_async(_line_cuts, (path, lines_per_range)) for path in (src, tgt)]
+        settle(reads)  # both finish before either's error leaves the pool
         (src_cuts, src_lines, src_size), (tgt_cuts, tgt_lines, tgt_size) = (r.get() for r in reads)
     if src_lines != tgt_lines:
         raise mismatch_error(src, src_lines, tgt, tgt_lines)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from multiprocessing.pool import Pool
+from multiprocessing.pool import AsyncResult, Pool
 from typing import Any
 
 
@@ -30,14 +31,33 @@ def forked_pool(workers: int, initializer: Callable[..., None] | None = None,
         yield pool
 
 
+#: How long leaving a pool early waits for the tasks still running (see :func:`settle`).
+SETTLE_SECONDS = 30.0
+
+
 def in_order(pool: Pool, func: Callable[[Any], Any], tasks: Iterable[Any], window: int) -> Iterator[Any]:
     """``func(task)`` for every task, computed by ``pool`` and yielded in task order, with at
     most ``window`` tasks submitted and not yet yielded. A worker's exception is re-raised here
-    when its task's turn comes, so the first error in file order is the one reported."""
+    when its task's turn comes, so the first error in file order is the one reported; the
+    tasks still running are then let finish (:func:`settle`)."""
     pending: deque = deque()
-    for task in tasks:
-        pending.append(pool.apply_async(func, (task,)))
-        if len(pending) >= window:
+    try:
+        for task in tasks:
+            pending.append(pool.apply_async(func, (task,)))
+            if len(pending) >= window:
+                yield pending.popleft().get()
+        while pending:
             yield pending.popleft().get()
-    while pending:
-        yield pending.popleft().get()
+    finally:
+        settle(pending)
+
+
+def settle(results: Iterable[AsyncResult]) -> None:
+    """Wait (up to :data:`SETTLE_SECONDS` in all) for tasks submitted to a pool to finish.
+
+    A pool left early is terminated, and a worker killed while it hands back a result holds
+    the result queue's lock for ever: the pool's own shutdown then waits on that lock and the
+    process hangs. With every submitted task finished, the workers are idle when killed."""
+    deadline = time.monotonic() + SETTLE_SECONDS
+    for result in results:
+        result.wait(max(0.0, deadline - time.monotonic()))
