@@ -89,9 +89,15 @@ VARIANTS: dict[str, tuple[str, int, dict]] = {
     "ct2-beam5-latency-int8": ("ct2", 5, {"compute_type": "int8", "batch": 1}),
     "torch-greedy-latency": ("torch", 1, {"use_cache": True, "bf16": False, "batch": 1}),
     "ct2-greedy-latency": ("ct2", 1, {"compute_type": "float32", "batch": 1}),
+    "ct2-greedy-latency-int8": ("ct2", 1, {"compute_type": "int8", "batch": 1}),
     # at one sentence the products read every weight from memory: bf16 weights are half the bytes
     "torch-beam5-latency-bf16": ("torch", 5, {"use_cache": True, "bf16": True, "batch": 1}),
+    "torch-greedy-latency-bf16": ("torch", 1, {"use_cache": True, "bf16": True, "batch": 1}),
 }
+# each torch variant also without the fused decoding kernels (MTCLI_KERNELS=0: torch operations
+# only), to measure what they give in the same run
+VARIANTS.update({f"{name}-nokernels": (engine, beam, {**options, "kernels": False})
+                 for name, (engine, beam, options) in list(VARIANTS.items()) if engine == "torch"})
 
 
 def _peak_rss_mb() -> float:
@@ -284,6 +290,8 @@ def _machine() -> dict:
 
 def _run_worker(job: dict, timeout: float) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(job["threads"]), MKL_NUM_THREADS=str(job["threads"]))
+    if job.get("kernels") is False:
+        env["MTCLI_KERNELS"] = "0"
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(job)],
         capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO,
@@ -311,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-vocab", choices=["joint", "target"], default="joint",
                         help="the random model's softmax: the joint vocabulary or the target side's "
                              "pieces of the prepared cache (model.output_vocab)")
-    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="*", choices=list(VARIANTS),
+                        default=[v for v in VARIANTS if not v.endswith("-nokernels")])
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the variant list this many times, interleaved: each row is then "
                              "the variant's median round and each ratio the median of the rounds' "
@@ -425,18 +434,22 @@ def main(argv: list[str] | None = None) -> int:
             "torch-beam5-latency-bf16", "ct2-beam5-latency-int8"),
         "torch beam5 bf16 / ct2 fp32 beam5, one sentence a call (tokens/s)": ratio(
             "torch-beam5-latency-bf16", "ct2-beam5-latency"),
+        "torch greedy bf16 / ct2 int8 greedy, one sentence a call (tokens/s)": ratio(
+            "torch-greedy-latency-bf16", "ct2-greedy-latency-int8"),
+        **{f"{name} fused kernels / torch operations (tokens/s)": ratio(name, f"{name}-nokernels")
+           for name in VARIANTS if f"{name}-nokernels" in VARIANTS},
     }
-    header = f"{'variant':28s} {'sent/s':>8s} {'tok/s':>9s} {'out tok':>8s} {'sec':>7s} {'RSS MB':>7s}"
+    header = f"{'variant':36s} {'sent/s':>8s} {'tok/s':>9s} {'out tok':>8s} {'sec':>7s} {'RSS MB':>7s}"
     print(header)
     print("-" * len(header))
     for r in rows:
         if "error" in r:
-            print(f"{r['variant']:28s} error: {r['error']}")
+            print(f"{r['variant']:36s} error: {r['error']}")
             continue
         latency = f"  p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms" if "p50_ms" in r else ""
         each = r.get("tokens_per_s_rounds")
         each = "  rounds: " + " / ".join(f"{x:.0f}" if x else "-" for x in each) if each else ""
-        print(f"{r['variant']:28s} {r['sentences_per_s']:8.1f} {r['tokens_per_s']:9.1f} "
+        print(f"{r['variant']:36s} {r['sentences_per_s']:8.1f} {r['tokens_per_s']:9.1f} "
               f"{r['output_tokens']:8d} {r['seconds']:7.2f} {r['peak_rss_mb']:7.1f}{latency}{each}")
     for key, value in comparisons.items():
         if value is not None:

@@ -1,0 +1,210 @@
+"""Fused CPU kernels for incremental decoding: one step's attention in one call.
+
+A decoding step at a few rows is mostly small operations: on a CPU each torch call costs
+microseconds whatever its size, and at bf16 the attention's batched matrix products are far
+slower than their arithmetic. ``kernels.c`` does a step's self-attention (writing the new key
+and value into the cache) and its encoder-decoder attention in one call each, fp32 arithmetic
+on fp32 or bf16 tensors.
+
+The C file is compiled on first use with the system's C compiler (``cc``, or ``$CC``) for this
+CPU (``-march=native`` where the compiler takes it) into ``$XDG_CACHE_HOME/mtcli/kernels``
+(``~/.cache/mtcli/kernels``), named by a hash of the source, the compiler and the CPU's feature
+flags, so a cache shared by machines of different CPUs holds one library per CPU. Without a
+compiler, or when compiling fails, or with ``MTCLI_KERNELS=0``, :func:`available` is False and
+decoding runs the same steps as torch operations (a one-time warning says why).
+
+The functions take CPU tensors laid out as :class:`~mtcli.model.incremental.DecoderCache`
+keeps them; callers check :func:`usable` first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from mtcli.logs import get_logger
+
+SOURCE = Path(__file__).with_name("kernels.c")
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+_P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
+_SIGNATURES = {
+    "self_attention_step": [_P, _P, _P, _L, _I, _I, _I, _I, _I, _F, _P, _I],
+    "cross_attention_step": [_P, _P, _P, _L, _I, _P, _I, _I, _I, _I, _I, _F, _P, _I],
+}
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (Linux), or '' where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "mtcli" / "kernels"
+
+
+def _compile(compiler: str, flags: list[str], target: Path) -> None:
+    """Compile SOURCE into the shared library ``target`` (written under a temporary name, then
+    renamed, so a concurrent process never loads half a file)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        cmd = [compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", tmp, "-lm"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise OSError(f"{' '.join(cmd)}: {done.stderr.strip().splitlines()[-1:] or done.returncode}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _openmp_runtimes() -> set[str]:
+    """The OpenMP runtime files mapped into this process (Linux; empty elsewhere)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            paths = {line.split()[-1] for line in f if "/" in line}
+    except OSError:
+        return set()
+    return {p for p in paths if re.match(r"lib(g|i|)omp[0-9]*[.-]", os.path.basename(p))}
+
+
+def _build() -> tuple[ctypes.CDLL, bool]:
+    """The compiled library for this CPU, compiling it first if needed, and whether its OpenMP
+    loops may run on several threads.
+
+    The library is built with OpenMP where the compiler has it, else without. Its loops share
+    torch's threads when loading it maps no new OpenMP runtime (it links the ``libgomp.so.1``
+    torch loaded); were it to bring its own, that runtime's threads would compete with torch's,
+    so the kernels then run on one thread.
+    """
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        raise OSError("no C compiler found (cc, gcc or clang; or set CC)")
+    cpu = _cpu_flags()
+    base = ["-O3", "-fopenmp-simd", "-fno-math-errno", *(["-march=native"] if cpu else [])]
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    before = _openmp_runtimes()
+    error: OSError | None = None
+    for openmp in (True, False):
+        flags = base + (["-fopenmp"] if openmp else [])
+        key = hashlib.sha256("\0".join(
+            [SOURCE.read_text(encoding="utf-8"), compiler, version, " ".join(flags), platform.machine(), cpu]
+        ).encode()).hexdigest()[:16]
+        target = _cache_dir() / f"kernels-{key}.so"
+        try:
+            if not target.is_file():
+                _compile(compiler, flags, target)
+        except OSError as e:
+            error = error or e
+            continue
+        lib = ctypes.CDLL(str(target))
+        for name, argtypes in _SIGNATURES.items():
+            getattr(lib, name).argtypes = argtypes
+            getattr(lib, name).restype = None
+        return lib, openmp and not _openmp_runtimes() - before
+    assert error is not None
+    raise error
+
+
+@functools.cache
+def _library() -> tuple[ctypes.CDLL, bool] | None:
+    if os.environ.get("MTCLI_KERNELS", "1") == "0":
+        return None
+    try:
+        return _build()
+    except (OSError, subprocess.SubprocessError, AttributeError) as e:
+        get_logger().warning("fused decoding kernels unavailable (%s); decoding uses torch operations", e)
+        return None
+
+
+def _kernel(name: str) -> Callable[..., None]:
+    return getattr(_library()[0], name)
+
+
+def _threads() -> int:
+    """Threads the kernels may use: torch's, where they share its OpenMP runtime."""
+    return torch.get_num_threads() if _library()[1] else 1
+
+
+def available() -> bool:
+    """Whether the kernels are compiled and loaded (compiles them on the first call)."""
+    return _library() is not None
+
+
+def usable(*tensors: Tensor) -> bool:
+    """Whether the kernels can take ``tensors``: available, on the CPU, fp32 or bf16 all alike,
+    and no gradient recorded."""
+    dtype = tensors[0].dtype
+    return (
+        not torch.is_grad_enabled()
+        and all(t.device.type == "cpu" and t.dtype == dtype for t in tensors)
+        and dtype in _DTYPES
+        and available()
+    )
+
+
+def _rows_contiguous(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` and ``b`` are alike: each entry of the first axis contiguous, one stride
+    between entries (which the kernels take as a number)."""
+    return a.shape == b.shape and a.stride(0) == b.stride(0) and a[0].is_contiguous() and b[0].is_contiguous()
+
+
+def self_attention_step(qkv: Tensor, cache_k: Tensor, cache_v: Tensor, length: int) -> Tensor:
+    """Causal self-attention of the newest position, with the key/value cache (eq. 1).
+
+    ``qkv [N, 3 * d_model]`` (contiguous) holds each row's query, key and value; the key and
+    value are written at time ``length`` of ``cache_k``/``cache_v`` ``[max_len, N, h, d_k]``
+    (rows contiguous within a time step), and the result ``[N, d_model]`` is
+    ``softmax(q K^T / sqrt(d_k)) V`` over times ``0..length``, per head.
+    """
+    _, n, h, d_k = cache_k.shape
+    if not (qkv.is_contiguous() and _rows_contiguous(cache_k, cache_v)):
+        raise ValueError("self_attention_step: qkv must be contiguous and the caches rows-contiguous")
+    out = torch.empty(n, h * d_k, dtype=qkv.dtype)
+    _kernel("self_attention_step")(
+        qkv.data_ptr(), cache_k.data_ptr(), cache_v.data_ptr(), cache_k.stride(0), length, n, h, d_k,
+        _DTYPES[qkv.dtype], d_k**-0.5, out.data_ptr(), _threads(),
+    )
+    return out
+
+
+def cross_attention_step(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """Encoder-decoder attention of one step, ``group`` queries per sentence (eq. 1).
+
+    ``q [sentences, group, d_model]`` (contiguous), ``k``/``v [sentences, h, S, d_k]``
+    (contiguous within a sentence), ``mask`` additive fp32 ``[sentences, 1, 1, S]`` or None.
+    Returns ``[sentences * group, d_model]``.
+    """
+    sentences, h, s, d_k = k.shape
+    group = q.size(1)
+    if not (q.is_contiguous() and _rows_contiguous(k, v)
+            and (mask is None or (mask.is_contiguous() and mask.dtype == torch.float32))):
+        raise ValueError("cross_attention_step: q, mask and each sentence's keys/values must be contiguous")
+    out = torch.empty(sentences * group, h * d_k, dtype=q.dtype)
+    _kernel("cross_attention_step")(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), s,
+        None if mask is None else mask.data_ptr(), sentences, group, h, d_k, _DTYPES[q.dtype],
+        d_k**-0.5, out.data_ptr(), _threads(),
+    )
+    return out

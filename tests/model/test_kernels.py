@@ -1,0 +1,131 @@
+"""Tests for mtcli.model.kernels: the fused decoding kernels against the torch operations they
+replace, and decoding with and without them."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+
+from mtcli.model import Transformer, kernels
+from mtcli.model.attention import padding_attn_mask
+from tests.model.test_transformer import make_batch, make_model
+
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no C compiler: the kernels are not built")
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d_k) + mask) v in float64: q [.., g, d_k], k/v [.., S, d_k]."""
+    q, k, v = q.double(), k.double(), v.double()
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores + mask.double()
+    return torch.softmax(scores, -1) @ v
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("length", [0, 1, 6])
+def test_self_attention_step_writes_the_cache_and_attends_to_the_past(dtype: torch.dtype, length: int) -> None:
+    g = torch.Generator().manual_seed(length)
+    n, h, d_k, max_len, capacity = 5, 4, 8, 9, 7
+    buffers = [torch.randn(max_len, capacity, h, d_k, generator=g).to(dtype) for _ in range(2)]
+    cache_k, cache_v = (b[:, :n] for b in buffers)  # rows of a wider buffer, as after a reorder
+    qkv = torch.randn(n, 3 * h * d_k, generator=g).to(dtype)
+    untouched = [b.clone() for b in buffers]
+    with torch.inference_mode():
+        out = kernels.self_attention_step(qkv, cache_k, cache_v, length)
+    parts = qkv.view(n, 3, h, d_k)
+    assert torch.equal(cache_k[length], parts[:, 1]) and torch.equal(cache_v[length], parts[:, 2])
+    for before, after in zip(untouched, buffers, strict=True):  # nothing else written
+        after = after.clone()
+        after[length, :n] = before[length, :n]
+        assert torch.equal(before, after)
+    q = parts[:, 0].unsqueeze(2)  # [n, h, 1, d_k]
+    k, v = (c[: length + 1].permute(1, 2, 0, 3) for c in (cache_k, cache_v))
+    expected = reference_attention(q, k, v, None).reshape(n, h * d_k)
+    assert out.dtype == dtype and out.shape == (n, h * d_k)
+    torch.testing.assert_close(out.double(), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("masked", [False, True])
+def test_cross_attention_step_groups_queries_per_sentence(dtype: torch.dtype, masked: bool) -> None:
+    g = torch.Generator().manual_seed(3)
+    sentences, group, h, s, d_k = 3, 2, 4, 6, 8
+    k_all, v_all = (torch.randn(sentences + 2, h, s, d_k, generator=g).to(dtype) for _ in range(2))
+    k, v = k_all[:sentences], v_all[:sentences]
+    q = torch.randn(sentences, group, h * d_k, generator=g).to(dtype)
+    mask = padding_attn_mask(torch.arange(s)[None, :] >= torch.tensor([[6], [2], [4]])) if masked else None
+    with torch.inference_mode():
+        out = kernels.cross_attention_step(q, k, v, mask)
+    heads = q.view(sentences, group, h, d_k).transpose(1, 2)  # [sentences, h, group, d_k]
+    expected = reference_attention(heads, k, v, mask).transpose(1, 2).reshape(sentences * group, h * d_k)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@needs_kernels
+def test_kernels_refuse_a_layout_they_cannot_read() -> None:
+    cache = torch.zeros(4, 3, 2, 8)
+    with torch.inference_mode(), pytest.raises(ValueError, match="contiguous"):
+        kernels.self_attention_step(torch.zeros(3, 48), cache.transpose(2, 3), cache.transpose(2, 3), 0)
+
+
+def decode_steps(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+    """Cached logits of every position of ``tgt`` (two rows per sentence), one step at a time."""
+    enc = model.encode(src)
+    cache = model.init_cache(enc, beam_size=2, max_len=tgt.size(1))
+    rows = tgt.repeat_interleave(2, 0)
+    return torch.cat([model.decode(rows[:, t : t + 1], enc, cache) for t in range(tgt.size(1))], 1)
+
+
+@needs_kernels
+@pytest.mark.parametrize("bf16", [False, True])
+def test_decoding_with_the_kernels_matches_torch_operations(monkeypatch: pytest.MonkeyPatch, bf16: bool) -> None:
+    model = make_model()
+    src, tgt = make_batch()
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+    with torch.inference_mode(), autocast:
+        fused = decode_steps(model, src, tgt)
+        monkeypatch.setattr(kernels, "_library", lambda: None)
+        assert not kernels.available()
+        plain = decode_steps(model, src, tgt)
+    tolerance = 5e-2 if bf16 else 1e-5
+    torch.testing.assert_close(fused.float(), plain.float(), atol=tolerance, rtol=tolerance)
+
+
+def test_without_a_compiler_decoding_falls_back_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    kernels._library.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="mtcli"):
+            assert not kernels.available() and not kernels.available()
+        warnings = [r.getMessage() for r in caplog.records]
+        assert len(warnings) == 1 and "kernels unavailable" in warnings[0] and "no-such-compiler" in warnings[0]
+        model = make_model()
+        src, tgt = make_batch()
+        with torch.inference_mode():
+            torch.testing.assert_close(decode_steps(model, src, tgt)[::2], model(src, tgt), atol=1e-5, rtol=1e-5)
+    finally:
+        monkeypatch.undo()
+        kernels._library.cache_clear()
+
+
+def test_the_library_is_named_by_the_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    if kernels.shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: "fpu sse2")
+    kernels._build()
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: "fpu sse2 avx2")
+    kernels._build()
+    built = sorted(p.name for p in (tmp_path / "mtcli" / "kernels").iterdir())
+    assert len(built) == 2 and all(name.startswith("kernels-") and name.endswith(".so") for name in built)
