@@ -22,9 +22,10 @@
 typedef uint16_t bf16;
 
 static inline float bf16_to_float(bf16 x) {
-    union { uint32_t u; float f; } v;
-    v.u = (uint32_t)x << 16;
-    return v.f;
+    const uint32_t bits = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &bits, sizeof(f));
+    return f;
 }
 
 static inline bf16 float_to_bf16(float f) {
@@ -98,20 +99,21 @@ static inline float exp_nonpositive(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    union { uint32_t u; float f; } scale;
-    scale.u = (uint32_t)((int32_t)n + 127) << 23;
-    return x < -87.0f ? 0.0f : p * scale.f;
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof(scale));
+    return x < -87.0f ? 0.0f : p * scale;
 }
 
 static inline void softmax(float* s, int n) {
-    float m = -INFINITY, z = 0.0f;
+    float m = -INFINITY;
 #pragma omp simd reduction(max : m)
     for (int t = 0; t < n; t++) m = s[t] > m ? s[t] : m;
+#pragma omp simd
+    for (int t = 0; t < n; t++) s[t] = exp_nonpositive(s[t] - m);
+    float z = 0.0f;
 #pragma omp simd reduction(+ : z)
-    for (int t = 0; t < n; t++) {
-        s[t] = exp_nonpositive(s[t] - m);
-        z += s[t];
-    }
+    for (int t = 0; t < n; t++) z += s[t];
     const float inv = 1.0f / z;
 #pragma omp simd
     for (int t = 0; t < n; t++) s[t] *= inv;
@@ -187,4 +189,36 @@ void cross_attention_step(const void* q, const void* k, const void* v, long sent
             }
         }
     }
+}
+
+/* sum_i e^(x[i] - m) over n values (x[i] <= m) */
+static float sum_exp(const float* x, int n, float m) {
+    float z = 0.0f;
+#pragma omp simd reduction(+ : z)
+    for (int i = 0; i < n; i++) z += exp_nonpositive(x[i] - m);
+    return z;
+}
+
+static void row_statistics(const float* x, int chunks, int width, float* chunk_max, float* lse) {
+    float m = -INFINITY;
+    for (int c = 0; c < chunks; c++) {
+        float cm = -INFINITY;
+#pragma omp simd reduction(max : cm)
+        for (int i = 0; i < width; i++) cm = x[c * width + i] > cm ? x[c * width + i] : cm;
+        chunk_max[c] = cm;
+        m = cm > m ? cm : m;
+    }
+    *lse = m + logf(sum_exp(x, chunks * width, m));
+}
+
+/* The statistics a search step needs of each row of logits [rows, chunks * width] (fp32):
+ * the maximum of every run of `width` columns into chunk_max [rows, chunks], and
+ * logZ = log sum_v e^(logits[v]) into lse [rows]. One read of the row for the maxima, one for
+ * the sum. */
+void score_statistics(const float* logits, int rows, int chunks, int width, float* chunk_max,
+                      float* lse, int threads) {
+    const long columns = (long)chunks * width;
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * columns > 4 * PARALLEL_WORK)
+    for (int r = 0; r < rows; r++)
+        row_statistics(logits + r * columns, chunks, width, chunk_max + (long)r * chunks, lse + r);
 }

@@ -70,6 +70,20 @@ def test_cross_attention_step_groups_queries_per_sentence(dtype: torch.dtype, ma
 
 
 @needs_kernels
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_score_statistics_are_chunk_maxima_and_log_normalizer(rows: int) -> None:
+    g = torch.Generator().manual_seed(rows)
+    logits = torch.randn(rows, 96, generator=g) * 8
+    logits[:, 90:] = float("-inf")  # padding columns past the vocabulary
+    logits[0, :5] = torch.tensor([80.0, -80.0, -100.0, 0.0, 1e-3])  # far below the maximum: e^x ~ 0
+    chunk_max, lse = kernels.score_statistics(logits, 16)
+    assert torch.equal(chunk_max, logits.view(rows, 6, 16).amax(2))
+    torch.testing.assert_close(lse, torch.logsumexp(logits.double(), 1).float(), atol=2e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="whole number of chunks"):
+        kernels.score_statistics(logits, 17)
+
+
+@needs_kernels
 def test_kernels_refuse_a_layout_they_cannot_read() -> None:
     cache = torch.zeros(4, 3, 2, 8)
     with torch.inference_mode(), pytest.raises(ValueError, match="contiguous"):
