@@ -76,7 +76,8 @@ def _compile(compiler: str, flags: list[str], target: Path) -> None:
         cmd = [compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", tmp, "-lm"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
-            raise OSError(f"{' '.join(cmd)}: {done.stderr.strip().splitlines()[-1:] or done.returncode}")
+            last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+            raise OSError(f"{' '.join(cmd)}: {last}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -97,7 +98,8 @@ def _build() -> tuple[ctypes.CDLL, bool]:
     """The compiled library for this CPU, compiling it first if needed, and whether its OpenMP
     loops may run on several threads.
 
-    The library is built with OpenMP where the compiler has it, else without. Its loops share
+    The library is built with OpenMP and for this CPU where the compiler can, else without
+    OpenMP, else for any CPU of this architecture. Its loops share
     torch's threads when loading it maps no new OpenMP runtime (it links the ``libgomp.so.1``
     torch loaded); were it to bring its own, that runtime's threads would compete with torch's,
     so the kernels then run on one thread.
@@ -106,12 +108,13 @@ def _build() -> tuple[ctypes.CDLL, bool]:
     if compiler is None:
         raise OSError("no C compiler found (cc, gcc or clang; or set CC)")
     cpu = _cpu_flags()
-    base = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", *(["-march=native"] if cpu else [])]
+    base = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math"]
+    native = ["-march=native"] if cpu else []
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     before = _openmp_runtimes()
     error: OSError | None = None
-    for openmp in (True, False):
-        flags = base + (["-fopenmp"] if openmp else [])
+    for flags in (base + native + ["-fopenmp"], base + native, base):
+        openmp = "-fopenmp" in flags
         key = hashlib.sha256("\0".join(
             [SOURCE.read_text(encoding="utf-8"), compiler, version, " ".join(flags), platform.machine(), cpu]
         ).encode()).hexdigest()[:16]

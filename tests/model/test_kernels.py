@@ -143,3 +143,18 @@ def test_the_library_is_named_by_the_cpu(monkeypatch: pytest.MonkeyPatch, tmp_pa
     kernels._build()
     built = sorted(p.name for p in (tmp_path / "mtcli" / "kernels").iterdir())
     assert len(built) == 2 and all(name.startswith("kernels-") and name.endswith(".so") for name in built)
+
+
+def test_a_compiler_without_openmp_gives_one_thread_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    cc = kernels.shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    fake = tmp_path / "cc-without-openmp"
+    fake.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && exit 1; done\nexec {cc} "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    lib, parallel = kernels._build()
+    assert not parallel and lib.self_attention_step is not None
+    built = [p.name for p in (tmp_path / "cache" / "mtcli" / "kernels").iterdir()]
+    assert len(built) == 1 and built[0].endswith(".so")  # the failed build left no temporary file
