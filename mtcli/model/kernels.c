@@ -1,9 +1,11 @@
-/* The attention of one incremental decoding step, fused (see kernels.py).
+/* The attention of one incremental decoding step, and the search's statistics of its logits,
+ * fused (see kernels.py).
  *
  * A decoding step on a CPU runs a few hundred torch operations on tensors of a few kilobytes;
  * each costs microseconds of dispatch whatever its size, and at bf16 the attention's batched
- * matrix products are slower still. These functions do a step's self-attention and its
- * encoder-decoder attention in one call each, on the tensors' memory, with fp32 arithmetic.
+ * matrix products are slower still. These functions do a step's self-attention, its
+ * encoder-decoder attention, and each row's chunk maxima and log Z, in one call each, on the
+ * tensors' memory, with fp32 arithmetic.
  *
  * Element types: fp32 (dtype 0) or bf16 (dtype 1, the upper half of an fp32; stored rounded
  * to nearest even). Scores, softmax and sums are fp32 in both cases.
