@@ -57,6 +57,15 @@ class PackedLinear(nn.Module):
         )
         return out.view(*shape[:-1], self.out_features)
 
+    def transposed(self) -> tuple[Tensor, Tensor | None]:
+        """``(W^T [in, out], b)`` in fp32, recovered from the packed weight (a product with the
+        identity, exact): for :func:`mtcli.model.kernels.decoder_step`, which reads plain
+        weights. Only for fp32 packing."""
+        if self.dtype != torch.float32:
+            raise ValueError("transposed: only an fp32 packed weight")
+        eye = torch.eye(self.in_features)
+        return torch.ops.mkldnn._linear_pointwise(eye, self._packed, None, "none", [], ""), self._bias
+
     def extra_repr(self) -> str:
         relu = ", relu" if self._post == "relu" else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, packed {self.dtype}{relu}"

@@ -17,6 +17,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* multiply-adds below which a call stays on one thread (a fork/join costs a few microseconds) */
 #define PARALLEL_WORK 32768L
@@ -223,4 +226,140 @@ void score_statistics(const float* logits, int rows, int chunks, int width, floa
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows * columns > 4 * PARALLEL_WORK)
     for (int r = 0; r < rows; r++)
         row_statistics(logits + r * columns, chunks, width, chunk_max + (long)r * chunks, lse + r);
+}
+
+/* ---- A whole decoder step for a few rows (one sentence's beams, or greedy at one row) ---- */
+
+#define BLOCK 16 /* outputs a product computes at a time, per row: one 512-bit vector */
+
+/* y[r, o0:o1) = b + x[r, :] @ wt[:, o0:o1) for R rows (wt [in, out], row-major), the rows' sums
+ * for one block of outputs kept in registers while the weights stream past once. */
+#define SMALL_PRODUCT(R)                                                                          \
+    static void small_product_##R(const float* x, int in, int out, const float* wt,             \
+                                  const float* b, int relu, float* y, int o0, int o1) {         \
+        int o = o0;                                                                               \
+        for (; o + BLOCK <= o1; o += BLOCK) {                                                     \
+            float acc[R][BLOCK];                                                                  \
+            for (int r = 0; r < R; r++)                                                           \
+                for (int l = 0; l < BLOCK; l++) acc[r][l] = b ? b[o + l] : 0.0f;                  \
+            for (int i = 0; i < in; i++) {                                                        \
+                const float* w = wt + (long)i * out + o;                                          \
+                for (int r = 0; r < R; r++) {                                                     \
+                    const float xi = x[(long)r * in + i];                                         \
+                    _Pragma("omp simd") for (int l = 0; l < BLOCK; l++) acc[r][l] += xi * w[l];   \
+                }                                                                                 \
+            }                                                                                     \
+            for (int r = 0; r < R; r++)                                                           \
+                for (int l = 0; l < BLOCK; l++)                                                   \
+                    y[(long)r * out + o + l] = relu && acc[r][l] < 0.0f ? 0.0f : acc[r][l];       \
+        }                                                                                         \
+        for (; o < o1; o++)                                                                       \
+            for (int r = 0; r < R; r++) {                                                         \
+                float s = b ? b[o] : 0.0f;                                                        \
+                for (int i = 0; i < in; i++) s += x[(long)r * in + i] * wt[(long)i * out + o];    \
+                y[(long)r * out + o] = relu && s < 0.0f ? 0.0f : s;                               \
+            }                                                                                     \
+    }
+SMALL_PRODUCT(1)
+SMALL_PRODUCT(2)
+SMALL_PRODUCT(3)
+SMALL_PRODUCT(4)
+SMALL_PRODUCT(5)
+SMALL_PRODUCT(6)
+SMALL_PRODUCT(7)
+SMALL_PRODUCT(8)
+
+typedef void (*small_product_fn)(const float*, int, int, const float*, const float*, int, float*, int, int);
+static const small_product_fn SMALL_PRODUCTS[9] = {
+    NULL, small_product_1, small_product_2, small_product_3, small_product_4,
+    small_product_5, small_product_6, small_product_7, small_product_8,
+};
+
+/* y = x @ wt + b (ReLU'd if relu) for n rows, the outputs shared out over the threads */
+static void small_product(const float* x, int n, int in, int out, const float* wt, const float* b,
+                          int relu, float* y, int threads) {
+    const int blocks = (out + BLOCK - 1) / BLOCK;
+#pragma omp parallel num_threads(threads) if ((long)in * out > PARALLEL_WORK)
+    {
+        int t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        const int o0 = (int)((long)blocks * t / nt) * BLOCK;
+        int o1 = (int)((long)blocks * (t + 1) / nt) * BLOCK;
+        o1 = o1 > out ? out : o1;
+        for (int r = 0; r < n; r += 8) {
+            const int rows = n - r < 8 ? n - r : 8;
+            SMALL_PRODUCTS[rows](x + (long)r * in, in, out, wt, b, relu, y + (long)r * out, o0, o1);
+        }
+    }
+}
+
+/* x = LayerNorm(x + y) (post-norm) over n rows of d; or, with y NULL, out = LayerNorm(x) */
+static void layer_norm(float* x, const float* y, int n, int d, const float* w, const float* b,
+                       float eps, float* out) {
+    for (int r = 0; r < n; r++) {
+        float* xr = x + (long)r * d;
+        float* o = (out ? out : x) + (long)r * d;
+        float mean = 0.0f, var = 0.0f;
+        if (y)
+            for (int i = 0; i < d; i++) xr[i] += y[(long)r * d + i];
+#pragma omp simd reduction(+ : mean)
+        for (int i = 0; i < d; i++) mean += xr[i];
+        mean /= (float)d;
+#pragma omp simd reduction(+ : var)
+        for (int i = 0; i < d; i++) var += (xr[i] - mean) * (xr[i] - mean);
+        const float inv = 1.0f / sqrtf(var / (float)d + eps);
+#pragma omp simd
+        for (int i = 0; i < d; i++) o[i] = (xr[i] - mean) * inv * w[i] + b[i];
+    }
+}
+
+#define LAYER_WEIGHTS 18 /* pointers per layer in decoder_step's weights, in this order: */
+enum { WQKV, BQKV, WO, BO, LN0W, LN0B, WQ, BQ, WC, BC, LN1W, LN1B, W1, B1, W2, B2, LN2W, LN2B };
+
+/* One decoder step for n <= 8 rows in fp32: x [n, d] (embeddings + positions) through every
+ * layer, with the caches as self_attention_step and cross_attention_step take them, then the
+ * output product into logits [n, vout]. weights: LAYER_WEIGHTS pointers per layer (products
+ * transposed, [in, out]), then the final LayerNorm's weight and bias (pre-norm; else NULL)
+ * and the output product [d, vout]. */
+void decoder_step(const float* const* weights, int layers, int d, int h, int dff, int vout,
+                  int pre_norm, float eps, float* x, int n, void* const* self_k, void* const* self_v,
+                  long time_stride, int length, const void* const* cross_k,
+                  const void* const* cross_v, long sentence_stride, int S, const float* mask,
+                  int group, float* logits, int threads) {
+    const int dk = d / h;
+    const float scale = 1.0f / sqrtf((float)dk);
+    float qkv[n * 3 * d], a[n * d], y[n * d], hidden[n * dff], normed[n * d];
+    for (int l = 0; l < layers; l++) {
+        const float* const* w = weights + (long)l * LAYER_WEIGHTS;
+        const float* in = x;
+        if (pre_norm) { layer_norm(x, NULL, n, d, w[LN0W], w[LN0B], eps, normed); in = normed; }
+        small_product(in, n, d, 3 * d, w[WQKV], w[BQKV], 0, qkv, threads);
+        self_attention_step(qkv, self_k[l], self_v[l], time_stride, length, n, h, dk, 0, scale, a, 1);
+        small_product(a, n, d, d, w[WO], w[BO], 0, y, threads);
+        if (pre_norm) for (int i = 0; i < n * d; i++) x[i] += y[i];
+        else layer_norm(x, y, n, d, w[LN0W], w[LN0B], eps, NULL);
+
+        in = x;
+        if (pre_norm) { layer_norm(x, NULL, n, d, w[LN1W], w[LN1B], eps, normed); in = normed; }
+        small_product(in, n, d, d, w[WQ], w[BQ], 0, qkv, threads);
+        cross_attention_step(qkv, cross_k[l], cross_v[l], sentence_stride, S, mask, n / group, group, h,
+                             dk, 0, scale, a, 1);
+        small_product(a, n, d, d, w[WC], w[BC], 0, y, threads);
+        if (pre_norm) for (int i = 0; i < n * d; i++) x[i] += y[i];
+        else layer_norm(x, y, n, d, w[LN1W], w[LN1B], eps, NULL);
+
+        in = x;
+        if (pre_norm) { layer_norm(x, NULL, n, d, w[LN2W], w[LN2B], eps, normed); in = normed; }
+        small_product(in, n, d, dff, w[W1], w[B1], 1, hidden, threads);
+        small_product(hidden, n, dff, d, w[W2], w[B2], 0, y, threads);
+        if (pre_norm) for (int i = 0; i < n * d; i++) x[i] += y[i];
+        else layer_norm(x, y, n, d, w[LN2W], w[LN2B], eps, NULL);
+    }
+    const float* const* tail = weights + (long)layers * LAYER_WEIGHTS;
+    const float* out_in = x;
+    if (tail[0]) { layer_norm(x, NULL, n, d, tail[0], tail[1], eps, normed); out_in = normed; }
+    small_product(out_in, n, d, vout, tail[2], NULL, 0, logits, threads);
 }

@@ -33,11 +33,15 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from mtcli.logs import get_logger
+
+if TYPE_CHECKING:
+    from mtcli.model.incremental import DecoderCache
 
 SOURCE = Path(__file__).with_name("kernels.c")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
@@ -46,6 +50,7 @@ _SIGNATURES = {
     "self_attention_step": [_P, _P, _P, _L, _I, _I, _I, _I, _I, _F, _P, _I],
     "cross_attention_step": [_P, _P, _P, _L, _I, _P, _I, _I, _I, _I, _I, _F, _P, _I],
     "score_statistics": [_P, _I, _I, _I, _P, _P, _I],
+    "decoder_step": [_P, _I, _I, _I, _I, _I, _I, _F, _P, _I, _P, _P, _L, _I, _P, _P, _L, _I, _P, _I, _P, _I],
 }
 
 
@@ -230,3 +235,96 @@ def score_statistics(logits: Tensor, width: int) -> tuple[Tensor, Tensor]:
         logits.data_ptr(), rows, columns // width, width, chunk_max.data_ptr(), lse.data_ptr(), _threads()
     )
     return chunk_max, lse
+
+
+#: Most decoder rows :func:`decoder_step` takes: one sentence's beams, or a few greedy rows.
+SMALL_STEP_ROWS = 8
+
+
+def _transposed(linear: nn.Module) -> tuple[Tensor, Tensor | None] | None:
+    """``(W^T [in, out], b)`` fp32 of a product, or None for one the step cannot read."""
+    if isinstance(linear, nn.Linear):
+        if linear.weight.dtype != torch.float32:
+            return None
+        return linear.weight.detach().t().contiguous(), linear.bias
+    transposed = getattr(linear, "transposed", None)  # a decoding copy's packed product
+    if transposed is None or getattr(linear, "dtype", None) != torch.float32:
+        return None
+    return transposed()
+
+
+class DecoderPlan:
+    """A model's decoder weights laid out for :func:`decoder_step`: each product transposed
+    (``[in, out]``, fp32), in the C function's order. Built once per decoding model (about the
+    decoder's size again in memory); :meth:`build` gives None for a model the step cannot run
+    (another precision, int8 products, a LayerNorm without bias)."""
+
+    def __init__(self, tensors: list[Tensor | None], layers: int, d: int, h: int, dff: int,
+                 vout: int, pre_norm: bool, eps: float) -> None:
+        self.tensors = [t.detach().float().contiguous() if t is not None else None for t in tensors]
+        pointers = [0 if t is None else t.data_ptr() for t in self.tensors]
+        self.pointers = (ctypes.c_void_p * len(pointers))(*pointers)
+        self.layers, self.d, self.h, self.dff, self.vout = layers, d, h, dff, vout
+        self.pre_norm, self.eps = pre_norm, eps
+
+    @classmethod
+    def build(cls, model: nn.Module) -> DecoderPlan | None:
+        """The plan of ``model`` (a :class:`~mtcli.model.Transformer` or its decoding copy)."""
+        decoder = model.decoder
+        tensors: list[Tensor | None] = []
+        for layer in decoder.layers:
+            norms = [sub.norm for sub in layer.sublayer]
+            products = [layer.self_attn.qkv_proj, layer.self_attn.out_proj, layer.cross_attn.q_proj,
+                        layer.cross_attn.out_proj, layer.feed_forward.w_1, layer.feed_forward.w_2]
+            parts = [_transposed(p) for p in products]
+            if any(p is None for p in parts) or any(n.bias is None for n in norms):
+                return None
+            (qkv, o, q, c, w1, w2) = parts
+            tensors += [*qkv, *o, norms[0].weight, norms[0].bias, *q, *c, norms[1].weight,
+                        norms[1].bias, *w1, *w2, norms[2].weight, norms[2].bias]
+        final = decoder.norm
+        decoding = getattr(model, "_decoding_output", None)
+        output = decoding[0] if decoding is not None else model.output_rows_weight()
+        tensors += [None if final is None else final.weight, None if final is None else final.bias,
+                    output.detach().t()]
+        first = decoder.layers[0]
+        return cls(tensors, len(decoder.layers), first.self_attn.d_model, first.self_attn.n_heads,
+                   first.feed_forward.w_2.in_features, output.size(0), final is not None,
+                   first.sublayer[0].norm.eps)
+
+
+def decoder_step_takes(cache: DecoderCache) -> bool:
+    """Whether :func:`decoder_step` can run this step: at most :data:`SMALL_STEP_ROWS` rows,
+    fp32 caches laid out as :class:`~mtcli.model.incremental.DecoderCache` makes them, no
+    shortlist, no autocast, no gradient, and the kernels available."""
+    k, c = cache.self_k[0], cache.cross_k[0]
+    selfs, crosses = cache.self_k + cache.self_v, cache.cross_k + cache.cross_v
+    return (
+        cache.rows <= SMALL_STEP_ROWS and cache.output_product is None
+        and k.dtype == torch.float32 and not torch.is_autocast_enabled("cpu") and usable(k, c)
+        and all(t.stride() == k.stride() and t[0].is_contiguous() for t in selfs)
+        and all(t.stride() == c.stride() and t.dtype == k.dtype and t[0].is_contiguous() for t in crosses)
+        and (cache.cross_mask is None or cache.cross_mask.is_contiguous())
+    )
+
+
+def decoder_step(plan: DecoderPlan, x: Tensor, cache: DecoderCache) -> Tensor:
+    """One decoder step in one call: ``x [n, 1, d_model]`` (the newest tokens' embeddings plus
+    positions, overwritten) through every layer, writing the caches at ``cache.length``, and the
+    output product: logits ``[n, 1, output_size]``. For at most :data:`SMALL_STEP_ROWS` rows,
+    fp32 throughout; the caller advances ``cache.length``."""
+    n = x.size(0)
+    x = x.reshape(n, plan.d).contiguous()
+    k0, c0 = cache.self_k[0], cache.cross_k[0]
+    mask = cache.cross_mask
+    logits = torch.empty(n, plan.vout)
+    self_k = (ctypes.c_void_p * plan.layers)(*[t.data_ptr() for t in cache.self_k])
+    self_v = (ctypes.c_void_p * plan.layers)(*[t.data_ptr() for t in cache.self_v])
+    cross_k = (ctypes.c_void_p * plan.layers)(*[t.data_ptr() for t in cache.cross_k])
+    cross_v = (ctypes.c_void_p * plan.layers)(*[t.data_ptr() for t in cache.cross_v])
+    _kernel("decoder_step")(
+        plan.pointers, plan.layers, plan.d, plan.h, plan.dff, plan.vout, int(plan.pre_norm), plan.eps,
+        x.data_ptr(), n, self_k, self_v, k0.stride(0), cache.length, cross_k, cross_v, c0.stride(0),
+        c0.size(2), None if mask is None else mask.data_ptr(), cache.group, logits.data_ptr(), _threads(),
+    )
+    return logits.view(n, 1, plan.vout)

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from mtcli.config import ModelConfig
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from mtcli.model import kernels
 from mtcli.model.attention import padding_attn_mask
 from mtcli.model.incremental import DecoderCache, EncoderOutput, Workspace
 from mtcli.model.layers import (
@@ -218,12 +219,28 @@ class Transformer(nn.Module):
                 raise ValueError(f"decode with a cache takes [{cache.rows}, 1] tokens, got {list(tgt_in.shape)}")
             if cache.length >= cache.max_len:
                 raise ValueError(f"decoder cache is full ({cache.max_len} positions)")
+            plan = self._decoder_plan(cache)
+            if plan is not None:  # a few rows: the whole step in one fused call
+                x = self.decoder.positions(self.decoder.embed(tgt_in), cache.length)
+                logits = kernels.decoder_step(plan, x, cache)
+                cache.length += 1
+                return logits
             hidden = self.decoder.step(tgt_in, cache)
             if cache.output_product is not None:
                 return cache.output_product(hidden)
         if cache is None or torch.is_grad_enabled() or self.output_product is not None:
             return self.project(hidden)
         return self._cached_projection(hidden, cache)
+
+    def _decoder_plan(self, cache: DecoderCache) -> kernels.DecoderPlan | None:
+        """The fused step's weights when this step can take it: a decoding copy (its weights
+        never change; see :meth:`for_decoding`) in eval mode, a step :func:`kernels.decoder_step_takes`.
+        Built on first use and kept."""
+        if self._decoding_output is None or self.training or not kernels.decoder_step_takes(cache):
+            return None
+        if not hasattr(self, "_plan"):
+            self._plan = kernels.DecoderPlan.build(self)
+        return self._plan
 
     def _cached_projection(self, hidden: Tensor, cache: DecoderCache) -> Tensor:
         """:meth:`project` of one step ``[rows, 1, d]`` with the transposed weight

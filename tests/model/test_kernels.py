@@ -90,11 +90,11 @@ def test_kernels_refuse_a_layout_they_cannot_read() -> None:
         kernels.self_attention_step(torch.zeros(3, 48), cache.transpose(2, 3), cache.transpose(2, 3), 0)
 
 
-def decode_steps(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-    """Cached logits of every position of ``tgt`` (two rows per sentence), one step at a time."""
+def decode_steps(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, group: int = 2) -> torch.Tensor:
+    """Cached logits of every position of ``tgt`` (``group`` rows per sentence), one step at a time."""
     enc = model.encode(src)
-    cache = model.init_cache(enc, beam_size=2, max_len=tgt.size(1))
-    rows = tgt.repeat_interleave(2, 0)
+    cache = model.init_cache(enc, beam_size=group, max_len=tgt.size(1))
+    rows = tgt.repeat_interleave(group, 0)
     return torch.cat([model.decode(rows[:, t : t + 1], enc, cache) for t in range(tgt.size(1))], 1)
 
 
@@ -158,3 +158,39 @@ def test_a_compiler_without_openmp_gives_one_thread_kernels(monkeypatch: pytest.
     assert not parallel and lib.self_attention_step is not None
     built = [p.name for p in (tmp_path / "cache" / "mtcli" / "kernels").iterdir()]
     assert len(built) == 1 and built[0].endswith(".so")  # the failed build left no temporary file
+
+
+@needs_kernels
+@pytest.mark.parametrize("pre_norm", [False, True])
+@pytest.mark.parametrize("beam", [1, 2])
+def test_the_fused_decoder_step_matches_the_model(pre_norm: bool, beam: int) -> None:
+    from mtcli.infer.packed import pack_for_decoding
+
+    model = make_model(pre_norm=pre_norm, tie_embeddings=False)
+    decoding = pack_for_decoding(model)
+    src, tgt = make_batch()  # 3 sentences of different lengths: a padding mask
+    with torch.inference_mode():
+        enc = decoding.encode(src)
+        assert kernels.decoder_step_takes(decoding.init_cache(enc, beam_size=beam))
+        fused = decode_steps(decoding, src, tgt, beam)
+        assert decoding._plan is not None  # the step ran fused (3 x beam <= 8 rows)
+        expected = model(src, tgt).repeat_interleave(beam, 0)
+    torch.testing.assert_close(fused, expected, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernels
+def test_the_fused_step_is_only_for_a_few_fp32_rows_of_a_decoding_copy() -> None:
+    from mtcli.infer.packed import pack_for_decoding
+
+    model = make_model()
+    src, tgt = make_batch()
+    with torch.inference_mode():
+        enc = model.encode(src)
+        decode_steps(model, src, tgt, 1)
+        assert not hasattr(model, "_plan")  # a model being trained: its weights change
+        decoding = pack_for_decoding(model)
+        many = decoding.init_cache(decoding.encode(src), beam_size=3)  # 9 rows
+        assert not kernels.decoder_step_takes(many)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert not kernels.decoder_step_takes(decoding.init_cache(decoding.encode(src)))
+        assert kernels.decoder_step_takes(model.init_cache(enc))
