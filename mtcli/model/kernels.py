@@ -1,5 +1,5 @@
-"""Fused CPU kernels for incremental decoding: one step's attention, and the search's
-statistics of the logits, in one call each.
+"""Fused CPU kernels for incremental decoding: one step's attention, the search's statistics
+of the logits, and the whole decoder step for a few rows, in one call each.
 
 A decoding step at a few rows is mostly small operations: on a CPU each torch call costs
 microseconds whatever its size, and at bf16 the attention's batched matrix products are far
@@ -8,6 +8,11 @@ and value into the cache) and its encoder-decoder attention in one call each, fp
 on fp32 or bf16 tensors, and gives the search each row's chunk maxima and ``log Z`` in two
 reads of the logits (:func:`mtcli.infer.search.step_scores`). Exponentials use a polynomial
 the compiler vectorizes (relative error about 1e-7, as ``expf``).
+
+For at most :data:`SMALL_STEP_ROWS` rows (a lone sentence's beams, a batch's last rows) the
+whole fp32 decoder step is one call, :func:`decoder_step`, with products of its own over
+weights transposed once per decoding copy (:class:`DecoderPlan`): between torch operations
+oneDNN's products at a few rows take about twice their time back to back (bench/NOTES.md).
 
 The C file is compiled on first use with the system's C compiler (``cc``, or ``$CC``) for this
 CPU (``-march=native`` where the compiler takes it) into ``$XDG_CACHE_HOME/mtcli/kernels``
