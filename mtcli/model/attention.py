@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from mtcli.model import kernels
+from mtcli.model.kernels import cross_attention_step, self_attention_step, usable
 
 #: SDPA kernels for 16-bit attention on CUDA: everything but cuDNN's, which builds (and caches) a
 #: graph per new shape, ~25 ms of host time each on an H100; batches of varying lengths and every
@@ -192,8 +192,8 @@ class MultiHeadAttention(nn.Module):
         q = self.q_proj(x)
         # The kernel takes one query at a time; a batch of several beams per sentence shares each
         # key better in torch's batched products.
-        if (g == 1 or n * g <= 16) and kernels.usable(q, k, v):
-            return self.out_proj(kernels.cross_attention_step(q, k, v, mask).view(n * g, 1, self.d_model))
+        if (g == 1 or n * g <= 16) and usable(q, k, v):
+            return self.out_proj(cross_attention_step(q, k, v, mask).view(n * g, 1, self.d_model))
         q = q.view(n, g, self.n_heads, self.d_k).transpose(1, 2)  # [n, h, g, d_k]
         if x.device.type != "cpu":
             return self._attend(q, k, v, mask).view(n * g, 1, self.d_model)
@@ -214,8 +214,8 @@ class MultiHeadAttention(nn.Module):
         """
         n = x.size(0)
         qkv = self.qkv_proj(x)
-        if kernels.usable(qkv, cache_k, cache_v):
-            out = kernels.self_attention_step(qkv.view(n, -1), cache_k, cache_v, length)
+        if usable(qkv, cache_k, cache_v):
+            out = self_attention_step(qkv.view(n, -1), cache_k, cache_v, length)
             return self.out_proj(out.view(n, 1, self.d_model))
         qkv = qkv.view(n, 3, self.n_heads, self.d_k)
         cache_k[length] = qkv[:, 1]

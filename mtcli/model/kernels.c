@@ -316,6 +316,25 @@ static void layer_norm(float* x, const float* y, int n, int d, const float* w, c
     }
 }
 
+/* A sublayer's input (section 5.4): x itself (post-norm), or LayerNorm(x) into normed (pre-norm) */
+static const float* sublayer_input(float* x, int n, int d, const float* w, const float* b, float eps,
+                                   int pre_norm, float* normed) {
+    if (!pre_norm) return x;
+    layer_norm(x, NULL, n, d, w, b, eps, normed);
+    return normed;
+}
+
+/* The residual connection around a sublayer's output y: x = LayerNorm(x + y) (post-norm), or
+ * x += y (pre-norm) */
+static void residual(float* x, const float* y, int n, int d, const float* w, const float* b, float eps,
+                     int pre_norm) {
+    if (!pre_norm) {
+        layer_norm(x, y, n, d, w, b, eps, NULL);
+        return;
+    }
+    for (int i = 0; i < n * d; i++) x[i] += y[i];
+}
+
 #define LAYER_WEIGHTS 18 /* pointers per layer in decoder_step's weights, in this order: */
 enum { WQKV, BQKV, WO, BO, LN0W, LN0B, WQ, BQ, WC, BC, LN1W, LN1B, W1, B1, W2, B2, LN2W, LN2B };
 
@@ -334,32 +353,25 @@ void decoder_step(const float* const* weights, int layers, int d, int h, int dff
     float qkv[n * 3 * d], a[n * d], y[n * d], hidden[n * dff], normed[n * d];
     for (int l = 0; l < layers; l++) {
         const float* const* w = weights + (long)l * LAYER_WEIGHTS;
-        const float* in = x;
-        if (pre_norm) { layer_norm(x, NULL, n, d, w[LN0W], w[LN0B], eps, normed); in = normed; }
+        const float* in = sublayer_input(x, n, d, w[LN0W], w[LN0B], eps, pre_norm, normed);
         small_product(in, n, d, 3 * d, w[WQKV], w[BQKV], 0, qkv, threads);
         self_attention_step(qkv, self_k[l], self_v[l], time_stride, length, n, h, dk, 0, scale, a, 1);
         small_product(a, n, d, d, w[WO], w[BO], 0, y, threads);
-        if (pre_norm) for (int i = 0; i < n * d; i++) x[i] += y[i];
-        else layer_norm(x, y, n, d, w[LN0W], w[LN0B], eps, NULL);
+        residual(x, y, n, d, w[LN0W], w[LN0B], eps, pre_norm);
 
-        in = x;
-        if (pre_norm) { layer_norm(x, NULL, n, d, w[LN1W], w[LN1B], eps, normed); in = normed; }
+        in = sublayer_input(x, n, d, w[LN1W], w[LN1B], eps, pre_norm, normed);
         small_product(in, n, d, d, w[WQ], w[BQ], 0, qkv, threads);
         cross_attention_step(qkv, cross_k[l], cross_v[l], sentence_stride, S, mask, n / group, group, h,
                              dk, 0, scale, a, 1);
         small_product(a, n, d, d, w[WC], w[BC], 0, y, threads);
-        if (pre_norm) for (int i = 0; i < n * d; i++) x[i] += y[i];
-        else layer_norm(x, y, n, d, w[LN1W], w[LN1B], eps, NULL);
+        residual(x, y, n, d, w[LN1W], w[LN1B], eps, pre_norm);
 
-        in = x;
-        if (pre_norm) { layer_norm(x, NULL, n, d, w[LN2W], w[LN2B], eps, normed); in = normed; }
+        in = sublayer_input(x, n, d, w[LN2W], w[LN2B], eps, pre_norm, normed);
         small_product(in, n, d, dff, w[W1], w[B1], 1, hidden, threads);
         small_product(hidden, n, dff, d, w[W2], w[B2], 0, y, threads);
-        if (pre_norm) for (int i = 0; i < n * d; i++) x[i] += y[i];
-        else layer_norm(x, y, n, d, w[LN2W], w[LN2B], eps, NULL);
+        residual(x, y, n, d, w[LN2W], w[LN2B], eps, pre_norm);
     }
     const float* const* tail = weights + (long)layers * LAYER_WEIGHTS;
-    const float* out_in = x;
-    if (tail[0]) { layer_norm(x, NULL, n, d, tail[0], tail[1], eps, normed); out_in = normed; }
+    const float* out_in = sublayer_input(x, n, d, tail[0], tail[1], eps, tail[0] != NULL, normed);
     small_product(out_in, n, d, vout, tail[2], NULL, 0, logits, threads);
 }

@@ -38,15 +38,12 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from mtcli.logs import get_logger
-
-if TYPE_CHECKING:
-    from mtcli.model.incremental import DecoderCache
+from mtcli.model.incremental import DecoderCache
 
 SOURCE = Path(__file__).with_name("kernels.c")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
@@ -307,8 +304,8 @@ def decoder_step_takes(cache: DecoderCache) -> bool:
     return (
         cache.rows <= SMALL_STEP_ROWS and cache.output_product is None
         and k.dtype == torch.float32 and not torch.is_autocast_enabled("cpu") and usable(k, c)
-        and all(t.stride() == k.stride() and t[0].is_contiguous() for t in selfs)
-        and all(t.stride() == c.stride() and t.dtype == k.dtype and t[0].is_contiguous() for t in crosses)
+        and all(_rows_contiguous(k, t) for t in selfs)
+        and all(_rows_contiguous(c, t) and t.dtype == k.dtype for t in crosses)
         and (cache.cross_mask is None or cache.cross_mask.is_contiguous())
     )
 

@@ -33,9 +33,9 @@ from torch import Tensor, nn
 
 from mtcli.config import ModelConfig
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from mtcli.model import kernels
 from mtcli.model.attention import padding_attn_mask
 from mtcli.model.incremental import DecoderCache, EncoderOutput, Workspace
+from mtcli.model.kernels import DecoderPlan, decoder_step, decoder_step_takes
 from mtcli.model.layers import (
     Decoder,
     Embeddings,
@@ -222,7 +222,7 @@ class Transformer(nn.Module):
             plan = self._decoder_plan(cache)
             if plan is not None:  # a few rows: the whole step in one fused call
                 x = self.decoder.positions(self.decoder.embed(tgt_in), cache.length)
-                logits = kernels.decoder_step(plan, x, cache)
+                logits = decoder_step(plan, x, cache)
                 cache.length += 1
                 return logits
             hidden = self.decoder.step(tgt_in, cache)
@@ -232,14 +232,14 @@ class Transformer(nn.Module):
             return self.project(hidden)
         return self._cached_projection(hidden, cache)
 
-    def _decoder_plan(self, cache: DecoderCache) -> kernels.DecoderPlan | None:
+    def _decoder_plan(self, cache: DecoderCache) -> DecoderPlan | None:
         """The fused step's weights when this step can take it: a decoding copy (its weights
-        never change; see :meth:`for_decoding`) in eval mode, a step :func:`kernels.decoder_step_takes`.
-        Built on first use and kept."""
-        if self._decoding_output is None or self.training or not kernels.decoder_step_takes(cache):
+        never change; see :meth:`for_decoding`) in eval mode, and a step that
+        :func:`~mtcli.model.kernels.decoder_step_takes` accepts. Built on first use and kept."""
+        if self._decoding_output is None or self.training or not decoder_step_takes(cache):
             return None
         if not hasattr(self, "_plan"):
-            self._plan = kernels.DecoderPlan.build(self)
+            self._plan = DecoderPlan.build(self)
         return self._plan
 
     def _cached_projection(self, hidden: Tensor, cache: DecoderCache) -> Tensor:
