@@ -230,35 +230,30 @@ void score_statistics(const float* logits, int rows, int chunks, int width, floa
 
 /* ---- A whole decoder step for a few rows (one sentence's beams, or greedy at one row) ---- */
 
-#define BLOCK 16 /* outputs a product computes at a time, per row: one 512-bit vector */
+#define BLOCK 32 /* outputs a product computes at a time, per row: two 512-bit vectors */
 
-/* y[r, o0:o1) = b + x[r, :] @ wt[:, o0:o1) for R rows (wt [in, out], row-major), the rows' sums
- * for one block of outputs kept in registers while the weights stream past once. */
+/* y[r, o0:o1) = b + x[r, :] @ W^T[:, o0:o1) (ReLU'd if relu) for R rows, o0 a multiple of BLOCK.
+ * The weight comes as panels: W^T's columns in blocks of BLOCK (the last one padded with zeros),
+ * each block stored whole, [in, BLOCK] row-major, so a block's weights are one sequential read.
+ * The rows' sums for one block stay in registers while its panel streams past once. */
 #define SMALL_PRODUCT(R)                                                                          \
-    static void small_product_##R(const float* x, int in, int out, const float* wt,             \
+    static void small_product_##R(const float* x, int in, int out, const float* panels,          \
                                   const float* b, int relu, float* y, int o0, int o1) {         \
-        int o = o0;                                                                               \
-        for (; o + BLOCK <= o1; o += BLOCK) {                                                     \
+        for (int o = o0; o < o1; o += BLOCK) {                                                    \
+            const int width = o1 - o < BLOCK ? o1 - o : BLOCK;                                    \
+            const float* w = panels + (long)o * in;                                               \
             float acc[R][BLOCK];                                                                  \
             for (int r = 0; r < R; r++)                                                           \
-                for (int l = 0; l < BLOCK; l++) acc[r][l] = b ? b[o + l] : 0.0f;                  \
-            for (int i = 0; i < in; i++) {                                                        \
-                const float* w = wt + (long)i * out + o;                                          \
+                for (int l = 0; l < BLOCK; l++) acc[r][l] = b && l < width ? b[o + l] : 0.0f;     \
+            for (int i = 0; i < in; i++, w += BLOCK)                                              \
                 for (int r = 0; r < R; r++) {                                                     \
                     const float xi = x[(long)r * in + i];                                         \
                     _Pragma("omp simd") for (int l = 0; l < BLOCK; l++) acc[r][l] += xi * w[l];   \
                 }                                                                                 \
-            }                                                                                     \
             for (int r = 0; r < R; r++)                                                           \
-                for (int l = 0; l < BLOCK; l++)                                                   \
+                for (int l = 0; l < width; l++)                                                   \
                     y[(long)r * out + o + l] = relu && acc[r][l] < 0.0f ? 0.0f : acc[r][l];       \
         }                                                                                         \
-        for (; o < o1; o++)                                                                       \
-            for (int r = 0; r < R; r++) {                                                         \
-                float s = b ? b[o] : 0.0f;                                                        \
-                for (int i = 0; i < in; i++) s += x[(long)r * in + i] * wt[(long)i * out + o];    \
-                y[(long)r * out + o] = relu && s < 0.0f ? 0.0f : s;                               \
-            }                                                                                     \
     }
 SMALL_PRODUCT(1)
 SMALL_PRODUCT(2)
@@ -275,8 +270,9 @@ static const small_product_fn SMALL_PRODUCTS[9] = {
     small_product_5, small_product_6, small_product_7, small_product_8,
 };
 
-/* y = x @ wt + b (ReLU'd if relu) for n rows, the outputs shared out over the threads */
-static void small_product(const float* x, int n, int in, int out, const float* wt, const float* b,
+/* y = x @ W^T + b (ReLU'd if relu) for n rows, W^T as panels (see SMALL_PRODUCT), the blocks
+ * of outputs shared out over the threads */
+static void small_product(const float* x, int n, int in, int out, const float* panels, const float* b,
                           int relu, float* y, int threads) {
     const int blocks = (out + BLOCK - 1) / BLOCK;
 #pragma omp parallel num_threads(threads) if ((long)in * out > PARALLEL_WORK)
@@ -289,9 +285,12 @@ static void small_product(const float* x, int n, int in, int out, const float* w
         const int o0 = (int)((long)blocks * t / nt) * BLOCK;
         int o1 = (int)((long)blocks * (t + 1) / nt) * BLOCK;
         o1 = o1 > out ? out : o1;
-        for (int r = 0; r < n; r += 8) {
-            const int rows = n - r < 8 ? n - r : 8;
-            SMALL_PRODUCTS[rows](x + (long)r * in, in, out, wt, b, relu, y + (long)r * out, o0, o1);
+        for (int o = o0; o < o1; o += BLOCK) { /* each panel once, for all rows, 8 at a time */
+            const int end = o + BLOCK < o1 ? o + BLOCK : o1;
+            for (int r = 0; r < n; r += 8) {
+                const int rows = n - r < 8 ? n - r : 8;
+                SMALL_PRODUCTS[rows](x + (long)r * in, in, out, panels, b, relu, y + (long)r * out, o, end);
+            }
         }
     }
 }
@@ -338,31 +337,32 @@ static void residual(float* x, const float* y, int n, int d, const float* w, con
 #define LAYER_WEIGHTS 18 /* pointers per layer in decoder_step's weights, in this order: */
 enum { WQKV, BQKV, WO, BO, LN0W, LN0B, WQ, BQ, WC, BC, LN1W, LN1B, W1, B1, W2, B2, LN2W, LN2B };
 
-/* One decoder step for n <= 8 rows in fp32: x [n, d] (embeddings + positions) through every
- * layer, with the caches as self_attention_step and cross_attention_step take them, then the
- * output product into logits [n, vout]. weights: LAYER_WEIGHTS pointers per layer (products
- * transposed, [in, out]), then the final LayerNorm's weight and bias (pre-norm; else NULL)
- * and the output product [d, vout]. */
+/* One decoder step for n rows in fp32: x [n, d] (embeddings + positions) through every layer,
+ * with the caches as self_attention_step and cross_attention_step take them, then the output
+ * product into logits [n, vout]. weights: LAYER_WEIGHTS pointers per layer (products as panels,
+ * see SMALL_PRODUCT), then the final LayerNorm's weight and bias (pre-norm; else NULL) and the
+ * output product's panels. work: n * (6 * d + dff) floats of scratch. */
 void decoder_step(const float* const* weights, int layers, int d, int h, int dff, int vout,
                   int pre_norm, float eps, float* x, int n, void* const* self_k, void* const* self_v,
                   long time_stride, int length, const void* const* cross_k,
                   const void* const* cross_v, long sentence_stride, int S, const float* mask,
-                  int group, float* logits, int threads) {
+                  int group, float* logits, float* work, int threads) {
     const int dk = d / h;
     const float scale = 1.0f / sqrtf((float)dk);
-    float qkv[n * 3 * d], a[n * d], y[n * d], hidden[n * dff], normed[n * d];
+    float *qkv = work, *a = qkv + (long)n * 3 * d, *y = a + (long)n * d, *normed = y + (long)n * d;
+    float* hidden = normed + (long)n * d;
     for (int l = 0; l < layers; l++) {
         const float* const* w = weights + (long)l * LAYER_WEIGHTS;
         const float* in = sublayer_input(x, n, d, w[LN0W], w[LN0B], eps, pre_norm, normed);
         small_product(in, n, d, 3 * d, w[WQKV], w[BQKV], 0, qkv, threads);
-        self_attention_step(qkv, self_k[l], self_v[l], time_stride, length, n, h, dk, 0, scale, a, 1);
+        self_attention_step(qkv, self_k[l], self_v[l], time_stride, length, n, h, dk, 0, scale, a, threads);
         small_product(a, n, d, d, w[WO], w[BO], 0, y, threads);
         residual(x, y, n, d, w[LN0W], w[LN0B], eps, pre_norm);
 
         in = sublayer_input(x, n, d, w[LN1W], w[LN1B], eps, pre_norm, normed);
         small_product(in, n, d, d, w[WQ], w[BQ], 0, qkv, threads);
         cross_attention_step(qkv, cross_k[l], cross_v[l], sentence_stride, S, mask, n / group, group, h,
-                             dk, 0, scale, a, 1);
+                             dk, 0, scale, a, threads);
         small_product(a, n, d, d, w[WC], w[BC], 0, y, threads);
         residual(x, y, n, d, w[LN1W], w[LN1B], eps, pre_norm);
 

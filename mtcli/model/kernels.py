@@ -1,5 +1,5 @@
 """Fused CPU kernels for incremental decoding: one step's attention, the search's statistics
-of the logits, and the whole decoder step for a few rows, in one call each.
+of the logits, and the whole fp32 decoder step, in one call each.
 
 A decoding step at a few rows is mostly small operations: on a CPU each torch call costs
 microseconds whatever its size, and at bf16 the attention's batched matrix products are far
@@ -9,10 +9,13 @@ on fp32 or bf16 tensors, and gives the search each row's chunk maxima and ``log 
 reads of the logits (:func:`mtcli.infer.search.step_scores`). Exponentials use a polynomial
 the compiler vectorizes (relative error about 1e-7, as ``expf``).
 
-For at most :data:`SMALL_STEP_ROWS` rows (a lone sentence's beams, a batch's last rows) the
-whole fp32 decoder step is one call, :func:`decoder_step`, with products of its own over
-weights transposed once per decoding copy (:class:`DecoderPlan`): between torch operations
-oneDNN's products at a few rows take about twice their time back to back (bench/NOTES.md).
+For an fp32 decoding copy the whole decoder step is one call, :func:`decoder_step`, with
+products of its own over weights laid out once per copy (:class:`DecoderPlan`): each product's
+weight in panels of :data:`PANEL` outputs, read sequentially, with 8 rows' sums for a panel
+held in registers. It is faster than the same step as torch operations at every batch size
+measured (1 to 320 rows, bench/NOTES.md): between torch operations oneDNN's products at a few
+rows take about twice their time back to back, and the step's hundred-odd torch calls cost
+microseconds each whatever their size.
 
 The C file is compiled on first use with the system's C compiler (``cc``, or ``$CC``) for this
 CPU (``-march=native`` where the compiler takes it) into ``$XDG_CACHE_HOME/mtcli/kernels``
@@ -52,7 +55,7 @@ _SIGNATURES = {
     "self_attention_step": [_P, _P, _P, _L, _I, _I, _I, _I, _I, _F, _P, _I],
     "cross_attention_step": [_P, _P, _P, _L, _I, _P, _I, _I, _I, _I, _I, _F, _P, _I],
     "score_statistics": [_P, _I, _I, _I, _P, _P, _I],
-    "decoder_step": [_P, _I, _I, _I, _I, _I, _I, _F, _P, _I, _P, _P, _L, _I, _P, _P, _L, _I, _P, _I, _P, _I],
+    "decoder_step": [_P, _I, _I, _I, _I, _I, _I, _F, _P, _I, _P, _P, _L, _I, _P, _P, _L, _I, _P, _I, _P, _P, _I],
 }
 
 
@@ -239,25 +242,37 @@ def score_statistics(logits: Tensor, width: int) -> tuple[Tensor, Tensor]:
     return chunk_max, lse
 
 
-#: Most decoder rows :func:`decoder_step` takes: one sentence's beams, or a few greedy rows.
-SMALL_STEP_ROWS = 8
+#: Outputs per panel of a product's weight in :class:`DecoderPlan` (``BLOCK`` in kernels.c).
+PANEL = 32
 
 
-def _transposed(linear: nn.Module) -> tuple[Tensor, Tensor | None] | None:
-    """``(W^T [in, out], b)`` fp32 of a product, or None for one the step cannot read."""
+def panels(wt: Tensor) -> Tensor:
+    """``W^T [in, out]`` as :data:`PANEL`-wide panels ``[blocks, in, PANEL]``, the last one
+    padded with zeros: each block of outputs' weights in one sequential run, as
+    :func:`decoder_step`'s products read them."""
+    d_in, d_out = wt.shape
+    blocks = -(-d_out // PANEL)
+    padded = wt.new_zeros(d_in, blocks * PANEL)
+    padded[:, :d_out] = wt
+    return padded.view(d_in, blocks, PANEL).transpose(0, 1).contiguous()
+
+
+def _panelled(linear: nn.Module) -> tuple[Tensor, Tensor | None] | None:
+    """``(panels of W^T, b)`` fp32 of a product, or None for one the step cannot read."""
     if isinstance(linear, nn.Linear):
         if linear.weight.dtype != torch.float32:
             return None
-        return linear.weight.detach().t().contiguous(), linear.bias
+        return panels(linear.weight.detach().t()), linear.bias
     transposed = getattr(linear, "transposed", None)  # a decoding copy's packed product
     if transposed is None or getattr(linear, "dtype", None) != torch.float32:
         return None
-    return transposed()
+    wt, bias = transposed()
+    return panels(wt), bias
 
 
 class DecoderPlan:
-    """A model's decoder weights laid out for :func:`decoder_step`: each product transposed
-    (``[in, out]``, fp32), in the C function's order. Built once per decoding model (about the
+    """A model's decoder weights laid out for :func:`decoder_step`: each product's ``W^T`` as
+    :func:`panels` (fp32), in the C function's order. Built once per decoding model (about the
     decoder's size again in memory); :meth:`build` gives None for a model the step cannot run
     (another precision, int8 products, a LayerNorm without bias)."""
 
@@ -278,7 +293,7 @@ class DecoderPlan:
             norms = [sub.norm for sub in layer.sublayer]
             products = [layer.self_attn.qkv_proj, layer.self_attn.out_proj, layer.cross_attn.q_proj,
                         layer.cross_attn.out_proj, layer.feed_forward.w_1, layer.feed_forward.w_2]
-            parts = [_transposed(p) for p in products]
+            parts = [_panelled(p) for p in products]
             if any(p is None for p in parts) or any(n.bias is None for n in norms):
                 return None
             (qkv, o, q, c, w1, w2) = parts
@@ -288,7 +303,7 @@ class DecoderPlan:
         decoding = getattr(model, "_decoding_output", None)
         output = decoding[0] if decoding is not None else model.output_rows_weight()
         tensors += [None if final is None else final.weight, None if final is None else final.bias,
-                    output.detach().t()]
+                    panels(output.detach().t())]
         first = decoder.layers[0]
         return cls(tensors, len(decoder.layers), first.self_attn.d_model, first.self_attn.n_heads,
                    first.feed_forward.w_2.in_features, output.size(0), final is not None,
@@ -296,13 +311,12 @@ class DecoderPlan:
 
 
 def decoder_step_takes(cache: DecoderCache) -> bool:
-    """Whether :func:`decoder_step` can run this step: at most :data:`SMALL_STEP_ROWS` rows,
-    fp32 caches laid out as :class:`~mtcli.model.incremental.DecoderCache` makes them, no
+    """Whether :func:`decoder_step` can run this step: fp32 caches laid out as :class:`~mtcli.model.incremental.DecoderCache` makes them, no
     shortlist, no autocast, no gradient, and the kernels available."""
     k, c = cache.self_k[0], cache.cross_k[0]
     selfs, crosses = cache.self_k + cache.self_v, cache.cross_k + cache.cross_v
     return (
-        cache.rows <= SMALL_STEP_ROWS and cache.output_product is None
+        cache.output_product is None
         and k.dtype == torch.float32 and not torch.is_autocast_enabled("cpu") and usable(k, c)
         and all(_rows_contiguous(k, t) for t in selfs)
         and all(_rows_contiguous(c, t) and t.dtype == k.dtype for t in crosses)
@@ -313,13 +327,19 @@ def decoder_step_takes(cache: DecoderCache) -> bool:
 def decoder_step(plan: DecoderPlan, x: Tensor, cache: DecoderCache) -> Tensor:
     """One decoder step in one call: ``x [n, 1, d_model]`` (the newest tokens' embeddings plus
     positions, overwritten) through every layer, writing the caches at ``cache.length``, and the
-    output product: logits ``[n, 1, output_size]``. For at most :data:`SMALL_STEP_ROWS` rows,
-    fp32 throughout; the caller advances ``cache.length``."""
+    output product: logits ``[n, 1, output_size]``, fp32 throughout; the caller advances
+    ``cache.length``. With the cache's :class:`~mtcli.model.incremental.Workspace` the logits
+    are a view of its ``"logits"`` buffer (as :meth:`~mtcli.model.Transformer.decode` says)."""
     n = x.size(0)
     x = x.reshape(n, plan.d).contiguous()
     k0, c0 = cache.self_k[0], cache.cross_k[0]
     mask = cache.cross_mask
-    logits = torch.empty(n, plan.vout)
+    scratch = n * (6 * plan.d + plan.dff)
+    if cache.workspace is None:
+        logits, work = torch.empty(n, plan.vout), torch.empty(scratch)
+    else:
+        logits = cache.workspace.get("logits", (n, plan.vout), torch.float32, x.device)
+        work = cache.workspace.get("step", (scratch,), torch.float32, x.device)
     self_k = (ctypes.c_void_p * plan.layers)(*[t.data_ptr() for t in cache.self_k])
     self_v = (ctypes.c_void_p * plan.layers)(*[t.data_ptr() for t in cache.self_v])
     cross_k = (ctypes.c_void_p * plan.layers)(*[t.data_ptr() for t in cache.cross_k])
@@ -327,6 +347,7 @@ def decoder_step(plan: DecoderPlan, x: Tensor, cache: DecoderCache) -> Tensor:
     _kernel("decoder_step")(
         plan.pointers, plan.layers, plan.d, plan.h, plan.dff, plan.vout, int(plan.pre_norm), plan.eps,
         x.data_ptr(), n, self_k, self_v, k0.stride(0), cache.length, cross_k, cross_v, c0.stride(0),
-        c0.size(2), None if mask is None else mask.data_ptr(), cache.group, logits.data_ptr(), _threads(),
+        c0.size(2), None if mask is None else mask.data_ptr(), cache.group, logits.data_ptr(),
+        work.data_ptr(), _threads(),
     )
     return logits.view(n, 1, plan.vout)

@@ -220,7 +220,7 @@ class Transformer(nn.Module):
             if cache.length >= cache.max_len:
                 raise ValueError(f"decoder cache is full ({cache.max_len} positions)")
             plan = self._decoder_plan(cache)
-            if plan is not None:  # a few rows: the whole step in one fused call
+            if plan is not None:  # an fp32 decoding copy: the whole step in one fused call
                 x = self.decoder.positions(self.decoder.embed(tgt_in), cache.length)
                 logits = decoder_step(plan, x, cache)
                 cache.length += 1

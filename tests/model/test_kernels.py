@@ -162,7 +162,7 @@ def test_a_compiler_without_openmp_gives_one_thread_kernels(monkeypatch: pytest.
 
 @needs_kernels
 @pytest.mark.parametrize("pre_norm", [False, True])
-@pytest.mark.parametrize("beam", [1, 2])
+@pytest.mark.parametrize("beam", [1, 2, 4])  # 3, 6 and 12 rows: one and two groups of 8
 def test_the_fused_decoder_step_matches_the_model(pre_norm: bool, beam: int) -> None:
     from mtcli.infer.packed import pack_for_decoding
 
@@ -173,13 +173,13 @@ def test_the_fused_decoder_step_matches_the_model(pre_norm: bool, beam: int) -> 
         enc = decoding.encode(src)
         assert kernels.decoder_step_takes(decoding.init_cache(enc, beam_size=beam))
         fused = decode_steps(decoding, src, tgt, beam)
-        assert decoding._plan is not None  # the step ran fused (3 x beam <= 8 rows)
+        assert decoding._plan is not None  # the step ran fused
         expected = model(src, tgt).repeat_interleave(beam, 0)
     torch.testing.assert_close(fused, expected, atol=1e-5, rtol=1e-5)
 
 
 @needs_kernels
-def test_the_fused_step_is_only_for_a_few_fp32_rows_of_a_decoding_copy() -> None:
+def test_the_fused_step_is_only_for_fp32_steps_of_a_decoding_copy() -> None:
     from mtcli.infer.packed import pack_for_decoding
 
     model = make_model()
@@ -189,8 +189,6 @@ def test_the_fused_step_is_only_for_a_few_fp32_rows_of_a_decoding_copy() -> None
         decode_steps(model, src, tgt, 1)
         assert not hasattr(model, "_plan")  # a model being trained: its weights change
         decoding = pack_for_decoding(model)
-        many = decoding.init_cache(decoding.encode(src), beam_size=3)  # 9 rows
-        assert not kernels.decoder_step_takes(many)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert not kernels.decoder_step_takes(decoding.init_cache(decoding.encode(src)))
         assert kernels.decoder_step_takes(model.init_cache(enc))
