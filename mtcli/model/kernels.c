@@ -297,7 +297,8 @@ static void small_product(const float* x, int n, int in, int out, const float* p
 
 /* x = LayerNorm(x + y) (post-norm) over n rows of d; or, with y NULL, out = LayerNorm(x) */
 static void layer_norm(float* x, const float* y, int n, int d, const float* w, const float* b,
-                       float eps, float* out) {
+                       float eps, float* out, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if ((long)n * d > PARALLEL_WORK)
     for (int r = 0; r < n; r++) {
         float* xr = x + (long)r * d;
         float* o = (out ? out : x) + (long)r * d;
@@ -317,21 +318,21 @@ static void layer_norm(float* x, const float* y, int n, int d, const float* w, c
 
 /* A sublayer's input (section 5.4): x itself (post-norm), or LayerNorm(x) into normed (pre-norm) */
 static const float* sublayer_input(float* x, int n, int d, const float* w, const float* b, float eps,
-                                   int pre_norm, float* normed) {
+                                   int pre_norm, float* normed, int threads) {
     if (!pre_norm) return x;
-    layer_norm(x, NULL, n, d, w, b, eps, normed);
+    layer_norm(x, NULL, n, d, w, b, eps, normed, threads);
     return normed;
 }
 
 /* The residual connection around a sublayer's output y: x = LayerNorm(x + y) (post-norm), or
  * x += y (pre-norm) */
 static void residual(float* x, const float* y, int n, int d, const float* w, const float* b, float eps,
-                     int pre_norm) {
+                     int pre_norm, int threads) {
     if (!pre_norm) {
-        layer_norm(x, y, n, d, w, b, eps, NULL);
+        layer_norm(x, y, n, d, w, b, eps, NULL, threads);
         return;
     }
-    for (int i = 0; i < n * d; i++) x[i] += y[i];
+    for (long i = 0; i < (long)n * d; i++) x[i] += y[i];
 }
 
 #define LAYER_WEIGHTS 18 /* pointers per layer in decoder_step's weights, in this order: */
@@ -353,25 +354,76 @@ void decoder_step(const float* const* weights, int layers, int d, int h, int dff
     float* hidden = normed + (long)n * d;
     for (int l = 0; l < layers; l++) {
         const float* const* w = weights + (long)l * LAYER_WEIGHTS;
-        const float* in = sublayer_input(x, n, d, w[LN0W], w[LN0B], eps, pre_norm, normed);
+        const float* in = sublayer_input(x, n, d, w[LN0W], w[LN0B], eps, pre_norm, normed, threads);
         small_product(in, n, d, 3 * d, w[WQKV], w[BQKV], 0, qkv, threads);
         self_attention_step(qkv, self_k[l], self_v[l], time_stride, length, n, h, dk, 0, scale, a, threads);
         small_product(a, n, d, d, w[WO], w[BO], 0, y, threads);
-        residual(x, y, n, d, w[LN0W], w[LN0B], eps, pre_norm);
+        residual(x, y, n, d, w[LN0W], w[LN0B], eps, pre_norm, threads);
 
-        in = sublayer_input(x, n, d, w[LN1W], w[LN1B], eps, pre_norm, normed);
+        in = sublayer_input(x, n, d, w[LN1W], w[LN1B], eps, pre_norm, normed, threads);
         small_product(in, n, d, d, w[WQ], w[BQ], 0, qkv, threads);
         cross_attention_step(qkv, cross_k[l], cross_v[l], sentence_stride, S, mask, n / group, group, h,
                              dk, 0, scale, a, threads);
         small_product(a, n, d, d, w[WC], w[BC], 0, y, threads);
-        residual(x, y, n, d, w[LN1W], w[LN1B], eps, pre_norm);
+        residual(x, y, n, d, w[LN1W], w[LN1B], eps, pre_norm, threads);
 
-        in = sublayer_input(x, n, d, w[LN2W], w[LN2B], eps, pre_norm, normed);
+        in = sublayer_input(x, n, d, w[LN2W], w[LN2B], eps, pre_norm, normed, threads);
         small_product(in, n, d, dff, w[W1], w[B1], 1, hidden, threads);
         small_product(hidden, n, dff, d, w[W2], w[B2], 0, y, threads);
-        residual(x, y, n, d, w[LN2W], w[LN2B], eps, pre_norm);
+        residual(x, y, n, d, w[LN2W], w[LN2B], eps, pre_norm, threads);
     }
     const float* const* tail = weights + (long)layers * LAYER_WEIGHTS;
-    const float* out_in = sublayer_input(x, n, d, tail[0], tail[1], eps, tail[0] != NULL, normed);
+    const float* out_in = sublayer_input(x, n, d, tail[0], tail[1], eps, tail[0] != NULL, normed, threads);
     small_product(out_in, n, d, vout, tail[2], NULL, 0, logits, threads);
+}
+
+/* ---- The whole encoder in one call ---- */
+
+#define ENCODER_WEIGHTS 12 /* pointers per layer in encoder_layers' weights, in this order: */
+enum { E_WQKV, E_BQKV, E_WO, E_BO, E_LN0W, E_LN0B, E_W1, E_B1, E_W2, E_B2, E_LN1W, E_LN1B };
+
+/* Self-attention over whole sentences (eq. 1, every position sees every unmasked one):
+ * qkv [B * S, 3, h, dk] fp32, mask [B, S] additive or NULL; out [B * S, h * dk]. */
+static void encoder_attention(const float* qkv, int B, int S, int h, int dk, const float* mask,
+                              float scale, float* out, int threads) {
+    const int d = h * dk;
+    const long row = 3L * d;
+#pragma omp parallel for collapse(2) num_threads(threads) schedule(static) \
+    if ((long)B * S * S * d > PARALLEL_WORK)
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < S; i++) {
+            const float* sentence = qkv + (long)b * S * row;
+            for (int j = 0; j < h; j++)
+                attend(sentence + i * row + j * dk, (const char*)(sentence + d + j * dk),
+                       (const char*)(sentence + 2 * d + j * dk), row * 4, row * 4,
+                       mask ? mask + (long)b * S : NULL, S, dk, 0, scale,
+                       out + ((long)b * S + i) * d + j * dk);
+        }
+}
+
+/* The encoder stack in fp32: x [B * S, d] (embeddings + positions) through every layer, in
+ * place, then the final LayerNorm (pre-norm). weights: ENCODER_WEIGHTS pointers per layer
+ * (products as panels, see SMALL_PRODUCT), then the final LayerNorm's weight and bias (NULL
+ * for post-norm). mask [B, S] additive or NULL. work: B * S * (6 * d + dff) floats. */
+void encoder_layers(const float* const* weights, int layers, int d, int h, int dff, int pre_norm,
+                    float eps, float* x, int B, int S, const float* mask, float* work, int threads) {
+    const int n = B * S, dk = d / h;
+    const float scale = 1.0f / sqrtf((float)dk);
+    float *qkv = work, *a = qkv + (long)n * 3 * d, *y = a + (long)n * d, *normed = y + (long)n * d;
+    float* hidden = normed + (long)n * d;
+    for (int l = 0; l < layers; l++) {
+        const float* const* w = weights + (long)l * ENCODER_WEIGHTS;
+        const float* in = sublayer_input(x, n, d, w[E_LN0W], w[E_LN0B], eps, pre_norm, normed, threads);
+        small_product(in, n, d, 3 * d, w[E_WQKV], w[E_BQKV], 0, qkv, threads);
+        encoder_attention(qkv, B, S, h, dk, mask, scale, a, threads);
+        small_product(a, n, d, d, w[E_WO], w[E_BO], 0, y, threads);
+        residual(x, y, n, d, w[E_LN0W], w[E_LN0B], eps, pre_norm, threads);
+
+        in = sublayer_input(x, n, d, w[E_LN1W], w[E_LN1B], eps, pre_norm, normed, threads);
+        small_product(in, n, d, dff, w[E_W1], w[E_B1], 1, hidden, threads);
+        small_product(hidden, n, dff, d, w[E_W2], w[E_B2], 0, y, threads);
+        residual(x, y, n, d, w[E_LN1W], w[E_LN1B], eps, pre_norm, threads);
+    }
+    const float* const* final = weights + (long)layers * ENCODER_WEIGHTS;
+    if (final[0]) layer_norm(x, NULL, n, d, final[0], final[1], eps, NULL, threads);
 }

@@ -10,7 +10,7 @@ reads of the logits (:func:`mtcli.infer.search.step_scores`). Exponentials use a
 the compiler vectorizes (relative error about 1e-7, as ``expf``).
 
 For an fp32 decoding copy the whole decoder step is one call, :func:`decoder_step`, with
-products of its own over weights laid out once per copy (:class:`DecoderPlan`): each product's
+products of its own over weights laid out once per copy (:class:`Plan`): each product's
 weight in panels of :data:`PANEL` outputs, read sequentially, with 8 rows' sums for a panel
 held in registers. It is faster than the same step as torch operations at every batch size
 measured (1 to 320 rows, bench/NOTES.md): between torch operations oneDNN's products at a few
@@ -56,6 +56,7 @@ _SIGNATURES = {
     "cross_attention_step": [_P, _P, _P, _L, _I, _P, _I, _I, _I, _I, _I, _F, _P, _I],
     "score_statistics": [_P, _I, _I, _I, _P, _P, _I],
     "decoder_step": [_P, _I, _I, _I, _I, _I, _I, _F, _P, _I, _P, _P, _L, _I, _P, _P, _L, _I, _P, _I, _P, _P, _I],
+    "encoder_layers": [_P, _I, _I, _I, _I, _I, _F, _P, _I, _I, _P, _P, _I],
 }
 
 
@@ -242,7 +243,7 @@ def score_statistics(logits: Tensor, width: int) -> tuple[Tensor, Tensor]:
     return chunk_max, lse
 
 
-#: Outputs per panel of a product's weight in :class:`DecoderPlan` (``BLOCK`` in kernels.c).
+#: Outputs per panel of a product's weight in a :class:`Plan` (``BLOCK`` in kernels.c).
 PANEL = 32
 
 
@@ -270,10 +271,11 @@ def _panelled(linear: nn.Module) -> tuple[Tensor, Tensor | None] | None:
     return panels(wt), bias
 
 
-class DecoderPlan:
-    """A model's decoder weights laid out for :func:`decoder_step`: each product's ``W^T`` as
-    :func:`panels` (fp32), in the C function's order. Built once per decoding model (about the
-    decoder's size again in memory); :meth:`build` gives None for a model the step cannot run
+class Plan:
+    """A model's encoder or decoder weights laid out for :func:`encoder_layers` or
+    :func:`decoder_step`: each product's ``W^T`` as :func:`panels` (fp32), LayerNorms as they
+    are, in the C function's order. Built once per decoding model (about the stack's size again
+    in memory); :meth:`encoder` and :meth:`decoder` give None for a model the C code cannot run
     (another precision, int8 products, a LayerNorm without bias)."""
 
     def __init__(self, tensors: list[Tensor | None], layers: int, d: int, h: int, dff: int,
@@ -285,29 +287,44 @@ class DecoderPlan:
         self.pre_norm, self.eps = pre_norm, eps
 
     @classmethod
-    def build(cls, model: nn.Module) -> DecoderPlan | None:
-        """The plan of ``model`` (a :class:`~mtcli.model.Transformer` or its decoding copy)."""
-        decoder = model.decoder
+    def _of(cls, stack: nn.Module, products: Callable[[nn.Module], list[nn.Module]],
+            tail: list[Tensor | None], vout: int) -> Plan | None:
+        """Each layer's products and its sublayers' LayerNorms (after the product of the
+        sublayer they belong to: qkv, o, norm 0, ...), the final LayerNorm, then ``tail``."""
         tensors: list[Tensor | None] = []
-        for layer in decoder.layers:
+        for layer in stack.layers:
+            parts = [_panelled(p) for p in products(layer)]
             norms = [sub.norm for sub in layer.sublayer]
-            products = [layer.self_attn.qkv_proj, layer.self_attn.out_proj, layer.cross_attn.q_proj,
-                        layer.cross_attn.out_proj, layer.feed_forward.w_1, layer.feed_forward.w_2]
-            parts = [_panelled(p) for p in products]
             if any(p is None for p in parts) or any(n.bias is None for n in norms):
                 return None
-            (qkv, o, q, c, w1, w2) = parts
-            tensors += [*qkv, *o, norms[0].weight, norms[0].bias, *q, *c, norms[1].weight,
-                        norms[1].bias, *w1, *w2, norms[2].weight, norms[2].bias]
-        final = decoder.norm
+            per_norm = len(parts) // len(norms)
+            for i, norm in enumerate(norms):
+                for weight, bias in parts[i * per_norm : (i + 1) * per_norm]:
+                    tensors += [weight, bias]
+                tensors += [norm.weight, norm.bias]
+        final = stack.norm
+        tensors += [None if final is None else final.weight, None if final is None else final.bias, *tail]
+        first = stack.layers[0]
+        return cls(tensors, len(stack.layers), first.self_attn.d_model, first.self_attn.n_heads,
+                   first.feed_forward.w_2.in_features, vout, final is not None, first.sublayer[0].norm.eps)
+
+    @classmethod
+    def encoder(cls, model: nn.Module) -> Plan | None:
+        """The encoder's plan of ``model`` (a :class:`~mtcli.model.Transformer` or its
+        decoding copy)."""
+        return cls._of(model.encoder, lambda layer: [
+            layer.self_attn.qkv_proj, layer.self_attn.out_proj, layer.feed_forward.w_1, layer.feed_forward.w_2,
+        ], [], 0)
+
+    @classmethod
+    def decoder(cls, model: nn.Module) -> Plan | None:
+        """The decoder's plan of ``model``, the output product last."""
         decoding = getattr(model, "_decoding_output", None)
         output = decoding[0] if decoding is not None else model.output_rows_weight()
-        tensors += [None if final is None else final.weight, None if final is None else final.bias,
-                    panels(output.detach().t())]
-        first = decoder.layers[0]
-        return cls(tensors, len(decoder.layers), first.self_attn.d_model, first.self_attn.n_heads,
-                   first.feed_forward.w_2.in_features, output.size(0), final is not None,
-                   first.sublayer[0].norm.eps)
+        return cls._of(model.decoder, lambda layer: [
+            layer.self_attn.qkv_proj, layer.self_attn.out_proj, layer.cross_attn.q_proj,
+            layer.cross_attn.out_proj, layer.feed_forward.w_1, layer.feed_forward.w_2,
+        ], [panels(output.detach().t())], output.size(0))
 
 
 def decoder_step_takes(cache: DecoderCache) -> bool:
@@ -324,7 +341,7 @@ def decoder_step_takes(cache: DecoderCache) -> bool:
     )
 
 
-def decoder_step(plan: DecoderPlan, x: Tensor, cache: DecoderCache) -> Tensor:
+def decoder_step(plan: Plan, x: Tensor, cache: DecoderCache) -> Tensor:
     """One decoder step in one call: ``x [n, 1, d_model]`` (the newest tokens' embeddings plus
     positions, overwritten) through every layer, writing the caches at ``cache.length``, and the
     output product: logits ``[n, 1, output_size]``, fp32 throughout; the caller advances
@@ -351,3 +368,25 @@ def decoder_step(plan: DecoderPlan, x: Tensor, cache: DecoderCache) -> Tensor:
         work.data_ptr(), _threads(),
     )
     return logits.view(n, 1, plan.vout)
+
+
+def encoder_takes(embeddings: Tensor) -> bool:
+    """Whether :func:`encoder_layers` can run the encoder of a model with these ``embeddings``:
+    fp32 on the CPU, no autocast, no gradient, and the kernels available."""
+    return embeddings.dtype == torch.float32 and not torch.is_autocast_enabled("cpu") and usable(embeddings)
+
+
+def encoder_layers(plan: Plan, x: Tensor, mask: Tensor | None) -> Tensor:
+    """The encoder stack in one call: ``x [B, S, d_model]`` (the embeddings plus positions,
+    overwritten) through every layer and the final LayerNorm (pre-norm): the memory
+    ``[B, S, d_model]``, fp32. ``mask``: the additive padding mask ``[B, 1, 1, S]`` or None."""
+    b, s, d = x.shape
+    x = x.contiguous()
+    if mask is not None:
+        mask = mask.reshape(b, s).float().contiguous()
+    work = torch.empty(b * s * (6 * d + plan.dff))
+    _kernel("encoder_layers")(
+        plan.pointers, plan.layers, plan.d, plan.h, plan.dff, int(plan.pre_norm), plan.eps, x.data_ptr(),
+        b, s, None if mask is None else mask.data_ptr(), work.data_ptr(), _threads(),
+    )
+    return x

@@ -35,7 +35,7 @@ from mtcli.config import ModelConfig
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from mtcli.model.attention import padding_attn_mask
 from mtcli.model.incremental import DecoderCache, EncoderOutput, Workspace
-from mtcli.model.kernels import DecoderPlan, decoder_step, decoder_step_takes
+from mtcli.model.kernels import Plan, decoder_step, decoder_step_takes, encoder_layers, encoder_takes
 from mtcli.model.layers import (
     Decoder,
     Embeddings,
@@ -199,6 +199,10 @@ class Transformer(nn.Module):
         """``src [B, S]`` (ids + eos, right-padded with ``pad_id``) -> :class:`EncoderOutput`."""
         src_pad_mask = src.eq(self.pad_id)
         attn_mask = padding_attn_mask(src_pad_mask)
+        plan = self._plan_for("encoder") if encoder_takes(self.encoder.embed.lut.weight) else None
+        if plan is not None:  # an fp32 decoding copy: the whole encoder in one fused call
+            x = self.encoder.positions(self.encoder.embed(src))
+            return EncoderOutput(encoder_layers(plan, x, attn_mask), src_pad_mask, attn_mask)
         return EncoderOutput(self.encoder(src, attn_mask), src_pad_mask, attn_mask)
 
     def decode(self, tgt_in: Tensor, enc: EncoderOutput, cache: DecoderCache | None = None) -> Tensor:
@@ -232,15 +236,23 @@ class Transformer(nn.Module):
             return self.project(hidden)
         return self._cached_projection(hidden, cache)
 
-    def _decoder_plan(self, cache: DecoderCache) -> DecoderPlan | None:
-        """The fused step's weights when this step can take it: a decoding copy (its weights
-        never change; see :meth:`for_decoding`) in eval mode, and a step that
-        :func:`~mtcli.model.kernels.decoder_step_takes` accepts. Built on first use and kept."""
-        if self._decoding_output is None or self.training or not decoder_step_takes(cache):
+    def _decoder_plan(self, cache: DecoderCache) -> Plan | None:
+        """The fused step's weights when this step can take it: a decoding copy in eval mode,
+        and a step that :func:`~mtcli.model.kernels.decoder_step_takes` accepts."""
+        if self._decoding_output is None or not decoder_step_takes(cache):
             return None
-        if not hasattr(self, "_plan"):
-            self._plan = DecoderPlan.build(self)
-        return self._plan
+        return self._plan_for("decoder")
+
+    def _plan_for(self, stack: str) -> Plan | None:
+        """The ``"encoder"`` or ``"decoder"`` weights as the fused C code reads them, for a
+        decoding copy in eval mode (its weights never change; see :meth:`for_decoding`). Built
+        on first use and kept."""
+        if self._decoding_output is None or self.training:
+            return None
+        plans = self.__dict__.setdefault("_plans", {})
+        if stack not in plans:
+            plans[stack] = Plan.encoder(self) if stack == "encoder" else Plan.decoder(self)
+        return plans[stack]
 
     def _cached_projection(self, hidden: Tensor, cache: DecoderCache) -> Tensor:
         """:meth:`project` of one step ``[rows, 1, d]`` with the transposed weight

@@ -173,9 +173,26 @@ def test_the_fused_decoder_step_matches_the_model(pre_norm: bool, beam: int) -> 
         enc = decoding.encode(src)
         assert kernels.decoder_step_takes(decoding.init_cache(enc, beam_size=beam))
         fused = decode_steps(decoding, src, tgt, beam)
-        assert decoding._plan is not None  # the step ran fused
+        assert decoding._plans["decoder"] is not None  # the step ran fused
         expected = model(src, tgt).repeat_interleave(beam, 0)
     torch.testing.assert_close(fused, expected, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_the_fused_encoder_matches_the_model(pre_norm: bool) -> None:
+    from mtcli.infer.packed import pack_for_decoding
+
+    model = make_model(pre_norm=pre_norm)
+    decoding = pack_for_decoding(model)
+    src, _ = make_batch()  # 3 sentences of different lengths: a padding mask
+    with torch.inference_mode():
+        fused = decoding.encode(src)
+        assert decoding._plans["encoder"] is not None  # it ran fused
+        expected = model.encode(src)
+    assert expected.attn_mask is not None
+    torch.testing.assert_close(fused.memory, expected.memory, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused.attn_mask, expected.attn_mask)
 
 
 @needs_kernels
@@ -187,7 +204,7 @@ def test_the_fused_step_is_only_for_fp32_steps_of_a_decoding_copy() -> None:
     with torch.inference_mode():
         enc = model.encode(src)
         decode_steps(model, src, tgt, 1)
-        assert not hasattr(model, "_plan")  # a model being trained: its weights change
+        assert not hasattr(model, "_plans")  # a model being trained: its weights change
         decoding = pack_for_decoding(model)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert not kernels.decoder_step_takes(decoding.init_cache(decoding.encode(src)))
