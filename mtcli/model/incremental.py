@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mtcli.model import kernels
+
 
 @dataclass
 class EncoderOutput:
@@ -211,9 +213,13 @@ def _move_rows(buffers: list[Tensor], index: Tensor, times: int | None = None) -
     if moved.numel() == 0:
         return False
     sources, targets = index[moved], moved
+    if times == 0:
+        return True
+    if kernels.usable(*buffers) and all(b.is_contiguous() and b.shape == buffers[0].shape for b in buffers):
+        # one C call for every buffer and time
+        kernels.move_rows(buffers, sources, targets, times)
+        return True
     if times is not None:
-        if times == 0:
-            return True
         width = buffers[0].size(1)
         sources, targets = _time_rows(sources, width, times), _time_rows(targets, width, times)
     for buffer in buffers:

@@ -427,3 +427,25 @@ void encoder_layers(const float* const* weights, int layers, int d, int h, int d
     const float* const* final = weights + (long)layers * ENCODER_WEIGHTS;
     if (final[0]) layer_norm(x, NULL, n, d, final[0], final[1], eps, NULL, threads);
 }
+
+/* ---- Cache rows moved for the search ---- */
+
+/* In place, in each of `count` buffers, row targets[i] becomes old row sources[i] for `moved`
+ * rows of row_bytes, at `times` times time_bytes apart (each time's sources are read into tmp,
+ * threads * moved * row_bytes, before any row is written). */
+void move_rows(void* const* buffers, int count, int times, long time_bytes, long row_bytes,
+               const long* sources, const long* targets, int moved, char* tmp, int threads) {
+#pragma omp parallel for collapse(2) num_threads(threads) schedule(static) \
+    if ((long)count * times * moved * row_bytes > 64 * PARALLEL_WORK)
+    for (int b = 0; b < count; b++)
+        for (int t = 0; t < times; t++) {
+            int thread = 0;
+#ifdef _OPENMP
+            thread = omp_get_thread_num();
+#endif
+            char* own = tmp + (long)thread * moved * row_bytes;
+            char* base = (char*)buffers[b] + (long)t * time_bytes;
+            for (int i = 0; i < moved; i++) memcpy(own + i * row_bytes, base + sources[i] * row_bytes, row_bytes);
+            for (int i = 0; i < moved; i++) memcpy(base + targets[i] * row_bytes, own + i * row_bytes, row_bytes);
+        }
+}

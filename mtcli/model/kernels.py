@@ -41,12 +41,15 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from mtcli.logs import get_logger
-from mtcli.model.incremental import DecoderCache
+
+if TYPE_CHECKING:  # for annotations only: incremental imports this module (move_rows)
+    from mtcli.model.incremental import DecoderCache
 
 SOURCE = Path(__file__).with_name("kernels.c")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
@@ -57,6 +60,7 @@ _SIGNATURES = {
     "score_statistics": [_P, _I, _I, _I, _P, _P, _I],
     "decoder_step": [_P, _I, _I, _I, _I, _I, _I, _F, _P, _I, _P, _P, _L, _I, _P, _P, _L, _I, _P, _I, _P, _P, _I],
     "encoder_layers": [_P, _I, _I, _I, _I, _I, _F, _P, _I, _I, _P, _P, _I],
+    "move_rows": [_P, _I, _I, _L, _L, _P, _P, _I, _P, _I],
 }
 
 
@@ -328,7 +332,8 @@ class Plan:
 
 
 def decoder_step_takes(cache: DecoderCache) -> bool:
-    """Whether :func:`decoder_step` can run this step: fp32 caches laid out as :class:`~mtcli.model.incremental.DecoderCache` makes them, no
+    """Whether :func:`decoder_step` can run this step: fp32 caches laid out as
+    :class:`~mtcli.model.incremental.DecoderCache` makes them, no
     shortlist, no autocast, no gradient, and the kernels available."""
     k, c = cache.self_k[0], cache.cross_k[0]
     selfs, crosses = cache.self_k + cache.self_v, cache.cross_k + cache.cross_v
@@ -390,3 +395,26 @@ def encoder_layers(plan: Plan, x: Tensor, mask: Tensor | None) -> Tensor:
         b, s, None if mask is None else mask.data_ptr(), work.data_ptr(), _threads(),
     )
     return x
+
+
+def move_rows(buffers: list[Tensor], sources: Tensor, targets: Tensor, times: int | None) -> None:
+    """In place, row ``targets[i]`` of every buffer becomes its old row ``sources[i]`` (each
+    source read before any row is written), in one call for all the buffers.
+
+    ``buffers``: contiguous CPU tensors of one shape and dtype (the caller checks
+    :func:`usable`); with ``times``, time-major ``[max_len, capacity, ...]`` and only times
+    ``0..times-1`` move, otherwise the rows are the first axis."""
+    first = buffers[0]
+    if not all(b.is_contiguous() and b.shape == first.shape and b.dtype == first.dtype for b in buffers):
+        raise ValueError("move_rows: contiguous buffers of one shape and dtype")
+    size = first.element_size()
+    if times is None:
+        times, time_bytes, row_bytes = 1, 0, first[0].numel() * size
+    else:
+        time_bytes, row_bytes = first[0].numel() * size, first[0, 0].numel() * size
+    sources, targets = sources.to(torch.int64).contiguous(), targets.to(torch.int64).contiguous()
+    threads = _threads()
+    tmp = torch.empty(threads * sources.numel() * row_bytes, dtype=torch.uint8)
+    pointers = (ctypes.c_void_p * len(buffers))(*[b.data_ptr() for b in buffers])
+    _kernel("move_rows")(pointers, len(buffers), times, time_bytes, row_bytes, sources.data_ptr(),
+                         targets.data_ptr(), sources.numel(), tmp.data_ptr(), threads)

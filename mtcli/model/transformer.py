@@ -35,7 +35,13 @@ from mtcli.config import ModelConfig
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from mtcli.model.attention import padding_attn_mask
 from mtcli.model.incremental import DecoderCache, EncoderOutput, Workspace
-from mtcli.model.kernels import Plan, decoder_step, decoder_step_takes, encoder_layers, encoder_takes
+from mtcli.model.kernels import (
+    Plan,
+    decoder_step,
+    decoder_step_takes,
+    encoder_layers,
+    encoder_takes,
+)
 from mtcli.model.layers import (
     Decoder,
     Embeddings,

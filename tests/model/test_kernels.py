@@ -209,3 +209,27 @@ def test_the_fused_step_is_only_for_fp32_steps_of_a_decoding_copy() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert not kernels.decoder_step_takes(decoding.init_cache(decoding.encode(src)))
         assert kernels.decoder_step_takes(model.init_cache(enc))
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("times", [None, 3])
+def test_moving_cache_rows_in_c_matches_torch(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype,
+                                              times: int | None) -> None:
+    from mtcli.model.incremental import _move_rows
+
+    generator = torch.Generator().manual_seed(0)
+    shape = (5, 6, 2, 4) if times is not None else (6, 2, 3, 4)
+    buffers = [torch.randn(shape, generator=generator).to(dtype) for _ in range(4)]
+    index = torch.tensor([0, 4, 4, 1, 2, 5])  # rows 1-4 change, one source twice
+    expected = [b.clone() for b in buffers]
+    original = [b.clone() for b in buffers]
+    with torch.inference_mode():
+        assert _move_rows(buffers, index, times)
+        monkeypatch.setattr(kernels, "_library", lambda: None)
+        assert _move_rows(expected, index, times)
+    for got, want, before in zip(buffers, expected, original, strict=True):
+        assert torch.equal(got, want)
+        assert not torch.equal(got, before)
+        if times is not None:
+            assert torch.equal(got[times:], before[times:])  # later times untouched
