@@ -1,5 +1,5 @@
-"""Fused CPU kernels for incremental decoding: one step's attention, the search's statistics
-of the logits, and the whole fp32 decoder step, in one call each.
+"""Fused CPU kernels for decoding: the whole fp32 encoder and decoder step, a step's attention,
+the search's statistics of the logits and its cache reorder, in one call each.
 
 A decoding step at a few rows is mostly small operations: on a CPU each torch call costs
 microseconds whatever its size, and at bf16 the attention's batched matrix products are far
@@ -15,7 +15,8 @@ weight in panels of :data:`PANEL` outputs, read sequentially, with 8 rows' sums 
 held in registers. It is faster than the same step as torch operations at every batch size
 measured (1 to 320 rows, bench/NOTES.md): between torch operations oneDNN's products at a few
 rows take about twice their time back to back, and the step's hundred-odd torch calls cost
-microseconds each whatever their size.
+microseconds each whatever their size. The encoder runs the same way (:func:`encoder_layers`),
+and :func:`move_rows` does a search's cache reorder for every buffer in one call.
 
 The C file is compiled on first use with the system's C compiler (``cc``, or ``$CC``) for this
 CPU (``-march=native`` where the compiler takes it) into ``$XDG_CACHE_HOME/mtcli/kernels``
