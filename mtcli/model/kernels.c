@@ -342,7 +342,8 @@ enum { WQKV, BQKV, WO, BO, LN0W, LN0B, WQ, BQ, WC, BC, LN1W, LN1B, W1, B1, W2, B
  * with the caches as self_attention_step and cross_attention_step take them, then the output
  * product into logits [n, vout]. weights: LAYER_WEIGHTS pointers per layer (products as panels,
  * see SMALL_PRODUCT), then the final LayerNorm's weight and bias (pre-norm; else NULL) and the
- * output product's panels. work: n * (6 * d + dff) floats of scratch. */
+ * output product's panels. With vout 0, the step's hidden states [n, d] go into logits instead.
+ * work: n * (6 * d + dff) floats of scratch. */
 void decoder_step(const float* const* weights, int layers, int d, int h, int dff, int vout,
                   int pre_norm, float eps, float* x, int n, void* const* self_k, void* const* self_v,
                   long time_stride, int length, const void* const* cross_k,
@@ -374,6 +375,10 @@ void decoder_step(const float* const* weights, int layers, int d, int h, int dff
     }
     const float* const* tail = weights + (long)layers * LAYER_WEIGHTS;
     const float* out_in = sublayer_input(x, n, d, tail[0], tail[1], eps, tail[0] != NULL, normed, threads);
+    if (vout == 0) { /* the caller's own output product (a shortlist): the hidden states */
+        memcpy(logits, out_in, sizeof(float) * n * d);
+        return;
+    }
     small_product(out_in, n, d, vout, tail[2], NULL, 0, logits, threads);
 }
 

@@ -335,12 +335,11 @@ class Plan:
 def decoder_step_takes(cache: DecoderCache) -> bool:
     """Whether :func:`decoder_step` can run this step: fp32 caches laid out as
     :class:`~mtcli.model.incremental.DecoderCache` makes them, no
-    shortlist, no autocast, no gradient, and the kernels available."""
+    autocast, no gradient, and the kernels available."""
     k, c = cache.self_k[0], cache.cross_k[0]
     selfs, crosses = cache.self_k + cache.self_v, cache.cross_k + cache.cross_v
     return (
-        cache.output_product is None
-        and k.dtype == torch.float32 and not torch.is_autocast_enabled("cpu") and usable(k, c)
+        k.dtype == torch.float32 and not torch.is_autocast_enabled("cpu") and usable(k, c)
         and all(_rows_contiguous(k, t) for t in selfs)
         and all(_rows_contiguous(c, t) and t.dtype == k.dtype for t in crosses)
         and (cache.cross_mask is None or cache.cross_mask.is_contiguous())
@@ -352,28 +351,33 @@ def decoder_step(plan: Plan, x: Tensor, cache: DecoderCache) -> Tensor:
     positions, overwritten) through every layer, writing the caches at ``cache.length``, and the
     output product: logits ``[n, 1, output_size]``, fp32 throughout; the caller advances
     ``cache.length``. With the cache's :class:`~mtcli.model.incremental.Workspace` the logits
-    are a view of its ``"logits"`` buffer (as :meth:`~mtcli.model.Transformer.decode` says)."""
+    are a view of its ``"logits"`` buffer (as :meth:`~mtcli.model.Transformer.decode` says).
+    When the cache has its own ``output_product`` (a shortlist), the result is that product of
+    the step's hidden states."""
     n = x.size(0)
     x = x.reshape(n, plan.d).contiguous()
     k0, c0 = cache.self_k[0], cache.cross_k[0]
     mask = cache.cross_mask
-    scratch = n * (6 * plan.d + plan.dff)
+    vout = plan.vout if cache.output_product is None else 0  # 0: the hidden states
+    scratch, width = n * (6 * plan.d + plan.dff), vout or plan.d
     if cache.workspace is None:
-        logits, work = torch.empty(n, plan.vout), torch.empty(scratch)
+        logits, work = torch.empty(n, width), torch.empty(scratch)
     else:
-        logits = cache.workspace.get("logits", (n, plan.vout), torch.float32, x.device)
+        logits = cache.workspace.get("logits" if vout else "hidden", (n, width), torch.float32, x.device)
         work = cache.workspace.get("step", (scratch,), torch.float32, x.device)
     self_k = (ctypes.c_void_p * plan.layers)(*[t.data_ptr() for t in cache.self_k])
     self_v = (ctypes.c_void_p * plan.layers)(*[t.data_ptr() for t in cache.self_v])
     cross_k = (ctypes.c_void_p * plan.layers)(*[t.data_ptr() for t in cache.cross_k])
     cross_v = (ctypes.c_void_p * plan.layers)(*[t.data_ptr() for t in cache.cross_v])
     _kernel("decoder_step")(
-        plan.pointers, plan.layers, plan.d, plan.h, plan.dff, plan.vout, int(plan.pre_norm), plan.eps,
+        plan.pointers, plan.layers, plan.d, plan.h, plan.dff, vout, int(plan.pre_norm), plan.eps,
         x.data_ptr(), n, self_k, self_v, k0.stride(0), cache.length, cross_k, cross_v, c0.stride(0),
         c0.size(2), None if mask is None else mask.data_ptr(), cache.group, logits.data_ptr(),
         work.data_ptr(), _threads(),
     )
-    return logits.view(n, 1, plan.vout)
+    if not vout:
+        return cache.output_product(logits.view(n, 1, plan.d))
+    return logits.view(n, 1, vout)
 
 
 def encoder_takes(embeddings: Tensor) -> bool:

@@ -233,3 +233,26 @@ def test_moving_cache_rows_in_c_matches_torch(monkeypatch: pytest.MonkeyPatch, d
         assert not torch.equal(got, before)
         if times is not None:
             assert torch.equal(got[times:], before[times:])  # later times untouched
+
+
+@needs_kernels
+def test_the_fused_step_hands_its_hidden_states_to_a_shortlist_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mtcli.infer.packed import pack_for_decoding
+
+    decoding = pack_for_decoding(make_model())
+    src, tgt = make_batch()
+    columns = torch.tensor([0, 1, 2, 3, 5, 8])
+
+    def steps() -> torch.Tensor:
+        enc = decoding.encode(src)
+        cache = decoding.init_cache(enc, max_len=tgt.size(1))
+        cache.output_product = decoding.output_rows(columns)
+        return torch.cat([decoding.decode(tgt[:, t : t + 1], enc, cache) for t in range(tgt.size(1))], 1)
+
+    with torch.inference_mode():
+        fused = steps()
+        assert decoding._plans["decoder"] is not None
+        monkeypatch.setattr(kernels, "_library", lambda: None)
+        plain = steps()
+    assert fused.shape == (3, tgt.size(1), len(columns))
+    torch.testing.assert_close(fused, plain, atol=1e-5, rtol=1e-5)
