@@ -205,7 +205,8 @@ class Transformer(nn.Module):
         """``src [B, S]`` (ids + eos, right-padded with ``pad_id``) -> :class:`EncoderOutput`."""
         src_pad_mask = src.eq(self.pad_id)
         attn_mask = padding_attn_mask(src_pad_mask)
-        plan = self._plan_for("encoder") if encoder_takes(self.encoder.embed.lut.weight) else None
+        fused = self._decoding_output is not None and encoder_takes(self.encoder.embed.lut.weight)
+        plan = self._plan_for("encoder") if fused else None
         if plan is not None:  # an fp32 decoding copy: the whole encoder in one fused call
             x = self.encoder.positions(self.encoder.embed(src))
             return EncoderOutput(encoder_layers(plan, x, attn_mask), src_pad_mask, attn_mask)
