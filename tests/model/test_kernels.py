@@ -11,7 +11,7 @@ import torch
 
 from mtcli.model import Transformer, kernels
 from mtcli.model.attention import padding_attn_mask
-from tests.model.test_transformer import make_batch, make_model
+from tests.model.test_transformer import OUTPUT_IDS, VOCAB, make_batch, make_model, small_config
 
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no C compiler: the kernels are not built")
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
@@ -175,6 +175,22 @@ def test_the_fused_decoder_step_matches_the_model(pre_norm: bool, beam: int) -> 
         fused = decode_steps(decoding, src, tgt, beam)
         assert decoding._plans["decoder"] is not None  # the step ran fused
         expected = model(src, tgt).repeat_interleave(beam, 0)
+    torch.testing.assert_close(fused, expected, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernels
+def test_the_fused_step_of_a_model_with_an_output_vocabulary_gives_its_logits() -> None:
+    from mtcli.infer.packed import pack_for_decoding
+
+    torch.manual_seed(0)
+    model = Transformer(small_config(), VOCAB, output_ids=OUTPUT_IDS).eval()
+    decoding = pack_for_decoding(model)
+    src, tgt = make_batch()
+    with torch.inference_mode():
+        fused = decode_steps(decoding, src, tgt, 1)
+        assert decoding._plans["decoder"] is not None
+        expected = model(src, tgt)
+    assert fused.shape[-1] == len(OUTPUT_IDS)
     torch.testing.assert_close(fused, expected, atol=1e-5, rtol=1e-5)
 
 
