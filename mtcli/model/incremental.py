@@ -215,9 +215,7 @@ def _move_rows(buffers: list[Tensor], index: Tensor, times: int | None = None) -
     sources, targets = index[moved], moved
     if times == 0:
         return True
-    if kernels.usable(*buffers) and all(b.is_contiguous() and b.shape == buffers[0].shape for b in buffers):
-        # one C call for every buffer and time
-        kernels.move_rows(buffers, sources, targets, times)
+    if kernels.move_rows(buffers, sources, targets, times):  # one C call for every buffer and time
         return True
     if times is not None:
         width = buffers[0].size(1)

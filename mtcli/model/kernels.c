@@ -335,6 +335,16 @@ static void residual(float* x, const float* y, int n, int d, const float* w, con
     for (long i = 0; i < (long)n * d; i++) x[i] += y[i];
 }
 
+/* The feed-forward sublayer (eq. 2) with its residual connection, in place on x [n, d]. w: the
+ * layer's W1, b1, W2, b2 (products as panels), then the sublayer's LayerNorm weight and bias. */
+static void feed_forward(float* x, int n, int d, int dff, const float* const* w, int pre_norm, float eps,
+                         float* normed, float* hidden, float* y, int threads) {
+    const float* in = sublayer_input(x, n, d, w[4], w[5], eps, pre_norm, normed, threads);
+    small_product(in, n, d, dff, w[0], w[1], 1, hidden, threads);
+    small_product(hidden, n, dff, d, w[2], w[3], 0, y, threads);
+    residual(x, y, n, d, w[4], w[5], eps, pre_norm, threads);
+}
+
 #define LAYER_WEIGHTS 18 /* pointers per layer in decoder_step's weights, in this order: */
 enum { WQKV, BQKV, WO, BO, LN0W, LN0B, WQ, BQ, WC, BC, LN1W, LN1B, W1, B1, W2, B2, LN2W, LN2B };
 
@@ -368,10 +378,7 @@ void decoder_step(const float* const* weights, int layers, int d, int h, int dff
         small_product(a, n, d, d, w[WC], w[BC], 0, y, threads);
         residual(x, y, n, d, w[LN1W], w[LN1B], eps, pre_norm, threads);
 
-        in = sublayer_input(x, n, d, w[LN2W], w[LN2B], eps, pre_norm, normed, threads);
-        small_product(in, n, d, dff, w[W1], w[B1], 1, hidden, threads);
-        small_product(hidden, n, dff, d, w[W2], w[B2], 0, y, threads);
-        residual(x, y, n, d, w[LN2W], w[LN2B], eps, pre_norm, threads);
+        feed_forward(x, n, d, dff, w + W1, pre_norm, eps, normed, hidden, y, threads);
     }
     const float* const* tail = weights + (long)layers * LAYER_WEIGHTS;
     const float* out_in = sublayer_input(x, n, d, tail[0], tail[1], eps, tail[0] != NULL, normed, threads);
@@ -424,10 +431,7 @@ void encoder_layers(const float* const* weights, int layers, int d, int h, int d
         small_product(a, n, d, d, w[E_WO], w[E_BO], 0, y, threads);
         residual(x, y, n, d, w[E_LN0W], w[E_LN0B], eps, pre_norm, threads);
 
-        in = sublayer_input(x, n, d, w[E_LN1W], w[E_LN1B], eps, pre_norm, normed, threads);
-        small_product(in, n, d, dff, w[E_W1], w[E_B1], 1, hidden, threads);
-        small_product(hidden, n, dff, d, w[E_W2], w[E_B2], 0, y, threads);
-        residual(x, y, n, d, w[E_LN1W], w[E_LN1B], eps, pre_norm, threads);
+        feed_forward(x, n, d, dff, w + E_W1, pre_norm, eps, normed, hidden, y, threads);
     }
     const float* const* final = weights + (long)layers * ENCODER_WEIGHTS;
     if (final[0]) layer_norm(x, NULL, n, d, final[0], final[1], eps, NULL, threads);

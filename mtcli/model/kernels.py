@@ -42,15 +42,12 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
 from mtcli.logs import get_logger
-
-if TYPE_CHECKING:  # for annotations only: incremental imports this module (move_rows)
-    from mtcli.model.incremental import DecoderCache
 
 SOURCE = Path(__file__).with_name("kernels.c")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
@@ -63,6 +60,26 @@ _SIGNATURES = {
     "encoder_layers": [_P, _I, _I, _I, _I, _I, _F, _P, _I, _I, _P, _P, _I],
     "move_rows": [_P, _I, _I, _L, _L, _P, _P, _I, _P, _I],
 }
+
+
+class _Buffers(Protocol):
+    def get(self, key: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor: ...
+
+
+class StepCache(Protocol):
+    """What :func:`decoder_step` reads and writes of a
+    :class:`~mtcli.model.incremental.DecoderCache` (named by its shape, since ``incremental``
+    calls this module to move its rows)."""
+
+    self_k: list[Tensor]
+    self_v: list[Tensor]
+    cross_k: list[Tensor]
+    cross_v: list[Tensor]
+    cross_mask: Tensor | None
+    length: int
+    group: int
+    output_product: Callable[[Tensor], Tensor] | None
+    workspace: _Buffers | None
 
 
 def _cpu_flags() -> str:
@@ -332,7 +349,7 @@ class Plan:
         ], [panels(output.detach().t())], output.size(0))
 
 
-def decoder_step_takes(cache: DecoderCache) -> bool:
+def decoder_step_takes(cache: StepCache) -> bool:
     """Whether :func:`decoder_step` can run this step: fp32 caches laid out as
     :class:`~mtcli.model.incremental.DecoderCache` makes them, no
     autocast, no gradient, and the kernels available."""
@@ -346,7 +363,7 @@ def decoder_step_takes(cache: DecoderCache) -> bool:
     )
 
 
-def decoder_step(plan: Plan, x: Tensor, cache: DecoderCache) -> Tensor:
+def decoder_step(plan: Plan, x: Tensor, cache: StepCache) -> Tensor:
     """One decoder step in one call: ``x [n, 1, d_model]`` (the newest tokens' embeddings plus
     positions, overwritten) through every layer, writing the caches at ``cache.length``, and the
     output product: logits ``[n, 1, output_size]``, fp32 throughout; the caller advances
@@ -402,16 +419,16 @@ def encoder_layers(plan: Plan, x: Tensor, mask: Tensor | None) -> Tensor:
     return x
 
 
-def move_rows(buffers: list[Tensor], sources: Tensor, targets: Tensor, times: int | None) -> None:
+def move_rows(buffers: list[Tensor], sources: Tensor, targets: Tensor, times: int | None) -> bool:
     """In place, row ``targets[i]`` of every buffer becomes its old row ``sources[i]`` (each
-    source read before any row is written), in one call for all the buffers.
+    source read before any row is written), in one call for all the buffers; False (nothing
+    done) unless the buffers are contiguous CPU tensors of one shape and dtype the kernels take.
 
-    ``buffers``: contiguous CPU tensors of one shape and dtype (the caller checks
-    :func:`usable`); with ``times``, time-major ``[max_len, capacity, ...]`` and only times
-    ``0..times-1`` move, otherwise the rows are the first axis."""
+    With ``times``, the buffers are time-major ``[max_len, capacity, ...]`` and only times
+    ``0..times-1`` move; otherwise the rows are the first axis."""
     first = buffers[0]
-    if not all(b.is_contiguous() and b.shape == first.shape and b.dtype == first.dtype for b in buffers):
-        raise ValueError("move_rows: contiguous buffers of one shape and dtype")
+    if not (usable(*buffers) and all(b.is_contiguous() and b.shape == first.shape for b in buffers)):
+        return False
     size = first.element_size()
     if times is None:
         times, time_bytes, row_bytes = 1, 0, first[0].numel() * size
@@ -423,3 +440,4 @@ def move_rows(buffers: list[Tensor], sources: Tensor, targets: Tensor, times: in
     pointers = (ctypes.c_void_p * len(buffers))(*[b.data_ptr() for b in buffers])
     _kernel("move_rows")(pointers, len(buffers), times, time_bytes, row_bytes, sources.data_ptr(),
                          targets.data_ptr(), sources.numel(), tmp.data_ptr(), threads)
+    return True

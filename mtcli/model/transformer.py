@@ -205,8 +205,7 @@ class Transformer(nn.Module):
         """``src [B, S]`` (ids + eos, right-padded with ``pad_id``) -> :class:`EncoderOutput`."""
         src_pad_mask = src.eq(self.pad_id)
         attn_mask = padding_attn_mask(src_pad_mask)
-        fused = self._decoding_output is not None and encoder_takes(self.encoder.embed.lut.weight)
-        plan = self._plan_for("encoder") if fused else None
+        plan = self._plan_for("encoder", lambda: encoder_takes(self.encoder.embed.lut.weight))
         if plan is not None:  # an fp32 decoding copy: the whole encoder in one fused call
             x = self.encoder.positions(self.encoder.embed(src))
             return EncoderOutput(encoder_layers(plan, x, attn_mask), src_pad_mask, attn_mask)
@@ -230,7 +229,7 @@ class Transformer(nn.Module):
                 raise ValueError(f"decode with a cache takes [{cache.rows}, 1] tokens, got {list(tgt_in.shape)}")
             if cache.length >= cache.max_len:
                 raise ValueError(f"decoder cache is full ({cache.max_len} positions)")
-            plan = self._decoder_plan(cache)
+            plan = self._plan_for("decoder", lambda: decoder_step_takes(cache))
             if plan is not None:  # an fp32 decoding copy: the whole step in one fused call
                 x = self.decoder.positions(self.decoder.embed(tgt_in), cache.length)
                 logits = decoder_step(plan, x, cache)
@@ -243,18 +242,12 @@ class Transformer(nn.Module):
             return self.project(hidden)
         return self._cached_projection(hidden, cache)
 
-    def _decoder_plan(self, cache: DecoderCache) -> Plan | None:
-        """The fused step's weights when this step can take it: a decoding copy in eval mode,
-        and a step that :func:`~mtcli.model.kernels.decoder_step_takes` accepts."""
-        if self._decoding_output is None or not decoder_step_takes(cache):
-            return None
-        return self._plan_for("decoder")
-
-    def _plan_for(self, stack: str) -> Plan | None:
-        """The ``"encoder"`` or ``"decoder"`` weights as the fused C code reads them, for a
-        decoding copy in eval mode (its weights never change; see :meth:`for_decoding`). Built
+    def _plan_for(self, stack: str, takes: Callable[[], bool]) -> Plan | None:
+        """The ``"encoder"`` or ``"decoder"`` weights as the fused C code reads them, when this
+        is a decoding copy in eval mode (its weights never change; see :meth:`for_decoding`) and
+        ``takes()`` says the C code can run this call (asked last: it loads the kernels). Built
         on first use and kept."""
-        if self._decoding_output is None or self.training:
+        if self._decoding_output is None or self.training or not takes():
             return None
         plans = self.__dict__.setdefault("_plans", {})
         if stack not in plans:
