@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from mtcli.data.arrowrows import BlockReader
+from mtcli.data.scan import Lines, line_hashes, scan_lines
 from mtcli.data.sources import Pair, mismatch_error
 from mtcli.data.textio import decode_block, is_utf8, read_range
 from mtcli.data.workers import forked_pool, in_order, settle
@@ -66,19 +67,17 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
 def pair_keys(src: Sequence[bytes | str], tgt: Sequence[bytes | str]) -> np.ndarray:
-    """The 64-bit keys (uint64) that stand for the pairs ``zip(src, tgt)`` in the dedup memory.
+    """The 64-bit keys (uint64) that stand for the pairs ``zip(src, tgt)`` in the dedup memory:
+    :func:`keys_of` the lines' hashes (:func:`~mtcli.data.scan.line_hashes`; a str is hashed as
+    its UTF-8 bytes, so a line gets one key as text or as bytes). The same in every run and
+    process."""
+    return keys_of(line_hashes(src), line_hashes(tgt))
 
-    Each side is hashed by SipHash-2-4 under a fixed key (pandas' ``hash_array``; a str is hashed
-    as its UTF-8 bytes, so a line gets one key as text or as bytes), and a pair's key is
-    ``hash(source) * C XOR hash(target)`` for an odd constant ``C``. The keys are the same in
-    every run and process. A batch costs about a quarter of a BLAKE2b call per pair.
-    """
-    from pandas.util import hash_array  # pandas comes with `datasets`; imported when deduplicating
 
-    sides = np.empty(2 * len(src), dtype=object)
-    sides[0::2], sides[1::2] = src, tgt
-    hashes = hash_array(sides, categorize=False)
-    return hashes[0::2] * _MIX ^ hashes[1::2]
+def keys_of(src_hashes: np.ndarray, tgt_hashes: np.ndarray) -> np.ndarray:
+    """Pair keys from the two sides' line hashes: ``hash(source) * C XOR hash(target)`` for an
+    odd constant ``C``, so swapping the sides gives another key."""
+    return src_hashes * _MIX ^ tgt_hashes
 
 
 class KeySet:
@@ -222,12 +221,13 @@ class PairCleaner:
             self.kept_keys.append(keys[new])
         return passing[new]
 
-    def clean_lines(self, src: Sequence[bytes], tgt: Sequence[bytes], n_src: np.ndarray,
-                    n_tgt: np.ndarray) -> np.ndarray:
-        """The indices (ascending) of the kept pairs among line-aligned UTF-8 lines (without
-        their ``\n``; items past ``len(n_src)`` are ignored) whose word counts are
-        ``n_src``/``n_tgt``: the rules of :meth:`reason` over whole arrays, then dedup on the
-        passing pairs' bytes (the same keys as for the pairs as text). Counts as :meth:`__call__`."""
+    def clean_lines(self, n_src: np.ndarray, n_tgt: np.ndarray, src_hashes: np.ndarray | None,
+                    tgt_hashes: np.ndarray | None) -> np.ndarray:
+        """The indices (ascending) of the kept pairs among line-aligned lines whose word counts
+        are ``n_src``/``n_tgt`` and whose hashes (:func:`~mtcli.data.scan.line_hashes`; needed
+        only with dedup) are ``src_hashes``/``tgt_hashes``: the rules of :meth:`reason` over
+        whole arrays, then dedup on the passing pairs (the same keys as :func:`pair_keys`).
+        Counts as :meth:`__call__`."""
         empty = (n_src == 0) | (n_tgt == 0)
         too_long = ~empty & ((n_src > self.max_length) | (n_tgt > self.max_length))
         longer, shorter = np.maximum(n_src, n_tgt), np.minimum(n_src, n_tgt)
@@ -239,11 +239,11 @@ class PairCleaner:
         counts.too_long += int(too_long.sum())
         counts.ratio += int(ratio.sum())
         if self.dedup:
-            n = len(passing)
-            if n == len(n_src):  # every pair passes the rules: no lists to gather
-                keys = pair_keys(src[:n], tgt[:n])
+            assert src_hashes is not None and tgt_hashes is not None
+            if len(passing) == len(n_src):  # every pair passes the rules: nothing to gather
+                keys = keys_of(src_hashes, tgt_hashes)
             else:
-                keys = pair_keys([src[i] for i in passing.tolist()], [tgt[i] for i in passing.tolist()])
+                keys = keys_of(src_hashes[passing], tgt_hashes[passing])
             passing = self._deduplicated(passing, keys)
         counts.kept += len(passing)
         return passing
@@ -378,24 +378,27 @@ def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[np.ndarray, CleanCoun
     can drop lines without reading a part). A range is the text itself (Arrow rows made into
     lines), a :class:`~mtcli.data.arrowrows.BlockReader` that gives it here, or ``(path, start,
     end)`` of both text files, read here and checked by the reader's rules. Most text is cleaned
-    as bytes (:meth:`PairCleaner.clean_lines`) and its kept lines written as spans of it; a range
-    that the reader would change (``\r``, a byte-order mark) is decoded line by line first."""
+    as bytes (:meth:`PairCleaner.clean_lines` over :func:`_layouts`) and its kept lines written
+    as spans of it; a range that the reader would change (``\r``, a byte-order mark) is
+    decoded line by line first."""
     part, first, src, tgt, max_length, max_ratio, dedup = task
     cleaner = PairCleaner(max_length, max_ratio, dedup, record_keys=True)
+    names = (src[0], tgt[0]) if isinstance(src, tuple) else ("", "")
     ends: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
     with open(f"{part}.src", "wb") as out_src, open(f"{part}.tgt", "wb") as out_tgt:
         outs = (out_src, out_tgt)
-        for src_block, tgt_block, verbatim in _range_blocks(first, src, tgt):
+        for src_block, tgt_block, strict in _range_blocks(src, tgt):
             sizes = [out.tell() for out in outs]
-            if verbatim:
-                src_block, tgt_block = _ended(src_block), _ended(tgt_block)
-                (src_stops, n_src), (tgt_stops, n_tgt) = line_layout(src_block), line_layout(tgt_block)
-                kept = cleaner.clean_lines(src_block.split(b"\n"), tgt_block.split(b"\n"), n_src, n_tgt)
-                written = [_write_lines(out_src, src_block, src_stops, kept),
-                           _write_lines(out_tgt, tgt_block, tgt_stops, kept)]
+            blocks = (_ended(src_block), _ended(tgt_block))
+            layouts = _layouts(blocks, strict, first, names, dedup)
+            if layouts is not None:
+                kept = cleaner.clean_lines(layouts[0].words, layouts[1].words, layouts[0].hashes,
+                                           layouts[1].hashes)
+                written = [_write_lines(out, block, lines.stops, kept)
+                           for out, block, lines in zip(outs, blocks, layouts, strict=True)]
             else:
-                src_lines = decode_block(src_block, src[0], first)
-                tgt_lines = decode_block(tgt_block, tgt[0], first)
+                src_lines = decode_block(src_block, names[0], first)
+                tgt_lines = decode_block(tgt_block, names[1], first)
                 pairs = list(cleaner(zip(src_lines, tgt_lines, strict=True)))
                 sides = [s.encode() for s, _ in pairs], [t.encode() for _, t in pairs]
                 for out, lines in zip(outs, sides, strict=True):
@@ -408,17 +411,35 @@ def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[np.ndarray, CleanCoun
     return keys, cleaner.counts, src_ends, tgt_ends
 
 
-def _range_blocks(first: int, src: Any, tgt: Any) -> Iterator[tuple[bytes, bytes, bool]]:
+def _range_blocks(src: Any, tgt: Any) -> Iterator[tuple[bytes, bytes, bool]]:
     """The text of a range (see :func:`_clean_range_in_worker`) as ``(source, target,
-    verbatim)`` blocks; ``verbatim`` when the bytes are the lines the reader would give."""
+    strict)`` blocks; ``strict`` for bytes read from text files, which must be checked by the
+    reader's rules (Arrow's text is UTF-8 already, its rows made into lines)."""
     if isinstance(src, bytes):
-        yield src, tgt, True
+        yield src, tgt, False
     elif isinstance(src, BlockReader):
         for src_block, tgt_block in src.blocks():
-            yield src_block, tgt_block, True
+            yield src_block, tgt_block, False
     else:
-        src_block, tgt_block = read_range(*src), read_range(*tgt)
-        yield src_block, tgt_block, _verbatim(src_block, src[0], first) and _verbatim(tgt_block, tgt[0], first)
+        yield read_range(*src), read_range(*tgt), True
+
+
+def _layouts(blocks: tuple[bytes, bytes], strict: bool, first: int, names: tuple[str, str],
+             hashes: bool) -> list[Lines] | None:
+    """Both blocks' lines (:class:`~mtcli.data.scan.Lines`), with their hashes when
+    ``hashes``: from the C scanner, else from numpy. None when ``strict`` and the reader would
+    change the bytes (they are then decoded line by line); raises the reader's one-line error
+    for invalid UTF-8."""
+    scanned = [scan_lines(block, hashes, strict, first == 1) for block in blocks]
+    if all(lines is not None for lines in scanned):
+        return scanned  # type: ignore[return-value]
+    if strict and not all(_verbatim(block, name, first) for block, name in zip(blocks, names, strict=True)):
+        return None
+    layouts = []
+    for block in blocks:
+        stops, words = line_layout(block)
+        layouts.append(Lines(stops, words, line_hashes(block.split(b"\n")[:len(stops)]) if hashes else None))
+    return layouts
 
 
 def _ended(block: bytes) -> bytes:

@@ -18,10 +18,7 @@ rows take about twice their time back to back, and the step's hundred-odd torch 
 microseconds each whatever their size. The encoder runs the same way (:func:`encoder_layers`),
 and :func:`move_rows` does a search's cache reorder for every buffer in one call.
 
-The C file is compiled on first use with the system's C compiler (``cc``, or ``$CC``) for this
-CPU (``-march=native`` where the compiler takes it) into ``$XDG_CACHE_HOME/mtcli/kernels``
-(``~/.cache/mtcli/kernels``), named by a hash of the source, the compiler and the CPU's feature
-flags, so a cache shared by machines of different CPUs holds one library per CPU. Without a
+The C file is compiled on first use for this CPU (:mod:`mtcli.native`). Without a
 compiler, or when compiling fails, or with ``MTCLI_KERNELS=0``, :func:`available` is False and
 decoding runs the same steps as torch operations (a one-time warning says why).
 
@@ -33,13 +30,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
-import platform
-import re
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -47,6 +39,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from mtcli import native
 from mtcli.logs import get_logger
 
 SOURCE = Path(__file__).with_name("kernels.c")
@@ -82,89 +75,10 @@ class StepCache(Protocol):
     workspace: _Buffers | None
 
 
-def _cpu_flags() -> str:
-    """The CPU's feature flags (Linux), or '' where they cannot be read."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "mtcli" / "kernels"
-
-
-def _compile(compiler: str, flags: list[str], target: Path) -> None:
-    """Compile SOURCE into the shared library ``target`` (written under a temporary name, then
-    renamed, so a concurrent process never loads half a file)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
-    os.close(fd)
-    try:
-        cmd = [compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", tmp, "-lm"]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-            raise OSError(f"{' '.join(cmd)}: {last}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _openmp_runtimes() -> set[str]:
-    """The OpenMP runtime files mapped into this process (Linux; empty elsewhere)."""
-    try:
-        with open("/proc/self/maps", encoding="utf-8") as f:
-            paths = {line.split()[-1] for line in f if "/" in line}
-    except OSError:
-        return set()
-    return {p for p in paths if re.match(r"lib(g|i|)omp[0-9]*[.-]", os.path.basename(p))}
-
-
 def _build() -> tuple[ctypes.CDLL, bool]:
-    """The compiled library for this CPU, compiling it first if needed, and whether its OpenMP
-    loops may run on several threads.
-
-    The library is built with OpenMP and for this CPU where the compiler can, else without
-    OpenMP, else for any CPU of this architecture. Its loops share
-    torch's threads when loading it maps no new OpenMP runtime (it links the ``libgomp.so.1``
-    torch loaded); were it to bring its own, that runtime's threads would compete with torch's,
-    so the kernels then run on one thread.
-    """
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if compiler is None:
-        raise OSError("no C compiler found (cc, gcc or clang; or set CC)")
-    cpu = _cpu_flags()
-    base = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math"]
-    native = ["-march=native"] if cpu else []
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    before = _openmp_runtimes()
-    error: OSError | None = None
-    for flags in (base + native + ["-fopenmp"], base + native, base):
-        openmp = "-fopenmp" in flags
-        key = hashlib.sha256("\0".join(
-            [SOURCE.read_text(encoding="utf-8"), compiler, version, " ".join(flags), platform.machine(), cpu]
-        ).encode()).hexdigest()[:16]
-        target = _cache_dir() / f"kernels-{key}.so"
-        try:
-            if not target.is_file():
-                _compile(compiler, flags, target)
-        except OSError as e:
-            error = error or e
-            continue
-        lib = ctypes.CDLL(str(target))
-        for name, argtypes in _SIGNATURES.items():
-            getattr(lib, name).argtypes = argtypes
-            getattr(lib, name).restype = None
-        return lib, openmp and not _openmp_runtimes() - before
-    assert error is not None
-    raise error
+    """The compiled library and whether its OpenMP loops may use torch's threads
+    (:func:`mtcli.native.build`: it shares the ``libgomp`` torch loaded, or runs on one thread)."""
+    return native.build(SOURCE, {name: (None, args) for name, args in _SIGNATURES.items()}, openmp=True)
 
 
 @functools.cache

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from mtcli.data import cleaning
+from mtcli.data import cleaning, scan
 from mtcli.data.cleaning import (
     CleanCounts,
     KeySet,
@@ -20,6 +20,7 @@ from mtcli.data.cleaning import (
     line_layout,
     pair_keys,
 )
+from mtcli.data.scan import line_hashes
 from mtcli.errors import DataError
 
 # Every character Python's str.split() splits on, but the newline that ends a line.
@@ -81,7 +82,7 @@ def test_clean_lines_equals_the_cleaner_over_pairs() -> None:
     src, tgt = [s.encode() for s, _ in pairs], [t.encode() for _, t in pairs]
     n_src = line_layout(b"".join(line + b"\n" for line in src))[1]
     n_tgt = line_layout(b"".join(line + b"\n" for line in tgt))[1]
-    kept = arrays.clean_lines(src, tgt, n_src, n_tgt).tolist()
+    kept = arrays.clean_lines(n_src, n_tgt, line_hashes(src), line_hashes(tgt)).tolist()
     assert [(src[i].decode(), tgt[i].decode()) for i in kept] == expected
     assert arrays.counts == one.counts
     assert arrays.counts == CleanCounts(read=27, kept=4, empty=6, too_long=3, ratio=3, duplicate=11)
@@ -125,7 +126,12 @@ def _serial(src, tgt, tmp_path, **settings) -> tuple[bytes, bytes, CleanCounts]:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_clean_text_files_writes_what_one_process_writes(tmp_path, workers: int) -> None:
+@pytest.mark.parametrize("scanner", [True, False])
+def test_clean_text_files_writes_what_one_process_writes(tmp_path, monkeypatch, workers: int, scanner: bool) -> None:
+    if not scanner:
+        monkeypatch.setattr(scan, "_library", lambda: None)
+    elif not scan.available():
+        pytest.skip("no C compiler for the line scanner")
     rng = np.random.default_rng(0)
     words = ["ein", "Hund", "läuft", "über", "die", "Wiese", "a", "dog", "runs", "“x”"]
     pairs = [(" ".join(rng.choice(words, rng.integers(0, 14))), " ".join(rng.choice(words, rng.integers(0, 14))))
@@ -150,7 +156,10 @@ def test_clean_text_files_writes_what_one_process_writes(tmp_path, workers: int)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.src", "c.tgt", "o.src", "o.tgt"]  # no parts left
 
 
-def test_clean_text_files_errors_name_the_file_and_line(tmp_path) -> None:
+@pytest.mark.parametrize("scanner", [True, False])
+def test_clean_text_files_errors_name_the_file_and_line(tmp_path, monkeypatch, scanner: bool) -> None:
+    if not scanner:
+        monkeypatch.setattr(scan, "_library", lambda: None)
     src, tgt = tmp_path / "e.src", tmp_path / "e.tgt"
     _write(src, [f"satz {i}" for i in range(100)])
     _write(tgt, [f"sentence {i}" for i in range(99)])

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 
 import pytest
 import torch
 
+from mtcli import native
 from mtcli.model import Transformer, kernels
 from mtcli.model.attention import padding_attn_mask
 from tests.model.test_transformer import OUTPUT_IDS, VOCAB, make_batch, make_model, small_config
@@ -134,19 +136,19 @@ def test_without_a_compiler_decoding_falls_back_with_one_warning(
 
 
 def test_the_library_is_named_by_the_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    if kernels.shutil.which("cc") is None:
+    if shutil.which("cc") is None:
         pytest.skip("no C compiler")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(kernels, "_cpu_flags", lambda: "fpu sse2")
+    monkeypatch.setattr(native, "cpu_flags", lambda: "fpu sse2")
     kernels._build()
-    monkeypatch.setattr(kernels, "_cpu_flags", lambda: "fpu sse2 avx2")
+    monkeypatch.setattr(native, "cpu_flags", lambda: "fpu sse2 avx2")
     kernels._build()
     built = sorted(p.name for p in (tmp_path / "mtcli" / "kernels").iterdir())
     assert len(built) == 2 and all(name.startswith("kernels-") and name.endswith(".so") for name in built)
 
 
 def test_a_compiler_without_openmp_gives_one_thread_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    cc = kernels.shutil.which("cc")
+    cc = shutil.which("cc")
     if cc is None:
         pytest.skip("no C compiler")
     fake = tmp_path / "cc-without-openmp"

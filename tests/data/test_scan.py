@@ -1,0 +1,92 @@
+"""Tests of mtcli.data.scan: the C scanner gives what numpy and pandas give (line ends, word
+counts as ``str.split``, line hashes), and declines exactly the blocks the reader must decode."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mtcli.data import scan
+from mtcli.data.cleaning import line_layout
+from mtcli.data.scan import line_hashes, scan_lines
+
+needs_scanner = pytest.mark.skipif(not scan.available(), reason="no C compiler for the line scanner")
+
+# Every character str.split() splits on but the line end, and some that look alike but are not.
+SPACES = [chr(c) for c in range(0x110000) if chr(c).isspace() and c != 10]
+PIECES = [*SPACES, "a", "Hund", "über", "日本", "🙂", "\u200b", "\ufeff", "\x00", "\x7f", "\u00a1", "\u2010", "x" * 17]
+
+
+def _block(lines: list[str], ended: bool = True) -> bytes:
+    return ("\n".join(lines) + ("\n" if ended else "")).encode()
+
+
+@needs_scanner
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("ended", [True, False])
+def test_scan_equals_numpy_layout_and_pandas_hashes(seed: int, ended: bool) -> None:
+    rng = random.Random(seed)
+    lines = ["".join(rng.choice(PIECES) for _ in range(rng.randrange(0, 25))) for _ in range(500)]
+    lines = [line.replace("\r", " ") for line in lines] + ["last"]
+    block = _block(lines, ended)
+    got = scan_lines(block, hashes=True)
+    stops, words = line_layout(block + (b"" if ended else b"\n"))
+    assert got is not None and len(got.stops) == len(lines)
+    assert got.words.tolist() == words.tolist() == [len(line.split()) for line in lines]
+    assert got.stops.tolist() == (stops if ended else np.append(stops[:-1], len(block))).tolist()
+    assert got.hashes.tolist() == line_hashes([line.encode() for line in lines]).tolist()
+    assert scan_lines(block, hashes=False).hashes is None
+
+
+@needs_scanner
+def test_strict_declines_what_the_reader_changes_and_the_rest_does_not() -> None:
+    assert scan_lines(b"a\rb\n", True, strict=True) is None
+    assert scan_lines(b"a\rb\n", True).words.tolist() == [2]  # Arrow's rows: a CR is a space
+    bom = "\ufeffa b\n".encode()
+    assert scan_lines(bom, True, strict=True, file_start=True) is None
+    assert scan_lines(bom, True, strict=True).words.tolist() == [2]  # not the file's first line
+    empty = scan_lines(b"", True, strict=True, file_start=True)
+    assert empty is not None and len(empty.stops) == 0
+
+
+def _python_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@needs_scanner
+def test_scan_accepts_utf8_as_python_does_on_every_short_sequence() -> None:
+    """Every 1- and 2-byte sequence, and 3- and 4-byte ones over every lead and second byte:
+    the scanner declines a block exactly when Python's strict decoder would fail on it."""
+    edges = [0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0]
+    samples = [bytes([a]) for a in range(256)] + [bytes([a, b]) for a in range(256) for b in range(256)]
+    samples += [bytes([a, b, c]) for a in range(0xE0, 0x100) for b in range(256) for c in edges]
+    samples += [bytes([a, b, c, 0x80]) for a in range(0xF0, 0x100) for b in range(256) for c in (0x80, 0xBF, 0x41)]
+    samples = [raw for raw in samples if b"\r" not in raw]
+    wrong = [raw for raw in samples if (scan_lines(b"ok " + raw + b" ok", False) is not None) != _python_utf8(raw)]
+    assert not wrong, wrong[:10]
+
+
+@needs_scanner
+@given(st.binary(max_size=64))
+@settings(max_examples=300)
+def test_scan_on_any_bytes_agrees_with_python(raw: bytes) -> None:
+    got = scan_lines(raw, hashes=True)
+    assert (got is not None) == _python_utf8(raw)
+    if got is not None:
+        lines = raw.split(b"\n")
+        lines = lines[:-1] if raw.endswith(b"\n") or not raw else lines
+        assert got.words.tolist() == [len(line.decode().split()) for line in lines]
+        assert got.hashes.tolist() == line_hashes(lines).tolist()
+
+
+def test_without_the_scanner_scan_lines_declines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scan, "_library", lambda: None)
+    assert scan_lines(b"a b\n", hashes=True) is None
