@@ -14,7 +14,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from multiprocessing.pool import Pool
+from multiprocessing.pool import AsyncResult, Pool
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -372,56 +372,110 @@ def _verbatim(block: bytes, name: str, first: int) -> bool:
     return b"\r" not in block and not (first == 1 and block.startswith(b"\xef\xbb\xbf"))
 
 
-def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[np.ndarray, CleanCounts, np.ndarray, np.ndarray]:
-    """Clean one range into the part files ``<part>.src`` and ``<part>.tgt``; return the kept
-    pairs' keys, the counts, and where each kept line ends in the two part files (so the parent
-    can drop lines without reading a part). A range is the text itself (Arrow rows made into
-    lines), a :class:`~mtcli.data.arrowrows.BlockReader` that gives it here, or ``(path, start,
-    end)`` of both text files, read here and checked by the reader's rules. Most text is cleaned
-    as bytes (:meth:`PairCleaner.clean_lines` over :func:`_layouts`) and its kept lines written
-    as spans of it; a range that the reader would change (``\r``, a byte-order mark) is
-    decoded line by line first."""
+# What a worker gives back of each side of a range: where each kept line ends, counted from the
+# range's first kept byte, and either None (the kept lines are in the side's part file) or the
+# byte spans of the input file that hold them, in order (``(k, 2)``, int64).
+Side = tuple[np.ndarray, np.ndarray | None]
+
+
+def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[np.ndarray, CleanCounts, tuple[Side, Side]]:
+    """Clean one range; return the kept pairs' keys, the counts, and where each side's kept
+    lines are (:data:`Side`), so that the parent can append them to the output, dropping lines
+    without reading them. A range is the text itself (Arrow rows made into lines), a
+    :class:`~mtcli.data.arrowrows.BlockReader` that gives it here, or ``(path, start, end)`` of
+    both text files (:func:`_clean_file_range`). Kept lines that are not spans of an input file
+    are written to the part files ``<part>.src`` and ``<part>.tgt``."""
     part, first, src, tgt, max_length, max_ratio, dedup = task
     cleaner = PairCleaner(max_length, max_ratio, dedup, record_keys=True)
-    names = (src[0], tgt[0]) if isinstance(src, tuple) else ("", "")
-    ends: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
-    with open(f"{part}.src", "wb") as out_src, open(f"{part}.tgt", "wb") as out_tgt:
-        outs = (out_src, out_tgt)
-        for src_block, tgt_block, strict in _range_blocks(src, tgt):
-            sizes = [out.tell() for out in outs]
-            blocks = (_ended(src_block), _ended(tgt_block))
-            layouts = _layouts(blocks, strict, first, names, dedup)
-            if layouts is not None:
-                kept = cleaner.clean_lines(layouts[0].words, layouts[1].words, layouts[0].hashes,
-                                           layouts[1].hashes)
-                written = [_write_lines(out, block, lines.stops, kept)
-                           for out, block, lines in zip(outs, blocks, layouts, strict=True)]
-            else:
-                src_lines = decode_block(src_block, names[0], first)
-                tgt_lines = decode_block(tgt_block, names[1], first)
-                pairs = list(cleaner(zip(src_lines, tgt_lines, strict=True)))
-                sides = [s.encode() for s, _ in pairs], [t.encode() for _, t in pairs]
-                for out, lines in zip(outs, sides, strict=True):
-                    out.write(_lines_blob(lines))
-                written = [_line_ends(lines) for lines in sides]
-            for side, size, side_ends in zip(ends, sizes, written, strict=True):
-                side.append(side_ends + size)
-    keys = np.concatenate([np.zeros(0, dtype=np.uint64), *cleaner.kept_keys])
-    src_ends, tgt_ends = (np.concatenate([np.zeros(0, dtype=np.int64), *side]) for side in ends)
-    return keys, cleaner.counts, src_ends, tgt_ends
-
-
-def _range_blocks(src: Any, tgt: Any) -> Iterator[tuple[bytes, bytes, bool]]:
-    """The text of a range (see :func:`_clean_range_in_worker`) as ``(source, target,
-    strict)`` blocks; ``strict`` for bytes read from text files, which must be checked by the
-    reader's rules (Arrow's text is UTF-8 already, its rows made into lines)."""
-    if isinstance(src, bytes):
-        yield src, tgt, False
-    elif isinstance(src, BlockReader):
-        for src_block, tgt_block in src.blocks():
-            yield src_block, tgt_block, False
+    if isinstance(src, tuple):
+        sides = _clean_file_range(cleaner, first, src, tgt, part)
     else:
-        yield read_range(*src), read_range(*tgt), True
+        blocks = src.blocks() if isinstance(src, BlockReader) else [(src, tgt)]
+        with _PartWriter(part) as writer:
+            for src_block, tgt_block in blocks:  # Arrow's text: valid UTF-8, its rows made into lines
+                ended = (_ended(src_block), _ended(tgt_block))
+                layouts = _layouts(ended, False, first, ("", ""), dedup)
+                assert layouts is not None  # only strict blocks are declined
+                writer.write_spans(ended, layouts, _kept(cleaner, layouts))
+        sides = writer.sides()
+    keys = np.concatenate([np.zeros(0, dtype=np.uint64), *cleaner.kept_keys])
+    return keys, cleaner.counts, sides
+
+
+def _kept(cleaner: PairCleaner, layouts: list[Lines]) -> np.ndarray:
+    """The kept pairs of two sides' lines (:meth:`PairCleaner.clean_lines`)."""
+    return cleaner.clean_lines(layouts[0].words, layouts[1].words, layouts[0].hashes, layouts[1].hashes)
+
+
+def _clean_file_range(cleaner: PairCleaner, first: int, src: tuple[str, int, int],
+                      tgt: tuple[str, int, int], part: str) -> tuple[Side, Side]:
+    """Read, check (by :mod:`mtcli.data.textio`'s rules and errors) and clean the lines of
+    ``(path, start, end)`` of the source and target files. Lines that are the reader's lines
+    byte for byte are cleaned as bytes and given back as spans of the files, to be copied from
+    there; a range that the reader would change (``\r``, a byte-order mark) is decoded line by
+    line and its kept lines written to the part files, as is the last range of a file whose
+    last line has no ``\n``."""
+    blocks = (read_range(*src), read_range(*tgt))
+    ended = (_ended(blocks[0]), _ended(blocks[1]))
+    layouts = _layouts(ended, True, first, (src[0], tgt[0]), cleaner.dedup)
+    if layouts is not None and ended[0] is blocks[0] and ended[1] is blocks[1]:
+        kept = _kept(cleaner, layouts)
+        return _file_side(layouts[0].stops, kept, src[1]), _file_side(layouts[1].stops, kept, tgt[1])
+    with _PartWriter(part) as writer:
+        if layouts is None:
+            pairs = list(cleaner(zip(decode_block(blocks[0], src[0], first),
+                                     decode_block(blocks[1], tgt[0], first), strict=True)))
+            writer.write_lines([s.encode() for s, _ in pairs], [t.encode() for _, t in pairs])
+        else:
+            writer.write_spans(ended, layouts, _kept(cleaner, layouts))
+    return writer.sides()
+
+
+def _file_side(stops: np.ndarray, kept: np.ndarray, offset: int) -> Side:
+    """The :data:`Side` of lines ``kept`` of a block that starts at byte ``offset`` of its file,
+    whose lines end at ``stops``."""
+    starts = np.concatenate(([0], stops[:-1]))
+    runs = np.array(_spans(starts, stops, kept), dtype=np.int64).reshape(-1, 2) + offset
+    return np.cumsum(stops[kept] - starts[kept]), runs
+
+
+class _PartWriter:
+    """The part files ``<part>.src`` and ``<part>.tgt`` of a range, opened when first written."""
+
+    def __init__(self, part: str) -> None:
+        self.part = part
+        self.outs: list[BinaryIO] = []
+        self.ends: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
+
+    def __enter__(self) -> _PartWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for out in self.outs:
+            out.close()
+
+    def _open(self) -> list[BinaryIO]:
+        if not self.outs:
+            self.outs = [open(f"{self.part}.src", "wb"), open(f"{self.part}.tgt", "wb")]
+        return self.outs
+
+    def write_spans(self, blocks: tuple[bytes, bytes], layouts: list[Lines], kept: np.ndarray) -> None:
+        """Append lines ``kept`` of both blocks (each line ended by ``\n``)."""
+        for side, out, block, lines in zip(self.ends, self._open(), blocks, layouts, strict=True):
+            size = out.tell()
+            side.append(_write_lines(out, block, lines.stops, kept) + size)
+
+    def write_lines(self, src: list[bytes], tgt: list[bytes]) -> None:
+        """Append ``src`` and ``tgt`` (lines without their ends)."""
+        for side, out, lines in zip(self.ends, self._open(), (src, tgt), strict=True):
+            size = out.tell()
+            out.write(_lines_blob(lines))
+            side.append(_line_ends(lines) + size)
+
+    def sides(self) -> tuple[Side, Side]:
+        """Both sides' line ends so far, in the part files."""
+        src, tgt = (np.concatenate([np.zeros(0, dtype=np.int64), *side]) for side in self.ends)
+        return (src, None), (tgt, None)
 
 
 def _layouts(blocks: tuple[bytes, bytes], strict: bool, first: int, names: tuple[str, str],
@@ -490,7 +544,7 @@ def clean_text_files(src: Path, tgt: Path, out_src: Path, out_tgt: Path, cleaner
     with _parts_directory(out_src) as parts, forked_pool(workers) as pool:  # the pool ends first
         ranges = aligned_ranges(src, tgt, lines_per_range or PAIRS_PER_RANGE, pool)
         tasks = ((first, (str(src), s0, s1), (str(tgt), t0, t1)) for first, s0, s1, t0, t1 in ranges)
-        _clean_in_workers(tasks, out_src, out_tgt, cleaner, pool, workers, parts)
+        _clean_in_workers(tasks, out_src, out_tgt, cleaner, pool, workers, parts, (src, tgt))
 
 
 def clean_text_blocks(blocks: Iterable[tuple[bytes, bytes] | BlockReader], out_src: Path, out_tgt: Path,
@@ -510,22 +564,70 @@ def _parts_directory(out: Path) -> tempfile.TemporaryDirectory:
 
 
 def _clean_in_workers(ranges: Iterable[tuple[int, Any, Any]], out_src: Path, out_tgt: Path,
-                      cleaner: PairCleaner, pool: Pool, workers: int, parts: str) -> None:
-    """Clean ``(first line, source, target)`` ranges in ``pool``'s ``workers`` processes into
-    part files under ``parts``; append the parts in order."""
+                      cleaner: PairCleaner, pool: Pool, workers: int, parts: str,
+                      inputs: tuple[Path, Path] | None = None) -> None:
+    """Clean ``(first line, source, target)`` ranges in ``pool``'s ``workers`` processes. The
+    parent takes the results in order and drops the pairs an earlier range kept; the workers
+    then copy each range's kept lines, from its part files under ``parts`` or from the
+    ``inputs`` files, to where they belong in the output (a copy inside the kernel)."""
     settings = (cleaner.max_length, cleaner.max_ratio, cleaner.dedup)
     tasks = ((f"{parts}/{i:06d}", *task, *settings) for i, task in enumerate(ranges))
-    with open(out_src, "wb") as fs, open(out_tgt, "wb") as ft:
-        for i, (keys, counts, *line_ends) in enumerate(
-                in_order(pool, _clean_range_in_worker, tasks, 2 * workers)):
+    outs = (str(out_src), str(out_tgt))
+    for out in outs:
+        open(out, "wb").close()
+    copies: list[AsyncResult] = []
+    written = [0, 0]
+    try:
+        for i, (keys, counts, sides) in enumerate(in_order(pool, _clean_range_in_worker, tasks, 2 * workers)):
             drop = cleaner.absorb(counts, keys)
-            for suffix, out, ends in (("src", fs, line_ends[0]), ("tgt", ft, line_ends[1])):
-                part = Path(f"{parts}/{i:06d}.{suffix}")
-                with open(part, "rb") as handle:
-                    out.flush()
-                    for start, stop in _kept_spans(ends, drop):
-                        _copy_span(handle, out, start, stop)
-                part.unlink()
+            for side, suffix, (ends, runs) in zip((0, 1), ("src", "tgt"), sides, strict=True):
+                spans = _kept_spans(ends, drop)
+                part = f"{parts}/{i:06d}.{suffix}"
+                if runs is not None:
+                    assert inputs is not None
+                    origin, spans = str(inputs[side]), list(_through(spans, runs))
+                elif spans:
+                    origin = part
+                else:
+                    Path(part).unlink(missing_ok=True)
+                    continue
+                task = (origin, spans, outs[side], written[side], runs is None)
+                copies.append(pool.apply_async(_copy_spans, (task,)))
+                written[side] += sum(stop - start for start, stop in spans)
+    finally:
+        settle(copies)  # every copy finishes before an error leaves the pool
+    for copy in copies:
+        copy.get()
+
+
+def _copy_spans(task: tuple[str, list[tuple[int, int]], str, int, bool]) -> None:
+    """Copy byte ``spans`` of a file into another from byte ``at`` on (a worker's task), and
+    delete the file after when ``delete`` (a part file)."""
+    origin, spans, out, at, delete = task
+    with open(origin, "rb") as handle, open(out, "r+b") as target:
+        for start, stop in spans:
+            _copy_span(handle.fileno(), target.fileno(), start, stop, at)
+            at += stop - start
+    if delete:
+        os.unlink(origin)
+
+
+def _through(spans: list[tuple[int, int]], runs: np.ndarray) -> Iterator[tuple[int, int]]:
+    """The ``spans`` (ascending) of the bytes that the spans of a file ``runs`` hold, one after
+    another, as spans of that file."""
+    lengths = runs[:, 1] - runs[:, 0]
+    offsets = np.concatenate(([0], np.cumsum(lengths))).tolist()
+    starts = runs[:, 0].tolist()
+    k = 0
+    for start, stop in spans:
+        while offsets[k + 1] <= start:
+            k += 1
+        while start < stop:
+            span_stop = min(stop, offsets[k + 1])
+            yield starts[k] + start - offsets[k], starts[k] + span_stop - offsets[k]
+            start = span_stop
+            if start == offsets[k + 1]:
+                k += 1
 
 
 def _kept_spans(ends: np.ndarray, drop: np.ndarray | None) -> list[tuple[int, int]]:
@@ -535,19 +637,21 @@ def _kept_spans(ends: np.ndarray, drop: np.ndarray | None) -> list[tuple[int, in
     return _spans(np.concatenate(([0], ends[:-1])), ends, kept)
 
 
-def _copy_span(handle: BinaryIO, out: BinaryIO, start: int, stop: int) -> None:
-    """Append bytes ``[start, stop)`` of the open file ``handle`` to ``out`` (flushed), inside
-    the kernel where it can."""
+def _copy_span(source: int, target: int, start: int, stop: int, at: int) -> None:
+    """Copy bytes ``[start, stop)`` of the open file ``source`` to byte ``at`` of ``target``
+    (file descriptors), inside the kernel where it can."""
     size = stop - start
     try:
         while size > 0:
-            copied = os.copy_file_range(handle.fileno(), out.fileno(), size, offset_src=stop - size)
+            copied = os.copy_file_range(source, target, size, stop - size, at + stop - start - size)
             if copied == 0:
                 break
             size -= copied
     except (AttributeError, OSError):
         pass
-    if size > 0:  # no copy_file_range here (or it stopped short): copy what is left in Python
-        handle.seek(stop - size)
-        out.write(handle.read(size))
-        out.flush()
+    while size > 0:  # no copy_file_range here (or it stopped short): copy what is left in Python
+        chunk = os.pread(source, min(size, 1 << 24), stop - size)
+        if not chunk:
+            raise OSError(f"file shorter than expected while copying byte {stop - size}")
+        os.pwrite(target, chunk, at + stop - start - size)
+        size -= len(chunk)

@@ -5,6 +5,9 @@
 
 #include <stdint.h>
 #include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 /* Byte classes: a word byte, a one-byte space, the line end, '\r', the lead byte of a
  * character that may be a wide space (0xC2, 0xE1-0xE3), any other byte >= 0x80. */
@@ -103,6 +106,125 @@ static uint64_t line_hash(const uint8_t *s, long n) {
 
 /* ------------------------------------------------------------------ the scan */
 
+/* Where a scan stands: the line being read starts at `start` and holds `count` words so far;
+ * `after_space` when the last byte read was a space (or the line has just begun). */
+struct scan {
+    const uint8_t *s;
+    long n, lines, capacity, start, count;
+    int after_space;
+    int64_t *stops, *words;
+    uint64_t *hashes;
+};
+
+/* End the line at s[at] ('\n', or the block's end); 0, or -3 past the capacity. */
+static int end_line(struct scan *t, long at, long stop) {
+    if (t->lines == t->capacity) return -3;
+    t->stops[t->lines] = stop;
+    t->words[t->lines] = t->count;
+    if (t->hashes) t->hashes[t->lines] = line_hash(t->s + t->start, at - t->start);
+    t->lines++;
+    t->start = stop;
+    t->count = 0;
+    t->after_space = 1;
+    return 0;
+}
+
+/* Scan bytes [i, stop) one character at a time; returns where it stopped (>= stop, a
+ * character may run past it) or a negative code (see scan_lines). */
+static long scan_bytes(struct scan *t, long i, long stop, int strict) {
+    const uint8_t *s = t->s;
+    while (i < stop) {
+        uint8_t k = byte_class[s[i]];
+        if (k <= SPACE) {
+            t->count += (k == WORD) & t->after_space;
+            t->after_space = k;
+            i++;
+        } else if (k == NEWLINE) {
+            if (end_line(t, i, i + 1)) return -3;
+            i++;
+        } else if (k == CR) {
+            if (strict) return -2;
+            t->after_space = 1;
+            i++;
+        } else {
+            int len = utf8_length(s + i, t->n - i);
+            if (len == 0) return -1;
+            int space = k == LEAD && wide_space(s + i, len);
+            t->count += (!space) & t->after_space;
+            t->after_space = space;
+            i += len;
+        }
+    }
+    return i;
+}
+
+#ifdef __AVX2__
+/* Masks of the 64 bytes at s: bytes >= 0x80, '\n', '\r', and spaces (ASCII ones, '\n' and
+ * '\r' included). */
+static inline void masks64(const uint8_t *s, uint64_t *high, uint64_t *nl, uint64_t *cr, uint64_t *sp) {
+    uint64_t m[4] = {0, 0, 0, 0};
+    for (int half = 0; half < 2; half++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(s + 32 * half));
+        __m256i tab = _mm256_and_si256(_mm256_cmpgt_epi8(v, _mm256_set1_epi8(8)),
+                                       _mm256_cmpgt_epi8(_mm256_set1_epi8(14), v));   /* 9-13 */
+        __m256i sep = _mm256_and_si256(_mm256_cmpgt_epi8(v, _mm256_set1_epi8(27)),
+                                       _mm256_cmpgt_epi8(_mm256_set1_epi8(33), v));   /* 28-32 */
+        __m256i space = _mm256_or_si256(tab, sep);
+        m[0] |= (uint64_t)(uint32_t)_mm256_movemask_epi8(v) << (32 * half);
+        m[1] |= (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, _mm256_set1_epi8('\n'))) << (32 * half);
+        m[2] |= (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, _mm256_set1_epi8('\r'))) << (32 * half);
+        m[3] |= (uint64_t)(uint32_t)_mm256_movemask_epi8(space) << (32 * half);
+    }
+    *high = m[0]; *nl = m[1]; *cr = m[2]; *sp = m[3];
+}
+
+/* The bits first..last (inclusive; last < 64) of a 64-bit mask. */
+static inline uint64_t bit_range(int first, int last) {
+    return (~0ULL >> (63 - last)) & (~0ULL << first);
+}
+
+/* Scan the 64 bytes at s[i] at once. Word starts are the bytes that are not spaces after
+ * one that is, and each '\n' ends a line with the word starts before it. A byte >= 0x80 is
+ * part of a word unless its character is a wide space; each such character is checked as
+ * UTF-8 on its own. `*carry` is how many bytes at s[i] continue a character begun before
+ * them, and 64 + that many when that character is a space; it is updated for the next 64
+ * bytes. Returns 0, or a negative code (see scan_lines). */
+static int scan64(struct scan *t, long i, int strict, int *carry) {
+    uint64_t high, nl, cr, sp;
+    masks64(t->s + i, &high, &nl, &cr, &sp);
+    if (strict && cr) return -2;
+    int cont = *carry & 63;
+    if (cont) {
+        uint64_t first = bit_range(0, cont - 1);
+        high &= ~first;
+        if (*carry & 64) sp |= first;
+    }
+    *carry = 0;
+    while (high) {
+        int p = __builtin_ctzll(high);
+        int len = utf8_length(t->s + i + p, t->n - i - p);
+        if (len == 0) return -1;
+        int last = p + len - 1 < 63 ? p + len - 1 : 63;
+        int space = byte_class[t->s[i + p]] == LEAD && wide_space(t->s + i + p, len);
+        if (space) sp |= bit_range(p, last);
+        if (p + len > 64) *carry = (p + len - 64) | (space ? 64 : 0);
+        high &= ~bit_range(p, last);
+    }
+    uint64_t starts = ~sp & ((sp << 1) | (uint64_t)t->after_space);
+    while (nl) {
+        int p = __builtin_ctzll(nl);
+        uint64_t before = p ? starts & (~0ULL >> (64 - p)) : 0;
+        t->count += __builtin_popcountll(before);
+        starts &= ~before;
+        if (end_line(t, i + p, i + p + 1)) return -3;
+        nl &= nl - 1;
+    }
+    t->count += __builtin_popcountll(starts);
+    t->after_space = (int)(sp >> 63);
+    return 0;
+}
+#endif
+
 /* Scan s[0:n], lines ended by '\n' (the last may have none). For line i: stops[i] is the
  * offset just after it (its '\n' included), words[i] its word count, and hashes[i] (when
  * hashes is not NULL) the hash of its bytes without the '\n'. Returns the number of lines, or
@@ -110,54 +232,26 @@ static uint64_t line_hash(const uint8_t *s, long n) {
  *   -2  a '\r', or (with file_start) a UTF-8 byte-order mark first: bytes the reader would
  *       change, so the caller decodes them line by line (only with strict),
  *   -3  more than `capacity` lines.
- * Without `strict`, '\r' is a space as str.split() has it. */
+ * Without `strict`, '\r' is a space as str.split() has it. Where the CPU has AVX2, the
+ * bytes are read 64 at a time (scan64), the few at the end one character at a time. */
 long scan_lines(const uint8_t *s, long n, int strict, int file_start, long capacity,
                 int64_t *stops, int64_t *words, uint64_t *hashes) {
     if (!classes_ready) make_classes();
     if (strict && file_start && n >= 3 && s[0] == 0xEF && s[1] == 0xBB && s[2] == 0xBF) return -2;
-    long lines = 0, start = 0, count = 0;
-    int after_space = 1;
+    struct scan t = {s, n, 0, capacity, 0, 0, 1, stops, words, hashes};
     long i = 0;
-    while (i < n) {
-        uint8_t k = byte_class[s[i]];
-        if (k <= SPACE) {
-            count += (k == WORD) & after_space;
-            after_space = k;
-            i++;
-            continue;
-        }
-        if (k == NEWLINE || k == CR) {
-            if (k == CR) {
-                if (strict) return -2;
-                after_space = 1;
-                i++;
-                continue;
-            }
-            if (lines == capacity) return -3;
-            stops[lines] = i + 1;
-            words[lines] = count;
-            if (hashes) hashes[lines] = line_hash(s + start, i - start);
-            lines++;
-            start = ++i;
-            count = 0;
-            after_space = 1;
-            continue;
-        }
-        int len = utf8_length(s + i, n - i);
-        if (len == 0) return -1;
-        int space = k == LEAD && wide_space(s + i, len);
-        count += !space & after_space;
-        after_space = space;
-        i += len;
+#ifdef __AVX2__
+    int carry = 0;
+    for (; i + 64 <= n; i += 64) {
+        int code = scan64(&t, i, strict, &carry);
+        if (code < 0) return code;
     }
-    if (start < n) {  /* a last line without '\n' */
-        if (lines == capacity) return -3;
-        stops[lines] = n;
-        words[lines] = count;
-        if (hashes) hashes[lines] = line_hash(s + start, n - start);
-        lines++;
-    }
-    return lines;
+    i += carry & 63;  /* the rest of a character begun in the last 64 bytes, checked there */
+#endif
+    i = scan_bytes(&t, i, n, strict);
+    if (i < 0) return i;
+    if (t.start < n && end_line(&t, n, n)) return -3;  /* a last line without '\n' */
+    return t.lines;
 }
 
 /* The number of '\n' bytes in s[0:n]. */

@@ -210,10 +210,13 @@ def test_a_part_is_copied_without_its_dropped_lines(tmp_path, monkeypatch, drop,
         monkeypatch.setattr(cleaning.os, "copy_file_range", _no_copy_file_range, raising=False)
     with open(tmp_path / "out", "wb") as out:
         out.write(b"before\n")
+        out.flush()
+        at = out.tell()
         with open(part, "rb") as handle:
-            out.flush()
             for start, stop in cleaning._kept_spans(cleaning._line_ends(lines), None if drop is None else np.array(drop)):
-                cleaning._copy_span(handle, out, start, stop)
+                cleaning._copy_span(handle.fileno(), out.fileno(), start, stop, at)
+                at += stop - start
+        out.seek(at)
         out.write(b"after\n")
     kept = [line for i, line in enumerate(lines) if drop is None or i not in drop]
     assert (tmp_path / "out").read_bytes() == b"before\n" + b"".join(line + b"\n" for line in kept) + b"after\n"
@@ -234,3 +237,17 @@ def test_pair_keys_are_one_per_pair_and_the_same_as_text_bytes_and_in_every_proc
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                              env={**os.environ, "PYTHONHASHSEED": seed}).stdout
         assert out.strip() == str(keys.tolist())
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_spans_of_runs_map_to_the_same_bytes_of_the_file(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    data = bytes(rng.integers(0, 256, 400, dtype=np.uint8))
+    edges = np.sort(rng.choice(np.arange(1, 400), size=2 * int(rng.integers(1, 6)), replace=False))
+    runs = edges.reshape(-1, 2).astype(np.int64)
+    joined = b"".join(data[a:b] for a, b in runs.tolist())
+    cuts = np.sort(rng.choice(np.arange(len(joined) + 1), size=2 * int(rng.integers(1, 4)), replace=False))
+    spans = [(a, b) for a, b in cuts.reshape(-1, 2).tolist() if a < b]
+    mapped = list(cleaning._through(spans, runs))
+    assert b"".join(data[a:b] for a, b in mapped) == b"".join(joined[a:b] for a, b in spans)
+    assert all(a < b for a, b in mapped)

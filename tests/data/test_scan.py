@@ -90,3 +90,26 @@ def test_scan_on_any_bytes_agrees_with_python(raw: bytes) -> None:
 def test_without_the_scanner_scan_lines_declines(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(scan, "_library", lambda: None)
     assert scan_lines(b"a b\n", hashes=True) is None
+
+
+@needs_scanner
+@pytest.mark.parametrize("piece", ["\u00a0", "\u3000", "\u2003", "\u1680", "ü", "“", "日", "🙂", "\u0085", "a"])
+def test_characters_across_every_64_byte_boundary(piece: str) -> None:
+    """The scanner reads 64 bytes at a time: a character (a word's or a space) that starts
+    just before a boundary and ends after it is counted as str.split counts it."""
+    lines = ["x" * k + piece + "y z" + piece * 3 for k in range(0, 140)]
+    block = _block(lines)
+    got = scan_lines(block, hashes=True)
+    assert got is not None
+    assert got.words.tolist() == [len(line.split()) for line in lines]
+    assert got.hashes.tolist() == line_hashes(lines).tolist()
+    assert got.stops.tolist() == line_layout(block)[0].tolist()
+
+
+@needs_scanner
+@pytest.mark.parametrize("at", [0, 5, 63, 64, 65, 127, 128, 200])
+@pytest.mark.parametrize("bad", [b"\xff", b"\xc3", b"\xe2\x80", b"\xed\xa0\x80", b"\x80", b"\xf4\x90\x80\x80"])
+def test_invalid_utf8_anywhere_is_declined(at: int, bad: bytes) -> None:
+    block = b"a" * at + bad + b" b" * 100 + b"\n"
+    assert scan_lines(block, hashes=False) is None
+    assert scan_lines(b"a" * at + b"\r" + b" b" * 100 + b"\n", hashes=False, strict=True) is None
