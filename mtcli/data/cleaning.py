@@ -12,7 +12,7 @@ import dataclasses
 import itertools
 import os
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from multiprocessing.pool import AsyncResult, Pool
 from pathlib import Path
@@ -21,7 +21,8 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from mtcli.data.arrowrows import BlockReader
-from mtcli.data.scan import Lines, line_hashes, scan_lines
+from mtcli.data.dedup import KeySet, keys_of, pair_keys
+from mtcli.data.scan import Lines, numpy_lines, scan_lines
 from mtcli.data.sources import Pair, mismatch_error
 from mtcli.data.textio import decode_block, is_utf8, read_range
 from mtcli.data.workers import forked_pool, in_order, settle
@@ -60,99 +61,6 @@ class CleanCounts:
         """Add ``other``'s counts to these (a range cleaned elsewhere)."""
         for f in dataclasses.fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
-
-# An odd 64-bit constant (2^64 over the golden ratio) that mixes the source's hash into a pair's key.
-_MIX = np.uint64(0x9E3779B97F4A7C15)
-
-
-def pair_keys(src: Sequence[bytes | str], tgt: Sequence[bytes | str]) -> np.ndarray:
-    """The 64-bit keys (uint64) that stand for the pairs ``zip(src, tgt)`` in the dedup memory:
-    :func:`keys_of` the lines' hashes (:func:`~mtcli.data.scan.line_hashes`; a str is hashed as
-    its UTF-8 bytes, so a line gets one key as text or as bytes). The same in every run and
-    process."""
-    return keys_of(line_hashes(src), line_hashes(tgt))
-
-
-def keys_of(src_hashes: np.ndarray, tgt_hashes: np.ndarray) -> np.ndarray:
-    """Pair keys from the two sides' line hashes: ``hash(source) * C XOR hash(target)`` for an
-    odd constant ``C``, so swapping the sides gives another key."""
-    return src_hashes * _MIX ^ tgt_hashes
-
-
-class KeySet:
-    """The dedup memory: 64-bit keys kept in a few sorted numpy runs, 8 bytes a key (a Python set
-    of ints takes about 80, 3 GB at WMT19's 38M pairs). Keys are looked up and added a batch at
-    a time. A new batch becomes a run of its own, and runs are merged while the one before the
-    last is less than four times its size, so there are at most ``log4(n)`` runs to search and
-    each key is re-sorted a logarithmic number of times.
-
-    Past :data:`FILTER_FROM` keys a bitmap of 8-16 bits a key (1-2 bytes), indexed by a key's
-    top bits, says which keys cannot be there (their bit is clear), so only the few others (the
-    real repeats and at most one key in eight) are searched for in the runs: a search costs
-    about ten cache misses a key in a large run, the bitmap one.
-    """
-
-    #: Keys held before the bitmap is made (a worker's range of pairs stays below it).
-    FILTER_FROM = 1 << 16
-
-    def __init__(self) -> None:
-        self._runs: list[np.ndarray] = []
-        self._bitmap: np.ndarray | None = None
-        self._bits = 0  # the bitmap has 2**_bits bits
-
-    def __len__(self) -> int:
-        return sum(len(run) for run in self._runs)
-
-    def add_new(self, keys: np.ndarray) -> np.ndarray:
-        """Add ``keys`` (uint64); return the mask of those that are new: in no earlier batch, and
-        the first of their value in this one."""
-        mask = np.zeros(len(keys), dtype=bool)
-        if not len(keys):
-            return mask
-        unique, first = np.unique(keys, return_index=True)
-        new = np.ones(len(unique), dtype=bool)
-        ask = np.flatnonzero(self._marked(unique)) if self._bitmap is not None else slice(None)
-        asked = unique[ask]
-        for run in self._runs:
-            found = run[np.searchsorted(run, asked).clip(max=len(run) - 1)] == asked
-            new[ask] &= ~found
-        mask[first[new]] = True
-        if new.any():
-            added = unique[new]
-            self._runs.append(added)
-            while len(self._runs) > 1 and len(self._runs[-2]) < 4 * len(self._runs[-1]):
-                last = self._runs.pop()
-                merged = np.concatenate((self._runs.pop(), last))
-                merged.sort(kind="stable")  # timsort: two sorted runs merge in linear time
-                self._runs.append(merged)
-            self._update_bitmap(added)
-        return mask
-
-    def _slots(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each key's byte in the bitmap and its bit there, from the key's top ``_bits`` bits."""
-        slot = keys >> np.uint64(64 - self._bits)
-        return (slot >> np.uint64(3)).astype(np.intp), (slot & np.uint64(7)).astype(np.uint8)
-
-    def _marked(self, keys: np.ndarray) -> np.ndarray:
-        """True where a kept key shares the key's bit (the key may be kept), False where none does."""
-        byte, bit = self._slots(keys)
-        return (self._bitmap[byte] >> bit) & 1 == 1
-
-    def _update_bitmap(self, added: np.ndarray) -> None:
-        """Mark ``added``; past :data:`FILTER_FROM` keys, (re)make the bitmap at >= 8 bits a key."""
-        size = len(self)
-        if size < self.FILTER_FROM:
-            return
-        if self._bitmap is None or 8 * size > 1 << self._bits:
-            self._bits = (8 * size).bit_length()  # 8-16 bits a key now, >= 8 until remade
-            self._bitmap = np.zeros(1 << (self._bits - 3), dtype=np.uint8)
-            parts = [run[i:i + (1 << 18)] for run in self._runs for i in range(0, len(run), 1 << 18)]
-        else:
-            parts = [added]
-        for part in parts:  # a slice at a time: the temporaries take 25 bytes a key
-            byte, bit = self._slots(part)
-            np.bitwise_or.at(self._bitmap, byte, np.left_shift(np.uint8(1), bit))
 
 
 class PairCleaner:
@@ -306,58 +214,6 @@ def aligned_ranges(src: Path, tgt: Path, lines_per_range: int,
             for i in range(len(src_edges) - 1) if src_edges[i] < src_size or tgt_edges[i] < tgt_size]
 
 
-# What Python's str.split() splits on: ASCII whitespace (one byte in UTF-8) and the wider spaces
-# (two or three bytes; none is above U+3000).
-_ASCII_SPACE = np.zeros(256, dtype=bool)
-_ASCII_SPACE[[ord(c) for c in map(chr, range(128)) if c.isspace()]] = True
-_WIDE_SPACES = [chr(c).encode() for c in range(0x80, 0x3001) if chr(c).isspace()]
-# Their first bytes are 0xC2 and 0xE1-0xE3 (the tests check this).
-_WIDE_LEADS = sorted({wide[0] for wide in _WIDE_SPACES})
-
-
-def line_layout(block: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """Where each line of a block of valid UTF-8 ends, and how many words it holds:
-    ``(stops, counts)``, where line ``i`` is ``block[stops[i - 1]:stops[i]]`` (``stops[-1]``
-    is 0) with its ``\n``, and ``counts[i]`` is ``len(line.split())``. Lines are ended by
-    ``\n``, the last maybe not. Nothing is decoded: word starts (a byte that is not a space,
-    after one that is) are summed per line over the bytes, and only the few lines that hold a
-    non-ASCII space are counted by ``str.split`` itself."""
-    a = np.frombuffer(block, dtype=np.uint8)
-    if not len(a):
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    low = np.flatnonzero(a < 32)  # every line end, and the other control bytes (rare)
-    low_bytes = a[low]
-    ends = low[low_bytes == 10]
-    space = a <= 32  # every ASCII space is; other control bytes are checked for above
-    if not _ASCII_SPACE[low_bytes].all():
-        space = _ASCII_SPACE[a]
-    word_start = np.empty(len(a), dtype=bool)
-    word_start[0] = not space[0]
-    np.greater(space[:-1], space[1:], out=word_start[1:])
-    stops = ends + 1 if a[-1] == 10 else np.append(ends + 1, len(a))
-    line_starts = np.concatenate(([0], stops[:-1]))
-    counts = np.add.reduceat(word_start.view(np.uint8), line_starts, dtype=np.int32).astype(np.int64)
-    for i in _wide_space_lines(a, stops).tolist():
-        start = int(stops[i - 1]) if i else 0
-        counts[i] = len(block[start:int(stops[i])].decode("utf-8").split())
-    return stops, counts
-
-
-def _wide_space_lines(a: np.ndarray, stops: np.ndarray) -> np.ndarray:
-    """Indices of the lines (ending before ``stops``) of the UTF-8 bytes ``a`` that hold a wide space."""
-    at = np.flatnonzero((a == 0xC2) | (a - np.uint8(0xE1) <= 2))  # the few bytes worth a look
-    if not len(at):
-        return at
-    found = np.zeros(len(at), dtype=bool)
-    last = len(a) - 1
-    for wide in _WIDE_SPACES:
-        match = a[at] == wide[0]
-        for k in range(1, len(wide)):
-            match &= a[np.minimum(at + k, last)] == wide[k]
-        found |= match
-    return np.unique(np.searchsorted(stops, at[found], side="right"))
-
-
 def _lines_blob(lines: list[bytes]) -> bytes:
     """``lines`` (UTF-8, without their ends) as the bytes of a file, each ended by ``\n``."""
     return b"\n".join(lines) + b"\n" if lines else b""
@@ -489,11 +345,7 @@ def _layouts(blocks: tuple[bytes, bytes], strict: bool, first: int, names: tuple
         return scanned  # type: ignore[return-value]
     if strict and not all(_verbatim(block, name, first) for block, name in zip(blocks, names, strict=True)):
         return None
-    layouts = []
-    for block in blocks:
-        stops, words = line_layout(block)
-        layouts.append(Lines(stops, words, line_hashes(block.split(b"\n")[:len(stops)]) if hashes else None))
-    return layouts
+    return [numpy_lines(block, hashes) for block in blocks]
 
 
 def _ended(block: bytes) -> bytes:

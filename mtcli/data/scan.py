@@ -4,9 +4,10 @@ Cleaning a range of lines needs, for each line, where it ends, its number of wor
 ``str.split`` counts them) and, for dedup, the hash of its bytes (:func:`line_hashes`), and
 it needs to know the bytes are the lines the reader would give (valid UTF-8, no ``\\r``, no
 byte-order mark). In numpy and pandas that takes several passes over the bytes and a Python
-object a line; ``scan.c`` does all of it in one pass. It is compiled on first use
-(:mod:`mtcli.native`); without a compiler, or with ``MTCLI_KERNELS=0``, :func:`scan_lines`
-returns None and cleaning takes its numpy path, with the same result.
+object a line (:func:`numpy_lines`); ``scan.c`` does all of it in one pass
+(:func:`scan_lines`). It is compiled on first use (:mod:`mtcli.native`); without a compiler, or
+with ``MTCLI_KERNELS=0``, :func:`scan_lines` returns None and cleaning takes the numpy path,
+with the same result.
 """
 
 from __future__ import annotations
@@ -87,3 +88,61 @@ def line_hashes(lines: Sequence[bytes | str]) -> np.ndarray:
     values = np.empty(len(lines), dtype=object)
     values[:] = lines
     return hash_array(values, categorize=False)
+
+
+# What Python's str.split() splits on: ASCII whitespace (one byte in UTF-8) and the wider spaces
+# (two or three bytes; none is above U+3000).
+_ASCII_SPACE = np.zeros(256, dtype=bool)
+_ASCII_SPACE[[ord(c) for c in map(chr, range(128)) if c.isspace()]] = True
+_WIDE_SPACES = [chr(c).encode() for c in range(0x80, 0x3001) if chr(c).isspace()]
+# Their first bytes are 0xC2 and 0xE1-0xE3 (the tests check this).
+_WIDE_LEADS = sorted({wide[0] for wide in _WIDE_SPACES})
+
+
+def line_layout(block: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Where each line of a block of valid UTF-8 ends, and how many words it holds:
+    ``(stops, counts)``, where line ``i`` is ``block[stops[i - 1]:stops[i]]`` (``stops[-1]``
+    is 0) with its ``\n``, and ``counts[i]`` is ``len(line.split())``. Lines are ended by
+    ``\n``, the last maybe not. Nothing is decoded: word starts (a byte that is not a space,
+    after one that is) are summed per line over the bytes, and only the few lines that hold a
+    non-ASCII space are counted by ``str.split`` itself."""
+    a = np.frombuffer(block, dtype=np.uint8)
+    if not len(a):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    low = np.flatnonzero(a < 32)  # every line end, and the other control bytes (rare)
+    low_bytes = a[low]
+    ends = low[low_bytes == 10]
+    space = a <= 32  # every ASCII space is; other control bytes are checked for above
+    if not _ASCII_SPACE[low_bytes].all():
+        space = _ASCII_SPACE[a]
+    word_start = np.empty(len(a), dtype=bool)
+    word_start[0] = not space[0]
+    np.greater(space[:-1], space[1:], out=word_start[1:])
+    stops = ends + 1 if a[-1] == 10 else np.append(ends + 1, len(a))
+    line_starts = np.concatenate(([0], stops[:-1]))
+    counts = np.add.reduceat(word_start.view(np.uint8), line_starts, dtype=np.int32).astype(np.int64)
+    for i in _wide_space_lines(a, stops).tolist():
+        start = int(stops[i - 1]) if i else 0
+        counts[i] = len(block[start:int(stops[i])].decode("utf-8").split())
+    return stops, counts
+
+
+def _wide_space_lines(a: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """Indices of the lines (ending before ``stops``) of the UTF-8 bytes ``a`` that hold a wide space."""
+    at = np.flatnonzero((a == 0xC2) | (a - np.uint8(0xE1) <= 2))  # the few bytes worth a look
+    if not len(at):
+        return at
+    found = np.zeros(len(at), dtype=bool)
+    last = len(a) - 1
+    for wide in _WIDE_SPACES:
+        match = a[at] == wide[0]
+        for k in range(1, len(wide)):
+            match &= a[np.minimum(at + k, last)] == wide[k]
+        found |= match
+    return np.unique(np.searchsorted(stops, at[found], side="right"))
+
+
+def numpy_lines(block: bytes, hashes: bool) -> Lines:
+    """:func:`scan_lines`' result by numpy and pandas, for a ``block`` known to be valid UTF-8."""
+    stops, words = line_layout(block)
+    return Lines(stops, words, line_hashes(block.split(b"\n")[:len(stops)]) if hashes else None)

@@ -3,69 +3,31 @@ over bytes equal ``str.split``, and cleaning in several processes writes what on
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 from mtcli.data import cleaning, scan
 from mtcli.data.cleaning import (
     CleanCounts,
-    KeySet,
     PairCleaner,
     aligned_ranges,
     clean_text_files,
-    line_layout,
-    pair_keys,
 )
-from mtcli.data.scan import line_hashes
+from mtcli.data.scan import line_hashes, line_layout
 from mtcli.errors import DataError
-
-# Every character Python's str.split() splits on, but the newline that ends a line.
-SPACES = [chr(c) for c in range(0x110000) if chr(c).isspace() and c != 10]
-
-
-def test_every_python_space_is_known_and_none_is_above_u3000() -> None:
-    assert max(map(ord, SPACES)) <= 0x3000
-    assert cleaning._WIDE_LEADS == [0xC2, 0xE1, 0xE2, 0xE3]  # the first bytes _wide_space_lines looks for
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_line_layout_finds_every_line_and_its_words(seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    alphabet = ["a", "bc", "ä", "“", "\u2029x", " ", "  ", "\t", "\x1c", "\x01", *SPACES[::7]]
-    lines = ["".join(rng.choice(alphabet, size=rng.integers(0, 12))) for _ in range(300)]
-    for ended in (True, False):
-        block = "\n".join(lines).encode() + (b"\n" if ended else b"")
-        stops, counts = cleaning.line_layout(block)
-        starts = [0, *stops[:-1].tolist()]
-        assert [block[a:b].rstrip(b"\n").decode() for a, b in zip(starts, stops.tolist(), strict=True)] == lines
-        assert counts.tolist() == [len(line.split()) for line in lines]
-    assert [len(x) for x in cleaning.line_layout(b"")] == [0, 0]
 
 
 @pytest.mark.parametrize("kept", [[], [0], [5], [0, 1, 2, 3, 4, 5], [1, 2, 4], [0, 5], [2, 3]])
 def test_kept_lines_are_written_as_spans_of_the_block(tmp_path, kept: list[int]) -> None:
     lines = [b"eins", b"", b"drei und", b"vier", b"f\xc3\xbcnf", b"sechs"]
     block = b"".join(line + b"\n" for line in lines)
-    stops, _ = cleaning.line_layout(block)
+    stops, _ = line_layout(block)
     with open(tmp_path / "part", "wb") as out:
         out.write(b"before\n")
         ends = cleaning._write_lines(out, block, stops, np.array(kept, dtype=np.intp))
     wanted = [lines[i] for i in kept]
     assert (tmp_path / "part").read_bytes() == b"before\n" + b"".join(line + b"\n" for line in wanted)
     assert ends.tolist() == cleaning._line_ends(wanted).tolist()
-
-
-@pytest.mark.parametrize("ended", [True, False])
-def test_word_counts_equal_str_split(ended: bool) -> None:
-    lines = ["", " ", "a", " a  b ", "a\tb", "ä ö ü", "“quoted” text", "\x01 x\x02", "\x1f", "end"]
-    lines += [f"a{space}b" for space in SPACES] + [f"{space}x{space}" for space in SPACES]
-    block = "\n".join(lines).encode() + (b"\n" if ended else b"")
-    assert line_layout(block)[1].tolist() == [len(line.split()) for line in lines]
-    assert line_layout(b"")[1].tolist() == []
 
 
 def _pairs() -> list[tuple[str, str]]:
@@ -172,24 +134,6 @@ def test_clean_text_files_errors_name_the_file_and_line(tmp_path, monkeypatch, s
         clean_text_files(src, tgt, tmp_path / "o.src", tmp_path / "o.tgt", PairCleaner(10, 3.0), 2, 7)
 
 
-@pytest.mark.parametrize("filter_from", [KeySet.FILTER_FROM, 16, 1])
-def test_key_set_remembers_every_key_across_merges(monkeypatch, filter_from: int) -> None:
-    monkeypatch.setattr(KeySet, "FILTER_FROM", filter_from)  # small: the bitmap is made and remade
-    rng = np.random.default_rng(0)
-    pool = rng.integers(0, 2**64 - 1, size=5000, dtype=np.uint64, endpoint=True)
-    keys = KeySet()
-    seen: set[int] = set()
-    for size in (1, 7, 300, 5, 2000, 0, 64, 10_000, 3):
-        batch = rng.choice(pool, size=size)  # repeats, within and across
-        expected = []
-        for key in batch.tolist():
-            expected.append(key not in seen)
-            seen.add(key)
-        assert keys.add_new(batch).tolist() == expected
-    assert len(keys) == len(seen)
-    assert keys.add_new(np.array([2**64 - 1, 2**64 - 1], dtype=np.uint64)).tolist() == [True, False]
-
-
 @pytest.mark.parametrize("ends", [("\n", ""), ("", "\n"), ("\n", "\n")])
 def test_aligned_ranges_when_the_last_range_is_full(tmp_path, ends: tuple[str, str]) -> None:
     src, tgt = tmp_path / "f.src", tmp_path / "f.tgt"
@@ -224,19 +168,6 @@ def test_a_part_is_copied_without_its_dropped_lines(tmp_path, monkeypatch, drop,
 
 def _no_copy_file_range(*args, **kwargs):
     raise OSError(38, "Function not implemented")
-
-
-def test_pair_keys_are_one_per_pair_and_the_same_as_text_bytes_and_in_every_process() -> None:
-    src, tgt = ["a", "b", "ab", "", "Straße", "a"], ["b", "a", "", "ab", "x", "b"]
-    keys = pair_keys(src, tgt)
-    assert keys.dtype == np.uint64 and len(set(keys[:5].tolist())) == 5 and keys[5] == keys[0]
-    assert (pair_keys([s.encode() for s in src], [t.encode() for t in tgt]) == keys).all()
-    assert len(pair_keys([], [])) == 0
-    script = f"from mtcli.data.cleaning import pair_keys; print(pair_keys({src!r}, {tgt!r}).tolist())"
-    for seed in ("1", "2"):  # str hashing is salted per process; these keys must not be
-        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                             env={**os.environ, "PYTHONHASHSEED": seed}).stdout
-        assert out.strip() == str(keys.tolist())
 
 
 @pytest.mark.parametrize("seed", range(20))

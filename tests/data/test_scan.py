@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mtcli.data import scan
-from mtcli.data.cleaning import line_layout
-from mtcli.data.scan import line_hashes, scan_lines
+from mtcli.data.scan import line_hashes, line_layout, scan_lines
 
 needs_scanner = pytest.mark.skipif(not scan.available(), reason="no C compiler for the line scanner")
 
@@ -113,3 +112,31 @@ def test_invalid_utf8_anywhere_is_declined(at: int, bad: bytes) -> None:
     block = b"a" * at + bad + b" b" * 100 + b"\n"
     assert scan_lines(block, hashes=False) is None
     assert scan_lines(b"a" * at + b"\r" + b" b" * 100 + b"\n", hashes=False, strict=True) is None
+
+
+def test_every_python_space_is_known_and_none_is_above_u3000() -> None:
+    assert max(map(ord, SPACES)) <= 0x3000
+    assert scan._WIDE_LEADS == [0xC2, 0xE1, 0xE2, 0xE3]  # the first bytes _wide_space_lines looks for
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_line_layout_finds_every_line_and_its_words(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    alphabet = ["a", "bc", "ä", "“", "\u2029x", " ", "  ", "\t", "\x1c", "\x01", *SPACES[::7]]
+    lines = ["".join(rng.choice(alphabet, size=rng.integers(0, 12))) for _ in range(300)]
+    for ended in (True, False):
+        block = "\n".join(lines).encode() + (b"\n" if ended else b"")
+        stops, counts = line_layout(block)
+        starts = [0, *stops[:-1].tolist()]
+        assert [block[a:b].rstrip(b"\n").decode() for a, b in zip(starts, stops.tolist(), strict=True)] == lines
+        assert counts.tolist() == [len(line.split()) for line in lines]
+    assert [len(x) for x in line_layout(b"")] == [0, 0]
+
+
+@pytest.mark.parametrize("ended", [True, False])
+def test_word_counts_equal_str_split(ended: bool) -> None:
+    lines = ["", " ", "a", " a  b ", "a\tb", "ä ö ü", "“quoted” text", "\x01 x\x02", "\x1f", "end"]
+    lines += [f"a{space}b" for space in SPACES] + [f"{space}x{space}" for space in SPACES]
+    block = "\n".join(lines).encode() + (b"\n" if ended else b"")
+    assert line_layout(block)[1].tolist() == [len(line.split()) for line in lines]
+    assert line_layout(b"")[1].tolist() == []
