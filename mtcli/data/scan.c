@@ -260,3 +260,21 @@ long count_lines(const uint8_t *s, long n) {
     for (long i = 0; i < n; i++) count += s[i] == '\n';
     return count;
 }
+
+/* Rows of an Arrow string column as lines: row i (data[offsets[i] - offsets[0]] up to
+ * offsets[i + 1]) copied to out, then '\n'. Returns the bytes written, or -1 where a row holds
+ * a '\n' or '\r' (the caller replaces those first). out holds the data's bytes plus `rows`. */
+long join_rows(const uint8_t *data, const int64_t *offsets, long rows, uint8_t *out) {
+    long size = offsets[rows] - offsets[0];
+    int breaks = 0;
+    for (long i = 0; i < size; i++) breaks |= (data[i] == '\n') | (data[i] == '\r');
+    if (breaks) return -1;
+    uint8_t *at = out;
+    for (long i = 0; i < rows; i++) {
+        long length = offsets[i + 1] - offsets[i];
+        memcpy(at, data + (offsets[i] - offsets[0]), (size_t)length);
+        at += length;
+        *at++ = '\n';
+    }
+    return at - out;
+}

@@ -30,6 +30,7 @@ _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
 _SIGNATURES = {
     "scan_lines": (_L, [ctypes.c_char_p, _L, _I, _I, _L, _P, _P, _P]),
     "count_lines": (_L, [ctypes.c_char_p, _L]),
+    "join_rows": (_L, [_P, _P, _L, _P]),
 }
 
 
@@ -77,6 +78,23 @@ def scan_lines(block: bytes, hashes: bool, strict: bool = False, file_start: boo
     if lines < 0:
         return None
     return Lines(stops[:lines], words[:lines], None if hashed is None else hashed[:lines])
+
+
+def join_rows(data: np.ndarray, offsets: np.ndarray) -> bytes | None:
+    """The rows of an Arrow string column (its ``data`` bytes from the first row's start, uint8,
+    and its ``offsets``, ``len(rows) + 1`` of them) as lines, each ended by ``\n``; None where
+    the C scanner is unavailable or a row holds a ``\n`` or ``\r``."""
+    lib = _library()
+    if lib is None:
+        return None
+    data = np.ascontiguousarray(data)
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    rows = len(offsets) - 1
+    out = bytearray(len(data) + rows)
+    buffer = (ctypes.c_char * len(out)).from_buffer(out)
+    written = lib.join_rows(data.ctypes.data, offsets.ctypes.data, rows, ctypes.addressof(buffer))
+    del buffer  # the bytearray can be resized (and converted) only without an export
+    return bytes(out) if written >= 0 else None
 
 
 def line_hashes(lines: Sequence[bytes | str]) -> np.ndarray:
