@@ -5,8 +5,8 @@ A C file is compiled on first use with the system's C compiler (``cc``, or ``$CC
 (``~/.cache/mtcli/kernels``), named by a hash of the source, the compiler, the flags and the
 CPU's feature flags, so a cache shared by machines of different CPUs holds one library per CPU.
 The library is written under a temporary name and renamed, so a concurrent process never loads
-half a file. Callers fall back to Python when :func:`build` raises (no compiler, or compiling
-fails).
+half a file. :func:`load` gives None instead, with one warning, when there is no compiler or
+compiling fails, or when ``MTCLI_KERNELS=0``; callers then take their Python path.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from mtcli.logs import get_logger
 
 # Every file is compiled with these; ``-fno-math-errno`` lets the compiler vectorize math calls.
 BASE_FLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math"]
@@ -115,3 +117,16 @@ def build(source: Path, signatures: dict[str, tuple[Any, list[Any]]],
         return lib, "-fopenmp" in flags and not _openmp_runtimes() - before
     assert error is not None
     raise error
+
+
+def load(source: Path, signatures: dict[str, tuple[Any, list[Any]]], openmp: bool, what: str,
+         instead: str) -> tuple[ctypes.CDLL, bool] | None:
+    """:func:`build`, or None when ``MTCLI_KERNELS=0`` or when it cannot be built, which is
+    logged as ``<what> unavailable (<why>); <instead>`` (callers load once per process)."""
+    if os.environ.get("MTCLI_KERNELS", "1") == "0":
+        return None
+    try:
+        return build(source, signatures, openmp)
+    except (OSError, subprocess.SubprocessError, AttributeError) as e:
+        get_logger().warning("%s unavailable (%s); %s", what, e, instead)
+        return None

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -23,7 +21,6 @@ from typing import NamedTuple
 import numpy as np
 
 from mtcli import native
-from mtcli.logs import get_logger
 
 SOURCE = Path(__file__).with_name("scan.c")
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
@@ -46,13 +43,8 @@ class Lines(NamedTuple):
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    if os.environ.get("MTCLI_KERNELS", "1") == "0":
-        return None
-    try:
-        return native.build(SOURCE, _SIGNATURES)[0]
-    except (OSError, subprocess.SubprocessError, AttributeError) as e:
-        get_logger().warning("the C line scanner is unavailable (%s); cleaning uses numpy", e)
-        return None
+    loaded = native.load(SOURCE, _SIGNATURES, False, "the C line scanner", "cleaning uses numpy")
+    return None if loaded is None else loaded[0]
 
 
 def available() -> bool:

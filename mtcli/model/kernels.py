@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -40,7 +38,6 @@ import torch
 from torch import Tensor, nn
 
 from mtcli import native
-from mtcli.logs import get_logger
 
 SOURCE = Path(__file__).with_name("kernels.c")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
@@ -78,18 +75,16 @@ class StepCache(Protocol):
 def _build() -> tuple[ctypes.CDLL, bool]:
     """The compiled library and whether its OpenMP loops may use torch's threads
     (:func:`mtcli.native.build`: it shares the ``libgomp`` torch loaded, or runs on one thread)."""
-    return native.build(SOURCE, {name: (None, args) for name, args in _SIGNATURES.items()}, openmp=True)
+    return native.build(SOURCE, _signatures(), openmp=True)
+
+
+def _signatures() -> dict[str, tuple[None, list[type]]]:
+    return {name: (None, args) for name, args in _SIGNATURES.items()}
 
 
 @functools.cache
 def _library() -> tuple[ctypes.CDLL, bool] | None:
-    if os.environ.get("MTCLI_KERNELS", "1") == "0":
-        return None
-    try:
-        return _build()
-    except (OSError, subprocess.SubprocessError, AttributeError) as e:
-        get_logger().warning("fused decoding kernels unavailable (%s); decoding uses torch operations", e)
-        return None
+    return native.load(SOURCE, _signatures(), True, "fused decoding kernels", "decoding uses torch operations")
 
 
 def _kernel(name: str) -> Callable[..., None]:
