@@ -3,6 +3,7 @@ counts as ``str.split``, line hashes), and declines exactly the blocks the reade
 
 from __future__ import annotations
 
+import logging
 import random
 
 import numpy as np
@@ -140,3 +141,18 @@ def test_word_counts_equal_str_split(ended: bool) -> None:
     block = "\n".join(lines).encode() + (b"\n" if ended else b"")
     assert line_layout(block)[1].tolist() == [len(line.split()) for line in lines]
     assert line_layout(b"")[1].tolist() == []
+
+
+def test_without_a_compiler_the_scanner_warns_once(monkeypatch: pytest.MonkeyPatch, tmp_path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    scan._library.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="mtcli"):
+            assert not scan.available() and scan_lines(b"a b\n", hashes=True) is None
+        warnings = [r.getMessage() for r in caplog.records]
+        assert len(warnings) == 1 and "line scanner unavailable" in warnings[0] and "no-such-compiler" in warnings[0]
+    finally:
+        monkeypatch.undo()
+        scan._library.cache_clear()
