@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from mtcli.data import scan
 from mtcli.data.arrowrows import BlockReader
 from mtcli.data.dedup import KeySet, keys_of, pair_keys
 from mtcli.data.scan import Lines, numpy_lines, scan_lines
@@ -393,6 +394,7 @@ def clean_text_files(src: Path, tgt: Path, out_src: Path, out_tgt: Path, cleaner
     and drops the pairs an earlier range already kept, so the first occurrence of a pair is the
     one kept, as in one process.
     """
+    scan.available()  # built, or its absence said, once: before the workers fork
     with _parts_directory(out_src) as parts, forked_pool(workers) as pool:  # the pool ends first
         ranges = aligned_ranges(src, tgt, lines_per_range or PAIRS_PER_RANGE, pool)
         tasks = ((first, (str(src), s0, s1), (str(tgt), t0, t1)) for first, s0, s1, t0, t1 in ranges)
@@ -405,6 +407,7 @@ def clean_text_blocks(blocks: Iterable[tuple[bytes, bytes] | BlockReader], out_s
     as readers of them that the workers call themselves (:meth:`~mtcli.data.sources.Source.block_readers`),
     into ``out_src``/``out_tgt`` with ``workers`` processes, as :func:`clean_text_files` does."""
     ranges = ((0, block, None) if isinstance(block, BlockReader) else (0, *block) for block in blocks)
+    scan.available()  # built, or its absence said, once: before the workers fork
     with _parts_directory(out_src) as parts, forked_pool(workers) as pool:
         _clean_in_workers(ranges, out_src, out_tgt, cleaner, pool, workers, parts)
 

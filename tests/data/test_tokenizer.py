@@ -140,10 +140,19 @@ TRICKY = ["", " ", "  ", "a  b", " lead", "trail ", "a\tb c", "x\u00a0y", "\u00a
 
 
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])
-def test_word_cache_gives_the_ids_of_whole_sentences(tmp_path: Path, model_type: str) -> None:
+@pytest.mark.parametrize("table", ["C", "Python"])
+@pytest.mark.parametrize("dtype", ["uint16", "int32"])
+def test_word_cache_gives_the_ids_of_whole_sentences(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      model_type: str, table: str, dtype: str) -> None:
     import numpy as np
 
+    from mtcli.data import wordtable
     from mtcli.data.tokenizer import WordCache
+
+    if table == "Python":
+        monkeypatch.setattr(wordtable, "_library", lambda: None)
+    elif not wordtable.available():
+        pytest.skip("no C compiler for the word table")
 
     model = Tokenizer.train(_corpus(), tmp_path / "spm", vocab_size=120, model_type=model_type,
                             character_coverage=1.0, max_sentences=1_000_000)
@@ -151,7 +160,7 @@ def test_word_cache_gives_the_ids_of_whole_sentences(tmp_path: Path, model_type:
     assert tok.words_encode_alone()
     lines = TRICKY + SENTENCES + list(read_lines(TOY_DIR / "test.src"))
     for max_words in (500_000, 3):  # a cache with room for everything, and one that fills at once
-        cache = WordCache(tok, np.dtype(np.uint16), max_words=max_words)
+        cache = WordCache(tok, np.dtype(dtype), max_words=max_words)
         for start in range(0, len(lines), 7):  # in chunks, so later chunks hit the cache
             chunk = lines[start:start + 7]
             expected = tok.encode_batch(chunk)
@@ -159,8 +168,9 @@ def test_word_cache_gives_the_ids_of_whole_sentences(tmp_path: Path, model_type:
             for ids, lengths in (cache.encode(chunk), cache.encode_text(as_text)):
                 assert lengths.tolist() == [len(e) for e in expected]
                 assert ids.tolist() == [i for e in expected for i in e]
-                assert ids.dtype == np.uint16
-        assert len(cache._words) <= max_words  # the cache never grows past its size
+                assert ids.dtype == np.dtype(dtype)
+        held = len(cache._table) if table == "C" else len(cache._words)
+        assert 0 < held <= max_words  # the cache never grows past its size
     assert [a.tolist() for a in cache.encode([])] == [[], []]
     assert [a.tolist() for a in cache.encode_text(b"")] == [[], []]
     unended = [a.tolist() for a in cache.encode_text(b"Kinder spielen\n\nim Park")]

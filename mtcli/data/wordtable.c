@@ -1,0 +1,220 @@
+/* A table of words and their SentencePiece ids, for encoding text a word at a time
+ * (mtcli/data/wordtable.py). A word is what lies before a ' ' or a '\n'; its key is its bytes
+ * without that end. Encoding a block of lines is three calls: wt_scan finds every word's entry
+ * and adds an entry without ids for each word the table does not know (each once); the caller
+ * encodes those with SentencePiece and gives their ids to wt_set_ids; wt_emit writes every
+ * word's ids and each line's count. wt_end_block then drops the entries past max_words, so the
+ * table keeps the first max_words distinct words it met. */
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int32_t *slots;         /* open addressing: an entry's index, or -1 */
+    long mask;              /* slots - 1 (a power of two) */
+    int64_t *key_at;        /* each entry: its key in keys, its ids in ids */
+    int32_t *key_len, *ids_len;
+    int64_t *ids_at;
+    uint64_t *hash;
+    long entries, capacity, max_words;
+    uint8_t *keys;
+    long keys_used, keys_capacity;
+    int32_t *ids;
+    long ids_used, ids_capacity;
+} table;
+
+static uint64_t word_hash(const uint8_t *s, long n) {
+    uint64_t h = 0xcbf29ce484222325ULL;  /* FNV-1a */
+    for (long i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001b3ULL;
+    return h ^ (h >> 29);
+}
+
+static int grow(void **p, long *capacity, long need, size_t item) {
+    if (need <= *capacity) return 0;
+    long c = *capacity ? *capacity : 1024;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, (size_t)c * item);
+    if (!q) return -1;
+    *p = q;
+    *capacity = c;
+    return 0;
+}
+
+static void rebuild_slots(table *t) {
+    memset(t->slots, 0xff, (size_t)(t->mask + 1) * sizeof(int32_t));
+    for (long e = 0; e < t->entries; e++) {
+        long s = (long)(t->hash[e] & (uint64_t)t->mask);
+        while (t->slots[s] >= 0) s = (s + 1) & t->mask;
+        t->slots[s] = (int32_t)e;
+    }
+}
+
+void wt_free(table *t) {
+    if (!t) return;
+    free(t->slots); free(t->key_at); free(t->key_len); free(t->ids_len); free(t->ids_at);
+    free(t->hash); free(t->keys); free(t->ids); free(t);
+}
+
+table *wt_new(long max_words) {
+    table *t = calloc(1, sizeof(table));
+    if (!t) return NULL;
+    t->max_words = max_words;
+    t->mask = 1023;
+    t->slots = malloc(1024 * sizeof(int32_t));
+    if (!t->slots) { wt_free(t); return NULL; }
+    memset(t->slots, 0xff, 1024 * sizeof(int32_t));
+    return t;
+}
+
+/* The entry of key s[0:n], added without ids (ids_len -1) if the table lacks it; -1 when out
+ * of memory. */
+static long find_or_add(table *t, const uint8_t *s, long n) {
+    uint64_t h = word_hash(s, n);
+    long slot = (long)(h & (uint64_t)t->mask);
+    for (;;) {
+        int32_t e = t->slots[slot];
+        if (e < 0) break;
+        if (t->hash[e] == h && t->key_len[e] == n && memcmp(t->keys + t->key_at[e], s, (size_t)n) == 0) return e;
+        slot = (slot + 1) & t->mask;
+    }
+    long e = t->entries;
+    if (e >= INT32_MAX - 1) return -1;
+    long cap = t->capacity;
+    if (grow((void **)&t->key_at, &cap, e + 1, sizeof(int64_t))) return -1;
+    cap = t->capacity;
+    if (grow((void **)&t->key_len, &cap, e + 1, sizeof(int32_t))) return -1;
+    cap = t->capacity;
+    if (grow((void **)&t->ids_len, &cap, e + 1, sizeof(int32_t))) return -1;
+    cap = t->capacity;
+    if (grow((void **)&t->ids_at, &cap, e + 1, sizeof(int64_t))) return -1;
+    cap = t->capacity;
+    if (grow((void **)&t->hash, &cap, e + 1, sizeof(uint64_t))) return -1;
+    t->capacity = cap;
+    if (grow((void **)&t->keys, &t->keys_capacity, t->keys_used + n, 1)) return -1;
+    memcpy(t->keys + t->keys_used, s, (size_t)n);
+    t->key_at[e] = t->keys_used;
+    t->keys_used += n;
+    t->key_len[e] = (int32_t)n;
+    t->ids_len[e] = -1;
+    t->ids_at[e] = 0;
+    t->hash[e] = h;
+    t->slots[slot] = (int32_t)e;
+    t->entries++;
+    if (2 * t->entries > t->mask + 1) {  /* keep the load at most a half */
+        long slots = 2 * (t->mask + 1);
+        int32_t *grown = realloc(t->slots, (size_t)slots * sizeof(int32_t));
+        if (!grown) return -1;
+        t->slots = grown;
+        t->mask = slots - 1;
+        rebuild_slots(t);
+    }
+    return e;
+}
+
+/* Every word of text[0:n] (lines ended by '\n'): word_entry[w] is its entry (-2 for an empty
+ * word: a ' ' after a ' ' or at a line's start, or an empty line) and line_end[w] is 1 when the
+ * word ends its line. Entries added (first_new on) have no ids yet. Returns the number of
+ * words, or -1 past `capacity` words or out of memory. */
+long wt_scan(table *t, const uint8_t *text, long n, int32_t *word_entry, uint8_t *line_end,
+             long capacity, long *first_new) {
+    *first_new = t->entries;
+    long words = 0, start = 0;
+    for (long i = 0; i < n; i++) {
+        uint8_t c = text[i];
+        if (c != ' ' && c != '\n') continue;
+        if (words == capacity) return -1;
+        long e = i > start ? find_or_add(t, text + start, i - start) : -2;
+        if (e == -1) return -1;
+        word_entry[words] = (int32_t)e;
+        line_end[words] = c == '\n';
+        words++;
+        start = i + 1;
+    }
+    return words;
+}
+
+/* The key of entry e: its bytes and length. */
+const uint8_t *wt_key(table *t, long e, long *length) {
+    *length = t->key_len[e];
+    return t->keys + t->key_at[e];
+}
+
+/* The ids of entries first to first + count - 1: `lengths[k]` of them each, one after another
+ * in flat. Returns 0, or -1 out of memory. */
+int wt_set_ids(table *t, long first, long count, const int32_t *flat, const int64_t *lengths) {
+    long total = 0;
+    for (long k = 0; k < count; k++) total += lengths[k];
+    if (grow((void **)&t->ids, &t->ids_capacity, t->ids_used + total, sizeof(int32_t))) return -1;
+    memcpy(t->ids + t->ids_used, flat, (size_t)total * sizeof(int32_t));
+    for (long k = 0; k < count; k++) {
+        t->ids_at[first + k] = t->ids_used;
+        t->ids_len[first + k] = (int32_t)lengths[k];
+        t->ids_used += lengths[k];
+    }
+    return 0;
+}
+
+/* The number of ids of `words` words (wt_scan's word_entry). */
+long wt_count(table *t, const int32_t *word_entry, long words) {
+    long total = 0;
+    for (long w = 0; w < words; w++)
+        if (word_entry[w] >= 0) total += t->ids_len[word_entry[w]];
+    return total;
+}
+
+/* Write the ids of `words` words to out (itemsize 2 or 4 bytes each) and each line's number of
+ * ids to lengths. */
+void wt_emit(table *t, const int32_t *word_entry, const uint8_t *line_end, long words, void *out,
+             int itemsize, int64_t *lengths) {
+    long at = 0, line = 0, count = 0;
+    for (long w = 0; w < words; w++) {
+        int32_t e = word_entry[w];
+        if (e >= 0) {
+            const int32_t *ids = t->ids + t->ids_at[e];
+            long m = t->ids_len[e];
+            if (itemsize == 2) {
+                uint16_t *o = (uint16_t *)out + at;
+                for (long k = 0; k < m; k++) o[k] = (uint16_t)ids[k];
+            } else {
+                memcpy((int32_t *)out + at, ids, (size_t)m * sizeof(int32_t));
+            }
+            at += m;
+            count += m;
+        }
+        if (line_end[w]) {
+            lengths[line++] = count;
+            count = 0;
+        }
+    }
+}
+
+/* Keep the first max_words entries only (the words met first). */
+void wt_end_block(table *t) {
+    if (t->entries <= t->max_words) return;
+    long keep = t->max_words;
+    t->keys_used = keep ? t->key_at[keep - 1] + t->key_len[keep - 1] : 0;
+    long ids_end = 0;
+    for (long e = 0; e < keep; e++)
+        if (t->ids_at[e] + t->ids_len[e] > ids_end) ids_end = t->ids_at[e] + t->ids_len[e];
+    t->ids_used = ids_end;
+    t->entries = keep;
+    rebuild_slots(t);
+}
+
+/* The number of words in text[0:n]: its ' ' and '\n' bytes. */
+long wt_count_words(const uint8_t *text, long n) {
+    long count = 0;
+    for (long i = 0; i < n; i++) count += (text[i] == ' ') | (text[i] == '\n');
+    return count;
+}
+
+/* The entries in the table. */
+long wt_entries(table *t) { return t->entries; }
+
+/* The keys of entries first on, one after another (keys are stored in the order their entries
+ * were added), with each one's length in lengths. */
+const uint8_t *wt_keys_from(table *t, long first, int64_t *lengths) {
+    for (long e = first; e < t->entries; e++) lengths[e - first] = t->key_len[e];
+    return t->keys + (first < t->entries ? t->key_at[first] : t->keys_used);
+}

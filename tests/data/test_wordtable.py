@@ -1,0 +1,64 @@
+"""Tests of mtcli.data.wordtable: the C table gives each word the ids its encoder gave, keeps
+the first ``max_words`` distinct words, and without a compiler says so once."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import numpy as np
+import pytest
+
+from mtcli.data import wordtable
+
+needs_table = pytest.mark.skipif(not wordtable.available(), reason="no C compiler for the word table")
+WORDS = ["a", "Hund", "über", "日本", "🙂", "x" * 40, "\u00a0", "\t", "ein", "die", "Straße", "."]
+
+
+def _fake_ids(word: str) -> list[int]:
+    """Ids that depend on the word only (a stand-in for SentencePiece)."""
+    return [len(word) % 7 + 4, *(ord(c) % 900 + 10 for c in word[:3])]
+
+
+@needs_table
+@pytest.mark.parametrize("max_words", [1_000, 5, 0])
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_every_word_gets_its_ids_block_after_block(max_words: int, dtype) -> None:
+    rng = random.Random(max_words)
+    table = wordtable.WordTable(max_words)
+    asked: list[str] = []
+
+    def encode(words: list[str]) -> list[list[int]]:
+        assert len(set(words)) == len(words)  # each new word once a block
+        asked.extend(words)
+        return [_fake_ids(w) for w in words]
+
+    for _ in range(6):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randrange(0, 9))) for _ in range(30)]
+        lines += ["", " ", "a  b", " lead", "trail "]
+        ids, lengths = table.encode_text("".join(line + "\n" for line in lines).encode(), encode, np.dtype(dtype))
+        expected = [[i for word in line.split(" ") if word for i in _fake_ids(word)] for line in lines]
+        assert lengths.tolist() == [len(e) for e in expected]
+        assert ids.tolist() == [i for e in expected for i in e] and ids.dtype == np.dtype(dtype)
+        assert len(table) <= max_words
+    if max_words == 1_000:  # room for every word: each was encoded once in all
+        assert len(asked) == len(set(asked))
+    unended, _ = table.encode_text(b"a b", encode, np.dtype(dtype))
+    assert unended.tolist() == _fake_ids("a") + _fake_ids("b")
+
+
+def test_without_a_compiler_the_word_table_warns_once(monkeypatch: pytest.MonkeyPatch, tmp_path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    wordtable._library.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="mtcli"):
+            assert not wordtable.available() and not wordtable.available()
+        warnings = [r.getMessage() for r in caplog.records]
+        assert len(warnings) == 1 and "word table unavailable" in warnings[0] and "no-such-compiler" in warnings[0]
+        with pytest.raises(RuntimeError, match="not available"):
+            wordtable.WordTable(10)
+    finally:
+        monkeypatch.undo()
+        wordtable._library.cache_clear()
