@@ -10,13 +10,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A word: its key in keys, its ids in ids (ids_len -1 until given), its hash; 32 bytes, so a
+ * lookup touches one line of them. */
 typedef struct {
-    int32_t *slots;         /* open addressing: an entry's index, or -1 */
+    uint64_t hash;
+    int64_t key_at, ids_at;
+    int32_t key_len, ids_len;
+} entry;
+
+typedef struct {
+    uint64_t *slots;        /* open addressing: 0, or the hash's top 32 bits and entry + 1 */
     long mask;              /* slots - 1 (a power of two) */
-    int64_t *key_at;        /* each entry: its key in keys, its ids in ids */
-    int32_t *key_len, *ids_len;
-    int64_t *ids_at;
-    uint64_t *hash;
+    entry *e;
     long entries, capacity, max_words;
     uint8_t *keys;
     long keys_used, keys_capacity;
@@ -41,19 +46,20 @@ static int grow(void **p, long *capacity, long need, size_t item) {
     return 0;
 }
 
+static inline uint64_t slot_of(uint64_t hash, long e) { return (hash & 0xFFFFFFFF00000000ULL) | (uint64_t)(e + 1); }
+
 static void rebuild_slots(table *t) {
-    memset(t->slots, 0xff, (size_t)(t->mask + 1) * sizeof(int32_t));
+    memset(t->slots, 0, (size_t)(t->mask + 1) * sizeof(uint64_t));
     for (long e = 0; e < t->entries; e++) {
-        long s = (long)(t->hash[e] & (uint64_t)t->mask);
-        while (t->slots[s] >= 0) s = (s + 1) & t->mask;
-        t->slots[s] = (int32_t)e;
+        long s = (long)(t->e[e].hash & (uint64_t)t->mask);
+        while (t->slots[s]) s = (s + 1) & t->mask;
+        t->slots[s] = slot_of(t->e[e].hash, e);
     }
 }
 
 void wt_free(table *t) {
     if (!t) return;
-    free(t->slots); free(t->key_at); free(t->key_len); free(t->ids_len); free(t->ids_at);
-    free(t->hash); free(t->keys); free(t->ids); free(t);
+    free(t->slots); free(t->e); free(t->keys); free(t->ids); free(t);
 }
 
 table *wt_new(long max_words) {
@@ -61,49 +67,38 @@ table *wt_new(long max_words) {
     if (!t) return NULL;
     t->max_words = max_words;
     t->mask = 1023;
-    t->slots = malloc(1024 * sizeof(int32_t));
+    t->slots = calloc(1024, sizeof(uint64_t));
     if (!t->slots) { wt_free(t); return NULL; }
-    memset(t->slots, 0xff, 1024 * sizeof(int32_t));
     return t;
 }
 
 /* The entry of key s[0:n], added without ids (ids_len -1) if the table lacks it; -1 when out
  * of memory. */
 static long find_or_add(table *t, const uint8_t *s, long n) {
-    uint64_t h = word_hash(s, n);
+    uint64_t h = word_hash(s, n), tag = h & 0xFFFFFFFF00000000ULL;
     long slot = (long)(h & (uint64_t)t->mask);
     for (;;) {
-        int32_t e = t->slots[slot];
-        if (e < 0) break;
-        if (t->hash[e] == h && t->key_len[e] == n && memcmp(t->keys + t->key_at[e], s, (size_t)n) == 0) return e;
+        uint64_t v = t->slots[slot];
+        if (!v) break;
+        if ((v & 0xFFFFFFFF00000000ULL) == tag) {
+            const entry *x = &t->e[(long)(v & 0xFFFFFFFFULL) - 1];
+            if (x->hash == h && x->key_len == n && memcmp(t->keys + x->key_at, s, (size_t)n) == 0)
+                return (long)(v & 0xFFFFFFFFULL) - 1;
+        }
         slot = (slot + 1) & t->mask;
     }
     long e = t->entries;
     if (e >= INT32_MAX - 1) return -1;
-    long cap = t->capacity;
-    if (grow((void **)&t->key_at, &cap, e + 1, sizeof(int64_t))) return -1;
-    cap = t->capacity;
-    if (grow((void **)&t->key_len, &cap, e + 1, sizeof(int32_t))) return -1;
-    cap = t->capacity;
-    if (grow((void **)&t->ids_len, &cap, e + 1, sizeof(int32_t))) return -1;
-    cap = t->capacity;
-    if (grow((void **)&t->ids_at, &cap, e + 1, sizeof(int64_t))) return -1;
-    cap = t->capacity;
-    if (grow((void **)&t->hash, &cap, e + 1, sizeof(uint64_t))) return -1;
-    t->capacity = cap;
+    if (grow((void **)&t->e, &t->capacity, e + 1, sizeof(entry))) return -1;
     if (grow((void **)&t->keys, &t->keys_capacity, t->keys_used + n, 1)) return -1;
     memcpy(t->keys + t->keys_used, s, (size_t)n);
-    t->key_at[e] = t->keys_used;
+    t->e[e] = (entry){h, t->keys_used, 0, (int32_t)n, -1};
     t->keys_used += n;
-    t->key_len[e] = (int32_t)n;
-    t->ids_len[e] = -1;
-    t->ids_at[e] = 0;
-    t->hash[e] = h;
-    t->slots[slot] = (int32_t)e;
+    t->slots[slot] = slot_of(h, e);
     t->entries++;
     if (2 * t->entries > t->mask + 1) {  /* keep the load at most a half */
         long slots = 2 * (t->mask + 1);
-        int32_t *grown = realloc(t->slots, (size_t)slots * sizeof(int32_t));
+        uint64_t *grown = realloc(t->slots, (size_t)slots * sizeof(uint64_t));
         if (!grown) return -1;
         t->slots = grown;
         t->mask = slots - 1;
@@ -136,8 +131,8 @@ long wt_scan(table *t, const uint8_t *text, long n, int32_t *word_entry, uint8_t
 
 /* The key of entry e: its bytes and length. */
 const uint8_t *wt_key(table *t, long e, long *length) {
-    *length = t->key_len[e];
-    return t->keys + t->key_at[e];
+    *length = t->e[e].key_len;
+    return t->keys + t->e[e].key_at;
 }
 
 /* The ids of entries first to first + count - 1: `lengths[k]` of them each, one after another
@@ -148,8 +143,8 @@ int wt_set_ids(table *t, long first, long count, const int32_t *flat, const int6
     if (grow((void **)&t->ids, &t->ids_capacity, t->ids_used + total, sizeof(int32_t))) return -1;
     memcpy(t->ids + t->ids_used, flat, (size_t)total * sizeof(int32_t));
     for (long k = 0; k < count; k++) {
-        t->ids_at[first + k] = t->ids_used;
-        t->ids_len[first + k] = (int32_t)lengths[k];
+        t->e[first + k].ids_at = t->ids_used;
+        t->e[first + k].ids_len = (int32_t)lengths[k];
         t->ids_used += lengths[k];
     }
     return 0;
@@ -159,7 +154,7 @@ int wt_set_ids(table *t, long first, long count, const int32_t *flat, const int6
 long wt_count(table *t, const int32_t *word_entry, long words) {
     long total = 0;
     for (long w = 0; w < words; w++)
-        if (word_entry[w] >= 0) total += t->ids_len[word_entry[w]];
+        if (word_entry[w] >= 0) total += t->e[word_entry[w]].ids_len;
     return total;
 }
 
@@ -171,8 +166,8 @@ void wt_emit(table *t, const int32_t *word_entry, const uint8_t *line_end, long 
     for (long w = 0; w < words; w++) {
         int32_t e = word_entry[w];
         if (e >= 0) {
-            const int32_t *ids = t->ids + t->ids_at[e];
-            long m = t->ids_len[e];
+            const int32_t *ids = t->ids + t->e[e].ids_at;
+            long m = t->e[e].ids_len;
             if (itemsize == 2) {
                 uint16_t *o = (uint16_t *)out + at;
                 for (long k = 0; k < m; k++) o[k] = (uint16_t)ids[k];
@@ -193,10 +188,10 @@ void wt_emit(table *t, const int32_t *word_entry, const uint8_t *line_end, long 
 void wt_end_block(table *t) {
     if (t->entries <= t->max_words) return;
     long keep = t->max_words;
-    t->keys_used = keep ? t->key_at[keep - 1] + t->key_len[keep - 1] : 0;
+    t->keys_used = keep ? t->e[keep - 1].key_at + t->e[keep - 1].key_len : 0;
     long ids_end = 0;
     for (long e = 0; e < keep; e++)
-        if (t->ids_at[e] + t->ids_len[e] > ids_end) ids_end = t->ids_at[e] + t->ids_len[e];
+        if (t->e[e].ids_at + t->e[e].ids_len > ids_end) ids_end = t->e[e].ids_at + t->e[e].ids_len;
     t->ids_used = ids_end;
     t->entries = keep;
     rebuild_slots(t);
@@ -215,6 +210,6 @@ long wt_entries(table *t) { return t->entries; }
 /* The keys of entries first on, one after another (keys are stored in the order their entries
  * were added), with each one's length in lengths. */
 const uint8_t *wt_keys_from(table *t, long first, int64_t *lengths) {
-    for (long e = first; e < t->entries; e++) lengths[e - first] = t->key_len[e];
-    return t->keys + (first < t->entries ? t->key_at[first] : t->keys_used);
+    for (long e = first; e < t->entries; e++) lengths[e - first] = t->e[e].key_len;
+    return t->keys + (first < t->entries ? t->e[first].key_at : t->keys_used);
 }
