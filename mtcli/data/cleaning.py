@@ -389,10 +389,12 @@ def clean_text_files(src: Path, tgt: Path, out_src: Path, out_tgt: Path, cleaner
     One read of each file (the two at once, by two workers) finds where every
     ``lines_per_range``-th line (:data:`PAIRS_PER_RANGE`) ends (and checks that the files' line
     counts agree); each worker then reads, checks (the rules and errors of
-    :mod:`mtcli.data.textio`) and cleans a range of lines, deduplicating within it, into part
-    files beside the output. The parent appends the parts in order (a copy inside the kernel)
-    and drops the pairs an earlier range already kept, so the first occurrence of a pair is the
-    one kept, as in one process.
+    :mod:`mtcli.data.textio`) and cleans a range of lines, deduplicating within it. The parent
+    takes the ranges in order and drops the pairs an earlier range already kept, so the first
+    occurrence of a pair is the one kept, as in one process; the workers then copy each range's
+    kept lines from the input files to their place in the output (inside the kernel). A range
+    the reader would change (``\r``, a byte-order mark) goes through part files beside the
+    output instead.
     """
     scan.available()  # built, or its absence said, once: before the workers fork
     with _parts_directory(out_src) as parts, forked_pool(workers) as pool:  # the pool ends first

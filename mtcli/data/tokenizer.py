@@ -249,7 +249,8 @@ class WordCache:
     :meth:`Tokenizer.encode_batch` for a model whose words encode alone
     (:meth:`Tokenizer.words_encode_alone`); for any other model this encodes whole sentences.
     The cache keeps the first ``max_words`` distinct words it meets (the frequent ones, in a
-    large corpus) and never grows past them.
+    large corpus) and never grows past them. It is a C table
+    (:class:`~mtcli.data.wordtable.WordTable`) where one can be compiled, else a dict.
     """
 
     def __init__(self, tokenizer: Tokenizer, dtype: np.dtype, max_words: int = 500_000) -> None:
