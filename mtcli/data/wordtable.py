@@ -73,6 +73,8 @@ class WordTable:
         ended by ``\\n``; a last line without one counts), as one flat array, and each line's
         number of ids; ``encode_words`` gives the ids of the words the table does not know."""
         lib, table = self._lib, self._table
+        if np.dtype(dtype) not in (np.dtype(np.uint16), np.dtype(np.int32)):
+            raise ValueError(f"ids are written as uint16 or int32, not {np.dtype(dtype)}")
         if text and not text.endswith(b"\n"):
             text += b"\n"
         capacity = lib.wt_count_words(text, len(text))
