@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mtcli import native
+from mtcli.native import load
 
 SOURCE = Path(__file__).with_name("scan.c")
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
@@ -43,7 +43,7 @@ class Lines(NamedTuple):
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    loaded = native.load(SOURCE, _SIGNATURES, False, "the C line scanner", "cleaning uses numpy")
+    loaded = load(SOURCE, _SIGNATURES, False, "the C line scanner", "cleaning uses numpy")
     return None if loaded is None else loaded[0]
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mtcli import native
+from mtcli.native import load
 
 SOURCE = Path(__file__).with_name("wordtable.c")
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
@@ -38,7 +38,7 @@ _SIGNATURES = {
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    loaded = native.load(SOURCE, _SIGNATURES, False, "the C word table", "encoding uses numpy and Arrow")
+    loaded = load(SOURCE, _SIGNATURES, False, "the C word table", "encoding uses numpy and Arrow")
     return None if loaded is None else loaded[0]
 
 

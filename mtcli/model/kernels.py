@@ -37,7 +37,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from mtcli import native
+from mtcli.native import build, load
 
 SOURCE = Path(__file__).with_name("kernels.c")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
@@ -75,7 +75,7 @@ class StepCache(Protocol):
 def _build() -> tuple[ctypes.CDLL, bool]:
     """The compiled library and whether its OpenMP loops may use torch's threads
     (:func:`mtcli.native.build`: it shares the ``libgomp`` torch loaded, or runs on one thread)."""
-    return native.build(SOURCE, _signatures(), openmp=True)
+    return build(SOURCE, _signatures(), openmp=True)
 
 
 def _signatures() -> dict[str, tuple[None, list[type]]]:
@@ -84,7 +84,7 @@ def _signatures() -> dict[str, tuple[None, list[type]]]:
 
 @functools.cache
 def _library() -> tuple[ctypes.CDLL, bool] | None:
-    return native.load(SOURCE, _signatures(), True, "fused decoding kernels", "decoding uses torch operations")
+    return load(SOURCE, _signatures(), True, "fused decoding kernels", "decoding uses torch operations")
 
 
 def _kernel(name: str) -> Callable[..., None]:
