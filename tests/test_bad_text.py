@@ -33,6 +33,7 @@ from mtcli.data.textio import is_utf8, iter_binary_lines, read_lines
 from mtcli.errors import DataError
 from mtcli.infer.files import translate_files
 from mtcli.infer.translate import translate_lines
+from tests.native_cases import python_utf8, short_utf8_samples
 
 SETTINGS = settings(
     max_examples=25,
@@ -252,26 +253,14 @@ def test_prepare_gives_a_cache_or_one_data_error(files: dict[str, bytes]) -> Non
         assert 0 < len(corpus.array("train", "src")) <= len(list(read_lines(source / "train.src")))
 
 
-def _python_utf8(raw: bytes) -> bool:
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
 def test_is_utf8_agrees_with_python_on_every_short_sequence() -> None:
     """Every 1- and 2-byte sequence, and 3- and 4-byte ones over every lead and second byte
     (overlong forms, surrogates, past U+10FFFF, cut short): the fast check decides as Python."""
-    edges = [0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0]
-    samples = [bytes([a]) for a in range(256)] + [bytes([a, b]) for a in range(256) for b in range(256)]
-    samples += [bytes([a, b, c]) for a in range(0xE0, 0x100) for b in range(256) for c in edges]
-    samples += [bytes([a, b, c, 0x80]) for a in range(0xF0, 0x100) for b in range(256) for c in (0x80, 0xBF, 0x41)]
-    wrong = [raw for raw in samples if is_utf8(b"ok " + raw + b" ok") != _python_utf8(raw)]
+    wrong = [raw for raw in short_utf8_samples() if is_utf8(b"ok " + raw + b" ok") != python_utf8(raw)]
     assert not wrong, wrong[:10]
 
 
 @given(st.binary(max_size=64))
 @settings(max_examples=300)
 def test_is_utf8_agrees_with_python_on_any_bytes(raw: bytes) -> None:
-    assert is_utf8(raw) == _python_utf8(raw)
+    assert is_utf8(raw) == python_utf8(raw)

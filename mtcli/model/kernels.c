@@ -337,6 +337,14 @@ static void residual(float* x, const float* y, int n, int d, const float* w, con
 
 /* The feed-forward sublayer (eq. 2) with its residual connection, in place on x [n, d]. w: the
  * layer's W1, b1, W2, b2 (products as panels), then the sublayer's LayerNorm weight and bias. */
+/* An attention sublayer's end: y = a W + b, then x's residual step with LayerNorm (w_ln, b_ln). */
+static void attention_output(float* x, const float* a, int n, int d, const float* w, const float* b,
+                             const float* w_ln, const float* b_ln, float eps, int pre_norm, float* y,
+                             int threads) {
+    small_product(a, n, d, d, w, b, 0, y, threads);
+    residual(x, y, n, d, w_ln, b_ln, eps, pre_norm, threads);
+}
+
 static void feed_forward(float* x, int n, int d, int dff, const float* const* w, int pre_norm, float eps,
                          float* normed, float* hidden, float* y, int threads) {
     const float* in = sublayer_input(x, n, d, w[4], w[5], eps, pre_norm, normed, threads);
@@ -368,15 +376,13 @@ void decoder_step(const float* const* weights, int layers, int d, int h, int dff
         const float* in = sublayer_input(x, n, d, w[LN0W], w[LN0B], eps, pre_norm, normed, threads);
         small_product(in, n, d, 3 * d, w[WQKV], w[BQKV], 0, qkv, threads);
         self_attention_step(qkv, self_k[l], self_v[l], time_stride, length, n, h, dk, 0, scale, a, threads);
-        small_product(a, n, d, d, w[WO], w[BO], 0, y, threads);
-        residual(x, y, n, d, w[LN0W], w[LN0B], eps, pre_norm, threads);
+        attention_output(x, a, n, d, w[WO], w[BO], w[LN0W], w[LN0B], eps, pre_norm, y, threads);
 
         in = sublayer_input(x, n, d, w[LN1W], w[LN1B], eps, pre_norm, normed, threads);
         small_product(in, n, d, d, w[WQ], w[BQ], 0, qkv, threads);
         cross_attention_step(qkv, cross_k[l], cross_v[l], sentence_stride, S, mask, n / group, group, h,
                              dk, 0, scale, a, threads);
-        small_product(a, n, d, d, w[WC], w[BC], 0, y, threads);
-        residual(x, y, n, d, w[LN1W], w[LN1B], eps, pre_norm, threads);
+        attention_output(x, a, n, d, w[WC], w[BC], w[LN1W], w[LN1B], eps, pre_norm, y, threads);
 
         feed_forward(x, n, d, dff, w + W1, pre_norm, eps, normed, hidden, y, threads);
     }
@@ -428,8 +434,7 @@ void encoder_layers(const float* const* weights, int layers, int d, int h, int d
         const float* in = sublayer_input(x, n, d, w[E_LN0W], w[E_LN0B], eps, pre_norm, normed, threads);
         small_product(in, n, d, 3 * d, w[E_WQKV], w[E_BQKV], 0, qkv, threads);
         encoder_attention(qkv, B, S, h, dk, mask, scale, a, threads);
-        small_product(a, n, d, d, w[E_WO], w[E_BO], 0, y, threads);
-        residual(x, y, n, d, w[E_LN0W], w[E_LN0B], eps, pre_norm, threads);
+        attention_output(x, a, n, d, w[E_WO], w[E_BO], w[E_LN0W], w[E_LN0B], eps, pre_norm, y, threads);
 
         feed_forward(x, n, d, dff, w + E_W1, pre_norm, eps, normed, hidden, y, threads);
     }

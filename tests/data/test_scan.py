@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from mtcli.data import scan
 from mtcli.data.scan import line_hashes, line_layout, scan_lines
+from tests.native_cases import python_utf8, short_utf8_samples, the_one_warning, without_compiler
 
 needs_scanner = pytest.mark.skipif(not scan.available(), reason="no C compiler for the line scanner")
 
@@ -53,24 +54,12 @@ def test_strict_declines_what_the_reader_changes_and_the_rest_does_not() -> None
     assert empty is not None and len(empty.stops) == 0
 
 
-def _python_utf8(raw: bytes) -> bool:
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
 @needs_scanner
 def test_scan_accepts_utf8_as_python_does_on_every_short_sequence() -> None:
     """Every 1- and 2-byte sequence, and 3- and 4-byte ones over every lead and second byte:
     the scanner declines a block exactly when Python's strict decoder would fail on it."""
-    edges = [0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0]
-    samples = [bytes([a]) for a in range(256)] + [bytes([a, b]) for a in range(256) for b in range(256)]
-    samples += [bytes([a, b, c]) for a in range(0xE0, 0x100) for b in range(256) for c in edges]
-    samples += [bytes([a, b, c, 0x80]) for a in range(0xF0, 0x100) for b in range(256) for c in (0x80, 0xBF, 0x41)]
-    samples = [raw for raw in samples if b"\r" not in raw]
-    wrong = [raw for raw in samples if (scan_lines(b"ok " + raw + b" ok", False) is not None) != _python_utf8(raw)]
+    samples = [raw for raw in short_utf8_samples() if b"\r" not in raw]
+    wrong = [raw for raw in samples if (scan_lines(b"ok " + raw + b" ok", False) is not None) != python_utf8(raw)]
     assert not wrong, wrong[:10]
 
 
@@ -79,7 +68,7 @@ def test_scan_accepts_utf8_as_python_does_on_every_short_sequence() -> None:
 @settings(max_examples=300)
 def test_scan_on_any_bytes_agrees_with_python(raw: bytes) -> None:
     got = scan_lines(raw, hashes=True)
-    assert (got is not None) == _python_utf8(raw)
+    assert (got is not None) == python_utf8(raw)
     if got is not None:
         lines = raw.split(b"\n")
         lines = lines[:-1] if raw.endswith(b"\n") or not raw else lines
@@ -145,14 +134,7 @@ def test_word_counts_equal_str_split(ended: bool) -> None:
 
 def test_without_a_compiler_the_scanner_warns_once(monkeypatch: pytest.MonkeyPatch, tmp_path,
                                                    caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    scan._library.cache_clear()
-    try:
-        with caplog.at_level(logging.WARNING, logger="mtcli"):
-            assert not scan.available() and scan_lines(b"a b\n", hashes=True) is None
-        warnings = [r.getMessage() for r in caplog.records]
-        assert len(warnings) == 1 and "line scanner unavailable" in warnings[0] and "no-such-compiler" in warnings[0]
-    finally:
-        monkeypatch.undo()
-        scan._library.cache_clear()
+    with without_compiler(monkeypatch, tmp_path, scan._library), caplog.at_level(logging.WARNING, logger="mtcli"):
+        assert not scan.available() and scan_lines(b"a b\n", hashes=True) is None
+        warning = the_one_warning(caplog)
+        assert "line scanner unavailable" in warning and "no-such-compiler" in warning

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from mtcli.data import wordtable
+from tests.native_cases import the_one_warning, without_compiler
 
 needs_table = pytest.mark.skipif(not wordtable.available(), reason="no C compiler for the word table")
 WORDS = ["a", "Hund", "über", "日本", "🙂", "x" * 40, "\u00a0", "\t", "ein", "die", "Straße", "."]
@@ -49,16 +50,9 @@ def test_every_word_gets_its_ids_block_after_block(max_words: int, dtype) -> Non
 
 def test_without_a_compiler_the_word_table_warns_once(monkeypatch: pytest.MonkeyPatch, tmp_path,
                                                       caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    wordtable._library.cache_clear()
-    try:
-        with caplog.at_level(logging.WARNING, logger="mtcli"):
-            assert not wordtable.available() and not wordtable.available()
-        warnings = [r.getMessage() for r in caplog.records]
-        assert len(warnings) == 1 and "word table unavailable" in warnings[0] and "no-such-compiler" in warnings[0]
+    with without_compiler(monkeypatch, tmp_path, wordtable._library), caplog.at_level(logging.WARNING, logger="mtcli"):
+        assert not wordtable.available() and not wordtable.available()
+        warning = the_one_warning(caplog)
+        assert "word table unavailable" in warning and "no-such-compiler" in warning
         with pytest.raises(RuntimeError, match="not available"):
             wordtable.WordTable(10)
-    finally:
-        monkeypatch.undo()
-        wordtable._library.cache_clear()

@@ -14,6 +14,7 @@ from mtcli import native
 from mtcli.model import Transformer, kernels
 from mtcli.model.attention import padding_attn_mask
 from tests.model.test_transformer import OUTPUT_IDS, VOCAB, make_batch, make_model, small_config
+from tests.native_cases import the_one_warning, without_compiler
 
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no C compiler: the kernels are not built")
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
@@ -118,21 +119,15 @@ def test_decoding_with_the_kernels_matches_torch_operations(monkeypatch: pytest.
 def test_without_a_compiler_decoding_falls_back_with_one_warning(
     monkeypatch: pytest.MonkeyPatch, tmp_path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    kernels._library.cache_clear()
-    try:
+    with without_compiler(monkeypatch, tmp_path, kernels._library):
         with caplog.at_level(logging.WARNING, logger="mtcli"):
             assert not kernels.available() and not kernels.available()
-        warnings = [r.getMessage() for r in caplog.records]
-        assert len(warnings) == 1 and "kernels unavailable" in warnings[0] and "no-such-compiler" in warnings[0]
+        warning = the_one_warning(caplog)
+        assert "kernels unavailable" in warning and "no-such-compiler" in warning
         model = make_model()
         src, tgt = make_batch()
         with torch.inference_mode():
             torch.testing.assert_close(decode_steps(model, src, tgt)[::2], model(src, tgt), atol=1e-5, rtol=1e-5)
-    finally:
-        monkeypatch.undo()
-        kernels._library.cache_clear()
 
 
 def test_the_library_is_named_by_the_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
