@@ -22,7 +22,7 @@ import numpy as np
 
 from mtcli.data import scan
 from mtcli.data.arrowrows import BlockReader
-from mtcli.data.dedup import KeySet, keys_of, pair_keys
+from mtcli.data.dedup import key_set, keys_of, pair_keys
 from mtcli.data.scan import Lines, numpy_lines, scan_lines
 from mtcli.data.sources import Pair, mismatch_error
 from mtcli.data.textio import decode_block, is_utf8, read_range
@@ -71,8 +71,8 @@ class PairCleaner:
     2. ``too_long``: either side has more than ``max_length`` words (whitespace-separated);
     3. ``ratio``: ``max(|x|, |y|) / min(|x|, |y|) > max_ratio`` in words;
     4. ``duplicate`` (when ``dedup``): the exact (source, target) pair was already kept. Kept
-       pairs are remembered by a 64-bit hash (:func:`pair_keys`) in a :class:`KeySet`,
-       so memory is about 8 bytes per unique pair, not the text.
+       pairs are remembered by a 64-bit hash (:func:`pair_keys`) in a
+       :func:`~mtcli.data.dedup.key_set`, so memory is 8-21 bytes per unique pair, not the text.
 
     ``record_keys`` also keeps the kept pairs' keys in order (:attr:`kept_keys`, an array per
     batch), for a range cleaned in a worker and handed to the parent's cleaner (:meth:`absorb`).
@@ -86,7 +86,7 @@ class PairCleaner:
         self.counts = CleanCounts()
         self.record_keys = record_keys
         self.kept_keys: list[np.ndarray] = []  # with record_keys: the kept pairs' keys, in order
-        self._keys = KeySet()
+        self._keys = key_set()
 
     def reason(self, src: str, tgt: str) -> str | None:
         """Why the pair would be dropped (a :class:`CleanCounts` field name), or None to keep.
