@@ -30,6 +30,9 @@ from mtcli.data.workers import forked_pool, in_order, settle
 
 # Pairs a worker cleans at a time: about 4 MB of WMT text a side, a tenth of a second of work.
 PAIRS_PER_RANGE = 20_000
+
+# Bytes read at a time while the parent finds where the ranges of a text file start.
+CUT_BLOCK_BYTES = 1 << 24
 # Pairs one process cleans at a time (the dedup memory is looked up a batch at a time).
 CHUNK_PAIRS = 4096
 
@@ -177,21 +180,28 @@ class PairCleaner:
 
 def _line_cuts(path: Path, every: int) -> tuple[list[int], int, int]:
     """Byte offsets just after lines ``every``, ``2 * every``, ...; the line count (a last line
-    without ``\n`` counts) and the size of the file. One read, no decoding."""
+    without ``\n`` counts) and the size of the file. One read into one buffer, no decoding."""
     cuts: list[int] = []
     count = size = 0
     last = b"\n"
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 24):
-            newline = np.frombuffer(block, dtype=np.uint8) == 10
-            n = int(np.count_nonzero(newline))  # about 5x faster than bytes.count
-            if count + n >= (len(cuts) + 1) * every:
-                ends = np.flatnonzero(newline)
-                while count + n >= (len(cuts) + 1) * every:
-                    cuts.append(size + int(ends[(len(cuts) + 1) * every - count - 1]) + 1)
-            count += n
-            size += len(block)
-            last = block[-1:]
+    buffer = bytearray(CUT_BLOCK_BYTES)
+    with open(path, "rb", buffering=0) as handle:
+        while n := handle.readinto(buffer):
+            block = np.frombuffer(buffer, dtype=np.uint8, count=n)
+            found = scan.line_cuts(block, every, count)
+            if found is not None:
+                ends, offsets = found
+                cuts.extend((offsets + size).tolist())
+            else:
+                newline = block == 10
+                ends = int(np.count_nonzero(newline))
+                if count + ends >= (len(cuts) + 1) * every:
+                    at = np.flatnonzero(newline)
+                    while count + ends >= (len(cuts) + 1) * every:
+                        cuts.append(size + int(at[(len(cuts) + 1) * every - count - 1]) + 1)
+            count += ends
+            size += n
+            last = bytes(buffer[n - 1:n])
     # a cut at the very end (a file that ends with line ``k * every``) starts no range
     return [cut for cut in cuts if cut < size], count + (last != b"\n"), size
 

@@ -254,11 +254,47 @@ long scan_lines(const uint8_t *s, long n, int strict, int file_start, long capac
     return t.lines;
 }
 
+/* The number of '\n' bytes in s[0:n]; where `every` > 0, also the offsets just after every
+ * `every`-th of them, counting on from `seen` line ends before s, into cuts[0..room) (the
+ * caller gives room for n / every + 1), their number in *found. */
+long line_cuts(const uint8_t *s, long n, long every, long seen, int64_t *cuts, long room,
+               long *found) {
+    long count = 0, k = 0, i = 0;
+    long left = every > 0 ? every - seen % every : -1; /* line ends until the next cut */
+#ifdef __AVX2__
+    const __m256i newline = _mm256_set1_epi8('\n');
+    for (; i + 32 <= n; i += 32) {
+        uint32_t bits = (uint32_t)_mm256_movemask_epi8(
+            _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(s + i)), newline));
+        long ends = __builtin_popcount(bits);
+        count += ends;
+        if (left < 0 || ends < left) {
+            left -= left < 0 ? 0 : ends;
+            continue;
+        }
+        for (; bits; bits &= bits - 1) { /* a cut falls in these 32 bytes: walk their ends */
+            if (--left == 0) {
+                if (k < room) cuts[k++] = i + __builtin_ctz(bits) + 1;
+                left = every;
+            }
+        }
+    }
+#endif
+    for (; i < n; i++) {
+        if (s[i] != '\n') continue;
+        count++;
+        if (left > 0 && --left == 0) {
+            if (k < room) cuts[k++] = i + 1;
+            left = every;
+        }
+    }
+    if (found) *found = k;
+    return count;
+}
+
 /* The number of '\n' bytes in s[0:n]. */
 long count_lines(const uint8_t *s, long n) {
-    long count = 0;
-    for (long i = 0; i < n; i++) count += s[i] == '\n';
-    return count;
+    return line_cuts(s, n, 0, 0, 0, 0, 0);
 }
 
 /* Rows of an Arrow string column as lines: row i (data[offsets[i] - offsets[0]] up to

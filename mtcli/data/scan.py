@@ -27,6 +27,7 @@ _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
 _SIGNATURES = {
     "scan_lines": (_L, [ctypes.c_char_p, _L, _I, _I, _L, _P, _P, _P]),
     "count_lines": (_L, [ctypes.c_char_p, _L]),
+    "line_cuts": (_L, [_P, _L, _L, _L, _P, _L, ctypes.POINTER(_L)]),
     "join_rows": (_L, [_P, _P, _L, _P]),
 }
 
@@ -70,6 +71,21 @@ def scan_lines(block: bytes, hashes: bool, strict: bool = False, file_start: boo
     if lines < 0:
         return None
     return Lines(stops[:lines], words[:lines], None if hashed is None else hashed[:lines])
+
+
+def line_cuts(block: np.ndarray, every: int, seen: int) -> tuple[int, np.ndarray] | None:
+    """The number of line ends (``\n``) in ``block`` (uint8) and the offsets just after every
+    ``every``-th of them, counting on from ``seen`` line ends before the block (int64); None
+    where the C scanner is unavailable."""
+    lib = _library()
+    if lib is None:
+        return None
+    block = np.ascontiguousarray(block, dtype=np.uint8)
+    cuts = np.empty(len(block) // every + 1, dtype=np.int64)
+    found = ctypes.c_long(0)
+    count = lib.line_cuts(block.ctypes.data, len(block), every, seen, cuts.ctypes.data, len(cuts),
+                          ctypes.byref(found))
+    return count, cuts[:found.value]
 
 
 def join_rows(data: np.ndarray, offsets: np.ndarray) -> bytes | None:

@@ -109,6 +109,22 @@ def test_every_python_space_is_known_and_none_is_above_u3000() -> None:
     assert scan._WIDE_LEADS == [0xC2, 0xE1, 0xE2, 0xE3]  # the first bytes _wide_space_lines looks for
 
 
+@needs_scanner
+@pytest.mark.parametrize("every", [1, 2, 3, 5, 33, 1000])
+@pytest.mark.parametrize("seen", [0, 1, 4, 999])
+def test_line_cuts_count_the_ends_and_find_every_nth(every: int, seen: int) -> None:
+    """Blocks of random lengths whose lines are short and long (several ends in 32 bytes, and
+    none in many), some with no line end at all: the count and the cuts are Python's."""
+    rng = random.Random(every * 1000 + seen)
+    for _ in range(40):
+        size = rng.choice([0, 1, 31, 32, 33, 64, 65, 300, 5000])
+        raw = bytes(rng.choice(b"\n" * rng.randint(0, 6) + b"abcdefgh") for _ in range(size))
+        ends = [i + 1 for i, byte in enumerate(raw) if byte == 10]
+        want = [end for k, end in enumerate(ends, start=seen + 1) if k % every == 0]
+        count, cuts = scan.line_cuts(np.frombuffer(raw, dtype=np.uint8), every, seen)
+        assert count == len(ends) and cuts.tolist() == want
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_line_layout_finds_every_line_and_its_words(seed: int) -> None:
     rng = np.random.default_rng(seed)
