@@ -9,6 +9,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 /* A word: its key in keys, its ids in ids (ids_len -1 until given), its hash; 32 bytes, so a
  * lookup touches one line of them. */
@@ -29,10 +32,29 @@ typedef struct {
     long ids_used, ids_capacity;
 } table;
 
-static uint64_t word_hash(const uint8_t *s, long n) {
-    uint64_t h = 0xcbf29ce484222325ULL;  /* FNV-1a */
-    for (long i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001b3ULL;
-    return h ^ (h >> 29);
+/* A word's hash, 8 bytes at a time. The 8 bytes at s + i may be read past the word's end when
+ * they lie before `end` (the text's end), the bytes past the word then masked off. */
+static uint64_t word_hash(const uint8_t *s, long n, const uint8_t *end) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n, w;
+    long i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&w, s + i, 8);
+        h = (h ^ w) * 0x9FB21C651E98DF25ULL;
+        h ^= h >> 29;
+    }
+    if (i < n) {
+        if (s + i + 8 <= end) {
+            memcpy(&w, s + i, 8);
+            w &= ~0ULL >> (8 * (8 - (n - i)));  /* little-endian: keep the first n - i bytes */
+        } else {
+            w = 0;
+            memcpy(&w, s + i, (size_t)(n - i));
+        }
+        h = (h ^ w) * 0x9FB21C651E98DF25ULL;
+        h ^= h >> 29;
+    }
+    h *= 0xD6E8FEB86659FD93ULL;
+    return h ^ (h >> 32);
 }
 
 static int grow(void **p, long *capacity, long need, size_t item) {
@@ -72,10 +94,10 @@ table *wt_new(long max_words) {
     return t;
 }
 
-/* The entry of key s[0:n], added without ids (ids_len -1) if the table lacks it; -1 when out
- * of memory. */
-static long find_or_add(table *t, const uint8_t *s, long n) {
-    uint64_t h = word_hash(s, n), tag = h & 0xFFFFFFFF00000000ULL;
+/* The entry of key s[0:n] (its hash h), added without ids (ids_len -1) if the table lacks it;
+ * -1 when out of memory. */
+static long find_or_add(table *t, const uint8_t *s, long n, uint64_t h) {
+    uint64_t tag = h & 0xFFFFFFFF00000000ULL;
     long slot = (long)(h & (uint64_t)t->mask);
     for (;;) {
         uint64_t v = t->slots[slot];
@@ -107,24 +129,53 @@ static long find_or_add(table *t, const uint8_t *s, long n) {
     return e;
 }
 
+/* The offsets of the ' ' and '\n' bytes in text[from:to] (to - from <= WINDOW) into at;
+ * returns their number. */
+static long word_ends(const uint8_t *text, long from, long to, long *at) {
+    long k = 0, i = from;
+#ifdef __AVX2__
+    const __m256i space = _mm256_set1_epi8(' '), newline = _mm256_set1_epi8('\n');
+    for (; i + 32 <= to; i += 32) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(text + i));
+        uint32_t bits = (uint32_t)_mm256_movemask_epi8(
+            _mm256_or_si256(_mm256_cmpeq_epi8(v, space), _mm256_cmpeq_epi8(v, newline)));
+        for (; bits; bits &= bits - 1) at[k++] = i + __builtin_ctz(bits);
+    }
+#endif
+    for (; i < to; i++)
+        if (text[i] == ' ' || text[i] == '\n') at[k++] = i;
+    return k;
+}
+
+/* Bytes of text whose words are hashed before any is looked up, so that each lookup's slot is
+ * fetched from memory AHEAD lookups before it is read. */
+#define WINDOW 4096
+#define AHEAD 8
+
 /* Every word of text[0:n] (lines ended by '\n'): word_entry[w] is its entry (-2 for an empty
  * word: a ' ' after a ' ' or at a line's start, or an empty line) and line_end[w] is 1 when the
  * word ends its line. Entries added (first_new on) have no ids yet. Returns the number of
  * words, or -1 past `capacity` words or out of memory. */
 long wt_scan(table *t, const uint8_t *text, long n, int32_t *word_entry, uint8_t *line_end,
              long capacity, long *first_new) {
+    long ends[WINDOW];
+    uint64_t hashes[WINDOW];
     *first_new = t->entries;
     long words = 0, start = 0;
-    for (long i = 0; i < n; i++) {
-        uint8_t c = text[i];
-        if (c != ' ' && c != '\n') continue;
-        if (words == capacity) return -1;
-        long e = i > start ? find_or_add(t, text + start, i - start) : -2;
-        if (e == -1) return -1;
-        word_entry[words] = (int32_t)e;
-        line_end[words] = c == '\n';
-        words++;
-        start = i + 1;
+    for (long from = 0; from < n; from += WINDOW) {
+        long k = word_ends(text, from, from + WINDOW < n ? from + WINDOW : n, ends);
+        if (words + k > capacity) return -1;
+        for (long j = 0, s = start; j < k; s = ends[j++] + 1)
+            hashes[j] = ends[j] > s ? word_hash(text + s, ends[j] - s, text + n) : 0;
+        for (long j = 0; j < k; j++) {
+            if (j + AHEAD < k) __builtin_prefetch(&t->slots[hashes[j + AHEAD] & (uint64_t)t->mask]);
+            long e = ends[j] > start ? find_or_add(t, text + start, ends[j] - start, hashes[j]) : -2;
+            if (e == -1) return -1;
+            word_entry[words] = (int32_t)e;
+            line_end[words] = text[ends[j]] == '\n';
+            words++;
+            start = ends[j] + 1;
+        }
     }
     return words;
 }
@@ -153,8 +204,10 @@ int wt_set_ids(table *t, long first, long count, const int32_t *flat, const int6
 /* The number of ids of `words` words (wt_scan's word_entry). */
 long wt_count(table *t, const int32_t *word_entry, long words) {
     long total = 0;
-    for (long w = 0; w < words; w++)
+    for (long w = 0; w < words; w++) {
+        if (w + AHEAD < words && word_entry[w + AHEAD] >= 0) __builtin_prefetch(&t->e[word_entry[w + AHEAD]]);
         if (word_entry[w] >= 0) total += t->e[word_entry[w]].ids_len;
+    }
     return total;
 }
 
@@ -165,6 +218,10 @@ void wt_emit(table *t, const int32_t *word_entry, const uint8_t *line_end, long 
     long at = 0, line = 0, count = 0;
     for (long w = 0; w < words; w++) {
         int32_t e = word_entry[w];
+        if (w + AHEAD < words && word_entry[w + AHEAD] >= 0) {
+            const entry *next = &t->e[word_entry[w + AHEAD]];
+            __builtin_prefetch(t->ids + next->ids_at);
+        }
         if (e >= 0) {
             const int32_t *ids = t->ids + t->e[e].ids_at;
             long m = t->e[e].ids_len;
