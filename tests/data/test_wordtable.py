@@ -56,3 +56,29 @@ def test_without_a_compiler_the_word_table_warns_once(monkeypatch: pytest.Monkey
         assert "word table unavailable" in warning and "no-such-compiler" in warning
         with pytest.raises(RuntimeError, match="not available"):
             wordtable.WordTable(10)
+
+
+@needs_table
+@pytest.mark.parametrize("seed", range(3))
+def test_words_that_differ_in_one_byte_anywhere_stay_apart(seed: int) -> None:
+    """Words of 1-40 bytes that differ in one byte only (inside or past the first 8, at the
+    end), over several of the scan's 4 KiB windows, the last word ending the text: each word
+    is asked for once and gets its own ids."""
+    rng = random.Random(seed)
+    stems = ["".join(rng.choice("abcdeäöü日") for _ in range(rng.randrange(1, 40))) for _ in range(60)]
+    words = sorted({stem[:k] + ch + stem[k + 1:] for stem in stems for k in (0, len(stem) // 2, len(stem) - 1)
+                    for ch in "xyz"})
+    number = {word: i for i, word in enumerate(words)}
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randrange(1, 12))) for _ in range(800)]
+    lines[-1] += " " + max(words, key=len)
+    asked: list[str] = []
+
+    def encode(batch: list[str]) -> list[list[int]]:
+        asked.extend(batch)
+        return [[number[w] + 4, len(w)] for w in batch]
+
+    text = "\n".join(lines).encode()
+    ids, lengths = wordtable.WordTable(10_000).encode_text(text, encode, np.dtype(np.int32))
+    assert len(text) > 3 * 4096 and len(asked) == len(set(asked))
+    assert ids.tolist() == [i for line in lines for w in line.split(" ") for i in (number[w] + 4, len(w))]
+    assert lengths.tolist() == [2 * len(line.split(" ")) for line in lines]
