@@ -78,11 +78,21 @@ def train_row(config: Path, source: Path, cache: Path, steps: int, resume: int) 
     return figures
 
 
+def _against(seconds: float, floor: float | None) -> str:
+    """``seconds (floor, ratio)``, or the seconds alone where there is no floor."""
+    if floor is None:
+        return f"{seconds:.1f}"
+    return f"{seconds:.1f} ({floor:.1f}, {seconds / max(floor, 1e-9):.2f}x)"
+
+
 def prepare_cells(r: dict) -> list[str]:
-    stages = [f"{r['stages'][k]:.1f} ({r['floors'].get(k, float('nan')):.1f})"
-              for k in ("read+clean", "spm train", "encode", "write")]
-    return [f"{r['seconds']:.1f}", *stages, f"{max(r['peak_rss_mb'], r['peak_rss_worker_mb']):.0f}",
-            f"{r['noop_seconds']:.2f}"]
+    floors = r["floors"]
+    stages = [_against(r["stages"][k], floors.get(k)) for k in ("read+clean", "spm train", "encode")]
+    written = floors.get("read+clean, text written")
+    return [f"{r['seconds']:.1f}", *stages,
+            f"{r['stages']['read+clean'] / written:.2f}x" if written else "-",
+            _against(r["write_cpu"], floors.get("write")),
+            f"{r['peak_rss_mb']:.0f} / {r['peak_rss_worker_mb']:.0f}", f"{r['noop_seconds']:.2f}"]
 
 
 def train_cells(r: dict) -> list[str]:
@@ -133,8 +143,9 @@ def main() -> int:
             rows["train"][f"{size} {label}"] = train_row(config, corpus / "text", args.work / f"cache_{size}",
                                                          args.steps, resume)
             print(json.dumps({f"train {size} {label}": rows["train"][f"{size} {label}"]}), flush=True)
-    print_table(["pairs form", "prepare s", "read+clean (floor)", "spm (floor)", "encode (floor)",
-                 "write (floor)", "peak RSS MB", "no-op s"], rows["prepare"], prepare_cells)
+    print_table(["pairs form", "prepare s", "read+clean (floor: a read)", "SentencePiece (floor)", "encode (floor)",
+                 "read+clean against a read and a copy of the cleaned text", "write, CPU s (floor)",
+                 "peak RSS MB main / worker", "no-op s"], rows["prepare"], prepare_cells)
     print_table(["pairs shape", "command to first step s", "corpus MB", "model MB", "optimizer MB",
                  "peak RSS MB", "tok/s", "epoch boundary s", "exact resume"], rows["train"], train_cells)
     out = BENCH / "results" / f"scale_{time.strftime('%Y%m%d_%H%M%S')}.json"
