@@ -257,6 +257,35 @@ def test_parallel_cleaning_and_encoding_match_in_process(tmp_path: Path, toy_dir
     assert _cache_bytes(serial.directory) == _cache_bytes(parallel.directory)
 
 
+def test_without_the_c_paths_the_cache_is_the_same(tmp_path: Path, toy_dir: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``MTCLI_KERNELS=0`` (as without a compiler): cleaning's scanner and dedup table and the
+    word table give way to numpy, pandas and Arrow, in the parent and in the workers, and the
+    cache is the same, byte for byte."""
+    from mtcli.data import dedup, scan, wordtable
+
+    with open(toy_dir / "train.src", "a") as src, open(toy_dir / "train.tgt", "a") as tgt:
+        for s, t in list(zip(read_lines(toy_dir / "train.src"), read_lines(toy_dir / "train.tgt"), strict=True))[:90:9]:
+            src.write(s + "\n")
+            tgt.write(t + "\n")
+    _parallel_everywhere(monkeypatch)
+    caches = {}
+    for kernels in ("1", "0"):
+        monkeypatch.setenv("MTCLI_KERNELS", kernels)
+        for module in (scan, dedup, wordtable):
+            module._library.cache_clear()
+        available = [module.available() for module in (scan, dedup, wordtable)]
+        if kernels == "1" and not all(available):
+            pytest.skip("no C compiler: the C paths cannot be built")
+        assert available == [kernels == "1"] * 3
+        report = prep.prepare(load_config(write_config(tmp_path, toy_dir, name=f"k{kernels}", dedup=True, num_workers=2)))
+        assert report.counts["train"]["dropped"]["duplicate"] >= 10
+        caches[kernels] = (report.counts, _cache_bytes(report.directory))
+    for module in (scan, dedup, wordtable):
+        module._library.cache_clear()
+    assert caches["0"] == caches["1"]
+
+
 @pytest.mark.parametrize("kind", ["parquet", "dataset"])
 def test_arrow_rows_cleaned_in_parallel_match_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           kind: str) -> None:
