@@ -30,7 +30,6 @@ from mtcli.data.workers import forked_pool, in_order, settle
 
 # Pairs a worker cleans at a time: about 4 MB of WMT text a side, a tenth of a second of work.
 PAIRS_PER_RANGE = 20_000
-
 # Bytes read at a time while the parent finds where the ranges of a text file start.
 CUT_BLOCK_BYTES = 1 << 24
 # Pairs one process cleans at a time (the dedup memory is looked up a batch at a time).
