@@ -43,7 +43,7 @@ static uint64_t word_hash(const uint8_t *s, long n, const uint8_t *end) {
         h ^= h >> 29;
     }
     if (i < n) {
-        if (s + i + 8 <= end) {
+        if (s + i + 8 <= end && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__) {
             memcpy(&w, s + i, 8);
             w &= ~0ULL >> (8 * (8 - (n - i)));  /* little-endian: keep the first n - i bytes */
         } else {
