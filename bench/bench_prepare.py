@@ -93,8 +93,7 @@ class PhaseTimer:
         prep._write_texts = self.wrap("read+clean", prep._write_texts)
         prep.encode_file = self.wrap("encode", prep.encode_file)
         prep.ArrayWriter.append = self.wrap_write(prep.ArrayWriter.append)
-        original_train = prep.Tokenizer.train
-        prep.Tokenizer.train = staticmethod(self.wrap("spm train", original_train))
+        prep._train_spm = self.wrap("spm train", prep._train_spm)  # drawing the sample, and training
 
 
 def scaled_copy(config, scale: int, workdir: Path) -> str:

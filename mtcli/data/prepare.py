@@ -54,6 +54,7 @@ from mtcli.data.cache import (
     write_manifest,
 )
 from mtcli.data.cleaning import CleanCounts, PairCleaner, clean_text_blocks, clean_text_files
+from mtcli.data.scan import line_ends, take_spans
 from mtcli.data.sources import Source, open_source
 from mtcli.data.textio import read_range
 from mtcli.data.tokenizer import (
@@ -296,24 +297,28 @@ def _encode_range_in_worker(task: tuple[str, int, int]) -> tuple[np.ndarray, np.
     return _WORKER["encoder"].encode_text(read_range(*task))
 
 
-def _line_blocks(path: Path, block_bytes: int = 1 << 24) -> Iterator[list[bytes]]:
-    """The lines of a text file :func:`_write_texts` wrote (valid UTF-8, each ended by ``\n``
-    alone), undecoded, a block at a time. The checks of :func:`~mtcli.data.textio.read_lines`
-    were made when the source was read; at WMT size they cost several seconds per pass, and
-    :func:`spm_sample` decodes only the lines it keeps."""
-    with open(path, "rb") as handle:
-        rest = b""
-        while block := handle.read(block_bytes):
-            lines = (rest + block).split(b"\n")
-            rest = lines.pop()
-            yield lines
-
-
-def _own_lines(path: Path) -> Iterator[str]:
-    """The lines of a text file :func:`_write_texts` wrote, decoded (see :func:`_line_blocks`)."""
-    for lines in _line_blocks(path):
-        for line in lines:
-            yield line.decode("utf-8")
+def _line_blocks(path: Path, block_bytes: int = 1 << 24) -> Iterator[tuple[memoryview, np.ndarray]]:
+    """The whole lines of a text file :func:`_write_texts` wrote (valid UTF-8, each ended by
+    ``\n`` alone), undecoded, a block at a time, with the offset just after each line's end.
+    The checks of :func:`~mtcli.data.textio.read_lines` were made when the source was read; at
+    WMT size they cost several seconds per pass. Each block is read into the same buffer, so it
+    is only valid until the next one is asked for."""
+    buffer = bytearray(block_bytes)
+    carry = 0  # the bytes of an unended line at the buffer's start
+    with open(path, "rb", buffering=0) as handle:
+        while True:
+            if carry == len(buffer):  # a line longer than the buffer
+                buffer = buffer + bytes(len(buffer))
+            read = handle.readinto(memoryview(buffer)[carry:])
+            if not read:
+                return  # an unended last line is not one of the lines prepare writes
+            size = carry + read
+            cut = buffer.rfind(b"\n", 0, size) + 1
+            if cut:
+                whole = memoryview(buffer)[:cut]
+                yield whole, line_ends(np.frombuffer(whole, dtype=np.uint8))
+            buffer[:size - cut] = buffer[cut:size]
+            carry = size - cut
 
 
 def byte_ranges(path: Path, chunk_bytes: int) -> list[tuple[int, int]]:
@@ -387,47 +392,55 @@ def _naming_write_errors(out: Path) -> Iterator[None]:
         ) from None
 
 
-def spm_sample(paths: list[Path], total: int, cap: int, seed: int) -> Iterator[str]:
-    """The lines of ``paths`` (``total`` of them in all) SentencePiece trains on: every line when
-    ``cap`` is 0 or ``total <= cap``, else a uniform sample of ``cap`` lines without replacement,
-    in file order, drawn from ``seed``.
+def spm_sample(paths: list[Path], total: int, cap: int, seed: int) -> Iterator[bytes]:
+    """The lines of ``paths`` (``total`` of them in all) SentencePiece trains on, as blocks of
+    whole lines (UTF-8 bytes, each line ended by ``\n``): every line when ``cap`` is 0 or
+    ``total <= cap``, else a uniform sample of ``cap`` lines without replacement, in file order,
+    drawn from ``seed``.
 
     SentencePiece can sample a stream itself (``input_sentence_size``), but its reservoir is
     not reproducible: two runs of one command on a 4.5M-pair corpus gave two vocabularies. This
     sample depends on the seed and the count only, and holds just the chosen line numbers.
     """
-    if cap <= 0 or total <= cap:
-        for path in paths:
-            yield from _own_lines(path)
-        return
-    chosen = np.sort(np.random.default_rng(seed).choice(total, size=cap, replace=False))
+    chosen = np.sort(np.random.default_rng(seed).choice(total, size=cap, replace=False)) if 0 < cap < total else None
     first = 0  # the line number of the block's first line
     for path in paths:
-        for lines in _line_blocks(path):
-            lo, hi = np.searchsorted(chosen, [first, first + len(lines)])
-            for number in chosen[lo:hi].tolist():
-                yield lines[number - first].decode("utf-8")
-            first += len(lines)
+        for block, ends in _line_blocks(path):
+            if chosen is None:
+                yield bytes(block)
+                continue
+            lo, hi = np.searchsorted(chosen, [first, first + len(ends)])
+            picked = chosen[lo:hi] - first
+            yield take_spans(block, np.concatenate(([0], ends[:-1]))[picked], ends[picked])
+            first += len(ends)
 
 
 def _train_spm(tmp: Path, data: DataConfig, workers: int, sentences: int) -> Path:
     """Train the joint SentencePiece model on both sides of the cleaned training text in ``tmp``
-    (``sentences`` lines in all), or on :func:`spm_sample`'s sample of them."""
+    (``sentences`` lines in all), or on :func:`spm_sample`'s sample of them, written to a file
+    beside them for SentencePiece to read (and removed)."""
     train_txt = [tmp / f"{array_name(data.train_split, lang)}.txt" for lang in (data.src_lang, data.tgt_lang)]
     cap = max(data.spm_max_sentences, MIN_SAMPLE) if data.spm_max_sentences > 0 else 0
+    sample = tmp / ".spm_sample.txt"
     if 0 < cap < sentences:
         get_logger().info("SentencePiece trains on a uniform sample of %d of the %d training sentences "
                           "(data.spm_max_sentences)", cap, sentences)
-    return Tokenizer.train(
-        spm_sample(train_txt, sentences, cap, SPM_SEED),
-        tmp / "spm",
-        vocab_size=data.vocab_size,
-        model_type=data.spm_model_type,
-        character_coverage=data.character_coverage,
-        max_sentences=0,  # the sample is drawn above; SentencePiece takes every line it is given
-        seed=SPM_SEED,
-        num_threads=workers,
-    )
+        with open(sample, "wb") as handle:
+            handle.writelines(spm_sample(train_txt, sentences, cap, SPM_SEED))
+        train_txt = [sample]
+    try:
+        return Tokenizer.train(
+            train_txt,
+            tmp / "spm",
+            vocab_size=data.vocab_size,
+            model_type=data.spm_model_type,
+            character_coverage=data.character_coverage,
+            max_sentences=0,  # the sample is drawn above; SentencePiece takes every line it is given
+            seed=SPM_SEED,
+            num_threads=workers,
+        )
+    finally:
+        sample.unlink(missing_ok=True)
 
 
 def _encode_splits(tmp: Path, data: DataConfig, splits: list[str], model_path: Path, dtype: np.dtype,

@@ -292,6 +292,17 @@ long line_cuts(const uint8_t *s, long n, long every, long seen, int64_t *cuts, l
     return count;
 }
 
+/* Copies the spans s[starts[i]:ends[i]], i < k, one after another to out; returns the bytes
+ * written. */
+long take_spans(const uint8_t *s, const int64_t *starts, const int64_t *ends, long k, uint8_t *out) {
+    long at = 0;
+    for (long i = 0; i < k; i++) {
+        memcpy(out + at, s + starts[i], (size_t)(ends[i] - starts[i]));
+        at += ends[i] - starts[i];
+    }
+    return at;
+}
+
 /* The number of '\n' bytes in s[0:n]. */
 long count_lines(const uint8_t *s, long n) {
     return line_cuts(s, n, 0, 0, 0, 0, 0);

@@ -29,6 +29,7 @@ _SIGNATURES = {
     "count_lines": (_L, [ctypes.c_char_p, _L]),
     "line_cuts": (_L, [_P, _L, _L, _L, _P, _L, ctypes.POINTER(_L)]),
     "join_rows": (_L, [_P, _P, _L, _P]),
+    "take_spans": (_L, [_P, _P, _P, _L, _P]),
 }
 
 
@@ -81,11 +82,32 @@ def line_cuts(block: np.ndarray, every: int, seen: int) -> tuple[int, np.ndarray
     if lib is None:
         return None
     block = np.ascontiguousarray(block, dtype=np.uint8)
-    cuts = np.empty(len(block) // every + 1, dtype=np.int64)
+    room = len(block) if every >= 64 else lib.line_cuts(block.ctypes.data, len(block), 0, 0, None, 0, None)
+    cuts = np.empty(room // every + 1, dtype=np.int64)
     found = ctypes.c_long(0)
     count = lib.line_cuts(block.ctypes.data, len(block), every, seen, cuts.ctypes.data, len(cuts),
                           ctypes.byref(found))
     return count, cuts[:found.value]
+
+
+def line_ends(block: np.ndarray) -> np.ndarray:
+    """The offset just after each ``\n`` of ``block`` (uint8), int64: in C, or numpy without it."""
+    found = line_cuts(block, 1, 0)
+    return found[1] if found is not None else np.flatnonzero(block == 10) + 1
+
+
+def take_spans(block: bytes | memoryview, starts: np.ndarray, ends: np.ndarray) -> bytes:
+    """The spans ``block[starts[i]:ends[i]]`` one after another (int64 offsets): copied in C, or
+    joined in Python without it."""
+    lib = _library()
+    if lib is None:
+        return b"".join([block[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)])
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    ends = np.ascontiguousarray(ends, dtype=np.int64)
+    out = np.empty(int((ends - starts).sum()), dtype=np.uint8)
+    lib.take_spans(np.frombuffer(block, dtype=np.uint8).ctypes.data, starts.ctypes.data, ends.ctypes.data,
+                   len(starts), out.ctypes.data)
+    return out.tobytes()
 
 
 def join_rows(data: np.ndarray, offsets: np.ndarray) -> bytes | None:

@@ -154,3 +154,17 @@ def test_without_a_compiler_the_scanner_warns_once(monkeypatch: pytest.MonkeyPat
         assert not scan.available() and scan_lines(b"a b\n", hashes=True) is None
         warning = the_one_warning(caplog)
         assert "line scanner unavailable" in warning and "no-such-compiler" in warning
+
+
+@pytest.mark.parametrize("in_c", [True, False])
+def test_take_spans_joins_the_spans_in_order(monkeypatch: pytest.MonkeyPatch, in_c: bool) -> None:
+    if in_c and not scan.available():
+        pytest.skip("no C compiler for the line scanner")
+    if not in_c:
+        monkeypatch.setattr(scan, "_library", lambda: None)
+    block = bytes(range(256)) * 3
+    starts = np.array([0, 5, 5, 700, 10], dtype=np.int64)
+    ends = np.array([3, 5, 9, 768, 11], dtype=np.int64)
+    want = block[0:3] + block[5:9] + block[700:768] + block[10:11]
+    assert scan.take_spans(block, starts, ends) == want
+    assert scan.take_spans(memoryview(block), starts[:0], ends[:0]) == b""
