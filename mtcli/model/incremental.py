@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mtcli.model import kernels
+from mtcli.model.kernels import move_rows
 
 
 @dataclass
@@ -215,7 +215,7 @@ def _move_rows(buffers: list[Tensor], index: Tensor, times: int | None = None) -
     sources, targets = index[moved], moved
     if times == 0:
         return True
-    if kernels.move_rows(buffers, sources, targets, times):  # one C call for every buffer and time
+    if move_rows(buffers, sources, targets, times):  # one C call for every buffer and time
         return True
     if times is not None:
         width = buffers[0].size(1)
