@@ -12,6 +12,7 @@ compiling fails, or when ``MTCLI_KERNELS=0``; callers then take their Python pat
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -19,6 +20,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +132,16 @@ def load(source: Path, signatures: dict[str, tuple[Any, list[Any]]], openmp: boo
     except (OSError, subprocess.SubprocessError, AttributeError) as e:
         get_logger().warning("%s unavailable (%s); %s", what, e, instead)
         return None
+
+
+def library(source: Path, signatures: dict[str, tuple[Any, list[Any]]], what: str,
+            instead: str) -> Callable[[], ctypes.CDLL | None]:
+    """A loader of ``source``'s library without OpenMP, run once per process (its
+    ``cache_clear`` forgets the result): the library, or None as :func:`load` says."""
+
+    @functools.cache
+    def loaded() -> ctypes.CDLL | None:
+        result = load(source, signatures, False, what, instead)
+        return None if result is None else result[0]
+
+    return loaded

@@ -11,14 +11,13 @@ key with probability about ``n^2 / 2^65`` (about one in a million at WMT19's 38M
 from __future__ import annotations
 
 import ctypes
-import functools
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from mtcli.data.scan import line_hashes
-from mtcli.native import load
+from mtcli.native import library
 
 SOURCE = Path(__file__).with_name("dedup.c")
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
@@ -45,10 +44,7 @@ def keys_of(src_hashes: np.ndarray, tgt_hashes: np.ndarray) -> np.ndarray:
     return src_hashes * _MIX ^ tgt_hashes
 
 
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    loaded = load(SOURCE, _SIGNATURES, False, "the C dedup table", "dedup uses sorted numpy arrays")
-    return None if loaded is None else loaded[0]
+_library = library(SOURCE, _SIGNATURES, "the C dedup table", "dedup uses sorted numpy arrays")
 
 
 def available() -> bool:

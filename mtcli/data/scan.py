@@ -13,14 +13,13 @@ with the same result.
 from __future__ import annotations
 
 import ctypes
-import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
-from mtcli.native import load
+from mtcli.native import library
 
 SOURCE = Path(__file__).with_name("scan.c")
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
@@ -43,10 +42,7 @@ class Lines(NamedTuple):
     hashes: np.ndarray | None
 
 
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    loaded = load(SOURCE, _SIGNATURES, False, "the C line scanner", "cleaning uses numpy")
-    return None if loaded is None else loaded[0]
+_library = library(SOURCE, _SIGNATURES, "the C line scanner", "cleaning uses numpy")
 
 
 def available() -> bool:

@@ -12,13 +12,12 @@ compiler, :func:`available` is False and the cache does the same in numpy, Arrow
 from __future__ import annotations
 
 import ctypes
-import functools
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from mtcli.native import load
+from mtcli.native import library
 
 SOURCE = Path(__file__).with_name("wordtable.c")
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
@@ -36,10 +35,7 @@ _SIGNATURES = {
 }
 
 
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    loaded = load(SOURCE, _SIGNATURES, False, "the C word table", "encoding uses numpy and Arrow")
-    return None if loaded is None else loaded[0]
+_library = library(SOURCE, _SIGNATURES, "the C word table", "encoding uses numpy and Arrow")
 
 
 def available() -> bool:
