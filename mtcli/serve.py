@@ -13,9 +13,13 @@ group of equal settings with one :meth:`Translator.translate` call on one worker
 hands every request its own lines back. Decoding many sentences at once is what makes a
 beam search fast on any device, so 32 concurrent clients get several times the sentences/s of one.
 
-Bad requests get a 4xx with a one-line ``{"error": ...}``: malformed JSON (400), wrong types or
-a beam or length penalty out of range (422), too many lines or characters (413), a missing or
-wrong API key (401). A failure while decoding answers 500 and the server keeps serving. With an
+Bad requests get a 4xx with a one-line ``{"error": ...}``: malformed JSON (400), wrong types, a
+beam or length penalty out of range, or text that is not valid Unicode (422), too many lines or
+characters, or a line longer than the model reads (413), a missing or wrong API key (401). Each
+request is checked before it joins a batch, and if decoding a batch still fails, its requests
+are decoded again one by one: one client's input never fails another's. A genuine failure
+while decoding answers 500 with a request id, logged on one line beside its cause (no stack
+trace goes to the client), and the server keeps serving. With an
 API key (``--api-key`` or ``MTCLI_API_KEY``) ``/translate`` needs ``Authorization: Bearer KEY``,
 compared in constant time. The server binds 127.0.0.1 unless told otherwise. On SIGTERM
 (or Ctrl-C) uvicorn stops accepting connections, the requests in flight are answered, and the
@@ -32,6 +36,7 @@ import queue
 import signal
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +47,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
+from mtcli.data.textio import check_unicode
+from mtcli.errors import DataError, one_line
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger
 from mtcli.serve_page import PAGE
@@ -86,10 +93,20 @@ class RequestError(Exception):
         self.status = status
 
 
+class InternalError(RequestError):
+    """A failure that is the server's, not the request's: a 500 that names its request id (the
+    log line with the cause carries the same id)."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(500, f"translation failed (request id {request_id}; the server log has the cause)")
+        self.request_id = request_id
+
+
 @dataclass
 class _Job:
     lines: list[str]
     settings: tuple[tuple[str, Any], ...]
+    request_id: str
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
@@ -103,9 +120,10 @@ class Batcher:
         self.thread = threading.Thread(target=self._work, name="mtcli-serve-decode", daemon=True)
         self.thread.start()
 
-    def submit(self, lines: list[str], **settings: Any) -> concurrent.futures.Future:
-        """Queue ``lines`` for translation; the future gets their translations, in order."""
-        job = _Job(lines, tuple(sorted((k, v) for k, v in settings.items() if v is not None)))
+    def submit(self, lines: list[str], request_id: str = "-", **settings: Any) -> concurrent.futures.Future:
+        """Queue ``lines`` for translation; the future gets their translations, in order (or the
+        error that decoding them alone raised; ``request_id`` names them in the log)."""
+        job = _Job(lines, tuple(sorted((k, v) for k, v in settings.items() if v is not None)), request_id)
         self.jobs.put(job)
         return job.future
 
@@ -143,14 +161,21 @@ class Batcher:
                 self._decode(jobs, dict(settings))
 
     def _decode(self, jobs: list[_Job], settings: dict[str, Any]) -> None:
-        """One translate call for ``jobs`` (equal settings); each job gets its slice, or the error."""
+        """One translate call for ``jobs`` (equal settings); each job gets its slice. If the
+        call fails, each job is decoded alone, so only a job that fails by itself gets an error."""
         lines = [line for job in jobs for line in job.lines]
         try:
             out = self.translator.translate(lines, **settings)
-        except Exception as exc:  # answered as a 500; the worker lives on
-            get_logger().exception("decoding failed")
-            for job in jobs:
-                job.future.set_exception(exc)
+        except Exception as exc:
+            if len(jobs) > 1:
+                for job in jobs:
+                    self._decode([job], settings)
+                return
+            job = jobs[0]
+            if not isinstance(exc, DataError):  # the client's input is answered with a 422
+                get_logger().error("request %s: decoding failed: %s: %s", job.request_id,
+                                   type(exc).__name__, one_line(exc))
+            job.future.set_exception(exc)
             return
         start = 0
         for job in jobs:
@@ -170,6 +195,21 @@ def check_request(body: TranslateRequest, limits: Limits) -> None:
         raise RequestError(413, f"{total} characters in the request (at most {limits.max_total_chars})")
     if body.beam is not None and not 1 <= body.beam <= limits.max_beam:
         raise RequestError(422, f"beam must be between 1 and {limits.max_beam}, got {body.beam}")
+    for i, line in enumerate(body.text):
+        try:
+            check_unicode(line, f"text[{i}]")
+        except DataError as exc:
+            raise RequestError(422, str(exc)) from None
+
+
+def check_lengths(body: TranslateRequest, translator: Translator) -> None:
+    """Raise :class:`RequestError` (413) for a line that encodes to more pieces than the model
+    reads: translating it would silently drop its end."""
+    limit = translator.max_source_pieces
+    for i, pieces in enumerate(translator.source_pieces(body.text)):
+        if pieces > limit:
+            raise RequestError(413, f"text[{i}] encodes to {pieces} pieces (the model reads at most {limit}); "
+                                    "split it into sentences")
 
 
 def _bearer_check(api_key: str | None) -> Any:
@@ -213,7 +253,14 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, exc: RequestError) -> JSONResponse:
+        if isinstance(exc, InternalError):
+            return JSONResponse({"error": str(exc), "request_id": exc.request_id}, status_code=500,
+                                headers={"X-Request-ID": exc.request_id})
         return JSONResponse({"error": str(exc)}, status_code=exc.status)
+
+    @app.exception_handler(DataError)
+    async def unusable_text(request: Request, exc: DataError) -> JSONResponse:
+        return JSONResponse({"error": one_line(exc)}, status_code=422)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -223,11 +270,23 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
     @app.post("/translate", response_model=TranslateResponse, dependencies=[guard])
     async def translate(body: TranslateRequest) -> TranslateResponse:
         check_request(body, limits)
-        future = app.state.batcher.submit(body.text, beam=body.beam, length_penalty=body.length_penalty)
+        request_id = uuid.uuid4().hex[:12]
+        try:
+            await asyncio.to_thread(check_lengths, body, translator)
+        except (RequestError, DataError):
+            raise
+        except Exception as exc:
+            get_logger().error("request %s: reading the input failed: %s: %s", request_id,
+                               type(exc).__name__, one_line(exc))
+            raise InternalError(request_id) from None
+        future = app.state.batcher.submit(body.text, request_id, beam=body.beam,
+                                          length_penalty=body.length_penalty)
         try:
             translations = await asyncio.wrap_future(future)
-        except Exception as exc:
-            raise RequestError(500, f"translation failed: {' '.join(str(exc).split())[:300]}") from None
+        except DataError:  # the client's own text, found only when decoded alone
+            raise
+        except Exception:  # the batcher logged it with the request id
+            raise InternalError(request_id) from None
         return TranslateResponse(translations=translations, model=translator.name)
 
     @app.get("/health")

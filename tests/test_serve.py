@@ -114,6 +114,12 @@ def test_concurrent_clients_each_get_their_own_lines(server: Server, tiny_run_di
     ({}, None, 422, "text"),
     ({"text": ["x"] * 9}, None, 413, "too many lines: 9 (at most 8"),
     ({"text": ["x" * 201]}, None, 413, "text[0] has 201 characters (at most 200)"),
+    (None, b'{"text": ["ok", "bad \\ud800 text"]}', 422, "text[1]: not valid Unicode (lone surrogate at column 5)"),
+    (None, b'{"text": ["\\udfff"]}', 422, "text[0]: not valid Unicode (lone surrogate at column 1)"),
+    ({"text": ["q x z j " * 25]}, None, 413, "text[0] encodes to"),
+    (None, b'{"text": ["ok"], "length_penalty": NaN}', 422, "length_penalty"),
+    (None, b'{"text": ["ok"], "length_penalty": Infinity}', 422, "length_penalty"),
+    ({"text": ["ok"], "beam": 2.5}, None, 422, "beam"),
 ])
 def test_bad_requests_get_a_4xx_and_the_server_keeps_serving(server: Server, body: object, content: bytes | None,
                                                              status: int, needle: str) -> None:
@@ -121,6 +127,42 @@ def test_bad_requests_get_a_4xx_and_the_server_keeps_serving(server: Server, bod
     assert answer.status_code == status, answer.text
     assert needle in answer.json()["error"]
     assert server.post({"text": ["rot"]}).status_code == 200
+
+
+@pytest.mark.parametrize("text", [
+    [],  # an empty request
+    ["", "   ", "\t"],  # blank lines
+    ["ein \x00 hund", "\x00"],  # NULs
+    ["\u200b\u200d\ufeff", "\u0301\u0301 rot", "\U0010ffff \U0001f408", "\x85\u2028\u2029 katze", "\ufffd\x7f"],
+])
+def test_odd_text_that_is_valid_unicode_is_translated(server: Server, tiny_run_dir: Path, text: list[str]) -> None:
+    answer = server.post({"text": text})
+    assert answer.status_code == 200, answer.text
+    expected = Translator.from_run(tiny_run_dir, beam=2, device="cpu")
+    assert answer.json()["translations"] == expected.translate(text)
+
+
+def test_a_bad_request_batched_with_good_ones_fails_alone(tiny_run_dir: Path) -> None:
+    """Seven clients at once, gathered into one batch (300 ms): six good requests get their
+    translations, the one with a lone surrogate a 422 naming its line, then the server serves on."""
+    expected = Translator.from_run(tiny_run_dir, beam=2, device="cpu")
+    server = Server(tiny_run_dir, "--batch-wait-ms", "300")
+    good = [[f"ein hund läuft im park {i}", "eine katze spielt"] for i in range(6)]
+    bad = b'{"text": ["rot", "eine \\ud800 katze"]}'
+    try:
+        with concurrent.futures.ThreadPoolExecutor(7) as pool:
+            pending = [pool.submit(server.post, {"text": text}) for text in good[:3]]
+            pending.append(pool.submit(server.post, None, bad))
+            pending += [pool.submit(server.post, {"text": text}) for text in good[3:]]
+            answers = [p.result(timeout=120) for p in pending]
+        refused = answers.pop(3)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"] == "text[1]: not valid Unicode (lone surrogate at column 6)"
+        assert [a.status_code for a in answers] == [200] * 6
+        assert [a.json()["translations"] for a in answers] == [expected.translate(t) for t in good]
+        assert server.post({"text": ["rot"]}).json()["translations"] == expected.translate(["rot"])
+    finally:
+        assert server.stop() == 0
 
 
 def test_api_key_is_required_when_set(tiny_run_dir: Path) -> None:
@@ -146,7 +188,8 @@ def test_sigterm_answers_the_request_in_flight_then_exits_0(tiny_run_dir: Path) 
     assert server.proc.wait(timeout=60) == 0
 
 
-def test_a_failure_while_decoding_is_a_500_and_the_server_keeps_serving(tiny_run_dir: Path) -> None:
+def test_a_failure_while_decoding_is_a_500_and_the_server_keeps_serving(
+        tiny_run_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     from fastapi.testclient import TestClient
 
     from mtcli.serve import create_app
@@ -163,6 +206,46 @@ def test_a_failure_while_decoding_is_a_500_and_the_server_keeps_serving(tiny_run
     with TestClient(create_app(translator)) as client:
         broken = client.post("/translate", json={"text": ["explode"]})
         assert broken.status_code == 500
-        assert broken.json()["error"] == "translation failed: out of memory while decoding"
+        request_id = broken.json()["request_id"]
+        assert broken.headers["x-request-id"] == request_id
+        assert broken.json()["error"] == f"translation failed (request id {request_id}; the server log has the cause)"
+        assert "out of memory" not in broken.text and "Traceback" not in broken.text
         fine = client.post("/translate", json={"text": ["rot"]})
         assert fine.status_code == 200 and fine.json()["translations"] == real(["rot"])
+    logged = [r for r in caplog.records if request_id in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is None
+    assert logged[0].getMessage() == f"request {request_id}: decoding failed: RuntimeError: out of memory while decoding"
+
+
+class Poisoned:
+    """A translator whose batch fails when it holds the line "poison" (as a batch failed before
+    mtcli checked for lone surrogates), and otherwise upper-cases."""
+
+    name, device = "poisoned", "cpu"
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def translate(self, lines: list[str], **settings: object) -> list[str]:
+        self.calls.append(list(lines))
+        if "poison" in lines:
+            raise TypeError("List elements must be str or bytes")
+        return [line.upper() for line in lines]
+
+
+def test_the_batcher_decodes_a_failed_batch_again_one_request_at_a_time() -> None:
+    from mtcli.serve import Batcher, Limits
+
+    translator = Poisoned()
+    batcher = Batcher(translator, Limits(batch_wait_ms=500))  # type: ignore[arg-type]
+    try:
+        futures = [batcher.submit([f"a{i}", f"b{i}"], f"id{i}") for i in range(3)]
+        futures.append(batcher.submit(["x", "poison"], "bad"))
+        futures += [batcher.submit([f"c{i}"], f"id{i + 3}") for i in range(3)]
+        results = [f.exception(timeout=30) or f.result() for f in futures]
+    finally:
+        batcher.close()
+    assert len(translator.calls[0]) == 11  # all seven requests were one batch
+    assert isinstance(results[3], TypeError)
+    assert results[:3] == [[f"A{i}", f"B{i}"] for i in range(3)]
+    assert results[4:] == [[f"C{i}"] for i in range(3)]

@@ -73,6 +73,19 @@ def is_utf8(block: bytes) -> bool:
     return True
 
 
+def check_unicode(text: str, where: str) -> None:
+    """Raise :class:`DataError` when ``text`` is not valid Unicode: a ``str`` can hold a lone
+    surrogate (JSON's ``"\\ud800"``, Python's ``surrogateescape``), which no UTF-8 text holds and
+    SentencePiece refuses. The message names ``where`` and the 1-based column, e.g.
+    ``text[3]: not valid Unicode (lone surrogate at column 5)``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DataError(
+            f"{where}: not valid Unicode (lone surrogate at column {exc.start + 1})"
+        ) from None
+
+
 def read_range(path: str | Path, start: int, end: int) -> bytes:
     """Bytes ``[start, end)`` of a file, undecoded: a range of whole lines a worker cut for itself."""
     with open(path, "rb") as handle:

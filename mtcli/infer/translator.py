@@ -28,6 +28,7 @@ import torch
 
 from mtcli.config import DecodeConfig
 from mtcli.data.batching import collate, source_batches
+from mtcli.data.textio import check_unicode
 from mtcli.device import autocast
 from mtcli.errors import ConfigError, DataError
 from mtcli.infer.ct2 import ENGINES, CT2Engine, check_supported, converted_model
@@ -58,15 +59,20 @@ def _overrides(settings: dict[str, Any]) -> list[str]:
             for k, v in settings.items() if v is not None]
 
 
+def _text(item: Any, where: str) -> str:
+    """``item`` if it is a string of valid Unicode: a TypeError for another type, a
+    :class:`DataError` naming ``where`` and the column of a lone surrogate."""
+    if not isinstance(item, str):
+        raise TypeError(f"{where} is a {type(item).__name__}, expected str")
+    check_unicode(item, where)
+    return item
+
+
 def _texts(texts: Any, what: str = "texts") -> list[str]:
-    """``texts`` as a list of strings; a TypeError for a lone string or a non-string item."""
+    """``texts`` as a list of strings of valid Unicode (:func:`_text`); a TypeError for a lone string."""
     if isinstance(texts, str):
         raise TypeError(f"{what} must be a list of strings, not one string (wrap it: [text])")
-    items = list(texts)
-    for i, item in enumerate(items):
-        if not isinstance(item, str):
-            raise TypeError(f"{what}[{i}] is a {type(item).__name__}, expected str")
-    return items
+    return [_text(item, f"{what}[{i}]") for i, item in enumerate(texts)]
 
 
 class Translator:
@@ -115,6 +121,15 @@ class Translator:
         """Which checkpoint (or average, or ensemble) is loaded."""
         return self.bundle.name
 
+    @property
+    def max_source_pieces(self) -> int:
+        """The longest source, in pieces, the model reads whole; a longer one is truncated."""
+        return source_limit(self.bundle)
+
+    def source_pieces(self, texts: Sequence[str]) -> list[int]:
+        """How many pieces each text encodes to (checked as :meth:`translate` checks its input)."""
+        return [len(ids) for ids in self.bundle.tokenizer.encode_batch(_texts(texts))]
+
     def settings(self, **settings: Any) -> DecodeConfig:
         """The decode settings with ``settings`` applied (checked; the translator's stay as they are)."""
         if not any(v is not None for v in settings.values()):
@@ -161,9 +176,7 @@ class Translator:
 
         def checked() -> Iterator[str]:
             for i, item in enumerate(texts):
-                if not isinstance(item, str):
-                    raise TypeError(f"texts[{i}] is a {type(item).__name__}, expected str")
-                yield item
+                yield _text(item, f"texts[{i}]")
 
         return (nbest[0].text for nbest in self.stream(checked(), decode=decode))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import mtcli
-from mtcli.errors import ConfigError
+from mtcli.errors import ConfigError, DataError
 from mtcli.infer.translator import Translator
 
 LINES = ["eine katze spielt", "", "ein hund läuft im park", "rot", "zwei kleine kinder spielen im garten"]
@@ -96,6 +96,11 @@ def test_decoding_copy_is_made_once(tiny_run_dir: Path, int8: bool) -> None:
     (lambda t: t.translate(["ok"], beam_width=3), TypeError, "unknown decode setting"),
     (lambda t: t.score(["a"], ["b", "c"]), ValueError, "1 sources but 2 targets"),
     (lambda t: list(t.translate_iter([b"bytes"])), TypeError, r"texts\[0\] is a bytes"),
+    (lambda t: t.translate(["ok", "lone \ud800"]), DataError,
+     r"^texts\[1\]: not valid Unicode \(lone surrogate at column 6\)$"),
+    (lambda t: list(t.translate_iter(["\udc80 x"])), DataError, r"texts\[0\]: not valid Unicode"),
+    (lambda t: t.nbest(["a\udfffb"]), DataError, r"column 2"),
+    (lambda t: t.score(["ok"], ["\ud800"]), DataError, r"targets\[0\]: not valid Unicode"),
 ])
 def test_wrong_arguments_say_what_is_wrong(translator: Translator, call, error, message: str) -> None:
     with pytest.raises(error, match=message):
