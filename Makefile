@@ -19,7 +19,9 @@ VENV ?= .venv
 BIN ?= $(VENV)/bin
 # On these machines torch==2.13.0 is a local CPU wheel; elsewhere set TORCH_SPEC=torch (or a CUDA build).
 TORCH_SPEC ?= torch==2.13.0
-DATA ?= $(if $(wildcard ../shared/data/multi30k),../shared/data/multi30k,)
+# DATA=DIR: a local directory of Multi30k's <split>.<lang> files instead of the recipes' own source
+# (multi30k: a local copy in ../shared/data, else downloaded once into data/raw/ or $$MTCLI_DATA)
+DATA ?=
 PYTEST_ARGS ?=
 SEEDS ?= 1,2,3
 REPRODUCE_ARGS ?=
@@ -47,7 +49,7 @@ reproduce: reproduce-de-en reproduce-en-de
 reproduce-de-en reproduce-en-de: reproduce-%:
 	$(BIN)/python -m mtcli.reproduce $(subst -,_,$*) $(if $(DATA),--data $(DATA),) --seeds $(SEEDS) $(REPRODUCE_ARGS)
 
-# reads the recipe's own source (../shared/data/wmt-news-en-de); DATA is Multi30k's
+# reads the recipe's own source (wmt-news-en-de, downloaded once); DATA is Multi30k's
 reproduce-wmt-news:
 	$(BIN)/python -m mtcli.reproduce wmt_news_en_de $(REPRODUCE_ARGS)
 

@@ -26,6 +26,24 @@ app = typer.Typer(
     help="mtcli: prepare a parallel corpus, train a Transformer, evaluate and translate.",
 )
 
+
+
+def _version(value: bool) -> None:
+    if value:
+        from mtcli.version import __version__
+
+        print(f"mtcli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """mtcli: prepare a parallel corpus, train a Transformer, evaluate and translate."""
+
+
 SetOption = Annotated[
     Optional[list[str]],  # noqa: UP045 - typer needs Optional here
     typer.Option("--set", help="Override a config key: section.key=value (repeatable)."),

@@ -12,8 +12,8 @@ README.md, so every number in the README comes from this command. The first test
 direction's main row; further test splits (newstest2014 and its filtered subset) are scored too
 and rendered as rows of their own.
 
-Each row names the commit it ran (``commit``, ``-dirty`` when files differ from it) and the git
-tree hash of its files (``tree``). A machine that got a copy of the working tree with an older
+Each row names the commit it ran (``commit``, ``-dirty`` when files differ from it; the tables
+this command writes itself do not count) and the git tree hash of its files (``tree``). A machine that got a copy of the working tree with an older
 ``.git`` labels its rows ``<older>-dirty``; ``--merge``, run in the repository, names such a row
 by the commit whose tree it is, when there is one.
 """
@@ -74,11 +74,43 @@ def _git(*args: str, env: dict[str, str] | None = None) -> str:
     return subprocess.run(["git", *args], capture_output=True, text=True, check=True, env=env).stdout.strip()
 
 
+def generated_paths() -> list[str]:
+    """The files a reproduction writes itself (``results/<table>.{json,md}``): they never count
+    as local edits, so a second direction run after the first still carries the clean commit."""
+    tables = sorted({table for _, table, _ in RECIPES.values()})
+    return [str(RESULTS_DIR / f"{table}.{ext}") for table in tables for ext in ("json", "md")]
+
+
+def _without_tables(text: str) -> str:
+    """README text with every results block (between its markers) emptied."""
+    for table in sorted({table for _, table, _ in RECIPES.values()}):
+        start, end = markers(table)
+        if start in text and end in text:
+            head, rest = text.split(start, 1)
+            text = head + start + end + rest.split(end, 1)[1]
+    return text
+
+
+def _own_edits() -> list[str]:
+    """Pathspecs of what a reproduction writes and git should not count: the tables, and
+    README.md while it differs from HEAD's only inside the results blocks."""
+    excluded = generated_paths()
+    try:
+        committed = subprocess.run(["git", "show", f"HEAD:{README}"], capture_output=True, encoding="utf-8",
+                                   check=True).stdout
+        if README.exists() and _without_tables(committed) == _without_tables(README.read_text(encoding="utf-8")):
+            excluded.append(str(README))
+    except subprocess.CalledProcessError:
+        pass
+    return [".", *(f":(exclude){path}" for path in excluded)]
+
+
 def git_commit() -> str:
-    """Short hash of HEAD (with ``-dirty`` when the tree has changes), or ``unknown``."""
+    """Short hash of HEAD (with ``-dirty`` when files other than the reproduction's own tables
+    differ from it), or ``unknown``."""
     try:
         head = _git("rev-parse", "--short", "HEAD")
-        dirty = _git("status", "--porcelain", "--untracked-files=no")
+        dirty = _git("status", "--porcelain", "--untracked-files=no", "--", *_own_edits())
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("-dirty" if dirty else "")
@@ -86,7 +118,7 @@ def git_commit() -> str:
 
 def source_tree() -> str:
     """The git tree hash of the files as they are on disk (tracked, plus untracked ones git does
-    not ignore), or ``unknown``.
+    not ignore; the reproduction's own tables as HEAD has them), or ``unknown``.
 
     It equals ``git rev-parse C^{tree}`` exactly when the files are commit ``C``'s, whatever the
     repository's HEAD says: a copy of a checkout whose ``.git`` is older than its files (as on a
@@ -97,7 +129,7 @@ def source_tree() -> str:
         with tempfile.TemporaryDirectory() as tmp:
             env = dict(os.environ, GIT_INDEX_FILE=str(Path(tmp) / "index"))
             _git("read-tree", "HEAD", env=env)
-            _git("add", "--all", env=env)
+            _git("add", "--all", "--", *_own_edits(), env=env)
             return _git("write-tree", env=env)
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

@@ -150,3 +150,10 @@ def test_removed_keys_at_their_no_op_values_load_and_any_value_loads_for_decodin
     with pytest.raises(ConfigError, match="was removed"):
         load_config(write(tmp_path, trained, "trained.yaml"))
     assert load_config(tmp_path / "trained.yaml", ignore_removed=True).train.max_steps == 100_000
+
+
+def test_version_prints_the_package_version() -> None:
+    from mtcli.version import __version__
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"mtcli {__version__}"

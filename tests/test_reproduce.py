@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TOY_DIR
 
 from mtcli.checkpoint import load_checkpoint
 from mtcli.reproduce import (
@@ -284,3 +285,33 @@ def test_a_copy_with_a_stale_git_is_merged_under_the_commit_whose_files_it_ran(
     seeds = json.loads((out / "multi30k.json").read_text())["de-en"]["seeds"]
     assert seeds["1"]["commit"] == new  # the files of a commit: named by it
     assert seeds["2"]["commit"] == f"{old}-dirty"  # files no commit has: left as they were
+
+
+def test_two_directions_in_a_row_on_a_clean_clone_both_carry_the_clean_commit(
+    tmp_path: Path, toy_config_path: Path, monkeypatch
+) -> None:
+    """The first direction rewrites results/ and the README's table; the second direction's row
+    still names the clean commit (and its tree), while an edit of anything else would not."""
+    from mtcli.reproduce import git_commit, main, source_tree
+
+    repo = tmp_path / "repo"
+    (repo / "results").mkdir(parents=True)
+    (repo / "README.md").write_text(f"# mtcli\n\n{MARK_START}\nold table\n{MARK_END}\n\nafter\n", encoding="utf-8")
+    (repo / "results" / "multi30k.json").write_text("{}\n", encoding="utf-8")
+    (repo / "results" / "multi30k.md").write_text("old table\n", encoding="utf-8")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "--all")
+    _git(repo, "commit", "-qm", "clean")
+    clean, tree = _git(repo, "rev-parse", "--short", "HEAD"), _git(repo, "rev-parse", "HEAD^{tree}")
+    monkeypatch.chdir(repo)
+    for recipe in ("de_en", "en_de"):
+        assert main([recipe, "--config", str(toy_config_path), "--data", str(TOY_DIR),
+                     "--set", f"data.prepared_dir={tmp_path / 'prep'}",
+                     "--set", f"train.run_dir={tmp_path / recipe}", "--set", "train.max_steps=20",
+                     "--set", "train.valid_every=10"]) == 0
+    rows = json.loads((repo / "results" / "multi30k.json").read_text())
+    assert [(rows[d]["commit"], rows[d]["tree"]) for d in ("de-en", "en-de")] == [(clean, tree)] * 2
+    assert "| en-de |" in (repo / "README.md").read_text()
+    with (repo / "README.md").open("a", encoding="utf-8") as handle:
+        handle.write("an edit outside the table\n")
+    assert git_commit() == f"{clean}-dirty" and source_tree() != tree

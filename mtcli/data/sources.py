@@ -5,13 +5,16 @@ there:
 
 ``text``
     a directory of ``<split>.<lang>`` plain-text files, one sentence a line, optionally gzipped
-    (``<split>.<lang>.gz``), e.g. ``../shared/data/multi30k``;
+    (``<split>.<lang>.gz``), e.g. ``data/raw/multi30k``;
 ``dataset``
     a directory written by ``datasets.DatasetDict.save_to_disk`` (``dataset_dict.json`` and one
     sub-directory per split), read with ``datasets.load_from_disk``;
 ``parquet``
     a directory of parquet files in the hub layout: ``<split>-*.parquet``,
     ``<split>/*.parquet`` or ``data/<split>-*.parquet`` (optionally under ``<hub_config>/``);
+``multi30k``, ``wmt-news-en-de``
+    a public corpus mtcli knows by name (:mod:`mtcli.data.download`): a local copy, or files
+    downloaded once into ``data/raw/<name>/`` and verified, read as a text directory;
 ``hub``
     a Hugging Face hub id (plus ``data.hub_config``) loaded with ``datasets.load_dataset``.
 
@@ -40,6 +43,7 @@ from mtcli.data.arrowrows import (
     joined_lines,
     pair_columns,
 )
+from mtcli.data.download import CORPORA, locate
 from mtcli.data.textio import read_lines
 from mtcli.errors import DataError, one_line
 from mtcli.fileio import FileHasher
@@ -459,7 +463,8 @@ def _looks_like_path(source: str) -> bool:
 
 
 def open_source(source: str, src_lang: str, tgt_lang: str, hub_config: str | None = None) -> Source:
-    """The :class:`Source` ``data.source`` names: a local directory (kind detected) or a hub id."""
+    """The :class:`Source` ``data.source`` names: a local directory (kind detected), a public
+    corpus mtcli knows by name (:mod:`mtcli.data.download`: fetched once, verified), or a hub id."""
     path = Path(source).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -477,6 +482,8 @@ def open_source(source: str, src_lang: str, tgt_lang: str, hub_config: str | Non
                 f"dataset found (it holds: {entries})"
             )
         return text
+    if source in CORPORA:
+        return TextDirSource(locate(source), src_lang, tgt_lang)
     if _looks_like_path(source) or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
         raise DataError(f"data.source {source}: directory not found (relative paths are from {Path.cwd()})")
     get_logger().info("data.source %s is not a local directory: loading it from the Hugging Face hub", source)

@@ -1,0 +1,198 @@
+"""Public corpora fetched by name, with no internet: a loopback HTTP server on 127.0.0.1 serves
+copies of fixture files at the pinned paths, and ``MTCLI_DATA_URL`` points the downloader at it.
+A fresh download verifies; a cache hit asks for nothing; a wrong checksum, a server that is down
+and a transfer cut off halfway each give one error naming the URL and leave nothing behind."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import http.server
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import REPO, SHARED_DATA, TOY_DIR
+
+from mtcli.data import download
+from mtcli.data.download import CORPORA, PublicFile, locate
+from mtcli.data.sources import open_source
+from mtcli.errors import DataError
+
+
+class Files(http.server.ThreadingHTTPServer):
+    """Serves ``pages`` (URL path -> bytes); counts requests; may cut each transfer in half."""
+
+    def __init__(self, pages: dict[str, bytes]) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.pages, self.requests, self.cut = pages, [], False
+        self.url = f"http://127.0.0.1:{self.server_address[1]}/"
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    server: Files
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.server.requests.append(self.path)
+        body = self.server.pages.get(self.path.lstrip("/"))
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body[: len(body) // 2] if self.server.cut else body)
+        if self.server.cut:
+            self.close_connection = True
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _file(name: str, parts: list[tuple[str, bytes]], text: bytes) -> PublicFile:
+    return PublicFile(name, tuple(p for p, _ in parts), len(text), hashlib.sha256(text).hexdigest())
+
+
+@pytest.fixture
+def toy_corpus(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[tuple[Files, Path]]:
+    """The toy corpus as a public one: train.src gzipped, train.tgt in two plain parts, the
+    rest plain; served on 127.0.0.1, cached under ``tmp_path/cache``, no local copy."""
+    pages: dict[str, bytes] = {}
+    files = []
+    for path in sorted(TOY_DIR.iterdir()):
+        text = path.read_bytes()
+        if path.name == "train.src":
+            parts = [(f"toy/{path.name}.gz", gzip.compress(text))]
+        elif path.name == "train.tgt":
+            cut = text.index(b"\n", len(text) // 2) + 1
+            parts = [(f"toy/{path.name}.1", text[:cut]), (f"toy/{path.name}.2", text[cut:])]
+        else:
+            parts = [(f"toy/{path.name}", text)]
+        pages.update(parts)
+        files.append(_file(path.name, parts, text))
+    monkeypatch.setitem(CORPORA, "toy-public", tuple(files))
+    monkeypatch.setattr(download, "LOCAL_COPIES", ())
+    monkeypatch.setenv("MTCLI_DATA", str(tmp_path / "cache"))
+    server = Files(pages)
+    monkeypatch.setenv("MTCLI_DATA_URL", server.url)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, tmp_path / "cache" / "toy-public"
+    server.shutdown()
+    server.server_close()
+
+
+def _same_as_toy(root: Path) -> None:
+    assert sorted(p.name for p in root.iterdir()) == sorted(p.name for p in TOY_DIR.iterdir())
+    for path in TOY_DIR.iterdir():
+        assert (root / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+def test_a_fresh_download_is_verified_and_the_next_use_asks_for_nothing(toy_corpus: tuple[Files, Path]) -> None:
+    server, root = toy_corpus
+    assert locate("toy-public") == root
+    _same_as_toy(root)
+    asked = len(server.requests)
+    assert asked == sum(len(f.parts) for f in CORPORA["toy-public"])
+    source = open_source("toy-public", "src", "tgt")
+    assert source.splits() == ["test", "train", "val"]
+    assert len(server.requests) == asked  # a cache hit makes no request
+
+
+def test_a_changed_cached_file_is_fetched_again(toy_corpus: tuple[Files, Path]) -> None:
+    server, root = toy_corpus
+    locate("toy-public")
+    (root / "val.src").write_bytes(b"edited\n")
+    asked = len(server.requests)
+    locate("toy-public")
+    assert server.requests[asked:] == ["/toy/val.src"]
+    _same_as_toy(root)
+
+
+def _nothing_half_written(root: Path) -> None:
+    leftovers = [p.name for p in root.iterdir()] if root.exists() else []
+    assert not [name for name in leftovers if name.startswith(".") or name.endswith(".tmp")], leftovers
+
+
+def test_a_wrong_checksum_keeps_nothing(toy_corpus: tuple[Files, Path]) -> None:
+    server, root = toy_corpus
+    server.pages["toy/val.src"] = b"not the pinned text\n"
+    with pytest.raises(DataError) as err:
+        locate("toy-public")
+    message = str(err.value)
+    assert f"{server.url}toy/val.src: the download does not match its pinned checksum" in message
+    assert "--set data.source=DIR" in message and "\n" not in message
+    assert not (root / "val.src").exists()
+    _nothing_half_written(root)
+
+
+def test_a_transfer_cut_off_halfway_keeps_nothing(toy_corpus: tuple[Files, Path]) -> None:
+    server, root = toy_corpus
+    server.cut = True
+    with pytest.raises(DataError, match=rf"^cannot download {server.url}toy/\S+: .*--set data.source=DIR"):
+        locate("toy-public")
+    assert not any(p.name.startswith(("test.", "train.", "val.")) for p in root.iterdir())
+    _nothing_half_written(root)
+
+
+def test_a_server_that_is_down_is_one_line_naming_the_url(toy_corpus: tuple[Files, Path],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    server, root = toy_corpus
+    server.shutdown()
+    server.server_close()
+    monkeypatch.setenv("MTCLI_DATA_URL", server.url)  # nothing listens there now
+    with pytest.raises(DataError) as err:
+        locate("toy-public")
+    assert str(err.value).startswith(f"cannot download {server.url}toy/test.src: ")
+    assert "Without internet" in str(err.value) and "\n" not in str(err.value)
+    _nothing_half_written(root)
+
+
+def test_a_local_copy_wins_and_is_left_as_it_is(toy_corpus: tuple[Files, Path], tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    server, root = toy_corpus
+    copies = tmp_path / "shared"
+    (copies / "toy-public").mkdir(parents=True)
+    (copies / "toy-public" / "train.src").write_text("a local file\n")
+    monkeypatch.setattr(download, "LOCAL_COPIES", (copies,))
+    assert locate("toy-public") == copies / "toy-public"
+    assert server.requests == [] and not root.exists()
+    assert (copies / "toy-public" / "train.src").read_text() == "a local file\n"
+
+
+def test_prepare_without_shared_data_or_network_names_the_url(tmp_path: Path) -> None:
+    """What a fresh clone on a machine with no ../shared and no network sees."""
+    env = {**os.environ, "MTCLI_DATA_URL": "http://127.0.0.1:9/", "MTCLI_DATA": str(tmp_path / "cache")}
+    result = subprocess.run([sys.executable, "-m", "mtcli.cli", "prepare", str(REPO / "configs" / "multi30k_de_en.yaml")],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("mtcli: error: cannot download http://127.0.0.1:9/multi30k/dataset/"), result.stderr
+    assert "--set data.source=DIR" in lines[-1] and "Traceback" not in result.stderr
+
+
+@pytest.mark.shared_data
+def test_multi30k_from_the_test_server_is_the_shared_copy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Gzipped copies of ../shared/data/multi30k served at the pinned paths download, verify,
+    and fingerprint as the shared directory does: the manifest's input hashes are the same."""
+    shared = SHARED_DATA / "multi30k"
+    if not shared.is_dir():
+        pytest.skip(f"{shared} not found")
+    pages = {f.parts[0]: gzip.compress((shared / f.name).read_bytes(), compresslevel=1) for f in CORPORA["multi30k"]}
+    server = Files(pages)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setattr(download, "LOCAL_COPIES", ())
+        monkeypatch.setenv("MTCLI_DATA", str(tmp_path))
+        monkeypatch.setenv("MTCLI_DATA_URL", server.url)
+        splits = ["train", "val", "test_2016_flickr"]
+        fetched = open_source("multi30k", "de", "en")
+        assert fetched.root == tmp_path / "multi30k"
+        assert fetched.fingerprint(splits) == open_source(str(shared), "de", "en").fingerprint(splits)
+    finally:
+        server.shutdown()
+        server.server_close()
