@@ -1,8 +1,7 @@
 """Decoding speed of mtcli's search against CTranslate2 on the exported model (Multi30k test2016).
 
-mtcli with and without the key/value cache, in fp32, bf16 or int8 (``decode.int8``), one batch
-at a time or two at once (``decode.workers=2``; CTranslate2 then gets ``inter_threads=2``), on
-the 1,000-sentence Multi30k test2016 source.
+mtcli's torch decoding against CTranslate2, fp32 and int8 (``decode.int8``), greedy and beam 5,
+in batches and one sentence a call, on the 1,000-sentence Multi30k test2016 source.
 
 Every variant runs in its own subprocess (CTranslate2's workers never share a process with
 torch's thread pool), on the same pre-tokenised input, in the same batches: sentences sorted by
@@ -25,8 +24,8 @@ Usage (from the repository root)::
 
     python bench/bench_decode.py                          # random model of the recipe shape
     python bench/bench_decode.py --run-dir data/runs/multi30k_de_en
-    python bench/bench_decode.py --limit 64 --variants torch-greedy-cache ct2-greedy-fp32  # smoke
-    python bench/bench_decode.py --rounds 5 --variants torch-beam5-cache ct2-beam5-fp32  # interleaved
+    python bench/bench_decode.py --limit 64 --variants torch-greedy ct2-greedy-fp32  # smoke
+    python bench/bench_decode.py --rounds 5 --variants torch-beam5 ct2-beam5-fp32  # interleaved
 
 Results: a table on stdout and ``bench/results/decode_<time>.json``.
 """
@@ -51,53 +50,28 @@ sys.path.insert(0, str(REPO))  # runs from a checkout without mtcli installed (e
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"  # input: test_2016_flickr.<the run's source language>
 RECIPE = REPO / "configs" / "multi30k_de_en.yaml"
 
-# name -> (engine, beam, options)
+# name -> (engine, beam, options): torch against CTranslate2, fp32 and int8, greedy and beam 5, in
+# batches and one sentence a call; plus the packed fp32 copy against the model as it is
 VARIANTS: dict[str, tuple[str, int, dict]] = {
-    "torch-greedy-cache": ("torch", 1, {"use_cache": True, "bf16": False}),
-    "torch-greedy-nocache": ("torch", 1, {"use_cache": False, "bf16": False}),
-    "torch-greedy-cache-bf16": ("torch", 1, {"use_cache": True, "bf16": True}),
-    "torch-beam5-cache": ("torch", 5, {"use_cache": True, "bf16": False}),
-    # the model as it is, without the packed fp32 copy translate_lines decodes with
-    "torch-greedy-cache-unpacked": ("torch", 1, {"use_cache": True, "bf16": False, "plain": True}),
-    "torch-beam5-cache-unpacked": ("torch", 5, {"use_cache": True, "bf16": False, "plain": True}),
-    "torch-beam5-nocache": ("torch", 5, {"use_cache": False, "bf16": False}),
-    "torch-beam5-cache-bf16": ("torch", 5, {"use_cache": True, "bf16": True}),
-    # bf16 autocast on the model as it is (before decoding packed its weights in bf16)
-    "torch-beam5-cache-bf16-unpacked": ("torch", 5, {"use_cache": True, "bf16": True, "plain": True}),
-    # decode.shortlist: a lexical shortlist of 100 target pieces per source piece + the 100 most
-    # frequent (needs the run's prepared cache; changes the output, see bench/NOTES.md)
-    "torch-greedy-cache-shortlist": ("torch", 1, {"use_cache": True, "bf16": False, "shortlist": 100}),
-    "torch-beam5-cache-shortlist": ("torch", 5, {"use_cache": True, "bf16": False, "shortlist": 100}),
-    "torch-beam5-cache-int8-shortlist": ("torch", 5, {"use_cache": True, "bf16": False, "int8": True,
-                                                     "shortlist": 100}),
-    "torch-greedy-cache-int8": ("torch", 1, {"use_cache": True, "bf16": False, "int8": True}),
-    "torch-beam5-cache-int8": ("torch", 5, {"use_cache": True, "bf16": False, "int8": True}),
-    # two batches at a time on two threads, one intra-op thread each (decode.workers=2;
-    # CTranslate2: inter_threads=2, intra_threads=1)
-    "torch-beam5-cache-w2": ("torch", 5, {"use_cache": True, "bf16": False, "workers": 2}),
-    "torch-beam5-cache-int8-w2": ("torch", 5, {"use_cache": True, "bf16": False, "int8": True, "workers": 2}),
-    "ct2-beam5-fp32-w2": ("ct2", 5, {"compute_type": "float32", "workers": 2}),
-    "ct2-beam5-int8-w2": ("ct2", 5, {"compute_type": "int8", "workers": 2}),
+    "torch-greedy": ("torch", 1, {"use_cache": True, "bf16": False}),
+    "torch-beam5": ("torch", 5, {"use_cache": True, "bf16": False}),
+    "torch-greedy-int8": ("torch", 1, {"use_cache": True, "bf16": False, "int8": True}),
+    "torch-beam5-int8": ("torch", 5, {"use_cache": True, "bf16": False, "int8": True}),
+    # the model as it is, without the oneDNN-packed fp32 copy translate_lines decodes with
+    "torch-greedy-unpacked": ("torch", 1, {"use_cache": True, "bf16": False, "plain": True}),
+    "torch-beam5-unpacked": ("torch", 5, {"use_cache": True, "bf16": False, "plain": True}),
     "ct2-greedy-fp32": ("ct2", 1, {"compute_type": "float32"}),
     "ct2-beam5-fp32": ("ct2", 5, {"compute_type": "float32"}),
     "ct2-greedy-int8": ("ct2", 1, {"compute_type": "int8"}),
     "ct2-beam5-int8": ("ct2", 5, {"compute_type": "int8"}),
     # latency as a server sees it: one sentence per call, p50/p99 over the input
-    "torch-beam5-latency": ("torch", 5, {"use_cache": True, "bf16": False, "batch": 1}),
-    "ct2-beam5-latency": ("ct2", 5, {"compute_type": "float32", "batch": 1}),
-    "torch-beam5-latency-int8": ("torch", 5, {"use_cache": True, "bf16": False, "int8": True, "batch": 1}),
-    "ct2-beam5-latency-int8": ("ct2", 5, {"compute_type": "int8", "batch": 1}),
     "torch-greedy-latency": ("torch", 1, {"use_cache": True, "bf16": False, "batch": 1}),
+    "torch-beam5-latency": ("torch", 5, {"use_cache": True, "bf16": False, "batch": 1}),
+    "torch-beam5-latency-int8": ("torch", 5, {"use_cache": True, "bf16": False, "int8": True, "batch": 1}),
     "ct2-greedy-latency": ("ct2", 1, {"compute_type": "float32", "batch": 1}),
-    "ct2-greedy-latency-int8": ("ct2", 1, {"compute_type": "int8", "batch": 1}),
-    # at one sentence the products read every weight from memory: bf16 weights are half the bytes
-    "torch-beam5-latency-bf16": ("torch", 5, {"use_cache": True, "bf16": True, "batch": 1}),
-    "torch-greedy-latency-bf16": ("torch", 1, {"use_cache": True, "bf16": True, "batch": 1}),
+    "ct2-beam5-latency": ("ct2", 5, {"compute_type": "float32", "batch": 1}),
+    "ct2-beam5-latency-int8": ("ct2", 5, {"compute_type": "int8", "batch": 1}),
 }
-# each torch variant also without the fused decoding kernels (MTCLI_KERNELS=0: torch operations
-# only), to measure what they give in the same run
-VARIANTS.update({f"{name}-nokernels": (engine, beam, {**options, "kernels": False})
-                 for name, (engine, beam, options) in list(VARIANTS.items()) if engine == "torch"})
 
 
 def _peak_rss_mb() -> float:
@@ -290,8 +264,6 @@ def _machine() -> dict:
 
 def _run_worker(job: dict, timeout: float) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(job["threads"]), MKL_NUM_THREADS=str(job["threads"]))
-    if job.get("kernels") is False:
-        env["MTCLI_KERNELS"] = "0"
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(job)],
         capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO,
@@ -320,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the random model's softmax: the joint vocabulary or the target side's "
                              "pieces of the prepared cache (model.output_vocab)")
     parser.add_argument("--variants", nargs="*", choices=list(VARIANTS),
-                        default=[v for v in VARIANTS if not v.endswith("-nokernels")])
+                        default=list(VARIANTS))
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the variant list this many times, interleaved: each row is then "
                              "the variant's median round and each ratio the median of the rounds' "
@@ -402,42 +374,16 @@ def main(argv: list[str] | None = None) -> int:
         return None
 
     comparisons = {
-        "greedy cache / no cache (tokens/s)": ratio("torch-greedy-cache", "torch-greedy-nocache"),
-        "beam5 cache / no cache (tokens/s)": ratio("torch-beam5-cache", "torch-beam5-nocache"),
-        "torch beam5 / ct2 fp32 beam5 (tokens/s)": ratio("torch-beam5-cache", "ct2-beam5-fp32"),
-        "torch beam5 bf16 / ct2 fp32 beam5 (tokens/s)": ratio("torch-beam5-cache-bf16", "ct2-beam5-fp32"),
-        "torch beam5 int8 / ct2 fp32 beam5 (tokens/s)": ratio("torch-beam5-cache-int8", "ct2-beam5-fp32"),
-        "torch beam5 int8 / ct2 int8 beam5 (tokens/s)": ratio("torch-beam5-cache-int8", "ct2-beam5-int8"),
-        "torch beam5 2 workers / ct2 fp32 beam5 2 workers": ratio("torch-beam5-cache-w2", "ct2-beam5-fp32-w2"),
-        "torch beam5 int8 2 workers / ct2 fp32 beam5 2 workers": ratio("torch-beam5-cache-int8-w2", "ct2-beam5-fp32-w2"),
-        "torch beam5 int8 2 workers / ct2 int8 beam5 2 workers": ratio("torch-beam5-cache-int8-w2", "ct2-beam5-int8-w2"),
-        "torch greedy / ct2 fp32 greedy (tokens/s)": ratio("torch-greedy-cache", "ct2-greedy-fp32"),
-        "torch greedy int8 / ct2 int8 greedy (tokens/s)": ratio("torch-greedy-cache-int8", "ct2-greedy-int8"),
-        "torch beam5 bf16 / ct2 int8 beam5 (tokens/s)": ratio("torch-beam5-cache-bf16", "ct2-beam5-int8"),
-        "torch beam5 bf16 packed / bf16 autocast (tokens/s)": ratio("torch-beam5-cache-bf16",
-                                                                    "torch-beam5-cache-bf16-unpacked"),
-        "torch greedy bf16 / ct2 int8 greedy (tokens/s)": ratio("torch-greedy-cache-bf16", "ct2-greedy-int8"),
-        "torch beam5 shortlist / exact (tokens/s)": ratio("torch-beam5-cache-shortlist", "torch-beam5-cache"),
-        "torch greedy shortlist / exact (tokens/s)": ratio("torch-greedy-cache-shortlist", "torch-greedy-cache"),
-        "torch beam5 shortlist / ct2 fp32 beam5 (tokens/s)": ratio("torch-beam5-cache-shortlist", "ct2-beam5-fp32"),
-        "torch beam5 int8 shortlist / ct2 int8 beam5 (tokens/s)": ratio("torch-beam5-cache-int8-shortlist",
-                                                                        "ct2-beam5-int8"),
-        "torch beam5 packed / unpacked (tokens/s)": ratio("torch-beam5-cache", "torch-beam5-cache-unpacked"),
-        "torch greedy packed / unpacked (tokens/s)": ratio("torch-greedy-cache", "torch-greedy-cache-unpacked"),
+        "torch beam5 / ct2 fp32 beam5 (tokens/s)": ratio("torch-beam5", "ct2-beam5-fp32"),
+        "torch greedy / ct2 fp32 greedy (tokens/s)": ratio("torch-greedy", "ct2-greedy-fp32"),
+        "torch beam5 int8 / ct2 int8 beam5 (tokens/s)": ratio("torch-beam5-int8", "ct2-beam5-int8"),
+        "torch greedy int8 / ct2 int8 greedy (tokens/s)": ratio("torch-greedy-int8", "ct2-greedy-int8"),
+        "torch beam5 packed / unpacked (tokens/s)": ratio("torch-beam5", "torch-beam5-unpacked"),
+        "torch greedy packed / unpacked (tokens/s)": ratio("torch-greedy", "torch-greedy-unpacked"),
         "torch beam5 / ct2 fp32 beam5, one sentence a call (tokens/s)": ratio("torch-beam5-latency",
-                                                                             "ct2-beam5-latency"),
-        "torch beam5 int8 / ct2 int8 beam5, one sentence a call (tokens/s)": ratio(
-            "torch-beam5-latency-int8", "ct2-beam5-latency-int8"),
-        "torch greedy / ct2 fp32 greedy, one sentence a call (tokens/s)": ratio(
-            "torch-greedy-latency", "ct2-greedy-latency"),
-        "torch beam5 bf16 / ct2 int8 beam5, one sentence a call (tokens/s)": ratio(
-            "torch-beam5-latency-bf16", "ct2-beam5-latency-int8"),
-        "torch beam5 bf16 / ct2 fp32 beam5, one sentence a call (tokens/s)": ratio(
-            "torch-beam5-latency-bf16", "ct2-beam5-latency"),
-        "torch greedy bf16 / ct2 int8 greedy, one sentence a call (tokens/s)": ratio(
-            "torch-greedy-latency-bf16", "ct2-greedy-latency-int8"),
-        **{f"{name} fused kernels / torch operations (tokens/s)": ratio(name, f"{name}-nokernels")
-           for name in VARIANTS if f"{name}-nokernels" in VARIANTS},
+                                                                               "ct2-beam5-latency"),
+        "torch greedy / ct2 fp32 greedy, one sentence a call (tokens/s)": ratio("torch-greedy-latency",
+                                                                                 "ct2-greedy-latency"),
     }
     header = f"{'variant':36s} {'sent/s':>8s} {'tok/s':>9s} {'out tok':>8s} {'sec':>7s} {'RSS MB':>7s}"
     print(header)

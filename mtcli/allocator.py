@@ -9,7 +9,7 @@ there is free. A training step allocates and frees the same large activations ev
 each step pays the kernel to zero and map those pages again: one page fault per 4 KiB. On a
 2-core CPU an element-wise pass over 10M floats took 16 ms in fresh memory and 2-4 ms in reused
 memory; what it saves a whole training step depends on how many large temporaries the step
-makes (bench/NOTES.md has the measurements).
+makes (docs/performance.md has the measurements).
 
 :func:`keep_freed_memory` sets ``M_MMAP_MAX = 0`` (no block is served by its own mapping, so
 every block comes from the heap and is reused) and a 1 GiB ``M_TRIM_THRESHOLD`` (free memory
@@ -77,7 +77,7 @@ def bound_onednn_cache(capacity: int = ONEDNN_CACHE_CAPACITY) -> bool:
     Decoding multiplies by each weight a number of rows that changes from step to step (beams
     times the sentences still live), so a long decoding process, a server above all, fills the
     whole cache; in bf16 each kernel holds enough memory that the full cache costs ~300 MB
-    (bench/NOTES.md), and a cap of 256 costs no measurable speed. oneDNN reads the setting once,
+    (docs/performance.md), and a cap of 256 costs no measurable speed. oneDNN reads the setting once,
     when it builds its first kernel, so the commands call this before they load a model; the
     user's own ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` (or ``DNNL_...``) wins.
     """

@@ -54,7 +54,7 @@ def cpu_has_bf16_units(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU multiplies bf16 natively (x86 AVX512-BF16 or AMX, Arm BF16); False if unknown.
 
     Without them PyTorch's bf16 matmuls take a slow path: ~100x slower than fp32 on an AVX2
-    Zen 3 CPU, ~2x *faster* than fp32 on an AVX512-BF16 Zen 4 one (bench/NOTES.md).
+    Zen 3 CPU, ~2x *faster* than fp32 on an AVX512-BF16 Zen 4 one (docs/performance.md).
     """
     return bool({"avx512_bf16", "amx_bf16", "bf16"} & cpu_info(cpuinfo)[1])
 

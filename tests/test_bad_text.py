@@ -33,7 +33,7 @@ from mtcli.data.textio import is_utf8, iter_binary_lines, read_lines
 from mtcli.errors import DataError
 from mtcli.infer.files import translate_files
 from mtcli.infer.translate import translate_lines
-from tests.native_cases import python_utf8, short_utf8_samples
+from tests.utf8_cases import python_utf8, short_utf8_samples
 
 SETTINGS = settings(
     max_examples=25,

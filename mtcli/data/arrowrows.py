@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mtcli.data.scan import join_rows
 from mtcli.errors import DataError
 
 #: Rows in one block of text.
@@ -80,9 +79,6 @@ def joined_lines(column: Any) -> bytes:
     _, offsets_buffer, data_buffer = column.buffers()
     offsets = np.frombuffer(offsets_buffer, dtype=offset_type)[column.offset:column.offset + len(column) + 1]
     data = np.frombuffer(data_buffer, dtype=np.uint8)[offsets[0]:offsets[-1]] if data_buffer else np.zeros(0, np.uint8)
-    joined = join_rows(data, offsets)  # the same bytes from C in one pass, where it can
-    if joined is not None:
-        return joined
     if ((data == 10) | (data == 13)).any():  # an inner line break: _normalise's replacements, then again
         for old in ("\r\n", "\n", "\r"):
             column = pc.replace_substring(column, old, " ")

@@ -20,10 +20,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from mtcli.data import scan
 from mtcli.data.arrowrows import BlockReader
 from mtcli.data.dedup import key_set, keys_of, pair_keys
-from mtcli.data.scan import Lines, numpy_lines, scan_lines
+from mtcli.data.scan import Lines, numpy_lines
 from mtcli.data.sources import Pair, mismatch_error
 from mtcli.data.textio import decode_block, is_utf8, read_range
 from mtcli.data.workers import forked_pool, in_order, settle
@@ -187,17 +186,12 @@ def _line_cuts(path: Path, every: int) -> tuple[list[int], int, int]:
     with open(path, "rb", buffering=0) as handle:
         while n := handle.readinto(buffer):
             block = np.frombuffer(buffer, dtype=np.uint8, count=n)
-            found = scan.line_cuts(block, every, count)
-            if found is not None:
-                ends, offsets = found
-                cuts.extend((offsets + size).tolist())
-            else:
-                newline = block == 10
-                ends = int(np.count_nonzero(newline))
-                if count + ends >= (len(cuts) + 1) * every:
-                    at = np.flatnonzero(newline)
-                    while count + ends >= (len(cuts) + 1) * every:
-                        cuts.append(size + int(at[(len(cuts) + 1) * every - count - 1]) + 1)
+            newline = block == 10
+            ends = int(np.count_nonzero(newline))
+            if count + ends >= (len(cuts) + 1) * every:
+                at = np.flatnonzero(newline)
+                while count + ends >= (len(cuts) + 1) * every:
+                    cuts.append(size + int(at[(len(cuts) + 1) * every - count - 1]) + 1)
             count += ends
             size += n
             last = bytes(buffer[n - 1:n])
@@ -347,12 +341,8 @@ class _PartWriter:
 def _layouts(blocks: tuple[bytes, bytes], strict: bool, first: int, names: tuple[str, str],
              hashes: bool) -> list[Lines] | None:
     """Both blocks' lines (:class:`~mtcli.data.scan.Lines`), with their hashes when
-    ``hashes``: from the C scanner, else from numpy. None when ``strict`` and the reader would
-    change the bytes (they are then decoded line by line); raises the reader's one-line error
-    for invalid UTF-8."""
-    scanned = [scan_lines(block, hashes, strict, first == 1) for block in blocks]
-    if all(lines is not None for lines in scanned):
-        return scanned  # type: ignore[return-value]
+    ``hashes``. None when ``strict`` and the reader would change the bytes (they are then
+    decoded line by line); raises the reader's one-line error for invalid UTF-8."""
     if strict and not all(_verbatim(block, name, first) for block, name in zip(blocks, names, strict=True)):
         return None
     return [numpy_lines(block, hashes) for block in blocks]
@@ -405,7 +395,6 @@ def clean_text_files(src: Path, tgt: Path, out_src: Path, out_tgt: Path, cleaner
     the reader would change (``\r``, a byte-order mark) goes through part files beside the
     output instead.
     """
-    scan.available()  # built, or its absence said, once: before the workers fork
     with _parts_directory(out_src) as parts, forked_pool(workers) as pool:  # the pool ends first
         ranges = aligned_ranges(src, tgt, lines_per_range or PAIRS_PER_RANGE, pool)
         tasks = ((first, (str(src), s0, s1), (str(tgt), t0, t1)) for first, s0, s1, t0, t1 in ranges)
@@ -418,7 +407,6 @@ def clean_text_blocks(blocks: Iterable[tuple[bytes, bytes] | BlockReader], out_s
     as readers of them that the workers call themselves (:meth:`~mtcli.data.sources.Source.block_readers`),
     into ``out_src``/``out_tgt`` with ``workers`` processes, as :func:`clean_text_files` does."""
     ranges = ((0, block, None) if isinstance(block, BlockReader) else (0, *block) for block in blocks)
-    scan.available()  # built, or its absence said, once: before the workers fork
     with _parts_directory(out_src) as parts, forked_pool(workers) as pool:
         _clean_in_workers(ranges, out_src, out_tgt, cleaner, pool, workers, parts)
 

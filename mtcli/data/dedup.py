@@ -1,30 +1,18 @@
 """The dedup memory of cleaning: a pair's 64-bit key, and the set of keys already kept.
 
 A pair is remembered by a 64-bit key made from its two lines' hashes
-(:func:`~mtcli.data.scan.line_hashes`), not by its text, so memory is 11-21 bytes per unique
-pair in the C hash table (:class:`KeySet`, ``dedup.c``, compiled on first use by
-:mod:`mtcli.native`), or about 10 in sorted numpy runs (:class:`SortedKeySet`) where it cannot
-be compiled. Both give the same answers; :func:`key_set` picks one. Two different pairs share a
+(:func:`~mtcli.data.scan.line_hashes`), not by its text, so memory is about 10 bytes per unique
+pair in sorted numpy runs (:class:`SortedKeySet`, made by :func:`key_set`). Two different pairs share a
 key with probability about ``n^2 / 2^65`` (about one in a million at WMT19's 38M pairs).
 """
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
 from mtcli.data.scan import line_hashes
-from mtcli.native import library
-
-SOURCE = Path(__file__).with_name("dedup.c")
-_P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
-_SIGNATURES = {
-    "ks_add": (_L, [_P, _I, _P, _P, _L, _P]),
-    "ks_rehash": (None, [_P, _L, _P, _I]),
-}
 
 # An odd 64-bit constant (2^64 over the golden ratio) that mixes the source's hash into a pair's key.
 _MIX = np.uint64(0x9E3779B97F4A7C15)
@@ -44,55 +32,9 @@ def keys_of(src_hashes: np.ndarray, tgt_hashes: np.ndarray) -> np.ndarray:
     return src_hashes * _MIX ^ tgt_hashes
 
 
-_library = library(SOURCE, _SIGNATURES, "the C dedup table", "dedup uses sorted numpy arrays")
-
-
-def available() -> bool:
-    """Whether the C hash table is compiled and loaded (compiles it on the first call)."""
-    return _library() is not None
-
-
-def key_set() -> KeySet | SortedKeySet:
-    """An empty dedup memory: the C hash table where it compiles, else the numpy runs."""
-    return KeySet() if available() else SortedKeySet()
-
-
-class KeySet:
-    """The dedup memory as a hash table in C: 64-bit keys in 8-byte slots, open addressing with
-    linear probing, grown to twice the slots when an addition would make it over 3/4 full (so
-    11-21 bytes a key, and the old table's too while it is copied). A key costs one cache miss,
-    fetched ahead of its turn. Needs ``dedup.c`` (:func:`key_set` checks)."""
-
-    #: The slots of a new table, as a power of two (8 KiB).
-    FIRST_BITS = 10
-
-    def __init__(self) -> None:
-        self._lib = _library()
-        if self._lib is None:
-            raise RuntimeError("the C dedup table is not available")
-        self._bits = self.FIRST_BITS
-        self._table = np.zeros(1 << self._bits, dtype=np.uint64)
-        self._zero = np.zeros(1, dtype=np.uint8)  # whether the key 0 (no slot can hold it) is in
-        self._size = 0
-
-    def __len__(self) -> int:
-        return self._size
-
-    def add_new(self, keys: np.ndarray) -> np.ndarray:
-        """Add ``keys`` (uint64); return the mask of those that are new: in no earlier batch, and
-        the first of their value in this one."""
-        keys = np.ascontiguousarray(keys, dtype=np.uint64)
-        fresh = np.zeros(len(keys), dtype=np.uint8)
-        bits = self._bits
-        while 4 * (self._size + len(keys)) > 3 << bits:
-            bits += 1
-        if bits != self._bits:
-            old, self._table = self._table, np.zeros(1 << bits, dtype=np.uint64)
-            self._lib.ks_rehash(old.ctypes.data, len(old), self._table.ctypes.data, bits)
-            self._bits = bits
-        self._size += self._lib.ks_add(self._table.ctypes.data, bits, self._zero.ctypes.data,
-                                       keys.ctypes.data, len(keys), fresh.ctypes.data)
-        return fresh.view(bool)
+def key_set() -> SortedKeySet:
+    """An empty dedup memory."""
+    return SortedKeySet()
 
 
 class SortedKeySet:

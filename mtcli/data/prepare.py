@@ -43,7 +43,6 @@ import numpy as np
 import sentencepiece
 
 from mtcli.config import Config, DataConfig
-from mtcli.data import wordtable
 from mtcli.data.cache import (
     FORMAT_VERSION,
     SPM_MODEL,
@@ -359,7 +358,6 @@ def encode_file(
     bar = progress(total=num_lines, enabled=show_progress, desc=f"encode {text_path.stem}", unit="sent")
     try:
         if workers > 1 and num_lines >= PARALLEL_MIN_LINES and can_fork():
-            wordtable.available()  # built, or its absence said, once: before the workers fork
             tasks = [(str(text_path), a, b) for a, b in byte_ranges(text_path, CHUNK_BYTES)]
             with forked_pool(workers, _init_worker, (str(model_path), writer.dtype.str)) as pool:
                 for ids, lengths in in_order(pool, _encode_range_in_worker, tasks, 2 * workers):

@@ -27,7 +27,6 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from mtcli.data import wordtable
 from mtcli.errors import DataError
 from mtcli.fileio import atomic_write
 from mtcli.logs import get_logger
@@ -273,8 +272,7 @@ class WordCache:
     :meth:`Tokenizer.encode_batch` for a model whose words encode alone
     (:meth:`Tokenizer.words_encode_alone`); for any other model this encodes whole sentences.
     The cache keeps the first ``max_words`` distinct words it meets (the frequent ones, in a
-    large corpus) and never grows past them. It is a C table
-    (:class:`~mtcli.data.wordtable.WordTable`) where one can be compiled, else a dict.
+    large corpus) and never grows past them, in a dict.
     """
 
     def __init__(self, tokenizer: Tokenizer, dtype: np.dtype, max_words: int = 500_000) -> None:
@@ -282,7 +280,6 @@ class WordCache:
         self.dtype = np.dtype(dtype)
         self.max_words = max_words
         self._words: dict[str, bytes] | None = {" ": b"", "\n": b""} if tokenizer.words_encode_alone() else None
-        self._table: wordtable.WordTable | None = None  # the word table in C, made on first use
 
     def encode(self, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The ids of all ``lines`` (no bos/eos; none may hold a ``\n``) as one flat array of
@@ -306,10 +303,6 @@ class WordCache:
         gathered from the distinct words' ids by numpy, a few passes over the output in all.
         """
         ended = not text or text.endswith(b"\n")  # then the text after the last "\n" is no line
-        if self._words is not None and self._table is None and wordtable.available():
-            self._table = wordtable.WordTable(self.max_words)
-        if self._table is not None:  # the same, in C
-            return self._table.encode_text(text, self.tokenizer.encode_batch, self.dtype)
         if self._words is None:
             lines = text.decode("utf-8").split("\n")
             return self.encode(lines[:-1] if ended else lines)

@@ -15,7 +15,7 @@ a trained :class:`~mtcli.model.Transformer` whose ``nn.Linear`` layers and outpu
   taking its input in bf16, accumulating in fp32 and returning bf16, which is what bf16 autocast
   computes, without autocast casting the weights again for every batch.
 
-bench/NOTES.md has the measurements. The kernels are PyTorch's ``mkldnn`` operators (the ones its
+docs/performance.md has the measurements. The kernels are PyTorch's ``mkldnn`` operators (the ones its
 compiler uses for the same purpose); :func:`packing_supported` checks that a build has them and
 that they compute ``x W^T + b``, and :func:`pack_for_decoding` returns the model unchanged when
 they do not.
@@ -56,15 +56,6 @@ class PackedLinear(nn.Module):
             x.reshape(-1, shape[-1]).to(self.dtype), self._packed, self._bias, self._post, [], ""
         )
         return out.view(*shape[:-1], self.out_features)
-
-    def transposed(self) -> tuple[Tensor, Tensor | None]:
-        """``(W^T [in, out], b)`` in fp32, recovered from the packed weight (a product with the
-        identity, exact): for :func:`mtcli.model.kernels.decoder_step`, which reads plain
-        weights. Only for fp32 packing."""
-        if self.dtype != torch.float32:
-            raise ValueError("transposed: only an fp32 packed weight")
-        eye = torch.eye(self.in_features)
-        return torch.ops.mkldnn._linear_pointwise(eye, self._packed, None, "none", [], ""), self._bias
 
     def extra_repr(self) -> str:
         relu = ", relu" if self._post == "relu" else ""

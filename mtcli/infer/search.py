@@ -43,7 +43,7 @@ from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from mtcli.errors import ConfigError
 from mtcli.infer.ensemble import Ensemble, decoding_members
 from mtcli.infer.shortlist import Restriction, Shortlist
-from mtcli.model import DecoderCache, EncoderOutput, Transformer, Workspace, kernels
+from mtcli.model import DecoderCache, EncoderOutput, Transformer, Workspace
 
 
 @dataclass
@@ -196,8 +196,7 @@ def step_scores(
 
     ``logZ`` is over the model's whole distribution (pad and bos included), so a chosen token's
     log-probability is the model's own; then pad, bos, and every token but eos in the rows where
-    ``limit_rows`` is True, are set to -inf. On a CPU the chunk maxima and ``logZ`` come from
-    one fused kernel (:func:`mtcli.model.kernels.score_statistics`) where it is available.
+    ``limit_rows`` is True, are set to -inf.
     """
     rows, vocab = logits.shape
     logits = logits.float()
@@ -208,13 +207,10 @@ def step_scores(
         padded[:, vocab:] = float("-inf")
         padded[:, :vocab] = logits
         logits = padded
-    if kernels.usable(logits) and logits.is_contiguous():
-        chunk_max, lse = kernels.score_statistics(logits, width)
-    else:
-        chunk_max = logits.view(rows, -1, width).amax(dim=2)
-        if scratch is not None and scratch.shape != logits.shape:
-            scratch = None
-        lse = log_normalizer(logits, scratch, chunk_max.amax(dim=1))
+    chunk_max = logits.view(rows, -1, width).amax(dim=2)
+    if scratch is not None and scratch.shape != logits.shape:
+        scratch = None
+    lse = log_normalizer(logits, scratch, chunk_max.amax(dim=1))
     logits[:, PAD_ID] = float("-inf")
     logits[:, BOS_ID] = float("-inf")
     for chunk in {PAD_ID // width, BOS_ID // width}:

@@ -14,7 +14,7 @@ On a CPU the largest product of a decoder step is the output projection, ``[rows
 The table is built from the prepared cache the run was trained on (a second or two for
 Multi30k) when a decoder first asks for it. The search then normalises over the candidates only,
 as Marian and CTranslate2 do, so scores are no longer the model's exact log-probabilities and the
-output may change: the option is off by default (exact search), and bench/NOTES.md gives its
+output may change: the option is off by default (exact search), and docs/decoding.md gives its
 speed and its BLEU cost on val.
 """
 

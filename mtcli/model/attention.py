@@ -24,11 +24,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from mtcli.model.kernels import cross_attention_step, self_attention_step, usable
-
 #: SDPA kernels for 16-bit attention on CUDA: everything but cuDNN's, which builds (and caches) a
 #: graph per new shape, ~25 ms of host time each on an H100; batches of varying lengths and every
-#: decoding step are new shapes (bench/NOTES.md: bf16 training at the base shape went from 0.35x
+#: decoding step are new shapes (docs/performance.md: bf16 training at the base shape went from 0.35x
 #: to 2.3x fp32).
 NO_CUDNN_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
@@ -183,17 +181,11 @@ class MultiHeadAttention(nn.Module):
         ``x [sentences, group, d_model]`` (the beams of a sentence folded into its query axis),
         ``k``/``v [sentences, h, S, d_k]`` contiguous (from :meth:`Transformer.init_cache`),
         ``mask [sentences, 1, 1, S]`` additive or None. Returns ``[sentences * group, 1,
-        d_model]``. On a CPU the fused kernel (:mod:`mtcli.model.kernels`) does it in one call
-        for one query per sentence or a few rows in all; otherwise the explicit
-        ``softmax(Q K^T / sqrt(d_k) + M) V`` with two batched matmuls is cheaper than SDPA for
-        the few queries per sentence.
+        d_model]``. On a CPU the explicit ``softmax(Q K^T / sqrt(d_k) + M) V`` with two batched
+        matmuls is cheaper than SDPA for the few queries per sentence.
         """
         n, g, _ = x.shape
         q = self.q_proj(x)
-        # The kernel takes one query at a time; a batch of several beams per sentence shares each
-        # key better in torch's batched products.
-        if (g == 1 or n * g <= 16) and usable(q, k, v):
-            return self.out_proj(cross_attention_step(q, k, v, mask).view(n * g, 1, self.d_model))
         q = q.view(n, g, self.n_heads, self.d_k).transpose(1, 2)  # [n, h, g, d_k]
         if x.device.type != "cpu":
             return self._attend(q, k, v, mask).view(n * g, 1, self.d_model)
@@ -209,14 +201,9 @@ class MultiHeadAttention(nn.Module):
         ``x [N, 1, d_model]`` is the newest position; its key and value are written at time
         ``length`` of the time-major buffers ``cache_k``/``cache_v`` ``[max_len, N, h, d_k]`` and
         the query attends to times ``0..length`` (all of them are in its past: no mask needed).
-        On a CPU the fused kernel (:mod:`mtcli.model.kernels`) does the writes and the attention
-        in one call.
         """
         n = x.size(0)
         qkv = self.qkv_proj(x)
-        if usable(qkv, cache_k, cache_v):
-            out = self_attention_step(qkv.view(n, -1), cache_k, cache_v, length)
-            return self.out_proj(out.view(n, 1, self.d_model))
         qkv = qkv.view(n, 3, self.n_heads, self.d_k)
         cache_k[length] = qkv[:, 1]
         cache_v[length] = qkv[:, 2]

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mtcli.model.kernels import move_rows
-
 
 @dataclass
 class EncoderOutput:
@@ -214,8 +212,6 @@ def _move_rows(buffers: list[Tensor], index: Tensor, times: int | None = None) -
         return False
     sources, targets = index[moved], moved
     if times == 0:
-        return True
-    if move_rows(buffers, sources, targets, times):  # one C call for every buffer and time
         return True
     if times is not None:
         width = buffers[0].size(1)

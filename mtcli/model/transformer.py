@@ -35,13 +35,6 @@ from mtcli.config import ModelConfig
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from mtcli.model.attention import padding_attn_mask
 from mtcli.model.incremental import DecoderCache, EncoderOutput, Workspace
-from mtcli.model.kernels import (
-    Plan,
-    decoder_step,
-    decoder_step_takes,
-    encoder_layers,
-    encoder_takes,
-)
 from mtcli.model.layers import (
     Decoder,
     Embeddings,
@@ -205,10 +198,6 @@ class Transformer(nn.Module):
         """``src [B, S]`` (ids + eos, right-padded with ``pad_id``) -> :class:`EncoderOutput`."""
         src_pad_mask = src.eq(self.pad_id)
         attn_mask = padding_attn_mask(src_pad_mask)
-        plan = self._plan_for("encoder", lambda: encoder_takes(self.encoder.embed.lut.weight))
-        if plan is not None:  # an fp32 decoding copy: the whole encoder in one fused call
-            x = self.encoder.positions(self.encoder.embed(src))
-            return EncoderOutput(encoder_layers(plan, x, attn_mask), src_pad_mask, attn_mask)
         return EncoderOutput(self.encoder(src, attn_mask), src_pad_mask, attn_mask)
 
     def decode(self, tgt_in: Tensor, enc: EncoderOutput, cache: DecoderCache | None = None) -> Tensor:
@@ -229,30 +218,12 @@ class Transformer(nn.Module):
                 raise ValueError(f"decode with a cache takes [{cache.rows}, 1] tokens, got {list(tgt_in.shape)}")
             if cache.length >= cache.max_len:
                 raise ValueError(f"decoder cache is full ({cache.max_len} positions)")
-            plan = self._plan_for("decoder", lambda: decoder_step_takes(cache))
-            if plan is not None:  # an fp32 decoding copy: the whole step in one fused call
-                x = self.decoder.positions(self.decoder.embed(tgt_in), cache.length)
-                logits = decoder_step(plan, x, cache)
-                cache.length += 1
-                return logits
             hidden = self.decoder.step(tgt_in, cache)
             if cache.output_product is not None:
                 return cache.output_product(hidden)
         if cache is None or torch.is_grad_enabled() or self.output_product is not None:
             return self.project(hidden)
         return self._cached_projection(hidden, cache)
-
-    def _plan_for(self, stack: str, takes: Callable[[], bool]) -> Plan | None:
-        """The ``"encoder"`` or ``"decoder"`` weights as the fused C code reads them, when this
-        is a decoding copy in eval mode (its weights never change; see :meth:`for_decoding`) and
-        ``takes()`` says the C code can run this call (asked last: it loads the kernels). Built
-        on first use and kept."""
-        if self._decoding_output is None or self.training or not takes():
-            return None
-        plans = self.__dict__.setdefault("_plans", {})
-        if stack not in plans:
-            plans[stack] = Plan.encoder(self) if stack == "encoder" else Plan.decoder(self)
-        return plans[stack]
 
     def _cached_projection(self, hidden: Tensor, cache: DecoderCache) -> Tensor:
         """:meth:`project` of one step ``[rows, 1, d]`` with the transposed weight

@@ -59,7 +59,7 @@ class LossOutput:
 
 #: Rows of logits processed together: about 4 MiB of float32, so each block's passes (max, exp,
 #: sum, scale) run on cached data rather than streaming the whole [N, V] tensor once per pass,
-#: while blocks stay large enough that per-op overhead is small (bench/NOTES.md).
+#: while blocks stay large enough that per-op overhead is small (docs/performance.md).
 BLOCK_BYTES = 1 << 22
 
 #: The same on a GPU, where a block's passes are kernel launches and the cache argument does not

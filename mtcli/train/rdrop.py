@@ -47,7 +47,7 @@ class _SymmetricKL(torch.autograd.Function):
     As in :class:`_SmoothedCrossEntropy`, one sweep over cached blocks of rows in float32 computes
     the value and writes the gradient (in the logits' dtype); the backward only scales it. Autograd
     through two ``log_softmax`` and their ``exp`` would keep five ``[N, V]`` float32 tensors and
-    pass over them about twenty times (bench/NOTES.md).
+    pass over them about twenty times (docs/performance.md).
     """
 
     @staticmethod

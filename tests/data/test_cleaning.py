@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mtcli.data import cleaning, scan
+from mtcli.data import cleaning
 from mtcli.data.cleaning import (
     CleanCounts,
     PairCleaner,
@@ -60,23 +60,12 @@ def test_absorb_drops_what_an_earlier_range_kept() -> None:
     assert parent.counts == CleanCounts(read=5, kept=3, duplicate=2)
 
 
-def _scanner(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
-    """The C line scanner on (the test skips without a compiler) or off (the numpy path)."""
-    if not on:
-        monkeypatch.setattr(scan, "_library", lambda: None)
-    elif not scan.available():
-        pytest.skip("no C compiler for the line scanner")
-
-
 def _write(path, lines: list[str], end: str = "\n", bom: bool = False) -> None:
     path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + "".join(line + end for line in lines).encode())
 
 
 @pytest.mark.parametrize("block_bytes", [1 << 24, 7, 32, 100])
-@pytest.mark.parametrize("scanner", [True, False])
-def test_aligned_ranges_cut_both_files_at_the_same_lines(tmp_path, monkeypatch, block_bytes: int,
-                                                        scanner: bool) -> None:
-    _scanner(monkeypatch, scanner)
+def test_aligned_ranges_cut_both_files_at_the_same_lines(tmp_path, monkeypatch, block_bytes: int) -> None:
     monkeypatch.setattr(cleaning, "CUT_BLOCK_BYTES", block_bytes)  # small: cuts counted across reads
     src, tgt = tmp_path / "a.src", tmp_path / "a.tgt"
     _write(src, [f"s{i}" + "x" * (i % 5) for i in range(103)])
@@ -101,9 +90,7 @@ def _serial(src, tgt, tmp_path, **settings) -> tuple[bytes, bytes, CleanCounts]:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-@pytest.mark.parametrize("scanner", [True, False])
-def test_clean_text_files_writes_what_one_process_writes(tmp_path, monkeypatch, workers: int, scanner: bool) -> None:
-    _scanner(monkeypatch, scanner)
+def test_clean_text_files_writes_what_one_process_writes(tmp_path, monkeypatch, workers: int) -> None:
     rng = np.random.default_rng(0)
     words = ["ein", "Hund", "läuft", "über", "die", "Wiese", "a", "dog", "runs", "“x”"]
     pairs = [(" ".join(rng.choice(words, rng.integers(0, 14))), " ".join(rng.choice(words, rng.integers(0, 14))))
@@ -128,10 +115,7 @@ def test_clean_text_files_writes_what_one_process_writes(tmp_path, monkeypatch, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.src", "c.tgt", "o.src", "o.tgt"]  # no parts left
 
 
-@pytest.mark.parametrize("scanner", [True, False])
-def test_clean_text_files_errors_name_the_file_and_line(tmp_path, monkeypatch, scanner: bool) -> None:
-    if not scanner:
-        monkeypatch.setattr(scan, "_library", lambda: None)
+def test_clean_text_files_errors_name_the_file_and_line(tmp_path, monkeypatch) -> None:
     src, tgt = tmp_path / "e.src", tmp_path / "e.tgt"
     _write(src, [f"satz {i}" for i in range(100)])
     _write(tgt, [f"sentence {i}" for i in range(99)])
@@ -145,10 +129,7 @@ def test_clean_text_files_errors_name_the_file_and_line(tmp_path, monkeypatch, s
 
 
 @pytest.mark.parametrize("ends", [("\n", ""), ("", "\n"), ("\n", "\n")])
-@pytest.mark.parametrize("scanner", [True, False])
-def test_aligned_ranges_when_the_last_range_is_full(tmp_path, monkeypatch, ends: tuple[str, str],
-                                                    scanner: bool) -> None:
-    _scanner(monkeypatch, scanner)
+def test_aligned_ranges_when_the_last_range_is_full(tmp_path, monkeypatch, ends: tuple[str, str]) -> None:
     src, tgt = tmp_path / "f.src", tmp_path / "f.tgt"
     src.write_text("\n".join(f"s{i}" for i in range(20)) + ends[0])
     tgt.write_text("\n".join(f"t{i}" for i in range(20)) + ends[1])

@@ -24,7 +24,6 @@ import mtcli.data.prepare as prep
 from mtcli import fileio
 from mtcli.cli import app
 from mtcli.config import load_config
-from mtcli.data import scan
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.textio import read_lines
 from mtcli.data.tokenizer import Tokenizer
@@ -256,35 +255,6 @@ def test_parallel_cleaning_and_encoding_match_in_process(tmp_path: Path, toy_dir
     assert serial.counts["train"]["dropped"]["duplicate"] >= 15
     assert parallel.counts == serial.counts
     assert _cache_bytes(serial.directory) == _cache_bytes(parallel.directory)
-
-
-def test_without_the_c_paths_the_cache_is_the_same(tmp_path: Path, toy_dir: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """``MTCLI_KERNELS=0`` (as without a compiler): cleaning's scanner and dedup table and the
-    word table give way to numpy, pandas and Arrow, in the parent and in the workers, and the
-    cache is the same, byte for byte."""
-    from mtcli.data import dedup, scan, wordtable
-
-    with open(toy_dir / "train.src", "a") as src, open(toy_dir / "train.tgt", "a") as tgt:
-        for s, t in list(zip(read_lines(toy_dir / "train.src"), read_lines(toy_dir / "train.tgt"), strict=True))[:90:9]:
-            src.write(s + "\n")
-            tgt.write(t + "\n")
-    _parallel_everywhere(monkeypatch)
-    caches = {}
-    for kernels in ("1", "0"):
-        monkeypatch.setenv("MTCLI_KERNELS", kernels)
-        for module in (scan, dedup, wordtable):
-            module._library.cache_clear()
-        available = [module.available() for module in (scan, dedup, wordtable)]
-        if kernels == "1" and not all(available):
-            pytest.skip("no C compiler: the C paths cannot be built")
-        assert available == [kernels == "1"] * 3
-        report = prep.prepare(load_config(write_config(tmp_path, toy_dir, name=f"k{kernels}", dedup=True, num_workers=2)))
-        assert report.counts["train"]["dropped"]["duplicate"] >= 10
-        caches[kernels] = (report.counts, _cache_bytes(report.directory))
-    for module in (scan, dedup, wordtable):
-        module._library.cache_clear()
-    assert caches["0"] == caches["1"]
 
 
 @pytest.mark.parametrize("kind", ["parquet", "dataset"])
@@ -627,18 +597,15 @@ def test_spm_sample_is_a_seeded_uniform_subset_in_file_order(tmp_path: Path) -> 
     assert lines(120) == sample and lines(120, seed=2) != sample
 
 
-def test_line_blocks_cut_between_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_line_blocks_cut_between_lines(tmp_path: Path) -> None:
     path = tmp_path / "a.txt"
     lines = [f"line {i} {'x' * (i % 5)}" for i in range(50)]
     path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
-    for scanner in (True, False):
-        if not scanner:
-            monkeypatch.setattr(scan, "_library", lambda: None)  # the line ends from numpy
-        blocks = [(bytes(block), ends) for block, ends in prep._line_blocks(path, block_bytes=7)]  # valid until the next
-        assert len(blocks) > 1 and all(block.endswith(b"\n") for block, _ in blocks)
-        got = [block[a:b].decode() for block, ends in blocks
-               for a, b in zip([0, *ends[:-1].tolist()], ends.tolist(), strict=True)]
-        assert got == [f"{line}\n" for line in lines]
+    blocks = [(bytes(block), ends) for block, ends in prep._line_blocks(path, block_bytes=7)]  # valid until the next
+    assert len(blocks) > 1 and all(block.endswith(b"\n") for block, _ in blocks)
+    got = [block[a:b].decode() for block, ends in blocks
+           for a, b in zip([0, *ends[:-1].tolist()], ends.tolist(), strict=True)]
+    assert got == [f"{line}\n" for line in lines]
 
 
 def test_prepare_above_the_sample_cap_is_reproducible(tmp_path: Path, toy_dir: Path) -> None:

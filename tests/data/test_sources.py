@@ -267,17 +267,13 @@ def test_cleaner_dedup_is_on_the_pair_not_one_side() -> None:
     assert list(cleaner([("a", "b"), ("a", "c"), ("a", "b")])) == [("a", "b"), ("a", "c")]
 
 
-@pytest.mark.parametrize("scanner", [True, False])
 @pytest.mark.parametrize("breaks", [True, False])
-def test_joined_lines_follow_the_pairs_rules(monkeypatch: pytest.MonkeyPatch, scanner: bool, breaks: bool) -> None:
+def test_joined_lines_follow_the_pairs_rules(breaks: bool) -> None:
     import pyarrow as pa
 
-    from mtcli.data import scan
     from mtcli.data.arrowrows import joined_lines
     from mtcli.data.sources import _normalise
 
-    if not scanner:
-        monkeypatch.setattr(scan, "_library", lambda: None)
     values = ["a\r\nb", None, "c\nd\re", "ä ü", "", "x"] if breaks else ["a b", None, "ä ü", "", "x" * 70]
     for column in (pa.array(values), pa.array(values, type=pa.large_string()), pa.array(["q", *values]).slice(1),
                    pa.chunked_array([pa.array(values[:2]), pa.array(values[2:])]), pa.array(["", ""]),

@@ -140,19 +140,11 @@ TRICKY = ["", " ", "  ", "a  b", " lead", "trail ", "a\tb c", "x\u00a0y", "\u00a
 
 
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])
-@pytest.mark.parametrize("table", ["C", "Python"])
 @pytest.mark.parametrize("dtype", ["uint16", "int32"])
-def test_word_cache_gives_the_ids_of_whole_sentences(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                      model_type: str, table: str, dtype: str) -> None:
+def test_word_cache_gives_the_ids_of_whole_sentences(tmp_path: Path, model_type: str, dtype: str) -> None:
     import numpy as np
 
-    from mtcli.data import wordtable
     from mtcli.data.tokenizer import WordCache
-
-    if table == "Python":
-        monkeypatch.setattr(wordtable, "_library", lambda: None)
-    elif not wordtable.available():
-        pytest.skip("no C compiler for the word table")
 
     model = Tokenizer.train(_corpus(), tmp_path / "spm", vocab_size=120, model_type=model_type,
                             character_coverage=1.0, max_sentences=1_000_000)
@@ -169,7 +161,7 @@ def test_word_cache_gives_the_ids_of_whole_sentences(tmp_path: Path, monkeypatch
                 assert lengths.tolist() == [len(e) for e in expected]
                 assert ids.tolist() == [i for e in expected for i in e]
                 assert ids.dtype == np.dtype(dtype)
-        held = len(cache._table) if table == "C" else len(cache._words)
+        held = len(cache._words)
         assert 0 < held <= max_words  # the cache never grows past its size
     assert [a.tolist() for a in cache.encode([])] == [[], []]
     assert [a.tolist() for a in cache.encode_text(b"")] == [[], []]
