@@ -5,7 +5,7 @@ Times, on random logits of the en-de recipe's shape (``--rows`` target positions
 
 * ``cross_entropy``: :class:`mtcli.train.loss.LabelSmoothedLoss` over both passes ([2N, V]);
 * ``symmetric_kl_autograd``: R-Drop's KL written with autograd through ``log_softmax``
-  (:func:`mtcli.train.loss.reference_symmetric_kl`, what training ran before session 27);
+  (:func:`mtcli.train.loss.reference_symmetric_kl`, the autograd formula);
 * ``symmetric_kl_fused``: the one-sweep KL with its closed-form gradient that training runs
   (called through :func:`mtcli.train.loss.symmetric_kl`, which first stacks the two halves: one copy
   that training's stacked logits do not need);
@@ -14,7 +14,7 @@ Times, on random logits of the en-de recipe's shape (``--rows`` target positions
   training step runs them now.
 
 Each is warmed up, then timed over ``--reps`` calls (median ms); peak RSS is not reported
-because all four share one process (``bench/NOTES.md`` has whole-run figures). Freed memory is
+because all four share one process (bench/bench_train.py measures a whole step's). Freed memory is
 kept in the process, as in training (:mod:`mtcli.allocator`; ``MTCLI_KEEP_FREED_MEMORY=0`` times
 the losses in fresh pages, where page faults make every pass several times slower).
 

@@ -23,7 +23,7 @@ too, so the write's own cost can be told from the encoders' use of the cores.
 The cache is built (always from scratch) in a temporary directory that is removed afterwards,
 so the real ``data/prepared/`` is never touched. Peak RSS is ``ru_maxrss`` of this process and,
 separately, of its largest child (encoding workers). Numbers depend on what else runs on the
-machine; record them with the date and machine in bench/NOTES.md.
+machine; docs/performance.md gives each figure with its machine, command and JSON.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Runs ``python -m mtcli.cli train CONFIG --set train.run_dir=RUN --set train.prog
 [--set ...]`` as a child process in a fresh run directory, with extra environment variables from
 ``--env NAME=VALUE`` (e.g. ``MTCLI_KEEP_FREED_MEMORY=0`` or ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=64``),
 samples the child's ``VmRSS`` from ``/proc`` every ``--every`` seconds, and reads the run's mean
-training tokens/s from its summary. The figures of bench/NOTES.md's "where a long bf16 run's
-memory goes" (session 28) are such runs.
+training tokens/s from its summary. The memory figures of a long bf16 run in
+docs/performance.md are such runs.
 
 Usage (from the repository root; the recipe's cache must be prepared)::
 

@@ -4,7 +4,7 @@
 = 2,000 lines), sorts and batches inside the window, writes each result as soon as the lines
 before it are done, and keeps nothing per line afterwards (the output file is written to a
 temporary name as it goes and renamed at the end). So its peak RSS should be the model + one
-window, whatever the input length (issue 6, item 7).
+window, whatever the input length.
 
 For each size (default 10,000, 50,000 and 100,000 lines) this script writes a generated input
 (toy-vocabulary sentences of 1-30 words, 2% blank lines, seeded), runs
