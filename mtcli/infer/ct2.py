@@ -58,11 +58,10 @@ def converted_model(run_dir: Path, checkpoint: Path) -> Path:
 
 def check_supported(decode: DecodeConfig) -> None:
     """Raise :class:`ConfigError` for a decode setting CTranslate2 cannot honour: our
-    ``length_penalty_limit`` and ``shortlist`` (it has neither)."""
-    for key in ("length_penalty_limit", "shortlist"):
-        if getattr(decode, key) > 0:
-            raise ConfigError(f"decode.{key} is not available with --engine ctranslate2 "
-                              f"(add --set decode.{key}=0, or decode with --engine torch)")
+    ``shortlist`` (it has none)."""
+    if decode.shortlist > 0:
+        raise ConfigError("decode.shortlist is not available with --engine ctranslate2 "
+                          "(add --set decode.shortlist=0, or decode with --engine torch)")
 
 
 class CT2Engine:

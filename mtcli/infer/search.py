@@ -7,12 +7,7 @@ Scoring. A hypothesis ``y = y_1..y_n`` (eos excluded) has
 ``logprob = sum_t log p(y_t | y_<t, x) + log p(eos | y, x)`` and
 ``score = logprob / lp(n + 1)`` with the GNMT length penalty (Wu et al., 2016)
 ``lp(L) = ((5 + L) / 6) ** alpha`` (``alpha = length_penalty``; 0 means no penalty, score =
-logprob). The length ``L`` counts eos. With ``length_penalty_limit = r > 0`` the penalty counts
-the length only up to ``r * (m + 1)`` for a source of ``m`` tokens (eos counted on both sides):
-``lp(min(L, r (m + 1)))``. A large alpha then still lifts outputs of a plausible length against
-too-short ones, but no longer pays for padding a short input past that length ("A man." ->
-"Ein Mann auf einem Mann."); beyond it every token only costs its log-probability. Pad and bos
-are never produced (their log-probability is set to -inf before choosing; the log-probabilities
+logprob). The length ``L`` counts eos. Pad and bos are never produced (their log-probability is set to -inf before choosing; the log-probabilities
 of the chosen tokens are the model's own).
 
 Length. A source of ``m`` tokens (eos excluded) gets at most ``max_len = int(a*m + b)`` output
@@ -23,8 +18,7 @@ layout. Each step looks at the best ``2*beam`` extensions: an extension by eos t
 the best ``beam`` is finished; the best ``beam`` extensions by other tokens stay live. A sentence
 is done once it has ``nbest`` finished hypotheses and no live one can beat the ``nbest``-th:
 log-probabilities only fall as a hypothesis grows and, with ``alpha >= 0``, ``lp`` only grows, so
-a live hypothesis can at best reach ``logprob / lp(max_len + 1)`` (or ``lp`` of the limited
-length). (With ``alpha < 0`` the bound does not hold and the search runs to the length limit.) Done sentences leave the batch at
+a live hypothesis can at best reach ``logprob / lp(max_len + 1)``. (With ``alpha < 0`` the bound does not hold and the search runs to the length limit.) Done sentences leave the batch at
 once (their rows are dropped from the decoder cache), so the batch shrinks as it decodes.
 
 Greedy search (``beam_size=1``) is a separate, leaner loop with the same scoring.
@@ -69,19 +63,9 @@ def length_penalty_factor(length: int | Tensor, alpha: float) -> float | Tensor:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def penalty_lengths(src: Tensor, limit: float, max_lens: Tensor) -> Tensor:
-    """Per row: the longest length (eos included) the length penalty counts,
-    ``ceil(limit * (m + 1))`` for a source of ``m`` tokens, at most ``max_len + 1`` (every length
-    a hypothesis can have, which is also the answer when ``limit`` is 0)."""
-    if limit <= 0:
-        return max_lens + 1
-    m = src.ne(PAD_ID).sum(1) - 1
-    return torch.minimum((limit * (m.clamp(min=0).double() + 1)).ceil().long(), max_lens + 1)
-
-
-def _penalised(logprob: float, length: int, counted: int, alpha: float) -> float:
-    """A finished hypothesis's score: ``logprob / lp(min(length, counted))``."""
-    return logprob / length_penalty_factor(min(length, counted), alpha)
+def _penalised(logprob: float, length: int, alpha: float) -> float:
+    """A finished hypothesis's score: ``logprob / lp(length)``."""
+    return logprob / length_penalty_factor(length, alpha)
 
 
 def max_output_lengths(src: Tensor, a: float, b: int, max_positions: int) -> Tensor:
@@ -315,8 +299,7 @@ class _StepDecoder:
 
 def _greedy(
     models: list[Transformer], encs: list[EncoderOutput], max_lens: Tensor, alpha: float,
-    use_cache: bool, ensemble_mode: str = "linear", counted: Tensor | None = None,
-    restriction: Restriction | None = None,
+    use_cache: bool, ensemble_mode: str = "linear", restriction: Restriction | None = None,
 ) -> list[list[Hypothesis]]:
     """Greedy search: the most probable token at each step until eos or the length limit."""
     n, device = max_lens.numel(), max_lens.device
@@ -326,7 +309,6 @@ def _greedy(
     seq = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
     logprob = torch.zeros(n, dtype=torch.float32, device=device)
     limits = max_lens
-    counted_lengths = (max_lens + 1 if counted is None else counted).tolist()
     for step in range(int(max_lens.max()) + 1):
         token, best = decoder.scores(seq, limits.eq(step)).greedy()
         logprob = logprob + best
@@ -337,7 +319,7 @@ def _greedy(
         done = finished.nonzero()[:, 0]
         for tokens, lp, original in zip(seq[done, 1:-1].tolist(), logprob[done].tolist(),
                                         sentence[done].tolist(), strict=True):
-            score = _penalised(lp, len(tokens) + 1, counted_lengths[original], alpha)
+            score = _penalised(lp, len(tokens) + 1, alpha)
             results[original] = [Hypothesis(tokens, score, lp)]
         kept = fill_from_the_end((~finished).nonzero()[:, 0].tolist())
         if not kept:
@@ -383,10 +365,9 @@ def keep_parent_rows(parent: Tensor) -> Tensor:
 def _beam_search(
     models: list[Transformer], encs: list[EncoderOutput], max_lens: Tensor, alpha: float,
     use_cache: bool, beam_size: int, nbest: int, ensemble_mode: str = "linear",
-    counted: Tensor | None = None, restriction: Restriction | None = None,
+    restriction: Restriction | None = None,
 ) -> list[list[Hypothesis]]:
-    """Beam search (see the module docstring), ``beam_size`` hypotheses per sentence;
-    ``counted``: per sentence, the longest length the length penalty counts (None: any)."""
+    """Beam search (see the module docstring), ``beam_size`` hypotheses per sentence."""
     n, k, device = max_lens.numel(), beam_size, max_lens.device
     finished: list[list[Hypothesis]] = [[] for _ in range(n)]
     # The first step runs one row per sentence (all its beams would be equal); the first
@@ -396,9 +377,7 @@ def _beam_search(
     seq = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
     scores = torch.zeros((n, 1), device=device)  # [sentences, live beams]
     limits = max_lens
-    counted = max_lens + 1 if counted is None else counted
-    counted_lengths = counted.tolist()
-    bound_lp = length_penalty_factor(counted, alpha) if alpha >= 0 else None
+    bound_lp = length_penalty_factor(max_lens + 1, alpha) if alpha >= 0 else None
     for step in range(int(max_lens.max()) + 1):
         m, b = scores.shape
         scored = decoder.scores(seq, limits.eq(step).repeat_interleave(b))
@@ -412,7 +391,7 @@ def _beam_search(
             s, j = done_now.nonzero().unbind(1)
             for tokens, lp, original in zip(seq[s * b + top_beam[s, j], 1:].tolist(), top_scores[s, j].tolist(),
                                             sentence[s].tolist(), strict=True):
-                score = _penalised(lp, len(tokens) + 1, counted_lengths[original], alpha)
+                score = _penalised(lp, len(tokens) + 1, alpha)
                 finished[original].append(Hypothesis(tokens, score, lp))
 
         # live: the best k extensions by a token other than eos (at most k of 2k are eos)
@@ -481,7 +460,6 @@ def generate(
     *,
     beam_size: int = 1,
     length_penalty: float = 0.0,
-    length_penalty_limit: float = 0.0,
     max_len_a: float = 1.2,
     max_len_b: int = 10,
     nbest: int = 1,
@@ -493,8 +471,7 @@ def generate(
     """Translate a padded source batch: one n-best list (best first) per row of ``src``.
 
     ``src [B, S]`` holds ids + eos, right-padded with pad (0), on the model's device. Greedy when
-    ``beam_size == 1``; ``length_penalty`` is GNMT's alpha, counting the length up to
-    ``length_penalty_limit`` times the source's (0: no limit; see the module docstring); at most
+    ``beam_size == 1``; ``length_penalty`` is GNMT's alpha (see the module docstring); at most
     ``int(max_len_a * m + max_len_b)`` tokens before eos for a source of ``m`` tokens. ``use_cache=False`` reruns the
     decoder over the whole prefix each step (same results, slower). ``return_attention`` fills
     :attr:`Hypothesis.attention` (one extra teacher-forced pass; an ensemble's first member's).
@@ -513,8 +490,6 @@ def generate(
                           f"{2 * beam_size} pieces")
     if ensemble_mode not in ("linear", "log_linear"):
         raise ConfigError(f"decode.ensemble_mode must be linear or log_linear, got {ensemble_mode!r}")
-    if length_penalty_limit < 0:
-        raise ConfigError(f"decode.length_penalty_limit must be >= 0 (0: no limit), got {length_penalty_limit}")
     if shortlist is not None and isinstance(model, Ensemble):
         raise ConfigError("decode.shortlist decodes one model, not an --ensemble")
     if src.dim() != 2:
@@ -528,16 +503,15 @@ def generate(
             members = decoding_members(model)
             encs = [m.encode(src) for m in members]
             max_lens = max_output_lengths(src, max_len_a, max_len_b, model.max_positions)
-            counted = penalty_lengths(src, length_penalty_limit, max_lens)
             restriction = None if shortlist is None else shortlist.restrict(members[0], src)
             if restriction is not None and len(restriction.ids) < 2 * beam_size:
                 restriction = None  # too few candidates for the beam: the whole vocabulary
             if beam_size == 1:
                 results = _greedy(members, encs, max_lens, length_penalty, use_cache, ensemble_mode,
-                                  counted, restriction)
+                                  restriction)
             else:
                 results = _beam_search(members, encs, max_lens, length_penalty, use_cache, beam_size, nbest,
-                                       ensemble_mode, counted, restriction)
+                                       ensemble_mode, restriction)
             if return_attention:
                 _attach_attention(members[0], src, encs[0], results)
     finally:

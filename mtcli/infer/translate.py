@@ -158,8 +158,7 @@ def translate_lines(
         with torch.inference_mode(), autocast(device, decode.bf16):  # both are per thread
             return generate(
                 model, src, beam_size=decode.beam_size, length_penalty=decode.length_penalty,
-                length_penalty_limit=decode.length_penalty_limit, max_len_a=decode.max_len_a,
-                max_len_b=decode.max_len_b, nbest=decode.nbest,
+                max_len_a=decode.max_len_a, max_len_b=decode.max_len_b, nbest=decode.nbest,
                 use_cache=use_cache, return_attention=return_attention,
                 ensemble_mode=decode.ensemble_mode, shortlist=shortlist,
             )

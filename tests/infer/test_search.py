@@ -23,7 +23,6 @@ from mtcli.infer.search import (
     length_penalty_factor,
     log_normalizer,
     max_output_lengths,
-    penalty_lengths,
     step_scores,
 )
 from mtcli.model import Transformer
@@ -131,34 +130,6 @@ def test_reported_score_equals_teacher_forced_logprob(alpha: float, beam: int) -
             assert h.score == pytest.approx(logprob / penalty, abs=1e-4)
 
 
-@pytest.mark.parametrize("beam", [1, 3])
-def test_length_penalty_limit_counts_length_up_to_the_limit(beam: int) -> None:
-    """With length_penalty_limit r the score is logprob / lp(min(L, ceil(r (m + 1)))), and each
-    n-best list stays sorted by it."""
-    model = random_model(seed=6)  # untrained: it runs past the limit
-    sources = random_sources(seed=5, n=4)
-    results = generate(model, pad_batch(sources), beam_size=beam, nbest=beam, length_penalty=2.0,
-                       length_penalty_limit=1.0)
-    capped = 0
-    for src_ids, hyps in zip(sources, results, strict=True):
-        for h in hyps:
-            logprob = teacher_forced_logprob(model, src_ids, h.tokens)
-            length = min(len(h.tokens) + 1, len(src_ids) + 1)
-            capped += length < len(h.tokens) + 1
-            assert h.score == pytest.approx(logprob / ((5 + length) / 6) ** 2.0, abs=1e-4)
-        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
-    assert capped > 0  # the limit was in play
-
-
-def test_length_penalty_limit_stops_paying_for_length() -> None:
-    """A large alpha drives this model's beam to the length limit; with the penalty counting
-    length only up to the source's, the best hypotheses are no longer the longest."""
-    model, src = random_model(seed=4), pad_batch(random_sources(seed=5, n=4))
-    free = generate(model, src, beam_size=3, length_penalty=2.0)
-    limited = generate(model, src, beam_size=3, length_penalty=2.0, length_penalty_limit=1.0)
-    assert sum(len(h[0].tokens) for h in limited) < sum(len(h[0].tokens) for h in free)
-
-
 def test_nbest_lists_are_sorted_distinct_and_complete() -> None:
     model = random_model(seed=6)
     results = generate(model, pad_batch(random_sources(seed=7)), beam_size=5, nbest=4,
@@ -255,11 +226,6 @@ def test_length_helpers() -> None:
     src = pad_batch([[5, 6, 7, 8], [5]])
     assert max_output_lengths(src, 1.5, 2, 100).tolist() == [8, 3]
     assert max_output_lengths(src, 1.5, 2, 5).tolist() == [4, 3]
-    max_lens = max_output_lengths(src, 1.5, 2, 100)
-    assert penalty_lengths(src, 0.0, max_lens).tolist() == [9, 4]  # no limit: every length
-    assert penalty_lengths(src, 1.2, max_lens).tolist() == [6, 3]  # ceil(1.2 * 5), ceil(1.2 * 2)
-    with pytest.raises(ConfigError, match="length_penalty_limit"):
-        generate(random_model(), src, length_penalty_limit=-1.0)
 
 
 # ----------------------------------------------------------------------------------------------

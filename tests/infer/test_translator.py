@@ -139,11 +139,11 @@ def test_ctranslate2_engine_refuses_what_it_cannot_do(tiny_run_dir: Path) -> Non
         Translator.from_run(tiny_run_dir, engine="onnx")
     with pytest.raises(ConfigError, match="one checkpoint file, not an average"):
         Translator.from_run(tiny_run_dir, engine="ctranslate2", average_last=2)
-    # the Multi30k recipes set a length-penalty limit: refused when loading, before any conversion
+    # a shortlist: refused when loading, before any conversion
     converted = tiny_run_dir / "ctranslate2"
     before = sorted(converted.rglob("*")) if converted.exists() else None
-    with pytest.raises(ConfigError, match=r"decode.length_penalty_limit is not available .*=0"):
-        Translator.from_run(tiny_run_dir, engine="ctranslate2", overrides=["decode.length_penalty_limit=1.3"])
+    with pytest.raises(ConfigError, match=r"decode.shortlist is not available .*=0"):
+        Translator.from_run(tiny_run_dir, engine="ctranslate2", overrides=["decode.shortlist=50"])
     assert (sorted(converted.rglob("*")) if converted.exists() else None) == before
 
 
