@@ -236,7 +236,10 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
         backends = sdpa_kernel([getattr(SDPBackend, b.strip().upper()) for b in args.sdpa_backends.split(",")])
 
     ours = name.startswith("ours")
-    alpha = config.train.rdrop_alpha if ours else 0.0  # --set train.rdrop_alpha=A: R-Drop's step
+    # like with like: both loops run each batch once, unless --set train.rdrop_alpha=A asks for
+    # R-Drop's doubled step (the recipe's own alpha is not applied by default)
+    asked = any(item.split("=", 1)[0].strip() == "train.rdrop_alpha" for item in args.set or [])
+    alpha = config.train.rdrop_alpha if ours and asked else 0.0
 
     def step(i: int) -> int:
         src, tgt_in, tgt_out = (data[k][i].to(device) for k in ("src", "tgt_in", "tgt_out"))

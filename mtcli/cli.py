@@ -115,14 +115,13 @@ def train(
 ) -> None:
     """Train a Transformer; re-running on an existing run directory resumes it exactly."""
     from mtcli.allocator import keep_freed_memory
-    from mtcli.config import load_config
+    from mtcli.config import load_config, with_changes
     from mtcli.logs import setup_logging
     from mtcli.train import train as run_train
 
     setup_logging(verbose)
     keep_freed_memory()
-    overrides = [*(set_ or []), *([f"train.init_from={init_from}"] if init_from else [])]
-    summary = run_train(load_config(config, overrides))
+    summary = run_train(with_changes(load_config(config, list(set_ or [])), "train", init_from=init_from))
     if summary.is_main:  # under torchrun, one summary: rank 0's
         print(summary.summary())
 
@@ -152,7 +151,6 @@ def evaluate(
     setup_logging(verbose)
     keep_freed_memory()
     bound_onednn_cache()
-    overrides = list(set_ or []) + ([f"decode.beam_size={beam}"] if beam else [])
     report = run_evaluate(
         run_dir,
         split=split,
@@ -161,10 +159,11 @@ def evaluate(
         checkpoint=checkpoint,
         average_last=average_last,
         average_best=average_best,
-        overrides=overrides,
+        overrides=list(set_ or []),
         output_dir=output,
         ensemble=list(ensemble or []),
         engine=engine,
+        beam=beam,
     )
     print(json.dumps(report, indent=2, ensure_ascii=False))
 
@@ -193,22 +192,18 @@ def translate(
     setup_logging(verbose)
     keep_freed_memory()
     bound_onednn_cache()
-    overrides = list(set_ or [])
-    if beam is not None:
-        overrides.append(f"decode.beam_size={beam}")
-    if nbest is not None:
-        overrides.append(f"decode.nbest={nbest}")
-    if max_tokens is not None:
-        overrides.append(f"decode.max_tokens={max_tokens}")
     translate_files(
         run_dir,
         inputs=list(files or []),
         output=output,
         checkpoint=checkpoint,
-        overrides=overrides,
+        overrides=list(set_ or []),
         plot_attention=plot_attention,
         ensemble=list(ensemble or []),
         engine=engine,
+        beam=beam,
+        nbest=nbest,
+        max_tokens=max_tokens,
     )
 
 

@@ -22,6 +22,7 @@ import yaml
 
 from mtcli.errors import ConfigError
 from mtcli.fileio import atomic_write
+from mtcli.logs import get_logger
 
 
 @dataclass
@@ -119,7 +120,6 @@ class DecodeConfig:
 
     beam_size: int = 5
     length_penalty: float = 1.0
-    length_penalty_limit: float = 0.0  # the penalty counts length up to this x the source's (0: all)
     max_len_a: float = 1.2
     max_len_b: int = 10
     max_tokens: int = 4096
@@ -153,20 +153,6 @@ class Config:
         """Plain nested dict of the four sections (what is written to ``config.yaml``)."""
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
-
-#: Keys earlier versions had, with the value that made them a no-op and what replaces them. A
-#: recipe naming one gets one line saying so; a run directory's ``config.yaml`` written by an
-#: earlier version (which lists every key) loads for decoding whatever their values.
-REMOVED_KEYS: dict[str, tuple[Any, str]] = {
-    "train.ensemble": (1, "train each seed as its own run (--set train.seed=N --set "
-                          "train.run_dir=DIR) and decode them together with --ensemble DIR"),
-    "train.bidirectional_epochs": (0, "no replacement: every epoch reads data.src_lang -> "
-                                      "data.tgt_lang"),
-    "train.decay_norms_and_biases": (True, "AdamW (train.weight_decay > 0) decays every "
-                                           "parameter, as this key's default did"),
-    "train.cooldown_minutes": (0.0, "budget steps (train.max_steps) and cool down over the last "
-                                    "train.cooldown_steps; train.max_minutes is a safety cap"),
-}
 
 SECTIONS: dict[str, type] = {
     "data": DataConfig,
@@ -240,15 +226,13 @@ def _coerce(value: Any, tp: Any) -> Any:
 
 
 def _build_section(cls: type, raw: dict[str, Any], where: str, section: str,
-                   ignore_removed: bool = False) -> Any:
+                   lenient: bool = False) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
     for key, value in raw.items():
-        removed = REMOVED_KEYS.get(f"{section}.{key}")
-        if removed is not None:
-            if not ignore_removed and value != removed[0]:
-                raise ConfigError(f"{where}: '{section}.{key}' was removed: {removed[1]}")
+        if key not in fields and lenient:
+            get_logger().warning("%s: '%s.%s' is not a key of this mtcli version; ignored", where, section, key)
             continue
         if key not in fields:
             known = ", ".join(fields)
@@ -282,12 +266,11 @@ def parse_override(text: str) -> tuple[str, str, Any]:
 
 
 def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | None = None,
-                     ignore_removed: bool = False) -> Config:
+                     lenient: bool = False) -> Config:
     """Validate a nested dict (as read from YAML) plus overrides into a :class:`Config`.
 
-    A key of :data:`REMOVED_KEYS` is dropped when it holds its no-op value and refused with one
-    line otherwise; ``ignore_removed`` drops it whatever its value (a run directory's config,
-    read for decoding, which such keys never affected)."""
+    An unknown key is refused with one line naming it; ``lenient`` drops it with a warning
+    instead (a run directory's config written by another mtcli version, read for decoding)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -313,10 +296,35 @@ def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | N
             body = {}
         if not isinstance(body, dict):
             raise ConfigError(f"{where}: section '{section}' must be a mapping, got {body!r}")
-        built[section] = _build_section(cls, body, where, section, ignore_removed)
+        built[section] = _build_section(cls, body, where, section, lenient)
     config = Config(**built, path=where)
     validate(config)
     return config
+
+
+def with_changes(config: Config, section: str, **changes: Any) -> Config:
+    """``config`` with typed ``changes`` to one section, each checked as a value in a config
+    file is, then the whole config validated: how library callers change a key (strings are
+    for ``--set``, at the command line). A change to None leaves its key as it is (an option
+    not given). A :class:`ConfigError` names the key."""
+    cls = SECTIONS[section]
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    coerced: dict[str, Any] = {}
+    for key, value in changes.items():
+        if value is None:
+            continue
+        if key not in known:
+            raise ConfigError(f"unknown key '{section}.{key}' (known keys: {', '.join(sorted(known))})")
+        try:
+            coerced[key] = _coerce(value, hints[key])
+        except TypeError:
+            raise ConfigError(f"key '{section}.{key}' must be {_type_name(hints[key])}, got {value!r}") from None
+    if not coerced:
+        return config
+    changed = dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **coerced)})
+    validate(changed)
+    return changed
 
 
 def validate(config: Config) -> None:
@@ -370,9 +378,9 @@ def validate(config: Config) -> None:
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None,
-                ignore_removed: bool = False) -> Config:
+                lenient: bool = False) -> Config:
     """Read a YAML recipe with a safe loader, apply ``--set`` overrides, validate
-    (``ignore_removed``: see :func:`config_from_dict`)."""
+    (``lenient``: see :func:`config_from_dict`)."""
     path = Path(path)
     where = str(path)
     try:
@@ -388,7 +396,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None,
         line = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise ConfigError(f"{where}:{line}: {problem}") from None
-    return config_from_dict(raw, where, overrides, ignore_removed)
+    return config_from_dict(raw, where, overrides, lenient)
 
 
 def save_config(config: Config, path: str | Path) -> None:

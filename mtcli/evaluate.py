@@ -139,6 +139,7 @@ def evaluate(
     output_dir: str | Path | None = None,
     ensemble: Sequence[str | Path] = (),
     engine: str = "torch",
+    **settings: Any,
 ) -> dict[str, Any]:
     """Decode a split (or a ``src_file``/``ref_file`` pair), score it, write hypotheses + report.
 
@@ -147,8 +148,9 @@ def evaluate(
     run's SentencePiece model and written to ``<output_dir>/<name>.<ckpt>.hyp``; the report
     (scores and signatures, checkpoint, decode settings, sentences, sentences/s, target tokens/s,
     device, peak memory) to ``<output_dir>/<name>.<ckpt>.report.json``; both atomically.
-    ``output_dir`` defaults to ``run_dir/eval``. ``overrides`` are ``decode.*`` ``--set``
-    strings. ``average_last``/``average_best`` average that many checkpoints before decoding.
+    ``output_dir`` defaults to ``run_dir/eval``. ``settings`` are typed decode settings
+    (``beam``, ``length_penalty``, ... as :class:`~mtcli.infer.translator.Translator` takes
+    them); ``overrides`` are ``decode.*`` ``--set`` strings from the command line. ``average_last``/``average_best`` average that many checkpoints before decoding.
     ``ensemble``: more members decoded together with that model (run directories or checkpoint
     files, see :func:`mtcli.infer.ensemble.add_members`); the file names then end ``.ensemble<M>``.
     ``engine``: ``torch`` or ``ctranslate2`` (:mod:`mtcli.infer.ct2`). Returns the report dict.
@@ -157,7 +159,7 @@ def evaluate(
     _check_test_args(split, src_file, ref_file)
     translator = Translator.from_run(run_dir, checkpoint, average_last=average_last,
                                      average_best=average_best, ensemble=ensemble, engine=engine,
-                                     overrides=overrides or ())
+                                     overrides=overrides or (), **settings)
     bundle, decode, device = translator.bundle, translator.decode, translator.device
     src_path, ref_path, name, split = _test_files(run_dir, bundle.config, split, src_file, ref_file)
     sources, references = list(read_lines(src_path)), list(read_lines(ref_path))

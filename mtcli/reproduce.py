@@ -35,7 +35,7 @@ import torch
 
 from mtcli.allocator import keep_freed_memory
 from mtcli.checkpoint import load_checkpoint
-from mtcli.config import Config, load_config
+from mtcli.config import Config, load_config, with_changes
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.prepare import prepare
 from mtcli.device import cpu_has_bf16_units, cpu_name
@@ -293,7 +293,7 @@ def choose_length_penalty(run_dir: Path, valid_split: str, checkpoint: Path, rec
 
     def score(alpha: float) -> float:
         report = evaluate(run_dir, split=valid_split, checkpoint=str(checkpoint),
-                          overrides=[f"decode.length_penalty={alpha}"],
+                          length_penalty=alpha,
                           output_dir=run_dir / "eval" / f"lp{alpha:g}")
         return round(float(report["bleu"]), 2)
 
@@ -303,27 +303,23 @@ def choose_length_penalty(run_dir: Path, valid_split: str, checkpoint: Path, rec
 def _test_scores(run_dir: Path, splits: list[str], checkpoint: Path, alpha: float
                  ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The report of the first test split, and the scores of the others by split."""
-    decode_set = [f"decode.length_penalty={alpha}"]
     split, *more_splits = splits
-    report = evaluate(run_dir, split=split, checkpoint=str(checkpoint), overrides=decode_set)
+    report = evaluate(run_dir, split=split, checkpoint=str(checkpoint), length_penalty=alpha)
     more_tests = {}
     for other in more_splits:
-        scored = evaluate(run_dir, split=other, checkpoint=str(checkpoint), overrides=decode_set)
+        scored = evaluate(run_dir, split=other, checkpoint=str(checkpoint), length_penalty=alpha)
         more_tests[other] = {key: scored[key] for key in ("bleu", "bleu_lc", "chrf", "sentences")}
         more_tests[other]["decode_sents_per_s"] = float(scored["sentences_per_second"])
     return report, more_tests
 
 
-def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
-               valid_only: bool = False) -> dict[str, Any]:
+def run_recipe(config: Config, valid_only: bool = False) -> dict[str, Any]:
     """prepare -> train -> average the last checkpoints -> pick the length penalty -> evaluate on
     test (the averaging window and the length penalty are chosen on the validation split).
 
     With ``valid_only`` (a tuning run) it stops before the test split: the returned row holds
     only the validation choices, and it is also written to ``run_dir/tuning.json``.
     """
-    overrides = ([f"data.source={data_dir}"] if data_dir else []) + extra
-    config = load_config(config_path, overrides)
     prepare(config)
     summary = train(config)
     valid, run_dir = config.data.valid_split, summary.run_dir
@@ -333,12 +329,12 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
     # what the training run and the choices on val give, for a tuning row and a results row alike
     common = {"seed": config.train.seed, "train_steps": summary.steps,
               "train_tokens_per_s": summary.tokens_per_second, "average_last": len(used),
-              "length_penalty": alpha, "length_penalty_limit": config.decode.length_penalty_limit,
+              "length_penalty": alpha,
               "valid_bleu_by_average": valid_by_average,
               "valid_bleu_by_length_penalty": valid_by_alpha, "commit": git_commit(), "tree": source_tree()}
     if valid_only:
         row = {"valid_split": valid, "best_valid_bleu_greedy": summary.best_valid_bleu,
-               "valid_bleu": valid_by_alpha[str(alpha)], "overrides": overrides, **common}
+               "valid_bleu": valid_by_alpha[str(alpha)], "config": config.to_dict(), **common}
         with atomic_write(config.run_path() / "tuning.json") as handle:
             handle.write(json.dumps(row, indent=2) + "\n")
         return row
@@ -356,8 +352,7 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
         "decode_sents_per_s": float(report["sentences_per_second"]),
         "device": device_name(str(report.get("device", "cpu"))),
         "test_set": f"{config.data.test_splits[0]} ({report.get('sentences', '?')} sentences)",
-        "decode": f"beam {config.decode.beam_size}{_limit_words(config.decode.length_penalty_limit)}, "
-                  f"length penalty {alpha:g}, average of the last {len(used)} checkpoints (both chosen "
+        "decode": f"beam {config.decode.beam_size}, length penalty {alpha:g}, average of the last {len(used)} checkpoints (both chosen "
                   f"on {valid})",
         "more_tests": more_tests,
         **common,
@@ -365,15 +360,15 @@ def run_recipe(config_path: str, data_dir: str | None, extra: list[str],
 
 
 def _limit_words(limit: float) -> str:
-    """How a results row names ``decode.length_penalty_limit`` (nothing when it is off)."""
+    """How a results row made before the length-penalty limit was dropped names it (nothing
+    when it was off)."""
     return f", length counted up to {limit:g} x the source's in the penalty" if limit else ""
 
 
-def seed_overrides(config_path: str, extra: list[str], seed: int) -> list[str]:
-    """``extra`` plus what makes seed ``seed`` a run of its own: ``train.seed`` and the run
-    directory ``<the recipe's run dir>-seed<seed>``."""
-    base: Config = load_config(config_path, extra)
-    return [*extra, f"train.seed={seed}", f"train.run_dir={base.run_path()}-seed{seed}"]
+def seed_config(config: Config, seed: int) -> Config:
+    """``config`` made a run of its own for seed ``seed``: ``train.seed`` and the run directory
+    ``<the recipe's run dir>-seed<seed>``."""
+    return with_changes(config, "train", seed=seed, run_dir=f"{config.run_path()}-seed{seed}")
 
 
 def combine_seeds(rows: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -421,15 +416,13 @@ def _parse_seeds(text: str | None) -> list[int] | None:
     return seeds
 
 
-def run_seeds(config_path: str, data_dir: str | None, extra: list[str], seeds: list[int] | None,
-              valid_only: bool = False) -> dict[str, Any]:
+def run_seeds(config: Config, seeds: list[int] | None, valid_only: bool = False) -> dict[str, Any]:
     """:func:`run_recipe` once per seed (each in its own run directory) and their combined row;
     without ``seeds`` one run of the recipe as it is (its seed, its run directory)."""
     if seeds is None:
-        row = run_recipe(config_path, data_dir, extra, valid_only)
+        row = run_recipe(config, valid_only)
         return row if valid_only else combine_seeds({row["seed"]: row})
-    rows = {seed: run_recipe(config_path, data_dir, seed_overrides(config_path, extra, seed), valid_only)
-            for seed in seeds}
+    rows = {seed: run_recipe(seed_config(config, seed), valid_only) for seed in seeds}
     if valid_only:
         return {"seeds": {str(s): r for s, r in rows.items()},
                 "valid_bleu_mean": statistics.fmean(r["valid_bleu"] for r in rows.values())}
@@ -475,7 +468,7 @@ def _scores(report: dict[str, Any]) -> dict[str, Any]:
     return {key: report[key] for key in (*SCORES, "sentences")}
 
 
-def run_adaptation(config_path: str, extra: list[str]) -> dict[str, Any]:
+def run_adaptation(config: Config) -> dict[str, Any]:
     """The adapted row of a recipe with ``train.init_from``: the parent scored as it is, the child
     trained and scored as any recipe (:func:`run_recipe`: averaging window and length penalty
     chosen on the child's validation split), and the parent's own test set before and after.
@@ -485,7 +478,6 @@ def run_adaptation(config_path: str, extra: list[str]) -> dict[str, Any]:
     test split and on its own first test split; the adapted model is decoded on the parent's
     test split with the parent's length penalty, so that "before" and "after" differ only in
     the weights."""
-    config = load_config(config_path, extra)
     parent, k = Path(config.train.init_from or ""), config.train.init_average
     try:
         last = parent_checkpoints(str(parent), k)[-1]
@@ -495,17 +487,17 @@ def run_adaptation(config_path: str, extra: list[str]) -> dict[str, Any]:
     corpus = PreparedCorpus.open(config.data.prepared_path(), verify=False)
     test, (src, tgt) = config.data.test_splits[0], (config.data.src_lang, config.data.tgt_lang)
     news = {"src_file": corpus.text_path(test, src), "ref_file": corpus.text_path(test, tgt)}
-    parent_config = load_config(parent / CONFIG_NAME, ignore_removed=True)
+    parent_config = load_config(parent / CONFIG_NAME, lenient=True)
     own_test = parent_config.data.test_splits[0]
     out = config.run_path() / "eval" / "parent"
     before_news = evaluate(parent, average_last=k, output_dir=out, **news)
     before_own = evaluate(parent, split=own_test, average_last=k, output_dir=out)
-    row = run_recipe(config_path, None, extra)
+    row = run_recipe(config)
     child = config.run_path()
     after_own = evaluate(child, checkpoint=str(child / "checkpoints" / f"checkpoint_avg_last{row['average_last']}.pt"),
                          src_file=parent / TEXT_DIR / f"{own_test}.{src}",
                          ref_file=parent / TEXT_DIR / f"{own_test}.{tgt}",
-                         overrides=[f"decode.length_penalty={parent_config.decode.length_penalty}"])
+                         length_penalty=parent_config.decode.length_penalty)
     row["parent"] = {
         "run_dir": str(parent), "average_last": k, "step": load_checkpoint(last).get("step"),
         "test": test, "scores": _scores(before_news), "own_test": own_test, "own_scores": _scores(before_own),
@@ -567,11 +559,12 @@ def main(argv: list[str] | None = None) -> int:
         recipe, table_name, row_key = RECIPES[args.direction]
         if args.merge:
             row = merge_seed_results(args.merge, row_key, table_name)
-        elif row_key == ADAPTED_ROW and not args.valid_only:
-            row = run_adaptation(args.config or recipe, args.overrides)
         else:
-            row = run_seeds(args.config or recipe, args.data, args.overrides, _parse_seeds(args.seeds),
-                            args.valid_only)
+            config = with_changes(load_config(args.config or recipe, args.overrides), "data", source=args.data)
+            if row_key == ADAPTED_ROW and not args.valid_only:
+                row = run_adaptation(config)
+            else:
+                row = run_seeds(config, _parse_seeds(args.seeds), args.valid_only)
     except MtcliError as exc:
         print(f"mtcli: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -1,4 +1,4 @@
-"""Bad text (issue 6): property-based tests (hypothesis) of reading, translating and preparing
+"""Bad text: property-based tests (hypothesis) of reading, translating and preparing
 random Unicode, control characters, invalid UTF-8, empty lines, 10,000-character lines and mixed
 line endings. Translation never crashes and keeps the line count; invalid UTF-8 is one clear
 error naming file and line; `prepare` builds a cache or raises one clear DataError.

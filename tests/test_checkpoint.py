@@ -1,6 +1,6 @@
 """Checkpoint safety: checksums, atomic writes under a file-size limit, weights-only loading of
 malicious pickles, resume fallback, the run lock, resume config checks, index/pruning,
-averaging and loading a run directory for inference (issue 3 items 5-6, issue 6 items 2-5, 8).
+averaging and loading a run directory for inference.
 """
 
 from __future__ import annotations
@@ -539,24 +539,14 @@ def test_resume_config_refuses_shape_vocab_and_data_stream_changes(toy_dict: dic
     new["data"]["source"] = "elsewhere"
     new["train"]["seed"] = 2
     new["train"]["max_steps"] = 999  # safe, but the refusal wins
-    saved = copy.deepcopy(toy_dict)
-    saved["train"]["decay_norms_and_biases"] = False  # a run of an earlier mtcli, a removed behaviour
     with pytest.raises(CheckpointError) as exc:
-        check_resume_config(saved, new, where="data/runs/toy")
+        check_resume_config(toy_dict, new, where="data/runs/toy")
     message = one_line(exc)
     assert message.startswith("data/runs/toy: cannot resume")
     for text in ("model.d_model: 64 -> 96", "data.vocab_size: 64 -> 128",
-                 "data.source: 'tests/fixtures/toy' -> 'elsewhere'", "train.seed: 1 -> 2",
-                 "train.decay_norms_and_biases: False was removed"):
+                 "data.source: 'tests/fixtures/toy' -> 'elsewhere'", "train.seed: 1 -> 2"):
         assert text in message
     assert "max_steps" not in message
-
-
-def test_resume_config_ignores_removed_keys_at_their_no_op_values(toy_dict: dict) -> None:
-    """A checkpoint of an earlier mtcli lists the removed keys with their defaults: it resumes."""
-    saved = copy.deepcopy(toy_dict)
-    saved["train"].update(ensemble=1, bidirectional_epochs=0, decay_norms_and_biases=True)
-    assert check_resume_config(saved, toy_dict) == []
 
 
 def test_resume_config_missing_saved_key_counts_as_default(toy_dict: dict) -> None:

@@ -1,4 +1,4 @@
-"""Reliability of the `mtcli` commands as a user meets it (issue 6): SIGINT, SIGKILL at many
+"""Reliability of the `mtcli` commands as a user meets it: SIGINT, SIGKILL at many
 points of `mtcli train` then resume, a corrupted prepared cache, and outputs that cannot be
 written (file-size limit).
 

@@ -202,9 +202,7 @@ def test_bad_seeds_are_one_line_errors(text: str, capsys) -> None:
 def _seed_file(directory: Path, seed: int, bleu_lc: float) -> Path:
     """A results directory as ``reproduce de_en --seeds <seed> --results DIR`` leaves it."""
     row = dict(ROW, seed=seed, bleu_lc=bleu_lc, train_steps=8000, average_last=2, length_penalty=1.0,
-               length_penalty_limit=1.3,
-               decode="beam 5, length counted up to 1.3 x the source's in the penalty, length penalty 1, "
-                      "average of the last 2 checkpoints (both chosen on val)")
+               decode="beam 5, length penalty 1, average of the last 2 checkpoints (both chosen on val)")
     write_results({"de-en": {**row, "seeds": {str(seed): row}}}, results_dir=directory, readme=directory / "none")
     return directory
 
@@ -222,7 +220,7 @@ def test_merge_combines_seeds_run_apart_and_refuses_a_seed_twice(tmp_path: Path,
     assert sorted(row["seeds"]) == ["1", "2"] and row["bleu_lc"] == pytest.approx(41.0)
     assert row["bleu_lc_std"] == pytest.approx(2 ** 0.5)
     assert "| 40.00 / 42.00 |" in readme.read_text()
-    assert row["decode"].startswith("beam 5, length counted up to 1.3 x the source's in the penalty; for seed 1/2:")
+    assert row["decode"].startswith("beam 5; for seed 1/2:")
     capsys.readouterr()
     assert main(["de_en", "--merge", str(one), str(one), "--results", str(out)]) == 2
     assert "seed 1" in capsys.readouterr().err

@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from mtcli.data.textio import ArrivingLines, count_lines, iter_binary_lines, read_lines
 from mtcli.data.tokenizer import Tokenizer
@@ -97,11 +97,14 @@ def translate_files(
     plot_attention: Path | None = None,
     ensemble: Sequence[str | Path] = (),
     engine: str = "torch",
+    **settings: Any,
 ) -> dict:
     """Translate files (or stdin when ``inputs`` is empty) to ``output`` (or stdout).
 
-    Output format: one line per input line with the best translation; when ``--nbest N`` is
-    given (a ``decode.nbest`` override), exactly ``N`` lines per input line instead, best first,
+    ``settings``: typed decode settings (``beam``, ``nbest``, ``max_tokens``, ... as
+    :class:`~mtcli.infer.translator.Translator` takes them); ``overrides``: ``--set decode.*``
+    strings. Output format: one line per input line with the best translation; when ``nbest``
+    is given (or a ``decode.nbest`` override), exactly ``N`` lines per input line instead, best first,
     each ``score<TAB>text`` with the length-penalised log-probability to 4 decimals (empty input
     lines give ``0.0000<TAB>`` then ``-inf<TAB>`` padding). Stdout gets each line as soon as it
     is ready; a file output is written to a temporary name and renamed at the end, so an error
@@ -112,9 +115,10 @@ def translate_files(
     Returns a summary dict (lines, checkpoint, seconds, sentences_per_s, output).
     """
     overrides = list(overrides or [])
-    translator = Translator.from_run(run_dir, checkpoint, ensemble=ensemble, engine=engine, overrides=overrides)
+    translator = Translator.from_run(run_dir, checkpoint, ensemble=ensemble, engine=engine, overrides=overrides,
+                                     **settings)
     decode = translator.decode
-    scored = any(o.split("=", 1)[0].strip() == "decode.nbest" for o in overrides)
+    scored = settings.get("nbest") is not None or any(o.split("=", 1)[0].strip() == "decode.nbest" for o in overrides)
     stack = contextlib.ExitStack()
     sources = open_inputs(inputs, stack)
     regular = bool(inputs) and not any(isinstance(lines, ArrivingLines) for _, lines in sources)

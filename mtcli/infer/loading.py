@@ -70,7 +70,7 @@ def _open_run(run_dir: Path) -> tuple[Config, Tokenizer]:
         raise CheckpointError(f"{run_dir}: run directory not found")
     if not run_dir.is_dir() or not (run_dir / CONFIG_NAME).is_file():
         raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_NAME})")
-    config = load_config(run_dir / CONFIG_NAME, ignore_removed=True)
+    config = load_config(run_dir / CONFIG_NAME, lenient=True)
     spm_path = run_dir / SPM_NAME
     if not spm_path.is_file():
         raise CheckpointError(f"{run_dir}: incomplete run directory (no {SPM_NAME})")

@@ -12,8 +12,8 @@ out), :meth:`translate_iter` (streamed, in order), :meth:`nbest` (hypotheses wit
 :meth:`score`, which runs no search: the model's log-probability of given translations.
 
 Decode settings come from the run's ``decode`` section; :meth:`from_run` and every method take
-the common ones as keywords (``beam``, ``length_penalty``, ``max_tokens``, ...), checked as a
-``--set decode.*`` override is.
+the common ones as typed keywords (``beam``, ``length_penalty``, ``max_tokens``, ...), checked as
+a value in a config file is; ``--set decode.*`` strings are for the command line (``overrides``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mtcli.config import DecodeConfig
+from mtcli.config import DecodeConfig, with_changes
 from mtcli.data.batching import collate, source_batches
 from mtcli.data.textio import check_unicode
 from mtcli.device import autocast
@@ -45,18 +45,18 @@ from mtcli.infer.translate import (
 
 #: Keyword -> ``decode.*`` key, for the settings every method accepts.
 SETTINGS = {"beam": "beam_size", "length_penalty": "length_penalty",
-            "length_penalty_limit": "length_penalty_limit", "max_tokens": "max_tokens",
+            "max_tokens": "max_tokens",
             "nbest": "nbest", "max_len_a": "max_len_a", "max_len_b": "max_len_b",
             "int8": "int8", "bf16": "bf16", "workers": "workers", "shortlist": "shortlist"}
 
 
-def _overrides(settings: dict[str, Any]) -> list[str]:
-    """``--set`` strings for keyword settings; a TypeError names an unknown keyword."""
+def _changes(settings: dict[str, Any]) -> dict[str, Any]:
+    """``decode.*`` keys and values for keyword settings (None: unchanged); a TypeError names
+    an unknown keyword."""
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
         raise TypeError(f"unknown decode setting(s) {', '.join(unknown)} (known: {', '.join(SETTINGS)})")
-    return [f"decode.{SETTINGS[k]}={v!r}" if isinstance(v, str) else f"decode.{SETTINGS[k]}={v}"
-            for k, v in settings.items() if v is not None]
+    return {SETTINGS[k]: v for k, v in settings.items() if v is not None}
 
 
 def _text(item: Any, where: str) -> str:
@@ -107,7 +107,7 @@ class Translator:
                               "ensemble (write the average first: mtcli average RUN --last K -o avg.pt)")
         bundle = load_for_inference(run_dir, checkpoint, average_last=average_last, average_best=average_best)
         bundle = add_members(bundle, ensemble)
-        decode = decode_config(bundle.config, [*overrides, *_overrides(settings)]).decode
+        decode = with_changes(decode_config(bundle.config, list(overrides)), "decode", **_changes(settings)).decode
         where = decoding_device(decode) if device == "auto" else torch.device(device)
         fast = None
         if engine == "ctranslate2":
@@ -132,10 +132,10 @@ class Translator:
 
     def settings(self, **settings: Any) -> DecodeConfig:
         """The decode settings with ``settings`` applied (checked; the translator's stay as they are)."""
-        if not any(v is not None for v in settings.values()):
+        changes = _changes(settings)
+        if not changes:
             return self.decode
-        config = dataclasses.replace(self.bundle.config, decode=self.decode)
-        return decode_config(config, _overrides(settings)).decode
+        return with_changes(dataclasses.replace(self.bundle.config, decode=self.decode), "decode", **changes).decode
 
     def _for(self, decode: DecodeConfig) -> tuple[InferenceModel, DecodeConfig]:
         """The model to decode with (:func:`~mtcli.infer.translate.model_for_decoding`: an int8

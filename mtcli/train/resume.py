@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mtcli.checkpoint import load_checkpoint
-from mtcli.config import REMOVED_KEYS, SECTIONS
+from mtcli.config import SECTIONS
 from mtcli.errors import CheckpointError
 from mtcli.logs import get_logger
 from mtcli.rundir import BEST_NAME, LAST_NAME, checkpoint_dir, step_checkpoints
@@ -140,9 +140,7 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume") -> list[s
       and everything that builds the vocabulary or the training data. Also ``train.seed``,
       ``train.max_tokens`` and ``train.max_source_length``/``max_target_length``: the saved
       data position is an index into the batch stream these keys define, so resuming under
-      new values would silently repeat or skip data. Also a key of
-      :data:`~mtcli.config.REMOVED_KEYS` that the checkpoint's run set to anything but its
-      no-op value (the behaviour is gone). To change them, start a new run directory. One :class:`CheckpointError` names every
+      new values would silently repeat or skip data. To change them, start a new run directory. One :class:`CheckpointError` names every
       such key as ``key: old -> new``.
     * allowed but inexact (:data:`INEXACT_KEYS`, unknown ``train.*`` keys): dropout,
       ``update_freq`` and optimiser/schedule hyperparameters; training stays correct (the
@@ -163,10 +161,6 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume") -> list[s
             old_value = old_body.get(key, "<unset>")
             new_value = new_body.get(key, "<unset>")
             dotted = f"{section}.{key}"
-            if dotted in REMOVED_KEYS:
-                if not _same(old_value, REMOVED_KEYS[dotted][0]):
-                    refused.append(f"{dotted}: {old_value!r} was removed ({REMOVED_KEYS[dotted][1]})")
-                continue
             if _same(old_value, new_value):
                 continue
             text = f"{dotted}: {old_value!r} -> {new_value!r}"

@@ -100,14 +100,6 @@ def test_set_scale_multiplies_the_noam_rate() -> None:
     assert opt.param_groups[0]["lr"] == pytest.approx(0.25 * noam_lr(3, 16, 4, 2.0))
 
 
-def test_the_time_based_cool_down_was_removed() -> None:
-    from conftest import TOY_CONFIG
-
-    with pytest.raises(ConfigError, match="train.cooldown_minutes' was removed: .*train.cooldown_steps"):
-        load_config(TOY_CONFIG, ["train.max_minutes=10", "train.cooldown_minutes=5"])
-    assert load_config(TOY_CONFIG, ["train.cooldown_minutes=0"]).train.max_minutes == 0
-
-
 def test_inverse_sqrt_and_constant_hand_values() -> None:
     peak, w = 5e-4, 4
     assert peak_lr(1, w, peak, decay=True) == pytest.approx(peak / 4)
