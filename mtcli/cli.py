@@ -176,7 +176,12 @@ def translate(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (default: stdout).")] = None,  # noqa: UP045
     checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
     beam: Annotated[Optional[int], typer.Option(help="Beam size (1 = greedy).")] = None,  # noqa: UP045
-    nbest: Annotated[Optional[int], typer.Option(help="Print N lines per input, best first: score<TAB>text.")] = None,  # noqa: UP045
+    nbest: Annotated[Optional[int], typer.Option(help="Print N lines per input, best first: score<TAB>text "  # noqa: UP045
+                                                      "(with --sampling: N samples, in draw order).")] = None,
+    sampling: Annotated[Optional[str], typer.Option(help="Draw translations instead of searching: topk or topp "  # noqa: UP045
+                                                         "(decode.topk, decode.topp; back-translation).")] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature (1: the model's own distribution).")] = None,  # noqa: UP045
+    seed: Annotated[Optional[int], typer.Option(help="Sampling seed: the same seed gives the same samples.")] = None,  # noqa: UP045
     max_tokens: Annotated[Optional[int], typer.Option(help="Token budget per batch.")] = None,  # noqa: UP045
     plot_attention: Annotated[Optional[Path], typer.Option(help="Write cross-attention heatmaps here.")] = None,  # noqa: UP045
     ensemble: EnsembleOption = None,
@@ -204,6 +209,9 @@ def translate(
         beam=beam,
         nbest=nbest,
         max_tokens=max_tokens,
+        sampling=sampling,
+        temperature=temperature,
+        seed=seed,
     )
 
 

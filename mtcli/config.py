@@ -130,6 +130,11 @@ class DecodeConfig:
     ensemble_mode: Literal["linear", "log_linear"] = "linear"  # how --ensemble members are combined
     shortlist: int = 0  # > 0: decode over a lexical shortlist, this many target pieces per source piece
     shortlist_frequent: int = 100  # ... plus this many most frequent target pieces
+    sampling: Literal["none", "topk", "topp"] = "none"  # draw decode.nbest translations instead of searching
+    topk: int = 10  # sampling: topk draws from this many most probable tokens
+    topp: float = 0.9  # sampling: topp draws from the smallest set of tokens with this much probability
+    temperature: float = 1.0  # sampling draws from softmax(log p / temperature)
+    seed: int = 1  # sampling: the same seed, input and model give the same samples
 
 
 @dataclass
@@ -363,7 +368,10 @@ def validate(config: Config) -> None:
         (t.keep_best >= 0, "train.keep_best must be >= 0 (0: keep only the last train.keep_last)"),
         (t.valid_every >= 1, "train.valid_every must be >= 1"),
         (d.beam_size >= 1, "decode.beam_size must be >= 1"),
-        (1 <= d.nbest <= d.beam_size, "decode.nbest must be between 1 and decode.beam_size"),
+        (1 <= d.nbest <= d.beam_size or (d.sampling != "none" and d.nbest >= 1),
+         "decode.nbest must be between 1 and decode.beam_size"),
+        (d.topk >= 1 and 0.0 < d.topp <= 1.0 and d.temperature > 0.0,
+         "decode.topk must be >= 1, decode.topp in (0, 1] and decode.temperature > 0"),
         (d.max_tokens > 0, "decode.max_tokens must be > 0"),
         (not (d.int8 and d.bf16), "decode.int8 and decode.bf16 exclude each other: choose one"),
         (d.workers >= 1, "decode.workers must be >= 1"),

@@ -2,7 +2,8 @@
 
 Endpoints:
 
-* ``POST /translate`` ``{"text": ["...", ...], "beam": 5, "length_penalty": 1.0}`` ->
+* ``POST /translate`` ``{"text": ["...", ...], "beam": 5, "length_penalty": 1.0}`` (or
+  ``"sampling": "topk"`` with ``"temperature"`` and ``"seed"``) ->
   ``{"translations": ["...", ...], "model": NAME}``, in request order;
 * ``GET /health`` -> ``{"status": "ok", "model": NAME, "device": DEVICE}``;
 * ``GET /`` a page to type or paste text and read its translation; ``GET /docs`` the OpenAPI docs.
@@ -39,7 +40,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
@@ -76,6 +77,11 @@ class TranslateRequest(BaseModel):
     beam: StrictInt | None = Field(default=None, description="Beam size (1 = greedy); the run's by default.")
     length_penalty: StrictFloat | StrictInt | None = Field(default=None, ge=0.0, le=5.0,
                                                           description="GNMT length penalty alpha.")
+    sampling: Literal["topk", "topp"] | None = Field(
+        default=None, description="Draw the translation instead of searching (the run's decode.topk / topp).")
+    temperature: StrictFloat | StrictInt | None = Field(default=None, gt=0.0, le=10.0,
+                                                       description="Sampling temperature.")
+    seed: StrictInt | None = Field(default=None, description="Sampling seed: the same seed gives the same output.")
 
 
 class TranslateResponse(BaseModel):
@@ -280,7 +286,8 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
                                type(exc).__name__, one_line(exc))
             raise InternalError(request_id) from None
         future = app.state.batcher.submit(body.text, request_id, beam=body.beam,
-                                          length_penalty=body.length_penalty)
+                                          length_penalty=body.length_penalty, sampling=body.sampling,
+                                          temperature=body.temperature, seed=body.seed)
         try:
             translations = await asyncio.wrap_future(future)
         except DataError:  # the client's own text, found only when decoded alone

@@ -22,6 +22,7 @@ What matches and what does not:
 
 from __future__ import annotations
 
+import functools
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -64,6 +65,12 @@ def check_supported(decode: DecodeConfig) -> None:
                           "(add --set decode.shortlist=0, or decode with --engine torch)")
 
 
+@functools.cache
+def _warn_unseeded() -> None:
+    get_logger().warning("--engine ctranslate2 samples are not reproducible: decode.seed applies to the "
+                         "torch engine only (decode with --engine torch for seeded samples)")
+
+
 class CT2Engine:
     """A ``ctranslate2.Translator`` over a converted run, with the run's tokenizer."""
 
@@ -90,10 +97,11 @@ class CT2Engine:
                 batch = [[tokenizer.id_to_piece(i) for i in sources[k]] for k in keys]
                 longest = max(self._limit(len(s), decode) for s in batch)
                 outputs = self.translator.translate_batch(
-                    batch, beam_size=decode.beam_size, num_hypotheses=decode.nbest,
+                    batch, num_hypotheses=decode.nbest,
                     length_penalty=decode.length_penalty, max_decoding_length=longest,
                     min_decoding_length=0, return_scores=True, max_batch_size=decode.max_tokens,
                     batch_type="tokens", suppress_sequences=[["<blank>"], ["<s>"]],
+                    **self._search(decode),
                 )
                 for k, pieces, out in zip(keys, batch, outputs, strict=True):
                     results[k] = self._translations(out, sources[k], self._limit(len(pieces), decode))
@@ -101,6 +109,18 @@ class CT2Engine:
                 on_done(len(chunk))
             offset += len(chunk)
             yield from results  # type: ignore[misc]
+
+    @staticmethod
+    def _search(decode: DecodeConfig) -> dict[str, Any]:
+        """CTranslate2's search options: beam search, or sampling. CTranslate2's samples cannot be
+        seeded (its translator threads draw from generators of their own: set_random_seed does
+        not reach them), so a warning says so once; the torch engine's samples are seeded."""
+        if decode.sampling == "none":
+            return {"beam_size": decode.beam_size}
+        _warn_unseeded()
+        return {"beam_size": 1, "sampling_topk": decode.topk if decode.sampling == "topk" else 0,
+                "sampling_topp": decode.topp if decode.sampling == "topp" else 1.0,
+                "sampling_temperature": decode.temperature}
 
     @staticmethod
     def _limit(source_length: int, decode: DecodeConfig) -> int:

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from mtcli.errors import ConfigError
+from mtcli.infer import sampling
 from mtcli.infer.ensemble import Ensemble, decoding_members
 from mtcli.infer.shortlist import Restriction, Shortlist
 from mtcli.model import DecoderCache, EncoderOutput, Transformer, Workspace
@@ -330,6 +331,57 @@ def _greedy(
     return results
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How :func:`generate` samples instead of searching (:mod:`mtcli.infer.sampling`)."""
+
+    method: str  # topk | topp
+    topk: int = 10
+    topp: float = 0.9
+    temperature: float = 1.0
+    seed: int = 1
+
+
+def _sample(
+    models: list[Transformer], encs: list[EncoderOutput], src: Tensor, max_lens: Tensor, alpha: float,
+    use_cache: bool, samples: int, how: Sampling, ensemble_mode: str = "linear",
+) -> list[list[Hypothesis]]:
+    """``samples`` translations of each sentence drawn token by token (:mod:`mtcli.infer.sampling`),
+    in draw order. Each sample is a row of its own, decoded as greedy search decodes a sentence."""
+    n = max_lens.numel()
+    generators = sampling.row_generators(src, samples, how.seed)
+    encs = [e.repeat_interleave(samples) for e in encs]
+    limits = max_lens.repeat_interleave(samples)
+    device = limits.device
+    found: list[list[Hypothesis | None]] = [[None] * samples for _ in range(n)]
+    decoder = _StepDecoder(models, encs, 1, int(limits.max()) + 1, use_cache, ensemble_mode)
+    row = torch.arange(n * samples, device=device)  # (sentence * samples + sample) of each live row
+    seq = torch.full((n * samples, 1), BOS_ID, dtype=torch.long, device=device)
+    logprob = torch.zeros(n * samples, dtype=torch.float32, device=device)
+    for step in range(int(limits.max()) + 1):
+        scored = decoder.scores(seq, limits.eq(step))
+        logp = scored.logits[:, :scored.vocab] - scored.lse[:, None]
+        filtered = sampling.filtered_logprobs(logp, how.method, how.topk, how.topp, how.temperature)
+        column = sampling.draw(filtered, [generators[r] for r in row.tolist()])
+        logprob = logprob + logp.gather(1, column[:, None]).squeeze(1)
+        token = column if scored.ids is None else scored.ids[column]
+        seq = torch.cat([seq, token[:, None]], dim=1)
+        finished = token.eq(EOS_ID)
+        if not bool(finished.any()):
+            continue
+        done = finished.nonzero()[:, 0]
+        for tokens, lp, original in zip(seq[done, 1:-1].tolist(), logprob[done].tolist(),
+                                        row[done].tolist(), strict=True):
+            found[original // samples][original % samples] = Hypothesis(tokens, _penalised(lp, len(tokens) + 1, alpha), lp)
+        kept = fill_from_the_end((~finished).nonzero()[:, 0].tolist())
+        if not kept:
+            break
+        keep = torch.tensor(kept, device=device)
+        decoder.reorder(keep)
+        row, seq, logprob, limits = row[keep], seq[keep], logprob[keep], limits[keep]
+    return [[h for h in hyps if h is not None] for hyps in found]
+
+
 def fill_from_the_end(kept: list[int]) -> list[int]:
     """The positions ``kept`` (ascending) as an order that leaves each one where it is when it
     can: a kept position below ``len(kept)`` stays, and the last kept positions fill the gaps
@@ -467,6 +519,7 @@ def generate(
     return_attention: bool = False,
     ensemble_mode: str = "linear",
     shortlist: Shortlist | None = None,
+    sample: Sampling | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate a padded source batch: one n-best list (best first) per row of ``src``.
 
@@ -478,12 +531,19 @@ def generate(
     ``model`` may be an :class:`~mtcli.infer.ensemble.Ensemble`: the search then runs on the mean of
     its members' probabilities, or with ``ensemble_mode="log_linear"`` on the renormalised mean
     of their log-probabilities. ``shortlist`` restricts every step to the batch's candidate pieces
-    (:mod:`mtcli.infer.shortlist`; one model only). The model runs in eval mode under ``torch.inference_mode()``;
+    (:mod:`mtcli.infer.shortlist`; one model only). With ``sample`` the ``nbest`` translations
+    of each row are drawn instead of searched (:class:`Sampling`, :mod:`mtcli.infer.sampling`;
+    ``beam_size`` is not used). The model runs in eval mode under ``torch.inference_mode()``;
     its previous train/eval mode is restored afterwards.
     """
     if beam_size < 1:
         raise ConfigError(f"decode.beam_size must be >= 1, got {beam_size}")
-    if not 1 <= nbest <= beam_size:
+    if sample is not None:
+        sampling.check_settings(sample.method, sample.topk, sample.topp, sample.temperature, nbest)
+        if shortlist is not None:
+            raise ConfigError("decode.sampling draws from the whole vocabulary: set decode.shortlist=0")
+        beam_size = 1
+    elif not 1 <= nbest <= beam_size:
         raise ConfigError(f"decode.nbest must be between 1 and beam_size={beam_size}, got {nbest}")
     if beam_size > 1 and 2 * beam_size > model.output_size:
         raise ConfigError(f"decode.beam_size={beam_size} needs an output vocabulary of at least "
@@ -506,7 +566,10 @@ def generate(
             restriction = None if shortlist is None else shortlist.restrict(members[0], src)
             if restriction is not None and len(restriction.ids) < 2 * beam_size:
                 restriction = None  # too few candidates for the beam: the whole vocabulary
-            if beam_size == 1:
+            if sample is not None:
+                results = _sample(members, encs, src, max_lens, length_penalty, use_cache, nbest, sample,
+                                  ensemble_mode)
+            elif beam_size == 1:
                 results = _greedy(members, encs, max_lens, length_penalty, use_cache, ensemble_mode,
                                   restriction)
             else:

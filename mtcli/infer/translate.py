@@ -43,7 +43,7 @@ from mtcli.infer.ensemble import Ensemble, decoding_members
 from mtcli.infer.loading import InferenceModel
 from mtcli.infer.packed import pack_for_decoding
 from mtcli.infer.quantize import quantize_for_decoding
-from mtcli.infer.search import Hypothesis, generate
+from mtcli.infer.search import Hypothesis, Sampling, generate
 from mtcli.infer.shortlist import Shortlist, shortlist_for
 from mtcli.logs import get_logger
 from mtcli.model import Transformer
@@ -153,6 +153,9 @@ def translate_lines(
         pool = ThreadPoolExecutor(decode.workers, thread_name_prefix="mtcli-decode")
         torch.set_num_threads(max(1, threads // decode.workers))
 
+    sample = None if decode.sampling == "none" else Sampling(
+        decode.sampling, decode.topk, decode.topp, decode.temperature, decode.seed)
+
     def decode_batch(sources: list[list[int]]) -> list[list[Hypothesis]]:
         src = collate_sources(sources, device)
         with torch.inference_mode(), autocast(device, decode.bf16):  # both are per thread
@@ -160,7 +163,7 @@ def translate_lines(
                 model, src, beam_size=decode.beam_size, length_penalty=decode.length_penalty,
                 max_len_a=decode.max_len_a, max_len_b=decode.max_len_b, nbest=decode.nbest,
                 use_cache=use_cache, return_attention=return_attention,
-                ensemble_mode=decode.ensemble_mode, shortlist=shortlist,
+                ensemble_mode=decode.ensemble_mode, shortlist=shortlist, sample=sample,
             )
 
     offset = 0

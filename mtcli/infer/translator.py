@@ -47,7 +47,9 @@ from mtcli.infer.translate import (
 SETTINGS = {"beam": "beam_size", "length_penalty": "length_penalty",
             "max_tokens": "max_tokens",
             "nbest": "nbest", "max_len_a": "max_len_a", "max_len_b": "max_len_b",
-            "int8": "int8", "bf16": "bf16", "workers": "workers", "shortlist": "shortlist"}
+            "int8": "int8", "bf16": "bf16", "workers": "workers", "shortlist": "shortlist",
+            "sampling": "sampling", "topk": "topk", "topp": "topp", "temperature": "temperature",
+            "seed": "seed"}
 
 
 def _changes(settings: dict[str, Any]) -> dict[str, Any]:
@@ -183,12 +185,15 @@ class Translator:
     def nbest(self, texts: Sequence[str], n: int | None = None, **settings: Any) -> list[list[Translation]]:
         """The ``n`` best hypotheses of each text (default: the beam size), best first, each a
         :class:`Translation` with ``text``, ``score`` (length-penalised log-probability, what
-        the search ranks by) and ``logprob``. The beam widens to ``n`` when it is narrower."""
+        the search ranks by) and ``logprob``. The beam widens to ``n`` when it is narrower.
+        With ``sampling`` (``topk`` or ``topp``): ``n`` samples of each text, in draw order
+        (default ``decode.nbest``)."""
         decode = self.settings(**settings)
-        n = decode.beam_size if n is None else int(n)
+        sampled = decode.sampling != "none"
+        n = (decode.nbest if sampled else decode.beam_size) if n is None else int(n)
         if n < 1:
             raise ConfigError(f"nbest n must be >= 1, got {n}")
-        decode = dataclasses.replace(decode, nbest=n, beam_size=max(decode.beam_size, n))
+        decode = dataclasses.replace(decode, nbest=n, beam_size=decode.beam_size if sampled else max(decode.beam_size, n))
         return list(self.stream(_texts(texts), decode=decode))
 
     def score(self, sources: Sequence[str], targets: Sequence[str], *, max_tokens: int | None = None) -> list[float]:

@@ -1,0 +1,116 @@
+"""Sampling decoding (mtcli.infer.sampling): the filters keep what they should, samples are seeded
+and independent of batching, their log-probabilities are the model's, and the option reaches
+Translator, `mtcli translate`, the server and the CTranslate2 engine."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtcli.data.tokenizer import BOS_ID, PAD_ID
+from mtcli.errors import ConfigError
+from mtcli.infer.sampling import filtered_logprobs
+from mtcli.infer.search import Sampling, generate
+from mtcli.infer.translator import Translator
+from tests.infer.test_search import pad_batch, random_model, random_sources, teacher_forced_logprob
+
+LINES = ["eine katze spielt", "ein hund läuft im park", "rot"]
+
+
+def test_topk_keeps_the_k_best_and_topp_the_smallest_nucleus() -> None:
+    logp = torch.log_softmax(torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]]), dim=-1)
+    kept = filtered_logprobs(logp, "topk", 2, 1.0, 1.0).isfinite()
+    assert kept.tolist() == [[True, True, False, False, False]]
+    probs = logp.exp()[0].tolist()  # about 0.64, 0.24, 0.09, ...
+    nucleus = filtered_logprobs(logp, "topp", 10, probs[0] + 0.01, 1.0).isfinite()
+    assert nucleus.tolist() == [[True, True, False, False, False]]  # the best alone is short of p
+    assert filtered_logprobs(logp, "topp", 10, 0.01, 1.0).isfinite().tolist() == [[True] + [False] * 4]
+    hot = filtered_logprobs(logp, "topk", 5, 1.0, 2.0)
+    assert torch.allclose(hot, logp / 2.0)
+
+
+@pytest.mark.parametrize("method", ["topk", "topp"])
+def test_samples_are_seeded_and_do_not_depend_on_the_batch(method: str) -> None:
+    model, sources = random_model(seed=3), random_sources(seed=4, n=5)
+    how = Sampling(method, topk=20, topp=0.95, temperature=1.3, seed=11)
+    batch = generate(model, pad_batch(sources), nbest=3, length_penalty=1.0, sample=how)
+    again = generate(model, pad_batch(sources), nbest=3, length_penalty=1.0, sample=how)
+    alone = generate(model, pad_batch(sources[2:3]), nbest=3, length_penalty=1.0, sample=how)
+    other = generate(model, pad_batch(sources), nbest=3, length_penalty=1.0,
+                     sample=Sampling(method, topk=20, topp=0.95, temperature=1.3, seed=12))
+    tokens = [[h.tokens for h in hyps] for hyps in batch]
+    assert all(len(hyps) == 3 for hyps in batch)
+    assert tokens == [[h.tokens for h in hyps] for hyps in again]
+    assert tokens[2] == [h.tokens for h in alone[0]]
+    assert tokens != [[h.tokens for h in hyps] for hyps in other]
+    assert len({tuple(t) for hyps in tokens for t in hyps}) > 5  # samples differ from one another
+
+
+def test_a_sample_scores_the_model_log_probability_and_never_draws_pad_or_bos() -> None:
+    model, sources = random_model(seed=5), random_sources(seed=6, n=4)
+    results = generate(model, pad_batch(sources), nbest=2, length_penalty=0.0,
+                       sample=Sampling("topk", topk=50, temperature=2.0, seed=1))
+    for src_ids, hyps in zip(sources, results, strict=True):
+        for h in hyps:
+            assert PAD_ID not in h.tokens and BOS_ID not in h.tokens
+            assert h.logprob == pytest.approx(teacher_forced_logprob(model, src_ids, h.tokens), abs=1e-4)
+            assert h.score == pytest.approx(h.logprob)
+
+
+def test_bad_sampling_settings_name_their_key() -> None:
+    model, src = random_model(), pad_batch(random_sources(n=1))
+    with pytest.raises(ConfigError, match="decode.temperature must be > 0"):
+        generate(model, src, sample=Sampling("topk", temperature=0.0))
+    with pytest.raises(ConfigError, match="decode.topp must be in"):
+        generate(model, src, sample=Sampling("topp", topp=1.5))
+
+
+def test_translator_and_the_command_line_sample(tiny_run_dir: Path, tmp_path: Path) -> None:
+    translator = Translator.from_run(tiny_run_dir, device="cpu")
+    samples = translator.nbest(LINES, 4, sampling="topk", topk=5, seed=7)
+    assert [len(n) for n in samples] == [4, 4, 4]
+    assert translator.nbest(LINES[1:2], 4, sampling="topk", topk=5, seed=7)[0] == samples[1]
+    assert translator.translate(LINES, sampling="topk", topk=5, seed=7) == [n[0].text for n in samples]
+    with pytest.raises(ConfigError, match="decode.sampling"):
+        translator.translate(LINES, sampling="nucleus")
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    cmd = [sys.executable, "-m", "mtcli.cli", "translate", str(tiny_run_dir), str(source), "--sampling", "topp",
+           "--temperature", "0.8", "--seed", "3", "--nbest", "2"]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert len(first.stdout.splitlines()) == 2 * len(LINES)
+    assert subprocess.run(cmd, capture_output=True, text=True, timeout=300).stdout == first.stdout
+
+
+def test_the_server_samples_as_the_translator_does(tiny_run_dir: Path) -> None:
+    pytest.importorskip("fastapi", reason="mtcli serve needs the serve extra")
+    pytest.importorskip("httpx", reason="the test client needs httpx")
+    from fastapi.testclient import TestClient
+
+    from mtcli.serve import create_app
+
+    translator = Translator.from_run(tiny_run_dir, device="cpu")
+    expected = translator.translate(LINES, sampling="topk", temperature=1.5, seed=5)
+    with TestClient(create_app(translator)) as client:
+        answer = client.post("/translate", json={"text": LINES, "sampling": "topk", "temperature": 1.5, "seed": 5})
+        assert answer.status_code == 200 and answer.json()["translations"] == expected
+        assert client.post("/translate", json={"text": LINES, "sampling": "beam"}).status_code == 422
+        assert client.post("/translate", json={"text": LINES, "temperature": 0}).status_code == 422
+
+
+def test_the_ctranslate2_engine_samples_and_says_its_samples_are_not_seeded(
+        tiny_run_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("ctranslate2")
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    engine = Translator.from_run(run, device="cpu", engine="ctranslate2")
+    samples = engine.nbest(LINES, 3, sampling="topk", topk=5)
+    assert [len(n) for n in samples] == [3, 3, 3]
+    assert "not reproducible" in caplog.text
