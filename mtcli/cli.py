@@ -170,6 +170,27 @@ def evaluate(
 
 @app.command()
 @handle_errors
+def compare(
+    systems: Annotated[list[str], typer.Argument(help="Hypothesis files or run directories (their newest "
+                                                      "eval/*.hyp); the first is the baseline.")],
+    ref: Annotated[list[Path], typer.Option("--ref", help="Reference file (repeatable: several references).")],
+    metrics: Annotated[str, typer.Option(help="Comma-separated: bleu, chrf, ter.")] = "bleu,chrf,ter",
+    test: Annotated[str, typer.Option(help="bs (paired bootstrap), ar (approximate randomization) or both.")] = "both",
+    samples: Annotated[Optional[int], typer.Option(help="Resamples or swaps (default 1000 for bs, 10000 for ar).")] = None,  # noqa: UP045
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report (JSON) here.")] = None,  # noqa: UP045
+) -> None:
+    """Paired significance tests between systems (sacreBLEU): scores, 95% intervals, p-values."""
+    from mtcli.compare import compare as run_compare
+    from mtcli.compare import render
+
+    tests = ("bs", "ar") if test == "both" else (test,)
+    report = run_compare(systems, ref, metrics=[m.strip() for m in metrics.split(",") if m.strip()],
+                         tests=tests, samples=samples, output=output)
+    print(render(report))
+
+
+@app.command()
+@handle_errors
 def translate(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
     files: Annotated[Optional[list[Path]], typer.Argument(help="Input files (default: stdin).")] = None,  # noqa: UP045

@@ -1,0 +1,133 @@
+"""``mtcli compare``: is system B really better than A? sacreBLEU's paired significance tests.
+
+Each system is a hypothesis file, or a run directory (its newest ``eval/*.hyp``, as ``mtcli
+evaluate`` writes them); the first system is the baseline. Every other system is compared with
+it on the same references (``--ref``, repeatable: several references per sentence):
+
+* **paired bootstrap resampling** (Koehn, 2004): the sentences are resampled ``n`` times (1,000
+  by default); each system's score gets its bootstrap mean and 95% confidence interval, and the
+  p-value is the share of resamples where the difference from the baseline is not larger than
+  the real one;
+* **approximate randomization** (Riezler and Maxwell, 2005): the two systems' outputs are
+  swapped sentence by sentence at random ``n`` times (10,000 by default); the p-value is the
+  share of swaps whose score difference is at least the real one.
+
+Metrics: BLEU, chrF and TER (sacreBLEU's defaults; lower TER is better). The report holds every
+score, mean, interval and p-value with each metric's sacreBLEU signature (which records the test
+and its number of samples), and is written atomically to ``report.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mtcli.data.textio import read_lines
+from mtcli.errors import ConfigError, DataError
+from mtcli.fileio import atomic_write
+
+METRICS = ("bleu", "chrf", "ter")
+TESTS = {"bs": "paired bootstrap resampling", "ar": "approximate randomization"}
+DEFAULT_SAMPLES = {"bs": 1000, "ar": 10000}
+
+
+def hypothesis_file(system: str | Path) -> Path:
+    """``system`` itself when it is a file; for a run directory, its newest ``eval/*.hyp``."""
+    path = Path(system)
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise DataError(f"{path}: no such hypothesis file or run directory")
+    found = sorted(path.glob("eval/**/*.hyp"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise DataError(f"{path}: no hypotheses under {path / 'eval'} (run mtcli evaluate {path} first)")
+    return found[-1]
+
+
+def _metric(name: str) -> Any:
+    from sacrebleu.metrics import BLEU, CHRF, TER
+
+    return {"bleu": BLEU, "chrf": CHRF, "ter": TER}[name]()
+
+
+def _lines(path: Path, count: int | None, what: str) -> list[str]:
+    lines = list(read_lines(path))
+    if count is not None and len(lines) != count:
+        raise DataError(f"{path} has {len(lines)} lines but the {what} has {count}: line counts must match")
+    return lines
+
+
+def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
+            metrics: Sequence[str] = METRICS, tests: Sequence[str] = ("bs", "ar"),
+            samples: int | None = None, names: Sequence[str] | None = None,
+            output: str | Path | None = None) -> dict[str, Any]:
+    """Compare ``systems`` (the first is the baseline) on ``references`` with each of ``tests``
+    (``bs``, ``ar``; see the module docstring), for each of ``metrics``. ``samples``: resamples
+    or swaps per test (default 1,000 and 10,000). Returns the report, also written to ``output``
+    (a ``report.json`` path) when given. Raises :class:`ConfigError` or :class:`DataError`."""
+    from sacrebleu.significance import PairedTest
+
+    if len(systems) < 2:
+        raise ConfigError("compare needs at least two systems: the baseline first, then the others")
+    if not references:
+        raise ConfigError("compare needs at least one reference file (--ref)")
+    unknown = [m for m in metrics if m not in METRICS] + [t for t in tests if t not in TESTS]
+    if unknown:
+        raise ConfigError(f"unknown metric or test {', '.join(unknown)} (metrics: {', '.join(METRICS)}; "
+                          f"tests: {', '.join(TESTS)})")
+    if samples is not None and samples < 1:
+        raise ConfigError(f"--samples must be >= 1, got {samples}")
+    files = [hypothesis_file(s) for s in systems]
+    names = list(names) if names else [str(s) for s in systems]
+    if len(names) != len(files) or len(set(names)) != len(names):
+        raise ConfigError("compare needs one distinct name per system")
+    refs = [_lines(Path(r), None, "") for r in references]
+    count = len(refs[0])
+    refs = [refs[0]] + [_lines(Path(r), count, f"reference {references[0]}") for r in references[1:]]
+    hyps = [_lines(f, count, f"reference {references[0]}") for f in files]
+    report: dict[str, Any] = {"baseline": names[0], "sentences": count, "references": [str(r) for r in references],
+                              "systems": {n: str(f) for n, f in zip(names, files, strict=True)}, "tests": {}}
+    for test in tests:
+        n = samples or DEFAULT_SAMPLES[test]
+        paired = PairedTest(list(zip(names, hyps, strict=True)), {m: _metric(m) for m in metrics}, refs,
+                            test_type=test, n_samples=n)
+        signatures, scores = paired()
+        report["tests"][test] = {
+            "name": TESTS[test], "samples": n,
+            "signatures": {m: str(sig) for m, sig in zip(metrics, signatures.values(), strict=True)},
+            "scores": {m: {name: _result(r) for name, r in zip(names, results, strict=True)}
+                       for m, results in zip(metrics, list(scores.values())[1:], strict=True)},
+        }
+    if output is not None:
+        with atomic_write(output) as handle:
+            json.dump(report, handle, indent=2)
+            handle.write("\n")
+    return report
+
+
+def _result(result: Any) -> dict[str, float | None]:
+    """A sacreBLEU significance result as plain numbers (``ci``: the half-width of the 95% interval)."""
+    def num(x: Any) -> float | None:
+        return None if x is None else round(float(x), 4)
+
+    return {"score": num(result.score), "mean": num(result.mean), "ci": num(result.ci), "p_value": num(result.p_value)}
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report as a table per test: each system's score (mean ± 95% interval under the
+    bootstrap) and p-value against the baseline, per metric; then the signatures."""
+    lines = []
+    for body in report["tests"].values():
+        lines.append(f"{body['name']} ({body['samples']} samples), baseline {report['baseline']}:")
+        for metric, by_system in body["scores"].items():
+            for name, r in by_system.items():
+                spread = f" (mean {r['mean']:.2f} ± {r['ci']:.2f})" if r["mean"] is not None else ""
+                p = "" if r["p_value"] is None else f"  p = {r['p_value']:.4f}"
+                lines.append(f"  {metric:5s} {name}: {r['score']:.2f}{spread}{p}")
+        lines += [f"  {m} signature: {sig}" for m, sig in body["signatures"].items()]
+    return "\n".join(lines)
+
+
+__all__ = ["METRICS", "TESTS", "compare", "hypothesis_file", "render"]

@@ -1,0 +1,97 @@
+"""`mtcli compare`: sacreBLEU's paired bootstrap and approximate randomization between systems,
+with scores, 95% intervals, p-values and signatures in a report; run directories resolve to their
+newest hypotheses; bad input is one line naming the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from conftest import TOY_DIR
+from typer.testing import CliRunner
+
+from mtcli.cli import app
+from mtcli.compare import compare, hypothesis_file
+from mtcli.errors import ConfigError, DataError
+
+
+@pytest.fixture
+def systems(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """The toy test references, a system that drops every other sentence's last words, and one
+    that gets all but one sentence right."""
+    ref = tmp_path / "ref.txt"
+    lines = (TOY_DIR / "test.tgt").read_text(encoding="utf-8").splitlines()
+    ref.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    weak = [" ".join(line.split()[: max(1, len(line.split()) // 2)]) if i % 2 else line for i, line in enumerate(lines)]
+    strong = ["wrong"] + lines[1:]
+    (tmp_path / "weak.hyp").write_text("\n".join(weak) + "\n", encoding="utf-8")
+    (tmp_path / "strong.hyp").write_text("\n".join(strong) + "\n", encoding="utf-8")
+    return ref, tmp_path / "weak.hyp", tmp_path / "strong.hyp"
+
+
+def test_both_tests_find_the_better_system(systems: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    ref, weak, strong = systems
+    out = tmp_path / "report.json"
+    report = compare([weak, strong], [ref], samples=200, names=["weak", "strong"], output=out)
+    assert json.loads(out.read_text()) == report
+    boot, rand = report["tests"]["bs"], report["tests"]["ar"]
+    for metric in ("bleu", "chrf", "ter"):
+        base, better = boot["scores"][metric]["weak"], boot["scores"][metric]["strong"]
+        assert base["p_value"] is None and better["p_value"] < 0.05
+        assert better["ci"] > 0 and base["mean"] is not None
+        assert rand["scores"][metric]["strong"]["p_value"] < 0.05
+        assert rand["scores"][metric]["strong"]["mean"] is None  # no intervals from randomization
+    assert boot["scores"]["bleu"]["strong"]["score"] > boot["scores"]["bleu"]["weak"]["score"]
+    assert boot["scores"]["ter"]["strong"]["score"] < boot["scores"]["ter"]["weak"]["score"]  # lower is better
+    assert "bs:200" in boot["signatures"]["bleu"] and "ar:200" in rand["signatures"]["chrf"]
+
+
+def test_systems_of_equal_quality_are_not_told_apart(systems: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """One system truncates the odd sentences, the other the even ones."""
+    ref, weak, _ = systems
+    refs = ref.read_text(encoding="utf-8").splitlines()
+    other = [" ".join(line.split()[: max(1, len(line.split()) // 2)]) if i % 2 == 0 else line
+             for i, line in enumerate(refs)]
+    close = tmp_path / "other.hyp"
+    close.write_text("\n".join(other) + "\n", encoding="utf-8")
+    report = compare([weak, close], [ref, ref], metrics=["bleu"], samples=200, names=["a", "b"])
+    assert report["tests"]["ar"]["scores"]["bleu"]["b"]["p_value"] > 0.05
+    assert report["tests"]["bs"]["scores"]["bleu"]["b"]["p_value"] > 0.05
+
+
+def test_a_run_directory_gives_its_newest_hypotheses(tmp_path: Path) -> None:
+    old, new = tmp_path / "run" / "eval" / "test.old.hyp", tmp_path / "run" / "eval" / "lp1" / "test.new.hyp"
+    for i, path in enumerate((old, new)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x\n")
+        os.utime(path, (time.time() + i, time.time() + i))
+    assert hypothesis_file(tmp_path / "run") == new
+    with pytest.raises(DataError, match="run mtcli evaluate"):
+        hypothesis_file(tmp_path)
+
+
+def test_bad_input_is_one_line(systems: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    ref, weak, strong = systems
+    short = tmp_path / "short.hyp"
+    short.write_text("one line\n")
+    with pytest.raises(DataError, match=r"short.hyp has 1 lines but the reference .* has \d+"):
+        compare([weak, short], [ref])
+    with pytest.raises(ConfigError, match="at least two systems"):
+        compare([weak], [ref])
+    with pytest.raises(ConfigError, match="unknown metric or test meteor"):
+        compare([weak, strong], [ref], metrics=["meteor"])
+    result = CliRunner().invoke(app, ["compare", str(weak), str(short), "--ref", str(ref)])
+    assert result.exit_code != 0 and "short.hyp has 1 lines" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_the_command_prints_a_table(systems: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    ref, weak, strong = systems
+    result = CliRunner().invoke(app, ["compare", str(weak), str(strong), "--ref", str(ref), "--test", "bs",
+                                      "--samples", "100", "--metrics", "bleu", "-o", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    assert "paired bootstrap resampling (100 samples)" in result.output and "p = " in result.output
+    assert (tmp_path / "r.json").is_file()
