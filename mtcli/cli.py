@@ -132,7 +132,10 @@ def evaluate(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
     split: Annotated[Optional[str], typer.Option(help="Prepared split to score (default: first test split).")] = None,  # noqa: UP045
     src: Annotated[Optional[Path], typer.Option(help="Source text file (with --ref) instead of a split.")] = None,  # noqa: UP045
-    ref: Annotated[Optional[Path], typer.Option(help="Reference text file (with --src).")] = None,  # noqa: UP045
+    ref: Annotated[Optional[list[Path]], typer.Option(  # noqa: UP045
+        help="Reference text file (with --src; repeatable: several references per sentence).")] = None,
+    metrics: Annotated[str, typer.Option(help="Comma-separated: bleu, chrf, ter (BLEU and lowercased "
+                                              "BLEU are always scored).")] = "bleu,chrf",
     checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
     average_last: Annotated[int, typer.Option(help="Average the last K step checkpoints first.")] = 0,
     average_best: Annotated[int, typer.Option(help="Average the K best checkpoints first.")] = 0,
@@ -155,7 +158,9 @@ def evaluate(
         run_dir,
         split=split,
         src_file=src,
-        ref_file=ref,
+        ref_file=ref[0] if ref else None,
+        more_refs=list(ref or [])[1:],
+        metrics=[m.strip() for m in metrics.split(",") if m.strip()],
         checkpoint=checkpoint,
         average_last=average_last,
         average_best=average_best,

@@ -88,6 +88,18 @@ def _test_files(run_dir: Path, config: Config, split: str | None, src_file: str 
     return src_path, ref_path, _safe_name(split), split
 
 
+def _read_test(src_path: Path, ref_paths: list[Path]) -> tuple[list[str], list[str], list[list[str]]]:
+    """The source lines, the first reference's and the further references' (each as many lines
+    as the source: else a :class:`DataError` naming the file)."""
+    sources = list(read_lines(src_path))
+    streams = [list(read_lines(path)) for path in ref_paths]
+    for path, stream in zip(ref_paths, streams, strict=True):
+        if len(sources) != len(stream):
+            raise DataError(f"{src_path} has {len(sources)} lines but {path} has {len(stream)}: "
+                            "source and reference line counts must match")
+    return sources, streams[0], streams[1:]
+
+
 def _checkpoint_name(bundle: InferenceModel, average_last: int, average_best: int, members: int) -> str:
     """The checkpoint's part of the output file names (``best``, ``avg_last3``, ``...ensemble2``)."""
     if average_last > 0:
@@ -139,21 +151,21 @@ def evaluate(
     output_dir: str | Path | None = None,
     ensemble: Sequence[str | Path] = (),
     engine: str = "torch",
+    more_refs: Sequence[str | Path] = (),
+    metrics: Sequence[str] = ("bleu", "chrf"),
     **settings: Any,
 ) -> dict[str, Any]:
-    """Decode a split (or a ``src_file``/``ref_file`` pair), score it, write hypotheses + report.
+    """Decode a split (or a ``src_file``/``ref_file`` pair, ``more_refs`` adding references),
+    score it (:func:`mtcli.metrics.score` with ``metrics``), write hypotheses + report.
 
-    The split defaults to the first of ``data.test_splits``; its raw text comes from
-    ``run_dir/text/<split>.<lang>`` (or the prepared cache). Hypotheses are detokenised with the
-    run's SentencePiece model and written to ``<output_dir>/<name>.<ckpt>.hyp``; the report
-    (scores and signatures, checkpoint, decode settings, sentences, sentences/s, target tokens/s,
-    device, peak memory) to ``<output_dir>/<name>.<ckpt>.report.json``; both atomically.
-    ``output_dir`` defaults to ``run_dir/eval``. ``settings`` are typed decode settings
-    (``beam``, ``length_penalty``, ... as :class:`~mtcli.infer.translator.Translator` takes
-    them); ``overrides`` are ``decode.*`` ``--set`` strings from the command line. ``average_last``/``average_best`` average that many checkpoints before decoding.
-    ``ensemble``: more members decoded together with that model (run directories or checkpoint
-    files, see :func:`mtcli.infer.ensemble.add_members`); the file names then end ``.ensemble<M>``.
-    ``engine``: ``torch`` or ``ctranslate2`` (:mod:`mtcli.infer.ct2`). Returns the report dict.
+    The split defaults to the first of ``data.test_splits`` (text from ``run_dir/text/`` or the
+    prepared cache). Hypotheses go to ``<output_dir>/<name>.<ckpt>.hyp`` and the report (scores,
+    signatures, checkpoint, decode settings, speed, device, peak memory) to
+    ``<name>.<ckpt>.report.json``, both atomically; ``output_dir`` defaults to ``run_dir/eval``.
+    ``settings``: typed decode settings (as :class:`~mtcli.infer.translator.Translator` takes
+    them); ``overrides``: ``--set decode.*`` strings. ``average_last``/``average_best``: average
+    that many checkpoints first; ``ensemble``: more members (:func:`mtcli.infer.ensemble.add_members`;
+    file names then end ``.ensemble<M>``); ``engine``: ``torch`` or ``ctranslate2``.
     """
     run_dir = Path(run_dir)
     _check_test_args(split, src_file, ref_file)
@@ -162,18 +174,16 @@ def evaluate(
                                      overrides=overrides or (), **settings)
     bundle, decode, device = translator.bundle, translator.decode, translator.device
     src_path, ref_path, name, split = _test_files(run_dir, bundle.config, split, src_file, ref_file)
-    sources, references = list(read_lines(src_path)), list(read_lines(ref_path))
-    if len(sources) != len(references):
-        raise DataError(
-            f"{src_path} has {len(sources)} lines but {ref_path} has {len(references)}: "
-            "source and reference line counts must match"
-        )
+    if more_refs and src_file is None:
+        raise ConfigError("several references (--ref ... --ref) need --src files, not a split")
+    ref_paths = [ref_path, *map(Path, more_refs)]
+    sources, references, more_references = _read_test(src_path, ref_paths)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
     hypotheses, target_tokens = _decode(translator, sources, name, str(src_path))
     seconds = time.perf_counter() - start
-    scores = score(hypotheses, references)
+    scores = score(hypotheses, references, more_references=more_references, metrics=metrics)
     ckpt = _checkpoint_name(bundle, average_last, average_best, len(ensemble) + 1)
     out_dir = Path(output_dir) if output_dir is not None else run_dir / "eval"
     hyp_path = out_dir / f"{name}.{ckpt}.hyp"
@@ -183,6 +193,7 @@ def evaluate(
         "split": split,
         "source": str(src_path),
         "reference": str(ref_path),
+        "references": [str(path) for path in ref_paths],
         "checkpoint": str(bundle.name),
         "average_last": average_last,
         "average_best": average_best,
@@ -200,9 +211,8 @@ def evaluate(
         "report": str(report_path),
     }
     _write_outputs(hyp_path, report_path, hypotheses, report)
-    get_logger().info(
-        "%s (%s, %d sentences): BLEU %.2f  chrF %.2f  BLEU(lc) %.2f  [%.1f sent/s]",
-        name, bundle.name, len(sources), scores["bleu"], scores["chrf"], scores["bleu_lc"],
-        report["sentences_per_second"],
-    )
+    shown = "  ".join(f"{label} {scores[key]:.2f}" for key, label in
+                      (("bleu", "BLEU"), ("chrf", "chrF"), ("ter", "TER"), ("bleu_lc", "BLEU(lc)")) if key in scores)
+    get_logger().info("%s (%s, %d sentences): %s  [%.1f sent/s]", name, bundle.name, len(sources), shown,
+                      report["sentences_per_second"])
     return report

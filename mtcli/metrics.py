@@ -5,7 +5,10 @@ All on detokenised text:
 * **BLEU** with sacreBLEU's defaults (13a tokenisation, cased, exponential smoothing):
   ``BLEU = BP * exp(sum_n 1/4 * log p_n)`` with ``BP = min(1, exp(1 - r/c))``;
 * **chrF** (Popović, 2015): character n-gram F-score, ``beta = 2``;
-* **lowercased BLEU** (``-lc``, 13a): only for comparison with papers that report it.
+* **lowercased BLEU** (``-lc``, 13a): only for comparison with papers that report it;
+* **TER** (Snover et al., 2006), when asked for: edits per reference word, lower is better.
+
+Several references per sentence are several reference streams, as sacreBLEU takes them.
 
 Every score comes with its sacreBLEU signature, so a number in a table says exactly how it was
 computed. Used by ``mtcli evaluate`` and by the validation BLEU during training.
@@ -13,42 +16,47 @@ computed. Used by ``mtcli evaluate`` and by the validation BLEU during training.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.metrics import BLEU, CHRF, TER
 
 from mtcli.errors import DataError
 
+#: What ``evaluate --metrics`` may name (BLEU and lowercased BLEU are always scored).
+METRICS = ("bleu", "chrf", "ter")
 
-def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
-    """Corpus BLEU, chrF and lowercased BLEU of ``hypotheses`` against one reference each.
 
-    Returns ``bleu``, ``chrf``, ``bleu_lc`` (floats, 0-100), their signatures as
-    ``bleu_signature``/``chrf_signature``/``bleu_lc_signature`` (also grouped under
-    ``signatures``), and BLEU's details (``bleu_precisions``, ``bleu_bp``, ``sys_len``,
-    ``ref_len``). Raises :class:`DataError` if the two lists differ in length.
+def score(hypotheses: list[str], references: list[str], *, more_references: Sequence[list[str]] = (),
+          metrics: Sequence[str] = ("bleu", "chrf")) -> dict[str, Any]:
+    """Corpus scores of ``hypotheses`` against ``references`` (and ``more_references``: further
+    reference streams, one line per hypothesis each).
+
+    Always BLEU and lowercased BLEU (``bleu``, ``bleu_lc``, floats 0-100); chrF and TER when
+    ``metrics`` names them (``chrf``, ``ter``; lower TER is better). Each with its signature as
+    ``<metric>_signature`` (also grouped under ``signatures``), and BLEU's details
+    (``bleu_precisions``, ``bleu_bp``, ``sys_len``, ``ref_len``). Raises :class:`DataError` if a
+    reference stream's length differs from the hypotheses', or on an unknown metric.
     """
-    if len(hypotheses) != len(references):
-        raise DataError(
-            f"{len(hypotheses)} hypotheses but {len(references)} references: counts must match"
-        )
-    refs = [list(references)]
-    bleu, chrf, bleu_lc = BLEU(), CHRF(), BLEU(lowercase=True)
-    b = bleu.corpus_score(list(hypotheses), refs)
-    c = chrf.corpus_score(list(hypotheses), refs)
-    lc = bleu_lc.corpus_score(list(hypotheses), refs)
-    signatures = {
-        "bleu": str(bleu.get_signature()),
-        "chrf": str(chrf.get_signature()),
-        "bleu_lc": str(bleu_lc.get_signature()),
-    }
+    unknown = sorted(set(metrics) - set(METRICS))
+    if unknown:
+        raise DataError(f"unknown metric {', '.join(unknown)} (known: {', '.join(METRICS)})")
+    refs = [list(references), *(list(r) for r in more_references)]
+    for stream in refs:
+        if len(hypotheses) != len(stream):
+            raise DataError(f"{len(hypotheses)} hypotheses but {len(stream)} references: counts must match")
+    hyps = list(hypotheses)
+    scorers = {"bleu": BLEU(), "bleu_lc": BLEU(lowercase=True)}
+    if "chrf" in metrics:
+        scorers["chrf"] = CHRF()
+    if "ter" in metrics:
+        scorers["ter"] = TER()
+    results = {name: scorer.corpus_score(hyps, refs) for name, scorer in scorers.items()}
+    signatures = {name: str(scorer.get_signature()) for name, scorer in scorers.items()}
+    b = results["bleu"]
     return {
-        "bleu": round(float(b.score), 4),
-        "chrf": round(float(c.score), 4),
-        "bleu_lc": round(float(lc.score), 4),
-        "bleu_signature": signatures["bleu"],
-        "chrf_signature": signatures["chrf"],
-        "bleu_lc_signature": signatures["bleu_lc"],
+        **{name: round(float(r.score), 4) for name, r in results.items()},
+        **{f"{name}_signature": sig for name, sig in signatures.items()},
         "signatures": signatures,
         "bleu_precisions": [round(float(p), 4) for p in b.precisions],
         "bleu_bp": round(float(b.bp), 4),

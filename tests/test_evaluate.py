@@ -129,3 +129,39 @@ def test_cli_evaluate_bad_input(case: str, tiny_run_dir: Path, tmp_path: Path) -
         assert str(src) in err and str(ref) in err
     if case == "bad_split":
         assert "nosuchsplit" in err
+
+
+def test_score_several_references_and_ter() -> None:
+    import sacrebleu
+
+    hyps, first, second = ["the cat sat on the mat", "a dog barks"], ["a cat sits on a mat", "the dog barks"], \
+        ["the cat sat on the mat", "a dog barks loudly"]
+    result = score(hyps, first, more_references=[second], metrics=["bleu", "chrf", "ter"])
+    assert result["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [first, second]).score, abs=1e-3)
+    assert result["ter"] == pytest.approx(sacrebleu.corpus_ter(hyps, [first, second]).score, abs=1e-3)
+    assert result["bleu_signature"].startswith("nrefs:2") and "tok:tercom" in result["ter_signature"]
+    assert "chrf" not in score(hyps, first, metrics=["bleu"])
+    with pytest.raises(DataError, match="unknown metric meteor"):
+        score(hyps, first, metrics=["meteor"])
+    with pytest.raises(DataError, match="2 hypotheses but 1 references"):
+        score(hyps, first, more_references=[second[:1]])
+
+
+def test_cli_evaluate_several_references_and_metrics(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """The model's own output as a second reference: BLEU 100 and TER 0, whatever the first."""
+    src, ref = tiny_run_dir / "text" / "test.src", tiny_run_dir / "text" / "test.tgt"
+    base = [sys.executable, "-m", "mtcli.cli", "evaluate", str(tiny_run_dir), "--src", str(src), "--beam", "1"]
+    first = subprocess.run([*base, "--ref", str(ref), "--output", str(tmp_path / "one")], capture_output=True, text=True,
+                           timeout=300)
+    assert first.returncode == 0, first.stderr
+    own = json.loads(first.stdout)["hypotheses"]
+    both = subprocess.run([*base, "--ref", str(ref), "--ref", own, "--metrics", "bleu,chrf,ter",
+                           "--output", str(tmp_path / "two")], capture_output=True, text=True, timeout=300)
+    assert both.returncode == 0, both.stderr
+    report = json.loads(both.stdout)
+    assert report["bleu"] == pytest.approx(100.0) and report["ter"] == pytest.approx(0.0)
+    assert report["references"] == [str(ref), own] and report["bleu_signature"].startswith("nrefs:2")
+    short = tmp_path / "short.txt"
+    short.write_text("one\n")
+    bad = subprocess.run([*base, "--ref", str(ref), "--ref", str(short)], capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "short.txt has 1" in bad.stderr and "Traceback" not in bad.stderr
