@@ -66,7 +66,7 @@ def train_row(config: Path, source: Path, cache: Path, steps: int, resume: int) 
         "--set", "model.output_vocab=joint"]
     before = set(BENCH.glob("results/train_scale_*.json"))
     args = [str(BENCH / "bench_train_scale.py"), str(config), *data, *shape, "--steps", str(steps),
-            "--set", "train.update_freq=1", "--set", "train.device=cpu", "--set", "train.bf16=auto"]
+            "--set", "train.update_freq=1", "--set", "train.device=cpu", "--set", "train.precision=auto"]
     if resume:
         args += ["--resume-steps", str(resume)]
     result = subprocess.run([sys.executable, *args], capture_output=True, text=True)

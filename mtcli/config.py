@@ -79,7 +79,7 @@ class TrainConfig:
     seed: int = 1
     device: str = "auto"
     num_threads: int = 0
-    bf16: bool | Literal["auto"] = False
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "fp32"  # autocast dtype (fp16: with a gradient scaler)
     max_tokens: int = 4096
     update_freq: int = 1
     max_source_length: int = 256

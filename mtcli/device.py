@@ -1,6 +1,6 @@
 """Where training and decoding run: the device, and whether it multiplies bf16 natively.
 
-``train.bf16: auto`` asks :func:`device_has_bf16_units`: autocast pays only where the matrix
+``train.precision: auto`` asks :func:`device_has_bf16_units`: autocast pays only where the matrix
 units take bf16 (CUDA with bf16 support; a CPU with AVX512-BF16, AMX or Arm BF16), and costs
 ~100x on a CPU without them.
 """
@@ -60,17 +60,19 @@ def cpu_has_bf16_units(cpuinfo: str = "/proc/cpuinfo") -> bool:
 
 
 def device_has_bf16_units(device: torch.device) -> bool:
-    """What ``train.bf16: auto`` resolves to: CUDA with bf16 support, or a CPU with bf16 units."""
+    """Whether bf16 pays on ``device``: CUDA with bf16 support, or a CPU with bf16 units."""
     if device.type == "cuda":
         return bool(torch.cuda.is_bf16_supported())
     return device.type == "cpu" and cpu_has_bf16_units()
 
 
-def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
-    """bf16 autocast on ``device`` when ``enabled`` (``train.bf16``, ``decode.bf16``), else nothing."""
-    if not enabled:
+def autocast(device: torch.device, enabled: bool | str) -> contextlib.AbstractContextManager:
+    """Autocast on ``device``: bf16 when ``enabled`` is True or ``"bf16"`` (``decode.bf16``,
+    ``train.precision``), fp16 for ``"fp16"``, else nothing (``False``, ``"fp32"``)."""
+    dtype = {True: torch.bfloat16, "bf16": torch.bfloat16, "fp16": torch.float16}.get(enabled)
+    if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 __all__ = ["autocast", "cpu_has_bf16_units", "cpu_info", "cpu_name", "device_has_bf16_units", "resolve_device"]

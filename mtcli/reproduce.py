@@ -148,7 +148,7 @@ def device_name(device: str) -> str:
     """Human-readable name of the device a run used."""
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
-    # bf16 units decide what train.bf16 is worth here (1.4x fp32 or ~100x slower): say which
+    # bf16 units decide what train.precision bf16 is worth here (1.4x fp32 or ~100x slower): say which
     return f"CPU ({cpu_name()}, {os.cpu_count()} cores{', bf16 units' if cpu_has_bf16_units() else ''})"
 
 

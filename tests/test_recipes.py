@@ -28,7 +28,7 @@ def _two_steps(recipe: str, tmp_path: Path) -> None:
 
     overrides = TOY_DATA + [
         f"data.prepared_dir={tmp_path / 'prep'}", f"train.run_dir={tmp_path / 'run'}",
-        "train.bf16=false", "train.max_tokens=256", "train.update_freq=1", "train.max_steps=2",
+        "train.precision=fp32", "train.max_tokens=256", "train.update_freq=1", "train.max_steps=2",
         "train.valid_every=2", "train.valid_bleu=false", "train.keep_last=1", "train.progress=false",
     ]
     config = load_config(REPO / "configs" / recipe, overrides)

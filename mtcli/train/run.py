@@ -93,26 +93,30 @@ def setup_run_dir(config: Config, corpus: PreparedCorpus, run_dir: Path) -> None
             atomic_copy(corpus.text_path(split, lang), run_dir / TEXT_DIR / f"{split}.{lang}")
 
 
-def resolve_bf16(config: Config, device: torch.device) -> tuple[Config, str]:
-    """``config`` with ``train.bf16: auto`` resolved for ``device`` (the run's config.yaml and
-    checkpoints then say which), and the text the run's first log line shows. Warns when bf16
-    is asked for on a CPU without bf16 units, where it runs many times slower than fp32."""
+def resolve_precision(config: Config, device: torch.device) -> tuple[Config, str]:
+    """``config`` with ``train.precision: auto`` resolved for ``device`` (the run's config.yaml
+    and checkpoints then say which), and the text the run's first log line shows. auto is bf16
+    where the device multiplies bf16 natively, else fp16 on a GPU (V100, T4: with a gradient
+    scaler), else fp32. Warns when bf16 is asked for on a CPU without bf16 units, where it runs
+    many times slower than fp32."""
     has_units = device_has_bf16_units(device)
-    if config.train.bf16 == "auto":
-        text = f"{has_units} (auto: the {device.type} has {'' if has_units else 'no '}bf16 units)"
-        return dataclasses.replace(config, train=dataclasses.replace(config.train, bf16=has_units)), text
-    if config.train.bf16 and device.type == "cpu" and not has_units:
-        get_logger().warning("train.bf16 on a CPU without bf16 matrix units (avx512_bf16/amx_bf16 in "
-                             "/proc/cpuinfo): expect it to run many times slower than fp32 "
-                             "(--set train.bf16=false, or auto)")
-    return config, str(config.train.bf16)
+    precision = config.train.precision
+    text = precision
+    if precision == "auto":
+        precision = "bf16" if has_units else "fp16" if device.type == "cuda" else "fp32"
+        text = f"{precision} (auto: the {device.type} has {'' if has_units else 'no '}bf16 units)"
+        config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision=precision))
+    elif precision == "bf16" and not has_units:
+        get_logger().warning("train.precision bf16 on a %s without bf16 matrix units: expect it to run many "
+                             "times slower than fp32 (--set train.precision=auto)", device.type)
+    return config, text
 
 
-def _log_start(trainer: Trainer, config: Config, device: torch.device, bf16_text: str) -> None:
+def _log_start(trainer: Trainer, config: Config, device: torch.device, precision_text: str) -> None:
     """The run's first log lines: where, on what, and what the training stream reads."""
     log, stream, train = get_logger(), trainer.stream, config.train
-    log.info("run dir %s | device %s | processes %d | bf16 %s | parameters %s", trainer.run_dir,
-             device, trainer.info.world_size, bf16_text, f"{trainer.parameters:,}")
+    log.info("run dir %s | device %s | processes %d | precision %s | parameters %s", trainer.run_dir,
+             device, trainer.info.world_size, precision_text, f"{trainer.parameters:,}")
     log.info("training pairs: %d kept, %d skipped (longer than %d/%d pieces) | epoch padding %.3f",
              len(stream.indices), stream.skipped, train.max_source_length, train.max_target_length,
              stream.padding_fraction())
@@ -151,7 +155,7 @@ def train(config: Config) -> TrainSummary:
     device = resolve_device(config.train.device, info.local_rank)
     if config.train.num_threads > 0:
         torch.set_num_threads(config.train.num_threads)
-    config, bf16_text = resolve_bf16(config, device)
+    config, precision_text = resolve_precision(config, device)
     if not info.is_main:  # one voice on the console: rank 0's
         log.setLevel(logging.WARNING)
     corpus = open_prepared(config)
@@ -184,7 +188,7 @@ def train(config: Config) -> TrainSummary:
             trainer.writer = SummaryWriter(str(run_dir / "tensorboard"),
                                            purge_step=trainer.step + 1 if found else None)
             stack.callback(trainer.writer.close)
-        _log_start(trainer, config, device, bf16_text)
+        _log_start(trainer, config, device, precision_text)
         if info.distributed:
             trainer.ddp = nn.parallel.DistributedDataParallel(
                 trainer.model, device_ids=[device.index] if device.type == "cuda" else None

@@ -4,7 +4,8 @@ One optimiser step, as in "Attention Is All You Need" (section 5):
 
 1. take the step's group of ``update_freq * world_size`` token batches from the deterministic
    :class:`~mtcli.data.batching.BatchStream`; this rank runs every ``world_size``-th of them;
-2. for each, forward (bf16 autocast if ``train.bf16``), the loss summed over target tokens
+2. for each, forward (autocast in ``train.precision``: bf16, or fp16 through a gradient scaler
+   whose state is checkpointed), the loss summed over target tokens
    (label-smoothed cross entropy, or :class:`~mtcli.train.rdrop.RDropLoss`), and backward of ``loss * world_size / N`` where ``N`` is the target-token count of
    the whole group (known on every rank from the cached lengths). DDP averages gradients over
    ranks, so the gradient is d/dtheta [sum of losses / N]: the same as one process running the
@@ -100,6 +101,8 @@ class Trainer:
                           if self.cfg.rdrop_alpha > 0 else LabelSmoothedLoss(self.cfg.label_smoothing, PAD_ID))
         self.optimizer = build_optimizer(self.model, self.cfg)
         self.schedule = build_schedule(self.optimizer, config.model.d_model, self.cfg)
+        # fp16's narrow range needs the loss scaled up and the gradients checked for overflow
+        self.scaler = torch.amp.GradScaler(device.type) if self.cfg.precision == "fp16" else None
         data = config.data
         self.stream = BatchStream(
             corpus.array(data.train_split, data.src_lang),
@@ -157,6 +160,8 @@ class Trainer:
         except (KeyError, RuntimeError, ValueError) as exc:
             raise CheckpointError(f"{path}: cannot restore model/optimizer ({one_line(exc)})") from None
         self.schedule.load_state_dict(state["scheduler"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
         self.stream.load_state_dict(state["data_state"])
         self.step = int(state["step"])
         ts = state.get("train_state") or {}
@@ -197,6 +202,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.schedule.state_dict(),
+            **({"scaler": self.scaler.state_dict()} if self.scaler is not None else {}),
             "rng": rng_ranks[0],
             **({"rng_ranks": rng_ranks} if len(rng_ranks) > 1 else {}),
             "data_state": self.stream.state_dict(),
@@ -235,10 +241,11 @@ class Trainer:
             sync = contextlib.nullcontext() if (self.ddp is None or last) else self.ddp.no_sync()
             with sync:
                 src, tgt_in = self.criterion.inputs(batch.src, batch.tgt_in)
-                with autocast(self.device, bool(self.cfg.bf16)):
+                with autocast(self.device, self.cfg.precision):
                     logits = model(src, tgt_in)
                 loss, out = self.criterion.objective(logits, self.model.output_targets(batch.tgt_out))
-                (loss * scale).backward()
+                scaled = loss * scale
+                (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
             loss_acc += out.loss.detach()
             nll_acc += out.nll
             tokens += batch.tgt_tokens
@@ -251,13 +258,18 @@ class Trainer:
         )
         if stop_any > 0 and self.signals.signum is None:
             self.signals.signum = signal.SIGTERM  # another rank was signalled
+        if self.scaler is not None and math.isfinite(loss_sum):
+            self.scaler.unscale_(self.optimizer)
         need_norm = self.cfg.clip_norm > 0 or (self.step + 1) % self.cfg.log_every == 0
         grad_norm = self._clip_gradients() if math.isfinite(loss_sum) and need_norm else float("nan")
+        if self.scaler is not None and math.isfinite(loss_sum) and not self._scaled_step():
+            return None  # fp16 gradients overflowed: the scale is lowered and the step taken again later
         if not math.isfinite(loss_sum) or (need_norm and not math.isfinite(grad_norm)):
             self._skip_update(group.epoch)
             return None
         lr = self.schedule.lr
-        self.optimizer.step()
+        if self.scaler is None:
+            self.optimizer.step()
         self.schedule.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.nonfinite_in_row = 0
@@ -272,6 +284,19 @@ class Trainer:
             "lr": lr,
             "grad_norm": grad_norm,
         }
+
+    def _scaled_step(self) -> bool:
+        """The fp16 optimiser step through the gradient scaler: False (gradients dropped, nothing
+        counted) when they overflowed, and the scaler lowered its scale."""
+        before = self.scaler.get_scale()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        if self.scaler.get_scale() < before:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.log.debug("fp16 gradients overflowed at step %d: loss scale %g -> %g", self.step + 1, before,
+                           self.scaler.get_scale())
+            return False
+        return True
 
     def _clip_gradients(self) -> float:
         """The gradient norm, clipped to ``train.clip_norm`` when that is > 0."""

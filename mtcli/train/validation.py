@@ -25,7 +25,7 @@ from mtcli.train.loss import LabelSmoothedLoss
 def validation_loss(model: nn.Module, criterion: LabelSmoothedLoss, corpus: PreparedCorpus,
                     config: Config, device: torch.device) -> tuple[float, float, int]:
     """Summed loss, NLL and target tokens on the validation split (pairs too long are skipped),
-    in token batches of ``train.max_tokens`` sorted by length, under ``train.bf16`` autocast."""
+    in token batches of ``train.max_tokens`` sorted by length, under ``train.precision`` autocast."""
     data, cfg = config.data, config.train
     src = corpus.array(data.valid_split, data.src_lang)
     tgt = corpus.array(data.valid_split, data.tgt_lang)
@@ -40,7 +40,7 @@ def validation_loss(model: nn.Module, criterion: LabelSmoothedLoss, corpus: Prep
     model.eval()
     for batch_idx in make_batches(src.lengths, tgt.lengths, indices, cfg.max_tokens, shuffle=False):
         batch = collate(src, tgt, batch_idx).to(device)
-        with autocast(device, bool(cfg.bf16)):
+        with autocast(device, cfg.precision):
             logits = model(batch.src, batch.tgt_in)
         out = criterion(logits, model.output_targets(batch.tgt_out))
         loss += float(out.loss)
@@ -61,6 +61,6 @@ def validation_bleu(model: nn.Module, corpus: PreparedCorpus, config: Config,
         refs = refs[: cfg.valid_max_sentences]
     bundle = InferenceModel(model=model, tokenizer=Tokenizer(corpus.spm_path), config=config,
                             name="training")
-    greedy = dataclasses.replace(config.decode, beam_size=1, nbest=1, bf16=bool(cfg.bf16))
+    greedy = dataclasses.replace(config.decode, beam_size=1, nbest=1, bf16=cfg.precision == "bf16")
     hyps = translate_texts(bundle, sources, greedy, device)
     return float(score(hyps, refs)["bleu"])
