@@ -54,7 +54,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # runs from a checkout without mtcli installed (e.g. a GPU box)
 RECIPE = REPO / "configs" / "multi30k_de_en.yaml"
 PREPARED = REPO / "data" / "prepared" / "multi30k_de_en"
-VARIANTS = ["ours-fp32", "ours-bf16", "torch-nn-fp32", "torch-nn-bf16"]
+# reference-*: the loop a PyTorch user would write: nn.Transformer, F.cross_entropy with label
+# smoothing, AdamW (fused on a GPU), torch.compile on a GPU (the training issue's reference loop)
+VARIANTS = ["ours-fp32", "ours-bf16", "torch-nn-fp32", "torch-nn-bf16", "reference-fp32", "reference-bf16"]
 DEFAULT_VARIANTS = ["ours-fp32", "ours-bf16", "torch-nn-fp32"]
 
 
@@ -222,8 +224,13 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     params = sum(p.numel() for p in model.parameters())
     criterion = LabelSmoothedLoss(config.train.label_smoothing)
     optimizer = build_optimizer(model, config.train)
+    reference = name.startswith("reference")
+    if reference:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1.0, betas=tuple(config.train.adam_betas),
+                                      eps=config.train.adam_eps, weight_decay=0.0, fused=device.type == "cuda")
     schedule = build_schedule(optimizer, cfg.d_model, config.train)
     model.train()
+    forward = torch.compile(model, dynamic=True) if reference and args.compile else model
 
     def sync() -> None:
         if device.type == "cuda":
@@ -247,9 +254,14 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
         if alpha > 0:  # the batch twice, as one, as mtcli.train runs it
             src, tgt_in = torch.cat([src, src]), torch.cat([tgt_in, tgt_in])
         with ctx:
-            logits = model(src, tgt_in)
+            logits = forward(src, tgt_in)
         targets = model.output_targets(tgt_out) if ours else tgt_out
-        loss = rdrop_loss(criterion, logits, targets, alpha)[0] if alpha > 0 else criterion(logits, targets).loss
+        if reference:
+            loss = torch.nn.functional.cross_entropy(
+                logits.float().flatten(0, 1), targets.flatten(), ignore_index=0, reduction="sum",
+                label_smoothing=config.train.label_smoothing)
+        else:
+            loss = rdrop_loss(criterion, logits, targets, alpha)[0] if alpha > 0 else criterion(logits, targets).loss
         tokens = int(tgt_out.ne(0).sum())
         (loss / tokens).backward()
         optimizer.step()
@@ -344,6 +356,7 @@ def run_worker(args: argparse.Namespace, role: str, batches: Path) -> dict[str, 
         cmd += ["--set", item]
     if args.sdpa_backends:
         cmd += ["--sdpa-backends", args.sdpa_backends]
+    cmd += ["--compile" if args.compile else "--no-compile"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     if proc.returncode != 0:
         raise SystemExit(f"worker {role} failed:\n{proc.stderr[-3000:]}")
@@ -386,6 +399,11 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="profile the timed steps and print the top N ops by self CPU time")
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="torch.compile the reference loop (default: on a GPU only)")
+    parser.add_argument("--gpu-json", type=Path, default=None,
+                        help="also write rows of variant, device, tokens_per_s, mfu (against the measured "
+                             "bf16 matmul peak) and peak_mem_gb here (bench/gpu_check.sh)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batches", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -393,6 +411,8 @@ def main() -> None:
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.compile is None:
+        args.compile = args.device.startswith("cuda")
     if args.worker:
         row = worker_peak(args) if args.worker == "peak" else worker_variant(args)
         print(json.dumps(row))
@@ -448,6 +468,31 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"\nwrote {out}")
+    if args.gpu_json:
+        write_gpu_rows(args.gpu_json, result)
+
+
+def write_gpu_rows(path: Path, result: dict[str, Any]) -> None:
+    """The training issue's schema: one row per variant with ``variant``, ``device``,
+    ``tokens_per_s`` (target tokens), ``mfu`` (model FLOP/s over the measured bf16 matmul peak)
+    and ``peak_mem_gb`` (the GPU's peak allocation, else the process's peak RSS)."""
+    peak = result["matmul_peak"]["bf16_square_gflop_s"]
+    rows = [{
+        "variant": r["variant"],
+        "device": result["device"],
+        "tokens_per_s": round(r["target_tokens_per_s"], 1),
+        "mfu": round(r["achieved_gflop_s"] / peak, 4),
+        "peak_mem_gb": round((r.get("peak_cuda_mb") or r["peak_rss_mb"]) / 1024, 2),
+        "ms_per_step": round(r["ms_per_step"], 2),
+    } for r in result["rows"]]
+    reference = max((r for r in rows if "reference" in r["variant"]), key=lambda r: r["tokens_per_s"], default=None)
+    for row in rows:
+        row["vs_reference"] = round(row["tokens_per_s"] / reference["tokens_per_s"], 3) if reference else None
+    body = {"time": result["time"], "torch": result["torch"], "bf16_peak_gflop_s": peak,
+            "batches": result["batches"], "settings": result["settings"], "rows": rows}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
