@@ -97,7 +97,8 @@ class Translator:
         or best K) for decoding. ``device``: ``auto`` (the first GPU if there is one, the CPU
         under int8), ``cpu``, ``cuda:N``. ``ensemble``: more run directories or checkpoints
         decoded together with it. ``settings``: ``beam``, ``length_penalty``, ``max_tokens``,
-        ``nbest``, ``max_len_a``, ``max_len_b``, ``int8``, ``bf16``, ``workers``; ``overrides``:
+        ``nbest``, ``max_len_a``, ``max_len_b``, ``int8``, ``bf16``, ``workers``, ``shortlist``,
+        ``sampling``, ``topk``, ``topp``, ``temperature``, ``seed``; ``overrides``:
         ``decode.*=value`` strings as ``--set`` takes them. ``engine``: ``torch`` (ours) or
         ``ctranslate2`` (:mod:`mtcli.infer.ct2`: the checkpoint converted once into the run
         directory; one checkpoint file, int8/bf16 fixed here). Raises :class:`CheckpointError`
