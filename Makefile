@@ -1,5 +1,5 @@
 # mtcli: set up, test, and reproduce the README's numbers.
-#   make setup       create .venv with a CPU build of torch and mtcli[dev]
+#   make setup       create .venv with a CPU build of torch and mtcli[dev,ctranslate2,serve,hf]
 #   make setup-browser   Debian's chromium + chromium-driver for the browser test of `mtcli serve`
 #                    (root; without them that one test skips)
 #   make test        the default test suite (what CI runs); PYTEST_ARGS='-m ""' adds the slow tests
@@ -33,7 +33,7 @@ setup:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[dev,ctranslate2,serve]"
+	$(BIN)/pip install --quiet -e ".[dev,ctranslate2,serve,hf]"
 
 setup-browser:
 	apt-get install -y -q chromium chromium-driver

@@ -261,13 +261,16 @@ def average(
 def export(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
     output: Annotated[Path, typer.Argument(help="Output directory.")],
-    format: Annotated[str, typer.Option("--format", help="Export format: ctranslate2.")] = "ctranslate2",
+    format: Annotated[str, typer.Option("--format", help="Export format: ctranslate2, or hf (a Hugging Face "
+                                                         "MarianMTModel with its MarianTokenizer).")] = "ctranslate2",
     checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
 ) -> None:
-    """Export a trained model for another runtime (CTranslate2)."""
+    """Export a trained model for another runtime (CTranslate2, Hugging Face Transformers)."""
     from mtcli.infer.export import export_model
+    from mtcli.infer.hf import export_hf
 
-    out = export_model(run_dir, output, fmt=format, checkpoint=checkpoint)
+    out = export_hf(run_dir, output, checkpoint) if format == "hf" else export_model(
+        run_dir, output, fmt=format, checkpoint=checkpoint)
     print(f"exported {format} model to {out}")
 
 

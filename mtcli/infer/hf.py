@@ -1,0 +1,159 @@
+"""Export to Hugging Face Transformers: a run as a ``MarianMTModel`` with its ``MarianTokenizer``.
+
+``mtcli export RUN OUT --format hf`` writes what ``MarianMTModel.from_pretrained(OUT)`` and
+``transformers.pipeline("translation", model=OUT)`` load. The architectures match one to one:
+post-norm layers, ReLU feed-forward networks, embeddings scaled by ``sqrt(d_model)``, sinusoidal
+positions, and the output projection tied to the embeddings (or not, as the run has it). What
+differs, and what the export does about it:
+
+* **positions**: ours interleave ``sin`` and ``cos`` (``PE(pos, 2i)``, ``PE(pos, 2i+1)``); Marian
+  keeps all the sines, then all the cosines. The export applies that permutation of the model
+  dimension to every weight that reads or writes it (embeddings, layer norms, the attention and
+  feed-forward projections' model-side axes), which changes no output;
+* **the first decoder token**: Marian models start from pad; ours from ``<s>``:
+  ``decoder_start_token_id`` is set to ``<s>``'s id;
+* **tokens search never emits** (pad and ``<s>``): the generation config forbids them
+  (``bad_words_ids``), as our search does;
+* **the target-side output vocabulary** (``model.output_vocab: target``): the projection covers the
+  joint vocabulary, and ``final_logits_bias`` is -1e9 outside the run's output pieces;
+* **the tokenizer**: the run's joint SentencePiece model serves as both ``source.spm`` and
+  ``target.spm``, with ``vocab.json`` mapping its pieces to their ids.
+
+Needs the ``hf`` extra (``pip install 'mtcli[hf]'``). A pre-norm run (``model.pre_norm``) is
+refused: Marian has no pre-norm layers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtcli.errors import ConfigError, MtcliError
+from mtcli.fileio import atomic_dir
+from mtcli.infer.loading import load_for_inference
+from mtcli.model import Transformer
+
+
+def require_transformers() -> Any:
+    """The ``transformers`` module, or an :class:`MtcliError` saying how to install it."""
+    try:
+        import transformers
+    except ImportError:
+        raise MtcliError("--format hf needs Hugging Face Transformers: pip install 'mtcli[hf]'") from None
+    return transformers
+
+
+def model_permutation(d_model: int) -> torch.Tensor:
+    """The order of our model dimensions in Marian's: the even ones (sines), then the odd ones."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def _marian_config(model: Transformer, vocab_size: int, beam: int) -> Any:
+    from transformers import MarianConfig
+
+    cfg = model.cfg
+    return MarianConfig(
+        vocab_size=vocab_size, decoder_vocab_size=vocab_size, d_model=cfg.d_model,
+        encoder_layers=cfg.encoder_layers, decoder_layers=cfg.decoder_layers,
+        encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu",
+        max_position_embeddings=cfg.max_positions, scale_embedding=True, dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0, pad_token_id=0, eos_token_id=3,
+        decoder_start_token_id=2, forced_eos_token_id=3, num_beams=beam,
+        share_encoder_decoder_embeddings=cfg.tie_embeddings,
+        tie_word_embeddings=model.output_projection is None,
+    )
+
+
+def _weights(model: Transformer) -> dict[str, torch.Tensor]:
+    """Our weights under Marian's names, the model dimension permuted (module docstring)."""
+    d = model.cfg.d_model
+    p = model_permutation(d)
+    out: dict[str, torch.Tensor] = {}
+
+    def linear(name: str, weight: torch.Tensor, bias: torch.Tensor | None, reads: bool, writes: bool) -> None:
+        w = weight[:, p] if reads else weight
+        out[f"{name}.weight"] = w[p] if writes else w
+        if bias is not None:
+            out[f"{name}.bias"] = bias[p] if writes else bias
+
+    def norm(name: str, module: torch.nn.LayerNorm) -> None:
+        out[f"{name}.weight"], out[f"{name}.bias"] = module.weight[p], module.bias[p]
+
+    def self_attention_and_ffn(prefix: str, layer: Any) -> None:
+        qkv = layer.self_attn.qkv_proj
+        for k, part in enumerate("qkv"):
+            linear(f"{prefix}.self_attn.{part}_proj", qkv.weight[k * d:(k + 1) * d], qkv.bias[k * d:(k + 1) * d],
+                   True, False)
+        linear(f"{prefix}.self_attn.out_proj", layer.self_attn.out_proj.weight, layer.self_attn.out_proj.bias,
+               False, True)
+        norm(f"{prefix}.self_attn_layer_norm", layer.sublayer[0].norm)
+        linear(f"{prefix}.fc1", layer.feed_forward.w_1.weight, layer.feed_forward.w_1.bias, True, False)
+        linear(f"{prefix}.fc2", layer.feed_forward.w_2.weight, layer.feed_forward.w_2.bias, False, True)
+        norm(f"{prefix}.final_layer_norm", layer.sublayer[-1].norm)
+
+    for stack, name in ((model.encoder, "encoder"), (model.decoder, "decoder")):
+        out[f"model.{name}.embed_tokens.weight"] = stack.embed.weight[:, p]
+        out[f"model.{name}.embed_positions.weight"] = model.positions.pe[: model.cfg.max_positions, p]
+    if model.cfg.tie_embeddings:
+        out["model.shared.weight"] = model.encoder.embed.weight[:, p]
+    for i, layer in enumerate(model.encoder.layers):
+        self_attention_and_ffn(f"model.encoder.layers.{i}", layer)
+    for i, layer in enumerate(model.decoder.layers):
+        prefix = f"model.decoder.layers.{i}"
+        self_attention_and_ffn(prefix, layer)
+        cross = layer.cross_attn
+        linear(f"{prefix}.encoder_attn.q_proj", cross.q_proj.weight, cross.q_proj.bias, True, False)
+        for k, part in enumerate("kv"):
+            linear(f"{prefix}.encoder_attn.{part}_proj", cross.kv_proj.weight[k * d:(k + 1) * d],
+                   cross.kv_proj.bias[k * d:(k + 1) * d], True, False)
+        linear(f"{prefix}.encoder_attn.out_proj", cross.out_proj.weight, cross.out_proj.bias, False, True)
+        norm(f"{prefix}.encoder_attn_layer_norm", layer.sublayer[1].norm)
+    projection = model.decoder.embed.weight if model.output_projection is None else model.output_projection.weight
+    out["lm_head.weight"] = projection[:, p]
+    bias = torch.zeros(1, projection.size(0))
+    if model.output_ids is not None:
+        bias[0] = model.widen(torch.zeros(model.output_size)).clamp(min=-1e9)
+    out["final_logits_bias"] = bias
+    return {k: v.detach().float().contiguous() for k, v in out.items()}
+
+
+def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best") -> Path:
+    """Write ``checkpoint`` of ``run_dir`` to ``output`` (atomically) as a Marian model and
+    tokenizer (see the module docstring). Raises :class:`ConfigError` for a pre-norm run,
+    :class:`MtcliError` without ``transformers``."""
+    require_transformers()
+    from transformers import GenerationConfig, MarianMTModel, MarianTokenizer
+
+    bundle = load_for_inference(run_dir, checkpoint, device="cpu")
+    model = bundle.model.float().eval()
+    if model.cfg.pre_norm:
+        raise ConfigError("--format hf: this run's layers are pre-norm (model.pre_norm); Marian's are post-norm")
+    tokenizer = bundle.tokenizer
+    hf = MarianMTModel(_marian_config(model, tokenizer.vocab_size, bundle.config.decode.beam_size)).eval()
+    missing, unexpected = hf.load_state_dict(_weights(model), strict=False)
+    left = [k for k in missing if k not in ("model.shared.weight", "lm_head.weight")]
+    if left or unexpected:
+        raise MtcliError(f"--format hf: weights do not match Marian's ({', '.join([*left, *unexpected][:5])})")
+    hf.generation_config = GenerationConfig(
+        decoder_start_token_id=2, eos_token_id=3, pad_token_id=0, forced_eos_token_id=3,
+        bad_words_ids=[[0], [2]], num_beams=bundle.config.decode.beam_size, max_length=model.cfg.max_positions)
+    output = Path(output)
+    with atomic_dir(output) as tmp:
+        hf.save_pretrained(tmp)
+        vocab = {tokenizer.id_to_piece(i): i for i in range(tokenizer.vocab_size)}
+        (tmp / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+        for name in ("source.spm", "target.spm"):
+            (tmp / name).write_bytes(Path(tokenizer.model_path).read_bytes())
+        MarianTokenizer(str(tmp / "source.spm"), str(tmp / "target.spm"), str(tmp / "vocab.json"),
+                        unk_token="<unk>", eos_token="</s>", pad_token="<pad>").save_pretrained(tmp)
+        (tmp / "mtcli_export.json").write_text(json.dumps(
+            {"format": "hf", "run_dir": str(run_dir), "checkpoint": bundle.name,
+             "model": bundle.config.to_dict()["model"]}, indent=2) + "\n", encoding="utf-8")
+    return output
+
+
+__all__ = ["export_hf", "model_permutation", "require_transformers"]
