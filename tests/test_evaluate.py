@@ -147,21 +147,19 @@ def test_score_several_references_and_ter() -> None:
         score(hyps, first, more_references=[second[:1]])
 
 
-def test_cli_evaluate_several_references_and_metrics(tiny_run_dir: Path, tmp_path: Path) -> None:
+def test_evaluate_several_references_and_metrics(tiny_run_dir: Path, tmp_path: Path) -> None:
     """The model's own output as a second reference: BLEU 100 and TER 0, whatever the first."""
+    from mtcli.evaluate import evaluate
+
     src, ref = tiny_run_dir / "text" / "test.src", tiny_run_dir / "text" / "test.tgt"
-    base = [sys.executable, "-m", "mtcli.cli", "evaluate", str(tiny_run_dir), "--src", str(src), "--beam", "1"]
-    first = subprocess.run([*base, "--ref", str(ref), "--output", str(tmp_path / "one")], capture_output=True, text=True,
-                           timeout=300)
-    assert first.returncode == 0, first.stderr
-    own = json.loads(first.stdout)["hypotheses"]
-    both = subprocess.run([*base, "--ref", str(ref), "--ref", own, "--metrics", "bleu,chrf,ter",
-                           "--output", str(tmp_path / "two")], capture_output=True, text=True, timeout=300)
-    assert both.returncode == 0, both.stderr
-    report = json.loads(both.stdout)
+    own = evaluate(tiny_run_dir, src_file=src, ref_file=ref, beam=1, output_dir=tmp_path / "one")["hypotheses"]
+    report = evaluate(tiny_run_dir, src_file=src, ref_file=ref, more_refs=[own], metrics=["bleu", "chrf", "ter"],
+                      beam=1, output_dir=tmp_path / "two")
     assert report["bleu"] == pytest.approx(100.0) and report["ter"] == pytest.approx(0.0)
     assert report["references"] == [str(ref), own] and report["bleu_signature"].startswith("nrefs:2")
     short = tmp_path / "short.txt"
     short.write_text("one\n")
-    bad = subprocess.run([*base, "--ref", str(ref), "--ref", str(short)], capture_output=True, text=True, timeout=300)
+    base = [sys.executable, "-m", "mtcli.cli", "evaluate", str(tiny_run_dir), "--src", str(src), "--beam", "1"]
+    bad = subprocess.run([*base, "--ref", str(ref), "--ref", str(short), "--metrics", "bleu,ter"],
+                         capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "short.txt has 1" in bad.stderr and "Traceback" not in bad.stderr

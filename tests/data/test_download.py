@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import http.server
+import json
 import os
 import subprocess
 import sys
@@ -18,8 +19,10 @@ from pathlib import Path
 import pytest
 from conftest import REPO, SHARED_DATA, TOY_DIR
 
+from mtcli.config import load_config
 from mtcli.data import download
 from mtcli.data.download import CORPORA, PublicFile, locate
+from mtcli.data.prepare import prepare
 from mtcli.data.sources import open_source
 from mtcli.errors import DataError
 
@@ -178,7 +181,7 @@ def test_prepare_without_shared_data_or_network_names_the_url(tmp_path: Path) ->
 @pytest.mark.shared_data
 def test_multi30k_from_the_test_server_is_the_shared_copy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Gzipped copies of ../shared/data/multi30k served at the pinned paths download, verify,
-    and fingerprint as the shared directory does: the manifest's input hashes are the same."""
+    and prepare into the same cache as the shared directory: the same build key and file hashes."""
     shared = SHARED_DATA / "multi30k"
     if not shared.is_dir():
         pytest.skip(f"{shared} not found")
@@ -193,6 +196,15 @@ def test_multi30k_from_the_test_server_is_the_shared_copy(monkeypatch: pytest.Mo
         fetched = open_source("multi30k", "de", "en")
         assert fetched.root == tmp_path / "multi30k"
         assert fetched.fingerprint(splits) == open_source(str(shared), "de", "en").fingerprint(splits)
+        manifests = []
+        for name, source in (("fetched", "multi30k"), ("shared", str(shared))):
+            config = load_config(REPO / "configs" / "multi30k_de_en.yaml", [
+                f"data.source={source}", f"data.prepared_dir={tmp_path / name}", "data.vocab_size=500",
+                "data.spm_max_sentences=20000"])
+            manifests.append(json.loads((prepare(config).directory / "manifest.json").read_text()))
+        assert manifests[0]["build_key"] == manifests[1]["build_key"]
+        files = [{name: record["sha256"] for name, record in m["files"].items()} for m in manifests]
+        assert files[0] == files[1] and len(files[0]) > 10  # the same cache, file for file
     finally:
         server.shutdown()
         server.server_close()
