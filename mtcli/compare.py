@@ -27,8 +27,8 @@ from typing import Any
 from mtcli.data.textio import read_lines
 from mtcli.errors import ConfigError, DataError
 from mtcli.fileio import atomic_write
+from mtcli.metrics import METRICS, scorer
 
-METRICS = ("bleu", "chrf", "ter")
 TESTS = {"bs": "paired bootstrap resampling", "ar": "approximate randomization"}
 DEFAULT_SAMPLES = {"bs": 1000, "ar": 10000}
 
@@ -44,12 +44,6 @@ def hypothesis_file(system: str | Path) -> Path:
     if not found:
         raise DataError(f"{path}: no hypotheses under {path / 'eval'} (run mtcli evaluate {path} first)")
     return found[-1]
-
-
-def _metric(name: str) -> Any:
-    from sacrebleu.metrics import BLEU, CHRF, TER
-
-    return {"bleu": BLEU, "chrf": CHRF, "ter": TER}[name]()
 
 
 def _lines(path: Path, count: int | None, what: str) -> list[str]:
@@ -91,7 +85,7 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
                               "systems": {n: str(f) for n, f in zip(names, files, strict=True)}, "tests": {}}
     for test in tests:
         n = samples or DEFAULT_SAMPLES[test]
-        paired = PairedTest(list(zip(names, hyps, strict=True)), {m: _metric(m) for m in metrics}, refs,
+        paired = PairedTest(list(zip(names, hyps, strict=True)), {m: scorer(m) for m in metrics}, refs,
                             test_type=test, n_samples=n)
         signatures, scores = paired()
         report["tests"][test] = {

@@ -27,6 +27,11 @@ from mtcli.errors import DataError
 METRICS = ("bleu", "chrf", "ter")
 
 
+def scorer(name: str) -> BLEU | CHRF | TER:
+    """sacreBLEU's metric ``name`` (one of :data:`METRICS`) with its default settings."""
+    return {"bleu": BLEU, "chrf": CHRF, "ter": TER}[name]()
+
+
 def score(hypotheses: list[str], references: list[str], *, more_references: Sequence[list[str]] = (),
           metrics: Sequence[str] = ("bleu", "chrf")) -> dict[str, Any]:
     """Corpus scores of ``hypotheses`` against ``references`` (and ``more_references``: further
@@ -46,11 +51,8 @@ def score(hypotheses: list[str], references: list[str], *, more_references: Sequ
         if len(hypotheses) != len(stream):
             raise DataError(f"{len(hypotheses)} hypotheses but {len(stream)} references: counts must match")
     hyps = list(hypotheses)
-    scorers = {"bleu": BLEU(), "bleu_lc": BLEU(lowercase=True)}
-    if "chrf" in metrics:
-        scorers["chrf"] = CHRF()
-    if "ter" in metrics:
-        scorers["ter"] = TER()
+    scorers = {"bleu": scorer("bleu"), "bleu_lc": BLEU(lowercase=True)}
+    scorers.update({name: scorer(name) for name in ("chrf", "ter") if name in metrics})
     results = {name: scorer.corpus_score(hyps, refs) for name, scorer in scorers.items()}
     signatures = {name: str(scorer.get_signature()) for name, scorer in scorers.items()}
     b = results["bleu"]

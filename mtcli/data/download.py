@@ -118,11 +118,6 @@ def base_url() -> str:
     return url if url.endswith("/") else url + "/"
 
 
-def corpus_size(name: str) -> int:
-    """Bytes of text the corpus ``name`` unpacks to."""
-    return sum(f.size for f in CORPORA[name])
-
-
 def _chunks(url: str) -> Iterator[bytes]:
     """The bytes at ``url``, gunzipped when the path ends in ``.gz``; a short read raises."""
     with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:  # noqa: S310 - http(s) by construction
@@ -136,12 +131,10 @@ def _chunks(url: str) -> Iterator[bytes]:
             raise HTTPException(f"transfer cut off after {received} of {expected} bytes")
 
 
-def _sacrebleu_chunks(spec: str) -> Iterator[bytes]:
-    """The text of a test set through sacreBLEU's own downloader (into ``~/.sacrebleu``):
-    ``sacrebleu:TEST_SET:LANGPAIR:src|ref``."""
+def _sacrebleu_chunks(test_set: str, langpair: str, side: str) -> Iterator[bytes]:
+    """The text of one side of a test set, through sacreBLEU's own downloader (into ``~/.sacrebleu``)."""
     from sacrebleu.dataset import DATASETS
 
-    _, test_set, langpair, side = spec.split(":")
     data = DATASETS[test_set]
     try:
         data.process_to_text(langpair)
@@ -153,13 +146,16 @@ def _sacrebleu_chunks(spec: str) -> Iterator[bytes]:
             yield chunk
 
 
-def _where(part: str) -> str:
-    """The URL a part is fetched from (for sacreBLEU's test sets, the archive sacreBLEU reads)."""
+def _source(part: str) -> tuple[str, Iterator[bytes]]:
+    """Where a part comes from (its URL; for ``sacrebleu:TEST_SET:LANGPAIR:src|ref``, the archive
+    sacreBLEU reads) and its bytes, fetched lazily."""
     if part.startswith("sacrebleu:"):
         from sacrebleu.dataset import DATASETS
 
-        return DATASETS[part.split(":")[1]].data[0]
-    return base_url() + part
+        _, test_set, langpair, side = part.split(":")
+        return DATASETS[test_set].data[0], _sacrebleu_chunks(test_set, langpair, side)
+    url = base_url() + part
+    return url, _chunks(url)
 
 
 def _fetch(file: PublicFile, path: Path) -> None:
@@ -168,8 +164,8 @@ def _fetch(file: PublicFile, path: Path) -> None:
     try:
         with atomic_write(path, "wb", encoding=None) as out:
             for part in file.parts:
-                url = _where(part)
-                for chunk in _sacrebleu_chunks(part) if part.startswith("sacrebleu:") else _chunks(url):
+                url, chunks = _source(part)
+                for chunk in chunks:
                     digest.update(chunk)
                     size += len(chunk)
                     out.write(chunk)
@@ -212,5 +208,4 @@ def locate(name: str) -> Path:
     return root
 
 
-__all__ = ["BASE_URL", "CORPORA", "LOCAL_COPIES", "PublicFile", "base_url", "cache_root", "corpus_size",
-           "locate"]
+__all__ = ["BASE_URL", "CORPORA", "LOCAL_COPIES", "PublicFile", "base_url", "cache_root", "locate"]

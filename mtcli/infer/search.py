@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -298,20 +299,19 @@ class _StepDecoder:
             self.encs = [e.select(index) for e in self.encs]
 
 
-def _greedy(
-    models: list[Transformer], encs: list[EncoderOutput], max_lens: Tensor, alpha: float,
-    use_cache: bool, ensemble_mode: str = "linear", restriction: Restriction | None = None,
-) -> list[list[Hypothesis]]:
-    """Greedy search: the most probable token at each step until eos or the length limit."""
-    n, device = max_lens.numel(), max_lens.device
-    results: list[list[Hypothesis]] = [[] for _ in range(n)]
-    decoder = _StepDecoder(models, encs, 1, int(max_lens.max()) + 1, use_cache, ensemble_mode, restriction)
-    sentence = torch.arange(n, device=device)  # original index of each live row
-    seq = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
-    logprob = torch.zeros(n, dtype=torch.float32, device=device)
-    limits = max_lens
-    for step in range(int(max_lens.max()) + 1):
-        token, best = decoder.scores(seq, limits.eq(step)).greedy()
+def _decode_rows(decoder: _StepDecoder, limits: Tensor, alpha: float,
+                 choose: Callable[[StepScores, Tensor], tuple[Tensor, Tensor]],
+                 store: Callable[[int, Hypothesis], None]) -> None:
+    """Decode each row one token at a time until eos or its length limit (``limits``, per row):
+    ``choose(scores, rows)`` gives the live rows' next tokens and their log-probabilities
+    (``rows``: each live row's original index), ``store(row, hypothesis)`` takes each finished
+    row. Finished rows leave the batch at once."""
+    device = limits.device
+    row = torch.arange(limits.numel(), device=device)  # original index of each live row
+    seq = torch.full((limits.numel(), 1), BOS_ID, dtype=torch.long, device=device)
+    logprob = torch.zeros(limits.numel(), dtype=torch.float32, device=device)
+    for step in range(int(limits.max()) + 1):
+        token, best = choose(decoder.scores(seq, limits.eq(step)), row)
         logprob = logprob + best
         seq = torch.cat([seq, token[:, None]], dim=1)
         finished = token.eq(EOS_ID)
@@ -319,15 +319,28 @@ def _greedy(
             continue
         done = finished.nonzero()[:, 0]
         for tokens, lp, original in zip(seq[done, 1:-1].tolist(), logprob[done].tolist(),
-                                        sentence[done].tolist(), strict=True):
-            score = _penalised(lp, len(tokens) + 1, alpha)
-            results[original] = [Hypothesis(tokens, score, lp)]
+                                        row[done].tolist(), strict=True):
+            store(original, Hypothesis(tokens, _penalised(lp, len(tokens) + 1, alpha), lp))
         kept = fill_from_the_end((~finished).nonzero()[:, 0].tolist())
         if not kept:
             break
         keep = torch.tensor(kept, device=device)
         decoder.reorder(keep)
-        sentence, seq, logprob, limits = sentence[keep], seq[keep], logprob[keep], limits[keep]
+        row, seq, logprob, limits = row[keep], seq[keep], logprob[keep], limits[keep]
+
+
+def _greedy(
+    models: list[Transformer], encs: list[EncoderOutput], max_lens: Tensor, alpha: float,
+    use_cache: bool, ensemble_mode: str = "linear", restriction: Restriction | None = None,
+) -> list[list[Hypothesis]]:
+    """Greedy search: the most probable token at each step until eos or the length limit."""
+    results: list[list[Hypothesis]] = [[] for _ in range(max_lens.numel())]
+    decoder = _StepDecoder(models, encs, 1, int(max_lens.max()) + 1, use_cache, ensemble_mode, restriction)
+
+    def store(original: int, hypothesis: Hypothesis) -> None:
+        results[original] = [hypothesis]
+
+    _decode_rows(decoder, max_lens, alpha, lambda scored, rows: scored.greedy(), store)
     return results
 
 
@@ -347,38 +360,25 @@ def _sample(
     use_cache: bool, samples: int, how: Sampling, ensemble_mode: str = "linear",
 ) -> list[list[Hypothesis]]:
     """``samples`` translations of each sentence drawn token by token (:mod:`mtcli.infer.sampling`),
-    in draw order. Each sample is a row of its own, decoded as greedy search decodes a sentence."""
-    n = max_lens.numel()
+    in draw order. Each sample is a row of its own (row ``sentence * samples + sample``),
+    decoded as greedy search decodes a sentence."""
     generators = sampling.row_generators(src, samples, how.seed)
-    encs = [e.repeat_interleave(samples) for e in encs]
     limits = max_lens.repeat_interleave(samples)
-    device = limits.device
-    found: list[list[Hypothesis | None]] = [[None] * samples for _ in range(n)]
-    decoder = _StepDecoder(models, encs, 1, int(limits.max()) + 1, use_cache, ensemble_mode)
-    row = torch.arange(n * samples, device=device)  # (sentence * samples + sample) of each live row
-    seq = torch.full((n * samples, 1), BOS_ID, dtype=torch.long, device=device)
-    logprob = torch.zeros(n * samples, dtype=torch.float32, device=device)
-    for step in range(int(limits.max()) + 1):
-        scored = decoder.scores(seq, limits.eq(step))
+    found: list[list[Hypothesis | None]] = [[None] * samples for _ in range(max_lens.numel())]
+    decoder = _StepDecoder(models, [e.repeat_interleave(samples) for e in encs], 1, int(limits.max()) + 1,
+                           use_cache, ensemble_mode)
+
+    def draw(scored: StepScores, rows: Tensor) -> tuple[Tensor, Tensor]:
         logp = scored.logits[:, :scored.vocab] - scored.lse[:, None]
         filtered = sampling.filtered_logprobs(logp, how.method, how.topk, how.topp, how.temperature)
-        column = sampling.draw(filtered, [generators[r] for r in row.tolist()])
-        logprob = logprob + logp.gather(1, column[:, None]).squeeze(1)
+        column = sampling.draw(filtered, [generators[r] for r in rows.tolist()])
         token = column if scored.ids is None else scored.ids[column]
-        seq = torch.cat([seq, token[:, None]], dim=1)
-        finished = token.eq(EOS_ID)
-        if not bool(finished.any()):
-            continue
-        done = finished.nonzero()[:, 0]
-        for tokens, lp, original in zip(seq[done, 1:-1].tolist(), logprob[done].tolist(),
-                                        row[done].tolist(), strict=True):
-            found[original // samples][original % samples] = Hypothesis(tokens, _penalised(lp, len(tokens) + 1, alpha), lp)
-        kept = fill_from_the_end((~finished).nonzero()[:, 0].tolist())
-        if not kept:
-            break
-        keep = torch.tensor(kept, device=device)
-        decoder.reorder(keep)
-        row, seq, logprob, limits = row[keep], seq[keep], logprob[keep], limits[keep]
+        return token, logp.gather(1, column[:, None]).squeeze(1)
+
+    def store(original: int, hypothesis: Hypothesis) -> None:
+        found[original // samples][original % samples] = hypothesis
+
+    _decode_rows(decoder, limits, alpha, draw, store)
     return [[h for h in hyps if h is not None] for hyps in found]
 
 
