@@ -51,6 +51,9 @@ SetOption = Annotated[
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")]
 EngineOption = Annotated[str, typer.Option(
     help="torch (ours) or ctranslate2 (the checkpoint converted once into the run directory).")]
+TgtLangOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
+    "--tgt-lang", help="Translate into this language (a model trained on several target languages; "
+    "default: the run's data.tgt_lang).")]
 EnsembleOption = Annotated[
     Optional[list[Path]],  # noqa: UP045 - typer needs Optional here
     typer.Option("--ensemble", help="Decode together with another member: a run directory (its best "
@@ -140,21 +143,26 @@ def evaluate(
     average_last: Annotated[int, typer.Option(help="Average the last K step checkpoints first.")] = 0,
     average_best: Annotated[int, typer.Option(help="Average the K best checkpoints first.")] = 0,
     beam: Annotated[Optional[int], typer.Option(help="Beam size (1 = greedy).")] = None,  # noqa: UP045
+    src_lang: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--src-lang", help="A model of several directions: score those from this language only.")] = None,
+    tgt_lang: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--tgt-lang", help="A model of several directions: score those into this language only.")] = None,
     output: Annotated[Optional[Path], typer.Option(help="Directory for hypotheses and report.json.")] = None,  # noqa: UP045
     ensemble: EnsembleOption = None,
     engine: EngineOption = "torch",
     set_: SetOption = None,
     verbose: Verbose = False,
 ) -> None:
-    """Decode a test set and score it with sacreBLEU (BLEU, chrF, signatures)."""
+    """Decode a test set and score it with sacreBLEU (BLEU, chrF, signatures); a model of several
+    directions is scored in each (one report each)."""
     from mtcli.allocator import bound_onednn_cache, keep_freed_memory
-    from mtcli.evaluate import evaluate as run_evaluate
+    from mtcli.evaluate import evaluate_directions
     from mtcli.logs import setup_logging
 
     setup_logging(verbose)
     keep_freed_memory()
     bound_onednn_cache()
-    report = run_evaluate(
+    reports = evaluate_directions(
         run_dir,
         split=split,
         src_file=src,
@@ -169,8 +177,10 @@ def evaluate(
         ensemble=list(ensemble or []),
         engine=engine,
         beam=beam,
+        src_lang=src_lang,
+        tgt_lang=tgt_lang,
     )
-    print(json.dumps(report, indent=2, ensure_ascii=False))
+    print(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2, ensure_ascii=False))
 
 
 @app.command()
@@ -209,6 +219,7 @@ def translate(
     temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature (1: the model's own distribution).")] = None,  # noqa: UP045
     seed: Annotated[Optional[int], typer.Option(help="Sampling seed: the same seed gives the same samples.")] = None,  # noqa: UP045
     max_tokens: Annotated[Optional[int], typer.Option(help="Token budget per batch.")] = None,  # noqa: UP045
+    tgt_lang: TgtLangOption = None,
     plot_attention: Annotated[Optional[Path], typer.Option(help="Write cross-attention heatmaps here.")] = None,  # noqa: UP045
     ensemble: EnsembleOption = None,
     engine: EngineOption = "torch",
@@ -238,6 +249,7 @@ def translate(
         sampling=sampling,
         temperature=temperature,
         seed=seed,
+        tgt_lang=tgt_lang,
     )
 
 
@@ -282,6 +294,7 @@ def serve(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
     beam: Annotated[Optional[int], typer.Option(help="Default beam size (a request may set its own).")] = None,  # noqa: UP045
+    tgt_lang: TgtLangOption = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda[:N].")] = "auto",
     api_key: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--api-key", envvar="MTCLI_API_KEY", show_envvar=True,
@@ -306,7 +319,7 @@ def serve(
     setup_logging(verbose)
     bound_onednn_cache()
     translator = Translator.from_run(run_dir, checkpoint, device=device, engine=engine,
-                                     overrides=list(set_ or []), beam=beam)
+                                     overrides=list(set_ or []), beam=beam, tgt_lang=tgt_lang)
     limits = Limits(max_lines=max_lines, max_chars=max_chars, batch_wait_ms=batch_wait_ms)
     run_server(translator, host=host, port=port, limits=limits, api_key=api_key)
 

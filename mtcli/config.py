@@ -26,13 +26,26 @@ from mtcli.logs import get_logger
 
 
 @dataclass
+class CorpusConfig:
+    """One corpus of ``data.sources``: where it comes from, how often its pairs are drawn, the
+    tag its sources carry, and its direction (default ``[data.src_lang, data.tgt_lang]``)."""
+
+    source: str
+    weight: float = 1.0  # each pair is drawn this many times an epoch on average (0.5: half of them)
+    tag: str | None = None  # e.g. "<bt>": an atomic symbol put before each of its sources
+    langs: list[str] | None = None  # [source language, target language]
+    hub_config: str | None = None
+
+
+@dataclass
 class DataConfig:
     """Where the corpus comes from, how it is cleaned, and the joint SentencePiece model."""
 
     name: str
-    source: str
     src_lang: str
     tgt_lang: str
+    source: str = ""  # one corpus; or data.sources, several
+    sources: list[CorpusConfig] = field(default_factory=list)
     hub_config: str | None = None
     train_split: str = "train"
     valid_split: str = "val"
@@ -51,6 +64,12 @@ class DataConfig:
     def prepared_path(self) -> Path:
         """Directory of the binarised cache (default ``data/prepared/<name>``)."""
         return Path(self.prepared_dir) if self.prepared_dir else Path("data/prepared") / self.name
+
+    def corpora(self) -> list[CorpusConfig]:
+        """The corpora to read, each with its direction filled in: ``data.sources``, or the one
+        ``data.source`` names."""
+        listed = self.sources or [CorpusConfig(source=self.source, hub_config=self.hub_config)]
+        return [dataclasses.replace(c, langs=c.langs or [self.src_lang, self.tgt_lang]) for c in listed]
 
 
 @dataclass
@@ -135,6 +154,7 @@ class DecodeConfig:
     topp: float = 0.9  # sampling: topp draws from the smallest set of tokens with this much probability
     temperature: float = 1.0  # sampling draws from softmax(log p / temperature)
     seed: int = 1  # sampling: the same seed, input and model give the same samples
+    tgt_lang: str | None = None  # a model of several target languages: translate into this one (default data.tgt_lang)
 
 
 @dataclass
@@ -176,6 +196,8 @@ def _type_name(tp: Any) -> str:
     if origin is list:
         (inner,) = typing.get_args(tp)
         return f"list of {_type_name(inner)}"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping of " + ", ".join(f.name for f in dataclasses.fields(tp))
     return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
 
 
@@ -220,6 +242,12 @@ def _coerce(value: Any, tp: Any) -> Any:
         if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
             return float(value)
         raise TypeError
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise TypeError
+        return _build_section(tp, value, "<value>", "data.sources[]")
     if tp is str:
         if isinstance(value, str):
             return value
@@ -235,6 +263,9 @@ def _build_section(cls: type, raw: dict[str, Any], where: str, section: str,
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
+    if cls is DataConfig and isinstance(raw.get("sources"), list):
+        raw = dict(raw, sources=[_build_section(CorpusConfig, c, where, f"{section}.sources[{i}]", lenient)
+                                 if isinstance(c, dict) else c for i, c in enumerate(raw["sources"])])
     for key, value in raw.items():
         if key not in fields and lenient:
             get_logger().warning("%s: '%s.%s' is not a key of this mtcli version; ignored", where, section, key)
@@ -383,6 +414,37 @@ def validate(config: Config) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(f"{where}: {message}")
+    _validate_sources(config)
+
+
+_TAG = re.compile(r"[^\s]+")
+
+
+def _validate_sources(config: Config) -> None:
+    """The rules of ``data.source`` / ``data.sources``."""
+    where, dc = config.path, config.data
+    if bool(dc.source) == bool(dc.sources):
+        raise ConfigError(f"{where}: give data.source (one corpus) or data.sources (several)"
+                          + (", not both" if dc.source else ""))
+    for i, corpus in enumerate(dc.corpora()):
+        key = f"data.sources[{i}]"
+        langs = corpus.langs or []
+        if dc.sources and not corpus.source:
+            raise ConfigError(f"{where}: {key}.source is empty")
+        if not corpus.weight > 0.0:
+            raise ConfigError(f"{where}: {key}.weight must be > 0, got {corpus.weight}")
+        if len(langs) != 2 or langs[0] == langs[1]:
+            raise ConfigError(f"{where}: {key}.langs must be two different languages [source, target], got {langs}")
+        if corpus.tag is not None and not _TAG.fullmatch(corpus.tag):
+            raise ConfigError(f"{where}: {key}.tag must be one symbol without spaces, e.g. '<bt>', got {corpus.tag!r}")
+    directions = [tuple(c.langs or ()) for c in dc.corpora()]
+    if (dc.src_lang, dc.tgt_lang) not in directions:
+        raise ConfigError(f"{where}: no corpus of data.sources goes {dc.src_lang}->{dc.tgt_lang} (data.src_lang, "
+                          "data.tgt_lang: the direction validation scores)")
+    if dc.sources and dc.hub_config:
+        raise ConfigError(f"{where}: data.hub_config is per corpus with data.sources: set data.sources[i].hub_config")
+    if dc.sources and config.train.subword_alpha > 0:
+        raise ConfigError(f"{where}: train.subword_alpha works on one corpus (data.source), not on data.sources")
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None,

@@ -6,23 +6,25 @@ decode settings, speed and peak memory) go to ``<run_dir>/eval/`` by default, bo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import resource
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mtcli.config import Config
+from mtcli.config import Config, DecodeConfig
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.textio import read_lines
 from mtcli.errors import ConfigError, DataError
 from mtcli.fileio import atomic_write
-from mtcli.infer.loading import InferenceModel
+from mtcli.infer.loading import InferenceModel, run_directions
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, progress
 from mtcli.metrics import score
@@ -37,9 +39,10 @@ def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", stem) or "model"
 
 
-def _split_files(run_dir: Path, config: Config, split: str) -> tuple[Path, Path]:
-    """Source and reference text of ``split``: ``run_dir/text/`` first, then the prepared cache."""
-    src_lang, tgt_lang = config.data.src_lang, config.data.tgt_lang
+def _split_files(run_dir: Path, config: Config, split: str, direction: tuple[str, str]) -> tuple[Path, Path]:
+    """Source and reference text of ``split`` in ``direction``: ``run_dir/text/`` first, then the
+    prepared cache."""
+    src_lang, tgt_lang = direction
     text_dir = run_dir / TEXT_DIR
     src, ref = text_dir / f"{split}.{src_lang}", text_dir / f"{split}.{tgt_lang}"
     if src.is_file() and ref.is_file():
@@ -49,7 +52,7 @@ def _split_files(run_dir: Path, config: Config, split: str) -> tuple[Path, Path]
         corpus = PreparedCorpus.open(prepared, verify=False)
     except (DataError, OSError):
         corpus = None
-    if corpus is not None and split in corpus.splits:
+    if corpus is not None and split in corpus.splits and {src_lang, tgt_lang} <= set(corpus.split_langs[split]):
         src, ref = corpus.text_path(split, src_lang), corpus.text_path(split, tgt_lang)
         if src.is_file() and ref.is_file():
             return src, ref
@@ -76,16 +79,18 @@ def _check_test_args(split: str | None, src_file: str | Path | None, ref_file: s
 
 
 def _test_files(run_dir: Path, config: Config, split: str | None, src_file: str | Path | None,
-                ref_file: str | Path | None) -> tuple[Path, Path, str, str | None]:
+                ref_file: str | Path | None, direction: tuple[str, str]) -> tuple[Path, Path, str, str | None]:
     """``(source, reference, name, split)`` of what to score: the given files, or a split's text
-    (default: the first of ``data.test_splits``)."""
+    in ``direction`` (default: the first of ``data.test_splits``; a direction other than the
+    run's ``data.src_lang -> data.tgt_lang`` is added to the name, ``test.de-fr``)."""
     if src_file is not None and ref_file is not None:
         return Path(src_file), Path(ref_file), _safe_name(Path(src_file).name), None
     split = split or (config.data.test_splits[0] if config.data.test_splits else None)
     if not split:
         raise ConfigError(f"{run_dir}: data.test_splits is empty; pass --split or --src/--ref")
-    src_path, ref_path = _split_files(run_dir, config, split)
-    return src_path, ref_path, _safe_name(split), split
+    src_path, ref_path = _split_files(run_dir, config, split, direction)
+    name = split if direction == (config.data.src_lang, config.data.tgt_lang) else f"{split}.{'-'.join(direction)}"
+    return src_path, ref_path, _safe_name(name), split
 
 
 def _read_test(src_path: Path, ref_paths: list[Path]) -> tuple[list[str], list[str], list[list[str]]]:
@@ -124,13 +129,14 @@ def _write_outputs(hyp_path: Path, report_path: Path, hypotheses: list[str], rep
             report_handle.write(report_text)
 
 
-def _decode(translator: Translator, sources: list[str], name: str, where: str) -> tuple[list[str], int]:
+def _decode(translator: Translator, decode: DecodeConfig, sources: list[str], name: str, where: str
+            ) -> tuple[list[str], int]:
     """The best translation of every source line (with a progress bar), and their token count."""
     hypotheses: list[str] = []
     target_tokens = 0
     bar = progress(total=len(sources), unit="sent", desc=f"evaluate {name}")
     try:
-        for nbest in translator.stream(sources, name=where, on_done=bar.update):
+        for nbest in translator.stream(sources, decode=decode, name=where, on_done=bar.update):
             hypotheses.append(nbest[0].text)
             target_tokens += len(nbest[0].tokens)
     finally:
@@ -138,67 +144,44 @@ def _decode(translator: Translator, sources: list[str], name: str, where: str) -
     return hypotheses, target_tokens
 
 
-def evaluate(
-    run_dir: str | Path,
-    *,
-    split: str | None = None,
-    src_file: str | Path | None = None,
-    ref_file: str | Path | None = None,
-    checkpoint: str = "best",
-    average_last: int = 0,
-    average_best: int = 0,
-    overrides: list[str] | None = None,
-    output_dir: str | Path | None = None,
-    ensemble: Sequence[str | Path] = (),
-    engine: str = "torch",
-    more_refs: Sequence[str | Path] = (),
-    metrics: Sequence[str] = ("bleu", "chrf"),
-    **settings: Any,
-) -> dict[str, Any]:
-    """Decode a split (or a ``src_file``/``ref_file`` pair, ``more_refs`` adding references),
-    score it (:func:`mtcli.metrics.score` with ``metrics``), write hypotheses + report.
+@dataclass
+class _Test:
+    """What one evaluation reads and how its outputs are named."""
 
-    The split defaults to the first of ``data.test_splits`` (text from ``run_dir/text/`` or the
-    prepared cache). Hypotheses go to ``<output_dir>/<name>.<ckpt>.hyp`` and the report (scores,
-    signatures, checkpoint, decode settings, speed, device, peak memory) to
-    ``<name>.<ckpt>.report.json``, both atomically; ``output_dir`` defaults to ``run_dir/eval``.
-    ``settings``: typed decode settings (as :class:`~mtcli.infer.translator.Translator` takes
-    them); ``overrides``: ``--set decode.*`` strings. ``average_last``/``average_best``: average
-    that many checkpoints first; ``ensemble``: more members (:func:`mtcli.infer.ensemble.add_members`;
-    file names then end ``.ensemble<M>``); ``engine``: ``torch`` or ``ctranslate2``.
-    """
-    run_dir = Path(run_dir)
-    _check_test_args(split, src_file, ref_file)
-    translator = Translator.from_run(run_dir, checkpoint, average_last=average_last,
-                                     average_best=average_best, ensemble=ensemble, engine=engine,
-                                     overrides=overrides or (), **settings)
-    bundle, decode, device = translator.bundle, translator.decode, translator.device
-    src_path, ref_path, name, split = _test_files(run_dir, bundle.config, split, src_file, ref_file)
-    if more_refs and src_file is None:
-        raise ConfigError("several references (--ref ... --ref) need --src files, not a split")
-    ref_paths = [ref_path, *map(Path, more_refs)]
+    split: str | None
+    src_file: str | Path | None
+    ref_files: list[Path]
+    metrics: Sequence[str]
+    output_dir: str | Path | None
+    ckpt: str
+
+
+def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, direction: tuple[str, str]) -> dict[str, Any]:
+    """Decode and score one test set in ``direction`` with a loaded translator; write its outputs."""
+    bundle, device = translator.bundle, translator.device
+    decode = dataclasses.replace(translator.decode, tgt_lang=direction[1])
+    src_path, ref_path, name, split = _test_files(run_dir, bundle.config, test.split, test.src_file,
+                                                  test.ref_files[0] if test.ref_files else None, direction)
+    ref_paths = [ref_path, *test.ref_files[1:]]
     sources, references, more_references = _read_test(src_path, ref_paths)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
-    hypotheses, target_tokens = _decode(translator, sources, name, str(src_path))
+    hypotheses, target_tokens = _decode(translator, decode, sources, name, str(src_path))
     seconds = time.perf_counter() - start
-    scores = score(hypotheses, references, more_references=more_references, metrics=metrics)
-    ckpt = _checkpoint_name(bundle, average_last, average_best, len(ensemble) + 1)
-    out_dir = Path(output_dir) if output_dir is not None else run_dir / "eval"
-    hyp_path = out_dir / f"{name}.{ckpt}.hyp"
-    report_path = out_dir / f"{name}.{ckpt}.report.json"
+    scores = score(hypotheses, references, more_references=more_references, metrics=test.metrics)
+    out_dir = Path(test.output_dir) if test.output_dir is not None else run_dir / "eval"
+    hyp_path = out_dir / f"{name}.{test.ckpt}.hyp"
+    report_path = out_dir / f"{name}.{test.ckpt}.report.json"
     report: dict[str, Any] = {
         **scores,
         "split": split,
+        "direction": "-".join(direction),
         "source": str(src_path),
         "reference": str(ref_path),
         "references": [str(path) for path in ref_paths],
         "checkpoint": str(bundle.name),
-        "average_last": average_last,
-        "average_best": average_best,
-        "ensemble": [str(p) for p in ensemble],
-        "engine": engine,
+        "engine": "ctranslate2" if translator.engine is not None else "torch",
         "decode": dict(vars(decode)),
         "sentences": len(sources),
         "seconds": round(seconds, 3),
@@ -216,3 +199,91 @@ def evaluate(
     get_logger().info("%s (%s, %d sentences): %s  [%.1f sent/s]", name, bundle.name, len(sources), shown,
                       report["sentences_per_second"])
     return report
+
+
+def evaluate(
+    run_dir: str | Path,
+    *,
+    split: str | None = None,
+    src_file: str | Path | None = None,
+    ref_file: str | Path | None = None,
+    checkpoint: str = "best",
+    average_last: int = 0,
+    average_best: int = 0,
+    overrides: list[str] | None = None,
+    output_dir: str | Path | None = None,
+    ensemble: Sequence[str | Path] = (),
+    engine: str = "torch",
+    more_refs: Sequence[str | Path] = (),
+    metrics: Sequence[str] = ("bleu", "chrf"),
+    src_lang: str | None = None,
+    **settings: Any,
+) -> dict[str, Any]:
+    """Decode a split (or a ``src_file``/``ref_file`` pair, ``more_refs`` adding references),
+    score it (:func:`mtcli.metrics.score` with ``metrics``), write hypotheses + report.
+
+    The split defaults to the first of ``data.test_splits`` (text from ``run_dir/text/`` or the
+    prepared cache). Hypotheses go to ``<output_dir>/<name>.<ckpt>.hyp`` and the report (scores,
+    signatures, checkpoint, decode settings, speed, device, peak memory) to
+    ``<name>.<ckpt>.report.json``, both atomically; ``output_dir`` defaults to ``run_dir/eval``.
+    ``settings``: typed decode settings (as :class:`~mtcli.infer.translator.Translator` takes
+    them); ``overrides``: ``--set decode.*`` strings. ``average_last``/``average_best``: average
+    that many checkpoints first; ``ensemble``: more members (:func:`mtcli.infer.ensemble.add_members`;
+    file names then end ``.ensemble<M>``); ``engine``: ``torch`` or ``ctranslate2``.
+    ``src_lang`` and the setting ``tgt_lang``: the direction of a split to score, for a model of
+    several (default: the run's ``data.src_lang`` and ``data.tgt_lang``).
+    """
+    return evaluate_directions(
+        run_dir, split=split, src_file=src_file, ref_file=ref_file, checkpoint=checkpoint,
+        average_last=average_last, average_best=average_best, overrides=overrides, output_dir=output_dir,
+        ensemble=ensemble, engine=engine, more_refs=more_refs, metrics=metrics, src_lang=src_lang,
+        every_direction=False, **settings)[0]
+
+
+def evaluate_directions(
+    run_dir: str | Path,
+    *,
+    split: str | None = None,
+    src_file: str | Path | None = None,
+    ref_file: str | Path | None = None,
+    checkpoint: str = "best",
+    average_last: int = 0,
+    average_best: int = 0,
+    overrides: list[str] | None = None,
+    output_dir: str | Path | None = None,
+    ensemble: Sequence[str | Path] = (),
+    engine: str = "torch",
+    more_refs: Sequence[str | Path] = (),
+    metrics: Sequence[str] = ("bleu", "chrf"),
+    src_lang: str | None = None,
+    every_direction: bool = True,
+    **settings: Any,
+) -> list[dict[str, Any]]:
+    """:func:`evaluate` for every direction the run was trained on (one model loaded once), or
+    those with the given ``src_lang`` / setting ``tgt_lang``: one report each. A run of one
+    direction, or given files, gives one report."""
+    run_dir = Path(run_dir)
+    _check_test_args(split, src_file, ref_file)
+    if more_refs and src_file is None:
+        raise ConfigError("several references (--ref ... --ref) need --src files, not a split")
+    translator = Translator.from_run(run_dir, checkpoint, average_last=average_last,
+                                     average_best=average_best, ensemble=ensemble, engine=engine,
+                                     overrides=overrides or (), **settings)
+    data, tgt_lang = translator.bundle.config.data, settings.get("tgt_lang")
+    if every_direction and src_file is None:
+        directions = [d for d in run_directions(run_dir, translator.bundle.config)
+                      if src_lang in (None, d[0]) and tgt_lang in (None, d[1])]
+        if not directions:
+            raise ConfigError(f"{run_dir}: no direction {src_lang or '*'}->{tgt_lang or '*'} among those it was "
+                              f"trained on ({', '.join('->'.join(d) for d in run_directions(run_dir, translator.bundle.config))})")
+    else:
+        directions = [(src_lang or data.src_lang, tgt_lang or data.tgt_lang)]
+    refs = [Path(ref_file)] if ref_file is not None else []
+    ckpt = _checkpoint_name(translator.bundle, average_last, average_best, len(ensemble) + 1)
+    test = _Test(split, src_file, [*refs, *map(Path, more_refs)], metrics, output_dir, ckpt)
+    reports = []
+    for direction in directions:
+        report = _evaluate_with(translator, run_dir, test, direction)
+        report.update(average_last=average_last, average_best=average_best, ensemble=[str(p) for p in ensemble])
+        reports.append(report)
+    return reports

@@ -3,7 +3,8 @@
 Endpoints:
 
 * ``POST /translate`` ``{"text": ["...", ...], "beam": 5, "length_penalty": 1.0}`` (or
-  ``"sampling": "topk"`` with ``"temperature"`` and ``"seed"``) ->
+  ``"sampling": "topk"`` with ``"temperature"`` and ``"seed"``; ``"tgt_lang": "de"`` for a model
+  of several target languages) ->
   ``{"translations": ["...", ...], "model": NAME}``, in request order;
 * ``GET /health`` -> ``{"status": "ok", "model": NAME, "device": DEVICE}``;
 * ``GET /`` a page to type or paste text and read its translation; ``GET /docs`` the OpenAPI docs.
@@ -49,7 +50,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
 from mtcli.data.textio import check_unicode
-from mtcli.errors import DataError, one_line
+from mtcli.errors import ConfigError, DataError, one_line
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger
 from mtcli.serve_page import PAGE
@@ -82,6 +83,8 @@ class TranslateRequest(BaseModel):
     temperature: StrictFloat | StrictInt | None = Field(default=None, gt=0.0, le=10.0,
                                                        description="Sampling temperature.")
     seed: StrictInt | None = Field(default=None, description="Sampling seed: the same seed gives the same output.")
+    tgt_lang: StrictStr | None = Field(
+        default=None, description="The language to translate into, for a model of several (the run's by default).")
 
 
 class TranslateResponse(BaseModel):
@@ -209,10 +212,15 @@ def check_request(body: TranslateRequest, limits: Limits) -> None:
 
 
 def check_lengths(body: TranslateRequest, translator: Translator) -> None:
-    """Raise :class:`RequestError` (413) for a line that encodes to more pieces than the model
-    reads: translating it would silently drop its end."""
+    """Raise :class:`RequestError` for a target language the model does not produce (422), or
+    a line that encodes to more pieces than the model reads (413): translating it would
+    silently drop its end."""
+    try:
+        lengths = translator.source_pieces(body.text, tgt_lang=body.tgt_lang)
+    except ConfigError as exc:
+        raise RequestError(422, str(exc).replace("--tgt-lang", "tgt_lang")) from None
     limit = translator.max_source_pieces
-    for i, pieces in enumerate(translator.source_pieces(body.text)):
+    for i, pieces in enumerate(lengths):
         if pieces > limit:
             raise RequestError(413, f"text[{i}] encodes to {pieces} pieces (the model reads at most {limit}); "
                                     "split it into sentences")
@@ -287,7 +295,7 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
             raise InternalError(request_id) from None
         future = app.state.batcher.submit(body.text, request_id, beam=body.beam,
                                           length_penalty=body.length_penalty, sampling=body.sampling,
-                                          temperature=body.temperature, seed=body.seed)
+                                          temperature=body.temperature, seed=body.seed, tgt_lang=body.tgt_lang)
         try:
             translations = await asyncio.wrap_future(future)
         except DataError:  # the client's own text, found only when decoded alone

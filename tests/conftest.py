@@ -179,3 +179,37 @@ def wait_until(ready, proc, what: str, timeout: float = 120.0) -> None:
             proc.kill()
             raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
         time.sleep(0.005)
+
+
+def _read_lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def make_trilingual(root: Path) -> Path:
+    """The toy corpus plus a third language ``xx`` (the target's words reversed, each + "o"),
+    line-aligned in every split, and a second corpus ``extra`` holding only a training split."""
+    tri = root / "tri"
+    tri.mkdir(parents=True)
+    for split in ("train", "val", "test"):
+        src = list(_read_lines(TOY_DIR / f"{split}.src"))
+        tgt = list(_read_lines(TOY_DIR / f"{split}.tgt"))
+        (tri / f"{split}.src").write_text("".join(f"{line}\n" for line in src), encoding="utf-8")
+        (tri / f"{split}.tgt").write_text("".join(f"{line}\n" for line in tgt), encoding="utf-8")
+        xx = [" ".join(w + "o" for w in reversed(line.split())) for line in tgt]
+        (tri / f"{split}.xx").write_text("".join(f"{line}\n" for line in xx), encoding="utf-8")
+    extra = root / "extra"
+    extra.mkdir()
+    for lang in ("src", "tgt"):
+        lines = list(_read_lines(TOY_DIR / f"train.{lang}"))[:100]
+        lines += lines[:10]  # duplicates: cleaned away in this corpus only
+        (extra / f"train.{lang}").write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    return root
+
+
+def multi_overrides(root: Path, prepared: Path, extra_weight: float = 1.0) -> list[str]:
+    """``--set`` overrides turning the toy recipe into three directions plus a tagged corpus."""
+    sources = (f"[{{source: {root}/tri, langs: [src, tgt]}}, {{source: {root}/tri, langs: [tgt, src]}}, "
+               f"{{source: {root}/tri, langs: [src, xx]}}, "
+               f"{{source: {root}/extra, tag: '<bt>', weight: {extra_weight}}}]")
+    return ["data.source=", f"data.sources={sources}", f"data.prepared_dir={prepared}", "data.dedup=true",
+            "data.vocab_size=96"]

@@ -217,6 +217,50 @@ def collate_sources(sources: list[list[int]], device: torch.device | str) -> tor
     return batch.to(device)
 
 
+class CorpusMix:
+    """Which training pairs an epoch reads when they come from several corpora with weights
+    (``data.sources[k].weight``): corpus k's pairs are drawn ``weight_k`` times an epoch on
+    average. A weight of 2 reads each pair twice; 0.5 reads half of them, a different half each
+    epoch; 1.5 reads each once and a random half again. The draw is a pure function of
+    ``(seed, epoch, k)``, so the position ``(epoch, batch)`` still says everything for resume.
+
+    ``sizes`` are the corpora's pair counts, in the order their pairs are numbered."""
+
+    def __init__(self, sizes: Sequence[int], weights: Sequence[float], seed: int) -> None:
+        if len(sizes) != len(weights):
+            raise DataError(f"data.sources lists {len(weights)} corpora but the prepared cache holds "
+                            f"{len(sizes)}; run `mtcli prepare` again")
+        self.bounds = np.cumsum([0, *sizes])
+        self.weights = [float(w) for w in weights]
+        self.seed = int(seed)
+
+    @property
+    def uniform(self) -> bool:
+        """Whether every pair is read once an epoch (all weights 1): the pairs as they are."""
+        return all(w == 1.0 for w in self.weights)
+
+    def epoch_indices(self, indices: np.ndarray, epoch: int) -> np.ndarray:
+        """The pairs of ``indices`` (those within the length limits) that ``epoch`` reads."""
+        if self.uniform:
+            return indices
+        chosen = []
+        for k, weight in enumerate(self.weights):
+            mine = indices[(indices >= self.bounds[k]) & (indices < self.bounds[k + 1])]
+            if not len(mine):
+                continue
+            whole, part = divmod(round(weight * len(mine)), len(mine))
+            rng = np.random.default_rng([self.seed, int(epoch), k, 7])
+            chosen += [np.tile(mine, whole), rng.choice(mine, size=part, replace=False)]
+        return np.concatenate(chosen) if chosen else indices[:0]
+
+    def shares(self, indices: np.ndarray) -> list[float]:
+        """Each corpus's share of an epoch's pairs (for the log)."""
+        drawn = [self.weights[k] * int(((indices >= self.bounds[k]) & (indices < self.bounds[k + 1])).sum())
+                 for k in range(len(self.weights))]
+        total = sum(drawn) or 1.0
+        return [d / total for d in drawn]
+
+
 @dataclass
 class StepGroup:
     """The batches of one optimiser step: ``batches`` is the whole group (all ranks)."""
@@ -250,12 +294,15 @@ class BatchStream:
     lengths, the length filter and the batches are recomputed per epoch, and ``src``, ``tgt``,
     ``src_lengths``, ``tgt_lengths``, ``indices`` and ``skipped`` describe the epoch of the last
     :meth:`next_group` (resume stays exact: the position still says everything).
+
+    With ``mix`` (several corpora by weight), each epoch reads the pairs :class:`CorpusMix` draws.
     """
 
     def __init__(self, src: SentenceArray, tgt: SentenceArray, *, max_tokens: int,
                  max_source_length: int, max_target_length: int, seed: int, update_freq: int = 1,
                  world_size: int = 1, rank: int = 0, pool_batches: int = 100,
-                 resegment: Resegment | None = None) -> None:
+                 resegment: Resegment | None = None, mix: CorpusMix | None = None) -> None:
+        self.mix = mix
         self.max_source_length = int(max_source_length)
         self.max_target_length = int(max_target_length)
         self.resegment = resegment
@@ -294,7 +341,8 @@ class BatchStream:
         if self._cached is None or self._cached[0] != epoch:
             if self.resegment is not None:
                 self._use_arrays(*self.resegment(epoch))
-            batches = make_batches(self.src_lengths, self.tgt_lengths, self.indices,
+            indices = self.indices if self.mix is None else self.mix.epoch_indices(self.indices, epoch)
+            batches = make_batches(self.src_lengths, self.tgt_lengths, indices,
                                    self.max_tokens, seed=self.seed, epoch=epoch,
                                    pool_batches=self.pool_batches)
             usable = len(batches) // self.world_size * self.world_size
@@ -340,6 +388,7 @@ class BatchStream:
 __all__ = [
     "Batch",
     "BatchStream",
+    "CorpusMix",
     "StepGroup",
     "collate",
     "collate_sources",

@@ -18,6 +18,7 @@ verifiable or rejected by :meth:`PreparedCorpus.open`.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +45,14 @@ def array_name(split: str, lang: str) -> str:
 
 
 class ArrayWriter:
-    """Appends encoded sentences of one split/language to ``.bin`` and ``.idx`` as they come."""
+    """Appends encoded sentences of one split/language to ``.bin`` and ``.idx`` as they come,
+    each after the ids of ``prefix`` (a corpus's tags), when given."""
 
-    def __init__(self, directory: str | Path, split: str, lang: str, dtype: np.dtype) -> None:
+    def __init__(self, directory: str | Path, split: str, lang: str, dtype: np.dtype,
+                 prefix: Sequence[int] = ()) -> None:
         self.directory = Path(directory)
         self.dtype = np.dtype(dtype)
+        self.prefix = np.asarray(prefix, dtype=np.int64)
         stem = array_name(split, lang)
         self.bin_path = self.directory / f"{stem}.bin"
         self.idx_path = self.directory / f"{stem}.idx"
@@ -64,6 +68,10 @@ class ArrayWriter:
         ids = np.asarray(ids)
         if int(lengths.sum()) != len(ids):
             raise ValueError("lengths do not add up to the number of ids")
+        if len(self.prefix):
+            starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+            ids = np.insert(ids, np.repeat(starts, len(self.prefix)), np.tile(self.prefix, len(lengths)))
+            lengths = lengths + len(self.prefix)
         if ids.dtype != self.dtype:  # ids in the file's own type cannot be out of its range
             if len(ids) and (int(ids.min()) < 0 or int(ids.max()) > np.iinfo(self.dtype).max):
                 raise ValueError(f"ids out of range for {self.dtype}")
@@ -163,6 +171,48 @@ class TokenArray:
         self.__init__(state["bin_path"], state["idx_path"], state["dtype"])  # type: ignore[misc]
 
 
+class ConcatArray:
+    """Several :class:`TokenArray` read as one: sentence ``i`` of the first, then of the next."""
+
+    def __init__(self, parts: list[TokenArray]) -> None:
+        self.parts = parts
+        self.lengths: np.ndarray = np.concatenate([p.lengths for p in parts])
+        self.starts = np.cumsum([0] + [len(p) for p in parts])
+
+    def __len__(self) -> int:
+        """Number of sentences in all parts."""
+        return int(self.starts[-1])
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        """Ids of sentence ``i`` as a fresh int32 array."""
+        i = int(i)
+        if not 0 <= i < len(self):
+            raise IndexError(f"sentence {i} out of range ({len(self)} sentences)")
+        part = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return self.parts[part][i - int(self.starts[part])]
+
+    def id_counts(self, size: int) -> np.ndarray:
+        """How often each id occurs over all parts (see :meth:`TokenArray.id_counts`)."""
+        return sum((p.id_counts(size) for p in self.parts), np.zeros(size, dtype=np.int64))
+
+
+class PrefixedArray:
+    """A :class:`TokenArray` whose every sentence starts with ``prefix`` (a target-language tag)."""
+
+    def __init__(self, array: TokenArray, prefix: Sequence[int]) -> None:
+        self.array = array
+        self.prefix = np.asarray(prefix, dtype=np.int32)
+        self.lengths: np.ndarray = array.lengths + len(self.prefix)
+
+    def __len__(self) -> int:
+        """Number of sentences."""
+        return len(self.array)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        """``prefix`` then the ids of sentence ``i``."""
+        return np.concatenate([self.prefix, self.array[i]])
+
+
 class PreparedCorpus:
     """A complete prepared cache directory, as written by ``mtcli prepare``."""
 
@@ -179,6 +229,13 @@ class PreparedCorpus:
         self.valid_split: str = manifest["valid_split"]
         self.test_splits: list[str] = list(manifest["test_splits"])
         self._dtype = np.dtype(manifest["token_dtype"])
+        # caches of several corpora (data.sources): each corpus, each split's languages, the tags
+        self.corpora: list[dict[str, Any]] = list(manifest.get("corpora", []))
+        self.split_langs: dict[str, list[str]] = {
+            split: list(manifest.get("split_langs", {}).get(split, [self.src_lang, self.tgt_lang]))
+            for split in self.splits}
+        self.target_tags: dict[str, str] = dict(manifest.get("target_tags", {}))
+        self.tags: dict[str, int] = {k: int(v) for k, v in manifest.get("tags", {}).items()}
 
     @classmethod
     def open(cls, directory: str | Path, verify: bool = True) -> PreparedCorpus:
@@ -206,13 +263,13 @@ class PreparedCorpus:
             raise DataError(f"{path}: cache format {found!r}, expected {FORMAT_VERSION}; {hint}")
         try:
             files = manifest["files"]
+            corpus = cls(directory, manifest)
             needed = [SPM_MODEL] + [
                 f"{array_name(split, lang)}.{ext}"
-                for split in manifest["splits"]
-                for lang in (manifest["src_lang"], manifest["tgt_lang"])
+                for split in corpus.splits
+                for lang in corpus.split_langs[split]
                 for ext in ("bin", "idx", "txt")
             ]
-            corpus = cls(directory, manifest)
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(f"{path}: manifest lacks or mangles {exc}; {hint}") from None
         for name in needed:
@@ -228,7 +285,7 @@ class PreparedCorpus:
             if verify and not unchanged_since(file, info) and sha256_file(file) != info["sha256"]:
                 raise DataError(f"{file}: checksum differs from the manifest (corrupt); {hint}")
         for split in corpus.splits:
-            for lang in (corpus.src_lang, corpus.tgt_lang):
+            for lang in corpus.split_langs[split]:
                 expected = manifest.get("sentences", {}).get(split)
                 array = corpus.array(split, lang)
                 if expected is not None and len(array) != expected:
@@ -251,6 +308,32 @@ class PreparedCorpus:
         self._check(split, lang)
         return self.directory / f"{array_name(split, lang)}.txt"
 
+    def train_pairs(self) -> tuple[TokenArray | ConcatArray, TokenArray | ConcatArray]:
+        """The training pairs (source, target), tags included: the training split's arrays, or
+        with several corpora, theirs one after another (see :meth:`corpus_sizes`)."""
+        if not self.corpora:
+            return self.array(self.train_split, self.src_lang), self.array(self.train_split, self.tgt_lang)
+        sides = [[self.array(c["split"], lang) for lang in c["langs"]] for c in self.corpora]
+        return ConcatArray([s for s, _ in sides]), ConcatArray([t for _, t in sides])
+
+    def corpus_sizes(self) -> list[int]:
+        """How many training pairs each corpus holds, in the order of :meth:`train_pairs`."""
+        if not self.corpora:
+            return [len(self.array(self.train_split, self.src_lang))]
+        return [int(self.manifest["sentences"][c["split"]]) for c in self.corpora]
+
+    def languages(self, split: str) -> list[str]:
+        """The languages ``split`` holds."""
+        self._check(split, self.src_lang)
+        return list(self.split_langs[split])
+
+    def source_prefix(self, tgt_lang: str) -> list[int]:
+        """The ids put before a source to ask for ``tgt_lang`` (its target tag; none when the
+        model has one target language)."""
+        if not self.target_tags:
+            return []
+        return [self.tags[self.target_tags[tgt_lang]]]
+
     def target_vocabulary(self) -> np.ndarray:
         """The sorted ids the training split's targets use, plus pad, unk, bos and eos: what
         ``model.output_vocab: target`` restricts the decoder's softmax to (a joint vocabulary
@@ -258,7 +341,7 @@ class PreparedCorpus:
         cache: every rank and every resume computes the same list."""
         used = np.zeros(self.vocab_size, dtype=bool)
         used[[PAD_ID, UNK_ID, BOS_ID, EOS_ID]] = True
-        used |= self.array(self.train_split, self.tgt_lang).id_counts(self.vocab_size) > 0
+        used |= self.train_pairs()[1].id_counts(self.vocab_size) > 0
         return np.flatnonzero(used)
 
     def counts(self) -> dict[str, Any]:
@@ -268,7 +351,8 @@ class PreparedCorpus:
     def _check(self, split: str, lang: str) -> None:
         if split not in self.splits:
             raise DataError(f"{self.directory}: no split '{split}' (prepared splits: {', '.join(self.splits)})")
-        if lang not in (self.src_lang, self.tgt_lang):
+        if lang not in self.split_langs[split]:
             raise DataError(
-                f"{self.directory}: no language '{lang}' (prepared: {self.src_lang}, {self.tgt_lang})"
+                f"{self.directory}: split '{split}' has no language '{lang}' (prepared: "
+                f"{', '.join(self.split_langs[split])})"
             )

@@ -33,7 +33,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -48,13 +48,12 @@ from mtcli.data.cache import (
     SPM_MODEL,
     ArrayWriter,
     PreparedCorpus,
-    array_name,
     token_dtype,
     write_manifest,
 )
-from mtcli.data.cleaning import CleanCounts, PairCleaner, clean_text_blocks, clean_text_files
+from mtcli.data.cleaning import CleanCounts
+from mtcli.data.corpora import Plan, plan_corpora, text_path, write_eval, write_training
 from mtcli.data.scan import line_ends, take_spans
-from mtcli.data.sources import Source, open_source
 from mtcli.data.textio import read_range
 from mtcli.data.tokenizer import (
     BOS_ID,
@@ -77,12 +76,10 @@ CHUNK_BYTES = 1 << 22
 # Below this many lines a file is encoded in-process: forking workers
 # costs about as much as it saves on a corpus the size of Multi30k.
 PARALLEL_MIN_LINES = 50_000
-# The same for cleaning, in bytes of the smaller side (50k pairs of WMT text are about 8 MB).
-PARALLEL_CLEAN_BYTES = 8 << 20
 SPM_SEED = 1
 _PID_FILE = ".prepare.pid"
 # Data-config keys that do not change the cache's content (where it goes, how fast it is built).
-_KEY_EXCLUDES = ("name", "prepared_dir", "num_workers", "source", "spm_model")
+_KEY_EXCLUDES = ("name", "prepared_dir", "num_workers", "source", "sources", "spm_model")
 # What only a trained SentencePiece model depends on (a given one makes them moot).
 _SPM_TRAINING_KEYS = ("vocab_size", "spm_model_type", "character_coverage", "spm_max_sentences")
 
@@ -121,11 +118,6 @@ class PrepareReport:
         return "\n".join(lines)
 
 
-def split_names(data: DataConfig) -> list[str]:
-    """Training, validation and test split names, in that order, without repeats."""
-    return list(dict.fromkeys([data.train_split, data.valid_split, *data.test_splits]))
-
-
 def given_spm_model(data: DataConfig) -> Path | None:
     """The SentencePiece model ``data.spm_model`` names (a run directory or prepared cache holding
     ``spm.model``, or the file itself), checked to be one mtcli can use; None when it is unset."""
@@ -149,6 +141,8 @@ def build_key(data: DataConfig, fingerprint: dict[str, Any], spm_sha256: str | N
     the given SentencePiece model's sha256 (``data.spm_model``), not its path."""
     excluded = _KEY_EXCLUDES + (_SPM_TRAINING_KEYS if spm_sha256 else ())
     settings = {k: v for k, v in dataclasses.asdict(data).items() if k not in excluded}
+    if data.sources:  # where each corpus is and how often it is drawn do not change the content
+        settings["sources"] = [{"tag": c.tag, "langs": c.langs, "hub_config": c.hub_config} for c in data.corpora()]
     if spm_sha256:
         settings["spm_model_sha256"] = spm_sha256
     blob = json.dumps(
@@ -219,67 +213,6 @@ def _current_cache(out: Path, key: str) -> PreparedCorpus | None:
         get_logger().info("inputs or data config changed since %s was built; rebuilding", out)
         return None
     return corpus
-
-
-def _write_pairs(pairs: Iterable[tuple[str, str]], src_txt: Path, tgt_txt: Path) -> int:
-    """Write pairs as two line-aligned UTF-8 text files; return how many."""
-    n = 0
-    with open(src_txt, "w", encoding="utf-8", newline="\n") as fs, open(
-        tgt_txt, "w", encoding="utf-8", newline="\n"
-    ) as ft:
-        for src, tgt in pairs:
-            fs.write(src + "\n")
-            ft.write(tgt + "\n")
-            n += 1
-    return n
-
-
-def _clean_split(source: Source, data: DataConfig, split: str, src_txt: Path, tgt_txt: Path,
-                 workers: int) -> CleanCounts:
-    """Write the training split cleaned. A large split is cleaned by ``workers`` processes, with
-    the same result as one: plain-text files by byte ranges the workers read themselves
-    (:func:`~mtcli.data.cleaning.clean_text_files`), Arrow sources as blocks of text made from
-    the rows (:func:`~mtcli.data.cleaning.clean_text_blocks`) by the workers from the parts they
-    read themselves (parquet row groups, slices of a dataset's Arrow files), or else by this
-    process."""
-    cleaner = PairCleaner(data.max_length, data.max_length_ratio, data.dedup)
-    files = source.plain_files(split)
-    parallel = workers > 1 and can_fork()
-    if parallel and files is not None and min(path.stat().st_size for path in files) >= PARALLEL_CLEAN_BYTES:
-        clean_text_files(*files, src_txt, tgt_txt, cleaner, workers)
-    elif parallel and files is None and (source.num_pairs(split) or 0) >= PARALLEL_MIN_LINES:
-        readers = source.block_readers(split)  # then each worker reads its own parts
-        blocks = source.text_blocks(split) if readers is None else readers
-        clean_text_blocks(blocks, src_txt, tgt_txt, cleaner, workers)
-    else:
-        _write_pairs(cleaner(source.pairs(split)), src_txt, tgt_txt)
-    return cleaner.counts
-
-
-def _write_texts(source: Source, data: DataConfig, splits: list[str], tmp: Path,
-                 workers: int = 1) -> dict[str, CleanCounts]:
-    """Write ``<split>.<lang>.txt`` for every split (training split cleaned); return counts."""
-    log = get_logger()
-    counts: dict[str, CleanCounts] = {}
-    for split in splits:
-        src_txt = tmp / f"{array_name(split, data.src_lang)}.txt"
-        tgt_txt = tmp / f"{array_name(split, data.tgt_lang)}.txt"
-        if split == data.train_split:
-            c = counts[split] = _clean_split(source, data, split, src_txt, tgt_txt, workers)
-            why = ", ".join(f"{k} {v}" for k, v in c.dropped().items())
-            log.info("read %s: %d pairs, kept %d (dropped: %s)", split, c.read, c.kept, why)
-        else:
-            n = _write_pairs(source.pairs(split), src_txt, tgt_txt)
-            counts[split] = CleanCounts(read=n, kept=n)
-            log.info("read %s: %d pairs (kept as they are)", split, n)
-    train = counts[data.train_split]
-    if train.kept == 0:
-        why = ", ".join(f"{k} {v}" for k, v in train.dropped().items())
-        raise DataError(
-            f"{source.describe()}: training split '{data.train_split}' is empty after cleaning "
-            f"(read {train.read} pairs; dropped: {why})"
-        )
-    return counts
 
 
 # ----------------------------------------------------------------------------- encoding
@@ -413,11 +346,11 @@ def spm_sample(paths: list[Path], total: int, cap: int, seed: int) -> Iterator[b
             first += len(ends)
 
 
-def _train_spm(tmp: Path, data: DataConfig, workers: int, sentences: int) -> Path:
+def _train_spm(tmp: Path, data: DataConfig, plan: Plan, workers: int, sentences: int) -> Path:
     """Train the joint SentencePiece model on both sides of the cleaned training text in ``tmp``
     (``sentences`` lines in all), or on :func:`spm_sample`'s sample of them, written to a file
     beside them for SentencePiece to read (and removed)."""
-    train_txt = [tmp / f"{array_name(data.train_split, lang)}.txt" for lang in (data.src_lang, data.tgt_lang)]
+    train_txt = [text_path(tmp, c.train_name, lang) for c in plan.corpora for lang in c.langs]
     cap = max(data.spm_max_sentences, MIN_SAMPLE) if data.spm_max_sentences > 0 else 0
     sample = tmp / ".spm_sample.txt"
     if 0 < cap < sentences:
@@ -436,28 +369,31 @@ def _train_spm(tmp: Path, data: DataConfig, workers: int, sentences: int) -> Pat
             max_sentences=0,  # the sample is drawn above; SentencePiece takes every line it is given
             seed=SPM_SEED,
             num_threads=workers,
+            control_symbols=plan.symbols(),
         )
     finally:
         sample.unlink(missing_ok=True)
 
 
-def _encode_splits(tmp: Path, data: DataConfig, splits: list[str], model_path: Path, dtype: np.dtype,
-                   counts: dict[str, CleanCounts], workers: int) -> dict[str, dict[str, int]]:
-    """Encode every split's text in ``tmp`` into its binarised arrays; tokens per split and side."""
+def _encode_splits(tmp: Path, plan: Plan, model_path: Path, dtype: np.dtype, counts: dict[str, CleanCounts],
+                   workers: int) -> dict[str, dict[str, int]]:
+    """Encode every split's text in ``tmp`` into its binarised arrays, a corpus's tags before each
+    of its training sources; tokens per split and language."""
+    tokenizer = Tokenizer(model_path)
+    prefixes = {(c.train_name, c.langs[0]): [tokenizer.piece_to_id(t) for t in c.prefix] for c in plan.corpora}
     tokens: dict[str, dict[str, int]] = {}
-    for split in splits:
+    for split, langs in plan.split_langs().items():
         tokens[split] = {}
-        for lang in (data.src_lang, data.tgt_lang):
-            with ArrayWriter(tmp, split, lang, dtype) as writer:
-                encode_file(model_path, tmp / f"{array_name(split, lang)}.txt", writer,
-                            num_lines=counts[split].kept, workers=workers,
-                            show_progress=sys.stderr.isatty())
+        for lang in langs:
+            with ArrayWriter(tmp, split, lang, dtype, prefix=prefixes.get((split, lang), ())) as writer:
+                encode_file(model_path, text_path(tmp, split, lang), writer, num_lines=counts[split].kept,
+                            workers=workers, show_progress=sys.stderr.isatty())
             tokens[split][lang] = writer.tokens
         get_logger().info("encoded %s: %s tokens", split, tokens[split])
     return tokens
 
 
-def _spm_record(data: DataConfig, given: Path | None, model_path: Path, vocab_size: int) -> dict[str, Any]:
+def _spm_record(data: DataConfig, plan: Plan, given: Path | None, model_path: Path, vocab_size: int) -> dict[str, Any]:
     """The manifest's ``spm`` entry: how the SentencePiece model was trained, or where it came from."""
     if given is not None:
         return {"model": SPM_MODEL, "vocab_size": vocab_size, "given": str(given.resolve()),
@@ -468,18 +404,31 @@ def _spm_record(data: DataConfig, given: Path | None, model_path: Path, vocab_si
         "vocab_size": data.vocab_size,
         "character_coverage": data.character_coverage,
         "max_sentences": data.spm_max_sentences,
-        "trained_on": f"{data.train_split} ({data.src_lang}+{data.tgt_lang}, cleaned)",
+        "trained_on": f"{data.train_split} ({data.src_lang}+{data.tgt_lang}, cleaned)" if not plan.several else
+                      f"{data.train_split} of every corpus (both sides, cleaned)",
         "seed": SPM_SEED,
         "sha256": sha256_file(model_path),
         "sentencepiece_version": sentencepiece.__version__,
     }
 
 
-def _manifest(data: DataConfig, source: Source, key: str, fingerprint: dict[str, Any], splits: list[str],
+def _corpora_records(plan: Plan, counts: dict[str, CleanCounts], tokenizer: Tokenizer) -> dict[str, Any]:
+    """The manifest's entries for a cache of several corpora: each corpus with its counts, the
+    languages of each split, and the tags with their ids."""
+    return {
+        "corpora": [dict(c.record(), counts=counts[c.train_name].to_dict()) for c in plan.corpora],
+        "split_langs": plan.split_langs(),
+        "tags": {tag: tokenizer.piece_to_id(tag) for tag in plan.symbols()},
+        "target_tags": plan.target_tags,
+    }
+
+
+def _manifest(data: DataConfig, plan: Plan, key: str, fingerprint: dict[str, Any],
               counts: dict[str, CleanCounts], tokens: dict[str, dict[str, int]], dtype: np.dtype,
               spm: dict[str, Any]) -> dict[str, Any]:
     """What ``manifest.json`` records: where the cache came from, how it was built, what it holds."""
     vocab_size = spm["vocab_size"]
+    source = plan.corpora[0].source
     return {
         "build_key": key,
         "mtcli_version": __version__,
@@ -489,7 +438,7 @@ def _manifest(data: DataConfig, source: Source, key: str, fingerprint: dict[str,
         "data_config": dataclasses.asdict(data),
         "src_lang": data.src_lang,
         "tgt_lang": data.tgt_lang,
-        "splits": splits,
+        "splits": plan.splits(),
         "train_split": data.train_split,
         "valid_split": data.valid_split,
         "test_splits": list(dict.fromkeys(data.test_splits)),
@@ -502,6 +451,23 @@ def _manifest(data: DataConfig, source: Source, key: str, fingerprint: dict[str,
     }
 
 
+def _spm_model(tmp: Path, data: DataConfig, plan: Plan, given: Path | None, workers: int,
+               counts: dict[str, CleanCounts]) -> Path:
+    """The cache's SentencePiece model: ``data.spm_model``'s copy (which must hold every tag), or
+    one trained on the cleaned training text of every corpus."""
+    if given is None:
+        sentences = sum(2 * counts[c.train_name].kept for c in plan.corpora)
+        return _train_spm(tmp, data, plan, workers, sentences)
+    model_path = copy_model(given, tmp / "spm")
+    get_logger().info("encoding with the given SentencePiece model %s (data.spm_model)", given)
+    tokenizer = Tokenizer(model_path)
+    missing = [tag for tag in plan.symbols() if tokenizer.piece_to_id(tag) == UNK_ID]
+    if missing:
+        raise DataError(f"data.spm_model: {given} has no symbol for the tags {', '.join(missing)} "
+                        "(a model trained with them, or none, is needed)")
+    return model_path
+
+
 def prepare(config: Config, force: bool = False) -> PrepareReport:
     """Prepare ``config.data`` into ``config.data.prepared_path()``; a no-op when up to date.
 
@@ -512,45 +478,42 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     log = get_logger()
     data = config.data
     out = data.prepared_path()
-    splits = split_names(data)
-    source = open_source(data.source, data.src_lang, data.tgt_lang, data.hub_config)
-    source.check(splits)
+    plan = plan_corpora(data)
     _check_writable(out)
     _remove_stale(out)
     given = given_spm_model(data)
     inputs = FileHasher(_previous_manifest(out).get("input_files"))  # unchanged inputs are not re-read
-    fingerprint = source.fingerprint(splits, inputs)
+    fingerprint = plan.fingerprint(inputs)
     key = build_key(data, fingerprint, sha256_file(given) if given is not None else None)
     current = None if force else _current_cache(out, key)
     if current is not None:
-        log.info("%s is up to date with %s; nothing to do (--force rebuilds)", out, source.describe())
-        return PrepareReport(directory=out, skipped=True, source=source.describe(), counts=current.counts(),
+        log.info("%s is up to date with %s; nothing to do (--force rebuilds)", out, plan.describe())
+        return PrepareReport(directory=out, skipped=True, source=plan.describe(), counts=current.counts(),
                              tokens=current.manifest.get("tokens", {}), vocab_size=current.vocab_size)
     start = time.perf_counter()
-    log.info("preparing %s from %s (splits: %s)", out, source.describe(), ", ".join(splits))
+    log.info("preparing %s from %s (splits: %s)", out, plan.describe(), ", ".join(plan.splits()))
     workers = max(1, data.num_workers)
     with _naming_write_errors(out), atomic_dir(out) as tmp:
         (tmp / _PID_FILE).write_text(str(os.getpid()))
-        counts = _write_texts(source, data, splits, tmp, workers)
-        if given is not None:
-            model_path = copy_model(given, tmp / "spm")
-            log.info("encoding with the given SentencePiece model %s (data.spm_model)", given)
-        else:
-            model_path = _train_spm(tmp, data, workers, 2 * counts[data.train_split].kept)
-        vocab_size = Tokenizer(model_path).vocab_size
-        dtype = token_dtype(vocab_size)
-        tokens = _encode_splits(tmp, data, splits, model_path, dtype, counts, workers)
-        spm = _spm_record(data, given, model_path, vocab_size)
-        manifest = _manifest(data, source, key, fingerprint, splits, counts, tokens, dtype, spm)
+        counts = write_training(plan, data, tmp, workers)
+        counts.update(write_eval(plan, tmp))
+        model_path = _spm_model(tmp, data, plan, given, workers, counts)
+        tokenizer = Tokenizer(model_path)
+        dtype = token_dtype(tokenizer.vocab_size)
+        tokens = _encode_splits(tmp, plan, model_path, dtype, counts, workers)
+        spm = _spm_record(data, plan, given, model_path, tokenizer.vocab_size)
+        manifest = _manifest(data, plan, key, fingerprint, counts, tokens, dtype, spm)
+        if plan.several:
+            manifest.update(_corpora_records(plan, counts, tokenizer))
         manifest["input_files"] = inputs.records
         (tmp / _PID_FILE).unlink()
         write_manifest(tmp, manifest)
         PreparedCorpus.open(tmp, verify=False)
     seconds = time.perf_counter() - start
     log.info("wrote %s in %.1f s", out, seconds)
-    return PrepareReport(directory=out, skipped=False, source=source.describe(),
+    return PrepareReport(directory=out, skipped=False, source=plan.describe(),
                          counts={split: c.to_dict() for split, c in counts.items()}, tokens=tokens,
-                         vocab_size=vocab_size, seconds=seconds)
+                         vocab_size=tokenizer.vocab_size, seconds=seconds)
 
 
 def open_prepared(config: Config) -> PreparedCorpus:
@@ -560,7 +523,10 @@ def open_prepared(config: Config) -> PreparedCorpus:
         raise DataError(f"{path}: no prepared cache; run `mtcli prepare {config.path}` first")
     corpus = PreparedCorpus.open(path, verify=True)
     data = config.data
-    for split in (data.train_split, data.valid_split):
+    if len(corpus.corpora) != len(data.sources):
+        raise DataError(f"{path}: prepared from {len(corpus.corpora) or 'one'} corpora, the config lists "
+                        f"{len(data.sources) or 'one'}; run `mtcli prepare {config.path}`")
+    for split in [data.valid_split] + ([] if data.sources else [data.train_split]):
         if split not in corpus.splits:
             raise DataError(f"{path}: the prepared cache has no split '{split}'; run `mtcli prepare "
                             f"{config.path} --force`")

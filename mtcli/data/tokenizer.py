@@ -134,8 +134,11 @@ class Tokenizer:
         max_sentences: int,
         seed: int = 1,
         num_threads: int = 1,
+        control_symbols: Sequence[str] = (),
     ) -> Path:
         """Train a SentencePiece model on ``sentences``; return the path of ``<prefix>.model``.
+        ``control_symbols`` (tags such as ``<2de>``) get ids of their own, after the four special
+        ones; text never encodes to them and decoding never writes them.
 
         ``sentences`` is a stream of sentences, or a list of text files (one sentence a line),
         which SentencePiece reads itself, several seconds faster on millions of sentences, into
@@ -181,6 +184,7 @@ class Tokenizer:
                 eos_piece=EOS_PIECE,
                 num_threads=max(1, int(num_threads)),
                 minloglevel=0 if verbose else 2,
+                **({"control_symbols": list(control_symbols)} if control_symbols else {}),
             )
         except RuntimeError as exc:
             empty = counted.count == 0 if counted is not None else not any(f.stat().st_size for f in files or ())

@@ -34,7 +34,7 @@ from mtcli.config import DecodeConfig
 from mtcli.errors import ConfigError
 from mtcli.fileio import sha256_file
 from mtcli.infer.export import export_model, require_ctranslate2
-from mtcli.infer.loading import InferenceModel
+from mtcli.infer.loading import InferenceModel, source_prefix
 from mtcli.infer.translate import Translation, encode_window, line_windows, source_limit
 from mtcli.logs import get_logger
 
@@ -90,8 +90,9 @@ class CT2Engine:
         """One n-best list per line of ``lines``, in order (see the module docstring)."""
         check_supported(decode)
         tokenizer, limit, offset = self.bundle.tokenizer, source_limit(self.bundle), 0
+        prefix = source_prefix(self.bundle, decode)
         for chunk in line_windows(lines, window):
-            sources, results = encode_window(tokenizer, chunk, limit, name, offset)
+            sources, results = encode_window(tokenizer, chunk, limit, name, offset, prefix)
             keys = list(sources)
             if keys:
                 batch = [[tokenizer.id_to_piece(i) for i in sources[k]] for k in keys]

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
 import torch
 
 from mtcli.checkpoint import load_checkpoint
-from mtcli.config import Config, load_config
+from mtcli.config import Config, DecodeConfig, load_config
 from mtcli.data.tokenizer import PAD_ID, Tokenizer
-from mtcli.errors import CheckpointError, DataError
+from mtcli.errors import CheckpointError, ConfigError, DataError
 from mtcli.fileio import sha256_file
 from mtcli.infer.averaging import average_checkpoints
 from mtcli.logs import get_logger
@@ -20,6 +21,7 @@ from mtcli.rundir import (
     BEST_NAME,
     CONFIG_NAME,
     LAST_NAME,
+    MANIFEST_NAME,
     SPM_NAME,
     checkpoint_dir,
     names,
@@ -40,6 +42,49 @@ class InferenceModel:
     state: dict | None = None  # checkpoint metadata (step, valid, ...) without the parameters
     # lexical shortlists built for this run, by (decode.shortlist, decode.shortlist_frequent)
     shortlists: dict = dataclasses.field(default_factory=dict)
+    # a model of several target languages: the id of each language's tag (<2de>), put before a source
+    target_tags: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def source_prefix(bundle: InferenceModel, decode: DecodeConfig) -> list[int]:
+    """The ids put before every source: the tag of ``decode.tgt_lang`` (default ``data.tgt_lang``)
+    for a model of several target languages, else none. :class:`ConfigError` for a language the
+    model was not trained to produce."""
+    if not bundle.target_tags and decode.tgt_lang is None:
+        return []
+    data = bundle.config.data
+    lang = decode.tgt_lang or data.tgt_lang
+    if bundle.target_tags:
+        if lang not in bundle.target_tags:
+            raise ConfigError(f"--tgt-lang {lang}: this model translates into {', '.join(bundle.target_tags)}")
+        return [bundle.target_tags[lang]]
+    if lang != data.tgt_lang:
+        raise ConfigError(f"--tgt-lang {lang}: this model translates {data.src_lang}->{data.tgt_lang} only "
+                          "(it was trained on one target language)")
+    return []
+
+
+def _run_manifest(run_dir: Path) -> dict:
+    """The run's copy of its prepared data's ``manifest.json`` ({} when it has none)."""
+    try:
+        manifest = json.loads((run_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def run_target_tags(run_dir: Path, tokenizer: Tokenizer) -> dict[str, int]:
+    """The target-language tags of the run's prepared data, by language."""
+    tags = _run_manifest(run_dir).get("target_tags") or {}
+    return {lang: tokenizer.piece_to_id(tag) for lang, tag in tags.items()}
+
+
+def run_directions(run_dir: str | Path, config: Config) -> list[tuple[str, str]]:
+    """The directions a run was trained on, in the order of its corpora, without repeats
+    (``data.src_lang -> data.tgt_lang`` for a run of one corpus)."""
+    corpora = _run_manifest(Path(run_dir)).get("corpora") or []
+    found = [(c["langs"][0], c["langs"][1]) for c in corpora if len(c.get("langs", [])) == 2]
+    return list(dict.fromkeys(found)) or [(config.data.src_lang, config.data.tgt_lang)]
 
 
 def resolve_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:
@@ -145,4 +190,5 @@ def load_for_inference(
     model = _build_model(state, source, config, tokenizer.vocab_size, run_dir)
     model.to(device).eval()
     meta = {k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler", "rng", "rng_ranks")}
-    return InferenceModel(model=model, tokenizer=tokenizer, config=config, name=name, state=meta)
+    return InferenceModel(model=model, tokenizer=tokenizer, config=config, name=name, state=meta,
+                          target_tags=run_target_tags(run_dir, tokenizer))

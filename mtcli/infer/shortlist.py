@@ -107,10 +107,7 @@ def shortlist_for(config: Config, per_source: int, frequent: int) -> Shortlist:
         raise ConfigError(f"decode.shortlist builds its table from the prepared cache {path}, which "
                           f"is not there: run `mtcli prepare` on the run's recipe, or set decode.shortlist=0")
     corpus = PreparedCorpus.open(path, verify=False)
-    data = config.data
-    return build_shortlist(corpus.array(data.train_split, data.src_lang),
-                           corpus.array(data.train_split, data.tgt_lang),
-                           corpus.vocab_size, per_source, frequent)
+    return build_shortlist(*corpus.train_pairs(), corpus.vocab_size, per_source, frequent)
 
 
 __all__ = ["MAX_PAIRS", "Restriction", "Shortlist", "build_shortlist", "shortlist_for"]

@@ -27,7 +27,7 @@ over this module is :class:`mtcli.infer.translator.Translator`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -40,7 +40,7 @@ from mtcli.data.tokenizer import Tokenizer
 from mtcli.device import autocast, resolve_device
 from mtcli.errors import ConfigError
 from mtcli.infer.ensemble import Ensemble, decoding_members
-from mtcli.infer.loading import InferenceModel
+from mtcli.infer.loading import InferenceModel, source_prefix
 from mtcli.infer.packed import pack_for_decoding
 from mtcli.infer.quantize import quantize_for_decoding
 from mtcli.infer.search import Hypothesis, Sampling, generate
@@ -80,10 +80,11 @@ def source_limit(bundle: InferenceModel) -> int:
     return int(bundle.model.max_positions) - 1
 
 
-def encode_window(tokenizer: Tokenizer, chunk: list[str], limit: int, name: str, offset: int
-                   ) -> tuple[dict[int, list[int]], list[list[Translation] | None]]:
-    """The source ids of a window's non-empty lines (truncated to ``limit`` with a warning naming
-    the line), and the window's results with the empty lines' already filled in."""
+def encode_window(tokenizer: Tokenizer, chunk: list[str], limit: int, name: str, offset: int,
+                  prefix: Sequence[int] = ()) -> tuple[dict[int, list[int]], list[list[Translation] | None]]:
+    """The source ids of a window's non-empty lines, after ``prefix`` (a target-language tag),
+    truncated to ``limit`` with a warning naming the line, and the window's results with the
+    empty lines' already filled in."""
     results: list[list[Translation] | None] = [None] * len(chunk)
     sources: dict[int, list[int]] = {}
     nonempty = [i for i, line in enumerate(chunk) if line.strip()]
@@ -93,6 +94,7 @@ def encode_window(tokenizer: Tokenizer, chunk: list[str], limit: int, name: str,
         if not ids:
             results[i] = [_empty_translation()]
             continue
+        ids = [*prefix, *ids]
         if len(ids) > limit:
             get_logger().warning("%s: line %d: source has %d pieces, truncated to the model limit of %d",
                                  name, offset + i + 1, len(ids), limit)
@@ -143,6 +145,7 @@ def translate_lines(
     device = torch.device(device)
     model, tokenizer = bundle.model, bundle.tokenizer
     limit = source_limit(bundle)
+    prefix = source_prefix(bundle, decode)
     was_training = model.training
     model.eval()
     model = model_for_decoding(model, decode, device)
@@ -169,7 +172,7 @@ def translate_lines(
     offset = 0
     try:
         for chunk in line_windows(lines, window):
-            sources, results = encode_window(tokenizer, chunk, limit, name, offset)
+            sources, results = encode_window(tokenizer, chunk, limit, name, offset, prefix)
             keys = list(sources)
             if on_done is not None and len(chunk) > len(keys):
                 on_done(len(chunk) - len(keys))

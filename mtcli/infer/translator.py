@@ -33,7 +33,12 @@ from mtcli.device import autocast
 from mtcli.errors import ConfigError, DataError
 from mtcli.infer.ct2 import ENGINES, CT2Engine, check_supported, converted_model
 from mtcli.infer.ensemble import Ensemble, add_members
-from mtcli.infer.loading import InferenceModel, load_for_inference, resolve_checkpoint
+from mtcli.infer.loading import (
+    InferenceModel,
+    load_for_inference,
+    resolve_checkpoint,
+    source_prefix,
+)
 from mtcli.infer.translate import (
     Translation,
     decode_config,
@@ -49,7 +54,7 @@ SETTINGS = {"beam": "beam_size", "length_penalty": "length_penalty",
             "nbest": "nbest", "max_len_a": "max_len_a", "max_len_b": "max_len_b",
             "int8": "int8", "bf16": "bf16", "workers": "workers", "shortlist": "shortlist",
             "sampling": "sampling", "topk": "topk", "topp": "topp", "temperature": "temperature",
-            "seed": "seed"}
+            "seed": "seed", "tgt_lang": "tgt_lang"}
 
 
 def _changes(settings: dict[str, Any]) -> dict[str, Any]:
@@ -98,7 +103,8 @@ class Translator:
         under int8), ``cpu``, ``cuda:N``. ``ensemble``: more run directories or checkpoints
         decoded together with it. ``settings``: ``beam``, ``length_penalty``, ``max_tokens``,
         ``nbest``, ``max_len_a``, ``max_len_b``, ``int8``, ``bf16``, ``workers``, ``shortlist``,
-        ``sampling``, ``topk``, ``topp``, ``temperature``, ``seed``; ``overrides``:
+        ``sampling``, ``topk``, ``topp``, ``temperature``, ``seed``, ``tgt_lang`` (the language
+        to translate into, for a model of several target languages); ``overrides``:
         ``decode.*=value`` strings as ``--set`` takes them. ``engine``: ``torch`` (ours) or
         ``ctranslate2`` (:mod:`mtcli.infer.ct2`: the checkpoint converted once into the run
         directory; one checkpoint file, int8/bf16 fixed here). Raises :class:`CheckpointError`
@@ -129,9 +135,11 @@ class Translator:
         """The longest source, in pieces, the model reads whole; a longer one is truncated."""
         return source_limit(self.bundle)
 
-    def source_pieces(self, texts: Sequence[str]) -> list[int]:
-        """How many pieces each text encodes to (checked as :meth:`translate` checks its input)."""
-        return [len(ids) for ids in self.bundle.tokenizer.encode_batch(_texts(texts))]
+    def source_pieces(self, texts: Sequence[str], tgt_lang: str | None = None) -> list[int]:
+        """How many pieces each text encodes to, with the tag asking for ``tgt_lang`` in a model
+        of several target languages (checked as :meth:`translate` checks its input)."""
+        prefix = len(source_prefix(self.bundle, self.settings(tgt_lang=tgt_lang)))
+        return [prefix + len(ids) for ids in self.bundle.tokenizer.encode_batch(_texts(texts))]
 
     def settings(self, **settings: Any) -> DecodeConfig:
         """The decode settings with ``settings`` applied (checked; the translator's stay as they are)."""
@@ -197,7 +205,8 @@ class Translator:
         decode = dataclasses.replace(decode, nbest=n, beam_size=decode.beam_size if sampled else max(decode.beam_size, n))
         return list(self.stream(_texts(texts), decode=decode))
 
-    def score(self, sources: Sequence[str], targets: Sequence[str], *, max_tokens: int | None = None) -> list[float]:
+    def score(self, sources: Sequence[str], targets: Sequence[str], *, max_tokens: int | None = None,
+              tgt_lang: str | None = None) -> list[float]:
         """log p(target | source) under the model for each pair: the sum of the log-probabilities
         of the target's pieces and ``</s>`` by teacher forcing, no search (for rescoring and
         filtering). A piece the model cannot produce gives ``-inf``. Sources longer than the
@@ -209,7 +218,8 @@ class Translator:
         if isinstance(model, Ensemble):
             raise ConfigError("score needs one model, not an ensemble")
         limit, tokenizer = source_limit(self.bundle), self.bundle.tokenizer
-        src_ids = [ids[:limit] for ids in tokenizer.encode_batch(src_texts)]
+        prefix = source_prefix(self.bundle, self.settings(tgt_lang=tgt_lang))
+        src_ids = [[*prefix, *ids][:limit] for ids in tokenizer.encode_batch(src_texts)]
         tgt_ids = tokenizer.encode_batch(tgt_texts)
         for i, ids in enumerate(tgt_ids):
             if len(ids) > limit:

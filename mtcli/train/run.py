@@ -89,7 +89,7 @@ def setup_run_dir(config: Config, corpus: PreparedCorpus, run_dir: Path) -> None
     for split in dict.fromkeys(splits):
         if split not in corpus.splits:
             continue
-        for lang in (config.data.src_lang, config.data.tgt_lang):
+        for lang in corpus.languages(split):
             atomic_copy(corpus.text_path(split, lang), run_dir / TEXT_DIR / f"{split}.{lang}")
 
 

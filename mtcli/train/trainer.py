@@ -47,7 +47,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from mtcli.checkpoint import save_checkpoint
 from mtcli.config import Config
-from mtcli.data.batching import BatchStream, StepGroup
+from mtcli.data.batching import BatchStream, CorpusMix, StepGroup
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.sampling import subword_resegmenter
 from mtcli.data.tokenizer import PAD_ID
@@ -103,10 +103,9 @@ class Trainer:
         self.schedule = build_schedule(self.optimizer, config.model.d_model, self.cfg)
         # fp16's narrow range needs the loss scaled up and the gradients checked for overflow
         self.scaler = torch.amp.GradScaler(device.type) if self.cfg.precision == "fp16" else None
-        data = config.data
+        weights = [c.weight for c in config.data.corpora()]
         self.stream = BatchStream(
-            corpus.array(data.train_split, data.src_lang),
-            corpus.array(data.train_split, data.tgt_lang),
+            *corpus.train_pairs(),
             max_tokens=self.cfg.max_tokens,
             max_source_length=min(self.cfg.max_source_length, config.model.max_positions - 1),
             max_target_length=min(self.cfg.max_target_length, config.model.max_positions - 1),
@@ -115,6 +114,7 @@ class Trainer:
             world_size=info.world_size,
             rank=info.rank,
             resegment=subword_resegmenter(corpus, config) if self.cfg.subword_alpha > 0 else None,
+            mix=CorpusMix(corpus.corpus_sizes(), weights, self.cfg.seed) if config.data.sources else None,
         )
         self.step = 0
         self.best: float | None = None

@@ -10,7 +10,7 @@ from torch import nn
 
 from mtcli.config import Config
 from mtcli.data.batching import collate, filter_by_length, make_batches
-from mtcli.data.cache import PreparedCorpus
+from mtcli.data.cache import PrefixedArray, PreparedCorpus
 from mtcli.data.textio import read_lines
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.device import autocast
@@ -27,7 +27,7 @@ def validation_loss(model: nn.Module, criterion: LabelSmoothedLoss, corpus: Prep
     """Summed loss, NLL and target tokens on the validation split (pairs too long are skipped),
     in token batches of ``train.max_tokens`` sorted by length, under ``train.precision`` autocast."""
     data, cfg = config.data, config.train
-    src = corpus.array(data.valid_split, data.src_lang)
+    src = PrefixedArray(corpus.array(data.valid_split, data.src_lang), corpus.source_prefix(data.tgt_lang))
     tgt = corpus.array(data.valid_split, data.tgt_lang)
     limit = config.model.max_positions - 1
     indices, skipped = filter_by_length(src.lengths, tgt.lengths, limit, limit)
@@ -59,8 +59,9 @@ def validation_bleu(model: nn.Module, corpus: PreparedCorpus, config: Config,
     if cfg.valid_max_sentences > 0:
         sources = sources[: cfg.valid_max_sentences]
         refs = refs[: cfg.valid_max_sentences]
-    bundle = InferenceModel(model=model, tokenizer=Tokenizer(corpus.spm_path), config=config,
-                            name="training")
+    tokenizer = Tokenizer(corpus.spm_path)
+    tags = {lang: tokenizer.piece_to_id(tag) for lang, tag in corpus.target_tags.items()}
+    bundle = InferenceModel(model=model, tokenizer=tokenizer, config=config, name="training", target_tags=tags)
     greedy = dataclasses.replace(config.decode, beam_size=1, nbest=1, bf16=cfg.precision == "bf16")
     hyps = translate_texts(bundle, sources, greedy, device)
     return float(score(hyps, refs)["bleu"])

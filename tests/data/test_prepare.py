@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 import mtcli.data.cache as cache_module
 import mtcli.data.cleaning as cleaning_module
+import mtcli.data.corpora as corpora_module
 import mtcli.data.prepare as prep
 from mtcli import fileio
 from mtcli.cli import app
@@ -236,9 +237,10 @@ def test_every_source_kind_gives_the_same_cache(tmp_path: Path) -> None:
 
 def _parallel_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """Clean and encode even the toy corpus in worker processes, in many small ranges."""
-    monkeypatch.setattr(prep, "PARALLEL_MIN_LINES", 1)  # also the Arrow sources' rows
+    monkeypatch.setattr(prep, "PARALLEL_MIN_LINES", 1)
+    monkeypatch.setattr(corpora_module, "PARALLEL_MIN_PAIRS", 1)  # the Arrow sources' rows
     monkeypatch.setattr(prep, "CHUNK_BYTES", 500)  # ranges cut mid-file
-    monkeypatch.setattr(prep, "PARALLEL_CLEAN_BYTES", 1)
+    monkeypatch.setattr(corpora_module, "PARALLEL_CLEAN_BYTES", 1)
     monkeypatch.setattr(cleaning_module, "PAIRS_PER_RANGE", 64)
 
 
@@ -446,6 +448,7 @@ def test_hub_id_unreachable_offline(tmp_path: Path) -> None:
 _KILLABLE = """
 import sys, time
 from pathlib import Path
+import mtcli.data.corpora as corpora_module
 import mtcli.data.prepare as prep
 from mtcli.config import load_config
 original = prep.Tokenizer.train

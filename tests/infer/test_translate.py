@@ -149,7 +149,7 @@ def fake_search(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
 
 
 def _bundle() -> types.SimpleNamespace:
-    return types.SimpleNamespace(model=_FakeModel(), tokenizer=_FakeTokenizer())
+    return types.SimpleNamespace(model=_FakeModel(), tokenizer=_FakeTokenizer(), target_tags={})
 
 
 def test_order_restored_and_counts_preserved(fake_search, caplog) -> None:  # noqa: ANN001

@@ -1,0 +1,280 @@
+"""The corpora one prepared cache is built from: ``data.source``, or the list ``data.sources``.
+
+With one corpus the cache is what it always was: the cleaned training pairs are the split
+``data.train_split``, and every split holds ``data.src_lang`` and ``data.tgt_lang``.
+
+With ``data.sources`` each corpus is cleaned and counted on its own, and its training pairs become
+the split ``<train_split>.<k>`` (k its place in the list) in its own two languages. The
+validation and test splits are each stored once per language, taken from the first corpus that
+holds the split in that language (test_2016_flickr.fr from the en-fr corpus, say), so that every
+direction the model learns can be scored on them.
+
+Tags are SentencePiece control symbols (atomic, never made from text, never written out by
+decoding) put before a corpus's source sentences:
+
+* a **target-language tag** ``<2xx>`` on every source, when the corpora have more than one target
+  language (one model for several directions, Johnson et al. 2017); decoding puts the tag of the
+  language asked for (``--tgt-lang``) before each input;
+* a **corpus tag** (``data.sources[k].tag``, e.g. ``<bt>`` for back-translations, or a domain).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mtcli.config import CorpusConfig, DataConfig
+from mtcli.data.cache import array_name
+from mtcli.data.cleaning import CleanCounts, PairCleaner, clean_text_blocks, clean_text_files
+from mtcli.data.sources import Source, open_source
+from mtcli.data.workers import can_fork
+from mtcli.errors import DataError
+from mtcli.fileio import FileHasher
+from mtcli.logs import get_logger
+
+# Below this many pairs an Arrow split is cleaned in-process: forking workers costs about as much
+# as it saves on a corpus the size of Multi30k.
+PARALLEL_MIN_PAIRS = 50_000
+# The same for plain-text files, in bytes of the smaller side (50k pairs of WMT text are about 8 MB).
+PARALLEL_CLEAN_BYTES = 8 << 20
+
+
+def target_tag(lang: str) -> str:
+    """The symbol that asks for a translation into ``lang``: ``<2de>``."""
+    return f"<2{lang}>"
+
+
+def split_names(data: DataConfig) -> list[str]:
+    """Training, validation and test split names, in that order, without repeats."""
+    return list(dict.fromkeys([data.train_split, data.valid_split, *data.test_splits]))
+
+
+@dataclass
+class Corpus:
+    """One corpus of the cache: its config, its opened source, the cache split of its training
+    pairs, and the symbols put before its source sentences."""
+
+    index: int
+    config: CorpusConfig
+    source: Source
+    read_split: str  # its training split, in the source (data.train_split)
+    train_name: str  # ... and in the cache
+    prefix: list[str]
+    provides: list[str] = field(default_factory=list)  # the validation/test splits read from it
+
+    @property
+    def langs(self) -> tuple[str, str]:
+        """(source language, target language)."""
+        src, tgt = self.config.langs or ("", "")
+        return src, tgt
+
+    def record(self) -> dict[str, Any]:
+        """The manifest's entry for this corpus (its counts are added by ``prepare``)."""
+        return {"split": self.train_name, "source": {"kind": self.source.kind, "location": self.source.location,
+                                                     "hub_config": self.config.hub_config},
+                "langs": list(self.langs), "tag": self.config.tag, "prefix": self.prefix}
+
+
+@dataclass
+class Plan:
+    """What ``prepare`` reads from where: the corpora, and for each validation/test split and
+    language the corpus (and its side, 0 source or 1 target) it comes from."""
+
+    corpora: list[Corpus]
+    all_splits: list[str]  # data.train_split, data.valid_split, data.test_splits
+    eval_splits: list[str]
+    providers: dict[tuple[str, str], tuple[Corpus, int]]
+    target_tags: dict[str, str]
+    several: bool
+
+    def splits(self) -> list[str]:
+        """Every split of the cache: the corpora's training splits, then validation and tests."""
+        return list(dict.fromkeys([c.train_name for c in self.corpora] + self.eval_splits))
+
+    def split_langs(self) -> dict[str, list[str]]:
+        """The languages each split of the cache holds."""
+        langs = {c.train_name: list(c.langs) for c in self.corpora}
+        for split in self.eval_splits:
+            langs.setdefault(split, [lang for (s, lang) in self.providers if s == split])
+        return langs
+
+    def symbols(self) -> list[str]:
+        """Every tag, as SentencePiece control symbols: the target tags, then the corpus tags."""
+        tags = sorted(self.target_tags.values()) + [c.config.tag for c in self.corpora if c.config.tag]
+        return list(dict.fromkeys(tags))
+
+    def describe(self) -> str:
+        """The source(s), for messages."""
+        if not self.several:
+            return self.corpora[0].source.describe()
+        return f"{len(self.corpora)} corpora (" + "; ".join(
+            f"{c.source.location} {'->'.join(c.langs)}" for c in self.corpora) + ")"
+
+    def fingerprint(self, hasher: FileHasher) -> dict[str, Any]:
+        """What identifies the inputs (for one corpus, exactly what it always was)."""
+        if not self.several:
+            return self.corpora[0].source.fingerprint(self.all_splits, hasher)
+        return {"corpora": [c.source.fingerprint([c.read_split, *c.provides], hasher) for c in self.corpora]}
+
+
+def _has_split(source: Source, split: str) -> bool:
+    try:
+        source.check([split])
+    except DataError:
+        return False
+    return True
+
+
+def _open(corpus: CorpusConfig) -> Source:
+    src, tgt = corpus.langs or ("", "")
+    return open_source(corpus.source, src, tgt, corpus.hub_config)
+
+
+def _providers(data: DataConfig, corpora: list[Corpus], eval_splits: Iterable[str]
+               ) -> dict[tuple[str, str], tuple[Corpus, int]]:
+    """For each validation/test split and language, the first corpus holding it."""
+    languages = list(dict.fromkeys(lang for c in corpora for lang in c.langs))
+    providers: dict[tuple[str, str], tuple[Corpus, int]] = {}
+    for split in eval_splits:
+        holders = [c for c in corpora if _has_split(c.source, split)]
+        for lang in languages:
+            found = next((c for c in holders if lang in c.langs), None)
+            if found is not None:
+                providers[(split, lang)] = (found, found.langs.index(lang))
+                if split not in found.provides:
+                    found.provides.append(split)
+        if (split, data.src_lang) not in providers or (split, data.tgt_lang) not in providers:
+            raise DataError(f"data.sources: no corpus holds split '{split}' in {data.src_lang} and "
+                            f"{data.tgt_lang} (the direction data.src_lang -> data.tgt_lang)")
+    return providers
+
+
+def plan_corpora(data: DataConfig) -> Plan:
+    """Open every corpus and decide what is read from where; :class:`DataError` (one line) for a
+    missing corpus, split or language."""
+    all_splits = split_names(data)
+    eval_splits = [split for split in all_splits if split != data.train_split]
+    if not data.sources:
+        source = open_source(data.source, data.src_lang, data.tgt_lang, data.hub_config)
+        source.check(all_splits)
+        corpus = Corpus(0, data.corpora()[0], source, data.train_split, data.train_split, [], eval_splits)
+        providers = {(split, lang): (corpus, side) for split in eval_splits
+                     for side, lang in enumerate((data.src_lang, data.tgt_lang))}
+        return Plan([corpus], all_splits, eval_splits, providers, {}, several=False)
+    configs = data.corpora()
+    targets = list(dict.fromkeys((c.langs or ["", ""])[1] for c in configs))
+    target_tags = {lang: target_tag(lang) for lang in targets} if len(targets) > 1 else {}
+    corpora: list[Corpus] = []
+    for k, config in enumerate(configs):
+        source = _open(config)
+        source.check([data.train_split])
+        tgt = (config.langs or ["", ""])[1]
+        prefix = ([target_tags[tgt]] if target_tags else []) + ([config.tag] if config.tag else [])
+        corpora.append(Corpus(k, config, source, data.train_split, f"{data.train_split}.{k}", prefix))
+    providers = _providers(data, corpora, eval_splits)
+    return Plan(corpora, all_splits, eval_splits, providers, target_tags, several=True)
+
+
+# ----------------------------------------------------------------------------- text
+
+
+def _write_pairs(pairs: Iterable[tuple[str, str]], src_txt: Path, tgt_txt: Path) -> int:
+    """Write pairs as two line-aligned UTF-8 text files; return how many."""
+    n = 0
+    with open(src_txt, "w", encoding="utf-8", newline="\n") as fs, open(
+        tgt_txt, "w", encoding="utf-8", newline="\n"
+    ) as ft:
+        for src, tgt in pairs:
+            fs.write(src + "\n")
+            ft.write(tgt + "\n")
+            n += 1
+    return n
+
+
+def _clean_split(corpus: Corpus, data: DataConfig, src_txt: Path, tgt_txt: Path, workers: int) -> CleanCounts:
+    """Write the training split cleaned. A large split is cleaned by ``workers`` processes, with
+    the same result as one: plain-text files by byte ranges the workers read themselves
+    (:func:`~mtcli.data.cleaning.clean_text_files`), Arrow sources as blocks of text made from
+    the rows (:func:`~mtcli.data.cleaning.clean_text_blocks`) by the workers from the parts they
+    read themselves (parquet row groups, slices of a dataset's Arrow files), or else by this
+    process."""
+    cleaner = PairCleaner(data.max_length, data.max_length_ratio, data.dedup)
+    source, split = corpus.source, corpus.read_split
+    files = source.plain_files(split)
+    parallel = workers > 1 and can_fork()
+    if parallel and files is not None and min(path.stat().st_size for path in files) >= PARALLEL_CLEAN_BYTES:
+        clean_text_files(*files, src_txt, tgt_txt, cleaner, workers)
+    elif parallel and files is None and (source.num_pairs(split) or 0) >= PARALLEL_MIN_PAIRS:
+        readers = source.block_readers(split)  # then each worker reads its own parts
+        blocks = source.text_blocks(split) if readers is None else readers
+        clean_text_blocks(blocks, src_txt, tgt_txt, cleaner, workers)
+    else:
+        _write_pairs(cleaner(source.pairs(split)), src_txt, tgt_txt)
+    return cleaner.counts
+
+
+def text_path(tmp: Path, split: str, lang: str) -> Path:
+    """Where ``prepare`` writes the text of one split and language."""
+    return tmp / f"{array_name(split, lang)}.txt"
+
+
+def write_training(plan: Plan, data: DataConfig, tmp: Path, workers: int) -> dict[str, CleanCounts]:
+    """Write each corpus's training pairs, cleaned; return its counts by cache split."""
+    log = get_logger()
+    counts: dict[str, CleanCounts] = {}
+    for corpus in plan.corpora:
+        src, tgt = corpus.langs
+        c = counts[corpus.train_name] = _clean_split(corpus, data, text_path(tmp, corpus.train_name, src),
+                                                     text_path(tmp, corpus.train_name, tgt), workers)
+        why = ", ".join(f"{k} {v}" for k, v in c.dropped().items())
+        log.info("read %s: %d pairs, kept %d (dropped: %s)", corpus.train_name, c.read, c.kept, why)
+        if c.kept == 0:
+            raise DataError(
+                f"{corpus.source.describe()}: training split '{data.train_split}' is empty after cleaning "
+                f"(read {c.read} pairs; dropped: {why})"
+            )
+    return counts
+
+
+def _write_sides(pairs: Iterable[tuple[str, str]], paths: list[Path | None]) -> int:
+    """Write the sides of ``pairs`` whose path is given; return how many pairs."""
+    handles = [open(p, "w", encoding="utf-8", newline="\n") if p is not None else None for p in paths]
+    n = 0
+    try:
+        for pair in pairs:
+            for handle, text in zip(handles, pair, strict=True):
+                if handle is not None:
+                    handle.write(text + "\n")
+            n += 1
+    finally:
+        for handle in handles:
+            if handle is not None:
+                handle.close()
+    return n
+
+
+def write_eval(plan: Plan, tmp: Path) -> dict[str, CleanCounts]:
+    """Write every validation and test split verbatim (an empty line stays), each language from
+    the corpus the plan names; :class:`DataError` when a split's languages differ in length."""
+    counts: dict[str, CleanCounts] = {}
+    for split in plan.eval_splits:
+        lines: dict[str, tuple[int, Corpus]] = {}
+        for corpus in plan.corpora:
+            paths: list[Path | None] = [None, None]
+            for (s, lang), (provider, side) in plan.providers.items():
+                if s == split and provider is corpus:
+                    paths[side] = text_path(tmp, split, lang)
+            if any(paths):
+                n = _write_sides(corpus.source.pairs(split), paths)
+                lines.update({lang: (n, corpus) for lang, path in zip(corpus.langs, paths, strict=True) if path})
+        sizes = {n for n, _ in lines.values()}
+        if len(sizes) > 1:
+            what = ", ".join(f"{lang} {n} (from {c.source.location})" for lang, (n, c) in lines.items())
+            raise DataError(f"split '{split}': its languages differ in length ({what}); the validation and test "
+                            "splits of data.sources must be line-aligned across languages")
+        n = sizes.pop()
+        counts[split] = CleanCounts(read=n, kept=n)
+        get_logger().info("read %s: %d sentences in %s (kept as they are)", split, n, ", ".join(lines))
+    return counts

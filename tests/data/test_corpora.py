@@ -1,0 +1,150 @@
+"""Several corpora in one cache (data.sources): per-corpus cleaning and counts, tags as atomic
+SentencePiece symbols before the sources, evaluation splits per language, and weighted batches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TOY_CONFIG, TOY_DIR, make_trilingual, multi_overrides
+
+from mtcli.config import config_from_dict, load_config
+from mtcli.data.batching import BatchStream, CorpusMix
+from mtcli.data.cache import PreparedCorpus
+from mtcli.data.prepare import open_prepared, prepare
+from mtcli.data.tokenizer import Tokenizer
+from mtcli.errors import ConfigError, DataError
+
+
+@pytest.fixture(scope="module")
+def multi(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(corpus root, prepared cache) of the trilingual toy, prepared once for the module."""
+    root = make_trilingual(tmp_path_factory.mktemp("multi"))
+    prepared = root / "prepared"
+    prepare(load_config(TOY_CONFIG, multi_overrides(root, prepared)))
+    return root, prepared
+
+
+def test_each_corpus_is_cleaned_and_counted_on_its_own(multi: tuple[Path, Path]) -> None:
+    _, prepared = multi
+    corpus = PreparedCorpus.open(prepared)
+    records = corpus.corpora
+    assert [r["split"] for r in records] == ["train.0", "train.1", "train.2", "train.3"]
+    assert [r["langs"] for r in records] == [["src", "tgt"], ["tgt", "src"], ["src", "xx"], ["src", "tgt"]]
+    assert records[3]["counts"]["read"] == 110 and records[3]["counts"]["dropped"]["duplicate"] == 10
+    assert records[0]["counts"]["dropped"]["duplicate"] == records[1]["counts"]["dropped"]["duplicate"]
+    assert corpus.split_langs["val"] == ["src", "tgt", "xx"]
+    assert corpus.corpus_sizes() == [records[k]["counts"]["kept"] for k in range(4)]
+
+
+def test_tags_are_atomic_symbols_before_the_sources_only(multi: tuple[Path, Path]) -> None:
+    _, prepared = multi
+    corpus = PreparedCorpus.open(prepared)
+    tokenizer = Tokenizer(corpus.spm_path)
+    tags = corpus.tags
+    assert set(tags) == {"<2src>", "<2tgt>", "<2xx>", "<bt>"}
+    assert corpus.target_tags == {"tgt": "<2tgt>", "src": "<2src>", "xx": "<2xx>"}
+    for tag, i in tags.items():
+        assert tokenizer.id_to_piece(i) == tag
+        assert i not in tokenizer.encode(f"{tag} hund")  # text never encodes to a tag
+        assert tokenizer.decode([i, *tokenizer.encode("hund")]) == "hund"  # decoding never writes one
+    first = {k: corpus.array(f"train.{k}", lang)[0].tolist() for k, lang in enumerate(["src", "tgt", "src", "src"])}
+    assert first[0][0] == tags["<2tgt>"] and first[1][0] == tags["<2src>"] and first[2][0] == tags["<2xx>"]
+    assert first[3][:2] == [tags["<2tgt>"], tags["<bt>"]]
+    untagged = tokenizer.encode(corpus.text_path("train.0", "src").read_text().split("\n")[0])
+    assert first[0][1:] == untagged
+    for split in ("val", "test"):
+        for lang in ("src", "tgt", "xx"):
+            assert not set(tags.values()) & set(np.concatenate([corpus.array(split, lang)[i] for i in range(3)]))
+    src, tgt = corpus.train_pairs()
+    assert len(src) == len(tgt) == sum(corpus.corpus_sizes())
+
+
+def test_rebuilt_only_when_the_content_changes(multi: tuple[Path, Path]) -> None:
+    root, prepared = multi
+    again = prepare(load_config(TOY_CONFIG, multi_overrides(root, prepared, extra_weight=3.0)))
+    assert again.skipped  # a weight changes which pairs an epoch draws, not the cache
+
+
+def test_config_rules_name_the_key() -> None:
+    base = {"name": "x", "src_lang": "en", "tgt_lang": "de"}
+    cases = {
+        "data.sources[1].weight must be > 0": [{"source": "a"}, {"source": "b", "weight": 0}],
+        "data.sources[0].langs must be two different languages": [{"source": "a", "langs": ["en", "en"]}],
+        "unknown key 'data.sources[0].wieght'": [{"source": "a", "wieght": 2}],
+        "no corpus of data.sources goes en->de": [{"source": "a", "langs": ["de", "en"]}],
+        "data.sources[0].tag must be one symbol": [{"source": "a", "tag": "two words"}],
+    }
+    for message, sources in cases.items():
+        with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            config_from_dict({"data": dict(base, sources=sources)}, "r.yaml")
+    with pytest.raises(ConfigError, match="not both"):
+        config_from_dict({"data": dict(base, source="a", sources=[{"source": "b"}])}, "r.yaml")
+    with pytest.raises(ConfigError, match="subword_alpha works on one corpus"):
+        config_from_dict({"data": dict(base, sources=[{"source": "a"}]), "train": {"subword_alpha": 0.1}}, "r.yaml")
+
+
+def test_missing_split_and_unaligned_languages_are_one_line_errors(multi: tuple[Path, Path], tmp_path: Path) -> None:
+    root, _ = multi
+    config = load_config(TOY_CONFIG, [*multi_overrides(root, tmp_path / "p"), "data.test_splits=[nope]"])
+    with pytest.raises(DataError, match="no corpus holds split 'nope' in src and tgt"):
+        prepare(config)
+    short = tmp_path / "short"
+    short.mkdir()
+    for split in ("train", "val", "test"):
+        for lang in ("src", "xx"):  # its val is one line short in both languages
+            lines = (root / "tri" / f"{split}.{lang}").read_text().splitlines(keepends=True)
+            (short / f"{split}.{lang}").write_text("".join(lines[:-1] if split == "val" else lines))
+    overrides = multi_overrides(root, tmp_path / "p")
+    overrides[1] = (f"data.sources=[{{source: {root}/tri, langs: [src, tgt]}}, "
+                    f"{{source: {short}, langs: [src, xx]}}]")
+    config = load_config(TOY_CONFIG, overrides)
+    with pytest.raises(DataError, match=r"split 'val': its languages differ in length \(src 40 .*xx 39"):
+        prepare(config)
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_cache_of_other_corpora_is_refused(multi: tuple[Path, Path]) -> None:
+    _, prepared = multi
+    config = load_config(TOY_CONFIG, [f"data.source={TOY_DIR}", f"data.prepared_dir={prepared}"])
+    with pytest.raises(DataError, match="prepared from 4 corpora, the config lists one"):
+        open_prepared(config)
+
+
+def test_weights_draw_each_corpus_that_often() -> None:
+    indices = np.arange(300)  # corpus 0: 0..99, corpus 1: 100..299
+    same = CorpusMix([100, 200], [1.0, 1.0], seed=1)
+    assert same.epoch_indices(indices, 0) is indices
+    mix = CorpusMix([100, 200], [2.0, 0.25], seed=1)
+    first = mix.epoch_indices(indices, 0)
+    counts = np.bincount(first, minlength=300)
+    assert (counts[:100] == 2).all()
+    assert int((counts[100:] == 1).sum()) == 50 and counts[100:].max() == 1
+    assert np.array_equal(first, CorpusMix([100, 200], [2.0, 0.25], seed=1).epoch_indices(indices, 0))
+    assert not np.array_equal(first, mix.epoch_indices(indices, 1))  # another quarter each epoch
+    assert mix.shares(indices) == pytest.approx([200 / 250, 50 / 250])
+    with pytest.raises(DataError, match="lists 3 corpora but the prepared cache holds 2"):
+        CorpusMix([100, 200], [1.0, 1.0, 1.0], seed=1)
+
+
+def test_weighted_stream_resumes_exactly(multi: tuple[Path, Path]) -> None:
+    _, prepared = multi
+    corpus = PreparedCorpus.open(prepared)
+
+    def stream() -> BatchStream:
+        return BatchStream(*corpus.train_pairs(), max_tokens=300, max_source_length=100, max_target_length=100,
+                           seed=3, mix=CorpusMix(corpus.corpus_sizes(), [1.0, 0.5, 0.5, 2.0], seed=3))
+
+    whole = stream()
+    groups = [whole.next_group().batches for _ in range(40)]  # several epochs
+    resumed = stream()
+    for _ in range(17):
+        resumed.next_group()
+    state = json.loads(json.dumps(resumed.state_dict()))
+    fresh = stream()
+    fresh.load_state_dict(state)
+    rest = [fresh.next_group().batches for _ in range(23)]
+    for a, b in zip(groups[17:], rest, strict=True):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))

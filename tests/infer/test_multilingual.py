@@ -1,0 +1,100 @@
+"""One model for several directions: the target-language tag put before each source by
+translate, Translator, evaluate and serve, and refused where the model has no such language."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import TOY_CONFIG, make_trilingual, multi_overrides
+from typer.testing import CliRunner
+
+from mtcli.cli import app
+from mtcli.config import load_config
+from mtcli.data.cache import PreparedCorpus
+from mtcli.data.prepare import prepare
+from mtcli.errors import ConfigError
+from mtcli.evaluate import evaluate_directions
+from mtcli.infer.translator import Translator
+from mtcli.train.run import train
+
+SOURCES = ["hund katze mann", "die frau sieht ein kind", "der ball ist rot"]
+
+
+@pytest.fixture(scope="module")
+def multi_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A toy model of three directions (src->tgt, tgt->src, src->xx) trained briefly."""
+    root = make_trilingual(tmp_path_factory.mktemp("multilingual"))
+    overrides = [*multi_overrides(root, root / "prepared"), f"train.run_dir={root / 'run'}", "train.max_steps=250",
+                 "train.valid_every=250", "train.valid_bleu=false", "train.lr_factor=1.0", "train.num_threads=2"]
+    config = load_config(TOY_CONFIG, overrides)
+    prepare(config)
+    train(config)
+    return root / "run"
+
+
+def test_the_tag_of_the_asked_language_goes_before_each_source(multi_run: Path) -> None:
+    translator = Translator.from_run(multi_run, beam=1)
+    tags = PreparedCorpus.open(multi_run.parent / "prepared").tags
+    into_tgt = translator.nbest(SOURCES, 1)
+    into_xx = translator.nbest(SOURCES, 1, tgt_lang="xx")
+    assert {n[0].source_tokens[0] for n in into_tgt} == {tags["<2tgt>"]}  # data.tgt_lang by default
+    assert {n[0].source_tokens[0] for n in into_xx} == {tags["<2xx>"]}
+    assert [n[0].source_tokens[1:] for n in into_tgt] == [n[0].source_tokens[1:] for n in into_xx]
+    # the model learned what the tag asks for: xx's words end in "o", tgt's mostly do not
+    xx_words = " ".join(n[0].text for n in into_xx).split()
+    tgt_words = " ".join(n[0].text for n in into_tgt).split()
+    assert sum(w.endswith("o") for w in xx_words) > 0.8 * len(xx_words)
+    assert sum(w.endswith("o") for w in tgt_words) < 0.5 * len(tgt_words)
+    with pytest.raises(ConfigError, match="--tgt-lang fr: this model translates into tgt, src, xx"):
+        translator.translate(SOURCES, tgt_lang="fr")
+
+
+def test_a_model_of_one_target_language_refuses_another(tiny_run_dir: Path) -> None:
+    translator = Translator.from_run(tiny_run_dir, beam=1)
+    assert translator.translate(["hund"], tgt_lang="tgt") == translator.translate(["hund"])
+    with pytest.raises(ConfigError, match="--tgt-lang fr: this model translates src->tgt only"):
+        translator.translate(["hund"], tgt_lang="fr")
+
+
+def test_translate_cli_takes_the_target_language(multi_run: Path, tmp_path: Path) -> None:
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    runner = CliRunner()
+    out = runner.invoke(app, ["translate", str(multi_run), str(source), "--tgt-lang", "xx", "--beam", "1"])
+    assert out.exit_code == 0, out.output
+    assert out.stdout.splitlines() == Translator.from_run(multi_run, beam=1).translate(SOURCES, tgt_lang="xx")
+    bad = runner.invoke(app, ["translate", str(multi_run), str(source), "--tgt-lang", "fr"])
+    assert bad.exit_code != 0 and "Traceback" not in bad.output
+    assert "--tgt-lang fr: this model translates into tgt, src, xx" in bad.output
+    assert "--tgt-lang" in runner.invoke(app, ["translate", "--help"]).output
+
+
+def test_evaluate_scores_each_direction(multi_run: Path, tmp_path: Path) -> None:
+    reports = evaluate_directions(multi_run, beam=1, output_dir=tmp_path)
+    assert [r["direction"] for r in reports] == ["src-tgt", "tgt-src", "src-xx"]
+    for report in reports:
+        src, tgt = report["direction"].split("-")
+        assert report["source"].endswith(f"text/test.{src}") and report["reference"].endswith(f"text/test.{tgt}")
+        assert report["decode"]["tgt_lang"] == tgt and report["sentences"] == 40
+    assert sorted(p.name for p in tmp_path.glob("*.hyp")) == ["test.best.hyp", "test.src-xx.best.hyp",
+                                                              "test.tgt-src.best.hyp"]
+    only = evaluate_directions(multi_run, beam=1, output_dir=tmp_path, tgt_lang="src")
+    assert [r["direction"] for r in only] == ["tgt-src"]
+    with pytest.raises(ConfigError, match=r"no direction \*->fr"):
+        evaluate_directions(multi_run, beam=1, output_dir=tmp_path, tgt_lang="fr")
+
+
+def test_serve_takes_the_target_language_per_request(multi_run: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from mtcli.serve import create_app
+
+    translator = Translator.from_run(multi_run, beam=1)
+    with TestClient(create_app(translator)) as client:
+        good = client.post("/translate", json={"text": SOURCES, "tgt_lang": "xx"})
+        assert good.status_code == 200
+        assert good.json()["translations"] == translator.translate(SOURCES, tgt_lang="xx")
+        bad = client.post("/translate", json={"text": SOURCES, "tgt_lang": "fr"})
+        assert bad.status_code == 422 and "tgt_lang fr" in bad.json()["error"]
+        assert client.post("/translate", json={"text": SOURCES}).json()["translations"] == translator.translate(SOURCES)
