@@ -9,6 +9,8 @@
 #   make reproduce-wmt-news   the same for the WMT news smoke benchmark (configs/wmt_news_en_de.yaml)
 #   make reproduce-wmt-news-adapt   the Multi30k en-de model (seed 1 of make reproduce-en-de)
 #                    adapted to WMT news (configs/wmt_news_en_de_adapt.yaml), beside the parent
+#   make reproduce-multilingual   one model for en<->{de,fr,cs} (configs/multi30k_multi.yaml), each
+#                    seed of SEEDS, each direction beside its bilingual row (results/multilingual.md)
 #   make clean       remove caches and build leftovers (never data/ or results/)
 # SEEDS: the seeds make reproduce trains and scores for each Multi30k direction (the README's rows
 # are their means). REPRODUCE_ARGS passes more options to `python -m mtcli.reproduce` (see its
@@ -27,7 +29,7 @@ SEEDS ?= 1,2,3
 REPRODUCE_ARGS ?=
 
 .PHONY: setup setup-browser test lint reproduce reproduce-de-en reproduce-en-de reproduce-wmt-news \
-	reproduce-wmt-news-adapt clean
+	reproduce-wmt-news-adapt reproduce-multilingual clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +58,10 @@ reproduce-wmt-news:
 # starts from data/runs/multi30k_en_de-seed1 (make reproduce-en-de trains it)
 reproduce-wmt-news-adapt:
 	$(BIN)/python -m mtcli.reproduce wmt_news_en_de_adapt $(REPRODUCE_ARGS)
+
+# --set options in REPRODUCE_ARGS apply here too, e.g. REPRODUCE_ARGS='--set train.device=cuda'
+reproduce-multilingual:
+	$(BIN)/python -m mtcli.multilingual --seeds $(SEEDS) $(REPRODUCE_ARGS)
 
 clean:
 	rm -rf .pytest_cache .ruff_cache .import_linter_cache build dist *.egg-info

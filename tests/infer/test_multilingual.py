@@ -98,3 +98,11 @@ def test_serve_takes_the_target_language_per_request(multi_run: Path) -> None:
         bad = client.post("/translate", json={"text": SOURCES, "tgt_lang": "fr"})
         assert bad.status_code == 422 and "tgt_lang fr" in bad.json()["error"]
         assert client.post("/translate", json={"text": SOURCES}).json()["translations"] == translator.translate(SOURCES)
+
+
+def test_the_ctranslate2_engine_puts_the_same_tag(multi_run: Path) -> None:
+    pytest.importorskip("ctranslate2")
+    fast = Translator.from_run(multi_run, beam=1, engine="ctranslate2")
+    ours = Translator.from_run(multi_run, beam=1)
+    for lang in ("tgt", "xx"):
+        assert fast.translate(SOURCES, tgt_lang=lang) == ours.translate(SOURCES, tgt_lang=lang)

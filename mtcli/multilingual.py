@@ -1,0 +1,190 @@
+"""``make reproduce-multilingual``: one model for six Multi30k directions, beside the bilingual ones.
+
+Run ``python -m mtcli.multilingual [--seeds 1,2,3] [--config configs/multi30k_multi.yaml]``. For
+each seed: prepare -> train -> average the last k step checkpoints, k chosen on the mean
+validation BLEU over the directions -> for each direction, the length penalty chosen on its own
+validation split -> its test split. The seeds' rows are kept in ``results/multilingual.json``
+(a seed run again replaces its row, so seeds may run one at a time, or on several machines
+with their files merged by hand), and each direction's mean, sample standard deviation and
+per-seed lowercased BLEU are rendered to ``results/multilingual.md`` beside the bilingual
+recipes' means of ``results/multi30k.json`` (and into README.md between
+``<!-- multilingual:start -->`` and ``<!-- multilingual:end -->``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from mtcli.allocator import keep_freed_memory
+from mtcli.config import Config, load_config
+from mtcli.data.prepare import prepare
+from mtcli.errors import MtcliError
+from mtcli.evaluate import evaluate, evaluate_directions
+from mtcli.fileio import atomic_write
+from mtcli.infer.averaging import average_run_checkpoints
+from mtcli.infer.loading import run_directions
+from mtcli.logs import setup_logging
+from mtcli.reproduce import (
+    README,
+    RESULTS_DIR,
+    SCORES,
+    device_name,
+    git_commit,
+    load_results,
+    search_length_penalty,
+    seed_config,
+    source_tree,
+)
+from mtcli.rundir import step_checkpoints
+from mtcli.train import train
+
+RECIPE = "configs/multi30k_multi.yaml"
+TABLE = "multilingual"
+BILINGUAL_TABLE = "multi30k"
+MARKS = ("<!-- multilingual:start -->", "<!-- multilingual:end -->")
+
+
+def _mean_bleu(reports: list[dict[str, Any]]) -> float:
+    return round(statistics.fmean(float(r["bleu"]) for r in reports), 2)
+
+
+def choose_average_all(run_dir: Path, valid_split: str, max_k: int) -> tuple[Path, int, dict[str, float]]:
+    """Average the last k step checkpoints for k = 1..max_k; keep the k whose mean validation
+    BLEU over every direction is best (ties to the smaller k). Returns the kept average, k, and
+    the mean BLEU by k."""
+    scores: dict[str, float] = {}
+    best: tuple[float, Path, int] | None = None
+    for k in range(1, max(1, min(max_k, len(step_checkpoints(run_dir)))) + 1):
+        path = run_dir / "checkpoints" / f"checkpoint_avg_last{k}.pt"
+        average_run_checkpoints(run_dir, path, last=k)
+        reports = evaluate_directions(run_dir, split=valid_split, checkpoint=str(path),
+                                      output_dir=run_dir / "eval" / f"avg{k}")
+        scores[str(k)] = _mean_bleu(reports)
+        if best is None or scores[str(k)] > best[0]:
+            best = (scores[str(k)], path, k)
+    assert best is not None
+    for k in scores:  # keep only the chosen average on disk
+        path = run_dir / "checkpoints" / f"checkpoint_avg_last{k}.pt"
+        if path != best[1]:
+            path.unlink(missing_ok=True)
+    return best[1], best[2], scores
+
+
+def score_direction(run_dir: Path, config: Config, checkpoint: Path, direction: tuple[str, str]) -> dict[str, Any]:
+    """One direction's test scores, with its length penalty chosen on its validation split."""
+    src, tgt = direction
+    valid, test = config.data.valid_split, config.data.test_splits[0]
+
+    def valid_bleu(alpha: float) -> float:
+        report = evaluate(run_dir, split=valid, checkpoint=str(checkpoint), src_lang=src, tgt_lang=tgt,
+                          length_penalty=alpha, output_dir=run_dir / "eval" / f"lp{alpha:g}")
+        return round(float(report["bleu"]), 2)
+
+    alpha, by_alpha = search_length_penalty(valid_bleu, config.decode.length_penalty)
+    report = evaluate(run_dir, split=test, checkpoint=str(checkpoint), src_lang=src, tgt_lang=tgt,
+                      length_penalty=alpha)
+    keep = (*SCORES, "bleu_signature", "bleu_lc_signature", "chrf_signature", "sentences", "sentences_per_second",
+            "device")
+    return {**{key: report.get(key) for key in keep}, "length_penalty": alpha, "valid_bleu_by_length_penalty": by_alpha}
+
+
+def run_seed(config: Config) -> dict[str, Any]:
+    """prepare -> train -> choose the average on val -> score every direction's test split."""
+    prepare(config)
+    summary = train(config)
+    run_dir = summary.run_dir
+    checkpoint, k, by_k = choose_average_all(run_dir, config.data.valid_split, config.train.keep_last)
+    directions = run_directions(run_dir, config)
+    scores = {"-".join(d): score_direction(run_dir, config, checkpoint, d) for d in directions}
+    return {"seed": config.train.seed, "directions": scores, "average_last": k, "valid_mean_bleu_by_average": by_k,
+            "params": summary.parameters, "train_steps": summary.steps,
+            "train_minutes": summary.elapsed_seconds / 60.0, "train_tokens_per_s": summary.tokens_per_second,
+            "device": device_name(str(next(iter(scores.values()))["device"])), "commit": git_commit(), "tree": source_tree(),
+            "run_dir": str(run_dir)}
+
+
+def combine(seeds: dict[str, dict[str, Any]], bilingual: dict[str, Any]) -> dict[str, Any]:
+    """Each direction's mean, sample standard deviation and per-seed scores over ``seeds``, with
+    the bilingual recipe's mean lowercased BLEU beside it where ``results/multi30k.json`` has one."""
+    order = sorted(seeds, key=int)
+    names = list(seeds[order[0]]["directions"])
+    directions: dict[str, Any] = {}
+    for name in names:
+        rows = [seeds[s]["directions"][name] for s in order if name in seeds[s]["directions"]]
+        entry: dict[str, Any] = {key: statistics.fmean(float(r[key]) for r in rows) for key in SCORES}
+        entry["bleu_lc_std"] = statistics.stdev(float(r["bleu_lc"]) for r in rows) if len(rows) > 1 else None
+        entry["bleu_lc_per_seed"] = [float(r["bleu_lc"]) for r in rows]
+        entry["bleu_lc_signature"] = rows[0].get("bleu_lc_signature")
+        entry["bilingual_bleu_lc"] = (bilingual.get(name) or {}).get("bleu_lc")
+        directions[name] = entry
+    return {"directions": directions, "seeds": seeds}
+
+
+def render(results: dict[str, Any]) -> str:
+    """The markdown table: one row per direction, the multilingual model beside the bilingual one."""
+    lines = ["| direction | multilingual BLEU (lc, 13a) | ± sd | per seed | bilingual (same test set) | difference |",
+             "|---|---|---|---|---|---|"]
+    for name, d in results["directions"].items():
+        sd = "–" if d["bleu_lc_std"] is None else f"{d['bleu_lc_std']:.2f}"
+        each = " / ".join(f"{b:.2f}" for b in d["bleu_lc_per_seed"])
+        bi = d["bilingual_bleu_lc"]
+        diff = "–" if bi is None else f"{d['bleu_lc'] - bi:+.2f}"
+        lines.append(f"| {name} | {d['bleu_lc']:.2f} | {sd} | {each} | {'–' if bi is None else f'{bi:.2f}'} | {diff} |")
+    seeds = results["seeds"]
+    first = seeds[sorted(seeds, key=int)[0]]
+    lines += ["", f"- {len(seeds)} seed(s); {first['params'] / 1e6:.1f}M parameters, {first['train_steps']:,} steps, "
+              f"{statistics.fmean(s['train_minutes'] for s in seeds.values()):.1f} min of training each on "
+              f"{first['device']} ({statistics.fmean(s['train_tokens_per_s'] for s in seeds.values()):,.0f} tok/s); "
+              f"commit {' / '.join(dict.fromkeys(s['commit'] for s in seeds.values()))}",
+              f"- lowercased BLEU `{next(iter(results['directions'].values()))['bleu_lc_signature']}`"]
+    return "\n".join(lines) + "\n"
+
+
+def write(results: dict[str, Any], results_dir: Path, readme: Path) -> None:
+    """``results/multilingual.{json,md}``, atomically, and the README's block when it has one."""
+    table = render(results)
+    with atomic_write(results_dir / f"{TABLE}.json") as handle:
+        handle.write(json.dumps(results, indent=2) + "\n")
+    with atomic_write(results_dir / f"{TABLE}.md") as handle:
+        handle.write(table)
+    start, end = MARKS
+    text = readme.read_text(encoding="utf-8") if readme.exists() else ""
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        with atomic_write(readme) as handle:
+            handle.write(f"{head}{start}\n{table}{end}{rest.split(end, 1)[1]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=RECIPE, help="the multilingual recipe")
+    parser.add_argument("--seeds", default="1,2,3", help="seeds to train and score, e.g. 1,2,3")
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="results directory")
+    parser.add_argument("--readme", type=Path, default=README, help="README whose table to refresh")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value")
+    args = parser.parse_args(argv)
+    setup_logging()
+    keep_freed_memory()
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        config = load_config(args.config, args.overrides)
+        previous = load_results(args.results, TABLE).get("seeds", {})
+        for seed in seeds:
+            previous[str(seed)] = run_seed(seed_config(config, seed))
+        results = combine(previous, load_results(args.results, BILINGUAL_TABLE))
+    except (MtcliError, ValueError) as exc:
+        print(f"mtcli: error: {exc}", file=sys.stderr)
+        return getattr(exc, "exit_code", 2)
+    write(results, args.results, args.readme)
+    print(render(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""make reproduce-multilingual on the toy corpus in three directions: every direction scored per
+seed, its length penalty chosen on its own val, the table beside the bilingual results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import TOY_CONFIG, make_trilingual, multi_overrides
+
+from mtcli.multilingual import MARKS, main
+
+
+def test_multilingual_table_on_toy(tmp_path: Path) -> None:
+    root = make_trilingual(tmp_path / "corpus")
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "multi30k.json").write_text(json.dumps({"src-tgt": {"bleu_lc": 12.5}}))  # a bilingual row
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{MARKS[0]}\n{MARKS[1]}\nend\n", encoding="utf-8")
+    overrides = [*multi_overrides(root, tmp_path / "prep"), f"train.run_dir={tmp_path / 'run'}",
+                 "train.max_steps=40", "train.valid_every=20", "train.valid_bleu=false", "train.keep_last=2"]
+    args = ["--config", str(TOY_CONFIG), "--seeds", "1", "--results", str(results), "--readme", str(readme)]
+    assert main([*args, *[a for o in overrides for a in ("--set", o)]]) == 0
+    table = json.loads((results / "multilingual.json").read_text())
+    assert list(table["directions"]) == ["src-tgt", "tgt-src", "src-xx"]
+    seed = table["seeds"]["1"]
+    assert seed["run_dir"].endswith("run-seed1") and set(seed["valid_mean_bleu_by_average"]) == {"1", "2"}
+    for name, row in seed["directions"].items():
+        assert {"0.6", "1.0", "1.4"} <= set(row["valid_bleu_by_length_penalty"]), name
+        assert row["sentences"] == 40 and row["bleu_lc_signature"].startswith("nrefs:1|case:lc")
+    src_tgt = table["directions"]["src-tgt"]
+    assert src_tgt["bilingual_bleu_lc"] == 12.5 and src_tgt["bleu_lc_per_seed"] == [seed["directions"]["src-tgt"]["bleu_lc"]]
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith("end\n")
+    assert "| src-tgt |" in text and "| src-xx |" in text and "12.50" in text
