@@ -2,8 +2,9 @@
 
 ``mtcli export RUN OUT --format hf`` writes what ``MarianMTModel.from_pretrained(OUT)`` and
 ``transformers.pipeline("translation", model=OUT)`` load. The architectures match one to one:
-post-norm layers, ReLU feed-forward networks, embeddings scaled by ``sqrt(d_model)``, sinusoidal
-positions, and the output projection tied to the embeddings (or not, as the run has it). What
+post-norm layers, ReLU (or swish, ``model.activation``) feed-forward networks, embeddings scaled
+by ``sqrt(d_model)``, sinusoidal positions, the output projection tied to the embeddings (or not,
+as the run has it) and the output bias (``model.output_bias``) as ``final_logits_bias``. What
 differs, and what the export does about it:
 
 * **positions**: ours interleave ``sin`` and ``cos`` (``PE(pos, 2i)``, ``PE(pos, 2i+1)``); Marian
@@ -17,7 +18,11 @@ differs, and what the export does about it:
 * **the target-side output vocabulary** (``model.output_vocab: target``): the projection covers the
   joint vocabulary, and ``final_logits_bias`` is -1e9 outside the run's output pieces;
 * **the tokenizer**: the run's joint SentencePiece model serves as both ``source.spm`` and
-  ``target.spm``, with ``vocab.json`` mapping its pieces to their ids.
+  ``target.spm``, with ``vocab.json`` mapping its pieces to their ids (a run imported by
+  ``mtcli import-hf`` with separate models exports those two and its ``vocab.json``).
+
+:func:`weight_table` is the one mapping of our weights to Marian's names; the import
+(:mod:`mtcli.infer.hf_import`) reads through it too.
 
 Needs the ``hf`` extra (``pip install 'mtcli[hf]'``). A pre-norm run (``model.pre_norm``) is
 refused: Marian has no pre-norm layers.
@@ -31,18 +36,20 @@ from typing import Any
 
 import torch
 
+from mtcli.data.vocabmap import VocabTokenizer
 from mtcli.errors import ConfigError, MtcliError
 from mtcli.fileio import atomic_dir
 from mtcli.infer.loading import load_for_inference
 from mtcli.model import Transformer
 
 
-def require_transformers() -> Any:
-    """The ``transformers`` module, or an :class:`MtcliError` saying how to install it."""
+def require_transformers(purpose: str = "--format hf") -> Any:
+    """The ``transformers`` module, or an :class:`MtcliError` saying ``purpose`` needs it and how
+    to install it."""
     try:
         import transformers
     except ImportError:
-        raise MtcliError("--format hf needs Hugging Face Transformers: pip install 'mtcli[hf]'") from None
+        raise MtcliError(f"{purpose} needs Hugging Face Transformers: pip install 'mtcli[hf]'") from None
     return transformers
 
 
@@ -174,8 +181,10 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
         hf.save_pretrained(tmp)
         vocab = {tokenizer.id_to_piece(i): i for i in range(tokenizer.vocab_size)}
         (tmp / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-        for name in ("source.spm", "target.spm"):
-            (tmp / name).write_bytes(Path(tokenizer.model_path).read_bytes())
+        split = isinstance(tokenizer, VocabTokenizer)
+        spm_files = (tokenizer.source_path, tokenizer.target_path) if split else (tokenizer.model_path,) * 2
+        for name, path in zip(("source.spm", "target.spm"), spm_files, strict=True):
+            (tmp / name).write_bytes(Path(path).read_bytes())
         MarianTokenizer(str(tmp / "source.spm"), str(tmp / "target.spm"), str(tmp / "vocab.json"),
                         unk_token="<unk>", eos_token="</s>", pad_token="<pad>").save_pretrained(tmp)
         (tmp / "mtcli_export.json").write_text(json.dumps(

@@ -210,7 +210,7 @@ class Translator:
             raise ConfigError("score needs one model, not an ensemble")
         limit, tokenizer = source_limit(self.bundle), self.bundle.tokenizer
         src_ids = [ids[:limit] for ids in tokenizer.encode_batch(src_texts)]
-        tgt_ids = tokenizer.encode_batch(tgt_texts)
+        tgt_ids = tokenizer.encode_target_batch(tgt_texts)
         for i, ids in enumerate(tgt_ids):
             if len(ids) > limit:
                 raise DataError(f"targets[{i}]: {len(ids)} pieces, more than the model's limit of {limit}")
