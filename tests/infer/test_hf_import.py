@@ -162,7 +162,14 @@ def test_the_translate_command_gives_the_same_output(marian_dir: Path, imported:
     source.write_text("\n".join(LINES[:4]) + "\n", encoding="utf-8")
     result = CliRunner().invoke(app, ["translate", str(imported), str(source), "--beam", "1"])
     assert result.exit_code == 0, result.output
-    assert result.stdout.splitlines() == transformers_greedy(marian_dir, LINES[:4])[1]
+    expected = transformers_greedy(marian_dir, LINES[:4])[1]
+    assert result.stdout.splitlines() == expected
+    from mtcli.evaluate import evaluate
+
+    reference = tmp_path / "ref.txt"
+    reference.write_text("\n".join(expected) + "\n", encoding="utf-8")
+    report = evaluate(imported, src_file=source, ref_file=reference, output_dir=tmp_path / "eval", beam=1)
+    assert report["bleu"] == pytest.approx(100.0)
 
 
 def test_a_round_trip_through_hf_gives_the_same_run(tiny_run_dir: Path, tmp_path: Path) -> None:
@@ -174,6 +181,23 @@ def test_a_round_trip_through_hf_gives_the_same_run(tiny_run_dir: Path, tmp_path
     after = Translator.from_run(tmp_path / "back", device="cpu", beam=1, max_len_a=0.0, max_len_b=15)
     assert after.translate(lines) == before.translate(lines)
     assert (tmp_path / "back" / "spm.model").read_bytes() == (tiny_run_dir / "spm.model").read_bytes()
+
+
+def test_init_from_takes_a_joint_import_and_refuses_a_split_one(
+        tiny_run_dir: Path, imported: Path, tmp_path: Path) -> None:
+    from mtcli.config import load_config
+    from mtcli.fileio import sha256_file
+    from mtcli.model import Transformer
+    from mtcli.train.parent import load_parent, start_from
+
+    with pytest.raises(ConfigError, match="separate source and target SentencePiece models") as caught:
+        load_parent(str(imported))
+    assert "\n" not in str(caught.value)
+    back = import_hf(export_hf(tiny_run_dir, tmp_path / "hf"), tmp_path / "back", src_lang="de", tgt_lang="en").run_dir
+    config, parent = load_config(back / "config.yaml"), load_for_inference(tiny_run_dir).model
+    child = Transformer(config.model, parent.vocab_size)
+    start_from(child, load_parent(str(back)), config, sha256_file(back / "spm.model"))
+    assert all(torch.equal(a, b) for a, b in zip(child.state_dict().values(), parent.state_dict().values(), strict=True))
 
 
 def _broken(marian_dir: Path, tmp_path: Path) -> Path:
