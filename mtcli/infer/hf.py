@@ -193,4 +193,4 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
     return output
 
 
-__all__ = ["export_hf", "model_permutation", "require_transformers"]
+__all__ = ["export_hf", "from_marian", "model_permutation", "require_transformers", "to_marian", "weight_table"]

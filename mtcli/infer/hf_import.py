@@ -207,7 +207,8 @@ def build_model(hf: Any, order: list[int]) -> Transformer:
         positions = state.get("model.encoder.embed_positions.weight")
         if positions is not None and not torch.allclose(
                 from_marian(positions, True, False, p), model.positions.pe[: positions.size(0)], atol=1e-4):
-            raise ConfigError("config.json: static_position_embeddings: the positions are not Marian's sinusoids")
+            where = Path(str(getattr(cfg, "_name_or_path", ""))) / "config.json"
+            raise ConfigError(f"{where}: static_position_embeddings: the positions are not Marian's sinusoids")
     return model
 
 

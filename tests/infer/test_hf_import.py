@@ -24,6 +24,8 @@ transformers = pytest.importorskip("transformers", reason="import-hf needs the h
 from mtcli.infer.hf import export_hf  # noqa: E402
 from mtcli.infer.hf_import import import_hf  # noqa: E402
 
+pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
+
 LINES = [line for line in (TOY_DIR / "test.src").read_text(encoding="utf-8").splitlines() if line][:10]
 LINES += ["ein hund, der läuft: springt!", ">>en<< ein ball"]  # pieces outside vocab.json; a language code
 MAX_NEW = 12
@@ -90,14 +92,15 @@ def imported(marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return run
 
 
-def transformers_greedy(model_dir: Path, lines: list[str]) -> tuple[list[list[int]], list[str]]:
-    """transformers' greedy output ids (without the decoder start) and texts, one line at a time."""
+def transformers_greedy(model_dir: Path, lines: list[str], **limit: int) -> tuple[list[list[int]], list[str]]:
+    """transformers' greedy output ids (without the decoder start) and texts, one line at a time
+    (``limit``: ``max_length=N`` instead of the generation config's)."""
     tokenizer = transformers.MarianTokenizer.from_pretrained(model_dir)
     model = transformers.MarianMTModel.from_pretrained(model_dir).eval()
     ids, texts = [], []
     with torch.inference_mode():
         for line in lines:
-            out = model.generate(**tokenizer([line], return_tensors="pt"), num_beams=1, do_sample=False)
+            out = model.generate(**tokenizer([line], return_tensors="pt"), num_beams=1, do_sample=False, **limit)
             ids.append(out[0, 1:].tolist())
             texts.append(tokenizer.decode(out[0], skip_special_tokens=True))
     return ids, texts
@@ -198,6 +201,17 @@ def test_init_from_takes_a_joint_import_and_refuses_a_split_one(
     child = Transformer(config.model, parent.vocab_size)
     start_from(child, load_parent(str(back)), config, sha256_file(back / "spm.model"))
     assert all(torch.equal(a, b) for a, b in zip(child.state_dict().values(), parent.state_dict().values(), strict=True))
+
+
+def test_an_imported_run_exports_back_to_the_same_marian_model(
+        marian_dir: Path, imported: Path, tmp_path: Path) -> None:
+    from mtcli.infer.export import export_model
+
+    again = export_hf(imported, tmp_path / "again")
+    limit = {"max_length": MAX_NEW + 1}
+    assert transformers_greedy(again, LINES, **limit)[1] == transformers_greedy(marian_dir, LINES, **limit)[1]
+    with pytest.raises(ConfigError, match="separate source and target SentencePiece models"):
+        export_model(imported, tmp_path / "ct2")  # CTranslate2 takes one joint SentencePiece model
 
 
 def _broken(marian_dir: Path, tmp_path: Path) -> Path:
