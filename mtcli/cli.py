@@ -286,6 +286,28 @@ def export(
     print(f"exported {format} model to {out}")
 
 
+@app.command("import-hf")
+@handle_errors
+def import_hf(
+    model_dir: Annotated[Path, typer.Argument(help="A Hugging Face MarianMTModel directory (OPUS-MT style: config.json, "
+                                                   "weights, source.spm, target.spm, vocab.json).")],
+    run_dir: Annotated[Path, typer.Argument(help="The run directory to write (new).")],
+    src_lang: Annotated[Optional[str], typer.Option(help="Source language (default: tokenizer_config.json's, "  # noqa: UP045
+                                                         "else the directory name's, opus-mt-SRC-TGT).")] = None,
+    tgt_lang: Annotated[Optional[str], typer.Option(help="Target language (as --src-lang).")] = None,  # noqa: UP045
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing run directory.")] = False,
+    verbose: Verbose = False,
+) -> None:
+    """Make a run of a Hugging Face MarianMTModel (an OPUS-MT model) for translate, evaluate and serve."""
+    from mtcli.infer.hf_import import import_hf as run_import
+    from mtcli.logs import setup_logging
+
+    setup_logging(verbose)
+    report = run_import(model_dir, run_dir, src_lang=src_lang, tgt_lang=tgt_lang, force=force)
+    print(f"imported {model_dir} into {report.run_dir}: {report.src_lang}->{report.tgt_lang}, "
+          f"{report.parameters:,} parameters, vocabulary {report.vocab_size} ({report.tokenizer})")
+
+
 @app.command()
 @handle_errors
 def serve(

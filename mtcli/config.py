@@ -88,6 +88,8 @@ class ModelConfig:
     tie_embeddings: bool = True
     max_positions: int = 1024
     output_vocab: Literal["joint", "target"] = "joint"
+    activation: Literal["relu", "swish"] = "relu"  # the feed-forward's (swish = SiLU, as OPUS-MT's)
+    output_bias: bool = False  # a fixed bias on the logits (Marian's final_logits_bias; mtcli import-hf)
 
 
 @dataclass

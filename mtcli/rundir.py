@@ -4,7 +4,9 @@
 
     <run_dir>/
       config.yaml          resolved config of the run
-      spm.model            the joint SentencePiece model
+      spm.model            the joint SentencePiece model; or, in a run made by ``mtcli import-hf``
+                           from a Marian model with separate source and target models, those two
+                           (source.spm, target.spm) and vocab.json (piece -> id)
       manifest.json        the prepared cache's manifest (vocab, counts, hashes)
       text/<split>.<lang>  raw text of the valid and test splits (evaluate needs no cache)
       checkpoints/         checkpoint_last.pt, checkpoint_best.pt, checkpoint_<step>.pt, index.json
@@ -32,6 +34,9 @@ from mtcli.logs import get_logger
 
 CONFIG_NAME = "config.yaml"
 SPM_NAME = "spm.model"
+SOURCE_SPM_NAME = "source.spm"
+TARGET_SPM_NAME = "target.spm"
+VOCAB_NAME = "vocab.json"
 MANIFEST_NAME = "manifest.json"
 TEXT_DIR = "text"
 LAST_NAME = "checkpoint_last.pt"

@@ -83,6 +83,10 @@ class Tokenizer:
             return []
         return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
 
+    def encode_target_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
+        """Ids of target sentences: :meth:`encode_batch` (the joint model serves both sides)."""
+        return self.encode_batch(texts, num_threads)
+
     def words_encode_alone(self) -> bool:
         """True when a sentence's ids are its space-separated words' ids, each word encoded on its
         own: the model splits pieces at whitespace, so no piece holds a word boundary (a ``▁``

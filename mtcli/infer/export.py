@@ -98,6 +98,9 @@ def build_spec(model: Transformer, vocabulary: list[str]) -> Any:
     from ctranslate2.specs import common_spec, transformer_spec
 
     cfg = model.cfg
+    if cfg.activation != "relu" or model.output_bias is not None:
+        raise ConfigError("CTranslate2 conversion of a model with model.activation: swish or "
+                          "model.output_bias (a Marian import) is not supported: decode with --engine torch")
     spec = transformer_spec.TransformerSpec.from_config(
         (cfg.encoder_layers, cfg.decoder_layers),
         cfg.n_heads,
@@ -166,6 +169,9 @@ def export_model(
     if output.exists() and not output.is_dir():
         raise MtcliError(f"{output}: exists and is not a directory")
     bundle = load_for_inference(run_dir, checkpoint, device="cpu")
+    if not isinstance(bundle.tokenizer, Tokenizer):
+        raise ConfigError(f"{run_dir}: CTranslate2 conversion needs a joint spm.model; this run has separate "
+                          "source and target SentencePiece models (mtcli import-hf): use --format hf or --engine torch")
     model = bundle.model.float().eval()
     spec = build_spec(model, vocabulary_of(bundle.tokenizer))
     spec.validate()

@@ -2,8 +2,9 @@
 
 ``mtcli export RUN OUT --format hf`` writes what ``MarianMTModel.from_pretrained(OUT)`` and
 ``transformers.pipeline("translation", model=OUT)`` load. The architectures match one to one:
-post-norm layers, ReLU feed-forward networks, embeddings scaled by ``sqrt(d_model)``, sinusoidal
-positions, and the output projection tied to the embeddings (or not, as the run has it). What
+post-norm layers, ReLU (or swish, ``model.activation``) feed-forward networks, embeddings scaled
+by ``sqrt(d_model)``, sinusoidal positions, the output projection tied to the embeddings (or not,
+as the run has it) and the output bias (``model.output_bias``) as ``final_logits_bias``. What
 differs, and what the export does about it:
 
 * **positions**: ours interleave ``sin`` and ``cos`` (``PE(pos, 2i)``, ``PE(pos, 2i+1)``); Marian
@@ -17,7 +18,11 @@ differs, and what the export does about it:
 * **the target-side output vocabulary** (``model.output_vocab: target``): the projection covers the
   joint vocabulary, and ``final_logits_bias`` is -1e9 outside the run's output pieces;
 * **the tokenizer**: the run's joint SentencePiece model serves as both ``source.spm`` and
-  ``target.spm``, with ``vocab.json`` mapping its pieces to their ids.
+  ``target.spm``, with ``vocab.json`` mapping its pieces to their ids (a run imported by
+  ``mtcli import-hf`` with separate models exports those two and its ``vocab.json``).
+
+:func:`weight_table` is the one mapping of our weights to Marian's names; the import
+(:mod:`mtcli.infer.hf_import`) reads through it too.
 
 Needs the ``hf`` extra (``pip install 'mtcli[hf]'``). A pre-norm run (``model.pre_norm``) is
 refused: Marian has no pre-norm layers.
@@ -31,18 +36,20 @@ from typing import Any
 
 import torch
 
+from mtcli.data.vocabmap import VocabTokenizer
 from mtcli.errors import ConfigError, MtcliError
 from mtcli.fileio import atomic_dir
 from mtcli.infer.loading import load_for_inference
 from mtcli.model import Transformer
 
 
-def require_transformers() -> Any:
-    """The ``transformers`` module, or an :class:`MtcliError` saying how to install it."""
+def require_transformers(purpose: str = "--format hf") -> Any:
+    """The ``transformers`` module, or an :class:`MtcliError` saying ``purpose`` needs it and how
+    to install it."""
     try:
         import transformers
     except ImportError:
-        raise MtcliError("--format hf needs Hugging Face Transformers: pip install 'mtcli[hf]'") from None
+        raise MtcliError(f"{purpose} needs Hugging Face Transformers: pip install 'mtcli[hf]'") from None
     return transformers
 
 
@@ -59,7 +66,7 @@ def _marian_config(model: Transformer, vocab_size: int, beam: int) -> Any:
         vocab_size=vocab_size, decoder_vocab_size=vocab_size, d_model=cfg.d_model,
         encoder_layers=cfg.encoder_layers, decoder_layers=cfg.decoder_layers,
         encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
-        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu",
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=cfg.activation,
         max_position_embeddings=cfg.max_positions, scale_embedding=True, dropout=0.0,
         attention_dropout=0.0, activation_dropout=0.0, pad_token_id=0, eos_token_id=3,
         decoder_start_token_id=2, forced_eos_token_id=3, num_beams=beam,
@@ -68,20 +75,27 @@ def _marian_config(model: Transformer, vocab_size: int, beam: int) -> Any:
     )
 
 
-def _weights(model: Transformer) -> dict[str, torch.Tensor]:
-    """Our weights under Marian's names, the model dimension permuted (module docstring)."""
-    d = model.cfg.d_model
-    p = model_permutation(d)
-    out: dict[str, torch.Tensor] = {}
+#: One weight under Marian's name: ``(name, ours, reads, writes)``, ``ours`` our tensor (or a
+#: view of part of it, which an import copies into), ``reads``: its last axis is the model
+#: dimension, ``writes``: its first axis is (a layer norm's weight and bias, an output bias).
+WeightEntry = tuple[str, torch.Tensor, bool, bool]
 
-    def linear(name: str, weight: torch.Tensor, bias: torch.Tensor | None, reads: bool, writes: bool) -> None:
-        w = weight[:, p] if reads else weight
-        out[f"{name}.weight"] = w[p] if writes else w
-        if bias is not None:
-            out[f"{name}.bias"] = bias[p] if writes else bias
+
+def weight_table(model: Transformer) -> list[WeightEntry]:
+    """Every parameter of ``model`` under its Marian name (the one mapping both directions use:
+    :func:`export_hf` and :mod:`mtcli.infer.hf_import`): embeddings, every layer's projections
+    and norms, and ``lm_head.weight``. Not here: positions (a formula on both sides) and
+    ``final_logits_bias``/``model.shared.weight`` (each direction writes or reads them itself)."""
+    d = model.cfg.d_model
+    table: list[WeightEntry] = []
+
+    def linear(name: str, weight: torch.Tensor, bias: torch.Tensor, reads: bool, writes: bool) -> None:
+        table.append((f"{name}.weight", weight, reads, writes))
+        table.append((f"{name}.bias", bias, False, writes))
 
     def norm(name: str, module: torch.nn.LayerNorm) -> None:
-        out[f"{name}.weight"], out[f"{name}.bias"] = module.weight[p], module.bias[p]
+        table.append((f"{name}.weight", module.weight, False, True))
+        table.append((f"{name}.bias", module.bias, False, True))
 
     def self_attention_and_ffn(prefix: str, layer: Any) -> None:
         qkv = layer.self_attn.qkv_proj
@@ -96,10 +110,7 @@ def _weights(model: Transformer) -> dict[str, torch.Tensor]:
         norm(f"{prefix}.final_layer_norm", layer.sublayer[-1].norm)
 
     for stack, name in ((model.encoder, "encoder"), (model.decoder, "decoder")):
-        out[f"model.{name}.embed_tokens.weight"] = stack.embed.weight[:, p]
-        out[f"model.{name}.embed_positions.weight"] = model.positions.pe[: model.cfg.max_positions, p]
-    if model.cfg.tie_embeddings:
-        out["model.shared.weight"] = model.encoder.embed.weight[:, p]
+        table.append((f"model.{name}.embed_tokens.weight", stack.embed.weight, True, False))
     for i, layer in enumerate(model.encoder.layers):
         self_attention_and_ffn(f"model.encoder.layers.{i}", layer)
     for i, layer in enumerate(model.decoder.layers):
@@ -112,12 +123,36 @@ def _weights(model: Transformer) -> dict[str, torch.Tensor]:
                    cross.kv_proj.bias[k * d:(k + 1) * d], True, False)
         linear(f"{prefix}.encoder_attn.out_proj", cross.out_proj.weight, cross.out_proj.bias, False, True)
         norm(f"{prefix}.encoder_attn_layer_norm", layer.sublayer[1].norm)
-    projection = model.decoder.embed.weight if model.output_projection is None else model.output_projection.weight
-    out["lm_head.weight"] = projection[:, p]
-    bias = torch.zeros(1, projection.size(0))
+    table.append(("lm_head.weight", model.output_weight(), True, False))
+    return table
+
+
+def to_marian(tensor: torch.Tensor, reads: bool, writes: bool, p: torch.Tensor) -> torch.Tensor:
+    """Our tensor in Marian's layout: the model-dimension axes ``reads``/``writes`` permuted by
+    ``p`` (:func:`model_permutation`)."""
+    out = tensor[..., p] if reads else tensor
+    return out[p] if writes else out
+
+
+def from_marian(tensor: torch.Tensor, reads: bool, writes: bool, p: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`to_marian`: Marian's tensor in our layout."""
+    return to_marian(tensor, reads, writes, torch.argsort(p))
+
+
+def _weights(model: Transformer) -> dict[str, torch.Tensor]:
+    """Our weights under Marian's names, the model dimension permuted (module docstring)."""
+    p = model_permutation(model.cfg.d_model)
+    out = {name: to_marian(ours, reads, writes, p) for name, ours, reads, writes in weight_table(model)}
+    for name in ("encoder", "decoder"):
+        out[f"model.{name}.embed_positions.weight"] = model.positions.pe[: model.cfg.max_positions, p]
+    if model.cfg.tie_embeddings:
+        out["model.shared.weight"] = out["model.encoder.embed_tokens.weight"]
+    bias = torch.zeros(1, model.vocab_size)
+    if model.output_bias is not None:
+        bias[0] = model.output_bias.float()
     if model.output_ids is not None:
-        bias[0] = model.widen(torch.zeros(model.output_size)).clamp(min=-1e9)
-    out["final_logits_bias"] = bias
+        bias[0] += model.widen(torch.zeros(model.output_size))
+    out["final_logits_bias"] = bias.clamp(min=-1e9)
     return {k: v.detach().float().contiguous() for k, v in out.items()}
 
 
@@ -146,8 +181,10 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
         hf.save_pretrained(tmp)
         vocab = {tokenizer.id_to_piece(i): i for i in range(tokenizer.vocab_size)}
         (tmp / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-        for name in ("source.spm", "target.spm"):
-            (tmp / name).write_bytes(Path(tokenizer.model_path).read_bytes())
+        split = isinstance(tokenizer, VocabTokenizer)
+        spm_files = (tokenizer.source_path, tokenizer.target_path) if split else (tokenizer.model_path,) * 2
+        for name, path in zip(("source.spm", "target.spm"), spm_files, strict=True):
+            (tmp / name).write_bytes(Path(path).read_bytes())
         MarianTokenizer(str(tmp / "source.spm"), str(tmp / "target.spm"), str(tmp / "vocab.json"),
                         unk_token="<unk>", eos_token="</s>", pad_token="<pad>").save_pretrained(tmp)
         (tmp / "mtcli_export.json").write_text(json.dumps(
@@ -156,4 +193,4 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
     return output
 
 
-__all__ = ["export_hf", "model_permutation", "require_transformers"]
+__all__ = ["export_hf", "from_marian", "model_permutation", "require_transformers", "to_marian", "weight_table"]

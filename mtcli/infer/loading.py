@@ -12,6 +12,7 @@ import torch
 from mtcli.checkpoint import load_checkpoint
 from mtcli.config import Config, DecodeConfig, load_config
 from mtcli.data.tokenizer import PAD_ID, Tokenizer
+from mtcli.data.vocabmap import VocabTokenizer
 from mtcli.errors import CheckpointError, ConfigError, DataError
 from mtcli.fileio import sha256_file
 from mtcli.infer.averaging import average_checkpoints
@@ -22,7 +23,10 @@ from mtcli.rundir import (
     CONFIG_NAME,
     LAST_NAME,
     MANIFEST_NAME,
+    SOURCE_SPM_NAME,
     SPM_NAME,
+    TARGET_SPM_NAME,
+    VOCAB_NAME,
     checkpoint_dir,
     names,
     select_checkpoints,
@@ -36,7 +40,7 @@ class InferenceModel:
     """What ``evaluate``/``translate`` need from a run: model, tokenizer, config and a name."""
 
     model: torch.nn.Module
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | VocabTokenizer  # the latter: separate source/target models (import-hf)
     config: Config
     name: str
     state: dict | None = None  # checkpoint metadata (step, valid, ...) without the parameters
@@ -73,7 +77,7 @@ def _run_manifest(run_dir: Path) -> dict:
     return manifest if isinstance(manifest, dict) else {}
 
 
-def run_target_tags(run_dir: Path, tokenizer: Tokenizer) -> dict[str, int]:
+def run_target_tags(run_dir: Path, tokenizer: Tokenizer | VocabTokenizer) -> dict[str, int]:
     """The target-language tags of the run's prepared data, by language."""
     tags = _run_manifest(run_dir).get("target_tags") or {}
     return {lang: tokenizer.piece_to_id(tag) for lang, tag in tags.items()}
@@ -109,23 +113,32 @@ def resolve_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:
     return path
 
 
-def _open_run(run_dir: Path) -> tuple[Config, Tokenizer]:
+def run_tokenizer(run_dir: Path) -> Tokenizer | VocabTokenizer:
+    """The run's tokenizer: its joint ``spm.model``, or (a run imported by ``mtcli import-hf``)
+    ``source.spm`` and ``target.spm`` mapped through ``vocab.json``; :class:`CheckpointError`
+    when it has neither."""
+    spm_path = run_dir / SPM_NAME
+    try:
+        if not spm_path.is_file() and (run_dir / VOCAB_NAME).is_file():
+            return VocabTokenizer(run_dir / SOURCE_SPM_NAME, run_dir / TARGET_SPM_NAME, run_dir / VOCAB_NAME)
+        if not spm_path.is_file():
+            raise CheckpointError(f"{run_dir}: incomplete run directory (no {SPM_NAME})")
+        return Tokenizer(spm_path)
+    except DataError as exc:
+        raise CheckpointError(str(exc)) from None
+
+
+def _open_run(run_dir: Path) -> tuple[Config, Tokenizer | VocabTokenizer]:
     """The run's config and tokenizer; :class:`CheckpointError` for anything but a run directory."""
     if not run_dir.exists():
         raise CheckpointError(f"{run_dir}: run directory not found")
     if not run_dir.is_dir() or not (run_dir / CONFIG_NAME).is_file():
         raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_NAME})")
     config = load_config(run_dir / CONFIG_NAME, lenient=True)
-    spm_path = run_dir / SPM_NAME
-    if not spm_path.is_file():
-        raise CheckpointError(f"{run_dir}: incomplete run directory (no {SPM_NAME})")
-    try:
-        return config, Tokenizer(spm_path)
-    except DataError as exc:
-        raise CheckpointError(str(exc)) from None
+    return config, run_tokenizer(run_dir)
 
 
-def _check_vocabulary(state: dict, source: str, tokenizer: Tokenizer) -> None:
+def _check_vocabulary(state: dict, source: str, tokenizer: Tokenizer | VocabTokenizer) -> None:
     """Refuse a checkpoint whose vocabulary is not the run's ``spm.model`` (naming both)."""
     vocab = state.get("vocab")
     if not isinstance(vocab, dict):

@@ -220,7 +220,7 @@ class Translator:
         limit, tokenizer = source_limit(self.bundle), self.bundle.tokenizer
         prefix = source_prefix(self.bundle, self.settings(tgt_lang=tgt_lang))
         src_ids = [[*prefix, *ids][:limit] for ids in tokenizer.encode_batch(src_texts)]
-        tgt_ids = tokenizer.encode_batch(tgt_texts)
+        tgt_ids = tokenizer.encode_target_batch(tgt_texts)
         for i, ids in enumerate(tgt_ids):
             if len(ids) > limit:
                 raise DataError(f"targets[{i}]: {len(ids)} pieces, more than the model's limit of {limit}")

@@ -2,7 +2,8 @@
 
 * :class:`Embeddings` (section 3.4): ``Embedding(x) * sqrt(d_model)``.
 * :class:`PositionalEncoding` (section 3.5): the sinusoid table, added to the embeddings.
-* :class:`PositionwiseFeedForward` (section 3.3, equation 2): ``max(0, xW_1 + b_1) W_2 + b_2``.
+* :class:`PositionwiseFeedForward` (section 3.3, equation 2): ``max(0, xW_1 + b_1) W_2 + b_2``
+  (or swish, ``SiLU(xW_1 + b_1) W_2 + b_2``, with ``model.activation: swish``).
 * :class:`SublayerConnection` (sections 3.1 and 5.4): ``LayerNorm(x + Dropout(Sublayer(x)))``,
   or pre-norm ``x + Dropout(Sublayer(LayerNorm(x)))`` with ``model.pre_norm``.
 * :class:`EncoderLayer`, :class:`DecoderLayer`, :class:`Encoder`, :class:`Decoder` (section 3.1,
@@ -28,30 +29,37 @@ LAYER_NORM_EPS = 1e-5
 class PositionwiseFeedForward(nn.Module):
     """Position-wise feed-forward network (section 3.3, equation 2).
 
-    ``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2`` with inner width ``d_ff``; ``activation_dropout``
-    (if > 0) drops units after the ReLU while training.
+    ``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2`` with inner width ``d_ff``; with ``activation``
+    ``"swish"`` the ReLU is swish, ``SiLU(z) = z * sigmoid(z)`` (Marian's and OPUS-MT's).
+    ``activation_dropout`` (if > 0) drops units after the activation while training.
     """
 
-    def __init__(self, d_model: int, d_ff: int, activation_dropout: float) -> None:
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float, activation: str = "relu") -> None:
         super().__init__()
         self.w_1 = nn.Linear(d_model, d_ff)
         self.w_2 = nn.Linear(d_ff, d_model)
         self.activation_dropout = activation_dropout
+        self.activation = activation
         #: True in a decoding copy whose ``w_1`` applies the ReLU itself, fused into its
-        #: product (:meth:`~mtcli.model.Transformer.for_decoding`).
+        #: product (:meth:`~mtcli.model.Transformer.for_decoding`; never for swish).
         self.relu_in_w_1 = False
+
+    def _activate(self, h: Tensor, inplace: bool = False) -> Tensor:
+        if self.activation == "swish":
+            return F.silu(h, inplace=inplace)
+        return h.relu_() if inplace else F.relu(h)
 
     def forward(self, x: Tensor) -> Tensor:
         """``[..., d_model]`` -> ``[..., d_model]``."""
-        h = self.w_1(x) if self.relu_in_w_1 else F.relu(self.w_1(x))
+        h = self.w_1(x) if self.relu_in_w_1 else self._activate(self.w_1(x))
         return self.w_2(dropout(h, self.activation_dropout, self.training))
 
     def step(self, x: Tensor) -> Tensor:
-        """:meth:`forward` for incremental decoding: the ReLU in place when no gradient is
+        """:meth:`forward` for incremental decoding: the activation in place when no gradient is
         recorded (one fewer ``[rows, d_ff]`` tensor per layer and step)."""
         if self.relu_in_w_1 or self.training or torch.is_grad_enabled():
             return self.forward(x)
-        return self.w_2(self.w_1(x).relu_())
+        return self.w_2(self._activate(self.w_1(x), inplace=True))
 
 
 class Embeddings(nn.Module):
@@ -136,7 +144,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, True)
-        self.feed_forward = PositionwiseFeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.feed_forward = PositionwiseFeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout, cfg.activation)
         self.sublayer = nn.ModuleList(
             SublayerConnection(cfg.d_model, cfg.dropout, cfg.pre_norm) for _ in range(2)
         )
@@ -158,7 +166,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, True)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, False)
-        self.feed_forward = PositionwiseFeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.feed_forward = PositionwiseFeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout, cfg.activation)
         self.sublayer = nn.ModuleList(
             SublayerConnection(cfg.d_model, cfg.dropout, cfg.pre_norm) for _ in range(3)
         )

@@ -65,6 +65,11 @@ class Transformer(nn.Module):
     distribution over the joint vocabulary (-inf off the list). Without ``output_ids`` (the
     default) the softmax covers the whole joint vocabulary. ``output_ids`` is a buffer, saved in
     checkpoints.
+
+    Output bias (``model.output_bias``, a model imported from Marian by ``mtcli import-hf``): the
+    logits are ``hidden W^T + b`` with ``b`` the buffer :attr:`output_bias` (``[vocab]``, saved in
+    checkpoints, not trained, like Marian's ``final_logits_bias``). Without it (the default) there
+    is no bias and no such buffer.
     """
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int = 0,
@@ -87,10 +92,14 @@ class Transformer(nn.Module):
         self.output_projection = (
             None if cfg.tie_embeddings else nn.Linear(cfg.d_model, vocab_size, bias=False)
         )
+        # a fixed bias on the logits [vocab] (model.output_bias: Marian's final_logits_bias,
+        # not trained); None (and absent from the state dict) by default
+        self.output_bias: Tensor | None
+        self.register_buffer("output_bias", torch.zeros(vocab_size) if cfg.output_bias else None)
         # a decoding-time stand-in for ``hidden W^T`` over the output vocabulary: int8
         # (mtcli.infer.quantize) or oneDNN-packed fp32/bf16 (mtcli.infer.packed); see for_decoding
         self.output_product: nn.Module | None = None
-        self._decoding_output: tuple[Tensor, ProductMaker] | None = None
+        self._decoding_output: tuple[Tensor, Tensor | None, ProductMaker] | None = None
         self._init_projections()
 
     def _init_projections(self) -> None:
@@ -140,7 +149,7 @@ class Transformer(nn.Module):
         ``i`` is id ``output_ids[i]``; the special ids are their own positions."""
         if self.output_product is not None:  # built over the output vocabulary's rows
             return self.output_product(hidden)
-        return F.linear(hidden, self.output_rows_weight())
+        return F.linear(hidden, self.output_rows_weight(), self.output_rows_bias())
 
     def output_rows_weight(self) -> Tensor:
         """The pre-softmax weight over the output vocabulary, ``W[output_ids] [output_size,
@@ -148,35 +157,47 @@ class Transformer(nn.Module):
         weight = self.output_weight()
         return weight if self.output_ids is None else weight.index_select(0, self.output_ids)
 
+    def output_rows_bias(self) -> Tensor | None:
+        """The logits' bias over the output vocabulary (``model.output_bias``), or None."""
+        bias = self.output_bias
+        if bias is None or self.output_ids is None:
+            return bias
+        return bias.index_select(0, self.output_ids)
+
     def for_decoding(self, make: ProductMaker) -> Transformer:
         """A copy in eval mode for decoding in another precision or layout: every ``nn.Linear``
         becomes ``make(weight, bias)``, a feed-forward network's first one
-        ``make(weight, bias, relu=True)`` (its ReLU fused into the product), and the output
-        product ``make(W[output_ids], None)`` (a tied ``W`` is also the embedding table, which
+        ``make(weight, bias, relu=True)`` (its ReLU fused into the product; a swish network's
+        stays a plain ``make(weight, bias)`` followed by the swish), and the output product
+        ``make(W[output_ids], b[output_ids])`` (``b`` the output bias, None without one; a tied
+        ``W`` is also the embedding table, which
         stays as it is for the lookups). The copy serves inference only; :meth:`output_rows`
         makes its products over a subset the same way."""
         copy = deepcopy(self).eval()
         output = copy.output_rows_weight().detach()
+        bias = copy.output_rows_bias()
         for parent in list(copy.modules()):
-            if isinstance(parent, PositionwiseFeedForward):
+            if isinstance(parent, PositionwiseFeedForward) and parent.activation == "relu":
                 parent.w_1 = make(parent.w_1.weight, parent.w_1.bias, relu=True)
                 parent.relu_in_w_1 = True
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):
                     setattr(parent, name, make(child.weight, child.bias))
-        copy.output_product = make(output, None)
-        copy._decoding_output = (output, make)
+        copy.output_product = make(output, bias)
+        copy._decoding_output = (output, bias, make)
         return copy
 
     def output_rows(self, positions: Tensor) -> Callable[[Tensor], Tensor]:
         """``hidden -> hidden W[output_ids][positions]^T``: the output product over some of the
         output vocabulary's positions (a shortlist), in this model's precision (see
         :meth:`for_decoding`)."""
+        bias = self.output_rows_bias()
+        bias = None if bias is None else bias.index_select(0, positions)
         if self._decoding_output is None:
             weight = self.output_rows_weight().detach().index_select(0, positions)
-            return lambda hidden: F.linear(hidden, weight)
-        output, make = self._decoding_output
-        return make(output.index_select(0, positions), None)
+            return lambda hidden: F.linear(hidden, weight, bias)
+        output, _, make = self._decoding_output
+        return make(output.index_select(0, positions), bias)
 
     def widen(self, logits: Tensor) -> Tensor:
         """Output-vocabulary logits ``[..., V_out]`` -> joint-vocabulary ``[..., vocab]``, -inf off it."""
@@ -231,11 +252,16 @@ class Transformer(nn.Module):
         if cache.output_t is None:
             cache.output_t = self.output_rows_weight().t().contiguous()
         hidden = hidden.view(-1, hidden.size(-1))
+        bias = self.output_rows_bias()
         if cache.workspace is None or torch.is_autocast_enabled(hidden.device.type):
+            if bias is not None:
+                return torch.addmm(bias, hidden, cache.output_t).unsqueeze(1)
             return torch.mm(hidden, cache.output_t).unsqueeze(1)
         out = cache.workspace.get(
             "logits", (hidden.size(0), cache.output_t.size(1)), hidden.dtype, hidden.device
         )
+        if bias is not None:
+            return torch.addmm(bias, hidden, cache.output_t, out=out).unsqueeze(1)
         return torch.mm(hidden, cache.output_t, out=out).unsqueeze(1)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:

@@ -1,0 +1,328 @@
+"""Import from Hugging Face Transformers: ``mtcli import-hf DIR RUN`` makes a run of a ``MarianMTModel``.
+
+``DIR`` is an OPUS-MT style model directory (``config.json``, ``model.safetensors`` or
+``pytorch_model.bin``, ``source.spm``, ``target.spm``, ``vocab.json``, optionally
+``generation_config.json`` and ``tokenizer_config.json``), as ``huggingface-cli download
+Helsinki-NLP/opus-mt-de-en --local-dir DIR`` leaves it. ``RUN`` becomes a run directory that
+``translate``, ``evaluate``, ``serve`` and :class:`mtcli.Translator` decode, with the same greedy
+output as ``MarianMTModel.generate(num_beams=1)``. The weights go through the mapping the export
+uses (:func:`mtcli.infer.hf.weight_table`), the model dimension permuted back from Marian's split
+sinusoids to our interleaved ones. What else the import carries over:
+
+* **the feed-forward activation**: ``activation_function`` ``swish``/``silu`` (OPUS-MT's) or
+  ``relu`` -> ``model.activation``;
+* **final_logits_bias** -> ``model.output_bias`` (a fixed bias on the logits);
+* **the ids**: the vocabulary is renumbered to mtcli's fixed special ids. Marian starts decoding
+  from its pad token, mtcli from ``<s>``: Marian's pad row becomes our ``<s>`` (id 2), and a
+  pad row is added (id 0, logit bias -1e9: no probability) where the two were one token;
+  ``<unk>`` becomes 1, ``</s>`` 3, every other piece keeps its order from 4 on;
+* **the tokenizer**: ``source.spm`` and ``target.spm`` mapped through ``vocab.json`` (renumbered)
+  (:class:`~mtcli.data.vocabmap.VocabTokenizer`), unless both are one SentencePiece model whose
+  own ids already are the renumbered ones (a model ``mtcli export --format hf`` wrote): then it is
+  the run's joint ``spm.model``, and the run is like any other;
+* **decoding**: ``num_beams`` -> ``decode.beam_size``; ``max_length`` -> a fixed output limit
+  (``max_len_a: 0``, ``max_len_b: max_length - 2``), as transformers bounds it.
+
+Refused with one line naming the key of ``config.json``: anything mtcli cannot compute exactly
+(pre-norm or embedding layer norms, unscaled embeddings, learned positions, a separate decoder
+vocabulary, another activation, unequal encoder and decoder widths). The import checks itself: the
+logits of both models on a probe must agree. Needs the ``hf`` extra (``pip install 'mtcli[hf]'``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtcli.checkpoint import save_checkpoint
+from mtcli.config import (
+    Config,
+    DataConfig,
+    DecodeConfig,
+    ModelConfig,
+    TrainConfig,
+    save_config,
+    validate,
+)
+from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_PIECE, Tokenizer
+from mtcli.data.vocabmap import read_vocab
+from mtcli.errors import ConfigError, DataError, MtcliError, one_line
+from mtcli.fileio import atomic_dir, sha256_file
+from mtcli.infer.hf import from_marian, model_permutation, require_transformers, weight_table
+from mtcli.logs import get_logger
+from mtcli.model import Transformer
+from mtcli.rundir import (
+    BEST_NAME,
+    CONFIG_NAME,
+    LAST_NAME,
+    SOURCE_SPM_NAME,
+    SPM_NAME,
+    TARGET_SPM_NAME,
+    VOCAB_NAME,
+    checkpoint_dir,
+    step_checkpoint_name,
+    update_index,
+)
+
+IMPORT_NAME = "import.json"
+#: config.json keys whose value mtcli cannot compute otherwise: key -> (the values allowed, why)
+_REQUIRED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "model_type": (("marian",), "only MarianMTModel directories are imported"),
+    "normalize_before": ((False, None), "mtcli imports post-norm layers only"),
+    "add_final_layer_norm": ((False, None), "a final layer norm is not carried over"),
+    "normalize_embedding": ((False, None), "an embedding layer norm is not carried over"),
+    "layernorm_embedding": ((False, None), "an embedding layer norm is not carried over"),
+    "scale_embedding": ((True,), "mtcli scales embeddings by sqrt(d_model)"),
+    "static_position_embeddings": ((True, None), "mtcli's positions are sinusoids"),
+    "add_bias_logits": ((False, None), "a logits projection bias is not carried over"),
+    "activation_function": (("relu", "swish", "silu"), "mtcli's feed-forward activations are relu and swish"),
+}
+_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+
+
+@dataclasses.dataclass
+class ImportReport:
+    """What :func:`import_hf` made."""
+
+    run_dir: Path
+    src_lang: str
+    tgt_lang: str
+    vocab_size: int
+    tokenizer: str  # "joint spm.model" or "source.spm + target.spm + vocab.json"
+    parameters: int
+    max_logit_difference: float
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{path}: not found (not a Hugging Face model directory?)") from None
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: unreadable ({one_line(exc, 200)})") from None
+    if not isinstance(raw, dict):
+        raise DataError(f"{path}: expected a JSON object")
+    return raw
+
+
+def check_model_dir(model_dir: Path) -> dict[str, Any]:
+    """``config.json`` of ``model_dir`` after checking the directory holds every file an import
+    reads and the config only what mtcli computes exactly; one-line :class:`MtcliError` naming
+    the file or the key otherwise."""
+    if not model_dir.is_dir():
+        raise DataError(f"{model_dir}: no such model directory")
+    where = model_dir / "config.json"
+    raw = _read_json(where)
+    for name in (VOCAB_NAME, SOURCE_SPM_NAME, TARGET_SPM_NAME):
+        if not (model_dir / name).is_file():
+            raise DataError(f"{model_dir / name}: not found (an OPUS-MT style Marian directory has "
+                            f"{VOCAB_NAME}, {SOURCE_SPM_NAME} and {TARGET_SPM_NAME})")
+    if not any((model_dir / name).is_file() for name in _WEIGHTS):
+        raise DataError(f"{model_dir}: no weights ({' or '.join(_WEIGHTS)})")
+    for key, (allowed, why) in _REQUIRED.items():
+        value = raw.get(key)
+        if value not in allowed:
+            raise ConfigError(f"{where}: {key}: {value!r} is not supported ({why})")
+    vocab = raw.get("vocab_size")
+    pairs = (("decoder_vocab_size", vocab, "a separate decoder vocabulary is not supported"),
+             ("decoder_attention_heads", raw.get("encoder_attention_heads"), "must equal encoder_attention_heads"),
+             ("decoder_ffn_dim", raw.get("encoder_ffn_dim"), "must equal encoder_ffn_dim"))
+    for key, expected, why in pairs:
+        if raw.get(key) not in (None, expected):
+            raise ConfigError(f"{where}: {key}: {raw.get(key)!r} is not supported ({why})")
+    return raw
+
+
+def languages(model_dir: Path, src_lang: str | None, tgt_lang: str | None) -> tuple[str, str]:
+    """The languages given, else ``tokenizer_config.json``'s ``source_lang``/``target_lang``,
+    else the directory's name (``opus-mt-de-en``); :class:`ConfigError` when none says."""
+    found = [src_lang, tgt_lang]
+    path = model_dir / "tokenizer_config.json"
+    settings = _read_json(path) if path.is_file() else {}
+    match = re.search(r"([A-Za-z_]+)-([A-Za-z_]+)$", model_dir.resolve().name)
+    for i, key in enumerate(("source_lang", "target_lang")):
+        if not found[i] and isinstance(settings.get(key), str):
+            found[i] = settings[key]
+        if not found[i] and match:
+            found[i] = match.group(i + 1)
+    if not found[0] or not found[1] or found[0] == found[1]:
+        raise ConfigError(f"{model_dir}: cannot tell the source and target languages: give --src-lang and --tgt-lang")
+    return str(found[0]), str(found[1])
+
+
+def id_order(raw: dict[str, Any], vocab: dict[str, int], where: Path) -> list[int]:
+    """Marian's id of each of our ids (-1: the pad row mtcli adds; see the module docstring)."""
+    size = int(raw.get("vocab_size") or 0)
+    if sorted(vocab.values()) != list(range(size)):
+        raise ConfigError(f"{where}: the ids of {VOCAB_NAME} must be 0..{size - 1} (config.json vocab_size)")
+    pad, eos = raw.get("pad_token_id"), raw.get("eos_token_id")
+    start = raw.get("decoder_start_token_id", pad)
+    unk = vocab.get(UNK_PIECE)
+    ids = (pad, eos, start, unk)
+    if not all(isinstance(i, int) and 0 <= i < size for i in ids) or len({pad, eos, unk}) < 3 \
+            or len({start, eos, unk}) < 3:
+        raise ConfigError(f"{where}: pad_token_id, eos_token_id, decoder_start_token_id and {UNK_PIECE} "
+                          f"must be distinct ids (decoder start may be pad), got {ids}")
+    head = [-1 if start == pad else pad, unk, start, eos]
+    return head + [i for i in range(size) if i not in head]
+
+
+def _marian_weights(hf: Any, order: list[int]) -> dict[str, torch.Tensor]:
+    """Marian's state dict with every vocabulary axis in our id order (a zero row for -1)."""
+    state = {k: v.detach().float() for k, v in hf.state_dict().items()}
+    index = torch.tensor([max(i, 0) for i in order])
+    added = torch.tensor([i < 0 for i in order])
+    for name in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"):
+        state[name] = state[name][index].masked_fill(added[:, None], 0.0)
+    bias = state["final_logits_bias"].reshape(-1)[index]
+    state["final_logits_bias"] = bias.masked_fill(added, -1e9)
+    return state
+
+
+def build_model(hf: Any, order: list[int]) -> Transformer:
+    """Our Transformer holding the Marian model's weights (see the module docstring)."""
+    cfg = hf.config
+    state = _marian_weights(hf, order)
+    tied = bool(cfg.share_encoder_decoder_embeddings and cfg.tie_word_embeddings)
+    model_cfg = ModelConfig(
+        d_model=cfg.d_model, n_heads=cfg.encoder_attention_heads, encoder_layers=cfg.encoder_layers,
+        decoder_layers=cfg.decoder_layers, d_ff=cfg.encoder_ffn_dim, dropout=float(cfg.dropout),
+        attention_dropout=float(cfg.attention_dropout), activation_dropout=float(cfg.activation_dropout),
+        pre_norm=False, tie_embeddings=tied, max_positions=cfg.max_position_embeddings,
+        activation="relu" if cfg.activation_function == "relu" else "swish",
+        output_bias=bool(state["final_logits_bias"].ne(0).any()))
+    model = Transformer(model_cfg, len(order), PAD_ID).eval()
+    p = model_permutation(cfg.d_model)
+    with torch.no_grad():
+        for name, ours, reads, writes in weight_table(model):
+            ours.copy_(from_marian(state[name], reads, writes, p))
+        if model.output_bias is not None:
+            model.output_bias.copy_(state["final_logits_bias"])
+        positions = state.get("model.encoder.embed_positions.weight")
+        if positions is not None and not torch.allclose(
+                from_marian(positions, True, False, p), model.positions.pe[: positions.size(0)], atol=1e-4):
+            where = Path(str(getattr(cfg, "_name_or_path", ""))) / "config.json"
+            raise ConfigError(f"{where}: static_position_embeddings: the positions are not Marian's sinusoids")
+    return model
+
+
+def probe(hf: Any, model: Transformer, order: list[int]) -> float:
+    """The largest difference of the two models' logits on a probe (a few pieces of the
+    vocabulary, our columns against Marian's); :class:`MtcliError` when they disagree."""
+    ours_of = {m: i for i, m in enumerate(order) if m >= 0}
+    pieces = [i for i in range(4, len(order))][:: max(1, (len(order) - 4) // 7)][:7]
+    marian_src = torch.tensor([[order[i] for i in pieces] + [order[EOS_ID]]])
+    marian_tgt = torch.tensor([[order[BOS_ID]] + [order[i] for i in pieces[::-1][:5]]])
+    with torch.inference_mode():
+        theirs = hf(input_ids=marian_src, decoder_input_ids=marian_tgt).logits[0].float()
+        ours = model(torch.tensor([[ours_of[int(m)] for m in marian_src[0]]]),
+                     torch.tensor([[ours_of[int(m)] for m in marian_tgt[0]]]))[0]
+    columns = [i for i, m in enumerate(order) if m >= 0]
+    theirs = theirs[:, [order[i] for i in columns]]
+    ours = ours[:, columns]
+    difference = float((theirs - ours).abs().max())
+    if not difference <= 1e-3 * max(1.0, float(theirs.abs().max())):
+        raise MtcliError(f"import-hf: mtcli's logits differ from transformers' by {difference:.3g} on a probe "
+                         "(this model uses something the import does not carry over)")
+    return difference
+
+
+def _joint_spm(model_dir: Path, vocab: dict[str, int], order: list[int]) -> Tokenizer | None:
+    """``source.spm`` as the run's joint model when it serves both sides and its ids already
+    are ours; else None."""
+    source, target = model_dir / SOURCE_SPM_NAME, model_dir / TARGET_SPM_NAME
+    if source.read_bytes() != target.read_bytes():
+        return None
+    try:
+        tokenizer = Tokenizer(source)
+    except DataError:
+        return None
+    pieces = {i: p for p, i in vocab.items()}
+    if tokenizer.vocab_size != len(order) or any(
+            tokenizer.id_to_piece(ours) != pieces[m] for ours, m in enumerate(order) if ours > EOS_ID):
+        return None
+    return tokenizer
+
+
+def _write_tokenizer(tmp: Path, model_dir: Path, vocab: dict[str, int], order: list[int]) -> Path:
+    """The run's tokenizer files; returns the file checkpoints identify the vocabulary by."""
+    if _joint_spm(model_dir, vocab, order) is not None:
+        shutil.copyfile(model_dir / SOURCE_SPM_NAME, tmp / SPM_NAME)
+        return tmp / SPM_NAME
+    ours = {m: i for i, m in enumerate(order) if m >= 0}
+    renumbered = {piece: ours[m] for piece, m in sorted(vocab.items(), key=lambda item: ours[item[1]])}
+    for name in (SOURCE_SPM_NAME, TARGET_SPM_NAME):
+        shutil.copyfile(model_dir / name, tmp / name)
+    (tmp / VOCAB_NAME).write_text(json.dumps(renumbered, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
+    return tmp / VOCAB_NAME
+
+
+def _run_config(hf: Any, model: Transformer, model_dir: Path, run_dir: Path, langs: tuple[str, str]) -> Config:
+    generation = getattr(hf, "generation_config", None)
+    beams = int(getattr(generation, "num_beams", None) or 1)
+    max_length = int(getattr(generation, "max_length", None) or model.cfg.max_positions)
+    limit = max(1, min(max_length, model.cfg.max_positions) - 2)
+    config = Config(
+        data=DataConfig(name=run_dir.name, source=str(model_dir.resolve()), src_lang=langs[0], tgt_lang=langs[1],
+                        vocab_size=model.vocab_size),
+        model=model.cfg, train=TrainConfig(run_dir=str(run_dir)),
+        decode=DecodeConfig(beam_size=beams, max_len_a=0.0, max_len_b=limit), path=str(run_dir / CONFIG_NAME))
+    validate(config)
+    return config
+
+
+def _load_marian(model_dir: Path) -> Any:
+    from transformers import MarianMTModel
+
+    try:
+        return MarianMTModel.from_pretrained(str(model_dir)).float().eval()
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
+        raise MtcliError(f"{model_dir}: transformers cannot load the model ({one_line(exc, 200)})") from None
+
+
+def import_hf(model_dir: str | Path, run_dir: str | Path, src_lang: str | None = None,
+              tgt_lang: str | None = None, force: bool = False) -> ImportReport:
+    """Write ``run_dir`` (atomically) from the Marian model directory ``model_dir`` (see the
+    module docstring). An existing ``run_dir`` is refused unless ``force``. Raises
+    :class:`ConfigError`/:class:`DataError` (one line, naming the file or key) for what cannot
+    be imported exactly, :class:`MtcliError` without ``transformers``."""
+    require_transformers("mtcli import-hf")
+    model_dir, run_dir = Path(model_dir), Path(run_dir)
+    if run_dir.exists() and not force and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise MtcliError(f"{run_dir}: exists; give a new run directory (or --force to replace it)")
+    raw = check_model_dir(model_dir)
+    langs = languages(model_dir, src_lang, tgt_lang)
+    vocab = read_vocab(model_dir / VOCAB_NAME)
+    order = id_order(raw, vocab, model_dir / "config.json")
+    hf = _load_marian(model_dir)
+    model = build_model(hf, order)
+    difference = probe(hf, model, order)
+    config = _run_config(hf, model, model_dir, run_dir, langs)
+    with atomic_dir(run_dir) as tmp:
+        vocab_file = _write_tokenizer(tmp, model_dir, vocab, order)
+        save_config(config, tmp / CONFIG_NAME)
+        state = {"format": 1, "step": 0, "epoch": 0, "model": model.state_dict(), "config": config.to_dict(),
+                 "vocab": {"size": model.vocab_size, "spm_sha256": sha256_file(vocab_file)},
+                 "imported_from": str(model_dir.resolve())}
+        directory = checkpoint_dir(tmp)
+        directory.mkdir()
+        save_checkpoint(directory / step_checkpoint_name(0), state,
+                        also=(directory / LAST_NAME, directory / BEST_NAME))
+        update_index(tmp, 0, {})
+        record = {"from": str(model_dir.resolve()), "transformers": require_transformers().__version__,
+                  "files": {p.name: sha256_file(p) for p in sorted(model_dir.iterdir()) if p.is_file()},
+                  "max_logit_difference": difference}
+        (tmp / IMPORT_NAME).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    kind = "joint spm.model" if vocab_file.name == SPM_NAME else "source.spm + target.spm + vocab.json"
+    get_logger().info("imported %s into %s (%s -> %s, %s)", model_dir, run_dir, *langs, kind)
+    return ImportReport(run_dir, langs[0], langs[1], model.vocab_size, kind,
+                        sum(p.numel() for p in model.parameters()), difference)
+
+
+__all__ = ["IMPORT_NAME", "ImportReport", "check_model_dir", "import_hf", "languages"]

@@ -1,0 +1,267 @@
+"""Import from Hugging Face Transformers (mtcli.infer.hf_import, ``mtcli import-hf``): a tiny random
+OPUS-MT style MarianMTModel (swish, a final logits bias, separate source and target
+SentencePiece models mapped through one vocab.json) becomes a run whose greedy output is
+transformers' own; an mtcli run exported to hf comes back as the same run."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import sentencepiece as spm
+import torch
+from conftest import TOY_DIR
+
+from mtcli.errors import ConfigError, DataError, MtcliError
+from mtcli.infer.loading import load_for_inference
+from mtcli.infer.translator import Translator
+
+transformers = pytest.importorskip("transformers", reason="import-hf needs the hf extra (pip install 'mtcli[hf]')")
+
+from mtcli.infer.hf import export_hf  # noqa: E402
+from mtcli.infer.hf_import import import_hf  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
+
+LINES = [line for line in (TOY_DIR / "test.src").read_text(encoding="utf-8").splitlines() if line][:10]
+LINES += ["ein hund, der läuft: springt!", ">>en<< ein ball"]  # pieces outside vocab.json; a language code
+MAX_NEW = 12
+EOS_MARGIN = 6.0  # one line ends early on </s>, the others run to the limit
+
+
+def _spm(lines: list[str], vocab_size: int) -> bytes:
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
+                                   hard_vocab_limit=False, num_threads=1, minloglevel=2)
+    return model.getvalue()
+
+
+def write_marian_dir(path: Path, seed: int = 0) -> Path:
+    """An OPUS-MT style directory: Marian's ids (</s> 0, <unk> 1, pieces, <pad> last = decoder
+    start), swish, a random final_logits_bias, separate source and target SentencePiece models
+    whose pieces vocab.json merges (a few source pieces left out: they become unk)."""
+    files = path / "files"
+    files.mkdir(parents=True)
+    pieces: list[str] = []
+    for name, side in (("source.spm", "src"), ("target.spm", "tgt")):
+        (files / name).write_bytes(_spm((TOY_DIR / f"train.{side}").read_text(encoding="utf-8").splitlines(), 48))
+        processor = spm.SentencePieceProcessor(model_file=str(files / name))
+        pieces += [processor.id_to_piece(i) for i in range(processor.get_piece_size())
+                   if not (processor.is_control(i) or processor.is_unknown(i))]
+    pieces = list(dict.fromkeys(pieces))[:-3] + [">>en<<"]
+    vocab = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(pieces)}}
+    vocab["<pad>"] = len(vocab)
+    (files / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    pad = vocab["<pad>"]
+    config = transformers.MarianConfig(
+        vocab_size=len(vocab), d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, activation_function="swish",
+        max_position_embeddings=64, scale_embedding=True, pad_token_id=pad, eos_token_id=0,
+        decoder_start_token_id=pad, forced_eos_token_id=0, share_encoder_decoder_embeddings=True,
+        dropout=0.1, attention_dropout=0.0, activation_dropout=0.0)
+    torch.manual_seed(seed)
+    model = transformers.MarianMTModel(config).eval()
+    with torch.no_grad():  # weights that make the outputs differ; eos likely enough to end some early
+        for name, tensor in model.named_parameters():
+            if "norm" not in name and "positions" not in name:
+                tensor.normal_(0.0, 1.0)
+        model.final_logits_bias.normal_(0.0, 1.0)
+        model.final_logits_bias[0, 0] = model.final_logits_bias[0, 1:].max() + EOS_MARGIN
+    model.generation_config = transformers.GenerationConfig(
+        decoder_start_token_id=pad, eos_token_id=0, pad_token_id=pad, forced_eos_token_id=0,
+        bad_words_ids=[[pad]], num_beams=1, max_length=MAX_NEW + 1)
+    out = path / "opus-mt-de-en"
+    model.save_pretrained(out)
+    transformers.MarianTokenizer(str(files / "source.spm"), str(files / "target.spm"), str(files / "vocab.json"),
+                                 source_lang="de", target_lang="en").save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def marian_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_marian_dir(tmp_path_factory.mktemp("marian"))
+
+
+@pytest.fixture(scope="module")
+def imported(marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("runs") / "opus"
+    import_hf(marian_dir, run)
+    return run
+
+
+def transformers_greedy(model_dir: Path, lines: list[str], **limit: int) -> tuple[list[list[int]], list[str]]:
+    """transformers' greedy output ids (without the decoder start) and texts, one line at a time
+    (``limit``: ``max_length=N`` instead of the generation config's)."""
+    tokenizer = transformers.MarianTokenizer.from_pretrained(model_dir)
+    model = transformers.MarianMTModel.from_pretrained(model_dir).eval()
+    ids, texts = [], []
+    with torch.inference_mode():
+        for line in lines:
+            out = model.generate(**tokenizer([line], return_tensors="pt"), num_beams=1, do_sample=False, **limit)
+            ids.append(out[0, 1:].tolist())
+            texts.append(tokenizer.decode(out[0], skip_special_tokens=True))
+    return ids, texts
+
+
+def test_the_imported_run_computes_marians_logits(marian_dir: Path, imported: Path) -> None:
+    bundle = load_for_inference(imported, device="cpu")
+    theirs_tok = transformers.MarianTokenizer.from_pretrained(marian_dir)
+    theirs = transformers.MarianMTModel.from_pretrained(marian_dir).eval()
+    vocab = json.loads((imported / "vocab.json").read_text(encoding="utf-8"))
+    to_ours = {theirs_tok.encoder[piece]: i for piece, i in vocab.items()}
+    src = theirs_tok([LINES[0]], return_tensors="pt")["input_ids"]
+    tgt = torch.tensor([[theirs.config.decoder_start_token_id] + src[0, :-1].tolist()[::-1]])
+    for line in LINES:  # source pieces through vocab.json; unk for what it lacks; >>en<< one piece
+        assert [to_ours[i] for i in theirs_tok(line)["input_ids"]] == bundle.tokenizer.encode(line) + [3]
+    with torch.inference_mode():
+        expected = theirs(input_ids=src, decoder_input_ids=tgt).logits[0]
+        got = bundle.model(torch.tensor([[to_ours[int(i)] for i in src[0]]]),
+                           torch.tensor([[to_ours[int(i)] for i in tgt[0]]]))[0]
+    columns = sorted(to_ours)
+    torch.testing.assert_close(got[:, [to_ours[c] for c in columns]], expected[:, columns], atol=1e-4, rtol=1e-4)
+    assert bundle.model.cfg.activation == "swish" and bundle.model.output_bias is not None
+    assert got[:, 0].max() < -1e8  # the pad row mtcli adds has no probability
+
+
+def test_greedy_output_equals_transformers(marian_dir: Path, imported: Path) -> None:
+    ids, texts = transformers_greedy(marian_dir, LINES)
+    ours = Translator.from_run(imported, device="cpu", beam=1)
+    vocab = json.loads((imported / "vocab.json").read_text(encoding="utf-8"))
+    marian_vocab = json.loads((marian_dir / "vocab.json").read_text(encoding="utf-8"))
+    to_ours = {marian_vocab[piece]: i for piece, i in vocab.items()}
+    nbest = ours.nbest(LINES, 1)
+    assert [[to_ours[i] for i in row] for row in ids] == [n[0].tokens + [3] for n in nbest]
+    assert ours.translate(LINES) == texts
+    # the comparison means something: the outputs differ from line to line, one ends on </s>,
+    # others run to the length limit (transformers' max_length, which the import carried over)
+    lengths = {len(row) for row in ids}
+    assert len(set(texts)) > 3 and MAX_NEW in lengths and any(1 < n < MAX_NEW for n in lengths)
+
+
+def test_scores_are_transformers_log_probabilities(marian_dir: Path, imported: Path) -> None:
+    tokenizer = transformers.MarianTokenizer.from_pretrained(marian_dir)
+    model = transformers.MarianMTModel.from_pretrained(marian_dir).eval()
+    sources, targets = LINES[:3], ["a dog runs", "the red ball", "ein mann"]
+    batch = tokenizer(sources, text_target=targets, return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       labels=batch["labels"]).logits
+    labels = batch["labels"]
+    picked = torch.log_softmax(logits, -1).gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    expected = picked.masked_fill(labels.eq(model.config.pad_token_id) | labels.lt(0), 0.0).sum(-1)
+    got = Translator.from_run(imported, device="cpu").score(sources, targets)
+    torch.testing.assert_close(torch.tensor(got), expected, atol=1e-3, rtol=1e-4)
+
+
+def test_the_translate_command_gives_the_same_output(marian_dir: Path, imported: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from mtcli.cli import app
+
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(LINES[:4]) + "\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["translate", str(imported), str(source), "--beam", "1"])
+    assert result.exit_code == 0, result.output
+    expected = transformers_greedy(marian_dir, LINES[:4])[1]
+    assert result.stdout.splitlines() == expected
+    from mtcli.evaluate import evaluate
+
+    reference = tmp_path / "ref.txt"
+    reference.write_text("\n".join(expected) + "\n", encoding="utf-8")
+    report = evaluate(imported, src_file=source, ref_file=reference, output_dir=tmp_path / "eval", beam=1)
+    assert report["bleu"] == pytest.approx(100.0)
+
+
+def test_a_round_trip_through_hf_gives_the_same_run(tiny_run_dir: Path, tmp_path: Path) -> None:
+    exported = export_hf(tiny_run_dir, tmp_path / "hf")
+    report = import_hf(exported, tmp_path / "back", src_lang="de", tgt_lang="en")
+    assert report.tokenizer == "joint spm.model"  # an ordinary run: train --init-from takes it
+    lines = LINES[:6]
+    before = Translator.from_run(tiny_run_dir, device="cpu", beam=1, max_len_a=0.0, max_len_b=15)
+    after = Translator.from_run(tmp_path / "back", device="cpu", beam=1, max_len_a=0.0, max_len_b=15)
+    assert after.translate(lines) == before.translate(lines)
+    assert (tmp_path / "back" / "spm.model").read_bytes() == (tiny_run_dir / "spm.model").read_bytes()
+
+
+def test_init_from_takes_a_joint_import_and_refuses_a_split_one(
+        tiny_run_dir: Path, imported: Path, tmp_path: Path) -> None:
+    from mtcli.config import load_config
+    from mtcli.fileio import sha256_file
+    from mtcli.model import Transformer
+    from mtcli.train.parent import load_parent, start_from
+
+    with pytest.raises(ConfigError, match="separate source and target SentencePiece models") as caught:
+        load_parent(str(imported))
+    assert "\n" not in str(caught.value)
+    back = import_hf(export_hf(tiny_run_dir, tmp_path / "hf"), tmp_path / "back", src_lang="de", tgt_lang="en").run_dir
+    config, parent = load_config(back / "config.yaml"), load_for_inference(tiny_run_dir).model
+    child = Transformer(config.model, parent.vocab_size)
+    start_from(child, load_parent(str(back)), config, sha256_file(back / "spm.model"))
+    assert all(torch.equal(a, b) for a, b in zip(child.state_dict().values(), parent.state_dict().values(), strict=True))
+
+
+def test_an_imported_run_exports_back_to_the_same_marian_model(
+        marian_dir: Path, imported: Path, tmp_path: Path) -> None:
+    from mtcli.infer.export import export_model
+
+    again = export_hf(imported, tmp_path / "again")
+    limit = {"max_length": MAX_NEW + 1}
+    assert transformers_greedy(again, LINES, **limit)[1] == transformers_greedy(marian_dir, LINES, **limit)[1]
+    with pytest.raises(ConfigError, match="separate source and target SentencePiece models"):
+        export_model(imported, tmp_path / "ct2")  # CTranslate2 takes one joint SentencePiece model
+
+
+def _broken(marian_dir: Path, tmp_path: Path) -> Path:
+    broken = tmp_path / "opus-mt-de-en"
+    shutil.copytree(marian_dir, broken)
+    return broken
+
+
+@pytest.mark.parametrize(("damage", "error", "message"), [
+    (lambda d: (d / "vocab.json").unlink(), DataError, "vocab.json: not found"),
+    (lambda d: (d / "source.spm").unlink(), DataError, "source.spm: not found"),
+    (lambda d: _set(d, normalize_before=True), ConfigError, "normalize_before: True is not supported"),
+    (lambda d: _set(d, activation_function="gelu"), ConfigError, "activation_function: 'gelu'"),
+    (lambda d: _set(d, decoder_vocab_size=7), ConfigError, "decoder_vocab_size: 7"),
+])
+def test_what_cannot_be_imported_is_refused_in_one_line(
+        marian_dir: Path, tmp_path: Path, damage, error: type, message: str) -> None:
+    broken = _broken(marian_dir, tmp_path)
+    damage(broken)
+    with pytest.raises(error, match=message) as caught:
+        import_hf(broken, tmp_path / "run")
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "run").exists() and not list(tmp_path.glob(".run*"))
+
+
+def _set(model_dir: Path, **changes) -> None:
+    path = model_dir / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}), encoding="utf-8")
+
+
+def test_the_command_imports_and_refuses_in_one_line(marian_dir: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from typer.testing import CliRunner
+
+    from mtcli.cli import app
+
+    runner = CliRunner()
+    assert runner.invoke(app, ["import-hf", "--help"]).exit_code == 0
+    result = runner.invoke(app, ["import-hf", str(marian_dir), str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "run" / "checkpoints" / "checkpoint_best.pt").is_file()
+    again = runner.invoke(app, ["import-hf", str(marian_dir), str(tmp_path / "run")])
+    assert again.exit_code != 0 and "exists" in again.output and len(again.output.strip().splitlines()) == 1
+    broken = _broken(marian_dir, tmp_path)
+    _set(broken, scale_embedding=False)
+    result = runner.invoke(app, ["import-hf", str(broken), str(tmp_path / "other")])
+    assert result.exit_code != 0 and "scale_embedding" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "other").exists()
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(MtcliError, match=r"pip install 'mtcli\[hf\]'"):
+        import_hf(marian_dir, tmp_path / "third")
