@@ -11,6 +11,8 @@
 #                    adapted to WMT news (configs/wmt_news_en_de_adapt.yaml), beside the parent
 #   make reproduce-multilingual   one model for en<->{de,fr,cs} (configs/multi30k_multi.yaml), each
 #                    seed of SEEDS, each direction beside its bilingual row (results/multilingual.md)
+#   make reproduce-bt   back-translation on Multi30k: half the pairs + their other half's German
+#                    back-translated by beam and by sampling (results/bt.md; BT_SEED, default 1)
 #   make clean       remove caches and build leftovers (never data/ or results/)
 # SEEDS: the seeds make reproduce trains and scores for each Multi30k direction (the README's rows
 # are their means). REPRODUCE_ARGS passes more options to `python -m mtcli.reproduce` (see its
@@ -26,10 +28,11 @@ TORCH_SPEC ?= torch==2.13.0
 DATA ?=
 PYTEST_ARGS ?=
 SEEDS ?= 1,2,3
+BT_SEED ?= 1
 REPRODUCE_ARGS ?=
 
 .PHONY: setup setup-browser test lint reproduce reproduce-de-en reproduce-en-de reproduce-wmt-news \
-	reproduce-wmt-news-adapt reproduce-multilingual clean
+	reproduce-wmt-news-adapt reproduce-multilingual reproduce-bt clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +65,10 @@ reproduce-wmt-news-adapt:
 # --set options in REPRODUCE_ARGS apply here too, e.g. REPRODUCE_ARGS='--set train.device=cuda'
 reproduce-multilingual:
 	$(BIN)/python -m mtcli.multilingual --seeds $(SEEDS) $(REPRODUCE_ARGS)
+
+# reuses the en-de row of results/multi30k.json with seed BT_SEED as "all pairs real" when it is there
+reproduce-bt:
+	$(BIN)/python -m mtcli.backtranslation --seed $(BT_SEED) $(REPRODUCE_ARGS)
 
 clean:
 	rm -rf .pytest_cache .ruff_cache .import_linter_cache build dist *.egg-info

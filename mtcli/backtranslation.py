@@ -1,0 +1,170 @@
+"""``make reproduce-bt``: back-translation end to end on Multi30k (Sennrich et al. 2016; sampled
+back-translation, Edunov et al. 2018).
+
+Run ``python -m mtcli.backtranslation [--seed 1]``. The steps, each a recipe run as
+``make reproduce`` makes it (:func:`mtcli.reproduce.run_recipe`: the average and the length
+penalty chosen on val, then test2016):
+
+1. the training pairs are cut in two halves: the even-numbered pairs stay parallel data, the
+   odd-numbered ones give only their German side, as monolingual text (``data/bt/``);
+2. a de->en model (``configs/multi30k_de_en.yaml``) trains on the parallel half and translates the
+   monolingual German twice: with beam search, and by sampling from its whole distribution;
+3. en->de (``configs/multi30k_en_de.yaml``) trains four times: on the parallel half alone; on it
+   plus the beam back-translations; on it plus the sampled ones (each back-translation's English
+   side starts with the tag ``<bt>``, so the model knows which sources are synthetic); and on
+   every pair real (the en-de row of ``results/multi30k.json`` with this seed when there is one,
+   else trained here);
+4. ``results/bt.{json,md}``: test2016 lowercased BLEU of the four, and how much of the real
+   pairs' gain over the half each back-translation recovers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from mtcli.allocator import keep_freed_memory
+from mtcli.config import Config, CorpusConfig, DataConfig, load_config, with_changes
+from mtcli.data.corpora import split_names
+from mtcli.data.sources import open_source
+from mtcli.errors import MtcliError
+from mtcli.fileio import atomic_write
+from mtcli.infer.translator import Translator
+from mtcli.logs import get_logger, setup_logging
+from mtcli.reproduce import RESULTS_DIR, load_results, run_recipe, seed_config
+
+FORWARD, REVERSE = "configs/multi30k_en_de.yaml", "configs/multi30k_de_en.yaml"
+TABLE = "bt"
+TAG = "<bt>"
+ROWS = ("half", "half + BT (beam)", "half + BT (sampling)", "all pairs real")
+
+
+def split_halves(data: DataConfig, out: Path) -> tuple[Path, Path]:
+    """Write ``out/parallel`` (the even-numbered training pairs, and the validation and test
+    splits whole) and ``out/mono`` (the German side, ``data.tgt_lang``, of the odd-numbered
+    ones, as ``train.<tgt>``); return both directories."""
+    parallel, mono = out / "parallel", out / "mono"
+    source = open_source(data.source, data.src_lang, data.tgt_lang, data.hub_config)
+    source.check(split_names(data))
+    for split in split_names(data):
+        pairs = list(source.pairs(split))
+        kept = pairs[0::2] if split == data.train_split else pairs
+        for side, lang in enumerate((data.src_lang, data.tgt_lang)):
+            with atomic_write(parallel / f"{split}.{lang}") as handle:
+                handle.writelines(pair[side] + "\n" for pair in kept)
+        if split == data.train_split:
+            with atomic_write(mono / f"{split}.{data.tgt_lang}") as handle:
+                handle.writelines(tgt + "\n" for _, tgt in pairs[1::2])
+    return parallel, mono
+
+
+def back_translate(run_dir: Path, checkpoint: Path, mono: Path, out: Path, data: DataConfig,
+                   length_penalty: float, **settings: Any) -> Path:
+    """Translate the monolingual text ``mono/train.<tgt>`` back into ``data.src_lang`` with the
+    reverse model, and write the synthetic pairs as ``out/train.{src,tgt}`` (atomically)."""
+    translator = Translator.from_run(run_dir, checkpoint, length_penalty=length_penalty, **settings)
+    targets = (mono / f"{data.train_split}.{data.tgt_lang}").read_text(encoding="utf-8").splitlines()
+    sources = translator.translate(targets)
+    with atomic_write(out / f"{data.train_split}.{data.src_lang}") as handle:
+        handle.writelines(s + "\n" for s in sources)
+    with atomic_write(out / f"{data.train_split}.{data.tgt_lang}") as handle:
+        handle.writelines(t + "\n" for t in targets)
+    get_logger().info("back-translated %d sentences into %s (%s)", len(targets), out, settings or "beam")
+    return out
+
+
+def _variant(config: Config, name: str, sources: list[CorpusConfig], run_dir: Path) -> Config:
+    """``config`` on other corpora, with its own cache and run directory."""
+    data = dataclasses.replace(config.data, name=f"{config.data.name}_{name}", source="", sources=sources,
+                               prepared_dir=str(run_dir.parent / "prepared" / name))
+    if len(sources) == 1 and sources[0].tag is None:
+        data = dataclasses.replace(data, source=sources[0].source, sources=[])
+    changed = dataclasses.replace(config, data=data)
+    return with_changes(changed, "train", run_dir=str(run_dir / name))
+
+
+def _summary(row: dict[str, Any]) -> dict[str, Any]:
+    keep = ("bleu", "bleu_lc", "chrf", "bleu_lc_signature", "train_steps", "average_last", "length_penalty",
+            "seed", "commit", "device", "train_minutes")
+    return {key: row.get(key) for key in keep}
+
+
+def run_bt(forward: Config, reverse: Config, work: Path, real: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The four en->de rows of the table (see the module docstring); ``real``: an existing row
+    for every pair real, trained here when None."""
+    parallel, mono = split_halves(forward.data, work / "data")
+    runs = work / "runs"
+    half_reverse = _variant(reverse, "reverse_half", [CorpusConfig(source=str(parallel))], runs)
+    reverse_row = run_recipe(half_reverse)
+    reverse_run = Path(half_reverse.run_path())
+    averaged = reverse_run / "checkpoints" / f"checkpoint_avg_last{reverse_row['average_last']}.pt"
+    alpha = float(reverse_row["length_penalty"])
+    beam = back_translate(reverse_run, averaged, mono, work / "data" / "bt_beam", forward.data, alpha)
+    sampled = back_translate(reverse_run, averaged, mono, work / "data" / "bt_sampling", forward.data, alpha,
+                             sampling="topp", topp=1.0, seed=forward.train.seed)
+    rows = {
+        ROWS[0]: run_recipe(_variant(forward, "half", [CorpusConfig(source=str(parallel))], runs)),
+        ROWS[1]: run_recipe(_variant(forward, "bt_beam", [CorpusConfig(source=str(parallel)),
+                                                          CorpusConfig(source=str(beam), tag=TAG)], runs)),
+        ROWS[2]: run_recipe(_variant(forward, "bt_sampling", [CorpusConfig(source=str(parallel)),
+                                                              CorpusConfig(source=str(sampled), tag=TAG)], runs)),
+        ROWS[3]: real if real is not None else run_recipe(with_changes(forward, "train", run_dir=str(runs / "real"))),
+    }
+    table = {name: _summary(row) for name, row in rows.items()}
+    half, full = table[ROWS[0]]["bleu_lc"], table[ROWS[3]]["bleu_lc"]
+    for name in ROWS[1:3]:
+        gain = full - half
+        table[name]["recovered"] = (table[name]["bleu_lc"] - half) / gain if gain > 0 else None
+    table["reverse (de-en, half)"] = _summary(reverse_row)
+    return table
+
+
+def render(table: dict[str, Any]) -> str:
+    """The markdown table of :func:`run_bt`'s rows."""
+    lines = ["| en->de training data | test2016 BLEU (lc, 13a) | BLEU | chrF | share of the real pairs' gain |",
+             "|---|---|---|---|---|"]
+    for name in (*ROWS, "reverse (de-en, half)"):
+        row = table[name]
+        share = row.get("recovered")
+        cell = "–" if share is None else f"{100 * share:.0f}%"
+        lines.append(f"| {name} | {row['bleu_lc']:.2f} | {row['bleu']:.2f} | {row['chrf']:.2f} | {cell} |")
+    first = table[ROWS[0]]
+    lines += ["", f"- seed {first['seed']}, {first['device']}, commit {first['commit']}; each row's average and "
+              "length penalty chosen on val", f"- lowercased BLEU `{first['bleu_lc_signature']}`"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--forward", default=FORWARD, help="the en->de recipe")
+    parser.add_argument("--reverse", default=REVERSE, help="the de->en recipe that back-translates")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--work", type=Path, default=Path("data/bt"), help="where the halves and runs go")
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="results directory")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value (both recipes)")
+    args = parser.parse_args(argv)
+    setup_logging()
+    keep_freed_memory()
+    try:
+        forward = seed_config(load_config(args.forward, args.overrides), args.seed)
+        reverse = seed_config(load_config(args.reverse, args.overrides), args.seed)
+        real = (load_results(args.results, "multi30k").get("en-de") or {}).get("seeds", {}).get(str(args.seed))
+        table = run_bt(forward, reverse, args.work / f"seed{args.seed}", real)
+    except MtcliError as exc:
+        print(f"mtcli: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    with atomic_write(args.results / f"{TABLE}.json") as handle:
+        handle.write(json.dumps(table, indent=2) + "\n")
+    with atomic_write(args.results / f"{TABLE}.md") as handle:
+        handle.write(render(table))
+    print(render(table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

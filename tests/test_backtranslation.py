@@ -1,0 +1,47 @@
+"""make reproduce-bt on the toy corpus: halves, a reverse model, two back-translations (beam and
+sampling) tagged <bt>, four forward runs, and the share of the real pairs' gain recovered."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import TOY_CONFIG, TOY_DIR
+
+from mtcli.backtranslation import ROWS, TAG, render, run_bt, split_halves
+from mtcli.config import load_config
+from mtcli.data.cache import PreparedCorpus
+from mtcli.data.textio import read_lines
+
+FAST = ["train.max_steps=30", "train.valid_every=15", "train.valid_bleu=false", "train.keep_last=1",
+        "train.num_threads=2"]
+
+
+def test_halves_keep_every_other_pair_and_the_rest_as_monolingual(tmp_path: Path) -> None:
+    data = load_config(TOY_CONFIG, [f"data.source={TOY_DIR}"]).data
+    parallel, mono = split_halves(data, tmp_path)
+    src, tgt = list(read_lines(TOY_DIR / "train.src")), list(read_lines(TOY_DIR / "train.tgt"))
+    assert list(read_lines(parallel / "train.src")) == src[0::2]
+    assert list(read_lines(parallel / "train.tgt")) == tgt[0::2]
+    assert list(read_lines(mono / "train.tgt")) == tgt[1::2]
+    assert not (mono / "train.src").exists()
+    assert (parallel / "val.src").read_text() == (TOY_DIR / "val.src").read_text()
+
+
+def test_backtranslation_pipeline_on_toy(tmp_path: Path) -> None:
+    forward = load_config(TOY_CONFIG, [f"data.source={TOY_DIR}", *FAST])
+    reverse = load_config(TOY_CONFIG, [f"data.source={TOY_DIR}", "data.src_lang=tgt", "data.tgt_lang=src", *FAST])
+    table = run_bt(forward, reverse, tmp_path)
+    assert set(ROWS) < set(table)
+    beam = list(read_lines(tmp_path / "data" / "bt_beam" / "train.src"))
+    sampled = list(read_lines(tmp_path / "data" / "bt_sampling" / "train.src"))
+    assert len(beam) == len(sampled) == 300 and beam != sampled
+    assert (tmp_path / "data" / "bt_beam" / "train.tgt").read_text() == (tmp_path / "data" / "mono" / "train.tgt").read_text()
+    tagged = PreparedCorpus.open(tmp_path / "prepared" / "bt_beam")
+    assert tagged.corpora[1]["tag"] == TAG and tagged.corpora[1]["prefix"] == [TAG]
+    assert tagged.array("train.1", "src")[0][0] == tagged.tags[TAG]
+    for name in ROWS[1:3]:
+        half, full = table[ROWS[0]]["bleu_lc"], table[ROWS[3]]["bleu_lc"]
+        expected = None if full <= half else (table[name]["bleu_lc"] - half) / (full - half)
+        assert table[name]["recovered"] == expected
+    text = render(table)
+    assert all(f"| {name} |" in text for name in ROWS)
