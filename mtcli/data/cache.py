@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from mtcli.data.vocabmap import VocabTokenizer, load_tokenizer, tokenizer_files
 from mtcli.errors import DataError
 from mtcli.fileio import FileHasher, atomic_write, sha256_file, unchanged_since
 
@@ -220,7 +221,8 @@ class PreparedCorpus:
         """Use :meth:`open`, which checks the directory first."""
         self.directory = directory
         self.manifest = manifest
-        self.spm_path: Path = directory / SPM_MODEL
+        # the tokenizer's model: spm.model, or vocab.json beside source.spm and target.spm
+        self.spm_path: Path = directory / manifest.get("spm", {}).get("model", SPM_MODEL)
         self.vocab_size: int = int(manifest["vocab"]["size"])
         self.src_lang: str = manifest["src_lang"]
         self.tgt_lang: str = manifest["tgt_lang"]
@@ -264,7 +266,7 @@ class PreparedCorpus:
         try:
             files = manifest["files"]
             corpus = cls(directory, manifest)
-            needed = [SPM_MODEL] + [
+            needed = [p.name for p in tokenizer_files(corpus.spm_path)] + [
                 f"{array_name(split, lang)}.{ext}"
                 for split in corpus.splits
                 for lang in corpus.split_langs[split]
@@ -307,6 +309,10 @@ class PreparedCorpus:
         """
         self._check(split, lang)
         return self.directory / f"{array_name(split, lang)}.txt"
+
+    def tokenizer(self) -> Tokenizer | VocabTokenizer:
+        """The tokenizer the cache was encoded with."""
+        return load_tokenizer(self.spm_path)
 
     def train_pairs(self) -> tuple[TokenArray | ConcatArray, TokenArray | ConcatArray]:
         """The training pairs (source, target), tags included: the training split's arrays, or

@@ -65,10 +65,12 @@ from mtcli.data.tokenizer import (
     WordCache,
     copy_model,
 )
+from mtcli.data.vocabmap import VocabTokenizer, load_tokenizer, tokenizer_files
 from mtcli.data.workers import can_fork, forked_pool, in_order
 from mtcli.errors import DataError
 from mtcli.fileio import FileHasher, atomic_dir, sha256_file
 from mtcli.logs import get_logger, progress
+from mtcli.rundir import VOCAB_NAME
 from mtcli.runlock import pid_alive
 from mtcli.version import __version__
 
@@ -120,20 +122,31 @@ class PrepareReport:
 
 def given_spm_model(data: DataConfig) -> Path | None:
     """The SentencePiece model ``data.spm_model`` names (a run directory or prepared cache holding
-    ``spm.model``, or the file itself), checked to be one mtcli can use; None when it is unset."""
+    ``spm.model``, or the file itself; or a run ``mtcli import-hf`` made, with its ``vocab.json``
+    beside ``source.spm`` and ``target.spm``), checked to be one mtcli can use; None when unset."""
     if not data.spm_model:
         return None
     path = Path(data.spm_model)
     model = path / SPM_MODEL if path.is_dir() else path
+    if path.is_dir() and not model.is_file() and (path / VOCAB_NAME).is_file():
+        model = path / VOCAB_NAME
     if not model.is_file():
         where = f"no {SPM_MODEL} in that directory" if path.is_dir() else "not found"
         raise DataError(f"data.spm_model: {data.spm_model}: {where} (give a run directory, a "
                         "prepared cache or an spm.model file)")
     try:
-        Tokenizer(model)
+        load_tokenizer(model)
     except DataError as exc:
         raise DataError(f"data.spm_model: {exc}") from None
     return model
+
+
+def given_sha256(given: Path) -> str:
+    """What identifies a given tokenizer: its spm.model's sha256, or that of its three files."""
+    files = tokenizer_files(given)
+    if len(files) == 1:
+        return sha256_file(given)
+    return hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()
 
 
 def build_key(data: DataConfig, fingerprint: dict[str, Any], spm_sha256: str | None = None) -> str:
@@ -306,6 +319,19 @@ def encode_file(
         bar.close()
 
 
+def encode_with_vocab(tokenizer: VocabTokenizer, text_path: Path, writer: ArrayWriter, target: bool,
+                      chunk: int = 10_000) -> None:
+    """Encode a text file written by :func:`prepare` with separate source and target models mapped
+    through one vocabulary (a run ``mtcli import-hf`` made), in this process, ``chunk`` lines at a
+    time: the source side's model, or with ``target`` the target side's."""
+    encode = tokenizer.encode_target_batch if target else tokenizer.encode_batch
+    lines = text_path.read_text(encoding="utf-8").split("\n")[:-1]
+    for start in range(0, len(lines), chunk):
+        ids = encode(lines[start:start + chunk])
+        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        writer.append(np.fromiter((i for x in ids for i in x), dtype=np.int64, count=int(lengths.sum())), lengths)
+
+
 # ----------------------------------------------------------------------------- prepare
 
 
@@ -379,15 +405,21 @@ def _encode_splits(tmp: Path, plan: Plan, model_path: Path, dtype: np.dtype, cou
                    workers: int) -> dict[str, dict[str, int]]:
     """Encode every split's text in ``tmp`` into its binarised arrays, a corpus's tags before each
     of its training sources; tokens per split and language."""
-    tokenizer = Tokenizer(model_path)
+    tokenizer = load_tokenizer(model_path)
     prefixes = {(c.train_name, c.langs[0]): [tokenizer.piece_to_id(t) for t in c.prefix] for c in plan.corpora}
+    sources = {c.langs[0] for c in plan.corpora}
     tokens: dict[str, dict[str, int]] = {}
     for split, langs in plan.split_langs().items():
         tokens[split] = {}
         for lang in langs:
             with ArrayWriter(tmp, split, lang, dtype, prefix=prefixes.get((split, lang), ())) as writer:
-                encode_file(model_path, text_path(tmp, split, lang), writer, num_lines=counts[split].kept,
-                            workers=workers, show_progress=sys.stderr.isatty())
+                if isinstance(tokenizer, VocabTokenizer):  # separate source and target models (import-hf)
+                    training = {c.train_name: c.langs for c in plan.corpora}.get(split)
+                    target = lang == training[1] if training else lang not in sources
+                    encode_with_vocab(tokenizer, text_path(tmp, split, lang), writer, target)
+                else:
+                    encode_file(model_path, text_path(tmp, split, lang), writer, num_lines=counts[split].kept,
+                                workers=workers, show_progress=sys.stderr.isatty())
             tokens[split][lang] = writer.tokens
         get_logger().info("encoded %s: %s tokens", split, tokens[split])
     return tokens
@@ -396,7 +428,7 @@ def _encode_splits(tmp: Path, plan: Plan, model_path: Path, dtype: np.dtype, cou
 def _spm_record(data: DataConfig, plan: Plan, given: Path | None, model_path: Path, vocab_size: int) -> dict[str, Any]:
     """The manifest's ``spm`` entry: how the SentencePiece model was trained, or where it came from."""
     if given is not None:
-        return {"model": SPM_MODEL, "vocab_size": vocab_size, "given": str(given.resolve()),
+        return {"model": model_path.name, "vocab_size": vocab_size, "given": str(given.resolve()),
                 "sha256": sha256_file(model_path), "sentencepiece_version": sentencepiece.__version__}
     return {
         "model": SPM_MODEL,
@@ -458,9 +490,14 @@ def _spm_model(tmp: Path, data: DataConfig, plan: Plan, given: Path | None, work
     if given is None:
         sentences = sum(2 * counts[c.train_name].kept for c in plan.corpora)
         return _train_spm(tmp, data, plan, workers, sentences)
-    model_path = copy_model(given, tmp / "spm")
+    if given.name == VOCAB_NAME:
+        for file in tokenizer_files(given):
+            shutil.copyfile(file, tmp / file.name)
+        model_path = tmp / VOCAB_NAME
+    else:
+        model_path = copy_model(given, tmp / "spm")
     get_logger().info("encoding with the given SentencePiece model %s (data.spm_model)", given)
-    tokenizer = Tokenizer(model_path)
+    tokenizer = load_tokenizer(model_path)
     missing = [tag for tag in plan.symbols() if tokenizer.piece_to_id(tag) == UNK_ID]
     if missing:
         raise DataError(f"data.spm_model: {given} has no symbol for the tags {', '.join(missing)} "
@@ -484,7 +521,7 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     given = given_spm_model(data)
     inputs = FileHasher(_previous_manifest(out).get("input_files"))  # unchanged inputs are not re-read
     fingerprint = plan.fingerprint(inputs)
-    key = build_key(data, fingerprint, sha256_file(given) if given is not None else None)
+    key = build_key(data, fingerprint, given_sha256(given) if given is not None else None)
     current = None if force else _current_cache(out, key)
     if current is not None:
         log.info("%s is up to date with %s; nothing to do (--force rebuilds)", out, plan.describe())
@@ -498,7 +535,7 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
         counts = write_training(plan, data, tmp, workers)
         counts.update(write_eval(plan, tmp))
         model_path = _spm_model(tmp, data, plan, given, workers, counts)
-        tokenizer = Tokenizer(model_path)
+        tokenizer = load_tokenizer(model_path)
         dtype = token_dtype(tokenizer.vocab_size)
         tokens = _encode_splits(tmp, plan, model_path, dtype, counts, workers)
         spm = _spm_record(data, plan, given, model_path, tokenizer.vocab_size)

@@ -30,8 +30,10 @@ from mtcli.data.tokenizer import (
     PAD_PIECE,
     UNK_ID,
     UNK_PIECE,
+    Tokenizer,
 )
 from mtcli.errors import DataError
+from mtcli.rundir import SOURCE_SPM_NAME, TARGET_SPM_NAME, VOCAB_NAME
 
 WORD_START = "\u2581"
 _SPECIAL_PIECES = {PAD_ID: PAD_PIECE, UNK_ID: UNK_PIECE, BOS_ID: BOS_PIECE, EOS_ID: EOS_PIECE}
@@ -137,4 +139,21 @@ class VocabTokenizer:
         return self._pieces[int(i)]
 
 
-__all__ = ["VocabTokenizer", "read_vocab"]
+def tokenizer_files(model_path: str | Path) -> list[Path]:
+    """The files a tokenizer is made of: an ``spm.model``, or a ``vocab.json`` with the
+    ``source.spm`` and ``target.spm`` beside it."""
+    path = Path(model_path)
+    if path.name == VOCAB_NAME:
+        return [path, path.parent / SOURCE_SPM_NAME, path.parent / TARGET_SPM_NAME]
+    return [path]
+
+
+def load_tokenizer(model_path: str | Path) -> Tokenizer | VocabTokenizer:
+    """The tokenizer of an ``spm.model``, or of a ``vocab.json`` and its two SentencePiece models."""
+    path = Path(model_path)
+    if path.name == VOCAB_NAME:
+        return VocabTokenizer(*tokenizer_files(path)[1:], path)
+    return Tokenizer(path)
+
+
+__all__ = ["VocabTokenizer", "load_tokenizer", "read_vocab", "tokenizer_files"]

@@ -8,10 +8,9 @@ order (``train.seed``), the best score and the patience counter. Only the weight
 
 The child must have the parent's network shape and the parent's SentencePiece model (prepare
 the new corpus with ``data.spm_model: PARENT_RUN_DIR``); otherwise the run is refused with one
-line naming every mismatch. A run ``mtcli import-hf`` made with a joint ``spm.model`` is a parent
-like any other (its ``model.activation``/``model.output_bias`` are part of the shape); one with
-separate source and target SentencePiece models (``vocab.json``) is refused: ``prepare`` encodes
-a corpus with one joint model only. The output vocabulary (``model.output_vocab: target``) is the
+line naming every mismatch. A run ``mtcli import-hf`` made is a parent like any other (its
+``model.activation``/``model.output_bias`` are part of the shape); with separate source and target
+SentencePiece models, ``data.spm_model: RUN`` has ``prepare`` encode with both. The output vocabulary (``model.output_vocab: target``) is the
 child's own: the pieces its new training targets use, taken from the parent's tied embedding.
 
 Files are read as every checkpoint is (:func:`mtcli.checkpoint.load_checkpoint`): checksum
@@ -34,7 +33,7 @@ from mtcli.errors import CheckpointError, ConfigError
 from mtcli.fileio import sha256_file
 from mtcli.infer.averaging import average_checkpoints
 from mtcli.model import Transformer
-from mtcli.rundir import SPM_NAME, VOCAB_NAME, checkpoint_dir, select_checkpoints
+from mtcli.rundir import checkpoint_dir, select_checkpoints
 
 PARENT_NAME = "parent.json"
 # The config keys that decide the parameters' names and shapes.
@@ -71,11 +70,6 @@ def parent_checkpoints(init_from: str, average: int) -> list[Path]:
     """The checkpoint files ``train.init_from`` names: a checkpoint file, or the last
     ``average`` step checkpoints of a run directory (oldest first)."""
     path = Path(init_from)
-    run = path if path.is_dir() else path.parent.parent
-    if (run / VOCAB_NAME).is_file() and not (run / SPM_NAME).is_file():
-        raise ConfigError(f"train.init_from: {init_from}: this run has separate source and target SentencePiece "
-                          f"models ({VOCAB_NAME}, from mtcli import-hf), and mtcli prepare encodes a corpus with "
-                          "one joint model only: translate, evaluate or serve it; fine-tuning it is not supported")
     if path.is_dir():
         if not checkpoint_dir(path).is_dir():
             raise ConfigError(f"train.init_from: {init_from}: not a run directory (no checkpoints/)")

@@ -26,11 +26,12 @@ from torch.utils.tensorboard import SummaryWriter
 from mtcli.config import Config, save_config
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.prepare import open_prepared
+from mtcli.data.vocabmap import tokenizer_files
 from mtcli.device import device_has_bf16_units, resolve_device
 from mtcli.fileio import atomic_copy, atomic_write
 from mtcli.logs import add_file_log, get_logger, remove_log_handler
 from mtcli.plots import write_learning_curves
-from mtcli.rundir import CONFIG_NAME, MANIFEST_NAME, SPM_NAME, TEXT_DIR, checkpoint_dir, names
+from mtcli.rundir import CONFIG_NAME, MANIFEST_NAME, TEXT_DIR, checkpoint_dir, names
 from mtcli.runlock import RunLock
 from mtcli.train.distributed import DistInfo, init_distributed, leave_distributed
 from mtcli.train.parent import PARENT_NAME, load_parent, start_from
@@ -83,7 +84,8 @@ def setup_run_dir(config: Config, corpus: PreparedCorpus, run_dir: Path) -> None
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint_dir(run_dir).mkdir(exist_ok=True)
     save_config(config, run_dir / CONFIG_NAME)
-    atomic_copy(corpus.spm_path, run_dir / SPM_NAME)
+    for file in tokenizer_files(corpus.spm_path):  # spm.model; or vocab.json, source.spm, target.spm
+        atomic_copy(file, run_dir / file.name)
     atomic_copy(corpus.directory / MANIFEST_NAME, run_dir / MANIFEST_NAME)
     splits = [config.data.valid_split, *config.data.test_splits]
     for split in dict.fromkeys(splits):
@@ -120,6 +122,10 @@ def _log_start(trainer: Trainer, config: Config, device: torch.device, precision
     log.info("training pairs: %d kept, %d skipped (longer than %d/%d pieces) | epoch padding %.3f",
              len(stream.indices), stream.skipped, train.max_source_length, train.max_target_length,
              stream.padding_fraction())
+    if stream.mix is not None:
+        shares = stream.mix.shares(stream.indices)
+        log.info("corpora drawn by weight: %s of an epoch's pairs", ", ".join(
+            f"{c.source} {100 * share:.0f}%" for c, share in zip(config.data.corpora(), shares, strict=True)))
     if trainer.model.output_ids is not None:
         log.info("output vocabulary: the %d of %d pieces the training targets use "
                  "(model.output_vocab: target)", trainer.model.output_ids.numel(), trainer.corpus.vocab_size)

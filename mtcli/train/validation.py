@@ -12,7 +12,6 @@ from mtcli.config import Config
 from mtcli.data.batching import collate, filter_by_length, make_batches
 from mtcli.data.cache import PrefixedArray, PreparedCorpus
 from mtcli.data.textio import read_lines
-from mtcli.data.tokenizer import Tokenizer
 from mtcli.device import autocast
 from mtcli.infer.loading import InferenceModel
 from mtcli.infer.translate import translate_texts
@@ -59,7 +58,7 @@ def validation_bleu(model: nn.Module, corpus: PreparedCorpus, config: Config,
     if cfg.valid_max_sentences > 0:
         sources = sources[: cfg.valid_max_sentences]
         refs = refs[: cfg.valid_max_sentences]
-    tokenizer = Tokenizer(corpus.spm_path)
+    tokenizer = corpus.tokenizer()
     tags = {lang: tokenizer.piece_to_id(tag) for lang, tag in corpus.target_tags.items()}
     bundle = InferenceModel(model=model, tokenizer=tokenizer, config=config, name="training", target_tags=tags)
     greedy = dataclasses.replace(config.decode, beam_size=1, nbest=1, bf16=cfg.precision == "bf16")

@@ -186,21 +186,56 @@ def test_a_round_trip_through_hf_gives_the_same_run(tiny_run_dir: Path, tmp_path
     assert (tmp_path / "back" / "spm.model").read_bytes() == (tiny_run_dir / "spm.model").read_bytes()
 
 
-def test_init_from_takes_a_joint_import_and_refuses_a_split_one(
-        tiny_run_dir: Path, imported: Path, tmp_path: Path) -> None:
+def test_init_from_takes_a_joint_import(tiny_run_dir: Path, tmp_path: Path) -> None:
     from mtcli.config import load_config
     from mtcli.fileio import sha256_file
     from mtcli.model import Transformer
     from mtcli.train.parent import load_parent, start_from
 
-    with pytest.raises(ConfigError, match="separate source and target SentencePiece models") as caught:
-        load_parent(str(imported))
-    assert "\n" not in str(caught.value)
     back = import_hf(export_hf(tiny_run_dir, tmp_path / "hf"), tmp_path / "back", src_lang="de", tgt_lang="en").run_dir
     config, parent = load_config(back / "config.yaml"), load_for_inference(tiny_run_dir).model
     child = Transformer(config.model, parent.vocab_size)
     start_from(child, load_parent(str(back)), config, sha256_file(back / "spm.model"))
     assert all(torch.equal(a, b) for a, b in zip(child.state_dict().values(), parent.state_dict().values(), strict=True))
+
+
+def test_an_opus_mt_import_is_fine_tuned_on_a_corpus_it_encodes(imported: Path, tmp_path: Path) -> None:
+    """prepare with data.spm_model: RUN encodes sources with source.spm and targets with
+    target.spm through vocab.json; train --init-from RUN starts from its exact weights."""
+    from conftest import TOY_CONFIG
+
+    from mtcli.config import load_config
+    from mtcli.data.cache import PreparedCorpus
+    from mtcli.data.prepare import prepare
+    from mtcli.data.vocabmap import VocabTokenizer
+    from mtcli.fileio import sha256_file
+    from mtcli.model import Transformer
+    from mtcli.train import train
+    from mtcli.train.parent import load_parent, start_from
+
+    shape = load_config(imported / "config.yaml", lenient=True).model
+    overrides = [f"data.source={TOY_DIR}", f"data.prepared_dir={tmp_path / 'prep'}", f"data.spm_model={imported}",
+                 f"train.init_from={imported}", f"train.run_dir={tmp_path / 'child'}", "train.max_steps=4",
+                 "train.valid_every=4", "train.valid_bleu=false", "train.warmup_steps=2",
+                 *[f"model.{k}={v}" for k, v in vars(shape).items() if k not in ("dropout",)]]
+    config = load_config(TOY_CONFIG, overrides)
+    prepare(config)
+    corpus = PreparedCorpus.open(tmp_path / "prep")
+    tokenizer = corpus.tokenizer()
+    assert isinstance(tokenizer, VocabTokenizer)
+    first_src = corpus.text_path("train", "src").read_text(encoding="utf-8").split("\n")[0]
+    first_tgt = corpus.text_path("train", "tgt").read_text(encoding="utf-8").split("\n")[0]
+    assert corpus.array("train", "src")[0].tolist() == tokenizer.encode(first_src)
+    assert corpus.array("train", "tgt")[0].tolist() == tokenizer.encode_target_batch([first_tgt])[0]
+    child = Transformer(config.model, tokenizer.vocab_size)
+    start_from(child, load_parent(str(imported)), config, sha256_file(corpus.spm_path))
+    theirs = load_for_inference(imported).model.state_dict()
+    assert all(torch.equal(v, theirs[k]) for k, v in child.state_dict().items())
+    summary = train(config)
+    assert summary.steps == 4
+    run = tmp_path / "child"
+    assert {p.name for p in run.iterdir()} >= {"vocab.json", "source.spm", "target.spm"}
+    assert len(Translator.from_run(run, beam=1).translate(LINES[:3])) == 3
 
 
 def test_an_imported_run_exports_back_to_the_same_marian_model(
