@@ -12,7 +12,7 @@ from mtcli.config import load_config
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.textio import read_lines
 
-FAST = ["train.max_steps=30", "train.valid_every=15", "train.valid_bleu=false", "train.keep_last=1",
+FAST = ["train.max_steps=12", "train.valid_every=6", "train.valid_bleu=false", "train.keep_last=1",
         "train.num_threads=2"]
 
 

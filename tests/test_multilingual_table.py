@@ -19,7 +19,7 @@ def test_multilingual_table_on_toy(tmp_path: Path) -> None:
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{MARKS[0]}\n{MARKS[1]}\nend\n", encoding="utf-8")
     overrides = [*multi_overrides(root, tmp_path / "prep"), f"train.run_dir={tmp_path / 'run'}",
-                 "train.max_steps=40", "train.valid_every=20", "train.valid_bleu=false", "train.keep_last=2"]
+                 "train.max_steps=20", "train.valid_every=10", "train.valid_bleu=false", "train.keep_last=2"]
     args = ["--config", str(TOY_CONFIG), "--seeds", "1", "--results", str(results), "--readme", str(readme)]
     assert main([*args, *[a for o in overrides for a in ("--set", o)]]) == 0
     table = json.loads((results / "multilingual.json").read_text())

@@ -117,6 +117,7 @@ class Translator:
         bundle = load_for_inference(run_dir, checkpoint, average_last=average_last, average_best=average_best)
         bundle = add_members(bundle, ensemble)
         decode = with_changes(decode_config(bundle.config, list(overrides)), "decode", **_changes(settings)).decode
+        source_prefix(bundle, decode)  # a target language the model does not produce: refused now
         where = decoding_device(decode) if device == "auto" else torch.device(device)
         fast = None
         if engine == "ctranslate2":

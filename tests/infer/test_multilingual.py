@@ -48,6 +48,8 @@ def test_the_tag_of_the_asked_language_goes_before_each_source(multi_run: Path) 
     assert sum(w.endswith("o") for w in tgt_words) < 0.5 * len(tgt_words)
     with pytest.raises(ConfigError, match="--tgt-lang fr: this model translates into tgt, src, xx"):
         translator.translate(SOURCES, tgt_lang="fr")
+    with pytest.raises(ConfigError, match="--tgt-lang fr"):  # refused when loaded, not at the first line
+        Translator.from_run(multi_run, tgt_lang="fr")
 
 
 def test_a_model_of_one_target_language_refuses_another(tiny_run_dir: Path) -> None:
