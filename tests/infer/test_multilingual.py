@@ -83,7 +83,9 @@ def test_evaluate_scores_each_direction(multi_run: Path, tmp_path: Path) -> None
                                                               "test.tgt-src.best.hyp"]
     only = evaluate_directions(multi_run, beam=1, output_dir=tmp_path, tgt_lang="src")
     assert [r["direction"] for r in only] == ["tgt-src"]
-    with pytest.raises(ConfigError, match=r"no direction \*->fr"):
+    with pytest.raises(ConfigError, match=r"no direction xx->\* among those it was trained on \(src->tgt, "):
+        evaluate_directions(multi_run, beam=1, output_dir=tmp_path, src_lang="xx")
+    with pytest.raises(ConfigError, match="--tgt-lang fr: this model translates into tgt, src, xx"):
         evaluate_directions(multi_run, beam=1, output_dir=tmp_path, tgt_lang="fr")
 
 
