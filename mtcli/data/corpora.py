@@ -180,19 +180,6 @@ def plan_corpora(data: DataConfig) -> Plan:
 # ----------------------------------------------------------------------------- text
 
 
-def _write_pairs(pairs: Iterable[tuple[str, str]], src_txt: Path, tgt_txt: Path) -> int:
-    """Write pairs as two line-aligned UTF-8 text files; return how many."""
-    n = 0
-    with open(src_txt, "w", encoding="utf-8", newline="\n") as fs, open(
-        tgt_txt, "w", encoding="utf-8", newline="\n"
-    ) as ft:
-        for src, tgt in pairs:
-            fs.write(src + "\n")
-            ft.write(tgt + "\n")
-            n += 1
-    return n
-
-
 def _clean_split(corpus: Corpus, data: DataConfig, src_txt: Path, tgt_txt: Path, workers: int) -> CleanCounts:
     """Write the training split cleaned. A large split is cleaned by ``workers`` processes, with
     the same result as one: plain-text files by byte ranges the workers read themselves
@@ -211,7 +198,7 @@ def _clean_split(corpus: Corpus, data: DataConfig, src_txt: Path, tgt_txt: Path,
         blocks = source.text_blocks(split) if readers is None else readers
         clean_text_blocks(blocks, src_txt, tgt_txt, cleaner, workers)
     else:
-        _write_pairs(cleaner(source.pairs(split)), src_txt, tgt_txt)
+        _write_sides(cleaner(source.pairs(split)), [src_txt, tgt_txt])
     return cleaner.counts
 
 
