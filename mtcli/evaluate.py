@@ -201,24 +201,7 @@ def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, direction
     return report
 
 
-def evaluate(
-    run_dir: str | Path,
-    *,
-    split: str | None = None,
-    src_file: str | Path | None = None,
-    ref_file: str | Path | None = None,
-    checkpoint: str = "best",
-    average_last: int = 0,
-    average_best: int = 0,
-    overrides: list[str] | None = None,
-    output_dir: str | Path | None = None,
-    ensemble: Sequence[str | Path] = (),
-    engine: str = "torch",
-    more_refs: Sequence[str | Path] = (),
-    metrics: Sequence[str] = ("bleu", "chrf"),
-    src_lang: str | None = None,
-    **settings: Any,
-) -> dict[str, Any]:
+def evaluate(run_dir: str | Path, **options: Any) -> dict[str, Any]:
     """Decode a split (or a ``src_file``/``ref_file`` pair, ``more_refs`` adding references),
     score it (:func:`mtcli.metrics.score` with ``metrics``), write hypotheses + report.
 
@@ -231,13 +214,10 @@ def evaluate(
     that many checkpoints first; ``ensemble``: more members (:func:`mtcli.infer.ensemble.add_members`;
     file names then end ``.ensemble<M>``); ``engine``: ``torch`` or ``ctranslate2``.
     ``src_lang`` and the setting ``tgt_lang``: the direction of a split to score, for a model of
-    several (default: the run's ``data.src_lang`` and ``data.tgt_lang``).
+    several (default: the run's ``data.src_lang`` and ``data.tgt_lang``). ``options``: the
+    keywords of :func:`evaluate_directions` (one direction here: the one asked for).
     """
-    return evaluate_directions(
-        run_dir, split=split, src_file=src_file, ref_file=ref_file, checkpoint=checkpoint,
-        average_last=average_last, average_best=average_best, overrides=overrides, output_dir=output_dir,
-        ensemble=ensemble, engine=engine, more_refs=more_refs, metrics=metrics, src_lang=src_lang,
-        every_direction=False, **settings)[0]
+    return evaluate_directions(run_dir, every_direction=False, **options)[0]
 
 
 def evaluate_directions(

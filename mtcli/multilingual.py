@@ -26,13 +26,13 @@ from mtcli.data.prepare import prepare
 from mtcli.errors import MtcliError
 from mtcli.evaluate import evaluate, evaluate_directions
 from mtcli.fileio import atomic_write
-from mtcli.infer.averaging import average_run_checkpoints
 from mtcli.infer.loading import run_directions
 from mtcli.logs import setup_logging
 from mtcli.reproduce import (
     README,
     RESULTS_DIR,
     SCORES,
+    choose_average,
     device_name,
     git_commit,
     load_results,
@@ -40,7 +40,6 @@ from mtcli.reproduce import (
     seed_config,
     source_tree,
 )
-from mtcli.rundir import step_checkpoints
 from mtcli.train import train
 
 RECIPE = "configs/multi30k_multi.yaml"
@@ -49,30 +48,17 @@ BILINGUAL_TABLE = "multi30k"
 MARKS = ("<!-- multilingual:start -->", "<!-- multilingual:end -->")
 
 
-def _mean_bleu(reports: list[dict[str, Any]]) -> float:
-    return round(statistics.fmean(float(r["bleu"]) for r in reports), 2)
-
-
 def choose_average_all(run_dir: Path, valid_split: str, max_k: int) -> tuple[Path, int, dict[str, float]]:
-    """Average the last k step checkpoints for k = 1..max_k; keep the k whose mean validation
-    BLEU over every direction is best (ties to the smaller k). Returns the kept average, k, and
-    the mean BLEU by k."""
-    scores: dict[str, float] = {}
-    best: tuple[float, Path, int] | None = None
-    for k in range(1, max(1, min(max_k, len(step_checkpoints(run_dir)))) + 1):
-        path = run_dir / "checkpoints" / f"checkpoint_avg_last{k}.pt"
-        average_run_checkpoints(run_dir, path, last=k)
+    """:func:`~mtcli.reproduce.choose_average` on the mean validation BLEU over every direction.
+    Returns the kept average, k, and the mean BLEU by k."""
+
+    def mean_bleu(path: Path, k: int) -> float:
         reports = evaluate_directions(run_dir, split=valid_split, checkpoint=str(path),
                                       output_dir=run_dir / "eval" / f"avg{k}")
-        scores[str(k)] = _mean_bleu(reports)
-        if best is None or scores[str(k)] > best[0]:
-            best = (scores[str(k)], path, k)
-    assert best is not None
-    for k in scores:  # keep only the chosen average on disk
-        path = run_dir / "checkpoints" / f"checkpoint_avg_last{k}.pt"
-        if path != best[1]:
-            path.unlink(missing_ok=True)
-    return best[1], best[2], scores
+        return statistics.fmean(float(r["bleu"]) for r in reports)
+
+    path, used, scores = choose_average(run_dir, valid_split, max_k, mean_bleu)
+    return path, len(used), scores
 
 
 def score_direction(run_dir: Path, config: Config, checkpoint: Path, direction: tuple[str, str]) -> dict[str, Any]:

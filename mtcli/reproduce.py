@@ -232,9 +232,11 @@ def load_results(results_dir: Path = RESULTS_DIR, table_name: str = "multi30k") 
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
 
 
-def choose_average(run_dir: Path, valid_split: str, max_k: int) -> tuple[Path, list[Path], dict[str, float]]:
+def choose_average(run_dir: Path, valid_split: str, max_k: int,
+                   score: Callable[[Path, int], float] | None = None) -> tuple[Path, list[Path], dict[str, float]]:
     """Average the last k step checkpoints for k = 1..max_k and keep the k with the best
-    validation BLEU (beam search as in the run's ``decode`` section).
+    validation BLEU (beam search as in the run's ``decode`` section); ``score(checkpoint, k)``,
+    when given, is the validation BLEU instead (a multilingual run's mean over its directions).
 
     The averaging window is a tuning choice, so it is made on the validation split; the test
     split is decoded once, afterwards, with the chosen average. Returns the chosen averaged
@@ -245,8 +247,8 @@ def choose_average(run_dir: Path, valid_split: str, max_k: int) -> tuple[Path, l
     for k in range(1, max(1, min(max_k, len(step_checkpoints(run_dir)))) + 1):
         path = run_dir / "checkpoints" / f"checkpoint_avg_last{k}.pt"
         used = average_run_checkpoints(run_dir, path, last=k)
-        report = evaluate(run_dir, split=valid_split, checkpoint=str(path))
-        scores[str(k)] = round(float(report["bleu"]), 2)
+        bleu = score(path, k) if score is not None else evaluate(run_dir, split=valid_split, checkpoint=str(path))["bleu"]
+        scores[str(k)] = round(float(bleu), 2)
         if best is None or scores[str(k)] > best[0]:  # ties go to the smaller window
             best = (scores[str(k)], path, used)
     assert best is not None
