@@ -101,6 +101,7 @@ class TrainConfig:
     device: str = "auto"
     num_threads: int = 0
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "fp32"  # autocast dtype (fp16: with a gradient scaler)
+    compile: bool = False  # torch.compile the forward and loss (a GPU pays back the minute it takes)
     max_tokens: int = 4096
     update_freq: int = 1
     max_source_length: int = 256

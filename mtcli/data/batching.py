@@ -26,6 +26,7 @@ decoder target = ids + [eos], padded with ``pad`` (0) into int64 tensors.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -71,6 +72,19 @@ class Batch:
     def padding(self) -> float:
         """Share of padding among the slots of ``src`` and ``tgt_out``."""
         return 1.0 - (self.src_tokens + self.tgt_tokens) / max(self.padded_tokens, 1)
+
+    def padded(self, multiple: int) -> Batch:
+        """The batch with its source and target lengths padded up to a multiple of ``multiple``.
+
+        The loss and every real position's output are unchanged (pad keys are masked, pad targets
+        ignored, and the causal mask keeps trailing pads out of earlier positions). A compiled
+        step needs it: its kernels assume the alignment of the first lengths they saw, and a
+        length off that alignment would compile the step again."""
+        def pad(t: Tensor) -> Tensor:
+            extra = -t.size(1) % multiple
+            return torch.nn.functional.pad(t, (0, extra), value=PAD_ID) if extra else t
+
+        return dataclasses.replace(self, src=pad(self.src), tgt_in=pad(self.tgt_in), tgt_out=pad(self.tgt_out))
 
     def to(self, device: torch.device | str) -> Batch:
         """Move the tensors (non-blocking where the source memory allows it)."""

@@ -46,11 +46,12 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     is drawn from 16-bit slices of 64-bit random integers (``p`` rounded to a multiple of
     1/65536): about 4x faster than ``F.dropout``, whose per-element Bernoulli sampling costs more
     than the rest of a dropout by far. It uses torch's default generator, so seeding and RNG
-    state checkpoints work as usual. Other devices use ``F.dropout`` (fused there).
+    state checkpoints work as usual. Other devices, and ``torch.compile``, use ``F.dropout``
+    (fused there).
     """
     if p <= 0.0 or not training:
         return x
-    if x.device.type != "cpu":
+    if x.device.type != "cpu" or torch.compiler.is_compiling():
         return F.dropout(x, p, True)
     n = x.numel()
     bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
@@ -89,10 +90,12 @@ def reference_attention(
 def padding_attn_mask(src_pad_mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor | None:
     """Additive attention mask ``[B, 1, 1, S]`` from a boolean ``[B, S]`` padding mask.
 
-    0 where a key is a real token, -inf at padding; None when there is no padding at all (so SDPA
-    runs without a mask).
+    0 where a key is a real token, -inf at padding; on a CPU, None when there is no padding at
+    all (so SDPA runs without a mask). On a GPU, and under ``torch.compile``, the mask is always
+    built: asking whether there is padding would wait for the device (a host sync per batch) or
+    break the compiled graph, and a mask of zeros costs next to nothing there.
     """
-    if not bool(src_pad_mask.any()):
+    if not (src_pad_mask.is_cuda or torch.compiler.is_compiling()) and not bool(src_pad_mask.any()):
         return None
     mask = torch.zeros(src_pad_mask.shape, dtype=dtype, device=src_pad_mask.device)
     return mask.masked_fill_(src_pad_mask, float("-inf"))[:, None, None, :]

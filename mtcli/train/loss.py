@@ -25,6 +25,11 @@ The gradient has the closed form ``dL/dx_k = p(k) - q'(k)``, which the forward w
 build a zero-filled one-hot gradient, add the smoothing gradient to it and run
 ``log_softmax``'s backward: several more passes over the largest activation of the model.
 The unsmoothed NLL we report comes out of the same forward.
+
+Under ``torch.compile`` (``train.compile``) the same sums are written as plain tensor
+operations instead (:func:`smoothed_cross_entropy_traced`): the compiler fuses the reductions
+and their backward into a few kernels of its own, which the hand-written sweep would only hide
+from it.
 """
 
 from __future__ import annotations
@@ -142,6 +147,21 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         return grad.mul_(grad_loss.to(grad.dtype)), None, None, None
 
 
+def smoothed_cross_entropy_traced(logits: Tensor, target: Tensor, weight: Tensor,
+                                  epsilon: float) -> tuple[Tensor, Tensor]:
+    """The summed label-smoothed loss and the NLL of ``[N, V]`` logits, in tensor operations that
+    ``torch.compile`` fuses (its backward comes from autograd): ``log Z = logsumexp(x)``,
+    ``loss = sum_i w_i [(1 - eps)(log Z_i - x_{i,y_i}) + eps (log Z_i - mean_k x_{i,k})]``.
+    The NLL is detached, as the eager form's."""
+    x = logits.float()
+    log_z = torch.logsumexp(x, dim=1)
+    nll_rows = (log_z - x.gather(1, target.unsqueeze(1)).squeeze(1)) * weight
+    loss_rows = (1.0 - epsilon) * nll_rows
+    if epsilon > 0:
+        loss_rows = loss_rows + epsilon * (log_z - x.mean(dim=1)) * weight
+    return loss_rows.sum(), nll_rows.detach().sum()
+
+
 class LabelSmoothedLoss(nn.Module):
     """Label-smoothed cross entropy summed over non-pad targets, plus the plain NLL sum.
 
@@ -161,8 +181,11 @@ class LabelSmoothedLoss(nn.Module):
         flat = target.reshape(-1)
         keep = flat != self.pad_id
         gold = flat.masked_fill(~keep, 0)  # any in-range index; the weight of pad rows is 0
-        loss, nll = _SmoothedCrossEntropy.apply(logits.reshape(-1, vocab), gold, keep.float(),
-                                                self.epsilon)
+        flat_logits, weight = logits.reshape(-1, vocab), keep.float()
+        if torch.compiler.is_compiling():
+            loss, nll = smoothed_cross_entropy_traced(flat_logits, gold, weight, self.epsilon)
+        else:
+            loss, nll = _SmoothedCrossEntropy.apply(flat_logits, gold, weight, self.epsilon)
         return LossOutput(loss=loss, nll=nll, count=keep.sum())
 
     def inputs(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:
@@ -195,4 +218,5 @@ def reference_loss(logits: Tensor, target: Tensor, epsilon: float, pad_id: int =
     )
 
 
-__all__ = ["EXP_FLOOR", "LabelSmoothedLoss", "LossOutput", "perplexity", "reference_loss"]
+__all__ = ["EXP_FLOOR", "LabelSmoothedLoss", "LossOutput", "perplexity", "reference_loss",
+           "smoothed_cross_entropy_traced"]

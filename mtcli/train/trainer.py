@@ -38,11 +38,12 @@ import contextlib
 import math
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.tensorboard import SummaryWriter
 
 from mtcli.checkpoint import save_checkpoint
@@ -76,6 +77,40 @@ from mtcli.train.validation import validation_bleu, validation_loss
 STATE_FORMAT = 1
 
 
+#: Lengths a compiled step pads its batches to a multiple of (Batch.padded).
+COMPILE_LENGTH_MULTIPLE = 8
+
+
+def forward_loss(model: nn.Module, criterion: LabelSmoothedLoss | RDropLoss,
+                 output_targets: Callable[[Tensor], Tensor], precision: str,
+                 src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """One batch's forward (autocast in ``precision``) and loss: ``(objective, loss, nll)``, the
+    objective to backpropagate and the detached sums to log. ``train.compile`` runs this
+    through ``torch.compile`` as one graph (a test checks that nothing breaks it)."""
+    src, tgt_in = criterion.inputs(src, tgt_in)
+    with autocast(src.device, precision):
+        logits = model(src, tgt_in)
+    objective, out = criterion.objective(logits, output_targets(tgt_out))
+    return objective, out.loss.detach(), out.nll
+
+
+def compile_forward_loss() -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
+    """:func:`forward_loss` under ``torch.compile``: one graph whose batch size and lengths are
+    symbolic, so token batches of any shape reuse it. The sizes are marked dynamic on every
+    call: otherwise a first batch whose source and target lengths happen to be equal would
+    tie them together in the graph, and the next batch would compile it again."""
+    compiled = torch.compile(forward_loss, dynamic=True)
+
+    def run(model: nn.Module, criterion: LabelSmoothedLoss | RDropLoss, output_targets: Callable[[Tensor], Tensor],
+            precision: str, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        for tensor in (src, tgt_in, tgt_out):
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+            torch._dynamo.maybe_mark_dynamic(tensor, 1)
+        return compiled(model, criterion, output_targets, precision, src, tgt_in, tgt_out)
+
+    return run
+
+
 class Trainer:
     """Holds the model, optimiser, data stream and bookkeeping of one run; :meth:`run` trains."""
 
@@ -101,6 +136,8 @@ class Trainer:
                           if self.cfg.rdrop_alpha > 0 else LabelSmoothedLoss(self.cfg.label_smoothing, PAD_ID))
         self.optimizer = build_optimizer(self.model, self.cfg)
         self.schedule = build_schedule(self.optimizer, config.model.d_model, self.cfg)
+        # one graph with symbolic batch and length sizes: token batches change shape every time
+        self.forward_loss = compile_forward_loss() if self.cfg.compile else forward_loss
         # fp16's narrow range needs the loss scaled up and the gradients checked for overflow
         self.scaler = torch.amp.GradScaler(device.type) if self.cfg.precision == "fp16" else None
         weights = [c.weight for c in config.data.corpora()]
@@ -236,18 +273,19 @@ class Trainer:
         nll_acc = torch.zeros((), dtype=torch.float64, device=self.device)
         tokens = real = padded = 0
         for i, indices in enumerate(mine):
-            batch = self.stream.collate(indices).to(self.device)
+            batch = self.stream.collate(indices)
+            if self.cfg.compile:  # one compiled graph for every length (Batch.padded)
+                batch = batch.padded(COMPILE_LENGTH_MULTIPLE)
+            batch = batch.to(self.device)
             last = i == len(mine) - 1
             sync = contextlib.nullcontext() if (self.ddp is None or last) else self.ddp.no_sync()
             with sync:
-                src, tgt_in = self.criterion.inputs(batch.src, batch.tgt_in)
-                with autocast(self.device, self.cfg.precision):
-                    logits = model(src, tgt_in)
-                loss, out = self.criterion.objective(logits, self.model.output_targets(batch.tgt_out))
+                loss, logged, nll = self.forward_loss(model, self.criterion, self.model.output_targets,
+                                                      self.cfg.precision, batch.src, batch.tgt_in, batch.tgt_out)
                 scaled = loss * scale
                 (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
-            loss_acc += out.loss.detach()
-            nll_acc += out.nll
+            loss_acc += logged
+            nll_acc += nll
             tokens += batch.tgt_tokens
             real += batch.src_tokens + batch.tgt_tokens
             padded += batch.padded_tokens
