@@ -56,7 +56,10 @@ RECIPE = REPO / "configs" / "multi30k_de_en.yaml"
 PREPARED = REPO / "data" / "prepared" / "multi30k_de_en"
 # reference-*: the loop a PyTorch user would write: nn.Transformer, F.cross_entropy with label
 # smoothing, AdamW (fused on a GPU), torch.compile on a GPU (the training issue's reference loop)
-VARIANTS = ["ours-fp32", "ours-bf16", "torch-nn-fp32", "torch-nn-bf16", "reference-fp32", "reference-bf16"]
+# ours-*-compile: mtcli's own training forward and loss (mtcli.train.trainer.forward_loss) under
+# torch.compile, as train.compile runs it
+VARIANTS = ["ours-fp32", "ours-bf16", "ours-bf16-compile", "torch-nn-fp32", "torch-nn-bf16", "reference-fp32",
+            "reference-bf16"]
 DEFAULT_VARIANTS = ["ours-fp32", "ours-bf16", "torch-nn-fp32"]
 
 
@@ -90,9 +93,12 @@ def build_batches(args: argparse.Namespace, path: Path) -> dict[str, Any]:
         rng = np.random.default_rng(0)
         n = 29_000
         vocab = args.vocab
-        # Multi30k de/en piece lengths with an 8k unigram model: mean ~16, sd ~6, tail to ~80.
-        src_len = np.clip(rng.gamma(7.0, 2.3, n).astype(np.int64), 2, 100)
-        tgt_len = np.clip((src_len * rng.normal(0.95, 0.15, n)).astype(np.int64), 2, 100)
+        # Multi30k de/en piece lengths with an 8k unigram model: mean ~16, sd ~6, tail to ~80;
+        # --mean-length scales the same shape (WMT14 en-de with a 37k BPE: about 28)
+        scale = 2.3 * args.mean_length / 16.1
+        cap = int(100 * args.mean_length / 16.1)
+        src_len = np.clip(rng.gamma(7.0, scale, n).astype(np.int64), 2, cap)
+        tgt_len = np.clip((src_len * rng.normal(0.95, 0.15, n)).astype(np.int64), 2, cap)
 
         class Synthetic:
             def __init__(self, lengths: np.ndarray, seed: int) -> None:
@@ -202,6 +208,7 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     from mtcli.train.loss import LabelSmoothedLoss
     from mtcli.train.rdrop import rdrop_loss
     from mtcli.train.schedule import build_optimizer, build_schedule
+    from mtcli.train.trainer import COMPILE_LENGTH_MULTIPLE, compile_forward_loss, forward_loss
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -220,7 +227,7 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
         model = Transformer(cfg, vocab, output_ids=output_ids).to(device)
     else:
         model = make_baseline(cfg, vocab).to(device)
-    bf16 = name.endswith("bf16")
+    bf16 = "bf16" in name
     params = sum(p.numel() for p in model.parameters())
     criterion = LabelSmoothedLoss(config.train.label_smoothing)
     optimizer = build_optimizer(model, config.train)
@@ -248,12 +255,36 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     asked = any(item.split("=", 1)[0].strip() == "train.rdrop_alpha" for item in args.set or [])
     alpha = config.train.rdrop_alpha if ours and asked else 0.0
 
+    compiled = name.endswith("-compile")
+    train_forward = compile_forward_loss() if compiled else forward_loss
+    # FLOPs of the batches as collated; a compiled loop pads their lengths to a multiple of 8, as
+    # train.compile does (Batch.padded), so that one graph serves every batch
+    shapes = [(int(s.size(0)), int(s.size(1)), int(t.size(1))) for s, t in zip(data["src"], data["tgt_in"], strict=True)]
+    if compiled or (reference and args.compile):
+        for key in ("src", "tgt_in", "tgt_out"):
+            data[key] = [torch.nn.functional.pad(t, (0, -t.size(1) % COMPILE_LENGTH_MULTIPLE)) for t in data[key]]
+
     def step(i: int) -> int:
-        src, tgt_in, tgt_out = (data[k][i].to(device) for k in ("src", "tgt_in", "tgt_out"))
+        tokens = int(data["tgt_out"][i].ne(0).sum())  # on the host, as the trainer counts them
+        src, tgt_in, tgt_out = (data[k][i].to(device, non_blocking=True) for k in ("src", "tgt_in", "tgt_out"))
+        if compiled:  # the trainer's step: its forward and loss, one host sync (the loss) per step
+            objective, logged, _ = train_forward(model, criterion, model.output_targets, "bf16" if bf16 else "fp32",
+                                                 src, tgt_in, tgt_out)
+            (objective / tokens).backward()
+            if not math.isfinite(float(logged)):
+                raise RuntimeError("non-finite loss")
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
+            return tokens
         ctx = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else torch.autocast(device.type, enabled=False)
         if alpha > 0:  # the batch twice, as one, as mtcli.train runs it
             src, tgt_in = torch.cat([src, src]), torch.cat([tgt_in, tgt_in])
         with ctx:
+            if reference and args.compile:  # its sizes dynamic from the start, as compile_forward_loss does
+                for tensor in (src, tgt_in):
+                    torch._dynamo.maybe_mark_dynamic(tensor, 0)
+                    torch._dynamo.maybe_mark_dynamic(tensor, 1)
             logits = forward(src, tgt_in)
         targets = model.output_targets(tgt_out) if ours else tgt_out
         if reference:
@@ -262,7 +293,6 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
                 label_smoothing=config.train.label_smoothing)
         else:
             loss = rdrop_loss(criterion, logits, targets, alpha)[0] if alpha > 0 else criterion(logits, targets).loss
-        tokens = int(tgt_out.ne(0).sum())
         (loss / tokens).backward()
         optimizer.step()
         schedule.step()
@@ -277,6 +307,9 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     tokens = 0
+    from torch._dynamo.utils import counters
+
+    graphs_before = counters["stats"]["unique_graphs"]
     profiler = contextlib.nullcontext()
     if args.profile:
         from torch.profiler import profile
@@ -292,8 +325,7 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     if args.profile:  # on stderr: stdout carries the row
         print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile),
               file=sys.stderr)
-    shapes = [(int(data["src"][i].size(0)), int(data["src"][i].size(1)), int(data["tgt_in"][i].size(1)))
-              for i in range(args.warmup, n)]
+    shapes = shapes[args.warmup:]
     flops = flops_per_step(cfg, vocab if output_ids is None or not ours else len(output_ids), shapes) * (2 if alpha > 0 else 1)
     steps = n - args.warmup
     row = {
@@ -307,6 +339,8 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
         "achieved_gflop_s": flops * steps / seconds / 1e9,
         "peak_rss_mb": peak_rss_mb(),
         "threads": torch.get_num_threads(),
+        # graphs torch.compile built during the timed steps: above 0, the time holds compiling
+        "compiles_in_timed_steps": counters["stats"]["unique_graphs"] - graphs_before,
     }
     if device.type == "cuda":
         row["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
@@ -359,7 +393,11 @@ def run_worker(args: argparse.Namespace, role: str, batches: Path) -> dict[str, 
     cmd += ["--compile" if args.compile else "--no-compile"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     if proc.returncode != 0:
-        raise SystemExit(f"worker {role} failed:\n{proc.stderr[-3000:]}")
+        if role == "peak":
+            raise SystemExit(f"worker {role} failed:\n{proc.stderr[-3000:]}")
+        # one variant failing (say, a compiler error) leaves the others' rows standing
+        print(f"worker {role} failed:\n{proc.stderr[-3000:]}", file=sys.stderr, flush=True)
+        return {"variant": role, "error": proc.stderr.strip().splitlines()[-1][-300:] if proc.stderr.strip() else "?"}
     if args.profile and role != "peak":
         print(f"{role}: top ops over the timed steps (the profiler slows every op a little)\n"
               f"{proc.stderr.strip()}", flush=True)
@@ -383,6 +421,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--vocab", type=int, default=8000, help="synthetic vocabulary size")
+    parser.add_argument("--mean-length", type=float, default=16.1,
+                        help="synthetic pieces per sentence, mean (default: Multi30k's; WMT14 en-de: 28)")
     parser.add_argument("--synthetic", action="store_true", help="ignore the prepared cache")
     parser.add_argument("--prepared", type=Path, default=PREPARED,
                         help="prepared cache whose training batches are timed (default: %(default)s)")
@@ -430,9 +470,13 @@ def main() -> None:
               f"{info['padding_timed_batches']:.3f} (epoch {info['padding_epoch']:.3f})", flush=True)
         peak = run_worker(args, "peak", batches_path)
         rows = []
+        failed = []
         for variant in args.variants:
             row = run_worker(args, variant, batches_path)
-            peak_key = "bf16" if variant.endswith("bf16") else "fp32"
+            if "error" in row:
+                failed.append(row)
+                continue
+            peak_key = "bf16" if "bf16" in variant else "fp32"
             row["share_of_matmul_peak"] = row["achieved_gflop_s"] / peak[f"{peak_key}_square_gflop_s"]
             rows.append(row)
             print(f"  {variant}: {row['target_tokens_per_s']:,.0f} tok/s", flush=True)
@@ -445,13 +489,13 @@ def main() -> None:
     print()
     print(f"device: {device_name(args.device)}; torch threads {rows[0]['threads'] if rows else '?'}")
     print("matmul peak GFLOP/s: " + ", ".join(f"{k.replace('_gflop_s', '')} {v:,.0f}" for k, v in peak.items()))
-    header = f"{'variant':<15}{'tok/s':>10}{'ms/step':>10}{'vs nn':>8}{'vs ours32':>10}{'GFLOP/s':>10}{'% peak':>8}{'RSS MB':>9}"
+    header = f"{'variant':<20}{'tok/s':>10}{'ms/step':>10}{'vs nn':>8}{'vs ours32':>10}{'GFLOP/s':>10}{'% peak':>8}{'RSS MB':>9}"
     print(header)
     print("-" * len(header))
     for r in rows:
         vs_nn = f"{r['vs_torch_nn_fp32']:.2f}x" if r["vs_torch_nn_fp32"] else "-"
         vs_32 = f"{r['vs_ours_fp32']:.2f}x" if r["vs_ours_fp32"] else "-"
-        print(f"{r['variant']:<15}{r['target_tokens_per_s']:>10,.0f}{r['ms_per_step']:>10.1f}{vs_nn:>8}"
+        print(f"{r['variant']:<20}{r['target_tokens_per_s']:>10,.0f}{r['ms_per_step']:>10.1f}{vs_nn:>8}"
               f"{vs_32:>10}{r['achieved_gflop_s']:>10.1f}{100 * r['share_of_matmul_peak']:>7.1f}%"
               f"{r['peak_rss_mb']:>9.0f}")
     result = {
@@ -463,6 +507,7 @@ def main() -> None:
         "batches": info,
         "matmul_peak": peak,
         "rows": rows,
+        "failed": failed,
     }
     out = args.output or REPO / "bench" / "results" / f"train_{time.strftime('%Y%m%d_%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -484,12 +529,16 @@ def write_gpu_rows(path: Path, result: dict[str, Any]) -> None:
         "mfu": round(r["achieved_gflop_s"] / peak, 4),
         "peak_mem_gb": round((r.get("peak_cuda_mb") or r["peak_rss_mb"]) / 1024, 2),
         "ms_per_step": round(r["ms_per_step"], 2),
+        "compiles_in_timed_steps": r.get("compiles_in_timed_steps", 0),
+        # the training issue's convention: 4.0e8 FLOPs a target token (the WMT14 base shape)
+        "mfu_at_4e8_flops_per_token": round(r["target_tokens_per_s"] * 4.0e8 / (peak * 1e9), 4),
     } for r in result["rows"]]
     reference = max((r for r in rows if "reference" in r["variant"]), key=lambda r: r["tokens_per_s"], default=None)
     for row in rows:
         row["vs_reference"] = round(row["tokens_per_s"] / reference["tokens_per_s"], 3) if reference else None
     body = {"time": result["time"], "torch": result["torch"], "bf16_peak_gflop_s": peak,
-            "batches": result["batches"], "settings": result["settings"], "rows": rows}
+            "batches": result["batches"], "settings": result["settings"], "rows": rows,
+            "failed": result.get("failed", [])}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {path}")

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Every GPU figure of the training benchmark in one run, for a lent GPU (about 8 minutes of it):
+# Every GPU figure of the training benchmark in one run, for a lent GPU (about 6 minutes of it with
+# a cold compiler cache; each compiled variant spends a minute or two compiling in its warm-up):
 # the WMT14 base shape (d_model 512, 6+6 layers, 8 heads, d_ff 2048, 37k tied vocabulary) on
-# synthetic WMT-length batches, timed for
-#   ours-bf16       mtcli's Transformer and label-smoothed loss, bf16 autocast
-#   reference-bf16  nn.Transformer, F.cross_entropy(label_smoothing), fused AdamW, torch.compile
-# at the recipe's 8 x 3,200-token accumulation and as one ~25k-token batch, beside the measured
-# bf16 matmul peak. Writes bench/results/gpu_train_<date>.json (rows: variant, device,
-# tokens_per_s, mfu, peak_mem_gb) and the full tables beside it.
+# synthetic batches of WMT14 en-de's piece lengths (mean 28), timed for
+#   ours-bf16          mtcli's Transformer, label-smoothed loss and fused Adam, bf16 autocast, eager
+#   ours-bf16-compile  the same step as train.compile runs it (the forward and loss compiled)
+#   reference-bf16     nn.Transformer, F.cross_entropy(label_smoothing), fused AdamW, torch.compile
+# as one ~25k-token batch per step (the paper's update in one go) and as the recipe's 3,200-token
+# batches, beside the measured bf16 matmul peak. Writes OUT_DIR/gpu_train_<date>.json (rows:
+# variant, device, tokens_per_s, mfu, peak_mem_gb) and the full tables beside it.
 #
 # Usage (from the repository root, on the GPU machine): bash bench/gpu_check.sh [OUT_DIR]
 set -euo pipefail
@@ -14,14 +16,19 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=${1:-bench/results}
 DATE=$(date +%Y%m%d)
+export PYTHONUNBUFFERED=1
 BASE=(--set model.d_model=512 --set model.n_heads=8 --set model.encoder_layers=6 --set model.decoder_layers=6
       --set model.d_ff=2048 --set model.dropout=0.1 --set model.attention_dropout=0.0
       --set model.activation_dropout=0.0 --set model.max_positions=1024 --set model.output_vocab=joint)
-COMMON=(--device cuda --synthetic --vocab 37000 --variants ours-bf16 reference-bf16 --peak-size 8192)
+COMMON=(--device cuda --synthetic --vocab 37000 --mean-length 28 --peak-size 8192)
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || true
+"$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 
-# one ~25k-target-token batch per step (the paper's update in one go)
-"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --max-tokens 25000 --steps 30 --warmup 10 \
+# one ~25k-target-token batch per step
+"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --variants ours-bf16-compile reference-bf16 ours-bf16 \
+    --max-tokens 25000 --steps 30 --warmup 12 \
     --output "$OUT/gpu_train_tables_25k_${DATE}.json" --gpu-json "$OUT/gpu_train_${DATE}.json"
 # the recipe's batches: 3,200 tokens each (an update accumulates 8 of them)
-"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --max-tokens 3200 --steps 80 --warmup 20 \
+"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --variants ours-bf16-compile reference-bf16 ours-bf16 \
+    --max-tokens 3200 --steps 120 --warmup 24 \
     --output "$OUT/gpu_train_tables_3200_${DATE}.json" --gpu-json "$OUT/gpu_rows_3200_${DATE}.json"

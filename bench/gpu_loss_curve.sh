@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# train.compile against the eager step, as loss curves: the WMT14 base shape and schedule
+# (bf16, Noam with 4,000 warm-up steps, ~25k target tokens an update as 2 x 12,500) on the
+# prepared Multi30k en-de cache, for STEPS steps: eager seed 1, compiled seed 1, eager seed 2
+# (the seed noise to judge the first two against). Writes OUT_DIR/gpu_loss_curve_<date>.json with
+# each run's logged training loss and its tokens/s.
+#
+# Usage (from the repository root, on the GPU machine, with data/prepared/multi30k_en_de;
+# DEVICE=cpu and EXTRA="--set model.d_model=64 ..." try it small on a CPU):
+#   bash bench/gpu_loss_curve.sh [OUT_DIR] [STEPS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUT=${1:-bench/results}
+STEPS=${2:-250}
+DATE=$(date +%Y%m%d)
+SET=(--set model.d_model=512 --set model.n_heads=8 --set model.encoder_layers=6 --set model.decoder_layers=6
+     --set model.d_ff=2048 --set model.dropout=0.1 --set model.attention_dropout=0.0 --set model.output_vocab=joint
+     --set train.rdrop_alpha=0 --set train.weight_decay=0 --set train.precision=bf16 --set train.device="${DEVICE:-cuda}"
+     --set train.max_tokens=12500 --set train.update_freq=2 --set train.warmup_steps=4000 --set train.lr_factor=1
+     --set train.cooldown_steps=0 --set train.max_steps="$STEPS" --set train.log_every=25
+     --set train.valid_every=100000 --set train.valid_bleu=false --set train.num_threads=0 --set train.progress=false ${EXTRA:-})
+summarise() {  # rewritten after each run: a run cut short by a time limit leaves the others' curves
+    "$PY" - "$OUT/gpu_loss_curve_${DATE}.json" "$@" <<'PY'
+import json, re, sys
+out = {"runs": []}
+for spec in sys.argv[2:]:
+    mode, seed, log = spec.split(":", 2)
+    steps = [(int(m[1]), float(m[2]), float(m[3])) for m in
+             re.finditer(r"step (\d+) \| epoch \d+ \| loss ([\d.]+) .*? tok/s (\d+)", open(log).read())]
+    out["runs"].append({"mode": mode, "seed": int(seed), "step": [s for s, _, _ in steps],
+                        "loss": [l for _, l, _ in steps], "tokens_per_s": [t for _, _, t in steps]})
+    print(mode, seed, [(s, l) for s, l, _ in steps][-4:], "tok/s", [t for _, _, t in steps][-3:])
+open(sys.argv[1], "w").write(json.dumps(out, indent=1) + "\n")
+PY
+}
+runs=()
+for spec in eager:1 compile:1 eager:2; do
+    mode=${spec%:*}; seed=${spec#*:}
+    dir=/tmp/curve_${mode}_${seed}
+    rm -rf "$dir"
+    "$PY" -m mtcli train configs/multi30k_en_de.yaml "${SET[@]}" --set train.seed="$seed" \
+        --set train.compile=$([ "$mode" = compile ] && echo true || echo false) --set train.run_dir="$dir"
+    runs+=("$mode:$seed:$dir/train.log")
+    summarise "${runs[@]}"
+done
