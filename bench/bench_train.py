@@ -391,7 +391,13 @@ def run_worker(args: argparse.Namespace, role: str, batches: Path) -> dict[str, 
     if args.sdpa_backends:
         cmd += ["--sdpa-backends", args.sdpa_backends]
     cmd += ["--compile" if args.compile else "--no-compile"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=args.worker_timeout or None)
+    except subprocess.TimeoutExpired:
+        if role == "peak":
+            raise SystemExit(f"worker {role} ran past --worker-timeout {args.worker_timeout:g} s") from None
+        print(f"worker {role} ran past --worker-timeout {args.worker_timeout:g} s", file=sys.stderr, flush=True)
+        return {"variant": role, "error": f"ran past --worker-timeout {args.worker_timeout:g} s"}
     if proc.returncode != 0:
         if role == "peak":
             raise SystemExit(f"worker {role} failed:\n{proc.stderr[-3000:]}")
@@ -444,6 +450,9 @@ def main() -> None:
     parser.add_argument("--gpu-json", type=Path, default=None,
                         help="also write rows of variant, device, tokens_per_s, mfu (against the measured "
                              "bf16 matmul peak) and peak_mem_gb here (bench/gpu_check.sh)")
+    parser.add_argument("--worker-timeout", type=float, default=0,
+                        help="seconds one variant may take, compiling included (0: no limit); past it, its "
+                             "row is an error and the next variant runs")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batches", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -44,16 +44,13 @@ def test_make_reproduce_runs_both_directions(tmp_path: Path) -> None:
     assert (tmp_path / "results" / "multi30k.md").is_file()
 
 
-def test_make_reproduce_wmt_news_writes_its_own_table(tmp_path: Path) -> None:
+def test_make_reproduce_wmt_news_then_adapt(tmp_path: Path) -> None:
+    """reproduce-wmt-news writes its own table (not the Multi30k one). Its toy run is then the
+    parent: the adapted run starts from it with its SentencePiece model and adds (a) parent /
+    (b) from scratch / (c) adapted to the table."""
     make(tmp_path, "reproduce-wmt-news", f"REPRODUCE_ARGS={toy_args(tmp_path)}")
     assert "en-de" in json.loads((tmp_path / "results" / "wmt_news.json").read_text(encoding="utf-8"))
     assert not (tmp_path / "results" / "multi30k.json").exists()
-
-
-def test_make_reproduce_wmt_news_adapt_adds_the_adapted_row(tmp_path: Path) -> None:
-    """The toy run of reproduce-wmt-news is the parent; the adapted run starts from it with its
-    SentencePiece model and adds (a) parent / (b) from scratch / (c) adapted to the table."""
-    make(tmp_path, "reproduce-wmt-news", f"REPRODUCE_ARGS={toy_args(tmp_path)}")
     parent = tmp_path / "data" / "runs" / "toy"
     child = " ".join([
         f"--set train.init_from={parent}", "--set train.init_average=2", f"--set data.spm_model={parent}",
