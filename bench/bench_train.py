@@ -205,10 +205,15 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
 
     from mtcli.allocator import keep_freed_memory
     from mtcli.config import load_config
+    from mtcli.data.batching import pad_length
     from mtcli.train.loss import LabelSmoothedLoss
     from mtcli.train.rdrop import rdrop_loss
     from mtcli.train.schedule import build_optimizer, build_schedule
-    from mtcli.train.trainer import COMPILE_LENGTH_MULTIPLE, compile_forward_loss, forward_loss
+    from mtcli.train.trainer import (
+        COMPILE_LENGTH_MULTIPLE,
+        compile_forward_loss,
+        mark_sizes_dynamic,
+    )
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -256,44 +261,40 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     alpha = config.train.rdrop_alpha if ours and asked else 0.0
 
     compiled = name.endswith("-compile")
-    train_forward = compile_forward_loss() if compiled else forward_loss
+    train_forward = compile_forward_loss() if compiled else None
     # FLOPs of the batches as collated; a compiled loop pads their lengths to a multiple of 8, as
     # train.compile does (Batch.padded), so that one graph serves every batch
     shapes = [(int(s.size(0)), int(s.size(1)), int(t.size(1))) for s, t in zip(data["src"], data["tgt_in"], strict=True)]
     if compiled or (reference and args.compile):
         for key in ("src", "tgt_in", "tgt_out"):
-            data[key] = [torch.nn.functional.pad(t, (0, -t.size(1) % COMPILE_LENGTH_MULTIPLE)) for t in data[key]]
+            data[key] = [pad_length(t, COMPILE_LENGTH_MULTIPLE) for t in data[key]]
 
-    def step(i: int) -> int:
-        tokens = int(data["tgt_out"][i].ne(0).sum())  # on the host, as the trainer counts them
-        src, tgt_in, tgt_out = (data[k][i].to(device, non_blocking=True) for k in ("src", "tgt_in", "tgt_out"))
-        if compiled:  # the trainer's step: its forward and loss, one host sync (the loss) per step
-            objective, logged, _ = train_forward(model, criterion, model.output_targets, "bf16" if bf16 else "fp32",
-                                                 src, tgt_in, tgt_out)
-            (objective / tokens).backward()
-            if not math.isfinite(float(logged)):
-                raise RuntimeError("non-finite loss")
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad(set_to_none=True)
-            return tokens
+    def eager_loss(src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor) -> torch.Tensor:
         ctx = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else torch.autocast(device.type, enabled=False)
         if alpha > 0:  # the batch twice, as one, as mtcli.train runs it
             src, tgt_in = torch.cat([src, src]), torch.cat([tgt_in, tgt_in])
         with ctx:
             if reference and args.compile:  # its sizes dynamic from the start, as compile_forward_loss does
-                for tensor in (src, tgt_in):
-                    torch._dynamo.maybe_mark_dynamic(tensor, 0)
-                    torch._dynamo.maybe_mark_dynamic(tensor, 1)
+                mark_sizes_dynamic(src, tgt_in)
             logits = forward(src, tgt_in)
         targets = model.output_targets(tgt_out) if ours else tgt_out
         if reference:
-            loss = torch.nn.functional.cross_entropy(
+            return torch.nn.functional.cross_entropy(
                 logits.float().flatten(0, 1), targets.flatten(), ignore_index=0, reduction="sum",
                 label_smoothing=config.train.label_smoothing)
+        return rdrop_loss(criterion, logits, targets, alpha)[0] if alpha > 0 else criterion(logits, targets).loss
+
+    def step(i: int) -> int:
+        tokens = int(data["tgt_out"][i].ne(0).sum())  # on the host, as the trainer counts them
+        src, tgt_in, tgt_out = (data[k][i].to(device, non_blocking=True) for k in ("src", "tgt_in", "tgt_out"))
+        if compiled:  # the trainer's step: its forward and loss, one host sync (the loss) per step
+            loss, logged, _ = train_forward(model, criterion, model.output_targets, "bf16" if bf16 else "fp32",
+                                            src, tgt_in, tgt_out)
         else:
-            loss = rdrop_loss(criterion, logits, targets, alpha)[0] if alpha > 0 else criterion(logits, targets).loss
+            loss = eager_loss(src, tgt_in, tgt_out)
         (loss / tokens).backward()
+        if compiled and not math.isfinite(float(logged)):
+            raise RuntimeError("non-finite loss")
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
@@ -391,19 +392,20 @@ def run_worker(args: argparse.Namespace, role: str, batches: Path) -> dict[str, 
     if args.sdpa_backends:
         cmd += ["--sdpa-backends", args.sdpa_backends]
     cmd += ["--compile" if args.compile else "--no-compile"]
+    error = None
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=args.worker_timeout or None)
+        if proc.returncode != 0:
+            error = (f"failed:\n{proc.stderr[-3000:]}",
+                     proc.stderr.strip().splitlines()[-1][-300:] if proc.stderr.strip() else "?")
     except subprocess.TimeoutExpired:
+        error = (f"ran past --worker-timeout {args.worker_timeout:g} s",) * 2
+    if error is not None:
         if role == "peak":
-            raise SystemExit(f"worker {role} ran past --worker-timeout {args.worker_timeout:g} s") from None
-        print(f"worker {role} ran past --worker-timeout {args.worker_timeout:g} s", file=sys.stderr, flush=True)
-        return {"variant": role, "error": f"ran past --worker-timeout {args.worker_timeout:g} s"}
-    if proc.returncode != 0:
-        if role == "peak":
-            raise SystemExit(f"worker {role} failed:\n{proc.stderr[-3000:]}")
+            raise SystemExit(f"worker {role} {error[0]}")
         # one variant failing (say, a compiler error) leaves the others' rows standing
-        print(f"worker {role} failed:\n{proc.stderr[-3000:]}", file=sys.stderr, flush=True)
-        return {"variant": role, "error": proc.stderr.strip().splitlines()[-1][-300:] if proc.stderr.strip() else "?"}
+        print(f"worker {role} {error[0]}", file=sys.stderr, flush=True)
+        return {"variant": role, "error": error[1]}
     if args.profile and role != "peak":
         print(f"{role}: top ops over the timed steps (the profiler slows every op a little)\n"
               f"{proc.stderr.strip()}", flush=True)

@@ -80,11 +80,8 @@ class Batch:
         ignored, and the causal mask keeps trailing pads out of earlier positions). A compiled
         step needs it: its kernels assume the alignment of the first lengths they saw, and a
         length off that alignment would compile the step again."""
-        def pad(t: Tensor) -> Tensor:
-            extra = -t.size(1) % multiple
-            return torch.nn.functional.pad(t, (0, extra), value=PAD_ID) if extra else t
-
-        return dataclasses.replace(self, src=pad(self.src), tgt_in=pad(self.tgt_in), tgt_out=pad(self.tgt_out))
+        return dataclasses.replace(self, src=pad_length(self.src, multiple), tgt_in=pad_length(self.tgt_in, multiple),
+                                   tgt_out=pad_length(self.tgt_out, multiple))
 
     def to(self, device: torch.device | str) -> Batch:
         """Move the tensors (non-blocking where the source memory allows it)."""
@@ -190,6 +187,12 @@ def padding_fraction(batches: Sequence[np.ndarray], src_lengths: np.ndarray,
         real += int(s.sum() + t.sum())
         padded += len(batch) * int(s.max() + t.max())
     return 1.0 - real / padded if padded else 0.0
+
+
+def pad_length(ids: Tensor, multiple: int) -> Tensor:
+    """``[B, L]`` ids with pad columns added up to a length that is a multiple of ``multiple``."""
+    extra = -ids.size(1) % multiple
+    return torch.nn.functional.pad(ids, (0, extra), value=PAD_ID) if extra else ids
 
 
 def collate(src: SentenceArray, tgt: SentenceArray, indices: np.ndarray, *, pad_id: int = PAD_ID,

@@ -94,6 +94,13 @@ def forward_loss(model: nn.Module, criterion: LabelSmoothedLoss | RDropLoss,
     return objective, out.loss.detach(), out.nll
 
 
+def mark_sizes_dynamic(*batches: Tensor) -> None:
+    """Tell ``torch.compile`` that these ``[B, L]`` tensors' batch size and length vary."""
+    for tensor in batches:
+        torch._dynamo.maybe_mark_dynamic(tensor, 0)
+        torch._dynamo.maybe_mark_dynamic(tensor, 1)
+
+
 def compile_forward_loss() -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
     """:func:`forward_loss` under ``torch.compile``: one graph whose batch size and lengths are
     symbolic, so token batches of any shape reuse it. The sizes are marked dynamic on every
@@ -103,9 +110,7 @@ def compile_forward_loss() -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
 
     def run(model: nn.Module, criterion: LabelSmoothedLoss | RDropLoss, output_targets: Callable[[Tensor], Tensor],
             precision: str, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        for tensor in (src, tgt_in, tgt_out):
-            torch._dynamo.maybe_mark_dynamic(tensor, 0)
-            torch._dynamo.maybe_mark_dynamic(tensor, 1)
+        mark_sizes_dynamic(src, tgt_in, tgt_out)
         return compiled(model, criterion, output_targets, precision, src, tgt_in, tgt_out)
 
     return run
