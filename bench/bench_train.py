@@ -58,8 +58,10 @@ PREPARED = REPO / "data" / "prepared" / "multi30k_de_en"
 # smoothing, AdamW (fused on a GPU), torch.compile on a GPU (the training issue's reference loop)
 # ours-*-compile: mtcli's own training forward and loss (mtcli.train.trainer.forward_loss) under
 # torch.compile, as train.compile runs it
-VARIANTS = ["ours-fp32", "ours-bf16", "ours-bf16-compile", "torch-nn-fp32", "torch-nn-bf16", "reference-fp32",
-            "reference-bf16"]
+# ours-bf16-pageable: ours-bf16 with each batch copied to the GPU from ordinary (pageable) host
+# memory, as mtcli did before mtcli.data.batching.to_device pinned it: that copy waits for the GPU
+VARIANTS = ["ours-fp32", "ours-bf16", "ours-bf16-compile", "ours-bf16-pageable", "torch-nn-fp32", "torch-nn-bf16",
+            "reference-fp32", "reference-bf16"]
 DEFAULT_VARIANTS = ["ours-fp32", "ours-bf16", "torch-nn-fp32"]
 
 
@@ -205,7 +207,7 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
 
     from mtcli.allocator import keep_freed_memory
     from mtcli.config import load_config
-    from mtcli.data.batching import pad_length
+    from mtcli.data.batching import pad_length, to_device
     from mtcli.train.loss import LabelSmoothedLoss
     from mtcli.train.rdrop import rdrop_loss
     from mtcli.train.schedule import build_optimizer, build_schedule
@@ -261,6 +263,7 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     alpha = config.train.rdrop_alpha if ours and asked else 0.0
 
     compiled = name.endswith("-compile")
+    pageable = name.endswith("-pageable")
     train_forward = compile_forward_loss() if compiled else None
     # FLOPs of the batches as collated; a compiled loop pads their lengths to a multiple of 8, as
     # train.compile does (Batch.padded), so that one graph serves every batch
@@ -286,14 +289,16 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
 
     def step(i: int) -> int:
         tokens = int(data["tgt_out"][i].ne(0).sum())  # on the host, as the trainer counts them
-        src, tgt_in, tgt_out = (data[k][i].to(device, non_blocking=True) for k in ("src", "tgt_in", "tgt_out"))
-        if compiled:  # the trainer's step: its forward and loss, one host sync (the loss) per step
+        move = (lambda t: t.to(device, non_blocking=True)) if pageable else (lambda t: to_device(t, device))
+        src, tgt_in, tgt_out = (move(data[k][i]) for k in ("src", "tgt_in", "tgt_out"))
+        if compiled:  # the trainer's step: its forward and loss
             loss, logged, _ = train_forward(model, criterion, model.output_targets, "bf16" if bf16 else "fp32",
                                             src, tgt_in, tgt_out)
         else:
             loss = eager_loss(src, tgt_in, tgt_out)
+            logged = loss.detach()
         (loss / tokens).backward()
-        if compiled and not math.isfinite(float(logged)):
+        if ours and not math.isfinite(float(logged)):  # the trainer's one host sync per step
             raise RuntimeError("non-finite loss")
         optimizer.step()
         schedule.step()
@@ -324,8 +329,8 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     backends.__exit__(None, None, None)
     if args.profile:  # on stderr: stdout carries the row
-        print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile),
-              file=sys.stderr)
+        key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        print(profiler.key_averages().table(sort_by=key, row_limit=args.profile), file=sys.stderr)
     shapes = shapes[args.warmup:]
     flops = flops_per_step(cfg, vocab if output_ids is None or not ours else len(output_ids), shapes) * (2 if alpha > 0 else 1)
     steps = n - args.warmup
@@ -445,7 +450,8 @@ def main() -> None:
                         help="config override: the model shape, or train.rdrop_alpha=A to time R-Drop's step")
     parser.add_argument("--smoke", action="store_true", help="tiny shape and 3 steps (seconds)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
-                        help="profile the timed steps and print the top N ops by self CPU time")
+                        help="profile the timed steps and print the top N ops by their own time on the device "
+                             "(a GPU's kernel time, else CPU time)")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="torch.compile the reference loop (default: on a GPU only)")

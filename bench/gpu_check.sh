@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Every GPU figure of the training benchmark in one run, for a lent GPU (about 6 minutes of it with
+# Every GPU figure of the training benchmark in one run, for a lent GPU (about 7 minutes of it with
 # a cold compiler cache; each compiled variant spends a minute or two compiling in its warm-up):
 # the WMT14 base shape (d_model 512, 6+6 layers, 8 heads, d_ff 2048, 37k tied vocabulary) on
 # synthetic batches of WMT14 en-de's piece lengths (mean 28), timed for
-#   ours-bf16          mtcli's Transformer, label-smoothed loss and fused Adam, bf16 autocast, eager
-#   ours-bf16-compile  the same step as train.compile runs it (the forward and loss compiled)
-#   reference-bf16     nn.Transformer, F.cross_entropy(label_smoothing), fused AdamW, torch.compile
-# as one ~25k-token batch per step (the paper's update in one go) and as the recipe's 3,200-token
-# batches, beside the measured bf16 matmul peak. Writes OUT_DIR/gpu_train_<date>.json (rows:
-# variant, device, tokens_per_s, mfu, peak_mem_gb) and the full tables beside it.
+#   ours-bf16           mtcli's Transformer, label-smoothed loss and fused Adam, bf16 autocast, eager
+#   ours-bf16-pageable  the same, each batch copied from pageable host memory (as before to_device)
+#   ours-bf16-compile   the same step as train.compile runs it (the forward and loss compiled)
+#   reference-bf16      nn.Transformer, F.cross_entropy(label_smoothing), fused AdamW, torch.compile
+# beside the measured bf16 matmul peak. Three runs:
+#   1. the base recipe's update as one ~25k-token batch a step: OUT_DIR/gpu_train_<date>.json (rows:
+#      variant, device, tokens_per_s, mfu, peak_mem_gb) and the full table beside it;
+#   2. where that step's GPU time goes: the top kernels by their own GPU time, compiled and eager
+#      (OUT_DIR/gpu_profile_<date>.txt);
+#   3. whether the step waits on the host: the same loops at twice the batch (50k tokens; not the
+#      recipe's update size, so not in gpu_train_<date>.json).
 #
 # Usage (from the repository root, on the GPU machine): bash bench/gpu_check.sh [OUT_DIR]
 set -euo pipefail
@@ -25,11 +30,14 @@ COMMON=(--device cuda --synthetic --vocab 37000 --mean-length 28 --peak-size 819
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || true
 "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 
-# one ~25k-target-token batch per step
-"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --variants ours-bf16-compile reference-bf16 ours-bf16 \
+"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" \
+    --variants ours-bf16-compile reference-bf16 ours-bf16 ours-bf16-pageable \
     --max-tokens 25000 --steps 30 --warmup 12 \
     --output "$OUT/gpu_train_tables_25k_${DATE}.json" --gpu-json "$OUT/gpu_train_${DATE}.json"
-# the recipe's batches: 3,200 tokens each (an update accumulates 8 of them)
-"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --variants ours-bf16-compile reference-bf16 ours-bf16 \
-    --max-tokens 3200 --steps 120 --warmup 24 \
-    --output "$OUT/gpu_train_tables_3200_${DATE}.json" --gpu-json "$OUT/gpu_rows_3200_${DATE}.json"
+# the compiler's cache is warm from the first run
+"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --variants ours-bf16-compile ours-bf16 \
+    --max-tokens 25000 --steps 6 --warmup 12 --profile 40 \
+    --output "$OUT/gpu_profile_tables_${DATE}.json" > "$OUT/gpu_profile_${DATE}.txt"
+tail -n 5 "$OUT/gpu_profile_${DATE}.txt"
+"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --variants ours-bf16-compile ours-bf16 \
+    --max-tokens 50000 --steps 15 --warmup 8 --output "$OUT/gpu_train_tables_50k_${DATE}.json"

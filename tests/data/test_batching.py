@@ -14,6 +14,7 @@ from mtcli.data.batching import (
     make_batches,
     padding_fraction,
     source_batches,
+    to_device,
 )
 from mtcli.errors import DataError
 
@@ -108,6 +109,19 @@ def test_collate_adds_bos_eos_pad() -> None:
     assert batch.tgt_out.tolist() == [[20, 3, 0, 0], [21, 22, 23, 3]]
     assert batch.src_tokens == 5 and batch.tgt_tokens == 6
     assert batch.padding == pytest.approx(1 - 11 / 14)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+def test_batch_moves_to_the_device_unchanged(device: str) -> None:
+    # to a GPU through pinned host memory; on a CPU nothing is pinned (a CPU-only build cannot pin)
+    batch = collate(FakeArray([[10, 11], [12]]), FakeArray([[20], [21, 22, 23]]), np.array([0, 1]))
+    moved = batch.to(device)
+    for name in ("src", "tgt_in", "tgt_out"):
+        assert getattr(moved, name).device.type == device
+        assert torch.equal(getattr(moved, name).cpu(), getattr(batch, name))
+    assert (moved.src_tokens, moved.tgt_tokens) == (batch.src_tokens, batch.tgt_tokens)
+    assert to_device(batch.src, device).is_pinned() is False
 
 
 def test_stream_skips_long_pairs_and_resumes_exactly() -> None:
