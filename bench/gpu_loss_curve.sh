@@ -2,11 +2,14 @@
 # train.compile against the eager step, as loss curves: the WMT14 base shape and schedule
 # (bf16, Noam with 4,000 warm-up steps, ~25k target tokens an update as 2 x 12,500) on the
 # prepared Multi30k en-de cache, for STEPS steps: eager seed 1, compiled seed 1, eager seed 2
-# (the seed noise to judge the first two against). Writes OUT_DIR/gpu_loss_curve_<date>.json with
-# each run's logged training loss and its tokens/s.
+# (the seed noise to judge the first two against). On a machine with several GPUs it then runs
+# eager seed 1 under torchrun on all of them, each with the same 2 x 12,500 tokens a step (so the
+# update grows with the GPUs), for the target tokens/s per GPU against one GPU's. Writes
+# OUT_DIR/gpu_loss_curve_<date>.json with each run's logged training loss, its tokens/s (all
+# processes together) and its tokens/s per process.
 #
 # Usage (from the repository root, on the GPU machine, with data/prepared/multi30k_en_de;
-# DEVICE=cpu and EXTRA="--set model.d_model=64 ..." try it small on a CPU):
+# DEVICE=cpu and EXTRA="--set model.d_model=64 ..." try it small on a CPU, PROCS=2 with gloo):
 #   bash bench/gpu_loss_curve.sh [OUT_DIR] [STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,22 +28,30 @@ summarise() {  # rewritten after each run: a run cut short by a time limit leave
 import json, re, sys
 out = {"runs": []}
 for spec in sys.argv[2:]:
-    mode, seed, log = spec.split(":", 2)
+    mode, seed, procs, log = spec.split(":", 3)
     steps = [(int(m[1]), float(m[2]), float(m[3])) for m in
              re.finditer(r"step (\d+) \| epoch \d+ \| loss ([\d.]+) .*? tok/s (\d+)", open(log).read())]
-    out["runs"].append({"mode": mode, "seed": int(seed), "step": [s for s, _, _ in steps],
-                        "loss": [l for _, l, _ in steps], "tokens_per_s": [t for _, _, t in steps]})
-    print(mode, seed, [(s, l) for s, l, _ in steps][-4:], "tok/s", [t for _, _, t in steps][-3:])
+    out["runs"].append({"mode": mode, "seed": int(seed), "processes": int(procs), "step": [s for s, _, _ in steps],
+                        "loss": [l for _, l, _ in steps], "tokens_per_s": [t for _, _, t in steps],
+                        "tokens_per_s_per_process": [t / int(procs) for _, _, t in steps]})
+    print(mode, seed, f"x{procs}", [(s, l) for s, l, _ in steps][-4:], "tok/s", [t for _, _, t in steps][-3:])
 open(sys.argv[1], "w").write(json.dumps(out, indent=1) + "\n")
 PY
 }
+if [ -z "${PROCS:-}" ]; then
+    PROCS=$( [ "${DEVICE:-cuda}" = cuda ] && nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 1)
+fi
+specs=(eager:1:1 compile:1:1 eager:2:1)
+[ "$PROCS" -gt 1 ] && specs+=("eager:1:$PROCS")
 runs=()
-for spec in eager:1 compile:1 eager:2; do
-    mode=${spec%:*}; seed=${spec#*:}
-    dir=/tmp/curve_${mode}_${seed}
+for spec in "${specs[@]}"; do
+    IFS=: read -r mode seed procs <<< "$spec"
+    dir=/tmp/curve_${mode}_${seed}_${procs}
     rm -rf "$dir"
-    "$PY" -m mtcli train configs/multi30k_en_de.yaml "${SET[@]}" --set train.seed="$seed" \
+    launch=("$PY" -m mtcli)
+    [ "$procs" -gt 1 ] && launch=("$PY" -m torch.distributed.run --standalone --nproc_per_node="$procs" -m mtcli)
+    "${launch[@]}" train configs/multi30k_en_de.yaml "${SET[@]}" --set train.seed="$seed" \
         --set train.compile=$([ "$mode" = compile ] && echo true || echo false) --set train.run_dir="$dir"
-    runs+=("$mode:$seed:$dir/train.log")
+    runs+=("$mode:$seed:$procs:$dir/train.log")
     summarise "${runs[@]}"
 done
