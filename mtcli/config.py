@@ -446,8 +446,6 @@ def _validate_sources(config: Config) -> None:
                           "data.tgt_lang: the direction validation scores)")
     if dc.sources and dc.hub_config:
         raise ConfigError(f"{where}: data.hub_config is per corpus with data.sources: set data.sources[i].hub_config")
-    if dc.sources and config.train.subword_alpha > 0:
-        raise ConfigError(f"{where}: train.subword_alpha works on one corpus (data.source), not on data.sources")
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None,

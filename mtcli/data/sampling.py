@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from mtcli.config import Config
-from mtcli.data.cache import PreparedCorpus, TokenArray
+from mtcli.data.cache import ConcatArray, PrefixedArray, PreparedCorpus
 from mtcli.data.textio import read_lines
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.errors import DataError
@@ -144,38 +144,72 @@ class WordSegmentationSampler:
 __all__ = ["FlatSentences", "WordSegmentationSampler"]
 
 
+class _Unprefixed:
+    """The sentences of ``array`` without their first ``n`` ids (a corpus's tags)."""
+
+    def __init__(self, array: Any, n: int) -> None:
+        self.array, self.n = array, n
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.array[i][self.n:]
+
+
+def _side_sampler(corpus: PreparedCorpus, split: str, lang: str, prefix: list[int], tokenizer: Tokenizer,
+                  config: Config) -> WordSegmentationSampler:
+    """A sampler over the cleaned text of ``split`` in ``lang``; its cached ids start with ``prefix``."""
+    best = corpus.array(split, lang)
+    path = corpus.text_path(split, lang)
+    lines = list(read_lines(path))
+    if len(lines) != len(best):
+        raise DataError(f"{path}: {len(lines)} lines, but the cache holds {len(best)} sentences; "
+                        f"re-run `mtcli prepare {config.path}`")
+    return WordSegmentationSampler(tokenizer, lines, _Unprefixed(best, len(prefix)) if prefix else best,
+                                   config.train.subword_alpha, nbest=config.train.subword_nbest)
+
+
 def subword_resegmenter(corpus: PreparedCorpus, config: Config
                         ) -> Callable[[int], tuple[Any, Any]]:
     """``resegment(epoch) -> (src, tgt)``: the training pairs with a segmentation sampled for
     ``epoch`` (``train.subword_alpha`` > 0), what :class:`~mtcli.data.batching.BatchStream`
-    reads each epoch instead of the cached pairs.
+    reads each epoch instead of the cached pairs (:meth:`PreparedCorpus.train_pairs`).
 
     The cleaned training text the cache was encoded from is read once, and each sampled side
     gets a :class:`WordSegmentationSampler`: both sides, or with ``train.subword_sides: source``
-    the source only (the target keeps its cached segmentation). Epoch ``e`` draws with a NumPy
-    generator seeded by ``(train.seed, e, side)``, so every rank and every resume sees the same
-    pieces.
+    the source only (the target keeps its cached segmentation). With several corpora
+    (``data.sources``) each corpus's sides get their own samplers, and a source keeps its tags
+    (they are whole symbols, never segmented) in front of its sampled pieces. Epoch ``e`` draws
+    with a NumPy generator seeded by ``(train.seed, e, side)``, and with several corpora
+    ``(train.seed, e, side, corpus)``, so every rank and every resume sees the same pieces.
     """
     data, seed = config.data, config.train.seed
     tokenizer = Tokenizer(corpus.spm_path)
-    sides: list[WordSegmentationSampler | TokenArray] = []
-    for side, lang in enumerate((data.src_lang, data.tgt_lang)):
-        best = corpus.array(data.train_split, lang)
-        if side == 1 and config.train.subword_sides == "source":
-            sides.append(best)  # the target keeps its best segmentation
-            continue
-        path = corpus.text_path(data.train_split, lang)
-        lines = list(read_lines(path))
-        if len(lines) != len(best):
-            raise DataError(f"{path}: {len(lines)} lines, but the cache holds {len(best)} sentences; "
-                            f"re-run `mtcli prepare {config.path}`")
-        sides.append(WordSegmentationSampler(tokenizer, lines, best, config.train.subword_alpha,
-                                             nbest=config.train.subword_nbest))
+    if corpus.corpora:
+        parts = [(c["split"], c["langs"], [corpus.tags[t] for t in c.get("prefix", [])]) for c in corpus.corpora]
+    else:
+        parts = [(data.train_split, [data.src_lang, data.tgt_lang], [])]
+    sides: list[list[Any]] = []  # per corpus: [source, target], each a sampler or the cached ids
+    for split, langs, prefix in parts:
+        src = _side_sampler(corpus, split, langs[0], prefix, tokenizer, config)
+        tgt = (corpus.array(split, langs[1]) if config.train.subword_sides == "source"
+               else _side_sampler(corpus, split, langs[1], [], tokenizer, config))
+        sides.append([src, tgt])
+
+    def draw(k: int, side: int, epoch: int) -> Any:
+        sampler = sides[k][side]
+        if not isinstance(sampler, WordSegmentationSampler):
+            return sampler
+        key = [seed, epoch, side, k] if corpus.corpora else [seed, epoch, side]
+        sampled = sampler.sample(np.random.default_rng(key))
+        prefix = parts[k][2] if side == 0 else []
+        return PrefixedArray(sampled, prefix) if prefix else sampled
 
     def resegment(epoch: int) -> tuple[Any, Any]:
-        src, tgt = (s.sample(np.random.default_rng([seed, epoch, side]))
-                    if isinstance(s, WordSegmentationSampler) else s
-                    for side, s in enumerate(sides))
-        return src, tgt
+        src, tgt = ([draw(k, side, epoch) for k in range(len(parts))] for side in (0, 1))
+        if not corpus.corpora:
+            return src[0], tgt[0]
+        return ConcatArray(src), ConcatArray(tgt)
 
     return resegment

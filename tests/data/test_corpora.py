@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 from conftest import TOY_CONFIG, TOY_DIR, make_trilingual, multi_overrides
 
-from mtcli.config import config_from_dict, load_config
+from mtcli.config import config_from_dict, load_config, with_changes
 from mtcli.data.batching import BatchStream, CorpusMix
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.prepare import open_prepared, prepare
+from mtcli.data.sampling import subword_resegmenter
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.errors import ConfigError, DataError
+from mtcli.train.run import train
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +84,6 @@ def test_config_rules_name_the_key() -> None:
             config_from_dict({"data": dict(base, sources=sources)}, "r.yaml")
     with pytest.raises(ConfigError, match="not both"):
         config_from_dict({"data": dict(base, source="a", sources=[{"source": "b"}])}, "r.yaml")
-    with pytest.raises(ConfigError, match="subword_alpha works on one corpus"):
-        config_from_dict({"data": dict(base, sources=[{"source": "a"}]), "train": {"subword_alpha": 0.1}}, "r.yaml")
 
 
 def test_missing_split_and_unaligned_languages_are_one_line_errors(multi: tuple[Path, Path], tmp_path: Path) -> None:
@@ -148,3 +148,31 @@ def test_weighted_stream_resumes_exactly(multi: tuple[Path, Path]) -> None:
     rest = [fresh.next_group().batches for _ in range(23)]
     for a, b in zip(groups[17:], rest, strict=True):
         assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_subword_sampling_keeps_each_corpus_and_its_tags(multi: tuple[Path, Path], tmp_path: Path) -> None:
+    root, prepared = multi
+    config = load_config(TOY_CONFIG, [*multi_overrides(root, prepared), "train.subword_alpha=0.1",
+                                      f"train.run_dir={tmp_path / 'run'}"])
+    corpus = PreparedCorpus.open(prepared)
+    tokenizer = Tokenizer(corpus.spm_path)
+    resegment = subword_resegmenter(corpus, config)
+    cached = corpus.train_pairs()
+    epoch0, again, epoch1 = resegment(0), resegment(0), resegment(1)
+    tags = set(corpus.tags.values())
+    for side in (0, 1):
+        assert len(epoch0[side]) == len(cached[side]) == sum(corpus.corpus_sizes())
+        resampled = 0
+        for i in range(len(cached[side])):
+            best, drawn = cached[side][i].tolist(), epoch0[side][i].tolist()
+            n = len([t for t in best if t in tags])  # the tags in front, on sources only
+            assert drawn[:n] == best[:n] and not tags & set(drawn[n:]), (side, i)
+            assert tokenizer.decode(drawn[n:]) == tokenizer.decode(best[n:])
+            assert drawn == again[side][i].tolist()  # an epoch's draw is a function of the epoch
+            resampled += drawn != best
+        assert resampled > len(cached[side]) // 4, side
+        assert any(epoch0[side][i].tolist() != epoch1[side][i].tolist() for i in range(len(cached[side])))
+    # and the trainer reads them: a couple of steps over every corpus
+    summary = train(with_changes(config, "train", max_steps=2, valid_every=100000, valid_bleu=False))
+    assert summary.steps == 2
+    assert "subword regularisation" in (tmp_path / "run" / "train.log").read_text(encoding="utf-8")
