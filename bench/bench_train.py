@@ -60,8 +60,12 @@ PREPARED = REPO / "data" / "prepared" / "multi30k_de_en"
 # torch.compile, as train.compile runs it
 # ours-bf16-pageable: ours-bf16 with each batch copied to the GPU from ordinary (pageable) host
 # memory, as mtcli did before mtcli.data.batching.to_device pinned it: that copy waits for the GPU
-VARIANTS = ["ours-fp32", "ours-bf16", "ours-bf16-compile", "ours-bf16-pageable", "torch-nn-fp32", "torch-nn-bf16",
-            "reference-fp32", "reference-bf16"]
+# ours-bf16-static-*: an upper bound, not a training loop: every batch exactly --static-length
+# tokens a row on both sides, no padding, as many rows as --max-tokens allows (what packing
+# sentences into fixed rows would give, less its block-diagonal masks), compiled for that one
+# shape (-compile), and replayed as CUDA graphs (-graphs: torch.compile's "reduce-overhead")
+VARIANTS = ["ours-fp32", "ours-bf16", "ours-bf16-compile", "ours-bf16-pageable", "ours-bf16-static-compile",
+            "ours-bf16-static-graphs", "torch-nn-fp32", "torch-nn-bf16", "reference-fp32", "reference-bf16"]
 DEFAULT_VARIANTS = ["ours-fp32", "ours-bf16", "torch-nn-fp32"]
 
 
@@ -262,13 +266,29 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     asked = any(item.split("=", 1)[0].strip() == "train.rdrop_alpha" for item in args.set or [])
     alpha = config.train.rdrop_alpha if ours and asked else 0.0
 
-    compiled = name.endswith("-compile")
+    compiled = name.endswith("-compile") or name.endswith("-graphs")
     pageable = name.endswith("-pageable")
-    train_forward = compile_forward_loss() if compiled else None
+    static = "-static-" in name
+    if static:  # one fixed shape, every position a real token
+        rows, length = max(1, args.max_tokens // args.static_length), args.static_length
+        gen = torch.Generator().manual_seed(1)
+        for key in ("src", "tgt_in", "tgt_out"):
+            data[key] = [torch.randint(4, vocab, (rows, length), generator=gen) for _ in data[key]]
+        from mtcli.train.trainer import forward_loss
+
+        mode = "reduce-overhead" if name.endswith("-graphs") else None
+        static_forward = torch.compile(forward_loss, dynamic=False, mode=mode)
+
+        def train_forward(*call: Any) -> Any:
+            if mode is not None:  # a new step: the graphs' outputs of the last one are not read again
+                torch.compiler.cudagraph_mark_step_begin()
+            return static_forward(*call)
+    else:
+        train_forward = compile_forward_loss() if compiled else None
     # FLOPs of the batches as collated; a compiled loop pads their lengths to a multiple of 8, as
     # train.compile does (Batch.padded), so that one graph serves every batch
     shapes = [(int(s.size(0)), int(s.size(1)), int(t.size(1))) for s, t in zip(data["src"], data["tgt_in"], strict=True)]
-    if compiled or (reference and args.compile):
+    if (compiled and not static) or (reference and args.compile):
         for key in ("src", "tgt_in", "tgt_out"):
             data[key] = [pad_length(t, COMPILE_LENGTH_MULTIPLE) for t in data[key]]
 
@@ -396,7 +416,8 @@ def run_worker(args: argparse.Namespace, role: str, batches: Path) -> dict[str, 
         cmd += ["--set", item]
     if args.sdpa_backends:
         cmd += ["--sdpa-backends", args.sdpa_backends]
-    cmd += ["--compile" if args.compile else "--no-compile"]
+    cmd += ["--compile" if args.compile else "--no-compile", "--static-length", str(args.static_length),
+            "--max-tokens", str(args.max_tokens)]
     error = None
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=args.worker_timeout or None)
@@ -434,6 +455,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--vocab", type=int, default=8000, help="synthetic vocabulary size")
+    parser.add_argument("--static-length", type=int, default=32,
+                        help="tokens a row of the ours-bf16-static-* variants' fixed batches (default: %(default)s)")
     parser.add_argument("--mean-length", type=float, default=16.1,
                         help="synthetic pieces per sentence, mean (default: Multi30k's; WMT14 en-de: 28)")
     parser.add_argument("--synthetic", action="store_true", help="ignore the prepared cache")
