@@ -64,8 +64,14 @@ PREPARED = REPO / "data" / "prepared" / "multi30k_de_en"
 # tokens a row on both sides, no padding, as many rows as --max-tokens allows (what packing
 # sentences into fixed rows would give, less its block-diagonal masks), compiled for that one
 # shape (-compile), and replayed as CUDA graphs (-graphs: torch.compile's "reduce-overhead")
+# ours-bf16-packed-*: the same sentences as every other variant, packed end to end into rows of
+# --pack-length slots (mtcli.data.packing; Transformer.forward_packed keeps them apart), as many
+# rows as --max-tokens allows: one shape for every batch, compiled (-compile) and replayed as
+# CUDA graphs (-graphs)
 VARIANTS = ["ours-fp32", "ours-bf16", "ours-bf16-compile", "ours-bf16-pageable", "ours-bf16-static-compile",
-            "ours-bf16-static-graphs", "torch-nn-fp32", "torch-nn-bf16", "reference-fp32", "reference-bf16"]
+            "ours-bf16-static-graphs", "ours-bf16-packed-compile", "ours-bf16-packed-graphs", "torch-nn-fp32",
+            "torch-nn-bf16", "reference-fp32", "reference-bf16"]
+PACKED_KEYS = ("src", "tgt_in", "tgt_out", "src_segments", "tgt_segments", "src_positions", "tgt_positions")
 DEFAULT_VARIANTS = ["ours-fp32", "ours-bf16", "torch-nn-fp32"]
 
 
@@ -205,6 +211,65 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def fixed_shape_batches(args: argparse.Namespace, data: dict[str, Any], packed: bool, vocab: int) -> None:
+    """Replace the saved batches, in place, by batches of one shape: the sentences of all of them
+    packed into rows of ``--pack-length`` slots (``packed``), else random ids filling rows of
+    ``--static-length`` (no padding at all); as many rows as ``--max-tokens`` allows."""
+    import numpy as np
+    import torch
+
+    from mtcli.data.packing import collate_packed, pack_rows
+    from mtcli.data.tokenizer import EOS_ID
+
+    if not packed:
+        rows, length = max(1, args.max_tokens // args.static_length), args.static_length
+        gen = torch.Generator().manual_seed(1)
+        for key in PACKED_KEYS[:3]:
+            data[key] = [torch.randint(4, vocab, (rows, length), generator=gen) for _ in data[key]]
+        return
+    src: list[np.ndarray] = []
+    tgt: list[np.ndarray] = []
+    for src_batch, tgt_batch in zip(data["src"], data["tgt_out"], strict=True):
+        for s_row, t_row in zip(src_batch.tolist(), tgt_batch.tolist(), strict=True):
+            src.append(np.asarray(s_row[: s_row.index(EOS_ID)]))
+            tgt.append(np.asarray(t_row[: t_row.index(EOS_ID)]))
+    lengths = [np.array([len(x) for x in side]) for side in (src, tgt)]
+    fits = np.flatnonzero(np.maximum(*lengths) < args.pack_length)  # a longer pair has no row
+    data["pairs_skipped"] = len(src) - len(fits)
+    rows = pack_rows(*lengths, fits, args.pack_length)
+    n_rows = max(1, args.max_tokens // args.pack_length)
+    batches = [collate_packed(src, tgt, rows[i:i + n_rows], n_rows, args.pack_length)
+               for i in range(0, len(rows), n_rows)]
+    for key in PACKED_KEYS:
+        data[key] = [getattr(b, key) for b in batches]
+
+
+def one_shape_forward(packed: bool, graphs: bool) -> Any:
+    """The trainer's forward and loss (packed rows through ``Transformer.forward_packed``), compiled
+    for one shape; ``graphs``: replayed as CUDA graphs (torch.compile's ``reduce-overhead``)."""
+    import torch
+
+    from mtcli.device import autocast
+    from mtcli.train.trainer import forward_loss
+
+    def packed_forward_loss(model: Any, criterion: Any, output_targets: Any, precision: str, src: Any,
+                            tgt_in: Any, tgt_out: Any, *layout: Any) -> Any:
+        with autocast(src.device, precision):
+            logits = model.forward_packed(src, tgt_in, *layout)
+        out = criterion(logits, output_targets(tgt_out))
+        return out.loss, out.loss.detach(), out.nll
+
+    mode = "reduce-overhead" if graphs else None
+    compiled = torch.compile(packed_forward_loss if packed else forward_loss, dynamic=False, mode=mode)
+
+    def run(*call: Any) -> Any:
+        if graphs:  # a new step: the graphs' outputs of the last one are not read again
+            torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*call)
+
+    return run
+
+
 def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     """Time one variant on the saved batches; returns its row."""
     import torch
@@ -268,27 +333,16 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
 
     compiled = name.endswith("-compile") or name.endswith("-graphs")
     pageable = name.endswith("-pageable")
-    static = "-static-" in name
-    if static:  # one fixed shape, every position a real token
-        rows, length = max(1, args.max_tokens // args.static_length), args.static_length
-        gen = torch.Generator().manual_seed(1)
-        for key in ("src", "tgt_in", "tgt_out"):
-            data[key] = [torch.randint(4, vocab, (rows, length), generator=gen) for _ in data[key]]
-        from mtcli.train.trainer import forward_loss
-
-        mode = "reduce-overhead" if name.endswith("-graphs") else None
-        static_forward = torch.compile(forward_loss, dynamic=False, mode=mode)
-
-        def train_forward(*call: Any) -> Any:
-            if mode is not None:  # a new step: the graphs' outputs of the last one are not read again
-                torch.compiler.cudagraph_mark_step_begin()
-            return static_forward(*call)
+    static, packed = "-static-" in name, "-packed-" in name
+    if static or packed:  # one fixed shape for every batch
+        fixed_shape_batches(args, data, packed, vocab)
+        train_forward = one_shape_forward(packed, graphs=name.endswith("-graphs"))
     else:
         train_forward = compile_forward_loss() if compiled else None
     # FLOPs of the batches as collated; a compiled loop pads their lengths to a multiple of 8, as
     # train.compile does (Batch.padded), so that one graph serves every batch
     shapes = [(int(s.size(0)), int(s.size(1)), int(t.size(1))) for s, t in zip(data["src"], data["tgt_in"], strict=True)]
-    if (compiled and not static) or (reference and args.compile):
+    if (compiled and not (static or packed)) or (reference and args.compile):
         for key in ("src", "tgt_in", "tgt_out"):
             data[key] = [pad_length(t, COMPILE_LENGTH_MULTIPLE) for t in data[key]]
 
@@ -310,10 +364,10 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     def step(i: int) -> int:
         tokens = int(data["tgt_out"][i].ne(0).sum())  # on the host, as the trainer counts them
         move = (lambda t: t.to(device, non_blocking=True)) if pageable else (lambda t: to_device(t, device))
-        src, tgt_in, tgt_out = (move(data[k][i]) for k in ("src", "tgt_in", "tgt_out"))
+        src, tgt_in, tgt_out, *layout = (move(data[k][i]) for k in (PACKED_KEYS if packed else PACKED_KEYS[:3]))
         if compiled:  # the trainer's step: its forward and loss
             loss, logged, _ = train_forward(model, criterion, model.output_targets, "bf16" if bf16 else "fp32",
-                                            src, tgt_in, tgt_out)
+                                            src, tgt_in, tgt_out, *layout)
         else:
             loss = eager_loss(src, tgt_in, tgt_out)
             logged = loss.detach()
@@ -368,6 +422,8 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
         # graphs torch.compile built during the timed steps: above 0, the time holds compiling
         "compiles_in_timed_steps": counters["stats"]["unique_graphs"] - graphs_before,
     }
+    if packed:  # pairs longer than a row, left out of the packed batches
+        row["pairs_skipped"] = data["pairs_skipped"]
     if device.type == "cuda":
         row["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
     return row
@@ -417,6 +473,7 @@ def run_worker(args: argparse.Namespace, role: str, batches: Path) -> dict[str, 
     if args.sdpa_backends:
         cmd += ["--sdpa-backends", args.sdpa_backends]
     cmd += ["--compile" if args.compile else "--no-compile", "--static-length", str(args.static_length),
+            "--pack-length", str(args.pack_length),
             "--max-tokens", str(args.max_tokens)]
     error = None
     try:
@@ -455,6 +512,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--vocab", type=int, default=8000, help="synthetic vocabulary size")
+    parser.add_argument("--pack-length", type=int, default=128,
+                        help="slots a row of the ours-bf16-packed-* variants' packed batches (default: %(default)s)")
     parser.add_argument("--static-length", type=int, default=32,
                         help="tokens a row of the ours-bf16-static-* variants' fixed batches (default: %(default)s)")
     parser.add_argument("--mean-length", type=float, default=16.1,

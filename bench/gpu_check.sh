@@ -12,10 +12,10 @@
 #      variant, device, tokens_per_s, mfu, peak_mem_gb) and the full table beside it;
 #   2. where that step's GPU time goes: the top kernels by their own GPU time, compiled and eager
 #      (OUT_DIR/gpu_profile_<date>.txt);
-#   3. an upper bound, not a training loop (so not in gpu_train_<date>.json): the same step on
-#      batches of one fixed shape (781 rows of 32 tokens, no padding; what packing sentences into
-#      fixed rows would give), compiled for that shape, then also replayed as CUDA graphs: how much
-#      of the step is the host launching kernels, and what is left on the GPU.
+#   3. packing, not yet a training loop (so not in gpu_train_<date>.json): the same sentences packed
+#      end to end into rows of 128 slots (mtcli.data.packing), 195 rows a batch, so every batch has
+#      one shape; compiled for it, then also replayed as CUDA graphs: how much of the step is the
+#      host launching kernels, and what is left on the GPU.
 #
 # Usage (from the repository root, on the GPU machine): bash bench/gpu_check.sh [OUT_DIR]
 set -euo pipefail
@@ -41,5 +41,5 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || 
     --max-tokens 25000 --steps 6 --warmup 12 --profile 40 \
     --output "$OUT/gpu_profile_tables_${DATE}.json" > "$OUT/gpu_profile_${DATE}.txt"
 tail -n 5 "$OUT/gpu_profile_${DATE}.txt"
-"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --variants ours-bf16-static-compile ours-bf16-static-graphs \
-    --max-tokens 25000 --static-length 32 --steps 24 --warmup 12 --output "$OUT/gpu_train_tables_static_${DATE}.json"
+"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --variants ours-bf16-packed-graphs ours-bf16-packed-compile \
+    --max-tokens 25000 --pack-length 128 --steps 24 --warmup 12 --output "$OUT/gpu_train_tables_packed_${DATE}.json"

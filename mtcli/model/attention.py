@@ -101,6 +101,26 @@ def padding_attn_mask(src_pad_mask: Tensor, dtype: torch.dtype = torch.float32) 
     return mask.masked_fill_(src_pad_mask, float("-inf"))[:, None, None, :]
 
 
+def packed_attn_masks(src_segments: Tensor, tgt_segments: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Boolean masks (True: may attend) that keep the sentence pairs of packed rows apart
+    (:mod:`mtcli.data.packing`): ``(encoder self-attention [B, 1, S, S], decoder self-attention
+    [B, 1, T, T], encoder-decoder attention [B, 1, T, S])`` from the segments ``[B, S]`` and
+    ``[B, T]`` (1, 2, ... per pair within a row, 0 at padding).
+
+    A query attends to the keys of its own segment only, the decoder's causally (keys ``<= t``).
+    Padding is a segment of its own, so every query has a key: a padding query attends to the
+    padding of its row, and in encoder-decoder attention (where a full source row has none) to
+    the row's first key. Padding's outputs are never scored; this only keeps them finite.
+    """
+    src_q, src_k = src_segments[:, None, :, None], src_segments[:, None, None, :]
+    tgt_q, tgt_k = tgt_segments[:, None, :, None], tgt_segments[:, None, None, :]
+    t, s = tgt_segments.size(1), src_segments.size(1)
+    causal = torch.ones(t, t, dtype=torch.bool, device=tgt_segments.device).tril()
+    first_key = torch.arange(s, device=src_segments.device) == 0
+    cross = (tgt_q == src_k) | ((tgt_q == 0) & first_key)
+    return src_q == src_k, (tgt_q == tgt_k) & causal, cross
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (section 3.2.2).
 

@@ -106,8 +106,11 @@ class PositionalEncoding(nn.Module):
         self.max_positions = max_positions
         self.register_buffer("pe", pe.float(), persistent=False)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """``x [B, T, d_model]`` + ``PE[offset : offset+T]``."""
+    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """``x [B, T, d_model]`` + ``PE[offset : offset+T]``, or ``+ PE[positions]`` with each
+        slot's own position ``[B, T]`` (packed rows, where every sentence starts at 0)."""
+        if positions is not None:
+            return x + self.pe[positions]
         t = x.size(1)
         if offset + t > self.max_positions:
             raise ValueError(
@@ -172,14 +175,17 @@ class DecoderLayer(nn.Module):
         )
 
     def forward(
-        self, x: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor | None, need_weights: bool = False
+        self, x: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor | None, need_weights: bool = False,
+        self_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Whole target ``x [B, T, d_model]`` at once (training, uncached decoding).
 
         ``kv`` are this layer's encoder keys/values, ``mask`` the source padding mask. Returns the
         output and, with ``need_weights``, the head-averaged cross-attention weights ``[B, T, S]``.
+        ``self_mask`` replaces the causal self-attention's own mask (packed rows: causal within
+        each sentence).
         """
-        x = self.sublayer[0](x, lambda h: self.self_attn.forward_self(h, None, is_causal=True))
+        x = self.sublayer[0](x, lambda h: self.self_attn.forward_self(h, self_mask, is_causal=self_mask is None))
         weights: list[Tensor | None] = [None]
 
         def cross(h: Tensor) -> Tensor:
@@ -218,9 +224,9 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.norm = nn.LayerNorm(cfg.d_model, eps=LAYER_NORM_EPS) if cfg.pre_norm else None
 
-    def forward(self, src: Tensor, mask: Tensor | None) -> Tensor:
-        """``src [B, S]`` ids -> ``memory [B, S, d_model]``."""
-        x = dropout(self.positions(self.embed(src)), self.dropout, self.training)
+    def forward(self, src: Tensor, mask: Tensor | None, positions: Tensor | None = None) -> Tensor:
+        """``src [B, S]`` ids -> ``memory [B, S, d_model]`` (``positions``: each slot's, when packed)."""
+        x = dropout(self.positions(self.embed(src), positions=positions), self.dropout, self.training)
         for layer in self.layers:
             x = layer(x, mask)
         return self.norm(x) if self.norm is not None else x
@@ -240,15 +246,17 @@ class Decoder(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model, eps=LAYER_NORM_EPS) if cfg.pre_norm else None
 
     def forward(
-        self, tgt_in: Tensor, enc: EncoderOutput, need_weights: bool = False
+        self, tgt_in: Tensor, enc: EncoderOutput, need_weights: bool = False,
+        positions: Tensor | None = None, self_mask: Tensor | None = None,
     ) -> tuple[Tensor, list[Tensor]]:
         """``tgt_in [B, T]`` -> hidden ``[B, T, d_model]`` and, with ``need_weights``, a list of
-        per-layer head-averaged cross-attention weights ``[B, T, S]`` (else an empty list)."""
-        x = dropout(self.positions(self.embed(tgt_in)), self.dropout, self.training)
+        per-layer head-averaged cross-attention weights ``[B, T, S]`` (else an empty list).
+        Packed rows give each slot's ``positions`` and the self-attention's ``self_mask``."""
+        x = dropout(self.positions(self.embed(tgt_in), positions=positions), self.dropout, self.training)
         weights: list[Tensor] = []
         for layer in self.layers:
             kv = layer.cross_attn.project_kv(enc.memory)
-            x, w = layer(x, kv, enc.attn_mask, need_weights)
+            x, w = layer(x, kv, enc.attn_mask, need_weights, self_mask)
             if w is not None:
                 weights.append(w)
         return (self.norm(x) if self.norm is not None else x), weights

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from mtcli.config import ModelConfig
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from mtcli.model.attention import padding_attn_mask
+from mtcli.model.attention import packed_attn_masks, padding_attn_mask
 from mtcli.model.incremental import DecoderCache, EncoderOutput, Workspace
 from mtcli.model.layers import (
     Decoder,
@@ -268,6 +268,18 @@ class Transformer(nn.Module):
         """Teacher-forced logits ``[B, T, output_size]`` for ``src [B, S]`` and ``tgt_in [B, T]``
         (widen them with :meth:`widen` for the joint vocabulary)."""
         return self.decode(tgt_in, self.encode(src))
+
+    def forward_packed(self, src: Tensor, tgt_in: Tensor, src_segments: Tensor, tgt_segments: Tensor,
+                       src_positions: Tensor, tgt_positions: Tensor) -> Tensor:
+        """Teacher-forced logits ``[B, T, output_size]`` of packed rows (:mod:`mtcli.data.packing`):
+        several pairs per row, kept apart by :func:`~mtcli.model.attention.packed_attn_masks`, each
+        sentence's positions starting at 0. Every real slot gets what :meth:`forward` gives its
+        pair alone."""
+        encoder_mask, decoder_mask, cross_mask = packed_attn_masks(src_segments, tgt_segments)
+        memory = self.encoder(src, encoder_mask, positions=src_positions)
+        enc = EncoderOutput(memory, src.eq(self.pad_id), cross_mask)
+        hidden, _ = self.decoder(tgt_in, enc, positions=tgt_positions, self_mask=decoder_mask)
+        return self.project(hidden)
 
     def init_cache(
         self, enc: EncoderOutput, beam_size: int = 1, max_len: int | None = None,

@@ -1,0 +1,124 @@
+"""Packed batches: several sentence pairs in each row of a fixed length, so every batch has one shape.
+
+Token batches (:mod:`mtcli.data.batching`) change shape from batch to batch, and pad every
+sentence to the longest in its batch. Packing instead lays sentence pairs end to end in rows of
+``length`` slots: a row's source holds the sources of its pairs (each with its eos), the same
+row's decoder input and target hold their targets (bos + ids, ids + eos) in the same order, and
+the rest of the row is padding. A batch is ``rows`` such rows, always ``[rows, length]``: one
+compiled graph, replayable as a CUDA graph, and little padding.
+
+Each slot carries its pair's number within the row (its *segment*, 1, 2, ...; 0 at padding)
+and its position within its own sentence. The model keeps the pairs of a row apart with them
+(:func:`mtcli.model.attention.packed_attn_masks`): attention stays inside a sentence, and
+positional encodings restart at each sentence, so a packed pair gets the same outputs as it
+would alone (a test checks it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from mtcli.data.batching import SentenceArray, to_device
+from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+#: How many of the most recent rows stay open for the next pair: a pair that does not fit the
+#: newest row may still fill a gap in one of these (a fuller packing than one open row).
+OPEN_ROWS = 8
+
+
+def pack_rows(src_lengths: np.ndarray, tgt_lengths: np.ndarray, order: np.ndarray, length: int) -> list[np.ndarray]:
+    """Cut the pairs ``order`` (indices into the length arrays, taken in that order) into rows of
+    ``length`` slots: each row's pairs need ``src + 1`` source slots and ``tgt + 1`` target slots
+    (the eos, the bos) and fit ``length`` on both sides. A pair goes into the first of the last
+    :data:`OPEN_ROWS` rows with room on both sides, else opens a new row. Pairs too long for a row
+    on their own raise ``ValueError`` (filter them first)."""
+    need_src = src_lengths[order].astype(np.int64) + 1
+    need_tgt = tgt_lengths[order].astype(np.int64) + 1
+    if len(order) and max(int(need_src.max()), int(need_tgt.max())) > length:
+        raise ValueError(f"a pair needs more than {length} slots: filter pairs longer than {length - 1} pieces first")
+    rows: list[list[int]] = []
+    room: list[tuple[int, int]] = []  # free (source, target) slots of each row
+    for pair, s, t in zip(order.tolist(), need_src.tolist(), need_tgt.tolist(), strict=True):
+        for r in range(max(0, len(rows) - OPEN_ROWS), len(rows)):
+            if room[r][0] >= s and room[r][1] >= t:
+                rows[r].append(pair)
+                room[r] = (room[r][0] - s, room[r][1] - t)
+                break
+        else:
+            rows.append([pair])
+            room.append((length - s, length - t))
+    return [np.asarray(row, dtype=np.int64) for row in rows]
+
+
+@dataclass
+class PackedBatch:
+    """``rows`` rows of ``length`` slots: ids ``src``, ``tgt_in``, ``tgt_out``, and per slot its
+    pair's segment (``src_segments``, ``tgt_segments``: 1, 2, ... within the row, 0 at padding) and
+    its position within its sentence (``src_positions``, ``tgt_positions``). All ``[rows, length]``
+    int64."""
+
+    src: Tensor
+    tgt_in: Tensor
+    tgt_out: Tensor
+    src_segments: Tensor
+    tgt_segments: Tensor
+    src_positions: Tensor
+    tgt_positions: Tensor
+    src_tokens: int
+    tgt_tokens: int
+
+    @property
+    def padded_tokens(self) -> int:
+        """Slots in the source and target tensors, padding included."""
+        return int(self.src.numel() + self.tgt_out.numel())
+
+    @property
+    def padding(self) -> float:
+        """Share of padding among the slots of ``src`` and ``tgt_out``."""
+        return 1.0 - (self.src_tokens + self.tgt_tokens) / max(self.padded_tokens, 1)
+
+    def to(self, device: torch.device | str) -> PackedBatch:
+        """The batch on ``device`` (through pinned memory to a GPU: :func:`to_device`)."""
+        moved = {name: to_device(getattr(self, name), device) for name in
+                 ("src", "tgt_in", "tgt_out", "src_segments", "tgt_segments", "src_positions", "tgt_positions")}
+        return PackedBatch(**moved, src_tokens=self.src_tokens, tgt_tokens=self.tgt_tokens)
+
+
+def collate_packed(src: SentenceArray, tgt: SentenceArray, rows: Sequence[np.ndarray], n_rows: int,
+                   length: int) -> PackedBatch:
+    """The pairs of ``rows`` (from :func:`pack_rows`) as a :class:`PackedBatch` of ``n_rows`` rows
+    (rows beyond ``len(rows)`` are all padding, so every batch has the same shape)."""
+    if len(rows) > n_rows:
+        raise ValueError(f"{len(rows)} rows do not fit a batch of {n_rows}")
+    out = {name: np.full((n_rows, length), PAD_ID if name in ("src", "tgt_in", "tgt_out") else 0, dtype=np.int64)
+           for name in ("src", "tgt_in", "tgt_out", "src_segments", "tgt_segments", "src_positions", "tgt_positions")}
+    src_tokens = tgt_tokens = 0
+    for r, row in enumerate(rows):
+        s_at = t_at = 0
+        for segment, pair in enumerate(row.tolist(), start=1):
+            s_ids = np.asarray(src[pair], dtype=np.int64)
+            t_ids = np.asarray(tgt[pair], dtype=np.int64)
+            s_end, t_end = s_at + len(s_ids) + 1, t_at + len(t_ids) + 1
+            out["src"][r, s_at:s_end - 1] = s_ids
+            out["src"][r, s_end - 1] = EOS_ID
+            out["tgt_in"][r, t_at] = BOS_ID
+            out["tgt_in"][r, t_at + 1:t_end] = t_ids
+            out["tgt_out"][r, t_at:t_end - 1] = t_ids
+            out["tgt_out"][r, t_end - 1] = EOS_ID
+            out["src_segments"][r, s_at:s_end] = segment
+            out["tgt_segments"][r, t_at:t_end] = segment
+            out["src_positions"][r, s_at:s_end] = np.arange(s_end - s_at)
+            out["tgt_positions"][r, t_at:t_end] = np.arange(t_end - t_at)
+            src_tokens += s_end - s_at
+            tgt_tokens += t_end - t_at
+            s_at, t_at = s_end, t_end
+    return PackedBatch(**{k: torch.from_numpy(v) for k, v in out.items()}, src_tokens=src_tokens,
+                       tgt_tokens=tgt_tokens)
+
+
+__all__ = ["OPEN_ROWS", "PackedBatch", "collate_packed", "pack_rows"]

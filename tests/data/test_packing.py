@@ -1,0 +1,114 @@
+"""Packed rows: every pair once, within the row length on both sides, and the model gives a
+packed pair exactly what it gives the pair alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mtcli.config import ModelConfig
+from mtcli.data.batching import collate
+from mtcli.data.packing import collate_packed, pack_rows
+from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from mtcli.model import Transformer
+from mtcli.train.loss import LabelSmoothedLoss
+
+
+class Sentences:
+    def __init__(self, sentences: list[list[int]]) -> None:
+        self.sentences = [np.asarray(s, dtype=np.int32) for s in sentences]
+        self.lengths = np.array([len(s) for s in sentences], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.sentences)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.sentences[i]
+
+
+def random_pairs(n: int, seed: int, vocab: int = 50, longest: int = 20) -> tuple[Sentences, Sentences]:
+    rng = np.random.default_rng(seed)
+    src = [rng.integers(4, vocab, rng.integers(1, longest)).tolist() for _ in range(n)]
+    tgt = [rng.integers(4, vocab, rng.integers(1, longest)).tolist() for _ in range(n)]
+    return Sentences(src), Sentences(tgt)
+
+
+def test_rows_hold_every_pair_once_within_the_length_and_pack_full() -> None:
+    src, tgt = random_pairs(2000, seed=1, longest=40)
+    order = np.random.default_rng(2).permutation(len(src))
+    rows = pack_rows(src.lengths, tgt.lengths, order, 128)
+    assert sorted(np.concatenate(rows).tolist()) == list(range(len(src)))
+    rank = np.argsort(order)  # a row's pairs keep the order they were taken in
+    assert all((np.diff(rank[row]) > 0).all() for row in rows)
+    used_src = [int((src.lengths[r] + 1).sum()) for r in rows]
+    used_tgt = [int((tgt.lengths[r] + 1).sum()) for r in rows]
+    assert max(used_src) <= 128 and max(used_tgt) <= 128
+    fill = sum(max(a, b) for a, b in zip(used_src, used_tgt, strict=True)) / (128 * len(rows))
+    assert fill > 0.9, fill
+    with pytest.raises(ValueError, match="filter pairs longer than 9 pieces"):
+        pack_rows(src.lengths, tgt.lengths, order, 10)
+
+
+def test_collate_lays_pairs_end_to_end_with_segments_and_positions() -> None:
+    src, tgt = Sentences([[10, 11], [12], [13, 14, 15]]), Sentences([[20], [21, 22], [23]])
+    batch = collate_packed(src, tgt, [np.array([0, 1]), np.array([2])], n_rows=3, length=6)
+    assert batch.src.tolist() == [[10, 11, EOS_ID, 12, EOS_ID, PAD_ID], [13, 14, 15, EOS_ID, 0, 0], [0] * 6]
+    assert batch.tgt_in.tolist() == [[BOS_ID, 20, BOS_ID, 21, 22, 0], [BOS_ID, 23, 0, 0, 0, 0], [0] * 6]
+    assert batch.tgt_out.tolist() == [[20, EOS_ID, 21, 22, EOS_ID, 0], [23, EOS_ID, 0, 0, 0, 0], [0] * 6]
+    assert batch.src_segments.tolist()[0] == [1, 1, 1, 2, 2, 0]
+    assert batch.tgt_positions.tolist()[0] == [0, 1, 0, 1, 2, 0]
+    assert (batch.src_tokens, batch.tgt_tokens) == (9, 7)
+    assert batch.padding == pytest.approx(1 - 16 / 36)
+    with pytest.raises(ValueError, match="3 rows do not fit a batch of 2"):
+        collate_packed(src, tgt, [np.array([0]), np.array([1]), np.array([2])], n_rows=2, length=6)
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_a_packed_pair_gets_the_logits_and_loss_it_gets_alone(pre_norm: bool) -> None:
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_heads=4, encoder_layers=2, decoder_layers=2, d_ff=64, dropout=0.0,
+                      attention_dropout=0.0, max_positions=64, pre_norm=pre_norm)
+    model = Transformer(cfg, 50).eval()
+    src, tgt = random_pairs(12, seed=3, longest=12)
+    rows = pack_rows(src.lengths, tgt.lengths, np.arange(12), 32)
+    assert any(len(r) > 1 for r in rows)
+    packed = collate_packed(src, tgt, rows, n_rows=len(rows) + 1, length=32)  # and one empty row
+    with torch.no_grad():
+        logits = model.forward_packed(packed.src, packed.tgt_in, packed.src_segments, packed.tgt_segments,
+                                      packed.src_positions, packed.tgt_positions)
+        assert torch.isfinite(logits).all()  # padding, and a row of nothing but padding, included
+        for r, row in enumerate(rows):
+            for segment, pair in enumerate(row.tolist(), start=1):
+                alone = collate(src, tgt, np.array([pair]))
+                expected = model(alone.src, alone.tgt_in)[0]
+                slots = packed.tgt_segments[r] == segment
+                torch.testing.assert_close(logits[r, slots], expected, atol=1e-5, rtol=1e-5)
+        criterion = LabelSmoothedLoss(0.1)
+        whole = collate(src, tgt, np.arange(12))
+        unpacked = criterion(model(whole.src, whole.tgt_in), whole.tgt_out)
+        repacked = criterion(logits, packed.tgt_out)
+    torch.testing.assert_close(repacked.loss, unpacked.loss, atol=1e-4, rtol=1e-5)
+    assert int(repacked.count) == int(unpacked.count) == packed.tgt_tokens
+
+
+def test_the_packed_forward_traces_as_one_graph() -> None:
+    """fullgraph: what a compiled, CUDA-graphed packed step needs (no host sync, no break)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_heads=2, encoder_layers=1, decoder_layers=1, d_ff=64, dropout=0.1,
+                      attention_dropout=0.0, max_positions=64)
+    model = Transformer(cfg, 50).train()
+    src, tgt = random_pairs(8, seed=4, longest=10)
+    batch = collate_packed(src, tgt, pack_rows(src.lengths, tgt.lengths, np.arange(8), 24), n_rows=6, length=24)
+    criterion = LabelSmoothedLoss(0.1)
+
+    def step(*tensors: torch.Tensor) -> torch.Tensor:
+        logits = model.forward_packed(tensors[0], tensors[1], *tensors[3:])
+        return criterion(logits, tensors[2]).loss
+
+    torch._dynamo.reset()
+    traced = torch.compile(step, fullgraph=True, dynamic=False, backend="eager")
+    loss = traced(batch.src, batch.tgt_in, batch.tgt_out, batch.src_segments, batch.tgt_segments,
+                  batch.src_positions, batch.tgt_positions)
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
