@@ -59,7 +59,7 @@ PREPARED = REPO / "data" / "prepared" / "multi30k_de_en"
 # ours-*-compile: mtcli's own training forward and loss (mtcli.train.trainer.forward_loss) under
 # torch.compile, as train.compile runs it
 # ours-bf16-pageable: ours-bf16 with each batch copied to the GPU from ordinary (pageable) host
-# memory, as mtcli did before mtcli.data.batching.to_device pinned it: that copy waits for the GPU
+# memory, as mtcli did before mtcli.device.to_device pinned it: that copy waits for the GPU
 # ours-bf16-static-*: an upper bound, not a training loop: every batch exactly --static-length
 # tokens a row on both sides, no padding, as many rows as --max-tokens allows (what packing
 # sentences into fixed rows would give, less its block-diagonal masks), compiled for that one
@@ -67,7 +67,7 @@ PREPARED = REPO / "data" / "prepared" / "multi30k_de_en"
 # ours-bf16-packed-*: the same sentences as every other variant, packed end to end into rows of
 # --pack-length slots (mtcli.data.packing; Transformer.forward_packed keeps them apart), as many
 # rows as --max-tokens allows: one shape for every batch, compiled (-compile) and replayed as
-# CUDA graphs (-graphs)
+# CUDA graphs (-graphs: what train.pack_length with train.compile runs on a GPU)
 VARIANTS = ["ours-fp32", "ours-bf16", "ours-bf16-compile", "ours-bf16-pageable", "ours-bf16-static-compile",
             "ours-bf16-static-graphs", "ours-bf16-packed-compile", "ours-bf16-packed-graphs", "torch-nn-fp32",
             "torch-nn-bf16", "reference-fp32", "reference-bf16"]
@@ -244,39 +244,14 @@ def fixed_shape_batches(args: argparse.Namespace, data: dict[str, Any], packed: 
         data[key] = [getattr(b, key) for b in batches]
 
 
-def one_shape_forward(packed: bool, graphs: bool) -> Any:
-    """The trainer's forward and loss (packed rows through ``Transformer.forward_packed``), compiled
-    for one shape; ``graphs``: replayed as CUDA graphs (torch.compile's ``reduce-overhead``)."""
-    import torch
-
-    from mtcli.device import autocast
-    from mtcli.train.trainer import forward_loss
-
-    def packed_forward_loss(model: Any, criterion: Any, output_targets: Any, precision: str, src: Any,
-                            tgt_in: Any, tgt_out: Any, *layout: Any) -> Any:
-        with autocast(src.device, precision):
-            logits = model.forward_packed(src, tgt_in, *layout)
-        out = criterion(logits, output_targets(tgt_out))
-        return out.loss, out.loss.detach(), out.nll
-
-    mode = "reduce-overhead" if graphs else None
-    compiled = torch.compile(packed_forward_loss if packed else forward_loss, dynamic=False, mode=mode)
-
-    def run(*call: Any) -> Any:
-        if graphs:  # a new step: the graphs' outputs of the last one are not read again
-            torch.compiler.cudagraph_mark_step_begin()
-        return compiled(*call)
-
-    return run
-
-
 def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     """Time one variant on the saved batches; returns its row."""
     import torch
 
     from mtcli.allocator import keep_freed_memory
     from mtcli.config import load_config
-    from mtcli.data.batching import pad_length, to_device
+    from mtcli.data.batching import pad_length
+    from mtcli.device import to_device
     from mtcli.train.loss import LabelSmoothedLoss
     from mtcli.train.rdrop import rdrop_loss
     from mtcli.train.schedule import build_optimizer, build_schedule
@@ -336,7 +311,7 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     static, packed = "-static-" in name, "-packed-" in name
     if static or packed:  # one fixed shape for every batch
         fixed_shape_batches(args, data, packed, vocab)
-        train_forward = one_shape_forward(packed, graphs=name.endswith("-graphs"))
+        train_forward = compile_forward_loss(one_shape=True, graphs=name.endswith("-graphs"))
     else:
         train_forward = compile_forward_loss() if compiled else None
     # FLOPs of the batches as collated; a compiled loop pads their lengths to a multiple of 8, as

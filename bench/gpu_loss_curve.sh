@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # train.compile against the eager step, as loss curves: the WMT14 base shape and schedule
 # (bf16, Noam with 4,000 warm-up steps, ~25k target tokens an update as 2 x 12,500) on the
-# prepared Multi30k en-de cache, for STEPS steps: eager seed 1, compiled seed 1, eager seed 2
-# (the seed noise to judge the first two against). On a machine with several GPUs it then runs
+# prepared Multi30k en-de cache, for STEPS steps: eager seed 1; packed seed 1 (train.pack_length
+# 128 with train.compile: one batch shape, CUDA graphs); eager seed 2 (the seed noise to judge the
+# others against); compiled seed 1 (token batches). On a machine with several GPUs it then runs
 # eager seed 1 under torchrun on all of them, each with the same 2 x 12,500 tokens a step (so the
 # update grows with the GPUs), for the target tokens/s per GPU against one GPU's. Writes
 # OUT_DIR/gpu_loss_curve_<date>.json with each run's logged training loss, its tokens/s (all
@@ -41,7 +42,7 @@ PY
 if [ -z "${PROCS:-}" ]; then
     PROCS=$( [ "${DEVICE:-cuda}" = cuda ] && nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 1)
 fi
-specs=(eager:1:1 compile:1:1 eager:2:1)
+specs=(eager:1:1 packed:1:1 eager:2:1 compile:1:1)
 [ "$PROCS" -gt 1 ] && specs+=("eager:1:$PROCS")
 runs=()
 for spec in "${specs[@]}"; do
@@ -50,8 +51,11 @@ for spec in "${specs[@]}"; do
     rm -rf "$dir"
     launch=("$PY" -m mtcli)
     [ "$procs" -gt 1 ] && launch=("$PY" -m torch.distributed.run --standalone --nproc_per_node="$procs" -m mtcli)
-    "${launch[@]}" train configs/multi30k_en_de.yaml "${SET[@]}" --set train.seed="$seed" \
-        --set train.compile=$([ "$mode" = compile ] && echo true || echo false) --set train.run_dir="$dir"
+    mode_set=(--set train.compile=false)
+    [ "$mode" = compile ] && mode_set=(--set train.compile=true)
+    [ "$mode" = packed ] && mode_set=(--set train.compile=true --set train.pack_length=128)
+    "${launch[@]}" train configs/multi30k_en_de.yaml "${SET[@]}" --set train.seed="$seed" "${mode_set[@]}" \
+        --set train.run_dir="$dir"
     runs+=("$mode:$seed:$procs:$dir/train.log")
     summarise "${runs[@]}"
 done

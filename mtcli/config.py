@@ -103,6 +103,7 @@ class TrainConfig:
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "fp32"  # autocast dtype (fp16: with a gradient scaler)
     compile: bool = False  # torch.compile the forward and loss (a GPU pays back the minute it takes)
     max_tokens: int = 4096
+    pack_length: int = 0  # > 0: pack pairs end to end in rows of this many slots (one batch shape)
     update_freq: int = 1
     max_source_length: int = 256
     max_target_length: int = 256
@@ -385,6 +386,11 @@ def validate(config: Config) -> None:
          "model.output_vocab: target needs the target pieces fixed: with train.subword_alpha > 0 "
          "set train.subword_sides: source"),
         (t.max_tokens > 0, "train.max_tokens must be > 0"),
+        (t.pack_length == 0 or 2 <= t.pack_length <= min(t.max_tokens, m.max_positions),
+         "train.pack_length must be 0 (token batches) or a row of 2 to min(train.max_tokens, "
+         "model.max_positions) slots"),
+        (t.pack_length == 0 or t.rdrop_alpha == 0.0,
+         "train.pack_length: packed rows are not run twice; set train.rdrop_alpha: 0 to pack"),
         (t.update_freq >= 1, "train.update_freq must be >= 1"),
         (t.warmup_steps >= 1, "train.warmup_steps must be >= 1"),
         (t.init_average >= 1, "train.init_average must be >= 1 (the parent's last K checkpoints)"),

@@ -75,4 +75,15 @@ def autocast(device: torch.device, enabled: bool | str) -> contextlib.AbstractCo
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-__all__ = ["autocast", "cpu_has_bf16_units", "cpu_info", "cpu_name", "device_has_bf16_units", "resolve_device"]
+def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``tensor`` on ``device``. To a GPU it goes through pinned (page-locked) host memory: a copy
+    from ordinary memory first waits for every kernel already queued on the GPU, so each batch
+    would drain the queue and leave the GPU idle while the host launches the next step; from
+    pinned memory the copy is queued behind them and the host goes on."""
+    if torch.device(device).type == "cuda" and not tensor.is_pinned():
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
+__all__ = ["autocast", "cpu_has_bf16_units", "cpu_info", "cpu_name", "device_has_bf16_units", "resolve_device",
+           "to_device"]

@@ -35,7 +35,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mtcli.data.packing import PackedBatch, collate_packed, pack_epoch, packed_padding
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from mtcli.device import to_device
 from mtcli.errors import DataError
 
 
@@ -93,16 +95,6 @@ class Batch:
             src_tokens=self.src_tokens,
             tgt_tokens=self.tgt_tokens,
         )
-
-
-def to_device(tensor: Tensor, device: torch.device | str) -> Tensor:
-    """``tensor`` on ``device``. To a GPU it goes through pinned (page-locked) host memory: a copy
-    from ordinary memory first waits for every kernel already queued on the GPU, so each batch
-    would drain the queue and leave the GPU idle while the host launches the next step; from
-    pinned memory the copy is queued behind them and the host goes on."""
-    if torch.device(device).type == "cuda" and not tensor.is_pinned():
-        tensor = tensor.pin_memory()
-    return tensor.to(device, non_blocking=True)
 
 
 def filter_by_length(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_source_length: int,
@@ -294,17 +286,18 @@ class StepGroup:
 
     epoch: int
     start: int
-    batches: list[np.ndarray]
+    batches: list[Any]  # each a batch's pair indices, or packed, its rows' (mtcli.data.packing)
     world_size: int
     rank: int
 
-    def mine(self) -> list[np.ndarray]:
+    def mine(self) -> list[Any]:
         """This rank's share: every ``world_size``-th batch starting at ``rank``."""
         return self.batches[self.rank :: self.world_size]
 
     def target_tokens(self, tgt_lengths: np.ndarray) -> int:
         """Non-pad target tokens (with eos) of the whole group, the loss normaliser on every rank."""
-        return int(sum(int(np.asarray(tgt_lengths)[b].sum()) + len(b) for b in self.batches))
+        pairs = [np.concatenate(b) if isinstance(b, list) else b for b in self.batches]
+        return int(sum(int(np.asarray(tgt_lengths)[b].sum()) + len(b) for b in pairs))
 
 
 class BatchStream:
@@ -323,15 +316,22 @@ class BatchStream:
     :meth:`next_group` (resume stays exact: the position still says everything).
 
     With ``mix`` (several corpora by weight), each epoch reads the pairs :class:`CorpusMix` draws.
+
+    With ``pack_length`` > 0 the batches are packed (:mod:`mtcli.data.packing`): ``max_tokens //
+    pack_length`` rows of ``pack_length`` slots each, pairs longer than a row skipped, and
+    :meth:`collate` gives :class:`~mtcli.data.packing.PackedBatch` es of that one shape.
     """
 
     def __init__(self, src: SentenceArray, tgt: SentenceArray, *, max_tokens: int,
                  max_source_length: int, max_target_length: int, seed: int, update_freq: int = 1,
                  world_size: int = 1, rank: int = 0, pool_batches: int = 100,
-                 resegment: Resegment | None = None, mix: CorpusMix | None = None) -> None:
+                 resegment: Resegment | None = None, mix: CorpusMix | None = None, pack_length: int = 0) -> None:
         self.mix = mix
-        self.max_source_length = int(max_source_length)
-        self.max_target_length = int(max_target_length)
+        self.pack_length = int(pack_length)
+        self.pack_rows = max(1, int(max_tokens) // self.pack_length) if self.pack_length else 0
+        longest = self.pack_length - 1 if self.pack_length else max(max_source_length, max_target_length)
+        self.max_source_length = min(int(max_source_length), longest)
+        self.max_target_length = min(int(max_target_length), longest)
         self.resegment = resegment
         self._use_arrays(src, tgt)
         self.max_tokens = int(max_tokens)
@@ -342,7 +342,7 @@ class BatchStream:
         self.pool_batches = int(pool_batches)
         self.epoch = 0
         self.batch = 0
-        self._cached: tuple[int, list[np.ndarray], tuple[SentenceArray, SentenceArray]] | None = None
+        self._cached: tuple[int, list[Any], tuple[SentenceArray, SentenceArray]] | None = None
         if len(self.epoch_batches(0)) < self.world_size:
             raise DataError(
                 f"the training split makes {len(self.epoch_batches(0))} batches, fewer than the "
@@ -363,15 +363,18 @@ class BatchStream:
                 f"train.max_target_length={self.max_target_length} ({self.skipped} skipped)"
             )
 
-    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+    def epoch_batches(self, epoch: int) -> list[Any]:
         """The epoch's batch list, trimmed to a multiple of ``world_size`` (cached per epoch)."""
         if self._cached is None or self._cached[0] != epoch:
             if self.resegment is not None:
                 self._use_arrays(*self.resegment(epoch))
             indices = self.indices if self.mix is None else self.mix.epoch_indices(self.indices, epoch)
-            batches = make_batches(self.src_lengths, self.tgt_lengths, indices,
-                                   self.max_tokens, seed=self.seed, epoch=epoch,
-                                   pool_batches=self.pool_batches)
+            if self.pack_length:
+                batches = pack_epoch(self.src_lengths, self.tgt_lengths, indices, self.pack_rows,
+                                     self.pack_length, self.seed, epoch)
+            else:
+                batches = make_batches(self.src_lengths, self.tgt_lengths, indices, self.max_tokens,
+                                       seed=self.seed, epoch=epoch, pool_batches=self.pool_batches)
             usable = len(batches) // self.world_size * self.world_size
             self._cached = (epoch, batches[:usable], (self.src, self.tgt))
         elif self.resegment is not None and self.src is not self._cached[2][0]:
@@ -381,6 +384,8 @@ class BatchStream:
     def padding_fraction(self, epoch: int | None = None) -> float:
         """Padding share of an epoch's batches (default: the current epoch)."""
         batches = self.epoch_batches(self.epoch if epoch is None else epoch)
+        if self.pack_length:
+            return packed_padding(batches, self.src_lengths, self.tgt_lengths, self.pack_rows, self.pack_length)
         return padding_fraction(batches, self.src_lengths, self.tgt_lengths)
 
     def next_group(self) -> StepGroup:
@@ -395,8 +400,10 @@ class BatchStream:
             self.batch = 0
         return group
 
-    def collate(self, indices: np.ndarray) -> Batch:
-        """Collate pairs of this stream's split."""
+    def collate(self, indices: Any) -> Batch | PackedBatch:
+        """Collate one batch of this stream's pairs (packed: its rows, into the one packed shape)."""
+        if self.pack_length:
+            return collate_packed(self.src, self.tgt, indices, self.pack_rows, self.pack_length)
         return collate(self.src, self.tgt, indices)
 
     def state_dict(self) -> dict[str, Any]:

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from mtcli.data.batching import SentenceArray, to_device
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from mtcli.device import to_device
 
 #: How many of the most recent rows stay open for the next pair: a pair that does not fit the
 #: newest row may still fill a gap in one of these (a fuller packing than one open row).
@@ -53,6 +54,26 @@ def pack_rows(src_lengths: np.ndarray, tgt_lengths: np.ndarray, order: np.ndarra
             rows.append([pair])
             room.append((length - s, length - t))
     return [np.asarray(row, dtype=np.int64) for row in rows]
+
+
+def pack_epoch(src_lengths: np.ndarray, tgt_lengths: np.ndarray, indices: np.ndarray, rows: int, length: int,
+               seed: int, epoch: int) -> list[list[np.ndarray]]:
+    """An epoch's packed batches: the pairs ``indices`` shuffled with a generator seeded by
+    ``(seed, epoch)``, packed into rows (:func:`pack_rows`), ``rows`` rows a batch (the last one
+    may have fewer; collation pads it with empty rows). A pure function of its arguments, so the
+    position ``(epoch, batch)`` still says everything for resume."""
+    order = np.random.default_rng([seed, epoch, 11]).permutation(np.asarray(indices, dtype=np.int64))
+    packed = pack_rows(src_lengths, tgt_lengths, order, length)
+    return [packed[i:i + rows] for i in range(0, len(packed), rows)]
+
+
+def packed_padding(batches: Sequence[Sequence[np.ndarray]], src_lengths: np.ndarray, tgt_lengths: np.ndarray,
+                   rows: int, length: int) -> float:
+    """Share of padding slots over the source and target tensors of packed batches."""
+    pairs = [np.concatenate(batch) for batch in batches if len(batch)]
+    real = sum(int(src_lengths[p].sum() + tgt_lengths[p].sum()) + 2 * len(p) for p in pairs)
+    slots = 2 * rows * length * len(pairs)
+    return 1.0 - real / slots if slots else 0.0
 
 
 @dataclass
@@ -89,9 +110,9 @@ class PackedBatch:
         return PackedBatch(**moved, src_tokens=self.src_tokens, tgt_tokens=self.tgt_tokens)
 
 
-def collate_packed(src: SentenceArray, tgt: SentenceArray, rows: Sequence[np.ndarray], n_rows: int,
-                   length: int) -> PackedBatch:
-    """The pairs of ``rows`` (from :func:`pack_rows`) as a :class:`PackedBatch` of ``n_rows`` rows
+def collate_packed(src: Any, tgt: Any, rows: Sequence[np.ndarray], n_rows: int, length: int) -> PackedBatch:
+    """The pairs of ``rows`` (from :func:`pack_rows`; ``src``/``tgt`` index the sentences' ids, as
+    :class:`~mtcli.data.batching.SentenceArray` does) as a :class:`PackedBatch` of ``n_rows`` rows
     (rows beyond ``len(rows)`` are all padding, so every batch has the same shape)."""
     if len(rows) > n_rows:
         raise ValueError(f"{len(rows)} rows do not fit a batch of {n_rows}")
@@ -121,4 +142,4 @@ def collate_packed(src: SentenceArray, tgt: SentenceArray, rows: Sequence[np.nda
                        tgt_tokens=tgt_tokens)
 
 
-__all__ = ["OPEN_ROWS", "PackedBatch", "collate_packed", "pack_rows"]
+__all__ = ["OPEN_ROWS", "PackedBatch", "collate_packed", "pack_epoch", "pack_rows", "packed_padding"]

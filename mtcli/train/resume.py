@@ -82,7 +82,8 @@ UNSAFE_KEYS: frozenset[str] = frozenset(
         "data.dedup", "data.vocab_size", "data.spm_model_type", "data.character_coverage",
         "data.spm_max_sentences",
         # The saved data position indexes the batch stream these keys define.
-        "train.seed", "train.max_tokens", "train.max_source_length", "train.max_target_length",
+        "train.seed", "train.max_tokens", "train.pack_length", "train.max_source_length",
+        "train.max_target_length",
     }
 )
 # Keys that may change: training goes on correctly but is no longer an exact continuation.

@@ -120,8 +120,11 @@ def _log_start(trainer: Trainer, config: Config, device: torch.device, precision
     log.info("run dir %s | device %s | processes %d | precision %s | parameters %s", trainer.run_dir,
              device, trainer.info.world_size, precision_text, f"{trainer.parameters:,}")
     log.info("training pairs: %d kept, %d skipped (longer than %d/%d pieces) | epoch padding %.3f",
-             len(stream.indices), stream.skipped, train.max_source_length, train.max_target_length,
+             len(stream.indices), stream.skipped, stream.max_source_length, stream.max_target_length,
              stream.padding_fraction())
+    if stream.pack_length:
+        log.info("packed batches: %d rows of %d slots, pairs laid end to end%s", stream.pack_rows,
+                 stream.pack_length, " (compiled for that shape; CUDA graphs on a GPU)" if train.compile else "")
     if stream.mix is not None:
         shares = stream.mix.shares(stream.indices)
         log.info("corpora drawn by weight: %s of an epoch's pairs", ", ".join(

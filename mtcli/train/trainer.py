@@ -48,7 +48,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from mtcli.checkpoint import save_checkpoint
 from mtcli.config import Config
-from mtcli.data.batching import BatchStream, CorpusMix, StepGroup
+from mtcli.data.batching import Batch, BatchStream, CorpusMix, StepGroup
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.sampling import subword_resegmenter
 from mtcli.data.tokenizer import PAD_ID
@@ -83,13 +83,14 @@ COMPILE_LENGTH_MULTIPLE = 8
 
 def forward_loss(model: nn.Module, criterion: LabelSmoothedLoss | RDropLoss,
                  output_targets: Callable[[Tensor], Tensor], precision: str,
-                 src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+                 src: Tensor, tgt_in: Tensor, tgt_out: Tensor, *layout: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """One batch's forward (autocast in ``precision``) and loss: ``(objective, loss, nll)``, the
-    objective to backpropagate and the detached sums to log. ``train.compile`` runs this
-    through ``torch.compile`` as one graph (a test checks that nothing breaks it)."""
+    objective to backpropagate and the detached sums to log. A packed batch also passes its
+    ``layout`` (segments and positions, :meth:`Transformer.forward_packed`). ``train.compile``
+    runs this through ``torch.compile`` as one graph (a test checks that nothing breaks it)."""
     src, tgt_in = criterion.inputs(src, tgt_in)
     with autocast(src.device, precision):
-        logits = model(src, tgt_in)
+        logits = model.forward_packed(src, tgt_in, *layout) if layout else model(src, tgt_in)
     objective, out = criterion.objective(logits, output_targets(tgt_out))
     return objective, out.loss.detach(), out.nll
 
@@ -101,17 +102,24 @@ def mark_sizes_dynamic(*batches: Tensor) -> None:
         torch._dynamo.maybe_mark_dynamic(tensor, 1)
 
 
-def compile_forward_loss() -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
+def compile_forward_loss(one_shape: bool = False, graphs: bool = False) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
     """:func:`forward_loss` under ``torch.compile``: one graph whose batch size and lengths are
     symbolic, so token batches of any shape reuse it. The sizes are marked dynamic on every
     call: otherwise a first batch whose source and target lengths happen to be equal would
-    tie them together in the graph, and the next batch would compile it again."""
-    compiled = torch.compile(forward_loss, dynamic=True)
+    tie them together in the graph, and the next batch would compile it again.
+
+    ``one_shape`` (packed batches): compiled for their one shape instead; ``graphs``: and replayed
+    as CUDA graphs (torch.compile's ``reduce-overhead``), so the host launches a step's kernels
+    as one graph."""
+    compiled = torch.compile(forward_loss, dynamic=not one_shape, mode="reduce-overhead" if graphs else None)
 
     def run(model: nn.Module, criterion: LabelSmoothedLoss | RDropLoss, output_targets: Callable[[Tensor], Tensor],
-            precision: str, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        mark_sizes_dynamic(src, tgt_in, tgt_out)
-        return compiled(model, criterion, output_targets, precision, src, tgt_in, tgt_out)
+            precision: str, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, *layout: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if graphs:  # a new call: the last one's outputs are never read again
+            torch.compiler.cudagraph_mark_step_begin()
+        elif not one_shape:
+            mark_sizes_dynamic(src, tgt_in, tgt_out)
+        return compiled(model, criterion, output_targets, precision, src, tgt_in, tgt_out, *layout)
 
     return run
 
@@ -141,8 +149,11 @@ class Trainer:
                           if self.cfg.rdrop_alpha > 0 else LabelSmoothedLoss(self.cfg.label_smoothing, PAD_ID))
         self.optimizer = build_optimizer(self.model, self.cfg)
         self.schedule = build_schedule(self.optimizer, config.model.d_model, self.cfg)
-        # one graph with symbolic batch and length sizes: token batches change shape every time
-        self.forward_loss = compile_forward_loss() if self.cfg.compile else forward_loss
+        # one graph with symbolic batch and length sizes: token batches change shape every time;
+        # packed batches have one shape, so on a GPU their graph is also replayed as a CUDA graph
+        packed = self.cfg.pack_length > 0
+        self.forward_loss = (compile_forward_loss(one_shape=packed, graphs=packed and device.type == "cuda")
+                             if self.cfg.compile else forward_loss)
         # fp16's narrow range needs the loss scaled up and the gradients checked for overflow
         self.scaler = torch.amp.GradScaler(device.type) if self.cfg.precision == "fp16" else None
         weights = [c.weight for c in config.data.corpora()]
@@ -155,6 +166,7 @@ class Trainer:
             update_freq=self.cfg.update_freq,
             world_size=info.world_size,
             rank=info.rank,
+            pack_length=self.cfg.pack_length,
             resegment=subword_resegmenter(corpus, config) if self.cfg.subword_alpha > 0 else None,
             mix=CorpusMix(corpus.corpus_sizes(), weights, self.cfg.seed) if config.data.sources else None,
         )
@@ -279,14 +291,17 @@ class Trainer:
         tokens = real = padded = 0
         for i, indices in enumerate(mine):
             batch = self.stream.collate(indices)
-            if self.cfg.compile:  # one compiled graph for every length (Batch.padded)
+            if self.cfg.compile and isinstance(batch, Batch):  # one compiled graph for every length
                 batch = batch.padded(COMPILE_LENGTH_MULTIPLE)
             batch = batch.to(self.device)
+            layout = (() if isinstance(batch, Batch) else
+                      (batch.src_segments, batch.tgt_segments, batch.src_positions, batch.tgt_positions))
             last = i == len(mine) - 1
             sync = contextlib.nullcontext() if (self.ddp is None or last) else self.ddp.no_sync()
             with sync:
                 loss, logged, nll = self.forward_loss(model, self.criterion, self.model.output_targets,
-                                                      self.cfg.precision, batch.src, batch.tgt_in, batch.tgt_out)
+                                                      self.cfg.precision, batch.src, batch.tgt_in, batch.tgt_out,
+                                                      *layout)
                 scaled = loss * scale
                 (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
             loss_acc += logged

@@ -14,8 +14,8 @@ from mtcli.data.batching import (
     make_batches,
     padding_fraction,
     source_batches,
-    to_device,
 )
+from mtcli.device import to_device
 from mtcli.errors import DataError
 
 

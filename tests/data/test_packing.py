@@ -112,3 +112,27 @@ def test_the_packed_forward_traces_as_one_graph() -> None:
                   batch.src_positions, batch.tgt_positions)
     loss.backward()
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_a_packed_stream_reads_every_pair_once_an_epoch_in_one_shape() -> None:
+    from mtcli.data.batching import BatchStream
+
+    src, tgt = random_pairs(300, seed=5, longest=40)
+    stream = BatchStream(src, tgt, max_tokens=256, max_source_length=100, max_target_length=100, seed=1,
+                         pack_length=32, update_freq=2)
+    kept = np.flatnonzero(np.maximum(src.lengths, tgt.lengths) <= 31)
+    assert stream.skipped == 300 - len(kept) > 0  # longer than a row
+    batches = stream.epoch_batches(0)
+    assert sorted(np.concatenate([np.concatenate(b) for b in batches]).tolist()) == kept.tolist()
+    group = stream.next_group()
+    assert len(group.batches) == 2
+    shapes = {tuple(stream.collate(b).src.shape) for b in batches}
+    assert shapes == {(8, 32)}
+    assert group.target_tokens(stream.tgt_lengths) == sum(stream.collate(b).tgt_tokens for b in group.batches)
+    assert 0 < stream.padding_fraction(0) < 0.3
+    again = BatchStream(src, tgt, max_tokens=256, max_source_length=100, max_target_length=100, seed=1,
+                        pack_length=32, update_freq=2)
+    assert [np.concatenate(b).tolist() for b in again.epoch_batches(1)] == \
+        [np.concatenate(b).tolist() for b in stream.epoch_batches(1)]
+    assert [np.concatenate(b).tolist() for b in stream.epoch_batches(1)] != \
+        [np.concatenate(b).tolist() for b in batches]

@@ -297,6 +297,25 @@ def test_subword_regularisation_trains_and_resumes_exactly(prepared: Path, tmp_p
     assert "subword regularisation" in (straight / "train.log").read_text(encoding="utf-8")
 
 
+def test_packed_batches_train_and_resume_exactly(prepared: Path, tmp_path: Path) -> None:
+    """train.pack_length: one batch shape, pairs packed in rows; stop mid-epoch and resume
+    gives the straight run's losses and weights."""
+    extra = ("train.pack_length=64", "train.valid_every=100000", "train.log_every=1")
+    straight = tmp_path / "straight"
+    full = train(make_config(prepared, straight, "train.max_steps=8", *extra))
+    assert full.steps == 8
+    log = (straight / "train.log").read_text(encoding="utf-8")
+    assert "| pad 0.0" in log or "| pad 0.1" in log  # rows packed full: little padding
+    split = tmp_path / "split"
+    train(make_config(prepared, split, "train.max_steps=5", *extra))
+    train(make_config(prepared, split, "train.max_steps=8", *extra))
+    assert logged_losses(split) == logged_losses(straight)
+    assert_same_params(model_params(straight / "checkpoints" / "checkpoint_last.pt"),
+                       model_params(split / "checkpoints" / "checkpoint_last.pt"))
+    with pytest.raises(ConfigError, match="train.pack_length"):
+        make_config(prepared, tmp_path / "bad", "train.pack_length=64", "train.rdrop_alpha=1")
+
+
 @pytest.mark.parametrize("extra", [["train.subword_alpha=-0.1"],
                                    ["train.subword_alpha=0.1", "data.spm_model_type=bpe"],
                                    ["train.subword_alpha=0.1", "train.subword_nbest=0"]])
