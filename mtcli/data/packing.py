@@ -110,36 +110,52 @@ class PackedBatch:
         return PackedBatch(**moved, src_tokens=self.src_tokens, tgt_tokens=self.tgt_tokens)
 
 
+def _lay_out(ids: list[np.ndarray], rows: np.ndarray, segments: np.ndarray, shape: tuple[int, int],
+             first: int | None, last: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One side of packed rows, ``(ids, segments, positions)`` each ``shape``: the sentences
+    ``ids`` end to end within their ``rows`` (a sentence per entry, in row order), each with
+    ``first`` before it (bos) or ``last`` after it (eos)."""
+    sizes = np.array([len(x) + 1 for x in ids], dtype=np.int64)
+    ends = np.cumsum(sizes)
+    starts = ends - sizes  # in the flat stream of all the sentences
+    flat = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
+    marker = starts if first is not None else ends - 1
+    words = np.ones(len(flat), dtype=bool)
+    words[marker] = False
+    flat[marker] = first if first is not None else last
+    flat[words] = np.concatenate(ids) if ids else flat[:0]
+    # where each sentence starts in its row: its flat start less its row's first flat start
+    row_first = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]]) if len(rows) else rows
+    row_start = np.repeat(starts[row_first], np.diff(np.r_[row_first, len(rows)]))
+    sentence = np.repeat(np.arange(len(ids)), sizes)
+    position = np.arange(len(flat)) - starts[sentence]
+    column = starts[sentence] - row_start[sentence] + position
+    out_ids, out_segments, out_positions = (np.full(shape, fill, dtype=np.int64) for fill in (PAD_ID, 0, 0))
+    out_ids[rows[sentence], column] = flat
+    out_segments[rows[sentence], column] = segments[sentence]
+    out_positions[rows[sentence], column] = position
+    return out_ids, out_segments, out_positions
+
+
 def collate_packed(src: Any, tgt: Any, rows: Sequence[np.ndarray], n_rows: int, length: int) -> PackedBatch:
     """The pairs of ``rows`` (from :func:`pack_rows`; ``src``/``tgt`` index the sentences' ids, as
     :class:`~mtcli.data.batching.SentenceArray` does) as a :class:`PackedBatch` of ``n_rows`` rows
     (rows beyond ``len(rows)`` are all padding, so every batch has the same shape)."""
     if len(rows) > n_rows:
         raise ValueError(f"{len(rows)} rows do not fit a batch of {n_rows}")
-    out = {name: np.full((n_rows, length), PAD_ID if name in ("src", "tgt_in", "tgt_out") else 0, dtype=np.int64)
-           for name in ("src", "tgt_in", "tgt_out", "src_segments", "tgt_segments", "src_positions", "tgt_positions")}
-    src_tokens = tgt_tokens = 0
-    for r, row in enumerate(rows):
-        s_at = t_at = 0
-        for segment, pair in enumerate(row.tolist(), start=1):
-            s_ids = np.asarray(src[pair], dtype=np.int64)
-            t_ids = np.asarray(tgt[pair], dtype=np.int64)
-            s_end, t_end = s_at + len(s_ids) + 1, t_at + len(t_ids) + 1
-            out["src"][r, s_at:s_end - 1] = s_ids
-            out["src"][r, s_end - 1] = EOS_ID
-            out["tgt_in"][r, t_at] = BOS_ID
-            out["tgt_in"][r, t_at + 1:t_end] = t_ids
-            out["tgt_out"][r, t_at:t_end - 1] = t_ids
-            out["tgt_out"][r, t_end - 1] = EOS_ID
-            out["src_segments"][r, s_at:s_end] = segment
-            out["tgt_segments"][r, t_at:t_end] = segment
-            out["src_positions"][r, s_at:s_end] = np.arange(s_end - s_at)
-            out["tgt_positions"][r, t_at:t_end] = np.arange(t_end - t_at)
-            src_tokens += s_end - s_at
-            tgt_tokens += t_end - t_at
-            s_at, t_at = s_end, t_end
-    return PackedBatch(**{k: torch.from_numpy(v) for k, v in out.items()}, src_tokens=src_tokens,
-                       tgt_tokens=tgt_tokens)
+    pairs = np.concatenate(rows).astype(np.int64) if len(rows) else np.zeros(0, dtype=np.int64)
+    row_of = np.repeat(np.arange(len(rows)), [len(r) for r in rows])
+    segments = np.concatenate([np.arange(1, len(r) + 1) for r in rows]) if len(rows) else row_of
+    src_ids = [np.asarray(src[p], dtype=np.int64) for p in pairs.tolist()]
+    tgt_ids = [np.asarray(tgt[p], dtype=np.int64) for p in pairs.tolist()]
+    shape = (n_rows, length)
+    source, src_segments, src_positions = _lay_out(src_ids, row_of, segments, shape, None, EOS_ID)
+    tgt_in, tgt_segments, tgt_positions = _lay_out(tgt_ids, row_of, segments, shape, BOS_ID, None)
+    tgt_out, _, _ = _lay_out(tgt_ids, row_of, segments, shape, None, EOS_ID)
+    tensors = {"src": source, "tgt_in": tgt_in, "tgt_out": tgt_out, "src_segments": src_segments,
+               "tgt_segments": tgt_segments, "src_positions": src_positions, "tgt_positions": tgt_positions}
+    return PackedBatch(**{k: torch.from_numpy(v) for k, v in tensors.items()},
+                       src_tokens=sum(len(x) + 1 for x in src_ids), tgt_tokens=sum(len(y) + 1 for y in tgt_ids))
 
 
 __all__ = ["OPEN_ROWS", "PackedBatch", "collate_packed", "pack_epoch", "pack_rows", "packed_padding"]
