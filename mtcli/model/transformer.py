@@ -264,9 +264,12 @@ class Transformer(nn.Module):
             return torch.addmm(bias, hidden, cache.output_t, out=out).unsqueeze(1)
         return torch.mm(hidden, cache.output_t, out=out).unsqueeze(1)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+    def forward(self, src: Tensor, tgt_in: Tensor, *layout: Tensor) -> Tensor:
         """Teacher-forced logits ``[B, T, output_size]`` for ``src [B, S]`` and ``tgt_in [B, T]``
-        (widen them with :meth:`widen` for the joint vocabulary)."""
+        (widen them with :meth:`widen` for the joint vocabulary); with a packed batch's
+        ``layout`` (its segments and positions), :meth:`forward_packed`."""
+        if layout:
+            return self.forward_packed(src, tgt_in, *layout)
         return self.decode(tgt_in, self.encode(src))
 
     def forward_packed(self, src: Tensor, tgt_in: Tensor, src_segments: Tensor, tgt_segments: Tensor,

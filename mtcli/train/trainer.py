@@ -90,7 +90,7 @@ def forward_loss(model: nn.Module, criterion: LabelSmoothedLoss | RDropLoss,
     runs this through ``torch.compile`` as one graph (a test checks that nothing breaks it)."""
     src, tgt_in = criterion.inputs(src, tgt_in)
     with autocast(src.device, precision):
-        logits = model.forward_packed(src, tgt_in, *layout) if layout else model(src, tgt_in)
+        logits = model(src, tgt_in, *layout)  # through DDP's forward, whose hooks reduce the gradients
     objective, out = criterion.objective(logits, output_targets(tgt_out))
     return objective, out.loss.detach(), out.nll
 

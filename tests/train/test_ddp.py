@@ -29,12 +29,14 @@ def overrides(prepared: Path, run_dir: Path) -> list[str]:
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
-def test_two_gloo_processes_match_one_process_on_both_batches(tmp_path: Path, prepared_toy: Path) -> None:
+@pytest.mark.parametrize("packing", [[], ["train.pack_length=64"]], ids=["token-batches", "packed"])
+def test_two_gloo_processes_match_one_process_on_both_batches(tmp_path: Path, prepared_toy: Path,
+                                                              packing: list[str]) -> None:
     prepared = prepared_toy
     ddp_run = tmp_path / "ddp"
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
             "-m", "mtcli.cli", "train", str(TOY_CONFIG)]
-    for item in overrides(prepared, ddp_run):
+    for item in overrides(prepared, ddp_run) + packing:
         args += ["--set", item]
     env = worker_env()
     proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -44,7 +46,7 @@ def test_two_gloo_processes_match_one_process_on_both_batches(tmp_path: Path, pr
 
     # One process, the same two batches accumulated into one update (update_freq=2).
     single_run = tmp_path / "single"
-    train(load_config(TOY_CONFIG, overrides(prepared, single_run) + ["train.update_freq=2"]))
+    train(load_config(TOY_CONFIG, overrides(prepared, single_run) + packing + ["train.update_freq=2"]))
 
     a = load_checkpoint(ddp_run / "checkpoints" / "checkpoint_last.pt")
     b = load_checkpoint(single_run / "checkpoints" / "checkpoint_last.pt")
@@ -55,7 +57,7 @@ def test_two_gloo_processes_match_one_process_on_both_batches(tmp_path: Path, pr
         assert torch.allclose(value, b["model"][key], rtol=1e-5, atol=1e-6), key
     # The update really happened and used both batches: a one-batch step lands elsewhere.
     one_batch = tmp_path / "one"
-    train(load_config(TOY_CONFIG, overrides(prepared, one_batch)))
+    train(load_config(TOY_CONFIG, overrides(prepared, one_batch) + packing))
     c = load_checkpoint(one_batch / "checkpoints" / "checkpoint_last.pt")
     assert any(not torch.allclose(c["model"][k], b["model"][k], rtol=1e-5, atol=1e-6)
                for k in b["model"])
