@@ -3,19 +3,18 @@
 # a cold compiler cache; each compiled variant spends a minute or two compiling in its warm-up):
 # the WMT14 base shape (d_model 512, 6+6 layers, 8 heads, d_ff 2048, 37k tied vocabulary) on
 # synthetic batches of WMT14 en-de's piece lengths (mean 28), timed for
-#   ours-bf16           mtcli's Transformer, label-smoothed loss and fused Adam, bf16 autocast, eager
-#   ours-bf16-pageable  the same, each batch copied from pageable host memory (as before to_device)
-#   ours-bf16-compile   the same step as train.compile runs it (the forward and loss compiled)
-#   reference-bf16      nn.Transformer, F.cross_entropy(label_smoothing), fused AdamW, torch.compile
-# beside the measured bf16 matmul peak. Three runs:
-#   1. the base recipe's update as one ~25k-token batch a step: OUT_DIR/gpu_train_<date>.json (rows:
-#      variant, device, tokens_per_s, mfu, peak_mem_gb) and the full table beside it;
-#   2. where that step's GPU time goes: the top kernels by their own GPU time, compiled and eager
-#      (OUT_DIR/gpu_profile_<date>.txt);
-#   3. packing, not yet a training loop (so not in gpu_train_<date>.json): the same sentences packed
-#      end to end into rows of 128 slots (mtcli.data.packing), 195 rows a batch, so every batch has
-#      one shape; compiled for it, then also replayed as CUDA graphs: how much of the step is the
-#      host launching kernels, and what is left on the GPU.
+#   ours-bf16                mtcli's Transformer, label-smoothed loss and fused Adam, bf16 autocast, eager
+#   ours-bf16-pageable       the same, each batch copied from pageable host memory (as before to_device)
+#   ours-bf16-compile        the same step as train.compile runs it (the forward and loss compiled)
+#   ours-bf16-packed-compile the same sentences packed end to end in rows of 128 slots, 195 rows a
+#                            batch (train.pack_length 128), so every batch has one shape: compiled for it
+#   ours-bf16-packed-graphs  the same, replayed as CUDA graphs (what train.pack_length with
+#                            train.compile runs on a GPU)
+#   reference-bf16           nn.Transformer, F.cross_entropy(label_smoothing), fused AdamW, torch.compile
+# as the base recipe's update in one ~25k-token batch a step, beside the measured bf16 matmul peak:
+# OUT_DIR/gpu_train_<date>.json (rows: variant, device, tokens_per_s, mfu, peak_mem_gb) and the full
+# table beside it. Then where the step's GPU time goes: the top kernels by their own GPU time,
+# compiled and eager (OUT_DIR/gpu_profile_<date>.txt).
 #
 # Usage (from the repository root, on the GPU machine): bash bench/gpu_check.sh [OUT_DIR]
 set -euo pipefail
@@ -33,13 +32,11 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || 
 "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 
 "$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" \
-    --variants ours-bf16-compile reference-bf16 ours-bf16 ours-bf16-pageable \
-    --max-tokens 25000 --steps 30 --warmup 12 \
+    --variants ours-bf16-packed-graphs ours-bf16-compile reference-bf16 ours-bf16 ours-bf16-pageable \
+    ours-bf16-packed-compile --max-tokens 25000 --pack-length 128 --steps 30 --warmup 12 \
     --output "$OUT/gpu_train_tables_25k_${DATE}.json" --gpu-json "$OUT/gpu_train_${DATE}.json"
 # the compiler's cache is warm from the first run
 "$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --variants ours-bf16-compile ours-bf16 \
     --max-tokens 25000 --steps 6 --warmup 12 --profile 40 \
     --output "$OUT/gpu_profile_tables_${DATE}.json" > "$OUT/gpu_profile_${DATE}.txt"
 tail -n 5 "$OUT/gpu_profile_${DATE}.txt"
-"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --variants ours-bf16-packed-graphs ours-bf16-packed-compile \
-    --max-tokens 25000 --pack-length 128 --steps 24 --warmup 12 --output "$OUT/gpu_train_tables_packed_${DATE}.json"
