@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU figure of the training benchmark in one run, for a lent GPU (about 7 minutes of it with
+# Every GPU figure of the training benchmark in one run, for a lent GPU (about 8 minutes of it with
 # a cold compiler cache; each compiled variant spends a minute or two compiling in its warm-up):
 # the WMT14 base shape (d_model 512, 6+6 layers, 8 heads, d_ff 2048, 37k tied vocabulary) on
 # synthetic batches of WMT14 en-de's piece lengths (mean 28), timed for
