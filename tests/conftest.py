@@ -213,3 +213,19 @@ def multi_overrides(root: Path, prepared: Path, extra_weight: float = 1.0) -> li
                f"{{source: {root}/extra, tag: '<bt>', weight: {extra_weight}}}]")
     return ["data.source=", f"data.sources={sources}", f"data.prepared_dir={prepared}", "data.dedup=true",
             "data.vocab_size=96"]
+
+
+class FakeArray:
+    """A TokenArray-like list of id arrays (what batching and packing read sentences from)."""
+
+    def __init__(self, rows: list[list[int]]) -> None:
+        import numpy as np
+
+        self.rows = [np.asarray(r, dtype=np.int32) for r in rows]
+        self.lengths = np.asarray([len(r) for r in rows], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int):
+        return self.rows[i]

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtcli.data.packing import PackedBatch, collate_packed, pack_epoch, packed_padding
+from mtcli.data.packing import PackedBatch, SlotCounts, collate_packed, pack_epoch, packed_padding
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from mtcli.device import to_device
 from mtcli.errors import DataError
@@ -55,7 +55,7 @@ Resegment = Callable[[int], tuple[SentenceArray, SentenceArray]]
 
 
 @dataclass
-class Batch:
+class Batch(SlotCounts):
     """One collated batch: ``src`` [B, S], ``tgt_in`` / ``tgt_out`` [B, T], all int64."""
 
     src: Tensor
@@ -64,16 +64,6 @@ class Batch:
     indices: np.ndarray
     src_tokens: int
     tgt_tokens: int
-
-    @property
-    def padded_tokens(self) -> int:
-        """Slots in the source and target tensors, padding included."""
-        return int(self.src.numel() + self.tgt_out.numel())
-
-    @property
-    def padding(self) -> float:
-        """Share of padding among the slots of ``src`` and ``tgt_out``."""
-        return 1.0 - (self.src_tokens + self.tgt_tokens) / max(self.padded_tokens, 1)
 
     def padded(self, multiple: int) -> Batch:
         """The batch with its source and target lengths padded up to a multiple of ``multiple``.

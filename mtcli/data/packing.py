@@ -76,8 +76,28 @@ def packed_padding(batches: Sequence[Sequence[np.ndarray]], src_lengths: np.ndar
     return 1.0 - real / slots if slots else 0.0
 
 
+class SlotCounts:
+    """What every collated batch reports of its padding (:class:`~mtcli.data.batching.Batch` and
+    :class:`PackedBatch`): both hold ``src``, ``tgt_out`` and their real token counts."""
+
+    src: Tensor
+    tgt_out: Tensor
+    src_tokens: int
+    tgt_tokens: int
+
+    @property
+    def padded_tokens(self) -> int:
+        """Slots in the source and target tensors, padding included."""
+        return int(self.src.numel() + self.tgt_out.numel())
+
+    @property
+    def padding(self) -> float:
+        """Share of padding among the slots of ``src`` and ``tgt_out``."""
+        return 1.0 - (self.src_tokens + self.tgt_tokens) / max(self.padded_tokens, 1)
+
+
 @dataclass
-class PackedBatch:
+class PackedBatch(SlotCounts):
     """``rows`` rows of ``length`` slots: ids ``src``, ``tgt_in``, ``tgt_out``, and per slot its
     pair's segment (``src_segments``, ``tgt_segments``: 1, 2, ... within the row, 0 at padding) and
     its position within its sentence (``src_positions``, ``tgt_positions``). All ``[rows, length]``
@@ -93,16 +113,6 @@ class PackedBatch:
     src_tokens: int
     tgt_tokens: int
 
-    @property
-    def padded_tokens(self) -> int:
-        """Slots in the source and target tensors, padding included."""
-        return int(self.src.numel() + self.tgt_out.numel())
-
-    @property
-    def padding(self) -> float:
-        """Share of padding among the slots of ``src`` and ``tgt_out``."""
-        return 1.0 - (self.src_tokens + self.tgt_tokens) / max(self.padded_tokens, 1)
-
     def to(self, device: torch.device | str) -> PackedBatch:
         """The batch on ``device`` (through pinned memory to a GPU: :func:`to_device`)."""
         moved = {name: to_device(getattr(self, name), device) for name in
@@ -111,30 +121,36 @@ class PackedBatch:
 
 
 def _lay_out(ids: list[np.ndarray], rows: np.ndarray, segments: np.ndarray, shape: tuple[int, int],
-             first: int | None, last: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One side of packed rows, ``(ids, segments, positions)`` each ``shape``: the sentences
-    ``ids`` end to end within their ``rows`` (a sentence per entry, in row order), each with
-    ``first`` before it (bos) or ``last`` after it (eos)."""
+             with_bos: bool) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
+    """One side of packed rows: the sentences ``ids`` end to end within their ``rows`` (a
+    sentence per entry, in row order), each taking its length + 1 slots. Returns ``(ids + eos,
+    bos + ids or None, segments, positions)``, each ``shape``; the bos form only ``with_bos``."""
     sizes = np.array([len(x) + 1 for x in ids], dtype=np.int64)
     ends = np.cumsum(sizes)
     starts = ends - sizes  # in the flat stream of all the sentences
-    flat = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
-    marker = starts if first is not None else ends - 1
-    words = np.ones(len(flat), dtype=bool)
-    words[marker] = False
-    flat[marker] = first if first is not None else last
-    flat[words] = np.concatenate(ids) if ids else flat[:0]
+    words = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
     # where each sentence starts in its row: its flat start less its row's first flat start
     row_first = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]]) if len(rows) else rows
     row_start = np.repeat(starts[row_first], np.diff(np.r_[row_first, len(rows)]))
     sentence = np.repeat(np.arange(len(ids)), sizes)
-    position = np.arange(len(flat)) - starts[sentence]
-    column = starts[sentence] - row_start[sentence] + position
-    out_ids, out_segments, out_positions = (np.full(shape, fill, dtype=np.int64) for fill in (PAD_ID, 0, 0))
-    out_ids[rows[sentence], column] = flat
-    out_segments[rows[sentence], column] = segments[sentence]
-    out_positions[rows[sentence], column] = position
-    return out_ids, out_segments, out_positions
+    position = np.arange(len(sentence)) - starts[sentence]
+    slot = (rows[sentence], starts[sentence] - row_start[sentence] + position)
+
+    def place(values: np.ndarray | int, fill: int = 0) -> np.ndarray:
+        out = np.full(shape, fill, dtype=np.int64)
+        out[slot] = values
+        return out
+
+    def with_marker(marker: np.ndarray, symbol: int) -> np.ndarray:
+        flat = np.empty(len(sentence), dtype=np.int64)
+        is_word = np.ones(len(flat), dtype=bool)
+        is_word[marker] = False
+        flat[marker], flat[is_word] = symbol, words
+        return place(flat, PAD_ID)
+
+    with_eos = with_marker(ends - 1, EOS_ID)
+    with_bos_first = with_marker(starts, BOS_ID) if with_bos else None
+    return with_eos, with_bos_first, place(segments[sentence]), place(position)
 
 
 def collate_packed(src: Any, tgt: Any, rows: Sequence[np.ndarray], n_rows: int, length: int) -> PackedBatch:
@@ -149,13 +165,12 @@ def collate_packed(src: Any, tgt: Any, rows: Sequence[np.ndarray], n_rows: int, 
     src_ids = [np.asarray(src[p], dtype=np.int64) for p in pairs.tolist()]
     tgt_ids = [np.asarray(tgt[p], dtype=np.int64) for p in pairs.tolist()]
     shape = (n_rows, length)
-    source, src_segments, src_positions = _lay_out(src_ids, row_of, segments, shape, None, EOS_ID)
-    tgt_in, tgt_segments, tgt_positions = _lay_out(tgt_ids, row_of, segments, shape, BOS_ID, None)
-    tgt_out, _, _ = _lay_out(tgt_ids, row_of, segments, shape, None, EOS_ID)
+    source, _, src_segments, src_positions = _lay_out(src_ids, row_of, segments, shape, with_bos=False)
+    tgt_out, tgt_in, tgt_segments, tgt_positions = _lay_out(tgt_ids, row_of, segments, shape, with_bos=True)
     tensors = {"src": source, "tgt_in": tgt_in, "tgt_out": tgt_out, "src_segments": src_segments,
                "tgt_segments": tgt_segments, "src_positions": src_positions, "tgt_positions": tgt_positions}
     return PackedBatch(**{k: torch.from_numpy(v) for k, v in tensors.items()},
                        src_tokens=sum(len(x) + 1 for x in src_ids), tgt_tokens=sum(len(y) + 1 for y in tgt_ids))
 
 
-__all__ = ["OPEN_ROWS", "PackedBatch", "collate_packed", "pack_epoch", "pack_rows", "packed_padding"]
+__all__ = ["OPEN_ROWS", "PackedBatch", "SlotCounts", "collate_packed", "pack_epoch", "pack_rows", "packed_padding"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import FakeArray
 
 from mtcli.data.batching import (
     BatchStream,
@@ -17,20 +18,6 @@ from mtcli.data.batching import (
 )
 from mtcli.device import to_device
 from mtcli.errors import DataError
-
-
-class FakeArray:
-    """A TokenArray-like list of id arrays."""
-
-    def __init__(self, rows: list[list[int]]) -> None:
-        self.rows = [np.asarray(r, dtype=np.int32) for r in rows]
-        self.lengths = np.asarray([len(r) for r in rows], dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        return self.rows[i]
 
 
 def random_corpus(n: int, seed: int = 0, max_len: int = 40) -> tuple[FakeArray, FakeArray]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import FakeArray
 
 from mtcli.config import ModelConfig
 from mtcli.data.batching import collate
@@ -15,23 +16,11 @@ from mtcli.model import Transformer
 from mtcli.train.loss import LabelSmoothedLoss
 
 
-class Sentences:
-    def __init__(self, sentences: list[list[int]]) -> None:
-        self.sentences = [np.asarray(s, dtype=np.int32) for s in sentences]
-        self.lengths = np.array([len(s) for s in sentences], dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self.sentences)
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        return self.sentences[i]
-
-
-def random_pairs(n: int, seed: int, vocab: int = 50, longest: int = 20) -> tuple[Sentences, Sentences]:
+def random_pairs(n: int, seed: int, vocab: int = 50, longest: int = 20) -> tuple[FakeArray, FakeArray]:
     rng = np.random.default_rng(seed)
     src = [rng.integers(4, vocab, rng.integers(1, longest)).tolist() for _ in range(n)]
     tgt = [rng.integers(4, vocab, rng.integers(1, longest)).tolist() for _ in range(n)]
-    return Sentences(src), Sentences(tgt)
+    return FakeArray(src), FakeArray(tgt)
 
 
 def test_rows_hold_every_pair_once_within_the_length_and_pack_full() -> None:
@@ -51,7 +40,7 @@ def test_rows_hold_every_pair_once_within_the_length_and_pack_full() -> None:
 
 
 def test_collate_lays_pairs_end_to_end_with_segments_and_positions() -> None:
-    src, tgt = Sentences([[10, 11], [12], [13, 14, 15]]), Sentences([[20], [21, 22], [23]])
+    src, tgt = FakeArray([[10, 11], [12], [13, 14, 15]]), FakeArray([[20], [21, 22], [23]])
     batch = collate_packed(src, tgt, [np.array([0, 1]), np.array([2])], n_rows=3, length=6)
     assert batch.src.tolist() == [[10, 11, EOS_ID, 12, EOS_ID, PAD_ID], [13, 14, 15, EOS_ID, 0, 0], [0] * 6]
     assert batch.tgt_in.tolist() == [[BOS_ID, 20, BOS_ID, 21, 22, 0], [BOS_ID, 23, 0, 0, 0, 0], [0] * 6]
