@@ -435,7 +435,7 @@ def worker_peak(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- driver
 
 
-def run_worker(args: argparse.Namespace, role: str, batches: Path) -> dict[str, Any]:
+def run_worker(args: argparse.Namespace, role: str, batches: Path, deadline: float = math.inf) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", role, "--batches", str(batches), "--device", args.device,
            "--warmup", str(args.warmup), "--peak-size", str(args.peak_size),
            "--peak-reps", str(args.peak_reps)]
@@ -451,13 +451,18 @@ def run_worker(args: argparse.Namespace, role: str, batches: Path) -> dict[str, 
             "--pack-length", str(args.pack_length),
             "--max-tokens", str(args.max_tokens)]
     error = None
+    timeout = min(args.worker_timeout or math.inf, deadline - time.monotonic())
+    if timeout <= 0:
+        print(f"worker {role} skipped: --time-budget spent", file=sys.stderr, flush=True)
+        return {"variant": role, "error": "skipped: --time-budget spent"}
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=args.worker_timeout or None)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
+                              timeout=None if math.isinf(timeout) else timeout)
         if proc.returncode != 0:
             error = (f"failed:\n{proc.stderr[-3000:]}",
                      proc.stderr.strip().splitlines()[-1][-300:] if proc.stderr.strip() else "?")
     except subprocess.TimeoutExpired:
-        error = (f"ran past --worker-timeout {args.worker_timeout:g} s",) * 2
+        error = (f"ran past its {timeout:.0f} s (--worker-timeout, --time-budget)",) * 2
     if error is not None:
         if role == "peak":
             raise SystemExit(f"worker {role} {error[0]}")
@@ -518,6 +523,9 @@ def main() -> None:
     parser.add_argument("--worker-timeout", type=float, default=0,
                         help="seconds one variant may take, compiling included (0: no limit); past it, its "
                              "row is an error and the next variant runs")
+    parser.add_argument("--time-budget", type=float, default=0,
+                        help="seconds the whole run may take (0: no limit); a variant gets at most what is left, "
+                             "and those left when it is spent are skipped")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batches", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -536,6 +544,7 @@ def main() -> None:
         args.peak_size, args.peak_reps = 256, 2
         args.set = (args.set or []) + ["model.d_model=64", "model.d_ff=128", "model.encoder_layers=1",
                                        "model.decoder_layers=1", "model.n_heads=2"]
+    deadline = time.monotonic() + (args.time_budget or math.inf)
     with tempfile.TemporaryDirectory() as tmp:
         batches_path = Path(tmp) / "batches.pt"
         info = build_batches(args, batches_path)
@@ -546,7 +555,7 @@ def main() -> None:
         rows = []
         failed = []
         for variant in args.variants:
-            row = run_worker(args, variant, batches_path)
+            row = run_worker(args, variant, batches_path, deadline)
             if "error" in row:
                 failed.append(row)
                 continue
@@ -554,6 +563,8 @@ def main() -> None:
             row["share_of_matmul_peak"] = row["achieved_gflop_s"] / peak[f"{peak_key}_square_gflop_s"]
             rows.append(row)
             print(f"  {variant}: {row['target_tokens_per_s']:,.0f} tok/s", flush=True)
+            # written after every variant, so that a run cut short keeps the rows it finished
+            save_results(args, info, peak, rows, failed, quiet=True)
     base = next((r for r in rows if r["variant"] == "torch-nn-fp32"), None)
     ours32 = next((r for r in rows if r["variant"] == "ours-fp32"), None)
     for row in rows:
@@ -572,6 +583,13 @@ def main() -> None:
         print(f"{r['variant']:<20}{r['target_tokens_per_s']:>10,.0f}{r['ms_per_step']:>10.1f}{vs_nn:>8}"
               f"{vs_32:>10}{r['achieved_gflop_s']:>10.1f}{100 * r['share_of_matmul_peak']:>7.1f}%"
               f"{r['peak_rss_mb']:>9.0f}")
+    save_results(args, info, peak, rows, failed)
+
+
+def save_results(args: argparse.Namespace, info: dict[str, Any], peak: dict[str, float], rows: list[dict[str, Any]],
+                 failed: list[dict[str, Any]], quiet: bool = False) -> None:
+    """Write the run's JSON (``--output``, by default a dated file under bench/results) and,
+    with ``--gpu-json``, the GPU rows."""
     result = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "device": device_name(args.device),
@@ -583,15 +601,17 @@ def main() -> None:
         "rows": rows,
         "failed": failed,
     }
-    out = args.output or REPO / "bench" / "results" / f"train_{time.strftime('%Y%m%d_%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"\nwrote {out}")
+    if args.output is None:
+        args.output = REPO / "bench" / "results" / f"train_{time.strftime('%Y%m%d_%H%M%S')}.json"
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    if not quiet:
+        print(f"\nwrote {args.output}")
     if args.gpu_json:
-        write_gpu_rows(args.gpu_json, result)
+        write_gpu_rows(args.gpu_json, result, quiet)
 
 
-def write_gpu_rows(path: Path, result: dict[str, Any]) -> None:
+def write_gpu_rows(path: Path, result: dict[str, Any], quiet: bool = False) -> None:
     """The training issue's schema: one row per variant with ``variant``, ``device``,
     ``tokens_per_s`` (real target tokens), ``mfu`` (those tokens at 4.0e8 FLOPs each, the WMT14
     base shape's, over the measured bf16 matmul peak: padding, and a packed row's attention
@@ -616,7 +636,8 @@ def write_gpu_rows(path: Path, result: dict[str, Any]) -> None:
             "failed": result.get("failed", [])}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {path}")
+    if not quiet:
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

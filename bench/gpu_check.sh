@@ -13,8 +13,9 @@
 #   reference-bf16           nn.Transformer, F.cross_entropy(label_smoothing), fused AdamW, torch.compile
 # as the base recipe's update in one ~25k-token batch a step, beside the measured bf16 matmul peak:
 # OUT_DIR/gpu_train_<date>.json (rows: variant, device, tokens_per_s, mfu, peak_mem_gb) and the full
-# table beside it. Then where the step's GPU time goes: the top kernels by their own GPU time,
-# compiled and eager (OUT_DIR/gpu_profile_<date>.txt).
+# table beside it (both rewritten after each variant). Then where the step's GPU time goes: the top
+# kernels by their own GPU time, packed and compiled, and eager (OUT_DIR/gpu_profile_<date>.txt).
+# Each run has a time budget, so the script ends inside 10 minutes even if a compile hangs.
 #
 # Usage (from the repository root, on the GPU machine): bash bench/gpu_check.sh [OUT_DIR]
 set -euo pipefail
@@ -31,12 +32,13 @@ COMMON=(--device cuda --synthetic --vocab 37000 --mean-length 28 --peak-size 819
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || true
 "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 
-"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" \
-    --variants ours-bf16-packed-graphs ours-bf16-compile reference-bf16 ours-bf16 ours-bf16-pageable \
-    ours-bf16-packed-compile --max-tokens 25000 --pack-length 128 --steps 30 --warmup 12 \
+# the variants in the order they matter, inside a budget that leaves the profile its time
+"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 420 \
+    --variants ours-bf16-packed-graphs reference-bf16 ours-bf16 ours-bf16-packed-compile ours-bf16-pageable \
+    ours-bf16-compile --max-tokens 25000 --pack-length 128 --steps 30 --warmup 12 \
     --output "$OUT/gpu_train_tables_25k_${DATE}.json" --gpu-json "$OUT/gpu_train_${DATE}.json"
-# the compiler's cache is warm from the first run
-"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --variants ours-bf16-compile ours-bf16 \
-    --max-tokens 25000 --steps 6 --warmup 12 --profile 40 \
-    --output "$OUT/gpu_profile_tables_${DATE}.json" > "$OUT/gpu_profile_${DATE}.txt"
+# the compiler's cache is warm from the first run; the packed step's kernels are the graphs' kernels
+"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 110 \
+    --variants ours-bf16-packed-compile ours-bf16 --max-tokens 25000 --pack-length 128 --steps 8 --warmup 8 \
+    --profile 40 --output "$OUT/gpu_profile_tables_${DATE}.json" > "$OUT/gpu_profile_${DATE}.txt"
 tail -n 5 "$OUT/gpu_profile_${DATE}.txt"
