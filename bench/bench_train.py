@@ -218,7 +218,7 @@ def fixed_shape_batches(args: argparse.Namespace, data: dict[str, Any], packed: 
     import numpy as np
     import torch
 
-    from mtcli.data.packing import collate_packed, pack_rows
+    from mtcli.data.packing import collate_packed, pack_epoch
     from mtcli.data.tokenizer import EOS_ID
 
     if not packed:
@@ -236,10 +236,12 @@ def fixed_shape_batches(args: argparse.Namespace, data: dict[str, Any], packed: 
     lengths = [np.array([len(x) for x in side]) for side in (src, tgt)]
     fits = np.flatnonzero(np.maximum(*lengths) < args.pack_length)  # a longer pair has no row
     data["pairs_skipped"] = len(src) - len(fits)
-    rows = pack_rows(*lengths, fits, args.pack_length)
+    # as the trainer packs an epoch: the pairs shuffled, then laid into rows (the token batches'
+    # order groups pairs of one length, which pack worse); a last, part-filled batch is left out
     n_rows = max(1, args.max_tokens // args.pack_length)
-    batches = [collate_packed(src, tgt, rows[i:i + n_rows], n_rows, args.pack_length)
-               for i in range(0, len(rows), n_rows)]
+    groups = pack_epoch(*lengths, fits, n_rows, args.pack_length, seed=1, epoch=0)
+    batches = [collate_packed(src, tgt, rows, n_rows, args.pack_length)
+               for rows in (groups[:-1] if len(groups) > 1 and len(groups[-1]) < n_rows else groups)]
     for key in PACKED_KEYS:
         data[key] = [getattr(b, key) for b in batches]
 
@@ -358,9 +360,7 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     backends.__enter__()
     for i in range(args.warmup):
         step(i)
-    sync()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    sync()  # the peak memory spans the warm-up: a CUDA graph allocates its memory while it is recorded
     tokens = 0
     from torch._dynamo.utils import counters
 

@@ -123,8 +123,10 @@ def _log_start(trainer: Trainer, config: Config, device: torch.device, precision
              len(stream.indices), stream.skipped, stream.max_source_length, stream.max_target_length,
              stream.padding_fraction())
     if stream.pack_length:
+        compiled = (" (compiled for that shape, replayed as a CUDA graph)" if trainer.graphs else
+                    " (compiled for that shape)" if train.compile else "")
         log.info("packed batches: %d rows of %d slots, pairs laid end to end%s", stream.pack_rows,
-                 stream.pack_length, " (compiled for that shape; CUDA graphs on a GPU)" if train.compile else "")
+                 stream.pack_length, compiled)
     if stream.mix is not None:
         shares = stream.mix.shares(stream.indices)
         log.info("corpora drawn by weight: %s of an epoch's pairs", ", ".join(

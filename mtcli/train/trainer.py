@@ -47,7 +47,7 @@ from torch import Tensor, nn
 from torch.utils.tensorboard import SummaryWriter
 
 from mtcli.checkpoint import save_checkpoint
-from mtcli.config import Config
+from mtcli.config import Config, TrainConfig
 from mtcli.data.batching import Batch, BatchStream, CorpusMix, StepGroup
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.sampling import subword_resegmenter
@@ -124,6 +124,15 @@ def compile_forward_loss(one_shape: bool = False, graphs: bool = False) -> Calla
     return run
 
 
+def cuda_graphs(cfg: TrainConfig, device: torch.device, world_size: int) -> bool:
+    """Whether the compiled step is replayed as a CUDA graph: packed batches (one shape) on a
+    GPU, one batch an update, one process. A replay overwrites the last replay's outputs, the
+    gradients among them, so a gradient accumulated over ``update_freq`` batches would be read
+    after it was overwritten (PyTorch refuses it); DDP's gradient hooks have not been tried under
+    graphs. Those runs compile without graphs."""
+    return cfg.pack_length > 0 and device.type == "cuda" and cfg.update_freq == 1 and world_size == 1
+
+
 class Trainer:
     """Holds the model, optimiser, data stream and bookkeeping of one run; :meth:`run` trains."""
 
@@ -151,8 +160,8 @@ class Trainer:
         self.schedule = build_schedule(self.optimizer, config.model.d_model, self.cfg)
         # one graph with symbolic batch and length sizes: token batches change shape every time;
         # packed batches have one shape, so on a GPU their graph is also replayed as a CUDA graph
-        packed = self.cfg.pack_length > 0
-        self.forward_loss = (compile_forward_loss(one_shape=packed, graphs=packed and device.type == "cuda")
+        self.graphs = self.cfg.compile and cuda_graphs(self.cfg, device, info.world_size)
+        self.forward_loss = (compile_forward_loss(one_shape=self.cfg.pack_length > 0, graphs=self.graphs)
                              if self.cfg.compile else forward_loss)
         # fp16's narrow range needs the loss scaled up and the gradients checked for overflow
         self.scaler = torch.amp.GradScaler(device.type) if self.cfg.precision == "fp16" else None

@@ -85,3 +85,21 @@ def test_padding_lengths_to_a_multiple_leaves_the_loss_unchanged() -> None:
     assert padded_values == pytest.approx(values, rel=1e-5)
     for got, want in zip(padded_grads, grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(("changes", "device", "world", "expected"), [
+    ({}, "cuda", 1, True),
+    ({"update_freq": 2}, "cuda", 1, False),  # an accumulated gradient would outlive its replay
+    ({}, "cuda", 2, False),  # DDP's hooks under graphs: not tried
+    ({}, "cpu", 1, False),
+    ({"pack_length": 0}, "cuda", 1, False),  # token batches change shape every step
+], ids=["packed-one-gpu", "accumulation", "ddp", "cpu", "token-batches"])
+def test_cuda_graphs_only_where_no_gradient_outlives_a_replay(changes: dict, device: str, world: int,
+                                                              expected: bool) -> None:
+    from dataclasses import replace
+
+    from mtcli.config import TrainConfig
+    from mtcli.train.trainer import cuda_graphs
+
+    cfg = replace(TrainConfig(), **{"pack_length": 128, "update_freq": 1, **changes})
+    assert cuda_graphs(cfg, torch.device(device), world) is expected
