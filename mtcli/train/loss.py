@@ -152,10 +152,16 @@ def smoothed_cross_entropy_traced(logits: Tensor, target: Tensor, weight: Tensor
     """The summed label-smoothed loss and the NLL of ``[N, V]`` logits, in tensor operations that
     ``torch.compile`` fuses (its backward comes from autograd): ``log Z = logsumexp(x)``,
     ``loss = sum_i w_i [(1 - eps)(log Z_i - x_{i,y_i}) + eps (log Z_i - mean_k x_{i,k})]``.
-    The NLL is detached, as the eager form's."""
+    The NLL is detached, as the eager form's.
+
+    The gold logit ``x_{i,y_i}`` is a masked sum over the row (``k == y_i``), not a gather: a
+    gather's gradient is a scatter into a zero-filled ``[N, V]`` float32 tensor, written and read
+    once more, while the mask is an index comparison the compiler folds into the one backward
+    kernel that writes ``dL/dx`` (and into the forward's one pass over the row)."""
     x = logits.float()
     log_z = torch.logsumexp(x, dim=1)
-    nll_rows = (log_z - x.gather(1, target.unsqueeze(1)).squeeze(1)) * weight
+    hit = torch.arange(x.size(1), device=x.device) == target.unsqueeze(1)
+    nll_rows = (log_z - torch.where(hit, x, 0.0).sum(dim=1)) * weight
     loss_rows = (1.0 - epsilon) * nll_rows
     if epsilon > 0:
         loss_rows = loss_rows + epsilon * (log_z - x.mean(dim=1)) * weight
