@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # train.compile against the eager step, as loss curves: the WMT14 base shape and schedule
-# (bf16, Noam with 4,000 warm-up steps, ~25k target tokens an update as 2 x 12,500) on the
+# (bf16, Noam with 4,000 warm-up steps, one batch of 25,000 tokens an update) on the
 # prepared Multi30k en-de cache, for STEPS steps: eager seed 1; packed seed 1 (train.pack_length
 # 128 with train.compile: one batch shape, CUDA graphs); eager seed 2 (the seed noise to judge the
 # others against); compiled seed 1 (token batches). On a machine with several GPUs it then runs
-# eager seed 1 under torchrun on all of them, each with the same 2 x 12,500 tokens a step (so the
+# eager seed 1 under torchrun on all of them, each with the same 25,000 tokens a step (so the
 # update grows with the GPUs), for the target tokens/s per GPU against one GPU's. Writes
 # OUT_DIR/gpu_loss_curve_<date>.json with each run's logged training loss, its tokens/s (all
 # processes together) and its tokens/s per process.
@@ -21,7 +21,7 @@ DATE=$(date +%Y%m%d)
 SET=(--set model.d_model=512 --set model.n_heads=8 --set model.encoder_layers=6 --set model.decoder_layers=6
      --set model.d_ff=2048 --set model.dropout=0.1 --set model.attention_dropout=0.0 --set model.output_vocab=joint
      --set train.rdrop_alpha=0 --set train.weight_decay=0 --set train.precision=bf16 --set train.device="${DEVICE:-cuda}"
-     --set train.max_tokens=12500 --set train.update_freq=2 --set train.warmup_steps=4000 --set train.lr_factor=1
+     --set train.max_tokens=25000 --set train.update_freq=1 --set train.warmup_steps=4000 --set train.lr_factor=1
      --set train.cooldown_steps=0 --set train.max_steps="$STEPS" --set train.log_every=25
      --set train.valid_every=100000 --set train.valid_bleu=false --set train.num_threads=0 --set train.progress=false ${EXTRA:-})
 summarise() {  # rewritten after each run: a run cut short by a time limit leaves the others' curves

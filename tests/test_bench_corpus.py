@@ -44,7 +44,7 @@ def test_every_form_prepares_the_same_cache_and_trains(tmp_path: Path) -> None:
                      "data.num_workers=1", "model.d_model=64", "model.n_heads=2", "model.encoder_layers=1",
                      "model.decoder_layers=1", "model.d_ff=128", "train.device=cpu", "train.precision=fp32",
                      "train.max_steps=2", "train.update_freq=1", "train.max_tokens=1024",
-                     "train.valid_bleu=false", "train.num_threads=1", "train.progress=false",
+                     "train.valid_bleu=false", "train.num_threads=1", "train.progress=false", "train.compile=false",
                      f"train.run_dir={tmp_path / 'runs' / form}"]
         config = load_config(REPO / "configs" / "wmt14_en_de_base.yaml", overrides)
         result = prepare(config)
