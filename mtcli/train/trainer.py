@@ -9,7 +9,9 @@ One optimiser step, as in "Attention Is All You Need" (section 5):
    (label-smoothed cross entropy, or :class:`~mtcli.train.rdrop.RDropLoss`), and backward of ``loss * world_size / N`` where ``N`` is the target-token count of
    the whole group (known on every rank from the cached lengths). DDP averages gradients over
    ranks, so the gradient is d/dtheta [sum of losses / N]: the same as one process running the
-   whole group with ``update_freq`` accumulation;
+   whole group with ``update_freq`` accumulation. While the device runs these, the host
+   collates the next step's batches and starts their copy (a checkpoint keeps the position
+   before them), and only then waits for the loss;
 3. a non-finite loss or gradient norm skips the update (gradients zeroed, logged;
    ``max_nonfinite`` in a row raise :class:`TrainingError`); otherwise clip the gradient norm
    (``clip_norm`` > 0), Adam step, learning-rate schedule step.
@@ -50,6 +52,7 @@ from mtcli.checkpoint import save_checkpoint
 from mtcli.config import Config, TrainConfig
 from mtcli.data.batching import Batch, BatchStream, CorpusMix, StepGroup
 from mtcli.data.cache import PreparedCorpus
+from mtcli.data.packing import PackedBatch
 from mtcli.data.sampling import subword_resegmenter
 from mtcli.data.tokenizer import PAD_ID
 from mtcli.device import autocast
@@ -201,6 +204,9 @@ class Trainer:
         # early enough for one more of each to fit, so the final validation ends within it
         self._step_seconds = 0.0
         self._valid_seconds = 0.0
+        # the next step's batches, drawn and on their way to the device while this step runs:
+        # (the stream's position before them, their group, the batches)
+        self._ahead: tuple[dict[str, Any], StepGroup, list[Batch | PackedBatch]] | None = None
 
     # ----------------------------------------------------------------- resume
 
@@ -261,14 +267,14 @@ class Trainer:
         return {
             "format": STATE_FORMAT,
             "step": self.step,
-            "epoch": self.stream.epoch,
+            "epoch": self.position["epoch"],
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.schedule.state_dict(),
             **({"scaler": self.scaler.state_dict()} if self.scaler is not None else {}),
             "rng": rng_ranks[0],
             **({"rng_ranks": rng_ranks} if len(rng_ranks) > 1 else {}),
-            "data_state": self.stream.state_dict(),
+            "data_state": self.position,
             "train_state": {
                 "best": self.best,
                 "best_bleu": self.best_bleu,
@@ -288,21 +294,55 @@ class Trainer:
 
     # ----------------------------------------------------------------- one step
 
-    def train_step(self, group: StepGroup) -> dict[str, float] | None:
-        """Forward/backward this rank's batches of ``group`` and update; None if skipped."""
+    @property
+    def position(self) -> dict[str, Any]:
+        """The stream's position of the next step to train (:meth:`BatchStream.state_dict`): the
+        position before the batches already prefetched, which no step has trained yet."""
+        return self._ahead[0] if self._ahead is not None else self.stream.state_dict()
+
+    def next_step_batches(self) -> tuple[StepGroup, list[Batch | PackedBatch]]:
+        """The next step's group and this rank's batches on the device: those prefetched during
+        the last step, else drawn and collated now."""
+        if self._ahead is not None:
+            _, group, batches = self._ahead
+            self._ahead = None
+            return group, batches
+        group = self.stream.next_group()
+        return group, self._collate(group)
+
+    def _collate(self, group: StepGroup) -> list[Batch | PackedBatch]:
+        """This rank's batches of ``group``, collated and sent to the device (without waiting)."""
+        batches = []
+        for indices in group.mine():
+            batch = self.stream.collate(indices)
+            if self.cfg.compile and isinstance(batch, Batch):  # one compiled graph for every length
+                batch = batch.padded(COMPILE_LENGTH_MULTIPLE)
+            batches.append(batch.to(self.device))
+        return batches
+
+    def _prefetch(self) -> None:
+        """Draw and collate the next step's batches while the device still runs this step's
+        kernels. The host waits for them right after (for the loss); collating after that wait
+        would leave a GPU idle for as long as collating takes. Collating reads no random state,
+        and a checkpoint saves the position before these batches, so training and resume are
+        the same as without it."""
+        if self.step + 1 < self.cfg.max_steps:  # not after the last step
+            position = self.stream.state_dict()
+            group = self.stream.next_group()
+            self._ahead = (position, group, self._collate(group))
+
+    def train_step(self, group: StepGroup, batches: list[Batch | PackedBatch] | None = None) -> dict[str, float] | None:
+        """Forward/backward this rank's ``batches`` of ``group`` (collated here if not given) and
+        update; None if skipped."""
         model = self.ddp or self.model
         model.train()
         total_tokens = group.target_tokens(self.stream.tgt_lengths)
         scale = self.info.world_size / max(total_tokens, 1)
-        mine = group.mine()
+        mine = self._collate(group) if batches is None else batches
         loss_acc = torch.zeros((), dtype=torch.float64, device=self.device)
         nll_acc = torch.zeros((), dtype=torch.float64, device=self.device)
         tokens = real = padded = 0
-        for i, indices in enumerate(mine):
-            batch = self.stream.collate(indices)
-            if self.cfg.compile and isinstance(batch, Batch):  # one compiled graph for every length
-                batch = batch.padded(COMPILE_LENGTH_MULTIPLE)
-            batch = batch.to(self.device)
+        for i, batch in enumerate(mine):
             layout = (() if isinstance(batch, Batch) else
                       (batch.src_segments, batch.tgt_segments, batch.src_positions, batch.tgt_positions))
             last = i == len(mine) - 1
@@ -318,6 +358,7 @@ class Trainer:
             tokens += batch.tgt_tokens
             real += batch.src_tokens + batch.tgt_tokens
             padded += batch.padded_tokens
+        self._prefetch()  # before the host waits for the device
         stop = 1.0 if self.signals.signum is not None else 0.0
         loss_sum, nll_sum, tokens_f, real_f, padded_f, stop_any = all_sum(
             [float(loss_acc), float(nll_acc), float(tokens), float(real), float(padded), stop],
@@ -463,7 +504,7 @@ class Trainer:
         cfg = self.cfg
         if self.step >= cfg.max_steps:
             return f"max_steps={cfg.max_steps}"
-        if cfg.max_epochs > 0 and self.stream.epoch >= cfg.max_epochs:
+        if cfg.max_epochs > 0 and self.position["epoch"] >= cfg.max_epochs:
             return f"max_epochs={cfg.max_epochs}"
         if cfg.patience > 0 and self.bad_validations >= cfg.patience:
             return f"patience={cfg.patience} (no better validation {'BLEU' if self._uses_bleu() else 'loss'})"
@@ -528,9 +569,9 @@ class Trainer:
                     break
                 if self.signals.signum is not None and not self.info.distributed:
                     self._interrupt()
-                group = self.stream.next_group()
                 step_start = time.monotonic()
-                stats = self.train_step(group)
+                group, batches = self.next_step_batches()
+                stats = self.train_step(group, batches)
                 self._step_seconds = time.monotonic() - step_start
                 self._train_seconds += self._step_seconds
                 if stats is not None:

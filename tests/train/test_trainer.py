@@ -248,9 +248,9 @@ def test_time_limit_includes_the_final_validation(prepared: Path, tmp_path: Path
         time.sleep(1.0)
         return validate(self)
 
-    def slow_step(self: Trainer, group: object) -> object:
+    def slow_step(self: Trainer, group: object, batches: object = None) -> object:
         time.sleep(0.3)
-        return train_step(self, group)
+        return train_step(self, group, batches)
 
     monkeypatch.setattr(Trainer, "validate", slow_validate)
     monkeypatch.setattr(Trainer, "train_step", slow_step)
