@@ -16,6 +16,11 @@ penalty chosen on val, then test2016):
    else trained here);
 4. ``results/bt.{json,md}``: test2016 lowercased BLEU of the four, and how much of the real
    pairs' gain over the half each back-translation recovers.
+
+Stopped and started again, it goes on where it stopped: a training run resumes from its last
+checkpoint, and a finished run's scores (``row.json`` in its run directory) and each
+back-translation (``made_by.json`` beside it) are kept while the config, the model and the
+settings are the same.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from mtcli.config import Config, CorpusConfig, DataConfig, load_config, with_cha
 from mtcli.data.corpora import split_names
 from mtcli.data.sources import open_source
 from mtcli.errors import MtcliError
-from mtcli.fileio import atomic_write
+from mtcli.fileio import atomic_write, sha256_file
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, setup_logging
 from mtcli.reproduce import RESULTS_DIR, load_results, run_recipe, seed_config
@@ -65,16 +70,46 @@ def split_halves(data: DataConfig, out: Path) -> tuple[Path, Path]:
 def back_translate(run_dir: Path, checkpoint: Path, mono: Path, out: Path, data: DataConfig,
                    length_penalty: float, **settings: Any) -> Path:
     """Translate the monolingual text ``mono/train.<tgt>`` back into ``data.src_lang`` with the
-    reverse model, and write the synthetic pairs as ``out/train.{src,tgt}`` (atomically)."""
+    reverse model, and write the synthetic pairs as ``out/train.{src,tgt}`` (atomically).
+
+    What was translated, and how, is kept beside them (``out/made_by.json``): a restarted run
+    that finds the same checkpoint, text and settings there keeps the files."""
+    text = mono / f"{data.train_split}.{data.tgt_lang}"
+    made_by = {"checkpoint_sha256": sha256_file(checkpoint), "text_sha256": sha256_file(text),
+               "length_penalty": length_penalty, "settings": settings}
+    outputs = [out / f"{data.train_split}.{lang}" for lang in (data.src_lang, data.tgt_lang)]
+    record = out / "made_by.json"
+    if all(path.is_file() for path in (*outputs, record)) and \
+            json.loads(record.read_text(encoding="utf-8")) == made_by:
+        get_logger().info("%s: back-translated earlier with the same model and settings, kept", out)
+        return out
     translator = Translator.from_run(run_dir, checkpoint, length_penalty=length_penalty, **settings)
-    targets = (mono / f"{data.train_split}.{data.tgt_lang}").read_text(encoding="utf-8").splitlines()
+    targets = text.read_text(encoding="utf-8").splitlines()
     sources = translator.translate(targets)
-    with atomic_write(out / f"{data.train_split}.{data.src_lang}") as handle:
-        handle.writelines(s + "\n" for s in sources)
-    with atomic_write(out / f"{data.train_split}.{data.tgt_lang}") as handle:
-        handle.writelines(t + "\n" for t in targets)
+    for path, lines in zip(outputs, (sources, targets), strict=True):
+        with atomic_write(path) as handle:
+            handle.writelines(line + "\n" for line in lines)
+    with atomic_write(record) as handle:
+        handle.write(json.dumps(made_by, indent=2) + "\n")
     get_logger().info("back-translated %d sentences into %s (%s)", len(targets), out, settings or "beam")
     return out
+
+
+def recipe_row(config: Config) -> dict[str, Any]:
+    """:func:`~mtcli.reproduce.run_recipe`'s row for ``config``, kept in its run directory
+    (``row.json``, with the config), so that a restarted ``make reproduce-bt`` does not train,
+    average and score a finished run again. A changed config runs (and resumes) it again."""
+    record = config.run_path() / "row.json"
+    wanted = json.loads(json.dumps(config.to_dict()))  # as it reads back from JSON
+    if record.is_file():
+        saved = json.loads(record.read_text(encoding="utf-8"))
+        if saved.get("config") == wanted:
+            get_logger().info("%s: finished earlier, its scores kept (%s)", config.run_path(), record)
+            return saved["row"]
+    row = run_recipe(config)
+    with atomic_write(record) as handle:
+        handle.write(json.dumps({"config": wanted, "row": row}, indent=2) + "\n")
+    return row
 
 
 def _variant(config: Config, name: str, sources: list[CorpusConfig], run_dir: Path) -> Config:
@@ -99,7 +134,7 @@ def run_bt(forward: Config, reverse: Config, work: Path, real: dict[str, Any] | 
     parallel, mono = split_halves(forward.data, work / "data")
     runs = work / "runs"
     half_reverse = _variant(reverse, "reverse_half", [CorpusConfig(source=str(parallel))], runs)
-    reverse_row = run_recipe(half_reverse)
+    reverse_row = recipe_row(half_reverse)
     reverse_run = Path(half_reverse.run_path())
     averaged = reverse_run / "checkpoints" / f"checkpoint_avg_last{reverse_row['average_last']}.pt"
     alpha = float(reverse_row["length_penalty"])
@@ -107,12 +142,12 @@ def run_bt(forward: Config, reverse: Config, work: Path, real: dict[str, Any] | 
     sampled = back_translate(reverse_run, averaged, mono, work / "data" / "bt_sampling", forward.data, alpha,
                              sampling="topp", topp=1.0, seed=forward.train.seed)
     rows = {
-        ROWS[0]: run_recipe(_variant(forward, "half", [CorpusConfig(source=str(parallel))], runs)),
-        ROWS[1]: run_recipe(_variant(forward, "bt_beam", [CorpusConfig(source=str(parallel)),
+        ROWS[0]: recipe_row(_variant(forward, "half", [CorpusConfig(source=str(parallel))], runs)),
+        ROWS[1]: recipe_row(_variant(forward, "bt_beam", [CorpusConfig(source=str(parallel)),
                                                           CorpusConfig(source=str(beam), tag=TAG)], runs)),
-        ROWS[2]: run_recipe(_variant(forward, "bt_sampling", [CorpusConfig(source=str(parallel)),
+        ROWS[2]: recipe_row(_variant(forward, "bt_sampling", [CorpusConfig(source=str(parallel)),
                                                               CorpusConfig(source=str(sampled), tag=TAG)], runs)),
-        ROWS[3]: real if real is not None else run_recipe(with_changes(forward, "train", run_dir=str(runs / "real"))),
+        ROWS[3]: real if real is not None else recipe_row(with_changes(forward, "train", run_dir=str(runs / "real"))),
     }
     table = {name: _summary(row) for name, row in rows.items()}
     half, full = table[ROWS[0]]["bleu_lc"], table[ROWS[3]]["bleu_lc"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from conftest import TOY_CONFIG, TOY_DIR
 
 from mtcli.backtranslation import ROWS, TAG, render, run_bt, split_halves
@@ -27,10 +28,19 @@ def test_halves_keep_every_other_pair_and_the_rest_as_monolingual(tmp_path: Path
     assert (parallel / "val.src").read_text() == (TOY_DIR / "val.src").read_text()
 
 
-def test_backtranslation_pipeline_on_toy(tmp_path: Path) -> None:
+def test_backtranslation_pipeline_on_toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     forward = load_config(TOY_CONFIG, [f"data.source={TOY_DIR}", *FAST])
     reverse = load_config(TOY_CONFIG, [f"data.source={TOY_DIR}", "data.src_lang=tgt", "data.tgt_lang=src", *FAST])
     table = run_bt(forward, reverse, tmp_path)
+    # run again (a restart): the finished runs and back-translations are kept, nothing runs twice
+    import mtcli.backtranslation as bt
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("ran again")
+
+    monkeypatch.setattr(bt, "run_recipe", refuse)
+    monkeypatch.setattr(bt.Translator, "from_run", refuse)
+    assert run_bt(forward, reverse, tmp_path) == table
     assert set(ROWS) < set(table)
     beam = list(read_lines(tmp_path / "data" / "bt_beam" / "train.src"))
     sampled = list(read_lines(tmp_path / "data" / "bt_sampling" / "train.src"))
