@@ -4,8 +4,9 @@ Run ``python -m mtcli.multilingual [--seeds 1,2,3] [--config configs/multi30k_mu
 each seed: prepare -> train -> average the last k step checkpoints, k chosen on the mean
 validation BLEU over the directions -> for each direction, the length penalty chosen on its own
 validation split -> its test split. The seeds' rows are kept in ``results/multilingual.json``
-(a seed run again replaces its row, so seeds may run one at a time, or on several machines
-with their files merged by hand), and each direction's mean, sample standard deviation and
+(a seed run again replaces its row, so seeds may run one at a time; seeds run apart, one
+process or machine each with ``--results DIR``, are added with ``--merge DIR...``), and each
+direction's mean, sample standard deviation and
 per-seed lowercased BLEU are rendered to ``results/multilingual.md`` beside the bilingual
 recipes' means of ``results/multi30k.json`` (and into README.md between
 ``<!-- multilingual:start -->`` and ``<!-- multilingual:end -->``).
@@ -23,7 +24,7 @@ from typing import Any
 from mtcli.allocator import keep_freed_memory
 from mtcli.config import Config, load_config
 from mtcli.data.prepare import prepare
-from mtcli.errors import MtcliError
+from mtcli.errors import ConfigError, MtcliError, one_line
 from mtcli.evaluate import evaluate, evaluate_directions
 from mtcli.fileio import atomic_write
 from mtcli.infer.loading import run_directions
@@ -36,6 +37,7 @@ from mtcli.reproduce import (
     device_name,
     git_commit,
     load_results,
+    named_commit,
     search_length_penalty,
     seed_config,
     source_tree,
@@ -92,6 +94,25 @@ def run_seed(config: Config) -> dict[str, Any]:
             "train_minutes": summary.elapsed_seconds / 60.0, "train_tokens_per_s": summary.tokens_per_second,
             "device": device_name(str(next(iter(scores.values()))["device"])), "commit": git_commit(), "tree": source_tree(),
             "run_dir": str(run_dir)}
+
+
+def merge_seeds(paths: list[Path]) -> dict[str, dict[str, Any]]:
+    """The seed rows of results written apart (``--results DIR`` per process or machine):
+    ``DIR`` or ``DIR/multilingual.json`` each; a seed found twice is an error."""
+    seeds: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        file = path / f"{TABLE}.json" if path.is_dir() else path
+        try:
+            found = json.loads(file.read_text(encoding="utf-8"))["seeds"]
+        except FileNotFoundError:
+            raise ConfigError(f"{file}: results file not found") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{file}: not a multilingual results file ({one_line(exc)})") from None
+        for seed, row in found.items():
+            if seed in seeds:
+                raise ConfigError(f"{file}: seed {seed} is in two of the merged files")
+            seeds[seed] = named_commit(row, f"{file} seed {seed}")
+    return seeds
 
 
 def combine(seeds: dict[str, dict[str, Any]], bilingual: dict[str, Any]) -> dict[str, Any]:
@@ -154,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="results directory")
     parser.add_argument("--readme", type=Path, default=README, help="README whose table to refresh")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="RESULTS",
+                        help="train nothing: add the seeds of these results directories (or multilingual.json "
+                             "files, e.g. one per GPU process) to the results directory's table")
     args = parser.parse_args(argv)
     setup_logging()
     keep_freed_memory()
@@ -161,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         config = load_config(args.config, args.overrides)
         previous = load_results(args.results, TABLE).get("seeds", {})
-        for seed in seeds:
+        if args.merge:
+            previous.update(merge_seeds(args.merge))
+        for seed in seeds if not args.merge else []:
             previous[str(seed)] = run_seed(seed_config(config, seed))
         results = combine(previous, load_results(args.results, BILINGUAL_TABLE))
     except (MtcliError, ValueError) as exc:

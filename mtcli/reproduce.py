@@ -449,11 +449,11 @@ def merge_seed_results(paths: list[Path], row_key: str, table_name: str) -> dict
         for seed, seed_row in (row.get("seeds") or {str(row["seed"]): row}).items():
             if int(seed) in rows:
                 raise ConfigError(f"{file}: seed {seed} of {row_key!r} is in two of the merged files")
-            rows[int(seed)] = _named_commit(seed_row, f"{file} seed {seed}")
+            rows[int(seed)] = named_commit(seed_row, f"{file} seed {seed}")
     return combine_seeds(rows)
 
 
-def _named_commit(row: dict[str, Any], where: str) -> dict[str, Any]:
+def named_commit(row: dict[str, Any], where: str) -> dict[str, Any]:
     """``row`` with a ``-dirty`` commit replaced by the commit whose files it ran (same tree),
     when this repository has one; as it is otherwise."""
     tree = row.get("tree")

@@ -34,3 +34,15 @@ def test_multilingual_table_on_toy(tmp_path: Path) -> None:
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith("end\n")
     assert "| src-tgt |" in text and "| src-xx |" in text and "12.50" in text
+    # a seed run apart (another process, --results elsewhere) is added with --merge, never twice
+    apart = tmp_path / "apart"
+    apart.mkdir()
+    other = json.loads(json.dumps(seed))
+    other["directions"]["src-tgt"]["bleu_lc"] = seed["directions"]["src-tgt"]["bleu_lc"] + 2.0
+    (apart / "multilingual.json").write_text(json.dumps({"seeds": {"2": other}}))
+    assert main(["--merge", str(apart), "--results", str(results), "--readme", str(readme)]) == 0
+    merged = json.loads((results / "multilingual.json").read_text())
+    assert sorted(merged["seeds"]) == ["1", "2"]
+    first = seed["directions"]["src-tgt"]["bleu_lc"]
+    assert merged["directions"]["src-tgt"]["bleu_lc_per_seed"] == [first, first + 2.0]
+    assert main(["--merge", str(apart), str(apart / "multilingual.json"), "--results", str(results)]) != 0

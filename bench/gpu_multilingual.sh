@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The multilingual table's seeds on one lent GPU, side by side: configs/multi30k_multi.yaml
+# prepared once, then one `python -m mtcli.multilingual` process per seed, all at once (the
+# recipe's small model leaves a GPU waiting on each process's kernel launches, so the seeds
+# share it well). Each writes OUT_DIR/seed<N>/multilingual.json and OUT_DIR/seed<N>.log; add
+# them to results/multilingual.json here afterwards:
+#
+#   python -m mtcli.multilingual --merge OUT_DIR/seed*/
+#
+# Usage (from the repository root, on the GPU machine, which reaches no network: carry
+# data/raw/multi30k, a copy of ../shared/data/multi30k, where mtcli looks for a downloaded corpus):
+#   bash bench/gpu_multilingual.sh OUT_DIR [SEEDS]      (SEEDS: 1,2,3 by default)
+# EXTRA="--set KEY=VALUE ..." changes the recipe for every seed (a small CPU trial, say).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUT=${1:?usage: bench/gpu_multilingual.sh OUT_DIR [SEEDS]}
+SEEDS=${2:-1,2,3}
+RECIPE=configs/multi30k_multi.yaml
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+# shellcheck disable=SC2086  # EXTRA is a list of arguments
+"$PY" -m mtcli prepare "$RECIPE" ${EXTRA:-} > "$OUT/prepare.log" 2>&1 || { tail -n 5 "$OUT/prepare.log"; exit 1; }
+declare -A pids
+for seed in ${SEEDS//,/ }; do
+    mkdir -p "$OUT/seed$seed"
+    # shellcheck disable=SC2086
+    "$PY" -m mtcli.multilingual --config "$RECIPE" --seeds "$seed" --results "$OUT/seed$seed" \
+        --readme "$OUT/seed$seed/README.md" ${EXTRA:-} > "$OUT/seed$seed.log" 2>&1 &
+    pids[$seed]=$!
+done
+status=0
+for seed in "${!pids[@]}"; do
+    if wait "${pids[$seed]}"; then echo "seed $seed: done"; else status=1; echo "seed $seed: failed"; tail -n 5 "$OUT/seed$seed.log"; fi
+done
+rm -f "$OUT"/seed*/multilingual.md  # the table is made by --merge; fewer files to bring back
+exit $status
