@@ -56,7 +56,7 @@ RECIPE = REPO / "configs" / "multi30k_de_en.yaml"
 PREPARED = REPO / "data" / "prepared" / "multi30k_de_en"
 # reference-*: the loop a PyTorch user would write: nn.Transformer, F.cross_entropy with label
 # smoothing, AdamW (fused on a GPU), torch.compile on a GPU (the training issue's reference loop)
-# ours-*-compile: mtcli's own training forward and loss (mtcli.train.trainer.forward_loss) under
+# ours-*-compile: mtcli's own training forward and loss (mtcli.train.step.forward_loss) under
 # torch.compile, as train.compile runs it
 # ours-bf16-pageable: ours-bf16 with each batch copied to the GPU from ordinary (pageable) host
 # memory, as mtcli did before mtcli.device.to_device pinned it: that copy waits for the GPU
@@ -257,7 +257,7 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     from mtcli.train.loss import LabelSmoothedLoss
     from mtcli.train.rdrop import rdrop_loss
     from mtcli.train.schedule import build_optimizer, build_schedule
-    from mtcli.train.trainer import (
+    from mtcli.train.step import (
         COMPILE_LENGTH_MULTIPLE,
         compile_forward_loss,
         mark_sizes_dynamic,

@@ -8,7 +8,7 @@ import torch
 from mtcli.config import ModelConfig
 from mtcli.model import Transformer
 from mtcli.train.loss import LabelSmoothedLoss, reference_loss, smoothed_cross_entropy_traced
-from mtcli.train.trainer import forward_loss
+from mtcli.train.step import forward_loss
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
@@ -99,7 +99,7 @@ def test_cuda_graphs_only_where_no_gradient_outlives_a_replay(changes: dict, dev
     from dataclasses import replace
 
     from mtcli.config import TrainConfig
-    from mtcli.train.trainer import cuda_graphs
+    from mtcli.train.step import cuda_graphs
 
     cfg = replace(TrainConfig(), **{"pack_length": 128, "update_freq": 1, **changes})
     assert cuda_graphs(cfg, torch.device(device), world) is expected

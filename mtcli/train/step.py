@@ -1,0 +1,70 @@
+"""One training step's forward and loss, as the trainer runs it: eagerly, or compiled with
+``torch.compile`` (``train.compile``), and on a GPU replayed as a CUDA graph where the batches
+have one shape (``train.pack_length``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from mtcli.config import TrainConfig
+from mtcli.device import autocast
+from mtcli.train.loss import LabelSmoothedLoss
+from mtcli.train.rdrop import RDropLoss
+
+#: Lengths a compiled step pads its batches to a multiple of (Batch.padded).
+COMPILE_LENGTH_MULTIPLE = 8
+
+
+def forward_loss(model: nn.Module, criterion: LabelSmoothedLoss | RDropLoss,
+                 output_targets: Callable[[Tensor], Tensor], precision: str,
+                 src: Tensor, tgt_in: Tensor, tgt_out: Tensor, *layout: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """One batch's forward (autocast in ``precision``) and loss: ``(objective, loss, nll)``, the
+    objective to backpropagate and the detached sums to log. A packed batch also passes its
+    ``layout`` (segments and positions, :meth:`Transformer.forward_packed`). ``train.compile``
+    runs this through ``torch.compile`` as one graph (a test checks that nothing breaks it)."""
+    src, tgt_in = criterion.inputs(src, tgt_in)
+    with autocast(src.device, precision):
+        logits = model(src, tgt_in, *layout)  # through DDP's forward, whose hooks reduce the gradients
+    objective, out = criterion.objective(logits, output_targets(tgt_out))
+    return objective, out.loss.detach(), out.nll
+
+
+def mark_sizes_dynamic(*batches: Tensor) -> None:
+    """Tell ``torch.compile`` that these ``[B, L]`` tensors' batch size and length vary."""
+    for tensor in batches:
+        torch._dynamo.maybe_mark_dynamic(tensor, 0)
+        torch._dynamo.maybe_mark_dynamic(tensor, 1)
+
+
+def compile_forward_loss(one_shape: bool = False, graphs: bool = False) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
+    """:func:`forward_loss` under ``torch.compile``: one graph whose batch size and lengths are
+    symbolic, so token batches of any shape reuse it. The sizes are marked dynamic on every
+    call: otherwise a first batch whose source and target lengths happen to be equal would
+    tie them together in the graph, and the next batch would compile it again.
+
+    ``one_shape`` (packed batches): compiled for their one shape instead; ``graphs``: and replayed
+    as CUDA graphs (torch.compile's ``reduce-overhead``), so the host launches a step's kernels
+    as one graph."""
+    compiled = torch.compile(forward_loss, dynamic=not one_shape, mode="reduce-overhead" if graphs else None)
+
+    def run(model: nn.Module, criterion: LabelSmoothedLoss | RDropLoss, output_targets: Callable[[Tensor], Tensor],
+            precision: str, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, *layout: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if graphs:  # a new call: the last one's outputs are never read again
+            torch.compiler.cudagraph_mark_step_begin()
+        elif not one_shape:
+            mark_sizes_dynamic(src, tgt_in, tgt_out)
+        return compiled(model, criterion, output_targets, precision, src, tgt_in, tgt_out, *layout)
+
+    return run
+
+
+def cuda_graphs(cfg: TrainConfig, device: torch.device, world_size: int) -> bool:
+    """Whether the compiled step is replayed as a CUDA graph: packed batches (one shape) on a
+    GPU, one batch an update, one process. A replay overwrites the last replay's outputs, the
+    gradients among them, so a gradient accumulated over ``update_freq`` batches would be read
+    after it was overwritten (PyTorch refuses it); DDP's gradient hooks have not been tried under
+    graphs. Those runs compile without graphs."""
+    return cfg.pack_length > 0 and device.type == "cuda" and cfg.update_freq == 1 and world_size == 1
