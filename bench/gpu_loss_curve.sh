@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# train.compile against the eager step, as loss curves: the WMT14 base shape and schedule
-# (bf16, Noam with 4,000 warm-up steps, one batch of 25,000 tokens an update) on the
-# prepared Multi30k en-de cache, for STEPS steps: eager seed 1; packed seed 1 (train.pack_length
-# 128 with train.compile: one batch shape, CUDA graphs); eager seed 2 (the seed noise to judge the
-# others against); compiled seed 1 (token batches). On a machine with several GPUs it then runs
-# eager seed 1 under torchrun on all of them, each with the same 25,000 tokens a step (so the
-# update grows with the GPUs), for the target tokens/s per GPU against one GPU's. Writes
-# OUT_DIR/gpu_loss_curve_<date>.json with each run's logged training loss, its tokens/s (all
-# processes together) and its tokens/s per process.
+# The WMT14 base recipe's packed, compiled step against the eager step on token batches, as loss
+# curves: the WMT14 base shape and schedule (bf16, Noam with 4,000 warm-up steps, one batch of
+# 25,000 tokens an update) on the prepared Multi30k en-de cache, for STEPS steps: eager seed 1;
+# packed seed 1 (train.pack_length 128 with train.compile: one batch shape, CUDA graphs); eager
+# seed 2 (the seed noise to judge the others against). SPECS="mode:seed:processes ..." picks
+# other runs (modes: eager, packed, compile = compiled token batches). On a machine with several
+# GPUs it then runs eager seed 1 under torchrun on all of them, each with the same 25,000 tokens
+# a step (so the update grows with the GPUs), for the target tokens/s per GPU against one GPU's.
+# Writes OUT_DIR/gpu_loss_curve_<date>.json with each run's logged training loss, its tokens/s
+# (all processes together) and its tokens/s per process.
 #
 # Usage (from the repository root, on the GPU machine, with data/prepared/multi30k_en_de;
 # DEVICE=cpu and EXTRA="--set model.d_model=64 ..." try it small on a CPU, PROCS=2 with gloo):
@@ -42,7 +43,7 @@ PY
 if [ -z "${PROCS:-}" ]; then
     PROCS=$( [ "${DEVICE:-cuda}" = cuda ] && nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 1)
 fi
-specs=(eager:1:1 packed:1:1 eager:2:1 compile:1:1)
+read -r -a specs <<< "${SPECS:-eager:1:1 packed:1:1 eager:2:1}"
 [ "$PROCS" -gt 1 ] && specs+=("eager:1:$PROCS")
 runs=()
 for spec in "${specs[@]}"; do
