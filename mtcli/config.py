@@ -389,8 +389,6 @@ def validate(config: Config) -> None:
         (t.pack_length == 0 or 2 <= t.pack_length <= min(t.max_tokens, m.max_positions),
          "train.pack_length must be 0 (token batches) or a row of 2 to min(train.max_tokens, "
          "model.max_positions) slots"),
-        (t.pack_length == 0 or t.rdrop_alpha == 0.0,
-         "train.pack_length: packed rows are not run twice; set train.rdrop_alpha: 0 to pack"),
         (t.update_freq >= 1, "train.update_freq must be >= 1"),
         (t.warmup_steps >= 1, "train.warmup_steps must be >= 1"),
         (t.init_average >= 1, "train.init_average must be >= 1 (the parent's last K checkpoints)"),

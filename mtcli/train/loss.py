@@ -194,9 +194,10 @@ class LabelSmoothedLoss(nn.Module):
             loss, nll = _SmoothedCrossEntropy.apply(flat_logits, gold, weight, self.epsilon)
         return LossOutput(loss=loss, nll=nll, count=keep.sum())
 
-    def inputs(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:
-        """The batch the model runs for this loss: the batch itself (see :class:`~mtcli.train.rdrop.RDropLoss`)."""
-        return src, tgt_in
+    def inputs(self, src: Tensor, tgt_in: Tensor, *layout: Tensor) -> tuple[Tensor, ...]:
+        """The batch the model runs for this loss, with a packed batch's ``layout``: the batch
+        itself (see :class:`~mtcli.train.rdrop.RDropLoss`)."""
+        return (src, tgt_in, *layout)
 
     def objective(self, logits: Tensor, target: Tensor) -> tuple[Tensor, LossOutput]:
         """What training minimises (summed over the targets) and what it logs: both the

@@ -138,9 +138,10 @@ class RDropLoss(LabelSmoothedLoss):
             raise ValueError(f"R-Drop's alpha must be > 0, got {alpha}")
         self.alpha = float(alpha)
 
-    def inputs(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:
-        """The batch twice, as one: ``[2B, ...]``, so the halves draw two dropout masks."""
-        return torch.cat([src, src]), torch.cat([tgt_in, tgt_in])
+    def inputs(self, src: Tensor, tgt_in: Tensor, *layout: Tensor) -> tuple[Tensor, ...]:
+        """The batch twice, as one: ``[2B, ...]``, so the halves draw two dropout masks (a
+        packed batch's rows with their layout, row for row)."""
+        return tuple(torch.cat([t, t]) for t in (src, tgt_in, *layout))
 
     def objective(self, logits: Tensor, target: Tensor) -> tuple[Tensor, LossOutput]:
         """:func:`rdrop_loss` of the doubled batch's logits and the batch's ``target``."""

@@ -25,7 +25,7 @@ def forward_loss(model: nn.Module, criterion: LabelSmoothedLoss | RDropLoss,
     objective to backpropagate and the detached sums to log. A packed batch also passes its
     ``layout`` (segments and positions, :meth:`Transformer.forward_packed`). ``train.compile``
     runs this through ``torch.compile`` as one graph (a test checks that nothing breaks it)."""
-    src, tgt_in = criterion.inputs(src, tgt_in)
+    src, tgt_in, *layout = criterion.inputs(src, tgt_in, *layout)
     with autocast(src.device, precision):
         logits = model(src, tgt_in, *layout)  # through DDP's forward, whose hooks reduce the gradients
     objective, out = criterion.objective(logits, output_targets(tgt_out))

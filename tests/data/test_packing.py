@@ -125,3 +125,24 @@ def test_a_packed_stream_reads_every_pair_once_an_epoch_in_one_shape() -> None:
         [np.concatenate(b).tolist() for b in stream.epoch_batches(1)]
     assert [np.concatenate(b).tolist() for b in stream.epoch_batches(1)] != \
         [np.concatenate(b).tolist() for b in batches]
+
+
+def test_rdrop_on_a_packed_batch_is_rdrop_on_its_pairs() -> None:
+    """R-Drop stacks a packed batch on itself with its layout; without dropout the two halves
+    agree, and the loss is the token batch's."""
+    from mtcli.train.rdrop import RDropLoss
+    from mtcli.train.step import forward_loss
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_heads=2, encoder_layers=1, decoder_layers=1, d_ff=64, dropout=0.0,
+                      attention_dropout=0.0, max_positions=64)
+    model = Transformer(cfg, 50).train()
+    src, tgt = random_pairs(10, seed=5, longest=10)
+    packed = collate_packed(src, tgt, pack_rows(src.lengths, tgt.lengths, np.arange(10), 32), n_rows=5, length=32)
+    whole = collate(src, tgt, np.arange(10))
+    criterion = RDropLoss(0.1, alpha=5.0)
+    layout = (packed.src_segments, packed.tgt_segments, packed.src_positions, packed.tgt_positions)
+    got = forward_loss(model, criterion, model.output_targets, "fp32", packed.src, packed.tgt_in, packed.tgt_out, *layout)
+    want = forward_loss(model, criterion, model.output_targets, "fp32", whole.src, whole.tgt_in, whole.tgt_out)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a.detach(), b.detach(), atol=1e-4, rtol=1e-5)

@@ -104,8 +104,9 @@ def test_rdrop_criterion_doubles_the_batch_and_minimises_rdrop_loss() -> None:
     torch.manual_seed(9)
     criterion = RDropLoss(0.1, alpha=5.0)
     src, tgt_in = torch.randint(4, 11, (3, 6)), torch.randint(4, 11, (3, 5))
-    two_src, two_tgt = criterion.inputs(src, tgt_in)
+    two_src, two_tgt, two_segments = criterion.inputs(src, tgt_in, src.ne(0).long())  # a packed layout too
     assert torch.equal(two_src, torch.cat([src, src])) and torch.equal(two_tgt, torch.cat([tgt_in, tgt_in]))
+    assert torch.equal(two_segments, torch.cat([src.ne(0).long()] * 2))
     logits = torch.randn(6, 5, 11)
     target = torch.randint(1, 11, (3, 5))
     loss, logged = criterion.objective(logits, target)
