@@ -67,9 +67,12 @@ PREPARED = REPO / "data" / "prepared" / "multi30k_de_en"
 # ours-bf16-packed-*: the same sentences as every other variant, packed end to end into rows of
 # --pack-length slots (mtcli.data.packing; Transformer.forward_packed keeps them apart), as many
 # rows as --max-tokens allows: one shape for every batch, compiled (-compile) and replayed as
-# CUDA graphs (-graphs: what train.pack_length with train.compile runs on a GPU)
+# CUDA graphs (-graphs: what train.pack_length with train.compile runs on a GPU). Like the trainer,
+# the ours-* loops let the device skip a non-finite update and read each step's loss a step later;
+# -sync waits for the loss before each update instead (the trainer's loop before it did that)
 VARIANTS = ["ours-fp32", "ours-bf16", "ours-bf16-compile", "ours-bf16-pageable", "ours-bf16-static-compile",
-            "ours-bf16-static-graphs", "ours-bf16-packed-compile", "ours-bf16-packed-graphs", "torch-nn-fp32",
+            "ours-bf16-static-graphs", "ours-bf16-packed-compile", "ours-bf16-packed-graphs",
+            "ours-bf16-packed-graphs-sync", "torch-nn-fp32",
             "torch-nn-bf16", "reference-fp32", "reference-bf16"]
 PACKED_KEYS = ("src", "tgt_in", "tgt_out", "src_segments", "tgt_segments", "src_positions", "tgt_positions")
 DEFAULT_VARIANTS = ["ours-fp32", "ours-bf16", "torch-nn-fp32"]
@@ -259,6 +262,7 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     from mtcli.train.schedule import build_optimizer, build_schedule
     from mtcli.train.step import (
         COMPILE_LENGTH_MULTIPLE,
+        HostValues,
         compile_forward_loss,
         mark_sizes_dynamic,
     )
@@ -308,12 +312,14 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     asked = any(item.split("=", 1)[0].strip() == "train.rdrop_alpha" for item in args.set or [])
     alpha = config.train.rdrop_alpha if ours and asked else 0.0
 
-    compiled = name.endswith("-compile") or name.endswith("-graphs")
+    compiled = "-compile" in name or "-graphs" in name
     pageable = name.endswith("-pageable")
+    sync_each_step = name.endswith("-sync")
+    pending: list[HostValues] = []
     static, packed = "-static-" in name, "-packed-" in name
     if static or packed:  # one fixed shape for every batch
         fixed_shape_batches(args, data, packed, vocab)
-        train_forward = compile_forward_loss(one_shape=True, graphs=name.endswith("-graphs"))
+        train_forward = compile_forward_loss(one_shape=True, graphs="-graphs" in name)
     else:
         train_forward = compile_forward_loss() if compiled else None
     # FLOPs of the batches as collated; a compiled loop pads their lengths to a multiple of 8, as
@@ -349,9 +355,17 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
             loss = eager_loss(src, tgt_in, tgt_out)
             logged = loss.detach()
         (loss / tokens).backward()
-        if ours and not math.isfinite(float(logged)):  # the trainer's one host sync per step
-            raise RuntimeError("non-finite loss")
+        if ours and sync_each_step:  # waiting for the loss before the update (the trainer before)
+            if not math.isfinite(float(logged)):
+                raise RuntimeError("non-finite loss")
+        elif ours:  # as the trainer: the device skips a non-finite update, the host reads the loss a step later
+            optimizer.found_inf = (~torch.isfinite(logged)).float()
         optimizer.step()
+        if ours and not sync_each_step:
+            del optimizer.found_inf
+            if pending and not math.isfinite(pending.pop().read()[0]):
+                raise RuntimeError("non-finite loss")
+            pending.append(HostValues(logged.double().reshape(1)))
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         return tokens

@@ -145,7 +145,7 @@ def _summary(trainer: Trainer, reason: str) -> TrainSummary:
     return TrainSummary(
         run_dir=trainer.run_dir,
         steps=trainer.step,
-        epochs=trainer.position["epoch"],
+        epochs=trainer.feed.position["epoch"],
         stop_reason=reason,
         best_valid_bleu=trainer.best_bleu,
         best_valid_loss=trainer.best_loss,

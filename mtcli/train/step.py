@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from mtcli.config import TrainConfig
 from mtcli.device import autocast
-from mtcli.train.loss import LabelSmoothedLoss
+from mtcli.train.loss import LabelSmoothedLoss, perplexity
 from mtcli.train.rdrop import RDropLoss
 
 #: Lengths a compiled step pads its batches to a multiple of (Batch.padded).
@@ -68,3 +68,33 @@ def cuda_graphs(cfg: TrainConfig, device: torch.device, world_size: int) -> bool
     after it was overwritten (PyTorch refuses it); DDP's gradient hooks have not been tried under
     graphs. Those runs compile without graphs."""
     return cfg.pack_length > 0 and device.type == "cuda" and cfg.update_freq == 1 and world_size == 1
+
+
+class HostValues:
+    """Scalars copied from the device to the host without waiting for the device. The copy is
+    queued behind the kernels that computed them, and :meth:`read` waits for that copy alone;
+    a ``float()`` of a device tensor would also wait for every kernel queued after them."""
+
+    def __init__(self, values: Tensor) -> None:
+        self._done: torch.cuda.Event | None = None
+        self._host = values
+        if values.is_cuda:
+            self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            self._host.copy_(values, non_blocking=True)
+            self._done = torch.cuda.Event()
+            self._done.record()
+
+    def read(self) -> list[float]:
+        """The values (waiting for their copy if it is still under way)."""
+        if self._done is not None:
+            self._done.synchronize()
+        return self._host.tolist()
+
+
+def step_stats(loss_sum: float, nll_sum: float, tokens: float, real: float, padded: float, lr: float,
+               grad_norm: float) -> dict[str, float]:
+    """What a counted step reports: per-token loss and NLL, perplexity, the token counts, the
+    learning rate its update used and the gradient norm (NaN where it was not computed)."""
+    return {"loss": loss_sum / max(tokens, 1.0), "nll": nll_sum / max(tokens, 1.0),
+            "ppl": perplexity(nll_sum, int(tokens)), "tokens": tokens, "real": real, "padded": padded,
+            "lr": lr, "grad_norm": grad_norm}

@@ -9,12 +9,13 @@ One optimiser step, as in "Attention Is All You Need" (section 5):
    (label-smoothed cross entropy, or :class:`~mtcli.train.rdrop.RDropLoss`), and backward of ``loss * world_size / N`` where ``N`` is the target-token count of
    the whole group (known on every rank from the cached lengths). DDP averages gradients over
    ranks, so the gradient is d/dtheta [sum of losses / N]: the same as one process running the
-   whole group with ``update_freq`` accumulation. While the device runs these, the host
-   collates the next step's batches and starts their copy (a checkpoint keeps the position
-   before them), and only then waits for the loss;
-3. a non-finite loss or gradient norm skips the update (gradients zeroed, logged;
-   ``max_nonfinite`` in a row raise :class:`TrainingError`); otherwise clip the gradient norm
-   (``clip_norm`` > 0), Adam step, learning-rate schedule step.
+   whole group with ``update_freq`` accumulation. Meanwhile the host collates the next step's
+   batches (:mod:`mtcli.train.feed`);
+3. a non-finite loss or gradient norm skips the update (logged; ``max_nonfinite`` in a row
+   raise :class:`TrainingError`); otherwise clip the gradient norm (``clip_norm`` > 0), Adam
+   step, learning-rate schedule step. With fused Adam in one process (no fp16 scaler) the
+   device skips a non-finite update itself and the host counts each step one step later, so
+   it never waits for the device between steps (:meth:`Trainer.settle`).
 
 Every ``valid_every`` steps and at the end, rank 0 validates (loss, NLL, perplexity, and BLEU of
 greedy decoding when ``valid_bleu``) and writes ``checkpoint_<step>.pt`` once, with
@@ -44,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.tensorboard import SummaryWriter
 
 from mtcli.checkpoint import save_checkpoint
@@ -67,6 +68,7 @@ from mtcli.rundir import (
     update_index,
 )
 from mtcli.train.distributed import DistInfo, all_sum, broadcast, gather_rng_states
+from mtcli.train.feed import BatchFeed
 from mtcli.train.loss import LabelSmoothedLoss, perplexity
 from mtcli.train.rdrop import RDropLoss
 from mtcli.train.resume import check_resume_config
@@ -75,9 +77,11 @@ from mtcli.train.schedule import build_optimizer, build_schedule, cooldown_scale
 from mtcli.train.signals import StopSignals
 from mtcli.train.step import (
     COMPILE_LENGTH_MULTIPLE,
+    HostValues,
     compile_forward_loss,
     cuda_graphs,
     forward_loss,
+    step_stats,
 )
 from mtcli.train.validation import validation_bleu, validation_loss
 
@@ -130,6 +134,7 @@ class Trainer:
             resegment=subword_resegmenter(corpus, config) if self.cfg.subword_alpha > 0 else None,
             mix=CorpusMix(corpus.corpus_sizes(), weights, self.cfg.seed) if config.data.sources else None,
         )
+        self.feed = BatchFeed(self.stream, device, COMPILE_LENGTH_MULTIPLE if self.cfg.compile else 0)
         self.step = 0
         self.best: float | None = None
         self.best_bleu: float | None = None
@@ -152,9 +157,11 @@ class Trainer:
         # early enough for one more of each to fit, so the final validation ends within it
         self._step_seconds = 0.0
         self._valid_seconds = 0.0
-        # the next step's batches, drawn and on their way to the device while this step runs:
-        # (the stream's position before them, their group, the batches)
-        self._ahead: tuple[dict[str, Any], StepGroup, list[Batch | PackedBatch]] | None = None
+        # a step queued on the device, not yet counted: (sums, tokens, real, padded, lr, norm?, epoch)
+        self._pending: tuple[HostValues, float, float, float, float, bool, int] | None = None
+        # the fused Adam kernel can skip a non-finite step on the device (found_inf)
+        self._skips_on_device = bool(self.optimizer.defaults.get("fused")) and not info.distributed \
+            and self.scaler is None
 
     # ----------------------------------------------------------------- resume
 
@@ -215,14 +222,14 @@ class Trainer:
         return {
             "format": STATE_FORMAT,
             "step": self.step,
-            "epoch": self.position["epoch"],
+            "epoch": self.feed.position["epoch"],
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.schedule.state_dict(),
             **({"scaler": self.scaler.state_dict()} if self.scaler is not None else {}),
             "rng": rng_ranks[0],
             **({"rng_ranks": rng_ranks} if len(rng_ranks) > 1 else {}),
-            "data_state": self.position,
+            "data_state": self.feed.position,
             "train_state": {
                 "best": self.best,
                 "best_bleu": self.best_bleu,
@@ -242,51 +249,17 @@ class Trainer:
 
     # ----------------------------------------------------------------- one step
 
-    @property
-    def position(self) -> dict[str, Any]:
-        """The stream's position of the next step to train (:meth:`BatchStream.state_dict`): the
-        position before the batches already prefetched, which no step has trained yet."""
-        return self._ahead[0] if self._ahead is not None else self.stream.state_dict()
-
-    def next_step_batches(self) -> tuple[StepGroup, list[Batch | PackedBatch]]:
-        """The next step's group and this rank's batches on the device: those prefetched during
-        the last step, else drawn and collated now."""
-        if self._ahead is not None:
-            _, group, batches = self._ahead
-            self._ahead = None
-            return group, batches
-        group = self.stream.next_group()
-        return group, self._collate(group)
-
-    def _collate(self, group: StepGroup) -> list[Batch | PackedBatch]:
-        """This rank's batches of ``group``, collated and sent to the device (without waiting)."""
-        batches = []
-        for indices in group.mine():
-            batch = self.stream.collate(indices)
-            if self.cfg.compile and isinstance(batch, Batch):  # one compiled graph for every length
-                batch = batch.padded(COMPILE_LENGTH_MULTIPLE)
-            batches.append(batch.to(self.device))
-        return batches
-
-    def _prefetch(self) -> None:
-        """Draw and collate the next step's batches while the device still runs this step's
-        kernels. The host waits for them right after (for the loss); collating after that wait
-        would leave a GPU idle for as long as collating takes. Collating reads no random state,
-        and a checkpoint saves the position before these batches, so training and resume are
-        the same as without it."""
-        if self.step + 1 < self.cfg.max_steps:  # not after the last step
-            position = self.stream.state_dict()
-            group = self.stream.next_group()
-            self._ahead = (position, group, self._collate(group))
-
-    def train_step(self, group: StepGroup, batches: list[Batch | PackedBatch] | None = None) -> dict[str, float] | None:
+    def train_step(self, group: StepGroup,
+                   batches: list[Batch | PackedBatch] | None = None) -> list[dict[str, float] | None]:
         """Forward/backward this rank's ``batches`` of ``group`` (collated here if not given) and
-        update; None if skipped."""
+        update. Returns the steps this call counted, oldest first (None for a skipped one): this
+        one, or the one before it, or both (:meth:`_update_on_device`); :meth:`settle` counts a
+        step still pending."""
         model = self.ddp or self.model
         model.train()
         total_tokens = group.target_tokens(self.stream.tgt_lengths)
         scale = self.info.world_size / max(total_tokens, 1)
-        mine = self._collate(group) if batches is None else batches
+        mine = self.feed.collate(group) if batches is None else batches
         loss_acc = torch.zeros((), dtype=torch.float64, device=self.device)
         nll_acc = torch.zeros((), dtype=torch.float64, device=self.device)
         tokens = real = padded = 0
@@ -306,7 +279,16 @@ class Trainer:
             tokens += batch.tgt_tokens
             real += batch.src_tokens + batch.tgt_tokens
             padded += batch.padded_tokens
-        self._prefetch()  # before the host waits for the device
+        if self.step + 1 < self.cfg.max_steps:  # the next step's batches, before the host waits for the device
+            self.feed.prefetch()
+        if self._skips_on_device:
+            return self._update_on_device(loss_acc, nll_acc, float(tokens), float(real), float(padded), group.epoch)
+        return [self._update(loss_acc, nll_acc, tokens, real, padded, group.epoch)]
+
+    def _update(self, loss_acc: Tensor, nll_acc: Tensor, tokens: int, real: int, padded: int,
+                epoch: int) -> dict[str, float] | None:
+        """The update after waiting for the step's sums (summed over the ranks under DDP; fp16's
+        gradient scaler): skipped on the host when they are not finite."""
         stop = 1.0 if self.signals.signum is not None else 0.0
         loss_sum, nll_sum, tokens_f, real_f, padded_f, stop_any = all_sum(
             [float(loss_acc), float(nll_acc), float(tokens), float(real), float(padded), stop],
@@ -317,12 +299,14 @@ class Trainer:
         if self.scaler is not None and math.isfinite(loss_sum):
             self.scaler.unscale_(self.optimizer)
         need_norm = self.cfg.clip_norm > 0 or (self.step + 1) % self.cfg.log_every == 0
-        grad_norm = self._clip_gradients() if math.isfinite(loss_sum) and need_norm else float("nan")
+        grad_norm = float(self._grad_norm()) if math.isfinite(loss_sum) and need_norm else float("nan")
         if self.scaler is not None and math.isfinite(loss_sum) and not self._scaled_step():
             return None  # fp16 gradients overflowed: the scale is lowered and the step taken again later
         if not math.isfinite(loss_sum) or (need_norm and not math.isfinite(grad_norm)):
-            self._skip_update(group.epoch)
+            self.optimizer.zero_grad(set_to_none=True)
+            self._skip_update(epoch)
             return None
+        self._cool_down()
         lr = self.schedule.lr
         if self.scaler is None:
             self.optimizer.step()
@@ -330,16 +314,64 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.nonfinite_in_row = 0
         self.step += 1
-        return {
-            "loss": loss_sum / max(tokens_f, 1.0),
-            "nll": nll_sum / max(tokens_f, 1.0),
-            "ppl": perplexity(nll_sum, int(tokens_f)),
-            "tokens": tokens_f,
-            "real": real_f,
-            "padded": padded_f,
-            "lr": lr,
-            "grad_norm": grad_norm,
-        }
+        return self._count(step_stats(loss_sum, nll_sum, tokens_f, real_f, padded_f, lr, grad_norm))
+
+    def _update_on_device(self, loss_acc: Tensor, nll_acc: Tensor, tokens: float, real: float, padded: float,
+                          epoch: int) -> list[dict[str, float] | None]:
+        """The update without waiting for the device: a non-finite loss or gradient norm makes
+        the fused Adam kernel skip it there (``found_inf``), and the host reads the step's sums
+        a step later, once the next step's kernels are queued, so the device is not left idle
+        between steps. The last step is counted before this update is queued, so its number and
+        learning rate are exact. A step that logs, validates or ends the run is counted at once."""
+        counted = [self.settle()] if self._pending is not None else []
+        number = self.step + 1
+        need_norm = self.cfg.clip_norm > 0 or number % self.cfg.log_every == 0
+        finite = torch.isfinite(loss_acc)
+        norm = torch.full((), math.nan, device=self.device)
+        if need_norm:
+            norm = self._grad_norm()
+            finite &= torch.isfinite(norm)
+        self._cool_down()
+        lr = self.schedule.lr
+        self.optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
+        try:
+            self.optimizer.step()
+        finally:
+            del self.optimizer.found_inf  # type: ignore[attr-defined]
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = HostValues(torch.stack([loss_acc, nll_acc, norm.double()]))
+        self._pending = (sums, tokens, real, padded, lr, need_norm, epoch)
+        if number % self.cfg.log_every == 0 or number % self.cfg.valid_every == 0 or number >= self.cfg.max_steps:
+            counted.append(self.settle())
+        return counted
+
+    def settle(self) -> dict[str, float] | None:
+        """Count the step whose update is queued on the device (:meth:`_update_on_device`), or
+        its skip; its stats (None: skipped, or none pending)."""
+        if self._pending is None:
+            return None
+        sums, tokens, real, padded, lr, has_norm, epoch = self._pending
+        self._pending = None
+        loss_sum, nll_sum, grad_norm = sums.read()
+        if not math.isfinite(loss_sum) or (has_norm and not math.isfinite(grad_norm)):
+            self._skip_update(epoch)  # the device skipped the update already
+            return None
+        self.schedule.step()
+        self.nonfinite_in_row = 0
+        self.step += 1
+        return self._count(step_stats(loss_sum, nll_sum, tokens, real, padded, lr, grad_norm))
+
+    def _count(self, stats: dict[str, float]) -> dict[str, float]:
+        """Add a counted step to the log window and the token total (both saved with the state)."""
+        self._add_to_log_window(stats)
+        self._tokens_done += int(stats["tokens"])
+        return stats
+
+    def _cool_down(self) -> None:
+        """``train.cooldown_steps``: scale the next update's rate down (the update is step + 1;
+        the last one, max_steps, gets 1/cooldown)."""
+        if self.cfg.cooldown_steps > 0:
+            self.schedule.set_scale(cooldown_scale(self.step, self.cfg.max_steps, self.cfg.cooldown_steps))
 
     def _scaled_step(self) -> bool:
         """The fp16 optimiser step through the gradient scaler: False (gradients dropped, nothing
@@ -354,16 +386,16 @@ class Trainer:
             return False
         return True
 
-    def _clip_gradients(self) -> float:
-        """The gradient norm, clipped to ``train.clip_norm`` when that is > 0."""
+    def _grad_norm(self) -> Tensor:
+        """The gradient norm (on the device), the gradients clipped to ``train.clip_norm`` when
+        that is > 0."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.cfg.clip_norm if self.cfg.clip_norm > 0 else float("inf")
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
     def _skip_update(self, epoch: int) -> None:
-        """Drop this step's gradients after a non-finite loss or gradient norm; raise
+        """Count a step skipped for a non-finite loss or gradient norm; raise
         :class:`TrainingError` after ``max_nonfinite`` in a row."""
-        self.optimizer.zero_grad(set_to_none=True)
         self.nonfinite_in_row += 1
         self.log.warning("non-finite loss/gradient at step %d (epoch %d): update skipped (%d in a row)",
                          self.step + 1, epoch, self.nonfinite_in_row)
@@ -423,6 +455,7 @@ class Trainer:
 
         Every rank calls this at the same step (the stop rules and signals are agreed on across
         ranks), since the ranks' RNG states are gathered first."""
+        self.settle()  # a step still pending is part of the state
         rng_ranks = gather_rng_states(self.info, self.device)
         if not self.info.is_main:
             return
@@ -452,13 +485,10 @@ class Trainer:
         cfg = self.cfg
         if self.step >= cfg.max_steps:
             return f"max_steps={cfg.max_steps}"
-        if cfg.max_epochs > 0 and self.position["epoch"] >= cfg.max_epochs:
+        if cfg.max_epochs > 0 and self.feed.position["epoch"] >= cfg.max_epochs:
             return f"max_epochs={cfg.max_epochs}"
         if cfg.patience > 0 and self.bad_validations >= cfg.patience:
             return f"patience={cfg.patience} (no better validation {'BLEU' if self._uses_bleu() else 'loss'})"
-        scale = 1.0
-        if cfg.cooldown_steps > 0:  # the next update is step + 1; the last one (max_steps) gets 1/cooldown
-            scale = cooldown_scale(self.step, cfg.max_steps, cfg.cooldown_steps)
         if cfg.max_minutes > 0:
             # rank 0's clock decides for every rank. The run stops if one more step and the
             # final validation would end past the limit (a safety cap: a recipe budgets steps).
@@ -466,8 +496,6 @@ class Trainer:
                                        self._step_seconds + self._valid_seconds], self.info, self.device)
             if spent + ahead > cfg.max_minutes * 60:
                 return f"max_minutes={cfg.max_minutes:g}"
-        if cfg.cooldown_steps > 0:
-            self.schedule.set_scale(scale)
         return None
 
     def _uses_bleu(self) -> bool:
@@ -518,20 +546,19 @@ class Trainer:
                 if self.signals.signum is not None and not self.info.distributed:
                     self._interrupt()
                 step_start = time.monotonic()
-                group, batches = self.next_step_batches()
-                stats = self.train_step(group, batches)
+                group, batches = self.feed.next()
+                counted = self.train_step(group, batches)  # the steps counted by now, or none yet
                 self._step_seconds = time.monotonic() - step_start
                 self._train_seconds += self._step_seconds
-                if stats is not None:
-                    self._add_to_log_window(stats)  # before a signal's save: it is part of the state
                 if self.signals.signum is not None:
                     self._interrupt()
+                for stats in filter(None, counted):
+                    window_tokens += stats["tokens"]
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", refresh=False)
+                stats = counted[-1] if counted else None  # a step that logs or validates is counted last
                 if stats is None:
                     continue
-                window_tokens += stats["tokens"]
-                self._tokens_done += int(stats["tokens"])
-                bar.update(1)
-                bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", refresh=False)
                 if self.step % cfg.log_every == 0:
                     seconds = max(time.monotonic() - window_start, 1e-9)
                     tps = window_tokens / seconds
@@ -551,6 +578,7 @@ class Trainer:
                 if self.step % cfg.valid_every == 0:
                     self._validate_and_save()
                     window_start = time.monotonic()
+            self.settle()
             if self.last_valid_step != self.step:
                 self._validate_and_save()
             else:
