@@ -368,6 +368,28 @@ def test_nonfinite_loss_skips_then_stops(prepared: Path, tmp_path: Path,
         train(make_config(prepared, tmp_path / "run2", "train.max_steps=10", "train.max_nonfinite=3"))
 
 
+def test_a_skipped_step_before_a_log_step_keeps_the_step_numbers(prepared: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step is counted a step late (the device skips a non-finite update itself): a skip just
+    before a log step must still leave the log lines at steps 2, 4 and 6, each with finite sums."""
+    real_forward = LabelSmoothedLoss.forward
+    calls = {"n": 0}
+
+    def flaky(self, logits, target):  # noqa: ANN001, ANN202
+        out = real_forward(self, logits, target)
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second training step
+            out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(LabelSmoothedLoss, "forward", flaky)
+    run = tmp_path / "run"
+    summary = train(make_config(prepared, run, "train.max_steps=6", "train.log_every=2", "train.valid_every=100"))
+    losses = logged_losses(run)
+    assert summary.steps == 6 and sorted(losses) == [2, 4, 6] and all("nan" not in v for v in losses.values())
+    assert "non-finite loss/gradient at step 2" in (run / "train.log").read_text(encoding="utf-8")
+
+
 def test_keep_best_keeps_the_best_step_checkpoints_beside_the_last(prepared: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     train(make_config(prepared, run, "train.max_steps=10", "train.valid_every=2",
