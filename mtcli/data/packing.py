@@ -38,22 +38,29 @@ def pack_rows(src_lengths: np.ndarray, tgt_lengths: np.ndarray, order: np.ndarra
     (the eos, the bos) and fit ``length`` on both sides. A pair goes into the first of the last
     :data:`OPEN_ROWS` rows with room on both sides, else opens a new row. Pairs too long for a row
     on their own raise ``ValueError`` (filter them first)."""
-    need_src = src_lengths[order].astype(np.int64) + 1
-    need_tgt = tgt_lengths[order].astype(np.int64) + 1
-    if len(order) and max(int(need_src.max()), int(need_tgt.max())) > length:
+    need_src = (src_lengths[order].astype(np.int64) + 1).tolist()
+    need_tgt = (tgt_lengths[order].astype(np.int64) + 1).tolist()
+    if need_src and max(max(need_src), max(need_tgt)) > length:
         raise ValueError(f"a pair needs more than {length} slots: filter pairs longer than {length - 1} pieces first")
-    rows: list[list[int]] = []
-    room: list[tuple[int, int]] = []  # free (source, target) slots of each row
-    for pair, s, t in zip(order.tolist(), need_src.tolist(), need_tgt.tolist(), strict=True):
-        for r in range(max(0, len(rows) - OPEN_ROWS), len(rows)):
-            if room[r][0] >= s and room[r][1] >= t:
+    closed: list[list[int]] = []  # rows that left the window, in the order they were opened
+    rows: list[list[int]] = []  # the open rows, oldest first, and their free source and target slots
+    free_src: list[int] = []
+    free_tgt: list[int] = []
+    for pair, s, t in zip(order.tolist(), need_src, need_tgt, strict=True):
+        for r in range(len(rows)):
+            if free_src[r] >= s and free_tgt[r] >= t:
                 rows[r].append(pair)
-                room[r] = (room[r][0] - s, room[r][1] - t)
+                free_src[r] -= s
+                free_tgt[r] -= t
                 break
         else:
+            if len(rows) == OPEN_ROWS:
+                closed.append(rows.pop(0))
+                del free_src[0], free_tgt[0]
             rows.append([pair])
-            room.append((length - s, length - t))
-    return [np.asarray(row, dtype=np.int64) for row in rows]
+            free_src.append(length - s)
+            free_tgt.append(length - t)
+    return [np.asarray(row, dtype=np.int64) for row in closed + rows]
 
 
 def pack_epoch(src_lengths: np.ndarray, tgt_lengths: np.ndarray, indices: np.ndarray, rows: int, length: int,
