@@ -104,17 +104,17 @@ def measure(config, run_dir: Path, steps: int) -> dict:
     peak, tokens, timed, waited = out["rss_with_epoch_list_mb"], 0.0, 0.0, 0.0
     for step in range(steps):
         start = time.perf_counter()
-        group = trainer.stream.next_group()  # the data path: the device has nothing to do meanwhile
+        group, batches = trainer.feed.next()  # the data path (collated during the last step, after the first)
         fetched = time.perf_counter()
-        stats = trainer.train_step(group)
+        counted = [*trainer.train_step(group, batches), trainer.settle()]  # counted now, to time it whole
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         if step == 0:
             out["first_step_s"] = seconds
             out["command_to_first_step_s"] = process_age()
-        elif stats is not None:
-            tokens += stats["tokens"]
+        elif any(counted):
+            tokens += sum(stats["tokens"] for stats in counted if stats)
             timed += seconds
             waited += fetched - start
         peak = max(peak, rss_mb())
@@ -151,7 +151,8 @@ def gpu_efficiency(trainer: Trainer, device: torch.device, tokens_per_s: float) 
 
     counter = FlopCounterMode(display=False)
     with counter:
-        stats = trainer.train_step(trainer.stream.next_group())
+        counted = trainer.train_step(*trainer.feed.next())
+        stats = trainer.settle() or (counted[-1] if counted else None)  # this step's
     per_token = counter.get_total_flops() / max(stats["tokens"] if stats else 1.0, 1.0)
     peak = matmul_peak_tflops(device)
     reached = per_token * tokens_per_s / 1e12
