@@ -55,7 +55,8 @@ sys.path.insert(0, str(REPO))  # runs from a checkout without mtcli installed (e
 RECIPE = REPO / "configs" / "multi30k_de_en.yaml"
 PREPARED = REPO / "data" / "prepared" / "multi30k_de_en"
 # reference-*: the loop a PyTorch user would write: nn.Transformer, F.cross_entropy with label
-# smoothing, AdamW (fused on a GPU), torch.compile on a GPU (the training issue's reference loop)
+# smoothing, AdamW (fused on a GPU), torch.compile on a GPU (the training issue's reference loop);
+# reference-bf16-eager: the same loop without torch.compile
 # ours-*-compile: mtcli's own training forward and loss (mtcli.train.step.forward_loss) under
 # torch.compile, as train.compile runs it
 # ours-bf16-pageable: ours-bf16 with each batch copied to the GPU from ordinary (pageable) host
@@ -73,7 +74,7 @@ PREPARED = REPO / "data" / "prepared" / "multi30k_de_en"
 VARIANTS = ["ours-fp32", "ours-bf16", "ours-bf16-compile", "ours-bf16-pageable", "ours-bf16-static-compile",
             "ours-bf16-static-graphs", "ours-bf16-packed-compile", "ours-bf16-packed-graphs",
             "ours-bf16-packed-graphs-sync", "torch-nn-fp32",
-            "torch-nn-bf16", "reference-fp32", "reference-bf16"]
+            "torch-nn-bf16", "reference-fp32", "reference-bf16", "reference-bf16-eager"]
 PACKED_KEYS = ("src", "tgt_in", "tgt_out", "src_segments", "tgt_segments", "src_positions", "tgt_positions")
 DEFAULT_VARIANTS = ["ours-fp32", "ours-bf16", "torch-nn-fp32"]
 
@@ -289,12 +290,13 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     criterion = LabelSmoothedLoss(config.train.label_smoothing)
     optimizer = build_optimizer(model, config.train)
     reference = name.startswith("reference")
+    reference_compiled = reference and args.compile and not name.endswith("-eager")
     if reference:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1.0, betas=tuple(config.train.adam_betas),
                                       eps=config.train.adam_eps, weight_decay=0.0, fused=device.type == "cuda")
     schedule = build_schedule(optimizer, cfg.d_model, config.train)
     model.train()
-    forward = torch.compile(model, dynamic=True) if reference and args.compile else model
+    forward = torch.compile(model, dynamic=True) if reference_compiled else model
 
     def sync() -> None:
         if device.type == "cuda":
@@ -325,7 +327,7 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     # FLOPs of the batches as collated; a compiled loop pads their lengths to a multiple of 8, as
     # train.compile does (Batch.padded), so that one graph serves every batch
     shapes = [(int(s.size(0)), int(s.size(1)), int(t.size(1))) for s, t in zip(data["src"], data["tgt_in"], strict=True)]
-    if (compiled and not (static or packed)) or (reference and args.compile):
+    if (compiled and not (static or packed)) or reference_compiled:
         for key in ("src", "tgt_in", "tgt_out"):
             data[key] = [pad_length(t, COMPILE_LENGTH_MULTIPLE) for t in data[key]]
 
@@ -334,7 +336,7 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
         if alpha > 0:  # the batch twice, as one, as mtcli.train runs it
             src, tgt_in = torch.cat([src, src]), torch.cat([tgt_in, tgt_in])
         with ctx:
-            if reference and args.compile:  # its sizes dynamic from the start, as compile_forward_loss does
+            if reference_compiled:  # its sizes dynamic from the start, as compile_forward_loss does
                 mark_sizes_dynamic(src, tgt_in)
             logits = forward(src, tgt_in)
         targets = model.output_targets(tgt_out) if ours else tgt_out

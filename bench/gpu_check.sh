@@ -11,6 +11,7 @@
 #   ours-bf16-packed-graphs-sync  the same, the host waiting for each step's loss before its update
 #                            (the trainer before it read the loss a step later)
 #   reference-bf16           nn.Transformer, F.cross_entropy(label_smoothing), fused AdamW, torch.compile
+#   reference-bf16-eager     the same without torch.compile (vs_reference is against the faster of the two)
 # as the base recipe's update in one ~25k-token batch a step, beside the measured bf16 matmul peak:
 # OUT_DIR/gpu_train_<date>.json (rows: variant, device, tokens_per_s, mfu, peak_mem_gb) and the full
 # table beside it (both rewritten after each variant). Then the packed step with cuDNN's attention
@@ -37,7 +38,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || 
 # the variants in the order they matter, inside a budget that leaves the other runs their time
 "$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 340 \
     --variants ours-bf16-packed-graphs reference-bf16 ours-bf16 ours-bf16-packed-graphs-sync ours-bf16-packed-compile \
-    ours-bf16-pageable \
+    reference-bf16-eager ours-bf16-pageable \
     --max-tokens 25000 --pack-length 128 --steps 30 --warmup 12 \
     --output "$OUT/gpu_train_tables_25k_${DATE}.json" --gpu-json "$OUT/gpu_train_${DATE}.json"
 # the packed step with cuDNN's attention (Hopper's own kernels) in place of SDPA's memory-efficient one
