@@ -70,10 +70,11 @@ PREPARED = REPO / "data" / "prepared" / "multi30k_de_en"
 # rows as --max-tokens allows: one shape for every batch, compiled (-compile) and replayed as
 # CUDA graphs (-graphs: what train.pack_length with train.compile runs on a GPU). Like the trainer,
 # the ours-* loops let the device skip a non-finite update and read each step's loss a step later;
-# -sync waits for the loss before each update instead (the trainer's loop before it did that)
+# -sync waits for the loss before each update instead (the trainer's loop before it did that);
+# -flex- keeps the packed pairs apart with FlexAttention block masks (Transformer.flex_packed)
 VARIANTS = ["ours-fp32", "ours-bf16", "ours-bf16-compile", "ours-bf16-pageable", "ours-bf16-static-compile",
             "ours-bf16-static-graphs", "ours-bf16-packed-compile", "ours-bf16-packed-graphs",
-            "ours-bf16-packed-graphs-sync", "torch-nn-fp32",
+            "ours-bf16-packed-graphs-sync", "ours-bf16-packed-flex-graphs", "torch-nn-fp32",
             "torch-nn-bf16", "reference-fp32", "reference-bf16", "reference-bf16-eager"]
 PACKED_KEYS = ("src", "tgt_in", "tgt_out", "src_segments", "tgt_segments", "src_positions", "tgt_positions")
 DEFAULT_VARIANTS = ["ours-fp32", "ours-bf16", "torch-nn-fp32"]
@@ -283,6 +284,7 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
         from mtcli.model import Transformer
 
         model = Transformer(cfg, vocab, output_ids=output_ids).to(device)
+        model.flex_packed = "-flex-" in name
     else:
         model = make_baseline(cfg, vocab).to(device)
     bf16 = "bf16" in name

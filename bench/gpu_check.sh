@@ -4,12 +4,12 @@
 # (d_model 512, 6+6 layers, 8 heads, d_ff 2048, 37k tied vocabulary) on synthetic batches of
 # WMT14 en-de's piece lengths (mean 28), timed for
 #   ours-bf16                mtcli's Transformer, label-smoothed loss and fused Adam, bf16 autocast, eager
-#   ours-bf16-pageable       the same, each batch copied from pageable host memory (as before to_device)
 #   ours-bf16-packed-compile the same sentences packed end to end in rows of 128 slots, 195 rows a
 #                            batch (train.pack_length 128), so every batch has one shape: compiled for it
 #   ours-bf16-packed-graphs  the same, replayed as CUDA graphs (the WMT14 base recipe's step)
 #   ours-bf16-packed-graphs-sync  the same, the host waiting for each step's loss before its update
 #                            (the trainer before it read the loss a step later)
+#   ours-bf16-packed-flex-graphs  packed-graphs with FlexAttention block masks (Transformer.flex_packed)
 #   reference-bf16           nn.Transformer, F.cross_entropy(label_smoothing), fused AdamW, torch.compile
 #   reference-bf16-eager     the same without torch.compile (vs_reference is against the faster of the two)
 # as the base recipe's update in one ~25k-token batch a step, beside the measured bf16 matmul peak:
@@ -36,18 +36,18 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || 
 "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 
 # the variants in the order they matter, inside a budget that leaves the other runs their time
-"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 340 \
-    --variants ours-bf16-packed-graphs reference-bf16 ours-bf16 ours-bf16-packed-graphs-sync ours-bf16-packed-compile \
-    reference-bf16-eager ours-bf16-pageable \
+"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 370 \
+    --variants ours-bf16-packed-graphs reference-bf16 reference-bf16-eager ours-bf16 ours-bf16-packed-graphs-sync \
+    ours-bf16-packed-compile ours-bf16-packed-flex-graphs \
     --max-tokens 25000 --pack-length 128 --steps 30 --warmup 12 \
     --output "$OUT/gpu_train_tables_25k_${DATE}.json" --gpu-json "$OUT/gpu_train_${DATE}.json"
 # the packed step with cuDNN's attention (Hopper's own kernels) in place of SDPA's memory-efficient one
-"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 90 --peak-size 1024 --peak-reps 1 \
+"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 80 --peak-size 1024 --peak-reps 1 \
     --sdpa-backends cudnn_attention \
     --variants ours-bf16-packed-graphs --max-tokens 25000 --pack-length 128 --steps 30 --warmup 12 \
     --output "$OUT/gpu_attention_cudnn_${DATE}.json" || true
 # the compiler's cache is warm from the first run; the packed step's kernels are the graphs' kernels
-"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 80 --peak-size 1024 --peak-reps 1 \
+"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 60 --peak-size 1024 --peak-reps 1 \
     --variants ours-bf16-packed-compile ours-bf16 --max-tokens 25000 --pack-length 128 --steps 8 --warmup 8 \
     --profile 40 --output "$OUT/gpu_profile_tables_${DATE}.json" > "$OUT/gpu_profile_${DATE}.txt"
 tail -n 5 "$OUT/gpu_profile_${DATE}.txt"

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 #: SDPA kernels for 16-bit attention on CUDA: everything but cuDNN's, which builds (and caches) a
 #: graph per new shape, ~25 ms of host time each on an H100; batches of varying lengths and every
@@ -121,6 +122,27 @@ def packed_attn_masks(src_segments: Tensor, tgt_segments: Tensor) -> tuple[Tenso
     return src_q == src_k, (tgt_q == tgt_k) & causal, cross
 
 
+def packed_block_masks(src_segments: Tensor, tgt_segments: Tensor) -> tuple[BlockMask, BlockMask, BlockMask]:
+    """:func:`packed_attn_masks` as FlexAttention block masks: the same rule, evaluated inside
+    the attention kernel instead of read from a ``[B, 1, L, L]`` tensor (attention dropout is not
+    available with them)."""
+    b, s, t = src_segments.size(0), src_segments.size(1), tgt_segments.size(1)
+
+    def encoder(row: Tensor, head: Tensor, q: Tensor, k: Tensor) -> Tensor:
+        return src_segments[row, q] == src_segments[row, k]
+
+    def decoder(row: Tensor, head: Tensor, q: Tensor, k: Tensor) -> Tensor:
+        return (tgt_segments[row, q] == tgt_segments[row, k]) & (q >= k)
+
+    def cross(row: Tensor, head: Tensor, q: Tensor, k: Tensor) -> Tensor:
+        return (tgt_segments[row, q] == src_segments[row, k]) | ((tgt_segments[row, q] == 0) & (k == 0))
+
+    device = src_segments.device
+    return (create_block_mask(encoder, b, None, s, s, device=device),
+            create_block_mask(decoder, b, None, t, t, device=device),
+            create_block_mask(cross, b, None, t, s, device=device))
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (section 3.2.2).
 
@@ -151,11 +173,16 @@ class MultiHeadAttention(nn.Module):
         return x.view(b, t, parts, self.n_heads, self.d_k).permute(2, 0, 3, 1, 4).unbind(0)
 
     def _attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool = False
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | BlockMask | None, is_causal: bool = False
     ) -> Tensor:
-        """SDPA over heads, then ``Concat(heads) W^O``: ``[B, h, T, d_k]`` -> ``[B, T, d_model]``."""
+        """SDPA (or FlexAttention, given a block mask) over heads, then ``Concat(heads) W^O``:
+        ``[B, h, T, d_k]`` -> ``[B, T, d_model]``."""
         dropout_p = self.dropout if self.training else 0.0
-        if dropout_p > 0.0 and q.device.type == "cpu":
+        if isinstance(mask, BlockMask):
+            if dropout_p > 0.0:
+                raise ValueError("attention dropout needs the packed rows' mask tensors, not block masks")
+            out = flex_attention(q, k, v, block_mask=mask)
+        elif dropout_p > 0.0 and q.device.type == "cpu":
             # SDPA has no fused attention dropout on a CPU (it runs its unfused math path then),
             # so write the same math out and use the faster dropout() above.
             out = reference_attention(q, k, v, mask, is_causal, dropout_p)[0]

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from mtcli.config import ModelConfig
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from mtcli.model.attention import packed_attn_masks, padding_attn_mask
+from mtcli.model.attention import packed_attn_masks, packed_block_masks, padding_attn_mask
 from mtcli.model.incremental import DecoderCache, EncoderOutput, Workspace
 from mtcli.model.layers import (
     Decoder,
@@ -71,6 +71,11 @@ class Transformer(nn.Module):
     checkpoints, not trained, like Marian's ``final_logits_bias``). Without it (the default) there
     is no bias and no such buffer.
     """
+
+    #: Keep packed rows apart with FlexAttention block masks (:func:`packed_block_masks`) instead
+    #: of mask tensors: timed on a GPU by bench/bench_train.py's ``-flex`` variant before it is
+    #: chosen for anyone (FlexAttention has no attention dropout, and no backward on a CPU).
+    flex_packed = False
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int = 0,
                  output_ids: Tensor | Sequence[int] | None = None) -> None:
@@ -278,7 +283,8 @@ class Transformer(nn.Module):
         several pairs per row, kept apart by :func:`~mtcli.model.attention.packed_attn_masks`, each
         sentence's positions starting at 0. Every real slot gets what :meth:`forward` gives its
         pair alone."""
-        encoder_mask, decoder_mask, cross_mask = packed_attn_masks(src_segments, tgt_segments)
+        masks = packed_block_masks if self.flex_packed else packed_attn_masks
+        encoder_mask, decoder_mask, cross_mask = masks(src_segments, tgt_segments)
         memory = self.encoder(src, encoder_mask, positions=src_positions)
         enc = EncoderOutput(memory, src.eq(self.pad_id), cross_mask)
         hidden, _ = self.decoder(tgt_in, enc, positions=tgt_positions, self_mask=decoder_mask)

@@ -146,3 +146,23 @@ def test_rdrop_on_a_packed_batch_is_rdrop_on_its_pairs() -> None:
     want = forward_loss(model, criterion, model.output_targets, "fp32", whole.src, whole.tgt_in, whole.tgt_out)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a.detach(), b.detach(), atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_block_masks_keep_packed_pairs_apart_as_the_mask_tensors_do() -> None:
+    """FlexAttention's block masks (the GPU experiment) give the logits of the mask tensors;
+    a CPU has no FlexAttention backward, so this checks the forward."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_heads=4, encoder_layers=2, decoder_layers=2, d_ff=64, dropout=0.0,
+                      attention_dropout=0.0, max_positions=64)
+    model = Transformer(cfg, 50).eval()
+    src, tgt = random_pairs(12, seed=6, longest=12)
+    packed = collate_packed(src, tgt, pack_rows(src.lengths, tgt.lengths, np.arange(12), 32), n_rows=8, length=32)
+    args = (packed.src, packed.tgt_in, packed.src_segments, packed.tgt_segments, packed.src_positions,
+            packed.tgt_positions)
+    with torch.no_grad():
+        expected = model.forward_packed(*args)
+        model.flex_packed = True
+        got = model.forward_packed(*args)
+    real = packed.tgt_segments > 0  # padding slots are never scored
+    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-5)
