@@ -51,3 +51,10 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || 
     --variants ours-bf16-packed-compile ours-bf16 --max-tokens 25000 --pack-length 128 --steps 8 --warmup 8 \
     --profile 40 --output "$OUT/gpu_profile_tables_${DATE}.json" > "$OUT/gpu_profile_${DATE}.txt"
 tail -n 5 "$OUT/gpu_profile_${DATE}.txt"
+# the issue's check, from the rows just written
+"$PY" - "$OUT/gpu_train_${DATE}.json" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+for r in sorted(rows, key=lambda r: -r["tokens_per_s"]):
+    print(f"{r['variant']:<32}{r['tokens_per_s']:>12,.0f} tok/s  mfu {r['mfu']:.3f}  x{r['vs_reference']} the reference")
+PY
