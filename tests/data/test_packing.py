@@ -10,7 +10,7 @@ from conftest import FakeArray
 
 from mtcli.config import ModelConfig
 from mtcli.data.batching import collate
-from mtcli.data.packing import collate_packed, pack_rows
+from mtcli.data.packing import PackedBatch, collate_packed, pack_rows
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from mtcli.model import Transformer
 from mtcli.train.loss import LabelSmoothedLoss
@@ -21,6 +21,19 @@ def random_pairs(n: int, seed: int, vocab: int = 50, longest: int = 20) -> tuple
     src = [rng.integers(4, vocab, rng.integers(1, longest)).tolist() for _ in range(n)]
     tgt = [rng.integers(4, vocab, rng.integers(1, longest)).tolist() for _ in range(n)]
     return FakeArray(src), FakeArray(tgt)
+
+
+def tiny_model(dropout: float = 0.0, **changes: object) -> Transformer:
+    """A small seeded Transformer (50 ids, rows up to 64 slots) for the packed-batch tests."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(**{"d_model": 32, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 64,
+                         "dropout": dropout, "attention_dropout": 0.0, "max_positions": 64, **changes})
+    return Transformer(cfg, 50)
+
+
+def layout(batch: PackedBatch) -> tuple[torch.Tensor, ...]:
+    """A packed batch's segments and positions, as :meth:`Transformer.forward_packed` takes them."""
+    return batch.src_segments, batch.tgt_segments, batch.src_positions, batch.tgt_positions
 
 
 def test_rows_hold_every_pair_once_within_the_length_and_pack_full() -> None:
@@ -55,17 +68,13 @@ def test_collate_lays_pairs_end_to_end_with_segments_and_positions() -> None:
 
 @pytest.mark.parametrize("pre_norm", [False, True])
 def test_a_packed_pair_gets_the_logits_and_loss_it_gets_alone(pre_norm: bool) -> None:
-    torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, n_heads=4, encoder_layers=2, decoder_layers=2, d_ff=64, dropout=0.0,
-                      attention_dropout=0.0, max_positions=64, pre_norm=pre_norm)
-    model = Transformer(cfg, 50).eval()
+    model = tiny_model(n_heads=4, encoder_layers=2, decoder_layers=2, pre_norm=pre_norm).eval()
     src, tgt = random_pairs(12, seed=3, longest=12)
     rows = pack_rows(src.lengths, tgt.lengths, np.arange(12), 32)
     assert any(len(r) > 1 for r in rows)
     packed = collate_packed(src, tgt, rows, n_rows=len(rows) + 1, length=32)  # and one empty row
     with torch.no_grad():
-        logits = model.forward_packed(packed.src, packed.tgt_in, packed.src_segments, packed.tgt_segments,
-                                      packed.src_positions, packed.tgt_positions)
+        logits = model.forward_packed(packed.src, packed.tgt_in, *layout(packed))
         assert torch.isfinite(logits).all()  # padding, and a row of nothing but padding, included
         for r, row in enumerate(rows):
             for segment, pair in enumerate(row.tolist(), start=1):
@@ -83,10 +92,7 @@ def test_a_packed_pair_gets_the_logits_and_loss_it_gets_alone(pre_norm: bool) ->
 
 def test_the_packed_forward_traces_as_one_graph() -> None:
     """fullgraph: what a compiled, CUDA-graphed packed step needs (no host sync, no break)."""
-    torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, n_heads=2, encoder_layers=1, decoder_layers=1, d_ff=64, dropout=0.1,
-                      attention_dropout=0.0, max_positions=64)
-    model = Transformer(cfg, 50).train()
+    model = tiny_model(dropout=0.1).train()
     src, tgt = random_pairs(8, seed=4, longest=10)
     batch = collate_packed(src, tgt, pack_rows(src.lengths, tgt.lengths, np.arange(8), 24), n_rows=6, length=24)
     criterion = LabelSmoothedLoss(0.1)
@@ -97,8 +103,7 @@ def test_the_packed_forward_traces_as_one_graph() -> None:
 
     torch._dynamo.reset()
     traced = torch.compile(step, fullgraph=True, dynamic=False, backend="eager")
-    loss = traced(batch.src, batch.tgt_in, batch.tgt_out, batch.src_segments, batch.tgt_segments,
-                  batch.src_positions, batch.tgt_positions)
+    loss = traced(batch.src, batch.tgt_in, batch.tgt_out, *layout(batch))
     loss.backward()
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
@@ -133,16 +138,13 @@ def test_rdrop_on_a_packed_batch_is_rdrop_on_its_pairs() -> None:
     from mtcli.train.rdrop import RDropLoss
     from mtcli.train.step import forward_loss
 
-    torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, n_heads=2, encoder_layers=1, decoder_layers=1, d_ff=64, dropout=0.0,
-                      attention_dropout=0.0, max_positions=64)
-    model = Transformer(cfg, 50).train()
+    model = tiny_model().train()
     src, tgt = random_pairs(10, seed=5, longest=10)
     packed = collate_packed(src, tgt, pack_rows(src.lengths, tgt.lengths, np.arange(10), 32), n_rows=5, length=32)
     whole = collate(src, tgt, np.arange(10))
     criterion = RDropLoss(0.1, alpha=5.0)
-    layout = (packed.src_segments, packed.tgt_segments, packed.src_positions, packed.tgt_positions)
-    got = forward_loss(model, criterion, model.output_targets, "fp32", packed.src, packed.tgt_in, packed.tgt_out, *layout)
+    got = forward_loss(model, criterion, model.output_targets, "fp32", packed.src, packed.tgt_in, packed.tgt_out,
+                       *layout(packed))
     want = forward_loss(model, criterion, model.output_targets, "fp32", whole.src, whole.tgt_in, whole.tgt_out)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a.detach(), b.detach(), atol=1e-4, rtol=1e-5)
@@ -152,14 +154,10 @@ def test_rdrop_on_a_packed_batch_is_rdrop_on_its_pairs() -> None:
 def test_block_masks_keep_packed_pairs_apart_as_the_mask_tensors_do() -> None:
     """FlexAttention's block masks (the GPU experiment) give the logits of the mask tensors;
     a CPU has no FlexAttention backward, so this checks the forward."""
-    torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, n_heads=4, encoder_layers=2, decoder_layers=2, d_ff=64, dropout=0.0,
-                      attention_dropout=0.0, max_positions=64)
-    model = Transformer(cfg, 50).eval()
+    model = tiny_model(n_heads=4, encoder_layers=2, decoder_layers=2).eval()
     src, tgt = random_pairs(12, seed=6, longest=12)
     packed = collate_packed(src, tgt, pack_rows(src.lengths, tgt.lengths, np.arange(12), 32), n_rows=8, length=32)
-    args = (packed.src, packed.tgt_in, packed.src_segments, packed.tgt_segments, packed.src_positions,
-            packed.tgt_positions)
+    args = (packed.src, packed.tgt_in, *layout(packed))
     with torch.no_grad():
         expected = model.forward_packed(*args)
         model.flex_packed = True
