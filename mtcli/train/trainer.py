@@ -309,10 +309,7 @@ class Trainer:
         lr = self.schedule.lr
         if self.scaler is None:
             self.optimizer.step()
-        self.schedule.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.nonfinite_in_row = 0
-        self.step += 1
         return self._count(step_stats(loss_sum, nll_sum, tokens_f, real_f, padded_f, lr, grad_norm))
 
     def _update_on_device(self, loss_acc: Tensor, nll_acc: Tensor, tokens: float, real: float, padded: float,
@@ -355,13 +352,13 @@ class Trainer:
         if not math.isfinite(loss_sum) or (has_norm and not math.isfinite(grad_norm)):
             self._skip_update(epoch)  # the device skipped the update already
             return None
-        self.schedule.step()
-        self.nonfinite_in_row = 0
-        self.step += 1
         return self._count(step_stats(loss_sum, nll_sum, tokens, real, padded, lr, grad_norm))
 
     def _count(self, stats: dict[str, float]) -> dict[str, float]:
-        """Add a counted step to the log window and the token total (both saved with the state)."""
+        """Count an update: the step number, the schedule, the log window and the token total."""
+        self.schedule.step()
+        self.nonfinite_in_row = 0
+        self.step += 1
         self._add_to_log_window(stats)
         self._tokens_done += int(stats["tokens"])
         return stats
