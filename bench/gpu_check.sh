@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU figure of the training benchmark in one run, for a lent GPU (about 8 minutes of it; each
+# Every GPU figure of the training benchmark in one run, for a lent GPU (under 8 minutes of it; each
 # compiled variant spends a minute or so compiling in its warm-up): the WMT14 base shape
 # (d_model 512, 6+6 layers, 8 heads, d_ff 2048, 37k tied vocabulary) on synthetic batches of
 # WMT14 en-de's piece lengths (mean 28), timed for
@@ -17,7 +17,7 @@
 # table beside it (both rewritten after each variant). Then the packed step with cuDNN's attention
 # (OUT_DIR/gpu_attention_cudnn_<date>.json), and where the step's GPU time goes: the top kernels by
 # their own GPU time, packed and compiled, and eager (OUT_DIR/gpu_profile_<date>.txt). Each run has a
-# time budget, so the script ends inside 10 minutes even if a compile hangs. (The compiled step on
+# time budget, so the script ends inside 8 minutes even if a compile hangs. (The compiled step on
 # token batches, ours-bf16-compile, is left out: its dynamic shapes compiled for over 200 s.)
 #
 # Usage (from the repository root, on the GPU machine): bash bench/gpu_check.sh [OUT_DIR]
@@ -36,18 +36,18 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || 
 "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 
 # the variants in the order they matter, inside a budget that leaves the other runs their time
-"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 370 \
+"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 320 \
     --variants ours-bf16-packed-graphs reference-bf16 reference-bf16-eager ours-bf16 ours-bf16-packed-graphs-sync \
     ours-bf16-packed-compile ours-bf16-packed-flex-graphs \
     --max-tokens 25000 --pack-length 128 --steps 30 --warmup 12 \
     --output "$OUT/gpu_train_tables_25k_${DATE}.json" --gpu-json "$OUT/gpu_train_${DATE}.json"
 # the packed step with cuDNN's attention (Hopper's own kernels) in place of SDPA's memory-efficient one
-"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 80 --peak-size 1024 --peak-reps 1 \
+"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 60 --peak-size 1024 --peak-reps 1 \
     --sdpa-backends cudnn_attention \
     --variants ours-bf16-packed-graphs --max-tokens 25000 --pack-length 128 --steps 30 --warmup 12 \
     --output "$OUT/gpu_attention_cudnn_${DATE}.json" || true
 # the compiler's cache is warm from the first run; the packed step's kernels are the graphs' kernels
-"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 60 --peak-size 1024 --peak-reps 1 \
+"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 50 --peak-size 1024 --peak-reps 1 \
     --variants ours-bf16-packed-compile ours-bf16 --max-tokens 25000 --pack-length 128 --steps 8 --warmup 8 \
     --profile 40 --output "$OUT/gpu_profile_tables_${DATE}.json" > "$OUT/gpu_profile_${DATE}.txt"
 tail -n 5 "$OUT/gpu_profile_${DATE}.txt"
