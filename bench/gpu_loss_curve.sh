@@ -4,7 +4,7 @@
 # 25,000 tokens an update) on the prepared Multi30k en-de cache, for STEPS steps: eager seed 1;
 # packed seed 1 (train.pack_length 128 with train.compile: one batch shape, CUDA graphs); eager
 # seed 2 (the seed noise to judge the others against). SPECS="mode:seed:processes ..." picks
-# other runs (modes: eager, packed, compile = compiled token batches). On a machine with several
+# other runs (modes: eager, packed, compile = compiled token batches, pack = packed uncompiled). On a machine with several
 # GPUs it then runs eager seed 1 under torchrun on all of them, each with the same 25,000 tokens
 # a step (so the update grows with the GPUs), for the target tokens/s per GPU against one GPU's.
 # Writes OUT_DIR/gpu_loss_curve_<date>.json with each run's logged training loss, its tokens/s
@@ -55,6 +55,7 @@ for spec in "${specs[@]}"; do
     mode_set=(--set train.compile=false)
     [ "$mode" = compile ] && mode_set=(--set train.compile=true)
     [ "$mode" = packed ] && mode_set=(--set train.compile=true --set train.pack_length=128)
+    [ "$mode" = pack ] && mode_set=(--set train.compile=false --set train.pack_length=128)
     "${launch[@]}" train configs/multi30k_en_de.yaml "${SET[@]}" --set train.seed="$seed" "${mode_set[@]}" \
         --set train.run_dir="$dir"
     runs+=("$mode:$seed:$procs:$dir/train.log")
