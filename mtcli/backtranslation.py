@@ -15,7 +15,8 @@ penalty chosen on val, then test2016):
    every pair real (the en-de row of ``results/multi30k.json`` with this seed when there is one,
    else trained here);
 4. ``results/bt.{json,md}``: test2016 lowercased BLEU of the four, and how much of the real
-   pairs' gain over the half each back-translation recovers.
+   pairs' gain over the half each back-translation recovers (and into README.md between
+   ``<!-- bt:start -->`` and ``<!-- bt:end -->``).
 
 Stopped and started again, it goes on where it stopped: a training run resumes from its last
 checkpoint, and a finished run's scores (``row.json`` in its run directory) and each
@@ -40,7 +41,14 @@ from mtcli.errors import MtcliError
 from mtcli.fileio import atomic_write, sha256_file
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, setup_logging
-from mtcli.reproduce import RESULTS_DIR, load_results, run_recipe, seed_config
+from mtcli.reproduce import (
+    README,
+    RESULTS_DIR,
+    load_results,
+    refresh_readme,
+    run_recipe,
+    seed_config,
+)
 
 FORWARD, REVERSE = "configs/multi30k_en_de.yaml", "configs/multi30k_de_en.yaml"
 TABLE = "bt"
@@ -160,16 +168,19 @@ def run_bt(forward: Config, reverse: Config, work: Path, real: dict[str, Any] | 
 
 def render(table: dict[str, Any]) -> str:
     """The markdown table of :func:`run_bt`'s rows."""
-    lines = ["| en->de training data | test2016 BLEU (lc, 13a) | BLEU | chrF | share of the real pairs' gain |",
-             "|---|---|---|---|---|"]
+    lines = ["| en->de training data | test2016 BLEU (lc, 13a) | BLEU | chrF | share of the real pairs' gain "
+             "| train min | device | commit |",
+             "|---|---|---|---|---|---|---|---|"]
     for name in (*ROWS, "reverse (de-en, half)"):
         row = table[name]
         share = row.get("recovered")
         cell = "–" if share is None else f"{100 * share:.0f}%"
-        lines.append(f"| {name} | {row['bleu_lc']:.2f} | {row['bleu']:.2f} | {row['chrf']:.2f} | {cell} |")
+        minutes = row.get("train_minutes")
+        lines.append(f"| {name} | {row['bleu_lc']:.2f} | {row['bleu']:.2f} | {row['chrf']:.2f} | {cell} "
+                     f"| {'–' if minutes is None else f'{minutes:.0f}'} | {row.get('device')} | {row.get('commit')} |")
     first = table[ROWS[0]]
-    lines += ["", f"- seed {first['seed']}, {first['device']}, commit {first['commit']}; each row's average and "
-              "length penalty chosen on val", f"- lowercased BLEU `{first['bleu_lc_signature']}`"]
+    lines += ["", f"- seed {first['seed']}; each row's checkpoint average and length penalty chosen on val",
+              f"- lowercased BLEU `{first['bleu_lc_signature']}`"]
     return "\n".join(lines) + "\n"
 
 
@@ -181,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--work", type=Path, default=Path("data/bt"), help="where the halves and runs go")
     parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="results directory")
+    parser.add_argument("--readme", type=Path, default=README, help="README whose table to refresh")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value (both recipes)")
     args = parser.parse_args(argv)
     setup_logging()
@@ -197,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         handle.write(json.dumps(table, indent=2) + "\n")
     with atomic_write(args.results / f"{TABLE}.md") as handle:
         handle.write(render(table))
+    refresh_readme(args.readme, TABLE, render(table))
     print(render(table))
     return 0
 

@@ -37,7 +37,9 @@ from mtcli.reproduce import (
     device_name,
     git_commit,
     load_results,
+    markers,
     named_commit,
+    refresh_readme,
     search_length_penalty,
     seed_config,
     source_tree,
@@ -47,7 +49,7 @@ from mtcli.train import train
 RECIPE = "configs/multi30k_multi.yaml"
 TABLE = "multilingual"
 BILINGUAL_TABLE = "multi30k"
-MARKS = ("<!-- multilingual:start -->", "<!-- multilingual:end -->")
+MARKS = markers(TABLE)
 
 
 def choose_average_all(run_dir: Path, valid_split: str, max_k: int) -> tuple[Path, int, dict[str, float]]:
@@ -159,12 +161,7 @@ def write(results: dict[str, Any], results_dir: Path, readme: Path) -> None:
         handle.write(json.dumps(results, indent=2) + "\n")
     with atomic_write(results_dir / f"{TABLE}.md") as handle:
         handle.write(table)
-    start, end = MARKS
-    text = readme.read_text(encoding="utf-8") if readme.exists() else ""
-    if start in text and end in text:
-        head, rest = text.split(start, 1)
-        with atomic_write(readme) as handle:
-            handle.write(f"{head}{start}\n{table}{end}{rest.split(end, 1)[1]}")
+    refresh_readme(readme, TABLE, table)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,16 +74,23 @@ def _git(*args: str, env: dict[str, str] | None = None) -> str:
     return subprocess.run(["git", *args], capture_output=True, text=True, check=True, env=env).stdout.strip()
 
 
+#: Results tables written by other entry points (:mod:`mtcli.multilingual`, :mod:`mtcli.backtranslation`).
+OTHER_TABLES = ("multilingual", "bt")
+
+
+def _tables() -> list[str]:
+    return sorted({table for _, table, _ in RECIPES.values()} | set(OTHER_TABLES))
+
+
 def generated_paths() -> list[str]:
     """The files a reproduction writes itself (``results/<table>.{json,md}``): they never count
     as local edits, so a second direction run after the first still carries the clean commit."""
-    tables = sorted({table for _, table, _ in RECIPES.values()})
-    return [str(RESULTS_DIR / f"{table}.{ext}") for table in tables for ext in ("json", "md")]
+    return [str(RESULTS_DIR / f"{table}.{ext}") for table in _tables() for ext in ("json", "md")]
 
 
 def _without_tables(text: str) -> str:
     """README text with every results block (between its markers) emptied."""
-    for table in sorted({table for _, table, _ in RECIPES.values()}):
+    for table in _tables():
         start, end = markers(table)
         if start in text and end in text:
             head, rest = text.split(start, 1)
@@ -216,14 +223,18 @@ def write_results(results: dict[str, dict[str, Any]], results_dir: Path = RESULT
         handle.write("\n")
     with atomic_write(results_dir / f"{table_name}.md") as handle:
         handle.write(table)
+    refresh_readme(readme, table_name, table)
+
+
+def refresh_readme(readme: Path, table_name: str, table: str) -> None:
+    """Put ``table`` between ``table_name``'s markers (:func:`markers`) in ``readme``, atomically;
+    a README without them is left as it is."""
     start, end = markers(table_name)
-    if readme.exists():
-        text = readme.read_text(encoding="utf-8")
-        if start in text and end in text:
-            head, rest = text.split(start, 1)
-            _, tail = rest.split(end, 1)
-            with atomic_write(readme) as handle:
-                handle.write(f"{head}{start}\n{table}{end}{tail}")
+    text = readme.read_text(encoding="utf-8") if readme.exists() else ""
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        with atomic_write(readme) as handle:
+            handle.write(f"{head}{start}\n{table}{end}{rest.split(end, 1)[1]}")
 
 
 def load_results(results_dir: Path = RESULTS_DIR, table_name: str = "multi30k") -> dict[str, dict[str, Any]]:
