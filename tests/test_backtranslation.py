@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from conftest import TOY_CONFIG, TOY_DIR
 
-from mtcli.backtranslation import ROWS, TAG, render, run_bt, split_halves
+from mtcli.backtranslation import ROWS, TABLE, TAG, render, run_bt, split_halves
 from mtcli.config import load_config
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.textio import read_lines
+from mtcli.reproduce import markers, refresh_readme
 
 FAST = ["train.max_steps=12", "train.valid_every=6", "train.valid_bleu=false", "train.keep_last=1",
         "train.num_threads=2"]
@@ -55,3 +56,8 @@ def test_backtranslation_pipeline_on_toy(tmp_path: Path, monkeypatch: pytest.Mon
         assert table[name]["recovered"] == expected
     text = render(table)
     assert all(f"| {name} |" in text for name in ROWS)
+    assert all(f"| {row['device']} | {row['commit']} |" in text for row in table.values())
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{markers(TABLE)[0]}\nold table\n{markers(TABLE)[1]}\nend\n", encoding="utf-8")
+    refresh_readme(readme, TABLE, text)
+    assert readme.read_text(encoding="utf-8") == f"intro\n{markers(TABLE)[0]}\n{text}{markers(TABLE)[1]}\nend\n"
