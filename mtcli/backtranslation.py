@@ -45,9 +45,9 @@ from mtcli.reproduce import (
     README,
     RESULTS_DIR,
     load_results,
-    refresh_readme,
     run_recipe,
     seed_config,
+    write_table,
 )
 
 FORWARD, REVERSE = "configs/multi30k_en_de.yaml", "configs/multi30k_de_en.yaml"
@@ -205,12 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     except MtcliError as exc:
         print(f"mtcli: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    with atomic_write(args.results / f"{TABLE}.json") as handle:
-        handle.write(json.dumps(table, indent=2) + "\n")
-    with atomic_write(args.results / f"{TABLE}.md") as handle:
-        handle.write(render(table))
-    refresh_readme(args.readme, TABLE, render(table))
-    print(render(table))
+    markdown = render(table)
+    write_table(table, markdown, args.results, TABLE, args.readme)
+    print(markdown)
     return 0
 
 

@@ -26,7 +26,6 @@ from mtcli.config import Config, load_config
 from mtcli.data.prepare import prepare
 from mtcli.errors import ConfigError, MtcliError, one_line
 from mtcli.evaluate import evaluate, evaluate_directions
-from mtcli.fileio import atomic_write
 from mtcli.infer.loading import run_directions
 from mtcli.logs import setup_logging
 from mtcli.reproduce import (
@@ -39,10 +38,10 @@ from mtcli.reproduce import (
     load_results,
     markers,
     named_commit,
-    refresh_readme,
     search_length_penalty,
     seed_config,
     source_tree,
+    write_table,
 )
 from mtcli.train import train
 
@@ -156,12 +155,7 @@ def render(results: dict[str, Any]) -> str:
 
 def write(results: dict[str, Any], results_dir: Path, readme: Path) -> None:
     """``results/multilingual.{json,md}``, atomically, and the README's block when it has one."""
-    table = render(results)
-    with atomic_write(results_dir / f"{TABLE}.json") as handle:
-        handle.write(json.dumps(results, indent=2) + "\n")
-    with atomic_write(results_dir / f"{TABLE}.md") as handle:
-        handle.write(table)
-    refresh_readme(readme, TABLE, table)
+    write_table(results, render(results), results_dir, TABLE, readme)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -217,10 +217,15 @@ def render_markdown(results: dict[str, dict[str, Any]]) -> str:
 def write_results(results: dict[str, dict[str, Any]], results_dir: Path = RESULTS_DIR,
                   readme: Path = README, table_name: str = "multi30k") -> None:
     """Write ``<table_name>.json`` and ``.md`` atomically and refresh the README's block."""
-    table = render_markdown(results)
+    write_table(results, render_markdown(results), results_dir, table_name, readme, sort_keys=True)
+
+
+def write_table(results: dict[str, Any], table: str, results_dir: Path, table_name: str, readme: Path,
+                sort_keys: bool = False) -> None:
+    """``results_dir/<table_name>.json`` (``results``) and ``.md`` (``table``), each written
+    atomically, and ``table`` into the README's block (:func:`refresh_readme`)."""
     with atomic_write(results_dir / f"{table_name}.json") as handle:
-        json.dump(results, handle, indent=2, sort_keys=True)
-        handle.write("\n")
+        handle.write(json.dumps(results, indent=2, sort_keys=sort_keys) + "\n")
     with atomic_write(results_dir / f"{table_name}.md") as handle:
         handle.write(table)
     refresh_readme(readme, table_name, table)

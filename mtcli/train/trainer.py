@@ -160,7 +160,7 @@ class Trainer:
         # a step queued on the device, not yet counted: (sums, tokens, real, padded, lr, norm?, epoch)
         self._pending: tuple[HostValues, float, float, float, float, bool, int] | None = None
         # the fused Adam kernel can skip a non-finite step on the device (found_inf)
-        self._skips_on_device = bool(self.optimizer.defaults.get("fused")) and not (info.distributed or self.scaler)
+        self._skips_on_device = bool(self.optimizer.defaults.get("fused")) and not info.distributed and self.scaler is None
 
     # ----------------------------------------------------------------- resume
 
