@@ -5,7 +5,8 @@
 * :class:`PositionwiseFeedForward` (section 3.3, equation 2): ``max(0, xW_1 + b_1) W_2 + b_2``
   (or swish, ``SiLU(xW_1 + b_1) W_2 + b_2``, with ``model.activation: swish``).
 * :class:`SublayerConnection` (sections 3.1 and 5.4): ``LayerNorm(x + Dropout(Sublayer(x)))``,
-  or pre-norm ``x + Dropout(Sublayer(LayerNorm(x)))`` with ``model.pre_norm``.
+  or pre-norm ``x + Dropout(Sublayer(LayerNorm(x)))`` with ``model.pre_norm``; its
+  :class:`LayerNorm` keeps a mixed-precision training run's residual stream in bf16 or fp16.
 * :class:`EncoderLayer`, :class:`DecoderLayer`, :class:`Encoder`, :class:`Decoder` (section 3.1,
   figure 1); the decoder's ``step`` methods run one position with a :class:`DecoderCache`.
 """
@@ -119,6 +120,33 @@ class PositionalEncoding(nn.Module):
         return x + self.pe[offset : offset + t]
 
 
+class LayerNorm(nn.LayerNorm):
+    """Layer normalisation, ``(x - mean) / sqrt(var + eps) * gain + bias`` over the last axis.
+
+    While training under autocast on a GPU it returns the autocast dtype (bf16 or fp16), where
+    autocast would return float32. The post-norm residual stream, the output of every
+    sublayer's norm, is then bf16 from layer to layer, as in fairseq's ``--bf16`` and Marian's
+    fp16 training, and the norm, dropout and residual kernels, forward and backward, which are
+    bound by memory traffic, move half the bytes. The input is normalised in its own dtype, so a
+    float32 input (the embeddings, a pre-norm stream) keeps its precision, and the mean and
+    variance are accumulated in float32 either way. A CPU keeps the float32 stream (its bf16
+    element-wise kernels convert to float32 and back, and were slower there), and evaluation and
+    decoding are unchanged.
+    """
+
+    #: the device types whose training keeps the residual stream in the autocast dtype
+    devices: tuple[str, ...] = ("cuda",)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x [..., d]`` normalised over ``d``."""
+        device = x.device.type
+        if not (self.training and device in self.devices and torch.is_autocast_enabled(device)):
+            return super().forward(x)
+        with torch.autocast(device, enabled=False):
+            out = F.layer_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.bias.to(x.dtype), self.eps)
+        return out.to(torch.get_autocast_dtype(device))
+
+
 class SublayerConnection(nn.Module):
     """Residual connection around a sublayer, with LayerNorm and dropout (sections 3.1, 5.4).
 
@@ -128,7 +156,7 @@ class SublayerConnection(nn.Module):
 
     def __init__(self, d_model: int, dropout: float, pre_norm: bool) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
+        self.norm = LayerNorm(d_model, eps=LAYER_NORM_EPS)
         self.dropout = dropout
         self.pre_norm = pre_norm
 
@@ -222,7 +250,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.embed, self.positions, self.dropout = embed, positions, cfg.dropout
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
-        self.norm = nn.LayerNorm(cfg.d_model, eps=LAYER_NORM_EPS) if cfg.pre_norm else None
+        self.norm = LayerNorm(cfg.d_model, eps=LAYER_NORM_EPS) if cfg.pre_norm else None
 
     def forward(self, src: Tensor, mask: Tensor | None, positions: Tensor | None = None) -> Tensor:
         """``src [B, S]`` ids -> ``memory [B, S, d_model]`` (``positions``: each slot's, when packed)."""
@@ -243,7 +271,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.embed, self.positions, self.dropout = embed, positions, cfg.dropout
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
-        self.norm = nn.LayerNorm(cfg.d_model, eps=LAYER_NORM_EPS) if cfg.pre_norm else None
+        self.norm = LayerNorm(cfg.d_model, eps=LAYER_NORM_EPS) if cfg.pre_norm else None
 
     def forward(
         self, tgt_in: Tensor, enc: EncoderOutput, need_weights: bool = False,

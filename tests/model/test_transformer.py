@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from mtcli.config import ModelConfig
 from mtcli.model import Transformer, Workspace, count_parameters
 from mtcli.model.attention import dropout, padding_attn_mask, reference_attention, sdpa_backends
-from mtcli.model.layers import EncoderLayer
+from mtcli.model.layers import EncoderLayer, LayerNorm
 
 VOCAB = 40
 
@@ -360,6 +360,38 @@ def test_bf16_autocast_forward_backward_and_decoding() -> None:
     assert (logits.float() - reference).abs().max() < 0.25
     logits.float().sum().backward()
     assert model.encoder.layers[0].self_attn.qkv_proj.weight.grad is not None
+
+
+def test_layer_norm_keeps_a_training_stream_in_the_autocast_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    # on a GPU (here: the CPU standing in for one) a post-norm layer hands bf16 to the next one
+    monkeypatch.setattr(LayerNorm, "devices", ("cpu",))
+    torch.manual_seed(0)
+    layer = EncoderLayer(small_config()).train()
+    x = torch.randn(2, 5, 32) * 3 + 1
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x, None)
+        assert out.dtype == torch.bfloat16
+        again = layer(out, None)
+    assert again.dtype == torch.bfloat16
+    # the float32 gain and bias get float32 gradients through the cast
+    again.float().sum().backward()
+    norm = layer.sublayer[0].norm
+    assert norm.weight.grad is not None and norm.weight.grad.dtype == torch.float32
+    assert torch.isfinite(norm.weight.grad).all() and norm.weight.grad.abs().sum() > 0
+    # still a layer norm of the same values, to bf16's precision
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.5, 0.5)
+    reference = F.layer_norm(x, (32,), norm.weight, norm.bias, norm.eps)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = norm(x)
+    assert ours.dtype == torch.bfloat16
+    assert (ours.float() - reference).abs().max() < 0.05
+    # evaluation (decoding) and a device not listed keep autocast's float32 output
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert norm.eval()(x).dtype == torch.float32
+        monkeypatch.setattr(LayerNorm, "devices", ())
+        assert norm.train()(x).dtype == torch.float32
 
 
 def test_16_bit_attention_on_cuda_avoids_cudnn_sdpa() -> None:
