@@ -71,10 +71,12 @@ PREPARED = REPO / "data" / "prepared" / "multi30k_de_en"
 # CUDA graphs (-graphs: what train.pack_length with train.compile runs on a GPU). Like the trainer,
 # the ours-* loops let the device skip a non-finite update and read each step's loss a step later;
 # -sync waits for the loss before each update instead (the trainer's loop before it did that);
-# -flex- keeps the packed pairs apart with FlexAttention block masks (Transformer.flex_packed)
+# -flex- keeps the packed pairs apart with FlexAttention block masks (Transformer.flex_packed);
+# -fp32norm keeps the residual stream in float32, as autocast alone does on a GPU (mtcli's
+# LayerNorm keeps a GPU's training stream in bf16)
 VARIANTS = ["ours-fp32", "ours-bf16", "ours-bf16-compile", "ours-bf16-pageable", "ours-bf16-static-compile",
             "ours-bf16-static-graphs", "ours-bf16-packed-compile", "ours-bf16-packed-graphs",
-            "ours-bf16-packed-graphs-sync", "ours-bf16-packed-flex-graphs", "torch-nn-fp32",
+            "ours-bf16-packed-graphs-sync", "ours-bf16-packed-graphs-fp32norm", "ours-bf16-packed-flex-graphs", "torch-nn-fp32",
             "torch-nn-bf16", "reference-fp32", "reference-bf16", "reference-bf16-eager"]
 PACKED_KEYS = ("src", "tgt_in", "tgt_out", "src_segments", "tgt_segments", "src_positions", "tgt_positions")
 DEFAULT_VARIANTS = ["ours-fp32", "ours-bf16", "torch-nn-fp32"]
@@ -285,6 +287,10 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
 
         model = Transformer(cfg, vocab, output_ids=output_ids).to(device)
         model.flex_packed = "-flex-" in name
+        if name.endswith("-fp32norm"):  # the float32 residual stream that autocast gives a GPU
+            from mtcli.model.layers import LayerNorm
+
+            LayerNorm.devices = ()
     else:
         model = make_baseline(cfg, vocab).to(device)
     bf16 = "bf16" in name

@@ -9,6 +9,8 @@
 #   ours-bf16-packed-graphs  the same, replayed as CUDA graphs (the WMT14 base recipe's step)
 #   ours-bf16-packed-graphs-sync  the same, the host waiting for each step's loss before its update
 #                            (the trainer before it read the loss a step later)
+#   ours-bf16-packed-graphs-fp32norm  the same with a float32 residual stream between the layers, as
+#                            autocast alone gives (mtcli's LayerNorm keeps it in bf16 on a GPU)
 #   ours-bf16-packed-flex-graphs  packed-graphs with FlexAttention block masks (Transformer.flex_packed)
 #   reference-bf16           nn.Transformer, F.cross_entropy(label_smoothing), fused AdamW, torch.compile
 #   reference-bf16-eager     the same without torch.compile (vs_reference is against the faster of the two)
@@ -38,7 +40,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || 
 # the variants in the order they matter, inside a budget that leaves the other runs their time
 "$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 320 \
     --variants ours-bf16-packed-graphs reference-bf16 reference-bf16-eager ours-bf16 ours-bf16-packed-graphs-sync \
-    ours-bf16-packed-compile ours-bf16-packed-flex-graphs \
+    ours-bf16-packed-graphs-fp32norm ours-bf16-packed-compile ours-bf16-packed-flex-graphs \
     --max-tokens 25000 --pack-length 128 --steps 30 --warmup 12 \
     --output "$OUT/gpu_train_tables_25k_${DATE}.json" --gpu-json "$OUT/gpu_train_${DATE}.json"
 # the packed step with cuDNN's attention (Hopper's own kernels) in place of SDPA's memory-efficient one
