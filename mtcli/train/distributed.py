@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
 from mtcli.errors import TrainingError
 from mtcli.train.rng import get_rng_state
@@ -85,6 +86,14 @@ def all_sum(values: list[float], info: DistInfo, device: torch.device) -> list[f
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor.tolist()
+
+
+def all_sum_queued(values: Tensor, info: DistInfo) -> Tensor:
+    """Element-wise sum over ranks of a tensor on the device, queued there like DDP's own
+    gradient reductions: the host does not wait for it (``values`` itself in one process)."""
+    if info.distributed:
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return values
 
 
 def gather_rng_states(info: DistInfo, device: torch.device) -> list[dict[str, Any]]:

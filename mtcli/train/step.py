@@ -1,10 +1,12 @@
 """One training step's forward and loss, as the trainer runs it: eagerly, or compiled with
 ``torch.compile`` (``train.compile``), and on a GPU replayed as a CUDA graph where the batches
-have one shape (``train.pack_length``)."""
+have one shape (``train.pack_length``); what a step reports, and the window of steps a log line
+averages."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -98,3 +100,36 @@ def step_stats(loss_sum: float, nll_sum: float, tokens: float, real: float, padd
     return {"loss": loss_sum / max(tokens, 1.0), "nll": nll_sum / max(tokens, 1.0),
             "ppl": perplexity(nll_sum, int(tokens)), "tokens": tokens, "real": real, "padded": padded,
             "lr": lr, "grad_norm": grad_norm}
+
+
+class LogWindow:
+    """Sums over the steps since the last training-loss log line, so that each line reports the
+    mean over its window rather than one noisy step (saved with the state: resume is exact)."""
+
+    def __init__(self) -> None:
+        self.sums = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "real": 0.0, "padded": 0.0}
+
+    def add(self, stats: dict[str, float]) -> None:
+        """Add a counted step's :func:`step_stats`."""
+        self.sums["loss"] += stats["loss"] * stats["tokens"]
+        self.sums["nll"] += stats["nll"] * stats["tokens"]
+        for key in ("tokens", "real", "padded"):
+            self.sums[key] += stats[key]
+
+    def take(self) -> dict[str, float]:
+        """Token-weighted means of loss/NLL, perplexity and padding since the last log line; resets."""
+        w = self.sums
+        tokens = max(w["tokens"], 1.0)
+        mean = {"loss": w["loss"] / tokens, "nll": w["nll"] / tokens,
+                "ppl": perplexity(w["nll"], int(w["tokens"])),
+                "padding": 1.0 - w["real"] / max(w["padded"], 1.0)}
+        self.sums = dict.fromkeys(w, 0.0)
+        return mean
+
+    def state_dict(self) -> dict[str, float]:
+        """The sums, for a checkpoint."""
+        return dict(self.sums)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the sums a checkpoint saved (keys it does not know are ignored)."""
+        self.sums.update({k: float(v) for k, v in state.items() if k in self.sums})

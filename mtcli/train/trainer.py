@@ -13,9 +13,10 @@ One optimiser step, as in "Attention Is All You Need" (section 5):
    batches (:mod:`mtcli.train.feed`);
 3. a non-finite loss or gradient norm skips the update (logged; ``max_nonfinite`` in a row
    raise :class:`TrainingError`); otherwise clip the gradient norm (``clip_norm`` > 0), Adam
-   step, learning-rate schedule step. With fused Adam in one process (no fp16 scaler) the
-   device skips a non-finite update itself and the host counts each step one step later, so
-   it never waits for the device between steps (:meth:`Trainer.settle`).
+   step, learning-rate schedule step. With fused Adam (no fp16 scaler) the device skips a
+   non-finite update itself, under DDP after summing the step's loss over the ranks there, and
+   the host counts each step one step later, so it never waits for the device between steps
+   (:meth:`Trainer.settle`).
 
 Every ``valid_every`` steps and at the end, rank 0 validates (loss, NLL, perplexity, and BLEU of
 greedy decoding when ``valid_bleu``) and writes ``checkpoint_<step>.pt`` once, with
@@ -26,7 +27,8 @@ A run directory with a checkpoint is resumed exactly: model, optimiser, schedule
 states (python, numpy, torch, cuda), the data position ``(epoch, batch)``, best score, patience
 counter and elapsed time all come back, so N steps straight and N/2 + N/2 give the same
 parameters. SIGINT/SIGTERM finish the current step, write ``checkpoint_last.pt`` and raise
-:class:`TrainingInterrupted` (exit code 128 + signal).
+:class:`TrainingInterrupted` (exit code 128 + signal); under DDP a signal to any rank stops every
+rank at the same step, a step or two later, once the ranks' summed stop flag has been read.
 
 Under ``torchrun`` (:mod:`mtcli.train.distributed`) only rank 0 writes files and validates.
 Every rank's RNG states are gathered into the checkpoint (``rng_ranks``), so a resumed
@@ -55,6 +57,7 @@ from mtcli.data.cache import PreparedCorpus
 from mtcli.data.packing import PackedBatch
 from mtcli.data.sampling import subword_resegmenter
 from mtcli.data.tokenizer import PAD_ID
+from mtcli.device import to_device
 from mtcli.errors import CheckpointError, TrainingError, TrainingInterrupted, one_line
 from mtcli.fileio import sha256_file
 from mtcli.logs import get_logger, progress
@@ -67,9 +70,9 @@ from mtcli.rundir import (
     step_checkpoint_name,
     update_index,
 )
-from mtcli.train.distributed import DistInfo, all_sum, broadcast, gather_rng_states
+from mtcli.train.distributed import DistInfo, all_sum, all_sum_queued, broadcast, gather_rng_states
 from mtcli.train.feed import BatchFeed
-from mtcli.train.loss import LabelSmoothedLoss, perplexity
+from mtcli.train.loss import LabelSmoothedLoss
 from mtcli.train.rdrop import RDropLoss
 from mtcli.train.resume import check_resume_config
 from mtcli.train.rng import seed_everything, set_rng_state
@@ -78,6 +81,7 @@ from mtcli.train.signals import StopSignals
 from mtcli.train.step import (
     COMPILE_LENGTH_MULTIPLE,
     HostValues,
+    LogWindow,
     compile_forward_loss,
     cuda_graphs,
     forward_loss,
@@ -144,9 +148,7 @@ class Trainer:
         self.elapsed = 0.0
         self.last_valid: dict[str, Any] = {"loss": None, "nll": None, "ppl": None, "bleu": None}
         self.last_valid_step = -1
-        # Sums over the steps since the last training-loss log line, so each line reports the
-        # mean over its window rather than one noisy step (saved with the state: resume is exact).
-        self.log_window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "real": 0.0, "padded": 0.0}
+        self.log_window = LogWindow()
         self.resumed_from: str | None = None
         self.writer: SummaryWriter | None = None
         self.signals = StopSignals()
@@ -157,10 +159,12 @@ class Trainer:
         # early enough for one more of each to fit, so the final validation ends within it
         self._step_seconds = 0.0
         self._valid_seconds = 0.0
-        # a step queued on the device, not yet counted: (sums, tokens, real, padded, lr, norm?, epoch)
-        self._pending: tuple[HostValues, float, float, float, float, bool, int] | None = None
+        # a step queued on the device, not yet counted: (its sums, lr, norm?, epoch)
+        self._pending: tuple[HostValues, float, bool, int] | None = None
         # the fused Adam kernel can skip a non-finite step on the device (found_inf)
-        self._skips_on_device = bool(self.optimizer.defaults.get("fused")) and not info.distributed and self.scaler is None
+        self._skips_on_device = bool(self.optimizer.defaults.get("fused")) and self.scaler is None
+        # under DDP every rank stops at the step they agreed on, whichever rank was signalled
+        self._stop_agreed = False
 
     # ----------------------------------------------------------------- resume
 
@@ -197,8 +201,7 @@ class Trainer:
         self.last_valid_step = int(ts.get("last_valid_step", -1))
         self._tokens_done = int(ts.get("tokens_done", 0))
         self._train_seconds = float(ts.get("train_seconds", 0.0))
-        self.log_window.update({k: float(v) for k, v in (ts.get("log_window") or {}).items()
-                                if k in self.log_window})
+        self.log_window.load_state_dict(ts.get("log_window") or {})
         self.last_valid = dict(state.get("valid") or self.last_valid)
         ranks = state.get("rng_ranks") or []
         if len(ranks) == self.info.world_size:  # the same process count: every rank's own states
@@ -237,7 +240,7 @@ class Trainer:
                 "nonfinite_in_row": self.nonfinite_in_row,
                 "elapsed_seconds": self.elapsed,
                 "last_valid_step": self.last_valid_step,
-                "log_window": dict(self.log_window),
+                "log_window": self.log_window.state_dict(),
                 "tokens_done": self._tokens_done,
                 "train_seconds": self._train_seconds,
             },
@@ -293,8 +296,7 @@ class Trainer:
             [float(loss_acc), float(nll_acc), float(tokens), float(real), float(padded), stop],
             self.info, self.device,
         )
-        if stop_any > 0 and self.signals.signum is None:
-            self.signals.signum = signal.SIGTERM  # another rank was signalled
+        self._agree_on_stop(stop_any)
         if self.scaler is not None and math.isfinite(loss_sum):
             self.scaler.unscale_(self.optimizer)
         need_norm = self.cfg.clip_norm > 0 or (self.step + 1) % self.cfg.log_every == 0
@@ -317,12 +319,16 @@ class Trainer:
         """The update without waiting for the device: a non-finite loss or gradient norm makes
         the fused Adam kernel skip it there (``found_inf``), and the host reads the step's sums
         a step later, once the next step's kernels are queued, so the device is not left idle
-        between steps. The last step is counted before this update is queued, so its number and
+        between steps. Under DDP the sums and the stop flag are summed over the ranks on the
+        device too. The last step is counted before this update is queued, so its number and
         learning rate are exact. A step that logs, validates or ends the run is counted at once."""
         counted = [self.settle()] if self._pending is not None else []
         number = self.step + 1
         need_norm = self.cfg.clip_norm > 0 or number % self.cfg.log_every == 0
-        finite = torch.isfinite(loss_acc)
+        stop = 1.0 if self.signals.signum is not None else 0.0
+        counts = to_device(torch.tensor([tokens, real, padded, stop], dtype=torch.float64), self.device)
+        sums = all_sum_queued(torch.cat([torch.stack([loss_acc, nll_acc]), counts]), self.info)
+        finite = torch.isfinite(sums[0])
         norm = torch.full((), math.nan, device=self.device)
         if need_norm:
             norm = self._grad_norm()
@@ -335,8 +341,7 @@ class Trainer:
         finally:
             del self.optimizer.found_inf  # type: ignore[attr-defined]
         self.optimizer.zero_grad(set_to_none=True)
-        sums = HostValues(torch.stack([loss_acc, nll_acc, norm.double()]))
-        self._pending = (sums, tokens, real, padded, lr, need_norm, epoch)
+        self._pending = (HostValues(torch.cat([sums, norm.double().view(1)])), lr, need_norm, epoch)
         if number % self.cfg.log_every == 0 or number % self.cfg.valid_every == 0 or number >= self.cfg.max_steps:
             counted.append(self.settle())
         return counted
@@ -346,20 +351,33 @@ class Trainer:
         its skip; its stats (None: skipped, or none pending)."""
         if self._pending is None:
             return None
-        sums, tokens, real, padded, lr, has_norm, epoch = self._pending
+        sums, lr, has_norm, epoch = self._pending
         self._pending = None
-        loss_sum, nll_sum, grad_norm = sums.read()
+        loss_sum, nll_sum, tokens, real, padded, stop_any, grad_norm = sums.read()
+        self._agree_on_stop(stop_any)
         if not math.isfinite(loss_sum) or (has_norm and not math.isfinite(grad_norm)):
             self._skip_update(epoch)  # the device skipped the update already
             return None
         return self._count(step_stats(loss_sum, nll_sum, tokens, real, padded, lr, grad_norm))
+
+    def _agree_on_stop(self, stop_any: float) -> None:
+        """Record a stop signal summed over the ranks (another rank's, perhaps)."""
+        if stop_any > 0:
+            self._stop_agreed = True
+            if self.signals.signum is None:
+                self.signals.signum = signal.SIGTERM  # another rank was signalled
+
+    def _stop_now(self) -> bool:
+        """Whether to save and stop after this step: at a signal in one process; under DDP once
+        the ranks' summed flag says one was signalled, so that all stop at the same step."""
+        return self._stop_agreed if self.info.distributed else self.signals.signum is not None
 
     def _count(self, stats: dict[str, float]) -> dict[str, float]:
         """Count an update: the step number, the schedule, the log window and the token total."""
         self.schedule.step()
         self.nonfinite_in_row = 0
         self.step += 1
-        self._add_to_log_window(stats)
+        self.log_window.add(stats)
         self._tokens_done += int(stats["tokens"])
         return stats
 
@@ -506,23 +524,6 @@ class Trainer:
             f"{self.ckpt_dir} (run the same command again to resume)", signum
         )
 
-    def _add_to_log_window(self, stats: dict[str, float]) -> None:
-        window = self.log_window
-        window["loss"] += stats["loss"] * stats["tokens"]
-        window["nll"] += stats["nll"] * stats["tokens"]
-        for key in ("tokens", "real", "padded"):
-            window[key] += stats[key]
-
-    def _take_log_window(self) -> dict[str, float]:
-        """Token-weighted means of loss/NLL, perplexity and padding since the last log line; resets."""
-        w = self.log_window
-        tokens = max(w["tokens"], 1.0)
-        mean = {"loss": w["loss"] / tokens, "nll": w["nll"] / tokens,
-                "ppl": perplexity(w["nll"], int(w["tokens"])),
-                "padding": 1.0 - w["real"] / max(w["padded"], 1.0)}
-        self.log_window = dict.fromkeys(w, 0.0)
-        return mean
-
     def run(self) -> str:
         """Train until a stop rule fires; returns the stop reason."""
         cfg = self.cfg
@@ -546,7 +547,7 @@ class Trainer:
                 counted = self.train_step(group, batches)  # the steps counted by now, or none yet
                 self._step_seconds = time.monotonic() - step_start
                 self._train_seconds += self._step_seconds
-                if self.signals.signum is not None:
+                if self._stop_now():
                     self._interrupt()
                 for stats in filter(None, counted):
                     window_tokens += stats["tokens"]
@@ -558,7 +559,7 @@ class Trainer:
                 if self.step % cfg.log_every == 0:
                     seconds = max(time.monotonic() - window_start, 1e-9)
                     tps = window_tokens / seconds
-                    mean = self._take_log_window()
+                    mean = self.log_window.take()
                     mean.update(lr=stats["lr"], grad_norm=stats["grad_norm"])
                     bar.set_postfix(loss=f"{mean['loss']:.3f}", lr=f"{mean['lr']:.2e}", tok_s=f"{tps:.0f}")
                     self.log.info(

@@ -126,3 +126,45 @@ def test_two_nodes_of_one_process_match_one_process(tmp_path: Path, prepared_toy
     assert a["step"] == b["step"] == 1 and a["data_state"]["batch"] == 2
     for key, value in a["model"].items():
         assert torch.allclose(value, b["model"][key], rtol=1e-5, atol=1e-6), key
+
+
+SIGNAL_ONE_RANK = '''
+import os, signal, sys
+from mtcli.train.trainer import Trainer
+from mtcli.cli import app
+
+train_step = Trainer.train_step
+
+
+def signalled_after_step_2(self, *args, **kwargs):
+    counted = train_step(self, *args, **kwargs)
+    if self.info.rank == 1 and self.step + (self._pending is not None) == 2:
+        os.kill(os.getpid(), signal.SIGTERM)  # this rank alone, after its step's sums were reduced
+    return counted
+
+
+Trainer.train_step = signalled_after_step_2
+sys.argv[0] = "mtcli"
+app()
+'''
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path, prepared_toy: Path) -> None:
+    """SIGTERM to rank 1 alone, between steps: the ranks agree on the stop through the next
+    step's summed flag, so both save at one step and exit as interrupted, instead of rank 1
+    leaving the collectives while rank 0 waits in them."""
+    script = tmp_path / "signal_one_rank.py"
+    script.write_text(SIGNAL_ONE_RANK, encoding="utf-8")
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            str(script), "train", str(TOY_CONFIG)]
+    for item in toy_train_overrides(prepared_toy, run, "train.max_tokens=256", "train.max_steps=30",
+                                    "train.log_every=100", "train.valid_every=100000", "train.device=cpu"):
+        args += ["--set", item]
+    proc = subprocess.run(args, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0, "the run should stop as interrupted"
+    assert proc.stderr.count("training interrupted by SIGTERM") == 2, proc.stderr[-8000:]
+    saved = load_checkpoint(run / "checkpoints" / "checkpoint_last.pt")
+    assert 2 <= saved["step"] <= 4, saved["step"]
+    assert f"training interrupted by SIGTERM at step {saved['step']}" in proc.stderr
