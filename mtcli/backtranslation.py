@@ -41,14 +41,8 @@ from mtcli.errors import MtcliError
 from mtcli.fileio import atomic_write, sha256_file
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, setup_logging
-from mtcli.reproduce import (
-    README,
-    RESULTS_DIR,
-    load_results,
-    run_recipe,
-    seed_config,
-    write_table,
-)
+from mtcli.reproduce import run_recipe, seed_config
+from mtcli.results import README, RESULTS_DIR, load_results, write_table
 
 FORWARD, REVERSE = "configs/multi30k_en_de.yaml", "configs/multi30k_de_en.yaml"
 TABLE = "bt"

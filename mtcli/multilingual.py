@@ -28,18 +28,15 @@ from mtcli.errors import ConfigError, MtcliError, one_line
 from mtcli.evaluate import evaluate, evaluate_directions
 from mtcli.infer.loading import run_directions
 from mtcli.logs import setup_logging
-from mtcli.reproduce import (
+from mtcli.reproduce import SCORES, choose_average, search_length_penalty, seed_config
+from mtcli.results import (
     README,
     RESULTS_DIR,
-    SCORES,
-    choose_average,
     device_name,
     git_commit,
     load_results,
     markers,
     named_commit,
-    search_length_penalty,
-    seed_config,
     source_tree,
     write_table,
 )

@@ -1,7 +1,7 @@
 """``make reproduce``: prepare -> train -> average checkpoints -> evaluate, then the BLEU table.
 
-Run one recipe with ``python -m mtcli.reproduce de_en [--data DIR] [--seeds 1,2,3]`` (``en_de``,
-or ``wmt_news_en_de`` for the WMT news smoke benchmark). With ``--seeds`` every seed trains its
+Run one recipe with ``python -m mtcli.reproduce de_en [--data DIR] [--seeds 1,2,3]`` (``en_de``;
+``en_fr``, ``fr_en``, ``en_cs``, ``cs_en``; ``wmt_news_en_de`` for the WMT news smoke benchmark). With ``--seeds`` every seed trains its
 own run (``train.seed``, run directory ``<run_dir>-seed<N>``) and is scored on its own; seeds run
 apart (one per machine, each ``--seeds N --results DIR``) are combined with ``--merge DIR...``. The
 direction's row holds the mean of each score, its sample standard deviation (``<score>_std``) and
@@ -22,36 +22,37 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from mtcli.allocator import keep_freed_memory
 from mtcli.checkpoint import load_checkpoint
 from mtcli.config import Config, load_config, with_changes
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.prepare import prepare
-from mtcli.device import cpu_has_bf16_units, cpu_name
 from mtcli.errors import ConfigError, MtcliError
 from mtcli.evaluate import evaluate
 from mtcli.fileio import atomic_write
 from mtcli.infer.averaging import average_run_checkpoints
-from mtcli.logs import get_logger, setup_logging
+from mtcli.logs import setup_logging
+from mtcli.results import (
+    README,
+    RESULTS_DIR,
+    device_name,
+    git_commit,
+    load_results,
+    named_commit,
+    source_tree,
+    write_table,
+)
 from mtcli.rundir import CONFIG_NAME, TEXT_DIR, step_checkpoints
 from mtcli.train import train
 from mtcli.train.parent import parent_checkpoints
 
-RESULTS_DIR = Path("results")
 ADAPTED_ROW = "en-de adapted"
-README = Path("README.md")
-MARK_START, MARK_END = "<!-- results:start -->", "<!-- results:end -->"
 # recipe name -> (config, results table, row); the table names results/<table>.{json,md}
 RECIPES = {
     "de_en": ("configs/multi30k_de_en.yaml", "multi30k", "de-en"),
@@ -59,6 +60,10 @@ RECIPES = {
     "wmt_news_en_de": ("configs/wmt_news_en_de.yaml", "wmt_news", "en-de"),
     "wmt_news_en_de_adapt": ("configs/wmt_news_en_de_adapt.yaml", "wmt_news", ADAPTED_ROW),
 }
+#: Multi30k's other directions (the multilingual table's bilingual rows): the en-de recipe with
+#: the pair's languages, and a cache and run directory of its own (:func:`pair_overrides`)
+PAIRS = {f"{s}_{t}": (s, t) for s, t in (("en", "fr"), ("fr", "en"), ("en", "cs"), ("cs", "en"))}
+RECIPES.update({name: ("configs/multi30k_en_de.yaml", "multi30k", f"{s}-{t}") for name, (s, t) in PAIRS.items()})
 # the averaging window k is chosen on val among 1..min(AVERAGE_LAST, train.keep_last)
 AVERAGE_LAST = 10
 # GNMT length-penalty alphas tried on val with the chosen average (the recipe's own is added);
@@ -67,101 +72,6 @@ AVERAGE_LAST = 10
 LENGTH_PENALTIES = (0.6, 1.0, 1.4)
 LENGTH_PENALTY_STEP = 0.4
 LENGTH_PENALTY_BOUNDS = (0.2, 2.6)
-
-
-def _git(*args: str, env: dict[str, str] | None = None) -> str:
-    """``git ARGS`` in the current directory: its output, stripped (raises on failure)."""
-    return subprocess.run(["git", *args], capture_output=True, text=True, check=True, env=env).stdout.strip()
-
-
-#: Results tables written by other entry points (:mod:`mtcli.multilingual`, :mod:`mtcli.backtranslation`).
-OTHER_TABLES = ("multilingual", "bt")
-
-
-def _tables() -> list[str]:
-    return sorted({table for _, table, _ in RECIPES.values()} | set(OTHER_TABLES))
-
-
-def generated_paths() -> list[str]:
-    """The files a reproduction writes itself (``results/<table>.{json,md}``): they never count
-    as local edits, so a second direction run after the first still carries the clean commit."""
-    return [str(RESULTS_DIR / f"{table}.{ext}") for table in _tables() for ext in ("json", "md")]
-
-
-def _without_tables(text: str) -> str:
-    """README text with every results block (between its markers) emptied."""
-    for table in _tables():
-        start, end = markers(table)
-        if start in text and end in text:
-            head, rest = text.split(start, 1)
-            text = head + start + end + rest.split(end, 1)[1]
-    return text
-
-
-def _own_edits() -> list[str]:
-    """Pathspecs of what a reproduction writes and git should not count: the tables, and
-    README.md while it differs from HEAD's only inside the results blocks."""
-    excluded = generated_paths()
-    try:
-        committed = subprocess.run(["git", "show", f"HEAD:{README}"], capture_output=True, encoding="utf-8",
-                                   check=True).stdout
-        if README.exists() and _without_tables(committed) == _without_tables(README.read_text(encoding="utf-8")):
-            excluded.append(str(README))
-    except subprocess.CalledProcessError:
-        pass
-    return [".", *(f":(exclude){path}" for path in excluded)]
-
-
-def git_commit() -> str:
-    """Short hash of HEAD (with ``-dirty`` when files other than the reproduction's own tables
-    differ from it), or ``unknown``."""
-    try:
-        head = _git("rev-parse", "--short", "HEAD")
-        dirty = _git("status", "--porcelain", "--untracked-files=no", "--", *_own_edits())
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("-dirty" if dirty else "")
-
-
-def source_tree() -> str:
-    """The git tree hash of the files as they are on disk (tracked, plus untracked ones git does
-    not ignore; the reproduction's own tables as HEAD has them), or ``unknown``.
-
-    It equals ``git rev-parse C^{tree}`` exactly when the files are commit ``C``'s, whatever the
-    repository's HEAD says: a copy of a checkout whose ``.git`` is older than its files (as on a
-    machine the working tree was copied to) still names the files it ran. The real index is not
-    touched (a temporary one is used).
-    """
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            env = dict(os.environ, GIT_INDEX_FILE=str(Path(tmp) / "index"))
-            _git("read-tree", "HEAD", env=env)
-            _git("add", "--all", "--", *_own_edits(), env=env)
-            return _git("write-tree", env=env)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def commit_of_tree(tree: str) -> str | None:
-    """The short hash of the newest commit (on any branch) whose files are ``tree``, or None."""
-    try:
-        lines = _git("log", "--all", "--format=%h %T").splitlines()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return next((commit for commit, t in (line.split() for line in lines) if t == tree), None)
-
-
-def device_name(device: str) -> str:
-    """Human-readable name of the device a run used."""
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(torch.device(device))
-    # bf16 units decide what train.precision bf16 is worth here (1.4x fp32 or ~100x slower): say which
-    return f"CPU ({cpu_name()}, {os.cpu_count()} cores{', bf16 units' if cpu_has_bf16_units() else ''})"
-
-
-def markers(table: str) -> tuple[str, str]:
-    """The README comments that enclose ``table``'s block."""
-    return (MARK_START, MARK_END) if table == "multi30k" else (f"<!-- {table}:start -->", f"<!-- {table}:end -->")
 
 
 SCORES = ("bleu", "bleu_lc", "chrf")
@@ -218,34 +128,6 @@ def write_results(results: dict[str, dict[str, Any]], results_dir: Path = RESULT
                   readme: Path = README, table_name: str = "multi30k") -> None:
     """Write ``<table_name>.json`` and ``.md`` atomically and refresh the README's block."""
     write_table(results, render_markdown(results), results_dir, table_name, readme, sort_keys=True)
-
-
-def write_table(results: dict[str, Any], table: str, results_dir: Path, table_name: str, readme: Path,
-                sort_keys: bool = False) -> None:
-    """``results_dir/<table_name>.json`` (``results``) and ``.md`` (``table``), each written
-    atomically, and ``table`` into the README's block (:func:`refresh_readme`)."""
-    with atomic_write(results_dir / f"{table_name}.json") as handle:
-        handle.write(json.dumps(results, indent=2, sort_keys=sort_keys) + "\n")
-    with atomic_write(results_dir / f"{table_name}.md") as handle:
-        handle.write(table)
-    refresh_readme(readme, table_name, table)
-
-
-def refresh_readme(readme: Path, table_name: str, table: str) -> None:
-    """Put ``table`` between ``table_name``'s markers (:func:`markers`) in ``readme``, atomically;
-    a README without them is left as it is."""
-    start, end = markers(table_name)
-    text = readme.read_text(encoding="utf-8") if readme.exists() else ""
-    if start in text and end in text:
-        head, rest = text.split(start, 1)
-        with atomic_write(readme) as handle:
-            handle.write(f"{head}{start}\n{table}{end}{rest.split(end, 1)[1]}")
-
-
-def load_results(results_dir: Path = RESULTS_DIR, table_name: str = "multi30k") -> dict[str, dict[str, Any]]:
-    """Previously written results (empty when there are none)."""
-    path = results_dir / f"{table_name}.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
 
 
 def choose_average(run_dir: Path, valid_split: str, max_k: int,
@@ -469,19 +351,6 @@ def merge_seed_results(paths: list[Path], row_key: str, table_name: str) -> dict
     return combine_seeds(rows)
 
 
-def named_commit(row: dict[str, Any], where: str) -> dict[str, Any]:
-    """``row`` with a ``-dirty`` commit replaced by the commit whose files it ran (same tree),
-    when this repository has one; as it is otherwise."""
-    tree = row.get("tree")
-    if not str(row.get("commit", "")).endswith("-dirty") or not tree:
-        return row
-    commit = commit_of_tree(tree)
-    if commit is None:
-        return row
-    get_logger().info("%s: %s ran the files of commit %s (tree %s)", where, row["commit"], commit, tree[:12])
-    return {**row, "commit": commit}
-
-
 def _scores(report: dict[str, Any]) -> dict[str, Any]:
     return {key: report[key] for key in (*SCORES, "sentences")}
 
@@ -551,6 +420,15 @@ def _adaptation_table(results: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def pair_overrides(direction: str) -> list[str]:
+    """The ``--set`` items that make the en-de recipe the recipe of ``direction`` in :data:`PAIRS`."""
+    if direction not in PAIRS:
+        return []
+    src, tgt = PAIRS[direction]
+    return [f"data.src_lang={src}", f"data.tgt_lang={tgt}", f"data.name=multi30k_{direction}",
+            f"train.run_dir=data/runs/multi30k_{direction}"]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry: ``python -m mtcli.reproduce {de_en,en_de,wmt_news_en_de} [--data DIR]``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -578,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.merge:
             row = merge_seed_results(args.merge, row_key, table_name)
         else:
-            config = with_changes(load_config(args.config or recipe, args.overrides), "data", source=args.data)
+            overrides = pair_overrides(args.direction) + args.overrides
+            config = with_changes(load_config(args.config or recipe, overrides), "data", source=args.data)
             if row_key == ADAPTED_ROW and not args.valid_only:
                 row = run_adaptation(config)
             else:

@@ -12,7 +12,7 @@ from mtcli.backtranslation import ROWS, TABLE, TAG, render, run_bt, split_halves
 from mtcli.config import load_config
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.textio import read_lines
-from mtcli.reproduce import markers, refresh_readme
+from mtcli.results import markers, refresh_readme
 
 FAST = ["train.max_steps=12", "train.valid_every=6", "train.valid_bleu=false", "train.keep_last=1",
         "train.num_threads=2"]

@@ -10,14 +10,8 @@ import torch
 from conftest import TOY_DIR
 
 from mtcli.checkpoint import load_checkpoint
-from mtcli.reproduce import (
-    MARK_END,
-    MARK_START,
-    device_name,
-    render_markdown,
-    search_length_penalty,
-    write_results,
-)
+from mtcli.reproduce import render_markdown, search_length_penalty, write_results
+from mtcli.results import MARK_END, MARK_START, device_name
 
 ROW = {
     "bleu": 38.123, "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
@@ -82,7 +76,7 @@ def test_reproduce_pipeline_on_toy(tmp_path: Path, toy_config_path: Path) -> Non
 
 def test_more_test_splits_get_rows_and_their_own_table(tmp_path: Path) -> None:
     """The WMT news recipe scores two test splits; its table goes to wmt_news.* and its README block."""
-    from mtcli.reproduce import markers
+    from mtcli.results import markers
 
     more = {"newstest2014-filtered": {"bleu": 5.5, "bleu_lc": 6.25, "chrf": 30.0, "sentences": 2737,
                                       "decode_sents_per_s": 40.0}}
@@ -122,9 +116,9 @@ def test_valid_only_tuning_run_never_decodes_test(tmp_path: Path, toy_config_pat
 @pytest.mark.parametrize("has_units", [True, False])
 def test_cpu_device_name_says_whether_it_has_bf16_units(monkeypatch: pytest.MonkeyPatch,
                                                         has_units: bool) -> None:
-    import mtcli.reproduce
+    import mtcli.results
 
-    monkeypatch.setattr(mtcli.reproduce, "cpu_has_bf16_units", lambda *args: has_units)
+    monkeypatch.setattr(mtcli.results, "cpu_has_bf16_units", lambda *args: has_units)
     name = device_name("cpu")
     assert name.startswith("CPU (") and name.endswith(")")
     assert ("bf16 units" in name) is has_units
@@ -240,7 +234,8 @@ def test_a_copy_with_a_stale_git_is_merged_under_the_commit_whose_files_it_ran(
 ) -> None:
     """A working tree copied with an older ``.git`` labels its rows ``<old>-dirty``; its tree hash
     names the files it ran, and ``--merge`` in the real repository finds the commit they belong to."""
-    from mtcli.reproduce import commit_of_tree, git_commit, main, source_tree
+    from mtcli.reproduce import main
+    from mtcli.results import commit_of_tree, git_commit, source_tree
 
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -290,7 +285,8 @@ def test_two_directions_in_a_row_on_a_clean_clone_both_carry_the_clean_commit(
 ) -> None:
     """The first direction rewrites results/ and the README's table; the second direction's row
     still names the clean commit (and its tree), while an edit of anything else would not."""
-    from mtcli.reproduce import git_commit, main, source_tree
+    from mtcli.reproduce import main
+    from mtcli.results import git_commit, source_tree
 
     repo = tmp_path / "repo"
     (repo / "results").mkdir(parents=True)
@@ -313,3 +309,15 @@ def test_two_directions_in_a_row_on_a_clean_clone_both_carry_the_clean_commit(
     with (repo / "README.md").open("a", encoding="utf-8") as handle:
         handle.write("an edit outside the table\n")
     assert git_commit() == f"{clean}-dirty" and source_tree() != tree
+
+
+def test_every_recipe_table_is_a_known_results_table_and_the_pairs_are_their_own_rows() -> None:
+    from mtcli.reproduce import PAIRS, RECIPES, pair_overrides
+    from mtcli.results import TABLES
+
+    assert {table for _, table, _ in RECIPES.values()} <= set(TABLES)  # their edits never count as -dirty
+    assert pair_overrides("en_de") == []
+    for name, (src, tgt) in PAIRS.items():
+        assert RECIPES[name][1:] == ("multi30k", f"{src}-{tgt}")
+        assert f"data.name=multi30k_{name}" in pair_overrides(name)
+        assert f"data.src_lang={src}" in pair_overrides(name) and f"data.tgt_lang={tgt}" in pair_overrides(name)

@@ -1,0 +1,157 @@
+"""The results tables and where their rows ran.
+
+Each table is ``results/<table>.json`` (its rows), ``results/<table>.md`` (rendered) and a block
+of README.md between the table's markers, all written by the command that produces the numbers
+(:mod:`mtcli.reproduce`, :mod:`mtcli.multilingual`, :mod:`mtcli.backtranslation`), so every
+number in the README comes from a command. A row names the commit it ran (``-dirty`` when files
+differ from it; the tables themselves do not count), the git tree of its files, and its device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtcli.device import cpu_has_bf16_units, cpu_name
+from mtcli.fileio import atomic_write
+from mtcli.logs import get_logger
+
+RESULTS_DIR = Path("results")
+README = Path("README.md")
+MARK_START, MARK_END = "<!-- results:start -->", "<!-- results:end -->"
+#: every results table: the recipes' (mtcli.reproduce), the multilingual and back-translation ones
+TABLES = ("bt", "multi30k", "multilingual", "wmt_news")
+
+
+def _git(*args: str, env: dict[str, str] | None = None) -> str:
+    """``git ARGS`` in the current directory: its output, stripped (raises on failure)."""
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=True, env=env).stdout.strip()
+
+
+def generated_paths() -> list[str]:
+    """The files a reproduction writes itself (``results/<table>.{json,md}``): they never count
+    as local edits, so a second direction run after the first still carries the clean commit."""
+    return [str(RESULTS_DIR / f"{table}.{ext}") for table in TABLES for ext in ("json", "md")]
+
+
+def _without_tables(text: str) -> str:
+    """README text with every results block (between its markers) emptied."""
+    for table in TABLES:
+        start, end = markers(table)
+        if start in text and end in text:
+            head, rest = text.split(start, 1)
+            text = head + start + end + rest.split(end, 1)[1]
+    return text
+
+
+def _own_edits() -> list[str]:
+    """Pathspecs of what a reproduction writes and git should not count: the tables, and
+    README.md while it differs from HEAD's only inside the results blocks."""
+    excluded = generated_paths()
+    try:
+        committed = subprocess.run(["git", "show", f"HEAD:{README}"], capture_output=True, encoding="utf-8",
+                                   check=True).stdout
+        if README.exists() and _without_tables(committed) == _without_tables(README.read_text(encoding="utf-8")):
+            excluded.append(str(README))
+    except subprocess.CalledProcessError:
+        pass
+    return [".", *(f":(exclude){path}" for path in excluded)]
+
+
+def git_commit() -> str:
+    """Short hash of HEAD (with ``-dirty`` when files other than the reproduction's own tables
+    differ from it), or ``unknown``."""
+    try:
+        head = _git("rev-parse", "--short", "HEAD")
+        dirty = _git("status", "--porcelain", "--untracked-files=no", "--", *_own_edits())
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
+
+
+def source_tree() -> str:
+    """The git tree hash of the files as they are on disk (tracked, plus untracked ones git does
+    not ignore; the reproduction's own tables as HEAD has them), or ``unknown``.
+
+    It equals ``git rev-parse C^{tree}`` exactly when the files are commit ``C``'s, whatever the
+    repository's HEAD says: a copy of a checkout whose ``.git`` is older than its files (as on a
+    machine the working tree was copied to) still names the files it ran. The real index is not
+    touched (a temporary one is used).
+    """
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            env = dict(os.environ, GIT_INDEX_FILE=str(Path(tmp) / "index"))
+            _git("read-tree", "HEAD", env=env)
+            _git("add", "--all", "--", *_own_edits(), env=env)
+            return _git("write-tree", env=env)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def commit_of_tree(tree: str) -> str | None:
+    """The short hash of the newest commit (on any branch) whose files are ``tree``, or None."""
+    try:
+        lines = _git("log", "--all", "--format=%h %T").splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return next((commit for commit, t in (line.split() for line in lines) if t == tree), None)
+
+
+def device_name(device: str) -> str:
+    """Human-readable name of the device a run used."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    # bf16 units decide what train.precision bf16 is worth here (1.4x fp32 or ~100x slower): say which
+    return f"CPU ({cpu_name()}, {os.cpu_count()} cores{', bf16 units' if cpu_has_bf16_units() else ''})"
+
+
+def markers(table: str) -> tuple[str, str]:
+    """The README comments that enclose ``table``'s block."""
+    return (MARK_START, MARK_END) if table == "multi30k" else (f"<!-- {table}:start -->", f"<!-- {table}:end -->")
+
+
+def write_table(results: dict[str, Any], table: str, results_dir: Path, table_name: str, readme: Path,
+                sort_keys: bool = False) -> None:
+    """``results_dir/<table_name>.json`` (``results``) and ``.md`` (``table``), each written
+    atomically, and ``table`` into the README's block (:func:`refresh_readme`)."""
+    with atomic_write(results_dir / f"{table_name}.json") as handle:
+        handle.write(json.dumps(results, indent=2, sort_keys=sort_keys) + "\n")
+    with atomic_write(results_dir / f"{table_name}.md") as handle:
+        handle.write(table)
+    refresh_readme(readme, table_name, table)
+
+
+def refresh_readme(readme: Path, table_name: str, table: str) -> None:
+    """Put ``table`` between ``table_name``'s markers (:func:`markers`) in ``readme``, atomically;
+    a README without them is left as it is."""
+    start, end = markers(table_name)
+    text = readme.read_text(encoding="utf-8") if readme.exists() else ""
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        with atomic_write(readme) as handle:
+            handle.write(f"{head}{start}\n{table}{end}{rest.split(end, 1)[1]}")
+
+
+def load_results(results_dir: Path = RESULTS_DIR, table_name: str = "multi30k") -> dict[str, dict[str, Any]]:
+    """Previously written results (empty when there are none)."""
+    path = results_dir / f"{table_name}.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
+def named_commit(row: dict[str, Any], where: str) -> dict[str, Any]:
+    """``row`` with a ``-dirty`` commit replaced by the commit whose files it ran (same tree),
+    when this repository has one; as it is otherwise."""
+    tree = row.get("tree")
+    if not str(row.get("commit", "")).endswith("-dirty") or not tree:
+        return row
+    commit = commit_of_tree(tree)
+    if commit is None:
+        return row
+    get_logger().info("%s: %s ran the files of commit %s (tree %s)", where, row["commit"], commit, tree[:12])
+    return {**row, "commit": commit}
