@@ -11,6 +11,8 @@
 #                    adapted to WMT news (configs/wmt_news_en_de_adapt.yaml), beside the parent
 #   make reproduce-multilingual   one model for en<->{de,fr,cs} (configs/multi30k_multi.yaml), each
 #                    seed of SEEDS, each direction beside its bilingual row (results/multilingual.md)
+#   make reproduce-en-fr (fr-en, en-cs, cs-en; reproduce-pairs: all four)   the bilingual rows of
+#                    Multi30k's other directions: the en-de recipe with the languages changed
 #   make reproduce-bt   back-translation on Multi30k: half the pairs + their other half's German
 #                    back-translated by beam and by sampling (results/bt.md; BT_SEED, default 1)
 #   make clean       remove caches and build leftovers (never data/ or results/)
@@ -28,11 +30,13 @@ TORCH_SPEC ?= torch==2.13.0
 DATA ?=
 PYTEST_ARGS ?=
 SEEDS ?= 1,2,3
+# Multi30k's directions beyond de<->en, each trained as a bilingual model by reproduce-<pair>
+PAIRS = en-fr fr-en en-cs cs-en
 BT_SEED ?= 1
 REPRODUCE_ARGS ?=
 
 .PHONY: setup setup-browser test lint reproduce reproduce-de-en reproduce-en-de reproduce-wmt-news \
-	reproduce-wmt-news-adapt reproduce-multilingual reproduce-bt clean
+	reproduce-wmt-news-adapt reproduce-multilingual reproduce-bt clean reproduce-pairs $(PAIRS:%=reproduce-%)
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +56,11 @@ lint:
 reproduce: reproduce-de-en reproduce-en-de
 
 reproduce-de-en reproduce-en-de: reproduce-%:
+	$(BIN)/python -m mtcli.reproduce $(subst -,_,$*) $(if $(DATA),--data $(DATA),) --seeds $(SEEDS) $(REPRODUCE_ARGS)
+
+reproduce-pairs: $(PAIRS:%=reproduce-%)
+
+$(PAIRS:%=reproduce-%): reproduce-%:
 	$(BIN)/python -m mtcli.reproduce $(subst -,_,$*) $(if $(DATA),--data $(DATA),) --seeds $(SEEDS) $(REPRODUCE_ARGS)
 
 # reads the recipe's own source (wmt-news-en-de, downloaded once); DATA is Multi30k's

@@ -44,6 +44,22 @@ def test_make_reproduce_runs_both_directions(tmp_path: Path) -> None:
     assert (tmp_path / "results" / "multi30k.md").is_file()
 
 
+def test_make_reproduce_of_another_pair_writes_its_own_row(tmp_path: Path) -> None:
+    """reproduce-en-fr: the en-de recipe with the pair's languages, its own cache and run
+    directory, and a row of its own beside the others."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split in ("train", "val", "test"):  # the toy corpus, its sides named en and fr
+        for side, lang in (("src", "en"), ("tgt", "fr")):
+            shutil.copy(REPO / "tests" / "fixtures" / "toy" / f"{split}.{side}", corpus / f"{split}.{lang}")
+    args = toy_args(tmp_path).replace(f"data.source={REPO / 'tests' / 'fixtures' / 'toy'}", f"data.source={corpus}")
+    make(tmp_path, "reproduce-en-fr", "DATA=", "SEEDS=3", f"REPRODUCE_ARGS={args}")
+    rows = json.loads((tmp_path / "results" / "multi30k.json").read_text(encoding="utf-8"))
+    assert list(rows) == ["en-fr"] and list(rows["en-fr"]["seeds"]) == ["3"]
+    assert (tmp_path / "data" / "runs" / "multi30k_en_fr-seed3" / "checkpoints").is_dir()
+    assert "| en-fr |" in (tmp_path / "results" / "multi30k.md").read_text(encoding="utf-8")
+
+
 def test_make_reproduce_wmt_news_then_adapt(tmp_path: Path) -> None:
     """reproduce-wmt-news writes its own table (not the Multi30k one). Its toy run is then the
     parent: the adapted run starts from it with its SentencePiece model and adds (a) parent /
