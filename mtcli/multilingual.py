@@ -115,7 +115,8 @@ def merge_seeds(paths: list[Path]) -> dict[str, dict[str, Any]]:
 
 def combine(seeds: dict[str, dict[str, Any]], bilingual: dict[str, Any]) -> dict[str, Any]:
     """Each direction's mean, sample standard deviation and per-seed scores over ``seeds``, with
-    the bilingual recipe's mean lowercased BLEU beside it where ``results/multi30k.json`` has one."""
+    the bilingual recipe's mean lowercased BLEU (and its number of seeds) beside it where
+    ``results/multi30k.json`` has one."""
     order = sorted(seeds, key=int)
     names = list(seeds[order[0]]["directions"])
     directions: dict[str, Any] = {}
@@ -125,21 +126,26 @@ def combine(seeds: dict[str, dict[str, Any]], bilingual: dict[str, Any]) -> dict
         entry["bleu_lc_std"] = statistics.stdev(float(r["bleu_lc"]) for r in rows) if len(rows) > 1 else None
         entry["bleu_lc_per_seed"] = [float(r["bleu_lc"]) for r in rows]
         entry["bleu_lc_signature"] = rows[0].get("bleu_lc_signature")
-        entry["bilingual_bleu_lc"] = (bilingual.get(name) or {}).get("bleu_lc")
+        mono = bilingual.get(name) or {}
+        entry["bilingual_bleu_lc"] = mono.get("bleu_lc")
+        entry["bilingual_seeds"] = len(mono.get("seeds") or {}) or int(bool(mono))
         directions[name] = entry
     return {"directions": directions, "seeds": seeds}
 
 
 def render(results: dict[str, Any]) -> str:
     """The markdown table: one row per direction, the multilingual model beside the bilingual one."""
-    lines = ["| direction | multilingual BLEU (lc, 13a) | ± sd | per seed | bilingual (same test set) | difference |",
+    lines = ["| direction | multilingual BLEU (lc, 13a) | ± sd | per seed | bilingual (same test set; seeds) "
+             "| difference |",
              "|---|---|---|---|---|---|"]
     for name, d in results["directions"].items():
         sd = "–" if d["bleu_lc_std"] is None else f"{d['bleu_lc_std']:.2f}"
         each = " / ".join(f"{b:.2f}" for b in d["bleu_lc_per_seed"])
         bi = d["bilingual_bleu_lc"]
         diff = "–" if bi is None else f"{d['bleu_lc'] - bi:+.2f}"
-        lines.append(f"| {name} | {d['bleu_lc']:.2f} | {sd} | {each} | {'–' if bi is None else f'{bi:.2f}'} | {diff} |")
+        n = d.get("bilingual_seeds", 0)
+        mono = "–" if bi is None else f"{bi:.2f}" + (f" ({n} seed{'s' if n != 1 else ''})" if n else "")
+        lines.append(f"| {name} | {d['bleu_lc']:.2f} | {sd} | {each} | {mono} | {diff} |")
     seeds = results["seeds"]
     first = seeds[sorted(seeds, key=int)[0]]
     lines += ["", f"- {len(seeds)} seed(s); {first['params'] / 1e6:.1f}M parameters, {first['train_steps']:,} steps, "
