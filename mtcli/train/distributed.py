@@ -79,21 +79,19 @@ def leave_distributed(info: DistInfo) -> None:
     dist.destroy_process_group()
 
 
-def all_sum(values: list[float], info: DistInfo, device: torch.device) -> list[float]:
-    """Element-wise sum over ranks (identity in one process)."""
-    if not info.distributed:
-        return values
-    tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor.tolist()
-
-
 def all_sum_queued(values: Tensor, info: DistInfo) -> Tensor:
     """Element-wise sum over ranks of a tensor on the device, queued there like DDP's own
     gradient reductions: the host does not wait for it (``values`` itself in one process)."""
     if info.distributed:
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
     return values
+
+
+def all_sum(values: list[float], info: DistInfo, device: torch.device) -> list[float]:
+    """Element-wise sum over ranks, read back on the host (identity in one process)."""
+    if not info.distributed:
+        return values
+    return all_sum_queued(torch.tensor(values, dtype=torch.float64, device=device), info).tolist()
 
 
 def gather_rng_states(info: DistInfo, device: torch.device) -> list[dict[str, Any]]:
