@@ -48,21 +48,28 @@ BILINGUAL_TABLE = "multi30k"
 MARKS = markers(TABLE)
 
 
-def choose_average_all(run_dir: Path, valid_split: str, max_k: int) -> tuple[Path, int, dict[str, float]]:
+def choose_average_all(run_dir: Path, valid_split: str, max_k: int
+                       ) -> tuple[Path, int, dict[str, float], dict[str, float]]:
     """:func:`~mtcli.reproduce.choose_average` on the mean validation BLEU over every direction.
-    Returns the kept average, k, and the mean BLEU by k."""
+    Returns the kept average, k, the mean BLEU by k, and the kept average's validation BLEU by
+    direction (``"en-de"``: decoded with the recipe's length penalty, so not decoded again)."""
+    by_direction: dict[int, dict[str, float]] = {}
 
     def mean_bleu(path: Path, k: int) -> float:
         reports = evaluate_directions(run_dir, split=valid_split, checkpoint=str(path),
                                       output_dir=run_dir / "eval" / f"avg{k}")
+        by_direction[k] = {r["direction"]: round(float(r["bleu"]), 2) for r in reports}
         return statistics.fmean(float(r["bleu"]) for r in reports)
 
     path, used, scores = choose_average(run_dir, valid_split, max_k, mean_bleu)
-    return path, len(used), scores
+    return path, len(used), scores, by_direction[len(used)]
 
 
-def score_direction(run_dir: Path, config: Config, checkpoint: Path, direction: tuple[str, str]) -> dict[str, Any]:
-    """One direction's test scores, with its length penalty chosen on its validation split."""
+def score_direction(run_dir: Path, config: Config, checkpoint: Path, direction: tuple[str, str],
+                    recipe_bleu: float | None = None) -> dict[str, Any]:
+    """One direction's test scores, with its length penalty chosen on its validation split
+    (``recipe_bleu``: the checkpoint's validation BLEU with the recipe's length penalty, when
+    already decoded)."""
     src, tgt = direction
     valid, test = config.data.valid_split, config.data.test_splits[0]
 
@@ -71,7 +78,7 @@ def score_direction(run_dir: Path, config: Config, checkpoint: Path, direction: 
                           length_penalty=alpha, output_dir=run_dir / "eval" / f"lp{alpha:g}")
         return round(float(report["bleu"]), 2)
 
-    alpha, by_alpha = search_length_penalty(valid_bleu, config.decode.length_penalty)
+    alpha, by_alpha = search_length_penalty(valid_bleu, config.decode.length_penalty, recipe_bleu)
     report = evaluate(run_dir, split=test, checkpoint=str(checkpoint), src_lang=src, tgt_lang=tgt,
                       length_penalty=alpha)
     keep = (*SCORES, "bleu_signature", "bleu_lc_signature", "chrf_signature", "sentences", "sentences_per_second",
@@ -84,9 +91,10 @@ def run_seed(config: Config) -> dict[str, Any]:
     prepare(config)
     summary = train(config)
     run_dir = summary.run_dir
-    checkpoint, k, by_k = choose_average_all(run_dir, config.data.valid_split, config.train.keep_last)
+    checkpoint, k, by_k, valid_bleu = choose_average_all(run_dir, config.data.valid_split, config.train.keep_last)
     directions = run_directions(run_dir, config)
-    scores = {"-".join(d): score_direction(run_dir, config, checkpoint, d) for d in directions}
+    scores = {"-".join(d): score_direction(run_dir, config, checkpoint, d, valid_bleu.get("-".join(d)))
+              for d in directions}
     return {"seed": config.train.seed, "directions": scores, "average_last": k, "valid_mean_bleu_by_average": by_k,
             "params": summary.parameters, "train_steps": summary.steps,
             "train_minutes": summary.elapsed_seconds / 60.0, "train_tokens_per_s": summary.tokens_per_second,

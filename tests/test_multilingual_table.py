@@ -29,6 +29,9 @@ def test_multilingual_table_on_toy(tmp_path: Path) -> None:
     for name, row in seed["directions"].items():
         assert {"0.6", "1.0", "1.4"} <= set(row["valid_bleu_by_length_penalty"]), name
         assert row["sentences"] == 40 and row["bleu_lc_signature"].startswith("nrefs:1|case:lc")
+    # the recipe's own length penalty (1.0) was decoded while choosing the average: not again
+    assert (tmp_path / "run-seed1" / "eval" / "lp0.6").is_dir()
+    assert not (tmp_path / "run-seed1" / "eval" / "lp1").exists()
     src_tgt = table["directions"]["src-tgt"]
     assert src_tgt["bilingual_bleu_lc"] == 12.5 and src_tgt["bleu_lc_per_seed"] == [seed["directions"]["src-tgt"]["bleu_lc"]]
     text = readme.read_text()
