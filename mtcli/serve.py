@@ -5,7 +5,9 @@ Endpoints:
 * ``POST /translate`` ``{"text": ["...", ...], "beam": 5, "length_penalty": 1.0}`` (or
   ``"sampling": "topk"`` with ``"temperature"`` and ``"seed"``; ``"tgt_lang": "de"`` for a model
   of several target languages) ->
-  ``{"translations": ["...", ...], "model": NAME}``, in request order;
+  ``{"translations": ["...", ...], "model": NAME}``, in request order; with ``"nbest": N`` also
+  ``"nbest": [[{"text": ..., "score": ...}, ...], ...]``, each line's N best (or, sampling, its
+  N samples in draw order);
 * ``GET /health`` -> ``{"status": "ok", "model": NAME, "device": DEVICE}``;
 * ``GET /`` a page to type or paste text and read its translation; ``GET /docs`` the OpenAPI docs.
 
@@ -85,13 +87,25 @@ class TranslateRequest(BaseModel):
     seed: StrictInt | None = Field(default=None, description="Sampling seed: the same seed gives the same output.")
     tgt_lang: StrictStr | None = Field(
         default=None, description="The language to translate into, for a model of several (the run's by default).")
+    nbest: StrictInt | None = Field(
+        default=None, description="Also answer N hypotheses per line, best first (the beam widens to N), or with "
+                                  "sampling N samples per line, in draw order.")
+
+
+class Hypothesis(BaseModel):
+    """One of a line's n-best hypotheses or samples."""
+
+    text: str
+    score: float = Field(description="The length-penalised log-probability the search ranks by.")
 
 
 class TranslateResponse(BaseModel):
-    """The answer of ``POST /translate``: one translation per input line, in order."""
+    """The answer of ``POST /translate``: one translation per input line, in order (and with
+    ``nbest``, each line's hypotheses)."""
 
     translations: list[str]
     model: str
+    nbest: list[list[Hypothesis]] | None = None
 
 
 class RequestError(Exception):
@@ -173,8 +187,11 @@ class Batcher:
         """One translate call for ``jobs`` (equal settings); each job gets its slice. If the
         call fails, each job is decoded alone, so only a job that fails by itself gets an error."""
         lines = [line for job in jobs for line in job.lines]
+        n = settings.get("nbest")  # hypotheses per line (a list each) instead of one translation
+        rest = {key: value for key, value in settings.items() if key != "nbest"}
         try:
-            out = self.translator.translate(lines, **settings)
+            out: list[Any] = (self.translator.translate(lines, **rest) if n is None
+                              else self.translator.nbest(lines, n=n, **rest))
         except Exception as exc:
             if len(jobs) > 1:
                 for job in jobs:
@@ -204,6 +221,8 @@ def check_request(body: TranslateRequest, limits: Limits) -> None:
         raise RequestError(413, f"{total} characters in the request (at most {limits.max_total_chars})")
     if body.beam is not None and not 1 <= body.beam <= limits.max_beam:
         raise RequestError(422, f"beam must be between 1 and {limits.max_beam}, got {body.beam}")
+    if body.nbest is not None and not 1 <= body.nbest <= limits.max_beam:
+        raise RequestError(422, f"nbest must be between 1 and {limits.max_beam}, got {body.nbest}")
     for i, line in enumerate(body.text):
         try:
             check_unicode(line, f"text[{i}]")
@@ -281,7 +300,8 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
         status, message = _validation_message(exc)
         return JSONResponse({"error": message}, status_code=status)
 
-    @app.post("/translate", response_model=TranslateResponse, dependencies=[guard])
+    @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
+              dependencies=[guard])
     async def translate(body: TranslateRequest) -> TranslateResponse:
         check_request(body, limits)
         request_id = uuid.uuid4().hex[:12]
@@ -295,14 +315,19 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
             raise InternalError(request_id) from None
         future = app.state.batcher.submit(body.text, request_id, beam=body.beam,
                                           length_penalty=body.length_penalty, sampling=body.sampling,
-                                          temperature=body.temperature, seed=body.seed, tgt_lang=body.tgt_lang)
+                                          temperature=body.temperature, seed=body.seed, tgt_lang=body.tgt_lang,
+                                          nbest=body.nbest)
         try:
-            translations = await asyncio.wrap_future(future)
+            out = await asyncio.wrap_future(future)
         except DataError:  # the client's own text, found only when decoded alone
             raise
         except Exception:  # the batcher logged it with the request id
             raise InternalError(request_id) from None
-        return TranslateResponse(translations=translations, model=translator.name)
+        if body.nbest is None:
+            return TranslateResponse(translations=out, model=translator.name)
+        nbest = [[Hypothesis(text=h.text, score=h.score) for h in hyps] for hyps in out]
+        return TranslateResponse(translations=[hyps[0].text if hyps else "" for hyps in out], model=translator.name,
+                                 nbest=nbest)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -336,4 +361,4 @@ def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, lim
         log.info("stopped by %s after answering the requests in flight", signal.Signals(received[0]).name)
 
 
-__all__ = ["API_KEY_ENV", "Batcher", "Limits", "TranslateRequest", "create_app", "serve"]
+__all__ = ["API_KEY_ENV", "Batcher", "Hypothesis", "Limits", "TranslateRequest", "create_app", "serve"]

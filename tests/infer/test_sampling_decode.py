@@ -102,6 +102,32 @@ def test_the_server_samples_as_the_translator_does(tiny_run_dir: Path) -> None:
         assert answer.status_code == 200 and answer.json()["translations"] == expected
         assert client.post("/translate", json={"text": LINES, "sampling": "beam"}).status_code == 422
         assert client.post("/translate", json={"text": LINES, "temperature": 0}).status_code == 422
+        assert "nbest" not in answer.json()  # the answer's shape without nbest is unchanged
+
+
+def test_the_server_answers_n_samples_or_the_n_best_per_line(tiny_run_dir: Path) -> None:
+    pytest.importorskip("fastapi", reason="mtcli serve needs the serve extra")
+    pytest.importorskip("httpx", reason="the test client needs httpx")
+    from fastapi.testclient import TestClient
+
+    from mtcli.serve import create_app
+
+    translator = Translator.from_run(tiny_run_dir, device="cpu")
+    drawn = translator.nbest(LINES, 3, sampling="topp", temperature=1.2, seed=7)
+    best = translator.nbest(LINES, 3, beam=2)  # the beam widens to 3
+    with TestClient(create_app(translator)) as client:
+        answer = client.post("/translate", json={"text": LINES, "sampling": "topp", "temperature": 1.2,
+                                                 "seed": 7, "nbest": 3})
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert [[h["text"] for h in hyps] for hyps in body["nbest"]] == [[h.text for h in d] for d in drawn]
+        assert body["translations"] == [d[0].text for d in drawn]
+        searched = client.post("/translate", json={"text": LINES, "beam": 2, "nbest": 3}).json()
+        assert [[round(h["score"], 4) for h in hyps] for hyps in searched["nbest"]] == \
+            [[round(h.score, 4) for h in b] for b in best]
+        for n in (0, 17):
+            refused = client.post("/translate", json={"text": LINES, "nbest": n})
+            assert refused.status_code == 422 and "nbest must be between 1 and 16" in refused.json()["error"]
 
 
 def test_the_ctranslate2_engine_samples_and_says_its_samples_are_not_seeded(
