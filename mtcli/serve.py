@@ -8,7 +8,8 @@ Endpoints:
   ``{"translations": ["...", ...], "model": NAME}``, in request order; with ``"nbest": N`` also
   ``"nbest": [[{"text": ..., "score": ...}, ...], ...]``, each line's N best (or, sampling, its
   N samples in draw order);
-* ``GET /health`` -> ``{"status": "ok", "model": NAME, "device": DEVICE}``;
+* ``GET /health`` -> ``{"status": "ok", "model": NAME, "device": DEVICE, "target_languages":
+  [...]}`` (the default first; the page offers a choice where a model has several);
 * ``GET /`` a page to type or paste text and read its translation; ``GET /docs`` the OpenAPI docs.
 
 Requests from many clients are decoded together: :class:`Batcher` collects what arrives within
@@ -330,8 +331,9 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
                                  nbest=nbest)
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok", "model": translator.name, "device": str(translator.device)}
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": translator.name, "device": str(translator.device),
+                "target_languages": translator.target_languages}
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page() -> str:

@@ -24,6 +24,7 @@ PAGE = """<!doctype html>
 <div class="row">
   <button id="translate" type="button">Translate</button>
   <label>Beam <input id="beam" type="number" min="1" max="16" value="5" style="width:4rem"></label>
+  <label id="tgt-lang-label" hidden>Into <select id="tgt-lang"></select></label>
   <label>API key <input id="api-key" type="password" autocomplete="off"></label>
   <span id="status" role="status"></span>
 </div>
@@ -38,8 +39,9 @@ async function translate() {
   $("status").className = ""; $("status").textContent = "translating...";
   $("translate").disabled = true;
   try {
-    const answer = await fetch("/translate", {method: "POST", headers,
-      body: JSON.stringify({text: lines, beam: Number($("beam").value)})});
+    const request = {text: lines, beam: Number($("beam").value)};
+    if (!$("tgt-lang-label").hidden) request.tgt_lang = $("tgt-lang").value;
+    const answer = await fetch("/translate", {method: "POST", headers, body: JSON.stringify(request)});
     const body = await answer.json();
     if (!answer.ok) throw new Error(body.error || answer.statusText);
     $("result").textContent = body.translations.join("\\n");
@@ -50,6 +52,13 @@ async function translate() {
     $("translate").disabled = false;
   }
 }
+// a model of several target languages: offer them, its default first
+fetch("/health").then((r) => r.json()).then((health) => {
+  const langs = health.target_languages || [];
+  if (langs.length < 2) return;
+  for (const lang of langs) $("tgt-lang").add(new Option(lang, lang));
+  $("tgt-lang-label").hidden = false;
+}).catch(() => {});
 $("translate").addEventListener("click", translate);
 $("source").addEventListener("keydown", (e) => { if (e.key === "Enter" && e.ctrlKey) translate(); });
 </script>

@@ -88,6 +88,7 @@ def test_answers_equal_the_python_api(server: Server, tiny_run_dir: Path) -> Non
     assert greedy.json()["translations"] == expected.translate(LINES, beam=1, length_penalty=0.6)
     health = httpx.get(f"{server.url}/health").json()
     assert health["status"] == "ok" and health["model"] == expected.name
+    assert health["target_languages"] == [expected.bundle.config.data.tgt_lang]
     assert "<textarea" in httpx.get(server.url).text
     assert httpx.get(f"{server.url}/openapi.json").json()["paths"]["/translate"]["post"]
 

@@ -132,6 +132,13 @@ class Translator:
         return self.bundle.name
 
     @property
+    def target_languages(self) -> list[str]:
+        """The languages this model translates into, its default (the run's ``data.tgt_lang``,
+        or ``tgt_lang`` given to :meth:`from_run`) first."""
+        default = self.decode.tgt_lang or self.bundle.config.data.tgt_lang
+        return [default, *(lang for lang in self.bundle.target_tags if lang != default)]
+
+    @property
     def max_source_pieces(self) -> int:
         """The longest source, in pieces, the model reads whole; a longer one is truncated."""
         return source_limit(self.bundle)

@@ -102,6 +102,10 @@ def test_serve_takes_the_target_language_per_request(multi_run: Path) -> None:
         bad = client.post("/translate", json={"text": SOURCES, "tgt_lang": "fr"})
         assert bad.status_code == 422 and "tgt_lang fr" in bad.json()["error"]
         assert client.post("/translate", json={"text": SOURCES}).json()["translations"] == translator.translate(SOURCES)
+        assert client.get("/health").json()["target_languages"] == ["tgt", "src", "xx"]  # the default first
+    into_xx = Translator.from_run(multi_run, beam=1, tgt_lang="xx")
+    with TestClient(create_app(into_xx)) as client:
+        assert client.get("/health").json()["target_languages"] == ["xx", "tgt", "src"]
 
 
 def test_the_ctranslate2_engine_puts_the_same_tag(multi_run: Path) -> None:
