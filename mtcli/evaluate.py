@@ -196,9 +196,8 @@ def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, direction
     _write_outputs(hyp_path, report_path, hypotheses, report)
     shown = "  ".join(f"{label} {scores[key]:.2f}" for key, label in
                       (("bleu", "BLEU"), ("chrf", "chrF"), ("ter", "TER"), ("bleu_lc", "BLEU(lc)")) if key in scores)
-    label = name if report["direction"] in name else f"{name} {report['direction']}"
-    get_logger().info("%s (%s, %d sentences): %s  [%.1f sent/s]", label, bundle.name, len(sources), shown,
-                      report["sentences_per_second"])
+    get_logger().info("%s %s (%s, %d sentences): %s  [%.1f sent/s]", split or name, report["direction"], bundle.name,
+                      len(sources), shown, report["sentences_per_second"])
     return report
 
 

@@ -220,10 +220,9 @@ def check_request(body: TranslateRequest, limits: Limits) -> None:
     total = sum(map(len, body.text))
     if total > limits.max_total_chars:
         raise RequestError(413, f"{total} characters in the request (at most {limits.max_total_chars})")
-    if body.beam is not None and not 1 <= body.beam <= limits.max_beam:
-        raise RequestError(422, f"beam must be between 1 and {limits.max_beam}, got {body.beam}")
-    if body.nbest is not None and not 1 <= body.nbest <= limits.max_beam:
-        raise RequestError(422, f"nbest must be between 1 and {limits.max_beam}, got {body.nbest}")
+    for name, value in (("beam", body.beam), ("nbest", body.nbest)):
+        if value is not None and not 1 <= value <= limits.max_beam:
+            raise RequestError(422, f"{name} must be between 1 and {limits.max_beam}, got {value}")
     for i, line in enumerate(body.text):
         try:
             check_unicode(line, f"text[{i}]")
@@ -327,8 +326,7 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
         if body.nbest is None:
             return TranslateResponse(translations=out, model=translator.name)
         nbest = [[Hypothesis(text=h.text, score=h.score) for h in hyps] for hyps in out]
-        return TranslateResponse(translations=[hyps[0].text if hyps else "" for hyps in out], model=translator.name,
-                                 nbest=nbest)
+        return TranslateResponse(translations=[hyps[0].text for hyps in out], model=translator.name, nbest=nbest)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

@@ -215,6 +215,23 @@ def multi_overrides(root: Path, prepared: Path, extra_weight: float = 1.0) -> li
             "data.vocab_size=96"]
 
 
+def train_trilingual(root: Path, max_steps: int, *more: str) -> Path:
+    """The toy model of three directions (src->tgt, tgt->src, src->xx) and a tagged corpus
+    (:func:`make_trilingual`, :func:`multi_overrides`) prepared and trained for ``max_steps``
+    in ``root`` (``more``: further overrides); its run directory, ``root/run``."""
+    from mtcli.config import load_config
+    from mtcli.data.prepare import prepare
+    from mtcli.train.run import train
+
+    make_trilingual(root)
+    overrides = [*multi_overrides(root, root / "prepared"), f"train.run_dir={root / 'run'}",
+                 f"train.max_steps={max_steps}", f"train.valid_every={max_steps}", "train.valid_bleu=false", *more]
+    config = load_config(TOY_CONFIG, overrides)
+    prepare(config)
+    train(config)
+    return root / "run"
+
+
 class FakeArray:
     """A TokenArray-like list of id arrays (what batching and packing read sentences from)."""
 

@@ -14,16 +14,13 @@ import pytest
 pytest.importorskip("selenium", reason="the browser test needs selenium (pip install 'mtcli[dev]')")
 pytest.importorskip("fastapi", reason="mtcli serve needs the serve extra (pip install 'mtcli[serve]')")
 
-from conftest import TOY_CONFIG, make_trilingual, multi_overrides  # noqa: E402
+from conftest import train_trilingual  # noqa: E402
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 from test_serve import Server  # noqa: E402
 
-from mtcli.config import load_config  # noqa: E402
-from mtcli.data.prepare import prepare  # noqa: E402
 from mtcli.infer.translator import Translator  # noqa: E402
-from mtcli.train.run import train  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -76,15 +73,10 @@ def test_the_page_translates_what_a_person_types(tiny_run_dir: Path, tmp_path: P
 
 @NO_BROWSER
 def test_the_page_of_a_multilingual_model_offers_its_target_languages(tmp_path: Path) -> None:
-    root = make_trilingual(tmp_path / "corpus")
-    overrides = [*multi_overrides(root, tmp_path / "prepared"), f"train.run_dir={tmp_path / 'run'}",
-                 "train.max_steps=30", "train.valid_every=30", "train.valid_bleu=false"]
-    config = load_config(TOY_CONFIG, overrides)
-    prepare(config)
-    train(config)
+    run = train_trilingual(tmp_path, 30)
     sentences = ["hund katze mann", "der ball ist rot"]
-    expected = Translator.from_run(tmp_path / "run", device="cpu").translate(sentences, beam=3, tgt_lang="xx")
-    server = Server(tmp_path / "run")
+    expected = Translator.from_run(run, device="cpu").translate(sentences, beam=3, tgt_lang="xx")
+    server = Server(run)
     browser = chromium()
     try:
         browser.get(server.url)

@@ -6,17 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import TOY_CONFIG, make_trilingual, multi_overrides
+from conftest import train_trilingual
 from typer.testing import CliRunner
 
 from mtcli.cli import app
-from mtcli.config import load_config
 from mtcli.data.cache import PreparedCorpus
-from mtcli.data.prepare import prepare
 from mtcli.errors import ConfigError
 from mtcli.evaluate import evaluate_directions
 from mtcli.infer.translator import Translator
-from mtcli.train.run import train
 
 SOURCES = ["hund katze mann", "die frau sieht ein kind", "der ball ist rot"]
 
@@ -24,13 +21,7 @@ SOURCES = ["hund katze mann", "die frau sieht ein kind", "der ball ist rot"]
 @pytest.fixture(scope="module")
 def multi_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A toy model of three directions (src->tgt, tgt->src, src->xx) trained briefly."""
-    root = make_trilingual(tmp_path_factory.mktemp("multilingual"))
-    overrides = [*multi_overrides(root, root / "prepared"), f"train.run_dir={root / 'run'}", "train.max_steps=250",
-                 "train.valid_every=250", "train.valid_bleu=false", "train.lr_factor=1.0", "train.num_threads=2"]
-    config = load_config(TOY_CONFIG, overrides)
-    prepare(config)
-    train(config)
-    return root / "run"
+    return train_trilingual(tmp_path_factory.mktemp("multilingual"), 250, "train.lr_factor=1.0", "train.num_threads=2")
 
 
 def test_the_tag_of_the_asked_language_goes_before_each_source(multi_run: Path) -> None:
