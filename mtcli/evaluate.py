@@ -258,6 +258,9 @@ def evaluate_directions(
                               f"trained on ({', '.join('->'.join(d) for d in run_directions(run_dir, translator.bundle.config))})")
     else:
         directions = [(src_lang or data.src_lang, tgt_lang or data.tgt_lang)]
+        if tgt_lang is None and len(translator.target_languages) > 1:
+            get_logger().warning("%s translates into %s: scoring into %s, its default (--tgt-lang chooses)",
+                                 run_dir, ", ".join(translator.target_languages), directions[0][1])
     refs = [Path(ref_file)] if ref_file is not None else []
     ckpt = _checkpoint_name(translator.bundle, average_last, average_best, len(ensemble) + 1)
     test = _Test(split, src_file, [*refs, *map(Path, more_refs)], metrics, output_dir, ckpt)

@@ -80,6 +80,18 @@ def test_evaluate_scores_each_direction(multi_run: Path, tmp_path: Path) -> None
         evaluate_directions(multi_run, beam=1, output_dir=tmp_path, tgt_lang="fr")
 
 
+def test_evaluate_on_files_warns_which_direction_it_scores(
+        multi_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    text = multi_run.parent / "tri"
+    files = {"src_file": text / "test.src", "ref_file": text / "test.xx", "output_dir": tmp_path}
+    (default,) = evaluate_directions(multi_run, beam=1, **files)
+    assert default["direction"] == "src-tgt"
+    assert "translates into tgt, src, xx: scoring into tgt, its default (--tgt-lang chooses)" in caplog.text
+    caplog.clear()
+    (into_xx,) = evaluate_directions(multi_run, beam=1, tgt_lang="xx", **files)
+    assert into_xx["direction"] == "src-xx" and "its default" not in caplog.text
+
+
 def test_serve_takes_the_target_language_per_request(multi_run: Path) -> None:
     from fastapi.testclient import TestClient
 
