@@ -1,4 +1,5 @@
-"""The page ``mtcli serve`` shows at ``/``: type or paste text, read its translation."""
+"""The page ``mtcli serve`` shows at ``/``: type or paste text, read its translation, or each
+line's alternatives (n-best hypotheses or samples) with their scores."""
 
 PAGE = """<!doctype html>
 <html lang="en">
@@ -23,7 +24,13 @@ PAGE = """<!doctype html>
 <textarea id="source" autofocus></textarea>
 <div class="row">
   <button id="translate" type="button">Translate</button>
+  <label>Search <select id="search">
+    <option value="beam">beam</option>
+    <option value="topk">sample (top-k)</option>
+    <option value="topp">sample (top-p)</option>
+  </select></label>
   <label>Beam <input id="beam" type="number" min="1" max="16" value="5" style="width:4rem"></label>
+  <label>Alternatives <input id="nbest" type="number" min="1" max="16" value="1" style="width:4rem"></label>
   <label id="tgt-lang-label" hidden>Into <select id="tgt-lang"></select></label>
   <label>API key <input id="api-key" type="password" autocomplete="off"></label>
   <span id="status" role="status"></span>
@@ -39,12 +46,16 @@ async function translate() {
   $("status").className = ""; $("status").textContent = "translating...";
   $("translate").disabled = true;
   try {
-    const request = {text: lines, beam: Number($("beam").value)};
+    const request = {text: lines};
+    if ($("search").value === "beam") request.beam = Number($("beam").value);
+    else request.sampling = $("search").value;
     if (!$("tgt-lang-label").hidden) request.tgt_lang = $("tgt-lang").value;
+    const n = Number($("nbest").value);
+    if (n > 1) request.nbest = n;
     const answer = await fetch("/translate", {method: "POST", headers, body: JSON.stringify(request)});
     const body = await answer.json();
     if (!answer.ok) throw new Error(body.error || answer.statusText);
-    $("result").textContent = body.translations.join("\\n");
+    $("result").textContent = body.nbest ? alternatives(body.nbest) : body.translations.join("\\n");
     $("status").textContent = "done (" + body.model + ")";
   } catch (err) {
     $("status").className = "error"; $("status").textContent = err.message;
@@ -52,6 +63,13 @@ async function translate() {
     $("translate").disabled = false;
   }
 }
+// each line's hypotheses (or samples), numbered, with the score the search ranks them by
+function alternatives(nbest) {
+  return nbest.map((hyps) => hyps.map((h, i) => (i + 1) + ". " + h.text + "  (" + h.score.toFixed(2) + ")")
+    .join("\\n")).join("\\n\\n");
+}
+// beam size means nothing to a sampler
+$("search").addEventListener("change", () => { $("beam").disabled = $("search").value !== "beam"; });
 // a model of several target languages: offer them, its default first
 fetch("/health").then((r) => r.json()).then((health) => {
   const langs = health.target_languages || [];

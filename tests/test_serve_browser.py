@@ -6,6 +6,7 @@ screenshot of the page to look at."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -38,18 +39,37 @@ def chromium() -> webdriver.Chrome:
     return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=DRIVER))
 
 
-def type_and_translate(browser: webdriver.Chrome, sentences: list[str], beam: int) -> list[str]:
-    """Type ``sentences``, set the beam, click Translate; the lines of the answer."""
-    browser.find_element(By.ID, "source").send_keys("\n".join(sentences))
-    field = browser.find_element(By.ID, "beam")
-    field.clear()
-    field.send_keys(str(beam))
+def type_and_translate(browser: webdriver.Chrome, sentences: list[str], beam: int | None = None,
+                       search: str = "beam", nbest: int = 1) -> str:
+    """Type ``sentences`` (replacing what was typed), choose the search, the beam and how many
+    alternatives, click Translate; the answer as the page shows it."""
+    source = browser.find_element(By.ID, "source")
+    source.clear()
+    source.send_keys("\n".join(sentences))
+    Select(browser.find_element(By.ID, "search")).select_by_value(search)
+    for field_id, value in (("beam", beam), ("nbest", nbest)):
+        field = browser.find_element(By.ID, field_id)
+        if value is not None and field.is_enabled():
+            field.clear()
+            field.send_keys(str(value))
     browser.find_element(By.ID, "translate").click()
     WebDriverWait(browser, 60).until(
         lambda b: b.find_element(By.ID, "status").text.startswith(("done", "translation failed"))
         or "error" in b.find_element(By.ID, "status").get_attribute("class"))
     assert browser.find_element(By.ID, "status").text.startswith("done")
-    return browser.find_element(By.ID, "result").text.split("\n")
+    return browser.find_element(By.ID, "result").text
+
+
+def read_alternatives(shown: str) -> list[list[tuple[str, float]]]:
+    """The page's alternatives: one list per source line (blank lines between), each of
+    (text, score) from lines "1. text  (-1.23)"."""
+    out = []
+    for block in re.split(r"\n\s*\n", shown.strip()):
+        parsed = [re.fullmatch(r"(\d+)\. (.*?)\s+\((-?\d+\.\d\d)\)", line) for line in block.split("\n")]
+        assert all(parsed), block
+        assert [int(m.group(1)) for m in parsed] == list(range(1, len(parsed) + 1))
+        out.append([(m.group(2), float(m.group(3))) for m in parsed])
+    return out
 
 
 @NO_BROWSER
@@ -62,7 +82,17 @@ def test_the_page_translates_what_a_person_types(tiny_run_dir: Path, tmp_path: P
         browser.get(server.url)
         assert browser.title == "mtcli"
         assert not browser.find_element(By.ID, "tgt-lang-label").is_displayed()  # one target language
-        assert type_and_translate(browser, sentences, beam=3) == expected
+        assert type_and_translate(browser, sentences, beam=3).split("\n") == expected
+        # three alternatives from the beam: the n-best list Translator gives, scores to 2 places
+        shown = read_alternatives(type_and_translate(browser, sentences, beam=3, nbest=3))
+        best = Translator.from_run(tiny_run_dir, device="cpu").nbest(sentences, 3, beam=3)
+        assert [[text for text, _ in line] for line in shown] == [[h.text for h in line] for line in best]
+        assert all(abs(score - h.score) <= 0.0051 for line, hyps in zip(shown, best, strict=True)
+                   for (_, score), h in zip(line, hyps, strict=True))
+        # three samples a line; the beam size does not apply to sampling
+        samples = read_alternatives(type_and_translate(browser, sentences, search="topk", nbest=3))
+        assert [len(line) for line in samples] == [3, 3]
+        assert not browser.find_element(By.ID, "beam").is_enabled()
         shots = Path(os.environ.get("MTCLI_SCREENSHOT_DIR", tmp_path))
         shots.mkdir(parents=True, exist_ok=True)
         browser.save_screenshot(str(shots / "serve_page.png"))
@@ -84,7 +114,7 @@ def test_the_page_of_a_multilingual_model_offers_its_target_languages(tmp_path: 
         choice = Select(browser.find_element(By.ID, "tgt-lang"))
         assert [o.text for o in choice.options] == ["tgt", "src", "xx"]  # the model's default first
         choice.select_by_value("xx")
-        assert type_and_translate(browser, sentences, beam=3) == expected
+        assert type_and_translate(browser, sentences, beam=3).split("\n") == expected
     finally:
         browser.quit()
         assert server.stop() == 0
