@@ -49,7 +49,7 @@ def type_and_translate(browser: webdriver.Chrome, sentences: list[str], beam: in
     Select(browser.find_element(By.ID, "search")).select_by_value(search)
     for field_id, value in (("beam", beam), ("nbest", nbest)):
         field = browser.find_element(By.ID, field_id)
-        if value is not None and field.is_enabled():
+        if value is not None:
             field.clear()
             field.send_keys(str(value))
     browser.find_element(By.ID, "translate").click()
