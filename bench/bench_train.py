@@ -532,6 +532,9 @@ def main() -> None:
                              "(default: PyTorch's choice)")
     parser.add_argument("--peak-size", type=int, default=1024)
     parser.add_argument("--peak-reps", type=int, default=5)
+    parser.add_argument("--peak-from", type=Path, default=None, metavar="JSON",
+                        help="take the matmul peak from an earlier run's --output on this machine instead of "
+                             "measuring it again")
     parser.add_argument("--set", action="append",
                         help="config override: the model shape, or train.rdrop_alpha=A to time R-Drop's step")
     parser.add_argument("--smoke", action="store_true", help="tiny shape and 3 steps (seconds)")
@@ -575,7 +578,7 @@ def main() -> None:
         print(f"batches: {info['source']}: {info['batches']} x ~{info['mean_batch_sentences']:.0f} "
               f"sentences, ~{info['mean_batch_target_tokens']:.0f} target tokens, padding "
               f"{info['padding_timed_batches']:.3f} (epoch {info['padding_epoch']:.3f})", flush=True)
-        peak = run_worker(args, "peak", batches_path)
+        peak = earlier_peak(args.peak_from) if args.peak_from else run_worker(args, "peak", batches_path)
         rows = []
         failed = []
         for variant in args.variants:
@@ -608,6 +611,14 @@ def main() -> None:
               f"{vs_32:>10}{r['achieved_gflop_s']:>10.1f}{100 * r['share_of_matmul_peak']:>7.1f}%"
               f"{r['peak_rss_mb']:>9.0f}")
     save_results(args, info, peak, rows, failed)
+
+
+def earlier_peak(path: Path) -> dict[str, float]:
+    """The matmul peak an earlier run of this bench measured (its ``--output`` JSON)."""
+    try:
+        return json.loads(path.read_text())["matmul_peak"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise SystemExit(f"bench_train.py: --peak-from {path}: no matmul peak there ({exc})") from None
 
 
 def save_results(args: argparse.Namespace, info: dict[str, Any], peak: dict[str, float], rows: list[dict[str, Any]],

@@ -19,7 +19,8 @@
 # table beside it (both rewritten after each variant). Then the packed step with cuDNN's attention
 # (OUT_DIR/gpu_attention_cudnn_<date>.json), and where the step's GPU time goes: the top kernels by
 # their own GPU time, packed and compiled, and eager (OUT_DIR/gpu_profile_<date>.txt). Each run has a
-# time budget, so the script ends inside 8 minutes even if a compile hangs. (The compiled step on
+# time budget, so the script ends inside 8 minutes even if a compile hangs. Last, a test that the
+# replayed step draws fresh dropout masks. (The compiled step on
 # token batches, ours-bf16-compile, is left out: its dynamic shapes compiled for over 200 s.)
 #
 # Usage (from the repository root, on the GPU machine): bash bench/gpu_check.sh [OUT_DIR]
@@ -44,15 +45,18 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || 
     --max-tokens 25000 --pack-length 128 --steps 30 --warmup 12 \
     --output "$OUT/gpu_train_tables_25k_${DATE}.json" --gpu-json "$OUT/gpu_train_${DATE}.json"
 # the packed step with cuDNN's attention (Hopper's own kernels) in place of SDPA's memory-efficient one
-"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 60 --peak-size 1024 --peak-reps 1 \
+TABLES="$OUT/gpu_train_tables_25k_${DATE}.json"  # the later runs take the matmul peak it measured
+"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 60 --peak-from "$TABLES" \
     --sdpa-backends cudnn_attention \
     --variants ours-bf16-packed-graphs --max-tokens 25000 --pack-length 128 --steps 30 --warmup 12 \
     --output "$OUT/gpu_attention_cudnn_${DATE}.json" || true
 # the compiler's cache is warm from the first run; the packed step's kernels are the graphs' kernels
-"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 50 --peak-size 1024 --peak-reps 1 \
+"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 50 --peak-from "$TABLES" \
     --variants ours-bf16-packed-compile ours-bf16 --max-tokens 25000 --pack-length 128 --steps 8 --warmup 8 \
     --profile 40 --output "$OUT/gpu_profile_tables_${DATE}.json" > "$OUT/gpu_profile_${DATE}.txt"
 tail -n 5 "$OUT/gpu_profile_${DATE}.txt"
+# the replayed CUDA graph drops out anew at every step, as the eager step does (a test, skipped without CUDA)
+timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/data/test_packing.py -k cuda_graphs 2>&1 | tail -n 3 || true
 # the issue's check, from the rows just written
 "$PY" - "$OUT/gpu_train_${DATE}.json" <<'PY'
 import json, sys

@@ -164,3 +164,36 @@ def test_block_masks_keep_packed_pairs_apart_as_the_mask_tensors_do() -> None:
         got = model.forward_packed(*args)
     real = packed.tgt_segments > 0  # padding slots are never scored
     torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_replayed_cuda_graphs_draw_fresh_dropout_masks() -> None:
+    """The WMT14 recipe's step (packed, compiled, replayed as a CUDA graph) must drop out anew at
+    every replay, as the eager step does: a mask frozen into the graph would train a model that
+    fits its training data faster and generalises worse. The same batch through the replayed
+    step gives a different loss each time, the spread of eager's, and one loss without dropout."""
+    from mtcli.train.step import compile_forward_loss, forward_loss
+
+    src, tgt = random_pairs(64, seed=7, longest=20)
+    batch = collate_packed(src, tgt, pack_rows(src.lengths, tgt.lengths, np.arange(64), 64), n_rows=32, length=64)
+    tensors = [t.cuda() for t in (batch.src, batch.tgt_in, batch.tgt_out, *layout(batch))]
+    criterion = LabelSmoothedLoss(0.1)
+
+    def losses(step, model: Transformer, n: int = 6) -> list[float]:
+        out = []
+        for _ in range(n):
+            objective, loss, _ = step(model, criterion, model.output_targets, "bf16", *tensors)
+            objective.backward()  # as the trainer runs it: the backward is part of the graph
+            out.append(loss.item())
+        return out
+
+    model = tiny_model(dropout=0.3).cuda().train()
+    torch._dynamo.reset()
+    replayed = losses(compile_forward_loss(one_shape=True, graphs=True), model)
+    eager = losses(forward_loss, model)
+    assert len(set(replayed)) == len(replayed), replayed
+    assert np.std(replayed) > 0.3 * np.std(eager) > 0, (replayed, eager)
+    assert abs(np.mean(replayed) - np.mean(eager)) < 4 * np.std(eager) + 1e-3, (replayed, eager)
+    model.eval()  # no dropout: every replay gives the same loss
+    torch._dynamo.reset()
+    assert len(set(losses(compile_forward_loss(one_shape=True, graphs=True), model, 3))) == 1
