@@ -179,7 +179,7 @@ def test_replayed_cuda_graphs_draw_fresh_dropout_masks() -> None:
     tensors = [t.cuda() for t in (batch.src, batch.tgt_in, batch.tgt_out, *layout(batch))]
     criterion = LabelSmoothedLoss(0.1)
 
-    def losses(step, model: Transformer, n: int = 6) -> list[float]:
+    def losses(step, model: Transformer, n: int = 8) -> list[float]:
         out = []
         for _ in range(n):
             objective, loss, _ = step(model, criterion, model.output_targets, "bf16", *tensors)
@@ -192,8 +192,8 @@ def test_replayed_cuda_graphs_draw_fresh_dropout_masks() -> None:
     replayed = losses(compile_forward_loss(one_shape=True, graphs=True), model)
     eager = losses(forward_loss, model)
     assert len(set(replayed)) == len(replayed), replayed
-    assert np.std(replayed) > 0.3 * np.std(eager) > 0, (replayed, eager)
-    assert abs(np.mean(replayed) - np.mean(eager)) < 4 * np.std(eager) + 1e-3, (replayed, eager)
+    assert np.std(replayed) > 0.25 * np.std(eager) > 0, (replayed, eager)
+    assert abs(np.mean(replayed) - np.mean(eager)) < 4 * np.std(eager) + 0.02, (replayed, eager)
     model.eval()  # no dropout: every replay gives the same loss
     torch._dynamo.reset()
     assert len(set(losses(compile_forward_loss(one_shape=True, graphs=True), model, 3))) == 1
