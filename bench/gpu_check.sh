@@ -46,7 +46,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || 
     --output "$OUT/gpu_train_tables_25k_${DATE}.json" --gpu-json "$OUT/gpu_train_${DATE}.json"
 # the packed step with cuDNN's attention (Hopper's own kernels) in place of SDPA's memory-efficient one
 TABLES="$OUT/gpu_train_tables_25k_${DATE}.json"  # the later runs take the matmul peak it measured
-"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 60 --peak-from "$TABLES" \
+"$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 45 --peak-from "$TABLES" \
     --sdpa-backends cudnn_attention \
     --variants ours-bf16-packed-graphs --max-tokens 25000 --pack-length 128 --steps 30 --warmup 12 \
     --output "$OUT/gpu_attention_cudnn_${DATE}.json" || true
@@ -56,7 +56,7 @@ TABLES="$OUT/gpu_train_tables_25k_${DATE}.json"  # the later runs take the matmu
     --profile 40 --output "$OUT/gpu_profile_tables_${DATE}.json" > "$OUT/gpu_profile_${DATE}.txt"
 tail -n 5 "$OUT/gpu_profile_${DATE}.txt"
 # the replayed CUDA graph drops out anew at every step, as the eager step does (a test, skipped without CUDA)
-timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/data/test_packing.py -k cuda_graphs 2>&1 | tail -n 3 || true
+timeout 60 "$PY" -m pytest -q -p no:cacheprovider tests/data/test_packing.py -k cuda_graphs 2>&1 | tail -n 3 || true
 # the issue's check, from the rows just written
 "$PY" - "$OUT/gpu_train_${DATE}.json" <<'PY'
 import json, sys

@@ -171,7 +171,8 @@ def test_replayed_cuda_graphs_draw_fresh_dropout_masks() -> None:
     """The WMT14 recipe's step (packed, compiled, replayed as a CUDA graph) must drop out anew at
     every replay, as the eager step does: a mask frozen into the graph would train a model that
     fits its training data faster and generalises worse. The same batch through the replayed
-    step gives a different loss each time, the spread of eager's, and one loss without dropout."""
+    step gives a different loss each time, with the spread of eager's (numerical noise alone
+    would spread far less)."""
     from mtcli.train.step import compile_forward_loss, forward_loss
 
     src, tgt = random_pairs(64, seed=7, longest=20)
@@ -194,6 +195,3 @@ def test_replayed_cuda_graphs_draw_fresh_dropout_masks() -> None:
     assert len(set(replayed)) == len(replayed), replayed
     assert np.std(replayed) > 0.25 * np.std(eager) > 0, (replayed, eager)
     assert abs(np.mean(replayed) - np.mean(eager)) < 4 * np.std(eager) + 0.02, (replayed, eager)
-    model.eval()  # no dropout: every replay gives the same loss
-    torch._dynamo.reset()
-    assert len(set(losses(compile_forward_loss(one_shape=True, graphs=True), model, 3))) == 1
