@@ -31,6 +31,7 @@ PAGE = """<!doctype html>
   </select></label>
   <label>Beam <input id="beam" type="number" min="1" max="16" value="5" style="width:4rem"></label>
   <label>Alternatives <input id="nbest" type="number" min="1" max="16" value="1" style="width:4rem"></label>
+  <label>Seed <input id="seed" type="number" min="0" step="1" placeholder="random" style="width:6rem" disabled></label>
   <label id="tgt-lang-label" hidden>Into <select id="tgt-lang"></select></label>
   <label>API key <input id="api-key" type="password" autocomplete="off"></label>
   <span id="status" role="status"></span>
@@ -48,7 +49,10 @@ async function translate() {
   try {
     const request = {text: lines};
     if ($("search").value === "beam") request.beam = Number($("beam").value);
-    else request.sampling = $("search").value;
+    else {
+      request.sampling = $("search").value;
+      if ($("seed").value !== "") request.seed = Number($("seed").value);  // the same seed, the same samples
+    }
     if (!$("tgt-lang-label").hidden) request.tgt_lang = $("tgt-lang").value;
     const n = Number($("nbest").value);
     if (n > 1) request.nbest = n;
@@ -68,8 +72,11 @@ function alternatives(nbest) {
   return nbest.map((hyps) => hyps.map((h, i) => (i + 1) + ". " + h.text + "  (" + h.score.toFixed(2) + ")")
     .join("\\n")).join("\\n\\n");
 }
-// beam size means nothing to a sampler
-$("search").addEventListener("change", () => { $("beam").disabled = $("search").value !== "beam"; });
+// beam size means nothing to a sampler, and a seed nothing to beam search
+$("search").addEventListener("change", () => {
+  $("beam").disabled = $("search").value !== "beam";
+  $("seed").disabled = $("search").value === "beam";
+});
 // a model of several target languages: offer them, its default first
 fetch("/health").then((r) => r.json()).then((health) => {
   const langs = health.target_languages || [];

@@ -40,14 +40,14 @@ def chromium() -> webdriver.Chrome:
 
 
 def type_and_translate(browser: webdriver.Chrome, sentences: list[str], beam: int | None = None,
-                       search: str = "beam", nbest: int = 1) -> str:
-    """Type ``sentences`` (replacing what was typed), choose the search, the beam and how many
-    alternatives, click Translate; the answer as the page shows it."""
+                       search: str = "beam", nbest: int = 1, seed: int | None = None) -> str:
+    """Type ``sentences`` (replacing what was typed), choose the search, the beam, how many
+    alternatives and a sampling seed, click Translate; the answer as the page shows it."""
     source = browser.find_element(By.ID, "source")
     source.clear()
     source.send_keys("\n".join(sentences))
     Select(browser.find_element(By.ID, "search")).select_by_value(search)
-    for field_id, value in (("beam", beam), ("nbest", nbest)):
+    for field_id, value in (("beam", beam), ("nbest", nbest), ("seed", seed)):
         field = browser.find_element(By.ID, field_id)
         if value is not None:
             field.clear()
@@ -93,6 +93,14 @@ def test_the_page_translates_what_a_person_types(tiny_run_dir: Path, tmp_path: P
         samples = read_alternatives(type_and_translate(browser, sentences, search="topk", nbest=3))
         assert [len(line) for line in samples] == [3, 3]
         assert not browser.find_element(By.ID, "beam").is_enabled()
+        # a seed gives the samples Translator draws with it, click after click
+        seeded = type_and_translate(browser, sentences, search="topk", nbest=3, seed=7)
+        drawn = Translator.from_run(tiny_run_dir, device="cpu").nbest(sentences, 3, sampling="topk", seed=7)
+        assert [[text for text, _ in line] for line in read_alternatives(seeded)] == \
+            [[h.text.strip() for h in line] for line in drawn]  # the page's text ends where its score begins
+        assert type_and_translate(browser, sentences, search="topk", nbest=3) == seeded  # the seed stays typed
+        Select(browser.find_element(By.ID, "search")).select_by_value("beam")
+        assert not browser.find_element(By.ID, "seed").is_enabled()
         shots = Path(os.environ.get("MTCLI_SCREENSHOT_DIR", tmp_path))
         shots.mkdir(parents=True, exist_ok=True)
         browser.save_screenshot(str(shots / "serve_page.png"))
