@@ -38,14 +38,15 @@ COMMON=(--device cuda --synthetic --vocab 37000 --mean-length 28 --peak-size 819
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || true
 "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 
-# the variants in the order they matter, inside a budget that leaves the other runs their time
+# the variants in the order they matter, inside a budget that leaves the other runs their time;
+# the later runs take the matmul peak this one measured (--peak-from)
+TABLES="$OUT/gpu_train_tables_25k_${DATE}.json"
 "$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 320 \
     --variants ours-bf16-packed-graphs reference-bf16 reference-bf16-eager ours-bf16 ours-bf16-packed-graphs-sync \
     ours-bf16-packed-graphs-fp32norm ours-bf16-packed-compile ours-bf16-packed-flex-graphs \
     --max-tokens 25000 --pack-length 128 --steps 30 --warmup 12 \
-    --output "$OUT/gpu_train_tables_25k_${DATE}.json" --gpu-json "$OUT/gpu_train_${DATE}.json"
+    --output "$TABLES" --gpu-json "$OUT/gpu_train_${DATE}.json"
 # the packed step with cuDNN's attention (Hopper's own kernels) in place of SDPA's memory-efficient one
-TABLES="$OUT/gpu_train_tables_25k_${DATE}.json"  # the later runs take the matmul peak it measured
 "$PY" bench/bench_train.py "${COMMON[@]}" "${BASE[@]}" --time-budget 45 --peak-from "$TABLES" \
     --sdpa-backends cudnn_attention \
     --variants ours-bf16-packed-graphs --max-tokens 25000 --pack-length 128 --steps 30 --warmup 12 \

@@ -31,7 +31,7 @@ PAGE = """<!doctype html>
   </select></label>
   <label>Beam <input id="beam" type="number" min="1" max="16" value="5" style="width:4rem"></label>
   <label>Alternatives <input id="nbest" type="number" min="1" max="16" value="1" style="width:4rem"></label>
-  <label>Seed <input id="seed" type="number" min="0" step="1" placeholder="random" style="width:6rem" disabled></label>
+  <label>Seed <input id="seed" type="number" min="0" step="1" placeholder="random" style="width:6rem"></label>
   <label id="tgt-lang-label" hidden>Into <select id="tgt-lang"></select></label>
   <label>API key <input id="api-key" type="password" autocomplete="off"></label>
   <span id="status" role="status"></span>
@@ -72,11 +72,15 @@ function alternatives(nbest) {
   return nbest.map((hyps) => hyps.map((h, i) => (i + 1) + ". " + h.text + "  (" + h.score.toFixed(2) + ")")
     .join("\\n")).join("\\n\\n");
 }
-// beam size means nothing to a sampler, and a seed nothing to beam search
-$("search").addEventListener("change", () => {
-  $("beam").disabled = $("search").value !== "beam";
-  $("seed").disabled = $("search").value === "beam";
-});
+// beam size means nothing to a sampler, and a seed nothing to beam search (also as the page
+// loads: a browser may restore the last search chosen)
+function searchChosen() {
+  const beam = $("search").value === "beam";
+  $("beam").disabled = !beam;
+  $("seed").disabled = beam;
+}
+$("search").addEventListener("change", searchChosen);
+searchChosen();
 // a model of several target languages: offer them, its default first
 fetch("/health").then((r) => r.json()).then((health) => {
   const langs = health.target_languages || [];

@@ -75,7 +75,8 @@ def read_alternatives(shown: str) -> list[list[tuple[str, float]]]:
 @NO_BROWSER
 def test_the_page_translates_what_a_person_types(tiny_run_dir: Path, tmp_path: Path) -> None:
     sentences = ["eine katze spielt", "ein hund läuft im park"]
-    expected = Translator.from_run(tiny_run_dir, beam=2, device="cpu").translate(sentences, beam=3)
+    translator = Translator.from_run(tiny_run_dir, device="cpu")
+    expected = translator.translate(sentences, beam=3)
     server = Server(tiny_run_dir)
     browser = chromium()
     try:
@@ -85,7 +86,7 @@ def test_the_page_translates_what_a_person_types(tiny_run_dir: Path, tmp_path: P
         assert type_and_translate(browser, sentences, beam=3).split("\n") == expected
         # three alternatives from the beam: the n-best list Translator gives, scores to 2 places
         shown = read_alternatives(type_and_translate(browser, sentences, beam=3, nbest=3))
-        best = Translator.from_run(tiny_run_dir, device="cpu").nbest(sentences, 3, beam=3)
+        best = translator.nbest(sentences, 3, beam=3)
         assert [[text for text, _ in line] for line in shown] == [[h.text for h in line] for line in best]
         assert all(abs(score - h.score) <= 0.0051 for line, hyps in zip(shown, best, strict=True)
                    for (_, score), h in zip(line, hyps, strict=True))
@@ -95,7 +96,7 @@ def test_the_page_translates_what_a_person_types(tiny_run_dir: Path, tmp_path: P
         assert not browser.find_element(By.ID, "beam").is_enabled()
         # a seed gives the samples Translator draws with it, click after click
         seeded = type_and_translate(browser, sentences, search="topk", nbest=3, seed=7)
-        drawn = Translator.from_run(tiny_run_dir, device="cpu").nbest(sentences, 3, sampling="topk", seed=7)
+        drawn = translator.nbest(sentences, 3, sampling="topk", seed=7)
         assert [[text for text, _ in line] for line in read_alternatives(seeded)] == \
             [[h.text.strip() for h in line] for line in drawn]  # the page's text ends where its score begins
         assert type_and_translate(browser, sentences, search="topk", nbest=3) == seeded  # the seed stays typed
