@@ -4,11 +4,13 @@
 # 25,000 tokens an update) on the prepared Multi30k en-de cache, for STEPS steps: eager seed 1;
 # packed seed 1 (train.pack_length 128 with train.compile: one batch shape, CUDA graphs); eager
 # seed 2 (the seed noise to judge the others against). SPECS="mode:seed:processes ..." picks
-# other runs (modes: eager, packed, compile = compiled token batches, pack = packed uncompiled). On a machine with several
-# GPUs it then runs eager seed 1 under torchrun on all of them, each with the same 25,000 tokens
-# a step (so the update grows with the GPUs), for the target tokens/s per GPU against one GPU's.
-# Writes OUT_DIR/gpu_loss_curve_<date>.json with each run's logged training loss, its tokens/s
-# (all processes together) and its tokens/s per process.
+# other runs. Modes: eager; packed; compile (compiled token batches); pack (packed, uncompiled);
+# random (eager token batches that are random samples of the corpus, as packed batches are, not
+# slices of similar lengths: bench/random_batches.py). On a machine with several GPUs it then runs
+# eager seed 1 under torchrun on all of them, each with the same 25,000 tokens a step (so the
+# update grows with the GPUs), for the target tokens/s per GPU against one GPU's.
+# Writes OUT_DIR/gpu_loss_curve_<date>.json with each run's logged training loss, its validation
+# loss at the last step, its tokens/s (all processes together) and its tokens/s per process.
 #
 # Usage (from the repository root, on the GPU machine, with data/prepared/multi30k_en_de;
 # DEVICE=cpu and EXTRA="--set model.d_model=64 ..." try it small on a CPU, PROCS=2 with gloo):
@@ -33,10 +35,13 @@ for spec in sys.argv[2:]:
     mode, seed, procs, log = spec.split(":", 3)
     steps = [(int(m[1]), float(m[2]), float(m[3])) for m in
              re.finditer(r"step (\d+) \| epoch \d+ \| loss ([\d.]+) .*? tok/s (\d+)", open(log).read())]
+    valid = {int(m[1]): float(m[2]) for m in re.finditer(r"valid step (\d+) \| loss ([\d.]+)", open(log).read())}
     out["runs"].append({"mode": mode, "seed": int(seed), "processes": int(procs), "step": [s for s, _, _ in steps],
+                        "valid_loss": valid,
                         "loss": [l for _, l, _ in steps], "tokens_per_s": [t for _, _, t in steps],
                         "tokens_per_s_per_process": [t / int(procs) for _, _, t in steps]})
-    print(mode, seed, f"x{procs}", [(s, l) for s, l, _ in steps][-4:], "tok/s", [t for _, _, t in steps][-3:])
+    print(mode, seed, f"x{procs}", [(s, l) for s, l, _ in steps][-4:], "tok/s", [t for _, _, t in steps][-3:],
+          "valid", valid)
 open(sys.argv[1], "w").write(json.dumps(out, indent=1) + "\n")
 PY
 }
@@ -56,6 +61,7 @@ for spec in "${specs[@]}"; do
     [ "$mode" = compile ] && mode_set=(--set train.compile=true)
     [ "$mode" = packed ] && mode_set=(--set train.compile=true --set train.pack_length=128)
     [ "$mode" = pack ] && mode_set=(--set train.compile=false --set train.pack_length=128)
+    [ "$mode" = random ] && launch=("$PY" bench/random_batches.py)
     "${launch[@]}" train configs/multi30k_en_de.yaml "${SET[@]}" --set train.seed="$seed" "${mode_set[@]}" \
         --set train.run_dir="$dir"
     runs+=("$mode:$seed:$procs:$dir/train.log")
