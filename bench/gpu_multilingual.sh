@@ -25,8 +25,21 @@ RECIPE=configs/multi30k_multi.yaml
 GPU_DECODE=(--set decode.max_tokens=16384)
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
+# While the corpus is prepared: does the recipe's replayed step drop out anew at each replay (the
+# test needs a GPU)? If it does not, the seeds train uncompiled rather than with a frozen mask.
+timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/data/test_packing.py -k cuda_graphs > "$OUT/dropout_check.log" 2>&1 &
+check=$!
 # shellcheck disable=SC2086  # EXTRA is a list of arguments
 "$PY" -m mtcli prepare "$RECIPE" ${EXTRA:-} > "$OUT/prepare.log" 2>&1 || { tail -n 5 "$OUT/prepare.log"; exit 1; }
+wait "$check"
+if grep -q " passed" "$OUT/dropout_check.log"; then
+    echo "dropout under CUDA graphs: checked"
+elif grep -q " failed" "$OUT/dropout_check.log"; then
+    echo "dropout under CUDA graphs: FAILED its check ($OUT/dropout_check.log): the seeds train uncompiled"
+    EXTRA="${EXTRA:-} --set train.compile=false"
+else
+    echo "dropout under CUDA graphs: not checked (no GPU, or cut short: $OUT/dropout_check.log)"
+fi
 declare -A pids
 for seed in ${SEEDS//,/ }; do
     mkdir -p "$OUT/seed$seed"
