@@ -55,13 +55,14 @@ for spec in "${specs[@]}"; do
     IFS=: read -r mode seed procs <<< "$spec"
     dir=/tmp/curve_${mode}_${seed}_${procs}
     rm -rf "$dir"
-    launch=("$PY" -m mtcli)
-    [ "$procs" -gt 1 ] && launch=("$PY" -m torch.distributed.run --standalone --nproc_per_node="$procs" -m mtcli)
+    program=(-m mtcli)
+    [ "$mode" = random ] && program=(bench/random_batches.py)
+    launch=("$PY" "${program[@]}")
+    [ "$procs" -gt 1 ] && launch=("$PY" -m torch.distributed.run --standalone --nproc_per_node="$procs" "${program[@]}")
     mode_set=(--set train.compile=false)
     [ "$mode" = compile ] && mode_set=(--set train.compile=true)
     [ "$mode" = packed ] && mode_set=(--set train.compile=true --set train.pack_length=128)
     [ "$mode" = pack ] && mode_set=(--set train.compile=false --set train.pack_length=128)
-    [ "$mode" = random ] && launch=("$PY" bench/random_batches.py)
     "${launch[@]}" train configs/multi30k_en_de.yaml "${SET[@]}" --set train.seed="$seed" "${mode_set[@]}" \
         --set train.run_dir="$dir"
     runs+=("$mode:$seed:$procs:$dir/train.log")

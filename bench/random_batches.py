@@ -24,8 +24,9 @@ from mtcli.cli import app
 def random_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, indices: np.ndarray, max_tokens: int, *,
                    seed: int = 1, epoch: int = 0, shuffle: bool = True, pool_batches: int = 100) -> list[np.ndarray]:
     """The pairs ``indices`` in a random order seeded by ``(seed, epoch)`` (their own order with
-    ``shuffle=False``), cut into consecutive batches whose widths sum to ``max_tokens`` at most;
-    ``pool_batches`` is :func:`~mtcli.data.batching.make_batches`'s and unused here."""
+    ``shuffle=False``), cut into consecutive batches whose widths sum to ``max_tokens`` at most (a
+    pair wider than that alone in its batch); ``pool_batches`` is
+    :func:`~mtcli.data.batching.make_batches`'s and unused here."""
     del pool_batches
     indices = np.asarray(indices, dtype=np.int64)
     width = np.maximum(np.asarray(src_lengths)[indices], np.asarray(tgt_lengths)[indices]) + 1
