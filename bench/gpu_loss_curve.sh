@@ -33,9 +33,10 @@ import json, re, sys
 out = {"runs": []}
 for spec in sys.argv[2:]:
     mode, seed, procs, log = spec.split(":", 3)
+    text = open(log).read()
     steps = [(int(m[1]), float(m[2]), float(m[3])) for m in
-             re.finditer(r"step (\d+) \| epoch \d+ \| loss ([\d.]+) .*? tok/s (\d+)", open(log).read())]
-    valid = {int(m[1]): float(m[2]) for m in re.finditer(r"valid step (\d+) \| loss ([\d.]+)", open(log).read())}
+             re.finditer(r"step (\d+) \| epoch \d+ \| loss ([\d.]+) .*? tok/s (\d+)", text)]
+    valid = {int(m[1]): float(m[2]) for m in re.finditer(r"valid step (\d+) \| loss ([\d.]+)", text)}
     out["runs"].append({"mode": mode, "seed": int(seed), "processes": int(procs), "step": [s for s, _, _ in steps],
                         "valid_loss": valid,
                         "loss": [l for _, l, _ in steps], "tokens_per_s": [t for _, _, t in steps],

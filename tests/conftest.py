@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -41,6 +43,14 @@ def toy_dir(tmp_path: Path) -> Path:
 def toy_config_path() -> Path:
     """Path of configs/toy.yaml."""
     return TOY_CONFIG
+
+
+def bench_script(name: str) -> ModuleType:
+    """``bench/<name>.py`` imported as a module (the bench folder is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def shared_corpus(name: str) -> Path:

@@ -5,11 +5,10 @@ trains a few steps."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 from pathlib import Path
 
 import pytest
-from conftest import REPO, shared_corpus
+from conftest import REPO, bench_script, shared_corpus
 
 from mtcli.config import load_config
 from mtcli.data.prepare import prepare
@@ -19,17 +18,10 @@ pytest.importorskip("pyarrow", reason="the parquet form needs pyarrow")
 pytest.importorskip("datasets", reason="the save_to_disk form needs datasets")
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("make_wmt_corpus", REPO / "bench" / "make_wmt_corpus.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_every_form_prepares_the_same_cache_and_trains(tmp_path: Path) -> None:
     shared_corpus("multi30k")
     shared_corpus("wmt-news-en-de")
-    script = load_script()
+    script = bench_script("make_wmt_corpus")
     report = script.write_corpus(tmp_path / "corpus", 1500, list(script.FORMS), seed=3)
     assert report["pairs"] == 1500
     train_en = (tmp_path / "corpus" / "text" / "train.en").read_text(encoding="utf-8").split("\n")[:-1]

@@ -3,21 +3,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import bench_script
 
 from mtcli.data.batching import make_batches
 
 
 @pytest.fixture(scope="module")
 def random_batches():
-    spec = importlib.util.spec_from_file_location("random_batches", REPO / "bench" / "random_batches.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.random_batches
+    return bench_script("random_batches").random_batches
 
 
 @pytest.fixture(scope="module")

@@ -6,20 +6,16 @@ reproduce tests cover; here the runs' outputs are written by hand.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import bench_script
 
 
 @pytest.fixture(scope="module")
 def sweep():
-    spec = importlib.util.spec_from_file_location("tune_sweep", REPO / "bench" / "tune_sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("tune_sweep")
 
 
 def test_parse_variant(sweep) -> None:
