@@ -141,6 +141,20 @@ def combine(seeds: dict[str, dict[str, Any]], bilingual: dict[str, Any]) -> dict
     return {"directions": directions, "seeds": seeds}
 
 
+def _training_time(seeds: dict[str, dict[str, Any]]) -> str:
+    """The seeds' training minutes and tok/s, averaged over the seeds that ran on one machine: a
+    mean over two machines is no speed figure, so each machine gets its own, with its seeds."""
+    on: dict[str, list[str]] = {}
+    for key in sorted(seeds, key=int):
+        on.setdefault(seeds[key]["device"], []).append(key)
+    parts = []
+    for device, keys in on.items():
+        which = f"; seed{'s' if len(keys) > 1 else ''} {', '.join(keys)}" if len(on) > 1 else ""
+        parts.append(f"{statistics.fmean(seeds[k]['train_minutes'] for k in keys):.1f} min of training each on "
+                     f"{device} ({statistics.fmean(seeds[k]['train_tokens_per_s'] for k in keys):,.0f} tok/s{which})")
+    return "; ".join(parts)
+
+
 def render(results: dict[str, Any]) -> str:
     """The markdown table: one row per direction, the multilingual model beside the bilingual one."""
     lines = ["| direction | multilingual BLEU (lc, 13a) | ± sd | per seed | bilingual (same test set; seeds) "
@@ -157,9 +171,7 @@ def render(results: dict[str, Any]) -> str:
     seeds = results["seeds"]
     first = seeds[sorted(seeds, key=int)[0]]
     lines += ["", f"- {len(seeds)} seed(s); {first['params'] / 1e6:.1f}M parameters, {first['train_steps']:,} steps, "
-              f"{statistics.fmean(s['train_minutes'] for s in seeds.values()):.1f} min of training each on "
-              f"{first['device']} ({statistics.fmean(s['train_tokens_per_s'] for s in seeds.values()):,.0f} tok/s); "
-              f"commit {' / '.join(dict.fromkeys(s['commit'] for s in seeds.values()))}",
+              f"{_training_time(seeds)}; commit {' / '.join(dict.fromkeys(s['commit'] for s in seeds.values()))}",
               f"- lowercased BLEU `{next(iter(results['directions'].values()))['bleu_lc_signature']}`"]
     return "\n".join(lines) + "\n"
 

@@ -86,16 +86,38 @@ def _seed_cells(run: dict[str, Any]) -> tuple[str, str]:
     return spread, each
 
 
-def _table_row(label: str, scores: dict[str, Any], run: dict[str, Any]) -> str:
-    """One table row: ``scores`` (BLEU, chrF, decode speed) of one test split of ``run``."""
-    spread, each = _seed_cells(run) if scores is run else ("–", "–")
+def _seed_speeds(run: dict[str, Any], split: str | None) -> tuple[str, str, str, str] | None:
+    """The train min, train tok/s, decode sent/s and device cells of a row whose seeds ran on
+    different machines: each seed's own figures, seed order, since a mean over two machines is
+    no speed figure. None when every seed ran on one machine."""
+    keys = sorted(run.get("seeds") or {}, key=int)
+    seeds = [run["seeds"][key] for key in keys]
+    if len({r["device"] for r in seeds}) < 2:
+        return None
+    decode = [(r if split is None else r["more_tests"][split])["decode_sents_per_s"] for r in seeds]
+    on: dict[str, list[str]] = {}
+    for key in keys:
+        on.setdefault(run["seeds"][key]["device"], []).append(key)
+    return (" / ".join(f"{r['train_minutes']:.1f}" for r in seeds),
+            " / ".join(f"{r['train_tokens_per_s']:,.0f}" for r in seeds),
+            " / ".join(f"{d:.1f}" for d in decode),
+            " / ".join(f"{device} (seed{'s' if len(ran) > 1 else ''} {', '.join(ran)})"
+                       for device, ran in on.items()))
+
+
+def _table_row(label: str, scores: dict[str, Any], run: dict[str, Any], split: str | None = None) -> str:
+    """One table row: ``scores`` (BLEU, chrF, decode speed) of ``run``'s test split, or of its
+    extra test ``split``."""
+    spread, each = _seed_cells(run) if split is None else ("–", "–")
     steps = run.get("train_steps", "?")
     steps = f"{steps:,}" if isinstance(steps, int) else str(steps)
+    minutes, tokens, decode, device = _seed_speeds(run, split) or (
+        f"{run['train_minutes']:.1f}", f"{run['train_tokens_per_s']:,.0f}",
+        f"{scores['decode_sents_per_s']:.1f}", run["device"])
     return (
         f"| {label} | {scores['bleu_lc']:.2f} | {spread} | {each} | {scores['bleu']:.2f} "
-        f"| {scores['chrf']:.2f} | {run['params'] / 1e6:.1f}M | {steps} | {run['train_minutes']:.1f} "
-        f"| {run['train_tokens_per_s']:,.0f} | {scores['decode_sents_per_s']:.1f} | {run['device']} "
-        f"| {run['commit']} |"
+        f"| {scores['chrf']:.2f} | {run['params'] / 1e6:.1f}M | {steps} | {minutes} "
+        f"| {tokens} | {decode} | {device} | {run['commit']} |"
     )
 
 
@@ -103,7 +125,8 @@ def render_markdown(results: dict[str, dict[str, Any]]) -> str:
     """The results table (one row per direction and test split) and the sacreBLEU signatures.
 
     Scores of a row trained with several seeds are their means; ``± sd`` is the sample standard
-    deviation of the lowercased BLEU and "per seed" each seed's lowercased BLEU, seed order."""
+    deviation of the lowercased BLEU and "per seed" each seed's lowercased BLEU, seed order. Speeds
+    are means too, unless the seeds ran on different machines: then each seed's, seed order."""
     lines = [
         "| direction | BLEU (lc, 13a) | ± sd | per seed | BLEU | chrF | params | steps | train min "
         "| train tok/s | decode sent/s | device | commit |",
@@ -113,7 +136,7 @@ def render_markdown(results: dict[str, dict[str, Any]]) -> str:
         r = results[key]
         lines.append(_table_row(key, r, r))
         for split, scores in sorted((r.get("more_tests") or {}).items()):
-            lines.append(_table_row(f"{key} {split}", scores, r))
+            lines.append(_table_row(f"{key} {split}", scores, r, split))
     lines.append("")
     for key in sorted(results):
         r = results[key]

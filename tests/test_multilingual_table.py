@@ -8,7 +8,7 @@ from pathlib import Path
 
 from conftest import TOY_CONFIG, make_trilingual, multi_overrides
 
-from mtcli.multilingual import MARKS, main
+from mtcli.multilingual import MARKS, main, render
 
 
 def test_multilingual_table_on_toy(tmp_path: Path) -> None:
@@ -49,3 +49,18 @@ def test_multilingual_table_on_toy(tmp_path: Path) -> None:
     first = seed["directions"]["src-tgt"]["bleu_lc"]
     assert merged["directions"]["src-tgt"]["bleu_lc_per_seed"] == [first, first + 2.0]
     assert main(["--merge", str(apart), str(apart / "multilingual.json"), "--results", str(results)]) != 0
+
+
+def test_training_speed_is_given_per_machine() -> None:
+    """Seeds trained on two machines: each machine's mean speed, with its seeds, never one mean."""
+    def seed(device: str, minutes: float, tokens: float) -> dict:
+        return {"params": 9e6, "train_steps": 100, "train_minutes": minutes, "train_tokens_per_s": tokens,
+                "device": device, "commit": "abc1234"}
+    direction = {"bleu_lc": 30.0, "bleu_lc_std": None, "bleu_lc_per_seed": [30.0], "bilingual_bleu_lc": None,
+                 "bleu_lc_signature": "nrefs:1|case:lc"}
+    seeds = {"1": seed("GPU A", 10.0, 9000.0), "2": seed("GPU B", 20.0, 4000.0), "3": seed("GPU A", 12.0, 7000.0)}
+    text = render({"directions": {"en-de": direction}, "seeds": seeds})
+    assert ("11.0 min of training each on GPU A (8,000 tok/s; seeds 1, 3); "
+            "20.0 min of training each on GPU B (4,000 tok/s; seed 2)") in text
+    one = render({"directions": {"en-de": direction}, "seeds": {"1": seeds["1"], "3": seeds["3"]}})
+    assert "11.0 min of training each on GPU A (8,000 tok/s); commit abc1234" in one

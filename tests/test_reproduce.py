@@ -10,7 +10,7 @@ import torch
 from conftest import TOY_DIR
 
 from mtcli.checkpoint import load_checkpoint
-from mtcli.reproduce import render_markdown, search_length_penalty, write_results
+from mtcli.reproduce import combine_seeds, render_markdown, search_length_penalty, write_results
 from mtcli.results import MARK_END, MARK_START, device_name
 
 ROW = {
@@ -28,6 +28,27 @@ def test_render_has_a_row_per_direction_and_signatures() -> None:
     assert rows[0].startswith("| de-en | 40.50 | – | – | 41.00 | 60.25 | 9.5M | ? | 59.9 | 3,210 | 101.2")
     assert rows[1].startswith("| en-de | 40.50 | – | – | 38.12")
     assert ROW["bleu_signature"] in text and ROW["chrf_signature"] in text
+
+
+def seed_row(seed: int, device: str, tokens_per_s: float) -> dict:
+    """One seed's row as ``run_recipe`` returns it."""
+    return dict(ROW, seed=seed, device=device, train_tokens_per_s=tokens_per_s, train_steps=8000,
+                average_last=1, length_penalty=1.0, decode="beam 5, length penalty 1")
+
+
+def test_seeds_on_one_machine_show_their_mean_speed() -> None:
+    row = combine_seeds({s: seed_row(s, "CPU (x86_64, 2 cores)", 1000.0 * s) for s in (1, 2, 3)})
+    line = render_markdown({"en-de": row}).splitlines()[2]
+    assert "| 59.9 | 2,000 | 101.2 | CPU (x86_64, 2 cores) |" in line
+
+
+def test_seeds_on_different_machines_show_each_seeds_speed() -> None:
+    """A mean of two machines' speeds is no speed figure: the row gives each seed's, and names
+    which seeds ran where."""
+    rows = {1: seed_row(1, "CPU (A)", 1000.0), 2: seed_row(2, "CPU (B)", 2500.0), 3: seed_row(3, "CPU (B)", 2600.0)}
+    line = render_markdown({"en-de": combine_seeds(rows)}).splitlines()[2]
+    assert "| 59.9 / 59.9 / 59.9 | 1,000 / 2,500 / 2,600 | 101.2 / 101.2 / 101.2 " in line
+    assert "| CPU (A) (seed 1) / CPU (B) (seeds 2, 3) |" in line
 
 
 def test_write_results_updates_json_md_and_readme(tmp_path: Path) -> None:
