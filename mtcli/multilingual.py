@@ -37,6 +37,8 @@ from mtcli.results import (
     load_results,
     markers,
     named_commit,
+    seed_words,
+    seeds_by_device,
     source_tree,
     write_table,
 )
@@ -144,14 +146,12 @@ def combine(seeds: dict[str, dict[str, Any]], bilingual: dict[str, Any]) -> dict
 def _training_time(seeds: dict[str, dict[str, Any]]) -> str:
     """The seeds' training minutes and tok/s, averaged over the seeds that ran on one machine: a
     mean over two machines is no speed figure, so each machine gets its own, with its seeds."""
-    on: dict[str, list[str]] = {}
-    for key in sorted(seeds, key=int):
-        on.setdefault(seeds[key]["device"], []).append(key)
+    on = seeds_by_device(seeds)
     parts = []
     for device, keys in on.items():
-        which = f"; seed{'s' if len(keys) > 1 else ''} {', '.join(keys)}" if len(on) > 1 else ""
+        label = f"; {seed_words(keys)}" if len(on) > 1 else ""
         parts.append(f"{statistics.fmean(seeds[k]['train_minutes'] for k in keys):.1f} min of training each on "
-                     f"{device} ({statistics.fmean(seeds[k]['train_tokens_per_s'] for k in keys):,.0f} tok/s{which})")
+                     f"{device} ({statistics.fmean(seeds[k]['train_tokens_per_s'] for k in keys):,.0f} tok/s{label})")
     return "; ".join(parts)
 
 

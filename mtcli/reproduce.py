@@ -45,6 +45,8 @@ from mtcli.results import (
     git_commit,
     load_results,
     named_commit,
+    seed_words,
+    seeds_by_device,
     source_tree,
     write_table,
 )
@@ -90,19 +92,15 @@ def _seed_speeds(run: dict[str, Any], split: str | None) -> tuple[str, str, str,
     """The train min, train tok/s, decode sent/s and device cells of a row whose seeds ran on
     different machines: each seed's own figures, seed order, since a mean over two machines is
     no speed figure. None when every seed ran on one machine."""
-    keys = sorted(run.get("seeds") or {}, key=int)
-    seeds = [run["seeds"][key] for key in keys]
-    if len({r["device"] for r in seeds}) < 2:
+    on = seeds_by_device(run.get("seeds") or {})
+    if len(on) < 2:
         return None
+    seeds = [run["seeds"][key] for key in sorted(run["seeds"], key=int)]
     decode = [(r if split is None else r["more_tests"][split])["decode_sents_per_s"] for r in seeds]
-    on: dict[str, list[str]] = {}
-    for key in keys:
-        on.setdefault(run["seeds"][key]["device"], []).append(key)
     return (" / ".join(f"{r['train_minutes']:.1f}" for r in seeds),
             " / ".join(f"{r['train_tokens_per_s']:,.0f}" for r in seeds),
             " / ".join(f"{d:.1f}" for d in decode),
-            " / ".join(f"{device} (seed{'s' if len(ran) > 1 else ''} {', '.join(ran)})"
-                       for device, ran in on.items()))
+            " / ".join(f"{device} ({seed_words(keys)})" for device, keys in on.items()))
 
 
 def _table_row(label: str, scores: dict[str, Any], run: dict[str, Any], split: str | None = None) -> str:

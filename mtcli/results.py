@@ -111,6 +111,20 @@ def device_name(device: str) -> str:
     return f"CPU ({cpu_name()}, {os.cpu_count()} cores{', bf16 units' if cpu_has_bf16_units() else ''})"
 
 
+def seeds_by_device(seeds: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """Each device that trained some of ``seeds`` (seed -> row with a ``device``) with its seeds,
+    in seed order. One key when every seed ran on one machine, whose speeds may be averaged."""
+    on: dict[str, list[str]] = {}
+    for key in sorted(seeds, key=int):
+        on.setdefault(seeds[key]["device"], []).append(key)
+    return on
+
+
+def seed_words(keys: list[str]) -> str:
+    """``"seed 2"``, ``"seeds 1, 3"``."""
+    return f"seed{'s' if len(keys) > 1 else ''} {', '.join(keys)}"
+
+
 def markers(table: str) -> tuple[str, str]:
     """The README comments that enclose ``table``'s block."""
     return (MARK_START, MARK_END) if table == "multi30k" else (f"<!-- {table}:start -->", f"<!-- {table}:end -->")
