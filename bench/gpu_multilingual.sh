@@ -29,8 +29,9 @@ mkdir -p "$OUT"
 # test needs a GPU)? If it does not, the seeds train uncompiled rather than with a frozen mask.
 timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/data/test_packing.py -k cuda_graphs > "$OUT/dropout_check.log" 2>&1 &
 check=$!
+# Preparing takes seconds; the limit keeps a stalled one from spending the lent GPU's time.
 # shellcheck disable=SC2086  # EXTRA is a list of arguments
-"$PY" -m mtcli prepare "$RECIPE" ${EXTRA:-} > "$OUT/prepare.log" 2>&1 || { tail -n 5 "$OUT/prepare.log"; exit 1; }
+timeout 180 "$PY" -m mtcli prepare "$RECIPE" ${EXTRA:-} > "$OUT/prepare.log" 2>&1 || { tail -n 5 "$OUT/prepare.log"; exit 1; }
 wait "$check"
 if grep -q " passed" "$OUT/dropout_check.log"; then
     echo "dropout under CUDA graphs: checked"

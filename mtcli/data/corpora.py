@@ -100,6 +100,18 @@ class Plan:
             langs.setdefault(split, [lang for (s, lang) in self.providers if s == split])
         return langs
 
+    def spm_texts(self) -> list[tuple[Corpus, str]]:
+        """The training texts the joint SentencePiece model learns from, as (corpus, language):
+        each corpus's two sides, but a text read by several corpora (one corpus in several
+        directions, say) only once, from the first. Counted once, every language weighs in the
+        vocabulary by its own text alone, whatever the number of directions that read it."""
+        texts: dict[tuple[Any, ...], tuple[Corpus, str]] = {}
+        for corpus in self.corpora:
+            for lang in corpus.langs:
+                key = (corpus.source.kind, corpus.source.location, corpus.config.hub_config, corpus.read_split, lang)
+                texts.setdefault(key, (corpus, lang))
+        return list(texts.values())
+
     def symbols(self) -> list[str]:
         """Every tag, as SentencePiece control symbols: the target tags, then the corpus tags."""
         tags = sorted(self.target_tags.values()) + [c.config.tag for c in self.corpora if c.config.tag]

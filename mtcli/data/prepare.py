@@ -373,10 +373,11 @@ def spm_sample(paths: list[Path], total: int, cap: int, seed: int) -> Iterator[b
 
 
 def _train_spm(tmp: Path, data: DataConfig, plan: Plan, workers: int, sentences: int) -> Path:
-    """Train the joint SentencePiece model on both sides of the cleaned training text in ``tmp``
-    (``sentences`` lines in all), or on :func:`spm_sample`'s sample of them, written to a file
-    beside them for SentencePiece to read (and removed)."""
-    train_txt = [text_path(tmp, c.train_name, lang) for c in plan.corpora for lang in c.langs]
+    """Train the joint SentencePiece model on the cleaned training texts in ``tmp``, each
+    distinct one once (:meth:`Plan.spm_texts`; ``sentences`` lines in all), or on
+    :func:`spm_sample`'s sample of them, written to a file beside them for SentencePiece to read
+    (and removed)."""
+    train_txt = [text_path(tmp, c.train_name, lang) for c, lang in plan.spm_texts()]
     cap = max(data.spm_max_sentences, MIN_SAMPLE) if data.spm_max_sentences > 0 else 0
     sample = tmp / ".spm_sample.txt"
     if 0 < cap < sentences:
@@ -488,7 +489,7 @@ def _spm_model(tmp: Path, data: DataConfig, plan: Plan, given: Path | None, work
     """The cache's SentencePiece model: ``data.spm_model``'s copy (which must hold every tag), or
     one trained on the cleaned training text of every corpus."""
     if given is None:
-        sentences = sum(2 * counts[c.train_name].kept for c in plan.corpora)
+        sentences = sum(counts[c.train_name].kept for c, _ in plan.spm_texts())
         return _train_spm(tmp, data, plan, workers, sentences)
     if given.name == VOCAB_NAME:
         for file in tokenizer_files(given):

@@ -13,6 +13,7 @@ from conftest import TOY_CONFIG, TOY_DIR, make_trilingual, multi_overrides
 from mtcli.config import config_from_dict, load_config, with_changes
 from mtcli.data.batching import BatchStream, CorpusMix
 from mtcli.data.cache import PreparedCorpus
+from mtcli.data.corpora import plan_corpora
 from mtcli.data.prepare import open_prepared, prepare
 from mtcli.data.sampling import subword_resegmenter
 from mtcli.data.tokenizer import Tokenizer
@@ -39,6 +40,16 @@ def test_each_corpus_is_cleaned_and_counted_on_its_own(multi: tuple[Path, Path])
     assert records[0]["counts"]["dropped"]["duplicate"] == records[1]["counts"]["dropped"]["duplicate"]
     assert corpus.split_langs["val"] == ["src", "tgt", "xx"]
     assert corpus.corpus_sizes() == [records[k]["counts"]["kept"] for k in range(4)]
+
+
+def test_the_vocabulary_learns_each_text_once(multi: tuple[Path, Path]) -> None:
+    """One corpus read in several directions gives the joint SentencePiece model its text once
+    (counted six times, Multi30k's English outweighed each other language threefold, and stalled
+    sentencepiece 0.2.2's unigram trainer for over ten minutes)."""
+    root, prepared = multi
+    plan = plan_corpora(load_config(TOY_CONFIG, multi_overrides(root, prepared)).data)
+    texts = [(corpus.train_name, lang) for corpus, lang in plan.spm_texts()]
+    assert texts == [("train.0", "src"), ("train.0", "tgt"), ("train.2", "xx"), ("train.3", "src"), ("train.3", "tgt")]
 
 
 def test_tags_are_atomic_symbols_before_the_sources_only(multi: tuple[Path, Path]) -> None:
