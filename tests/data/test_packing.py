@@ -186,6 +186,9 @@ def test_replayed_cuda_graphs_draw_fresh_dropout_masks() -> None:
             objective, loss, _ = step(model, criterion, model.output_targets, "bf16", *tensors)
             objective.backward()  # as the trainer runs it: the backward is part of the graph
             out.append(loss.item())
+            # as the trainer's update ends: the next replay overwrites these gradients, and a
+            # backward adding to them would read what it overwrote (PyTorch refuses it)
+            model.zero_grad(set_to_none=True)
         return out
 
     model = tiny_model(dropout=0.3).cuda().train()
