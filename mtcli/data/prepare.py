@@ -372,12 +372,13 @@ def spm_sample(paths: list[Path], total: int, cap: int, seed: int) -> Iterator[b
             first += len(ends)
 
 
-def _train_spm(tmp: Path, data: DataConfig, plan: Plan, workers: int, sentences: int) -> Path:
+def _train_spm(tmp: Path, data: DataConfig, plan: Plan, workers: int, counts: dict[str, CleanCounts]) -> Path:
     """Train the joint SentencePiece model on the cleaned training texts in ``tmp``, each
-    distinct one once (:meth:`Plan.spm_texts`; ``sentences`` lines in all), or on
-    :func:`spm_sample`'s sample of them, written to a file beside them for SentencePiece to read
-    (and removed)."""
-    train_txt = [text_path(tmp, c.train_name, lang) for c, lang in plan.spm_texts()]
+    distinct one once (:meth:`Plan.spm_texts`), or on :func:`spm_sample`'s sample of them,
+    written to a file beside them for SentencePiece to read (and removed)."""
+    texts = plan.spm_texts()
+    train_txt = [text_path(tmp, c.train_name, lang) for c, lang in texts]
+    sentences = sum(counts[c.train_name].kept for c, _ in texts)
     cap = max(data.spm_max_sentences, MIN_SAMPLE) if data.spm_max_sentences > 0 else 0
     sample = tmp / ".spm_sample.txt"
     if 0 < cap < sentences:
@@ -489,8 +490,7 @@ def _spm_model(tmp: Path, data: DataConfig, plan: Plan, given: Path | None, work
     """The cache's SentencePiece model: ``data.spm_model``'s copy (which must hold every tag), or
     one trained on the cleaned training text of every corpus."""
     if given is None:
-        sentences = sum(counts[c.train_name].kept for c, _ in plan.spm_texts())
-        return _train_spm(tmp, data, plan, workers, sentences)
+        return _train_spm(tmp, data, plan, workers, counts)
     if given.name == VOCAB_NAME:
         for file in tokenizer_files(given):
             shutil.copyfile(file, tmp / file.name)

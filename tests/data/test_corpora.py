@@ -44,8 +44,8 @@ def test_each_corpus_is_cleaned_and_counted_on_its_own(multi: tuple[Path, Path])
 
 def test_the_vocabulary_learns_each_text_once(multi: tuple[Path, Path]) -> None:
     """One corpus read in several directions gives the joint SentencePiece model its text once
-    (counted six times, Multi30k's English outweighed each other language threefold, and stalled
-    sentencepiece 0.2.2's unigram trainer for over ten minutes)."""
+    (counted six times, Multi30k's English would outweigh each other language threefold, and
+    sentencepiece 0.2.2's unigram trainer stalls on text that repeats)."""
     root, prepared = multi
     plan = plan_corpora(load_config(TOY_CONFIG, multi_overrides(root, prepared)).data)
     texts = [(corpus.train_name, lang) for corpus, lang in plan.spm_texts()]
