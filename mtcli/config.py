@@ -338,7 +338,8 @@ def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | N
             raise ConfigError(f"{where}: section '{section}' must be a mapping, got {body!r}")
         built[section] = _build_section(cls, body, where, section, lenient)
     config = Config(**built, path=where)
-    validate(config)
+    # a bad value may come from the file or from a --set: name both
+    validate(config, f"{where} with --set {' '.join(overrides)}" if overrides else where)
     return config
 
 
@@ -363,13 +364,15 @@ def with_changes(config: Config, section: str, **changes: Any) -> Config:
     if not coerced:
         return config
     changed = dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **coerced)})
-    validate(changed)
+    # the config was valid before, so what fails is the change: name it rather than the file
+    validate(changed, ", ".join(f"{section}.{key}={value!r}" for key, value in coerced.items()))
     return changed
 
 
-def validate(config: Config) -> None:
-    """Check value ranges and cross-field rules; raise :class:`ConfigError` naming the key."""
-    where = config.path
+def validate(config: Config, where: str | None = None) -> None:
+    """Check value ranges and cross-field rules; raise :class:`ConfigError` naming the key and
+    ``where`` its value came from (default: the config's file)."""
+    where = where or config.path
     m, t, d, dc = config.model, config.train, config.decode, config.data
     checks: list[tuple[bool, str]] = [
         (m.d_model > 0 and m.d_model % m.n_heads == 0, "model.d_model must be a positive multiple of model.n_heads"),
@@ -421,15 +424,15 @@ def validate(config: Config) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(f"{where}: {message}")
-    _validate_sources(config)
+    _validate_sources(config, where)
 
 
 _TAG = re.compile(r"[^\s]+")
 
 
-def _validate_sources(config: Config) -> None:
+def _validate_sources(config: Config, where: str) -> None:
     """The rules of ``data.source`` / ``data.sources``."""
-    where, dc = config.path, config.data
+    dc = config.data
     if bool(dc.source) == bool(dc.sources):
         raise ConfigError(f"{where}: give data.source (one corpus) or data.sources (several)"
                           + (", not both" if dc.source else ""))

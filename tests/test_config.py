@@ -10,7 +10,14 @@ from conftest import REPO
 from typer.testing import CliRunner
 
 from mtcli.cli import app
-from mtcli.config import Config, config_from_dict, load_config, parse_override, save_config
+from mtcli.config import (
+    Config,
+    config_from_dict,
+    load_config,
+    parse_override,
+    save_config,
+    with_changes,
+)
 from mtcli.errors import ConfigError
 
 MINIMAL = {"data": {"name": "x", "source": "somewhere", "src_lang": "de", "tgt_lang": "en"}}
@@ -120,6 +127,19 @@ def test_cross_field_validation(tmp_path: Path) -> None:
     assert "model.d_model" in cli_error(write(tmp_path, raw))
     with pytest.raises(ConfigError, match="src_lang"):
         config_from_dict(MINIMAL, overrides=["data.tgt_lang=de"])
+
+
+def test_a_bad_value_names_where_it_came_from(tmp_path: Path) -> None:
+    """A value out of range names the --set or the change that gave it, not only the file."""
+    path = write(tmp_path, MINIMAL)
+    line = cli_error(path, "--set", "train.warmup_steps=0")
+    assert f"{path} with --set train.warmup_steps=0: train.warmup_steps must be >= 1" in line
+    bad = write(tmp_path, {**MINIMAL, "train": {"warmup_steps": 0}}, "bad.yaml")
+    line = cli_error(bad)
+    assert f"{bad}: train.warmup_steps" in line and "--set" not in line
+    config = load_config(path)
+    with pytest.raises(ConfigError, match=r"^decode.beam_size=0: decode.beam_size must be >= 1"):
+        with_changes(config, "decode", beam_size=0)
 
 
 def test_save_then_load_round_trip(tmp_path: Path) -> None:
