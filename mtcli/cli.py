@@ -216,7 +216,7 @@ def translate(
                                                       "(with --sampling: N samples, in draw order).")] = None,
     sampling: Annotated[Optional[str], typer.Option(help="Draw translations instead of searching: topk or topp "  # noqa: UP045
                                                          "(decode.topk, decode.topp; back-translation).")] = None,
-    temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature (1: the model's own distribution).")] = None,  # noqa: UP045
+    temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature, with --sampling (1: the model's own distribution).")] = None,  # noqa: UP045
     seed: Annotated[Optional[int], typer.Option(help="Sampling seed: the same seed gives the same samples.")] = None,  # noqa: UP045
     max_tokens: Annotated[Optional[int], typer.Option(help="Token budget per batch.")] = None,  # noqa: UP045
     tgt_lang: TgtLangOption = None,

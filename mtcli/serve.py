@@ -230,11 +230,20 @@ def check_request(body: TranslateRequest, limits: Limits) -> None:
             raise RequestError(422, str(exc)) from None
 
 
-def check_lengths(body: TranslateRequest, translator: Translator) -> None:
-    """Raise :class:`RequestError` for a target language the model does not produce (422), or
-    a line that encodes to more pieces than the model reads (413): translating it would
-    silently drop its end."""
+def request_settings(body: TranslateRequest) -> dict[str, Any]:
+    """The decode settings ``body`` asks for, as :class:`Translator` takes them (None: the
+    server's own)."""
+    return {"beam": body.beam, "length_penalty": body.length_penalty, "sampling": body.sampling,
+            "temperature": body.temperature, "seed": body.seed, "tgt_lang": body.tgt_lang}
+
+
+def check_decoding(body: TranslateRequest, translator: Translator) -> None:
+    """Raise :class:`RequestError` for settings the translator refuses (a target language the
+    model does not produce, a temperature without sampling: 422), or a line that encodes to
+    more pieces than the model reads (413): translating it would silently drop its end. Run
+    before the request joins a batch, so that it fails alone."""
     try:
+        translator.settings(**request_settings(body))
         lengths = translator.source_pieces(body.text, tgt_lang=body.tgt_lang)
     except ConfigError as exc:
         raise RequestError(422, str(exc).replace("--tgt-lang", "tgt_lang")) from None
@@ -306,17 +315,14 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
         check_request(body, limits)
         request_id = uuid.uuid4().hex[:12]
         try:
-            await asyncio.to_thread(check_lengths, body, translator)
+            await asyncio.to_thread(check_decoding, body, translator)
         except (RequestError, DataError):
             raise
         except Exception as exc:
             get_logger().error("request %s: reading the input failed: %s: %s", request_id,
                                type(exc).__name__, one_line(exc))
             raise InternalError(request_id) from None
-        future = app.state.batcher.submit(body.text, request_id, beam=body.beam,
-                                          length_penalty=body.length_penalty, sampling=body.sampling,
-                                          temperature=body.temperature, seed=body.seed, tgt_lang=body.tgt_lang,
-                                          nbest=body.nbest)
+        future = app.state.batcher.submit(body.text, request_id, nbest=body.nbest, **request_settings(body))
         try:
             out = await asyncio.wrap_future(future)
         except DataError:  # the client's own text, found only when decoded alone

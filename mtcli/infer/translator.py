@@ -66,6 +66,20 @@ def _changes(settings: dict[str, Any]) -> dict[str, Any]:
     return {SETTINGS[k]: v for k, v in settings.items() if v is not None}
 
 
+#: The settings that shape sampling only: given for a search, they would change nothing.
+SAMPLING_ONLY = ("topk", "topp", "temperature")
+
+
+def _check_sampling_only(settings: dict[str, Any], decode: DecodeConfig) -> DecodeConfig:
+    """``decode``, or a :class:`ConfigError` when ``settings`` give a sampling setting while
+    ``decode`` searches (beam or greedy), which would silently ignore it."""
+    given = [key for key in SAMPLING_ONLY if settings.get(key) is not None]
+    if given and decode.sampling == "none":
+        raise ConfigError(f"{', '.join(given)}: for sampling only; add sampling topk or topp "
+                          "(beam search and greedy decoding would ignore it)")
+    return decode
+
+
 def _text(item: Any, where: str) -> str:
     """``item`` if it is a string of valid Unicode: a TypeError for another type, a
     :class:`DataError` naming ``where`` and the column of a lone surrogate."""
@@ -117,6 +131,7 @@ class Translator:
         bundle = load_for_inference(run_dir, checkpoint, average_last=average_last, average_best=average_best)
         bundle = add_members(bundle, ensemble)
         decode = with_changes(decode_config(bundle.config, list(overrides)), "decode", **_changes(settings)).decode
+        _check_sampling_only(settings, decode)
         source_prefix(bundle, decode)  # a target language the model does not produce: refused now
         where = decoding_device(decode) if device == "auto" else torch.device(device)
         fast = None
@@ -154,7 +169,8 @@ class Translator:
         changes = _changes(settings)
         if not changes:
             return self.decode
-        return with_changes(dataclasses.replace(self.bundle.config, decode=self.decode), "decode", **changes).decode
+        decode = with_changes(dataclasses.replace(self.bundle.config, decode=self.decode), "decode", **changes).decode
+        return _check_sampling_only(settings, decode)
 
     def _for(self, decode: DecodeConfig) -> tuple[InferenceModel, DecodeConfig]:
         """The model to decode with (:func:`~mtcli.infer.translate.model_for_decoding`: an int8

@@ -77,6 +77,10 @@ def test_translator_and_the_command_line_sample(tiny_run_dir: Path, tmp_path: Pa
     assert translator.translate(LINES, sampling="topk", topk=5, seed=7) == [n[0].text for n in samples]
     with pytest.raises(ConfigError, match="decode.sampling"):
         translator.translate(LINES, sampling="nucleus")
+    with pytest.raises(ConfigError, match="^temperature: for sampling only"):  # a search would ignore it
+        translator.translate(LINES, temperature=0.8)
+    with pytest.raises(ConfigError, match="^topk, temperature: for sampling only"):
+        Translator.from_run(tiny_run_dir, device="cpu", beam=2, topk=5, temperature=0.8)
     source = tmp_path / "in.txt"
     source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
     cmd = [sys.executable, "-m", "mtcli.cli", "translate", str(tiny_run_dir), str(source), "--sampling", "topp",
@@ -102,6 +106,8 @@ def test_the_server_samples_as_the_translator_does(tiny_run_dir: Path) -> None:
         assert answer.status_code == 200 and answer.json()["translations"] == expected
         assert client.post("/translate", json={"text": LINES, "sampling": "beam"}).status_code == 422
         assert client.post("/translate", json={"text": LINES, "temperature": 0}).status_code == 422
+        ignored = client.post("/translate", json={"text": LINES, "temperature": 1.5})  # no sampling asked for
+        assert ignored.status_code == 422 and "temperature" in ignored.json()["error"], ignored.text
         assert "nbest" not in answer.json()  # the answer's shape without nbest is unchanged
 
 
