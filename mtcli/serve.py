@@ -243,8 +243,7 @@ def check_decoding(body: TranslateRequest, translator: Translator) -> None:
     more pieces than the model reads (413): translating it would silently drop its end. Run
     before the request joins a batch, so that it fails alone."""
     try:
-        translator.settings(**request_settings(body))
-        lengths = translator.source_pieces(body.text, tgt_lang=body.tgt_lang)
+        lengths = translator.source_pieces(body.text, **request_settings(body))
     except ConfigError as exc:
         raise RequestError(422, str(exc).replace("--tgt-lang", "tgt_lang")) from None
     limit = translator.max_source_pieces

@@ -70,14 +70,13 @@ def _changes(settings: dict[str, Any]) -> dict[str, Any]:
 SAMPLING_ONLY = ("topk", "topp", "temperature")
 
 
-def _check_sampling_only(settings: dict[str, Any], decode: DecodeConfig) -> DecodeConfig:
-    """``decode``, or a :class:`ConfigError` when ``settings`` give a sampling setting while
-    ``decode`` searches (beam or greedy), which would silently ignore it."""
+def _check_sampling_only(settings: dict[str, Any], decode: DecodeConfig) -> None:
+    """Raise :class:`ConfigError` when ``settings`` give a sampling setting while ``decode``
+    searches (beam or greedy), which would silently ignore it."""
     given = [key for key in SAMPLING_ONLY if settings.get(key) is not None]
     if given and decode.sampling == "none":
         raise ConfigError(f"{', '.join(given)}: for sampling only; add sampling topk or topp "
                           "(beam search and greedy decoding would ignore it)")
-    return decode
 
 
 def _text(item: Any, where: str) -> str:
@@ -158,10 +157,11 @@ class Translator:
         """The longest source, in pieces, the model reads whole; a longer one is truncated."""
         return source_limit(self.bundle)
 
-    def source_pieces(self, texts: Sequence[str], tgt_lang: str | None = None) -> list[int]:
-        """How many pieces each text encodes to, with the tag asking for ``tgt_lang`` in a model
-        of several target languages (checked as :meth:`translate` checks its input)."""
-        prefix = len(source_prefix(self.bundle, self.settings(tgt_lang=tgt_lang)))
+    def source_pieces(self, texts: Sequence[str], **settings: Any) -> list[int]:
+        """How many pieces each text encodes to under ``settings`` (checked as :meth:`settings`
+        checks them), with the tag asking for ``tgt_lang`` in a model of several target
+        languages (texts checked as :meth:`translate` checks its input)."""
+        prefix = len(source_prefix(self.bundle, self.settings(**settings)))
         return [prefix + len(ids) for ids in self.bundle.tokenizer.encode_batch(_texts(texts))]
 
     def settings(self, **settings: Any) -> DecodeConfig:
@@ -170,7 +170,8 @@ class Translator:
         if not changes:
             return self.decode
         decode = with_changes(dataclasses.replace(self.bundle.config, decode=self.decode), "decode", **changes).decode
-        return _check_sampling_only(settings, decode)
+        _check_sampling_only(settings, decode)
+        return decode
 
     def _for(self, decode: DecodeConfig) -> tuple[InferenceModel, DecodeConfig]:
         """The model to decode with (:func:`~mtcli.infer.translate.model_for_decoding`: an int8
