@@ -85,5 +85,27 @@ def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return tensor.to(device, non_blocking=True)
 
 
-__all__ = ["autocast", "cpu_has_bf16_units", "cpu_info", "cpu_name", "device_has_bf16_units", "resolve_device",
-           "to_device"]
+def is_out_of_memory(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is an allocation failure: PyTorch's ``OutOfMemoryError`` on a GPU, or the
+    C allocator's refusal on a CPU (under a memory limit; without one the kernel kills the
+    process), also when wrapped (``torch.compile`` wraps what fails while it compiles)."""
+    for _ in range(8):  # a chain of wrappers, never a cycle
+        if exc is None:
+            return False
+        if isinstance(exc, torch.OutOfMemoryError) or (
+                isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)):
+            return True
+        exc = exc.__cause__ or getattr(exc, "inner_exception", None)
+    return False
+
+
+def memory_text(device: torch.device) -> str:
+    """``device`` with its memory, for a message: ``cuda:0 (79.1 GiB)``; a CPU's name alone."""
+    if device.type != "cuda":
+        return str(device)
+    total = torch.cuda.get_device_properties(device).total_memory
+    return f"{device} ({total / 2**30:.1f} GiB)"
+
+
+__all__ = ["autocast", "cpu_has_bf16_units", "cpu_info", "cpu_name", "device_has_bf16_units", "is_out_of_memory",
+           "memory_text", "resolve_device", "to_device"]

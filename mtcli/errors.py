@@ -35,6 +35,10 @@ class TrainingError(MtcliError):
     """Training cannot go on (for example, too many non-finite losses in a row)."""
 
 
+class DeviceMemoryError(MtcliError):
+    """The GPU (or the CPU) ran out of memory; the message names the setting that sizes the batch."""
+
+
 class TrainingInterrupted(MtcliError):
     """Training stopped on SIGINT/SIGTERM after saving ``checkpoint_last``."""
 

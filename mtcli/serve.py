@@ -24,7 +24,8 @@ characters, or a line longer than the model reads (413), a missing or wrong API 
 request is checked before it joins a batch, and if decoding a batch still fails, its requests
 are decoded again one by one: one client's input never fails another's. A genuine failure
 while decoding answers 500 with a request id, logged on one line beside its cause (no stack
-trace goes to the client), and the server keeps serving. With an
+trace goes to the client), and the server keeps serving; running out of the device's memory
+for a request decoded alone answers 503, with the request id (send fewer or shorter lines). With an
 API key (``--api-key`` or ``MTCLI_API_KEY``) ``/translate`` needs ``Authorization: Bearer KEY``,
 compared in constant time. The server binds 127.0.0.1 unless told otherwise. On SIGTERM
 (or Ctrl-C) uvicorn stops accepting connections, the requests in flight are answered, and the
@@ -53,7 +54,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
 from mtcli.data.textio import check_unicode
-from mtcli.errors import ConfigError, DataError, one_line
+from mtcli.errors import ConfigError, DataError, DeviceMemoryError, one_line
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger
 from mtcli.serve_page import PAGE
@@ -326,6 +327,9 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
             out = await asyncio.wrap_future(future)
         except DataError:  # the client's own text, found only when decoded alone
             raise
+        except DeviceMemoryError:  # even alone; the batcher logged it with the request id
+            raise RequestError(503, f"out of memory translating this request (request id {request_id}); "
+                                    "send fewer or shorter lines") from None
         except Exception:  # the batcher logged it with the request id
             raise InternalError(request_id) from None
         if body.nbest is None:

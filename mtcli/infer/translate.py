@@ -26,6 +26,7 @@ over this module is :class:`mtcli.infer.translator.Translator`.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,8 +38,8 @@ from mtcli.config import Config, DecodeConfig, config_from_dict
 from mtcli.data.batching import collate_sources, source_batches
 from mtcli.data.textio import ArrivingLines
 from mtcli.data.tokenizer import Tokenizer
-from mtcli.device import autocast, resolve_device
-from mtcli.errors import ConfigError
+from mtcli.device import autocast, is_out_of_memory, memory_text, resolve_device
+from mtcli.errors import ConfigError, DeviceMemoryError
 from mtcli.infer.ensemble import Ensemble, decoding_members
 from mtcli.infer.loading import InferenceModel, source_prefix
 from mtcli.infer.packed import pack_for_decoding
@@ -161,7 +162,7 @@ def translate_lines(
 
     def decode_batch(sources: list[list[int]]) -> list[list[Hypothesis]]:
         src = collate_sources(sources, device)
-        with torch.inference_mode(), autocast(device, decode.bf16):  # both are per thread
+        with torch.inference_mode(), autocast(device, decode.bf16), out_of_memory(sources, decode, device):
             return generate(
                 model, src, beam_size=decode.beam_size, length_penalty=decode.length_penalty,
                 max_len_a=decode.max_len_a, max_len_b=decode.max_len_b, nbest=decode.nbest,
@@ -194,6 +195,24 @@ def translate_lines(
             pool.shutdown(wait=True, cancel_futures=True)
             torch.set_num_threads(threads)
         bundle.model.train(was_training)
+
+
+@contextlib.contextmanager
+def out_of_memory(sources: list[list[int]], decode: DecodeConfig, device: torch.device) -> Iterator[None]:
+    """Turn running out of memory while decoding ``sources`` into a :class:`DeviceMemoryError`
+    that names the setting to lower: ``decode.max_tokens``, which sizes the batches, or the beam
+    when one sentence alone does not fit."""
+    try:
+        yield
+    except RuntimeError as exc:  # torch.OutOfMemoryError is one
+        if not is_out_of_memory(exc):
+            raise
+        where = (f"out of memory on {memory_text(device)} decoding {len(sources)} sentence(s) of up to "
+                 f"{max(map(len, sources))} pieces with beam {decode.beam_size}")
+        if len(sources) == 1:
+            raise DeviceMemoryError(f"{where}: lower the beam (decode.beam_size, --beam)") from None
+        raise DeviceMemoryError(f"{where}: lower decode.max_tokens (now {decode.max_tokens}, e.g. "
+                                f"--set decode.max_tokens={decode.max_tokens // 2})") from None
 
 
 def _ready(results: list[list[Translation] | None], start: int

@@ -27,7 +27,8 @@ from mtcli.config import Config, save_config
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.prepare import open_prepared
 from mtcli.data.vocabmap import tokenizer_files
-from mtcli.device import device_has_bf16_units, resolve_device
+from mtcli.device import device_has_bf16_units, is_out_of_memory, memory_text, resolve_device
+from mtcli.errors import DeviceMemoryError
 from mtcli.fileio import atomic_copy, atomic_write
 from mtcli.logs import add_file_log, get_logger, remove_log_handler
 from mtcli.plots import write_learning_curves
@@ -159,6 +160,29 @@ def _summary(trainer: Trainer, reason: str) -> TrainSummary:
     )
 
 
+def out_of_memory(config: Config, device: torch.device, trainer: Trainer, start: int) -> DeviceMemoryError:
+    """What to do when a training step ran out of memory, after ``trainer.step`` steps (``start``
+    of them before this process): smaller batches, and more of them a step to keep the update
+    size. ``train.max_tokens`` defines a run's data order, so once the run has a checkpoint it
+    changes only in a new run directory; a failure after steps that fitted is likelier the
+    allocator's fragmentation, which a resume (a fresh process) may not meet again."""
+    cfg = config.train
+    where = f"out of memory on {memory_text(device)} after step {trainer.step}"
+    smaller = (f"--set train.max_tokens={cfg.max_tokens // 2} --set train.update_freq={cfg.update_freq * 2} "
+               "keeps the update size")
+    if not any(checkpoint_dir(trainer.run_dir).glob("*.pt")):
+        return DeviceMemoryError(f"{where}: batches of train.max_tokens={cfg.max_tokens} do not fit; run "
+                                 f"again with smaller ones ({smaller})")
+    fixed = (f"train.max_tokens={cfg.max_tokens} cannot change in this run directory (it defines the data "
+             f"order): lower it in a new train.run_dir ({smaller})")
+    if trainer.step == start:
+        return DeviceMemoryError(f"{where}: this run's batches do not fit; resume on a device with more "
+                                 f"memory, or {fixed}")
+    allocator = " with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" if device.type == "cuda" else ""
+    return DeviceMemoryError(f"{where}: run the same command{allocator} to resume from the last checkpoint; "
+                             f"if it fails again, {fixed}")
+
+
 def train(config: Config) -> TrainSummary:
     """Train (or resume) the run of ``config``; see the module docstring."""
     log = get_logger()
@@ -208,8 +232,14 @@ def train(config: Config) -> TrainSummary:
                 trainer.model, device_ids=[device.index] if device.type == "cuda" else None
             )
             stack.callback(setattr, trainer, "ddp", None)  # the reducer goes before the group
+        start = trainer.step
         with trainer.signals:
-            reason = trainer.run()
+            try:
+                reason = trainer.run()
+            except RuntimeError as exc:  # torch.OutOfMemoryError is one
+                if not is_out_of_memory(exc):
+                    raise
+                raise out_of_memory(config, device, trainer, start) from exc
         log.info("stopped at step %d: %s", trainer.step, reason)
         if trainer.writer is not None:
             trainer.writer.flush()

@@ -1,0 +1,177 @@
+"""Running out of memory: one line that names the setting to lower, and the advice works.
+
+The allocator's failure is simulated (``torch.OutOfMemoryError`` raised where a GPU would raise
+it: inside the loss or the search), since the test machine has no GPU to fill; everything
+around it, from the trainer to the command line and the server, is the real code.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TOY_CONFIG, toy_train_overrides
+from typer.testing import CliRunner
+
+from mtcli.cli import app
+from mtcli.device import is_out_of_memory
+from mtcli.rundir import checkpoint_dir
+from mtcli.train.loss import LabelSmoothedLoss
+
+ALLOCATOR = "CUDA out of memory. Tried to allocate 2.00 GiB"
+
+
+def test_is_out_of_memory_knows_the_allocators_failures_also_wrapped() -> None:
+    with pytest.raises(RuntimeError) as cpu:
+        torch.empty(2**62, dtype=torch.uint8)  # more than any address space: the C allocator refuses
+    assert is_out_of_memory(cpu.value)
+    assert is_out_of_memory(torch.OutOfMemoryError(ALLOCATOR))
+    wrapped = RuntimeError("backend='inductor' raised")  # as torch.compile reports a failure inside it
+    wrapped.inner_exception = torch.OutOfMemoryError(ALLOCATOR)  # type: ignore[attr-defined]
+    assert is_out_of_memory(wrapped)
+    try:
+        raise RuntimeError("the step failed") from torch.OutOfMemoryError(ALLOCATOR)
+    except RuntimeError as exc:
+        assert is_out_of_memory(exc)
+    assert not is_out_of_memory(RuntimeError("shape mismatch"))
+    try:  # an allocation failure already handled is not the cause of the next error
+        try:
+            raise torch.OutOfMemoryError(ALLOCATOR)
+        except torch.OutOfMemoryError:
+            raise RuntimeError("something else") from None
+    except RuntimeError as exc:
+        assert not is_out_of_memory(exc)
+
+
+def fail_training_forward(monkeypatch: pytest.MonkeyPatch, call: int) -> None:
+    """The ``call``-th training forward of the loss (counted from 1) runs out of memory."""
+    real = LabelSmoothedLoss.forward
+    calls = {"n": 0}
+
+    def forward(self, logits, target):  # noqa: ANN001, ANN202
+        if torch.is_grad_enabled():  # not the validation loss
+            calls["n"] += 1
+            if calls["n"] == call:
+                raise torch.OutOfMemoryError(ALLOCATOR)
+        return real(self, logits, target)
+
+    monkeypatch.setattr(LabelSmoothedLoss, "forward", forward)
+
+
+def train_argv(prepared: Path, run: Path, *extra: str) -> list[str]:
+    argv = ["train", str(TOY_CONFIG)]
+    for item in toy_train_overrides(prepared, run, "train.progress=false", *extra):
+        argv += ["--set", item]
+    return argv
+
+
+def error_line(result) -> str:  # noqa: ANN001
+    """The run's one error line (and that it is the only line on stderr naming an error)."""
+    assert "Traceback" not in result.stderr and ALLOCATOR not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mtcli: error: ")]
+    assert len(errors) == 1, result.stderr
+    return errors[0]
+
+
+def test_a_first_run_that_does_not_fit_says_how_to_halve_the_batches(
+        prepared_toy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = tmp_path / "run"
+    argv = train_argv(prepared_toy, run, "train.max_steps=3", "train.valid_every=100")
+    fail_training_forward(monkeypatch, call=2)
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 1
+    line = error_line(result)
+    assert line.startswith("mtcli: error: out of memory on cpu after step 1: batches of train.max_tokens=512 do "
+                           "not fit"), line
+    advice = "--set train.max_tokens=256 --set train.update_freq=2"
+    assert advice in line
+    monkeypatch.undo()
+    again = CliRunner().invoke(app, argv + advice.split())  # the advice, taken: nothing refuses it
+    assert again.exit_code == 0, again.stderr
+
+
+def test_running_out_after_a_checkpoint_says_resume_and_the_resume_finishes(
+        prepared_toy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = tmp_path / "run"
+    argv = train_argv(prepared_toy, run, "train.max_steps=4", "train.valid_every=2")
+    fail_training_forward(monkeypatch, call=3)
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 1
+    line = error_line(result)
+    assert "after step 2: run the same command to resume from the last checkpoint" in line, line
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in line  # a CUDA setting, not offered on a CPU
+    assert "train.max_tokens=512 cannot change in this run directory" in line
+    assert (checkpoint_dir(run) / "checkpoint_last.pt").is_file()
+    monkeypatch.undo()
+    again = CliRunner().invoke(app, argv)
+    assert again.exit_code == 0, again.stderr
+    assert "stopped at step 4" in (run / "train.log").read_text(encoding="utf-8")
+
+
+def test_a_resume_that_does_not_fit_at_once_says_the_batches_are_fixed(
+        prepared_toy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = tmp_path / "run"
+    assert CliRunner().invoke(app, train_argv(prepared_toy, run, "train.max_steps=2")).exit_code == 0
+    fail_training_forward(monkeypatch, call=1)
+    result = CliRunner().invoke(app, train_argv(prepared_toy, run, "train.max_steps=4"))
+    assert result.exit_code == 1
+    line = error_line(result)
+    assert "after step 2: this run's batches do not fit; resume on a device with more memory, or " \
+           "train.max_tokens=512 cannot change in this run directory" in line, line
+    assert "lower it in a new train.run_dir (--set train.max_tokens=256 --set train.update_freq=2" in line
+
+
+def fail_batches_over(monkeypatch: pytest.MonkeyPatch, sentences: int) -> None:
+    """The search runs out of memory on a batch of more than ``sentences`` sentences."""
+    import mtcli.infer.translate as translate
+
+    real = translate.generate
+
+    def generate(model, src, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        if src.shape[0] > sentences:
+            raise torch.OutOfMemoryError(ALLOCATOR)
+        return real(model, src, **kwargs)
+
+    monkeypatch.setattr(translate, "generate", generate)
+
+
+def test_translate_names_decode_max_tokens_and_writes_no_output(
+        tiny_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = tmp_path / "in.txt"
+    source.write_text("ein Hund\nzwei Hunde\ndrei Katzen\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    fail_batches_over(monkeypatch, sentences=1)
+    argv = ["translate", str(tiny_run_dir), str(source), "-o", str(out)]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 1
+    line = error_line(result)
+    assert line.startswith("mtcli: error: out of memory on cpu decoding 3 sentence(s) of up to "), line
+    assert line.endswith("with beam 2: lower decode.max_tokens (now 512, e.g. --set decode.max_tokens=256)"), line
+    assert not out.exists()
+    fits = CliRunner().invoke(app, argv + ["--set", "decode.max_tokens=8"])  # one sentence a batch
+    assert fits.exit_code == 0, fits.stderr
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 3
+    fail_batches_over(monkeypatch, sentences=0)
+    alone = CliRunner().invoke(app, argv + ["--set", "decode.max_tokens=8"])
+    assert re.search(r"decoding 1 sentence\(s\) of up to \d+ pieces with beam 2: lower the beam "
+                     r"\(decode.beam_size, --beam\)$", error_line(alone))
+
+
+def test_the_server_answers_503_for_a_request_that_does_not_fit_alone(
+        tiny_run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastapi.testclient import TestClient
+
+    from mtcli.infer.translator import Translator
+    from mtcli.serve import create_app
+
+    translator = Translator.from_run(tiny_run_dir, device="cpu")
+    fail_batches_over(monkeypatch, sentences=1)
+    with TestClient(create_app(translator)) as client:
+        big = client.post("/translate", json={"text": ["ein Hund", "zwei Hunde"]})
+        assert big.status_code == 503, big.text
+        assert big.json()["error"].startswith("out of memory translating this request (request id ")
+        assert big.json()["error"].endswith("send fewer or shorter lines")
+        small = client.post("/translate", json={"text": ["ein Hund"]})
+        assert small.status_code == 200 and len(small.json()["translations"]) == 1
