@@ -75,19 +75,24 @@ def error_line(result) -> str:  # noqa: ANN001
     return errors[0]
 
 
+def train_out_of_memory(monkeypatch: pytest.MonkeyPatch, argv: list[str], call: int) -> str:
+    """``mtcli train`` whose ``call``-th training forward runs out of memory: its error line."""
+    fail_training_forward(monkeypatch, call)
+    result = CliRunner().invoke(app, argv)
+    monkeypatch.undo()
+    assert result.exit_code == 1
+    return error_line(result)
+
+
 def test_a_first_run_that_does_not_fit_says_how_to_halve_the_batches(
         prepared_toy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = tmp_path / "run"
     argv = train_argv(prepared_toy, run, "train.max_steps=3", "train.valid_every=100")
-    fail_training_forward(monkeypatch, call=2)
-    result = CliRunner().invoke(app, argv)
-    assert result.exit_code == 1
-    line = error_line(result)
+    line = train_out_of_memory(monkeypatch, argv, call=2)
     assert line.startswith("mtcli: error: out of memory on cpu after step 1: batches of train.max_tokens=512 do "
                            "not fit"), line
     advice = "--set train.max_tokens=256 --set train.update_freq=2"
     assert advice in line
-    monkeypatch.undo()
     again = CliRunner().invoke(app, argv + advice.split())  # the advice, taken: nothing refuses it
     assert again.exit_code == 0, again.stderr
 
@@ -96,15 +101,11 @@ def test_running_out_after_a_checkpoint_says_resume_and_the_resume_finishes(
         prepared_toy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = tmp_path / "run"
     argv = train_argv(prepared_toy, run, "train.max_steps=4", "train.valid_every=2")
-    fail_training_forward(monkeypatch, call=3)
-    result = CliRunner().invoke(app, argv)
-    assert result.exit_code == 1
-    line = error_line(result)
+    line = train_out_of_memory(monkeypatch, argv, call=3)
     assert "after step 2: run the same command to resume from the last checkpoint" in line, line
     assert "PYTORCH_CUDA_ALLOC_CONF" not in line  # a CUDA setting, not offered on a CPU
     assert "train.max_tokens=512 cannot change in this run directory" in line
     assert (checkpoint_dir(run) / "checkpoint_last.pt").is_file()
-    monkeypatch.undo()
     again = CliRunner().invoke(app, argv)
     assert again.exit_code == 0, again.stderr
     assert "stopped at step 4" in (run / "train.log").read_text(encoding="utf-8")
@@ -114,10 +115,7 @@ def test_a_resume_that_does_not_fit_at_once_says_the_batches_are_fixed(
         prepared_toy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = tmp_path / "run"
     assert CliRunner().invoke(app, train_argv(prepared_toy, run, "train.max_steps=2")).exit_code == 0
-    fail_training_forward(monkeypatch, call=1)
-    result = CliRunner().invoke(app, train_argv(prepared_toy, run, "train.max_steps=4"))
-    assert result.exit_code == 1
-    line = error_line(result)
+    line = train_out_of_memory(monkeypatch, train_argv(prepared_toy, run, "train.max_steps=4"), call=1)
     assert "after step 2: this run's batches do not fit; resume on a device with more memory, or " \
            "train.max_tokens=512 cannot change in this run directory" in line, line
     assert "lower it in a new train.run_dir (--set train.max_tokens=256 --set train.update_freq=2" in line
