@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import platform
+import resource
+import sys
 
 import torch
 
@@ -99,6 +101,16 @@ def is_out_of_memory(exc: BaseException | None) -> bool:
     return False
 
 
+def peak_memory_mb(device: torch.device) -> float:
+    """The most memory this process has held for its work on ``device``, in MiB: PyTorch's
+    allocations on a GPU (since the last ``torch.cuda.reset_peak_memory_stats``), the process's
+    peak resident set on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (2**20 if sys.platform == "darwin" else 2**10)  # bytes on macOS, KiB on Linux
+
+
 def memory_text(device: torch.device) -> str:
     """``device`` with its memory, for a message: ``cuda:0 (79.1 GiB)``; a CPU's name alone."""
     if device.type != "cuda":
@@ -108,4 +120,4 @@ def memory_text(device: torch.device) -> str:
 
 
 __all__ = ["autocast", "cpu_has_bf16_units", "cpu_info", "cpu_name", "device_has_bf16_units", "is_out_of_memory",
-           "memory_text", "resolve_device", "to_device"]
+           "memory_text", "peak_memory_mb", "resolve_device", "to_device"]

@@ -9,8 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import resource
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +20,7 @@ import torch
 from mtcli.config import Config, DecodeConfig
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.textio import read_lines
+from mtcli.device import peak_memory_mb
 from mtcli.errors import ConfigError, DataError
 from mtcli.fileio import atomic_write
 from mtcli.infer.loading import InferenceModel, run_directions
@@ -60,14 +59,6 @@ def _split_files(run_dir: Path, config: Config, split: str, direction: tuple[str
         f"split '{split}': no text at {text_dir}/{split}.{src_lang}|{tgt_lang} nor in the "
         f"prepared cache {prepared} (known test splits: {', '.join(config.data.test_splits)})"
     )
-
-
-def _peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    # ru_maxrss is in KiB on Linux and bytes on macOS.
-    return round(rss / (2**20 if sys.platform == "darwin" else 2**10), 1)
 
 
 def _check_test_args(split: str | None, src_file: str | Path | None, ref_file: str | Path | None) -> None:
@@ -189,7 +180,7 @@ def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, direction
         "target_tokens": target_tokens,
         "target_tokens_per_second": round(target_tokens / seconds, 1) if seconds > 0 else 0.0,
         "device": str(device),
-        "peak_memory_mb": _peak_memory_mb(device),
+        "peak_memory_mb": round(peak_memory_mb(device), 1),
         "hypotheses": str(hyp_path),
         "report": str(report_path),
     }

@@ -27,7 +27,13 @@ from mtcli.config import Config, save_config
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.prepare import open_prepared
 from mtcli.data.vocabmap import tokenizer_files
-from mtcli.device import device_has_bf16_units, is_out_of_memory, memory_text, resolve_device
+from mtcli.device import (
+    device_has_bf16_units,
+    is_out_of_memory,
+    memory_text,
+    peak_memory_mb,
+    resolve_device,
+)
 from mtcli.errors import DeviceMemoryError
 from mtcli.fileio import atomic_copy, atomic_write
 from mtcli.logs import add_file_log, get_logger, remove_log_handler
@@ -57,6 +63,8 @@ class TrainSummary:
     skipped_pairs: int = 0
     resumed_from: str | None = None
     rank: int = 0
+    device: str = ""
+    peak_memory_mb: float = 0.0  # PyTorch's allocations on a GPU, the process's resident set on a CPU
 
     @property
     def is_main(self) -> bool:
@@ -73,7 +81,8 @@ class TrainSummary:
             f"{self.elapsed_seconds / 60:.1f} min of training",
             f"best valid BLEU: {bleu}   best valid loss: {loss}",
             f"parameters: {self.parameters:,}   skipped training pairs: {self.skipped_pairs}   "
-            f"train tokens/s: {self.tokens_per_second:,.0f}",
+            f"train tokens/s: {self.tokens_per_second:,.0f}   peak memory: {self.peak_memory_mb:,.0f} MiB "
+            f"on {self.device}",
         ]
         if self.resumed_from:
             lines.append(f"resumed from: {self.resumed_from}")
@@ -157,6 +166,8 @@ def _summary(trainer: Trainer, reason: str) -> TrainSummary:
         skipped_pairs=trainer.stream.skipped,
         resumed_from=trainer.resumed_from,
         rank=trainer.info.rank,
+        device=str(trainer.device),
+        peak_memory_mb=peak_memory_mb(trainer.device),
     )
 
 

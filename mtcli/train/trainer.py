@@ -57,7 +57,7 @@ from mtcli.data.cache import PreparedCorpus
 from mtcli.data.packing import PackedBatch
 from mtcli.data.sampling import subword_resegmenter
 from mtcli.data.tokenizer import PAD_ID
-from mtcli.device import to_device
+from mtcli.device import peak_memory_mb, to_device
 from mtcli.errors import CheckpointError, TrainingError, TrainingInterrupted, one_line
 from mtcli.fileio import sha256_file
 from mtcli.logs import get_logger, progress
@@ -560,14 +560,14 @@ class Trainer:
                     seconds = max(time.monotonic() - window_start, 1e-9)
                     tps = window_tokens / seconds
                     mean = self.log_window.take()
-                    mean.update(lr=stats["lr"], grad_norm=stats["grad_norm"])
+                    mean.update(lr=stats["lr"], grad_norm=stats["grad_norm"], peak_mem_mb=peak_memory_mb(self.device))
                     bar.set_postfix(loss=f"{mean['loss']:.3f}", lr=f"{mean['lr']:.2e}", tok_s=f"{tps:.0f}")
                     self.log.info(
                         "step %d | epoch %d | loss %.4f | nll %.4f | ppl %.2f | lr %.3e | gnorm %.3f "
-                        "| tok/s %.0f | pad %.3f", self.step, group.epoch, mean["loss"], mean["nll"],
-                        mean["ppl"], mean["lr"], mean["grad_norm"], tps, mean["padding"])
+                        "| tok/s %.0f | pad %.3f | peak mem %.0fM", self.step, group.epoch, mean["loss"], mean["nll"],
+                        mean["ppl"], mean["lr"], mean["grad_norm"], tps, mean["padding"], mean["peak_mem_mb"])
                     if self.writer is not None:
-                        for key in ("loss", "nll", "ppl", "lr", "grad_norm", "padding"):
+                        for key in ("loss", "nll", "ppl", "lr", "grad_norm", "padding", "peak_mem_mb"):
                             self.writer.add_scalar(f"train/{key}", mean[key], self.step)
                         self.writer.add_scalar("train/tokens_per_s", tps, self.step)
                     window_tokens = 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -73,6 +74,12 @@ def test_run_directory_layout_and_checkpoints(prepared: Path, tmp_path: Path) ->
         assert (ckpts / "checkpoint_best.pt").samefile(ckpts / f"checkpoint_{best_step}.pt")
     log = (run / "train.log").read_text(encoding="utf-8")
     assert "parameters" in log and "skipped" in log and "padding" in log
+    # the peak memory, beside tokens/s: on a CPU the process's resident set, which holds at
+    # least the model's weights and Adam's two moments
+    peaks = [float(m) for m in re.findall(r"\| step \d+ \|.*\| peak mem (\d+)M$", log, re.M)]
+    floor = summary.parameters * 4 * 3 / 2**20
+    assert len(peaks) == 6 and all(floor < p <= summary.peak_memory_mb for p in peaks), (peaks, floor)
+    assert f"peak memory: {summary.peak_memory_mb:,.0f} MiB on cpu" in summary.summary()
 
 
 def test_resume_is_exact(prepared: Path, tmp_path: Path) -> None:
