@@ -1,5 +1,6 @@
 # mtcli: set up, test, and reproduce the README's numbers.
 #   make setup       create .venv with a CPU build of torch and mtcli[dev,ctranslate2,serve,hf]
+#                    (EXTRAS=dev,ctranslate2,serve,hf,ja adds MeCab for the BLEU of Japanese; ko: Korean)
 #   make setup-browser   Debian's chromium + chromium-driver for the browser test of `mtcli serve`
 #                    (root; without them that one test skips)
 #   make test        the default test suite (what CI runs); PYTEST_ARGS='-m ""' adds the slow tests
@@ -29,6 +30,8 @@ TORCH_SPEC ?= torch==2.13.0
 # (multi30k: a local copy in ../shared/data, else downloaded once into data/raw/ or $$MTCLI_DATA)
 DATA ?=
 PYTEST_ARGS ?=
+# the package's extras make setup installs (pyproject.toml; ja and ko: MeCab for BLEU of Japanese, Korean)
+EXTRAS ?= dev,ctranslate2,serve,hf
 SEEDS ?= 1,2,3
 # Multi30k's directions beyond de<->en, each trained as a bilingual model by reproduce-<pair>
 PAIRS = en-fr fr-en en-cs cs-en
@@ -42,7 +45,7 @@ setup:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[dev,ctranslate2,serve,hf]"
+	$(BIN)/pip install --quiet -e ".[$(EXTRAS)]"
 
 setup-browser:
 	apt-get install -y -q chromium chromium-driver

@@ -193,6 +193,9 @@ def compare(
     test: Annotated[str, typer.Option(help="bs (paired bootstrap), ar (approximate randomization) or both.")] = "both",
     samples: Annotated[Optional[int], typer.Option(help="Resamples or swaps (default 1000 for bs, 10000 for ar).")] = None,  # noqa: UP045
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report (JSON) here.")] = None,  # noqa: UP045
+    tgt_lang: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--tgt-lang", help="The references' language: BLEU tokenises zh, ja and ko text as sacreBLEU does for "
+        "them (default: the language mtcli evaluate recorded beside the hypotheses; else 13a).")] = None,
 ) -> None:
     """Paired significance tests between systems (sacreBLEU): scores, 95% intervals, p-values."""
     from mtcli.compare import compare as run_compare
@@ -200,7 +203,7 @@ def compare(
 
     tests = ("bs", "ar") if test == "both" else (test,)
     report = run_compare(systems, ref, metrics=[m.strip() for m in metrics.split(",") if m.strip()],
-                         tests=tests, samples=samples, output=output)
+                         tests=tests, samples=samples, output=output, tgt_lang=tgt_lang)
     print(render(report))
 
 

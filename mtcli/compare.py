@@ -12,7 +12,9 @@ it on the same references (``--ref``, repeatable: several references per sentenc
   swapped sentence by sentence at random ``n`` times (10,000 by default); the p-value is the
   share of swaps whose score difference is at least the real one.
 
-Metrics: BLEU, chrF and TER (sacreBLEU's defaults; lower TER is better). The report holds every
+Metrics: BLEU, chrF and TER (sacreBLEU's defaults, BLEU's tokeniser chosen by the references'
+language as :func:`mtcli.metrics.scorer` does: ``tgt_lang``, else the language ``mtcli evaluate``
+recorded beside a system's hypotheses; lower TER is better). The report holds every
 score, mean, interval and p-value with each metric's sacreBLEU signature (which records the test
 and its number of samples), and is written atomically to ``report.json``.
 """
@@ -53,14 +55,28 @@ def _lines(path: Path, count: int | None, what: str) -> list[str]:
     return lines
 
 
+def recorded_language(files: Sequence[Path]) -> str | None:
+    """The target language ``mtcli evaluate`` recorded in the report beside the first of
+    ``files`` (``X.hyp`` -> ``X.report.json``) that has one, else None."""
+    for path in files:
+        try:
+            report = json.loads(path.with_suffix(".report.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(report, dict) and isinstance(report.get("tgt_lang"), str):
+            return report["tgt_lang"]
+    return None
+
+
 def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
             metrics: Sequence[str] = METRICS, tests: Sequence[str] = ("bs", "ar"),
             samples: int | None = None, names: Sequence[str] | None = None,
-            output: str | Path | None = None) -> dict[str, Any]:
+            output: str | Path | None = None, tgt_lang: str | None = None) -> dict[str, Any]:
     """Compare ``systems`` (the first is the baseline) on ``references`` with each of ``tests``
     (``bs``, ``ar``; see the module docstring), for each of ``metrics``. ``samples``: resamples
-    or swaps per test (default 1,000 and 10,000). Returns the report, also written to ``output``
-    (a ``report.json`` path) when given. Raises :class:`ConfigError` or :class:`DataError`."""
+    or swaps per test (default 1,000 and 10,000); ``tgt_lang``: the references' language (by
+    default the one recorded beside the hypotheses, if any). Returns the report, also written to
+    ``output`` (a ``report.json`` path) when given. Raises :class:`ConfigError` or :class:`DataError`."""
     from sacrebleu.significance import PairedTest
 
     if len(systems) < 2:
@@ -81,11 +97,13 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
     count = len(refs[0])
     refs = [refs[0]] + [_lines(Path(r), count, f"reference {references[0]}") for r in references[1:]]
     hyps = [_lines(f, count, f"reference {references[0]}") for f in files]
+    tgt_lang = tgt_lang or recorded_language(files)
     report: dict[str, Any] = {"baseline": names[0], "sentences": count, "references": [str(r) for r in references],
-                              "systems": {n: str(f) for n, f in zip(names, files, strict=True)}, "tests": {}}
+                              "systems": {n: str(f) for n, f in zip(names, files, strict=True)}, "tgt_lang": tgt_lang,
+                              "tests": {}}
     for test in tests:
         n = samples or DEFAULT_SAMPLES[test]
-        paired = PairedTest(list(zip(names, hyps, strict=True)), {m: scorer(m) for m in metrics}, refs,
+        paired = PairedTest(list(zip(names, hyps, strict=True)), {m: scorer(m, tgt_lang) for m in metrics}, refs,
                             test_type=test, n_samples=n)
         signatures, scores = paired()
         report["tests"][test] = {

@@ -26,7 +26,7 @@ from mtcli.fileio import atomic_write
 from mtcli.infer.loading import InferenceModel, run_directions
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, progress
-from mtcli.metrics import score
+from mtcli.metrics import score, scorer
 from mtcli.rundir import TEXT_DIR
 
 
@@ -155,12 +155,14 @@ def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, direction
                                                   test.ref_files[0] if test.ref_files else None, direction)
     ref_paths = [ref_path, *test.ref_files[1:]]
     sources, references, more_references = _read_test(src_path, ref_paths)
+    scorer("bleu", direction[1])  # a tokeniser's missing package is said before the decoding, not after
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
     hypotheses, target_tokens = _decode(translator, decode, sources, name, str(src_path))
     seconds = time.perf_counter() - start
-    scores = score(hypotheses, references, more_references=more_references, metrics=test.metrics)
+    scores = score(hypotheses, references, more_references=more_references, metrics=test.metrics,
+                   tgt_lang=direction[1])
     out_dir = Path(test.output_dir) if test.output_dir is not None else run_dir / "eval"
     hyp_path = out_dir / f"{name}.{test.ckpt}.hyp"
     report_path = out_dir / f"{name}.{test.ckpt}.report.json"
@@ -168,6 +170,7 @@ def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, direction
         **scores,
         "split": split,
         "direction": "-".join(direction),
+        "tgt_lang": direction[1],
         "source": str(src_path),
         "reference": str(ref_path),
         "references": [str(path) for path in ref_paths],

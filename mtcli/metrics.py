@@ -3,7 +3,11 @@
 All on detokenised text:
 
 * **BLEU** with sacreBLEU's defaults (13a tokenisation, cased, exponential smoothing):
-  ``BLEU = BP * exp(sum_n 1/4 * log p_n)`` with ``BP = min(1, exp(1 - r/c))``;
+  ``BLEU = BP * exp(sum_n 1/4 * log p_n)`` with ``BP = min(1, exp(1 - r/c))``. Where spaces do
+  not separate words, 13a would count a whole sentence as one word, so a Chinese, Japanese or
+  Korean target is tokenised as sacreBLEU's command line does for it (``zh``, ``ja-mecab``,
+  ``ko-mecab``; the last two need MeCab: ``pip install 'mtcli[ja]'`` or ``'mtcli[ko]'``), and
+  TER splits its characters (``asian_support``);
 * **chrF** (Popović, 2015): character n-gram F-score, ``beta = 2``;
 * **lowercased BLEU** (``-lc``, 13a): only for comparison with papers that report it;
 * **TER** (Snover et al., 2006), when asked for: edits per reference word, lower is better.
@@ -21,21 +25,47 @@ from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
-from mtcli.errors import DataError
+from mtcli.errors import DataError, MtcliError
 
 #: What ``evaluate --metrics`` may name (BLEU and lowercased BLEU are always scored).
 METRICS = ("bleu", "chrf", "ter")
 
 
-def scorer(name: str) -> BLEU | CHRF | TER:
-    """sacreBLEU's metric ``name`` (one of :data:`METRICS`) with its default settings."""
-    return {"bleu": BLEU, "chrf": CHRF, "ter": TER}[name]()
+#: BLEU's tokeniser for the target languages whose words spaces do not separate (13a for the rest)
+BLEU_TOKENIZERS = {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab"}
+_LANGUAGE_ALIASES = {"zho": "zh", "chi": "zh", "cmn": "zh", "yue": "zh", "jpn": "ja", "kor": "ko"}
+
+
+def language_code(lang: str | None) -> str:
+    """``lang`` as the two-letter code the tokenisers are chosen by: ``zh_TW``, ``zh-Hans``,
+    ``cmn`` -> ``zh``; ``jpn`` -> ``ja``; ``""`` for None."""
+    code = (lang or "").lower().replace("_", "-").split("-")[0]
+    return _LANGUAGE_ALIASES.get(code, code)
+
+
+def scorer(name: str, tgt_lang: str | None = None, *, lowercase: bool = False) -> BLEU | CHRF | TER:
+    """sacreBLEU's metric ``name`` (one of :data:`METRICS`) with its default settings, except
+    BLEU's tokeniser and TER's character splitting for a Chinese, Japanese or Korean
+    ``tgt_lang`` (see the module docstring). Raises :class:`MtcliError` when the tokeniser's
+    package is not installed."""
+    code = language_code(tgt_lang)
+    if name == "chrf":
+        return CHRF()
+    if name == "ter":
+        return TER(asian_support=code in BLEU_TOKENIZERS)
+    tokenize = BLEU_TOKENIZERS.get(code, "13a")
+    try:
+        return BLEU(tokenize=tokenize, lowercase=lowercase)
+    except RuntimeError:  # sacreBLEU's MeCab tokenisers import MeCab when made
+        raise MtcliError(f"BLEU of '{tgt_lang}' text tokenises it with MeCab ({tokenize}): "
+                         f"pip install 'mtcli[{code}]'") from None
 
 
 def score(hypotheses: list[str], references: list[str], *, more_references: Sequence[list[str]] = (),
-          metrics: Sequence[str] = ("bleu", "chrf")) -> dict[str, Any]:
+          metrics: Sequence[str] = ("bleu", "chrf"), tgt_lang: str | None = None) -> dict[str, Any]:
     """Corpus scores of ``hypotheses`` against ``references`` (and ``more_references``: further
-    reference streams, one line per hypothesis each).
+    reference streams, one line per hypothesis each), both in ``tgt_lang`` (which picks BLEU's
+    tokeniser, see :func:`scorer`).
 
     Always BLEU and lowercased BLEU (``bleu``, ``bleu_lc``, floats 0-100); chrF and TER when
     ``metrics`` names them (``chrf``, ``ter``; lower TER is better). Each with its signature as
@@ -51,8 +81,8 @@ def score(hypotheses: list[str], references: list[str], *, more_references: Sequ
         if len(hypotheses) != len(stream):
             raise DataError(f"{len(hypotheses)} hypotheses but {len(stream)} references: counts must match")
     hyps = list(hypotheses)
-    scorers = {"bleu": scorer("bleu"), "bleu_lc": BLEU(lowercase=True)}
-    scorers.update({name: scorer(name) for name in ("chrf", "ter") if name in metrics})
+    scorers = {"bleu": scorer("bleu", tgt_lang), "bleu_lc": scorer("bleu", tgt_lang, lowercase=True)}
+    scorers.update({name: scorer(name, tgt_lang) for name in ("chrf", "ter") if name in metrics})
     results = {name: scorer.corpus_score(hyps, refs) for name, scorer in scorers.items()}
     signatures = {name: str(scorer.get_signature()) for name, scorer in scorers.items()}
     b = results["bleu"]

@@ -95,3 +95,27 @@ def test_the_command_prints_a_table(systems: tuple[Path, Path, Path], tmp_path: 
     assert result.exit_code == 0, result.output
     assert "paired bootstrap resampling (100 samples)" in result.output and "p = " in result.output
     assert (tmp_path / "r.json").is_file()
+
+
+def test_chinese_references_are_tokenised_as_chinese(tmp_path: Path) -> None:
+    """The language given, or the one ``mtcli evaluate`` recorded beside a run's hypotheses,
+    picks BLEU's tokeniser: 13a would score these unspaced sentences 0 whatever they say."""
+    ref = tmp_path / "ref.zh"
+    ref.write_text("一只狗在雪地里奔跑。\n两个男人在踢足球。\n一个女孩在读书。\n", encoding="utf-8")
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    (run / "eval" / "test.best.hyp").write_text("一只狗在雪里跑。\n两个男人在踢球。\n一个女孩在看书。\n", encoding="utf-8")
+    other = tmp_path / "other.hyp"
+    other.write_text("一只狗在跑。\n两个人在踢球。\n女孩读书。\n", encoding="utf-8")
+
+    def bleu(report: dict) -> tuple[str, float]:
+        body = report["tests"]["bs"]
+        return body["signatures"]["bleu"], body["scores"]["bleu"][str(run)]["score"]
+
+    plain = compare([run, other], [ref], metrics=["bleu"], tests=["bs"], samples=10)
+    assert plain["tgt_lang"] is None and "tok:13a" in bleu(plain)[0] and bleu(plain)[1] == 0.0
+    given = compare([run, other], [ref], metrics=["bleu"], tests=["bs"], samples=10, tgt_lang="zh")
+    assert "tok:zh" in bleu(given)[0] and bleu(given)[1] > 20
+    (run / "eval" / "test.best.report.json").write_text(json.dumps({"direction": "en-zh", "tgt_lang": "zh"}))
+    recorded = compare([run, other], [ref], metrics=["bleu"], tests=["bs"], samples=10)
+    assert recorded["tgt_lang"] == "zh" and bleu(recorded) == bleu(given)

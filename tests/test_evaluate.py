@@ -43,6 +43,48 @@ def test_score_matches_sacrebleu_directly() -> None:
     assert score(hyps, refs)["bleu"] == pytest.approx(expected, abs=1e-3)
 
 
+ZH_REFS = ["一只狗在雪地里奔跑。", "两个男人在踢足球。"]
+ZH_HYPS = ["一只狗在雪里跑。", "两个男人在踢球。"]
+
+
+def test_a_chinese_target_is_scored_by_its_characters_as_sacrebleu_does() -> None:
+    """Without spaces, 13a makes each Chinese sentence one word: BLEU 0 for any sentence not
+    exactly right. With ``zh`` the score is sacreBLEU's own for ``-l xx-zh``."""
+    import sacrebleu
+
+    plain = score(ZH_HYPS, ZH_REFS)
+    assert plain["bleu"] == 0.0 and "tok:13a" in plain["bleu_signature"]
+    for lang in ("zh", "zh_TW", "zh-Hans", "cmn"):
+        chinese = score(ZH_HYPS, ZH_REFS, tgt_lang=lang, metrics=["bleu", "chrf", "ter"])
+        assert chinese["bleu"] == pytest.approx(sacrebleu.corpus_bleu(ZH_HYPS, [ZH_REFS], tokenize="zh").score, abs=1e-3)
+        assert chinese["bleu"] > 20 and "tok:zh" in chinese["bleu_signature"] and "tok:zh" in chinese["bleu_lc_signature"]
+        assert "asian:yes" in chinese["ter_signature"] and chinese["chrf"] == plain["chrf"]
+    assert "tok:13a" in score(ZH_HYPS, ZH_REFS, tgt_lang="de")["bleu_signature"]
+
+
+@pytest.mark.parametrize("lang", ["ja", "ko"])
+def test_japanese_and_korean_need_mecab_and_say_which_extra(lang: str, tmp_path: Path) -> None:
+    from conftest import toy_train_config
+
+    from mtcli.errors import MtcliError
+    from mtcli.train import train
+
+    module = {"ja": "MeCab", "ko": "mecab_ko"}[lang]
+    try:
+        __import__(module)
+    except ImportError:
+        with pytest.raises(MtcliError, match=rf"pip install 'mtcli\[{lang}\]'"):
+            score(["a"], ["a"], tgt_lang=lang)
+        config = toy_train_config(tmp_path / "prepared", tmp_path / "run", f"data.tgt_lang={lang}",
+                                  "train.valid_bleu=true")
+        with pytest.raises(MtcliError, match=rf"pip install 'mtcli\[{lang}\]'"):
+            train(config)  # before anything else: not at the first validation
+        assert not (tmp_path / "run").exists()
+        return
+    result = score(["犬が走る。"], ["犬が雪の中を走る。"], tgt_lang=lang)  # with the extra installed
+    assert f"tok:{lang}-mecab" in result["bleu_signature"]
+
+
 def test_score_count_mismatch() -> None:
     with pytest.raises(DataError, match="2 hypotheses but 1 references"):
         score(["a", "b"], ["a"])
@@ -82,6 +124,10 @@ def test_evaluate_split_writes_report(tiny_run_dir: Path, tmp_path: Path) -> Non
     on_disk = json.loads(Path(report["report"]).read_text(encoding="utf-8"))
     assert on_disk["bleu_signature"] == report["bleu_signature"]
     assert Path(report["report"]).parent == out
+    # compare finds the language beside the hypotheses (BLEU's tokeniser follows it)
+    from mtcli.compare import recorded_language
+
+    assert recorded_language([hyp]) == report["tgt_lang"] == "tgt"  # the toy recipe's data.tgt_lang
 
 
 def test_cli_evaluate_src_ref_pair(tiny_run_dir: Path, tmp_path: Path) -> None:

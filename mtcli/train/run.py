@@ -37,6 +37,7 @@ from mtcli.device import (
 from mtcli.errors import DeviceMemoryError
 from mtcli.fileio import atomic_copy, atomic_write
 from mtcli.logs import add_file_log, get_logger, remove_log_handler
+from mtcli.metrics import scorer
 from mtcli.plots import write_learning_curves
 from mtcli.rundir import CONFIG_NAME, MANIFEST_NAME, TEXT_DIR, checkpoint_dir, names
 from mtcli.runlock import RunLock
@@ -207,6 +208,8 @@ def train(config: Config) -> TrainSummary:
                     "recipe's shape (docs/performance.md); it pays on a GPU")
     if not info.is_main:  # one voice on the console: rank 0's
         log.setLevel(logging.WARNING)
+    if config.train.valid_bleu:
+        scorer("bleu", config.data.tgt_lang)  # a tokeniser's missing package is said now, not at the validation
     corpus = open_prepared(config)
     run_dir = config.run_path()
     init_distributed(info, device)

@@ -63,4 +63,4 @@ def validation_bleu(model: nn.Module, corpus: PreparedCorpus, config: Config,
     bundle = InferenceModel(model=model, tokenizer=tokenizer, config=config, name="training", target_tags=tags)
     greedy = dataclasses.replace(config.decode, beam_size=1, nbest=1, bf16=cfg.precision == "bf16")
     hyps = translate_texts(bundle, sources, greedy, device)
-    return float(score(hyps, refs)["bleu"])
+    return float(score(hyps, refs, tgt_lang=data.tgt_lang)["bleu"])
