@@ -125,11 +125,25 @@ def resolve_precision(config: Config, device: torch.device) -> tuple[Config, str
     return config, text
 
 
+def idle_gpus_hint(device: torch.device, processes: int, gpus: int, max_tokens: int) -> str | None:
+    """What to run when a plain ``mtcli train`` (one process, one GPU) starts on a machine with
+    more GPUs: torchrun, one process a GPU, each with a share of the batch so that an update
+    stays the same size. None otherwise."""
+    if device.type != "cuda" or processes > 1 or gpus < 2:
+        return None
+    return (f"{gpus} GPUs are visible and this process trains on one: torchrun --nproc-per-node {gpus} "
+            f"-m mtcli.cli train ... --set train.max_tokens={max_tokens // gpus} trains on all of them "
+            "with the same update size")
+
+
 def _log_start(trainer: Trainer, config: Config, device: torch.device, precision_text: str) -> None:
     """The run's first log lines: where, on what, and what the training stream reads."""
     log, stream, train = get_logger(), trainer.stream, config.train
     log.info("run dir %s | device %s | processes %d | precision %s | parameters %s", trainer.run_dir,
-             device, trainer.info.world_size, precision_text, f"{trainer.parameters:,}")
+             memory_text(device), trainer.info.world_size, precision_text, f"{trainer.parameters:,}")
+    idle = idle_gpus_hint(device, trainer.info.world_size, torch.cuda.device_count(), train.max_tokens)
+    if idle:
+        log.warning(idle)
     log.info("training pairs: %d kept, %d skipped (longer than %d/%d pieces) | epoch padding %.3f",
              len(stream.indices), stream.skipped, stream.max_source_length, stream.max_target_length,
              stream.padding_fraction())

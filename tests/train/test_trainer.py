@@ -535,3 +535,14 @@ def test_fp16_resumes_exactly_with_its_gradient_scaler(prepared: Path, tmp_path:
     assert 0 < states[0]["scaler"]["scale"] < 2.0**40  # below its start: overflowed steps were skipped
     assert logged_losses(split) == logged_losses(straight)
     assert_same_params(states[0]["model"], states[1]["model"])
+
+
+def test_a_plain_train_on_a_machine_of_several_gpus_says_how_to_use_them_all() -> None:
+    from mtcli.train.run import idle_gpus_hint
+
+    hint = idle_gpus_hint(torch.device("cuda:0"), processes=1, gpus=8, max_tokens=25000)
+    assert hint is not None and "torchrun --nproc-per-node 8 -m mtcli.cli train" in hint
+    assert "--set train.max_tokens=3125" in hint  # 8 x 3,125: the same 25k-token update
+    assert idle_gpus_hint(torch.device("cuda:0"), processes=8, gpus=8, max_tokens=3125) is None  # under torchrun
+    assert idle_gpus_hint(torch.device("cuda:0"), processes=1, gpus=1, max_tokens=25000) is None
+    assert idle_gpus_hint(torch.device("cpu"), processes=1, gpus=2, max_tokens=4096) is None
