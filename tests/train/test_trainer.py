@@ -78,7 +78,7 @@ def test_run_directory_layout_and_checkpoints(prepared: Path, tmp_path: Path) ->
     # least the model's weights and Adam's two moments
     peaks = [float(m) for m in re.findall(r"\| step \d+ \|.*\| peak mem (\d+)M$", log, re.M)]
     floor = summary.parameters * 4 * 3 / 2**20
-    assert len(peaks) == 6 and all(floor < p <= summary.peak_memory_mb for p in peaks), (peaks, floor)
+    assert len(peaks) == 6 and all(floor < p <= summary.peak_memory_mb + 0.5 for p in peaks), (peaks, floor)  # logged as %.0f
     assert f"peak memory: {summary.peak_memory_mb:,.0f} MiB on cpu" in summary.summary()
 
 
