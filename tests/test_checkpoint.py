@@ -549,6 +549,15 @@ def test_resume_config_refuses_shape_vocab_and_data_stream_changes(toy_dict: dic
     assert "max_steps" not in message
 
 
+def test_max_tokens_changes_only_where_the_checkpoint_counted_its_epochs_pairs(toy_dict: dict) -> None:
+    new = copy.deepcopy(toy_dict)
+    new["train"]["max_tokens"] //= 2
+    with pytest.raises(CheckpointError, match=r"train.max_tokens: 512 -> 256"):
+        check_resume_config(toy_dict, new)  # an older checkpoint: its position is a batch index alone
+    assert check_resume_config(toy_dict, new, rebatchable=True) == [
+        "train.max_tokens: 512 -> 256 (resume no longer exact)"]
+
+
 def test_resume_config_missing_saved_key_counts_as_default(toy_dict: dict) -> None:
     saved = copy.deepcopy(toy_dict)
     del saved["train"]["max_nonfinite"], saved["model"]["pre_norm"]

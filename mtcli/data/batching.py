@@ -333,6 +333,7 @@ class BatchStream:
         self.epoch = 0
         self.batch = 0
         self._cached: tuple[int, list[Any], tuple[SentenceArray, SentenceArray]] | None = None
+        self._counted: tuple[int, np.ndarray] | None = None
         if len(self.epoch_batches(0)) < self.world_size:
             raise DataError(
                 f"the training split makes {len(self.epoch_batches(0))} batches, fewer than the "
@@ -396,14 +397,33 @@ class BatchStream:
             return collate_packed(self.src, self.tgt, indices, self.pack_rows, self.pack_length)
         return collate(self.src, self.tgt, indices)
 
+    def _pairs_before(self) -> np.ndarray:
+        """Pairs in the current epoch's batches before each batch (``len(batches) + 1`` counts)."""
+        if self._counted is None or self._counted[0] != self.epoch:
+            batches = self.epoch_batches(self.epoch)
+            sizes = [sum(map(len, b)) if self.pack_length else len(b) for b in batches]
+            self._counted = (self.epoch, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]))
+        return self._counted[1]
+
     def state_dict(self) -> dict[str, Any]:
-        """Position of the next group: ``{"epoch": int, "batch": int}`` (plus the seed for checks)."""
-        return {"epoch": self.epoch, "batch": self.batch, "seed": self.seed}
+        """Position of the next group: ``{"epoch": int, "batch": int}`` (plus the seed for checks),
+        and the ``max_tokens`` the epoch was batched with and the ``pairs`` its batches before
+        the position hold, which let a resume under another ``max_tokens`` go on from the same
+        share of the epoch."""
+        pairs = int(self._pairs_before()[self.batch]) if self.batch else 0
+        return {"epoch": self.epoch, "batch": self.batch, "seed": self.seed, "max_tokens": self.max_tokens,
+                "pairs": pairs}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Jump to a saved position."""
+        """Jump to a saved position. Saved under another ``max_tokens``, the epoch goes on from its
+        first batch (a multiple of ``world_size``) at or past the pairs it had done: the same
+        share of it, though not the same pairs (a resume that changes ``max_tokens`` is inexact)."""
         self.epoch = int(state["epoch"])
         self.batch = int(state["batch"])
+        if self.batch and int(state.get("max_tokens", self.max_tokens)) != self.max_tokens:
+            pairs_before = self._pairs_before()
+            first = int(np.searchsorted(pairs_before, int(state["pairs"]), side="left"))
+            self.batch = -(-first // self.world_size) * self.world_size
         if self.batch >= len(self.epoch_batches(self.epoch)):
             self.epoch += 1
             self.batch = 0

@@ -82,10 +82,12 @@ UNSAFE_KEYS: frozenset[str] = frozenset(
         "data.dedup", "data.vocab_size", "data.spm_model_type", "data.character_coverage",
         "data.spm_max_sentences",
         # The saved data position indexes the batch stream these keys define.
-        "train.seed", "train.max_tokens", "train.pack_length", "train.max_source_length",
-        "train.max_target_length",
+        "train.seed", "train.pack_length", "train.max_source_length", "train.max_target_length",
     }
 )
+# Keys a checkpoint that saved its epoch's pair count (``data_state["pairs"]``) lets change: the
+# epoch is batched anew and goes on from the same share of its pairs (BatchStream.load_state_dict).
+REBATCH_KEYS: frozenset[str] = frozenset({"train.max_tokens"})
 # Keys that may change: training goes on correctly but is no longer an exact continuation.
 INEXACT_KEYS: frozenset[str] = frozenset(
     {
@@ -108,8 +110,11 @@ SAFE_KEYS: frozenset[str] = frozenset(
 )
 
 
-def _classify(key: str) -> str:
-    """'unsafe', 'inexact' or 'safe'; unknown keys: model/data unsafe, train inexact, decode safe."""
+def _classify(key: str, rebatchable: bool) -> str:
+    """'unsafe', 'inexact' or 'safe'; unknown keys: model/data unsafe, train inexact, decode safe;
+    :data:`REBATCH_KEYS` inexact when ``rebatchable``, else unsafe."""
+    if key in REBATCH_KEYS:
+        return "inexact" if rebatchable else "unsafe"
     if key in UNSAFE_KEYS:
         return "unsafe"
     if key in INEXACT_KEYS:
@@ -131,7 +136,7 @@ def _section_defaults(section: str) -> dict[str, Any]:
     return out
 
 
-def check_resume_config(saved: dict, new: dict, where: str = "resume") -> list[str]:
+def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatchable: bool = False) -> list[str]:
     """Compare the config a checkpoint was trained with to the one given for resuming.
 
     Both are ``Config.to_dict()`` dicts; a key missing from ``saved`` (an older mtcli) counts
@@ -139,14 +144,16 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume") -> list[s
 
     * refused (:data:`UNSAFE_KEYS`, any unknown ``model.*``/``data.*`` key): the model shape
       and everything that builds the vocabulary or the training data. Also ``train.seed``,
-      ``train.max_tokens`` and ``train.max_source_length``/``max_target_length``: the saved
+      ``train.pack_length`` and ``train.max_source_length``/``max_target_length``: the saved
       data position is an index into the batch stream these keys define, so resuming under
-      new values would silently repeat or skip data. To change them, start a new run directory. One :class:`CheckpointError` names every
-      such key as ``key: old -> new``.
+      new values would silently repeat or skip data. To change them, start a new run
+      directory. One :class:`CheckpointError` names every such key as ``key: old -> new``.
     * allowed but inexact (:data:`INEXACT_KEYS`, unknown ``train.*`` keys): dropout,
       ``update_freq`` and optimiser/schedule hyperparameters; training stays correct (the
       data position counts batches, not updates) but no longer matches an uninterrupted run.
-      Returned as ``"key: old -> new (resume no longer exact)"``.
+      Returned as ``"key: old -> new (resume no longer exact)"``. ``train.max_tokens`` too
+      when ``rebatchable`` (the checkpoint saved its epoch's pair count: the epoch goes on,
+      batched anew, from the same share of its pairs), else refused.
     * safe (:data:`SAFE_KEYS`, ``decode.*``): stopping rules, logging, devices, decoding.
       Returned as ``"key: old -> new"``.
 
@@ -165,7 +172,7 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume") -> list[s
             if _same(old_value, new_value):
                 continue
             text = f"{dotted}: {old_value!r} -> {new_value!r}"
-            kind = _classify(dotted)
+            kind = _classify(dotted, rebatchable)
             if kind == "unsafe":
                 refused.append(text)
             elif kind == "inexact":

@@ -189,24 +189,21 @@ def _summary(trainer: Trainer, reason: str) -> TrainSummary:
 def out_of_memory(config: Config, device: torch.device, trainer: Trainer, start: int) -> DeviceMemoryError:
     """What to do when a training step ran out of memory, after ``trainer.step`` steps (``start``
     of them before this process): smaller batches, and more of them a step to keep the update
-    size. ``train.max_tokens`` defines a run's data order, so once the run has a checkpoint it
-    changes only in a new run directory; a failure after steps that fitted is likelier the
-    allocator's fragmentation, which a resume (a fresh process) may not meet again."""
+    size; a resume may take them (the rest of the epoch is batched anew). A failure after steps
+    that fitted is likelier the allocator's fragmentation, which a fresh process may not meet."""
     cfg = config.train
     where = f"out of memory on {memory_text(device)} after step {trainer.step}"
-    smaller = (f"--set train.max_tokens={cfg.max_tokens // 2} --set train.update_freq={cfg.update_freq * 2} "
-               "keeps the update size")
+    smaller = (f"--set train.max_tokens={cfg.max_tokens // 2} --set train.update_freq={cfg.update_freq * 2}, "
+               "the same update size")
     if not any(checkpoint_dir(trainer.run_dir).glob("*.pt")):
         return DeviceMemoryError(f"{where}: batches of train.max_tokens={cfg.max_tokens} do not fit; run "
                                  f"again with smaller ones ({smaller})")
-    fixed = (f"train.max_tokens={cfg.max_tokens} cannot change in this run directory (it defines the data "
-             f"order): lower it in a new train.run_dir ({smaller})")
     if trainer.step == start:
-        return DeviceMemoryError(f"{where}: this run's batches do not fit; resume on a device with more "
-                                 f"memory, or {fixed}")
+        return DeviceMemoryError(f"{where}: batches of train.max_tokens={cfg.max_tokens} do not fit; resume "
+                                 f"with smaller ones ({smaller})")
     allocator = " with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" if device.type == "cuda" else ""
     return DeviceMemoryError(f"{where}: run the same command{allocator} to resume from the last checkpoint; "
-                             f"if it fails again, {fixed}")
+                             f"if it fails again, resume with smaller batches ({smaller})")
 
 
 def train(config: Config) -> TrainSummary:

@@ -134,6 +134,39 @@ def test_stream_skips_long_pairs_and_resumes_exactly() -> None:
         assert all(np.array_equal(x, y) for x, y in zip(r.batches, g.batches, strict=True))
 
 
+@pytest.mark.parametrize("pack_length", [0, 32])
+def test_a_resume_under_new_max_tokens_goes_on_from_the_same_share_of_the_epoch(pack_length: int) -> None:
+    """Saved with 240 tokens a batch, resumed with 120 (or 480): the position moves to the
+    first batch (on a rank boundary) that has done at least as many of the epoch's pairs, and
+    the epoch then ends as an uninterrupted epoch under the new budget would."""
+    src, tgt = random_corpus(600, max_len=30)
+    common = dict(max_source_length=30, max_target_length=30, seed=5, world_size=2, pack_length=pack_length)
+    saved = BatchStream(src, tgt, max_tokens=240, **common)
+    for _ in range(7):
+        saved.next_group()
+    state = saved.state_dict()
+    assert state["max_tokens"] == 240 and state["epoch"] == 0
+    done = sum(sum(map(len, b)) if pack_length else len(b) for b in saved.epoch_batches(0)[: state["batch"]])
+    assert state["pairs"] == done > 0
+    for max_tokens in (120, 480):
+        resumed = BatchStream(src, tgt, max_tokens=max_tokens, **common)
+        resumed.load_state_dict(state)
+        batches = resumed.epoch_batches(0)
+        counts = np.cumsum([0] + [sum(map(len, b)) if pack_length else len(b) for b in batches])
+        assert resumed.batch % 2 == 0 and counts[resumed.batch] >= done
+        assert resumed.batch < 2 or counts[resumed.batch - 2] < done  # the first such rank boundary
+        assert resumed.state_dict()["pairs"] == counts[resumed.batch]
+        start, rest = resumed.batch, []
+        while resumed.epoch == 0:
+            rest.extend(resumed.next_group().batches)
+        flat = (lambda b: np.concatenate(list(b))) if pack_length else (lambda b: b)  # noqa: E731
+        assert len(rest) == len(batches) - start > 0
+        assert all(np.array_equal(flat(x), flat(y)) for x, y in zip(rest, batches[start:], strict=True))
+    same = BatchStream(src, tgt, max_tokens=240, **common)
+    same.load_state_dict(state)
+    assert same.batch == state["batch"]  # the same budget: the saved batch index, exactly
+
+
 def test_stream_shards_batches_across_ranks() -> None:
     src, tgt = random_corpus(300)
     kwargs = dict(max_tokens=100, max_source_length=64, max_target_length=64, seed=2)
