@@ -9,7 +9,7 @@ All on detokenised text:
   ``ko-mecab``; the last two need MeCab: ``pip install 'mtcli[ja]'`` or ``'mtcli[ko]'``), and
   TER splits its characters (``asian_support``);
 * **chrF** (Popović, 2015): character n-gram F-score, ``beta = 2``;
-* **lowercased BLEU** (``-lc``, 13a): only for comparison with papers that report it;
+* **lowercased BLEU** (``-lc``, BLEU's tokeniser): only for comparison with papers that report it;
 * **TER** (Snover et al., 2006), when asked for: edits per reference word, lower is better.
 
 Several references per sentence are several reference streams, as sacreBLEU takes them.

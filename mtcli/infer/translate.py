@@ -162,7 +162,7 @@ def translate_lines(
 
     def decode_batch(sources: list[list[int]]) -> list[list[Hypothesis]]:
         src = collate_sources(sources, device)
-        with torch.inference_mode(), autocast(device, decode.bf16), out_of_memory(sources, decode, device):
+        with torch.inference_mode(), autocast(device, decode.bf16), memory_advice(sources, decode, device):
             return generate(
                 model, src, beam_size=decode.beam_size, length_penalty=decode.length_penalty,
                 max_len_a=decode.max_len_a, max_len_b=decode.max_len_b, nbest=decode.nbest,
@@ -198,7 +198,7 @@ def translate_lines(
 
 
 @contextlib.contextmanager
-def out_of_memory(sources: list[list[int]], decode: DecodeConfig, device: torch.device) -> Iterator[None]:
+def memory_advice(sources: list[list[int]], decode: DecodeConfig, device: torch.device) -> Iterator[None]:
     """Turn running out of memory while decoding ``sources`` into a :class:`DeviceMemoryError`
     that names the setting to lower: ``decode.max_tokens``, which sizes the batches, or the beam
     when one sentence alone does not fit."""

@@ -186,7 +186,7 @@ def _summary(trainer: Trainer, reason: str) -> TrainSummary:
     )
 
 
-def out_of_memory(config: Config, device: torch.device, trainer: Trainer, start: int) -> DeviceMemoryError:
+def out_of_memory_error(config: Config, device: torch.device, trainer: Trainer, start: int) -> DeviceMemoryError:
     """What to do when a training step ran out of memory, after ``trainer.step`` steps (``start``
     of them before this process): smaller batches, and more of them a step to keep the update
     size; a resume may take them (the rest of the epoch is batched anew). A failure after steps
@@ -264,7 +264,7 @@ def train(config: Config) -> TrainSummary:
             except RuntimeError as exc:  # torch.OutOfMemoryError is one
                 if not is_out_of_memory(exc):
                     raise
-                raise out_of_memory(config, device, trainer, start) from exc
+                raise out_of_memory_error(config, device, trainer, start) from exc
         log.info("stopped at step %d: %s", trainer.step, reason)
         if trainer.writer is not None:
             trainer.writer.flush()
