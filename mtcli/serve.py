@@ -24,8 +24,9 @@ characters, or a line longer than the model reads (413), a missing or wrong API 
 request is checked before it joins a batch, and if decoding a batch still fails, its requests
 are decoded again one by one: one client's input never fails another's. A genuine failure
 while decoding answers 500 with a request id, logged on one line beside its cause (no stack
-trace goes to the client), and the server keeps serving; running out of the device's memory
-for a request decoded alone answers 503, with the request id (send fewer or shorter lines). With an
+trace goes to the client), and the server keeps serving; a line that does not fit in the
+device's memory even alone (a batch that does not fit is decoded in halves) answers 503, with
+the request id. With an
 API key (``--api-key`` or ``MTCLI_API_KEY``) ``/translate`` needs ``Authorization: Bearer KEY``,
 compared in constant time. The server binds 127.0.0.1 unless told otherwise. On SIGTERM
 (or Ctrl-C) uvicorn stops accepting connections, the requests in flight are answered, and the

@@ -142,29 +142,32 @@ def fail_batches_over(monkeypatch: pytest.MonkeyPatch, sentences: int) -> None:
     monkeypatch.setattr(translate, "generate", generate)
 
 
-def test_translate_names_decode_max_tokens_and_writes_no_output(
-        tiny_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_translate_decodes_a_batch_that_does_not_fit_in_halves(
+        tiny_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A long job goes on: the batch is decoded again in halves, to the same output, and a
+    warning names decode.max_tokens. One sentence that does not fit alone stops it, naming the
+    beam, with no output file written."""
     source = tmp_path / "in.txt"
     source.write_text("ein Hund\nzwei Hunde\ndrei Katzen\n", encoding="utf-8")
-    out = tmp_path / "out.txt"
+    argv = ["translate", str(tiny_run_dir), str(source), "-o"]
+    assert CliRunner().invoke(app, [*argv, str(tmp_path / "whole.txt")]).exit_code == 0
     fail_batches_over(monkeypatch, sentences=1)
-    argv = ["translate", str(tiny_run_dir), str(source), "-o", str(out)]
-    result = CliRunner().invoke(app, argv)
-    assert result.exit_code == 1
-    line = error_line(result)
-    assert line.startswith("mtcli: error: out of memory on cpu decoding 3 sentence(s) of up to "), line
-    assert line.endswith("with beam 2: lower decode.max_tokens (now 512, e.g. --set decode.max_tokens=256)"), line
-    assert not out.exists()
-    fits = CliRunner().invoke(app, argv + ["--set", "decode.max_tokens=8"])  # one sentence a batch
-    assert fits.exit_code == 0, fits.stderr
-    assert len(out.read_text(encoding="utf-8").splitlines()) == 3
+    halves = CliRunner().invoke(app, [*argv, str(tmp_path / "halves.txt")])
+    assert halves.exit_code == 0, halves.stderr
+    assert (tmp_path / "halves.txt").read_text(encoding="utf-8") == (tmp_path / "whole.txt").read_text(encoding="utf-8")
+    warned = [r.getMessage() for r in caplog.records if "two halves" in r.getMessage()]
+    assert warned and warned[0].startswith("out of memory on cpu decoding 3 sentence(s) of up to ")
+    assert warned[0].endswith("decoding them in two halves (a lower decode.max_tokens, now 512, avoids this)")
     fail_batches_over(monkeypatch, sentences=0)
-    alone = CliRunner().invoke(app, argv + ["--set", "decode.max_tokens=8"])
+    alone = CliRunner().invoke(app, [*argv, str(tmp_path / "none.txt")])
+    assert alone.exit_code == 1
     assert re.search(r"decoding 1 sentence\(s\) of up to \d+ pieces with beam 2: lower the beam "
                      r"\(decode.beam_size, --beam\)$", error_line(alone))
+    assert not (tmp_path / "none.txt").exists()
 
 
-def test_the_server_answers_503_for_a_request_that_does_not_fit_alone(
+def test_the_server_answers_503_only_for_a_request_that_does_not_fit_alone(
         tiny_run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fastapi.testclient import TestClient
 
@@ -172,11 +175,14 @@ def test_the_server_answers_503_for_a_request_that_does_not_fit_alone(
     from mtcli.serve import create_app
 
     translator = Translator.from_run(tiny_run_dir, device="cpu")
-    fail_batches_over(monkeypatch, sentences=1)
     with TestClient(create_app(translator)) as client:
-        big = client.post("/translate", json={"text": ["ein Hund", "zwei Hunde"]})
+        fail_batches_over(monkeypatch, sentences=1)
+        split = client.post("/translate", json={"text": ["ein Hund", "zwei Hunde"]})
+        assert split.status_code == 200 and len(split.json()["translations"]) == 2  # in halves
+        fail_batches_over(monkeypatch, sentences=0)
+        big = client.post("/translate", json={"text": ["ein Hund"]})
         assert big.status_code == 503, big.text
         assert big.json()["error"].startswith("out of memory translating this request (request id ")
         assert big.json()["error"].endswith("send fewer or shorter lines")
-        small = client.post("/translate", json={"text": ["ein Hund"]})
-        assert small.status_code == 200 and len(small.json()["translations"]) == 1
+        monkeypatch.undo()
+        assert client.post("/translate", json={"text": ["ein Hund"]}).status_code == 200  # still serving

@@ -15,7 +15,8 @@ bounded however long the input is:
    int8 when ``decode.int8`` (:mod:`mtcli.infer.quantize`), on a CPU in fp32 with its weights
    packed for oneDNN (:mod:`mtcli.infer.packed`)); with ``decode.workers`` = N > 1, N batches at a time on N threads,
    each with 1/N of torch's intra-op threads (small decoder steps scale better across batches
-   than inside one matrix product);
+   than inside one matrix product); a batch that runs out of the device's memory is decoded
+   again in halves (:func:`decode_fitting`);
 4. results are put back in input order and yielded as soon as a contiguous prefix of the window
    is complete: one list of n-best :class:`Translation` per input line, line count in equals
    line count out.
@@ -26,7 +27,6 @@ over this module is :class:`mtcli.infer.translator.Translator`.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -160,15 +160,17 @@ def translate_lines(
     sample = None if decode.sampling == "none" else Sampling(
         decode.sampling, decode.topk, decode.topp, decode.temperature, decode.seed)
 
-    def decode_batch(sources: list[list[int]]) -> list[list[Hypothesis]]:
-        src = collate_sources(sources, device)
-        with torch.inference_mode(), autocast(device, decode.bf16), memory_advice(sources, decode, device):
+    def search(src: torch.Tensor) -> list[list[Hypothesis]]:
+        with torch.inference_mode(), autocast(device, decode.bf16):  # both are per thread
             return generate(
                 model, src, beam_size=decode.beam_size, length_penalty=decode.length_penalty,
                 max_len_a=decode.max_len_a, max_len_b=decode.max_len_b, nbest=decode.nbest,
                 use_cache=use_cache, return_attention=return_attention,
                 ensemble_mode=decode.ensemble_mode, shortlist=shortlist, sample=sample,
             )
+
+    def decode_batch(sources: list[list[int]]) -> list[list[Hypothesis]]:
+        return decode_fitting(search, sources, decode, device)
 
     offset = 0
     try:
@@ -197,13 +199,15 @@ def translate_lines(
         bundle.model.train(was_training)
 
 
-@contextlib.contextmanager
-def memory_advice(sources: list[list[int]], decode: DecodeConfig, device: torch.device) -> Iterator[None]:
-    """Turn running out of memory while decoding ``sources`` into a :class:`DeviceMemoryError`
-    that names the setting to lower: ``decode.max_tokens``, which sizes the batches, or the beam
-    when one sentence alone does not fit."""
+def decode_fitting(search: Callable[[torch.Tensor], list[list[Hypothesis]]], sources: list[list[int]],
+                   decode: DecodeConfig, device: torch.device) -> list[list[Hypothesis]]:
+    """``search`` over ``sources`` collated on ``device``. A batch that runs out of the device's
+    memory is decoded again in two halves, each in turn, so that a long job goes on (a warning
+    names ``decode.max_tokens``, which made the batch); one sentence that does not fit alone
+    raises :class:`DeviceMemoryError` naming the beam. A sentence's hypotheses do not depend on
+    the batch it is decoded in (up to floating-point rounding)."""
     try:
-        yield
+        return search(collate_sources(sources, device))
     except RuntimeError as exc:  # torch.OutOfMemoryError is one
         if not is_out_of_memory(exc):
             raise
@@ -211,8 +215,12 @@ def memory_advice(sources: list[list[int]], decode: DecodeConfig, device: torch.
                  f"{max(map(len, sources))} pieces with beam {decode.beam_size}")
         if len(sources) == 1:
             raise DeviceMemoryError(f"{where}: lower the beam (decode.beam_size, --beam)") from None
-        raise DeviceMemoryError(f"{where}: lower decode.max_tokens (now {decode.max_tokens}, e.g. "
-                                f"--set decode.max_tokens={decode.max_tokens // 2})") from None
+    # the failed batch's tensors went with its exception: the halves have its memory
+    get_logger().warning("%s: decoding them in two halves (a lower decode.max_tokens, now %d, avoids this)",
+                         where, decode.max_tokens)
+    half = len(sources) // 2
+    return (decode_fitting(search, sources[:half], decode, device)
+            + decode_fitting(search, sources[half:], decode, device))
 
 
 def _ready(results: list[list[Translation] | None], start: int
