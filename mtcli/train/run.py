@@ -136,6 +136,26 @@ def idle_gpus_hint(device: torch.device, processes: int, gpus: int, max_tokens: 
             "with the same update size")
 
 
+def resolve_compile(config: Config, device: torch.device) -> Config:
+    """``config`` with ``train.compile`` off where torch.compile cannot pay or cannot run, with a
+    warning: kept on a CPU, where it makes the step slower; turned off on a GPU older than
+    compute capability 7.0 (a P100), for which Triton, the compiler's GPU backend, has no
+    kernels (the run's config.yaml then says so)."""
+    log = get_logger()
+    if not config.train.compile or device.type not in ("cpu", "cuda"):
+        return config
+    if device.type == "cpu":
+        log.warning("train.compile on a CPU: the compiled step ran at 0.4x the eager one on the Multi30k "
+                    "recipe's shape (docs/performance.md); it pays on a GPU")
+        return config
+    major, minor = torch.cuda.get_device_capability(device)
+    if major >= 7:
+        return config
+    log.warning("train.compile needs a GPU of compute capability 7.0 or newer (Triton's); %s is %d.%d: "
+                "training uncompiled", torch.cuda.get_device_name(device), major, minor)
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, compile=False))
+
+
 def _log_start(trainer: Trainer, config: Config, device: torch.device, precision_text: str) -> None:
     """The run's first log lines: where, on what, and what the training stream reads."""
     log, stream, train = get_logger(), trainer.stream, config.train
@@ -214,9 +234,7 @@ def train(config: Config) -> TrainSummary:
     if config.train.num_threads > 0:
         torch.set_num_threads(config.train.num_threads)
     config, precision_text = resolve_precision(config, device)
-    if config.train.compile and device.type == "cpu":
-        log.warning("train.compile on a CPU: the compiled step ran at 0.4x the eager one on the Multi30k "
-                    "recipe's shape (docs/performance.md); it pays on a GPU")
+    config = resolve_compile(config, device)
     if not info.is_main:  # one voice on the console: rank 0's
         log.setLevel(logging.WARNING)
     if config.train.valid_bleu:

@@ -546,3 +546,20 @@ def test_a_plain_train_on_a_machine_of_several_gpus_says_how_to_use_them_all() -
     assert idle_gpus_hint(torch.device("cuda:0"), processes=8, gpus=8, max_tokens=3125) is None  # under torchrun
     assert idle_gpus_hint(torch.device("cuda:0"), processes=1, gpus=1, max_tokens=25000) is None
     assert idle_gpus_hint(torch.device("cpu"), processes=1, gpus=2, max_tokens=4096) is None
+
+
+def test_compile_is_turned_off_on_a_gpu_triton_cannot_compile_for(prepared: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    from mtcli.train.run import resolve_compile
+
+    config = make_config(prepared, tmp_path / "run", "train.compile=true")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla P100-PCIE-16GB")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (6, 0))
+    assert resolve_compile(config, torch.device("cuda:0")).train.compile is False
+    assert "Tesla P100-PCIE-16GB is 6.0: training uncompiled" in caplog.text
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))  # a T4
+    assert resolve_compile(config, torch.device("cuda:0")) is config
+    caplog.clear()
+    assert resolve_compile(config, torch.device("cpu")) is config  # slower there, but it runs: said, kept
+    assert "train.compile on a CPU" in caplog.text
