@@ -87,15 +87,21 @@ def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return tensor.to(device, non_blocking=True)
 
 
+#: How an allocation failure reads when it is not PyTorch's ``OutOfMemoryError``: the C allocator
+#: on a CPU (under a memory limit; without one the kernel kills the process), and CUDA libraries
+#: that allocate for themselves (cuBLAS's workspace, the runtime's own)
+_OUT_OF_MEMORY_TEXTS = ("can't allocate memory", "CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED")
+
+
 def is_out_of_memory(exc: BaseException | None) -> bool:
-    """Whether ``exc`` is an allocation failure: PyTorch's ``OutOfMemoryError`` on a GPU, or the
-    C allocator's refusal on a CPU (under a memory limit; without one the kernel kills the
-    process), also when wrapped (``torch.compile`` wraps what fails while it compiles)."""
+    """Whether ``exc`` is an allocation failure: PyTorch's ``OutOfMemoryError``, or a
+    ``RuntimeError`` that reads as one (:data:`_OUT_OF_MEMORY_TEXTS`), also when wrapped
+    (``torch.compile`` wraps what fails while it compiles)."""
     for _ in range(8):  # a chain of wrappers, never a cycle
         if exc is None:
             return False
         if isinstance(exc, torch.OutOfMemoryError) or (
-                isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)):
+                isinstance(exc, RuntimeError) and any(text in str(exc) for text in _OUT_OF_MEMORY_TEXTS)):
             return True
         exc = exc.__cause__ or getattr(exc, "inner_exception", None)
     return False

@@ -35,6 +35,8 @@ def test_is_out_of_memory_knows_the_allocators_failures_also_wrapped() -> None:
         raise RuntimeError("the step failed") from torch.OutOfMemoryError(ALLOCATOR)
     except RuntimeError as exc:
         assert is_out_of_memory(exc)
+    assert is_out_of_memory(RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be reported ..."))
+    assert is_out_of_memory(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"))
     assert not is_out_of_memory(RuntimeError("shape mismatch"))
     try:  # an allocation failure already handled is not the cause of the next error
         try:
