@@ -54,6 +54,8 @@ EngineOption = Annotated[str, typer.Option(
 TgtLangOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
     "--tgt-lang", help="Translate into this language (a model trained on several target languages; "
     "default: the run's data.tgt_lang).")]
+DeviceOption = Annotated[str, typer.Option(
+    help="Decode on auto (the first GPU if there is one; the CPU under decode.int8), cpu, cuda or cuda:N.")]
 EnsembleOption = Annotated[
     Optional[list[Path]],  # noqa: UP045 - typer needs Optional here
     typer.Option("--ensemble", help="Decode together with another member: a run directory (its best "
@@ -150,6 +152,7 @@ def evaluate(
     output: Annotated[Optional[Path], typer.Option(help="Directory for hypotheses and report.json.")] = None,  # noqa: UP045
     ensemble: EnsembleOption = None,
     engine: EngineOption = "torch",
+    device: DeviceOption = "auto",
     set_: SetOption = None,
     verbose: Verbose = False,
 ) -> None:
@@ -179,6 +182,7 @@ def evaluate(
         beam=beam,
         src_lang=src_lang,
         tgt_lang=tgt_lang,
+        device=device,
     )
     print(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2, ensure_ascii=False))
 
@@ -226,6 +230,7 @@ def translate(
     plot_attention: Annotated[Optional[Path], typer.Option(help="Write cross-attention heatmaps here.")] = None,  # noqa: UP045
     ensemble: EnsembleOption = None,
     engine: EngineOption = "torch",
+    device: DeviceOption = "auto",
     set_: SetOption = None,
     verbose: Verbose = False,
 ) -> None:
@@ -253,6 +258,7 @@ def translate(
         temperature=temperature,
         seed=seed,
         tgt_lang=tgt_lang,
+        device=device,
     )
 
 
@@ -320,7 +326,7 @@ def serve(
     checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
     beam: Annotated[Optional[int], typer.Option(help="Default beam size (a request may set its own).")] = None,  # noqa: UP045
     tgt_lang: TgtLangOption = None,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda[:N].")] = "auto",
+    device: DeviceOption = "auto",
     api_key: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--api-key", envvar="MTCLI_API_KEY", show_envvar=True,
         help="Require 'Authorization: Bearer KEY' on /translate.")] = None,

@@ -14,18 +14,29 @@ import sys
 
 import torch
 
-from mtcli.errors import TrainingError
+from mtcli.errors import ConfigError
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """``auto`` -> ``cuda:<local_rank>`` when CUDA is available, else the CPU."""
+def resolve_device(name: str, local_rank: int = 0, key: str = "train.device") -> torch.device:
+    """``auto`` -> ``cuda:<local_rank>`` when CUDA is available, else the CPU; ``cuda`` ->
+    ``cuda:<local_rank>``; else ``cpu`` or ``cuda:N``. Raises :class:`ConfigError` naming ``key``
+    for anything else, or a GPU this machine does not have."""
     if name == "auto":
         return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and torch.cuda.is_available():
         return torch.device(f"cuda:{local_rank}")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise TrainingError(f"train.device={name!r} but CUDA is not available (use auto or cpu)")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"{key}={name!r}: not a device (auto, cpu, cuda or cuda:N)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{key}={name!r} but CUDA is not available (use auto or cpu)")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ConfigError(f"{key}={name!r} but this machine has {count} GPU(s), cuda:0 to cuda:{count - 1}")
+    elif device.type != "cpu":
+        raise ConfigError(f"{key}={name!r}: mtcli runs on cpu or cuda")
     return device
 
 

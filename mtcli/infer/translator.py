@@ -29,7 +29,7 @@ import torch
 from mtcli.config import DecodeConfig, with_changes
 from mtcli.data.batching import collate, source_batches
 from mtcli.data.textio import check_unicode
-from mtcli.device import autocast
+from mtcli.device import autocast, resolve_device
 from mtcli.errors import ConfigError, DataError
 from mtcli.infer.ct2 import ENGINES, CT2Engine, check_supported, converted_model
 from mtcli.infer.ensemble import Ensemble, add_members
@@ -132,7 +132,7 @@ class Translator:
         decode = with_changes(decode_config(bundle.config, list(overrides)), "decode", **_changes(settings)).decode
         _check_sampling_only(settings, decode)
         source_prefix(bundle, decode)  # a target language the model does not produce: refused now
-        where = decoding_device(decode) if device == "auto" else torch.device(device)
+        where = decoding_device(decode) if device == "auto" else resolve_device(device, key="--device")
         fast = None
         if engine == "ctranslate2":
             check_supported(decode)  # before converting: a run's own settings may ask for it

@@ -167,3 +167,27 @@ def test_cli_translate_and_evaluate_take_the_engine(tiny_run_dir: Path, tmp_path
                           "--engine", "ctranslate2"], capture_output=True, text=True, timeout=300)
     assert cli.returncode == 0, cli.stderr
     assert json.loads(cli.stdout)["engine"] == "ctranslate2"
+
+
+def test_the_decoding_device_is_chosen_and_a_bad_one_is_one_line(tiny_run_dir: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from mtcli.cli import app
+
+    assert Translator.from_run(tiny_run_dir, device="cpu").device.type == "cpu"
+    for bad, says in (("gpu", "--device='gpu': not a device (auto, cpu, cuda or cuda:N)"),
+                      ("mps", "--device='mps': mtcli runs on cpu or cuda")):
+        with pytest.raises(ConfigError) as exc:
+            Translator.from_run(tiny_run_dir, device=bad)
+        assert str(exc.value) == says
+    source = tmp_path / "in.txt"
+    source.write_text("ein Hund\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    good = CliRunner().invoke(app, ["translate", str(tiny_run_dir), str(source), "-o", str(out), "--device", "cpu"])
+    assert good.exit_code == 0 and len(out.read_text(encoding="utf-8").splitlines()) == 1
+    scored = CliRunner().invoke(app, ["evaluate", str(tiny_run_dir), "--device", "cpu", "--output", str(tmp_path)])
+    assert scored.exit_code == 0 and '"device": "cpu"' in scored.stdout
+    for command in (["translate", str(tiny_run_dir), str(source)], ["evaluate", str(tiny_run_dir)]):
+        bad = CliRunner().invoke(app, [*command, "--device", "gpu"])
+        assert bad.exit_code == 2 and bad.stderr.strip() == (
+            "mtcli: error: --device='gpu': not a device (auto, cpu, cuda or cuda:N)"), bad.stderr

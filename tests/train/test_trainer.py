@@ -563,3 +563,12 @@ def test_compile_is_turned_off_on_a_gpu_triton_cannot_compile_for(prepared: Path
     caplog.clear()
     assert resolve_compile(config, torch.device("cpu")) is config  # slower there, but it runs: said, kept
     assert "train.compile on a CPU" in caplog.text
+
+
+def test_a_device_that_is_not_one_is_a_config_error_before_any_work(prepared: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"train.device='gpu': not a device \(auto, cpu, cuda or cuda:N\)"):
+        train(make_config(prepared, tmp_path / "run", "train.device=gpu"))
+    assert not (tmp_path / "run").exists()
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"train.device='cuda:1' but CUDA is not available"):
+            train(make_config(prepared, tmp_path / "run", "train.device=cuda:1"))
