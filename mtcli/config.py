@@ -378,6 +378,8 @@ def validate(config: Config, where: str | None = None) -> None:
         (m.d_model > 0 and m.d_model % m.n_heads == 0, "model.d_model must be a positive multiple of model.n_heads"),
         (m.d_model % 2 == 0, "model.d_model must be even (sinusoidal positions pair sin/cos)"),
         (m.encoder_layers >= 1 and m.decoder_layers >= 1, "model.encoder_layers/decoder_layers must be >= 1"),
+        (m.d_ff >= 1, "model.d_ff must be >= 1"),
+        (m.max_positions >= 2, "model.max_positions must be >= 2"),
         (all(0.0 <= p < 1.0 for p in (m.dropout, m.attention_dropout, m.activation_dropout)), "model dropouts must be in [0, 1)"),
         (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
         (t.rdrop_alpha >= 0.0, "train.rdrop_alpha must be 0 (off) or > 0"),
@@ -389,6 +391,14 @@ def validate(config: Config, where: str | None = None) -> None:
          "model.output_vocab: target needs the target pieces fixed: with train.subword_alpha > 0 "
          "set train.subword_sides: source"),
         (t.max_tokens > 0, "train.max_tokens must be > 0"),
+        *((getattr(t, key) >= 1, f"train.{key} must be >= 1")
+          for key in ("max_steps", "max_source_length", "max_target_length", "log_every", "max_nonfinite")),
+        *((getattr(t, key) >= 0, f"train.{key} must be 0 ({meaning}) or > 0")
+          for key, meaning in (("max_epochs", "no limit"), ("patience", "no limit"), ("max_minutes", "no limit"),
+                               ("valid_max_sentences", "all of them"), ("num_threads", "PyTorch's choice"),
+                               ("clip_norm", "off"), ("weight_decay", "off"), ("lr", "Noam's"))),
+        (t.lr_factor >= 0, "train.lr_factor must be >= 0"),
+        (t.adam_eps > 0, "train.adam_eps must be > 0"),
         (t.pack_length == 0 or 2 <= t.pack_length <= min(t.max_tokens, m.max_positions),
          "train.pack_length must be 0 (token batches) or a row of 2 to min(train.max_tokens, "
          "model.max_positions) slots"),
@@ -404,7 +414,8 @@ def validate(config: Config, where: str | None = None) -> None:
          "train.lr_factor scales Noam's rate only; with inverse_sqrt or constant set train.lr"),
         (t.cooldown_steps >= 0, "train.cooldown_steps must be 0 (off) or > 0 (it counts back from "
                                 "train.max_steps; more than max_steps cools down from the first step)"),
-        (len(t.adam_betas) == 2, "train.adam_betas must have two values"),
+        (len(t.adam_betas) == 2 and all(0.0 <= b < 1.0 for b in t.adam_betas),
+         "train.adam_betas must be two values in [0, 1)"),
         (t.keep_last >= 1, "train.keep_last must be >= 1"),
         (t.keep_best >= 0, "train.keep_best must be >= 0 (0: keep only the last train.keep_last)"),
         (t.valid_every >= 1, "train.valid_every must be >= 1"),
@@ -414,6 +425,9 @@ def validate(config: Config, where: str | None = None) -> None:
         (d.topk >= 1 and 0.0 < d.topp <= 1.0 and d.temperature > 0.0,
          "decode.topk must be >= 1, decode.topp in (0, 1] and decode.temperature > 0"),
         (d.max_tokens > 0, "decode.max_tokens must be > 0"),
+        (d.max_len_a >= 0.0 and d.max_len_b >= 0 and (d.max_len_a > 0.0 or d.max_len_b >= 1),
+         "decode.max_len_a and decode.max_len_b must be >= 0 and not both 0 (an output has at most "
+         "max_len_a x its source's length + max_len_b pieces)"),
         (not (d.int8 and d.bf16), "decode.int8 and decode.bf16 exclude each other: choose one"),
         (d.workers >= 1, "decode.workers must be >= 1"),
         (d.shortlist >= 0 and d.shortlist_frequent >= 0, "decode.shortlist and decode.shortlist_frequent must be >= 0"),

@@ -129,6 +129,26 @@ def test_cross_field_validation(tmp_path: Path) -> None:
         config_from_dict(MINIMAL, overrides=["data.tgt_lang=de"])
 
 
+@pytest.mark.parametrize(("change", "says"), [
+    ("train.log_every=0", "train.log_every must be >= 1"),  # was a ZeroDivisionError mid-training
+    ("train.max_steps=0", "train.max_steps must be >= 1"),
+    ("train.max_minutes=-1", "train.max_minutes must be 0 (no limit) or > 0"),
+    ("train.num_threads=-2", "train.num_threads must be 0 (PyTorch's choice) or > 0"),
+    ("train.clip_norm=-1", "train.clip_norm must be 0 (off) or > 0"),
+    ("train.adam_eps=0", "train.adam_eps must be > 0"),
+    ("train.adam_betas=[1.5,0.9]", "train.adam_betas must be two values in [0, 1)"),  # was Adam's traceback
+    ("model.d_ff=0", "model.d_ff must be >= 1"),  # was oneDNN's traceback
+    ("model.max_positions=1", "model.max_positions must be >= 2"),
+    ("decode.max_len_b=-50", "decode.max_len_a and decode.max_len_b must be >= 0 and not both 0"),
+    ("decode.max_len_a=0", "decode.max_len_a and decode.max_len_b must be >= 0 and not both 0"),
+])
+def test_a_value_out_of_range_is_refused_with_its_key(change: str, says: str) -> None:
+    overrides = [change, "decode.max_len_b=0"] if change == "decode.max_len_a=0" else [change]
+    with pytest.raises(ConfigError) as exc:
+        config_from_dict(MINIMAL, overrides=overrides)
+    assert says in str(exc.value)
+
+
 def test_a_bad_value_names_where_it_came_from(tmp_path: Path) -> None:
     """A value out of range names the --set or the change that gave it, not only the file."""
     path = write(tmp_path, MINIMAL)
