@@ -46,7 +46,9 @@ from mtcli.infer.loading import load_for_inference
 from mtcli.logs import get_logger
 from mtcli.model import LAYER_NORM_EPS, Transformer
 
-FORMATS = ("ctranslate2",)
+FORMATS = ("ctranslate2",)  # what export_model writes; `mtcli export --format hf` is mtcli.infer.hf's
+#: every format `mtcli export` knows, as its error lists them
+EXPORT_FORMATS = (*FORMATS, "hf")
 
 
 def require_ctranslate2() -> Any:
@@ -163,7 +165,7 @@ def export_model(
     installed, :class:`mtcli.errors.CheckpointError` for a bad run directory or checkpoint.
     """
     if fmt not in FORMATS:
-        raise ConfigError(f"--format {fmt!r}: unknown export format (known: {', '.join(FORMATS)})")
+        raise ConfigError(f"--format {fmt!r}: unknown export format (known: {', '.join(EXPORT_FORMATS)})")
     require_ctranslate2()
     output = Path(output)
     if output.exists() and not output.is_dir():

@@ -186,6 +186,8 @@ def load_for_inference(
     without ``config.yaml`` or ``spm.model``, a missing checkpoint (listing what exists), or
     a checkpoint whose vocabulary is not the run's ``spm.model`` (naming both).
     """
+    if average_last < 0 or average_best < 0:
+        raise ConfigError(f"--average-last/--average-best must be 0 (no average) or > 0, got {min(average_last, average_best)}")
     run_dir = Path(run_dir)
     config, tokenizer = _open_run(run_dir)
     if average_last > 0 or average_best > 0:

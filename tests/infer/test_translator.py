@@ -191,3 +191,8 @@ def test_the_decoding_device_is_chosen_and_a_bad_one_is_one_line(tiny_run_dir: P
         bad = CliRunner().invoke(app, [*command, "--device", "gpu"])
         assert bad.exit_code == 2 and bad.stderr.strip() == (
             "mtcli: error: --device='gpu': not a device (auto, cpu, cuda or cuda:N)"), bad.stderr
+
+
+def test_a_negative_average_is_refused(tiny_run_dir: Path) -> None:
+    with pytest.raises(ConfigError, match=r"--average-last/--average-best must be 0 \(no average\) or > 0, got -1"):
+        Translator.from_run(tiny_run_dir, device="cpu", average_last=-1)
