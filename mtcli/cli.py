@@ -322,7 +322,7 @@ def import_hf(
 def serve(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
     host: Annotated[str, typer.Option(help="Address to bind (0.0.0.0 to accept other machines).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
     checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
     beam: Annotated[Optional[int], typer.Option(help="Default beam size (a request may set its own).")] = None,  # noqa: UP045
     tgt_lang: TgtLangOption = None,
@@ -330,9 +330,9 @@ def serve(
     api_key: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--api-key", envvar="MTCLI_API_KEY", show_envvar=True,
         help="Require 'Authorization: Bearer KEY' on /translate.")] = None,
-    max_lines: Annotated[int, typer.Option(help="Most lines a request may send.")] = 64,
-    max_chars: Annotated[int, typer.Option(help="Most characters a line may have.")] = 2000,
-    batch_wait_ms: Annotated[float, typer.Option(help="How long to gather requests into one batch.")] = 5.0,
+    max_lines: Annotated[int, typer.Option(min=1, help="Most lines a request may send.")] = 64,
+    max_chars: Annotated[int, typer.Option(min=1, help="Most characters a line may have.")] = 2000,
+    batch_wait_ms: Annotated[float, typer.Option(min=0, help="How long to gather requests into one batch.")] = 5.0,
     engine: EngineOption = "torch",
     set_: SetOption = None,
     verbose: Verbose = False,

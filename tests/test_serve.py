@@ -250,3 +250,15 @@ def test_the_batcher_decodes_a_failed_batch_again_one_request_at_a_time() -> Non
     assert isinstance(results[3], TypeError)
     assert results[:3] == [[f"A{i}", f"B{i}"] for i in range(3)]
     assert results[4:] == [[f"C{i}"] for i in range(3)]
+
+
+@pytest.mark.parametrize(("option", "value"), [("--port", "99999"), ("--max-lines", "0"), ("--max-chars", "0"),
+                                               ("--batch-wait-ms", "-1")])
+def test_a_serve_option_out_of_range_is_a_usage_error(tiny_run_dir: Path, option: str, value: str) -> None:
+    from typer.testing import CliRunner
+
+    from mtcli.cli import app
+
+    result = CliRunner().invoke(app, ["serve", str(tiny_run_dir), option, value])
+    assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output
+    assert "Traceback" not in result.output  # the port was bind()'s OverflowError
