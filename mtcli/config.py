@@ -432,6 +432,8 @@ def validate(config: Config, where: str | None = None) -> None:
         (d.workers >= 1, "decode.workers must be >= 1"),
         (d.shortlist >= 0 and d.shortlist_frequent >= 0, "decode.shortlist and decode.shortlist_frequent must be >= 0"),
         (dc.vocab_size >= 8, "data.vocab_size must be >= 8"),
+        (0.98 <= dc.character_coverage <= 1.0,
+         "data.character_coverage must be in [0.98, 1] (SentencePiece's range; 0.9995 for Chinese or Japanese)"),
         (dc.src_lang != dc.tgt_lang, "data.src_lang and data.tgt_lang must differ"),
         (dc.max_length >= 1 and dc.max_length_ratio >= 1.0, "data.max_length must be >= 1 and data.max_length_ratio >= 1"),
     ]

@@ -139,6 +139,7 @@ def test_cross_field_validation(tmp_path: Path) -> None:
     ("train.adam_betas=[1.5,0.9]", "train.adam_betas must be two values in [0, 1)"),  # was Adam's traceback
     ("model.d_ff=0", "model.d_ff must be >= 1"),  # was oneDNN's traceback
     ("model.max_positions=1", "model.max_positions must be >= 2"),
+    ("data.character_coverage=0.5", "data.character_coverage must be in [0.98, 1]"),  # SentencePiece's own error
     ("decode.max_len_b=-50", "decode.max_len_a and decode.max_len_b must be >= 0 and not both 0"),
     ("decode.max_len_a=0", "decode.max_len_a and decode.max_len_b must be >= 0 and not both 0"),
 ])
