@@ -396,7 +396,7 @@ def validate(config: Config, where: str | None = None) -> None:
         *((getattr(t, key) >= 0, f"train.{key} must be 0 ({meaning}) or > 0")
           for key, meaning in (("max_epochs", "no limit"), ("patience", "no limit"), ("max_minutes", "no limit"),
                                ("valid_max_sentences", "all of them"), ("num_threads", "PyTorch's choice"),
-                               ("clip_norm", "off"), ("weight_decay", "off"), ("lr", "Noam's"))),
+                               ("clip_norm", "off"), ("weight_decay", "off"), ("lr", "Noam's schedule sets the rate"))),
         (t.lr_factor >= 0, "train.lr_factor must be >= 0"),
         (t.adam_eps > 0, "train.adam_eps must be > 0"),
         (t.pack_length == 0 or 2 <= t.pack_length <= min(t.max_tokens, m.max_positions),
