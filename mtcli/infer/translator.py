@@ -127,12 +127,13 @@ class Translator:
         if engine == "ctranslate2" and (average_last or average_best or ensemble):
             raise ConfigError("--engine ctranslate2 decodes one checkpoint file, not an average or an "
                               "ensemble (write the average first: mtcli average RUN --last K -o avg.pt)")
+        chosen = None if device == "auto" else resolve_device(device, key="--device")  # before any loading
         bundle = load_for_inference(run_dir, checkpoint, average_last=average_last, average_best=average_best)
         bundle = add_members(bundle, ensemble)
         decode = with_changes(decode_config(bundle.config, list(overrides)), "decode", **_changes(settings)).decode
         _check_sampling_only(settings, decode)
         source_prefix(bundle, decode)  # a target language the model does not produce: refused now
-        where = decoding_device(decode) if device == "auto" else resolve_device(device, key="--device")
+        where = chosen or decoding_device(decode)
         fast = None
         if engine == "ctranslate2":
             check_supported(decode)  # before converting: a run's own settings may ask for it
