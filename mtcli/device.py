@@ -73,9 +73,11 @@ def cpu_has_bf16_units(cpuinfo: str = "/proc/cpuinfo") -> bool:
 
 
 def device_has_bf16_units(device: torch.device) -> bool:
-    """Whether bf16 pays on ``device``: CUDA with bf16 support, or a CPU with bf16 units."""
+    """Whether bf16 pays on ``device``: a GPU whose tensor cores take bf16 (compute capability
+    8.0 on, Ampere; or ROCm), or a CPU with bf16 units. Not a V100 or a T4, where PyTorch only
+    emulates bf16 (``torch.cuda.is_bf16_supported()`` says True there, counting emulation)."""
     if device.type == "cuda":
-        return bool(torch.cuda.is_bf16_supported())
+        return bool(torch.version.hip) or torch.cuda.get_device_capability(device)[0] >= 8
     return device.type == "cpu" and cpu_has_bf16_units()
 
 

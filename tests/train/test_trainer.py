@@ -572,3 +572,19 @@ def test_a_device_that_is_not_one_is_a_config_error_before_any_work(prepared: Pa
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match=r"train.device='cuda:1' but CUDA is not available"):
             train(make_config(prepared, tmp_path / "run", "train.device=cuda:1"))
+
+
+@pytest.mark.parametrize(("capability", "chosen"), [((7, 0), "fp16"), ((7, 5), "fp16"), ((8, 0), "bf16"), ((9, 0), "bf16")])
+def test_precision_auto_on_a_gpu_is_bf16_from_ampere_on_and_fp16_before(
+        prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int],
+        chosen: str) -> None:
+    """A V100 (7.0) or T4 (7.5) only emulates bf16, though torch.cuda.is_bf16_supported() says
+    True there: auto gives them fp16 with a gradient scaler."""
+    from mtcli.train.run import resolve_precision
+
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    config, text = resolve_precision(make_config(prepared, tmp_path / "run", "train.precision=auto"),
+                                     torch.device("cuda:0"))
+    assert config.train.precision == chosen and text.startswith(f"{chosen} (auto: the cuda has")
