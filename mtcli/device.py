@@ -1,7 +1,7 @@
 """Where training and decoding run: the device, and whether it multiplies bf16 natively.
 
 ``train.precision: auto`` asks :func:`device_has_bf16_units`: autocast pays only where the matrix
-units take bf16 (CUDA with bf16 support; a CPU with AVX512-BF16, AMX or Arm BF16), and costs
+units take bf16 (a GPU from Ampere on; a CPU with AVX512-BF16, AMX or Arm BF16), and costs
 ~100x on a CPU without them.
 """
 
