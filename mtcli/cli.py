@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -126,9 +128,29 @@ def train(
 
     setup_logging(verbose)
     keep_freed_memory()
-    summary = run_train(with_changes(load_config(config, list(set_ or [])), "train", init_from=init_from))
+    try:
+        summary = run_train(with_changes(load_config(config, list(set_ or [])), "train", init_from=init_from))
+    except MtcliError as exc:
+        _leave_torchrun(exc.exit_code, f"mtcli: error: {exc}")
+        raise
     if summary.is_main:  # under torchrun, one summary: rank 0's
         print(summary.summary())
+    _leave_torchrun(0)
+
+
+def _leave_torchrun(code: int, message: str | None = None) -> None:
+    """Under torchrun, end this rank now (after ``message`` on stderr), skipping the interpreter's
+    teardown: every rank has left the process group by then, but the C++ destructors of gloo's
+    threads that run at exit can still abort a finished rank ("terminate called without an
+    active exception", exit -6), failing a run that succeeded. One process returns normally."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    if message is not None:
+        print(message, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 @app.command()
