@@ -143,7 +143,9 @@ def _leave_torchrun(code: int, message: str | None = None) -> None:
     teardown: every rank has left the process group by then, but the C++ destructors of gloo's
     threads that run at exit can still abort a finished rank ("terminate called without an
     active exception", exit -6), failing a run that succeeded. One process returns normally."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    from mtcli.train.distributed import DistInfo
+
+    if not DistInfo.from_env().distributed:
         return
     if message is not None:
         print(message, file=sys.stderr)

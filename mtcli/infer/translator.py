@@ -133,7 +133,7 @@ class Translator:
         decode = with_changes(decode_config(bundle.config, list(overrides)), "decode", **_changes(settings)).decode
         _check_sampling_only(settings, decode)
         source_prefix(bundle, decode)  # a target language the model does not produce: refused now
-        where = chosen or decoding_device(decode)
+        where = decoding_device(decode) if chosen is None else chosen
         fast = None
         if engine == "ctranslate2":
             check_supported(decode)  # before converting: a run's own settings may ask for it

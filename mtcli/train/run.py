@@ -142,7 +142,7 @@ def resolve_compile(config: Config, device: torch.device) -> Config:
     compute capability 7.0 (a P100), for which Triton, the compiler's GPU backend, has no
     kernels (the run's config.yaml then says so)."""
     log = get_logger()
-    if not config.train.compile or device.type not in ("cpu", "cuda"):
+    if not config.train.compile:
         return config
     if device.type == "cpu":
         log.warning("train.compile on a CPU: the compiled step ran at 0.4x the eager one on the Multi30k "
@@ -215,12 +215,10 @@ def out_of_memory_error(config: Config, device: torch.device, trainer: Trainer, 
     where = f"out of memory on {memory_text(device)} after step {trainer.step}"
     smaller = (f"--set train.max_tokens={cfg.max_tokens // 2} --set train.update_freq={cfg.update_freq * 2}, "
                "the same update size")
-    if not any(checkpoint_dir(trainer.run_dir).glob("*.pt")):
-        return DeviceMemoryError(f"{where}: batches of train.max_tokens={cfg.max_tokens} do not fit; run "
-                                 f"again with smaller ones ({smaller})")
-    if trainer.step == start:
-        return DeviceMemoryError(f"{where}: batches of train.max_tokens={cfg.max_tokens} do not fit; resume "
-                                 f"with smaller ones ({smaller})")
+    saved = any(checkpoint_dir(trainer.run_dir).glob("*.pt"))
+    if not saved or trainer.step == start:
+        return DeviceMemoryError(f"{where}: batches of train.max_tokens={cfg.max_tokens} do not fit; "
+                                 f"{'resume' if saved else 'run again'} with smaller ones ({smaller})")
     allocator = " with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" if device.type == "cuda" else ""
     return DeviceMemoryError(f"{where}: run the same command{allocator} to resume from the last checkpoint; "
                              f"if it fails again, resume with smaller batches ({smaller})")
