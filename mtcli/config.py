@@ -22,6 +22,7 @@ import yaml
 
 from mtcli.errors import ConfigError
 from mtcli.fileio import atomic_write
+from mtcli.languages import default_character_coverage
 from mtcli.logs import get_logger
 
 
@@ -56,7 +57,7 @@ class DataConfig:
     dedup: bool = False
     vocab_size: int = 8000
     spm_model_type: Literal["unigram", "bpe", "char", "word"] = "unigram"
-    character_coverage: float = 1.0
+    character_coverage: float = 1.0  # a config without it: 0.9995 when a language is Chinese or Japanese
     spm_max_sentences: int = 2_000_000
     spm_model: str | None = None  # encode with this model (run dir, cache or spm.model), not a new one
     num_workers: int = 2
@@ -337,10 +338,32 @@ def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | N
         if not isinstance(body, dict):
             raise ConfigError(f"{where}: section '{section}' must be a mapping, got {body!r}")
         built[section] = _build_section(cls, body, where, section, lenient)
+    if "character_coverage" not in raw["data"]:
+        built["data"] = _with_default_coverage(built["data"])
     config = Config(**built, path=where)
-    # a bad value may come from the file or from a --set: name both
-    validate(config, f"{where} with --set {' '.join(overrides)}" if overrides else where)
+    try:
+        validate(config, where)
+    except ConfigError as exc:  # a bad value may come from a --set: name it beside the file
+        if not overrides:
+            raise
+        raise ConfigError(_naming_overrides(str(exc), where, overrides)) from None
     return config
+
+
+def _naming_overrides(error: str, where: str, overrides: list[str]) -> str:
+    """A :func:`validate` error about ``where`` that also names the ``--set`` overrides whose key
+    it names (all of them when it names none: the rule's key may be set only indirectly)."""
+    message = error[len(where) + 2:]
+    named = [text for text in overrides
+             if re.search(rf"(?<![\w.]){re.escape(text.split('=', 1)[0].strip())}(?!\w)", message)]
+    return f"{where} with --set {' '.join(named or overrides)}: {message}"
+
+
+def _with_default_coverage(data: DataConfig) -> DataConfig:
+    """``data`` with the character coverage its languages call for (config files that leave
+    ``data.character_coverage`` out; :func:`mtcli.languages.default_character_coverage`)."""
+    langs = {data.src_lang, data.tgt_lang, *(lang for c in data.corpora() for lang in c.langs or ())}
+    return dataclasses.replace(data, character_coverage=default_character_coverage(langs))
 
 
 def with_changes(config: Config, section: str, **changes: Any) -> Config:
@@ -380,7 +403,8 @@ def validate(config: Config, where: str | None = None) -> None:
         (m.encoder_layers >= 1 and m.decoder_layers >= 1, "model.encoder_layers/decoder_layers must be >= 1"),
         (m.d_ff >= 1, "model.d_ff must be >= 1"),
         (m.max_positions >= 2, "model.max_positions must be >= 2"),
-        (all(0.0 <= p < 1.0 for p in (m.dropout, m.attention_dropout, m.activation_dropout)), "model dropouts must be in [0, 1)"),
+        (all(0.0 <= p < 1.0 for p in (m.dropout, m.attention_dropout, m.activation_dropout)),
+         "model.dropout, model.attention_dropout and model.activation_dropout must be in [0, 1)"),
         (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
         (t.rdrop_alpha >= 0.0, "train.rdrop_alpha must be 0 (off) or > 0"),
         (t.subword_alpha >= 0.0, "train.subword_alpha must be 0 (off) or > 0"),
@@ -432,6 +456,7 @@ def validate(config: Config, where: str | None = None) -> None:
         (d.workers >= 1, "decode.workers must be >= 1"),
         (d.shortlist >= 0 and d.shortlist_frequent >= 0, "decode.shortlist and decode.shortlist_frequent must be >= 0"),
         (dc.vocab_size >= 8, "data.vocab_size must be >= 8"),
+        (dc.num_workers >= 1, "data.num_workers must be >= 1"),
         (0.98 <= dc.character_coverage <= 1.0,
          "data.character_coverage must be in [0.98, 1] (SentencePiece's range; 0.9995 for Chinese or Japanese)"),
         (dc.src_lang != dc.tgt_lang, "data.src_lang and data.tgt_lang must differ"),

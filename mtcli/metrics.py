@@ -26,6 +26,7 @@ from typing import Any
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 from mtcli.errors import DataError, MtcliError
+from mtcli.languages import language_code
 
 #: What ``evaluate --metrics`` may name (BLEU and lowercased BLEU are always scored).
 METRICS = ("bleu", "chrf", "ter")
@@ -33,15 +34,6 @@ METRICS = ("bleu", "chrf", "ter")
 
 #: BLEU's tokeniser for the target languages whose words spaces do not separate (13a for the rest)
 BLEU_TOKENIZERS = {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab"}
-_LANGUAGE_ALIASES = {"zho": "zh", "chi": "zh", "cmn": "zh", "yue": "zh", "jpn": "ja", "kor": "ko"}
-
-
-def language_code(lang: str | None) -> str:
-    """``lang`` as the two-letter code the tokenisers are chosen by: ``zh_TW``, ``zh-Hans``,
-    ``cmn`` -> ``zh``; ``jpn`` -> ``ja``; ``""`` for None."""
-    code = (lang or "").lower().replace("_", "-").split("-")[0]
-    return _LANGUAGE_ALIASES.get(code, code)
-
 
 def scorer(name: str, tgt_lang: str | None = None, *, lowercase: bool = False) -> BLEU | CHRF | TER:
     """sacreBLEU's metric ``name`` (one of :data:`METRICS`) with its default settings, except

@@ -139,6 +139,8 @@ def test_cross_field_validation(tmp_path: Path) -> None:
     ("train.adam_betas=[1.5,0.9]", "train.adam_betas must be two values in [0, 1)"),  # was Adam's traceback
     ("model.d_ff=0", "model.d_ff must be >= 1"),  # was oneDNN's traceback
     ("model.max_positions=1", "model.max_positions must be >= 2"),
+    ("model.attention_dropout=1", "model.attention_dropout and model.activation_dropout must be in [0, 1)"),
+    ("data.num_workers=0", "data.num_workers must be >= 1"),  # was taken as 1 without a word
     ("data.character_coverage=0.5", "data.character_coverage must be in [0.98, 1]"),  # SentencePiece's own error
     ("decode.max_len_b=-50", "decode.max_len_a and decode.max_len_b must be >= 0 and not both 0"),
     ("decode.max_len_a=0", "decode.max_len_a and decode.max_len_b must be >= 0 and not both 0"),
@@ -155,12 +157,33 @@ def test_a_bad_value_names_where_it_came_from(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL)
     line = cli_error(path, "--set", "train.warmup_steps=0")
     assert f"{path} with --set train.warmup_steps=0: train.warmup_steps must be >= 1" in line
+    # of several --set, the one the rule names; all of them when it names none
+    line = cli_error(path, "--set", "train.max_steps=5", "--set", "train.warmup_steps=0", "--set", "train.seed=2")
+    assert f"{path} with --set train.warmup_steps=0: train.warmup_steps must be >= 1" in line
+    line = cli_error(path, "--set", "model.n_heads=3", "--set", "model.d_ff=64", "--set", "model.d_model=64")
+    assert "with --set model.n_heads=3 model.d_model=64: model.d_model must be a positive multiple" in line
+    line = cli_error(path, "--set", "data.sources=[{source: a, langs: [de, de]}]", "--set", "data.source=")
+    assert "with --set data.sources=[{source: a, langs: [de, de]}]: data.sources[0].langs" in line
     bad = write(tmp_path, {**MINIMAL, "train": {"warmup_steps": 0}}, "bad.yaml")
     line = cli_error(bad)
     assert f"{bad}: train.warmup_steps" in line and "--set" not in line
     config = load_config(path)
     with pytest.raises(ConfigError, match=r"^decode.beam_size=0: decode.beam_size must be >= 1"):
         with_changes(config, "decode", beam_size=0)
+
+
+@pytest.mark.parametrize(("langs", "coverage"), [
+    (("de", "en"), 1.0), (("zh", "en"), 0.9995), (("en", "ja"), 0.9995), (("zh_TW", "en"), 0.9995),
+    (("ko", "en"), 1.0),
+])
+def test_character_coverage_left_out_follows_the_languages(langs: tuple[str, str], coverage: float) -> None:
+    """SentencePiece's advice: 0.9995 for the rich character sets of Chinese and Japanese, else
+    1.0; a config that sets it keeps its value."""
+    data = {**MINIMAL["data"], "src_lang": langs[0], "tgt_lang": langs[1]}
+    assert config_from_dict({"data": data}).data.character_coverage == coverage
+    assert config_from_dict({"data": {**data, "character_coverage": 1.0}}).data.character_coverage == 1.0
+    several = {**MINIMAL["data"], "source": "", "sources": [{"source": "a"}, {"source": "b", "langs": list(langs)}]}
+    assert config_from_dict({"data": several}).data.character_coverage == coverage
 
 
 def test_save_then_load_round_trip(tmp_path: Path) -> None:

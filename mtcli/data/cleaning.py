@@ -22,7 +22,7 @@ import numpy as np
 
 from mtcli.data.arrowrows import BlockReader
 from mtcli.data.dedup import key_set, keys_of, pair_keys
-from mtcli.data.scan import Lines, numpy_lines
+from mtcli.data.scan import Lines, numpy_lines, text_length
 from mtcli.data.sources import Pair, mismatch_error
 from mtcli.data.textio import decode_block, is_utf8, read_range
 from mtcli.data.workers import forked_pool, in_order, settle
@@ -69,21 +69,25 @@ class PairCleaner:
     """Filters training pairs; each pair is dropped for the first rule it breaks, in order:
 
     1. ``empty``: either side is empty or whitespace only;
-    2. ``too_long``: either side has more than ``max_length`` words (whitespace-separated);
-    3. ``ratio``: ``max(|x|, |y|) / min(|x|, |y|) > max_ratio`` in words;
+    2. ``too_long``: either side is longer than ``max_length``;
+    3. ``ratio``: ``max(|x|, |y|) / min(|x|, |y|) > max_ratio``;
     4. ``duplicate`` (when ``dedup``): the exact (source, target) pair was already kept. Kept
        pairs are remembered by a 64-bit hash (:func:`pair_keys`) in a
        :func:`~mtcli.data.dedup.key_set`, so memory is 8-21 bytes per unique pair, not the text.
+
+    A side's length is its number of words (whitespace-separated), or with ``characters`` (one
+    flag a side; :func:`mtcli.languages.measured_in_characters`) its characters other than spaces.
 
     ``record_keys`` also keeps the kept pairs' keys in order (:attr:`kept_keys`, an array per
     batch), for a range cleaned in a worker and handed to the parent's cleaner (:meth:`absorb`).
     """
 
     def __init__(self, max_length: int, max_ratio: float, dedup: bool = False,
-                 record_keys: bool = False) -> None:
+                 record_keys: bool = False, characters: tuple[bool, bool] = (False, False)) -> None:
         self.max_length = max_length
         self.max_ratio = max_ratio
         self.dedup = dedup
+        self.characters = characters
         self.counts = CleanCounts()
         self.record_keys = record_keys
         self.kept_keys: list[np.ndarray] = []  # with record_keys: the kept pairs' keys, in order
@@ -94,7 +98,7 @@ class PairCleaner:
 
         Does not update counts or the dedup memory.
         """
-        n_src, n_tgt = len(src.split()), len(tgt.split())
+        n_src, n_tgt = text_length(src, self.characters[0]), text_length(tgt, self.characters[1])
         if n_src == 0 or n_tgt == 0:
             return "empty"
         if n_src > self.max_length or n_tgt > self.max_length:
@@ -133,7 +137,7 @@ class PairCleaner:
 
     def clean_lines(self, n_src: np.ndarray, n_tgt: np.ndarray, src_hashes: np.ndarray | None,
                     tgt_hashes: np.ndarray | None) -> np.ndarray:
-        """The indices (ascending) of the kept pairs among line-aligned lines whose word counts
+        """The indices (ascending) of the kept pairs among line-aligned lines whose lengths
         are ``n_src``/``n_tgt`` and whose hashes (:func:`~mtcli.data.scan.line_hashes`; needed
         only with dedup) are ``src_hashes``/``tgt_hashes``: the rules of :meth:`reason` over
         whole arrays, then dedup on the passing pairs (the same keys as :func:`pair_keys`).
@@ -245,8 +249,8 @@ def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[np.ndarray, CleanCoun
     :class:`~mtcli.data.arrowrows.BlockReader` that gives it here, or ``(path, start, end)`` of
     both text files (:func:`_clean_file_range`). Kept lines that are not spans of an input file
     are written to the part files ``<part>.src`` and ``<part>.tgt``."""
-    part, first, src, tgt, max_length, max_ratio, dedup = task
-    cleaner = PairCleaner(max_length, max_ratio, dedup, record_keys=True)
+    part, first, src, tgt, max_length, max_ratio, dedup, characters = task
+    cleaner = PairCleaner(max_length, max_ratio, dedup, record_keys=True, characters=characters)
     if isinstance(src, tuple):
         sides = _clean_file_range(cleaner, first, src, tgt, part)
     else:
@@ -254,7 +258,7 @@ def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[np.ndarray, CleanCoun
         with _PartWriter(part) as writer:
             for src_block, tgt_block in blocks:  # Arrow's text: valid UTF-8, its rows made into lines
                 ended = (_ended(src_block), _ended(tgt_block))
-                layouts = _layouts(ended, False, first, ("", ""), dedup)
+                layouts = _layouts(ended, False, first, ("", ""), cleaner)
                 assert layouts is not None  # only strict blocks are declined
                 writer.write_spans(ended, layouts, _kept(cleaner, layouts))
         sides = writer.sides()
@@ -264,7 +268,7 @@ def _clean_range_in_worker(task: tuple[Any, ...]) -> tuple[np.ndarray, CleanCoun
 
 def _kept(cleaner: PairCleaner, layouts: list[Lines]) -> np.ndarray:
     """The kept pairs of two sides' lines (:meth:`PairCleaner.clean_lines`)."""
-    return cleaner.clean_lines(layouts[0].words, layouts[1].words, layouts[0].hashes, layouts[1].hashes)
+    return cleaner.clean_lines(layouts[0].lengths, layouts[1].lengths, layouts[0].hashes, layouts[1].hashes)
 
 
 def _clean_file_range(cleaner: PairCleaner, first: int, src: tuple[str, int, int],
@@ -277,7 +281,7 @@ def _clean_file_range(cleaner: PairCleaner, first: int, src: tuple[str, int, int
     last line has no ``\n``."""
     blocks = (read_range(*src), read_range(*tgt))
     ended = (_ended(blocks[0]), _ended(blocks[1]))
-    layouts = _layouts(ended, True, first, (src[0], tgt[0]), cleaner.dedup)
+    layouts = _layouts(ended, True, first, (src[0], tgt[0]), cleaner)
     if layouts is not None and ended[0] is blocks[0] and ended[1] is blocks[1]:
         kept = _kept(cleaner, layouts)
         return _file_side(layouts[0].stops, kept, src[1]), _file_side(layouts[1].stops, kept, tgt[1])
@@ -339,13 +343,14 @@ class _PartWriter:
 
 
 def _layouts(blocks: tuple[bytes, bytes], strict: bool, first: int, names: tuple[str, str],
-             hashes: bool) -> list[Lines] | None:
-    """Both blocks' lines (:class:`~mtcli.data.scan.Lines`), with their hashes when
-    ``hashes``. None when ``strict`` and the reader would change the bytes (they are then
+             cleaner: PairCleaner) -> list[Lines] | None:
+    """Both blocks' lines (:class:`~mtcli.data.scan.Lines`), measured as ``cleaner`` measures
+    each side, with their hashes when it deduplicates. None when ``strict`` and the reader would change the bytes (they are then
     decoded line by line); raises the reader's one-line error for invalid UTF-8."""
     if strict and not all(_verbatim(block, name, first) for block, name in zip(blocks, names, strict=True)):
         return None
-    return [numpy_lines(block, hashes) for block in blocks]
+    return [numpy_lines(block, cleaner.dedup, characters)
+            for block, characters in zip(blocks, cleaner.characters, strict=True)]
 
 
 def _ended(block: bytes) -> bytes:
@@ -424,7 +429,7 @@ def _clean_in_workers(ranges: Iterable[tuple[int, Any, Any]], out_src: Path, out
     parent takes the results in order and drops the pairs an earlier range kept; the workers
     then copy each range's kept lines, from its part files under ``parts`` or from the
     ``inputs`` files, to where they belong in the output (a copy inside the kernel)."""
-    settings = (cleaner.max_length, cleaner.max_ratio, cleaner.dedup)
+    settings = (cleaner.max_length, cleaner.max_ratio, cleaner.dedup, cleaner.characters)
     tasks = ((f"{parts}/{i:06d}", *task, *settings) for i, task in enumerate(ranges))
     outs = (str(out_src), str(out_tgt))
     for out in outs:

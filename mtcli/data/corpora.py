@@ -27,11 +27,17 @@ from typing import Any
 
 from mtcli.config import CorpusConfig, DataConfig
 from mtcli.data.cache import array_name
-from mtcli.data.cleaning import CleanCounts, PairCleaner, clean_text_blocks, clean_text_files
+from mtcli.data.cleaning import (
+    CleanCounts,
+    PairCleaner,
+    clean_text_blocks,
+    clean_text_files,
+)
 from mtcli.data.sources import Source, open_source
 from mtcli.data.workers import can_fork
 from mtcli.errors import DataError
 from mtcli.fileio import FileHasher
+from mtcli.languages import measured_in_characters
 from mtcli.logs import get_logger
 
 # Below this many pairs an Arrow split is cleaned in-process: forking workers costs about as much
@@ -199,7 +205,8 @@ def _clean_split(corpus: Corpus, data: DataConfig, src_txt: Path, tgt_txt: Path,
     the rows (:func:`~mtcli.data.cleaning.clean_text_blocks`) by the workers from the parts they
     read themselves (parquet row groups, slices of a dataset's Arrow files), or else by this
     process."""
-    cleaner = PairCleaner(data.max_length, data.max_length_ratio, data.dedup)
+    characters = (measured_in_characters(corpus.langs[0]), measured_in_characters(corpus.langs[1]))
+    cleaner = PairCleaner(data.max_length, data.max_length_ratio, data.dedup, characters=characters)
     source, split = corpus.source, corpus.read_split
     files = source.plain_files(split)
     parallel = workers > 1 and can_fork()
@@ -229,12 +236,30 @@ def write_training(plan: Plan, data: DataConfig, tmp: Path, workers: int) -> dic
                                                      text_path(tmp, corpus.train_name, tgt), workers)
         why = ", ".join(f"{k} {v}" for k, v in c.dropped().items())
         log.info("read %s: %d pairs, kept %d (dropped: %s)", corpus.train_name, c.read, c.kept, why)
+        _warn_of_heavy_drops(corpus, c, data)
         if c.kept == 0:
             raise DataError(
                 f"{corpus.source.describe()}: training split '{data.train_split}' is empty after cleaning "
                 f"(read {c.read} pairs; dropped: {why})"
             )
     return counts
+
+
+# A length rule that drops more than this share of a corpus is more likely wrong for it than right.
+HEAVY_DROP_SHARE = 0.2
+
+
+def _warn_of_heavy_drops(corpus: Corpus, counts: CleanCounts, data: DataConfig) -> None:
+    """Warn when a length rule dropped much of a corpus, naming the key that sets it and how
+    each side was measured."""
+    units = "/".join(f"{lang} in {'characters' if measured_in_characters(lang) else 'words'}"
+                     for lang in corpus.langs)
+    for dropped, key, value in ((counts.too_long, "data.max_length", data.max_length),
+                                (counts.ratio, "data.max_length_ratio", data.max_length_ratio)):
+        if counts.read and dropped > HEAVY_DROP_SHARE * counts.read:
+            get_logger().warning("%s: %s=%g dropped %d of %d pairs (%.0f%%; lengths: %s); if that is "
+                                 "not what you want, raise it", corpus.train_name, key, value, dropped,
+                                 counts.read, 100 * dropped / counts.read, units)
 
 
 def _write_sides(pairs: Iterable[tuple[str, str]], paths: list[Path | None]) -> int:

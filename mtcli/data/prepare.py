@@ -69,6 +69,7 @@ from mtcli.data.vocabmap import VocabTokenizer, load_tokenizer, tokenizer_files
 from mtcli.data.workers import can_fork, forked_pool, in_order
 from mtcli.errors import DataError
 from mtcli.fileio import FileHasher, atomic_dir, sha256_file
+from mtcli.languages import measured_in_characters
 from mtcli.logs import get_logger, progress
 from mtcli.rundir import VOCAB_NAME
 from mtcli.runlock import pid_alive
@@ -156,6 +157,9 @@ def build_key(data: DataConfig, fingerprint: dict[str, Any], spm_sha256: str | N
     settings = {k: v for k, v in dataclasses.asdict(data).items() if k not in excluded}
     if data.sources:  # where each corpus is and how often it is drawn do not change the content
         settings["sources"] = [{"tag": c.tag, "langs": c.langs, "hub_config": c.hub_config} for c in data.corpora()]
+    measured = sorted({lang for c in data.corpora() for lang in c.langs or () if measured_in_characters(lang)})
+    if measured:  # the cleaning rules measure these languages in characters
+        settings["characters"] = measured
     if spm_sha256:
         settings["spm_model_sha256"] = spm_sha256
     blob = json.dumps(
@@ -530,7 +534,7 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
                              tokens=current.manifest.get("tokens", {}), vocab_size=current.vocab_size)
     start = time.perf_counter()
     log.info("preparing %s from %s (splits: %s)", out, plan.describe(), ", ".join(plan.splits()))
-    workers = max(1, data.num_workers)
+    workers = data.num_workers
     with _naming_write_errors(out), atomic_dir(out) as tmp:
         (tmp / _PID_FILE).write_text(str(os.getpid()))
         counts = write_training(plan, data, tmp, workers)

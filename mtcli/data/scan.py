@@ -1,9 +1,10 @@
-"""A block of text lines laid out for cleaning: line ends, word counts, hashes.
+"""A block of text lines laid out for cleaning: line ends, lengths, hashes.
 
-Cleaning a range of lines needs, for each line, where it ends, its number of words (as
-``str.split`` counts them) and, for dedup, the hash of its bytes (:func:`line_hashes`). numpy
-finds the line ends and counts the words over the bytes without decoding them
-(:func:`line_layout`); pandas hashes the lines (:func:`numpy_lines` gives all three).
+Cleaning a range of lines needs, for each line, where it ends, its length (its number of words,
+as ``str.split`` counts them, or of characters other than spaces for a language written without
+them) and, for dedup, the hash of its bytes (:func:`line_hashes`). numpy finds the line ends and
+counts the words or characters over the bytes without decoding them (:func:`line_layout`);
+pandas hashes the lines (:func:`numpy_lines` gives all three).
 """
 
 from __future__ import annotations
@@ -16,12 +17,19 @@ import numpy as np
 
 class Lines(NamedTuple):
     """A block's lines: ``stops[i]`` is the offset just after line ``i`` (its ``\\n``
-    included), ``words[i]`` its ``len(line.split())``, ``hashes[i]`` (or None) its
+    included), ``lengths[i]`` its :func:`text_length`, ``hashes[i]`` (or None) its
     :func:`line_hashes` value."""
 
     stops: np.ndarray
-    words: np.ndarray
+    lengths: np.ndarray
     hashes: np.ndarray | None
+
+
+def text_length(text: str, characters: bool = False) -> int:
+    """How long ``text`` is for cleaning: its words (``len(text.split())``), or with
+    ``characters`` its characters other than spaces."""
+    words = text.split()
+    return sum(map(len, words)) if characters else len(words)
 
 
 def line_ends(block: np.ndarray) -> np.ndarray:
@@ -55,13 +63,14 @@ _WIDE_SPACES = [chr(c).encode() for c in range(0x80, 0x3001) if chr(c).isspace()
 _WIDE_LEADS = sorted({wide[0] for wide in _WIDE_SPACES})
 
 
-def line_layout(block: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """Where each line of a block of valid UTF-8 ends, and how many words it holds:
+def line_layout(block: bytes, characters: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Where each line of a block of valid UTF-8 ends, and how long it is:
     ``(stops, counts)``, where line ``i`` is ``block[stops[i - 1]:stops[i]]`` (``stops[-1]``
-    is 0) with its ``\n``, and ``counts[i]`` is ``len(line.split())``. Lines are ended by
-    ``\n``, the last maybe not. Nothing is decoded: word starts (a byte that is not a space,
-    after one that is) are summed per line over the bytes, and only the few lines that hold a
-    non-ASCII space are counted by ``str.split`` itself."""
+    is 0) with its ``\n``, and ``counts[i]`` is :func:`text_length` ``(line, characters)``.
+    Lines are ended by ``\n``, the last maybe not. Nothing is decoded: word starts (a byte that
+    is not a space, after one that is), or character starts (a byte that is neither a space nor
+    a UTF-8 continuation byte), are summed per line over the bytes, and only the few lines that
+    hold a non-ASCII space are measured by ``str.split`` itself."""
     a = np.frombuffer(block, dtype=np.uint8)
     if not len(a):
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
@@ -71,15 +80,18 @@ def line_layout(block: bytes) -> tuple[np.ndarray, np.ndarray]:
     space = a <= 32  # every ASCII space is; other control bytes are checked for above
     if not _ASCII_SPACE[low_bytes].all():
         space = _ASCII_SPACE[a]
-    word_start = np.empty(len(a), dtype=bool)
-    word_start[0] = not space[0]
-    np.greater(space[:-1], space[1:], out=word_start[1:])
+    if characters:
+        unit_start = ~space & ((a & 0xC0) != 0x80)
+    else:
+        unit_start = np.empty(len(a), dtype=bool)
+        unit_start[0] = not space[0]
+        np.greater(space[:-1], space[1:], out=unit_start[1:])
     stops = ends + 1 if a[-1] == 10 else np.append(ends + 1, len(a))
     line_starts = np.concatenate(([0], stops[:-1]))
-    counts = np.add.reduceat(word_start.view(np.uint8), line_starts, dtype=np.int32).astype(np.int64)
+    counts = np.add.reduceat(unit_start.view(np.uint8), line_starts, dtype=np.int32).astype(np.int64)
     for i in _wide_space_lines(a, stops).tolist():
         start = int(stops[i - 1]) if i else 0
-        counts[i] = len(block[start:int(stops[i])].decode("utf-8").split())
+        counts[i] = text_length(block[start:int(stops[i])].decode("utf-8"), characters)
     return stops, counts
 
 
@@ -98,8 +110,9 @@ def _wide_space_lines(a: np.ndarray, stops: np.ndarray) -> np.ndarray:
     return np.unique(np.searchsorted(stops, at[found], side="right"))
 
 
-def numpy_lines(block: bytes, hashes: bool) -> Lines:
+def numpy_lines(block: bytes, hashes: bool, characters: bool = False) -> Lines:
     """The :class:`Lines` of a ``block`` known to be valid UTF-8 (ended by ``\\n``, the last
-    line maybe not), with their hashes when ``hashes``."""
-    stops, words = line_layout(block)
-    return Lines(stops, words, line_hashes(block.split(b"\n")[:len(stops)]) if hashes else None)
+    line maybe not), their lengths in characters when ``characters``, with their hashes when
+    ``hashes``."""
+    stops, lengths = line_layout(block, characters)
+    return Lines(stops, lengths, line_hashes(block.split(b"\n")[:len(stops)]) if hashes else None)

@@ -15,6 +15,7 @@ from mtcli.data.cleaning import (
 )
 from mtcli.data.scan import line_hashes, line_layout
 from mtcli.errors import DataError
+from mtcli.languages import measured_in_characters
 
 
 @pytest.mark.parametrize("kept", [[], [0], [5], [0, 1, 2, 3, 4, 5], [1, 2, 4], [0, 5], [2, 3]])
@@ -48,6 +49,20 @@ def test_clean_lines_equals_the_cleaner_over_pairs() -> None:
     assert [(src[i].decode(), tgt[i].decode()) for i in kept] == expected
     assert arrays.counts == one.counts
     assert arrays.counts == CleanCounts(read=27, kept=4, empty=6, too_long=3, ratio=3, duplicate=11)
+
+
+def test_chinese_and_japanese_are_measured_in_characters() -> None:
+    """A whole unspaced sentence is one word: measured in words, a Chinese side fails the ratio
+    rule against any English sentence of four words or more, and no Japanese side is too long."""
+    pairs = [("一只猫在草地上玩", "a cat plays on the grass"), ("猫", "a cat plays on the grass"),
+             ("今日はいい天気ですね" * 3, "nice weather")]
+    by_words = PairCleaner(max_length=20, max_ratio=3.0)
+    assert list(by_words(pairs)) == pairs[2:] and by_words.counts.ratio == 2
+    by_characters = PairCleaner(max_length=20, max_ratio=3.0, characters=(True, False))
+    assert list(by_characters(pairs)) == pairs[:1]
+    assert by_characters.counts == CleanCounts(read=3, kept=1, too_long=1, ratio=1)
+    assert [measured_in_characters(lang) for lang in ("zh", "zh_TW", "cmn", "ja", "jpn", "ko", "th", "en")] == [
+        True, True, True, True, True, False, False, False]
 
 
 def test_absorb_drops_what_an_earlier_range_kept() -> None:
@@ -89,10 +104,12 @@ def _serial(src, tgt, tmp_path, **settings) -> tuple[bytes, bytes, CleanCounts]:
             cleaner.counts)
 
 
+@pytest.mark.parametrize("characters", [(False, False), (False, True)])
 @pytest.mark.parametrize("workers", [1, 2])
-def test_clean_text_files_writes_what_one_process_writes(tmp_path, monkeypatch, workers: int) -> None:
+def test_clean_text_files_writes_what_one_process_writes(tmp_path, monkeypatch, workers: int,
+                                                         characters: tuple[bool, bool]) -> None:
     rng = np.random.default_rng(0)
-    words = ["ein", "Hund", "läuft", "über", "die", "Wiese", "a", "dog", "runs", "“x”"]
+    words = ["ein", "Hund", "läuft", "über", "die", "Wiese", "a", "dog", "runs", "“x”", "猫", "日本"]
     pairs = [(" ".join(rng.choice(words, rng.integers(0, 14))), " ".join(rng.choice(words, rng.integers(0, 14))))
              for _ in range(400)]
     pairs += pairs[:50]  # duplicates in later ranges
@@ -105,7 +122,7 @@ def test_clean_text_files_writes_what_one_process_writes(tmp_path, monkeypatch, 
         handle.write(b"last line without an end")
     with open(tgt, "ab") as handle:
         handle.write(b"letzte Zeile ohne Ende")
-    settings = {"max_length": 10, "max_ratio": 2.0, "dedup": True}
+    settings = {"max_length": 10, "max_ratio": 2.0, "dedup": True, "characters": characters}
     want_src, want_tgt, want_counts = _serial(src, tgt, tmp_path, **settings)
     cleaner = PairCleaner(**settings)
     clean_text_files(src, tgt, tmp_path / "o.src", tmp_path / "o.tgt", cleaner, workers, lines_per_range=37)

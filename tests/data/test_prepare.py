@@ -191,6 +191,43 @@ def test_cleaning_counts_end_to_end(tmp_path: Path) -> None:
     assert "dropped: empty 2, too_long 1, ratio 1, duplicate 2" in report.summary()
 
 
+def _write_corpus(root: Path, langs: tuple[str, str], train: list[tuple[str, str]]) -> None:
+    root.mkdir()
+    for split, pairs in (("train", train), ("val", train[:3]), ("test", train[:3])):
+        for side, lang in enumerate(langs):
+            (root / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
+
+
+def test_a_chinese_corpus_is_measured_in_characters(tmp_path: Path) -> None:
+    """Spaces do not separate Chinese words: measured in words, each of these pairs failed the
+    ratio rule and the corpus came out empty. Its vocabulary covers 99.95% of the characters."""
+    animals = "猫狗鸟鱼马牛羊猪鸡鸭"
+    train = [(f"一只{a}在草地上{b}玩", f"a {i} is playing on the grass {j}")
+             for i, a in enumerate(animals) for j, b in enumerate("跑跳走")]
+    _write_corpus(tmp_path / "zh", ("zh", "en"), train)
+    path = write_config(tmp_path, tmp_path / "zh", src_lang="zh", tgt_lang="en", vocab_size=48)
+    result = run_cli(str(path))
+    assert result.exit_code == 0, result.output
+    assert "WARNING" not in result.stderr
+    config = load_config(path)
+    assert config.data.character_coverage == 0.9995
+    corpus = PreparedCorpus.open(config.data.prepared_path())
+    assert corpus.manifest["counts"]["train"]["kept"] == len(train)
+    assert corpus.manifest["spm"]["character_coverage"] == 0.9995
+
+
+def test_a_length_rule_that_drops_much_of_a_corpus_is_warned_of(tmp_path: Path) -> None:
+    train = [(f"ein hund {w}", f"a dog {w}") for w in "abcdefghijklmnopqrst"]
+    train += [(f"eins {w}", f"one two three four five six seven {w}") for w in "abcdefghij"]
+    _write_corpus(tmp_path / "c", ("src", "tgt"), train)
+    result = run_cli(str(write_config(tmp_path, tmp_path / "c", vocab_size=30)))
+    assert result.exit_code == 0, result.output
+    warning = [line for line in result.stderr.splitlines() if "WARNING" in line]
+    assert len(warning) == 1, result.stderr
+    assert ("train: data.max_length_ratio=3 dropped 10 of 30 pairs (33%; lengths: src in words/tgt in words)"
+            in warning[0])
+
+
 def _toy_pairs(split: str) -> list[tuple[str, str]]:
     return list(zip(read_lines(TOY_DIR / f"{split}.src"), read_lines(TOY_DIR / f"{split}.tgt"), strict=True))
 

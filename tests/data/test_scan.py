@@ -1,5 +1,6 @@
-"""Tests of mtcli.data.scan: numpy finds every line and counts its words as ``str.split`` does,
-pandas hashes the lines, and spans of a block are taken in order."""
+"""Tests of mtcli.data.scan: numpy finds every line and counts its words as ``str.split`` does
+(or its characters other than spaces), pandas hashes the lines, and spans of a block are taken
+in order."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ import numpy as np
 import pytest
 
 from mtcli.data import scan
-from mtcli.data.scan import line_ends, line_hashes, line_layout, numpy_lines, take_spans
+from mtcli.data.scan import (
+    line_ends,
+    line_hashes,
+    line_layout,
+    numpy_lines,
+    take_spans,
+    text_length,
+)
 
 # Every character str.split() splits on but the line end, and some that look alike but are not.
 SPACES = [chr(c) for c in range(0x110000) if chr(c).isspace() and c != 10]
@@ -23,18 +31,19 @@ def test_every_python_space_is_known_and_none_is_above_u3000() -> None:
     assert scan._WIDE_LEADS == [0xC2, 0xE1, 0xE2, 0xE3]  # the first bytes _wide_space_lines looks for
 
 
+@pytest.mark.parametrize("characters", [False, True])
 @pytest.mark.parametrize("seed", range(5))
-def test_line_layout_finds_every_line_and_its_words(seed: int) -> None:
+def test_line_layout_finds_every_line_and_its_length(seed: int, characters: bool) -> None:
     rng = np.random.default_rng(seed)
-    alphabet = ["a", "bc", "ä", "“", "\u2029x", " ", "  ", "\t", "\x1c", "\x01", *SPACES[::7]]
+    alphabet = ["a", "bc", "ä", "“", "\u2029x", " ", "  ", "\t", "\x1c", "\x01", "猫", "🙂", *SPACES[::7]]
     lines = ["".join(rng.choice(alphabet, size=rng.integers(0, 12))) for _ in range(300)]
     for ended in (True, False):
         block = "\n".join(lines).encode() + (b"\n" if ended else b"")
-        stops, counts = line_layout(block)
+        stops, counts = line_layout(block, characters)
         starts = [0, *stops[:-1].tolist()]
         assert [block[a:b].rstrip(b"\n").decode() for a, b in zip(starts, stops.tolist(), strict=True)] == lines
-        assert counts.tolist() == [len(line.split()) for line in lines]
-    assert [len(x) for x in line_layout(b"")] == [0, 0]
+        assert counts.tolist() == [text_length(line, characters) for line in lines]
+    assert [len(x) for x in line_layout(b"", characters)] == [0, 0]
 
 
 @pytest.mark.parametrize("ended", [True, False])
@@ -46,13 +55,24 @@ def test_word_counts_equal_str_split(ended: bool) -> None:
     assert line_layout(b"")[1].tolist() == []
 
 
+@pytest.mark.parametrize("ended", [True, False])
+def test_character_counts_leave_out_every_space(ended: bool) -> None:
+    lines = ["", " ", "一只猫在玩", "一只 猫\u3000在玩", "日本語のテキスト", "Straße 🙂", "a\u00a0b", "\x01x"]
+    lines += [f"猫{space}狗" for space in SPACES]
+    block = "\n".join(lines).encode() + (b"\n" if ended else b"")
+    want = [len("".join(ch for ch in line if not ch.isspace())) for line in lines]
+    assert line_layout(block, characters=True)[1].tolist() == want
+    assert want[2:6] == [5, 5, 8, 7]
+
+
 
 
 @pytest.mark.parametrize("ended", [True, False])
 def test_numpy_lines_hash_each_line_as_its_text(ended: bool) -> None:
     lines = ["a b", "", "Straße", "日本 語", "a b"]
     got = numpy_lines(_block(lines, ended), hashes=True)
-    assert got.words.tolist() == [2, 0, 1, 2, 2]
+    assert got.lengths.tolist() == [2, 0, 1, 2, 2]
+    assert numpy_lines(_block(lines, ended), hashes=False, characters=True).lengths.tolist() == [2, 0, 6, 3, 2]
     assert got.hashes.tolist() == line_hashes(lines).tolist() and got.hashes[0] == got.hashes[4]
     assert numpy_lines(_block(lines), hashes=False).hashes is None
 

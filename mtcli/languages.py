@@ -1,0 +1,42 @@
+"""What mtcli knows about a language from its code: where spaces do not separate its words.
+
+Three places treat such languages differently, each as the tool it follows does:
+
+* cleaning (:mod:`mtcli.data.cleaning`) measures Chinese and Japanese text in characters, not
+  words, as OpusFilter's length filters do with ``unit: char``: a Chinese character, or a
+  Japanese kana or kanji, is about a word of English, and a whole unspaced sentence would
+  otherwise count as one word and break the length-ratio rule;
+* SentencePiece covers 99.95% of their characters rather than all of them (its own advice for
+  languages with rich character sets), so that thousands of rare characters do not take the
+  vocabulary (:func:`default_character_coverage`);
+* BLEU tokenises a Chinese, Japanese or Korean target as sacreBLEU's ``-l`` does
+  (:mod:`mtcli.metrics`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+_ALIASES = {"zho": "zh", "chi": "zh", "cmn": "zh", "yue": "zh", "jpn": "ja", "kor": "ko"}
+#: Languages written without spaces between words, measured in characters by the cleaning rules.
+CHARACTER_LANGUAGES = ("zh", "ja")
+#: SentencePiece's character coverage for a vocabulary that holds such a language (1.0 otherwise).
+RICH_SCRIPT_COVERAGE = 0.9995
+
+
+def language_code(lang: str | None) -> str:
+    """``lang`` as its two-letter code: ``zh_TW``, ``zh-Hans``, ``cmn`` -> ``zh``; ``jpn`` ->
+    ``ja``; ``""`` for None."""
+    code = (lang or "").lower().replace("_", "-").split("-")[0]
+    return _ALIASES.get(code, code)
+
+
+def measured_in_characters(lang: str | None) -> bool:
+    """Whether the cleaning rules measure text in ``lang`` in characters, not words."""
+    return language_code(lang) in CHARACTER_LANGUAGES
+
+
+def default_character_coverage(langs: Iterable[str]) -> float:
+    """``data.character_coverage`` when a config does not set it: 0.9995 when one of ``langs``
+    is Chinese or Japanese, else 1.0."""
+    return RICH_SCRIPT_COVERAGE if any(measured_in_characters(lang) for lang in langs) else 1.0
