@@ -37,6 +37,8 @@ def test_is_out_of_memory_knows_the_allocators_failures_also_wrapped() -> None:
         assert is_out_of_memory(exc)
     assert is_out_of_memory(RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be reported ..."))
     assert is_out_of_memory(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"))
+    assert is_out_of_memory(RuntimeError("CUDA failed with error out of memory"))  # CTranslate2's
+    assert is_out_of_memory(MemoryError())  # std::bad_alloc of a C++ library, through pybind11
     assert not is_out_of_memory(RuntimeError("shape mismatch"))
     try:  # an allocation failure already handled is not the cause of the next error
         try:
@@ -188,3 +190,50 @@ def test_the_server_answers_503_only_for_a_request_that_does_not_fit_alone(
         assert big.json()["error"].endswith("send fewer or shorter lines")
         monkeypatch.undo()
         assert client.post("/translate", json={"text": ["ein Hund"]}).status_code == 200  # still serving
+
+
+class _FillingTranslator:
+    """A CTranslate2 translator whose device holds batches of at most ``fits`` source tokens."""
+
+    def __init__(self, real, fits: int, error: BaseException) -> None:  # noqa: ANN001
+        self.real, self.fits, self.error, self.sizes = real, fits, error, []
+
+    def translate_batch(self, batch, *, max_batch_size, **options):  # noqa: ANN001, ANN201
+        self.sizes.append(max_batch_size)
+        if max_batch_size > self.fits:
+            raise self.error
+        return self.real.translate_batch(batch, max_batch_size=max_batch_size, **options)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("CUDA failed with error out of memory"), MemoryError()],
+                         ids=["cuda", "bad_alloc"])
+def test_the_ctranslate2_engine_halves_its_batches_until_they_fit(
+        tiny_run_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, error: BaseException) -> None:
+    """CTranslate2's own allocation failures (its CUDA message; std::bad_alloc, a MemoryError in
+    Python) make the engine halve its batches and keep them halved, to the same output; when a
+    batch of one sentence does not fit, one error names the beam."""
+    pytest.importorskip("ctranslate2")
+    import shutil
+
+    from mtcli.errors import DeviceMemoryError
+    from mtcli.infer.translator import Translator
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    lines = ["ein Hund", "zwei Hunde laufen", "drei Katzen", "rot"]
+    translator = Translator.from_run(run, beam=2, device="cpu", engine="ctranslate2")
+    whole = translator.translate(lines)
+    engine = translator.engine
+    filling = engine.translator = _FillingTranslator(engine.translator, fits=100, error=error)
+    assert translator.translate(lines) == whole
+    assert filling.sizes == [512, 256, 128, 64]
+    warned = [r.getMessage() for r in caplog.records if "from now on" in r.getMessage()]
+    assert warned[0] == ("out of memory on cpu decoding with CTranslate2 in batches of 512 tokens, beam 2: decoding "
+                         "in batches of 256 tokens from now on (a lower decode.max_tokens, now 512, avoids this)")
+    assert translator.translate(lines) == whole and filling.sizes[4:] == [64]  # kept halved
+    filling.fits = 0
+    with pytest.raises(DeviceMemoryError, match=r"in batches of \d+ tokens, beam 2: lower the beam"):
+        translator.translate(lines)
+    filling.error = RuntimeError("something else")
+    with pytest.raises(RuntimeError, match="something else"):
+        translator.translate(lines)

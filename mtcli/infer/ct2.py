@@ -18,6 +18,11 @@ What matches and what does not:
   can rank finished hypotheses differently; with alpha = 0 both rank by log-probability;
 * ``decode.int8`` maps to ``compute_type="int8"`` and ``decode.bf16`` to ``"bfloat16"``; scores
   are CTranslate2's (``Translation.logprob`` is its cumulated log-probability).
+
+CTranslate2 cuts a window into batches of ``decode.max_tokens`` source tokens. When a window runs
+out of the device's memory, it is decoded again with half the tokens a batch, and the engine keeps
+the smaller batches from then on (a warning names ``decode.max_tokens``); when batches of one
+sentence still do not fit, :class:`~mtcli.errors.DeviceMemoryError` names the beam.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from typing import Any
 import torch
 
 from mtcli.config import DecodeConfig
-from mtcli.errors import ConfigError
+from mtcli.device import is_out_of_memory, memory_text
+from mtcli.errors import ConfigError, DeviceMemoryError
 from mtcli.fileio import sha256_file
 from mtcli.infer.export import export_model, require_ctranslate2
 from mtcli.infer.loading import InferenceModel, source_prefix
@@ -79,6 +85,8 @@ class CT2Engine:
         compute = "int8" if decode.int8 else "bfloat16" if decode.bf16 else "default"
         self.model_dir = model_dir
         self.bundle = bundle
+        self.device = device
+        self.fitting_tokens: int | None = None  # the batch size in tokens known to fit, once one did not
         self.translator = ctranslate2.Translator(
             str(model_dir), device=device.type, device_index=device.index or 0, compute_type=compute,
             intra_threads=torch.get_num_threads() if device.type == "cpu" else 0,
@@ -97,12 +105,11 @@ class CT2Engine:
             if keys:
                 batch = [[tokenizer.id_to_piece(i) for i in sources[k]] for k in keys]
                 longest = max(self._limit(len(s), decode) for s in batch)
-                outputs = self.translator.translate_batch(
-                    batch, num_hypotheses=decode.nbest,
+                outputs = self._translate_fitting(
+                    batch, decode, num_hypotheses=decode.nbest,
                     length_penalty=decode.length_penalty, max_decoding_length=longest,
-                    min_decoding_length=0, return_scores=True, max_batch_size=decode.max_tokens,
-                    batch_type="tokens", suppress_sequences=[["<blank>"], ["<s>"]],
-                    **self._search(decode),
+                    min_decoding_length=0, return_scores=True,
+                    suppress_sequences=[["<blank>"], ["<s>"]], **self._search(decode),
                 )
                 for k, pieces, out in zip(keys, batch, outputs, strict=True):
                     results[k] = self._translations(out, sources[k], self._limit(len(pieces), decode))
@@ -110,6 +117,24 @@ class CT2Engine:
                 on_done(len(chunk))
             offset += len(chunk)
             yield from results  # type: ignore[misc]
+
+    def _translate_fitting(self, batch: list[list[str]], decode: DecodeConfig, **options: Any) -> list[Any]:
+        """CTranslate2's ``translate_batch`` over ``batch`` in batches of ``decode.max_tokens``
+        source tokens, halved while the device runs out of memory (see the module docstring)."""
+        while True:
+            tokens = min(decode.max_tokens, self.fitting_tokens or decode.max_tokens)
+            try:
+                return self.translator.translate_batch(batch, max_batch_size=tokens, batch_type="tokens", **options)
+            except (RuntimeError, MemoryError) as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                where = (f"out of memory on {memory_text(self.device)} decoding with CTranslate2 in batches "
+                         f"of {tokens} tokens, beam {options['beam_size']}")
+                if tokens <= max(map(len, batch)):  # every batch is one sentence already
+                    raise DeviceMemoryError(f"{where}: lower the beam (decode.beam_size, --beam)") from None
+            self.fitting_tokens = tokens // 2
+            get_logger().warning("%s: decoding in batches of %d tokens from now on (a lower decode.max_tokens, "
+                                 "now %d, avoids this)", where, self.fitting_tokens, decode.max_tokens)
 
     @staticmethod
     def _search(decode: DecodeConfig) -> dict[str, Any]:
