@@ -171,6 +171,25 @@ def test_translate_decodes_a_batch_that_does_not_fit_in_halves(
     assert not (tmp_path / "none.txt").exists()
 
 
+def test_after_a_batch_that_does_not_fit_the_next_windows_are_cut_smaller(
+        tiny_run_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Only the first window pays for a failed batch: the later ones are cut to half its tokens,
+    so the warning (and the wasted search) is not repeated window after window."""
+    from mtcli.infer.translate import translate_lines
+    from mtcli.infer.translator import Translator
+
+    translator = Translator.from_run(tiny_run_dir, beam=2, device="cpu")
+    lines = ["ein Hund", "zwei Hunde"] * 4
+    def run() -> list[str]:
+        return [n[0].text for n in translate_lines(translator.bundle, lines, translator.decode, "cpu", window=2)]
+
+    whole = run()
+    fail_batches_over(monkeypatch, sentences=1)
+    assert run() == whole
+    warned = [r.getMessage() for r in caplog.records if "two halves" in r.getMessage()]
+    assert len(warned) == 1, warned
+
+
 def test_the_server_answers_503_only_for_a_request_that_does_not_fit_alone(
         tiny_run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fastapi.testclient import TestClient

@@ -169,8 +169,10 @@ def translate_lines(
                 ensemble_mode=decode.ensemble_mode, shortlist=shortlist, sample=sample,
             )
 
+    budget = [decode.max_tokens]  # lowered when a batch does not fit, for the windows after it
+
     def decode_batch(sources: list[list[int]]) -> list[list[Hypothesis]]:
-        return decode_fitting(search, sources, decode, device)
+        return decode_fitting(search, sources, decode, device, budget)
 
     offset = 0
     try:
@@ -180,7 +182,7 @@ def translate_lines(
             if on_done is not None and len(chunk) > len(keys):
                 on_done(len(chunk) - len(keys))
             groups = [[keys[b] for b in batch]
-                      for batch in source_batches([len(sources[k]) for k in keys], decode.max_tokens,
+                      for batch in source_batches([len(sources[k]) for k in keys], budget[0],
                                                   decode.beam_size)]
             batches = [[sources[i] for i in group] for group in groups]
             decoded = pool.map(decode_batch, batches) if pool is not None else map(decode_batch, batches)
@@ -200,10 +202,12 @@ def translate_lines(
 
 
 def decode_fitting(search: Callable[[torch.Tensor], list[list[Hypothesis]]], sources: list[list[int]],
-                   decode: DecodeConfig, device: torch.device) -> list[list[Hypothesis]]:
+                   decode: DecodeConfig, device: torch.device, budget: list[int] | None = None
+                   ) -> list[list[Hypothesis]]:
     """``search`` over ``sources`` collated on ``device``. A batch that runs out of the device's
     memory is decoded again in two halves, each in turn, so that a long job goes on (a warning
-    names ``decode.max_tokens``, which made the batch); one sentence that does not fit alone
+    names ``decode.max_tokens``, which made the batch), and ``budget[0]``, the tokens the next
+    batches are cut to, drops to half the failed batch's; one sentence that does not fit alone
     raises :class:`DeviceMemoryError` naming the beam. A sentence's hypotheses do not depend on
     the batch it is decoded in (up to floating-point rounding)."""
     try:
@@ -218,9 +222,11 @@ def decode_fitting(search: Callable[[torch.Tensor], list[list[Hypothesis]]], sou
     # the failed batch's tensors went with its exception: the halves have its memory
     get_logger().warning("%s: decoding them in two halves (a lower decode.max_tokens, now %d, avoids this)",
                          where, decode.max_tokens)
+    if budget is not None:  # as source_batches counts a batch's tokens
+        budget[0] = max(1, min(budget[0], len(sources) * (max(map(len, sources)) + 1) * decode.beam_size // 2))
     half = len(sources) // 2
-    return (decode_fitting(search, sources[:half], decode, device)
-            + decode_fitting(search, sources[half:], decode, device))
+    return (decode_fitting(search, sources[:half], decode, device, budget)
+            + decode_fitting(search, sources[half:], decode, device, budget))
 
 
 def _ready(results: list[list[Translation] | None], start: int
