@@ -306,6 +306,24 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     return parts[0], parts[1], value
 
 
+def _check_override(text: str, section: str, key: str, value: Any) -> None:
+    """Refuse a ``--set`` of an unknown section or key, or of a value of the wrong type, naming
+    the ``--set`` (not the file, which may not hold the key)."""
+    if section not in SECTIONS:
+        raise ConfigError(f"--set {text!r}: unknown section '{section}' (known: {', '.join(SECTIONS)})")
+    cls = SECTIONS[section]
+    fields = [f.name for f in dataclasses.fields(cls)]
+    if key not in fields:
+        raise ConfigError(f"--set {text!r}: unknown key '{section}.{key}' (known keys: {', '.join(fields)})")
+    hint = typing.get_type_hints(cls)[key]
+    if cls is DataConfig and key == "sources":
+        return  # a list of corpora, each checked as a section of its own
+    try:
+        _coerce(value, hint)
+    except TypeError:
+        raise ConfigError(f"--set {text!r}: key '{section}.{key}' must be {_type_name(hint)}, got {value!r}") from None
+
+
 def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | None = None,
                      lenient: bool = False) -> Config:
     """Validate a nested dict (as read from YAML) plus overrides into a :class:`Config`.
@@ -319,8 +337,7 @@ def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | N
     raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
     for text in overrides or []:
         section, key, value = parse_override(text)
-        if section not in SECTIONS:
-            raise ConfigError(f"--set {text!r}: unknown section '{section}' (known: {', '.join(SECTIONS)})")
+        _check_override(text, section, key, value)
         raw.setdefault(section, {})
         if not isinstance(raw[section], dict):
             raw[section] = {}

@@ -109,10 +109,14 @@ def test_set_overrides_parse_each_type(tmp_path: Path) -> None:
 
 def test_set_wrong_type_or_unknown_key_is_exit_2(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL)
-    assert "train.max_steps" in cli_error(path, "--set", "train.max_steps=lots")
-    assert "train.adam_eps" in cli_error(path, "--set", "train.adam_eps=small")
-    assert "train.nope" in cli_error(path, "--set", "train.nope=1")
+    # each names the --set, not the file, which does not hold the key
+    assert cli_error(path, "--set", "train.max_steps=lots").endswith(
+        "--set 'train.max_steps=lots': key 'train.max_steps' must be int, got 'lots'")
+    assert "--set 'train.adam_eps=small': key 'train.adam_eps'" in cli_error(path, "--set", "train.adam_eps=small")
+    assert "--set 'train.nope=1': unknown key 'train.nope' (known keys: run_dir," in cli_error(
+        path, "--set", "train.nope=1")
     assert "bogus" in cli_error(path, "--set", "bogus.key=1")
+    assert str(path) not in cli_error(path, "--set", "train.nope=1")
 
 
 @pytest.mark.parametrize("bad", ["train.max_steps", "max_steps=3", "train.max.steps=3", ".x=1"])
