@@ -33,7 +33,7 @@ from mtcli.data.cleaning import (
     clean_text_blocks,
     clean_text_files,
 )
-from mtcli.data.sources import Source, open_source
+from mtcli.data.sources import MissingSplitError, Source, open_source
 from mtcli.data.workers import can_fork
 from mtcli.errors import DataError
 from mtcli.fileio import FileHasher
@@ -169,6 +169,17 @@ def _providers(data: DataConfig, corpora: list[Corpus], eval_splits: Iterable[st
     return providers
 
 
+def _check_splits(source: Source, data: DataConfig, splits: list[str]) -> None:
+    """``source.check(splits)``; a missing split also names the key that asked for it."""
+    for split in splits:
+        try:
+            source.check([split])
+        except MissingSplitError as exc:
+            key = ("data.train_split" if split == data.train_split else
+                   "data.valid_split" if split == data.valid_split else "data.test_splits")
+            raise DataError(f"{exc}; {key} names it") from None
+
+
 def plan_corpora(data: DataConfig) -> Plan:
     """Open every corpus and decide what is read from where; :class:`DataError` (one line) for a
     missing corpus, split or language."""
@@ -176,7 +187,7 @@ def plan_corpora(data: DataConfig) -> Plan:
     eval_splits = [split for split in all_splits if split != data.train_split]
     if not data.sources:
         source = open_source(data.source, data.src_lang, data.tgt_lang, data.hub_config)
-        source.check(all_splits)
+        _check_splits(source, data, all_splits)
         corpus = Corpus(0, data.corpora()[0], source, data.train_split, data.train_split, [], eval_splits)
         providers = {(split, lang): (corpus, side) for split in eval_splits
                      for side, lang in enumerate((data.src_lang, data.tgt_lang))}
@@ -187,7 +198,7 @@ def plan_corpora(data: DataConfig) -> Plan:
     corpora: list[Corpus] = []
     for k, config in enumerate(configs):
         source = _open(config)
-        source.check([data.train_split])
+        _check_splits(source, data, [data.train_split])
         tgt = (config.langs or ["", ""])[1]
         prefix = ([target_tags[tgt]] if target_tags else []) + ([config.tag] if config.tag else [])
         corpora.append(Corpus(k, config, source, data.train_split, f"{data.train_split}.{k}", prefix))

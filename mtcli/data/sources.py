@@ -59,6 +59,10 @@ def _normalise(text: str) -> str:
     return text
 
 
+
+class MissingSplitError(DataError):
+    """A source has no split of that name (the message lists the splits it has)."""
+
 class Source:
     """A parallel corpus: named splits, each a stream of (source, target) sentence pairs."""
 
@@ -117,9 +121,9 @@ class Source:
         """``(name, path)`` of every file ``splits`` are read from."""
         raise NotImplementedError
 
-    def _missing_split(self, split: str) -> DataError:
+    def _missing_split(self, split: str) -> MissingSplitError:
         found = ", ".join(self.splits()) or "none"
-        return DataError(f"{self.describe()}: no split '{split}' (found splits: {found})")
+        return MissingSplitError(f"{self.describe()}: no split '{split}' (found splits: {found})")
 
 
 class TextDirSource(Source):

@@ -410,7 +410,7 @@ def _corrupt(kind: str, root: Path) -> dict:
     [
         ("mismatch", ("val.src has 40 lines", "val.tgt has 39 lines")),
         ("utf8", ("test.src:7: invalid UTF-8",)),
-        ("split", ("no split 'test2018'", "found splits: test, train, val")),
+        ("split", ("no split 'test2018'", "found splits: test, train, val); data.test_splits names it")),
         ("lang", ("language 'fr'", "languages: src, tgt")),
         ("empty", ("empty after cleaning", "read 600 pairs", "too_long")),
         ("vocab", ("data.vocab_size=5000", "at most")),
