@@ -256,3 +256,28 @@ def test_the_ctranslate2_engine_halves_its_batches_until_they_fit(
     filling.error = RuntimeError("something else")
     with pytest.raises(RuntimeError, match="something else"):
         translator.translate(lines)
+
+
+def test_score_scores_a_batch_that_does_not_fit_in_halves(tiny_run_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    from mtcli.errors import DeviceMemoryError
+    from mtcli.infer.translator import Translator
+
+    translator = Translator.from_run(tiny_run_dir, device="cpu")
+    sources, targets = ["ein Hund", "zwei Hunde", "rot"], ["a dog", "two dogs", "red"]
+    whole = translator.score(sources, targets)
+    model = translator.bundle.model
+    real = type(model).forward
+
+    def forward(self, src, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if src.shape[0] > fits:
+            raise torch.OutOfMemoryError(ALLOCATOR)
+        return real(self, src, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "forward", forward)
+    fits = 1
+    assert translator.score(sources, targets) == pytest.approx(whole, abs=1e-5)
+    assert any("scoring them in two halves (a lower max_tokens, now 512" in r.getMessage() for r in caplog.records)
+    fits = 0
+    with pytest.raises(DeviceMemoryError, match=r"scoring 1 pair\(s\) of up to \d+ pieces: the pair is too long"):
+        translator.score(sources, targets)

@@ -29,8 +29,8 @@ import torch
 from mtcli.config import DecodeConfig, with_changes
 from mtcli.data.batching import collate, source_batches
 from mtcli.data.textio import check_unicode
-from mtcli.device import autocast, resolve_device
-from mtcli.errors import ConfigError, DataError
+from mtcli.device import autocast, is_out_of_memory, memory_text, resolve_device
+from mtcli.errors import ConfigError, DataError, DeviceMemoryError
 from mtcli.infer.ct2 import ENGINES, CT2Engine, check_supported, converted_model
 from mtcli.infer.ensemble import Ensemble, add_members
 from mtcli.infer.loading import (
@@ -47,6 +47,7 @@ from mtcli.infer.translate import (
     source_limit,
     translate_lines,
 )
+from mtcli.logs import get_logger
 
 #: Keyword -> ``decode.*`` key, for the settings every method accepts.
 SETTINGS = {"beam": "beam_size", "length_penalty": "length_penalty",
@@ -236,7 +237,9 @@ class Translator:
         """log p(target | source) under the model for each pair: the sum of the log-probabilities
         of the target's pieces and ``</s>`` by teacher forcing, no search (for rescoring and
         filtering). A piece the model cannot produce gives ``-inf``. Sources longer than the
-        model's limit are truncated (as when translating); longer targets raise :class:`DataError`."""
+        model's limit are truncated (as when translating); longer targets raise :class:`DataError`.
+        A batch that runs out of the device's memory is scored again in halves (with a warning
+        naming ``max_tokens``); one pair that does not fit alone raises :class:`DeviceMemoryError`."""
         src_texts, tgt_texts = _texts(sources, "sources"), _texts(targets, "targets")
         if len(src_texts) != len(tgt_texts):
             raise ValueError(f"{len(src_texts)} sources but {len(tgt_texts)} targets")
@@ -252,17 +255,37 @@ class Translator:
                 raise DataError(f"targets[{i}]: {len(ids)} pieces, more than the model's limit of {limit}")
         lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids, strict=True)]
         out = [0.0] * len(src_texts)
+        tokens = max_tokens or self.decode.max_tokens
+
+        def score_batch(batch: list[int]) -> list[float]:
+            pairs = collate(src_ids, tgt_ids, np.asarray(batch))
+            logits = model(pairs.src.to(self.device), pairs.tgt_in.to(self.device))
+            lprobs = torch.log_softmax(model.widen(logits.float()), dim=-1)
+            target = pairs.tgt_out.to(self.device)
+            picked = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            return picked.masked_fill(target.eq(model.pad_id), 0.0).sum(-1).tolist()
+
         with torch.inference_mode(), autocast(self.device, self.decode.bf16):
-            for batch in source_batches(lengths, max_tokens or self.decode.max_tokens, 1):
-                pairs = collate(src_ids, tgt_ids, np.asarray(batch))
-                logits = model(pairs.src.to(self.device), pairs.tgt_in.to(self.device))
-                lprobs = torch.log_softmax(model.widen(logits.float()), dim=-1)
-                target = pairs.tgt_out.to(self.device)
-                picked = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-                sums = picked.masked_fill(target.eq(model.pad_id), 0.0).sum(-1)
-                for row, i in enumerate(batch):
-                    out[i] = float(sums[row])
+            for batch in source_batches(lengths, tokens, 1):
+                for i, value in zip(batch, self._fitting(score_batch, batch, lengths, tokens), strict=True):
+                    out[i] = value
         return out
+
+    def _fitting(self, score_batch: Any, batch: list[int], lengths: list[int], tokens: int) -> list[float]:
+        """``score_batch(batch)``, or its halves' when the device runs out of memory."""
+        try:
+            return score_batch(batch)
+        except RuntimeError as exc:  # torch.OutOfMemoryError is one
+            if not is_out_of_memory(exc):
+                raise
+            where = (f"out of memory on {memory_text(self.device)} scoring {len(batch)} pair(s) of up to "
+                     f"{max(lengths[i] for i in batch)} pieces")
+            if len(batch) == 1:
+                raise DeviceMemoryError(f"{where}: the pair is too long for this device") from None
+        get_logger().warning("%s: scoring them in two halves (a lower max_tokens, now %d, avoids this)", where, tokens)
+        half = len(batch) // 2
+        return (self._fitting(score_batch, batch[:half], lengths, tokens)
+                + self._fitting(score_batch, batch[half:], lengths, tokens))
 
 
 __all__ = ["SETTINGS", "Translator"]
