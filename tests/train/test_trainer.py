@@ -588,3 +588,21 @@ def test_precision_auto_on_a_gpu_is_bf16_from_ampere_on_and_fp16_before(
     config, text = resolve_precision(make_config(prepared, tmp_path / "run", "train.precision=auto"),
                                      torch.device("cuda:0"))
     assert config.train.precision == chosen and text.startswith(f"{chosen} (auto: the cuda has")
+
+
+@pytest.mark.parametrize("capability", [(7, 0), (9, 0)])
+def test_fp32_on_a_gpu_with_bf16_units_says_auto_is_faster(
+        prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        capability: tuple[int, int]) -> None:
+    """A config that leaves train.precision out trains in fp32; on an A100 or H100 that is a
+    fraction of the bf16 rate, so the log says what to set (not on a V100, where auto is fp16)."""
+    from mtcli.train.run import resolve_precision
+
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    config, text = resolve_precision(make_config(prepared, tmp_path / "run", "train.precision=fp32"),
+                                     torch.device("cuda:0"))
+    assert config.train.precision == text == "fp32"
+    said = [r.getMessage() for r in caplog.records if "train.precision=auto" in r.getMessage()]
+    assert said == (["train.precision fp32 on a GPU with bf16 units: --set train.precision=auto trains in bf16, "
+                     "several times faster"] if capability >= (8, 0) else [])
