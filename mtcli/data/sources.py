@@ -5,7 +5,9 @@ there:
 
 ``text``
     a directory of ``<split>.<lang>`` plain-text files, one sentence a line, optionally gzipped
-    (``<split>.<lang>.gz``), e.g. ``data/raw/multi30k``;
+    (``<split>.<lang>.gz``), e.g. ``data/raw/multi30k``; or of ``<split>.<l1>-<l2>.tsv[.gz]``
+    files, both sides of a split in one file, a pair a line, the two languages' sentences in
+    the order the name gives, separated by a tab (either direction is read from it);
 ``dataset``
     a directory written by ``datasets.DatasetDict.save_to_disk`` (``dataset_dict.json`` and one
     sub-directory per split), read with ``datasets.load_from_disk``;
@@ -62,6 +64,7 @@ def _normalise(text: str) -> str:
 
 class MissingSplitError(DataError):
     """A source has no split of that name (the message lists the splits it has)."""
+
 
 class Source:
     """A parallel corpus: named splits, each a stream of (source, target) sentence pairs."""
@@ -126,8 +129,13 @@ class Source:
         return MissingSplitError(f"{self.describe()}: no split '{split}' (found splits: {found})")
 
 
+# ``<split>.<l1>-<l2>.tsv``: both sides of a split in one file
+_TABLE_NAME = re.compile(r"(?P<split>.+)\.(?P<first>[^.\-]+)-(?P<second>[^.\-]+)\.tsv")
+
+
 class TextDirSource(Source):
-    """A directory of ``<split>.<lang>`` (or ``<split>.<lang>.gz``) aligned text files."""
+    """A directory of ``<split>.<lang>`` (or ``<split>.<lang>.gz``) aligned text files, or of
+    ``<split>.<l1>-<l2>.tsv[.gz]`` files holding both sides."""
 
     kind = "text"
 
@@ -135,10 +143,15 @@ class TextDirSource(Source):
         super().__init__(str(root), src_lang, tgt_lang)
         self.root = root
         self._files: dict[tuple[str, str], list[Path]] = {}
+        self._tables: dict[str, list[tuple[Path, tuple[str, str]]]] = {}
         for entry in sorted(root.iterdir()):
             if not entry.is_file() or entry.name.startswith("."):
                 continue
             name = entry.name[:-3] if entry.name.endswith(".gz") else entry.name
+            table = _TABLE_NAME.fullmatch(name)
+            if table:
+                self._tables.setdefault(table["split"], []).append((entry, (table["first"], table["second"])))
+                continue
             if "." not in name:
                 continue
             split, lang = name.rsplit(".", 1)
@@ -149,11 +162,27 @@ class TextDirSource(Source):
         return f"text directory {self.root}"
 
     def splits(self) -> list[str]:
-        return sorted({split for split, _ in self._files})
+        return sorted({split for split, _ in self._files} | set(self._tables))
 
     def languages(self, split: str) -> list[str]:
         """Languages that have a file for ``split``."""
-        return sorted(lang for s, lang in self._files if s == split)
+        in_tables = {lang for _, langs in self._tables.get(split, []) for lang in langs}
+        return sorted({lang for s, lang in self._files if s == split} | in_tables)
+
+    def table(self, split: str) -> tuple[Path, bool] | None:
+        """The ``.tsv`` file of ``split`` that holds both languages, and whether its columns are
+        the other way round (target first); None when the split's sides are files of their own.
+        :class:`DataError` when the split is in both forms."""
+        wanted = {self.src_lang, self.tgt_lang}
+        found = [(path, langs) for path, langs in self._tables.get(split, []) if set(langs) == wanted]
+        if not found:
+            return None
+        if len(found) > 1 or any((split, lang) in self._files for lang in wanted):
+            names = [p.name for p, _ in found]
+            names += [p.name for lang in sorted(wanted) for p in self._files.get((split, lang), [])]
+            raise DataError(f"{self.describe()}: {' and '.join(names)} all hold split '{split}'; keep one form")
+        path, langs = found[0]
+        return path, langs[0] != self.src_lang
 
     def path(self, split: str, lang: str) -> Path:
         """The file of one side of a split; :class:`DataError` if missing or ambiguous."""
@@ -173,10 +202,25 @@ class TextDirSource(Source):
 
     def check(self, splits: Iterable[str]) -> None:
         for split in splits:
-            self.path(split, self.src_lang)
-            self.path(split, self.tgt_lang)
+            if self.table(split) is None:
+                self._check_table_pair(split)
+                self.path(split, self.src_lang)
+                self.path(split, self.tgt_lang)
+
+    def _check_table_pair(self, split: str) -> None:
+        """A split held in ``.tsv`` files, none of them of this pair: say so (not that a
+        language's file is missing)."""
+        pair = (self.src_lang, self.tgt_lang)
+        if split in self._tables and not all((split, lang) in self._files for lang in pair):
+            held = ", ".join(path.name for path, _ in self._tables[split])
+            raise DataError(f"{self.describe()}: no {split}.{pair[0]}-{pair[1]}.tsv (or {split}.{pair[0]} and "
+                            f"{split}.{pair[1]}) for the pair {pair[0]}-{pair[1]} (split '{split}' is in: {held})")
 
     def pairs(self, split: str) -> Iterator[Pair]:
+        table = self.table(split)
+        if table is not None:
+            yield from _table_pairs(*table)
+            return
         src_path, tgt_path = self.path(split, self.src_lang), self.path(split, self.tgt_lang)
         src_it, tgt_it = read_lines(src_path), read_lines(tgt_path)
         n = 0
@@ -192,14 +236,30 @@ class TextDirSource(Source):
             raise mismatch_error(src_path, n, tgt_path, n + rest)
 
     def plain_files(self, split: str) -> tuple[Path, Path] | None:
+        if self.table(split) is not None:
+            return None
         files = self.path(split, self.src_lang), self.path(split, self.tgt_lang)
         return None if any(path.suffix == ".gz" for path in files) else files
 
     def _input_files(self, splits: Iterable[str]) -> Iterator[tuple[str, Path]]:
         for split in splits:
+            table = self.table(split)
+            if table is not None:
+                yield table[0].name, table[0]
+                continue
             for lang in (self.src_lang, self.tgt_lang):
                 path = self.path(split, lang)
                 yield path.name, path
+
+
+def _table_pairs(path: Path, reverse: bool) -> Iterator[Pair]:
+    """The pairs of a ``.tsv`` file (two tab-separated columns a line), in the order of
+    (source, target): the columns' order, or the other way round when ``reverse``."""
+    for n, line in enumerate(read_lines(path), 1):
+        columns = line.split("\t")
+        if len(columns) != 2:
+            raise DataError(f"{path}:{n}: expected 2 tab-separated columns, found {len(columns)}")
+        yield (columns[1], columns[0]) if reverse else (columns[0], columns[1])
 
 
 def mismatch_error(src_path: Path, src_n: int, tgt_path: Path, tgt_n: int) -> DataError:
@@ -482,8 +542,8 @@ def open_source(source: str, src_lang: str, tgt_lang: str, hub_config: str | Non
         if not text.splits():
             entries = ", ".join(sorted(p.name for p in path.iterdir())[:10]) or "nothing"
             raise DataError(
-                f"data.source {source}: no <split>.<lang> text files, parquet files or saved "
-                f"dataset found (it holds: {entries})"
+                f"data.source {source}: no <split>.<lang> text files, <split>.<l1>-<l2>.tsv files, "
+                f"parquet files or saved dataset found (it holds: {entries})"
             )
         return text
     if source in CORPORA:

@@ -249,6 +249,11 @@ def test_every_source_kind_gives_the_same_cache(tmp_path: Path) -> None:
         for side, lang in enumerate(("src", "tgt")):
             (gz_dir / f"{split}.{lang}.gz").write_bytes(gzip.compress("".join(p[side] + "\n" for p in pairs).encode()))
 
+    tsv_dir = tmp_path / "tsv"  # both sides in one file, target first
+    tsv_dir.mkdir()
+    for split, pairs in splits.items():
+        (tsv_dir / f"{split}.tgt-src.tsv").write_text("".join(f"{t}\t{s}\n" for s, t in pairs), encoding="utf-8")
+
     pq_dir = tmp_path / "pq"
     for split, pairs in splits.items():
         half = len(pairs) // 2
@@ -263,11 +268,11 @@ def test_every_source_kind_gives_the_same_cache(tmp_path: Path) -> None:
     ).save_to_disk(str(ds_dir))
 
     caches = {}
-    for name, source in (("text", TOY_DIR), ("gz", gz_dir), ("parquet", pq_dir), ("dataset", ds_dir)):
+    for name, source in (("text", TOY_DIR), ("gz", gz_dir), ("tsv", tsv_dir), ("parquet", pq_dir), ("dataset", ds_dir)):
         config = load_config(write_config(tmp_path, source, name=name))
         report = prep.prepare(config)
         corpus = PreparedCorpus.open(report.directory)
-        assert corpus.manifest["source"]["kind"] == ("text" if name == "gz" else name)
+        assert corpus.manifest["source"]["kind"] == ("text" if name in ("gz", "tsv") else name)
         caches[name] = _cache_bytes(report.directory)
     assert caches["text"] and all(c == caches["text"] for c in caches.values())
 

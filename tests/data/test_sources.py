@@ -101,6 +101,39 @@ def test_text_dir_pairs_plain_and_gz(tmp_path: Path) -> None:
         assert list(source.pairs("val")) == PAIRS[:2]
 
 
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_tsv_file_holds_both_sides_read_either_way(tmp_path: Path, gz: bool) -> None:
+    """<split>.<l1>-<l2>.tsv: the pairs in the name's order; de->en and en->de read the same file."""
+    root = tmp_path / "c"
+    root.mkdir()
+    for split, pairs in (("train", PAIRS), ("val", PAIRS[:2])):
+        data = "".join(f"{s}\t{t}\n" for s, t in pairs).encode()
+        (root / f"{split}.de-en.tsv{'.gz' if gz else ''}").write_bytes(gzip.compress(data) if gz else data)
+    forward, backward = open_source(str(root), "de", "en"), open_source(str(root), "en", "de")
+    assert isinstance(forward, TextDirSource) and forward.splits() == ["train", "val"]
+    assert forward.languages("train") == ["de", "en"]
+    forward.check(["train", "val"])
+    assert list(forward.pairs("train")) == PAIRS and list(forward.pairs("val")) == PAIRS[:2]
+    assert list(backward.pairs("train")) == [(t, s) for s, t in PAIRS]
+    assert forward.plain_files("train") is None  # read line by line, not cut into byte ranges
+    assert [name for name, _ in forward._input_files(["train"])] == [f"train.de-en.tsv{'.gz' if gz else ''}"]
+    with pytest.raises(DataError, match=r"no train.de-fr.tsv \(or train.de and train.fr\) for the pair de-fr "
+                                        rf"\(split 'train' is in: train.de-en.tsv{'.gz' if gz else ''}\)$"):
+        open_source(str(root), "de", "fr").check(["train"])
+
+
+def test_a_bad_tsv_line_or_a_split_in_both_forms_is_one_error(tmp_path: Path) -> None:
+    root = tmp_path / "c"
+    root.mkdir()
+    (root / "train.de-en.tsv").write_text("ein hund\ta dog\nzwei\tkatzen\tcats\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"train.de-en.tsv:2: expected 2 tab-separated columns, found 3$"):
+        list(open_source(str(root), "de", "en").pairs("train"))
+    (root / "train.de").write_text("ein hund\n", encoding="utf-8")
+    (root / "train.en").write_text("a dog\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"train.de-en.tsv and train.de and train.en all hold split 'train'; keep one"):
+        open_source(str(root), "de", "en").check(["train"])
+
+
 def test_text_dir_missing_split_lists_found(tmp_path: Path) -> None:
     root = write_text_dir(tmp_path / "c", {"train": PAIRS, "dev": PAIRS})
     source = open_source(str(root), "de", "en")
