@@ -303,6 +303,7 @@ def write_eval(plan: Plan, tmp: Path) -> dict[str, CleanCounts]:
                     paths[side] = text_path(tmp, split, lang)
             if any(paths):
                 n = _write_sides(corpus.source.pairs(split), paths)
+                corpus.source.check_verbatim(split)
                 lines.update({lang: (n, corpus) for lang, path in zip(corpus.langs, paths, strict=True) if path})
         sizes = {n for n, _ in lines.values()}
         if len(sizes) > 1:

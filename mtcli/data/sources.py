@@ -96,6 +96,11 @@ class Source:
         """How many pairs ``split`` holds when that is known without reading it; else None."""
         return None
 
+    def check_verbatim(self, split: str) -> None:
+        """After :meth:`pairs` read all of ``split``: raise :class:`DataError` if a line could
+        not be read as a pair and was given as an empty one (cleaning drops it from a training
+        split; a validation or test split must keep every line)."""
+
     def text_blocks(self, split: str) -> Iterator[tuple[bytes, bytes]]:
         """The pairs of ``split`` in blocks, as the UTF-8 text of the two sides (one line a pair,
         by the rules of :meth:`pairs`), for sources that can make them without a Python loop
@@ -144,6 +149,7 @@ class TextDirSource(Source):
         self.root = root
         self._files: dict[tuple[str, str], list[Path]] = {}
         self._tables: dict[str, list[tuple[Path, tuple[str, str]]]] = {}
+        self._malformed: dict[str, tuple[Path, list[int]]] = {}  # a .tsv's lines without two columns
         for entry in sorted(root.iterdir()):
             if not entry.is_file() or entry.name.startswith("."):
                 continue
@@ -219,7 +225,7 @@ class TextDirSource(Source):
     def pairs(self, split: str) -> Iterator[Pair]:
         table = self.table(split)
         if table is not None:
-            yield from _table_pairs(*table)
+            yield from self._table_pairs(split, *table)
             return
         src_path, tgt_path = self.path(split, self.src_lang), self.path(split, self.tgt_lang)
         src_it, tgt_it = read_lines(src_path), read_lines(tgt_path)
@@ -234,6 +240,29 @@ class TextDirSource(Source):
         rest = sum(1 for _ in tgt_it)
         if rest:
             raise mismatch_error(src_path, n, tgt_path, n + rest)
+
+    def _table_pairs(self, split: str, path: Path, reverse: bool) -> Iterator[Pair]:
+        """The pairs of a ``.tsv`` file in the order (source, target): the columns' order, or
+        the other way round when ``reverse``. A line without two columns (a tab inside a
+        sentence) is given as an empty pair, counted, and warned of at the end."""
+        malformed: list[int] = []
+        for n, line in enumerate(read_lines(path), 1):
+            columns = line.split("\t")
+            if len(columns) != 2:
+                malformed.append(n)
+                yield "", ""
+            else:
+                yield (columns[1], columns[0]) if reverse else (columns[0], columns[1])
+        self._malformed[split] = (path, malformed)
+        if malformed:
+            get_logger().warning("%s: %d line(s) without 2 tab-separated columns (the first: line %d), read as empty "
+                                 "pairs", path, len(malformed), malformed[0])
+
+    def check_verbatim(self, split: str) -> None:
+        path, malformed = self._malformed.get(split, (None, []))
+        if malformed:
+            raise DataError(f"{path}:{malformed[0]}: expected 2 tab-separated columns ({len(malformed)} line(s) "
+                            "without them); a validation or test split keeps every line: mend the file")
 
     def plain_files(self, split: str) -> tuple[Path, Path] | None:
         if self.table(split) is not None:
@@ -250,16 +279,6 @@ class TextDirSource(Source):
             for lang in (self.src_lang, self.tgt_lang):
                 path = self.path(split, lang)
                 yield path.name, path
-
-
-def _table_pairs(path: Path, reverse: bool) -> Iterator[Pair]:
-    """The pairs of a ``.tsv`` file (two tab-separated columns a line), in the order of
-    (source, target): the columns' order, or the other way round when ``reverse``."""
-    for n, line in enumerate(read_lines(path), 1):
-        columns = line.split("\t")
-        if len(columns) != 2:
-            raise DataError(f"{path}:{n}: expected 2 tab-separated columns, found {len(columns)}")
-        yield (columns[1], columns[0]) if reverse else (columns[0], columns[1])
 
 
 def mismatch_error(src_path: Path, src_n: int, tgt_path: Path, tgt_n: int) -> DataError:

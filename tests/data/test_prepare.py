@@ -277,6 +277,27 @@ def test_every_source_kind_gives_the_same_cache(tmp_path: Path) -> None:
     assert caches["text"] and all(c == caches["text"] for c in caches.values())
 
 
+def test_a_tsv_line_without_two_columns_is_dropped_from_training_and_refused_in_validation(tmp_path: Path) -> None:
+    root = tmp_path / "tsv"
+    root.mkdir()
+    for split in ("train", "val", "test"):
+        lines = [f"{s}\t{t}" for s, t in _toy_pairs(split)]
+        if split == "train":
+            lines[3] += "\tthird column"
+        (root / f"{split}.src-tgt.tsv").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    cfg = write_config(tmp_path, root)
+    result = run_cli(str(cfg))
+    assert result.exit_code == 0, result.output
+    assert "train.src-tgt.tsv: 1 line(s) without 2 tab-separated columns (the first: line 4)" in result.stderr
+    counts = PreparedCorpus.open(load_config(cfg).data.prepared_path()).manifest["counts"]["train"]
+    assert counts["read"] == len(_toy_pairs("train")) and counts["dropped"]["empty"] == 1
+    val = root / "val.src-tgt.tsv"
+    val.write_text(val.read_text(encoding="utf-8").replace("\t", "\t\t", 1), encoding="utf-8")
+    result = run_cli(str(cfg), "--force")
+    assert result.exit_code == 1
+    assert_one_line_error(result, f"{val}:1: expected 2 tab-separated columns", "keeps every line")
+
+
 def _parallel_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """Clean and encode even the toy corpus in worker processes, in many small ranges."""
     monkeypatch.setattr(prep, "PARALLEL_MIN_LINES", 1)

@@ -122,12 +122,20 @@ def test_a_tsv_file_holds_both_sides_read_either_way(tmp_path: Path, gz: bool) -
         open_source(str(root), "de", "fr").check(["train"])
 
 
-def test_a_bad_tsv_line_or_a_split_in_both_forms_is_one_error(tmp_path: Path) -> None:
+def test_a_tsv_line_without_two_columns_is_an_empty_pair_and_a_split_in_both_forms_an_error(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A tab inside a sentence: the line is read as an empty pair (cleaning drops it from a
+    training split) and warned of; a validation or test split that lost a line is an error."""
     root = tmp_path / "c"
     root.mkdir()
-    (root / "train.de-en.tsv").write_text("ein hund\ta dog\nzwei\tkatzen\tcats\n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"train.de-en.tsv:2: expected 2 tab-separated columns, found 3$"):
-        list(open_source(str(root), "de", "en").pairs("train"))
+    (root / "train.de-en.tsv").write_text("ein hund\ta dog\nzwei\tkatzen\tcats\nrot\nblau\tblue\n", encoding="utf-8")
+    source = open_source(str(root), "de", "en")
+    assert list(source.pairs("train")) == [("ein hund", "a dog"), ("", ""), ("", ""), ("blau", "blue")]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"{root / 'train.de-en.tsv'}: 2 line(s) without 2 tab-separated columns (the first: line 2), read as empty pairs"]
+    with pytest.raises(DataError, match=r"train.de-en.tsv:2: expected 2 tab-separated columns \(2 line\(s\) without "
+                                        r"them\); a validation or test split keeps every line: mend the file$"):
+        source.check_verbatim("train")
     (root / "train.de").write_text("ein hund\n", encoding="utf-8")
     (root / "train.en").write_text("a dog\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"train.de-en.tsv and train.de and train.en all hold split 'train'; keep one"):
