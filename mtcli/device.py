@@ -11,10 +11,15 @@ import contextlib
 import platform
 import resource
 import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
-from mtcli.errors import ConfigError
+from mtcli.errors import ConfigError, DeviceMemoryError
+
+_Item = TypeVar("_Item")
+_Result = TypeVar("_Result")
 
 
 def resolve_device(name: str, local_rank: int = 0, key: str = "train.device") -> torch.device:
@@ -120,6 +125,27 @@ def is_out_of_memory(exc: BaseException | None) -> bool:
             return True
         exc = exc.__cause__ or getattr(exc, "inner_exception", None)
     return False
+
+
+def in_halves_when_out_of_memory(run: Callable[[list[_Item]], list[_Result]], items: list[_Item],
+                                 failed: Callable[[list[_Item]], str], alone: str,
+                                 halving: Callable[[list[_Item], str], None]) -> list[_Result]:
+    """``run(items)`` (one result an item); when the device runs out of memory, ``halving(items,
+    failed(items))`` (to warn), then each half in turn, the same way. One item that does not fit
+    alone raises :class:`DeviceMemoryError` ``"{failed(items)}: {alone}"``. The failed run's
+    tensors go with its exception, so the halves have its memory."""
+    try:
+        return run(items)
+    except RuntimeError as exc:  # torch.OutOfMemoryError is one
+        if not is_out_of_memory(exc):
+            raise
+        where = failed(items)
+        if len(items) == 1:
+            raise DeviceMemoryError(f"{where}: {alone}") from None
+    halving(items, where)
+    half = len(items) // 2
+    return (in_halves_when_out_of_memory(run, items[:half], failed, alone, halving)
+            + in_halves_when_out_of_memory(run, items[half:], failed, alone, halving))
 
 
 def peak_memory_mb(device: torch.device) -> float:

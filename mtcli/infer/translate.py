@@ -38,8 +38,8 @@ from mtcli.config import Config, DecodeConfig, config_from_dict
 from mtcli.data.batching import collate_sources, source_batches
 from mtcli.data.textio import ArrivingLines
 from mtcli.data.tokenizer import Tokenizer
-from mtcli.device import autocast, is_out_of_memory, memory_text, resolve_device
-from mtcli.errors import ConfigError, DeviceMemoryError
+from mtcli.device import autocast, in_halves_when_out_of_memory, memory_text, resolve_device
+from mtcli.errors import ConfigError
 from mtcli.infer.ensemble import Ensemble, decoding_members
 from mtcli.infer.loading import InferenceModel, source_prefix
 from mtcli.infer.packed import pack_for_decoding
@@ -208,25 +208,20 @@ def decode_fitting(search: Callable[[torch.Tensor], list[list[Hypothesis]]], sou
     memory is decoded again in two halves, each in turn, so that a long job goes on (a warning
     names ``decode.max_tokens``, which made the batch), and ``budget[0]``, the tokens the next
     batches are cut to, drops to half the failed batch's; one sentence that does not fit alone
-    raises :class:`DeviceMemoryError` naming the beam. A sentence's hypotheses do not depend on
+    raises :class:`~mtcli.errors.DeviceMemoryError` naming the beam. A sentence's hypotheses do not depend on
     the batch it is decoded in (up to floating-point rounding)."""
-    try:
-        return search(collate_sources(sources, device))
-    except RuntimeError as exc:  # torch.OutOfMemoryError is one
-        if not is_out_of_memory(exc):
-            raise
-        where = (f"out of memory on {memory_text(device)} decoding {len(sources)} sentence(s) of up to "
-                 f"{max(map(len, sources))} pieces with beam {decode.beam_size}")
-        if len(sources) == 1:
-            raise DeviceMemoryError(f"{where}: lower the beam (decode.beam_size, --beam)") from None
-    # the failed batch's tensors went with its exception: the halves have its memory
-    get_logger().warning("%s: decoding them in two halves (a lower decode.max_tokens, now %d, avoids this)",
-                         where, decode.max_tokens)
-    if budget is not None:  # as source_batches counts a batch's tokens
-        budget[0] = max(1, min(budget[0], len(sources) * (max(map(len, sources)) + 1) * decode.beam_size // 2))
-    half = len(sources) // 2
-    return (decode_fitting(search, sources[:half], decode, device, budget)
-            + decode_fitting(search, sources[half:], decode, device, budget))
+    def failed(part: list[list[int]]) -> str:
+        return (f"out of memory on {memory_text(device)} decoding {len(part)} sentence(s) of up to "
+                f"{max(map(len, part))} pieces with beam {decode.beam_size}")
+
+    def halving(part: list[list[int]], where: str) -> None:
+        get_logger().warning("%s: decoding them in two halves (a lower decode.max_tokens, now %d, avoids this)",
+                             where, decode.max_tokens)
+        if budget is not None:  # as source_batches counts a batch's tokens
+            budget[0] = max(1, min(budget[0], len(part) * (max(map(len, part)) + 1) * decode.beam_size // 2))
+
+    return in_halves_when_out_of_memory(lambda part: search(collate_sources(part, device)), sources, failed,
+                                        "lower the beam (decode.beam_size, --beam)", halving)
 
 
 def _ready(results: list[list[Translation] | None], start: int

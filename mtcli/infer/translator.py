@@ -29,8 +29,8 @@ import torch
 from mtcli.config import DecodeConfig, with_changes
 from mtcli.data.batching import collate, source_batches
 from mtcli.data.textio import check_unicode
-from mtcli.device import autocast, is_out_of_memory, memory_text, resolve_device
-from mtcli.errors import ConfigError, DataError, DeviceMemoryError
+from mtcli.device import autocast, in_halves_when_out_of_memory, memory_text, resolve_device
+from mtcli.errors import ConfigError, DataError
 from mtcli.infer.ct2 import ENGINES, CT2Engine, check_supported, converted_model
 from mtcli.infer.ensemble import Ensemble, add_members
 from mtcli.infer.loading import (
@@ -265,27 +265,21 @@ class Translator:
             picked = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
             return picked.masked_fill(target.eq(model.pad_id), 0.0).sum(-1).tolist()
 
+        def failed(part: list[int]) -> str:
+            return (f"out of memory on {memory_text(self.device)} scoring {len(part)} pair(s) of up to "
+                    f"{max(lengths[i] for i in part)} pieces")
+
+        def halving(part: list[int], where: str) -> None:
+            get_logger().warning("%s: scoring them in two halves (a lower max_tokens, now %d, avoids this)",
+                                 where, tokens)
+
         with torch.inference_mode(), autocast(self.device, self.decode.bf16):
             for batch in source_batches(lengths, tokens, 1):
-                for i, value in zip(batch, self._fitting(score_batch, batch, lengths, tokens), strict=True):
+                scores = in_halves_when_out_of_memory(score_batch, batch, failed,
+                                                      "the pair is too long for this device", halving)
+                for i, value in zip(batch, scores, strict=True):
                     out[i] = value
         return out
-
-    def _fitting(self, score_batch: Any, batch: list[int], lengths: list[int], tokens: int) -> list[float]:
-        """``score_batch(batch)``, or its halves' when the device runs out of memory."""
-        try:
-            return score_batch(batch)
-        except RuntimeError as exc:  # torch.OutOfMemoryError is one
-            if not is_out_of_memory(exc):
-                raise
-            where = (f"out of memory on {memory_text(self.device)} scoring {len(batch)} pair(s) of up to "
-                     f"{max(lengths[i] for i in batch)} pieces")
-            if len(batch) == 1:
-                raise DeviceMemoryError(f"{where}: the pair is too long for this device") from None
-        get_logger().warning("%s: scoring them in two halves (a lower max_tokens, now %d, avoids this)", where, tokens)
-        half = len(batch) // 2
-        return (self._fitting(score_batch, batch[:half], lengths, tokens)
-                + self._fitting(score_batch, batch[half:], lengths, tokens))
 
 
 __all__ = ["SETTINGS", "Translator"]
