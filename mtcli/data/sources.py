@@ -243,11 +243,15 @@ class TextDirSource(Source):
 
     def _table_pairs(self, split: str, path: Path, reverse: bool) -> Iterator[Pair]:
         """The pairs of a ``.tsv`` file in the order (source, target): the columns' order, or
-        the other way round when ``reverse``. A line without two columns (a tab inside a
-        sentence) is given as an empty pair, counted, and warned of at the end."""
+        the other way round when ``reverse``. A first line that names the two languages is a
+        header, not a pair. A line without two columns (a tab inside a sentence) is given as an
+        empty pair, counted, and warned of at the end."""
         malformed: list[int] = []
+        header = "\t".join(reversed((self.src_lang, self.tgt_lang)) if reverse else (self.src_lang, self.tgt_lang))
         for n, line in enumerate(read_lines(path), 1):
             columns = line.split("\t")
+            if n == 1 and line == header:
+                continue
             if len(columns) != 2:
                 malformed.append(n)
                 yield "", ""

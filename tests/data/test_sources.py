@@ -138,6 +138,9 @@ def test_a_tsv_line_without_two_columns_is_an_empty_pair_and_a_split_in_both_for
         source.check_verbatim("train")
     (root / "train.de").write_text("ein hund\n", encoding="utf-8")
     (root / "train.en").write_text("a dog\n", encoding="utf-8")
+    (root / "val.de-en.tsv").write_text("de\ten\nein hund\ta dog\n", encoding="utf-8")  # a header line
+    assert list(open_source(str(root), "de", "en").pairs("val")) == [("ein hund", "a dog")]
+    assert list(open_source(str(root), "en", "de").pairs("val")) == [("a dog", "ein hund")]
     with pytest.raises(DataError, match=r"train.de-en.tsv and train.de and train.en all hold split 'train'; keep one"):
         open_source(str(root), "de", "en").check(["train"])
 
