@@ -11,6 +11,7 @@ Errors are raised as :class:`mtcli.errors.ConfigError` whose message names the f
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import types
 import typing
@@ -38,6 +39,13 @@ class CorpusConfig:
     hub_config: str | None = None
 
 
+def usable_cores(limit: int = 16) -> int:
+    """The cores this process may run on, at most ``limit``: ``data.num_workers`` when a config
+    leaves it out (``prepare`` gives the same cache with any number)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(limit, cores))
+
+
 @dataclass
 class DataConfig:
     """Where the corpus comes from, how it is cleaned, and the joint SentencePiece model."""
@@ -60,7 +68,7 @@ class DataConfig:
     character_coverage: float = 1.0  # a config without it: 0.9995 when a language is Chinese or Japanese
     spm_max_sentences: int = 2_000_000
     spm_model: str | None = None  # encode with this model (run dir, cache or spm.model), not a new one
-    num_workers: int = 2
+    num_workers: int = field(default_factory=usable_cores)  # prepare's processes
 
     def prepared_path(self) -> Path:
         """Directory of the binarised cache (default ``data/prepared/<name>``)."""

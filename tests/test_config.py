@@ -190,6 +190,14 @@ def test_character_coverage_left_out_follows_the_languages(langs: tuple[str, str
     assert config_from_dict({"data": several}).data.character_coverage == coverage
 
 
+@pytest.mark.parametrize(("cores", "workers"), [(1, 1), (6, 6), (64, 16)])
+def test_num_workers_left_out_is_the_usable_cores_up_to_16(monkeypatch: pytest.MonkeyPatch, cores: int,
+                                                           workers: int) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert config_from_dict(MINIMAL).data.num_workers == workers
+    assert config_from_dict({"data": {**MINIMAL["data"], "num_workers": 3}}).data.num_workers == 3
+
+
 def test_save_then_load_round_trip(tmp_path: Path) -> None:
     config = load_config(REPO / "configs" / "multi30k_de_en.yaml", ["train.max_steps=7"])
     save_config(config, tmp_path / "resolved.yaml")
