@@ -549,7 +549,7 @@ def test_resume_config_refuses_shape_vocab_and_data_stream_changes(toy_dict: dic
     assert "max_steps" not in message
 
 
-def test_max_tokens_changes_only_where_the_checkpoint_counted_its_epochs_pairs(toy_dict: dict) -> None:
+def test_max_tokens_changes_only_where_the_checkpoint_saved_its_batch_budget(toy_dict: dict) -> None:
     new = copy.deepcopy(toy_dict)
     new["train"]["max_tokens"] //= 2
     with pytest.raises(CheckpointError, match=r"train.max_tokens: 512 -> 256"):

@@ -117,8 +117,8 @@ def test_running_out_after_a_checkpoint_says_resume_and_the_resume_finishes(
 
 def test_a_resume_that_does_not_fit_at_once_resumes_with_the_smaller_batches_it_is_given(
         prepared_toy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A checkpoint that saved its epoch's pair count resumes under a new train.max_tokens: the
-    epoch goes on, batched anew, from the same share of its pairs (logged as inexact)."""
+    """A checkpoint that saved its batch budget resumes under a new train.max_tokens: the
+    epoch's unseen pairs are batched anew (logged as inexact)."""
     run = tmp_path / "run"
     assert CliRunner().invoke(app, train_argv(prepared_toy, run, "train.max_steps=2")).exit_code == 0
     argv = train_argv(prepared_toy, run, "train.max_steps=4")

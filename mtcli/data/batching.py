@@ -310,6 +310,11 @@ class BatchStream:
     With ``pack_length`` > 0 the batches are packed (:mod:`mtcli.data.packing`): ``max_tokens //
     pack_length`` rows of ``pack_length`` slots each, pairs longer than a row skipped, and
     :meth:`collate` gives :class:`~mtcli.data.packing.PackedBatch` es of that one shape.
+
+    Resumed under another ``max_tokens`` in the middle of an epoch, the epoch keeps the batches it
+    had done and batches the pairs it had not yet seen under the new budget (its ``segments``:
+    each earlier budget and where its batches stop), so every pair of the epoch is still seen
+    once; the state carries the segments, so a later resume rebuilds the same epoch.
     """
 
     def __init__(self, src: SentenceArray, tgt: SentenceArray, *, max_tokens: int,
@@ -333,7 +338,7 @@ class BatchStream:
         self.epoch = 0
         self.batch = 0
         self._cached: tuple[int, list[Any], tuple[SentenceArray, SentenceArray]] | None = None
-        self._counted: tuple[int, np.ndarray] | None = None
+        self.segments: list[tuple[int, int]] = []  # the current epoch's earlier budgets and their ends
         if len(self.epoch_batches(0)) < self.world_size:
             raise DataError(
                 f"the training split makes {len(self.epoch_batches(0))} batches, fewer than the "
@@ -360,17 +365,25 @@ class BatchStream:
             if self.resegment is not None:
                 self._use_arrays(*self.resegment(epoch))
             indices = self.indices if self.mix is None else self.mix.epoch_indices(self.indices, epoch)
-            if self.pack_length:
-                batches = pack_epoch(self.src_lengths, self.tgt_lengths, indices, self.pack_rows,
-                                     self.pack_length, self.seed, epoch)
-            else:
-                batches = make_batches(self.src_lengths, self.tgt_lengths, indices, self.max_tokens,
-                                       seed=self.seed, epoch=epoch, pool_batches=self.pool_batches)
+            done: list[Any] = []
+            for max_tokens, end in self.segments if epoch == self.epoch else []:
+                done += self._batched(indices, max_tokens, epoch)[: end - len(done)]
+                indices = _without(indices, np.concatenate([np.concatenate(b) if self.pack_length else b
+                                                            for b in done]))
+            batches = self._batched(indices, self.max_tokens, epoch)
             usable = len(batches) // self.world_size * self.world_size
-            self._cached = (epoch, batches[:usable], (self.src, self.tgt))
+            self._cached = (epoch, done + batches[:usable], (self.src, self.tgt))
         elif self.resegment is not None and self.src is not self._cached[2][0]:
             self._use_arrays(*self._cached[2])
         return self._cached[1]
+
+    def _batched(self, indices: np.ndarray, max_tokens: int, epoch: int) -> list[Any]:
+        """The batches of ``indices`` under a budget of ``max_tokens`` (packed or not), untrimmed."""
+        if self.pack_length:
+            return pack_epoch(self.src_lengths, self.tgt_lengths, indices, max(1, max_tokens // self.pack_length),
+                              self.pack_length, self.seed, epoch)
+        return make_batches(self.src_lengths, self.tgt_lengths, indices, max_tokens,
+                            seed=self.seed, epoch=epoch, pool_batches=self.pool_batches)
 
     def padding_fraction(self, epoch: int | None = None) -> float:
         """Padding share of an epoch's batches (default: the current epoch)."""
@@ -387,9 +400,13 @@ class BatchStream:
                           self.world_size, self.rank)
         self.batch += len(group.batches)
         if self.batch >= len(batches):
-            self.epoch += 1
-            self.batch = 0
+            self._next_epoch()
         return group
+
+    def _next_epoch(self) -> None:
+        self.epoch += 1
+        self.batch = 0
+        self.segments = []
 
     def collate(self, indices: Any) -> Batch | PackedBatch:
         """Collate one batch of this stream's pairs (packed: its rows, into the one packed shape)."""
@@ -397,36 +414,42 @@ class BatchStream:
             return collate_packed(self.src, self.tgt, indices, self.pack_rows, self.pack_length)
         return collate(self.src, self.tgt, indices)
 
-    def _pairs_before(self) -> np.ndarray:
-        """Pairs in the current epoch's batches before each batch (``len(batches) + 1`` counts)."""
-        if self._counted is None or self._counted[0] != self.epoch:
-            batches = self.epoch_batches(self.epoch)
-            sizes = [sum(map(len, b)) if self.pack_length else len(b) for b in batches]
-            self._counted = (self.epoch, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]))
-        return self._counted[1]
-
     def state_dict(self) -> dict[str, Any]:
         """Position of the next group: ``{"epoch": int, "batch": int}`` (plus the seed for checks),
-        and the ``max_tokens`` the epoch was batched with and the ``pairs`` its batches before
-        the position hold, which let a resume under another ``max_tokens`` go on from the same
-        share of the epoch."""
-        pairs = int(self._pairs_before()[self.batch]) if self.batch else 0
+        the ``max_tokens`` the epoch is batched with and the ``segments`` of earlier budgets (see
+        the class docstring), which let a resume under another ``max_tokens`` go on with the
+        pairs the epoch has not seen."""
         return {"epoch": self.epoch, "batch": self.batch, "seed": self.seed, "max_tokens": self.max_tokens,
-                "pairs": pairs}
+                "segments": [list(s) for s in self.segments]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Jump to a saved position. Saved under another ``max_tokens``, the epoch goes on from its
-        first batch (a multiple of ``world_size``) at or past the pairs it had done: the same
-        share of it, though not the same pairs (a resume that changes ``max_tokens`` is inexact)."""
+        """Jump to a saved position. Saved under another ``max_tokens``, the epoch keeps the
+        batches it had done and batches the pairs it had not seen under this one (every pair of
+        the epoch once, but not in the batches an uninterrupted run would make: inexact)."""
         self.epoch = int(state["epoch"])
         self.batch = int(state["batch"])
-        if self.batch and int(state.get("max_tokens", self.max_tokens)) != self.max_tokens:
-            pairs_before = self._pairs_before()
-            first = int(np.searchsorted(pairs_before, int(state["pairs"]), side="left"))
-            self.batch = -(-first // self.world_size) * self.world_size
+        self.segments = [(int(tokens), int(end)) for tokens, end in state.get("segments", [])]
+        saved = int(state.get("max_tokens", self.max_tokens))
+        if self.batch and saved != self.max_tokens:
+            self.segments.append((saved, self.batch))
+        self._cached = None
         if self.batch >= len(self.epoch_batches(self.epoch)):
-            self.epoch += 1
-            self.batch = 0
+            self._next_epoch()
+
+
+def _without(indices: np.ndarray, taken: np.ndarray) -> np.ndarray:
+    """``indices`` less ``taken``, as multisets (a pair drawn twice by a mix and taken once stays
+    once), in their order."""
+    if not len(taken):
+        return indices
+    size = int(max(indices.max(initial=0), taken.max())) + 1
+    left = np.bincount(taken, minlength=size)  # occurrences still to remove, per pair
+    order = np.argsort(indices, kind="stable")
+    ranked = indices[order]
+    occurrence = np.arange(len(ranked)) - np.searchsorted(ranked, ranked, side="left")
+    keep = np.empty(len(indices), dtype=bool)
+    keep[order] = occurrence >= left[ranked]
+    return indices[keep]
 
 
 __all__ = [

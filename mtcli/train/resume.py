@@ -85,8 +85,9 @@ UNSAFE_KEYS: frozenset[str] = frozenset(
         "train.seed", "train.pack_length", "train.max_source_length", "train.max_target_length",
     }
 )
-# Keys a checkpoint that saved its epoch's pair count (``data_state["pairs"]``) lets change: the
-# epoch is batched anew and goes on from the same share of its pairs (BatchStream.load_state_dict).
+# Keys a checkpoint that saved its batch budget (``data_state["max_tokens"]``) lets change: the
+# epoch keeps the batches it had done and batches the pairs it has not seen anew
+# (BatchStream.load_state_dict).
 REBATCH_KEYS: frozenset[str] = frozenset({"train.max_tokens"})
 # Keys that may change: training goes on correctly but is no longer an exact continuation.
 INEXACT_KEYS: frozenset[str] = frozenset(
@@ -152,8 +153,8 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
       ``update_freq`` and optimiser/schedule hyperparameters; training stays correct (the
       data position counts batches, not updates) but no longer matches an uninterrupted run.
       Returned as ``"key: old -> new (resume no longer exact)"``. ``train.max_tokens`` too
-      when ``rebatchable`` (the checkpoint saved its epoch's pair count: the epoch goes on,
-      batched anew, from the same share of its pairs), else refused.
+      when ``rebatchable`` (the checkpoint saved its batch budget: the pairs the epoch has not
+      seen are batched anew), else refused.
     * safe (:data:`SAFE_KEYS`, ``decode.*``): stopping rules, logging, devices, decoding.
       Returned as ``"key: old -> new"``.
 

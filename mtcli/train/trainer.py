@@ -173,7 +173,7 @@ class Trainer:
         if state.get("format") != STATE_FORMAT:
             raise CheckpointError(f"{path}: checkpoint format {state.get('format')!r}, expected {STATE_FORMAT}")
         for change in check_resume_config(state.get("config") or {}, self.config.to_dict(), str(path),
-                                          rebatchable="pairs" in (state.get("data_state") or {})):
+                                          rebatchable="max_tokens" in (state.get("data_state") or {})):
             self.log.info("config change on resume: %s", change)
         vocab = state.get("vocab") or {}
         if vocab.get("spm_sha256") not in (None, self.spm_sha256) or \

@@ -134,37 +134,64 @@ def test_stream_skips_long_pairs_and_resumes_exactly() -> None:
         assert all(np.array_equal(x, y) for x, y in zip(r.batches, g.batches, strict=True))
 
 
+def _pairs_of(batches: list, pack_length: int) -> np.ndarray:
+    return np.concatenate([np.concatenate(b) if pack_length else b for b in batches])
+
+
+def _rest_of_epoch(stream: BatchStream) -> list:
+    epoch, rest = stream.epoch, []
+    while stream.epoch == epoch:
+        rest.extend(stream.next_group().batches)
+    return rest
+
+
 @pytest.mark.parametrize("pack_length", [0, 32])
-def test_a_resume_under_new_max_tokens_goes_on_from_the_same_share_of_the_epoch(pack_length: int) -> None:
-    """Saved with 240 tokens a batch, resumed with 120 (or 480): the position moves to the
-    first batch (on a rank boundary) that has done at least as many of the epoch's pairs, and
-    the epoch then ends as an uninterrupted epoch under the new budget would."""
+def test_a_resume_under_new_max_tokens_sees_each_pair_of_the_epoch_once(pack_length: int) -> None:
+    """Saved with 240 tokens a batch, resumed with 120 (or 480): the epoch keeps its 7 groups
+    done and batches the pairs it has not seen under the new budget, so no pair is seen twice
+    and none is left out but for the last batches trimmed to a multiple of the ranks. A second
+    change later in the epoch does the same, from the segments the state carries."""
     src, tgt = random_corpus(600, max_len=30)
     common = dict(max_source_length=30, max_target_length=30, seed=5, world_size=2, pack_length=pack_length)
     saved = BatchStream(src, tgt, max_tokens=240, **common)
-    for _ in range(7):
-        saved.next_group()
+    done = [b for _ in range(7) for b in saved.next_group().batches]
     state = saved.state_dict()
-    assert state["max_tokens"] == 240 and state["epoch"] == 0
-    done = sum(sum(map(len, b)) if pack_length else len(b) for b in saved.epoch_batches(0)[: state["batch"]])
-    assert state["pairs"] == done > 0
+    assert (state["max_tokens"], state["epoch"], state["batch"], state["segments"]) == (240, 0, len(done), [])
+    per_batch = max(len(_pairs_of([b], pack_length)) for b in saved.epoch_batches(0))
     for max_tokens in (120, 480):
         resumed = BatchStream(src, tgt, max_tokens=max_tokens, **common)
         resumed.load_state_dict(state)
-        batches = resumed.epoch_batches(0)
-        counts = np.cumsum([0] + [sum(map(len, b)) if pack_length else len(b) for b in batches])
-        assert resumed.batch % 2 == 0 and counts[resumed.batch] >= done
-        assert resumed.batch < 2 or counts[resumed.batch - 2] < done  # the first such rank boundary
-        assert resumed.state_dict()["pairs"] == counts[resumed.batch]
-        start, rest = resumed.batch, []
-        while resumed.epoch == 0:
-            rest.extend(resumed.next_group().batches)
-        flat = (lambda b: np.concatenate(list(b))) if pack_length else (lambda b: b)  # noqa: E731
-        assert len(rest) == len(batches) - start > 0
-        assert all(np.array_equal(flat(x), flat(y)) for x, y in zip(rest, batches[start:], strict=True))
+        assert resumed.batch == len(done) and resumed.segments == [(240, len(done))]
+        assert all(np.array_equal(_pairs_of([x], pack_length), _pairs_of([y], pack_length))
+                   for x, y in zip(resumed.epoch_batches(0)[: len(done)], done, strict=True))
+        for _ in range(3):
+            resumed.next_group()
+        again = resumed.state_dict()
+        assert again["segments"] == [[240, len(done)]] and again["max_tokens"] == max_tokens
+        rest = _rest_of_epoch(resumed)
+        continued = BatchStream(src, tgt, max_tokens=max_tokens, **common)
+        continued.load_state_dict(again)  # the same budget: the same epoch, rebuilt from the segments
+        assert [_pairs_of([x], pack_length).tolist() for x in _rest_of_epoch(continued)] == [
+            _pairs_of([x], pack_length).tolist() for x in rest]
+        changed = BatchStream(src, tgt, max_tokens=360, **common)
+        changed.load_state_dict(again)  # a second change: three budgets in one epoch
+        assert changed.segments == [(240, len(done)), (max_tokens, again["batch"])]
+        ends = changed.epoch_batches(0)
+        seen = _pairs_of(ends[: again["batch"]] + _rest_of_epoch(changed), pack_length)
+        assert len(np.unique(seen)) == len(seen)  # no pair twice
+        assert set(seen.tolist()) <= set(saved.indices.tolist())
+        assert len(saved.indices) - len(seen) < 2 * per_batch  # left out: the trimmed last batches
     same = BatchStream(src, tgt, max_tokens=240, **common)
     same.load_state_dict(state)
-    assert same.batch == state["batch"]  # the same budget: the saved batch index, exactly
+    assert same.batch == state["batch"] and same.segments == []  # the same budget: nothing rebatched
+
+
+def test_without_takes_away_as_many_copies_as_were_taken() -> None:
+    from mtcli.data.batching import _without
+
+    indices = np.array([5, 3, 5, 1, 3, 5, 7], dtype=np.int64)
+    assert _without(indices, np.array([5, 3, 9], dtype=np.int64)).tolist() == [5, 1, 3, 5, 7]
+    assert _without(indices, np.array([], dtype=np.int64)).tolist() == indices.tolist()
 
 
 def test_stream_shards_batches_across_ranks() -> None:

@@ -173,16 +173,17 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path, 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
 def test_a_one_process_run_resumes_on_two_with_half_the_batch_each(tmp_path: Path, prepared_toy: Path) -> None:
     """A run moved to more processes keeps its update size by halving train.max_tokens: the
-    resume takes it (inexactly: the rest of the epoch is batched anew, on a rank boundary)."""
+    resume takes it (inexactly: the pairs the epoch has not seen are batched anew)."""
     run = tmp_path / "run"
     train(load_config(TOY_CONFIG, toy_train_overrides(prepared_toy, run, "train.max_tokens=512", "train.max_steps=2",
                                                       "train.device=cpu")))
     before = load_checkpoint(run / "checkpoints" / "checkpoint_last.pt")["data_state"]
-    assert before["max_tokens"] == 512 and before["pairs"] > 0
+    assert before["max_tokens"] == 512 and before["batch"] > 0 and before["segments"] == []
     _ddp_train(run, prepared_toy, "train.max_steps=4", "train.device=cpu")
     log = (run / "train.log").read_text(encoding="utf-8")
     assert "config change on resume: train.max_tokens: 512 -> 256 (resume no longer exact)" in log
     assert "processes 2" in log and "stopped at step 4" in log
     after = load_checkpoint(run / "checkpoints" / "checkpoint_last.pt")
     assert after["step"] == 4 and after["data_state"]["max_tokens"] == 256
-    assert after["data_state"]["batch"] % 2 == 0 and after["data_state"]["pairs"] > before["pairs"]
+    assert after["data_state"]["segments"] == [[512, before["batch"]]]  # the epoch's batches under 512
+    assert after["data_state"]["batch"] > before["batch"]
