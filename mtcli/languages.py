@@ -3,9 +3,9 @@
 Three places treat such languages differently, each as the tool it follows does:
 
 * cleaning (:mod:`mtcli.data.cleaning`) measures Chinese and Japanese text in characters, not
-  words, as OpusFilter's length filters do with ``unit: char``: a Chinese character, or a
-  Japanese kana or kanji, is about a word of English, and a whole unspaced sentence would
-  otherwise count as one word and break the length-ratio rule;
+  words, as OpusFilter's length filters do with ``unit: char``: a whole unspaced sentence would
+  otherwise count as one word and fail the length-ratio rule against any longer English one
+  (sacreBLEU's ``zh`` tokeniser, too, counts a Chinese character as a word);
 * SentencePiece covers 99.95% of their characters rather than all of them (its own advice for
   languages with rich character sets), so that thousands of rare characters do not take the
   vocabulary (:func:`default_character_coverage`);

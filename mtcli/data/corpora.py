@@ -27,12 +27,7 @@ from typing import Any
 
 from mtcli.config import CorpusConfig, DataConfig
 from mtcli.data.cache import array_name
-from mtcli.data.cleaning import (
-    CleanCounts,
-    PairCleaner,
-    clean_text_blocks,
-    clean_text_files,
-)
+from mtcli.data.cleaning import CleanCounts, PairCleaner, clean_text_blocks, clean_text_files
 from mtcli.data.sources import MissingSplitError, Source, open_source
 from mtcli.data.workers import can_fork
 from mtcli.errors import DataError

@@ -61,7 +61,6 @@ def _normalise(text: str) -> str:
     return text
 
 
-
 class MissingSplitError(DataError):
     """A source has no split of that name (the message lists the splits it has)."""
 
