@@ -107,3 +107,16 @@ def progress(iterable: Iterable | None = None, *, enabled: bool = True, terminal
     for key in ("delay", "mininterval", "maxinterval"):  # nothing at all for a shorter job
         kwargs.setdefault(key, PLAIN_BAR_SECONDS)
     return tqdm(iterable, file=_PlainLines(), disable=not enabled or terminal_only, ascii=True, **kwargs)
+
+
+def duration_text(seconds: float) -> str:
+    """A duration as a person reads it: ``45s``, ``12m05s``, ``3h12m``, ``2d04h``."""
+    seconds = max(0, int(round(seconds)))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"

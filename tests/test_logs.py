@@ -40,3 +40,11 @@ def test_bar_on_a_terminal_redraws_in_place(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(logs, "on_terminal", lambda: True)
     _run_bar(mininterval=0)
     assert "\r" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (0, "0s"), (-3, "0s"), (44.6, "45s"), (60, "1m00s"), (725, "12m05s"), (3600, "1h00m"),
+    (11_520, "3h12m"), (187_200, "2d04h"),
+])
+def test_duration_text_reads_as_a_person_says_it(seconds: float, text: str) -> None:
+    assert logs.duration_text(seconds) == text

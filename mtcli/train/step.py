@@ -5,6 +5,7 @@ averages."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ from torch import Tensor, nn
 
 from mtcli.config import TrainConfig
 from mtcli.device import autocast
+from mtcli.logs import duration_text
 from mtcli.train.loss import LabelSmoothedLoss, perplexity
 from mtcli.train.rdrop import RDropLoss
 
@@ -133,3 +135,26 @@ class LogWindow:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the sums a checkpoint saved (keys it does not know are ignored)."""
         self.sums.update({k: float(v) for k, v in state.items() if k in self.sums})
+
+
+def seconds_left(cfg: TrainConfig, step: int, step_seconds: float, valid_seconds: float, elapsed: float) -> float:
+    """The time to the end of training after ``step``: ``step_seconds`` a step and
+    ``valid_seconds`` every ``valid_every`` steps up to ``max_steps``, or what is left of
+    ``max_minutes`` (``elapsed`` seconds spent) when that is sooner."""
+    left = (cfg.max_steps - step) * (step_seconds + valid_seconds / cfg.valid_every)
+    return min(left, cfg.max_minutes * 60 - elapsed) if cfg.max_minutes > 0 else left
+
+
+def log_step(log: logging.Logger, writer: Any, step: int, epoch: int, mean: dict[str, float],
+             tokens_per_s: float, seconds_left: float) -> None:
+    """The step line of ``train.log`` (the window's means, its tokens/s, the peak memory and
+    ``eta``: the time left to the end of training at this window's rate) and its TensorBoard
+    scalars (``writer``: a SummaryWriter, or None)."""
+    log.info("step %d | epoch %d | loss %.4f | nll %.4f | ppl %.2f | lr %.3e | gnorm %.3f | tok/s %.0f "
+             "| pad %.3f | peak mem %.0fM | eta %s", step, epoch, mean["loss"], mean["nll"], mean["ppl"],
+             mean["lr"], mean["grad_norm"], tokens_per_s, mean["padding"], mean["peak_mem_mb"],
+             duration_text(seconds_left))
+    if writer is not None:
+        for key in ("loss", "nll", "ppl", "lr", "grad_norm", "padding", "peak_mem_mb"):
+            writer.add_scalar(f"train/{key}", mean[key], step)
+        writer.add_scalar("train/tokens_per_s", tokens_per_s, step)

@@ -85,6 +85,8 @@ from mtcli.train.step import (
     compile_forward_loss,
     cuda_graphs,
     forward_loss,
+    log_step,
+    seconds_left,
     step_stats,
 )
 from mtcli.train.validation import validation_bleu, validation_loss
@@ -563,14 +565,9 @@ class Trainer:
                     mean = self.log_window.take()
                     mean.update(lr=stats["lr"], grad_norm=stats["grad_norm"], peak_mem_mb=peak_memory_mb(self.device))
                     bar.set_postfix(loss=f"{mean['loss']:.3f}", lr=f"{mean['lr']:.2e}", tok_s=f"{tps:.0f}")
-                    self.log.info(
-                        "step %d | epoch %d | loss %.4f | nll %.4f | ppl %.2f | lr %.3e | gnorm %.3f "
-                        "| tok/s %.0f | pad %.3f | peak mem %.0fM", self.step, group.epoch, mean["loss"], mean["nll"],
-                        mean["ppl"], mean["lr"], mean["grad_norm"], tps, mean["padding"], mean["peak_mem_mb"])
-                    if self.writer is not None:
-                        for key in ("loss", "nll", "ppl", "lr", "grad_norm", "padding", "peak_mem_mb"):
-                            self.writer.add_scalar(f"train/{key}", mean[key], self.step)
-                        self.writer.add_scalar("train/tokens_per_s", tps, self.step)
+                    left = seconds_left(cfg, self.step, seconds / cfg.log_every, self._valid_seconds,
+                                        self.elapsed + time.monotonic() - self._clock)
+                    log_step(self.log, self.writer, self.step, group.epoch, mean, tps, left)
                     window_tokens = 0.0
                     window_start = time.monotonic()
                 if self.step % cfg.valid_every == 0:

@@ -76,10 +76,22 @@ def test_run_directory_layout_and_checkpoints(prepared: Path, tmp_path: Path) ->
     assert "parameters" in log and "skipped" in log and "padding" in log
     # the peak memory, beside tokens/s: on a CPU the process's resident set, which holds at
     # least the model's weights and Adam's two moments
-    peaks = [float(m) for m in re.findall(r"\| step \d+ \|.*\| peak mem (\d+)M$", log, re.M)]
+    peaks = [float(m) for m in re.findall(r"\| step \d+ \|.*\| peak mem (\d+)M \| eta \S+$", log, re.M)]
     floor = summary.parameters * 4 * 3 / 2**20
     assert len(peaks) == 6 and all(floor < p <= summary.peak_memory_mb + 0.5 for p in peaks), (peaks, floor)  # logged as %.0f
     assert f"peak memory: {summary.peak_memory_mb:,.0f} MiB on cpu" in summary.summary()
+    assert re.findall(r"\| step \d+ \|.*\| eta (\S+)$", log, re.M)[-1] == "0s"  # the last step: nothing left
+
+
+def test_the_time_left_counts_steps_validations_and_the_time_limit() -> None:
+    from mtcli.config import TrainConfig
+    from mtcli.train.step import seconds_left
+
+    cfg = TrainConfig(max_steps=1000, valid_every=100)
+    assert seconds_left(cfg, 400, 0.5, 20.0, elapsed=0) == 600 * (0.5 + 0.2)  # a validation: 0.2 s a step
+    limited = TrainConfig(max_steps=1000, valid_every=100, max_minutes=5)
+    assert seconds_left(limited, 400, 0.5, 20.0, elapsed=240) == 60  # the limit comes first
+    assert seconds_left(limited, 400, 0.5, 20.0, elapsed=0) == 300
 
 
 def test_resume_is_exact(prepared: Path, tmp_path: Path) -> None:
