@@ -575,4 +575,17 @@ def open_prepared(config: Config) -> PreparedCorpus:
     if (corpus.src_lang, corpus.tgt_lang) != (data.src_lang, data.tgt_lang):
         raise DataError(f"{path}: prepared for {corpus.src_lang}->{corpus.tgt_lang}, config says "
                         f"{data.src_lang}->{data.tgt_lang}")
+    changed = changed_data_settings(corpus.manifest.get("data_config") or {}, data)
+    if changed:
+        raise DataError(f"{path} was prepared with {', '.join(changed)}; run `mtcli prepare {config.path}` (with "
+                        "the same --set, if any): the cache follows the config's data section")
     return corpus
+
+
+def changed_data_settings(saved: dict[str, Any], data: DataConfig) -> list[str]:
+    """The data settings that shape a cache's content (those of :func:`build_key`) whose value in
+    ``saved`` (a manifest's ``data_config``) is not ``data``'s, as ``data.key=old (the config:
+    new)``. Keys a cache from an older mtcli did not record are not compared."""
+    excluded = _KEY_EXCLUDES + (_SPM_TRAINING_KEYS if data.spm_model else ())
+    return [f"data.{key}={saved[key]!r} (the config: {value!r})" for key, value in dataclasses.asdict(data).items()
+            if key not in excluded and key in saved and saved[key] != value]

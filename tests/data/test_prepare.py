@@ -298,6 +298,27 @@ def test_a_tsv_line_without_two_columns_is_dropped_from_training_and_refused_in_
     assert_one_line_error(result, f"{val}:1: expected 2 tab-separated columns", "keeps every line")
 
 
+def test_train_refuses_a_cache_prepared_with_other_data_settings(tmp_path: Path, toy_dir: Path) -> None:
+    """A data setting changed in the config (or by a --set) but not prepared again used to train
+    on the old cache without a word; where it is, how fast it was built, or the worker count do
+    not matter."""
+    cfg = write_config(tmp_path, toy_dir)
+    prep.prepare(load_config(cfg))
+    manifest = PreparedCorpus.open(load_config(cfg).data.prepared_path()).manifest
+    for same in ([], ["data.num_workers=2", "data.name=renamed"]):
+        assert prep.changed_data_settings(manifest["data_config"], load_config(cfg, same).data) == []
+    changed = load_config(cfg, ["data.vocab_size=80", "data.dedup=true"]).data
+    assert prep.changed_data_settings(manifest["data_config"], changed) == [
+        "data.dedup=False (the config: True)", "data.vocab_size=64 (the config: 80)"]
+    given = load_config(cfg, ["data.vocab_size=80", f"data.spm_model={load_config(cfg).data.prepared_path()}"]).data
+    assert prep.changed_data_settings(manifest["data_config"], given) == []  # a given model: its own size
+    result = CliRunner().invoke(app, ["train", str(cfg), "--set", "data.vocab_size=80",
+                                      "--set", f"train.run_dir={tmp_path / 'run'}"])
+    assert result.exit_code == 1
+    assert_one_line_error(result, "was prepared with data.vocab_size=64 (the config: 80); run `mtcli prepare")
+    assert not (tmp_path / "run").exists()
+
+
 def _parallel_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """Clean and encode even the toy corpus in worker processes, in many small ranges."""
     monkeypatch.setattr(prep, "PARALLEL_MIN_LINES", 1)

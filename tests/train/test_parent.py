@@ -123,7 +123,8 @@ def test_shape_and_vocabulary_mismatches_are_one_line_exit_2(parent_run: tuple[P
     other = tmp_path / "other-prepared"  # another SentencePiece model (another size)
     prepare(load_config(TOY_CONFIG, [f"data.source={TOY_DIR}", f"data.prepared_dir={other}",
                                      "data.vocab_size=48"]))
-    overrides = toy_train_overrides(other, tmp_path / "child", "model.d_ff=96", "model.n_heads=4", *CHILD)
+    overrides = toy_train_overrides(other, tmp_path / "child", "data.vocab_size=48", "model.d_ff=96", "model.n_heads=4",
+                                    *CHILD)
     result = cli_train("--init-from", str(parent), *set_args(overrides))
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if " | INFO | " not in line]
