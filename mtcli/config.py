@@ -324,8 +324,11 @@ def _check_override(text: str, section: str, key: str, value: Any) -> None:
     if key not in fields:
         raise ConfigError(f"--set {text!r}: unknown key '{section}.{key}' (known keys: {', '.join(fields)})")
     hint = typing.get_type_hints(cls)[key]
-    if cls is DataConfig and key == "sources":
-        return  # a list of corpora, each checked as a section of its own
+    if cls is DataConfig and key == "sources" and isinstance(value, list):  # corpora, each a section
+        for i, corpus in enumerate(value):
+            if isinstance(corpus, dict):
+                _build_section(CorpusConfig, corpus, f"--set {text!r}", f"data.sources[{i}]")
+        return
     try:
         _coerce(value, hint)
     except TypeError:

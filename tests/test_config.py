@@ -117,6 +117,8 @@ def test_set_wrong_type_or_unknown_key_is_exit_2(tmp_path: Path) -> None:
         path, "--set", "train.nope=1")
     assert "bogus" in cli_error(path, "--set", "bogus.key=1")
     assert str(path) not in cli_error(path, "--set", "train.nope=1")
+    assert cli_error(path, "--set", "data.sources=[{source: a, weight: x}]").endswith(
+        "--set 'data.sources=[{source: a, weight: x}]': key 'data.sources[0].weight' must be float, got 'x'")
 
 
 @pytest.mark.parametrize("bad", ["train.max_steps", "max_steps=3", "train.max.steps=3", ".x=1"])
