@@ -44,7 +44,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from mtcli.config import load_config  # noqa: E402
-from mtcli.data.prepare import open_prepared  # noqa: E402
+from mtcli.data.freshness import open_prepared  # noqa: E402
 from mtcli.device import resolve_device  # noqa: E402
 from mtcli.model import Transformer  # noqa: E402
 from mtcli.train import train  # noqa: E402

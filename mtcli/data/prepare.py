@@ -82,9 +82,9 @@ PARALLEL_MIN_LINES = 50_000
 SPM_SEED = 1
 _PID_FILE = ".prepare.pid"
 # Data-config keys that do not change the cache's content (where it goes, how fast it is built).
-_KEY_EXCLUDES = ("name", "prepared_dir", "num_workers", "source", "sources", "spm_model")
+KEY_EXCLUDES = ("name", "prepared_dir", "num_workers", "source", "sources", "spm_model")
 # What only a trained SentencePiece model depends on (a given one makes them moot).
-_SPM_TRAINING_KEYS = ("vocab_size", "spm_model_type", "character_coverage", "spm_max_sentences")
+SPM_TRAINING_KEYS = ("vocab_size", "spm_model_type", "character_coverage", "spm_max_sentences")
 
 
 @dataclass
@@ -153,7 +153,7 @@ def given_sha256(given: Path) -> str:
 def build_key(data: DataConfig, fingerprint: dict[str, Any], spm_sha256: str | None = None) -> str:
     """sha256 over everything the cache content depends on: inputs, data config, format, and
     the given SentencePiece model's sha256 (``data.spm_model``), not its path."""
-    excluded = _KEY_EXCLUDES + (_SPM_TRAINING_KEYS if spm_sha256 else ())
+    excluded = KEY_EXCLUDES + (SPM_TRAINING_KEYS if spm_sha256 else ())
     settings = {k: v for k, v in dataclasses.asdict(data).items() if k not in excluded}
     if data.sources:  # where each corpus is and how often it is drawn do not change the content
         settings["sources"] = [{"tag": c.tag, "langs": c.langs, "hub_config": c.hub_config} for c in data.corpora()]
@@ -556,36 +556,3 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     return PrepareReport(directory=out, skipped=False, source=plan.describe(),
                          counts={split: c.to_dict() for split, c in counts.items()}, tokens=tokens,
                          vocab_size=tokenizer.vocab_size, seconds=seconds)
-
-
-def open_prepared(config: Config) -> PreparedCorpus:
-    """The prepared cache of ``config`` (checksums verified); DataError if it is missing or corrupt."""
-    path = config.data.prepared_path()
-    if not path.is_dir():
-        raise DataError(f"{path}: no prepared cache; run `mtcli prepare {config.path}` first")
-    corpus = PreparedCorpus.open(path, verify=True)
-    data = config.data
-    if len(corpus.corpora) != len(data.sources):
-        raise DataError(f"{path}: prepared from {len(corpus.corpora) or 'one'} corpora, the config lists "
-                        f"{len(data.sources) or 'one'}; run `mtcli prepare {config.path}`")
-    for split in [data.valid_split] + ([] if data.sources else [data.train_split]):
-        if split not in corpus.splits:
-            raise DataError(f"{path}: the prepared cache has no split '{split}'; run `mtcli prepare "
-                            f"{config.path} --force`")
-    if (corpus.src_lang, corpus.tgt_lang) != (data.src_lang, data.tgt_lang):
-        raise DataError(f"{path}: prepared for {corpus.src_lang}->{corpus.tgt_lang}, config says "
-                        f"{data.src_lang}->{data.tgt_lang}")
-    changed = changed_data_settings(corpus.manifest.get("data_config") or {}, data)
-    if changed:
-        raise DataError(f"{path} was prepared with {', '.join(changed)}; run `mtcli prepare {config.path}` (with "
-                        "the same --set, if any): the cache follows the config's data section")
-    return corpus
-
-
-def changed_data_settings(saved: dict[str, Any], data: DataConfig) -> list[str]:
-    """The data settings that shape a cache's content (those of :func:`build_key`) whose value in
-    ``saved`` (a manifest's ``data_config``) is not ``data``'s, as ``data.key=old (the config:
-    new)``. Keys a cache from an older mtcli did not record are not compared."""
-    excluded = _KEY_EXCLUDES + (_SPM_TRAINING_KEYS if data.spm_model else ())
-    return [f"data.{key}={saved[key]!r} (the config: {value!r})" for key, value in dataclasses.asdict(data).items()
-            if key not in excluded and key in saved and saved[key] != value]

@@ -25,7 +25,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from mtcli.config import Config, save_config
 from mtcli.data.cache import PreparedCorpus
-from mtcli.data.prepare import open_prepared
+from mtcli.data.freshness import open_prepared
 from mtcli.data.vocabmap import tokenizer_files
 from mtcli.device import (
     device_has_bf16_units,

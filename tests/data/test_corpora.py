@@ -14,7 +14,8 @@ from mtcli.config import config_from_dict, load_config, with_changes
 from mtcli.data.batching import BatchStream, CorpusMix
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.corpora import plan_corpora
-from mtcli.data.prepare import open_prepared, prepare
+from mtcli.data.freshness import open_prepared
+from mtcli.data.prepare import prepare
 from mtcli.data.sampling import subword_resegmenter
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.errors import ConfigError, DataError

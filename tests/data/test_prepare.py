@@ -7,6 +7,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from mtcli import fileio
 from mtcli.cli import app
 from mtcli.config import load_config
 from mtcli.data.cache import PreparedCorpus
+from mtcli.data.freshness import changed_data_settings, open_prepared
 from mtcli.data.textio import read_lines
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.errors import DataError
@@ -298,25 +300,40 @@ def test_a_tsv_line_without_two_columns_is_dropped_from_training_and_refused_in_
     assert_one_line_error(result, f"{val}:1: expected 2 tab-separated columns", "keeps every line")
 
 
-def test_train_refuses_a_cache_prepared_with_other_data_settings(tmp_path: Path, toy_dir: Path) -> None:
-    """A data setting changed in the config (or by a --set) but not prepared again used to train
-    on the old cache without a word; where it is, how fast it was built, or the worker count do
-    not matter."""
+def test_train_refuses_a_cache_prepared_with_other_data_settings_or_files(tmp_path: Path, toy_dir: Path) -> None:
+    """A data setting changed in the config (or by a --set), or a corpus file edited, but not
+    prepared again used to train on the old cache without a word; the cache's name, the worker
+    count, a file's time, or the corpus gone since do not matter."""
     cfg = write_config(tmp_path, toy_dir)
     prep.prepare(load_config(cfg))
     manifest = PreparedCorpus.open(load_config(cfg).data.prepared_path()).manifest
     for same in ([], ["data.num_workers=2", "data.name=renamed"]):
-        assert prep.changed_data_settings(manifest["data_config"], load_config(cfg, same).data) == []
+        assert changed_data_settings(manifest["data_config"], load_config(cfg, same).data) == []
     changed = load_config(cfg, ["data.vocab_size=80", "data.dedup=true"]).data
-    assert prep.changed_data_settings(manifest["data_config"], changed) == [
+    assert changed_data_settings(manifest["data_config"], changed) == [
         "data.dedup=False (the config: True)", "data.vocab_size=64 (the config: 80)"]
     given = load_config(cfg, ["data.vocab_size=80", f"data.spm_model={load_config(cfg).data.prepared_path()}"]).data
-    assert prep.changed_data_settings(manifest["data_config"], given) == []  # a given model: its own size
+    assert changed_data_settings(manifest["data_config"], given) == []  # a given model: its own size
     result = CliRunner().invoke(app, ["train", str(cfg), "--set", "data.vocab_size=80",
                                       "--set", f"train.run_dir={tmp_path / 'run'}"])
     assert result.exit_code == 1
     assert_one_line_error(result, "was prepared with data.vocab_size=64 (the config: 80); run `mtcli prepare")
     assert not (tmp_path / "run").exists()
+    # a corpus file edited since: named; the same content touched again, or the corpus gone: trained on
+    train_file = toy_dir / "train.tgt"
+    text = train_file.read_text(encoding="utf-8")
+    train_file.write_text(text + "one more line\n", encoding="utf-8")
+    (toy_dir / "train.src").write_text((toy_dir / "train.src").read_text(encoding="utf-8") + "noch eine\n",
+                                       encoding="utf-8")
+    result = CliRunner().invoke(app, ["train", str(cfg), "--set", f"train.run_dir={tmp_path / 'run'}"])
+    assert_one_line_error(result, "was prepared with other content in train.src, train.tgt; run `mtcli prepare")
+    lines = (toy_dir / "train.src").read_text(encoding="utf-8").splitlines(keepends=True)[:-1]
+    (toy_dir / "train.src").write_text("".join(lines), encoding="utf-8")
+    train_file.write_text(text, encoding="utf-8")  # as prepared, though with another time
+    overrides = ["train.max_steps=1", f"train.run_dir={tmp_path / 'run'}", "train.valid_every=1"]
+    assert open_prepared(load_config(cfg, overrides)).manifest == manifest
+    shutil.rmtree(toy_dir)
+    assert open_prepared(load_config(cfg, overrides)).manifest == manifest
 
 
 def _parallel_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,83 @@
+"""Whether a prepared cache is the one a config asks for, before ``train`` reads it.
+
+``prepare`` rebuilds a cache whose inputs or data settings changed; ``train`` only reads one. So
+that a data setting changed in the config (or by ``--set``), or a corpus file edited, is not
+trained on silently from the old cache, :func:`open_prepared` compares what the cache's manifest
+recorded with the config: its data settings (those that shape the content: not where the cache
+is, its name or how many workers built it), and the content of its input files while they are
+still where they were (a file whose size, time and inode are as recorded is not read again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from mtcli.config import Config, DataConfig
+from mtcli.data.cache import PreparedCorpus
+from mtcli.data.corpora import plan_corpora
+from mtcli.data.prepare import KEY_EXCLUDES, SPM_TRAINING_KEYS
+from mtcli.errors import DataError
+from mtcli.fileio import FileHasher
+
+
+def open_prepared(config: Config) -> PreparedCorpus:
+    """The prepared cache of ``config`` (checksums verified); :class:`DataError` if it is missing,
+    corrupt, or prepared from other data settings or inputs than the config's."""
+    path = config.data.prepared_path()
+    if not path.is_dir():
+        raise DataError(f"{path}: no prepared cache; run `mtcli prepare {config.path}` first")
+    corpus = PreparedCorpus.open(path, verify=True)
+    data = config.data
+    if len(corpus.corpora) != len(data.sources):
+        raise DataError(f"{path}: prepared from {len(corpus.corpora) or 'one'} corpora, the config lists "
+                        f"{len(data.sources) or 'one'}; run `mtcli prepare {config.path}`")
+    for split in [data.valid_split] + ([] if data.sources else [data.train_split]):
+        if split not in corpus.splits:
+            raise DataError(f"{path}: the prepared cache has no split '{split}'; run `mtcli prepare "
+                            f"{config.path} --force`")
+    if (corpus.src_lang, corpus.tgt_lang) != (data.src_lang, data.tgt_lang):
+        raise DataError(f"{path}: prepared for {corpus.src_lang}->{corpus.tgt_lang}, config says "
+                        f"{data.src_lang}->{data.tgt_lang}")
+    changed = changed_data_settings(corpus.manifest.get("data_config") or {}, data)
+    files = changed_inputs(data, corpus.manifest.get("inputs") or {}, corpus.manifest.get("input_files"))
+    if files:
+        changed.append(f"other content in {', '.join(files)}")
+    if changed:
+        raise DataError(f"{path} was prepared with {'; '.join(changed)}; run `mtcli prepare {config.path}` (with "
+                        "the same --set, if any): the cache follows the config's data section and its files")
+    return corpus
+
+
+def changed_data_settings(saved: dict[str, Any], data: DataConfig) -> list[str]:
+    """The data settings that shape a cache's content (those of
+    :func:`~mtcli.data.prepare.build_key`) whose value in ``saved`` (a manifest's
+    ``data_config``) is not ``data``'s, as ``data.key=old (the config: new)``. Keys a cache from
+    an older mtcli did not record are not compared."""
+    excluded = KEY_EXCLUDES + (SPM_TRAINING_KEYS if data.spm_model else ())
+    return [f"data.{key}={saved[key]!r} (the config: {value!r})" for key, value in dataclasses.asdict(data).items()
+            if key not in excluded and key in saved and saved[key] != value]
+
+
+def changed_inputs(data: DataConfig, saved: dict[str, Any], known: dict[str, Any] | None) -> list[str]:
+    """The input files of ``data``'s corpora whose content is not what a cache recorded
+    (``saved``: its manifest's ``inputs``; ``known``: its ``input_files``). Only corpora in local
+    directories are compared, and none when one of them is gone or unreadable: a cache may
+    outlive its inputs."""
+    if not saved or not all(Path(c.source).expanduser().is_dir() for c in data.corpora()):
+        return []
+    try:
+        now = plan_corpora(data).fingerprint(FileHasher(known))
+    except DataError:
+        return []
+    old, new = _digests(saved), _digests(now)
+    return sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name))
+
+
+def _digests(fingerprint: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """A fingerprint's file digests by name (``corpora[i]/name`` for several corpora)."""
+    if "corpora" in fingerprint:
+        return {name: digest for i, part in enumerate(fingerprint["corpora"])
+                for name, digest in _digests(part, f"corpora[{i}]/").items()}
+    return {prefix + name: digest for name, digest in (fingerprint.get("files") or {}).items()}
