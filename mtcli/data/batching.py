@@ -408,6 +408,15 @@ class BatchStream:
         self.batch = 0
         self.segments = []
 
+    def steps_until_epoch(self, epoch: int) -> int:
+        """Optimiser steps from the position to the start of ``epoch``, the epochs after this one
+        counted as long as this one (a mix or subword sampling changes them a little). It batches
+        nothing: at the start of an epoch not batched yet, the last one batched stands for it (so
+        that subword sampling does not switch the pairs under a step still training on them)."""
+        group = self.update_freq * self.world_size
+        batches = len(self._cached[1] if self._cached is not None else self.epoch_batches(self.epoch))
+        return -(-(batches - self.batch) // group) + max(0, epoch - self.epoch - 1) * -(-batches // group)
+
     def collate(self, indices: Any) -> Batch | PackedBatch:
         """Collate one batch of this stream's pairs (packed: its rows, into the one packed shape)."""
         if self.pack_length:

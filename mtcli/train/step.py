@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from mtcli.config import TrainConfig
+from mtcli.data.batching import BatchStream
 from mtcli.device import autocast
 from mtcli.logs import duration_text
 from mtcli.train.loss import LabelSmoothedLoss, perplexity
@@ -137,19 +138,24 @@ class LogWindow:
         self.sums.update({k: float(v) for k, v in state.items() if k in self.sums})
 
 
-def seconds_left(cfg: TrainConfig, step: int, step_seconds: float, valid_seconds: float, elapsed: float) -> float:
+def seconds_left(cfg: TrainConfig, step: int, stream: BatchStream, step_seconds: float, valid_seconds: float,
+                 elapsed: float) -> float:
     """The time to the end of training after ``step``: ``step_seconds`` a step and
-    ``valid_seconds`` every ``valid_every`` steps up to ``max_steps``, or what is left of
-    ``max_minutes`` (``elapsed`` seconds spent) when that is sooner."""
-    left = (cfg.max_steps - step) * (step_seconds + valid_seconds / cfg.valid_every)
+    ``valid_seconds`` every ``valid_every`` steps up to ``max_steps``, or to the end of
+    ``max_epochs`` of ``stream``, or what is left of ``max_minutes`` (``elapsed`` seconds spent),
+    whichever comes first."""
+    steps = cfg.max_steps - step
+    if cfg.max_epochs > 0:
+        steps = min(steps, stream.steps_until_epoch(cfg.max_epochs))
+    left = steps * (step_seconds + valid_seconds / cfg.valid_every)
     return min(left, cfg.max_minutes * 60 - elapsed) if cfg.max_minutes > 0 else left
 
 
 def log_step(log: logging.Logger, writer: Any, step: int, epoch: int, mean: dict[str, float],
              tokens_per_s: float, seconds_left: float) -> None:
     """The step line of ``train.log`` (the window's means, its tokens/s, the peak memory and
-    ``eta``: the time left to the end of training at this window's rate) and its TensorBoard
-    scalars (``writer``: a SummaryWriter, or None)."""
+    ``eta``: :func:`seconds_left`) and its TensorBoard scalars (``writer``: a SummaryWriter, or
+    None)."""
     log.info("step %d | epoch %d | loss %.4f | nll %.4f | ppl %.2f | lr %.3e | gnorm %.3f | tok/s %.0f "
              "| pad %.3f | peak mem %.0fM | eta %s", step, epoch, mean["loss"], mean["nll"], mean["ppl"],
              mean["lr"], mean["grad_norm"], tokens_per_s, mean["padding"], mean["peak_mem_mb"],

@@ -565,7 +565,7 @@ class Trainer:
                     mean = self.log_window.take()
                     mean.update(lr=stats["lr"], grad_norm=stats["grad_norm"], peak_mem_mb=peak_memory_mb(self.device))
                     bar.set_postfix(loss=f"{mean['loss']:.3f}", lr=f"{mean['lr']:.2e}", tok_s=f"{tps:.0f}")
-                    left = seconds_left(cfg, self.step, seconds / cfg.log_every, self._valid_seconds,
+                    left = seconds_left(cfg, self.step, self.stream, seconds / cfg.log_every, self._valid_seconds,
                                         self.elapsed + time.monotonic() - self._clock)
                     log_step(self.log, self.writer, self.step, group.epoch, mean, tps, left)
                     window_tokens = 0.0

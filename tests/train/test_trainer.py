@@ -83,15 +83,26 @@ def test_run_directory_layout_and_checkpoints(prepared: Path, tmp_path: Path) ->
     assert re.findall(r"\| step \d+ \|.*\| eta (\S+)$", log, re.M)[-1] == "0s"  # the last step: nothing left
 
 
-def test_the_time_left_counts_steps_validations_and_the_time_limit() -> None:
+def test_the_time_left_counts_steps_validations_epochs_and_the_time_limit() -> None:
+    from conftest import FakeArray
+
     from mtcli.config import TrainConfig
+    from mtcli.data.batching import BatchStream
     from mtcli.train.step import seconds_left
 
+    array = FakeArray([[5] * 4] * 100)
+    stream = BatchStream(array, array, max_tokens=50, max_source_length=10, max_target_length=10, seed=1,
+                         update_freq=2)  # 10 pairs a batch: 10 batches, 5 steps an epoch
     cfg = TrainConfig(max_steps=1000, valid_every=100)
-    assert seconds_left(cfg, 400, 0.5, 20.0, elapsed=0) == 600 * (0.5 + 0.2)  # a validation: 0.2 s a step
+    assert seconds_left(cfg, 400, stream, 0.5, 20.0, elapsed=0) == 600 * (0.5 + 0.2)  # a validation: 0.2 s a step
     limited = TrainConfig(max_steps=1000, valid_every=100, max_minutes=5)
-    assert seconds_left(limited, 400, 0.5, 20.0, elapsed=240) == 60  # the limit comes first
-    assert seconds_left(limited, 400, 0.5, 20.0, elapsed=0) == 300
+    assert seconds_left(limited, 400, stream, 0.5, 20.0, elapsed=240) == 60  # the limit comes first
+    assert seconds_left(limited, 400, stream, 0.5, 20.0, elapsed=0) == 300
+    for _ in range(2):
+        stream.next_group()  # 3 steps left in epoch 0
+    assert stream.steps_until_epoch(3) == 3 + 2 * 5
+    epochs = TrainConfig(max_steps=1000, valid_every=100, max_epochs=3)
+    assert seconds_left(epochs, 2, stream, 1.0, 0.0, elapsed=0) == 13  # the epochs end first
 
 
 def test_resume_is_exact(prepared: Path, tmp_path: Path) -> None:
