@@ -345,8 +345,9 @@ class _PartWriter:
 def _layouts(blocks: tuple[bytes, bytes], strict: bool, first: int, names: tuple[str, str],
              cleaner: PairCleaner) -> list[Lines] | None:
     """Both blocks' lines (:class:`~mtcli.data.scan.Lines`), measured as ``cleaner`` measures
-    each side, with their hashes when it deduplicates. None when ``strict`` and the reader would change the bytes (they are then
-    decoded line by line); raises the reader's one-line error for invalid UTF-8."""
+    each side, with their hashes when it deduplicates. None when ``strict`` and the reader would
+    change the bytes (they are then decoded line by line); raises the reader's one-line error for
+    invalid UTF-8."""
     if strict and not all(_verbatim(block, name, first) for block, name in zip(blocks, names, strict=True)):
         return None
     return [numpy_lines(block, cleaner.dedup, characters)

@@ -1,7 +1,7 @@
 """One training step's forward and loss, as the trainer runs it: eagerly, or compiled with
 ``torch.compile`` (``train.compile``), and on a GPU replayed as a CUDA graph where the batches
-have one shape (``train.pack_length``); what a step reports, and the window of steps a log line
-averages."""
+have one shape (``train.pack_length``); what a step reports, the window of steps a log line
+averages, and the log line itself with the time left."""
 
 from __future__ import annotations
 
