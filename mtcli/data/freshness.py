@@ -22,9 +22,10 @@ from mtcli.errors import DataError
 from mtcli.fileio import FileHasher
 
 
-def open_prepared(config: Config) -> PreparedCorpus:
+def open_prepared(config: Config, check_inputs: bool = True) -> PreparedCorpus:
     """The prepared cache of ``config`` (checksums verified); :class:`DataError` if it is missing,
-    corrupt, or prepared from other data settings or inputs than the config's."""
+    corrupt, or prepared from other data settings or (with ``check_inputs``; under DDP, rank 0
+    alone reads them) inputs than the config's."""
     path = config.data.prepared_path()
     if not path.is_dir():
         raise DataError(f"{path}: no prepared cache; run `mtcli prepare {config.path}` first")
@@ -41,8 +42,8 @@ def open_prepared(config: Config) -> PreparedCorpus:
         raise DataError(f"{path}: prepared for {corpus.src_lang}->{corpus.tgt_lang}, config says "
                         f"{data.src_lang}->{data.tgt_lang}")
     changed = changed_data_settings(corpus.manifest.get("data_config") or {}, data)
-    files = changed_inputs(data, corpus.manifest.get("inputs") or {}, corpus.manifest.get("input_files"))
-    if files:
+    if check_inputs and (files := changed_inputs(data, corpus.manifest.get("inputs") or {},
+                                                 corpus.manifest.get("input_files"))):
         changed.append(f"other content in {', '.join(files)}")
     if changed:
         raise DataError(f"{path} was prepared with {'; '.join(changed)}; run `mtcli prepare {config.path}` (with "

@@ -241,7 +241,7 @@ def train(config: Config) -> TrainSummary:
         log.setLevel(logging.WARNING)
     if config.train.valid_bleu:
         scorer("bleu", config.data.tgt_lang)  # a tokeniser's missing package is said now, not at the validation
-    corpus = open_prepared(config)
+    corpus = open_prepared(config, check_inputs=info.is_main)  # one process reads the corpus's files
     run_dir = config.run_path()
     init_distributed(info, device)
     with contextlib.ExitStack() as stack:

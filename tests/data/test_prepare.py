@@ -327,6 +327,7 @@ def test_train_refuses_a_cache_prepared_with_other_data_settings_or_files(tmp_pa
                                        encoding="utf-8")
     result = CliRunner().invoke(app, ["train", str(cfg), "--set", f"train.run_dir={tmp_path / 'run'}"])
     assert_one_line_error(result, "was prepared with other content in train.src, train.tgt; run `mtcli prepare")
+    assert open_prepared(load_config(cfg), check_inputs=False).manifest == manifest  # DDP's other ranks
     lines = (toy_dir / "train.src").read_text(encoding="utf-8").splitlines(keepends=True)[:-1]
     (toy_dir / "train.src").write_text("".join(lines), encoding="utf-8")
     train_file.write_text(text, encoding="utf-8")  # as prepared, though with another time
