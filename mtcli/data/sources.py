@@ -174,9 +174,9 @@ class TextDirSource(Source):
         in_tables = {lang for _, langs in self._tables.get(split, []) for lang in langs}
         return sorted({lang for s, lang in self._files if s == split} | in_tables)
 
-    def table(self, split: str) -> tuple[Path, bool] | None:
-        """The ``.tsv`` file of ``split`` that holds both languages, and whether its columns are
-        the other way round (target first); None when the split's sides are files of their own.
+    def table(self, split: str) -> tuple[Path, tuple[str, str]] | None:
+        """The ``.tsv`` file of ``split`` that holds both languages, and its columns' languages
+        in order (as its name gives them); None when the split's sides are files of their own.
         :class:`DataError` when the split is in both forms."""
         wanted = {self.src_lang, self.tgt_lang}
         found = [(path, langs) for path, langs in self._tables.get(split, []) if set(langs) == wanted]
@@ -186,8 +186,7 @@ class TextDirSource(Source):
             names = [p.name for p, _ in found]
             names += [p.name for lang in sorted(wanted) for p in self._files.get((split, lang), [])]
             raise DataError(f"{self.describe()}: {' and '.join(names)} all hold split '{split}'; keep one form")
-        path, langs = found[0]
-        return path, langs[0] != self.src_lang
+        return found[0]
 
     def path(self, split: str, lang: str) -> Path:
         """The file of one side of a split; :class:`DataError` if missing or ambiguous."""
@@ -240,13 +239,13 @@ class TextDirSource(Source):
         if rest:
             raise mismatch_error(src_path, n, tgt_path, n + rest)
 
-    def _table_pairs(self, split: str, path: Path, reverse: bool) -> Iterator[Pair]:
-        """The pairs of a ``.tsv`` file in the order (source, target): the columns' order, or
-        the other way round when ``reverse``. A first line that names the two languages is a
-        header, not a pair. A line without two columns (a tab inside a sentence) is given as an
-        empty pair, counted, and warned of at the end."""
+    def _table_pairs(self, split: str, path: Path, langs: tuple[str, str]) -> Iterator[Pair]:
+        """The pairs of a ``.tsv`` file whose columns hold ``langs``, in the order (source,
+        target). A first line that names the two languages is a header, not a pair. A line
+        without two columns (a tab inside a sentence) is given as an empty pair, counted, and
+        warned of at the end."""
         malformed: list[int] = []
-        header = "\t".join(reversed((self.src_lang, self.tgt_lang)) if reverse else (self.src_lang, self.tgt_lang))
+        reverse, header = langs[0] != self.src_lang, "\t".join(langs)
         for n, line in enumerate(read_lines(path), 1):
             columns = line.split("\t")
             if n == 1 and line == header:

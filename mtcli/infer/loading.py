@@ -187,7 +187,8 @@ def load_for_inference(
     a checkpoint whose vocabulary is not the run's ``spm.model`` (naming both).
     """
     if average_last < 0 or average_best < 0:
-        raise ConfigError(f"--average-last/--average-best must be 0 (no average) or > 0, got {min(average_last, average_best)}")
+        raise ConfigError("--average-last/--average-best must be 0 (no average) or > 0, "
+                          f"got {min(average_last, average_best)}")
     run_dir = Path(run_dir)
     config, tokenizer = _open_run(run_dir)
     if average_last > 0 or average_best > 0:

@@ -213,8 +213,9 @@ def _summary(trainer: Trainer, reason: str) -> TrainSummary:
 def out_of_memory_error(config: Config, device: torch.device, trainer: Trainer, start: int) -> DeviceMemoryError:
     """What to do when a training step ran out of memory, after ``trainer.step`` steps (``start``
     of them before this process): smaller batches, and more of them a step to keep the update
-    size; a resume may take them (the rest of the epoch is batched anew). A failure after steps
-    that fitted is likelier the allocator's fragmentation, which a fresh process may not meet."""
+    size; a resume may take them (the pairs the epoch has not seen are batched anew). A failure
+    after steps that fitted is likelier the allocator's fragmentation, which a fresh process may
+    not meet."""
     cfg = config.train
     where = f"out of memory on {memory_text(device)} after step {trainer.step}"
     smaller = (f"--set train.max_tokens={cfg.max_tokens // 2} --set train.update_freq={cfg.update_freq * 2}, "
