@@ -367,9 +367,11 @@ class BatchStream:
             indices = self.indices if self.mix is None else self.mix.epoch_indices(self.indices, epoch)
             done: list[Any] = []
             for max_tokens, end in self.segments if epoch == self.epoch else []:
-                done += self._batched(indices, max_tokens, epoch)[: end - len(done)]
-                indices = _without(indices, np.concatenate([np.concatenate(b) if self.pack_length else b
-                                                            for b in done]))
+                taken = self._batched(indices, max_tokens, epoch)[: end - len(done)]
+                done += taken
+                if taken:  # indices holds the pairs not seen yet: take away this segment's alone
+                    indices = _without(indices, np.concatenate([np.concatenate(b) if self.pack_length else b
+                                                                for b in taken]))
             batches = self._batched(indices, self.max_tokens, epoch)
             usable = len(batches) // self.world_size * self.world_size
             self._cached = (epoch, done + batches[:usable], (self.src, self.tgt))

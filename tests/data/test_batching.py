@@ -186,6 +186,28 @@ def test_a_resume_under_new_max_tokens_sees_each_pair_of_the_epoch_once(pack_len
     assert same.batch == state["batch"] and same.segments == []  # the same budget: nothing rebatched
 
 
+def test_two_budget_changes_in_an_epoch_of_a_mix_keep_each_draw_of_a_pair() -> None:
+    """A mix that draws every pair twice an epoch: after two changes of budget, each pair is
+    still seen twice (one process: no batch is trimmed). Each segment takes away its own
+    batches' pairs from those not seen yet, not the earlier segments' again."""
+    from mtcli.data.batching import CorpusMix
+
+    src, tgt = random_corpus(300, max_len=30)
+    common = dict(max_source_length=30, max_target_length=30, seed=5)
+    stream = BatchStream(src, tgt, max_tokens=240, mix=CorpusMix([300], [2.0], seed=5), **common)
+    for _ in range(5):
+        stream.next_group()
+    for max_tokens in (120, 360):
+        state = stream.state_dict()
+        stream = BatchStream(src, tgt, max_tokens=max_tokens, mix=CorpusMix([300], [2.0], seed=5), **common)
+        stream.load_state_dict(state)
+        for _ in range(5):
+            stream.next_group()
+    assert [tokens for tokens, _ in stream.segments] == [240, 120]
+    seen = np.bincount(np.concatenate(stream.epoch_batches(0)), minlength=300)
+    assert seen.min() == seen.max() == 2
+
+
 def test_without_takes_away_as_many_copies_as_were_taken() -> None:
     from mtcli.data.batching import _without
 
