@@ -190,6 +190,23 @@ def test_after_a_batch_that_does_not_fit_the_next_windows_are_cut_smaller(
     assert len(warned) == 1, warned
 
 
+def test_a_translator_pays_for_a_batch_that_does_not_fit_once_not_once_a_call(
+        tiny_run_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Under ``mtcli serve`` every request is a call of its own: after one batch did not fit, the
+    later calls' batches are cut smaller at once, instead of failing and warning again each time.
+    A call asking for fewer tokens than the lowered size keeps its own."""
+    from mtcli.infer.translator import Translator
+
+    translator = Translator.from_run(tiny_run_dir, beam=2, device="cpu")
+    lines = ["ein Hund", "zwei Hunde"]
+    whole = translator.translate(lines)
+    fail_batches_over(monkeypatch, sentences=1)
+    assert [translator.translate(lines) for _ in range(3)] == [whole] * 3
+    warned = [r.getMessage() for r in caplog.records if "two halves" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert translator.translate(lines, max_tokens=1) == whole  # below the lowered size: its own
+
+
 def test_the_server_answers_503_only_for_a_request_that_does_not_fit_alone(
         tiny_run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fastapi.testclient import TestClient

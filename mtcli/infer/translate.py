@@ -130,6 +130,7 @@ def translate_lines(
     name: str = "input",
     use_cache: bool = True,
     on_done: Callable[[int], None] | None = None,
+    budget: list[int] | None = None,
 ) -> Iterator[list[Translation]]:
     """Translate ``lines`` lazily; yield one n-best list of :class:`Translation` per line, in order.
 
@@ -141,7 +142,10 @@ def translate_lines(
     numbers of truncation warnings. ``on_done(n)``, when given, is called as soon as ``n`` more
     lines are translated (empty lines, then batch by batch), before they can be yielded in order:
     a progress bar fed by it moves with the decoding instead of waiting for the window's first
-    lines.
+    lines. ``budget``, when given, is ``[tokens]``: the batches are cut to at most that many
+    (and ``decode.max_tokens``), and it drops when a batch does not fit, so a caller that passes
+    the same list to every call (a :class:`~mtcli.infer.translator.Translator` does) pays for a
+    failed batch once; without it, the lowered size lasts this call.
     """
     device = torch.device(device)
     model, tokenizer = bundle.model, bundle.tokenizer
@@ -169,7 +173,8 @@ def translate_lines(
                 ensemble_mode=decode.ensemble_mode, shortlist=shortlist, sample=sample,
             )
 
-    budget = [decode.max_tokens]  # lowered when a batch does not fit, for the windows after it
+    if budget is None:
+        budget = [decode.max_tokens]  # lowered when a batch does not fit, for the windows after it
 
     def decode_batch(sources: list[list[int]]) -> list[list[Hypothesis]]:
         return decode_fitting(search, sources, decode, device, budget)
@@ -182,8 +187,8 @@ def translate_lines(
             if on_done is not None and len(chunk) > len(keys):
                 on_done(len(chunk) - len(keys))
             groups = [[keys[b] for b in batch]
-                      for batch in source_batches([len(sources[k]) for k in keys], budget[0],
-                                                  decode.beam_size)]
+                      for batch in source_batches([len(sources[k]) for k in keys],
+                                                  min(budget[0], decode.max_tokens), decode.beam_size)]
             batches = [[sources[i] for i in group] for group in groups]
             decoded = pool.map(decode_batch, batches) if pool is not None else map(decode_batch, batches)
             emitted = yield from _ready(results, 0)  # the empty lines before the first source

@@ -14,11 +14,16 @@ out), :meth:`translate_iter` (streamed, in order), :meth:`nbest` (hypotheses wit
 Decode settings come from the run's ``decode`` section; :meth:`from_run` and every method take
 the common ones as typed keywords (``beam``, ``length_penalty``, ``max_tokens``, ...), checked as
 a value in a config file is; ``--set decode.*`` strings are for the command line (``overrides``).
+
+A batch that runs out of the device's memory is decoded again in halves, and every later batch
+of the translator (this call's, and later calls', as under ``mtcli serve``) is cut to half the
+failed one's tokens, so a server pays for a failed batch once, not once a request.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -107,6 +112,8 @@ class Translator:
         self.engine = engine
         bundle.model.to(self.device).eval()
         self._prepared: dict[tuple[bool, bool], InferenceModel] = {}
+        # the tokens a batch is cut to once one did not fit (then half of it), for every later call
+        self._fitting_tokens = [sys.maxsize]
 
     @classmethod
     def from_run(cls, run_dir: str | Path, checkpoint: str | Path = "best", *, device: str = "auto",
@@ -197,7 +204,7 @@ class Translator:
             return self.engine.translate_lines(lines, decode, name=name, on_done=on_done)
         bundle, decode = self._for(decode or self.decode)
         return translate_lines(bundle, lines, decode, self.device, name=name, on_done=on_done,
-                               return_attention=return_attention)
+                               return_attention=return_attention, budget=self._fitting_tokens)
 
     def translate(self, texts: Sequence[str], **settings: Any) -> list[str]:
         """The best translation of each text, in order (an empty text gives ``""``)."""
