@@ -10,6 +10,7 @@ never a half-written file.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import shutil
@@ -52,6 +53,16 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def make_parent(path: Path) -> None:
+    """Create ``path``'s directory and those above it; a file in the way raises
+    :class:`NotADirectoryError` naming it and ``path`` (mkdir's own error names only the file)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise NotADirectoryError(errno.ENOTDIR, f"not a directory, so {path} cannot be written there",
+                                 exc.filename) from None
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
     """Open a temporary file next to ``path``; on success rename it over ``path``.
@@ -61,7 +72,9 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
     with ``path`` as its filename, so the one-line error says which output could not be written.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():  # else the rename at the end fails, naming the temporary file
+        raise IsADirectoryError(errno.EISDIR, "is a directory, expected a file to write", str(path))
+    make_parent(path)
     binary = "b" in mode
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -81,14 +94,29 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
         raise
 
 
+def check_replaceable(path: Path, mark: str | None) -> None:
+    """Raise unless :func:`atomic_dir` may replace ``path`` (see there): a command calls it before
+    its work, so a wrong output is refused at once, not after the work."""
+    if path.exists() and not path.is_dir():  # a file is never swapped out for a directory
+        raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory", str(path))
+    if mark is not None and path.is_dir() and not (path / mark).exists() and any(path.iterdir()):
+        raise FileExistsError(errno.EEXIST, f"a directory of other files (it has no {mark}); give a new or "
+                              "empty directory, mtcli replaces only what it wrote there", str(path))
+
+
 @contextlib.contextmanager
-def atomic_dir(path: str | Path) -> Iterator[Path]:
+def atomic_dir(path: str | Path, *, mark: str | None) -> Iterator[Path]:
     """Build a directory under a temporary name; on success swap it in for ``path``.
 
-    The previous ``path`` (if any) is removed only after the new one is complete.
+    The previous ``path`` (if any) is removed only after the new one is complete. ``mark`` names
+    a file every directory of this kind holds (``manifest.json`` of a cache): a directory that is
+    not empty and lacks it is not one mtcli wrote, so it is never replaced, and
+    :class:`FileExistsError` is raised before anything is built (``mark=None``: the caller has
+    checked, as ``--force`` does). A file at ``path`` raises :class:`NotADirectoryError`.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    check_replaceable(path, mark)
+    make_parent(path)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         os.chmod(tmp, default_dir_mode())

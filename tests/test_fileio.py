@@ -46,11 +46,11 @@ def test_atomic_dir_swaps_in_complete_directory(tmp_path: Path) -> None:
     target = tmp_path / "cache"
     target.mkdir()
     (target / "a").write_text("old")
-    with pytest.raises(RuntimeError), atomic_dir(target) as tmp:
+    with pytest.raises(RuntimeError), atomic_dir(target, mark="a") as tmp:
         (tmp / "a").write_text("half")
         raise RuntimeError("interrupted")
     assert (target / "a").read_text() == "old"
-    with atomic_dir(target) as tmp:
+    with atomic_dir(target, mark="a") as tmp:
         (tmp / "b").write_text("new")
     assert sorted(p.name for p in target.iterdir()) == ["b"]
     assert stat.S_IMODE(target.stat().st_mode) == 0o777 & ~_umask()
@@ -111,3 +111,36 @@ def test_file_hasher_many_gives_each_files_digest_in_order(tmp_path: Path, monke
         assert digests == {name: fileio.sha256_file(path) for path, name in files}
         assert list(hasher.records) == [name for _, name in files]
         assert all(hasher.records[name]["sha256"] == digests[name] for _, name in files)
+
+
+def test_atomic_dir_never_replaces_what_mtcli_did_not_write(tmp_path: Path) -> None:
+    """An output directory pointed at a user's own files (``mtcli export run docs``) or at a file
+    is refused before anything is built, and both are left as they were; an empty directory, or
+    one holding the mark of what mtcli writes there, is replaced."""
+    mine = tmp_path / "docs"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("mine")
+    with pytest.raises(FileExistsError, match="has no manifest.json"), atomic_dir(mine, mark="manifest.json"):
+        pytest.fail("the body must not run")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    with pytest.raises(NotADirectoryError), atomic_dir(a_file, mark=None):
+        pytest.fail("the body must not run")
+    assert (mine / "thesis.tex").read_text() == "mine" and a_file.read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs", "notes.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for _ in range(2):  # an empty directory, then the one written into it
+        with atomic_dir(empty, mark="manifest.json") as tmp:
+            (tmp / "manifest.json").write_text("{}")
+    assert [p.name for p in empty.iterdir()] == ["manifest.json"]
+
+
+def test_atomic_write_names_a_directory_or_a_file_in_the_way(tmp_path: Path) -> None:
+    with pytest.raises(IsADirectoryError, match="is a directory"), atomic_write(tmp_path):
+        pytest.fail("the body must not run")
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(NotADirectoryError, match=r"so .*notes.txt/out.txt cannot be written") as err, \
+            atomic_write(tmp_path / "notes.txt" / "out.txt"):
+        pytest.fail("the body must not run")
+    assert err.value.filename == str(tmp_path / "notes.txt")

@@ -535,7 +535,7 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     start = time.perf_counter()
     log.info("preparing %s from %s (splits: %s)", out, plan.describe(), ", ".join(plan.splits()))
     workers = data.num_workers
-    with _naming_write_errors(out), atomic_dir(out) as tmp:
+    with _naming_write_errors(out), atomic_dir(out, mark="manifest.json") as tmp:
         (tmp / _PID_FILE).write_text(str(os.getpid()))
         counts = write_training(plan, data, tmp, workers)
         counts.update(write_eval(plan, tmp))

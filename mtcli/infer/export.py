@@ -41,7 +41,7 @@ import torch
 
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.errors import ConfigError, MtcliError
-from mtcli.fileio import atomic_dir
+from mtcli.fileio import atomic_dir, check_replaceable
 from mtcli.infer.loading import load_for_inference
 from mtcli.logs import get_logger
 from mtcli.model import LAYER_NORM_EPS, Transformer
@@ -168,8 +168,7 @@ def export_model(
         raise ConfigError(f"--format {fmt!r}: unknown export format (known: {', '.join(EXPORT_FORMATS)})")
     require_ctranslate2()
     output = Path(output)
-    if output.exists() and not output.is_dir():
-        raise MtcliError(f"{output}: exists and is not a directory")
+    check_replaceable(output, "mtcli_export.json")  # before the conversion
     bundle = load_for_inference(run_dir, checkpoint, device="cpu")
     if not isinstance(bundle.tokenizer, Tokenizer):
         raise ConfigError(f"{run_dir}: CTranslate2 conversion needs a joint spm.model; this run has separate "
@@ -178,7 +177,7 @@ def export_model(
     spec = build_spec(model, vocabulary_of(bundle.tokenizer))
     spec.validate()
     spec.optimize(quantization=None)
-    with atomic_dir(output) as tmp:
+    with atomic_dir(output, mark="mtcli_export.json") as tmp:
         spec.save(str(tmp))
         shutil.copyfile(bundle.tokenizer.model_path, tmp / "spm.model")
         info = {

@@ -304,7 +304,7 @@ def import_hf(model_dir: str | Path, run_dir: str | Path, src_lang: str | None =
     model = build_model(hf, order)
     difference = probe(hf, model, order)
     config = _run_config(hf, model, model_dir, run_dir, langs)
-    with atomic_dir(run_dir) as tmp:
+    with atomic_dir(run_dir, mark=None) as tmp:
         vocab_file = _write_tokenizer(tmp, model_dir, vocab, order)
         save_config(config, tmp / CONFIG_NAME)
         state = {"format": 1, "step": 0, "epoch": 0, "model": model.state_dict(), "config": config.to_dict(),

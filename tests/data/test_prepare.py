@@ -516,6 +516,17 @@ def test_unwritable_output_directory(tmp_path: Path, toy_dir: Path) -> None:
         assert_one_line_error(run_cli(str(cfg)), "cannot write", "ermission denied")
 
 
+def test_a_prepared_dir_of_other_files_is_refused_and_kept(tmp_path: Path, toy_dir: Path) -> None:
+    """``data.prepared_dir`` is the cache itself: pointed at a directory of the user's own files
+    (``data/``), it is refused, not replaced by the cache."""
+    mine = tmp_path / "data"
+    mine.mkdir()
+    (mine / "corpus.en").write_text("mine\n")
+    cfg = write_config(tmp_path, toy_dir, prepared_dir=str(mine))
+    assert_one_line_error(run_cli(str(cfg)), f"{mine}: a directory of other files (it has no manifest.json)")
+    assert [p.name for p in mine.iterdir()] == ["corpus.en"]
+
+
 def test_missing_source_directory(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, tmp_path / "no-such-corpus")
     assert_one_line_error(run_cli(str(cfg)), "no-such-corpus", "directory not found")

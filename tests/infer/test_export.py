@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from mtcli.cli import app
 from mtcli.errors import ConfigError, MtcliError
 
 MAX_LEN = 12
@@ -97,6 +99,23 @@ def test_export_unknown_format(tiny_run_dir: Path, tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match=r"unknown export format \(known: ctranslate2, hf\)"):
         export_model(tiny_run_dir, tmp_path / "out", fmt="onnx")  # hf too: `mtcli export --format hf` writes it
+
+
+@pytest.mark.parametrize("fmt", ["ctranslate2", "hf"])
+def test_export_refuses_a_directory_of_other_files_before_converting(
+        tiny_run_dir: Path, tmp_path: Path, fmt: str) -> None:
+    """``mtcli export run docs`` once replaced the user's ``docs`` with the model."""
+    pytest.importorskip("ctranslate2" if fmt == "ctranslate2" else "transformers")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "thesis.tex").write_text("mine")
+    res = CliRunner().invoke(app, ["export", str(tiny_run_dir), str(docs), "--format", fmt])
+    assert res.exit_code == 1 and "Traceback" not in res.stderr
+    assert res.stderr.strip() == (f"mtcli: error: {docs}: a directory of other files (it has no mtcli_export.json); give a new "
+                               "or empty directory, mtcli replaces only what it wrote there")
+    assert [p.name for p in docs.iterdir()] == ["thesis.tex"]
+    assert CliRunner().invoke(app, ["export", str(tiny_run_dir), str(tmp_path / "out"), "--format", fmt]).exit_code == 0
+    assert CliRunner().invoke(app, ["export", str(tiny_run_dir), str(tmp_path / "out"), "--format", fmt]).exit_code == 0
 
 
 def test_cli_export(tiny_run_dir: Path, tmp_path: Path) -> None:
