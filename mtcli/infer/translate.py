@@ -161,20 +161,8 @@ def translate_lines(
         pool = ThreadPoolExecutor(decode.workers, thread_name_prefix="mtcli-decode")
         torch.set_num_threads(max(1, threads // decode.workers))
 
-    sample = None if decode.sampling == "none" else Sampling(
-        decode.sampling, decode.topk, decode.topp, decode.temperature, decode.seed)
-
-    def search(src: torch.Tensor) -> list[list[Hypothesis]]:
-        with torch.inference_mode(), autocast(device, decode.bf16):  # both are per thread
-            return generate(
-                model, src, beam_size=decode.beam_size, length_penalty=decode.length_penalty,
-                max_len_a=decode.max_len_a, max_len_b=decode.max_len_b, nbest=decode.nbest,
-                use_cache=use_cache, return_attention=return_attention,
-                ensemble_mode=decode.ensemble_mode, shortlist=shortlist, sample=sample,
-            )
-
-    if budget is None:
-        budget = [decode.max_tokens]  # lowered when a batch does not fit, for the windows after it
+    search = _search(model, decode, device, shortlist, use_cache=use_cache, return_attention=return_attention)
+    budget = budget if budget is not None else [decode.max_tokens]  # lowered when a batch does not fit
 
     def decode_batch(sources: list[list[int]]) -> list[list[Hypothesis]]:
         return decode_fitting(search, sources, decode, device, budget)
@@ -204,6 +192,24 @@ def translate_lines(
             pool.shutdown(wait=True, cancel_futures=True)
             torch.set_num_threads(threads)
         bundle.model.train(was_training)
+
+
+def _search(model: torch.nn.Module, decode: DecodeConfig, device: torch.device, shortlist: Shortlist | None, *,
+            use_cache: bool, return_attention: bool) -> Callable[[torch.Tensor], list[list[Hypothesis]]]:
+    """The search of ``decode`` over a collated batch of sources (beam, greedy or sampling)."""
+    sample = None if decode.sampling == "none" else Sampling(
+        decode.sampling, decode.topk, decode.topp, decode.temperature, decode.seed)
+
+    def search(src: torch.Tensor) -> list[list[Hypothesis]]:
+        with torch.inference_mode(), autocast(device, decode.bf16):  # both are per thread
+            return generate(
+                model, src, beam_size=decode.beam_size, length_penalty=decode.length_penalty,
+                max_len_a=decode.max_len_a, max_len_b=decode.max_len_b, nbest=decode.nbest,
+                use_cache=use_cache, return_attention=return_attention,
+                ensemble_mode=decode.ensemble_mode, shortlist=shortlist, sample=sample,
+            )
+
+    return search
 
 
 def decode_fitting(search: Callable[[torch.Tensor], list[list[Hypothesis]]], sources: list[list[int]],
