@@ -22,7 +22,7 @@ from mtcli.data.cache import PreparedCorpus
 from mtcli.data.textio import read_lines
 from mtcli.device import peak_memory_mb
 from mtcli.errors import ConfigError, DataError
-from mtcli.fileio import atomic_write
+from mtcli.fileio import atomic_write, check_directory
 from mtcli.infer.loading import InferenceModel, run_directions
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, progress
@@ -240,6 +240,8 @@ def evaluate_directions(
     _check_test_args(split, src_file, ref_file)
     if more_refs and src_file is None:
         raise ConfigError("several references (--ref ... --ref) need --src files, not a split")
+    if output_dir is not None:
+        check_directory(Path(output_dir))  # before the decoding
     translator = Translator.from_run(run_dir, checkpoint, average_last=average_last,
                                      average_best=average_best, ensemble=ensemble, engine=engine,
                                      overrides=overrides or (), **settings)

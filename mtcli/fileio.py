@@ -94,6 +94,18 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
         raise
 
 
+def check_directory(path: Path) -> None:
+    """Raise :class:`NotADirectoryError` naming the file when ``path``, or the nearest of the
+    directories above it that exists, is not a directory: outputs cannot be written there (a
+    command checks before its work, not when it writes)."""
+    for above in (path, *path.parents):
+        if above.exists():
+            if not above.is_dir():
+                why = "exists and is not a directory" if above == path else f"not a directory, so {path} cannot be made"
+                raise NotADirectoryError(errno.ENOTDIR, why, str(above))
+            return
+
+
 def check_replaceable(path: Path, mark: str | None) -> None:
     """Raise unless :func:`atomic_dir` may replace ``path`` (see there): a command calls it before
     its work, so a wrong output is refused at once, not after the work."""

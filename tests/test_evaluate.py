@@ -155,7 +155,7 @@ def test_evaluate_average_last(tiny_run_dir: Path, tmp_path: Path) -> None:
     assert report["sentences"] == len((tiny_run_dir / "text" / "val.src").read_text().splitlines())
 
 
-@pytest.mark.parametrize("case", ["missing_run", "missing_checkpoint", "count_mismatch", "bad_split"])
+@pytest.mark.parametrize("case", ["missing_run", "missing_checkpoint", "count_mismatch", "bad_split", "output_a_file"])
 def test_cli_evaluate_bad_input(case: str, tiny_run_dir: Path, tmp_path: Path) -> None:
     src, ref = tmp_path / "a.src", tmp_path / "a.ref"
     src.write_text("eine katze\nrot\n", encoding="utf-8")
@@ -165,6 +165,7 @@ def test_cli_evaluate_bad_input(case: str, tiny_run_dir: Path, tmp_path: Path) -
         "missing_checkpoint": ["evaluate", str(tiny_run_dir), "--checkpoint", str(tmp_path / "x.pt")],
         "count_mismatch": ["evaluate", str(tiny_run_dir), "--src", str(src), "--ref", str(ref)],
         "bad_split": ["evaluate", str(tiny_run_dir), "--split", "nosuchsplit"],
+        "output_a_file": ["evaluate", str(tiny_run_dir), "--output", str(src)],
     }[case]
     res = _mtcli(*args)
     assert res.returncode != 0
@@ -175,6 +176,8 @@ def test_cli_evaluate_bad_input(case: str, tiny_run_dir: Path, tmp_path: Path) -
         assert str(src) in err and str(ref) in err
     if case == "bad_split":
         assert "nosuchsplit" in err
+    if case == "output_a_file":  # said before the decoding, not after it
+        assert err == f"mtcli: error: {src}: exists and is not a directory"
 
 
 def test_score_several_references_and_ter() -> None:

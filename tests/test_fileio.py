@@ -15,6 +15,7 @@ from mtcli.fileio import (
     FileHasher,
     atomic_dir,
     atomic_write,
+    check_directory,
     default_file_mode,
     file_record,
     sha256_file,
@@ -144,3 +145,16 @@ def test_atomic_write_names_a_directory_or_a_file_in_the_way(tmp_path: Path) -> 
             atomic_write(tmp_path / "notes.txt" / "out.txt"):
         pytest.fail("the body must not run")
     assert err.value.filename == str(tmp_path / "notes.txt")
+
+
+def test_check_directory_names_the_file_in_the_way(tmp_path: Path) -> None:
+    check_directory(tmp_path / "new" / "deeper")  # to be made: fine, and nothing is made
+    assert list(tmp_path.iterdir()) == []
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    with pytest.raises(NotADirectoryError, match="exists and is not a directory") as err:
+        check_directory(notes)
+    assert err.value.filename == str(notes)
+    with pytest.raises(NotADirectoryError, match=r"so .*notes.txt/a/b cannot be made") as err:
+        check_directory(notes / "a" / "b")
+    assert err.value.filename == str(notes)

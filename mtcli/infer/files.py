@@ -20,7 +20,7 @@ from typing import IO, Any
 from mtcli.data.textio import ArrivingLines, count_lines, iter_binary_lines, read_lines
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.errors import DataError
-from mtcli.fileio import atomic_write
+from mtcli.fileio import atomic_write, check_directory
 from mtcli.infer.translate import Translation
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, progress
@@ -115,6 +115,8 @@ def translate_files(
     Returns a summary dict (lines, checkpoint, seconds, sentences_per_s, output).
     """
     overrides = list(overrides or [])
+    if plot_attention is not None:
+        check_directory(Path(plot_attention))  # before the model is loaded
     translator = Translator.from_run(run_dir, checkpoint, ensemble=ensemble, engine=engine, overrides=overrides,
                                      **settings)
     decode = translator.decode
