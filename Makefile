@@ -3,7 +3,8 @@
 #                    (EXTRAS=dev,ctranslate2,serve,hf,ja adds MeCab for the BLEU of Japanese; ko: Korean)
 #   make setup-browser   Debian's chromium + chromium-driver for the browser test of `mtcli serve`
 #                    (root; without them that one test skips)
-#   make test        the default test suite (what CI runs); PYTEST_ARGS='-m ""' adds the slow tests
+#   make test        the default test suite (what CI runs), one worker a core up to 4 (pytest-xdist);
+#                    PYTEST_ARGS='-m ""' adds the slow tests, PYTEST_ARGS='-n 0' runs in one process
 #   make lint        ruff over the package, the tests and the benchmarks (CI runs it too)
 #   make reproduce   prepare -> train -> average -> evaluate both Multi30k recipes for each seed,
 #                    then the table (make reproduce-de-en / reproduce-en-de for one direction)
@@ -51,7 +52,7 @@ setup-browser:
 	apt-get install -y -q chromium chromium-driver
 
 test:
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 $(PYTEST_ARGS)
 
 lint:
 	$(BIN)/ruff check mtcli tests bench
