@@ -298,6 +298,17 @@ def test_train_refuses_a_corrupted_cache_before_training(prepared: Path, tmp_pat
     assert not run.exists()  # refused before the run directory (or a checkpoint) was made
 
 
+def test_a_run_dir_that_is_a_file_is_one_line_naming_it(prepared: Path, tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    for run, said in ((notes, f"{notes}: exists and is not a directory"),
+                      (notes / "run", f"{notes}: not a directory, so {notes / 'run'} cannot be made")):
+        result = CliRunner().invoke(app, train_argv(prepared, run, "train.max_steps=2"))
+        assert result.exit_code == 1 and "Traceback" not in result.stderr
+        assert error_lines(result.stderr) == [f"mtcli: error: {said}"], result.stderr
+    assert notes.read_text() == "mine"
+
+
 # --------------------------------------------------------------------------- out of space
 
 #: Run the `mtcli` CLI under RLIMIT_FSIZE = argv[1] bytes, with SIGXFSZ ignored so a write past

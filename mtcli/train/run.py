@@ -35,7 +35,7 @@ from mtcli.device import (
     resolve_device,
 )
 from mtcli.errors import DeviceMemoryError
-from mtcli.fileio import atomic_copy, atomic_write
+from mtcli.fileio import atomic_copy, atomic_write, check_directory
 from mtcli.logs import add_file_log, get_logger, remove_log_handler
 from mtcli.metrics import scorer
 from mtcli.plots import write_learning_curves
@@ -242,8 +242,9 @@ def train(config: Config) -> TrainSummary:
         log.setLevel(logging.WARNING)
     if config.train.valid_bleu:
         scorer("bleu", config.data.tgt_lang)  # a tokeniser's missing package is said now, not at the validation
-    corpus = open_prepared(config, check_inputs=info.is_main)  # one process reads the corpus's files
     run_dir = config.run_path()
+    check_directory(run_dir)  # a file in its way is said now, not after the corpus is checked
+    corpus = open_prepared(config, check_inputs=info.is_main)  # one process reads the corpus's files
     init_distributed(info, device)
     with contextlib.ExitStack() as stack:
         stack.callback(leave_distributed, info)
