@@ -168,6 +168,12 @@ def source_batches(lengths: Sequence[int], max_tokens: int, beam_size: int = 1) 
     return [b.tolist() for b in cut_batches(order, width, max_tokens // max(1, beam_size))]
 
 
+def source_batch_tokens(lengths: Sequence[int], beam_size: int = 1) -> int:
+    """``B * S_max * beam_size``: the tokens :func:`source_batches` counts for one batch of
+    sources of ``lengths`` pieces (``S_max`` counts eos)."""
+    return len(lengths) * (max(lengths) + 1) * max(1, beam_size)
+
+
 def padding_fraction(batches: Sequence[np.ndarray], src_lengths: np.ndarray,
                      tgt_lengths: np.ndarray) -> float:
     """Share of padding slots over all source and target tensors the batches collate to."""
@@ -474,5 +480,6 @@ __all__ = [
     "cut_batches",
     "make_batches",
     "padding_fraction",
+    "source_batch_tokens",
     "source_batches",
 ]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from mtcli.config import Config, DecodeConfig, config_from_dict
-from mtcli.data.batching import collate_sources, source_batches
+from mtcli.data.batching import collate_sources, source_batch_tokens, source_batches
 from mtcli.data.textio import ArrivingLines
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.device import autocast, in_halves_when_out_of_memory, memory_text, resolve_device
@@ -228,8 +228,8 @@ def decode_fitting(search: Callable[[torch.Tensor], list[list[Hypothesis]]], sou
     def halving(part: list[list[int]], where: str) -> None:
         get_logger().warning("%s: decoding them in two halves (a lower decode.max_tokens, now %d, avoids this)",
                              where, decode.max_tokens)
-        if budget is not None:  # as source_batches counts a batch's tokens
-            budget[0] = max(1, min(budget[0], len(part) * (max(map(len, part)) + 1) * decode.beam_size // 2))
+        if budget is not None:
+            budget[0] = max(1, min(budget[0], source_batch_tokens([len(ids) for ids in part], decode.beam_size) // 2))
 
     return in_halves_when_out_of_memory(lambda part: search(collate_sources(part, device)), sources, failed,
                                         "lower the beam (decode.beam_size, --beam)", halving)

@@ -14,6 +14,7 @@ from mtcli.data.batching import (
     filter_by_length,
     make_batches,
     padding_fraction,
+    source_batch_tokens,
     source_batches,
 )
 from mtcli.device import to_device
@@ -287,6 +288,7 @@ def test_source_batches_cover_all_and_respect_the_budget(beam: int) -> None:
     assert flat == list(range(len(lengths)))
     for batch in batches:
         width = max(lengths[i] for i in batch) + 1
+        assert source_batch_tokens([lengths[i] for i in batch], beam) == width * len(batch) * beam
         assert len(batch) == 1 or width * len(batch) * beam <= budget
     # Longest first, so batches are length-homogeneous.
     firsts = [max(lengths[i] for i in b) for b in batches]
