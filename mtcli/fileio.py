@@ -53,14 +53,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _file_above(path: Path) -> Path | None:
+    """The nearest of the paths above ``path`` that exists, when it is not a directory."""
+    above = next((p for p in path.parents if p.exists()), None)
+    return above if above is not None and not above.is_dir() else None
+
+
 def make_parent(path: Path) -> None:
     """Create ``path``'s directory and those above it; a file in the way raises
     :class:`NotADirectoryError` naming it and ``path`` (mkdir's own error names only the file)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as exc:
-        raise NotADirectoryError(errno.ENOTDIR, f"not a directory, so {path} cannot be written there",
-                                 exc.filename) from None
+    blocker = _file_above(path)
+    if blocker is not None:
+        raise NotADirectoryError(errno.ENOTDIR, f"not a directory, so {path} cannot be written there", str(blocker))
+    path.parent.mkdir(parents=True, exist_ok=True)
 
 
 @contextlib.contextmanager
@@ -96,21 +101,20 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
 
 def check_directory(path: Path) -> None:
     """Raise :class:`NotADirectoryError` naming the file when ``path``, or the nearest of the
-    directories above it that exists, is not a directory: outputs cannot be written there (a
-    command checks before its work, not when it writes)."""
-    for above in (path, *path.parents):
-        if above.exists():
-            if not above.is_dir():
-                why = "exists and is not a directory" if above == path else f"not a directory, so {path} cannot be made"
-                raise NotADirectoryError(errno.ENOTDIR, why, str(above))
-            return
+    paths above it that exists, is not a directory: outputs cannot be written there (a command
+    checks before its work, not when it writes)."""
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory", str(path))
+    blocker = _file_above(path)
+    if blocker is not None:
+        raise NotADirectoryError(errno.ENOTDIR, f"not a directory, so {path} cannot be made", str(blocker))
 
 
 def check_replaceable(path: Path, mark: str | None) -> None:
-    """Raise unless :func:`atomic_dir` may replace ``path`` (see there): a command calls it before
-    its work, so a wrong output is refused at once, not after the work."""
-    if path.exists() and not path.is_dir():  # a file is never swapped out for a directory
-        raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory", str(path))
+    """Raise unless :func:`atomic_dir` may replace ``path`` (see there; a file is never swapped
+    out for a directory): a command calls it before its work, so a wrong output is refused at
+    once, not after the work."""
+    check_directory(path)
     if mark is not None and path.is_dir() and not (path / mark).exists() and any(path.iterdir()):
         raise FileExistsError(errno.EEXIST, f"a directory of other files (it has no {mark}); give a new or "
                               "empty directory, mtcli replaces only what it wrote there", str(path))
