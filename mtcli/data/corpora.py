@@ -297,8 +297,7 @@ def write_eval(plan: Plan, tmp: Path) -> dict[str, CleanCounts]:
                 if s == split and provider is corpus:
                     paths[side] = text_path(tmp, split, lang)
             if any(paths):
-                n = _write_sides(corpus.source.pairs(split), paths)
-                corpus.source.check_verbatim(split)
+                n = _write_sides(corpus.source.verbatim_pairs(split), paths)
                 lines.update({lang: (n, corpus) for lang, path in zip(corpus.langs, paths, strict=True) if path})
         sizes = {n for n, _ in lines.values()}
         if len(sizes) > 1:

@@ -95,10 +95,11 @@ class Source:
         """How many pairs ``split`` holds when that is known without reading it; else None."""
         return None
 
-    def check_verbatim(self, split: str) -> None:
-        """After :meth:`pairs` read all of ``split``: raise :class:`DataError` if a line could
-        not be read as a pair and was given as an empty one (cleaning drops it from a training
-        split; a validation or test split must keep every line)."""
+    def verbatim_pairs(self, split: str) -> Iterator[Pair]:
+        """The pairs of a validation or test split, which keeps every line: as :meth:`pairs`,
+        but a line that cannot be read as a pair raises :class:`DataError` naming it, where
+        :meth:`pairs` gives an empty pair (that cleaning drops from a training split)."""
+        return self.pairs(split)
 
     def text_blocks(self, split: str) -> Iterator[tuple[bytes, bytes]]:
         """The pairs of ``split`` in blocks, as the UTF-8 text of the two sides (one line a pair,
@@ -148,7 +149,6 @@ class TextDirSource(Source):
         self.root = root
         self._files: dict[tuple[str, str], list[Path]] = {}
         self._tables: dict[str, list[tuple[Path, tuple[str, str]]]] = {}
-        self._malformed: dict[str, tuple[Path, list[int]]] = {}  # a .tsv's lines without two columns
         for entry in sorted(root.iterdir()):
             if not entry.is_file() or entry.name.startswith("."):
                 continue
@@ -220,10 +220,10 @@ class TextDirSource(Source):
             raise DataError(f"{self.describe()}: no {split}.{pair[0]}-{pair[1]}.tsv (or {split}.{pair[0]} and "
                             f"{split}.{pair[1]}) for the pair {pair[0]}-{pair[1]} (split '{split}' is in: {held})")
 
-    def pairs(self, split: str) -> Iterator[Pair]:
+    def pairs(self, split: str, verbatim: bool = False) -> Iterator[Pair]:
         table = self.table(split)
         if table is not None:
-            yield from self._table_pairs(split, *table)
+            yield from self._table_pairs(*table, verbatim=verbatim)
             return
         src_path, tgt_path = self.path(split, self.src_lang), self.path(split, self.tgt_lang)
         src_it, tgt_it = read_lines(src_path), read_lines(tgt_path)
@@ -239,11 +239,14 @@ class TextDirSource(Source):
         if rest:
             raise mismatch_error(src_path, n, tgt_path, n + rest)
 
-    def _table_pairs(self, split: str, path: Path, langs: tuple[str, str]) -> Iterator[Pair]:
+    def verbatim_pairs(self, split: str) -> Iterator[Pair]:
+        return self.pairs(split, verbatim=True)
+
+    def _table_pairs(self, path: Path, langs: tuple[str, str], verbatim: bool) -> Iterator[Pair]:
         """The pairs of a ``.tsv`` file whose columns hold ``langs``, in the order (source,
         target). A first line that names the two languages is a header, not a pair. A line
         without two columns (a tab inside a sentence) is given as an empty pair, counted, and
-        warned of at the end."""
+        warned of at the end; ``verbatim``: it raises :class:`DataError` naming it."""
         malformed: list[int] = []
         reverse, header = langs[0] != self.src_lang, "\t".join(langs)
         for n, line in enumerate(read_lines(path), 1):
@@ -251,20 +254,16 @@ class TextDirSource(Source):
             if n == 1 and line == header:
                 continue
             if len(columns) != 2:
+                if verbatim:
+                    raise DataError(f"{path}:{n}: expected 2 tab-separated columns, found {len(columns)}; a "
+                                    "validation or test split keeps every line: mend the file")
                 malformed.append(n)
                 yield "", ""
             else:
                 yield (columns[1], columns[0]) if reverse else (columns[0], columns[1])
-        self._malformed[split] = (path, malformed)
         if malformed:
             get_logger().warning("%s: %d line(s) without 2 tab-separated columns (the first: line %d), read as empty "
                                  "pairs", path, len(malformed), malformed[0])
-
-    def check_verbatim(self, split: str) -> None:
-        path, malformed = self._malformed.get(split, (None, []))
-        if malformed:
-            raise DataError(f"{path}:{malformed[0]}: expected 2 tab-separated columns ({len(malformed)} line(s) "
-                            "without them); a validation or test split keeps every line: mend the file")
 
     def plain_files(self, split: str) -> tuple[Path, Path] | None:
         if self.table(split) is not None:

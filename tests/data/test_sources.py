@@ -133,9 +133,9 @@ def test_a_tsv_line_without_two_columns_is_an_empty_pair_and_a_split_in_both_for
     assert list(source.pairs("train")) == [("ein hund", "a dog"), ("", ""), ("", ""), ("blau", "blue")]
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
         f"{root / 'train.de-en.tsv'}: 2 line(s) without 2 tab-separated columns (the first: line 2), read as empty pairs"]
-    with pytest.raises(DataError, match=r"train.de-en.tsv:2: expected 2 tab-separated columns \(2 line\(s\) without "
-                                        r"them\); a validation or test split keeps every line: mend the file$"):
-        source.check_verbatim("train")
+    with pytest.raises(DataError, match=r"train.de-en.tsv:2: expected 2 tab-separated columns, found 3; a validation "
+                                        r"or test split keeps every line: mend the file$"):
+        list(source.verbatim_pairs("train"))
     (root / "train.de").write_text("ein hund\n", encoding="utf-8")
     (root / "train.en").write_text("a dog\n", encoding="utf-8")
     (root / "val.de-en.tsv").write_text("de\ten\nein hund\ta dog\n", encoding="utf-8")  # a header line
