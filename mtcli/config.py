@@ -356,6 +356,8 @@ def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | N
     for section in raw:
         if section not in SECTIONS:
             raise ConfigError(f"{where}: unknown section '{section}' (known: {', '.join(SECTIONS)})")
+    if isinstance(raw.get("data"), dict) and "name" not in raw["data"] and where != "<config>":
+        raw["data"]["name"] = Path(where).stem  # as the run directory is named after the file
     built: dict[str, Any] = {}
     for section, cls in SECTIONS.items():
         body = raw.get(section)

@@ -77,6 +77,17 @@ def test_missing_required_key_names_file_and_key(tmp_path: Path) -> None:
     assert "nodata.yaml" in message and "data" in message
 
 
+def test_data_name_left_out_is_the_config_files_name(tmp_path: Path) -> None:
+    """As ``train.run_dir`` defaults to ``data/runs/<file stem>``, the cache is named after the
+    file: a config of a source and two languages is enough. A dict with no file still needs it."""
+    data = dict(MINIMAL["data"])
+    del data["name"]
+    config = load_config(write(tmp_path, {"data": data}, "en_fr.yaml"))
+    assert config.data.name == "en_fr" and config.data.prepared_path() == Path("data/prepared/en_fr")
+    with pytest.raises(ConfigError, match=r"missing required key 'data.name'"):
+        config_from_dict({"data": data})
+
+
 def test_invalid_yaml_and_missing_file(tmp_path: Path) -> None:
     message = cli_error(write(tmp_path, "data: [unclosed\n"))
     assert "recipe.yaml" in message
