@@ -9,6 +9,7 @@ Usage (from the repository root)::
 
     python bench/bench_clean.py /tmp/scale/corpus_4500000/text              # 2 workers, then 1 process
     python bench/bench_clean.py /tmp/scale/corpus_4500000/parquet --workers 4
+    python bench/bench_clean.py /tmp/wmt45/tsv                                 # train.en-de.tsv
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ def _sha(path: Path) -> str:
 
 def measure(source_dir: str, src: str, tgt: str, split: str, workers: int) -> dict:
     """Clean ``split`` of the source with ``workers`` processes (1: the one-process cleaner)."""
-    from mtcli.data import prepare as prep
     from mtcli.data.cleaning import PairCleaner, clean_text_blocks, clean_text_files
     from mtcli.data.sources import open_source
 
@@ -45,10 +45,13 @@ def measure(source_dir: str, src: str, tgt: str, split: str, workers: int) -> di
         start = time.perf_counter()
         files = source.plain_files(split)
         if workers == 1:
-            prep._write_pairs(cleaner(source.pairs(split)), out_src, out_tgt)
+            with open(out_src, "w", encoding="utf-8") as src_out, open(out_tgt, "w", encoding="utf-8") as tgt_out:
+                for src_line, tgt_line in cleaner(source.pairs(split)):
+                    src_out.write(src_line + "\n")
+                    tgt_out.write(tgt_line + "\n")
         elif files is not None:
             clean_text_files(*files, out_src, out_tgt, cleaner, workers)
-        else:  # as prepare does it: workers read parquet's row groups themselves
+        else:  # as prepare does it: workers read parquet's row groups themselves (a .tsv: blocks made here)
             readers = source.block_readers(split)
             clean_text_blocks(source.text_blocks(split) if readers is None else readers, out_src, out_tgt,
                               cleaner, workers)
@@ -60,7 +63,7 @@ def measure(source_dir: str, src: str, tgt: str, split: str, workers: int) -> di
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source", help="a text, parquet or save_to_disk directory")
+    parser.add_argument("source", help="a text (a file a side, or .tsv), parquet or save_to_disk directory")
     parser.add_argument("--langs", default="en,de")
     parser.add_argument("--split", default="train")
     parser.add_argument("--workers", type=int, default=2)

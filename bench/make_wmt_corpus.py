@@ -16,11 +16,12 @@ Forms, each under ``OUT/<form>/``, with the WMT14 hub splits ``train``, ``valida
 * ``gz``: the same, gzipped (``<split>.<lang>.gz``);
 * ``parquet``: ``data/<split>-NNNNN-of-NNNNN.parquet``, rows ``{"translation": {"en", "de"}}``
   (the schema of the WMT hub datasets), 500k rows a file;
-* ``dataset``: ``datasets.DatasetDict.save_to_disk`` of the same rows.
+* ``dataset``: ``datasets.DatasetDict.save_to_disk`` of the same rows;
+* ``tsv``: ``<split>.en-de.tsv``, both sides of a pair on one line, tab-separated.
 
 Usage::
 
-    python bench/make_wmt_corpus.py /tmp/wmt45 --pairs 4500000          # all four forms
+    python bench/make_wmt_corpus.py /tmp/wmt45 --pairs 4500000          # every form
     python bench/make_wmt_corpus.py /tmp/wmt05 --pairs 500000 --forms text
 
 then ``mtcli prepare configs/wmt14_en_de_base.yaml --set data.source=/tmp/wmt45/text
@@ -48,7 +49,7 @@ SHARED = REPO.parent / "shared" / "data"
 POOLS = (SHARED / "multi30k" / "train", SHARED / "wmt-news-en-de" / "train")
 REAL_SPLITS = {"validation": SHARED / "wmt-news-en-de" / "newstest2013",
                "test": SHARED / "wmt-news-en-de" / "newstest2014"}
-FORMS = ("text", "gz", "parquet", "dataset")
+FORMS = ("text", "gz", "parquet", "dataset", "tsv")
 LANGS = ("en", "de")
 CHUNK = 100_000
 PARQUET_ROWS = 500_000
@@ -125,6 +126,10 @@ def write_corpus(out: Path, pairs: int, forms: list[str], seed: int = 1, mutate:
         (out / "gz").mkdir(exist_ok=True)
         handles["gz"] = {lang: gzip.open(out / "gz" / f"train.{lang}.gz", "wt", encoding="utf-8", compresslevel=1)
                          for lang in LANGS}
+    table = None
+    if "tsv" in forms:
+        (out / "tsv").mkdir(exist_ok=True)
+        table = open(out / "tsv" / "train.en-de.tsv", "w", encoding="utf-8")
     parquet_dir = out / "parquet" / "data"
     files = max(1, -(-pairs // PARQUET_ROWS))
     writer, rows_in_file, file_index = None, 0, 0
@@ -137,6 +142,8 @@ def write_corpus(out: Path, pairs: int, forms: list[str], seed: int = 1, mutate:
                 handle.write("\n".join(lines) + "\n")
             for line in lines[:: max(1, len(lines) // 2000)]:  # a sample: the type count's growth
                 types[lang].update(line.split())
+        if table is not None:
+            table.write("".join(f"{a}\t{b}\n" for a, b in zip(en, de, strict=True)))
         if parquet_dir.is_dir():
             start_row = 0
             while start_row < len(en):
@@ -158,8 +165,13 @@ def write_corpus(out: Path, pairs: int, forms: list[str], seed: int = 1, mutate:
     for group in handles.values():
         for handle in group.values():
             handle.close()
+    if table is not None:
+        table.close()
     for split, prefix in REAL_SPLITS.items():
         lines = {lang: list(read_lines(f"{prefix}.{lang}")) for lang in LANGS}
+        if "tsv" in forms:
+            (out / "tsv" / f"{split}.en-de.tsv").write_text(
+                "".join(f"{a}\t{b}\n" for a, b in zip(lines["en"], lines["de"], strict=True)), encoding="utf-8")
         for lang in LANGS:
             text = "\n".join(lines[lang]) + "\n"
             if "text" in forms:

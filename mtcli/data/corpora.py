@@ -38,7 +38,8 @@ from mtcli.logs import get_logger
 # Below this many pairs an Arrow split is cleaned in-process: forking workers costs about as much
 # as it saves on a corpus the size of Multi30k.
 PARALLEL_MIN_PAIRS = 50_000
-# The same for plain-text files, in bytes of the smaller side (50k pairs of WMT text are about 8 MB).
+# The same for plain-text files, in bytes of the smaller side (50k pairs of WMT text are about 8 MB),
+# and twice that for a file of both sides (a .tsv).
 PARALLEL_CLEAN_BYTES = 8 << 20
 
 
@@ -207,10 +208,10 @@ def plan_corpora(data: DataConfig) -> Plan:
 def _clean_split(corpus: Corpus, data: DataConfig, src_txt: Path, tgt_txt: Path, workers: int) -> CleanCounts:
     """Write the training split cleaned. A large split is cleaned by ``workers`` processes, with
     the same result as one: plain-text files by byte ranges the workers read themselves
-    (:func:`~mtcli.data.cleaning.clean_text_files`), Arrow sources as blocks of text made from
-    the rows (:func:`~mtcli.data.cleaning.clean_text_blocks`) by the workers from the parts they
-    read themselves (parquet row groups, slices of a dataset's Arrow files), or else by this
-    process."""
+    (:func:`~mtcli.data.cleaning.clean_text_files`); Arrow sources and ``.tsv`` files as blocks
+    of text (:func:`~mtcli.data.cleaning.clean_text_blocks`), made from the rows by the workers
+    from the parts they read themselves (parquet row groups, slices of a dataset's Arrow files),
+    or else by this process (a ``.tsv`` file's columns, split by numpy)."""
     characters = (measured_in_characters(corpus.langs[0]), measured_in_characters(corpus.langs[1]))
     cleaner = PairCleaner(data.max_length, data.max_length_ratio, data.dedup, characters=characters)
     source, split = corpus.source, corpus.read_split
@@ -218,7 +219,8 @@ def _clean_split(corpus: Corpus, data: DataConfig, src_txt: Path, tgt_txt: Path,
     parallel = workers > 1 and can_fork()
     if parallel and files is not None and min(path.stat().st_size for path in files) >= PARALLEL_CLEAN_BYTES:
         clean_text_files(*files, src_txt, tgt_txt, cleaner, workers)
-    elif parallel and files is None and (source.num_pairs(split) or 0) >= PARALLEL_MIN_PAIRS:
+    elif parallel and files is None and ((source.num_pairs(split) or 0) >= PARALLEL_MIN_PAIRS
+                                         or (source.block_file_bytes(split) or 0) >= 2 * PARALLEL_CLEAN_BYTES):
         readers = source.block_readers(split)  # then each worker reads its own parts
         blocks = source.text_blocks(split) if readers is None else readers
         clean_text_blocks(blocks, src_txt, tgt_txt, cleaner, workers)

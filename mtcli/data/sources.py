@@ -47,6 +47,7 @@ from mtcli.data.arrowrows import (
 )
 from mtcli.data.download import CORPORA, locate
 from mtcli.data.textio import read_lines
+from mtcli.data.tsv import table_blocks, table_pairs
 from mtcli.errors import DataError, one_line
 from mtcli.fileio import FileHasher
 from mtcli.logs import get_logger
@@ -104,8 +105,13 @@ class Source:
     def text_blocks(self, split: str) -> Iterator[tuple[bytes, bytes]]:
         """The pairs of ``split`` in blocks, as the UTF-8 text of the two sides (one line a pair,
         by the rules of :meth:`pairs`), for sources that can make them without a Python loop
-        (those whose :meth:`num_pairs` is known)."""
+        (those whose :meth:`num_pairs` or :meth:`block_file_bytes` is known)."""
         raise NotImplementedError
+
+    def block_file_bytes(self, split: str) -> int | None:
+        """The size of the one file :meth:`text_blocks` cuts into blocks itself, the file of
+        both sides (a ``.tsv``), so a large one is cleaned by several processes; else None."""
+        return None
 
     def block_readers(self, split: str) -> list[BlockReader] | None:
         """:meth:`text_blocks` cut into parts that another process can read on its own, in
@@ -223,7 +229,7 @@ class TextDirSource(Source):
     def pairs(self, split: str, verbatim: bool = False) -> Iterator[Pair]:
         table = self.table(split)
         if table is not None:
-            yield from self._table_pairs(*table, verbatim=verbatim)
+            yield from table_pairs(*table, self.src_lang, verbatim=verbatim)
             return
         src_path, tgt_path = self.path(split, self.src_lang), self.path(split, self.tgt_lang)
         src_it, tgt_it = read_lines(src_path), read_lines(tgt_path)
@@ -242,28 +248,15 @@ class TextDirSource(Source):
     def verbatim_pairs(self, split: str) -> Iterator[Pair]:
         return self.pairs(split, verbatim=True)
 
-    def _table_pairs(self, path: Path, langs: tuple[str, str], verbatim: bool) -> Iterator[Pair]:
-        """The pairs of a ``.tsv`` file whose columns hold ``langs``, in the order (source,
-        target). A first line that names the two languages is a header, not a pair. A line
-        without two columns (a tab inside a sentence) is given as an empty pair, counted, and
-        warned of at the end; ``verbatim``: it raises :class:`DataError` naming it."""
-        malformed: list[int] = []
-        reverse, header = langs[0] != self.src_lang, "\t".join(langs)
-        for n, line in enumerate(read_lines(path), 1):
-            columns = line.split("\t")
-            if n == 1 and line == header:
-                continue
-            if len(columns) != 2:
-                if verbatim:
-                    raise DataError(f"{path}:{n}: expected 2 tab-separated columns, found {len(columns)}; a "
-                                    "validation or test split keeps every line: mend the file")
-                malformed.append(n)
-                yield "", ""
-            else:
-                yield (columns[1], columns[0]) if reverse else (columns[0], columns[1])
-        if malformed:
-            get_logger().warning("%s: %d line(s) without 2 tab-separated columns (the first: line %d), read as empty "
-                                 "pairs", path, len(malformed), malformed[0])
+    def text_blocks(self, split: str) -> Iterator[tuple[bytes, bytes]]:
+        table = self.table(split)
+        if table is None:
+            raise NotImplementedError("a split of a file a side is read by byte ranges (plain_files)")
+        return table_blocks(*table, self.src_lang)
+
+    def block_file_bytes(self, split: str) -> int | None:
+        table = self.table(split)
+        return table[0].stat().st_size if table is not None else None
 
     def plain_files(self, split: str) -> tuple[Path, Path] | None:
         if self.table(split) is not None:

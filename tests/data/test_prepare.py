@@ -361,6 +361,34 @@ def test_parallel_cleaning_and_encoding_match_in_process(tmp_path: Path, toy_dir
     assert _cache_bytes(serial.directory) == _cache_bytes(parallel.directory)
 
 
+def test_a_tsv_cleaned_in_parallel_matches_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large ``.tsv`` is split into columns by numpy, a block at a time, and cleaned by the
+    workers: the same cache and counts as one process reading it line by line."""
+    import mtcli.data.tsv as tsv_module
+
+    root = tmp_path / "tsv"
+    root.mkdir()
+    for split in ("train", "val", "test"):
+        pairs = _toy_pairs(split)
+        lines = [f"{t}\t{s}" for s, t in (pairs + pairs[:90:9] if split == "train" else pairs)]  # target first
+        if split == "train":
+            lines[4] += "\ta third column"  # an empty pair, dropped
+            lines[7] = lines[7].replace(" ", "\r", 1)  # a lone \r is a space
+        ends = "\r\n" if split == "train" else "\n"
+        (root / f"{split}.tgt-src.tsv").write_bytes(("tgt\tsrc" + ends + ends.join(lines) + ends).encode())
+    serial = prep.prepare(load_config(write_config(tmp_path, root, name="serial", dedup=True)))
+    _parallel_everywhere(monkeypatch)
+    monkeypatch.setattr(tsv_module, "BLOCK_BYTES", 700)  # blocks cut mid-file
+    blocks = []
+    real = corpora_module.clean_text_blocks
+    monkeypatch.setattr(corpora_module, "clean_text_blocks", lambda b, *a: real(blocks.append(1) or b, *a))
+    parallel = prep.prepare(load_config(write_config(tmp_path, root, name="parallel", dedup=True, num_workers=2)))
+    assert blocks, "the parallel path was not taken"
+    assert serial.counts["train"]["dropped"]["duplicate"] >= 10 and serial.counts["train"]["dropped"]["empty"] == 1
+    assert parallel.counts == serial.counts
+    assert _cache_bytes(serial.directory) == _cache_bytes(parallel.directory)
+
+
 @pytest.mark.parametrize("kind", ["parquet", "dataset"])
 def test_arrow_rows_cleaned_in_parallel_match_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           kind: str) -> None:

@@ -1,0 +1,131 @@
+"""``<split>.<l1>-<l2>.tsv[.gz]``: both sides of a split in one file, a pair a line.
+
+The columns hold the languages in the order of the file's name, and either direction reads the
+same file. A first line that names the two languages (``de<TAB>en``) is a header. A line without
+exactly two columns (a tab inside a sentence) cannot be read as a pair: a training split reads it
+as an empty pair, which cleaning drops and counts, and warns of the lines at the end; a
+validation or test split, which keeps every line, stops at it (``verbatim``).
+
+:func:`table_pairs` reads the lines by :mod:`mtcli.data.textio`'s rules; :func:`table_blocks`
+gives the same pairs as two blocks of text at a time, split by numpy over the bytes, for the
+cleaning processes (:func:`mtcli.data.cleaning.clean_text_blocks`) of a large file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from mtcli.data.textio import decode_block, is_utf8, open_binary, read_lines
+from mtcli.errors import DataError
+from mtcli.logs import get_logger
+
+#: How much of the file :func:`table_blocks` reads at a time (then cut after its last whole line).
+BLOCK_BYTES = 16 << 20
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def table_pairs(path: Path, langs: tuple[str, str], src_lang: str,
+                verbatim: bool = False) -> Iterator[tuple[str, str]]:
+    """The pairs of the ``.tsv`` file ``path`` whose columns hold ``langs``, as (source, target)
+    with ``src_lang`` the source (see the module docstring); ``verbatim``: a line without two
+    columns raises :class:`DataError` naming it."""
+    malformed: list[int] = []
+    reverse, header = langs[0] != src_lang, "\t".join(langs)
+    for n, line in enumerate(read_lines(path), 1):
+        columns = line.split("\t")
+        if n == 1 and line == header:
+            continue
+        if len(columns) != 2:
+            if verbatim:
+                raise DataError(f"{path}:{n}: expected 2 tab-separated columns, found {len(columns)}; a "
+                                "validation or test split keeps every line: mend the file")
+            malformed.append(n)
+            yield "", ""
+        else:
+            yield (columns[1], columns[0]) if reverse else (columns[0], columns[1])
+    _warn_of_malformed(path, len(malformed), malformed[0] if malformed else 0)
+
+
+def table_blocks(path: Path, langs: tuple[str, str], src_lang: str,
+                 block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[bytes, bytes]]:
+    """The pairs :func:`table_pairs` gives (not ``verbatim``), as blocks of the (source, target)
+    sides' UTF-8 text, each line ended by ``\\n``: whole lines of the file at a time, split into
+    columns without a Python loop over them. Invalid UTF-8 raises the reader's one-line error
+    naming file, line and column."""
+    header = "\t".join(langs).encode("utf-8")
+    first, malformed, first_malformed = 1, 0, 0
+    with open_binary(path) as handle:
+        for block in _whole_lines(handle, block_bytes):
+            if not is_utf8(block):
+                decode_block(block, str(path), first)  # raises, naming line and column
+            columns, bad = _columns(block, header if first == 1 else None)
+            if len(bad):
+                malformed += len(bad)
+                first_malformed = first_malformed or first + int(bad[0])
+            first += block.count(b"\n")
+            yield columns if langs[0] == src_lang else (columns[1], columns[0])
+    _warn_of_malformed(path, malformed, first_malformed)
+
+
+def _warn_of_malformed(path: Path, count: int, first: int) -> None:
+    if count:
+        get_logger().warning("%s: %d line(s) without 2 tab-separated columns (the first: line %d), read as empty "
+                             "pairs", path, count, first)
+
+
+def _whole_lines(handle: BinaryIO, block_bytes: int) -> Iterator[bytes]:
+    """The file's bytes in blocks of whole lines, each line ended by ``\\n`` (one is added to a
+    last line without it, whose ``\\r`` at the end is then a space, as the reader makes it)."""
+    rest = b""
+    while chunk := handle.read(block_bytes):
+        chunk = rest + chunk
+        end = chunk.rfind(b"\n") + 1
+        rest = chunk[end:]
+        if end:
+            yield chunk[:end]
+    if rest:
+        yield (rest[:-1] + b" " if rest.endswith(b"\r") else rest) + b"\n"
+
+
+def _columns(block: bytes, header: bytes | None) -> tuple[tuple[bytes, bytes], np.ndarray]:
+    """The two columns of ``block`` (whole lines, valid UTF-8) as lines of text by the reader's
+    rules: ``\\r\\n`` ends a line, another ``\\r`` is a space, a byte-order mark opening the
+    file (``header`` is given for the file's first block) is dropped, and a first line equal to
+    ``header`` is left out. A line without exactly one tab gives an empty line on both sides;
+    their indices in the block come back too."""
+    data = np.frombuffer(block, dtype=np.uint8).copy()
+    stops = np.flatnonzero(data == 10)  # each line's \n
+    starts = np.concatenate(([0], stops[:-1] + 1))
+    ends = stops - (data[np.maximum(stops - 1, 0)] == 13) * (stops > starts)  # a \r before the \n is not text
+    data[data == 13] = 32
+    data[ends] = 10  # each line's text is now followed by a \n
+    if header is not None and block.startswith(_BOM):
+        starts[0] += len(_BOM)
+    keep = np.ones(len(stops), dtype=bool)
+    keep[0] = header is None or block[starts[0]:ends[0]] != header  # (a header holds no \r)
+    tabs = np.flatnonzero(data == 9)
+    line_of_tab = np.searchsorted(stops, tabs)
+    good = np.bincount(line_of_tab, minlength=len(stops)) == 1
+    tab = ends.copy()  # a line without one tab: both sides empty, the span of its \n
+    lone = good[line_of_tab]
+    tab[line_of_tab[lone]] = tabs[lone]
+    data[tab[good]] = 10
+    src = _gather(data, np.where(good, starts, ends)[keep], tab[keep] + 1)
+    tgt = _gather(data, np.where(good, tab + 1, ends)[keep], ends[keep] + 1)
+    return (src, tgt), np.flatnonzero(~good & keep)
+
+
+def _gather(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> bytes:
+    """The bytes ``data[starts[i]:ends[i]]`` one after another (ascending spans that do not
+    overlap), picked by one mask over the block: no Python loop over the spans."""
+    edges = np.empty(2 * len(starts) + 2, dtype=np.int64)
+    edges[0], edges[-1] = 0, len(data)
+    edges[1:-1:2], edges[2:-1:2] = starts, ends
+    inside = np.zeros(len(edges) - 1, dtype=bool)
+    inside[1::2] = True  # the runs between a start and its end
+    return data[np.repeat(inside, np.diff(edges))].tobytes()

@@ -1,0 +1,83 @@
+"""mtcli.data.tsv: a .tsv file's pairs line by line, and the same pairs as blocks split by numpy."""
+
+from __future__ import annotations
+
+import gzip
+import logging
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mtcli.data.tsv import table_blocks, table_pairs
+from mtcli.errors import DataError
+
+LANGS = ("de", "en")
+
+
+def blocks_as_pairs(path: Path, src_lang: str, block_bytes: int) -> list[tuple[str, str]]:
+    pairs: list[tuple[str, str]] = []
+    for src, tgt in table_blocks(path, LANGS, src_lang, block_bytes):
+        assert all(side.endswith(b"\n") or not side for side in (src, tgt))
+        sides = src.decode("utf-8").split("\n")[:-1], tgt.decode("utf-8").split("\n")[:-1]
+        assert len(sides[0]) == len(sides[1])
+        pairs += zip(*sides, strict=True)
+    return pairs
+
+
+EDGES = {
+    "header, a line of three columns, one of none": b"de\ten\nein hund\ta dog\nzwei\tkatzen\tcats\nrot\n\nblau\tblue\n",
+    "byte-order mark, CRLF, lone CR, last line unended": b"\xef\xbb\xbfde\ten\r\na\r\rb\tc\r\n\r\nx\ty\r",
+    "byte-order mark, no header": b"\xef\xbb\xbfa\tb\nc\td",
+    "tabs at the edges": b"\tb\na\t\n\t\n\t\t\n",
+    "a header-like line later": b"a\tb\nde\ten\n",
+    "only a header": b"de\ten\r\n",
+    "wide characters": "über\tüber\n日本\t中文\r\n".encode(),
+}
+
+
+@pytest.mark.parametrize("data", EDGES.values(), ids=EDGES.keys())
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gz"])
+def test_blocks_give_the_pairs_the_reader_gives(tmp_path: Path, data: bytes, gz: bool,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / ("x.de-en.tsv.gz" if gz else "x.de-en.tsv")
+    path.write_bytes(gzip.compress(data) if gz else data)
+    for src_lang in LANGS:
+        caplog.clear()
+        want = list(table_pairs(path, LANGS, src_lang))
+        warned = [r.getMessage() for r in caplog.records]
+        for block_bytes in (1, 3, 1 << 20):  # blocks of one line each, and one block
+            caplog.clear()
+            assert blocks_as_pairs(path, src_lang, block_bytes) == want
+            assert [r.getMessage() for r in caplog.records] == warned  # the count and the first line
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["a", "ü", " ", "\t", "\r", "\n", "\r\n", "\ufeff", "de\ten"]), max_size=40),
+       st.sampled_from(["", "de\ten\n", "\ufeffde\ten\r\n", "\ufeff"]), st.integers(1, 9))
+def test_blocks_match_the_reader_on_any_text(tmp_path_factory: pytest.TempPathFactory, pieces: list[str],
+                                             head: str, block_bytes: int) -> None:
+    path = tmp_path_factory.mktemp("tsv") / "x.de-en.tsv"
+    path.write_bytes((head + "".join(pieces)).encode("utf-8"))
+    logging.disable(logging.WARNING)
+    try:
+        for src_lang in LANGS:
+            assert blocks_as_pairs(path, src_lang, block_bytes) == list(table_pairs(path, LANGS, src_lang))
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def test_invalid_utf8_in_a_later_block_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "x.de-en.tsv"
+    path.write_bytes(b"a\tb\nc\td\ne\t\xff\n")
+    with pytest.raises(DataError, match=r"x.de-en.tsv:3: invalid UTF-8 \(byte 0xff at column 3\)$"):
+        list(table_blocks(path, LANGS, "de", block_bytes=4))
+
+
+def test_verbatim_pairs_stop_at_a_line_without_two_columns(tmp_path: Path) -> None:
+    path = tmp_path / "val.de-en.tsv"
+    path.write_bytes(b"de\ten\na\tb\nc\n")
+    with pytest.raises(DataError, match=r"val.de-en.tsv:3: expected 2 tab-separated columns, found 1; "):
+        list(table_pairs(path, LANGS, "en", verbatim=True))
+    assert list(table_pairs(path, LANGS, "en")) == [("b", "a"), ("", "")]
