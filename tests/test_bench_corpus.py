@@ -1,6 +1,6 @@
 """bench/make_wmt_corpus.py at a small size: every form it writes (text, gz, parquet,
-save_to_disk) prepares into the same cache with the WMT14 base recipe's data settings, and
-trains a few steps."""
+save_to_disk, tsv) prepares into the same cache with the WMT14 base recipe's data settings, and
+trains a few steps; in the tsv form, the pairs with a tab inside a sentence are dropped."""
 
 from __future__ import annotations
 
@@ -40,8 +40,15 @@ def test_every_form_prepares_the_same_cache_and_trains(tmp_path: Path) -> None:
                      f"train.run_dir={tmp_path / 'runs' / form}"]
         config = load_config(REPO / "configs" / "wmt14_en_de_base.yaml", overrides)
         result = prepare(config)
-        digests[form] = hashlib.sha256((result.directory / "train.en.bin").read_bytes() +
-                                       (result.directory / "validation.de.bin").read_bytes()).hexdigest()
+        digests[form] = [hashlib.sha256((result.directory / name).read_bytes()).hexdigest()
+                         for name in ("train.en.bin", "validation.de.bin")]
         assert result.counts["validation"]["kept"] == 3000 and result.counts["test"]["kept"] == 3003
         assert train(config).steps == 2
-    assert len(set(digests.values())) == 1, digests
+        if form == "tsv":  # a sentence with a tab in it makes a line of three columns: an empty pair
+            train_de = (tmp_path / "corpus" / "text" / "train.de").read_text(encoding="utf-8").split("\n")[:-1]
+            tabbed = sum("\t" in en or "\t" in de for en, de in zip(train_en, train_de, strict=True))
+            assert tabbed and result.counts["train"]["dropped"]["empty"] == tabbed
+    del digests["tsv"]  # another training text: another SentencePiece model, other ids
+    assert len({tuple(d) for d in digests.values()}) == 1, digests
+    for name in ("validation.de.txt", "test.en.txt"):  # kept as they are, in every form
+        assert (tmp_path / "prepared" / "tsv" / name).read_bytes() == (tmp_path / "prepared" / "text" / name).read_bytes()
