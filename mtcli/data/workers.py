@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import signal
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -25,10 +26,20 @@ def can_fork() -> bool:
 @contextlib.contextmanager
 def forked_pool(workers: int, initializer: Callable[..., None] | None = None,
                 initargs: tuple[Any, ...] = ()) -> Iterator[Pool]:
-    """A pool of ``workers`` forked processes, terminated on leaving (also on an error)."""
+    """A pool of ``workers`` forked processes, terminated on leaving (also on an error).
+
+    The workers ignore SIGINT: Ctrl-C at a terminal reaches every process of the group, and a
+    worker interrupted mid-task would die with a traceback, its task never done, and the parent
+    would wait for it. Only the parent stops; it lets the tasks in flight finish and leaves."""
     context = multiprocessing.get_context("fork")
-    with context.Pool(workers, initializer=initializer, initargs=initargs) as pool:
+    with context.Pool(workers, initializer=_start_worker, initargs=(initializer, *initargs)) as pool:
         yield pool
+
+
+def _start_worker(initializer: Callable[..., None] | None, *initargs: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if initializer is not None:
+        initializer(*initargs)
 
 
 #: How long leaving a pool early waits for the tasks still running (see :func:`settle`).
