@@ -12,7 +12,9 @@ import functools
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -70,17 +72,31 @@ def _fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised where the main thread is, so that ``with`` blocks and ``finally`` clauses
+    run: a temporary output is removed and worker processes are stopped, as on Ctrl-C."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise _Terminated
+
+
 def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn library errors, interrupts and OS errors into one line and an exit code."""
+    """Turn library errors, interrupts (Ctrl-C, SIGTERM) and OS errors into one line and an
+    exit code. ``train`` and ``serve`` install their own SIGTERM handling while they run."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _terminate) if main else None
         try:
             return func(*args, **kwargs)
         except MtcliError as exc:
             _fail(str(exc), exc.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
+        except _Terminated:
+            _fail("terminated", 143)
         except BrokenPipeError:
             # stdout closed early (e.g. `| head`): stop quietly like other Unix tools.
             sys.stderr.close()
@@ -88,6 +104,9 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         except OSError as exc:
             where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
             _fail(f"{where}{exc.strerror or exc}", 1)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
 
     return wrapper
 

@@ -21,10 +21,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import (
     REPO,
     TOY_CONFIG,
@@ -307,6 +309,66 @@ def test_a_run_dir_that_is_a_file_is_one_line_naming_it(prepared: Path, tmp_path
         assert result.exit_code == 1 and "Traceback" not in result.stderr
         assert error_lines(result.stderr) == [f"mtcli: error: {said}"], result.stderr
     assert notes.read_text() == "mine"
+
+
+#: ``mtcli prepare --force`` whose SentencePiece training, once done, says so in a marker file
+#: and waits: a SIGTERM arrives in the middle of the build.
+TERMINABLE_PREPARE = """
+import sys, time
+from pathlib import Path
+import mtcli.data.prepare as prep
+original = prep.Tokenizer.train
+def train_then_wait(*args, **kwargs):
+    path = original(*args, **kwargs)
+    Path(sys.argv[2]).write_text("in the middle")
+    time.sleep(120)
+    return path
+prep.Tokenizer.train = staticmethod(train_then_wait)
+from mtcli.cli import app
+app(["prepare", sys.argv[1], "--force"])
+"""
+
+
+def _terminate_when(proc: subprocess.Popen, ready: Callable[[], bool]) -> str:
+    """SIGTERM ``proc`` once ``ready()``; its stderr after it exits (143)."""
+    deadline = time.monotonic() + 60
+    while not ready():
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "never got to the point of the signal"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    return stderr
+
+
+def test_sigterm_mid_translate_or_prepare_is_one_line_and_leaves_nothing_behind(
+        tiny_run_dir: Path, prepared: Path, tmp_path: Path) -> None:
+    """As SLURM or ``kill`` stop a job: the temporary output is removed (translate -o), the
+    temporary cache and the worker processes go and the previous cache stays (prepare)."""
+    source = tmp_path / "in.txt"
+    source.write_text("ein hund läuft\n" * 200_000, encoding="utf-8")
+    out = tmp_path / "out.txt"
+    proc = subprocess.Popen([sys.executable, "-m", "mtcli.cli", "translate", str(tiny_run_dir), str(source),
+                             "-o", str(out)], cwd=REPO, env=child_env(), stderr=subprocess.PIPE, text=True)
+    stderr = _terminate_when(proc, lambda: any(tmp_path.glob(".out.txt.*.tmp")))  # decoding into it
+    assert error_lines(stderr) == ["mtcli: error: terminated"] and "Traceback" not in stderr, stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+    cache = tmp_path / "cache"
+    shutil.copytree(prepared, cache)
+    before = {p.name: p.read_bytes() for p in cache.iterdir()}
+    recipe = yaml.safe_load(TOY_CONFIG.read_text(encoding="utf-8"))
+    recipe["data"]["prepared_dir"] = str(cache)
+    config = tmp_path / "prepare.yaml"
+    config.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    marker = tmp_path / "marker"
+    proc = subprocess.Popen([sys.executable, "-c", TERMINABLE_PREPARE, str(config), str(marker)], cwd=REPO,
+                            env=child_env(), stderr=subprocess.PIPE, text=True)
+    stderr = _terminate_when(proc, marker.exists)
+    assert error_lines(stderr) == ["mtcli: error: terminated"] and "Traceback" not in stderr, stderr
+    assert {p.name: p.read_bytes() for p in cache.iterdir()} == before
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".cache.")]
 
 
 # --------------------------------------------------------------------------- out of space

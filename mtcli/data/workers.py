@@ -38,6 +38,7 @@ def forked_pool(workers: int, initializer: Callable[..., None] | None = None,
 
 def _start_worker(initializer: Callable[..., None] | None, *initargs: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the pool stops its workers with it
     if initializer is not None:
         initializer(*initargs)
 
