@@ -311,19 +311,19 @@ def test_a_run_dir_that_is_a_file_is_one_line_naming_it(prepared: Path, tmp_path
     assert notes.read_text() == "mine"
 
 
-#: ``mtcli prepare --force`` whose SentencePiece training, once done, says so in a marker file
-#: and waits: a SIGTERM arrives in the middle of the build.
+#: ``mtcli prepare --force`` that says in a marker file when its SentencePiece model is trained,
+#: then waits: a SIGTERM arrives in the middle of the build.
 TERMINABLE_PREPARE = """
 import sys, time
 from pathlib import Path
 import mtcli.data.prepare as prep
-original = prep.Tokenizer.train
+original = prep._train_spm
 def train_then_wait(*args, **kwargs):
     path = original(*args, **kwargs)
     Path(sys.argv[2]).write_text("in the middle")
     time.sleep(120)
     return path
-prep.Tokenizer.train = staticmethod(train_then_wait)
+prep._train_spm = train_then_wait
 from mtcli.cli import app
 app(["prepare", sys.argv[1], "--force"])
 """

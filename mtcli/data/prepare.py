@@ -391,20 +391,24 @@ def _train_spm(tmp: Path, data: DataConfig, plan: Plan, workers: int, counts: di
         with open(sample, "wb") as handle:
             handle.writelines(spm_sample(train_txt, sentences, cap, SPM_SEED))
         train_txt = [sample]
+    settings = dict(vocab_size=data.vocab_size, model_type=data.spm_model_type,
+                    character_coverage=data.character_coverage,
+                    max_sentences=0,  # the sample is drawn above; SentencePiece takes every line it is given
+                    seed=SPM_SEED, num_threads=workers, control_symbols=plan.symbols())
     try:
-        return Tokenizer.train(
-            train_txt,
-            tmp / "spm",
-            vocab_size=data.vocab_size,
-            model_type=data.spm_model_type,
-            character_coverage=data.character_coverage,
-            max_sentences=0,  # the sample is drawn above; SentencePiece takes every line it is given
-            seed=SPM_SEED,
-            num_threads=workers,
-            control_symbols=plan.symbols(),
-        )
+        if not can_fork():
+            return Tokenizer.train(train_txt, tmp / "spm", **settings)
+        # In a child process: SentencePiece's trainer does not look at signals, so Ctrl-C or SIGTERM
+        # would wait for it (minutes at WMT size); the parent stops at once and the pool ends the child.
+        with forked_pool(1) as pool:
+            return pool.apply(_train_tokenizer, (train_txt, tmp / "spm", settings))
     finally:
         sample.unlink(missing_ok=True)
+
+
+def _train_tokenizer(files: list[Path], prefix: Path, settings: dict[str, Any]) -> Path:
+    """:meth:`Tokenizer.train` in the child process of :func:`_train_spm`."""
+    return Tokenizer.train(files, prefix, **settings)
 
 
 def _encode_splits(tmp: Path, plan: Plan, model_path: Path, dtype: np.dtype, counts: dict[str, CleanCounts],

@@ -592,13 +592,13 @@ from pathlib import Path
 import mtcli.data.corpora as corpora_module
 import mtcli.data.prepare as prep
 from mtcli.config import load_config
-original = prep.Tokenizer.train
+original = prep._train_spm
 def train_then_hang(*args, **kwargs):
     path = original(*args, **kwargs)
     Path(sys.argv[2]).write_text("in the middle")
     time.sleep(120)
     return path
-prep.Tokenizer.train = staticmethod(train_then_hang)
+prep._train_spm = train_then_hang
 prep.prepare(load_config(sys.argv[1]), force=True)
 """
 
