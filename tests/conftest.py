@@ -191,6 +191,22 @@ def wait_until(ready, proc, what: str, timeout: float = 120.0) -> None:
         time.sleep(0.005)
 
 
+#: The start of a ``python -c`` script (argv: CONFIG MARKER) that runs ``prepare`` paused once its
+#: SentencePiece model is trained: it writes MARKER and waits, so a test can signal or kill it there.
+PREPARE_PAUSED_AFTER_SPM = """
+import sys, time
+from pathlib import Path
+import mtcli.data.prepare as prep
+original = prep._train_spm
+def train_then_wait(*args, **kwargs):
+    path = original(*args, **kwargs)
+    Path(sys.argv[2]).write_text("in the middle")
+    time.sleep(120)
+    return path
+prep._train_spm = train_then_wait
+"""
+
+
 def _read_lines(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines()
 

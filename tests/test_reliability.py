@@ -28,6 +28,7 @@ import pytest
 import torch
 import yaml
 from conftest import (
+    PREPARE_PAUSED_AFTER_SPM,
     REPO,
     TOY_CONFIG,
     TOY_DIR,
@@ -311,31 +312,16 @@ def test_a_run_dir_that_is_a_file_is_one_line_naming_it(prepared: Path, tmp_path
     assert notes.read_text() == "mine"
 
 
-#: ``mtcli prepare --force`` that says in a marker file when its SentencePiece model is trained,
-#: then waits: a SIGTERM arrives in the middle of the build.
-TERMINABLE_PREPARE = """
-import sys, time
-from pathlib import Path
-import mtcli.data.prepare as prep
-original = prep._train_spm
-def train_then_wait(*args, **kwargs):
-    path = original(*args, **kwargs)
-    Path(sys.argv[2]).write_text("in the middle")
-    time.sleep(120)
-    return path
-prep._train_spm = train_then_wait
+#: ``mtcli prepare --force``, paused in the middle of the build (after SentencePiece).
+TERMINABLE_PREPARE = PREPARE_PAUSED_AFTER_SPM + """
 from mtcli.cli import app
 app(["prepare", sys.argv[1], "--force"])
 """
 
 
-def _terminate_when(proc: subprocess.Popen, ready: Callable[[], bool]) -> str:
+def _terminate_when(proc: subprocess.Popen, ready: Callable[[], bool], what: str) -> str:
     """SIGTERM ``proc`` once ``ready()``; its stderr after it exits (143)."""
-    deadline = time.monotonic() + 60
-    while not ready():
-        assert proc.poll() is None, proc.communicate()[1]
-        assert time.monotonic() < deadline, "never got to the point of the signal"
-        time.sleep(0.05)
+    wait_until(ready, proc, what, timeout=60)
     os.kill(proc.pid, signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 143, stderr
@@ -351,7 +337,7 @@ def test_sigterm_mid_translate_or_prepare_is_one_line_and_leaves_nothing_behind(
     out = tmp_path / "out.txt"
     proc = subprocess.Popen([sys.executable, "-m", "mtcli.cli", "translate", str(tiny_run_dir), str(source),
                              "-o", str(out)], cwd=REPO, env=child_env(), stderr=subprocess.PIPE, text=True)
-    stderr = _terminate_when(proc, lambda: any(tmp_path.glob(".out.txt.*.tmp")))  # decoding into it
+    stderr = _terminate_when(proc, lambda: any(tmp_path.glob(".out.txt.*.tmp")), "decoding into out.txt")
     assert error_lines(stderr) == ["mtcli: error: terminated"] and "Traceback" not in stderr, stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
 
@@ -365,7 +351,7 @@ def test_sigterm_mid_translate_or_prepare_is_one_line_and_leaves_nothing_behind(
     marker = tmp_path / "marker"
     proc = subprocess.Popen([sys.executable, "-c", TERMINABLE_PREPARE, str(config), str(marker)], cwd=REPO,
                             env=child_env(), stderr=subprocess.PIPE, text=True)
-    stderr = _terminate_when(proc, marker.exists)
+    stderr = _terminate_when(proc, marker.exists, "the middle of prepare")
     assert error_lines(stderr) == ["mtcli: error: terminated"] and "Traceback" not in stderr, stderr
     assert {p.name: p.read_bytes() for p in cache.iterdir()} == before
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".cache.")]

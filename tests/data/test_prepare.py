@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, TOY_DIR, shared_corpus
+from conftest import PREPARE_PAUSED_AFTER_SPM, REPO, TOY_DIR, shared_corpus
 from typer.testing import CliRunner
 
 import mtcli.data.cache as cache_module
@@ -586,19 +586,8 @@ def test_hub_id_unreachable_offline(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- atomicity
 
-_KILLABLE = """
-import sys, time
-from pathlib import Path
-import mtcli.data.corpora as corpora_module
-import mtcli.data.prepare as prep
+_KILLABLE = PREPARE_PAUSED_AFTER_SPM + """
 from mtcli.config import load_config
-original = prep._train_spm
-def train_then_hang(*args, **kwargs):
-    path = original(*args, **kwargs)
-    Path(sys.argv[2]).write_text("in the middle")
-    time.sleep(120)
-    return path
-prep._train_spm = train_then_hang
 prep.prepare(load_config(sys.argv[1]), force=True)
 """
 
