@@ -44,6 +44,7 @@ from mtcli.runlock import RunLock
 from mtcli.train.distributed import DistInfo, init_distributed, leave_distributed
 from mtcli.train.parent import PARENT_NAME, load_parent, start_from
 from mtcli.train.resume import find_resume_checkpoint, remove_stale_temp_files
+from mtcli.train.signals import StopSignals
 from mtcli.train.trainer import Trainer
 
 
@@ -246,7 +247,9 @@ def train(config: Config) -> TrainSummary:
     check_directory(run_dir)  # a file in its way is said now, not after the corpus is checked
     corpus = open_prepared(config, check_inputs=info.is_main)  # one process reads the corpus's files
     init_distributed(info, device)
+    signals = StopSignals()
     with contextlib.ExitStack() as stack:
+        stack.callback(signals.restore)  # last: a signal after a stop waits for the shutdown
         stack.callback(leave_distributed, info)
         if info.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -257,6 +260,7 @@ def train(config: Config) -> TrainSummary:
             dist.barrier()
         found = find_resume_checkpoint(run_dir)
         trainer = Trainer(config, info, device, corpus, run_dir)
+        trainer.signals = signals
         parent = None
         if found is not None:
             trainer.resume(*found)

@@ -29,5 +29,13 @@ class StopSignals:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.signum is None:
+            self.restore()
+        # else a stop is under way: a later signal (torchrun's to the other ranks once one has
+        # exited) is only recorded, so the shutdown finishes and says why, until restore()
+
+    def restore(self) -> None:
+        """Put back the handlers there were before (once)."""
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        self._previous.clear()
