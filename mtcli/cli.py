@@ -314,8 +314,11 @@ def average(
     best: Annotated[int, typer.Option(help="Average the K best checkpoints by validation BLEU.")] = 0,
 ) -> None:
     """Average the parameters of the last or best K checkpoints into one."""
+    from mtcli.errors import ConfigError
     from mtcli.infer.averaging import average_run_checkpoints
 
+    if (last > 0) == (best > 0):
+        raise ConfigError(f"give one of --last K or --best K, K > 0 (got --last {last} --best {best})")
     used = average_run_checkpoints(run_dir, output, last=last, best=best)
     print(f"averaged {len(used)} checkpoints into {output}: " + ", ".join(p.name for p in used))
 

@@ -693,8 +693,10 @@ def test_cli_average(tmp_path: Path) -> None:
     assert "averaged 3 checkpoints" in result.output and "checkpoint_30.pt" in result.output
     states = [toy_state(s, seed=s) for s in (10, 20, 30)]
     assert torch.equal(load_checkpoint(tmp_path / "avg.pt")["model"]["layer.bias"], _mean(states, "layer.bias"))
-    result = runner.invoke(app, ["average", str(tmp_path), "-o", str(tmp_path / "x.pt")])
-    assert result.exit_code == 1 and "exactly one of last=K or best=K" in result.output
+    for flags in ([], ["--last", "2", "--best", "2"]):  # the flags' names, not the library's
+        result = runner.invoke(app, ["average", str(tmp_path), "-o", str(tmp_path / "x.pt"), *flags])
+        assert result.exit_code == 2 and "give one of --last K or --best K, K > 0 (got --last" in result.output
+        assert not (tmp_path / "x.pt").exists()
 
 
 # --------------------------------------------------------------------------- load_for_inference
