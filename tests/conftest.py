@@ -184,7 +184,7 @@ def wait_until(ready, proc, what: str, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
         if proc.poll() is not None:
-            raise AssertionError(f"trainer exited ({proc.returncode}) before {what}: {proc.stderr.read()}")
+            raise AssertionError(f"the process exited ({proc.returncode}) before {what}: {proc.stderr.read()}")
         if time.monotonic() > deadline:
             proc.kill()
             raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
