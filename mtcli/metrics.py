@@ -35,6 +35,7 @@ METRICS = ("bleu", "chrf", "ter")
 #: BLEU's tokeniser for the target languages whose words spaces do not separate (13a for the rest)
 BLEU_TOKENIZERS = {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab"}
 
+
 def scorer(name: str, tgt_lang: str | None = None, *, lowercase: bool = False) -> BLEU | CHRF | TER:
     """sacreBLEU's metric ``name`` (one of :data:`METRICS`) with its default settings, except
     BLEU's tokeniser and TER's character splitting for a Chinese, Japanese or Korean

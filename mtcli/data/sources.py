@@ -226,10 +226,10 @@ class TextDirSource(Source):
             raise DataError(f"{self.describe()}: no {split}.{pair[0]}-{pair[1]}.tsv (or {split}.{pair[0]} and "
                             f"{split}.{pair[1]}) for the pair {pair[0]}-{pair[1]} (split '{split}' is in: {held})")
 
-    def pairs(self, split: str, verbatim: bool = False) -> Iterator[Pair]:
+    def pairs(self, split: str) -> Iterator[Pair]:
         table = self.table(split)
         if table is not None:
-            yield from table_pairs(*table, self.src_lang, verbatim=verbatim)
+            yield from table_pairs(*table, self.src_lang)
             return
         src_path, tgt_path = self.path(split, self.src_lang), self.path(split, self.tgt_lang)
         src_it, tgt_it = read_lines(src_path), read_lines(tgt_path)
@@ -246,7 +246,8 @@ class TextDirSource(Source):
             raise mismatch_error(src_path, n, tgt_path, n + rest)
 
     def verbatim_pairs(self, split: str) -> Iterator[Pair]:
-        return self.pairs(split, verbatim=True)
+        table = self.table(split)
+        return self.pairs(split) if table is None else table_pairs(*table, self.src_lang, verbatim=True)
 
     def text_blocks(self, split: str) -> Iterator[tuple[bytes, bytes]]:
         table = self.table(split)

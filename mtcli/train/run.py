@@ -259,8 +259,7 @@ def train(config: Config) -> TrainSummary:
         if info.distributed:
             dist.barrier()
         found = find_resume_checkpoint(run_dir)
-        trainer = Trainer(config, info, device, corpus, run_dir)
-        trainer.signals = signals
+        trainer = Trainer(config, info, device, corpus, run_dir, signals)
         parent = None
         if found is not None:
             trainer.resume(*found)

@@ -98,7 +98,7 @@ class Trainer:
     """Holds the model, optimiser, data stream and bookkeeping of one run; :meth:`run` trains."""
 
     def __init__(self, config: Config, info: DistInfo, device: torch.device,
-                 corpus: PreparedCorpus, run_dir: Path) -> None:
+                 corpus: PreparedCorpus, run_dir: Path, signals: StopSignals | None = None) -> None:
         self.config = config
         self.cfg = config.train
         self.info = info
@@ -153,7 +153,7 @@ class Trainer:
         self.log_window = LogWindow()
         self.resumed_from: str | None = None
         self.writer: SummaryWriter | None = None
-        self.signals = StopSignals()
+        self.signals = signals or StopSignals()  # train() keeps them past the loop (run.py)
         self._tokens_done = 0
         self._train_seconds = 0.0
         self._clock = time.monotonic()
