@@ -82,8 +82,9 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn library errors, interrupts (Ctrl-C, SIGTERM) and OS errors into one line and an
-    exit code. ``train`` and ``serve`` install their own SIGTERM handling while they run."""
+    """Turn library errors, interrupts (Ctrl-C, SIGTERM), OS errors and running out of host
+    memory into one line and an exit code. ``train`` and ``serve`` install their own SIGTERM
+    handling while they run."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -104,6 +105,8 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         except OSError as exc:
             where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
             _fail(f"{where}{exc.strerror or exc}", 1)
+        except MemoryError as exc:  # where no step of the library knows a smaller way to go on
+            _fail(f"out of memory{f': {exc}' if str(exc) else ''}", 1)
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)

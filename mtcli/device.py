@@ -136,7 +136,7 @@ def in_halves_when_out_of_memory(run: Callable[[list[_Item]], list[_Result]], it
     tensors go with its exception, so the halves have its memory."""
     try:
         return run(items)
-    except RuntimeError as exc:  # torch.OutOfMemoryError is one
+    except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
         if not is_out_of_memory(exc):
             raise
         where = failed(items)

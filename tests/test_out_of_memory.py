@@ -132,38 +132,41 @@ def test_a_resume_that_does_not_fit_at_once_resumes_with_the_smaller_batches_it_
     assert "resumed from" in log and "stopped at step 4" in log
 
 
-def fail_batches_over(monkeypatch: pytest.MonkeyPatch, sentences: int) -> None:
-    """The search runs out of memory on a batch of more than ``sentences`` sentences."""
+def fail_batches_over(monkeypatch: pytest.MonkeyPatch, sentences: int,
+                      error: type[BaseException] = torch.OutOfMemoryError) -> None:
+    """The search runs out of memory (raises ``error``) on a batch of more than ``sentences``
+    sentences."""
     import mtcli.infer.translate as translate
 
     real = translate.generate
 
     def generate(model, src, **kwargs):  # noqa: ANN001, ANN003, ANN202
         if src.shape[0] > sentences:
-            raise torch.OutOfMemoryError(ALLOCATOR)
+            raise error(ALLOCATOR)
         return real(model, src, **kwargs)
 
     monkeypatch.setattr(translate, "generate", generate)
 
 
+@pytest.mark.parametrize("error", [torch.OutOfMemoryError, MemoryError], ids=["torch", "bad_alloc"])
 def test_translate_decodes_a_batch_that_does_not_fit_in_halves(
-        tiny_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+        tiny_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: type[BaseException]) -> None:
     """A long job goes on: the batch is decoded again in halves, to the same output, and a
     warning names decode.max_tokens. One sentence that does not fit alone stops it, naming the
-    beam, with no output file written."""
+    beam, with no output file written. A ``MemoryError`` (a C++ library's ``std::bad_alloc``)
+    is an allocation failure too."""
     source = tmp_path / "in.txt"
     source.write_text("ein Hund\nzwei Hunde\ndrei Katzen\n", encoding="utf-8")
     argv = ["translate", str(tiny_run_dir), str(source), "-o"]
     assert CliRunner().invoke(app, [*argv, str(tmp_path / "whole.txt")]).exit_code == 0
-    fail_batches_over(monkeypatch, sentences=1)
+    fail_batches_over(monkeypatch, sentences=1, error=error)
     halves = CliRunner().invoke(app, [*argv, str(tmp_path / "halves.txt")])
     assert halves.exit_code == 0, halves.stderr
     assert (tmp_path / "halves.txt").read_text(encoding="utf-8") == (tmp_path / "whole.txt").read_text(encoding="utf-8")
-    warned = [r.getMessage() for r in caplog.records if "two halves" in r.getMessage()]
+    warned = [line.partition(" | WARNING | ")[2] for line in halves.stderr.splitlines() if "two halves" in line]
     assert warned and warned[0].startswith("out of memory on cpu decoding 3 sentence(s) of up to ")
     assert warned[0].endswith("decoding them in two halves (a lower decode.max_tokens, now 512, avoids this)")
-    fail_batches_over(monkeypatch, sentences=0)
+    fail_batches_over(monkeypatch, sentences=0, error=error)
     alone = CliRunner().invoke(app, [*argv, str(tmp_path / "none.txt")])
     assert alone.exit_code == 1
     assert re.search(r"decoding 1 sentence\(s\) of up to \d+ pieces with beam 2: lower the beam "
@@ -298,3 +301,19 @@ def test_score_scores_a_batch_that_does_not_fit_in_halves(tiny_run_dir: Path, mo
     fits = 0
     with pytest.raises(DeviceMemoryError, match=r"scoring 1 pair\(s\) of up to \d+ pieces: the pair is too long"):
         translator.score(sources, targets)
+
+
+def test_running_out_of_host_memory_where_nothing_can_go_smaller_is_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``MemoryError`` no step handles (numpy's, reading a corpus) ends the command with one
+    line, not a traceback."""
+    import mtcli.data.prepare as prepare
+
+    def prepare_too_much(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise MemoryError("Unable to allocate 7.45 GiB for an array with shape (1000000000,)")
+
+    monkeypatch.setattr(prepare, "prepare", prepare_too_much)
+    result = CliRunner().invoke(app, ["prepare", str(TOY_CONFIG)])
+    assert result.exit_code == 1
+    assert result.stderr == "mtcli: error: out of memory: Unable to allocate 7.45 GiB for an array with shape " \
+                            "(1000000000,)\n"
