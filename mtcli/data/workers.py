@@ -9,8 +9,11 @@ flight, so memory stays bounded however large the file is.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing
+import os
 import signal
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -30,17 +33,39 @@ def forked_pool(workers: int, initializer: Callable[..., None] | None = None,
 
     The workers ignore SIGINT: Ctrl-C at a terminal reaches every process of the group, and a
     worker interrupted mid-task would die with a traceback, its task never done, and the parent
-    would wait for it. Only the parent stops; it lets the tasks in flight finish and leaves."""
+    would wait for it. Only the parent stops; it lets the tasks in flight finish and leaves.
+    On Linux a worker also ends when the parent dies without leaving the pool (``kill -9``, the
+    out-of-memory killer), instead of finishing its task for nobody and printing a
+    ``BrokenPipeError`` traceback."""
     context = multiprocessing.get_context("fork")
-    with context.Pool(workers, initializer=_start_worker, initargs=(initializer, *initargs)) as pool:
+    with context.Pool(workers, initializer=_start_worker,
+                      initargs=(os.getpid(), initializer, *initargs)) as pool:
         yield pool
 
 
-def _start_worker(initializer: Callable[..., None] | None, *initargs: Any) -> None:
+def _start_worker(parent: int, initializer: Callable[..., None] | None, *initargs: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the pool stops its workers with it
+    _end_with_parent(parent)
     if initializer is not None:
         initializer(*initargs)
+
+
+#: ``prctl(PR_SET_PDEATHSIG, sig)``: the kernel sends ``sig`` to this process when its parent ends.
+_PR_SET_PDEATHSIG = 1
+
+
+def _end_with_parent(parent: int) -> None:
+    """Have the kernel send this process SIGTERM when ``parent`` (the process that forked it)
+    ends; and end now if it already has. Linux only (elsewhere nothing is done)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # no prctl in this C library
+        return
+    if os.getppid() != parent:  # the parent died before the call: no signal will come
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 #: How long leaving a pool early waits for the tasks still running (see :func:`settle`).

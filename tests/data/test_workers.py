@@ -76,3 +76,50 @@ def test_ctrl_c_stops_the_parent_at_once_and_no_worker_prints_a_traceback(tmp_pa
     assert proc.returncode == 130 and stdout.strip() == "interrupted", stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
     assert time.monotonic() - start < 20  # the tasks in flight finish; nothing waits for a dead worker
+
+
+#: Two workers each start a long task and write down their pid; then the parent is killed by a
+#: signal it cannot handle, as `kill -9` or the out-of-memory killer would.
+PARENT_KILLED = r"""
+import os, signal, sys, time
+from pathlib import Path
+from mtcli.data.workers import forked_pool
+
+def long_task(marker):
+    Path(f"{marker}.{os.getpid()}").write_text("started")
+    time.sleep(60)
+
+out = Path(sys.argv[1])
+with forked_pool(2) as pool:
+    tasks = [pool.apply_async(long_task, (str(out / f"w{n}"),)) for n in range(2)]
+    while len(list(out.glob("w*"))) < 2:
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie waiting to be reaped has)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_workers_end_with_a_parent_killed_by_sigkill(tmp_path: Path) -> None:
+    """Without it, the workers would go on with their tasks for nobody (here 60 s), and then
+    die with a BrokenPipeError traceback handing back the result."""
+    proc = subprocess.run([sys.executable, "-c", PARENT_KILLED, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    pids = [int(path.suffix[1:]) for path in tmp_path.glob("w*")]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 10
+    while any(map(_running, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    running = [pid for pid in pids if _running(pid)]
+    for pid in running:  # the failure's own clean-up
+        os.kill(pid, signal.SIGKILL)
+    assert not running, "the workers outlived their parent"
