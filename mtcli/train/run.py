@@ -54,7 +54,7 @@ class TrainSummary:
 
     run_dir: Path
     steps: int
-    epochs: int
+    epochs: int  # passes over the training data completed
     stop_reason: str
     best_valid_bleu: float | None
     best_valid_loss: float | None
@@ -79,8 +79,8 @@ class TrainSummary:
         loss = "n/a" if self.best_valid_loss is None else f"{self.best_valid_loss:.4f}"
         lines = [
             f"run dir: {self.run_dir}",
-            f"stopped: {self.stop_reason} after {self.steps} steps, {self.epochs} epochs, "
-            f"{self.elapsed_seconds / 60:.1f} min of training",
+            f"stopped: {self.stop_reason} after {self.steps} steps ({self.epochs} full "
+            f"epoch{'' if self.epochs == 1 else 's'}), {self.elapsed_seconds / 60:.1f} min of training",
             f"best valid BLEU: {bleu}   best valid loss: {loss}",
             f"parameters: {self.parameters:,}   skipped training pairs: {self.skipped_pairs}   "
             f"train tokens/s: {self.tokens_per_second:,.0f}   peak memory: {self.peak_memory_mb:,.0f} MiB "

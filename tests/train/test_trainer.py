@@ -361,6 +361,7 @@ def test_max_epochs(prepared: Path, tmp_path: Path) -> None:
                          "train.valid_every=1000", "train.max_tokens=4096")
     summary = train(config)
     assert summary.epochs == 1 and summary.stop_reason.startswith("max_epochs")
+    assert f"after {summary.steps} steps (1 full epoch)," in summary.summary()
     from mtcli.data.batching import BatchStream
     from mtcli.data.cache import PreparedCorpus
 
