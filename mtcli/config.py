@@ -66,6 +66,7 @@ class DataConfig:
     vocab_size: int = 8000
     spm_model_type: Literal["unigram", "bpe", "char", "word"] = "unigram"
     character_coverage: float = 1.0  # a config without it: 0.9995 when a language is Chinese or Japanese
+    # (below 1.0 the rest are spelled in byte pieces: mtcli.data.prepare.spells_in_bytes)
     spm_max_sentences: int = 2_000_000
     spm_model: str | None = None  # encode with this model (run dir, cache or spm.model), not a new one
     num_workers: int = field(default_factory=usable_cores)  # prepare's processes

@@ -150,6 +150,15 @@ def given_sha256(given: Path) -> str:
     return hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()
 
 
+def spells_in_bytes(data: DataConfig) -> bool:
+    """Whether the SentencePiece model trained here spells a character without a piece of its
+    own in UTF-8 byte pieces: where ``data.character_coverage`` leaves the rarest characters
+    out of the vocabulary (Chinese, Japanese), so they are still read and written, not unknown
+    (``⁇``). At full coverage no training text holds byte pieces, so the model could not
+    learn them: there they would only take 256 pieces of the vocabulary."""
+    return data.character_coverage < 1.0
+
+
 def build_key(data: DataConfig, fingerprint: dict[str, Any], spm_sha256: str | None = None) -> str:
     """sha256 over everything the cache content depends on: inputs, data config, format, and
     the given SentencePiece model's sha256 (``data.spm_model``), not its path."""
@@ -162,6 +171,8 @@ def build_key(data: DataConfig, fingerprint: dict[str, Any], spm_sha256: str | N
         settings["characters"] = measured
     if spm_sha256:
         settings["spm_model_sha256"] = spm_sha256
+    elif spells_in_bytes(data):
+        settings["byte_fallback"] = True
     blob = json.dumps(
         {
             "format": FORMAT_VERSION,
@@ -392,7 +403,7 @@ def _train_spm(tmp: Path, data: DataConfig, plan: Plan, workers: int, counts: di
             handle.writelines(spm_sample(train_txt, sentences, cap, SPM_SEED))
         train_txt = [sample]
     settings = dict(vocab_size=data.vocab_size, model_type=data.spm_model_type,
-                    character_coverage=data.character_coverage,
+                    character_coverage=data.character_coverage, byte_fallback=spells_in_bytes(data),
                     max_sentences=0,  # the sample is drawn above; SentencePiece takes every line it is given
                     seed=SPM_SEED, num_threads=workers, control_symbols=plan.symbols())
     try:
@@ -445,6 +456,7 @@ def _spm_record(data: DataConfig, plan: Plan, given: Path | None, model_path: Pa
         "model_type": data.spm_model_type,
         "vocab_size": data.vocab_size,
         "character_coverage": data.character_coverage,
+        "byte_fallback": spells_in_bytes(data),
         "max_sentences": data.spm_max_sentences,
         "trained_on": f"{data.train_split} ({data.src_lang}+{data.tgt_lang}, cleaned)" if not plan.several else
                       f"{data.train_split} of every corpus (both sides, cleaned)",

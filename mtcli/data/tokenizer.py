@@ -139,10 +139,13 @@ class Tokenizer:
         seed: int = 1,
         num_threads: int = 1,
         control_symbols: Sequence[str] = (),
+        byte_fallback: bool = False,
     ) -> Path:
         """Train a SentencePiece model on ``sentences``; return the path of ``<prefix>.model``.
         ``control_symbols`` (tags such as ``<2de>``) get ids of their own, after the four special
-        ones; text never encodes to them and decoding never writes them.
+        ones; text never encodes to them and decoding never writes them. ``byte_fallback``: a
+        character without a piece of its own is spelled in UTF-8 byte pieces (256 of the
+        ``vocab_size``) instead of being unknown.
 
         ``sentences`` is a stream of sentences, or a list of text files (one sentence a line),
         which SentencePiece reads itself, several seconds faster on millions of sentences, into
@@ -187,6 +190,7 @@ class Tokenizer:
                 bos_piece=BOS_PIECE,
                 eos_piece=EOS_PIECE,
                 num_threads=max(1, int(num_threads)),
+                byte_fallback=bool(byte_fallback),
                 minloglevel=0 if verbose else 2,
                 **({"control_symbols": list(control_symbols)} if control_symbols else {}),
             )
@@ -217,7 +221,7 @@ def _training_error(message: str, vocab_size: int, model_type: str, empty: bool)
     if small:
         return DataError(
             f"data.vocab_size={vocab_size} is too small: covering the training text's characters "
-            f"needs at least {small.group(2)} pieces (special ids included); raise "
+            f"needs at least {small.group(2)} pieces (special ids and any byte pieces included); raise "
             "data.vocab_size or lower data.character_coverage"
         )
     if empty:

@@ -29,7 +29,8 @@ from mtcli.config import load_config
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.freshness import changed_data_settings, open_prepared
 from mtcli.data.textio import read_lines
-from mtcli.data.tokenizer import Tokenizer
+from mtcli.data.tokenizer import UNK_ID, Tokenizer
+from mtcli.data.vocabmap import load_tokenizer
 from mtcli.errors import DataError
 from mtcli.fileio import sha256_file
 
@@ -202,12 +203,14 @@ def _write_corpus(root: Path, langs: tuple[str, str], train: list[tuple[str, str
 
 def test_a_chinese_corpus_is_measured_in_characters(tmp_path: Path) -> None:
     """Spaces do not separate Chinese words: measured in words, each of these pairs failed the
-    ratio rule and the corpus came out empty. Its vocabulary covers 99.95% of the characters."""
+    ratio rule and the corpus came out empty. Its vocabulary covers 99.95% of the characters,
+    and spells any other in UTF-8 bytes: a character it has never seen is read and written
+    back, not unknown."""
     animals = "猫狗鸟鱼马牛羊猪鸡鸭"
     train = [(f"一只{a}在草地上{b}玩", f"a {i} is playing on the grass {j}")
              for i, a in enumerate(animals) for j, b in enumerate("跑跳走")]
     _write_corpus(tmp_path / "zh", ("zh", "en"), train)
-    path = write_config(tmp_path, tmp_path / "zh", src_lang="zh", tgt_lang="en", vocab_size=48)
+    path = write_config(tmp_path, tmp_path / "zh", src_lang="zh", tgt_lang="en", vocab_size=306)
     result = run_cli(str(path))
     assert result.exit_code == 0, result.output
     assert "WARNING" not in result.stderr
@@ -215,7 +218,11 @@ def test_a_chinese_corpus_is_measured_in_characters(tmp_path: Path) -> None:
     assert config.data.character_coverage == 0.9995
     corpus = PreparedCorpus.open(config.data.prepared_path())
     assert corpus.manifest["counts"]["train"]["kept"] == len(train)
-    assert corpus.manifest["spm"]["character_coverage"] == 0.9995
+    assert corpus.manifest["spm"]["character_coverage"] == 0.9995 and corpus.manifest["spm"]["byte_fallback"]
+    tokenizer = load_tokenizer(corpus.spm_path)
+    unseen = "一只鲸在草地上跑玩"  # 鲸, whale, is in no training sentence
+    ids = tokenizer.encode(unseen)
+    assert UNK_ID not in ids and tokenizer.decode(ids) == unseen
 
 
 def test_a_length_rule_that_drops_much_of_a_corpus_is_warned_of(tmp_path: Path) -> None:
