@@ -93,10 +93,19 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
-            # A failed write/flush (disk full, file-size limit) names no file: name the target.
-            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        renamed = named_after(exc, path)
+        if renamed is not None:
+            raise renamed from exc
         raise
+
+
+def named_after(exc: BaseException, path: str | Path) -> OSError | None:
+    """``exc`` as an ``OSError`` naming ``path``, when it is one that names no file (a failed
+    write or flush: ``ENOSPC``, ``EFBIG``), so the one-line error says which output could not
+    be written; else None."""
+    if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
+        return OSError(exc.errno, exc.strerror, str(path))
+    return None
 
 
 def check_directory(path: Path) -> None:

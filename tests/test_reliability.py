@@ -14,6 +14,7 @@ half-way through the payload of a chosen checkpoint (or after the payload, befor
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -330,16 +331,20 @@ def _terminate_when(proc: subprocess.Popen, ready: Callable[[], bool], what: str
 
 def test_sigterm_mid_translate_or_prepare_is_one_line_and_leaves_nothing_behind(
         tiny_run_dir: Path, prepared: Path, tmp_path: Path) -> None:
-    """As SLURM or ``kill`` stop a job: the temporary output is removed (translate -o), the
-    temporary cache and the worker processes go and the previous cache stays (prepare)."""
+    """As SLURM or ``kill`` stop a job: the lines translated so far are kept for the same
+    command to go on from, and no output file appears (translate -o); the temporary cache and
+    the worker processes go and the previous cache stays (prepare)."""
     source = tmp_path / "in.txt"
     source.write_text("ein hund läuft\n" * 200_000, encoding="utf-8")
     out = tmp_path / "out.txt"
     proc = subprocess.Popen([sys.executable, "-m", "mtcli.cli", "translate", str(tiny_run_dir), str(source),
                              "-o", str(out)], cwd=REPO, env=child_env(), stderr=subprocess.PIPE, text=True)
-    stderr = _terminate_when(proc, lambda: any(tmp_path.glob(".out.txt.*.tmp")), "decoding into out.txt")
+    stderr = _terminate_when(proc, lambda: (tmp_path / ".out.txt.partial.json").exists(), "decoding into out.txt")
     assert error_lines(stderr) == ["mtcli: error: terminated"] and "Traceback" not in stderr, stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+    assert "is kept in .out.txt.partial; the same command goes on from there" in stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.txt.partial", ".out.txt.partial.json", "in.txt"]
+    kept = json.loads((tmp_path / ".out.txt.partial.json").read_text(encoding="utf-8"))
+    assert kept["lines"] % 2000 == 0 and (tmp_path / ".out.txt.partial").stat().st_size == kept["bytes"]
 
     cache = tmp_path / "cache"
     shutil.copytree(prepared, cache)

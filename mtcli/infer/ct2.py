@@ -93,11 +93,12 @@ class CT2Engine:
         )
 
     def translate_lines(self, lines: Iterable[str], decode: DecodeConfig, *, name: str = "input",
-                        window: int = 2000, on_done: Callable[[int], None] | None = None
+                        window: int = 2000, on_done: Callable[[int], None] | None = None, offset: int = 0
                         ) -> Iterator[list[Translation]]:
-        """One n-best list per line of ``lines``, in order (see the module docstring)."""
+        """One n-best list per line of ``lines``, in order (see the module docstring; line numbers
+        in warnings count from ``offset + 1``)."""
         check_supported(decode)
-        tokenizer, limit, offset = self.bundle.tokenizer, source_limit(self.bundle), 0
+        tokenizer, limit = self.bundle.tokenizer, source_limit(self.bundle)
         prefix = source_prefix(self.bundle, decode)
         for chunk in line_windows(lines, window):
             sources, results = encode_window(tokenizer, chunk, limit, name, offset, prefix)

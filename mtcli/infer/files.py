@@ -9,11 +9,13 @@ heatmaps.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import itertools
 import os
 import stat
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -21,10 +23,15 @@ from mtcli.data.textio import ArrivingLines, count_lines, iter_binary_lines, rea
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.errors import DataError
 from mtcli.fileio import atomic_write, check_directory
-from mtcli.infer.translate import Translation
+from mtcli.infer.resumable import PartialOutput, resumable_output, translation_key
+from mtcli.infer.translate import DEFAULT_WINDOW, Translation
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, progress
 from mtcli.plots import plot_attention_png
+
+#: Lines read and decoded together; a file output is committed to disk after each such window
+#: (:mod:`mtcli.infer.resumable`), so an interrupted translation goes on from the last one.
+WINDOW = DEFAULT_WINDOW
 
 
 def format_nbest(nbest: list[Translation], n: int, scored: bool) -> list[str]:
@@ -107,12 +114,14 @@ def translate_files(
     is given (or a ``decode.nbest`` override), exactly ``N`` lines per input line instead, best first,
     each ``score<TAB>text`` with the length-penalised log-probability to 4 decimals (empty input
     lines give ``0.0000<TAB>`` then ``-inf<TAB>`` padding). Stdout gets each line as soon as it
-    is ready; a file output is written to a temporary name and renamed at the end, so an error
-    (e.g. invalid UTF-8 at some input line: :class:`DataError` naming file and line) leaves no
-    partial file. ``plot_attention`` writes ``<DIR>/<line:06d>.png`` per non-empty input line.
+    is ready; a file output grows under another name and is renamed at the end, so it is never
+    partial. When files are translated, the output of each finished window is kept on an error
+    or an interrupt, and the same call goes on from there (:mod:`mtcli.infer.resumable`).
+    ``plot_attention`` writes ``<DIR>/<line:06d>.png`` per non-empty input line.
     ``ensemble``: more members decoded with the run's model (run directories or checkpoint
     files, see :func:`mtcli.infer.ensemble.add_members`). ``engine``: ``torch`` or ``ctranslate2``.
-    Returns a summary dict (lines, checkpoint, seconds, sentences_per_s, output).
+    Returns a summary dict (lines, checkpoint, seconds, sentences_per_s, output, resumed_after:
+    the input lines a resumed run found done).
     """
     overrides = list(overrides or [])
     if plot_attention is not None:
@@ -124,43 +133,84 @@ def translate_files(
     stack = contextlib.ExitStack()
     sources = open_inputs(inputs, stack)
     regular = bool(inputs) and not any(isinstance(lines, ArrivingLines) for _, lines in sources)
-    total = sum(count_lines(p) for p in inputs) if regular else None
-    bar = progress(total=total, enabled=bool(inputs), unit="line", desc="translate")
+    counts = [count_lines(p) for p in inputs] if regular else None
     n_lines = 0
-    start = time.perf_counter()
+    bar = None
 
-    def run(handle: IO[str], flush: bool) -> None:
-        nonlocal n_lines
-        for name, lines in sources:
-            for nbest in translator.stream(lines, name=name, on_done=bar.update,
+    def run(handle: IO[str], flush: bool, partial: PartialOutput | None = None) -> None:
+        nonlocal n_lines, bar
+        done = partial.done if partial is not None else 0
+        bar = progress(total=sum(counts) if counts is not None else None, initial=done, enabled=bool(inputs),
+                       unit="line", desc="translate")
+        for name, lines, in_file in _left(sources, counts, done):
+            for nbest in translator.stream(lines, name=name, on_done=bar.update, window=WINDOW, offset=in_file,
                                            return_attention=plot_attention is not None):
-                n_lines += 1
+                n_lines, in_file, done = n_lines + 1, in_file + 1, done + 1
                 handle.writelines(text + "\n" for text in format_nbest(nbest, decode.nbest, scored))
                 if flush:
                     handle.flush()
                 if plot_attention is not None and nbest[0].attention is not None:
-                    _plot(translator.bundle.tokenizer, nbest[0], Path(plot_attention) / f"{n_lines:06d}.png")
+                    _plot(translator.bundle.tokenizer, nbest[0], Path(plot_attention) / f"{done:06d}.png")
+                if partial is not None and in_file % WINDOW == 0:
+                    partial.commit(done)
+            if partial is not None:
+                partial.commit(done)
 
+    start = time.perf_counter()
+    settings = {"decode": dataclasses.asdict(decode), "engine": engine, "scored": scored, "window": WINDOW}
     try:
-        if output is None:
-            run(sys.stdout, flush=True)
-        else:
-            with atomic_write(output) as handle:
-                run(handle, flush=False)
+        with _opened(output, inputs if counts is not None else None, translator, settings) as (handle, partial):
+            resumed = partial.done if partial is not None else 0
+            run(handle, flush=output is None, partial=partial)
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
         stack.close()
-    seconds = time.perf_counter() - start
+    return _summary(n_lines, time.perf_counter() - start, translator.name, output, resumed)
+
+
+def _summary(lines: int, seconds: float, name: str, output: Path | None, resumed: int) -> dict:
+    """What :func:`translate_files` returns, and its log line."""
     summary = {
-        "lines": n_lines,
-        "checkpoint": translator.name,
+        "lines": lines,
+        "checkpoint": name,
         "seconds": round(seconds, 3),
-        "sentences_per_s": round(n_lines / seconds, 2) if seconds > 0 else None,
+        "sentences_per_s": round(lines / seconds, 2) if seconds > 0 else None,
         "output": str(output) if output is not None else "<stdout>",
+        "resumed_after": resumed,
     }
-    get_logger().info("translated %d lines in %.1fs (%s sent/s) with %s", n_lines, seconds,
-                      summary["sentences_per_s"], translator.name)
+    get_logger().info("translated %d lines in %.1fs (%s sent/s) with %s", lines, seconds,
+                      summary["sentences_per_s"], name)
     return summary
+
+
+def _left(sources: list[tuple[str, Iterable[str]]], counts: list[int] | None,
+          done: int) -> Iterator[tuple[str, Iterable[str], int]]:
+    """The inputs without their first ``done`` lines in all (those a resumed run found done):
+    each one's name, lines and how many of its lines that leaves out (``counts``: the inputs'
+    line counts, None for streams, where ``done`` is 0)."""
+    for k, (name, lines) in enumerate(sources):
+        skip = min(done, counts[k]) if counts is not None else 0
+        done -= skip
+        if counts is None or skip < counts[k]:
+            yield name, itertools.islice(lines, skip, None) if skip else lines, skip
+
+
+@contextlib.contextmanager
+def _opened(output: Path | None, inputs: Sequence[str | Path] | None, translator: Translator,
+            settings: dict[str, Any]) -> Iterator[tuple[IO[str], PartialOutput | None]]:
+    """Where the translations go: stdout; a file written at once (the input is a stream, read
+    once); or, for ``inputs`` files, a file a later run goes on with when this one is
+    interrupted (:mod:`mtcli.infer.resumable`, keyed on the inputs, the model and ``settings``)."""
+    if output is None:
+        yield sys.stdout, None
+    elif inputs is None:
+        with atomic_write(output) as handle:
+            yield handle, None
+    else:
+        key = translation_key(translator.bundle.model, [Path(p) for p in inputs], settings)
+        with resumable_output(Path(output), key) as partial:
+            yield partial.handle, partial
 
 
 def _plot(tokenizer: Tokenizer, best: Translation, path: Path) -> None:

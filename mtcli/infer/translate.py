@@ -131,6 +131,7 @@ def translate_lines(
     use_cache: bool = True,
     on_done: Callable[[int], None] | None = None,
     budget: list[int] | None = None,
+    offset: int = 0,
 ) -> Iterator[list[Translation]]:
     """Translate ``lines`` lazily; yield one n-best list of :class:`Translation` per line, in order.
 
@@ -139,7 +140,8 @@ def translate_lines(
     memory does not grow with the input; from an :class:`~mtcli.data.textio.ArrivingLines` (stdin
     from a pipe or a terminal) a window is whatever has arrived, up to ``window`` lines, so each
     line of a slow producer is answered before the next is written. ``name`` prefixes the line
-    numbers of truncation warnings. ``on_done(n)``, when given, is called as soon as ``n`` more
+    numbers of truncation warnings, counted from ``offset + 1`` (``lines`` without the first
+    ``offset`` lines of that input). ``on_done(n)``, when given, is called as soon as ``n`` more
     lines are translated (empty lines, then batch by batch), before they can be yielded in order:
     a progress bar fed by it moves with the decoding instead of waiting for the window's first
     lines. ``budget``, when given, is ``[tokens]``: the batches are cut to at most that many
@@ -167,7 +169,6 @@ def translate_lines(
     def decode_batch(sources: list[list[int]]) -> list[list[Hypothesis]]:
         return decode_fitting(search, sources, decode, device, budget)
 
-    offset = 0
     try:
         for chunk in line_windows(lines, window):
             sources, results = encode_window(tokenizer, chunk, limit, name, offset, prefix)

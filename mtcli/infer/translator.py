@@ -45,6 +45,7 @@ from mtcli.infer.loading import (
     source_prefix,
 )
 from mtcli.infer.translate import (
+    DEFAULT_WINDOW,
     Translation,
     decode_config,
     decoding_device,
@@ -192,19 +193,23 @@ class Translator:
         return self._prepared[key], dataclasses.replace(decode, int8=False)
 
     def stream(self, lines: Iterable[str], *, decode: DecodeConfig | None = None, name: str = "input",
-               on_done: Any = None, return_attention: bool = False) -> Iterator[list[Translation]]:
-        """The n-best list of every line of ``lines``, lazily and in order
-        (:func:`~mtcli.infer.translate.translate_lines`; ``name`` prefixes truncation warnings,
-        ``on_done(n)`` counts finished lines)."""
+               on_done: Any = None, return_attention: bool = False, window: int = DEFAULT_WINDOW,
+               offset: int = 0) -> Iterator[list[Translation]]:
+        """The n-best list of every line of ``lines``, lazily and in order, read ``window`` lines
+        at a time (:func:`~mtcli.infer.translate.translate_lines`; ``name`` prefixes truncation
+        warnings, their line numbers counted from ``offset + 1``; ``on_done(n)`` counts finished
+        lines)."""
         if self.engine is not None:
             decode = decode or self.decode
             if (decode.int8, decode.bf16) != (self.decode.int8, self.decode.bf16) or return_attention:
                 raise ConfigError("with --engine ctranslate2, int8/bf16 are chosen when the model is "
                                   "loaded, and attention is not returned")
-            return self.engine.translate_lines(lines, decode, name=name, on_done=on_done)
+            return self.engine.translate_lines(lines, decode, name=name, on_done=on_done, window=window,
+                                               offset=offset)
         bundle, decode = self._for(decode or self.decode)
         return translate_lines(bundle, lines, decode, self.device, name=name, on_done=on_done,
-                               return_attention=return_attention, budget=self._fitting_tokens)
+                               return_attention=return_attention, budget=self._fitting_tokens,
+                               window=window, offset=offset)
 
     def translate(self, texts: Sequence[str], **settings: Any) -> list[str]:
         """The best translation of each text, in order (an empty text gives ``""``)."""

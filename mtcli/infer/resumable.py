@@ -1,0 +1,146 @@
+"""``mtcli translate -o FILE`` that survives an interruption: the same command goes on from where
+the last one stopped, instead of translating millions of lines again.
+
+The output grows in ``.FILE.partial`` beside ``FILE``. After each window of input lines (a window
+is decoded on its own, so the lines after it come out the same whether or not a run stopped
+there) it is flushed to disk, and ``.FILE.partial.json`` records how many input lines and output
+bytes it holds, and the key of what made them: the inputs' sha256, the model's weights and the
+decode settings (:func:`translation_key`). A later run with the same key keeps the partial
+output up to that record (bytes written after it, by a run killed mid-window, are cut off) and
+goes on from the next line; a run with another key starts over. When every line is done the
+partial file is renamed to ``FILE``, so ``FILE`` is never partial.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from mtcli.fileio import atomic_write, fsync_dir, make_parent, named_after, sha256_file
+from mtcli.logs import get_logger
+from mtcli.version import __version__
+
+
+def translation_key(model: torch.nn.Module, inputs: Sequence[Path], settings: dict[str, Any]) -> str:
+    """sha256 over what an output's lines depend on: the inputs' contents in order, ``model``'s
+    weights (an average or an ensemble included) and ``settings`` (the decode settings, the
+    engine, the output format; JSON-serialisable)."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    record = {"inputs": [sha256_file(path) for path in inputs], "model": digest.hexdigest(),
+              "settings": settings, "mtcli": __version__}
+    return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@dataclasses.dataclass
+class PartialOutput:
+    """The open partial output of :func:`resumable_output`: write lines to :attr:`handle`, call
+    :meth:`commit` at the end of each window."""
+
+    handle: IO[str]
+    record: Path
+    key: str
+    done: int  # input lines whose output the partial file held when it was opened
+    committed: int  # input lines recorded by the last commit
+    size: int  # the bytes of their output
+
+    def commit(self, lines: int) -> None:
+        """Record that the output of the first ``lines`` input lines is complete, on disk."""
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        size = os.fstat(self.handle.fileno()).st_size
+        with atomic_write(self.record) as out:
+            json.dump({"key": self.key, "lines": lines, "bytes": size}, out)
+        self.committed, self.size = lines, size
+
+
+def partial_paths(output: Path) -> tuple[Path, Path]:
+    """Where the output of an unfinished translation to ``output`` grows, and its record."""
+    return output.with_name(f".{output.name}.partial"), output.with_name(f".{output.name}.partial.json")
+
+
+@contextlib.contextmanager
+def resumable_output(output: Path, key: str) -> Iterator[PartialOutput]:
+    """The partial output for ``output`` (see the module docstring), resumed when its record
+    holds ``key``; renamed to ``output`` on leaving without an error. On an error it stays, as
+    its last commit recorded it, and a warning says so; nothing is kept before the first commit.
+    A second run on the same output while one is writing it raises ``BlockingIOError`` naming
+    ``output`` (the partial file is locked while it is open)."""
+    output = Path(output)
+    if output.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory, expected a file to write", str(output))
+    make_parent(output)
+    data, record = partial_paths(output)
+    handle = open(data, "a", encoding="utf-8")
+    try:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BlockingIOError(errno.EAGAIN, "another mtcli translate is writing this output now",
+                                  str(output)) from None
+        done, size = _resume_point(handle, record, key)
+        os.ftruncate(handle.fileno(), size)  # bytes after the record: a run killed mid-window
+        if done:
+            get_logger().info("%s: resuming after input line %d (the output an interrupted run left in %s)",
+                              output, done, data.name)
+        else:
+            record.unlink(missing_ok=True)
+        partial = PartialOutput(handle, record, key, done, done, size)
+        try:
+            yield partial
+            handle.flush()
+            os.fsync(handle.fileno())
+            os.replace(data, output)  # still locked: no other run takes it up in between
+            record.unlink(missing_ok=True)
+            fsync_dir(output.parent)
+        except BaseException as exc:
+            _keep(partial, data, output)
+            renamed = named_after(exc, output)
+            if renamed is not None:
+                raise renamed from exc
+            raise
+    finally:  # after a failed write, closing fails again on the same buffered lines: they are gone
+        with contextlib.suppress(OSError):
+            handle.close()
+
+
+def _keep(partial: PartialOutput, data: Path, output: Path) -> None:
+    """After an error: the partial output up to its last commit, said in a warning; or nothing,
+    when no window was finished."""
+    if not partial.committed:
+        for path in (partial.record, data):
+            path.unlink(missing_ok=True)
+        return
+    with contextlib.suppress(OSError):
+        partial.handle.flush()
+    with contextlib.suppress(OSError):
+        os.ftruncate(partial.handle.fileno(), partial.size)  # the lines after the last commit go
+    get_logger().warning("%s: the output of the first %d input lines is kept in %s; the same command goes "
+                         "on from there", output, partial.committed, data.name)
+
+
+def _resume_point(handle: IO[str], record: Path, key: str) -> tuple[int, int]:
+    """``(input lines, bytes)`` of the partial output open in ``handle`` to go on from: its
+    record's, when that holds ``key`` and the file has those bytes; else ``(0, 0)``."""
+    try:
+        state = json.loads(record.read_text(encoding="utf-8"))
+        lines, size = int(state["lines"]), int(state["bytes"])
+        fits = state["key"] == key and os.fstat(handle.fileno()).st_size >= size
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0, 0
+    if not fits:
+        get_logger().info("%s: left by a run of other input, model or settings; starting over", record.name)
+        return 0, 0
+    return lines, size

@@ -1,0 +1,136 @@
+"""Tests of mtcli.infer.resumable: ``translate -o`` interrupted goes on from its last window, to
+the output an uninterrupted run writes; another input, model or setting starts over."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import mtcli.infer.files as files
+from mtcli.cli import app
+from mtcli.infer.resumable import partial_paths
+from mtcli.infer.translator import Translator
+
+WORDS = ["ein Hund", "zwei Hunde", "drei Katzen", "rot", "ein Haus", "", "Kinder spielen", "die Frau",
+         "ein Mann läuft", "der Ball", "ein roter Ball", "vier Hunde laufen", "eine Katze", "blau"]
+
+
+@pytest.fixture
+def inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Two input files (10 and 4 lines); windows of 3 lines."""
+    monkeypatch.setattr(files, "WINDOW", 3)
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+    first.write_text("".join(f"{w}\n" for w in WORDS[:10]), encoding="utf-8")
+    second.write_text("".join(f"{w}\n" for w in WORDS[10:]), encoding="utf-8")
+    return [first, second]
+
+
+def interrupt_after(monkeypatch: pytest.MonkeyPatch, lines: int) -> None:
+    """Ctrl-C once ``lines`` lines have been translated."""
+    real = Translator.stream
+    done = {"n": 0}
+
+    def stream(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        for nbest in real(self, *args, **kwargs):
+            if done["n"] == lines:
+                raise KeyboardInterrupt
+            done["n"] += 1
+            yield nbest
+
+    monkeypatch.setattr(Translator, "stream", stream)
+
+
+def translate(run: Path, inputs: list[Path], out: Path, **settings) -> dict:  # noqa: ANN003
+    return files.translate_files(run, inputs, out, beam=2, device="cpu", **settings)
+
+
+def test_an_interrupted_translation_goes_on_from_its_last_window_to_the_same_output(
+        tiny_run_dir: Path, inputs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = tmp_path / "whole.txt"
+    translate(tiny_run_dir, inputs, whole)
+    for stop, kept in ((7, 6), (12, 10)):  # in the first file; in the second, before its first window ends
+        out = tmp_path / f"out{stop}.txt"
+        interrupt_after(monkeypatch, stop)
+        with pytest.raises(KeyboardInterrupt):
+            translate(tiny_run_dir, inputs, out)
+        monkeypatch.undo()
+        monkeypatch.setattr(files, "WINDOW", 3)
+        data, record = partial_paths(out)
+        assert not out.exists() and json.loads(record.read_text())["lines"] == kept
+        assert data.read_text(encoding="utf-8").splitlines() == whole.read_text(encoding="utf-8").splitlines()[:kept]
+        summary = translate(tiny_run_dir, inputs, out)
+        assert summary["resumed_after"] == kept and summary["lines"] == 14 - kept
+        assert out.read_bytes() == whole.read_bytes()
+        assert not data.exists() and not record.exists()
+
+
+def test_bytes_written_after_the_last_record_are_cut_off(
+        tiny_run_dir: Path, inputs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run killed mid-window (SIGKILL, a power cut) wrote lines its record does not hold."""
+    whole, out = tmp_path / "whole.txt", tmp_path / "out.txt"
+    translate(tiny_run_dir, inputs, whole)
+    interrupt_after(monkeypatch, 4)
+    with pytest.raises(KeyboardInterrupt):
+        translate(tiny_run_dir, inputs, out)
+    monkeypatch.undo()
+    monkeypatch.setattr(files, "WINDOW", 3)
+    data, _ = partial_paths(out)
+    with open(data, "a", encoding="utf-8") as handle:
+        handle.write("half a line of a window never record")
+    assert translate(tiny_run_dir, inputs, out)["resumed_after"] == 3
+    assert out.read_bytes() == whole.read_bytes()
+
+
+@pytest.mark.parametrize("change", ["settings", "input"])
+def test_another_input_or_setting_starts_over(
+        tiny_run_dir: Path, inputs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str) -> None:
+    out = tmp_path / "out.txt"
+    interrupt_after(monkeypatch, 7)
+    with pytest.raises(KeyboardInterrupt):
+        translate(tiny_run_dir, inputs, out)
+    monkeypatch.undo()
+    monkeypatch.setattr(files, "WINDOW", 3)
+    settings = {"length_penalty": 0.5} if change == "settings" else {}
+    if change == "input":
+        inputs[0].write_text("ein Hund\n" * 10, encoding="utf-8")
+    whole = tmp_path / "whole.txt"
+    translate(tiny_run_dir, inputs, whole, **settings)
+    summary = translate(tiny_run_dir, inputs, out, **settings)
+    assert summary["resumed_after"] == 0 and summary["lines"] == 14
+    assert out.read_bytes() == whole.read_bytes()
+
+
+def test_ctrl_c_says_where_the_lines_are_and_the_same_command_finishes(
+        tiny_run_dir: Path, inputs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out.txt"
+    argv = ["translate", str(tiny_run_dir), *map(str, inputs), "-o", str(out), "--beam", "2", "--device", "cpu"]
+    interrupt_after(monkeypatch, 7)
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 130 and result.stderr.endswith("mtcli: error: interrupted\n"), result.stderr
+    assert (f"{out}: the output of the first 6 input lines is kept in .out.txt.partial; the same command goes on "
+            "from there") in result.stderr
+    monkeypatch.undo()
+    monkeypatch.setattr(files, "WINDOW", 3)
+    again = CliRunner().invoke(app, argv)
+    assert again.exit_code == 0, again.stderr
+    assert f"{out}: resuming after input line 6" in again.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt", "out.txt"]
+
+
+def test_a_second_run_on_an_output_being_written_is_refused_and_leaves_it_alone(
+        tiny_run_dir: Path, inputs: list[Path], tmp_path: Path) -> None:
+    """Both would append to one partial file (and the first to finish would rename it away)."""
+    import fcntl
+
+    out = tmp_path / "out.txt"
+    data, _ = partial_paths(out)
+    data.write_text("the other run's lines\n", encoding="utf-8")
+    with open(data, "a", encoding="utf-8") as other:
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the run writing it holds it
+        result = CliRunner().invoke(app, ["translate", str(tiny_run_dir), *map(str, inputs), "-o", str(out)])
+    assert result.exit_code == 1
+    assert result.stderr == f"mtcli: error: {out}: another mtcli translate is writing this output now\n"
+    assert data.read_text(encoding="utf-8") == "the other run's lines\n" and not out.exists()
