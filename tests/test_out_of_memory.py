@@ -193,6 +193,32 @@ def test_after_a_batch_that_does_not_fit_the_next_windows_are_cut_smaller(
     assert len(warned) == 1, warned
 
 
+def test_once_a_batch_fits_no_other_batch_of_the_window_fails(
+        tiny_run_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A device that holds batches of at most 50 source slots: after the first batch did not
+    fit, the window's other batches (made before) are cut to the lowered size before they are
+    tried, instead of each failing in turn (a warning and a wasted search apiece)."""
+    import mtcli.infer.translate as translate
+    from mtcli.infer.translator import Translator
+
+    lines = ["ein Hund läuft", "zwei Hunde", "drei Katzen", "rot", "die Frau mit dem Hund"] * 8
+    whole = Translator.from_run(tiny_run_dir, beam=2, device="cpu", max_tokens=256).translate(lines)
+    real, tried = translate.generate, []
+
+    def generate(model, src, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        tried.append(src.numel() <= 50)
+        if not tried[-1]:
+            raise torch.OutOfMemoryError(ALLOCATOR)
+        return real(model, src, **kwargs)
+
+    monkeypatch.setattr(translate, "generate", generate)
+    assert Translator.from_run(tiny_run_dir, beam=2, device="cpu", max_tokens=256).translate(lines) == whole
+    first_fit = tried.index(True)
+    assert first_fit > 0 and all(tried[first_fit:]), tried
+    warned = [r.getMessage() for r in caplog.records if "two halves" in r.getMessage()]
+    assert len(warned) == first_fit
+
+
 def test_a_translator_pays_for_a_batch_that_does_not_fit_once_not_once_a_call(
         tiny_run_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Under ``mtcli serve`` every request is a call of its own: after one batch did not fit, the

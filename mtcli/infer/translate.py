@@ -220,8 +220,10 @@ def decode_fitting(search: Callable[[torch.Tensor], list[list[Hypothesis]]], sou
     memory is decoded again in two halves, each in turn, so that a long job goes on (a warning
     names ``decode.max_tokens``, which made the batch), and ``budget[0]``, the tokens the next
     batches are cut to, drops to half the failed batch's; one sentence that does not fit alone
-    raises :class:`~mtcli.errors.DeviceMemoryError` naming the beam. A sentence's hypotheses do not depend on
-    the batch it is decoded in (up to floating-point rounding)."""
+    raises :class:`~mtcli.errors.DeviceMemoryError` naming the beam. A batch over the budget
+    (cut before it dropped: the failed batch's other half, the rest of its window) is cut to it
+    before it is tried, so once a batch has fitted no other fails. A sentence's hypotheses do not
+    depend on the batch it is decoded in (up to floating-point rounding)."""
     def failed(part: list[list[int]]) -> str:
         return (f"out of memory on {memory_text(device)} decoding {len(part)} sentence(s) of up to "
                 f"{max(map(len, part))} pieces with beam {decode.beam_size}")
@@ -232,8 +234,21 @@ def decode_fitting(search: Callable[[torch.Tensor], list[list[Hypothesis]]], sou
         if budget is not None:
             budget[0] = max(1, min(budget[0], source_batch_tokens([len(ids) for ids in part], decode.beam_size) // 2))
 
-    return in_halves_when_out_of_memory(lambda part: search(collate_sources(part, device)), sources, failed,
-                                        "lower the beam (decode.beam_size, --beam)", halving)
+    def fitting(part: list[list[int]]) -> list[list[Hypothesis]]:
+        lengths = [len(ids) for ids in part]
+        if budget is None or len(part) == 1 or source_batch_tokens(lengths, decode.beam_size) <= budget[0]:
+            return search(collate_sources(part, device))
+        found: list[list[Hypothesis]] = [[] for _ in part]
+        for batch in source_batches(lengths, budget[0], decode.beam_size):
+            for i, hyps in zip(batch, in_fitting_halves([part[i] for i in batch]), strict=True):
+                found[i] = hyps
+        return found
+
+    def in_fitting_halves(part: list[list[int]]) -> list[list[Hypothesis]]:
+        return in_halves_when_out_of_memory(fitting, part, failed, "lower the beam (decode.beam_size, --beam)",
+                                            halving)
+
+    return in_fitting_halves(sources)
 
 
 def _ready(results: list[list[Translation] | None], start: int
