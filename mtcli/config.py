@@ -138,7 +138,8 @@ class TrainConfig:
     weight_decay: float = 0.0
     clip_norm: float = 0.0
     valid_every: int = 1000
-    valid_bleu: bool = True
+    valid_bleu: bool = True  # decode the validation split greedily and score it (BLEU, chrF)
+    valid_metric: Literal["bleu", "chrf", "loss"] = "bleu"  # picks checkpoint_best, counts for patience
     valid_max_sentences: int = 0
     keep_last: int = 5
     keep_best: int = 0
@@ -474,6 +475,9 @@ def validate(config: Config, where: str | None = None) -> None:
         (t.keep_last >= 1, "train.keep_last must be >= 1"),
         (t.keep_best >= 0, "train.keep_best must be >= 0 (0: keep only the last train.keep_last)"),
         (t.valid_every >= 1, "train.valid_every must be >= 1"),
+        (t.valid_metric != "chrf" or t.valid_bleu,
+         "train.valid_metric: chrf scores the decoded validation split: set train.valid_bleu: true "
+         "(or valid_metric: loss)"),
         (d.beam_size >= 1, "decode.beam_size must be >= 1"),
         (1 <= d.nbest <= d.beam_size or (d.sampling != "none" and d.nbest >= 1),
          "decode.nbest must be between 1 and decode.beam_size"),

@@ -64,7 +64,8 @@ def step_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
 
 
 def read_index(run_dir: Path) -> dict[int, dict]:
-    """``checkpoints/index.json`` as ``{step: {"file": name, "loss": float|None, "bleu": float|None}}``.
+    """``checkpoints/index.json`` as ``{step: {"file": name, "loss": float|None, "bleu": float|None}}``
+    (and ``chrf``, and ``by``: the metric that picks the best, where the run recorded them).
 
     Missing index: ``{}``. Unreadable index: :class:`CheckpointError` naming the file.
     """
@@ -83,7 +84,7 @@ def read_index(run_dir: Path) -> dict[int, dict]:
 
 
 def update_index(run_dir: Path, step: int, valid: dict) -> None:
-    """Record ``checkpoint_<step>.pt`` with its validation ``loss``/``bleu`` in index.json, atomically.
+    """Record ``checkpoint_<step>.pt`` with its validation ``loss``/``bleu`` (``chrf``, ``by``) in index.json, atomically.
 
     An unreadable index is logged and rebuilt from this entry on (it only ranks checkpoints).
     """
@@ -96,6 +97,7 @@ def update_index(run_dir: Path, step: int, valid: dict) -> None:
         "file": step_checkpoint_name(step),
         "loss": None if valid.get("loss") is None else float(valid["loss"]),
         "bleu": None if valid.get("bleu") is None else float(valid["bleu"]),
+        **{key: valid[key] for key in ("chrf", "by") if valid.get(key) is not None},
     }
     body = {"format": FORMAT, "checkpoints": {str(s): entries[s] for s in sorted(entries)}}
     path = checkpoint_dir(run_dir) / INDEX_NAME
@@ -108,14 +110,18 @@ def update_index(run_dir: Path, step: int, valid: dict) -> None:
 
 
 def _ranked_best(run_dir: Path) -> list[tuple[int, Path]]:
-    """Indexed step checkpoints that still exist, best first: by BLEU if all have it, else loss."""
+    """Indexed step checkpoints that still exist, best first: by the metric that picked the
+    newest one's best (``by``: ``train.valid_metric``; an older index, BLEU) if all have it,
+    else by loss."""
     directory = checkpoint_dir(run_dir)
+    index = read_index(run_dir)
+    by = (index[max(index)].get("by") or "bleu") if index else "bleu"
     rows = []
-    for step, entry in read_index(run_dir).items():
+    for step, entry in index.items():
         path = directory / str(entry.get("file") or step_checkpoint_name(step))
         if path.is_file():
-            rows.append((step, path, entry.get("bleu"), entry.get("loss")))
-    if rows and all(r[2] is not None for r in rows):
+            rows.append((step, path, entry.get(by), entry.get("loss")))
+    if by != "loss" and rows and all(r[2] is not None for r in rows):
         rows.sort(key=lambda r: (-float(r[2]), -r[0]))
     else:
         rows = [r for r in rows if r[3] is not None]

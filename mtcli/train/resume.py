@@ -95,7 +95,7 @@ INEXACT_KEYS: frozenset[str] = frozenset(
         "model.dropout", "model.attention_dropout", "model.activation_dropout",
         "train.update_freq", "train.lr_schedule", "train.lr", "train.lr_factor", "train.warmup_steps", "train.label_smoothing",
         "train.adam_betas", "train.adam_eps", "train.weight_decay", "train.clip_norm",
-        "train.precision", "train.compile", "train.valid_bleu", "train.valid_max_sentences",
+        "train.precision", "train.compile", "train.valid_bleu", "train.valid_metric", "train.valid_max_sentences",
     }
 )
 # Keys with no effect on the trajectory (stopping, logging, hardware, decoding, evaluation).

@@ -58,6 +58,7 @@ class TrainSummary:
     stop_reason: str
     best_valid_bleu: float | None
     best_valid_loss: float | None
+    best_valid_chrf: float | None = None
     last_valid: dict[str, Any] = field(default_factory=dict)
     elapsed_seconds: float = 0.0
     tokens_per_second: float = 0.0
@@ -75,13 +76,13 @@ class TrainSummary:
 
     def summary(self) -> str:
         """A few lines for the terminal."""
-        bleu = "n/a" if self.best_valid_bleu is None else f"{self.best_valid_bleu:.2f}"
+        bleu, chrf = ("n/a" if v is None else f"{v:.2f}" for v in (self.best_valid_bleu, self.best_valid_chrf))
         loss = "n/a" if self.best_valid_loss is None else f"{self.best_valid_loss:.4f}"
         lines = [
             f"run dir: {self.run_dir}",
             f"stopped: {self.stop_reason} after {self.steps} steps ({self.epochs} full "
             f"epoch{'' if self.epochs == 1 else 's'}), {self.elapsed_seconds / 60:.1f} min of training",
-            f"best valid BLEU: {bleu}   best valid loss: {loss}",
+            f"best valid BLEU: {bleu}   chrF: {chrf}   loss: {loss}",
             f"parameters: {self.parameters:,}   skipped training pairs: {self.skipped_pairs}   "
             f"train tokens/s: {self.tokens_per_second:,.0f}   peak memory: {self.peak_memory_mb:,.0f} MiB "
             f"on {self.device}",
@@ -197,8 +198,9 @@ def _summary(trainer: Trainer, reason: str) -> TrainSummary:
         steps=trainer.step,
         epochs=trainer.feed.position["epoch"],
         stop_reason=reason,
-        best_valid_bleu=trainer.best_bleu,
-        best_valid_loss=trainer.best_loss,
+        best_valid_bleu=trainer.bests.bleu,
+        best_valid_loss=trainer.bests.loss,
+        best_valid_chrf=trainer.bests.chrf,
         last_valid=dict(trainer.last_valid),
         elapsed_seconds=trainer.elapsed,
         tokens_per_second=trainer.tokens_per_second,

@@ -18,9 +18,9 @@ One optimiser step, as in "Attention Is All You Need" (section 5):
    the host counts each step one step later, so it never waits for the device between steps
    (:meth:`Trainer.settle`).
 
-Every ``valid_every`` steps and at the end, rank 0 validates (loss, NLL, perplexity, and BLEU of
-greedy decoding when ``valid_bleu``) and writes ``checkpoint_<step>.pt`` once, with
-``checkpoint_last.pt`` and ``checkpoint_best.pt`` (by BLEU, or loss without BLEU) as hard links to
+Every ``valid_every`` steps and at the end, rank 0 validates (loss, NLL, perplexity, and BLEU and
+chrF of greedy decoding when ``valid_bleu``) and writes ``checkpoint_<step>.pt`` once, with
+``checkpoint_last.pt`` and ``checkpoint_best.pt`` (by ``valid_metric``, or loss without decoding) as hard links to
 it (copies where links fail), and ``checkpoints/index.json``.
 
 A run directory with a checkpoint is resumed exactly: model, optimiser, schedule step, the RNG
@@ -89,9 +89,11 @@ from mtcli.train.step import (
     seconds_left,
     step_stats,
 )
-from mtcli.train.validation import validation_bleu, validation_loss
+from mtcli.train.validation import METRIC_NAMES, Bests, validation_loss, validation_scores
 
 STATE_FORMAT = 1
+#: A validation's numbers, as a checkpoint records them (``by``: the one that decided, see Bests).
+VALID_KEYS = ("loss", "nll", "ppl", "bleu", "chrf", "by")
 
 
 class Trainer:
@@ -142,13 +144,10 @@ class Trainer:
         )
         self.feed = BatchFeed(self.stream, device, COMPILE_LENGTH_MULTIPLE if self.cfg.compile else 0)
         self.step = 0
-        self.best: float | None = None
-        self.best_bleu: float | None = None
-        self.best_loss: float | None = None
-        self.bad_validations = 0
+        self.bests = Bests(self.cfg.valid_metric)
         self.nonfinite_in_row = 0
         self.elapsed = 0.0
-        self.last_valid: dict[str, Any] = {"loss": None, "nll": None, "ppl": None, "bleu": None}
+        self.last_valid: dict[str, Any] = dict.fromkeys(VALID_KEYS)
         self.last_valid_step = -1
         self.log_window = LogWindow()
         self.resumed_from: str | None = None
@@ -195,10 +194,7 @@ class Trainer:
         self.stream.load_state_dict(state["data_state"])
         self.step = int(state["step"])
         ts = state.get("train_state") or {}
-        self.best = ts.get("best")
-        self.best_bleu = ts.get("best_bleu")
-        self.best_loss = ts.get("best_loss")
-        self.bad_validations = int(ts.get("bad_validations", 0))
+        self.bests.load_state_dict(ts)
         self.nonfinite_in_row = int(ts.get("nonfinite_in_row", 0))
         self.elapsed = float(ts.get("elapsed_seconds", 0.0))
         self.last_valid_step = int(ts.get("last_valid_step", -1))
@@ -236,10 +232,7 @@ class Trainer:
             **({"rng_ranks": rng_ranks} if len(rng_ranks) > 1 else {}),
             "data_state": self.feed.position,
             "train_state": {
-                "best": self.best,
-                "best_bleu": self.best_bleu,
-                "best_loss": self.best_loss,
-                "bad_validations": self.bad_validations,
+                **self.bests.state_dict(),
                 "nonfinite_in_row": self.nonfinite_in_row,
                 "elapsed_seconds": self.elapsed,
                 "last_valid_step": self.last_valid_step,
@@ -249,7 +242,7 @@ class Trainer:
             },
             "config": self.config.to_dict(),
             "vocab": {"size": int(self.corpus.vocab_size), "spm_sha256": self.spm_sha256},
-            "valid": {k: self.last_valid.get(k) for k in ("loss", "nll", "ppl", "bleu")},
+            "valid": {k: self.last_valid.get(k) for k in VALID_KEYS},
         }
 
     # ----------------------------------------------------------------- one step
@@ -426,40 +419,28 @@ class Trainer:
     # ----------------------------------------------------------------- validation
 
     def validate(self) -> dict[str, Any]:
-        """Rank 0 computes loss/NLL/ppl/BLEU (RNG untouched); every rank gets the numbers."""
-        values = [float("nan")] * 3
+        """Rank 0 computes loss/NLL/ppl/BLEU/chrF (RNG untouched); every rank gets the numbers."""
+        values = [float("nan")] * 4
         if self.info.is_main:
             devices = [self.device] if self.device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices):
                 loss, nll, tokens = validation_loss(self.model, self.criterion, self.corpus,
                                                     self.config, self.device)
-                bleu = (validation_bleu(self.model, self.corpus, self.config, self.device)
-                        if self.cfg.valid_bleu else None)
-            values = [loss / max(tokens, 1), nll / max(tokens, 1),
-                      float("nan") if bleu is None else bleu]
-        loss, nll, bleu = broadcast(values, self.info, self.device)
+                scores = (validation_scores(self.model, self.corpus, self.config, self.device)
+                          if self.cfg.valid_bleu else {})
+            values = [loss / max(tokens, 1), nll / max(tokens, 1), scores.get("bleu", math.nan),
+                      scores.get("chrf", math.nan)]
+        loss, nll, bleu, chrf = broadcast(values, self.info, self.device)
         result = {"loss": loss, "nll": nll, "ppl": math.exp(min(nll, 700.0)),
-                  "bleu": None if math.isnan(bleu) else bleu}
-        self.last_valid = result
-        self.last_valid_step = self.step
-        use_bleu = self.cfg.valid_bleu and result["bleu"] is not None
-        metric = result["bleu"] if use_bleu else -loss
-        improved = self.best is None or metric > self.best
-        if improved:
-            self.best = metric
-            self.bad_validations = 0
-        else:
-            self.bad_validations += 1
-        if result["bleu"] is not None and (self.best_bleu is None or result["bleu"] > self.best_bleu):
-            self.best_bleu = result["bleu"]
-        if self.best_loss is None or loss < self.best_loss:
-            self.best_loss = loss
-        result["improved"] = improved
-        bleu_text = "n/a" if result["bleu"] is None else f"{result['bleu']:.2f}"
+                  "bleu": None if math.isnan(bleu) else bleu, "chrf": None if math.isnan(chrf) else chrf}
+        result["by"] = self.bests.deciding(result)
+        self.last_valid, self.last_valid_step = result, self.step
+        result["improved"] = improved = self.bests.update(result)
+        decoded = "n/a" if result["bleu"] is None else f"{bleu:.2f} | chrf {chrf:.2f}"
         self.log.info("valid step %d | loss %.4f | nll %.4f | ppl %.2f | bleu %s%s", self.step, loss,
-                      nll, result["ppl"], bleu_text, " | best" if improved else "")
+                      nll, result["ppl"], decoded, " | best" if improved else "")
         if self.writer is not None:
-            for key in ("loss", "nll", "ppl", "bleu"):
+            for key in ("loss", "nll", "ppl", "bleu", "chrf"):
                 if result[key] is not None:
                     self.writer.add_scalar(f"valid/{key}", result[key], self.step)
             self.writer.flush()
@@ -504,8 +485,8 @@ class Trainer:
             return f"max_steps={cfg.max_steps}"
         if cfg.max_epochs > 0 and self.feed.position["epoch"] >= cfg.max_epochs:
             return f"max_epochs={cfg.max_epochs}"
-        if cfg.patience > 0 and self.bad_validations >= cfg.patience:
-            return f"patience={cfg.patience} (no better validation {'BLEU' if self._uses_bleu() else 'loss'})"
+        if cfg.patience > 0 and self.bests.bad_validations >= cfg.patience:
+            return f"patience={cfg.patience} (no better validation {METRIC_NAMES[self.bests.best_by or 'loss']})"
         if cfg.max_minutes > 0:
             # rank 0's clock decides for every rank. The run stops if one more step and the
             # final validation would end past the limit (a safety cap: a recipe budgets steps).
@@ -514,9 +495,6 @@ class Trainer:
             if spent + ahead > cfg.max_minutes * 60:
                 return f"max_minutes={cfg.max_minutes:g}"
         return None
-
-    def _uses_bleu(self) -> bool:
-        return self.cfg.valid_bleu and self.last_valid.get("bleu") is not None
 
     def _interrupt(self) -> None:
         signum = int(self.signals.signum or signal.SIGTERM)

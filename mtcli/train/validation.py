@@ -1,9 +1,11 @@
-"""Validation during training: loss, NLL and perplexity on the validation split, and the BLEU of
-greedy decoding (the number that picks ``checkpoint_best`` and drives ``train.patience``)."""
+"""Validation during training: loss, NLL and perplexity on the validation split, the BLEU and
+chrF of greedy decoding, and the best of them so far (:class:`Bests`: what picks
+``checkpoint_best`` and drives ``train.patience``)."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 from torch import nn
@@ -48,10 +50,11 @@ def validation_loss(model: nn.Module, criterion: LabelSmoothedLoss, corpus: Prep
     return loss, nll, tokens
 
 
-def validation_bleu(model: nn.Module, corpus: PreparedCorpus, config: Config,
-                    device: torch.device) -> float:
-    """BLEU of greedy decoding of the validation split (its first ``train.valid_max_sentences``
-    when set) against its references, decoded as ``mtcli translate`` does."""
+def validation_scores(model: nn.Module, corpus: PreparedCorpus, config: Config,
+                      device: torch.device) -> dict[str, float]:
+    """``{"bleu": ..., "chrf": ...}`` of greedy decoding of the validation split (its first
+    ``train.valid_max_sentences`` when set) against its references, decoded as ``mtcli
+    translate`` does."""
     data, cfg = config.data, config.train
     sources = list(read_lines(corpus.text_path(data.valid_split, data.src_lang)))
     refs = list(read_lines(corpus.text_path(data.valid_split, data.tgt_lang)))
@@ -63,4 +66,62 @@ def validation_bleu(model: nn.Module, corpus: PreparedCorpus, config: Config,
     bundle = InferenceModel(model=model, tokenizer=tokenizer, config=config, name="training", target_tags=tags)
     greedy = dataclasses.replace(config.decode, beam_size=1, nbest=1, bf16=cfg.precision == "bf16")
     hyps = translate_texts(bundle, sources, greedy, device)
-    return float(score(hyps, refs, tgt_lang=data.tgt_lang)["bleu"])
+    scores = score(hyps, refs, metrics=("bleu", "chrf"), tgt_lang=data.tgt_lang)
+    return {"bleu": float(scores["bleu"]), "chrf": float(scores["chrf"])}
+
+
+#: ``train.valid_metric`` as the log writes it.
+METRIC_NAMES = {"bleu": "BLEU", "chrf": "chrF", "loss": "loss"}
+
+
+@dataclasses.dataclass
+class Bests:
+    """The best validation scores so far, and the validations since the deciding one last
+    improved (``train.patience``).
+
+    The deciding score is ``metric`` (``train.valid_metric``: the BLEU or chrF of the decoded
+    validation split, or its loss), or the loss when the split is not decoded
+    (``train.valid_bleu: false``). When it changes (a resume under another setting) its best
+    starts anew: scores of two metrics do not compare."""
+
+    metric: str = "bleu"
+    best: float | None = None  # of ``best_by``; higher is better (the loss negated)
+    best_by: str | None = None
+    bleu: float | None = None
+    chrf: float | None = None
+    loss: float | None = None
+    bad_validations: int = 0
+
+    def deciding(self, result: dict[str, Any]) -> str:
+        """The metric that decides for a validation's ``result`` (``loss``, ``bleu``, ``chrf``)."""
+        return self.metric if self.metric != "loss" and result.get(self.metric) is not None else "loss"
+
+    def update(self, result: dict[str, Any]) -> bool:
+        """Take a validation's ``result`` (``bleu``/``chrf`` None when not decoded); whether the
+        deciding score improved."""
+        by = self.deciding(result)
+        value = -result["loss"] if by == "loss" else result[by]
+        improved = self.best is None or by != self.best_by or value > self.best
+        if improved:
+            self.best, self.best_by, self.bad_validations = value, by, 0
+        else:
+            self.bad_validations += 1
+        for key, better in (("bleu", max), ("chrf", max), ("loss", min)):
+            if result.get(key) is not None:
+                old = getattr(self, key)
+                setattr(self, key, result[key] if old is None else better(old, result[key]))
+        return improved
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint's record of the bests (``train_state``)."""
+        return {"best": self.best, "best_by": self.best_by, "best_bleu": self.bleu, "best_chrf": self.chrf,
+                "best_loss": self.loss, "bad_validations": self.bad_validations}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict` (a checkpoint without ``best_by``: its best was BLEU
+        when it equals the best BLEU, else the loss)."""
+        self.best, self.bleu, self.chrf, self.loss = (state.get(k) for k in ("best", "best_bleu", "best_chrf",
+                                                                             "best_loss"))
+        self.best_by = state.get("best_by") or (None if self.best is None else
+                                                "bleu" if self.best == self.bleu else "loss")
+        self.bad_validations = int(state.get("bad_validations", 0))

@@ -442,6 +442,23 @@ def test_validation_bleu_selects_best(prepared: Path, tmp_path: Path) -> None:
     assert summary.best_valid_bleu == max(entry["bleu"] for entry in index.values())
 
 
+def test_valid_metric_chrf_picks_the_best_by_chrf(prepared: Path, tmp_path: Path) -> None:
+    """checkpoint_best, the index's ranking (average --best) and the summary follow chrF."""
+    from mtcli.rundir import select_checkpoints
+
+    run = tmp_path / "run"
+    summary = train(make_config(prepared, run, "train.max_steps=6", "train.valid_every=2", "train.keep_last=3",
+                                "train.valid_bleu=true", "train.valid_max_sentences=8", "train.valid_metric=chrf"))
+    index = read_index(run)
+    assert all(entry["by"] == "chrf" and entry["chrf"] is not None for entry in index.values())
+    best = max(sorted(index), key=lambda s: index[s]["chrf"])  # the first of equals stays the best
+    assert load_checkpoint(run / "checkpoints" / "checkpoint_best.pt")["step"] == best
+    assert select_checkpoints(run, best=1) == [run / "checkpoints" / f"checkpoint_{best}.pt"]
+    assert summary.best_valid_chrf == max(entry["chrf"] for entry in index.values())
+    assert f"chrF: {summary.best_valid_chrf:.2f}" in summary.summary()
+    assert "| chrf " in (run / "train.log").read_text(encoding="utf-8")
+
+
 # --------------------------------------------------------------------------- subprocesses
 
 

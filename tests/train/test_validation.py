@@ -1,0 +1,55 @@
+"""Tests of mtcli.train.validation.Bests: which validation score picks checkpoint_best and counts
+for train.patience, and how the bests resume."""
+
+from __future__ import annotations
+
+import pytest
+
+from mtcli.config import config_from_dict
+from mtcli.errors import ConfigError
+from mtcli.train.validation import Bests
+
+
+def valid(loss: float, bleu: float | None = None, chrf: float | None = None) -> dict:
+    return {"loss": loss, "bleu": bleu, "chrf": chrf}
+
+
+@pytest.mark.parametrize(("metric", "improved"), [
+    ("bleu", [True, True, False, False]),   # BLEU 10, 12, 11, 12 (equal is not better)
+    ("chrf", [True, False, True, False]),   # chrF 40, 39, 41, 41
+    ("loss", [True, True, True, False]),    # loss 5, 4, 3, 3.5
+])
+def test_the_deciding_metric_improves_and_counts_patience(metric: str, improved: list[bool]) -> None:
+    bests = Bests(metric)
+    runs = [valid(5, 10, 40), valid(4, 12, 39), valid(3, 11, 41), valid(3.5, 12, 41)]
+    assert [bests.update(r) for r in runs] == improved
+    assert bests.bad_validations == improved[::-1].index(True)  # validations since the last better one
+    assert (bests.bleu, bests.chrf, bests.loss) == (12, 41, 3)
+    assert bests.best_by == metric
+
+
+def test_without_decoding_the_loss_decides_and_a_switch_of_metric_starts_anew() -> None:
+    bests = Bests("chrf")
+    assert bests.update(valid(5.0)) and bests.best_by == "loss" and bests.best == -5.0
+    assert not bests.update(valid(6.0)) and bests.bad_validations == 1
+    assert bests.update(valid(7.0, 10, 30)) and bests.best_by == "chrf" and bests.bad_validations == 0
+
+
+def test_bests_resume_and_an_older_checkpoint_says_what_its_best_was() -> None:
+    bests = Bests("chrf")
+    bests.update(valid(4, 10, 40))
+    bests.update(valid(5, 9, 39))
+    again = Bests("chrf")
+    again.load_state_dict(bests.state_dict())
+    assert again == bests
+    older = Bests("bleu")  # a checkpoint written before chrF and best_by were recorded
+    older.load_state_dict({"best": 12.5, "best_bleu": 12.5, "best_loss": 3.0, "bad_validations": 2})
+    assert older.best_by == "bleu" and older.bad_validations == 2 and older.chrf is None
+    older.load_state_dict({"best": -3.0, "best_bleu": None, "best_loss": 3.0})
+    assert older.best_by == "loss"
+
+
+def test_chrf_without_decoding_is_refused() -> None:
+    with pytest.raises(ConfigError, match="train.valid_metric: chrf scores the decoded validation split"):
+        config_from_dict({"data": {"name": "x", "source": "x", "src_lang": "de", "tgt_lang": "en"},
+                          "train": {"valid_metric": "chrf", "valid_bleu": False}})
