@@ -12,7 +12,7 @@ import platform
 import resource
 import sys
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -168,3 +168,27 @@ def memory_text(device: torch.device) -> str:
 
 __all__ = ["autocast", "cpu_has_bf16_units", "cpu_info", "cpu_name", "device_has_bf16_units", "is_out_of_memory",
            "memory_text", "peak_memory_mb", "resolve_device", "to_device"]
+
+
+def in_budget_halves(run: Callable[[list[_Item]], list[_Result]], items: list[_Item], budget: list[int],
+                     cost: Callable[[list[_Item]], int], cut: Callable[[list[_Item], int], list[list[int]]],
+                     failed: Callable[[list[_Item]], str], alone: str,
+                     halving: Callable[[list[_Item], str], None]) -> list[_Result]:
+    """:func:`in_halves_when_out_of_memory` under ``budget`` (``[tokens]``, shared by the calls of
+    a job, which ``halving`` lowers): a batch that costs more than ``budget[0]`` (``cost``), cut
+    before the budget dropped (a failed batch's other half, the rest of a window), is cut to it
+    (``cut(items, budget[0])``: groups of indices into ``items``) before it is tried, so once a
+    batch has fitted no other fails."""
+    def fitting(part: list[_Item]) -> list[_Result]:
+        if len(part) == 1 or cost(part) <= budget[0]:
+            return run(part)
+        found: list[Any] = [None] * len(part)
+        for group in cut(part, budget[0]):
+            for i, result in zip(group, in_fitting_halves([part[i] for i in group]), strict=True):
+                found[i] = result
+        return found
+
+    def in_fitting_halves(part: list[_Item]) -> list[_Result]:
+        return in_halves_when_out_of_memory(fitting, part, failed, alone, halving)
+
+    return in_fitting_halves(items)

@@ -343,3 +343,29 @@ def test_running_out_of_host_memory_where_nothing_can_go_smaller_is_one_line(
     assert result.exit_code == 1
     assert result.stderr == "mtcli: error: out of memory: Unable to allocate 7.45 GiB for an array with shape " \
                             "(1000000000,)\n"
+
+
+def test_once_a_scoring_batch_fits_no_other_fails_in_this_call_or_the_next(
+        tiny_run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mtcli.infer.translator import Translator
+
+    translator = Translator.from_run(tiny_run_dir, device="cpu", max_tokens=256)
+    sources = ["ein Hund läuft", "zwei Hunde", "drei Katzen", "rot", "die Frau mit dem Hund"] * 8
+    targets = ["a dog runs", "two dogs", "three cats", "red", "the woman with the dog"] * 8
+    whole = translator.score(sources, targets)
+    model = translator.bundle.model
+    real, tried = type(model).forward, []
+
+    def forward(self, src, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        tried.append(src.numel() <= 40)
+        if not tried[-1]:
+            raise torch.OutOfMemoryError(ALLOCATOR)
+        return real(self, src, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "forward", forward)
+    assert translator.score(sources, targets) == pytest.approx(whole, abs=1e-5)
+    first_fit = tried.index(True)
+    assert first_fit > 0 and all(tried[first_fit:]), tried
+    del tried[:]
+    assert translator.score(sources, targets) == pytest.approx(whole, abs=1e-5)
+    assert all(tried), tried  # the next call starts at the lowered size

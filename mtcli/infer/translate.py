@@ -38,7 +38,13 @@ from mtcli.config import Config, DecodeConfig, config_from_dict
 from mtcli.data.batching import collate_sources, source_batch_tokens, source_batches
 from mtcli.data.textio import ArrivingLines
 from mtcli.data.tokenizer import Tokenizer
-from mtcli.device import autocast, in_halves_when_out_of_memory, memory_text, resolve_device
+from mtcli.device import (
+    autocast,
+    in_budget_halves,
+    in_halves_when_out_of_memory,
+    memory_text,
+    resolve_device,
+)
 from mtcli.errors import ConfigError
 from mtcli.infer.ensemble import Ensemble, decoding_members
 from mtcli.infer.loading import InferenceModel, source_prefix
@@ -232,23 +238,20 @@ def decode_fitting(search: Callable[[torch.Tensor], list[list[Hypothesis]]], sou
         get_logger().warning("%s: decoding them in two halves (a lower decode.max_tokens, now %d, avoids this)",
                              where, decode.max_tokens)
         if budget is not None:
-            budget[0] = max(1, min(budget[0], source_batch_tokens([len(ids) for ids in part], decode.beam_size) // 2))
+            budget[0] = max(1, min(budget[0], cost(part) // 2))
 
-    def fitting(part: list[list[int]]) -> list[list[Hypothesis]]:
-        lengths = [len(ids) for ids in part]
-        if budget is None or len(part) == 1 or source_batch_tokens(lengths, decode.beam_size) <= budget[0]:
-            return search(collate_sources(part, device))
-        found: list[list[Hypothesis]] = [[] for _ in part]
-        for batch in source_batches(lengths, budget[0], decode.beam_size):
-            for i, hyps in zip(batch, in_fitting_halves([part[i] for i in batch]), strict=True):
-                found[i] = hyps
-        return found
+    def cost(part: list[list[int]]) -> int:
+        return source_batch_tokens([len(ids) for ids in part], decode.beam_size)
 
-    def in_fitting_halves(part: list[list[int]]) -> list[list[Hypothesis]]:
-        return in_halves_when_out_of_memory(fitting, part, failed, "lower the beam (decode.beam_size, --beam)",
-                                            halving)
+    def run(part: list[list[int]]) -> list[list[Hypothesis]]:
+        return search(collate_sources(part, device))
 
-    return in_fitting_halves(sources)
+    alone = "lower the beam (decode.beam_size, --beam)"
+    if budget is None:
+        return in_halves_when_out_of_memory(run, sources, failed, alone, halving)
+    return in_budget_halves(run, sources, budget, cost,
+                            lambda part, tokens: source_batches([len(ids) for ids in part], tokens, decode.beam_size),
+                            failed, alone, halving)
 
 
 def _ready(results: list[list[Translation] | None], start: int

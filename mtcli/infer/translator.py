@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 from mtcli.config import DecodeConfig, with_changes
-from mtcli.data.batching import collate, source_batches
+from mtcli.data.batching import collate, source_batch_tokens, source_batches
 from mtcli.data.textio import check_unicode
-from mtcli.device import autocast, in_halves_when_out_of_memory, memory_text, resolve_device
+from mtcli.device import autocast, in_budget_halves, memory_text, resolve_device
 from mtcli.errors import ConfigError, DataError
 from mtcli.infer.ct2 import ENGINES, CT2Engine, check_supported, converted_model
 from mtcli.infer.ensemble import Ensemble, add_members
@@ -113,8 +113,10 @@ class Translator:
         self.engine = engine
         bundle.model.to(self.device).eval()
         self._prepared: dict[tuple[bool, bool], InferenceModel] = {}
-        # the tokens a batch is cut to once one did not fit (then half of it), for every later call
+        # the tokens a batch is cut to once one did not fit (then half of it), for every later call:
+        # decoding, and scoring (whose batches hold pairs, counted as source_batches counts them)
         self._fitting_tokens = [sys.maxsize]
+        self._fitting_pairs = [sys.maxsize]
 
     @classmethod
     def from_run(cls, run_dir: str | Path, checkpoint: str | Path = "best", *, device: str = "auto",
@@ -251,7 +253,8 @@ class Translator:
         filtering). A piece the model cannot produce gives ``-inf``. Sources longer than the
         model's limit are truncated (as when translating); longer targets raise :class:`DataError`.
         A batch that runs out of the device's memory is scored again in halves (with a warning
-        naming ``max_tokens``); one pair that does not fit alone raises :class:`DeviceMemoryError`."""
+        naming ``max_tokens``), and later batches, of this call and the next, are cut to half its
+        size before they are tried; one pair that does not fit alone raises :class:`DeviceMemoryError`."""
         src_texts, tgt_texts = _texts(sources, "sources"), _texts(targets, "targets")
         if len(src_texts) != len(tgt_texts):
             raise ValueError(f"{len(src_texts)} sources but {len(tgt_texts)} targets")
@@ -281,14 +284,20 @@ class Translator:
             return (f"out of memory on {memory_text(self.device)} scoring {len(part)} pair(s) of up to "
                     f"{max(lengths[i] for i in part)} pieces")
 
+        def cost(part: list[int]) -> int:
+            return source_batch_tokens([lengths[i] for i in part])
+
         def halving(part: list[int], where: str) -> None:
             get_logger().warning("%s: scoring them in two halves (a lower max_tokens, now %d, avoids this)",
                                  where, tokens)
+            budget[0] = max(1, min(budget[0], cost(part) // 2))
 
+        budget = self._fitting_pairs
         with torch.inference_mode(), autocast(self.device, self.decode.bf16):
-            for batch in source_batches(lengths, tokens, 1):
-                scores = in_halves_when_out_of_memory(score_batch, batch, failed,
-                                                      "the pair is too long for this device", halving)
+            for batch in source_batches(lengths, min(tokens, budget[0]), 1):
+                scores = in_budget_halves(score_batch, batch, budget, cost,
+                                          lambda part, most: source_batches([lengths[i] for i in part], most, 1),
+                                          failed, "the pair is too long for this device", halving)
                 for i, value in zip(batch, scores, strict=True):
                     out[i] = value
         return out
