@@ -173,7 +173,11 @@ def _check_splits(source: Source, data: DataConfig, splits: list[str]) -> None:
         except MissingSplitError as exc:
             key = ("data.train_split" if split == data.train_split else
                    "data.valid_split" if split == data.valid_split else "data.test_splits")
-            raise DataError(f"{exc}; {key} names it") from None
+            hint = ""
+            if key == "data.valid_split":  # a corpus's own name for it (dev, valid, newstest2013)
+                others = [s for s in source.splits() if s != data.train_split and s not in data.test_splits]
+                hint = f" (the source's one other split: --set data.valid_split={others[0]})" if len(others) == 1 else ""
+            raise DataError(f"{exc}; {key} names it{hint}") from None
 
 
 def plan_corpora(data: DataConfig) -> Plan:

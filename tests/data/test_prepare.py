@@ -496,6 +496,9 @@ def _corrupt(kind: str, root: Path) -> dict:
         (root / "test.src").write_bytes(b"\n".join(data))
     elif kind == "split":
         return {"test_splits": ["test", "test2018"]}
+    elif kind == "dev":  # the validation split under another name
+        for side in ("src", "tgt"):
+            (root / f"val.{side}").rename(root / f"dev.{side}")
     elif kind == "lang":
         return {"tgt_lang": "fr"}
     elif kind == "empty":
@@ -511,6 +514,8 @@ def _corrupt(kind: str, root: Path) -> dict:
         ("mismatch", ("val.src has 40 lines", "val.tgt has 39 lines")),
         ("utf8", ("test.src:7: invalid UTF-8",)),
         ("split", ("no split 'test2018'", "found splits: test, train, val); data.test_splits names it")),
+        ("dev", ("no split 'val' (found splits: dev, test, train); data.valid_split names it (the source's one "
+                 "other split: --set data.valid_split=dev)",)),
         ("lang", ("language 'fr'", "languages: src, tgt")),
         ("empty", ("empty after cleaning", "read 600 pairs", "too_long")),
         ("vocab", ("data.vocab_size=5000", "at most")),
