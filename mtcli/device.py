@@ -166,10 +166,6 @@ def memory_text(device: torch.device) -> str:
     return f"{device} ({total / 2**30:.1f} GiB)"
 
 
-__all__ = ["autocast", "cpu_has_bf16_units", "cpu_info", "cpu_name", "device_has_bf16_units", "is_out_of_memory",
-           "memory_text", "peak_memory_mb", "resolve_device", "to_device"]
-
-
 def in_budget_halves(run: Callable[[list[_Item]], list[_Result]], items: list[_Item], budget: list[int],
                      cost: Callable[[list[_Item]], int], cut: Callable[[list[_Item], int], list[list[int]]],
                      failed: Callable[[list[_Item]], str], alone: str,
@@ -192,3 +188,8 @@ def in_budget_halves(run: Callable[[list[_Item]], list[_Result]], items: list[_I
         return in_halves_when_out_of_memory(fitting, part, failed, alone, halving)
 
     return in_fitting_halves(items)
+
+
+__all__ = ["autocast", "cpu_has_bf16_units", "cpu_info", "cpu_name", "device_has_bf16_units", "is_out_of_memory",
+           "memory_text", "peak_memory_mb", "resolve_device", "to_device", "in_budget_halves",
+           "in_halves_when_out_of_memory"]
