@@ -15,7 +15,7 @@ from mtcli.data.textio import read_lines
 from mtcli.results import markers, refresh_readme
 
 FAST = ["train.max_steps=12", "train.valid_every=6", "train.valid_bleu=false", "train.keep_last=1",
-        "train.num_threads=2"]
+        "train.num_threads=1"]
 
 
 def test_halves_keep_every_other_pair_and_the_rest_as_monolingual(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ SOURCES = ["hund katze mann", "die frau sieht ein kind", "der ball ist rot"]
 @pytest.fixture(scope="module")
 def multi_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A toy model of three directions (src->tgt, tgt->src, src->xx) trained briefly."""
-    return train_trilingual(tmp_path_factory.mktemp("multilingual"), 250, "train.lr_factor=1.0", "train.num_threads=2")
+    return train_trilingual(tmp_path_factory.mktemp("multilingual"), 250, "train.lr_factor=1.0", "train.num_threads=1")
 
 
 def test_the_tag_of_the_asked_language_goes_before_each_source(multi_run: Path) -> None:
