@@ -134,3 +134,16 @@ def test_a_second_run_on_an_output_being_written_is_refused_and_leaves_it_alone(
     assert result.exit_code == 1
     assert result.stderr == f"mtcli: error: {out}: another mtcli translate is writing this output now\n"
     assert data.read_text(encoding="utf-8") == "the other run's lines\n" and not out.exists()
+
+
+def test_a_file_system_without_locks_still_gets_its_output(
+        tiny_run_dir: Path, inputs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import fcntl
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    out = tmp_path / "out.txt"
+    assert translate(tiny_run_dir, inputs, out)["lines"] == 14 and len(out.read_text().splitlines()) == 14
