@@ -17,7 +17,7 @@ import torch
 
 from mtcli.fileio import atomic_write
 
-TRAIN_LOSS, VALID_LOSS, VALID_BLEU = "train/loss", "valid/loss", "valid/bleu"
+TRAIN_LOSS, VALID_LOSS, VALID_BLEU, VALID_CHRF = "train/loss", "valid/loss", "valid/bleu", "valid/chrf"
 
 
 def _pyplot() -> Any:
@@ -47,7 +47,7 @@ def read_scalars(logdir: str | Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def plot_learning_curves(series: dict[str, list[tuple[int, float]]], title: str = "") -> bytes:
-    """Render train/valid loss and valid BLEU against steps; returns PNG bytes."""
+    """Render train/valid loss, and valid BLEU and chrF, against steps; returns PNG bytes."""
     plt = _pyplot()
     fig, (ax_loss, ax_bleu) = plt.subplots(1, 2, figsize=(11, 4))
     for tag, label in ((TRAIN_LOSS, "train loss"), (VALID_LOSS, "valid loss")):
@@ -59,14 +59,17 @@ def plot_learning_curves(series: dict[str, list[tuple[int, float]]], title: str 
     ax_loss.grid(alpha=0.3)
     if ax_loss.lines:
         ax_loss.legend()
-    if series.get(VALID_BLEU):
-        steps, values = zip(*series[VALID_BLEU], strict=True)
-        ax_bleu.plot(steps, values, marker="o", color="tab:green", label="valid BLEU (greedy)")
+    for tag, label, color in ((VALID_BLEU, "valid BLEU (greedy)", "tab:green"),
+                              (VALID_CHRF, "valid chrF (greedy)", "tab:purple")):
+        if series.get(tag):
+            steps, values = zip(*series[tag], strict=True)
+            ax_bleu.plot(steps, values, marker="o", color=color, label=label)
+    if ax_bleu.lines:
         ax_bleu.legend()
     else:
         ax_bleu.text(0.5, 0.5, "no validation BLEU logged", ha="center", va="center")
     ax_bleu.set_xlabel("step")
-    ax_bleu.set_ylabel("BLEU")
+    ax_bleu.set_ylabel("BLEU / chrF" if series.get(VALID_CHRF) else "BLEU")
     ax_bleu.grid(alpha=0.3)
     if title:
         fig.suptitle(title)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
 
-from mtcli.plots import read_scalars, write_learning_curves
+from mtcli.plots import VALID_CHRF, plot_learning_curves, read_scalars, write_learning_curves
 
 
 def _write_events(logdir: Path) -> None:
@@ -33,6 +33,14 @@ def test_write_learning_curves_png(tmp_path: Path) -> None:
     out = write_learning_curves(tmp_path)
     assert out == tmp_path / "learning_curves.png"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_chrf_is_drawn_beside_bleu(tmp_path: Path) -> None:
+    _write_events(tmp_path / "tensorboard")
+    series = read_scalars(tmp_path / "tensorboard")
+    without = plot_learning_curves(series)
+    assert plot_learning_curves(series) == without  # the same series draw the same picture
+    assert plot_learning_curves({**series, VALID_CHRF: [(5, 30.0), (10, 35.0)]}) != without
 
 
 def test_no_scalars_no_picture(tmp_path: Path) -> None:
