@@ -74,7 +74,8 @@ def _fail(message: str, code: int) -> None:
 
 class _Terminated(BaseException):
     """SIGTERM, raised where the main thread is, so that ``with`` blocks and ``finally`` clauses
-    run: a temporary output is removed and worker processes are stopped, as on Ctrl-C."""
+    run: a temporary output is removed (``translate -o`` of files keeps its finished windows to
+    go on from) and worker processes are stopped, as on Ctrl-C."""
 
 
 def _terminate(signum: int, frame: Any) -> None:
