@@ -138,6 +138,16 @@ class LogWindow:
         self.sums.update({k: float(v) for k, v in state.items() if k in self.sums})
 
 
+def eta_step_seconds(window_seconds: float, steps: int, warmup_seconds: float = 0.0) -> float:
+    """Seconds a step, for the ETA, of a log window of ``steps`` steps that took
+    ``window_seconds``. ``warmup_seconds``: the time of the process's first step, when inside
+    the window: compiling and the first allocations are not a step's time, and would put the
+    first ETA off many times over (a minute's compile against steps of a tenth of a second)."""
+    if steps > 1 and 0.0 < warmup_seconds < window_seconds:
+        return (window_seconds - warmup_seconds) / (steps - 1)
+    return window_seconds / steps
+
+
 def seconds_left(cfg: TrainConfig, step: int, stream: BatchStream, step_seconds: float, valid_seconds: float,
                  elapsed: float) -> float:
     """The time to the end of training after ``step``: ``step_seconds`` a step and

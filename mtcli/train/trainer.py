@@ -84,6 +84,7 @@ from mtcli.train.step import (
     LogWindow,
     compile_forward_loss,
     cuda_graphs,
+    eta_step_seconds,
     forward_loss,
     log_step,
     seconds_left,
@@ -516,6 +517,7 @@ class Trainer:
                        terminal_only=True, desc="train", unit="step")  # train.log has the rest
         window_tokens = 0.0
         window_start = time.monotonic()
+        warmup: float | None = None  # the first step of this process, in the first window only
         try:
             while True:
                 reason = self.stop_reason()
@@ -528,6 +530,7 @@ class Trainer:
                 counted = self.train_step(group, batches)  # the steps counted by now, or none yet
                 self._step_seconds = time.monotonic() - step_start
                 self._train_seconds += self._step_seconds
+                warmup = self._step_seconds if warmup is None else warmup
                 if self._stop_now():
                     self._interrupt()
                 for stats in filter(None, counted):
@@ -543,14 +546,13 @@ class Trainer:
                     mean = self.log_window.take()
                     mean.update(lr=stats["lr"], grad_norm=stats["grad_norm"], peak_mem_mb=peak_memory_mb(self.device))
                     bar.set_postfix(loss=f"{mean['loss']:.3f}", lr=f"{mean['lr']:.2e}", tok_s=f"{tps:.0f}")
-                    left = seconds_left(cfg, self.step, self.stream, seconds / cfg.log_every, self._valid_seconds,
-                                        self.elapsed + time.monotonic() - self._clock)
+                    left = seconds_left(cfg, self.step, self.stream, eta_step_seconds(seconds, cfg.log_every, warmup or 0.0),
+                                        self._valid_seconds, self.elapsed + time.monotonic() - self._clock)
                     log_step(self.log, self.writer, self.step, group.epoch, mean, tps, left)
-                    window_tokens = 0.0
-                    window_start = time.monotonic()
+                    window_tokens, window_start, warmup = 0.0, time.monotonic(), 0.0
                 if self.step % cfg.valid_every == 0:
                     self._validate_and_save()
-                    window_start = time.monotonic()
+                    window_start, warmup = time.monotonic(), 0.0
             self.settle()
             if self.last_valid_step != self.step:
                 self._validate_and_save()

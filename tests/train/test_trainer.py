@@ -83,6 +83,15 @@ def test_run_directory_layout_and_checkpoints(prepared: Path, tmp_path: Path) ->
     assert re.findall(r"\| step \d+ \|.*\| eta (\S+)$", log, re.M)[-1] == "0s"  # the last step: nothing left
 
 
+def test_the_eta_of_the_first_window_leaves_out_the_compiling_first_step() -> None:
+    from mtcli.train.step import eta_step_seconds
+
+    assert eta_step_seconds(70.0, 100, warmup_seconds=60.1) == pytest.approx(0.1)  # a minute's compile
+    assert eta_step_seconds(10.0, 100) == 0.1  # later windows: their mean
+    assert eta_step_seconds(10.0, 1, warmup_seconds=9.0) == 10.0  # a window of one step is that step
+    assert eta_step_seconds(10.0, 100, warmup_seconds=20.0) == 0.1  # a first step outside the window
+
+
 def test_the_time_left_counts_steps_validations_epochs_and_the_time_limit() -> None:
     from conftest import FakeArray
 
