@@ -171,10 +171,15 @@ def in_budget_halves(run: Callable[[list[_Item]], list[_Result]], items: list[_I
                      failed: Callable[[list[_Item]], str], alone: str,
                      halving: Callable[[list[_Item], str], None]) -> list[_Result]:
     """:func:`in_halves_when_out_of_memory` under ``budget`` (``[tokens]``, shared by the calls of
-    a job, which ``halving`` lowers): a batch that costs more than ``budget[0]`` (``cost``), cut
-    before the budget dropped (a failed batch's other half, the rest of a window), is cut to it
+    a job): a batch that does not fit lowers ``budget[0]`` to half its ``cost`` (and
+    ``halving(items, where)`` warns), and a batch that costs more than ``budget[0]``, cut before
+    the budget dropped (a failed batch's other half, the rest of a window), is cut to it
     (``cut(items, budget[0])``: groups of indices into ``items``) before it is tried, so once a
     batch has fitted no other fails."""
+    def lowering(part: list[_Item], where: str) -> None:
+        budget[0] = max(1, min(budget[0], cost(part) // 2))
+        halving(part, where)
+
     def fitting(part: list[_Item]) -> list[_Result]:
         if len(part) == 1 or cost(part) <= budget[0]:
             return run(part)
@@ -185,7 +190,7 @@ def in_budget_halves(run: Callable[[list[_Item]], list[_Result]], items: list[_I
         return found
 
     def in_fitting_halves(part: list[_Item]) -> list[_Result]:
-        return in_halves_when_out_of_memory(fitting, part, failed, alone, halving)
+        return in_halves_when_out_of_memory(fitting, part, failed, alone, lowering)
 
     return in_fitting_halves(items)
 

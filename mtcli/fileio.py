@@ -68,6 +68,15 @@ def make_parent(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
 
 
+def make_file_parent(path: Path) -> None:
+    """:func:`make_parent` for a file to write at ``path``; a directory there raises
+    :class:`IsADirectoryError` naming it (else the rename at the end would fail, naming the
+    temporary file)."""
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory, expected a file to write", str(path))
+    make_parent(path)
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
     """Open a temporary file next to ``path``; on success rename it over ``path``.
@@ -77,9 +86,7 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
     with ``path`` as its filename, so the one-line error says which output could not be written.
     """
     path = Path(path)
-    if path.is_dir():  # else the rename at the end fails, naming the temporary file
-        raise IsADirectoryError(errno.EISDIR, "is a directory, expected a file to write", str(path))
-    make_parent(path)
+    make_file_parent(path)
     binary = "b" in mode
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

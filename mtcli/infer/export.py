@@ -49,6 +49,9 @@ from mtcli.model import LAYER_NORM_EPS, Transformer
 FORMATS = ("ctranslate2",)  # what export_model writes; `mtcli export --format hf` is mtcli.infer.hf's
 #: every format `mtcli export` knows, as its error lists them
 EXPORT_FORMATS = (*FORMATS, "hf")
+#: The record every export directory holds (source checkpoint, shape): an output directory that
+#: has it is one mtcli wrote, which a new export may replace (:func:`mtcli.fileio.atomic_dir`).
+EXPORT_RECORD = "mtcli_export.json"
 
 
 def require_ctranslate2() -> Any:
@@ -168,7 +171,7 @@ def export_model(
         raise ConfigError(f"--format {fmt!r}: unknown export format (known: {', '.join(EXPORT_FORMATS)})")
     require_ctranslate2()
     output = Path(output)
-    check_replaceable(output, "mtcli_export.json")  # before the conversion
+    check_replaceable(output, EXPORT_RECORD)  # before the conversion
     bundle = load_for_inference(run_dir, checkpoint, device="cpu")
     if not isinstance(bundle.tokenizer, Tokenizer):
         raise ConfigError(f"{run_dir}: CTranslate2 conversion needs a joint spm.model; this run has separate "
@@ -177,7 +180,7 @@ def export_model(
     spec = build_spec(model, vocabulary_of(bundle.tokenizer))
     spec.validate()
     spec.optimize(quantization=None)
-    with atomic_dir(output, mark="mtcli_export.json") as tmp:
+    with atomic_dir(output, mark=EXPORT_RECORD) as tmp:
         spec.save(str(tmp))
         shutil.copyfile(bundle.tokenizer.model_path, tmp / "spm.model")
         info = {
@@ -188,6 +191,6 @@ def export_model(
             "vocab_size": bundle.tokenizer.vocab_size,
             "usage": "ctranslate2.Translator(dir).translate_batch([spm pieces]); source </s> is added",
         }
-        (tmp / "mtcli_export.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        (tmp / EXPORT_RECORD).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     get_logger().info("exported %s to %s (%s)", bundle.name, output, fmt)
     return output

@@ -39,6 +39,7 @@ import torch
 from mtcli.data.vocabmap import VocabTokenizer
 from mtcli.errors import ConfigError, MtcliError
 from mtcli.fileio import atomic_dir, check_replaceable
+from mtcli.infer.export import EXPORT_RECORD
 from mtcli.infer.loading import load_for_inference
 from mtcli.model import Transformer
 
@@ -163,7 +164,7 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
     require_transformers()
     from transformers import GenerationConfig, MarianMTModel, MarianTokenizer
 
-    check_replaceable(Path(output), "mtcli_export.json")  # before the conversion
+    check_replaceable(Path(output), EXPORT_RECORD)  # before the conversion
     bundle = load_for_inference(run_dir, checkpoint, device="cpu")
     model = bundle.model.float().eval()
     if model.cfg.pre_norm:
@@ -178,7 +179,7 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
         decoder_start_token_id=2, eos_token_id=3, pad_token_id=0, forced_eos_token_id=3,
         bad_words_ids=[[0], [2]], num_beams=bundle.config.decode.beam_size, max_length=model.cfg.max_positions)
     output = Path(output)
-    with atomic_dir(output, mark="mtcli_export.json") as tmp:
+    with atomic_dir(output, mark=EXPORT_RECORD) as tmp:
         hf.save_pretrained(tmp)
         vocab = {tokenizer.id_to_piece(i): i for i in range(tokenizer.vocab_size)}
         (tmp / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
@@ -188,7 +189,7 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
             (tmp / name).write_bytes(Path(path).read_bytes())
         MarianTokenizer(str(tmp / "source.spm"), str(tmp / "target.spm"), str(tmp / "vocab.json"),
                         unk_token="<unk>", eos_token="</s>", pad_token="<pad>").save_pretrained(tmp)
-        (tmp / "mtcli_export.json").write_text(json.dumps(
+        (tmp / EXPORT_RECORD).write_text(json.dumps(
             {"format": "hf", "run_dir": str(run_dir), "checkpoint": bundle.name,
              "model": bundle.config.to_dict()["model"]}, indent=2) + "\n", encoding="utf-8")
     return output

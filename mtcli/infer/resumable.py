@@ -26,7 +26,7 @@ from typing import IO, Any
 
 import torch
 
-from mtcli.fileio import atomic_write, fsync_dir, make_parent, named_after, sha256_file
+from mtcli.fileio import atomic_write, fsync_dir, make_file_parent, named_after, sha256_file
 from mtcli.logs import get_logger
 from mtcli.version import __version__
 
@@ -79,9 +79,7 @@ def resumable_output(output: Path, key: str) -> Iterator[PartialOutput]:
     A second run on the same output while one is writing it raises ``BlockingIOError`` naming
     ``output`` (the partial file is locked while it is open)."""
     output = Path(output)
-    if output.is_dir():
-        raise IsADirectoryError(errno.EISDIR, "is a directory, expected a file to write", str(output))
-    make_parent(output)
+    make_file_parent(output)
     data, record = partial_paths(output)
     handle = open(data, "a", encoding="utf-8")
     try:

@@ -41,7 +41,6 @@ from mtcli.data.tokenizer import Tokenizer
 from mtcli.device import (
     autocast,
     in_budget_halves,
-    in_halves_when_out_of_memory,
     memory_text,
     resolve_device,
 )
@@ -220,8 +219,7 @@ def _search(model: torch.nn.Module, decode: DecodeConfig, device: torch.device, 
 
 
 def decode_fitting(search: Callable[[torch.Tensor], list[list[Hypothesis]]], sources: list[list[int]],
-                   decode: DecodeConfig, device: torch.device, budget: list[int] | None = None
-                   ) -> list[list[Hypothesis]]:
+                   decode: DecodeConfig, device: torch.device, budget: list[int]) -> list[list[Hypothesis]]:
     """``search`` over ``sources`` collated on ``device``. A batch that runs out of the device's
     memory is decoded again in two halves, each in turn, so that a long job goes on (a warning
     names ``decode.max_tokens``, which made the batch), and ``budget[0]``, the tokens the next
@@ -237,21 +235,11 @@ def decode_fitting(search: Callable[[torch.Tensor], list[list[Hypothesis]]], sou
     def halving(part: list[list[int]], where: str) -> None:
         get_logger().warning("%s: decoding them in two halves (a lower decode.max_tokens, now %d, avoids this)",
                              where, decode.max_tokens)
-        if budget is not None:
-            budget[0] = max(1, min(budget[0], cost(part) // 2))
 
-    def cost(part: list[list[int]]) -> int:
-        return source_batch_tokens([len(ids) for ids in part], decode.beam_size)
-
-    def run(part: list[list[int]]) -> list[list[Hypothesis]]:
-        return search(collate_sources(part, device))
-
-    alone = "lower the beam (decode.beam_size, --beam)"
-    if budget is None:
-        return in_halves_when_out_of_memory(run, sources, failed, alone, halving)
-    return in_budget_halves(run, sources, budget, cost,
+    return in_budget_halves(lambda part: search(collate_sources(part, device)), sources, budget,
+                            lambda part: source_batch_tokens([len(ids) for ids in part], decode.beam_size),
                             lambda part, tokens: source_batches([len(ids) for ids in part], tokens, decode.beam_size),
-                            failed, alone, halving)
+                            failed, "lower the beam (decode.beam_size, --beam)", halving)
 
 
 def _ready(results: list[list[Translation] | None], start: int

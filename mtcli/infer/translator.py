@@ -284,18 +284,15 @@ class Translator:
             return (f"out of memory on {memory_text(self.device)} scoring {len(part)} pair(s) of up to "
                     f"{max(lengths[i] for i in part)} pieces")
 
-        def cost(part: list[int]) -> int:
-            return source_batch_tokens([lengths[i] for i in part])
-
         def halving(part: list[int], where: str) -> None:
             get_logger().warning("%s: scoring them in two halves (a lower max_tokens, now %d, avoids this)",
                                  where, tokens)
-            budget[0] = max(1, min(budget[0], cost(part) // 2))
 
         budget = self._fitting_pairs
         with torch.inference_mode(), autocast(self.device, self.decode.bf16):
             for batch in source_batches(lengths, min(tokens, budget[0]), 1):
-                scores = in_budget_halves(score_batch, batch, budget, cost,
+                scores = in_budget_halves(score_batch, batch, budget,
+                                          lambda part: source_batch_tokens([lengths[i] for i in part]),
                                           lambda part, most: source_batches([lengths[i] for i in part], most, 1),
                                           failed, "the pair is too long for this device", halving)
                 for i, value in zip(batch, scores, strict=True):
