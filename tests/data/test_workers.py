@@ -41,11 +41,14 @@ def test_an_error_is_raised_once_the_running_tasks_have_finished(tmp_path: Path)
 
 
 #: Clean blocks in two workers; after a few blocks, Ctrl-C as a terminal sends it: to every
-#: process of the group.
+#: process of the group. Python's own SIGINT handler first, as a shell in a terminal leaves it:
+#: a test run started in the background (``make test &``) hands its children SIGINT ignored.
 INTERRUPTED = r"""
 import os, signal, sys
 from pathlib import Path
 from mtcli.data.cleaning import PairCleaner, clean_text_blocks
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 def blocks():
     for i in range(10_000):
