@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import torch
 
 from mtcli.errors import ConfigError, DeviceMemoryError
+from mtcli.logs import get_logger
 
 _Item = TypeVar("_Item")
 _Result = TypeVar("_Result")
@@ -166,25 +167,69 @@ def memory_text(device: torch.device) -> str:
     return f"{device} ({total / 2**30:.1f} GiB)"
 
 
-def in_budget_halves(run: Callable[[list[_Item]], list[_Result]], items: list[_Item], budget: list[int],
+class MemoryBudget:
+    """The most a batch may cost (in the caller's tokens) on a device that has run out of memory,
+    kept for every batch of a job, or of a long-lived ``Translator`` (``mtcli serve``).
+
+    Unlimited until a batch does not fit; then half that batch's cost. A device shared with other
+    processes (a server beside a training) may have been short only for a while, so once
+    ``patience`` (:attr:`PATIENCE`) batches in a row have fitted while costing more than half the
+    budget, it doubles: a probe. A probe that fails puts the budget back where it fitted and doubles the wait for the
+    next one, so a device that stays short costs a failed batch each time the work done doubles,
+    not one every ``patience`` batches; a probe that fits resets the wait.
+    """
+
+    PATIENCE = 64
+
+    def __init__(self, patience: int | None = None) -> None:
+        self.tokens = sys.maxsize
+        self._patience = self._wait = patience or self.PATIENCE
+        self._fitted = 0
+        self._fits_at: int | None = None  # the budget before a probe, while one is in the air
+
+    def lower(self, cost: int) -> None:
+        """A batch that cost ``cost`` did not fit."""
+        if self._fits_at is not None and cost > self._fits_at:  # the probe failed
+            self.tokens, self._wait = self._fits_at, 2 * self._wait
+        else:
+            self.tokens = max(1, min(self.tokens, cost // 2))
+        self._fits_at, self._fitted = None, 0
+
+    def fitted(self, cost: int) -> None:
+        """A batch that cost ``cost`` fitted."""
+        if self.tokens == sys.maxsize or 2 * cost <= self.tokens:
+            return  # no limit yet, or a batch too small to say anything about the budget
+        if self._fits_at is not None and cost > self._fits_at:  # the probe fitted
+            self._fits_at, self._wait = None, self._patience
+        self._fitted += 1
+        if self._fitted >= self._wait:
+            self._fits_at, self._fitted = self.tokens, 0
+            self.tokens = min(sys.maxsize, 2 * self.tokens)
+            get_logger().info("%d batches in a row fitted: trying batches of up to %d tokens again",
+                              self._wait, self.tokens)
+
+
+def in_budget_halves(run: Callable[[list[_Item]], list[_Result]], items: list[_Item], budget: MemoryBudget,
                      cost: Callable[[list[_Item]], int], cut: Callable[[list[_Item], int], list[list[int]]],
                      failed: Callable[[list[_Item]], str], alone: str,
                      halving: Callable[[list[_Item], str], None]) -> list[_Result]:
-    """:func:`in_halves_when_out_of_memory` under ``budget`` (``[tokens]``, shared by the calls of
-    a job): a batch that does not fit lowers ``budget[0]`` to half its ``cost`` (and
-    ``halving(items, where)`` warns), and a batch that costs more than ``budget[0]``, cut before
-    the budget dropped (a failed batch's other half, the rest of a window), is cut to it
-    (``cut(items, budget[0])``: groups of indices into ``items``) before it is tried, so once a
-    batch has fitted no other fails."""
+    """:func:`in_halves_when_out_of_memory` under ``budget``: a batch that does not fit lowers it
+    (and ``halving(items, where)`` warns), one that fits tells it so, and a batch that costs more
+    than ``budget.tokens``, cut before the budget dropped (a failed batch's other half, the rest
+    of a window), is cut to it (``cut(items, budget.tokens)``: groups of indices into ``items``)
+    before it is tried, so once a batch has fitted no other fails."""
     def lowering(part: list[_Item], where: str) -> None:
-        budget[0] = max(1, min(budget[0], cost(part) // 2))
+        budget.lower(cost(part))
         halving(part, where)
 
     def fitting(part: list[_Item]) -> list[_Result]:
-        if len(part) == 1 or cost(part) <= budget[0]:
-            return run(part)
+        spent = cost(part)
+        if len(part) == 1 or spent <= budget.tokens:
+            results = run(part)
+            budget.fitted(spent)
+            return results
         found: list[Any] = [None] * len(part)
-        for group in cut(part, budget[0]):
+        for group in cut(part, budget.tokens):
             for i, result in zip(group, in_fitting_halves([part[i] for i in group]), strict=True):
                 found[i] = result
         return found
@@ -197,4 +242,4 @@ def in_budget_halves(run: Callable[[list[_Item]], list[_Result]], items: list[_I
 
 __all__ = ["autocast", "cpu_has_bf16_units", "cpu_info", "cpu_name", "device_has_bf16_units", "is_out_of_memory",
            "memory_text", "peak_memory_mb", "resolve_device", "to_device", "in_budget_halves",
-           "in_halves_when_out_of_memory"]
+           "in_halves_when_out_of_memory", "MemoryBudget"]

@@ -369,3 +369,84 @@ def test_once_a_scoring_batch_fits_no_other_fails_in_this_call_or_the_next(
     del tried[:]
     assert translator.score(sources, targets) == pytest.approx(whole, abs=1e-5)
     assert all(tried), tried  # the next call starts at the lowered size
+
+
+class _SharedDevice:
+    """A device that holds batches of at most ``room`` items (each item costs one token), and
+    counts the batches that did not fit."""
+
+    def __init__(self, room: int) -> None:
+        self.room, self.failures, self.sizes = room, 0, []
+
+    def run(self, items: list[int]) -> list[int]:
+        self.sizes.append(len(items))
+        if len(items) > self.room:
+            self.failures += 1
+            raise torch.OutOfMemoryError(ALLOCATOR)
+        return items
+
+    def call(self, budget, items: list[int]) -> list[int]:  # noqa: ANN001
+        from mtcli.device import in_budget_halves
+
+        def cut(part: list[int], most: int) -> list[list[int]]:
+            return [list(range(i, min(i + most, len(part)))) for i in range(0, len(part), most)]
+
+        return in_budget_halves(self.run, items, budget, len, cut, lambda part: "out of memory",
+                                "too long", lambda part, where: None)
+
+
+def test_a_lowered_budget_climbs_back_once_the_device_has_room_again() -> None:
+    """A server beside a training: the training held memory for a while, then finished. The
+    budget it lowered doubles back after ``PATIENCE`` batches that fit, to the batches of
+    before, with the same results."""
+    from mtcli.device import MemoryBudget
+
+    budget, device, items = MemoryBudget(patience=8), _SharedDevice(room=25), list(range(40))
+    assert [device.call(budget, items) for _ in range(10)] == [items] * 10
+    assert budget.tokens == 20 and device.failures == 2  # the first batch, and a probe after 8
+    device.room = 100  # the other process is gone
+    for _ in range(10):
+        assert device.call(budget, items) == items
+    assert budget.tokens >= 40 and device.sizes[-3:] == [40] * 3 and device.failures == 2
+
+
+def test_a_device_that_stays_short_pays_for_a_probe_less_and_less_often() -> None:
+    """A failed probe puts the budget back where it fitted and doubles the wait for the next:
+    over 2,000 batches, 6 failed batches (the first, then probes after 64, 128, 256, 512 and
+    1,024 batches), not one every 64."""
+    from mtcli.device import MemoryBudget
+
+    budget, device, items = MemoryBudget(), _SharedDevice(room=25), list(range(40))
+    for _ in range(1000):  # two batches of 20 a call
+        assert device.call(budget, items) == items
+    assert device.failures == 6 and budget.tokens == 20
+
+
+def test_a_translator_decodes_larger_batches_again_after_a_shortage(
+        tiny_run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mtcli serve``'s Translator, through a shortage of 50 source slots: its batches shrink,
+    then grow back to the size of before once the device has room again, to the same output."""
+    import mtcli.infer.translate as translate
+    from mtcli.device import MemoryBudget
+    from mtcli.infer.translator import Translator
+
+    monkeypatch.setattr(MemoryBudget, "PATIENCE", 4)
+    translator = Translator.from_run(tiny_run_dir, beam=2, device="cpu", max_tokens=256)
+    lines = ["ein Hund läuft", "zwei Hunde", "drei Katzen", "rot", "die Frau mit dem Hund"] * 8
+    whole = translator.translate(lines)
+    real, room, sizes = translate.generate, [50], []
+
+    def generate(model, src, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        sizes.append(src.numel())
+        if src.numel() > room[0]:
+            raise torch.OutOfMemoryError(ALLOCATOR)
+        return real(model, src, **kwargs)
+
+    monkeypatch.setattr(translate, "generate", generate)
+    before = [translator.translate(lines) for _ in range(2)]
+    assert before == [whole] * 2 and max(sizes) > 50
+    room[0] = 10**9
+    del sizes[:]
+    after = [translator.translate(lines) for _ in range(8)]
+    assert after == [whole] * 8
+    assert max(sizes[-3:]) > 50, sizes  # the last calls' batches are as large as the first call's

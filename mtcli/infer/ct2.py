@@ -21,7 +21,8 @@ What matches and what does not:
 
 CTranslate2 cuts a window into batches of ``decode.max_tokens`` source tokens. When a window runs
 out of the device's memory, it is decoded again with half the tokens a batch, and the engine keeps
-the smaller batches from then on (a warning names ``decode.max_tokens``); when batches of one
+the smaller batches from then on (a warning names ``decode.max_tokens``), trying larger ones again
+after a run of windows that fit (:class:`~mtcli.device.MemoryBudget`); when batches of one
 sentence still do not fit, :class:`~mtcli.errors.DeviceMemoryError` names the beam.
 """
 
@@ -36,7 +37,7 @@ from typing import Any
 import torch
 
 from mtcli.config import DecodeConfig
-from mtcli.device import is_out_of_memory, memory_text
+from mtcli.device import MemoryBudget, is_out_of_memory, memory_text
 from mtcli.errors import ConfigError, DeviceMemoryError
 from mtcli.fileio import sha256_file
 from mtcli.infer.export import export_model, require_ctranslate2
@@ -86,7 +87,7 @@ class CT2Engine:
         self.model_dir = model_dir
         self.bundle = bundle
         self.device = device
-        self.fitting_tokens: int | None = None  # the batch size in tokens known to fit, once one did not
+        self.budget = MemoryBudget()  # the batch size in tokens known to fit, once one did not
         self.translator = ctranslate2.Translator(
             str(model_dir), device=device.type, device_index=device.index or 0, compute_type=compute,
             intra_threads=torch.get_num_threads() if device.type == "cpu" else 0,
@@ -123,9 +124,11 @@ class CT2Engine:
         """CTranslate2's ``translate_batch`` over ``batch`` in batches of ``decode.max_tokens``
         source tokens, halved while the device runs out of memory (see the module docstring)."""
         while True:
-            tokens = min(decode.max_tokens, self.fitting_tokens or decode.max_tokens)
+            tokens = min(decode.max_tokens, self.budget.tokens)
             try:
-                return self.translator.translate_batch(batch, max_batch_size=tokens, batch_type="tokens", **options)
+                found = self.translator.translate_batch(batch, max_batch_size=tokens, batch_type="tokens", **options)
+                self.budget.fitted(tokens)
+                return found
             except (RuntimeError, MemoryError) as exc:
                 if not is_out_of_memory(exc):
                     raise
@@ -133,9 +136,9 @@ class CT2Engine:
                          f"of {tokens} tokens, beam {options['beam_size']}")
                 if tokens <= max(map(len, batch)):  # every batch is one sentence already
                     raise DeviceMemoryError(f"{where}: lower the beam (decode.beam_size, --beam)") from None
-            self.fitting_tokens = tokens // 2
+            self.budget.lower(tokens)
             get_logger().warning("%s: decoding in batches of %d tokens from now on (a lower decode.max_tokens, "
-                                 "now %d, avoids this)", where, self.fitting_tokens, decode.max_tokens)
+                                 "now %d, avoids this)", where, self.budget.tokens, decode.max_tokens)
 
     @staticmethod
     def _search(decode: DecodeConfig) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from mtcli.data.batching import collate_sources, source_batch_tokens, source_bat
 from mtcli.data.textio import ArrivingLines
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.device import (
+    MemoryBudget,
     autocast,
     in_budget_halves,
     memory_text,
@@ -135,7 +136,7 @@ def translate_lines(
     name: str = "input",
     use_cache: bool = True,
     on_done: Callable[[int], None] | None = None,
-    budget: list[int] | None = None,
+    budget: MemoryBudget | None = None,
     offset: int = 0,
 ) -> Iterator[list[Translation]]:
     """Translate ``lines`` lazily; yield one n-best list of :class:`Translation` per line, in order.
@@ -149,10 +150,10 @@ def translate_lines(
     ``offset`` lines of that input). ``on_done(n)``, when given, is called as soon as ``n`` more
     lines are translated (empty lines, then batch by batch), before they can be yielded in order:
     a progress bar fed by it moves with the decoding instead of waiting for the window's first
-    lines. ``budget``, when given, is ``[tokens]``: the batches are cut to at most that many
-    (and ``decode.max_tokens``), and it drops when a batch does not fit, so a caller that passes
-    the same list to every call (a :class:`~mtcli.infer.translator.Translator` does) pays for a
-    failed batch once; without it, the lowered size lasts this call.
+    lines. ``budget``, when given, cuts the batches to at most its tokens (and
+    ``decode.max_tokens``), and drops when a batch does not fit, so a caller that passes the same
+    one to every call (a :class:`~mtcli.infer.translator.Translator` does) pays for a failed
+    batch once; without it, the lowered size lasts this call.
     """
     device = torch.device(device)
     model, tokenizer = bundle.model, bundle.tokenizer
@@ -169,7 +170,7 @@ def translate_lines(
         torch.set_num_threads(max(1, threads // decode.workers))
 
     search = _search(model, decode, device, shortlist, use_cache=use_cache, return_attention=return_attention)
-    budget = budget if budget is not None else [decode.max_tokens]  # lowered when a batch does not fit
+    budget = budget if budget is not None else MemoryBudget()  # lowered when a batch does not fit
 
     def decode_batch(sources: list[list[int]]) -> list[list[Hypothesis]]:
         return decode_fitting(search, sources, decode, device, budget)
@@ -182,7 +183,7 @@ def translate_lines(
                 on_done(len(chunk) - len(keys))
             groups = [[keys[b] for b in batch]
                       for batch in source_batches([len(sources[k]) for k in keys],
-                                                  min(budget[0], decode.max_tokens), decode.beam_size)]
+                                                  min(budget.tokens, decode.max_tokens), decode.beam_size)]
             batches = [[sources[i] for i in group] for group in groups]
             decoded = pool.map(decode_batch, batches) if pool is not None else map(decode_batch, batches)
             emitted = yield from _ready(results, 0)  # the empty lines before the first source
@@ -219,11 +220,11 @@ def _search(model: torch.nn.Module, decode: DecodeConfig, device: torch.device, 
 
 
 def decode_fitting(search: Callable[[torch.Tensor], list[list[Hypothesis]]], sources: list[list[int]],
-                   decode: DecodeConfig, device: torch.device, budget: list[int]) -> list[list[Hypothesis]]:
+                   decode: DecodeConfig, device: torch.device, budget: MemoryBudget) -> list[list[Hypothesis]]:
     """``search`` over ``sources`` collated on ``device``. A batch that runs out of the device's
     memory is decoded again in two halves, each in turn, so that a long job goes on (a warning
-    names ``decode.max_tokens``, which made the batch), and ``budget[0]``, the tokens the next
-    batches are cut to, drops to half the failed batch's; one sentence that does not fit alone
+    names ``decode.max_tokens``, which made the batch), and ``budget``, the tokens the next
+    batches are cut to, drops to half the failed batch's (:class:`~mtcli.device.MemoryBudget`); one sentence that does not fit alone
     raises :class:`~mtcli.errors.DeviceMemoryError` naming the beam. A batch over the budget
     (cut before it dropped: the failed batch's other half, the rest of its window) is cut to it
     before it is tried, so once a batch has fitted no other fails. A sentence's hypotheses do not

@@ -23,7 +23,6 @@ failed one's tokens, so a server pays for a failed batch once, not once a reques
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ import torch
 from mtcli.config import DecodeConfig, with_changes
 from mtcli.data.batching import collate, source_batch_tokens, source_batches
 from mtcli.data.textio import check_unicode
-from mtcli.device import autocast, in_budget_halves, memory_text, resolve_device
+from mtcli.device import MemoryBudget, autocast, in_budget_halves, memory_text, resolve_device
 from mtcli.errors import ConfigError, DataError
 from mtcli.infer.ct2 import ENGINES, CT2Engine, check_supported, converted_model
 from mtcli.infer.ensemble import Ensemble, add_members
@@ -113,10 +112,10 @@ class Translator:
         self.engine = engine
         bundle.model.to(self.device).eval()
         self._prepared: dict[tuple[bool, bool], InferenceModel] = {}
-        # the tokens a batch is cut to once one did not fit (then half of it), for every later call:
-        # decoding, and scoring (whose batches hold pairs, counted as source_batches counts them)
-        self._fitting_tokens = [sys.maxsize]
-        self._fitting_pairs = [sys.maxsize]
+        # the tokens a batch is cut to once one did not fit, for every later call: decoding, and
+        # scoring (whose batches hold pairs, counted as source_batches counts them)
+        self._fitting_tokens = MemoryBudget()
+        self._fitting_pairs = MemoryBudget()
 
     @classmethod
     def from_run(cls, run_dir: str | Path, checkpoint: str | Path = "best", *, device: str = "auto",
@@ -290,7 +289,7 @@ class Translator:
 
         budget = self._fitting_pairs
         with torch.inference_mode(), autocast(self.device, self.decode.bf16):
-            for batch in source_batches(lengths, min(tokens, budget[0]), 1):
+            for batch in source_batches(lengths, min(tokens, budget.tokens), 1):
                 scores = in_budget_halves(score_batch, batch, budget,
                                           lambda part: source_batch_tokens([lengths[i] for i in part]),
                                           lambda part, most: source_batches([lengths[i] for i in part], most, 1),
