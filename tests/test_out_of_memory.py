@@ -304,6 +304,29 @@ def test_the_ctranslate2_engine_halves_its_batches_until_they_fit(
         translator.translate(lines)
 
 
+
+def test_the_ctranslate2_engine_tries_larger_batches_again_after_a_shortage(
+        tiny_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ctranslate2")
+    import shutil
+
+    from mtcli.device import MemoryBudget
+    from mtcli.infer.translator import Translator
+
+    monkeypatch.setattr(MemoryBudget, "PATIENCE", 2)
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    lines = ["ein Hund", "zwei Hunde laufen", "drei Katzen", "rot"]
+    translator = Translator.from_run(run, beam=2, device="cpu", engine="ctranslate2")
+    whole = translator.translate(lines)
+    engine = translator.engine
+    filling = engine.translator = _FillingTranslator(engine.translator, fits=100, error=MemoryError())
+    assert [translator.translate(lines) for _ in range(3)] == [whole] * 3
+    assert filling.sizes == [512, 256, 128, 64, 64, 128, 64]  # a try at 128 after two windows fitted
+    filling.fits = 1000  # the device has room again
+    assert [translator.translate(lines) for _ in range(9)] == [whole] * 9
+    assert filling.sizes[-6:] == [128, 128, 256, 256, 512, 512]  # back up, two windows a step
+
 def test_score_scores_a_batch_that_does_not_fit_in_halves(tiny_run_dir: Path, monkeypatch: pytest.MonkeyPatch,
                                                          caplog: pytest.LogCaptureFixture) -> None:
     from mtcli.errors import DeviceMemoryError
