@@ -33,6 +33,12 @@ from mtcli.plots import plot_attention_png
 #: (:mod:`mtcli.infer.resumable`), so an interrupted translation goes on from the last one.
 WINDOW = DEFAULT_WINDOW
 
+#: Decode settings that only say how a window's lines are batched and run, left out of the key
+#: an interrupted output is resumed by: the same command with a lower ``decode.max_tokens``
+#: (after running out of memory) or other ``decode.workers`` goes on, since a sentence's
+#: translation does not depend on its batch (up to floating-point rounding).
+BATCHING_ONLY = ("max_tokens", "workers")
+
 
 def format_nbest(nbest: list[Translation], n: int, scored: bool) -> list[str]:
     """Output lines for one input: the best text, or exactly ``n`` ``score<TAB>text`` lines.
@@ -157,7 +163,8 @@ def translate_files(
                 partial.commit(done)
 
     start = time.perf_counter()
-    settings = {"decode": dataclasses.asdict(decode), "engine": engine, "scored": scored, "window": WINDOW}
+    searched = {k: v for k, v in dataclasses.asdict(decode).items() if k not in BATCHING_ONLY}
+    settings = {"decode": searched, "engine": engine, "scored": scored, "window": WINDOW}
     try:
         with _opened(output, inputs if counts is not None else None, translator, settings) as (handle, partial):
             resumed = partial.done if partial is not None else 0

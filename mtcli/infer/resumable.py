@@ -5,7 +5,8 @@ The output grows in ``.FILE.partial`` beside ``FILE``. After each window of inpu
 is decoded on its own, so the lines after it come out the same whether or not a run stopped
 there) it is flushed to disk, and ``.FILE.partial.json`` records how many input lines and output
 bytes it holds, and the key of what made them: the inputs' sha256, the model's weights and the
-decode settings (:func:`translation_key`). A later run with the same key keeps the partial
+decode settings that shape a translation (:func:`translation_key`; the caller leaves out those
+that only batch the lines). A later run with the same key keeps the partial
 output up to that record (bytes written after it, by a run killed mid-window, are cut off) and
 goes on from the next line; a run with another key starts over. When every line is done the
 partial file is renamed to ``FILE``, so ``FILE`` is never partial.

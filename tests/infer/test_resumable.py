@@ -103,6 +103,22 @@ def test_another_input_or_setting_starts_over(
     assert out.read_bytes() == whole.read_bytes()
 
 
+def test_a_lower_max_tokens_or_other_workers_go_on(
+        tiny_run_dir: Path, inputs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings that only batch the lines do not start over: a user who lowers ``--max-tokens``
+    after running out of memory keeps what was translated."""
+    whole, out = tmp_path / "whole.txt", tmp_path / "out.txt"
+    translate(tiny_run_dir, inputs, whole)
+    interrupt_after(monkeypatch, 7)
+    with pytest.raises(KeyboardInterrupt):
+        translate(tiny_run_dir, inputs, out)
+    monkeypatch.undo()
+    monkeypatch.setattr(files, "WINDOW", 3)
+    summary = translate(tiny_run_dir, inputs, out, max_tokens=16, workers=2)
+    assert summary["resumed_after"] == 6 and summary["lines"] == 8
+    assert out.read_bytes() == whole.read_bytes()
+
+
 def test_ctrl_c_says_where_the_lines_are_and_the_same_command_finishes(
         tiny_run_dir: Path, inputs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "out.txt"
