@@ -20,7 +20,9 @@ beam search fast on any device, so 32 concurrent clients get several times the s
 
 Bad requests get a 4xx with a one-line ``{"error": ...}``: malformed JSON (400), wrong types, a
 beam or length penalty out of range, or text that is not valid Unicode (422), too many lines or
-characters, or a line longer than the model reads (413), a missing or wrong API key (401). Each
+characters, or a line longer than the model reads (413), a body that is not JSON (415), a
+missing or wrong API key (401), an unknown path or method (404, 405). A body over
+:attr:`Limits.max_body_bytes` is answered 413 as it arrives, before it is read into memory. Each
 request is checked before it joins a batch, and if decoding a batch still fails, its requests
 are decoded again one by one: one client's input never fails another's. A genuine failure
 while decoding answers 500 with a request id, logged on one line beside its cause (no stack
@@ -39,6 +41,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import hmac
+import json
 import queue
 import signal
 import threading
@@ -53,6 +56,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mtcli.data.textio import check_unicode
 from mtcli.errors import ConfigError, DataError, DeviceMemoryError, one_line
@@ -73,6 +77,13 @@ class Limits:
     max_beam: int = 16
     batch_wait_ms: float = 5.0
     batch_lines: int = 256
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The most bytes a request body may have: the most text, each character escaped as JSON
+        escapes a character outside the BMP (12 bytes), and room for the rest of the request. A
+        larger body is refused as it arrives, before it is read into memory."""
+        return 12 * self.max_total_chars + 16 * self.max_lines + 4096
 
 
 class TranslateRequest(BaseModel):
@@ -255,6 +266,54 @@ def check_decoding(body: TranslateRequest, translator: Translator) -> None:
                                     "split it into sentences")
 
 
+class _BodyLimit:
+    """ASGI middleware: a request body over ``most`` bytes is answered 413 as soon as its
+    ``Content-Length``, or the bytes that have arrived, say so, and the rest is never read; what
+    the application would still answer then is dropped."""
+
+    def __init__(self, app: Any, most: int) -> None:
+        self.app, self.most = app, most
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or ()).get(b"content-length", b"")
+        seen, answered = (int(declared) if declared.isdigit() else 0), False
+
+        async def refuse() -> None:
+            nonlocal answered
+            answered = True
+            body = json.dumps({"error": f"the request body is over {self.most} bytes: send fewer or "
+                                        "shorter lines"}).encode()
+            await send({"type": "http.response.start", "status": 413,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                                    (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": body})
+
+        async def counted() -> dict:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request" and not declared.isdigit():
+                seen += len(message.get("body", b""))
+            if seen > self.most:
+                await refuse()
+                raise _BodyTooLarge
+            return message
+
+        async def sending(message: dict) -> None:
+            if not answered:
+                await send(message)
+
+        if seen > self.most:
+            return await refuse()
+        with contextlib.suppress(_BodyTooLarge):
+            await self.app(scope, counted, sending)
+
+
+class _BodyTooLarge(Exception):
+    """Stops an application whose request body :class:`_BodyLimit` refused."""
+
+
 def _bearer_check(api_key: str | None) -> Any:
     """A FastAPI dependency: with ``api_key`` set, ``Authorization: Bearer KEY`` or a 401."""
 
@@ -276,6 +335,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
     if first.get("type") == "json_invalid":
         return 400, f"malformed JSON: {first.get('ctx', {}).get('error', 'cannot parse the body')}"
     where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+    if where == "text" and isinstance(first.get("input"), str):
+        return 422, 'text: a list of lines, not one string (wrap it: {"text": ["..."]})'
     return 422, f"{where}: {first.get('msg', 'invalid value')}"
 
 
@@ -292,6 +353,7 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
             app.state.batcher.close()
 
     app = FastAPI(title="mtcli", summary=f"Machine translation with {translator.name}", lifespan=lifespan)
+    app.add_middleware(_BodyLimit, most=limits.max_body_bytes)
     guard = Depends(_bearer_check(api_key))
 
     @app.exception_handler(RequestError)
@@ -301,12 +363,21 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
                                 headers={"X-Request-ID": exc.request_id})
         return JSONResponse({"error": str(exc)}, status_code=exc.status)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def not_here(request: Request, exc: StarletteHTTPException) -> JSONResponse:  # 404, 405
+        return JSONResponse({"error": f"{request.method} {request.url.path}: {exc.detail}"},
+                            status_code=exc.status_code, headers=exc.headers)
+
     @app.exception_handler(DataError)
     async def unusable_text(request: Request, exc: DataError) -> JSONResponse:
         return JSONResponse({"error": one_line(exc)}, status_code=422)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if kind != "application/json" and not kind.endswith("+json"):  # FastAPI reads no JSON then
+            return JSONResponse({"error": f"Content-Type {kind or '(none)'}: send the request as JSON "
+                                          "(Content-Type: application/json)"}, status_code=415)
         status, message = _validation_message(exc)
         return JSONResponse({"error": message}, status_code=status)
 

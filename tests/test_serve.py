@@ -105,7 +105,7 @@ def test_concurrent_clients_each_get_their_own_lines(server: Server, tiny_run_di
 @pytest.mark.parametrize(("body", "content", "status", "needle"), [
     (None, b'{"text": ["unclosed"', 400, "malformed JSON"),
     (None, b"\xff\xfe", 400, "malformed JSON"),
-    ({"text": "not a list"}, None, 422, "text"),
+    ({"text": "not a list"}, None, 422, 'text: a list of lines, not one string (wrap it: {"text": ["..."]})'),
     ({"text": [1, 2]}, None, 422, "text.0"),
     ({"text": ["ok"], "beam": "5"}, None, 422, "beam"),
     ({"text": ["ok"], "beam": 0}, None, 422, "beam must be between 1 and 16"),
@@ -128,6 +128,32 @@ def test_bad_requests_get_a_4xx_and_the_server_keeps_serving(server: Server, bod
     assert answer.status_code == status, answer.text
     assert needle in answer.json()["error"]
     assert server.post({"text": ["rot"]}).status_code == 200
+
+
+def test_a_body_too_large_or_not_json_is_refused_and_other_paths_answer_in_the_same_shape(
+        server: Server) -> None:
+    """A client cannot make the server read a huge body into memory: over ``max_body_bytes``
+    it gets a 413 at once, whether the body declares its length or arrives in chunks."""
+    huge = b'{"text": ["' + b"a" * 400_000 + b'"]}'
+    declared = server.post(content=huge)
+    assert declared.status_code == 413, declared.text
+    assert declared.json()["error"].startswith("the request body is over ")
+
+    def chunks() -> Iterator[bytes]:
+        yield huge[:200_000]
+        yield huge[200_000:]
+
+    chunked = httpx.post(f"{server.url}/translate", content=chunks(), headers={"Content-Type": "application/json"},
+                         timeout=60)
+    assert chunked.status_code == 413, chunked.text
+    assert server.post({"text": ["rot"]}).status_code == 200
+    form = httpx.post(f"{server.url}/translate", data={"text": "rot"}, timeout=60)  # curl -d's default
+    assert form.status_code == 415 and form.json()["error"] == (
+        "Content-Type application/x-www-form-urlencoded: send the request as JSON (Content-Type: application/json)")
+    missing = httpx.get(f"{server.url}/nothing", timeout=60)
+    assert missing.status_code == 404 and missing.json() == {"error": "GET /nothing: Not Found"}
+    wrong = httpx.get(f"{server.url}/translate", timeout=60)
+    assert wrong.status_code == 405 and wrong.json() == {"error": "GET /translate: Method Not Allowed"}
 
 
 @pytest.mark.parametrize("text", [
