@@ -315,7 +315,7 @@ def average(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Averaged checkpoint path.")],
     last: Annotated[int, typer.Option(help="Average the last K step checkpoints.")] = 0,
-    best: Annotated[int, typer.Option(help="Average the K best checkpoints by validation BLEU.")] = 0,
+    best: Annotated[int, typer.Option(help="Average the K best checkpoints by the run's train.valid_metric.")] = 0,
 ) -> None:
     """Average the parameters of the last or best K checkpoints into one."""
     from mtcli.errors import ConfigError

@@ -153,8 +153,9 @@ def prune_checkpoints(run_dir: Path, keep_last: int, keep_best: int = 0) -> None
 def select_checkpoints(run_dir: Path, last: int = 0, best: int = 0) -> list[Path]:
     """The step checkpoints to average: the newest ``last`` or the best ``best`` by index.json.
 
-    Exactly one of ``last``/``best`` must be > 0. "Best" ranks by validation BLEU when every
-    indexed checkpoint has one, else by validation loss. Paths are returned oldest step first.
+    Exactly one of ``last``/``best`` must be > 0. "Best" ranks by the run's
+    ``train.valid_metric`` (BLEU, chrF or loss) when every indexed checkpoint has it, else by
+    validation loss. Paths are returned oldest step first.
     """
     run_dir = Path(run_dir)
     if (last > 0) == (best > 0) or last < 0 or best < 0:
