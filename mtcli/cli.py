@@ -387,7 +387,8 @@ def serve(
     set_: SetOption = None,
     verbose: Verbose = False,
 ) -> None:
-    """Serve a trained model over HTTP: POST /translate, GET /health, a page at /, docs at /docs."""
+    """Serve a trained model over HTTP: POST /translate, GET /health, a page at /, docs at /docs.
+    SIGHUP loads the checkpoint again (the newest checkpoint_best) without stopping."""
     try:
         from mtcli.serve import Limits
         from mtcli.serve import serve as run_server
@@ -399,10 +400,13 @@ def serve(
 
     setup_logging(verbose)
     bound_onednn_cache()
-    translator = Translator.from_run(run_dir, checkpoint, device=device, engine=engine,
-                                     overrides=list(set_ or []), beam=beam, tgt_lang=tgt_lang)
+
+    def load() -> Translator:  # again on SIGHUP
+        return Translator.from_run(run_dir, checkpoint, device=device, engine=engine,
+                                   overrides=list(set_ or []), beam=beam, tgt_lang=tgt_lang)
+
     limits = Limits(max_lines=max_lines, max_chars=max_chars, batch_wait_ms=batch_wait_ms)
-    run_server(translator, host=host, port=port, limits=limits, api_key=api_key)
+    run_server(load(), host=host, port=port, limits=limits, api_key=api_key, load=load)
 
 
 def main() -> None:  # pragma: no cover - console entry point alias

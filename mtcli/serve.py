@@ -32,7 +32,8 @@ the request id. With an
 API key (``--api-key`` or ``MTCLI_API_KEY``) ``/translate`` needs ``Authorization: Bearer KEY``,
 compared in constant time. The server binds 127.0.0.1 unless told otherwise. On SIGTERM
 (or Ctrl-C) uvicorn stops accepting connections, the requests in flight are answered, and the
-process exits 0.
+process exits 0. SIGHUP loads the model again (the run's newest ``checkpoint_best``, say, after
+more training) while the old one serves, and swaps it in between batches (:class:`Reloader`).
 """
 
 from __future__ import annotations
@@ -42,12 +43,13 @@ import concurrent.futures
 import contextlib
 import hmac
 import json
+import os
 import queue
 import signal
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -158,8 +160,9 @@ class Batcher:
         self.thread.start()
 
     def submit(self, lines: list[str], request_id: str = "-", **settings: Any) -> concurrent.futures.Future:
-        """Queue ``lines`` for translation; the future gets their translations, in order (or the
-        error that decoding them alone raised; ``request_id`` names them in the log)."""
+        """Queue ``lines`` for translation; the future gets the name of the model that translated
+        them and their translations, in order (or the error that decoding them alone raised;
+        ``request_id`` names them in the log)."""
         job = _Job(lines, tuple(sorted((k, v) for k, v in settings.items() if v is not None)), request_id)
         self.jobs.put(job)
         return job.future
@@ -203,9 +206,10 @@ class Batcher:
         lines = [line for job in jobs for line in job.lines]
         n = settings.get("nbest")  # hypotheses per line (a list each) instead of one translation
         rest = {key: value for key, value in settings.items() if key != "nbest"}
+        translator = self.translator  # a reload swaps it between batches, never inside one
         try:
-            out: list[Any] = (self.translator.translate(lines, **rest) if n is None
-                              else self.translator.nbest(lines, n=n, **rest))
+            out: list[Any] = (translator.translate(lines, **rest) if n is None
+                              else translator.nbest(lines, n=n, **rest))
         except Exception as exc:
             if len(jobs) > 1:
                 for job in jobs:
@@ -219,7 +223,7 @@ class Batcher:
             return
         start = 0
         for job in jobs:
-            job.future.set_result(out[start:start + len(job.lines)])
+            job.future.set_result((translator.name, out[start:start + len(job.lines)]))
             start += len(job.lines)
 
 
@@ -387,7 +391,7 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
         check_request(body, limits)
         request_id = uuid.uuid4().hex[:12]
         try:
-            await asyncio.to_thread(check_decoding, body, translator)
+            await asyncio.to_thread(check_decoding, body, app.state.batcher.translator)
         except (RequestError, DataError):
             raise
         except Exception as exc:
@@ -396,7 +400,7 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
             raise InternalError(request_id) from None
         future = app.state.batcher.submit(body.text, request_id, nbest=body.nbest, **request_settings(body))
         try:
-            out = await asyncio.wrap_future(future)
+            name, out = await asyncio.wrap_future(future)
         except DataError:  # the client's own text, found only when decoded alone
             raise
         except DeviceMemoryError:  # even alone; the batcher logged it with the request id
@@ -405,14 +409,15 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
         except Exception:  # the batcher logged it with the request id
             raise InternalError(request_id) from None
         if body.nbest is None:
-            return TranslateResponse(translations=out, model=translator.name)
+            return TranslateResponse(translations=out, model=name)
         nbest = [[Hypothesis(text=h.text, score=h.score) for h in hyps] for hyps in out]
-        return TranslateResponse(translations=[hyps[0].text for hyps in out], model=translator.name, nbest=nbest)
+        return TranslateResponse(translations=[hyps[0].text for hyps in out], model=name, nbest=nbest)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": translator.name, "device": str(translator.device),
-                "target_languages": translator.target_languages}
+        serving = app.state.batcher.translator
+        return {"status": "ok", "model": serving.name, "device": str(serving.device),
+                "target_languages": serving.target_languages}
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page() -> str:
@@ -421,20 +426,73 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
     return app
 
 
+class Reloader:
+    """The model loaded again (``load``: the same run directory and checkpoint, so ``best`` is
+    the run's newest ``checkpoint_best``) in a thread of its own while the old one goes on
+    serving, then swapped in between two batches: a new model without a moment's downtime. A
+    load that fails leaves the old model serving, with one log line."""
+
+    def __init__(self, app: FastAPI, load: Callable[[], Translator]) -> None:
+        self.app, self.load = app, load
+        self._busy = threading.Lock()
+
+    def start(self) -> threading.Thread | None:
+        """Start loading (from a signal handler: it returns at once); None if a load is under way."""
+        if not self._busy.acquire(blocking=False):
+            get_logger().warning("reload: the model is being loaded already")
+            return None
+        thread = threading.Thread(target=self._run, name="mtcli-serve-reload", daemon=True)
+        thread.start()
+        return thread
+
+    def _run(self) -> None:
+        try:
+            batcher = self.app.state.batcher
+            old = batcher.translator.name
+            try:
+                new = self.load()
+            except Exception as exc:
+                get_logger().error("reload failed, still serving %s: %s: %s", old, type(exc).__name__, one_line(exc))
+                return
+            batcher.translator = new
+            get_logger().info("reloaded: serving %s (was %s)", new.name, old)
+        finally:
+            self._busy.release()
+
+
+def _reload_or_hang_up(reloader: Reloader) -> Callable[[int, Any], None]:
+    """The SIGHUP handler: reload, unless the signal says the terminal the server runs in has
+    hung up (a closed ssh session): then it ends the server, as SIGHUP did before it reloaded.
+    A terminal that hung up answers no query (``isatty`` is False for it from then on)."""
+    terminals = [fd for fd in (0, 1, 2) if os.isatty(fd)]
+
+    def handle(signum: int, frame: Any) -> None:
+        if terminals and not all(os.isatty(fd) for fd in terminals):
+            signal.signal(signal.SIGHUP, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGHUP)
+            return
+        reloader.start()
+
+    return handle
+
+
 def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
-          api_key: str | None = None) -> None:
-    """Run the server until SIGTERM/SIGINT (requests in flight are answered first)."""
+          api_key: str | None = None, load: Callable[[], Translator] | None = None) -> None:
+    """Run the server until SIGTERM/SIGINT (requests in flight are answered first). With
+    ``load`` (how ``translator`` was made), SIGHUP serves a freshly loaded model (:class:`Reloader`)."""
     log = get_logger()
     log.info("serving %s on http://%s:%d (API key %s)", translator.name, host, port,
              "required" if api_key else "not set")
+    app = create_app(translator, limits, api_key)
     # uvicorn shuts down gracefully on SIGTERM/SIGINT and then raises the signal again for the
     # handler it found installed: with this one, a drained server returns and exits 0
     received: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
                 for sig in (signal.SIGTERM, signal.SIGINT)}
+    if load is not None and hasattr(signal, "SIGHUP"):
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, _reload_or_hang_up(Reloader(app, load)))
     try:
-        uvicorn.run(create_app(translator, limits, api_key), host=host, port=port, log_level="info",
-                    timeout_graceful_shutdown=60)
+        uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=60)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -442,4 +500,4 @@ def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, lim
         log.info("stopped by %s after answering the requests in flight", signal.Signals(received[0]).name)
 
 
-__all__ = ["API_KEY_ENV", "Batcher", "Hypothesis", "Limits", "TranslateRequest", "create_app", "serve"]
+__all__ = ["API_KEY_ENV", "Batcher", "Hypothesis", "Limits", "Reloader", "TranslateRequest", "create_app", "serve"]

@@ -5,6 +5,7 @@ serving; the API key is enforced; SIGTERM answers the request in flight and exit
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import signal
 import socket
@@ -244,6 +245,97 @@ def test_a_failure_while_decoding_is_a_500_and_the_server_keeps_serving(
     assert logged[0].getMessage() == f"request {request_id}: decoding failed: RuntimeError: out of memory while decoding"
 
 
+def _reload_until(server: Server, name: str) -> None:
+    """SIGHUP until the server serves ``name`` (again every few seconds: a SIGHUP that comes
+    while a load is under way is dropped)."""
+    deadline = time.monotonic() + 60
+    sent = 0.0
+    while httpx.get(f"{server.url}/health", timeout=10).json()["model"] != name:
+        assert time.monotonic() < deadline, f"still serving {httpx.get(f'{server.url}/health').json()['model']}"
+        if time.monotonic() - sent > 5:
+            server.proc.send_signal(signal.SIGHUP)
+            sent = time.monotonic()
+        time.sleep(0.2)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="SIGHUP is a POSIX signal")
+def test_sighup_serves_the_newest_checkpoint_without_stopping_and_a_bad_one_changes_nothing(
+        tiny_run_dir: Path, tmp_path: Path) -> None:
+    """After more training, SIGHUP swaps in the new checkpoint_best while the old model serves;
+    a checkpoint that cannot be loaded leaves the old model serving, with one log line."""
+    import shutil
+
+    from mtcli.checkpoint import load_checkpoint, save_checkpoint
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    best = run / "checkpoints" / "checkpoint_best.pt"
+    state = load_checkpoint(best)
+    running = Server(run)
+    try:
+        first = httpx.get(f"{running.url}/health", timeout=10).json()["model"]
+        assert first == f"checkpoint_best.pt (step {state['step']})"
+        save_checkpoint(best, {**state, "step": state["step"] + 1000})
+        _reload_until(running, f"checkpoint_best.pt (step {state['step'] + 1000})")
+        answer = running.post({"text": LINES})
+        assert answer.status_code == 200 and answer.json()["model"].endswith(f"(step {state['step'] + 1000})")
+        best.write_bytes(b"not a checkpoint")
+        running.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        assert running.post({"text": LINES}).status_code == 200
+        save_checkpoint(best, {**state, "step": state["step"] + 2000})
+        _reload_until(running, f"checkpoint_best.pt (step {state['step'] + 2000})")
+    finally:
+        assert running.stop() == 0
+    log = running.proc.stdout.read()
+    assert f"reloaded: serving checkpoint_best.pt (step {state['step'] + 1000}) (was {first})" in log
+    assert f"reload failed, still serving checkpoint_best.pt (step {state['step'] + 1000}): " in log
+    assert "Traceback" not in log
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="SIGHUP is a POSIX signal")
+def test_a_hang_up_of_the_servers_terminal_still_ends_it(tiny_run_dir: Path) -> None:
+    """SIGHUP reloads, but the SIGHUP of a closed terminal (an ssh session gone) ends the server
+    as before, instead of leaving it serving with nowhere to log."""
+    import fcntl
+    import pty
+    import select
+    import termios
+    import threading
+
+    master, slave = pty.openpty()
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mtcli.cli", "serve", str(tiny_run_dir), "--port", str(port)],
+        stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # the pty is its terminal
+    os.close(slave)
+    seen: list[bytes] = []
+    hang_up = threading.Event()
+
+    def drain() -> None:  # the terminal's screen, read so that the server's writes never block
+        with contextlib.suppress(OSError):
+            while not hang_up.is_set():
+                if select.select([master], [], [], 0.1)[0]:
+                    seen.append(os.read(master, 4096))
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while b"Uvicorn running" not in b"".join(seen):
+            assert proc.poll() is None and time.monotonic() < deadline, b"".join(seen).decode(errors="replace")
+            time.sleep(0.2)
+        hang_up.set()
+        reader.join()
+        os.close(master)  # the terminal hangs up: the kernel sends its session leader SIGHUP
+        assert proc.wait(timeout=60) == -signal.SIGHUP
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 class Poisoned:
     """A translator whose batch fails when it holds the line "poison" (as a batch failed before
     mtcli checked for lone surrogates), and otherwise upper-cases."""
@@ -274,8 +366,8 @@ def test_the_batcher_decodes_a_failed_batch_again_one_request_at_a_time() -> Non
         batcher.close()
     assert len(translator.calls[0]) == 11  # all seven requests were one batch
     assert isinstance(results[3], TypeError)
-    assert results[:3] == [[f"A{i}", f"B{i}"] for i in range(3)]
-    assert results[4:] == [[f"C{i}"] for i in range(3)]
+    assert results[:3] == [("poisoned", [f"A{i}", f"B{i}"]) for i in range(3)]
+    assert results[4:] == [("poisoned", [f"C{i}"]) for i in range(3)]
 
 
 @pytest.mark.parametrize(("option", "value"), [("--port", "99999"), ("--max-lines", "0"), ("--max-chars", "0"),
