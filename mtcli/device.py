@@ -174,9 +174,10 @@ class MemoryBudget:
     Unlimited until a batch does not fit; then half that batch's cost. A device shared with other
     processes (a server beside a training) may have been short only for a while, so once
     ``patience`` (:attr:`PATIENCE`) batches in a row have fitted while costing more than half the
-    budget, it doubles: a probe. A probe that fails puts the budget back where it fitted and doubles the wait for the
-    next one, so a device that stays short costs a failed batch each time the work done doubles,
-    not one every ``patience`` batches; a probe that fits resets the wait.
+    budget, it doubles: a probe. A probe that fails puts the budget back where it fitted and
+    doubles the wait for the next one, so a device that stays short costs a failed batch each
+    time the work done doubles, not one every ``patience`` batches; a probe that fits resets the
+    wait.
     """
 
     PATIENCE = 64

@@ -447,7 +447,9 @@ class Reloader:
 
     def _run(self) -> None:
         try:
-            batcher = self.app.state.batcher
+            batcher = getattr(self.app.state, "batcher", None)
+            if batcher is None:  # a SIGHUP before the server has started: it loads the newest already
+                return
             old = batcher.translator.name
             try:
                 new = self.load()
