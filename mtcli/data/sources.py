@@ -7,7 +7,8 @@ there:
     a directory of ``<split>.<lang>`` plain-text files, one sentence a line, optionally gzipped
     (``<split>.<lang>.gz``), e.g. ``data/raw/multi30k``; or of ``<split>.<l1>-<l2>.tsv[.gz]``
     files, both sides of a split in one file, a pair a line, the two languages' sentences in
-    the order the name gives, separated by a tab (either direction is read from it);
+    the order the name gives, separated by a tab (either direction is read from it); or of
+    ``<split>.tmx[.gz]`` translation memories (:mod:`mtcli.data.tmx`);
 ``dataset``
     a directory written by ``datasets.DatasetDict.save_to_disk`` (``dataset_dict.json`` and one
     sub-directory per split), read with ``datasets.load_from_disk``;
@@ -47,6 +48,7 @@ from mtcli.data.arrowrows import (
 )
 from mtcli.data.download import CORPORA, locate
 from mtcli.data.textio import read_lines
+from mtcli.data.tmx import tmx_pairs
 from mtcli.data.tsv import table_blocks, table_pairs
 from mtcli.errors import DataError, one_line
 from mtcli.fileio import FileHasher
@@ -146,7 +148,8 @@ _TABLE_NAME = re.compile(r"(?P<split>.+)\.(?P<first>[^.\-]+)-(?P<second>[^.\-]+)
 
 class TextDirSource(Source):
     """A directory of ``<split>.<lang>`` (or ``<split>.<lang>.gz``) aligned text files, or of
-    ``<split>.<l1>-<l2>.tsv[.gz]`` files holding both sides."""
+    ``<split>.<l1>-<l2>.tsv[.gz]`` files holding both sides, or of ``<split>.tmx[.gz]``
+    translation memories holding any languages."""
 
     kind = "text"
 
@@ -155,12 +158,15 @@ class TextDirSource(Source):
         self.root = root
         self._files: dict[tuple[str, str], list[Path]] = {}
         self._tables: dict[str, list[tuple[Path, tuple[str, str]]]] = {}
+        self._memories: dict[str, list[Path]] = {}
         for entry in sorted(root.iterdir()):
             if not entry.is_file() or entry.name.startswith("."):
                 continue
             name = entry.name[:-3] if entry.name.endswith(".gz") else entry.name
             table = _TABLE_NAME.fullmatch(name)
-            if table:
+            if name.endswith(".tmx") and len(name) > 4:
+                self._memories.setdefault(name[:-4], []).append(entry)
+            elif table:
                 self._tables.setdefault(table["split"], []).append((entry, (table["first"], table["second"])))
                 continue
             if "." not in name:
@@ -173,7 +179,7 @@ class TextDirSource(Source):
         return f"text directory {self.root}"
 
     def splits(self) -> list[str]:
-        return sorted({split for split, _ in self._files} | set(self._tables))
+        return sorted({split for split, _ in self._files} | set(self._tables) | set(self._memories))
 
     def languages(self, split: str) -> list[str]:
         """Languages that have a file for ``split``."""
@@ -194,6 +200,17 @@ class TextDirSource(Source):
             raise DataError(f"{self.describe()}: {' and '.join(names)} all hold split '{split}'; keep one form")
         return found[0]
 
+    def memory(self, split: str) -> Path | None:
+        """The ``.tmx`` file of ``split``, or None; :class:`DataError` when the split is in
+        another form too."""
+        found = self._memories.get(split, [])
+        others = [p.name for lang in (self.src_lang, self.tgt_lang) for p in self._files.get((split, lang), [])]
+        others += [p.name for p, _ in self._tables.get(split, [])]
+        if found and (len(found) > 1 or others):
+            raise DataError(f"{self.describe()}: {' and '.join([p.name for p in found] + others)} all hold "
+                            f"split '{split}'; keep one form")
+        return found[0] if found else None
+
     def path(self, split: str, lang: str) -> Path:
         """The file of one side of a split; :class:`DataError` if missing or ambiguous."""
         found = self._files.get((split, lang))
@@ -212,7 +229,7 @@ class TextDirSource(Source):
 
     def check(self, splits: Iterable[str]) -> None:
         for split in splits:
-            if self.table(split) is None:
+            if self.memory(split) is None and self.table(split) is None:
                 self._check_table_pair(split)
                 self.path(split, self.src_lang)
                 self.path(split, self.tgt_lang)
@@ -227,6 +244,10 @@ class TextDirSource(Source):
                             f"{split}.{pair[1]}) for the pair {pair[0]}-{pair[1]} (split '{split}' is in: {held})")
 
     def pairs(self, split: str) -> Iterator[Pair]:
+        memory = self.memory(split)
+        if memory is not None:
+            yield from tmx_pairs(memory, self.src_lang, self.tgt_lang)
+            return
         table = self.table(split)
         if table is not None:
             yield from table_pairs(*table, self.src_lang)
@@ -246,7 +267,9 @@ class TextDirSource(Source):
             raise mismatch_error(src_path, n, tgt_path, n + rest)
 
     def verbatim_pairs(self, split: str) -> Iterator[Pair]:
-        table = self.table(split)
+        memory, table = self.memory(split), self.table(split)
+        if memory is not None:
+            return tmx_pairs(memory, self.src_lang, self.tgt_lang, verbatim=True)
         return self.pairs(split) if table is None else table_pairs(*table, self.src_lang, verbatim=True)
 
     def text_blocks(self, split: str) -> Iterator[tuple[bytes, bytes]]:
@@ -260,16 +283,16 @@ class TextDirSource(Source):
         return table[0].stat().st_size if table is not None else None
 
     def plain_files(self, split: str) -> tuple[Path, Path] | None:
-        if self.table(split) is not None:
+        if self.memory(split) is not None or self.table(split) is not None:
             return None
         files = self.path(split, self.src_lang), self.path(split, self.tgt_lang)
         return None if any(path.suffix == ".gz" for path in files) else files
 
     def _input_files(self, splits: Iterable[str]) -> Iterator[tuple[str, Path]]:
         for split in splits:
-            table = self.table(split)
-            if table is not None:
-                yield table[0].name, table[0]
+            whole = self.memory(split) or (self.table(split) or (None,))[0]
+            if whole is not None:
+                yield whole.name, whole
                 continue
             for lang in (self.src_lang, self.tgt_lang):
                 path = self.path(split, lang)
@@ -556,8 +579,8 @@ def open_source(source: str, src_lang: str, tgt_lang: str, hub_config: str | Non
         if not text.splits():
             entries = ", ".join(sorted(p.name for p in path.iterdir())[:10]) or "nothing"
             raise DataError(
-                f"data.source {source}: no <split>.<lang> text files, <split>.<l1>-<l2>.tsv files, "
-                f"parquet files or saved dataset found (it holds: {entries})"
+                f"data.source {source}: no <split>.<lang> text files, <split>.<l1>-<l2>.tsv or <split>.tmx "
+                f"files, parquet files or saved dataset found (it holds: {entries})"
             )
         return text
     if source in CORPORA:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from xml.sax.saxutils import escape
 
 import pytest
 import yaml
@@ -276,12 +277,21 @@ def test_every_source_kind_gives_the_same_cache(tmp_path: Path) -> None:
         {s: datasets.Dataset.from_dict({"translation": [{"src": a, "tgt": b} for a, b in p]}) for s, p in splits.items()}
     ).save_to_disk(str(ds_dir))
 
+    tmx_dir = tmp_path / "tmx"  # a translation memory a split, with a third language
+    tmx_dir.mkdir()
+    for split, pairs in splits.items():
+        units = "".join(f'<tu><tuv xml:lang="TGT"><seg>{escape(t)}</seg></tuv><tuv xml:lang="de"><seg>x</seg></tuv>'
+                        f'<tuv xml:lang="src"><seg>{escape(s)}</seg></tuv></tu>\n' for s, t in pairs)
+        (tmx_dir / f"{split}.tmx").write_text(f'<?xml version="1.0"?><tmx version="1.4"><header/><body>\n{units}'
+                                              "</body></tmx>\n", encoding="utf-8")
+
     caches = {}
-    for name, source in (("text", TOY_DIR), ("gz", gz_dir), ("tsv", tsv_dir), ("parquet", pq_dir), ("dataset", ds_dir)):
+    for name, source in (("text", TOY_DIR), ("gz", gz_dir), ("tsv", tsv_dir), ("tmx", tmx_dir), ("parquet", pq_dir),
+                         ("dataset", ds_dir)):
         config = load_config(write_config(tmp_path, source, name=name))
         report = prep.prepare(config)
         corpus = PreparedCorpus.open(report.directory)
-        assert corpus.manifest["source"]["kind"] == ("text" if name in ("gz", "tsv") else name)
+        assert corpus.manifest["source"]["kind"] == ("text" if name in ("gz", "tsv", "tmx") else name)
         caches[name] = _cache_bytes(report.directory)
     assert caches["text"] and all(c == caches["text"] for c in caches.values())
 

@@ -1,0 +1,125 @@
+"""``<split>.tmx[.gz]``: a translation memory as a split of a text directory.
+
+TMX is the exchange format of translation tools (a CAT tool's memory exports to it) and one of
+OPUS's downloads. Each translation unit (``<tu>``) holds a variant (``<tuv xml:lang="...">``) a
+language, its text in ``<seg>``; a file may hold many languages. A unit gives the pair of its
+``data.src_lang`` and ``data.tgt_lang`` variants. A language matches a variant's ``xml:lang``
+exactly or by its first subtag, case aside: ``en`` reads ``en-GB`` and ``EN``.
+
+Inline markup is read as TMX means it: the text inside ``<hi>`` and ``<sub>`` is the sentence's;
+the native codes inside ``<bpt>``, ``<ept>``, ``<it>``, ``<ph>`` and ``<ut>`` are not. Line
+breaks inside a segment become spaces, and a segment's ends are stripped.
+
+A unit without one of the two languages is an empty pair: a training split drops and counts it
+in cleaning, with a warning at the end; a validation or test split (``verbatim``), which keeps
+every unit, stops at it, naming its line. A file none of whose units holds the pair says which
+languages it has. The file is parsed as it streams (expat, from the standard library;
+UTF-8 or, with its byte-order mark, UTF-16), so its size does not matter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from xml.parsers import expat
+
+from mtcli.data.textio import open_binary
+from mtcli.errors import DataError
+from mtcli.logs import get_logger
+
+#: Elements whose text is a native code (formatting of the tool that wrote the file), not words.
+_CODES = frozenset({"bpt", "ept", "it", "ph", "ut"})
+
+_READ_BYTES = 1 << 20
+
+
+def _matches(variant: str, lang: str) -> bool:
+    """Whether the ``xml:lang`` ``variant`` is the language ``lang`` (or a region of it)."""
+    variant, lang = variant.lower().replace("_", "-"), lang.lower().replace("_", "-")
+    return variant == lang or variant.split("-", 1)[0] == lang
+
+
+class _Units:
+    """expat's callbacks over a TMX file: the finished units as ``{xml:lang: text}`` with the
+    line each began on."""
+
+    def __init__(self, parser: expat.XMLParserType) -> None:
+        self.parser = parser
+        self.done: list[tuple[int, dict[str, str]]] = []
+        self.unit: dict[str, str] | None = None
+        self.line = 0
+        self.lang = ""
+        self.text: list[str] | None = None  # inside a <seg>
+        self.codes = 0  # depth inside native codes
+        parser.StartElementHandler = self.start
+        parser.EndElementHandler = self.end
+        parser.CharacterDataHandler = self.characters
+
+    def start(self, name: str, attrs: dict[str, str]) -> None:
+        if name == "tu":
+            self.unit, self.line = {}, self.parser.CurrentLineNumber
+        elif name == "tuv":
+            self.lang = attrs.get("xml:lang") or attrs.get("lang") or ""
+        elif name == "seg":
+            self.text, self.codes = [], 0
+        elif name in _CODES and self.text is not None:
+            self.codes += 1
+
+    def end(self, name: str) -> None:
+        if name == "seg" and self.text is not None and self.unit is not None:
+            text = "".join(self.text).replace("\r", " ").replace("\n", " ").strip()
+            self.unit.setdefault(self.lang, text)
+            self.text = None
+        elif name in _CODES and self.text is not None:
+            self.codes -= 1
+        elif name == "tu" and self.unit is not None:
+            self.done.append((self.line, self.unit))
+            self.unit = None
+
+    def characters(self, data: str) -> None:
+        if self.text is not None and not self.codes:
+            self.text.append(data)
+
+
+def tmx_units(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
+    """The translation units of the TMX file ``path``: the line each begins on and its
+    segments by ``xml:lang``. Malformed XML raises :class:`DataError` naming line and column."""
+    parser = expat.ParserCreate()
+    units = _Units(parser)
+    try:
+        with open_binary(path) as handle:
+            while chunk := handle.read(_READ_BYTES):
+                parser.Parse(chunk, False)
+                yield from units.done
+                units.done.clear()
+            parser.Parse(b"", True)
+    except expat.ExpatError as exc:
+        raise DataError(f"{path}:{exc.lineno}: not a well-formed TMX file ({expat.ErrorString(exc.code)}, "
+                        f"column {exc.offset + 1})") from None
+    yield from units.done
+
+
+def tmx_pairs(path: Path, src_lang: str, tgt_lang: str, verbatim: bool = False) -> Iterator[tuple[str, str]]:
+    """The (source, target) pairs of the TMX file ``path`` (see the module docstring)."""
+    missing, first_missing, pairs, seen = 0, 0, 0, set()
+    for line, unit in tmx_units(path):
+        src = next((text for lang, text in unit.items() if _matches(lang, src_lang)), None)
+        tgt = next((text for lang, text in unit.items() if _matches(lang, tgt_lang)), None)
+        if src is None or tgt is None:
+            lacking = src_lang if src is None else tgt_lang
+            if verbatim:
+                raise DataError(f"{path}:{line}: a translation unit without a '{lacking}' segment; a validation "
+                                "or test split keeps every unit: mend the file")
+            seen.update(unit)
+            missing, first_missing = missing + 1, first_missing or line
+            yield "", ""
+            continue
+        pairs += 1
+        yield src, tgt
+    if missing and not pairs:
+        found = ", ".join(sorted(seen)) or "none"
+        raise DataError(f"{path}: no translation unit holds both '{src_lang}' and '{tgt_lang}' "
+                        f"(the languages of its units: {found})")
+    if missing:
+        get_logger().warning("%s: %d translation unit(s) lacking the '%s' or the '%s' segment (the first: line %d), "
+                             "read as empty pairs", path, missing, src_lang, tgt_lang, first_missing)
