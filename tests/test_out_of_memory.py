@@ -270,6 +270,19 @@ class _FillingTranslator:
         return self.real.translate_batch(batch, max_batch_size=max_batch_size, **options)
 
 
+def _ct2_translator(tiny_run_dir: Path, tmp_path: Path):  # noqa: ANN202
+    """A CTranslate2 translator of a copy of the tiny run, and four lines for it."""
+    pytest.importorskip("ctranslate2")
+    import shutil
+
+    from mtcli.infer.translator import Translator
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    return (Translator.from_run(run, beam=2, device="cpu", engine="ctranslate2"),
+            ["ein Hund", "zwei Hunde laufen", "drei Katzen", "rot"])
+
+
 @pytest.mark.parametrize("error", [RuntimeError("CUDA failed with error out of memory"), MemoryError()],
                          ids=["cuda", "bad_alloc"])
 def test_the_ctranslate2_engine_halves_its_batches_until_they_fit(
@@ -277,16 +290,9 @@ def test_the_ctranslate2_engine_halves_its_batches_until_they_fit(
     """CTranslate2's own allocation failures (its CUDA message; std::bad_alloc, a MemoryError in
     Python) make the engine halve its batches and keep them halved, to the same output; when a
     batch of one sentence does not fit, one error names the beam."""
-    pytest.importorskip("ctranslate2")
-    import shutil
-
     from mtcli.errors import DeviceMemoryError
-    from mtcli.infer.translator import Translator
 
-    run = tmp_path / "run"
-    shutil.copytree(tiny_run_dir, run)
-    lines = ["ein Hund", "zwei Hunde laufen", "drei Katzen", "rot"]
-    translator = Translator.from_run(run, beam=2, device="cpu", engine="ctranslate2")
+    translator, lines = _ct2_translator(tiny_run_dir, tmp_path)
     whole = translator.translate(lines)
     engine = translator.engine
     filling = engine.translator = _FillingTranslator(engine.translator, fits=100, error=error)
@@ -304,20 +310,12 @@ def test_the_ctranslate2_engine_halves_its_batches_until_they_fit(
         translator.translate(lines)
 
 
-
 def test_the_ctranslate2_engine_tries_larger_batches_again_after_a_shortage(
         tiny_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("ctranslate2")
-    import shutil
-
     from mtcli.device import MemoryBudget
-    from mtcli.infer.translator import Translator
 
     monkeypatch.setattr(MemoryBudget, "PATIENCE", 2)
-    run = tmp_path / "run"
-    shutil.copytree(tiny_run_dir, run)
-    lines = ["ein Hund", "zwei Hunde laufen", "drei Katzen", "rot"]
-    translator = Translator.from_run(run, beam=2, device="cpu", engine="ctranslate2")
+    translator, lines = _ct2_translator(tiny_run_dir, tmp_path)
     whole = translator.translate(lines)
     engine = translator.engine
     filling = engine.translator = _FillingTranslator(engine.translator, fits=100, error=MemoryError())

@@ -47,17 +47,22 @@ def translate(run: Path, inputs: list[Path], out: Path, **settings) -> dict:  # 
     return files.translate_files(run, inputs, out, beam=2, device="cpu", **settings)
 
 
+def interrupted(run: Path, inputs: list[Path], out: Path, monkeypatch: pytest.MonkeyPatch, lines: int) -> None:
+    """``translate`` to ``out``, stopped by Ctrl-C after ``lines`` lines (windows of 3 again after)."""
+    interrupt_after(monkeypatch, lines)
+    with pytest.raises(KeyboardInterrupt):
+        translate(run, inputs, out)
+    monkeypatch.undo()
+    monkeypatch.setattr(files, "WINDOW", 3)
+
+
 def test_an_interrupted_translation_goes_on_from_its_last_window_to_the_same_output(
         tiny_run_dir: Path, inputs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     whole = tmp_path / "whole.txt"
     translate(tiny_run_dir, inputs, whole)
     for stop, kept in ((7, 6), (12, 10)):  # in the first file; in the second, before its first window ends
         out = tmp_path / f"out{stop}.txt"
-        interrupt_after(monkeypatch, stop)
-        with pytest.raises(KeyboardInterrupt):
-            translate(tiny_run_dir, inputs, out)
-        monkeypatch.undo()
-        monkeypatch.setattr(files, "WINDOW", 3)
+        interrupted(tiny_run_dir, inputs, out, monkeypatch, stop)
         data, record = partial_paths(out)
         assert not out.exists() and json.loads(record.read_text())["lines"] == kept
         assert data.read_text(encoding="utf-8").splitlines() == whole.read_text(encoding="utf-8").splitlines()[:kept]
@@ -72,11 +77,7 @@ def test_bytes_written_after_the_last_record_are_cut_off(
     """A run killed mid-window (SIGKILL, a power cut) wrote lines its record does not hold."""
     whole, out = tmp_path / "whole.txt", tmp_path / "out.txt"
     translate(tiny_run_dir, inputs, whole)
-    interrupt_after(monkeypatch, 4)
-    with pytest.raises(KeyboardInterrupt):
-        translate(tiny_run_dir, inputs, out)
-    monkeypatch.undo()
-    monkeypatch.setattr(files, "WINDOW", 3)
+    interrupted(tiny_run_dir, inputs, out, monkeypatch, 4)
     data, _ = partial_paths(out)
     with open(data, "a", encoding="utf-8") as handle:
         handle.write("half a line of a window never record")
@@ -88,11 +89,7 @@ def test_bytes_written_after_the_last_record_are_cut_off(
 def test_another_input_or_setting_starts_over(
         tiny_run_dir: Path, inputs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str) -> None:
     out = tmp_path / "out.txt"
-    interrupt_after(monkeypatch, 7)
-    with pytest.raises(KeyboardInterrupt):
-        translate(tiny_run_dir, inputs, out)
-    monkeypatch.undo()
-    monkeypatch.setattr(files, "WINDOW", 3)
+    interrupted(tiny_run_dir, inputs, out, monkeypatch, 7)
     settings = {"length_penalty": 0.5} if change == "settings" else {}
     if change == "input":
         inputs[0].write_text("ein Hund\n" * 10, encoding="utf-8")
@@ -109,11 +106,7 @@ def test_a_lower_max_tokens_or_other_workers_go_on(
     after running out of memory keeps what was translated."""
     whole, out = tmp_path / "whole.txt", tmp_path / "out.txt"
     translate(tiny_run_dir, inputs, whole)
-    interrupt_after(monkeypatch, 7)
-    with pytest.raises(KeyboardInterrupt):
-        translate(tiny_run_dir, inputs, out)
-    monkeypatch.undo()
-    monkeypatch.setattr(files, "WINDOW", 3)
+    interrupted(tiny_run_dir, inputs, out, monkeypatch, 7)
     summary = translate(tiny_run_dir, inputs, out, max_tokens=16, workers=2)
     assert summary["resumed_after"] == 6 and summary["lines"] == 8
     assert out.read_bytes() == whole.read_bytes()
