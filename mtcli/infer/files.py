@@ -54,6 +54,27 @@ def format_nbest(nbest: list[Translation], n: int, scored: bool) -> list[str]:
     return out
 
 
+def _check_io(inputs: Sequence[str | Path], output: Path | None, plot_attention: Path | None) -> None:
+    """Refuse, before any work: an output that is one of the inputs (its translation would
+    replace it), a closed standard input or output that would be read or written, and an
+    attention directory that cannot be made."""
+    if not inputs and sys.stdin is None:
+        raise DataError("<stdin>: closed; give input files, or lines on standard input")
+    if output is not None:
+        for path in map(Path, inputs):
+            if Path(output).exists() and path.exists() and os.path.samefile(path, output):
+                raise DataError(f"{output}: is the input {path}; write the translation to another file")
+    elif sys.stdout is None:
+        raise DataError("<stdout>: closed; give an output file (-o)")
+    if plot_attention is not None:
+        check_directory(Path(plot_attention))
+        try:
+            Path(plot_attention).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DataError(f"{plot_attention}: cannot make the directory for the attention plots "
+                            f"({exc.strerror or exc})") from None
+
+
 def _stdin_lines() -> Iterable[str]:
     """Standard input's lines: a redirected file read straight through, a pipe or terminal as its
     lines arrive (each translated without waiting for a full window, see :class:`ArrivingLines`)."""
@@ -130,8 +151,7 @@ def translate_files(
     the input lines a resumed run found done).
     """
     overrides = list(overrides or [])
-    if plot_attention is not None:
-        check_directory(Path(plot_attention))  # before the model is loaded
+    _check_io(inputs, output, plot_attention)  # before the model is loaded
     translator = Translator.from_run(run_dir, checkpoint, ensemble=ensemble, engine=engine, overrides=overrides,
                                      **settings)
     decode = translator.decode

@@ -82,7 +82,10 @@ def resumable_output(output: Path, key: str) -> Iterator[PartialOutput]:
     output = Path(output)
     make_file_parent(output)
     data, record = partial_paths(output)
-    handle = open(data, "a", encoding="utf-8")
+    try:
+        handle = open(data, "a", encoding="utf-8")
+    except OSError as exc:  # named after the output asked for, not the hidden file beside it
+        raise type(exc)(exc.errno, exc.strerror, str(output)) from None
     try:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -391,6 +391,29 @@ def test_cli_translate_bad_input(args: list[str], tiny_run_dir: Path, tmp_path: 
     assert len(err.splitlines()) == 1
 
 
+def test_cli_translate_refuses_outputs_it_cannot_write_before_it_decodes(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """An output that is its own input (its translation would replace it), an attention
+    directory that cannot be made, a hidden partial file that cannot be opened, a closed
+    standard input or output: one line each, naming what the user gave."""
+    src = tmp_path / "in.txt"
+    src.write_text("eine katze\n", encoding="utf-8")
+    cases = [
+        ([str(src), "-o", str(src)], "", f"{src}: is the input {src}; write the translation to another file"),
+        ([str(src), "--plot-attention", "/proc/plots"], "",
+         "/proc/plots: cannot make the directory for the attention plots (No such file or directory)"),
+        ([str(src), "-o", "/proc/out.txt"], "", "/proc/out.txt: No such file or directory"),
+        ([str(src)], ">&-", "<stdout>: closed; give an output file (-o)"),
+        ([], "<&-", "<stdin>: closed; give input files, or lines on standard input"),
+    ]
+    for extra, redirect, expected in cases:
+        argv = ["bash", "-c", f'"$@" {redirect}', "-", sys.executable, "-m", "mtcli.cli", "translate",
+                str(tiny_run_dir), *extra]
+        res = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             timeout=300, check=False)
+        assert res.returncode == 1 and res.stderr.decode() == f"mtcli: error: {expected}\n", res.stderr
+    assert src.read_text(encoding="utf-8") == "eine katze\n"
+
+
 def test_cli_translate_checkpoint_from_other_vocab(tiny_run_dir: Path, tmp_path: Path) -> None:
     import shutil
 
