@@ -93,10 +93,13 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
     names = list(names) if names else [str(s) for s in systems]
     if len(names) != len(files) or len(set(names)) != len(names):
         raise ConfigError("compare needs one distinct name per system")
-    refs = [_lines(Path(r), None, "") for r in references]
-    count = len(refs[0])
-    refs = [refs[0]] + [_lines(Path(r), count, f"reference {references[0]}") for r in references[1:]]
-    hyps = [_lines(f, count, f"reference {references[0]}") for f in files]
+    first = _lines(Path(references[0]), None, "")
+    count = len(first)
+    if not count:
+        raise DataError(f"{references[0]}: empty; there is nothing to compare")
+    what = f"{'first ' if len(references) > 1 else ''}reference {references[0]}"
+    refs = [first] + [_lines(Path(r), count, what) for r in references[1:]]
+    hyps = [_lines(f, count, what) for f in files]
     tgt_lang = tgt_lang or recorded_language(files)
     report: dict[str, Any] = {"baseline": names[0], "sentences": count, "references": [str(r) for r in references],
                               "systems": {n: str(f) for n, f in zip(names, files, strict=True)}, "tgt_lang": tgt_lang,

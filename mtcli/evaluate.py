@@ -88,6 +88,8 @@ def _read_test(src_path: Path, ref_paths: list[Path]) -> tuple[list[str], list[s
     """The source lines, the first reference's and the further references' (each as many lines
     as the source: else a :class:`DataError` naming the file)."""
     sources = list(read_lines(src_path))
+    if not sources:
+        raise DataError(f"{src_path}: empty; there is nothing to translate and score")
     streams = [list(read_lines(path)) for path in ref_paths]
     for path, stream in zip(ref_paths, streams, strict=True):
         if len(sources) != len(stream):

@@ -64,12 +64,15 @@ def score(hypotheses: list[str], references: list[str], *, more_references: Sequ
     ``metrics`` names them (``chrf``, ``ter``; lower TER is better). Each with its signature as
     ``<metric>_signature`` (also grouped under ``signatures``), and BLEU's details
     (``bleu_precisions``, ``bleu_bp``, ``sys_len``, ``ref_len``). Raises :class:`DataError` if a
-    reference stream's length differs from the hypotheses', or on an unknown metric.
+    reference stream's length differs from the hypotheses', when there are none, or on an unknown
+    metric.
     """
     unknown = sorted(set(metrics) - set(METRICS))
     if unknown:
         raise DataError(f"unknown metric {', '.join(unknown)} (known: {', '.join(METRICS)})")
     refs = [list(references), *(list(r) for r in more_references)]
+    if not hypotheses:
+        raise DataError("no hypotheses to score (an empty test set)")
     for stream in refs:
         if len(hypotheses) != len(stream):
             raise DataError(f"{len(hypotheses)} hypotheses but {len(stream)} references: counts must match")

@@ -83,6 +83,12 @@ def test_bad_input_is_one_line(systems: tuple[Path, Path, Path], tmp_path: Path)
         compare([weak], [ref])
     with pytest.raises(ConfigError, match="unknown metric or test meteor"):
         compare([weak, strong], [ref], metrics=["meteor"])
+    with pytest.raises(DataError, match=r"short.hyp has 1 lines but the first reference .* has \d+"):
+        compare([weak, strong], [ref, short])
+    empty = tmp_path / "empty.ref"
+    empty.write_text("")
+    with pytest.raises(DataError, match=r"empty.ref: empty; there is nothing to compare"):  # was an IndexError
+        compare([weak, strong], [empty])
     result = CliRunner().invoke(app, ["compare", str(weak), str(short), "--ref", str(ref)])
     assert result.exit_code != 0 and "short.hyp has 1 lines" in result.output
     assert "Traceback" not in result.output

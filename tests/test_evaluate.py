@@ -88,6 +88,8 @@ def test_japanese_and_korean_need_mecab_and_say_which_extra(lang: str, tmp_path:
 def test_score_count_mismatch() -> None:
     with pytest.raises(DataError, match="2 hypotheses but 1 references"):
         score(["a", "b"], ["a"])
+    with pytest.raises(DataError, match="no hypotheses to score"):
+        score([], [])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,12 +157,15 @@ def test_evaluate_average_last(tiny_run_dir: Path, tmp_path: Path) -> None:
     assert report["sentences"] == len((tiny_run_dir / "text" / "val.src").read_text().splitlines())
 
 
-@pytest.mark.parametrize("case", ["missing_run", "missing_checkpoint", "count_mismatch", "bad_split", "output_a_file"])
+@pytest.mark.parametrize("case", ["missing_run", "missing_checkpoint", "count_mismatch", "bad_split", "output_a_file",
+                                  "empty"])
 def test_cli_evaluate_bad_input(case: str, tiny_run_dir: Path, tmp_path: Path) -> None:
-    src, ref = tmp_path / "a.src", tmp_path / "a.ref"
+    src, ref, empty = tmp_path / "a.src", tmp_path / "a.ref", tmp_path / "empty.src"
     src.write_text("eine katze\nrot\n", encoding="utf-8")
     ref.write_text("a cat\n", encoding="utf-8")
+    empty.write_text("", encoding="utf-8")
     args = {
+        "empty": ["evaluate", str(tiny_run_dir), "--src", str(empty), "--ref", str(empty)],
         "missing_run": ["evaluate", str(tmp_path / "nope")],
         "missing_checkpoint": ["evaluate", str(tiny_run_dir), "--checkpoint", str(tmp_path / "x.pt")],
         "count_mismatch": ["evaluate", str(tiny_run_dir), "--src", str(src), "--ref", str(ref)],
@@ -178,6 +183,8 @@ def test_cli_evaluate_bad_input(case: str, tiny_run_dir: Path, tmp_path: Path) -
         assert "nosuchsplit" in err
     if case == "output_a_file":  # said before the decoding, not after it
         assert err == f"mtcli: error: {src}: exists and is not a directory"
+    if case == "empty":  # was sacreBLEU's IndexError
+        assert err == f"mtcli: error: {empty}: empty; there is nothing to translate and score"
 
 
 def test_score_several_references_and_ter() -> None:
