@@ -3,7 +3,8 @@
 The run's checkpoint is converted once (:func:`mtcli.infer.export.export_model`) into
 ``<run_dir>/ctranslate2/<sha256 of the checkpoint file, 16 hex digits>/`` and reused while the
 checkpoint is the same file; when it changes (a longer run, another checkpoint) the next use
-converts it again and removes the older conversions. :class:`CT2Engine` then translates lines
+converts it again and removes the older conversions. A kept conversion CTranslate2 cannot read
+is converted again (:func:`open_engine`). :class:`CT2Engine` then translates lines
 as :func:`mtcli.infer.translate.translate_lines` does: windows of lines, empty lines answered
 without the model, sources truncated to the model's limit with a warning, n-best lists of
 :class:`~mtcli.infer.translate.Translation` in input order.
@@ -38,7 +39,7 @@ import torch
 
 from mtcli.config import DecodeConfig
 from mtcli.device import MemoryBudget, is_out_of_memory, memory_text
-from mtcli.errors import ConfigError, DeviceMemoryError
+from mtcli.errors import CheckpointError, ConfigError, DeviceMemoryError, one_line
 from mtcli.fileio import sha256_file
 from mtcli.infer.export import export_model, require_ctranslate2
 from mtcli.infer.loading import InferenceModel, source_prefix
@@ -62,6 +63,30 @@ def converted_model(run_dir: Path, checkpoint: Path) -> Path:
         if old.is_dir() and old.name != key and not old.name.startswith("."):
             shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def open_engine(run_dir: Path, checkpoint: Path, bundle: InferenceModel, device: torch.device,
+                decode: DecodeConfig) -> CT2Engine:
+    """A :class:`CT2Engine` over the conversion of ``checkpoint`` (:func:`converted_model`). A
+    kept conversion that CTranslate2 cannot read (a file damaged since, or cut short by a full
+    disk) is made again, once, with a warning; it is only ever derived from the checkpoint."""
+    model_dir = converted_model(run_dir, checkpoint)
+    try:
+        return CT2Engine(model_dir, bundle, device, decode)
+    except (RuntimeError, ValueError) as exc:
+        if is_out_of_memory(exc):
+            raise
+        get_logger().warning("%s: CTranslate2 cannot read this conversion (%s): converting %s again", model_dir,
+                             one_line(exc), checkpoint.name)
+    shutil.rmtree(model_dir)
+    model_dir = converted_model(run_dir, checkpoint)
+    try:
+        return CT2Engine(model_dir, bundle, device, decode)
+    except (RuntimeError, ValueError) as exc:
+        if is_out_of_memory(exc):
+            raise
+        raise CheckpointError(f"{model_dir}: CTranslate2 cannot read the conversion of {checkpoint.name} "
+                              f"({one_line(exc)})") from None
 
 
 def check_supported(decode: DecodeConfig) -> None:
@@ -166,4 +191,4 @@ class CT2Engine:
         return found
 
 
-__all__ = ["CT2_DIR", "CT2Engine", "ENGINES", "converted_model"]
+__all__ = ["CT2_DIR", "CT2Engine", "ENGINES", "converted_model", "open_engine"]

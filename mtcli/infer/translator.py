@@ -35,7 +35,7 @@ from mtcli.data.batching import collate, source_batch_tokens, source_batches
 from mtcli.data.textio import check_unicode
 from mtcli.device import MemoryBudget, autocast, in_budget_halves, memory_text, resolve_device
 from mtcli.errors import ConfigError, DataError
-from mtcli.infer.ct2 import ENGINES, CT2Engine, check_supported, converted_model
+from mtcli.infer.ct2 import ENGINES, CT2Engine, check_supported, open_engine
 from mtcli.infer.ensemble import Ensemble, add_members
 from mtcli.infer.loading import (
     InferenceModel,
@@ -147,8 +147,7 @@ class Translator:
         fast = None
         if engine == "ctranslate2":
             check_supported(decode)  # before converting: a run's own settings may ask for it
-            model_dir = converted_model(Path(run_dir), resolve_checkpoint(Path(run_dir), checkpoint))
-            fast = CT2Engine(model_dir, bundle, where, decode)
+            fast = open_engine(Path(run_dir), resolve_checkpoint(Path(run_dir), checkpoint), bundle, where, decode)
         return cls(bundle, decode, where, fast)
 
     @property

@@ -132,6 +132,11 @@ def test_ctranslate2_engine_converts_once_and_equals_ours_for_greedy(tiny_run_di
     assert again.translate(LINES) == Translator.from_run(run, beam=1, device="cpu").translate(LINES)
     beam = theirs.nbest(LINES, n=2, beam=2)  # beam search runs; its ranking may differ (docstring)
     assert all(len(hyps) == 2 for line, hyps in zip(LINES, beam, strict=True) if line)
+    damaged = next((run / CT2_DIR).iterdir()) / "model.bin"
+    damaged.write_bytes(b"a conversion cut short")  # was CTranslate2's RuntimeError, a traceback
+    assert Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2").translate(LINES) == again.translate(
+        LINES)
+    assert damaged.stat().st_size > 1000  # converted again
 
 
 def test_ctranslate2_engine_refuses_what_it_cannot_do(tiny_run_dir: Path) -> None:
