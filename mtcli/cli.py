@@ -390,7 +390,7 @@ def serve(
     """Serve a trained model over HTTP: POST /translate, GET /health, a page at /, docs at /docs.
     SIGHUP loads the checkpoint again (the newest checkpoint_best) without stopping."""
     try:
-        from mtcli.serve import Limits
+        from mtcli.serve import Limits, check_listening
         from mtcli.serve import serve as run_server
     except ImportError as exc:
         _fail(f"mtcli serve needs the serve extra: pip install 'mtcli[serve]' ({exc.name} is missing)", 1)
@@ -400,6 +400,7 @@ def serve(
 
     setup_logging(verbose)
     bound_onednn_cache()
+    check_listening(host, port)  # a port in use is said before the model loads
 
     def load() -> Translator:  # again on SIGHUP
         return Translator.from_run(run_dir, checkpoint, device=device, engine=engine,

@@ -41,11 +41,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import errno
 import hmac
 import json
 import os
 import queue
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -478,10 +480,32 @@ def _reload_or_hang_up(reloader: Reloader) -> Callable[[int, Any], None]:
     return handle
 
 
+def check_listening(host: str, port: int) -> None:
+    """Raise :class:`ConfigError` naming ``host`` or ``port`` when the server could not listen
+    there (a host this machine does not have, a port in use): said before a model is loaded,
+    instead of uvicorn's log line and exit status 3 after it."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ConfigError(f"--host {host}: not an address to listen on ({getattr(exc, 'strerror', None) or exc})"
+                          ) from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
+        sock.bind(address)
+    except OSError as exc:
+        hint = "; another process is listening there: give another --port" if exc.errno == errno.EADDRINUSE else ""
+        raise ConfigError(f"{host}:{port}: cannot listen there ({exc.strerror or exc}){hint}") from None
+    finally:
+        sock.close()
+
+
 def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
           api_key: str | None = None, load: Callable[[], Translator] | None = None) -> None:
     """Run the server until SIGTERM/SIGINT (requests in flight are answered first). With
     ``load`` (how ``translator`` was made), SIGHUP serves a freshly loaded model (:class:`Reloader`)."""
+    check_listening(host, port)
     log = get_logger()
     log.info("serving %s on http://%s:%d (API key %s)", translator.name, host, port,
              "required" if api_key else "not set")
@@ -502,4 +526,5 @@ def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, lim
         log.info("stopped by %s after answering the requests in flight", signal.Signals(received[0]).name)
 
 
-__all__ = ["API_KEY_ENV", "Batcher", "Hypothesis", "Limits", "Reloader", "TranslateRequest", "create_app", "serve"]
+__all__ = ["API_KEY_ENV", "Batcher", "Hypothesis", "Limits", "Reloader", "TranslateRequest", "create_app",
+           "check_listening", "serve"]

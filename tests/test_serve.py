@@ -370,6 +370,21 @@ def test_the_batcher_decodes_a_failed_batch_again_one_request_at_a_time() -> Non
     assert results[4:] == [("poisoned", [f"C{i}"]) for i in range(3)]
 
 
+def test_a_port_in_use_or_a_host_not_here_is_one_line_before_the_model_loads(tiny_run_dir: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for option, value, expected in (
+                ("--port", str(port), f"127.0.0.1:{port}: cannot listen there (Address already in use); another "
+                                      "process is listening there: give another --port"),
+                ("--host", "999.1.1.1", "--host 999.1.1.1: not an address to listen on")):
+            res = subprocess.run([sys.executable, "-m", "mtcli.cli", "serve", str(tiny_run_dir), option, value],
+                                 capture_output=True, text=True, timeout=120, check=False)
+            assert res.returncode == 2 and res.stderr.startswith(f"mtcli: error: {expected}"), res.stderr
+            assert len(res.stderr.splitlines()) == 1 and "Uvicorn" not in res.stderr + res.stdout
+
+
 @pytest.mark.parametrize(("option", "value"), [("--port", "99999"), ("--max-lines", "0"), ("--max-chars", "0"),
                                                ("--batch-wait-ms", "-1")])
 def test_a_serve_option_out_of_range_is_a_usage_error(tiny_run_dir: Path, option: str, value: str) -> None:
