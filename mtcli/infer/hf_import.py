@@ -31,13 +31,18 @@ logits of both models on a probe must agree. Needs the ``hf`` extra (``pip insta
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import re
 import shutil
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import sentencepiece as spm
 import torch
 
 from mtcli.checkpoint import save_checkpoint
@@ -53,7 +58,7 @@ from mtcli.config import (
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_PIECE, Tokenizer
 from mtcli.data.vocabmap import read_vocab
 from mtcli.errors import ConfigError, DataError, MtcliError, one_line
-from mtcli.fileio import atomic_dir, sha256_file
+from mtcli.fileio import atomic_dir, check_replaceable, sha256_file
 from mtcli.infer.hf import from_marian, model_permutation, require_transformers, weight_table
 from mtcli.logs import get_logger
 from mtcli.model import Transformer
@@ -111,6 +116,37 @@ def _read_json(path: Path) -> dict[str, Any]:
     return raw
 
 
+def _check_spm(path: Path) -> None:
+    """:class:`DataError` naming ``path`` unless it is a SentencePiece model that loads."""
+    try:
+        spm.SentencePieceProcessor().Load(str(path))
+    except (OSError, RuntimeError) as exc:
+        raise DataError(f"{path}: not a readable SentencePiece model ({one_line(exc, 200)})") from None
+
+
+def weights_file(model_dir: Path) -> Path:
+    """The weights file transformers loads from ``model_dir`` (``model.safetensors`` first);
+    :class:`DataError` when there is none."""
+    for name in _WEIGHTS:
+        if (model_dir / name).is_file():
+            return model_dir / name
+    raise DataError(f"{model_dir}: no weights ({' or '.join(_WEIGHTS)})")
+
+
+def _check_weights(path: Path) -> None:
+    """:class:`DataError` naming ``path`` when it is a safetensors file whose header is broken or
+    does not cover the file (a truncated download); a ``.bin`` is checked as transformers loads it."""
+    if path.suffix != ".safetensors":
+        return
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            handle.keys()
+    except (OSError, SafetensorError) as exc:
+        raise DataError(f"{path}: not a readable safetensors file, truncated? ({one_line(exc, 200)})") from None
+
+
 def check_model_dir(model_dir: Path) -> dict[str, Any]:
     """``config.json`` of ``model_dir`` after checking the directory holds every file an import
     reads and the config only what mtcli computes exactly; one-line :class:`MtcliError` naming
@@ -123,8 +159,9 @@ def check_model_dir(model_dir: Path) -> dict[str, Any]:
         if not (model_dir / name).is_file():
             raise DataError(f"{model_dir / name}: not found (an OPUS-MT style Marian directory has "
                             f"{VOCAB_NAME}, {SOURCE_SPM_NAME} and {TARGET_SPM_NAME})")
-    if not any((model_dir / name).is_file() for name in _WEIGHTS):
-        raise DataError(f"{model_dir}: no weights ({' or '.join(_WEIGHTS)})")
+    for name in (SOURCE_SPM_NAME, TARGET_SPM_NAME):
+        _check_spm(model_dir / name)
+    _check_weights(weights_file(model_dir))
     for key, (allowed, why) in _REQUIRED.items():
         value = raw.get(key)
         if value not in allowed:
@@ -142,6 +179,8 @@ def check_model_dir(model_dir: Path) -> dict[str, Any]:
 def languages(model_dir: Path, src_lang: str | None, tgt_lang: str | None) -> tuple[str, str]:
     """The languages given, else ``tokenizer_config.json``'s ``source_lang``/``target_lang``,
     else the directory's name (``opus-mt-de-en``); :class:`ConfigError` when none says."""
+    if src_lang and src_lang == tgt_lang:
+        raise ConfigError(f"--src-lang and --tgt-lang are both {src_lang!r}: the source and target languages must differ")
     found = [src_lang, tgt_lang]
     path = model_dir / "tokenizer_config.json"
     settings = _read_json(path) if path.is_file() else {}
@@ -151,8 +190,11 @@ def languages(model_dir: Path, src_lang: str | None, tgt_lang: str | None) -> tu
             found[i] = settings[key]
         if not found[i] and match:
             found[i] = match.group(i + 1)
-    if not found[0] or not found[1] or found[0] == found[1]:
+    if not found[0] or not found[1]:
         raise ConfigError(f"{model_dir}: cannot tell the source and target languages: give --src-lang and --tgt-lang")
+    if found[0] == found[1]:
+        raise ConfigError(f"{model_dir}: the source and target languages would both be {found[0]!r} (they must "
+                          "differ): give --src-lang and --tgt-lang")
     return str(found[0]), str(found[1])
 
 
@@ -277,25 +319,71 @@ def _run_config(hf: Any, model: Transformer, model_dir: Path, run_dir: Path, lan
     return config
 
 
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' logging (its load report), progress bars and warnings off for the block
+    (library code never prints; what goes wrong becomes our one-line error)."""
+    from transformers.utils import logging as hf_logging
+
+    logger = logging.getLogger("transformers")
+    level, bars = logger.level, hf_logging.is_progress_bar_enabled()
+    logger.setLevel(logging.CRITICAL + 1)
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def _load_marian(model_dir: Path) -> Any:
+    """The MarianMTModel of ``model_dir``; one-line :class:`MtcliError` naming the file when its
+    weights do not load or do not fit ``config.json`` (nothing of transformers' own report shown)."""
     from transformers import MarianMTModel
 
+    weights, config = weights_file(model_dir), model_dir / "config.json"
     try:
-        return MarianMTModel.from_pretrained(str(model_dir)).float().eval()
-    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
-        raise MtcliError(f"{model_dir}: transformers cannot load the model ({one_line(exc, 200)})") from None
+        with _quiet_transformers():
+            hf, info = MarianMTModel.from_pretrained(str(model_dir), output_loading_info=True,
+                                                     ignore_mismatched_sizes=True)
+    except MemoryError:
+        raise
+    except Exception as exc:  # transformers and safetensors raise many kinds (SafetensorError is a bare Exception)
+        raise MtcliError(f"{model_dir}: transformers cannot load the model from config.json and {weights.name} "
+                         f"({one_line(exc, 200)})") from None
+    mismatched = list(info.get("mismatched_keys") or [])
+    if mismatched:
+        key, theirs, ours = mismatched[0]
+        raise ConfigError(f"{config}: does not match {weights}: {len(mismatched)} weights have other shapes, "
+                          f"e.g. {key} is {list(theirs)} there but {list(ours)} by config.json")
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        raise DataError(f"{weights}: lacks {len(missing)} weights the model of config.json has, e.g. {missing[0]}")
+    return hf.float().eval()
+
+
+def check_run_dir(run_dir: Path, force: bool) -> None:
+    """Refuse (one line) a ``run_dir`` the import may not write: a file, a directory of other
+    files (even with ``force``: mtcli replaces only an import it wrote, one with ``import.json``;
+    never a trained run), an earlier import without ``force``."""
+    check_replaceable(run_dir, IMPORT_NAME)
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not force:
+        raise MtcliError(f"{run_dir}: exists; give a new run directory (or --force to replace it)")
 
 
 def import_hf(model_dir: str | Path, run_dir: str | Path, src_lang: str | None = None,
               tgt_lang: str | None = None, force: bool = False) -> ImportReport:
     """Write ``run_dir`` (atomically) from the Marian model directory ``model_dir`` (see the
-    module docstring). An existing ``run_dir`` is refused unless ``force``. Raises
+    module docstring). An earlier import is replaced only with ``force``; any other directory
+    of files never (see :func:`check_run_dir`). Raises
     :class:`ConfigError`/:class:`DataError` (one line, naming the file or key) for what cannot
     be imported exactly, :class:`MtcliError` without ``transformers``."""
     require_transformers("mtcli import-hf")
     model_dir, run_dir = Path(model_dir), Path(run_dir)
-    if run_dir.exists() and not force and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        raise MtcliError(f"{run_dir}: exists; give a new run directory (or --force to replace it)")
+    check_run_dir(run_dir, force)
     raw = check_model_dir(model_dir)
     langs = languages(model_dir, src_lang, tgt_lang)
     vocab = read_vocab(model_dir / VOCAB_NAME)
@@ -304,7 +392,8 @@ def import_hf(model_dir: str | Path, run_dir: str | Path, src_lang: str | None =
     model = build_model(hf, order)
     difference = probe(hf, model, order)
     config = _run_config(hf, model, model_dir, run_dir, langs)
-    with atomic_dir(run_dir, mark=None) as tmp:
+    check_run_dir(run_dir, force)  # again: the work took a while
+    with atomic_dir(run_dir, mark=IMPORT_NAME) as tmp:
         vocab_file = _write_tokenizer(tmp, model_dir, vocab, order)
         save_config(config, tmp / CONFIG_NAME)
         state = {"format": 1, "step": 0, "epoch": 0, "model": model.state_dict(), "config": config.to_dict(),
@@ -325,4 +414,5 @@ def import_hf(model_dir: str | Path, run_dir: str | Path, src_lang: str | None =
                         sum(p.numel() for p in model.parameters()), difference)
 
 
-__all__ = ["IMPORT_NAME", "ImportReport", "check_model_dir", "import_hf", "languages"]
+__all__ = ["IMPORT_NAME", "ImportReport", "check_model_dir", "check_run_dir", "import_hf", "languages",
+           "weights_file"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -261,6 +263,13 @@ def _broken(marian_dir: Path, tmp_path: Path) -> Path:
     (lambda d: _set(d, normalize_before=True), ConfigError, "normalize_before: True is not supported"),
     (lambda d: _set(d, activation_function="gelu"), ConfigError, "activation_function: 'gelu'"),
     (lambda d: _set(d, decoder_vocab_size=7), ConfigError, "decoder_vocab_size: 7"),
+    (lambda d: os.truncate(d / "model.safetensors", 1000), DataError,
+     r"opus-mt-de-en/model.safetensors: not a readable safetensors file"),
+    (lambda d: (d / "source.spm").write_bytes(b"junk\n"), DataError, "source.spm: not a readable SentencePiece model"),
+    (lambda d: (d / "target.spm").write_bytes(b"junk\n"), DataError, "target.spm: not a readable SentencePiece model"),
+    (lambda d: _drop_weight(d, "model.encoder.layers.0.fc1.weight"), DataError,
+     "model.safetensors: lacks 1 weights .* model.encoder.layers.0.fc1.weight"),
+    (lambda d: _set(d, d_model=32), ConfigError, r"config.json: does not match .*model.safetensors"),
 ])
 def test_what_cannot_be_imported_is_refused_in_one_line(
         marian_dir: Path, tmp_path: Path, damage, error: type, message: str) -> None:
@@ -275,6 +284,96 @@ def test_what_cannot_be_imported_is_refused_in_one_line(
 def _set(model_dir: Path, **changes) -> None:
     path = model_dir / "config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}), encoding="utf-8")
+
+
+def _drop_weight(model_dir: Path, name: str) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = model_dir / "model.safetensors"
+    weights = load_file(path)
+    del weights[name]
+    save_file(weights, path, metadata={"format": "pt"})
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_a_config_that_does_not_fit_the_weights_is_one_line_without_transformers_report(
+        marian_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    broken = _broken(marian_dir, tmp_path)
+    _set(broken, d_model=32)
+    records = _Records()  # transformers' loggers do not propagate: listen on its own
+    hf_logger = logging.getLogger("transformers")
+    hf_logger.addHandler(records)
+    level = hf_logger.level
+    try:
+        with pytest.raises(ConfigError, match=r"config.json: does not match .*model.safetensors") as caught:
+            import_hf(broken, tmp_path / "run")
+    finally:
+        hf_logger.removeHandler(records)
+    assert "\n" not in str(caught.value) and "report" not in str(caught.value)
+    assert [r.getMessage()[:80] for r in records.records] == []  # no MISMATCH load report
+    out, err = capfd.readouterr()
+    assert "Loading weights" not in out + err and "MISMATCH" not in out + err
+    assert hf_logger.level == level and transformers.utils.logging.is_progress_bar_enabled()
+
+
+def test_force_replaces_a_run_but_never_a_directory_of_other_files(marian_dir: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from mtcli.cli import app
+
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work\n", encoding="utf-8")
+    for force in (True, False):
+        with pytest.raises(FileExistsError, match="a directory of other files .*mtcli replaces only what it wrote"):
+            import_hf(marian_dir, precious, force=force)
+    result = CliRunner().invoke(app, ["import-hf", str(marian_dir), str(precious), "--src-lang", "en",
+                                      "--tgt-lang", "fr", "--force"])
+    assert result.exit_code == 1 and "a directory of other files" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["precious"]  # no temporary directory left
+    assert [p.name for p in precious.iterdir()] == ["thesis.tex"]
+    assert (precious / "thesis.tex").read_text(encoding="utf-8") == "years of work\n"
+    trained = tmp_path / "trained"  # what a training writes: hours of work, never replaced by an import
+    (trained / "checkpoints").mkdir(parents=True)
+    (trained / "config.yaml").write_text("data: {}\n", encoding="utf-8")
+    with pytest.raises(FileExistsError, match="a directory of other files"):
+        import_hf(marian_dir, trained, force=True)
+    imported = tmp_path / "imported"
+    import_hf(marian_dir, imported)
+    with pytest.raises(MtcliError, match="exists; give a new run directory"):
+        import_hf(marian_dir, imported)
+    import_hf(marian_dir, imported, force=True)  # an import is replaced
+    assert (imported / "import.json").is_file() and (imported / "checkpoints" / "checkpoint_best.pt").is_file()
+
+
+def test_a_failed_forced_import_leaves_the_old_run(marian_dir: Path, imported: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(imported, run)
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    broken = _broken(marian_dir, tmp_path)
+    os.truncate(broken / "model.safetensors", 1000)
+    with pytest.raises(DataError, match=f"^{broken / 'model.safetensors'}: "):
+        import_hf(broken, run, force=True)
+    assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["opus-mt-de-en", "run"]
+
+
+def test_the_languages_must_differ(marian_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--src-lang and --tgt-lang are both 'en': .* must differ") as caught:
+        import_hf(marian_dir, tmp_path / "run", src_lang="en", tgt_lang="en")
+    assert "cannot tell" not in str(caught.value)
+    with pytest.raises(ConfigError, match="would both be 'en' .*must differ"):  # en from tokenizer_config.json
+        import_hf(marian_dir, tmp_path / "run", src_lang="en")
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_command_imports_and_refuses_in_one_line(marian_dir: Path, tmp_path: Path,
