@@ -313,6 +313,24 @@ def test_a_run_dir_that_is_a_file_is_one_line_naming_it(prepared: Path, tmp_path
     assert notes.read_text() == "mine"
 
 
+def test_a_run_dir_of_other_files_is_refused_and_a_stopped_run_resumed(prepared: Path, tmp_path: Path) -> None:
+    """``train.run_dir: .`` in a project holding a config.yaml would have overwritten it with the
+    run's; a directory with a run's log (a run stopped before its first checkpoint) is a run."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "config.yaml").write_text("my own\n")
+    result = CliRunner().invoke(app, train_argv(prepared, project, "train.max_steps=2"))
+    assert result.exit_code == 1 and error_lines(result.stderr) == [
+        f"mtcli: error: {project}: a directory of other files, not a run (it has no checkpoints/ or train.log); "
+        "give train.run_dir a new or empty directory"], result.stderr
+    assert sorted(p.name for p in project.iterdir()) == ["config.yaml"] and (project / "config.yaml").read_text() == "my own\n"
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    (stopped / "train.log").write_text("a run stopped at its start\n")
+    result = CliRunner().invoke(app, train_argv(prepared, stopped, "train.max_steps=2"))
+    assert result.exit_code == 0, result.stderr
+
+
 #: ``mtcli prepare --force``, paused in the middle of the build (after SentencePiece).
 TERMINABLE_PREPARE = PREPARE_PAUSED_AFTER_SPM + """
 from mtcli.cli import app

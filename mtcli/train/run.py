@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 from dataclasses import dataclass, field
@@ -46,6 +47,9 @@ from mtcli.train.parent import PARENT_NAME, load_parent, start_from
 from mtcli.train.resume import find_resume_checkpoint, remove_stale_temp_files
 from mtcli.train.signals import StopSignals
 from mtcli.train.trainer import Trainer
+
+#: The run's log: with ``checkpoints/``, what tells a run's directory from another
+LOG_NAME = "train.log"
 
 
 @dataclass
@@ -90,6 +94,18 @@ class TrainSummary:
         if self.resumed_from:
             lines.append(f"resumed from: {self.resumed_from}")
         return "\n".join(lines)
+
+
+def check_run_directory(run_dir: Path) -> None:
+    """Raise an ``OSError`` naming ``run_dir`` when a run cannot be written there: a file in its
+    way, or a directory of other files. A run writes ``config.yaml`` and more into its
+    directory, so ``train.run_dir: .`` would overwrite a config of that name; a run's own
+    directory (``checkpoints/`` or ``train.log``, even of a run stopped at its start) is resumed."""
+    check_directory(run_dir)
+    if (run_dir.is_dir() and any(run_dir.iterdir()) and not checkpoint_dir(run_dir).is_dir()
+            and not (run_dir / LOG_NAME).is_file()):
+        raise FileExistsError(errno.EEXIST, f"a directory of other files, not a run (it has no checkpoints/ or "
+                              f"{LOG_NAME}); give train.run_dir a new or empty directory", str(run_dir))
 
 
 def setup_run_dir(config: Config, corpus: PreparedCorpus, run_dir: Path) -> None:
@@ -246,7 +262,7 @@ def train(config: Config) -> TrainSummary:
     if config.train.valid_bleu:
         scorer("bleu", config.data.tgt_lang)  # a tokeniser's missing package is said now, not at the validation
     run_dir = config.run_path()
-    check_directory(run_dir)  # a file in its way is said now, not after the corpus is checked
+    check_run_directory(run_dir)  # said now, not after the corpus is checked
     corpus = open_prepared(config, check_inputs=info.is_main)  # one process reads the corpus's files
     init_distributed(info, device)
     signals = StopSignals()
@@ -256,7 +272,7 @@ def train(config: Config) -> TrainSummary:
         if info.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             stack.enter_context(RunLock(run_dir))
-            stack.callback(remove_log_handler, add_file_log(run_dir / "train.log"))
+            stack.callback(remove_log_handler, add_file_log(run_dir / LOG_NAME))
             remove_stale_temp_files(run_dir)
         if info.distributed:
             dist.barrier()
