@@ -518,6 +518,8 @@ class HubSource(_ArrowSource):
                     if _offline()
                     else "the hub may be unreachable or the id/config wrong"
                 )
+                if "/" not in self.hub_id:  # as likely a local directory misspelt
+                    why += f", and no directory {Path.cwd() / self.hub_id} exists"
                 raise DataError(
                     f"cannot load Hugging Face dataset '{self.hub_id}'"
                     f"{f' config {self.hub_config!r}' if self.hub_config else ''}: {why} "

@@ -4,6 +4,7 @@ and cleaning counts."""
 from __future__ import annotations
 
 import gzip
+import re
 from pathlib import Path
 
 import pytest
@@ -200,6 +201,21 @@ def test_open_source_hub_id_is_lazy() -> None:
     source = open_source("some-org/some-dataset", "de", "en", "de-en")
     assert isinstance(source, HubSource)
     assert source.hub_id == "some-org/some-dataset" and source.hub_config == "de-en"
+
+
+def test_a_name_that_is_no_local_directory_nor_on_the_hub_says_both(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    """``data.source: corpx`` (``corpus`` misspelt) is read as a hub id: when the hub has none,
+    the error says there is no such local directory either."""
+    datasets = pytest.importorskip("datasets")
+
+    def unreachable(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("no internet")
+
+    monkeypatch.setattr(datasets, "load_dataset", unreachable)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match=f"no directory {re.escape(str(tmp_path / 'corpx'))} exists"):
+        open_source("corpx", "de", "en").check(["train"])
 
 
 # ----------------------------------------------------------------------------- hub layout, offline
