@@ -248,14 +248,16 @@ def evaluate_directions(
                                      average_best=average_best, ensemble=ensemble, engine=engine,
                                      overrides=overrides or (), **settings)
     data, tgt_lang = translator.bundle.config.data, settings.get("tgt_lang")
-    if every_direction and src_file is None:
-        directions = [d for d in run_directions(run_dir, translator.bundle.config)
-                      if src_lang in (None, d[0]) and tgt_lang in (None, d[1])]
-        if not directions:
-            raise ConfigError(f"{run_dir}: no direction {src_lang or '*'}->{tgt_lang or '*'} among those it was "
-                              f"trained on ({', '.join('->'.join(d) for d in run_directions(run_dir, translator.bundle.config))})")
+    trained, every = run_directions(run_dir, translator.bundle.config), every_direction and src_file is None
+    if every:
+        directions = [d for d in trained if src_lang in (None, d[0]) and tgt_lang in (None, d[1])]
     else:
         directions = [(src_lang or data.src_lang, tgt_lang or data.tgt_lang)]
+        directions = [d for d in directions if d in trained or src_lang is None]  # a --src-lang given: trained
+    if not directions:
+        raise ConfigError(f"{run_dir}: no direction {src_lang or '*'}->{tgt_lang or '*'} among those it was "
+                          f"trained on ({', '.join('->'.join(d) for d in trained)})")
+    if not every:
         if tgt_lang is None and len(translator.target_languages) > 1:
             get_logger().warning("%s translates into %s: scoring into %s, its default (--tgt-lang chooses)",
                                  run_dir, ", ".join(translator.target_languages), directions[0][1])

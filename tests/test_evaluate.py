@@ -158,7 +158,7 @@ def test_evaluate_average_last(tiny_run_dir: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("case", ["missing_run", "missing_checkpoint", "count_mismatch", "bad_split", "output_a_file",
-                                  "empty"])
+                                  "empty", "untrained_source"])
 def test_cli_evaluate_bad_input(case: str, tiny_run_dir: Path, tmp_path: Path) -> None:
     src, ref, empty = tmp_path / "a.src", tmp_path / "a.ref", tmp_path / "empty.src"
     src.write_text("eine katze\nrot\n", encoding="utf-8")
@@ -166,6 +166,7 @@ def test_cli_evaluate_bad_input(case: str, tiny_run_dir: Path, tmp_path: Path) -
     empty.write_text("", encoding="utf-8")
     args = {
         "empty": ["evaluate", str(tiny_run_dir), "--src", str(empty), "--ref", str(empty)],
+        "untrained_source": ["evaluate", str(tiny_run_dir), "--src", str(src), "--ref", str(src), "--src-lang", "zz"],
         "missing_run": ["evaluate", str(tmp_path / "nope")],
         "missing_checkpoint": ["evaluate", str(tiny_run_dir), "--checkpoint", str(tmp_path / "x.pt")],
         "count_mismatch": ["evaluate", str(tiny_run_dir), "--src", str(src), "--ref", str(ref)],
@@ -183,6 +184,8 @@ def test_cli_evaluate_bad_input(case: str, tiny_run_dir: Path, tmp_path: Path) -
         assert "nosuchsplit" in err
     if case == "output_a_file":  # said before the decoding, not after it
         assert err == f"mtcli: error: {src}: exists and is not a directory"
+    if case == "untrained_source":  # was scored, and reported as zz->tgt
+        assert "no direction zz->* among those it was trained on" in err
     if case == "empty":  # was sacreBLEU's IndexError
         assert err == f"mtcli: error: {empty}: empty; there is nothing to translate and score"
 
