@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import pickle
 import re
 from collections.abc import Iterable
@@ -89,7 +90,8 @@ def save_checkpoint(path: Path, state: dict, also: Iterable[Path] = ()) -> None:
     directory, which is fsynced and renamed over ``path``; each of ``also`` then becomes another
     name of that file (:func:`mtcli.fileio.atomic_link`). If anything fails (disk full, file-size
     limit, permissions) the temporary file is removed, the previous file is untouched, and
-    :class:`CheckpointError` names the path and the OS error.
+    :class:`CheckpointError` names the path and the OS error (and says the previous file is
+    unchanged only where there was one).
     """
     path = Path(path)
     if not isinstance(state, dict):
@@ -102,16 +104,18 @@ def save_checkpoint(path: Path, state: dict, also: Iterable[Path] = ()) -> None:
         raise CheckpointError(f"{path}: cannot serialise checkpoint ({one_line(exc)})") from None
     payload = buffer.getbuffer()
     target = path
+    also = list(map(Path, also))
+    existed = {p for p in (path, *also) if os.path.isfile(p)}  # a failed write leaves these as they were
     try:
         with atomic_write(path, "wb") as handle:
             handle.write(_frame(payload))
             handle.write(payload)
-        for target in map(Path, also):
+        for target in also:
             atomic_link(path, target)
     except OSError as exc:
         reason = exc.strerror or one_line(exc)
-        message = f"{target}: cannot write checkpoint ({reason}); the previous file is unchanged"
-        raise CheckpointError(message) from None
+        kept = "; the previous file is unchanged" if target in existed else ""
+        raise CheckpointError(f"{target}: cannot write checkpoint ({reason}){kept}") from None
     finally:
         del payload
         buffer.close()

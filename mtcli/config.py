@@ -364,6 +364,9 @@ def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | N
     for section, cls in SECTIONS.items():
         body = raw.get(section)
         if body is None and section == "data":
+            if "data" in raw:
+                raise ConfigError(f"{where}: data: is empty; it needs at least data.source, data.src_lang and "
+                                  "data.tgt_lang")
             raise ConfigError(f"{where}: missing required section 'data'")
         if body is None:
             body = {}
@@ -490,6 +493,9 @@ def validate(config: Config, where: str | None = None) -> None:
         (not (d.int8 and d.bf16), "decode.int8 and decode.bf16 exclude each other: choose one"),
         (d.workers >= 1, "decode.workers must be >= 1"),
         (d.shortlist >= 0 and d.shortlist_frequent >= 0, "decode.shortlist and decode.shortlist_frequent must be >= 0"),
+        (dc.name not in ("", ".", "..") and not re.search(r"[/\\]", dc.name),
+         f"data.name must be a plain name, without '/' or '\\' and not '.' or '..' (it names the cache "
+         f"data/prepared/<name>), got {dc.name!r}"),
         (dc.vocab_size >= 8, "data.vocab_size must be >= 8"),
         (dc.num_workers >= 1, "data.num_workers must be >= 1"),
         (0.98 <= dc.character_coverage <= 1.0,

@@ -310,6 +310,24 @@ def test_unwritable_destination_is_a_one_line_error(tmp_path: Path) -> None:
     assert str(blocker / rd.LAST_NAME) in one_line(exc)
 
 
+def test_a_failed_write_says_the_previous_file_is_unchanged_only_when_there_was_one(tmp_path: Path) -> None:
+    (tmp_path / "somedir").mkdir()  # `mtcli average -o <a directory>`
+    with pytest.raises(CheckpointError, match="cannot write checkpoint") as exc:
+        save_checkpoint(tmp_path / "somedir", toy_state(1))
+    assert str(tmp_path / "somedir") in one_line(exc) and "previous file" not in one_line(exc)
+    blocker = tmp_path / "checkpoints"
+    blocker.write_text("a file where the directory should be")
+    with pytest.raises(CheckpointError, match="cannot write checkpoint") as exc:
+        save_checkpoint(blocker / rd.LAST_NAME, toy_state(1))
+    assert "previous file" not in one_line(exc)
+    last, step_file = tmp_path / rd.LAST_NAME, tmp_path / "checkpoint_7.pt"
+    save_checkpoint(last, toy_state(5, seed=2))
+    with pytest.raises(CheckpointError, match="cannot write checkpoint") as exc:  # an `also` name, new
+        save_checkpoint(step_file, toy_state(7), also=[last, blocker / "x.pt"])
+    assert str(blocker / "x.pt") in one_line(exc) and "previous file" not in one_line(exc)
+    # where the file existed the message still says so: test_write_failure_under_file_size_limit...
+
+
 def test_also_names_the_same_bytes_and_survives_pruning(tmp_path: Path) -> None:
     directory = tmp_path / "checkpoints"
     step_file, last, best = directory / "checkpoint_7.pt", directory / rd.LAST_NAME, directory / "checkpoint_best.pt"
@@ -679,6 +697,9 @@ def test_average_run_last_and_best(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="last 9 checkpoints, found 4"):
         average_run_checkpoints(tmp_path, tmp_path / "x.pt", last=9)
     assert not (tmp_path / "x.pt").exists()
+    (tmp_path / "plain").mkdir()  # a directory without checkpoints/ is not a run
+    with pytest.raises(CheckpointError, match=r"plain: not a run directory \(no checkpoints/\)"):
+        average_run_checkpoints(tmp_path / "plain", tmp_path / "x.pt", last=1)
 
 
 def test_cli_average(tmp_path: Path) -> None:
@@ -809,6 +830,8 @@ def test_load_for_inference_builds_eval_model(run_dir: Path, log_lines) -> None:
     weight = next(k for k, v in a.items() if v.is_floating_point() and v.dim() == 2)
     mean = ((a[weight].double() + b[weight].double()) / 2).float()
     assert torch.equal(bundle.model.state_dict()[weight], mean)
+    with pytest.raises(ConfigError, match="give one of --average-last K or --average-best K, not both"):
+        load_for_inference(run_dir, average_last=1, average_best=1)  # the options' names, not the library's
 
     # parameters of another model shape: one-line error
     wrong = _model_state(run_dir, 30, seed=1)

@@ -77,6 +77,21 @@ def test_missing_required_key_names_file_and_key(tmp_path: Path) -> None:
     assert "nodata.yaml" in message and "data" in message
 
 
+def test_an_empty_data_section_says_it_is_empty(tmp_path: Path) -> None:
+    message = cli_error(write(tmp_path, "data:\nmodel:\n  d_model: 64\n"))
+    assert message.endswith("recipe.yaml: data: is empty; it needs at least data.source, data.src_lang "
+                            "and data.tgt_lang"), message
+
+
+@pytest.mark.parametrize("name", ["../../evil", "a/b", "a\\b", "..", ".", ""])
+def test_data_name_must_be_a_plain_name(tmp_path: Path, name: str) -> None:
+    """data.name names data/prepared/<name>: a path there would write the cache elsewhere."""
+    message = cli_error(write(tmp_path, {"data": {**MINIMAL["data"], "name": name}}))
+    assert "recipe.yaml: data.name must be a plain name" in message and repr(name) in message
+    assert "--set data.name=../x: data.name must be" in cli_error(write(tmp_path, MINIMAL), "--set", "data.name=../x")
+    assert config_from_dict(MINIMAL, overrides=["data.name=multi30k_de-en.v2"]).data.name == "multi30k_de-en.v2"
+
+
 def test_data_name_left_out_is_the_config_files_name(tmp_path: Path) -> None:
     """As ``train.run_dir`` defaults to ``data/runs/<file stem>``, the cache is named after the
     file: a config of a source and two languages is enough. A dict with no file still needs it."""

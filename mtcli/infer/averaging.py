@@ -15,7 +15,7 @@ import torch
 from mtcli.checkpoint import FORMAT, load_checkpoint, save_checkpoint
 from mtcli.errors import CheckpointError
 from mtcli.logs import get_logger
-from mtcli.rundir import names, select_checkpoints
+from mtcli.rundir import checkpoint_dir, names, select_checkpoints
 
 
 def average_checkpoints(paths: list[Path]) -> dict:
@@ -107,6 +107,8 @@ def average_run_checkpoints(run_dir: Path, output: Path, last: int = 0, best: in
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"{run_dir}: run directory not found")
+    if not checkpoint_dir(run_dir).is_dir():
+        raise CheckpointError(f"{run_dir}: not a run directory (no checkpoints/)")
     paths = select_checkpoints(run_dir, last=last, best=best)
     state = average_checkpoints(paths)
     save_checkpoint(Path(output), state)

@@ -189,6 +189,9 @@ def load_for_inference(
     if average_last < 0 or average_best < 0:
         raise ConfigError("--average-last/--average-best must be 0 (no average) or > 0, "
                           f"got {min(average_last, average_best)}")
+    if average_last > 0 and average_best > 0:
+        raise ConfigError(f"give one of --average-last K or --average-best K, not both (got --average-last "
+                          f"{average_last} --average-best {average_best})")
     run_dir = Path(run_dir)
     config, tokenizer = _open_run(run_dir)
     if average_last > 0 or average_best > 0:
