@@ -361,8 +361,9 @@ class BatchStream:
         )
         if len(self.indices) == 0:
             raise DataError(
-                f"no training pair is within train.max_source_length={self.max_source_length} and "
-                f"train.max_target_length={self.max_target_length} ({self.skipped} skipped)"
+                f"no training pair is within {self.max_source_length} source and {self.max_target_length} target "
+                f"pieces ({self.skipped} skipped; the limits are train.max_source_length and "
+                "train.max_target_length, at most model.max_positions - 1)"
             )
 
     def epoch_batches(self, epoch: int) -> list[Any]:

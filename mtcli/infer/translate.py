@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mtcli.config import Config, DecodeConfig, config_from_dict
+from mtcli.config import Config, DecodeConfig, config_from_dict, parse_override
 from mtcli.data.batching import collate_sources, source_batch_tokens, source_batches
 from mtcli.data.textio import ArrivingLines
 from mtcli.data.tokenizer import Tokenizer
@@ -313,7 +313,6 @@ def decoding_device(decode: DecodeConfig) -> torch.device:
 def decode_config(config: Config, overrides: list[str]) -> Config:
     """Apply ``decode.*`` ``--set`` overrides to a run's config (other sections are refused)."""
     for text in overrides:
-        key = text.split("=", 1)[0].strip()
-        if not key.startswith("decode."):
+        if parse_override(text)[0] != "decode":  # a malformed one is said as train says it
             raise ConfigError(f"--set {text!r}: only decode.* keys can be set when decoding")
     return config_from_dict(config.to_dict(), config.path, overrides)

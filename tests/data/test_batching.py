@@ -87,6 +87,16 @@ def test_filter_by_length_counts_skips() -> None:
         filter_by_length(np.array([1, 2]), np.array([1]), 5, 5)
 
 
+def test_no_pair_within_the_limits_names_every_setting_that_sets_them() -> None:
+    """The limits may be clipped by model.max_positions (the trainer's min): the message gives
+    the limits in force and the three settings, not train.* values the config does not hold."""
+    src, tgt = random_corpus(50, max_len=30)
+    with pytest.raises(DataError, match=r"no training pair is within 0 source and 0 target pieces \(50 skipped; "
+                                        r"the limits are train.max_source_length and train.max_target_length, "
+                                        r"at most model.max_positions - 1\)"):
+        BatchStream(src, tgt, max_tokens=100, max_source_length=0, max_target_length=0, seed=1)
+
+
 def test_collate_adds_bos_eos_pad() -> None:
     src = FakeArray([[10, 11], [12]])
     tgt = FakeArray([[20], [21, 22, 23]])

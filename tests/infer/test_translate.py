@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import subprocess
 import sys
 import types
@@ -104,6 +105,9 @@ def test_decode_config_refuses_other_sections(toy_config_path: Path) -> None:
     assert decode_config(config, ["decode.beam_size=3"]).decode.beam_size == 3
     with pytest.raises(ConfigError, match="only decode"):
         decode_config(config, ["train.max_steps=3"])
+    for malformed in ("noequals", "decode=3", ".=1"):  # said as train says it, not as another section
+        with pytest.raises(ConfigError, match=f"--set '{re.escape(malformed)}': expected section.key=value"):
+            decode_config(config, [malformed])
 
 
 # ---------------------------------------------------------------------------------------------
