@@ -90,8 +90,8 @@ def save_checkpoint(path: Path, state: dict, also: Iterable[Path] = ()) -> None:
     directory, which is fsynced and renamed over ``path``; each of ``also`` then becomes another
     name of that file (:func:`mtcli.fileio.atomic_link`). If anything fails (disk full, file-size
     limit, permissions) the temporary file is removed, the previous file is untouched, and
-    :class:`CheckpointError` names the path and the OS error (and says the previous file is
-    unchanged only where there was one).
+    :class:`CheckpointError` names the path and the OS error, and the files of these names that
+    were there before and are unchanged.
     """
     path = Path(path)
     if not isinstance(state, dict):
@@ -114,8 +114,9 @@ def save_checkpoint(path: Path, state: dict, also: Iterable[Path] = ()) -> None:
             atomic_link(path, target)
     except OSError as exc:
         reason = exc.strerror or one_line(exc)
-        kept = "; the previous file is unchanged" if target in existed else ""
-        raise CheckpointError(f"{target}: cannot write checkpoint ({reason}){kept}") from None
+        kept = [p.name for p in (path, *also) if p in existed]  # the files a reader finds, as they were
+        unchanged = f"; {' and '.join(kept)} {'is' if len(kept) == 1 else 'are'} unchanged" if kept else ""
+        raise CheckpointError(f"{target}: cannot write checkpoint ({reason}){unchanged}") from None
     finally:
         del payload
         buffer.close()

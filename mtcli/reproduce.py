@@ -397,11 +397,11 @@ def run_adaptation(config: Config) -> dict[str, Any]:
     news = {"src_file": corpus.text_path(test, src), "ref_file": corpus.text_path(test, tgt)}
     parent_config = load_config(parent / CONFIG_NAME, lenient=True)
     own_test = parent_config.data.test_splits[0]
-    out = config.run_path() / "eval" / "parent"
+    row = run_recipe(config)  # first: the child's run directory is made by its training
+    child = config.run_path()
+    out = child / "eval" / "parent"
     before_news = evaluate(parent, average_last=k, output_dir=out, **news)
     before_own = evaluate(parent, split=own_test, average_last=k, output_dir=out)
-    row = run_recipe(config)
-    child = config.run_path()
     after_own = evaluate(child, checkpoint=str(child / "checkpoints" / f"checkpoint_avg_last{row['average_last']}.pt"),
                          src_file=parent / TEXT_DIR / f"{own_test}.{src}",
                          ref_file=parent / TEXT_DIR / f"{own_test}.{tgt}",

@@ -297,7 +297,7 @@ def test_write_failure_under_file_size_limit_keeps_previous_checkpoint(tmp_path:
     proc = run_python(_SAVE_UNDER_LIMIT, str(path), str(64 * 1024))
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 3, (out, err)
-    assert str(path) in out and "File too large" in out and "previous file is unchanged" in out
+    assert str(path) in out and "File too large" in out and f"; {rd.LAST_NAME} is unchanged" in out
     assert_same(previous, load_checkpoint(path))
     assert sorted(p.name for p in path.parent.iterdir()) == [rd.LAST_NAME]
 
@@ -310,22 +310,21 @@ def test_unwritable_destination_is_a_one_line_error(tmp_path: Path) -> None:
     assert str(blocker / rd.LAST_NAME) in one_line(exc)
 
 
-def test_a_failed_write_says_the_previous_file_is_unchanged_only_when_there_was_one(tmp_path: Path) -> None:
+def test_a_failed_write_names_the_files_left_unchanged_only_when_they_were_there(tmp_path: Path) -> None:
     (tmp_path / "somedir").mkdir()  # `mtcli average -o <a directory>`
     with pytest.raises(CheckpointError, match="cannot write checkpoint") as exc:
         save_checkpoint(tmp_path / "somedir", toy_state(1))
-    assert str(tmp_path / "somedir") in one_line(exc) and "previous file" not in one_line(exc)
+    assert str(tmp_path / "somedir") in one_line(exc) and "unchanged" not in one_line(exc)
     blocker = tmp_path / "checkpoints"
     blocker.write_text("a file where the directory should be")
     with pytest.raises(CheckpointError, match="cannot write checkpoint") as exc:
         save_checkpoint(blocker / rd.LAST_NAME, toy_state(1))
-    assert "previous file" not in one_line(exc)
+    assert "unchanged" not in one_line(exc)
     last, step_file = tmp_path / rd.LAST_NAME, tmp_path / "checkpoint_7.pt"
     save_checkpoint(last, toy_state(5, seed=2))
-    with pytest.raises(CheckpointError, match="cannot write checkpoint") as exc:  # an `also` name, new
+    with pytest.raises(CheckpointError, match="cannot write checkpoint") as exc:  # a new step file, a kept last
         save_checkpoint(step_file, toy_state(7), also=[last, blocker / "x.pt"])
-    assert str(blocker / "x.pt") in one_line(exc) and "previous file" not in one_line(exc)
-    # where the file existed the message still says so: test_write_failure_under_file_size_limit...
+    assert str(blocker / "x.pt") in one_line(exc) and one_line(exc).endswith(f"; {rd.LAST_NAME} is unchanged")
 
 
 def test_also_names_the_same_bytes_and_survives_pruning(tmp_path: Path) -> None:

@@ -453,7 +453,8 @@ def test_train_checkpoint_over_the_size_limit_keeps_the_previous_one(prepared: P
     assert "Traceback" not in res.stderr and "Logging error" not in res.stderr
     errors = error_lines(res.stderr)
     assert len(errors) == 1 and errors[0].startswith("mtcli: error: "), res.stderr
-    assert "checkpoint_4.pt: cannot write checkpoint (File too large); the previous file is unchanged" in errors[0]
+    assert errors[0].endswith("checkpoint_4.pt: cannot write checkpoint (File too large); checkpoint_best.pt and "
+                              "checkpoint_last.pt are unchanged")
     assert (run / "checkpoints" / "checkpoint_last.pt").read_bytes() == before
     assert temp_files(run) == [] and not (run / "train.lock").exists()
     summary = train(make_config(prepared, run, *extra))
