@@ -145,6 +145,8 @@ def read_payload(path: Path) -> memoryview:
         raise CheckpointError(f"{path}: is a directory, not a checkpoint file") from None
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read checkpoint ({exc.strerror or exc})") from None
+    if not data:
+        raise CheckpointError(f"{path}: empty (0 bytes), not a checkpoint")
     end = data.find(b"\n", 0, _MAX_HEADER)
     if not data.startswith(MAGIC):
         if MAGIC.startswith(data[: len(MAGIC)]):  # empty or cut inside the magic

@@ -146,7 +146,8 @@ def test_truncated_checkpoint_is_detected(tmp_path: Path, keep: float) -> None:
     with pytest.raises(CheckpointError) as exc:
         load_checkpoint(path)
     message = one_line(exc)
-    assert str(path) in message and "checksum mismatch (corrupted or truncated" in message
+    expected = "empty (0 bytes), not a checkpoint" if cut == 0 else "checksum mismatch (corrupted or truncated"
+    assert str(path) in message and expected in message
 
 
 @pytest.mark.parametrize("where", ["payload-start", "payload-middle", "payload-end", "digest"])
@@ -780,6 +781,9 @@ def test_load_for_inference_errors(tmp_path: Path, run_dir: Path, spm_models) ->
         load_for_inference(run_dir, checkpoint="last")
     assert "checkpoint_last.pt" in one_line(exc) and "checkpoints in" in str(exc.value)
     assert "checkpoint_5.pt" in str(exc.value)
+    with pytest.raises(CheckpointError, match=r"checkpoints: is a directory, not a checkpoint file \(checkpoints "
+                                              r"in it: checkpoint_5.pt\)"):  # was "checkpoint not found"
+        load_for_inference(run_dir, checkpoint=str(run_dir / "checkpoints"))
     # a checkpoint trained with another SentencePiece model
     from mtcli.fileio import sha256_file
 

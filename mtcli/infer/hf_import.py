@@ -151,6 +151,9 @@ def check_model_dir(model_dir: Path) -> dict[str, Any]:
     """``config.json`` of ``model_dir`` after checking the directory holds every file an import
     reads and the config only what mtcli computes exactly; one-line :class:`MtcliError` naming
     the file or the key otherwise."""
+    if model_dir.is_file():
+        raise DataError(f"{model_dir}: is a file; give the Hugging Face model's directory (config.json, weights, "
+                        f"{SOURCE_SPM_NAME}, {TARGET_SPM_NAME}, {VOCAB_NAME})")
     if not model_dir.is_dir():
         raise DataError(f"{model_dir}: no such model directory")
     where = model_dir / "config.json"

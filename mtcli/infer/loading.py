@@ -105,6 +105,9 @@ def resolve_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:
         path = Path(checkpoint)
         if not path.exists() and not path.is_absolute() and (directory / path).exists():
             path = directory / path
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint file (checkpoints in it: "
+                              f"{names(sorted(path.glob('*.pt')))})")
     if not path.is_file():
         raise CheckpointError(
             f"{path}: checkpoint not found (checkpoints in {run_dir}: "

@@ -281,6 +281,11 @@ def test_what_cannot_be_imported_is_refused_in_one_line(
     assert not (tmp_path / "run").exists() and not list(tmp_path.glob(".run*"))
 
 
+def test_a_weights_file_given_for_the_directory_says_so(marian_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"model.safetensors: is a file; give the Hugging Face model's directory"):
+        import_hf(marian_dir / "model.safetensors", tmp_path / "run")  # was "no such model directory"
+
+
 def _set(model_dir: Path, **changes) -> None:
     path = model_dir / "config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}), encoding="utf-8")
