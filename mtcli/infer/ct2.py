@@ -177,9 +177,11 @@ class CT2Engine:
                 "sampling_topp": decode.topp if decode.sampling == "topp" else 1.0,
                 "sampling_temperature": decode.temperature}
 
-    @staticmethod
-    def _limit(source_length: int, decode: DecodeConfig) -> int:
-        return max(1, int(decode.max_len_a * source_length + decode.max_len_b))
+    def _limit(self, source_length: int, decode: DecodeConfig) -> int:
+        """Output tokens a source may get: ``max_len_a * S + max_len_b``, capped as our search
+        caps it (the start token and the output must fit the model's positions)."""
+        most = int(self.bundle.model.max_positions) - 1
+        return max(1, min(most, int(decode.max_len_a * source_length + decode.max_len_b)))
 
     def _translations(self, out: Any, source: list[int], limit: int) -> list[Translation]:
         tokenizer = self.bundle.tokenizer

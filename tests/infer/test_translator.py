@@ -119,6 +119,9 @@ def test_ctranslate2_engine_converts_once_and_equals_ours_for_greedy(tiny_run_di
     theirs = Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2")
     assert theirs.translate(LINES) == ours.translate(LINES)
     assert len({line for line in ours.translate(LINES) if line}) > 1, "degenerate: every output alike"
+    longest = {"beam": 1, "device": "cpu", "max_len_b": 3000}  # past the model's positions: capped as ours
+    assert Translator.from_run(run, engine="ctranslate2", **longest).translate(LINES) == Translator.from_run(
+        run, **longest).translate(LINES)  # was CTranslate2's RuntimeError on a position past the table
     converted = sorted((run / CT2_DIR).iterdir())
     assert len(converted) == 1 and (converted[0] / "model.bin").is_file()
     stamp = (converted[0] / "model.bin").stat().st_mtime_ns
