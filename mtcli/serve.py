@@ -413,7 +413,7 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
         if body.nbest is None:
             return TranslateResponse(translations=out, model=name)
         nbest = [[Hypothesis(text=h.text, score=h.score) for h in hyps] for hyps in out]
-        return TranslateResponse(translations=[hyps[0].text for hyps in out], model=name, nbest=nbest)
+        return TranslateResponse(translations=[hyps[0].text if hyps else "" for hyps in out], model=name, nbest=nbest)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

@@ -50,7 +50,9 @@ def filtered_logprobs(logprobs: Tensor, method: str, topk: int, topp: float, tem
     ordered, order = scaled.sort(dim=-1, descending=True)
     probs = ordered.softmax(dim=-1)
     before = probs.cumsum(dim=-1) - probs  # the mass of the tokens ranked above each one
-    ordered = ordered.masked_fill(before >= topp, float("-inf"))  # the best token always stays
+    outside = before >= topp
+    outside[:, 0] = False  # the best token always stays (a topp below float32's least value reads as 0)
+    ordered = ordered.masked_fill(outside, float("-inf"))
     return torch.full_like(scaled, float("-inf")).scatter(-1, order, ordered)
 
 

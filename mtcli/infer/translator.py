@@ -32,7 +32,7 @@ import torch
 
 from mtcli.config import DecodeConfig, with_changes
 from mtcli.data.batching import collate, source_batch_tokens, source_batches
-from mtcli.data.textio import check_unicode
+from mtcli.data.textio import ArrivingLines, check_unicode
 from mtcli.device import MemoryBudget, autocast, in_budget_halves, memory_text, resolve_device
 from mtcli.errors import ConfigError, DataError
 from mtcli.infer.ct2 import ENGINES, CT2Engine, check_supported, open_engine
@@ -179,6 +179,9 @@ class Translator:
         changes = _changes(settings)
         if not changes:
             return self.decode
+        if "beam_size" in changes and "nbest" not in changes and isinstance(changes["beam_size"], int):
+            # a narrower beam for this call: the translator's own n-best narrows with it
+            changes["nbest"] = max(1, min(self.decode.nbest, changes["beam_size"]))
         decode = with_changes(dataclasses.replace(self.bundle.config, decode=self.decode), "decode", **changes).decode
         _check_sampling_only(settings, decode)
         return decode
@@ -198,7 +201,14 @@ class Translator:
         """The n-best list of every line of ``lines``, lazily and in order, read ``window`` lines
         at a time (:func:`~mtcli.infer.translate.translate_lines`; ``name`` prefixes truncation
         warnings, their line numbers counted from ``offset + 1``; ``on_done(n)`` counts finished
-        lines)."""
+        lines). Each line is checked as :meth:`translate` checks its texts."""
+        if decode is not None and not isinstance(decode, DecodeConfig):
+            raise TypeError(f"decode is a {type(decode).__name__}, expected a DecodeConfig (Translator.settings "
+                            "makes one)")
+        if isinstance(lines, str):
+            raise TypeError("lines must be an iterable of strings, not one string (wrap it: [text])")
+        if not isinstance(lines, ArrivingLines):  # a reader's lines are strings already
+            lines = (_text(line, f"{name}[{i}]") for i, line in enumerate(lines, offset))
         if self.engine is not None:
             decode = decode or self.decode
             if (decode.int8, decode.bf16) != (self.decode.int8, self.decode.bf16) or return_attention:
@@ -215,7 +225,7 @@ class Translator:
         """The best translation of each text, in order (an empty text gives ``""``)."""
         items = _texts(texts)
         decode = dataclasses.replace(self.settings(**settings), nbest=1)
-        return [nbest[0].text for nbest in self.stream(items, decode=decode)]
+        return [nbest[0].text if nbest else "" for nbest in self.stream(items, decode=decode)]
 
     def translate_iter(self, texts: Iterable[str], **settings: Any) -> Iterator[str]:
         """Translate an iterable (a file, a generator) lazily: one output per input, in order,
@@ -228,7 +238,7 @@ class Translator:
             for i, item in enumerate(texts):
                 yield _text(item, f"texts[{i}]")
 
-        return (nbest[0].text for nbest in self.stream(checked(), decode=decode))
+        return (nbest[0].text if nbest else "" for nbest in self.stream(checked(), decode=decode))
 
     def nbest(self, texts: Sequence[str], n: int | None = None, **settings: Any) -> list[list[Translation]]:
         """The ``n`` best hypotheses of each text (default: the beam size), best first, each a

@@ -29,6 +29,8 @@ def test_topk_keeps_the_k_best_and_topp_the_smallest_nucleus() -> None:
     nucleus = filtered_logprobs(logp, "topp", 10, probs[0] + 0.01, 1.0).isfinite()
     assert nucleus.tolist() == [[True, True, False, False, False]]  # the best alone is short of p
     assert filtered_logprobs(logp, "topp", 10, 0.01, 1.0).isfinite().tolist() == [[True] + [False] * 4]
+    # a nucleus below float32's least value (it reads as 0) still keeps the best token: it kept none
+    assert filtered_logprobs(logp, "topp", 10, 1e-300, 1.0).isfinite().tolist() == [[True] + [False] * 4]
     hot = filtered_logprobs(logp, "topk", 5, 1.0, 2.0)
     assert torch.allclose(hot, logp / 2.0)
 

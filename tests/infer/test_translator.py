@@ -78,6 +78,14 @@ def test_score_is_the_searchs_log_probability_and_batching_does_not_change_it(tr
     assert all(s < 0 for s in batched)
 
 
+def test_a_call_with_a_narrower_beam_narrows_the_translators_nbest(tiny_run_dir: Path) -> None:
+    """A translator (or a server) made with nbest 3: a call asking for beam 1 is greedy search,
+    not a ConfigError about decode.nbest."""
+    translator = Translator.from_run(tiny_run_dir, beam=3, nbest=3, device="cpu")
+    assert translator.translate(LINES, beam=1) == Translator.from_run(tiny_run_dir, beam=1, device="cpu").translate(LINES)
+    assert [len(hyps) for hyps in translator.nbest(LINES[:2], n=1, beam=1)] == [1, 1]
+
+
 @pytest.mark.parametrize("int8", [True, False])
 def test_decoding_copy_is_made_once(tiny_run_dir: Path, int8: bool) -> None:
     # int8, or fp32 with packed weights on the CPU: the copy is made on first use and kept
@@ -101,6 +109,10 @@ def test_decoding_copy_is_made_once(tiny_run_dir: Path, int8: bool) -> None:
     (lambda t: list(t.translate_iter(["\udc80 x"])), DataError, r"texts\[0\]: not valid Unicode"),
     (lambda t: t.nbest(["a\udfffb"]), DataError, r"column 2"),
     (lambda t: t.score(["ok"], ["\ud800"]), DataError, r"targets\[0\]: not valid Unicode"),
+    (lambda t: list(t.stream(["a", None])), TypeError, r"input\[1\] is a NoneType"),  # was an AttributeError
+    (lambda t: list(t.stream(["\ud800"])), DataError, r"input\[0\]: not valid Unicode"),
+    (lambda t: list(t.stream("a line")), TypeError, "not one string"),
+    (lambda t: list(t.stream(["a"], decode="beam")), TypeError, "decode is a str, expected a DecodeConfig"),
 ])
 def test_wrong_arguments_say_what_is_wrong(translator: Translator, call, error, message: str) -> None:
     with pytest.raises(error, match=message):
