@@ -291,9 +291,11 @@ def _write_sides(pairs: Iterable[tuple[str, str]], paths: list[Path | None]) -> 
     return n
 
 
-def write_eval(plan: Plan, tmp: Path) -> dict[str, CleanCounts]:
+def write_eval(plan: Plan, data: DataConfig, tmp: Path) -> dict[str, CleanCounts]:
     """Write every validation and test split verbatim (an empty line stays), each language from
-    the corpus the plan names; :class:`DataError` when a split's languages differ in length."""
+    the corpus the plan names; :class:`DataError` when a split's languages differ in length or
+    the validation split has no pairs (training would fail at its first validation); a warning
+    for an empty test split (``mtcli evaluate`` cannot score it)."""
     counts: dict[str, CleanCounts] = {}
     for split in plan.eval_splits:
         lines: dict[str, tuple[int, Corpus]] = {}
@@ -313,4 +315,14 @@ def write_eval(plan: Plan, tmp: Path) -> dict[str, CleanCounts]:
         n = sizes.pop()
         counts[split] = CleanCounts(read=n, kept=n)
         get_logger().info("read %s: %d sentences in %s (kept as they are)", split, n, ", ".join(lines))
+        if n == 0:
+            _refuse_empty(split, data, next(iter(lines.values()))[1])
     return counts
+
+
+def _refuse_empty(split: str, data: DataConfig, corpus: Corpus) -> None:
+    """An empty validation split is a :class:`DataError`; an empty test split, a warning."""
+    where = f"{corpus.source.describe()}: split '{split}'"
+    if split == data.valid_split:
+        raise DataError(f"{where} (data.valid_split) has no pairs; validation needs at least one")
+    get_logger().warning("%s (data.test_splits) has no pairs; mtcli evaluate cannot score it", where)

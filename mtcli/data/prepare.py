@@ -8,9 +8,10 @@ Steps (each streamed, so memory stays flat in corpus size):
 3. inside a temporary directory that is swapped in only when complete
    (:func:`mtcli.fileio.atomic_dir`):
 
-   a. write ``<split>.<lang>.txt``: the training split cleaned by :class:`~mtcli.data.cleaning.PairCleaner`
-      (counts per reason; a large split by ``data.num_workers`` processes, with the same
-      result), every other split verbatim (an empty line stays);
+   a. write ``<split>.<lang>.txt``: the validation and test splits verbatim (an empty line
+      stays; an empty validation split stops here), then the training split cleaned by
+      :class:`~mtcli.data.cleaning.PairCleaner` (counts per reason; a large split by
+      ``data.num_workers`` processes, with the same result);
    b. train one SentencePiece model on both sides of the cleaned training text only, sampling
       at most ``data.spm_max_sentences`` sentences; or, with ``data.spm_model``, copy the given
       model (a trained run's, to adapt it to this corpus: the same pieces get the same ids);
@@ -530,8 +531,8 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     """Prepare ``config.data`` into ``config.data.prepared_path()``; a no-op when up to date.
 
     Raises :class:`DataError` (one line, nothing written) on bad input: mismatched line counts,
-    invalid UTF-8, a missing split or language, an empty training split after cleaning, an
-    unwritable output directory, or a hub dataset that cannot be loaded.
+    invalid UTF-8, a missing split or language, an empty training split after cleaning, an empty
+    validation split, an unwritable output directory, or a hub dataset that cannot be loaded.
     """
     log = get_logger()
     data = config.data
@@ -553,8 +554,9 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     workers = data.num_workers
     with _naming_write_errors(out), atomic_dir(out, mark="manifest.json") as tmp:
         (tmp / _PID_FILE).write_text(str(os.getpid()))
+        eval_counts = write_eval(plan, data, tmp)  # first: small, and an empty validation split stops here
         counts = write_training(plan, data, tmp, workers)
-        counts.update(write_eval(plan, tmp))
+        counts.update(eval_counts)
         model_path = _spm_model(tmp, data, plan, given, workers, counts)
         tokenizer = load_tokenizer(model_path)
         dtype = token_dtype(tokenizer.vocab_size)

@@ -14,6 +14,7 @@ import os
 import select
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -185,9 +186,19 @@ class ArrivingLines:
 def read_lines(path: str | Path) -> Iterator[str]:
     """Stream the lines of a UTF-8 text file (``.gz`` allowed); see :func:`iter_binary_lines`."""
     path = Path(path)
+    with read_errors_named(path), open_binary(path) as handle:
+        yield from iter_binary_lines(handle, str(path))
+
+
+@contextmanager
+def read_errors_named(path: Path) -> Iterator[None]:
+    """Turn the errors of reading ``path`` inside the block into one-line :class:`DataError`
+    errors naming it: ``<path>: corrupt gzip data (...)`` for a ``.gz`` file that is not gzip,
+    is damaged or is cut short (``gzip`` raises ``BadGzipFile``, ``zlib.error`` or
+    ``EOFError``), and a missing, directory or unreadable file. Every reader of a file that may
+    be gzipped (:func:`read_lines`, the ``.tsv`` and ``.tmx`` readers) reads inside it."""
     try:
-        with open_binary(path) as handle:
-            yield from iter_binary_lines(handle, str(path))
+        yield
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
         raise DataError(f"{path}: corrupt gzip data ({exc})") from None
     except FileNotFoundError:

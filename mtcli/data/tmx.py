@@ -6,9 +6,14 @@ language, its text in ``<seg>``; a file may hold many languages. A unit gives th
 ``data.src_lang`` and ``data.tgt_lang`` variants. A language matches a variant's ``xml:lang``
 exactly or by its first subtag, case aside: ``en`` reads ``en-GB`` and ``EN``.
 
-Inline markup is read as TMX means it: the text inside ``<hi>`` and ``<sub>`` is the sentence's;
-the native codes inside ``<bpt>``, ``<ept>``, ``<it>``, ``<ph>`` and ``<ut>`` are not. Line
-breaks inside a segment become spaces, and a segment's ends are stripped.
+Inline markup is read as TMX means it: the text inside ``<hi>`` is the sentence's; the native
+codes inside ``<bpt>``, ``<ept>``, ``<it>``, ``<ph>`` and ``<ut>`` are not, but a ``<sub>``
+inside a code (a sub-flow: a footnote, a link's title) is text again, kept where it stands and set
+off by a space on each side (a flow of its own: ``See<ph>{fn:<sub>a note</sub>}</ph> here`` reads
+``See a note here``).
+XML white space (spaces, tabs, line breaks: a file's indentation, and what a removed code leaves)
+is collapsed to one space a run, and a segment's ends are stripped; other spaces (a no-break
+space) stay as they are.
 
 A unit without one of the two languages is an empty pair: a training split drops and counts it
 in cleaning, with a warning at the end; a validation or test split (``verbatim``), which keeps
@@ -19,11 +24,12 @@ UTF-8 or, with its byte-order mark, UTF-16), so its size does not matter.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from xml.parsers import expat
 
-from mtcli.data.textio import open_binary
+from mtcli.data.textio import open_binary, read_errors_named
 from mtcli.errors import DataError
 from mtcli.logs import get_logger
 
@@ -31,6 +37,9 @@ from mtcli.logs import get_logger
 _CODES = frozenset({"bpt", "ept", "it", "ph", "ut"})
 
 _READ_BYTES = 1 << 20
+
+#: A run of XML white space (``S`` of the XML spec), collapsed to one space in a segment.
+_XML_SPACE = re.compile(r"[ \t\r\n]+")
 
 
 def _matches(variant: str, lang: str) -> bool:
@@ -50,7 +59,8 @@ class _Units:
         self.line = 0
         self.lang = ""
         self.text: list[str] | None = None  # inside a <seg>
-        self.codes = 0  # depth inside native codes
+        self.codes = 0  # depth inside native codes, within the innermost <sub> (or the <seg>)
+        self.outer: list[int] = []  # the code depths around each open <sub>
         parser.StartElementHandler = self.start
         parser.EndElementHandler = self.end
         parser.CharacterDataHandler = self.characters
@@ -61,17 +71,24 @@ class _Units:
         elif name == "tuv":
             self.lang = attrs.get("xml:lang") or attrs.get("lang") or ""
         elif name == "seg":
-            self.text, self.codes = [], 0
+            self.text, self.codes, self.outer = [], 0, []
         elif name in _CODES and self.text is not None:
             self.codes += 1
+        elif name == "sub" and self.text is not None:
+            self.outer.append(self.codes)  # a sub-flow: text again, even inside a code
+            self.codes = 0
+            self.text.append(" ")
 
     def end(self, name: str) -> None:
         if name == "seg" and self.text is not None and self.unit is not None:
-            text = "".join(self.text).replace("\r", " ").replace("\n", " ").strip()
+            text = _XML_SPACE.sub(" ", "".join(self.text)).strip()
             self.unit.setdefault(self.lang, text)
             self.text = None
         elif name in _CODES and self.text is not None:
             self.codes -= 1
+        elif name == "sub" and self.text is not None and self.outer:
+            self.codes = self.outer.pop()
+            self.text.append(" ")
         elif name == "tu" and self.unit is not None:
             self.done.append((self.line, self.unit))
             self.unit = None
@@ -87,7 +104,7 @@ def tmx_units(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
     parser = expat.ParserCreate()
     units = _Units(parser)
     try:
-        with open_binary(path) as handle:
+        with read_errors_named(path), open_binary(path) as handle:
             while chunk := handle.read(_READ_BYTES):
                 parser.Parse(chunk, False)
                 yield from units.done

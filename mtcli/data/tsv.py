@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from mtcli.data.textio import decode_block, is_utf8, open_binary, read_lines
+from mtcli.data.textio import decode_block, is_utf8, open_binary, read_errors_named, read_lines
 from mtcli.errors import DataError
 from mtcli.logs import get_logger
 
@@ -59,7 +59,7 @@ def table_blocks(path: Path, langs: tuple[str, str], src_lang: str,
     naming file, line and column."""
     header = "\t".join(langs).encode("utf-8")
     first, malformed, first_malformed = 1, 0, 0
-    with open_binary(path) as handle:
+    with read_errors_named(path), open_binary(path) as handle:
         for block in _whole_lines(handle, block_bytes):
             if not is_utf8(block):
                 decode_block(block, str(path), first)  # raises, naming line and column

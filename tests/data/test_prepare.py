@@ -540,6 +540,44 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, toy_dir: Path,
     assert_nothing_written(cfg)
 
 
+def _empty_tmx(path: Path) -> None:
+    path.write_text('<?xml version="1.0"?><tmx version="1.4"><header/><body>\n</body></tmx>\n', encoding="utf-8")
+
+
+@pytest.mark.parametrize("form", ["text", "tmx"])
+def test_an_empty_validation_split_is_refused_before_training_text_is_cleaned(
+        tmp_path: Path, toy_dir: Path, form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Empty val.src/val.tgt, or a val.tmx without units: training would only fail at its first
+    validation ("no hypotheses to score"). Known before the (expensive) cleaning of train."""
+    for side in ("src", "tgt"):
+        (toy_dir / f"val.{side}").write_bytes(b"")
+    if form == "tmx":
+        for side in ("src", "tgt"):
+            (toy_dir / f"val.{side}").unlink()
+        _empty_tmx(toy_dir / "val.tmx")
+    monkeypatch.setattr(prep, "write_training", lambda *a: pytest.fail("the training split was cleaned first"))
+    cfg = write_config(tmp_path, toy_dir)
+    result = run_cli(str(cfg))
+    assert result.exit_code == 1
+    assert_one_line_error(result, f"text directory {toy_dir}: split 'val' (data.valid_split) has no pairs; "
+                                  "validation needs at least one")
+    assert_nothing_written(cfg)
+
+
+def test_an_empty_test_split_is_prepared_with_a_warning_naming_it(tmp_path: Path, toy_dir: Path) -> None:
+    (toy_dir / "test.src").write_bytes(b"")
+    (toy_dir / "test.tgt").write_bytes(b"")
+    cfg = write_config(tmp_path, toy_dir)
+    result = run_cli(str(cfg))
+    assert result.exit_code == 0, result.output
+    warning = [line for line in result.stderr.splitlines() if "WARNING" in line]
+    assert len(warning) == 1, result.stderr
+    assert (f"text directory {toy_dir}: split 'test' (data.test_splits) has no pairs; mtcli evaluate cannot "
+            "score it") in warning[0]
+    corpus = PreparedCorpus.open(load_config(cfg).data.prepared_path())
+    assert corpus.manifest["counts"]["test"]["kept"] == 0 and corpus.manifest["counts"]["val"]["kept"] == 40
+
+
 def test_failed_rebuild_keeps_the_previous_cache(tmp_path: Path, toy_dir: Path) -> None:
     cfg = write_config(tmp_path, toy_dir)
     prep.prepare(load_config(cfg))

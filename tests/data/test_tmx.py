@@ -40,18 +40,67 @@ line.</seg></tuv>
 
 def test_units_give_the_pair_of_the_two_languages_by_tag_or_first_subtag(tmp_path: Path,
                                                                           caplog: pytest.LogCaptureFixture) -> None:
-    """Native codes (bpt, ept, ph) are left out, <hi> text is kept, entities are decoded, line
-    breaks in a segment are spaces; a unit without French is an empty pair, warned of once."""
+    """Native codes (bpt, ept, ph) are left out, <hi> text is kept, entities are decoded, runs of
+    white space (indentation, line breaks) in a segment are one space; a unit without French is
+    an empty pair, warned of once."""
     path = tmp_path / "train.tmx"
     path.write_text(MEMORY, encoding="utf-8")
     assert list(tmx_pairs(path, "en", "fr")) == [
         ("Press Save & wait.", "Appuyez sur Enregistrer et attendez."),
         ("", ""),
-        ("A broken line.", "Une ligne         coupée."),
+        ("A broken line.", "Une ligne coupée."),
     ]
     assert [r.getMessage() for r in caplog.records] == [
         f"{path}: 1 translation unit(s) lacking the 'en' or the 'fr' segment (the first: line 10), read as empty pairs"]
     assert list(tmx_pairs(path, "fr", "en"))[0] == ("Appuyez sur Enregistrer et attendez.", "Press Save & wait.")
+
+
+def _memory(*units: tuple[str, str]) -> str:
+    """A TMX file of one unit per (English, French) segment markup."""
+    body = "".join(f'<tu><tuv xml:lang="en"><seg>{en}</seg></tuv><tuv xml:lang="fr"><seg>{fr}</seg></tuv></tu>\n'
+                   for en, fr in units)
+    return f'<?xml version="1.0" encoding="UTF-8"?>\n<tmx version="1.4"><header/><body>\n{body}</body></tmx>\n'
+
+
+def test_sub_flow_text_inside_a_native_code_is_kept(tmp_path: Path) -> None:
+    """<sub> inside <ph>, <bpt>, <it> or <ut> is text where it stands; the code around it is
+    not, nor a code inside the <sub>; the depth outside is restored when the <sub> ends."""
+    path = tmp_path / "train.tmx"
+    path.write_text(_memory(
+        ('See<ph x="1">&lt;fn text="<sub>a footnote</sub>"/&gt;</ph> here.',
+         'Voir<ph x="1">{fn:<sub>une note</sub>}</ph> ici.'),
+        ('A <bpt i="1">&lt;a title="<sub>the <hi>title</hi></sub>"&gt;</bpt>link<ept i="1">&lt;/a&gt;</ept>.',
+         'Un <it pos="begin">&lt;a title="<sub>le <ph>{x}</ph>titre</sub>"&gt;</it>lien.'),
+        ('<ut>{<sub>one</sub> code <sub>two</sub> code}</ut> end',
+         '<bpt i="1"><sub>un <bpt i="2">[<sub>deux</sub>]</bpt> trois</sub> code</bpt>fin'),
+    ), encoding="utf-8")
+    assert list(tmx_pairs(path, "en", "fr")) == [
+        ("See a footnote here.", "Voir une note ici."),
+        ("A the title link.", "Un le titre lien."),
+        ("one two end", "un deux trois fin"),
+    ]
+
+
+def test_white_space_runs_collapse_but_a_no_break_space_stays(tmp_path: Path) -> None:
+    path = tmp_path / "train.tmx"
+    path.write_text(_memory(("  Two\t\tspaces  <ph>{1}</ph>  here &#13;&#10; now. ",
+                             "Deux espaces\u00a0: ici\u00a0\u00a0!")), encoding="utf-8")
+    assert list(tmx_pairs(path, "en", "fr")) == [("Two spaces here now.", "Deux espaces\u00a0: ici\u00a0\u00a0!")]
+
+
+@pytest.mark.parametrize("damage, detail", [
+    (lambda data: data[:10] + b"\xff" * 200, "invalid"),  # junk after a gzip header
+    (lambda data: data[:-30], "Compressed file ended before the end-of-stream marker was reached"),
+    (lambda data: MEMORY.encode(), "Not a gzipped file (b'<?')"),  # plain XML named .tmx.gz
+], ids=["junk", "truncated", "not-gzip"])
+def test_a_corrupt_gzipped_memory_is_one_line_naming_the_file(tmp_path: Path, damage, detail: str) -> None:
+    """The same message as any other gzipped text (mtcli.data.textio.read_errors_named)."""
+    path = tmp_path / "train.tmx.gz"
+    path.write_bytes(damage(gzip.compress(MEMORY.encode())))
+    with pytest.raises(DataError) as caught:
+        list(open_source(str(tmp_path), "en", "fr").pairs("train"))
+    message = str(caught.value)
+    assert message.startswith(f"{path}: corrupt gzip data (") and detail in message and "\n" not in message
 
 
 def test_a_validation_split_stops_at_a_unit_without_the_pair(tmp_path: Path) -> None:

@@ -81,3 +81,14 @@ def test_verbatim_pairs_stop_at_a_line_without_two_columns(tmp_path: Path) -> No
     with pytest.raises(DataError, match=r"val.de-en.tsv:3: expected 2 tab-separated columns, found 1; "):
         list(table_pairs(path, LANGS, "en", verbatim=True))
     assert list(table_pairs(path, LANGS, "en")) == [("b", "a"), ("", "")]
+
+
+@pytest.mark.parametrize("damage", [lambda data: data[:10] + b"\xff" * 200, lambda data: data[:-30],
+                                    lambda data: b"de\ten\na\tb\n"], ids=["junk", "truncated", "not-gzip"])
+def test_a_corrupt_gzipped_table_is_one_line_in_blocks_as_in_lines(tmp_path: Path, damage) -> None:
+    """Both readers name the file as every gzipped text does: ``<path>: corrupt gzip data (...)``."""
+    path = tmp_path / "train.de-en.tsv.gz"
+    path.write_bytes(damage(gzip.compress(b"ein hund\ta dog\n" * 500)))
+    for read in (lambda: list(table_pairs(path, LANGS, "de")), lambda: list(table_blocks(path, LANGS, "de", 1 << 10))):
+        with pytest.raises(DataError, match=rf"^{path}: corrupt gzip data \(.+\)$"):
+            read()
