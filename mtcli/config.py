@@ -279,8 +279,7 @@ def _build_section(cls: type, raw: dict[str, Any], where: str, section: str,
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
     if cls is DataConfig and isinstance(raw.get("sources"), list):
-        raw = dict(raw, sources=[_build_section(CorpusConfig, c, where, f"{section}.sources[{i}]", lenient)
-                                 if isinstance(c, dict) else c for i, c in enumerate(raw["sources"])])
+        raw = dict(raw, sources=_corpus_sections(raw["sources"], where, lenient))
     for key, value in raw.items():
         if key not in fields and lenient:
             get_logger().warning("%s: '%s.%s' is not a key of this mtcli version; ignored", where, section, key)
@@ -299,6 +298,16 @@ def _build_section(cls: type, raw: dict[str, Any], where: str, section: str,
         if required and name not in kwargs:
             raise ConfigError(f"{where}: missing required key '{section}.{name}'")
     return cls(**kwargs)
+
+
+def _corpus_sections(sources: list[Any], where: str, lenient: bool = False) -> list[Any]:
+    """Each entry of ``data.sources`` built as a section; an entry that is not a mapping is refused."""
+    for i, c in enumerate(sources):
+        if not isinstance(c, (dict, CorpusConfig)):
+            raise ConfigError(f"{where}: data.sources[{i}] must be a mapping like {{source: ..., weight: ...}}, "
+                              f"got {c!r}")
+    return [_build_section(CorpusConfig, c, where, f"data.sources[{i}]", lenient) if isinstance(c, dict) else c
+            for i, c in enumerate(sources)]
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
@@ -327,9 +336,7 @@ def _check_override(text: str, section: str, key: str, value: Any) -> None:
         raise ConfigError(f"--set {text!r}: unknown key '{section}.{key}' (known keys: {', '.join(fields)})")
     hint = typing.get_type_hints(cls)[key]
     if cls is DataConfig and key == "sources" and isinstance(value, list):  # corpora, each a section
-        for i, corpus in enumerate(value):
-            if isinstance(corpus, dict):
-                _build_section(CorpusConfig, corpus, f"--set {text!r}", f"data.sources[{i}]")
+        _corpus_sections(value, f"--set {text!r}")
         return
     try:
         _coerce(value, hint)
@@ -484,12 +491,14 @@ def validate(config: Config, where: str | None = None) -> None:
         (d.beam_size >= 1, "decode.beam_size must be >= 1"),
         (1 <= d.nbest <= d.beam_size or (d.sampling != "none" and d.nbest >= 1),
          "decode.nbest must be between 1 and decode.beam_size"),
-        (d.topk >= 1 and 0.0 < d.topp <= 1.0 and d.temperature > 0.0,
-         "decode.topk must be >= 1, decode.topp in (0, 1] and decode.temperature > 0"),
+        (d.topk >= 1 and 0.0 < d.topp <= 1.0, "decode.topk must be >= 1 and decode.topp in (0, 1]"),
         (d.max_tokens > 0, "decode.max_tokens must be > 0"),
         (d.max_len_a >= 0.0 and d.max_len_b >= 0 and (d.max_len_a > 0.0 or d.max_len_b >= 1),
          "decode.max_len_a and decode.max_len_b must be >= 0 and not both 0 (an output has at most "
          "max_len_a x its source's length + max_len_b pieces)"),
+        *((low <= getattr(d, key) <= high, f"decode.{key} must be in [{low}, {high}], got {getattr(d, key)!r}")
+          for key, low, high in (("length_penalty", -5, 5), ("max_len_a", 0, 10), ("max_len_b", 0, 10_000),
+                                 ("temperature", 0.01, 100))),  # also refuses nan and inf
         (not (d.int8 and d.bf16), "decode.int8 and decode.bf16 exclude each other: choose one"),
         (d.workers >= 1, "decode.workers must be >= 1"),
         (d.shortlist >= 0 and d.shortlist_frequent >= 0, "decode.shortlist and decode.shortlist_frequent must be >= 0"),
@@ -509,7 +518,8 @@ def validate(config: Config, where: str | None = None) -> None:
     _validate_sources(config, where)
 
 
-_TAG = re.compile(r"[^\s]+")
+_TAG = re.compile(r"<(?!2[A-Za-z])[A-Za-z0-9_-]+>")  # not <2xx>: mtcli.data.corpora.target_tag's form
+_SPECIAL_PIECES = ("<s>", "<pad>", "<unk>")  # and </s>: mtcli.data.tokenizer's (the regex refuses "/")
 
 
 def _validate_sources(config: Config, where: str) -> None:
@@ -523,12 +533,14 @@ def _validate_sources(config: Config, where: str) -> None:
         langs = corpus.langs or []
         if dc.sources and not corpus.source:
             raise ConfigError(f"{where}: {key}.source is empty")
-        if not corpus.weight > 0.0:
-            raise ConfigError(f"{where}: {key}.weight must be > 0, got {corpus.weight}")
+        if not 0.0 < corpus.weight <= 1000.0:
+            raise ConfigError(f"{where}: {key}.weight must be > 0 and at most 1000 (how many times its pairs are "
+                              f"drawn an epoch), got {corpus.weight}")
         if len(langs) != 2 or langs[0] == langs[1]:
             raise ConfigError(f"{where}: {key}.langs must be two different languages [source, target], got {langs}")
-        if corpus.tag is not None and not _TAG.fullmatch(corpus.tag):
-            raise ConfigError(f"{where}: {key}.tag must be one symbol without spaces, e.g. '<bt>', got {corpus.tag!r}")
+        if corpus.tag is not None and (not _TAG.fullmatch(corpus.tag) or corpus.tag in _SPECIAL_PIECES):
+            raise ConfigError(f"{where}: {key}.tag must be one symbol <name> (letters, digits, _ or -), e.g. '<bt>', "
+                              f"not <s>, </s>, <pad>, <unk> or a target-language tag <2xx>, got {corpus.tag!r}")
     directions = [tuple(c.langs or ()) for c in dc.corpora()]
     if (dc.src_lang, dc.tgt_lang) not in directions:
         raise ConfigError(f"{where}: no corpus of data.sources goes {dc.src_lang}->{dc.tgt_lang} (data.src_lang, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -203,6 +204,75 @@ def test_a_bad_value_names_where_it_came_from(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^decode.beam_size=0: decode.beam_size must be >= 1"):
         with_changes(config, "decode", beam_size=0)
 
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ("decode.length_penalty=-.inf", "decode.length_penalty must be in [-5, 5], got -inf"),  # was a ZeroDivisionError
+    ("decode.length_penalty=.nan", "decode.length_penalty must be in [-5, 5], got nan"),  # was nan scores
+    ("decode.length_penalty=-6", "decode.length_penalty must be in [-5, 5], got -6.0"),
+    ("decode.length_penalty=6", "decode.length_penalty must be in [-5, 5], got 6.0"),
+    ("decode.max_len_a=1e300", "decode.max_len_a must be in [0, 10], got 1e+300"),  # was int64 overflow: empty
+    ("decode.max_len_a=1e20", "decode.max_len_a must be in [0, 10], got 1e+20"),
+    ("decode.max_len_a=.nan", "decode.max_len_a"),
+    ("decode.max_len_b=100000000000000000000", "decode.max_len_b must be in [0, 10000], got 100000000000000000000"),
+    ("decode.temperature=1e-300", "decode.temperature must be in [0.01, 100], got 1e-300"),  # was no token at all
+    ("decode.temperature=1e-40", "decode.temperature must be in [0.01, 100], got 1e-40"),
+    ("decode.temperature=1e308", "decode.temperature must be in [0.01, 100], got 1e+308"),
+    ("decode.temperature=.inf", "decode.temperature must be in [0.01, 100], got inf"),
+    ("decode.temperature=.nan", "decode.temperature must be in [0.01, 100], got nan"),
+    ("decode.topp=.nan", "decode.topp in (0, 1]"),
+])
+def test_a_decode_setting_must_be_finite_and_in_range(tmp_path: Path, change: str, says: str) -> None:
+    """From a file, a --set and the Python API (Translator.from_run's keywords go through
+    with_changes) alike; the ranges' ends are accepted."""
+    key, value = change.split("=")
+    assert says in cli_error(write(tmp_path, {**MINIMAL, "decode": {key.split(".")[1]: yaml.safe_load(value)}}))
+    with pytest.raises(ConfigError) as exc:
+        config_from_dict(MINIMAL, "r.yaml", overrides=[change])
+    assert str(exc.value).startswith(f"r.yaml with --set {change}: decode.") and says in str(exc.value)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}=\S+: .*{re.escape(says)}"):
+        with_changes(config_from_dict(MINIMAL), "decode", **{key.split(".")[1]: yaml.safe_load(value)})
+    edges = ["decode.length_penalty=-5", "decode.max_len_a=10", "decode.max_len_b=10000", "decode.temperature=0.01"]
+    assert config_from_dict(MINIMAL, overrides=edges).decode.temperature == 0.01
+    assert config_from_dict(MINIMAL, overrides=["decode.length_penalty=5", "decode.temperature=100"])
+
+
+def sources_error(*sources: object) -> str:
+    with pytest.raises(ConfigError) as exc:
+        config_from_dict({"data": {**MINIMAL["data"], "source": "", "sources": list(sources)}}, "r.yaml")
+    return str(exc.value)
+
+
+@pytest.mark.parametrize("weight", [float("inf"), 1e9, 1000.5, float("nan")])
+def test_a_corpus_weight_must_be_finite_and_at_most_1000(weight: float) -> None:
+    """inf was an OverflowError in training, 1e9 an allocation of terabytes."""
+    assert sources_error({"source": "a"}, {"source": "b", "weight": weight}).startswith(
+        "r.yaml: data.sources[1].weight must be > 0 and at most 1000")
+    several = {**MINIMAL["data"], "source": "", "sources": [{"source": "a"}, {"source": "b", "weight": 1000}]}
+    assert config_from_dict({"data": several}).data.sources[1].weight == 1000.0
+
+
+@pytest.mark.parametrize("tag", ["e", "\u2581", "</s>", "<pad>", "<s>", "<unk>", "<2fr>", "<2zh_TW>", 5, "<>",
+                                 "<b t>", "<bt", "<b/t>"])
+def test_a_corpus_tag_is_one_symbol_that_collides_with_none_of_mtcli(tag: object) -> None:
+    """'e' became a control symbol (the letter lost from every word), '\u2581' the word boundary,
+    the special pieces and <2xx> target-language tags are taken, an int was taken as text."""
+    message = sources_error({"source": "a", "tag": tag})
+    assert message.startswith("r.yaml: data.sources[0].tag must be one symbol <name>") and "\n" not in message
+    for fine in ("<bt>", "<news-2019_x>", "<2019>"):
+        assert config_from_dict({"data": {**MINIMAL["data"], "source": "", "sources": [
+            {"source": "a", "tag": fine}]}}).data.sources[0].tag == fine
+
+
+def test_a_corpus_that_is_not_a_mapping_is_named(tmp_path: Path) -> None:
+    """It said 'got ['/tmp/x', CorpusConfig(source=...)]'."""
+    message = cli_error(write(tmp_path, {"data": {**MINIMAL["data"], "source": "", "sources": [
+        {"source": "b"}, "/tmp/x"]}}))
+    assert message.endswith("recipe.yaml: data.sources[1] must be a mapping like {source: ..., weight: ...}, "
+                            "got '/tmp/x'"), message
+    assert cli_error(write(tmp_path, MINIMAL), "--set", "data.source=", "--set", "data.sources=[/tmp/x]").endswith(
+        "--set 'data.sources=[/tmp/x]': data.sources[0] must be a mapping like {source: ..., weight: ...}, "
+        "got '/tmp/x'")
 
 @pytest.mark.parametrize(("langs", "coverage"), [
     (("de", "en"), 1.0), (("zh", "en"), 0.9995), (("en", "ja"), 0.9995), (("zh_TW", "en"), 0.9995),
