@@ -434,6 +434,26 @@ def with_changes(config: Config, section: str, **changes: Any) -> Config:
     return changed
 
 
+def _decode_checks(d: DecodeConfig) -> list[tuple[bool, str]]:
+    """:func:`validate`'s checks of the decode settings: (holds, what the message says)."""
+    return [
+        (d.beam_size >= 1, "decode.beam_size must be >= 1"),
+        (1 <= d.nbest <= d.beam_size or (d.sampling != "none" and d.nbest >= 1),
+         "decode.nbest must be between 1 and decode.beam_size"),
+        (d.topk >= 1 and 0.0 < d.topp <= 1.0, "decode.topk must be >= 1 and decode.topp in (0, 1]"),
+        (d.max_tokens > 0, "decode.max_tokens must be > 0"),
+        (d.max_len_a >= 0.0 and d.max_len_b >= 0 and (d.max_len_a > 0.0 or d.max_len_b >= 1),
+         "decode.max_len_a and decode.max_len_b must be >= 0 and not both 0 (an output has at most "
+         "max_len_a x its source's length + max_len_b pieces)"),
+        *((low <= getattr(d, key) <= high, f"decode.{key} must be in [{low}, {high}], got {getattr(d, key)!r}")
+          for key, low, high in (("length_penalty", -5, 5), ("max_len_a", 0, 10), ("max_len_b", 0, 10_000),
+                                 ("temperature", 0.01, 100))),  # also refuses nan and inf
+        (not (d.int8 and d.bf16), "decode.int8 and decode.bf16 exclude each other: choose one"),
+        (d.workers >= 1, "decode.workers must be >= 1"),
+        (d.shortlist >= 0 and d.shortlist_frequent >= 0, "decode.shortlist and decode.shortlist_frequent must be >= 0"),
+    ]
+
+
 def validate(config: Config, where: str | None = None) -> None:
     """Check value ranges and cross-field rules; raise :class:`ConfigError` naming the key and
     ``where`` its value came from (default: the config's file)."""
@@ -488,20 +508,7 @@ def validate(config: Config, where: str | None = None) -> None:
         (t.valid_metric != "chrf" or t.valid_bleu,
          "train.valid_metric: chrf scores the decoded validation split: set train.valid_bleu: true "
          "(or valid_metric: loss)"),
-        (d.beam_size >= 1, "decode.beam_size must be >= 1"),
-        (1 <= d.nbest <= d.beam_size or (d.sampling != "none" and d.nbest >= 1),
-         "decode.nbest must be between 1 and decode.beam_size"),
-        (d.topk >= 1 and 0.0 < d.topp <= 1.0, "decode.topk must be >= 1 and decode.topp in (0, 1]"),
-        (d.max_tokens > 0, "decode.max_tokens must be > 0"),
-        (d.max_len_a >= 0.0 and d.max_len_b >= 0 and (d.max_len_a > 0.0 or d.max_len_b >= 1),
-         "decode.max_len_a and decode.max_len_b must be >= 0 and not both 0 (an output has at most "
-         "max_len_a x its source's length + max_len_b pieces)"),
-        *((low <= getattr(d, key) <= high, f"decode.{key} must be in [{low}, {high}], got {getattr(d, key)!r}")
-          for key, low, high in (("length_penalty", -5, 5), ("max_len_a", 0, 10), ("max_len_b", 0, 10_000),
-                                 ("temperature", 0.01, 100))),  # also refuses nan and inf
-        (not (d.int8 and d.bf16), "decode.int8 and decode.bf16 exclude each other: choose one"),
-        (d.workers >= 1, "decode.workers must be >= 1"),
-        (d.shortlist >= 0 and d.shortlist_frequent >= 0, "decode.shortlist and decode.shortlist_frequent must be >= 0"),
+        *_decode_checks(d),
         (dc.name not in ("", ".", "..") and not re.search(r"[/\\]", dc.name),
          f"data.name must be a plain name, without '/' or '\\' and not '.' or '..' (it names the cache "
          f"data/prepared/<name>), got {dc.name!r}"),
