@@ -70,23 +70,20 @@ def open_engine(run_dir: Path, checkpoint: Path, bundle: InferenceModel, device:
     """A :class:`CT2Engine` over the conversion of ``checkpoint`` (:func:`converted_model`). A
     kept conversion that CTranslate2 cannot read (a file damaged since, or cut short by a full
     disk) is made again, once, with a warning; it is only ever derived from the checkpoint."""
-    model_dir = converted_model(run_dir, checkpoint)
-    try:
-        return CT2Engine(model_dir, bundle, device, decode)
-    except (RuntimeError, ValueError) as exc:
-        if is_out_of_memory(exc):
-            raise
-        get_logger().warning("%s: CTranslate2 cannot read this conversion (%s): converting %s again", model_dir,
-                             one_line(exc), checkpoint.name)
-    shutil.rmtree(model_dir)
-    model_dir = converted_model(run_dir, checkpoint)
-    try:
-        return CT2Engine(model_dir, bundle, device, decode)
-    except (RuntimeError, ValueError) as exc:
-        if is_out_of_memory(exc):
-            raise
-        raise CheckpointError(f"{model_dir}: CTranslate2 cannot read the conversion of {checkpoint.name} "
-                              f"({one_line(exc)})") from None
+    for again in (False, True):
+        model_dir = converted_model(run_dir, checkpoint)
+        try:
+            return CT2Engine(model_dir, bundle, device, decode)
+        except (RuntimeError, ValueError) as exc:
+            if is_out_of_memory(exc):
+                raise
+            if again:
+                raise CheckpointError(f"{model_dir}: CTranslate2 cannot read the conversion of {checkpoint.name} "
+                                      f"({one_line(exc)})") from None
+            get_logger().warning("%s: CTranslate2 cannot read this conversion (%s): converting %s again",
+                                 model_dir, one_line(exc), checkpoint.name)
+        shutil.rmtree(model_dir)
+    raise AssertionError("unreachable")
 
 
 def check_supported(decode: DecodeConfig) -> None:
