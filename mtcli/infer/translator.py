@@ -73,16 +73,20 @@ def _changes(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 #: The settings that shape sampling only: given for a search, they would change nothing.
-SAMPLING_ONLY = ("topk", "topp", "temperature")
+SAMPLING_ONLY = ("topk", "topp", "temperature", "seed")
 
 
 def _check_sampling_only(settings: dict[str, Any], decode: DecodeConfig) -> None:
     """Raise :class:`ConfigError` when ``settings`` give a sampling setting while ``decode``
-    searches (beam or greedy), which would silently ignore it."""
+    searches (beam or greedy), or a beam wider than 1 while it samples: either would be
+    silently ignored."""
     given = [key for key in SAMPLING_ONLY if settings.get(key) is not None]
     if given and decode.sampling == "none":
         raise ConfigError(f"{', '.join(given)}: for sampling only; add sampling topk or topp "
                           "(beam search and greedy decoding would ignore it)")
+    if settings.get("beam") not in (None, 1) and decode.sampling != "none":
+        raise ConfigError(f"beam {settings['beam']}: sampling draws each token, it keeps no beam; leave the beam "
+                          "out when sampling (nbest gives several samples)")
 
 
 def _text(item: Any, where: str) -> str:

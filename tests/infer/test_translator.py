@@ -113,6 +113,8 @@ def test_decoding_copy_is_made_once(tiny_run_dir: Path, int8: bool) -> None:
     (lambda t: list(t.stream(["\ud800"])), DataError, r"input\[0\]: not valid Unicode"),
     (lambda t: list(t.stream("a line")), TypeError, "not one string"),
     (lambda t: list(t.stream(["a"], decode="beam")), TypeError, "decode is a str, expected a DecodeConfig"),
+    (lambda t: t.translate(["a"], seed=3), ConfigError, "seed: for sampling only"),  # was silently ignored
+    (lambda t: t.translate(["a"], sampling="topk", beam=4), ConfigError, "beam 4: sampling draws each token"),
 ])
 def test_wrong_arguments_say_what_is_wrong(translator: Translator, call, error, message: str) -> None:
     with pytest.raises(error, match=message):
