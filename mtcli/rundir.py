@@ -78,9 +78,28 @@ def read_index(run_dir: Path) -> dict[int, dict]:
         raise CheckpointError(f"{path}: unreadable checkpoint index ({one_line(exc)})") from None
     try:
         entries = raw["checkpoints"]
-        return {int(step): dict(entry) for step, entry in entries.items()}
+        index = {int(step): dict(entry) for step, entry in entries.items()}
     except (KeyError, TypeError, ValueError, AttributeError):
         raise CheckpointError(f"{path}: malformed checkpoint index (expected 'checkpoints' mapping)") from None
+    for step, entry in index.items():
+        bad = _bad_entry(entry)
+        if bad:
+            raise CheckpointError(f"{path}: malformed checkpoint index (step {step}: {bad})")
+    return index
+
+
+def _bad_entry(entry: dict) -> str | None:
+    """What is wrong with one index entry (hand-edited, say), or None."""
+    for key in ("loss", "bleu", "chrf"):
+        value = entry.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return f"{key} is {value!r}, not a number"
+    if entry.get("by") not in (None, "loss", "bleu", "chrf"):
+        return f"by is {entry.get('by')!r}, not loss, bleu or chrf"
+    name = entry.get("file")
+    if name is not None and (not isinstance(name, str) or not _STEP_RE.match(name)):
+        return f"file is {name!r}, not a checkpoint_<step>.pt of this directory"
+    return None
 
 
 def update_index(run_dir: Path, step: int, valid: dict) -> None:

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import shlex
 import shutil
 import signal
@@ -605,6 +606,20 @@ def test_index_round_trip_and_recovery(tmp_path: Path, log_lines) -> None:
     update_index(tmp_path, 30, {"loss": 2.0})
     assert list(read_index(tmp_path)) == [30]
     assert any("starting a new index" in m for m in log_lines())
+
+
+@pytest.mark.parametrize(("entry", "said"), [
+    ({"file": "checkpoint_10.pt", "bleu": "x"}, "bleu is 'x', not a number"),  # was a ValueError traceback
+    ({"file": "checkpoint_10.pt", "loss": 1.0, "by": ["bleu"]}, "by is ['bleu'], not loss, bleu or chrf"),
+    ({"file": "../../other/checkpoints/checkpoint_20.pt", "loss": 1.0},  # read a file of another run
+     "file is '../../other/checkpoints/checkpoint_20.pt', not a checkpoint_<step>.pt of this directory"),
+])
+def test_a_hand_edited_index_entry_is_one_line_naming_it(tmp_path: Path, entry: dict, said: str) -> None:
+    index = tmp_path / "checkpoints" / "index.json"
+    index.parent.mkdir()
+    index.write_text(json.dumps({"format": 1, "checkpoints": {"10": entry}}))
+    with pytest.raises(CheckpointError, match=re.escape(f"index.json: malformed checkpoint index (step 10: {said})")):
+        read_index(tmp_path)
 
 
 def test_prune_keeps_last_k_and_best(tmp_path: Path) -> None:
