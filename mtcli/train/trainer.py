@@ -145,7 +145,7 @@ class Trainer:
         )
         self.feed = BatchFeed(self.stream, device, COMPILE_LENGTH_MULTIPLE if self.cfg.compile else 0)
         self.step = 0
-        self.bests = Bests(self.cfg.valid_metric)
+        self.bests = Bests(self.cfg.valid_metric if self.cfg.valid_bleu else "loss")
         self.nonfinite_in_row = 0
         self.elapsed = 0.0
         self.last_valid: dict[str, Any] = dict.fromkeys(VALID_KEYS)

@@ -81,8 +81,8 @@ class Bests:
 
     The deciding score is ``metric`` (``train.valid_metric``: the BLEU or chrF of the decoded
     validation split, or its loss), or the loss when the split is not decoded
-    (``train.valid_bleu: false``). When it changes (a resume under another setting) its best
-    starts anew: scores of two metrics do not compare."""
+    (``train.valid_bleu: false``: give ``metric="loss"``). When it changes (a resume under
+    another setting) its best and its patience start anew: scores of two metrics do not compare."""
 
     metric: str = "bleu"
     best: float | None = None  # of ``best_by``; higher is better (the loss negated)
@@ -125,3 +125,5 @@ class Bests:
         self.best_by = state.get("best_by") or (None if self.best is None else
                                                 "bleu" if self.best == self.bleu else "loss")
         self.bad_validations = int(state.get("bad_validations", 0))
+        if self.best_by not in (None, self.metric):  # another metric decides now: its patience starts anew
+            self.bad_validations = 0

@@ -49,6 +49,21 @@ def test_bests_resume_and_an_older_checkpoint_says_what_its_best_was() -> None:
     assert older.best_by == "loss"
 
 
+def test_a_resume_under_another_metric_starts_its_patience_anew() -> None:
+    """A run stopped by patience=1 on chrF, resumed with valid_metric loss: it went on stopping
+    at once ("no better validation chrF") while its loss improved."""
+    stopped = Bests("chrf")
+    stopped.update(valid(4, 10, 40))
+    stopped.update(valid(3, 9, 39))
+    assert stopped.bad_validations == 1
+    resumed = Bests("loss")
+    resumed.load_state_dict(stopped.state_dict())
+    assert resumed.bad_validations == 0
+    same = Bests("chrf")
+    same.load_state_dict(stopped.state_dict())
+    assert same.bad_validations == 1  # the same metric: exactly where it was
+
+
 def test_chrf_without_decoding_is_refused() -> None:
     with pytest.raises(ConfigError, match="train.valid_metric: chrf scores the decoded validation split"):
         config_from_dict({"data": {"name": "x", "source": "x", "src_lang": "de", "tgt_lang": "en"},
