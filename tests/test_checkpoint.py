@@ -682,6 +682,17 @@ def test_average_refuses_mismatched_checkpoints(tmp_path: Path) -> None:
     assert "size 64" in one_line(exc) and "size 80" in str(exc.value)
     with pytest.raises(CheckpointError):
         average_checkpoints([])
+    relu, swish = toy_state(5), toy_state(6)  # the same shapes, another computation: was averaged
+    relu["config"], swish["config"] = {"model": {"activation": "relu"}}, {"model": {"activation": "swish"}}
+    save_checkpoint(tmp_path / "relu.pt", relu)
+    save_checkpoint(tmp_path / "swish.pt", swish)
+    with pytest.raises(CheckpointError, match=r"relu.pt and swish.pt: different models \(model.activation relu "
+                                              r"and swish\)"):
+        average_checkpoints([tmp_path / "relu.pt", tmp_path / "swish.pt"])
+    with pytest.raises(CheckpointError, match="the same checkpoint twice"):
+        average_checkpoints([a, a])
+    with pytest.raises(TypeError, match="not one path"):
+        average_checkpoints(str(a))  # was "a: checkpoint not found", a character at a time
 
 
 def test_average_run_last_and_best(tmp_path: Path) -> None:

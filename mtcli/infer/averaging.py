@@ -13,9 +13,17 @@ from typing import Any
 import torch
 
 from mtcli.checkpoint import FORMAT, load_checkpoint, save_checkpoint
+from mtcli.config import ARCHITECTURE_KEYS
 from mtcli.errors import CheckpointError
 from mtcli.logs import get_logger
 from mtcli.rundir import checkpoint_dir, names, select_checkpoints
+
+
+def _architecture(state: dict) -> dict[str, Any]:
+    """The :data:`~mtcli.config.ARCHITECTURE_KEYS` a checkpoint records of its model (``{}``
+    where it records none)."""
+    saved = (state.get("config") or {}).get("model")
+    return {k: saved[k] for k in ARCHITECTURE_KEYS if k in saved} if isinstance(saved, dict) else {}
 
 
 def average_checkpoints(paths: list[Path]) -> dict:
@@ -28,7 +36,11 @@ def average_checkpoints(paths: list[Path]) -> dict:
     ``vocab`` of the last checkpoint, drops optimiser/RNG/data state (it cannot be resumed),
     and lists its sources under ``averaged_from``.
     """
+    if isinstance(paths, (str, Path)):
+        raise TypeError("paths must be a list of checkpoint paths, not one path (wrap it: [path])")
     paths = [Path(p) for p in paths]
+    if len(set(map(str, paths))) != len(paths):
+        raise CheckpointError(f"the same checkpoint twice among {', '.join(p.name for p in paths)}")
     if not paths:
         raise CheckpointError("no checkpoints to average")
     sums: dict[str, torch.Tensor] = {}
@@ -42,7 +54,7 @@ def average_checkpoints(paths: list[Path]) -> dict:
         if not isinstance(model, dict) or not model:
             raise CheckpointError(f"{path}: checkpoint has no model parameters")
         if i == 0:
-            first_vocab = state.get("vocab")
+            first_vocab, first = state.get("vocab"), _architecture(state)
             reference = {k: (v.dtype, v.shape) for k, v in model.items() if isinstance(v, torch.Tensor)}
         else:
             if state.get("vocab") != first_vocab:
@@ -51,6 +63,11 @@ def average_checkpoints(paths: list[Path]) -> dict:
                     f"({_vocab_text(first_vocab)} vs {_vocab_text(state.get('vocab'))})"
                 )
             _check_same_params(paths[0], reference, path, model)
+            theirs = _architecture(state)
+            differ = [f"model.{k} {first[k]} and {theirs[k]}" for k in first if k in theirs and theirs[k] != first[k]]
+            if differ:
+                raise CheckpointError(f"cannot average {paths[0].name} and {path.name}: different models "
+                                      f"({'; '.join(differ)})")
         for key, value in model.items():
             if isinstance(value, torch.Tensor) and value.is_floating_point():
                 value = value.detach().to(torch.float64)

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from mtcli.checkpoint import load_checkpoint
-from mtcli.config import Config, DecodeConfig, load_config
+from mtcli.config import Config, DecodeConfig, architecture_mismatches, load_config
 from mtcli.data.tokenizer import PAD_ID, Tokenizer
 from mtcli.data.vocabmap import VocabTokenizer
 from mtcli.errors import CheckpointError, ConfigError, DataError
@@ -209,6 +209,10 @@ def load_for_inference(
         name = f"{path.name} (step {state.get('step', '?')})"
         source = str(path)
     _check_vocabulary(state, source, tokenizer)
+    differ = architecture_mismatches((state.get("config") or {}).get("model"), config.model)
+    if differ:  # same shapes but another computation (an activation) would load and decode wrongly
+        raise CheckpointError(f"{source}: a checkpoint of another model: its {'; '.join(differ)} in "
+                              f"{run_dir / CONFIG_NAME}; decode it with its own run directory")
     model = _build_model(state, source, config, tokenizer.vocab_size, run_dir)
     model.to(device).eval()
     meta = {k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler", "rng", "rng_ranks")}

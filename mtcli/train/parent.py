@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from mtcli.checkpoint import load_checkpoint
-from mtcli.config import Config
+from mtcli.config import ARCHITECTURE_KEYS, Config
 from mtcli.errors import CheckpointError, ConfigError
 from mtcli.fileio import sha256_file
 from mtcli.infer.averaging import average_checkpoints
@@ -36,9 +36,6 @@ from mtcli.model import Transformer
 from mtcli.rundir import checkpoint_dir, select_checkpoints
 
 PARENT_NAME = "parent.json"
-# The config keys that decide the parameters' names and shapes.
-SHAPE_KEYS = ("d_model", "n_heads", "encoder_layers", "decoder_layers", "d_ff", "pre_norm",
-              "tie_embeddings", "activation", "output_bias")
 # Buffers that belong to the child, not the parent: the output vocabulary is its own corpus's.
 _OWN_BUFFERS = ("output_ids",)
 
@@ -102,7 +99,7 @@ def mismatches(parent: Parent, config: Config, model: Transformer, spm_sha256: s
     the parent's weights, one phrase each; empty when it can."""
     problems: list[str] = []
     shape = parent.config.get("model") or {}
-    for key in SHAPE_KEYS:
+    for key in ARCHITECTURE_KEYS:
         mine = getattr(config.model, key)
         if key in shape and shape[key] != mine:
             problems.append(f"model.{key} {shape[key]} (parent) vs {mine} (this run)")

@@ -41,6 +41,7 @@ def _randomised_run(tiny_run_dir: Path, tmp_path: Path, pre_norm: bool, tied: bo
     }
     if shortlist:
         state["model"]["output_ids"] = torch.tensor([0, 1, 2, 3, *range(5, state["vocab"]["size"], 2)])
+    state["config"] = config.to_dict()  # the checkpoint of this model, as a training would write it
     save_checkpoint(path, state)
     return run
 

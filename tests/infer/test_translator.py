@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import mtcli
-from mtcli.errors import ConfigError, DataError
+from mtcli.errors import CheckpointError, ConfigError, DataError
 from mtcli.infer.translator import Translator
 
 LINES = ["eine katze spielt", "", "ein hund läuft im park", "rot", "zwei kleine kinder spielen im garten"]
@@ -213,6 +213,21 @@ def test_the_decoding_device_is_chosen_and_a_bad_one_is_one_line(tiny_run_dir: P
         bad = CliRunner().invoke(app, [*command, "--device", "gpu"])
         assert bad.exit_code == 2 and bad.stderr.strip() == (
             "mtcli: error: --device='gpu': not a device (auto, cpu, cuda or cuda:N)"), bad.stderr
+
+
+def test_a_checkpoint_of_another_model_is_refused_not_decoded_wrongly(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """A checkpoint of a run with another activation has the same shapes: it loaded into this
+    run's model and decoded with the wrong feed-forward, without a word."""
+    from mtcli.checkpoint import load_checkpoint, save_checkpoint
+
+    state = load_checkpoint(tiny_run_dir / "checkpoints" / "checkpoint_best.pt")
+    other = {**state["config"]["model"], "activation": "swish" if state["config"]["model"]["activation"] == "relu"
+             else "relu"}
+    foreign = tmp_path / "foreign.pt"
+    save_checkpoint(foreign, {**state, "config": {**state["config"], "model": other}})
+    with pytest.raises(CheckpointError, match=r"foreign.pt: a checkpoint of another model: its model.activation "
+                                              r"\w+ vs \w+ in .*config.yaml; decode it with its own run directory"):
+        Translator.from_run(tiny_run_dir, checkpoint=str(foreign), device="cpu")
 
 
 def test_a_negative_average_is_refused(tiny_run_dir: Path) -> None:
