@@ -726,6 +726,12 @@ def test_average_run_last_and_best(tmp_path: Path) -> None:
     (tmp_path / "plain").mkdir()  # a directory without checkpoints/ is not a run
     with pytest.raises(CheckpointError, match=r"plain: not a run directory \(no checkpoints/\)"):
         average_run_checkpoints(tmp_path / "plain", tmp_path / "x.pt", last=1)
+    own = tmp_path / "checkpoints"  # an average there under a training's name broke resume and --last
+    for name in (rd.LAST_NAME, rd.BEST_NAME, "checkpoint_99.pt"):
+        with pytest.raises(CheckpointError, match=f"{name}: a name of the run's own checkpoints.*write it as "
+                                                  "checkpoint_avg_last2.pt"):
+            average_run_checkpoints(tmp_path, own / name, last=2)
+    average_run_checkpoints(tmp_path, own / "checkpoint_avg_last2.pt", last=2)  # the recipes' name
 
 
 def test_cli_average(tmp_path: Path) -> None:

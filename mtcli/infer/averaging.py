@@ -7,6 +7,7 @@ and cast back to the parameter's dtype. ``mtcli average`` writes the result as a
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from mtcli.checkpoint import FORMAT, load_checkpoint, save_checkpoint
 from mtcli.config import ARCHITECTURE_KEYS
 from mtcli.errors import CheckpointError
 from mtcli.logs import get_logger
-from mtcli.rundir import checkpoint_dir, names, select_checkpoints
+from mtcli.rundir import BEST_NAME, LAST_NAME, checkpoint_dir, names, select_checkpoints
 
 
 def _architecture(state: dict) -> dict[str, Any]:
@@ -126,6 +127,12 @@ def average_run_checkpoints(run_dir: Path, output: Path, last: int = 0, best: in
         raise CheckpointError(f"{run_dir}: run directory not found")
     if not checkpoint_dir(run_dir).is_dir():
         raise CheckpointError(f"{run_dir}: not a run directory (no checkpoints/)")
+    output = Path(output)
+    if output.parent.resolve() == checkpoint_dir(run_dir).resolve() and (
+            output.name in (LAST_NAME, BEST_NAME) or re.fullmatch(r"checkpoint_\d+\.pt", output.name)):
+        example = f"checkpoint_avg_{'last' if last else 'best'}{last or best}.pt"
+        raise CheckpointError(f"{output}: a name of the run's own checkpoints, which training resumes from and "
+                              f"--last averages (an average holds no optimizer state); write it as {example}")
     paths = select_checkpoints(run_dir, last=last, best=best)
     state = average_checkpoints(paths)
     save_checkpoint(Path(output), state)
