@@ -32,6 +32,7 @@ State layout (written by the trainer)::
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import os
@@ -43,6 +44,7 @@ from typing import Any
 
 import torch
 
+from mtcli.config import ModelConfig
 from mtcli.errors import CheckpointError, one_line
 from mtcli.fileio import atomic_link, atomic_write
 
@@ -80,6 +82,23 @@ def _frame(payload: bytes | memoryview) -> bytes:
     """Header line (format, sha256, size) for ``payload``."""
     digest = hashlib.sha256(payload).hexdigest()
     return MAGIC + f" {FORMAT} sha256={digest} size={len(payload)}\n".encode("ascii")
+
+
+#: The model keys that decide the parameters' names and shapes and what they compute: the
+#: weights of one model are read only by a model of the same values.
+ARCHITECTURE_KEYS = ("d_model", "n_heads", "encoder_layers", "decoder_layers", "d_ff", "pre_norm",
+                     "tie_embeddings", "activation", "output_bias")
+
+
+def architecture_mismatches(saved: Any, ours: ModelConfig | dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(key, saved's value, ours)`` for each :data:`ARCHITECTURE_KEYS` value in which ``saved``
+    (a checkpoint's ``config["model"]``, a dict; anything else is not compared) differs from
+    ``ours`` (a model's settings, or another checkpoint's); a key either lacks is not compared."""
+    if not isinstance(saved, dict):
+        return []
+    ours = ours if isinstance(ours, dict) else dataclasses.asdict(ours)
+    return [(key, saved[key], ours[key]) for key in ARCHITECTURE_KEYS
+            if key in saved and key in ours and saved[key] != ours[key]]
 
 
 def save_checkpoint(path: Path, state: dict, also: Iterable[Path] = ()) -> None:

@@ -102,21 +102,6 @@ class ModelConfig:
     output_bias: bool = False  # a fixed bias on the logits (Marian's final_logits_bias; mtcli import-hf)
 
 
-#: The model keys that decide the parameters' names and shapes and what they compute: the
-#: weights of one model are read only by a model of the same values.
-ARCHITECTURE_KEYS = ("d_model", "n_heads", "encoder_layers", "decoder_layers", "d_ff", "pre_norm",
-                     "tie_embeddings", "activation", "output_bias")
-
-
-def architecture_mismatches(saved: Any, model: ModelConfig) -> list[str]:
-    """``model.KEY SAVED vs OURS`` for each :data:`ARCHITECTURE_KEYS` value in which ``saved``
-    (a checkpoint's ``config["model"]``, a dict; anything else is not compared) differs."""
-    if not isinstance(saved, dict):
-        return []
-    return [f"model.{key} {saved[key]} vs {getattr(model, key)}" for key in ARCHITECTURE_KEYS
-            if key in saved and saved[key] != getattr(model, key)]
-
-
 @dataclass
 class TrainConfig:
     """The training loop: batching, optimisation, validation, checkpoints."""

@@ -50,6 +50,12 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+def is_own_checkpoint_name(name: str) -> bool:
+    """Whether ``name`` is one a training writes into ``checkpoints/`` and resumes from or ranks:
+    ``checkpoint_last.pt``, ``checkpoint_best.pt``, ``checkpoint_<step>.pt``."""
+    return name in (LAST_NAME, BEST_NAME) or bool(_STEP_RE.match(name))
+
+
 def step_checkpoint_name(step: int) -> str:
     """File name of the checkpoint written at ``step``: ``checkpoint_<step>.pt``."""
     return f"checkpoint_{int(step)}.pt"

@@ -284,7 +284,7 @@ class _BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or ()).get(b"content-length", b"")
-        seen, answered = (int(declared) if declared.isdigit() else 0), False
+        seen, answered = 0, False
 
         async def refuse() -> None:
             nonlocal answered
@@ -299,18 +299,18 @@ class _BodyLimit:
         async def counted() -> dict:
             nonlocal seen
             message = await receive()
-            if message["type"] == "http.request" and not declared.isdigit():
+            if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-            if seen > self.most:
-                await refuse()
-                raise _BodyTooLarge
+                if seen > self.most:
+                    await refuse()
+                    raise _BodyTooLarge
             return message
 
         async def sending(message: dict) -> None:
             if not answered:
                 await send(message)
 
-        if seen > self.most:
+        if declared.isdigit() and int(declared) > self.most:
             return await refuse()
         with contextlib.suppress(_BodyTooLarge):
             await self.app(scope, counted, sending)

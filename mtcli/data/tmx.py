@@ -81,8 +81,10 @@ class _Units:
 
     def end(self, name: str) -> None:
         if name == "seg" and self.text is not None and self.unit is not None:
-            text = _XML_SPACE.sub(" ", "".join(self.text)).strip()
-            self.unit.setdefault(self.lang, text)
+            text = "".join(self.text)
+            if "  " in text or "\n" in text or "\t" in text or "\r" in text:  # most segments need nothing
+                text = _XML_SPACE.sub(" ", text)
+            self.unit.setdefault(self.lang, text.strip())
             self.text = None
         elif name in _CODES and self.text is not None:
             self.codes -= 1

@@ -39,7 +39,9 @@ WORD_START = "\u2581"
 _SPECIAL_PIECES = {PAD_ID: PAD_PIECE, UNK_ID: UNK_PIECE, BOS_ID: BOS_PIECE, EOS_ID: EOS_PIECE}
 
 
-def _load_spm(path: Path) -> spm.SentencePieceProcessor:
+def load_spm(path: Path) -> spm.SentencePieceProcessor:
+    """The SentencePiece model at ``path``; :class:`DataError` naming it when it is missing or
+    does not load."""
     if not path.is_file():
         raise DataError(f"{path}: SentencePiece model not found")
     processor = spm.SentencePieceProcessor()
@@ -75,7 +77,7 @@ class VocabTokenizer:
         """Load the three files; :class:`DataError` naming the file that is missing or wrong."""
         self.source_path, self.target_path = Path(source_spm), Path(target_spm)
         self.model_path = Path(vocab)
-        self._src, self._tgt = _load_spm(self.source_path), _load_spm(self.target_path)
+        self._src, self._tgt = load_spm(self.source_path), load_spm(self.target_path)
         self._ids = read_vocab(self.model_path)
         self.vocab_size: int = max(self._ids.values()) + 1
         ids = set(self._ids.values())
@@ -156,4 +158,4 @@ def load_tokenizer(model_path: str | Path) -> Tokenizer | VocabTokenizer:
     return Tokenizer(path)
 
 
-__all__ = ["VocabTokenizer", "load_tokenizer", "read_vocab", "tokenizer_files"]
+__all__ = ["VocabTokenizer", "load_spm", "load_tokenizer", "read_vocab", "tokenizer_files"]

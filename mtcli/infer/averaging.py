@@ -7,24 +7,21 @@ and cast back to the parameter's dtype. ``mtcli average`` writes the result as a
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mtcli.checkpoint import FORMAT, load_checkpoint, save_checkpoint
-from mtcli.config import ARCHITECTURE_KEYS
+from mtcli.checkpoint import FORMAT, architecture_mismatches, load_checkpoint, save_checkpoint
 from mtcli.errors import CheckpointError
 from mtcli.logs import get_logger
-from mtcli.rundir import BEST_NAME, LAST_NAME, checkpoint_dir, names, select_checkpoints
+from mtcli.rundir import checkpoint_dir, is_own_checkpoint_name, names, select_checkpoints
 
 
-def _architecture(state: dict) -> dict[str, Any]:
-    """The :data:`~mtcli.config.ARCHITECTURE_KEYS` a checkpoint records of its model (``{}``
-    where it records none)."""
+def _saved_model(state: dict) -> dict[str, Any]:
+    """The model settings a checkpoint records (``{}`` where it records none)."""
     saved = (state.get("config") or {}).get("model")
-    return {k: saved[k] for k in ARCHITECTURE_KEYS if k in saved} if isinstance(saved, dict) else {}
+    return saved if isinstance(saved, dict) else {}
 
 
 def average_checkpoints(paths: list[Path]) -> dict:
@@ -55,7 +52,7 @@ def average_checkpoints(paths: list[Path]) -> dict:
         if not isinstance(model, dict) or not model:
             raise CheckpointError(f"{path}: checkpoint has no model parameters")
         if i == 0:
-            first_vocab, first = state.get("vocab"), _architecture(state)
+            first_vocab, first = state.get("vocab"), _saved_model(state)
             reference = {k: (v.dtype, v.shape) for k, v in model.items() if isinstance(v, torch.Tensor)}
         else:
             if state.get("vocab") != first_vocab:
@@ -64,11 +61,10 @@ def average_checkpoints(paths: list[Path]) -> dict:
                     f"({_vocab_text(first_vocab)} vs {_vocab_text(state.get('vocab'))})"
                 )
             _check_same_params(paths[0], reference, path, model)
-            theirs = _architecture(state)
-            differ = [f"model.{k} {first[k]} and {theirs[k]}" for k in first if k in theirs and theirs[k] != first[k]]
+            differ = architecture_mismatches(_saved_model(state), first)
             if differ:
-                raise CheckpointError(f"cannot average {paths[0].name} and {path.name}: different models "
-                                      f"({'; '.join(differ)})")
+                said = "; ".join(f"model.{key} {own} and {saved}" for key, saved, own in differ)
+                raise CheckpointError(f"cannot average {paths[0].name} and {path.name}: different models ({said})")
         for key, value in model.items():
             if isinstance(value, torch.Tensor) and value.is_floating_point():
                 value = value.detach().to(torch.float64)
@@ -128,8 +124,7 @@ def average_run_checkpoints(run_dir: Path, output: Path, last: int = 0, best: in
     if not checkpoint_dir(run_dir).is_dir():
         raise CheckpointError(f"{run_dir}: not a run directory (no checkpoints/)")
     output = Path(output)
-    if output.parent.resolve() == checkpoint_dir(run_dir).resolve() and (
-            output.name in (LAST_NAME, BEST_NAME) or re.fullmatch(r"checkpoint_\d+\.pt", output.name)):
+    if output.parent.resolve() == checkpoint_dir(run_dir).resolve() and is_own_checkpoint_name(output.name):
         example = f"checkpoint_avg_{'last' if last else 'best'}{last or best}.pt"
         raise CheckpointError(f"{output}: a name of the run's own checkpoints, which training resumes from and "
                               f"--last averages (an average holds no optimizer state); write it as {example}")

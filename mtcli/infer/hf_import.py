@@ -42,7 +42,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import sentencepiece as spm
 import torch
 
 from mtcli.checkpoint import save_checkpoint
@@ -56,7 +55,7 @@ from mtcli.config import (
     validate,
 )
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_PIECE, Tokenizer
-from mtcli.data.vocabmap import read_vocab
+from mtcli.data.vocabmap import load_spm, read_vocab
 from mtcli.errors import ConfigError, DataError, MtcliError, one_line
 from mtcli.fileio import atomic_dir, check_replaceable, sha256_file
 from mtcli.infer.hf import from_marian, model_permutation, require_transformers, weight_table
@@ -116,14 +115,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     return raw
 
 
-def _check_spm(path: Path) -> None:
-    """:class:`DataError` naming ``path`` unless it is a SentencePiece model that loads."""
-    try:
-        spm.SentencePieceProcessor().Load(str(path))
-    except (OSError, RuntimeError) as exc:
-        raise DataError(f"{path}: not a readable SentencePiece model ({one_line(exc, 200)})") from None
-
-
 def weights_file(model_dir: Path) -> Path:
     """The weights file transformers loads from ``model_dir`` (``model.safetensors`` first);
     :class:`DataError` when there is none."""
@@ -163,7 +154,7 @@ def check_model_dir(model_dir: Path) -> dict[str, Any]:
             raise DataError(f"{model_dir / name}: not found (an OPUS-MT style Marian directory has "
                             f"{VOCAB_NAME}, {SOURCE_SPM_NAME} and {TARGET_SPM_NAME})")
     for name in (SOURCE_SPM_NAME, TARGET_SPM_NAME):
-        _check_spm(model_dir / name)
+        load_spm(model_dir / name)  # a junk model is said now, not when the run is first used
     _check_weights(weights_file(model_dir))
     for key, (allowed, why) in _REQUIRED.items():
         value = raw.get(key)

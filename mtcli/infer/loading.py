@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from mtcli.checkpoint import load_checkpoint
-from mtcli.config import Config, DecodeConfig, architecture_mismatches, load_config
+from mtcli.checkpoint import architecture_mismatches, load_checkpoint
+from mtcli.config import Config, DecodeConfig, load_config
 from mtcli.data.tokenizer import PAD_ID, Tokenizer
 from mtcli.data.vocabmap import VocabTokenizer
 from mtcli.errors import CheckpointError, ConfigError, DataError
@@ -211,7 +211,8 @@ def load_for_inference(
     _check_vocabulary(state, source, tokenizer)
     differ = architecture_mismatches((state.get("config") or {}).get("model"), config.model)
     if differ:  # same shapes but another computation (an activation) would load and decode wrongly
-        raise CheckpointError(f"{source}: a checkpoint of another model: its {'; '.join(differ)} in "
+        said = "; ".join(f"model.{key} {saved} vs {own}" for key, saved, own in differ)
+        raise CheckpointError(f"{source}: a checkpoint of another model: its {said} in "
                               f"{run_dir / CONFIG_NAME}; decode it with its own run directory")
     model = _build_model(state, source, config, tokenizer.vocab_size, run_dir)
     model.to(device).eval()

@@ -213,6 +213,12 @@ class Translator:
             raise TypeError("lines must be an iterable of strings, not one string (wrap it: [text])")
         if not isinstance(lines, ArrivingLines):  # a reader's lines are strings already
             lines = (_text(line, f"{name}[{i}]") for i, line in enumerate(lines, offset))
+        return self._stream(lines, decode, name, on_done, return_attention, window, offset)
+
+    def _stream(self, lines: Iterable[str], decode: DecodeConfig | None, name: str = "input", on_done: Any = None,
+                return_attention: bool = False, window: int = DEFAULT_WINDOW,
+                offset: int = 0) -> Iterator[list[Translation]]:
+        """:meth:`stream` of lines checked already (by :meth:`translate`, :meth:`nbest`, ...)."""
         if self.engine is not None:
             decode = decode or self.decode
             if (decode.int8, decode.bf16) != (self.decode.int8, self.decode.bf16) or return_attention:
@@ -229,7 +235,7 @@ class Translator:
         """The best translation of each text, in order (an empty text gives ``""``)."""
         items = _texts(texts)
         decode = dataclasses.replace(self.settings(**settings), nbest=1)
-        return [nbest[0].text if nbest else "" for nbest in self.stream(items, decode=decode)]
+        return [nbest[0].text if nbest else "" for nbest in self._stream(items, decode)]
 
     def translate_iter(self, texts: Iterable[str], **settings: Any) -> Iterator[str]:
         """Translate an iterable (a file, a generator) lazily: one output per input, in order,
@@ -242,7 +248,7 @@ class Translator:
             for i, item in enumerate(texts):
                 yield _text(item, f"texts[{i}]")
 
-        return (nbest[0].text if nbest else "" for nbest in self.stream(checked(), decode=decode))
+        return (nbest[0].text if nbest else "" for nbest in self._stream(checked(), decode))
 
     def nbest(self, texts: Sequence[str], n: int | None = None, **settings: Any) -> list[list[Translation]]:
         """The ``n`` best hypotheses of each text (default: the beam size), best first, each a
@@ -256,7 +262,7 @@ class Translator:
         if n < 1:
             raise ConfigError(f"nbest n must be >= 1, got {n}")
         decode = dataclasses.replace(decode, nbest=n, beam_size=decode.beam_size if sampled else max(decode.beam_size, n))
-        return list(self.stream(_texts(texts), decode=decode))
+        return list(self._stream(_texts(texts), decode))
 
     def score(self, sources: Sequence[str], targets: Sequence[str], *, max_tokens: int | None = None,
               tgt_lang: str | None = None) -> list[float]:

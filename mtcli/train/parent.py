@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from mtcli.checkpoint import load_checkpoint
-from mtcli.config import ARCHITECTURE_KEYS, Config
+from mtcli.checkpoint import architecture_mismatches, load_checkpoint
+from mtcli.config import Config
 from mtcli.errors import CheckpointError, ConfigError
 from mtcli.fileio import sha256_file
 from mtcli.infer.averaging import average_checkpoints
@@ -98,11 +98,8 @@ def mismatches(parent: Parent, config: Config, model: Transformer, spm_sha256: s
     """Every way the child (``config``, its built ``model``, its SentencePiece sha256) cannot take
     the parent's weights, one phrase each; empty when it can."""
     problems: list[str] = []
-    shape = parent.config.get("model") or {}
-    for key in ARCHITECTURE_KEYS:
-        mine = getattr(config.model, key)
-        if key in shape and shape[key] != mine:
-            problems.append(f"model.{key} {shape[key]} (parent) vs {mine} (this run)")
+    for key, theirs, mine in architecture_mismatches(parent.config.get("model"), config.model):
+        problems.append(f"model.{key} {theirs} (parent) vs {mine} (this run)")
     theirs = parent.vocab.get("spm_sha256")
     if theirs != spm_sha256 or int(parent.vocab.get("size", model.vocab_size)) != model.vocab_size:
         problems.append(f"SentencePiece model sha256 {theirs} (parent, {parent.vocab.get('size')} "
