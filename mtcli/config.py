@@ -434,6 +434,11 @@ def with_changes(config: Config, section: str, **changes: Any) -> Config:
     return changed
 
 
+#: The closed ranges of the numeric decode settings (the server's request fields take the same).
+DECODE_RANGES: dict[str, tuple[float, float]] = {
+    "length_penalty": (-5, 5), "max_len_a": (0, 10), "max_len_b": (0, 10_000), "temperature": (0.01, 100)}
+
+
 def _decode_checks(d: DecodeConfig) -> list[tuple[bool, str]]:
     """:func:`validate`'s checks of the decode settings: (holds, what the message says)."""
     return [
@@ -446,8 +451,7 @@ def _decode_checks(d: DecodeConfig) -> list[tuple[bool, str]]:
          "decode.max_len_a and decode.max_len_b must be >= 0 and not both 0 (an output has at most "
          "max_len_a x its source's length + max_len_b pieces)"),
         *((low <= getattr(d, key) <= high, f"decode.{key} must be in [{low}, {high}], got {getattr(d, key)!r}")
-          for key, low, high in (("length_penalty", -5, 5), ("max_len_a", 0, 10), ("max_len_b", 0, 10_000),
-                                 ("temperature", 0.01, 100))),  # also refuses nan and inf
+          for key, (low, high) in DECODE_RANGES.items()),  # also refuses nan and inf
         (not (d.int8 and d.bf16), "decode.int8 and decode.bf16 exclude each other: choose one"),
         (d.workers >= 1, "decode.workers must be >= 1"),
         (d.shortlist >= 0 and d.shortlist_frequent >= 0, "decode.shortlist and decode.shortlist_frequent must be >= 0"),

@@ -62,6 +62,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from mtcli.config import DECODE_RANGES
 from mtcli.data.textio import check_unicode
 from mtcli.errors import ConfigError, DataError, DeviceMemoryError, one_line
 from mtcli.infer.translator import Translator
@@ -96,12 +97,14 @@ class TranslateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: list[StrictStr] = Field(description="Lines to translate, one sentence each.")
     beam: StrictInt | None = Field(default=None, description="Beam size (1 = greedy); the run's by default.")
-    length_penalty: StrictFloat | StrictInt | None = Field(default=None, ge=0.0, le=5.0,
-                                                          description="GNMT length penalty alpha.")
+    length_penalty: StrictFloat | StrictInt | None = Field(
+        default=None, ge=DECODE_RANGES["length_penalty"][0], le=DECODE_RANGES["length_penalty"][1],
+        description="GNMT length penalty alpha (below 0 favours shorter outputs).")
     sampling: Literal["topk", "topp"] | None = Field(
         default=None, description="Draw the translation instead of searching (the run's decode.topk / topp).")
-    temperature: StrictFloat | StrictInt | None = Field(default=None, gt=0.0, le=10.0,
-                                                       description="Sampling temperature.")
+    temperature: StrictFloat | StrictInt | None = Field(
+        default=None, ge=DECODE_RANGES["temperature"][0], le=DECODE_RANGES["temperature"][1],
+        description="Sampling temperature.")
     seed: StrictInt | None = Field(default=None, description="Sampling seed: the same seed gives the same output.")
     tgt_lang: StrictStr | None = Field(
         default=None, description="The language to translate into, for a model of several (the run's by default).")

@@ -87,6 +87,8 @@ def test_answers_equal_the_python_api(server: Server, tiny_run_dir: Path) -> Non
     assert answer.json()["translations"] == expected.translate(LINES)
     greedy = server.post({"text": LINES, "beam": 1, "length_penalty": 0.6})
     assert greedy.json()["translations"] == expected.translate(LINES, beam=1, length_penalty=0.6)
+    shorter = server.post({"text": LINES, "beam": 2, "length_penalty": -0.5})  # the config's range, not only >= 0
+    assert shorter.json()["translations"] == expected.translate(LINES, beam=2, length_penalty=-0.5)
     health = httpx.get(f"{server.url}/health").json()
     assert health["status"] == "ok" and health["model"] == expected.name
     assert health["target_languages"] == [expected.bundle.config.data.tgt_lang]
@@ -111,7 +113,8 @@ def test_concurrent_clients_each_get_their_own_lines(server: Server, tiny_run_di
     ({"text": ["ok"], "beam": "5"}, None, 422, "beam"),
     ({"text": ["ok"], "beam": 0}, None, 422, "beam must be between 1 and 16"),
     ({"text": ["ok"], "beam": 17}, None, 422, "beam must be between 1 and 16"),
-    ({"text": ["ok"], "length_penalty": -1}, None, 422, "length_penalty"),
+    ({"text": ["ok"], "length_penalty": -6}, None, 422, "length_penalty"),
+    ({"text": ["ok"], "sampling": "topk", "temperature": 1e-300}, None, 422, "temperature"),
     ({"text": ["ok"], "colour": "red"}, None, 422, "colour"),
     ({}, None, 422, "text"),
     ({"text": ["x"] * 9}, None, 413, "too many lines: 9 (at most 8"),
