@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from mtcli.config import Config, DecodeConfig
-from mtcli.data.cache import PreparedCorpus
+from mtcli.data.cache import PreparedCorpus, eval_split_name
 from mtcli.data.textio import read_lines
 from mtcli.device import peak_memory_mb
 from mtcli.errors import ConfigError, DataError
@@ -43,7 +43,8 @@ def _split_files(run_dir: Path, config: Config, split: str, direction: tuple[str
     prepared cache."""
     src_lang, tgt_lang = direction
     text_dir = run_dir / TEXT_DIR
-    src, ref = text_dir / f"{split}.{src_lang}", text_dir / f"{split}.{tgt_lang}"
+    name = eval_split_name(split, src_lang, tgt_lang, lambda name, lang: (text_dir / f"{name}.{lang}").is_file())
+    src, ref = text_dir / f"{name}.{src_lang}", text_dir / f"{name}.{tgt_lang}"
     if src.is_file() and ref.is_file():
         return src, ref
     prepared = config.data.prepared_path()
@@ -51,8 +52,9 @@ def _split_files(run_dir: Path, config: Config, split: str, direction: tuple[str
         corpus = PreparedCorpus.open(prepared, verify=False)
     except (DataError, OSError):
         corpus = None
-    if corpus is not None and split in corpus.splits and {src_lang, tgt_lang} <= set(corpus.split_langs[split]):
-        src, ref = corpus.text_path(split, src_lang), corpus.text_path(split, tgt_lang)
+    name = corpus.eval_split(split, src_lang, tgt_lang) if corpus is not None else split
+    if corpus is not None and name in corpus.splits and {src_lang, tgt_lang} <= set(corpus.split_langs[name]):
+        src, ref = corpus.text_path(name, src_lang), corpus.text_path(name, tgt_lang)
         if src.is_file() and ref.is_file():
             return src, ref
     raise DataError(

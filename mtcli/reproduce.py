@@ -394,6 +394,7 @@ def run_adaptation(config: Config) -> dict[str, Any]:
     prepare(config)
     corpus = PreparedCorpus.open(config.data.prepared_path(), verify=False)
     test, (src, tgt) = config.data.test_splits[0], (config.data.src_lang, config.data.tgt_lang)
+    test = corpus.eval_split(test, src, tgt)
     news = {"src_file": corpus.text_path(test, src), "ref_file": corpus.text_path(test, tgt)}
     parent_config = load_config(parent / CONFIG_NAME, lenient=True)
     own_test = parent_config.data.test_splits[0]

@@ -18,7 +18,7 @@ verifiable or rejected by :meth:`PreparedCorpus.open`.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,25 @@ def token_dtype(vocab_size: int) -> np.dtype:
 def array_name(split: str, lang: str) -> str:
     """File stem of one split and language, e.g. ``train.de``."""
     return f"{split}.{lang}"
+
+
+def direction_split(split: str, src: str, tgt: str) -> str:
+    """The cache's name for one corpus's own copy of a validation or test split, kept apart
+    because its text differs from what other corpora give the split in a shared language
+    (:mod:`mtcli.data.corpora`): ``test.en-zh``."""
+    return f"{split}.{src}-{tgt}"
+
+
+def eval_split_name(split: str, src: str, tgt: str, holds: Callable[[str, str], bool]) -> str:
+    """The split that pairs ``split``'s sentences in ``src`` and ``tgt``: ``split`` itself when
+    ``holds(split, lang)`` for both, else the corpus's own copy in that direction or its
+    reverse (:func:`direction_split`), else ``split`` (whose lookup then names what is missing)."""
+    if holds(split, src) and holds(split, tgt):
+        return split
+    for name in (direction_split(split, src, tgt), direction_split(split, tgt, src)):
+        if holds(name, src) and holds(name, tgt):
+            return name
+    return split
 
 
 class ArrayWriter:
@@ -309,6 +328,16 @@ class PreparedCorpus:
         """
         self._check(split, lang)
         return self.directory / f"{array_name(split, lang)}.txt"
+
+    def eval_split(self, split: str, src: str, tgt: str) -> str:
+        """The split of this cache holding ``split``'s pairs in ``src`` and ``tgt``
+        (:func:`eval_split_name`)."""
+        return eval_split_name(split, src, tgt, lambda name, lang: lang in self.split_langs.get(name, ()))
+
+    def eval_copies(self, split: str) -> list[str]:
+        """``split`` and the corpora's own copies of it (:func:`direction_split`), as stored."""
+        return [name for name in self.splits if name == split or (
+            len(self.split_langs[name]) == 2 and name == direction_split(split, *self.split_langs[name]))]
 
     def tokenizer(self) -> Tokenizer | VocabTokenizer:
         """The tokenizer the cache was encoded with."""

@@ -7,7 +7,9 @@ With ``data.sources`` each corpus is cleaned and counted on its own, and its tra
 the split ``<train_split>.<k>`` (k its place in the list) in its own two languages. The
 validation and test splits are each stored once per language, taken from the first corpus that
 holds the split in that language (test_2016_flickr.fr from the en-fr corpus, say), so that every
-direction the model learns can be scored on them.
+direction between them can be scored, when the corpora share them (multi-parallel test sets). A
+corpus whose split differs in a language an earlier corpus gives keeps its pairs apart, as the
+split ``<split>.<src>-<tgt>``.
 
 Tags are SentencePiece control symbols (atomic, never made from text, never written out by
 decoding) put before a corpus's source sentences:
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mtcli.config import CorpusConfig, DataConfig
-from mtcli.data.cache import array_name
+from mtcli.data.cache import array_name, direction_split, eval_split_name
 from mtcli.data.cleaning import CleanCounts, PairCleaner, clean_text_blocks, clean_text_files
 from mtcli.data.sources import MissingSplitError, Source, open_source
 from mtcli.data.workers import can_fork
@@ -88,17 +90,19 @@ class Plan:
     all_splits: list[str]  # data.train_split, data.valid_split, data.test_splits
     eval_splits: list[str]
     providers: dict[tuple[str, str], tuple[Corpus, int]]
+    read_as: dict[str, str]  # each validation/test split of the cache: the corpora's split it is read as
     target_tags: dict[str, str]
     several: bool
 
     def splits(self) -> list[str]:
-        """Every split of the cache: the corpora's training splits, then validation and tests."""
-        return list(dict.fromkeys([c.train_name for c in self.corpora] + self.eval_splits))
+        """Every split of the cache: the corpora's training splits, then validation and tests
+        (and a corpus's own copy of one, ``test.en-zh``, after it)."""
+        return list(dict.fromkeys([c.train_name for c in self.corpora] + list(self.read_as)))
 
     def split_langs(self) -> dict[str, list[str]]:
         """The languages each split of the cache holds."""
         langs = {c.train_name: list(c.langs) for c in self.corpora}
-        for split in self.eval_splits:
+        for split in self.read_as:
             langs.setdefault(split, [lang for (s, lang) in self.providers if s == split])
         return langs
 
@@ -147,22 +151,49 @@ def _open(corpus: CorpusConfig) -> Source:
 
 
 def _providers(data: DataConfig, corpora: list[Corpus], eval_splits: Iterable[str]
-               ) -> dict[tuple[str, str], tuple[Corpus, int]]:
-    """For each validation/test split and language, the first corpus holding it."""
-    languages = list(dict.fromkeys(lang for c in corpora for lang in c.langs))
+               ) -> tuple[dict[tuple[str, str], tuple[Corpus, int]], dict[str, str]]:
+    """For each validation/test split of the cache and each of its languages, the corpus and
+    side its text comes from: the first corpus holding the split in that language; and the
+    split each is read as. A corpus joins a split's languages only when its text in each
+    language an earlier corpus gives is that text, line for line (multi-parallel test sets,
+    Multi30k's); else its pairs are kept apart, as the split ``<split>.<src>-<tgt>``
+    (:func:`~mtcli.data.cache.direction_split`; left out when the shared split comes to hold
+    both its languages), since one corpus's English beside another's Chinese would pair
+    unrelated sentences."""
     providers: dict[tuple[str, str], tuple[Corpus, int]] = {}
+    read_as: dict[str, str] = {}
     for split in eval_splits:
-        holders = [c for c in corpora if _has_split(c.source, split)]
-        for lang in languages:
-            found = next((c for c in holders if lang in c.langs), None)
-            if found is not None:
-                providers[(split, lang)] = (found, found.langs.index(lang))
-                if split not in found.provides:
-                    found.provides.append(split)
-        if (split, data.src_lang) not in providers or (split, data.tgt_lang) not in providers:
+        sides: dict[tuple[int, int], list[str]] = {}
+
+        def side(corpus: Corpus, i: int, split: str = split, sides: dict = sides) -> list[str]:
+            if (corpus.index, i) not in sides:
+                pairs = list(corpus.source.verbatim_pairs(split))
+                for j in (0, 1):
+                    sides[(corpus.index, j)] = [pair[j] for pair in pairs]
+            return sides[(corpus.index, i)]
+
+        copies = []
+        for corpus in (c for c in corpora if _has_split(c.source, split)):
+            shared = [(i, providers[(split, lang)]) for i, lang in enumerate(corpus.langs) if (split, lang) in providers]
+            if len(shared) == 2:
+                continue  # it would add nothing: both languages come from corpora before it
+            corpus.provides.append(split)
+            aligned = all(side(corpus, i) == side(*given) for i, given in shared)
+            name = split if aligned else direction_split(split, *corpus.langs)
+            copies += [] if aligned else [(name, corpus)]
+            for i, lang in enumerate(corpus.langs):
+                providers.setdefault((name, lang), (corpus, i))
+        for name, corpus in copies:
+            if all((split, lang) in providers for lang in corpus.langs):  # unused: the shared split holds both
+                for lang in corpus.langs:
+                    providers.pop((name, lang), None)
+        read_as.update({name: split for name, _ in providers if name == split or name in dict(copies)})
+        src, tgt = data.src_lang, data.tgt_lang
+        holds = eval_split_name(split, src, tgt, lambda name, lang: (name, lang) in providers)
+        if (holds, src) not in providers or (holds, tgt) not in providers:
             raise DataError(f"data.sources: no corpus holds split '{split}' in {data.src_lang} and "
                             f"{data.tgt_lang} (the direction data.src_lang -> data.tgt_lang)")
-    return providers
+    return providers, read_as
 
 
 def _check_splits(source: Source, data: DataConfig, splits: list[str]) -> None:
@@ -191,7 +222,7 @@ def plan_corpora(data: DataConfig) -> Plan:
         corpus = Corpus(0, data.corpora()[0], source, data.train_split, data.train_split, [], eval_splits)
         providers = {(split, lang): (corpus, side) for split in eval_splits
                      for side, lang in enumerate((data.src_lang, data.tgt_lang))}
-        return Plan([corpus], all_splits, eval_splits, providers, {}, several=False)
+        return Plan([corpus], all_splits, eval_splits, providers, {s: s for s in eval_splits}, {}, several=False)
     configs = data.corpora()
     targets = list(dict.fromkeys((c.langs or ["", ""])[1] for c in configs))
     target_tags = {lang: target_tag(lang) for lang in targets} if len(targets) > 1 else {}
@@ -202,8 +233,8 @@ def plan_corpora(data: DataConfig) -> Plan:
         tgt = (config.langs or ["", ""])[1]
         prefix = ([target_tags[tgt]] if target_tags else []) + ([config.tag] if config.tag else [])
         corpora.append(Corpus(k, config, source, data.train_split, f"{data.train_split}.{k}", prefix))
-    providers = _providers(data, corpora, eval_splits)
-    return Plan(corpora, all_splits, eval_splits, providers, target_tags, several=True)
+    providers, read_as = _providers(data, corpora, eval_splits)
+    return Plan(corpora, all_splits, eval_splits, providers, read_as, target_tags, several=True)
 
 
 # ----------------------------------------------------------------------------- text
@@ -297,7 +328,7 @@ def write_eval(plan: Plan, data: DataConfig, tmp: Path) -> dict[str, CleanCounts
     the validation split has no pairs (training would fail at its first validation); a warning
     for an empty test split (``mtcli evaluate`` cannot score it)."""
     counts: dict[str, CleanCounts] = {}
-    for split in plan.eval_splits:
+    for split, read_as in plan.read_as.items():
         lines: dict[str, tuple[int, Corpus]] = {}
         for corpus in plan.corpora:
             paths: list[Path | None] = [None, None]
@@ -305,7 +336,7 @@ def write_eval(plan: Plan, data: DataConfig, tmp: Path) -> dict[str, CleanCounts
                 if s == split and provider is corpus:
                     paths[side] = text_path(tmp, split, lang)
             if any(paths):
-                n = _write_sides(corpus.source.verbatim_pairs(split), paths)
+                n = _write_sides(corpus.source.verbatim_pairs(read_as), paths)
                 lines.update({lang: (n, corpus) for lang, path in zip(corpus.langs, paths, strict=True) if path})
         sizes = {n for n, _ in lines.values()}
         if len(sizes) > 1:
@@ -315,8 +346,11 @@ def write_eval(plan: Plan, data: DataConfig, tmp: Path) -> dict[str, CleanCounts
         n = sizes.pop()
         counts[split] = CleanCounts(read=n, kept=n)
         get_logger().info("read %s: %d sentences in %s (kept as they are)", split, n, ", ".join(lines))
+        if split != read_as:
+            get_logger().info("%s is the split '%s' of %s, kept apart: its text in a language an earlier corpus "
+                              "gives differs from that corpus's", split, read_as, next(iter(lines.values()))[1].source.location)
         if n == 0:
-            _refuse_empty(split, data, next(iter(lines.values()))[1])
+            _refuse_empty(read_as, data, next(iter(lines.values()))[1])
     return counts
 
 

@@ -117,11 +117,9 @@ def setup_run_dir(config: Config, corpus: PreparedCorpus, run_dir: Path) -> None
         atomic_copy(file, run_dir / file.name)
     atomic_copy(corpus.directory / MANIFEST_NAME, run_dir / MANIFEST_NAME)
     splits = [config.data.valid_split, *config.data.test_splits]
-    for split in dict.fromkeys(splits):
-        if split not in corpus.splits:
-            continue
-        for lang in corpus.languages(split):
-            atomic_copy(corpus.text_path(split, lang), run_dir / TEXT_DIR / f"{split}.{lang}")
+    for name in (name for split in dict.fromkeys(splits) for name in corpus.eval_copies(split)):
+        for lang in corpus.split_langs[name]:
+            atomic_copy(corpus.text_path(name, lang), run_dir / TEXT_DIR / f"{name}.{lang}")
 
 
 def resolve_precision(config: Config, device: torch.device) -> tuple[Config, str]:

@@ -28,8 +28,9 @@ def validation_loss(model: nn.Module, criterion: LabelSmoothedLoss, corpus: Prep
     """Summed loss, NLL and target tokens on the validation split (pairs too long are skipped),
     in token batches of ``train.max_tokens`` sorted by length, under ``train.precision`` autocast."""
     data, cfg = config.data, config.train
-    src = PrefixedArray(corpus.array(data.valid_split, data.src_lang), corpus.source_prefix(data.tgt_lang))
-    tgt = corpus.array(data.valid_split, data.tgt_lang)
+    split = corpus.eval_split(data.valid_split, data.src_lang, data.tgt_lang)
+    src = PrefixedArray(corpus.array(split, data.src_lang), corpus.source_prefix(data.tgt_lang))
+    tgt = corpus.array(split, data.tgt_lang)
     limit = config.model.max_positions - 1
     indices, skipped = filter_by_length(src.lengths, tgt.lengths, limit, limit)
     if cfg.valid_max_sentences > 0:
@@ -56,8 +57,9 @@ def validation_scores(model: nn.Module, corpus: PreparedCorpus, config: Config,
     ``train.valid_max_sentences`` when set) against its references, decoded as ``mtcli
     translate`` does."""
     data, cfg = config.data, config.train
-    sources = list(read_lines(corpus.text_path(data.valid_split, data.src_lang)))
-    refs = list(read_lines(corpus.text_path(data.valid_split, data.tgt_lang)))
+    split = corpus.eval_split(data.valid_split, data.src_lang, data.tgt_lang)
+    sources = list(read_lines(corpus.text_path(split, data.src_lang)))
+    refs = list(read_lines(corpus.text_path(split, data.tgt_lang)))
     if cfg.valid_max_sentences > 0:
         sources = sources[: cfg.valid_max_sentences]
         refs = refs[: cfg.valid_max_sentences]

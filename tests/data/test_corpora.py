@@ -19,6 +19,7 @@ from mtcli.data.prepare import prepare
 from mtcli.data.sampling import subword_resegmenter
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.errors import ConfigError, DataError
+from mtcli.evaluate import evaluate
 from mtcli.train.run import train
 
 
@@ -98,24 +99,69 @@ def test_config_rules_name_the_key() -> None:
         config_from_dict({"data": dict(base, source="a", sources=[{"source": "b"}])}, "r.yaml")
 
 
-def test_missing_split_and_unaligned_languages_are_one_line_errors(multi: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_missing_split_is_a_one_line_error(multi: tuple[Path, Path], tmp_path: Path) -> None:
     root, _ = multi
     config = load_config(TOY_CONFIG, [*multi_overrides(root, tmp_path / "p"), "data.test_splits=[nope]"])
     with pytest.raises(DataError, match="no corpus holds split 'nope' in src and tgt"):
         prepare(config)
-    short = tmp_path / "short"
-    short.mkdir()
-    for split in ("train", "val", "test"):
-        for lang in ("src", "xx"):  # its val is one line short in both languages
-            lines = (root / "tri" / f"{split}.{lang}").read_text().splitlines(keepends=True)
-            (short / f"{split}.{lang}").write_text("".join(lines[:-1] if split == "val" else lines))
-    overrides = multi_overrides(root, tmp_path / "p")
-    overrides[1] = (f"data.sources=[{{source: {root}/tri, langs: [src, tgt]}}, "
-                    f"{{source: {short}, langs: [src, xx]}}]")
-    config = load_config(TOY_CONFIG, overrides)
-    with pytest.raises(DataError, match=r"split 'val': its languages differ in length \(src 40 .*xx 39"):
-        prepare(config)
     assert not (tmp_path / "p").exists()
+
+
+def _own_test_sets(root: Path, out: Path, shorter: bool) -> Path:
+    """A src-xx corpus of the trilingual toy's training pairs whose validation and test splits
+    are other sentences (the lines in reverse order; with ``shorter``, one fewer)."""
+    out.mkdir()
+    for split in ("train", "val", "test"):
+        for lang in ("src", "xx"):
+            lines = (root / "tri" / f"{split}.{lang}").read_text().splitlines(keepends=True)
+            if split != "train":
+                lines = lines[::-1][: len(lines) - shorter]
+            (out / f"{split}.{lang}").write_text("".join(lines))
+    return out
+
+
+@pytest.mark.parametrize("shorter", [False, True], ids=["same-length", "shorter"])
+def test_a_corpus_with_its_own_test_sets_keeps_them_apart(multi: tuple[Path, Path], tmp_path: Path,
+                                                          shorter: bool) -> None:
+    """A src-tgt corpus and a src-xx corpus whose test sets are other sentences: the second's
+    src lines beside the first's would pair unrelated sentences (same length, no error before),
+    so its splits are stored as its own, ``val.src-xx``, which validation and scoring read."""
+    root, _ = multi
+    own = _own_test_sets(root, tmp_path / "own", shorter)
+    overrides = multi_overrides(root, tmp_path / "p")
+    overrides[1] = f"data.sources=[{{source: {root}/tri, langs: [src, tgt]}}, {{source: {own}, langs: [src, xx]}}]"
+    prepare(load_config(TOY_CONFIG, [*overrides, "data.tgt_lang=xx"]))  # the direction of the second corpus
+    corpus = PreparedCorpus.open(tmp_path / "p")
+    assert corpus.split_langs["val"] == ["src", "tgt"] and corpus.split_langs["val.src-xx"] == ["src", "xx"]
+    for split in ("val", "test"):
+        name = corpus.eval_split(split, "src", "xx")
+        assert name == f"{split}.src-xx" == corpus.eval_split(split, "xx", "src")
+        for lang in ("src", "xx"):
+            assert corpus.text_path(name, lang).read_text() == (own / f"{split}.{lang}").read_text()
+        assert corpus.eval_split(split, "src", "tgt") == split
+        assert corpus.eval_copies(split) == [split, f"{split}.src-xx"]
+    config = load_config(TOY_CONFIG, [*overrides, "data.tgt_lang=xx", f"train.run_dir={tmp_path / 'run'}",
+                                      "train.max_steps=2", "train.valid_every=2"])
+    train(config)  # validation reads val.src-xx
+    text = tmp_path / "run" / "text"
+    assert (text / "test.src-xx.xx").read_text() == (own / "test.xx").read_text()
+    assert (text / "test.src").read_text() == (root / "tri" / "test.src").read_text()
+    report = evaluate(tmp_path / "run", split="test", src_lang="src", beam=1)
+    assert Path(report["reference"]) == text / "test.src-xx.xx"
+
+
+def test_a_corpus_adding_no_language_to_a_split_is_not_read_for_it(multi: tuple[Path, Path], tmp_path: Path) -> None:
+    """A corpus whose two languages a split already holds from corpora before it adds nothing
+    to it, whatever its text: the first corpus's pairs are scored."""
+    root, _ = multi
+    own = _own_test_sets(root, tmp_path / "own", shorter=False)
+    (own / "test.xx").write_text("not read\n")  # would not even pair with its own test.src
+    overrides = multi_overrides(root, tmp_path / "p")
+    overrides[1] = (f"data.sources=[{{source: {root}/tri, langs: [src, xx]}}, {{source: {own}, langs: [src, xx]}}, "
+                    f"{{source: {root}/tri, langs: [src, tgt]}}]")
+    plan = plan_corpora(load_config(TOY_CONFIG, overrides).data)
+    assert plan.read_as == {"val": "val", "test": "test"}
+    assert plan.corpora[1].provides == []
 
 
 def test_a_cache_of_other_corpora_is_refused(multi: tuple[Path, Path]) -> None:
