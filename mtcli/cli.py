@@ -238,7 +238,7 @@ def evaluate(
 @handle_errors
 def compare(
     systems: Annotated[list[str], typer.Argument(help="Hypothesis files or run directories (their newest "
-                                                      "eval/*.hyp); the first is the baseline.")],
+                                                      "eval/*.hyp scored against --ref); the first is the baseline.")],
     ref: Annotated[list[Path], typer.Option("--ref", help="Reference file (repeatable: several references).")],
     metrics: Annotated[str, typer.Option(help="Comma-separated: bleu, chrf, ter.")] = "bleu,chrf,ter",
     test: Annotated[str, typer.Option(help="bs (paired bootstrap), ar (approximate randomization) or both.")] = "both",

@@ -1,8 +1,9 @@
 """``mtcli compare``: is system B really better than A? sacreBLEU's paired significance tests.
 
-Each system is a hypothesis file, or a run directory (its newest ``eval/*.hyp``, as ``mtcli
-evaluate`` writes them); the first system is the baseline. Every other system is compared with
-it on the same references (``--ref``, repeatable: several references per sentence):
+Each system is a hypothesis file, or a run directory (its newest ``eval/*.hyp`` that ``mtcli
+evaluate`` scored against the first reference); the first system is the baseline. Every other
+system is compared with it on the same references (``--ref``, repeatable: several references per
+sentence):
 
 * **paired bootstrap resampling** (Koehn, 2004): the sentences are resampled ``n`` times (1,000
   by default); each system's score gets its bootstrap mean and 95% confidence interval, and the
@@ -28,15 +29,19 @@ from typing import Any
 
 from mtcli.data.textio import read_lines
 from mtcli.errors import ConfigError, DataError
-from mtcli.fileio import atomic_write
+from mtcli.fileio import atomic_write, sha256_file
 from mtcli.metrics import METRICS, scorer
 
 TESTS = {"bs": "paired bootstrap resampling", "ar": "approximate randomization"}
 DEFAULT_SAMPLES = {"bs": 1000, "ar": 10000}
 
 
-def hypothesis_file(system: str | Path) -> Path:
-    """``system`` itself when it is a file; for a run directory, its newest ``eval/*.hyp``."""
+def hypothesis_file(system: str | Path, reference: str | Path | None = None) -> Path:
+    """``system`` itself when it is a file; for a run directory, its newest ``eval/*.hyp``
+    scored against ``reference`` (by the ``report.json`` beside it): a run holds the
+    hypotheses of every split and direction it was evaluated on. A run none of whose
+    hypotheses was scored against ``reference`` is a :class:`DataError`; hypotheses whose report
+    does not say (written by hand, or by an older mtcli) are taken only when none matches."""
     path = Path(system)
     if path.is_file():
         return path
@@ -45,7 +50,33 @@ def hypothesis_file(system: str | Path) -> Path:
     found = sorted(path.glob("eval/**/*.hyp"), key=lambda p: p.stat().st_mtime)
     if not found:
         raise DataError(f"{path}: no hypotheses under {path / 'eval'} (run mtcli evaluate {path} first)")
-    return found[-1]
+    if reference is None:
+        return found[-1]
+    digest = sha256_file(reference)
+    scored = {hyp: _scored_against(hyp, digest) for hyp in found}
+    matching = [hyp for hyp, same in scored.items() if same] or [hyp for hyp, same in scored.items() if same is None]
+    if not matching:
+        listed = ", ".join(str(hyp.relative_to(path)) for hyp in found[:-6:-1])
+        raise DataError(f"{path}: none of its hypotheses was scored against {reference} (its newest: {listed}); "
+                        f"give the .hyp file itself, or run mtcli evaluate {path} with that reference first")
+    return matching[-1]
+
+
+def _scored_against(hyp: Path, digest: str) -> bool | None:
+    """Whether the report beside ``hyp`` names a reference of sha256 ``digest`` (None: it does
+    not say, or its reference file is gone)."""
+    try:
+        report = json.loads(hyp.with_suffix(".report.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(report, dict):
+        return None
+    if isinstance(report.get("reference_sha256"), str):
+        return report["reference_sha256"] == digest
+    try:  # an older report: its reference's path, as evaluate was given it
+        return sha256_file(str(report["reference"])) == digest
+    except (KeyError, OSError):
+        return None
 
 
 def _lines(path: Path, count: int | None, what: str) -> list[str]:
@@ -83,13 +114,16 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
         raise ConfigError("compare needs at least two systems: the baseline first, then the others")
     if not references:
         raise ConfigError("compare needs at least one reference file (--ref)")
+    if not metrics or not tests:
+        raise ConfigError(f"compare needs at least one metric ({', '.join(METRICS)}) and one test "
+                          f"({', '.join(TESTS)}), got metrics {list(metrics)} and tests {list(tests)}")
     unknown = [m for m in metrics if m not in METRICS] + [t for t in tests if t not in TESTS]
     if unknown:
-        raise ConfigError(f"unknown metric or test {', '.join(unknown)} (metrics: {', '.join(METRICS)}; "
+        raise ConfigError(f"unknown metric or test {', '.join(map(repr, unknown))} (metrics: {', '.join(METRICS)}; "
                           f"tests: {', '.join(TESTS)})")
     if samples is not None and samples < 1:
         raise ConfigError(f"--samples must be >= 1, got {samples}")
-    files = [hypothesis_file(s) for s in systems]
+    files = [hypothesis_file(s, references[0]) for s in systems]
     names = list(names) if names else [str(s) for s in systems]
     if len(names) != len(files) or len(set(names)) != len(names):
         raise ConfigError("compare needs one distinct name per system")
@@ -101,6 +135,9 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
     refs = [first] + [_lines(Path(r), count, what) for r in references[1:]]
     hyps = [_lines(f, count, what) for f in files]
     tgt_lang = tgt_lang or recorded_language(files)
+    # the same output as the baseline: no difference to test (sacreBLEU counts only larger
+    # differences than the real one, 0, and so reports about 1/samples, which reads as significant)
+    identical = {name for name, lines in zip(names[1:], hyps[1:], strict=True) if lines == hyps[0]}
     report: dict[str, Any] = {"baseline": names[0], "sentences": count, "references": [str(r) for r in references],
                               "systems": {n: str(f) for n, f in zip(names, files, strict=True)}, "tgt_lang": tgt_lang,
                               "tests": {}}
@@ -112,7 +149,7 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
         report["tests"][test] = {
             "name": TESTS[test], "samples": n,
             "signatures": {m: str(sig) for m, sig in zip(metrics, signatures.values(), strict=True)},
-            "scores": {m: {name: _result(r) for name, r in zip(names, results, strict=True)}
+            "scores": {m: {name: _result(r, name in identical) for name, r in zip(names, results, strict=True)}
                        for m, results in zip(metrics, list(scores.values())[1:], strict=True)},
         }
     if output is not None:
@@ -122,24 +159,28 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
     return report
 
 
-def _result(result: Any) -> dict[str, float | None]:
-    """A sacreBLEU significance result as plain numbers (``ci``: the half-width of the 95% interval)."""
+def _result(result: Any, identical: bool = False) -> dict[str, Any]:
+    """A sacreBLEU significance result as plain numbers (``ci``: the half-width of the 95%
+    interval); a system ``identical`` to the baseline, line for line, gets p = 1 and says so."""
     def num(x: Any) -> float | None:
         return None if x is None else round(float(x), 4)
 
-    return {"score": num(result.score), "mean": num(result.mean), "ci": num(result.ci), "p_value": num(result.p_value)}
+    p_value = 1.0 if identical else num(result.p_value)
+    return {"score": num(result.score), "mean": num(result.mean), "ci": num(result.ci), "p_value": p_value,
+            **({"identical_to_baseline": True} if identical else {})}
 
 
 def render(report: dict[str, Any]) -> str:
     """The report as a table per test: each system's score (mean ± 95% interval under the
     bootstrap) and p-value against the baseline, per metric; then the signatures."""
-    lines = []
+    lines = [f"{name}: {file}" for name, file in report["systems"].items() if name != file]
     for body in report["tests"].values():
         lines.append(f"{body['name']} ({body['samples']} samples), baseline {report['baseline']}:")
         for metric, by_system in body["scores"].items():
             for name, r in by_system.items():
                 spread = f" (mean {r['mean']:.2f} ± {r['ci']:.2f})" if r["mean"] is not None else ""
                 p = "" if r["p_value"] is None else f"  p = {r['p_value']:.4f}"
+                p += " (the baseline's output, line for line)" if r.get("identical_to_baseline") else ""
                 lines.append(f"  {metric:5s} {name}: {r['score']:.2f}{spread}{p}")
         lines += [f"  {m} signature: {sig}" for m, sig in body["signatures"].items()]
     return "\n".join(lines)

@@ -22,7 +22,7 @@ from mtcli.data.cache import PreparedCorpus, eval_split_name
 from mtcli.data.textio import read_lines
 from mtcli.device import peak_memory_mb
 from mtcli.errors import ConfigError, DataError
-from mtcli.fileio import atomic_write, check_directory
+from mtcli.fileio import atomic_write, check_directory, sha256_file
 from mtcli.infer.loading import InferenceModel, run_directions
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, progress
@@ -177,6 +177,7 @@ def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, direction
         "tgt_lang": direction[1],
         "source": str(src_path),
         "reference": str(ref_path),
+        "reference_sha256": sha256_file(ref_path),  # what mtcli compare matches a run's hypotheses by
         "references": [str(path) for path in ref_paths],
         "checkpoint": str(bundle.name),
         "engine": "ctranslate2" if translator.engine is not None else "torch",

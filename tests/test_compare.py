@@ -14,8 +14,9 @@ from conftest import TOY_DIR
 from typer.testing import CliRunner
 
 from mtcli.cli import app
-from mtcli.compare import compare, hypothesis_file
+from mtcli.compare import compare, hypothesis_file, render
 from mtcli.errors import ConfigError, DataError
+from mtcli.fileio import sha256_file
 
 
 @pytest.fixture
@@ -73,6 +74,54 @@ def test_a_run_directory_gives_its_newest_hypotheses(tmp_path: Path) -> None:
         hypothesis_file(tmp_path)
 
 
+def test_a_run_directory_gives_the_hypotheses_scored_against_the_reference(systems: tuple[Path, Path, Path],
+                                                                           tmp_path: Path) -> None:
+    """A run holds hypotheses of other splits and directions: the newest one's are scored only
+    when they were scored against this reference (French hypotheses against German references
+    were compared without a word)."""
+    ref, weak, strong = systems
+    other_ref = tmp_path / "other.ref"
+    other_ref.write_text("something else\n" * len(ref.read_text().splitlines()))
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    for i, (name, hyp, against) in enumerate([("test.best", weak, ref), ("test.en-fr.best", strong, other_ref)]):
+        (run / "eval" / f"{name}.hyp").write_bytes(hyp.read_bytes())
+        copy = tmp_path / f"copy{i}.ref"  # the run's own text/ copy: another path, the same content
+        copy.write_bytes(against.read_bytes())
+        (run / "eval" / f"{name}.report.json").write_text(json.dumps({"reference": str(copy),
+                                                                     "reference_sha256": sha256_file(copy)}))
+        os.utime(run / "eval" / f"{name}.hyp", (time.time() + i, time.time() + i))
+    assert hypothesis_file(run, ref) == run / "eval" / "test.best.hyp"  # not the newest
+    assert hypothesis_file(run, other_ref) == run / "eval" / "test.en-fr.best.hyp"
+    unrelated = tmp_path / "unrelated.ref"
+    unrelated.write_text("x\n")
+    with pytest.raises(DataError, match=r"none of its hypotheses was scored against .*unrelated.ref \(its newest: "
+                                        r"eval/test.en-fr.best.hyp, eval/test.best.hyp\)"):
+        hypothesis_file(run, unrelated)
+    report = compare([run, strong], [ref], metrics=["bleu"], tests=["bs"], samples=50)
+    assert report["systems"][str(run)] == str(run / "eval" / "test.best.hyp")
+    assert render(report).splitlines()[0] == f"{run}: {run / 'eval' / 'test.best.hyp'}"  # said, not only in -o
+    older = json.loads((run / "eval" / "test.best.report.json").read_text())
+    del older["reference_sha256"]  # an older mtcli's report: matched by its reference's content
+    (run / "eval" / "test.best.report.json").write_text(json.dumps(older))
+    assert hypothesis_file(run, ref) == run / "eval" / "test.best.hyp"
+
+
+def test_a_system_identical_to_the_baseline_is_not_significant(systems: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """sacreBLEU gives a copy of the baseline p of about 1/samples (it counts differences larger
+    than the real one, 0): read as significant. It gets p = 1 and says why."""
+    ref, weak, strong = systems
+    copy = tmp_path / "copy.hyp"
+    copy.write_bytes(weak.read_bytes())
+    report = compare([weak, copy, strong], [ref], metrics=["bleu", "ter"], samples=100, names=["a", "b", "c"])
+    for test in ("bs", "ar"):
+        scores = report["tests"][test]["scores"]
+        assert scores["bleu"]["b"]["p_value"] == scores["ter"]["b"]["p_value"] == 1.0
+        assert scores["bleu"]["b"]["identical_to_baseline"] and "identical_to_baseline" not in scores["bleu"]["c"]
+        assert scores["bleu"]["c"]["p_value"] < 0.05
+    assert "p = 1.0000 (the baseline's output, line for line)" in render(report)
+
+
 def test_bad_input_is_one_line(systems: tuple[Path, Path, Path], tmp_path: Path) -> None:
     ref, weak, strong = systems
     short = tmp_path / "short.hyp"
@@ -81,8 +130,12 @@ def test_bad_input_is_one_line(systems: tuple[Path, Path, Path], tmp_path: Path)
         compare([weak, short], [ref])
     with pytest.raises(ConfigError, match="at least two systems"):
         compare([weak], [ref])
-    with pytest.raises(ConfigError, match="unknown metric or test meteor"):
+    with pytest.raises(ConfigError, match="unknown metric or test 'meteor'"):
         compare([weak, strong], [ref], metrics=["meteor"])
+    with pytest.raises(ConfigError, match="unknown metric or test ''"):
+        compare([weak, strong], [ref], tests=[""])
+    with pytest.raises(ConfigError, match=r"at least one metric .* got metrics \[\]"):  # printed two empty tables
+        compare([weak, strong], [ref], metrics=[])
     with pytest.raises(DataError, match=r"short.hyp has 1 lines but the first reference .* has \d+"):
         compare([weak, strong], [ref, short])
     empty = tmp_path / "empty.ref"

@@ -130,6 +130,10 @@ def test_evaluate_split_writes_report(tiny_run_dir: Path, tmp_path: Path) -> Non
     from mtcli.compare import recorded_language
 
     assert recorded_language([hyp]) == report["tgt_lang"] == "tgt"  # the toy recipe's data.tgt_lang
+    # ... and which reference they were scored against, by content
+    from mtcli.fileio import sha256_file
+
+    assert on_disk["reference_sha256"] == sha256_file(tiny_run_dir / "text" / "test.tgt")
 
 
 def test_cli_evaluate_src_ref_pair(tiny_run_dir: Path, tmp_path: Path) -> None:
