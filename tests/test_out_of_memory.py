@@ -269,6 +269,9 @@ class _FillingTranslator:
             raise self.error
         return self.real.translate_batch(batch, max_batch_size=max_batch_size, **options)
 
+    def score_batch(self, *args, **options):  # noqa: ANN002, ANN003, ANN201
+        return self.real.score_batch(*args, **options)
+
 
 def _ct2_translator(tiny_run_dir: Path, tmp_path: Path):  # noqa: ANN202
     """A CTranslate2 translator of a copy of the tiny run, and four lines for it."""

@@ -17,8 +17,9 @@ What matches and what does not:
 * beam search may differ: CTranslate2 normalises a hypothesis' score by ``length^alpha``
   (``length_penalty``), ours by GNMT's ``((5 + length) / 6)^alpha``, so with alpha > 0 the two
   can rank finished hypotheses differently; with alpha = 0 both rank by log-probability;
-* ``decode.int8`` maps to ``compute_type="int8"`` and ``decode.bf16`` to ``"bfloat16"``; scores
-  are CTranslate2's (``Translation.logprob`` is its cumulated log-probability).
+* ``decode.int8`` maps to ``compute_type="int8"`` and ``decode.bf16`` to ``"bfloat16"``;
+  ``Translation.score`` is what CTranslate2 ranked by, and ``Translation.logprob`` the
+  hypothesis' log-probability, as our search gives it.
 
 CTranslate2 cuts a window into batches of ``decode.max_tokens`` source tokens. When a window runs
 out of the device's memory, it is decoded again with half the tokens a batch, and the engine keeps
@@ -29,6 +30,7 @@ sentence still do not fit, :class:`~mtcli.errors.DeviceMemoryError` names the be
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import shutil
 from collections.abc import Callable, Iterable, Iterator
@@ -38,6 +40,7 @@ from typing import Any
 import torch
 
 from mtcli.config import DecodeConfig
+from mtcli.data.tokenizer import EOS_ID
 from mtcli.device import MemoryBudget, is_out_of_memory, memory_text
 from mtcli.errors import CheckpointError, ConfigError, DeviceMemoryError, one_line
 from mtcli.fileio import sha256_file
@@ -132,11 +135,12 @@ class CT2Engine:
                 outputs = self._translate_fitting(
                     batch, decode, num_hypotheses=decode.nbest,
                     length_penalty=decode.length_penalty, max_decoding_length=longest,
-                    min_decoding_length=0, return_scores=True,
+                    min_decoding_length=0, return_scores=True, return_end_token=True,
                     suppress_sequences=[["<blank>"], ["<s>"]], **self._search(decode),
                 )
                 for k, pieces, out in zip(keys, batch, outputs, strict=True):
-                    results[k] = self._translations(out, sources[k], self._limit(len(pieces), decode))
+                    results[k] = self._translations(out, pieces, sources[k], self._limit(len(pieces), decode),
+                                                    decode.length_penalty)
             if on_done is not None:
                 on_done(len(chunk))
             offset += len(chunk)
@@ -180,13 +184,34 @@ class CT2Engine:
         most = int(self.bundle.model.max_positions) - 1
         return max(1, min(most, int(decode.max_len_a * source_length + decode.max_len_b)))
 
-    def _translations(self, out: Any, source: list[int], limit: int) -> list[Translation]:
+    def _translations(self, out: Any, source_pieces: list[str], source: list[int], limit: int,
+                      length_penalty: float) -> list[Translation]:
+        """One line's n-best list. CTranslate2's score is the hypothesis' log-probability over its
+        length (its end token counted) to the power ``length_penalty``: the log-probability is
+        that score times the power. A hypothesis that ran into a limit (this line's own, or the
+        batch's, CTranslate2's only one) is cut to this line's and ended, as our search ends it, and
+        its log-probability is that of the pieces kept and the end token, scored by CTranslate2 by
+        teacher forcing."""
         tokenizer = self.bundle.tokenizer
-        found = []
+        end = tokenizer.id_to_piece(EOS_ID)
+        found, cut = [], []
         for pieces, score in zip(out.hypotheses, out.scores, strict=True):
-            ids = [tokenizer.piece_to_id(p) for p in pieces][:limit]
+            logprob = float(score) * max(1, len(pieces)) ** length_penalty
+            ended = bool(pieces) and pieces[-1] == end
+            pieces = pieces[:-1] if ended else pieces
+            if len(pieces) > limit or not ended:  # run into a limit: ours, or CTranslate2's for the batch
+                pieces = pieces[:limit]
+                cut.append(len(found))
+            ids = [tokenizer.piece_to_id(p) for p in pieces]
             found.append(Translation(text=tokenizer.decode(ids), score=float(score), tokens=ids,
-                                     logprob=float(score), source_tokens=source))
+                                     logprob=logprob, source_tokens=source))
+        if cut:
+            kept = [[tokenizer.id_to_piece(i) for i in found[j].tokens] for j in cut]
+            scored = self.translator.score_batch([source_pieces] * len(cut), kept)  # one line's: n-best at most
+            for j, result in zip(cut, scored, strict=True):
+                logprob = float(sum(result.log_probs))  # the end token's too, as our search ends a cut output
+                found[j] = dataclasses.replace(found[j], logprob=logprob,
+                                               score=logprob / max(1, len(found[j].tokens)) ** length_penalty)
         return found
 
 

@@ -156,6 +156,34 @@ def test_ctranslate2_engine_converts_once_and_equals_ours_for_greedy(tiny_run_di
     assert damaged.stat().st_size > 1000  # converted again
 
 
+@pytest.fixture(scope="module")
+def ct2_pair(tiny_run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Translator, Translator]:
+    """Our translator and CTranslate2's on a copy of the toy run (converted once)."""
+    pytest.importorskip("ctranslate2")
+    import shutil
+
+    run = tmp_path_factory.mktemp("ct2") / "run"
+    shutil.copytree(tiny_run_dir, run)
+    return Translator.from_run(run, device="cpu"), Translator.from_run(run, device="cpu", engine="ctranslate2")
+
+
+@pytest.mark.parametrize("settings", [{}, {"length_penalty": 0.6}, {"length_penalty": 0.0},
+                                      {"max_len_a": 1.0, "max_len_b": 1}], ids=["alpha1", "alpha0.6", "alpha0", "cut"])
+def test_ctranslate2_logprob_is_the_log_probability(ct2_pair: tuple[Translator, Translator], settings: dict) -> None:
+    """CTranslate2's score is normalised by length^alpha: ``logprob`` was that score (-3.6
+    where ours said -64.6). Greedy, both engines pick the same pieces, so their log-probabilities
+    must agree, for outputs cut at a line's own limit too (CTranslate2 has one per batch)."""
+    ours, theirs = ct2_pair
+    mine, other = ours.nbest(LINES, n=1, beam=1, **settings), theirs.nbest(LINES, n=1, beam=1, **settings)
+    compared = 0
+    for line, a, b in zip(LINES, mine, other, strict=True):
+        if line:
+            assert b[0].tokens == a[0].tokens
+            assert b[0].logprob == pytest.approx(a[0].logprob, abs=1e-3)
+            compared += 1
+    assert compared == 4
+
+
 def test_ctranslate2_engine_refuses_what_it_cannot_do(tiny_run_dir: Path) -> None:
     with pytest.raises(ConfigError, match="unknown"):
         Translator.from_run(tiny_run_dir, engine="onnx")
