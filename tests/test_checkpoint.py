@@ -551,6 +551,25 @@ def test_resume_config_inexact_changes_are_allowed_and_flagged(toy_dict: dict) -
     ]
 
 
+def test_a_longer_run_under_a_cooldown_is_no_longer_exact(toy_dict: dict) -> None:
+    """The cooldown's last updates count back from max_steps: a new max_steps moves them."""
+    new = copy.deepcopy(toy_dict)
+    new["train"]["max_steps"] = toy_dict["train"]["max_steps"] * 2
+    assert check_resume_config(toy_dict, new)[0].endswith(f"-> {new['train']['max_steps']}")
+    toy_dict["train"]["cooldown_steps"] = new["train"]["cooldown_steps"] = 5
+    assert check_resume_config(toy_dict, new)[0].endswith("(resume no longer exact)")
+
+
+@pytest.mark.parametrize(("key", "value"), [("subword_alpha", 0.1), ("subword_nbest", 8), ("subword_sides", "source")])
+def test_resume_refuses_a_change_of_segmentation_sampling(toy_dict: dict, key: str, value: object) -> None:
+    """Sampled segmentations make an epoch's lengths and batches: the saved position would
+    repeat some pairs and skip others (728 twice and 645 never, turned on mid-epoch)."""
+    new = copy.deepcopy(toy_dict)
+    new["train"][key] = value
+    with pytest.raises(CheckpointError, match=f"train.{key}"):
+        check_resume_config(toy_dict, new)
+
+
 def test_resume_config_refuses_shape_vocab_and_data_stream_changes(toy_dict: dict) -> None:
     new = copy.deepcopy(toy_dict)
     new["model"]["d_model"] = 96

@@ -17,6 +17,7 @@ verifiable or rejected by :meth:`PreparedCorpus.open`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -338,6 +339,21 @@ class PreparedCorpus:
         """``split`` and the corpora's own copies of it (:func:`direction_split`), as stored."""
         return [name for name in self.splits if name == split or (
             len(self.split_langs[name]) == 2 and name == direction_split(split, *self.split_langs[name]))]
+
+    def content_sha256(self) -> dict[str, str]:
+        """What the training pairs and the validation pairs are, as one sha256 each over the
+        checksums the manifest records for their arrays (nothing is read): a checkpoint keeps
+        them, so that a resume on a cache prepared from other data is refused."""
+        training = ([(self.train_split, lang) for lang in (self.src_lang, self.tgt_lang)] if not self.corpora else
+                    [(c["split"], lang) for c in self.corpora for lang in c["langs"]])
+        valid = self.eval_split(self.valid_split, self.src_lang, self.tgt_lang)
+        files = self.manifest["files"]
+
+        def digest(arrays: list[tuple[str, str]]) -> str:
+            names = [f"{array_name(split, lang)}.{ext}" for split, lang in arrays for ext in ("bin", "idx")]
+            return hashlib.sha256("".join(files[name]["sha256"] for name in names).encode()).hexdigest()
+
+        return {"train": digest(training), "valid": digest([(valid, self.src_lang), (valid, self.tgt_lang)])}
 
     def tokenizer(self) -> Tokenizer | VocabTokenizer:
         """The tokenizer the cache was encoded with."""

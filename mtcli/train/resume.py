@@ -81,8 +81,10 @@ UNSAFE_KEYS: frozenset[str] = frozenset(
         "data.train_split", "data.valid_split", "data.max_length", "data.max_length_ratio",
         "data.dedup", "data.vocab_size", "data.spm_model_type", "data.character_coverage",
         "data.spm_max_sentences",
-        # The saved data position indexes the batch stream these keys define.
+        # The saved data position indexes the batch stream these keys define (sampled
+        # segmentations make an epoch's lengths, and so its batches).
         "train.seed", "train.pack_length", "train.max_source_length", "train.max_target_length",
+        "train.subword_alpha", "train.subword_nbest", "train.subword_sides",
     }
 )
 # Keys a checkpoint that saved its batch budget (``data_state["max_tokens"]``) lets change: the
@@ -174,6 +176,8 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
                 continue
             text = f"{dotted}: {old_value!r} -> {new_value!r}"
             kind = _classify(dotted, rebatchable)
+            if dotted == "train.max_steps" and (new.get("train") or {}).get("cooldown_steps", 0) > 0:
+                kind = "inexact"  # the cooldown's start moves with it: the learning rate changes
             if kind == "unsafe":
                 refused.append(text)
             elif kind == "inexact":
@@ -186,6 +190,20 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
             f"{'; '.join(refused)} (restore them or use a new run directory)"
         )
     return changes
+
+
+def check_resume_data(saved: dict[str, str], now: dict[str, str], where: str, cache: Path) -> None:
+    """Refuse a resume on other training or validation pairs than the checkpoint's
+    (:meth:`~mtcli.data.cache.PreparedCorpus.content_sha256`; a checkpoint of an older mtcli
+    records none): the saved data position indexes the training pairs, and the best
+    checkpoint and patience compare scores on the validation pairs."""
+    changed = [what for what, key in (("training", "train"), ("validation", "valid"))
+               if saved.get(key) is not None and saved[key] != now.get(key)]
+    if changed:
+        raise CheckpointError(
+            f"{where}: cannot resume: the {' and '.join(changed)} pairs of {cache} are not the checkpoint's (the "
+            "cache was prepared again from other data); use a new run directory (train.init_from starts it from "
+            "this run's weights)")
 
 
 def _same(a: Any, b: Any) -> bool:

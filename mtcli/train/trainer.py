@@ -74,7 +74,7 @@ from mtcli.train.distributed import DistInfo, all_sum, all_sum_queued, broadcast
 from mtcli.train.feed import BatchFeed
 from mtcli.train.loss import LabelSmoothedLoss
 from mtcli.train.rdrop import RDropLoss
-from mtcli.train.resume import check_resume_config
+from mtcli.train.resume import check_resume_config, check_resume_data
 from mtcli.train.rng import seed_everything, set_rng_state
 from mtcli.train.schedule import build_optimizer, build_schedule, cooldown_scale
 from mtcli.train.signals import StopSignals
@@ -184,6 +184,7 @@ class Trainer:
                 f"{path}: the checkpoint's SentencePiece model differs from {self.corpus.spm_path} "
                 "(the cache was re-prepared); use a new run directory"
             )
+        check_resume_data(state.get("data") or {}, self.corpus.content_sha256(), str(path), self.corpus.directory)
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -243,6 +244,7 @@ class Trainer:
             },
             "config": self.config.to_dict(),
             "vocab": {"size": int(self.corpus.vocab_size), "spm_sha256": self.spm_sha256},
+            "data": self.corpus.content_sha256(),
             "valid": {k: self.last_valid.get(k) for k in VALID_KEYS},
         }
 

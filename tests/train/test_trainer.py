@@ -197,6 +197,40 @@ def test_resume_refuses_model_change(prepared: Path, tmp_path: Path) -> None:
         train(make_config(prepared, run, "train.max_steps=4", "model.output_vocab=target"))
 
 
+def test_resume_refuses_other_training_or_validation_pairs(prepared: Path, tmp_path: Path) -> None:
+    """The cache prepared again from other data with the same SentencePiece model: the saved
+    position would index other pairs (the rest of an epoch silently skipped), and the best
+    checkpoint and patience would compare scores on other validation pairs."""
+    import shutil
+
+    from conftest import TOY_DIR
+
+    from mtcli.data.prepare import prepare
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(TOY_DIR, corpus)
+    run, cache = tmp_path / "run", tmp_path / "cache"
+
+    def config(*extra: str):  # noqa: ANN202
+        return make_config(prepared, run, f"data.source={corpus}", f"data.prepared_dir={cache}",
+                           f"data.spm_model={prepared / 'spm.model'}", *extra)
+
+    prepare(config())
+    train(config("train.max_steps=2"))
+    for split, what in (("train", "training"), ("val", "validation")):
+        originals = {lang: (corpus / f"{split}.{lang}").read_text() for lang in ("src", "tgt")}
+        for lang, text in originals.items():
+            (corpus / f"{split}.{lang}").write_text("".join(text.splitlines(keepends=True)[: 30]))
+        prepare(config())
+        with pytest.raises(CheckpointError, match=f"cannot resume: the {what} pairs of .*cache are not the "
+                                                  "checkpoint's"):
+            train(config("train.max_steps=4"))
+        for lang, text in originals.items():
+            (corpus / f"{split}.{lang}").write_text(text)
+        prepare(config())
+    assert train(config("train.max_steps=4")).steps == 4  # the same pairs again: it resumes
+
+
 def test_output_vocabulary_target_trains_resumes_and_decodes_from_the_list(prepared: Path,
                                                                           tmp_path: Path) -> None:
     """``model.output_vocab: target``: the list is the training targets' pieces plus the special
