@@ -279,6 +279,11 @@ def train(config: Config) -> TrainSummary:
         parent = None
         if found is not None:
             trainer.resume(*found)
+            finished = trainer.finished()
+            if finished is not None:  # a finished run given again: its files stay as they are
+                log.info("nothing to train: %s at step %d (raise it to train further); %s is unchanged",
+                         finished, trainer.step, run_dir)
+                return _summary(trainer, finished)
         elif config.train.init_from:
             parent = load_parent(config.train.init_from, config.train.init_average)
             start_from(trainer.model, parent, config, trainer.spm_sha256)

@@ -202,6 +202,8 @@ class Trainer:
         self.last_valid_step = int(ts.get("last_valid_step", -1))
         self._tokens_done = int(ts.get("tokens_done", 0))
         self._train_seconds = float(ts.get("train_seconds", 0.0))
+        self._step_seconds = float(ts.get("step_seconds", 0.0))
+        self._valid_seconds = float(ts.get("valid_seconds", 0.0))
         self.log_window.load_state_dict(ts.get("log_window") or {})
         self.last_valid = dict(state.get("valid") or self.last_valid)
         ranks = state.get("rng_ranks") or []
@@ -241,6 +243,9 @@ class Trainer:
                 "log_window": self.log_window.state_dict(),
                 "tokens_done": self._tokens_done,
                 "train_seconds": self._train_seconds,
+                # what a time limit looks ahead by: a resume stops at once when they do not fit
+                "step_seconds": self._step_seconds,
+                "valid_seconds": self._valid_seconds,
             },
             "config": self.config.to_dict(),
             "vocab": {"size": int(self.corpus.vocab_size), "spm_sha256": self.spm_sha256},
@@ -499,6 +504,12 @@ class Trainer:
                 return f"max_minutes={cfg.max_minutes:g}"
         return None
 
+    def finished(self) -> str | None:
+        """The stop reason of a resumed run with nothing left to do (its last step validated
+        and saved: a finished run given again, with other settings or not), else None."""
+        reason = self.stop_reason()
+        return reason if reason is not None and self.last_valid_step == self.step else None
+
     def _interrupt(self) -> None:
         signum = int(self.signals.signum or signal.SIGTERM)
         self.save(validated=False)
@@ -521,6 +532,8 @@ class Trainer:
         window_start = time.monotonic()
         warmup: float | None = None  # the first step of this process, in the first window only
         try:
+            if self.step > 0 and self.step % cfg.valid_every == 0 and self.last_valid_step != self.step:
+                self._validate_and_save()  # a stop signal came at this step, before its validation
             while True:
                 reason = self.stop_reason()
                 if reason is not None:
@@ -533,16 +546,12 @@ class Trainer:
                 self._step_seconds = time.monotonic() - step_start
                 self._train_seconds += self._step_seconds
                 warmup = self._step_seconds if warmup is None else warmup
-                if self._stop_now():
-                    self._interrupt()
                 for stats in filter(None, counted):
                     window_tokens += stats["tokens"]
                     bar.update(1)
                     bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", refresh=False)
                 stats = counted[-1] if counted else None  # a step that logs or validates is counted last
-                if stats is None:
-                    continue
-                if self.step % cfg.log_every == 0:
+                if stats is not None and self.step % cfg.log_every == 0:
                     seconds = max(time.monotonic() - window_start, 1e-9)
                     tps = window_tokens / seconds
                     mean = self.log_window.take()
@@ -552,7 +561,9 @@ class Trainer:
                                         self._valid_seconds, self.elapsed + time.monotonic() - self._clock)
                     log_step(self.log, self.writer, self.step, group.epoch, mean, tps, left)
                     window_tokens, window_start, warmup = 0.0, time.monotonic(), 0.0
-                if self.step % cfg.valid_every == 0:
+                if self._stop_now():  # after the step's log line; its validation runs on resuming
+                    self._interrupt()
+                if stats is not None and self.step % cfg.valid_every == 0:
                     self._validate_and_save()
                     window_start, warmup = time.monotonic(), 0.0
             self.settle()

@@ -332,6 +332,10 @@ def test_time_limit_includes_the_final_validation(prepared: Path, tmp_path: Path
                                 "train.max_minutes=0.1"))
     assert summary.stop_reason.startswith("max_minutes")
     assert 6.0 - 2.5 < summary.elapsed_seconds <= 6.0, summary.elapsed_seconds
+    # given again, it looks ahead by the step and validation times it saved (they were 0 in a
+    # new process, so it trained another step past the limit)
+    again = train(make_config(prepared, run, "train.max_steps=100000", "train.valid_every=4", "train.max_minutes=0.1"))
+    assert again.steps == summary.steps and again.stop_reason.startswith("max_minutes")
 
 
 def test_cooldown_steps_scale_the_last_updates_down_linearly(prepared: Path, tmp_path: Path) -> None:
@@ -512,6 +516,52 @@ def cli_train(prepared: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
+
+
+@pytest.mark.parametrize("at", [4, 3], ids=["validating-step", "logging-step"])
+def test_a_stop_signal_at_a_step_keeps_its_log_line_and_its_validation(prepared: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       at: int) -> None:
+    """Ctrl-C during a step that logs and validates: the step's loss line was lost (the next line
+    the mean of two steps), and its validation and checkpoint_<step> never happened, so the best
+    checkpoint and patience could differ from an uninterrupted run. The line is written before
+    stopping; the validation runs first thing on resuming."""
+    from mtcli.errors import TrainingInterrupted
+    from mtcli.train.trainer import Trainer
+
+    extra = ("train.valid_every=4", "train.max_steps=8", "model.dropout=0.1")
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train(make_config(prepared, straight, *extra))
+    step = Trainer.train_step
+
+    def signalled(self: Trainer, *args: object, **kwargs: object) -> list:
+        counted = step(self, *args, **kwargs)
+        if self.step == at:
+            self.signals.signum = signal.SIGINT
+        return counted
+
+    monkeypatch.setattr(Trainer, "train_step", signalled)
+    with pytest.raises(TrainingInterrupted, match=f"at step {at}"):
+        train(make_config(prepared, split, *extra))
+    monkeypatch.undo()
+    train(make_config(prepared, split, *extra))
+    assert logged_losses(split) == logged_losses(straight)
+    assert read_index(split) == read_index(straight)
+    assert sorted(p.name for p in (split / "checkpoints").iterdir()) == sorted(
+        p.name for p in (straight / "checkpoints").iterdir())
+
+
+def test_a_finished_run_given_again_is_left_as_it_was(prepared: Path, tmp_path: Path) -> None:
+    """Given again with another setting (a batch size), a finished run trained no step but wrote
+    the new setting and a rebatched data position into its checkpoint and config.yaml: training
+    further then differed from an uninterrupted run."""
+    run = tmp_path / "run"
+    train(make_config(prepared, run, "train.max_steps=4", "train.valid_every=2"))
+    files = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and p.name != "train.log"}
+    again = train(make_config(prepared, run, "train.max_steps=4", "train.valid_every=2", "train.max_tokens=100"))
+    assert again.steps == 4 and again.stop_reason == "max_steps=4"
+    assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and p.name != "train.log"} == files
+    assert "nothing to train: max_steps=4 at step 4" in (run / "train.log").read_text(encoding="utf-8")
 
 
 def test_sigterm_saves_checkpoint_and_exits_143(prepared: Path, tmp_path: Path) -> None:
