@@ -311,6 +311,12 @@ def test_a_run_dir_that_is_a_file_is_one_line_naming_it(prepared: Path, tmp_path
         assert result.exit_code == 1 and "Traceback" not in result.stderr
         assert error_lines(result.stderr) == [f"mtcli: error: {said}"], result.stderr
     assert notes.read_text() == "mine"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoints").write_text("mine")  # said "File exists"
+    result = CliRunner().invoke(app, train_argv(prepared, run, "train.max_steps=2"))
+    assert error_lines(result.stderr) == [f"mtcli: error: {run / 'checkpoints'}: not a directory; a run keeps its "
+                                          "checkpoints in a directory of this name"], result.stderr
 
 
 def test_a_run_dir_of_other_files_is_refused_and_a_stopped_run_resumed(prepared: Path, tmp_path: Path) -> None:

@@ -347,8 +347,8 @@ class BatchStream:
         self.segments: list[tuple[int, int]] = []  # the current epoch's earlier budgets and their ends
         if len(self.epoch_batches(0)) < self.world_size:
             raise DataError(
-                f"the training split makes {len(self.epoch_batches(0))} batches, fewer than the "
-                f"{self.world_size} processes; lower train.max_tokens"
+                f"the training split makes too few batches for {self.world_size} processes (each takes one "
+                f"a step); lower train.max_tokens"
             )
 
     def _use_arrays(self, src: SentenceArray, tgt: SentenceArray) -> None:

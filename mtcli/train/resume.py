@@ -85,6 +85,8 @@ UNSAFE_KEYS: frozenset[str] = frozenset(
         # segmentations make an epoch's lengths, and so its batches).
         "train.seed", "train.pack_length", "train.max_source_length", "train.max_target_length",
         "train.subword_alpha", "train.subword_nbest", "train.subword_sides",
+        # The parent's weights are read once, when a run starts: a resume would not read them.
+        "train.init_from", "train.init_average",
     }
 )
 # Keys a checkpoint that saved its batch budget (``data_state["max_tokens"]``) lets change: the
@@ -107,8 +109,6 @@ SAFE_KEYS: frozenset[str] = frozenset(
         "train.max_epochs", "train.max_minutes", "train.patience", "train.valid_every",
         "train.keep_last", "train.log_every", "train.max_nonfinite", "train.progress",
         "data.num_workers", "data.test_splits", "data.prepared_dir",
-        # the parent's weights are read once, when the run starts; a resume never reads them
-        "train.init_from", "train.init_average",
     }
 )
 

@@ -102,6 +102,9 @@ def check_run_directory(run_dir: Path) -> None:
     directory, so ``train.run_dir: .`` would overwrite a config of that name; a run's own
     directory (``checkpoints/`` or ``train.log``, even of a run stopped at its start) is resumed."""
     check_directory(run_dir)
+    if checkpoint_dir(run_dir).exists() and not checkpoint_dir(run_dir).is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory; a run keeps its checkpoints in a directory of "
+                                 "this name", str(checkpoint_dir(run_dir)))
     if (run_dir.is_dir() and any(run_dir.iterdir()) and not checkpoint_dir(run_dir).is_dir()
             and not (run_dir / LOG_NAME).is_file()):
         raise FileExistsError(errno.EEXIST, f"a directory of other files, not a run (it has no checkpoints/ or "

@@ -95,6 +95,8 @@ def test_child_run_records_its_parent_and_resumes_exactly(parent_run: tuple[Path
     train(child_config(prepared, halves, parent, "train.max_steps=6", "train.valid_every=3", "model.dropout=0.2"))
     assert_same_params(state["model"], ck.load_checkpoint(halves / "checkpoints/checkpoint_last.pt")["model"])
     assert "resumed from" in (halves / "train.log").read_text()
+    with pytest.raises(CheckpointError, match=r"train.init_from: .* -> .*elsewhere"):  # it would not be read
+        train(child_config(prepared, halves, tmp_path / "elsewhere", "train.max_steps=9", "model.dropout=0.2"))
 
 
 def test_init_average_takes_the_mean_of_the_last_k(parent_run: tuple[Path, Path]) -> None:
