@@ -28,6 +28,7 @@ over this module is :class:`mtcli.infer.translator.Translator`.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -57,6 +58,33 @@ from mtcli.model import Transformer
 
 #: Lines read (and sorted by length) at a time; bounds memory independently of input length.
 DEFAULT_WINDOW = 2000
+
+
+class _SharedThreads:
+    """torch's intra-op threads, divided among ``decode.workers`` while any decoding with
+    workers runs, and restored when the last one ends (the setting is the process's: decodings
+    that overlap, from threads or from generators left open, must not restore it out of order)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._saved = 0
+
+    def enter(self, workers: int) -> None:
+        with self._lock:
+            if self._users == 0:
+                self._saved = torch.get_num_threads()
+                torch.set_num_threads(max(1, self._saved // workers))
+            self._users += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                torch.set_num_threads(self._saved)
+
+
+_SHARED_THREADS = _SharedThreads()
 
 
 @dataclass
@@ -163,11 +191,10 @@ def translate_lines(
     model.eval()
     model = model_for_decoding(model, decode, device)
     shortlist = run_shortlist(bundle, decode)
-    threads = torch.get_num_threads()
     pool = None
     if decode.workers > 1:
         pool = ThreadPoolExecutor(decode.workers, thread_name_prefix="mtcli-decode")
-        torch.set_num_threads(max(1, threads // decode.workers))
+        _SHARED_THREADS.enter(decode.workers)
 
     search = _search(model, decode, device, shortlist, use_cache=use_cache, return_attention=return_attention)
     budget = budget if budget is not None else MemoryBudget()  # lowered when a batch does not fit
@@ -197,8 +224,9 @@ def translate_lines(
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-            torch.set_num_threads(threads)
-        bundle.model.train(was_training)
+            _SHARED_THREADS.leave()
+        if was_training:  # (a translator's model is in eval mode: nothing to do, at exit either)
+            bundle.model.train()
 
 
 def _search(model: torch.nn.Module, decode: DecodeConfig, device: torch.device, shortlist: Shortlist | None, *,

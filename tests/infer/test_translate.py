@@ -258,6 +258,31 @@ def test_parallel_workers_give_the_same_translations(tiny_run_dir: Path) -> None
     for got, want in zip(parallel, serial, strict=True):
         assert [t.score for t in got] == pytest.approx([t.score for t in want], abs=1e-4)
     assert torch.get_num_threads() == threads  # restored after decoding
+    torch.set_num_threads(4)
+    try:
+        first = translate_lines(bundle, lines, DecodeConfig(**{**vars(decode), "workers": 2}), "cpu", window=8)
+        second = translate_lines(bundle, lines, DecodeConfig(**{**vars(decode), "workers": 2}), "cpu", window=8)
+        next(first), next(second)  # two decodings open at once, closed in the order they began
+        first.close()
+        assert torch.get_num_threads() == 2  # the second still decodes with its share (was 4 again)
+        second.close()
+        assert torch.get_num_threads() == 4  # (was the first's 2, restored by the second)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_an_abandoned_generator_says_nothing_at_exit(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """A generator left open at the end of a script was finalised at interpreter shutdown, when
+    setting the model's mode raised a TypeError printed as 'Exception ignored in'."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "abandon.py"
+    script.write_text("from mtcli import Translator\n"
+                      f"it = Translator.from_run({str(tiny_run_dir)!r}, device='cpu').translate_iter(['ein hund'] * 50)\n"
+                      "next(it)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Exception ignored" not in done.stderr, done.stderr
 
 
 def test_bf16_autocast_path(tiny_run_dir: Path) -> None:
