@@ -382,6 +382,7 @@ def serve(
         help="Require 'Authorization: Bearer KEY' on /translate.")] = None,
     max_lines: Annotated[int, typer.Option(min=1, help="Most lines a request may send.")] = 64,
     max_chars: Annotated[int, typer.Option(min=1, help="Most characters a line may have.")] = 2000,
+    max_request_chars: Annotated[int, typer.Option(min=1, help="Most characters a request may have in all.")] = 20_000,
     batch_wait_ms: Annotated[float, typer.Option(min=0, help="How long to gather requests into one batch.")] = 5.0,
     engine: EngineOption = "torch",
     set_: SetOption = None,
@@ -406,7 +407,8 @@ def serve(
         return Translator.from_run(run_dir, checkpoint, device=device, engine=engine,
                                    overrides=list(set_ or []), beam=beam, tgt_lang=tgt_lang)
 
-    limits = Limits(max_lines=max_lines, max_chars=max_chars, batch_wait_ms=batch_wait_ms)
+    limits = Limits(max_lines=max_lines, max_chars=max_chars, max_total_chars=max_request_chars,
+                    batch_wait_ms=batch_wait_ms)
     run_server(load(), host=host, port=port, limits=limits, api_key=api_key, load=load)
 
 

@@ -374,6 +374,8 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
 
     @app.exception_handler(StarletteHTTPException)
     async def not_here(request: Request, exc: StarletteHTTPException) -> JSONResponse:  # 404, 405
+        if exc.status_code == 400:  # FastAPI's answer to a body json cannot decode (not UTF-8)
+            return JSONResponse({"error": f"malformed JSON: {exc.detail} (send it in UTF-8)"}, status_code=400)
         return JSONResponse({"error": f"{request.method} {request.url.path}: {exc.detail}"},
                             status_code=exc.status_code, headers=exc.headers)
 

@@ -40,7 +40,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mtcli.cli", "serve", str(run_dir), "--port", str(self.port),
-             "--beam", "2", "--max-lines", "8", "--max-chars", "200", *args],
+             "--beam", "2", "--max-lines", "8", "--max-chars", "200", "--max-request-chars", "1000", *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, **(env or {})},
         )
@@ -108,6 +108,7 @@ def test_concurrent_clients_each_get_their_own_lines(server: Server, tiny_run_di
 @pytest.mark.parametrize(("body", "content", "status", "needle"), [
     (None, b'{"text": ["unclosed"', 400, "malformed JSON"),
     (None, b"\xff\xfe", 400, "malformed JSON"),
+    (None, b'{"text": ["caf\xe9"]}', 400, "malformed JSON: There was an error parsing the body (send it in UTF-8)"),
     ({"text": "not a list"}, None, 422, 'text: a list of lines, not one string (wrap it: {"text": ["..."]})'),
     ({"text": [1, 2]}, None, 422, "text.0"),
     ({"text": ["ok"], "beam": "5"}, None, 422, "beam"),
@@ -119,6 +120,7 @@ def test_concurrent_clients_each_get_their_own_lines(server: Server, tiny_run_di
     ({}, None, 422, "text"),
     ({"text": ["x"] * 9}, None, 413, "too many lines: 9 (at most 8"),
     ({"text": ["x" * 201]}, None, 413, "text[0] has 201 characters (at most 200)"),
+    ({"text": ["x" * 190] * 6}, None, 413, "1140 characters in the request (at most 1000)"),
     (None, b'{"text": ["ok", "bad \\ud800 text"]}', 422, "text[1]: not valid Unicode (lone surrogate at column 5)"),
     (None, b'{"text": ["\\udfff"]}', 422, "text[0]: not valid Unicode (lone surrogate at column 1)"),
     ({"text": ["q x z j " * 25]}, None, 413, "text[0] encodes to"),
@@ -211,7 +213,7 @@ def test_api_key_is_required_when_set(tiny_run_dir: Path) -> None:
 
 
 def test_sigterm_answers_the_request_in_flight_then_exits_0(tiny_run_dir: Path) -> None:
-    server = Server(tiny_run_dir, "--max-lines", "2000", "--batch-wait-ms", "300")
+    server = Server(tiny_run_dir, "--max-lines", "2000", "--max-request-chars", "20000", "--batch-wait-ms", "300")
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(server.post, {"text": ["ein hund läuft im park"] * 400, "beam": 4})
         time.sleep(0.5)  # the request is being gathered or decoded
