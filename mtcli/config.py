@@ -454,6 +454,7 @@ def _decode_checks(d: DecodeConfig) -> list[tuple[bool, str]]:
           for key, (low, high) in DECODE_RANGES.items()),  # also refuses nan and inf
         (not (d.int8 and d.bf16), "decode.int8 and decode.bf16 exclude each other: choose one"),
         (d.workers >= 1, "decode.workers must be >= 1"),
+        (d.tgt_lang is None or bool(d.tgt_lang.strip()), "decode.tgt_lang (--tgt-lang) must name a language, not be empty"),
         (d.shortlist >= 0 and d.shortlist_frequent >= 0, "decode.shortlist and decode.shortlist_frequent must be >= 0"),
     ]
 

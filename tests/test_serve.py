@@ -129,6 +129,7 @@ def test_concurrent_clients_each_get_their_own_lines(server: Server, tiny_run_di
     ({"text": ["ok"], "beam": 2.5}, None, 422, "beam"),
     ({"text": ["ok"], "sampling": "topk", "beam": 4}, None, 422, "beam 4: sampling draws each token"),
     ({"text": ["ok"], "seed": 3}, None, 422, "seed: for sampling only"),
+    ({"text": ["ok"], "tgt_lang": ""}, None, 422, "must name a language"),  # was the default language
 ])
 def test_bad_requests_get_a_4xx_and_the_server_keeps_serving(server: Server, body: object, content: bytes | None,
                                                              status: int, needle: str) -> None:

@@ -23,7 +23,7 @@ failed one's tokens, so a server pays for a failed batch once, not once a reques
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,8 @@ def _texts(texts: Any, what: str = "texts") -> list[str]:
     """``texts`` as a list of strings of valid Unicode (:func:`_text`); a TypeError for a lone string."""
     if isinstance(texts, str):
         raise TypeError(f"{what} must be a list of strings, not one string (wrap it: [text])")
+    if isinstance(texts, Mapping | bytes | bytearray):  # iterating it gives keys or ints, not the texts meant
+        raise TypeError(f"{what} must be a list of strings, not a {type(texts).__name__}")
     return [_text(item, f"{what}[{i}]") for i, item in enumerate(texts)]
 
 
@@ -141,6 +143,10 @@ class Translator:
         if engine == "ctranslate2" and (average_last or average_best or ensemble):
             raise ConfigError("--engine ctranslate2 decodes one checkpoint file, not an average or an "
                               "ensemble (write the average first: mtcli average RUN --last K -o avg.pt)")
+        if not isinstance(device, str | torch.device):
+            raise TypeError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+        if isinstance(ensemble, str | Path):
+            raise TypeError("ensemble must be a list of run directories or checkpoints, not one (wrap it: [path])")
         chosen = None if device == "auto" else resolve_device(device, key="--device")  # before any loading
         bundle = load_for_inference(run_dir, checkpoint, average_last=average_last, average_best=average_best)
         bundle = add_members(bundle, ensemble)
@@ -258,7 +264,9 @@ class Translator:
         (default ``decode.nbest``)."""
         decode = self.settings(**settings)
         sampled = decode.sampling != "none"
-        n = (decode.nbest if sampled else decode.beam_size) if n is None else int(n)
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool)):
+            raise TypeError(f"nbest n must be an int, got {n!r}")
+        n = (decode.nbest if sampled else decode.beam_size) if n is None else n
         if n < 1:
             raise ConfigError(f"nbest n must be >= 1, got {n}")
         decode = dataclasses.replace(decode, nbest=n, beam_size=decode.beam_size if sampled else max(decode.beam_size, n))

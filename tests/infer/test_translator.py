@@ -115,6 +115,12 @@ def test_decoding_copy_is_made_once(tiny_run_dir: Path, int8: bool) -> None:
     (lambda t: list(t.stream(["a"], decode="beam")), TypeError, "decode is a str, expected a DecodeConfig"),
     (lambda t: t.translate(["a"], seed=3), ConfigError, "seed: for sampling only"),  # was silently ignored
     (lambda t: t.translate(["a"], sampling="topk", beam=4), ConfigError, "beam 4: sampling draws each token"),
+    (lambda t: t.translate(["a"], tgt_lang=""), ConfigError, "must name a language"),  # was the default one
+    (lambda t: t.translate({"ein satz": 1}), TypeError, "not a dict"),  # translated its keys
+    (lambda t: t.nbest(["a"], n=2.7), TypeError, "n must be an int, got 2.7"),  # was 2
+    (lambda t: t.nbest(["a"], n="3"), TypeError, "n must be an int, got '3'"),
+    (lambda t: Translator.from_run(".", ensemble="run2"), TypeError, "not one"),  # read as runs 'r', 'u', ...
+    (lambda t: Translator.from_run(".", device=None), TypeError, "got None"),  # torch's multi-line TypeError
 ])
 def test_wrong_arguments_say_what_is_wrong(translator: Translator, call, error, message: str) -> None:
     with pytest.raises(error, match=message):
