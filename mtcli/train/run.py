@@ -47,6 +47,7 @@ from mtcli.train.parent import PARENT_NAME, load_parent, start_from
 from mtcli.train.resume import find_resume_checkpoint, remove_stale_temp_files
 from mtcli.train.signals import StopSignals
 from mtcli.train.trainer import Trainer
+from mtcli.train.validation import METRIC_NAMES
 
 #: The run's log: with ``checkpoints/``, what tells a run's directory from another
 LOG_NAME = "train.log"
@@ -63,6 +64,7 @@ class TrainSummary:
     best_valid_bleu: float | None
     best_valid_loss: float | None
     best_valid_chrf: float | None = None
+    best_by: str | None = None  # the metric checkpoint_best was chosen by (train.valid_metric, or loss)
     last_valid: dict[str, Any] = field(default_factory=dict)
     elapsed_seconds: float = 0.0
     tokens_per_second: float = 0.0
@@ -86,7 +88,8 @@ class TrainSummary:
             f"run dir: {self.run_dir}",
             f"stopped: {self.stop_reason} after {self.steps} steps ({self.epochs} full "
             f"epoch{'' if self.epochs == 1 else 's'}), {self.elapsed_seconds / 60:.1f} min of training",
-            f"best valid BLEU: {bleu}   chrF: {chrf}   loss: {loss}",
+            f"best valid BLEU: {bleu}   chrF: {chrf}   loss: {loss}   (each at its own best step; "
+            f"checkpoint_best is the best by {METRIC_NAMES[self.best_by or 'loss']})",
             f"parameters: {self.parameters:,}   skipped training pairs: {self.skipped_pairs}   "
             f"train tokens/s: {self.tokens_per_second:,.0f}   peak memory: {self.peak_memory_mb:,.0f} MiB "
             f"on {self.device}",
@@ -218,6 +221,7 @@ def _summary(trainer: Trainer, reason: str) -> TrainSummary:
         best_valid_bleu=trainer.bests.bleu,
         best_valid_loss=trainer.bests.loss,
         best_valid_chrf=trainer.bests.chrf,
+        best_by=trainer.bests.best_by,
         last_valid=dict(trainer.last_valid),
         elapsed_seconds=trainer.elapsed,
         tokens_per_second=trainer.tokens_per_second,

@@ -487,6 +487,8 @@ def test_validation_bleu_selects_best(prepared: Path, tmp_path: Path) -> None:
     index = read_index(run)
     assert all(entry["bleu"] is not None for entry in index.values())
     assert summary.best_valid_bleu == max(entry["bleu"] for entry in index.values())
+    # each metric's best may come from another step: the line says so, and what checkpoint_best followed
+    assert "(each at its own best step; checkpoint_best is the best by BLEU)" in summary.summary()
 
 
 def test_valid_metric_chrf_picks_the_best_by_chrf(prepared: Path, tmp_path: Path) -> None:
