@@ -393,6 +393,14 @@ def test_resume_uses_last_when_intact(tmp_path: Path) -> None:
     assert path.name == rd.LAST_NAME and state["step"] == 25
 
 
+def test_resume_takes_a_step_checkpoint_newer_than_the_last(tmp_path: Path) -> None:
+    """A stop after checkpoint_20.pt was written, before it was linked as checkpoint_last.pt
+    (still step 10): 10 steps were trained again."""
+    _write_run(tmp_path, [10, 20], last=10)
+    path, state = find_resume_checkpoint(tmp_path)
+    assert path.name == "checkpoint_20.pt" and state["step"] == 20
+
+
 def test_resume_falls_back_to_newest_intact_checkpoint(tmp_path: Path, log_lines) -> None:
     _write_run(tmp_path, [10, 20, 30], last=35)
     _corrupt(tmp_path / "checkpoints" / rd.LAST_NAME)

@@ -24,7 +24,8 @@ from mtcli.rundir import BEST_NAME, LAST_NAME, checkpoint_dir, step_checkpoints
 def find_resume_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
     """The checkpoint to resume a run from, loaded: ``(path, state)``, or None if there is none.
 
-    Tries ``checkpoint_last.pt``, then the step checkpoints newest first, then
+    Tries ``checkpoint_last.pt`` (or a newer step checkpoint, when a stop came before it was
+    linked as the last), then the step checkpoints newest first, then
     ``checkpoint_best.pt`` as a last resort (it is never newer than the newest step checkpoint
     the trainer keeps). Every corrupt file met on the way is logged as a warning, with the one
     used. Raises :class:`CheckpointError` if checkpoints exist but none is intact.
@@ -49,6 +50,10 @@ def find_resume_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
                 path.name, state.get("step", "?"), ", ".join(failures),
                 "is" if len(failures) == 1 else "are",
             )
+        newer = [(step, p) for step, p in step_checkpoints(run_dir) if step > int(state.get("step", 0))]
+        if path.name == LAST_NAME and newer:  # a stop between writing checkpoint_<N> and linking it as the last
+            with contextlib.suppress(CheckpointError):
+                return newer[-1][1], load_checkpoint(newer[-1][1])
         return path, state
     raise CheckpointError(
         f"{directory}: no intact checkpoint to resume from ({', '.join(failures)} all corrupt); "
