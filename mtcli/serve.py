@@ -349,21 +349,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
     return 422, f"{where}: {first.get('msg', 'invalid value')}"
 
 
-def create_app(translator: Translator, limits: Limits | None = None, api_key: str | None = None) -> FastAPI:
-    """The FastAPI application serving ``translator`` (see the module docstring)."""
-    limits = limits or Limits()
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.batcher = Batcher(translator, limits)
-        try:
-            yield
-        finally:
-            app.state.batcher.close()
-
-    app = FastAPI(title="mtcli", summary=f"Machine translation with {translator.name}", lifespan=lifespan)
-    app.add_middleware(_BodyLimit, most=limits.max_body_bytes)
-    guard = Depends(_bearer_check(api_key))
+def _answer_errors(app: FastAPI) -> None:
+    """Every refusal and failure as one ``{"error": ...}`` line with its status (see the module docstring)."""
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, exc: RequestError) -> JSONResponse:
@@ -391,6 +378,25 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
                                           "(Content-Type: application/json)"}, status_code=415)
         status, message = _validation_message(exc)
         return JSONResponse({"error": message}, status_code=status)
+
+
+def create_app(translator: Translator, limits: Limits | None = None, api_key: str | None = None) -> FastAPI:
+    """The FastAPI application serving ``translator`` (see the module docstring)."""
+    limits = limits or Limits()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.batcher = Batcher(translator, limits)
+        try:
+            yield
+        finally:
+            app.state.batcher.close()
+
+    app = FastAPI(title="mtcli", summary=f"Machine translation with {translator.name}", lifespan=lifespan)
+    app.add_middleware(_BodyLimit, most=limits.max_body_bytes)
+    guard = Depends(_bearer_check(api_key))
+
+    _answer_errors(app)
 
     @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
               dependencies=[guard])
