@@ -393,6 +393,14 @@ def test_resume_uses_last_when_intact(tmp_path: Path) -> None:
     assert path.name == rd.LAST_NAME and state["step"] == 25
 
 
+def test_a_change_of_process_count_is_said() -> None:
+    from mtcli.train.resume import process_change
+
+    assert process_change({"world_size": 2}, 2) is None and process_change({}, 1) is None
+    assert process_change({"rng_ranks": [{}, {}]}, 1) == ("processes: 2 -> 1 (each update 1/2 the size; resume "
+                                                          "no longer exact)")  # a checkpoint before world_size
+
+
 def test_resume_takes_a_step_checkpoint_newer_than_the_last(tmp_path: Path) -> None:
     """A stop after checkpoint_20.pt was written, before it was linked as checkpoint_last.pt
     (still step 10): 10 steps were trained again."""

@@ -211,6 +211,15 @@ def check_resume_data(saved: dict[str, str], now: dict[str, str], where: str, ca
             "this run's weights)")
 
 
+def process_change(state: dict[str, Any], world_size: int) -> str | None:
+    """How the process count differs from the checkpoint's, as a config change is logged, or
+    None: every process takes a batch an update, so the update's size changes with their number."""
+    saved = int(state.get("world_size") or len(state.get("rng_ranks") or []) or 1)
+    if saved == world_size:
+        return None
+    return f"processes: {saved} -> {world_size} (each update {world_size}/{saved} the size; resume no longer exact)"
+
+
 def _same(a: Any, b: Any) -> bool:
     """Equality that treats lists and tuples alike and 1 == 1.0 (YAML round trips)."""
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):

@@ -74,7 +74,7 @@ from mtcli.train.distributed import DistInfo, all_sum, all_sum_queued, broadcast
 from mtcli.train.feed import BatchFeed
 from mtcli.train.loss import LabelSmoothedLoss
 from mtcli.train.rdrop import RDropLoss
-from mtcli.train.resume import check_resume_config, check_resume_data
+from mtcli.train.resume import check_resume_config, check_resume_data, process_change
 from mtcli.train.rng import seed_everything, set_rng_state
 from mtcli.train.schedule import build_optimizer, build_schedule, cooldown_scale
 from mtcli.train.signals import StopSignals
@@ -177,6 +177,8 @@ class Trainer:
         for change in check_resume_config(state.get("config") or {}, self.config.to_dict(), str(path),
                                           rebatchable="max_tokens" in (state.get("data_state") or {})):
             self.log.info("config change on resume: %s", change)
+        if (change := process_change(state, self.info.world_size)) is not None:
+            self.log.info("config change on resume: %s", change)
         vocab = state.get("vocab") or {}
         if vocab.get("spm_sha256") not in (None, self.spm_sha256) or \
                 int(vocab.get("size", self.corpus.vocab_size)) != self.corpus.vocab_size:
@@ -235,6 +237,7 @@ class Trainer:
             "rng": rng_ranks[0],
             **({"rng_ranks": rng_ranks} if len(rng_ranks) > 1 else {}),
             "data_state": self.feed.position,
+            "world_size": self.info.world_size,
             "train_state": {
                 **self.bests.state_dict(),
                 "nonfinite_in_row": self.nonfinite_in_row,
