@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mtcli.checkpoint import FORMAT
+from mtcli.checkpoint import FORMAT, load_checkpoint
 from mtcli.errors import CheckpointError, one_line
 from mtcli.fileio import atomic_write
 from mtcli.logs import get_logger
@@ -111,19 +111,15 @@ def _bad_entry(entry: dict) -> str | None:
 def update_index(run_dir: Path, step: int, valid: dict) -> None:
     """Record ``checkpoint_<step>.pt`` with its validation ``loss``/``bleu`` (``chrf``, ``by``) in index.json, atomically.
 
-    An unreadable index is logged and rebuilt from this entry on (it only ranks checkpoints).
+    An unreadable index is logged and rebuilt from the validation scores each step checkpoint
+    keeps (so that ``keep_best`` still knows the best ones when it prunes).
     """
     try:
         entries = read_index(run_dir)
     except CheckpointError as exc:
-        get_logger().warning("%s; starting a new index", exc)
-        entries = {}
-    entries[int(step)] = {
-        "file": step_checkpoint_name(step),
-        "loss": None if valid.get("loss") is None else float(valid["loss"]),
-        "bleu": None if valid.get("bleu") is None else float(valid["bleu"]),
-        **{key: valid[key] for key in ("chrf", "by") if valid.get(key) is not None},
-    }
+        get_logger().warning("%s; rebuilding it from the step checkpoints", exc)
+        entries = _entries_from_checkpoints(run_dir, step)
+    entries[int(step)] = _entry(step, valid)
     body = {"format": FORMAT, "checkpoints": {str(s): entries[s] for s in sorted(entries)}}
     path = checkpoint_dir(run_dir) / INDEX_NAME
     try:
@@ -132,6 +128,29 @@ def update_index(run_dir: Path, step: int, valid: dict) -> None:
             handle.write("\n")
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot write checkpoint index ({exc.strerror or exc})") from None
+
+
+def _entry(step: int, valid: dict) -> dict[str, Any]:
+    """The index entry of ``checkpoint_<step>.pt``, validated with the scores ``valid``."""
+    return {
+        "file": step_checkpoint_name(step),
+        "loss": None if valid.get("loss") is None else float(valid["loss"]),
+        "bleu": None if valid.get("bleu") is None else float(valid["bleu"]),
+        **{key: valid[key] for key in ("chrf", "by") if valid.get(key) is not None},
+    }
+
+
+def _entries_from_checkpoints(run_dir: Path, but: int) -> dict[int, dict]:
+    """Index entries for the step checkpoints other than ``checkpoint_<but>.pt``, from the
+    scores each keeps (an unreadable one is left out)."""
+    entries = {}
+    for step, path in step_checkpoints(run_dir):
+        if step != but:
+            try:
+                entries[step] = _entry(step, load_checkpoint(path).get("valid") or {})
+            except CheckpointError:
+                continue
+    return entries
 
 
 def _ranked_best(run_dir: Path) -> list[tuple[int, Path]]:

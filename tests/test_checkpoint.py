@@ -640,7 +640,22 @@ def test_index_round_trip_and_recovery(tmp_path: Path, log_lines) -> None:
         read_index(tmp_path)
     update_index(tmp_path, 30, {"loss": 2.0})
     assert list(read_index(tmp_path)) == [30]
-    assert any("starting a new index" in m for m in log_lines())
+    assert any("rebuilding it from the step checkpoints" in m for m in log_lines())
+
+
+def test_an_unreadable_index_is_rebuilt_and_keep_best_keeps_the_best(tmp_path: Path) -> None:
+    """Rebuilt from the next entry on, the index forgot the best step, which keep_best pruned."""
+    for step, bleu in [(10, 1.0), (20, 9.0), (30, 2.0), (40, 3.0)]:
+        save_checkpoint(tmp_path / "checkpoints" / rd.step_checkpoint_name(step),
+                        {**toy_state(step), "valid": {"loss": 1.0, "bleu": bleu, "by": "bleu"}})
+        update_index(tmp_path, step, {"loss": 1.0, "bleu": bleu, "by": "bleu"})
+    (tmp_path / "checkpoints" / rd.INDEX_NAME).write_text("{cut sh")
+    save_checkpoint(tmp_path / "checkpoints" / "checkpoint_50.pt", toy_state(50))
+    update_index(tmp_path, 50, {"loss": 1.0, "bleu": 4.0, "by": "bleu"})
+    assert {step: entry["bleu"] for step, entry in read_index(tmp_path).items()} == {
+        10: 1.0, 20: 9.0, 30: 2.0, 40: 3.0, 50: 4.0}
+    prune_checkpoints(tmp_path, keep_last=1, keep_best=1)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt")) == ["checkpoint_20.pt", "checkpoint_50.pt"]
 
 
 @pytest.mark.parametrize(("entry", "said"), [
