@@ -122,17 +122,19 @@ def resumable_output(output: Path, key: str) -> Iterator[PartialOutput]:
 
 def _keep(partial: PartialOutput, data: Path, output: Path) -> None:
     """After an error: the partial output up to its last commit, said in a warning; or nothing,
-    when no window was finished."""
-    if not partial.committed:
+    when no window was finished. The last commit is the record on disk: a signal may come after
+    the record was written and before :meth:`PartialOutput.commit` returned."""
+    with contextlib.suppress(OSError):
+        partial.handle.flush()
+    committed, size = _resume_point(partial.handle, partial.record, partial.key)
+    if not committed:
         for path in (partial.record, data):
             path.unlink(missing_ok=True)
         return
     with contextlib.suppress(OSError):
-        partial.handle.flush()
-    with contextlib.suppress(OSError):
-        os.ftruncate(partial.handle.fileno(), partial.size)  # the lines after the last commit go
+        os.ftruncate(partial.handle.fileno(), size)  # the lines after the last commit go
     get_logger().warning("%s: the output of the first %d input lines is kept in %s; the same command goes "
-                         "on from there", output, partial.committed, data.name)
+                         "on from there", output, committed, data.name)
 
 
 def _resume_point(handle: IO[str], record: Path, key: str) -> tuple[int, int]:
