@@ -20,10 +20,42 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+import typer.core
 
 from mtcli.errors import MtcliError
 
+# click's exception classes, as the typer installed raises them (it may carry its own click)
+_USAGE_ERROR, _CLICK_EXCEPTION = (next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+                                  for name in ("UsageError", "ClickException"))
+
+
+class _Commands(typer.core.TyperGroup):
+    """mtcli's commands, with a usage error (an unknown option, a missing argument, a value out
+    of range) said in one line, as every other error is, rather than in a box."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            done = super().main(*args, standalone_mode=False, **kwargs)
+        except _USAGE_ERROR as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # a bare ``mtcli``: the help
+                exc.show()
+                sys.exit(exc.exit_code)
+            where = exc.ctx.command_path if exc.ctx is not None else "mtcli"
+            print(f"mtcli: error: {exc.format_message()} (see {where} --help)", file=sys.stderr)
+            sys.exit(exc.exit_code)
+        except _CLICK_EXCEPTION as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            print("Aborted!", file=sys.stderr)
+            sys.exit(1)
+        sys.exit(done if isinstance(done, int) else 0)
+
+
 app = typer.Typer(
+    cls=_Commands,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,

@@ -302,6 +302,23 @@ def test_train_refuses_a_corrupted_cache_before_training(prepared: Path, tmp_pat
     assert not run.exists()  # refused before the run directory (or a checkpoint) was made
 
 
+@pytest.mark.parametrize(("argv", "said"), [
+    (["translate", "run", "--bogus"], "No such option: --bogus"),
+    (["trnslate"], "No such command 'trnslate'. Did you mean 'translate'?"),
+    (["translate"], "Missing argument"),
+    (["serve", "run", "--port", "99999"], "Invalid value for '--port'"),
+    (["compare", "a.hyp", "b.hyp"], "Missing option '--ref'."),
+])
+def test_a_usage_error_is_one_line_as_every_other_error(argv: list[str], said: str) -> None:
+    """click's usage errors came in a box of four lines, unlike mtcli's own errors."""
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"mtcli: error: {said}") and lines[0].endswith("--help)"), lines
+    bare = CliRunner().invoke(app, [])  # a bare mtcli still shows the help
+    assert "Usage: " in bare.output and "translate" in bare.output
+
+
 def test_a_run_dir_that_is_a_file_is_one_line_naming_it(prepared: Path, tmp_path: Path) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_text("mine")
