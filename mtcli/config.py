@@ -25,6 +25,7 @@ from mtcli.errors import ConfigError
 from mtcli.fileio import atomic_write
 from mtcli.languages import default_character_coverage
 from mtcli.logs import get_logger
+from mtcli.yamlfile import load_yaml
 
 
 @dataclass
@@ -319,7 +320,7 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     if len(parts) != 2 or not all(parts):
         raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. train.max_steps=100")
     try:
-        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
+        value = load_yaml(raw_value) if raw_value.strip() else ""
     except yaml.YAMLError:
         value = raw_value
     return parts[0], parts[1], value
@@ -574,7 +575,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None,
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{where}: cannot read config ({exc})") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""

@@ -59,6 +59,17 @@ def test_unknown_section(tmp_path: Path) -> None:
     assert "recipe.yaml" in message and "optim" in message
 
 
+def test_a_key_given_twice_is_refused_at_its_line(tmp_path: Path) -> None:
+    """PyYAML lets the second of two equal keys win without a word: a recipe's garbled header
+    made ``data:`` twice, and a user's second ``train:`` section would drop the first."""
+    path = tmp_path / "recipe.yaml"
+    path.write_text("data:\n  source: corpus\n  src_lang: de\n  tgt_lang: en\ntrain:\n  max_steps: 5\n"
+                    "train:\n  max_steps: 6\n", encoding="utf-8")
+    assert cli_error(path) == f"mtcli: error: {path}: line 7: key 'train' is given twice"
+    path.write_text("data: {source: corpus, src_lang: de, tgt_lang: en, src_lang: fr}\n", encoding="utf-8")
+    assert cli_error(path) == f"mtcli: error: {path}: line 1: key 'src_lang' is given twice"
+
+
 def test_wrong_type_names_file_key_and_type(tmp_path: Path) -> None:
     raw = {**MINIMAL, "train": {"max_steps": "many"}}
     message = cli_error(write(tmp_path, raw))
