@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -126,14 +127,52 @@ def check_directory(path: Path) -> None:
         raise NotADirectoryError(errno.ENOTDIR, f"not a directory, so {path} cannot be made", str(blocker))
 
 
+#: What :func:`atomic_dir` leaves in each directory it builds: its mark and its entries, so that
+#: it replaces only a directory holding nothing else (a run holds a copy of its cache's manifest).
+CONTENTS_NAME = ".mtcli-contents.json"
+
+
 def check_replaceable(path: Path, mark: str | None) -> None:
     """Raise unless :func:`atomic_dir` may replace ``path`` (see there; a file is never swapped
     out for a directory): a command calls it before its work, so a wrong output is refused at
     once, not after the work."""
     check_directory(path)
-    if mark is not None and path.is_dir() and not (path / mark).exists() and any(path.iterdir()):
+    if mark is None or not path.is_dir() or not any(path.iterdir()):
+        return
+    if not (path / mark).exists():
         raise FileExistsError(errno.EEXIST, f"a directory of other files (it has no {mark}); give a new or "
                               "empty directory, mtcli replaces only what it wrote there", str(path))
+    foreign = _foreign_entries(path, mark)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise FileExistsError(errno.EEXIST, f"holds files mtcli did not write there ({shown}); give a new or empty "
+                              "directory, mtcli replaces only what it wrote there", str(path))
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _foreign_entries(path: Path, mark: str) -> list[str]:
+    """The entries of ``path`` (which holds ``mark``) that :func:`atomic_dir` did not write: by
+    its contents record; for a directory of an older mtcli, by what its mark says (a cache's
+    manifest lists its files; an export's record names its run, an import's its model)."""
+    names = {entry.name for entry in path.iterdir()}
+    contents = _read_json(path / CONTENTS_NAME)
+    if isinstance(contents, dict) and contents.get("mark") == mark and isinstance(contents.get("entries"), list):
+        return sorted(names - set(map(str, contents["entries"])) - {CONTENTS_NAME})
+    record = _read_json(path / mark)
+    if not isinstance(record, dict):
+        return sorted(names - {mark})
+    files = record.get("files")
+    if isinstance(files, dict) and all(isinstance(k, str) and (path / k).is_file() for k in files):
+        return sorted(names - set(files) - {mark})
+    if {"run_dir", "checkpoint"} <= record.keys() or "max_logit_difference" in record:  # an export's, an import's
+        return sorted(names & {"train.log", "eval", "tensorboard"})  # what training or scoring there added
+    return sorted(names - {mark})
 
 
 @contextlib.contextmanager
@@ -142,7 +181,8 @@ def atomic_dir(path: str | Path, *, mark: str | None) -> Iterator[Path]:
 
     The previous ``path`` (if any) is removed only after the new one is complete. ``mark`` names
     a file every directory of this kind holds (``manifest.json`` of a cache): a directory that is
-    not empty and lacks it is not one mtcli wrote, so it is never replaced, and
+    not empty and lacks it, or holds anything the build did not write (:data:`CONTENTS_NAME`
+    records what it wrote), is not one mtcli wrote, so it is never replaced, and
     :class:`FileExistsError` is raised before anything is built (``mark=None``: the caller has
     checked, as ``--force`` does). A file at ``path`` raises :class:`NotADirectoryError`.
     """
@@ -153,6 +193,9 @@ def atomic_dir(path: str | Path, *, mark: str | None) -> Iterator[Path]:
     try:
         os.chmod(tmp, default_dir_mode())
         yield tmp
+        if mark is not None:
+            entries = sorted(entry.name for entry in tmp.iterdir())
+            (tmp / CONTENTS_NAME).write_text(json.dumps({"mark": mark, "entries": entries}) + "\n", encoding="utf-8")
         fsync_dir(tmp)
         old = None
         if path.exists():

@@ -3,6 +3,7 @@ trusted only while a file is provably unchanged."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import time
@@ -12,6 +13,7 @@ import pytest
 
 from mtcli import fileio
 from mtcli.fileio import (
+    CONTENTS_NAME,
     FileHasher,
     atomic_dir,
     atomic_write,
@@ -53,7 +55,7 @@ def test_atomic_dir_swaps_in_complete_directory(tmp_path: Path) -> None:
     assert (target / "a").read_text() == "old"
     with atomic_dir(target, mark="a") as tmp:
         (tmp / "b").write_text("new")
-    assert sorted(p.name for p in target.iterdir()) == ["b"]
+    assert sorted(p.name for p in target.iterdir()) == [CONTENTS_NAME, "b"]
     assert stat.S_IMODE(target.stat().st_mode) == 0o777 & ~_umask()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
 
@@ -134,7 +136,42 @@ def test_atomic_dir_never_replaces_what_mtcli_did_not_write(tmp_path: Path) -> N
     for _ in range(2):  # an empty directory, then the one written into it
         with atomic_dir(empty, mark="manifest.json") as tmp:
             (tmp / "manifest.json").write_text("{}")
-    assert [p.name for p in empty.iterdir()] == ["manifest.json"]
+    assert sorted(p.name for p in empty.iterdir()) == [CONTENTS_NAME, "manifest.json"]
+    (empty / "notes.txt").write_text("mine")  # added since: the directory is no longer only mtcli's
+    with pytest.raises(FileExistsError, match=r"holds files mtcli did not write there \(notes.txt\)"), \
+            atomic_dir(empty, mark="manifest.json"):
+        pytest.fail("the body must not run")
+
+
+@pytest.mark.parametrize("kind", ["run", "project", "corpus"])
+def test_a_directory_that_only_holds_a_file_of_the_marks_name_is_not_replaced(tmp_path: Path, kind: str) -> None:
+    """``prepared_dir`` pointed at a run (which keeps a copy of its cache's manifest.json), at a
+    web project's manifest.json or at a corpus with one: each was deleted and made a cache."""
+    target = tmp_path / kind
+    target.mkdir()
+    own = {"files": {"train.en.bin": {}}, "format": 1} if kind == "run" else {"name": "app"}
+    (target / "manifest.json").write_text(json.dumps(own))
+    kept = {"run": "checkpoints", "project": "app.js", "corpus": "train.en"}[kind]
+    (target / kept).mkdir() if kind == "run" else (target / kept).write_text("mine")
+    with pytest.raises(FileExistsError, match=f"holds files mtcli did not write there \\({kept}"), \
+            atomic_dir(target, mark="manifest.json"):
+        pytest.fail("the body must not run")
+    assert (target / kept).exists()
+
+
+def test_a_directory_of_an_older_mtcli_is_still_replaced(tmp_path: Path) -> None:
+    """Before the contents record: a cache whose manifest lists its files, an export's record."""
+    cache, export = tmp_path / "cache", tmp_path / "export"
+    cache.mkdir()
+    export.mkdir()
+    (cache / "train.en.bin").write_text("ids")
+    (cache / "manifest.json").write_text(json.dumps({"files": {"train.en.bin": {"size": 3}}}))
+    (export / "model.bin").write_text("weights")
+    (export / "mtcli_export.json").write_text(json.dumps({"run_dir": "r", "checkpoint": "c"}))
+    for target, mark in ((cache, "manifest.json"), (export, "mtcli_export.json")):
+        with atomic_dir(target, mark=mark) as tmp:
+            (tmp / mark).write_text("{}")
+        assert sorted(p.name for p in target.iterdir()) == [CONTENTS_NAME, mark]
 
 
 def test_atomic_write_names_a_directory_or_a_file_in_the_way(tmp_path: Path) -> None:
