@@ -30,8 +30,10 @@ sentence still do not fit, :class:`~mtcli.errors.DeviceMemoryError` names the be
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import json
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -44,7 +46,7 @@ from mtcli.data.tokenizer import EOS_ID
 from mtcli.device import MemoryBudget, is_out_of_memory, memory_text
 from mtcli.errors import CheckpointError, ConfigError, DeviceMemoryError, one_line
 from mtcli.fileio import sha256_file
-from mtcli.infer.export import export_model, require_ctranslate2
+from mtcli.infer.export import EXPORT_RECORD, export_model, require_ctranslate2
 from mtcli.infer.loading import InferenceModel, source_prefix
 from mtcli.infer.translate import Translation, encode_window, line_windows, source_limit
 from mtcli.logs import get_logger
@@ -55,11 +57,16 @@ ENGINES = ("torch", "ctranslate2")
 
 def converted_model(run_dir: Path, checkpoint: Path) -> Path:
     """The CTranslate2 conversion of ``checkpoint`` in ``run_dir/ctranslate2/``, made if needed."""
-    key = sha256_file(checkpoint)[:16]
+    digest = sha256_file(checkpoint)
+    key = digest[:16]
     root = Path(run_dir) / CT2_DIR
     target = root / key
-    if (target / "model.bin").is_file():
-        return target
+    record = target / EXPORT_RECORD
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # the one kept, if it is this checkpoint's
+        if (target / "model.bin").is_file() and json.loads(record.read_text("utf-8")).get("checkpoint_sha256") == digest:
+            return target
+    if target.exists():  # another checkpoint's weights under this one's name (an export there), or an older mtcli's
+        shutil.rmtree(target)
     get_logger().info("converting %s for CTranslate2 into %s (once per checkpoint)", checkpoint.name, target)
     export_model(run_dir, target, checkpoint=str(checkpoint))
     for old in root.iterdir():

@@ -41,8 +41,8 @@ import torch
 
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.errors import ConfigError, MtcliError
-from mtcli.fileio import atomic_dir, check_replaceable
-from mtcli.infer.loading import load_for_inference
+from mtcli.fileio import atomic_dir, check_replaceable, sha256_file
+from mtcli.infer.loading import load_for_inference, resolve_checkpoint
 from mtcli.logs import get_logger
 from mtcli.model import LAYER_NORM_EPS, Transformer
 
@@ -187,9 +187,11 @@ def export_model(
             "format": fmt,
             "run_dir": str(run_dir),
             "checkpoint": bundle.name,
+            "checkpoint_sha256": sha256_file(resolve_checkpoint(Path(run_dir), checkpoint)),
             "model": bundle.config.to_dict()["model"],
             "vocab_size": bundle.tokenizer.vocab_size,
-            "usage": "ctranslate2.Translator(dir).translate_batch([spm pieces]); source </s> is added",
+            "usage": "ctranslate2.Translator(dir).translate_batch([spm pieces], suppress_sequences=[['<blank>'], "
+                     "['<s>']]) as mtcli decodes it (docs/decoding.md); source </s> is added",
         }
         (tmp / EXPORT_RECORD).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     get_logger().info("exported %s to %s (%s)", bundle.name, output, fmt)

@@ -155,6 +155,12 @@ def test_ctranslate2_engine_converts_once_and_equals_ours_for_greedy(tiny_run_di
     assert again.translate(LINES) == Translator.from_run(run, beam=1, device="cpu").translate(LINES)
     beam = theirs.nbest(LINES, n=2, beam=2)  # beam search runs; its ranking may differ (docstring)
     assert all(len(hyps) == 2 for line, hyps in zip(LINES, beam, strict=True) if line)
+    from mtcli.infer.export import export_model
+
+    kept = next((run / CT2_DIR).iterdir())  # another checkpoint exported over the kept conversion
+    export_model(run, kept, checkpoint=str(run / "checkpoints" / "checkpoint_last.pt"))
+    assert Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2").translate(LINES) == again.translate(
+        LINES)  # decoded with checkpoint_last's weights under checkpoint_best's name before
     damaged = next((run / CT2_DIR).iterdir()) / "model.bin"
     damaged.write_bytes(b"a conversion cut short")  # was CTranslate2's RuntimeError, a traceback
     assert Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2").translate(LINES) == again.translate(
