@@ -378,6 +378,25 @@ def test_parallel_cleaning_and_encoding_match_in_process(tmp_path: Path, toy_dir
     assert _cache_bytes(serial.directory) == _cache_bytes(parallel.directory)
 
 
+def test_the_vocabulary_does_not_depend_on_the_workers(tmp_path: Path) -> None:
+    """SentencePiece's model depends on how many threads train it, which followed
+    data.num_workers (this machine's cores when left out): one config built other vocabularies
+    on other machines."""
+    import random
+
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))) for _ in range(3000)]
+    root = tmp_path / "words"
+    root.mkdir()
+    for split, n in (("train", 3000), ("val", 20), ("test", 20)):
+        for lang in ("src", "tgt"):
+            lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 15))) for _ in range(n)]
+            (root / f"{split}.{lang}").write_text("\n".join(lines) + "\n")
+    models = [prep.prepare(load_config(write_config(tmp_path, root, name=f"w{n}", vocab_size=500, num_workers=n)))
+              .directory.joinpath("spm.model").read_bytes() for n in (1, 2)]
+    assert models[0] == models[1]
+
+
 def test_a_tsv_cleaned_in_parallel_matches_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A large ``.tsv`` is split into columns by numpy, a block at a time, and cleaned by the
     workers: the same cache and counts as one process reading it line by line."""
