@@ -187,11 +187,14 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
         spm_files = (tokenizer.source_path, tokenizer.target_path) if split else (tokenizer.model_path,) * 2
         for name, path in zip(("source.spm", "target.spm"), spm_files, strict=True):
             (tmp / name).write_bytes(Path(path).read_bytes())
+        data = bundle.config.data
         MarianTokenizer(str(tmp / "source.spm"), str(tmp / "target.spm"), str(tmp / "vocab.json"),
+                        source_lang=data.src_lang, target_lang=data.tgt_lang, model_max_length=model.cfg.max_positions,
                         unk_token="<unk>", eos_token="</s>", pad_token="<pad>").save_pretrained(tmp)
-        (tmp / EXPORT_RECORD).write_text(json.dumps(
+        (tmp / EXPORT_RECORD).write_text(json.dumps(  # its decode: what mtcli import-hf takes back
             {"format": "hf", "run_dir": str(run_dir), "checkpoint": bundle.name,
-             "model": bundle.config.to_dict()["model"]}, indent=2) + "\n", encoding="utf-8")
+             "model": bundle.config.to_dict()["model"], "decode": bundle.config.to_dict()["decode"]},
+            indent=2) + "\n", encoding="utf-8")
     return output
 
 

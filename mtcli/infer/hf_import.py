@@ -58,6 +58,7 @@ from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_PIECE, Tokenizer
 from mtcli.data.vocabmap import load_spm, read_vocab
 from mtcli.errors import ConfigError, DataError, MtcliError, one_line
 from mtcli.fileio import atomic_dir, check_replaceable, sha256_file
+from mtcli.infer.export import EXPORT_RECORD
 from mtcli.infer.hf import from_marian, model_permutation, require_transformers, weight_table
 from mtcli.logs import get_logger
 from mtcli.model import Transformer
@@ -304,11 +305,16 @@ def _run_config(hf: Any, model: Transformer, model_dir: Path, run_dir: Path, lan
     beams = int(getattr(generation, "num_beams", None) or 1)
     max_length = int(getattr(generation, "max_length", None) or model.cfg.max_positions)
     limit = max(1, min(max_length, model.cfg.max_positions) - 2)
+    decode = DecodeConfig(beam_size=beams, max_len_a=0.0, max_len_b=limit)
+    exported = _read_json(model_dir / EXPORT_RECORD) if (model_dir / EXPORT_RECORD).is_file() else {}
+    if isinstance(exported.get("decode"), dict):  # mtcli's own export: the run's decode settings back
+        keys = {f.name for f in dataclasses.fields(DecodeConfig)} - {"tgt_lang"}
+        decode = DecodeConfig(**{k: v for k, v in exported["decode"].items() if k in keys})
     config = Config(
         data=DataConfig(name=run_dir.name, source=str(model_dir.resolve()), src_lang=langs[0], tgt_lang=langs[1],
                         vocab_size=model.vocab_size),
         model=model.cfg, train=TrainConfig(run_dir=str(run_dir)),
-        decode=DecodeConfig(beam_size=beams, max_len_a=0.0, max_len_b=limit), path=str(run_dir / CONFIG_NAME))
+        decode=decode, path=str(run_dir / CONFIG_NAME))
     validate(config)
     return config
 

@@ -179,11 +179,13 @@ def test_the_translate_command_gives_the_same_output(marian_dir: Path, imported:
 
 def test_a_round_trip_through_hf_gives_the_same_run(tiny_run_dir: Path, tmp_path: Path) -> None:
     exported = export_hf(tiny_run_dir, tmp_path / "hf")
-    report = import_hf(exported, tmp_path / "back", src_lang="de", tgt_lang="en")
+    report = import_hf(exported, tmp_path / "back")  # the languages from its tokenizer_config.json
     assert report.tokenizer == "joint spm.model"  # an ordinary run: train --init-from takes it
     lines = LINES[:6]
-    before = Translator.from_run(tiny_run_dir, device="cpu", beam=1, max_len_a=0.0, max_len_b=15)
-    after = Translator.from_run(tmp_path / "back", device="cpu", beam=1, max_len_a=0.0, max_len_b=15)
+    before, after = (Translator.from_run(run, device="cpu") for run in (tiny_run_dir, tmp_path / "back"))
+    assert (after.bundle.config.data.src_lang, after.bundle.config.data.tgt_lang) == (
+        before.bundle.config.data.src_lang, before.bundle.config.data.tgt_lang)
+    assert after.decode == before.decode  # the run's decode settings (a 1,022-piece limit each before)
     assert after.translate(lines) == before.translate(lines)
     assert (tmp_path / "back" / "spm.model").read_bytes() == (tiny_run_dir / "spm.model").read_bytes()
 
