@@ -106,7 +106,7 @@ class ArrowStreamSlice(BlockReader):
     def blocks(self) -> Iterator[tuple[bytes, bytes]]:
         import pyarrow as pa
 
-        with _naming_arrow_errors(self.path), pa.memory_map(self.path) as source:
+        with naming_arrow_errors(self.path), pa.memory_map(self.path) as source:
             pending: list[Any] = []
             rows = 0
             for i, batch in enumerate(pa.ipc.open_stream(source)):
@@ -125,14 +125,50 @@ class ArrowStreamSlice(BlockReader):
 
 
 @contextlib.contextmanager
-def _naming_arrow_errors(path: str) -> Iterator[None]:
+def naming_arrow_errors(path: str, kind: str = "Arrow") -> Iterator[None]:
     """Turn Arrow's failure to read a damaged or cut-short file into a one-line DataError."""
     import pyarrow as pa
 
     try:
         yield
     except (OSError, pa.ArrowInvalid) as exc:
-        raise DataError(f"{path}: unreadable Arrow file ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
+        raise DataError(f"{path}: unreadable {kind} file ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
+
+
+def _is_text(arrow_type: Any) -> bool:
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(arrow_type):
+        arrow_type = arrow_type.value_type
+    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+
+
+def check_pair_schema(schema: Any, src_lang: str, tgt_lang: str, where: str) -> None:
+    """Raise :class:`DataError` (naming ``where``) unless ``schema`` holds the two languages as
+    text: a ``translation`` struct with a string field for each (the hub's layout), or a string
+    column for each."""
+    import pyarrow as pa
+
+    names = list(schema.names)
+    if "translation" in names:
+        field_type = schema.field("translation").type
+        if not pa.types.is_struct(field_type):
+            raise DataError(f"{where}: its 'translation' column is {field_type}, not a struct of one text per language")
+        fields = {f.name: f.type for f in field_type}
+        for lang in (src_lang, tgt_lang):
+            if lang not in fields:
+                raise DataError(f"{where} has no language '{lang}' in its 'translation' column "
+                                f"(languages: {', '.join(fields) or 'none'})")
+            if not _is_text(fields[lang]):
+                raise DataError(f"{where}: translation.{lang} is {fields[lang]}, not text")
+        return
+    missing = [lang for lang in (src_lang, tgt_lang) if lang not in names]
+    if missing:
+        raise DataError(f"{where} has neither a 'translation' column nor a column for language '{missing[0]}' "
+                        f"(columns: {', '.join(names) or 'none'})")
+    for lang in (src_lang, tgt_lang):
+        if not _is_text(schema.field(lang).type):
+            raise DataError(f"{where}: column '{lang}' is {schema.field(lang).type}, not text")
 
 
 def _dataset_files(dataset: Any) -> list[str]:
@@ -159,7 +195,7 @@ def dataset_readers(dataset: Any, src_lang: str, tgt_lang: str) -> list[BlockRea
     readers: list[BlockReader] = []
     total = 0
     for name in files:
-        with _naming_arrow_errors(name), pa.memory_map(name) as source:
+        with naming_arrow_errors(name), pa.memory_map(name) as source:
             first = rows = i = 0
             for i, batch in enumerate(pa.ipc.open_stream(source)):
                 rows += batch.num_rows

@@ -41,9 +41,11 @@ from mtcli.data import arrowrows
 from mtcli.data.arrowrows import (
     BlockReader,
     ParquetRowGroup,
+    check_pair_schema,
     dataset_batches,
     dataset_readers,
     joined_lines,
+    naming_arrow_errors,
     pair_columns,
 )
 from mtcli.data.download import CORPORA, locate
@@ -316,23 +318,7 @@ class _ArrowSource(Source):
         raise NotImplementedError
 
     def _check_schema(self, split: str, schema: Any) -> None:
-        names = list(schema.names)
-        if "translation" in names:
-            field_type = schema.field("translation").type
-            langs = [f.name for f in field_type] if hasattr(field_type, "num_fields") else []
-            for lang in (self.src_lang, self.tgt_lang):
-                if lang not in langs:
-                    raise DataError(
-                        f"{self.describe()}: split '{split}' has no language '{lang}' in its "
-                        f"'translation' column (languages: {', '.join(langs) or 'none'})"
-                    )
-            return
-        missing = [lang for lang in (self.src_lang, self.tgt_lang) if lang not in names]
-        if missing:
-            raise DataError(
-                f"{self.describe()}: split '{split}' has neither a 'translation' column nor a "
-                f"column for language '{missing[0]}' (columns: {', '.join(names) or 'none'})"
-            )
+        check_pair_schema(schema, self.src_lang, self.tgt_lang, f"{self.describe()}: split '{split}'")
 
     def check(self, splits: Iterable[str]) -> None:
         available = self.splits()
@@ -391,7 +377,11 @@ class ParquetDirSource(_ArrowSource):
     def _schema(self, split: str) -> Any:
         import pyarrow.parquet as pq
 
-        return pq.read_schema(self._files[split][0])
+        schemas = []
+        for path in self._files[split]:  # every file's (a footer read each), so a damaged one is named now
+            with naming_arrow_errors(str(path), "parquet"):
+                schemas.append(pq.read_schema(path))
+        return schemas[0]
 
     def _batches(self, split: str) -> Iterator[Any]:
         import pyarrow.parquet as pq

@@ -266,6 +266,35 @@ def test_parquet_language_columns_and_newlines_in_rows(tmp_path: Path) -> None:
     assert list(open_source(str(root), "de", "en").pairs("train")) == [("a b", "c"), ("", "d")]
 
 
+@pytest.mark.parametrize(("table", "said"), [
+    ({"de": [1, 2], "en": ["c", "d"]}, "column 'de' is int64, not text"),  # was a TypeError traceback
+    ({"de": [b"a", b"b"], "en": ["c", "d"]}, "column 'de' is binary, not text"),
+    ({"de": [["a"], ["b"]], "en": ["c", "d"]}, "column 'de' is list<element: string>, not text"),
+    ({"translation": [["a", "c"], ["b", "d"]]}, "its 'translation' column is list<element: string>, not a struct"),
+    ({"translation": [{"de": {"text": "a"}, "en": "c"}]}, "translation.de is struct<text: string>, not text"),
+])
+def test_parquet_columns_that_are_not_text_are_one_line(tmp_path: Path, table: dict, said: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "pq"
+    root.mkdir()
+    pq.write_table(pa.table(table), root / "train-0.parquet")
+    with pytest.raises(DataError, match=f"split 'train': {re.escape(said)}"):
+        open_source(str(root), "de", "en").check(["train"])
+
+
+@pytest.mark.parametrize("damage", ["empty", "cut"])
+def test_a_damaged_parquet_file_is_named(tmp_path: Path, damage: str) -> None:
+    root = tmp_path / "pq"
+    write_parquet(root / "train-00000-of-00002.parquet", PAIRS)
+    bad = root / "train-00001-of-00002.parquet"
+    write_parquet(bad, PAIRS)
+    bad.write_bytes(b"" if damage == "empty" else bad.read_bytes()[:-20])  # ArrowInvalid tracebacks before
+    with pytest.raises(DataError, match=f"{re.escape(str(bad))}: unreadable parquet file"):
+        open_source(str(root), "de", "en").check(["train"])
+
+
 def test_saved_dataset_dict(tmp_path: Path) -> None:
     datasets = pytest.importorskip("datasets")
     rows = lambda pairs: {"translation": [{"de": s, "en": t} for s, t in pairs]}  # noqa: E731
