@@ -189,7 +189,10 @@ def atomic_dir(path: str | Path, *, mark: str | None) -> Iterator[Path]:
     path = Path(path)
     check_replaceable(path, mark)
     make_parent(path)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    except OSError as exc:  # a read-only directory: named as the output, not the hidden build
+        raise type(exc)(exc.errno, exc.strerror, str(path)) from None
     try:
         os.chmod(tmp, default_dir_mode())
         yield tmp
@@ -205,8 +208,11 @@ def atomic_dir(path: str | Path, *, mark: str | None) -> Iterator[Path]:
         fsync_dir(path.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno is not None and str(exc.filename or tmp).startswith(str(tmp)):
+            kept = "the previous one is unchanged" if path.exists() else "nothing was written"
+            raise type(exc)(exc.errno, f"{exc.strerror or exc}; {kept}", str(path)) from exc  # not the hidden build
         raise
 
 

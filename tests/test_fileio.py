@@ -159,6 +159,21 @@ def test_a_directory_that_only_holds_a_file_of_the_marks_name_is_not_replaced(tm
     assert (target / kept).exists()
 
 
+def test_a_failed_build_names_the_output_not_its_hidden_build(tmp_path: Path) -> None:
+    """A full disk said '.cache.w0rvuqo6.tmp/spm.model: No space left on device', a file gone by then."""
+    import errno
+
+    target = tmp_path / "cache"
+    for kept in ("nothing was written", "the previous one is unchanged"):
+        with pytest.raises(OSError) as caught, atomic_dir(target, mark="manifest.json") as tmp:
+            (tmp / "manifest.json").write_text("{}")
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp / "spm.model"))
+        assert caught.value.filename == str(target) and caught.value.strerror == f"No space left on device; {kept}"
+        with atomic_dir(target, mark="manifest.json") as tmp:
+            (tmp / "manifest.json").write_text("{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
+
+
 def test_a_directory_of_an_older_mtcli_is_still_replaced(tmp_path: Path) -> None:
     """Before the contents record: a cache whose manifest lists its files, an export's record."""
     cache, export = tmp_path / "cache", tmp_path / "export"

@@ -556,7 +556,7 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     start = time.perf_counter()
     log.info("preparing %s from %s (splits: %s)", out, plan.describe(), ", ".join(plan.splits()))
     workers = data.num_workers
-    with _naming_write_errors(out), atomic_dir(out, mark="manifest.json") as tmp:
+    with atomic_dir(out, mark="manifest.json") as tmp, _naming_write_errors(out):
         (tmp / _PID_FILE).write_text(str(os.getpid()))
         eval_counts = write_eval(plan, data, tmp)  # first: small, and an empty validation split stops here
         counts = write_training(plan, data, tmp, workers)

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from mtcli.data.vocabmap import VocabTokenizer
-from mtcli.errors import ConfigError, MtcliError
+from mtcli.errors import ConfigError, MtcliError, one_line
 from mtcli.fileio import atomic_dir, check_replaceable
 from mtcli.infer.export import EXPORT_RECORD
 from mtcli.infer.loading import load_for_inference
@@ -180,7 +180,12 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
         bad_words_ids=[[0], [2]], num_beams=bundle.config.decode.beam_size, max_length=model.cfg.max_positions)
     output = Path(output)
     with atomic_dir(output, mark=EXPORT_RECORD) as tmp:
-        hf.save_pretrained(tmp)
+        try:
+            hf.save_pretrained(tmp)
+        except Exception as exc:  # safetensors' own error for a full disk, among others
+            if isinstance(exc, OSError):
+                raise
+            raise MtcliError(f"{output}: cannot write the export ({one_line(exc)})") from None
         vocab = {tokenizer.id_to_piece(i): i for i in range(tokenizer.vocab_size)}
         (tmp / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
         split = isinstance(tokenizer, VocabTokenizer)
