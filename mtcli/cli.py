@@ -223,12 +223,12 @@ def evaluate(
     checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
     average_last: Annotated[int, typer.Option(help="Average the last K step checkpoints first.")] = 0,
     average_best: Annotated[int, typer.Option(help="Average the K best checkpoints first.")] = 0,
-    beam: Annotated[Optional[int], typer.Option(help="Beam size (1 = greedy).")] = None,  # noqa: UP045
+    beam: Annotated[Optional[int], typer.Option(help="Beam size (1 = greedy; default: the run's decode.beam_size).")] = None,  # noqa: UP045
     src_lang: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--src-lang", help="A model of several directions: score those from this language only.")] = None,
     tgt_lang: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--tgt-lang", help="A model of several directions: score those into this language only.")] = None,
-    output: Annotated[Optional[Path], typer.Option(help="Directory for hypotheses and report.json.")] = None,  # noqa: UP045
+    output: Annotated[Optional[Path], typer.Option(help="Directory for the hypotheses (NAME.CHECKPOINT.hyp) and report (NAME.CHECKPOINT.report.json); default: RUN_DIR/eval.")] = None,  # noqa: UP045
     ensemble: EnsembleOption = None,
     engine: EngineOption = "torch",
     device: DeviceOption = "auto",
@@ -297,7 +297,7 @@ def translate(
     files: Annotated[Optional[list[Path]], typer.Argument(help="Input files (default: stdin).")] = None,  # noqa: UP045
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (default: stdout).")] = None,  # noqa: UP045
     checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
-    beam: Annotated[Optional[int], typer.Option(help="Beam size (1 = greedy).")] = None,  # noqa: UP045
+    beam: Annotated[Optional[int], typer.Option(help="Beam size (1 = greedy; default: the run's decode.beam_size).")] = None,  # noqa: UP045
     nbest: Annotated[Optional[int], typer.Option(help="Print N lines per input, best first: score<TAB>text "  # noqa: UP045
                                                       "(with --sampling: N samples, in draw order).")] = None,
     sampling: Annotated[Optional[str], typer.Option(help="Draw translations instead of searching: topk or topp "  # noqa: UP045

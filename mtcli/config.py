@@ -483,6 +483,7 @@ def validate(config: Config, where: str | None = None) -> None:
          "model.output_vocab: target needs the target pieces fixed: with train.subword_alpha > 0 "
          "set train.subword_sides: source"),
         (t.max_tokens > 0, "train.max_tokens must be > 0"),
+        (re.fullmatch(r"auto|cpu|cuda(:\d+)?", t.device) is not None, "train.device must be auto, cpu, cuda or cuda:N"),
         *((getattr(t, key) >= 1, f"train.{key} must be >= 1")
           for key in ("max_steps", "max_source_length", "max_target_length", "log_every", "max_nonfinite")),
         *((getattr(t, key) >= 0, f"train.{key} must be 0 ({meaning}) or > 0")

@@ -2,7 +2,7 @@
 
 ``DIR`` is an OPUS-MT style model directory (``config.json``, ``model.safetensors`` or
 ``pytorch_model.bin``, ``source.spm``, ``target.spm``, ``vocab.json``, optionally
-``generation_config.json`` and ``tokenizer_config.json``), as ``huggingface-cli download
+``generation_config.json`` and ``tokenizer_config.json``), as ``hf download
 Helsinki-NLP/opus-mt-de-en --local-dir DIR`` leaves it. ``RUN`` becomes a run directory that
 ``translate``, ``evaluate``, ``serve`` and :class:`mtcli.Translator` decode, with the same greedy
 output as ``MarianMTModel.generate(num_beams=1)``. The weights go through the mapping the export

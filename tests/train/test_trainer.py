@@ -702,7 +702,8 @@ def test_compile_is_turned_off_on_a_gpu_triton_cannot_compile_for(prepared: Path
 
 
 def test_a_device_that_is_not_one_is_a_config_error_before_any_work(prepared: Path, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"train.device='gpu': not a device \(auto, cpu, cuda or cuda:N\)"):
+    with pytest.raises(ConfigError, match=r"with --set .*train.device=gpu: train.device must be auto, cpu, cuda or "
+                                          "cuda:N"):  # where the value came from, as for every other key
         train(make_config(prepared, tmp_path / "run", "train.device=gpu"))
     assert not (tmp_path / "run").exists()
     if not torch.cuda.is_available():
