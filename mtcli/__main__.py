@@ -2,4 +2,5 @@
 
 from mtcli.cli import app
 
-app()
+if __name__ == "__main__":  # not when a new worker process imports it
+    app()

@@ -65,6 +65,7 @@ from mtcli.data.tokenizer import (
     Tokenizer,
     WordCache,
     copy_model,
+    train_model,
 )
 from mtcli.data.vocabmap import VocabTokenizer, load_tokenizer, tokenizer_files
 from mtcli.data.workers import can_fork, forked_pool, in_order
@@ -412,19 +413,14 @@ def _train_spm(tmp: Path, data: DataConfig, plan: Plan, counts: dict[str, CleanC
                     max_sentences=0,  # the sample is drawn above; SentencePiece takes every line it is given
                     seed=SPM_SEED, num_threads=SPM_THREADS, control_symbols=plan.symbols())
     try:
-        if not can_fork():
-            return Tokenizer.train(train_txt, tmp / "spm", **settings)
         # In a child process: SentencePiece's trainer does not look at signals, so Ctrl-C or SIGTERM
         # would wait for it (minutes at WMT size); the parent stops at once and the pool ends the child.
-        with forked_pool(1) as pool:
-            return pool.apply(_train_tokenizer, (train_txt, tmp / "spm", settings))
+        # A new one, not a fork: its OpenMP threads would wait forever in a child of a process that
+        # ran OpenMP code before (a training, in the same Python process).
+        with forked_pool(1, start="spawn") as pool:
+            return pool.apply(train_model, (train_txt, tmp / "spm", settings))
     finally:
         sample.unlink(missing_ok=True)
-
-
-def _train_tokenizer(files: list[Path], prefix: Path, settings: dict[str, Any]) -> Path:
-    """:meth:`Tokenizer.train` in the child process of :func:`_train_spm`."""
-    return Tokenizer.train(files, prefix, **settings)
 
 
 def _encode_splits(tmp: Path, plan: Plan, model_path: Path, dtype: np.dtype, counts: dict[str, CleanCounts],

@@ -23,6 +23,7 @@ import operator
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import sentencepiece as spm
@@ -358,3 +359,7 @@ class WordCache:
         return ids, lengths
 
 
+def train_model(files: list[Path], prefix: Path, settings: dict[str, Any]) -> Path:
+    """:meth:`Tokenizer.train` with keyword ``settings``: a function a new process can be given
+    by name (this module imports quickly: not torch)."""
+    return Tokenizer.train(files, prefix, **settings)

@@ -28,8 +28,11 @@ def can_fork() -> bool:
 
 @contextlib.contextmanager
 def forked_pool(workers: int, initializer: Callable[..., None] | None = None,
-                initargs: tuple[Any, ...] = ()) -> Iterator[Pool]:
-    """A pool of ``workers`` forked processes, terminated on leaving (also on an error).
+                initargs: tuple[Any, ...] = (), start: str = "fork") -> Iterator[Pool]:
+    """A pool of ``workers`` forked processes, terminated on leaving (also on an error);
+    ``start="spawn"``: new processes instead, for work whose library keeps a thread pool that
+    does not survive a fork (libgomp's, which SentencePiece's trainer uses, waits forever in a
+    child forked from a process that ran OpenMP code).
 
     The workers ignore SIGINT: Ctrl-C at a terminal reaches every process of the group, and a
     worker interrupted mid-task would die with a traceback, its task never done, and the parent
@@ -37,7 +40,7 @@ def forked_pool(workers: int, initializer: Callable[..., None] | None = None,
     On Linux a worker also ends when the parent dies without leaving the pool (``kill -9``, the
     out-of-memory killer), instead of finishing its task for nobody and printing a
     ``BrokenPipeError`` traceback."""
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context(start)
     with context.Pool(workers, initializer=_start_worker,
                       initargs=(os.getpid(), initializer, *initargs)) as pool:
         yield pool

@@ -382,19 +382,38 @@ def test_the_vocabulary_does_not_depend_on_the_workers(tmp_path: Path) -> None:
     """SentencePiece's model depends on how many threads train it, which followed
     data.num_workers (this machine's cores when left out): one config built other vocabularies
     on other machines."""
+    root = _word_corpus(tmp_path / "words")
+    models = [prep.prepare(load_config(write_config(tmp_path, root, name=f"w{n}", vocab_size=500, num_workers=n)))
+              .directory.joinpath("spm.model").read_bytes() for n in (1, 2)]
+    assert models[0] == models[1]
+
+
+def _word_corpus(root: Path) -> Path:
+    """3,000 pairs of random words: enough text for SentencePiece's threads to matter."""
     import random
 
     rng = random.Random(0)
     words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))) for _ in range(3000)]
-    root = tmp_path / "words"
     root.mkdir()
     for split, n in (("train", 3000), ("val", 20), ("test", 20)):
         for lang in ("src", "tgt"):
             lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 15))) for _ in range(n)]
             (root / f"{split}.{lang}").write_text("\n".join(lines) + "\n")
-    models = [prep.prepare(load_config(write_config(tmp_path, root, name=f"w{n}", vocab_size=500, num_workers=n)))
-              .directory.joinpath("spm.model").read_bytes() for n in (1, 2)]
-    assert models[0] == models[1]
+    return root
+
+
+def test_sentencepiece_trains_in_a_process_that_ran_openmp_code(tmp_path: Path) -> None:
+    """A SentencePiece trainer forked from a process whose OpenMP threads had run (a training
+    before prepare, in one Python process) waited forever on libgomp's barrier."""
+    import subprocess
+    import sys
+
+    config = write_config(tmp_path, _word_corpus(tmp_path / "words"), vocab_size=500)
+    script = ("import sys, torch\ntorch.set_num_threads(2)\nfor _ in range(3): torch.ones(256, 256) @ torch.ones(256, 256)\n"
+              "from mtcli.config import load_config\nfrom mtcli.data.prepare import prepare\n"
+              "prepare(load_config(sys.argv[1]))\n")
+    done = subprocess.run([sys.executable, "-c", script, str(config)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
 
 
 def test_a_tsv_cleaned_in_parallel_matches_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
