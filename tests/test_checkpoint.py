@@ -265,9 +265,14 @@ def test_yaml_config_with_python_tag_is_rejected_and_never_runs(tmp_path: Path) 
         load_config(config)
     assert exc.value.exit_code == 2 and str(config) in one_line(exc)
     assert not marker.exists()
-    # the config module reads YAML with the safe loader only
+    # the config module reads YAML with the safe loader only (mtcli.yamlfile's: it refuses repeated keys too)
+    import yaml
+
+    from mtcli import yamlfile
+
     source = (REPO / "mtcli" / "config.py").read_text(encoding="utf-8")
-    assert "yaml.safe_load" in source and "yaml.load(" not in source and "unsafe_load" not in source
+    assert "load_yaml(" in source and "yaml.load(" not in source and "unsafe_load" not in source
+    assert issubclass(yamlfile._UniqueKeyLoader, yaml.SafeLoader) and "unsafe_load" not in Path(yamlfile.__file__).read_text()
 
 
 # --------------------------------------------------------------------------- out of space
