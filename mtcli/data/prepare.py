@@ -70,7 +70,7 @@ from mtcli.data.tokenizer import (
 from mtcli.data.vocabmap import VocabTokenizer, load_tokenizer, tokenizer_files
 from mtcli.data.workers import can_fork, forked_pool, in_order
 from mtcli.errors import DataError
-from mtcli.fileio import FileHasher, atomic_dir, sha256_file
+from mtcli.fileio import FileHasher, atomic_dir, check_directory, sha256_file
 from mtcli.languages import measured_in_characters
 from mtcli.logs import get_logger, progress
 from mtcli.rundir import VOCAB_NAME
@@ -195,6 +195,7 @@ def build_key(data: DataConfig, fingerprint: dict[str, Any], spm_sha256: str | N
 def _check_writable(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise DataError(f"cannot write the prepared cache to {out}: it exists and is not a directory")
+    check_directory(out)  # a file above it: named (mkdir said only "File exists")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out.parent):

@@ -632,7 +632,7 @@ def test_unwritable_output_directory(tmp_path: Path, toy_dir: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     cfg = write_config(tmp_path, toy_dir, prepared_dir=str(blocker / "prepared"))
-    assert_one_line_error(run_cli(str(cfg)), "cannot write the prepared cache", "a-file")
+    assert_one_line_error(run_cli(str(cfg)), f"{blocker}: not a directory, so {blocker / 'prepared'} cannot be made")
     cfg = write_config(tmp_path, toy_dir, prepared_dir=str(blocker))
     assert_one_line_error(run_cli(str(cfg)), "not a directory")
     if os.geteuid() != 0:  # root ignores permission bits
