@@ -565,9 +565,11 @@ def open_source(source: str, src_lang: str, tgt_lang: str, hub_config: str | Non
         kind = detect_kind(path)
         if kind == "dataset":
             return DatasetDirSource(path, src_lang, tgt_lang)
-        if kind == "parquet":
-            return ParquetDirSource(path, src_lang, tgt_lang, hub_config)
         text = TextDirSource(path, src_lang, tgt_lang)
+        if kind == "parquet":  # unless it holds text of both languages (a stray notes.parquet beside it)
+            if not any({src_lang, tgt_lang} <= set(text.languages(split)) for split in text.splits()):
+                return ParquetDirSource(path, src_lang, tgt_lang, hub_config)
+            get_logger().warning("data.source %s: reading its text files; its .parquet files are left out", source)
         if not text.splits():
             entries = ", ".join(sorted(p.name for p in path.iterdir())[:10]) or "nothing"
             raise DataError(

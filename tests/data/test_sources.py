@@ -284,6 +284,18 @@ def test_parquet_columns_that_are_not_text_are_one_line(tmp_path: Path, table: d
         open_source(str(root), "de", "en").check(["train"])
 
 
+def test_a_stray_parquet_file_beside_text_files_leaves_them_text(tmp_path: Path) -> None:
+    """A notes.parquet beside train.de/train.en made the whole directory a parquet source:
+    'no split train (found splits: notes)'."""
+    root = tmp_path / "corpus"
+    for lang, side in (("de", 0), ("en", 1)):
+        (root / f"train.{lang}").parent.mkdir(exist_ok=True)
+        (root / f"train.{lang}").write_text("".join(pair[side] + "\n" for pair in PAIRS))
+    write_parquet(root / "notes.parquet", PAIRS[:1])
+    source = open_source(str(root), "de", "en")
+    assert source.kind == "text" and list(source.pairs("train")) == PAIRS
+
+
 @pytest.mark.parametrize("damage", ["empty", "cut"])
 def test_a_damaged_parquet_file_is_named(tmp_path: Path, damage: str) -> None:
     root = tmp_path / "pq"
