@@ -54,7 +54,7 @@ from mtcli.data.tmx import tmx_pairs
 from mtcli.data.tsv import table_blocks, table_pairs
 from mtcli.errors import DataError, one_line
 from mtcli.fileio import FileHasher
-from mtcli.logs import get_logger
+from mtcli.logs import get_logger, quiet_loggers
 
 Pair = tuple[str, str]
 
@@ -501,7 +501,8 @@ class HubSource(_ArrowSource):
             try:
                 import datasets
 
-                loaded = datasets.load_dataset(self.hub_id, self.hub_config)
+                with quiet_loggers("huggingface_hub", "datasets"):  # a retry line each few seconds, offline
+                    loaded = datasets.load_dataset(self.hub_id, self.hub_config)
             except Exception as exc:  # noqa: BLE001 - network, auth, missing id: all bad input
                 why = (
                     "it is not in the local cache and offline mode is on (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE)"

@@ -209,13 +209,27 @@ def test_a_name_that_is_no_local_directory_nor_on_the_hub_says_both(monkeypatch:
     the error says there is no such local directory either."""
     datasets = pytest.importorskip("datasets")
 
+    import logging
+
+    said = []
+
+    class Said(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
     def unreachable(*args: object, **kwargs: object) -> None:
+        logging.getLogger("huggingface_hub.utils._http").warning("Retrying in 8s [Retry 4/5].")
         raise ConnectionError("no internet")
 
     monkeypatch.setattr(datasets, "load_dataset", unreachable)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(DataError, match=f"no directory {re.escape(str(tmp_path / 'corpx'))} exists"):
-        open_source("corpx", "de", "en").check(["train"])
+    logging.getLogger().addHandler(handler := Said())
+    try:
+        with pytest.raises(DataError, match=f"no directory {re.escape(str(tmp_path / 'corpx'))} exists"):
+            open_source("corpx", "de", "en").check(["train"])
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert said == []  # eleven retry lines before the error, offline
 
 
 # ----------------------------------------------------------------------------- hub layout, offline
