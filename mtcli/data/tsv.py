@@ -40,6 +40,8 @@ def table_pairs(path: Path, langs: tuple[str, str], src_lang: str,
         columns = line.split("\t")
         if n == 1 and line == header:
             continue
+        if n == 1:
+            _refuse_a_crossed_header(path, line.encode("utf-8"), langs)
         if len(columns) != 2:
             if verbatim:
                 raise DataError(f"{path}:{n}: expected 2 tab-separated columns, found {len(columns)}; a "
@@ -63,6 +65,8 @@ def table_blocks(path: Path, langs: tuple[str, str], src_lang: str,
         for block in _whole_lines(handle, block_bytes):
             if not is_utf8(block):
                 decode_block(block, str(path), first)  # raises, naming line and column
+            if first == 1:
+                _refuse_a_crossed_header(path, block.split(b"\n", 1)[0].rstrip(b"\r").removeprefix(_BOM), langs)
             columns, bad = _columns(block, header if first == 1 else None)
             if len(bad):
                 malformed += len(bad)
@@ -70,6 +74,14 @@ def table_blocks(path: Path, langs: tuple[str, str], src_lang: str,
             first += block.count(b"\n")
             yield columns if langs[0] == src_lang else (columns[1], columns[0])
     _warn_of_malformed(path, malformed, first_malformed)
+
+
+def _refuse_a_crossed_header(path: Path, first_line: bytes, langs: tuple[str, str]) -> None:
+    """A header naming the languages the other way round from the file's name (``fr<TAB>en`` in
+    ``train.en-fr.tsv``) leaves which column is which unclear: a :class:`DataError`, not a pair."""
+    if first_line == f"{langs[1]}\t{langs[0]}".encode():
+        raise DataError(f"{path}:1: its header names {langs[1]} then {langs[0]}, its name {langs[0]}-{langs[1]}: "
+                        "which column is which is unclear; rename the file or mend the header")
 
 
 def _warn_of_malformed(path: Path, count: int, first: int) -> None:

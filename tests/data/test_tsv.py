@@ -83,6 +83,18 @@ def test_verbatim_pairs_stop_at_a_line_without_two_columns(tmp_path: Path) -> No
     assert list(table_pairs(path, LANGS, "en")) == [("b", "a"), ("", "")]
 
 
+@pytest.mark.parametrize("start", [b"", b"\xef\xbb\xbf"], ids=["plain", "bom"])
+def test_a_header_naming_the_languages_the_other_way_round_is_refused(tmp_path: Path, start: bytes) -> None:
+    """``en<TAB>de`` atop ``train.de-en.tsv`` was read as a pair: which column is which is unclear."""
+    path = tmp_path / "train.de-en.tsv"
+    path.write_bytes(start + b"en\tde\r\na\tb\n")
+    said = r"train.de-en.tsv:1: its header names en then de, its name de-en: which column is which is unclear"
+    with pytest.raises(DataError, match=said):
+        list(table_pairs(path, LANGS, "de"))
+    with pytest.raises(DataError, match=said):
+        list(table_blocks(path, LANGS, "de"))
+
+
 @pytest.mark.parametrize("damage", [lambda data: data[:10] + b"\xff" * 200, lambda data: data[:-30],
                                     lambda data: b"de\ten\na\tb\n"], ids=["junk", "truncated", "not-gzip"])
 def test_a_corrupt_gzipped_table_is_one_line_in_blocks_as_in_lines(tmp_path: Path, damage) -> None:
