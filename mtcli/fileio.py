@@ -127,6 +127,43 @@ def check_directory(path: Path) -> None:
         raise NotADirectoryError(errno.ENOTDIR, f"not a directory, so {path} cannot be made", str(blocker))
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (a process of another user counts)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
+#: Inside a directory :func:`atomic_dir` is building: the builder's pid, so that a later build
+#: removes what a killed one left (``.NAME.*.tmp``), and only that.
+BUILDER_NAME = ".mtcli-builder.pid"
+
+
+def _remove_stale_builds(path: Path) -> None:
+    """Delete what killed builds of ``path`` left beside it: ``.NAME.*.tmp`` holding the pid of
+    a process that is gone, and ``.NAME.old-PID`` of one."""
+    for entry in path.parent.glob(f".{path.name}.*"):
+        if not entry.is_dir():
+            continue
+        try:
+            if entry.name.endswith(".tmp"):
+                pid = int((entry / BUILDER_NAME).read_text().strip())
+            elif ".old-" in entry.name:
+                pid = int(entry.name.rsplit("-", 1)[1])
+            else:
+                continue
+        except (OSError, ValueError):
+            continue  # not one of ours, or still starting: left alone
+        if not pid_alive(pid):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 #: What :func:`atomic_dir` leaves in each directory it builds: its mark and its entries, so that
 #: it replaces only a directory holding nothing else (a run holds a copy of its cache's manifest).
 CONTENTS_NAME = ".mtcli-contents.json"
@@ -189,13 +226,16 @@ def atomic_dir(path: str | Path, *, mark: str | None) -> Iterator[Path]:
     path = Path(path)
     check_replaceable(path, mark)
     make_parent(path)
+    _remove_stale_builds(path)
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     except OSError as exc:  # a read-only directory: named as the output, not the hidden build
         raise type(exc)(exc.errno, exc.strerror, str(path)) from None
     try:
         os.chmod(tmp, default_dir_mode())
+        (tmp / BUILDER_NAME).write_text(str(os.getpid()))
         yield tmp
+        (tmp / BUILDER_NAME).unlink()
         if mark is not None:
             entries = sorted(entry.name for entry in tmp.iterdir())
             (tmp / CONTENTS_NAME).write_text(json.dumps({"mark": mark, "entries": entries}) + "\n", encoding="utf-8")

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 from mtcli.errors import CheckpointError, RunLockedError
+from mtcli.fileio import pid_alive
 from mtcli.logs import get_logger
 
 LOCK_NAME = "train.lock"
@@ -37,19 +38,6 @@ def _proc_start(pid: int) -> int | None:
     with contextlib.suppress(IndexError, ValueError):
         return int(text[text.rindex(")") + 2 :].split()[19])
     return None
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this machine (a process of another user counts)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by someone else
-        return True
-    return True
 
 
 class RunLock:

@@ -174,6 +174,23 @@ def test_a_failed_build_names_the_output_not_its_hidden_build(tmp_path: Path) ->
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
 
 
+def test_a_build_removes_what_a_killed_one_left(tmp_path: Path) -> None:
+    """A SIGKILLed export left its ``.out.*.tmp`` for good (prepare alone cleaned up its own)."""
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that has ended
+    for name, pid in ((".out.k1.tmp", gone.pid), (".out.k2.tmp", os.getpid()), (f".out.old-{gone.pid}", None)):
+        (tmp_path / name).mkdir()
+        if pid is not None:
+            (tmp_path / name / fileio.BUILDER_NAME).write_text(str(pid))
+    (tmp_path / ".out.mine.tmp").mkdir()  # no builder's pid: not one of ours
+    with atomic_dir(tmp_path / "out", mark="mtcli_export.json") as tmp:
+        (tmp / "mtcli_export.json").write_text("{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.k2.tmp", ".out.mine.tmp", "out"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [CONTENTS_NAME, "mtcli_export.json"]
+
+
 def test_a_directory_of_an_older_mtcli_is_still_replaced(tmp_path: Path) -> None:
     """Before the contents record: a cache whose manifest lists its files, an export's record."""
     cache, export = tmp_path / "cache", tmp_path / "export"

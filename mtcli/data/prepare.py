@@ -29,7 +29,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -74,7 +73,6 @@ from mtcli.fileio import FileHasher, atomic_dir, check_directory, sha256_file
 from mtcli.languages import measured_in_characters
 from mtcli.logs import get_logger, progress
 from mtcli.rundir import VOCAB_NAME
-from mtcli.runlock import pid_alive
 from mtcli.version import __version__
 
 CHUNK_BYTES = 1 << 22
@@ -86,7 +84,6 @@ SPM_SEED = 1
 # machine's data.num_workers: one config builds one vocabulary everywhere (two threads train the
 # WMT14 recipe's 2M-sentence sample in about 20 s).
 SPM_THREADS = 2
-_PID_FILE = ".prepare.pid"
 # Data-config keys that do not change the cache's content (where it goes, how fast it is built).
 KEY_EXCLUDES = ("name", "prepared_dir", "num_workers", "source", "sources", "spm_model")
 # What only a trained SentencePiece model depends on (a given one makes them moot).
@@ -202,28 +199,6 @@ def _check_writable(out: Path) -> None:
             pass
     except OSError as exc:
         raise DataError(f"cannot write the prepared cache to {out}: {exc.strerror or exc}") from None
-
-
-def _remove_stale(out: Path) -> None:
-    """Delete leftovers of killed runs: ``.<name>.*.tmp`` / ``.<name>.old-<pid>`` of dead pids."""
-    for entry in out.parent.glob(f".{out.name}.*"):
-        if not entry.is_dir():
-            continue
-        if entry.name.endswith(".tmp"):
-            try:
-                pid = int((entry / _PID_FILE).read_text().strip())
-            except (OSError, ValueError):
-                continue  # not ours, or still starting: leave it alone
-        elif ".old-" in entry.name:
-            try:
-                pid = int(entry.name.rsplit("-", 1)[1])
-            except ValueError:
-                continue
-        else:
-            continue
-        if not pid_alive(pid):
-            get_logger().info("removing %s left by an interrupted prepare", entry)
-            shutil.rmtree(entry, ignore_errors=True)
 
 
 def _previous_manifest(out: Path) -> dict[str, Any]:
@@ -540,7 +515,6 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     out = data.prepared_path()
     plan = plan_corpora(data)
     _check_writable(out)
-    _remove_stale(out)
     given = given_spm_model(data)
     inputs = FileHasher(_previous_manifest(out).get("input_files"))  # unchanged inputs are not re-read
     fingerprint = plan.fingerprint(inputs)
@@ -554,7 +528,6 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     log.info("preparing %s from %s (splits: %s)", out, plan.describe(), ", ".join(plan.splits()))
     workers = data.num_workers
     with atomic_dir(out, mark="manifest.json") as tmp, _naming_write_errors(out):
-        (tmp / _PID_FILE).write_text(str(os.getpid()))
         eval_counts = write_eval(plan, data, tmp)  # first: small, and an empty validation split stops here
         counts = write_training(plan, data, tmp, workers)
         counts.update(eval_counts)
@@ -567,7 +540,6 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
         if plan.several:
             manifest.update(_corpora_records(plan, counts, tokenizer))
         manifest["input_files"] = inputs.records
-        (tmp / _PID_FILE).unlink()
         write_manifest(tmp, manifest)
         PreparedCorpus.open(tmp, verify=False)
     seconds = time.perf_counter() - start
