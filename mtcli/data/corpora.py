@@ -163,31 +163,32 @@ def _providers(data: DataConfig, corpora: list[Corpus], eval_splits: Iterable[st
     providers: dict[tuple[str, str], tuple[Corpus, int]] = {}
     read_as: dict[str, str] = {}
     for split in eval_splits:
-        sides: dict[tuple[int, int], list[str]] = {}
+        texts: dict[int, tuple[list[str], list[str]]] = {}  # each corpus's two sides of the split, read once
 
-        def side(corpus: Corpus, i: int, split: str = split, sides: dict = sides) -> list[str]:
-            if (corpus.index, i) not in sides:
+        def side(corpus: Corpus, i: int, split: str = split, texts: dict = texts) -> list[str]:
+            if corpus.index not in texts:
                 pairs = list(corpus.source.verbatim_pairs(split))
-                for j in (0, 1):
-                    sides[(corpus.index, j)] = [pair[j] for pair in pairs]
-            return sides[(corpus.index, i)]
+                texts[corpus.index] = ([pair[0] for pair in pairs], [pair[1] for pair in pairs])
+            return texts[corpus.index][i]
 
-        copies = []
+        read_as[split] = split
         for corpus in (c for c in corpora if _has_split(c.source, split)):
             shared = [(i, providers[(split, lang)]) for i, lang in enumerate(corpus.langs) if (split, lang) in providers]
             if len(shared) == 2:
                 continue  # it would add nothing: both languages come from corpora before it
             corpus.provides.append(split)
-            aligned = all(side(corpus, i) == side(*given) for i, given in shared)
-            name = split if aligned else direction_split(split, *corpus.langs)
-            copies += [] if aligned else [(name, corpus)]
+            name = split
+            if not all(side(corpus, i) == side(*given) for i, given in shared):
+                name = direction_split(split, *corpus.langs)
+                read_as.setdefault(name, split)
             for i, lang in enumerate(corpus.langs):
                 providers.setdefault((name, lang), (corpus, i))
-        for name, corpus in copies:
-            if all((split, lang) in providers for lang in corpus.langs):  # unused: the shared split holds both
-                for lang in corpus.langs:
-                    providers.pop((name, lang), None)
-        read_as.update({name: split for name, _ in providers if name == split or name in dict(copies)})
+        for name in [n for n, of in read_as.items() if of == split and n != split]:
+            langs = [lang for (s, lang) in providers if s == name]
+            if all((split, lang) in providers for lang in langs):  # unused: the shared split holds both
+                del read_as[name]
+                for lang in langs:
+                    del providers[(name, lang)]
         src, tgt = data.src_lang, data.tgt_lang
         holds = eval_split_name(split, src, tgt, lambda name, lang: (name, lang) in providers)
         if (holds, src) not in providers or (holds, tgt) not in providers:

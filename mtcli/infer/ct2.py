@@ -145,9 +145,13 @@ class CT2Engine:
                     min_decoding_length=0, return_scores=True, return_end_token=True,
                     suppress_sequences=[["<blank>"], ["<s>"]], **self._search(decode),
                 )
+                cut: list[tuple[int, int, list[str]]] = []  # (line, hypothesis, source pieces)
                 for k, pieces, out in zip(keys, batch, outputs, strict=True):
-                    results[k] = self._translations(out, pieces, sources[k], self._limit(len(pieces), decode),
-                                                    decode.length_penalty)
+                    results[k], ran_out = self._translations(out, sources[k], self._limit(len(pieces), decode),
+                                                             decode.length_penalty)
+                    cut += [(k, j, pieces) for j in ran_out]
+                if cut:
+                    self._score_cut(results, cut, decode)
             if on_done is not None:
                 on_done(len(chunk))
             offset += len(chunk)
@@ -191,14 +195,13 @@ class CT2Engine:
         most = int(self.bundle.model.max_positions) - 1
         return max(1, min(most, int(decode.max_len_a * source_length + decode.max_len_b)))
 
-    def _translations(self, out: Any, source_pieces: list[str], source: list[int], limit: int,
-                      length_penalty: float) -> list[Translation]:
-        """One line's n-best list. CTranslate2's score is the hypothesis' log-probability over its
-        length (its end token counted) to the power ``length_penalty``: the log-probability is
-        that score times the power. A hypothesis that ran into a limit (this line's own, or the
-        batch's, CTranslate2's only one) is cut to this line's and ended, as our search ends it, and
-        its log-probability is that of the pieces kept and the end token, scored by CTranslate2 by
-        teacher forcing."""
+    def _translations(self, out: Any, source: list[int], limit: int,
+                      length_penalty: float) -> tuple[list[Translation], list[int]]:
+        """One line's n-best list, and the hypotheses in it that ran into a limit (this line's
+        own, or the batch's, CTranslate2's only one): those are cut to this line's and ended, as
+        our search ends them, and :meth:`_score_cut` gives their log-probability. CTranslate2's
+        score is the hypothesis' log-probability over its length (its end token counted) to the
+        power ``length_penalty``: the log-probability is that score times the power."""
         tokenizer = self.bundle.tokenizer
         end = tokenizer.id_to_piece(EOS_ID)
         found, cut = [], []
@@ -212,14 +215,21 @@ class CT2Engine:
             ids = [tokenizer.piece_to_id(p) for p in pieces]
             found.append(Translation(text=tokenizer.decode(ids), score=float(score), tokens=ids,
                                      logprob=logprob, source_tokens=source))
-        if cut:
-            kept = [[tokenizer.id_to_piece(i) for i in found[j].tokens] for j in cut]
-            scored = self.translator.score_batch([source_pieces] * len(cut), kept)  # one line's: n-best at most
-            for j, result in zip(cut, scored, strict=True):
-                logprob = float(sum(result.log_probs))  # the end token's too, as our search ends a cut output
-                found[j] = dataclasses.replace(found[j], logprob=logprob,
-                                               score=logprob / max(1, len(found[j].tokens)) ** length_penalty)
-        return found
+        return found, cut
+
+    def _score_cut(self, results: list[Any], cut: list[tuple[int, int, list[str]]], decode: DecodeConfig) -> None:
+        """The log-probability of each cut hypothesis (``(line, hypothesis, source pieces)``) of a
+        window: its pieces and the end token, scored by CTranslate2 by teacher forcing in one call;
+        its score follows from it as CTranslate2's does."""
+        tokenizer = self.bundle.tokenizer
+        targets = [[tokenizer.id_to_piece(i) for i in results[k][j].tokens] for k, j, _ in cut]
+        scored = self.translator.score_batch([pieces for _, _, pieces in cut], targets, batch_type="tokens",
+                                             max_batch_size=min(decode.max_tokens, self.budget.tokens))
+        for (k, j, _), result in zip(cut, scored, strict=True):
+            hypothesis = results[k][j]
+            logprob = float(sum(result.log_probs))  # the end token's too, as our search ends a cut output
+            results[k][j] = dataclasses.replace(
+                hypothesis, logprob=logprob, score=logprob / max(1, len(hypothesis.tokens)) ** decode.length_penalty)
 
 
 __all__ = ["CT2_DIR", "CT2Engine", "ENGINES", "converted_model", "open_engine"]

@@ -182,9 +182,9 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
     with atomic_dir(output, mark=EXPORT_RECORD) as tmp:
         try:
             hf.save_pretrained(tmp)
+        except OSError:
+            raise  # atomic_dir names the output
         except Exception as exc:  # safetensors' own error for a full disk, among others
-            if isinstance(exc, OSError):
-                raise
             raise MtcliError(f"{output}: cannot write the export ({one_line(exc)})") from None
         vocab = {tokenizer.id_to_piece(i): i for i in range(tokenizer.vocab_size)}
         (tmp / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
