@@ -28,7 +28,7 @@ import torch
 from mtcli import checkpoint as ck
 from mtcli import rundir as rd
 from mtcli.checkpoint import load_checkpoint, save_checkpoint
-from mtcli.config import ConfigError, load_config, save_config
+from mtcli.config import Config, ConfigError, DataConfig, load_config, save_config
 from mtcli.errors import CheckpointError, RunLockedError
 from mtcli.infer.averaging import average_checkpoints, average_run_checkpoints
 from mtcli.infer.loading import load_for_inference
@@ -399,11 +399,22 @@ def test_resume_uses_last_when_intact(tmp_path: Path) -> None:
 
 
 def test_a_change_of_process_count_is_said() -> None:
-    from mtcli.train.resume import process_change
+    from mtcli.train.resume import process_change, resume_changes
 
-    assert process_change({"world_size": 2}, 2) is None and process_change({}, 1) is None
-    assert process_change({"rng_ranks": [{}, {}]}, 1) == ("processes: 2 -> 1 (each update 1/2 the size; resume "
-                                                          "no longer exact)")  # a checkpoint before world_size
+    assert process_change({"world_size": 2}, 2, 1) is None and process_change({}, 1, 1) is None
+    assert process_change({"rng_ranks": [{}, {}]}, 1, 1) == ("processes: 2 -> 1 (each update 1/2 the size; resume "
+                                                             "no longer exact)")  # a checkpoint before world_size
+    # two processes of one batch each, resumed by one process of two batches: the same update
+    new = Config(DataConfig(name="toy", src_lang="en", tgt_lang="de")).to_dict()
+    saved = {"world_size": 2, "config": copy.deepcopy(new)}
+    new["train"]["update_freq"] = 2
+    changes = resume_changes(saved, new, 1, "ckpt")
+    assert changes[-1] == "processes: 2 -> 1 with train.update_freq 1 -> 2: each update as large as before"
+    assert not any(change.startswith("train.update_freq") for change in changes)
+    new["train"]["update_freq"] = 3
+    changes = resume_changes(saved, new, 1, "ckpt")
+    assert "train.update_freq: 1 -> 3 (resume no longer exact)" in changes
+    assert changes[-1] == "processes: 2 -> 1 (each update 3/2 the size; resume no longer exact)"
 
 
 def test_resume_takes_a_step_checkpoint_newer_than_the_last(tmp_path: Path) -> None:

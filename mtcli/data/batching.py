@@ -441,14 +441,18 @@ class BatchStream:
                 "segments": [list(s) for s in self.segments]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Jump to a saved position. Saved under another ``max_tokens``, the epoch keeps the
-        batches it had done and batches the pairs it had not seen under this one (every pair of
-        the epoch once, but not in the batches an uninterrupted run would make: inexact)."""
+        """Jump to a saved position. Saved under another ``max_tokens``, or by another number
+        of processes at a position this one's cannot share, the epoch keeps the batches it had
+        done and batches the pairs it had not seen under this budget (every pair of the epoch
+        once, but not in the batches an uninterrupted run would make: inexact)."""
         self.epoch = int(state["epoch"])
         self.batch = int(state["batch"])
         self.segments = [(int(tokens), int(end)) for tokens, end in state.get("segments", [])]
         saved = int(state.get("max_tokens", self.max_tokens))
-        if self.batch and saved != self.max_tokens:
+        if self.batch and (saved != self.max_tokens or self.batch % self.world_size):
+            # another budget, or a position saved by another number of processes that is not a
+            # multiple of this one's (each rank must get a batch of every group): the rest of
+            # the epoch is batched anew, in a count the processes share evenly
             self.segments.append((saved, self.batch))
         self._cached = None
         if self.batch >= len(self.epoch_batches(self.epoch)):

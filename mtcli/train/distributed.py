@@ -9,8 +9,10 @@ collectives so that every rank stops at the same step. In one process they are t
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,3 +113,33 @@ def broadcast(values: list[float], info: DistInfo, device: torch.device) -> list
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.broadcast(tensor, src=0)
     return tensor.tolist()
+
+
+def agree_on_resume(step: int | None, info: DistInfo) -> None:
+    """Stop every rank unless all of them found the same checkpoint to resume from (``step``,
+    None for none): a run directory that only one machine sees would start the others afresh."""
+    if not info.distributed:
+        return
+    steps: list[Any] = [None] * info.world_size
+    dist.all_gather_object(steps, step)
+    if len(set(steps)) > 1:
+        found = ", ".join(f"rank {rank}: {'none' if s is None else f'step {s}'}" for rank, s in enumerate(steps))
+        raise TrainingError(
+            f"the processes found different checkpoints to resume from ({found}); every process must see "
+            "the same run directory (on several machines, a shared file system)")
+
+
+# what gloo says when the process at the other end of a collective has gone
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+
+
+@contextlib.contextmanager
+def peer_failures(info: DistInfo) -> Iterator[None]:
+    """Turn a collective that failed because another rank stopped (its own error said there)
+    into one line, instead of the communication library's traceback."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if info.distributed and (isinstance(exc, dist.DistError) or any(text in str(exc) for text in _PEER_GONE)):
+            raise TrainingError("another process of this run stopped (its error is above); this one stops too") from None
+        raise

@@ -112,7 +112,7 @@ SAFE_KEYS: frozenset[str] = frozenset(
     {
         "train.run_dir", "train.device", "train.num_threads", "train.max_steps",
         "train.max_epochs", "train.max_minutes", "train.patience", "train.valid_every",
-        "train.keep_last", "train.log_every", "train.max_nonfinite", "train.progress",
+        "train.keep_last", "train.keep_best", "train.log_every", "train.max_nonfinite", "train.progress",
         "data.num_workers", "data.test_splits", "data.prepared_dir",
     }
 )
@@ -211,13 +211,19 @@ def check_resume_data(saved: dict[str, str], now: dict[str, str], where: str, ca
             "this run's weights)")
 
 
-def process_change(state: dict[str, Any], world_size: int) -> str | None:
+def process_change(state: dict[str, Any], world_size: int, update_freq: int) -> str | None:
     """How the process count differs from the checkpoint's, as a config change is logged, or
-    None: every process takes a batch an update, so the update's size changes with their number."""
+    None: every process takes ``update_freq`` batches an update, so the update's size changes
+    with their number, unless ``train.update_freq`` changed the other way."""
     saved = int(state.get("world_size") or len(state.get("rng_ranks") or []) or 1)
     if saved == world_size:
         return None
-    return f"processes: {saved} -> {world_size} (each update {world_size}/{saved} the size; resume no longer exact)"
+    saved_freq = int(((state.get("config") or {}).get("train") or {}).get("update_freq", 1))
+    if saved * saved_freq == world_size * update_freq:
+        return (f"processes: {saved} -> {world_size} with train.update_freq {saved_freq} -> {update_freq}: "
+                "each update as large as before")
+    return (f"processes: {saved} -> {world_size} (each update {world_size * update_freq}/{saved * saved_freq} "
+            "the size; resume no longer exact)")
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -227,3 +233,18 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     return a == b
+
+
+def resume_changes(state: dict[str, Any], new: dict[str, Any], world_size: int, where: str) -> list[str]:
+    """Every change a resume from ``state`` under the config ``new`` (``Config.to_dict()``) and
+    ``world_size`` processes makes, to log (:func:`check_resume_config` refuses the unsafe
+    ones): a change of ``train.update_freq`` that keeps each update as large under another
+    process count is said once, with the processes."""
+    changes = check_resume_config(state.get("config") or {}, new, where,
+                                  rebatchable="max_tokens" in (state.get("data_state") or {}))
+    process = process_change(state, world_size, int((new.get("train") or {}).get("update_freq", 1)))
+    if process is None:
+        return changes
+    if "as large as before" in process:
+        changes = [change for change in changes if not change.startswith("train.update_freq:")]
+    return [*changes, process]

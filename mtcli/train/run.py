@@ -42,7 +42,13 @@ from mtcli.metrics import scorer
 from mtcli.plots import write_learning_curves
 from mtcli.rundir import CONFIG_NAME, MANIFEST_NAME, TEXT_DIR, checkpoint_dir, names
 from mtcli.runlock import RunLock
-from mtcli.train.distributed import DistInfo, init_distributed, leave_distributed
+from mtcli.train.distributed import (
+    DistInfo,
+    agree_on_resume,
+    init_distributed,
+    leave_distributed,
+    peer_failures,
+)
 from mtcli.train.parent import PARENT_NAME, load_parent, start_from
 from mtcli.train.resume import find_resume_checkpoint, remove_stale_temp_files
 from mtcli.train.signals import StopSignals
@@ -272,7 +278,8 @@ def train(config: Config) -> TrainSummary:
     init_distributed(info, device)
     signals = StopSignals()
     with contextlib.ExitStack() as stack:
-        stack.callback(signals.restore)  # last: a signal after a stop waits for the shutdown
+        stack.enter_context(peer_failures(info))
+        stack.callback(signals.restore)  # a signal after a stop waits for the shutdown
         stack.callback(leave_distributed, info)
         if info.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -282,6 +289,7 @@ def train(config: Config) -> TrainSummary:
         if info.distributed:
             dist.barrier()
         found = find_resume_checkpoint(run_dir)
+        agree_on_resume(None if found is None else int(found[1].get("step", 0)), info)
         trainer = Trainer(config, info, device, corpus, run_dir, signals)
         parent = None
         if found is not None:

@@ -17,10 +17,11 @@ class StopSignals:
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is None:
+        if self.signum is None:  # the first signal is the one the stop reports (torchrun follows
+            # a Ctrl-C's SIGINT with its own SIGTERM to the ranks)
             get_logger().warning("received %s: finishing this step, then saving checkpoint_last",
                                  signal.Signals(signum).name)
-        self.signum = signum
+            self.signum = signum
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():

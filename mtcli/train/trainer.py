@@ -74,7 +74,7 @@ from mtcli.train.distributed import DistInfo, all_sum, all_sum_queued, broadcast
 from mtcli.train.feed import BatchFeed
 from mtcli.train.loss import LabelSmoothedLoss
 from mtcli.train.rdrop import RDropLoss
-from mtcli.train.resume import check_resume_config, check_resume_data, process_change
+from mtcli.train.resume import check_resume_data, resume_changes
 from mtcli.train.rng import seed_everything, set_rng_state
 from mtcli.train.schedule import build_optimizer, build_schedule, cooldown_scale
 from mtcli.train.signals import StopSignals
@@ -174,10 +174,7 @@ class Trainer:
         """Restore everything a checkpoint holds; refuses incompatible configs and vocabularies."""
         if state.get("format") != STATE_FORMAT:
             raise CheckpointError(f"{path}: checkpoint format {state.get('format')!r}, expected {STATE_FORMAT}")
-        for change in check_resume_config(state.get("config") or {}, self.config.to_dict(), str(path),
-                                          rebatchable="max_tokens" in (state.get("data_state") or {})):
-            self.log.info("config change on resume: %s", change)
-        if (change := process_change(state, self.info.world_size)) is not None:
+        for change in resume_changes(state, self.config.to_dict(), self.info.world_size, str(path)):
             self.log.info("config change on resume: %s", change)
         vocab = state.get("vocab") or {}
         if vocab.get("spm_sha256") not in (None, self.spm_sha256) or \

@@ -308,3 +308,26 @@ def test_source_batches_cover_all_and_respect_the_budget(beam: int) -> None:
 def test_collate_sources_appends_eos_and_pads() -> None:
     batch = collate_sources([[5, 6, 7], [9]], "cpu")
     assert batch.tolist() == [[5, 6, 7, 3], [9, 3, 0, 0]]
+
+
+def test_a_one_process_position_resumed_on_two_gives_each_rank_a_batch_of_every_group() -> None:
+    """Saved by one process after an odd number of batches, resumed by two: the rest of the
+    epoch is batched anew in an even count, so no group leaves a rank without a batch (which
+    would hang the ranks in different collectives), and no pair of the epoch is seen twice."""
+    src, tgt = random_corpus(400, max_len=30)
+    common = dict(max_tokens=200, max_source_length=30, max_target_length=30, seed=4)
+    alone = BatchStream(src, tgt, **common)
+    done = [b for _ in range(3) for b in alone.next_group().batches]
+    state = alone.state_dict()
+    assert state["batch"] == 3
+    ranks = [BatchStream(src, tgt, world_size=2, rank=r, **common) for r in range(2)]
+    for stream in ranks:
+        stream.load_state_dict(state)
+    rest = []
+    while ranks[0].epoch == 0:
+        groups = [stream.next_group() for stream in ranks]
+        assert all(len(group.mine()) >= 1 for group in groups)
+        rest += groups[0].batches
+    assert ranks[1].epoch == 1
+    seen = np.concatenate(done + rest)
+    assert len(np.unique(seen)) == len(seen)

@@ -187,3 +187,46 @@ def test_a_one_process_run_resumes_on_two_with_half_the_batch_each(tmp_path: Pat
     assert after["step"] == 4 and after["data_state"]["max_tokens"] == 256
     assert after["data_state"]["segments"] == [[512, before["batch"]]]  # the epoch's batches under 512
     assert after["data_state"]["batch"] > before["batch"]
+
+
+def _rank_main(rank: int, init: str, results: dict) -> None:
+    """Two gloo ranks: they found different checkpoints; then rank 0 stops and rank 1 waits for it."""
+    from mtcli.errors import TrainingError
+    from mtcli.train.distributed import DistInfo, agree_on_resume, peer_failures
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    info = DistInfo(rank=rank, world_size=2)
+    try:
+        agree_on_resume(20 if rank == 0 else None, info)
+    except TrainingError as exc:
+        results[f"resume{rank}"] = str(exc)
+    if rank == 0:
+        os._exit(0)  # gone, as a rank that failed on its own
+    try:
+        with peer_failures(info):
+            dist.barrier()
+    except TrainingError as exc:
+        results["peer"] = str(exc)
+    os._exit(0)
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
+def test_ranks_refuse_different_resume_points_and_a_gone_peer_is_one_line(tmp_path: Path) -> None:
+    """A run directory seen by one machine only: every rank stops, naming what each found,
+    instead of one resuming and the other starting afresh. A rank whose peer has gone says so
+    in one line, not with gloo's traceback."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager:
+        results = manager.dict()
+        init = f"file://{tmp_path / 'rendezvous'}"
+        procs = [context.Process(target=_rank_main, args=(rank, init, results)) for rank in range(2)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(120)
+        found = dict(results)
+    for rank in range(2):
+        assert "different checkpoints to resume from (rank 0: step 20, rank 1: none)" in found[f"resume{rank}"]
+    assert found["peer"] == "another process of this run stopped (its error is above); this one stops too"

@@ -743,3 +743,13 @@ def test_fp32_on_a_gpu_with_bf16_units_says_auto_is_faster(
     said = [r.getMessage() for r in caplog.records if "train.precision=auto" in r.getMessage()]
     assert said == (["train.precision fp32 on a GPU with bf16 units: --set train.precision=auto trains in bf16, "
                      "several times faster"] if capability >= (8, 0) else [])
+
+
+def test_the_first_signal_is_the_one_a_stop_reports() -> None:
+    """torchrun follows a Ctrl-C's SIGINT with a SIGTERM of its own: the stop says SIGINT (exit 130)."""
+    from mtcli.train.signals import StopSignals
+
+    signals = StopSignals()
+    signals._handle(signal.SIGINT, None)
+    signals._handle(signal.SIGTERM, None)
+    assert signals.signum == signal.SIGINT
