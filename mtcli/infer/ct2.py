@@ -11,12 +11,13 @@ without the model, sources truncated to the model's limit with a warning, n-best
 
 What matches and what does not:
 
-* greedy search gives our tokens exactly (the model and the argmax are the same; each output is
-  cut at our per-sentence limit ``max_len_a * S + max_len_b``, which CTranslate2 only has per
-  batch);
+* a line's output never depends on the lines decoded with it: CTranslate2 takes one output
+  limit a call, so the lines of a window are decoded in groups that share our per-sentence limit
+  ``max_len_a * S + max_len_b``;
+* greedy search gives our tokens exactly (the model and the argmax are the same);
 * beam search may differ: CTranslate2 normalises a hypothesis' score by ``length^alpha``
-  (``length_penalty``), ours by GNMT's ``((5 + length) / 6)^alpha``, so with alpha > 0 the two
-  can rank finished hypotheses differently; with alpha = 0 both rank by log-probability;
+  (``length_penalty``), ours by GNMT's ``((5 + length) / 6)^alpha``, and the two searches stop
+  by different rules, so some lines differ even with alpha = 0 (both rank by log-probability);
 * ``decode.int8`` maps to ``compute_type="int8"`` and ``decode.bf16`` to ``"bfloat16"``;
   ``Translation.score`` is what CTranslate2 ranked by, and ``Translation.logprob`` the
   hypothesis' log-probability, as our search gives it.
@@ -135,27 +136,36 @@ class CT2Engine:
         prefix = source_prefix(self.bundle, decode)
         for chunk in line_windows(lines, window):
             sources, results = encode_window(tokenizer, chunk, limit, name, offset, prefix)
-            keys = list(sources)
-            if keys:
-                batch = [[tokenizer.id_to_piece(i) for i in sources[k]] for k in keys]
-                longest = max(self._limit(len(s), decode) for s in batch)
-                outputs = self._translate_fitting(
-                    batch, decode, num_hypotheses=decode.nbest,
-                    length_penalty=decode.length_penalty, max_decoding_length=longest,
-                    min_decoding_length=0, return_scores=True, return_end_token=True,
-                    suppress_sequences=[["<blank>"], ["<s>"]], **self._search(decode),
-                )
-                cut: list[tuple[int, int, list[str]]] = []  # (line, hypothesis, source pieces)
-                for k, pieces, out in zip(keys, batch, outputs, strict=True):
-                    results[k], ran_out = self._translations(out, sources[k], self._limit(len(pieces), decode),
-                                                             decode.length_penalty)
-                    cut += [(k, j, pieces) for j in ran_out]
-                if cut:
-                    self._score_cut(results, cut, decode)
+            if sources:
+                self._decode_window(sources, results, decode)
             if on_done is not None:
                 on_done(len(chunk))
             offset += len(chunk)
             yield from results  # type: ignore[misc]
+
+    def _decode_window(self, sources: dict[int, list[int]], results: list[Any], decode: DecodeConfig) -> None:
+        """Fill ``results`` with the n-best lists of a window's ``sources`` (line -> piece ids).
+        CTranslate2 takes one output limit a call, so the lines are decoded in groups of one
+        limit each: a line's search then ends where ours ends it, whatever lines it is decoded
+        with (one limit for a whole batch kept long hypotheses of short lines in the beam)."""
+        tokenizer = self.bundle.tokenizer
+        pieces = {k: [tokenizer.id_to_piece(i) for i in ids] for k, ids in sources.items()}
+        groups: dict[int, list[int]] = {}
+        for k in sources:
+            groups.setdefault(self._limit(len(pieces[k]), decode), []).append(k)
+        cut: list[tuple[int, int, list[str]]] = []  # (line, hypothesis, source pieces)
+        for limit, keys in groups.items():
+            outputs = self._translate_fitting(
+                [pieces[k] for k in keys], decode, num_hypotheses=decode.nbest,
+                length_penalty=decode.length_penalty, max_decoding_length=limit,
+                min_decoding_length=0, return_scores=True, return_end_token=True,
+                suppress_sequences=[["<blank>"], ["<s>"]], **self._search(decode),
+            )
+            for k, out in zip(keys, outputs, strict=True):
+                results[k], ran_out = self._translations(out, sources[k], limit, decode.length_penalty)
+                cut += [(k, j, pieces[k]) for j in ran_out]
+        if cut:
+            self._score_cut(results, cut, decode)
 
     def _translate_fitting(self, batch: list[list[str]], decode: DecodeConfig, **options: Any) -> list[Any]:
         """CTranslate2's ``translate_batch`` over ``batch`` in batches of ``decode.max_tokens``
@@ -197,9 +207,9 @@ class CT2Engine:
 
     def _translations(self, out: Any, source: list[int], limit: int,
                       length_penalty: float) -> tuple[list[Translation], list[int]]:
-        """One line's n-best list, and the hypotheses in it that ran into a limit (this line's
-        own, or the batch's, CTranslate2's only one): those are cut to this line's and ended, as
-        our search ends them, and :meth:`_score_cut` gives their log-probability. CTranslate2's
+        """One line's n-best list, and the hypotheses in it that ran into the line's limit
+        without an end: those are ended, as our search ends them, and :meth:`_score_cut` gives
+        their log-probability. CTranslate2's
         score is the hypothesis' log-probability over its length (its end token counted) to the
         power ``length_penalty``: the log-probability is that score times the power."""
         tokenizer = self.bundle.tokenizer
@@ -209,7 +219,7 @@ class CT2Engine:
             logprob = float(score) * max(1, len(pieces)) ** length_penalty
             ended = bool(pieces) and pieces[-1] == end
             pieces = pieces[:-1] if ended else pieces
-            if len(pieces) > limit or not ended:  # run into a limit: ours, or CTranslate2's for the batch
+            if len(pieces) > limit or not ended:  # run into the limit
                 pieces = pieces[:limit]
                 cut.append(len(found))
             ids = [tokenizer.piece_to_id(p) for p in pieces]
@@ -220,7 +230,8 @@ class CT2Engine:
     def _score_cut(self, results: list[Any], cut: list[tuple[int, int, list[str]]], decode: DecodeConfig) -> None:
         """The log-probability of each cut hypothesis (``(line, hypothesis, source pieces)``) of a
         window: its pieces and the end token, scored by CTranslate2 by teacher forcing in one call;
-        its score follows from it as CTranslate2's does."""
+        its score follows from it as CTranslate2's does, and each n-best list it changed is
+        sorted best first again."""
         tokenizer = self.bundle.tokenizer
         targets = [[tokenizer.id_to_piece(i) for i in results[k][j].tokens] for k, j, _ in cut]
         scored = self.translator.score_batch([pieces for _, _, pieces in cut], targets, batch_type="tokens",
@@ -230,6 +241,8 @@ class CT2Engine:
             logprob = float(sum(result.log_probs))  # the end token's too, as our search ends a cut output
             results[k][j] = dataclasses.replace(
                 hypothesis, logprob=logprob, score=logprob / max(1, len(hypothesis.tokens)) ** decode.length_penalty)
+        for k in {k for k, _, _ in cut}:
+            results[k].sort(key=lambda translation: -translation.score)
 
 
 __all__ = ["CT2_DIR", "CT2Engine", "ENGINES", "converted_model", "open_engine"]

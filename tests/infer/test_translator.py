@@ -196,6 +196,22 @@ def test_ctranslate2_logprob_is_the_log_probability(ct2_pair: tuple[Translator, 
     assert compared == 4
 
 
+def test_ctranslate2_beam_output_of_a_line_is_the_same_in_any_batch(ct2_pair: tuple[Translator, Translator]) -> None:
+    """CTranslate2 has one output limit a call: with the batch's longest, a short line's beam
+    kept hypotheses past its own limit, so its translation changed with the lines beside it,
+    and its n-best list, cut afterwards, came out of order with repeats."""
+    _, theirs = ct2_pair
+    lines = [line for line in LINES if line]
+    together = theirs.nbest(lines, n=4, beam=4)
+    for line, found in zip(lines, together, strict=True):
+        alone = theirs.nbest([line], n=4, beam=4)[0]
+        assert [t.tokens for t in alone] == [t.tokens for t in found]
+        assert [t.score for t in alone] == pytest.approx([t.score for t in found], abs=1e-4)
+        scores = [translation.score for translation in found]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(translation.tokens) for translation in found}) == len(found)
+
+
 def test_ctranslate2_engine_refuses_what_it_cannot_do(tiny_run_dir: Path) -> None:
     with pytest.raises(ConfigError, match="unknown"):
         Translator.from_run(tiny_run_dir, engine="onnx")
