@@ -6,9 +6,16 @@ trained :class:`~mtcli.model.Transformer` in which
 
 - each weight matrix ``W [out, in]`` is stored as int8 with one scale per output row
   (symmetric: ``W ~= s_o * W_q``, ``s_o = max_i |W_oi| / 127``), and
-- each product ``x W^T + b`` quantises the activations ``x`` on the fly (one scale per call,
-  computed from the values themselves: "dynamic"), multiplies in int8 with int32 accumulation
-  and rescales to fp32 (PyTorch's fbgemm/oneDNN ``quantized::linear_dynamic`` kernel).
+- each product ``x W^T + b`` quantises the activations ``x`` on the fly with one scale per row
+  (computed from the row itself: "dynamic"), multiplies in int8 with int32 accumulation and
+  rescales to fp32 (PyTorch's fbgemm/oneDNN ``quantized::linear_dynamic`` kernel).
+
+A row's scale comes from that row alone, so its output does not depend on the rows decoded with
+it (a translation is the same in any batch). The kernel takes one scale for all the rows it is
+given, from their smallest and largest value; so each row is divided by its largest magnitude
+``m_r`` and given two more columns, 1 and -1, against two zero columns of ``W``: every row then
+spans [-1, 1] exactly, the kernel's scale is the same for any rows, and the product, times
+``m_r``, plus ``b``, is ``x W^T + b`` with ``x`` quantised per row.
 
 The tied output projection (the largest product in a decoder step, ``[rows, d_model] x
 [d_model, vocab]``) is quantised the same way; embeddings, LayerNorm, attention over the
@@ -43,8 +50,8 @@ def _pack(weight: Tensor, bias: Tensor | None) -> object:
 
 
 class Int8Linear(nn.Module):
-    """``y = x W^T + b`` with ``W`` in int8 (per-row scales) and ``x`` quantised per call; with
-    ``relu=True``, ``max(0, x W^T + b)`` in the same kernel.
+    """``y = x W^T + b`` with ``W`` in int8 (per-row scales) and ``x`` quantised per row (see the
+    module docstring); with ``relu=True``, ``max(0, x W^T + b)``.
 
     Takes ``x [..., in]`` fp32 and returns ``[..., out]`` fp32, like the ``nn.Linear`` it replaces.
     """
@@ -52,13 +59,21 @@ class Int8Linear(nn.Module):
     def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features, self.relu = weight.size(1), weight.size(0), relu
-        self._packed = _pack(weight, bias)
+        self._packed = _pack(torch.cat([weight.detach().float(), weight.new_zeros(weight.size(0), 2)], dim=1), None)
+        self._bias = None if bias is None else bias.detach().float().clone()
 
     def forward(self, x: Tensor) -> Tensor:
         """``[..., in]`` -> ``[..., out]``."""
         shape = x.shape
-        kernel = torch.ops.quantized.linear_relu_dynamic if self.relu else torch.ops.quantized.linear_dynamic
-        out = kernel(x.reshape(-1, shape[-1]).float(), self._packed, True)
+        rows = x.reshape(-1, shape[-1]).float()
+        peak = rows.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30)
+        span = rows.new_tensor([1.0, -1.0]).expand(rows.size(0), 2)
+        out = torch.ops.quantized.linear_dynamic(torch.cat([rows / peak, span], dim=1), self._packed, True)
+        out.mul_(peak)
+        if self._bias is not None:
+            out.add_(self._bias)
+        if self.relu:
+            out.relu_()
         return out.view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -68,9 +83,8 @@ class Int8Linear(nn.Module):
 
 def int8_supported() -> str | None:
     """None when this PyTorch build can run :class:`Int8Linear`, else why not (one line)."""
-    for kernel in ("linear_dynamic", "linear_relu_dynamic"):
-        if not hasattr(torch.ops.quantized, kernel):
-            return f"this PyTorch build has no quantized::{kernel} kernel"
+    if not hasattr(torch.ops.quantized, "linear_dynamic"):
+        return "this PyTorch build has no quantized::linear_dynamic kernel"
     try:
         for relu in (False, True):
             Int8Linear(torch.randn(4, 8), torch.zeros(4), relu=relu)(torch.randn(2, 8))

@@ -31,8 +31,20 @@ def test_int8_linear_is_close_to_fp32() -> None:
     # 8-bit weights and (7-bit range) activations: errors of a few percent of the output scale
     error = (approx - exact).abs().max() / exact.abs().max()
     assert 0 < error < 0.05
-    fused = Int8Linear(layer.weight, layer.bias, relu=True)(x)  # the ReLU in the same kernel
+    fused = Int8Linear(layer.weight, layer.bias, relu=True)(x)
     torch.testing.assert_close(fused, approx.relu(), rtol=1e-5, atol=1e-5)
+
+
+def test_int8_linear_gives_a_row_the_same_output_beside_any_rows() -> None:
+    """Activations quantised per row: a row's output does not change when a row of far larger
+    values (or of one sign) is multiplied with it, so a translation does not depend on its batch."""
+    torch.manual_seed(1)
+    layer = torch.nn.Linear(32, 16)
+    int8 = Int8Linear(layer.weight, layer.bias)
+    row = torch.randn(1, 32)
+    alone = int8(row)
+    for other in (100 * torch.randn(1, 32), torch.rand(1, 32), -torch.rand(3, 32)):
+        assert torch.equal(int8(torch.cat([row, other]))[:1], alone)
 
 
 @pytest.mark.parametrize("tied", [True, False])
