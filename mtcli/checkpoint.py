@@ -101,6 +101,23 @@ def architecture_mismatches(saved: Any, ours: ModelConfig | dict[str, Any]) -> l
             if key in saved and key in ours and saved[key] != ours[key]]
 
 
+def trained_directions(data: Any) -> list[tuple[str, str]] | None:
+    """The translation directions a config's ``data`` section (a dict, as a checkpoint keeps it)
+    trains, sorted: each corpus of ``data.sources`` (its ``langs``, else the run's pair), or the
+    run's ``src_lang -> tgt_lang``; None where it records none (an older checkpoint)."""
+    if not isinstance(data, dict) or not data.get("src_lang") or not data.get("tgt_lang"):
+        return None
+    pair = (str(data["src_lang"]), str(data["tgt_lang"]))
+    corpora = [c for c in data.get("sources") or [] if isinstance(c, dict)]
+    found = {tuple(map(str, c["langs"][:2])) if len(c.get("langs") or []) >= 2 else pair for c in corpora}
+    return sorted(found or {pair})  # type: ignore[arg-type]
+
+
+def directions_text(directions: list[tuple[str, str]]) -> str:
+    """``en->de, de->en`` for messages."""
+    return ", ".join(f"{src}->{tgt}" for src, tgt in directions)
+
+
 def save_checkpoint(path: Path, state: dict, also: Iterable[Path] = ()) -> None:
     """Write ``state`` to ``path`` atomically, with a sha256 of the payload in a header line.
 

@@ -12,7 +12,14 @@ from typing import Any
 
 import torch
 
-from mtcli.checkpoint import FORMAT, architecture_mismatches, load_checkpoint, save_checkpoint
+from mtcli.checkpoint import (
+    FORMAT,
+    architecture_mismatches,
+    directions_text,
+    load_checkpoint,
+    save_checkpoint,
+    trained_directions,
+)
 from mtcli.errors import CheckpointError
 from mtcli.logs import get_logger
 from mtcli.rundir import checkpoint_dir, is_own_checkpoint_name, names, select_checkpoints
@@ -53,6 +60,7 @@ def average_checkpoints(paths: list[Path]) -> dict:
             raise CheckpointError(f"{path}: checkpoint has no model parameters")
         if i == 0:
             first_vocab, first = state.get("vocab"), _saved_model(state)
+            first_directions = trained_directions((state.get("config") or {}).get("data"))
             reference = {k: (v.dtype, v.shape) for k, v in model.items() if isinstance(v, torch.Tensor)}
         else:
             if state.get("vocab") != first_vocab:
@@ -61,6 +69,7 @@ def average_checkpoints(paths: list[Path]) -> dict:
                     f"({_vocab_text(first_vocab)} vs {_vocab_text(state.get('vocab'))})"
                 )
             _check_same_params(paths[0], reference, path, model)
+            _check_same_directions(paths[0], first_directions, path, state)
             differ = architecture_mismatches(_saved_model(state), first)
             if differ:
                 said = "; ".join(f"model.{key} {own} and {saved}" for key, saved, own in differ)
@@ -92,6 +101,13 @@ def _vocab_text(vocab: Any) -> str:
     if not isinstance(vocab, dict):
         return "no vocab recorded"
     return f"size {vocab.get('size')}, spm {str(vocab.get('spm_sha256') or '?')[:12]}"
+
+
+def _check_same_directions(first: Path, directions: list[tuple[str, str]] | None, path: Path, state: dict) -> None:
+    theirs = trained_directions((state.get("config") or {}).get("data"))
+    if directions is not None and theirs is not None and theirs != directions:
+        raise CheckpointError(f"cannot average {first.name} and {path.name}: trained for other directions "
+                              f"({directions_text(directions)} and {directions_text(theirs)})")
 
 
 def _check_same_params(

@@ -191,8 +191,11 @@ def export_model(
             "model": bundle.config.to_dict()["model"],
             "vocab_size": bundle.tokenizer.vocab_size,
             "usage": "ctranslate2.Translator(dir).translate_batch([spm pieces], suppress_sequences=[['<blank>'], "
-                     "['<s>']]) as mtcli decodes it (docs/decoding.md); source </s> is added",
+                     "['<s>']], min_decoding_length=0) as mtcli decodes it (docs/decoding.md); source </s> is added",
         }
+        if bundle.target_tags:  # a multilingual run: a source starts with its target language's tag
+            info["target_tags"] = {lang: bundle.tokenizer.id_to_piece(i) for lang, i in bundle.target_tags.items()}
+            info["usage"] += "; each source's pieces start with target_tags[target language]"
         (tmp / EXPORT_RECORD).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     get_logger().info("exported %s to %s (%s)", bundle.name, output, fmt)
     return output

@@ -112,3 +112,41 @@ def test_evaluate_and_translate_with_ensemble_members(tiny_run_dir: Path, tmp_pa
     assert sha256_file(stranger / "spm.model") != sha256_file(first / "spm.model")
     with pytest.raises(CheckpointError, match="spm.model differs from the first member's"):
         evaluate(first, split="val", ensemble=[stranger])
+
+
+def _reversed_run(run: Path, out: Path) -> Path:
+    """A copy of ``run`` whose config and checkpoints say it translates the other way."""
+    import shutil
+
+    import yaml
+
+    from mtcli.checkpoint import load_checkpoint, save_checkpoint
+
+    shutil.copytree(run, out)
+    config = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8"))
+    data = config["data"]
+    data["src_lang"], data["tgt_lang"] = data["tgt_lang"], data["src_lang"]
+    (out / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    for path in (out / "checkpoints").glob("checkpoint_*.pt"):
+        if not path.is_symlink():
+            state = load_checkpoint(path)
+            state["config"]["data"] = data
+            save_checkpoint(path, state)
+    return out
+
+
+def test_members_checkpoints_and_averages_of_other_directions_are_refused(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """A src->tgt model decoded with tgt->src weights (an ensemble member, a checkpoint given by
+    path, an average) was accepted: the vocabulary and shapes alone were compared."""
+    from mtcli import Translator
+    from mtcli.errors import CheckpointError
+    from mtcli.infer.averaging import average_checkpoints
+
+    other = _reversed_run(tiny_run_dir, tmp_path / "reverse")
+    with pytest.raises(CheckpointError, match="trained for tgt->src, the first member for src->tgt"):
+        Translator.from_run(tiny_run_dir, ensemble=[other], device="cpu")
+    with pytest.raises(CheckpointError, match=r"a checkpoint trained for tgt->src, not for src->tgt as"):
+        Translator.from_run(tiny_run_dir, checkpoint=other / "checkpoints" / "checkpoint_20.pt", device="cpu")
+    with pytest.raises(CheckpointError, match="trained for other directions"):
+        average_checkpoints([tiny_run_dir / "checkpoints" / "checkpoint_10.pt", other / "checkpoints" / "checkpoint_20.pt"])
+    Translator.from_run(other, device="cpu")  # its own run directory decodes it

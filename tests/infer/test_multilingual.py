@@ -117,3 +117,24 @@ def test_the_ctranslate2_engine_puts_the_same_tag(multi_run: Path) -> None:
     ours = Translator.from_run(multi_run, beam=1)
     for lang in ("tgt", "xx"):
         assert fast.translate(SOURCES, tgt_lang=lang) == ours.translate(SOURCES, tgt_lang=lang)
+
+
+def test_an_export_names_the_tags_its_sources_start_with(multi_run: Path, tmp_path: Path) -> None:
+    """Decoded as the export's record says, with the tag put first, the export gives our output."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    import json
+
+    from mtcli.data.tokenizer import Tokenizer
+    from mtcli.infer.export import export_model
+
+    out = export_model(multi_run, tmp_path / "ct2")
+    record = json.loads((out / "mtcli_export.json").read_text(encoding="utf-8"))
+    assert "target_tags[target language]" in record["usage"]
+    tokenizer, model = Tokenizer(out / "spm.model"), ctranslate2.Translator(str(out))
+    ours = Translator.from_run(multi_run, beam=1)
+    for lang, tag in record["target_tags"].items():
+        pieces = [[tag] + [tokenizer.id_to_piece(i) for i in tokenizer.encode(line)] for line in SOURCES]
+        found = model.translate_batch(pieces, beam_size=1, suppress_sequences=[["<blank>"], ["<s>"]],
+                                      max_decoding_length=16, min_decoding_length=0)
+        expected = ours.translate(SOURCES, tgt_lang=lang, max_len_a=0.0, max_len_b=16)
+        assert [tokenizer.decode([tokenizer.piece_to_id(p) for p in r.hypotheses[0]]) for r in found] == expected
