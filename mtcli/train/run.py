@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
-from mtcli.config import Config, save_config
+from mtcli.config import Config, load_config, save_config
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.freshness import open_prepared
 from mtcli.data.vocabmap import tokenizer_files
@@ -132,6 +132,18 @@ def setup_run_dir(config: Config, corpus: PreparedCorpus, run_dir: Path) -> None
     for name in (name for split in dict.fromkeys(splits) for name in corpus.eval_copies(split)):
         for lang in corpus.split_langs[name]:
             atomic_copy(corpus.text_path(name, lang), run_dir / TEXT_DIR / f"{name}.{lang}")
+
+
+def keep_decode_settings(run_dir: Path, config: Config) -> str:
+    """Write ``config``'s decode settings into a finished run's config.yaml, which ``evaluate``,
+    ``translate`` and ``serve`` decode with: nothing else of it changes, as nothing was trained.
+    Returns what to add to the log line ("" when they are the same)."""
+    path = run_dir / CONFIG_NAME
+    saved = load_config(path, lenient=True)
+    if saved.decode == config.decode:
+        return ""
+    save_config(dataclasses.replace(saved, decode=config.decode), path)
+    return " but for its decode settings, taken into config.yaml"
 
 
 def resolve_precision(config: Config, device: torch.device) -> tuple[Config, str]:
@@ -296,8 +308,9 @@ def train(config: Config) -> TrainSummary:
             trainer.resume(*found)
             finished = trainer.finished()
             if finished is not None:  # a finished run given again: its files stay as they are
-                log.info("nothing to train: %s at step %d (raise it to train further); %s is unchanged",
-                         finished, trainer.step, run_dir)
+                decode = keep_decode_settings(run_dir, config) if info.is_main else ""
+                log.info("nothing to train: %s at step %d (raise it to train further); %s is unchanged%s",
+                         finished, trainer.step, run_dir, decode)
                 return _summary(trainer, finished)
         elif config.train.init_from:
             parent = load_parent(config.train.init_from, config.train.init_average)

@@ -22,6 +22,7 @@ from conftest import (
 )
 
 from mtcli.checkpoint import load_checkpoint
+from mtcli.config import load_config
 from mtcli.device import cpu_has_bf16_units
 from mtcli.errors import CheckpointError, ConfigError, DataError, TrainingError
 from mtcli.rundir import read_index
@@ -564,6 +565,13 @@ def test_a_finished_run_given_again_is_left_as_it_was(prepared: Path, tmp_path: 
     assert again.steps == 4 and again.stop_reason == "max_steps=4"
     assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and p.name != "train.log"} == files
     assert "nothing to train: max_steps=4 at step 4" in (run / "train.log").read_text(encoding="utf-8")
+    # decode settings, which evaluate reads from config.yaml, are taken; nothing else changes
+    train(make_config(prepared, run, "train.max_steps=4", "train.valid_every=2", "decode.beam_size=3"))
+    assert load_config(run / "config.yaml").decode.beam_size == 3
+    assert {p: p.read_bytes() for p in sorted(run.rglob("*"))
+            if p.is_file() and p.name not in ("train.log", "config.yaml")} == {
+        p: data for p, data in files.items() if p.name != "config.yaml"}
+    assert "but for its decode settings, taken into config.yaml" in (run / "train.log").read_text(encoding="utf-8")
 
 
 def test_sigterm_saves_checkpoint_and_exits_143(prepared: Path, tmp_path: Path) -> None:
