@@ -16,11 +16,14 @@ child's own: the pieces its new training targets use, taken from the parent's ti
 Files are read as every checkpoint is (:func:`mtcli.checkpoint.load_checkpoint`): checksum
 first, then weights only, so a crafted file never runs code. The child's run directory records
 its parent in ``parent.json``; once the child has a checkpoint, running the same command again
-resumes the child exactly, and ``init_from`` is not read again.
+resumes the child exactly, and ``init_from`` is not read again, but checked: when the weights
+it names are no longer the ones ``parent.json`` records (the parent trained further, say), the
+resume is refused, since the child would no longer be an adaptation of that parent.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,3 +134,24 @@ def start_from(model: Transformer, parent: Parent, config: Config, spm_sha256: s
 
 
 __all__ = ["PARENT_NAME", "Parent", "load_parent", "mismatches", "parent_checkpoints", "start_from"]
+
+
+def check_parent_unchanged(run_dir: Path, init_from: str, average: int) -> None:
+    """Refuse to resume a child whose ``train.init_from`` now names other weights than those it
+    started from (``parent.json``): another checkpoint, or one of the same name rewritten. A
+    parent that is gone, or a child without a record, is not checked."""
+    record_path = run_dir / PARENT_NAME
+    if not init_from or not record_path.is_file():
+        return
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        recorded = [(str(c["file"]), str(c["sha256"])) for c in record["checkpoints"]]
+        paths = parent_checkpoints(init_from, average)
+    except (OSError, ValueError, KeyError, TypeError, ConfigError):
+        return
+    now = [(str(p.resolve()), sha256_file(p)) for p in paths]
+    if now != recorded:
+        names = ", ".join(Path(file).name for file, _ in recorded)
+        raise CheckpointError(
+            f"{run_dir}: started from {names} of {init_from}, which train.init_from no longer names as they "
+            f"were (the parent has other weights now); use a new run directory to adapt them")

@@ -49,7 +49,7 @@ from mtcli.train.distributed import (
     leave_distributed,
     peer_failures,
 )
-from mtcli.train.parent import PARENT_NAME, load_parent, start_from
+from mtcli.train.parent import PARENT_NAME, check_parent_unchanged, load_parent, start_from
 from mtcli.train.resume import find_resume_checkpoint, remove_stale_temp_files
 from mtcli.train.signals import StopSignals
 from mtcli.train.trainer import Trainer
@@ -305,6 +305,7 @@ def train(config: Config) -> TrainSummary:
         trainer = Trainer(config, info, device, corpus, run_dir, signals)
         parent = None
         if found is not None:
+            check_parent_unchanged(run_dir, config.train.init_from, config.train.init_average)
             trainer.resume(*found)
             finished = trainer.finished()
             if finished is not None:  # a finished run given again: its files stay as they are

@@ -164,3 +164,19 @@ def test_a_crafted_checkpoint_as_parent_never_runs_code(parent_run: tuple[Path, 
     with pytest.raises(CheckpointError, match="refused"):
         train(child_config(prepared, tmp_path / "child", evil))
     assert not marker.exists()
+
+
+def test_a_child_is_not_resumed_once_its_parent_has_other_weights(parent_run: tuple[Path, Path],
+                                                                   tmp_path: Path) -> None:
+    """The parent trained further (its last checkpoint now another step): resuming the child
+    would pair a table's new parent with a child adapted from the old one."""
+    import shutil
+
+    prepared, original = parent_run
+    parent = tmp_path / "parent"
+    shutil.copytree(original, parent)
+    child = tmp_path / "child"
+    train(child_config(prepared, child, parent, "train.max_steps=2", "train.valid_every=2"))
+    shutil.copyfile(parent / "checkpoints" / "checkpoint_6.pt", parent / "checkpoints" / "checkpoint_8.pt")
+    with pytest.raises(CheckpointError, match=r"started from checkpoint_8.pt of .*, which train.init_from no longer"):
+        train(child_config(prepared, child, parent, "train.max_steps=4", "train.valid_every=2"))
