@@ -80,6 +80,7 @@ reproduce-multilingual:
 	$(BIN)/python -m mtcli.multilingual --seeds $(SEEDS) $(REPRODUCE_ARGS)
 
 # reuses the en-de row of results/multi30k.json with seed BT_SEED as "all pairs real" when it is there
+# and was trained by the same recipe
 reproduce-bt:
 	$(BIN)/python -m mtcli.backtranslation --seed $(BT_SEED) $(REPRODUCE_ARGS)
 

@@ -19,16 +19,18 @@ penalty chosen on val, then test2016):
    ``<!-- bt:start -->`` and ``<!-- bt:end -->``).
 
 Stopped and started again, it goes on where it stopped: a training run resumes from its last
-checkpoint, and a finished run's scores (``row.json`` in its run directory) and each
+checkpoint, and a finished run's scores (``<run>.row.json`` beside its run directory) and each
 back-translation (``made_by.json`` beside it) are kept while the config, the model and the
-settings are the same.
+settings are the same; a run whose input corpora changed is trained afresh.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,8 +43,8 @@ from mtcli.errors import MtcliError
 from mtcli.fileio import atomic_write, sha256_file
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, setup_logging
-from mtcli.reproduce import run_recipe, seed_config
-from mtcli.results import README, RESULTS_DIR, load_results, write_table
+from mtcli.reproduce import is_the_recipe, run_recipe, seed_config
+from mtcli.results import README, RESULTS_DIR, load_results, recipe_fingerprint, write_table
 
 FORWARD, REVERSE = "configs/multi30k_en_de.yaml", "configs/multi30k_de_en.yaml"
 TABLE = "bt"
@@ -97,20 +99,46 @@ def back_translate(run_dir: Path, checkpoint: Path, mono: Path, out: Path, data:
     return out
 
 
+def _inputs(config: Config) -> dict[str, str]:
+    """Each corpus of ``config`` that is a local directory, with a sha256 over its files' (the
+    halves and back-translations this pipeline writes); a named corpus stands for itself."""
+    found = {}
+    for source in [config.data.source] + [c.source for c in config.data.sources]:
+        path = Path(source)
+        if source and path.is_dir():
+            files = sorted(p for p in path.iterdir() if p.is_file())
+            found[source] = hashlib.sha256("".join(f"{p.name}:{sha256_file(p)};" for p in files).encode()).hexdigest()
+        elif source:
+            found[source] = source
+    return found
+
+
 def recipe_row(config: Config) -> dict[str, Any]:
-    """:func:`~mtcli.reproduce.run_recipe`'s row for ``config``, kept in its run directory
-    (``row.json``, with the config), so that a restarted ``make reproduce-bt`` does not train,
-    average and score a finished run again. A changed config runs (and resumes) it again."""
-    record = config.run_path() / "row.json"
+    """:func:`~mtcli.reproduce.run_recipe`'s row for ``config``, kept beside its run directory
+    (``<run>.row.json``, with the config and a checksum of its input corpora, written before it
+    trains too), so that a restarted ``make reproduce-bt`` does not train, average and score a
+    finished run again. A changed config runs (and resumes) it again; changed inputs (the data,
+    or a reverse model that back-translates differently) train it afresh, as its checkpoints
+    are of other data."""
+    run_dir, log = config.run_path(), get_logger()
+    record = run_dir.with_name(f"{run_dir.name}.row.json")
+    earlier = record if record.is_file() else run_dir / "row.json"  # where an older mtcli kept it
     wanted = json.loads(json.dumps(config.to_dict()))  # as it reads back from JSON
-    if record.is_file():
-        saved = json.loads(record.read_text(encoding="utf-8"))
-        if saved.get("config") == wanted:
-            get_logger().info("%s: finished earlier, its scores kept (%s)", config.run_path(), record)
+    inputs = _inputs(config)
+    if earlier.is_file():
+        saved = json.loads(earlier.read_text(encoding="utf-8"))
+        if saved.get("inputs", inputs) != inputs:
+            log.info("%s: its training data changed since it ran: trained afresh", run_dir)
+            shutil.rmtree(run_dir)
+            shutil.rmtree(config.data.prepared_path(), ignore_errors=True)
+        elif saved.get("config") == wanted and saved.get("row") is not None:
+            log.info("%s: finished earlier, its scores kept (%s)", run_dir, record)
             return saved["row"]
+    with atomic_write(record) as handle:  # the inputs it trains on, before it trains
+        handle.write(json.dumps({"config": wanted, "inputs": inputs, "row": None}, indent=2) + "\n")
     row = run_recipe(config)
     with atomic_write(record) as handle:
-        handle.write(json.dumps({"config": wanted, "row": row}, indent=2) + "\n")
+        handle.write(json.dumps({"config": wanted, "inputs": inputs, "row": row}, indent=2) + "\n")
     return row
 
 
@@ -195,12 +223,23 @@ def main(argv: list[str] | None = None) -> int:
         forward = seed_config(load_config(args.forward, args.overrides), args.seed)
         reverse = seed_config(load_config(args.reverse, args.overrides), args.seed)
         real = (load_results(args.results, "multi30k").get("en-de") or {}).get("seeds", {}).get(str(args.seed))
+        if real is not None and real.get("recipe") != recipe_fingerprint(forward):
+            get_logger().info("the en-de row of %s was trained by another recipe (or does not say which): "
+                              "every pair real is trained here", args.results / "multi30k.json")
+            real = None
         table = run_bt(forward, reverse, args.work / f"seed{args.seed}", real)
     except MtcliError as exc:
         print(f"mtcli: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt:
+        print("mtcli: error: interrupted (run the same command again to go on)", file=sys.stderr)
+        return 130
+    readme = args.readme
+    if not (is_the_recipe(forward, FORWARD) and is_the_recipe(reverse, REVERSE)):
+        get_logger().warning("the recipes were changed (--forward/--reverse/--set): %s is left as it is", readme)
+        readme = None
     markdown = render(table)
-    write_table(table, markdown, args.results, TABLE, args.readme)
+    write_table(table, markdown, args.results, TABLE, readme)
     print(markdown)
     return 0
 

@@ -27,8 +27,15 @@ from mtcli.data.prepare import prepare
 from mtcli.errors import ConfigError, MtcliError, one_line
 from mtcli.evaluate import evaluate, evaluate_directions
 from mtcli.infer.loading import run_directions
-from mtcli.logs import setup_logging
-from mtcli.reproduce import SCORES, choose_average, search_length_penalty, seed_config
+from mtcli.logs import get_logger, setup_logging
+from mtcli.reproduce import (
+    SCORES,
+    choose_average,
+    is_the_recipe,
+    parse_seeds,
+    search_length_penalty,
+    seed_config,
+)
 from mtcli.results import (
     README,
     RESULTS_DIR,
@@ -37,6 +44,7 @@ from mtcli.results import (
     load_results,
     markers,
     named_commit,
+    recipe_fingerprint,
     seed_words,
     seeds_by_device,
     source_tree,
@@ -101,7 +109,18 @@ def run_seed(config: Config) -> dict[str, Any]:
             "params": summary.parameters, "train_steps": summary.steps,
             "train_minutes": summary.elapsed_seconds / 60.0, "train_tokens_per_s": summary.tokens_per_second,
             "device": device_name(str(next(iter(scores.values()))["device"])), "commit": git_commit(), "tree": source_tree(),
-            "run_dir": str(run_dir)}
+            "run_dir": str(run_dir), "recipe": recipe_fingerprint(config)}
+
+
+def same_recipe(seeds: dict[str, dict[str, Any]], recipe: str) -> dict[str, dict[str, Any]]:
+    """The stored ``seeds`` trained by ``recipe`` (:func:`~mtcli.results.recipe_fingerprint`):
+    the others, or those that do not say, are left out of the table (with a warning), never
+    averaged with this run's."""
+    dropped = [seed for seed, row in seeds.items() if row.get("recipe") != recipe]
+    if dropped:
+        get_logger().warning("seed(s) %s of the stored table were trained by another recipe (or do not say "
+                             "which): left out", ", ".join(dropped))
+    return {seed: row for seed, row in seeds.items() if seed not in dropped}
 
 
 def merge_seeds(paths: list[Path]) -> dict[str, dict[str, Any]]:
@@ -176,7 +195,7 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(results: dict[str, Any], results_dir: Path, readme: Path) -> None:
+def write(results: dict[str, Any], results_dir: Path, readme: Path | None) -> None:
     """``results/multilingual.{json,md}``, atomically, and the README's block when it has one."""
     write_table(results, render(results), results_dir, TABLE, readme)
 
@@ -195,19 +214,30 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging()
     keep_freed_memory()
+    readme = args.readme
     try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        seeds = parse_seeds(args.seeds) or []
         config = load_config(args.config, args.overrides)
         previous = load_results(args.results, TABLE).get("seeds", {})
         if args.merge:
             previous.update(merge_seeds(args.merge))
+        else:
+            previous = same_recipe(previous, recipe_fingerprint(config))
+            if not is_the_recipe(config, RECIPE):
+                get_logger().warning("the recipe was changed (--config/--set): %s is left as it is", readme)
+                readme = None
         for seed in seeds if not args.merge else []:
             previous[str(seed)] = run_seed(seed_config(config, seed))
+        if not previous:
+            raise ConfigError("no seed to tabulate: give --seeds (e.g. 1,2,3) or --merge results with seeds")
         results = combine(previous, load_results(args.results, BILINGUAL_TABLE))
-    except (MtcliError, ValueError) as exc:
+    except MtcliError as exc:
         print(f"mtcli: error: {exc}", file=sys.stderr)
-        return getattr(exc, "exit_code", 2)
-    write(results, args.results, args.readme)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("mtcli: error: interrupted (run the same command again to go on)", file=sys.stderr)
+        return 130
+    write(results, args.results, readme)
     print(render(results))
     return 0
 

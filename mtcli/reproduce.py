@@ -37,7 +37,7 @@ from mtcli.errors import ConfigError, MtcliError
 from mtcli.evaluate import evaluate
 from mtcli.fileio import atomic_write
 from mtcli.infer.averaging import average_run_checkpoints
-from mtcli.logs import setup_logging
+from mtcli.logs import get_logger, setup_logging
 from mtcli.results import (
     README,
     RESULTS_DIR,
@@ -45,6 +45,7 @@ from mtcli.results import (
     git_commit,
     load_results,
     named_commit,
+    recipe_fingerprint,
     seed_words,
     seeds_by_device,
     source_tree,
@@ -146,8 +147,9 @@ def render_markdown(results: dict[str, dict[str, Any]]) -> str:
 
 
 def write_results(results: dict[str, dict[str, Any]], results_dir: Path = RESULTS_DIR,
-                  readme: Path = README, table_name: str = "multi30k") -> None:
-    """Write ``<table_name>.json`` and ``.md`` atomically and refresh the README's block."""
+                  readme: Path | None = README, table_name: str = "multi30k") -> None:
+    """Write ``<table_name>.json`` and ``.md`` atomically and refresh the README's block (not
+    with ``readme`` None)."""
     write_table(results, render_markdown(results), results_dir, table_name, readme, sort_keys=True)
 
 
@@ -252,7 +254,8 @@ def run_recipe(config: Config, valid_only: bool = False) -> dict[str, Any]:
               "train_tokens_per_s": summary.tokens_per_second, "average_last": len(used),
               "length_penalty": alpha,
               "valid_bleu_by_average": valid_by_average,
-              "valid_bleu_by_length_penalty": valid_by_alpha, "commit": git_commit(), "tree": source_tree()}
+              "valid_bleu_by_length_penalty": valid_by_alpha, "commit": git_commit(), "tree": source_tree(),
+              "recipe": recipe_fingerprint(config)}
     if valid_only:
         row = {"valid_split": valid, "best_valid_bleu_greedy": summary.best_valid_bleu,
                "valid_bleu": valid_by_alpha[str(alpha)], "config": config.to_dict(), **common}
@@ -325,7 +328,7 @@ def combine_seeds(rows: dict[int, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _parse_seeds(text: str | None) -> list[int] | None:
+def parse_seeds(text: str | None) -> list[int] | None:
     if text is None:
         return None
     try:
@@ -348,6 +351,41 @@ def run_seeds(config: Config, seeds: list[int] | None, valid_only: bool = False)
         return {"seeds": {str(s): r for s, r in rows.items()},
                 "valid_bleu_mean": statistics.fmean(r["valid_bleu"] for r in rows.values())}
     return combine_seeds(rows)
+
+
+def is_the_recipe(config: Config, recipe: str, overrides: list[str] | None = None) -> bool:
+    """Whether ``config`` trains what the recipe file ``recipe`` (with ``overrides``) trains, as
+    :func:`~mtcli.results.recipe_fingerprint` says: a run changed by ``--set``/``--config`` does
+    not refresh the README's table, whose rows are the recipes' (False where the file is not
+    found, as when run outside a checkout)."""
+    try:
+        return recipe_fingerprint(config) == recipe_fingerprint(load_config(recipe, overrides))
+    except ConfigError:
+        return False
+
+
+def with_earlier_seeds(earlier: dict[str, Any] | None, row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` (:func:`combine_seeds`) with the seeds of ``earlier``, the row it replaces, that
+    were not run again and were trained by the same recipe (``recipe``): ``SEEDS=1`` run again
+    keeps seeds 2 and 3. Seeds of another recipe, or of a row that does not say, are dropped."""
+    seeds = row.get("seeds") or {}
+    recipes = {r.get("recipe") for r in seeds.values()}
+    kept: dict[str, Any] = {}
+    dropped: list[str] = []
+    for seed, seed_row in ((earlier or {}).get("seeds") or {}).items():
+        if seed in seeds:
+            continue
+        if len(recipes) == 1 and None not in recipes and seed_row.get("recipe") in recipes:
+            kept[seed] = seed_row
+        else:
+            dropped.append(seed)
+    if dropped:
+        get_logger().warning("the row's seed(s) %s were trained by another recipe (or do not say which): "
+                             "replaced by this run's", ", ".join(dropped))
+    if not kept:
+        return row
+    get_logger().info("seed(s) %s of the same recipe kept from the earlier row", ", ".join(kept))
+    return combine_seeds({int(s): r for s, r in {**kept, **seeds}.items()})
 
 
 def merge_seed_results(paths: list[Path], row_key: str, table_name: str) -> dict[str, Any]:
@@ -483,16 +521,26 @@ def main(argv: list[str] | None = None) -> int:
             if row_key == ADAPTED_ROW and not args.valid_only:
                 row = run_adaptation(config)
             else:
-                row = run_seeds(config, _parse_seeds(args.seeds), args.valid_only)
+                row = run_seeds(config, parse_seeds(args.seeds), args.valid_only)
     except MtcliError as exc:
         print(f"mtcli: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt:
+        print("mtcli: error: interrupted (run the same command again to go on)", file=sys.stderr)
+        return 130
     if args.valid_only:
         print(json.dumps(row, indent=2))
         return 0
     results = load_results(args.results, table_name)
+    readme = args.readme
+    if not args.merge:
+        row = with_earlier_seeds(results.get(row_key), row) if "seeds" in row else row
+        if not is_the_recipe(config, recipe, pair_overrides(args.direction)):
+            get_logger().warning("the recipe was changed (--config/--set): %s is left as it is; the row is in %s",
+                                 readme, args.results / f"{table_name}.json")
+            readme = None
     results[row_key] = row
-    write_results(results, args.results, args.readme, table_name)
+    write_results(results, args.results, readme, table_name)
     print(render_markdown(results))
     return 0
 

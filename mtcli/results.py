@@ -9,6 +9,7 @@ differ from it; the tables themselves do not count), the git tree of its files, 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from mtcli.config import Config
 from mtcli.device import cpu_has_bf16_units, cpu_name
 from mtcli.fileio import atomic_write
 from mtcli.logs import get_logger
@@ -27,6 +29,24 @@ README = Path("README.md")
 MARK_START, MARK_END = "<!-- results:start -->", "<!-- results:end -->"
 #: every results table: the recipes' (mtcli.reproduce), the multilingual and back-translation ones
 TABLES = ("bt", "multi30k", "multilingual", "wmt_news")
+
+
+#: config keys that say where and how a run is carried out, not what it trains: a recipe's
+#: fingerprint leaves them out, so the same recipe run from a local copy of the data, on another
+#: device or with another seed compares equal
+PLACE_KEYS = {"data": ("source", "prepared_dir", "num_workers"),
+              "train": ("seed", "run_dir", "device", "num_threads", "progress", "log_every", "compile"),
+              "decode": ("workers",)}
+
+
+def recipe_fingerprint(config: Config) -> str:
+    """16 hex digits of a sha256 over ``config`` less :data:`PLACE_KEYS`: each results row keeps
+    it (``recipe``), so that seeds of different recipes are never averaged into one row."""
+    data = config.to_dict()
+    for section, keys in PLACE_KEYS.items():
+        for key in keys:
+            (data.get(section) or {}).pop(key, None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _git(*args: str, env: dict[str, str] | None = None) -> str:
@@ -130,15 +150,17 @@ def markers(table: str) -> tuple[str, str]:
     return (MARK_START, MARK_END) if table == "multi30k" else (f"<!-- {table}:start -->", f"<!-- {table}:end -->")
 
 
-def write_table(results: dict[str, Any], table: str, results_dir: Path, table_name: str, readme: Path,
+def write_table(results: dict[str, Any], table: str, results_dir: Path, table_name: str, readme: Path | None,
                 sort_keys: bool = False) -> None:
     """``results_dir/<table_name>.json`` (``results``) and ``.md`` (``table``), each written
-    atomically, and ``table`` into the README's block (:func:`refresh_readme`)."""
+    atomically, and ``table`` into the README's block (:func:`refresh_readme`; not with
+    ``readme`` None)."""
     with atomic_write(results_dir / f"{table_name}.json") as handle:
         handle.write(json.dumps(results, indent=2, sort_keys=sort_keys) + "\n")
     with atomic_write(results_dir / f"{table_name}.md") as handle:
         handle.write(table)
-    refresh_readme(readme, table_name, table)
+    if readme is not None:
+        refresh_readme(readme, table_name, table)
 
 
 def refresh_readme(readme: Path, table_name: str, table: str) -> None:

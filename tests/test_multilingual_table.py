@@ -34,8 +34,8 @@ def test_multilingual_table_on_toy(tmp_path: Path) -> None:
     assert not (tmp_path / "run-seed1" / "eval" / "lp1").exists()
     src_tgt = table["directions"]["src-tgt"]
     assert src_tgt["bilingual_bleu_lc"] == 12.5 and src_tgt["bleu_lc_per_seed"] == [seed["directions"]["src-tgt"]["bleu_lc"]]
-    text = readme.read_text()
-    assert text.startswith("intro\n") and text.endswith("end\n")
+    assert readme.read_text() == f"intro\n{MARKS[0]}\n{MARKS[1]}\nend\n"  # another recipe: left alone
+    text = (results / "multilingual.md").read_text()
     assert "| src-tgt |" in text and "| src-xx |" in text and "| 12.50 (1 seed) |" in text
     # a seed run apart (another process, --results elsewhere) is added with --merge, never twice
     apart = tmp_path / "apart"

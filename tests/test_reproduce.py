@@ -92,7 +92,8 @@ def test_reproduce_pipeline_on_toy(tmp_path: Path, toy_config_path: Path) -> Non
     left = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("checkpoint_avg_last*.pt"))
     assert left == [f"checkpoint_avg_last{chosen}.pt"]
     assert (tmp_path / "run" / "learning_curves.png").exists()
-    assert "| de-en |" in readme.read_text()
+    assert "| de-en |" in (tmp_path / "results" / "multi30k.md").read_text()
+    assert "| de-en |" not in readme.read_text()  # another recipe than the README's: its table is left alone
 
 
 def test_more_test_splits_get_rows_and_their_own_table(tmp_path: Path) -> None:
@@ -202,7 +203,7 @@ def test_seeds_train_their_own_runs_and_the_row_keeps_each(tmp_path: Path, toy_c
     a = load_checkpoint(tmp_path / "run-seed1" / "checkpoints" / "checkpoint_last.pt")["model"]
     b = load_checkpoint(tmp_path / "run-seed2" / "checkpoints" / "checkpoint_last.pt")["model"]
     assert any(not torch.equal(a[k], b[k]) for k in a)
-    line = next(x for x in readme.read_text().splitlines() if x.startswith("| de-en |"))
+    line = next(x for x in (tmp_path / "results" / "multi30k.md").read_text().splitlines() if x.startswith("| de-en |"))
     assert f"| {seeds[0]['bleu_lc']:.2f} / {seeds[1]['bleu_lc']:.2f} |" in line
 
 
@@ -319,6 +320,7 @@ def test_two_directions_in_a_row_on_a_clean_clone_both_carry_the_clean_commit(
     _git(repo, "commit", "-qm", "clean")
     clean, tree = _git(repo, "rev-parse", "--short", "HEAD"), _git(repo, "rev-parse", "HEAD^{tree}")
     monkeypatch.chdir(repo)
+    monkeypatch.setattr("mtcli.reproduce.is_the_recipe", lambda *args: True)  # the toy stands for the recipes
     for recipe in ("de_en", "en_de"):
         assert main([recipe, "--config", str(toy_config_path), "--data", str(TOY_DIR),
                      "--set", f"data.prepared_dir={tmp_path / 'prep'}",
@@ -342,3 +344,21 @@ def test_every_recipe_table_is_a_known_results_table_and_the_pairs_are_their_own
         assert RECIPES[name][1:] == ("multi30k", f"{src}-{tgt}")
         assert f"data.name=multi30k_{name}" in pair_overrides(name)
         assert f"data.src_lang={src}" in pair_overrides(name) and f"data.tgt_lang={tgt}" in pair_overrides(name)
+
+
+def test_a_seed_run_again_keeps_the_other_seeds_of_its_recipe_only() -> None:
+    """SEEDS=1 run again replaced a three-seed row by seed 1 alone; seeds of another recipe (a
+    smoke test's 20 steps) must not be averaged with it either."""
+    from mtcli.reproduce import with_earlier_seeds
+
+    def seed_row(seed: int, bleu_lc: float, recipe: str | None) -> dict:
+        return dict(ROW, seed=seed, bleu_lc=bleu_lc, train_steps=8000, average_last=2, length_penalty=1.0,
+                    recipe=recipe, decode="beam 5, length penalty 1, average of the last 2 checkpoints")
+
+    earlier = combine_seeds({1: seed_row(1, 40.0, "a"), 2: seed_row(2, 41.0, "a"), 3: seed_row(3, 42.0, "b")})
+    again = with_earlier_seeds(earlier, combine_seeds({1: seed_row(1, 39.0, "a")}))
+    assert sorted(again["seeds"]) == ["1", "2"] and again["bleu_lc"] == pytest.approx(40.0)
+    other = combine_seeds({1: seed_row(1, 10.0, "c")})
+    assert with_earlier_seeds(earlier, other) == other
+    unknown = combine_seeds({1: seed_row(1, 10.0, None)})
+    assert with_earlier_seeds(earlier, unknown) == unknown
