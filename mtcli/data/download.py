@@ -22,9 +22,11 @@ unpacked text mtcli's results were computed on.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import os
+import time
 import urllib.error
 import urllib.request
 import zlib
@@ -42,6 +44,9 @@ BASE_URL = "https://raw.githubusercontent.com/"
 #: Local copies tried before the cache, relative to the working directory.
 LOCAL_COPIES = (Path("../shared/data"),)
 TIMEOUT_S = 60.0
+# a download's temporary file untouched this long was left by a killed download (a live one writes
+# at least every TIMEOUT_S)
+STALE_S = 600.0
 
 _MULTI30K = "multi30k/dataset/master/data/task1/raw/"
 _TESTSETS = "Helsinki-NLP/OPUS-MT-testsets/master/testsets/en-de/"
@@ -158,7 +163,16 @@ def _source(part: str) -> tuple[str, Iterator[bytes]]:
     return url, _chunks(url)
 
 
-def _fetch(file: PublicFile, path: Path) -> None:
+def _remove_stale_parts(path: Path) -> None:
+    """Remove what a killed download of ``path`` left (its temporary file): untouched for
+    :data:`STALE_S`, a download would have written it since, or timed out."""
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        with contextlib.suppress(OSError):
+            if time.time() - tmp.stat().st_mtime > STALE_S:
+                tmp.unlink()
+
+
+def _fetch(file: PublicFile, path: Path, name: str) -> None:
     """Download ``file`` into ``path``: written under a temporary name, renamed once verified."""
     digest, size, url = hashlib.sha256(), 0, ""
     try:
@@ -173,15 +187,20 @@ def _fetch(file: PublicFile, path: Path) -> None:
                 raise DataError(
                     f"{url}: the download does not match its pinned checksum ({size} bytes, sha256 "
                     f"{digest.hexdigest()[:12]}..., expected {file.size} bytes, {file.sha256[:12]}...); "
-                    f"nothing was kept. Put the corpus's files in a directory and pass --set data.source=DIR"
+                    f"nothing was kept. {_instead(name)}"
                 )
     except (urllib.error.URLError, HTTPException, OSError, EOFError, zlib.error) as exc:
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
         raise DataError(
             f"cannot download {url}: {one_line(reason) if isinstance(reason, BaseException) else reason}; "
-            f"nothing was kept. Without internet, put the corpus's <split>.<lang> files in a directory "
-            f"and pass --set data.source=DIR"
+            f"nothing was kept. Without internet, {_instead(name)}"
         ) from None
+
+
+def _instead(name: str) -> str:
+    """What to do when corpus ``name`` cannot be downloaded."""
+    return (f"put its <split>.<lang> files in a directory DIR and pass --set data.source=DIR, or (a recipe "
+            f"of several corpora, data.sources) in DIR/{name}/ and set MTCLI_DATA=DIR")
 
 
 def _verified(path: Path, file: PublicFile) -> bool:
@@ -203,7 +222,8 @@ def locate(name: str) -> Path:
                  sum(f.size for f in missing) / 1e6, root)
         root.mkdir(parents=True, exist_ok=True)
         for file in missing:
-            _fetch(file, root / file.name)
+            _remove_stale_parts(root / file.name)
+            _fetch(file, root / file.name, name)
             log.info("  %s: %d bytes, sha256 verified", file.name, file.size)
     return root
 

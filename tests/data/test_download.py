@@ -152,7 +152,25 @@ def test_a_server_that_is_down_is_one_line_naming_the_url(toy_corpus: tuple[File
         locate("toy-public")
     assert str(err.value).startswith(f"cannot download {server.url}toy/test.src: ")
     assert "Without internet" in str(err.value) and "\n" not in str(err.value)
+    assert "in DIR/toy-public/ and set MTCLI_DATA=DIR" in str(err.value)  # for recipes of several corpora
     _nothing_half_written(root)
+
+
+def test_what_a_killed_download_left_is_removed_once_stale(toy_corpus: tuple[Files, Path]) -> None:
+    """A SIGKILL mid-transfer leaves the temporary file: removed by the next download of that
+    file once untouched for STALE_S (a live download writes it more often)."""
+    import os
+    import time
+
+    _, root = toy_corpus
+    root.mkdir(parents=True)
+    stale, live = root / ".val.src.abc123.tmp", root / ".val.tgt.def456.tmp"
+    for path in (stale, live):
+        path.write_bytes(b"half")
+    old = time.time() - download.STALE_S - 60
+    os.utime(stale, (old, old))
+    locate("toy-public")
+    assert not stale.exists() and live.exists()
 
 
 def test_a_local_copy_wins_and_is_left_as_it_is(toy_corpus: tuple[Files, Path], tmp_path: Path,
