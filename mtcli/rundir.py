@@ -50,6 +50,25 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+def run_file_role(path: Path) -> str | None:
+    """What ``path`` is to a run directory it lies in (its top level or its ``checkpoints/``): a
+    file training or decoding reads ("the run's config", "a checkpoint training resumes from",
+    ...), else None, for a file a command may write there (an average of its own name)."""
+    parent = path.parent
+    if (parent / CONFIG_NAME).is_file() and (parent / "checkpoints").is_dir():
+        own = {CONFIG_NAME: "the run's config", SPM_NAME: "its SentencePiece model",
+               SOURCE_SPM_NAME: "its SentencePiece model", TARGET_SPM_NAME: "its SentencePiece model",
+               VOCAB_NAME: "its vocabulary", MANIFEST_NAME: "its data manifest", "train.log": "its log",
+               "train.lock": "its lock", "parent.json": "its parent's record"}
+        return own.get(path.name)
+    if parent.name == "checkpoints" and (parent.parent / CONFIG_NAME).is_file():
+        if path.name == "index.json":
+            return "its checkpoint index"
+        if is_own_checkpoint_name(path.name):
+            return "a checkpoint training resumes from and ranks"
+    return None
+
+
 def is_own_checkpoint_name(name: str) -> bool:
     """Whether ``name`` is one a training writes into ``checkpoints/`` and resumes from or ranks:
     ``checkpoint_last.pt``, ``checkpoint_best.pt``, ``checkpoint_<step>.pt``."""

@@ -798,6 +798,17 @@ def test_average_run_last_and_best(tmp_path: Path) -> None:
                                                   "checkpoint_avg_last2.pt"):
             average_run_checkpoints(tmp_path, own / name, last=2)
     average_run_checkpoints(tmp_path, own / "checkpoint_avg_last2.pt", last=2)  # the recipes' name
+    other = tmp_path / "other"  # another run's files, and this run's own, are not outputs either
+    (other / "checkpoints").mkdir(parents=True)
+    for run in (tmp_path, other):
+        (run / "config.yaml").write_text("data: {}\n", encoding="utf-8")
+    for path, role in [(tmp_path / "config.yaml", "the run's config"), (own / "index.json", "its checkpoint index"),
+                       (other / "checkpoints" / "checkpoint_last.pt", "a checkpoint training resumes from"),
+                       (other / "spm.model", "its SentencePiece model")]:
+        with pytest.raises(CheckpointError, match=f"{path.name}: {role}"):
+            average_run_checkpoints(tmp_path, path, last=2)
+    assert (tmp_path / "config.yaml").read_text(encoding="utf-8") == "data: {}\n"
+    average_run_checkpoints(tmp_path, other / "checkpoints" / "checkpoint_avg_last2.pt", last=2)
 
 
 def test_cli_average(tmp_path: Path) -> None:

@@ -22,7 +22,13 @@ from mtcli.checkpoint import (
 )
 from mtcli.errors import CheckpointError
 from mtcli.logs import get_logger
-from mtcli.rundir import checkpoint_dir, is_own_checkpoint_name, names, select_checkpoints
+from mtcli.rundir import (
+    checkpoint_dir,
+    is_own_checkpoint_name,
+    names,
+    run_file_role,
+    select_checkpoints,
+)
 
 
 def _saved_model(state: dict) -> dict[str, Any]:
@@ -140,10 +146,14 @@ def average_run_checkpoints(run_dir: Path, output: Path, last: int = 0, best: in
     if not checkpoint_dir(run_dir).is_dir():
         raise CheckpointError(f"{run_dir}: not a run directory (no checkpoints/)")
     output = Path(output)
+    example = f"checkpoint_avg_{'last' if last else 'best'}{last or best}.pt"
     if output.parent.resolve() == checkpoint_dir(run_dir).resolve() and is_own_checkpoint_name(output.name):
-        example = f"checkpoint_avg_{'last' if last else 'best'}{last or best}.pt"
         raise CheckpointError(f"{output}: a name of the run's own checkpoints, which training resumes from and "
                               f"--last averages (an average holds no optimizer state); write it as {example}")
+    role = run_file_role(output.resolve())
+    if role is not None:
+        raise CheckpointError(f"{output}: {role} in the run directory {output.resolve().parent}, not an output "
+                              f"to replace; write the average as, say, {example}")
     paths = select_checkpoints(run_dir, last=last, best=best)
     state = average_checkpoints(paths)
     save_checkpoint(Path(output), state)
