@@ -189,7 +189,7 @@ def load_for_inference(
     ``checkpoint`` is "best" (falls back to "last", logged, when there is no best), "last",
     or a path (absolute, relative to the working directory, or a file name in
     ``checkpoints/``). With ``average_last``/``average_best`` > 0 the last/best K step
-    checkpoints are averaged in memory instead (``checkpoint`` is then ignored).
+    checkpoints are averaged in memory instead (``checkpoint`` must then be left "best").
     Raises :class:`CheckpointError` (one line) for a missing run directory, a directory
     without ``config.yaml`` or ``spm.model``, a missing checkpoint (listing what exists), or
     a checkpoint whose vocabulary is not the run's ``spm.model`` (naming both).
@@ -200,6 +200,9 @@ def load_for_inference(
     if average_last > 0 and average_best > 0:
         raise ConfigError(f"give one of --average-last K or --average-best K, not both (got --average-last "
                           f"{average_last} --average-best {average_best})")
+    if (average_last > 0 or average_best > 0) and str(checkpoint) != "best":
+        raise ConfigError(f"give --checkpoint ({checkpoint}) or --average-last/--average-best K, not both: an "
+                          "average is of the run's own step checkpoints")
     run_dir = Path(run_dir)
     config, tokenizer = _open_run(run_dir)
     if average_last > 0 or average_best > 0:

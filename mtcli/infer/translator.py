@@ -196,6 +196,13 @@ class Translator:
         _check_sampling_only(settings, decode)
         return decode
 
+    def __getstate__(self) -> dict[str, Any]:
+        """For pickle and deepcopy: the decoding copies made on first use (packed for oneDNN,
+        whose tensors cannot be serialised) are left out and made again when needed."""
+        state = self.__dict__.copy()
+        state["_prepared"] = {}
+        return state
+
     def _for(self, decode: DecodeConfig) -> tuple[InferenceModel, DecodeConfig]:
         """The model to decode with (:func:`~mtcli.infer.translate.model_for_decoding`: an int8
         or a packed copy), made once per setting and kept."""

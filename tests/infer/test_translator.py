@@ -289,3 +289,20 @@ def test_a_checkpoint_of_another_model_is_refused_not_decoded_wrongly(tiny_run_d
 def test_a_negative_average_is_refused(tiny_run_dir: Path) -> None:
     with pytest.raises(ConfigError, match=r"--average-last/--average-best must be 0 \(no average\) or > 0, got -1"):
         Translator.from_run(tiny_run_dir, device="cpu", average_last=-1)
+
+
+def test_a_checkpoint_beside_an_average_is_refused(tiny_run_dir: Path) -> None:
+    """The checkpoint named was ignored, even a missing one, when an average was asked for."""
+    with pytest.raises(ConfigError, match=r"give --checkpoint \(nonexistent.pt\) or --average-last/--average-best"):
+        Translator.from_run(tiny_run_dir, "nonexistent.pt", average_best=2)
+    Translator.from_run(tiny_run_dir, average_last=2)
+
+
+def test_a_translator_that_has_translated_pickles_and_copies(translator: Translator) -> None:
+    """Its decoding copy, packed for oneDNN, cannot be pickled: it is made again after."""
+    import copy
+    import pickle
+
+    expected = translator.translate(LINES)
+    for clone in (pickle.loads(pickle.dumps(translator)), copy.deepcopy(translator)):
+        assert clone.translate(LINES) == expected
