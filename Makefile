@@ -1,5 +1,6 @@
 # mtcli: set up, test, and reproduce the README's numbers.
-#   make setup       create .venv with a CPU build of torch and mtcli[dev,ctranslate2,serve,hf]
+#   make setup       create .venv with torch (TORCH_SPEC; from PyPI, Linux's default build is CUDA's)
+#                    and mtcli[dev,ctranslate2,serve,hf]
 #                    (EXTRAS=dev,ctranslate2,serve,hf,ja adds MeCab for the BLEU of Japanese; ko: Korean)
 #   make setup-browser   Debian's chromium + chromium-driver for the browser test of `mtcli serve`
 #                    (root; without them that one test skips)
@@ -25,7 +26,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN ?= $(VENV)/bin
-# On these machines torch==2.13.0 is a local CPU wheel; elsewhere set TORCH_SPEC=torch (or a CUDA build).
+# torch==2.13.0: on the project's build machines a local CPU wheel; from PyPI elsewhere, which on Linux
+# is a CUDA build (PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu TORCH_SPEC=torch==2.13.0+cpu: CPU).
 TORCH_SPEC ?= torch==2.13.0
 # DATA=DIR: a local directory of Multi30k's <split>.<lang> files instead of the recipes' own source
 # (multi30k: a local copy in ../shared/data, else downloaded once into data/raw/ or $$MTCLI_DATA)

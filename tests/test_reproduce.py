@@ -362,3 +362,18 @@ def test_a_seed_run_again_keeps_the_other_seeds_of_its_recipe_only() -> None:
     assert with_earlier_seeds(earlier, other) == other
     unknown = combine_seeds({1: seed_row(1, 10.0, None)})
     assert with_earlier_seeds(earlier, unknown) == unknown
+
+
+def test_adaptation_from_too_few_parent_checkpoints_says_which_setting(tiny_run_dir: Path, tmp_path: Path) -> None:
+    from conftest import TOY_CONFIG
+
+    from mtcli.config import ConfigError, load_config
+    from mtcli.reproduce import run_adaptation
+
+    config = load_config(TOY_CONFIG, [f"train.init_from={tiny_run_dir}", "train.init_average=4",
+                                      f"train.run_dir={tmp_path / 'child'}"])
+    with pytest.raises(ConfigError, match=r"give train.init_average at most its 2, or train the parent longer"):
+        run_adaptation(config)
+    config = load_config(TOY_CONFIG, [f"train.init_from={tmp_path / 'none'}", f"train.run_dir={tmp_path / 'child'}"])
+    with pytest.raises(ConfigError, match="train the parent first"):
+        run_adaptation(config)
