@@ -268,7 +268,8 @@ class Translator:
         :class:`Translation` with ``text``, ``score`` (length-penalised log-probability, what
         the search ranks by) and ``logprob``. The beam widens to ``n`` when it is narrower.
         With ``sampling`` (``topk`` or ``topp``): ``n`` samples of each text, in draw order
-        (default ``decode.nbest``)."""
+        (default ``decode.nbest``). An empty (or blank) text has one hypothesis, the empty one,
+        with score 0 (``mtcli translate --nbest`` pads its rows with ``-inf`` ones)."""
         decode = self.settings(**settings)
         sampled = decode.sampling != "none"
         if n is not None and (not isinstance(n, int) or isinstance(n, bool)):
