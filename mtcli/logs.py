@@ -60,6 +60,19 @@ def add_file_log(path: str | Path) -> logging.Handler:
     return handler
 
 
+@contextlib.contextmanager
+def failures_logged(handler: logging.Handler) -> Iterator[None]:
+    """Write an error that ends the block into ``handler``'s file only (the console gets it from
+    the command's own one line): a log read later says why its run stopped."""
+    try:
+        yield
+    except Exception as exc:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        handler.handle(logging.LogRecord(get_logger().name, logging.ERROR, __file__, 0, "stopped: %s",
+                                         (text,), None))
+        raise
+
+
 def remove_log_handler(handler: logging.Handler) -> None:
     """Detach and close a handler added by :func:`add_file_log`."""
     get_logger().removeHandler(handler)

@@ -37,7 +37,7 @@ from mtcli.device import (
 )
 from mtcli.errors import DeviceMemoryError
 from mtcli.fileio import atomic_copy, atomic_write, check_directory
-from mtcli.logs import add_file_log, get_logger, remove_log_handler
+from mtcli.logs import add_file_log, failures_logged, get_logger, remove_log_handler
 from mtcli.metrics import scorer
 from mtcli.plots import write_learning_curves
 from mtcli.rundir import CONFIG_NAME, MANIFEST_NAME, TEXT_DIR, checkpoint_dir, names
@@ -296,7 +296,9 @@ def train(config: Config) -> TrainSummary:
         if info.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             stack.enter_context(RunLock(run_dir))
-            stack.callback(remove_log_handler, add_file_log(run_dir / LOG_NAME))
+            handler = add_file_log(run_dir / LOG_NAME)
+            stack.callback(remove_log_handler, handler)
+            stack.enter_context(failures_logged(handler))
             remove_stale_temp_files(run_dir)
         if info.distributed:
             dist.barrier()

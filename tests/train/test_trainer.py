@@ -761,3 +761,18 @@ def test_the_first_signal_is_the_one_a_stop_reports() -> None:
     signals._handle(signal.SIGINT, None)
     signals._handle(signal.SIGTERM, None)
     assert signals.signum == signal.SIGINT
+
+
+def test_the_error_that_stops_a_run_is_in_its_log(prepared: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log read later (nohup, a batch job) said nothing of why the run stopped."""
+    from mtcli.train.trainer import Trainer
+
+    def fail(self: Trainer) -> str:
+        raise TrainingError("the loss is not finite for 5 steps in a row")
+
+    monkeypatch.setattr(Trainer, "run", fail)
+    run = tmp_path / "run"
+    with pytest.raises(TrainingError):
+        train(make_config(prepared, run, "train.max_steps=2"))
+    assert "| ERROR | stopped: the loss is not finite for 5 steps in a row" in (run / "train.log").read_text()
