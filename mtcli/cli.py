@@ -294,7 +294,7 @@ def compare(
 @handle_errors
 def translate(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
-    files: Annotated[Optional[list[Path]], typer.Argument(help="Input files (default: stdin).")] = None,  # noqa: UP045
+    files: Annotated[Optional[list[Path]], typer.Argument(help="Input files (default, or -: stdin).")] = None,  # noqa: UP045
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (default: stdout).")] = None,  # noqa: UP045
     checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
     beam: Annotated[Optional[int], typer.Option(help="Beam size (1 = greedy; default: the run's decode.beam_size).")] = None,  # noqa: UP045
@@ -323,7 +323,7 @@ def translate(
     bound_onednn_cache()
     translate_files(
         run_dir,
-        inputs=list(files or []),
+        inputs=[] if [str(f) for f in files or []] == ["-"] else list(files or []),
         output=output,
         checkpoint=checkpoint,
         overrides=list(set_ or []),
@@ -415,33 +415,56 @@ def serve(
     max_lines: Annotated[int, typer.Option(min=1, help="Most lines a request may send.")] = 64,
     max_chars: Annotated[int, typer.Option(min=1, help="Most characters a line may have.")] = 2000,
     max_request_chars: Annotated[int, typer.Option(min=1, help="Most characters a request may have in all.")] = 20_000,
-    batch_wait_ms: Annotated[float, typer.Option(min=0, help="How long to gather requests into one batch.")] = 5.0,
+    batch_wait_ms: Annotated[float, typer.Option(min=0, max=10_000, help="How long to gather requests into one "
+                                                                         "batch (at most 10000 ms).")] = 5.0,
+    shutdown_grace_s: Annotated[float, typer.Option(
+        min=0, max=86_400, help="On SIGTERM, how long the requests in flight may take; those unanswered then get "
+                                "a 503.")] = 60.0,
     engine: EngineOption = "torch",
     set_: SetOption = None,
     verbose: Verbose = False,
 ) -> None:
     """Serve a trained model over HTTP: POST /translate, GET /health, a page at /, docs at /docs.
     SIGHUP loads the checkpoint again (the newest checkpoint_best) without stopping."""
+    # a SIGHUP while the server starts (imports, the model loading) would end it: it is noted
+    # instead, and the server loads the model again once it serves. A SIGHUP of the terminal
+    # hanging up still ends it, as the server's own handler does (mtcli.serve._reload_or_hang_up)
+    hangups: list[int] = []
+    terminals = [fd for fd in (0, 1, 2) if os.isatty(fd)]
+
+    def starting(signum: int, frame: Any) -> None:
+        if terminals and not all(os.isatty(fd) for fd in terminals):
+            signal.signal(signal.SIGHUP, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGHUP)
+            return
+        hangups.append(signum)
+
+    before = signal.signal(signal.SIGHUP, starting) if hasattr(signal, "SIGHUP") else None
     try:
-        from mtcli.serve import Limits, check_listening
-        from mtcli.serve import serve as run_server
-    except ImportError as exc:
-        _fail(f"mtcli serve needs the serve extra: pip install 'mtcli[serve]' ({exc.name} is missing)", 1)
-    from mtcli.allocator import bound_onednn_cache
-    from mtcli.infer.translator import Translator
-    from mtcli.logs import setup_logging
+        try:
+            from mtcli.serve import Limits, check_listening
+            from mtcli.serve import serve as run_server
+        except ImportError as exc:
+            _fail(f"mtcli serve needs the serve extra: pip install 'mtcli[serve]' ({exc.name} is missing)", 1)
+        from mtcli.allocator import bound_onednn_cache
+        from mtcli.infer.translator import Translator
+        from mtcli.logs import setup_logging
 
-    setup_logging(verbose)
-    bound_onednn_cache()
-    check_listening(host, port)  # a port in use is said before the model loads
+        setup_logging(verbose)
+        limits = Limits(max_lines=max_lines, max_chars=max_chars, max_total_chars=max_request_chars,
+                        batch_wait_ms=batch_wait_ms)
+        bound_onednn_cache()
+        check_listening(host, port)  # a port in use is said before the model loads
 
-    def load() -> Translator:  # again on SIGHUP
-        return Translator.from_run(run_dir, checkpoint, device=device, engine=engine,
-                                   overrides=list(set_ or []), beam=beam, tgt_lang=tgt_lang)
+        def load() -> Translator:  # again on SIGHUP
+            return Translator.from_run(run_dir, checkpoint, device=device, engine=engine,
+                                       overrides=list(set_ or []), beam=beam, tgt_lang=tgt_lang)
 
-    limits = Limits(max_lines=max_lines, max_chars=max_chars, max_total_chars=max_request_chars,
-                    batch_wait_ms=batch_wait_ms)
-    run_server(load(), host=host, port=port, limits=limits, api_key=api_key, load=load)
+        run_server(load(), host=host, port=port, limits=limits, api_key=api_key, load=load,
+                   shutdown_grace_s=shutdown_grace_s, sighup_received=lambda: bool(hangups))
+    finally:
+        if hasattr(signal, "SIGHUP"):
+            signal.signal(signal.SIGHUP, signal.SIG_DFL if before is None else before)
 
 
 def main() -> None:  # pragma: no cover - console entry point alias

@@ -32,27 +32,27 @@ the request id. With an
 API key (``--api-key`` or ``MTCLI_API_KEY``) ``/translate`` needs ``Authorization: Bearer KEY``,
 compared in constant time. The server binds 127.0.0.1 unless told otherwise. On SIGTERM
 (or Ctrl-C) uvicorn stops accepting connections, the requests in flight are answered, and the
-process exits 0. SIGHUP loads the model again (the run's newest ``checkpoint_best``, say, after
+process exits 0; a request still unanswered when the grace period (``shutdown_grace_s``) ends is
+not translated but answered 503, and a warning says how many were. ``GET /health`` answers 503
+should the decoding thread have stopped. SIGHUP loads the model again (the run's newest ``checkpoint_best``, say, after
 more training) while the old one serves, and swaps it in between batches (:class:`Reloader`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import errno
 import hmac
 import json
 import os
-import queue
+import re
 import signal
 import socket
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import uvicorn
@@ -67,28 +67,10 @@ from mtcli.data.textio import check_unicode
 from mtcli.errors import ConfigError, DataError, DeviceMemoryError, one_line
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger
+from mtcli.serve_batching import Batcher, Limits
 from mtcli.serve_page import PAGE
 
 API_KEY_ENV = "MTCLI_API_KEY"
-
-
-@dataclass
-class Limits:
-    """What one request may ask for, and how requests are gathered into batches."""
-
-    max_lines: int = 64
-    max_chars: int = 2000  # per line
-    max_total_chars: int = 20_000  # per request
-    max_beam: int = 16
-    batch_wait_ms: float = 5.0
-    batch_lines: int = 256
-
-    @property
-    def max_body_bytes(self) -> int:
-        """The most bytes a request body may have: the most text, each character escaped as JSON
-        escapes a character outside the BMP (12 bytes), and room for the rest of the request. A
-        larger body is refused as it arrives, before it is read into memory."""
-        return 12 * self.max_total_chars + 16 * self.max_lines + 4096
 
 
 class TranslateRequest(BaseModel):
@@ -146,92 +128,6 @@ class InternalError(RequestError):
         self.request_id = request_id
 
 
-@dataclass
-class _Job:
-    lines: list[str]
-    settings: tuple[tuple[str, Any], ...]
-    request_id: str
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-
-
-class Batcher:
-    """One worker thread that decodes the requests of many clients together (module docstring)."""
-
-    def __init__(self, translator: Translator, limits: Limits) -> None:
-        self.translator = translator
-        self.limits = limits
-        self.jobs: queue.Queue[_Job | None] = queue.Queue()
-        self.thread = threading.Thread(target=self._work, name="mtcli-serve-decode", daemon=True)
-        self.thread.start()
-
-    def submit(self, lines: list[str], request_id: str = "-", **settings: Any) -> concurrent.futures.Future:
-        """Queue ``lines`` for translation; the future gets the name of the model that translated
-        them and their translations, in order (or the error that decoding them alone raised;
-        ``request_id`` names them in the log)."""
-        job = _Job(lines, tuple(sorted((k, v) for k, v in settings.items() if v is not None)), request_id)
-        self.jobs.put(job)
-        return job.future
-
-    def close(self) -> None:
-        """Finish the queued jobs, then stop the worker."""
-        self.jobs.put(None)
-        self.thread.join()
-
-    def _gather(self, first: _Job) -> tuple[list[_Job], bool]:
-        """``first`` and what arrives within ``batch_wait_ms`` (up to ``batch_lines`` lines)."""
-        batch, lines = [first], len(first.lines)
-        deadline = time.monotonic() + self.limits.batch_wait_ms / 1000.0
-        while lines < self.limits.batch_lines:
-            try:
-                job = self.jobs.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if job is None:
-                return batch, True
-            batch.append(job)
-            lines += len(job.lines)
-        return batch, False
-
-    def _work(self) -> None:
-        stop = False
-        while not stop:
-            first = self.jobs.get()
-            if first is None:
-                return
-            batch, stop = self._gather(first)
-            groups: dict[tuple, list[_Job]] = {}
-            for job in batch:
-                groups.setdefault(job.settings, []).append(job)
-            for settings, jobs in groups.items():
-                self._decode(jobs, dict(settings))
-
-    def _decode(self, jobs: list[_Job], settings: dict[str, Any]) -> None:
-        """One translate call for ``jobs`` (equal settings); each job gets its slice. If the
-        call fails, each job is decoded alone, so only a job that fails by itself gets an error."""
-        lines = [line for job in jobs for line in job.lines]
-        n = settings.get("nbest")  # hypotheses per line (a list each) instead of one translation
-        rest = {key: value for key, value in settings.items() if key != "nbest"}
-        translator = self.translator  # a reload swaps it between batches, never inside one
-        try:
-            out: list[Any] = (translator.translate(lines, **rest) if n is None
-                              else translator.nbest(lines, n=n, **rest))
-        except Exception as exc:
-            if len(jobs) > 1:
-                for job in jobs:
-                    self._decode([job], settings)
-                return
-            job = jobs[0]
-            if not isinstance(exc, DataError):  # the client's input is answered with a 422
-                get_logger().error("request %s: decoding failed: %s: %s", job.request_id,
-                                   type(exc).__name__, one_line(exc))
-            job.future.set_exception(exc)
-            return
-        start = 0
-        for job in jobs:
-            job.future.set_result((translator.name, out[start:start + len(job.lines)]))
-            start += len(job.lines)
-
-
 def check_request(body: TranslateRequest, limits: Limits) -> None:
     """Raise :class:`RequestError` when ``body`` asks for more than ``limits`` allow."""
     if len(body.text) > limits.max_lines:
@@ -264,15 +160,32 @@ def check_decoding(body: TranslateRequest, translator: Translator) -> None:
     model does not produce, a temperature without sampling: 422), or a line that encodes to
     more pieces than the model reads (413): translating it would silently drop its end. Run
     before the request joins a batch, so that it fails alone."""
+    if body.seed is not None and translator.engine is not None:  # it would be ignored
+        raise RequestError(422, "seed: this server decodes with --engine ctranslate2, whose samples cannot be "
+                                "seeded; leave seed out (or serve with --engine torch for seeded samples)")
     try:
         lengths = translator.source_pieces(body.text, **request_settings(body))
     except ConfigError as exc:
-        raise RequestError(422, str(exc).replace("--tgt-lang", "tgt_lang")) from None
+        raise RequestError(422, request_words(str(exc))) from None
+    sampled = (body.sampling or translator.decode.sampling) != "none"
+    if body.beam is not None and body.nbest is not None and body.nbest > body.beam and not sampled:
+        raise RequestError(422, f"nbest {body.nbest} with beam {body.beam}: nbest must be between 1 and beam "
+                                "(a beam search keeps beam hypotheses; leave beam out and it widens to nbest)")
     limit = translator.max_source_pieces
     for i, pieces in enumerate(lengths):
         if pieces > limit:
             raise RequestError(413, f"text[{i}] encodes to {pieces} pieces (the model reads at most {limit}); "
                                     "split it into sentences")
+
+
+def request_words(message: str) -> str:
+    """``message`` (of a :class:`ConfigError` about decode settings) in the words of a request:
+    ``decode.beam_size`` is ``beam``, ``decode.tgt_lang='x'`` is ``tgt_lang 'x'``, and an option
+    named in parentheses beside its setting is dropped."""
+    message = re.sub(r" \(--[a-z-]+\)", "", message).replace("--tgt-lang", "tgt_lang")
+    field = {"beam_size": "beam"}
+    message = re.sub(r"decode\.(\w+)=", lambda m: f"{field.get(m[1], m[1])} ", message)
+    return re.sub(r"decode\.(\w+)", lambda m: field.get(m[1], m[1]), message)
 
 
 class _BodyLimit:
@@ -343,10 +256,24 @@ def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
     first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
         return 400, f"malformed JSON: {first.get('ctx', {}).get('error', 'cannot parse the body')}"
-    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+    loc = [p for p in first.get("loc", ()) if p != "body"]
+    # the field, and the index in a list; not the member of a union that pydantic tried last
+    where = "".join([str(loc[0]), *(f"[{p}]" for p in loc[1:] if isinstance(p, int))]) if loc else "body"
     if where == "text" and isinstance(first.get("input"), str):
         return 422, 'text: a list of lines, not one string (wrap it: {"text": ["..."]})'
     return 422, f"{where}: {first.get('msg', 'invalid value')}"
+
+
+def _unparsable(exc: StarletteHTTPException) -> str:
+    """Why FastAPI could not parse a JSON body (the error it raised ``from``)."""
+    cause = exc.__cause__
+    if isinstance(cause, UnicodeDecodeError):
+        return f"{exc.detail} (send it in UTF-8)"
+    if isinstance(cause, RecursionError):
+        return "nested too deeply"
+    if isinstance(cause, ValueError) and "digits" in str(cause):
+        return "a number with too many digits"
+    return str(exc.detail)
 
 
 def _answer_errors(app: FastAPI) -> None:
@@ -361,8 +288,8 @@ def _answer_errors(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def not_here(request: Request, exc: StarletteHTTPException) -> JSONResponse:  # 404, 405
-        if exc.status_code == 400:  # FastAPI's answer to a body json cannot decode (not UTF-8)
-            return JSONResponse({"error": f"malformed JSON: {exc.detail} (send it in UTF-8)"}, status_code=400)
+        if exc.status_code == 400:  # FastAPI's answer to a body it cannot parse, short of a JSONDecodeError
+            return JSONResponse({"error": f"malformed JSON: {_unparsable(exc)}"}, status_code=400)
         return JSONResponse({"error": f"{request.method} {request.url.path}: {exc.detail}"},
                             status_code=exc.status_code, headers=exc.headers)
 
@@ -380,6 +307,35 @@ def _answer_errors(app: FastAPI) -> None:
         return JSONResponse({"error": message}, status_code=status)
 
 
+#: The answer while the decoding thread is not running (it never stops but at shutdown).
+STOPPED = "the decoding thread has stopped (the server log says why): restart the server"
+
+
+async def _decoded(batcher: Batcher, body: TranslateRequest, request_id: str) -> tuple[str, list[Any]]:
+    """``body`` checked (:func:`check_decoding`) and decoded by ``batcher``: the name of the
+    model and its output; a :class:`RequestError` for a refusal or a failure."""
+    try:
+        await asyncio.to_thread(check_decoding, body, batcher.translator)
+    except (RequestError, DataError):
+        raise
+    except Exception as exc:
+        get_logger().error("request %s: reading the input failed: %s: %s", request_id,
+                           type(exc).__name__, one_line(exc))
+        raise InternalError(request_id) from None
+    if not batcher.alive:
+        raise RequestError(503, STOPPED)
+    future = batcher.submit(body.text, request_id, nbest=body.nbest, **request_settings(body))
+    try:
+        return await asyncio.wrap_future(future)  # cancelled with the request: then it is not decoded
+    except DataError:  # the client's own text, found only when decoded alone
+        raise
+    except DeviceMemoryError:  # even alone; the batcher logged it with the request id
+        raise RequestError(503, f"out of memory translating this request (request id {request_id}); "
+                                "send fewer or shorter lines") from None
+    except Exception:  # the batcher logged it with the request id
+        raise InternalError(request_id) from None
+
+
 def create_app(translator: Translator, limits: Limits | None = None, api_key: str | None = None) -> FastAPI:
     """The FastAPI application serving ``translator`` (see the module docstring)."""
     limits = limits or Limits()
@@ -393,6 +349,7 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
             app.state.batcher.close()
 
     app = FastAPI(title="mtcli", summary=f"Machine translation with {translator.name}", lifespan=lifespan)
+    app.state.dropped = 0  # requests answered 503 untranslated: the shutdown grace period ended first
     app.add_middleware(_BodyLimit, most=limits.max_body_bytes)
     guard = Depends(_bearer_check(api_key))
 
@@ -404,33 +361,24 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
         check_request(body, limits)
         request_id = uuid.uuid4().hex[:12]
         try:
-            await asyncio.to_thread(check_decoding, body, app.state.batcher.translator)
-        except (RequestError, DataError):
-            raise
-        except Exception as exc:
-            get_logger().error("request %s: reading the input failed: %s: %s", request_id,
-                               type(exc).__name__, one_line(exc))
-            raise InternalError(request_id) from None
-        future = app.state.batcher.submit(body.text, request_id, nbest=body.nbest, **request_settings(body))
-        try:
-            name, out = await asyncio.wrap_future(future)
-        except DataError:  # the client's own text, found only when decoded alone
-            raise
-        except DeviceMemoryError:  # even alone; the batcher logged it with the request id
-            raise RequestError(503, f"out of memory translating this request (request id {request_id}); "
-                                    "send fewer or shorter lines") from None
-        except Exception:  # the batcher logged it with the request id
-            raise InternalError(request_id) from None
+            name, out = await _decoded(app.state.batcher, body, request_id)
+        except asyncio.CancelledError:  # uvicorn's shutdown grace period ended before the answer
+            app.state.dropped += 1
+            raise RequestError(503, f"the server stopped before translating this request (request id "
+                                    f"{request_id}): send it again") from None
         if body.nbest is None:
             return TranslateResponse(translations=out, model=name)
         nbest = [[Hypothesis(text=h.text, score=h.score) for h in hyps] for hyps in out]
         return TranslateResponse(translations=[hyps[0].text if hyps else "" for hyps in out], model=name, nbest=nbest)
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        serving = app.state.batcher.translator
-        return {"status": "ok", "model": serving.name, "device": str(serving.device),
-                "target_languages": serving.target_languages}
+    @app.get("/health", response_model=None)
+    async def health() -> dict[str, Any] | JSONResponse:
+        batcher = app.state.batcher
+        serving = batcher.translator
+        about = {"model": serving.name, "device": str(serving.device), "target_languages": serving.target_languages}
+        if not batcher.alive:  # it survives any failure of a batch, so this is a bug: say so, to be restarted
+            return JSONResponse({"status": "unhealthy", "error": STOPPED, **about}, status_code=503)
+        return {"status": "ok", **about}
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page() -> str:
@@ -460,9 +408,10 @@ class Reloader:
 
     def _run(self) -> None:
         try:
-            batcher = getattr(self.app.state, "batcher", None)
-            if batcher is None:  # a SIGHUP before the server has started: it loads the newest already
-                return
+            # a SIGHUP before the server has started (while the model loaded, say): the model
+            # may be older than the signal, so load it again once the server has started
+            while (batcher := getattr(self.app.state, "batcher", None)) is None:
+                time.sleep(0.1)
             old = batcher.translator.name
             try:
                 new = self.load()
@@ -512,14 +461,38 @@ def check_listening(host: str, port: int) -> None:
         sock.close()
 
 
+#: The most seconds ``--shutdown-grace-s`` may give the requests in flight after SIGTERM.
+MAX_SHUTDOWN_GRACE_S = 86_400.0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which says where it listens once it does: with port 0, the port the
+    system chose."""
+
+    def __init__(self, config: uvicorn.Config, listening: Callable[[int], None]) -> None:
+        super().__init__(config)
+        self.listening = listening
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """Listen (uvicorn's startup), then call ``listening`` with the port."""
+        await super().startup(sockets=sockets)
+        bound = [sock for server in getattr(self, "servers", ()) for sock in (server.sockets or ())]
+        if self.started:
+            self.listening(bound[0].getsockname()[1] if bound else self.config.port)
+
+
 def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
-          api_key: str | None = None, load: Callable[[], Translator] | None = None) -> None:
-    """Run the server until SIGTERM/SIGINT (requests in flight are answered first). With
-    ``load`` (how ``translator`` was made), SIGHUP serves a freshly loaded model (:class:`Reloader`)."""
+          api_key: str | None = None, load: Callable[[], Translator] | None = None,
+          shutdown_grace_s: float = 60.0, sighup_received: Callable[[], bool] | None = None) -> None:
+    """Run the server until SIGTERM/SIGINT: the requests in flight are answered first, for up to
+    ``shutdown_grace_s`` seconds; those still unanswered then are answered 503 untranslated,
+    and a warning says how many. With ``load`` (how ``translator`` was made), SIGHUP serves a
+    freshly loaded model (:class:`Reloader`); ``sighup_received`` says whether a SIGHUP came
+    before this function could handle it (while the model loaded): it is handled now."""
+    if not (isinstance(shutdown_grace_s, int | float) and 0 <= shutdown_grace_s <= MAX_SHUTDOWN_GRACE_S):
+        raise ConfigError(f"--shutdown-grace-s {shutdown_grace_s!r}: must be between 0 and {MAX_SHUTDOWN_GRACE_S:g}")
     check_listening(host, port)
     log = get_logger()
-    log.info("serving %s on http://%s:%d (API key %s)", translator.name, host, port,
-             "required" if api_key else "not set")
     app = create_app(translator, limits, api_key)
     # uvicorn shuts down gracefully on SIGTERM/SIGINT and then raises the signal again for the
     # handler it found installed: with this one, a drained server returns and exits 0
@@ -527,15 +500,27 @@ def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, lim
     previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
                 for sig in (signal.SIGTERM, signal.SIGINT)}
     if load is not None and hasattr(signal, "SIGHUP"):
-        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, _reload_or_hang_up(Reloader(app, load)))
+        hang_up = _reload_or_hang_up(Reloader(app, load))
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, hang_up)
+        if sighup_received is not None and sighup_received():
+            hang_up(signal.SIGHUP, None)
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=shutdown_grace_s)
+    server = _Server(config, lambda bound: log.info("serving %s on http://%s:%d (API key %s)", translator.name,
+                                                    host, bound, "required" if api_key else "not set"))
     try:
-        uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=60)
+        server.run()
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if received:
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    if not server.started:
+        raise ConfigError(f"{host}:{port}: the server did not start (the log above says why)")
+    if received and app.state.dropped:
+        log.warning("stopped by %s: %d request(s) still unanswered after the %g s shutdown grace period "
+                    "(--shutdown-grace-s) were answered 503, untranslated", signal.Signals(received[0]).name,
+                    app.state.dropped, shutdown_grace_s)
+    elif received:
         log.info("stopped by %s after answering the requests in flight", signal.Signals(received[0]).name)
 
 
-__all__ = ["API_KEY_ENV", "Batcher", "Hypothesis", "Limits", "Reloader", "TranslateRequest", "create_app",
-           "check_listening", "serve"]
+__all__ = ["API_KEY_ENV", "MAX_SHUTDOWN_GRACE_S", "STOPPED", "Batcher", "Hypothesis", "Limits", "Reloader",
+           "TranslateRequest", "create_app", "check_listening", "request_words", "serve"]

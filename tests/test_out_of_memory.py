@@ -274,7 +274,8 @@ class _FillingTranslator:
 
 
 def _ct2_translator(tiny_run_dir: Path, tmp_path: Path):  # noqa: ANN202
-    """A CTranslate2 translator of a copy of the tiny run, and four lines for it."""
+    """A CTranslate2 translator of a copy of the tiny run, and four lines for it (one output limit
+    for all, so that a window is one call: the engine makes one call per limit)."""
     pytest.importorskip("ctranslate2")
     import shutil
 
@@ -282,7 +283,7 @@ def _ct2_translator(tiny_run_dir: Path, tmp_path: Path):  # noqa: ANN202
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run_dir, run)
-    return (Translator.from_run(run, beam=2, device="cpu", engine="ctranslate2"),
+    return (Translator.from_run(run, beam=2, device="cpu", engine="ctranslate2", max_len_a=0.0, max_len_b=12),
             ["ein Hund", "zwei Hunde laufen", "drei Katzen", "rot"])
 
 

@@ -35,11 +35,12 @@ def free_port() -> int:
 class Server:
     """`mtcli serve RUN_DIR` in a subprocess, ready when /health answers."""
 
-    def __init__(self, run_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, run_dir: Path, *args: str, env: dict[str, str] | None = None,
+                 program: tuple[str, ...] = (sys.executable, "-m", "mtcli.cli")) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mtcli.cli", "serve", str(run_dir), "--port", str(self.port),
+            [*program, "serve", str(run_dir), "--port", str(self.port),
              "--beam", "2", "--max-lines", "8", "--max-chars", "200", "--max-request-chars", "1000", *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, **(env or {})},
@@ -110,7 +111,7 @@ def test_concurrent_clients_each_get_their_own_lines(server: Server, tiny_run_di
     (None, b"\xff\xfe", 400, "malformed JSON"),
     (None, b'{"text": ["caf\xe9"]}', 400, "malformed JSON: There was an error parsing the body (send it in UTF-8)"),
     ({"text": "not a list"}, None, 422, 'text: a list of lines, not one string (wrap it: {"text": ["..."]})'),
-    ({"text": [1, 2]}, None, 422, "text.0"),
+    ({"text": [1, 2]}, None, 422, "text[0]: Input should be a valid string"),
     ({"text": ["ok"], "beam": "5"}, None, 422, "beam"),
     ({"text": ["ok"], "beam": 0}, None, 422, "beam must be between 1 and 16"),
     ({"text": ["ok"], "beam": 17}, None, 422, "beam must be between 1 and 16"),
@@ -129,14 +130,37 @@ def test_concurrent_clients_each_get_their_own_lines(server: Server, tiny_run_di
     ({"text": ["ok"], "beam": 2.5}, None, 422, "beam"),
     ({"text": ["ok"], "sampling": "topk", "beam": 4}, None, 422, "beam 4: sampling draws each token"),
     ({"text": ["ok"], "seed": 3}, None, 422, "seed: for sampling only"),
-    ({"text": ["ok"], "tgt_lang": ""}, None, 422, "must name a language"),  # was the default language
+    ({"text": ["ok"], "tgt_lang": ""}, None, 422, "tgt_lang '': tgt_lang must name a language, not be empty"),
+    ({"text": ["ok"], "length_penalty": "1"}, None, 422, "length_penalty: Input should be a valid number"),
+    ({"text": ["ok"], "beam": 2, "nbest": 4}, None, 422, "nbest 4 with beam 2: nbest must be between 1 and beam"),
+    ({"text": ["ok"], "beam": 1, "nbest": 2}, None, 422, "nbest 2 with beam 1: nbest must be between 1 and beam"),
 ])
 def test_bad_requests_get_a_4xx_and_the_server_keeps_serving(server: Server, body: object, content: bytes | None,
                                                              status: int, needle: str) -> None:
     answer = server.post(body, content)
     assert answer.status_code == status, answer.text
     assert needle in answer.json()["error"]
+    assert "decode." not in answer.json()["error"]  # the request's own words, not the config's
     assert server.post({"text": ["rot"]}).status_code == 200
+
+
+@pytest.mark.parametrize(("content", "error"), [
+    (b"[" * 5000 + b"]" * 5000, "malformed JSON: nested too deeply"),
+    (b'{"text": ["ok"], "beam": ' + b"1" * 5000 + b"}", "malformed JSON: a number with too many digits"),
+    (b'{"text": ["caf\xe9"]}', "malformed JSON: There was an error parsing the body (send it in UTF-8)"),
+])
+def test_json_that_cannot_be_parsed_is_a_400_saying_why(server: Server, content: bytes, error: str) -> None:
+    """Only a body that is not UTF-8 is told to send UTF-8."""
+    answer = server.post(content=content)
+    assert answer.status_code == 400 and answer.json() == {"error": error}
+
+
+def test_nbest_up_to_the_beam_or_with_sampling_is_answered(server: Server) -> None:
+    for body in ({"text": ["rot"], "beam": 3, "nbest": 3}, {"text": ["rot"], "nbest": 4},
+                 {"text": ["rot"], "sampling": "topk", "beam": 1, "nbest": 3, "seed": 1}):
+        answer = server.post(body)
+        assert answer.status_code == 200, (body, answer.text)
+        assert len(answer.json()["nbest"][0]) == body["nbest"]
 
 
 def test_a_body_too_large_or_not_json_is_refused_and_other_paths_answer_in_the_same_shape(
@@ -394,7 +418,9 @@ def test_a_port_in_use_or_a_host_not_here_is_one_line_before_the_model_loads(tin
 
 
 @pytest.mark.parametrize(("option", "value"), [("--port", "99999"), ("--max-lines", "0"), ("--max-chars", "0"),
-                                               ("--batch-wait-ms", "-1")])
+                                               ("--batch-wait-ms", "-1"), ("--batch-wait-ms", "1e300"),
+                                               ("--batch-wait-ms", "inf"), ("--batch-wait-ms", "10001"),
+                                               ("--shutdown-grace-s", "-1"), ("--shutdown-grace-s", "inf")])
 def test_a_serve_option_out_of_range_is_a_usage_error(tiny_run_dir: Path, option: str, value: str) -> None:
     from typer.testing import CliRunner
 
@@ -403,3 +429,180 @@ def test_a_serve_option_out_of_range_is_a_usage_error(tiny_run_dir: Path, option
     result = CliRunner().invoke(app, ["serve", str(tiny_run_dir), option, value])
     assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output
     assert "Traceback" not in result.output  # the port was bind()'s OverflowError
+
+
+def test_a_batch_wait_that_is_not_a_number_is_one_line() -> None:
+    from mtcli.errors import ConfigError
+    from mtcli.serve import Limits
+
+    for wait in (float("nan"), float("inf"), 1e300, -1.0):
+        with pytest.raises(ConfigError, match=r"^--batch-wait-ms .*: must be between 0 and 10000 "):
+            Limits(batch_wait_ms=wait)
+
+
+def test_the_batcher_survives_a_failure_of_its_own() -> None:
+    """A failure outside the model's translate call (a wait the thread cannot make, as
+    --batch-wait-ms 1e300 once gave) fails that batch only: the worker serves the next one."""
+    from mtcli.serve import Batcher, Limits
+
+    limits = Limits(batch_wait_ms=5)
+    batcher = Batcher(Poisoned(), limits)  # type: ignore[arg-type]
+    try:
+        limits.batch_wait_ms = 1e300  # past Limits' check: queue.get(timeout=...) overflows
+        assert isinstance(batcher.submit(["a"], "id0").exception(timeout=30), OverflowError)
+        limits.batch_wait_ms = 5
+        assert batcher.submit(["b"], "id1").result(timeout=30) == ("poisoned", ["B"])
+        assert batcher.alive
+    finally:
+        batcher.close()
+
+
+def test_a_job_cancelled_before_its_turn_is_not_decoded() -> None:
+    """A request whose client task was cancelled (uvicorn's shutdown grace period ended) is
+    skipped, and the worker goes on with the others instead of dying on InvalidStateError."""
+    from mtcli.serve import Batcher, Limits
+
+    translator = Poisoned()
+    batcher = Batcher(translator, Limits(batch_wait_ms=300))  # type: ignore[arg-type]
+    try:
+        gone = batcher.submit(["gone"], "id0")
+        assert gone.cancel()
+        kept = batcher.submit(["kept"], "id1")
+        assert kept.result(timeout=30) == ("poisoned", ["KEPT"])
+    finally:
+        batcher.close()
+    assert translator.calls == [["kept"]]
+
+
+def test_a_failed_batch_is_a_500_and_a_dead_worker_makes_the_server_unhealthy(tiny_run_dir: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from mtcli.serve import STOPPED, Limits, create_app
+
+    translator = Translator.from_run(tiny_run_dir, beam=2, device="cpu")
+    limits = Limits()
+    with TestClient(create_app(translator, limits)) as client:
+        limits.batch_wait_ms = float("inf")
+        broken = client.post("/translate", json={"text": ["rot"]})
+        assert broken.status_code == 500 and "request id" in broken.json()["error"], broken.text
+        limits.batch_wait_ms = 5
+        assert client.post("/translate", json={"text": ["rot"]}).status_code == 200
+        assert client.get("/health").json()["status"] == "ok"
+        client.app.state.batcher.close()  # as if the worker had died
+        health = client.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "unhealthy"
+        assert health.json()["error"] == STOPPED
+        refused = client.post("/translate", json={"text": ["rot"]})
+        assert refused.status_code == 503 and refused.json() == {"error": STOPPED}
+
+
+def test_a_seed_is_refused_when_ctranslate2_samples(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """CTranslate2's samples cannot be seeded: a request's seed would be ignored, so it is refused."""
+    import shutil
+
+    from fastapi.testclient import TestClient
+
+    from mtcli.serve import create_app
+
+    pytest.importorskip("ctranslate2")
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)  # the engine converts the checkpoint into the run directory
+    translator = Translator.from_run(run, beam=2, device="cpu", engine="ctranslate2")
+    with TestClient(create_app(translator)) as client:
+        seeded = client.post("/translate", json={"text": ["rot"], "sampling": "topk", "seed": 3})
+        assert seeded.status_code == 422
+        assert seeded.json()["error"].startswith("seed: this server decodes with --engine ctranslate2, whose "
+                                                 "samples cannot be seeded")
+        assert client.post("/translate", json={"text": ["rot"], "sampling": "topk"}).status_code == 200
+
+
+def test_requests_still_waiting_when_the_shutdown_grace_ends_get_a_503_and_the_log_says_so(
+        tiny_run_dir: Path) -> None:
+    """SIGTERM with work queued past --shutdown-grace-s: uvicorn cancels the request, which is
+    answered 503 JSON (not decoded), and the last log line says one was dropped."""
+    server = Server(tiny_run_dir, "--batch-wait-ms", "5000", "--shutdown-grace-s", "0.5")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(server.post, {"text": ["ein hund läuft im park"]})
+        time.sleep(0.5)  # the request waits for others to join its batch
+        server.proc.send_signal(signal.SIGTERM)
+        answer = pending.result(timeout=60)
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"].startswith("the server stopped before translating this request (request id ")
+    assert server.proc.wait(timeout=60) == 0
+    log = server.proc.stdout.read()
+    assert ("stopped by SIGTERM: 1 request(s) still unanswered after the 0.5 s shutdown grace period "
+            "(--shutdown-grace-s) were answered 503, untranslated") in log
+    assert "after answering the requests in flight" not in log and "Traceback" not in log
+
+
+SIGHUP_WHILE_LOADING = """
+import os, signal
+from mtcli.infer.translator import Translator
+from mtcli.cli import app
+load = Translator.from_run.__func__
+loads = []
+def from_run(cls, *args, **kwargs):  # a SIGHUP arrives while the model loads (after more training)
+    loads.append(1)
+    if len(loads) == 1:
+        os.kill(os.getpid(), signal.SIGHUP)
+    return load(cls, *args, **kwargs)
+Translator.from_run = classmethod(from_run)
+app(prog_name="mtcli")
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="SIGHUP is a POSIX signal")
+def test_a_sighup_while_the_server_starts_is_a_reload_once_it_serves(tiny_run_dir: Path) -> None:
+    """Before, the SIGHUP's default action ended the starting server (exit 129, no message)."""
+    server = Server(tiny_run_dir, program=(sys.executable, "-c", SIGHUP_WHILE_LOADING))
+    try:
+        deadline = time.monotonic() + 60
+        while "reloaded: serving" not in (log := _log_so_far(server)):
+            assert time.monotonic() < deadline, log
+            time.sleep(0.2)
+        assert server.post({"text": ["rot"]}).status_code == 200
+    finally:
+        assert server.stop() == 0
+
+
+def _log_so_far(server: Server) -> str:
+    """What ``server`` has written so far (its output, read without waiting)."""
+    import select
+
+    out = server.proc.stdout
+    seen = getattr(server, "seen", "")
+    while select.select([out], [], [], 0)[0]:
+        chunk = os.read(out.fileno(), 65536).decode(errors="replace")
+        if not chunk:
+            break
+        seen += chunk
+    server.seen = seen  # type: ignore[attr-defined]
+    return seen
+
+
+def test_port_0_logs_the_port_the_server_listens_on(tiny_run_dir: Path) -> None:
+    import re
+
+    proc = subprocess.Popen([sys.executable, "-m", "mtcli.cli", "serve", str(tiny_run_dir), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:
+            if match := re.search(r"serving .* on http://127\.0\.0\.1:(\d+) ", line):
+                break
+        else:
+            raise AssertionError(f"exited {proc.wait()} without saying where it serves")
+        port = int(match[1])
+        assert port != 0 and httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+
+
+def test_settling_a_job_its_client_cancelled_is_no_error() -> None:
+    from mtcli.serve_batching import _Job, _settle
+
+    job = _Job(["rot"], (), "id0")
+    assert job.future.cancel()
+    _settle(job, ("model", ["ROT"]))  # no InvalidStateError, which would end the worker
+    _settle(job, error=RuntimeError("late"))
+    assert job.future.cancelled()

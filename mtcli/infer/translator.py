@@ -266,7 +266,8 @@ class Translator:
     def nbest(self, texts: Sequence[str], n: int | None = None, **settings: Any) -> list[list[Translation]]:
         """The ``n`` best hypotheses of each text (default: the beam size), best first, each a
         :class:`Translation` with ``text``, ``score`` (length-penalised log-probability, what
-        the search ranks by) and ``logprob``. The beam widens to ``n`` when it is narrower.
+        the search ranks by) and ``logprob``. The run's beam widens to ``n`` when it is
+        narrower; a ``beam`` given narrower than ``n`` is refused (as ``--beam 2 --nbest 4``).
         With ``sampling`` (``topk`` or ``topp``): ``n`` samples of each text, in draw order
         (default ``decode.nbest``). An empty (or blank) text has one hypothesis, the empty one,
         with score 0 (``mtcli translate --nbest`` pads its rows with ``-inf`` ones)."""
@@ -277,6 +278,9 @@ class Translator:
         n = (decode.nbest if sampled else decode.beam_size) if n is None else n
         if n < 1:
             raise ConfigError(f"nbest n must be >= 1, got {n}")
+        if not sampled and settings.get("beam") is not None and n > settings["beam"]:
+            raise ConfigError(f"nbest {n} with beam {settings['beam']}: a beam search keeps beam hypotheses "
+                              "(leave beam out and it widens to n)")
         decode = dataclasses.replace(decode, nbest=n, beam_size=decode.beam_size if sampled else max(decode.beam_size, n))
         return list(self._stream(_texts(texts), decode))
 

@@ -122,7 +122,9 @@ def test_the_server_answers_n_samples_or_the_n_best_per_line(tiny_run_dir: Path)
 
     translator = Translator.from_run(tiny_run_dir, device="cpu")
     drawn = translator.nbest(LINES, 3, sampling="topp", temperature=1.2, seed=7)
-    best = translator.nbest(LINES, 3, beam=2)  # the beam widens to 3
+    best = translator.nbest(LINES, 3)  # the run's beam (2) widens to 3
+    with pytest.raises(ConfigError, match="nbest 3 with beam 2"):
+        translator.nbest(LINES, 3, beam=2)
     with TestClient(create_app(translator)) as client:
         answer = client.post("/translate", json={"text": LINES, "sampling": "topp", "temperature": 1.2,
                                                  "seed": 7, "nbest": 3})
@@ -130,7 +132,9 @@ def test_the_server_answers_n_samples_or_the_n_best_per_line(tiny_run_dir: Path)
         body = answer.json()
         assert [[h["text"] for h in hyps] for hyps in body["nbest"]] == [[h.text for h in d] for d in drawn]
         assert body["translations"] == [d[0].text for d in drawn]
-        searched = client.post("/translate", json={"text": LINES, "beam": 2, "nbest": 3}).json()
+        narrow = client.post("/translate", json={"text": LINES, "beam": 2, "nbest": 3})
+        assert narrow.status_code == 422 and "nbest 3 with beam 2" in narrow.json()["error"]
+        searched = client.post("/translate", json={"text": LINES, "nbest": 3}).json()
         assert [[round(h["score"], 4) for h in hyps] for hyps in searched["nbest"]] == \
             [[round(h.score, 4) for h in b] for b in best]
         for n in (0, 17):

@@ -314,6 +314,8 @@ def test_cli_translate_stdin_and_files(tiny_run_dir: Path, tmp_path: Path) -> No
     assert res.stdout.decode().count("\n") == len(lines)
     assert res.stdout.decode().split("\n")[1] == ""
     assert b"truncated" in res.stderr and b"line 3" in res.stderr
+    dash = _mtcli("translate", str(tiny_run_dir), "-", "--beam", "1", stdin=text.encode())  # - is stdin too
+    assert dash.returncode == 0 and dash.stdout == res.stdout, dash.stderr.decode()
 
     src = tmp_path / "in.txt"
     src.write_text(text, encoding="utf-8")
