@@ -21,7 +21,7 @@ penalty chosen on val, then test2016):
 Stopped and started again, it goes on where it stopped: a training run resumes from its last
 checkpoint, and a finished run's scores (``<run>.row.json`` beside its run directory) and each
 back-translation (``made_by.json`` beside it) are kept while the config, the model and the
-settings are the same; a run whose input corpora changed is trained afresh.
+settings are the same; a run whose input corpora changed since stops it with one line.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,12 +38,19 @@ from mtcli.allocator import keep_freed_memory
 from mtcli.config import Config, CorpusConfig, DataConfig, load_config, with_changes
 from mtcli.data.corpora import split_names
 from mtcli.data.sources import open_source
-from mtcli.errors import MtcliError
+from mtcli.errors import DataError, MtcliError
 from mtcli.fileio import atomic_write, sha256_file
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, setup_logging
 from mtcli.reproduce import is_the_recipe, run_recipe, seed_config
-from mtcli.results import README, RESULTS_DIR, load_results, recipe_fingerprint, write_table
+from mtcli.results import (
+    README,
+    RESULTS_DIR,
+    load_results,
+    recipe_fingerprint,
+    results_home,
+    write_table,
+)
 
 FORWARD, REVERSE = "configs/multi30k_en_de.yaml", "configs/multi30k_de_en.yaml"
 TABLE = "bt"
@@ -99,18 +105,25 @@ def back_translate(run_dir: Path, checkpoint: Path, mono: Path, out: Path, data:
     return out
 
 
-def _inputs(config: Config) -> dict[str, str]:
-    """Each corpus of ``config`` that is a local directory, with a sha256 over its files' (the
-    halves and back-translations this pipeline writes); a named corpus stands for itself."""
-    found = {}
+def _inputs(config: Config) -> list[str | None]:
+    """A sha256 over the files of each corpus of ``config`` that is a local directory (the halves
+    and back-translations this pipeline writes), None for one that is not (a named corpus)."""
+    found: list[str | None] = []
     for source in [config.data.source] + [c.source for c in config.data.sources]:
-        path = Path(source)
-        if source and path.is_dir():
+        path = Path(source) if source else None
+        if path is not None and path.is_dir():
             files = sorted(p for p in path.iterdir() if p.is_file())
-            found[source] = hashlib.sha256("".join(f"{p.name}:{sha256_file(p)};" for p in files).encode()).hexdigest()
+            found.append(hashlib.sha256("".join(f"{p.name}:{sha256_file(p)};" for p in files).encode()).hexdigest())
         elif source:
-            found[source] = source
+            found.append(None)
     return found
+
+
+def _changed(saved: Any, now: list[str | None]) -> bool:
+    """Whether a corpus hashed then and now differs (a corpus not hashed either time is not)."""
+    if not isinstance(saved, list) or len(saved) != len(now):
+        return False
+    return any(a is not None and b is not None and a != b for a, b in zip(saved, now, strict=True))
 
 
 def recipe_row(config: Config) -> dict[str, Any]:
@@ -118,21 +131,21 @@ def recipe_row(config: Config) -> dict[str, Any]:
     (``<run>.row.json``, with the config and a checksum of its input corpora, written before it
     trains too), so that a restarted ``make reproduce-bt`` does not train, average and score a
     finished run again. A changed config runs (and resumes) it again; changed inputs (the data,
-    or a reverse model that back-translates differently) train it afresh, as its checkpoints
-    are of other data."""
-    run_dir, log = config.run_path(), get_logger()
+    or a reverse model that back-translates differently) stop it with one line: its run is of
+    other data, and only the user removes it."""
+    run_dir = config.run_path()
     record = run_dir.with_name(f"{run_dir.name}.row.json")
     earlier = record if record.is_file() else run_dir / "row.json"  # where an older mtcli kept it
     wanted = json.loads(json.dumps(config.to_dict()))  # as it reads back from JSON
     inputs = _inputs(config)
     if earlier.is_file():
         saved = json.loads(earlier.read_text(encoding="utf-8"))
-        if saved.get("inputs", inputs) != inputs:
-            log.info("%s: its training data changed since it ran: trained afresh", run_dir)
-            shutil.rmtree(run_dir)
-            shutil.rmtree(config.data.prepared_path(), ignore_errors=True)
-        elif saved.get("config") == wanted and saved.get("row") is not None:
-            log.info("%s: finished earlier, its scores kept (%s)", run_dir, record)
+        changed = _changed(saved.get("inputs"), inputs)
+        if changed and run_dir.exists():
+            raise DataError(f"{run_dir}: trained on other data than its corpora hold now (they were written "
+                            "again, or back-translated by another model); remove it to train it afresh")
+        if not changed and saved.get("config") == wanted and saved.get("row") is not None:
+            get_logger().info("%s: finished earlier, its scores kept (%s)", run_dir, earlier)
             return saved["row"]
     with atomic_write(record) as handle:  # the inputs it trains on, before it trains
         handle.write(json.dumps({"config": wanted, "inputs": inputs, "row": None}, indent=2) + "\n")
@@ -234,12 +247,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mtcli: error: interrupted (run the same command again to go on)", file=sys.stderr)
         return 130
-    readme = args.readme
-    if not (is_the_recipe(forward, FORWARD) and is_the_recipe(reverse, REVERSE)):
-        get_logger().warning("the recipes were changed (--forward/--reverse/--set): %s is left as it is", readme)
-        readme = None
+    changed = not (is_the_recipe(forward, FORWARD) and is_the_recipe(reverse, REVERSE))
+    home, readme = results_home(args.results, changed), None if changed else args.readme
+    if changed:
+        get_logger().warning("the recipes were changed (--forward/--reverse/--set): the table goes to %s; %s is "
+                             "left as it is", home / f"{TABLE}.json", args.readme)
     markdown = render(table)
-    write_table(table, markdown, args.results, TABLE, readme)
+    write_table(table, markdown, home, TABLE, readme)
     print(markdown)
     return 0
 

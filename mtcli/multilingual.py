@@ -39,12 +39,14 @@ from mtcli.reproduce import (
 from mtcli.results import (
     README,
     RESULTS_DIR,
+    check_one_recipe,
     device_name,
     git_commit,
     load_results,
     markers,
     named_commit,
     recipe_fingerprint,
+    results_home,
     seed_words,
     seeds_by_device,
     source_tree,
@@ -214,18 +216,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging()
     keep_freed_memory()
-    readme = args.readme
     try:
         seeds = parse_seeds(args.seeds) or []
         config = load_config(args.config, args.overrides)
-        previous = load_results(args.results, TABLE).get("seeds", {})
+        changed = not args.merge and not is_the_recipe(config, RECIPE)
+        home, readme = results_home(args.results, changed), None if changed else args.readme
+        if changed:
+            get_logger().warning("the recipe was changed (--config/--set): the table goes to %s; %s is left as it is",
+                                 home / f"{TABLE}.json", args.readme)
+        previous = load_results(home, TABLE).get("seeds", {})
         if args.merge:
             previous.update(merge_seeds(args.merge))
+            check_one_recipe(previous, "--merge")
         else:
             previous = same_recipe(previous, recipe_fingerprint(config))
-            if not is_the_recipe(config, RECIPE):
-                get_logger().warning("the recipe was changed (--config/--set): %s is left as it is", readme)
-                readme = None
         for seed in seeds if not args.merge else []:
             previous[str(seed)] = run_seed(seed_config(config, seed))
         if not previous:
@@ -237,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mtcli: error: interrupted (run the same command again to go on)", file=sys.stderr)
         return 130
-    write(results, args.results, readme)
+    write(results, home, readme)
     print(render(results))
     return 0
 

@@ -41,11 +41,13 @@ from mtcli.logs import get_logger, setup_logging
 from mtcli.results import (
     README,
     RESULTS_DIR,
+    check_one_recipe,
     device_name,
     git_commit,
     load_results,
     named_commit,
     recipe_fingerprint,
+    results_home,
     seed_words,
     seeds_by_device,
     source_tree,
@@ -353,6 +355,18 @@ def run_seeds(config: Config, seeds: list[int] | None, valid_only: bool = False)
     return combine_seeds(rows)
 
 
+def row_is_the_recipe(row: dict[str, Any], recipe: str, overrides: list[str]) -> bool:
+    """Whether the seeds of ``row`` trained the recipe file ``recipe`` (with ``overrides``): rows
+    from before the fingerprint, which do not say, are taken as the recipe's."""
+    recipes = {seed.get("recipe") for seed in (row.get("seeds") or {"": row}).values()}
+    if None in recipes:
+        return True
+    try:
+        return recipes == {recipe_fingerprint(load_config(recipe, overrides))}
+    except ConfigError:
+        return False
+
+
 def is_the_recipe(config: Config, recipe: str, overrides: list[str] | None = None) -> bool:
     """Whether ``config`` trains what the recipe file ``recipe`` (with ``overrides``) trains, as
     :func:`~mtcli.results.recipe_fingerprint` says: a run changed by ``--set``/``--config`` does
@@ -407,6 +421,7 @@ def merge_seed_results(paths: list[Path], row_key: str, table_name: str) -> dict
             if int(seed) in rows:
                 raise ConfigError(f"{file}: seed {seed} of {row_key!r} is in two of the merged files")
             rows[int(seed)] = named_commit(seed_row, f"{file} seed {seed}")
+    check_one_recipe(rows, f"--merge {row_key}")
     return combine_seeds(rows)
 
 
@@ -533,16 +548,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.valid_only:
         print(json.dumps(row, indent=2))
         return 0
-    results = load_results(args.results, table_name)
-    readme = args.readme
-    if not args.merge:
-        row = with_earlier_seeds(results.get(row_key), row) if "seeds" in row else row
-        if not is_the_recipe(config, recipe, pair_overrides(args.direction)):
-            get_logger().warning("the recipe was changed (--config/--set): %s is left as it is; the row is in %s",
-                                 readme, args.results / f"{table_name}.json")
-            readme = None
+    changed = not row_is_the_recipe(row, recipe, pair_overrides(args.direction))
+    results_dir, readme = results_home(args.results, changed), None if changed else args.readme
+    if changed:
+        get_logger().warning("the recipe was changed (--config/--set): the row goes to %s; %s is left as it is",
+                             results_dir / f"{table_name}.json", args.readme)
+    results = load_results(results_dir, table_name)
+    if not args.merge and "seeds" in row:
+        row = with_earlier_seeds(results.get(row_key), row)
     results[row_key] = row
-    write_results(results, args.results, readme, table_name)
+    write_results(results, results_dir, readme, table_name)
     print(render_markdown(results))
     return 0
 

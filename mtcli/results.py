@@ -9,6 +9,7 @@ differ from it; the tables themselves do not count), the git tree of its files, 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -19,8 +20,9 @@ from typing import Any
 
 import torch
 
-from mtcli.config import Config
+from mtcli.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig
 from mtcli.device import cpu_has_bf16_units, cpu_name
+from mtcli.errors import ConfigError
 from mtcli.fileio import atomic_write
 from mtcli.logs import get_logger
 
@@ -36,17 +38,50 @@ TABLES = ("bt", "multi30k", "multilingual", "wmt_news")
 #: device or with another seed compares equal
 PLACE_KEYS = {"data": ("source", "prepared_dir", "num_workers"),
               "train": ("seed", "run_dir", "device", "num_threads", "progress", "log_every", "compile"),
-              "decode": ("workers",)}
+              "decode": ("workers", "max_tokens")}
+RECIPE_FINGERPRINT_VERSION = 1
+
+
+def _defaults(section: str) -> dict[str, Any]:
+    """The default value of each key of a config section that has one."""
+    kind = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "decode": DecodeConfig}[section]
+    found = {}
+    for item in dataclasses.fields(kind):
+        if item.default is not dataclasses.MISSING:
+            found[item.name] = item.default
+        elif item.default_factory is not dataclasses.MISSING:
+            found[item.name] = item.default_factory()
+    return json.loads(json.dumps(found, default=str))
 
 
 def recipe_fingerprint(config: Config) -> str:
-    """16 hex digits of a sha256 over ``config`` less :data:`PLACE_KEYS`: each results row keeps
-    it (``recipe``), so that seeds of different recipes are never averaged into one row."""
-    data = config.to_dict()
-    for section, keys in PLACE_KEYS.items():
-        for key in keys:
-            (data.get(section) or {}).pop(key, None)
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """16 hex digits of a sha256 over what ``config`` sets apart from the defaults, less
+    :data:`PLACE_KEYS`: each results row keeps it (``recipe``), so that seeds of different
+    recipes are never averaged into one row. A key a later mtcli adds, with its default, leaves
+    the fingerprint as it was."""
+    data = json.loads(json.dumps(config.to_dict(), default=str))
+    kept: dict[str, Any] = {"version": RECIPE_FINGERPRINT_VERSION}
+    for section, body in sorted(data.items()):
+        defaults = _defaults(section) if section in ("data", "model", "train", "decode") else {}
+        kept[section] = {key: value for key, value in sorted((body or {}).items())
+                         if key not in PLACE_KEYS.get(section, ()) and (key not in defaults or defaults[key] != value)}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def results_home(results_dir: Path, changed: bool) -> Path:
+    """Where a table's rows go: ``results_dir``; for a run that changed the recipe, given the
+    default ``results/``, ``results/changed/``, so that a smoke test does not replace the rows the
+    README shows."""
+    return results_dir / "changed" if changed and results_dir == RESULTS_DIR else results_dir
+
+
+def check_one_recipe(seeds: dict[Any, dict[str, Any]], what: str) -> None:
+    """Refuse seed rows (seed -> row) of different recipes (:func:`recipe_fingerprint`; a row
+    from before it, which does not say, is taken as it is), naming each seed's."""
+    recipes = {str(seed): row.get("recipe") for seed, row in seeds.items()}
+    if len({recipe for recipe in recipes.values() if recipe is not None}) > 1:
+        said = ", ".join(f"seed {seed}: {recipe or 'not said'}" for seed, recipe in sorted(recipes.items()))
+        raise ConfigError(f"{what}: the seeds were trained by different recipes ({said}); merge the seeds of one")
 
 
 def _git(*args: str, env: dict[str, str] | None = None) -> str:

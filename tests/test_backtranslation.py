@@ -63,13 +63,15 @@ def test_backtranslation_pipeline_on_toy(tmp_path: Path, monkeypatch: pytest.Mon
     assert readme.read_text(encoding="utf-8") == f"intro\n{markers(TABLE)[0]}\n{text}{markers(TABLE)[1]}\nend\n"
 
 
-def test_a_kept_row_is_trained_afresh_when_its_input_corpora_change(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_kept_row_is_not_used_once_its_input_corpora_change(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Its data rewritten (or back-translated by another reverse model), a finished variant kept
-    the scores of the old data, while its files and its back-translations were new."""
+    the scores of the old data, while its files and its back-translations were new: it now stops
+    with one line, and trains again once its run is removed. A changed config resumes it."""
     import shutil
 
     import mtcli.backtranslation as bt
+    from mtcli.errors import DataError
 
     data = tmp_path / "data"
     shutil.copytree(TOY_DIR, data)
@@ -78,18 +80,19 @@ def test_a_kept_row_is_trained_afresh_when_its_input_corpora_change(tmp_path: Pa
     def run_recipe(config: object) -> dict:
         run_dir = config.run_path()  # type: ignore[attr-defined]
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-        (run_dir / "checkpoints" / f"of_run_{len(runs)}").touch()
         runs.append(config.train.max_steps)  # type: ignore[attr-defined]
         return {"run": len(runs)}
 
     monkeypatch.setattr(bt, "run_recipe", run_recipe)
-    config = load_config(TOY_CONFIG, [f"data.source={data}", f"train.run_dir={tmp_path / 'runs' / 'half'}", *FAST])
+    run = tmp_path / "runs" / "half"
+    config = load_config(TOY_CONFIG, [f"data.source={data}", f"train.run_dir={run}", *FAST])
     assert bt.recipe_row(config) == {"run": 1}
     assert bt.recipe_row(config) == {"run": 1}  # kept
+    longer = load_config(TOY_CONFIG, [f"data.source={data}", f"train.run_dir={run}", *FAST, "train.max_steps=20"])
+    assert bt.recipe_row(longer) == {"run": 2}  # another config: run (resumed) again
     (data / "train.src").write_text("other\n" * 300, encoding="utf-8")
-    assert bt.recipe_row(config) == {"run": 2}
-    assert [p.name for p in (config.run_path() / "checkpoints").iterdir()] == ["of_run_1"]  # afresh
-    longer = load_config(TOY_CONFIG, [f"data.source={data}", f"train.run_dir={config.run_path()}", *FAST,
-                                      "train.max_steps=20"])
-    assert bt.recipe_row(longer) == {"run": 3}  # another config: resumed, not afresh
-    assert sorted(p.name for p in (config.run_path() / "checkpoints").iterdir()) == ["of_run_1", "of_run_2"]
+    with pytest.raises(DataError, match=r"half: trained on other data than its corpora hold now .* remove it"):
+        bt.recipe_row(longer)
+    assert run.is_dir()  # nothing removed
+    shutil.rmtree(run)
+    assert bt.recipe_row(longer) == {"run": 3}

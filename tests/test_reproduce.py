@@ -320,7 +320,7 @@ def test_two_directions_in_a_row_on_a_clean_clone_both_carry_the_clean_commit(
     _git(repo, "commit", "-qm", "clean")
     clean, tree = _git(repo, "rev-parse", "--short", "HEAD"), _git(repo, "rev-parse", "HEAD^{tree}")
     monkeypatch.chdir(repo)
-    monkeypatch.setattr("mtcli.reproduce.is_the_recipe", lambda *args: True)  # the toy stands for the recipes
+    monkeypatch.setattr("mtcli.reproduce.row_is_the_recipe", lambda *args: True)  # the toy stands for the recipes
     for recipe in ("de_en", "en_de"):
         assert main([recipe, "--config", str(toy_config_path), "--data", str(TOY_DIR),
                      "--set", f"data.prepared_dir={tmp_path / 'prep'}",
@@ -377,3 +377,27 @@ def test_adaptation_from_too_few_parent_checkpoints_says_which_setting(tiny_run_
     config = load_config(TOY_CONFIG, [f"train.init_from={tmp_path / 'none'}", f"train.run_dir={tmp_path / 'child'}"])
     with pytest.raises(ConfigError, match="train the parent first"):
         run_adaptation(config)
+
+
+def test_a_recipe_fingerprint_leaves_out_where_a_run_ran_and_merges_refuse_two_recipes(tmp_path: Path) -> None:
+    from mtcli.config import ConfigError, load_config
+    from mtcli.reproduce import merge_seed_results
+    from mtcli.results import recipe_fingerprint
+
+    recipe = "configs/multi30k_en_de.yaml"
+    here = recipe_fingerprint(load_config(recipe))
+    elsewhere = load_config(recipe, ["train.seed=2", "train.device=cpu", "decode.max_tokens=100", "data.source=/x",
+                                     "train.run_dir=/y", "train.num_threads=1"])
+    assert recipe_fingerprint(elsewhere) == here
+    assert recipe_fingerprint(load_config(recipe, ["train.max_steps=20"])) != here
+    for seed, fingerprint in ((1, "a" * 16), (2, "b" * 16)):
+        row = dict(ROW, seed=seed, train_steps=8000, average_last=2, length_penalty=1.0, recipe=fingerprint,
+                   decode="beam 5, length penalty 1, average of the last 2 checkpoints (both chosen on val)")
+        write_results({"de-en": {**row, "seeds": {str(seed): row}}}, results_dir=tmp_path / str(seed),
+                      readme=None)
+    with pytest.raises(ConfigError, match="seeds were trained by different recipes"):
+        merge_seed_results([tmp_path / "1", tmp_path / "2"], "de-en", "multi30k")
+    from mtcli.results import RESULTS_DIR, results_home
+
+    assert results_home(RESULTS_DIR, True) == RESULTS_DIR / "changed"  # a smoke test keeps off the README's rows
+    assert results_home(RESULTS_DIR, False) == RESULTS_DIR and results_home(tmp_path, True) == tmp_path

@@ -449,10 +449,11 @@ class BatchStream:
         self.batch = int(state["batch"])
         self.segments = [(int(tokens), int(end)) for tokens, end in state.get("segments", [])]
         saved = int(state.get("max_tokens", self.max_tokens))
-        if self.batch and (saved != self.max_tokens or self.batch % self.world_size):
-            # another budget, or a position saved by another number of processes that is not a
-            # multiple of this one's (each rank must get a batch of every group): the rest of
-            # the epoch is batched anew, in a count the processes share evenly
+        start = self.segments[-1][1] if self.segments else 0  # where the batches of this budget begin
+        if self.batch > start and (saved != self.max_tokens or (self.batch - start) % self.world_size):
+            # another budget, or a position saved by another number of processes that this one's
+            # cannot share (each rank must get a batch of every group): the rest of the epoch is
+            # batched anew, in a count the processes share evenly
             self.segments.append((saved, self.batch))
         self._cached = None
         if self.batch >= len(self.epoch_batches(self.epoch)):

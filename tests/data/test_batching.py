@@ -331,3 +331,29 @@ def test_a_one_process_position_resumed_on_two_gives_each_rank_a_batch_of_every_
     assert ranks[1].epoch == 1
     seen = np.concatenate(done + rest)
     assert len(np.unique(seen)) == len(seen)
+
+
+def test_positions_moved_across_one_two_and_three_processes_stay_shared_and_exact() -> None:
+    """1 -> 2 -> 3 processes: each resume's batches are counted from where the epoch was last
+    batched anew, so every rank still gets a batch of every group; and a resume with nothing
+    changed after that goes on exactly as the run would have."""
+    src, tgt = random_corpus(600, max_len=30)
+    common = dict(max_tokens=200, max_source_length=30, max_target_length=30, seed=4)
+    stream = BatchStream(src, tgt, **common)
+    for _ in range(5):
+        stream.next_group()
+    state = stream.state_dict()
+    for world, groups in ((2, 2), (3, None)):
+        ranks = [BatchStream(src, tgt, world_size=world, rank=r, **common) for r in range(world)]
+        for rank in ranks:
+            rank.load_state_dict(state)
+        while ranks[0].epoch == 0 and (groups is None or groups > 0):
+            assert all(len(rank.next_group().mine()) >= 1 for rank in ranks)
+            groups = None if groups is None else groups - 1
+        state = ranks[0].state_dict()
+        if groups is None:
+            break
+        resumed = BatchStream(src, tgt, world_size=world, rank=0, **common)
+        resumed.load_state_dict(state)  # the same processes and budget: exact
+        assert resumed.segments == ranks[0].segments
+        assert [list(b) for b in resumed.epoch_batches(0)] == [list(b) for b in ranks[0].epoch_batches(0)]
