@@ -31,6 +31,7 @@ from mtcli.checkpoint import FORMAT, load_checkpoint
 from mtcli.errors import CheckpointError, one_line
 from mtcli.fileio import atomic_write
 from mtcli.logs import get_logger
+from mtcli.runlock import LOCK_NAME
 
 CONFIG_NAME = "config.yaml"
 SPM_NAME = "spm.model"
@@ -58,11 +59,12 @@ def run_file_role(path: Path) -> str | None:
     if (parent / CONFIG_NAME).is_file() and (parent / "checkpoints").is_dir():
         own = {CONFIG_NAME: "the run's config", SPM_NAME: "its SentencePiece model",
                SOURCE_SPM_NAME: "its SentencePiece model", TARGET_SPM_NAME: "its SentencePiece model",
-               VOCAB_NAME: "its vocabulary", MANIFEST_NAME: "its data manifest", "train.log": "its log",
-               "train.lock": "its lock", "parent.json": "its parent's record"}
+               VOCAB_NAME: "its vocabulary", MANIFEST_NAME: "its data manifest", LOCK_NAME: "its lock",
+               # named by the layers above: mtcli.train.run, mtcli.train.parent, mtcli.infer.hf_import
+               "train.log": "its log", "parent.json": "its parent's record", "import.json": "its import record"}
         return own.get(path.name)
     if parent.name == "checkpoints" and (parent.parent / CONFIG_NAME).is_file():
-        if path.name == "index.json":
+        if path.name == INDEX_NAME:
             return "its checkpoint index"
         if is_own_checkpoint_name(path.name):
             return "a checkpoint training resumes from and ranks"

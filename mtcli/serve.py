@@ -184,8 +184,8 @@ def request_words(message: str) -> str:
     named in parentheses beside its setting is dropped."""
     message = re.sub(r" \(--[a-z-]+\)", "", message).replace("--tgt-lang", "tgt_lang")
     field = {"beam_size": "beam"}
-    message = re.sub(r"decode\.(\w+)=", lambda m: f"{field.get(m[1], m[1])} ", message)
-    return re.sub(r"decode\.(\w+)", lambda m: field.get(m[1], m[1]), message)
+    message = re.sub(r"(?<!--set )decode\.(\w+)=", lambda m: f"{field.get(m[1], m[1])} ", message)
+    return re.sub(r"(?<!--set )decode\.(\w+)", lambda m: field.get(m[1], m[1]), message)
 
 
 class _BodyLimit:
@@ -400,7 +400,7 @@ class Reloader:
     def start(self) -> threading.Thread | None:
         """Start loading (from a signal handler: it returns at once); None if a load is under way."""
         if not self._busy.acquire(blocking=False):
-            get_logger().warning("reload: the model is being loaded already")
+            get_logger().warning("reload: one is under way already (or waits for the server to start)")
             return None
         thread = threading.Thread(target=self._run, name="mtcli-serve-reload", daemon=True)
         thread.start()
@@ -509,6 +509,9 @@ def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, lim
                                                     host, bound, "required" if api_key else "not set"))
     try:
         server.run()
+    except SystemExit:  # uvicorn exits when it cannot start; its log line says why
+        if server.started:
+            raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)

@@ -44,9 +44,9 @@ BASE_URL = "https://raw.githubusercontent.com/"
 #: Local copies tried before the cache, relative to the working directory.
 LOCAL_COPIES = (Path("../shared/data"),)
 TIMEOUT_S = 60.0
-# a download's temporary file untouched this long was left by a killed download (a live one writes
-# at least every TIMEOUT_S)
-STALE_S = 600.0
+# a download's temporary file untouched for a day was left by a killed download (a live one
+# writes a chunk of it at least every few minutes, even on a slow link)
+STALE_S = 86_400.0
 
 _MULTI30K = "multi30k/dataset/master/data/task1/raw/"
 _TESTSETS = "Helsinki-NLP/OPUS-MT-testsets/master/testsets/en-de/"
@@ -164,8 +164,8 @@ def _source(part: str) -> tuple[str, Iterator[bytes]]:
 
 
 def _remove_stale_parts(path: Path) -> None:
-    """Remove what a killed download of ``path`` left (its temporary file): untouched for
-    :data:`STALE_S`, a download would have written it since, or timed out."""
+    """Remove what a killed download of ``path`` left (its temporary file): one untouched for
+    :data:`STALE_S` is no live download's."""
     for tmp in path.parent.glob(f".{path.name}.*.tmp"):
         with contextlib.suppress(OSError):
             if time.time() - tmp.stat().st_mtime > STALE_S:

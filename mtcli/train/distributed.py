@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from mtcli.errors import TrainingError
+from mtcli.errors import TrainingError, one_line
 from mtcli.train.rng import get_rng_state
 
 
@@ -141,5 +141,7 @@ def peer_failures(info: DistInfo) -> Iterator[None]:
         yield
     except RuntimeError as exc:
         if info.distributed and (isinstance(exc, dist.DistError) or any(text in str(exc) for text in _PEER_GONE)):
-            raise TrainingError("another process of this run stopped (its error is above); this one stops too") from None
+            raise TrainingError(
+                f"rank {info.rank}: a collective failed: another process of this run stopped (its own error, on "
+                f"its console, says why) or the connection to it failed ({one_line(exc)[:200]})") from None
         raise

@@ -211,17 +211,23 @@ def check_resume_data(saved: dict[str, str], now: dict[str, str], where: str, ca
             "this run's weights)")
 
 
+def _processes(state: dict[str, Any]) -> tuple[int, int]:
+    """The process count and ``train.update_freq`` a checkpoint was saved under."""
+    saved = int(state.get("world_size") or len(state.get("rng_ranks") or []) or 1)
+    return saved, int(((state.get("config") or {}).get("train") or {}).get("update_freq", 1))
+
+
 def process_change(state: dict[str, Any], world_size: int, update_freq: int) -> str | None:
     """How the process count differs from the checkpoint's, as a config change is logged, or
     None: every process takes ``update_freq`` batches an update, so the update's size changes
-    with their number, unless ``train.update_freq`` changed the other way."""
-    saved = int(state.get("world_size") or len(state.get("rng_ranks") or []) or 1)
+    with their number, unless ``train.update_freq`` changed the other way. Either way the
+    resume is inexact: each process drew its own dropout."""
+    saved, saved_freq = _processes(state)
     if saved == world_size:
         return None
-    saved_freq = int(((state.get("config") or {}).get("train") or {}).get("update_freq", 1))
     if saved * saved_freq == world_size * update_freq:
         return (f"processes: {saved} -> {world_size} with train.update_freq {saved_freq} -> {update_freq}: "
-                "each update as large as before")
+                "each update as large as before (resume no longer exact: each process draws its own dropout)")
     return (f"processes: {saved} -> {world_size} (each update {world_size * update_freq}/{saved * saved_freq} "
             "the size; resume no longer exact)")
 
@@ -242,9 +248,11 @@ def resume_changes(state: dict[str, Any], new: dict[str, Any], world_size: int, 
     process count is said once, with the processes."""
     changes = check_resume_config(state.get("config") or {}, new, where,
                                   rebatchable="max_tokens" in (state.get("data_state") or {}))
-    process = process_change(state, world_size, int((new.get("train") or {}).get("update_freq", 1)))
+    update_freq = int((new.get("train") or {}).get("update_freq", 1))
+    process = process_change(state, world_size, update_freq)
     if process is None:
         return changes
-    if "as large as before" in process:
+    saved, saved_freq = _processes(state)
+    if saved * saved_freq == world_size * update_freq:  # said with the processes
         changes = [change for change in changes if not change.startswith("train.update_freq:")]
     return [*changes, process]

@@ -290,8 +290,7 @@ def train(config: Config) -> TrainSummary:
     init_distributed(info, device)
     signals = StopSignals()
     with contextlib.ExitStack() as stack:
-        stack.enter_context(peer_failures(info))
-        stack.callback(signals.restore)  # a signal after a stop waits for the shutdown
+        stack.callback(signals.restore)  # last: a signal after a stop waits for the shutdown
         stack.callback(leave_distributed, info)
         if info.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -300,6 +299,7 @@ def train(config: Config) -> TrainSummary:
             stack.callback(remove_log_handler, handler)
             stack.enter_context(failures_logged(handler))
             remove_stale_temp_files(run_dir)
+        stack.enter_context(peer_failures(info))  # inside train.log's: it gets the one line
         if info.distributed:
             dist.barrier()
         found = find_resume_checkpoint(run_dir)

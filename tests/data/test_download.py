@@ -158,7 +158,7 @@ def test_a_server_that_is_down_is_one_line_naming_the_url(toy_corpus: tuple[File
 
 def test_what_a_killed_download_left_is_removed_once_stale(toy_corpus: tuple[Files, Path]) -> None:
     """A SIGKILL mid-transfer leaves the temporary file: removed by the next download of that
-    file once untouched for STALE_S (a live download writes it more often)."""
+    file once untouched for STALE_S (a day; a live download writes it far more often)."""
     import os
     import time
 

@@ -229,4 +229,6 @@ def test_ranks_refuse_different_resume_points_and_a_gone_peer_is_one_line(tmp_pa
         found = dict(results)
     for rank in range(2):
         assert "different checkpoints to resume from (rank 0: step 20, rank 1: none)" in found[f"resume{rank}"]
-    assert found["peer"] == "another process of this run stopped (its error is above); this one stops too"
+    assert found["peer"].startswith("rank 1: a collective failed: another process of this run stopped (its own "
+                                    "error, on its console, says why) or the connection to it failed (")
+    assert "\n" not in found["peer"]
