@@ -41,7 +41,8 @@ class PackedLinear(nn.Module):
     """
 
     def __init__(
-        self, weight: Tensor, bias: Tensor | None, dtype: torch.dtype = torch.float32, relu: bool = False
+        self, weight: Tensor, bias: Tensor | None, dtype: torch.dtype = torch.float32, relu: bool = False,
+        nonnegative: bool = False,
     ) -> None:
         super().__init__()
         self.in_features, self.out_features, self.dtype = weight.size(1), weight.size(0), dtype

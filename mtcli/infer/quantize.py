@@ -15,7 +15,9 @@ it (a translation is the same in any batch). The kernel takes one scale for all 
 given, from their smallest and largest value; so each row is divided by its largest magnitude
 ``m_r`` and given two more columns, 1 and -1, against two zero columns of ``W``: every row then
 spans [-1, 1] exactly, the kernel's scale is the same for any rows, and the product, times
-``m_r``, plus ``b``, is ``x W^T + b`` with ``x`` quantised per row.
+``m_r``, plus ``b``, is ``x W^T + b`` with ``x`` quantised per row. A product whose input is a
+ReLU's (``nonnegative``: the feed-forward network's second) gets the columns 1 and 0 instead:
+its rows span [0, 1], and the kernel's levels are not spent on values that never come.
 
 The tied output projection (the largest product in a decoder step, ``[rows, d_model] x
 [d_model, vocab]``) is quantised the same way; embeddings, LayerNorm, attention over the
@@ -51,14 +53,16 @@ def _pack(weight: Tensor, bias: Tensor | None) -> object:
 
 class Int8Linear(nn.Module):
     """``y = x W^T + b`` with ``W`` in int8 (per-row scales) and ``x`` quantised per row (see the
-    module docstring); with ``relu=True``, ``max(0, x W^T + b)``.
+    module docstring); with ``relu=True``, ``max(0, x W^T + b)``; ``nonnegative``: ``x`` is
+    never negative (a ReLU's output).
 
     Takes ``x [..., in]`` fp32 and returns ``[..., out]`` fp32, like the ``nn.Linear`` it replaces.
     """
 
-    def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False) -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False, nonnegative: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features, self.relu = weight.size(1), weight.size(0), relu
+        self._span = torch.tensor([1.0, 0.0 if nonnegative else -1.0])
         self._packed = _pack(torch.cat([weight.detach().float(), weight.new_zeros(weight.size(0), 2)], dim=1), None)
         self._bias = None if bias is None else bias.detach().float().clone()
 
@@ -67,7 +71,7 @@ class Int8Linear(nn.Module):
         shape = x.shape
         rows = x.reshape(-1, shape[-1]).float()
         peak = rows.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30)
-        span = rows.new_tensor([1.0, -1.0]).expand(rows.size(0), 2)
+        span = self._span.expand(rows.size(0), 2)
         out = torch.ops.quantized.linear_dynamic(torch.cat([rows / peak, span], dim=1), self._packed, True)
         out.mul_(peak)
         if self._bias is not None:
@@ -86,8 +90,7 @@ def int8_supported() -> str | None:
     if not hasattr(torch.ops.quantized, "linear_dynamic"):
         return "this PyTorch build has no quantized::linear_dynamic kernel"
     try:
-        for relu in (False, True):
-            Int8Linear(torch.randn(4, 8), torch.zeros(4), relu=relu)(torch.randn(2, 8))
+        Int8Linear(torch.randn(4, 8), torch.zeros(4), relu=True)(torch.randn(2, 8))
     except (RuntimeError, AttributeError, NotImplementedError) as exc:
         return f"int8 kernels unavailable ({str(exc).splitlines()[0][:120]})"
     return None

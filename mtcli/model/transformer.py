@@ -173,7 +173,8 @@ class Transformer(nn.Module):
         """A copy in eval mode for decoding in another precision or layout: every ``nn.Linear``
         becomes ``make(weight, bias)``, a feed-forward network's first one
         ``make(weight, bias, relu=True)`` (its ReLU fused into the product; a swish network's
-        stays a plain ``make(weight, bias)`` followed by the swish), and the output product
+        stays a plain ``make(weight, bias)`` followed by the swish) and its second
+        ``make(weight, bias, nonnegative=True)`` (its input is that ReLU's), and the output product
         ``make(W[output_ids], b[output_ids])`` (``b`` the output bias, None without one; a tied
         ``W`` is also the embedding table, which
         stays as it is for the lookups). The copy serves inference only; :meth:`output_rows`
@@ -184,6 +185,7 @@ class Transformer(nn.Module):
         for parent in list(copy.modules()):
             if isinstance(parent, PositionwiseFeedForward) and parent.activation == "relu":
                 parent.w_1 = make(parent.w_1.weight, parent.w_1.bias, relu=True)
+                parent.w_2 = make(parent.w_2.weight, parent.w_2.bias, nonnegative=True)  # it reads w_1's ReLU
                 parent.relu_in_w_1 = True
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):

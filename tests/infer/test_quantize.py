@@ -116,3 +116,18 @@ def test_int8_copy_keeps_the_output_vocabulary() -> None:
     assert (approx[..., ~off] - exact[..., ~off]).abs().max() / exact[..., ~off].abs().max() < 0.1
     hyps = generate(quantized, src, beam_size=2)
     assert {t for row in hyps for h in row for t in h.tokens} <= set(listed)
+
+
+def test_a_product_of_a_relus_output_spends_no_levels_on_negative_values() -> None:
+    """The feed-forward network's second product reads a ReLU's output: its rows span [0, 1],
+    which halves the quantisation step against [-1, 1], and stays the same in any batch."""
+    torch.manual_seed(3)
+    weight, bias = 0.05 * torch.randn(32, 128), 0.1 * torch.randn(32)
+    x = torch.relu(torch.randn(10, 128))
+    exact = x @ weight.T + bias
+    signed, nonnegative = Int8Linear(weight, bias), Int8Linear(weight, bias, nonnegative=True)
+    assert (nonnegative(x) - exact).abs().max() < (signed(x) - exact).abs().max()
+    assert torch.equal(nonnegative(x[:1]), nonnegative(torch.cat([x[:1], 50 * x[1:]]))[:1])
+    model = quantize_for_decoding(random_model(seed=2))
+    ffn = model.encoder.layers[0].feed_forward
+    assert ffn.w_2._span.tolist() == [1.0, 0.0] and ffn.w_1._span.tolist() == [1.0, -1.0]
