@@ -64,9 +64,11 @@ def test_output_bias_is_added_to_the_logits_on_every_path() -> None:
 def test_a_decoding_copy_keeps_swish_unfused_and_the_bias() -> None:
     model = make_model()
     calls: list[bool] = []
+    nonnegatives: list[bool] = []
 
-    def make(weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False) -> nn.Module:
+    def make(weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False, nonnegative: bool = False) -> nn.Module:
         calls.append(relu)
+        nonnegatives.append(nonnegative)
         linear = nn.Linear(weight.size(1), weight.size(0), bias=bias is not None)
         with torch.no_grad():
             linear.weight.copy_(weight)
@@ -75,7 +77,7 @@ def test_a_decoding_copy_keeps_swish_unfused_and_the_bias() -> None:
         return nn.Sequential(linear, nn.ReLU()) if relu else linear
 
     copy = model.for_decoding(make)
-    assert not any(calls)  # nothing fused: a swish network's first product is plain
+    assert not any(calls) and not any(nonnegatives)  # nothing fused: a swish network's first product is plain
     src, tgt = sources(), torch.tensor([[2, 5, 6], [2, 7, 8], [2, 9, 10]])
     with torch.inference_mode():
         torch.testing.assert_close(copy(src, tgt), model(src, tgt), rtol=1e-5, atol=1e-5)
@@ -83,6 +85,7 @@ def test_a_decoding_copy_keeps_swish_unfused_and_the_bias() -> None:
             [h[0].tokens for h in generate(model, src, beam_size=2, max_len_a=0.0, max_len_b=6)]
     relu_copy = make_model(activation="relu").for_decoding(make)
     assert relu_copy is not None and calls.count(True) == 4  # ReLU networks fuse as before
+    assert nonnegatives.count(True) == 4  # and their second product is told it reads the ReLU's output
 
 
 def test_the_defaults_add_no_buffer_and_keep_relu() -> None:
