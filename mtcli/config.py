@@ -11,6 +11,7 @@ Errors are raised as :class:`mtcli.errors.ConfigError` whose message names the f
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import types
@@ -217,7 +218,8 @@ def _type_name(tp: Any) -> str:
     return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
 
 
-_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+# inf and nan too, so that validate() says they are not finite, rather than "not a float"
+_FLOAT_TEXT = re.compile(r"[-+]?((\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|inf|nan)", re.IGNORECASE)
 
 
 def _coerce(value: Any, tp: Any) -> Any:
@@ -526,10 +528,25 @@ def validate(config: Config, where: str | None = None) -> None:
         (dc.src_lang != dc.tgt_lang, "data.src_lang and data.tgt_lang must differ"),
         (dc.max_length >= 1 and dc.max_length_ratio >= 1.0, "data.max_length must be >= 1 and data.max_length_ratio >= 1"),
     ]
+    checks[:0] = [(math.isfinite(value), f"{name} must be a finite number, got {value!r}")  # YAML's .inf, .nan
+                  for name, value in _float_settings(config)]
     for ok, message in checks:
         if not ok:
             raise ConfigError(f"{where}: {message}")
     _validate_sources(config, where)
+
+
+def _float_settings(config: Config) -> list[tuple[str, float]]:
+    """Every float setting of the data, model and train sections, by its dotted name (the decode
+    section's each have a range of their own, which refuses inf and nan with it)."""
+    found = []
+    for section in ("data", "model", "train"):
+        body = getattr(config, section)
+        for item in dataclasses.fields(body):
+            value = getattr(body, item.name)
+            if isinstance(value, float):
+                found.append((f"{section}.{item.name}", value))
+    return found
 
 
 _TAG = re.compile(r"<(?!2[A-Za-z])[A-Za-z0-9_-]+>")  # not <2xx>: mtcli.data.corpora.target_tag's form

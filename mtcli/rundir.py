@@ -177,7 +177,7 @@ def _entries_from_checkpoints(run_dir: Path, but: int) -> dict[int, dict]:
 def _ranked_best(run_dir: Path) -> list[tuple[int, Path]]:
     """Indexed step checkpoints that still exist, best first: by the metric that picked the
     newest one's best (``by``: ``train.valid_metric``; an older index, BLEU) if all have it,
-    else by loss."""
+    else by loss; of equal scores the earliest first, as ``checkpoint_best`` keeps it."""
     directory = checkpoint_dir(run_dir)
     index = read_index(run_dir)
     by = (index[max(index)].get("by") or "bleu") if index else "bleu"
@@ -187,10 +187,10 @@ def _ranked_best(run_dir: Path) -> list[tuple[int, Path]]:
         if path.is_file():
             rows.append((step, path, entry.get(by), entry.get("loss")))
     if by != "loss" and rows and all(r[2] is not None for r in rows):
-        rows.sort(key=lambda r: (-float(r[2]), -r[0]))
+        rows.sort(key=lambda r: (-float(r[2]), r[0]))
     else:
         rows = [r for r in rows if r[3] is not None]
-        rows.sort(key=lambda r: (float(r[3]), -r[0]))
+        rows.sort(key=lambda r: (float(r[3]), r[0]))
     return [(r[0], r[1]) for r in rows]
 
 

@@ -953,3 +953,11 @@ def test_load_for_inference_builds_eval_model(run_dir: Path, log_lines) -> None:
     with pytest.raises(CheckpointError, match="do not fit the model") as exc:
         load_for_inference(run_dir, checkpoint="best")
     assert "\n" not in str(exc.value)
+
+
+def test_the_best_of_equal_scores_is_the_earliest_as_checkpoint_best_keeps_it(tmp_path: Path) -> None:
+    """--average-best and keep_best took the newest of a tie, checkpoint_best the earliest."""
+    _write_run(tmp_path, [10, 20, 30])
+    for step, bleu in ((10, 5.0), (20, 7.0), (30, 7.0)):
+        rd.update_index(tmp_path, step, {"loss": 3.0, "bleu": bleu, "by": "bleu"})
+    assert [p.name for p in rd.select_checkpoints(tmp_path, best=1)] == ["checkpoint_20.pt"]

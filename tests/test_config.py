@@ -329,3 +329,15 @@ def test_version_prints_the_package_version() -> None:
 
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output.strip() == f"mtcli {__version__}"
+
+
+@pytest.mark.parametrize("change", ["train.rdrop_alpha: .inf", "train.lr: .nan", "train.max_minutes: -.inf"])
+def test_a_float_setting_that_is_not_finite_is_refused(tmp_path: Path, change: str) -> None:
+    """YAML's .inf was taken (--set refused 'inf' as 'not a float'): an infinite R-Drop weight
+    trained a model of NaNs, saved as checkpoint_best, exit 0."""
+    key, value = change.split(": ")
+    section, name = key.split(".")
+    message = cli_error(write(tmp_path, {**MINIMAL, section: {name: yaml.safe_load(value)}}))
+    assert f"{key} must be a finite number, got " in message
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)} must be a finite number"):
+        config_from_dict(MINIMAL, "r.yaml", overrides=[f"{key}={value.lstrip('-.')}"])

@@ -345,6 +345,9 @@ class BatchStream:
         self.batch = 0
         self._cached: tuple[int, list[Any], tuple[SentenceArray, SentenceArray]] | None = None
         self.segments: list[tuple[int, int]] = []  # the current epoch's earlier budgets and their ends
+        if self.mix is not None and not len(self.mix.epoch_indices(self.indices, 0)):
+            raise DataError("the corpus weights (data.sources[].weight) draw no training pair an epoch: raise them "
+                            "(a weight is how many times each of a corpus's pairs is drawn, on average)")
         if len(self.epoch_batches(0)) < self.world_size:
             raise DataError(
                 f"the training split makes too few batches for {self.world_size} processes (each takes one "

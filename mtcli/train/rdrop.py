@@ -102,7 +102,9 @@ def symmetric_kl(logits_a: Tensor, logits_b: Tensor, keep: Tensor) -> Tensor:
 
 
 def reference_symmetric_kl(logits_a: Tensor, logits_b: Tensor, keep: Tensor) -> Tensor:
-    """:func:`symmetric_kl` written with autograd through ``log_softmax`` (for tests)."""
+    """:func:`symmetric_kl` written with autograd through ``log_softmax``: what ``torch.compile``
+    traces (the fused form loops over blocks sized from the batch, which would compile the step
+    again for every shape), and what tests compare the fused form with."""
     log_p = F.log_softmax(logits_a.float(), dim=-1)
     log_q = F.log_softmax(logits_b.float(), dim=-1)
     per_position = ((log_p.exp() - log_q.exp()) * (log_p - log_q)).sum(dim=-1)
@@ -122,7 +124,11 @@ def rdrop_loss(criterion: LabelSmoothedLoss, logits: Tensor, targets: Tensor,
     """
     both = criterion(logits, torch.cat([targets, targets]))
     keep = (targets != criterion.pad_id).reshape(-1).float()
-    kl = _SymmetricKL.apply(logits.reshape(-1, logits.size(-1)), keep)  # rows b*T+t: halves in order
+    flat = logits.reshape(-1, logits.size(-1))  # rows b*T+t: halves in order
+    if torch.compiler.is_compiling():  # traced: the fused form's blocks would follow the batch's shape
+        kl = reference_symmetric_kl(flat[: flat.size(0) // 2], flat[flat.size(0) // 2:], keep)
+    else:
+        kl = _SymmetricKL.apply(flat, keep)
     logged = LossOutput(loss=0.5 * both.loss, nll=0.5 * both.nll, count=both.count // 2)
     return 0.5 * (both.loss + alpha * kl), logged
 

@@ -160,6 +160,9 @@ def resolve_precision(config: Config, device: torch.device) -> tuple[Config, str
         precision = "bf16" if has_units else "fp16" if device.type == "cuda" else "fp32"
         text = f"{precision} (auto: the {device.type} has {'' if has_units else 'no '}bf16 units)"
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision=precision))
+    elif precision == "fp16" and device.type == "cpu":
+        get_logger().warning("train.precision fp16 on a CPU: expect it to run many times slower than fp32 (a CPU "
+                             "has no fp16 matrix units; --set train.precision=auto)")
     elif precision == "bf16" and not has_units:
         get_logger().warning("train.precision bf16 on a %s without bf16 matrix units: expect it to run many "
                              "times slower than fp32 (--set train.precision=auto)", device.type)

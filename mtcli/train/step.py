@@ -161,13 +161,19 @@ def seconds_left(cfg: TrainConfig, step: int, stream: BatchStream, step_seconds:
     return min(left, cfg.max_minutes * 60 - elapsed) if cfg.max_minutes > 0 else left
 
 
+def ppl_text(ppl: float) -> str:
+    """A perplexity for a log line: two decimals, or three digits and an exponent when it is huge
+    (a diverging run's reached exp(700), 300 digits)."""
+    return f"{ppl:.2f}" if ppl < 1e6 else f"{ppl:.3g}"
+
+
 def log_step(log: logging.Logger, writer: Any, step: int, epoch: int, mean: dict[str, float],
              tokens_per_s: float, seconds_left: float) -> None:
     """The step line of ``train.log`` (the window's means, its tokens/s, the peak memory and
     ``eta``: :func:`seconds_left`) and its TensorBoard scalars (``writer``: a SummaryWriter, or
     None)."""
-    log.info("step %d | epoch %d | loss %.4f | nll %.4f | ppl %.2f | lr %.3e | gnorm %.3f | tok/s %.0f "
-             "| pad %.3f | peak mem %.0fM | eta %s", step, epoch, mean["loss"], mean["nll"], mean["ppl"],
+    log.info("step %d | epoch %d | loss %.4f | nll %.4f | ppl %s | lr %.3e | gnorm %.3f | tok/s %.0f "
+             "| pad %.3f | peak mem %.0fM | eta %s", step, epoch, mean["loss"], mean["nll"], ppl_text(mean["ppl"]),
              mean["lr"], mean["grad_norm"], tokens_per_s, mean["padding"], mean["peak_mem_mb"],
              duration_text(seconds_left))
     if writer is not None:

@@ -87,6 +87,7 @@ from mtcli.train.step import (
     eta_step_seconds,
     forward_loss,
     log_step,
+    ppl_text,
     seconds_left,
     step_stats,
 )
@@ -280,7 +281,7 @@ class Trainer:
                                                       *layout)
                 scaled = loss * scale
                 (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
-            loss_acc += logged
+            loss_acc += logged + 0.0 * loss.detach()  # nan when what was backpropagated is not finite
             nll_acc += nll
             tokens += batch.tgt_tokens
             real += batch.src_tokens + batch.tgt_tokens
@@ -445,8 +446,8 @@ class Trainer:
         self.last_valid, self.last_valid_step = result, self.step
         result["improved"] = improved = self.bests.update(result)
         decoded = "n/a" if result["bleu"] is None else f"{bleu:.2f} | chrf {chrf:.2f}"
-        self.log.info("valid step %d | loss %.4f | nll %.4f | ppl %.2f | bleu %s%s", self.step, loss,
-                      nll, result["ppl"], decoded, " | best" if improved else "")
+        self.log.info("valid step %d | loss %.4f | nll %.4f | ppl %s | bleu %s%s", self.step, loss,
+                      nll, ppl_text(result["ppl"]), decoded, " | best" if improved else "")
         if self.writer is not None:
             for key in ("loss", "nll", "ppl", "bleu", "chrf"):
                 if result[key] is not None:
@@ -565,7 +566,8 @@ class Trainer:
                     self._interrupt()
                 if stats is not None and self.step % cfg.valid_every == 0:
                     self._validate_and_save()
-                    window_start, warmup = time.monotonic(), 0.0
+                    window_start += self._valid_seconds  # a window's time is its steps': its tokens stay
+                    warmup = 0.0
             self.settle()
             if self.last_valid_step != self.step:
                 self._validate_and_save()

@@ -357,3 +357,13 @@ def test_positions_moved_across_one_two_and_three_processes_stay_shared_and_exac
         resumed.load_state_dict(state)  # the same processes and budget: exact
         assert resumed.segments == ranks[0].segments
         assert [list(b) for b in resumed.epoch_batches(0)] == [list(b) for b in ranks[0].epoch_batches(0)]
+
+
+def test_corpus_weights_that_draw_no_pair_name_the_weights() -> None:
+    """Weights of 0.0001 drew no pair: the error said to lower train.max_tokens, which cannot help."""
+    from mtcli.data.batching import CorpusMix
+
+    src, tgt = random_corpus(300, max_len=30)
+    with pytest.raises(DataError, match=r"corpus weights \(data.sources\[\].weight\) draw no training pair"):
+        BatchStream(src, tgt, max_tokens=240, max_source_length=30, max_target_length=30, seed=5,
+                    mix=CorpusMix([300], [0.0001], seed=5))

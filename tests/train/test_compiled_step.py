@@ -8,6 +8,7 @@ import torch
 from mtcli.config import ModelConfig
 from mtcli.model import Transformer
 from mtcli.train.loss import LabelSmoothedLoss, reference_loss, smoothed_cross_entropy_traced
+from mtcli.train.rdrop import RDropLoss
 from mtcli.train.step import forward_loss
 
 
@@ -28,14 +29,16 @@ def test_traced_loss_and_gradient_match_the_library_formula(eps: float) -> None:
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_forward_and_loss_trace_as_one_graph_with_the_eager_result() -> None:
+@pytest.mark.parametrize("rdrop", [False, True], ids=["label-smoothed", "r-drop"])
+def test_forward_and_loss_trace_as_one_graph_with_the_eager_result(rdrop: bool) -> None:
     """fullgraph: a graph break (a host sync, a CPU-only kernel) would fail here. The traced run
-    must give the eager loss and gradients, and a second shape must not need a new trace."""
+    must give the eager loss and gradients, and a second shape must not need a new trace (R-Drop's
+    fused term looped over blocks sized from the batch: a new graph for every batch)."""
     torch.manual_seed(0)
     cfg = ModelConfig(d_model=32, n_heads=2, encoder_layers=1, decoder_layers=1, d_ff=64,
                       dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
     model = Transformer(cfg, 50).train()
-    criterion = LabelSmoothedLoss(0.1)
+    criterion = RDropLoss(0.1, alpha=1.0) if rdrop else LabelSmoothedLoss(0.1)
     src = torch.randint(3, 50, (4, 7))
     src[0, 5:] = 0
     tgt_in, tgt_out = torch.randint(3, 50, (4, 6)), torch.randint(3, 50, (4, 6))

@@ -753,6 +753,14 @@ def test_fp32_on_a_gpu_with_bf16_units_says_auto_is_faster(
                      "several times faster"] if capability >= (8, 0) else [])
 
 
+def test_fp16_on_a_cpu_is_warned_about(prepared: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """It ran 8x slower than fp32 without a word (bf16 without bf16 units was warned about)."""
+    from mtcli.train.run import resolve_precision
+
+    resolve_precision(make_config(prepared, tmp_path / "run", "train.precision=fp16"), torch.device("cpu"))
+    assert any("fp16 on a CPU: expect it to run many times slower" in r.getMessage() for r in caplog.records)
+
+
 def test_the_first_signal_is_the_one_a_stop_reports() -> None:
     """torchrun follows a Ctrl-C's SIGINT with a SIGTERM of its own: the stop says SIGINT (exit 130)."""
     from mtcli.train.signals import StopSignals
@@ -776,3 +784,28 @@ def test_the_error_that_stops_a_run_is_in_its_log(prepared: Path, tmp_path: Path
     with pytest.raises(TrainingError):
         train(make_config(prepared, run, "train.max_steps=2"))
     assert "| ERROR | stopped: the loss is not finite for 5 steps in a row" in (run / "train.log").read_text()
+
+
+def test_a_step_whose_objective_is_not_finite_is_skipped_though_its_logged_loss_is(
+        prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """R-Drop's KL term is backpropagated but not logged: an infinite objective with a finite
+    cross-entropy was applied (no gradient norm is taken without clipping or a log line), and
+    the model became NaN, saved as checkpoint_best."""
+    real = LabelSmoothedLoss.objective
+    calls = {"n": 0}
+
+    def overflowing(self, logits, target):  # noqa: ANN001, ANN202
+        objective, out = real(self, logits, target)
+        if self.training and torch.is_grad_enabled():
+            calls["n"] += 1
+            if calls["n"] == 2:
+                objective = objective * float("inf")
+        return objective, out
+
+    monkeypatch.setattr(LabelSmoothedLoss, "objective", overflowing)
+    run = tmp_path / "run"
+    train(make_config(prepared, run, "train.max_steps=3", "train.clip_norm=0", "train.log_every=100",
+                      "train.valid_every=100"))
+    state = load_checkpoint(run / "checkpoints" / "checkpoint_last.pt")
+    assert all(torch.isfinite(value).all() for value in state["model"].values() if value.is_floating_point())
+    assert "non-finite loss/gradient at step 2" in (run / "train.log").read_text(encoding="utf-8")
