@@ -7,48 +7,30 @@ trained :class:`~mtcli.model.Transformer` in which
 - each weight matrix ``W [out, in]`` is stored as int8 with one scale per output row
   (symmetric: ``W ~= s_o * W_q``, ``s_o = max_i |W_oi| / 127``), and
 - each product ``x W^T + b`` quantises the activations ``x`` on the fly with one scale per row
-  (computed from the row itself: "dynamic"), multiplies in int8 with int32 accumulation and
-  rescales to fp32 (PyTorch's fbgemm/oneDNN ``quantized::linear_dynamic`` kernel).
+  of ``x``, computed from the row itself ("dynamic": ``x_r ~= t_r * x_q``, ``t_r = max_i |x_ri|
+  / 127``), multiplies in int8 with exact int32 sums (``torch._int_mm``) and rescales:
+  ``y_ro = t_r s_o (x_q W_q^T)_ro + b_o``.
 
-A row's scale comes from that row alone, so its output does not depend on the rows decoded with
-it (a translation is the same in any batch). The kernel takes one scale for all the rows it is
-given, from their smallest and largest value; so each row is divided by its largest magnitude
-``m_r`` and given two more columns, 1 and -1, against two zero columns of ``W``: every row then
-spans [-1, 1] exactly, the kernel's scale is the same for any rows, and the product, times
-``m_r``, plus ``b``, is ``x W^T + b`` with ``x`` quantised per row. A product whose input is a
-ReLU's (``nonnegative``: the feed-forward network's second) gets the columns 1 and 0 instead:
-its rows span [0, 1], and the kernel's levels are not spent on values that never come.
+A row's scale comes from that row alone and the int32 sums are exact, so a row's output does
+not depend on the rows multiplied with it: a translation is the same in any batch. A product
+whose input is a ReLU's (``nonnegative``: the feed-forward network's second) spends all 256
+levels on [0, max]: ``x_q = round(x / t) - 128`` with ``t = max / 255``, and the 128 taken
+away comes back as ``128 * sum_i W_q[o, i]``, kept per output.
 
 The tied output projection (the largest product in a decoder step, ``[rows, d_model] x
 [d_model, vocab]``) is quantised the same way; embeddings, LayerNorm, attention over the
-cache and the softmax stay fp32. The original model is not modified.
-
-The kernels come from PyTorch's quantized-tensor API, which recent releases mark as deprecated;
-when a build no longer has it, :func:`quantize_for_decoding` raises a one-line
+cache and the softmax stay fp32. The original model is not modified. When this PyTorch build
+has no CPU int8 product, :func:`quantize_for_decoding` raises a one-line
 :class:`~mtcli.errors.ConfigError` instead of failing mid-decode.
 """
 
 from __future__ import annotations
-
-import warnings
 
 import torch
 from torch import Tensor, nn
 
 from mtcli.errors import ConfigError
 from mtcli.model import Transformer
-
-
-def _pack(weight: Tensor, bias: Tensor | None) -> object:
-    """int8 per-output-row symmetric quantisation of ``weight [out, in]``, packed for the kernel."""
-    w = weight.detach().float().contiguous()
-    scales = (w.abs().amax(dim=1) / 127.0).clamp_(min=1e-12).double()
-    zeros = torch.zeros(w.size(0), dtype=torch.long)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "quantized tensor creation functions are deprecated"
-        qweight = torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8)
-        b = None if bias is None else bias.detach().float().contiguous()
-        return torch.ops.quantized.linear_prepack(qweight, b)
 
 
 class Int8Linear(nn.Module):
@@ -61,21 +43,28 @@ class Int8Linear(nn.Module):
 
     def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False, nonnegative: bool = False) -> None:
         super().__init__()
-        self.in_features, self.out_features, self.relu = weight.size(1), weight.size(0), relu
-        self._span = torch.tensor([1.0, 0.0 if nonnegative else -1.0])
-        self._packed = _pack(torch.cat([weight.detach().float(), weight.new_zeros(weight.size(0), 2)], dim=1), None)
-        self._bias = None if bias is None else bias.detach().float().clone()
+        w = weight.detach().float()
+        self.in_features, self.out_features, self.relu, self.nonnegative = w.size(1), w.size(0), relu, nonnegative
+        self.weight_scale = (w.abs().amax(dim=1) / 127.0).clamp_(min=1e-12)  # [out]
+        self.weight_t = torch.round(w / self.weight_scale[:, None]).to(torch.int8).t().contiguous()  # [in, out]
+        self.offset = 128 * self.weight_t.sum(dim=0, dtype=torch.int32) if nonnegative else None  # [out]
+        self.bias = None if bias is None else bias.detach().float().clone()
 
     def forward(self, x: Tensor) -> Tensor:
         """``[..., in]`` -> ``[..., out]``."""
         shape = x.shape
         rows = x.reshape(-1, shape[-1]).float()
-        peak = rows.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30)
-        span = self._span.expand(rows.size(0), 2)
-        out = torch.ops.quantized.linear_dynamic(torch.cat([rows / peak, span], dim=1), self._packed, True)
-        out.mul_(peak)
-        if self._bias is not None:
-            out.add_(self._bias)
+        levels = 255.0 if self.nonnegative else 127.0
+        scale = rows.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30).div_(levels)  # [rows, 1]
+        quantized = rows.div(scale).round_()
+        if self.offset is not None:
+            quantized.sub_(128.0).clamp_(min=-128.0)  # (a negative input, which a ReLU's never is, at the floor)
+        sums = torch._int_mm(quantized.to(torch.int8), self.weight_t)
+        if self.offset is not None:
+            sums.add_(self.offset)
+        out = sums.float().mul_(scale).mul_(self.weight_scale)
+        if self.bias is not None:
+            out.add_(self.bias)
         if self.relu:
             out.relu_()
         return out.view(*shape[:-1], self.out_features)
@@ -87,10 +76,10 @@ class Int8Linear(nn.Module):
 
 def int8_supported() -> str | None:
     """None when this PyTorch build can run :class:`Int8Linear`, else why not (one line)."""
-    if not hasattr(torch.ops.quantized, "linear_dynamic"):
-        return "this PyTorch build has no quantized::linear_dynamic kernel"
+    if not hasattr(torch, "_int_mm"):
+        return "this PyTorch build has no int8 matrix product (torch._int_mm)"
     try:
-        Int8Linear(torch.randn(4, 8), torch.zeros(4), relu=True)(torch.randn(2, 8))
+        Int8Linear(torch.randn(4, 8), torch.zeros(4), relu=True, nonnegative=True)(torch.rand(2, 8))
     except (RuntimeError, AttributeError, NotImplementedError) as exc:
         return f"int8 kernels unavailable ({str(exc).splitlines()[0][:120]})"
     return None
