@@ -528,25 +528,14 @@ def validate(config: Config, where: str | None = None) -> None:
         (dc.src_lang != dc.tgt_lang, "data.src_lang and data.tgt_lang must differ"),
         (dc.max_length >= 1 and dc.max_length_ratio >= 1.0, "data.max_length must be >= 1 and data.max_length_ratio >= 1"),
     ]
-    checks[:0] = [(math.isfinite(value), f"{name} must be a finite number, got {value!r}")  # YAML's .inf, .nan
-                  for name, value in _float_settings(config)]
+    checks[:0] = [(math.isfinite(v), f"{section}.{key} must be a finite number, got {v!r}")  # YAML's .inf, .nan
+                  for section in ("data", "model", "train")  # (each decode float has a range of its own)
+                  for key, v in vars(getattr(config, section)).items() if isinstance(v, float)]
     for ok, message in checks:
         if not ok:
             raise ConfigError(f"{where}: {message}")
     _validate_sources(config, where)
 
-
-def _float_settings(config: Config) -> list[tuple[str, float]]:
-    """Every float setting of the data, model and train sections, by its dotted name (the decode
-    section's each have a range of their own, which refuses inf and nan with it)."""
-    found = []
-    for section in ("data", "model", "train"):
-        body = getattr(config, section)
-        for item in dataclasses.fields(body):
-            value = getattr(body, item.name)
-            if isinstance(value, float):
-                found.append((f"{section}.{item.name}", value))
-    return found
 
 
 _TAG = re.compile(r"<(?!2[A-Za-z])[A-Za-z0-9_-]+>")  # not <2xx>: mtcli.data.corpora.target_tag's form
