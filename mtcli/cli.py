@@ -427,19 +427,12 @@ def serve(
     """Serve a trained model over HTTP: POST /translate, GET /health, a page at /, docs at /docs.
     SIGHUP loads the checkpoint again (the newest checkpoint_best) without stopping."""
     # a SIGHUP while the server starts (imports, the model loading) would end it: it is noted
-    # instead, and the server loads the model again once it serves. A SIGHUP of the terminal
-    # hanging up still ends it, as the server's own handler does (mtcli.serve._reload_or_hang_up)
+    # instead, and the server loads the model again once it serves (its terminal hanging up
+    # still ends it, as the server's own handler does)
+    from mtcli.hangup import act_or_hang_up
+
     hangups: list[int] = []
-    terminals = [fd for fd in (0, 1, 2) if os.isatty(fd)]
-
-    def starting(signum: int, frame: Any) -> None:
-        if terminals and not all(os.isatty(fd) for fd in terminals):
-            signal.signal(signal.SIGHUP, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGHUP)
-            return
-        hangups.append(signum)
-
-    before = signal.signal(signal.SIGHUP, starting) if hasattr(signal, "SIGHUP") else None
+    before = signal.signal(signal.SIGHUP, act_or_hang_up(hangups.append)) if hasattr(signal, "SIGHUP") else None
     try:
         try:
             from mtcli.serve import Limits, check_listening

@@ -45,7 +45,6 @@ import contextlib
 import errno
 import hmac
 import json
-import os
 import re
 import signal
 import socket
@@ -65,6 +64,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from mtcli.config import DECODE_RANGES
 from mtcli.data.textio import check_unicode
 from mtcli.errors import ConfigError, DataError, DeviceMemoryError, one_line
+from mtcli.hangup import act_or_hang_up
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger
 from mtcli.serve_batching import Batcher, Limits
@@ -424,22 +424,6 @@ class Reloader:
             self._busy.release()
 
 
-def _reload_or_hang_up(reloader: Reloader) -> Callable[[int, Any], None]:
-    """The SIGHUP handler: reload, unless the signal says the terminal the server runs in has
-    hung up (a closed ssh session): then it ends the server, as SIGHUP did before it reloaded.
-    A terminal that hung up answers no query (``isatty`` is False for it from then on)."""
-    terminals = [fd for fd in (0, 1, 2) if os.isatty(fd)]
-
-    def handle(signum: int, frame: Any) -> None:
-        if terminals and not all(os.isatty(fd) for fd in terminals):
-            signal.signal(signal.SIGHUP, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGHUP)
-            return
-        reloader.start()
-
-    return handle
-
-
 def check_listening(host: str, port: int) -> None:
     """Raise :class:`ConfigError` naming ``host`` or ``port`` when the server could not listen
     there (a host this machine does not have, a port in use): said before a model is loaded,
@@ -500,7 +484,8 @@ def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, lim
     previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
                 for sig in (signal.SIGTERM, signal.SIGINT)}
     if load is not None and hasattr(signal, "SIGHUP"):
-        hang_up = _reload_or_hang_up(Reloader(app, load))
+        reloader = Reloader(app, load)
+        hang_up = act_or_hang_up(lambda signum: reloader.start())
         previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, hang_up)
         if sighup_received is not None and sighup_received():
             hang_up(signal.SIGHUP, None)
