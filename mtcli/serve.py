@@ -311,9 +311,18 @@ def _answer_errors(app: FastAPI) -> None:
 STOPPED = "the decoding thread has stopped (the server log says why): restart the server"
 
 
-async def _decoded(batcher: Batcher, body: TranslateRequest, request_id: str) -> tuple[str, list[Any]]:
+async def _client_gone(request: Request) -> None:
+    """Return once the client of ``request`` has closed its connection."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.2)
+
+
+async def _decoded(batcher: Batcher, body: TranslateRequest, request_id: str,
+                   request: Request | None = None) -> tuple[str, list[Any]]:
     """``body`` checked (:func:`check_decoding`) and decoded by ``batcher``: the name of the
-    model and its output; a :class:`RequestError` for a refusal or a failure."""
+    model and its output; a :class:`RequestError` for a refusal or a failure. A client that
+    closes its connection (``request``) before its lines' turn takes them out of the queue: a
+    client that timed out and left does not keep the others waiting."""
     try:
         await asyncio.to_thread(check_decoding, body, batcher.translator)
     except (RequestError, DataError):
@@ -325,8 +334,18 @@ async def _decoded(batcher: Batcher, body: TranslateRequest, request_id: str) ->
     if not batcher.alive:
         raise RequestError(503, STOPPED)
     future = batcher.submit(body.text, request_id, nbest=body.nbest, **request_settings(body))
+    waiting = asyncio.ensure_future(asyncio.wrap_future(future))  # cancelled: not decoded, unless begun
+    watch = None if request is None else asyncio.ensure_future(_client_gone(request))
     try:
-        return await asyncio.wrap_future(future)  # cancelled with the request: then it is not decoded
+        if watch is not None:
+            await asyncio.wait({waiting, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if not waiting.done():
+                get_logger().info("request %s: the client has gone; its lines are dropped unless their decoding "
+                                  "had begun", request_id)
+                raise RequestError(499, "the client closed the connection")
+        return await waiting
+    except RequestError:
+        raise
     except DataError:  # the client's own text, found only when decoded alone
         raise
     except DeviceMemoryError:  # even alone; the batcher logged it with the request id
@@ -334,6 +353,10 @@ async def _decoded(batcher: Batcher, body: TranslateRequest, request_id: str) ->
                                 "send fewer or shorter lines") from None
     except Exception:  # the batcher logged it with the request id
         raise InternalError(request_id) from None
+    finally:
+        for task in (waiting, watch):
+            if task is not None and not task.done():
+                task.cancel()
 
 
 def create_app(translator: Translator, limits: Limits | None = None, api_key: str | None = None) -> FastAPI:
@@ -357,11 +380,11 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
 
     @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
               dependencies=[guard])
-    async def translate(body: TranslateRequest) -> TranslateResponse:
+    async def translate(body: TranslateRequest, request: Request) -> TranslateResponse:
         check_request(body, limits)
         request_id = uuid.uuid4().hex[:12]
         try:
-            name, out = await _decoded(app.state.batcher, body, request_id)
+            name, out = await _decoded(app.state.batcher, body, request_id, request)
         except asyncio.CancelledError:  # uvicorn's shutdown grace period ended before the answer
             app.state.dropped += 1
             raise RequestError(503, f"the server stopped before translating this request (request id "

@@ -535,6 +535,22 @@ def test_requests_still_waiting_when_the_shutdown_grace_ends_get_a_503_and_the_l
     assert "after answering the requests in flight" not in log and "Traceback" not in log
 
 
+def test_a_request_whose_client_left_is_dropped_from_the_queue(tiny_run_dir: Path) -> None:
+    """A client that timed out and left kept its lines in the queue: they were decoded anyway,
+    ahead of the clients still waiting."""
+    server = Server(tiny_run_dir, "--batch-wait-ms", "3000")
+    try:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{server.url}/translate", json={"text": ["ein hund läuft im park"]}, timeout=0.5)
+        time.sleep(1.0)
+        assert server.post({"text": ["rot"]}).status_code == 200  # the server goes on
+    finally:
+        assert server.stop() == 0
+    log = server.proc.stdout.read()
+    assert "the client has gone; its lines are dropped unless their decoding had begun" in log
+    assert "Traceback" not in log
+
+
 SIGHUP_WHILE_LOADING = """
 import os, signal
 from mtcli.infer.translator import Translator
