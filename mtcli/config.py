@@ -459,6 +459,7 @@ def _decode_checks(d: DecodeConfig) -> list[tuple[bool, str]]:
         (d.workers >= 1, "decode.workers must be >= 1"),
         (d.tgt_lang is None or bool(d.tgt_lang.strip()), "decode.tgt_lang (--tgt-lang) must name a language, not be empty"),
         (d.shortlist >= 0 and d.shortlist_frequent >= 0, "decode.shortlist and decode.shortlist_frequent must be >= 0"),
+        (d.sampling == "none" or d.shortlist == 0, "decode.sampling draws from the whole vocabulary: set decode.shortlist=0"),
     ]
 
 

@@ -160,6 +160,9 @@ def check_decoding(body: TranslateRequest, translator: Translator) -> None:
     model does not produce, a temperature without sampling: 422), or a line that encodes to
     more pieces than the model reads (413): translating it would silently drop its end. Run
     before the request joins a batch, so that it fails alone."""
+    if body.sampling not in (None, "none") and translator.decode.shortlist > 0:
+        raise RequestError(422, "sampling: this server decodes over a lexical shortlist (its --set decode.shortlist), "
+                                "and sampling draws from the whole vocabulary; ask for a beam search instead")
     if body.seed is not None and translator.engine is not None:  # it would be ignored
         raise RequestError(422, "seed: this server decodes with --engine ctranslate2, whose samples cannot be "
                                 "seeded; leave seed out (or serve with --engine torch for seeded samples)")

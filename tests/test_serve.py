@@ -622,3 +622,16 @@ def test_settling_a_job_its_client_cancelled_is_no_error() -> None:
     _settle(job, ("model", ["ROT"]))  # no InvalidStateError, which would end the worker
     _settle(job, error=RuntimeError("late"))
     assert job.future.cancelled()
+
+
+def test_sampling_from_a_server_with_a_shortlist_is_a_422(tiny_run_dir: Path) -> None:
+    """It failed inside the batch, a 500: the shortlist decodes over a few pieces, sampling over all."""
+    from fastapi.testclient import TestClient
+
+    from mtcli.serve import create_app
+
+    translator = Translator.from_run(tiny_run_dir, device="cpu", overrides=["decode.shortlist=20"])
+    with TestClient(create_app(translator)) as client:
+        answer = client.post("/translate", json={"text": ["ein hund"], "sampling": "topk"})
+        assert answer.status_code == 422, answer.text
+        assert answer.json()["error"].startswith("sampling: this server decodes over a lexical shortlist")
