@@ -294,7 +294,7 @@ def compare(
 @handle_errors
 def translate(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
-    files: Annotated[Optional[list[Path]], typer.Argument(help="Input files (default, or -: stdin).")] = None,  # noqa: UP045
+    files: Annotated[Optional[list[Path]], typer.Argument(help="Input files (default, or - alone: stdin).")] = None,  # noqa: UP045
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (default: stdout).")] = None,  # noqa: UP045
     checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
     beam: Annotated[Optional[int], typer.Option(help="Beam size (1 = greedy; default: the run's decode.beam_size).")] = None,  # noqa: UP045

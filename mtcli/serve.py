@@ -310,6 +310,9 @@ def _answer_errors(app: FastAPI) -> None:
         return JSONResponse({"error": message}, status_code=status)
 
 
+#: How long the server's shutdown waits for the decoding thread once every request is answered.
+CLOSE_WAIT_S = 2.0
+
 #: The answer while the decoding thread is not running (it never stops but at shutdown).
 STOPPED = "the decoding thread has stopped (the server log says why): restart the server"
 
@@ -372,7 +375,7 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
         try:
             yield
         finally:
-            app.state.batcher.close()
+            app.state.batcher.close(timeout=CLOSE_WAIT_S)
 
     app = FastAPI(title="mtcli", summary=f"Machine translation with {translator.name}", lifespan=lifespan)
     app.state.dropped = 0  # requests answered 503 untranslated: the shutdown grace period ended first

@@ -457,6 +457,30 @@ def test_the_batcher_survives_a_failure_of_its_own() -> None:
         batcher.close()
 
 
+def test_closing_the_batcher_does_not_wait_out_a_batch_nobody_waits_for(caplog: pytest.LogCaptureFixture) -> None:
+    """After SIGTERM's grace period every request has its 503, yet the shutdown waited for the
+    batch in progress to end (23 s after a 1 s grace): it now waits a bounded time."""
+    import threading
+
+    from mtcli.serve import Batcher, Limits
+
+    release = threading.Event()
+
+    class Slow(Poisoned):
+        def translate(self, lines: list[str], **settings: object) -> list[str]:
+            release.wait(30)
+            return super().translate(lines, **settings)
+
+    batcher = Batcher(Slow(), Limits(batch_wait_ms=1))  # type: ignore[arg-type]
+    batcher.submit(["long"], "id0")
+    time.sleep(0.2)  # decoding now
+    start = time.monotonic()
+    batcher.close(timeout=0.3)
+    assert time.monotonic() - start < 5
+    assert any("left unfinished" in r.getMessage() for r in caplog.records)
+    release.set()
+
+
 def test_a_job_cancelled_before_its_turn_is_not_decoded() -> None:
     """A request whose client task was cancelled (uvicorn's shutdown grace period ended) is
     skipped, and the worker goes on with the others instead of dying on InvalidStateError."""

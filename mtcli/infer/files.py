@@ -36,8 +36,8 @@ WINDOW = DEFAULT_WINDOW
 #: Decode settings that only say how a window's lines are batched and run, left out of the key
 #: an interrupted output is resumed by: the same command with a lower ``decode.max_tokens``
 #: (after running out of memory) or other ``decode.workers`` goes on, since a sentence's
-#: translation does not depend on its batch (but for decode.bf16 on a CPU and decode.shortlist,
-#: docs/decoding.md).
+#: translation does not depend on its batch (but for decode.bf16 on a CPU, decode.shortlist and,
+#: nearly, decode.int8: docs/decoding.md).
 BATCHING_ONLY = ("max_tokens", "workers")
 
 

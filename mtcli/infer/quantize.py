@@ -11,8 +11,10 @@ trained :class:`~mtcli.model.Transformer` in which
   / 127``), multiplies in int8 with exact int32 sums (``torch._int_mm``) and rescales:
   ``y_ro = t_r s_o (x_q W_q^T)_ro + b_o``.
 
-A row's scale comes from that row alone and the int32 sums are exact, so a row's output does
-not depend on the rows multiplied with it: a translation is the same in any batch. A product
+A row's scale comes from that row alone and the int32 sums are exact, so a row's product does
+not depend on the rows multiplied with it. The fp32 parts around it (attention, LayerNorm) can
+still differ in their last bits between batch shapes, and a row near a rounding edge then
+rounds the other way: scores move by about 1e-3, which a near tie can feel. A product
 whose input is a ReLU's (``nonnegative``: the feed-forward network's second) spends all 256
 levels on [0, max]: ``x_q = round(x / t) - 128`` with ``t = max / 255``, and the 128 taken
 away comes back as ``128 * sum_i W_q[o, i]``, kept per output.
