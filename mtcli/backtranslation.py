@@ -42,13 +42,13 @@ from mtcli.errors import DataError, MtcliError
 from mtcli.fileio import atomic_write, sha256_file
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, setup_logging
-from mtcli.reproduce import is_the_recipe, run_recipe, seed_config
+from mtcli.reproduce import failed, is_the_recipe, run_recipe, seed_config
 from mtcli.results import (
     README,
     RESULTS_DIR,
     load_results,
     recipe_fingerprint,
-    results_home,
+    table_place,
     write_table,
 )
 
@@ -241,17 +241,10 @@ def main(argv: list[str] | None = None) -> int:
                               "every pair real is trained here", args.results / "multi30k.json")
             real = None
         table = run_bt(forward, reverse, args.work / f"seed{args.seed}", real)
-    except MtcliError as exc:
-        print(f"mtcli: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("mtcli: error: interrupted (run the same command again to go on)", file=sys.stderr)
-        return 130
+    except (MtcliError, KeyboardInterrupt) as exc:
+        return failed(exc)
     changed = not (is_the_recipe(forward, FORWARD) and is_the_recipe(reverse, REVERSE))
-    home, readme = results_home(args.results, changed), None if changed else args.readme
-    if changed:
-        get_logger().warning("the recipes were changed (--forward/--reverse/--set): the table goes to %s; %s is "
-                             "left as it is", home / f"{TABLE}.json", args.readme)
+    home, readme = table_place(args.results, args.readme, TABLE, changed)
     markdown = render(table)
     write_table(table, markdown, home, TABLE, readme)
     print(markdown)

@@ -113,6 +113,13 @@ def trained_directions(data: Any) -> list[tuple[str, str]] | None:
     return sorted(found or {pair})  # type: ignore[arg-type]
 
 
+def other_directions(ours: Any, theirs: Any) -> tuple[list[tuple[str, str]], list[tuple[str, str]]] | None:
+    """``(ours, theirs)``'s :func:`trained_directions` when both say and they differ, else None:
+    weights of one direction decoded as another's translate nonsense without a word."""
+    mine, other = trained_directions(ours), trained_directions(theirs)
+    return (mine, other) if mine is not None and other is not None and mine != other else None
+
+
 def directions_text(directions: list[tuple[str, str]]) -> str:
     """``en->de, de->en`` for messages."""
     return ", ".join(f"{src}->{tgt}" for src, tgt in directions)

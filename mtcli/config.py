@@ -538,7 +538,6 @@ def validate(config: Config, where: str | None = None) -> None:
     _validate_sources(config, where)
 
 
-
 _TAG = re.compile(r"<(?!2[A-Za-z])[A-Za-z0-9_-]+>")  # not <2xx>: mtcli.data.corpora.target_tag's form
 _SPECIAL_PIECES = ("<s>", "<pad>", "<unk>")  # and </s>: mtcli.data.tokenizer's (the regex refuses "/")
 

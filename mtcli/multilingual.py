@@ -27,10 +27,11 @@ from mtcli.data.prepare import prepare
 from mtcli.errors import ConfigError, MtcliError, one_line
 from mtcli.evaluate import evaluate, evaluate_directions
 from mtcli.infer.loading import run_directions
-from mtcli.logs import get_logger, setup_logging
+from mtcli.logs import setup_logging
 from mtcli.reproduce import (
     SCORES,
     choose_average,
+    failed,
     is_the_recipe,
     parse_seeds,
     search_length_penalty,
@@ -46,10 +47,11 @@ from mtcli.results import (
     markers,
     named_commit,
     recipe_fingerprint,
-    results_home,
     seed_words,
     seeds_by_device,
+    seeds_of_recipe,
     source_tree,
+    table_place,
     write_table,
 )
 from mtcli.train import train
@@ -112,17 +114,6 @@ def run_seed(config: Config) -> dict[str, Any]:
             "train_minutes": summary.elapsed_seconds / 60.0, "train_tokens_per_s": summary.tokens_per_second,
             "device": device_name(str(next(iter(scores.values()))["device"])), "commit": git_commit(), "tree": source_tree(),
             "run_dir": str(run_dir), "recipe": recipe_fingerprint(config)}
-
-
-def same_recipe(seeds: dict[str, dict[str, Any]], recipe: str) -> dict[str, dict[str, Any]]:
-    """The stored ``seeds`` trained by ``recipe`` (:func:`~mtcli.results.recipe_fingerprint`):
-    the others, or those that do not say, are left out of the table (with a warning), never
-    averaged with this run's."""
-    dropped = [seed for seed, row in seeds.items() if row.get("recipe") != recipe]
-    if dropped:
-        get_logger().warning("seed(s) %s of the stored table were trained by another recipe (or do not say "
-                             "which): left out", ", ".join(dropped))
-    return {seed: row for seed, row in seeds.items() if seed not in dropped}
 
 
 def merge_seeds(paths: list[Path]) -> dict[str, dict[str, Any]]:
@@ -220,27 +211,20 @@ def main(argv: list[str] | None = None) -> int:
         seeds = parse_seeds(args.seeds) or []
         config = load_config(args.config, args.overrides)
         changed = not args.merge and not is_the_recipe(config, RECIPE)
-        home, readme = results_home(args.results, changed), None if changed else args.readme
-        if changed:
-            get_logger().warning("the recipe was changed (--config/--set): the table goes to %s; %s is left as it is",
-                                 home / f"{TABLE}.json", args.readme)
+        home, readme = table_place(args.results, args.readme, TABLE, changed)
         previous = load_results(home, TABLE).get("seeds", {})
         if args.merge:
             previous.update(merge_seeds(args.merge))
             check_one_recipe(previous, "--merge")
         else:
-            previous = same_recipe(previous, recipe_fingerprint(config))
+            previous = seeds_of_recipe(previous, recipe_fingerprint(config))
         for seed in seeds if not args.merge else []:
             previous[str(seed)] = run_seed(seed_config(config, seed))
         if not previous:
             raise ConfigError("no seed to tabulate: give --seeds (e.g. 1,2,3) or --merge results with seeds")
         results = combine(previous, load_results(args.results, BILINGUAL_TABLE))
-    except MtcliError as exc:
-        print(f"mtcli: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("mtcli: error: interrupted (run the same command again to go on)", file=sys.stderr)
-        return 130
+    except (MtcliError, KeyboardInterrupt) as exc:
+        return failed(exc)
     write(results, home, readme)
     print(render(results))
     return 0

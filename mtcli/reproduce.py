@@ -47,10 +47,11 @@ from mtcli.results import (
     load_results,
     named_commit,
     recipe_fingerprint,
-    results_home,
     seed_words,
     seeds_by_device,
+    seeds_of_recipe,
     source_tree,
+    table_place,
     write_table,
 )
 from mtcli.rundir import CONFIG_NAME, TEXT_DIR, step_checkpoints
@@ -355,27 +356,28 @@ def run_seeds(config: Config, seeds: list[int] | None, valid_only: bool = False)
     return combine_seeds(rows)
 
 
+def _file_fingerprint(recipe: str, overrides: list[str] | None) -> str | None:
+    """The fingerprint of the recipe file ``recipe`` (with ``overrides``); None where it is not
+    found, as when run outside a checkout."""
+    try:
+        return recipe_fingerprint(load_config(recipe, overrides))
+    except ConfigError:
+        return None
+
+
 def row_is_the_recipe(row: dict[str, Any], recipe: str, overrides: list[str]) -> bool:
     """Whether the seeds of ``row`` trained the recipe file ``recipe`` (with ``overrides``): rows
     from before the fingerprint, which do not say, are taken as the recipe's."""
     recipes = {seed.get("recipe") for seed in (row.get("seeds") or {"": row}).values()}
-    if None in recipes:
-        return True
-    try:
-        return recipes == {recipe_fingerprint(load_config(recipe, overrides))}
-    except ConfigError:
-        return False
+    return None in recipes or recipes == {_file_fingerprint(recipe, overrides)}
 
 
 def is_the_recipe(config: Config, recipe: str, overrides: list[str] | None = None) -> bool:
     """Whether ``config`` trains what the recipe file ``recipe`` (with ``overrides``) trains, as
     :func:`~mtcli.results.recipe_fingerprint` says: a run changed by ``--set``/``--config`` does
     not refresh the README's table, whose rows are the recipes' (False where the file is not
-    found, as when run outside a checkout)."""
-    try:
-        return recipe_fingerprint(config) == recipe_fingerprint(load_config(recipe, overrides))
-    except ConfigError:
-        return False
+    found)."""
+    return recipe_fingerprint(config) == _file_fingerprint(recipe, overrides)
 
 
 def with_earlier_seeds(earlier: dict[str, Any] | None, row: dict[str, Any]) -> dict[str, Any]:
@@ -384,22 +386,21 @@ def with_earlier_seeds(earlier: dict[str, Any] | None, row: dict[str, Any]) -> d
     keeps seeds 2 and 3. Seeds of another recipe, or of a row that does not say, are dropped."""
     seeds = row.get("seeds") or {}
     recipes = {r.get("recipe") for r in seeds.values()}
-    kept: dict[str, Any] = {}
-    dropped: list[str] = []
-    for seed, seed_row in ((earlier or {}).get("seeds") or {}).items():
-        if seed in seeds:
-            continue
-        if len(recipes) == 1 and None not in recipes and seed_row.get("recipe") in recipes:
-            kept[seed] = seed_row
-        else:
-            dropped.append(seed)
-    if dropped:
-        get_logger().warning("the row's seed(s) %s were trained by another recipe (or do not say which): "
-                             "replaced by this run's", ", ".join(dropped))
+    others = {s: r for s, r in ((earlier or {}).get("seeds") or {}).items() if s not in seeds}
+    kept = seeds_of_recipe(others, next(iter(recipes)) if len(recipes) == 1 else None)
     if not kept:
         return row
     get_logger().info("seed(s) %s of the same recipe kept from the earlier row", ", ".join(kept))
     return combine_seeds({int(s): r for s, r in {**kept, **seeds}.items()})
+
+
+def failed(exc: MtcliError | KeyboardInterrupt) -> int:
+    """A pipeline's one line for what stopped it, and its exit status."""
+    if isinstance(exc, KeyboardInterrupt):
+        print("mtcli: error: interrupted (run the same command again to go on)", file=sys.stderr)
+        return 130
+    print(f"mtcli: error: {exc}", file=sys.stderr)
+    return exc.exit_code
 
 
 def merge_seed_results(paths: list[Path], row_key: str, table_name: str) -> dict[str, Any]:
@@ -539,20 +540,13 @@ def main(argv: list[str] | None = None) -> int:
                 row = run_adaptation(config)
             else:
                 row = run_seeds(config, parse_seeds(args.seeds), args.valid_only)
-    except MtcliError as exc:
-        print(f"mtcli: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("mtcli: error: interrupted (run the same command again to go on)", file=sys.stderr)
-        return 130
+    except (MtcliError, KeyboardInterrupt) as exc:
+        return failed(exc)
     if args.valid_only:
         print(json.dumps(row, indent=2))
         return 0
     changed = not row_is_the_recipe(row, recipe, pair_overrides(args.direction))
-    results_dir, readme = results_home(args.results, changed), None if changed else args.readme
-    if changed:
-        get_logger().warning("the recipe was changed (--config/--set): the row goes to %s; %s is left as it is",
-                             results_dir / f"{table_name}.json", args.readme)
+    results_dir, readme = table_place(args.results, args.readme, table_name, changed)
     results = load_results(results_dir, table_name)
     if not args.merge and "seeds" in row:
         row = with_earlier_seeds(results.get(row_key), row)

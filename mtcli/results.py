@@ -75,6 +75,26 @@ def results_home(results_dir: Path, changed: bool) -> Path:
     return results_dir / "changed" if changed and results_dir == RESULTS_DIR else results_dir
 
 
+def table_place(results_dir: Path, readme: Path, table_name: str, changed: bool) -> tuple[Path, Path | None]:
+    """Where a table goes (:func:`results_home`) and the README to refresh (none for a run that
+    changed the recipe), said in a warning when the recipe was changed."""
+    home = results_home(results_dir, changed)
+    if changed:
+        get_logger().warning("the recipe was changed (--config/--forward/--reverse/--set): the table goes to %s; %s "
+                             "is left as it is", home / f"{table_name}.json", readme)
+    return home, None if changed else readme
+
+
+def seeds_of_recipe(seeds: dict[str, dict[str, Any]], recipe: str | None) -> dict[str, dict[str, Any]]:
+    """The stored ``seeds`` trained by ``recipe`` (:func:`recipe_fingerprint`): the others, or
+    those that do not say, are left out (with a warning), never averaged with this run's."""
+    dropped = [seed for seed, row in seeds.items() if recipe is None or row.get("recipe") != recipe]
+    if dropped:
+        get_logger().warning("seed(s) %s of the stored results were trained by another recipe (or do not say "
+                             "which): left out", ", ".join(dropped))
+    return {seed: row for seed, row in seeds.items() if seed not in dropped}
+
+
 def check_one_recipe(seeds: dict[Any, dict[str, Any]], what: str) -> None:
     """Refuse seed rows (seed -> row) of different recipes (:func:`recipe_fingerprint`; a row
     from before it, which does not say, is taken as it is), naming each seed's."""

@@ -56,14 +56,14 @@ def run_file_role(path: Path) -> str | None:
     file training or decoding reads ("the run's config", "a checkpoint training resumes from",
     ...), else None, for a file a command may write there (an average of its own name)."""
     parent = path.parent
-    if (parent / CONFIG_NAME).is_file() and (parent / "checkpoints").is_dir():
+    if (parent / CONFIG_NAME).is_file() and checkpoint_dir(parent).is_dir():
         own = {CONFIG_NAME: "the run's config", SPM_NAME: "its SentencePiece model",
                SOURCE_SPM_NAME: "its SentencePiece model", TARGET_SPM_NAME: "its SentencePiece model",
                VOCAB_NAME: "its vocabulary", MANIFEST_NAME: "its data manifest", LOCK_NAME: "its lock",
                # named by the layers above: mtcli.train.run, mtcli.train.parent, mtcli.infer.hf_import
                "train.log": "its log", "parent.json": "its parent's record", "import.json": "its import record"}
         return own.get(path.name)
-    if parent.name == "checkpoints" and (parent.parent / CONFIG_NAME).is_file():
+    if parent == checkpoint_dir(parent.parent) and (parent.parent / CONFIG_NAME).is_file():
         if path.name == INDEX_NAME:
             return "its checkpoint index"
         if is_own_checkpoint_name(path.name):

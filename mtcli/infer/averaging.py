@@ -17,8 +17,8 @@ from mtcli.checkpoint import (
     architecture_mismatches,
     directions_text,
     load_checkpoint,
+    other_directions,
     save_checkpoint,
-    trained_directions,
 )
 from mtcli.errors import CheckpointError
 from mtcli.logs import get_logger
@@ -35,6 +35,11 @@ def _saved_model(state: dict) -> dict[str, Any]:
     """The model settings a checkpoint records (``{}`` where it records none)."""
     saved = (state.get("config") or {}).get("model")
     return saved if isinstance(saved, dict) else {}
+
+
+def _saved_data(state: dict) -> Any:
+    """The data settings a checkpoint records (its directions), or None."""
+    return (state.get("config") or {}).get("data")
 
 
 def average_checkpoints(paths: list[Path]) -> dict:
@@ -65,8 +70,7 @@ def average_checkpoints(paths: list[Path]) -> dict:
         if not isinstance(model, dict) or not model:
             raise CheckpointError(f"{path}: checkpoint has no model parameters")
         if i == 0:
-            first_vocab, first = state.get("vocab"), _saved_model(state)
-            first_directions = trained_directions((state.get("config") or {}).get("data"))
+            first_vocab, first, first_data = state.get("vocab"), _saved_model(state), _saved_data(state)
             reference = {k: (v.dtype, v.shape) for k, v in model.items() if isinstance(v, torch.Tensor)}
         else:
             if state.get("vocab") != first_vocab:
@@ -75,7 +79,10 @@ def average_checkpoints(paths: list[Path]) -> dict:
                     f"({_vocab_text(first_vocab)} vs {_vocab_text(state.get('vocab'))})"
                 )
             _check_same_params(paths[0], reference, path, model)
-            _check_same_directions(paths[0], first_directions, path, state)
+            directions = other_directions(first_data, _saved_data(state))
+            if directions:
+                raise CheckpointError(f"cannot average {paths[0].name} and {path.name}: trained for other directions "
+                                      f"({directions_text(directions[0])} and {directions_text(directions[1])})")
             differ = architecture_mismatches(_saved_model(state), first)
             if differ:
                 said = "; ".join(f"model.{key} {own} and {saved}" for key, saved, own in differ)
@@ -107,13 +114,6 @@ def _vocab_text(vocab: Any) -> str:
     if not isinstance(vocab, dict):
         return "no vocab recorded"
     return f"size {vocab.get('size')}, spm {str(vocab.get('spm_sha256') or '?')[:12]}"
-
-
-def _check_same_directions(first: Path, directions: list[tuple[str, str]] | None, path: Path, state: dict) -> None:
-    theirs = trained_directions((state.get("config") or {}).get("data"))
-    if directions is not None and theirs is not None and theirs != directions:
-        raise CheckpointError(f"cannot average {first.name} and {path.name}: trained for other directions "
-                              f"({directions_text(directions)} and {directions_text(theirs)})")
 
 
 def _check_same_params(

@@ -209,9 +209,9 @@ class CT2Engine:
                       length_penalty: float) -> tuple[list[Translation], list[int]]:
         """One line's n-best list, and the hypotheses in it that ran into the line's limit
         without an end: those are ended, as our search ends them, and :meth:`_score_cut` gives
-        their log-probability. CTranslate2's
-        score is the hypothesis' log-probability over its length (its end token counted) to the
-        power ``length_penalty``: the log-probability is that score times the power."""
+        their log-probability. CTranslate2's score is the hypothesis' log-probability over its
+        length (its end token counted) to the power ``length_penalty``: the log-probability is
+        that score times the power."""
         tokenizer = self.bundle.tokenizer
         end = tokenizer.id_to_piece(EOS_ID)
         found, cut = [], []

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mtcli.checkpoint import directions_text, trained_directions
+from mtcli.checkpoint import directions_text, other_directions
 from mtcli.errors import CheckpointError, ConfigError
 from mtcli.fileio import sha256_file
 from mtcli.infer.loading import InferenceModel, load_for_inference
@@ -87,18 +87,17 @@ def add_members(bundle: InferenceModel, others: Sequence[str | Path]) -> Inferen
         return bundle
     models, names = [bundle.model], [bundle.name]
     spm = sha256_file(bundle.tokenizer.model_path)
-    directions = trained_directions(bundle.config.to_dict()["data"])
     for spec in others:
         run_dir, checkpoint = _member_location(spec)
         member = load_for_inference(run_dir, checkpoint)
         if sha256_file(member.tokenizer.model_path) != spm:
             raise CheckpointError(f"{spec}: its spm.model differs from the first member's "
                                   "(ensemble members must share the SentencePiece model)")
-        theirs = trained_directions(member.config.to_dict()["data"])
-        if theirs != directions:
-            raise CheckpointError(f"{spec}: trained for {directions_text(theirs or [])}, the first member for "
-                                  f"{directions_text(directions or [])} (ensemble members must translate the "
-                                  "same directions)")
+        differ = other_directions(member.config.to_dict()["data"], bundle.config.to_dict()["data"])
+        if differ:
+            raise CheckpointError(f"{spec}: trained for {directions_text(differ[0])}, the first member for "
+                                  f"{directions_text(differ[1])} (ensemble members must translate the same "
+                                  "directions)")
         models.append(member.model)
         names.append(f"{run_dir.name}/{member.name}")
     return dataclasses.replace(bundle, model=Ensemble(models), name=" + ".join(names))

@@ -13,7 +13,7 @@ from mtcli.checkpoint import (
     architecture_mismatches,
     directions_text,
     load_checkpoint,
-    trained_directions,
+    other_directions,
 )
 from mtcli.config import Config, DecodeConfig, load_config
 from mtcli.data.tokenizer import PAD_ID, Tokenizer
@@ -222,10 +222,11 @@ def load_for_inference(
         said = "; ".join(f"model.{key} {saved} vs {own}" for key, saved, own in differ)
         raise CheckpointError(f"{source}: a checkpoint of another model: its {said} in "
                               f"{run_dir / CONFIG_NAME}; decode it with its own run directory")
-    saved, own = trained_directions((state.get("config") or {}).get("data")), trained_directions(config.to_dict()["data"])
-    if saved is not None and own is not None and saved != own:
-        raise CheckpointError(f"{source}: a checkpoint trained for {directions_text(saved)}, not for "
-                              f"{directions_text(own)} as {run_dir / CONFIG_NAME}; decode it with its own run directory")
+    differ = other_directions((state.get("config") or {}).get("data"), config.to_dict()["data"])
+    if differ:
+        raise CheckpointError(f"{source}: a checkpoint trained for {directions_text(differ[0])}, not for "
+                              f"{directions_text(differ[1])} as {run_dir / CONFIG_NAME}; decode it with its own run "
+                              "directory")
     model = _build_model(state, source, config, tokenizer.vocab_size, run_dir)
     model.to(device).eval()
     meta = {k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler", "rng", "rng_ranks")}

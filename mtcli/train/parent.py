@@ -133,9 +133,6 @@ def start_from(model: Transformer, parent: Parent, config: Config, spm_sha256: s
     model.load_state_dict(weights)
 
 
-__all__ = ["PARENT_NAME", "Parent", "load_parent", "mismatches", "parent_checkpoints", "start_from"]
-
-
 def check_parent_unchanged(run_dir: Path, init_from: str, average: int) -> None:
     """Refuse to resume a child whose ``train.init_from`` now names other weights than those it
     started from (``parent.json``): another checkpoint, or one of the same name rewritten. A
@@ -154,3 +151,7 @@ def check_parent_unchanged(run_dir: Path, init_from: str, average: int) -> None:
         raise CheckpointError(
             f"{run_dir}: started from {names} of {init_from}, which train.init_from no longer names as they "
             f"were (the parent has other weights now); use a new run directory to adapt them")
+
+
+__all__ = ["PARENT_NAME", "Parent", "check_parent_unchanged", "load_parent", "mismatches", "parent_checkpoints",
+           "start_from"]
