@@ -135,8 +135,6 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
     refs = [first] + [_lines(Path(r), count, what) for r in references[1:]]
     hyps = [_lines(f, count, what) for f in files]
     tgt_lang = tgt_lang or recorded_language(files)
-    # the same output as the baseline: no difference to test (sacreBLEU counts only larger
-    # differences than the real one, 0, and so reports about 1/samples, which reads as significant)
     identical = {name for name, lines in zip(names[1:], hyps[1:], strict=True) if lines == hyps[0]}
     report: dict[str, Any] = {"baseline": names[0], "sentences": count, "references": [str(r) for r in references],
                               "systems": {n: str(f) for n, f in zip(names, files, strict=True)}, "tgt_lang": tgt_lang,
@@ -149,7 +147,7 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
         report["tests"][test] = {
             "name": TESTS[test], "samples": n,
             "signatures": {m: str(sig) for m, sig in zip(metrics, signatures.values(), strict=True)},
-            "scores": {m: {name: _result(r, name in identical) for name, r in zip(names, results, strict=True)}
+            "scores": {m: {name: _result(r, results[0], name in identical) for name, r in zip(names, results, strict=True)}
                        for m, results in zip(metrics, list(scores.values())[1:], strict=True)},
         }
     if output is not None:
@@ -159,15 +157,20 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
     return report
 
 
-def _result(result: Any, identical: bool = False) -> dict[str, Any]:
+def _result(result: Any, baseline: Any, identical: bool = False) -> dict[str, Any]:
     """A sacreBLEU significance result as plain numbers (``ci``: the half-width of the 95%
-    interval); a system ``identical`` to the baseline, line for line, gets p = 1 and says so."""
+    interval). A system whose score equals the ``baseline``'s gets p = 1, and says whether its
+    output is ``identical`` to the baseline's, line for line: a difference of 0 is no evidence of
+    any difference (sacreBLEU counts only samples whose difference exceeds the real one, so when
+    every sample's is also 0, as with equal sentence scores, it reports 1/(samples+1), which
+    reads as significant)."""
     def num(x: Any) -> float | None:
         return None if x is None else round(float(x), 4)
 
-    p_value = 1.0 if identical else num(result.p_value)
-    return {"score": num(result.score), "mean": num(result.mean), "ci": num(result.ci), "p_value": p_value,
-            **({"identical_to_baseline": True} if identical else {})}
+    tied = result.p_value is not None and float(result.score) == float(baseline.score)
+    p_value = 1.0 if identical or tied else num(result.p_value)
+    extra = {"identical_to_baseline": True} if identical else {"same_score_as_baseline": True} if tied else {}
+    return {"score": num(result.score), "mean": num(result.mean), "ci": num(result.ci), "p_value": p_value, **extra}
 
 
 def render(report: dict[str, Any]) -> str:
@@ -181,6 +184,7 @@ def render(report: dict[str, Any]) -> str:
                 spread = f" (mean {r['mean']:.2f} ± {r['ci']:.2f})" if r["mean"] is not None else ""
                 p = "" if r["p_value"] is None else f"  p = {r['p_value']:.4f}"
                 p += " (the baseline's output, line for line)" if r.get("identical_to_baseline") else ""
+                p += " (the baseline's score: no difference to test)" if r.get("same_score_as_baseline") else ""
                 lines.append(f"  {metric:5s} {name}: {r['score']:.2f}{spread}{p}")
         lines += [f"  {m} signature: {sig}" for m, sig in body["signatures"].items()]
     return "\n".join(lines)

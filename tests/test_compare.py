@@ -122,6 +122,24 @@ def test_a_system_identical_to_the_baseline_is_not_significant(systems: tuple[Pa
     assert "p = 1.0000 (the baseline's output, line for line)" in render(report)
 
 
+def test_a_different_output_of_the_same_score_is_not_significant(tmp_path: Path) -> None:
+    """Two different outputs that score 0 on every sentence: sacreBLEU's samples all differ by 0,
+    as the real difference does, and it reports p = 1/(samples+1). A difference of 0 is no
+    evidence: p = 1, and the report says the scores are equal."""
+    ref = tmp_path / "ref.txt"
+    ref.write_text("a small dog runs\nthe red car stops\ntwo people walk\n", encoding="utf-8")
+    (tmp_path / "a.hyp").write_text("xx\nxx\nxx\n", encoding="utf-8")
+    (tmp_path / "b.hyp").write_text("yy\nyy\nyy\n", encoding="utf-8")
+    report = compare([tmp_path / "a.hyp", tmp_path / "b.hyp"], [ref], metrics=["bleu", "chrf"], samples=50,
+                     names=["a", "b"])
+    for test in ("bs", "ar"):
+        for metric in ("bleu", "chrf"):
+            result = report["tests"][test]["scores"][metric]["b"]
+            assert result["p_value"] == 1.0 and result["same_score_as_baseline"], (test, metric, result)
+            assert "identical_to_baseline" not in result
+    assert "p = 1.0000 (the baseline's score: no difference to test)" in render(report)
+
+
 def test_bad_input_is_one_line(systems: tuple[Path, Path, Path], tmp_path: Path) -> None:
     ref, weak, strong = systems
     short = tmp_path / "short.hyp"
