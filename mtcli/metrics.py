@@ -7,7 +7,8 @@ All on detokenised text:
   not separate words, 13a would count a whole sentence as one word, so a Chinese, Japanese or
   Korean target is tokenised as sacreBLEU's command line does for it (``zh``, ``ja-mecab``,
   ``ko-mecab``; the last two need MeCab: ``pip install 'mtcli[ja]'`` or ``'mtcli[ko]'``), and
-  TER splits its characters (``asian_support``);
+  TER splits its characters (``asian_support``, which sacreBLEU applies only with its
+  tercom normalisation, so such a TER's signature also says ``norm:yes``);
 * **chrF** (Popović, 2015): character n-gram F-score, ``beta = 2``;
 * **lowercased BLEU** (``-lc``, BLEU's tokeniser): only for comparison with papers that report it;
 * **TER** (Snover et al., 2006), when asked for: edits per reference word, lower is better.
@@ -45,7 +46,8 @@ def scorer(name: str, tgt_lang: str | None = None, *, lowercase: bool = False) -
     if name == "chrf":
         return CHRF()
     if name == "ter":
-        return TER(asian_support=code in BLEU_TOKENIZERS)
+        asian = code in BLEU_TOKENIZERS  # sacreBLEU ignores asian_support without normalized
+        return TER(normalized=asian, asian_support=asian)
     tokenize = BLEU_TOKENIZERS.get(code, "13a")
     try:
         return BLEU(tokenize=tokenize, lowercase=lowercase)

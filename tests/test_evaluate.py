@@ -59,6 +59,7 @@ def test_a_chinese_target_is_scored_by_its_characters_as_sacrebleu_does() -> Non
         assert chinese["bleu"] == pytest.approx(sacrebleu.corpus_bleu(ZH_HYPS, [ZH_REFS], tokenize="zh").score, abs=1e-3)
         assert chinese["bleu"] > 20 and "tok:zh" in chinese["bleu_signature"] and "tok:zh" in chinese["bleu_lc_signature"]
         assert "asian:yes" in chinese["ter_signature"] and chinese["chrf"] == plain["chrf"]
+        assert chinese["ter"] < 50 < score(ZH_HYPS, ZH_REFS, metrics=["ter"])["ter"]  # edits per character
     assert "tok:13a" in score(ZH_HYPS, ZH_REFS, tgt_lang="de")["bleu_signature"]
 
 
