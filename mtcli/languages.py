@@ -17,7 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-_ALIASES = {"zho": "zh", "chi": "zh", "cmn": "zh", "yue": "zh", "jpn": "ja", "kor": "ko"}
+#: ISO 639 codes that mean Chinese (the macrolanguage ``zho``/``chi`` and its members, Literary
+#: Chinese ``lzh`` too: all written in Han characters without spaces), Japanese and Korean
+_CHINESE = ("zho", "chi", "cmn", "yue", "wuu", "hak", "nan", "gan", "hsn", "cdo", "cjy", "cpx", "czh", "czo",
+            "mnp", "lzh")
+_ALIASES = {**dict.fromkeys(_CHINESE, "zh"), "jpn": "ja", "kor": "ko"}
 #: Languages written without spaces between words, measured in characters by the cleaning rules.
 CHARACTER_LANGUAGES = ("zh", "ja")
 #: SentencePiece's character coverage for a vocabulary that holds such a language (1.0 otherwise).
@@ -25,8 +29,8 @@ RICH_SCRIPT_COVERAGE = 0.9995
 
 
 def language_code(lang: str | None) -> str:
-    """``lang`` as its two-letter code: ``zh_TW``, ``zh-Hans``, ``cmn`` -> ``zh``; ``jpn`` ->
-    ``ja``; ``""`` for None."""
+    """``lang`` as its two-letter code: ``zh_TW``, ``zh-Hans``, ``cmn``, ``wuu``, ``lzh`` ->
+    ``zh``; ``jpn`` -> ``ja``; ``""`` for None."""
     code = (lang or "").lower().replace("_", "-").split("-")[0]
     return _ALIASES.get(code, code)
 

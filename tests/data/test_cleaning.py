@@ -63,6 +63,8 @@ def test_chinese_and_japanese_are_measured_in_characters() -> None:
     assert by_characters.counts == CleanCounts(read=3, kept=1, too_long=1, ratio=1)
     assert [measured_in_characters(lang) for lang in ("zh", "zh_TW", "cmn", "ja", "jpn", "ko", "th", "en")] == [
         True, True, True, True, True, False, False, False]
+    # the other Chinese languages and Literary Chinese, by their ISO 639-3 codes, with a region too
+    assert all(measured_in_characters(lang) for lang in ("wuu", "hak", "nan", "gan", "lzh", "yue-HK", "nan_TW"))
 
 
 def test_absorb_drops_what_an_earlier_range_kept() -> None:
