@@ -165,17 +165,27 @@ class TextDirSource(Source):
             if not entry.is_file() or entry.name.startswith("."):
                 continue
             name = entry.name[:-3] if entry.name.endswith(".gz") else entry.name
-            table = _TABLE_NAME.fullmatch(name)
+            table = self._table_name(name)
             if name.endswith(".tmx") and len(name) > 4:
                 self._memories.setdefault(name[:-4], []).append(entry)
             elif table:
-                self._tables.setdefault(table["split"], []).append((entry, (table["first"], table["second"])))
+                self._tables.setdefault(table[0], []).append((entry, table[1]))
                 continue
             if "." not in name:
                 continue
             split, lang = name.rsplit(".", 1)
             if split and lang:
                 self._files.setdefault((split, lang), []).append(entry)
+
+    def _table_name(self, name: str) -> tuple[str, tuple[str, str]] | None:
+        """The split and column languages of a ``<split>.<l1>-<l2>.tsv`` name; the configured
+        languages are looked for first, so codes with a hyphen (``en-zh-Hant``) are read too."""
+        for first, second in ((self.src_lang, self.tgt_lang), (self.tgt_lang, self.src_lang)):
+            suffix = f".{first}-{second}.tsv"
+            if name.endswith(suffix) and len(name) > len(suffix):
+                return name[:-len(suffix)], (first, second)
+        table = _TABLE_NAME.fullmatch(name)
+        return (table["split"], (table["first"], table["second"])) if table else None
 
     def describe(self) -> str:
         return f"text directory {self.root}"

@@ -102,6 +102,18 @@ def test_text_dir_pairs_plain_and_gz(tmp_path: Path) -> None:
         assert list(source.pairs("val")) == PAIRS[:2]
 
 
+def test_a_tsv_name_may_hold_language_codes_with_hyphens(tmp_path: Path) -> None:
+    """<split>.en-zh-Hant.tsv is read for en and zh-Hant, either way, not taken for split
+    'train.en-zh-Hant'."""
+    root = tmp_path / "c"
+    root.mkdir()
+    (root / "train.en-zh-Hant.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in PAIRS), encoding="utf-8")
+    forward, backward = open_source(str(root), "en", "zh-Hant"), open_source(str(root), "zh-Hant", "en")
+    assert forward.splits() == ["train"] and forward.languages("train") == ["en", "zh-Hant"]
+    forward.check(["train"])
+    assert list(forward.pairs("train")) == PAIRS and list(backward.pairs("train")) == [(t, s) for s, t in PAIRS]
+
+
 @pytest.mark.parametrize("gz", [False, True])
 def test_a_tsv_file_holds_both_sides_read_either_way(tmp_path: Path, gz: bool) -> None:
     """<split>.<l1>-<l2>.tsv: the pairs in the name's order; de->en and en->de read the same file."""
