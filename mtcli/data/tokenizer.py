@@ -198,6 +198,10 @@ class Tokenizer:
         except RuntimeError as exc:
             empty = counted.count == 0 if counted is not None else not any(f.stat().st_size for f in files or ())
             raise _training_error(str(exc), vocab_size, model_type, empty) from None
+        built = spm.SentencePieceProcessor(model_proto=proto.getvalue()).get_piece_size()
+        if built < vocab_size:  # a char model is the text's characters, whatever the size asked
+            raise _training_error(f"Vocabulary size too high ({vocab_size}). Please set it to a value <= {built}",
+                                  vocab_size, model_type, False)
         model_path = Path(f"{model_prefix}.model")
         _write_model(_without_inputs(proto.getvalue()) if files else proto.getvalue(), model_path,
                      model_path.with_suffix(".vocab"))
@@ -227,6 +231,10 @@ def _training_error(message: str, vocab_size: int, model_type: str, empty: bool)
         )
     if empty:
         return DataError("cannot train SentencePiece: the training text is empty")
+    if "char_model_trainer" in message and "vocab_size" in message:
+        return DataError(
+            f"data.vocab_size={vocab_size} is too small for a char model: it needs a piece for each character "
+            "of the training text (special ids and any byte pieces included); raise data.vocab_size")
     first = message.strip().splitlines()[0] if message.strip() else "RuntimeError"
     return DataError(f"SentencePiece training failed: {first}")
 

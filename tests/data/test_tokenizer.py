@@ -109,6 +109,15 @@ def test_vocab_smaller_than_alphabet_is_one_line_data_error(tmp_path: Path) -> N
         Tokenizer.train(["abcdefghijklmnop"] * 5, tmp_path / "m", 10, "unigram", 1.0, 1_000_000)
 
 
+def test_a_char_model_of_the_wrong_size_is_one_line_data_error(tmp_path: Path) -> None:
+    """A char model is the text's characters: asked for more, SentencePiece built fewer pieces
+    than asked without a word; asked for fewer than its byte pieces, it failed an internal check."""
+    with pytest.raises(DataError, match=r"data.vocab_size=100 is too large .*\(char\) can build at most 21 pieces"):
+        Tokenizer.train(["abcdefghijklmnop"] * 5, tmp_path / "m", 100, "char", 1.0, 1_000_000)
+    with pytest.raises(DataError, match=r"data.vocab_size=40 is too small for a char model"):
+        Tokenizer.train(["abcdefghijklmnop"] * 5, tmp_path / "m", 40, "char", 1.0, 1_000_000, byte_fallback=True)
+
+
 def test_sampling_cap_reads_everything_but_trains_on_a_sample(tmp_path: Path) -> None:
     corpus = _corpus()
     path = Tokenizer.train(iter(corpus), tmp_path / "s", 60, "unigram", 1.0, max_sentences=200)
