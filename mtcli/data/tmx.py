@@ -4,7 +4,9 @@ TMX is the exchange format of translation tools (a CAT tool's memory exports to 
 OPUS's downloads. Each translation unit (``<tu>``) holds a variant (``<tuv xml:lang="...">``) a
 language, its text in ``<seg>``; a file may hold many languages. A unit gives the pair of its
 ``data.src_lang`` and ``data.tgt_lang`` variants. A language matches a variant's ``xml:lang``
-exactly or by its first subtag, case aside: ``en`` reads ``en-GB`` and ``EN``.
+exactly or by its first subtag, case aside: ``en`` reads ``en-GB`` and ``EN``. A unit with an
+exact match reads it; one with several variants and none exact (``zh-CN`` and ``zh-TW`` for
+``zh``) is an error naming its line, so that two varieties are never mixed unseen.
 
 Inline markup is read as TMX means it: the text inside ``<hi>`` is the sentence's; the native
 codes inside ``<bpt>``, ``<ept>``, ``<it>``, ``<ph>`` and ``<ut>`` are not, but a ``<sub>``
@@ -42,10 +44,21 @@ _READ_BYTES = 1 << 20
 _XML_SPACE = re.compile(r"[ \t\r\n]+")
 
 
-def _matches(variant: str, lang: str) -> bool:
-    """Whether the ``xml:lang`` ``variant`` is the language ``lang`` (or a region of it)."""
-    variant, lang = variant.lower().replace("_", "-"), lang.lower().replace("_", "-")
-    return variant == lang or variant.split("-", 1)[0] == lang
+def _segment(unit: dict[str, str], lang: str, where: str) -> str | None:
+    """The text of ``unit``'s variant in ``lang``: the one whose ``xml:lang`` is ``lang``, else
+    the one variant of it (a region, a script); None when there is none. Several variants and
+    none exactly ``lang`` (``zh-CN`` and ``zh-TW`` for ``zh``) is a :class:`DataError` naming
+    ``where``: one would be taken at random."""
+    wanted = lang.lower().replace("_", "-")
+    named = {variant: variant.lower().replace("_", "-") for variant in unit}
+    exact = [v for v, n in named.items() if n == wanted]
+    if exact:
+        return unit[exact[0]]
+    near = [v for v, n in named.items() if n.split("-", 1)[0] == wanted]
+    if len(near) > 1:
+        raise DataError(f"{where}: a translation unit holds several '{lang}' variants ({', '.join(near)}); "
+                        "name the one to read as the language (e.g. data.tgt_lang)")
+    return unit[near[0]] if near else None
 
 
 class _Units:
@@ -122,8 +135,7 @@ def tmx_pairs(path: Path, src_lang: str, tgt_lang: str, verbatim: bool = False) 
     """The (source, target) pairs of the TMX file ``path`` (see the module docstring)."""
     missing, first_missing, pairs, seen = 0, 0, 0, set()
     for line, unit in tmx_units(path):
-        src = next((text for lang, text in unit.items() if _matches(lang, src_lang)), None)
-        tgt = next((text for lang, text in unit.items() if _matches(lang, tgt_lang)), None)
+        src, tgt = _segment(unit, src_lang, f"{path}:{line}"), _segment(unit, tgt_lang, f"{path}:{line}")
         if src is None or tgt is None:
             lacking = src_lang if src is None else tgt_lang
             if verbatim:

@@ -55,6 +55,23 @@ def test_units_give_the_pair_of_the_two_languages_by_tag_or_first_subtag(tmp_pat
     assert list(tmx_pairs(path, "fr", "en"))[0] == ("Appuyez sur Enregistrer et attendez.", "Press Save & wait.")
 
 
+def test_an_exact_variant_wins_and_several_near_ones_are_refused(tmp_path: Path) -> None:
+    """For 'zh', a unit's zh segment is read before its zh-TW; a unit with zh-CN and zh-TW and no
+    zh names its line (taking the first would mix the two scripts unseen); 'zh-TW' reads its own."""
+    def unit(*variants: tuple[str, str]) -> str:
+        return "<tu>" + "".join(f'<tuv xml:lang="{v}"><seg>{t}</seg></tuv>' for v, t in variants) + "</tu>\n"
+
+    path = tmp_path / "train.tmx"
+    path.write_text('<?xml version="1.0" encoding="UTF-8"?>\n<tmx version="1.4"><header/><body>\n'
+                    + unit(("en", "a dog"), ("zh-TW", "一隻狗"), ("zh", "一只狗"))
+                    + unit(("en", "a cat"), ("zh-CN", "一只猫"), ("zh-TW", "一隻貓")) + "</body></tmx>\n",
+                    encoding="utf-8")
+    with pytest.raises(DataError, match=r"train.tmx:4: a translation unit holds several 'zh' variants \(zh-CN, zh-TW\)"):
+        list(tmx_pairs(path, "en", "zh"))
+    assert next(iter(tmx_pairs(path, "en", "zh"))) == ("a dog", "一只狗")
+    assert list(tmx_pairs(path, "en", "zh_TW")) == [("a dog", "一隻狗"), ("a cat", "一隻貓")]
+
+
 def _memory(*units: tuple[str, str]) -> str:
     """A TMX file of one unit per (English, French) segment markup."""
     body = "".join(f'<tu><tuv xml:lang="en"><seg>{en}</seg></tuv><tuv xml:lang="fr"><seg>{fr}</seg></tuv></tu>\n'
