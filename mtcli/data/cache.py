@@ -82,6 +82,7 @@ class ArrayWriter:
         self._idx.write(np.zeros(1, dtype=np.int64).tobytes())
         self.sentences = 0
         self.tokens = 0
+        self.unknown = 0  # ids of UNK_ID: text the vocabulary has no piece for
 
     def append(self, ids: np.ndarray, lengths: np.ndarray) -> None:
         """Add sentences given as one flat id array and their lengths (``sum(lengths) == len(ids)``)."""
@@ -89,6 +90,7 @@ class ArrayWriter:
         ids = np.asarray(ids)
         if int(lengths.sum()) != len(ids):
             raise ValueError("lengths do not add up to the number of ids")
+        self.unknown += int(np.count_nonzero(ids == UNK_ID))
         if len(self.prefix):
             starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
             ids = np.insert(ids, np.repeat(starts, len(self.prefix)), np.tile(self.prefix, len(lengths)))

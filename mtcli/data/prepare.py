@@ -400,9 +400,10 @@ def _train_spm(tmp: Path, data: DataConfig, plan: Plan, counts: dict[str, CleanC
 
 
 def _encode_splits(tmp: Path, plan: Plan, model_path: Path, dtype: np.dtype, counts: dict[str, CleanCounts],
-                   workers: int) -> dict[str, dict[str, int]]:
+                   workers: int, given: bool) -> dict[str, dict[str, int]]:
     """Encode every split's text in ``tmp`` into its binarised arrays, a corpus's tags before each
-    of its training sources; tokens per split and language."""
+    of its training sources; tokens per split and language. ``given``: the SentencePiece model
+    is the config's ``data.spm_model``, not trained here (said in the unknown-token warning)."""
     tokenizer = load_tokenizer(model_path)
     prefixes = {(c.train_name, c.langs[0]): [tokenizer.piece_to_id(t) for t in c.prefix] for c in plan.corpora}
     sources = {c.langs[0] for c in plan.corpora}
@@ -419,8 +420,26 @@ def _encode_splits(tmp: Path, plan: Plan, model_path: Path, dtype: np.dtype, cou
                     encode_file(model_path, text_path(tmp, split, lang), writer, num_lines=counts[split].kept,
                                 workers=workers, show_progress=sys.stderr.isatty())
             tokens[split][lang] = writer.tokens
+            _warn_of_unknown(split, lang, writer.unknown, writer.tokens, given)
         get_logger().info("encoded %s: %s tokens", split, tokens[split])
     return tokens
+
+
+#: The share of unknown tokens (``⁇``) in a split's side above which ``prepare`` warns.
+UNKNOWN_WARN_SHARE = 0.01
+
+
+def _warn_of_unknown(split: str, lang: str, unknown: int, tokens: int, given: bool) -> None:
+    """Warn when more than :data:`UNKNOWN_WARN_SHARE` of a split's ``lang`` tokens are unknown to
+    the vocabulary: the model can neither read nor write that text (a ``data.spm_model`` made for
+    other languages or scripts, or a character coverage far too low)."""
+    if not tokens or unknown <= UNKNOWN_WARN_SHARE * tokens:
+        return
+    fix = ("data.spm_model was made for other text: leave it out to train one on this corpus" if given else
+           "raise data.character_coverage")
+    get_logger().warning("%s.%s: %d of %d tokens (%.1f%%) are unknown to the SentencePiece model (⁇): the model "
+                         "can neither read nor write that text; %s", split, lang, unknown, tokens,
+                         100 * unknown / tokens, fix)
 
 
 def _spm_record(data: DataConfig, plan: Plan, given: Path | None, model_path: Path, vocab_size: int) -> dict[str, Any]:
@@ -534,7 +553,7 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
         model_path = _spm_model(tmp, data, plan, given, counts)
         tokenizer = load_tokenizer(model_path)
         dtype = token_dtype(tokenizer.vocab_size)
-        tokens = _encode_splits(tmp, plan, model_path, dtype, counts, workers)
+        tokens = _encode_splits(tmp, plan, model_path, dtype, counts, workers, given is not None)
         spm = _spm_record(data, plan, given, model_path, tokenizer.vocab_size)
         manifest = _manifest(data, plan, key, fingerprint, counts, tokens, dtype, spm)
         if plan.several:

@@ -795,6 +795,27 @@ def test_spm_model_encodes_with_the_given_model(tmp_path: Path, toy_dir: Path) -
     assert not rebuilt.skipped and rebuilt.vocab_size == 48
 
 
+def test_a_side_the_vocabulary_cannot_spell_is_warned_of(tmp_path: Path, toy_dir: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A data.spm_model made for Latin text, given a Greek target side: each word encodes to
+    unknown, which the model can neither learn nor write. prepare says so, per split and side,
+    with the share and what to change; the side it spells is not named."""
+    parent = load_config(write_config(tmp_path, toy_dir, name="parent"))
+    prep.prepare(parent)
+    assert "unknown to the SentencePiece model" not in caplog.text
+    greek = str.maketrans("abcdefghijklmnopqrstuvwxyz", "αβψδεφγηιξκλμνοπ;ρστθωςχυζ")
+    other = tmp_path / "greek"
+    other.mkdir()
+    for split in ("train", "val", "test"):
+        shutil.copy(toy_dir / f"{split}.src", other / f"{split}.src")
+        (other / f"{split}.tgt").write_text((toy_dir / f"{split}.tgt").read_text().translate(greek))
+    cfg = write_config(tmp_path, other, name="child", spm_model=str(parent.data.prepared_path() / "spm.model"))
+    prep.prepare(load_config(cfg))
+    warned = [r.getMessage() for r in caplog.records if "unknown to the SentencePiece model" in r.getMessage()]
+    assert warned and all(".tgt: " in w and "data.spm_model was made for other text" in w for w in warned), warned
+    assert any(w.startswith("train.tgt: ") for w in warned)
+
+
 @pytest.mark.parametrize(("make", "needle"), [
     (lambda p: p / "missing.model", "missing.model: not found"),
     (lambda p: p, "no spm.model in that directory"),
