@@ -42,6 +42,15 @@ SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))
 #: every sentence"), so a smaller data.spm_max_sentences is raised to this.
 MIN_SAMPLE = 101
 
+_LINE_BREAKS = str.maketrans({"\n": " ", "\r": " "})
+
+
+def one_line(text: str) -> str:
+    """``text`` with each line break (``\\n``, ``\\r``) a space: a byte-fallback model can spell
+    one in byte pieces (``<0x0A>``), and a hypothesis must stay one line of its output file, in
+    line with its source (other separators, U+2028, stay: no line reader splits on them)."""
+    return text.translate(_LINE_BREAKS) if "\n" in text or "\r" in text else text
+
 
 class Tokenizer:
     """A loaded joint SentencePiece model with mtcli's fixed special ids."""
@@ -112,8 +121,9 @@ class Tokenizer:
                 for result in results]
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Detokenized text of ``ids``; pad, bos and eos are skipped (unk decodes as " ⁇ ")."""
-        return self._sp.decode([int(i) for i in ids if int(i) not in SPECIAL_IDS])
+        """Detokenized text of ``ids``, on one line (:func:`one_line`); pad, bos and eos are
+        skipped (unk decodes as " ⁇ ")."""
+        return one_line(self._sp.decode([int(i) for i in ids if int(i) not in SPECIAL_IDS]))
 
     def piece_to_id(self, piece: str) -> int:
         """The id of a piece (unk's id for a piece the model does not have)."""

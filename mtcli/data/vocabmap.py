@@ -31,6 +31,7 @@ from mtcli.data.tokenizer import (
     UNK_ID,
     UNK_PIECE,
     Tokenizer,
+    one_line,
 )
 from mtcli.errors import DataError
 from mtcli.rundir import SOURCE_SPM_NAME, TARGET_SPM_NAME, VOCAB_NAME
@@ -128,7 +129,7 @@ class VocabTokenizer:
         """Target text of ``ids``: pad, unk, bos and eos skipped (as Marian's tokenizer does), the
         other pieces joined by the target SentencePiece model."""
         pieces = [self._pieces[int(i)] for i in ids if int(i) not in _SPECIAL_PIECES]
-        return self._tgt.decode_pieces(pieces).replace(WORD_START, " ").strip()
+        return one_line(self._tgt.decode_pieces(pieces).replace(WORD_START, " ").strip())
 
     def piece_to_id(self, piece: str) -> int:
         """The id of a piece (unk's id for a piece the vocabulary does not have)."""

@@ -118,6 +118,16 @@ def test_a_char_model_of_the_wrong_size_is_one_line_data_error(tmp_path: Path) -
         Tokenizer.train(["abcdefghijklmnop"] * 5, tmp_path / "m", 40, "char", 1.0, 1_000_000, byte_fallback=True)
 
 
+def test_decoded_text_is_one_line_whatever_byte_pieces_spell(tmp_path: Path) -> None:
+    """A byte-fallback model can write a line break as byte pieces; a hypothesis with one would
+    split its output file's line in two, out of line with its source. Decoding makes it a space."""
+    path = Tokenizer.train(_corpus(), tmp_path / "b", 300, "unigram", 1.0, 1_000_000, byte_fallback=True)
+    tok = Tokenizer(path)
+    ids = tok.encode("ein hund") + [tok.piece_to_id("<0x0A>"), tok.piece_to_id("<0x0D>")] + tok.encode("spielt")
+    text = tok.decode(ids)
+    assert "\n" not in text and "\r" not in text and text.split() == ["ein", "hund", "spielt"]
+
+
 def test_sampling_cap_reads_everything_but_trains_on_a_sample(tmp_path: Path) -> None:
     corpus = _corpus()
     path = Tokenizer.train(iter(corpus), tmp_path / "s", 60, "unigram", 1.0, max_sentences=200)
