@@ -1,17 +1,20 @@
-"""``mtcli compare``: is system B really better than A? sacreBLEU's paired significance tests.
+"""``mtcli compare``: do systems A and B really differ? sacreBLEU's paired significance tests.
 
 Each system is a hypothesis file, or a run directory (its newest ``eval/*.hyp`` that ``mtcli
 evaluate`` scored against the first reference); the first system is the baseline. Every other
 system is compared with it on the same references (``--ref``, repeatable: several references per
-sentence):
+sentence). Both tests are two-sided, as sacreBLEU's are: a small p-value says the two scores
+differ beyond chance, in either direction (the scores say which is higher):
 
 * **paired bootstrap resampling** (Koehn, 2004): the sentences are resampled ``n`` times (1,000
   by default); each system's score gets its bootstrap mean and 95% confidence interval, and the
-  p-value is the share of resamples where the difference from the baseline is not larger than
-  the real one;
+  p-value is the share of resamples whose absolute difference from the baseline, less the
+  resamples' mean one, exceeds the real absolute difference;
 * **approximate randomization** (Riezler and Maxwell, 2005): the two systems' outputs are
   swapped sentence by sentence at random ``n`` times (10,000 by default); the p-value is the
-  share of swaps whose score difference is at least the real one.
+  share of swaps whose absolute score difference exceeds the real one.
+
+A system whose score equals the baseline's gets p = 1 (no difference to test).
 
 Metrics: BLEU, chrF and TER (sacreBLEU's defaults, BLEU's tokeniser chosen by the references'
 language as :func:`mtcli.metrics.scorer` does: ``tgt_lang``, else the language ``mtcli evaluate``
@@ -29,8 +32,8 @@ from typing import Any
 
 from mtcli.data.textio import read_lines
 from mtcli.errors import ConfigError, DataError
-from mtcli.fileio import atomic_write, sha256_file
-from mtcli.metrics import METRICS, scorer
+from mtcli.fileio import atomic_write, check_file_target, sha256_file
+from mtcli.metrics import METRICS, metric_names, scorer
 
 TESTS = {"bs": "paired bootstrap resampling", "ar": "approximate randomization"}
 DEFAULT_SAMPLES = {"bs": 1000, "ar": 10000}
@@ -121,10 +124,13 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
     if unknown:
         raise ConfigError(f"unknown metric or test {', '.join(map(repr, unknown))} (metrics: {', '.join(METRICS)}; "
                           f"tests: {', '.join(TESTS)})")
+    metrics, tests = metric_names(metrics), tuple(dict.fromkeys(tests))
+    if output is not None:
+        check_file_target(Path(output))  # before the tests, not after them
     if samples is not None and samples < 1:
         raise ConfigError(f"--samples must be >= 1, got {samples}")
     files = [hypothesis_file(s, references[0]) for s in systems]
-    names = list(names) if names else [str(s) for s in systems]
+    names = list(names) if names else _distinct([str(s) for s in systems])
     if len(names) != len(files) or len(set(names)) != len(names):
         raise ConfigError("compare needs one distinct name per system")
     first = _lines(Path(references[0]), None, "")
@@ -155,6 +161,17 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
             json.dump(report, handle, indent=2)
             handle.write("\n")
     return report
+
+
+def _distinct(names: list[str]) -> list[str]:
+    """``names`` with a repeat numbered (``a.hyp``, ``a.hyp (2)``): a system given twice is
+    compared with itself, not refused."""
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name} ({seen[name]})")
+    return out
 
 
 def _result(result: Any, baseline: Any, identical: bool = False) -> dict[str, Any]:

@@ -69,12 +69,21 @@ def make_parent(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
 
 
+def check_file_target(path: Path) -> None:
+    """Raise what :func:`make_file_parent` would, creating nothing: a command checks its output
+    file's place before its work, not when it writes."""
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory, expected a file to write", str(path))
+    blocker = _file_above(path)
+    if blocker is not None:
+        raise NotADirectoryError(errno.ENOTDIR, f"not a directory, so {path} cannot be written there", str(blocker))
+
+
 def make_file_parent(path: Path) -> None:
     """:func:`make_parent` for a file to write at ``path``; a directory there raises
     :class:`IsADirectoryError` naming it (else the rename at the end would fail, naming the
     temporary file)."""
-    if path.is_dir():
-        raise IsADirectoryError(errno.EISDIR, "is a directory, expected a file to write", str(path))
+    check_file_target(path)
     make_parent(path)
 
 

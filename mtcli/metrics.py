@@ -26,7 +26,7 @@ from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
-from mtcli.errors import DataError, MtcliError
+from mtcli.errors import ConfigError, DataError, MtcliError
 from mtcli.languages import language_code
 
 #: What ``evaluate --metrics`` may name (BLEU and lowercased BLEU are always scored).
@@ -56,6 +56,15 @@ def scorer(name: str, tgt_lang: str | None = None, *, lowercase: bool = False) -
                          f"pip install 'mtcli[{code}]'") from None
 
 
+def metric_names(metrics: Sequence[str]) -> tuple[str, ...]:
+    """``metrics`` without repeats, in order; :class:`ConfigError` naming any not in
+    :data:`METRICS` (said before a decoding, not after it)."""
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown:
+        raise ConfigError(f"unknown metric {', '.join(map(repr, unknown))} (known: {', '.join(METRICS)})")
+    return tuple(dict.fromkeys(metrics))
+
+
 def score(hypotheses: list[str], references: list[str], *, more_references: Sequence[list[str]] = (),
           metrics: Sequence[str] = ("bleu", "chrf"), tgt_lang: str | None = None) -> dict[str, Any]:
     """Corpus scores of ``hypotheses`` against ``references`` (and ``more_references``: further
@@ -66,12 +75,10 @@ def score(hypotheses: list[str], references: list[str], *, more_references: Sequ
     ``metrics`` names them (``chrf``, ``ter``; lower TER is better). Each with its signature as
     ``<metric>_signature`` (also grouped under ``signatures``), and BLEU's details
     (``bleu_precisions``, ``bleu_bp``, ``sys_len``, ``ref_len``). Raises :class:`DataError` if a
-    reference stream's length differs from the hypotheses', when there are none, or on an unknown
-    metric.
+    reference stream's length differs from the hypotheses' or when there are none, and
+    :class:`ConfigError` on an unknown metric.
     """
-    unknown = sorted(set(metrics) - set(METRICS))
-    if unknown:
-        raise DataError(f"unknown metric {', '.join(unknown)} (known: {', '.join(METRICS)})")
+    metrics = metric_names(metrics)
     refs = [list(references), *(list(r) for r in more_references)]
     if not hypotheses:
         raise DataError("no hypotheses to score (an empty test set)")

@@ -120,6 +120,8 @@ def test_a_system_identical_to_the_baseline_is_not_significant(systems: tuple[Pa
         assert scores["bleu"]["b"]["identical_to_baseline"] and "identical_to_baseline" not in scores["bleu"]["c"]
         assert scores["bleu"]["c"]["p_value"] < 0.05
     assert "p = 1.0000 (the baseline's output, line for line)" in render(report)
+    twice = compare([weak, weak], [ref], metrics=["bleu"], tests=["bs"], samples=10)  # was refused: same name
+    assert twice["tests"]["bs"]["scores"]["bleu"][f"{weak} (2)"]["identical_to_baseline"]
 
 
 def test_a_different_output_of_the_same_score_is_not_significant(tmp_path: Path) -> None:
@@ -154,6 +156,10 @@ def test_bad_input_is_one_line(systems: tuple[Path, Path, Path], tmp_path: Path)
         compare([weak, strong], [ref], tests=[""])
     with pytest.raises(ConfigError, match=r"at least one metric .* got metrics \[\]"):  # printed two empty tables
         compare([weak, strong], [ref], metrics=[])
+    with pytest.raises(IsADirectoryError, match=str(tmp_path)):  # before the tests (a traceback once, after them)
+        compare([weak, strong], [ref], output=tmp_path, samples=10**9)
+    once = compare([weak, strong], [ref], metrics=["bleu", "bleu"], tests=["bs", "bs"], samples=10)  # a traceback once
+    assert list(once["tests"]) == ["bs"] and list(once["tests"]["bs"]["scores"]) == ["bleu"]
     with pytest.raises(DataError, match=r"short.hyp has 1 lines but the first reference .* has \d+"):
         compare([weak, strong], [ref, short])
     empty = tmp_path / "empty.ref"
