@@ -26,7 +26,7 @@ from mtcli.fileio import atomic_write, check_directory, sha256_file
 from mtcli.infer.loading import InferenceModel, run_directions
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, progress
-from mtcli.metrics import score, scorer
+from mtcli.metrics import metric_names, score, scorer
 from mtcli.rundir import TEXT_DIR
 
 
@@ -76,14 +76,14 @@ def _test_files(run_dir: Path, config: Config, split: str | None, src_file: str 
     """``(source, reference, name, split)`` of what to score: the given files, or a split's text
     in ``direction`` (default: the first of ``data.test_splits``; a direction other than the
     run's ``data.src_lang -> data.tgt_lang`` is added to the name, ``test.de-fr``)."""
+    other = "" if direction == (config.data.src_lang, config.data.tgt_lang) else f".{'-'.join(direction)}"
     if src_file is not None and ref_file is not None:
-        return Path(src_file), Path(ref_file), _safe_name(Path(src_file).name), None
+        return Path(src_file), Path(ref_file), _safe_name(Path(src_file).name + other), None
     split = split or (config.data.test_splits[0] if config.data.test_splits else None)
     if not split:
         raise ConfigError(f"{run_dir}: data.test_splits is empty; pass --split or --src/--ref")
     src_path, ref_path = _split_files(run_dir, config, split, direction)
-    name = split if direction == (config.data.src_lang, config.data.tgt_lang) else f"{split}.{'-'.join(direction)}"
-    return src_path, ref_path, _safe_name(name), split
+    return src_path, ref_path, _safe_name(split + other), split
 
 
 def _read_test(src_path: Path, ref_paths: list[Path]) -> tuple[list[str], list[str], list[list[str]]]:
@@ -149,23 +149,45 @@ class _Test:
     metrics: Sequence[str]
     output_dir: str | Path | None
     ckpt: str
+    model: dict[str, Any]  # how the weights were made: averages, ensemble members (for the report)
 
 
-def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, direction: tuple[str, str]) -> dict[str, Any]:
-    """Decode and score one test set in ``direction`` with a loaded translator; write its outputs."""
-    bundle, device = translator.bundle, translator.device
-    decode = dataclasses.replace(translator.decode, tgt_lang=direction[1])
-    src_path, ref_path, name, split = _test_files(run_dir, bundle.config, test.split, test.src_file,
+@dataclass
+class _Input:
+    """One direction's test text, read and checked before any decoding."""
+
+    direction: tuple[str, str]
+    src_path: Path
+    ref_paths: list[Path]
+    name: str
+    split: str | None
+    sources: list[str]
+    references: list[str]
+    more_references: list[list[str]]
+
+
+def _read_input(run_dir: Path, config: Config, test: _Test, direction: tuple[str, str]) -> _Input:
+    """The test text of ``direction``: its files found and read, their line counts checked, and
+    BLEU's tokeniser for its target loaded (a missing package is said now, not after a decoding)."""
+    src_path, ref_path, name, split = _test_files(run_dir, config, test.split, test.src_file,
                                                   test.ref_files[0] if test.ref_files else None, direction)
     ref_paths = [ref_path, *test.ref_files[1:]]
     sources, references, more_references = _read_test(src_path, ref_paths)
-    scorer("bleu", direction[1])  # a tokeniser's missing package is said before the decoding, not after
+    scorer("bleu", direction[1])
+    return _Input(direction, src_path, ref_paths, name, split, sources, references, more_references)
+
+
+def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, given: _Input) -> dict[str, Any]:
+    """Decode and score one direction's test set with a loaded translator; write its outputs."""
+    bundle, device, direction = translator.bundle, translator.device, given.direction
+    decode = dataclasses.replace(translator.decode, tgt_lang=direction[1])
+    src_path, ref_path, name, split, sources = given.src_path, given.ref_paths[0], given.name, given.split, given.sources
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
     hypotheses, target_tokens = _decode(translator, decode, sources, name, str(src_path))
     seconds = time.perf_counter() - start
-    scores = score(hypotheses, references, more_references=more_references, metrics=test.metrics,
+    scores = score(hypotheses, given.references, more_references=given.more_references, metrics=test.metrics,
                    tgt_lang=direction[1])
     out_dir = Path(test.output_dir) if test.output_dir is not None else run_dir / "eval"
     hyp_path = out_dir / f"{name}.{test.ckpt}.hyp"
@@ -178,7 +200,7 @@ def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, direction
         "source": str(src_path),
         "reference": str(ref_path),
         "reference_sha256": sha256_file(ref_path),  # what mtcli compare matches a run's hypotheses by
-        "references": [str(path) for path in ref_paths],
+        "references": [str(path) for path in given.ref_paths],
         "checkpoint": str(bundle.name),
         "engine": "ctranslate2" if translator.engine is not None else "torch",
         "decode": dict(vars(decode)),
@@ -191,6 +213,7 @@ def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, direction
         "peak_memory_mb": round(peak_memory_mb(device), 1),
         "hypotheses": str(hyp_path),
         "report": str(report_path),
+        **test.model,
     }
     _write_outputs(hyp_path, report_path, hypotheses, report)
     shown = "  ".join(f"{label} {scores[key]:.2f}" for key, label in
@@ -243,6 +266,7 @@ def evaluate_directions(
     direction, or given files, gives one report."""
     run_dir = Path(run_dir)
     _check_test_args(split, src_file, ref_file)
+    metrics = metric_names(metrics)  # before the model is loaded
     if more_refs and src_file is None:
         raise ConfigError("several references (--ref ... --ref) need --src files, not a split")
     if output_dir is not None:
@@ -266,10 +290,7 @@ def evaluate_directions(
                                  run_dir, ", ".join(translator.target_languages), directions[0][1])
     refs = [Path(ref_file)] if ref_file is not None else []
     ckpt = _checkpoint_name(translator.bundle, average_last, average_best, len(ensemble) + 1)
-    test = _Test(split, src_file, [*refs, *map(Path, more_refs)], metrics, output_dir, ckpt)
-    reports = []
-    for direction in directions:
-        report = _evaluate_with(translator, run_dir, test, direction)
-        report.update(average_last=average_last, average_best=average_best, ensemble=[str(p) for p in ensemble])
-        reports.append(report)
-    return reports
+    model = {"average_last": average_last, "average_best": average_best, "ensemble": [str(p) for p in ensemble]}
+    test = _Test(split, src_file, [*refs, *map(Path, more_refs)], metrics, output_dir, ckpt, model)
+    inputs = [_read_input(run_dir, translator.bundle.config, test, d) for d in directions]  # all, before decoding
+    return [_evaluate_with(translator, run_dir, test, given) for given in inputs]

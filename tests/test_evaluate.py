@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mtcli.errors import DataError
+from mtcli.errors import ConfigError, DataError
 from mtcli.metrics import score
 
 
@@ -158,6 +158,7 @@ def test_evaluate_average_last(tiny_run_dir: Path, tmp_path: Path) -> None:
     )
     assert Path(report["hypotheses"]).name == "val.avg_last2.hyp"
     assert report["average_last"] == 2
+    assert json.loads(Path(report["report"]).read_text()) == report  # the file holds what is printed
     assert "checkpoint_10.pt" in report["checkpoint"] and "checkpoint_20.pt" in report["checkpoint"]
     assert report["sentences"] == len((tiny_run_dir / "text" / "val.src").read_text().splitlines())
 
@@ -205,7 +206,7 @@ def test_score_several_references_and_ter() -> None:
     assert result["ter"] == pytest.approx(sacrebleu.corpus_ter(hyps, [first, second]).score, abs=1e-3)
     assert result["bleu_signature"].startswith("nrefs:2") and "tok:tercom" in result["ter_signature"]
     assert "chrf" not in score(hyps, first, metrics=["bleu"])
-    with pytest.raises(DataError, match="unknown metric meteor"):
+    with pytest.raises(ConfigError, match="unknown metric 'meteor'"):
         score(hyps, first, metrics=["meteor"])
     with pytest.raises(DataError, match="2 hypotheses but 1 references"):
         score(hyps, first, more_references=[second[:1]])

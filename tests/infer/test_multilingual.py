@@ -90,6 +90,29 @@ def test_evaluate_on_files_warns_which_direction_it_scores(
     caplog.clear()
     (into_xx,) = evaluate_directions(multi_run, beam=1, tgt_lang="xx", **files)
     assert into_xx["direction"] == "src-xx" and "its default" not in caplog.text
+    # each direction's outputs under a name of their own: the second did overwrite the first
+    assert [Path(r["hypotheses"]).name for r in (default, into_xx)] == ["test.src.best.hyp", "test.src.src-xx.best.hyp"]
+
+
+def test_evaluate_checks_every_direction_before_decoding_any(
+        multi_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A direction that cannot be scored (here: xx's BLEU tokeniser missing, as Japanese's is
+    without MeCab) stops evaluate before the first direction is decoded, not after it."""
+    import mtcli.evaluate as evaluate_module
+    from mtcli.errors import MtcliError
+
+    def scorer(name: str, tgt_lang: str | None = None, **kw: object) -> object:
+        if tgt_lang == "xx":
+            raise MtcliError("BLEU of 'xx' text tokenises it with MeCab")
+        return real(name, tgt_lang, **kw)
+
+    real = evaluate_module.scorer
+    monkeypatch.setattr(evaluate_module, "scorer", scorer)
+    monkeypatch.setattr(evaluate_module, "_decode", lambda *a, **k: pytest.fail("decoded before the check"))
+    with pytest.raises(MtcliError, match="MeCab"):
+        evaluate_directions(multi_run, beam=1, output_dir=tmp_path)
+    with pytest.raises(ConfigError, match="unknown metric 'foo'"):  # before the model is even loaded
+        evaluate_directions(tmp_path / "no run here", metrics=["ter", "foo"])
 
 
 def test_serve_takes_the_target_language_per_request(multi_run: Path) -> None:
