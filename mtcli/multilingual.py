@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         changed = not args.merge and not is_the_recipe(config, RECIPE)
         home, readme = table_place(args.results, args.readme, TABLE, changed)
         previous = load_results(home, TABLE).get("seeds", {})
+        bilingual = load_results(args.results, BILINGUAL_TABLE)  # read now, not after the training
         if args.merge:
             previous.update(merge_seeds(args.merge))
             check_one_recipe(previous, "--merge")
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             previous[str(seed)] = run_seed(seed_config(config, seed))
         if not previous:
             raise ConfigError("no seed to tabulate: give --seeds (e.g. 1,2,3) or --merge results with seeds")
-        results = combine(previous, load_results(args.results, BILINGUAL_TABLE))
+        results = combine(previous, bilingual)
     except (MtcliError, KeyboardInterrupt) as exc:
         return failed(exc)
     write(results, home, readme)

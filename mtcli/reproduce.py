@@ -42,6 +42,7 @@ from mtcli.results import (
     README,
     RESULTS_DIR,
     check_one_recipe,
+    check_tables,
     device_name,
     git_commit,
     load_results,
@@ -531,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
     try:
         recipe, table_name, row_key = RECIPES[args.direction]
+        check_tables(args.results, table_name)
         if args.merge:
             row = merge_seed_results(args.merge, row_key, table_name)
         else:
@@ -547,7 +549,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     changed = not row_is_the_recipe(row, recipe, pair_overrides(args.direction))
     results_dir, readme = table_place(args.results, args.readme, table_name, changed)
-    results = load_results(results_dir, table_name)
+    try:
+        results = load_results(results_dir, table_name)
+    except MtcliError as exc:  # changed during the training
+        return failed(exc)
     if not args.merge and "seeds" in row:
         row = with_earlier_seeds(results.get(row_key), row)
     results[row_key] = row

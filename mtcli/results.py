@@ -22,7 +22,7 @@ import torch
 
 from mtcli.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig
 from mtcli.device import cpu_has_bf16_units, cpu_name
-from mtcli.errors import ConfigError
+from mtcli.errors import ConfigError, DataError
 from mtcli.fileio import atomic_write
 from mtcli.logs import get_logger
 
@@ -230,9 +230,26 @@ def refresh_readme(readme: Path, table_name: str, table: str) -> None:
 
 
 def load_results(results_dir: Path = RESULTS_DIR, table_name: str = "multi30k") -> dict[str, dict[str, Any]]:
-    """Previously written results (empty when there are none)."""
+    """Previously written results (empty when there are none); :class:`DataError` naming the
+    file when it is not a JSON object (a merge conflict left in it, a truncated copy)."""
     path = results_dir / f"{table_name}.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    if not path.exists():
+        return {}
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{path}: not a results table ({exc}); mend it (a merge conflict?) or move it "
+                        "away") from None
+    if not isinstance(results, dict):
+        raise DataError(f"{path}: not a results table (a JSON {type(results).__name__}, not an object)")
+    return results
+
+
+def check_tables(results_dir: Path, table_name: str) -> None:
+    """Read the table in both of its places (:func:`results_home`), so that one that cannot be
+    read is said before hours of training, not after them."""
+    for changed in (False, True):
+        load_results(results_home(results_dir, changed), table_name)
 
 
 def named_commit(row: dict[str, Any], where: str) -> dict[str, Any]:

@@ -215,6 +215,22 @@ def test_bad_seeds_are_one_line_errors(text: str, capsys) -> None:
     assert "--seeds" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("text", ["{\n<<<<<<< HEAD\n  \"de-en\": {}\n=======\n}\n", "[1, 2]"])
+def test_a_results_table_that_cannot_be_read_is_said_before_any_training(
+        text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """A merge conflict left in a results table was a traceback after the recipe had trained
+    and decoded; it is one line naming the file, before."""
+    import mtcli.reproduce as reproduce
+
+    monkeypatch.setattr(reproduce, "run_seeds", lambda *a, **k: pytest.fail("trained before the check"))
+    table = tmp_path / "results" / "multi30k.json"
+    table.parent.mkdir()
+    table.write_text(text, encoding="utf-8")
+    assert reproduce.main(["de_en", "--seeds", "1", "--results", str(table.parent)]) == 1
+    err = capsys.readouterr().err
+    assert f"{table}: not a results table" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def _seed_file(directory: Path, seed: int, bleu_lc: float) -> Path:
     """A results directory as ``reproduce de_en --seeds <seed> --results DIR`` leaves it."""
     row = dict(ROW, seed=seed, bleu_lc=bleu_lc, train_steps=8000, average_last=2, length_penalty=1.0,
