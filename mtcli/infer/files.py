@@ -139,7 +139,8 @@ def translate_files(
     ``settings``: typed decode settings (``beam``, ``nbest``, ``max_tokens``, ... as
     :class:`~mtcli.infer.translator.Translator` takes them); ``overrides``: ``--set decode.*``
     strings. Output format: one line per input line with the best translation; when ``nbest``
-    is given (or a ``decode.nbest`` override), exactly ``N`` lines per input line instead, best first,
+    is given (or a ``decode.nbest`` override, or the run's ``decode.nbest`` is above 1), exactly
+    ``N`` lines per input line instead, best first,
     each ``score<TAB>text`` with the length-penalised log-probability to 4 decimals (empty input
     lines give ``0.0000<TAB>`` then ``-inf<TAB>`` padding). Stdout gets each line as soon as it
     is ready; a file output grows under another name and is renamed at the end, so it is never
@@ -156,7 +157,8 @@ def translate_files(
     translator = Translator.from_run(run_dir, checkpoint, ensemble=ensemble, engine=engine, overrides=overrides,
                                      **settings)
     decode = translator.decode
-    scored = settings.get("nbest") is not None or any(o.split("=", 1)[0].strip() == "decode.nbest" for o in overrides)
+    scored = (decode.nbest > 1 or settings.get("nbest") is not None
+              or any(o.split("=", 1)[0].strip() == "decode.nbest" for o in overrides))
     stack = contextlib.ExitStack()
     sources = open_inputs(inputs, stack)
     regular = bool(inputs) and not any(isinstance(lines, ArrivingLines) for _, lines in sources)

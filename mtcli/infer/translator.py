@@ -72,6 +72,21 @@ def _changes(settings: dict[str, Any]) -> dict[str, Any]:
     return {SETTINGS[k]: v for k, v in settings.items() if v is not None}
 
 
+def _fitted(changes: dict[str, Any], base: DecodeConfig, beam_fixed: bool = False) -> dict[str, Any]:
+    """``changes`` (to ``base``) with the beam and the n-best made to fit each other, as a search
+    needs (``nbest <= beam_size``): a beam given alone narrows the n-best with it; an n-best
+    given alone, wider than the beam, widens the beam to it (unless ``beam_fixed``: a beam set
+    by ``--set``, which is then refused as given). Sampling keeps no beam: left as asked."""
+    if changes.get("sampling", base.sampling) != "none":
+        return changes
+    beam, n = changes.get("beam_size"), changes.get("nbest")
+    if isinstance(beam, int) and n is None:
+        return {**changes, "nbest": max(1, min(base.nbest, beam))}
+    if isinstance(n, int) and beam is None and not beam_fixed and n > base.beam_size:
+        return {**changes, "beam_size": n}
+    return changes
+
+
 #: The settings that shape sampling only: given for a search, they would change nothing.
 SAMPLING_ONLY = ("topk", "topp", "temperature", "seed")
 
@@ -150,7 +165,9 @@ class Translator:
         chosen = None if device == "auto" else resolve_device(device, key="--device")  # before any loading
         bundle = load_for_inference(run_dir, checkpoint, average_last=average_last, average_best=average_best)
         bundle = add_members(bundle, ensemble)
-        decode = with_changes(decode_config(bundle.config, list(overrides)), "decode", **_changes(settings)).decode
+        base = decode_config(bundle.config, list(overrides))
+        beam_fixed = any(o.split("=", 1)[0].strip() == "decode.beam_size" for o in overrides)
+        decode = with_changes(base, "decode", **_fitted(_changes(settings), base.decode, beam_fixed)).decode
         _check_sampling_only(settings, decode)
         source_prefix(bundle, decode)  # a target language the model does not produce: refused now
         where = decoding_device(decode) if chosen is None else chosen
@@ -186,12 +203,9 @@ class Translator:
 
     def settings(self, **settings: Any) -> DecodeConfig:
         """The decode settings with ``settings`` applied (checked; the translator's stay as they are)."""
-        changes = _changes(settings)
+        changes = _fitted(_changes(settings), self.decode)
         if not changes:
             return self.decode
-        if "beam_size" in changes and "nbest" not in changes and isinstance(changes["beam_size"], int):
-            # a narrower beam for this call: the translator's own n-best narrows with it
-            changes["nbest"] = max(1, min(self.decode.nbest, changes["beam_size"]))
         decode = with_changes(dataclasses.replace(self.bundle.config, decode=self.decode), "decode", **changes).decode
         _check_sampling_only(settings, decode)
         return decode

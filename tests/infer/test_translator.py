@@ -86,6 +86,34 @@ def test_a_call_with_a_narrower_beam_narrows_the_translators_nbest(tiny_run_dir:
     assert [len(hyps) for hyps in translator.nbest(LINES[:2], n=1, beam=1)] == [1, 1]
 
 
+def test_an_nbest_wider_than_the_runs_beam_widens_it_as_translate_and_serve_say(
+        tiny_run_dir: Path, tmp_path: Path) -> None:
+    """The run searches with beam 2: nbest 4 given alone (translate --nbest 4) widens the beam to
+    4, as Translator.nbest and serve do; a beam set beside it (--set or beam) is refused. A run
+    whose own decode.nbest is 2 prints its two hypotheses a line."""
+    import shutil
+
+    import yaml
+
+    from mtcli.infer.files import translate_files
+
+    wide = Translator.from_run(tiny_run_dir, nbest=4, device="cpu")
+    assert (wide.decode.beam_size, wide.decode.nbest) == (4, 4)
+    for fixed in ({"overrides": ["decode.beam_size=2"]}, {"beam": 2}):
+        with pytest.raises(ConfigError, match="nbest"):
+            Translator.from_run(tiny_run_dir, nbest=4, device="cpu", **fixed)
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["decode"]["nbest"] = 2
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    source, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("eine katze\nrot\n", encoding="utf-8")
+    translate_files(run, [source], out, device="cpu")
+    rows = out.read_text(encoding="utf-8").splitlines()
+    assert len(rows) == 4 and all("\t" in row for row in rows)
+
+
 @pytest.mark.parametrize("int8", [True, False])
 def test_decoding_copy_is_made_once(tiny_run_dir: Path, int8: bool) -> None:
     # int8, or fp32 with packed weights on the CPU: the copy is made on first use and kept
