@@ -569,10 +569,8 @@ class Trainer:
                     window_start += self._valid_seconds  # a window's time is its steps': its tokens stay
                     warmup = 0.0
             self.settle()
-            if self.last_valid_step != self.step:
+            if self.last_valid_step != self.step:  # else this step's file, and last and best with it, is saved
                 self._validate_and_save()
-            else:
-                self.save(validated=False)
             return reason
         finally:
             bar.close()

@@ -69,8 +69,9 @@ def test_run_directory_layout_and_checkpoints(prepared: Path, tmp_path: Path) ->
     best = load_checkpoint(ckpts / "checkpoint_best.pt")
     best_step = min(index, key=lambda s: index[s]["loss"])
     assert best["step"] == best_step
-    # a validation writes the state once: best is a second name of its step file (last is
-    # rewritten at the stop, with the final elapsed time)
+    # a validation writes the state once: best and last are further names of its step file (a
+    # run that ends on a validation keeps no second copy of its final state)
+    assert (ckpts / "checkpoint_last.pt").samefile(ckpts / "checkpoint_6.pt")
     if best_step in (4, 6):
         assert (ckpts / "checkpoint_best.pt").samefile(ckpts / f"checkpoint_{best_step}.pt")
     log = (run / "train.log").read_text(encoding="utf-8")
