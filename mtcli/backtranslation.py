@@ -42,7 +42,7 @@ from mtcli.errors import DataError, MtcliError
 from mtcli.fileio import atomic_write, sha256_file
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, setup_logging
-from mtcli.reproduce import failed, is_the_recipe, run_recipe, seed_config
+from mtcli.reproduce import described, failed, is_the_recipe, run_recipe, seed_config
 from mtcli.results import (
     README,
     RESULTS_DIR,
@@ -221,7 +221,7 @@ def render(table: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=described(__doc__))
     parser.add_argument("--forward", default=FORWARD, help="the en->de recipe")
     parser.add_argument("--reverse", default=REVERSE, help="the de->en recipe that back-translates")
     parser.add_argument("--seed", type=int, default=1)

@@ -31,6 +31,7 @@ from mtcli.logs import setup_logging
 from mtcli.reproduce import (
     SCORES,
     choose_average,
+    described,
     failed,
     is_the_recipe,
     parse_seeds,
@@ -195,7 +196,7 @@ def write(results: dict[str, Any], results_dir: Path, readme: Path | None) -> No
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=described(__doc__))
     parser.add_argument("--config", default=RECIPE, help="the multilingual recipe")
     parser.add_argument("--seeds", default="1,2,3", help="seeds to train and score, e.g. 1,2,3")
     parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="results directory")

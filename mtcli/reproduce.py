@@ -395,6 +395,11 @@ def with_earlier_seeds(earlier: dict[str, Any] | None, row: dict[str, Any]) -> d
     return combine_seeds({int(s): r for s, r in {**kept, **seeds}.items()})
 
 
+def described(doc: str | None) -> str:
+    """A pipeline's ``--help`` description: its module docstring's first paragraph, on one line."""
+    return " ".join((doc or "").split("\n\n")[0].split())
+
+
 def failed(exc: MtcliError | KeyboardInterrupt) -> int:
     """A pipeline's one line for what stopped it, and its exit status."""
     if isinstance(exc, KeyboardInterrupt):
@@ -510,7 +515,7 @@ def pair_overrides(direction: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry: ``python -m mtcli.reproduce {de_en,en_de,wmt_news_en_de} [--data DIR]``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=described(__doc__))
     parser.add_argument("direction", choices=sorted(RECIPES))
     parser.add_argument("--data", default=None, help="directory of <split>.<lang> files")
     parser.add_argument("--config", default=None, help="recipe to run instead of the direction's")
