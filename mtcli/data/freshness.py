@@ -17,9 +17,9 @@ from typing import Any
 from mtcli.config import Config, DataConfig
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.corpora import plan_corpora
-from mtcli.data.prepare import KEY_EXCLUDES, SPM_TRAINING_KEYS
+from mtcli.data.prepare import KEY_EXCLUDES, SPM_TRAINING_KEYS, given_spm_model
 from mtcli.errors import DataError
-from mtcli.fileio import FileHasher
+from mtcli.fileio import FileHasher, sha256_file
 
 
 def open_prepared(config: Config, check_inputs: bool = True) -> PreparedCorpus:
@@ -42,6 +42,7 @@ def open_prepared(config: Config, check_inputs: bool = True) -> PreparedCorpus:
         raise DataError(f"{path}: prepared for {corpus.src_lang}->{corpus.tgt_lang}, config says "
                         f"{data.src_lang}->{data.tgt_lang}")
     changed = changed_data_settings(corpus.manifest.get("data_config") or {}, data)
+    changed += changed_corpora(corpus.corpora, data) + changed_tokenizer(corpus.manifest.get("spm") or {}, data)
     if check_inputs and (files := changed_inputs(data, corpus.manifest.get("inputs") or {},
                                                  corpus.manifest.get("input_files"))):
         changed.append(f"other content in {', '.join(files)}")
@@ -59,6 +60,37 @@ def changed_data_settings(saved: dict[str, Any], data: DataConfig) -> list[str]:
     excluded = KEY_EXCLUDES + (SPM_TRAINING_KEYS if data.spm_model else ())
     return [f"data.{key}={saved[key]!r} (the config: {value!r})" for key, value in dataclasses.asdict(data).items()
             if key not in excluded and key in saved and saved[key] != value]
+
+
+def changed_corpora(recorded: list[dict[str, Any]], data: DataConfig) -> list[str]:
+    """For a cache of several corpora, what ``data.sources`` now gives otherwise than the cache's
+    ``recorded`` corpora, in order (each corpus's direction, tag and hub config: what its pairs
+    are and what they start with; where it is read from and its weight are not compared), as
+    ``data.sources[i].key=old (the config: new)``."""
+    if not data.sources:
+        return []
+    changed = []
+    for i, (old, now) in enumerate(zip(recorded, data.corpora(), strict=False)):
+        was = {"langs": old.get("langs"), "tag": old.get("tag"), "hub_config": (old.get("source") or {}).get("hub_config")}
+        for key, value in (("langs", list(now.langs or ())), ("tag", now.tag), ("hub_config", now.hub_config)):
+            if was[key] != value:
+                changed.append(f"data.sources[{i}].{key}={was[key]!r} (the config: {value!r})")
+    return changed
+
+
+def changed_tokenizer(recorded: dict[str, Any], data: DataConfig) -> list[str]:
+    """``data.spm_model`` when the cache was encoded with another tokenizer: a given model whose
+    content is not the one recorded, one given where the cache trained its own, or none given
+    where the cache was encoded with one."""
+    given = given_spm_model(data)
+    if given is None:
+        return [f"data.spm_model={recorded['given']!r} (the config: None)"] if recorded.get("given") else []
+    if not recorded.get("given"):
+        return [f"data.spm_model=None, a model trained on the corpus (the config: {data.spm_model!r})"]
+    if recorded.get("sha256") and recorded["sha256"] != sha256_file(given):
+        return [f"data.spm_model: another tokenizer than the one at {recorded['given']} then (the config: "
+                f"{data.spm_model!r})"]
+    return []
 
 
 def changed_inputs(data: DataConfig, saved: dict[str, Any], known: dict[str, Any] | None) -> list[str]:

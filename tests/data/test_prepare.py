@@ -354,6 +354,47 @@ def test_train_refuses_a_cache_prepared_with_other_data_settings_or_files(tmp_pa
     assert open_prepared(load_config(cfg, overrides)).manifest == manifest
 
 
+def test_train_refuses_a_cache_of_other_corpora_or_another_tokenizer(tmp_path: Path, toy_dir: Path) -> None:
+    """What prepare rebuilds for, train refuses too: data.sources reordered (the weights would
+    go to the other corpora), a tag or a direction changed, and data.spm_model given, changed
+    or left out since the cache was encoded."""
+    from mtcli.config import config_from_dict
+    from mtcli.data.freshness import changed_corpora, changed_tokenizer
+
+    def data(*sources: dict) -> object:
+        section = {"name": "c", "src_lang": "en", "tgt_lang": "de", "sources": list(sources)}
+        return config_from_dict({"data": section}).data
+
+    recorded = [{"langs": ["en", "de"], "tag": None, "source": {"kind": "text", "hub_config": None}},
+                {"langs": ["de", "en"], "tag": None, "source": {"kind": "text", "hub_config": None}}]
+    forward, backward = {"source": "d"}, {"source": "d", "langs": ["de", "en"], "weight": 0.1}
+    assert changed_corpora(recorded, data(forward, backward)) == []
+    assert changed_corpora(recorded, data(backward, forward)) == [
+        "data.sources[0].langs=['en', 'de'] (the config: ['de', 'en'])",
+        "data.sources[1].langs=['de', 'en'] (the config: ['en', 'de'])"]
+    assert changed_corpora(recorded, data(forward, {**backward, "tag": "<bt>"})) == [
+        "data.sources[1].tag=None (the config: '<bt>')"]
+
+    cfg = write_config(tmp_path, toy_dir)
+    prep.prepare(load_config(cfg))
+    own = PreparedCorpus.open(load_config(cfg).data.prepared_path()).manifest["spm"]
+    model = load_config(cfg).data.prepared_path() / "spm.model"
+    assert changed_tokenizer(own, load_config(cfg).data) == []
+    assert changed_tokenizer(own, load_config(cfg, [f"data.spm_model={model}"]).data) == [
+        f"data.spm_model=None, a model trained on the corpus (the config: {str(model)!r})"]
+    other = Tokenizer.train(read_lines(toy_dir / "train.tgt"), tmp_path / "other", vocab_size=48,
+                            model_type="unigram", character_coverage=1.0, max_sentences=0)
+    given_cfg = write_config(tmp_path, toy_dir, name="given", spm_model=str(model))
+    prep.prepare(load_config(given_cfg))
+    given = PreparedCorpus.open(load_config(given_cfg).data.prepared_path()).manifest["spm"]
+    assert changed_tokenizer(given, load_config(given_cfg).data) == []
+    assert changed_tokenizer(given, load_config(given_cfg, [f"data.spm_model={other}"]).data) == [
+        f"data.spm_model: another tokenizer than the one at {model.resolve()} then (the config: {str(other)!r})"]
+    assert changed_tokenizer(given, load_config(cfg).data) == [f"data.spm_model={str(model.resolve())!r} (the config: None)"]
+    with pytest.raises(DataError, match=r"was prepared with data.spm_model: another tokenizer"):
+        open_prepared(load_config(given_cfg, [f"data.spm_model={other}"]))
+
+
 def _parallel_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """Clean and encode even the toy corpus in worker processes, in many small ranges."""
     monkeypatch.setattr(prep, "PARALLEL_MIN_LINES", 1)
