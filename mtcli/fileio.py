@@ -324,8 +324,9 @@ def unchanged_since(path: str | Path, record: dict[str, Any] | None) -> bool:
     size, modification time and inode, last changed well before the hash was taken. This is
     what make and git trust instead of reading a file again; a file rewritten with its old size
     and modification time put back (``touch -d``) fools it, as it fools them."""
-    if not record or "mtime_ns" not in record:
-        return False
+    if not isinstance(record, dict) or not all(isinstance(record.get(key), int)
+                                               for key in ("size", "mtime_ns", "inode", "hashed_at_ns")):
+        return False  # none, or not one this function's files write
     try:
         st = os.stat(path)
     except OSError:

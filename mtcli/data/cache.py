@@ -296,6 +296,10 @@ class PreparedCorpus:
             ]
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(f"{path}: manifest lacks or mangles {exc}; {hint}") from None
+        if not isinstance(files, dict) or not all(
+                isinstance(info, dict) and isinstance(info.get("size"), int) and isinstance(info.get("sha256"), str)
+                for info in files.values()):
+            raise DataError(f"{path}: manifest mangles its list of files (each needs a size and a sha256); {hint}")
         for name in needed:
             if name not in files:
                 raise DataError(f"{path}: manifest does not list {name}; {hint}")

@@ -182,6 +182,28 @@ def test_wrong_format_or_garbled_manifest(tmp_path: Path) -> None:
         PreparedCorpus.open(root)
 
 
+@pytest.mark.parametrize("mangle", [
+    lambda m: m["files"].update({"train.de.bin": None}),
+    lambda m: m.update(files=list(m["files"])),
+    lambda m: m["files"]["train.de.bin"].update(size=str(m["files"]["train.de.bin"]["size"])),
+    lambda m: m["files"]["train.de.bin"].pop("sha256"),
+    lambda m: m["files"]["train.de.bin"].update(hashed_at_ns=None),
+])
+def test_a_manifest_of_the_right_format_with_a_mangled_file_list_is_one_error(tmp_path: Path, mangle) -> None:
+    """Valid JSON but a file entry that is not {size, sha256, ...}: a DataError naming the
+    manifest (prepare then rebuilds), not a TypeError or KeyError from deep inside."""
+    root = make_cache(tmp_path / "c")
+    manifest = json.loads((root / "manifest.json").read_text())
+    mangle(manifest)
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    try:
+        PreparedCorpus.open(root)
+    except DataError as exc:
+        assert "manifest" in str(exc) and "\n" not in str(exc)
+    else:  # only the hashing record was mangled: the file is read and checked again instead
+        assert "mtime_ns" in manifest["files"]["train.de.bin"]
+
+
 def test_inconsistent_offsets_are_rejected(tmp_path: Path) -> None:
     root = make_cache(tmp_path / "c")
     with pytest.raises(DataError, match="expects"):
