@@ -347,6 +347,17 @@ class _ArrowSource(Source):
             for src, tgt in zip(src_col.to_pylist(), tgt_col.to_pylist(), strict=True):
                 yield _normalise(src or ""), _normalise(tgt or "")
 
+    def verbatim_pairs(self, split: str) -> Iterator[Pair]:
+        row = 0
+        for src_col, tgt_col in self._columns(split):
+            for src, tgt in zip(src_col.to_pylist(), tgt_col.to_pylist(), strict=True):
+                row += 1
+                if src is None or tgt is None:
+                    lang = self.src_lang if src is None else self.tgt_lang
+                    raise DataError(f"{self.describe()}: split '{split}', row {row}: no '{lang}' text (a missing "
+                                    "value); a validation or test split keeps every pair: mend the data")
+                yield _normalise(src), _normalise(tgt)
+
     def text_blocks(self, split: str) -> Iterator[tuple[bytes, bytes]]:
         for src_col, tgt_col in self._columns(split):
             yield joined_lines(src_col), joined_lines(tgt_col)

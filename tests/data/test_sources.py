@@ -290,6 +290,10 @@ def test_parquet_language_columns_and_newlines_in_rows(tmp_path: Path) -> None:
     root.mkdir()
     pq.write_table(pa.table({"de": ["a\nb", None], "en": ["c", "d"]}), root / "train-0.parquet")
     assert list(open_source(str(root), "de", "en").pairs("train")) == [("a b", "c"), ("", "d")]
+    # a validation or test split keeps every pair: a missing value there is named, as a TSV's is
+    pq.write_table(pa.table({"translation": [{"de": "a", "en": "c"}, None]}), root / "validation-0.parquet")
+    with pytest.raises(DataError, match=r"split 'validation', row 2: no 'de' text \(a missing value\)"):
+        list(open_source(str(root), "de", "en").verbatim_pairs("validation"))
 
 
 @pytest.mark.parametrize(("table", "said"), [
