@@ -265,6 +265,13 @@ def _broken(marian_dir: Path, tmp_path: Path) -> Path:
     (lambda d: _set(d, normalize_before=True), ConfigError, "normalize_before: True is not supported"),
     (lambda d: _set(d, activation_function="gelu"), ConfigError, "activation_function: 'gelu'"),
     (lambda d: _set(d, decoder_vocab_size=7), ConfigError, "decoder_vocab_size: 7"),
+    # two vocabularies of one size: the decoder's ids would be read as vocab.json's pieces
+    (lambda d: (d / "tokenizer_config.json").write_text('{"separate_vocabs": true}'), ConfigError,
+     "tokenizer_config.json: separate_vocabs: true is not supported"),
+    (lambda d: shutil.copy(d / "vocab.json", d / "target_vocab.json"), ConfigError,
+     "target_vocab.json: a separate target vocabulary is not supported"),
+    (lambda d: _set(d, share_encoder_decoder_embeddings=False), ConfigError,
+     "share_encoder_decoder_embeddings: false is not supported"),
     (lambda d: os.truncate(d / "model.safetensors", 1000), DataError,
      r"opus-mt-de-en/model.safetensors: not a readable safetensors file"),
     (lambda d: (d / "source.spm").write_bytes(b"junk\n"), DataError, "source.spm: not a readable SentencePiece model"),
