@@ -25,7 +25,9 @@ sinusoids to our interleaved ones. What else the import carries over:
 
 Refused with one line naming the key of ``config.json``: anything mtcli cannot compute exactly
 (pre-norm or embedding layer norms, unscaled embeddings, learned positions, a separate decoder
-vocabulary, another activation, unequal encoder and decoder widths). The import checks itself: the
+vocabulary, another activation, unequal encoder and decoder widths); and of
+``generation_config.json``, what mtcli's search does not do (a repetition penalty, n-gram
+blocking, a minimum length, banned words other than the pad token). The import checks itself: the
 logits of both models on a probe must agree. Needs the ``hf`` extra (``pip install 'mtcli[hf]'``).
 """
 
@@ -316,6 +318,39 @@ def _write_tokenizer(tmp: Path, model_dir: Path, vocab: dict[str, int], order: l
     return tmp / VOCAB_NAME
 
 
+#: generation settings mtcli's search does not have, with the values that leave the output as
+#: plain search gives it: another value would change transformers' output, not ours
+_PLAIN_GENERATION = {
+    "repetition_penalty": (None, 1.0), "encoder_repetition_penalty": (None, 1.0),
+    "no_repeat_ngram_size": (None, 0), "encoder_no_repeat_ngram_size": (None, 0),
+    "min_length": (None, 0), "min_new_tokens": (None, 0), "num_beam_groups": (None, 1),
+    "diversity_penalty": (None, 0.0), "do_sample": (None, False), "suppress_tokens": (None, []),
+    "begin_suppress_tokens": (None, []), "exponential_decay_length_penalty": (None,),
+    "forced_bos_token_id": (None,), "sequence_bias": (None,), "guidance_scale": (None, 1.0),
+}
+
+
+def check_generation(hf: Any, model_dir: Path) -> None:
+    """:class:`ConfigError` naming the key of ``generation_config.json`` that asks transformers
+    for something mtcli's search does not do (a repetition penalty, a minimum length, banned
+    words other than the pad and start tokens, which mtcli never produces): the import would
+    decode otherwise than the model's own ``generate``, without a word."""
+    generation = getattr(hf, "generation_config", None)
+    if generation is None:
+        return
+    where = model_dir / "generation_config.json"
+    for key, plain in _PLAIN_GENERATION.items():
+        value = getattr(generation, key, None)
+        if value not in plain:
+            raise ConfigError(f"{where}: {key}: {value!r} is not supported (mtcli's search has no such setting; "
+                              "without it in the file, the model decodes by plain search)")
+    never = {hf.config.pad_token_id, hf.config.decoder_start_token_id}  # mtcli's pad and <s>: never produced
+    banned = getattr(generation, "bad_words_ids", None) or []
+    if any(len(ids) != 1 or ids[0] not in never for ids in banned):
+        raise ConfigError(f"{where}: bad_words_ids: {banned!r} is not supported (only the pad and start tokens, "
+                          f"{sorted(never)}, which mtcli never produces)")
+
+
 def _run_config(hf: Any, model: Transformer, model_dir: Path, run_dir: Path, langs: tuple[str, str]) -> Config:
     generation = getattr(hf, "generation_config", None)
     beams = int(getattr(generation, "num_beams", None) or 1)
@@ -405,6 +440,7 @@ def import_hf(model_dir: str | Path, run_dir: str | Path, src_lang: str | None =
     vocab = read_vocab(model_dir / VOCAB_NAME)
     order = id_order(raw, vocab, model_dir / "config.json")
     hf = _load_marian(model_dir)
+    check_generation(hf, model_dir)
     model = build_model(hf, order)
     difference = probe(hf, model, order)
     config = _run_config(hf, model, model_dir, run_dir, langs)

@@ -272,6 +272,12 @@ def _broken(marian_dir: Path, tmp_path: Path) -> Path:
      "target_vocab.json: a separate target vocabulary is not supported"),
     (lambda d: _set(d, share_encoder_decoder_embeddings=False), ConfigError,
      "share_encoder_decoder_embeddings: false is not supported"),
+    # what generate would do and mtcli's search does not: its output would differ without a word
+    (lambda d: _generation(d, repetition_penalty=1.5), ConfigError,
+     "generation_config.json: repetition_penalty: 1.5 is not supported"),
+    (lambda d: _generation(d, no_repeat_ngram_size=2), ConfigError, "no_repeat_ngram_size: 2 is not supported"),
+    (lambda d: _generation(d, min_length=10), ConfigError, "min_length: 10 is not supported"),
+    (lambda d: _generation(d, bad_words_ids=[[5], [6]]), ConfigError, r"bad_words_ids: \[\[5\], \[6\]\] is not"),
     (lambda d: os.truncate(d / "model.safetensors", 1000), DataError,
      r"opus-mt-de-en/model.safetensors: not a readable safetensors file"),
     (lambda d: (d / "source.spm").write_bytes(b"junk\n"), DataError, "source.spm: not a readable SentencePiece model"),
@@ -297,6 +303,11 @@ def test_a_weights_file_given_for_the_directory_says_so(marian_dir: Path, tmp_pa
 
 def _set(model_dir: Path, **changes) -> None:
     path = model_dir / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}), encoding="utf-8")
+
+
+def _generation(model_dir: Path, **changes) -> None:
+    path = model_dir / "generation_config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}), encoding="utf-8")
 
 
