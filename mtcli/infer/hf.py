@@ -30,7 +30,11 @@ refused: Marian has no pre-norm layers.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +161,26 @@ def _weights(model: Transformer) -> dict[str, torch.Tensor]:
     return {k: v.detach().float().contiguous() for k, v in out.items()}
 
 
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' logging (its load report), progress bars and warnings off for the block
+    (library code never prints; what goes wrong becomes our one-line error)."""
+    from transformers.utils import logging as hf_logging
+
+    logger = logging.getLogger("transformers")
+    level, bars = logger.level, hf_logging.is_progress_bar_enabled()
+    logger.setLevel(logging.CRITICAL + 1)
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best") -> Path:
     """Write ``checkpoint`` of ``run_dir`` to ``output`` (atomically) as a Marian model and
     tokenizer (see the module docstring). Raises :class:`ConfigError` for a pre-norm run,
@@ -175,11 +199,12 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
     left = [k for k in missing if k not in ("model.shared.weight", "lm_head.weight")]
     if left or unexpected:
         raise MtcliError(f"--format hf: weights do not match Marian's ({', '.join([*left, *unexpected][:5])})")
+    decode = bundle.config.decode
     hf.generation_config = GenerationConfig(
         decoder_start_token_id=2, eos_token_id=3, pad_token_id=0, forced_eos_token_id=3,
-        bad_words_ids=[[0], [2]], num_beams=bundle.config.decode.beam_size, max_length=model.cfg.max_positions)
+        bad_words_ids=[[0], [2]], num_beams=decode.beam_size, max_length=_max_length(decode, model.cfg.max_positions))
     output = Path(output)
-    with atomic_dir(output, mark=EXPORT_RECORD) as tmp:
+    with atomic_dir(output, mark=EXPORT_RECORD) as tmp, quiet_transformers():
         try:
             hf.save_pretrained(tmp)
         except OSError:
@@ -196,11 +221,23 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
         MarianTokenizer(str(tmp / "source.spm"), str(tmp / "target.spm"), str(tmp / "vocab.json"),
                         source_lang=data.src_lang, target_lang=data.tgt_lang, model_max_length=model.cfg.max_positions,
                         unk_token="<unk>", eos_token="</s>", pad_token="<pad>").save_pretrained(tmp)
-        (tmp / EXPORT_RECORD).write_text(json.dumps(  # its decode: what mtcli import-hf takes back
-            {"format": "hf", "run_dir": str(run_dir), "checkpoint": bundle.name,
-             "model": bundle.config.to_dict()["model"], "decode": bundle.config.to_dict()["decode"]},
-            indent=2) + "\n", encoding="utf-8")
+        record = {"format": "hf", "run_dir": str(run_dir), "checkpoint": bundle.name,
+                  "model": bundle.config.to_dict()["model"], "decode": bundle.config.to_dict()["decode"]}
+        if bundle.target_tags:  # a multilingual run: its sources start with a tag, which MarianTokenizer cannot write
+            record["target_tags"] = {lang: {"piece": tokenizer.id_to_piece(i), "id": i}
+                                     for lang, i in bundle.target_tags.items()}
+            record["usage"] = "put target_tags[target language]['id'] before each source's input_ids"
+        (tmp / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")  # import-hf reads it
     return output
+
+
+def _max_length(decode: Any, max_positions: int) -> int:
+    """``generate``'s ``max_length`` for the run's output limit: a fixed limit (``max_len_a: 0``,
+    as an import sets it) exactly, ``decode.max_len_b`` tokens and ``</s>`` after the start token;
+    else the model's positions (transformers has no limit relative to the source)."""
+    if decode.max_len_a == 0:
+        return min(int(decode.max_len_b) + 2, max_positions)
+    return max_positions
 
 
 __all__ = ["export_hf", "from_marian", "model_permutation", "require_transformers", "to_marian", "weight_table"]

@@ -33,14 +33,10 @@ logits of both models on a probe must agree. Needs the ``hf`` extra (``pip insta
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import logging
 import re
 import shutil
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +57,13 @@ from mtcli.data.vocabmap import load_spm, read_vocab
 from mtcli.errors import ConfigError, DataError, MtcliError, one_line
 from mtcli.fileio import atomic_dir, check_replaceable, sha256_file
 from mtcli.infer.export import EXPORT_RECORD
-from mtcli.infer.hf import from_marian, model_permutation, require_transformers, weight_table
+from mtcli.infer.hf import (
+    from_marian,
+    model_permutation,
+    quiet_transformers,
+    require_transformers,
+    weight_table,
+)
 from mtcli.logs import get_logger
 from mtcli.model import Transformer
 from mtcli.rundir import (
@@ -330,6 +332,19 @@ _PLAIN_GENERATION = {
 }
 
 
+def check_one_direction(model_dir: Path) -> None:
+    """:class:`ConfigError` for ``mtcli export --format hf`` of a multilingual run: its sources
+    start with a target-language tag, and a run made of it (of one direction) would translate
+    without one, into whichever language the model then favours."""
+    if not (model_dir / EXPORT_RECORD).is_file():
+        return
+    tags = _read_json(model_dir / EXPORT_RECORD).get("target_tags")
+    if tags:
+        raise ConfigError(f"{model_dir / EXPORT_RECORD}: the export of a multilingual run (target tags "
+                          f"{', '.join(tags)}) is not imported (a run of one direction would translate without its "
+                          f"tag); translate with the run it came from: {_read_json(model_dir / EXPORT_RECORD).get('run_dir')}")
+
+
 def check_generation(hf: Any, model_dir: Path) -> None:
     """:class:`ConfigError` naming the key of ``generation_config.json`` that asks transformers
     for something mtcli's search does not do (a repetition penalty, a minimum length, banned
@@ -358,8 +373,9 @@ def _run_config(hf: Any, model: Transformer, model_dir: Path, run_dir: Path, lan
     limit = max(1, min(max_length, model.cfg.max_positions) - 2)
     decode = DecodeConfig(beam_size=beams, max_len_a=0.0, max_len_b=limit)
     exported = _read_json(model_dir / EXPORT_RECORD) if (model_dir / EXPORT_RECORD).is_file() else {}
-    if isinstance(exported.get("decode"), dict):  # mtcli's own export: the run's decode settings back
-        keys = {f.name for f in dataclasses.fields(DecodeConfig)} - {"tgt_lang"}
+    if isinstance(exported.get("decode"), dict):  # mtcli's own export: the run's decode settings back,
+        # less what needs the training corpus (a shortlist's table), which an import does not have
+        keys = {f.name for f in dataclasses.fields(DecodeConfig)} - {"tgt_lang", "shortlist"}
         decode = DecodeConfig(**{k: v for k, v in exported["decode"].items() if k in keys})
     config = Config(
         data=DataConfig(name=run_dir.name, source=str(model_dir.resolve()), src_lang=langs[0], tgt_lang=langs[1],
@@ -370,26 +386,6 @@ def _run_config(hf: Any, model: Transformer, model_dir: Path, run_dir: Path, lan
     return config
 
 
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """transformers' logging (its load report), progress bars and warnings off for the block
-    (library code never prints; what goes wrong becomes our one-line error)."""
-    from transformers.utils import logging as hf_logging
-
-    logger = logging.getLogger("transformers")
-    level, bars = logger.level, hf_logging.is_progress_bar_enabled()
-    logger.setLevel(logging.CRITICAL + 1)
-    hf_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
 def _load_marian(model_dir: Path) -> Any:
     """The MarianMTModel of ``model_dir``; one-line :class:`MtcliError` naming the file when its
     weights do not load or do not fit ``config.json`` (nothing of transformers' own report shown)."""
@@ -397,7 +393,7 @@ def _load_marian(model_dir: Path) -> Any:
 
     weights, config = weights_file(model_dir), model_dir / "config.json"
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             hf, info = MarianMTModel.from_pretrained(str(model_dir), output_loading_info=True,
                                                      ignore_mismatched_sizes=True)
     except MemoryError:
@@ -436,6 +432,7 @@ def import_hf(model_dir: str | Path, run_dir: str | Path, src_lang: str | None =
     model_dir, run_dir = Path(model_dir), Path(run_dir)
     check_run_dir(run_dir, force)
     raw = check_model_dir(model_dir)
+    check_one_direction(model_dir)
     langs = languages(model_dir, src_lang, tgt_lang)
     vocab = read_vocab(model_dir / VOCAB_NAME)
     order = id_order(raw, vocab, model_dir / "config.json")

@@ -190,6 +190,22 @@ def test_a_round_trip_through_hf_gives_the_same_run(tiny_run_dir: Path, tmp_path
     assert (tmp_path / "back" / "spm.model").read_bytes() == (tiny_run_dir / "spm.model").read_bytes()
 
 
+def test_an_import_leaves_out_the_decode_settings_that_need_the_training_corpus(
+        tiny_run_dir: Path, tmp_path: Path) -> None:
+    """A run decoding over a shortlist, exported and imported: the import has no corpus to build
+    the shortlist's table from, so it decodes without (every translate and request failed)."""
+    import yaml
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["decode"]["shortlist"] = 20
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    back = import_hf(export_hf(run, tmp_path / "hf"), tmp_path / "back").run_dir
+    translator = Translator.from_run(back, device="cpu", beam=1)
+    assert translator.decode.shortlist == 0 and len(translator.translate(LINES[:2])) == 2
+
+
 def test_init_from_takes_a_joint_import(tiny_run_dir: Path, tmp_path: Path) -> None:
     from mtcli.config import load_config
     from mtcli.fileio import sha256_file
@@ -249,6 +265,8 @@ def test_an_imported_run_exports_back_to_the_same_marian_model(
     again = export_hf(imported, tmp_path / "again")
     limit = {"max_length": MAX_NEW + 1}
     assert transformers_greedy(again, LINES, **limit)[1] == transformers_greedy(marian_dir, LINES, **limit)[1]
+    generation = [json.loads((d / "generation_config.json").read_text()) for d in (marian_dir, again)]
+    assert generation[1]["max_length"] == generation[0]["max_length"]  # the import's fixed limit, not 512
     with pytest.raises(ConfigError, match="separate source and target SentencePiece models"):
         export_model(imported, tmp_path / "ct2")  # CTranslate2 takes one joint SentencePiece model
 

@@ -161,3 +161,22 @@ def test_an_export_names_the_tags_its_sources_start_with(multi_run: Path, tmp_pa
                                       max_decoding_length=16, min_decoding_length=0)
         expected = ours.translate(SOURCES, tgt_lang=lang, max_len_a=0.0, max_len_b=16)
         assert [tokenizer.decode([tokenizer.piece_to_id(p) for p in r.hypotheses[0]]) for r in found] == expected
+
+
+def test_an_hf_export_records_the_tags_and_import_hf_refuses_it(multi_run: Path, tmp_path: Path) -> None:
+    """MarianTokenizer cannot write a tag: the export says which id to put before a source for
+    each language; a run of one direction made of it would translate without one, so import-hf
+    refuses it (it made a run labelled src->tgt that wrote another language)."""
+    import json
+
+    from mtcli.infer.hf import export_hf
+    from mtcli.infer.hf_import import import_hf
+
+    exported = export_hf(multi_run, tmp_path / "hf")
+    record = json.loads((exported / "mtcli_export.json").read_text())
+    tags = PreparedCorpus.open(multi_run.parent / "prepared").tags
+    assert {lang: t["id"] for lang, t in record["target_tags"].items()} == {
+        lang: tags[f"<2{lang}>"] for lang in ("tgt", "src", "xx")}
+    with pytest.raises(ConfigError, match="the export of a multilingual run .* is not imported"):
+        import_hf(exported, tmp_path / "back")
+    assert not (tmp_path / "back").exists()
