@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -99,15 +100,22 @@ def build_shortlist(source: TokenArray, target: TokenArray, vocab_size: int, per
     return Shortlist(torch.from_numpy(table), torch.from_numpy(top[target_count[top] > 0]))
 
 
-def shortlist_for(config: Config, per_source: int, frequent: int) -> Shortlist:
-    """The shortlist of a run whose config is ``config``, built from the training split of the
-    prepared cache it was trained on; :class:`ConfigError` when that cache is gone."""
+def check_shortlist_source(config: Config) -> Path:
+    """The prepared cache a run's shortlist is built from; :class:`ConfigError` when it is gone
+    (said when a model is loaded, not at its first request)."""
     path = config.data.prepared_path()
     if not (path / "manifest.json").is_file():
         raise ConfigError(f"decode.shortlist builds its table from the prepared cache {path}, which "
                           f"is not there: run `mtcli prepare` on the run's recipe, or set decode.shortlist=0")
+    return path
+
+
+def shortlist_for(config: Config, per_source: int, frequent: int) -> Shortlist:
+    """The shortlist of a run whose config is ``config``, built from the training split of the
+    prepared cache it was trained on; :class:`ConfigError` when that cache is gone."""
+    path = check_shortlist_source(config)
     corpus = PreparedCorpus.open(path, verify=False)
     return build_shortlist(*corpus.train_pairs(), corpus.vocab_size, per_source, frequent)
 
 
-__all__ = ["MAX_PAIRS", "Restriction", "Shortlist", "build_shortlist", "shortlist_for"]
+__all__ = ["MAX_PAIRS", "Restriction", "Shortlist", "build_shortlist", "check_shortlist_source", "shortlist_for"]

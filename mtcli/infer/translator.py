@@ -43,6 +43,7 @@ from mtcli.infer.loading import (
     resolve_checkpoint,
     source_prefix,
 )
+from mtcli.infer.shortlist import check_shortlist_source
 from mtcli.infer.translate import (
     DEFAULT_WINDOW,
     Translation,
@@ -170,6 +171,8 @@ class Translator:
         decode = with_changes(base, "decode", **_fitted(_changes(settings), base.decode, beam_fixed)).decode
         _check_sampling_only(settings, decode)
         source_prefix(bundle, decode)  # a target language the model does not produce: refused now
+        if decode.shortlist > 0:
+            check_shortlist_source(bundle.config)  # a cache gone: refused now, not at every request
         where = decoding_device(decode) if chosen is None else chosen
         fast = None
         if engine == "ctranslate2":

@@ -115,6 +115,11 @@ def test_translate_builds_the_table_from_the_run_s_prepared_cache(
     decode = dataclasses.replace(bundle.config.decode, beam_size=2, shortlist=3, shortlist_frequent=10)
     with pytest.raises(ConfigError, match="decode.shortlist builds its table from the prepared cache"):
         translate_texts(bundle, lines, decode)
+    # said when the model is loaded (serve then refuses to start), not at every request
+    from mtcli.infer.translator import Translator
+
+    with pytest.raises(ConfigError, match="decode.shortlist builds its table from the prepared cache"):
+        Translator.from_run(run, device="cpu", shortlist=3)
     bundle.config.data.prepared_dir = str(prepared_toy)
     assert len(translate_texts(bundle, lines, decode)) == len(lines)
     assert list(bundle.shortlists) == [(3, 10)]  # built once, kept for the next call
