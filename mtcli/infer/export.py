@@ -96,21 +96,20 @@ def build_spec(model: Transformer, vocabulary: list[str]) -> Any:
     """A ``ctranslate2.specs.TransformerSpec`` holding ``model``'s weights and ``vocabulary``.
 
     ``model`` is a :class:`mtcli.model.Transformer`; ``vocabulary`` the pieces of ids
-    ``0..V-1``. Only ReLU FFNs with absolute sinusoidal positions exist in mtcli, so the mapping
-    is one to one (see the module docstring).
+    ``0..V-1``. mtcli's feed-forward activations (ReLU, swish) and absolute sinusoidal positions
+    are CTranslate2's too, and an output bias is its projection's bias, so the mapping is one to
+    one (see the module docstring).
     """
     require_ctranslate2()
     from ctranslate2.specs import common_spec, transformer_spec
 
     cfg = model.cfg
-    if cfg.activation != "relu" or model.output_bias is not None:
-        raise ConfigError("CTranslate2 conversion of a model with model.activation: swish or "
-                          "model.output_bias (a Marian import) is not supported: decode with --engine torch")
+    activation = {"relu": common_spec.Activation.RELU, "swish": common_spec.Activation.SWISH}[cfg.activation]
     spec = transformer_spec.TransformerSpec.from_config(
         (cfg.encoder_layers, cfg.decoder_layers),
         cfg.n_heads,
         pre_norm=cfg.pre_norm,
-        activation=common_spec.Activation.RELU,
+        activation=activation,
     )
     pe = _np(model.positions.pe)
     enc, dec = spec.encoder, spec.decoder
@@ -125,10 +124,14 @@ def build_spec(model: Transformer, vocabulary: list[str]) -> Any:
         dec.projection.weight = _np(model.decoder.embed.weight)
     else:
         _linear(dec.projection, model.output_projection)
+    bias = None if model.output_bias is None else model.output_bias.detach().float()  # model.output_bias
     if model.output_ids is not None:
         # the output vocabulary (model.output_vocab: target) as a projection bias: 0 on the
         # list, a finite -1e9 elsewhere (exp underflows to 0 as with our -inf)
-        dec.projection.bias = _np(model.widen(torch.zeros(model.output_size)).clamp(min=-1e9))
+        outside = model.widen(torch.zeros(model.output_size))
+        bias = outside if bias is None else bias + outside
+    if bias is not None:
+        dec.projection.bias = _np(bias.clamp(min=-1e9))
 
     for layer_spec, layer in zip(enc.layer, model.encoder.layers, strict=True):
         _self_attention_and_ffn(layer_spec, layer)

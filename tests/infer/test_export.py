@@ -18,17 +18,19 @@ MAX_LEN = 12
 
 
 def _randomised_run(tiny_run_dir: Path, tmp_path: Path, pre_norm: bool, tied: bool,
-                    shortlist: bool = False) -> Path:
+                    shortlist: bool = False, swish: bool = False) -> Path:
     """A copy of the tiny run whose every parameter is drawn at random, large enough that the
     output depends on the input (a freshly initialised model mostly repeats one token);
-    ``shortlist``: with an output vocabulary of the specials and every other piece."""
+    ``shortlist``: with an output vocabulary of the specials and every other piece; ``swish``:
+    swish feed-forwards and a random output bias (as an OPUS-MT import has)."""
     from mtcli.checkpoint import load_checkpoint, save_checkpoint
     from mtcli.config import load_config, save_config
     from mtcli.model import Transformer
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run_dir, run)
-    config = load_config(run / "config.yaml", [f"model.pre_norm={pre_norm}", f"model.tie_embeddings={tied}"])
+    config = load_config(run / "config.yaml", [f"model.pre_norm={pre_norm}", f"model.tie_embeddings={tied}",
+                                               *(["model.activation=swish", "model.output_bias=true"] if swish else [])])
     save_config(config, run / "config.yaml")
     path = run / "checkpoints" / "checkpoint_best.pt"
     state = load_checkpoint(path)
@@ -46,11 +48,11 @@ def _randomised_run(tiny_run_dir: Path, tmp_path: Path, pre_norm: bool, tied: bo
     return run
 
 
-@pytest.mark.parametrize(("pre_norm", "tied", "shortlist"),
-                         [(False, True, False), (True, True, False), (False, False, False),
-                          (False, True, True)])
+@pytest.mark.parametrize(("pre_norm", "tied", "shortlist", "swish"),
+                         [(False, True, False, False), (True, True, False, False), (False, False, False, False),
+                          (False, True, True, False), (False, True, True, True)])
 def test_ctranslate2_greedy_equals_ours(
-    tiny_run_dir: Path, tmp_path: Path, pre_norm: bool, tied: bool, shortlist: bool
+    tiny_run_dir: Path, tmp_path: Path, pre_norm: bool, tied: bool, shortlist: bool, swish: bool
 ) -> None:
     ctranslate2 = pytest.importorskip("ctranslate2")
     from mtcli.data.batching import collate_sources
@@ -58,7 +60,7 @@ def test_ctranslate2_greedy_equals_ours(
     from mtcli.infer.loading import load_for_inference
     from mtcli.infer.search import generate
 
-    run = _randomised_run(tiny_run_dir, tmp_path, pre_norm, tied, shortlist)
+    run = _randomised_run(tiny_run_dir, tmp_path, pre_norm, tied, shortlist, swish)
     out = export_model(run, tmp_path / "ct2", checkpoint="best")
     assert (out / "model.bin").is_file() and (out / "spm.model").is_file()
 
