@@ -59,7 +59,8 @@ def _split_files(run_dir: Path, config: Config, split: str, direction: tuple[str
             return src, ref
     raise DataError(
         f"split '{split}': no text at {text_dir}/{split}.{src_lang}|{tgt_lang} nor in the "
-        f"prepared cache {prepared} (known test splits: {', '.join(config.data.test_splits)})"
+        f"prepared cache {prepared} (the config's test splits: {', '.join(config.data.test_splits) or 'none'}); "
+        "give the files instead: --src FILE --ref FILE"
     )
 
 

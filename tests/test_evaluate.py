@@ -187,7 +187,7 @@ def test_cli_evaluate_bad_input(case: str, tiny_run_dir: Path, tmp_path: Path) -
     if case == "count_mismatch":
         assert str(src) in err and str(ref) in err
     if case == "bad_split":
-        assert "nosuchsplit" in err
+        assert "nosuchsplit" in err and "--src FILE --ref FILE" in err
     if case == "output_a_file":  # said before the decoding, not after it
         assert err == f"mtcli: error: {src}: exists and is not a directory"
     if case == "untrained_source":  # was scored, and reported as zz->tgt
