@@ -20,6 +20,7 @@ from mtcli.data.corpora import plan_corpora
 from mtcli.data.prepare import KEY_EXCLUDES, SPM_TRAINING_KEYS, given_spm_model
 from mtcli.errors import DataError
 from mtcli.fileio import FileHasher, sha256_file
+from mtcli.logs import get_logger
 
 
 def open_prepared(config: Config, check_inputs: bool = True) -> PreparedCorpus:
@@ -49,7 +50,25 @@ def open_prepared(config: Config, check_inputs: bool = True) -> PreparedCorpus:
     if changed:
         raise DataError(f"{path} was prepared with {'; '.join(changed)}; run `mtcli prepare {config.path}` (with "
                         "the same --set, if any): the cache follows the config's data section and its files")
+    for source, location in missing_sources(data, corpus.manifest):
+        get_logger().warning("data.source %s: no such directory; the cache %s was prepared from %s, and is trained "
+                             "on as it is (a mistyped path?)", source, path, location)
     return corpus
+
+
+def missing_sources(data: DataConfig, manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(config's path, recorded location)`` for each corpus the config names by a path (not a
+    corpus name or hub id) that does not exist and that is not where the cache read it from: a
+    cache may outlive its corpus, but a mistyped path would train on the old data unseen."""
+    recorded = [c.get("source") or {} for c in manifest.get("corpora") or []] or [manifest.get("source") or {}]
+    found = []
+    for corpus, source in zip(data.corpora(), recorded, strict=False):
+        path = Path(corpus.source).expanduser()
+        looks_like_path = "/" in corpus.source or corpus.source.startswith((".", "~"))
+        was = Path(str(source.get("location") or "")).expanduser()
+        if looks_like_path and not path.exists() and path.resolve() != was.resolve():
+            found.append((corpus.source, str(source.get("location"))))
+    return found
 
 
 def changed_data_settings(saved: dict[str, Any], data: DataConfig) -> list[str]:

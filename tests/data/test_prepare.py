@@ -352,6 +352,13 @@ def test_train_refuses_a_cache_prepared_with_other_data_settings_or_files(tmp_pa
     assert open_prepared(load_config(cfg, overrides)).manifest == manifest
     shutil.rmtree(toy_dir)
     assert open_prepared(load_config(cfg, overrides)).manifest == manifest
+    # the corpus gone is fine; a path that never held it (mistyped) is trained on with a warning
+    from mtcli.data.freshness import missing_sources
+
+    assert missing_sources(load_config(cfg).data, manifest) == []
+    typo = load_config(cfg, [f"data.source={tmp_path / 'tyop'}"]).data
+    assert missing_sources(typo, manifest) == [(str(tmp_path / "tyop"), manifest["source"]["location"])]
+    assert missing_sources(load_config(cfg, ["data.source=multi30k"]).data, manifest) == []  # a name: not a path
 
 
 def test_train_refuses_a_cache_of_other_corpora_or_another_tokenizer(tmp_path: Path, toy_dir: Path) -> None:
