@@ -24,7 +24,7 @@ import yaml
 
 from mtcli.errors import ConfigError
 from mtcli.fileio import atomic_write
-from mtcli.languages import default_character_coverage
+from mtcli.languages import default_character_coverage, default_normalization
 from mtcli.logs import get_logger
 from mtcli.yamlfile import load_yaml
 
@@ -69,6 +69,8 @@ class DataConfig:
     spm_model_type: Literal["unigram", "bpe", "char", "word"] = "unigram"
     character_coverage: float = 1.0  # a config without it: 0.9995 when a language is Chinese or Japanese
     # (below 1.0 the rest are spelled in byte pieces: mtcli.data.prepare.spells_in_bytes)
+    spm_normalization: Literal["nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"] = "nmt_nfkc"  # a config
+    # without it: identity when a target language is Chinese or Japanese (see mtcli.languages)
     spm_max_sentences: int = 2_000_000
     spm_model: str | None = None  # encode with this model (run dir, cache or spm.model), not a new one
     num_workers: int = field(default_factory=usable_cores)  # prepare's processes
@@ -196,12 +198,7 @@ class Config:
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
 
-SECTIONS: dict[str, type] = {
-    "data": DataConfig,
-    "model": ModelConfig,
-    "train": TrainConfig,
-    "decode": DecodeConfig,
-}
+SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "decode": DecodeConfig}
 
 
 def _type_name(tp: Any) -> str:
@@ -383,8 +380,7 @@ def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | N
         if not isinstance(body, dict):
             raise ConfigError(f"{where}: section '{section}' must be a mapping, got {body!r}")
         built[section] = _build_section(cls, body, where, section, lenient)
-    if "character_coverage" not in raw["data"]:
-        built["data"] = _with_default_coverage(built["data"])
+    built["data"] = _with_language_defaults(built["data"], raw["data"])
     config = Config(**built, path=where)
     try:
         validate(config, where)
@@ -404,11 +400,14 @@ def _naming_overrides(error: str, where: str, overrides: list[str]) -> str:
     return f"{where} with --set {' '.join(named or overrides)}: {message}"
 
 
-def _with_default_coverage(data: DataConfig) -> DataConfig:
-    """``data`` with the character coverage its languages call for (config files that leave
-    ``data.character_coverage`` out; :func:`mtcli.languages.default_character_coverage`)."""
+def _with_language_defaults(data: DataConfig, given: dict[str, Any]) -> DataConfig:
+    """``data`` with the character coverage and the normalisation its languages call for, where
+    the ``given`` keys leave them out (:mod:`mtcli.languages`)."""
     langs = {data.src_lang, data.tgt_lang, *(lang for c in data.corpora() for lang in c.langs or ())}
-    return dataclasses.replace(data, character_coverage=default_character_coverage(langs))
+    targets = {data.tgt_lang, *((c.langs or ["", ""])[1] for c in data.corpora())}
+    defaults = {"character_coverage": default_character_coverage(langs),
+                "spm_normalization": default_normalization(targets)}
+    return dataclasses.replace(data, **{key: value for key, value in defaults.items() if key not in given})
 
 
 def with_changes(config: Config, section: str, **changes: Any) -> Config:

@@ -10,7 +10,10 @@ Three places treat such languages differently, each as the tool it follows does:
   languages with rich character sets), so that thousands of rare characters do not take the
   vocabulary (:func:`default_character_coverage`);
 * BLEU tokenises a Chinese, Japanese or Korean target as sacreBLEU's ``-l`` does
-  (:mod:`mtcli.metrics`).
+  (:mod:`mtcli.metrics`);
+* SentencePiece keeps a Chinese or Japanese target's text as written (``identity``) rather than
+  NFKC-normalise it, which turns their full-width punctuation (``，！（）``) into ASCII that no
+  reference holds (:func:`default_normalization`).
 """
 
 from __future__ import annotations
@@ -44,3 +47,10 @@ def default_character_coverage(langs: Iterable[str]) -> float:
     """``data.character_coverage`` when a config does not set it: 0.9995 when one of ``langs``
     is Chinese or Japanese, else 1.0."""
     return RICH_SCRIPT_COVERAGE if any(measured_in_characters(lang) for lang in langs) else 1.0
+
+
+def default_normalization(target_langs: Iterable[str]) -> str:
+    """``data.spm_normalization`` when a config does not set it: ``identity`` when one of
+    ``target_langs`` is Chinese or Japanese (a model then writes their full-width punctuation
+    as the references do), else SentencePiece's own ``nmt_nfkc``."""
+    return "identity" if any(measured_in_characters(lang) for lang in target_langs) else "nmt_nfkc"

@@ -299,6 +299,20 @@ def test_character_coverage_left_out_follows_the_languages(langs: tuple[str, str
     assert config_from_dict({"data": several}).data.character_coverage == coverage
 
 
+@pytest.mark.parametrize(("langs", "rule"), [
+    (("de", "en"), "nmt_nfkc"), (("en", "zh"), "identity"), (("en", "ja-JP"), "identity"), (("zh", "en"), "nmt_nfkc"),
+])
+def test_normalization_left_out_keeps_a_chinese_or_japanese_target_as_written(langs: tuple[str, str], rule: str) -> None:
+    """NFKC turns Chinese and Japanese full-width punctuation into ASCII no reference holds: a
+    config without data.spm_normalization keeps such a target's text as written; another
+    target, or a source in such a language, keeps SentencePiece's nmt_nfkc; a set value stays."""
+    data = {**MINIMAL["data"], "src_lang": langs[0], "tgt_lang": langs[1]}
+    assert config_from_dict({"data": data}).data.spm_normalization == rule
+    assert config_from_dict({"data": {**data, "spm_normalization": "nfkc"}}).data.spm_normalization == "nfkc"
+    several = {**MINIMAL["data"], "source": "", "sources": [{"source": "a"}, {"source": "b", "langs": list(langs)}]}
+    assert config_from_dict({"data": several}).data.spm_normalization == rule
+
+
 @pytest.mark.parametrize(("cores", "workers"), [(1, 1), (6, 6), (64, 16)])
 def test_num_workers_left_out_is_the_usable_cores_up_to_16(monkeypatch: pytest.MonkeyPatch, cores: int,
                                                            workers: int) -> None:

@@ -53,6 +53,7 @@ from mtcli.data.cache import (
 )
 from mtcli.data.cleaning import CleanCounts
 from mtcli.data.corpora import Plan, plan_corpora, text_path, write_eval, write_training
+from mtcli.data.coverage import warn_of_changed_text, warn_of_unknown
 from mtcli.data.scan import line_ends, take_spans
 from mtcli.data.textio import read_range
 from mtcli.data.tokenizer import (
@@ -87,7 +88,7 @@ SPM_THREADS = 2
 # Data-config keys that do not change the cache's content (where it goes, how fast it is built).
 KEY_EXCLUDES = ("name", "prepared_dir", "num_workers", "source", "sources", "spm_model")
 # What only a trained SentencePiece model depends on (a given one makes them moot).
-SPM_TRAINING_KEYS = ("vocab_size", "spm_model_type", "character_coverage", "spm_max_sentences")
+SPM_TRAINING_KEYS = ("vocab_size", "spm_model_type", "character_coverage", "spm_max_sentences", "spm_normalization")
 
 
 @dataclass
@@ -167,6 +168,8 @@ def build_key(data: DataConfig, fingerprint: dict[str, Any], spm_sha256: str | N
     the given SentencePiece model's sha256 (``data.spm_model``), not its path."""
     excluded = KEY_EXCLUDES + (SPM_TRAINING_KEYS if spm_sha256 else ())
     settings = {k: v for k, v in dataclasses.asdict(data).items() if k not in excluded}
+    if settings.get("spm_normalization") == "nmt_nfkc":  # SentencePiece's default: a cache made before the key
+        del settings["spm_normalization"]
     if data.sources:  # where each corpus is and how often it is drawn do not change the content
         settings["sources"] = [{"tag": c.tag, "langs": c.langs, "hub_config": c.hub_config} for c in data.corpora()]
     measured = sorted({lang for c in data.corpora() for lang in c.langs or () if measured_in_characters(lang)})
@@ -386,6 +389,7 @@ def _train_spm(tmp: Path, data: DataConfig, plan: Plan, counts: dict[str, CleanC
         train_txt = [sample]
     settings = dict(vocab_size=data.vocab_size, model_type=data.spm_model_type,
                     character_coverage=data.character_coverage, byte_fallback=spells_in_bytes(data),
+                    normalization=data.spm_normalization,
                     max_sentences=0,  # the sample is drawn above; SentencePiece takes every line it is given
                     seed=SPM_SEED, num_threads=SPM_THREADS, control_symbols=plan.symbols())
     try:
@@ -420,26 +424,9 @@ def _encode_splits(tmp: Path, plan: Plan, model_path: Path, dtype: np.dtype, cou
                     encode_file(model_path, text_path(tmp, split, lang), writer, num_lines=counts[split].kept,
                                 workers=workers, show_progress=sys.stderr.isatty())
             tokens[split][lang] = writer.tokens
-            _warn_of_unknown(split, lang, writer.unknown, writer.tokens, given)
+            warn_of_unknown(split, lang, writer.unknown, writer.tokens, given)
         get_logger().info("encoded %s: %s tokens", split, tokens[split])
     return tokens
-
-
-#: The share of unknown tokens (``⁇``) in a split's side above which ``prepare`` warns.
-UNKNOWN_WARN_SHARE = 0.01
-
-
-def _warn_of_unknown(split: str, lang: str, unknown: int, tokens: int, given: bool) -> None:
-    """Warn when more than :data:`UNKNOWN_WARN_SHARE` of a split's ``lang`` tokens are unknown to
-    the vocabulary: the model can neither read nor write that text (a ``data.spm_model`` made for
-    other languages or scripts, or a character coverage far too low)."""
-    if not tokens or unknown <= UNKNOWN_WARN_SHARE * tokens:
-        return
-    fix = ("data.spm_model was made for other text: leave it out to train one on this corpus" if given else
-           "raise data.character_coverage")
-    get_logger().warning("%s.%s: %d of %d tokens (%.1f%%) are unknown to the SentencePiece model (⁇): the model "
-                         "can neither read nor write that text; %s", split, lang, unknown, tokens,
-                         100 * unknown / tokens, fix)
 
 
 def _spm_record(data: DataConfig, plan: Plan, given: Path | None, model_path: Path, vocab_size: int) -> dict[str, Any]:
@@ -453,6 +440,7 @@ def _spm_record(data: DataConfig, plan: Plan, given: Path | None, model_path: Pa
         "vocab_size": data.vocab_size,
         "character_coverage": data.character_coverage,
         "byte_fallback": spells_in_bytes(data),
+        "normalization": data.spm_normalization,
         "max_sentences": data.spm_max_sentences,
         "trained_on": f"{data.train_split} ({data.src_lang}+{data.tgt_lang}, cleaned)" if not plan.several else
                       f"{data.train_split} of every corpus (both sides, cleaned)",
@@ -552,6 +540,7 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
         counts.update(eval_counts)
         model_path = _spm_model(tmp, data, plan, given, counts)
         tokenizer = load_tokenizer(model_path)
+        warn_of_changed_text(tmp, plan, tokenizer, data.spm_normalization if given is None else None)
         dtype = token_dtype(tokenizer.vocab_size)
         tokens = _encode_splits(tmp, plan, model_path, dtype, counts, workers, given is not None)
         spm = _spm_record(data, plan, given, model_path, tokenizer.vocab_size)

@@ -180,10 +180,9 @@ class TextDirSource(Source):
     def _table_name(self, name: str) -> tuple[str, tuple[str, str]] | None:
         """The split and column languages of a ``<split>.<l1>-<l2>.tsv`` name; the configured
         languages are looked for first, so codes with a hyphen (``en-zh-Hant``) are read too."""
-        for first, second in ((self.src_lang, self.tgt_lang), (self.tgt_lang, self.src_lang)):
-            suffix = f".{first}-{second}.tsv"
-            if name.endswith(suffix) and len(name) > len(suffix):
-                return name[:-len(suffix)], (first, second)
+        for langs in ((self.src_lang, self.tgt_lang), (self.tgt_lang, self.src_lang)):
+            if name.endswith(suffix := f".{langs[0]}-{langs[1]}.tsv") and len(name) > len(suffix):
+                return name[:-len(suffix)], langs
         table = _TABLE_NAME.fullmatch(name)
         return (table["split"], (table["first"], table["second"])) if table else None
 
@@ -313,9 +312,7 @@ class TextDirSource(Source):
 
 def mismatch_error(src_path: Path, src_n: int, tgt_path: Path, tgt_n: int) -> DataError:
     """The one-line error for the two sides of a split having different line counts."""
-    return DataError(
-        f"line counts differ: {src_path} has {src_n} lines but {tgt_path} has {tgt_n} lines"
-    )
+    return DataError(f"line counts differ: {src_path} has {src_n} lines but {tgt_path} has {tgt_n} lines")
 
 
 class _ArrowSource(Source):
@@ -342,21 +339,19 @@ class _ArrowSource(Source):
         for batch in self._batches(split):
             yield pair_columns(batch, self.src_lang, self.tgt_lang)
 
+    def _rows(self, split: str) -> Iterator[tuple[str | None, str | None]]:
+        return (row for src, tgt in self._columns(split) for row in zip(src.to_pylist(), tgt.to_pylist(), strict=True))
+
     def pairs(self, split: str) -> Iterator[Pair]:
-        for src_col, tgt_col in self._columns(split):
-            for src, tgt in zip(src_col.to_pylist(), tgt_col.to_pylist(), strict=True):
-                yield _normalise(src or ""), _normalise(tgt or "")
+        return ((_normalise(src or ""), _normalise(tgt or "")) for src, tgt in self._rows(split))
 
     def verbatim_pairs(self, split: str) -> Iterator[Pair]:
-        row = 0
-        for src_col, tgt_col in self._columns(split):
-            for src, tgt in zip(src_col.to_pylist(), tgt_col.to_pylist(), strict=True):
-                row += 1
-                if src is None or tgt is None:
-                    lang = self.src_lang if src is None else self.tgt_lang
-                    raise DataError(f"{self.describe()}: split '{split}', row {row}: no '{lang}' text (a missing "
-                                    "value); a validation or test split keeps every pair: mend the data")
-                yield _normalise(src), _normalise(tgt)
+        for row, (src, tgt) in enumerate(self._rows(split), start=1):
+            if src is None or tgt is None:
+                lang = self.src_lang if src is None else self.tgt_lang
+                raise DataError(f"{self.describe()}: split '{split}', row {row}: no '{lang}' text (a missing "
+                                "value); a validation or test split keeps every pair: mend the data")
+            yield _normalise(src), _normalise(tgt)
 
     def text_blocks(self, split: str) -> Iterator[tuple[bytes, bytes]]:
         for src_col, tgt_col in self._columns(split):
@@ -496,10 +491,8 @@ class DatasetDirSource(_ArrowSource):
 
 
 def _offline() -> bool:
-    return any(
-        os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
-        for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-    )
+    flags = (os.environ.get(var, "").strip().lower() for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return any(flag in ("1", "true", "yes", "on") for flag in flags)
 
 
 class HubSource(_ArrowSource):
@@ -525,11 +518,8 @@ class HubSource(_ArrowSource):
                 with quiet_loggers("huggingface_hub", "datasets"):  # a retry line each few seconds, offline
                     loaded = datasets.load_dataset(self.hub_id, self.hub_config)
             except Exception as exc:  # noqa: BLE001 - network, auth, missing id: all bad input
-                why = (
-                    "it is not in the local cache and offline mode is on (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE)"
-                    if _offline()
-                    else "the hub may be unreachable or the id/config wrong"
-                )
+                why = ("it is not in the local cache and offline mode is on (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE)"
+                       if _offline() else "the hub may be unreachable or the id/config wrong")
                 if "/" not in self.hub_id:  # as likely a local directory misspelt
                     why += f", and no directory {Path.cwd() / self.hub_id} exists"
                 raise DataError(

@@ -42,6 +42,10 @@ SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))
 #: every sentence"), so a smaller data.spm_max_sentences is raised to this.
 MIN_SAMPLE = 101
 
+#: SentencePiece's settings for mtcli's fixed special ids and pieces
+_SPECIALS = {"pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID, "pad_piece": PAD_PIECE,
+             "unk_piece": UNK_PIECE, "bos_piece": BOS_PIECE, "eos_piece": EOS_PIECE}
+
 _LINE_BREAKS = str.maketrans({"\n": " ", "\r": " "})
 
 
@@ -151,12 +155,14 @@ class Tokenizer:
         num_threads: int = 1,
         control_symbols: Sequence[str] = (),
         byte_fallback: bool = False,
+        normalization: str = "nmt_nfkc",
     ) -> Path:
         """Train a SentencePiece model on ``sentences``; return the path of ``<prefix>.model``.
         ``control_symbols`` (tags such as ``<2de>``) get ids of their own, after the four special
         ones; text never encodes to them and decoding never writes them. ``byte_fallback``: a
         character without a piece of its own is spelled in UTF-8 byte pieces (256 of the
-        ``vocab_size``) instead of being unknown.
+        ``vocab_size``) instead of being unknown. ``normalization``: SentencePiece's rule for the
+        text before it is cut (``nmt_nfkc``, its default; ``identity`` keeps it as written).
 
         ``sentences`` is a stream of sentences, or a list of text files (one sentence a line),
         which SentencePiece reads itself, several seconds faster on millions of sentences, into
@@ -192,16 +198,10 @@ class Tokenizer:
                 character_coverage=float(character_coverage),
                 input_sentence_size=sample,
                 shuffle_input_sentence=True,
-                pad_id=PAD_ID,
-                unk_id=UNK_ID,
-                bos_id=BOS_ID,
-                eos_id=EOS_ID,
-                pad_piece=PAD_PIECE,
-                unk_piece=UNK_PIECE,
-                bos_piece=BOS_PIECE,
-                eos_piece=EOS_PIECE,
+                **_SPECIALS,
                 num_threads=max(1, int(num_threads)),
                 byte_fallback=bool(byte_fallback),
+                normalization_rule_name=normalization,
                 minloglevel=0 if verbose else 2,
                 **({"control_symbols": list(control_symbols)} if control_symbols else {}),
             )

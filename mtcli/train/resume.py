@@ -85,7 +85,7 @@ UNSAFE_KEYS: frozenset[str] = frozenset(
         "data.name", "data.source", "data.src_lang", "data.tgt_lang", "data.hub_config",
         "data.train_split", "data.valid_split", "data.max_length", "data.max_length_ratio",
         "data.dedup", "data.vocab_size", "data.spm_model_type", "data.character_coverage",
-        "data.spm_max_sentences",
+        "data.spm_max_sentences", "data.spm_normalization",
         # The saved data position indexes the batch stream these keys define (sampled
         # segmentations make an epoch's lengths, and so its batches).
         "train.seed", "train.pack_length", "train.max_source_length", "train.max_target_length",

@@ -843,6 +843,32 @@ def test_spm_model_encodes_with_the_given_model(tmp_path: Path, toy_dir: Path) -
     assert not rebuilt.skipped and rebuilt.vocab_size == 48
 
 
+def test_a_chinese_target_keeps_its_full_width_punctuation_and_nfkc_is_warned_of(
+        tmp_path: Path, toy_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A target written with Chinese full-width punctuation: by default (identity) the tokenizer
+    gives the references back as written; under NFKC, which makes "，" a ",", prepare says the
+    model cannot write them as the references do, and which key keeps them."""
+    corpus = tmp_path / "zh"
+    corpus.mkdir()
+    for split in ("train", "val", "test"):
+        shutil.copy(toy_dir / f"{split}.src", corpus / f"{split}.src")
+        lines = (toy_dir / f"{split}.tgt").read_text(encoding="utf-8").splitlines()
+        (corpus / f"{split}.zh").write_text("".join(line.replace(" ", "，", 1) + "！\n" for line in lines),
+                                            encoding="utf-8")
+    cfg = write_config(tmp_path, corpus, tgt_lang="zh", max_length=1000, max_length_ratio=100.0, vocab_size=320)
+    prep.prepare(load_config(cfg))
+    corpus_ = PreparedCorpus.open(load_config(cfg).data.prepared_path())
+    assert corpus_.manifest["spm"]["normalization"] == "identity"
+    tok = load_tokenizer(corpus_.spm_path)
+    refs = (corpus / "val.zh").read_text(encoding="utf-8").splitlines()
+    assert [tok.decode(tok.encode(line)) for line in refs] == refs
+    assert "do not come back as written" not in caplog.text
+    prep.prepare(load_config(cfg, ["data.spm_normalization=nmt_nfkc"]))
+    warned = [r.getMessage() for r in caplog.records if "do not come back as written" in r.getMessage()]
+    assert warned and warned[0].startswith("val.zh: ") and "'，" in warned[0] and "data.spm_normalization: identity" \
+        in warned[0], warned
+
+
 def test_a_side_the_vocabulary_cannot_spell_is_warned_of(tmp_path: Path, toy_dir: Path,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     """A data.spm_model made for Latin text, given a Greek target side: each word encodes to

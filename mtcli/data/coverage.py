@@ -1,0 +1,66 @@
+"""How well a tokenizer covers a corpus, said by ``prepare`` once it has encoded it: a side
+whose tokens are largely unknown (``⁇``), and evaluation text that does not come back as written
+through the tokenizer. Either is text a model can neither learn nor write, so it is warned of
+before a training spends hours on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mtcli.data.corpora import Plan, text_path
+from mtcli.data.tokenizer import Tokenizer
+from mtcli.data.vocabmap import VocabTokenizer
+from mtcli.logs import get_logger
+
+#: The lines of an evaluation split's target side that :func:`warn_of_changed_text` reads, and
+#: the share of them coming back otherwise through the tokenizer above which it warns.
+ROUND_TRIP_LINES, ROUND_TRIP_WARN_SHARE = 1000, 0.01
+
+
+def warn_of_changed_text(tmp: Path, plan: Plan, tokenizer: Tokenizer | VocabTokenizer, rule: str | None) -> None:
+    """Warn when the tokenizer does not give back an evaluation split's target text as written
+    (its normalisation, ``rule``; unknown characters): a model can then never write those
+    references, and BLEU against them is capped (SentencePiece's default NFKC turns Chinese
+    full-width punctuation into ASCII, an NFD corpus into NFC)."""
+    if isinstance(tokenizer, VocabTokenizer):  # an import's two models: it encodes sources, not targets
+        return
+    targets = {c.langs[1] for c in plan.corpora}
+    for split, langs in plan.split_langs().items():
+        for lang in (lang for lang in langs if split in plan.eval_splits and lang in targets):
+            with open(text_path(tmp, split, lang), encoding="utf-8") as handle:
+                lines = [line.rstrip("\n") for _, line in zip(range(ROUND_TRIP_LINES), handle, strict=False)]
+            written = [" ".join(line.split()) for line in lines]
+            back = [tokenizer.decode(tokenizer.encode(line)) for line in lines]
+            changed = [i for i, (a, b) in enumerate(zip(written, back, strict=True)) if a != b]
+            if len(changed) > ROUND_TRIP_WARN_SHARE * len(lines):
+                i = changed[0]
+                at = next((k for k, (a, b) in enumerate(zip(written[i], back[i], strict=False)) if a != b),
+                          min(len(written[i]), len(back[i])))
+                fix = {None: "the given data.spm_model normalises it or lacks some of its characters",
+                       "identity": "the vocabulary lacks some of its characters (data.character_coverage)"}.get(
+                    rule, f"its normalisation ({rule}) changes them: data.spm_normalization: identity keeps the "
+                          "text as written")
+                get_logger().warning(
+                    "%s.%s: %d of %d lines do not come back as written through the SentencePiece model (line %d: "
+                    "%r becomes %r): a model cannot write them as the references do, which caps its scores; %s",
+                    split, lang, len(changed), len(lines), i + 1, written[i][at:at + 8], back[i][at:at + 8], fix)
+
+
+#: The share of unknown tokens (``⁇``) in a split's side above which ``prepare`` warns.
+UNKNOWN_WARN_SHARE = 0.01
+
+
+def warn_of_unknown(split: str, lang: str, unknown: int, tokens: int, given: bool) -> None:
+    """Warn when more than :data:`UNKNOWN_WARN_SHARE` of a split's ``lang`` tokens are unknown to
+    the vocabulary: the model can neither read nor write that text (a ``data.spm_model`` made for
+    other languages or scripts, or a character coverage far too low)."""
+    if not tokens or unknown <= UNKNOWN_WARN_SHARE * tokens:
+        return
+    fix = ("data.spm_model was made for other text: leave it out to train one on this corpus" if given else
+           "raise data.character_coverage")
+    get_logger().warning("%s.%s: %d of %d tokens (%.1f%%) are unknown to the SentencePiece model (⁇): the model "
+                         "can neither read nor write that text; %s", split, lang, unknown, tokens,
+                         100 * unknown / tokens, fix)
+
+
+__all__ = ["ROUND_TRIP_LINES", "ROUND_TRIP_WARN_SHARE", "UNKNOWN_WARN_SHARE", "warn_of_changed_text", "warn_of_unknown"]
