@@ -648,13 +648,21 @@ def test_settling_a_job_its_client_cancelled_is_no_error() -> None:
     assert job.future.cancelled()
 
 
-def test_sampling_from_a_server_with_a_shortlist_is_a_422(tiny_run_dir: Path) -> None:
+def test_sampling_from_a_server_with_a_shortlist_is_a_422(tiny_run_dir: Path, prepared_toy: Path,
+                                                          tmp_path: Path) -> None:
     """It failed inside the batch, a 500: the shortlist decodes over a few pieces, sampling over all."""
+    import shutil
+
+    import yaml
     from fastapi.testclient import TestClient
 
     from mtcli.serve import create_app
 
-    translator = Translator.from_run(tiny_run_dir, device="cpu", overrides=["decode.shortlist=20"])
+    run = shutil.copytree(tiny_run_dir, tmp_path / "run")  # its shortlist is built from the toy cache
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["data"]["prepared_dir"] = str(prepared_toy)
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    translator = Translator.from_run(run, device="cpu", overrides=["decode.shortlist=20"])
     with TestClient(create_app(translator)) as client:
         answer = client.post("/translate", json={"text": ["ein hund"], "sampling": "topk"})
         assert answer.status_code == 422, answer.text

@@ -171,12 +171,13 @@ class Translator:
         decode = with_changes(base, "decode", **_fitted(_changes(settings), base.decode, beam_fixed)).decode
         _check_sampling_only(settings, decode)
         source_prefix(bundle, decode)  # a target language the model does not produce: refused now
-        if decode.shortlist > 0:
+        if engine == "ctranslate2":
+            check_supported(decode)  # before converting: a run's own settings may ask for it
+        elif decode.shortlist > 0:
             check_shortlist_source(bundle.config)  # a cache gone: refused now, not at every request
         where = decoding_device(decode) if chosen is None else chosen
         fast = None
         if engine == "ctranslate2":
-            check_supported(decode)  # before converting: a run's own settings may ask for it
             fast = open_engine(Path(run_dir), resolve_checkpoint(Path(run_dir), checkpoint), bundle, where, decode)
         return cls(bundle, decode, where, fast)
 
