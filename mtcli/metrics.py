@@ -37,11 +37,11 @@ METRICS = ("bleu", "chrf", "ter")
 BLEU_TOKENIZERS = {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab"}
 
 
-def scorer(name: str, tgt_lang: str | None = None, *, lowercase: bool = False) -> BLEU | CHRF | TER:
+def scorer(name: str, tgt_lang: str | None = None, *, lowercase: bool = False, instead: str = "") -> BLEU | CHRF | TER:
     """sacreBLEU's metric ``name`` (one of :data:`METRICS`) with its default settings, except
     BLEU's tokeniser and TER's character splitting for a Chinese, Japanese or Korean
     ``tgt_lang`` (see the module docstring). Raises :class:`MtcliError` when the tokeniser's
-    package is not installed."""
+    package is not installed (its message ends with ``instead``: what else the caller can do)."""
     code = language_code(tgt_lang)
     if name == "chrf":
         return CHRF()
@@ -53,7 +53,7 @@ def scorer(name: str, tgt_lang: str | None = None, *, lowercase: bool = False) -
         return BLEU(tokenize=tokenize, lowercase=lowercase)
     except RuntimeError:  # sacreBLEU's MeCab tokenisers import MeCab when made
         raise MtcliError(f"BLEU of '{tgt_lang}' text tokenises it with MeCab ({tokenize}): "
-                         f"pip install 'mtcli[{code}]'") from None
+                         f"pip install 'mtcli[{code}]'{instead}") from None
 
 
 def metric_names(metrics: Sequence[str]) -> tuple[str, ...]:

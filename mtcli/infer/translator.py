@@ -169,7 +169,7 @@ class Translator:
         base = decode_config(bundle.config, list(overrides))
         beam_fixed = any(o.split("=", 1)[0].strip() == "decode.beam_size" for o in overrides)
         decode = with_changes(base, "decode", **_fitted(_changes(settings), base.decode, beam_fixed)).decode
-        _check_sampling_only(settings, decode)
+        _check_sampling_only({**settings, "beam": decode.beam_size if beam_fixed else settings.get("beam")}, decode)
         source_prefix(bundle, decode)  # a target language the model does not produce: refused now
         if engine == "ctranslate2":
             check_supported(decode)  # before converting: a run's own settings may ask for it

@@ -286,7 +286,7 @@ def train(config: Config) -> TrainSummary:
     if not info.is_main:  # one voice on the console: rank 0's
         log.setLevel(logging.WARNING)
     if config.train.valid_bleu:
-        scorer("bleu", config.data.tgt_lang)  # a tokeniser's missing package is said now, not at the validation
+        scorer("bleu", config.data.tgt_lang, instead=" (or train.valid_bleu=false: validation by loss)")  # now
     run_dir = config.run_path()
     check_run_directory(run_dir)  # said now, not after the corpus is checked
     corpus = open_prepared(config, check_inputs=info.is_main)  # one process reads the corpus's files

@@ -155,6 +155,13 @@ def test_wrong_arguments_say_what_is_wrong(translator: Translator, call, error, 
         call(translator)
 
 
+def test_a_beam_set_beside_sampling_is_refused_however_it_is_given(tiny_run_dir: Path) -> None:
+    """--set decode.beam_size=4 with --sampling topk was silently ignored (only --beam was refused)."""
+    with pytest.raises(ConfigError, match="beam 4: sampling draws each token"):
+        Translator.from_run(tiny_run_dir, sampling="topk", nbest=3, overrides=["decode.beam_size=4"])
+    Translator.from_run(tiny_run_dir, sampling="topk", nbest=3)  # the run's own beam: not asked for, not refused
+
+
 def test_ctranslate2_engine_converts_once_and_equals_ours_for_greedy(tiny_run_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("ctranslate2")
     import shutil
