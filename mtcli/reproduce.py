@@ -42,12 +42,12 @@ from mtcli.results import (
     README,
     RESULTS_DIR,
     check_one_recipe,
-    check_tables,
     device_name,
     git_commit,
     load_results,
     named_commit,
     recipe_fingerprint,
+    results_home,
     seed_words,
     seeds_by_device,
     seeds_of_recipe,
@@ -537,12 +537,14 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
     try:
         recipe, table_name, row_key = RECIPES[args.direction]
-        check_tables(args.results, table_name)
         if args.merge:
             row = merge_seed_results(args.merge, row_key, table_name)
         else:
             overrides = pair_overrides(args.direction) + args.overrides
             config = with_changes(load_config(args.config or recipe, overrides), "data", source=args.data)
+            changed = not is_the_recipe(config, recipe, pair_overrides(args.direction))
+            if not args.valid_only:  # the table the row goes to, read now: not after hours of training
+                load_results(results_home(args.results, changed), table_name)
             if row_key == ADAPTED_ROW and not args.valid_only:
                 row = run_adaptation(config)
             else:
@@ -556,7 +558,8 @@ def main(argv: list[str] | None = None) -> int:
     results_dir, readme = table_place(args.results, args.readme, table_name, changed)
     try:
         results = load_results(results_dir, table_name)
-    except MtcliError as exc:  # changed during the training
+    except MtcliError as exc:  # changed during the training: the row is printed, not lost
+        print(json.dumps(row, indent=2))
         return failed(exc)
     if not args.merge and "seeds" in row:
         row = with_earlier_seeds(results.get(row_key), row)

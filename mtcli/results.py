@@ -245,13 +245,6 @@ def load_results(results_dir: Path = RESULTS_DIR, table_name: str = "multi30k") 
     return results
 
 
-def check_tables(results_dir: Path, table_name: str) -> None:
-    """Read the table in both of its places (:func:`results_home`), so that one that cannot be
-    read is said before hours of training, not after them."""
-    for changed in (False, True):
-        load_results(results_home(results_dir, changed), table_name)
-
-
 def named_commit(row: dict[str, Any], where: str) -> dict[str, Any]:
     """``row`` with a ``-dirty`` commit replaced by the commit whose files it ran (same tree),
     when this repository has one; as it is otherwise."""
