@@ -603,6 +603,19 @@ def test_resume_refuses_a_change_of_segmentation_sampling(toy_dict: dict, key: s
         check_resume_config(toy_dict, new)
 
 
+def test_a_key_the_checkpoint_predates_says_so_and_how_to_resume(toy_dict: dict) -> None:
+    """A Chinese-target run trained before data.spm_normalization existed (with nmt_nfkc): its
+    unchanged recipe now means identity. Refused, saying the old value came from before the key."""
+    saved = copy.deepcopy(toy_dict)
+    saved["data"].pop("spm_normalization", None)
+    new = copy.deepcopy(toy_dict)
+    new["data"]["spm_normalization"] = "identity"
+    with pytest.raises(CheckpointError, match=r"data.spm_normalization: 'nmt_nfkc' \(from before the key existed\) "
+                                              r"-> 'identity' \(restore them, setting a key from before it existed"):
+        check_resume_config(saved, new)
+    assert check_resume_config(saved, {**new, "data": {**new["data"], "spm_normalization": "nmt_nfkc"}}) == []
+
+
 def test_resume_config_refuses_shape_vocab_and_data_stream_changes(toy_dict: dict) -> None:
     new = copy.deepcopy(toy_dict)
     new["model"]["d_model"] = 96

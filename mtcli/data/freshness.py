@@ -75,10 +75,16 @@ def changed_data_settings(saved: dict[str, Any], data: DataConfig) -> list[str]:
     """The data settings that shape a cache's content (those of
     :func:`~mtcli.data.prepare.build_key`) whose value in ``saved`` (a manifest's
     ``data_config``) is not ``data``'s, as ``data.key=old (the config: new)``. Keys a cache from
-    an older mtcli did not record are not compared."""
+    an older mtcli did not record are not compared, except those :data:`BEFORE_THE_KEY` knows
+    the value of."""
     excluded = KEY_EXCLUDES + (SPM_TRAINING_KEYS if data.spm_model else ())
+    saved = {**BEFORE_THE_KEY, **saved}
     return [f"data.{key}={saved[key]!r} (the config: {value!r})" for key, value in dataclasses.asdict(data).items()
             if key not in excluded and key in saved and saved[key] != value]
+
+
+#: What a cache made before a data key existed was made with (compared as if recorded).
+BEFORE_THE_KEY = {"spm_normalization": "nmt_nfkc"}
 
 
 def changed_corpora(recorded: list[dict[str, Any]], data: DataConfig) -> list[str]:
@@ -101,7 +107,10 @@ def changed_tokenizer(recorded: dict[str, Any], data: DataConfig) -> list[str]:
     """``data.spm_model`` when the cache was encoded with another tokenizer: a given model whose
     content is not the one recorded, one given where the cache trained its own, or none given
     where the cache was encoded with one."""
-    given = given_spm_model(data)
+    try:
+        given = given_spm_model(data)
+    except DataError:  # gone since: the cache holds its copy (as a corpus, it may outlive it)
+        return []
     if given is None:
         return [f"data.spm_model={recorded['given']!r} (the config: None)"] if recorded.get("given") else []
     if not recorded.get("given"):

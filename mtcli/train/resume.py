@@ -179,7 +179,8 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
             dotted = f"{section}.{key}"
             if _same(old_value, new_value):
                 continue
-            text = f"{dotted}: {old_value!r} -> {new_value!r}"
+            older = key not in (saved.get(section) or {})  # a checkpoint of an mtcli without the key: its default
+            text = f"{dotted}: {old_value!r}{' (from before the key existed)' if older else ''} -> {new_value!r}"
             kind = _classify(dotted, rebatchable)
             if dotted == "train.max_steps" and (new.get("train") or {}).get("cooldown_steps", 0) > 0:
                 kind = "inexact"  # the cooldown's start moves with it: the learning rate changes
@@ -192,7 +193,8 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
     if refused:
         raise CheckpointError(
             f"{where}: cannot resume: the config changes keys the checkpoint depends on: "
-            f"{'; '.join(refused)} (restore them or use a new run directory)"
+            f"{'; '.join(refused)} (restore them, setting a key from before it existed to that value, or use a new "
+            "run directory)"
         )
     return changes
 

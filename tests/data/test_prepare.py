@@ -331,6 +331,9 @@ def test_train_refuses_a_cache_prepared_with_other_data_settings_or_files(tmp_pa
         "data.dedup=False (the config: True)", "data.vocab_size=64 (the config: 80)"]
     given = load_config(cfg, ["data.vocab_size=80", f"data.spm_model={load_config(cfg).data.prepared_path()}"]).data
     assert changed_data_settings(manifest["data_config"], given) == []  # a given model: its own size
+    older = {k: v for k, v in manifest["data_config"].items() if k != "spm_normalization"}  # before the key
+    assert changed_data_settings(older, load_config(cfg, ["data.spm_normalization=identity"]).data) == [
+        "data.spm_normalization='nmt_nfkc' (the config: 'identity')"]
     result = CliRunner().invoke(app, ["train", str(cfg), "--set", "data.vocab_size=80",
                                       "--set", f"train.run_dir={tmp_path / 'run'}"])
     assert result.exit_code == 1
@@ -400,6 +403,8 @@ def test_train_refuses_a_cache_of_other_corpora_or_another_tokenizer(tmp_path: P
     assert changed_tokenizer(given, load_config(cfg).data) == [f"data.spm_model={str(model.resolve())!r} (the config: None)"]
     with pytest.raises(DataError, match=r"was prepared with data.spm_model: another tokenizer"):
         open_prepared(load_config(given_cfg, [f"data.spm_model={other}"]))
+    model.rename(tmp_path / "moved.model")  # the model gone since (a parent run pruned): the cache has its copy
+    assert changed_tokenizer(given, load_config(given_cfg).data) == []
 
 
 def _parallel_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -853,8 +858,8 @@ def test_a_chinese_target_keeps_its_full_width_punctuation_and_nfkc_is_warned_of
     for split in ("train", "val", "test"):
         shutil.copy(toy_dir / f"{split}.src", corpus / f"{split}.src")
         lines = (toy_dir / f"{split}.tgt").read_text(encoding="utf-8").splitlines()
-        (corpus / f"{split}.zh").write_text("".join(line.replace(" ", "，", 1) + "！\n" for line in lines),
-                                            encoding="utf-8")
+        (corpus / f"{split}.zh").write_text("".join(line.replace(" ", "，", 1).replace(" ", "\u3000", 1) + "！\n"
+                                                    for line in lines), encoding="utf-8")  # an ideographic space too
     cfg = write_config(tmp_path, corpus, tgt_lang="zh", max_length=1000, max_length_ratio=100.0, vocab_size=320)
     prep.prepare(load_config(cfg))
     corpus_ = PreparedCorpus.open(load_config(cfg).data.prepared_path())
