@@ -6,7 +6,8 @@ language, its text in ``<seg>``; a file may hold many languages. A unit gives th
 ``data.src_lang`` and ``data.tgt_lang`` variants. A language matches a variant's ``xml:lang``
 exactly or by its first subtag, case aside: ``en`` reads ``en-GB`` and ``EN``. A unit with an
 exact match reads it; one with several variants and none exact (``zh-CN`` and ``zh-TW`` for
-``zh``) is an error naming its line, so that two varieties are never mixed unseen.
+``zh``) is read from neither (an error naming its line in a validation or test split, a dropped
+unit in training, warned of), so that two varieties are never mixed unseen.
 
 Inline markup is read as TMX means it: the text inside ``<hi>`` is the sentence's; the native
 codes inside ``<bpt>``, ``<ept>``, ``<it>``, ``<ph>`` and ``<ut>`` are not, but a ``<sub>``
@@ -133,9 +134,15 @@ def tmx_units(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
 
 def tmx_pairs(path: Path, src_lang: str, tgt_lang: str, verbatim: bool = False) -> Iterator[tuple[str, str]]:
     """The (source, target) pairs of the TMX file ``path`` (see the module docstring)."""
-    missing, first_missing, pairs, seen = 0, 0, 0, set()
+    missing, first_missing, pairs, seen, unsure = 0, 0, 0, set(), None
     for line, unit in tmx_units(path):
-        src, tgt = _segment(unit, src_lang, f"{path}:{line}"), _segment(unit, tgt_lang, f"{path}:{line}")
+        try:
+            src, tgt = _segment(unit, src_lang, f"{path}:{line}"), _segment(unit, tgt_lang, f"{path}:{line}")
+        except DataError as exc:  # several variants, none exact: a training split drops the unit
+            if verbatim:
+                raise
+            src = tgt = None
+            unsure = unsure or str(exc)
         if src is None or tgt is None:
             lacking = src_lang if src is None else tgt_lang
             if verbatim:
@@ -153,4 +160,5 @@ def tmx_pairs(path: Path, src_lang: str, tgt_lang: str, verbatim: bool = False) 
                         f"(the languages of its units: {found})")
     if missing:
         get_logger().warning("%s: %d translation unit(s) lacking the '%s' or the '%s' segment (the first: line %d), "
-                             "read as empty pairs", path, missing, src_lang, tgt_lang, first_missing)
+                             "read as empty pairs%s", path, missing, src_lang, tgt_lang, first_missing,
+                             f"; among them, {unsure}" if unsure else "")
