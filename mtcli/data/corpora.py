@@ -156,7 +156,8 @@ def _providers(data: DataConfig, corpora: list[Corpus], eval_splits: Iterable[st
     side its text comes from: the first corpus holding the split in that language; and the
     split each is read as. A corpus joins a split's languages only when its text in each
     language an earlier corpus gives is that text, line for line (multi-parallel test sets,
-    Multi30k's); else its pairs are kept apart, as the split ``<split>.<src>-<tgt>``
+    Multi30k's); else (no language in common either) its pairs are kept apart, as the split
+    ``<split>.<src>-<tgt>``
     (:func:`~mtcli.data.cache.direction_split`; left out when the shared split comes to hold
     both its languages), since one corpus's English beside another's Chinese would pair
     unrelated sentences."""
@@ -178,7 +179,8 @@ def _providers(data: DataConfig, corpora: list[Corpus], eval_splits: Iterable[st
                 continue  # it would add nothing: both languages come from corpora before it
             corpus.provides.append(split)
             name = split
-            if not all(side(corpus, i) == side(*given) for i, given in shared):
+            joined = any(s == split for s, _ in providers)  # an earlier corpus gave the split: align or keep apart
+            if joined and (not shared or not all(side(corpus, i) == side(*given) for i, given in shared)):
                 name = direction_split(split, *corpus.langs)
                 read_as.setdefault(name, split)
             for i, lang in enumerate(corpus.langs):

@@ -150,6 +150,25 @@ def test_a_corpus_with_its_own_test_sets_keeps_them_apart(multi: tuple[Path, Pat
     assert Path(report["reference"]) == text / "test.src-xx.xx"
 
 
+def test_a_corpus_sharing_no_language_keeps_its_splits_apart(multi: tuple[Path, Path], tmp_path: Path) -> None:
+    """A src-tgt corpus and an aa-bb one: nothing shows their test sets are the same sentences,
+    so aa-bb's are its own (they joined the split, and src->aa was then scored on unrelated
+    lines; or, of another length, prepare refused the config)."""
+    import shutil
+
+    root, _ = multi
+    other = tmp_path / "other"
+    other.mkdir()
+    for split in ("train", "val", "test"):
+        shutil.copy(root / "tri" / f"{split}.src", other / f"{split}.aa")
+        shutil.copy(root / "tri" / f"{split}.xx", other / f"{split}.bb")
+    overrides = multi_overrides(root, tmp_path / "p")
+    overrides[1] = f"data.sources=[{{source: {root}/tri, langs: [src, tgt]}}, {{source: {other}, langs: [aa, bb]}}]"
+    plan = plan_corpora(load_config(TOY_CONFIG, overrides).data)
+    assert plan.read_as == {"val": "val", "test": "test", "val.aa-bb": "val", "test.aa-bb": "test"}
+    assert plan.split_langs()["val"] == ["src", "tgt"] and plan.split_langs()["val.aa-bb"] == ["aa", "bb"]
+
+
 def test_a_corpus_adding_no_language_to_a_split_is_not_read_for_it(multi: tuple[Path, Path], tmp_path: Path) -> None:
     """A corpus whose two languages a split already holds from corpora before it adds nothing
     to it, whatever its text: the first corpus's pairs are scored."""
