@@ -208,12 +208,24 @@ def _verified(path: Path, file: PublicFile) -> bool:
     return path.is_file() and path.stat().st_size == file.size and sha256_file(path) == file.sha256
 
 
+def _local_copy(name: str) -> Path | None:
+    """The first of :data:`LOCAL_COPIES` holding corpus ``name``, if any."""
+    return next((copy / name for copy in LOCAL_COPIES if (copy / name).is_dir()), None)
+
+
+def located(name: str) -> Path | None:
+    """Where :func:`locate` finds corpus ``name`` without downloading anything: a local copy, or
+    the cache holding every file (by name); None when it would have to download."""
+    root = cache_root() / name
+    return _local_copy(name) or (root if all((root / f.name).is_file() for f in CORPORA[name]) else None)
+
+
 def locate(name: str) -> Path:
     """The directory holding corpus ``name`` (see the module docstring): a local copy, the
     cache, or the cache after downloading what it lacks. Raises :class:`DataError`."""
-    for copy in LOCAL_COPIES:
-        if (copy / name).is_dir():
-            return copy / name
+    copy = _local_copy(name)
+    if copy is not None:
+        return copy
     root = cache_root() / name
     missing = [f for f in CORPORA[name] if not _verified(root / f.name, f)]
     if missing:
@@ -228,4 +240,4 @@ def locate(name: str) -> Path:
     return root
 
 
-__all__ = ["BASE_URL", "CORPORA", "LOCAL_COPIES", "PublicFile", "base_url", "cache_root", "locate"]
+__all__ = ["BASE_URL", "CORPORA", "LOCAL_COPIES", "PublicFile", "base_url", "cache_root", "locate", "located"]

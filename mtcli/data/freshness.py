@@ -17,6 +17,7 @@ from typing import Any
 from mtcli.config import Config, DataConfig
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.corpora import plan_corpora
+from mtcli.data.download import CORPORA, located
 from mtcli.data.prepare import KEY_EXCLUDES, SPM_TRAINING_KEYS, given_spm_model
 from mtcli.errors import DataError
 from mtcli.fileio import FileHasher, sha256_file
@@ -123,10 +124,10 @@ def changed_tokenizer(recorded: dict[str, Any], data: DataConfig) -> list[str]:
 
 def changed_inputs(data: DataConfig, saved: dict[str, Any], known: dict[str, Any] | None) -> list[str]:
     """The input files of ``data``'s corpora whose content is not what a cache recorded
-    (``saved``: its manifest's ``inputs``; ``known``: its ``input_files``). Only corpora in local
-    directories are compared, and none when one of them is gone or unreadable: a cache may
-    outlive its inputs."""
-    if not saved or not all(Path(c.source).expanduser().is_dir() for c in data.corpora()):
+    (``saved``: its manifest's ``inputs``; ``known``: its ``input_files``). Only corpora read
+    here without a download (local directories, named corpora present) are compared, and none
+    when one of them is gone or unreadable: a cache may outlive its inputs."""
+    if not saved or not all(_here(c.source) for c in data.corpora()):
         return []
     try:
         now = plan_corpora(data).fingerprint(FileHasher(known))
@@ -134,6 +135,12 @@ def changed_inputs(data: DataConfig, saved: dict[str, Any], known: dict[str, Any
         return []
     old, new = _digests(saved), _digests(now)
     return sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name))
+
+
+def _here(source: str) -> bool:
+    """Whether a corpus can be read here without a download: a local directory, or a corpus
+    mtcli knows by name whose copy is here (a hub id is not compared)."""
+    return Path(source).expanduser().is_dir() or (source in CORPORA and located(source) is not None)
 
 
 def _digests(fingerprint: dict[str, Any], prefix: str = "") -> dict[str, str]:

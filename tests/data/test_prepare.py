@@ -407,6 +407,30 @@ def test_train_refuses_a_cache_of_other_corpora_or_another_tokenizer(tmp_path: P
     assert changed_tokenizer(given, load_config(given_cfg).data) == []
 
 
+def test_train_compares_the_content_of_a_named_corpus_found_here(
+        tmp_path: Path, toy_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """data.sources of a named corpus (a local copy of 'multi30k') and a directory: their order
+    swapped after prepare drew each corpus's weight for the other's pairs, unseen, since only
+    sources that are all directories were compared. A named corpus present here is compared too."""
+    import mtcli.data.download as download
+
+    copies = tmp_path / "copies"
+    shutil.copytree(toy_dir, copies / "multi30k")
+    monkeypatch.setattr(download, "LOCAL_COPIES", (copies,))
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("train", "val", "test"):
+        for lang in ("src", "tgt"):
+            lines = (toy_dir / f"{name}.{lang}").read_text(encoding="utf-8").splitlines()[::-1]
+            (other / f"{name}.{lang}").write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    named, local = "{source: multi30k, langs: [src, tgt]}", f"{{source: {other}, langs: [src, tgt], weight: 5}}"
+    cfg = write_config(tmp_path, "", sources=[])
+    prep.prepare(load_config(cfg, [f"data.sources=[{named}, {local}]"]))
+    open_prepared(load_config(cfg, [f"data.sources=[{named}, {local}]"]))
+    with pytest.raises(DataError, match=r"was prepared with other content in corpora\[0\]/"):
+        open_prepared(load_config(cfg, [f"data.sources=[{local}, {named}]"]))
+
+
 def _parallel_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """Clean and encode even the toy corpus in worker processes, in many small ranges."""
     monkeypatch.setattr(prep, "PARALLEL_MIN_LINES", 1)
