@@ -136,6 +136,16 @@ def prepared_toy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def prepare_for_run(run_dir: Path, out: Path) -> Path:
+    """The toy corpus prepared into ``out`` with ``run_dir``'s own tokenizer (``data.spm_model``):
+    a cache the run could have been trained on (a decoding shortlist is built from one)."""
+    from mtcli.config import load_config
+    from mtcli.data.prepare import prepare
+
+    prepare(load_config(TOY_CONFIG, [f"data.source={TOY_DIR}", f"data.prepared_dir={out}", f"data.spm_model={run_dir}"]))
+    return out
+
+
 def toy_train_overrides(prepared: Path, run_dir: Path, *extra: str) -> list[str]:
     """``--set`` overrides for a fast, quiet toy training run in ``run_dir`` (extra ones last)."""
     return [

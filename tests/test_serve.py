@@ -20,6 +20,8 @@ import pytest
 httpx = pytest.importorskip("httpx", reason="the serve tests need httpx (pip install 'mtcli[dev]')")
 pytest.importorskip("fastapi", reason="mtcli serve needs the serve extra (pip install 'mtcli[serve]')")
 
+from conftest import prepare_for_run  # noqa: E402
+
 from mtcli.infer.translator import Translator  # noqa: E402
 
 LINES = ["eine katze spielt", "", "ein hund läuft im park", "rot"]
@@ -648,8 +650,7 @@ def test_settling_a_job_its_client_cancelled_is_no_error() -> None:
     assert job.future.cancelled()
 
 
-def test_sampling_from_a_server_with_a_shortlist_is_a_422(tiny_run_dir: Path, prepared_toy: Path,
-                                                          tmp_path: Path) -> None:
+def test_sampling_from_a_server_with_a_shortlist_is_a_422(tiny_run_dir: Path, tmp_path: Path) -> None:
     """It failed inside the batch, a 500: the shortlist decodes over a few pieces, sampling over all."""
     import shutil
 
@@ -658,9 +659,9 @@ def test_sampling_from_a_server_with_a_shortlist_is_a_422(tiny_run_dir: Path, pr
 
     from mtcli.serve import create_app
 
-    run = shutil.copytree(tiny_run_dir, tmp_path / "run")  # its shortlist is built from the toy cache
+    run = shutil.copytree(tiny_run_dir, tmp_path / "run")  # its shortlist is built from a toy cache of its own
     config = yaml.safe_load((run / "config.yaml").read_text())
-    config["data"]["prepared_dir"] = str(prepared_toy)
+    config["data"]["prepared_dir"] = str(prepare_for_run(run, tmp_path / "prepared"))
     (run / "config.yaml").write_text(yaml.safe_dump(config))
     translator = Translator.from_run(run, device="cpu", overrides=["decode.shortlist=20"])
     with TestClient(create_app(translator)) as client:

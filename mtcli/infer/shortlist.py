@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -32,6 +31,7 @@ from mtcli.config import Config
 from mtcli.data.cache import PreparedCorpus, TokenArray
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from mtcli.errors import ConfigError
+from mtcli.fileio import sha256_file
 from mtcli.model import Transformer
 
 #: Training pairs read to build a table (the first ones; enough for the counts to settle).
@@ -100,22 +100,20 @@ def build_shortlist(source: TokenArray, target: TokenArray, vocab_size: int, per
     return Shortlist(torch.from_numpy(table), torch.from_numpy(top[target_count[top] > 0]))
 
 
-def check_shortlist_source(config: Config) -> Path:
-    """The prepared cache a run's shortlist is built from; :class:`ConfigError` when it is gone
-    (said when a model is loaded, not at its first request)."""
-    path = config.data.prepared_path()
-    if not (path / "manifest.json").is_file():
-        raise ConfigError(f"decode.shortlist builds its table from the prepared cache {path}, which "
-                          f"is not there: run `mtcli prepare` on the run's recipe, or set decode.shortlist=0")
-    return path
-
-
-def shortlist_for(config: Config, per_source: int, frequent: int) -> Shortlist:
+def shortlist_for(config: Config, per_source: int, frequent: int, tokenizer_sha256: str) -> Shortlist:
     """The shortlist of a run whose config is ``config``, built from the training split of the
-    prepared cache it was trained on; :class:`ConfigError` when that cache is gone."""
-    path = check_shortlist_source(config)
+    prepared cache it was trained on; :class:`ConfigError` when that cache is gone, or was
+    prepared again since with another tokenizer (``tokenizer_sha256``: the run's; the cache's
+    ids would be other pieces)."""
+    path = config.data.prepared_path()
+    hint = "run `mtcli prepare` on the run's recipe, or set decode.shortlist=0"
+    if not (path / "manifest.json").is_file():
+        raise ConfigError(f"decode.shortlist builds its table from the prepared cache {path}, which is not there: {hint}")
     corpus = PreparedCorpus.open(path, verify=False)
+    if sha256_file(corpus.spm_path) != tokenizer_sha256:
+        raise ConfigError(f"decode.shortlist builds its table from the prepared cache {path}, whose tokenizer is not "
+                          f"this run's (it was prepared again since): {hint}")
     return build_shortlist(*corpus.train_pairs(), corpus.vocab_size, per_source, frequent)
 
 
-__all__ = ["MAX_PAIRS", "Restriction", "Shortlist", "build_shortlist", "check_shortlist_source", "shortlist_for"]
+__all__ = ["MAX_PAIRS", "Restriction", "Shortlist", "build_shortlist", "shortlist_for"]

@@ -47,6 +47,7 @@ from mtcli.device import (
     resolve_device,
 )
 from mtcli.errors import ConfigError
+from mtcli.fileio import sha256_file
 from mtcli.infer.ensemble import Ensemble, decoding_members
 from mtcli.infer.loading import InferenceModel, source_prefix
 from mtcli.infer.packed import pack_for_decoding
@@ -328,7 +329,7 @@ def run_shortlist(bundle: InferenceModel, decode: DecodeConfig) -> Shortlist | N
         return None
     key = (decode.shortlist, decode.shortlist_frequent)
     if key not in bundle.shortlists:
-        bundle.shortlists[key] = shortlist_for(bundle.config, *key)
+        bundle.shortlists[key] = shortlist_for(bundle.config, *key, sha256_file(bundle.tokenizer.model_path))
     return bundle.shortlists[key]
 
 

@@ -43,13 +43,13 @@ from mtcli.infer.loading import (
     resolve_checkpoint,
     source_prefix,
 )
-from mtcli.infer.shortlist import check_shortlist_source
 from mtcli.infer.translate import (
     DEFAULT_WINDOW,
     Translation,
     decode_config,
     decoding_device,
     model_for_decoding,
+    run_shortlist,
     source_limit,
     translate_lines,
 )
@@ -173,8 +173,8 @@ class Translator:
         source_prefix(bundle, decode)  # a target language the model does not produce: refused now
         if engine == "ctranslate2":
             check_supported(decode)  # before converting: a run's own settings may ask for it
-        elif decode.shortlist > 0:
-            check_shortlist_source(bundle.config)  # a cache gone: refused now, not at every request
+        else:
+            run_shortlist(bundle, decode)  # built now: a cache gone or changed is refused, not at every request
         where = decoding_device(decode) if chosen is None else chosen
         fast = None
         if engine == "ctranslate2":

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import TOY_CONFIG, TOY_DIR, prepare_for_run
 from test_search import VOCAB, pad_batch, random_model, random_sources, tokens_of
 
 from mtcli.data.tokenizer import EOS_ID
@@ -108,7 +109,7 @@ def test_decoding_copies_restrict_their_own_product(precision: str) -> None:
 
 
 def test_translate_builds_the_table_from_the_run_s_prepared_cache(
-        tiny_run_dir: Path, prepared_toy: Path, tmp_path: Path) -> None:
+        tiny_run_dir: Path, tmp_path: Path) -> None:
     run = shutil.copytree(tiny_run_dir, tmp_path / "run")
     bundle = load_for_inference(run, "best")
     lines = (run / "text" / "val.src").read_text(encoding="utf-8").splitlines()[:6]
@@ -120,10 +121,21 @@ def test_translate_builds_the_table_from_the_run_s_prepared_cache(
 
     with pytest.raises(ConfigError, match="decode.shortlist builds its table from the prepared cache"):
         Translator.from_run(run, device="cpu", shortlist=3)
-    bundle.config.data.prepared_dir = str(prepared_toy)
+    bundle.config.data.prepared_dir = str(prepare_for_run(run, tmp_path / "prepared"))
     assert len(translate_texts(bundle, lines, decode)) == len(lines)
     assert list(bundle.shortlists) == [(3, 10)]  # built once, kept for the next call
     shortlist = bundle.shortlists[(3, 10)]
     allowed = set(shortlist.candidates(torch.tensor([bundle.tokenizer.encode(line) for line in lines[:1]])).tolist())
     produced = translate_lines(bundle, lines[:1], decode)
     assert set(next(iter(produced))[0].tokens) <= allowed
+    # the cache prepared again since, with another tokenizer: its ids are other pieces (the
+    # table was built from them, and decoding wrote garbage or failed on an index)
+    from mtcli.config import load_config
+    from mtcli.data.prepare import prepare
+
+    again = tmp_path / "again"
+    prepare(load_config(TOY_CONFIG, [f"data.source={TOY_DIR}", f"data.prepared_dir={again}", "data.spm_model_type=bpe"]))
+    bundle = load_for_inference(run, "best")
+    bundle.config.data.prepared_dir = str(again)
+    with pytest.raises(ConfigError, match="whose tokenizer is not this run's"):
+        translate_texts(bundle, lines, decode)
