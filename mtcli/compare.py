@@ -130,6 +130,9 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
     if samples is not None and samples < 1:
         raise ConfigError(f"--samples must be >= 1, got {samples}")
     files = [hypothesis_file(s, references[0]) for s in systems]
+    if output is not None and Path(output).exists() and any(
+            Path(output).resolve() == Path(f).resolve() for f in [*files, *references]):
+        raise ConfigError(f"-o {output}: is one of the files compared (a system or a reference); give another path")
     names = list(names) if names else _distinct([str(s) for s in systems])
     if len(names) != len(files) or len(set(names)) != len(names):
         raise ConfigError("compare needs one distinct name per system")

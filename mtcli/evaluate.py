@@ -224,6 +224,20 @@ def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, given: _I
     return report
 
 
+def _one_direction(trained: list[tuple[str, str]], default: tuple[str, str], src_lang: str | None,
+                   tgt_lang: str | None) -> list[tuple[str, str]]:
+    """The trained direction one evaluation scores: the run's own (``default``) with the languages
+    given put in, else the one trained direction that has them (``--src-lang de`` alone: de's);
+    none when no trained direction has them; :class:`ConfigError` when several do and neither is
+    the default (a file's language cannot be guessed)."""
+    fits = [d for d in trained if src_lang in (None, d[0]) and tgt_lang in (None, d[1])]
+    wanted = (src_lang or default[0], tgt_lang or default[1])
+    if wanted in fits or len(fits) < 2:
+        return [wanted] if wanted in fits else fits
+    raise ConfigError(f"{', '.join('->'.join(d) for d in fits)}: several trained directions fit; name both languages "
+                      "(--src-lang, --tgt-lang)")
+
+
 def evaluate(run_dir: str | Path, **options: Any) -> dict[str, Any]:
     """Decode a split (or a ``src_file``/``ref_file`` pair, ``more_refs`` adding references),
     score it (:func:`mtcli.metrics.score` with ``metrics``), write hypotheses + report.
@@ -280,8 +294,7 @@ def evaluate_directions(
     if every:
         directions = [d for d in trained if src_lang in (None, d[0]) and tgt_lang in (None, d[1])]
     else:
-        directions = [(src_lang or data.src_lang, tgt_lang or data.tgt_lang)]
-        directions = [d for d in directions if d in trained or src_lang is None]  # a --src-lang given: trained
+        directions = _one_direction(trained, (data.src_lang, data.tgt_lang), src_lang, tgt_lang)
     if not directions:
         raise ConfigError(f"{run_dir}: no direction {src_lang or '*'}->{tgt_lang or '*'} among those it was "
                           f"trained on ({', '.join('->'.join(d) for d in trained)})")

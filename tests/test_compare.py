@@ -156,6 +156,9 @@ def test_bad_input_is_one_line(systems: tuple[Path, Path, Path], tmp_path: Path)
         compare([weak, strong], [ref], tests=[""])
     with pytest.raises(ConfigError, match=r"at least one metric .* got metrics \[\]"):  # printed two empty tables
         compare([weak, strong], [ref], metrics=[])
+    for own in (strong, ref):  # the report written over an input: the reference was gone
+        with pytest.raises(ConfigError, match="is one of the files compared"):
+            compare([weak, strong], [ref], output=own)
     with pytest.raises(IsADirectoryError, match=str(tmp_path)):  # before the tests (a traceback once, after them)
         compare([weak, strong], [ref], output=tmp_path, samples=10**9)
     once = compare([weak, strong], [ref], metrics=["bleu", "bleu"], tests=["bs", "bs"], samples=10)  # a traceback once

@@ -94,6 +94,19 @@ def test_evaluate_on_files_warns_which_direction_it_scores(
     assert [Path(r["hypotheses"]).name for r in (default, into_xx)] == ["test.src.best.hyp", "test.src.src-xx.best.hyp"]
 
 
+def test_evaluate_on_files_takes_the_trained_direction_the_languages_given_name(
+        multi_run: Path, tmp_path: Path) -> None:
+    """Files of tgt sentences scored against src: --src-lang tgt alone was refused (tgt->tgt
+    was not trained) and --tgt-lang src alone was reported as src->src; each names the one
+    trained direction, tgt->src."""
+    text = multi_run.parent / "tri"
+    files = {"src_file": text / "test.tgt", "ref_file": text / "test.src", "output_dir": tmp_path}
+    (by_source,) = evaluate_directions(multi_run, beam=1, src_lang="tgt", **files)
+    (by_target,) = evaluate_directions(multi_run, beam=1, tgt_lang="src", **files)
+    assert by_source["direction"] == by_target["direction"] == "tgt-src"
+    assert by_source["bleu"] == by_target["bleu"]
+
+
 def test_evaluate_checks_every_direction_before_decoding_any(
         multi_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A direction that cannot be scored (here: xx's BLEU tokeniser missing, as Japanese's is
