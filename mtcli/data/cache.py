@@ -236,6 +236,11 @@ class PrefixedArray:
         return np.concatenate([self.prefix, self.array[i]])
 
 
+#: The type of each mapping or list a manifest holds (one of another type was edited by hand).
+_MANIFEST_KINDS = {"spm": dict, "data_config": dict, "inputs": dict, "input_files": dict, "source": dict,
+                   "sentences": dict, "tokens": dict, "corpora": list, "split_langs": dict, "tags": dict}
+
+
 class PreparedCorpus:
     """A complete prepared cache directory, as written by ``mtcli prepare``."""
 
@@ -285,6 +290,9 @@ class PreparedCorpus:
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
             found = manifest.get("format") if isinstance(manifest, dict) else None
             raise DataError(f"{path}: cache format {found!r}, expected {FORMAT_VERSION}; {hint}")
+        mangled = [key for key, kind in _MANIFEST_KINDS.items() if key in manifest and not isinstance(manifest[key], kind)]
+        if mangled or not all(isinstance(n, int) for n in (manifest.get("sentences") or {}).values()):
+            raise DataError(f"{path}: manifest mangles {', '.join(mangled) or 'sentences'}; {hint}")
         try:
             files = manifest["files"]
             corpus = cls(directory, manifest)
@@ -300,6 +308,7 @@ class PreparedCorpus:
                 isinstance(info, dict) and isinstance(info.get("size"), int) and isinstance(info.get("sha256"), str)
                 for info in files.values()):
             raise DataError(f"{path}: manifest mangles its list of files (each needs a size and a sha256); {hint}")
+
         for name in needed:
             if name not in files:
                 raise DataError(f"{path}: manifest does not list {name}; {hint}")

@@ -188,6 +188,8 @@ def test_wrong_format_or_garbled_manifest(tmp_path: Path) -> None:
     lambda m: m["files"]["train.de.bin"].update(size=str(m["files"]["train.de.bin"]["size"])),
     lambda m: m["files"]["train.de.bin"].pop("sha256"),
     lambda m: m["files"]["train.de.bin"].update(hashed_at_ns=None),
+    lambda m: m.update(spm="spm.model"),  # the other mappings: an AttributeError once
+    lambda m: m.update(sentences={k: str(v) for k, v in m["sentences"].items()}),
 ])
 def test_a_manifest_of_the_right_format_with_a_mangled_file_list_is_one_error(tmp_path: Path, mangle) -> None:
     """Valid JSON but a file entry that is not {size, sha256, ...}: a DataError naming the
