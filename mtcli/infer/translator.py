@@ -88,6 +88,16 @@ def _fitted(changes: dict[str, Any], base: DecodeConfig, beam_fixed: bool = Fals
     return changes
 
 
+def _asked(settings: dict[str, Any], overrides: Sequence[str], decode: DecodeConfig) -> dict[str, Any]:
+    """The keyword settings asked for, with those ``--set`` gave (as their values in ``decode``):
+    what :func:`_check_sampling_only` checks, however it was given."""
+    names = {key: name for name, key in SETTINGS.items()}
+    keys = [o.split("=", 1)[0].strip().removeprefix("decode.") for o in overrides]
+    asked = {names[key]: getattr(decode, key) for key in keys if key in names}
+    asked.update((name, value) for name, value in settings.items() if value is not None)
+    return asked
+
+
 #: The settings that shape sampling only: given for a search, they would change nothing.
 SAMPLING_ONLY = ("topk", "topp", "temperature", "seed")
 
@@ -169,7 +179,7 @@ class Translator:
         base = decode_config(bundle.config, list(overrides))
         beam_fixed = any(o.split("=", 1)[0].strip() == "decode.beam_size" for o in overrides)
         decode = with_changes(base, "decode", **_fitted(_changes(settings), base.decode, beam_fixed)).decode
-        _check_sampling_only({**settings, "beam": decode.beam_size if beam_fixed else settings.get("beam")}, decode)
+        _check_sampling_only(_asked(settings, overrides, decode), decode)
         source_prefix(bundle, decode)  # a target language the model does not produce: refused now
         if engine == "ctranslate2":
             check_supported(decode)  # before converting: a run's own settings may ask for it
