@@ -38,10 +38,11 @@ def warn_of_changed_text(tmp: Path, plan: Plan, tokenizer: Tokenizer | VocabToke
                 i = changed[0]
                 at = next((k for k, (a, b) in enumerate(zip(written[i], back[i], strict=False)) if a != b),
                           min(len(written[i]), len(back[i])))
-                fix = {None: "the given data.spm_model normalises it or lacks some of its characters",
-                       "identity": "the vocabulary lacks some of its characters (data.character_coverage)"}.get(
-                    rule, f"its normalisation ({rule}) changes them: data.spm_normalization: identity keeps the "
-                          "text as written")
+                unknown = "⁇" in back[i] and "⁇" not in written[i]
+                fix = {None: "the given data.spm_model normalises it or lacks some of its characters"}.get(rule) or (
+                    "the vocabulary lacks some of its characters (raise data.vocab_size or data.character_coverage)"
+                    if unknown or rule == "identity" else
+                    f"its normalisation ({rule}) changes them: data.spm_normalization: identity keeps the text as written")
                 get_logger().warning(
                     "%s.%s: %d of %d lines do not come back as written through the SentencePiece model (line %d: "
                     "%r becomes %r): a model cannot write them as the references do, which caps its scores; %s",

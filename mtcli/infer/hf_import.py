@@ -332,10 +332,19 @@ _PLAIN_GENERATION = {
 }
 
 
+#: A target-language tag as mtcli writes one (:func:`mtcli.data.corpora.target_tag`): ``<2de>``.
+_TARGET_TAG = re.compile(r"<2[A-Za-z][A-Za-z0-9_-]*>")
+
+
 def check_one_direction(model_dir: Path) -> None:
     """:class:`ConfigError` for ``mtcli export --format hf`` of a multilingual run: its sources
     start with a target-language tag, and a run made of it (of one direction) would translate
     without one, into whichever language the model then favours."""
+    tags = sorted(piece for piece in read_vocab(model_dir / VOCAB_NAME) if _TARGET_TAG.fullmatch(piece))
+    if tags and not (model_dir / EXPORT_RECORD).is_file():  # the HF files shared without mtcli's record
+        raise ConfigError(f"{model_dir / VOCAB_NAME}: holds target-language tags ({', '.join(tags)}): a multilingual "
+                          "model, which import-hf does not import (a run of one direction would translate without "
+                          "its tag)")
     if not (model_dir / EXPORT_RECORD).is_file():
         return
     tags = _read_json(model_dir / EXPORT_RECORD).get("target_tags")

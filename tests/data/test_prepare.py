@@ -898,6 +898,17 @@ def test_a_chinese_target_keeps_its_full_width_punctuation_and_nfkc_is_warned_of
         in warned[0], warned
 
 
+def test_references_with_characters_the_vocabulary_lacks_are_not_blamed_on_normalisation(
+        tmp_path: Path, toy_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Validation text with a character training never had comes back as ⁇: the warning names
+    the vocabulary, not NFKC (identity would not help)."""
+    val = toy_dir / "val.tgt"
+    val.write_text("".join(f"{line} ☃\n" for line in val.read_text(encoding="utf-8").splitlines()), encoding="utf-8")
+    prep.prepare(load_config(write_config(tmp_path, toy_dir)))
+    warned = [r.getMessage() for r in caplog.records if "do not come back as written" in r.getMessage()]
+    assert warned and "the vocabulary lacks some of its characters" in warned[0] and "identity" not in warned[0]
+
+
 def test_a_side_the_vocabulary_cannot_spell_is_warned_of(tmp_path: Path, toy_dir: Path,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     """A data.spm_model made for Latin text, given a Greek target side: each word encodes to

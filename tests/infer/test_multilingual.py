@@ -193,3 +193,6 @@ def test_an_hf_export_records_the_tags_and_import_hf_refuses_it(multi_run: Path,
     with pytest.raises(ConfigError, match="the export of a multilingual run .* is not imported"):
         import_hf(exported, tmp_path / "back")
     assert not (tmp_path / "back").exists()
+    (exported / "mtcli_export.json").unlink()  # the HF files shared without mtcli's record: its vocabulary says
+    with pytest.raises(ConfigError, match=r"vocab.json: holds target-language tags \(<2src>, <2tgt>, <2xx>\)"):
+        import_hf(exported, tmp_path / "back")
