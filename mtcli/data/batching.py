@@ -263,7 +263,11 @@ class CorpusMix:
             mine = indices[(indices >= self.bounds[k]) & (indices < self.bounds[k + 1])]
             if not len(mine):
                 continue
-            whole, part = divmod(round(weight * len(mine)), len(mine))
+            # weight x pairs drawn on average: the fraction is one pair more in that share of epochs
+            # (rounded, a weight under 1/(2 x pairs) drew none, ever)
+            total = weight * len(mine)
+            extra = np.random.default_rng([self.seed, int(epoch), k, 8]).random() < total - int(total)
+            whole, part = divmod(int(total) + int(extra), len(mine))
             rng = np.random.default_rng([self.seed, int(epoch), k, 7])
             chosen += [np.tile(mine, whole), rng.choice(mine, size=part, replace=False)]
         return np.concatenate(chosen) if chosen else indices[:0]

@@ -222,7 +222,8 @@ def _log_start(trainer: Trainer, config: Config, device: torch.device, precision
     if stream.mix is not None:
         shares = stream.mix.shares(stream.indices)
         log.info("corpora drawn by weight: %s of an epoch's pairs", ", ".join(
-            f"{c.source} {100 * share:.0f}%" for c, share in zip(config.data.corpora(), shares, strict=True)))
+            f"{c.source} {'->'.join(c.langs or ())}{' ' + c.tag if c.tag else ''} {100 * share:.3g}%"
+            for c, share in zip(config.data.corpora(), shares, strict=True)))
     if trainer.model.output_ids is not None:
         log.info("output vocabulary: the %d of %d pieces the training targets use "
                  "(model.output_vocab: target)", trainer.model.output_ids.numel(), trainer.corpus.vocab_size)

@@ -204,6 +204,11 @@ def test_weights_draw_each_corpus_that_often() -> None:
     assert mix.shares(indices) == pytest.approx([200 / 250, 50 / 250])
     with pytest.raises(DataError, match="lists 3 corpora but the prepared cache holds 2"):
         CorpusMix([100, 200], [1.0, 1.0, 1.0], seed=1)
+    # weight x pairs on average, not rounded each epoch: 0.0002 of 2,000 pairs was 0 pairs, ever
+    rare = CorpusMix([5, 2000], [0.5, 0.0002], seed=1)
+    drawn = [rare.epoch_indices(np.arange(2005), epoch) for epoch in range(400)]
+    assert sum(int((d < 5).sum()) for d in drawn) == pytest.approx(400 * 2.5, rel=0.15)
+    assert sum(int((d >= 5).sum()) for d in drawn) == pytest.approx(400 * 0.4, rel=0.3)
 
 
 @pytest.mark.parametrize("pack_length", [0, 32], ids=["token-batches", "packed"])
