@@ -38,6 +38,10 @@ def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", stem) or "model"
 
 
+class NoTestText(DataError):
+    """A split with no text in a direction (a corpus without test sets, such as back-translations)."""
+
+
 def _split_files(run_dir: Path, config: Config, split: str, direction: tuple[str, str]) -> tuple[Path, Path]:
     """Source and reference text of ``split`` in ``direction``: ``run_dir/text/`` first, then the
     prepared cache."""
@@ -57,7 +61,7 @@ def _split_files(run_dir: Path, config: Config, split: str, direction: tuple[str
         src, ref = corpus.text_path(name, src_lang), corpus.text_path(name, tgt_lang)
         if src.is_file() and ref.is_file():
             return src, ref
-    raise DataError(
+    raise NoTestText(
         f"split '{split}': no text at {text_dir}/{split}.{src_lang}|{tgt_lang} nor in the "
         f"prepared cache {prepared} (the config's test splits: {', '.join(config.data.test_splits) or 'none'}); "
         "give the files instead: --src FILE --ref FILE"
@@ -306,5 +310,23 @@ def evaluate_directions(
     ckpt = _checkpoint_name(translator.bundle, average_last, average_best, len(ensemble) + 1)
     model = {"average_last": average_last, "average_best": average_best, "ensemble": [str(p) for p in ensemble]}
     test = _Test(split, src_file, [*refs, *map(Path, more_refs)], metrics, output_dir, ckpt, model)
-    inputs = [_read_input(run_dir, translator.bundle.config, test, d) for d in directions]  # all, before decoding
+    inputs = _inputs(run_dir, translator.bundle.config, test, directions, every)  # all, before decoding
     return [_evaluate_with(translator, run_dir, test, given) for given in inputs]
+
+
+def _inputs(run_dir: Path, config: Config, test: _Test, directions: list[tuple[str, str]], every: bool) -> list[_Input]:
+    """Each direction's test text (:func:`_read_input`). Scoring every direction, one without
+    text (its corpus had no test sets) is left out with a warning, unless none has any."""
+    inputs, missing = [], []
+    for direction in directions:
+        try:
+            inputs.append(_read_input(run_dir, config, test, direction))
+        except NoTestText as exc:
+            if not every:
+                raise
+            missing.append(("->".join(direction), exc))
+    if not inputs:
+        raise missing[0][1]
+    for direction, exc in missing:
+        get_logger().warning("%s: not scored (%s)", direction, exc)
+    return inputs

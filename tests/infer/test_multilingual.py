@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from mtcli.cli import app
 from mtcli.data.cache import PreparedCorpus
-from mtcli.errors import ConfigError
+from mtcli.errors import ConfigError, DataError
 from mtcli.evaluate import evaluate_directions
 from mtcli.infer.translator import Translator
 
@@ -105,6 +105,27 @@ def test_evaluate_on_files_takes_the_trained_direction_the_languages_given_name(
     (by_target,) = evaluate_directions(multi_run, beam=1, tgt_lang="src", **files)
     assert by_source["direction"] == by_target["direction"] == "tgt-src"
     assert by_source["bleu"] == by_target["bleu"]
+
+
+def test_evaluate_scores_the_directions_that_have_test_text(
+        multi_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A corpus without test sets (back-translations, an extra pair): its direction is left out
+    with a warning and the others are scored (every direction failed); alone, it is the error."""
+    import mtcli.evaluate as evaluate_module
+
+    real = evaluate_module._split_files
+
+    def split_files(run_dir: Path, config: object, split: str, direction: tuple[str, str]) -> tuple[Path, Path]:
+        if direction == ("src", "xx"):
+            raise evaluate_module.NoTestText(f"split '{split}': no text for src->xx")
+        return real(run_dir, config, split, direction)
+
+    monkeypatch.setattr(evaluate_module, "_split_files", split_files)
+    reports = evaluate_directions(multi_run, beam=1, output_dir=tmp_path)
+    assert [r["direction"] for r in reports] == ["src-tgt", "tgt-src"]
+    assert "src->xx: not scored (split 'test': no text for src->xx)" in caplog.text
+    with pytest.raises(DataError, match="no text for src->xx"):
+        evaluate_directions(multi_run, beam=1, output_dir=tmp_path, tgt_lang="xx")
 
 
 def test_evaluate_checks_every_direction_before_decoding_any(
