@@ -616,6 +616,18 @@ def test_a_key_the_checkpoint_predates_says_so_and_how_to_resume(toy_dict: dict)
     assert check_resume_config(saved, {**new, "data": {**new["data"], "spm_normalization": "nmt_nfkc"}}) == []
 
 
+def test_a_changed_corpus_of_data_sources_is_named_alone(toy_dict: dict) -> None:
+    """One corpus's weight changed: the refusal names it, not both lists whole (1,100 characters)."""
+    sources = [{"source": "a", "weight": 1.0, "tag": None, "langs": ["en", "de"], "hub_config": None},
+               {"source": "b", "weight": 0.5, "tag": "<bt>", "langs": ["en", "de"], "hub_config": None}]
+    saved, new = copy.deepcopy(toy_dict), copy.deepcopy(toy_dict)
+    saved["data"]["sources"], new["data"]["sources"] = sources, copy.deepcopy(sources)
+    new["data"]["sources"][1]["weight"] = 0.6
+    with pytest.raises(CheckpointError, match=r"changes keys the checkpoint depends on: data.sources\[1\].weight: "
+                                              r"0.5 -> 0.6 \(restore"):
+        check_resume_config(saved, new)
+
+
 def test_resume_config_refuses_shape_vocab_and_data_stream_changes(toy_dict: dict) -> None:
     new = copy.deepcopy(toy_dict)
     new["model"]["d_model"] = 96

@@ -180,7 +180,8 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
             if _same(old_value, new_value):
                 continue
             older = key not in (saved.get(section) or {})  # a checkpoint of an mtcli without the key: its default
-            text = f"{dotted}: {old_value!r}{' (from before the key existed)' if older else ''} -> {new_value!r}"
+            text = _item_changes(dotted, old_value, new_value) or (
+                f"{dotted}: {old_value!r}{' (from before the key existed)' if older else ''} -> {new_value!r}")
             kind = _classify(dotted, rebatchable)
             if dotted == "train.max_steps" and (new.get("train") or {}).get("cooldown_steps", 0) > 0:
                 kind = "inexact"  # the cooldown's start moves with it: the learning rate changes
@@ -197,6 +198,16 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
             "run directory)"
         )
     return changes
+
+
+def _item_changes(dotted: str, old: Any, new: Any) -> str:
+    """Two lists of mappings of one length (``data.sources``) told apart item by item,
+    ``data.sources[1].weight: 0.5 -> 0.6``; "" for any other pair of values."""
+    if not (isinstance(old, list) and isinstance(new, list) and len(old) == len(new)
+            and all(isinstance(item, dict) for item in [*old, *new])):
+        return ""
+    return "; ".join(f"{dotted}[{i}].{key}: {a.get(key)!r} -> {b.get(key)!r}" for i, (a, b) in enumerate(zip(old, new, strict=True))
+                     for key in sorted(set(a) | set(b)) if not _same(a.get(key), b.get(key)))
 
 
 def check_resume_data(saved: dict[str, str], now: dict[str, str], where: str, cache: Path) -> None:
