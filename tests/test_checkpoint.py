@@ -660,7 +660,7 @@ def test_resume_config_missing_saved_key_counts_as_default(toy_dict: dict) -> No
     assert check_resume_config(saved, toy_dict) == []
     new = copy.deepcopy(toy_dict)
     new["model"]["pre_norm"] = True
-    with pytest.raises(CheckpointError, match=r"model.pre_norm: False -> True"):
+    with pytest.raises(CheckpointError, match=r"model.pre_norm: False \(from before the key existed\) -> True"):
         check_resume_config(saved, new)
 
 
