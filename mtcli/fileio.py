@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 import uuid
@@ -87,6 +88,23 @@ def make_file_parent(path: Path) -> None:
     make_parent(path)
 
 
+def is_stream(path: str | Path) -> bool:
+    """Whether ``path`` (a link followed) is a device, FIFO or socket (``/dev/null``,
+    ``/dev/stdout``, a named pipe): written to as a stream, never renamed over."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def written_path(path: str | Path) -> Path:
+    """The file an output named ``path`` goes to: a symbolic link's target (the link stays a
+    link), else ``path``."""
+    path = Path(path)
+    return path.resolve() if path.is_symlink() else path
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
     """Open a temporary file next to ``path``; on success rename it over ``path``.
@@ -94,8 +112,13 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
     On any exception the temporary file is removed and ``path`` is left untouched; an
     ``OSError`` that names no file (a failed write or flush: ``ENOSPC``, ``EFBIG``) is re-raised
     with ``path`` as its filename, so the one-line error says which output could not be written.
+    A device or pipe (:func:`is_stream`) is written to directly; a link, through to its target.
     """
-    path = Path(path)
+    if is_stream(path):
+        with open(path, mode, encoding=None if "b" in mode else encoding) as handle:
+            yield handle
+        return
+    path = written_path(path)
     make_file_parent(path)
     binary = "b" in mode
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

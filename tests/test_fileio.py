@@ -45,6 +45,33 @@ def test_atomic_write_failure_keeps_old_file_and_no_temp(tmp_path: Path) -> None
     assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
 
 
+def test_atomic_write_writes_into_a_pipe_and_through_a_link(tmp_path: Path) -> None:
+    """A FIFO (or a device, /dev/null) named as the output is written to, not renamed over (its
+    reader got nothing, and -o /dev/null as root made /dev/null a file); a link stays a link
+    and its target gets the text."""
+    import os
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    with atomic_write(fifo) as handle:
+        handle.write("through the pipe\n")
+    reader.join(timeout=30)
+    assert got == ["through the pipe\n"] and not fifo.is_file()
+    with atomic_write(os.devnull) as handle:  # a character device: written, not replaced
+        handle.write("gone\n")
+    assert not Path(os.devnull).is_file()
+    target, link = tmp_path / "target.txt", tmp_path / "link.txt"
+    target.write_text("old\n")
+    link.symlink_to(target)
+    with atomic_write(link) as handle:
+        handle.write("new\n")
+    assert link.is_symlink() and target.read_text() == "new\n"
+
+
 def test_atomic_dir_swaps_in_complete_directory(tmp_path: Path) -> None:
     target = tmp_path / "cache"
     target.mkdir()

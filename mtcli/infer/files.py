@@ -22,7 +22,7 @@ from typing import IO, Any
 from mtcli.data.textio import ArrivingLines, count_lines, iter_binary_lines, read_lines
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.errors import DataError
-from mtcli.fileio import atomic_write, check_directory
+from mtcli.fileio import atomic_write, check_directory, is_stream, written_path
 from mtcli.infer.resumable import PartialOutput, resumable_output, translation_key
 from mtcli.infer.translate import DEFAULT_WINDOW, Translation
 from mtcli.infer.translator import Translator
@@ -234,12 +234,12 @@ def _opened(output: Path | None, inputs: Sequence[str | Path] | None, translator
     interrupted (:mod:`mtcli.infer.resumable`, keyed on the inputs, the model and ``settings``)."""
     if output is None:
         yield sys.stdout, None
-    elif inputs is None:
+    elif inputs is None or is_stream(output):  # a device or pipe (/dev/null) is written as a stream
         with atomic_write(output) as handle:
             yield handle, None
     else:
         key = translation_key(translator.bundle.model, [Path(p) for p in inputs], settings)
-        with resumable_output(Path(output), key) as partial:
+        with resumable_output(written_path(output), key) as partial:
             yield partial.handle, partial
 
 

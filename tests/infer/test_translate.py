@@ -445,6 +445,30 @@ def test_cli_translate_refuses_outputs_it_cannot_write_before_it_decodes(tiny_ru
     assert src.read_text(encoding="utf-8") == "eine katze\n"
 
 
+def test_translate_files_writes_into_a_pipe_and_through_a_link(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """-o naming a FIFO is written as a stream (it was renamed over: its reader got nothing); -o
+    naming a link writes its target, the link kept."""
+    import os
+    import threading
+
+    from mtcli.infer.files import translate_files
+
+    src = tmp_path / "in.txt"
+    src.write_text("eine katze\nrot\n", encoding="utf-8")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text(encoding="utf-8")))
+    reader.start()
+    translate_files(tiny_run_dir, [src], fifo, beam=1, device="cpu")
+    reader.join(timeout=60)
+    assert len(got) == 1 and got[0].count("\n") == 2 and not fifo.is_file()
+    target, link = tmp_path / "out.txt", tmp_path / "link.txt"
+    link.symlink_to(target)
+    translate_files(tiny_run_dir, [src], link, beam=1, device="cpu")
+    assert link.is_symlink() and target.read_text(encoding="utf-8") == got[0]
+
+
 def test_cli_translate_checkpoint_from_other_vocab(tiny_run_dir: Path, tmp_path: Path) -> None:
     import shutil
 
