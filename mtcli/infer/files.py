@@ -76,6 +76,20 @@ def _check_io(inputs: Sequence[str | Path], output: Path | None, plot_attention:
                             f"({exc.strerror or exc})") from None
 
 
+def _file_state(path: Path) -> tuple[int, int, int]:
+    """What shows a file was rewritten: its size, modification time and inode."""
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def _check_unchanged(inputs: Sequence[str | Path], before: list[tuple[int, int, int]] | None) -> None:
+    """:class:`DataError` naming an input file rewritten while it was translated (the lines read
+    after it came from the new text, from the middle of a line: neither file's translation)."""
+    for path, state in zip(inputs, before or [], strict=False):
+        if _file_state(Path(path)) != state:
+            raise DataError(f"{path}: changed while it was translated; translate it again once it is written")
+
+
 def _stdin_lines() -> Iterable[str]:
     """Standard input's lines: a redirected file read straight through, a pipe or terminal as its
     lines arrive (each translated without waiting for a full window, see :class:`ArrivingLines`)."""
@@ -162,6 +176,7 @@ def translate_files(
     stack = contextlib.ExitStack()
     sources = open_inputs(inputs, stack)
     regular = bool(inputs) and not any(isinstance(lines, ArrivingLines) for _, lines in sources)
+    before = [_file_state(Path(p)) for p in inputs] if regular else None
     counts = [count_lines(p) for p in inputs] if regular else None
     n_lines = 0
     bar = None
@@ -184,6 +199,7 @@ def translate_files(
                     partial.commit(done)
             if partial is not None:
                 partial.commit(done)
+        _check_unchanged(inputs, before)
 
     start = time.perf_counter()
     searched = {k: v for k, v in dataclasses.asdict(decode).items() if k not in BATCHING_ONLY}

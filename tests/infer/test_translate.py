@@ -469,6 +469,28 @@ def test_translate_files_writes_into_a_pipe_and_through_a_link(tiny_run_dir: Pat
     assert link.is_symlink() and target.read_text(encoding="utf-8") == got[0]
 
 
+def test_an_input_rewritten_while_it_is_translated_leaves_no_output(
+        tiny_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lines read after a rewrite came from the new text, from the middle of a line: the
+    output had neither file's line count, under the final name, exit 0. Now an error naming it."""
+    from mtcli.errors import DataError
+    from mtcli.infer.files import translate_files
+    from mtcli.infer.translator import Translator
+
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("eine katze\nrot\n" * 3, encoding="utf-8")
+    real = Translator.stream
+
+    def stream(self: Translator, lines, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        src.write_text("ganz andere zeilen\n" * 7, encoding="utf-8")  # rewritten while being read
+        yield from real(self, lines, **kwargs)
+
+    monkeypatch.setattr(Translator, "stream", stream)
+    with pytest.raises(DataError, match="in.txt: changed while it was translated"):
+        translate_files(tiny_run_dir, [src], out, beam=1, device="cpu")
+    assert not out.exists()
+
+
 def test_cli_translate_checkpoint_from_other_vocab(tiny_run_dir: Path, tmp_path: Path) -> None:
     import shutil
 
