@@ -72,6 +72,14 @@ def partial_paths(output: Path) -> tuple[Path, Path]:
     return output.with_name(f".{output.name}.partial"), output.with_name(f".{output.name}.partial.json")
 
 
+def _still_named(handle: IO[str], data: Path) -> bool:
+    """Whether the open ``handle`` is still the file named ``data`` (not renamed away since)."""
+    try:
+        return os.fstat(handle.fileno()).st_ino == os.stat(data).st_ino
+    except OSError:
+        return False
+
+
 @contextlib.contextmanager
 def resumable_output(output: Path, key: str) -> Iterator[PartialOutput]:
     """The partial output for ``output`` (see the module docstring), resumed when its record
@@ -94,6 +102,8 @@ def resumable_output(output: Path, key: str) -> Iterator[PartialOutput]:
                                   str(output)) from None
         except OSError:  # a file system without locks (some network mounts): go on unguarded
             pass
+        if not _still_named(handle, data):  # the run that held the lock renamed it to the output meanwhile
+            raise BlockingIOError(errno.EAGAIN, "another mtcli translate has just finished this output", str(output))
         done, size = _resume_point(handle, record, key)
         os.ftruncate(handle.fileno(), size)  # bytes after the record: a run killed mid-window
         if done:

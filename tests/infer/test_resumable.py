@@ -145,6 +145,30 @@ def test_a_second_run_on_an_output_being_written_is_refused_and_leaves_it_alone(
     assert data.read_text(encoding="utf-8") == "the other run's lines\n" and not out.exists()
 
 
+def test_a_run_whose_partial_file_was_just_finished_is_refused(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second run opened the partial file just before the first renamed it to the output and
+    took the lock after: it truncated the finished output and wrote under the final name."""
+    import fcntl
+    import os
+
+    import mtcli.infer.resumable as resumable
+
+    output = tmp_path / "out.txt"
+    data, _ = resumable.partial_paths(output)
+    data.write_text("finished\n")
+    real = fcntl.flock
+
+    def flock(fd: int, operation: int) -> None:
+        os.replace(data, output)  # the run that held the lock finishes meanwhile
+        real(fd, operation)
+
+    monkeypatch.setattr(resumable.fcntl, "flock", flock)
+    with pytest.raises(BlockingIOError, match="has just finished this output"), resumable.resumable_output(output, "k"):
+        pass
+    assert output.read_text() == "finished\n"
+
+
 def test_a_file_system_without_locks_still_gets_its_output(
         tiny_run_dir: Path, inputs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
