@@ -72,6 +72,18 @@ def partial_paths(output: Path) -> tuple[Path, Path]:
     return output.with_name(f".{output.name}.partial"), output.with_name(f".{output.name}.partial.json")
 
 
+#: The bytes an atomic write adds to a name (``.<random>.tmp``; :func:`mtcli.fileio.atomic_write`).
+_TEMP_SUFFIX = 16
+
+
+def _name_max(directory: Path) -> int:
+    """The longest file name ``directory``'s file system takes (255 where it does not say)."""
+    try:
+        return os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
 def _still_named(handle: IO[str], data: Path) -> bool:
     """Whether the open ``handle`` is still the file named ``data`` (not renamed away since)."""
     try:
@@ -90,6 +102,9 @@ def resumable_output(output: Path, key: str) -> Iterator[PartialOutput]:
     output = Path(output)
     make_file_parent(output)
     data, record = partial_paths(output)
+    if len(os.fsencode(record.name)) + _TEMP_SUFFIX > _name_max(output.parent):  # said now, not after a window
+        raise OSError(errno.ENAMETOOLONG, f"too long a name: the record beside it, {record.name[:24]}..., would "
+                      "not fit the file system's names; give a shorter one", str(output))
     try:
         handle = open(data, "a", encoding="utf-8")
     except OSError as exc:  # named after the output asked for, not the hidden file beside it

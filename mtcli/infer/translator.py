@@ -262,9 +262,11 @@ class Translator:
         """:meth:`stream` of lines checked already (by :meth:`translate`, :meth:`nbest`, ...)."""
         if self.engine is not None:
             decode = decode or self.decode
-            if (decode.int8, decode.bf16) != (self.decode.int8, self.decode.bf16) or return_attention:
-                raise ConfigError("with --engine ctranslate2, int8/bf16 are chosen when the model is "
-                                  "loaded, and attention is not returned")
+            if return_attention:
+                raise ConfigError("--engine ctranslate2 returns no attention (--plot-attention): decode with "
+                                  "--engine torch")
+            if (decode.int8, decode.bf16) != (self.decode.int8, self.decode.bf16):
+                raise ConfigError("with --engine ctranslate2, int8/bf16 are chosen when the model is loaded")
             return self.engine.translate_lines(lines, decode, name=name, on_done=on_done, window=window,
                                                offset=offset)
         bundle, decode = self._for(decode or self.decode)

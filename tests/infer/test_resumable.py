@@ -169,6 +169,20 @@ def test_a_run_whose_partial_file_was_just_finished_is_refused(tmp_path: Path,
     assert output.read_text() == "finished\n"
 
 
+def test_an_output_name_too_long_for_its_record_is_refused_before_the_work(tmp_path: Path) -> None:
+    """A 240-character name: its hidden record beside it could not be written, found after a
+    whole window and named by its temporary name; now refused first, naming the output."""
+    import errno
+
+    from mtcli.infer.resumable import resumable_output
+
+    output = tmp_path / ("o" * 240)
+    with pytest.raises(OSError, match="too long a name") as caught, resumable_output(output, "k"):
+        pytest.fail("began the work")
+    assert caught.value.errno == errno.ENAMETOOLONG and caught.value.filename == str(output)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_file_system_without_locks_still_gets_its_output(
         tiny_run_dir: Path, inputs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
