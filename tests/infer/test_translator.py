@@ -235,6 +235,13 @@ def test_ctranslate2_logprob_is_the_log_probability(ct2_pair: tuple[Translator, 
     assert compared == 4
 
 
+def test_ctranslate2_says_it_returns_no_attention(ct2_pair: tuple[Translator, Translator]) -> None:
+    """--plot-attention with --engine ctranslate2 was refused naming int8/bf16, never asked for."""
+    _, theirs = ct2_pair
+    with pytest.raises(ConfigError, match=r"returns no attention \(--plot-attention\)"):
+        list(theirs.stream(["ein hund"], return_attention=True))
+
+
 def test_ctranslate2_beam_output_of_a_line_is_the_same_in_any_batch(ct2_pair: tuple[Translator, Translator]) -> None:
     """CTranslate2 has one output limit a call: with the batch's longest, a short line's beam
     kept hypotheses past its own limit, so its translation changed with the lines beside it,
