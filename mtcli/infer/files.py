@@ -22,7 +22,7 @@ from typing import IO, Any
 from mtcli.data.textio import ArrivingLines, count_lines, iter_binary_lines, read_lines
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.errors import DataError
-from mtcli.fileio import atomic_write, check_directory, is_stream, written_path
+from mtcli.fileio import atomic_write, check_directory, is_stream, sha256_file, written_path
 from mtcli.infer.resumable import PartialOutput, resumable_output, translation_key
 from mtcli.infer.translate import DEFAULT_WINDOW, Translation
 from mtcli.infer.translator import Translator
@@ -76,18 +76,39 @@ def _check_io(inputs: Sequence[str | Path], output: Path | None, plot_attention:
                             f"({exc.strerror or exc})") from None
 
 
-def _file_state(path: Path) -> tuple[int, int, int]:
-    """What shows a file was rewritten: its size, modification time and inode."""
-    st = path.stat()
+@dataclasses.dataclass(frozen=True)
+class _Inputs:
+    """The input files as they were when the translation began: each one's size, modification
+    time and inode (what shows a rewrite) and sha256 (what an output is keyed on)."""
+
+    paths: list[Path]
+    states: list[tuple[int, int, int] | None]
+    digests: list[str]
+
+    @classmethod
+    def read(cls, paths: Sequence[str | Path]) -> _Inputs:
+        return cls([Path(p) for p in paths], [_file_state(Path(p)) for p in paths], [sha256_file(p) for p in paths])
+
+    def check_unchanged(self, partial: PartialOutput | None) -> None:
+        """:class:`DataError` naming an input rewritten while it was translated (the lines read
+        after it came from the new text, from the middle of a line: neither file's translation),
+        and nothing of ``partial`` kept for a later run. One touched, or deleted (its open file
+        was read to the end), is fine."""
+        for path, state, digest in zip(self.paths, self.states, self.digests, strict=True):
+            now = _file_state(path)
+            if now is not None and now != state and sha256_file(path) != digest:
+                if partial is not None:
+                    partial.discard()
+                raise DataError(f"{path}: changed while it was translated; translate it again once it is written")
+
+
+def _file_state(path: Path) -> tuple[int, int, int] | None:
+    """A file's size, modification time and inode (None when it is gone)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
     return st.st_size, st.st_mtime_ns, st.st_ino
-
-
-def _check_unchanged(inputs: Sequence[str | Path], before: list[tuple[int, int, int]] | None) -> None:
-    """:class:`DataError` naming an input file rewritten while it was translated (the lines read
-    after it came from the new text, from the middle of a line: neither file's translation)."""
-    for path, state in zip(inputs, before or [], strict=False):
-        if _file_state(Path(path)) != state:
-            raise DataError(f"{path}: changed while it was translated; translate it again once it is written")
 
 
 def _stdin_lines() -> Iterable[str]:
@@ -176,7 +197,7 @@ def translate_files(
     stack = contextlib.ExitStack()
     sources = open_inputs(inputs, stack)
     regular = bool(inputs) and not any(isinstance(lines, ArrivingLines) for _, lines in sources)
-    before = [_file_state(Path(p)) for p in inputs] if regular else None
+    files = _Inputs.read(inputs) if regular else None
     counts = [count_lines(p) for p in inputs] if regular else None
     n_lines = 0
     bar = None
@@ -199,13 +220,14 @@ def translate_files(
                     partial.commit(done)
             if partial is not None:
                 partial.commit(done)
-        _check_unchanged(inputs, before)
+        if files is not None:
+            files.check_unchanged(partial)
 
     start = time.perf_counter()
     searched = {k: v for k, v in dataclasses.asdict(decode).items() if k not in BATCHING_ONLY}
     settings = {"decode": searched, "engine": engine, "scored": scored, "window": WINDOW}
     try:
-        with _opened(output, inputs if counts is not None else None, translator, settings) as (handle, partial):
+        with _opened(output, files, translator, settings) as (handle, partial):
             resumed = partial.done if partial is not None else 0
             run(handle, flush=output is None, partial=partial)
     finally:
@@ -243,7 +265,7 @@ def _left(sources: list[tuple[str, Iterable[str]]], counts: list[int] | None,
 
 
 @contextlib.contextmanager
-def _opened(output: Path | None, inputs: Sequence[str | Path] | None, translator: Translator,
+def _opened(output: Path | None, inputs: _Inputs | None, translator: Translator,
             settings: dict[str, Any]) -> Iterator[tuple[IO[str], PartialOutput | None]]:
     """Where the translations go: stdout; a file written at once (the input is a stream, read
     once); or, for ``inputs`` files, a file a later run goes on with when this one is
@@ -254,7 +276,7 @@ def _opened(output: Path | None, inputs: Sequence[str | Path] | None, translator
         with atomic_write(output) as handle:
             yield handle, None
     else:
-        key = translation_key(translator.bundle.model, [Path(p) for p in inputs], settings)
+        key = translation_key(translator.bundle.model, inputs.digests, settings)
         with resumable_output(written_path(output), key) as partial:
             yield partial.handle, partial
 

@@ -27,20 +27,20 @@ from typing import IO, Any
 
 import torch
 
-from mtcli.fileio import atomic_write, fsync_dir, make_file_parent, named_after, sha256_file
+from mtcli.fileio import atomic_write, fsync_dir, make_file_parent, named_after
 from mtcli.logs import get_logger
 from mtcli.version import __version__
 
 
-def translation_key(model: torch.nn.Module, inputs: Sequence[Path], settings: dict[str, Any]) -> str:
-    """sha256 over what an output's lines depend on: the inputs' contents in order, ``model``'s
-    weights (an average or an ensemble included) and ``settings`` (the decode settings, the
-    engine, the output format; JSON-serialisable)."""
+def translation_key(model: torch.nn.Module, inputs: Sequence[str], settings: dict[str, Any]) -> str:
+    """sha256 over what an output's lines depend on: the inputs' contents in order (``inputs``:
+    their sha256), ``model``'s weights (an average or an ensemble included) and ``settings``
+    (the decode settings, the engine, the output format; JSON-serialisable)."""
     digest = hashlib.sha256()
     for name, tensor in model.state_dict().items():
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    record = {"inputs": [sha256_file(path) for path in inputs], "model": digest.hexdigest(),
+    record = {"inputs": list(inputs), "model": digest.hexdigest(),
               "settings": settings, "mtcli": __version__}
     return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -56,6 +56,11 @@ class PartialOutput:
     done: int  # input lines whose output the partial file held when it was opened
     committed: int  # input lines recorded by the last commit
     size: int  # the bytes of their output
+
+    def discard(self) -> None:
+        """Keep nothing of this output when the run ends (its lines are not what its key says:
+        an input rewritten while it was read)."""
+        self.record.unlink(missing_ok=True)
 
     def commit(self, lines: int) -> None:
         """Record that the output of the first ``lines`` input lines is complete, on disk."""

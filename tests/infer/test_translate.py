@@ -488,7 +488,22 @@ def test_an_input_rewritten_while_it_is_translated_leaves_no_output(
     monkeypatch.setattr(Translator, "stream", stream)
     with pytest.raises(DataError, match="in.txt: changed while it was translated"):
         translate_files(tiny_run_dir, [src], out, beam=1, device="cpu")
-    assert not out.exists()
+    assert not out.exists() and not list(tmp_path.glob(".out.txt*"))  # its lines are not the key's: none kept
+    # touched (same text) or deleted (its open file read to the end): the translation is whole
+    import os
+
+    def after_the_first_line(lines, change):  # noqa: ANN001, ANN202
+        for i, line in enumerate(lines):
+            yield line
+            if i == 0:
+                change()
+
+    for change in (lambda: os.utime(src, (1, 1)), src.unlink):
+        src.write_text("eine katze\nrot\n" * 3, encoding="utf-8")
+        monkeypatch.setattr(Translator, "stream", lambda self, lines, change=change, **kw: real(
+            self, after_the_first_line(lines, change), **kw))
+        translate_files(tiny_run_dir, [src], out, beam=1, device="cpu")
+        assert out.read_text(encoding="utf-8").count("\n") == 6
 
 
 def test_cli_translate_checkpoint_from_other_vocab(tiny_run_dir: Path, tmp_path: Path) -> None:
