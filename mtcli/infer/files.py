@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from mtcli.config import DecodeConfig
 from mtcli.data.textio import ArrivingLines, count_lines, iter_binary_lines, read_lines
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.errors import DataError
@@ -100,6 +101,16 @@ class _Inputs:
                 if partial is not None:
                     partial.discard()
                 raise DataError(f"{path}: changed while it was translated; translate it again once it is written")
+
+
+def _warn_of_unused_sampling(overrides: Sequence[str], decode: DecodeConfig) -> None:
+    """A sampling setting ``--set`` gives (a default for when sampling is asked for, as a server's
+    requests do) to a translation that searches changes nothing: said, not silently dropped."""
+    keys = [o.split("=", 1)[0].strip() for o in overrides]
+    unused = [k for k in keys if k.removeprefix("decode.") in ("topk", "topp", "temperature", "seed")]
+    if unused and decode.sampling == "none":
+        get_logger().warning("%s: for sampling only, and this translation searches (add --sampling topk or topp): "
+                             "it changes nothing", ", ".join(unused))
 
 
 def _file_state(path: Path) -> tuple[int, int, int] | None:
@@ -192,6 +203,7 @@ def translate_files(
     translator = Translator.from_run(run_dir, checkpoint, ensemble=ensemble, engine=engine, overrides=overrides,
                                      **settings)
     decode = translator.decode
+    _warn_of_unused_sampling(overrides, decode)
     scored = (decode.nbest > 1 or settings.get("nbest") is not None
               or any(o.split("=", 1)[0].strip() == "decode.nbest" for o in overrides))
     stack = contextlib.ExitStack()

@@ -89,12 +89,12 @@ def _fitted(changes: dict[str, Any], base: DecodeConfig, beam_fixed: bool = Fals
 
 
 def _asked(settings: dict[str, Any], overrides: Sequence[str], decode: DecodeConfig) -> dict[str, Any]:
-    """The keyword settings asked for, with those ``--set`` gave (as their values in ``decode``):
-    what :func:`_check_sampling_only` checks, however it was given."""
-    names = {key: name for name, key in SETTINGS.items()}
-    keys = [o.split("=", 1)[0].strip().removeprefix("decode.") for o in overrides]
-    asked = {names[key]: getattr(decode, key) for key in keys if key in names}
-    asked.update((name, value) for name, value in settings.items() if value is not None)
+    """The keyword settings asked for, and a beam ``--set`` gave: what :func:`_check_sampling_only`
+    checks. A sampling setting ``--set`` gives is a default for when sampling is asked for (a
+    server's requests), not refused beside a search."""
+    asked = {name: value for name, value in settings.items() if value is not None}
+    if any(o.split("=", 1)[0].strip() == "decode.beam_size" for o in overrides):
+        asked.setdefault("beam", decode.beam_size)
     return asked
 
 

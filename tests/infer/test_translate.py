@@ -469,6 +469,18 @@ def test_translate_files_writes_into_a_pipe_and_through_a_link(tiny_run_dir: Pat
     assert link.is_symlink() and target.read_text(encoding="utf-8") == got[0]
 
 
+def test_a_sampling_default_beside_a_search_is_said_to_change_nothing(
+        tiny_run_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """translate --set decode.temperature=0.5 without --sampling: the setting was silently unused."""
+    from mtcli.infer.files import translate_files
+
+    src = tmp_path / "in.txt"
+    src.write_text("eine katze\n", encoding="utf-8")
+    translate_files(tiny_run_dir, [src], tmp_path / "out.txt", beam=1, device="cpu",
+                    overrides=["decode.temperature=0.5"])
+    assert "decode.temperature: for sampling only, and this translation searches" in caplog.text
+
+
 def test_an_input_rewritten_while_it_is_translated_leaves_no_output(
         tiny_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The lines read after a rewrite came from the new text, from the middle of a line: the
