@@ -89,20 +89,36 @@ def make_file_parent(path: Path) -> None:
 
 
 def is_stream(path: str | Path) -> bool:
-    """Whether ``path`` (a link followed) is a device, FIFO or socket (``/dev/null``,
-    ``/dev/stdout``, a named pipe): written to as a stream, never renamed over."""
+    """Whether ``path`` is a device, FIFO or socket (``/dev/null``, a named pipe), or names one
+    of the process's open files (``/dev/stdout``, ``/proc/self/fd/1``, a link to them, even
+    when it is redirected to a file): written to as a stream, appended, never renamed over."""
     try:
         mode = os.stat(path).st_mode
     except (OSError, ValueError):
         return False
-    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)) or _names_an_open_file(Path(path))
+
+
+def _names_an_open_file(path: Path) -> bool:
+    """Whether ``path``, or a link on the way to its file, is under ``/dev`` or ``/proc``."""
+    for _ in range(40):  # the kernel's own limit on links followed
+        path = Path(os.path.abspath(path))
+        if path.parts[1:2] in (("dev",), ("proc",)):
+            return True
+        if not path.is_symlink():
+            return False
+        path = path.parent / os.readlink(path)
+    return False
 
 
 def written_path(path: str | Path) -> Path:
     """The file an output named ``path`` goes to: a symbolic link's target (the link stays a
-    link), else ``path``."""
+    link), else ``path``; :class:`OSError` for a loop of links."""
     path = Path(path)
-    return path.resolve() if path.is_symlink() else path
+    try:
+        return path.resolve() if path.is_symlink() else path
+    except (OSError, RuntimeError):  # a loop (Python's RuntimeError)
+        raise OSError(errno.ELOOP, "a loop of symbolic links", str(path)) from None
 
 
 @contextlib.contextmanager
@@ -115,8 +131,11 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
     A device or pipe (:func:`is_stream`) is written to directly; a link, through to its target.
     """
     if is_stream(path):
-        with open(path, mode, encoding=None if "b" in mode else encoding) as handle:
-            yield handle
+        try:
+            with open(path, mode.replace("w", "a"), encoding=None if "b" in mode else encoding) as handle:
+                yield handle
+        except OSError as exc:  # /dev/full's ENOSPC names no file
+            raise (named_after(exc, path) or exc) from None
         return
     path = written_path(path)
     make_file_parent(path)

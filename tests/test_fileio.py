@@ -72,6 +72,33 @@ def test_atomic_write_writes_into_a_pipe_and_through_a_link(tmp_path: Path) -> N
     assert link.is_symlink() and target.read_text() == "new\n"
 
 
+def test_atomic_write_appends_to_an_open_file_named_through_proc_and_says_what_fails(tmp_path: Path) -> None:
+    """-o /dev/stdout with stdout redirected to a file (>>): the file was resolved and renamed
+    over, its earlier lines gone; a link naming /proc/self/fd/N is the open file, appended to.
+    A loop of links, or /dev/full, is one OSError naming the output."""
+    import errno
+    import os
+
+    kept = tmp_path / "kept.txt"
+    kept.write_text("earlier line\n")
+    with open(kept, "a") as handle:
+        link = tmp_path / "out"
+        link.symlink_to(f"/proc/self/fd/{handle.fileno()}")
+        inode = kept.stat().st_ino
+        with atomic_write(link) as out:
+            out.write("new line\n")
+    assert kept.read_text() == "earlier line\nnew line\n" and kept.stat().st_ino == inode
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(OSError) as caught, atomic_write(loop):
+        pass
+    assert caught.value.errno == errno.ELOOP and caught.value.filename == str(loop)
+    if os.path.exists("/dev/full"):
+        with pytest.raises(OSError) as full, atomic_write("/dev/full") as out:
+            out.write("x" * 100_000)
+        assert full.value.errno == errno.ENOSPC and full.value.filename == "/dev/full"
+
+
 def test_atomic_dir_swaps_in_complete_directory(tmp_path: Path) -> None:
     target = tmp_path / "cache"
     target.mkdir()
