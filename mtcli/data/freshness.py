@@ -110,8 +110,11 @@ def changed_tokenizer(recorded: dict[str, Any], data: DataConfig) -> list[str]:
     where the cache was encoded with one."""
     try:
         given = given_spm_model(data)
-    except DataError:  # gone since: the cache holds its copy (as a corpus, it may outlive it)
-        return []
+    except DataError:  # gone since the cache copied it (as a corpus, it may outlive it): else a mistake
+        was = Path(recorded.get("given") or "/").resolve()
+        if data.spm_model and Path(data.spm_model).expanduser().resolve() in (was, was.parent):
+            return []
+        raise
     if given is None:
         return [f"data.spm_model={recorded['given']!r} (the config: None)"] if recorded.get("given") else []
     if not recorded.get("given"):

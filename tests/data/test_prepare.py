@@ -405,6 +405,8 @@ def test_train_refuses_a_cache_of_other_corpora_or_another_tokenizer(tmp_path: P
         open_prepared(load_config(given_cfg, [f"data.spm_model={other}"]))
     model.rename(tmp_path / "moved.model")  # the model gone since (a parent run pruned): the cache has its copy
     assert changed_tokenizer(given, load_config(given_cfg).data) == []
+    with pytest.raises(DataError, match="tyop.model"):  # a path that never held it: a mistake, said
+        changed_tokenizer(given, load_config(given_cfg, [f"data.spm_model={tmp_path / 'tyop.model'}"]).data)
 
 
 def test_train_compares_the_content_of_a_named_corpus_found_here(
