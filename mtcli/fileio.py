@@ -14,6 +14,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -99,11 +100,16 @@ def is_stream(path: str | Path) -> bool:
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)) or _names_an_open_file(Path(path))
 
 
+#: The names of a process's open files: ``/dev/stdout``, ``/dev/fd/3``, ``/proc/self/fd/1``.
+_OPEN_FILE = re.compile(r"/dev/(stdin|stdout|stderr|fd/\d+)|/proc/[^/]+/fd/\d+")
+
+
 def _names_an_open_file(path: Path) -> bool:
-    """Whether ``path``, or a link on the way to its file, is under ``/dev`` or ``/proc``."""
+    """Whether ``path``, or a link on the way to its file, is one of :data:`_OPEN_FILE` (a file
+    under ``/dev/shm`` is an ordinary file)."""
     for _ in range(40):  # the kernel's own limit on links followed
         path = Path(os.path.abspath(path))
-        if path.parts[1:2] in (("dev",), ("proc",)):
+        if _OPEN_FILE.fullmatch(str(path)):
             return True
         if not path.is_symlink():
             return False

@@ -88,6 +88,16 @@ def test_atomic_write_appends_to_an_open_file_named_through_proc_and_says_what_f
         with atomic_write(link) as out:
             out.write("new line\n")
     assert kept.read_text() == "earlier line\nnew line\n" and kept.stat().st_ino == inode
+    from mtcli.fileio import is_stream
+
+    assert is_stream("/dev/null") and not is_stream(kept) and not is_stream(tmp_path)
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):  # an ordinary file under /dev: renamed as any
+        shm = Path("/dev/shm") / f"mtcli-test-{os.getpid()}.txt"
+        shm.write_text("x")
+        try:
+            assert not is_stream(shm)
+        finally:
+            shm.unlink()
     loop = tmp_path / "loop"
     loop.symlink_to(loop)
     with pytest.raises(OSError) as caught, atomic_write(loop):
