@@ -152,6 +152,8 @@ def open_inputs(inputs: Sequence[str | Path], stack: contextlib.ExitStack) -> li
     for path in map(Path, inputs):
         if path.is_dir():
             raise DataError(f"{path}: is a directory, expected a text file")
+        if str(path) == "-" and not path.exists():
+            raise DataError("-: standard input is read alone (- with no file beside it), or give it as /dev/stdin")
         if not path.exists():
             raise DataError(f"{path}: input file not found")
     if not inputs:

@@ -316,6 +316,10 @@ def test_cli_translate_stdin_and_files(tiny_run_dir: Path, tmp_path: Path) -> No
     assert b"truncated" in res.stderr and b"line 3" in res.stderr
     dash = _mtcli("translate", str(tiny_run_dir), "-", "--beam", "1", stdin=text.encode())  # - is stdin too
     assert dash.returncode == 0 and dash.stdout == res.stdout, dash.stderr.decode()
+    src = tmp_path / "in.txt"
+    src.write_text(text, encoding="utf-8")
+    mixed = _mtcli("translate", str(tiny_run_dir), str(src), "-", "--beam", "1", stdin=text.encode())
+    assert mixed.returncode != 0 and b"standard input is read alone" in mixed.stderr  # was "-: input file not found"
 
     src = tmp_path / "in.txt"
     src.write_text(text, encoding="utf-8")
