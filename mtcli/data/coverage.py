@@ -38,15 +38,21 @@ def warn_of_changed_text(tmp: Path, plan: Plan, tokenizer: Tokenizer | VocabToke
                 i = changed[0]
                 at = next((k for k, (a, b) in enumerate(zip(written[i], back[i], strict=False)) if a != b),
                           min(len(written[i]), len(back[i])))
-                unknown = "⁇" in back[i] and "⁇" not in written[i]
-                fix = {None: "the given data.spm_model normalises it or lacks some of its characters"}.get(rule) or (
-                    "the vocabulary lacks some of its characters (raise data.vocab_size or data.character_coverage)"
-                    if unknown or rule == "identity" else
-                    f"its normalisation ({rule}) changes them: data.spm_normalization: identity keeps the text as written")
+                fix = _advice(rule, unknown="⁇" in back[i] and "⁇" not in written[i])
                 get_logger().warning(
                     "%s.%s: %d of %d lines do not come back as written through the SentencePiece model (line %d: "
                     "%r becomes %r): a model cannot write them as the references do, which caps its scores; %s",
                     split, lang, len(changed), len(lines), i + 1, written[i][at:at + 8], back[i][at:at + 8], fix)
+
+
+def _advice(rule: str | None, unknown: bool) -> str:
+    """What to change when references do not come back as written: ``rule`` is the model's
+    normalisation (None for a given model); ``unknown``, whether they came back with ``⁇``."""
+    if rule is None:
+        return "the given data.spm_model normalises it or lacks some of its characters"
+    if unknown or rule == "identity":
+        return "the vocabulary lacks some of its characters (raise data.vocab_size or data.character_coverage)"
+    return f"its normalisation ({rule}) changes them: data.spm_normalization: identity keeps the text as written"
 
 
 #: The share of unknown tokens (``⁇``) in a split's side above which ``prepare`` warns.

@@ -19,6 +19,7 @@ from mtcli.data.cache import PreparedCorpus
 from mtcli.data.corpora import plan_corpora
 from mtcli.data.download import CORPORA, located
 from mtcli.data.prepare import KEY_EXCLUDES, SPM_TRAINING_KEYS, given_spm_model
+from mtcli.data.sources import looks_like_path
 from mtcli.errors import DataError
 from mtcli.fileio import FileHasher, sha256_file
 from mtcli.logs import get_logger
@@ -65,9 +66,8 @@ def missing_sources(data: DataConfig, manifest: dict[str, Any]) -> list[tuple[st
     found = []
     for corpus, source in zip(data.corpora(), recorded, strict=False):
         path = Path(corpus.source).expanduser()
-        looks_like_path = "/" in corpus.source or corpus.source.startswith((".", "~"))
         was = Path(str(source.get("location") or "")).expanduser()
-        if looks_like_path and not path.exists() and path.resolve() != was.resolve():
+        if looks_like_path(corpus.source) and not path.exists() and path.resolve() != was.resolve():
             found.append((corpus.source, str(source.get("location"))))
     return found
 

@@ -563,7 +563,8 @@ def detect_kind(root: Path) -> str:
     return "text"
 
 
-def _looks_like_path(source: str) -> bool:
+def looks_like_path(source: str) -> bool:
+    """Whether ``data.source`` names a path (not a corpus name or a hub id ``org/name``)."""
     return source.startswith(("/", ".", "~")) or source.count("/") > 1
 
 
@@ -591,7 +592,7 @@ def open_source(source: str, src_lang: str, tgt_lang: str, hub_config: str | Non
         return text
     if source in CORPORA:
         return TextDirSource(locate(source), src_lang, tgt_lang)
-    if _looks_like_path(source) or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
+    if looks_like_path(source) or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
         raise DataError(f"data.source {source}: directory not found (relative paths are from {Path.cwd()})")
     get_logger().info("data.source %s is not a local directory: loading it from the Hugging Face hub", source)
     return HubSource(source, hub_config, src_lang, tgt_lang)

@@ -25,8 +25,8 @@ from mtcli.data.tokenizer import Tokenizer
 from mtcli.errors import DataError
 from mtcli.fileio import atomic_write, check_directory, is_stream, sha256_file, written_path
 from mtcli.infer.resumable import PartialOutput, resumable_output, translation_key
-from mtcli.infer.translate import DEFAULT_WINDOW, Translation
-from mtcli.infer.translator import Translator
+from mtcli.infer.translate import DEFAULT_WINDOW, Translation, override_keys
+from mtcli.infer.translator import SAMPLING_ONLY, Translator
 from mtcli.logs import get_logger, progress
 from mtcli.plots import plot_attention_png
 
@@ -106,8 +106,7 @@ class _Inputs:
 def _warn_of_unused_sampling(overrides: Sequence[str], decode: DecodeConfig) -> None:
     """A sampling setting ``--set`` gives (a default for when sampling is asked for, as a server's
     requests do) to a translation that searches changes nothing: said, not silently dropped."""
-    keys = [o.split("=", 1)[0].strip() for o in overrides]
-    unused = [k for k in keys if k.removeprefix("decode.") in ("topk", "topp", "temperature", "seed")]
+    unused = sorted(k for k in override_keys(overrides) if k.removeprefix("decode.") in SAMPLING_ONLY)
     if unused and decode.sampling == "none":
         get_logger().warning("%s: for sampling only, and this translation searches (add --sampling topk or topp): "
                              "it changes nothing", ", ".join(unused))
@@ -207,7 +206,7 @@ def translate_files(
     decode = translator.decode
     _warn_of_unused_sampling(overrides, decode)
     scored = (decode.nbest > 1 or settings.get("nbest") is not None
-              or any(o.split("=", 1)[0].strip() == "decode.nbest" for o in overrides))
+              or "decode.nbest" in override_keys(overrides))
     stack = contextlib.ExitStack()
     sources = open_inputs(inputs, stack)
     regular = bool(inputs) and not any(isinstance(lines, ArrivingLines) for _, lines in sources)

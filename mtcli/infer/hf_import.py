@@ -340,18 +340,17 @@ def check_one_direction(model_dir: Path) -> None:
     """:class:`ConfigError` for ``mtcli export --format hf`` of a multilingual run: its sources
     start with a target-language tag, and a run made of it (of one direction) would translate
     without one, into whichever language the model then favours."""
-    tags = sorted(piece for piece in read_vocab(model_dir / VOCAB_NAME) if _TARGET_TAG.fullmatch(piece))
-    if tags and not (model_dir / EXPORT_RECORD).is_file():  # the HF files shared without mtcli's record
-        raise ConfigError(f"{model_dir / VOCAB_NAME}: holds target-language tags ({', '.join(tags)}): a multilingual "
-                          "model, which import-hf does not import (a run of one direction would translate without "
-                          "its tag)")
-    if not (model_dir / EXPORT_RECORD).is_file():
-        return
-    tags = _read_json(model_dir / EXPORT_RECORD).get("target_tags")
-    if tags:
+    record = _read_json(model_dir / EXPORT_RECORD) if (model_dir / EXPORT_RECORD).is_file() else None
+    if record is None:  # the HF files shared without mtcli's record: its vocabulary says
+        tags = sorted(piece for piece in read_vocab(model_dir / VOCAB_NAME) if _TARGET_TAG.fullmatch(piece))
+        if tags:
+            raise ConfigError(f"{model_dir / VOCAB_NAME}: holds target-language tags ({', '.join(tags)}): a "
+                              "multilingual model, which import-hf does not import (a run of one direction would "
+                              "translate without its tag)")
+    elif record.get("target_tags"):
         raise ConfigError(f"{model_dir / EXPORT_RECORD}: the export of a multilingual run (target tags "
-                          f"{', '.join(tags)}) is not imported (a run of one direction would translate without its "
-                          f"tag); translate with the run it came from: {_read_json(model_dir / EXPORT_RECORD).get('run_dir')}")
+                          f"{', '.join(record['target_tags'])}) is not imported (a run of one direction would translate "
+                          f"without its tag); translate with the run it came from: {record.get('run_dir')}")
 
 
 def check_generation(hf: Any, model_dir: Path) -> None:

@@ -339,6 +339,11 @@ def decoding_device(decode: DecodeConfig) -> torch.device:
     return torch.device("cpu") if decode.int8 else resolve_device("auto")
 
 
+def override_keys(overrides: Sequence[str]) -> set[str]:
+    """The dotted keys ``--set`` strings name (``decode.beam_size=4`` -> ``decode.beam_size``)."""
+    return {text.split("=", 1)[0].strip() for text in overrides}
+
+
 def decode_config(config: Config, overrides: list[str]) -> Config:
     """Apply ``decode.*`` ``--set`` overrides to a run's config (other sections are refused)."""
     for text in overrides:

@@ -49,6 +49,7 @@ from mtcli.infer.translate import (
     decode_config,
     decoding_device,
     model_for_decoding,
+    override_keys,
     run_shortlist,
     source_limit,
     translate_lines,
@@ -88,12 +89,12 @@ def _fitted(changes: dict[str, Any], base: DecodeConfig, beam_fixed: bool = Fals
     return changes
 
 
-def _asked(settings: dict[str, Any], overrides: Sequence[str], decode: DecodeConfig) -> dict[str, Any]:
-    """The keyword settings asked for, and a beam ``--set`` gave: what :func:`_check_sampling_only`
-    checks. A sampling setting ``--set`` gives is a default for when sampling is asked for (a
-    server's requests), not refused beside a search."""
+def _asked(settings: dict[str, Any], beam_fixed: bool, decode: DecodeConfig) -> dict[str, Any]:
+    """The keyword settings asked for, and a beam ``--set`` gave (``beam_fixed``): what
+    :func:`_check_sampling_only` checks. A sampling setting ``--set`` gives is a default for when
+    sampling is asked for (a server's requests), not refused beside a search."""
     asked = {name: value for name, value in settings.items() if value is not None}
-    if any(o.split("=", 1)[0].strip() == "decode.beam_size" for o in overrides):
+    if beam_fixed:
         asked.setdefault("beam", decode.beam_size)
     return asked
 
@@ -177,9 +178,9 @@ class Translator:
         bundle = load_for_inference(run_dir, checkpoint, average_last=average_last, average_best=average_best)
         bundle = add_members(bundle, ensemble)
         base = decode_config(bundle.config, list(overrides))
-        beam_fixed = any(o.split("=", 1)[0].strip() == "decode.beam_size" for o in overrides)
+        beam_fixed = "decode.beam_size" in override_keys(overrides)
         decode = with_changes(base, "decode", **_fitted(_changes(settings), base.decode, beam_fixed)).decode
-        _check_sampling_only(_asked(settings, overrides, decode), decode)
+        _check_sampling_only(_asked(settings, beam_fixed, decode), decode)
         source_prefix(bundle, decode)  # a target language the model does not produce: refused now
         if engine == "ctranslate2":
             check_supported(decode)  # before converting: a run's own settings may ask for it
