@@ -92,6 +92,16 @@ TgtLangOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
     "default: the run's data.tgt_lang).")]
 DeviceOption = Annotated[str, typer.Option(
     help="Decode on auto (the first GPU if there is one; the CPU under decode.int8), cpu, cuda or cuda:N.")]
+
+
+def _output_file(value: str) -> Path:
+    """An output file's name as given: one that ends in ``/`` names a directory, not a file
+    (``Path`` would drop the slash and write a file of the directory's name)."""
+    if value.endswith("/") or value.endswith("/."):
+        raise typer.BadParameter(f"{value} names a directory; give the output file's name")
+    return Path(value)
+
+
 EnsembleOption = Annotated[
     Optional[list[Path]],  # noqa: UP045 - typer needs Optional here
     typer.Option("--ensemble", help="Decode together with another member: a run directory (its best "
@@ -275,7 +285,7 @@ def compare(
     metrics: Annotated[str, typer.Option(help="Comma-separated: bleu, chrf, ter.")] = "bleu,chrf,ter",
     test: Annotated[str, typer.Option(help="bs (paired bootstrap), ar (approximate randomization) or both.")] = "both",
     samples: Annotated[Optional[int], typer.Option(help="Resamples or swaps (default 1000 for bs, 10000 for ar).")] = None,  # noqa: UP045
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report (JSON) here.")] = None,  # noqa: UP045
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=_output_file, help="Write the report (JSON) here.")] = None,  # noqa: UP045
     tgt_lang: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--tgt-lang", help="The references' language: BLEU tokenises zh, ja and ko text as sacreBLEU does for "
         "them (default: the language mtcli evaluate recorded beside the hypotheses; else 13a).")] = None,
@@ -295,7 +305,7 @@ def compare(
 def translate(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
     files: Annotated[Optional[list[Path]], typer.Argument(help="Input files (default, or - alone: stdin).")] = None,  # noqa: UP045
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (default: stdout).")] = None,  # noqa: UP045
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=_output_file, help="Output file (default: stdout).")] = None,  # noqa: UP045
     checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
     beam: Annotated[Optional[int], typer.Option(help="Beam size (1 = greedy; default: the run's decode.beam_size).")] = None,  # noqa: UP045
     nbest: Annotated[Optional[int], typer.Option(help="Print N lines per input, best first: score<TAB>text "  # noqa: UP045
@@ -345,7 +355,7 @@ def translate(
 @handle_errors
 def average(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Averaged checkpoint path.")],
+    output: Annotated[Path, typer.Option("--output", "-o", parser=_output_file, help="Averaged checkpoint path.")],
     last: Annotated[int, typer.Option(help="Average the last K step checkpoints.")] = 0,
     best: Annotated[int, typer.Option(help="Average the K best checkpoints by the run's train.valid_metric.")] = 0,
 ) -> None:

@@ -308,6 +308,8 @@ def test_train_refuses_a_corrupted_cache_before_training(prepared: Path, tmp_pat
     (["translate"], "Missing argument"),
     (["serve", "run", "--port", "99999"], "Invalid value for '--port'"),
     (["compare", "a.hyp", "b.hyp"], "Missing option '--ref'."),
+    (["translate", "run", "-o", "out/"], "Invalid value for '--output' / '-o': out/ names a directory"),
+    (["average", "run", "--last", "2", "-o", "ckpt/."], "Invalid value for '--output' / '-o': ckpt/. names a"),
 ])
 def test_a_usage_error_is_one_line_as_every_other_error(argv: list[str], said: str) -> None:
     """click's usage errors came in a box of four lines, unlike mtcli's own errors."""
