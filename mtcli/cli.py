@@ -463,8 +463,13 @@ def serve(
             return Translator.from_run(run_dir, checkpoint, device=device, engine=engine,
                                        overrides=list(set_ or []), beam=beam, tgt_lang=tgt_lang)
 
-        run_server(load(), host=host, port=port, limits=limits, api_key=api_key, load=load,
-                   shutdown_grace_s=shutdown_grace_s, sighup_received=lambda: bool(hangups))
+        still_decoding = run_server(load(), host=host, port=port, limits=limits, api_key=api_key, load=load,
+                                    shutdown_grace_s=shutdown_grace_s, sighup_received=lambda: bool(hangups))
+        if still_decoding:  # the interpreter's exit under a thread inside torch would abort (status 134)
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
     finally:
         if hasattr(signal, "SIGHUP"):
             signal.signal(signal.SIGHUP, signal.SIG_DFL if before is None else before)

@@ -375,10 +375,11 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
         try:
             yield
         finally:
-            app.state.batcher.close(timeout=CLOSE_WAIT_S)
+            app.state.still_decoding = not app.state.batcher.close(timeout=CLOSE_WAIT_S)
 
     app = FastAPI(title="mtcli", summary=f"Machine translation with {translator.name}", lifespan=lifespan)
     app.state.dropped = 0  # requests answered 503 untranslated: the shutdown grace period ended first
+    app.state.still_decoding = False  # at shutdown: a batch of those requests left decoding
     app.add_middleware(_BodyLimit, most=limits.max_body_bytes)
     guard = Depends(_bearer_check(api_key))
 
@@ -496,12 +497,15 @@ class _Server(uvicorn.Server):
 
 def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
           api_key: str | None = None, load: Callable[[], Translator] | None = None,
-          shutdown_grace_s: float = 60.0, sighup_received: Callable[[], bool] | None = None) -> None:
+          shutdown_grace_s: float = 60.0, sighup_received: Callable[[], bool] | None = None) -> bool:
     """Run the server until SIGTERM/SIGINT: the requests in flight are answered first, for up to
     ``shutdown_grace_s`` seconds; those still unanswered then are answered 503 untranslated,
     and a warning says how many. With ``load`` (how ``translator`` was made), SIGHUP serves a
     freshly loaded model (:class:`Reloader`); ``sighup_received`` says whether a SIGHUP came
-    before this function could handle it (while the model loaded): it is handled now."""
+    before this function could handle it (while the model loaded): it is handled now.
+
+    Returns whether the decoding thread was left inside a batch (:meth:`Batcher.close`): a
+    caller that ends the process should then end it with ``os._exit``."""
     if not (isinstance(shutdown_grace_s, int | float) and 0 <= shutdown_grace_s <= MAX_SHUTDOWN_GRACE_S):
         raise ConfigError(f"--shutdown-grace-s {shutdown_grace_s!r}: must be between 0 and {MAX_SHUTDOWN_GRACE_S:g}")
     check_listening(host, port)
@@ -537,6 +541,7 @@ def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, lim
                     app.state.dropped, shutdown_grace_s)
     elif received:
         log.info("stopped by %s after answering the requests in flight", signal.Signals(received[0]).name)
+    return app.state.still_decoding
 
 
 __all__ = ["API_KEY_ENV", "MAX_SHUTDOWN_GRACE_S", "STOPPED", "Batcher", "Hypothesis", "Limits", "Reloader",

@@ -95,15 +95,19 @@ class Batcher:
         self.jobs.put(job)
         return job.future
 
-    def close(self, timeout: float | None = None) -> None:
+    def close(self, timeout: float | None = None) -> bool:
         """Finish the queued jobs, then stop the worker; with ``timeout``, wait that long at most:
         the server closes it once every request has been answered, so what still decodes then
         is for requests answered 503 already (a shutdown grace period that ended), and the
-        process does not wait for it."""
+        process does not wait for it. False when the worker is still decoding: the process must
+        then end without finalising (``os._exit``), since the interpreter's exit beneath a
+        thread inside torch aborts it."""
         self.jobs.put(None)
         self.thread.join(timeout)
         if self.thread.is_alive():
             get_logger().warning("shutdown: a batch for requests already answered was still decoding; left unfinished")
+            return False
+        return True
 
     def _gather(self, batch: list[_Job]) -> bool:
         """Add to ``batch`` (its first job) what arrives within ``batch_wait_ms`` (up to

@@ -29,9 +29,9 @@ PAGE = """<!doctype html>
     <option value="topk">sample (top-k)</option>
     <option value="topp">sample (top-p)</option>
   </select></label>
-  <label>Beam <input id="beam" type="number" min="1" max="16" value="5" style="width:4rem"></label>
+  <label>Beam <input id="beam" type="number" min="1" max="16" placeholder="server's" style="width:5rem"></label>
   <label>Alternatives <input id="nbest" type="number" min="1" max="16" value="1" style="width:4rem"></label>
-  <label>Seed <input id="seed" type="number" min="0" step="1" placeholder="random" style="width:6rem"></label>
+  <label>Seed <input id="seed" type="number" min="0" step="1" placeholder="server's" style="width:6rem"></label>
   <label id="tgt-lang-label" hidden>Into <select id="tgt-lang"></select></label>
   <label>API key <input id="api-key" type="password" autocomplete="off"></label>
   <span id="status" role="status"></span>
@@ -48,7 +48,9 @@ async function translate() {
   $("translate").disabled = true;
   try {
     const request = {text: lines};
-    if ($("search").value === "beam") request.beam = Number($("beam").value);
+    // an empty box leaves the server's own setting (its --beam, its decode.seed); left empty, the
+    // beam widens to the alternatives asked for
+    if ($("search").value === "beam") { if ($("beam").value !== "") request.beam = Number($("beam").value); }
     else {
       request.sampling = $("search").value;
       if ($("seed").value !== "") request.seed = Number($("seed").value);  // the same seed, the same samples

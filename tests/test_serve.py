@@ -561,6 +561,21 @@ def test_requests_still_waiting_when_the_shutdown_grace_ends_get_a_503_and_the_l
     assert "after answering the requests in flight" not in log and "Traceback" not in log
 
 
+def test_a_batch_still_decoding_after_the_grace_period_ends_the_process_with_0(tiny_run_dir: Path) -> None:
+    """SIGTERM while a long batch decodes, past the grace period and the close wait: the process
+    aborted (status 134, "terminate called without an active exception") as the interpreter
+    exited beneath the decoding thread; it now ends with 0, as the README promises."""
+    server = Server(tiny_run_dir, "--max-lines", "2000", "--max-request-chars", "60000", "--shutdown-grace-s", "0.2")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(server.post, {"text": ["ein hund läuft im park"] * 2000, "beam": 8})
+        time.sleep(1.0)  # decoding now: a random model writes to its length limit
+        server.proc.send_signal(signal.SIGTERM)
+        assert pending.result(timeout=60).status_code == 503
+    assert server.proc.wait(timeout=60) == 0
+    log = server.proc.stdout.read()
+    assert "left unfinished" in log and "terminate called" not in log
+
+
 def test_a_request_whose_client_left_is_dropped_from_the_queue(tiny_run_dir: Path) -> None:
     """A client that timed out and left kept its lines in the queue: they were decoded anyway,
     ahead of the clients still waiting."""
