@@ -445,7 +445,7 @@ def serve(
     before = signal.signal(signal.SIGHUP, act_or_hang_up(hangups.append)) if hasattr(signal, "SIGHUP") else None
     try:
         try:
-            from mtcli.serve import Limits, check_listening
+            from mtcli.serve import Limits, check_api_key, check_listening
             from mtcli.serve import serve as run_server
         except ImportError as exc:
             _fail(f"mtcli serve needs the serve extra: pip install 'mtcli[serve]' ({exc.name} is missing)", 1)
@@ -457,7 +457,9 @@ def serve(
         limits = Limits(max_lines=max_lines, max_chars=max_chars, max_total_chars=max_request_chars,
                         batch_wait_ms=batch_wait_ms)
         bound_onednn_cache()
-        check_listening(host, port)  # a port in use is said before the model loads
+        if api_key:
+            check_api_key(api_key)
+        check_listening(host, port)  # a port in use, or a key no client could send, is said before the model loads
 
         def load() -> Translator:  # again on SIGHUP
             return Translator.from_run(run_dir, checkpoint, device=device, engine=engine,

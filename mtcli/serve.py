@@ -3,7 +3,7 @@
 Endpoints:
 
 * ``POST /translate`` ``{"text": ["...", ...], "beam": 5, "length_penalty": 1.0}`` (or
-  ``"sampling": "topk"`` with ``"temperature"`` and ``"seed"``; ``"tgt_lang": "de"`` for a model
+  ``"sampling": "topk"`` with ``"temperature"`` and ``"seed"``, or ``"none"`` for a search; ``"tgt_lang": "de"`` for a model
   of several target languages) ->
   ``{"translations": ["...", ...], "model": NAME}``, in request order; with ``"nbest": N`` also
   ``"nbest": [[{"text": ..., "score": ...}, ...], ...]``, each line's N best (or, sampling, its
@@ -30,7 +30,7 @@ trace goes to the client), and the server keeps serving; a line that does not fi
 device's memory even alone (a batch that does not fit is decoded in halves) answers 503, with
 the request id. With an
 API key (``--api-key`` or ``MTCLI_API_KEY``) ``/translate`` needs ``Authorization: Bearer KEY``,
-compared in constant time. The server binds 127.0.0.1 unless told otherwise. On SIGTERM
+checked first and compared in constant time (:mod:`mtcli.serve_guards`). The server binds 127.0.0.1 unless told otherwise. On SIGTERM
 (or Ctrl-C) uvicorn stops accepting connections, the requests in flight are answered, and the
 process exits 0; a request still unanswered when the grace period (``shutdown_grace_s``) ends is
 not translated but answered 503, and a warning says how many were. ``GET /health`` answers 503
@@ -43,8 +43,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import hmac
-import json
 import re
 import signal
 import socket
@@ -55,7 +53,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 import uvicorn
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
@@ -68,9 +66,8 @@ from mtcli.hangup import act_or_hang_up
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger
 from mtcli.serve_batching import Batcher, Limits
+from mtcli.serve_guards import API_KEY_ENV, BodyLimit, KeyCheck, check_api_key
 from mtcli.serve_page import PAGE
-
-API_KEY_ENV = "MTCLI_API_KEY"
 
 
 class TranslateRequest(BaseModel):
@@ -78,12 +75,14 @@ class TranslateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     text: list[StrictStr] = Field(description="Lines to translate, one sentence each.")
-    beam: StrictInt | None = Field(default=None, description="Beam size (1 = greedy); the run's by default.")
+    beam: StrictInt | None = Field(default=None, description="Beam size (1 = greedy); the run's by default.",
+                                   json_schema_extra={"minimum": 1, "maximum": Limits.max_beam})
     length_penalty: StrictFloat | StrictInt | None = Field(
         default=None, ge=DECODE_RANGES["length_penalty"][0], le=DECODE_RANGES["length_penalty"][1],
         description="GNMT length penalty alpha (below 0 favours shorter outputs).")
-    sampling: Literal["topk", "topp"] | None = Field(
-        default=None, description="Draw the translation instead of searching (the run's decode.topk / topp).")
+    sampling: Literal["none", "topk", "topp"] | None = Field(
+        default=None, description="Draw the translation instead of searching (the run's decode.topk / topp), "
+                                  "or search (none) on a server that samples by default.")
     temperature: StrictFloat | StrictInt | None = Field(
         default=None, ge=DECODE_RANGES["temperature"][0], le=DECODE_RANGES["temperature"][1],
         description="Sampling temperature.")
@@ -91,7 +90,7 @@ class TranslateRequest(BaseModel):
     tgt_lang: StrictStr | None = Field(
         default=None, description="The language to translate into, for a model of several (the run's by default).")
     nbest: StrictInt | None = Field(
-        default=None, description="Also answer N hypotheses per line, best first (the beam widens to N), or with "
+        default=None, json_schema_extra={"minimum": 1, "maximum": Limits.max_beam}, description="Also answer N hypotheses per line, best first (the beam widens to N), or with "
                                   "sampling N samples per line, in draw order.")
 
 
@@ -109,6 +108,26 @@ class TranslateResponse(BaseModel):
     translations: list[str]
     model: str
     nbest: list[list[Hypothesis]] | None = None
+
+
+class ErrorAnswer(BaseModel):
+    """What every refusal and failure answers: one line saying why (and, for a 500, the id that
+    the server log's line with the cause carries)."""
+
+    error: str
+    request_id: str | None = None
+
+
+#: The answers of ``POST /translate`` besides 200, as ``/docs`` lists them.
+_REFUSALS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorAnswer, "description": why} for status, why in (
+    (400, "Malformed JSON."),
+    (401, "A missing or wrong API key (a server started with one)."),
+    (413, "Too many lines or characters, or a line longer than the model reads."),
+    (415, "A body that is not JSON."),
+    (422, "A field of the wrong type or out of range, or text that is not valid Unicode."),
+    (500, "A failure of the server's own; request_id names the log line with the cause."),
+    (503, "Out of memory even for this request alone, the server stopping, or its decoding thread stopped."),
+)}
 
 
 class RequestError(Exception):
@@ -141,9 +160,10 @@ def check_request(body: TranslateRequest, limits: Limits) -> None:
     for name, value in (("beam", body.beam), ("nbest", body.nbest)):
         if value is not None and not 1 <= value <= limits.max_beam:
             raise RequestError(422, f"{name} must be between 1 and {limits.max_beam}, got {value}")
-    for i, line in enumerate(body.text):
+    named = [(f"text[{i}]", line) for i, line in enumerate(body.text)]
+    for where, value in [*named, ("tgt_lang", body.tgt_lang or "")]:
         try:
-            check_unicode(line, f"text[{i}]")
+            check_unicode(value, where)
         except DataError as exc:
             raise RequestError(422, str(exc)) from None
 
@@ -189,68 +209,6 @@ def request_words(message: str) -> str:
     field = {"beam_size": "beam"}
     message = re.sub(r"(?<!--set )decode\.(\w+)=", lambda m: f"{field.get(m[1], m[1])} ", message)
     return re.sub(r"(?<!--set )decode\.(\w+)", lambda m: field.get(m[1], m[1]), message)
-
-
-class _BodyLimit:
-    """ASGI middleware: a request body over ``most`` bytes is answered 413 as soon as its
-    ``Content-Length``, or the bytes that have arrived, say so, and the rest is never read; what
-    the application would still answer then is dropped."""
-
-    def __init__(self, app: Any, most: int) -> None:
-        self.app, self.most = app, most
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or ()).get(b"content-length", b"")
-        seen, answered = 0, False
-
-        async def refuse() -> None:
-            nonlocal answered
-            answered = True
-            body = json.dumps({"error": f"the request body is over {self.most} bytes: send fewer or "
-                                        "shorter lines"}).encode()
-            await send({"type": "http.response.start", "status": 413,
-                        "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
-                                    (b"connection", b"close")]})
-            await send({"type": "http.response.body", "body": body})
-
-        async def counted() -> dict:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.most:
-                    await refuse()
-                    raise _BodyTooLarge
-            return message
-
-        async def sending(message: dict) -> None:
-            if not answered:
-                await send(message)
-
-        if declared.isdigit() and int(declared) > self.most:
-            return await refuse()
-        with contextlib.suppress(_BodyTooLarge):
-            await self.app(scope, counted, sending)
-
-
-class _BodyTooLarge(Exception):
-    """Stops an application whose request body :class:`_BodyLimit` refused."""
-
-
-def _bearer_check(api_key: str | None) -> Any:
-    """A FastAPI dependency: with ``api_key`` set, ``Authorization: Bearer KEY`` or a 401."""
-
-    def check(request: Request) -> None:
-        if not api_key:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-            raise RequestError(401, "missing or wrong API key (send Authorization: Bearer KEY)")
-
-    return check
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
@@ -380,13 +338,15 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
     app = FastAPI(title="mtcli", summary=f"Machine translation with {translator.name}", lifespan=lifespan)
     app.state.dropped = 0  # requests answered 503 untranslated: the shutdown grace period ended first
     app.state.still_decoding = False  # at shutdown: a batch of those requests left decoding
-    app.add_middleware(_BodyLimit, most=limits.max_body_bytes)
-    guard = Depends(_bearer_check(api_key))
+    app.add_middleware(BodyLimit, most=limits.max_body_bytes)
+    if api_key:
+        check_api_key(api_key)
+        app.add_middleware(KeyCheck, api_key=api_key)  # added last: it runs first
 
     _answer_errors(app)
 
     @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
-              dependencies=[guard])
+              responses=_REFUSALS)
     async def translate(body: TranslateRequest, request: Request) -> TranslateResponse:
         check_request(body, limits)
         request_id = uuid.uuid4().hex[:12]
@@ -544,5 +504,5 @@ def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, lim
     return app.state.still_decoding
 
 
-__all__ = ["API_KEY_ENV", "MAX_SHUTDOWN_GRACE_S", "STOPPED", "Batcher", "Hypothesis", "Limits", "Reloader",
-           "TranslateRequest", "create_app", "check_listening", "request_words", "serve"]
+__all__ = ["API_KEY_ENV", "ErrorAnswer", "MAX_SHUTDOWN_GRACE_S", "STOPPED", "Batcher", "Hypothesis", "Limits", "Reloader",
+           "TranslateRequest", "check_api_key", "create_app", "check_listening", "request_words", "serve"]

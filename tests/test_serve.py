@@ -683,3 +683,63 @@ def test_sampling_from_a_server_with_a_shortlist_is_a_422(tiny_run_dir: Path, tm
         answer = client.post("/translate", json={"text": ["ein hund"], "sampling": "topk"})
         assert answer.status_code == 422, answer.text
         assert answer.json()["error"].startswith("sampling: this server decodes over a lexical shortlist")
+
+
+def test_the_api_key_is_checked_before_the_body_and_must_be_sendable(tiny_run_dir: Path) -> None:
+    """A client without the key got the server's 400/422 answers about its body; a key no HTTP
+    header can carry as it is (non-ASCII, a space) was taken, and then no client could use it."""
+    from fastapi.testclient import TestClient
+
+    from mtcli.errors import ConfigError
+    from mtcli.serve import create_app
+
+    translator = Translator.from_run(tiny_run_dir, beam=2, device="cpu")
+    with TestClient(create_app(translator, api_key=KEY)) as client:
+        for body in (b'{"text":', b'{"text": "one string"}'):
+            refused = client.post("/translate", content=body, headers={"Content-Type": "application/json"})
+            assert refused.status_code == 401 and "API key" in refused.json()["error"], refused.text
+            assert refused.headers["www-authenticate"] == "Bearer"
+        keyed = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+        assert client.post("/translate", content=b'{"text":', headers=keyed).status_code == 400
+        assert client.post("/translate", json={"text": ["rot"]}, headers=keyed).status_code == 200
+        assert client.get("/health").status_code == 200  # health stays open
+    for key in ("ключ", "clé", "two words"):
+        with pytest.raises(ConfigError, match="visible ASCII characters only"):
+            create_app(translator, api_key=key)
+
+
+def test_a_bad_tgt_lang_and_sampling_none_are_answered_as_requests(tiny_run_dir: Path) -> None:
+    """A lone surrogate in tgt_lang was a plain-text 500 with a traceback in the log (the error
+    repeating it could not be encoded); a server that samples by default could not be asked to
+    search ("none" was not a choice)."""
+    from fastapi.testclient import TestClient
+
+    from mtcli.serve import create_app
+
+    translator = Translator.from_run(tiny_run_dir, device="cpu", overrides=["decode.sampling=topk"])
+    with TestClient(create_app(translator)) as client:
+        bad = client.post("/translate", content=b'{"text": ["rot"], "tgt_lang": "x\\ud800"}',
+                          headers={"Content-Type": "application/json"})
+        assert bad.status_code == 422 and bad.json() == {"error": "tgt_lang: not valid Unicode (lone surrogate at "
+                                                                  "column 2)"}
+        searched = client.post("/translate", json={"text": LINES[:2], "sampling": "none", "beam": 2})
+        assert searched.status_code == 200, searched.text
+        assert searched.json()["translations"] == translator.translate(LINES[:2], sampling="none", beam=2)
+
+
+def test_the_schema_lists_the_error_answers_as_sent(tiny_run_dir: Path) -> None:
+    """/docs described a 422 of FastAPI's {"detail": [...]} and no other refusal; every one is
+    {"error": ...}."""
+    from fastapi.testclient import TestClient
+
+    from mtcli.serve import create_app
+
+    with TestClient(create_app(Translator.from_run(tiny_run_dir, beam=2, device="cpu"))) as client:
+        schema = client.get("/openapi.json").json()
+    answers = schema["paths"]["/translate"]["post"]["responses"]
+    assert sorted(answers) == ["200", "400", "401", "413", "415", "422", "500", "503"]
+    for status in ("400", "422", "503"):
+        assert answers[status]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorAnswer"}
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
+    fields = schema["components"]["schemas"]["TranslateRequest"]["properties"]
+    assert [(fields[f]["minimum"], fields[f]["maximum"]) for f in ("beam", "nbest")] == [(1, 16), (1, 16)]

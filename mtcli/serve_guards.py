@@ -1,0 +1,102 @@
+"""What a request to ``mtcli serve`` must pass before the application reads it: its body's size
+(:class:`BodyLimit`) and, on a server with an API key, the key (:class:`KeyCheck`). Both are
+ASGI middleware, so a refused body is never read into memory, and a client without the key
+learns nothing from the answers to its requests."""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import re
+from typing import Any
+
+from mtcli.errors import ConfigError
+
+#: The environment variable that holds the API key (``--api-key``'s ``envvar``).
+API_KEY_ENV = "MTCLI_API_KEY"
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``most`` bytes is answered 413 as soon as its
+    ``Content-Length``, or the bytes that have arrived, say so, and the rest is never read; what
+    the application would still answer then is dropped."""
+
+    def __init__(self, app: Any, most: int) -> None:
+        self.app, self.most = app, most
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or ()).get(b"content-length", b"")
+        seen, answered = 0, False
+
+        async def refuse() -> None:
+            nonlocal answered
+            answered = True
+            body = json.dumps({"error": f"the request body is over {self.most} bytes: send fewer or "
+                                        "shorter lines"}).encode()
+            await send({"type": "http.response.start", "status": 413,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                                    (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": body})
+
+        async def counted() -> dict:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.most:
+                    await refuse()
+                    raise BodyTooLarge
+            return message
+
+        async def sending(message: dict) -> None:
+            if not answered:
+                await send(message)
+
+        if declared.isdigit() and int(declared) > self.most:
+            return await refuse()
+        with contextlib.suppress(BodyTooLarge):
+            await self.app(scope, counted, sending)
+
+
+class BodyTooLarge(Exception):
+    """Stops an application whose request body :class:`BodyLimit` refused."""
+
+
+#: What an API key may hold: the visible ASCII characters an HTTP header carries as they are.
+_KEY_CHARACTERS = re.compile(r"[!-~]+")
+
+
+def check_api_key(api_key: str) -> None:
+    """Raise :class:`ConfigError` for a key no client could send: HTTP headers carry ASCII, and
+    a space or a control character would not come back as it was sent."""
+    if not _KEY_CHARACTERS.fullmatch(api_key):
+        raise ConfigError(f"--api-key (or {API_KEY_ENV}): use visible ASCII characters only, no spaces "
+                          "(an HTTP header carries no other characters as they are)")
+
+
+class KeyCheck:
+    """ASGI middleware: with an API key, a request to ``/translate`` without ``Authorization:
+    Bearer KEY`` is answered 401 before its body is read or checked (a client without the key
+    learns nothing from the server's answers to its requests). The key is compared in constant
+    time."""
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app, self.key = app, api_key.encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("path") != "/translate":
+            return await self.app(scope, receive, send)
+        scheme, _, token = dict(scope.get("headers") or ()).get(b"authorization", b"").partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key):
+            return await self.app(scope, receive, send)
+        body = json.dumps({"error": "missing or wrong API key (send Authorization: Bearer KEY)"}).encode()
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                                (b"www-authenticate", b"Bearer")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+__all__ = ["API_KEY_ENV", "BodyLimit", "KeyCheck", "check_api_key"]
