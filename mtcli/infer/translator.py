@@ -174,6 +174,8 @@ class Translator:
             raise TypeError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
         if isinstance(ensemble, str | Path):
             raise TypeError("ensemble must be a list of run directories or checkpoints, not one (wrap it: [path])")
+        if isinstance(overrides, str):
+            raise TypeError("overrides must be a list of 'decode.key=value' strings, not one (wrap it: [text])")
         chosen = None if device == "auto" else resolve_device(device, key="--device")  # before any loading
         bundle = load_for_inference(run_dir, checkpoint, average_last=average_last, average_best=average_best)
         bundle = add_members(bundle, ensemble)
@@ -331,7 +333,8 @@ class Translator:
         if isinstance(model, Ensemble):
             raise ConfigError("score needs one model, not an ensemble")
         limit, tokenizer = source_limit(self.bundle), self.bundle.tokenizer
-        prefix = source_prefix(self.bundle, self.settings(tgt_lang=tgt_lang))
+        decode = self.settings(max_tokens=max_tokens, tgt_lang=tgt_lang)  # a max_tokens below 1: refused
+        prefix = source_prefix(self.bundle, decode)
         src_ids = [[*prefix, *ids][:limit] for ids in tokenizer.encode_batch(src_texts)]
         tgt_ids = tokenizer.encode_target_batch(tgt_texts)
         for i, ids in enumerate(tgt_ids):
@@ -339,7 +342,7 @@ class Translator:
                 raise DataError(f"targets[{i}]: {len(ids)} pieces, more than the model's limit of {limit}")
         lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids, strict=True)]
         out = [0.0] * len(src_texts)
-        tokens = max_tokens or self.decode.max_tokens
+        tokens = decode.max_tokens
 
         def score_batch(batch: list[int]) -> list[float]:
             pairs = collate(src_ids, tgt_ids, np.asarray(batch))

@@ -78,6 +78,20 @@ def test_score_is_the_searchs_log_probability_and_batching_does_not_change_it(tr
     assert all(s < 0 for s in batched)
 
 
+@pytest.mark.parametrize("max_tokens", [0, -5])
+def test_score_refuses_a_max_tokens_below_1(translator: Translator, max_tokens: int) -> None:
+    """0 fell back to the run's batch size and -5 was used as given, where every other setting
+    below its range is a ConfigError."""
+    with pytest.raises(ConfigError, match=f"decode.max_tokens={max_tokens}: decode.max_tokens must be > 0"):
+        translator.score(["rot"], ["red"], max_tokens=max_tokens)
+
+
+def test_overrides_given_as_one_string_are_a_type_error(tiny_run_dir: Path) -> None:
+    """It was read a character at a time: "--set 'd': expected section.key=value"."""
+    with pytest.raises(TypeError, match="overrides must be a list of 'decode.key=value' strings, not one"):
+        Translator.from_run(tiny_run_dir, device="cpu", overrides="decode.beam_size=3")  # type: ignore[arg-type]
+
+
 def test_a_call_with_a_narrower_beam_narrows_the_translators_nbest(tiny_run_dir: Path) -> None:
     """A translator (or a server) made with nbest 3: a call asking for beam 1 is greedy search,
     not a ConfigError about decode.nbest."""
