@@ -37,6 +37,7 @@ from mtcli.reproduce import (
     parse_seeds,
     search_length_penalty,
     seed_config,
+    trained_on,
 )
 from mtcli.results import (
     README,
@@ -50,6 +51,7 @@ from mtcli.results import (
     recipe_fingerprint,
     seed_words,
     seeds_by_device,
+    seeds_of_data,
     seeds_of_recipe,
     source_tree,
     table_place,
@@ -103,7 +105,7 @@ def score_direction(run_dir: Path, config: Config, checkpoint: Path, direction: 
 
 def run_seed(config: Config) -> dict[str, Any]:
     """prepare -> train -> choose the average on val -> score every direction's test split."""
-    prepare(config)
+    prepared = prepare(config)
     summary = train(config)
     run_dir = summary.run_dir
     checkpoint, k, by_k, valid_bleu = choose_average_all(run_dir, config.data.valid_split, config.train.keep_last)
@@ -114,7 +116,7 @@ def run_seed(config: Config) -> dict[str, Any]:
             "params": summary.parameters, "train_steps": summary.steps,
             "train_minutes": summary.elapsed_seconds / 60.0, "train_tokens_per_s": summary.tokens_per_second,
             "device": device_name(str(next(iter(scores.values()))["device"])), "commit": git_commit(), "tree": source_tree(),
-            "run_dir": str(run_dir), "recipe": recipe_fingerprint(config)}
+            "run_dir": str(run_dir), "recipe": recipe_fingerprint(config), "data": trained_on(prepared.directory)}
 
 
 def merge_seeds(paths: list[Path]) -> dict[str, dict[str, Any]]:
@@ -220,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
             check_one_recipe(previous, "--merge")
         else:
             previous = seeds_of_recipe(previous, recipe_fingerprint(config))
-        for seed in seeds if not args.merge else []:
-            previous[str(seed)] = run_seed(seed_config(config, seed))
+        fresh = {str(seed): run_seed(seed_config(config, seed)) for seed in (seeds if not args.merge else [])}
+        if fresh:
+            previous = {**seeds_of_data(previous, next(iter(fresh.values()))["data"]), **fresh}
         if not previous:
             raise ConfigError("no seed to tabulate: give --seeds (e.g. 1,2,3) or --merge results with seeds")
         results = combine(previous, bilingual)

@@ -42,6 +42,7 @@ from mtcli.results import (
     README,
     RESULTS_DIR,
     check_one_recipe,
+    data_fingerprint,
     device_name,
     git_commit,
     load_results,
@@ -50,6 +51,7 @@ from mtcli.results import (
     results_home,
     seed_words,
     seeds_by_device,
+    seeds_of_data,
     seeds_of_recipe,
     source_tree,
     table_place,
@@ -247,7 +249,7 @@ def run_recipe(config: Config, valid_only: bool = False) -> dict[str, Any]:
     With ``valid_only`` (a tuning run) it stops before the test split: the returned row holds
     only the validation choices, and it is also written to ``run_dir/tuning.json``.
     """
-    prepare(config)
+    prepared = prepare(config)
     summary = train(config)
     valid, run_dir = config.data.valid_split, summary.run_dir
     averaged, used, valid_by_average = choose_average(run_dir, valid, min(AVERAGE_LAST, config.train.keep_last))
@@ -259,7 +261,7 @@ def run_recipe(config: Config, valid_only: bool = False) -> dict[str, Any]:
               "length_penalty": alpha,
               "valid_bleu_by_average": valid_by_average,
               "valid_bleu_by_length_penalty": valid_by_alpha, "commit": git_commit(), "tree": source_tree(),
-              "recipe": recipe_fingerprint(config)}
+              "recipe": recipe_fingerprint(config), "data": trained_on(prepared.directory)}
     if valid_only:
         row = {"valid_split": valid, "best_valid_bleu_greedy": summary.best_valid_bleu,
                "valid_bleu": valid_by_alpha[str(alpha)], "config": config.to_dict(), **common}
@@ -285,6 +287,11 @@ def run_recipe(config: Config, valid_only: bool = False) -> dict[str, Any]:
         "more_tests": more_tests,
         **common,
     }
+
+
+def trained_on(prepared: Path) -> str:
+    """The data a run read (:func:`~mtcli.results.data_fingerprint`), from its prepared cache."""
+    return data_fingerprint(PreparedCorpus.open(prepared, verify=False).manifest.get("inputs") or {})
 
 
 def _limit_words(limit: float) -> str:
@@ -386,9 +393,10 @@ def with_earlier_seeds(earlier: dict[str, Any] | None, row: dict[str, Any]) -> d
     were not run again and were trained by the same recipe (``recipe``): ``SEEDS=1`` run again
     keeps seeds 2 and 3. Seeds of another recipe, or of a row that does not say, are dropped."""
     seeds = row.get("seeds") or {}
-    recipes = {r.get("recipe") for r in seeds.values()}
+    recipes, data = {r.get("recipe") for r in seeds.values()}, {r.get("data") for r in seeds.values()}
     others = {s: r for s, r in ((earlier or {}).get("seeds") or {}).items() if s not in seeds}
     kept = seeds_of_recipe(others, next(iter(recipes)) if len(recipes) == 1 else None)
+    kept = seeds_of_data(kept, next(iter(data)) if len(data) == 1 else None)
     if not kept:
         return row
     get_logger().info("seed(s) %s of the same recipe kept from the earlier row", ", ".join(kept))

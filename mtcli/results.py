@@ -85,6 +85,14 @@ def table_place(results_dir: Path, readme: Path, table_name: str, changed: bool)
     return home, None if changed else readme
 
 
+def data_fingerprint(inputs: dict[str, Any]) -> str:
+    """16 hex digits of a sha256 over a prepared cache's record of what it was made from (its
+    manifest's ``inputs``: each file's sha256, or the hub dataset and its revision). Each results
+    row keeps it (``data``): the recipe's fingerprint leaves out where the data was read from (a
+    local copy compares equal), so this says whether two seeds read the same data."""
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def seeds_of_recipe(seeds: dict[str, dict[str, Any]], recipe: str | None) -> dict[str, dict[str, Any]]:
     """The stored ``seeds`` trained by ``recipe`` (:func:`recipe_fingerprint`): the others, or
     those that do not say, are left out (with a warning), never averaged with this run's."""
@@ -95,13 +103,26 @@ def seeds_of_recipe(seeds: dict[str, dict[str, Any]], recipe: str | None) -> dic
     return {seed: row for seed, row in seeds.items() if seed not in dropped}
 
 
+def seeds_of_data(seeds: dict[str, dict[str, Any]], data: str | None) -> dict[str, dict[str, Any]]:
+    """The stored ``seeds`` trained and scored on the data ``data`` (:func:`data_fingerprint`;
+    a row from before it, which does not say, is taken as it is): the others are left out, with
+    a warning, never averaged with this run's."""
+    dropped = [seed for seed, row in seeds.items() if None not in (data, row.get("data")) and row["data"] != data]
+    if dropped:
+        get_logger().warning("seed(s) %s of the stored results were trained and scored on other data: left out",
+                             ", ".join(dropped))
+    return {seed: row for seed, row in seeds.items() if seed not in dropped}
+
+
 def check_one_recipe(seeds: dict[Any, dict[str, Any]], what: str) -> None:
-    """Refuse seed rows (seed -> row) of different recipes (:func:`recipe_fingerprint`; a row
-    from before it, which does not say, is taken as it is), naming each seed's."""
-    recipes = {str(seed): row.get("recipe") for seed, row in seeds.items()}
-    if len({recipe for recipe in recipes.values() if recipe is not None}) > 1:
-        said = ", ".join(f"seed {seed}: {recipe or 'not said'}" for seed, recipe in sorted(recipes.items()))
-        raise ConfigError(f"{what}: the seeds were trained by different recipes ({said}); merge the seeds of one")
+    """Refuse seed rows (seed -> row) of different recipes (:func:`recipe_fingerprint`) or data
+    (:func:`data_fingerprint`), naming each seed's; a row from before either, which does not
+    say, is taken as it is."""
+    for key, words in (("recipe", "by different recipes"), ("data", "on different data")):
+        said = {str(seed): row.get(key) for seed, row in seeds.items()}
+        if len({value for value in said.values() if value is not None}) > 1:
+            each = ", ".join(f"seed {seed}: {value or 'not said'}" for seed, value in sorted(said.items()))
+            raise ConfigError(f"{what}: the seeds were trained {words} ({each}); merge the seeds of one")
 
 
 def _git(*args: str, env: dict[str, str] | None = None) -> str:

@@ -77,8 +77,9 @@ def test_reproduce_pipeline_on_toy(tmp_path: Path, toy_config_path: Path) -> Non
     assert code == 0
     row = json.loads((tmp_path / "results" / "multi30k.json").read_text())["de-en"]
     for key in ("bleu", "bleu_signature", "bleu_lc", "chrf", "params", "train_minutes",
-                "train_tokens_per_s", "decode_sents_per_s", "device", "commit"):
+                "train_tokens_per_s", "decode_sents_per_s", "device", "commit", "recipe", "data"):
         assert key in row
+    assert len(row["data"]) == 16
     assert row["params"] > 0 and row["train_tokens_per_s"] > 0
     # keep_last=2 in the toy recipe: the averaging window is chosen on val among the last 1 and 2
     assert set(row["valid_bleu_by_average"]) == {"1", "2"}
@@ -381,6 +382,29 @@ def test_a_seed_run_again_keeps_the_other_seeds_of_its_recipe_only() -> None:
     assert with_earlier_seeds(earlier, other) == other
     unknown = combine_seeds({1: seed_row(1, 10.0, None)})
     assert with_earlier_seeds(earlier, unknown) == unknown
+
+
+def test_seeds_trained_on_other_data_are_neither_kept_nor_merged(tmp_path: Path, prepared_toy: Path) -> None:
+    """A seed trained and scored on another copy of the data (``--data DIR``, whose place the
+    recipe's fingerprint leaves out) was averaged with this run's into one row."""
+    from mtcli.config import ConfigError
+    from mtcli.reproduce import merge_seed_results, trained_on, with_earlier_seeds
+    from mtcli.results import data_fingerprint
+
+    def seed_row(seed: int, bleu_lc: float, data: str | None) -> dict:
+        return dict(ROW, seed=seed, bleu_lc=bleu_lc, train_steps=8000, average_last=2, length_penalty=1.0,
+                    recipe="a", data=data, decode="beam 5, length penalty 1, average of the last 2 checkpoints")
+
+    earlier = combine_seeds({1: seed_row(1, 40.0, "x"), 2: seed_row(2, 41.0, "x"), 3: seed_row(3, 42.0, None)})
+    again = with_earlier_seeds(earlier, combine_seeds({1: seed_row(1, 30.0, "y")}))
+    assert sorted(again["seeds"]) == ["1", "3"]  # seed 3 does not say (a row from before): kept
+    for seed, data in ((1, "x"), (2, "y")):
+        row = seed_row(seed, 40.0, data)
+        write_results({"de-en": {**row, "seeds": {str(seed): row}}}, results_dir=tmp_path / str(seed), readme=None)
+    with pytest.raises(ConfigError, match=r"seeds were trained on different data \(seed 1: x, seed 2: y\)"):
+        merge_seed_results([tmp_path / "1", tmp_path / "2"], "de-en", "multi30k")
+    inputs = json.loads((prepared_toy / "manifest.json").read_text(encoding="utf-8"))["inputs"]
+    assert trained_on(prepared_toy) == data_fingerprint(inputs) != data_fingerprint({**inputs, "kind": "other"})
 
 
 def test_adaptation_from_too_few_parent_checkpoints_says_which_setting(tiny_run_dir: Path, tmp_path: Path) -> None:
