@@ -42,7 +42,8 @@ from mtcli.errors import DataError, MtcliError
 from mtcli.fileio import atomic_write, sha256_file
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, setup_logging
-from mtcli.reproduce import described, failed, is_the_recipe, run_recipe, seed_config
+from mtcli.pipeline import check_table_place, described, failed, seed_config, written_or_printed
+from mtcli.reproduce import is_the_recipe, run_recipe
 from mtcli.results import (
     README,
     RESULTS_DIR,
@@ -240,13 +241,15 @@ def main(argv: list[str] | None = None) -> int:
             get_logger().info("the en-de row of %s was trained by another recipe (or does not say which): "
                               "every pair real is trained here", args.results / "multi30k.json")
             real = None
+        changed = not (is_the_recipe(forward, FORWARD) and is_the_recipe(reverse, REVERSE))
+        home, readme = table_place(args.results, args.readme, TABLE, changed)
+        check_table_place(home, TABLE)
         table = run_bt(forward, reverse, args.work / f"seed{args.seed}", real)
-    except (MtcliError, KeyboardInterrupt) as exc:
+    except (MtcliError, KeyboardInterrupt, OSError) as exc:
         return failed(exc)
-    changed = not (is_the_recipe(forward, FORWARD) and is_the_recipe(reverse, REVERSE))
-    home, readme = table_place(args.results, args.readme, TABLE, changed)
     markdown = render(table)
-    write_table(table, markdown, home, TABLE, readme)
+    if written_or_printed(lambda: write_table(table, markdown, home, TABLE, readme), table):
+        return 1
     print(markdown)
     return 0
 

@@ -28,17 +28,15 @@ from mtcli.errors import ConfigError, MtcliError, one_line
 from mtcli.evaluate import evaluate, evaluate_directions
 from mtcli.infer.loading import run_directions
 from mtcli.logs import setup_logging
-from mtcli.reproduce import (
-    SCORES,
-    choose_average,
+from mtcli.pipeline import (
+    check_table_place,
     described,
     failed,
-    is_the_recipe,
     parse_seeds,
-    search_length_penalty,
     seed_config,
-    trained_on,
+    written_or_printed,
 )
+from mtcli.reproduce import SCORES, choose_average, is_the_recipe, search_length_penalty, trained_on
 from mtcli.results import (
     README,
     RESULTS_DIR,
@@ -216,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         changed = not args.merge and not is_the_recipe(config, RECIPE)
         home, readme = table_place(args.results, args.readme, TABLE, changed)
         previous = load_results(home, TABLE).get("seeds", {})
+        check_table_place(home, TABLE)
         bilingual = load_results(args.results, BILINGUAL_TABLE)  # read now, not after the training
         if args.merge:
             previous.update(merge_seeds(args.merge))
@@ -228,9 +227,10 @@ def main(argv: list[str] | None = None) -> int:
         if not previous:
             raise ConfigError("no seed to tabulate: give --seeds (e.g. 1,2,3) or --merge results with seeds")
         results = combine(previous, bilingual)
-    except (MtcliError, KeyboardInterrupt) as exc:
+    except (MtcliError, KeyboardInterrupt, OSError) as exc:
         return failed(exc)
-    write(results, home, readme)
+    if written_or_printed(lambda: write(results, home, readme), results):
+        return 1
     print(render(results))
     return 0
 

@@ -38,6 +38,14 @@ from mtcli.evaluate import evaluate
 from mtcli.fileio import atomic_write
 from mtcli.infer.averaging import average_run_checkpoints
 from mtcli.logs import get_logger, setup_logging
+from mtcli.pipeline import (
+    check_table_place,
+    described,
+    failed,
+    parse_seeds,
+    seed_config,
+    written_or_printed,
+)
 from mtcli.results import (
     README,
     RESULTS_DIR,
@@ -300,12 +308,6 @@ def _limit_words(limit: float) -> str:
     return f", length counted up to {limit:g} x the source's in the penalty" if limit else ""
 
 
-def seed_config(config: Config, seed: int) -> Config:
-    """``config`` made a run of its own for seed ``seed``: ``train.seed`` and the run directory
-    ``<the recipe's run dir>-seed<seed>``."""
-    return with_changes(config, "train", seed=seed, run_dir=f"{config.run_path()}-seed{seed}")
-
-
 def combine_seeds(rows: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """A direction's row from its seeds' rows (seed -> row as :func:`run_recipe` returns it):
     the mean of every score and speed under the same keys, the sample standard deviation of each
@@ -337,18 +339,6 @@ def combine_seeds(rows: dict[int, dict[str, Any]]) -> dict[str, Any]:
         out["more_tests"][split]["sentences"] = first["more_tests"][split]["sentences"]
     out["seeds"] = {str(s): rows[s] for s in sorted(rows)}
     return out
-
-
-def parse_seeds(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        seeds = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ConfigError(f"--seeds {text!r}: expected integers separated by commas, e.g. 1,2,3") from None
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ConfigError(f"--seeds {text!r}: give one or more distinct seeds, e.g. 1,2,3")
-    return seeds
 
 
 def run_seeds(config: Config, seeds: list[int] | None, valid_only: bool = False) -> dict[str, Any]:
@@ -401,20 +391,6 @@ def with_earlier_seeds(earlier: dict[str, Any] | None, row: dict[str, Any]) -> d
         return row
     get_logger().info("seed(s) %s of the same recipe kept from the earlier row", ", ".join(kept))
     return combine_seeds({int(s): r for s, r in {**kept, **seeds}.items()})
-
-
-def described(doc: str | None) -> str:
-    """A pipeline's ``--help`` description: its module docstring's first paragraph, on one line."""
-    return " ".join((doc or "").split("\n\n")[0].split())
-
-
-def failed(exc: MtcliError | KeyboardInterrupt) -> int:
-    """A pipeline's one line for what stopped it, and its exit status."""
-    if isinstance(exc, KeyboardInterrupt):
-        print("mtcli: error: interrupted (run the same command again to go on)", file=sys.stderr)
-        return 130
-    print(f"mtcli: error: {exc}", file=sys.stderr)
-    return exc.exit_code
 
 
 def merge_seed_results(paths: list[Path], row_key: str, table_name: str) -> dict[str, Any]:
@@ -521,6 +497,16 @@ def pair_overrides(direction: str) -> list[str]:
             f"train.run_dir=data/runs/multi30k_{direction}"]
 
 
+def check_row(config: Config, table_name: str, row_key: str) -> None:
+    """Raise :class:`ConfigError` when ``config`` trains the direction of another row of the
+    table (``de_en --config`` an en-de recipe): its scores would be filed as ``row_key``'s."""
+    trains = f"{config.data.src_lang}-{config.data.tgt_lang}"
+    rows = {row for _, table, row in RECIPES.values() if table == table_name}
+    if trains in rows and trains != row_key.split()[0]:
+        mine = next(name for name, (_, table, row) in RECIPES.items() if table == table_name and row == trains)
+        raise ConfigError(f"the config trains {trains}, whose row is not {row_key!r}: give the direction {mine}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry: ``python -m mtcli.reproduce {de_en,en_de,wmt_news_en_de} [--data DIR]``."""
     parser = argparse.ArgumentParser(description=described(__doc__))
@@ -550,14 +536,16 @@ def main(argv: list[str] | None = None) -> int:
         else:
             overrides = pair_overrides(args.direction) + args.overrides
             config = with_changes(load_config(args.config or recipe, overrides), "data", source=args.data)
+            check_row(config, table_name, row_key)
             changed = not is_the_recipe(config, recipe, pair_overrides(args.direction))
             if not args.valid_only:  # the table the row goes to, read now: not after hours of training
                 load_results(results_home(args.results, changed), table_name)
+                check_table_place(results_home(args.results, changed), table_name)
             if row_key == ADAPTED_ROW and not args.valid_only:
                 row = run_adaptation(config)
             else:
                 row = run_seeds(config, parse_seeds(args.seeds), args.valid_only)
-    except (MtcliError, KeyboardInterrupt) as exc:
+    except (MtcliError, KeyboardInterrupt, OSError) as exc:
         return failed(exc)
     if args.valid_only:
         print(json.dumps(row, indent=2))
@@ -572,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.merge and "seeds" in row:
         row = with_earlier_seeds(results.get(row_key), row)
     results[row_key] = row
-    write_results(results, results_dir, readme, table_name)
+    if written_or_printed(lambda: write_results(results, results_dir, readme, table_name), row):
+        return 1
     print(render_markdown(results))
     return 0
 

@@ -185,6 +185,8 @@ def test_cross_field_validation(tmp_path: Path) -> None:
     ("model.max_positions=1", "model.max_positions must be >= 2"),
     ("model.attention_dropout=1", "model.attention_dropout and model.activation_dropout must be in [0, 1)"),
     ("data.num_workers=0", "data.num_workers must be >= 1"),  # was taken as 1 without a word
+    ("train.seed=-1", "train.seed must be between 0 and 4294967295"),  # numpy's traceback after prepare
+    ("train.seed=99999999999999999999", "train.seed must be between 0 and 4294967295"),  # torch's overflow
     ("data.character_coverage=0.5", "data.character_coverage must be in [0.98, 1]"),  # SentencePiece's own error
     ("decode.max_len_b=-50", "decode.max_len_a and decode.max_len_b must be >= 0 and not both 0"),
     ("decode.max_len_a=0", "decode.max_len_a and decode.max_len_b must be >= 0 and not both 0"),

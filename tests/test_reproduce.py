@@ -444,3 +444,61 @@ def test_a_recipe_fingerprint_leaves_out_where_a_run_ran_and_merges_refuse_two_r
 
     assert results_home(RESULTS_DIR, True) == RESULTS_DIR / "changed"  # a smoke test keeps off the README's rows
     assert results_home(RESULTS_DIR, False) == RESULTS_DIR and results_home(tmp_path, True) == tmp_path
+
+
+@pytest.mark.parametrize("module", ["mtcli.reproduce", "mtcli.multilingual", "mtcli.backtranslation"])
+def test_a_results_place_that_cannot_be_written_is_one_line_before_any_training(
+        module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file where the results directory should be was a NotADirectoryError traceback after
+    the whole pipeline, and the row was lost."""
+    import importlib
+
+    from conftest import TOY_CONFIG
+
+    blocker = tmp_path / "afile"
+    blocker.write_text("", encoding="utf-8")
+    toy = str(TOY_CONFIG)  # should the check go, the pipeline that runs is the toy's
+    recipes = {"mtcli.reproduce": ["de_en", "--config", toy], "mtcli.multilingual": ["--config", toy, "--seeds", "1"],
+               "mtcli.backtranslation": ["--forward", toy, "--reverse", toy]}[module]
+    args = [*recipes, "--results", str(blocker), "--set", f"train.run_dir={tmp_path / 'run'}",
+            "--set", f"data.prepared_dir={tmp_path / 'prep'}", "--set", "train.max_steps=4"]
+    assert importlib.import_module(module).main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"mtcli: error: {blocker}: ") and "directory" in err[-1], err
+    assert not (tmp_path / "run").exists() and not any(tmp_path.glob("run*"))
+
+
+def test_a_row_that_cannot_be_written_is_printed_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from mtcli.pipeline import written_or_printed
+
+    def full() -> None:
+        raise OSError(28, "No space left on device", "results/multi30k.json")
+
+    assert written_or_printed(full, {"bleu": 40.0}) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"bleu": 40.0}
+    assert err == "mtcli: error: results/multi30k.json: No space left on device\n"
+
+
+@pytest.mark.parametrize(("seeds", "says"), [("-1", "between 0 and 4294967295"),
+                                             ("1,99999999999999999999", "between 0 and 4294967295"),
+                                             ("1,1", "distinct")])
+def test_seeds_out_of_range_are_refused_before_any_work(seeds: str, says: str) -> None:
+    from mtcli.config import ConfigError
+    from mtcli.pipeline import parse_seeds
+
+    with pytest.raises(ConfigError, match=says):
+        parse_seeds(seeds)
+
+
+def test_a_config_of_another_rows_direction_is_refused(toy_config_path: Path) -> None:
+    """de_en --config an en-de recipe filed the en-de model's scores as the de-en row."""
+    from mtcli.config import ConfigError, load_config
+    from mtcli.reproduce import check_row
+
+    en_de = load_config("configs/multi30k_en_de.yaml")
+    with pytest.raises(ConfigError, match="the config trains en-de, whose row is not 'de-en': give the direction en_de"):
+        check_row(en_de, "multi30k", "de-en")
+    check_row(en_de, "multi30k", "en-de")
+    check_row(load_config("configs/wmt_news_en_de_adapt.yaml"), "wmt_news", "en-de adapted")
+    check_row(load_config(toy_config_path), "multi30k", "de-en")  # a pair of no row: a changed recipe's table

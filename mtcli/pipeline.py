@@ -1,0 +1,79 @@
+"""What the reproduction pipelines (:mod:`mtcli.reproduce`, :mod:`mtcli.multilingual`,
+:mod:`mtcli.backtranslation`) share: their seeds, read from ``--seeds`` and made runs of their
+own, and their command-line plumbing (a one-line error with its status, a results table whose
+place is checked before the training and whose row is printed when it cannot be written)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mtcli.config import Config, with_changes
+from mtcli.errors import ConfigError, MtcliError
+from mtcli.fileio import check_file_target
+
+#: The seeds a run may have: numpy's and torch's generators take them as they are.
+MAX_SEED = 2**32 - 1
+
+
+def seed_config(config: Config, seed: int) -> Config:
+    """``config`` made a run of its own for seed ``seed``: ``train.seed`` and the run directory
+    ``<the recipe's run dir>-seed<seed>``."""
+    return with_changes(config, "train", seed=seed, run_dir=f"{config.run_path()}-seed{seed}")
+
+
+def parse_seeds(text: str | None) -> list[int] | None:
+    """The seeds ``--seeds 1,2,3`` names (None without it); :class:`ConfigError` for anything but
+    distinct whole numbers from 0 to :data:`MAX_SEED`, before any work."""
+    if text is None:
+        return None
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"--seeds {text!r}: expected integers separated by commas, e.g. 1,2,3") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds {text!r}: give one or more distinct seeds, e.g. 1,2,3")
+    if not all(0 <= seed <= MAX_SEED for seed in seeds):
+        raise ConfigError(f"--seeds {text!r}: each seed must be between 0 and {MAX_SEED}")
+    return seeds
+
+
+def described(doc: str | None) -> str:
+    """A pipeline's ``--help`` description: its module docstring's first paragraph, on one line."""
+    return " ".join((doc or "").split("\n\n")[0].split())
+
+
+def failed(exc: MtcliError | KeyboardInterrupt | OSError) -> int:
+    """A pipeline's one line for what stopped it, and its exit status."""
+    if isinstance(exc, KeyboardInterrupt):
+        print("mtcli: error: interrupted (run the same command again to go on)", file=sys.stderr)
+        return 130
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"mtcli: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(f"mtcli: error: {exc}", file=sys.stderr)
+    return exc.exit_code
+
+
+def check_table_place(results_dir: Path, table_name: str) -> None:
+    """Raise what writing ``results_dir``'s table would (:class:`OSError` naming the file in the
+    way), before hours of training rather than after them."""
+    check_file_target(results_dir / f"{table_name}.json")
+
+
+def written_or_printed(write: Callable[[], None], row: Any) -> int:
+    """``write()`` the results, 0; when that fails (:class:`OSError`), the row on stdout, so the
+    work is not lost, and the one line with its status."""
+    try:
+        write()
+    except OSError as exc:
+        print(json.dumps(row, indent=2))
+        return failed(exc)
+    return 0
+
+
+__all__ = ["MAX_SEED", "check_table_place", "described", "failed", "parse_seeds", "seed_config", "written_or_printed"]
