@@ -29,8 +29,9 @@ BIN ?= $(VENV)/bin
 # torch==2.13.0: on the project's build machines a local CPU wheel; from PyPI elsewhere, which on Linux
 # is a CUDA build (PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu TORCH_SPEC=torch==2.13.0+cpu: CPU).
 TORCH_SPEC ?= torch==2.13.0
-# DATA=DIR: a local directory of Multi30k's <split>.<lang> files instead of the recipes' own source
-# (multi30k: a local copy in ../shared/data, else downloaded once into data/raw/ or $$MTCLI_DATA)
+# DATA=DIR: a local directory of Multi30k's <split>.<lang> files instead of the recipes' own source,
+# for every Multi30k target (reproduce, the pairs, reproduce-multilingual, reproduce-bt; multi30k: a
+# local copy in ../shared/data, else downloaded once into data/raw/ or $$MTCLI_DATA)
 DATA ?=
 PYTEST_ARGS ?=
 # the package's extras make setup installs (pyproject.toml; ja and ko: MeCab for BLEU of Japanese, Korean)
@@ -79,12 +80,12 @@ reproduce-wmt-news-adapt:
 
 # --set options in REPRODUCE_ARGS apply here too, e.g. REPRODUCE_ARGS='--set train.device=cuda'
 reproduce-multilingual:
-	$(BIN)/python -m mtcli.multilingual --seeds $(SEEDS) $(REPRODUCE_ARGS)
+	$(BIN)/python -m mtcli.multilingual $(if $(DATA),--data $(DATA),) --seeds $(SEEDS) $(REPRODUCE_ARGS)
 
 # reuses the en-de row of results/multi30k.json with seed BT_SEED as "all pairs real" when it is there
 # and was trained by the same recipe
 reproduce-bt:
-	$(BIN)/python -m mtcli.backtranslation --seed $(BT_SEED) $(REPRODUCE_ARGS)
+	$(BIN)/python -m mtcli.backtranslation --seed $(BT_SEED) $(if $(DATA),--set data.source=$(DATA),) $(REPRODUCE_ARGS)
 
 clean:
 	rm -rf .pytest_cache .ruff_cache .import_linter_cache build dist *.egg-info

@@ -229,6 +229,9 @@ def _random_run_dir(work: Path, spm_path: Path | None, seed: int, output_vocab: 
         spm_path = cached if cached.is_file() else None
     if spm_path is None:
         shared = REPO.parent / "shared" / "data" / "multi30k"
+        if not (shared / f"train.{config.data.src_lang}").is_file():
+            raise SystemExit(f"no SentencePiece model to build the random model with: {shared} is not here "
+                             f"(give --spm MODEL, or run `mtcli prepare {RECIPE}` first; and --input FILE)")
         print(f"training an {config.data.vocab_size}-piece SentencePiece model on {shared} ...",
               file=sys.stderr)
         sentences = []
@@ -317,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     bundle = load_for_inference(run_dir, args.checkpoint, device="cpu")
     args.input = args.input or MULTI30K / f"test_2016_flickr.{bundle.config.data.src_lang}"
     if not args.input.is_file():
-        print(f"input {args.input} not found", file=sys.stderr)
+        print(f"input {args.input} not found (give --input FILE: source lines to decode)", file=sys.stderr)
         return 2
     tok, decode = bundle.tokenizer, bundle.config.decode
     lines = list(read_lines(args.input))

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import mtcli.data.prepare as prep
 from mtcli.config import load_config
+from mtcli.data.corpora import split_names
 from mtcli.data.sources import TextDirSource, open_source
 from mtcli.logs import setup_logging
 
@@ -90,7 +91,8 @@ class PhaseTimer:
         return counted
 
     def install(self) -> None:
-        prep._write_texts = self.wrap("read+clean", prep._write_texts)
+        prep.write_eval = self.wrap("read+clean", prep.write_eval)
+        prep.write_training = self.wrap("read+clean", prep.write_training)
         prep.encode_file = self.wrap("encode", prep.encode_file)
         prep.ArrayWriter.append = self.wrap_write(prep.ArrayWriter.append)
         prep._train_spm = self.wrap("spm train", prep._train_spm)  # drawing the sample, and training
@@ -104,7 +106,7 @@ def scaled_copy(config, scale: int, workdir: Path) -> str:
         raise SystemExit("--scale needs a text-directory source")
     out = workdir / "scaled"
     out.mkdir()
-    for split in prep.split_names(data):
+    for split in split_names(data):
         for lang in (data.src_lang, data.tgt_lang):
             src = source.path(split, lang)
             if src.suffix == ".gz":
@@ -128,7 +130,7 @@ def _read_floor(config) -> float:
     d = config.data
     source = open_source(d.source, d.src_lang, d.tgt_lang, d.hub_config)
     if isinstance(source, TextDirSource):
-        paths = [source.path(split, lang) for split in prep.split_names(d) for lang in (d.src_lang, d.tgt_lang)]
+        paths = [source.path(split, lang) for split in split_names(d) for lang in (d.src_lang, d.tgt_lang)]
     else:
         paths = sorted(Path(d.source).rglob("*"))
     start = time.perf_counter()

@@ -115,7 +115,7 @@ def main() -> int:
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    config = load_config(args.run_dir / "config.yaml", ignore_removed=True)
+    config = load_config(args.run_dir / "config.yaml", lenient=True)
     source = args.input or Path(str(DEFAULT_INPUT).format(src=config.data.src_lang))
     sentences = [line for line in source.read_text(encoding="utf-8").splitlines() if line][: args.requests]
     import torch

@@ -560,6 +560,12 @@ def main() -> None:
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit(f"bench_train.py: --device {args.device}, but there is no CUDA GPU here "
+                             "(torch.cuda.is_available() is False)")
     if args.compile is None:
         args.compile = args.device.startswith("cuda")
     if args.worker:

@@ -35,6 +35,10 @@ BASE=(--set model.d_model=512 --set model.n_heads=8 --set model.encoder_layers=6
       --set model.activation_dropout=0.0 --set model.max_positions=1024 --set model.output_vocab=joint)
 # a variant past 200 s (a compile gone wrong) is cut short, so that the rest still runs
 COMMON=(--device cuda --synthetic --vocab 37000 --mean-length 28 --peak-size 8192 --worker-timeout 200)
+"$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null ||
+    { echo "gpu_check.sh: $PY has no CUDA GPU here (no torch, or torch.cuda.is_available() is False): run it on" \
+           "the GPU machine (PYTHON=... names another Python)" >&2; exit 2; }
+mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || true
 "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 

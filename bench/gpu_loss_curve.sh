@@ -21,6 +21,8 @@ PY=${PYTHON:-python3}
 OUT=${1:-bench/results}
 STEPS=${2:-250}
 DATE=$(date +%Y%m%d)
+mkdir -p "$OUT"
+RUNS=$(mktemp -d "${TMPDIR:-/tmp}/gpu_loss_curve.XXXXXX")  # the runs' directories, this script's own
 SET=(--set model.d_model=512 --set model.n_heads=8 --set model.encoder_layers=6 --set model.decoder_layers=6
      --set model.d_ff=2048 --set model.dropout=0.1 --set model.attention_dropout=0.0 --set model.output_vocab=joint
      --set train.rdrop_alpha=0 --set train.weight_decay=0 --set train.precision=bf16 --set train.device="${DEVICE:-cuda}"
@@ -54,8 +56,7 @@ read -r -a specs <<< "${SPECS:-eager:1:1 packed:1:1 eager:2:1}"
 runs=()
 for spec in "${specs[@]}"; do
     IFS=: read -r mode seed procs <<< "$spec"
-    dir=/tmp/curve_${mode}_${seed}_${procs}
-    rm -rf "$dir"
+    dir=$RUNS/curve_${mode}_${seed}_${procs}
     program=(-m mtcli)
     [ "$mode" = random ] && program=(bench/random_batches.py)
     launch=("$PY" "${program[@]}")

@@ -15,6 +15,7 @@ recipes' means of ``results/multi30k.json`` (and into README.md between
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mtcli.allocator import keep_freed_memory
-from mtcli.config import Config, load_config
+from mtcli.config import Config, load_config, with_changes
 from mtcli.data.prepare import prepare
 from mtcli.errors import ConfigError, MtcliError, one_line
 from mtcli.evaluate import evaluate, evaluate_directions
@@ -194,10 +195,22 @@ def write(results: dict[str, Any], results_dir: Path, readme: Path | None) -> No
     write_table(results, render(results), results_dir, TABLE, readme)
 
 
+def read_from(config: Config, directory: str | None) -> Config:
+    """``config`` with every corpus read from ``directory`` (``--data``: a local copy), not its
+    own source; unchanged without one."""
+    if directory is None:
+        return config
+    if not config.data.sources:
+        return with_changes(config, "data", source=directory)
+    return with_changes(config, "data", sources=[dataclasses.replace(c, source=directory) for c in config.data.sources])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry (see the module docstring)."""
     parser = argparse.ArgumentParser(description=described(__doc__))
     parser.add_argument("--config", default=RECIPE, help="the multilingual recipe")
+    parser.add_argument("--data", default=None,
+                        help="directory of Multi30k's <split>.<lang> files, read by every corpus of the recipe")
     parser.add_argument("--seeds", default="1,2,3", help="seeds to train and score, e.g. 1,2,3")
     parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="results directory")
     parser.add_argument("--readme", type=Path, default=README, help="README whose table to refresh")
@@ -210,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
     try:
         seeds = parse_seeds(args.seeds) or []
-        config = load_config(args.config, args.overrides)
+        config = read_from(load_config(args.config, args.overrides), args.data)
         changed = not args.merge and not is_the_recipe(config, RECIPE)
         home, readme = table_place(args.results, args.readme, TABLE, changed)
         previous = load_results(home, TABLE).get("seeds", {})

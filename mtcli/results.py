@@ -34,8 +34,9 @@ TABLES = ("bt", "multi30k", "multilingual", "wmt_news")
 
 
 #: config keys that say where and how a run is carried out, not what it trains: a recipe's
-#: fingerprint leaves them out, so the same recipe run from a local copy of the data, on another
-#: device or with another seed compares equal
+#: fingerprint leaves them out (and each ``data.sources`` corpus's ``source``), so the same recipe
+#: run from a local copy of the data, on another device or with another seed compares equal; the
+#: data's own fingerprint (:func:`data_fingerprint`) says whether two runs read the same text
 PLACE_KEYS = {"data": ("source", "prepared_dir", "num_workers"),
               "train": ("seed", "run_dir", "device", "num_threads", "progress", "log_every", "compile"),
               "decode": ("workers", "max_tokens")}
@@ -60,6 +61,8 @@ def recipe_fingerprint(config: Config) -> str:
     recipes are never averaged into one row. A key a later mtcli adds, with its default, leaves
     the fingerprint as it was."""
     data = json.loads(json.dumps(config.to_dict(), default=str))
+    for corpus in data.get("data", {}).get("sources") or []:  # where each corpus is read from, as data.source
+        corpus.pop("source", None)
     kept: dict[str, Any] = {"version": RECIPE_FINGERPRINT_VERSION}
     for section, body in sorted(data.items()):
         defaults = _defaults(section) if section in ("data", "model", "train", "decode") else {}

@@ -91,3 +91,11 @@ def test_make_clean_removes_caches_and_keeps_data(tmp_path: Path) -> None:
         (tmp_path / name).mkdir(parents=True)
     make(tmp_path, "clean")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+
+
+def test_data_reaches_every_multi30k_pipeline(tmp_path: Path) -> None:
+    """DATA=DIR reached reproduce and the pairs but not reproduce-multilingual or reproduce-bt,
+    which went to the network for Multi30k instead."""
+    for target, passed in (("reproduce-de-en", "--data /d"), ("reproduce-en-fr", "--data /d"),
+                           ("reproduce-multilingual", "--data /d"), ("reproduce-bt", "--set data.source=/d")):
+        assert passed in make(tmp_path, "-n", target, "DATA=/d").stdout, target

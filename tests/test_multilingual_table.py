@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import TOY_CONFIG, make_trilingual, multi_overrides
+from conftest import REPO, TOY_CONFIG, make_trilingual, multi_overrides
 
 from mtcli.multilingual import MARKS, main, render
 
@@ -64,3 +64,16 @@ def test_training_speed_is_given_per_machine() -> None:
             "20.0 min of training each on GPU B (4,000 tok/s; seed 2)") in text
     one = render({"directions": {"en-de": direction}, "seeds": {"1": seeds["1"], "3": seeds["3"]}})
     assert "11.0 min of training each on GPU A (8,000 tok/s); commit abc1234" in one
+
+
+def test_data_reads_every_corpus_from_the_local_copy_as_the_same_recipe() -> None:
+    from mtcli.config import load_config
+    from mtcli.multilingual import RECIPE, read_from
+    from mtcli.results import recipe_fingerprint
+
+    recipe = load_config(REPO / RECIPE)
+    local = read_from(recipe, "/copy/of/multi30k")
+    assert {c.source for c in local.data.sources} == {"/copy/of/multi30k"}
+    assert [c.langs for c in local.data.sources] == [c.langs for c in recipe.data.sources]
+    assert recipe_fingerprint(local) == recipe_fingerprint(recipe)  # where the data is read from is a place
+    assert read_from(recipe, None) is recipe
