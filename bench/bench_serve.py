@@ -117,6 +117,8 @@ def main() -> int:
     args = parser.parse_args()
     config = load_config(args.run_dir / "config.yaml", lenient=True)
     source = args.input or Path(str(DEFAULT_INPUT).format(src=config.data.src_lang))
+    if not source.is_file():
+        raise SystemExit(f"bench_serve.py: {source} not found (give --input FILE: source sentences)")
     sentences = [line for line in source.read_text(encoding="utf-8").splitlines() if line][: args.requests]
     import torch
 
