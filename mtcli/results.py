@@ -133,10 +133,16 @@ def _git(*args: str, env: dict[str, str] | None = None) -> str:
     return subprocess.run(["git", *args], capture_output=True, text=True, check=True, env=env).stdout.strip()
 
 
+#: What runs write beside the tables, which is not what they run: a smoke test's tables
+#: (``results/changed/``) and the benchmarks' JSON (``bench/results/``).
+WRITTEN_DIRS = (str(RESULTS_DIR / "changed"), "bench/results")
+
+
 def generated_paths() -> list[str]:
-    """The files a reproduction writes itself (``results/<table>.{json,md}``): they never count
-    as local edits, so a second direction run after the first still carries the clean commit."""
-    return [str(RESULTS_DIR / f"{table}.{ext}") for table in TABLES for ext in ("json", "md")]
+    """The files a reproduction (or a benchmark) writes itself (``results/<table>.{json,md}``,
+    :data:`WRITTEN_DIRS`): they never count as local edits, so a second direction run after the
+    first, or after a benchmark, still carries the clean commit."""
+    return [*(str(RESULTS_DIR / f"{table}.{ext}") for table in TABLES for ext in ("json", "md")), *WRITTEN_DIRS]
 
 
 def _without_tables(text: str) -> str:
