@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,11 @@ from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from mtcli.data.vocabmap import VocabTokenizer, load_tokenizer, tokenizer_files
 from mtcli.errors import DataError
 from mtcli.fileio import FileHasher, atomic_write, sha256_file, unchanged_since
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: caches are not locked
+    fcntl = None  # type: ignore[assignment]
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -241,6 +247,62 @@ _MANIFEST_KINDS = {"spm": dict, "data_config": dict, "inputs": dict, "input_file
                    "sentences": dict, "tokens": dict, "corpora": list, "split_langs": dict, "tags": dict}
 
 
+class CacheLock:
+    """Shared use of a prepared cache (a trainer reading it) or exclusive use (``prepare``
+    rebuilding it), by an ``flock`` on the cache's directory: a cache is never rebuilt under a
+    running trainer (whose validation would then read other sentences, or ids past its
+    vocabulary). The lock goes with the process, or :meth:`release`, so it is never stale, and
+    it writes nothing (a read-only cache is locked as well). A cache not built yet has nothing
+    to lock."""
+
+    def __init__(self, directory: Path, exclusive: bool) -> None:
+        """Take the lock; :class:`DataError` when another process holds it the other way."""
+        self.fd: int | None = None
+        while fcntl is not None:
+            try:
+                fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError:  # none yet (or not a directory: said where it is opened)
+                return
+            try:
+                fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                if exclusive:
+                    raise DataError(f"{directory}: in use by a running `mtcli train` (or another `mtcli prepare` "
+                                    "is rebuilding it): prepare again once it has finished, or into another "
+                                    "data.prepared_dir") from None
+                raise DataError(f"{directory}: another process is preparing it now (`mtcli prepare`): train "
+                                "once it has finished") from None
+            if _same_file(fd, directory):
+                self.fd = fd
+                return
+            os.close(fd)  # a prepare put a new cache in its place meanwhile: lock that one
+
+    def release(self) -> None:
+        """Let the cache go (also when the lock is garbage-collected, or the process ends)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> CacheLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        self.release()
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
 class PreparedCorpus:
     """A complete prepared cache directory, as written by ``mtcli prepare``."""
 
@@ -248,6 +310,7 @@ class PreparedCorpus:
         """Use :meth:`open`, which checks the directory first."""
         self.directory = directory
         self.manifest = manifest
+        self.lock: CacheLock | None = None  # a trainer's hold on the cache (mtcli.data.freshness.open_prepared)
         # the tokenizer's model: spm.model, or vocab.json beside source.spm and target.spm
         self.spm_path: Path = directory / manifest.get("spm", {}).get("model", SPM_MODEL)
         self.vocab_size: int = int(manifest["vocab"]["size"])

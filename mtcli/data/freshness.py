@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mtcli.config import Config, DataConfig
-from mtcli.data.cache import PreparedCorpus
+from mtcli.data.cache import CacheLock, PreparedCorpus
 from mtcli.data.corpora import plan_corpora
 from mtcli.data.download import CORPORA, located
 from mtcli.data.prepare import KEY_EXCLUDES, SPM_TRAINING_KEYS, given_spm_model
@@ -32,7 +32,9 @@ def open_prepared(config: Config, check_inputs: bool = True) -> PreparedCorpus:
     path = config.data.prepared_path()
     if not path.is_dir():
         raise DataError(f"{path}: no prepared cache; run `mtcli prepare {config.path}` first")
+    lock = CacheLock(path, exclusive=False)  # held while the corpus is: no prepare rebuilds it meanwhile
     corpus = PreparedCorpus.open(path, verify=True)
+    corpus.lock = lock
     data = config.data
     if len(corpus.corpora) != len(data.sources):
         raise DataError(f"{path}: prepared from {len(corpus.corpora) or 'one'} corpora, the config lists "

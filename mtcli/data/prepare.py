@@ -47,6 +47,7 @@ from mtcli.data.cache import (
     FORMAT_VERSION,
     SPM_MODEL,
     ArrayWriter,
+    CacheLock,
     PreparedCorpus,
     token_dtype,
     write_manifest,
@@ -521,16 +522,27 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     data = config.data
     out = data.prepared_path()
     plan = plan_corpora(data)
-    _check_writable(out)
     given = given_spm_model(data)
     inputs = FileHasher(_previous_manifest(out).get("input_files"))  # unchanged inputs are not re-read
     fingerprint = plan.fingerprint(inputs)
     key = build_key(data, fingerprint, given_sha256(given) if given is not None else None)
     current = None if force else _current_cache(out, key)
-    if current is not None:
-        log.info("%s is up to date with %s; nothing to do (--force rebuilds)", out, plan.describe())
-        return PrepareReport(directory=out, skipped=True, source=plan.describe(), counts=current.counts(),
-                             tokens=current.manifest.get("tokens", {}), vocab_size=current.vocab_size)
+    if current is None:  # to be built: a place to write it, and no one else using it (a trainer, a prepare)
+        _check_writable(out)
+        with CacheLock(out, exclusive=True):
+            if not force and _previous_manifest(out).get("build_key") == key:  # another prepare built it meanwhile
+                current = _current_cache(out, key)
+            if current is None:
+                return _build(data, out, plan, given, inputs, fingerprint, key)
+    log.info("%s is up to date with %s; nothing to do (--force rebuilds)", out, plan.describe())
+    return PrepareReport(directory=out, skipped=True, source=plan.describe(), counts=current.counts(),
+                         tokens=current.manifest.get("tokens", {}), vocab_size=current.vocab_size)
+
+
+def _build(data: DataConfig, out: Path, plan: Plan, given: Path | None, inputs: FileHasher,
+           fingerprint: dict[str, Any], key: str) -> PrepareReport:
+    """Write the cache of ``data`` into ``out`` (:func:`prepare`, which holds its lock)."""
+    log = get_logger()
     start = time.perf_counter()
     log.info("preparing %s from %s (splits: %s)", out, plan.describe(), ", ".join(plan.splits()))
     workers = data.num_workers

@@ -139,6 +139,32 @@ def test_no_op_force_and_rebuild_on_change(tmp_path: Path, toy_dir: Path) -> Non
     assert not report.skipped and report.counts["test"]["kept"] == 41
 
 
+def test_a_cache_a_trainer_holds_is_not_rebuilt_under_it(tmp_path: Path, toy_dir: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prepare while a train ran swapped its validation set (the scores jumped, checkpoint_best
+    froze), or, with another vocabulary, crashed it with an IndexError; two prepares of one cache
+    both built it. A no-op prepare needs no lock, and no place to write (a read-only cache)."""
+    cfg = write_config(tmp_path, toy_dir)
+    prep.prepare(load_config(cfg))
+    held = open_prepared(load_config(cfg))  # as a running train holds it
+    with pytest.raises(DataError, match=r"in use by a running `mtcli train` \(or another `mtcli prepare`"):
+        prep.prepare(load_config(cfg, ["data.max_length=5"]))
+    with pytest.raises(DataError, match="in use by a running"):
+        prep.prepare(load_config(cfg), force=True)
+    assert held.directory.is_dir() and sha256_file(held.directory / "manifest.json") == \
+        sha256_file(load_config(cfg).data.prepared_path() / "manifest.json")  # untouched
+    monkeypatch.setattr(prep, "_check_writable", lambda out: (_ for _ in ()).throw(DataError("read-only")))
+    assert prep.prepare(load_config(cfg)).skipped  # up to date: nothing to lock or write
+    monkeypatch.undo()
+    assert held.lock is not None
+    held.lock.release()  # the train ended
+    building = prep.CacheLock(load_config(cfg).data.prepared_path(), exclusive=True)  # a prepare building it
+    with pytest.raises(DataError, match="another process is preparing it now"):
+        open_prepared(load_config(cfg))
+    building.release()
+    assert not prep.prepare(load_config(cfg, ["data.max_length=5"])).skipped
+
+
 def test_corrupt_cache_is_rebuilt_not_trusted(tmp_path: Path, toy_dir: Path) -> None:
     cfg = write_config(tmp_path, toy_dir)
     out = load_config(cfg).data.prepared_path()
