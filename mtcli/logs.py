@@ -49,9 +49,35 @@ def setup_logging(verbose: bool = False, tag: str = "") -> None:
     logger.propagate = False
 
 
+class _FileLog(logging.FileHandler):
+    """A run's text log that never stops its run: a line that cannot be written (a full disk) is
+    one warning on the console naming the file, instead of a traceback a line, and the file
+    takes no more lines (the checkpoints, which say so if they cannot be written, go on)."""
+
+    failed: BaseException | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.failed is None:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        if self.failed is not None:
+            return
+        self.failed = sys.exc_info()[1] or OSError("cannot write")
+        reason = getattr(self.failed, "strerror", None) or self.failed
+        get_logger().warning("%s: cannot write the log (%s); it stops here, the console goes on",
+                             self.baseFilename, reason)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:  # the last lines' flush (said already, or not worth a traceback now)
+            pass
+
+
 def add_file_log(path: str | Path) -> logging.Handler:
     """Also append log records to ``path``; returns the handler so the caller can remove it."""
-    handler = logging.FileHandler(path, encoding="utf-8")
+    handler = _FileLog(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
     logger = get_logger()
     logger.addHandler(handler)

@@ -48,3 +48,51 @@ def test_bar_on_a_terminal_redraws_in_place(monkeypatch: pytest.MonkeyPatch,
 ])
 def test_duration_text_reads_as_a_person_says_it(seconds: float, text: str) -> None:
     assert logs.duration_text(seconds) == text
+
+
+def test_a_run_log_that_cannot_be_written_is_one_warning_not_a_traceback_a_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A full disk under train.log printed "--- Logging error ---" and a traceback for every
+    line, and its close replaced the run's own error with a nameless ENOSPC."""
+    import os
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here (it fails every write with ENOSPC)")
+    logs.setup_logging()
+    handler = logs.add_file_log("/dev/full")
+    try:
+        for i in range(3):
+            logs.get_logger().info("step %d", i)
+    finally:
+        logs.remove_log_handler(handler)  # no exception either
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Logging error" not in err
+    warnings = [line for line in err.splitlines() if "WARNING" in line]
+    assert warnings == [warnings[0]] and warnings[0].endswith(
+        "/dev/full: cannot write the log (No space left on device); it stops here, the console goes on")
+    assert [line for line in err.splitlines() if "| INFO |" in line] == [
+        line for line in err.splitlines() if line.endswith(("step 0", "step 1", "step 2"))]
+
+
+def test_tensorboard_scalars_that_cannot_be_written_are_one_warning(
+        tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    """The event writer's thread died with a traceback on the console, and the next scalar
+    ended the training with "No space left on device", naming nothing."""
+    from mtcli.train.scalars import Scalars
+
+    scalars = Scalars(tmp_path / "tensorboard")
+    scalars.add_scalar("train/loss", 1.0, 1)
+
+    class Full:
+        def add_scalar(self, *args: object) -> None:
+            raise OSError(28, "No space left on device")
+
+    scalars._writer.close()
+    scalars._writer = Full()  # type: ignore[assignment]
+    for step in (2, 3):
+        scalars.add_scalar("train/loss", 1.0, step)
+    scalars.flush()
+    scalars.close()
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said == [f"{tmp_path / 'tensorboard'}: cannot write TensorBoard's scalars (No space left on device); "
+                    "they stop here, the training goes on"]

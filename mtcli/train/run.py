@@ -22,7 +22,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.tensorboard import SummaryWriter
 
 from mtcli.config import Config, load_config, save_config
 from mtcli.data.cache import PreparedCorpus
@@ -51,6 +50,7 @@ from mtcli.train.distributed import (
 )
 from mtcli.train.parent import PARENT_NAME, check_parent_unchanged, load_parent, start_from
 from mtcli.train.resume import find_resume_checkpoint, remove_stale_temp_files
+from mtcli.train.scalars import Scalars
 from mtcli.train.signals import StopSignals
 from mtcli.train.trainer import Trainer
 from mtcli.train.validation import METRIC_NAMES
@@ -329,8 +329,7 @@ def train(config: Config) -> TrainSummary:
             if parent is not None:
                 with atomic_write(run_dir / PARENT_NAME) as handle:
                     handle.write(json.dumps(parent.record(), indent=2) + "\n")
-            trainer.writer = SummaryWriter(str(run_dir / "tensorboard"),
-                                           purge_step=trainer.step + 1 if found else None)
+            trainer.writer = Scalars(run_dir / "tensorboard", purge_step=trainer.step + 1 if found else None)
             stack.callback(trainer.writer.close)
         _log_start(trainer, config, device, precision_text)
         if info.distributed:

@@ -170,8 +170,8 @@ def ppl_text(ppl: float) -> str:
 def log_step(log: logging.Logger, writer: Any, step: int, epoch: int, mean: dict[str, float],
              tokens_per_s: float, seconds_left: float) -> None:
     """The step line of ``train.log`` (the window's means, its tokens/s, the peak memory and
-    ``eta``: :func:`seconds_left`) and its TensorBoard scalars (``writer``: a SummaryWriter, or
-    None)."""
+    ``eta``: :func:`seconds_left`) and its TensorBoard scalars (``writer``: a
+    :class:`~mtcli.train.scalars.Scalars`, or None)."""
     log.info("step %d | epoch %d | loss %.4f | nll %.4f | ppl %s | lr %.3e | gnorm %.3f | tok/s %.0f "
              "| pad %.3f | peak mem %.0fM | eta %s", step, epoch, mean["loss"], mean["nll"], ppl_text(mean["ppl"]),
              mean["lr"], mean["grad_norm"], tokens_per_s, mean["padding"], mean["peak_mem_mb"],

@@ -48,7 +48,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.tensorboard import SummaryWriter
 
 from mtcli.checkpoint import save_checkpoint
 from mtcli.config import Config
@@ -76,6 +75,7 @@ from mtcli.train.loss import LabelSmoothedLoss
 from mtcli.train.rdrop import RDropLoss
 from mtcli.train.resume import check_resume_data, resume_changes
 from mtcli.train.rng import seed_everything, set_rng_state
+from mtcli.train.scalars import Scalars
 from mtcli.train.schedule import build_optimizer, build_schedule, cooldown_scale
 from mtcli.train.signals import StopSignals
 from mtcli.train.step import (
@@ -153,7 +153,7 @@ class Trainer:
         self.last_valid_step = -1
         self.log_window = LogWindow()
         self.resumed_from: str | None = None
-        self.writer: SummaryWriter | None = None
+        self.writer: Scalars | None = None
         self.signals = signals or StopSignals()  # train() keeps them past the loop (run.py)
         self._tokens_done = 0
         self._train_seconds = 0.0
