@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import hashlib
 import json
 import os
@@ -146,7 +147,8 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
     path = written_path(path)
     make_file_parent(path)
     binary = "b" in mode
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _remove_dead_writes(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.p{os.getpid()}-", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, default_file_mode())
         with os.fdopen(fd, mode, encoding=None if binary else encoding) as handle:
@@ -162,6 +164,22 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
         if renamed is not None:
             raise renamed from exc
         raise
+
+
+#: The most bytes :func:`atomic_write`'s temporary file adds to its output's name
+#: (``.NAME.p<pid>-<random>.tmp``: a pid of up to 7 digits, Linux's most, and mkstemp's 8).
+TEMP_NAME_EXTRA = 23
+
+
+def _remove_dead_writes(path: Path) -> None:
+    """Delete the temporary files that writes of ``path`` by processes now gone left beside it
+    (killed mid-write: nothing else would ever remove them)."""
+    ours = re.compile(rf"\.{re.escape(path.name)}\.p(\d+)-\w+\.tmp")
+    for entry in path.parent.glob(f".{glob.escape(path.name)}.p*.tmp"):
+        found = ours.fullmatch(entry.name)
+        if found is not None and not pid_alive(int(found[1])):
+            with contextlib.suppress(OSError):
+                entry.unlink()
 
 
 def named_after(exc: BaseException, path: str | Path) -> OSError | None:

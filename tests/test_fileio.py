@@ -291,3 +291,21 @@ def test_check_directory_names_the_file_in_the_way(tmp_path: Path) -> None:
     with pytest.raises(NotADirectoryError, match=r"so .*notes.txt/a/b cannot be made") as err:
         check_directory(notes / "a" / "b")
     assert err.value.filename == str(notes)
+
+
+def test_atomic_write_removes_what_a_killed_write_of_the_same_file_left(tmp_path: Path) -> None:
+    """A writer killed mid-write (SIGKILL during translate -o of stdin) left its hidden temporary
+    file, as large as the output, and nothing ever removed it."""
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    left = tmp_path / f".out.txt.p{gone}-abcd1234.tmp"
+    live = tmp_path / f".out.txt.p{os.getpid()}-efgh5678.tmp"  # a write still under way
+    other = tmp_path / f".other.txt.p{gone}-abcd1234.tmp"  # another file's
+    for path in (left, live, other):
+        path.write_text("half\n")
+    with atomic_write(tmp_path / "out.txt") as handle:
+        handle.write("whole\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name, "out.txt"])

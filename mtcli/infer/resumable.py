@@ -27,7 +27,7 @@ from typing import IO, Any
 
 import torch
 
-from mtcli.fileio import atomic_write, fsync_dir, make_file_parent, named_after
+from mtcli.fileio import TEMP_NAME_EXTRA, atomic_write, fsync_dir, make_file_parent, named_after
 from mtcli.logs import get_logger
 from mtcli.version import __version__
 
@@ -77,8 +77,6 @@ def partial_paths(output: Path) -> tuple[Path, Path]:
     return output.with_name(f".{output.name}.partial"), output.with_name(f".{output.name}.partial.json")
 
 
-#: The bytes an atomic write adds to a name (``.<random>.tmp``; :func:`mtcli.fileio.atomic_write`).
-_TEMP_SUFFIX = 16
 
 
 def _name_max(directory: Path) -> int:
@@ -107,7 +105,7 @@ def resumable_output(output: Path, key: str) -> Iterator[PartialOutput]:
     output = Path(output)
     make_file_parent(output)
     data, record = partial_paths(output)
-    if len(os.fsencode(record.name)) + _TEMP_SUFFIX > _name_max(output.parent):  # said now, not after a window
+    if len(os.fsencode(record.name)) + TEMP_NAME_EXTRA > _name_max(output.parent):  # said now, not after a window
         raise OSError(errno.ENAMETOOLONG, f"too long a name: the record beside it, {record.name[:24]}..., would "
                       "not fit the file system's names; give a shorter one", str(output))
     try:
