@@ -562,13 +562,13 @@ def test_resume_config_identical_and_safe_changes(toy_dict: dict) -> None:
     assert check_resume_config(toy_dict, copy.deepcopy(toy_dict)) == []
     new = copy.deepcopy(toy_dict)
     new["train"]["max_steps"] = toy_dict["train"]["max_steps"] * 2
-    new["train"]["device"] = "cuda"
+    new["train"]["log_every"] = 7
     new["decode"]["beam_size"] = 7
     new["train"]["adam_betas"] = tuple(toy_dict["train"]["adam_betas"])  # list vs tuple: same
     changes = check_resume_config(toy_dict, new)
     assert changes == [
         f"decode.beam_size: {toy_dict['decode']['beam_size']!r} -> 7",
-        "train.device: 'auto' -> 'cuda'",
+        f"train.log_every: {toy_dict['train']['log_every']} -> 7",
         f"train.max_steps: {toy_dict['train']['max_steps']} -> {new['train']['max_steps']}",
     ]
 
@@ -577,9 +577,14 @@ def test_resume_config_inexact_changes_are_allowed_and_flagged(toy_dict: dict) -
     new = copy.deepcopy(toy_dict)
     new["train"]["update_freq"] = 2
     new["model"]["dropout"] = 0.3
+    new["train"]["device"] = "cuda"  # other roundings, as another thread count (the weights differed)
+    new["train"]["num_threads"] = toy_dict["train"]["num_threads"] + 1
     changes = check_resume_config(toy_dict, new)
     assert changes == [
         f"model.dropout: {toy_dict['model']['dropout']!r} -> 0.3 (resume no longer exact)",
+        "train.device: 'auto' -> 'cuda' (resume no longer exact)",
+        f"train.num_threads: {toy_dict['train']['num_threads']} -> {new['train']['num_threads']} "
+        "(resume no longer exact)",
         "train.update_freq: 1 -> 2 (resume no longer exact)",
     ]
 

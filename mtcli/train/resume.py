@@ -105,12 +105,14 @@ INEXACT_KEYS: frozenset[str] = frozenset(
         "train.update_freq", "train.lr_schedule", "train.lr", "train.lr_factor", "train.warmup_steps", "train.label_smoothing",
         "train.adam_betas", "train.adam_eps", "train.weight_decay", "train.clip_norm",
         "train.precision", "train.compile", "train.valid_bleu", "train.valid_metric", "train.valid_max_sentences",
+        # another device, or another number of threads, sums in another order: other roundings
+        "train.device", "train.num_threads",
     }
 )
-# Keys with no effect on the trajectory (stopping, logging, hardware, decoding, evaluation).
+# Keys with no effect on the trajectory (stopping, logging, where the files go, decoding, evaluation).
 SAFE_KEYS: frozenset[str] = frozenset(
     {
-        "train.run_dir", "train.device", "train.num_threads", "train.max_steps",
+        "train.run_dir", "train.max_steps",
         "train.max_epochs", "train.max_minutes", "train.patience", "train.valid_every",
         "train.keep_last", "train.keep_best", "train.log_every", "train.max_nonfinite", "train.progress",
         "data.num_workers", "data.test_splits", "data.prepared_dir",
