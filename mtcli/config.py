@@ -468,7 +468,8 @@ def validate(config: Config, where: str | None = None) -> None:
     where = where or config.path
     m, t, d, dc = config.model, config.train, config.decode, config.data
     checks: list[tuple[bool, str]] = [
-        (m.d_model > 0 and m.d_model % m.n_heads == 0, "model.d_model must be a positive multiple of model.n_heads"),
+        (m.n_heads >= 1 and m.d_model > 0 and m.d_model % m.n_heads == 0,
+         "model.n_heads must be >= 1 and model.d_model a positive multiple of it"),
         (m.d_model % 2 == 0, "model.d_model must be even (sinusoidal positions pair sin/cos)"),
         (m.encoder_layers >= 1 and m.decoder_layers >= 1, "model.encoder_layers/decoder_layers must be >= 1"),
         (m.d_ff >= 1, "model.d_ff must be >= 1"),

@@ -182,6 +182,8 @@ def test_cross_field_validation(tmp_path: Path) -> None:
     ("train.adam_eps=0", "train.adam_eps must be > 0"),
     ("train.adam_betas=[1.5,0.9]", "train.adam_betas must be two values in [0, 1)"),  # was Adam's traceback
     ("model.d_ff=0", "model.d_ff must be >= 1"),  # was oneDNN's traceback
+    ("model.n_heads=0", "model.n_heads must be >= 1"),  # was a ZeroDivisionError
+    ("model.n_heads=-2", "model.n_heads must be >= 1"),  # was a shape error in the first step, a run made
     ("model.max_positions=1", "model.max_positions must be >= 2"),
     ("model.attention_dropout=1", "model.attention_dropout and model.activation_dropout must be in [0, 1)"),
     ("data.num_workers=0", "data.num_workers must be >= 1"),  # was taken as 1 without a word

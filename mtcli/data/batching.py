@@ -367,10 +367,11 @@ class BatchStream:
             self.src_lengths, self.tgt_lengths, self.max_source_length, self.max_target_length
         )
         if len(self.indices) == 0:
+            limits = ("train.max_source_length and train.max_target_length, at most model.max_positions - 1"
+                      + (f", and train.pack_length - 1 ({self.pack_length - 1})" if self.pack_length else ""))
             raise DataError(
                 f"no training pair is within {self.max_source_length} source and {self.max_target_length} target "
-                f"pieces ({self.skipped} skipped; the limits are train.max_source_length and "
-                "train.max_target_length, at most model.max_positions - 1)"
+                f"pieces ({self.skipped} skipped; the limits are {limits})"
             )
 
     def epoch_batches(self, epoch: int) -> list[Any]:

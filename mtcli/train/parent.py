@@ -149,8 +149,8 @@ def check_parent_unchanged(run_dir: Path, init_from: str, average: int) -> None:
     if [sha256_file(p) for p in paths] != [sha for _, sha in recorded]:  # moved or mounted elsewhere: the same
         names = ", ".join(Path(file).name for file, _ in recorded)
         raise CheckpointError(
-            f"{run_dir}: started from {names} of {init_from}, which train.init_from no longer names as they "
-            f"were (the parent has other weights now); use a new run directory to adapt them")
+            f"{run_dir}: started from {names} of {record.get('init_from', '?')} ({PARENT_NAME}), and train.init_from "
+            f"{init_from} names other weights now; give the first to resume, or a new run directory to adapt these")
 
 
 __all__ = ["PARENT_NAME", "Parent", "check_parent_unchanged", "load_parent", "mismatches", "parent_checkpoints",

@@ -421,8 +421,9 @@ class Trainer:
         if self.nonfinite_in_row >= self.cfg.max_nonfinite:
             raise TrainingError(
                 f"{self.nonfinite_in_row} non-finite losses in a row at step {self.step + 1} "
-                f"(train.max_nonfinite={self.cfg.max_nonfinite}); lower train.lr_factor, "
-                "set train.clip_norm, or check the data"
+                f"(train.max_nonfinite={self.cfg.max_nonfinite}); lower "
+                f"{'train.lr_factor' if self.cfg.lr_schedule == 'noam' else 'train.lr'}, set train.clip_norm, "
+                "or check the data"
             )
 
     # ----------------------------------------------------------------- validation

@@ -444,8 +444,11 @@ def test_nonfinite_loss_skips_then_stops(prepared: Path, tmp_path: Path,
         return out
 
     monkeypatch.setattr(LabelSmoothedLoss, "forward", always_nan)
-    with pytest.raises(TrainingError, match="3 non-finite losses in a row"):
+    with pytest.raises(TrainingError, match="3 non-finite losses in a row.*; lower train.lr_factor, set"):
         train(make_config(prepared, tmp_path / "run2", "train.max_steps=10", "train.max_nonfinite=3"))
+    with pytest.raises(TrainingError, match="; lower train.lr, set train.clip_norm"):  # lr_factor is Noam's alone
+        train(make_config(prepared, tmp_path / "run3", "train.max_steps=10", "train.max_nonfinite=3",
+                          "train.lr_schedule=constant", "train.lr=0.001", "train.lr_factor=1"))
 
 
 def test_a_skipped_step_before_a_log_step_keeps_the_step_numbers(prepared: Path, tmp_path: Path,
