@@ -397,6 +397,15 @@ def test_packed_batches_train_and_resume_exactly(prepared: Path, tmp_path: Path)
     assert rdrop.steps == 2 and len(losses) == 2 and all("nan" not in v for v in losses.values())
 
 
+def test_a_limit_that_leaves_most_pairs_out_is_a_warning(prepared: Path, tmp_path: Path) -> None:
+    """train.pack_length 4 trained on a few of the pairs, said in an INFO line only."""
+    run = tmp_path / "run"
+    train(make_config(prepared, run, "train.max_steps=1", "train.pack_length=4", "train.valid_every=100000"))
+    warned = [line for line in (run / "train.log").read_text(encoding="utf-8").splitlines() if "| WARNING |" in line]
+    assert any(re.search(r"\d+ of \d+ training pairs are longer than the limits and never trained on "
+                         r"\(train.pack_length\)", line) for line in warned), warned
+
+
 @pytest.mark.parametrize("extra", [["train.subword_alpha=-0.1"],
                                    ["train.subword_alpha=0.1", "data.spm_model_type=bpe"],
                                    ["train.subword_alpha=0.1", "train.subword_nbest=0"]])
