@@ -209,7 +209,7 @@ def test_a_bad_value_names_where_it_came_from(tmp_path: Path) -> None:
     line = cli_error(path, "--set", "train.max_steps=5", "--set", "train.warmup_steps=0", "--set", "train.seed=2")
     assert f"{path} with --set train.warmup_steps=0: train.warmup_steps must be >= 1" in line
     line = cli_error(path, "--set", "model.n_heads=3", "--set", "model.d_ff=64", "--set", "model.d_model=64")
-    assert "with --set model.n_heads=3 model.d_model=64: model.d_model must be a positive multiple" in line
+    assert "with --set model.n_heads=3 model.d_model=64: model.n_heads must be >= 1 and model.d_model a positive multiple" in line
     line = cli_error(path, "--set", "data.sources=[{source: a, langs: [de, de]}]", "--set", "data.source=")
     assert "with --set data.sources=[{source: a, langs: [de, de]}]: data.sources[0].langs" in line
     bad = write(tmp_path, {**MINIMAL, "train": {"warmup_steps": 0}}, "bad.yaml")
