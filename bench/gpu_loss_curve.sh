@@ -23,6 +23,7 @@ STEPS=${2:-250}
 DATE=$(date +%Y%m%d)
 mkdir -p "$OUT"
 RUNS=$(mktemp -d "${TMPDIR:-/tmp}/gpu_loss_curve.XXXXXX")  # the runs' directories, this script's own
+trap 'rm -rf "$RUNS"' EXIT  # the curves are in OUT_DIR's JSON by then; the runs' checkpoints go
 SET=(--set model.d_model=512 --set model.n_heads=8 --set model.encoder_layers=6 --set model.decoder_layers=6
      --set model.d_ff=2048 --set model.dropout=0.1 --set model.attention_dropout=0.0 --set model.output_vocab=joint
      --set train.rdrop_alpha=0 --set train.weight_decay=0 --set train.precision=bf16 --set train.device="${DEVICE:-cuda}"

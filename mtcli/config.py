@@ -14,11 +14,10 @@ import dataclasses
 import math
 import os
 import re
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import yaml
 
@@ -26,6 +25,7 @@ from mtcli.errors import ConfigError
 from mtcli.fileio import atomic_write
 from mtcli.languages import default_character_coverage, default_normalization
 from mtcli.logs import get_logger
+from mtcli.typed import coerce, type_name
 from mtcli.yamlfile import load_yaml
 
 
@@ -39,6 +39,10 @@ class CorpusConfig:
     tag: str | None = None  # e.g. "<bt>": an atomic symbol put before each of its sources
     langs: list[str] | None = None  # [source language, target language]
     hub_config: str | None = None
+
+
+#: The largest ``train.seed`` (and ``--seeds``): numpy's and torch's generators take it as it is.
+MAX_SEED = 2**32 - 1
 
 
 def usable_cores(limit: int = 16) -> int:
@@ -201,76 +205,9 @@ class Config:
 SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "decode": DecodeConfig}
 
 
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin is list:
-        (inner,) = typing.get_args(tp)
-        return f"list of {_type_name(inner)}"
-    if dataclasses.is_dataclass(tp):
-        return "a mapping of " + ", ".join(f.name for f in dataclasses.fields(tp))
-    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
-
-
-# inf and nan too, so that validate() says they are not finite, rather than "not a float"
-_FLOAT_TEXT = re.compile(r"[-+]?((\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|inf|nan)", re.IGNORECASE)
-
-
-def _coerce(value: Any, tp: Any) -> Any:
-    """Return ``value`` converted to ``tp`` or raise ``TypeError`` (ints are accepted as floats)."""
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        if value in typing.get_args(tp):
-            return value
-        raise TypeError
-    if origin in (Union, types.UnionType):
-        for arg in typing.get_args(tp):
-            try:
-                return _coerce(value, arg)
-            except TypeError:
-                continue
-        raise TypeError
-    if origin is list:
-        (inner,) = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise TypeError
-        return [_coerce(v, inner) for v in value]
-    if tp is type(None):
-        if value is None:
-            return None
-        raise TypeError
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise TypeError
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise TypeError
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        # PyYAML (YAML 1.1) reads `1e-9` (no dot) as a string; accept plain decimal notation.
-        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
-            return float(value)
-        raise TypeError
-    if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        if not isinstance(value, dict):
-            raise TypeError
-        return _build_section(tp, value, "<value>", "data.sources[]")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        # YAML reads `de` as str but `no`/`on`/numbers as other types; accept scalars as text.
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise TypeError
-    raise TypeError
+def _dataclass_entry(cls: type, raw: dict[str, Any]) -> Any:
+    """A mapping given where a section's field takes a dataclass (a ``data.sources`` entry)."""
+    return _build_section(cls, raw, "<value>", "data.sources[]")
 
 
 def _build_section(cls: type, raw: dict[str, Any], where: str, section: str,
@@ -288,10 +225,10 @@ def _build_section(cls: type, raw: dict[str, Any], where: str, section: str,
             known = ", ".join(fields)
             raise ConfigError(f"{where}: unknown key '{section}.{key}' (known keys: {known})")
         try:
-            kwargs[key] = _coerce(value, hints[key])
+            kwargs[key] = coerce(value, hints[key], _dataclass_entry)
         except TypeError:
             raise ConfigError(
-                f"{where}: key '{section}.{key}' must be {_type_name(hints[key])}, got {value!r}"
+                f"{where}: key '{section}.{key}' must be {type_name(hints[key])}, got {value!r}"
             ) from None
     for name, f in fields.items():
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
@@ -339,9 +276,9 @@ def _check_override(text: str, section: str, key: str, value: Any) -> None:
         _corpus_sections(value, f"--set {text!r}")
         return
     try:
-        _coerce(value, hint)
+        coerce(value, hint, _dataclass_entry)
     except TypeError:
-        raise ConfigError(f"--set {text!r}: key '{section}.{key}' must be {_type_name(hint)}, got {value!r}") from None
+        raise ConfigError(f"--set {text!r}: key '{section}.{key}' must be {type_name(hint)}, got {value!r}") from None
 
 
 def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | None = None,
@@ -425,9 +362,9 @@ def with_changes(config: Config, section: str, **changes: Any) -> Config:
         if key not in known:
             raise ConfigError(f"unknown key '{section}.{key}' (known keys: {', '.join(sorted(known))})")
         try:
-            coerced[key] = _coerce(value, hints[key])
+            coerced[key] = coerce(value, hints[key], _dataclass_entry)
         except TypeError:
-            raise ConfigError(f"key '{section}.{key}' must be {_type_name(hints[key])}, got {value!r}") from None
+            raise ConfigError(f"key '{section}.{key}' must be {type_name(hints[key])}, got {value!r}") from None
     if not coerced:
         return config
     changed = dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **coerced)})
@@ -493,7 +430,7 @@ def validate(config: Config, where: str | None = None) -> None:
           for key, meaning in (("max_epochs", "no limit"), ("patience", "no limit"), ("max_minutes", "no limit"),
                                ("valid_max_sentences", "all of them"), ("num_threads", "PyTorch's choice"),
                                ("clip_norm", "off"), ("weight_decay", "off"), ("lr", "Noam's schedule sets the rate"))),
-        (0 <= t.seed < 2**32, f"train.seed must be between 0 and {2**32 - 1} (numpy's and torch's range)"),
+        (0 <= t.seed <= MAX_SEED, f"train.seed must be between 0 and {MAX_SEED} (numpy's and torch's range)"),
         (t.lr_factor >= 0, "train.lr_factor must be >= 0"),
         (t.adam_eps > 0, "train.adam_eps must be > 0"),
         (t.pack_length == 0 or 2 <= t.pack_length <= min(t.max_tokens, m.max_positions),

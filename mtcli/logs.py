@@ -63,7 +63,11 @@ class _FileLog(logging.FileHandler):
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
         if self.failed is not None:
             return
-        self.failed = sys.exc_info()[1] or OSError("cannot write")
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):  # a record that cannot be formatted: logging's own report
+            super().handleError(record)
+            return
+        self.failed = error
         reason = getattr(self.failed, "strerror", None) or self.failed
         get_logger().warning("%s: cannot write the log (%s); it stops here, the console goes on",
                              self.baseFilename, reason)

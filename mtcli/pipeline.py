@@ -11,12 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mtcli.config import Config, with_changes
+from mtcli.config import MAX_SEED, Config, with_changes
 from mtcli.errors import ConfigError, MtcliError
 from mtcli.fileio import check_file_target
-
-#: The seeds a run may have: numpy's and torch's generators take them as they are.
-MAX_SEED = 2**32 - 1
 
 
 def seed_config(config: Config, seed: int) -> Config:
@@ -76,4 +73,4 @@ def written_or_printed(write: Callable[[], None], row: Any) -> int:
     return 0
 
 
-__all__ = ["MAX_SEED", "check_table_place", "described", "failed", "parse_seeds", "seed_config", "written_or_printed"]
+__all__ = ["check_table_place", "described", "failed", "parse_seeds", "seed_config", "written_or_printed"]

@@ -159,12 +159,13 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
       new values would silently repeat or skip data. To change them, start a new run
       directory. One :class:`CheckpointError` names every such key as ``key: old -> new``.
     * allowed but inexact (:data:`INEXACT_KEYS`, unknown ``train.*`` keys): dropout,
-      ``update_freq`` and optimiser/schedule hyperparameters; training stays correct (the
+      ``update_freq``, optimiser/schedule hyperparameters, the device and thread count (other
+      roundings); training stays correct (the
       data position counts batches, not updates) but no longer matches an uninterrupted run.
       Returned as ``"key: old -> new (resume no longer exact)"``. ``train.max_tokens`` too
       when ``rebatchable`` (the checkpoint saved its batch budget: the pairs the epoch has not
       seen are batched anew), else refused.
-    * safe (:data:`SAFE_KEYS`, ``decode.*``): stopping rules, logging, devices, decoding.
+    * safe (:data:`SAFE_KEYS`, ``decode.*``): stopping rules, logging, decoding.
       Returned as ``"key: old -> new"``.
 
     The caller logs the returned strings and applies the new config.

@@ -214,7 +214,7 @@ def _log_start(trainer: Trainer, config: Config, device: torch.device, precision
     log.info("training pairs: %d kept, %d skipped (longer than %d/%d pieces) | epoch padding %.3f",
              len(stream.indices), stream.skipped, stream.max_source_length, stream.max_target_length,
              stream.padding_fraction())
-    if stream.skipped > 0.1 * (stream.skipped + len(stream.indices)):
+    if trainer.info.is_main and stream.skipped > 0.1 * (stream.skipped + len(stream.indices)):
         log.warning("%d of %d training pairs are longer than the limits and never trained on (%s)", stream.skipped,
                     stream.skipped + len(stream.indices), "train.pack_length" if stream.pack_length else
                     "train.max_source_length, train.max_target_length, model.max_positions")
