@@ -96,3 +96,18 @@ def test_tensorboard_scalars_that_cannot_be_written_are_one_warning(
     said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert said == [f"{tmp_path / 'tensorboard'}: cannot write TensorBoard's scalars (No space left on device); "
                     "they stop here, the training goes on"]
+
+
+def test_a_record_that_cannot_be_formatted_does_not_stop_the_run_log(tmp_path, capsys) -> None:
+    """Only a failed write stops the file: a bad format string is logging's own report, and the
+    lines after it are still written."""
+    import logging
+
+    handler = logs.add_file_log(tmp_path / "t.log")
+    try:
+        for message, args in (("bad %d", ("x",)), ("after", ())):  # to the file alone (pytest's raises)
+            handler.handle(logging.LogRecord("mtcli", logging.INFO, __file__, 0, message, args, None))
+    finally:
+        logs.remove_log_handler(handler)
+    assert (tmp_path / "t.log").read_text(encoding="utf-8").rstrip().endswith("after")
+    assert "cannot write the log" not in capsys.readouterr().err
