@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -258,10 +259,17 @@ class CacheLock:
     def __init__(self, directory: Path, exclusive: bool) -> None:
         """Take the lock; :class:`DataError` when another process holds it the other way."""
         self.fd: int | None = None
+        missing = 0
         while fcntl is not None:
             try:
                 fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-            except OSError:  # none yet (or not a directory: said where it is opened)
+            except FileNotFoundError:  # none yet; or, for a reader, a prepare between its two renames
+                missing += 1
+                if exclusive or missing > 100:
+                    return
+                time.sleep(0.01)
+                continue
+            except OSError:  # not a directory: said where it is opened
                 return
             try:
                 fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)

@@ -526,27 +526,38 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     inputs = FileHasher(_previous_manifest(out).get("input_files"))  # unchanged inputs are not re-read
     fingerprint = plan.fingerprint(inputs)
     key = build_key(data, fingerprint, given_sha256(given) if given is not None else None)
+    seen = _stamp(out / "manifest.json")
     current = None if force else _current_cache(out, key)
     if current is None:  # to be built: a place to write it, and no one else using it (a trainer, a prepare)
         _check_writable(out)
-        with CacheLock(out, exclusive=True):
-            if not force and _previous_manifest(out).get("build_key") == key:  # another prepare built it meanwhile
+        with CacheLock(out, exclusive=True) as lock:
+            if not force and _stamp(out / "manifest.json") != seen:  # another prepare built it meanwhile
                 current = _current_cache(out, key)
             if current is None:
-                return _build(data, out, plan, given, inputs, fingerprint, key)
+                return _build(data, out, plan, given, inputs, fingerprint, key, lock)
     log.info("%s is up to date with %s; nothing to do (--force rebuilds)", out, plan.describe())
     return PrepareReport(directory=out, skipped=True, source=plan.describe(), counts=current.counts(),
                          tokens=current.manifest.get("tokens", {}), vocab_size=current.vocab_size)
 
 
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """Which file ``path`` is, and when it was written (None: there is none)."""
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return found.st_ino, found.st_mtime_ns
+
+
 def _build(data: DataConfig, out: Path, plan: Plan, given: Path | None, inputs: FileHasher,
-           fingerprint: dict[str, Any], key: str) -> PrepareReport:
-    """Write the cache of ``data`` into ``out`` (:func:`prepare`, which holds its lock)."""
+           fingerprint: dict[str, Any], key: str, lock: CacheLock) -> PrepareReport:
+    """Write the cache of ``data`` into ``out`` (:func:`prepare`, which holds ``lock``: on the
+    cache there was, if any)."""
     log = get_logger()
     start = time.perf_counter()
     log.info("preparing %s from %s (splits: %s)", out, plan.describe(), ", ".join(plan.splits()))
     workers = data.num_workers
-    with atomic_dir(out, mark="manifest.json") as tmp, _naming_write_errors(out):
+    with contextlib.ExitStack() as swap, atomic_dir(out, mark="manifest.json") as tmp, _naming_write_errors(out):
         eval_counts = write_eval(plan, data, tmp)  # first: small, and an empty validation split stops here
         counts = write_training(plan, data, tmp, workers)
         counts.update(eval_counts)
@@ -562,6 +573,8 @@ def _build(data: DataConfig, out: Path, plan: Plan, given: Path | None, inputs: 
         manifest["input_files"] = inputs.records
         write_manifest(tmp, manifest)
         PreparedCorpus.open(tmp, verify=False)
+        if lock.fd is None:  # there was none: one another prepare put there since is replaced only
+            swap.enter_context(CacheLock(out, exclusive=True))  # if no trainer holds it (held past the swap)
     seconds = time.perf_counter() - start
     log.info("wrote %s in %.1f s", out, seconds)
     return PrepareReport(directory=out, skipped=False, source=plan.describe(),

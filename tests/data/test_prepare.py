@@ -165,6 +165,25 @@ def test_a_cache_a_trainer_holds_is_not_rebuilt_under_it(tmp_path: Path, toy_dir
     assert not prep.prepare(load_config(cfg, ["data.max_length=5"])).skipped
 
 
+def test_a_cache_put_in_place_during_a_first_build_is_not_swapped_out_under_its_trainer(
+        tmp_path: Path, toy_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two first builds at once: there is nothing to lock when they begin, so the second's swap
+    would rename away the cache the first put there, under a trainer that had begun on it."""
+    cfg = write_config(tmp_path, toy_dir)
+    out = load_config(cfg).data.prepared_path()
+    real, held = prep._spm_model, []
+
+    def meanwhile(*args: object, **kwargs: object) -> object:
+        out.mkdir()  # another prepare's cache, and a trainer reading it
+        held.append(cache_module.CacheLock(out, exclusive=False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(prep, "_spm_model", meanwhile)
+    with pytest.raises(DataError, match="in use by a running `mtcli train`"):
+        prep.prepare(load_config(cfg))
+    assert out.is_dir() and not any(out.iterdir()) and held[0].fd is not None  # left as the trainer has it
+
+
 def test_corrupt_cache_is_rebuilt_not_trusted(tmp_path: Path, toy_dir: Path) -> None:
     cfg = write_config(tmp_path, toy_dir)
     out = load_config(cfg).data.prepared_path()
