@@ -171,14 +171,21 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
 TEMP_NAME_EXTRA = 23
 
 
+#: How long a temporary file of a write whose pid is gone here stays untouched before a later
+#: write of the same file removes it: on a shared file system the pid may be another machine's,
+#: whose write goes on.
+DEAD_WRITE_S = 3600.0
+
+
 def _remove_dead_writes(path: Path) -> None:
     """Delete the temporary files that writes of ``path`` by processes now gone left beside it
-    (killed mid-write: nothing else would ever remove them)."""
+    (killed mid-write: nothing else would ever remove them), once :data:`DEAD_WRITE_S` old."""
     ours = re.compile(rf"\.{re.escape(path.name)}\.p(\d+)-\w+\.tmp")
     for entry in path.parent.glob(f".{glob.escape(path.name)}.p*.tmp"):
         found = ours.fullmatch(entry.name)
-        if found is not None and not pid_alive(int(found[1])):
-            with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):
+            if (found is not None and not pid_alive(int(found[1]))
+                    and time.time() - entry.stat().st_mtime > DEAD_WRITE_S):
                 entry.unlink()
 
 

@@ -14,6 +14,7 @@ import pytest
 from mtcli import fileio
 from mtcli.fileio import (
     CONTENTS_NAME,
+    DEAD_WRITE_S,
     FileHasher,
     atomic_dir,
     atomic_write,
@@ -304,8 +305,11 @@ def test_atomic_write_removes_what_a_killed_write_of_the_same_file_left(tmp_path
     left = tmp_path / f".out.txt.p{gone}-abcd1234.tmp"
     live = tmp_path / f".out.txt.p{os.getpid()}-efgh5678.tmp"  # a write still under way
     other = tmp_path / f".other.txt.p{gone}-abcd1234.tmp"  # another file's
-    for path in (left, live, other):
+    recent = tmp_path / f".out.txt.p{gone}-ijkl9012.tmp"  # another machine's pid, maybe, still writing
+    for path in (left, live, other, recent):
         path.write_text("half\n")
+    for path in (left, live, other):
+        os.utime(path, (time.time() - 2 * DEAD_WRITE_S,) * 2)
     with atomic_write(tmp_path / "out.txt") as handle:
         handle.write("whole\n")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name, "out.txt"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name, recent.name, "out.txt"])
