@@ -43,7 +43,7 @@ from mtcli.fileio import atomic_write, sha256_file
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, setup_logging
 from mtcli.pipeline import check_table_place, described, failed, seed_config, written_or_printed
-from mtcli.reproduce import is_the_recipe, run_recipe
+from mtcli.reproduce import is_the_recipe, reads, run_recipe
 from mtcli.results import (
     README,
     RESULTS_DIR,
@@ -240,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         if real is not None and real.get("recipe") != recipe_fingerprint(forward):
             get_logger().info("the en-de row of %s was trained by another recipe (or does not say which): "
                               "every pair real is trained here", args.results / "multi30k.json")
+            real = None
+        if real is not None and real.get("data") not in (None, reads(forward)):
+            get_logger().info("the en-de row of %s was trained on other data: every pair real is trained here",
+                              args.results / "multi30k.json")
             real = None
         changed = not (is_the_recipe(forward, FORWARD) and is_the_recipe(reverse, REVERSE))
         home, readme = table_place(args.results, args.readme, TABLE, changed)

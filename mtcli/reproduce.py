@@ -32,10 +32,11 @@ from mtcli.allocator import keep_freed_memory
 from mtcli.checkpoint import load_checkpoint
 from mtcli.config import Config, load_config, with_changes
 from mtcli.data.cache import PreparedCorpus
+from mtcli.data.corpora import plan_corpora
 from mtcli.data.prepare import prepare
 from mtcli.errors import ConfigError, MtcliError
 from mtcli.evaluate import evaluate
-from mtcli.fileio import atomic_write
+from mtcli.fileio import FileHasher, atomic_write
 from mtcli.infer.averaging import average_run_checkpoints
 from mtcli.logs import get_logger, setup_logging
 from mtcli.pipeline import (
@@ -300,6 +301,12 @@ def run_recipe(config: Config, valid_only: bool = False) -> dict[str, Any]:
 def trained_on(prepared: Path) -> str:
     """The data a run read (:func:`~mtcli.results.data_fingerprint`), from its prepared cache."""
     return data_fingerprint(PreparedCorpus.open(prepared, verify=False).manifest.get("inputs") or {})
+
+
+def reads(config: Config) -> str:
+    """The data ``config`` would read (:func:`trained_on` of the cache ``prepare`` would make),
+    from its input files' hashes, without preparing it."""
+    return data_fingerprint(plan_corpora(config.data).fingerprint(FileHasher()))
 
 
 def _limit_words(limit: float) -> str:

@@ -96,3 +96,31 @@ def test_a_kept_row_is_not_used_once_its_input_corpora_change(tmp_path: Path,
     assert run.is_dir()  # nothing removed
     shutil.rmtree(run)
     assert bt.recipe_row(longer) == {"run": 3}
+
+
+def test_the_real_row_is_reused_only_when_it_read_the_same_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The "all pairs real" row kept by its recipe alone: with DATA= another copy (a subset),
+    back-translation was measured against a model trained on other data."""
+    import json
+
+    import mtcli.backtranslation as bt
+    from mtcli.config import ConfigError
+    from mtcli.pipeline import seed_config
+    from mtcli.reproduce import reads
+    from mtcli.results import recipe_fingerprint
+
+    args = ["--forward", str(TOY_CONFIG), "--reverse", str(TOY_CONFIG), "--results", str(tmp_path),
+            "--set", f"data.source={TOY_DIR}", "--work", str(tmp_path / "bt")]
+    forward = seed_config(load_config(TOY_CONFIG, [f"data.source={TOY_DIR}"]), 1)
+    given: list[object] = []
+
+    def run_bt(forward: object, reverse: object, work: object, real: object) -> None:
+        given.append(real)
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(bt, "run_bt", run_bt)
+    for data in ("0" * 16, reads(forward)):
+        row = {"recipe": recipe_fingerprint(forward), "data": data, "bleu_lc": 30.0}
+        (tmp_path / "multi30k.json").write_text(json.dumps({"en-de": {"seeds": {"1": row}}}), encoding="utf-8")
+        assert bt.main(args) == 2
+    assert given == [None, row]
