@@ -17,6 +17,14 @@ from mtcli.errors import ConfigError
 API_KEY_ENV = "MTCLI_API_KEY"
 
 
+async def answer(send: Any, status: int, error: str, *headers: tuple[bytes, bytes]) -> None:
+    """Answer ``status`` with the one-line ``{"error": ...}`` body every refusal has."""
+    body = json.dumps({"error": error}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
 class BodyLimit:
     """ASGI middleware: a request body over ``most`` bytes is answered 413 as soon as its
     ``Content-Length``, or the bytes that have arrived, say so, and the rest is never read; what
@@ -34,12 +42,8 @@ class BodyLimit:
         async def refuse() -> None:
             nonlocal answered
             answered = True
-            body = json.dumps({"error": f"the request body is over {self.most} bytes: send fewer or "
-                                        "shorter lines"}).encode()
-            await send({"type": "http.response.start", "status": 413,
-                        "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
-                                    (b"connection", b"close")]})
-            await send({"type": "http.response.body", "body": body})
+            await answer(send, 413, f"the request body is over {self.most} bytes: send fewer or shorter lines",
+                         (b"connection", b"close"))
 
         async def counted() -> dict:
             nonlocal seen
@@ -92,11 +96,8 @@ class KeyCheck:
         scheme, _, token = dict(scope.get("headers") or ()).get(b"authorization", b"").partition(b" ")
         if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key):
             return await self.app(scope, receive, send)
-        body = json.dumps({"error": "missing or wrong API key (send Authorization: Bearer KEY)"}).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
-                                (b"www-authenticate", b"Bearer")]})
-        await send({"type": "http.response.body", "body": body})
+        await answer(send, 401, "missing or wrong API key (send Authorization: Bearer KEY)",
+                     (b"www-authenticate", b"Bearer"))
 
 
 __all__ = ["API_KEY_ENV", "BodyLimit", "KeyCheck", "check_api_key"]
