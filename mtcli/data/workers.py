@@ -49,7 +49,7 @@ def forked_pool(workers: int, initializer: Callable[..., None] | None = None,
 def _start_worker(parent: int, initializer: Callable[..., None] | None, *initargs: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the pool stops its workers with it
-    _end_with_parent(parent)
+    end_with_parent(parent)
     if initializer is not None:
         initializer(*initargs)
 
@@ -58,7 +58,7 @@ def _start_worker(parent: int, initializer: Callable[..., None] | None, *initarg
 _PR_SET_PDEATHSIG = 1
 
 
-def _end_with_parent(parent: int) -> None:
+def end_with_parent(parent: int) -> None:
     """Have the kernel send this process SIGTERM when ``parent`` (the process that forked it)
     ends; and end now if it already has. Linux only (elsewhere nothing is done)."""
     if not sys.platform.startswith("linux"):

@@ -129,6 +129,22 @@ def agree_on_resume(step: int | None, info: DistInfo) -> None:
             "the same run directory (on several machines, a shared file system)")
 
 
+def agree_on_data(cache: tuple[str, str], info: DistInfo) -> None:
+    """Stop every rank unless all of them opened the same prepared cache (``cache``: its build
+    key, and the sha256 of its SentencePiece model): on machines of their own, with caches of
+    their own, ranks would otherwise train one model on different data and piece ids."""
+    if not info.distributed:
+        return
+    caches: list[Any] = [None] * info.world_size
+    dist.all_gather_object(caches, cache)
+    if len(set(caches)) > 1:
+        differ = ", ".join(f"rank {rank}" for rank, found in enumerate(caches) if found != caches[0])
+        raise TrainingError(
+            f"{differ}: another prepared cache than rank 0's (other inputs, settings or SentencePiece model); every "
+            "process must read the same cache: prepare it once on a shared file system, or from the same files "
+            "on each machine")
+
+
 # what gloo says when the process at the other end of a collective has gone
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 

@@ -15,6 +15,7 @@ import dataclasses
 import errno
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from mtcli.config import Config, load_config, save_config
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.freshness import open_prepared
 from mtcli.data.vocabmap import tokenizer_files
+from mtcli.data.workers import end_with_parent
 from mtcli.device import (
     device_has_bf16_units,
     is_out_of_memory,
@@ -43,6 +45,7 @@ from mtcli.rundir import CONFIG_NAME, MANIFEST_NAME, TEXT_DIR, checkpoint_dir, n
 from mtcli.runlock import RunLock
 from mtcli.train.distributed import (
     DistInfo,
+    agree_on_data,
     agree_on_resume,
     init_distributed,
     leave_distributed,
@@ -279,6 +282,21 @@ def out_of_memory_error(config: Config, device: torch.device, trainer: Trainer, 
                              f"if it fails again, resume with smaller batches ({smaller})")
 
 
+def _join(config: Config, info: DistInfo, device: torch.device) -> PreparedCorpus:
+    """Join the run's process group (under torchrun) and open the prepared cache, every rank
+    agreeing on it: a rank that fails here stops the others with one line each (they waited
+    30 s for it to join, or printed a traceback), and ranks of other caches are refused. A
+    rank ends with its launcher (a torchrun killed by SIGKILL left its ranks training on)."""
+    if info.distributed:
+        end_with_parent(os.getppid())
+    with peer_failures(info):
+        init_distributed(info, device)
+        corpus = open_prepared(config, check_inputs=info.is_main)  # one process reads the corpus's files
+        manifest = corpus.manifest
+        agree_on_data((str(manifest.get("build_key")), str((manifest.get("spm") or {}).get("sha256"))), info)
+    return corpus
+
+
 def train(config: Config) -> TrainSummary:
     """Train (or resume) the run of ``config``; see the module docstring."""
     log = get_logger()
@@ -294,12 +312,11 @@ def train(config: Config) -> TrainSummary:
         scorer("bleu", config.data.tgt_lang, instead=" (or train.valid_bleu=false: validation by loss)")  # now
     run_dir = config.run_path()
     check_run_directory(run_dir)  # said now, not after the corpus is checked
-    corpus = open_prepared(config, check_inputs=info.is_main)  # one process reads the corpus's files
-    init_distributed(info, device)
     signals = StopSignals()
     with contextlib.ExitStack() as stack:
         stack.callback(signals.restore)  # last: a signal after a stop waits for the shutdown
         stack.callback(leave_distributed, info)
+        corpus = _join(config, info, device)
         if info.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             stack.enter_context(RunLock(run_dir))

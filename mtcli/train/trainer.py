@@ -94,6 +94,9 @@ from mtcli.train.step import (
 from mtcli.train.validation import METRIC_NAMES, Bests, validation_loss, validation_scores
 
 STATE_FORMAT = 1
+#: A SIGTERM in the ranks' summed stop flags (a SIGINT counts 1): up to 4,095 ranks, the sum (a
+#: float32 one, exact to 2^24) still says whether a Ctrl-C was among them.
+TERM_FLAG = 4096.0
 #: A validation's numbers, as a checkpoint records them (``by``: the one that decided, see Bests).
 VALID_KEYS = ("loss", "nll", "ppl", "bleu", "chrf", "by")
 
@@ -296,7 +299,7 @@ class Trainer:
                 epoch: int) -> dict[str, float] | None:
         """The update after waiting for the step's sums (summed over the ranks under DDP; fp16's
         gradient scaler): skipped on the host when they are not finite."""
-        stop = 1.0 if self.signals.signum is not None else 0.0
+        stop = self._stop_flag()
         loss_sum, nll_sum, tokens_f, real_f, padded_f, stop_any = all_sum(
             [float(loss_acc), float(nll_acc), float(tokens), float(real), float(padded), stop],
             self.info, self.device,
@@ -330,7 +333,7 @@ class Trainer:
         counted = [self.settle()] if self._pending is not None else []
         number = self.step + 1
         need_norm = self.cfg.clip_norm > 0 or number % self.cfg.log_every == 0
-        stop = 1.0 if self.signals.signum is not None else 0.0
+        stop = self._stop_flag()
         counts = to_device(torch.tensor([tokens, real, padded, stop], dtype=torch.float64), self.device)
         sums = all_sum_queued(torch.cat([torch.stack([loss_acc, nll_acc]), counts]), self.info)
         finite = torch.isfinite(sums[0])
@@ -365,12 +368,18 @@ class Trainer:
             return None
         return self._count(step_stats(loss_sum, nll_sum, tokens, real, padded, lr, grad_norm))
 
+    def _stop_flag(self) -> float:
+        """This rank's stop signal as a number the ranks sum: 0 none, 1 SIGINT, :data:`TERM_FLAG`
+        SIGTERM (so the sum says whether any rank had a Ctrl-C)."""
+        signum = self.signals.signum
+        return 0.0 if signum is None else 1.0 if signum == signal.SIGINT else TERM_FLAG
+
     def _agree_on_stop(self, stop_any: float) -> None:
-        """Record a stop signal summed over the ranks (another rank's, perhaps)."""
+        """Record a stop signal summed over the ranks (another rank's, perhaps: named as it was)."""
         if stop_any > 0:
             self._stop_agreed = True
             if self.signals.signum is None:
-                self.signals.signum = signal.SIGTERM  # another rank was signalled
+                self.signals.signum = signal.SIGINT if stop_any % TERM_FLAG else signal.SIGTERM
 
     def _stop_now(self) -> bool:
         """Whether to save and stop after this step: at a signal in one process; under DDP once

@@ -170,6 +170,66 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path, 
     assert f"training interrupted by SIGTERM at step {saved['step']}" in proc.stderr
 
 
+FAIL_ON_RANK_1 = '''
+import os, sys
+import mtcli.train.run as run
+from mtcli.cli import app
+from mtcli.errors import DataError
+
+opened = run.open_prepared
+
+
+def open_prepared(config, check_inputs=True):
+    if os.environ["RANK"] == "1":  # as a machine whose cache is missing, or other
+        raise DataError("rank 1's cache: no prepared cache here")
+    return opened(config, check_inputs)
+
+
+run.open_prepared = open_prepared
+sys.argv[0] = "mtcli"
+app()
+'''
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
+def test_a_rank_that_fails_before_training_stops_the_others_with_one_line(tmp_path: Path, prepared_toy: Path) -> None:
+    """Rank 1's cache refused: rank 0 waited 30 s to form the group with it, ignoring torchrun's
+    SIGTERM, until torchrun killed it, saying nothing (on two machines: gloo's traceback of 110-160
+    lines). Now the group forms first, and rank 0 ends with one line of its own."""
+    script = tmp_path / "fail_on_rank_1.py"
+    script.write_text(FAIL_ON_RANK_1, encoding="utf-8")
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            str(script), "train", str(TOY_CONFIG)]
+    for item in overrides(prepared_toy, tmp_path / "run"):
+        args += ["--set", item]
+    proc = subprocess.run(args, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("mtcli: error: ")]
+    assert len(errors) == 2 and "mtcli: error: rank 1's cache: no prepared cache here" in errors, proc.stderr[-4000:]
+    errors.remove("mtcli: error: rank 1's cache: no prepared cache here")  # rank 0: stopped by torchrun, or
+    assert errors[0] == "mtcli: error: terminated" or errors[0].startswith(  # its collective with rank 1 failed
+        "mtcli: error: rank 0: a collective failed: another process of this run stopped"), errors
+
+
+def test_a_rank_stopped_by_another_ranks_signal_names_that_signal() -> None:
+    """Ctrl-C on one machine: the ranks elsewhere said "interrupted by SIGTERM" (and exited 143)."""
+    import signal
+    import types
+
+    from mtcli.train.trainer import TERM_FLAG, Trainer
+
+    for flags, expected in (([1.0, 0.0], signal.SIGINT), ([TERM_FLAG, 0.0], signal.SIGTERM),
+                            ([TERM_FLAG, 1.0, 0.0], signal.SIGINT)):
+        ranks = [types.SimpleNamespace(signals=types.SimpleNamespace(signum=None), _stop_agreed=False)
+                 for _ in flags]
+        for rank, flag in zip(ranks, flags, strict=True):  # as the signal handler records it
+            rank.signals.signum = {1.0: signal.SIGINT, TERM_FLAG: signal.SIGTERM}.get(flag)
+        assert [Trainer._stop_flag(rank) for rank in ranks] == flags  # type: ignore[arg-type]
+        stopped = ranks[-1]  # a rank no signal reached
+        Trainer._agree_on_stop(stopped, sum(flags))  # type: ignore[arg-type]
+        assert stopped._stop_agreed and stopped.signals.signum == expected
+
+
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
 def test_a_one_process_run_resumes_on_two_with_half_the_batch_each(tmp_path: Path, prepared_toy: Path) -> None:
     """A run moved to more processes keeps its update size by halving train.max_tokens: the
@@ -192,7 +252,7 @@ def test_a_one_process_run_resumes_on_two_with_half_the_batch_each(tmp_path: Pat
 def _rank_main(rank: int, init: str, results: dict) -> None:
     """Two gloo ranks: they found different checkpoints; then rank 0 stops and rank 1 waits for it."""
     from mtcli.errors import TrainingError
-    from mtcli.train.distributed import DistInfo, agree_on_resume, peer_failures
+    from mtcli.train.distributed import DistInfo, agree_on_data, agree_on_resume, peer_failures
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     info = DistInfo(rank=rank, world_size=2)
@@ -200,6 +260,11 @@ def _rank_main(rank: int, init: str, results: dict) -> None:
         agree_on_resume(20 if rank == 0 else None, info)
     except TrainingError as exc:
         results[f"resume{rank}"] = str(exc)
+    agree_on_data(("key", "spm"), info)  # the same cache: nothing said
+    try:
+        agree_on_data(("key", "spm" if rank == 0 else "other spm"), info)
+    except TrainingError as exc:
+        results[f"data{rank}"] = str(exc)
     if rank == 0:
         os._exit(0)  # gone, as a rank that failed on its own
     try:
@@ -229,6 +294,8 @@ def test_ranks_refuse_different_resume_points_and_a_gone_peer_is_one_line(tmp_pa
         found = dict(results)
     for rank in range(2):
         assert "different checkpoints to resume from (rank 0: step 20, rank 1: none)" in found[f"resume{rank}"]
+        # caches of their own on two machines trained one model on different data and piece ids
+        assert found[f"data{rank}"].startswith("rank 1: another prepared cache than rank 0's")
     assert found["peer"].startswith("rank 1: a collective failed: another process of this run stopped (its own "
                                     "error, on its console, says why) or the connection to it failed (")
     assert "\n" not in found["peer"]
