@@ -5,6 +5,7 @@ learns nothing from the answers to its requests."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -15,6 +16,14 @@ from mtcli.errors import ConfigError
 
 #: The environment variable that holds the API key (``--api-key``'s ``envvar``).
 API_KEY_ENV = "MTCLI_API_KEY"
+
+
+def stopped(scope: dict) -> None:
+    """Count a request the shutdown left unanswered (``app.state.dropped``: the server's warning
+    says how many)."""
+    state = getattr(scope.get("app"), "state", None)
+    if state is not None and isinstance(getattr(state, "dropped", None), int):
+        state.dropped += 1
 
 
 async def answer(send: Any, status: int, error: str, *headers: tuple[bytes, bytes]) -> None:
@@ -28,7 +37,9 @@ async def answer(send: Any, status: int, error: str, *headers: tuple[bytes, byte
 class BodyLimit:
     """ASGI middleware: a request body over ``most`` bytes is answered 413 as soon as its
     ``Content-Length``, or the bytes that have arrived, say so, and the rest is never read; what
-    the application would still answer then is dropped."""
+    the application would still answer then is dropped. A body still arriving when the shutdown's
+    grace period ends is answered 503, as every request the shutdown leaves is (not uvicorn's
+    plain-text 500, with a traceback in the log)."""
 
     def __init__(self, app: Any, most: int) -> None:
         self.app, self.most = app, most
@@ -37,7 +48,7 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or ()).get(b"content-length", b"")
-        seen, answered = 0, False
+        seen, answered, started = 0, False, False
 
         async def refuse() -> None:
             nonlocal answered
@@ -56,13 +67,22 @@ class BodyLimit:
             return message
 
         async def sending(message: dict) -> None:
+            nonlocal started
             if not answered:
+                started = True
                 await send(message)
 
         if declared.isdigit() and int(declared) > self.most:
             return await refuse()
-        with contextlib.suppress(BodyTooLarge):
-            await self.app(scope, counted, sending)
+        try:
+            with contextlib.suppress(BodyTooLarge):
+                await self.app(scope, counted, sending)
+        except asyncio.CancelledError:  # the shutdown's grace period ended while the body still arrived
+            if started or answered:
+                raise
+            stopped(scope)
+            await answer(send, 503, "the server stopped before this request had arrived: send it again",
+                         (b"connection", b"close"))
 
 
 class BodyTooLarge(Exception):

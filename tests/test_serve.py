@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -574,6 +575,26 @@ def test_a_batch_still_decoding_after_the_grace_period_ends_the_process_with_0(t
     assert server.proc.wait(timeout=60) == 0
     log = server.proc.stdout.read()
     assert "left unfinished" in log and "terminate called" not in log
+
+
+def test_a_body_still_arriving_when_the_grace_period_ends_gets_a_503(tiny_run_dir: Path) -> None:
+    """A slow client's body half sent at SIGTERM: uvicorn's cancellation reached the body's read,
+    which answered a plain-text 500 and logged a traceback."""
+    server = Server(tiny_run_dir, "--shutdown-grace-s", "0.3")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as client:
+        client.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: 500\r\n\r\n" + b'{"text": ["rot')
+        time.sleep(0.5)
+        server.proc.send_signal(signal.SIGTERM)
+        answer = b""
+        while chunk := client.recv(4096):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 503 "), answer
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {
+        "error": "the server stopped before this request had arrived: send it again"}
+    assert server.proc.wait(timeout=60) == 0
+    log = server.proc.stdout.read()
+    assert "Traceback" not in log and "1 request(s) still unanswered" in log, log
 
 
 def test_a_request_whose_client_left_is_dropped_from_the_queue(tiny_run_dir: Path) -> None:
