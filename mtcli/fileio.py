@@ -148,7 +148,7 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
     make_file_parent(path)
     binary = "b" in mode
     _remove_dead_writes(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.p{os.getpid()}-", suffix=".tmp", dir=path.parent)
+    fd, tmp = _temporary_file(path)
     try:
         os.fchmod(fd, default_file_mode())
         with os.fdopen(fd, mode, encoding=None if binary else encoding) as handle:
@@ -166,9 +166,9 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
         raise
 
 
-#: The most bytes :func:`atomic_write`'s temporary file adds to its output's name
-#: (``.NAME.p<pid>-<random>.tmp``: a pid of up to 7 digits, Linux's most, and mkstemp's 8).
-TEMP_NAME_EXTRA = 23
+#: The bytes :func:`atomic_write`'s shortest temporary name adds to its output's name
+#: (``.NAME.<random>.tmp``, where ``.NAME.p<pid>-<random>.tmp`` does not fit).
+TEMP_NAME_EXTRA = 14
 
 
 #: How long a temporary file of a write whose pid is gone here stays untouched before a later
@@ -177,10 +177,24 @@ TEMP_NAME_EXTRA = 23
 DEAD_WRITE_S = 3600.0
 
 
+def _temporary_file(path: Path) -> tuple[int, str]:
+    """A new hidden file beside ``path`` for :func:`atomic_write` (open descriptor, name), named
+    after this process (``.NAME.p<pid>-<random>.tmp``), or without the pid where a name that long
+    does not fit; an :class:`OSError` naming ``path`` where none fits."""
+    for prefix in (f".{path.name}.p{os.getpid()}-", f".{path.name}."):
+        try:
+            return tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
+        except OSError as exc:
+            if exc.errno != errno.ENAMETOOLONG:
+                raise
+    raise OSError(errno.ENAMETOOLONG, f"too long a name to write beside (a temporary name adds {TEMP_NAME_EXTRA} "
+                  "bytes)", str(path))
+
+
 def _remove_dead_writes(path: Path) -> None:
     """Delete the temporary files that writes of ``path`` by processes now gone left beside it
     (killed mid-write: nothing else would ever remove them), once :data:`DEAD_WRITE_S` old."""
-    ours = re.compile(rf"\.{re.escape(path.name)}\.p(\d+)-\w+\.tmp")
+    ours = re.compile(rf"\.{re.escape(path.name)}\.p(\d{{1,7}})-\w+\.tmp")  # Linux's pids: 7 digits at most
     for entry in path.parent.glob(f".{glob.escape(path.name)}.p*.tmp"):
         found = ours.fullmatch(entry.name)
         with contextlib.suppress(OSError):

@@ -313,3 +313,23 @@ def test_atomic_write_removes_what_a_killed_write_of_the_same_file_left(tmp_path
     with atomic_write(tmp_path / "out.txt") as handle:
         handle.write("whole\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name, recent.name, "out.txt"])
+
+
+def test_a_long_output_name_still_gets_its_temporary_file_or_a_line_naming_it(tmp_path: Path) -> None:
+    """The pid in the temporary name broke names of 235-241 bytes, which fit before (the error
+    named the hidden temporary file); a stray temporary of an impossible pid was an OverflowError."""
+    import errno
+
+    (tmp_path / ".out.p99999999999999999999-abc.tmp").write_text("")
+    with atomic_write(tmp_path / "out") as handle:  # the stray one is left alone
+        handle.write("x")
+    for length, fits in ((236, True), (250, False)):
+        target = tmp_path / ("b" * length)
+        if fits:
+            with atomic_write(target) as handle:
+                handle.write("x")
+            assert target.read_text() == "x"
+        else:
+            with pytest.raises(OSError) as caught, atomic_write(target) as handle:
+                handle.write("x")
+            assert caught.value.errno == errno.ENAMETOOLONG and caught.value.filename == str(target)
