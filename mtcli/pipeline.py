@@ -59,7 +59,8 @@ def failed(exc: MtcliError | KeyboardInterrupt | OSError) -> int:
 def check_table_place(results_dir: Path, table_name: str) -> None:
     """Raise what writing ``results_dir``'s table would (:class:`OSError` naming the file in the
     way), before hours of training rather than after them."""
-    check_file_target(results_dir / f"{table_name}.json")
+    for kind in ("json", "md"):
+        check_file_target(results_dir / f"{table_name}.{kind}")
 
 
 def written_or_printed(write: Callable[[], None], row: Any) -> int:

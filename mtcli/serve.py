@@ -339,7 +339,7 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
     app.state.dropped = 0  # requests answered 503 untranslated: the shutdown grace period ended first
     app.state.still_decoding = False  # at shutdown: a batch of those requests left decoding
     app.add_middleware(BodyLimit, most=limits.max_body_bytes)
-    if api_key:
+    if api_key is not None:
         check_api_key(api_key)
         app.add_middleware(KeyCheck, api_key=api_key)  # added last: it runs first
 

@@ -96,6 +96,9 @@ _KEY_CHARACTERS = re.compile(r"[!-~]+")
 def check_api_key(api_key: str) -> None:
     """Raise :class:`ConfigError` for a key no client could send: HTTP headers carry ASCII, and
     a space or a control character would not come back as it was sent."""
+    if not api_key:  # an empty MTCLI_API_KEY= would serve without one, unsaid
+        raise ConfigError(f"--api-key (or {API_KEY_ENV}) is empty: give a key, or leave both out to serve "
+                          "without one")
     if not _KEY_CHARACTERS.fullmatch(api_key):
         raise ConfigError(f"--api-key (or {API_KEY_ENV}): use visible ASCII characters only, no spaces "
                           "(an HTTP header carries no other characters as they are)")

@@ -461,6 +461,8 @@ def test_a_results_place_that_cannot_be_written_is_one_line_before_any_training(
 
     blocker = tmp_path / "afile"
     blocker.write_text("", encoding="utf-8")
+    table = {"mtcli.reproduce": "multi30k", "mtcli.multilingual": "multilingual", "mtcli.backtranslation": "bt"}[module]
+    (tmp_path / "results" / f"{table}.md").mkdir(parents=True)  # the table's .md place: a directory
     toy = str(TOY_CONFIG)  # should the check go, the pipeline that runs is the toy's
     recipes = {"mtcli.reproduce": ["de_en", "--config", toy], "mtcli.multilingual": ["--config", toy, "--seeds", "1"],
                "mtcli.backtranslation": ["--forward", toy, "--reverse", toy]}[module]
@@ -469,6 +471,11 @@ def test_a_results_place_that_cannot_be_written_is_one_line_before_any_training(
     assert importlib.import_module(module).main(args) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"mtcli: error: {blocker}: ") and "directory" in err[-1], err
+    args[args.index(str(blocker))] = str(tmp_path / "results")
+    assert importlib.import_module(module).main(args) == 1  # the .json's place is fine, the .md's is not
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"mtcli: error: {tmp_path / 'results' / table}.md: "), err
+    assert not list((tmp_path / "results").glob("*.json"))
     assert not (tmp_path / "run").exists() and not any(tmp_path.glob("run*"))
 
 

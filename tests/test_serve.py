@@ -727,6 +727,8 @@ def test_the_api_key_is_checked_before_the_body_and_must_be_sendable(tiny_run_di
     for key in ("ключ", "clé", "two words"):
         with pytest.raises(ConfigError, match="visible ASCII characters only"):
             create_app(translator, api_key=key)
+    with pytest.raises(ConfigError, match="is empty: give a key, or leave both out"):  # MTCLI_API_KEY= served open
+        create_app(translator, api_key="")
 
 
 def test_a_bad_tgt_lang_and_sampling_none_are_answered_as_requests(tiny_run_dir: Path) -> None:

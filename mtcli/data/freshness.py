@@ -30,9 +30,9 @@ def open_prepared(config: Config, check_inputs: bool = True) -> PreparedCorpus:
     corrupt, or prepared from other data settings or (with ``check_inputs``; under DDP, rank 0
     alone reads them) inputs than the config's."""
     path = config.data.prepared_path()
-    if not path.is_dir():
-        raise DataError(f"{path}: no prepared cache; run `mtcli prepare {config.path}` first")
     lock = CacheLock(path, exclusive=False)  # held while the corpus is: no prepare rebuilds it meanwhile
+    if not path.is_dir():  # (the lock waited for a prepare between its two renames)
+        raise DataError(f"{path}: no prepared cache; run `mtcli prepare {config.path}` first")
     corpus = PreparedCorpus.open(path, verify=True)
     corpus.lock = lock
     data = config.data

@@ -148,9 +148,14 @@ def check_parent_unchanged(run_dir: Path, init_from: str, average: int) -> None:
         return
     if [sha256_file(p) for p in paths] != [sha for _, sha in recorded]:  # moved or mounted elsewhere: the same
         names = ", ".join(Path(file).name for file, _ in recorded)
+        started = str(record.get("init_from", "?"))
+        if started == str(Path(init_from).resolve()):  # the parent itself changed: trained further, pruned
+            raise CheckpointError(
+                f"{run_dir}: started from {names} of {started} ({PARENT_NAME}), which has other weights now; use a "
+                "new run directory to adapt them")
         raise CheckpointError(
-            f"{run_dir}: started from {names} of {record.get('init_from', '?')} ({PARENT_NAME}), and train.init_from "
-            f"{init_from} names other weights now; give the first to resume, or a new run directory to adapt these")
+            f"{run_dir}: started from {names} of {started} ({PARENT_NAME}), and train.init_from {init_from} names "
+            "other weights; give the first to resume, or a new run directory to adapt these")
 
 
 __all__ = ["PARENT_NAME", "Parent", "check_parent_unchanged", "load_parent", "mismatches", "parent_checkpoints",

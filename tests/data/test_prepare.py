@@ -163,6 +163,12 @@ def test_a_cache_a_trainer_holds_is_not_rebuilt_under_it(tmp_path: Path, toy_dir
         open_prepared(load_config(cfg))
     building.release()
     assert not prep.prepare(load_config(cfg, ["data.max_length=5"])).skipped
+    import threading  # a trainer opening the cache between prepare's two renames: it waits for the new one
+
+    out, aside = held.directory, held.directory.with_name("aside")
+    out.rename(aside)
+    threading.Timer(0.2, aside.rename, (out,)).start()
+    assert open_prepared(load_config(cfg, ["data.max_length=5"])).directory == out
 
 
 def test_a_cache_put_in_place_during_a_first_build_is_not_swapped_out_under_its_trainer(
