@@ -14,6 +14,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mtcli.checkpoint import load_checkpoint
 from mtcli.config import SECTIONS
 from mtcli.errors import CheckpointError
@@ -105,14 +107,13 @@ INEXACT_KEYS: frozenset[str] = frozenset(
         "train.update_freq", "train.lr_schedule", "train.lr", "train.lr_factor", "train.warmup_steps", "train.label_smoothing",
         "train.adam_betas", "train.adam_eps", "train.weight_decay", "train.clip_norm",
         "train.precision", "train.compile", "train.valid_bleu", "train.valid_metric", "train.valid_max_sentences",
-        # another device, or another number of threads, sums in another order: other roundings
-        "train.device", "train.num_threads",
     }
 )
-# Keys with no effect on the trajectory (stopping, logging, where the files go, decoding, evaluation).
+# Keys with no effect on the trajectory (stopping, logging, where the files go, decoding, evaluation;
+# the device and threads the run ends up on are compared as run: :func:`hardware_changes`).
 SAFE_KEYS: frozenset[str] = frozenset(
     {
-        "train.run_dir", "train.max_steps",
+        "train.run_dir", "train.device", "train.num_threads", "train.max_steps",
         "train.max_epochs", "train.max_minutes", "train.patience", "train.valid_every",
         "train.keep_last", "train.keep_best", "train.log_every", "train.max_nonfinite", "train.progress",
         "data.num_workers", "data.test_splits", "data.prepared_dir",
@@ -159,8 +160,7 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
       new values would silently repeat or skip data. To change them, start a new run
       directory. One :class:`CheckpointError` names every such key as ``key: old -> new``.
     * allowed but inexact (:data:`INEXACT_KEYS`, unknown ``train.*`` keys): dropout,
-      ``update_freq``, optimiser/schedule hyperparameters, the device and thread count (other
-      roundings); training stays correct (the
+      ``update_freq`` and optimiser/schedule hyperparameters; training stays correct (the
       data position counts batches, not updates) but no longer matches an uninterrupted run.
       Returned as ``"key: old -> new (resume no longer exact)"``. ``train.max_tokens`` too
       when ``rebatchable`` (the checkpoint saved its batch budget: the pairs the epoch has not
@@ -257,13 +257,31 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def resume_changes(state: dict[str, Any], new: dict[str, Any], world_size: int, where: str) -> list[str]:
-    """Every change a resume from ``state`` under the config ``new`` (``Config.to_dict()``) and
-    ``world_size`` processes makes, to log (:func:`check_resume_config` refuses the unsafe
-    ones): a change of ``train.update_freq`` that keeps each update as large under another
-    process count is said once, with the processes."""
+def hardware(device: torch.device) -> dict[str, Any]:
+    """What a run computes on, as a checkpoint keeps it: the device (a GPU by its name), and on a
+    CPU the threads its sums are split over (another count rounds them otherwise)."""
+    if device.type == "cuda":
+        return {"device": f"cuda ({torch.cuda.get_device_name(device)})"}
+    return {"device": device.type, "threads": torch.get_num_threads()}
+
+
+def hardware_changes(saved: dict[str, Any] | None, here: dict[str, Any]) -> list[str]:
+    """How the device and threads of a resume differ from the checkpoint's (``saved``: none in a
+    checkpoint from before they were kept), each an inexact resume, whatever the config says."""
+    return [f"{key}: {saved[key]} -> {value} (resume no longer exact)" for key, value in here.items()
+            if saved is not None and key in saved and saved[key] != value]
+
+
+def resume_changes(state: dict[str, Any], new: dict[str, Any], world_size: int, where: str,
+                   here: dict[str, Any] | None = None) -> list[str]:
+    """Every change a resume from ``state`` under the config ``new`` (``Config.to_dict()``),
+    ``world_size`` processes and the device and threads ``here`` (:func:`hardware`) makes, to
+    log (:func:`check_resume_config` refuses the unsafe ones): a change of
+    ``train.update_freq`` that keeps each update as large under another process count is said
+    once, with the processes."""
     changes = check_resume_config(state.get("config") or {}, new, where,
                                   rebatchable="max_tokens" in (state.get("data_state") or {}))
+    changes += hardware_changes(state.get("hardware"), here or {})
     update_freq = int((new.get("train") or {}).get("update_freq", 1))
     process = process_change(state, world_size, update_freq)
     if process is None:

@@ -73,7 +73,7 @@ from mtcli.train.distributed import DistInfo, all_sum, all_sum_queued, broadcast
 from mtcli.train.feed import BatchFeed
 from mtcli.train.loss import LabelSmoothedLoss
 from mtcli.train.rdrop import RDropLoss
-from mtcli.train.resume import check_resume_data, resume_changes
+from mtcli.train.resume import check_resume_data, hardware, resume_changes
 from mtcli.train.rng import seed_everything, set_rng_state
 from mtcli.train.scalars import Scalars
 from mtcli.train.schedule import build_optimizer, build_schedule, cooldown_scale
@@ -178,7 +178,7 @@ class Trainer:
         """Restore everything a checkpoint holds; refuses incompatible configs and vocabularies."""
         if state.get("format") != STATE_FORMAT:
             raise CheckpointError(f"{path}: checkpoint format {state.get('format')!r}, expected {STATE_FORMAT}")
-        for change in resume_changes(state, self.config.to_dict(), self.info.world_size, str(path)):
+        for change in resume_changes(state, self.config.to_dict(), self.info.world_size, str(path), hardware(self.device)):
             self.log.info("config change on resume: %s", change)
         vocab = state.get("vocab") or {}
         if vocab.get("spm_sha256") not in (None, self.spm_sha256) or \
@@ -239,6 +239,7 @@ class Trainer:
             **({"rng_ranks": rng_ranks} if len(rng_ranks) > 1 else {}),
             "data_state": self.feed.position,
             "world_size": self.info.world_size,
+            "hardware": hardware(self.device),
             "train_state": {
                 **self.bests.state_dict(),
                 "nonfinite_in_row": self.nonfinite_in_row,
