@@ -502,7 +502,8 @@ def test_seeds_out_of_range_are_refused_before_any_work(seeds: str, says: str) -
         parse_seeds(seeds)
 
 
-def test_a_config_of_another_rows_direction_is_refused(toy_config_path: Path) -> None:
+def test_a_config_of_another_rows_direction_is_refused(toy_config_path: Path,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
     """de_en --config an en-de recipe filed the en-de model's scores as the de-en row."""
     from mtcli.config import ConfigError, load_config
     from mtcli.reproduce import check_row
@@ -512,4 +513,5 @@ def test_a_config_of_another_rows_direction_is_refused(toy_config_path: Path) ->
         check_row(en_de, "multi30k", "de-en")
     check_row(en_de, "multi30k", "en-de")
     check_row(load_config("configs/wmt_news_en_de_adapt.yaml"), "wmt_news", "en-de adapted")
-    check_row(load_config(toy_config_path), "multi30k", "de-en")  # a pair of no row: a changed recipe's table
+    check_row(load_config(toy_config_path), "multi30k", "de-en")  # a pair of no row: a changed recipe's table,
+    assert "the config trains src-tgt, a pair of no row: its scores are filed as the 'de-en' row" in caplog.text
