@@ -457,6 +457,8 @@ def serve(
         limits = Limits(max_lines=max_lines, max_chars=max_chars, max_total_chars=max_request_chars,
                         batch_wait_ms=batch_wait_ms)
         bound_onednn_cache()
+        if api_key is None and os.environ.get("MTCLI_API_KEY") == "":  # click reads an empty variable as unset
+            api_key = ""
         if api_key is not None:
             check_api_key(api_key)
         check_listening(host, port)  # a port in use, or a key no client could send, is said before the model loads

@@ -180,13 +180,14 @@ DEAD_WRITE_S = 3600.0
 def _temporary_file(path: Path) -> tuple[int, str]:
     """A new hidden file beside ``path`` for :func:`atomic_write` (open descriptor, name), named
     after this process (``.NAME.p<pid>-<random>.tmp``), or without the pid where a name that long
-    does not fit; an :class:`OSError` naming ``path`` where none fits."""
+    does not fit (a killed write's such file is not removed later); an :class:`OSError` naming
+    ``path`` where none can be made."""
     for prefix in (f".{path.name}.p{os.getpid()}-", f".{path.name}."):
         try:
             return tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
         except OSError as exc:
             if exc.errno != errno.ENAMETOOLONG:
-                raise
+                raise OSError(exc.errno, exc.strerror, str(path)) from None
     raise OSError(errno.ENAMETOOLONG, f"too long a name to write beside (a temporary name adds {TEMP_NAME_EXTRA} "
                   "bytes)", str(path))
 

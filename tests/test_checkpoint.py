@@ -606,7 +606,10 @@ def test_a_resume_on_other_threads_or_another_device_is_inexact_as_run_not_as_co
     state["hardware"] = {"device": "cuda (NVIDIA H100 80GB HBM3)"}
     assert resume_changes(state, toy_dict, 1, "ckpt", here) == [
         "device: cuda (NVIDIA H100 80GB HBM3) -> cpu (resume no longer exact)"]
-    assert resume_changes({"config": toy_dict}, toy_dict, 1, "ckpt", here) == []  # a checkpoint from before
+    assert resume_changes({"config": toy_dict}, toy_dict, 1, "ckpt", here) == []  # a checkpoint from before:
+    assert resume_changes({"config": toy_dict}, new, 1, "ckpt", here) == [  # the config's word for it
+        "train.device: 'auto' -> 'cpu' (resume no longer exact)",
+        f"train.num_threads: {toy_dict['train']['num_threads']} -> 2 (resume no longer exact)"]
 
 
 def test_a_longer_run_under_a_cooldown_is_no_longer_exact(toy_dict: dict) -> None:

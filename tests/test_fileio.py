@@ -333,3 +333,18 @@ def test_a_long_output_name_still_gets_its_temporary_file_or_a_line_naming_it(tm
             with pytest.raises(OSError) as caught, atomic_write(target) as handle:
                 handle.write("x")
             assert caught.value.errno == errno.ENAMETOOLONG and caught.value.filename == str(target)
+
+
+def test_a_temporary_file_that_cannot_be_made_is_named_after_the_output(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory that refuses new files: the error named the hidden temporary file."""
+    import errno
+    import tempfile
+
+    def refused(**kwargs: object) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", f"{kwargs['dir']}/.out.txt.p1-abc.tmp")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    with pytest.raises(PermissionError) as caught, atomic_write(tmp_path / "out.txt") as handle:
+        handle.write("x")
+    assert caught.value.filename == str(tmp_path / "out.txt")

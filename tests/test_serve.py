@@ -766,3 +766,15 @@ def test_the_schema_lists_the_error_answers_as_sent(tiny_run_dir: Path) -> None:
     assert "HTTPValidationError" not in schema["components"]["schemas"]
     fields = schema["components"]["schemas"]["TranslateRequest"]["properties"]
     assert [(fields[f]["minimum"], fields[f]["maximum"]) for f in ("beam", "nbest")] == [(1, 16), (1, 16)]
+
+
+def test_an_empty_api_key_variable_is_refused_not_served_open(tiny_run_dir: Path) -> None:
+    """click reads an empty MTCLI_API_KEY= as unset: the server started without a key, unsaid."""
+    from typer.testing import CliRunner
+
+    from mtcli.cli import app
+
+    for args, env in (([], {"MTCLI_API_KEY": ""}), (["--api-key", ""], {})):
+        # an address not to be had: should the key go unchecked, the server stops there, not serves
+        result = CliRunner().invoke(app, ["serve", str(tiny_run_dir), "--host", "256.0.0.1", *args], env=env)
+        assert result.exit_code != 0 and "is empty: give a key, or leave both out" in result.stderr, result.output

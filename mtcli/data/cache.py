@@ -253,8 +253,9 @@ class CacheLock:
     rebuilding it), by an ``flock`` on the cache's directory: a cache is never rebuilt under a
     running trainer (whose validation would then read other sentences, or ids past its
     vocabulary). The lock goes with the process, or :meth:`release`, so it is never stale, and
-    it writes nothing (a read-only cache is locked as well). A cache not built yet has nothing
-    to lock."""
+    it writes nothing (a read-only cache is locked as well). A cache not built yet, or one on a
+    file system that cannot lock a directory (NFS emulates ``flock`` with locks a directory cannot
+    hold), is not locked."""
 
     def __init__(self, directory: Path, exclusive: bool) -> None:
         """Take the lock; :class:`DataError` when another process holds it the other way."""
@@ -273,8 +274,10 @@ class CacheLock:
                 return
             try:
                 fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-            except BlockingIOError:
+            except OSError as exc:
                 os.close(fd)
+                if not isinstance(exc, BlockingIOError):  # a file system that cannot lock a directory (NFS)
+                    return
                 if exclusive:
                     raise DataError(f"{directory}: in use by a running `mtcli train` (or another `mtcli prepare` "
                                     "is rebuilding it): prepare again once it has finished, or into another "

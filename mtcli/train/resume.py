@@ -281,6 +281,9 @@ def resume_changes(state: dict[str, Any], new: dict[str, Any], world_size: int, 
     once, with the processes."""
     changes = check_resume_config(state.get("config") or {}, new, where,
                                   rebatchable="max_tokens" in (state.get("data_state") or {}))
+    if state.get("hardware") is None:  # a checkpoint from before the record: the config's word for it
+        changes = [f"{c} (resume no longer exact)" if c.startswith(("train.device:", "train.num_threads:")) else c
+                   for c in changes]
     changes += hardware_changes(state.get("hardware"), here or {})
     update_freq = int((new.get("train") or {}).get("update_freq", 1))
     process = process_change(state, world_size, update_freq)

@@ -210,3 +210,18 @@ def test_inconsistent_offsets_are_rejected(tmp_path: Path) -> None:
     root = make_cache(tmp_path / "c")
     with pytest.raises(DataError, match="expects"):
         TokenArray(root / "train.de.bin", root / "val.de.idx", np.uint16)
+
+
+def test_a_file_system_that_cannot_lock_a_directory_leaves_the_cache_unlocked(tmp_path, monkeypatch) -> None:
+    """NFS emulates flock with locks that need a file open for writing: a directory's failed with
+    EBADF, which is not a refusal by another process."""
+    import errno
+
+    import mtcli.data.cache as cache
+
+    def cannot(fd: int, operation: int) -> None:
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    monkeypatch.setattr(cache.fcntl, "flock", cannot)
+    for exclusive in (True, False):
+        assert cache.CacheLock(tmp_path, exclusive=exclusive).fd is None
