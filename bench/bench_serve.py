@@ -115,11 +115,18 @@ def main() -> int:
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    config = load_config(args.run_dir / "config.yaml", lenient=True)
+    from mtcli.errors import MtcliError
+
+    try:
+        config = load_config(args.run_dir / "config.yaml", lenient=True)
+    except MtcliError as exc:
+        raise SystemExit(f"bench_serve.py: --run-dir {args.run_dir}: {exc}") from None
     source = args.input or Path(str(DEFAULT_INPUT).format(src=config.data.src_lang))
     if not source.is_file():
-        raise SystemExit(f"bench_serve.py: {source} not found (give --input FILE: source sentences)")
+        raise SystemExit(f"bench_serve.py: {source} is not a file (give --input FILE: source sentences)")
     sentences = [line for line in source.read_text(encoding="utf-8").splitlines() if line][: args.requests]
+    if not sentences:
+        raise SystemExit(f"bench_serve.py: {source} holds no sentence to send")
     import torch
 
     torch.set_num_threads(args.threads)
