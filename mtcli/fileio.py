@@ -204,6 +204,25 @@ def _remove_dead_writes(path: Path) -> None:
                 entry.unlink()
 
 
+def file_stamp(path: str | Path) -> tuple[int, int, int] | None:
+    """A file's size, modification time and inode, what shows it rewritten or replaced (None
+    when it is gone)."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_size, found.st_mtime_ns, found.st_ino
+
+
+def still_names(fd: int, path: str | Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (not renamed away, or replaced)."""
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
 def named_after(exc: BaseException, path: str | Path) -> OSError | None:
     """``exc`` as an ``OSError`` naming ``path``, when it is one that names no file (a failed
     write or flush: ``ENOSPC``, ``EFBIG``), so the one-line error says which output could not

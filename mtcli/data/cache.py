@@ -30,7 +30,7 @@ import numpy as np
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from mtcli.data.vocabmap import VocabTokenizer, load_tokenizer, tokenizer_files
 from mtcli.errors import DataError
-from mtcli.fileio import FileHasher, atomic_write, sha256_file, unchanged_since
+from mtcli.fileio import FileHasher, atomic_write, sha256_file, still_names, unchanged_since
 
 try:
     import fcntl
@@ -284,7 +284,7 @@ class CacheLock:
                                     "data.prepared_dir") from None
                 raise DataError(f"{directory}: another process is preparing it now (`mtcli prepare`): train "
                                 "once it has finished") from None
-            if _same_file(fd, directory):
+            if still_names(fd, directory):
                 self.fd = fd
                 return
             os.close(fd)  # a prepare put a new cache in its place meanwhile: lock that one
@@ -303,15 +303,6 @@ class CacheLock:
 
     def __del__(self) -> None:
         self.release()
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    """Whether ``path`` still names the file open as ``fd``."""
-    try:
-        here, there = os.fstat(fd), os.stat(path)
-    except OSError:
-        return False
-    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 class PreparedCorpus:

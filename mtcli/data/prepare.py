@@ -71,7 +71,7 @@ from mtcli.data.tokenizer import (
 from mtcli.data.vocabmap import VocabTokenizer, load_tokenizer, tokenizer_files
 from mtcli.data.workers import can_fork, forked_pool, in_order
 from mtcli.errors import DataError
-from mtcli.fileio import FileHasher, atomic_dir, check_directory, sha256_file
+from mtcli.fileio import FileHasher, atomic_dir, check_directory, file_stamp, sha256_file
 from mtcli.languages import measured_in_characters
 from mtcli.logs import get_logger, progress
 from mtcli.rundir import VOCAB_NAME
@@ -526,27 +526,18 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     inputs = FileHasher(_previous_manifest(out).get("input_files"))  # unchanged inputs are not re-read
     fingerprint = plan.fingerprint(inputs)
     key = build_key(data, fingerprint, given_sha256(given) if given is not None else None)
-    seen = _stamp(out / "manifest.json")
+    seen = file_stamp(out / "manifest.json")
     current = None if force else _current_cache(out, key)
     if current is None:  # to be built: a place to write it, and no one else using it (a trainer, a prepare)
         _check_writable(out)
         with CacheLock(out, exclusive=True) as lock:
-            if not force and _stamp(out / "manifest.json") != seen:  # another prepare built it meanwhile
+            if not force and file_stamp(out / "manifest.json") != seen:  # another prepare built it meanwhile
                 current = _current_cache(out, key)
             if current is None:
                 return _build(data, out, plan, given, inputs, fingerprint, key, lock)
     log.info("%s is up to date with %s; nothing to do (--force rebuilds)", out, plan.describe())
     return PrepareReport(directory=out, skipped=True, source=plan.describe(), counts=current.counts(),
                          tokens=current.manifest.get("tokens", {}), vocab_size=current.vocab_size)
-
-
-def _stamp(path: Path) -> tuple[int, int] | None:
-    """Which file ``path`` is, and when it was written (None: there is none)."""
-    try:
-        found = path.stat()
-    except OSError:
-        return None
-    return found.st_ino, found.st_mtime_ns
 
 
 def _build(data: DataConfig, out: Path, plan: Plan, given: Path | None, inputs: FileHasher,

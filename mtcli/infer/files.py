@@ -23,7 +23,14 @@ from mtcli.config import DecodeConfig
 from mtcli.data.textio import ArrivingLines, count_lines, iter_binary_lines, read_lines
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.errors import DataError
-from mtcli.fileio import atomic_write, check_directory, is_stream, sha256_file, written_path
+from mtcli.fileio import (
+    atomic_write,
+    check_directory,
+    file_stamp,
+    is_stream,
+    sha256_file,
+    written_path,
+)
 from mtcli.infer.resumable import PartialOutput, resumable_output, translation_key
 from mtcli.infer.translate import DEFAULT_WINDOW, Translation, override_keys
 from mtcli.infer.translator import SAMPLING_ONLY, Translator
@@ -88,7 +95,7 @@ class _Inputs:
 
     @classmethod
     def read(cls, paths: Sequence[str | Path]) -> _Inputs:
-        return cls([Path(p) for p in paths], [_file_state(Path(p)) for p in paths], [sha256_file(p) for p in paths])
+        return cls([Path(p) for p in paths], [file_stamp(Path(p)) for p in paths], [sha256_file(p) for p in paths])
 
     def check_unchanged(self, partial: PartialOutput | None) -> None:
         """:class:`DataError` naming an input rewritten while it was translated (the lines read
@@ -96,7 +103,7 @@ class _Inputs:
         and nothing of ``partial`` kept for a later run. One touched, or deleted (its open file
         was read to the end), is fine."""
         for path, state, digest in zip(self.paths, self.states, self.digests, strict=True):
-            now = _file_state(path)
+            now = file_stamp(path)
             if now is not None and now != state and sha256_file(path) != digest:
                 if partial is not None:
                     partial.discard()
@@ -110,15 +117,6 @@ def _warn_of_unused_sampling(overrides: Sequence[str], decode: DecodeConfig) -> 
     if unused and decode.sampling == "none":
         get_logger().warning("%s: for sampling only, and this translation searches (add --sampling topk or topp): "
                              "it changes nothing", ", ".join(unused))
-
-
-def _file_state(path: Path) -> tuple[int, int, int] | None:
-    """A file's size, modification time and inode (None when it is gone)."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_size, st.st_mtime_ns, st.st_ino
 
 
 def _stdin_lines() -> Iterable[str]:

@@ -27,7 +27,14 @@ from typing import IO, Any
 
 import torch
 
-from mtcli.fileio import TEMP_NAME_EXTRA, atomic_write, fsync_dir, make_file_parent, named_after
+from mtcli.fileio import (
+    TEMP_NAME_EXTRA,
+    atomic_write,
+    fsync_dir,
+    make_file_parent,
+    named_after,
+    still_names,
+)
 from mtcli.logs import get_logger
 from mtcli.version import __version__
 
@@ -77,22 +84,12 @@ def partial_paths(output: Path) -> tuple[Path, Path]:
     return output.with_name(f".{output.name}.partial"), output.with_name(f".{output.name}.partial.json")
 
 
-
-
 def _name_max(directory: Path) -> int:
     """The longest file name ``directory``'s file system takes (255 where it does not say)."""
     try:
         return os.pathconf(directory, "PC_NAME_MAX")
     except (OSError, ValueError):
         return 255
-
-
-def _still_named(handle: IO[str], data: Path) -> bool:
-    """Whether the open ``handle`` is still the file named ``data`` (not renamed away since)."""
-    try:
-        return os.fstat(handle.fileno()).st_ino == os.stat(data).st_ino
-    except OSError:
-        return False
 
 
 @contextlib.contextmanager
@@ -120,7 +117,7 @@ def resumable_output(output: Path, key: str) -> Iterator[PartialOutput]:
                                   str(output)) from None
         except OSError:  # a file system without locks (some network mounts): go on unguarded
             pass
-        if not _still_named(handle, data):  # the run that held the lock renamed it to the output meanwhile
+        if not still_names(handle.fileno(), data):  # the run that held the lock renamed it to the output meanwhile
             raise BlockingIOError(errno.EAGAIN, "another mtcli translate has just finished this output", str(output))
         done, size = _resume_point(handle, record, key)
         os.ftruncate(handle.fileno(), size)  # bytes after the record: a run killed mid-window

@@ -109,11 +109,13 @@ INEXACT_KEYS: frozenset[str] = frozenset(
         "train.precision", "train.compile", "train.valid_bleu", "train.valid_metric", "train.valid_max_sentences",
     }
 )
-# Keys with no effect on the trajectory (stopping, logging, where the files go, decoding, evaluation;
-# the device and threads the run ends up on are compared as run: :func:`hardware_changes`).
+# Keys of what a run computes on: compared as run (:func:`hardware_changes`) where the checkpoint
+# records it, else as configured, and then inexact.
+HARDWARE_KEYS: frozenset[str] = frozenset({"train.device", "train.num_threads"})
+# Keys with no effect on the trajectory (stopping, logging, where the files go, decoding, evaluation).
 SAFE_KEYS: frozenset[str] = frozenset(
     {
-        "train.run_dir", "train.device", "train.num_threads", "train.max_steps",
+        "train.run_dir", *HARDWARE_KEYS, "train.max_steps",
         "train.max_epochs", "train.max_minutes", "train.patience", "train.valid_every",
         "train.keep_last", "train.keep_best", "train.log_every", "train.max_nonfinite", "train.progress",
         "data.num_workers", "data.test_splits", "data.prepared_dir",
@@ -121,9 +123,12 @@ SAFE_KEYS: frozenset[str] = frozenset(
 )
 
 
-def _classify(key: str, rebatchable: bool) -> str:
+def _classify(key: str, rebatchable: bool, hardware_kept: bool = True) -> str:
     """'unsafe', 'inexact' or 'safe'; unknown keys: model/data unsafe, train inexact, decode safe;
-    :data:`REBATCH_KEYS` inexact when ``rebatchable``, else unsafe."""
+    :data:`REBATCH_KEYS` inexact when ``rebatchable``, else unsafe; :data:`HARDWARE_KEYS`
+    inexact unless the checkpoint keeps what the run computed on (``hardware_kept``)."""
+    if key in HARDWARE_KEYS and not hardware_kept:
+        return "inexact"
     if key in REBATCH_KEYS:
         return "inexact" if rebatchable else "unsafe"
     if key in UNSAFE_KEYS:
@@ -147,7 +152,8 @@ def _section_defaults(section: str) -> dict[str, Any]:
     return out
 
 
-def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatchable: bool = False) -> list[str]:
+def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatchable: bool = False,
+                        hardware_kept: bool = True) -> list[str]:
     """Compare the config a checkpoint was trained with to the one given for resuming.
 
     Both are ``Config.to_dict()`` dicts; a key missing from ``saved`` (an older mtcli) counts
@@ -185,7 +191,7 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
             older = key not in (saved.get(section) or {})  # a checkpoint of an mtcli without the key: its default
             text = _item_changes(dotted, old_value, new_value) or (
                 f"{dotted}: {old_value!r}{' (from before the key existed)' if older else ''} -> {new_value!r}")
-            kind = _classify(dotted, rebatchable)
+            kind = _classify(dotted, rebatchable, hardware_kept)
             if dotted == "train.max_steps" and (new.get("train") or {}).get("cooldown_steps", 0) > 0:
                 kind = "inexact"  # the cooldown's start moves with it: the learning rate changes
             if kind == "unsafe":
@@ -280,10 +286,8 @@ def resume_changes(state: dict[str, Any], new: dict[str, Any], world_size: int, 
     ``train.update_freq`` that keeps each update as large under another process count is said
     once, with the processes."""
     changes = check_resume_config(state.get("config") or {}, new, where,
-                                  rebatchable="max_tokens" in (state.get("data_state") or {}))
-    if state.get("hardware") is None:  # a checkpoint from before the record: the config's word for it
-        changes = [f"{c} (resume no longer exact)" if c.startswith(("train.device:", "train.num_threads:")) else c
-                   for c in changes]
+                                  rebatchable="max_tokens" in (state.get("data_state") or {}),
+                                  hardware_kept=state.get("hardware") is not None)
     changes += hardware_changes(state.get("hardware"), here or {})
     update_freq = int((new.get("train") or {}).get("update_freq", 1))
     process = process_change(state, world_size, update_freq)

@@ -94,8 +94,8 @@ from mtcli.train.step import (
 from mtcli.train.validation import METRIC_NAMES, Bests, validation_loss, validation_scores
 
 STATE_FORMAT = 1
-#: A SIGTERM in the ranks' summed stop flags (a SIGINT counts 1): up to 4,095 ranks, the sum (a
-#: float32 one, exact to 2^24) still says whether a Ctrl-C was among them.
+#: A SIGTERM in the ranks' summed stop flags (a SIGINT counts 1): up to 4,095 ranks, the sum
+#: still says whether a Ctrl-C was among them (exact even in float32, to 2^24).
 TERM_FLAG = 4096.0
 #: A validation's numbers, as a checkpoint records them (``by``: the one that decided, see Bests).
 VALID_KEYS = ("loss", "nll", "ppl", "bleu", "chrf", "by")
