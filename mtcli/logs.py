@@ -54,7 +54,7 @@ class _FileLog(logging.FileHandler):
     one warning on the console naming the file, instead of a traceback a line, and the file
     takes no more lines (the checkpoints, which say so if they cannot be written, go on)."""
 
-    failed: BaseException | None = None
+    failed: OSError | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.failed is None:
@@ -68,9 +68,8 @@ class _FileLog(logging.FileHandler):
             super().handleError(record)
             return
         self.failed = error
-        reason = getattr(self.failed, "strerror", None) or self.failed
         get_logger().warning("%s: cannot write the log (%s); it stops here, the console goes on",
-                             self.baseFilename, reason)
+                             self.baseFilename, error.strerror or error)
 
     def close(self) -> None:
         try:
