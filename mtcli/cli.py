@@ -89,7 +89,7 @@ EngineOption = Annotated[str, typer.Option(
     help="torch (ours) or ctranslate2 (the checkpoint converted once into the run directory).")]
 TgtLangOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
     "--tgt-lang", help="Translate into this language (a model trained on several target languages; "
-    "default: the run's data.tgt_lang).")]
+    "default: the run's decode.tgt_lang if set, else its data.tgt_lang).")]
 DeviceOption = Annotated[str, typer.Option(
     help="Decode on auto (the first GPU if there is one; the CPU under decode.int8), cpu, cuda or cuda:N.")]
 

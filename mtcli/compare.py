@@ -30,23 +30,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mtcli.data.textio import read_lines
+from mtcli.data.textio import read_lines, read_lines_hashed
 from mtcli.errors import ConfigError, DataError
-from mtcli.fileio import atomic_write, check_file_target, sha256_file
+from mtcli.fileio import atomic_write, check_file_target, is_stream, sha256_file
 from mtcli.metrics import METRICS, metric_names, scorer
 
 TESTS = {"bs": "paired bootstrap resampling", "ar": "approximate randomization"}
 DEFAULT_SAMPLES = {"bs": 1000, "ar": 10000}
 
 
-def hypothesis_file(system: str | Path, reference: str | Path | None = None) -> Path:
-    """``system`` itself when it is a file; for a run directory, its newest ``eval/*.hyp``
-    scored against ``reference`` (by the ``report.json`` beside it): a run holds the
-    hypotheses of every split and direction it was evaluated on. A run none of whose
-    hypotheses was scored against ``reference`` is a :class:`DataError`; hypotheses whose report
-    does not say (written by hand, or by an older mtcli) are taken only when none matches."""
+def hypothesis_file(system: str | Path, reference: str | Path | None = None, *, digest: str | None = None) -> Path:
+    """``system`` itself when it is a file (or a stream: ``<(zcat hyp.gz)``); for a run
+    directory, its newest ``eval/*.hyp`` scored against ``reference`` (by the ``report.json``
+    beside it): a run holds the hypotheses of every split and direction it was evaluated on. A
+    run none of whose hypotheses was scored against ``reference`` is a :class:`DataError`;
+    hypotheses whose report does not say (written by hand, or by an older mtcli) are taken only
+    when none matches. ``digest``: the reference's sha256 when it was read already (a stream
+    cannot be read again)."""
     path = Path(system)
-    if path.is_file():
+    if path.is_file() or is_stream(path):
         return path
     if not path.is_dir():
         raise DataError(f"{path}: no such hypothesis file or run directory")
@@ -55,7 +57,7 @@ def hypothesis_file(system: str | Path, reference: str | Path | None = None) -> 
         raise DataError(f"{path}: no hypotheses under {path / 'eval'} (run mtcli evaluate {path} first)")
     if reference is None:
         return found[-1]
-    digest = sha256_file(reference)
+    digest = digest or sha256_file(reference)
     scored = {hyp: _scored_against(hyp, digest) for hyp in found}
     matching = [hyp for hyp, same in scored.items() if same] or [hyp for hyp, same in scored.items() if same is None]
     if not matching:
@@ -129,17 +131,17 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
         check_file_target(Path(output))  # before the tests, not after them
     if samples is not None and samples < 1:
         raise ConfigError(f"--samples must be >= 1, got {samples}")
-    files = [hypothesis_file(s, references[0]) for s in systems]
+    first, digest = read_lines_hashed(references[0])  # once: a stream gives its lines once
+    count = len(first)
+    if not count:
+        raise DataError(f"{references[0]}: empty; there is nothing to compare")
+    files = [hypothesis_file(s, references[0], digest=digest) for s in systems]
     if output is not None and Path(output).exists() and any(
             Path(output).resolve() == Path(f).resolve() for f in [*files, *references]):
         raise ConfigError(f"-o {output}: is one of the files compared (a system or a reference); give another path")
     names = list(names) if names else _distinct([str(s) for s in systems])
     if len(names) != len(files) or len(set(names)) != len(names):
         raise ConfigError("compare needs one distinct name per system")
-    first = _lines(Path(references[0]), None, "")
-    count = len(first)
-    if not count:
-        raise DataError(f"{references[0]}: empty; there is nothing to compare")
     what = f"{'first ' if len(references) > 1 else ''}reference {references[0]}"
     refs = [first] + [_lines(Path(r), count, what) for r in references[1:]]
     hyps = [_lines(f, count, what) for f in files]

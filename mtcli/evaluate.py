@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import time
 from collections.abc import Sequence
@@ -19,10 +20,10 @@ import torch
 
 from mtcli.config import Config, DecodeConfig
 from mtcli.data.cache import PreparedCorpus, eval_split_name
-from mtcli.data.textio import read_lines
+from mtcli.data.textio import read_lines, read_lines_hashed
 from mtcli.device import peak_memory_mb
 from mtcli.errors import ConfigError, DataError
-from mtcli.fileio import atomic_write, check_directory, sha256_file
+from mtcli.fileio import atomic_write, check_directory
 from mtcli.infer.loading import InferenceModel, run_directions
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, progress
@@ -91,18 +92,20 @@ def _test_files(run_dir: Path, config: Config, split: str | None, src_file: str 
     return src_path, ref_path, _safe_name(split + other), split
 
 
-def _read_test(src_path: Path, ref_paths: list[Path]) -> tuple[list[str], list[str], list[list[str]]]:
+def _read_test(src_path: Path, ref_paths: list[Path]) -> tuple[list[str], list[str], list[list[str]], str]:
     """The source lines, the first reference's and the further references' (each as many lines
-    as the source: else a :class:`DataError` naming the file)."""
+    as the source: else a :class:`DataError` naming the file), and the first reference's sha256
+    (of the bytes read: a stream such as ``<(zcat ref.gz)`` is read once)."""
     sources = list(read_lines(src_path))
     if not sources:
         raise DataError(f"{src_path}: empty; there is nothing to translate and score")
-    streams = [list(read_lines(path)) for path in ref_paths]
+    first, digest = read_lines_hashed(ref_paths[0])
+    streams = [first, *(list(read_lines(path)) for path in ref_paths[1:])]
     for path, stream in zip(ref_paths, streams, strict=True):
         if len(sources) != len(stream):
             raise DataError(f"{src_path} has {len(sources)} lines but {path} has {len(stream)}: "
                             "source and reference line counts must match")
-    return sources, streams[0], streams[1:]
+    return sources, streams[0], streams[1:], digest
 
 
 def _checkpoint_name(bundle: InferenceModel, average_last: int, average_best: int, members: int) -> str:
@@ -169,6 +172,7 @@ class _Input:
     sources: list[str]
     references: list[str]
     more_references: list[list[str]]
+    reference_sha256: str  # what mtcli compare matches a run's hypotheses by
 
 
 def _read_input(run_dir: Path, config: Config, test: _Test, direction: tuple[str, str]) -> _Input:
@@ -177,9 +181,31 @@ def _read_input(run_dir: Path, config: Config, test: _Test, direction: tuple[str
     src_path, ref_path, name, split = _test_files(run_dir, config, test.split, test.src_file,
                                                   test.ref_files[0] if test.ref_files else None, direction)
     ref_paths = [ref_path, *test.ref_files[1:]]
-    sources, references, more_references = _read_test(src_path, ref_paths)
+    sources, references, more_references, digest = _read_test(src_path, ref_paths)
     scorer("bleu", direction[1])
-    return _Input(direction, src_path, ref_paths, name, split, sources, references, more_references)
+    return _Input(direction, src_path, ref_paths, name, split, sources, references, more_references, digest)
+
+
+def _output_paths(run_dir: Path, test: _Test, name: str) -> tuple[Path, Path]:
+    """Where one direction's hypotheses and report go: ``<output_dir>/<name>.<ckpt>.hyp`` and
+    ``.report.json`` (``output_dir`` defaults to ``run_dir/eval``)."""
+    out_dir = Path(test.output_dir) if test.output_dir is not None else run_dir / "eval"
+    return out_dir / f"{name}.{test.ckpt}.hyp", out_dir / f"{name}.{test.ckpt}.report.json"
+
+
+def _check_outputs(run_dir: Path, test: _Test, inputs: list[_Input]) -> None:
+    """Refuse, before decoding, outputs that would overwrite a file read: another system's
+    hypotheses given as the reference, in the same output directory under the same name."""
+    for given in inputs:
+        for output in _output_paths(run_dir, test, given.name):
+            for read in (given.src_path, *given.ref_paths):
+                try:
+                    same = os.path.samefile(output, read)
+                except OSError:  # not there yet
+                    same = False
+                if same:
+                    raise ConfigError(f"{output}: evaluate would write its output over {read}, which it reads; "
+                                      "give another --output directory")
 
 
 def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, given: _Input) -> dict[str, Any]:
@@ -194,9 +220,7 @@ def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, given: _I
     seconds = time.perf_counter() - start
     scores = score(hypotheses, given.references, more_references=given.more_references, metrics=test.metrics,
                    tgt_lang=direction[1])
-    out_dir = Path(test.output_dir) if test.output_dir is not None else run_dir / "eval"
-    hyp_path = out_dir / f"{name}.{test.ckpt}.hyp"
-    report_path = out_dir / f"{name}.{test.ckpt}.report.json"
+    hyp_path, report_path = _output_paths(run_dir, test, name)
     report: dict[str, Any] = {
         **scores,
         "split": split,
@@ -204,7 +228,7 @@ def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, given: _I
         "tgt_lang": direction[1],
         "source": str(src_path),
         "reference": str(ref_path),
-        "reference_sha256": sha256_file(ref_path),  # what mtcli compare matches a run's hypotheses by
+        "reference_sha256": given.reference_sha256,
         "references": [str(path) for path in given.ref_paths],
         "checkpoint": str(bundle.name),
         "engine": "ctranslate2" if translator.engine is not None else "torch",
@@ -255,7 +279,8 @@ def evaluate(run_dir: str | Path, **options: Any) -> dict[str, Any]:
     that many checkpoints first; ``ensemble``: more members (:func:`mtcli.infer.ensemble.add_members`;
     file names then end ``.ensemble<M>``); ``engine``: ``torch`` or ``ctranslate2``.
     ``src_lang`` and the setting ``tgt_lang``: the direction of a split to score, for a model of
-    several (default: the run's ``data.src_lang`` and ``data.tgt_lang``). ``options``: the
+    several (default: the run's ``data.src_lang`` and the model's default target,
+    ``decode.tgt_lang`` where set, else ``data.tgt_lang``). ``options``: the
     keywords of :func:`evaluate_directions` (one direction here: the one asked for).
     """
     return evaluate_directions(run_dir, every_direction=False, **options)[0]
@@ -297,8 +322,8 @@ def evaluate_directions(
     trained, every = run_directions(run_dir, translator.bundle.config), every_direction and src_file is None
     if every:
         directions = [d for d in trained if src_lang in (None, d[0]) and tgt_lang in (None, d[1])]
-    else:
-        directions = _one_direction(trained, (data.src_lang, data.tgt_lang), src_lang, tgt_lang)
+    else:  # the model's default target: decode.tgt_lang where the run or --set names one
+        directions = _one_direction(trained, (data.src_lang, translator.target_languages[0]), src_lang, tgt_lang)
     if not directions:
         raise ConfigError(f"{run_dir}: no direction {src_lang or '*'}->{tgt_lang or '*'} among those it was "
                           f"trained on ({', '.join('->'.join(d) for d in trained)})")
@@ -311,6 +336,7 @@ def evaluate_directions(
     model = {"average_last": average_last, "average_best": average_best, "ensemble": [str(p) for p in ensemble]}
     test = _Test(split, src_file, [*refs, *map(Path, more_refs)], metrics, output_dir, ckpt, model)
     inputs = _inputs(run_dir, translator.bundle.config, test, directions, every)  # all, before decoding
+    _check_outputs(run_dir, test, inputs)
     return [_evaluate_with(translator, run_dir, test, given) for given in inputs]
 
 

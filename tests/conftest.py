@@ -201,6 +201,30 @@ def wait_until(ready, proc, what: str, timeout: float = 120.0) -> None:
         time.sleep(0.005)
 
 
+def fifo_of(source: Path, fifo: Path, seconds: float = 30.0) -> None:
+    """Make ``fifo`` a named pipe that gives ``source``'s bytes once, as ``<(cat source)`` does.
+    A reader that opens it again within ``seconds`` reads it empty at once, not waiting forever
+    for a writer: a test of code that reads a stream twice fails instead of hanging."""
+    import errno
+    import threading
+    import time
+
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        fifo.write_bytes(source.read_bytes())
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # a waiting reader sees its end
+            except OSError as exc:
+                if exc.errno not in (errno.ENXIO, errno.ENOENT):
+                    return
+            time.sleep(0.01)
+
+    threading.Thread(target=feed, daemon=True).start()
+
+
 #: The start of a ``python -c`` script (argv: CONFIG MARKER) that runs ``prepare`` paused once its
 #: SentencePiece model is trained: it writes MARKER and waits, so a test can signal or kill it there.
 PREPARE_PAUSED_AFTER_SPM = """

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TOY_DIR
+from conftest import TOY_DIR, fifo_of
 from typer.testing import CliRunner
 
 from mtcli.cli import app
@@ -205,3 +205,23 @@ def test_chinese_references_are_tokenised_as_chinese(tmp_path: Path) -> None:
     (run / "eval" / "test.best.report.json").write_text(json.dumps({"direction": "en-zh", "tgt_lang": "zh"}))
     recorded = compare([run, other], [ref], metrics=["bleu"], tests=["bs"], samples=10)
     assert recorded["tgt_lang"] == "zh" and bleu(recorded) == bleu(given)
+
+
+def test_a_reference_and_a_system_given_as_streams(systems: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """``compare <(cat b.hyp) --ref <(cat ref)``: a hypothesis stream was "no such file", and a
+    reference stream was used up by its checksum, then called empty."""
+    ref, weak, strong = systems
+    pipes = {"ref": tmp_path / "ref.fifo", "strong": tmp_path / "strong.fifo"}
+    fifo_of(ref, pipes["ref"])
+    fifo_of(strong, pipes["strong"])
+    report = compare([weak, pipes["strong"]], [pipes["ref"]], tests=["bs"], samples=50, names=["weak", "strong"])
+    assert report == compare([weak, strong], [ref], tests=["bs"], samples=50, names=["weak", "strong"]) | {
+        "references": [str(pipes["ref"])], "systems": {"weak": str(weak), "strong": str(pipes["strong"])}}
+    # a run directory's hypotheses are found by the checksum of the reference stream's bytes
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    (run / "eval" / "test.best.hyp").write_bytes(strong.read_bytes())
+    (run / "eval" / "test.best.report.json").write_text(json.dumps({"reference_sha256": sha256_file(ref)}))
+    fifo_of(ref, tmp_path / "again.fifo")
+    assert compare([weak, run], [tmp_path / "again.fifo"], tests=["bs"], samples=50)["systems"][str(run)] == str(
+        run / "eval" / "test.best.hyp")

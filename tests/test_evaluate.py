@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import fifo_of
 
 from mtcli.errors import ConfigError, DataError
 from mtcli.metrics import score
@@ -228,3 +229,34 @@ def test_evaluate_several_references_and_metrics(tiny_run_dir: Path, tmp_path: P
     bad = subprocess.run([*base, "--ref", str(ref), "--ref", str(short), "--metrics", "bleu,ter"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "short.txt has 1" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_evaluate_records_the_checksum_of_a_reference_read_from_a_pipe(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """A stream gives its bytes once: the reference was hashed after it was read, the checksum
+    of nothing (so compare could never find these hypotheses again)."""
+    from mtcli.evaluate import evaluate
+    from mtcli.fileio import sha256_file
+
+    ref = tiny_run_dir / "text" / "test.tgt"
+    fifo_of(ref, tmp_path / "ref.fifo")
+    report = evaluate(tiny_run_dir, src_file=tiny_run_dir / "text" / "test.src", ref_file=tmp_path / "ref.fifo",
+                      beam=1, output_dir=tmp_path / "ev")
+    assert report["reference_sha256"] == sha256_file(ref)
+    assert report["sentences"] == len(ref.read_text(encoding="utf-8").splitlines())
+
+
+def test_evaluate_refuses_to_write_over_a_file_it_reads(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """Another system's hypotheses as the reference, in the output directory under the name
+    evaluate writes: they were overwritten by the new hypotheses after scoring."""
+    from mtcli.evaluate import evaluate
+
+    out = tmp_path / "ev"
+    out.mkdir()
+    src = tmp_path / "a.src"
+    src.write_text((tiny_run_dir / "text" / "test.src").read_text(encoding="utf-8"), encoding="utf-8")
+    other = out / "a.src.best.hyp"
+    other.write_text((tiny_run_dir / "text" / "test.tgt").read_text(encoding="utf-8"), encoding="utf-8")
+    before = other.read_bytes()
+    with pytest.raises(ConfigError, match=r"a\.src\.best\.hyp: evaluate would write its output over .*--output"):
+        evaluate(tiny_run_dir, src_file=src, ref_file=other, beam=1, output_dir=out)
+    assert other.read_bytes() == before

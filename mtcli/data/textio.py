@@ -10,6 +10,8 @@ terminal as they arrive.
 from __future__ import annotations
 
 import gzip
+import hashlib
+import io
 import os
 import select
 import zlib
@@ -188,6 +190,20 @@ def read_lines(path: str | Path) -> Iterator[str]:
     path = Path(path)
     with read_errors_named(path), open_binary(path) as handle:
         yield from iter_binary_lines(handle, str(path))
+
+
+def read_lines_hashed(path: str | Path) -> tuple[list[str], str]:
+    """Every line of a text file (as :func:`read_lines` reads them) and the sha256 of its bytes
+    as stored (a ``.gz`` file's compressed bytes, what ``sha256sum`` gives), from one read: a
+    stream (``<(zcat ref.gz)``, a named pipe) gives its bytes once, so the lines scored and the
+    checksum recorded are of the same text. The whole file is held in memory (a test set)."""
+    path = Path(path)
+    with read_errors_named(path):
+        with open(path, "rb") as handle:
+            data = handle.read()
+        text = gzip.decompress(data) if path.suffix == ".gz" else data
+        lines = list(iter_binary_lines(io.BytesIO(text), str(path)))
+    return lines, hashlib.sha256(data).hexdigest()
 
 
 @contextmanager

@@ -90,6 +90,11 @@ def test_evaluate_on_files_warns_which_direction_it_scores(
     caplog.clear()
     (into_xx,) = evaluate_directions(multi_run, beam=1, tgt_lang="xx", **files)
     assert into_xx["direction"] == "src-xx" and "its default" not in caplog.text
+    # the default target is the model's, decode.tgt_lang where it is set (it was data.tgt_lang)
+    caplog.clear()
+    (by_config,) = evaluate_directions(multi_run, beam=1, overrides=["decode.tgt_lang=xx"], **files)
+    assert by_config["direction"] == "src-xx" and by_config["bleu"] == into_xx["bleu"]
+    assert "scoring into xx, its default" in caplog.text
     # each direction's outputs under a name of their own: the second did overwrite the first
     assert [Path(r["hypotheses"]).name for r in (default, into_xx)] == ["test.src.best.hyp", "test.src.src-xx.best.hyp"]
 
