@@ -178,6 +178,11 @@ def _unpickling_reason(exc: BaseException) -> str:
 
 def read_payload(path: Path) -> memoryview:
     """The verified payload bytes of checkpoint ``path`` (checks header, size and sha256)."""
+    return _verified_payload(path)[0]
+
+
+def _verified_payload(path: Path) -> tuple[memoryview, str]:
+    """:func:`read_payload`'s bytes and their sha256, as the header records it (and as checked)."""
     path = Path(path)
     try:
         with open(path, "rb") as handle:
@@ -210,7 +215,7 @@ def read_payload(path: Path) -> memoryview:
         )
     if hashlib.sha256(payload).hexdigest() != digest:
         raise CheckpointError(f"{path}: checksum mismatch (corrupted or truncated)")
-    return payload
+    return payload, digest
 
 
 def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict:
@@ -221,8 +226,15 @@ def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict:
     truncated)"), or holds anything ``torch.load(weights_only=True)`` refuses, such as a
     pickle that would run code. Nothing in the file is ever executed.
     """
+    return load_checkpoint_with_id(path, map_location)[0]
+
+
+def load_checkpoint_with_id(path: Path, map_location: Any = "cpu") -> tuple[dict, str]:
+    """:func:`load_checkpoint`'s state and the sha256 of the payload it was loaded from (the
+    header's, checked against the bytes): what names these weights, whatever happens to the
+    file after they were read (a training run saving a new best over it)."""
     path = Path(path)
-    payload = read_payload(path)
+    payload, digest = _verified_payload(path)
     try:
         state = torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -237,4 +249,14 @@ def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict:
     fmt = state.get("format", FORMAT)
     if isinstance(fmt, int) and fmt > FORMAT:
         raise CheckpointError(f"{path}: checkpoint format {fmt} is newer than this mtcli ({FORMAT})")
-    return state
+    return state, digest
+
+
+def file_digests(path: Path) -> tuple[str, str | None]:
+    """The sha256 of checkpoint ``path``'s bytes and the payload sha256 its header records (None
+    without a header), from one read: whether the file is still the one loaded as
+    :func:`load_checkpoint_with_id` named it."""
+    data = Path(path).read_bytes()
+    end = data.find(b"\n", 0, _MAX_HEADER)
+    match = _HEADER_RE.match(data[:end]) if end >= 0 else None
+    return hashlib.sha256(data).hexdigest(), match.group(2).decode() if match else None

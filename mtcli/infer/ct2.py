@@ -1,9 +1,10 @@
 """``--engine ctranslate2``: decode a run with CTranslate2 instead of our own search.
 
-The run's checkpoint is converted once (:func:`mtcli.infer.export.export_model`) into
-``<run_dir>/ctranslate2/<sha256 of the checkpoint file, 16 hex digits>/`` and reused while the
-checkpoint is the same file; when it changes (a longer run, another checkpoint) the next use
-converts it again and removes the older conversions. A kept conversion CTranslate2 cannot read
+The weights loaded from the run's checkpoint are converted once
+(:func:`mtcli.infer.export.save_ctranslate2`) into ``<run_dir>/ctranslate2/<sha256 of the
+weights, 16 hex digits>/`` (the checkpoint's payload, as its header records it) and reused while
+the checkpoint holds the same weights; when it changes (a longer run, another checkpoint) the
+next use converts it again and removes the older conversions. A kept conversion CTranslate2 cannot read
 is converted again (:func:`open_engine`). :class:`CT2Engine` then translates lines
 as :func:`mtcli.infer.translate.translate_lines` does: windows of lines, empty lines answered
 without the model, sources truncated to the model's limit with a warning, n-best lists of
@@ -46,8 +47,7 @@ from mtcli.config import DecodeConfig
 from mtcli.data.tokenizer import EOS_ID
 from mtcli.device import MemoryBudget, is_out_of_memory, memory_text
 from mtcli.errors import CheckpointError, ConfigError, DeviceMemoryError, one_line
-from mtcli.fileio import sha256_file
-from mtcli.infer.export import EXPORT_RECORD, export_model, require_ctranslate2
+from mtcli.infer.export import EXPORT_RECORD, require_ctranslate2, save_ctranslate2
 from mtcli.infer.loading import InferenceModel, source_prefix
 from mtcli.infer.translate import Translation, encode_window, line_windows, source_limit
 from mtcli.logs import get_logger
@@ -56,43 +56,47 @@ CT2_DIR = "ctranslate2"
 ENGINES = ("torch", "ctranslate2")
 
 
-def converted_model(run_dir: Path, checkpoint: Path) -> Path:
-    """The CTranslate2 conversion of ``checkpoint`` in ``run_dir/ctranslate2/``, made if needed."""
-    digest = sha256_file(checkpoint)
+def converted_model(run_dir: Path, bundle: InferenceModel) -> Path:
+    """The CTranslate2 conversion of ``bundle``'s weights in ``run_dir/ctranslate2/``, made from
+    them if needed (never from the checkpoint file read again, which a training run may have
+    replaced since)."""
+    digest = bundle.payload_sha256
+    if digest is None:
+        raise ConfigError("--engine ctranslate2 decodes one checkpoint file, not an average")
     key = digest[:16]
     root = Path(run_dir) / CT2_DIR
     target = root / key
     record = target / EXPORT_RECORD
-    with contextlib.suppress(OSError, ValueError, AttributeError):  # the one kept, if it is this checkpoint's
-        if (target / "model.bin").is_file() and json.loads(record.read_text("utf-8")).get("checkpoint_sha256") == digest:
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # the one kept, if it is these weights'
+        if (target / "model.bin").is_file() and json.loads(record.read_text("utf-8")).get(
+                "checkpoint_payload_sha256") == digest:
             return target
     if target.exists():  # another checkpoint's weights under this one's name (an export there), or an older mtcli's
         shutil.rmtree(target)
-    get_logger().info("converting %s for CTranslate2 into %s (once per checkpoint)", checkpoint.name, target)
-    export_model(run_dir, target, checkpoint=str(checkpoint))
+    get_logger().info("converting %s for CTranslate2 into %s (once per checkpoint)", bundle.name, target)
+    save_ctranslate2(bundle, target, Path(run_dir))
     for old in root.iterdir():
         if old.is_dir() and old.name != key and not old.name.startswith("."):
             shutil.rmtree(old, ignore_errors=True)
     return target
 
 
-def open_engine(run_dir: Path, checkpoint: Path, bundle: InferenceModel, device: torch.device,
-                decode: DecodeConfig) -> CT2Engine:
-    """A :class:`CT2Engine` over the conversion of ``checkpoint`` (:func:`converted_model`). A
-    kept conversion that CTranslate2 cannot read (a file damaged since, or cut short by a full
-    disk) is made again, once, with a warning; it is only ever derived from the checkpoint."""
+def open_engine(run_dir: Path, bundle: InferenceModel, device: torch.device, decode: DecodeConfig) -> CT2Engine:
+    """A :class:`CT2Engine` over the conversion of ``bundle``'s weights (:func:`converted_model`).
+    A kept conversion that CTranslate2 cannot read (a file damaged since, or cut short by a full
+    disk) is made again, once, with a warning; it is only ever derived from the weights."""
     for again in (False, True):
-        model_dir = converted_model(run_dir, checkpoint)
+        model_dir = converted_model(run_dir, bundle)
         try:
             return CT2Engine(model_dir, bundle, device, decode)
         except (RuntimeError, ValueError) as exc:
             if is_out_of_memory(exc):
                 raise
             if again:
-                raise CheckpointError(f"{model_dir}: CTranslate2 cannot read the conversion of {checkpoint.name} "
+                raise CheckpointError(f"{model_dir}: CTranslate2 cannot read the conversion of {bundle.name} "
                                       f"({one_line(exc)})") from None
             get_logger().warning("%s: CTranslate2 cannot read this conversion (%s): converting %s again",
-                                 model_dir, one_line(exc), checkpoint.name)
+                                 model_dir, one_line(exc), bundle.name)
         shutil.rmtree(model_dir)
     raise AssertionError("unreachable")
 

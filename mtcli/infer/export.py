@@ -39,10 +39,11 @@ from typing import Any
 
 import torch
 
+from mtcli.checkpoint import file_digests
 from mtcli.data.tokenizer import Tokenizer
-from mtcli.errors import ConfigError, MtcliError
-from mtcli.fileio import atomic_dir, check_replaceable, sha256_file
-from mtcli.infer.loading import load_for_inference, resolve_checkpoint
+from mtcli.errors import CheckpointError, ConfigError, MtcliError
+from mtcli.fileio import atomic_dir, check_replaceable
+from mtcli.infer.loading import InferenceModel, load_for_inference, resolve_checkpoint
 from mtcli.logs import get_logger
 from mtcli.model import LAYER_NORM_EPS, Transformer
 
@@ -153,6 +154,36 @@ def build_spec(model: Transformer, vocabulary: list[str]) -> Any:
     return spec
 
 
+def save_ctranslate2(bundle: InferenceModel, output: Path, run_dir: Path, **record: Any) -> None:
+    """Write ``bundle``'s model (on the CPU, float32) as CTranslate2 into ``output`` (atomically),
+    with ``spm.model`` and :data:`EXPORT_RECORD` (``record`` adds to it). The weights written are
+    the ones in hand, named by ``checkpoint_payload_sha256``, not the checkpoint file read again."""
+    if not isinstance(bundle.tokenizer, Tokenizer):
+        raise ConfigError(f"{run_dir}: CTranslate2 conversion needs a joint spm.model; this run has separate "
+                          "source and target SentencePiece models (mtcli import-hf): use --format hf or --engine torch")
+    spec = build_spec(bundle.model.eval(), vocabulary_of(bundle.tokenizer))
+    spec.validate()
+    spec.optimize(quantization=None)
+    with atomic_dir(output, mark=EXPORT_RECORD) as tmp:
+        spec.save(str(tmp))
+        shutil.copyfile(bundle.tokenizer.model_path, tmp / "spm.model")
+        info = {
+            "format": "ctranslate2",
+            "run_dir": str(run_dir),
+            "checkpoint": bundle.name,
+            "checkpoint_payload_sha256": bundle.payload_sha256,  # the weights converted (the file's header)
+            **record,
+            "model": bundle.config.to_dict()["model"],
+            "vocab_size": bundle.tokenizer.vocab_size,
+            "usage": "ctranslate2.Translator(dir).translate_batch([spm pieces], suppress_sequences=[['<blank>'], "
+                     "['<s>']], min_decoding_length=0) as mtcli decodes it (docs/decoding.md); source </s> is added",
+        }
+        if bundle.target_tags:  # a multilingual run: a source starts with its target language's tag
+            info["target_tags"] = {lang: bundle.tokenizer.id_to_piece(i) for lang, i in bundle.target_tags.items()}
+            info["usage"] += "; each source's pieces start with target_tags[target language]"
+        (tmp / EXPORT_RECORD).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+
 def vocabulary_of(tokenizer: Tokenizer) -> list[str]:
     """Pieces of ids ``0..V-1`` with the pad piece renamed ``<blank>`` (CTranslate2's pad name)."""
     pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
@@ -176,29 +207,11 @@ def export_model(
     output = Path(output)
     check_replaceable(output, EXPORT_RECORD)  # before the conversion
     bundle = load_for_inference(run_dir, checkpoint, device="cpu")
-    if not isinstance(bundle.tokenizer, Tokenizer):
-        raise ConfigError(f"{run_dir}: CTranslate2 conversion needs a joint spm.model; this run has separate "
-                          "source and target SentencePiece models (mtcli import-hf): use --format hf or --engine torch")
-    model = bundle.model.float().eval()
-    spec = build_spec(model, vocabulary_of(bundle.tokenizer))
-    spec.validate()
-    spec.optimize(quantization=None)
-    with atomic_dir(output, mark=EXPORT_RECORD) as tmp:
-        spec.save(str(tmp))
-        shutil.copyfile(bundle.tokenizer.model_path, tmp / "spm.model")
-        info = {
-            "format": fmt,
-            "run_dir": str(run_dir),
-            "checkpoint": bundle.name,
-            "checkpoint_sha256": sha256_file(resolve_checkpoint(Path(run_dir), checkpoint)),
-            "model": bundle.config.to_dict()["model"],
-            "vocab_size": bundle.tokenizer.vocab_size,
-            "usage": "ctranslate2.Translator(dir).translate_batch([spm pieces], suppress_sequences=[['<blank>'], "
-                     "['<s>']], min_decoding_length=0) as mtcli decodes it (docs/decoding.md); source </s> is added",
-        }
-        if bundle.target_tags:  # a multilingual run: a source starts with its target language's tag
-            info["target_tags"] = {lang: bundle.tokenizer.id_to_piece(i) for lang, i in bundle.target_tags.items()}
-            info["usage"] += "; each source's pieces start with target_tags[target language]"
-        (tmp / EXPORT_RECORD).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    path = resolve_checkpoint(Path(run_dir), checkpoint)
+    file_sha256, loaded = file_digests(path)
+    if loaded != bundle.payload_sha256:
+        raise CheckpointError(f"{path}: replaced while it was being read (a training run saving over it?); "
+                              "export again")
+    save_ctranslate2(bundle, output, Path(run_dir), checkpoint_sha256=file_sha256)
     get_logger().info("exported %s to %s (%s)", bundle.name, output, fmt)
     return output

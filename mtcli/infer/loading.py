@@ -12,7 +12,7 @@ import torch
 from mtcli.checkpoint import (
     architecture_mismatches,
     directions_text,
-    load_checkpoint,
+    load_checkpoint_with_id,
     other_directions,
 )
 from mtcli.config import Config, DecodeConfig, load_config
@@ -53,6 +53,8 @@ class InferenceModel:
     shortlists: dict = dataclasses.field(default_factory=dict)
     # a model of several target languages: the id of each language's tag (<2de>), put before a source
     target_tags: dict[str, int] = dataclasses.field(default_factory=dict)
+    # one checkpoint file's weights: the sha256 of the payload they were loaded from (None: an average)
+    payload_sha256: str | None = None
 
 
 def source_prefix(bundle: InferenceModel, decode: DecodeConfig) -> list[int]:
@@ -207,13 +209,13 @@ def load_for_inference(
     config, tokenizer = _open_run(run_dir)
     if average_last > 0 or average_best > 0:
         paths = select_checkpoints(run_dir, last=average_last, best=average_best)
-        state = average_checkpoints(paths)
+        state, payload_sha256 = average_checkpoints(paths), None
         kind = f"last{average_last}" if average_last > 0 else f"best{average_best}"
         name = f"avg_{kind} ({names(paths)})"
         source = f"{paths[0].name}..{paths[-1].name}"
     else:
         path = resolve_checkpoint(run_dir, checkpoint)
-        state = load_checkpoint(path)
+        state, payload_sha256 = load_checkpoint_with_id(path)
         name = f"{path.name} (step {state.get('step', '?')})"
         source = str(path)
     _check_vocabulary(state, source, tokenizer)
@@ -231,4 +233,5 @@ def load_for_inference(
     model.to(device).eval()
     meta = {k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler", "rng", "rng_ranks")}
     return InferenceModel(model=model, tokenizer=tokenizer, config=config, name=name, state=meta,
-                          target_tags=run_target_tags(run_dir, tokenizer))
+                          target_tags=run_target_tags(run_dir, tokenizer),
+                          payload_sha256=payload_sha256)

@@ -40,7 +40,6 @@ from mtcli.infer.ensemble import Ensemble, add_members
 from mtcli.infer.loading import (
     InferenceModel,
     load_for_inference,
-    resolve_checkpoint,
     source_prefix,
 )
 from mtcli.infer.translate import (
@@ -191,7 +190,7 @@ class Translator:
         where = decoding_device(decode) if chosen is None else chosen
         fast = None
         if engine == "ctranslate2":
-            fast = open_engine(Path(run_dir), resolve_checkpoint(Path(run_dir), checkpoint), bundle, where, decode)
+            fast = open_engine(Path(run_dir), bundle, where, decode)
         return cls(bundle, decode, where, fast)
 
     @property

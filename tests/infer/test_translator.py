@@ -222,6 +222,42 @@ def test_ctranslate2_engine_converts_once_and_equals_ours_for_greedy(tiny_run_di
     assert damaged.stat().st_size > 1000  # converted again
 
 
+def test_a_checkpoint_replaced_while_it_is_converted_is_not_mixed_up(
+        tiny_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training run saving a new best while a translator loads the old one: the conversion was
+    made from the file read again (the new weights) under the name of the weights loaded, and kept
+    for them, so later translators decoded other weights than they named."""
+    pytest.importorskip("ctranslate2")
+    import shutil
+
+    import mtcli.infer.export as export
+    import mtcli.infer.translator as translator_module
+    from mtcli.errors import CheckpointError
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    best, other = run / "checkpoints" / "checkpoint_best.pt", run / "checkpoints" / "checkpoint_10.pt"
+    original = best.read_bytes()
+    want = Translator.from_run(run, beam=1, device="cpu").translate(LINES)
+    assert want != Translator.from_run(run, other, beam=1, device="cpu").translate(LINES)
+    real = translator_module.load_for_inference
+
+    def loaded_then_replaced(*args, **kwargs):  # the new best lands right after the old was read
+        bundle = real(*args, **kwargs)
+        best.write_bytes(other.read_bytes())
+        return bundle
+
+    monkeypatch.setattr(translator_module, "load_for_inference", loaded_then_replaced)
+    racing = Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2")
+    assert racing.translate(LINES) == want  # the weights it names
+    monkeypatch.undo()
+    best.write_bytes(original)
+    assert Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2").translate(LINES) == want
+    monkeypatch.setattr(export, "load_for_inference", lambda *a, **k: loaded_then_replaced(*a, **k))
+    with pytest.raises(CheckpointError, match="checkpoint_best.pt: replaced while it was being read"):
+        export.export_model(run, tmp_path / "out")
+
+
 @pytest.fixture(scope="module")
 def ct2_pair(tiny_run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Translator, Translator]:
     """Our translator and CTranslate2's on a copy of the toy run (converted once)."""
