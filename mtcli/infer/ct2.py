@@ -20,8 +20,12 @@ What matches and what does not:
   (``length_penalty``), ours by GNMT's ``((5 + length) / 6)^alpha``, and the two searches stop
   by different rules, so some lines differ even with alpha = 0 (both rank by log-probability);
 * ``decode.int8`` maps to ``compute_type="int8"`` and ``decode.bf16`` to ``"bfloat16"``;
-  ``Translation.score`` is what CTranslate2 ranked by, and ``Translation.logprob`` the
-  hypothesis' log-probability, as our search gives it.
+  ``Translation.score`` is what CTranslate2 ranked by, and ``Translation.logprob`` its
+  log-probability of the hypothesis: with pad and ``<s>`` suppressed, CTranslate2 leaves them out
+  of each step's softmax, so a hypothesis that ended scores slightly higher than the model's own
+  log-probability (ours); a hypothesis cut at the length limit is scored by teacher forcing over
+  the whole vocabulary (:meth:`CT2Engine._score_cut`). Scoring every hypothesis so would cost
+  about one more greedy pass.
 
 CTranslate2 cuts a window into batches of ``decode.max_tokens`` source tokens. When a window runs
 out of the device's memory, it is decoded again with half the tokens a batch, and the engine keeps
@@ -119,16 +123,28 @@ class CT2Engine:
     """A ``ctranslate2.Translator`` over a converted run, with the run's tokenizer."""
 
     def __init__(self, model_dir: Path, bundle: InferenceModel, device: torch.device, decode: DecodeConfig) -> None:
-        ctranslate2 = require_ctranslate2()
-        compute = "int8" if decode.int8 else "bfloat16" if decode.bf16 else "default"
         self.model_dir = model_dir
         self.bundle = bundle
         self.device = device
+        self.compute = "int8" if decode.int8 else "bfloat16" if decode.bf16 else "default"
         self.budget = MemoryBudget()  # the batch size in tokens known to fit, once one did not
-        self.translator = ctranslate2.Translator(
-            str(model_dir), device=device.type, device_index=device.index or 0, compute_type=compute,
-            intra_threads=torch.get_num_threads() if device.type == "cpu" else 0,
+        self.translator = self._open()
+
+    def _open(self) -> Any:
+        """The ``ctranslate2.Translator`` over :attr:`model_dir`."""
+        return require_ctranslate2().Translator(
+            str(self.model_dir), device=self.device.type, device_index=self.device.index or 0,
+            compute_type=self.compute, intra_threads=torch.get_num_threads() if self.device.type == "cpu" else 0,
         )
+
+    def __getstate__(self) -> dict[str, Any]:
+        """For pickle and deepcopy (of a :class:`~mtcli.infer.translator.Translator`): CTranslate2's
+        translator cannot be serialised, so the copy opens the conversion again."""
+        return {key: value for key, value in self.__dict__.items() if key != "translator"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.translator = self._open()
 
     def translate_lines(self, lines: Iterable[str], decode: DecodeConfig, *, name: str = "input",
                         window: int = 2000, on_done: Callable[[int], None] | None = None, offset: int = 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import re
 from pathlib import Path
 
@@ -196,6 +197,10 @@ def load_for_inference(
     without ``config.yaml`` or ``spm.model``, a missing checkpoint (listing what exists), or
     a checkpoint whose vocabulary is not the run's ``spm.model`` (naming both).
     """
+    for key, value in (("average_last", average_last), ("average_best", average_best)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # True averaged one; 2.0 failed
+            raise TypeError(f"{key} must be an int (0: no average), got {value!r}")
+    average_last, average_best = int(average_last), int(average_best)
     if average_last < 0 or average_best < 0:
         raise ConfigError("--average-last/--average-best must be 0 (no average) or > 0, "
                           f"got {min(average_last, average_best)}")

@@ -128,7 +128,7 @@ def _texts(texts: Any, what: str = "texts") -> list[str]:
     """``texts`` as a list of strings of valid Unicode (:func:`_text`); a TypeError for a lone string."""
     if isinstance(texts, str):
         raise TypeError(f"{what} must be a list of strings, not one string (wrap it: [text])")
-    if isinstance(texts, Mapping | bytes | bytearray):  # iterating it gives keys or ints, not the texts meant
+    if isinstance(texts, Mapping | bytes | bytearray) or not isinstance(texts, Iterable):  # keys, ints, None
         raise TypeError(f"{what} must be a list of strings, not a {type(texts).__name__}")
     return [_text(item, f"{what}[{i}]") for i, item in enumerate(texts)]
 
@@ -334,7 +334,11 @@ class Translator:
         limit, tokenizer = source_limit(self.bundle), self.bundle.tokenizer
         decode = self.settings(max_tokens=max_tokens, tgt_lang=tgt_lang)  # a max_tokens below 1: refused
         prefix = source_prefix(self.bundle, decode)
-        src_ids = [[*prefix, *ids][:limit] for ids in tokenizer.encode_batch(src_texts)]
+        src_ids = [[*prefix, *ids] for ids in tokenizer.encode_batch(src_texts)]
+        for i, ids in enumerate(src_ids):
+            if len(ids) > limit:  # as translating warns: the score is of the source cut short
+                get_logger().warning("sources[%d]: %d pieces, truncated to the model limit of %d", i, len(ids), limit)
+                src_ids[i] = ids[:limit]
         tgt_ids = tokenizer.encode_target_batch(tgt_texts)
         for i, ids in enumerate(tgt_ids):
             if len(ids) > limit:

@@ -86,6 +86,14 @@ def test_score_refuses_a_max_tokens_below_1(translator: Translator, max_tokens: 
         translator.score(["rot"], ["red"], max_tokens=max_tokens)
 
 
+def test_score_warns_of_a_source_it_truncates(translator: Translator, caplog: pytest.LogCaptureFixture) -> None:
+    """As translating does: the log-probability returned is of the source cut short."""
+    long = " ".join(["hund"] * 400)
+    translator.score([long, "rot"], ["dog", "red"])
+    assert "sources[0]: " in caplog.text and "truncated to the model limit of" in caplog.text
+    assert "sources[1]" not in caplog.text
+
+
 def test_overrides_given_as_one_string_are_a_type_error(tiny_run_dir: Path) -> None:
     """It was read a character at a time: "--set 'd': expected section.key=value"."""
     with pytest.raises(TypeError, match="overrides must be a list of 'decode.key=value' strings, not one"):
@@ -163,6 +171,11 @@ def test_decoding_copy_is_made_once(tiny_run_dir: Path, int8: bool) -> None:
     (lambda t: t.nbest(["a"], n="3"), TypeError, "n must be an int, got '3'"),
     (lambda t: Translator.from_run(".", ensemble="run2"), TypeError, "not one"),  # read as runs 'r', 'u', ...
     (lambda t: Translator.from_run(".", device=None), TypeError, "got None"),  # torch's multi-line TypeError
+    (lambda t: t.translate(None), TypeError, "texts must be a list of strings, not a NoneType"),  # named nothing
+    (lambda t: t.score(None, None), TypeError, "sources must be a list of strings, not a NoneType"),
+    (lambda t: Translator.from_run(".", average_last=2.0), TypeError, "average_last must be an int .* got 2.0"),
+    (lambda t: Translator.from_run(".", average_best=True), TypeError, "average_best must be an int"),  # averaged 1
+    (lambda t: Translator.from_run(".", average_last="1"), TypeError, "average_last must be an int"),
 ])
 def test_wrong_arguments_say_what_is_wrong(translator: Translator, call, error, message: str) -> None:
     with pytest.raises(error, match=message):
@@ -402,4 +415,21 @@ def test_a_translator_that_has_translated_pickles_and_copies(translator: Transla
 
     expected = translator.translate(LINES)
     for clone in (pickle.loads(pickle.dumps(translator)), copy.deepcopy(translator)):
+        assert clone.translate(LINES) == expected
+
+
+def test_a_ctranslate2_translator_pickles_and_copies(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """CTranslate2's translator cannot be pickled: a copy opens the conversion again (it was a
+    TypeError, where Translator's docstring promises pickle and deepcopy)."""
+    pytest.importorskip("ctranslate2")
+    import copy
+    import pickle
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    fast = Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2")
+    expected = fast.translate(LINES)
+    for clone in (pickle.loads(pickle.dumps(fast)), copy.deepcopy(fast)):
+        assert clone.engine is not None and clone.engine.translator is not fast.engine.translator
         assert clone.translate(LINES) == expected
