@@ -20,14 +20,15 @@ sinusoids to our interleaved ones. What else the import carries over:
   (:class:`~mtcli.data.vocabmap.VocabTokenizer`), unless both are one SentencePiece model whose
   own ids already are the renumbered ones (a model ``mtcli export --format hf`` wrote): then it is
   the run's joint ``spm.model``, and the run is like any other;
-* **decoding**: ``num_beams`` -> ``decode.beam_size``; ``max_length`` -> a fixed output limit
-  (``max_len_a: 0``, ``max_len_b: max_length - 2``), as transformers bounds it.
+* **decoding**: ``num_beams`` -> ``decode.beam_size``; ``max_length`` or ``max_new_tokens`` -> a
+  fixed output limit (``max_len_a: 0``, ``max_len_b``: :func:`output_limit`), as transformers
+  bounds it.
 
 Refused with one line naming the key of ``config.json``: anything mtcli cannot compute exactly
 (pre-norm or embedding layer norms, unscaled embeddings, learned positions, a separate decoder
 vocabulary, another activation, unequal encoder and decoder widths); and of
 ``generation_config.json``, what mtcli's search does not do (a repetition penalty, n-gram
-blocking, a minimum length, banned words other than the pad token). The import checks itself: the
+blocking, a minimum length, banned words other than the pad token, more than one end token). The import checks itself: the
 logits of both models on a probe must agree. Needs the ``hf`` extra (``pip install 'mtcli[hf]'``).
 """
 
@@ -362,6 +363,12 @@ def check_generation(hf: Any, model_dir: Path) -> None:
     if generation is None:
         return
     where = model_dir / "generation_config.json"
+    if not where.is_file():  # transformers reads the generation settings from config.json then
+        where = model_dir / "config.json"
+    ends = generation.eos_token_id
+    if isinstance(ends, list | tuple) and set(ends) != {hf.config.eos_token_id}:
+        raise ConfigError(f"{where}: eos_token_id: {ends!r} is not supported (mtcli's search ends at one token, "
+                          f"{hf.config.eos_token_id})")
     for key, plain in _PLAIN_GENERATION.items():
         value = getattr(generation, key, None)
         if value not in plain:
@@ -374,12 +381,20 @@ def check_generation(hf: Any, model_dir: Path) -> None:
                           f"{sorted(never)}, which mtcli never produces)")
 
 
+def output_limit(generation: Any, positions: int) -> int:
+    """The most tokens before the end that ``generate`` gives: ``max_new_tokens`` new tokens, else
+    ``max_length`` counting the decoder's start (no limit: the model's positions), the last of
+    them the end token when ``forced_eos_token_id`` forces it there, as OPUS-MT's do."""
+    new = getattr(generation, "max_new_tokens", None)
+    length = new + 1 if new else getattr(generation, "max_length", None) or positions
+    forced = getattr(generation, "forced_eos_token_id", None) is not None
+    return max(1, min(int(length), positions) - 1 - int(forced))
+
+
 def _run_config(hf: Any, model: Transformer, model_dir: Path, run_dir: Path, langs: tuple[str, str]) -> Config:
     generation = getattr(hf, "generation_config", None)
     beams = int(getattr(generation, "num_beams", None) or 1)
-    max_length = int(getattr(generation, "max_length", None) or model.cfg.max_positions)
-    limit = max(1, min(max_length, model.cfg.max_positions) - 2)
-    decode = DecodeConfig(beam_size=beams, max_len_a=0.0, max_len_b=limit)
+    decode = DecodeConfig(beam_size=beams, max_len_a=0.0, max_len_b=output_limit(generation, model.cfg.max_positions))
     exported = _read_json(model_dir / EXPORT_RECORD) if (model_dir / EXPORT_RECORD).is_file() else {}
     if isinstance(exported.get("decode"), dict):  # mtcli's own export: the run's decode settings back,
         # less what needs the training corpus (a shortlist's table), which an import does not have

@@ -143,6 +143,20 @@ def test_greedy_output_equals_transformers(marian_dir: Path, imported: Path) -> 
     assert len(set(texts)) > 3 and MAX_NEW in lengths and any(1 < n < MAX_NEW for n in lengths)
 
 
+@pytest.mark.parametrize("limit", [{"max_new_tokens": 5}, {"max_length": 9, "forced_eos_token_id": None}])
+def test_greedy_output_keeps_transformers_length_limit(marian_dir: Path, tmp_path: Path, limit: dict) -> None:
+    """max_new_tokens was ignored (the model's positions bounded the output instead), and the
+    limit assumed an end token forced at max_length."""
+    model_dir = _broken(marian_dir, tmp_path)
+    path = model_dir / "generation_config.json"
+    generation = {k: v for k, v in json.loads(path.read_text()).items() if k != "max_length"}
+    path.write_text(json.dumps({**generation, **limit}), encoding="utf-8")
+    import_hf(model_dir, tmp_path / "run")
+    ids, texts = transformers_greedy(model_dir, LINES)
+    assert Translator.from_run(tmp_path / "run", device="cpu", beam=1).translate(LINES) == texts
+    assert max(map(len, ids)) == (limit.get("max_new_tokens") or limit.get("max_length", 0) - 1)  # some were cut
+
+
 def test_scores_are_transformers_log_probabilities(marian_dir: Path, imported: Path) -> None:
     tokenizer = transformers.MarianTokenizer.from_pretrained(marian_dir)
     model = transformers.MarianMTModel.from_pretrained(marian_dir).eval()
@@ -296,6 +310,12 @@ def _broken(marian_dir: Path, tmp_path: Path) -> Path:
     (lambda d: _generation(d, no_repeat_ngram_size=2), ConfigError, "no_repeat_ngram_size: 2 is not supported"),
     (lambda d: _generation(d, min_length=10), ConfigError, "min_length: 10 is not supported"),
     (lambda d: _generation(d, bad_words_ids=[[5], [6]]), ConfigError, r"bad_words_ids: \[\[5\], \[6\]\] is not"),
+    # generate ends at any of several end tokens; mtcli's search at one (outputs differed silently)
+    (lambda d: _generation(d, eos_token_id=[0, 5]), ConfigError,
+     r"generation_config.json: eos_token_id: \[0, 5\] is not supported"),
+    # settings kept in config.json, as some snapshots have them: the message named a missing file
+    (lambda d: ((d / "generation_config.json").unlink(), _set(d, no_repeat_ngram_size=3)), ConfigError,
+     r"opus-mt-de-en/config.json: no_repeat_ngram_size: 3 is not supported"),
     (lambda d: os.truncate(d / "model.safetensors", 1000), DataError,
      r"opus-mt-de-en/model.safetensors: not a readable safetensors file"),
     (lambda d: (d / "source.spm").write_bytes(b"junk\n"), DataError, "source.spm: not a readable SentencePiece model"),
