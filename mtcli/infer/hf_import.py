@@ -180,10 +180,8 @@ def check_model_dir(model_dir: Path) -> dict[str, Any]:
 def _check_one_vocabulary(model_dir: Path, raw: dict[str, Any]) -> None:
     """:class:`ConfigError` for a model of two vocabularies (``separate_vocabs``): its decoder's
     ids index ``target_vocab.json``, not ``vocab.json``, whatever the two sizes; read through
-    the one vocabulary every output would be other pieces."""
-    if raw.get("share_encoder_decoder_embeddings") is False:
-        raise ConfigError(f"{model_dir / 'config.json'}: share_encoder_decoder_embeddings: false is not supported "
-                          "(separate source and target vocabularies)")
+    the one vocabulary every output would be other pieces. (``share_encoder_decoder_embeddings:
+    false`` alone is two embedding tables over one vocabulary, as mtcli's untied models have.)"""
     tokenizer_config = model_dir / "tokenizer_config.json"
     if tokenizer_config.is_file() and _read_json(tokenizer_config).get("separate_vocabs"):
         raise ConfigError(f"{tokenizer_config}: separate_vocabs: true is not supported (separate source and target "
