@@ -21,7 +21,7 @@ import stat
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
@@ -285,21 +285,22 @@ def _remove_stale_builds(path: Path) -> None:
 CONTENTS_NAME = ".mtcli-contents.json"
 
 
-def check_replaceable(path: Path, mark: str | None) -> None:
+def check_replaceable(path: Path, mark: str | None, derived: Collection[str] = ()) -> None:
     """Raise unless :func:`atomic_dir` may replace ``path`` (see there; a file is never swapped
     out for a directory): a command calls it before its work, so a wrong output is refused at
-    once, not after the work."""
+    once, not after the work. ``derived``: entries a later command makes from what was written
+    (a conversion cache), replaced with it."""
     check_directory(path)
     if mark is None or not path.is_dir() or not any(path.iterdir()):
         return
     if not (path / mark).exists():
         raise FileExistsError(errno.EEXIST, f"a directory of other files (it has no {mark}); give a new or "
                               "empty directory, mtcli replaces only what it wrote there", str(path))
-    foreign = _foreign_entries(path, mark)
+    foreign = [name for name in _foreign_entries(path, mark) if name not in derived]
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise FileExistsError(errno.EEXIST, f"holds files mtcli did not write there ({shown}); give a new or empty "
-                              "directory, mtcli replaces only what it wrote there", str(path))
+        raise FileExistsError(errno.EEXIST, f"holds files besides those mtcli wrote there ({shown}); give a new or "
+                              "empty directory, or move them away: mtcli replaces only what it wrote there", str(path))
 
 
 def _read_json(path: Path) -> Any:
@@ -329,7 +330,7 @@ def _foreign_entries(path: Path, mark: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def atomic_dir(path: str | Path, *, mark: str | None) -> Iterator[Path]:
+def atomic_dir(path: str | Path, *, mark: str | None, derived: Collection[str] = ()) -> Iterator[Path]:
     """Build a directory under a temporary name; on success swap it in for ``path``.
 
     The previous ``path`` (if any) is removed only after the new one is complete. ``mark`` names
@@ -337,10 +338,11 @@ def atomic_dir(path: str | Path, *, mark: str | None) -> Iterator[Path]:
     not empty and lacks it, or holds anything the build did not write (:data:`CONTENTS_NAME`
     records what it wrote), is not one mtcli wrote, so it is never replaced, and
     :class:`FileExistsError` is raised before anything is built (``mark=None``: the caller has
-    checked, as ``--force`` does). A file at ``path`` raises :class:`NotADirectoryError`.
+    checked, as ``--force`` does). ``derived``: see :func:`check_replaceable`. A file at ``path``
+    raises :class:`NotADirectoryError`.
     """
     path = Path(path)
-    check_replaceable(path, mark)
+    check_replaceable(path, mark, derived)
     make_parent(path)
     _remove_stale_builds(path)
     try:

@@ -203,7 +203,7 @@ def test_atomic_dir_never_replaces_what_mtcli_did_not_write(tmp_path: Path) -> N
             (tmp / "manifest.json").write_text("{}")
     assert sorted(p.name for p in empty.iterdir()) == [CONTENTS_NAME, "manifest.json"]
     (empty / "notes.txt").write_text("mine")  # added since: the directory is no longer only mtcli's
-    with pytest.raises(FileExistsError, match=r"holds files mtcli did not write there \(notes.txt\)"), \
+    with pytest.raises(FileExistsError, match=r"holds files besides those mtcli wrote there \(notes.txt\)"), \
             atomic_dir(empty, mark="manifest.json"):
         pytest.fail("the body must not run")
 
@@ -218,7 +218,7 @@ def test_a_directory_that_only_holds_a_file_of_the_marks_name_is_not_replaced(tm
     (target / "manifest.json").write_text(json.dumps(own))
     kept = {"run": "checkpoints", "project": "app.js", "corpus": "train.en"}[kind]
     (target / kept).mkdir() if kind == "run" else (target / kept).write_text("mine")
-    with pytest.raises(FileExistsError, match=f"holds files mtcli did not write there \\({kept}"), \
+    with pytest.raises(FileExistsError, match=f"holds files besides those mtcli wrote there \\({kept}"), \
             atomic_dir(target, mark="manifest.json"):
         pytest.fail("the body must not run")
     assert (target / kept).exists()

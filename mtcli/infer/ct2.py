@@ -51,12 +51,11 @@ from mtcli.config import DecodeConfig
 from mtcli.data.tokenizer import EOS_ID
 from mtcli.device import MemoryBudget, is_out_of_memory, memory_text
 from mtcli.errors import CheckpointError, ConfigError, DeviceMemoryError, one_line
-from mtcli.infer.export import EXPORT_RECORD, require_ctranslate2, save_ctranslate2
+from mtcli.infer.export import CT2_DIR, EXPORT_RECORD, require_ctranslate2, save_ctranslate2
 from mtcli.infer.loading import InferenceModel, source_prefix
 from mtcli.infer.translate import Translation, encode_window, line_windows, source_limit
 from mtcli.logs import get_logger
 
-CT2_DIR = "ctranslate2"
 ENGINES = ("torch", "ctranslate2")
 
 

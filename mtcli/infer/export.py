@@ -53,6 +53,8 @@ EXPORT_FORMATS = (*FORMATS, "hf")
 #: The record every export directory holds (source checkpoint, shape): an output directory that
 #: has it is one mtcli wrote, which a new export may replace (:func:`mtcli.fileio.atomic_dir`).
 EXPORT_RECORD = "mtcli_export.json"
+#: Where ``--engine ctranslate2`` keeps a run's conversion (:mod:`mtcli.infer.ct2`)
+CT2_DIR = "ctranslate2"
 
 
 def require_ctranslate2() -> Any:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,7 +43,7 @@ import torch
 
 from mtcli.data.vocabmap import VocabTokenizer
 from mtcli.errors import ConfigError, MtcliError, one_line
-from mtcli.fileio import atomic_dir, check_replaceable
+from mtcli.fileio import atomic_dir, check_replaceable, default_file_mode
 from mtcli.infer.export import EXPORT_RECORD
 from mtcli.infer.loading import load_for_inference
 from mtcli.model import Transformer
@@ -211,6 +212,9 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
             raise  # atomic_dir names the output
         except Exception as exc:  # safetensors' own error for a full disk, among others
             raise MtcliError(f"{output}: cannot write the export ({one_line(exc)})") from None
+        for written in tmp.iterdir():  # safetensors writes 0600: an export served by another account could not read it
+            if written.is_file():
+                os.chmod(written, default_file_mode())
         vocab = {tokenizer.id_to_piece(i): i for i in range(tokenizer.vocab_size)}
         (tmp / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
         split = isinstance(tokenizer, VocabTokenizer)

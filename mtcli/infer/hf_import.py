@@ -57,7 +57,7 @@ from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_PIECE, Tokenizer
 from mtcli.data.vocabmap import load_spm, read_vocab
 from mtcli.errors import ConfigError, DataError, MtcliError, one_line
 from mtcli.fileio import atomic_dir, check_replaceable, sha256_file
-from mtcli.infer.export import EXPORT_RECORD
+from mtcli.infer.export import CT2_DIR, EXPORT_RECORD
 from mtcli.infer.hf import (
     from_marian,
     model_permutation,
@@ -94,6 +94,8 @@ _REQUIRED: dict[str, tuple[tuple[Any, ...], str]] = {
     "activation_function": (("relu", "swish", "silu"), "mtcli's feed-forward activations are relu and swish"),
 }
 _WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+#: what decoding an imported run adds to it and an import --force replaces: the CTranslate2 conversion
+DERIVED = (CT2_DIR,)
 
 
 @dataclasses.dataclass
@@ -437,7 +439,7 @@ def check_run_dir(run_dir: Path, force: bool) -> None:
     """Refuse (one line) a ``run_dir`` the import may not write: a file, a directory of other
     files (even with ``force``: mtcli replaces only an import it wrote, one with ``import.json``;
     never a trained run), an earlier import without ``force``."""
-    check_replaceable(run_dir, IMPORT_NAME)
+    check_replaceable(run_dir, IMPORT_NAME, DERIVED)
     if run_dir.is_dir() and any(run_dir.iterdir()) and not force:
         raise MtcliError(f"{run_dir}: exists; give a new run directory (or --force to replace it)")
 
@@ -463,7 +465,7 @@ def import_hf(model_dir: str | Path, run_dir: str | Path, src_lang: str | None =
     difference = probe(hf, model, order)
     config = _run_config(hf, model, model_dir, run_dir, langs)
     check_run_dir(run_dir, force)  # again: the work took a while
-    with atomic_dir(run_dir, mark=IMPORT_NAME) as tmp:
+    with atomic_dir(run_dir, mark=IMPORT_NAME, derived=DERIVED) as tmp:
         vocab_file = _write_tokenizer(tmp, model_dir, vocab, order)
         save_config(config, tmp / CONFIG_NAME)
         state = {"format": 1, "step": 0, "epoch": 0, "model": model.state_dict(), "config": config.to_dict(),

@@ -98,3 +98,12 @@ def test_the_command_exports_hf(tiny_run_dir: Path, tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["export", str(run), str(tmp_path / "out"), "--format", "hf"])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "out" / "config.json").is_file() and (tmp_path / "out" / "vocab.json").is_file()
+
+
+def test_every_exported_file_has_the_mode_of_a_new_file(exported: Path) -> None:
+    """model.safetensors was 0600 (safetensors' own): an export made by one account (CI, a
+    container build) could not be served by another."""
+    from mtcli.fileio import default_file_mode
+
+    modes = {path.name: path.stat().st_mode & 0o777 for path in exported.iterdir() if path.is_file()}
+    assert "model.safetensors" in modes and set(modes.values()) == {default_file_mode()}, modes

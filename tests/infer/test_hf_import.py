@@ -439,6 +439,13 @@ def test_force_replaces_a_run_but_never_a_directory_of_other_files(marian_dir: P
         import_hf(marian_dir, imported)
     import_hf(marian_dir, imported, force=True)  # an import is replaced
     assert (imported / "import.json").is_file() and (imported / "checkpoints" / "checkpoint_best.pt").is_file()
+    # ... with the CTranslate2 conversion decoding made in it (refused as "mtcli did not write there")
+    (imported / "ctranslate2" / "0123456789abcdef").mkdir(parents=True)
+    import_hf(marian_dir, imported, force=True)
+    assert not (imported / "ctranslate2").exists()
+    (imported / "eval").mkdir()  # scores are kept: moved away first
+    with pytest.raises(FileExistsError, match=r"holds files besides those mtcli wrote there \(eval\); .*move them"):
+        import_hf(marian_dir, imported, force=True)
 
 
 def test_a_failed_forced_import_leaves_the_old_run(marian_dir: Path, imported: Path, tmp_path: Path) -> None:
