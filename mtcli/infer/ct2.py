@@ -88,10 +88,13 @@ def open_engine(run_dir: Path, bundle: InferenceModel, device: torch.device, dec
     """A :class:`CT2Engine` over the conversion of ``bundle``'s weights (:func:`converted_model`).
     A kept conversion that CTranslate2 cannot read (a file damaged since, or cut short by a full
     disk) is made again, once, with a warning; it is only ever derived from the weights."""
+    _check_compute_type(device, decode)
     for again in (False, True):
         model_dir = converted_model(run_dir, bundle)
         try:
-            return CT2Engine(model_dir, bundle, device, decode)
+            engine = CT2Engine(model_dir, bundle, device, decode)
+            engine.probe()
+            return engine
         except (RuntimeError, ValueError) as exc:
             if is_out_of_memory(exc):
                 raise
@@ -102,6 +105,25 @@ def open_engine(run_dir: Path, bundle: InferenceModel, device: torch.device, dec
                                  model_dir, one_line(exc), bundle.name)
         shutil.rmtree(model_dir)
     raise AssertionError("unreachable")
+
+
+def _compute_type(decode: DecodeConfig) -> str:
+    """CTranslate2's compute type for ``decode``: ``int8`` under ``decode.int8``, ``bfloat16``
+    under ``decode.bf16``, else the model's own."""
+    return "int8" if decode.int8 else "bfloat16" if decode.bf16 else "default"
+
+
+def _check_compute_type(device: torch.device, decode: DecodeConfig) -> None:
+    """:class:`ConfigError` naming the setting when CTranslate2 cannot compute in its type on
+    ``device`` (bf16 on a CPU it has no bf16 kernels for): its error read as a damaged conversion."""
+    compute = _compute_type(decode)
+    if compute == "default":
+        return
+    supported = require_ctranslate2().get_supported_compute_types(device.type, device.index or 0)
+    if compute not in supported:
+        key = "decode.int8" if decode.int8 else "decode.bf16"
+        raise ConfigError(f"{key}: CTranslate2 cannot compute in {compute} on this {device.type} (it can in "
+                          f"{', '.join(sorted(supported))}); set {key}=false, or decode with --engine torch")
 
 
 def check_supported(decode: DecodeConfig) -> None:
@@ -125,7 +147,7 @@ class CT2Engine:
         self.model_dir = model_dir
         self.bundle = bundle
         self.device = device
-        self.compute = "int8" if decode.int8 else "bfloat16" if decode.bf16 else "default"
+        self.compute = _compute_type(decode)
         self.budget = MemoryBudget()  # the batch size in tokens known to fit, once one did not
         self.translator = self._open()
 
@@ -135,6 +157,13 @@ class CT2Engine:
             str(self.model_dir), device=self.device.type, device_index=self.device.index or 0,
             compute_type=self.compute, intra_threads=torch.get_num_threads() if self.device.type == "cpu" else 0,
         )
+
+    def probe(self) -> None:
+        """Decode one token of two sources of two lengths (padded, as real batches are): a
+        conversion whose files load but do not fit (a vocabulary without ``<blank>``) fails
+        here, where it is converted again, not at the first line."""
+        self.translator.translate_batch([["</s>"], ["</s>", "</s>"]], max_decoding_length=1, min_decoding_length=0,
+                                        suppress_sequences=[["<blank>"], ["<s>"]])
 
     def __getstate__(self) -> dict[str, Any]:
         """For pickle and deepcopy (of a :class:`~mtcli.infer.translator.Translator`): CTranslate2's

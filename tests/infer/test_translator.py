@@ -3,6 +3,7 @@ with scores, teacher-forced scoring, and clear errors for wrong arguments."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -233,6 +234,11 @@ def test_ctranslate2_engine_converts_once_and_equals_ours_for_greedy(tiny_run_di
     assert Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2").translate(LINES) == again.translate(
         LINES)
     assert damaged.stat().st_size > 1000  # converted again
+    vocabulary = next((run / CT2_DIR).iterdir()) / "shared_vocabulary.json"
+    vocabulary.write_text('["a"]')  # loads, then failed at the first line: "<blank> is not in the vocabulary"
+    assert Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2").translate(LINES) == again.translate(
+        LINES)
+    assert len(json.loads(vocabulary.read_text())) > 1  # converted again
 
 
 def test_a_checkpoint_replaced_while_it_is_converted_is_not_mixed_up(
@@ -433,3 +439,22 @@ def test_a_ctranslate2_translator_pickles_and_copies(tiny_run_dir: Path, tmp_pat
     for clone in (pickle.loads(pickle.dumps(fast)), copy.deepcopy(fast)):
         assert clone.engine is not None and clone.engine.translator is not fast.engine.translator
         assert clone.translate(LINES) == expected
+
+
+def test_a_compute_type_ctranslate2_lacks_is_named_not_taken_for_a_damaged_conversion(
+        tiny_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode.bf16 on a CPU without CTranslate2's bf16 kernels: its error was read as a damaged
+    conversion, converted again, and ended 'cannot read the conversion'."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    import shutil
+
+    from mtcli.infer.ct2 import CT2_DIR
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    monkeypatch.setattr(ctranslate2, "get_supported_compute_types", lambda *a, **k: {"float32", "int8"})
+    with pytest.raises(ConfigError, match=r"^decode.bf16: CTranslate2 cannot compute in bfloat16 on this cpu \(it "
+                                          r"can in float32, int8\); set decode.bf16=false"):
+        Translator.from_run(run, device="cpu", engine="ctranslate2", bf16=True)
+    assert not (run / CT2_DIR).exists()  # nothing converted for it
+    Translator.from_run(run, device="cpu", engine="ctranslate2", int8=True)  # a type it has
