@@ -161,8 +161,9 @@ def check_model_dir(model_dir: Path) -> dict[str, Any]:
         if not (model_dir / name).is_file():
             raise DataError(f"{model_dir / name}: not found (an OPUS-MT style Marian directory has "
                             f"{VOCAB_NAME}, {SOURCE_SPM_NAME} and {TARGET_SPM_NAME})")
+    vocab_pieces = read_vocab(model_dir / VOCAB_NAME)
     for name in (SOURCE_SPM_NAME, TARGET_SPM_NAME):
-        load_spm(model_dir / name)  # a junk model is said now, not when the run is first used
+        _warn_uncovered(model_dir / name, load_spm(model_dir / name), vocab_pieces)  # a junk model: said now
     _check_weights(weights_file(model_dir))
     for key, (allowed, why) in _REQUIRED.items():
         value = raw.get(key)
@@ -177,6 +178,18 @@ def check_model_dir(model_dir: Path) -> dict[str, Any]:
             raise ConfigError(f"{where}: {key}: {raw.get(key)!r} is not supported ({why})")
     _check_one_vocabulary(model_dir, raw)
     return raw
+
+
+def _warn_uncovered(path: Path, processor: Any, vocab: dict[str, int]) -> None:
+    """A warning when over a tenth of the pieces of the SentencePiece model at ``path`` are not
+    in ``vocab.json``: they read as ``<unk>`` (as transformers reads them), so it is most likely
+    another model's file, whose translations would be poor without a word."""
+    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())
+              if not (processor.is_control(i) or processor.is_unknown(i))]
+    missing = sum(piece not in vocab for piece in pieces)
+    if missing > 0.1 * len(pieces):
+        get_logger().warning("%s: %d of its %d pieces are not in %s and read as %s (a SentencePiece model of "
+                             "another vocabulary?)", path, missing, len(pieces), VOCAB_NAME, UNK_PIECE)
 
 
 def _check_one_vocabulary(model_dir: Path, raw: dict[str, Any]) -> None:

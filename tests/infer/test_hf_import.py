@@ -492,3 +492,16 @@ def test_the_command_imports_and_refuses_in_one_line(marian_dir: Path, tmp_path:
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(MtcliError, match=r"pip install 'mtcli\[hf\]'"):
         import_hf(marian_dir, tmp_path / "third")
+
+
+def test_a_sentencepiece_model_of_another_vocabulary_is_warned_of(
+        marian_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Most of its pieces read as <unk> (as transformers reads them): the import was silent."""
+    import_hf(marian_dir, tmp_path / "fine")
+    assert "pieces are not in vocab.json" not in caplog.text
+    other = _broken(marian_dir, tmp_path)
+    lines = (TOY_DIR / "train.src").read_text(encoding="utf-8").splitlines()
+    (other / "source.spm").write_bytes(_spm([line[::-1].upper() for line in lines], 48))
+    import_hf(other, tmp_path / "run")
+    assert f"{other / 'source.spm'}: " in caplog.text and "pieces are not in vocab.json and read as <unk>" in caplog.text
+    assert "target.spm: " not in caplog.text
