@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from mtcli.allocator import keep_freed_memory
+from mtcli.checkpoint import sha256_of_loaded
 from mtcli.config import Config, CorpusConfig, DataConfig, load_config, with_changes
 from mtcli.data.corpora import split_names
 from mtcli.data.sources import open_source
@@ -95,6 +96,7 @@ def back_translate(run_dir: Path, checkpoint: Path, mono: Path, out: Path, data:
         get_logger().info("%s: back-translated earlier with the same model and settings, kept", out)
         return out
     translator = Translator.from_run(run_dir, checkpoint, length_penalty=length_penalty, **settings)
+    made_by["checkpoint_sha256"] = sha256_of_loaded(checkpoint, translator.bundle.payload_sha256)  # as translated
     targets = text.read_text(encoding="utf-8").splitlines()
     sources = translator.translate(targets)
     for path, lines in zip(outputs, (sources, targets), strict=True):

@@ -181,6 +181,12 @@ def read_payload(path: Path) -> memoryview:
     return _verified_payload(path)[0]
 
 
+def _header(data: bytes) -> tuple[int, re.Match[bytes] | None]:
+    """Where a checkpoint's header line ends in ``data``, and its match (None: no header)."""
+    end = data.find(b"\n", 0, _MAX_HEADER)
+    return end, _HEADER_RE.match(data[:end]) if end >= 0 else None
+
+
 def _verified_payload(path: Path) -> tuple[memoryview, str]:
     """:func:`read_payload`'s bytes and their sha256, as the header records it (and as checked)."""
     path = Path(path)
@@ -195,14 +201,13 @@ def _verified_payload(path: Path) -> tuple[memoryview, str]:
         raise CheckpointError(f"{path}: cannot read checkpoint ({exc.strerror or exc})") from None
     if not data:
         raise CheckpointError(f"{path}: empty (0 bytes), not a checkpoint")
-    end = data.find(b"\n", 0, _MAX_HEADER)
     if not data.startswith(MAGIC):
         if MAGIC.startswith(data[: len(MAGIC)]):  # empty or cut inside the magic
             raise CheckpointError(f"{path}: checksum mismatch (corrupted or truncated)")
         raise CheckpointError(
             f"{path}: not an mtcli checkpoint (no checksum header); refusing to load an unverified file"
         )
-    match = _HEADER_RE.match(data[:end]) if end >= 0 else None
+    end, match = _header(data)
     if match is None:
         raise CheckpointError(f"{path}: checksum mismatch (corrupted or truncated)")
     version, digest, size = int(match.group(1)), match.group(2).decode(), int(match.group(3))
@@ -252,11 +257,13 @@ def load_checkpoint_with_id(path: Path, map_location: Any = "cpu") -> tuple[dict
     return state, digest
 
 
-def file_digests(path: Path) -> tuple[str, str | None]:
-    """The sha256 of checkpoint ``path``'s bytes and the payload sha256 its header records (None
-    without a header), from one read: whether the file is still the one loaded as
-    :func:`load_checkpoint_with_id` named it."""
+def sha256_of_loaded(path: Path, payload_sha256: str | None) -> str:
+    """The sha256 of checkpoint ``path``'s bytes, which must still hold the weights loaded from
+    it (``payload_sha256``, as :func:`load_checkpoint_with_id` named them): a record then names
+    the file those weights came from. :class:`CheckpointError` when it was replaced meanwhile."""
     data = Path(path).read_bytes()
-    end = data.find(b"\n", 0, _MAX_HEADER)
-    match = _HEADER_RE.match(data[:end]) if end >= 0 else None
-    return hashlib.sha256(data).hexdigest(), match.group(2).decode() if match else None
+    match = _header(data)[1]
+    if match is None or match.group(2).decode() != payload_sha256:
+        raise CheckpointError(f"{path}: replaced while it was being read (a training run saving over it?); "
+                              "run again")
+    return hashlib.sha256(data).hexdigest()

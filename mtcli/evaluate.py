@@ -196,9 +196,10 @@ def _output_paths(run_dir: Path, test: _Test, name: str) -> tuple[Path, Path]:
 def _check_outputs(run_dir: Path, test: _Test, inputs: list[_Input]) -> None:
     """Refuse, before decoding, outputs that would overwrite a file read: another system's
     hypotheses given as the reference, in the same output directory under the same name."""
-    for given in inputs:
+    reads = [path for given in inputs for path in (given.src_path, *given.ref_paths)]
+    for given in inputs:  # one direction's outputs against every direction's inputs (a shared --output)
         for output in _output_paths(run_dir, test, given.name):
-            for read in (given.src_path, *given.ref_paths):
+            for read in reads:
                 try:
                     same = os.path.samefile(output, read)
                 except OSError:  # not there yet
@@ -254,14 +255,19 @@ def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, given: _I
 
 def _one_direction(trained: list[tuple[str, str]], default: tuple[str, str], src_lang: str | None,
                    tgt_lang: str | None) -> list[tuple[str, str]]:
-    """The trained direction one evaluation scores: the run's own (``default``) with the languages
-    given put in, else the one trained direction that has them (``--src-lang de`` alone: de's);
-    none when no trained direction has them; :class:`ConfigError` when several do and neither is
-    the default (a file's language cannot be guessed)."""
+    """The trained direction one evaluation scores: the run's own (``default``: its source
+    language, the model's default target) with the languages given put in, else the one trained
+    direction that has them (``--src-lang de`` alone: de's), or, no target given, the one into
+    the default target (an en<->de model whose decode.tgt_lang is en: de->en); none when no
+    trained direction has them; :class:`ConfigError` when several do and neither is the default
+    (a file's language cannot be guessed)."""
     fits = [d for d in trained if src_lang in (None, d[0]) and tgt_lang in (None, d[1])]
     wanted = (src_lang or default[0], tgt_lang or default[1])
     if wanted in fits or len(fits) < 2:
         return [wanted] if wanted in fits else fits
+    into_default = [d for d in fits if d[1] == default[1]]
+    if tgt_lang is None and len(into_default) == 1:
+        return into_default
     raise ConfigError(f"{', '.join('->'.join(d) for d in fits)}: several trained directions fit; name both languages "
                       "(--src-lang, --tgt-lang)")
 

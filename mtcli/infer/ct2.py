@@ -97,7 +97,8 @@ def open_engine(run_dir: Path, bundle: InferenceModel, device: torch.device, dec
             return engine
         except (RuntimeError, ValueError) as exc:
             if is_out_of_memory(exc):
-                raise
+                raise DeviceMemoryError(f"out of memory on {memory_text(device)} loading the CTranslate2 conversion "
+                                        f"of {bundle.name}") from None
             if again:
                 raise CheckpointError(f"{model_dir}: CTranslate2 cannot read the conversion of {bundle.name} "
                                       f"({one_line(exc)})") from None
@@ -119,7 +120,11 @@ def _check_compute_type(device: torch.device, decode: DecodeConfig) -> None:
     compute = _compute_type(decode)
     if compute == "default":
         return
-    supported = require_ctranslate2().get_supported_compute_types(device.type, device.index or 0)
+    try:
+        supported = require_ctranslate2().get_supported_compute_types(device.type, device.index or 0)
+    except RuntimeError as exc:  # a CUDA torch sees but CTranslate2 cannot use (its driver too old)
+        raise ConfigError(f"--engine ctranslate2 cannot use {device} ({one_line(exc)}); decode with --engine "
+                          "torch, or on --device cpu") from None
     if compute not in supported:
         key = "decode.int8" if decode.int8 else "decode.bf16"
         raise ConfigError(f"{key}: CTranslate2 cannot compute in {compute} on this {device.type} (it can in "
@@ -144,7 +149,7 @@ class CT2Engine:
     """A ``ctranslate2.Translator`` over a converted run, with the run's tokenizer."""
 
     def __init__(self, model_dir: Path, bundle: InferenceModel, device: torch.device, decode: DecodeConfig) -> None:
-        self.model_dir = model_dir
+        self.model_dir = Path(model_dir).absolute()  # run_dir/ctranslate2/<key>
         self.bundle = bundle
         self.device = device
         self.compute = _compute_type(decode)
@@ -167,11 +172,13 @@ class CT2Engine:
 
     def __getstate__(self) -> dict[str, Any]:
         """For pickle and deepcopy (of a :class:`~mtcli.infer.translator.Translator`): CTranslate2's
-        translator cannot be serialised, so the copy opens the conversion again."""
+        translator cannot be serialised, so the copy opens the conversion again (made again from
+        the weights, when another checkpoint's conversion has replaced it since)."""
         return {key: value for key, value in self.__dict__.items() if key != "translator"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.model_dir = converted_model(self.model_dir.parent.parent, self.bundle)
         self.translator = self._open()
 
     def translate_lines(self, lines: Iterable[str], decode: DecodeConfig, *, name: str = "input",

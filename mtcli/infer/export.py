@@ -39,9 +39,9 @@ from typing import Any
 
 import torch
 
-from mtcli.checkpoint import file_digests
+from mtcli.checkpoint import sha256_of_loaded
 from mtcli.data.tokenizer import Tokenizer
-from mtcli.errors import CheckpointError, ConfigError, MtcliError
+from mtcli.errors import ConfigError, MtcliError
 from mtcli.fileio import atomic_dir, check_replaceable
 from mtcli.infer.loading import InferenceModel, load_for_inference, resolve_checkpoint
 from mtcli.logs import get_logger
@@ -209,11 +209,7 @@ def export_model(
     output = Path(output)
     check_replaceable(output, EXPORT_RECORD)  # before the conversion
     bundle = load_for_inference(run_dir, checkpoint, device="cpu")
-    path = resolve_checkpoint(Path(run_dir), checkpoint)
-    file_sha256, loaded = file_digests(path)
-    if loaded != bundle.payload_sha256:
-        raise CheckpointError(f"{path}: replaced while it was being read (a training run saving over it?); "
-                              "export again")
+    file_sha256 = sha256_of_loaded(resolve_checkpoint(Path(run_dir), checkpoint), bundle.payload_sha256)
     save_ctranslate2(bundle, output, Path(run_dir), checkpoint_sha256=file_sha256)
     get_logger().info("exported %s to %s (%s)", bundle.name, output, fmt)
     return output

@@ -378,10 +378,15 @@ def check_generation(hf: Any, model_dir: Path) -> None:
     where = model_dir / "generation_config.json"
     if not where.is_file():  # transformers reads the generation settings from config.json then
         where = model_dir / "config.json"
+    end = hf.config.eos_token_id  # the id import renumbers as mtcli's </s>
     ends = generation.eos_token_id
-    if isinstance(ends, list | tuple) and set(ends) != {hf.config.eos_token_id}:
+    if ends is not None and set(ends if isinstance(ends, list | tuple) else [ends]) != {end}:
         raise ConfigError(f"{where}: eos_token_id: {ends!r} is not supported (mtcli's search ends at one token, "
-                          f"{hf.config.eos_token_id})")
+                          f"config.json's eos_token_id {end})")
+    forced = getattr(generation, "forced_eos_token_id", None)
+    if forced is not None and set(forced if isinstance(forced, list | tuple) else [forced]) != {end}:
+        raise ConfigError(f"{where}: forced_eos_token_id: {forced!r} is not supported (mtcli ends an output cut "
+                          f"at its length limit with the end token, {end})")
     for key, plain in _PLAIN_GENERATION.items():
         value = getattr(generation, key, None)
         if value not in plain:

@@ -100,10 +100,15 @@ def test_the_command_exports_hf(tiny_run_dir: Path, tmp_path: Path) -> None:
     assert (tmp_path / "out" / "config.json").is_file() and (tmp_path / "out" / "vocab.json").is_file()
 
 
-def test_every_exported_file_has_the_mode_of_a_new_file(exported: Path) -> None:
+def test_every_exported_file_has_the_mode_of_a_new_file(tiny_run_dir: Path, tmp_path: Path) -> None:
     """model.safetensors was 0600 (safetensors' own): an export made by one account (CI, a
     container build) could not be served by another."""
-    from mtcli.fileio import default_file_mode
+    import os
 
+    old = os.umask(0o022)
+    try:
+        exported = export_hf(tiny_run_dir, tmp_path / "model")
+    finally:
+        os.umask(old)
     modes = {path.name: path.stat().st_mode & 0o777 for path in exported.iterdir() if path.is_file()}
-    assert "model.safetensors" in modes and set(modes.values()) == {default_file_mode()}, modes
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes

@@ -336,6 +336,8 @@ def _broken(marian_dir: Path, tmp_path: Path) -> Path:
     # generate ends at any of several end tokens; mtcli's search at one (outputs differed silently)
     (lambda d: _generation(d, eos_token_id=[0, 5]), ConfigError,
      r"generation_config.json: eos_token_id: \[0, 5\] is not supported"),
+    (lambda d: _generation(d, eos_token_id=5), ConfigError, r"generation_config.json: eos_token_id: 5 is not"),
+    (lambda d: _generation(d, forced_eos_token_id=5), ConfigError, r"forced_eos_token_id: 5 is not supported"),
     # settings kept in config.json, as some snapshots have them: the message named a missing file
     (lambda d: ((d / "generation_config.json").unlink(), _set(d, no_repeat_ngram_size=3)), ConfigError,
      r"opus-mt-de-en/config.json: no_repeat_ngram_size: 3 is not supported"),

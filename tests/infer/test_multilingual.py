@@ -95,6 +95,9 @@ def test_evaluate_on_files_warns_which_direction_it_scores(
     (by_config,) = evaluate_directions(multi_run, beam=1, overrides=["decode.tgt_lang=xx"], **files)
     assert by_config["direction"] == "src-xx" and by_config["bleu"] == into_xx["bleu"]
     assert "scoring into xx, its default" in caplog.text
+    # a default target that data.src_lang was not trained into: the one direction into it
+    (into_src,) = evaluate_directions(multi_run, beam=1, overrides=["decode.tgt_lang=src"], **files)
+    assert into_src["direction"] == "tgt-src"  # was "several trained directions fit"
     # each direction's outputs under a name of their own: the second did overwrite the first
     assert [Path(r["hypotheses"]).name for r in (default, into_xx)] == ["test.src.best.hyp", "test.src.src-xx.best.hyp"]
 

@@ -439,6 +439,8 @@ def test_a_ctranslate2_translator_pickles_and_copies(tiny_run_dir: Path, tmp_pat
     for clone in (pickle.loads(pickle.dumps(fast)), copy.deepcopy(fast)):
         assert clone.engine is not None and clone.engine.translator is not fast.engine.translator
         assert clone.translate(LINES) == expected
+    Translator.from_run(run, "checkpoint_10.pt", device="cpu", engine="ctranslate2")  # removes fast's conversion
+    assert copy.deepcopy(fast).translate(LINES) == expected  # made again from the weights in hand
 
 
 def test_a_compute_type_ctranslate2_lacks_is_named_not_taken_for_a_damaged_conversion(
@@ -458,3 +460,10 @@ def test_a_compute_type_ctranslate2_lacks_is_named_not_taken_for_a_damaged_conve
         Translator.from_run(run, device="cpu", engine="ctranslate2", bf16=True)
     assert not (run / CT2_DIR).exists()  # nothing converted for it
     Translator.from_run(run, device="cpu", engine="ctranslate2", int8=True)  # a type it has
+
+    def unusable(*args, **kwargs):
+        raise RuntimeError("CUDA failed with error CUDA driver version is insufficient for CUDA runtime version")
+
+    monkeypatch.setattr(ctranslate2, "get_supported_compute_types", unusable)  # was a traceback
+    with pytest.raises(ConfigError, match=r"^--engine ctranslate2 cannot use cpu \(CUDA failed .*--engine torch"):
+        Translator.from_run(run, device="cpu", engine="ctranslate2", int8=True)
