@@ -191,9 +191,12 @@ class Config:
     path: str = field(default="<config>", compare=False)
 
     def run_path(self) -> Path:
-        """Run directory (default ``data/runs/<config file stem>``)."""
+        """Run directory (default ``data/runs/<config file stem>``; for a run's own
+        ``config.yaml``, that run: ``mtcli train RUN/config.yaml`` resumes it)."""
         if self.train.run_dir:
             return Path(self.train.run_dir)
+        if Path(self.path).name == "config.yaml" and (Path(self.path).parent / "checkpoints").is_dir():
+            return Path(self.path).parent
         stem = Path(self.path).stem if self.path != "<config>" else self.data.name
         return Path("data/runs") / stem
 
@@ -517,6 +520,9 @@ def load_config(path: str | Path, overrides: list[str] | None = None,
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{where}: config file not found") from None
+    except IsADirectoryError:
+        run = " (a run directory: its config.yaml resumes it)" if (path / "config.yaml").is_file() else ""
+        raise ConfigError(f"{where}: is a directory{run}; give a YAML config file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{where}: cannot read config ({exc})") from None
     try:

@@ -111,6 +111,15 @@ class RunLock:
         except (ValueError, UnicodeDecodeError, AttributeError):
             return "an unknown process (lock file being written)"
 
+    def holder(self) -> str | None:
+        """Who trains in the run directory now (``pid P on host H since T``); None when no lock
+        is held, or its holder is gone."""
+        try:
+            raw = self.path.read_bytes()
+        except OSError:
+            return None
+        return None if self._stale_reason(raw) is not None else self._holder(raw)
+
     def acquire(self) -> RunLock:
         """Take the lock or raise :class:`RunLockedError`; a stale lock is taken over."""
         if self.held:

@@ -936,9 +936,13 @@ def test_load_for_inference_errors(tmp_path: Path, run_dir: Path, spm_models) ->
     (tmp_path / "plain").mkdir()
     with pytest.raises(CheckpointError, match=r"not a run directory \(no config.yaml\)"):
         load_for_inference(tmp_path / "plain")
-    with pytest.raises(CheckpointError, match="checkpoint not found") as exc:
+    with pytest.raises(CheckpointError, match=r"checkpoint not found .*none\); train it first"):
         load_for_inference(run_dir)
-    assert "none" in one_line(exc)
+    from mtcli.runlock import RunLock
+
+    with RunLock(run_dir):  # a training that has not validated yet: said, where it was only "not found"
+        with pytest.raises(CheckpointError, match=r"none\); it is still training \(pid \d+ on host .*valid_every"):
+            load_for_inference(run_dir)
     save_checkpoint(run_dir / "checkpoints" / "checkpoint_5.pt", toy_state(5, vocab=_vocab(run_dir)))
     with pytest.raises(CheckpointError, match="checkpoint not found") as exc:
         load_for_inference(run_dir, checkpoint="last")

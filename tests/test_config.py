@@ -359,3 +359,20 @@ def test_a_float_setting_that_is_not_finite_is_refused(tmp_path: Path, change: s
     assert f"{key} must be a finite number, got " in message
     with pytest.raises(ConfigError, match=rf"{re.escape(key)} must be a finite number"):
         config_from_dict(MINIMAL, "r.yaml", overrides=[f"{key}={value.lstrip('-.')}"])
+
+
+def test_a_runs_own_config_trains_that_run_and_a_run_directory_is_named(tmp_path: Path) -> None:
+    """``mtcli train RUN`` was "[Errno 21] Is a directory", and ``mtcli train RUN/config.yaml``
+    trained a new run in data/runs/config from step 0 (a run's config.yaml has no run_dir)."""
+    run = tmp_path / "toy"
+    (run / "checkpoints").mkdir(parents=True)
+    save_config(load_config(REPO / "configs" / "toy.yaml"), run / "config.yaml")
+    assert load_config(run / "config.yaml").run_path() == run
+    with pytest.raises(ConfigError, match=r"toy: is a directory \(a run directory: its config.yaml resumes it\); give"):
+        load_config(run)
+    with pytest.raises(ConfigError, match=r"checkpoints: is a directory; give a YAML config file"):
+        load_config(run / "checkpoints")
+    plain = tmp_path / "recipes" / "config.yaml"  # a config.yaml of one's own, not in a run: as before
+    plain.parent.mkdir()
+    plain.write_text((run / "config.yaml").read_text())
+    assert load_config(plain).run_path() == Path("data/runs/config")

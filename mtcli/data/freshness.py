@@ -53,7 +53,8 @@ def open_prepared(config: Config, check_inputs: bool = True) -> PreparedCorpus:
         changed.append(f"other content in {', '.join(files)}")
     if changed:
         raise DataError(f"{path} was prepared with {'; '.join(changed)}; run `mtcli prepare {config.path}` (with "
-                        "the same --set, if any): the cache follows the config's data section and its files")
+                        "the same --set, if any), or give this command the data settings prepare had: the cache "
+                        "follows the config's data section and its files")
     for source, location in missing_sources(data, corpus.manifest):
         get_logger().warning("data.source %s: no such directory; the cache %s was prepared from %s, and is trained "
                              "on as it is (a mistyped path?)", source, path, location)

@@ -564,8 +564,10 @@ def detect_kind(root: Path) -> str:
 
 
 def looks_like_path(source: str) -> bool:
-    """Whether ``data.source`` names a path (not a corpus name or a hub id ``org/name``)."""
-    return source.startswith(("/", ".", "~")) or source.count("/") > 1
+    """Whether ``data.source`` names a path (not a corpus name or a hub id ``org/name``, whose
+    organisation is no local directory: ``corpora/en_fr`` is a misspelt ``corpora/en-fr``)."""
+    return source.startswith(("/", ".", "~")) or source.count("/") > 1 or (
+        "/" in source and Path(source.split("/")[0]).is_dir())
 
 
 def open_source(source: str, src_lang: str, tgt_lang: str, hub_config: str | None = None) -> Source:

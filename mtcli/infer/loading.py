@@ -37,6 +37,7 @@ from mtcli.rundir import (
     names,
     select_checkpoints,
 )
+from mtcli.runlock import RunLock
 
 _WRAPPER_RE = re.compile(r"^(?:module\.|_orig_mod\.)+")
 
@@ -117,10 +118,12 @@ def resolve_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:
         raise CheckpointError(f"{path}: is a directory, not a checkpoint file (checkpoints in it: "
                               f"{names(sorted(path.glob('*.pt')))})")
     if not path.is_file():
-        raise CheckpointError(
-            f"{path}: checkpoint not found (checkpoints in {run_dir}: "
-            f"{names(sorted(directory.glob('*.pt')))})"
-        )
+        found = sorted(directory.glob("*.pt"))
+        training = RunLock(run_dir).holder() if not found else None
+        hint = (f"; it is still training ({training}): its first checkpoint comes at the first validation, "
+                "train.valid_every steps in" if training else "; train it first (mtcli train CONFIG)" if not found
+                else "")
+        raise CheckpointError(f"{path}: checkpoint not found (checkpoints in {run_dir}: {names(found)}){hint}")
     return path
 
 

@@ -209,6 +209,17 @@ def test_open_source_missing_directory_and_empty_directory(tmp_path: Path) -> No
         open_source(str(tmp_path / "empty"), "de", "en")
 
 
+def test_a_misspelt_directory_under_a_local_one_is_not_taken_for_a_hub_id(monkeypatch: pytest.MonkeyPatch,
+                                                                           tmp_path: Path) -> None:
+    """``corpora/en_fr`` for ``corpora/en-fr`` went to the hub (about 26 s offline) and never said
+    the directory was missing: a hub id's organisation is no local directory."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpora").mkdir()
+    with pytest.raises(DataError, match=r"data.source corpora/en_fr: directory not found \(relative paths are from"):
+        open_source("corpora/en_fr", "en", "fr")
+    assert isinstance(open_source("some-org/en_fr", "en", "fr"), HubSource)  # no local some-org/
+
+
 def test_open_source_hub_id_is_lazy() -> None:
     source = open_source("some-org/some-dataset", "de", "en", "de-en")
     assert isinstance(source, HubSource)
