@@ -25,7 +25,7 @@ from mtcli.data.dedup import key_set, keys_of, pair_keys
 from mtcli.data.scan import Lines, numpy_lines, text_length
 from mtcli.data.sources import Pair, mismatch_error
 from mtcli.data.textio import decode_block, is_utf8, read_range
-from mtcli.data.workers import forked_pool, in_order, settle
+from mtcli.data.workers import forked_pool, in_order, result_of, settle
 
 # Pairs a worker cleans at a time: about 4 MB of WMT text a side, a tenth of a second of work.
 PAIRS_PER_RANGE = 20_000
@@ -213,8 +213,8 @@ def aligned_ranges(src: Path, tgt: Path, lines_per_range: int,
         tgt_cuts, tgt_lines, tgt_size = _line_cuts(tgt, lines_per_range)
     else:
         reads = [pool.apply_async(_line_cuts, (path, lines_per_range)) for path in (src, tgt)]
-        settle(reads)  # both finish before either's error leaves the pool
-        (src_cuts, src_lines, src_size), (tgt_cuts, tgt_lines, tgt_size) = (r.get() for r in reads)
+        settle(reads, pool)  # both finish before either's error leaves the pool
+        (src_cuts, src_lines, src_size), (tgt_cuts, tgt_lines, tgt_size) = (result_of(pool, r) for r in reads)
     if src_lines != tgt_lines:
         raise mismatch_error(src, src_lines, tgt, tgt_lines)
     src_edges, tgt_edges = [0, *src_cuts, src_size], [0, *tgt_cuts, tgt_size]
@@ -455,9 +455,9 @@ def _clean_in_workers(ranges: Iterable[tuple[int, Any, Any]], out_src: Path, out
                 copies.append(pool.apply_async(_copy_spans, (task,)))
                 written[side] += sum(stop - start for start, stop in spans)
     finally:
-        settle(copies)  # every copy finishes before an error leaves the pool
+        settle(copies, pool)  # every copy finishes before an error leaves the pool
     for copy in copies:
-        copy.get()
+        result_of(pool, copy)
 
 
 def _copy_spans(task: tuple[str, list[tuple[int, int]], str, int, bool]) -> None:

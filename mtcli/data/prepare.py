@@ -69,7 +69,7 @@ from mtcli.data.tokenizer import (
     train_model,
 )
 from mtcli.data.vocabmap import VocabTokenizer, load_tokenizer, tokenizer_files
-from mtcli.data.workers import can_fork, forked_pool, in_order
+from mtcli.data.workers import can_fork, forked_pool, in_order, result_of
 from mtcli.errors import DataError
 from mtcli.fileio import FileHasher, atomic_dir, check_directory, file_stamp, sha256_file
 from mtcli.languages import measured_in_characters
@@ -399,7 +399,7 @@ def _train_spm(tmp: Path, data: DataConfig, plan: Plan, counts: dict[str, CleanC
         # A new one, not a fork: its OpenMP threads would wait forever in a child of a process that
         # ran OpenMP code before (a training, in the same Python process).
         with forked_pool(1, start="spawn") as pool:
-            return pool.apply(train_model, (train_txt, tmp / "spm", settings))
+            return result_of(pool, pool.apply_async(train_model, (train_txt, tmp / "spm", settings)))
     finally:
         sample.unlink(missing_ok=True)
 

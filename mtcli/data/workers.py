@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.pool import AsyncResult, Pool
 from typing import Any
 
+from mtcli.errors import MtcliError
+
 
 def can_fork() -> bool:
     """True where worker processes can be forked (not on Windows or macOS's default ``spawn``)."""
@@ -37,13 +39,23 @@ def forked_pool(workers: int, initializer: Callable[..., None] | None = None,
     The workers ignore SIGINT: Ctrl-C at a terminal reaches every process of the group, and a
     worker interrupted mid-task would die with a traceback, its task never done, and the parent
     would wait for it. Only the parent stops; it lets the tasks in flight finish and leaves.
-    On Linux a worker also ends when the parent dies without leaving the pool (``kill -9``, the
-    out-of-memory killer), instead of finishing its task for nobody and printing a
-    ``BrokenPipeError`` traceback."""
+    A worker that died (SIGTERM to the whole group from ``timeout``, SLURM or ``kill -TERM
+    -PGID``; the out-of-memory killer) may have taken a lock of the pool's queues with it (an
+    idle worker waits for tasks holding one), which the pool's shutdown would wait for for ever:
+    the pool is then left with fresh locks. On Linux a worker also ends when the parent dies without leaving the pool
+    (``kill -9``, the out-of-memory killer), instead of finishing its task for nobody and
+    printing a ``BrokenPipeError`` traceback. A worker that dies (the out-of-memory killer)
+    is noticed by :func:`result_of`, where the pool would wait for its task for ever."""
     context = multiprocessing.get_context(start)
     with context.Pool(workers, initializer=_start_worker,
                       initargs=(os.getpid(), initializer, *initargs)) as pool:
-        yield pool
+        pool._mtcli_started = list(pool._pool)  # type: ignore[attr-defined]  # its workers, as started
+        try:
+            yield pool
+        finally:
+            if _ended(pool):  # one died, perhaps holding a queue's lock: the shutdown must not wait for it
+                pool._inqueue._rlock = context.Lock()  # type: ignore[attr-defined]
+                pool._outqueue._wlock = context.Lock()  # type: ignore[attr-defined]
 
 
 def _start_worker(parent: int, initializer: Callable[..., None] | None, *initargs: Any) -> None:
@@ -85,19 +97,44 @@ def in_order(pool: Pool, func: Callable[[Any], Any], tasks: Iterable[Any], windo
         for task in tasks:
             pending.append(pool.apply_async(func, (task,)))
             if len(pending) >= window:
-                yield pending.popleft().get()
+                yield result_of(pool, pending.popleft())
         while pending:
-            yield pending.popleft().get()
+            yield result_of(pool, pending.popleft())
     finally:
-        settle(pending)
+        settle(pending, pool)
 
 
-def settle(results: Iterable[AsyncResult]) -> None:
+def _ended(pool: Pool) -> str | None:
+    """How a worker of ``pool`` ended, if one has (they only end when the pool does)."""
+    for process in getattr(pool, "_mtcli_started", ()):
+        code = process.exitcode
+        if code is not None:
+            return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+    return None
+
+
+def result_of(pool: Pool, result: AsyncResult) -> Any:
+    """``result.get()``, or :class:`MtcliError` when a worker of ``pool`` has died meanwhile:
+    the pool drops the task of a worker that is killed (the out-of-memory killer, ``kill -9``)
+    and would wait for it for ever."""
+    while not result.ready():
+        result.wait(1.0)
+        if not result.ready() and (how := _ended(pool)):
+            raise MtcliError(f"a prepare worker process ended ({how}: the out-of-memory killer ends the largest "
+                             "process); lower data.num_workers or data.spm_max_sentences, or free memory")
+    return result.get()
+
+
+def settle(results: Iterable[AsyncResult], pool: Pool | None = None) -> None:
     """Wait (up to :data:`SETTLE_SECONDS` in all) for tasks submitted to a pool to finish.
 
     A pool left early is terminated, and a worker killed while it hands back a result holds
     the result queue's lock for ever: the pool's own shutdown then waits on that lock and the
-    process hangs. With every submitted task finished, the workers are idle when killed."""
+    process hangs. With every submitted task finished, the workers are idle when killed. (Not
+    waited for: tasks of ``pool`` once one of its workers has died, which never finish.)"""
     deadline = time.monotonic() + SETTLE_SECONDS
     for result in results:
-        result.wait(max(0.0, deadline - time.monotonic()))
+        while not result.ready() and time.monotonic() < deadline:
+            if pool is not None and _ended(pool):
+                return
+            result.wait(min(1.0, max(0.0, deadline - time.monotonic())))

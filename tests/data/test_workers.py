@@ -126,3 +126,67 @@ def test_workers_end_with_a_parent_killed_by_sigkill(tmp_path: Path) -> None:
     for pid in running:  # the failure's own clean-up
         os.kill(pid, signal.SIGKILL)
     assert not running, "the workers outlived their parent"
+
+
+def _run_guarded(script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``script`` in a new session; a hang is a failure, its whole group killed."""
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"hung for {timeout:.0f} s") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+#: Every worker of an idle pool gets SIGTERM, as `timeout`, SLURM or `kill -TERM -PGID` send it to
+#: the whole group; then the parent leaves the pool. An idle worker waits for tasks holding the
+#: pool's queue lock: killed at once, it kept it, and leaving the pool waited for it for ever.
+GROUP_TERMINATED = r"""
+import os, signal, time
+from mtcli.data.workers import forked_pool
+
+with forked_pool(2) as pool:
+    pool.apply_async(abs, (1,)).get()
+    time.sleep(0.3)  # both workers back waiting for a task, one of them holding the lock
+    for process in pool._mtcli_started:
+        os.kill(process.pid, signal.SIGTERM)
+    time.sleep(0.5)
+print("left the pool")
+"""
+
+
+def test_a_pool_whose_workers_got_sigterm_is_left_without_hanging() -> None:
+    result = _run_guarded(GROUP_TERMINATED, timeout=30)
+    assert result.returncode == 0 and result.stdout.strip() == "left the pool", result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+#: A task kills its own worker, as the out-of-memory killer would: the pool drops that task.
+WORKER_KILLED = r"""
+import os, signal
+from mtcli.data.workers import forked_pool, in_order
+from mtcli.errors import MtcliError
+
+def task(n):
+    if n == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return n
+
+try:
+    with forked_pool(2) as pool:
+        print(list(in_order(pool, task, range(8), 4)))
+except MtcliError as exc:
+    print(exc)
+"""
+
+
+def test_a_worker_killed_mid_task_is_an_error_not_a_wait_for_ever() -> None:
+    start = time.monotonic()
+    result = _run_guarded(WORKER_KILLED, timeout=40)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("a prepare worker process ended (killed by signal 9: the out-of-memory"), (
+        result.stdout)
+    assert time.monotonic() - start < 20  # not the 30 s a pool left early waits for its tasks
