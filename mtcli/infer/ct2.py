@@ -4,7 +4,8 @@ The weights loaded from the run's checkpoint are converted once
 (:func:`mtcli.infer.export.save_ctranslate2`) into ``<run_dir>/ctranslate2/<sha256 of the
 weights, 16 hex digits>/`` (the checkpoint's payload, as its header records it) and reused while
 the checkpoint holds the same weights; when it changes (a longer run, another checkpoint) the
-next use converts it again and removes the older conversions. A kept conversion CTranslate2 cannot read
+next use converts it again, and the conversions of the three checkpoints used last are kept.
+A kept conversion CTranslate2 cannot read
 is converted again (:func:`open_engine`). :class:`CT2Engine` then translates lines
 as :func:`mtcli.infer.translate.translate_lines` does: windows of lines, empty lines answered
 without the model, sources truncated to the model's limit with a warning, n-best lists of
@@ -40,6 +41,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -73,15 +75,32 @@ def converted_model(run_dir: Path, bundle: InferenceModel) -> Path:
     with contextlib.suppress(OSError, ValueError, AttributeError):  # the one kept, if it is these weights'
         if (target / "model.bin").is_file() and json.loads(record.read_text("utf-8")).get(
                 "checkpoint_payload_sha256") == digest:
+            os.utime(target)  # in use: kept among the newest
             return target
     if target.exists():  # another checkpoint's weights under this one's name (an export there), or an older mtcli's
-        shutil.rmtree(target)
+        shutil.rmtree(target, ignore_errors=True)
     get_logger().info("converting %s for CTranslate2 into %s (once per checkpoint)", bundle.name, target)
     save_ctranslate2(bundle, target, Path(run_dir))
-    for old in root.iterdir():
-        if old.is_dir() and old.name != key and not old.name.startswith("."):
-            shutil.rmtree(old, ignore_errors=True)
+    _remove_old_conversions(root)
     return target
+
+
+#: How many conversions a run keeps: those of the checkpoints used last (best and last, say, by
+#: two servers), each as large as the model; older ones are removed.
+KEPT_CONVERSIONS = 3
+
+
+def _remove_old_conversions(root: Path) -> None:
+    """Remove all but the :data:`KEPT_CONVERSIONS` conversions under ``root`` used last: two
+    processes decoding two checkpoints of one run each keep theirs (each removing the other's
+    converted it again at every start, or removed it while the other opened it)."""
+    found = []
+    for entry in root.iterdir():
+        with contextlib.suppress(OSError):
+            if entry.is_dir() and not entry.name.startswith("."):
+                found.append((entry.stat().st_mtime, entry))
+    for _, old in sorted(found, reverse=True)[KEPT_CONVERSIONS:]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def open_engine(run_dir: Path, bundle: InferenceModel, device: torch.device, decode: DecodeConfig) -> CT2Engine:
@@ -104,7 +123,7 @@ def open_engine(run_dir: Path, bundle: InferenceModel, device: torch.device, dec
                                       f"({one_line(exc)})") from None
             get_logger().warning("%s: CTranslate2 cannot read this conversion (%s): converting %s again",
                                  model_dir, one_line(exc), bundle.name)
-        shutil.rmtree(model_dir)
+        shutil.rmtree(model_dir, ignore_errors=True)  # another process may have made it again meanwhile
     raise AssertionError("unreachable")
 
 

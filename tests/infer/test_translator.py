@@ -4,6 +4,7 @@ with scores, teacher-forced scoring, and clear errors for wrong arguments."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -219,26 +220,41 @@ def test_ctranslate2_engine_converts_once_and_equals_ours_for_greedy(tiny_run_di
     best.unlink()
     shutil.copyfile(run / "checkpoints" / "checkpoint_10.pt", best)
     again = Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2")
-    assert sorted((run / CT2_DIR).iterdir()) != converted and len(list((run / CT2_DIR).iterdir())) == 1
+    kept = again.engine.model_dir
+    assert kept != converted[0] and sorted((run / CT2_DIR).iterdir()) == sorted([converted[0], kept])  # both kept
     assert again.translate(LINES) == Translator.from_run(run, beam=1, device="cpu").translate(LINES)
     beam = theirs.nbest(LINES, n=2, beam=2)  # beam search runs; its ranking may differ (docstring)
     assert all(len(hyps) == 2 for line, hyps in zip(LINES, beam, strict=True) if line)
     from mtcli.infer.export import export_model
 
-    kept = next((run / CT2_DIR).iterdir())  # another checkpoint exported over the kept conversion
+    # another checkpoint exported over the kept conversion
     export_model(run, kept, checkpoint=str(run / "checkpoints" / "checkpoint_last.pt"))
     assert Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2").translate(LINES) == again.translate(
         LINES)  # decoded with checkpoint_last's weights under checkpoint_best's name before
-    damaged = next((run / CT2_DIR).iterdir()) / "model.bin"
+    damaged = kept / "model.bin"
     damaged.write_bytes(b"a conversion cut short")  # was CTranslate2's RuntimeError, a traceback
     assert Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2").translate(LINES) == again.translate(
         LINES)
     assert damaged.stat().st_size > 1000  # converted again
-    vocabulary = next((run / CT2_DIR).iterdir()) / "shared_vocabulary.json"
+    vocabulary = kept / "shared_vocabulary.json"
     vocabulary.write_text('["a"]')  # loads, then failed at the first line: "<blank> is not in the vocabulary"
     assert Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2").translate(LINES) == again.translate(
         LINES)
     assert len(json.loads(vocabulary.read_text())) > 1  # converted again
+
+
+
+def test_the_conversions_used_last_are_kept(tmp_path: Path) -> None:
+    """Each conversion removed every other: two servers of one run's best and last checkpoints
+    converted again at every start, or removed the other's while it was opened."""
+    from mtcli.infer.ct2 import KEPT_CONVERSIONS, _remove_old_conversions
+
+    for age in range(5):
+        (tmp_path / f"key{age}").mkdir()
+        os.utime(tmp_path / f"key{age}", (1000 - age, 1000 - age))
+    (tmp_path / ".key9.tmp").mkdir()  # a conversion being written: not counted, not removed
+    _remove_old_conversions(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".key9.tmp", *(f"key{a}" for a in range(KEPT_CONVERSIONS))]
 
 
 def test_a_checkpoint_replaced_while_it_is_converted_is_not_mixed_up(
