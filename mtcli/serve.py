@@ -8,8 +8,10 @@ Endpoints:
   ``{"translations": ["...", ...], "model": NAME}``, in request order; with ``"nbest": N`` also
   ``"nbest": [[{"text": ..., "score": ...}, ...], ...]``, each line's N best (or, sampling, its
   N samples in draw order);
-* ``GET /health`` -> ``{"status": "ok", "model": NAME, "device": DEVICE, "target_languages":
-  [...]}`` (the default first; the page offers a choice where a model has several);
+* ``GET /health`` -> ``{"status": "ok", "model": NAME, "weights_sha256": SHA, "device": DEVICE,
+  "target_languages": [...]}`` (the weights' payload sha256, which tells two checkpoints of one
+  step apart, null for an average; the languages with the default first: the page offers a
+  choice where a model has several);
 * ``GET /`` a page to type or paste text and read its translation; ``GET /docs`` the OpenAPI docs.
 
 Requests from many clients are decoded together: :class:`Batcher` collects what arrives within
@@ -43,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import math
 import re
 import signal
 import socket
@@ -50,7 +53,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -70,6 +73,15 @@ from mtcli.serve_guards import API_KEY_ENV, BodyLimit, KeyCheck, check_api_key
 from mtcli.serve_page import PAGE
 
 
+def _number(key: str) -> Any:
+    """A JSON number (not a string or a boolean) in ``DECODE_RANGES[key]``, its range in the
+    schema as JSON Schema's ``minimum``/``maximum`` (on the union, pydantic wrote ``ge``/``le``,
+    which /docs and client generators do not read)."""
+    low, high = DECODE_RANGES[key]
+    return (Annotated[StrictFloat, Field(ge=low, le=high)]
+            | Annotated[StrictInt, Field(ge=math.ceil(low), le=math.floor(high))])
+
+
 class TranslateRequest(BaseModel):
     """The body of ``POST /translate``."""
 
@@ -77,15 +89,12 @@ class TranslateRequest(BaseModel):
     text: list[StrictStr] = Field(description="Lines to translate, one sentence each.")
     beam: StrictInt | None = Field(default=None, description="Beam size (1 = greedy); the run's by default.",
                                    json_schema_extra={"minimum": 1, "maximum": Limits.max_beam})
-    length_penalty: StrictFloat | StrictInt | None = Field(
-        default=None, ge=DECODE_RANGES["length_penalty"][0], le=DECODE_RANGES["length_penalty"][1],
-        description="GNMT length penalty alpha (below 0 favours shorter outputs).")
+    length_penalty: _number("length_penalty") | None = Field(
+        default=None, description="GNMT length penalty alpha (below 0 favours shorter outputs).")
     sampling: Literal["none", "topk", "topp"] | None = Field(
         default=None, description="Draw the translation instead of searching (the run's decode.topk / topp), "
                                   "or search (none) on a server that samples by default.")
-    temperature: StrictFloat | StrictInt | None = Field(
-        default=None, ge=DECODE_RANGES["temperature"][0], le=DECODE_RANGES["temperature"][1],
-        description="Sampling temperature.")
+    temperature: _number("temperature") | None = Field(default=None, description="Sampling temperature.")
     seed: StrictInt | None = Field(default=None, description="Sampling seed: the same seed gives the same output.")
     tgt_lang: StrictStr | None = Field(
         default=None, description="The language to translate into, for a model of several (the run's by default).")
@@ -365,7 +374,8 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
     async def health() -> dict[str, Any] | JSONResponse:
         batcher = app.state.batcher
         serving = batcher.translator
-        about = {"model": serving.name, "device": str(serving.device), "target_languages": serving.target_languages}
+        about = {"model": serving.name, "weights_sha256": serving.bundle.payload_sha256, "device": str(serving.device),
+                 "target_languages": serving.target_languages}
         if not batcher.alive:  # it survives any failure of a batch, so this is a bug: say so, to be restarted
             return JSONResponse({"status": "unhealthy", "error": STOPPED, **about}, status_code=503)
         return {"status": "ok", **about}
@@ -409,6 +419,7 @@ class Reloader:
                 get_logger().error("reload failed, still serving %s: %s: %s", old, type(exc).__name__, one_line(exc))
                 return
             batcher.translator = new
+            self.app.summary, self.app.openapi_schema = f"Machine translation with {new.name}", None  # /docs: made anew
             get_logger().info("reloaded: serving %s (was %s)", new.name, old)
         finally:
             self._busy.release()

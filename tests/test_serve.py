@@ -310,8 +310,12 @@ def test_sighup_serves_the_newest_checkpoint_without_stopping_and_a_bad_one_chan
     try:
         first = httpx.get(f"{running.url}/health", timeout=10).json()["model"]
         assert first == f"checkpoint_best.pt (step {state['step']})"
+        weights = httpx.get(f"{running.url}/health", timeout=10).json()["weights_sha256"]
         save_checkpoint(best, {**state, "step": state["step"] + 1000})
         _reload_until(running, f"checkpoint_best.pt (step {state['step'] + 1000})")
+        assert httpx.get(f"{running.url}/health", timeout=10).json()["weights_sha256"] != weights
+        summary = httpx.get(f"{running.url}/openapi.json", timeout=10).json()["info"]["summary"]
+        assert summary.endswith(f"(step {state['step'] + 1000})")  # /docs named the model loaded at start
         answer = running.post({"text": LINES})
         assert answer.status_code == 200 and answer.json()["model"].endswith(f"(step {state['step'] + 1000})")
         best.write_bytes(b"not a checkpoint")
@@ -766,6 +770,11 @@ def test_the_schema_lists_the_error_answers_as_sent(tiny_run_dir: Path) -> None:
     assert "HTTPValidationError" not in schema["components"]["schemas"]
     fields = schema["components"]["schemas"]["TranslateRequest"]["properties"]
     assert [(fields[f]["minimum"], fields[f]["maximum"]) for f in ("beam", "nbest")] == [(1, 16), (1, 16)]
+    # ranges as JSON Schema's minimum/maximum, which /docs shows (pydantic wrote "ge"/"le" on the union)
+    for field, (low, high) in (("length_penalty", (-5, 5)), ("temperature", (0.01, 100))):
+        number = fields[field]["anyOf"][0]
+        assert (number["type"], number["minimum"], number["maximum"]) == ("number", low, high), fields[field]
+        assert '"ge"' not in json.dumps(fields[field]) and '"le"' not in json.dumps(fields[field])
 
 
 def test_an_empty_api_key_variable_is_refused_not_served_open(tiny_run_dir: Path) -> None:
