@@ -261,10 +261,11 @@ def pid_alive(pid: int) -> bool:
 BUILDER_NAME = ".mtcli-builder.pid"
 
 
-def _remove_stale_builds(path: Path) -> None:
+def remove_stale_builds(path: Path) -> None:
     """Delete what killed builds of ``path`` left beside it: ``.NAME.*.tmp`` holding the pid of
-    a process that is gone, and ``.NAME.old-PID`` of one."""
-    for entry in path.parent.glob(f".{path.name}.*"):
+    a process that is gone, and ``.NAME.old-PID`` of one; a build killed between the two renames
+    of its swap left no ``path``, and its ``.NAME.old-PID`` (the previous one, whole) is put back."""
+    for entry in sorted(path.parent.glob(f".{path.name}.*"), key=lambda e: ".old-" not in e.name):
         if not entry.is_dir():
             continue
         try:
@@ -276,7 +277,11 @@ def _remove_stale_builds(path: Path) -> None:
                 continue
         except (OSError, ValueError):
             continue  # not one of ours, or still starting: left alone
-        if not pid_alive(pid):
+        if pid_alive(pid):
+            continue
+        if ".old-" in entry.name and not path.exists():
+            os.rename(entry, path)
+        else:
             shutil.rmtree(entry, ignore_errors=True)
 
 
@@ -314,7 +319,7 @@ def _foreign_entries(path: Path, mark: str) -> list[str]:
     """The entries of ``path`` (which holds ``mark``) that :func:`atomic_dir` did not write: by
     its contents record; for a directory of an older mtcli, by what its mark says (a cache's
     manifest lists its files; an export's record names its run, an import's its model)."""
-    names = {entry.name for entry in path.iterdir()}
+    names = {entry.name for entry in path.iterdir()} - {BUILDER_NAME}  # a build killed right after its swap
     contents = _read_json(path / CONTENTS_NAME)
     if isinstance(contents, dict) and contents.get("mark") == mark and isinstance(contents.get("entries"), list):
         return sorted(names - set(map(str, contents["entries"])) - {CONTENTS_NAME})
@@ -344,7 +349,7 @@ def atomic_dir(path: str | Path, *, mark: str | None, derived: Collection[str] =
     path = Path(path)
     check_replaceable(path, mark, derived)
     make_parent(path)
-    _remove_stale_builds(path)
+    remove_stale_builds(path)
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     except OSError as exc:  # a read-only directory: named as the output, not the hidden build
@@ -353,9 +358,8 @@ def atomic_dir(path: str | Path, *, mark: str | None, derived: Collection[str] =
         os.chmod(tmp, default_dir_mode())
         (tmp / BUILDER_NAME).write_text(str(os.getpid()))
         yield tmp
-        (tmp / BUILDER_NAME).unlink()
         if mark is not None:
-            entries = sorted(entry.name for entry in tmp.iterdir())
+            entries = sorted(entry.name for entry in tmp.iterdir() if entry.name != BUILDER_NAME)
             (tmp / CONTENTS_NAME).write_text(json.dumps({"mark": mark, "entries": entries}) + "\n", encoding="utf-8")
         fsync_dir(tmp)
         old = None
@@ -363,6 +367,7 @@ def atomic_dir(path: str | Path, *, mark: str | None, derived: Collection[str] =
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.replace(path, old)
         os.replace(tmp, path)
+        (path / BUILDER_NAME).unlink()  # until here a killed build's directory is known for one
         fsync_dir(path.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
