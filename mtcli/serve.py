@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import math
 import re
 import signal
@@ -450,6 +451,18 @@ def check_listening(host: str, port: int) -> None:
 MAX_SHUTDOWN_GRACE_S = 86_400.0
 
 
+class _QuietForcedStop(logging.Filter):
+    """Drops what uvicorn logs of the lifespan's ``CancelledError`` when a second Ctrl-C forces
+    its stop (a traceback): :func:`serve` says the stop in one line after."""
+
+    def __init__(self, server: uvicorn.Server) -> None:
+        super().__init__()
+        self.server = server
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.server.force_exit and "CancelledError" in record.getMessage())
+
+
 class _Server(uvicorn.Server):
     """uvicorn's server, which says where it listens once it does: with port 0, the port the
     system chose."""
@@ -496,17 +509,24 @@ def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, lim
     config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=shutdown_grace_s)
     server = _Server(config, lambda bound: log.info("serving %s on http://%s:%d (API key %s)", translator.name,
                                                     host, bound, "required" if api_key else "not set"))
+    quiet = _QuietForcedStop(server)
+    logging.getLogger("uvicorn.error").addFilter(quiet)
     try:
         server.run()
     except SystemExit:  # uvicorn exits when it cannot start; its log line says why
         if server.started:
             raise
     finally:
+        logging.getLogger("uvicorn.error").removeFilter(quiet)
         for sig, handler in previous.items():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
     if not server.started:
         raise ConfigError(f"{host}:{port}: the server did not start (the log above says why)")
-    if received and app.state.dropped:
+    if received and app.state.dropped and server.force_exit:  # a second Ctrl-C: uvicorn stopped waiting
+        log.warning("stopped by a second %s before the %g s shutdown grace period ended: %d request(s) still "
+                    "unanswered were answered 503, untranslated", signal.Signals(received[-1]).name,
+                    shutdown_grace_s, app.state.dropped)
+    elif received and app.state.dropped:
         log.warning("stopped by %s: %d request(s) still unanswered after the %g s shutdown grace period "
                     "(--shutdown-grace-s) were answered 503, untranslated", signal.Signals(received[0]).name,
                     app.state.dropped, shutdown_grace_s)

@@ -787,3 +787,22 @@ def test_an_empty_api_key_variable_is_refused_not_served_open(tiny_run_dir: Path
         # an address not to be had: should the key go unchecked, the server stops there, not serves
         result = CliRunner().invoke(app, ["serve", str(tiny_run_dir), "--host", "256.0.0.1", *args], env=env)
         assert result.exit_code != 0 and "is empty: give a key, or leave both out" in result.stderr, result.output
+
+
+def test_a_second_ctrl_c_forces_the_stop_in_one_line(tiny_run_dir: Path) -> None:
+    """Ctrl-C twice during the shutdown's wait: uvicorn stops at once; the log showed a lifespan
+    CancelledError traceback, and said the 60 s grace period had ended, 2 s into it."""
+    server = Server(tiny_run_dir, "--batch-wait-ms", "5000", "--shutdown-grace-s", "60")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(server.post, {"text": ["ein hund läuft im park"]})
+        time.sleep(0.5)  # the request waits for others to join its batch
+        server.proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        server.proc.send_signal(signal.SIGINT)
+        answer = pending.result(timeout=60)
+    assert answer.status_code == 503, answer.text
+    assert server.proc.wait(timeout=60) == 0
+    log = server.proc.stdout.read()
+    assert ("stopped by a second SIGINT before the 60 s shutdown grace period ended: 1 request(s) still "
+            "unanswered were answered 503, untranslated") in log, log
+    assert "Traceback" not in log and "CancelledError" not in log, log
