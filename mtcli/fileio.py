@@ -263,9 +263,8 @@ BUILDER_NAME = ".mtcli-builder.pid"
 
 def remove_stale_builds(path: Path) -> None:
     """Delete what killed builds of ``path`` left beside it: ``.NAME.*.tmp`` holding the pid of
-    a process that is gone, and ``.NAME.old-PID`` of one; a build killed between the two renames
-    of its swap left no ``path``, and its ``.NAME.old-PID`` (the previous one, whole) is put back."""
-    for entry in sorted(path.parent.glob(f".{path.name}.*"), key=lambda e: ".old-" not in e.name):
+    a process that is gone (kept in it until after its swap), and ``.NAME.old-PID`` of one."""
+    for entry in path.parent.glob(f".{path.name}.*"):
         if not entry.is_dir():
             continue
         try:
@@ -277,11 +276,7 @@ def remove_stale_builds(path: Path) -> None:
                 continue
         except (OSError, ValueError):
             continue  # not one of ours, or still starting: left alone
-        if pid_alive(pid):
-            continue
-        if ".old-" in entry.name and not path.exists():
-            os.rename(entry, path)
-        else:
+        if not pid_alive(pid):
             shutil.rmtree(entry, ignore_errors=True)
 
 
@@ -367,7 +362,8 @@ def atomic_dir(path: str | Path, *, mark: str | None, derived: Collection[str] =
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.replace(path, old)
         os.replace(tmp, path)
-        (path / BUILDER_NAME).unlink()  # until here a killed build's directory is known for one
+        with contextlib.suppress(OSError):  # until here a killed build's directory is known for one
+            (path / BUILDER_NAME).unlink()
         fsync_dir(path.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

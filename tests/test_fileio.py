@@ -350,23 +350,22 @@ def test_a_temporary_file_that_cannot_be_made_is_named_after_the_output(tmp_path
     assert caught.value.filename == str(tmp_path / "out.txt")
 
 
-def test_a_build_killed_inside_its_swap_leaves_the_previous_directory(tmp_path: Path) -> None:
-    """Killed between moving the old directory aside and moving the new one in: no directory at
-    its place, the old one set aside and the finished build (whose builder file was gone) both
-    kept for good. The old one is put back; the build, marked as one till after its swap, removed."""
+def test_a_build_killed_inside_its_swap_leaves_no_finished_directory_for_good(tmp_path: Path) -> None:
+    """Killed between moving the old directory aside and moving the new one in, a build left its
+    finished directory for good: its builder file was removed before the swap. It stays till after."""
     import subprocess
 
     gone = subprocess.Popen(["true"])
     gone.wait()  # a pid that has ended
-    old = tmp_path / f".out.old-{gone.pid}"
-    old.mkdir()
-    (old / "mtcli_export.json").write_text('{"before": true}')
-    build = tmp_path / ".out.k1.tmp"
-    build.mkdir()
-    (build / fileio.BUILDER_NAME).write_text(str(gone.pid))
-    fileio.remove_stale_builds(tmp_path / "out")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
-    assert (tmp_path / "out" / "mtcli_export.json").read_text() == '{"before": true}'
-    with atomic_dir(tmp_path / "out", mark="mtcli_export.json") as tmp:  # the builder file: gone after the swap
+    with atomic_dir(tmp_path / "out", mark="mtcli_export.json") as tmp:
         (tmp / "mtcli_export.json").write_text("{}")
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [CONTENTS_NAME, "mtcli_export.json"]
+        built = tmp
+    assert not built.exists() and sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        CONTENTS_NAME, "mtcli_export.json"]  # the builder file: gone after the swap, not listed
+    killed = tmp_path / ".out.k1.tmp"  # what the kill left: the build, its builder file still in it
+    killed.mkdir()
+    (killed / fileio.BUILDER_NAME).write_text(str(gone.pid))
+    (killed / "mtcli_export.json").write_text("{}")
+    with atomic_dir(tmp_path / "out", mark="mtcli_export.json") as tmp:
+        (tmp / "mtcli_export.json").write_text("{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -76,7 +76,6 @@ from mtcli.fileio import (
     atomic_dir,
     check_directory,
     file_stamp,
-    remove_stale_builds,
     sha256_file,
 )
 from mtcli.languages import measured_in_characters
@@ -533,8 +532,6 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     inputs = FileHasher(_previous_manifest(out).get("input_files"))  # unchanged inputs are not re-read
     fingerprint = plan.fingerprint(inputs)
     key = build_key(data, fingerprint, given_sha256(given) if given is not None else None)
-    with contextlib.suppress(OSError):  # a killed build's leftovers (a read-only place has none to clean)
-        remove_stale_builds(out)  # ... and a cache its swap had moved aside, put back: not built again
     seen = file_stamp(out / "manifest.json")
     current = None if force else _current_cache(out, key)
     if current is None:  # to be built: a place to write it, and no one else using it (a trainer, a prepare)

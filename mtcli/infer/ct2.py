@@ -75,7 +75,8 @@ def converted_model(run_dir: Path, bundle: InferenceModel) -> Path:
     with contextlib.suppress(OSError, ValueError, AttributeError):  # the one kept, if it is these weights'
         if (target / "model.bin").is_file() and json.loads(record.read_text("utf-8")).get(
                 "checkpoint_payload_sha256") == digest:
-            os.utime(target)  # in use: kept among the newest
+            with contextlib.suppress(OSError):  # in use: kept among the newest (a read-only run: as it is)
+                os.utime(target)
             return target
     if target.exists():  # another checkpoint's weights under this one's name (an export there), or an older mtcli's
         shutil.rmtree(target, ignore_errors=True)
