@@ -595,7 +595,6 @@ def open_source(source: str, src_lang: str, tgt_lang: str, hub_config: str | Non
     if source in CORPORA:
         return TextDirSource(locate(source), src_lang, tgt_lang)
     if looks_like_path(source) or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
-        hub = "; an org/name hub id is a path where ./org exists" if source.count("/") == 1 and source[0] not in "/.~" else ""
-        raise DataError(f"data.source {source}: directory not found (relative paths are from {Path.cwd()}{hub})")
+        raise DataError(f"data.source {source}: directory not found (relative paths are from {Path.cwd()})")
     get_logger().info("data.source %s is not a local directory: loading it from the Hugging Face hub", source)
     return HubSource(source, hub_config, src_lang, tgt_lang)

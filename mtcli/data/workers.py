@@ -17,7 +17,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from multiprocessing.pool import TERMINATE, AsyncResult, Pool
+from multiprocessing.pool import AsyncResult, Pool
 from typing import Any
 
 from mtcli.errors import MtcliError
@@ -39,10 +39,11 @@ def forked_pool(workers: int, initializer: Callable[..., None] | None = None,
     The workers ignore SIGINT: Ctrl-C at a terminal reaches every process of the group, and a
     worker interrupted mid-task would die with a traceback, its task never done, and the parent
     would wait for it. Only the parent stops; it lets the tasks in flight finish and leaves.
-    A pool left on an error (SIGTERM to the whole group from ``timeout``, SLURM or ``kill -TERM
-    -PGID``; a worker killed by the out-of-memory killer) is shut down without waiting for a
-    lock a dead worker took with it (:func:`_stop_workers`). On Linux a worker also ends when the parent dies without leaving the pool
-    (``kill -9``, the out-of-memory killer), instead of finishing its task for nobody and
+    A worker that died (SIGTERM to the whole group from ``timeout``, SLURM or ``kill -TERM
+    -PGID``; the out-of-memory killer) may have taken a lock of the pool's queues with it (an
+    idle worker waits for tasks holding one), which the pool's shutdown would wait for for ever:
+    the pool is then left with fresh locks. On Linux a worker also ends when the parent dies
+    without leaving the pool (``kill -9``, the out-of-memory killer), instead of finishing its task for nobody and
     printing a ``BrokenPipeError`` traceback. A worker that dies (the out-of-memory killer)
     is noticed by :func:`result_of`, where the pool would wait for its task for ever."""
     context = multiprocessing.get_context(start)
@@ -51,30 +52,10 @@ def forked_pool(workers: int, initializer: Callable[..., None] | None = None,
         pool._mtcli_started = list(pool._pool)  # type: ignore[attr-defined]  # its workers, as started
         try:
             yield pool
-        except BaseException:
-            _stop_workers(pool, context)
-            raise
-        if _ended(pool):  # a worker died (its task was not ours to wait for)
-            _stop_workers(pool, context)
-
-
-def _stop_workers(pool: Pool, context: Any) -> None:
-    """Before the shutdown of a pool left on an error (its tasks settled: :func:`settle`), kill
-    its workers and give its queues fresh locks: a worker that died (SIGTERM to the whole group,
-    the out-of-memory killer) may hold one (an idle worker waits for tasks holding one), which
-    the shutdown would wait for for ever. With every worker of the old locks gone, nothing uses
-    them; workers the pool starts after use the new ones."""
-    handler = pool._worker_handler  # type: ignore[attr-defined]  # which would start new workers meanwhile
-    handler._state = TERMINATE
-    pool._change_notifier.put(None)  # type: ignore[attr-defined]
-    handler.join(5)
-    pool._inqueue._rlock = context.Lock()  # type: ignore[attr-defined]
-    pool._outqueue._wlock = context.Lock()  # type: ignore[attr-defined]
-    workers = list(pool._pool)  # type: ignore[attr-defined]
-    for process in workers:
-        process.kill()
-    for process in workers:
-        process.join(5)
+        finally:
+            if _ended(pool):  # one died, perhaps holding a queue's lock: the shutdown must not wait for it
+                pool._inqueue._rlock = context.Lock()  # type: ignore[attr-defined]
+                pool._outqueue._wlock = context.Lock()  # type: ignore[attr-defined]
 
 
 def _start_worker(parent: int, initializer: Callable[..., None] | None, *initargs: Any) -> None:
