@@ -335,9 +335,11 @@ def test_time_limit_includes_the_final_validation(prepared: Path, tmp_path: Path
     assert summary.stop_reason.startswith("max_minutes")
     assert 6.0 - 2.5 < summary.elapsed_seconds <= 6.0, summary.elapsed_seconds
     # given again, it looks ahead by the step and validation times it saved (they were 0 in a
-    # new process, so it trained another step past the limit)
+    # new process, so it trained another step past the limit); a step that still fits (the
+    # first run's times jittered under load) may be taken, but never one past the limit
     again = train(make_config(prepared, run, "train.max_steps=100000", "train.valid_every=4", "train.max_minutes=0.1"))
-    assert again.steps == summary.steps and again.stop_reason.startswith("max_minutes")
+    assert again.stop_reason.startswith("max_minutes") and again.elapsed_seconds <= 6.0, again.elapsed_seconds
+    assert again.steps <= summary.steps + 1
 
 
 def test_cooldown_steps_scale_the_last_updates_down_linearly(prepared: Path, tmp_path: Path) -> None:
