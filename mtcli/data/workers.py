@@ -104,12 +104,15 @@ def in_order(pool: Pool, func: Callable[[Any], Any], tasks: Iterable[Any], windo
         settle(pending, pool)
 
 
+def _exit_codes(pool: Pool | None) -> list[int]:
+    """The exit codes of the workers of ``pool`` that have ended (they only end when the pool does)."""
+    return [code for p in getattr(pool, "_mtcli_started", ()) if (code := p.exitcode) is not None]
+
+
 def _ended(pool: Pool) -> str | None:
-    """How a worker of ``pool`` ended, if one has (they only end when the pool does)."""
-    for process in getattr(pool, "_mtcli_started", ()):
-        code = process.exitcode
-        if code is not None:
-            return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+    """How a worker of ``pool`` ended, if one has."""
+    for code in _exit_codes(pool):
+        return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
     return None
 
 
@@ -136,7 +139,6 @@ def settle(results: Iterable[AsyncResult], pool: Pool | None = None) -> None:
     results = list(results)
     while time.monotonic() < deadline:
         unfinished = [result for result in results if not result.ready()]
-        dead = sum(p.exitcode is not None for p in getattr(pool, "_mtcli_started", ())) if pool is not None else 0
-        if len(unfinished) <= dead:  # none left, or only what dead workers dropped (the others may be sending)
+        if len(unfinished) <= len(_exit_codes(pool)):  # none left, or only what dead workers dropped (the others may be sending)
             return
         unfinished[0].wait(0.1)

@@ -367,6 +367,11 @@ def check_one_direction(model_dir: Path) -> None:
                           f"without its tag); translate with the run it came from: {record.get('run_dir')}")
 
 
+def _id_set(ids: Any) -> set[Any]:
+    """A generation setting's token ids (one id, or a list of them) as a set."""
+    return set(ids if isinstance(ids, list | tuple) else [ids])
+
+
 def check_generation(hf: Any, model_dir: Path) -> None:
     """:class:`ConfigError` naming the key of ``generation_config.json`` that asks transformers
     for something mtcli's search does not do (a repetition penalty, a minimum length, banned
@@ -380,11 +385,11 @@ def check_generation(hf: Any, model_dir: Path) -> None:
         where = model_dir / "config.json"
     end = hf.config.eos_token_id  # the id import renumbers as mtcli's </s>
     ends = generation.eos_token_id
-    if ends is not None and set(ends if isinstance(ends, list | tuple) else [ends]) != {end}:
+    if ends is not None and _id_set(ends) != {end}:
         raise ConfigError(f"{where}: eos_token_id: {ends!r} is not supported (mtcli's search ends at one token, "
                           f"config.json's eos_token_id {end})")
     forced = getattr(generation, "forced_eos_token_id", None)
-    if forced is not None and set(forced if isinstance(forced, list | tuple) else [forced]) != {end}:
+    if forced is not None and _id_set(forced) != {end}:
         raise ConfigError(f"{where}: forced_eos_token_id: {forced!r} is not supported (mtcli ends an output cut "
                           f"at its length limit with the end token, {end})")
     for key, plain in _PLAIN_GENERATION.items():

@@ -119,12 +119,19 @@ def resolve_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:
                               f"{names(sorted(path.glob('*.pt')))})")
     if not path.is_file():
         found = sorted(directory.glob("*.pt"))
-        training = RunLock(run_dir).holder() if not found else None
-        hint = (f"; it is still training ({training}): its first checkpoint comes at the first validation, "
-                "train.valid_every steps in" if training else "; train it first (mtcli train CONFIG)" if not found
-                else "")
+        hint = "" if found else _no_checkpoint_yet(run_dir)
         raise CheckpointError(f"{path}: checkpoint not found (checkpoints in {run_dir}: {names(found)}){hint}")
     return path
+
+
+def _no_checkpoint_yet(run_dir: Path) -> str:
+    """What to say of a run without a checkpoint: it is still training (who holds its lock), or
+    it has not been trained."""
+    training = RunLock(run_dir).holder()
+    if training:
+        return (f"; it is still training ({training}): its first checkpoint comes at the first validation, "
+                "train.valid_every steps in")
+    return "; train it first (mtcli train CONFIG)"
 
 
 def run_tokenizer(run_dir: Path) -> Tokenizer | VocabTokenizer:
