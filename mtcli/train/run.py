@@ -39,7 +39,6 @@ from mtcli.device import (
 from mtcli.errors import DeviceMemoryError
 from mtcli.fileio import atomic_copy, atomic_write, check_directory
 from mtcli.logs import add_file_log, failures_logged, get_logger, remove_log_handler
-from mtcli.metrics import scorer
 from mtcli.plots import write_learning_curves
 from mtcli.rundir import CONFIG_NAME, MANIFEST_NAME, TEXT_DIR, checkpoint_dir, names
 from mtcli.runlock import RunLock
@@ -56,7 +55,7 @@ from mtcli.train.resume import find_resume_checkpoint, remove_stale_temp_files
 from mtcli.train.scalars import Scalars
 from mtcli.train.signals import StopSignals
 from mtcli.train.trainer import Trainer
-from mtcli.train.validation import METRIC_NAMES
+from mtcli.train.validation import METRIC_NAMES, check_validation
 
 #: The run's log: with ``checkpoints/``, what tells a run's directory from another
 LOG_NAME = "train.log"
@@ -308,8 +307,7 @@ def train(config: Config) -> TrainSummary:
     config = resolve_compile(config, device)
     if not info.is_main:  # one voice on the console: rank 0's
         log.setLevel(logging.WARNING)
-    if config.train.valid_bleu:
-        scorer("bleu", config.data.tgt_lang, instead=" (or train.valid_bleu=false: validation by loss)")  # now
+    check_validation(config)  # now, not at the first validation
     run_dir = config.run_path()
     check_run_directory(run_dir)  # said now, not after the corpus is checked
     signals = StopSignals()

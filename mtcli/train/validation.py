@@ -15,11 +15,24 @@ from mtcli.data.batching import collate, filter_by_length, make_batches
 from mtcli.data.cache import PrefixedArray, PreparedCorpus
 from mtcli.data.textio import read_lines
 from mtcli.device import autocast
+from mtcli.errors import ConfigError
 from mtcli.infer.loading import InferenceModel
 from mtcli.infer.translate import translate_texts
 from mtcli.logs import get_logger
-from mtcli.metrics import score
+from mtcli.metrics import score, scorer
 from mtcli.train.loss import LabelSmoothedLoss
+
+
+def check_validation(config: Config) -> None:
+    """Refuse, before training starts, what would stop it at the first validation: a BLEU
+    scorer the target language lacks, or a ``decode.tgt_lang`` no corpus translates into
+    (translate and evaluate would refuse it)."""
+    if config.train.valid_bleu:
+        scorer("bleu", config.data.tgt_lang, instead=" (or train.valid_bleu=false: validation by loss)")
+    targets = list(dict.fromkeys(c.langs[1] for c in config.data.corpora() if c.langs))
+    if config.decode.tgt_lang is not None and config.decode.tgt_lang not in targets:
+        raise ConfigError(f"{config.path}: decode.tgt_lang {config.decode.tgt_lang}: no corpus of the data translates "
+                          f"into it (they translate into {', '.join(targets)})")
 
 
 @torch.no_grad()
@@ -66,7 +79,9 @@ def validation_scores(model: nn.Module, corpus: PreparedCorpus, config: Config,
     tokenizer = corpus.tokenizer()
     tags = {lang: tokenizer.piece_to_id(tag) for lang, tag in corpus.target_tags.items()}
     bundle = InferenceModel(model=model, tokenizer=tokenizer, config=config, name="training", target_tags=tags)
-    greedy = dataclasses.replace(config.decode, beam_size=1, nbest=1, bf16=cfg.precision == "bf16")
+    # into the references' language, whatever decode.tgt_lang asks of translate
+    greedy = dataclasses.replace(config.decode, beam_size=1, nbest=1, bf16=cfg.precision == "bf16",
+                                 tgt_lang=data.tgt_lang)
     hyps = translate_texts(bundle, sources, greedy, device)
     scores = score(hyps, refs, metrics=("bleu", "chrf"), tgt_lang=data.tgt_lang)
     return {"bleu": float(scores["bleu"]), "chrf": float(scores["chrf"])}

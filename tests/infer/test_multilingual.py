@@ -225,3 +225,30 @@ def test_an_hf_export_records_the_tags_and_import_hf_refuses_it(multi_run: Path,
     (exported / "mtcli_export.json").unlink()  # the HF files shared without mtcli's record: its vocabulary says
     with pytest.raises(ConfigError, match=r"vocab.json: holds target-language tags \(<2src>, <2tgt>, <2xx>\)"):
         import_hf(exported, tmp_path / "back")
+
+
+def test_validation_decodes_into_the_references_language(multi_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    import torch
+
+    from mtcli.train import validation
+
+    bundle = Translator.from_run(multi_run, beam=1).bundle
+    config = bundle.config
+    asks_xx = dataclasses.replace(config, decode=dataclasses.replace(config.decode, tgt_lang="xx"))
+    asked: list[str | None] = []
+
+    def decoded(model, sources, decode, device):  # noqa: ANN001, ANN202
+        asked.append(decode.tgt_lang)
+        return [""] * len(sources)
+
+    monkeypatch.setattr(validation, "translate_texts", decoded)
+    corpus = PreparedCorpus.open(multi_run.parent / "prepared")
+    validation.validation_scores(bundle.model, corpus, asks_xx, torch.device("cpu"))
+    assert asked == [config.data.tgt_lang]  # the references are tgt's, whatever translate is told
+    validation.check_validation(asks_xx)  # xx is one of the targets
+    with pytest.raises(ConfigError, match="decode.tgt_lang fr: no corpus of the data translates into it "
+                                          r"\(they translate into tgt, src, xx\)"):
+        validation.check_validation(dataclasses.replace(config, decode=dataclasses.replace(config.decode,
+                                                                                            tgt_lang="fr")))
