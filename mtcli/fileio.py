@@ -446,22 +446,29 @@ def unchanged_since(path: str | Path, record: dict[str, Any] | None) -> bool:
 
 
 class FileHasher:
-    """sha256 of files by name, reusing the digest a previous :attr:`records` holds for a file
-    that is :func:`unchanged_since` then; :attr:`records` collects this round's records."""
+    """sha256 of files, reusing the digest a previous :attr:`records` holds for a file that is
+    :func:`unchanged_since` then; :attr:`records` collects this round's records, by file name
+    (the files of one directory), or by absolute path with ``by_path`` (files of several
+    directories, where two may share a name)."""
 
-    def __init__(self, known: dict[str, dict[str, Any]] | None = None) -> None:
+    def __init__(self, known: dict[str, dict[str, Any]] | None = None, by_path: bool = False) -> None:
         self.known = known if isinstance(known, dict) else {}
         self.records: dict[str, dict[str, Any]] = {}
+        self.by_path = by_path
+
+    def _key(self, path: str | Path, name: str) -> str:
+        return str(Path(path).absolute()) if self.by_path else name
 
     def __call__(self, path: str | Path, name: str) -> str:
-        """The sha256 of ``path``, recorded under ``name``."""
-        record = self.known.get(name)
+        """The sha256 of ``path`` (``name``: its record's key, unless ``by_path``)."""
+        key = self._key(path, name)
+        record = self.known.get(key)
         if isinstance(record, dict) and unchanged_since(path, record):
-            self.records[name] = record
+            self.records[key] = record
             return record["sha256"]
         hashed_at = time.time_ns()
         digest = sha256_file(path)
-        self.records[name] = file_record(path, digest, hashed_at)
+        self.records[key] = file_record(path, digest, hashed_at)
         return digest
 
     def many(self, files: Iterable[tuple[str | Path, str]]) -> dict[str, str]:
@@ -472,8 +479,9 @@ class FileHasher:
         threads = min(len(files), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
         if threads <= 1:
             return {name: self(path, name) for path, name in files}
-        with ThreadPoolExecutor(threads) as pool:  # records are set per name: no two threads share one
+        with ThreadPoolExecutor(threads) as pool:  # records are set per file: no two threads share one
             digests = list(pool.map(lambda item: self(*item), files))
-        for _, name in files:  # the records in the order given, whichever thread finished first
-            self.records[name] = self.records.pop(name)
+        for path, name in files:  # the records in the order given, whichever thread finished first
+            key = self._key(path, name)
+            self.records[key] = self.records.pop(key)
         return {name: digest for (_, name), digest in zip(files, digests, strict=True)}

@@ -136,7 +136,7 @@ def changed_inputs(data: DataConfig, saved: dict[str, Any], known: dict[str, Any
     if not saved or not all(_here(c.source) for c in data.corpora()):
         return []
     try:
-        now = plan_corpora(data).fingerprint(FileHasher(known))
+        now = plan_corpora(data).fingerprint(FileHasher(known, by_path=True))
     except DataError:
         return []
     old, new = _digests(saved), _digests(now)

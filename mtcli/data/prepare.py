@@ -529,7 +529,7 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     out = data.prepared_path()
     plan = plan_corpora(data)
     given = given_spm_model(data)
-    inputs = FileHasher(_previous_manifest(out).get("input_files"))  # unchanged inputs are not re-read
+    inputs = FileHasher(_previous_manifest(out).get("input_files"), by_path=True)  # unchanged inputs are not re-read
     fingerprint = plan.fingerprint(inputs)
     key = build_key(data, fingerprint, given_sha256(given) if given is not None else None)
     seen = file_stamp(out / "manifest.json")

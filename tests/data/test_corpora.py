@@ -262,3 +262,25 @@ def test_subword_sampling_keeps_each_corpus_and_its_tags(multi: tuple[Path, Path
     summary = train(with_changes(config, "train", max_steps=2, valid_every=100000, valid_bleu=False))
     assert summary.steps == 2
     assert "subword regularisation" in (tmp_path / "run" / "train.log").read_text(encoding="utf-8")
+
+
+def test_unchanged_inputs_of_several_directories_are_not_read_again(tmp_path: Path, monkeypatch) -> None:
+    """tri/train.src and extra/train.src share a name: each keeps its own record of its digest."""
+    import os
+    import time
+
+    from mtcli import fileio
+
+    root = make_trilingual(tmp_path)
+    hour_ago = time.time_ns() - 3600 * 10**9
+    inputs = sorted((root / "tri").iterdir()) + sorted((root / "extra").iterdir())
+    for path in inputs:
+        os.utime(path, ns=(hour_ago, hour_ago))
+    config = load_config(TOY_CONFIG, multi_overrides(root, root / "prepared"))
+    prepare(config)
+    read: list[Path] = []
+    hash_file = fileio.sha256_file
+    monkeypatch.setattr(fileio, "sha256_file", lambda path: read.append(Path(path)) or hash_file(path))
+    assert prepare(config).skipped
+    open_prepared(config)
+    assert [path for path in read if path in inputs] == []
