@@ -77,3 +77,18 @@ def test_data_reads_every_corpus_from_the_local_copy_as_the_same_recipe() -> Non
     assert [c.langs for c in local.data.sources] == [c.langs for c in recipe.data.sources]
     assert recipe_fingerprint(local) == recipe_fingerprint(recipe)  # where the data is read from is a place
     assert read_from(recipe, None) is recipe
+
+
+def test_each_directions_tokeniser_is_named_with_the_directions_it_scored() -> None:
+    """zh and ja targets are scored with their own tokenisers: one signature line each."""
+    def direction(signature: str) -> dict:
+        return {"bleu_lc": 30.0, "bleu_lc_std": None, "bleu_lc_per_seed": [30.0], "bilingual_bleu_lc": None,
+                "bleu_lc_signature": signature}
+    seeds = {"1": {"params": 9e6, "train_steps": 100, "train_minutes": 1.0, "train_tokens_per_s": 1.0,
+                   "device": "cpu", "commit": "abc1234"}}
+    text = render({"directions": {"en-zh": direction("case:lc|tok:zh"), "zh-en": direction("case:lc|tok:13a"),
+                                  "de-en": direction("case:lc|tok:13a")}, "seeds": seeds})
+    assert "13a" not in text.splitlines()[0]
+    assert "- lowercased BLEU `case:lc|tok:zh`: en-zh\n- lowercased BLEU `case:lc|tok:13a`: zh-en, de-en\n" in text
+    one = render({"directions": {"de-en": direction("case:lc|tok:13a")}, "seeds": seeds})
+    assert one.endswith("- lowercased BLEU `case:lc|tok:13a`\n")
