@@ -98,7 +98,7 @@ def _read_test(src_path: Path, ref_paths: list[Path]) -> tuple[list[str], list[s
     (of the bytes read: a stream such as ``<(zcat ref.gz)`` is read once)."""
     sources = list(read_lines(src_path))
     if not sources:
-        raise DataError(f"{src_path}: empty; there is nothing to translate and score")
+        raise NoTestText(f"{src_path}: empty; there is nothing to translate and score")
     first, digest = read_lines_hashed(ref_paths[0])
     streams = [first, *(list(read_lines(path)) for path in ref_paths[1:])]
     for path, stream in zip(ref_paths, streams, strict=True):
@@ -175,14 +175,15 @@ class _Input:
     reference_sha256: str  # what mtcli compare matches a run's hypotheses by
 
 
-def _read_input(run_dir: Path, config: Config, test: _Test, direction: tuple[str, str]) -> _Input:
+def _read_input(run_dir: Path, config: Config, test: _Test, direction: tuple[str, str], instead: str = "") -> _Input:
     """The test text of ``direction``: its files found and read, their line counts checked, and
-    BLEU's tokeniser for its target loaded (a missing package is said now, not after a decoding)."""
+    BLEU's tokeniser for its target loaded (a missing package is said now, not after a decoding;
+    its message ends with ``instead``)."""
     src_path, ref_path, name, split = _test_files(run_dir, config, test.split, test.src_file,
                                                   test.ref_files[0] if test.ref_files else None, direction)
     ref_paths = [ref_path, *test.ref_files[1:]]
     sources, references, more_references, digest = _read_test(src_path, ref_paths)
-    scorer("bleu", direction[1])
+    scorer("bleu", direction[1], instead=instead)
     return _Input(direction, src_path, ref_paths, name, split, sources, references, more_references, digest)
 
 
@@ -348,11 +349,14 @@ def evaluate_directions(
 
 def _inputs(run_dir: Path, config: Config, test: _Test, directions: list[tuple[str, str]], every: bool) -> list[_Input]:
     """Each direction's test text (:func:`_read_input`). Scoring every direction, one without
-    text (its corpus had no test sets) is left out with a warning, unless none has any."""
+    text (its corpus had no test sets, or empty ones) is left out with a warning, unless none
+    has any."""
     inputs, missing = [], []
     for direction in directions:
+        others = every and any(tgt != direction[1] for _, tgt in directions)
         try:
-            inputs.append(_read_input(run_dir, config, test, direction))
+            inputs.append(_read_input(run_dir, config, test, direction,
+                                      " (or --tgt-lang: score the directions into another language)" if others else ""))
         except NoTestText as exc:
             if not every:
                 raise

@@ -329,7 +329,7 @@ def write_eval(plan: Plan, data: DataConfig, tmp: Path) -> dict[str, CleanCounts
     """Write every validation and test split verbatim (an empty line stays), each language from
     the corpus the plan names; :class:`DataError` when a split's languages differ in length or
     the validation split has no pairs (training would fail at its first validation); a warning
-    for an empty test split (``mtcli evaluate`` cannot score it)."""
+    for an empty test split (``mtcli evaluate`` leaves it out)."""
     counts: dict[str, CleanCounts] = {}
     for split, read_as in plan.read_as.items():
         lines: dict[str, tuple[int, Corpus]] = {}
@@ -362,4 +362,4 @@ def _refuse_empty(split: str, data: DataConfig, corpus: Corpus) -> None:
     where = f"{corpus.source.describe()}: split '{split}'"
     if split == data.valid_split:
         raise DataError(f"{where} (data.valid_split) has no pairs; validation needs at least one")
-    get_logger().warning("%s (data.test_splits) has no pairs; mtcli evaluate cannot score it", where)
+    get_logger().warning("%s (data.test_splits) has no pairs; mtcli evaluate leaves it out", where)

@@ -136,6 +136,37 @@ def test_evaluate_scores_the_directions_that_have_test_text(
         evaluate_directions(multi_run, beam=1, output_dir=tmp_path, tgt_lang="xx")
 
 
+
+def test_evaluate_leaves_out_an_empty_test_split_and_says_how_to_score_the_others(
+        multi_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import mtcli.evaluate as evaluate_module
+    from mtcli.errors import MtcliError
+
+    real, real_scorer = evaluate_module._split_files, evaluate_module.scorer
+    empty = tmp_path / "test.empty"
+    empty.write_text("")
+
+    def split_files(run_dir: Path, config: object, split: str, direction: tuple[str, str]) -> tuple[Path, Path]:
+        return (empty, empty) if direction == ("src", "xx") else real(run_dir, config, split, direction)
+
+    monkeypatch.setattr(evaluate_module, "_split_files", split_files)
+    reports = evaluate_directions(multi_run, beam=1, output_dir=tmp_path)
+    assert [r["direction"] for r in reports] == ["src-tgt", "tgt-src"]
+    assert f"src->xx: not scored ({empty}: empty; there is nothing to translate and score)" in caplog.text
+    monkeypatch.setattr(evaluate_module, "_split_files", real)
+
+    def scorer(name: str, tgt_lang: str | None = None, instead: str = "", **kw: object) -> object:
+        if tgt_lang == "xx":
+            raise MtcliError(f"BLEU of 'xx' needs a package{instead}")
+        return real_scorer(name, tgt_lang, instead=instead, **kw)
+
+    monkeypatch.setattr(evaluate_module, "scorer", scorer)
+    with pytest.raises(MtcliError, match=r"a package \(or --tgt-lang: score the directions into another language\)$"):
+        evaluate_directions(multi_run, beam=1, output_dir=tmp_path)
+    with pytest.raises(MtcliError, match="a package$"):  # asked for xx alone: nothing else to suggest
+        evaluate_directions(multi_run, beam=1, output_dir=tmp_path, tgt_lang="xx")
+
+
 def test_evaluate_checks_every_direction_before_decoding_any(
         multi_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A direction that cannot be scored (here: xx's BLEU tokeniser missing, as Japanese's is
