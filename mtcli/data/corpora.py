@@ -22,7 +22,7 @@ decoding) put before a corpus's source sentences:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,8 +175,10 @@ def _providers(data: DataConfig, corpora: list[Corpus], eval_splits: Iterable[st
         read_as[split] = split
         for corpus in (c for c in corpora if _has_split(c.source, split)):
             shared = [(i, providers[(split, lang)]) for i, lang in enumerate(corpus.langs) if (split, lang) in providers]
-            if len(shared) == 2:
-                continue  # it would add nothing: both languages come from corpora before it
+            if len(shared) == 2:  # both languages come from corpora before it: it adds nothing
+                if not _same_text(corpus, shared, side):
+                    _warn_unused(corpus, split, shared)
+                continue
             corpus.provides.append(split)
             name = split
             joined = any(s == split for s, _ in providers)  # an earlier corpus gave the split: align or keep apart
@@ -197,6 +199,25 @@ def _providers(data: DataConfig, corpora: list[Corpus], eval_splits: Iterable[st
             raise DataError(f"data.sources: no corpus holds split '{split}' in {data.src_lang} and "
                             f"{data.tgt_lang} (the direction data.src_lang -> data.tgt_lang)")
     return providers, read_as
+
+
+def _same_text(corpus: Corpus, shared: list[tuple[int, tuple[Corpus, int]]],
+               side: Callable[[Corpus, int], list[str]]) -> bool:
+    """Whether ``corpus``'s split is, in each language, the text of the corpus that gives it
+    (False also when it cannot be read: it is not, whatever it holds)."""
+    try:
+        return all(side(corpus, i) == side(*given) for i, given in shared)
+    except DataError:
+        return False
+
+
+def _warn_unused(corpus: Corpus, split: str, shared: list[tuple[int, tuple[Corpus, int]]]) -> None:
+    """Say that ``corpus``'s own ``split`` is not read: earlier corpora give it in both its
+    languages, with other sentences (validation and evaluate read theirs)."""
+    given = list(dict.fromkeys(f"data.sources[{c.index}] ({c.source.location})" for _, (c, _) in shared))
+    get_logger().warning("data.sources[%d] (%s): its split '%s' is not read: %s %s it in %s with other "
+                         "sentences, and validation and evaluate read that", corpus.index, corpus.source.location,
+                         split, " and ".join(given), "give" if len(given) > 1 else "gives", " and ".join(corpus.langs))
 
 
 def _check_splits(source: Source, data: DataConfig, splits: list[str]) -> None:

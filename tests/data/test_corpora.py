@@ -284,3 +284,22 @@ def test_unchanged_inputs_of_several_directories_are_not_read_again(tmp_path: Pa
     assert prepare(config).skipped
     open_prepared(config)
     assert [path for path in read if path in inputs] == []
+
+
+def test_a_later_corpus_whose_own_test_set_is_not_read_is_named(tmp_path: Path, caplog) -> None:
+    """Two corpora of one language pair, each with its own test set: the first's is read, and
+    prepare says the second's is not (the same corpus listed again, in reverse, says nothing)."""
+    root = make_trilingual(tmp_path)
+    other = root / "other"
+    other.mkdir()
+    for split in ("train", "val", "test"):
+        for lang in ("src", "tgt"):
+            lines = (TOY_DIR / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()
+            lines = lines if split != "test" else [f"{line} x" for line in lines]
+            (other / f"{split}.{lang}").write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    sources = f"[{{source: {root}/tri, langs: [src, tgt]}}, {{source: {root}/tri, langs: [tgt, src]}}, {{source: {other}}}]"
+    config = load_config(TOY_CONFIG, ["data.source=", f"data.sources={sources}"])
+    plan_corpora(config.data)
+    unread = [r.getMessage() for r in caplog.records if "is not read" in r.getMessage()]
+    assert unread == [f"data.sources[2] ({other}): its split 'test' is not read: data.sources[0] ({root}/tri) gives "
+                      "it in src and tgt with other sentences, and validation and evaluate read that"]
