@@ -374,13 +374,19 @@ def write_eval(plan: Plan, data: DataConfig, tmp: Path) -> dict[str, CleanCounts
             get_logger().info("%s is the split '%s' of %s, kept apart: its text in a language an earlier corpus "
                               "gives differs from that corpus's", split, read_as, next(iter(lines.values()))[1].source.location)
         if n == 0:
-            _refuse_empty(read_as, data, next(iter(lines.values()))[1])
+            _refuse_empty(split, read_as, data, plan, next(iter(lines.values()))[1])
     return counts
 
 
-def _refuse_empty(split: str, data: DataConfig, corpus: Corpus) -> None:
-    """An empty validation split is a :class:`DataError`; an empty test split, a warning."""
-    where = f"{corpus.source.describe()}: split '{split}'"
-    if split == data.valid_split:
-        raise DataError(f"{where} (data.valid_split) has no pairs; validation needs at least one")
+def _refuse_empty(split: str, read_as: str, data: DataConfig, plan: Plan, corpus: Corpus) -> None:
+    """An empty validation split, the one validation reads (data.src_lang -> data.tgt_lang), is a
+    :class:`DataError`; an empty test split, or another corpus's validation split, a warning."""
+    where = f"{corpus.source.describe()}: split '{read_as}'"
+    if read_as == data.valid_split:
+        validated = eval_split_name(read_as, data.src_lang, data.tgt_lang, lambda name, lang: (name, lang) in plan.providers)
+        if split == validated:
+            raise DataError(f"{where} (data.valid_split) has no pairs; validation needs at least one")
+        get_logger().warning("%s (data.valid_split) has no pairs; validation reads the split '%s' (data.src_lang -> "
+                             "data.tgt_lang)", where, validated)
+        return
     get_logger().warning("%s (data.test_splits) has no pairs; mtcli evaluate leaves it out", where)

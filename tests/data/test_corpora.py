@@ -303,3 +303,17 @@ def test_a_later_corpus_whose_own_test_set_is_not_read_is_named(tmp_path: Path, 
     unread = [r.getMessage() for r in caplog.records if "is not read" in r.getMessage()]
     assert unread == [f"data.sources[2] ({other}): its split 'test' is not read: data.sources[0] ({root}/tri) gives "
                       "it in src and tgt with other sentences, and validation and evaluate read that"]
+
+
+def test_an_empty_validation_split_is_refused_only_where_validation_reads_it(
+        multi: tuple[Path, Path], tmp_path: Path, caplog) -> None:
+    root, _ = multi
+    own = _own_test_sets(root, tmp_path / "own", shorter=False)
+    for lang in ("src", "xx"):
+        (own / f"val.{lang}").write_text("")
+    overrides = multi_overrides(root, tmp_path / "p")
+    overrides[1] = f"data.sources=[{{source: {root}/tri, langs: [src, tgt]}}, {{source: {own}, langs: [src, xx]}}]"
+    prepare(load_config(TOY_CONFIG, overrides))  # validation reads src->tgt's val, from tri
+    assert f"{own}: split 'val' (data.valid_split) has no pairs; validation reads the split 'val'" in caplog.text
+    with pytest.raises(DataError, match=r"split 'val' \(data.valid_split\) has no pairs; validation needs at least one"):
+        prepare(load_config(TOY_CONFIG, [*overrides, "data.tgt_lang=xx", f"data.prepared_dir={tmp_path / 'q'}"]))
