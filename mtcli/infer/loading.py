@@ -72,7 +72,7 @@ def source_prefix(bundle: InferenceModel, decode: DecodeConfig) -> list[int]:
             raise ConfigError(f"--tgt-lang {lang}: this model translates into {', '.join(bundle.target_tags)}")
         return [bundle.target_tags[lang]]
     if lang != data.tgt_lang:
-        raise ConfigError(f"--tgt-lang {lang}: this model translates {data.src_lang}->{data.tgt_lang} only "
+        raise ConfigError(f"--tgt-lang {lang}: this model translates into {data.tgt_lang} only "
                           "(it was trained on one target language)")
     return []
 

@@ -46,7 +46,7 @@ def test_the_tag_of_the_asked_language_goes_before_each_source(multi_run: Path) 
 def test_a_model_of_one_target_language_refuses_another(tiny_run_dir: Path) -> None:
     translator = Translator.from_run(tiny_run_dir, beam=1)
     assert translator.translate(["hund"], tgt_lang="tgt") == translator.translate(["hund"])
-    with pytest.raises(ConfigError, match="--tgt-lang fr: this model translates src->tgt only"):
+    with pytest.raises(ConfigError, match="--tgt-lang fr: this model translates into tgt only"):
         translator.translate(["hund"], tgt_lang="fr")
 
 
