@@ -39,6 +39,7 @@ from mtcli.checkpoint import sha256_of_loaded
 from mtcli.config import Config, CorpusConfig, DataConfig, load_config, with_changes
 from mtcli.data.corpora import split_names
 from mtcli.data.sources import open_source
+from mtcli.data.textio import read_lines
 from mtcli.errors import DataError, MtcliError
 from mtcli.fileio import atomic_write, sha256_file
 from mtcli.infer.translator import Translator
@@ -97,7 +98,7 @@ def back_translate(run_dir: Path, checkpoint: Path, mono: Path, out: Path, data:
         return out
     translator = Translator.from_run(run_dir, checkpoint, length_penalty=length_penalty, **settings)
     made_by["checkpoint_sha256"] = sha256_of_loaded(checkpoint, translator.bundle.payload_sha256)  # as translated
-    targets = text.read_text(encoding="utf-8").splitlines()
+    targets = list(read_lines(text))  # at newlines only, as the corpus reader splits (not at U+2028 or NEL)
     sources = translator.translate(targets)
     for path, lines in zip(outputs, (sources, targets), strict=True):
         with atomic_write(path) as handle:

@@ -124,3 +124,19 @@ def test_the_real_row_is_reused_only_when_it_read_the_same_data(tmp_path: Path, 
         (tmp_path / "multi30k.json").write_text(json.dumps({"en-de": {"seeds": {"1": row}}}), encoding="utf-8")
         assert bt.main(args) == 2
     assert given == [None, row]
+
+
+def test_back_translation_keeps_the_lines_of_its_text(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """Lines end at newlines only: a sentence holding U+2028, NEL or a form feed (WMT's news text
+    has NELs) stays one sentence, beside its own back-translation."""
+    from mtcli.backtranslation import back_translate
+
+    data = load_config(TOY_CONFIG, [f"data.source={TOY_DIR}"]).data
+    mono = tmp_path / "mono"
+    mono.mkdir()
+    lines = ["ein hund\u2028läuft", "die frau\x85sieht", "ein\x0cball", "der mann"]
+    (mono / "train.tgt").write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    out = back_translate(tiny_run_dir, tiny_run_dir / "checkpoints" / "checkpoint_best.pt", mono, tmp_path / "bt",
+                         data, 1.0, beam=1)
+    assert list(read_lines(out / "train.tgt")) == lines
+    assert len(list(read_lines(out / "train.src"))) == len(lines)
