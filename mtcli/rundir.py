@@ -52,7 +52,7 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
 
 
 def run_file_role(path: Path) -> str | None:
-    """What ``path`` is to a run directory it lies in (its top level or its ``checkpoints/``): a
+    """What ``path`` is to a run directory it lies in (its top level, ``text/`` or ``checkpoints/``): a
     file training or decoding reads ("the run's config", "a checkpoint training resumes from",
     ...), else None, for a file a command may write there (an average of its own name)."""
     parent = path.parent
@@ -63,7 +63,10 @@ def run_file_role(path: Path) -> str | None:
                # named by the layers above: mtcli.train.run, mtcli.train.parent, mtcli.infer.hf_import
                "train.log": "its log", "parent.json": "its parent's record", "import.json": "its import record"}
         return own.get(path.name)
-    if parent == checkpoint_dir(parent.parent) and (parent.parent / CONFIG_NAME).is_file():
+    run = parent.parent
+    if parent.name == TEXT_DIR and (run / CONFIG_NAME).is_file() and checkpoint_dir(run).is_dir():
+        return "the run's copy of a validation or test text, which evaluate reads"
+    if parent == checkpoint_dir(run) and (run / CONFIG_NAME).is_file():
         if path.name == INDEX_NAME:
             return "its checkpoint index"
         if is_own_checkpoint_name(path.name):

@@ -858,7 +858,8 @@ def test_average_run_last_and_best(tmp_path: Path) -> None:
         (run / "config.yaml").write_text("data: {}\n", encoding="utf-8")
     for path, role in [(tmp_path / "config.yaml", "the run's config"), (own / "index.json", "its checkpoint index"),
                        (other / "checkpoints" / "checkpoint_last.pt", "a checkpoint training resumes from"),
-                       (other / "spm.model", "its SentencePiece model")]:
+                       (other / "spm.model", "its SentencePiece model"),
+                       (other / "text" / "test.src", "the run's copy of a validation or test text")]:
         with pytest.raises(CheckpointError, match=f"{path.name}: {role}"):
             average_run_checkpoints(tmp_path, path, last=2)
     assert (tmp_path / "config.yaml").read_text(encoding="utf-8") == "data: {}\n"

@@ -36,6 +36,7 @@ from mtcli.infer.translate import DEFAULT_WINDOW, Translation, override_keys
 from mtcli.infer.translator import SAMPLING_ONLY, Translator
 from mtcli.logs import get_logger, progress
 from mtcli.plots import plot_attention_png
+from mtcli.rundir import run_file_role
 
 #: Lines read and decoded together; a file output is committed to disk after each such window
 #: (:mod:`mtcli.infer.resumable`), so an interrupted translation goes on from the last one.
@@ -73,6 +74,9 @@ def _check_io(inputs: Sequence[str | Path], output: Path | None, plot_attention:
         for path in map(Path, inputs):
             if Path(output).exists() and path.exists() and os.path.samefile(path, output):
                 raise DataError(f"{output}: is the input {path}; write the translation to another file")
+        role = run_file_role(Path(output).resolve())
+        if role is not None:
+            raise DataError(f"{output}: {role}, a file of a run; write the translation to another file")
     elif sys.stdout is None:
         raise DataError("<stdout>: closed; give an output file (-o)")
     if plot_attention is not None:

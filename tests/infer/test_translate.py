@@ -552,3 +552,23 @@ def test_cli_translate_plot_attention(tiny_run_dir: Path, tmp_path: Path) -> Non
     pngs = sorted(p.name for p in plots.glob("*.png"))
     assert pngs == ["000001.png", "000003.png"]
     assert (plots / "000001.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_translate_refuses_to_write_over_a_runs_own_files(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """-o naming a run's config, checkpoint or test text broke the run (it was written over)."""
+    import shutil
+
+    from mtcli.errors import DataError
+    from mtcli.infer.files import translate_files
+
+    src = tmp_path / "in.txt"
+    src.write_text("eine katze\n", encoding="utf-8")
+    run = shutil.copytree(tiny_run_dir, tmp_path / "run")
+    (run / "text").mkdir(exist_ok=True)
+    for path, role in [(run / "config.yaml", "the run's config"),
+                       (run / "checkpoints" / "checkpoint_best.pt", "a checkpoint training resumes from"),
+                       (run / "text" / "test.src", "the run's copy of a validation or test text")]:
+        before = path.read_bytes() if path.exists() else None
+        with pytest.raises(DataError, match=f"{path}: {role}.*a file of a run; write the translation to another file"):
+            translate_files(run, [src], path)
+        assert (path.read_bytes() if path.exists() else None) == before
