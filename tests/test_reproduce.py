@@ -345,6 +345,7 @@ def test_two_directions_in_a_row_on_a_clean_clone_both_carry_the_clean_commit(
     clean, tree = _git(repo, "rev-parse", "--short", "HEAD"), _git(repo, "rev-parse", "HEAD^{tree}")
     monkeypatch.chdir(repo)
     monkeypatch.setattr("mtcli.reproduce.row_is_the_recipe", lambda *args: True)  # the toy stands for the recipes
+    monkeypatch.setattr("mtcli.reproduce.is_the_recipe", lambda *args: True)
     for recipe in ("de_en", "en_de"):
         assert main([recipe, "--config", str(toy_config_path), "--data", str(TOY_DIR),
                      "--set", f"data.prepared_dir={tmp_path / 'prep'}",
@@ -515,3 +516,29 @@ def test_a_config_of_another_rows_direction_is_refused(toy_config_path: Path,
     check_row(load_config("configs/wmt_news_en_de_adapt.yaml"), "wmt_news", "en-de adapted")
     check_row(load_config(toy_config_path), "multi30k", "de-en")  # a pair of no row: a changed recipe's table,
     assert "the config trains src-tgt, a pair of no row: its scores are filed as the 'de-en' row" in caplog.text
+
+
+def test_a_data_directory_is_the_recipes_only_when_it_holds_the_pinned_text(tmp_path: Path, monkeypatch,
+                                                                             caplog) -> None:
+    """make reproduce DATA=DIR: a local copy of Multi30k refreshes the README's table; a subset or
+    another corpus in its place is not the recipe's data (its scores went into the table)."""
+    from mtcli.config import load_config
+    from mtcli.data import download
+    from mtcli.fileio import sha256_file
+    from mtcli.reproduce import is_the_recipe
+
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for split in ("train", "val", "test_2016_flickr"):
+        for lang, name in (("de", "src"), ("en", "tgt")):
+            (copy / f"{split}.{lang}").write_bytes((TOY_DIR / f"{split.split('_')[0]}.{name}").read_bytes())
+    pinned = tuple(download.PublicFile(p.name, (), p.stat().st_size, sha256_file(p)) for p in copy.iterdir())
+    monkeypatch.setitem(download.CORPORA, "multi30k", pinned)  # the copy stands for Multi30k
+    recipe = "configs/multi30k_de_en.yaml"
+    assert is_the_recipe(load_config(recipe, [f"data.source={copy}"]), recipe)
+    with (copy / "val.en").open("a", encoding="utf-8") as handle:
+        handle.write("one more line\n")
+    with (copy / "val.de").open("a", encoding="utf-8") as handle:
+        handle.write("noch eine zeile\n")
+    assert not is_the_recipe(load_config(recipe, [f"data.source={copy}"]), recipe)
+    assert f"{copy}/val.de is not the text of multi30k the recipe reads" in caplog.text

@@ -197,6 +197,13 @@ def _fetch(file: PublicFile, path: Path, name: str) -> None:
         ) from None
 
 
+def unpinned(name: str, files: dict[str, str]) -> list[str]:
+    """The names among ``files`` (file name: sha256) that are not corpus ``name``'s pinned text:
+    another file, or one that corpus does not have."""
+    pinned = {f.name: f.sha256 for f in CORPORA.get(name, ())}
+    return [file for file, digest in files.items() if pinned.get(file) != digest]
+
+
 def _instead(name: str) -> str:
     """What to do when corpus ``name`` cannot be downloaded."""
     return (f"put its <split>.<lang> files in a directory DIR and pass --set data.source=DIR, or (a recipe "
