@@ -28,7 +28,7 @@ from mtcli.infer.loading import InferenceModel, run_directions
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, progress
 from mtcli.metrics import metric_names, score, scorer
-from mtcli.rundir import TEXT_DIR
+from mtcli.rundir import TEXT_DIR, checkpoint_dir
 
 
 def _safe_name(name: str) -> str:
@@ -108,14 +108,20 @@ def _read_test(src_path: Path, ref_paths: list[Path]) -> tuple[list[str], list[s
     return sources, streams[0], streams[1:], digest
 
 
-def _checkpoint_name(bundle: InferenceModel, average_last: int, average_best: int, members: int) -> str:
-    """The checkpoint's part of the output file names (``best``, ``avg_last3``, ``...ensemble2``)."""
+def _checkpoint_name(bundle: InferenceModel, average_last: int, average_best: int, members: int,
+                     run_dir: Path, checkpoint: str) -> str:
+    """The checkpoint's part of the output file names (``best``, ``avg_last3``, ``...ensemble2``;
+    ``otherrun.100`` for a checkpoint file outside the run's ``checkpoints/``, whose outputs
+    would replace those of the run's own checkpoint of that name)."""
     if average_last > 0:
         name = f"avg_last{average_last}"
     elif average_best > 0:
         name = f"avg_best{average_best}"
     else:
         name = _safe_name(str(bundle.name).split(" (")[0])
+        folder = Path(checkpoint).resolve().parent
+        if Path(checkpoint).is_file() and folder != checkpoint_dir(run_dir).resolve():
+            name = f"{_safe_name(folder.parent.name if folder.name == 'checkpoints' else folder.name)}.{name}"
     return name + (f".ensemble{members}" if members > 1 else "")
 
 
@@ -233,6 +239,7 @@ def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, given: _I
         "reference_sha256": given.reference_sha256,
         "references": [str(path) for path in given.ref_paths],
         "checkpoint": str(bundle.name),
+        "weights_sha256": None if test.model["ensemble"] else bundle.payload_sha256,  # None: an average, an ensemble
         "engine": "ctranslate2" if translator.engine is not None else "torch",
         "decode": dict(vars(decode)),
         "sentences": len(sources),
@@ -339,7 +346,8 @@ def evaluate_directions(
             get_logger().warning("%s translates into %s: scoring into %s, its default (--tgt-lang chooses)",
                                  run_dir, ", ".join(translator.target_languages), directions[0][1])
     refs = [Path(ref_file)] if ref_file is not None else []
-    ckpt = _checkpoint_name(translator.bundle, average_last, average_best, len(ensemble) + 1)
+    ckpt = _checkpoint_name(translator.bundle, average_last, average_best, len(ensemble) + 1, Path(run_dir),
+                            str(checkpoint))
     model = {"average_last": average_last, "average_best": average_best, "ensemble": [str(p) for p in ensemble]}
     test = _Test(split, src_file, [*refs, *map(Path, more_refs)], metrics, output_dir, ckpt, model)
     inputs = _inputs(run_dir, translator.bundle.config, test, directions, every)  # all, before decoding

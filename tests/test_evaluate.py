@@ -162,6 +162,26 @@ def test_evaluate_average_last(tiny_run_dir: Path, tmp_path: Path) -> None:
     assert json.loads(Path(report["report"]).read_text()) == report  # the file holds what is printed
     assert "checkpoint_10.pt" in report["checkpoint"] and "checkpoint_20.pt" in report["checkpoint"]
     assert report["sentences"] == len((tiny_run_dir / "text" / "val.src").read_text().splitlines())
+    assert report["weights_sha256"] is None  # an average: the weights of no one file
+
+
+def test_evaluate_names_another_runs_checkpoint_by_its_run_and_records_its_weights(
+        tiny_run_dir: Path, tmp_path: Path) -> None:
+    """A checkpoint from outside the run's checkpoints/ wrote over the run's own report of that
+    name, and the report could not tell which weights it scored."""
+    import shutil
+
+    from mtcli.checkpoint import load_checkpoint_with_id
+    from mtcli.evaluate import evaluate
+
+    other = shutil.copytree(tiny_run_dir, tmp_path / "other")
+    given = other / "checkpoints" / "checkpoint_10.pt"
+    settings = {"split": "val", "src_file": None, "ref_file": None, "average_last": 0, "average_best": 0,
+                "overrides": ["decode.beam_size=1"], "output_dir": tmp_path / "eval"}
+    own = evaluate(tiny_run_dir, checkpoint="checkpoint_10.pt", **settings)
+    foreign = evaluate(tiny_run_dir, checkpoint=str(given), **settings)
+    assert Path(own["report"]).name == "val.10.report.json" and Path(foreign["report"]).name == "val.other.10.report.json"
+    assert foreign["weights_sha256"] == load_checkpoint_with_id(given)[1] == own["weights_sha256"]  # a copy
 
 
 @pytest.mark.parametrize("case", ["missing_run", "missing_checkpoint", "count_mismatch", "bad_split", "output_a_file",
