@@ -237,6 +237,10 @@ def locate(name: str) -> Path:
     missing = [f for f in CORPORA[name] if not _verified(root / f.name, f)]
     if missing:
         log = get_logger()
+        for file in missing:
+            if (root / file.name).exists():  # a copy put there by hand, or one changed since
+                log.warning("%s: not the pinned text of %s (its size or sha256 differs): downloading it again",
+                            root / file.name, name)
         log.info("data.source %s: downloading %d file(s), %.1f MB of text, into %s", name, len(missing),
                  sum(f.size for f in missing) / 1e6, root)
         root.mkdir(parents=True, exist_ok=True)

@@ -106,13 +106,14 @@ def test_a_fresh_download_is_verified_and_the_next_use_asks_for_nothing(toy_corp
     assert len(server.requests) == asked  # a cache hit makes no request
 
 
-def test_a_changed_cached_file_is_fetched_again(toy_corpus: tuple[Files, Path]) -> None:
+def test_a_changed_cached_file_is_fetched_again(toy_corpus: tuple[Files, Path], caplog) -> None:
     server, root = toy_corpus
     locate("toy-public")
     (root / "val.src").write_bytes(b"edited\n")
     asked = len(server.requests)
     locate("toy-public")
     assert server.requests[asked:] == ["/toy/val.src"]
+    assert f"{root / 'val.src'}: not the pinned text of toy-public (its size or sha256 differs)" in caplog.text
     _same_as_toy(root)
 
 
