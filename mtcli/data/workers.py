@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -47,8 +48,9 @@ def forked_pool(workers: int, initializer: Callable[..., None] | None = None,
     printing a ``BrokenPipeError`` traceback. A worker that dies (the out-of-memory killer)
     is noticed by :func:`result_of`, where the pool would wait for its task for ever."""
     context = multiprocessing.get_context(start)
-    with context.Pool(workers, initializer=_start_worker,
-                      initargs=(os.getpid(), initializer, *initargs)) as pool:
+    with _sigint_ignored(start != "fork"):
+        made = context.Pool(workers, initializer=_start_worker, initargs=(os.getpid(), initializer, *initargs))
+    with made as pool:
         pool._mtcli_started = list(pool._pool)  # type: ignore[attr-defined]  # its workers, as started
         try:
             yield pool
@@ -56,6 +58,21 @@ def forked_pool(workers: int, initializer: Callable[..., None] | None = None,
             if _ended(pool):  # one died, perhaps holding a queue's lock: the shutdown must not wait for it
                 pool._inqueue._rlock = context.Lock()  # type: ignore[attr-defined]
                 pool._outqueue._wlock = context.Lock()  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def _sigint_ignored(ignored: bool) -> Iterator[None]:
+    """With ``ignored``, SIGINT ignored while new processes start (a disposition they keep across
+    exec): a spawned worker imports the main module before it runs :func:`_start_worker`, and
+    Ctrl-C then ended it with a traceback (``python -m mtcli.backtranslation``, which imports torch)."""
+    if not ignored or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _start_worker(parent: int, initializer: Callable[..., None] | None, *initargs: Any) -> None:

@@ -190,3 +190,22 @@ def test_a_worker_killed_mid_task_is_an_error_not_a_wait_for_ever() -> None:
     assert result.stdout.startswith("a prepare worker process ended (killed by signal 9: the out-of-memory"), (
         result.stdout)
     assert time.monotonic() - start < 20  # not the 30 s a pool left early waits for its tasks
+
+
+def test_a_spawned_worker_ignores_ctrl_c_while_it_imports_the_main_module(tmp_path: Path) -> None:
+    """Spawned workers (SentencePiece's trainer) import the main module first, before their own
+    setup: Ctrl-C there printed a traceback (python -m mtcli.backtranslation imports torch)."""
+    script = tmp_path / "main.py"
+    out = tmp_path / "seen"
+    script.write_text(
+        "import os, signal, sys\n"
+        "if __name__ == '__mp_main__':\n"
+        f"    open({str(out)!r}, 'w').write(str(int(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)))\n"
+        "if __name__ == '__main__':\n"
+        "    from mtcli.data.workers import forked_pool\n"
+        "    with forked_pool(1, start='spawn') as pool:\n"
+        "        pool.apply(os.getpid)\n"
+        "    print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n", encoding="utf-8")
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0 and res.stdout == "True\n", res.stderr  # the parent's own handler, back
+    assert out.read_text() == "1"  # ignored in the worker from its start
