@@ -811,6 +811,12 @@ def test_average_refuses_mismatched_checkpoints(tmp_path: Path) -> None:
         average_checkpoints([tmp_path / "relu.pt", tmp_path / "swish.pt"])
     with pytest.raises(CheckpointError, match="the same checkpoint twice"):
         average_checkpoints([a, a])
+    import os
+
+    os.link(a, tmp_path / "a_link.pt")  # checkpoint_last.pt beside a step's file, say
+    for again in (tmp_path / "a_link.pt", tmp_path / ".." / tmp_path.name / a.name):
+        with pytest.raises(CheckpointError, match=f"the same checkpoint twice: {a} and {again}"):
+            average_checkpoints([a, again])
     with pytest.raises(TypeError, match="not one path"):
         average_checkpoints(str(a))  # was "a: checkpoint not found", a character at a time
 
@@ -1019,3 +1025,18 @@ def test_the_best_of_equal_scores_is_the_earliest_as_checkpoint_best_keeps_it(tm
     for step, bleu in ((10, 5.0), (20, 7.0), (30, 7.0)):
         rd.update_index(tmp_path, step, {"loss": 3.0, "bleu": bleu, "by": "bleu"})
     assert [p.name for p in rd.select_checkpoints(tmp_path, best=1)] == ["checkpoint_20.pt"]
+
+
+def test_averaging_checkpoints_of_two_seeds_is_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Two trainings from random starts (seeds 1 and 2) average into no model; checkpoints of one
+    run, or fine-tunings of one parent, are what averaging is for."""
+    states = [toy_state(step) for step in (1, 2, 3)]
+    states[0]["config"], states[1]["config"] = {"train": {"seed": 1}}, {"train": {"seed": 2}}
+    states[2]["config"] = {"train": {"seed": 1}}
+    paths = [tmp_path / f"{i}.pt" for i in range(3)]
+    for path, state in zip(paths, states, strict=True):
+        save_checkpoint(path, state)
+    average_checkpoints([paths[0], paths[2]])
+    assert "seed" not in caplog.text
+    average_checkpoints(paths[:2])
+    assert f"averaging {paths[0]} (seed 1) and {paths[1]} (seed 2): trainings of other seeds" in caplog.text

@@ -42,6 +42,36 @@ def _saved_data(state: dict) -> Any:
     return (state.get("config") or {}).get("data")
 
 
+def _saved_train(state: dict) -> dict[str, Any]:
+    """The training settings a checkpoint records (``{}`` where it records none)."""
+    saved = (state.get("config") or {}).get("train")
+    return saved if isinstance(saved, dict) else {}
+
+
+def _check_distinct(paths: list[Path]) -> None:
+    """:class:`CheckpointError` for one file given twice (by two paths, or a link and its file)."""
+    seen: dict[Any, Path] = {}
+    for path in paths:
+        try:
+            found = path.stat()
+            key: Any = (found.st_dev, found.st_ino)
+        except OSError:
+            key = str(path.resolve())  # said by the loader
+        if key in seen:
+            raise CheckpointError(f"the same checkpoint twice: {seen[key]} and {path}")
+        seen[key] = path
+
+
+def _warn_other_start(first: Path, first_train: dict[str, Any], path: Path, train: dict[str, Any]) -> None:
+    """Warn when two checkpoints come from trainings of other seeds that started from no common
+    model (``train.init_from``): independently initialised weights do not average into a model."""
+    seeds = first_train.get("seed"), train.get("seed")
+    if seeds[0] != seeds[1] and not (first_train.get("init_from") and train.get("init_from")):
+        get_logger().warning("averaging %s (seed %s) and %s (seed %s): trainings of other seeds from random starts; "
+                             "their average is no model (average checkpoints of one run)", first, seeds[0], path,
+                             seeds[1])
+
+
 def average_checkpoints(paths: list[Path]) -> dict:
     """Average the model parameters of ``paths`` into one state.
 
@@ -55,8 +85,7 @@ def average_checkpoints(paths: list[Path]) -> dict:
     if isinstance(paths, (str, Path)):
         raise TypeError("paths must be a list of checkpoint paths, not one path (wrap it: [path])")
     paths = [Path(p) for p in paths]
-    if len(set(map(str, paths))) != len(paths):
-        raise CheckpointError(f"the same checkpoint twice among {', '.join(p.name for p in paths)}")
+    _check_distinct(paths)
     if not paths:
         raise CheckpointError("no checkpoints to average")
     sums: dict[str, torch.Tensor] = {}
@@ -71,6 +100,7 @@ def average_checkpoints(paths: list[Path]) -> dict:
             raise CheckpointError(f"{path}: checkpoint has no model parameters")
         if i == 0:
             first_vocab, first, first_data = state.get("vocab"), _saved_model(state), _saved_data(state)
+            state_train = _saved_train(state)
             reference = {k: (v.dtype, v.shape) for k, v in model.items() if isinstance(v, torch.Tensor)}
         else:
             if state.get("vocab") != first_vocab:
@@ -83,6 +113,7 @@ def average_checkpoints(paths: list[Path]) -> dict:
             if directions:
                 raise CheckpointError(f"cannot average {paths[0].name} and {path.name}: trained for other directions "
                                       f"({directions_text(directions[0])} and {directions_text(directions[1])})")
+            _warn_other_start(paths[0], state_train, path, _saved_train(state))
             differ = architecture_mismatches(_saved_model(state), first)
             if differ:
                 said = "; ".join(f"model.{key} {own} and {saved}" for key, saved, own in differ)
