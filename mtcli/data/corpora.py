@@ -23,7 +23,7 @@ decoding) put before a corpus's source sentences:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +235,16 @@ def _check_splits(source: Source, data: DataConfig, splits: list[str]) -> None:
             raise DataError(f"{exc}; {key} names it{hint}") from None
 
 
+def _warn_repeated(configs: list[CorpusConfig], k: int) -> None:
+    """Warn when corpus ``k`` is one listed before it again (source, direction, tag): both draw
+    the same pairs, which is a weight, said twice."""
+    same = next((j for j, c in enumerate(configs[:k]) if replace(c, weight=configs[k].weight) == configs[k]), None)
+    if same is not None:
+        get_logger().warning("data.sources[%d] repeats data.sources[%d] (%s, %s): its pairs are drawn with both "
+                             "weights together; list it once with the weight it should have", k, same,
+                             configs[k].source, "->".join(configs[k].langs or ()))
+
+
 def plan_corpora(data: DataConfig) -> Plan:
     """Open every corpus and decide what is read from where; :class:`DataError` (one line) for a
     missing corpus, split or language."""
@@ -252,6 +262,7 @@ def plan_corpora(data: DataConfig) -> Plan:
     target_tags = {lang: target_tag(lang) for lang in targets} if len(targets) > 1 else {}
     corpora: list[Corpus] = []
     for k, config in enumerate(configs):
+        _warn_repeated(configs, k)
         source = _open(config)
         _check_splits(source, data, [data.train_split])
         tgt = (config.langs or ["", ""])[1]

@@ -317,3 +317,12 @@ def test_an_empty_validation_split_is_refused_only_where_validation_reads_it(
     assert f"{own}: split 'val' (data.valid_split) has no pairs; validation reads the split 'val'" in caplog.text
     with pytest.raises(DataError, match=r"split 'val' \(data.valid_split\) has no pairs; validation needs at least one"):
         prepare(load_config(TOY_CONFIG, [*overrides, "data.tgt_lang=xx", f"data.prepared_dir={tmp_path / 'q'}"]))
+
+
+def test_a_corpus_listed_twice_is_warned_about(caplog) -> None:
+    """Listed again (a copy-paste), a corpus is drawn twice as often: a weight said twice."""
+    sources = (f"[{{source: {TOY_DIR}}}, {{source: {TOY_DIR}, langs: [tgt, src]}}, {{source: {TOY_DIR}, weight: 2}}]")
+    plan_corpora(load_config(TOY_CONFIG, ["data.source=", f"data.sources={sources}"]).data)
+    repeated = [r.getMessage() for r in caplog.records if "repeats" in r.getMessage()]
+    assert repeated == [f"data.sources[2] repeats data.sources[0] ({TOY_DIR}, src->tgt): its pairs are drawn with "
+                        "both weights together; list it once with the weight it should have"]
