@@ -654,6 +654,13 @@ def test_a_changed_corpus_of_data_sources_is_named_alone(toy_dict: dict) -> None
     with pytest.raises(CheckpointError, match=r"changes keys the checkpoint depends on: data.sources\[1\].weight: "
                                               r"0.5 -> 0.6 \(restore"):
         check_resume_config(saved, new)
+    added = copy.deepcopy(new)  # a corpus added: named alone too
+    added["data"]["sources"] = [*sources, {"source": "c", "langs": ["de", "en"]}]
+    with pytest.raises(CheckpointError, match=r"depends on: data.sources\[2\]: added \{'source': 'c', 'langs': "
+                                              r"\['de', 'en'\]\} \(restore"):
+        check_resume_config(saved, added)
+    with pytest.raises(CheckpointError, match=r"depends on: data.sources\[1\]: removed \{'source': 'b'"):
+        check_resume_config(saved, {**new, "data": {**new["data"], "sources": sources[:1]}})
 
 
 def test_resume_config_refuses_shape_vocab_and_data_stream_changes(toy_dict: dict) -> None:

@@ -210,13 +210,16 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
 
 
 def _item_changes(dotted: str, old: Any, new: Any) -> str:
-    """Two lists of mappings of one length (``data.sources``) told apart item by item,
-    ``data.sources[1].weight: 0.5 -> 0.6``; "" for any other pair of values."""
-    if not (isinstance(old, list) and isinstance(new, list) and len(old) == len(new)
-            and all(isinstance(item, dict) for item in [*old, *new])):
+    """Two lists of mappings (``data.sources``) told apart item by item,
+    ``data.sources[1].weight: 0.5 -> 0.6``, ``data.sources[2]: added {...}``; "" for any other
+    pair of values."""
+    if not (isinstance(old, list) and isinstance(new, list) and all(isinstance(item, dict) for item in [*old, *new])):
         return ""
-    return "; ".join(f"{dotted}[{i}].{key}: {a.get(key)!r} -> {b.get(key)!r}" for i, (a, b) in enumerate(zip(old, new, strict=True))
-                     for key in sorted(set(a) | set(b)) if not _same(a.get(key), b.get(key)))
+    found = [f"{dotted}[{i}].{key}: {a.get(key)!r} -> {b.get(key)!r}" for i, (a, b) in enumerate(zip(old, new, strict=False))
+             for key in sorted(set(a) | set(b)) if not _same(a.get(key), b.get(key))]
+    found += [f"{dotted}[{i}]: added {item!r}" for i, item in enumerate(new[len(old):], len(old))]
+    found += [f"{dotted}[{i}]: removed {item!r}" for i, item in enumerate(old[len(new):], len(new))]
+    return "; ".join(found)
 
 
 def check_resume_data(saved: dict[str, str], now: dict[str, str], where: str, cache: Path) -> None:
