@@ -44,8 +44,15 @@ from mtcli.errors import DataError, MtcliError
 from mtcli.fileio import atomic_write, sha256_file
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, setup_logging
-from mtcli.pipeline import check_table_place, described, failed, seed_config, written_or_printed
-from mtcli.reproduce import is_the_recipe, reads, run_recipe
+from mtcli.pipeline import (
+    check_table_place,
+    described,
+    failed,
+    is_the_recipe,
+    seed_config,
+    written_or_printed,
+)
+from mtcli.reproduce import reads, run_recipe
 from mtcli.results import (
     README,
     RESULTS_DIR,

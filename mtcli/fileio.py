@@ -462,7 +462,7 @@ class FileHasher:
     def __call__(self, path: str | Path, name: str) -> str:
         """The sha256 of ``path`` (``name``: its record's key, unless ``by_path``)."""
         key = self._key(path, name)
-        record = self.known.get(key)
+        record = self.known.get(key) or (self.known.get(name) if self.by_path else None)  # or a record by name
         if isinstance(record, dict) and unchanged_since(path, record):
             self.records[key] = record
             return record["sha256"]

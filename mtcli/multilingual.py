@@ -33,11 +33,12 @@ from mtcli.pipeline import (
     check_table_place,
     described,
     failed,
+    is_the_recipe,
     parse_seeds,
     seed_config,
     written_or_printed,
 )
-from mtcli.reproduce import SCORES, choose_average, is_the_recipe, search_length_penalty, trained_on
+from mtcli.reproduce import SCORES, choose_average, search_length_penalty, trained_on
 from mtcli.results import (
     README,
     RESULTS_DIR,

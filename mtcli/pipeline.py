@@ -1,7 +1,8 @@
 """What the reproduction pipelines (:mod:`mtcli.reproduce`, :mod:`mtcli.multilingual`,
 :mod:`mtcli.backtranslation`) share: their seeds, read from ``--seeds`` and made runs of their
 own, and their command-line plumbing (a one-line error with its status, a results table whose
-place is checked before the training and whose row is printed when it cannot be written)."""
+place is checked before the training and whose row is printed when it cannot be written), and
+whether a run is the recipe whose table the README shows."""
 
 from __future__ import annotations
 
@@ -11,9 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mtcli.config import MAX_SEED, Config, with_changes
+from mtcli.config import MAX_SEED, Config, load_config, with_changes
+from mtcli.data.corpora import plan_corpora
+from mtcli.data.download import CORPORA, unpinned
 from mtcli.errors import ConfigError, MtcliError
-from mtcli.fileio import check_file_target
+from mtcli.fileio import FileHasher, check_file_target
+from mtcli.logs import get_logger
+from mtcli.results import recipe_fingerprint
 
 
 def seed_config(config: Config, seed: int) -> Config:
@@ -75,3 +80,45 @@ def written_or_printed(write: Callable[[], None], row: Any) -> int:
 
 
 __all__ = ["check_table_place", "described", "failed", "parse_seeds", "seed_config", "written_or_printed"]
+
+
+def _file_fingerprint(recipe: str, overrides: list[str] | None) -> str | None:
+    """The fingerprint of the recipe file ``recipe`` (with ``overrides``); None where it is not
+    found, as when run outside a checkout."""
+    try:
+        return recipe_fingerprint(load_config(recipe, overrides))
+    except ConfigError:
+        return None
+
+
+def row_is_the_recipe(row: dict[str, Any], recipe: str, overrides: list[str]) -> bool:
+    """Whether the seeds of ``row`` trained the recipe file ``recipe`` (with ``overrides``): rows
+    from before the fingerprint, which do not say, are taken as the recipe's."""
+    recipes = {seed.get("recipe") for seed in (row.get("seeds") or {"": row}).values()}
+    return None in recipes or recipes == {_file_fingerprint(recipe, overrides)}
+
+
+def is_the_recipe(config: Config, recipe: str, overrides: list[str] | None = None) -> bool:
+    """Whether ``config`` trains what the recipe file ``recipe`` (with ``overrides``) trains, as
+    :func:`~mtcli.results.recipe_fingerprint` says, on the recipe's data: a run changed by
+    ``--set``/``--config``, or reading other text from its own directory (``--data``), does not
+    refresh the README's table, whose rows are the recipes' (False where the file is not found)."""
+    return recipe_fingerprint(config) == _file_fingerprint(recipe, overrides) and \
+        _reads_the_recipes_data(config, recipe, overrides)
+
+
+def _reads_the_recipes_data(config: Config, recipe: str, overrides: list[str] | None) -> bool:
+    """Whether each corpus ``config`` reads from a directory in place of the public corpus the
+    recipe names (a local copy) holds that corpus's pinned files; a warning names one that does not."""
+    pairs = list(zip(config.data.corpora(), load_config(recipe, overrides).data.corpora(), strict=False))
+    if all(corpus.source == own.source or own.source not in CORPORA for corpus, own in pairs):
+        return True  # nothing read in place of a public corpus: nothing to hash
+    found = plan_corpora(config.data).fingerprint(FileHasher())
+    for (corpus, own), files in zip(pairs, found.get("corpora", [found]), strict=False):
+        if corpus.source != own.source and own.source in CORPORA:
+            other = unpinned(own.source, files.get("files", {"(not a directory of files)": ""}))
+            if other:
+                get_logger().warning("%s: %s is not the text of %s the recipe reads: the scores are not the "
+                                     "recipe's", corpus.source, other[0], own.source)
+                return False
+    return True

@@ -33,7 +33,6 @@ from mtcli.checkpoint import load_checkpoint
 from mtcli.config import Config, load_config, with_changes
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.corpora import plan_corpora
-from mtcli.data.download import CORPORA, unpinned
 from mtcli.data.prepare import prepare
 from mtcli.errors import ConfigError, MtcliError
 from mtcli.evaluate import evaluate
@@ -44,7 +43,9 @@ from mtcli.pipeline import (
     check_table_place,
     described,
     failed,
+    is_the_recipe,
     parse_seeds,
+    row_is_the_recipe,
     seed_config,
     written_or_printed,
 )
@@ -362,46 +363,6 @@ def run_seeds(config: Config, seeds: list[int] | None, valid_only: bool = False)
     return combine_seeds(rows)
 
 
-def _file_fingerprint(recipe: str, overrides: list[str] | None) -> str | None:
-    """The fingerprint of the recipe file ``recipe`` (with ``overrides``); None where it is not
-    found, as when run outside a checkout."""
-    try:
-        return recipe_fingerprint(load_config(recipe, overrides))
-    except ConfigError:
-        return None
-
-
-def row_is_the_recipe(row: dict[str, Any], recipe: str, overrides: list[str]) -> bool:
-    """Whether the seeds of ``row`` trained the recipe file ``recipe`` (with ``overrides``): rows
-    from before the fingerprint, which do not say, are taken as the recipe's."""
-    recipes = {seed.get("recipe") for seed in (row.get("seeds") or {"": row}).values()}
-    return None in recipes or recipes == {_file_fingerprint(recipe, overrides)}
-
-
-def is_the_recipe(config: Config, recipe: str, overrides: list[str] | None = None) -> bool:
-    """Whether ``config`` trains what the recipe file ``recipe`` (with ``overrides``) trains, as
-    :func:`~mtcli.results.recipe_fingerprint` says, on the recipe's data: a run changed by
-    ``--set``/``--config``, or reading other text from its own directory (``--data``), does not
-    refresh the README's table, whose rows are the recipes' (False where the file is not found)."""
-    return recipe_fingerprint(config) == _file_fingerprint(recipe, overrides) and \
-        _reads_the_recipes_data(config, recipe, overrides)
-
-
-def _reads_the_recipes_data(config: Config, recipe: str, overrides: list[str] | None) -> bool:
-    """Whether each corpus ``config`` reads from a directory in place of the public corpus the
-    recipe names (a local copy) holds that corpus's pinned files; a warning names one that does not."""
-    named = load_config(recipe, overrides).data.corpora()
-    found = plan_corpora(config.data).fingerprint(FileHasher())
-    for corpus, own, files in zip(config.data.corpora(), named, [found] if "files" in found else found["corpora"],
-                                  strict=False):
-        other = unpinned(own.source, files["files"]) if corpus.source != own.source and own.source in CORPORA else []
-        if other:
-            get_logger().warning("%s/%s is not the text of %s the recipe reads: the scores are not the recipe's",
-                                 corpus.source, other[0], own.source)
-            return False
-    return True
-
-
 def with_earlier_seeds(earlier: dict[str, Any] | None, row: dict[str, Any]) -> dict[str, Any]:
     """``row`` (:func:`combine_seeds`) with the seeds of ``earlier``, the row it replaces, that
     were not run again and were trained by the same recipe (``recipe``): ``SEEDS=1`` run again
@@ -557,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging()
     keep_freed_memory()
+    changed = False
     try:
         recipe, table_name, row_key = RECIPES[args.direction]
         if args.merge:
@@ -578,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.valid_only:
         print(json.dumps(row, indent=2))
         return 0
-    changed = (not args.merge and changed) or not row_is_the_recipe(row, recipe, pair_overrides(args.direction))
+    changed = changed or not row_is_the_recipe(row, recipe, pair_overrides(args.direction))
     results_dir, readme = table_place(args.results, args.readme, table_name, changed)
     try:
         results = load_results(results_dir, table_name)

@@ -64,7 +64,7 @@ def run_file_role(path: Path) -> str | None:
                "train.log": "its log", "parent.json": "its parent's record", "import.json": "its import record"}
         return own.get(path.name)
     run = parent.parent
-    if parent.name == TEXT_DIR and (run / CONFIG_NAME).is_file() and checkpoint_dir(run).is_dir():
+    if parent.name == TEXT_DIR and path.is_file() and (run / CONFIG_NAME).is_file() and checkpoint_dir(run).is_dir():
         return "the run's copy of a validation or test text, which evaluate reads"
     if parent == checkpoint_dir(run) and (run / CONFIG_NAME).is_file():
         if path.name == INDEX_NAME:

@@ -818,8 +818,6 @@ def test_average_refuses_mismatched_checkpoints(tmp_path: Path) -> None:
         average_checkpoints([tmp_path / "relu.pt", tmp_path / "swish.pt"])
     with pytest.raises(CheckpointError, match="the same checkpoint twice"):
         average_checkpoints([a, a])
-    import os
-
     os.link(a, tmp_path / "a_link.pt")  # checkpoint_last.pt beside a step's file, say
     for again in (tmp_path / "a_link.pt", tmp_path / ".." / tmp_path.name / a.name):
         with pytest.raises(CheckpointError, match=f"the same checkpoint twice: {a} and {again}"):
@@ -869,6 +867,8 @@ def test_average_run_last_and_best(tmp_path: Path) -> None:
     (other / "checkpoints").mkdir(parents=True)
     for run in (tmp_path, other):
         (run / "config.yaml").write_text("data: {}\n", encoding="utf-8")
+    (other / "text").mkdir()
+    (other / "text" / "test.src").write_text("ein hund\n", encoding="utf-8")  # what evaluate reads
     for path, role in [(tmp_path / "config.yaml", "the run's config"), (own / "index.json", "its checkpoint index"),
                        (other / "checkpoints" / "checkpoint_last.pt", "a checkpoint training resumes from"),
                        (other / "spm.model", "its SentencePiece model"),

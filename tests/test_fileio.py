@@ -162,6 +162,8 @@ def test_file_hasher_reuses_a_settled_digest_and_rereads_a_changed_file(tmp_path
     monkeypatch.setattr(fileio, "sha256_file", lambda p: reads.append(p) or "recomputed")
     again = FileHasher(first.records)
     assert again(path, "f") == digest and reads == [] and again.records["f"] == first.records["f"]
+    by_path = FileHasher(first.records, by_path=True)  # a cache's records from before they were kept by path
+    assert by_path(path, "f") == digest and reads == [] and list(by_path.records) == [str(path.absolute())]
     path.write_text("hellO\n")
     assert FileHasher(first.records)(path, "f") == "recomputed" and reads == [path]
 

@@ -522,10 +522,11 @@ def test_a_data_directory_is_the_recipes_only_when_it_holds_the_pinned_text(tmp_
                                                                              caplog) -> None:
     """make reproduce DATA=DIR: a local copy of Multi30k refreshes the README's table; a subset or
     another corpus in its place is not the recipe's data (its scores went into the table)."""
+    from mtcli import pipeline
     from mtcli.config import load_config
     from mtcli.data import download
     from mtcli.fileio import sha256_file
-    from mtcli.reproduce import is_the_recipe
+    from mtcli.pipeline import is_the_recipe
 
     copy = tmp_path / "copy"
     copy.mkdir()
@@ -541,4 +542,11 @@ def test_a_data_directory_is_the_recipes_only_when_it_holds_the_pinned_text(tmp_
     with (copy / "val.de").open("a", encoding="utf-8") as handle:
         handle.write("noch eine zeile\n")
     assert not is_the_recipe(load_config(recipe, [f"data.source={copy}"]), recipe)
-    assert f"{copy}/val.de is not the text of multi30k the recipe reads" in caplog.text
+    assert f"{copy}: val.de is not the text of multi30k the recipe reads" in caplog.text
+
+    class HubPlan:  # a hub dataset in the corpus's place: no files to compare (was a KeyError)
+        def fingerprint(self, hasher: object) -> dict:
+            return {"kind": "hub", "dataset": "org/name", "revision": "abc"}
+
+    monkeypatch.setattr(pipeline, "plan_corpora", lambda data: HubPlan())
+    assert not is_the_recipe(load_config(recipe, ["data.source=org/name"]), recipe)

@@ -93,6 +93,7 @@ class Plan:
     read_as: dict[str, str]  # each validation/test split of the cache: the corpora's split it is read as
     target_tags: dict[str, str]
     several: bool
+    notes: list[str] = field(default_factory=list)  # warnings about the corpora, which prepare gives
 
     def splits(self) -> list[str]:
         """Every split of the cache: the corpora's training splits, then validation and tests
@@ -150,7 +151,7 @@ def _open(corpus: CorpusConfig) -> Source:
     return open_source(corpus.source, src, tgt, corpus.hub_config)
 
 
-def _providers(data: DataConfig, corpora: list[Corpus], eval_splits: Iterable[str]
+def _providers(data: DataConfig, corpora: list[Corpus], eval_splits: Iterable[str], notes: list[str]
                ) -> tuple[dict[tuple[str, str], tuple[Corpus, int]], dict[str, str]]:
     """For each validation/test split of the cache and each of its languages, the corpus and
     side its text comes from: the first corpus holding the split in that language; and the
@@ -177,7 +178,7 @@ def _providers(data: DataConfig, corpora: list[Corpus], eval_splits: Iterable[st
             shared = [(i, providers[(split, lang)]) for i, lang in enumerate(corpus.langs) if (split, lang) in providers]
             if len(shared) == 2:  # both languages come from corpora before it: it adds nothing
                 if not _same_text(corpus, shared, side):
-                    _warn_unused(corpus, split, shared)
+                    notes.append(_unused(corpus, split, shared))
                 continue
             corpus.provides.append(split)
             name = split
@@ -211,13 +212,13 @@ def _same_text(corpus: Corpus, shared: list[tuple[int, tuple[Corpus, int]]],
         return False
 
 
-def _warn_unused(corpus: Corpus, split: str, shared: list[tuple[int, tuple[Corpus, int]]]) -> None:
-    """Say that ``corpus``'s own ``split`` is not read: earlier corpora give it in both its
-    languages, with other sentences (validation and evaluate read theirs)."""
+def _unused(corpus: Corpus, split: str, shared: list[tuple[int, tuple[Corpus, int]]]) -> str:
+    """That ``corpus``'s own ``split`` is not read: earlier corpora give it in both its languages,
+    with other sentences (validation and evaluate read theirs)."""
     given = list(dict.fromkeys(f"data.sources[{c.index}] ({c.source.location})" for _, (c, _) in shared))
-    get_logger().warning("data.sources[%d] (%s): its split '%s' is not read: %s %s it in %s with other "
-                         "sentences, and validation and evaluate read that", corpus.index, corpus.source.location,
-                         split, " and ".join(given), "give" if len(given) > 1 else "gives", " and ".join(corpus.langs))
+    return (f"data.sources[{corpus.index}] ({corpus.source.location}): its split '{split}' is not read: "
+            f"{' and '.join(given)} {'give' if len(given) > 1 else 'gives'} it in {' and '.join(corpus.langs)} with "
+            "other sentences, and validation and evaluate read that")
 
 
 def _check_splits(source: Source, data: DataConfig, splits: list[str]) -> None:
@@ -235,14 +236,14 @@ def _check_splits(source: Source, data: DataConfig, splits: list[str]) -> None:
             raise DataError(f"{exc}; {key} names it{hint}") from None
 
 
-def _warn_repeated(configs: list[CorpusConfig], k: int) -> None:
-    """Warn when corpus ``k`` is one listed before it again (source, direction, tag): both draw
-    the same pairs, which is a weight, said twice."""
+def _repeated(configs: list[CorpusConfig], k: int) -> list[str]:
+    """That corpus ``k`` is one listed before it again (source, direction, tag), if it is: both
+    draw the same pairs, which is a weight, said twice."""
     same = next((j for j, c in enumerate(configs[:k]) if replace(c, weight=configs[k].weight) == configs[k]), None)
-    if same is not None:
-        get_logger().warning("data.sources[%d] repeats data.sources[%d] (%s, %s): its pairs are drawn with both "
-                             "weights together; list it once with the weight it should have", k, same,
-                             configs[k].source, "->".join(configs[k].langs or ()))
+    if same is None:
+        return []
+    return [f"data.sources[{k}] repeats data.sources[{same}] ({configs[k].source}, {'->'.join(configs[k].langs or ())}): "
+            "its pairs are drawn with both weights together; list it once with the weight it should have"]
 
 
 def plan_corpora(data: DataConfig) -> Plan:
@@ -261,15 +262,16 @@ def plan_corpora(data: DataConfig) -> Plan:
     targets = list(dict.fromkeys((c.langs or ["", ""])[1] for c in configs))
     target_tags = {lang: target_tag(lang) for lang in targets} if len(targets) > 1 else {}
     corpora: list[Corpus] = []
+    notes: list[str] = []
     for k, config in enumerate(configs):
-        _warn_repeated(configs, k)
+        notes += _repeated(configs, k)
         source = _open(config)
         _check_splits(source, data, [data.train_split])
         tgt = (config.langs or ["", ""])[1]
         prefix = ([target_tags[tgt]] if target_tags else []) + ([config.tag] if config.tag else [])
         corpora.append(Corpus(k, config, source, data.train_split, f"{data.train_split}.{k}", prefix))
-    providers, read_as = _providers(data, corpora, eval_splits)
-    return Plan(corpora, all_splits, eval_splits, providers, read_as, target_tags, several=True)
+    providers, read_as = _providers(data, corpora, eval_splits, notes)
+    return Plan(corpora, all_splits, eval_splits, providers, read_as, target_tags, several=True, notes=notes)
 
 
 # ----------------------------------------------------------------------------- text
@@ -361,7 +363,7 @@ def write_eval(plan: Plan, data: DataConfig, tmp: Path) -> dict[str, CleanCounts
     """Write every validation and test split verbatim (an empty line stays), each language from
     the corpus the plan names; :class:`DataError` when a split's languages differ in length or
     the validation split has no pairs (training would fail at its first validation); a warning
-    for an empty test split (``mtcli evaluate`` leaves it out)."""
+    for an empty test split (``mtcli evaluate`` cannot score it)."""
     counts: dict[str, CleanCounts] = {}
     for split, read_as in plan.read_as.items():
         lines: dict[str, tuple[int, Corpus]] = {}
@@ -397,7 +399,8 @@ def _refuse_empty(split: str, read_as: str, data: DataConfig, plan: Plan, corpus
         validated = eval_split_name(read_as, data.src_lang, data.tgt_lang, lambda name, lang: (name, lang) in plan.providers)
         if split == validated:
             raise DataError(f"{where} (data.valid_split) has no pairs; validation needs at least one")
-        get_logger().warning("%s (data.valid_split) has no pairs; validation reads the split '%s' (data.src_lang -> "
-                             "data.tgt_lang)", where, validated)
+        get_logger().warning("%s (data.valid_split; kept apart as %s) has no pairs; validation reads %s (data.src_lang "
+                             "-> data.tgt_lang)", where, split, validated)
         return
-    get_logger().warning("%s (data.test_splits) has no pairs; mtcli evaluate leaves it out", where)
+    get_logger().warning("%s (data.test_splits) has no pairs; mtcli evaluate cannot score it (scoring every "
+                         "direction, it leaves it out)", where)

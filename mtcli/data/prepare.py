@@ -528,6 +528,8 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     data = config.data
     out = data.prepared_path()
     plan = plan_corpora(data)
+    for note in plan.notes:
+        log.warning("%s", note)
     given = given_spm_model(data)
     inputs = FileHasher(_previous_manifest(out).get("input_files"), by_path=True)  # unchanged inputs are not re-read
     fingerprint = plan.fingerprint(inputs)

@@ -62,14 +62,17 @@ def _check_distinct(paths: list[Path]) -> None:
         seen[key] = path
 
 
-def _warn_other_start(first: Path, first_train: dict[str, Any], path: Path, train: dict[str, Any]) -> None:
-    """Warn when two checkpoints come from trainings of other seeds that started from no common
-    model (``train.init_from``): independently initialised weights do not average into a model."""
+def _warn_other_start(first: Path, first_train: dict[str, Any], path: Path, train: dict[str, Any]) -> bool:
+    """Warn when two checkpoints come from trainings of other seeds that did not start from one
+    model (``train.init_from``): independently initialised weights do not average into a model.
+    Whether it warned."""
     seeds = first_train.get("seed"), train.get("seed")
-    if seeds[0] != seeds[1] and not (first_train.get("init_from") and train.get("init_from")):
+    if seeds[0] != seeds[1] and not (first_train.get("init_from") and first_train.get("init_from") == train.get("init_from")):
         get_logger().warning("averaging %s (seed %s) and %s (seed %s): trainings of other seeds from random starts; "
                              "their average is no model (average checkpoints of one run)", first, seeds[0], path,
                              seeds[1])
+        return True
+    return False
 
 
 def average_checkpoints(paths: list[Path]) -> dict:
@@ -93,6 +96,7 @@ def average_checkpoints(paths: list[Path]) -> dict:
     first_vocab: Any = None
     last: dict = {}
     sources: list[dict] = []
+    warned = False  # about checkpoints of other seeds: once
     for i, path in enumerate(paths):
         state = load_checkpoint(path)
         model = state.get("model")
@@ -113,7 +117,7 @@ def average_checkpoints(paths: list[Path]) -> dict:
             if directions:
                 raise CheckpointError(f"cannot average {paths[0].name} and {path.name}: trained for other directions "
                                       f"({directions_text(directions[0])} and {directions_text(directions[1])})")
-            _warn_other_start(paths[0], state_train, path, _saved_train(state))
+            warned = warned or _warn_other_start(paths[0], state_train, path, _saved_train(state))
             differ = architecture_mismatches(_saved_model(state), first)
             if differ:
                 said = "; ".join(f"model.{key} {own} and {saved}" for key, saved, own in differ)

@@ -211,10 +211,12 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
 
 def _item_changes(dotted: str, old: Any, new: Any) -> str:
     """Two lists of mappings (``data.sources``) told apart item by item,
-    ``data.sources[1].weight: 0.5 -> 0.6``, ``data.sources[2]: added {...}``; "" for any other
-    pair of values."""
+    ``data.sources[1].weight: 0.5 -> 0.6``, or one the other's start and more,
+    ``data.sources[2]: added {...}``; "" for any other pair of values."""
     if not (isinstance(old, list) and isinstance(new, list) and all(isinstance(item, dict) for item in [*old, *new])):
         return ""
+    if len(old) != len(new) and not all(_same(a, b) for a, b in zip(old, new, strict=False)):
+        return ""  # inserted or removed inside the list: both lists, whole, say it best
     found = [f"{dotted}[{i}].{key}: {a.get(key)!r} -> {b.get(key)!r}" for i, (a, b) in enumerate(zip(old, new, strict=False))
              for key in sorted(set(a) | set(b)) if not _same(a.get(key), b.get(key))]
     found += [f"{dotted}[{i}]: added {item!r}" for i, item in enumerate(new[len(old):], len(old))]

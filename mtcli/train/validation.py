@@ -24,9 +24,9 @@ from mtcli.train.loss import LabelSmoothedLoss
 
 
 def check_validation(config: Config) -> None:
-    """Refuse, before training starts, what would stop it at the first validation: a BLEU
-    scorer the target language lacks, or a ``decode.tgt_lang`` no corpus translates into
-    (translate and evaluate would refuse it)."""
+    """Refuse, before training starts: a BLEU scorer the target language lacks (it would stop
+    training at the first validation), and a ``decode.tgt_lang`` no corpus translates into
+    (translate and evaluate would refuse the trained model's config)."""
     if config.train.valid_bleu:
         scorer("bleu", config.data.tgt_lang, instead=" (or train.valid_bleu=false: validation by loss)")
     targets = list(dict.fromkeys(c.langs[1] for c in config.data.corpora() if c.langs))

@@ -288,7 +288,8 @@ def test_unchanged_inputs_of_several_directories_are_not_read_again(tmp_path: Pa
 
 def test_a_later_corpus_whose_own_test_set_is_not_read_is_named(tmp_path: Path, caplog) -> None:
     """Two corpora of one language pair, each with its own test set: the first's is read, and
-    prepare says the second's is not (the same corpus listed again, in reverse, says nothing)."""
+    prepare says the second's is not (the same corpus listed again, in reverse, says nothing);
+    once, not again at each train start."""
     root = make_trilingual(tmp_path)
     other = root / "other"
     other.mkdir()
@@ -298,11 +299,12 @@ def test_a_later_corpus_whose_own_test_set_is_not_read_is_named(tmp_path: Path, 
             lines = lines if split != "test" else [f"{line} x" for line in lines]
             (other / f"{split}.{lang}").write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
     sources = f"[{{source: {root}/tri, langs: [src, tgt]}}, {{source: {root}/tri, langs: [tgt, src]}}, {{source: {other}}}]"
-    config = load_config(TOY_CONFIG, ["data.source=", f"data.sources={sources}"])
-    plan_corpora(config.data)
-    unread = [r.getMessage() for r in caplog.records if "is not read" in r.getMessage()]
-    assert unread == [f"data.sources[2] ({other}): its split 'test' is not read: data.sources[0] ({root}/tri) gives "
-                      "it in src and tgt with other sentences, and validation and evaluate read that"]
+    config = load_config(TOY_CONFIG, ["data.source=", f"data.sources={sources}", f"data.prepared_dir={tmp_path / 'p'}"])
+    note = (f"data.sources[2] ({other}): its split 'test' is not read: data.sources[0] ({root}/tri) gives it in src "
+            "and tgt with other sentences, and validation and evaluate read that")
+    assert plan_corpora(config.data).notes == [note] and "is not read" not in caplog.text  # said by prepare
+    prepare(config)
+    assert [r.getMessage() for r in caplog.records if "is not read" in r.getMessage()] == [note]
 
 
 def test_an_empty_validation_split_is_refused_only_where_validation_reads_it(
@@ -314,15 +316,13 @@ def test_an_empty_validation_split_is_refused_only_where_validation_reads_it(
     overrides = multi_overrides(root, tmp_path / "p")
     overrides[1] = f"data.sources=[{{source: {root}/tri, langs: [src, tgt]}}, {{source: {own}, langs: [src, xx]}}]"
     prepare(load_config(TOY_CONFIG, overrides))  # validation reads src->tgt's val, from tri
-    assert f"{own}: split 'val' (data.valid_split) has no pairs; validation reads the split 'val'" in caplog.text
+    assert f"{own}: split 'val' (data.valid_split; kept apart as val.src-xx) has no pairs; validation reads val " in caplog.text
     with pytest.raises(DataError, match=r"split 'val' \(data.valid_split\) has no pairs; validation needs at least one"):
         prepare(load_config(TOY_CONFIG, [*overrides, "data.tgt_lang=xx", f"data.prepared_dir={tmp_path / 'q'}"]))
 
 
-def test_a_corpus_listed_twice_is_warned_about(caplog) -> None:
+def test_a_corpus_listed_twice_is_warned_about() -> None:
     """Listed again (a copy-paste), a corpus is drawn twice as often: a weight said twice."""
     sources = (f"[{{source: {TOY_DIR}}}, {{source: {TOY_DIR}, langs: [tgt, src]}}, {{source: {TOY_DIR}, weight: 2}}]")
-    plan_corpora(load_config(TOY_CONFIG, ["data.source=", f"data.sources={sources}"]).data)
-    repeated = [r.getMessage() for r in caplog.records if "repeats" in r.getMessage()]
-    assert repeated == [f"data.sources[2] repeats data.sources[0] ({TOY_DIR}, src->tgt): its pairs are drawn with "
+    assert plan_corpora(load_config(TOY_CONFIG, ["data.source=", f"data.sources={sources}"]).data).notes == [f"data.sources[2] repeats data.sources[0] ({TOY_DIR}, src->tgt): its pairs are drawn with "
                         "both weights together; list it once with the weight it should have"]

@@ -740,8 +740,8 @@ def test_an_empty_test_split_is_prepared_with_a_warning_naming_it(tmp_path: Path
     assert result.exit_code == 0, result.output
     warning = [line for line in result.stderr.splitlines() if "WARNING" in line]
     assert len(warning) == 1, result.stderr
-    assert (f"text directory {toy_dir}: split 'test' (data.test_splits) has no pairs; mtcli evaluate leaves "
-            "it out") in warning[0]
+    assert (f"text directory {toy_dir}: split 'test' (data.test_splits) has no pairs; mtcli evaluate cannot "
+            "score it (scoring every direction, it leaves it out)") in warning[0]
     corpus = PreparedCorpus.open(load_config(cfg).data.prepared_path())
     assert corpus.manifest["counts"]["test"]["kept"] == 0 and corpus.manifest["counts"]["val"]["kept"] == 40
 

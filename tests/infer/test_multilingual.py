@@ -136,7 +136,6 @@ def test_evaluate_scores_the_directions_that_have_test_text(
         evaluate_directions(multi_run, beam=1, output_dir=tmp_path, tgt_lang="xx")
 
 
-
 def test_evaluate_leaves_out_an_empty_test_split_and_says_how_to_score_the_others(
         multi_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     import mtcli.evaluate as evaluate_module
