@@ -511,3 +511,21 @@ def test_evaluate_outputs_over_the_size_limit_keep_the_previous_pair(
     res = mtcli_under_limit(limit, *args)
     assert_one_line_write_error(res, hyp if failing == "hyp" else report)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == marked  # also: no temporary file
+
+
+def test_a_save_cut_short_before_its_links_gets_them_at_the_resume(prepared: Path, tmp_path: Path) -> None:
+    """A stop between writing checkpoint_<N>.pt and linking it as the best and the last: the
+    resume went on from it, but checkpoint_best stayed the older step for good."""
+    from mtcli.fileio import atomic_link
+
+    run = tmp_path / "run"
+    train(make_config(prepared, run, "train.max_steps=6", "train.valid_every=3", "train.lr_factor=1.0"))
+    ckpts = run / "checkpoints"
+    newest = load_checkpoint(ckpts / "checkpoint_6.pt")
+    assert newest["train_state"]["bad_validations"] == 0  # step 6 improved on step 3: it is the best
+    for name in ("checkpoint_best.pt", "checkpoint_last.pt"):  # as a kill before the links leaves them
+        atomic_link(ckpts / "checkpoint_3.pt", ckpts / name)
+    summary = train(make_config(prepared, run, "train.max_steps=6", "train.valid_every=3", "train.lr_factor=1.0"))
+    assert summary.steps == 6
+    for name in ("checkpoint_best.pt", "checkpoint_last.pt"):
+        assert os.path.samefile(ckpts / name, ckpts / "checkpoint_6.pt"), name

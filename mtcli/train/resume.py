@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 from mtcli.checkpoint import load_checkpoint
 from mtcli.config import SECTIONS
 from mtcli.errors import CheckpointError
+from mtcli.fileio import atomic_link
 from mtcli.logs import get_logger
 from mtcli.rundir import BEST_NAME, LAST_NAME, checkpoint_dir, step_checkpoints
 
@@ -61,6 +63,30 @@ def find_resume_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
         f"{directory}: no intact checkpoint to resume from ({', '.join(failures)} all corrupt); "
         "move the run directory away to start over"
     )
+
+
+def finish_interrupted_save(run_dir: Path, path: Path, state: dict[str, Any]) -> list[str]:
+    """Make the step checkpoint a run resumes from (``path``, newer than ``checkpoint_last``: a
+    stop came between writing it and linking it) ``checkpoint_last``, and ``checkpoint_best``
+    where its validation improved: else serve, evaluate and export kept reading an older best
+    for good. The names linked (none for ``checkpoint_last`` itself, or links already made)."""
+    if path.name in (LAST_NAME, BEST_NAME):
+        return []
+    directory = checkpoint_dir(run_dir)
+    ts = state.get("train_state") or {}
+    improved = ts.get("bad_validations") == 0 and ts.get("last_valid_step") == state.get("step")
+    linked = []
+    for name in ([BEST_NAME] if improved else []) + [LAST_NAME]:
+        target = directory / name
+        with contextlib.suppress(OSError):
+            if target.is_file() and os.path.samefile(path, target):
+                continue
+        atomic_link(path, target)
+        linked.append(name)
+    if linked:
+        get_logger().info("the save of step %s was cut short: %s now %s it", state.get("step"), " and ".join(linked),
+                          "name" if len(linked) > 1 else "names")
+    return linked
 
 
 def remove_stale_temp_files(run_dir: Path) -> list[Path]:

@@ -51,7 +51,11 @@ from mtcli.train.distributed import (
     peer_failures,
 )
 from mtcli.train.parent import PARENT_NAME, check_parent_unchanged, load_parent, start_from
-from mtcli.train.resume import find_resume_checkpoint, remove_stale_temp_files
+from mtcli.train.resume import (
+    find_resume_checkpoint,
+    finish_interrupted_save,
+    remove_stale_temp_files,
+)
 from mtcli.train.scalars import Scalars
 from mtcli.train.signals import StopSignals
 from mtcli.train.trainer import Trainer
@@ -332,6 +336,8 @@ def train(config: Config) -> TrainSummary:
         if found is not None:
             check_parent_unchanged(run_dir, config.train.init_from, config.train.init_average)
             trainer.resume(*found)
+            if info.is_main:
+                finish_interrupted_save(run_dir, *found)
             finished = trainer.finished()
             if finished is not None:  # a finished run given again: its files stay as they are
                 decode = keep_decode_settings(run_dir, config) if info.is_main else ""
