@@ -392,38 +392,50 @@ class Reloader:
     """The model loaded again (``load``: the same run directory and checkpoint, so ``best`` is
     the run's newest ``checkpoint_best``) in a thread of its own while the old one goes on
     serving, then swapped in between two batches: a new model without a moment's downtime. A
-    load that fails leaves the old model serving, with one log line."""
+    load that fails leaves the old model serving, with one log line. A SIGHUP during a load asks
+    for one more after it (the checkpoint may have changed since the load began)."""
 
     def __init__(self, app: FastAPI, load: Callable[[], Translator]) -> None:
         self.app, self.load = app, load
         self._busy = threading.Lock()
+        self._asked = False  # a reload asked for and not yet begun
 
     def start(self) -> threading.Thread | None:
-        """Start loading (from a signal handler: it returns at once); None if a load is under way."""
+        """Start loading (from a signal handler: it returns at once); None if a load is under way
+        (which then loads once more when it is done)."""
+        self._asked = True
         if not self._busy.acquire(blocking=False):
-            get_logger().warning("reload: one is under way already (or waits for the server to start)")
+            get_logger().info("reload: one is under way; another follows it")
             return None
         thread = threading.Thread(target=self._run, name="mtcli-serve-reload", daemon=True)
         thread.start()
         return thread
 
     def _run(self) -> None:
-        try:
-            # a SIGHUP before the server has started (while the model loaded, say): the model
-            # may be older than the signal, so load it again once the server has started
-            while (batcher := getattr(self.app.state, "batcher", None)) is None:
-                time.sleep(0.1)
-            old = batcher.translator.name
+        while True:
             try:
-                new = self.load()
-            except Exception as exc:
-                get_logger().error("reload failed, still serving %s: %s: %s", old, type(exc).__name__, one_line(exc))
-                return
-            batcher.translator = new
-            self.app.summary, self.app.openapi_schema = f"Machine translation with {new.name}", None  # /docs: made anew
-            get_logger().info("reloaded: serving %s (was %s)", new.name, old)
-        finally:
-            self._busy.release()
+                while self._asked:
+                    self._asked = False
+                    self._reload()
+            finally:
+                self._busy.release()
+            if not self._asked or not self._busy.acquire(blocking=False):
+                return  # none asked for meanwhile, or a new thread of start() has it
+
+    def _reload(self) -> None:
+        # a SIGHUP before the server has started (while the model loaded, say): the model
+        # may be older than the signal, so load it again once the server has started
+        while (batcher := getattr(self.app.state, "batcher", None)) is None:
+            time.sleep(0.1)
+        old = batcher.translator.name
+        try:
+            new = self.load()
+        except Exception as exc:
+            get_logger().error("reload failed, still serving %s: %s: %s", old, type(exc).__name__, one_line(exc))
+            return
+        batcher.translator = new
+        self.app.summary, self.app.openapi_schema = f"Machine translation with {new.name}", None  # /docs: made anew
+        get_logger().info("reloaded: serving %s (was %s)", new.name, old)
 
 
 def check_listening(host: str, port: int) -> None:
