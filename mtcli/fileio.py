@@ -192,6 +192,17 @@ def _temporary_file(path: Path) -> tuple[int, str]:
                   "bytes)", str(path))
 
 
+#: A temporary file of :func:`atomic_write`: ``.NAME.p<pid>-<random>.tmp`` (Linux's pids: 7 digits at most).
+_TEMP_OF_PID = re.compile(r"\..+\.p(\d{1,7})-\w+\.tmp")
+
+
+def live_writer(name: str) -> bool:
+    """Whether the temporary file ``name`` is one a process still alive here is writing (its
+    pid in the name; False for a name without one)."""
+    found = _TEMP_OF_PID.fullmatch(name)
+    return found is not None and pid_alive(int(found[1]))
+
+
 def _remove_dead_writes(path: Path) -> None:
     """Delete the temporary files that writes of ``path`` by processes now gone left beside it
     (killed mid-write: nothing else would ever remove them), once :data:`DEAD_WRITE_S` old."""

@@ -20,9 +20,9 @@ import torch
 from mtcli.checkpoint import load_checkpoint
 from mtcli.config import SECTIONS
 from mtcli.errors import CheckpointError
-from mtcli.fileio import atomic_link
+from mtcli.fileio import atomic_link, live_writer
 from mtcli.logs import get_logger
-from mtcli.rundir import BEST_NAME, LAST_NAME, checkpoint_dir, step_checkpoints
+from mtcli.rundir import BEST_NAME, LAST_NAME, TEXT_DIR, checkpoint_dir, step_checkpoints
 
 
 def find_resume_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
@@ -90,18 +90,20 @@ def finish_interrupted_save(run_dir: Path, path: Path, state: dict[str, Any]) ->
 
 
 def remove_stale_temp_files(run_dir: Path) -> list[Path]:
-    """Delete temporary files a killed writer left in ``checkpoints/``; call under :class:`RunLock`."""
-    directory = checkpoint_dir(run_dir)
+    """Delete temporary files a killed writer left in the run directory, its ``text/`` and its
+    ``checkpoints/``, but not those of a process still writing (an average written into
+    ``checkpoints/``); call under :class:`RunLock`."""
     removed: list[Path] = []
-    if not directory.is_dir():
-        return removed
-    for entry in directory.iterdir():
-        if entry.name.startswith(".") and entry.name.endswith(".tmp") and entry.is_file():
-            with contextlib.suppress(OSError):
-                entry.unlink()
-                removed.append(entry)
+    for directory in (run_dir, run_dir / TEXT_DIR, checkpoint_dir(run_dir)):
+        entries = list(directory.iterdir()) if directory.is_dir() else []
+        for entry in entries:
+            if entry.name.startswith(".") and entry.name.endswith(".tmp") and entry.is_file() \
+                    and not live_writer(entry.name):
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+                    removed.append(entry)
     if removed:
-        get_logger().info("removed %d unfinished checkpoint write(s) in %s", len(removed), directory)
+        get_logger().info("removed %d unfinished write(s) in %s", len(removed), run_dir)
     return removed
 
 
