@@ -1055,3 +1055,22 @@ def test_averaging_checkpoints_of_two_seeds_is_warned_about(tmp_path: Path, capl
     assert "seed" not in caplog.text
     average_checkpoints(paths[:2])
     assert f"averaging {paths[0]} (seed 1) and {paths[1]} (seed 2): trainings of other seeds" in caplog.text
+
+
+def test_a_checkpoint_pruned_while_averaging_is_said_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training pruned a checkpoint between the listing and its load: "checkpoint not found"
+    read as a mistake of the user's."""
+    import mtcli.infer.averaging as averaging
+
+    _write_run(tmp_path, [10, 20])
+    paths = [tmp_path / "checkpoints" / rd.step_checkpoint_name(step) for step in (10, 20)]
+    real = averaging.load_checkpoint
+
+    def load(path: Path) -> dict:
+        if path == paths[0]:
+            paths[1].unlink()  # the training saves step 30 and prunes step 20
+        return real(path)
+
+    monkeypatch.setattr(averaging, "load_checkpoint", load)
+    with pytest.raises(CheckpointError, match=r"checkpoint_20.pt: removed while the average was made \(a training"):
+        average_checkpoints(paths)

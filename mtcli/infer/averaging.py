@@ -97,8 +97,15 @@ def average_checkpoints(paths: list[Path]) -> dict:
     last: dict = {}
     sources: list[dict] = []
     warned = False  # about checkpoints of other seeds: once
+    there = {path for path in paths if path.is_file()}
     for i, path in enumerate(paths):
-        state = load_checkpoint(path)
+        try:
+            state = load_checkpoint(path)
+        except CheckpointError:
+            if path in there and not path.exists():
+                raise CheckpointError(f"{path}: removed while the average was made (a training of the run prunes its "
+                                      "older checkpoints as it saves new ones); run it again") from None
+            raise
         model = state.get("model")
         if not isinstance(model, dict) or not model:
             raise CheckpointError(f"{path}: checkpoint has no model parameters")
