@@ -272,23 +272,32 @@ def pid_alive(pid: int) -> bool:
 BUILDER_NAME = ".mtcli-builder.pid"
 
 
-def remove_stale_builds(path: Path) -> None:
-    """Delete what killed builds of ``path`` left beside it: ``.NAME.*.tmp`` holding the pid of
-    a process that is gone (kept in it until after its swap), and ``.NAME.old-PID`` of one."""
+def _builds(path: Path) -> Iterator[tuple[Path, int]]:
+    """The directories builds of ``path`` keep beside it, with their builder's pid: ``.NAME.*.tmp``
+    (the pid in it, kept until after its swap) and ``.NAME.old-PID``."""
     for entry in path.parent.glob(f".{path.name}.*"):
         if not entry.is_dir():
             continue
         try:
             if entry.name.endswith(".tmp"):
-                pid = int((entry / BUILDER_NAME).read_text().strip())
+                yield entry, int((entry / BUILDER_NAME).read_text().strip())
             elif ".old-" in entry.name:
-                pid = int(entry.name.rsplit("-", 1)[1])
-            else:
-                continue
+                yield entry, int(entry.name.rsplit("-", 1)[1])
         except (OSError, ValueError):
             continue  # not one of ours, or still starting: left alone
+
+
+def remove_stale_builds(path: Path) -> None:
+    """Delete what killed builds of ``path`` left beside it: the directories of
+    :func:`_builds` whose process is gone."""
+    for entry, pid in _builds(path):
         if not pid_alive(pid):
             shutil.rmtree(entry, ignore_errors=True)
+
+
+def live_builders(path: Path) -> list[int]:
+    """The pids of processes building ``path`` now (:func:`atomic_dir`)."""
+    return [pid for entry, pid in _builds(path) if entry.name.endswith(".tmp") and pid_alive(pid)]
 
 
 #: What :func:`atomic_dir` leaves in each directory it builds: its mark and its entries, so that

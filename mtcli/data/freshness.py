@@ -21,7 +21,7 @@ from mtcli.data.download import CORPORA, located
 from mtcli.data.prepare import KEY_EXCLUDES, SPM_TRAINING_KEYS, given_spm_model
 from mtcli.data.sources import looks_like_path
 from mtcli.errors import DataError
-from mtcli.fileio import FileHasher, sha256_file
+from mtcli.fileio import FileHasher, live_builders, sha256_file
 from mtcli.logs import get_logger
 
 
@@ -32,6 +32,9 @@ def open_prepared(config: Config, check_inputs: bool = True) -> PreparedCorpus:
     path = config.data.prepared_path()
     lock = CacheLock(path, exclusive=False)  # held while the corpus is: no prepare rebuilds it meanwhile
     if not path.is_dir():  # (the lock waited for a prepare between its two renames)
+        building = live_builders(path)
+        if building:
+            raise DataError(f"{path}: being prepared now (pid {building[0]}); train once that `mtcli prepare` has ended")
         raise DataError(f"{path}: no prepared cache; run `mtcli prepare {config.path}` first")
     corpus = PreparedCorpus.open(path, verify=True)
     corpus.lock = lock

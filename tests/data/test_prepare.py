@@ -1066,3 +1066,17 @@ def test_no_op_reads_no_file_that_is_provably_unchanged(tmp_path: Path, toy_dir:
         other.write("a dog\n")
     assert not prep.prepare(load_config(cfg)).skipped
     assert "test.src" in reads and "train.src" not in reads
+
+
+def test_train_while_the_first_prepare_builds_says_so(tmp_path: Path) -> None:
+    """It said "no prepared cache; run mtcli prepare", which started a second build."""
+    config = load_config(REPO / "configs" / "toy.yaml", [f"data.source={TOY_DIR}",
+                                                         f"data.prepared_dir={tmp_path / 'prepared'}"])
+    path = config.data.prepared_path()
+    with pytest.raises(DataError, match="no prepared cache; run `mtcli prepare"):
+        open_prepared(config)
+    building = path.parent / f".{path.name}.abc123.tmp"
+    building.mkdir(parents=True)
+    (building / fileio.BUILDER_NAME).write_text(str(os.getpid()))  # a prepare under way
+    with pytest.raises(DataError, match=rf"{path}: being prepared now \(pid {os.getpid()}\); train once"):
+        open_prepared(config)
