@@ -197,10 +197,11 @@ _TEMP_OF_PID = re.compile(r"\..+\.p(\d{1,7})-\w+\.tmp")
 
 
 def live_writer(name: str) -> bool:
-    """Whether the temporary file ``name`` is one a process still alive here is writing (its
-    pid in the name; False for a name without one)."""
+    """Whether the temporary file ``name`` is one another process still alive here is writing
+    (its pid in the name; False for a name without one, or this process's pid: a killed one's,
+    reused, as a restarted container's pid 1 is)."""
     found = _TEMP_OF_PID.fullmatch(name)
-    return found is not None and pid_alive(int(found[1]))
+    return found is not None and int(found[1]) != os.getpid() and pid_alive(int(found[1]))
 
 
 def _remove_dead_writes(path: Path) -> None:
@@ -296,8 +297,9 @@ def remove_stale_builds(path: Path) -> None:
 
 
 def live_builders(path: Path) -> list[int]:
-    """The pids of processes building ``path`` now (:func:`atomic_dir`)."""
-    return [pid for entry, pid in _builds(path) if entry.name.endswith(".tmp") and pid_alive(pid)]
+    """The pids of other processes building ``path`` now (:func:`atomic_dir`)."""
+    return [pid for entry, pid in _builds(path)
+            if entry.name.endswith(".tmp") and pid != os.getpid() and pid_alive(pid)]
 
 
 #: What :func:`atomic_dir` leaves in each directory it builds: its mark and its entries, so that

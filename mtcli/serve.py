@@ -405,7 +405,8 @@ class Reloader:
         (which then loads once more when it is done)."""
         self._asked = True
         if not self._busy.acquire(blocking=False):
-            get_logger().info("reload: one is under way; another follows it")
+            get_logger().info("reload: one is under way (or waits for the server to start); the model is loaded "
+                              "once more after it")
             return None
         thread = threading.Thread(target=self._run, name="mtcli-serve-reload", daemon=True)
         thread.start()
@@ -415,7 +416,6 @@ class Reloader:
         while True:
             try:
                 while self._asked:
-                    self._asked = False
                     self._reload()
             finally:
                 self._busy.release()
@@ -423,10 +423,12 @@ class Reloader:
                 return  # none asked for meanwhile, or a new thread of start() has it
 
     def _reload(self) -> None:
-        # a SIGHUP before the server has started (while the model loaded, say): the model
-        # may be older than the signal, so load it again once the server has started
+        """Load the model and swap it in, once the server has started: a SIGHUP before that (while
+        the model loaded, say) may be newer than the model, and the SIGHUPs up to the load ask
+        for this one load."""
         while (batcher := getattr(self.app.state, "batcher", None)) is None:
             time.sleep(0.1)
+        self._asked = False
         old = batcher.translator.name
         try:
             new = self.load()

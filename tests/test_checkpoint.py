@@ -451,14 +451,19 @@ def test_remove_stale_temp_files(tmp_path: Path) -> None:
     _write_run(tmp_path, [10], last=10)
     leftover = tmp_path / "checkpoints" / ".checkpoint_last.pt.abc123.tmp"
     leftover.write_bytes(b"half a checkpoint")
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    dead = 9_999_999  # above Linux's largest pid (4,194,304): never alive
     (tmp_path / "text").mkdir()
     killed = [tmp_path / f".config.yaml.p{dead}-ab12cd34.tmp", tmp_path / "text" / f".test.src.p{dead}-ab12cd34.tmp"]
-    live = tmp_path / "checkpoints" / f".checkpoint_avg_last2.pt.p{os.getpid()}-ab12cd34.tmp"  # an average under way
+    killed.append(tmp_path / "checkpoints" / f".checkpoint_20.pt.p{os.getpid()}-ab12cd34.tmp")  # pid reused: ours
+    averaging = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # an average under way
+    live = tmp_path / "checkpoints" / f".checkpoint_avg_last2.pt.p{averaging.pid}-ab12cd34.tmp"
     for path in (*killed, live):
         path.write_bytes(b"half a file")
-    assert sorted(remove_stale_temp_files(tmp_path)) == sorted([leftover, *killed])
+    try:
+        assert sorted(remove_stale_temp_files(tmp_path)) == sorted([leftover, *killed])
+    finally:
+        averaging.kill()
+        averaging.wait()
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == sorted([rd.LAST_NAME, "checkpoint_10.pt",
                                                                                    live.name])
 

@@ -34,7 +34,8 @@ def open_prepared(config: Config, check_inputs: bool = True) -> PreparedCorpus:
     if not path.is_dir():  # (the lock waited for a prepare between its two renames)
         building = live_builders(path)
         if building:
-            raise DataError(f"{path}: being prepared now (pid {building[0]}); train once that `mtcli prepare` has ended")
+            raise DataError(f"{path}: another process is preparing it now (`mtcli prepare`, pid {building[0]}): "
+                            "train once it has finished")
         raise DataError(f"{path}: no prepared cache; run `mtcli prepare {config.path}` first")
     corpus = PreparedCorpus.open(path, verify=True)
     corpus.lock = lock

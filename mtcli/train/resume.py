@@ -66,10 +66,11 @@ def find_resume_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
 
 
 def finish_interrupted_save(run_dir: Path, path: Path, state: dict[str, Any]) -> list[str]:
-    """Make the step checkpoint a run resumes from (``path``, newer than ``checkpoint_last``: a
-    stop came between writing it and linking it) ``checkpoint_last``, and ``checkpoint_best``
-    where its validation improved: else serve, evaluate and export kept reading an older best
-    for good. The names linked (none for ``checkpoint_last`` itself, or links already made)."""
+    """Make the step checkpoint a run resumes from (``path``: newer than ``checkpoint_last``, a
+    stop having come between writing it and linking it; or ``checkpoint_last`` was unreadable)
+    ``checkpoint_last``, and ``checkpoint_best`` where its validation improved: else serve,
+    evaluate and export kept reading an older best for good. The names linked (none for
+    ``checkpoint_last`` itself, or links already made)."""
     if path.name in (LAST_NAME, BEST_NAME):
         return []
     directory = checkpoint_dir(run_dir)
@@ -83,9 +84,9 @@ def finish_interrupted_save(run_dir: Path, path: Path, state: dict[str, Any]) ->
                 continue
         atomic_link(path, target)
         linked.append(name)
-    if linked:
-        get_logger().info("the save of step %s was cut short: %s now %s it", state.get("step"), " and ".join(linked),
-                          "name" if len(linked) > 1 else "names")
+    if linked:  # a save cut short before its links, or an unreadable checkpoint_last
+        get_logger().info("%s now %s step %s, which the run resumes from", " and ".join(linked),
+                          "name" if len(linked) > 1 else "names", state.get("step"))
     return linked
 
 

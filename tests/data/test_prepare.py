@@ -1077,6 +1077,14 @@ def test_train_while_the_first_prepare_builds_says_so(tmp_path: Path) -> None:
         open_prepared(config)
     building = path.parent / f".{path.name}.abc123.tmp"
     building.mkdir(parents=True)
-    (building / fileio.BUILDER_NAME).write_text(str(os.getpid()))  # a prepare under way
-    with pytest.raises(DataError, match=rf"{path}: being prepared now \(pid {os.getpid()}\); train once"):
+    (building / fileio.BUILDER_NAME).write_text(str(os.getpid()))  # this process's pid: a killed build's, reused
+    with pytest.raises(DataError, match="no prepared cache; run `mtcli prepare"):
         open_prepared(config)
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as prepare:  # a prepare under way
+        try:
+            (building / fileio.BUILDER_NAME).write_text(str(prepare.pid))
+            with pytest.raises(DataError, match=rf"{path}: another process is preparing it now \(`mtcli prepare`, "
+                                                rf"pid {prepare.pid}\): train once it has finished"):
+                open_prepared(config)
+        finally:
+            prepare.kill()
