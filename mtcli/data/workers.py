@@ -140,9 +140,19 @@ def result_of(pool: Pool, result: AsyncResult) -> Any:
     while not result.ready():
         result.wait(1.0)
         if not result.ready() and (how := _ended(pool)):
-            raise MtcliError(f"a prepare worker process ended ({how}: the out-of-memory killer ends the largest "
-                             "process); lower data.num_workers or data.spm_max_sentences, or free memory")
+            raise MtcliError(f"a prepare worker process ended ({how}){_why(how)}")
     return result.get()
+
+
+def _why(how: str) -> str:
+    """What :func:`result_of`'s message adds for a worker that ended ``how``."""
+    if how == f"killed by signal {signal.SIGKILL.value}":
+        return ("; the out-of-memory killer ends the largest process: lower data.num_workers or "
+                "data.spm_max_sentences, or free memory")
+    if how.startswith("exit status"):  # a new process imports the main script (multiprocessing's spawn)
+        return ("; a script that calls mtcli's prepare or train must do so under `if __name__ == \"__main__\":`, "
+                "which the worker's import of it skips")
+    return ""
 
 
 def settle(results: Iterable[AsyncResult], pool: Pool | None = None) -> None:

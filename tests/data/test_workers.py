@@ -187,7 +187,7 @@ def test_a_worker_killed_mid_task_is_an_error_not_a_wait_for_ever() -> None:
     start = time.monotonic()
     result = _run_guarded(WORKER_KILLED, timeout=40)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("a prepare worker process ended (killed by signal 9: the out-of-memory"), (
+    assert result.stdout.startswith("a prepare worker process ended (killed by signal 9); the out-of-memory"), (
         result.stdout)
     assert time.monotonic() - start < 20  # not the 30 s a pool left early waits for its tasks
 
@@ -209,3 +209,27 @@ def test_a_spawned_worker_ignores_ctrl_c_while_it_imports_the_main_module(tmp_pa
     res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 0 and res.stdout == "True\n", res.stderr  # the parent's own handler, back
     assert out.read_text() == "1"  # ignored in the worker from its start
+
+
+#: A script calling a spawned pool at its top level, with no ``if __name__ == "__main__":``.
+UNGUARDED = r"""
+import os
+from mtcli.data.workers import forked_pool, result_of
+from mtcli.errors import MtcliError
+
+try:
+    with forked_pool(1, start="spawn") as pool:
+        print(result_of(pool, pool.apply_async(os.getpid)))
+except MtcliError as exc:
+    print(exc)
+"""
+
+
+def test_a_script_without_a_main_guard_is_told_what_it_needs(tmp_path: Path) -> None:
+    """A spawned worker imports the main script, which started another pool: the worker ended
+    with status 1, and the message blamed the out-of-memory killer."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED, encoding="utf-8")
+    result = _run_guarded("import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')", str(script))
+    assert result.stdout.startswith("a prepare worker process ended (exit status 1); a script that calls mtcli's "
+                                    'prepare or train must do so under `if __name__ == "__main__":`'), result.stdout
