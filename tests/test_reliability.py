@@ -529,3 +529,16 @@ def test_a_save_cut_short_before_its_links_gets_them_at_the_resume(prepared: Pat
     assert summary.steps == 6
     for name in ("checkpoint_best.pt", "checkpoint_last.pt"):
         assert os.path.samefile(ckpts / name, ckpts / "checkpoint_6.pt"), name
+
+
+def test_a_moved_runs_own_config_resumes_it_where_it_is(prepared: Path, tmp_path: Path) -> None:
+    """`mtcli train RUN/config.yaml` of a moved (or copied) run trained its old place from step 0."""
+    import shutil
+
+    first = tmp_path / "first"
+    train(make_config(prepared, first, "train.max_steps=2", "train.valid_every=2"))
+    moved = tmp_path / "moved"
+    shutil.move(first, moved)
+    summary = train(load_config(moved / "config.yaml", ["train.max_steps=4"]))
+    assert summary.resumed_from is not None and Path(summary.run_dir) == moved and summary.steps == 4
+    assert not first.exists()

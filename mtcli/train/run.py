@@ -130,7 +130,9 @@ def setup_run_dir(config: Config, corpus: PreparedCorpus, run_dir: Path) -> None
     """Write config.yaml, spm.model, manifest.json and text/<split>.<lang> (the self-contained run)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint_dir(run_dir).mkdir(exist_ok=True)
-    save_config(config, run_dir / CONFIG_NAME)
+    # the run's own config.yaml names no run directory: it trains the run it lies in, moved or copied
+    save_config(dataclasses.replace(config, train=dataclasses.replace(config.train, run_dir=None)),
+                run_dir / CONFIG_NAME)
     for file in tokenizer_files(corpus.spm_path):  # spm.model; or vocab.json, source.spm, target.spm
         atomic_copy(file, run_dir / file.name)
     atomic_copy(corpus.directory / MANIFEST_NAME, run_dir / MANIFEST_NAME)
