@@ -89,6 +89,10 @@ class DataConfig:
         listed = self.sources or [CorpusConfig(source=self.source, hub_config=self.hub_config)]
         return [dataclasses.replace(c, langs=c.langs or [self.src_lang, self.tgt_lang]) for c in listed]
 
+    def target_langs(self) -> list[str]:
+        """The languages the corpora translate into, in the order they first come."""
+        return list(dict.fromkeys(c.langs[1] for c in self.corpora() if c.langs))
+
 
 @dataclass
 class ModelConfig:

@@ -192,27 +192,32 @@ def _temporary_file(path: Path) -> tuple[int, str]:
                   "bytes)", str(path))
 
 
-#: A temporary file of :func:`atomic_write`: ``.NAME.p<pid>-<random>.tmp`` (Linux's pids: 7 digits at most).
-_TEMP_OF_PID = re.compile(r"\..+\.p(\d{1,7})-\w+\.tmp")
+def _writer_pid(temporary: str, name: str = ".+") -> int | None:
+    """The pid in the name of a temporary file of :func:`atomic_write` (``.NAME.p<pid>-<random>.tmp``;
+    ``name``: a pattern NAME must match), None for another name. Linux's pids: 7 digits at most."""
+    found = re.fullmatch(rf"\.{name}\.p(\d{{1,7}})-\w+\.tmp", temporary)
+    return int(found[1]) if found else None
 
 
-def live_writer(name: str) -> bool:
-    """Whether the temporary file ``name`` is one another process still alive here is writing
-    (its pid in the name; False for a name without one, or this process's pid: a killed one's,
-    reused, as a restarted container's pid 1 is)."""
-    found = _TEMP_OF_PID.fullmatch(name)
-    return found is not None and int(found[1]) != os.getpid() and pid_alive(int(found[1]))
+def _another_alive(pid: int | None) -> bool:
+    """Whether ``pid`` is a live process other than this one (this process's own pid in a name
+    is a killed one's, reused, as a restarted container's pid 1 is)."""
+    return pid is not None and pid != os.getpid() and pid_alive(pid)
+
+
+def live_writer(temporary: str) -> bool:
+    """Whether the temporary file ``temporary`` is one another process still alive here is
+    writing (False for a name without a pid)."""
+    return _another_alive(_writer_pid(temporary))
 
 
 def _remove_dead_writes(path: Path) -> None:
     """Delete the temporary files that writes of ``path`` by processes now gone left beside it
     (killed mid-write: nothing else would ever remove them), once :data:`DEAD_WRITE_S` old."""
-    ours = re.compile(rf"\.{re.escape(path.name)}\.p(\d{{1,7}})-\w+\.tmp")  # Linux's pids: 7 digits at most
     for entry in path.parent.glob(f".{glob.escape(path.name)}.p*.tmp"):
-        found = ours.fullmatch(entry.name)
+        pid = _writer_pid(entry.name, re.escape(path.name))
         with contextlib.suppress(OSError):
-            if (found is not None and not pid_alive(int(found[1]))
-                    and time.time() - entry.stat().st_mtime > DEAD_WRITE_S):
+            if pid is not None and not pid_alive(pid) and time.time() - entry.stat().st_mtime > DEAD_WRITE_S:
                 entry.unlink()
 
 
@@ -298,8 +303,7 @@ def remove_stale_builds(path: Path) -> None:
 
 def live_builders(path: Path) -> list[int]:
     """The pids of other processes building ``path`` now (:func:`atomic_dir`)."""
-    return [pid for entry, pid in _builds(path)
-            if entry.name.endswith(".tmp") and pid != os.getpid() and pid_alive(pid)]
+    return [pid for entry, pid in _builds(path) if entry.name.endswith(".tmp") and _another_alive(pid)]
 
 
 #: What :func:`atomic_dir` leaves in each directory it builds: its mark and its entries, so that

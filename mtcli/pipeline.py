@@ -79,7 +79,8 @@ def written_or_printed(write: Callable[[], None], row: Any) -> int:
     return 0
 
 
-__all__ = ["check_table_place", "described", "failed", "parse_seeds", "seed_config", "written_or_printed"]
+__all__ = ["check_table_place", "described", "failed", "is_the_recipe", "parse_seeds", "row_is_the_recipe",
+           "seed_config", "written_or_printed"]
 
 
 def _file_fingerprint(recipe: str, overrides: list[str] | None) -> str | None:
@@ -116,7 +117,7 @@ def _reads_the_recipes_data(config: Config, recipe: str, overrides: list[str] | 
     found = plan_corpora(config.data).fingerprint(FileHasher())
     for (corpus, own), files in zip(pairs, found.get("corpora", [found]), strict=False):
         if corpus.source != own.source and own.source in CORPORA:
-            other = unpinned(own.source, files.get("files", {"(not a directory of files)": ""}))
+            other = unpinned(own.source, files["files"]) if "files" in files else ["(not a directory of files)"]
             if other:
                 get_logger().warning("%s: %s is not the text of %s the recipe reads: the scores are not the "
                                      "recipe's", corpus.source, other[0], own.source)

@@ -259,7 +259,7 @@ def plan_corpora(data: DataConfig) -> Plan:
                      for side, lang in enumerate((data.src_lang, data.tgt_lang))}
         return Plan([corpus], all_splits, eval_splits, providers, {s: s for s in eval_splits}, {}, several=False)
     configs = data.corpora()
-    targets = list(dict.fromkeys((c.langs or ["", ""])[1] for c in configs))
+    targets = data.target_langs()
     target_tags = {lang: target_tag(lang) for lang in targets} if len(targets) > 1 else {}
     corpora: list[Corpus] = []
     notes: list[str] = []

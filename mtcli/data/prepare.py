@@ -71,13 +71,7 @@ from mtcli.data.tokenizer import (
 from mtcli.data.vocabmap import VocabTokenizer, load_tokenizer, tokenizer_files
 from mtcli.data.workers import can_fork, forked_pool, in_order, result_of
 from mtcli.errors import DataError
-from mtcli.fileio import (
-    FileHasher,
-    atomic_dir,
-    check_directory,
-    file_stamp,
-    sha256_file,
-)
+from mtcli.fileio import FileHasher, atomic_dir, check_directory, file_stamp, sha256_file
 from mtcli.languages import measured_in_characters
 from mtcli.logs import get_logger, progress
 from mtcli.rundir import VOCAB_NAME

@@ -55,7 +55,7 @@ def forked_pool(workers: int, initializer: Callable[..., None] | None = None,
         try:
             yield pool
         finally:
-            if _ended(pool):  # one died, perhaps holding a queue's lock: the shutdown must not wait for it
+            if _ended(pool) is not None:  # one died, perhaps holding a queue's lock: the shutdown must not wait for it
                 pool._inqueue._rlock = context.Lock()  # type: ignore[attr-defined]
                 pool._outqueue._wlock = context.Lock()  # type: ignore[attr-defined]
 
@@ -126,11 +126,10 @@ def _exit_codes(pool: Pool | None) -> list[int]:
     return [code for p in getattr(pool, "_mtcli_started", ()) if (code := p.exitcode) is not None]
 
 
-def _ended(pool: Pool) -> str | None:
-    """How a worker of ``pool`` ended, if one has."""
-    for code in _exit_codes(pool):
-        return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-    return None
+def _ended(pool: Pool) -> int | None:
+    """The exit code of a worker of ``pool`` that has ended, if one has (below 0: the signal
+    that killed it)."""
+    return next(iter(_exit_codes(pool)), None)
 
 
 def result_of(pool: Pool, result: AsyncResult) -> Any:
@@ -139,20 +138,20 @@ def result_of(pool: Pool, result: AsyncResult) -> Any:
     and would wait for it for ever."""
     while not result.ready():
         result.wait(1.0)
-        if not result.ready() and (how := _ended(pool)):
-            raise MtcliError(f"a prepare worker process ended ({how}){_why(how)}")
+        if not result.ready() and (code := _ended(pool)) is not None:
+            raise MtcliError(_worker_ended(code))
     return result.get()
 
 
-def _why(how: str) -> str:
-    """What :func:`result_of`'s message adds for a worker that ended ``how``."""
-    if how == f"killed by signal {signal.SIGKILL.value}":
-        return ("; the out-of-memory killer ends the largest process: lower data.num_workers or "
-                "data.spm_max_sentences, or free memory")
-    if how.startswith("exit status"):  # a new process imports the main script (multiprocessing's spawn)
-        return ("; a script that calls mtcli's prepare or train must do so under `if __name__ == \"__main__\":`, "
-                "which the worker's import of it skips")
-    return ""
+def _worker_ended(code: int) -> str:
+    """:func:`result_of`'s message for a worker that ended with exit code ``code``."""
+    if code < 0:
+        why = ("; the out-of-memory killer ends the largest process: lower data.num_workers or "
+               "data.spm_max_sentences, or free memory") if -code == signal.SIGKILL else ""
+        return f"a prepare worker process ended (killed by signal {-code}){why}"
+    # a new process imports the main script (multiprocessing's spawn)
+    return (f"a prepare worker process ended (exit status {code}); a script that calls mtcli's prepare or train "
+            "must do so under `if __name__ == \"__main__\":`, which the worker's import of it skips")
 
 
 def settle(results: Iterable[AsyncResult], pool: Pool | None = None) -> None:

@@ -29,7 +29,7 @@ def check_validation(config: Config) -> None:
     (translate and evaluate would refuse the trained model's config)."""
     if config.train.valid_bleu:
         scorer("bleu", config.data.tgt_lang, instead=" (or train.valid_bleu=false: validation by loss)")
-    targets = list(dict.fromkeys(c.langs[1] for c in config.data.corpora() if c.langs))
+    targets = config.data.target_langs()
     if config.decode.tgt_lang is not None and config.decode.tgt_lang not in targets:
         raise ConfigError(f"{config.path}: decode.tgt_lang {config.decode.tgt_lang}: no corpus of the data translates "
                           f"into it (they translate into {', '.join(targets)})")
