@@ -91,7 +91,7 @@ from mtcli.train.step import (
     seconds_left,
     step_stats,
 )
-from mtcli.train.validation import METRIC_NAMES, Bests, validation_loss, validation_scores
+from mtcli.train.validation import METRIC_NAMES, Bests, score_basis, validation_loss, validation_scores
 
 STATE_FORMAT = 1
 #: A SIGTERM in the ranks' summed stop flags (a SIGINT counts 1): up to 4,095 ranks, the sum
@@ -149,7 +149,7 @@ class Trainer:
         )
         self.feed = BatchFeed(self.stream, device, COMPILE_LENGTH_MULTIPLE if self.cfg.compile else 0)
         self.step = 0
-        self.bests = Bests(self.cfg.valid_metric if self.cfg.valid_bleu else "loss")
+        self.bests = Bests(self.cfg.valid_metric if self.cfg.valid_bleu else "loss", score_basis(config))
         self.nonfinite_in_row = 0
         self.elapsed = 0.0
         self.last_valid: dict[str, Any] = dict.fromkeys(VALID_KEYS)
@@ -200,6 +200,8 @@ class Trainer:
         self.step = int(state["step"])
         ts = state.get("train_state") or {}
         self.bests.load_state_dict(ts)
+        for note in self.bests.rebase((state.get("config") or {}).get("train") or {}):
+            self.log.info("%s", note)
         self.nonfinite_in_row = int(ts.get("nonfinite_in_row", 0))
         self.elapsed = float(ts.get("elapsed_seconds", 0.0))
         self.last_valid_step = int(ts.get("last_valid_step", -1))

@@ -99,9 +99,13 @@ class Bests:
     The deciding score is ``metric`` (``train.valid_metric``: the BLEU or chrF of the decoded
     validation split, or its loss), or the loss when the split is not decoded
     (``train.valid_bleu: false``: give ``metric="loss"``). When it changes (a resume under
-    another setting) its best and its patience start anew: scores of two metrics do not compare."""
+    another setting) its best and its patience start anew: scores of two metrics do not compare.
+
+    ``basis`` is what the scores were measured under (:func:`score_basis`): a resume under
+    another (:meth:`rebase`) forgets the bests it changed."""
 
     metric: str = "bleu"
+    basis: dict[str, Any] = dataclasses.field(default_factory=dict)
     best: float | None = None  # of ``best_by``; higher is better (the loss negated)
     best_by: str | None = None
     bleu: float | None = None
@@ -144,3 +148,26 @@ class Bests:
         self.bad_validations = int(state.get("bad_validations", 0))
         if self.best_by not in (None, self.metric):  # another metric decides now: its patience starts anew
             self.bad_validations = 0
+
+    def rebase(self, saved: dict[str, Any]) -> list[str]:
+        """Forget the bests measured under another basis than this run's (``saved``: the
+        resumed checkpoint's ``train`` config; a key it lacks counts as unchanged): every score
+        when the validation subset changed, the loss when its label smoothing did (a smoothed
+        and an unsmoothed loss do not compare). Returns what was forgotten, for the log."""
+        changed = [key for key in self.basis if key in saved and saved[key] != self.basis[key]]
+        if not changed:
+            return []
+        forgets = ["bleu", "chrf", "loss"] if "valid_max_sentences" in changed else ["loss"]
+        for key in forgets:
+            setattr(self, key, None)
+        if self.best_by in forgets:
+            self.best, self.best_by, self.bad_validations = None, None, 0
+        what = ", ".join(f"{key} {saved.get(key)} -> {self.basis[key]}" for key in changed)
+        return [f"validation {'/'.join(forgets)} measured anew ({what}): the best so far starts again"]
+
+
+def score_basis(config: Config) -> dict[str, Any]:
+    """What a validation score depends on beyond the model (``train`` keys): the label
+    smoothing of its loss and the subset it reads."""
+    return {"label_smoothing": config.train.label_smoothing,
+            "valid_max_sentences": config.train.valid_max_sentences}

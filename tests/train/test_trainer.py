@@ -291,6 +291,18 @@ def test_patience_stops_when_validation_does_not_improve(prepared: Path, tmp_pat
     assert summary.stop_reason.startswith("patience")
 
 
+def test_a_resume_under_more_label_smoothing_measures_the_best_loss_anew(prepared: Path, tmp_path: Path) -> None:
+    """The smoothed loss of a resume is higher than the unsmoothed best before it: compared,
+    checkpoint_best stayed at the old step and patience counted a worse validation."""
+    run = tmp_path / "run"
+    train(make_config(prepared, run, "train.max_steps=2", "train.valid_every=2", "train.label_smoothing=0.0"))
+    summary = train(make_config(prepared, run, "train.max_steps=4", "train.valid_every=2",
+                                "train.label_smoothing=0.3"))
+    assert load_checkpoint(run / "checkpoints" / "checkpoint_best.pt")["step"] == 4
+    assert summary.best_valid_loss == read_index(run)[4]["loss"]
+    assert "validation loss measured anew (label_smoothing 0.0 -> 0.3)" in (run / "train.log").read_text("utf-8")
+
+
 def logged_lr_ratios(prepared: Path, run: Path) -> dict[int, float]:
     """Logged learning rate / Noam's rate at that step, by step, from the run's train.log."""
     import re

@@ -68,3 +68,29 @@ def test_chrf_without_decoding_is_refused() -> None:
     with pytest.raises(ConfigError, match="train.valid_metric: chrf scores the decoded validation split"):
         config_from_dict({"data": {"name": "x", "source": "x", "src_lang": "de", "tgt_lang": "en"},
                           "train": {"valid_metric": "chrf", "valid_bleu": False}})
+
+
+def test_a_resume_under_another_label_smoothing_or_subset_forgets_the_bests_it_changed() -> None:
+    """A run resumed with label_smoothing 0.1 -> 0: its unsmoothed losses were compared with
+    the smoothed best, so checkpoint_best froze and patience counted them as worse."""
+    smoothed = Bests("loss", {"label_smoothing": 0.1, "valid_max_sentences": 0})
+    smoothed.update(valid(3.0, 20, 50))
+    smoothed.update(valid(3.2, 19, 49))
+    resumed = Bests("loss", {"label_smoothing": 0.0, "valid_max_sentences": 0})
+    resumed.load_state_dict(smoothed.state_dict())
+    notes = resumed.rebase({"label_smoothing": 0.1, "valid_max_sentences": 0})
+    assert notes and "label_smoothing 0.1 -> 0.0" in notes[0]
+    assert (resumed.best, resumed.loss, resumed.bad_validations) == (None, None, 0)
+    assert (resumed.bleu, resumed.chrf) == (20, 50)  # decoding does not see the smoothing
+    assert resumed.update(valid(3.5))  # the first unsmoothed loss is the new best
+    by_bleu = Bests("bleu", {"label_smoothing": 0.0, "valid_max_sentences": 0})
+    by_bleu.load_state_dict(smoothed.state_dict() | {"best": 20, "best_by": "bleu", "bad_validations": 1})
+    by_bleu.rebase({"label_smoothing": 0.1, "valid_max_sentences": 0})
+    assert (by_bleu.best, by_bleu.bad_validations, by_bleu.loss) == (20, 1, None)
+    subset = Bests("bleu", {"label_smoothing": 0.1, "valid_max_sentences": 100})
+    subset.load_state_dict(by_bleu.state_dict())
+    assert subset.rebase({"label_smoothing": 0.1, "valid_max_sentences": 0})
+    assert (subset.best, subset.bleu, subset.chrf, subset.bad_validations) == (None, None, None, 0)
+    same = Bests("bleu", {"label_smoothing": 0.1, "valid_max_sentences": 0})
+    same.load_state_dict(by_bleu.state_dict())
+    assert same.rebase({"label_smoothing": 0.1}) == [] and same.best == 20  # an older config lacks a key
