@@ -133,6 +133,10 @@ def start_from(model: Transformer, parent: Parent, config: Config, spm_sha256: s
     model.load_state_dict(weights)
 
 
+# How a child resumes from its own checkpoints whatever its parent became (parent.json stays).
+LET_GO = "--set train.init_from=null"
+
+
 def check_parent_unchanged(run_dir: Path, init_from: str, average: int) -> None:
     """Refuse to resume a child whose ``train.init_from`` now names other weights than those it
     started from (``parent.json``): another checkpoint, or one of the same name rewritten. A
@@ -152,10 +156,11 @@ def check_parent_unchanged(run_dir: Path, init_from: str, average: int) -> None:
         if started == str(Path(init_from).resolve()):  # the parent itself changed: trained further, pruned
             raise CheckpointError(
                 f"{run_dir}: started from {names} of {started} ({PARENT_NAME}), which has other weights now; use a "
-                "new run directory to adapt them")
+                f"new run directory to adapt them, or {LET_GO} to go on training this run as it is")
         raise CheckpointError(
             f"{run_dir}: started from {names} of {started} ({PARENT_NAME}), and train.init_from {init_from} names "
-            "other weights; give the first to resume, or a new run directory to adapt these")
+            f"other weights; give the first to resume, a new run directory to adapt these, or {LET_GO} to go on "
+            "training this run as it is")
 
 
 __all__ = ["PARENT_NAME", "Parent", "check_parent_unchanged", "load_parent", "mismatches", "parent_checkpoints",

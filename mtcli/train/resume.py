@@ -125,6 +125,9 @@ UNSAFE_KEYS: frozenset[str] = frozenset(
         "train.init_from", "train.init_average",
     }
 )
+# Keys naming the weights a child run started from: another parent is refused, none (a child
+# going on from its own checkpoints, whatever its parent became) is safe.
+PARENT_KEYS: frozenset[str] = frozenset({"train.init_from", "train.init_average"})
 # Keys a checkpoint that saved its batch budget (``data_state["max_tokens"]``) lets change: the
 # epoch keeps the batches it had done and batches the pairs it has not seen anew
 # (BatchStream.load_state_dict).
@@ -200,8 +203,8 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
       Returned as ``"key: old -> new (resume no longer exact)"``. ``train.max_tokens`` too
       when ``rebatchable`` (the checkpoint saved its batch budget: the pairs the epoch has not
       seen are batched anew), else refused.
-    * safe (:data:`SAFE_KEYS`, ``decode.*``): stopping rules, logging, decoding.
-      Returned as ``"key: old -> new"``.
+    * safe (:data:`SAFE_KEYS`, ``decode.*``): stopping rules, logging, decoding; and
+      ``train.init_from`` set to none (:data:`PARENT_KEYS`). Returned as ``"key: old -> new"``.
 
     The caller logs the returned strings and applies the new config.
     """
@@ -223,6 +226,8 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
             kind = _classify(dotted, rebatchable, hardware_kept)
             if dotted == "train.max_steps" and (new.get("train") or {}).get("cooldown_steps", 0) > 0:
                 kind = "inexact"  # the cooldown's start moves with it: the learning rate changes
+            if dotted in PARENT_KEYS and not (new.get("train") or {}).get("init_from"):
+                kind = "safe"  # a child let go of its parent: it goes on from its own checkpoint
             if kind == "unsafe":
                 refused.append(text)
             elif kind == "inexact":

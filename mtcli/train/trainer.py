@@ -91,7 +91,13 @@ from mtcli.train.step import (
     seconds_left,
     step_stats,
 )
-from mtcli.train.validation import METRIC_NAMES, Bests, score_basis, validation_loss, validation_scores
+from mtcli.train.validation import (
+    METRIC_NAMES,
+    Bests,
+    score_basis,
+    validation_loss,
+    validation_scores,
+)
 
 STATE_FORMAT = 1
 #: A SIGTERM in the ranks' summed stop flags (a SIGINT counts 1): up to 4,095 ranks, the sum

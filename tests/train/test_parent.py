@@ -23,6 +23,7 @@ from conftest import (
 )
 
 import mtcli.checkpoint as ck
+from mtcli.checkpoint import load_checkpoint
 from mtcli.config import load_config
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.prepare import prepare
@@ -179,9 +180,17 @@ def test_a_child_is_not_resumed_once_its_parent_has_other_weights(parent_run: tu
     train(child_config(prepared, child, parent, "train.max_steps=2", "train.valid_every=2"))
     shutil.copyfile(parent / "checkpoints" / "checkpoint_6.pt", parent / "checkpoints" / "checkpoint_8.pt")
     with pytest.raises(CheckpointError, match=rf"started from checkpoint_8.pt of {parent.resolve()} \(parent.json\), "
-                                              "which has other weights now; use a new run directory"):
+                                              "which has other weights now; use a new run directory to adapt them, "
+                                              r"or --set train.init_from=null to go on"):
         train(child_config(prepared, child, parent, "train.max_steps=4", "train.valid_every=2"))
     other = parent / "checkpoints" / "checkpoint_6.pt"  # a path, not the one the child started from
     with pytest.raises(CheckpointError, match=rf"of {parent.resolve()} \(parent.json\), and train.init_from {other} "
                                               "names other weights; give the first to resume"):
         train(child_config(prepared, child, other, "train.max_steps=4", "train.valid_every=2"))
+    # the way forward both name: let go of the parent, and the child goes on from its own checkpoint
+    record = (child / "parent.json").read_text(encoding="utf-8")
+    summary = train(child_config(prepared, child, parent, "train.max_steps=4", "train.valid_every=2",
+                                 "train.init_from=null"))
+    assert summary.steps == 4 and load_checkpoint(child / "checkpoints" / "checkpoint_last.pt")["step"] == 4
+    assert (child / "parent.json").read_text(encoding="utf-8") == record  # where it started, still
+    assert "train.init_from: " in (child / "train.log").read_text(encoding="utf-8")
