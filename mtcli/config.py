@@ -452,7 +452,8 @@ def validate(config: Config, where: str | None = None) -> None:
          "train.lr sets the peak of lr_schedule inverse_sqrt or constant; Noam's peak is "
          "train.lr_factor * (d_model * warmup_steps)^-0.5: set train.lr_factor, or choose a schedule"),
         (t.lr_schedule == "noam" or t.lr_factor == 1.0,
-         "train.lr_factor scales Noam's rate only; with inverse_sqrt or constant set train.lr"),
+         f"train.lr_factor {t.lr_factor} scales Noam's rate only; under train.lr_schedule {t.lr_schedule} set "
+         "train.lr_factor=1.0 (the peak rate is its lr key)"),
         (t.cooldown_steps >= 0, "train.cooldown_steps must be 0 (off) or > 0 (it counts back from "
                                 "train.max_steps; more than max_steps cools down from the first step)"),
         (len(t.adam_betas) == 2 and all(0.0 <= b < 1.0 for b in t.adam_betas),

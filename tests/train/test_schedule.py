@@ -133,7 +133,11 @@ def test_build_schedule_follows_lr_schedule(kind: str) -> None:
     (["train.lr_schedule=constant"], "train.lr_schedule: constant needs train.lr > 0"),
     (["train.lr=0.001"], "train.lr sets the peak of lr_schedule inverse_sqrt or constant"),
     (["train.lr_schedule=inverse_sqrt", "train.lr=0.001", "train.lr_factor=2"],
-     "train.lr_factor scales Noam's rate only"),
+     "with --set train.lr_schedule=inverse_sqrt train.lr_factor=2: train.lr_factor 2.0 scales Noam's rate only"),
+    # the recipe's own lr_factor (toy.yaml: 0.5) is what to change, not the train.lr given
+    (["train.lr_schedule=constant", "train.lr=0.001"],
+     "with --set train.lr_schedule=constant: train.lr_factor 0.5 scales Noam's rate only; under "
+     "train.lr_schedule constant set train.lr_factor=1.0"),
     (["train.lr_schedule=cosine"], "train.lr_schedule' must be 'noam' | 'inverse_sqrt' | 'constant'"),
 ])
 def test_schedule_keys_are_checked(overrides: list[str], message: str) -> None:
