@@ -51,6 +51,7 @@ from mtcli.train.distributed import (
     peer_failures,
 )
 from mtcli.train.parent import PARENT_NAME, check_parent_unchanged, load_parent, start_from
+from mtcli.train.rdrop import without_dropout
 from mtcli.train.resume import (
     find_resume_checkpoint,
     finish_interrupted_save,
@@ -236,6 +237,9 @@ def _log_start(trainer: Trainer, config: Config, device: torch.device, precision
         log.info("corpora drawn by weight: %s of an epoch's pairs", ", ".join(
             f"{c.source} {'->'.join(c.langs or ())}{' ' + c.tag if c.tag else ''} {100 * share:.3g}%"
             for c, share in zip(config.data.corpora(), shares, strict=True)))
+    if train.rdrop_alpha > 0 and without_dropout(config.model):
+        log.warning("train.rdrop_alpha %g with every model dropout at 0: R-Drop's two passes agree, so it only "
+                    "doubles the step's cost (set model.dropout, or train.rdrop_alpha=0)", train.rdrop_alpha)
     if trainer.model.output_ids is not None:
         log.info("output vocabulary: the %d of %d pieces the training targets use "
                  "(model.output_vocab: target)", trainer.model.output_ids.numel(), trainer.corpus.vocab_size)

@@ -165,8 +165,8 @@ def test_logged_loss_is_the_window_mean_and_survives_resume(prepared: Path, tmp_
     assert pad and 0.0 <= float(pad[-1]) < 1.0
 
 
-def test_rdrop_without_dropout_is_plain_training_and_with_dropout_is_not(prepared: Path,
-                                                                           tmp_path: Path) -> None:
+def test_rdrop_without_dropout_is_plain_training_and_with_dropout_is_not(
+        prepared: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Two passes without dropout agree (KL 0, CE twice halved): R-Drop = the plain step.
 
     Compared by the losses logged at every step, not the weights: the key projection's bias
@@ -177,6 +177,8 @@ def test_rdrop_without_dropout_is_plain_training_and_with_dropout_is_not(prepare
     for name, extra in (("plain", ()), ("rdrop", ("train.rdrop_alpha=5.0",))):
         train(make_config(prepared, tmp_path / name, *no_dropout, *extra))
     plain, rdrop = logged_losses(tmp_path / "plain"), logged_losses(tmp_path / "rdrop")
+    warned = [r.message for r in caplog.records if "with every model dropout at 0" in r.message]
+    assert len(warned) == 1 and "only doubles the step's cost" in warned[0]  # the rdrop run's, not the plain one's
     assert sorted(plain) == sorted(rdrop) == list(range(1, 7))
     for step in plain:
         assert [float(x) for x in rdrop[step].split()] == pytest.approx(
