@@ -14,6 +14,7 @@ import dataclasses
 import math
 import os
 import re
+import shlex
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,6 +194,14 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     path: str = field(default="<config>", compare=False)
+    overrides: tuple[str, ...] = field(default=(), compare=False)  # the --set given with it
+
+    def prepare_command(self) -> str:
+        """The ``mtcli prepare`` command line that builds this config's cache: its file and
+        the ``--set`` of its data section given with it."""
+        sets = "".join(f" --set {shlex.quote(text)}" for text in self.overrides
+                       if text.strip().startswith("data."))
+        return f"mtcli prepare {shlex.quote(self.path)}{sets}"
 
     def run_path(self) -> Path:
         """Run directory (default ``data/runs/<config file stem>``; for a run's own
@@ -325,7 +334,7 @@ def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | N
             raise ConfigError(f"{where}: section '{section}' must be a mapping, got {body!r}")
         built[section] = _build_section(cls, body, where, section, lenient)
     built["data"] = _with_language_defaults(built["data"], raw["data"])
-    config = Config(**built, path=where)
+    config = Config(**built, path=where, overrides=tuple(overrides or ()))
     try:
         validate(config, where)
     except ConfigError as exc:  # a bad value may come from a --set: name it beside the file

@@ -36,17 +36,17 @@ def open_prepared(config: Config, check_inputs: bool = True) -> PreparedCorpus:
         if building:
             raise DataError(f"{path}: another process is preparing it now (`mtcli prepare`, pid {building[0]}): "
                             "train once it has finished")
-        raise DataError(f"{path}: no prepared cache; run `mtcli prepare {config.path}` first")
+        raise DataError(f"{path}: no prepared cache; run `{config.prepare_command()}` first")
     corpus = PreparedCorpus.open(path, verify=True)
     corpus.lock = lock
     data = config.data
     if len(corpus.corpora) != len(data.sources):
         raise DataError(f"{path}: prepared from {len(corpus.corpora) or 'one'} corpora, the config lists "
-                        f"{len(data.sources) or 'one'}; run `mtcli prepare {config.path}`")
+                        f"{len(data.sources) or 'one'}; run `{config.prepare_command()}`")
     for split in [data.valid_split] + ([] if data.sources else [data.train_split]):
         if split not in corpus.splits:
-            raise DataError(f"{path}: the prepared cache has no split '{split}'; run `mtcli prepare "
-                            f"{config.path} --force`")
+            raise DataError(f"{path}: the prepared cache has no split '{split}'; run `{config.prepare_command()} "
+                            "--force`")
     if (corpus.src_lang, corpus.tgt_lang) != (data.src_lang, data.tgt_lang):
         raise DataError(f"{path}: prepared for {corpus.src_lang}->{corpus.tgt_lang}, config says "
                         f"{data.src_lang}->{data.tgt_lang}")
@@ -56,9 +56,9 @@ def open_prepared(config: Config, check_inputs: bool = True) -> PreparedCorpus:
                                                  corpus.manifest.get("input_files"))):
         changed.append(f"other content in {', '.join(files)}")
     if changed:
-        raise DataError(f"{path} was prepared with {'; '.join(changed)}; run `mtcli prepare {config.path}` (with "
-                        "the same --set, if any), or give this command the data settings prepare had: the cache "
-                        "follows the config's data section and its files")
+        raise DataError(f"{path} was prepared with {'; '.join(changed)}; run `{config.prepare_command()}`, or give "
+                        "this command the data settings prepare had: the cache follows the config's data section "
+                        "and its files")
     for source, location in missing_sources(data, corpus.manifest):
         get_logger().warning("data.source %s: no such directory; the cache %s was prepared from %s, and is trained "
                              "on as it is (a mistyped path?)", source, path, location)

@@ -165,7 +165,7 @@ def _side_sampler(corpus: PreparedCorpus, split: str, lang: str, prefix: list[in
     lines = list(read_lines(path))
     if len(lines) != len(best):
         raise DataError(f"{path}: {len(lines)} lines, but the cache holds {len(best)} sentences; "
-                        f"re-run `mtcli prepare {config.path}`")
+                        f"re-run `{config.prepare_command()}`")
     return WordSegmentationSampler(tokenizer, lines, _Unprefixed(best, len(prefix)) if prefix else best,
                                    config.train.subword_alpha, nbest=config.train.subword_nbest)
 

@@ -388,7 +388,9 @@ def test_train_refuses_a_cache_prepared_with_other_data_settings_or_files(tmp_pa
     result = CliRunner().invoke(app, ["train", str(cfg), "--set", "data.vocab_size=80",
                                       "--set", f"train.run_dir={tmp_path / 'run'}"])
     assert result.exit_code == 1
-    assert_one_line_error(result, "was prepared with data.vocab_size=64 (the config: 80); run `mtcli prepare")
+    # the prepare to run is the one with this command's data --set (not its train.run_dir)
+    assert_one_line_error(result, "was prepared with data.vocab_size=64 (the config: 80); run `mtcli prepare "
+                                  f"{cfg} --set data.vocab_size=80`, or give")
     assert not (tmp_path / "run").exists()
     # a corpus file edited since: named; the same content touched again, or the corpus gone: trained on
     train_file = toy_dir / "train.tgt"

@@ -14,6 +14,7 @@ import torch
 from conftest import (
     REPO,
     TOY_CONFIG,
+    TOY_DIR,
     assert_same_params,
     logged_losses,
     toy_train_config,
@@ -281,7 +282,9 @@ def test_output_vocabulary_target_refuses_sampled_targets(prepared: Path, tmp_pa
 
 def test_missing_cache_says_run_prepare(tmp_path: Path) -> None:
     config = make_config(tmp_path / "nothing", tmp_path / "run")
-    with pytest.raises(DataError, match="mtcli prepare"):
+    # the command prepares what and where train reads (the data --set), not the train ones
+    sets = f"--set data.source={TOY_DIR} --set data.prepared_dir={tmp_path / 'nothing'}"
+    with pytest.raises(DataError, match=re.escape(f"run `mtcli prepare {TOY_CONFIG} {sets}` first")):
         train(config)
 
 
