@@ -579,6 +579,7 @@ def test_resume_config_identical_and_safe_changes(toy_dict: dict) -> None:
     new["train"]["device"] = "cuda"  # as configured: what it runs on is compared as run
     new["decode"]["beam_size"] = 7
     new["train"]["adam_betas"] = tuple(toy_dict["train"]["adam_betas"])  # list vs tuple: same
+    new["train"]["run_dir"] = "elsewhere"  # the run resumed was found where it is: not a change to log
     changes = check_resume_config(toy_dict, new)
     assert changes == [
         f"decode.beam_size: {toy_dict['decode']['beam_size']!r} -> 7",

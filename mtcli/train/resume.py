@@ -147,7 +147,7 @@ HARDWARE_KEYS: frozenset[str] = frozenset({"train.device", "train.num_threads"})
 # Keys with no effect on the trajectory (stopping, logging, where the files go, decoding, evaluation).
 SAFE_KEYS: frozenset[str] = frozenset(
     {
-        "train.run_dir", *HARDWARE_KEYS, "train.max_steps",
+        *HARDWARE_KEYS, "train.max_steps",
         "train.max_epochs", "train.max_minutes", "train.patience", "train.valid_every",
         "train.keep_last", "train.keep_best", "train.log_every", "train.max_nonfinite", "train.progress",
         "data.num_workers", "data.test_splits", "data.prepared_dir",
@@ -218,7 +218,7 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
             old_value = old_body.get(key, "<unset>")
             new_value = new_body.get(key, "<unset>")
             dotted = f"{section}.{key}"
-            if _same(old_value, new_value):
+            if _same(old_value, new_value) or dotted == "train.run_dir":  # found there: where it is, not a setting
                 continue
             older = key not in (saved.get(section) or {})  # a checkpoint of an mtcli without the key: its default
             text = _item_changes(dotted, old_value, new_value) or (
