@@ -964,10 +964,13 @@ def test_load_for_inference_errors(tmp_path: Path, run_dir: Path, spm_models) ->
     (tmp_path / "plain").mkdir()
     with pytest.raises(CheckpointError, match=r"not a run directory \(no config.yaml\)"):
         load_for_inference(tmp_path / "plain")
-    with pytest.raises(CheckpointError, match=r"checkpoint not found .*none\); train it first"):
-        load_for_inference(run_dir)
     from mtcli.runlock import RunLock
 
+    with RunLock(tmp_path / "plain"):  # a training in its first seconds: it has not written config.yaml yet
+        with pytest.raises(CheckpointError, match=r"plain: no checkpoint yet; it has just started training \(pid "):
+            load_for_inference(tmp_path / "plain")
+    with pytest.raises(CheckpointError, match=r"checkpoint not found .*none\); train it first"):
+        load_for_inference(run_dir)
     with RunLock(run_dir):  # a training that has not validated yet: said, where it was only "not found"
         with pytest.raises(CheckpointError, match=r"none\); it is still training \(pid \d+ on host .*valid_every"):
             load_for_inference(run_dir)

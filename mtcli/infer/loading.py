@@ -154,6 +154,10 @@ def _open_run(run_dir: Path) -> tuple[Config, Tokenizer | VocabTokenizer]:
     if not run_dir.exists():
         raise CheckpointError(f"{run_dir}: run directory not found")
     if not run_dir.is_dir() or not (run_dir / CONFIG_NAME).is_file():
+        training = run_dir.is_dir() and RunLock(run_dir).holder()
+        if training:  # a training that has not yet written its config (it reads its data first)
+            raise CheckpointError(f"{run_dir}: no checkpoint yet; it has just started training ({training}): its "
+                                  "first checkpoint comes at the first validation, train.valid_every steps in")
         raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_NAME})")
     config = load_config(run_dir / CONFIG_NAME, lenient=True)
     return config, run_tokenizer(run_dir)
