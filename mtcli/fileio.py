@@ -410,7 +410,7 @@ def atomic_link(source: str | Path, path: str | Path) -> None:
     later leaves ``path`` intact.
     """
     source, path = Path(source), Path(path)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp = path.with_name(f".{path.name}.p{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp")  # named as atomic_write's
     try:
         os.link(source, tmp)
     except OSError:

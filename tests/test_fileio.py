@@ -371,3 +371,21 @@ def test_a_build_killed_inside_its_swap_leaves_no_finished_directory_for_good(tm
     with atomic_dir(tmp_path / "out", mark="mtcli_export.json") as tmp:
         (tmp / "mtcli_export.json").write_text("{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_atomic_links_temporary_name_says_its_writer_is_alive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resume removes temporary files whose writer is gone; atomic_link's had no pid in its
+    name, so a live process's link under way counted as a dead one's."""
+    source = tmp_path / "checkpoint_4.pt"
+    source.write_bytes(b"weights")
+    seen = []
+    replace = os.replace
+
+    def watching(src: str | Path, dst: str | Path) -> None:
+        seen.append(Path(src).name)
+        replace(src, dst)
+
+    monkeypatch.setattr(fileio.os, "replace", watching)
+    fileio.atomic_link(source, tmp_path / "checkpoint_best.pt")
+    assert len(seen) == 1 and fileio._writer_pid(seen[0]) == os.getpid()
+    assert (tmp_path / "checkpoint_best.pt").read_bytes() == b"weights"
