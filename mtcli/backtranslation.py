@@ -42,6 +42,7 @@ from mtcli.data.sources import open_source
 from mtcli.data.textio import read_lines
 from mtcli.errors import DataError, MtcliError
 from mtcli.fileio import atomic_write, sha256_file
+from mtcli.infer.averaging import average_run_checkpoints
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, setup_logging
 from mtcli.pipeline import (
@@ -191,6 +192,8 @@ def run_bt(forward: Config, reverse: Config, work: Path, real: dict[str, Any] | 
     reverse_row = recipe_row(half_reverse)
     reverse_run = Path(half_reverse.run_path())
     averaged = reverse_run / "checkpoints" / f"checkpoint_avg_last{reverse_row['average_last']}.pt"
+    if not averaged.is_file():  # removed since the run: its checkpoints make the same file again
+        average_run_checkpoints(reverse_run, averaged, last=int(reverse_row["average_last"]))
     alpha = float(reverse_row["length_penalty"])
     beam = back_translate(reverse_run, averaged, mono, work / "data" / "bt_beam", forward.data, alpha)
     sampled = back_translate(reverse_run, averaged, mono, work / "data" / "bt_sampling", forward.data, alpha,
