@@ -36,6 +36,7 @@ class _Commands(typer.core.TyperGroup):
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
+        _SAID.clear()
         try:
             done = super().main(*args, standalone_mode=False, **kwargs)
         except _USAGE_ERROR as exc:
@@ -51,6 +52,8 @@ class _Commands(typer.core.TyperGroup):
         except typer.Abort:
             print("Aborted!", file=sys.stderr)
             sys.exit(1)
+        if done == 130 and not _SAID:  # typer's Exit(130) for a Ctrl-C before the command's own handling
+            print("mtcli: error: interrupted", file=sys.stderr)
         sys.exit(done if isinstance(done, int) else 0)
 
 
@@ -109,8 +112,14 @@ EnsembleOption = Annotated[
 ]
 
 
+#: The errors a command said (its one line), so that a Ctrl-C typer turns into a silent exit
+#: status 130 before the command runs (while it parses the arguments) gets its line too.
+_SAID: list[str] = []
+
+
 def _fail(message: str, code: int) -> None:
     print(f"mtcli: error: {message}", file=sys.stderr)
+    _SAID.append(message)
     raise typer.Exit(code)
 
 
@@ -477,10 +486,6 @@ def serve(
     finally:
         if hasattr(signal, "SIGHUP"):
             signal.signal(signal.SIGHUP, signal.SIG_DFL if before is None else before)
-
-
-def main() -> None:  # pragma: no cover - console entry point alias
-    app()
 
 
 if __name__ == "__main__":  # pragma: no cover

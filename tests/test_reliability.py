@@ -321,6 +321,27 @@ def test_a_usage_error_is_one_line_as_every_other_error(argv: list[str], said: s
     assert "Usage: " in bare.output and "translate" in bare.output
 
 
+def test_a_ctrl_c_before_the_command_runs_is_one_line_too(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """typer turns a Ctrl-C while it parses the arguments into a silent exit status 130, and
+    one while the commands are built (or imported) was Python's traceback."""
+    import mtcli.__main__ as entry
+    import mtcli.cli as cli
+
+    assert CliRunner().invoke(app, ["translate", "nowhere"]).exit_code == 1  # an error said before: not this one's
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli._Commands, "make_context", interrupted)
+    result = CliRunner().invoke(app, ["translate", "nowhere"])
+    assert result.exit_code == 130 and result.stderr == "mtcli: error: interrupted\n", result.stderr
+    monkeypatch.setattr(cli, "app", interrupted)  # as the entry point finds it
+    with pytest.raises(SystemExit) as exc:
+        entry.main()
+    assert exc.value.code == 130 and capsys.readouterr().err == "mtcli: error: interrupted\n"
+
+
 def test_a_run_dir_that_is_a_file_is_one_line_naming_it(prepared: Path, tmp_path: Path) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_text("mine")
