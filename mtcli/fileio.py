@@ -274,8 +274,10 @@ def pid_alive(pid: int) -> bool:
 
 
 #: Inside a directory :func:`atomic_dir` is building: the builder's pid, so that a later build
-#: removes what a killed one left (``.NAME.*.tmp``), and only that.
+#: removes what a killed one left (``.NAME.*.tmp``), and only that; ``PID complete`` once the
+#: build is whole, so that one killed while it swapped it in is put in place (:func:`restore_swap`).
 BUILDER_NAME = ".mtcli-builder.pid"
+COMPLETE = "complete"
 
 
 def _builds(path: Path) -> Iterator[tuple[Path, int]]:
@@ -286,7 +288,7 @@ def _builds(path: Path) -> Iterator[tuple[Path, int]]:
             continue
         try:
             if entry.name.endswith(".tmp"):
-                yield entry, int((entry / BUILDER_NAME).read_text().strip())
+                yield entry, int((entry / BUILDER_NAME).read_text().split()[0])
             elif ".old-" in entry.name:
                 yield entry, int(entry.name.rsplit("-", 1)[1])
         except (OSError, ValueError):
@@ -299,6 +301,30 @@ def remove_stale_builds(path: Path) -> None:
     for entry, pid in _builds(path):
         if not pid_alive(pid):
             shutil.rmtree(entry, ignore_errors=True)
+
+
+def restore_swap(path: Path) -> bool:
+    """Put in place the whole build of ``path`` that a process killed between the two renames of
+    its swap left beside it (``path`` then missing: the old one moved aside, the new one not yet
+    in); whether it did. Until then readers find no ``path``."""
+    if path.exists():
+        return False
+    for entry, pid in _builds(path):
+        try:
+            whole = (entry / BUILDER_NAME).read_text().split()[1:] == [COMPLETE]
+        except OSError:
+            continue
+        if whole and entry.name.endswith(".tmp") and not _another_alive(pid):
+            try:
+                os.replace(entry, path)
+            except OSError:  # another process restored or built it meanwhile
+                return path.exists()
+            with contextlib.suppress(OSError):
+                (path / BUILDER_NAME).unlink()
+            fsync_dir(path.parent)
+            remove_stale_builds(path)  # the old one it had moved aside
+            return True
+    return False
 
 
 def live_builders(path: Path) -> list[int]:
@@ -383,6 +409,7 @@ def atomic_dir(path: str | Path, *, mark: str | None, derived: Collection[str] =
             entries = sorted(entry.name for entry in tmp.iterdir() if entry.name != BUILDER_NAME)
             (tmp / CONTENTS_NAME).write_text(json.dumps({"mark": mark, "entries": entries}) + "\n", encoding="utf-8")
         fsync_dir(tmp)
+        (tmp / BUILDER_NAME).write_text(f"{os.getpid()} {COMPLETE}")  # whole: restore_swap may put it in
         old = None
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")

@@ -389,3 +389,34 @@ def test_atomic_links_temporary_name_says_its_writer_is_alive(tmp_path: Path, mo
     fileio.atomic_link(source, tmp_path / "checkpoint_best.pt")
     assert len(seen) == 1 and fileio._writer_pid(seen[0]) == os.getpid()
     assert (tmp_path / "checkpoint_best.pt").read_bytes() == b"weights"
+
+
+_KILLED_IN_SWAP = """
+import os, sys
+from pathlib import Path
+from mtcli import fileio
+real = os.replace
+def replace(src, dst):
+    if str(src).endswith(".tmp"):  # the new build's move in: killed just before it
+        os._exit(9)
+    real(src, dst)
+fileio.os.replace = replace
+with fileio.atomic_dir(Path(sys.argv[1]), mark="mtcli_export.json") as tmp:
+    (tmp / "mtcli_export.json").write_text("new")
+"""
+
+
+def test_a_build_killed_between_its_renames_is_put_in_place(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    with atomic_dir(out, mark="mtcli_export.json") as tmp:
+        (tmp / "mtcli_export.json").write_text("old")
+    killed = subprocess.run([sys.executable, "-c", _KILLED_IN_SWAP, str(out)], check=False)
+    assert killed.returncode == 9 and not out.exists()
+    assert fileio.restore_swap(out)
+    assert (out / "mtcli_export.json").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the old one moved aside: removed
+    assert fileio.BUILDER_NAME not in {p.name for p in out.iterdir()}
+    assert not fileio.restore_swap(out)

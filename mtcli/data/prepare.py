@@ -71,7 +71,14 @@ from mtcli.data.tokenizer import (
 from mtcli.data.vocabmap import VocabTokenizer, load_tokenizer, tokenizer_files
 from mtcli.data.workers import can_fork, forked_pool, in_order, result_of
 from mtcli.errors import DataError
-from mtcli.fileio import FileHasher, atomic_dir, check_directory, file_stamp, sha256_file
+from mtcli.fileio import (
+    FileHasher,
+    atomic_dir,
+    check_directory,
+    file_stamp,
+    restore_swap,
+    sha256_file,
+)
 from mtcli.languages import measured_in_characters
 from mtcli.logs import get_logger, progress
 from mtcli.rundir import VOCAB_NAME
@@ -524,6 +531,8 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     plan = plan_corpora(data)
     for note in plan.notes:
         log.warning("%s", note)
+    if restore_swap(out):
+        log.info("%s: put in place the cache a killed prepare had built but not swapped in", out)
     given = given_spm_model(data)
     inputs = FileHasher(_previous_manifest(out).get("input_files"), by_path=True)  # unchanged inputs are not re-read
     fingerprint = plan.fingerprint(inputs)

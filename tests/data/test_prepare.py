@@ -1090,3 +1090,27 @@ def test_train_while_the_first_prepare_builds_says_so(tmp_path: Path) -> None:
                 open_prepared(config)
         finally:
             prepare.kill()
+
+
+def test_a_prepare_killed_between_the_renames_of_its_swap_is_put_in_place(tmp_path: Path) -> None:
+    """The old cache moved aside, the new one whole beside it, not moved in: the cache was gone
+    until a full build, which first deleted the whole one."""
+    config = load_config(REPO / "configs" / "toy.yaml", [f"data.source={TOY_DIR}",
+                                                         f"data.prepared_dir={tmp_path / 'prepared'}"])
+    path = config.data.prepared_path()
+    prep.prepare(config)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # the killed prepare's pid
+    whole = path.parent / f".{path.name}.k1.tmp"
+    shutil.copytree(path, whole)
+    (whole / fileio.BUILDER_NAME).write_text(f"{gone.pid} {fileio.COMPLETE}")
+    unfinished = path.parent / f".{path.name}.k2.tmp"  # a build killed earlier, half done: never put in
+    unfinished.mkdir()
+    (unfinished / fileio.BUILDER_NAME).write_text(str(gone.pid))
+    path.rename(path.parent / f".{path.name}.old-{gone.pid}")
+    with pytest.raises(DataError, match="no prepared cache"):
+        open_prepared(config)
+    report = prep.prepare(config)
+    assert report.skipped  # up to date: nothing rebuilt
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+    assert open_prepared(config).counts() == PreparedCorpus.open(path).counts()
