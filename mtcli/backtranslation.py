@@ -173,7 +173,7 @@ def _variant(config: Config, name: str, sources: list[CorpusConfig], run_dir: Pa
                                prepared_dir=str(run_dir.parent / "prepared" / name))
     if len(sources) == 1 and sources[0].tag is None:
         data = dataclasses.replace(data, source=sources[0].source, sources=[])
-    changed = dataclasses.replace(config, data=data)
+    changed = dataclasses.replace(config, data=data, overrides=None)  # no command line of its file says it
     return with_changes(changed, "train", run_dir=str(run_dir / name))
 
 

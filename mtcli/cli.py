@@ -8,6 +8,7 @@ train or decode first set the process-wide allocator policy (:mod:`mtcli.allocat
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import json
 import logging
@@ -36,7 +37,7 @@ class _Commands(typer.core.TyperGroup):
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
-        _SAID.clear()
+        _SAID.set(False)
         try:
             done = super().main(*args, standalone_mode=False, **kwargs)
         except _USAGE_ERROR as exc:
@@ -52,7 +53,7 @@ class _Commands(typer.core.TyperGroup):
         except typer.Abort:
             print("Aborted!", file=sys.stderr)
             sys.exit(1)
-        if done == 130 and not _SAID:  # typer's Exit(130) for a Ctrl-C before the command's own handling
+        if done == 130 and not _SAID.get():  # typer's Exit(130) for a Ctrl-C before the command's own handling
             print("mtcli: error: interrupted", file=sys.stderr)
         sys.exit(done if isinstance(done, int) else 0)
 
@@ -112,14 +113,15 @@ EnsembleOption = Annotated[
 ]
 
 
-#: The errors a command said (its one line), so that a Ctrl-C typer turns into a silent exit
-#: status 130 before the command runs (while it parses the arguments) gets its line too.
-_SAID: list[str] = []
+#: Whether this call of the command line said its error (its one line), so that a Ctrl-C typer
+#: turns into a silent exit status 130 before the command runs (while it parses the arguments)
+#: gets its line too.
+_SAID: contextvars.ContextVar[bool] = contextvars.ContextVar("mtcli_said", default=False)
 
 
 def _fail(message: str, code: int) -> None:
     print(f"mtcli: error: {message}", file=sys.stderr)
-    _SAID.append(message)
+    _SAID.set(True)
     raise typer.Exit(code)
 
 

@@ -194,11 +194,15 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     path: str = field(default="<config>", compare=False)
-    overrides: tuple[str, ...] = field(default=(), compare=False)  # the --set given with it
+    # the --set given with it, and the data changes made since as --set (None: made otherwise)
+    overrides: tuple[str, ...] | None = field(default=(), compare=False)
 
     def prepare_command(self) -> str:
         """The ``mtcli prepare`` command line that builds this config's cache: its file and
-        the ``--set`` of its data section given with it."""
+        the ``--set`` of its data section given with it (``CONFIG`` where no command line can
+        say what its data section is)."""
+        if self.overrides is None or self.path == "<config>":
+            return "mtcli prepare CONFIG"
         sets = "".join(f" --set {shlex.quote(text)}" for text in self.overrides
                        if text.strip().startswith("data."))
         return f"mtcli prepare {shlex.quote(self.path)}{sets}"
@@ -383,7 +387,10 @@ def with_changes(config: Config, section: str, **changes: Any) -> Config:
             raise ConfigError(f"key '{section}.{key}' must be {type_name(hints[key])}, got {value!r}") from None
     if not coerced:
         return config
-    changed = dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **coerced)})
+    said = None if config.overrides is None or not all(isinstance(v, str | int | float) for v in coerced.values()) \
+        else (*config.overrides, *(f"{section}.{key}={value}" for key, value in coerced.items()))
+    changed = dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **coerced)},
+                                  overrides=said)
     # the config was valid before, so what fails is the change: name it rather than the file
     validate(changed, ", ".join(f"{section}.{key}={value!r}" for key, value in coerced.items()))
     return changed

@@ -160,7 +160,7 @@ def _entry(step: int, valid: dict) -> dict[str, Any]:
         "file": step_checkpoint_name(step),
         "loss": None if valid.get("loss") is None else float(valid["loss"]),
         "bleu": None if valid.get("bleu") is None else float(valid["bleu"]),
-        **{key: valid[key] for key in ("chrf", "by") if valid.get(key) is not None},
+        **{key: valid[key] for key in ("chrf", "by", "basis") if valid.get(key) is not None},
     }
 
 
@@ -177,10 +177,27 @@ def _entries_from_checkpoints(run_dir: Path, but: int) -> dict[int, dict]:
     return entries
 
 
+#: What each score of a validation depends on beyond the model (an entry's ``basis``: the
+#: trainer's ``train`` settings it was measured under).
+BASIS_KEYS = {"loss": ("label_smoothing", "valid_max_sentences"), "bleu": ("valid_max_sentences",),
+              "chrf": ("valid_max_sentences",)}
+
+
+def _measured_alike(entry: dict, newest: dict, by: str) -> bool:
+    """Whether ``entry``'s ``by`` score was measured as ``newest``'s (an entry of an older
+    mtcli, without its ``basis``, counts as alike)."""
+    mine, theirs = entry.get("basis"), newest.get("basis")
+    if not isinstance(mine, dict) or not isinstance(theirs, dict):
+        return True
+    return all(mine.get(key) == theirs.get(key) for key in BASIS_KEYS[by])
+
+
 def _ranked_best(run_dir: Path) -> list[tuple[int, Path]]:
     """Indexed step checkpoints that still exist, best first: by the metric that picked the
     newest one's best (``by``: ``train.valid_metric``; an older index, BLEU) if all have it,
-    else by loss; of equal scores the earliest first, as ``checkpoint_best`` keeps it."""
+    else by loss; of equal scores the earliest first, as ``checkpoint_best`` keeps it. Those
+    scored otherwise than the newest (a resume under another label smoothing, say) come after
+    the others: their scores do not compare."""
     directory = checkpoint_dir(run_dir)
     index = read_index(run_dir)
     by = (index[max(index)].get("by") or "bleu") if index else "bleu"
@@ -189,11 +206,11 @@ def _ranked_best(run_dir: Path) -> list[tuple[int, Path]]:
         path = directory / str(entry.get("file") or step_checkpoint_name(step))
         if path.is_file():
             rows.append((step, path, entry.get(by), entry.get("loss")))
-    if by != "loss" and rows and all(r[2] is not None for r in rows):
-        rows.sort(key=lambda r: (-float(r[2]), r[0]))
-    else:
-        rows = [r for r in rows if r[3] is not None]
-        rows.sort(key=lambda r: (float(r[3]), r[0]))
+    if not (by != "loss" and rows and all(r[2] is not None for r in rows)):
+        by, rows = "loss", [(step, path, loss, loss) for step, path, _, loss in rows if loss is not None]
+    newest = index[max(index)] if index else {}
+    rows.sort(key=lambda r: (not _measured_alike(index[r[0]], newest, by),
+                             float(r[2]) if by == "loss" else -float(r[2]), r[0]))
     return [(r[0], r[1]) for r in rows]
 
 

@@ -776,6 +776,23 @@ def test_prune_keeps_last_k_and_best(tmp_path: Path) -> None:
     assert names == sorted([rd.LAST_NAME, rd.BEST_NAME, "checkpoint_50.pt"])
 
 
+def test_checkpoints_scored_otherwise_rank_after_those_scored_as_the_newest(tmp_path: Path) -> None:
+    """A resume under more label smoothing: the older, unsmoothed losses were lower, so keep_best
+    and --average-best kept them over every newer checkpoint."""
+    from mtcli.rundir import select_checkpoints
+
+    _write_run(tmp_path, [10, 20, 30, 40], last=40)
+    unsmoothed, smoothed = ({"label_smoothing": ls, "valid_max_sentences": 0} for ls in (0.0, 0.3))
+    for step, loss, basis in [(10, 3.0, unsmoothed), (20, 2.9, unsmoothed), (30, 3.6, smoothed), (40, 3.5, smoothed)]:
+        update_index(tmp_path, step, {"loss": loss, "bleu": None, "by": "loss", "basis": basis})
+    assert [p.name for p in select_checkpoints(tmp_path, best=2)] == ["checkpoint_30.pt", "checkpoint_40.pt"]
+    for step in (30, 40):  # BLEU does not see the smoothing: ranked together
+        update_index(tmp_path, step, {"loss": 1.0, "bleu": step / 10, "by": "bleu", "basis": smoothed})
+    for step in (10, 20):
+        update_index(tmp_path, step, {"loss": 1.0, "bleu": step, "by": "bleu", "basis": unsmoothed})
+    assert [p.name for p in select_checkpoints(tmp_path, best=2)] == ["checkpoint_10.pt", "checkpoint_20.pt"]
+
+
 # --------------------------------------------------------------------------- averaging
 
 

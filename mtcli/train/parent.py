@@ -134,33 +134,35 @@ def start_from(model: Transformer, parent: Parent, config: Config, spm_sha256: s
 
 
 # How a child resumes from its own checkpoints whatever its parent became (parent.json stays).
-LET_GO = "--set train.init_from=null"
+LET_GO = "the command without --init-from and with --set train.init_from=null"
 
 
-def check_parent_unchanged(run_dir: Path, init_from: str, average: int) -> None:
+def check_parent_unchanged(run_dir: Path, init_from: str, average: int) -> bool:
     """Refuse to resume a child whose ``train.init_from`` now names other weights than those it
-    started from (``parent.json``): another checkpoint, or one of the same name rewritten. A
-    parent that is gone, or a child without a record, is not checked."""
+    started from (``parent.json``): another checkpoint, or one of the same name rewritten.
+    Whether it names those weights (False where nothing was checked: a parent that is gone, no
+    ``train.init_from``, or a child without a record)."""
     record_path = run_dir / PARENT_NAME
     if not init_from or not record_path.is_file():
-        return
+        return False
     try:
         record = json.loads(record_path.read_text(encoding="utf-8"))
         recorded = [(str(c["file"]), str(c["sha256"])) for c in record["checkpoints"]]
         paths = parent_checkpoints(init_from, average)
     except (OSError, ValueError, KeyError, TypeError, ConfigError):
-        return
+        return False
     if [sha256_file(p) for p in paths] != [sha for _, sha in recorded]:  # moved or mounted elsewhere: the same
         names = ", ".join(Path(file).name for file, _ in recorded)
         started = str(record.get("init_from", "?"))
         if started == str(Path(init_from).resolve()):  # the parent itself changed: trained further, pruned
             raise CheckpointError(
                 f"{run_dir}: started from {names} of {started} ({PARENT_NAME}), which has other weights now; use a "
-                f"new run directory to adapt them, or {LET_GO} to go on training this run as it is")
+                f"new run directory to adapt them, or give {LET_GO} to go on training this run as it is")
         raise CheckpointError(
             f"{run_dir}: started from {names} of {started} ({PARENT_NAME}), and train.init_from {init_from} names "
             f"other weights; give the first to resume, a new run directory to adapt these, or {LET_GO} to go on "
             "training this run as it is")
+    return True
 
 
 __all__ = ["PARENT_NAME", "Parent", "check_parent_unchanged", "load_parent", "mismatches", "parent_checkpoints",

@@ -185,7 +185,7 @@ def _section_defaults(section: str) -> dict[str, Any]:
 
 
 def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatchable: bool = False,
-                        hardware_kept: bool = True) -> list[str]:
+                        hardware_kept: bool = True, parent_checked: bool = False) -> list[str]:
     """Compare the config a checkpoint was trained with to the one given for resuming.
 
     Both are ``Config.to_dict()`` dicts; a key missing from ``saved`` (an older mtcli) counts
@@ -204,7 +204,9 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
       when ``rebatchable`` (the checkpoint saved its batch budget: the pairs the epoch has not
       seen are batched anew), else refused.
     * safe (:data:`SAFE_KEYS`, ``decode.*``): stopping rules, logging, decoding; and
-      ``train.init_from`` set to none (:data:`PARENT_KEYS`). Returned as ``"key: old -> new"``.
+      ``train.init_from`` set to none, or any :data:`PARENT_KEYS` change when ``parent_checked``
+      (:func:`~mtcli.train.parent.check_parent_unchanged` found them naming the weights the run
+      started from). Returned as ``"key: old -> new"``.
 
     The caller logs the returned strings and applies the new config.
     """
@@ -226,8 +228,8 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
             kind = _classify(dotted, rebatchable, hardware_kept)
             if dotted == "train.max_steps" and (new.get("train") or {}).get("cooldown_steps", 0) > 0:
                 kind = "inexact"  # the cooldown's start moves with it: the learning rate changes
-            if dotted in PARENT_KEYS and not (new.get("train") or {}).get("init_from"):
-                kind = "safe"  # a child let go of its parent: it goes on from its own checkpoint
+            if dotted in PARENT_KEYS and (parent_checked or not (new.get("train") or {}).get("init_from")):
+                kind = "safe"  # let go of its parent, or named its parent again (the weights it started from)
             if kind == "unsafe":
                 refused.append(text)
             elif kind == "inexact":
@@ -318,15 +320,15 @@ def hardware_changes(saved: dict[str, Any] | None, here: dict[str, Any]) -> list
 
 
 def resume_changes(state: dict[str, Any], new: dict[str, Any], world_size: int, where: str,
-                   here: dict[str, Any] | None = None) -> list[str]:
+                   here: dict[str, Any] | None = None, parent_checked: bool = False) -> list[str]:
     """Every change a resume from ``state`` under the config ``new`` (``Config.to_dict()``),
     ``world_size`` processes and the device and threads ``here`` (:func:`hardware`) makes, to
     log (:func:`check_resume_config` refuses the unsafe ones): a change of
     ``train.update_freq`` that keeps each update as large under another process count is said
-    once, with the processes."""
+    once, with the processes. ``parent_checked``: see :func:`check_resume_config`."""
     changes = check_resume_config(state.get("config") or {}, new, where,
                                   rebatchable="max_tokens" in (state.get("data_state") or {}),
-                                  hardware_kept=state.get("hardware") is not None)
+                                  hardware_kept=state.get("hardware") is not None, parent_checked=parent_checked)
     changes += hardware_changes(state.get("hardware"), here or {})
     update_freq = int((new.get("train") or {}).get("update_freq", 1))
     process = process_change(state, world_size, update_freq)

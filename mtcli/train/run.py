@@ -237,7 +237,7 @@ def _log_start(trainer: Trainer, config: Config, device: torch.device, precision
         log.info("corpora drawn by weight: %s of an epoch's pairs", ", ".join(
             f"{c.source} {'->'.join(c.langs or ())}{' ' + c.tag if c.tag else ''} {100 * share:.3g}%"
             for c, share in zip(config.data.corpora(), shares, strict=True)))
-    if train.rdrop_alpha > 0 and without_dropout(config.model):
+    if trainer.info.is_main and train.rdrop_alpha > 0 and without_dropout(config.model):
         log.warning("train.rdrop_alpha %g with every model dropout at 0: R-Drop's two passes agree, so it only "
                     "doubles the step's cost (set model.dropout, or train.rdrop_alpha=0)", train.rdrop_alpha)
     if trainer.model.output_ids is not None:
@@ -340,8 +340,8 @@ def train(config: Config) -> TrainSummary:
         trainer = Trainer(config, info, device, corpus, run_dir, signals)
         parent = None
         if found is not None:
-            check_parent_unchanged(run_dir, config.train.init_from, config.train.init_average)
-            trainer.resume(*found)
+            checked = check_parent_unchanged(run_dir, config.train.init_from, config.train.init_average)
+            trainer.resume(*found, parent_checked=checked)
             if info.is_main:
                 finish_interrupted_save(run_dir, *found)
             finished = trainer.finished()

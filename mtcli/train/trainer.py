@@ -91,20 +91,14 @@ from mtcli.train.step import (
     seconds_left,
     step_stats,
 )
-from mtcli.train.validation import (
-    METRIC_NAMES,
-    Bests,
-    score_basis,
-    validation_loss,
-    validation_scores,
-)
+from mtcli.train.validation import METRIC_NAMES, Bests, validation_loss, validation_scores
 
 STATE_FORMAT = 1
 #: A SIGTERM in the ranks' summed stop flags (a SIGINT counts 1): up to 4,095 ranks, the sum
 #: still says whether a Ctrl-C was among them (exact even in float32, to 2^24).
 TERM_FLAG = 4096.0
 #: A validation's numbers, as a checkpoint records them (``by``: the one that decided, see Bests).
-VALID_KEYS = ("loss", "nll", "ppl", "bleu", "chrf", "by")
+VALID_KEYS = ("loss", "nll", "ppl", "bleu", "chrf", "by", "basis")
 
 
 class Trainer:
@@ -155,7 +149,7 @@ class Trainer:
         )
         self.feed = BatchFeed(self.stream, device, COMPILE_LENGTH_MULTIPLE if self.cfg.compile else 0)
         self.step = 0
-        self.bests = Bests(self.cfg.valid_metric if self.cfg.valid_bleu else "loss", score_basis(config))
+        self.bests = Bests.of(config)
         self.nonfinite_in_row = 0
         self.elapsed = 0.0
         self.last_valid: dict[str, Any] = dict.fromkeys(VALID_KEYS)
@@ -180,19 +174,19 @@ class Trainer:
 
     # ----------------------------------------------------------------- resume
 
-    def resume(self, path: Path, state: dict[str, Any]) -> None:
-        """Restore everything a checkpoint holds; refuses incompatible configs and vocabularies."""
+    def resume(self, path: Path, state: dict[str, Any], parent_checked: bool = False) -> None:
+        """Restore everything a checkpoint holds; refuses incompatible configs and vocabularies
+        (``parent_checked``: :func:`~mtcli.train.resume.check_resume_config`)."""
         if state.get("format") != STATE_FORMAT:
             raise CheckpointError(f"{path}: checkpoint format {state.get('format')!r}, expected {STATE_FORMAT}")
-        for change in resume_changes(state, self.config.to_dict(), self.info.world_size, str(path), hardware(self.device)):
+        for change in resume_changes(state, self.config.to_dict(), self.info.world_size, str(path),
+                                     hardware(self.device), parent_checked):
             self.log.info("config change on resume: %s", change)
         vocab = state.get("vocab") or {}
         if vocab.get("spm_sha256") not in (None, self.spm_sha256) or \
                 int(vocab.get("size", self.corpus.vocab_size)) != self.corpus.vocab_size:
-            raise CheckpointError(
-                f"{path}: the checkpoint's SentencePiece model differs from {self.corpus.spm_path} "
-                "(the cache was re-prepared); use a new run directory"
-            )
+            raise CheckpointError(f"{path}: the checkpoint's SentencePiece model differs from {self.corpus.spm_path} "
+                                  "(the cache was re-prepared); use a new run directory")
         check_resume_data(state.get("data") or {}, self.corpus.content_sha256(), str(path), self.corpus.directory)
         try:
             self.model.load_state_dict(state["model"])
@@ -205,8 +199,7 @@ class Trainer:
         self.stream.load_state_dict(state["data_state"])
         self.step = int(state["step"])
         ts = state.get("train_state") or {}
-        self.bests.load_state_dict(ts)
-        for note in self.bests.rebase((state.get("config") or {}).get("train") or {}):
+        for note in self.bests.load_state_dict(ts, (state.get("config") or {}).get("train") or {}):
             self.log.info("%s", note)
         self.nonfinite_in_row = int(ts.get("nonfinite_in_row", 0))
         self.elapsed = float(ts.get("elapsed_seconds", 0.0))
@@ -461,7 +454,7 @@ class Trainer:
         loss, nll, bleu, chrf = broadcast(values, self.info, self.device)
         result = {"loss": loss, "nll": nll, "ppl": math.exp(min(nll, 700.0)),
                   "bleu": None if math.isnan(bleu) else bleu, "chrf": None if math.isnan(chrf) else chrf}
-        result["by"] = self.bests.deciding(result)
+        result["by"], result["basis"] = self.bests.deciding(result), self.bests.basis
         self.last_valid, self.last_valid_step = result, self.step
         result["improved"] = improved = self.bests.update(result)
         decoded = "n/a" if result["bleu"] is None else f"{bleu:.2f} | chrf {chrf:.2f}"
@@ -534,10 +527,8 @@ class Trainer:
         signum = int(self.signals.signum or signal.SIGTERM)
         self.save(validated=False)
         name = signal.Signals(signum).name
-        raise TrainingInterrupted(
-            f"training interrupted by {name} at step {self.step}; checkpoint_last saved in "
-            f"{self.ckpt_dir} (run the same command again to resume)", signum
-        )
+        raise TrainingInterrupted(f"training interrupted by {name} at step {self.step}; checkpoint_last saved in "
+                                  f"{self.ckpt_dir} (run the same command again to resume)", signum)
 
     def run(self) -> str:
         """Train until a stop rule fires; returns the stop reason."""

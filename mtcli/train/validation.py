@@ -113,6 +113,12 @@ class Bests:
     loss: float | None = None
     bad_validations: int = 0
 
+    @classmethod
+    def of(cls, config: Config) -> Bests:
+        """The bests of a run of ``config``, none yet."""
+        train = config.train
+        return cls(train.valid_metric if train.valid_bleu else "loss", score_basis(config))
+
     def deciding(self, result: dict[str, Any]) -> str:
         """The metric that decides for a validation's ``result`` (``loss``, ``bleu``, ``chrf``)."""
         return self.metric if self.metric != "loss" and result.get(self.metric) is not None else "loss"
@@ -138,9 +144,10 @@ class Bests:
         return {"best": self.best, "best_by": self.best_by, "best_bleu": self.bleu, "best_chrf": self.chrf,
                 "best_loss": self.loss, "bad_validations": self.bad_validations}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], saved_train: dict[str, Any] | None = None) -> list[str]:
         """Resume from :meth:`state_dict` (a checkpoint without ``best_by``: its best was BLEU
-        when it equals the best BLEU, else the loss)."""
+        when it equals the best BLEU, else the loss), then :meth:`rebase` on ``saved_train``
+        (the checkpoint's ``train`` config); returns what the log should say."""
         self.best, self.bleu, self.chrf, self.loss = (state.get(k) for k in ("best", "best_bleu", "best_chrf",
                                                                              "best_loss"))
         self.best_by = state.get("best_by") or (None if self.best is None else
@@ -148,6 +155,7 @@ class Bests:
         self.bad_validations = int(state.get("bad_validations", 0))
         if self.best_by not in (None, self.metric):  # another metric decides now: its patience starts anew
             self.bad_validations = 0
+        return self.rebase(saved_train or {})
 
     def rebase(self, saved: dict[str, Any]) -> list[str]:
         """Forget the bests measured under another basis than this run's (``saved``: the
@@ -160,10 +168,13 @@ class Bests:
         forgets = ["bleu", "chrf", "loss"] if "valid_max_sentences" in changed else ["loss"]
         for key in forgets:
             setattr(self, key, None)
-        if self.best_by in forgets:
+        deciding = self.best_by in forgets
+        if deciding:
             self.best, self.best_by, self.bad_validations = None, None, 0
         what = ", ".join(f"{key} {saved.get(key)} -> {self.basis[key]}" for key in changed)
-        return [f"validation {'/'.join(forgets)} measured anew ({what}): the best so far starts again"]
+        named = "every validation score" if len(forgets) > 1 else "the validation loss"
+        return [f"{named} is measured otherwise now ({what}): its best so far starts again"
+                f"{', and so does the best that picks checkpoint_best and counts patience' if deciding else ''}"]
 
 
 def score_basis(config: Config) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import gzip
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -390,7 +391,7 @@ def test_train_refuses_a_cache_prepared_with_other_data_settings_or_files(tmp_pa
     assert result.exit_code == 1
     # the prepare to run is the one with this command's data --set (not its train.run_dir)
     assert_one_line_error(result, "was prepared with data.vocab_size=64 (the config: 80); run `mtcli prepare "
-                                  f"{cfg} --set data.vocab_size=80`, or give")
+                                  f"{shlex.quote(str(cfg))} --set data.vocab_size=80`, or give")
     assert not (tmp_path / "run").exists()
     # a corpus file edited since: named; the same content touched again, or the corpus gone: trained on
     train_file = toy_dir / "train.tgt"

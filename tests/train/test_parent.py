@@ -181,7 +181,8 @@ def test_a_child_is_not_resumed_once_its_parent_has_other_weights(parent_run: tu
     shutil.copyfile(parent / "checkpoints" / "checkpoint_6.pt", parent / "checkpoints" / "checkpoint_8.pt")
     with pytest.raises(CheckpointError, match=rf"started from checkpoint_8.pt of {parent.resolve()} \(parent.json\), "
                                               "which has other weights now; use a new run directory to adapt them, "
-                                              r"or --set train.init_from=null to go on"):
+                                              "or give the command without --init-from and with --set "
+                                              "train.init_from=null to go on"):
         train(child_config(prepared, child, parent, "train.max_steps=4", "train.valid_every=2"))
     other = parent / "checkpoints" / "checkpoint_6.pt"  # a path, not the one the child started from
     with pytest.raises(CheckpointError, match=rf"of {parent.resolve()} \(parent.json\), and train.init_from {other} "
@@ -194,3 +195,7 @@ def test_a_child_is_not_resumed_once_its_parent_has_other_weights(parent_run: tu
     assert summary.steps == 4 and load_checkpoint(child / "checkpoints" / "checkpoint_last.pt")["step"] == 4
     assert (child / "parent.json").read_text(encoding="utf-8") == record  # where it started, still
     assert "train.init_from: " in (child / "train.log").read_text(encoding="utf-8")
+    # the parent as it was again: naming it is no change of the weights the child started from
+    shutil.copyfile(original / "checkpoints" / "checkpoint_8.pt", parent / "checkpoints" / "checkpoint_8.pt")
+    summary = train(child_config(prepared, child, parent, "train.max_steps=6", "train.valid_every=2"))
+    assert summary.steps == 6

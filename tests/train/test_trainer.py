@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -283,9 +285,16 @@ def test_output_vocabulary_target_refuses_sampled_targets(prepared: Path, tmp_pa
 def test_missing_cache_says_run_prepare(tmp_path: Path) -> None:
     config = make_config(tmp_path / "nothing", tmp_path / "run")
     # the command prepares what and where train reads (the data --set), not the train ones
-    sets = f"--set data.source={TOY_DIR} --set data.prepared_dir={tmp_path / 'nothing'}"
-    with pytest.raises(DataError, match=re.escape(f"run `mtcli prepare {TOY_CONFIG} {sets}` first")):
+    nothing, elsewhere = tmp_path / "nothing", tmp_path / "elsewhere"
+    sets = " ".join(f"--set {shlex.quote(text)}" for text in (f"data.source={TOY_DIR}", f"data.prepared_dir={nothing}"))
+    with pytest.raises(DataError, match=re.escape(f"run `mtcli prepare {shlex.quote(str(TOY_CONFIG))} {sets}` first")):
         train(config)
+    # a data change made since, by a library caller, is said as its --set; one no --set can say is not
+    from mtcli.config import with_changes
+
+    moved = with_changes(config, "data", prepared_dir=str(elsewhere))
+    assert moved.prepare_command().endswith(f" --set {shlex.quote(f'data.prepared_dir={elsewhere}')}")
+    assert dataclasses.replace(config, overrides=None).prepare_command() == "mtcli prepare CONFIG"
 
 
 def test_patience_stops_when_validation_does_not_improve(prepared: Path, tmp_path: Path) -> None:
@@ -301,11 +310,15 @@ def test_a_resume_under_more_label_smoothing_measures_the_best_loss_anew(prepare
     checkpoint_best stayed at the old step and patience counted a worse validation."""
     run = tmp_path / "run"
     train(make_config(prepared, run, "train.max_steps=2", "train.valid_every=2", "train.label_smoothing=0.0"))
+    # lr 0 after the resume: the same weights, so the smoothed loss is the higher one
     summary = train(make_config(prepared, run, "train.max_steps=4", "train.valid_every=2",
-                                "train.label_smoothing=0.3"))
+                                "train.label_smoothing=0.3", "train.lr_factor=0.0"))
+    index = read_index(run)
+    assert index[4]["loss"] > index[2]["loss"]
     assert load_checkpoint(run / "checkpoints" / "checkpoint_best.pt")["step"] == 4
-    assert summary.best_valid_loss == read_index(run)[4]["loss"]
-    assert "validation loss measured anew (label_smoothing 0.0 -> 0.3)" in (run / "train.log").read_text("utf-8")
+    assert summary.best_valid_loss == index[4]["loss"]
+    assert "the validation loss is measured otherwise now (label_smoothing 0.0 -> 0.3)" in \
+        (run / "train.log").read_text("utf-8")
 
 
 def logged_lr_ratios(prepared: Path, run: Path) -> dict[int, float]:

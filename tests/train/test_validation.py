@@ -77,9 +77,9 @@ def test_a_resume_under_another_label_smoothing_or_subset_forgets_the_bests_it_c
     smoothed.update(valid(3.0, 20, 50))
     smoothed.update(valid(3.2, 19, 49))
     resumed = Bests("loss", {"label_smoothing": 0.0, "valid_max_sentences": 0})
-    resumed.load_state_dict(smoothed.state_dict())
-    notes = resumed.rebase({"label_smoothing": 0.1, "valid_max_sentences": 0})
-    assert notes and "label_smoothing 0.1 -> 0.0" in notes[0]
+    notes = resumed.load_state_dict(smoothed.state_dict(), {"label_smoothing": 0.1, "valid_max_sentences": 0})
+    assert notes == ["the validation loss is measured otherwise now (label_smoothing 0.1 -> 0.0): its best so far "
+                     "starts again, and so does the best that picks checkpoint_best and counts patience"]
     assert (resumed.best, resumed.loss, resumed.bad_validations) == (None, None, 0)
     assert (resumed.bleu, resumed.chrf) == (20, 50)  # decoding does not see the smoothing
     assert resumed.update(valid(3.5))  # the first unsmoothed loss is the new best
