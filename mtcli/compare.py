@@ -147,6 +147,7 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
     hyps = [_lines(f, count, what) for f in files]
     tgt_lang = tgt_lang or recorded_language(files)
     identical = {name for name, lines in zip(names[1:], hyps[1:], strict=True) if lines == hyps[0]}
+    differing = {name: sum(a != b for a, b in zip(hyps[0], lines, strict=True)) for name, lines in zip(names, hyps, strict=True)}
     report: dict[str, Any] = {"baseline": names[0], "sentences": count, "references": [str(r) for r in references],
                               "systems": {n: str(f) for n, f in zip(names, files, strict=True)}, "tgt_lang": tgt_lang,
                               "tests": {}}
@@ -158,7 +159,9 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
         report["tests"][test] = {
             "name": TESTS[test], "samples": n,
             "signatures": {m: str(sig) for m, sig in zip(metrics, signatures.values(), strict=True)},
-            "scores": {m: {name: _result(r, results[0], name in identical) for name, r in zip(names, results, strict=True)}
+            "scores": {m: {name: _result(r, results[0], name in identical,
+                                         ar_floor(differing[name]) if test == "ar" and name != names[0] else 0.0)
+                           for name, r in zip(names, results, strict=True)}
                        for m, results in zip(metrics, list(scores.values())[1:], strict=True)},
         }
     if output is not None:
@@ -179,19 +182,31 @@ def _distinct(names: list[str]) -> list[str]:
     return out
 
 
-def _result(result: Any, baseline: Any, identical: bool = False) -> dict[str, Any]:
+def ar_floor(differing: int) -> float:
+    """The smallest p-value approximate randomization can honestly give two systems whose
+    outputs differ on ``differing`` lines: swapping a line both translate alike changes
+    nothing, so of the 2^k swaps of the others, the one that swaps none and the one that swaps
+    all give the real difference, up to its sign. sacreBLEU counts only samples whose
+    difference exceeds the real one, so it reports 1/(samples+1) there too (one differing
+    line read as significant)."""
+    return 1.0 if differing <= 1 else min(1.0, 2.0 ** (1 - differing))
+
+
+def _result(result: Any, baseline: Any, identical: bool = False, floor: float = 0.0) -> dict[str, Any]:
     """A sacreBLEU significance result as plain numbers (``ci``: the half-width of the 95%
-    interval). A system whose score equals the ``baseline``'s gets p = 1, and says whether its
-    output is ``identical`` to the baseline's, line for line: a difference of 0 is no evidence of
-    any difference (sacreBLEU counts only samples whose difference exceeds the real one, so when
-    every sample's is also 0, as with equal sentence scores, it reports 1/(samples+1), which
-    reads as significant)."""
+    interval), its p-value at least ``floor`` (:func:`ar_floor`). A system whose score equals
+    the ``baseline``'s gets p = 1, and says whether its output is ``identical`` to the
+    baseline's, line for line: a difference of 0 is no evidence of any difference (sacreBLEU
+    counts only samples whose difference exceeds the real one, so when every sample's is also
+    0, as with equal sentence scores, it reports 1/(samples+1), which reads as significant)."""
     def num(x: Any) -> float | None:
         return None if x is None else round(float(x), 4)
 
     tied = result.p_value is not None and float(result.score) == float(baseline.score)
     p_value = 1.0 if identical or tied else num(result.p_value)
     extra = {"identical_to_baseline": True} if identical else {"same_score_as_baseline": True} if tied else {}
+    if p_value is not None and p_value < floor:
+        p_value, extra = round(floor, 4), {**extra, "p_floor": round(floor, 4)}
     return {"score": num(result.score), "mean": num(result.mean), "ci": num(result.ci), "p_value": p_value, **extra}
 
 
@@ -207,6 +222,7 @@ def render(report: dict[str, Any]) -> str:
                 p = "" if r["p_value"] is None else f"  p = {r['p_value']:.4f}"
                 p += " (the baseline's output, line for line)" if r.get("identical_to_baseline") else ""
                 p += " (the baseline's score: no difference to test)" if r.get("same_score_as_baseline") else ""
+                p += " (few lines differ: no smaller p is possible)" if r.get("p_floor") else ""
                 lines.append(f"  {metric:5s} {name}: {r['score']:.2f}{spread}{p}")
         lines += [f"  {m} signature: {sig}" for m, sig in body["signatures"].items()]
     return "\n".join(lines)

@@ -142,6 +142,25 @@ def test_a_different_output_of_the_same_score_is_not_significant(tmp_path: Path)
     assert "p = 1.0000 (the baseline's score: no difference to test)" in render(report)
 
 
+def test_randomization_gives_few_differing_lines_no_smaller_p_than_they_can(systems: tuple[Path, Path, Path],
+                                                                             tmp_path: Path) -> None:
+    """One line changed of 40 read as p = 0.0001 under approximate randomization: swapping that
+    line gives the real difference again, which sacreBLEU does not count. Of k differing lines'
+    2^k swaps, two give it: p >= 2^(1-k)."""
+    ref, weak, _ = systems
+    lines = weak.read_text(encoding="utf-8").splitlines()
+    for changed, floor in ((1, 1.0), (3, 0.25)):
+        other = tmp_path / f"changed{changed}.hyp"
+        other.write_text("\n".join(["a man runs"] * changed + lines[changed:]) + "\n", encoding="utf-8")
+        report = compare([weak, other], [ref], metrics=["bleu", "chrf"], tests=["ar"], samples=500, names=["a", "b"])
+        for metric in ("bleu", "chrf"):
+            result = report["tests"]["ar"]["scores"][metric]["b"]
+            assert result["p_value"] == floor and result["p_floor"] == floor, (changed, metric, result)
+        assert "(few lines differ: no smaller p is possible)" in render(report)
+    many = compare([weak, systems[2]], [ref], metrics=["bleu"], tests=["ar"], samples=500, names=["a", "b"])
+    assert many["tests"]["ar"]["scores"]["bleu"]["b"]["p_value"] < 0.05  # 20 lines differ: no floor reached
+
+
 def test_bad_input_is_one_line(systems: tuple[Path, Path, Path], tmp_path: Path) -> None:
     ref, weak, strong = systems
     short = tmp_path / "short.hyp"
