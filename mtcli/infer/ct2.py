@@ -42,6 +42,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -91,6 +92,18 @@ def converted_model(run_dir: Path, bundle: InferenceModel) -> Path:
 KEPT_CONVERSIONS = 3
 
 
+def _is_conversion(entry: Path) -> bool:
+    """Whether ``entry`` is one of :func:`converted_model`'s (named by the digest its record
+    holds), not a directory a user put there (``mtcli export RUN RUN/ctranslate2/mine``)."""
+    if not (entry.is_dir() and re.fullmatch(r"[0-9a-f]{16}", entry.name)):
+        return False
+    try:
+        record = json.loads((entry / EXPORT_RECORD).read_text("utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and str(record.get("checkpoint_payload_sha256", "")).startswith(entry.name)
+
+
 def _remove_old_conversions(root: Path) -> None:
     """Remove all but the :data:`KEPT_CONVERSIONS` conversions under ``root`` used last: two
     processes decoding two checkpoints of one run each keep theirs (each removing the other's
@@ -98,7 +111,7 @@ def _remove_old_conversions(root: Path) -> None:
     found = []
     for entry in root.iterdir():
         with contextlib.suppress(OSError):
-            if entry.is_dir() and not entry.name.startswith("."):
+            if _is_conversion(entry):
                 found.append((entry.stat().st_mtime, entry))
     for _, old in sorted(found, reverse=True)[KEPT_CONVERSIONS:]:
         shutil.rmtree(old, ignore_errors=True)

@@ -248,13 +248,18 @@ def test_the_conversions_used_last_are_kept(tmp_path: Path) -> None:
     """Each conversion removed every other: two servers of one run's best and last checkpoints
     converted again at every start, or removed the other's while it was opened."""
     from mtcli.infer.ct2 import KEPT_CONVERSIONS, _remove_old_conversions
+    from mtcli.infer.export import EXPORT_RECORD
 
-    for age in range(5):
-        (tmp_path / f"key{age}").mkdir()
-        os.utime(tmp_path / f"key{age}", (1000 - age, 1000 - age))
+    keys = [f"{age:x}" * 16 for age in range(5)]
+    for age, key in enumerate(keys):
+        (tmp_path / key).mkdir()
+        (tmp_path / key / EXPORT_RECORD).write_text(json.dumps({"checkpoint_payload_sha256": key * 4}))
+        os.utime(tmp_path / key, (1000 - age, 1000 - age))
     (tmp_path / ".key9.tmp").mkdir()  # a conversion being written: not counted, not removed
+    (tmp_path / "mine").mkdir()  # `mtcli export RUN RUN/ctranslate2/mine`, the oldest: not one to remove
+    os.utime(tmp_path / "mine", (1, 1))
     _remove_old_conversions(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".key9.tmp", *(f"key{a}" for a in range(KEPT_CONVERSIONS))]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".key9.tmp", "mine", *keys[:KEPT_CONVERSIONS]])
 
 
 def test_a_checkpoint_replaced_while_it_is_converted_is_not_mixed_up(
