@@ -7,6 +7,7 @@ decode settings, speed and peak memory) go to ``<run_dir>/eval/`` by default, bo
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -82,7 +83,7 @@ def _test_files(run_dir: Path, config: Config, split: str | None, src_file: str 
     """``(source, reference, name, split)`` of what to score: the given files, or a split's text
     in ``direction`` (default: the first of ``data.test_splits``; a direction other than the
     run's ``data.src_lang -> data.tgt_lang`` is added to the name, ``test.de-fr``)."""
-    other = "" if direction == (config.data.src_lang, config.data.tgt_lang) else f".{'-'.join(direction)}"
+    other = _direction_suffix(config, direction)
     if src_file is not None and ref_file is not None:
         return Path(src_file), Path(ref_file), _safe_name(Path(src_file).name + other), None
     split = split or (config.data.test_splits[0] if config.data.test_splits else None)
@@ -90,6 +91,11 @@ def _test_files(run_dir: Path, config: Config, split: str | None, src_file: str 
         raise ConfigError(f"{run_dir}: data.test_splits is empty; pass --split or --src/--ref")
     src_path, ref_path = _split_files(run_dir, config, split, direction)
     return src_path, ref_path, _safe_name(split + other), split
+
+
+def _direction_suffix(config: Config, direction: tuple[str, str]) -> str:
+    """What an output's name adds for a direction other than the run's (``.de-fr``)."""
+    return "" if direction == (config.data.src_lang, config.data.tgt_lang) else f".{'-'.join(direction)}"
 
 
 def _read_test(src_path: Path, ref_paths: list[Path]) -> tuple[list[str], list[str], list[list[str]], str]:
@@ -189,6 +195,10 @@ def _read_input(run_dir: Path, config: Config, test: _Test, direction: tuple[str
                                                   test.ref_files[0] if test.ref_files else None, direction)
     ref_paths = [ref_path, *test.ref_files[1:]]
     sources, references, more_references, digest = _read_test(src_path, ref_paths)
+    if split is None and str(src_path).startswith(("/dev/fd/", "/proc/self/fd/", "/dev/stdin")):
+        # <(zcat a.gz), a pipe: named by its text, not by a descriptor's number every such call shares
+        text = hashlib.sha256("\n".join(sources).encode("utf-8")).hexdigest()[:12]
+        name = f"stream-{text}{_direction_suffix(config, direction)}"
     scorer("bleu", direction[1], instead=instead)
     return _Input(direction, src_path, ref_paths, name, split, sources, references, more_references, digest)
 

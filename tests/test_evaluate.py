@@ -265,6 +265,30 @@ def test_evaluate_records_the_checksum_of_a_reference_read_from_a_pipe(tiny_run_
     assert report["sentences"] == len(ref.read_text(encoding="utf-8").splitlines())
 
 
+def test_evaluate_names_a_process_substitution_by_its_text(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """`--src <(zcat a.gz)` is /dev/fd/63 in every such call: the outputs were 63.best.*, each
+    evaluation writing over the one before."""
+    import os
+    import threading
+
+    from mtcli.evaluate import evaluate
+
+    def descriptor(text: str) -> str:
+        read, write = os.pipe()
+        threading.Thread(target=lambda: (os.write(write, text.encode()), os.close(write)), daemon=True).start()
+        return f"/dev/fd/{read}"
+
+    src = (tiny_run_dir / "text" / "test.src").read_text(encoding="utf-8").splitlines(keepends=True)
+    ref = (tiny_run_dir / "text" / "test.tgt").read_text(encoding="utf-8").splitlines(keepends=True)
+    names = []
+    for count in (4, 5):
+        report = evaluate(tiny_run_dir, src_file=descriptor("".join(src[:count])),
+                          ref_file=descriptor("".join(ref[:count])), beam=1, output_dir=tmp_path / "ev")
+        assert report["sentences"] == count
+        names.append(sorted(p.name for p in (tmp_path / "ev").glob("*.hyp")))
+    assert len(names[0]) == 1 and names[0][0].startswith("stream-") and len(names[1]) == 2, names
+
+
 def test_evaluate_refuses_to_write_over_a_file_it_reads(tiny_run_dir: Path, tmp_path: Path) -> None:
     """Another system's hypotheses as the reference, in the output directory under the name
     evaluate writes: they were overwritten by the new hypotheses after scoring."""
