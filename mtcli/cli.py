@@ -103,6 +103,8 @@ def _output_file(value: str) -> Path:
     (``Path`` would drop the slash and write a file of the directory's name)."""
     if value.endswith("/") or value.endswith("/."):
         raise typer.BadParameter(f"{value} names a directory; give the output file's name")
+    if value == "-":  # stdout to a Unix tool, but a file named "-" to open()
+        raise typer.BadParameter("- is not a file name here; give one, or leave -o out for what goes to stdout")
     return Path(value)
 
 

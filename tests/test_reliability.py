@@ -310,6 +310,8 @@ def test_train_refuses_a_corrupted_cache_before_training(prepared: Path, tmp_pat
     (["compare", "a.hyp", "b.hyp"], "Missing option '--ref'."),
     (["translate", "run", "-o", "out/"], "Invalid value for '--output' / '-o': out/ names a directory"),
     (["average", "run", "--last", "2", "-o", "ckpt/."], "Invalid value for '--output' / '-o': ckpt/. names a"),
+    (["translate", "run", "-o", "-"], "Invalid value for '--output' / '-o': - is not a file name here"),
+    (["compare", "a.hyp", "b.hyp", "--ref", "r", "-o", "-"], "Invalid value for '--output' / '-o': - is not a"),
 ])
 def test_a_usage_error_is_one_line_as_every_other_error(argv: list[str], said: str) -> None:
     """click's usage errors came in a box of four lines, unlike mtcli's own errors."""
