@@ -203,7 +203,7 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
     decode = bundle.config.decode
     hf.generation_config = GenerationConfig(
         decoder_start_token_id=2, eos_token_id=3, pad_token_id=0, forced_eos_token_id=3,
-        bad_words_ids=[[0], [2]], num_beams=decode.beam_size, max_length=_max_length(decode, model.cfg.max_positions))
+        bad_words_ids=[[0], [2]], num_beams=decode.beam_size, max_length=generation_max_length(decode, model.cfg.max_positions))
     output = Path(output)
     with atomic_dir(output, mark=EXPORT_RECORD) as tmp, quiet_transformers():
         try:
@@ -235,7 +235,7 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
     return output
 
 
-def _max_length(decode: Any, max_positions: int) -> int:
+def generation_max_length(decode: Any, max_positions: int) -> int:
     """``generate``'s ``max_length`` for the run's output limit: a fixed limit (``max_len_a: 0``,
     as an import sets it) exactly, ``decode.max_len_b`` tokens and ``</s>`` after the start token;
     else the model's positions (transformers has no limit relative to the source)."""
@@ -244,4 +244,4 @@ def _max_length(decode: Any, max_positions: int) -> int:
     return max_positions
 
 
-__all__ = ["export_hf", "from_marian", "model_permutation", "require_transformers", "to_marian", "weight_table"]
+__all__ = ["export_hf", "from_marian", "generation_max_length", "model_permutation", "require_transformers", "to_marian", "weight_table"]

@@ -60,6 +60,7 @@ from mtcli.fileio import atomic_dir, check_replaceable, sha256_file
 from mtcli.infer.export import CT2_DIR, EXPORT_RECORD
 from mtcli.infer.hf import (
     from_marian,
+    generation_max_length,
     model_permutation,
     quiet_transformers,
     require_transformers,
@@ -414,6 +415,24 @@ def output_limit(generation: Any, positions: int) -> int:
     return max(1, min(int(length), positions) - 1 - int(forced))
 
 
+def _as_edited(decode: DecodeConfig, generation: Any, positions: int, model_dir: Path) -> DecodeConfig:
+    """An mtcli export's ``decode`` settings, with the beam and the length limit of its
+    ``generation_config.json`` where they are not what the export wrote (edited since)."""
+    if generation is None:
+        return decode
+    edits: dict[str, Any] = {}
+    beams = int(getattr(generation, "num_beams", None) or 1)
+    if beams != decode.beam_size:
+        edits["beam_size"] = beams
+    if getattr(generation, "max_new_tokens", None) or \
+            getattr(generation, "max_length", None) != generation_max_length(decode, positions):
+        edits.update(max_len_a=0.0, max_len_b=output_limit(generation, positions))
+    if edits:
+        get_logger().info("%s: generation_config.json was edited since the export: %s taken from it", model_dir,
+                          ", ".join(f"decode.{key} {value:g}" for key, value in edits.items()))
+    return dataclasses.replace(decode, **edits)
+
+
 def _run_config(hf: Any, model: Transformer, model_dir: Path, run_dir: Path, langs: tuple[str, str]) -> Config:
     generation = getattr(hf, "generation_config", None)
     beams = int(getattr(generation, "num_beams", None) or 1)
@@ -422,7 +441,8 @@ def _run_config(hf: Any, model: Transformer, model_dir: Path, run_dir: Path, lan
     if isinstance(exported.get("decode"), dict):  # mtcli's own export: the run's decode settings back,
         # less what needs the training corpus (a shortlist's table), which an import does not have
         keys = {f.name for f in dataclasses.fields(DecodeConfig)} - {"tgt_lang", "shortlist"}
-        decode = DecodeConfig(**{k: v for k, v in exported["decode"].items() if k in keys})
+        decode = _as_edited(DecodeConfig(**{k: v for k, v in exported["decode"].items() if k in keys}),
+                            generation, model.cfg.max_positions, model_dir)
     config = Config(
         data=DataConfig(name=run_dir.name, source=str(model_dir.resolve()), src_lang=langs[0], tgt_lang=langs[1],
                         vocab_size=model.vocab_size),

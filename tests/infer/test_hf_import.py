@@ -229,6 +229,18 @@ def test_a_round_trip_through_hf_gives_the_same_run(tiny_run_dir: Path, tmp_path
     assert (tmp_path / "back" / "spm.model").read_bytes() == (tiny_run_dir / "spm.model").read_bytes()
 
 
+def test_an_exports_generation_config_edited_since_is_what_its_import_decodes_with(
+        tiny_run_dir: Path, tmp_path: Path) -> None:
+    """The export's own record of the run's decode settings overrode num_beams and max_length
+    edited in generation_config.json, unsaid."""
+    exported = export_hf(tiny_run_dir, tmp_path / "hf")
+    path = exported / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "num_beams": 3, "max_length": 6}), encoding="utf-8")
+    decode = Translator.from_run(import_hf(exported, tmp_path / "back").run_dir, device="cpu").decode
+    forced = json.loads(path.read_text()).get("forced_eos_token_id") is not None
+    assert (decode.beam_size, decode.max_len_a, decode.max_len_b) == (3, 0.0, 6 - 1 - int(forced))
+
+
 def test_an_import_leaves_out_the_decode_settings_that_need_the_training_corpus(
         tiny_run_dir: Path, tmp_path: Path) -> None:
     """A run decoding over a shortlist, exported and imported: the import has no corpus to build
