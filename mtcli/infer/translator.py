@@ -73,6 +73,13 @@ def _changes(settings: dict[str, Any]) -> dict[str, Any]:
     return {SETTINGS[k]: v for k, v in settings.items() if v is not None}
 
 
+def _no_nbest(settings: dict[str, Any], method: str, why: str = "") -> None:
+    """Refuse an ``nbest`` setting where it means nothing: :meth:`Translator.translate` gives
+    one translation a text (it widened the beam to ``nbest``, unsaid)."""
+    if "nbest" in settings:
+        raise ConfigError(f"{method}() takes no nbest setting{why or '; Translator.nbest(texts, n) gives n hypotheses'}")
+
+
 def _fitted(changes: dict[str, Any], base: DecodeConfig, beam_fixed: bool = False) -> dict[str, Any]:
     """``changes`` (to ``base``) with the beam and the n-best made to fit each other, as a search
     needs (``nbest <= beam_size``): a beam given alone narrows the n-best with it; an n-best
@@ -279,6 +286,7 @@ class Translator:
     def translate(self, texts: Sequence[str], **settings: Any) -> list[str]:
         """The best translation of each text, in order (an empty text gives ``""``)."""
         items = _texts(texts)
+        _no_nbest(settings, "translate")
         decode = dataclasses.replace(self.settings(**settings), nbest=1)
         return [nbest[0].text if nbest else "" for nbest in self._stream(items, decode)]
 
@@ -287,6 +295,7 @@ class Translator:
         reading a window of inputs at a time, so memory stays bounded."""
         if isinstance(texts, str):
             raise TypeError("texts must be an iterable of strings, not one string (wrap it: [text])")
+        _no_nbest(settings, "translate_iter")
         decode = dataclasses.replace(self.settings(**settings), nbest=1)
 
         def checked() -> Iterator[str]:
@@ -303,6 +312,7 @@ class Translator:
         With ``sampling`` (``topk`` or ``topp``): ``n`` samples of each text, in draw order
         (default ``decode.nbest``). An empty (or blank) text has one hypothesis, the empty one,
         with score 0 (``mtcli translate --nbest`` pads its rows with ``-inf`` ones)."""
+        _no_nbest(settings, "nbest", " (its n is how many)")
         decode = self.settings(**settings)
         sampled = decode.sampling != "none"
         if n is not None and (not isinstance(n, int) or isinstance(n, bool)):

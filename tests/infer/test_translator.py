@@ -488,3 +488,14 @@ def test_a_compute_type_ctranslate2_lacks_is_named_not_taken_for_a_damaged_conve
     monkeypatch.setattr(ctranslate2, "get_supported_compute_types", unusable)  # was a traceback
     with pytest.raises(ConfigError, match=r"^--engine ctranslate2 cannot use cpu \(CUDA failed .*--engine torch"):
         Translator.from_run(run, device="cpu", engine="ctranslate2", int8=True)
+
+
+def test_an_nbest_setting_where_it_means_nothing_is_refused(tiny_run_dir: Path) -> None:
+    """translate(nbest=3) widened the beam to 3, unsaid (the same as beam=3), and nbest(n=2,
+    nbest=4) left the 4 out."""
+    translator = Translator.from_run(tiny_run_dir, device="cpu")
+    for call, said in ((lambda: translator.translate(LINES[:1], nbest=3), r"translate\(\) takes no nbest setting"),
+                       (lambda: list(translator.translate_iter(LINES[:1], nbest=3)), r"translate_iter\(\) takes no"),
+                       (lambda: translator.nbest(LINES[:1], n=2, nbest=4), r"nbest\(\) takes no nbest setting \(its n")):
+        with pytest.raises(ConfigError, match=said):
+            call()
