@@ -54,7 +54,13 @@ from mtcli.config import DecodeConfig
 from mtcli.data.tokenizer import EOS_ID
 from mtcli.device import MemoryBudget, is_out_of_memory, memory_text
 from mtcli.errors import CheckpointError, ConfigError, DeviceMemoryError, one_line
-from mtcli.infer.export import CT2_DIR, EXPORT_RECORD, require_ctranslate2, save_ctranslate2
+from mtcli.infer.export import (
+    CT2_DIR,
+    EXPORT_RECORD,
+    check_convertible,
+    require_ctranslate2,
+    save_ctranslate2,
+)
 from mtcli.infer.loading import InferenceModel, source_prefix
 from mtcli.infer.translate import Translation, encode_window, line_windows, source_limit
 from mtcli.logs import get_logger
@@ -81,6 +87,7 @@ def converted_model(run_dir: Path, bundle: InferenceModel) -> Path:
             return target
     if target.exists():  # another checkpoint's weights under this one's name (an export there), or an older mtcli's
         shutil.rmtree(target, ignore_errors=True)
+    check_convertible(bundle, Path(run_dir))  # before saying it converts
     get_logger().info("converting %s for CTranslate2 into %s (once per checkpoint)", bundle.name, target)
     save_ctranslate2(bundle, target, Path(run_dir))
     _remove_old_conversions(root)

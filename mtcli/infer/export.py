@@ -156,13 +156,18 @@ def build_spec(model: Transformer, vocabulary: list[str]) -> Any:
     return spec
 
 
+def check_convertible(bundle: InferenceModel, run_dir: Path) -> None:
+    """Refuse a model CTranslate2 conversion cannot take: one of two SentencePiece models."""
+    if not isinstance(bundle.tokenizer, Tokenizer):
+        raise ConfigError(f"{run_dir}: CTranslate2 conversion needs a joint spm.model; this run has separate "
+                          "source and target SentencePiece models (mtcli import-hf): use --format hf or --engine torch")
+
+
 def save_ctranslate2(bundle: InferenceModel, output: Path, run_dir: Path, **record: Any) -> None:
     """Write ``bundle``'s model (on the CPU, float32) as CTranslate2 into ``output`` (atomically),
     with ``spm.model`` and :data:`EXPORT_RECORD` (``record`` adds to it). The weights written are
     the ones in hand, named by ``checkpoint_payload_sha256``, not the checkpoint file read again."""
-    if not isinstance(bundle.tokenizer, Tokenizer):
-        raise ConfigError(f"{run_dir}: CTranslate2 conversion needs a joint spm.model; this run has separate "
-                          "source and target SentencePiece models (mtcli import-hf): use --format hf or --engine torch")
+    check_convertible(bundle, run_dir)
     spec = build_spec(bundle.model.eval(), vocabulary_of(bundle.tokenizer))
     spec.validate()
     spec.optimize(quantization=None)

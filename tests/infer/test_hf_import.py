@@ -519,3 +519,13 @@ def test_a_sentencepiece_model_of_another_vocabulary_is_warned_of(
     import_hf(other, tmp_path / "run")
     assert f"{other / 'source.spm'}: " in caplog.text and "pieces are not in vocab.json and read as <unk>" in caplog.text
     assert "target.spm: " not in caplog.text
+
+
+def test_ctranslate2_refuses_an_import_of_two_sentencepiece_models_before_saying_it_converts(
+        imported: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("ctranslate2")
+    caplog.set_level("INFO")
+    with pytest.raises(ConfigError, match="CTranslate2 conversion needs a joint spm.model"):
+        Translator.from_run(imported, device="cpu", engine="ctranslate2")
+    assert "converting" not in caplog.text  # it said it converted, then refused
+    assert not (imported / "ctranslate2").exists() or not any((imported / "ctranslate2").iterdir())
