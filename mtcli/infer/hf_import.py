@@ -209,6 +209,9 @@ def _check_one_vocabulary(model_dir: Path, raw: dict[str, Any]) -> None:
 def languages(model_dir: Path, src_lang: str | None, tgt_lang: str | None) -> tuple[str, str]:
     """The languages given, else ``tokenizer_config.json``'s ``source_lang``/``target_lang``,
     else the directory's name (``opus-mt-de-en``); :class:`ConfigError` when none says."""
+    for option, given in (("--src-lang", src_lang), ("--tgt-lang", tgt_lang)):
+        if given is not None and not given.strip():
+            raise ConfigError(f"{option} is empty: give a language code, or leave it out to read the model's")
     if src_lang and src_lang == tgt_lang:
         raise ConfigError(f"--src-lang and --tgt-lang are both {src_lang!r}: the source and target languages must differ")
     found = [src_lang, tgt_lang]
