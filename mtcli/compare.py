@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mtcli.data.textio import read_lines, read_lines_hashed
+from mtcli.data.textio import lines_sha256, read_lines, read_lines_hashed
 from mtcli.errors import ConfigError, DataError
 from mtcli.fileio import atomic_write, check_file_target, is_stream, sha256_file
 from mtcli.metrics import METRICS, metric_names, scorer
@@ -39,14 +39,16 @@ TESTS = {"bs": "paired bootstrap resampling", "ar": "approximate randomization"}
 DEFAULT_SAMPLES = {"bs": 1000, "ar": 10000}
 
 
-def hypothesis_file(system: str | Path, reference: str | Path | None = None, *, digest: str | None = None) -> Path:
+def hypothesis_file(system: str | Path, reference: str | Path | None = None, *, digest: str | None = None,
+                    lines: str | None = None) -> Path:
     """``system`` itself when it is a file (or a stream: ``<(zcat hyp.gz)``); for a run
     directory, its newest ``eval/*.hyp`` scored against ``reference`` (by the ``report.json``
     beside it): a run holds the hypotheses of every split and direction it was evaluated on. A
     run none of whose hypotheses was scored against ``reference`` is a :class:`DataError`;
     hypotheses whose report does not say (written by hand, or by an older mtcli) are taken only
     when none matches. ``digest``: the reference's sha256 when it was read already (a stream
-    cannot be read again)."""
+    cannot be read again); ``lines``: its text's (:func:`~mtcli.data.textio.lines_sha256`),
+    which also finds hypotheses scored against its ``.gz`` or CRLF copy."""
     path = Path(system)
     if path.is_file() or is_stream(path):
         return path
@@ -57,8 +59,10 @@ def hypothesis_file(system: str | Path, reference: str | Path | None = None, *, 
         raise DataError(f"{path}: no hypotheses under {path / 'eval'} (run mtcli evaluate {path} first)")
     if reference is None:
         return found[-1]
-    digest = digest or sha256_file(reference)
-    scored = {hyp: _scored_against(hyp, digest) for hyp in found}
+    if digest is None:
+        text, digest = read_lines_hashed(reference)
+        lines = lines_sha256(text)
+    scored = {hyp: _scored_against(hyp, digest, lines) for hyp in found}
     matching = [hyp for hyp, same in scored.items() if same] or [hyp for hyp, same in scored.items() if same is None]
     if not matching:
         listed = ", ".join(str(hyp.relative_to(path)) for hyp in found[:-6:-1])
@@ -67,15 +71,17 @@ def hypothesis_file(system: str | Path, reference: str | Path | None = None, *, 
     return matching[-1]
 
 
-def _scored_against(hyp: Path, digest: str) -> bool | None:
-    """Whether the report beside ``hyp`` names a reference of sha256 ``digest`` (None: it does
-    not say, or its reference file is gone)."""
+def _scored_against(hyp: Path, digest: str, lines: str | None = None) -> bool | None:
+    """Whether the report beside ``hyp`` names a reference of sha256 ``digest``, or of text
+    ``lines`` (None: it does not say, or its reference file is gone)."""
     try:
         report = json.loads(hyp.with_suffix(".report.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(report, dict):
         return None
+    if lines is not None and report.get("reference_lines_sha256") == lines:
+        return True
     if isinstance(report.get("reference_sha256"), str):
         return report["reference_sha256"] == digest
     try:  # an older report: its reference's path, as evaluate was given it
@@ -135,7 +141,7 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
     count = len(first)
     if not count:
         raise DataError(f"{references[0]}: empty; there is nothing to compare")
-    files = [hypothesis_file(s, references[0], digest=digest) for s in systems]
+    files = [hypothesis_file(s, references[0], digest=digest, lines=lines_sha256(first)) for s in systems]
     if output is not None and Path(output).exists() and any(
             Path(output).resolve() == Path(f).resolve() for f in [*files, *references]):
         raise ConfigError(f"-o {output}: is one of the files compared (a system or a reference); give another path")

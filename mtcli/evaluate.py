@@ -21,7 +21,7 @@ import torch
 
 from mtcli.config import Config, DecodeConfig
 from mtcli.data.cache import PreparedCorpus, eval_split_name
-from mtcli.data.textio import read_lines, read_lines_hashed
+from mtcli.data.textio import lines_sha256, read_lines, read_lines_hashed
 from mtcli.device import peak_memory_mb
 from mtcli.errors import ConfigError, DataError
 from mtcli.fileio import atomic_write, check_directory
@@ -247,6 +247,7 @@ def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, given: _I
         "source": str(src_path),
         "reference": str(ref_path),
         "reference_sha256": given.reference_sha256,
+        "reference_lines_sha256": lines_sha256(given.references),  # its text: also a .gz or CRLF copy's
         "references": [str(path) for path in given.ref_paths],
         "checkpoint": str(bundle.name),
         "weights_sha256": None if test.model["ensemble"] else bundle.payload_sha256,  # None: an average, an ensemble

@@ -244,3 +244,24 @@ def test_a_reference_and_a_system_given_as_streams(systems: tuple[Path, Path, Pa
     fifo_of(ref, tmp_path / "again.fifo")
     assert compare([weak, run], [tmp_path / "again.fifo"], tests=["bs"], samples=50)["systems"][str(run)] == str(
         run / "eval" / "test.best.hyp")
+
+
+def test_a_run_scored_against_a_gz_reference_is_found_by_its_plain_text(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """The report's reference_sha256 is of the bytes read: a run evaluated against ref.gz (or a
+    CRLF copy) was not found for ref.txt, the same lines."""
+    import gzip
+    import shutil
+
+    from mtcli.evaluate import evaluate
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    text = (run / "text" / "test.tgt").read_text(encoding="utf-8")
+    packed, crlf = tmp_path / "ref.txt.gz", tmp_path / "ref.crlf.txt"
+    packed.write_bytes(gzip.compress(text.encode("utf-8")))
+    crlf.write_bytes(text.replace("\n", "\r\n").encode("utf-8"))
+    evaluate(run, src_file=run / "text" / "test.src", ref_file=packed, beam=1)
+    for reference in (run / "text" / "test.tgt", crlf):
+        assert hypothesis_file(run, reference) == run / "eval" / "test.src.best.hyp"
+        report = compare([run, run], [reference], metrics=["bleu"], tests=["bs"], samples=10)
+        assert report["sentences"] == len(text.splitlines())

@@ -15,7 +15,7 @@ import io
 import os
 import select
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -209,6 +209,15 @@ def read_lines_hashed(path: str | Path) -> tuple[list[str], str]:
         text = gzip.decompress(data) if _is_gzip(path) else data
         lines = list(iter_binary_lines(io.BytesIO(text), str(path)))
     return lines, hashlib.sha256(data).hexdigest()
+
+
+def lines_sha256(lines: Iterable[str]) -> str:
+    """The sha256 of text as lines (each ended by ``\n``, in UTF-8): the same for a file, its
+    ``.gz`` and its CRLF copy, whose bytes differ."""
+    digest = hashlib.sha256()
+    for line in lines:
+        digest.update(line.encode("utf-8") + b"\n")
+    return digest.hexdigest()
 
 
 @contextmanager
