@@ -73,6 +73,8 @@ def joined_lines(column: Any) -> bytes:
         column = column.combine_chunks()
     if len(column) == 0:
         return b""
+    if pa.types.is_dictionary(column.type):  # a pandas category column: its strings, row by row
+        column = column.dictionary_decode()
     if column.null_count:
         column = pc.fill_null(column, "")
     offset_type = np.int64 if pa.types.is_large_string(column.type) else np.int32
