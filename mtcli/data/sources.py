@@ -229,10 +229,8 @@ class TextDirSource(Source):
             if split not in self.splits():
                 raise self._missing_split(split)
             langs = ", ".join(self.languages(split))
-            raise DataError(
-                f"{self.describe()}: no file {split}.{lang}[.gz] for language '{lang}' "
-                f"(split '{split}' has languages: {langs})"
-            )
+            raise DataError(f"{self.describe()}: no file {split}.{lang}[.gz] for language '{lang}' "
+                            f"(split '{split}' has languages: {langs})")
         if len(found) > 1:
             names = " and ".join(p.name for p in found)
             raise DataError(f"{self.describe()}: both {names} exist; keep one")
@@ -394,9 +392,11 @@ class ParquetDirSource(_ArrowSource):
         import pyarrow.parquet as pq
 
         schemas = []
-        for path in self._files[split]:  # every file's (a footer read each), so a damaged one is named now
-            with naming_arrow_errors(str(path), "parquet"):
+        for path in self._files[split]:  # every file's (a footer read each): a damaged one, or a later one of
+            with naming_arrow_errors(str(path), "parquet"):  # other columns than the first's, is named now
                 schemas.append(pq.read_schema(path))
+            if len(schemas) > 1:  # (the first: checked as the split's)
+                check_pair_schema(schemas[-1], self.src_lang, self.tgt_lang, f"{path}: split '{split}'")
         return schemas[0]
 
     def _batches(self, split: str) -> Iterator[Any]:
@@ -448,10 +448,8 @@ class DatasetDirSource(_ArrowSource):
         super().__init__(str(root), src_lang, tgt_lang)
         self.root = root
         if (root / "state.json").is_file() and not (root / "dataset_dict.json").is_file():
-            raise DataError(
-                f"{root}: holds a single dataset without splits; save a DatasetDict "
-                "(DatasetDict({'train': ds, ...}).save_to_disk) so splits have names"
-            )
+            raise DataError(f"{root}: holds a single dataset without splits; save a DatasetDict "
+                            "(DatasetDict({'train': ds, ...}).save_to_disk) so splits have names")
         self._splits = sorted(p.name for p in root.iterdir() if (p / "state.json").is_file())
         self._loaded: dict[str, Any] = {}
 

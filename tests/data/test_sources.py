@@ -325,6 +325,24 @@ def test_parquet_columns_that_are_not_text_are_one_line(tmp_path: Path, table: d
         open_source(str(root), "de", "en").check(["train"])
 
 
+@pytest.mark.parametrize(("second", "said"), [
+    ({"translation": [{"de": "a", "fr": "c"}]}, "has no language 'en' in its 'translation' column"),
+    ({"de": [1], "en": ["c"]}, "column 'de' is int64, not text"),  # a TypeError traceback
+    ({"de": ["a"], "english": ["c"]}, "'en'"),  # a KeyError traceback
+])
+def test_a_later_parquet_file_of_other_columns_is_one_line_naming_it(tmp_path: Path, second: dict, said: str) -> None:
+    """Only a split's first file's columns were checked."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "pq"
+    root.mkdir()
+    pq.write_table(pa.table({"de": ["a", "b"], "en": ["c", "d"]}), root / "train-00000-of-00002.parquet")
+    pq.write_table(pa.table(second), root / "train-00001-of-00002.parquet")
+    with pytest.raises(DataError, match=rf"train-00001-of-00002.parquet: split 'train'.*{re.escape(said)}"):
+        open_source(str(root), "de", "en").check(["train"])
+
+
 def test_a_stray_parquet_file_beside_text_files_leaves_them_text(tmp_path: Path) -> None:
     """A notes.parquet beside train.de/train.en made the whole directory a parquet source:
     'no split train (found splits: notes)'."""
