@@ -13,6 +13,7 @@ cleaning processes (:func:`mtcli.data.cleaning.clean_text_blocks`) of a large fi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -36,8 +37,10 @@ def table_pairs(path: Path, langs: tuple[str, str], src_lang: str,
     columns raises :class:`DataError` naming it."""
     malformed: list[int] = []
     reverse, header = langs[0] != src_lang, "\t".join(langs)
+    quoted = False
     for n, line in enumerate(read_lines(path), 1):
         columns = line.split("\t")
+        quoted = quoted or '""' in line and _warn_of_csv_quoting(path, line.encode("utf-8"), n)
         if n == 1 and line == header:
             continue
         if n == 1:
@@ -60,11 +63,12 @@ def table_blocks(path: Path, langs: tuple[str, str], src_lang: str,
     columns without a Python loop over them. Invalid UTF-8 raises the reader's one-line error
     naming file, line and column."""
     header = "\t".join(langs).encode("utf-8")
-    first, malformed, first_malformed = 1, 0, 0
+    first, malformed, first_malformed, quoted = 1, 0, 0, False
     with read_errors_named(path), open_binary(path) as handle:
         for block in _whole_lines(handle, block_bytes):
             if not is_utf8(block):
                 decode_block(block, str(path), first)  # raises, naming line and column
+            quoted = quoted or _warn_of_csv_quoting(path, block, first)
             if first == 1:
                 _refuse_a_crossed_header(path, block.split(b"\n", 1)[0].rstrip(b"\r").removeprefix(_BOM), langs)
             columns, bad = _columns(block, header if first == 1 else None)
@@ -74,6 +78,24 @@ def table_blocks(path: Path, langs: tuple[str, str], src_lang: str,
             first += block.count(b"\n")
             yield columns if langs[0] == src_lang else (columns[1], columns[0])
     _warn_of_malformed(path, malformed, first_malformed)
+
+
+#: A field as CSV writers quote one holding a quote (pandas' ``to_csv(sep="\t")``, Python's csv):
+#: in quotes, with each quote inside doubled. Read as it is, such a field keeps its quotes.
+_CSV_QUOTED = re.compile(rb'(?:^|\t)"(?:[^"\t\n]|"")*""(?:[^"\t\n]|"")*"(?=\t|\r?$)', re.MULTILINE)
+
+
+def _warn_of_csv_quoting(path: Path, text: bytes, first: int) -> bool:
+    """Warn, naming its line, when a field of ``text`` (lines from line ``first`` on) is
+    CSV-quoted; whether one was (a file is warned of once)."""
+    found = _CSV_QUOTED.search(text)
+    if found is None:
+        return False
+    line = first + text.count(b"\n", 0, found.start() + 1)
+    get_logger().warning("%s:%d: a field in quotes with its quotes doubled, as a CSV writer quotes it; a .tsv's fields "
+                         "are read as they are, quotes and all: write it without CSV quoting, or as <split>.<lang> "
+                         "text files", path, line)
+    return True
 
 
 def _refuse_a_crossed_header(path: Path, first_line: bytes, langs: tuple[str, str]) -> None:
