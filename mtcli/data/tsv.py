@@ -5,7 +5,7 @@ same file. A first line that names the two languages (``de<TAB>en``) is a header
 exactly two columns (a tab inside a sentence) cannot be read as a pair: a training split reads it
 as an empty pair, which cleaning drops and counts, and warns of the lines at the end; a
 validation or test split, which keeps every line, stops at it (``verbatim``). A field is read as
-it is: a CSV writer's quoting (``"he said ""hi"""``) stays, and is warned of.
+it is: a CSV writer's quoting (``"a ""b"" c"``) stays, and is warned of.
 
 :func:`table_pairs` reads the lines by :mod:`mtcli.data.textio`'s rules; :func:`table_blocks`
 gives the same pairs as two blocks of text at a time, split by numpy over the bytes, for the
