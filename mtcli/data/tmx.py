@@ -66,8 +66,8 @@ class _Units:
     """expat's callbacks over a TMX file: the finished units as ``{xml:lang: text}`` with the
     line each began on."""
 
-    def __init__(self, parser: expat.XMLParserType) -> None:
-        self.parser = parser
+    def __init__(self, parser: expat.XMLParserType, path: Path) -> None:
+        self.parser, self.path = parser, path
         self.done: list[tuple[int, dict[str, str]]] = []
         self.unit: dict[str, str] | None = None
         self.line = 0
@@ -78,6 +78,14 @@ class _Units:
         parser.StartElementHandler = self.start
         parser.EndElementHandler = self.end
         parser.CharacterDataHandler = self.characters
+        parser.SkippedEntityHandler = self.skipped
+
+    def skipped(self, name: str, is_parameter_entity: bool) -> None:
+        """An entity no declaration read defines (``&nbsp;`` under a DOCTYPE whose DTD expat does
+        not read): its text would be dropped, unsaid, as it is an error without a DOCTYPE."""
+        raise DataError(f"{self.path}:{self.parser.CurrentLineNumber}: not a well-formed TMX file (undefined entity "
+                        f"&{name};, column {self.parser.CurrentColumnNumber + 1}; its DOCTYPE's DTD is not read): "
+                        "write the character itself")
 
     def start(self, name: str, attrs: dict[str, str]) -> None:
         if name == "tu":
@@ -118,7 +126,7 @@ def tmx_units(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
     """The translation units of the TMX file ``path``: the line each begins on and its
     segments by ``xml:lang``. Malformed XML raises :class:`DataError` naming line and column."""
     parser = expat.ParserCreate()
-    units = _Units(parser)
+    units = _Units(parser, path)
     try:
         with read_errors_named(path), open_binary(path) as handle:
             while chunk := handle.read(_READ_BYTES):

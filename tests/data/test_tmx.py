@@ -143,6 +143,13 @@ def test_malformed_xml_and_a_file_without_the_pair_are_one_line_each(tmp_path: P
     broken.write_text(MEMORY.replace("</tu>", "", 1), encoding="utf-8")
     with pytest.raises(DataError, match=r"broken.tmx:\d+: not a well-formed TMX file \(mismatched tag, column \d+\)"):
         list(tmx_pairs(broken, "en", "fr"))
+    # an HTML entity: an error, and also under a DOCTYPE (a CAT tool's), where its text was dropped unsaid
+    for doctype in ("", '<!DOCTYPE tmx SYSTEM "tmx14.dtd">\n'):
+        entity = tmp_path / "entity.tmx"
+        entity.write_text(MEMORY.replace("<tmx", f"{doctype}<tmx", 1).replace("</seg>", "&nbsp;x</seg>", 1),
+                          encoding="utf-8")
+        with pytest.raises(DataError, match=r"entity.tmx:\d+: not a well-formed TMX file \(undefined entity"):
+            list(tmx_pairs(entity, "en", "fr"))
     plain = tmp_path / "plain.tmx"
     plain.write_text(MEMORY, encoding="utf-8")
     with pytest.raises(DataError, match=r"plain.tmx: no translation unit holds both 'en' and 'cs' \(the languages "
