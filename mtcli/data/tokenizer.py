@@ -348,7 +348,27 @@ class WordCache:
         np.add(ends, 1, out=offsets[1:])
         words = pa.StringArray.from_buffers(len(ends), pa.py_buffer(offsets), pa.py_buffer(a))
         per_line = np.diff(np.flatnonzero(a[ends] == 10), prepend=-1)  # each line's number of words
-        return self._encode_words(words, per_line)
+        ids, lengths = self._encode_words(words, per_line)
+        return self._marked_lines_whole(a, ids, lengths)
+
+    def _marked_lines_whole(self, a: np.ndarray, ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, lengths)`` with each line of the text ``a`` that holds a literal ``▁`` encoded
+        whole: SentencePiece reads it as a space, so its word alone is not its ids in the line
+        (rare: only a normalisation other than ``nmt_nfkc`` keeps it)."""
+        mark = WORD_START.encode("utf-8")
+        at = np.flatnonzero((a[:-2] == mark[0]) & (a[1:-1] == mark[1]) & (a[2:] == mark[2]))
+        if not len(at):
+            return ids, lengths
+        stops = np.flatnonzero(a == 10)
+        marked = np.unique(np.searchsorted(stops, at))
+        starts = np.concatenate(([0], stops[:-1] + 1))
+        whole = self.tokenizer.encode_batch([a[starts[i]:stops[i]].tobytes().decode("utf-8") for i in marked])
+        lines = np.split(ids, np.cumsum(lengths)[:-1])
+        for i, line_ids in zip(marked.tolist(), whole, strict=True):
+            lines[i] = np.array(line_ids, dtype=self.dtype)
+        lengths = lengths.copy()
+        lengths[marked] = [len(line_ids) for line_ids in whole]
+        return np.concatenate(lines) if lines else ids, lengths
 
     def _encode_words(self, words, per_line: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`encode_text` of its words (a pyarrow string array, each word ended by its space

@@ -188,6 +188,25 @@ def test_word_cache_gives_the_ids_of_whole_sentences(tmp_path: Path, model_type:
     assert unended == [a.tolist() for a in cache.encode(["Kinder spielen", "", "im Park"])]
 
 
+@pytest.mark.parametrize("normalization", ["identity", "nmt_nfkc"])
+def test_word_cache_gives_a_literal_word_start_mark_its_ids_in_the_sentence(tmp_path: Path, normalization: str) -> None:
+    """SentencePiece reads a literal ▁ as a space: the word "▁" alone gives no ids, and two in
+    its sentence, so under identity (the default for a zh/ja target) the cache's ids were not
+    the ones translate gives."""
+    import numpy as np
+
+    from mtcli.data.tokenizer import WordCache
+
+    model = Tokenizer.train(_corpus(), tmp_path / "spm", vocab_size=120, model_type="unigram", character_coverage=1.0,
+                            max_sentences=1_000_000, normalization=normalization)
+    tok = Tokenizer(model)
+    lines = ["Kinder \u2581 spielen", "a b", "\u2581", "x\u2581y z", "", "ein \u2581\u2581 Park ."]
+    expected = tok.encode_batch(lines)
+    ids, lengths = WordCache(tok, np.dtype("int32")).encode(lines)
+    assert lengths.tolist() == [len(e) for e in expected]
+    assert ids.tolist() == [i for e in expected for i in e]
+
+
 def test_word_cache_encodes_whole_sentences_for_a_model_whose_pieces_cross_words(tmp_path: Path) -> None:
     import numpy as np
     import sentencepiece as spm
