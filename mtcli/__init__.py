@@ -12,9 +12,15 @@ pay for importing torch until they need it.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from mtcli.version import __version__
+
+#: The process that started this one, as it was when mtcli was first imported (a moment after
+#: the start): a torchrun rank compares its parent with it to find a launcher that died while
+#: the rank imported its modules (a second or more), which no parent-death signal then reports.
+STARTED_BY = os.getppid()
 
 __all__ = ["Translator", "__version__"]
 

@@ -87,17 +87,17 @@ def _start_worker(parent: int, initializer: Callable[..., None] | None, *initarg
 _PR_SET_PDEATHSIG = 1
 
 
-def end_with_parent(parent: int) -> None:
-    """Have the kernel send this process SIGTERM when ``parent`` (the process that forked it)
-    ends; and end now if it already has. Linux only (elsewhere nothing is done)."""
+def end_with_parent(parent: int, signum: int = signal.SIGTERM) -> None:
+    """Have the kernel send this process ``signum`` when ``parent`` (the process that started
+    it) ends; and send it now if it already has. Linux only (elsewhere nothing is done)."""
     if not sys.platform.startswith("linux"):
         return
     try:
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signum))
     except (OSError, AttributeError):  # no prctl in this C library
         return
     if os.getppid() != parent:  # the parent died before the call: no signal will come
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signum)
 
 
 #: How long leaving a pool early waits for the tasks still running (see :func:`settle`).

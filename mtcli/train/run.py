@@ -15,7 +15,7 @@ import dataclasses
 import errno
 import json
 import logging
-import os
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mtcli import STARTED_BY
 from mtcli.config import Config, load_config, save_config
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.freshness import open_prepared
@@ -295,11 +296,15 @@ def _join(config: Config, info: DistInfo, device: torch.device) -> PreparedCorpu
     """Join the run's process group (under torchrun) and open the prepared cache, every rank
     agreeing on it: a rank that fails here stops the others with one line each (they waited
     30 s for it to join, or printed a traceback), and ranks of other caches are refused. A
-    rank ends with its launcher (a torchrun killed by SIGKILL left its ranks training on)."""
+    rank ends with its launcher (a torchrun killed by SIGKILL left its ranks training on): at
+    once while it starts (nothing to save, and the wait to join ignores SIGTERM), then by
+    SIGTERM, which saves ``checkpoint_last``."""
     if info.distributed:
-        end_with_parent(os.getppid())
+        end_with_parent(STARTED_BY, signal.SIGKILL)
     with peer_failures(info):
         init_distributed(info, device)
+        if info.distributed:
+            end_with_parent(STARTED_BY)
         corpus = open_prepared(config, check_inputs=info.is_main)  # one process reads the corpus's files
         manifest = corpus.manifest
         agree_on_data((str(manifest.get("build_key")), str((manifest.get("spm") or {}).get("sha256"))), info)

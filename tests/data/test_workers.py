@@ -128,6 +128,37 @@ def test_workers_end_with_a_parent_killed_by_sigkill(tmp_path: Path) -> None:
     assert not running, "the workers outlived their parent"
 
 
+#: A launcher (torchrun) that starts a rank and is killed while the rank imports its modules:
+#: the rank compared its parent with its parent, a moment later, and trained on for nobody.
+RANK_OF_A_GONE_LAUNCHER = """
+import signal, sys, time
+from pathlib import Path
+import mtcli
+time.sleep(1.5)  # the launcher is gone by now
+from mtcli.data.workers import end_with_parent
+launcher = mtcli.STARTED_BY
+Path(sys.argv[1], "checking").write_text(str(launcher))
+end_with_parent(launcher, signal.SIGKILL)
+Path(sys.argv[1], "survived").write_text("")
+time.sleep(60)
+"""
+
+
+def test_a_process_whose_launcher_died_while_it_started_ends(tmp_path: Path) -> None:
+    launcher = ("import subprocess, sys, time\n"
+                f"print(subprocess.Popen([sys.executable, '-c', {RANK_OF_A_GONE_LAUNCHER!r}, sys.argv[1]]).pid)\n"
+                "time.sleep(0.5)")  # the rank's imports under way
+    rank = int(subprocess.run([sys.executable, "-c", launcher, str(tmp_path)], capture_output=True, text=True,
+                              timeout=60).stdout)
+    deadline = time.monotonic() + 20
+    while _running(rank) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = _running(rank)
+    if alive:  # the failure's own clean-up
+        os.kill(rank, signal.SIGKILL)
+    assert (tmp_path / "checking").is_file() and not (tmp_path / "survived").exists() and not alive
+
+
 def _run_guarded(script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """``script`` in a new session; a hang is a failure, its whole group killed."""
     proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
