@@ -410,12 +410,23 @@ def test_a_change_of_process_count_is_said() -> None:
     new["train"]["update_freq"] = 2
     changes = resume_changes(saved, new, 1, "ckpt")
     assert changes[-1] == ("processes: 2 -> 1 with train.update_freq 1 -> 2: each update as large as before "
-                           "(resume no longer exact: each process draws its own dropout)")
+                           "(resume no longer exact where dropout is on: each process draws its own masks)")
     assert not any(change.startswith("train.update_freq") for change in changes)
     new["train"]["update_freq"] = 3
     changes = resume_changes(saved, new, 1, "ckpt")
     assert "train.update_freq: 1 -> 3 (resume no longer exact)" in changes
     assert changes[-1] == "processes: 2 -> 1 (each update 3/2 the size; resume no longer exact)"
+    # the README's move from one process to two of half the batch: as large (it said "2/1 the size")
+    one = {"world_size": 1, "data_state": {"max_tokens": 512}, "config": copy.deepcopy(new)}
+    one["config"]["train"].update(update_freq=1, max_tokens=512)
+    new["train"].update(update_freq=1, max_tokens=256)
+    changes = resume_changes(one, new, 2, "ckpt")
+    assert changes[-1] == ("processes: 1 -> 2 with train.max_tokens 512 -> 256: each update as large as before "
+                           "(resume no longer exact where dropout is on: each process draws its own masks)")
+    assert "train.max_tokens: 512 -> 256 (resume no longer exact)" in changes  # the epoch's rest batched anew
+    new["train"]["max_tokens"] = 512
+    assert resume_changes(one, new, 2, "ckpt")[-1] == ("processes: 1 -> 2 (each update 2/1 the size; resume no "
+                                                       "longer exact)")
 
 
 def test_resume_takes_a_step_checkpoint_newer_than_the_last(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -274,25 +275,37 @@ def check_resume_data(saved: dict[str, str], now: dict[str, str], where: str, ca
             "this run's weights)")
 
 
-def _processes(state: dict[str, Any]) -> tuple[int, int]:
-    """The process count and ``train.update_freq`` a checkpoint was saved under."""
+def _processes(state: dict[str, Any]) -> tuple[int, int, int | None]:
+    """The process count, ``train.update_freq`` and ``train.max_tokens`` a checkpoint was saved
+    under (None: not recorded)."""
     saved = int(state.get("world_size") or len(state.get("rng_ranks") or []) or 1)
-    return saved, int(((state.get("config") or {}).get("train") or {}).get("update_freq", 1))
+    train = (state.get("config") or {}).get("train") or {}
+    tokens = train.get("max_tokens")
+    return saved, int(train.get("update_freq", 1)), None if tokens is None else int(tokens)
 
 
-def process_change(state: dict[str, Any], world_size: int, update_freq: int) -> str | None:
+def process_change(state: dict[str, Any], world_size: int, update_freq: int,
+                   max_tokens: int | None = None) -> str | None:
     """How the process count differs from the checkpoint's, as a config change is logged, or
-    None: every process takes ``update_freq`` batches an update, so the update's size changes
-    with their number, unless ``train.update_freq`` changed the other way. Either way the
-    resume is inexact: each process drew its own dropout."""
-    saved, saved_freq = _processes(state)
+    None: every process takes ``update_freq`` batches of ``max_tokens`` an update, so the
+    update's size changes with their number, unless ``train.update_freq`` or
+    ``train.max_tokens`` changed the other way (1 GPU of 25,000 tokens to 8 of 3,200: as large).
+    Either way the resume is inexact where dropout is on: each process draws its own masks."""
+    saved, saved_freq, saved_tokens = _processes(state)
     if saved == world_size:
         return None
-    if saved * saved_freq == world_size * update_freq:
-        return (f"processes: {saved} -> {world_size} with train.update_freq {saved_freq} -> {update_freq}: "
-                "each update as large as before (resume no longer exact: each process draws its own dropout)")
-    return (f"processes: {saved} -> {world_size} (each update {world_size * update_freq}/{saved * saved_freq} "
-            "the size; resume no longer exact)")
+    known = saved_tokens is not None and max_tokens is not None
+    before = saved * saved_freq * (saved_tokens if known else 1)
+    now = world_size * update_freq * (max_tokens if known else 1)
+    if before == now:
+        moved = [f"train.update_freq {saved_freq} -> {update_freq}"] if saved_freq != update_freq else []
+        moved += [f"train.max_tokens {saved_tokens} -> {max_tokens}"] if known and saved_tokens != max_tokens else []
+        moved_text = f" with {' and '.join(moved)}" if moved else ""
+        return (f"processes: {saved} -> {world_size}{moved_text}: each update as large as before (resume no longer "
+                "exact where dropout is on: each process draws its own masks)")
+    ratio = Fraction(now, before)
+    return (f"processes: {saved} -> {world_size} (each update {ratio.numerator}/{ratio.denominator} the size; "
+            "resume no longer exact)")
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -330,11 +343,11 @@ def resume_changes(state: dict[str, Any], new: dict[str, Any], world_size: int, 
                                   rebatchable="max_tokens" in (state.get("data_state") or {}),
                                   hardware_kept=state.get("hardware") is not None, parent_checked=parent_checked)
     changes += hardware_changes(state.get("hardware"), here or {})
-    update_freq = int((new.get("train") or {}).get("update_freq", 1))
-    process = process_change(state, world_size, update_freq)
+    train = new.get("train") or {}
+    update_freq, max_tokens = int(train.get("update_freq", 1)), train.get("max_tokens")
+    process = process_change(state, world_size, update_freq, None if max_tokens is None else int(max_tokens))
     if process is None:
         return changes
-    saved, saved_freq = _processes(state)
-    if saved * saved_freq == world_size * update_freq:  # said with the processes
-        changes = [change for change in changes if not change.startswith("train.update_freq:")]
+    if "as large as before" in process:  # said with the processes
+        changes = [change for change in changes if not change.startswith("train.update_freq:")]  # (max_tokens: rebatched)
     return [*changes, process]
