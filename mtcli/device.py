@@ -27,10 +27,15 @@ def resolve_device(name: str, local_rank: int = 0, key: str = "train.device") ->
     """``auto`` -> ``cuda:<local_rank>`` when CUDA is available, else the CPU; ``cuda`` ->
     ``cuda:<local_rank>``; else ``cpu`` or ``cuda:N``. Raises :class:`ConfigError` naming ``key``
     for anything else, or a GPU this machine does not have."""
-    if name == "auto":
-        return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and torch.cuda.is_available():
+    if name in ("auto", "cuda") and torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        if local_rank >= count:  # torchrun --nproc-per-node above the GPUs
+            raise ConfigError(f"{key}={name!r}: process {local_rank} of this machine has no GPU of its own (this "
+                              f"machine has {count}): start at most {count} processes a machine (torchrun "
+                              "--nproc-per-node)")
         return torch.device(f"cuda:{local_rank}")
+    if name == "auto":
+        return torch.device("cpu")
     try:
         device = torch.device(name)
     except RuntimeError:

@@ -764,6 +764,20 @@ def test_a_device_that_is_not_one_is_a_config_error_before_any_work(prepared: Pa
             train(make_config(prepared, tmp_path / "run", "train.device=cuda:1"))
 
 
+def test_more_processes_than_gpus_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun --nproc-per-node 2 on a one-GPU machine: cuda:1 went on to a traceback
+    (Invalid device id) where train.device=cuda:1 said it in one line."""
+    from mtcli.device import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("auto", 0) == torch.device("cuda:0")
+    for name in ("auto", "cuda"):
+        with pytest.raises(ConfigError, match=rf"train.device='{name}': process 1 of this machine has no GPU of its "
+                                              r"own \(this machine has 1\): start at most 1 processes"):
+            resolve_device(name, 1)
+
+
 @pytest.mark.parametrize(("capability", "chosen"), [((7, 0), "fp16"), ((7, 5), "fp16"), ((8, 0), "bf16"), ((9, 0), "bf16")])
 def test_precision_auto_on_a_gpu_is_bf16_from_ampere_on_and_fp16_before(
         prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int],
