@@ -315,13 +315,13 @@ def train(config: Config) -> TrainSummary:
     """Train (or resume) the run of ``config``; see the module docstring."""
     log = get_logger()
     info = DistInfo.from_env()
+    if not info.is_main:  # one voice on the console: rank 0's (every rank warns alike; its own error is its own)
+        log.setLevel(logging.ERROR)
     device = resolve_device(config.train.device, info.local_rank)
     if config.train.num_threads > 0:
         torch.set_num_threads(config.train.num_threads)
     config, precision_text = resolve_precision(config, device)
     config = resolve_compile(config, device)
-    if not info.is_main:  # one voice on the console: rank 0's
-        log.setLevel(logging.WARNING)
     check_validation(config)  # now, not at the first validation
     run_dir = config.run_path()
     check_run_directory(run_dir)  # said now, not after the corpus is checked

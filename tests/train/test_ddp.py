@@ -299,3 +299,15 @@ def test_ranks_refuse_different_resume_points_and_a_gone_peer_is_one_line(tmp_pa
     assert found["peer"].startswith("rank 1: a collective failed: another process of this run stopped (its own "
                                     "error, on its console, says why) or the connection to it failed (")
     assert "\n" not in found["peer"]
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
+def test_a_warning_every_rank_meets_is_said_once(tmp_path: Path, prepared_toy: Path) -> None:
+    """Every rank warned alike (8 GPUs: 8 copies of each skipped step's warning)."""
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            "-m", "mtcli.cli", "train", str(TOY_CONFIG)]
+    for item in overrides(prepared_toy, tmp_path / "run") + ["train.precision=fp16"]:  # warned of on a CPU
+        args += ["--set", item]
+    proc = subprocess.run(args, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-8000:]
+    assert proc.stderr.count("train.precision fp16 on a CPU") == 1, proc.stderr[-4000:]
