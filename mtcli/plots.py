@@ -10,6 +10,7 @@ and no other command needs them).
 from __future__ import annotations
 
 import io
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,13 @@ def read_scalars(logdir: str | Path) -> dict[str, list[tuple[int, float]]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
-    acc.Reload()
+    said = logging.getLogger("tensorboard")
+    level = said.level
+    said.setLevel(logging.ERROR)  # a resumed run's purge of the steps it trains again is expected, not news
+    try:
+        acc.Reload()
+    finally:
+        said.setLevel(level)
     series: dict[str, list[tuple[int, float]]] = {}
     for tag in acc.Tags().get("scalars", []):
         by_step = {event.step: float(event.value) for event in acc.Scalars(tag)}

@@ -47,3 +47,20 @@ def test_no_scalars_no_picture(tmp_path: Path) -> None:
     (tmp_path / "tensorboard").mkdir()
     assert write_learning_curves(tmp_path) is None
     assert not (tmp_path / "learning_curves.png").exists()
+
+
+def test_a_resumed_run_reads_its_curves_without_tensorboards_purge_message(tmp_path: Path, caplog) -> None:
+    """Resumed from an older checkpoint, a run's events restart at its step: TensorBoard drops
+    the steps trained again (right) and printed a note about a TensorFlow restart to stderr."""
+    import time
+
+    logdir = tmp_path / "tensorboard"
+    with SummaryWriter(str(logdir)) as writer:
+        for step in range(1, 8):
+            writer.add_scalar("train/loss", float(step), step)
+    time.sleep(1.1)  # another event file (they are named by the second)
+    with SummaryWriter(str(logdir), purge_step=4) as writer:
+        for step in (4, 5):
+            writer.add_scalar("train/loss", 10.0 + step, step)
+    assert read_scalars(logdir)["train/loss"] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 14.0), (5, 15.0)]
+    assert "TensorFlow" not in caplog.text
