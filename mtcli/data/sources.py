@@ -580,15 +580,14 @@ def open_source(source: str, src_lang: str, tgt_lang: str, hub_config: str | Non
             return DatasetDirSource(path, src_lang, tgt_lang)
         text = TextDirSource(path, src_lang, tgt_lang)
         if kind == "parquet":  # unless it holds text of both languages (a stray notes.parquet beside it)
-            if not any({src_lang, tgt_lang} <= set(text.languages(split)) for split in text.splits()):
+            if not text._memories and not any({src_lang, tgt_lang} <= set(text.languages(split))
+                                              for split in text.splits()):  # (a .tmx's languages: read later)
                 return ParquetDirSource(path, src_lang, tgt_lang, hub_config)
             get_logger().warning("data.source %s: reading its text files; its .parquet files are left out", source)
         if not text.splits():
             entries = ", ".join(sorted(p.name for p in path.iterdir())[:10]) or "nothing"
-            raise DataError(
-                f"data.source {source}: no <split>.<lang> text files, <split>.<l1>-<l2>.tsv or <split>.tmx "
-                f"files, parquet files or saved dataset found (it holds: {entries})"
-            )
+            raise DataError(f"data.source {source}: no <split>.<lang> text files, <split>.<l1>-<l2>.tsv or "
+                            f"<split>.tmx files, parquet files or saved dataset found (it holds: {entries})")
         return text
     if source in CORPORA:
         return TextDirSource(locate(source), src_lang, tgt_lang)

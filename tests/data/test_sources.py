@@ -375,6 +375,13 @@ def test_a_stray_parquet_file_beside_text_files_leaves_them_text(tmp_path: Path)
     write_parquet(root / "notes.parquet", PAIRS[:1])
     source = open_source(str(root), "de", "en")
     assert source.kind == "text" and list(source.pairs("train")) == PAIRS
+    memories = tmp_path / "memories"  # so also beside a translation memory (whose languages are inside it)
+    memories.mkdir()
+    units = "".join(f'<tu><tuv xml:lang="de"><seg>{de}</seg></tuv><tuv xml:lang="en"><seg>{en}</seg></tuv></tu>'
+                    for de, en in PAIRS)
+    (memories / "train.tmx").write_text(f'<?xml version="1.0"?><tmx version="1.4"><body>{units}</body></tmx>')
+    write_parquet(memories / "notes.parquet", PAIRS[:1])
+    assert list(open_source(str(memories), "de", "en").pairs("train")) == PAIRS
 
 
 @pytest.mark.parametrize("damage", ["empty", "cut"])
