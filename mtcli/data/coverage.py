@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from mtcli.config import DataConfig
 from mtcli.data.corpora import Plan, text_path
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.data.vocabmap import VocabTokenizer
@@ -59,14 +60,23 @@ def _advice(rule: str | None, unknown: bool) -> str:
 UNKNOWN_WARN_SHARE = 0.01
 
 
-def warn_of_unknown(split: str, lang: str, unknown: int, tokens: int, given: bool) -> None:
+def warn_of_unknown(split: str, lang: str, unknown: int, tokens: int, given: bool,
+                    data: DataConfig | None = None) -> None:
     """Warn when more than :data:`UNKNOWN_WARN_SHARE` of a split's ``lang`` tokens are unknown to
     the vocabulary: the model can neither read nor write that text (a ``data.spm_model`` made for
-    other languages or scripts, or a character coverage far too low)."""
+    other languages or scripts, a word vocabulary, a character coverage far too low, or
+    characters the training text does not hold), with what to do about it (``data``: the
+    settings the model was trained under)."""
     if not tokens or unknown <= UNKNOWN_WARN_SHARE * tokens:
         return
-    fix = ("data.spm_model was made for other text: leave it out to train one on this corpus" if given else
-           "raise data.character_coverage")
+    if given:
+        fix = "data.spm_model was made for other text: leave it out to train one on this corpus"
+    elif data is not None and data.spm_model_type == "word":
+        fix = "data.spm_model_type word knows only the training text's words: unigram or bpe spell the others"
+    elif data is not None and data.character_coverage >= 1.0:
+        fix = "its characters are not in the training text (another script?): train on text that holds them"
+    else:
+        fix = "raise data.character_coverage"
     get_logger().warning("%s.%s: %d of %d tokens (%.1f%%) are unknown to the SentencePiece model (⁇): the model "
                          "can neither read nor write that text; %s", split, lang, unknown, tokens,
                          100 * unknown / tokens, fix)

@@ -412,10 +412,11 @@ def _train_spm(tmp: Path, data: DataConfig, plan: Plan, counts: dict[str, CleanC
 
 
 def _encode_splits(tmp: Path, plan: Plan, model_path: Path, dtype: np.dtype, counts: dict[str, CleanCounts],
-                   workers: int, given: bool) -> dict[str, dict[str, int]]:
+                   workers: int, given: bool, data: DataConfig) -> dict[str, dict[str, int]]:
     """Encode every split's text in ``tmp`` into its binarised arrays, a corpus's tags before each
     of its training sources; tokens per split and language. ``given``: the SentencePiece model
-    is the config's ``data.spm_model``, not trained here (said in the unknown-token warning)."""
+    is the config's ``data.spm_model``, not trained here (said, or else how ``data`` trained it,
+    in the unknown-token warning)."""
     tokenizer = load_tokenizer(model_path)
     prefixes = {(c.train_name, c.langs[0]): [tokenizer.piece_to_id(t) for t in c.prefix] for c in plan.corpora}
     sources = {c.langs[0] for c in plan.corpora}
@@ -432,7 +433,7 @@ def _encode_splits(tmp: Path, plan: Plan, model_path: Path, dtype: np.dtype, cou
                     encode_file(model_path, text_path(tmp, split, lang), writer, num_lines=counts[split].kept,
                                 workers=workers, show_progress=sys.stderr.isatty())
             tokens[split][lang] = writer.tokens
-            warn_of_unknown(split, lang, writer.unknown, writer.tokens, given)
+            warn_of_unknown(split, lang, writer.unknown, writer.tokens, given, data)
         get_logger().info("encoded %s: %s tokens", split, tokens[split])
     return tokens
 
@@ -567,7 +568,7 @@ def _build(data: DataConfig, out: Path, plan: Plan, given: Path | None, inputs: 
         tokenizer = load_tokenizer(model_path)
         warn_of_changed_text(tmp, plan, tokenizer, data.spm_normalization if given is None else None)
         dtype = token_dtype(tokenizer.vocab_size)
-        tokens = _encode_splits(tmp, plan, model_path, dtype, counts, workers, given is not None)
+        tokens = _encode_splits(tmp, plan, model_path, dtype, counts, workers, given is not None, data)
         spm = _spm_record(data, plan, given, model_path, tokenizer.vocab_size)
         manifest = _manifest(data, plan, key, fingerprint, counts, tokens, dtype, spm)
         if plan.several:

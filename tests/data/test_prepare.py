@@ -986,6 +986,23 @@ def test_a_side_the_vocabulary_cannot_spell_is_warned_of(tmp_path: Path, toy_dir
     assert any(w.startswith("train.tgt: ") for w in warned)
 
 
+def test_the_unknown_token_warning_says_what_would_help(caplog: pytest.LogCaptureFixture) -> None:
+    """It said "raise data.character_coverage" at full coverage, the highest there is, and for
+    a word vocabulary, which coverage does not change."""
+    from mtcli.config import DataConfig
+    from mtcli.data.coverage import warn_of_unknown
+
+    for data, given, said in ((DataConfig("x", "de", "en", character_coverage=1.0), False, "its characters are not in the "
+                               "training text (another script?)"),
+                              (DataConfig("x", "de", "en", character_coverage=0.9995), False, "raise data.character_coverage"),
+                              (DataConfig("x", "de", "en", spm_model_type="word"), False, "data.spm_model_type word knows "
+                               "only the training text's words"),
+                              (DataConfig("x", "de", "en"), True, "data.spm_model was made for other text")):
+        caplog.clear()
+        warn_of_unknown("test", "en", 71, 1082, given, data)
+        assert said in caplog.records[-1].getMessage(), said
+
+
 @pytest.mark.parametrize(("make", "needle"), [
     (lambda p: p / "missing.model", "missing.model: not found"),
     (lambda p: p, "no spm.model in that directory"),
