@@ -17,12 +17,19 @@ from typing import TYPE_CHECKING, Any
 
 from mtcli.version import __version__
 
-#: The process that started this one, as it was when mtcli was first imported (a moment after
-#: the start): a torchrun rank compares its parent with it to find a launcher that died while
-#: the rank imported its modules (a second or more), which no parent-death signal then reports.
-STARTED_BY = os.getppid()
+# This process and its parent when mtcli was first imported, a moment after the start.
+_STARTED = (os.getpid(), os.getppid())
 
-__all__ = ["Translator", "__version__"]
+
+def started_by() -> int:
+    """The process that started this one, as it was when mtcli was first imported: a torchrun
+    rank compares its parent with it to find a launcher that died while the rank imported its
+    modules (a second or more), which no parent-death signal then reports. A process forked
+    from one that had imported mtcli (a notebook launcher) has its parent now."""
+    pid, parent = _STARTED
+    return parent if os.getpid() == pid else os.getppid()
+
+__all__ = ["Translator", "__version__", "started_by"]
 
 if TYPE_CHECKING:
     from mtcli.infer.translator import Translator

@@ -29,10 +29,11 @@ def resolve_device(name: str, local_rank: int = 0, key: str = "train.device") ->
     for anything else, or a GPU this machine does not have."""
     if name in ("auto", "cuda") and torch.cuda.is_available():
         count = torch.cuda.device_count()
-        if local_rank >= count:  # torchrun --nproc-per-node above the GPUs
-            raise ConfigError(f"{key}={name!r}: process {local_rank} of this machine has no GPU of its own (this "
-                              f"machine has {count}): start at most {count} processes a machine (torchrun "
-                              "--nproc-per-node)")
+        if local_rank > 0 and local_rank >= count:  # torchrun --nproc-per-node above the GPUs
+            raise ConfigError(f"{key}={name!r}: process {local_rank} of this machine has no GPU of its own ({count} "
+                              f"visible): start at most {count} processes a machine (torchrun --nproc-per-node), "
+                              "or, where each process sees only its own GPU (SLURM's --gpus-per-task), set "
+                              f"{key}=cuda:0")
         return torch.device(f"cuda:{local_rank}")
     if name == "auto":
         return torch.device("cpu")

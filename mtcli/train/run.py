@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mtcli import STARTED_BY
+from mtcli import started_by
 from mtcli.config import Config, load_config, save_config
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.freshness import open_prepared
@@ -299,12 +299,13 @@ def _join(config: Config, info: DistInfo, device: torch.device) -> PreparedCorpu
     rank ends with its launcher (a torchrun killed by SIGKILL left its ranks training on): at
     once while it starts (nothing to save, and the wait to join ignores SIGTERM), then by
     SIGTERM, which saves ``checkpoint_last``."""
+    launcher = started_by()
     if info.distributed:
-        end_with_parent(STARTED_BY, signal.SIGKILL)
+        end_with_parent(launcher, signal.SIGKILL)
     with peer_failures(info):
         init_distributed(info, device)
         if info.distributed:
-            end_with_parent(STARTED_BY)
+            end_with_parent(launcher)
         corpus = open_prepared(config, check_inputs=info.is_main)  # one process reads the corpus's files
         manifest = corpus.manifest
         agree_on_data((str(manifest.get("build_key")), str((manifest.get("spm") or {}).get("sha256"))), info)
@@ -315,7 +316,7 @@ def train(config: Config) -> TrainSummary:
     """Train (or resume) the run of ``config``; see the module docstring."""
     log = get_logger()
     info = DistInfo.from_env()
-    if not info.is_main:  # one voice on the console: rank 0's (every rank warns alike; its own error is its own)
+    if info.local_rank > 0:  # one voice on each machine's console: its first process's (they warn alike)
         log.setLevel(logging.ERROR)
     device = resolve_device(config.train.device, info.local_rank)
     if config.train.num_threads > 0:

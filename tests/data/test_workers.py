@@ -131,23 +131,39 @@ def test_workers_end_with_a_parent_killed_by_sigkill(tmp_path: Path) -> None:
 #: A launcher (torchrun) that starts a rank and is killed while the rank imports its modules:
 #: the rank compared its parent with its parent, a moment later, and trained on for nobody.
 RANK_OF_A_GONE_LAUNCHER = """
-import signal, sys, time
+import os, signal, sys, time
 from pathlib import Path
 import mtcli
-time.sleep(1.5)  # the launcher is gone by now
+Path(sys.argv[1], "imported").write_text("")
+while os.getppid() == mtcli._STARTED[1]:  # the launcher is gone after this
+    time.sleep(0.01)
 from mtcli.data.workers import end_with_parent
-launcher = mtcli.STARTED_BY
+launcher = mtcli.started_by()
 Path(sys.argv[1], "checking").write_text(str(launcher))
 end_with_parent(launcher, signal.SIGKILL)
 Path(sys.argv[1], "survived").write_text("")
 time.sleep(60)
 """
 
+#: A process forked from one that had imported mtcli (a notebook's launcher): its launcher is
+#: its parent, alive; the grandparent's pid it inherited killed it at once.
+FORKED_RANK = """
+import os, signal, sys, time
+import mtcli
+from mtcli.data.workers import end_with_parent
+child = os.fork()
+if child == 0:
+    end_with_parent(mtcli.started_by(), signal.SIGKILL)
+    os._exit(7)
+print(os.waitpid(child, 0)[1] >> 8)
+"""
 
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a parent-death signal is Linux's")
 def test_a_process_whose_launcher_died_while_it_started_ends(tmp_path: Path) -> None:
-    launcher = ("import subprocess, sys, time\n"
+    launcher = ("import subprocess, sys, time\nfrom pathlib import Path\n"
                 f"print(subprocess.Popen([sys.executable, '-c', {RANK_OF_A_GONE_LAUNCHER!r}, sys.argv[1]]).pid)\n"
-                "time.sleep(0.5)")  # the rank's imports under way
+                "while not Path(sys.argv[1], 'imported').exists():\n    time.sleep(0.01)")
     rank = int(subprocess.run([sys.executable, "-c", launcher, str(tmp_path)], capture_output=True, text=True,
                               timeout=60).stdout)
     deadline = time.monotonic() + 20
@@ -157,6 +173,8 @@ def test_a_process_whose_launcher_died_while_it_started_ends(tmp_path: Path) -> 
     if alive:  # the failure's own clean-up
         os.kill(rank, signal.SIGKILL)
     assert (tmp_path / "checking").is_file() and not (tmp_path / "survived").exists() and not alive
+    forked = subprocess.run([sys.executable, "-c", FORKED_RANK], capture_output=True, text=True, timeout=60)
+    assert forked.stdout.strip() == "7", forked.stderr  # it ran on
 
 
 def _run_guarded(script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:

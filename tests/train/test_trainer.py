@@ -774,7 +774,8 @@ def test_more_processes_than_gpus_is_one_line(monkeypatch: pytest.MonkeyPatch) -
     assert resolve_device("auto", 0) == torch.device("cuda:0")
     for name in ("auto", "cuda"):
         with pytest.raises(ConfigError, match=rf"train.device='{name}': process 1 of this machine has no GPU of its "
-                                              r"own \(this machine has 1\): start at most 1 processes"):
+                                              r"own \(1 visible\): start at most 1 processes .* set "
+                                              "train.device=cuda:0"):
             resolve_device(name, 1)
 
 
