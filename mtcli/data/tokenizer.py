@@ -311,6 +311,9 @@ class WordCache:
         self.dtype = np.dtype(dtype)
         self.max_words = max_words
         self._words: dict[str, bytes] | None = {" ": b"", "\n": b""} if tokenizer.words_encode_alone() else None
+        # whether a literal ▁ has other ids in its line than alone (its normalisation keeps it)
+        probe = tokenizer.encode_batch(["a \u2581 b", "a", "\u2581", "b"]) if self._words is not None else []
+        self._marks_differ = bool(probe) and probe[0] != probe[1] + probe[2] + probe[3]
 
     def encode(self, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The ids of all ``lines`` (no bos/eos; none may hold a ``\n``) as one flat array of
@@ -356,19 +359,21 @@ class WordCache:
         whole: SentencePiece reads it as a space, so its word alone is not its ids in the line
         (rare: only a normalisation other than ``nmt_nfkc`` keeps it)."""
         mark = WORD_START.encode("utf-8")
-        at = np.flatnonzero((a[:-2] == mark[0]) & (a[1:-1] == mark[1]) & (a[2:] == mark[2]))
-        if not len(at):
+        if not self._marks_differ or a.tobytes().find(mark) < 0:
             return ids, lengths
+        at = np.flatnonzero((a[:-2] == mark[0]) & (a[1:-1] == mark[1]) & (a[2:] == mark[2]))
         stops = np.flatnonzero(a == 10)
-        marked = np.unique(np.searchsorted(stops, at))
-        starts = np.concatenate(([0], stops[:-1] + 1))
-        whole = self.tokenizer.encode_batch([a[starts[i]:stops[i]].tobytes().decode("utf-8") for i in marked])
-        lines = np.split(ids, np.cumsum(lengths)[:-1])
-        for i, line_ids in zip(marked.tolist(), whole, strict=True):
-            lines[i] = np.array(line_ids, dtype=self.dtype)
+        marked = np.unique(np.searchsorted(stops, at)).tolist()
+        whole = self.tokenizer.encode_batch([a[(stops[i - 1] + 1 if i else 0):stops[i]].tobytes().decode("utf-8")
+                                             for i in marked])
+        offsets = np.concatenate(([0], np.cumsum(lengths)))
+        pieces, done = [], 0  # the ids between the marked lines as they are, each marked line's anew
+        for i, line_ids in zip(marked, whole, strict=True):
+            pieces += [ids[done:offsets[i]], np.array(line_ids, dtype=self.dtype)]
+            done = offsets[i + 1]
         lengths = lengths.copy()
         lengths[marked] = [len(line_ids) for line_ids in whole]
-        return np.concatenate(lines) if lines else ids, lengths
+        return np.concatenate([*pieces, ids[done:]]), lengths
 
     def _encode_words(self, words, per_line: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`encode_text` of its words (a pyarrow string array, each word ended by its space
