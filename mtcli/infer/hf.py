@@ -43,7 +43,7 @@ import torch
 
 from mtcli.data.vocabmap import VocabTokenizer
 from mtcli.errors import ConfigError, MtcliError, one_line
-from mtcli.fileio import atomic_dir, check_replaceable, default_file_mode
+from mtcli.fileio import atomic_dir, check_replaceable, default_file_mode, sha256_file
 from mtcli.infer.export import EXPORT_RECORD
 from mtcli.infer.loading import load_for_inference
 from mtcli.model import Transformer
@@ -226,7 +226,9 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
                         source_lang=data.src_lang, target_lang=data.tgt_lang, model_max_length=model.cfg.max_positions,
                         unk_token="<unk>", eos_token="</s>", pad_token="<pad>").save_pretrained(tmp)
         record = {"format": "hf", "run_dir": str(run_dir), "checkpoint": bundle.name,
-                  "model": bundle.config.to_dict()["model"], "decode": bundle.config.to_dict()["decode"]}
+                  "model": bundle.config.to_dict()["model"], "decode": bundle.config.to_dict()["decode"],
+                  # what the export wrote: an import takes an edited generation config's beam and limit
+                  "generation_config_sha256": sha256_file(tmp / "generation_config.json")}
         if bundle.target_tags:  # a multilingual run: its sources start with a tag, which MarianTokenizer cannot write
             record["target_tags"] = {lang: {"piece": tokenizer.id_to_piece(i), "id": i}
                                      for lang, i in bundle.target_tags.items()}

@@ -420,7 +420,7 @@ def output_limit(generation: Any, positions: int) -> int:
 
 def _as_edited(decode: DecodeConfig, generation: Any, positions: int, model_dir: Path) -> DecodeConfig:
     """An mtcli export's ``decode`` settings, with the beam and the length limit of its
-    ``generation_config.json`` where they are not what the export wrote (edited since)."""
+    ``generation_config.json`` (edited since the export) where they differ from them."""
     if generation is None:
         return decode
     edits: dict[str, Any] = {}
@@ -444,8 +444,10 @@ def _run_config(hf: Any, model: Transformer, model_dir: Path, run_dir: Path, lan
     if isinstance(exported.get("decode"), dict):  # mtcli's own export: the run's decode settings back,
         # less what needs the training corpus (a shortlist's table), which an import does not have
         keys = {f.name for f in dataclasses.fields(DecodeConfig)} - {"tgt_lang", "shortlist"}
-        decode = _as_edited(DecodeConfig(**{k: v for k, v in exported["decode"].items() if k in keys}),
-                            generation, model.cfg.max_positions, model_dir)
+        decode = DecodeConfig(**{k: v for k, v in exported["decode"].items() if k in keys})
+        written, path = exported.get("generation_config_sha256"), model_dir / "generation_config.json"
+        if written and path.is_file() and sha256_file(path) != written:
+            decode = _as_edited(decode, generation, model.cfg.max_positions, model_dir)
     config = Config(
         data=DataConfig(name=run_dir.name, source=str(model_dir.resolve()), src_lang=langs[0], tgt_lang=langs[1],
                         vocab_size=model.vocab_size),

@@ -239,6 +239,9 @@ def test_an_exports_generation_config_edited_since_is_what_its_import_decodes_wi
     decode = Translator.from_run(import_hf(exported, tmp_path / "back").run_dir, device="cpu").decode
     forced = json.loads(path.read_text()).get("forced_eos_token_id") is not None
     assert (decode.beam_size, decode.max_len_a, decode.max_len_b) == (3, 0.0, 6 - 1 - int(forced))
+    path.unlink()  # none: transformers' defaults (20 tokens) are not an edit
+    again = Translator.from_run(import_hf(exported, tmp_path / "again").run_dir, device="cpu").decode
+    assert again == Translator.from_run(tiny_run_dir, device="cpu").decode
 
 
 def test_an_import_leaves_out_the_decode_settings_that_need_the_training_corpus(
