@@ -504,7 +504,7 @@ _TAG = re.compile(r"<(?!2[A-Za-z])[A-Za-z0-9_-]+>")  # not <2xx>: mtcli.data.cor
 _SPECIAL_PIECES = ("<s>", "<pad>", "<unk>")  # and </s>: mtcli.data.tokenizer's (the regex refuses "/")
 
 
-_LANG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+LANGUAGE_CODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 
 def _validate_sources(config: Config, where: str) -> None:
@@ -512,7 +512,7 @@ def _validate_sources(config: Config, where: str) -> None:
     dc = config.data
     for key, lang in [("data.src_lang", dc.src_lang), ("data.tgt_lang", dc.tgt_lang),
                       *((f"data.sources[{i}].langs", lang) for i, c in enumerate(dc.sources) for lang in c.langs or ())]:
-        if not _LANG.fullmatch(lang):  # it names files (train.<lang>) and the tag <2lang>
+        if not LANGUAGE_CODE.fullmatch(lang):  # it names files (train.<lang>) and the tag <2lang>
             raise ConfigError(f"{where}: {key} must be a language code (letters, digits, _ or -: de, pt_BR, "
                               f"zh-Hans), got {lang!r}")
     if bool(dc.source) == bool(dc.sources):

@@ -24,7 +24,7 @@ from mtcli.data.cache import PreparedCorpus, eval_split_name
 from mtcli.data.textio import lines_sha256, read_lines, read_lines_hashed
 from mtcli.device import peak_memory_mb
 from mtcli.errors import ConfigError, DataError
-from mtcli.fileio import atomic_write, check_directory
+from mtcli.fileio import atomic_write, check_directory, names_an_open_file
 from mtcli.infer.loading import InferenceModel, run_directions
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, progress
@@ -195,7 +195,7 @@ def _read_input(run_dir: Path, config: Config, test: _Test, direction: tuple[str
                                                   test.ref_files[0] if test.ref_files else None, direction)
     ref_paths = [ref_path, *test.ref_files[1:]]
     sources, references, more_references, digest = _read_test(src_path, ref_paths)
-    if split is None and str(src_path).startswith(("/dev/fd/", "/proc/self/fd/", "/dev/stdin")):
+    if split is None and names_an_open_file(src_path):
         # <(zcat a.gz), a pipe: named by its text, not by a descriptor's number every such call shares
         text = hashlib.sha256("\n".join(sources).encode("utf-8")).hexdigest()[:12]
         name = f"stream-{text}{_direction_suffix(config, direction)}"

@@ -98,14 +98,14 @@ def is_stream(path: str | Path) -> bool:
         mode = os.stat(path).st_mode
     except (OSError, ValueError):
         return False
-    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)) or _names_an_open_file(Path(path))
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)) or names_an_open_file(Path(path))
 
 
 #: The names of a process's open files: ``/dev/stdout``, ``/dev/fd/3``, ``/proc/self/fd/1``.
 _OPEN_FILE = re.compile(r"/dev/(stdin|stdout|stderr|fd/\d+)|/proc/[^/]+/fd/\d+")
 
 
-def _names_an_open_file(path: Path) -> bool:
+def names_an_open_file(path: Path) -> bool:
     """Whether ``path``, or a link on the way to its file, is one of :data:`_OPEN_FILE` (a file
     under ``/dev/shm`` is an ordinary file)."""
     for _ in range(40):  # the kernel's own limit on links followed

@@ -31,6 +31,12 @@ def _pyplot() -> Any:
     return plt
 
 
+def _not_a_restart(record: logging.LogRecord) -> bool:
+    """Leave out TensorBoard's note that it drops the steps a resumed run trains again (it
+    takes the resume for "a TensorFlow restart"): expected, not news. Its other warnings stay."""
+    return "TensorFlow restart" not in record.getMessage()
+
+
 def read_scalars(logdir: str | Path) -> dict[str, list[tuple[int, float]]]:
     """All scalar series in a TensorBoard log directory as ``tag -> [(step, value), ...]``.
 
@@ -40,12 +46,11 @@ def read_scalars(logdir: str | Path) -> dict[str, list[tuple[int, float]]]:
 
     acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
     said = logging.getLogger("tensorboard")
-    level = said.level
-    said.setLevel(logging.ERROR)  # a resumed run's purge of the steps it trains again is expected, not news
+    said.addFilter(_not_a_restart)
     try:
         acc.Reload()
     finally:
-        said.setLevel(level)
+        said.removeFilter(_not_a_restart)
     series: dict[str, list[tuple[int, float]]] = {}
     for tag in acc.Tags().get("scalars", []):
         by_step = {event.step: float(event.value) for event in acc.Scalars(tag)}

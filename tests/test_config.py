@@ -376,3 +376,12 @@ def test_a_runs_own_config_trains_that_run_and_a_run_directory_is_named(tmp_path
     plain.parent.mkdir()
     plain.write_text((run / "config.yaml").read_text())
     assert load_config(plain).run_path() == Path("data/runs/config")
+
+
+@pytest.mark.parametrize(("key", "lang"), [("src_lang", "a b"), ("tgt_lang", "de.x"), ("src_lang", "")])
+def test_a_language_that_cannot_name_a_file_is_refused(key: str, lang: str) -> None:
+    """They name files (train.<lang>) and tags (<2lang>): 'a b' or 'de.x' was accepted."""
+    data = {"name": "x", "source": "x", "src_lang": "de", "tgt_lang": "en", key: lang}
+    with pytest.raises(ConfigError, match=rf"data.{key} must be a language code .*got '{re.escape(lang)}'"):
+        config_from_dict({"data": data})
+    config_from_dict({"data": {**data, key: "pt_BR" if key == "src_lang" else "zh-Hans"}})

@@ -83,6 +83,8 @@ class _Units:
     def skipped(self, name: str, is_parameter_entity: bool) -> None:
         """An entity no declaration read defines (``&nbsp;`` under a DOCTYPE whose DTD expat does
         not read): its text would be dropped, unsaid, as it is an error without a DOCTYPE."""
+        if is_parameter_entity:  # the DTD's own, not text
+            return
         raise DataError(f"{self.path}:{self.parser.CurrentLineNumber}: not a well-formed TMX file (undefined entity "
                         f"&{name};, column {self.parser.CurrentColumnNumber + 1}; its DOCTYPE's DTD is not read): "
                         "write the character itself")

@@ -45,6 +45,7 @@ import torch
 
 from mtcli.checkpoint import save_checkpoint
 from mtcli.config import (
+    LANGUAGE_CODE,
     Config,
     DataConfig,
     DecodeConfig,
@@ -212,6 +213,8 @@ def languages(model_dir: Path, src_lang: str | None, tgt_lang: str | None) -> tu
     for option, given in (("--src-lang", src_lang), ("--tgt-lang", tgt_lang)):
         if given is not None and not given.strip():
             raise ConfigError(f"{option} is empty: give a language code, or leave it out to read the model's")
+        if given is not None and not LANGUAGE_CODE.fullmatch(given):
+            raise ConfigError(f"{option} {given!r}: not a language code (letters, digits, _ or -: de, pt_BR, zh-Hans)")
     if src_lang and src_lang == tgt_lang:
         raise ConfigError(f"--src-lang and --tgt-lang are both {src_lang!r}: the source and target languages must differ")
     found = [src_lang, tgt_lang]

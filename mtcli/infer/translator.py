@@ -76,7 +76,7 @@ def _changes(settings: dict[str, Any]) -> dict[str, Any]:
 def _no_nbest(settings: dict[str, Any], method: str, why: str = "") -> None:
     """Refuse an ``nbest`` setting where it means nothing: :meth:`Translator.translate` gives
     one translation a text (it widened the beam to ``nbest``, unsaid)."""
-    if "nbest" in settings:
+    if settings.get("nbest") is not None:
         raise ConfigError(f"{method}() takes no nbest setting{why or '; Translator.nbest(texts, n) gives n hypotheses'}")
 
 

@@ -284,6 +284,16 @@ def _processes(state: dict[str, Any]) -> tuple[int, int, int | None]:
     return saved, int(train.get("update_freq", 1)), None if tokens is None else int(tokens)
 
 
+def _update_sizes(state: dict[str, Any], world_size: int, update_freq: int,
+                  max_tokens: int | None) -> tuple[int, int]:
+    """An update's size in the checkpoint's run and in this one: processes x batches x tokens
+    (x batches where either budget is not known)."""
+    saved, saved_freq, saved_tokens = _processes(state)
+    known = saved_tokens is not None and max_tokens is not None
+    return (saved * saved_freq * (saved_tokens if known else 1),
+            world_size * update_freq * (max_tokens if known else 1))
+
+
 def process_change(state: dict[str, Any], world_size: int, update_freq: int,
                    max_tokens: int | None = None) -> str | None:
     """How the process count differs from the checkpoint's, as a config change is logged, or
@@ -295,8 +305,7 @@ def process_change(state: dict[str, Any], world_size: int, update_freq: int,
     if saved == world_size:
         return None
     known = saved_tokens is not None and max_tokens is not None
-    before = saved * saved_freq * (saved_tokens if known else 1)
-    now = world_size * update_freq * (max_tokens if known else 1)
+    before, now = _update_sizes(state, world_size, update_freq, max_tokens)
     if before == now:
         moved = [f"train.update_freq {saved_freq} -> {update_freq}"] if saved_freq != update_freq else []
         moved += [f"train.max_tokens {saved_tokens} -> {max_tokens}"] if known and saved_tokens != max_tokens else []
@@ -348,6 +357,7 @@ def resume_changes(state: dict[str, Any], new: dict[str, Any], world_size: int, 
     process = process_change(state, world_size, update_freq, None if max_tokens is None else int(max_tokens))
     if process is None:
         return changes
-    if "as large as before" in process:  # said with the processes
+    before, now = _update_sizes(state, world_size, update_freq, None if max_tokens is None else int(max_tokens))
+    if before == now:  # said with the processes
         changes = [change for change in changes if not change.startswith("train.update_freq:")]  # (max_tokens: rebatched)
     return [*changes, process]

@@ -486,7 +486,7 @@ def test_the_languages_must_differ(marian_dir: Path, tmp_path: Path) -> None:
     # an empty one was the model's; one that cannot name a file or a tag, accepted
     with pytest.raises(ConfigError, match="--src-lang is empty: give a language code"):
         import_hf(marian_dir, tmp_path / "run", src_lang=" ")
-    with pytest.raises(ConfigError, match=r"data.tgt_lang must be a language code .*got 'e n'"):
+    with pytest.raises(ConfigError, match=r"--tgt-lang 'e n': not a language code"):
         import_hf(marian_dir, tmp_path / "run", tgt_lang="e n")
     assert not (tmp_path / "run").exists()
 
