@@ -108,7 +108,10 @@ def _is_conversion(entry: Path) -> bool:
         record = json.loads((entry / EXPORT_RECORD).read_text("utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(record, dict) and str(record.get("checkpoint_payload_sha256", "")).startswith(entry.name)
+    if not isinstance(record, dict):
+        return False
+    digest = record.get("checkpoint_payload_sha256")  # an older mtcli's conversion: named so, without it
+    return str(digest).startswith(entry.name) if digest else record.get("format") == "ctranslate2"
 
 
 def _remove_old_conversions(root: Path) -> None:

@@ -256,6 +256,10 @@ def test_the_conversions_used_last_are_kept(tmp_path: Path) -> None:
         (tmp_path / key / EXPORT_RECORD).write_text(json.dumps({"checkpoint_payload_sha256": key * 4}))
         os.utime(tmp_path / key, (1000 - age, 1000 - age))
     (tmp_path / ".key9.tmp").mkdir()  # a conversion being written: not counted, not removed
+    older = tmp_path / ("e" * 16)  # an older mtcli's conversion, its record without the digest: removed
+    older.mkdir()
+    (older / EXPORT_RECORD).write_text(json.dumps({"format": "ctranslate2"}))
+    os.utime(older, (2, 2))
     (tmp_path / "mine").mkdir()  # `mtcli export RUN RUN/ctranslate2/mine`, the oldest: not one to remove
     os.utime(tmp_path / "mine", (1, 1))
     _remove_old_conversions(tmp_path)
