@@ -29,7 +29,8 @@ def started_by() -> int:
     pid, parent = _STARTED
     return parent if os.getpid() == pid else os.getppid()
 
-__all__ = ["Translator", "__version__", "started_by"]
+
+__all__ = ["Translator", "__version__"]
 
 if TYPE_CHECKING:
     from mtcli.infer.translator import Translator
