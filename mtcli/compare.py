@@ -141,7 +141,8 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
     count = len(first)
     if not count:
         raise DataError(f"{references[0]}: empty; there is nothing to compare")
-    files = [hypothesis_file(s, references[0], digest=digest, lines=lines_sha256(first)) for s in systems]
+    text = lines_sha256(first)
+    files = [hypothesis_file(s, references[0], digest=digest, lines=text) for s in systems]
     if output is not None and Path(output).exists() and any(
             Path(output).resolve() == Path(f).resolve() for f in [*files, *references]):
         raise ConfigError(f"-o {output}: is one of the files compared (a system or a reference); give another path")

@@ -7,7 +7,6 @@ decode settings, speed and peak memory) go to ``<run_dir>/eval/`` by default, bo
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -197,8 +196,7 @@ def _read_input(run_dir: Path, config: Config, test: _Test, direction: tuple[str
     sources, references, more_references, digest = _read_test(src_path, ref_paths)
     if split is None and names_an_open_file(src_path):
         # <(zcat a.gz), a pipe: named by its text, not by a descriptor's number every such call shares
-        text = hashlib.sha256("\n".join(sources).encode("utf-8")).hexdigest()[:12]
-        name = f"stream-{text}{_direction_suffix(config, direction)}"
+        name = f"stream-{lines_sha256(sources)[:12]}{_direction_suffix(config, direction)}"
     scorer("bleu", direction[1], instead=instead)
     return _Input(direction, src_path, ref_paths, name, split, sources, references, more_references, digest)
 

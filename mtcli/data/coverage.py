@@ -60,8 +60,7 @@ def _advice(rule: str | None, unknown: bool) -> str:
 UNKNOWN_WARN_SHARE = 0.01
 
 
-def warn_of_unknown(split: str, lang: str, unknown: int, tokens: int, given: bool,
-                    data: DataConfig | None = None) -> None:
+def warn_of_unknown(split: str, lang: str, unknown: int, tokens: int, given: bool, data: DataConfig) -> None:
     """Warn when more than :data:`UNKNOWN_WARN_SHARE` of a split's ``lang`` tokens are unknown to
     the vocabulary: the model can neither read nor write that text (a ``data.spm_model`` made for
     other languages or scripts, a word vocabulary, a character coverage far too low, or
@@ -71,9 +70,9 @@ def warn_of_unknown(split: str, lang: str, unknown: int, tokens: int, given: boo
         return
     if given:
         fix = "data.spm_model was made for other text: leave it out to train one on this corpus"
-    elif data is not None and data.spm_model_type == "word":
+    elif data.spm_model_type == "word":
         fix = "data.spm_model_type word knows only the training text's words: unigram or bpe spell the others"
-    elif data is not None and data.character_coverage >= 1.0:
+    elif data.character_coverage >= 1.0:
         fix = "its characters are not in the training text (another script?): train on text that holds them"
     else:
         fix = "raise data.character_coverage"

@@ -352,15 +352,15 @@ class WordCache:
         words = pa.StringArray.from_buffers(len(ends), pa.py_buffer(offsets), pa.py_buffer(a))
         per_line = np.diff(np.flatnonzero(a[ends] == 10), prepend=-1)  # each line's number of words
         ids, lengths = self._encode_words(words, per_line)
-        return self._marked_lines_whole(a, ids, lengths)
+        if self._marks_differ and WORD_START.encode("utf-8") in text:
+            return self._marked_lines_whole(a, ids, lengths)
+        return ids, lengths
 
     def _marked_lines_whole(self, a: np.ndarray, ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(ids, lengths)`` with each line of the text ``a`` that holds a literal ``▁`` encoded
         whole: SentencePiece reads it as a space, so its word alone is not its ids in the line
-        (rare: only a normalisation other than ``nmt_nfkc`` keeps it)."""
+        (rare: only a normalisation other than ``nmt_nfkc`` keeps it; ``a`` holds one)."""
         mark = WORD_START.encode("utf-8")
-        if not self._marks_differ or a.tobytes().find(mark) < 0:
-            return ids, lengths
         at = np.flatnonzero((a[:-2] == mark[0]) & (a[1:-1] == mark[1]) & (a[2:] == mark[2]))
         stops = np.flatnonzero(a == 10)
         marked = np.unique(np.searchsorted(stops, at)).tolist()

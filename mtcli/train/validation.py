@@ -20,6 +20,7 @@ from mtcli.infer.loading import InferenceModel
 from mtcli.infer.translate import translate_texts
 from mtcli.logs import get_logger
 from mtcli.metrics import score, scorer
+from mtcli.rundir import BASIS_KEYS
 from mtcli.train.loss import LabelSmoothedLoss
 
 
@@ -165,7 +166,7 @@ class Bests:
         changed = [key for key in self.basis if key in saved and saved[key] != self.basis[key]]
         if not changed:
             return []
-        forgets = ["bleu", "chrf", "loss"] if "valid_max_sentences" in changed else ["loss"]
+        forgets = [metric for metric, keys in BASIS_KEYS.items() if any(key in changed for key in keys)]
         for key in forgets:
             setattr(self, key, None)
         deciding = self.best_by in forgets
@@ -178,7 +179,7 @@ class Bests:
 
 
 def score_basis(config: Config) -> dict[str, Any]:
-    """What a validation score depends on beyond the model (``train`` keys): the label
-    smoothing of its loss and the subset it reads."""
-    return {"label_smoothing": config.train.label_smoothing,
-            "valid_max_sentences": config.train.valid_max_sentences}
+    """What a validation score depends on beyond the model (the ``train`` keys of
+    :data:`~mtcli.rundir.BASIS_KEYS`: the label smoothing of its loss and the subset it reads)."""
+    keys = dict.fromkeys(key for metric_keys in BASIS_KEYS.values() for key in metric_keys)
+    return {key: getattr(config.train, key) for key in keys}
