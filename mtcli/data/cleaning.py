@@ -24,7 +24,7 @@ from mtcli.data.arrowrows import BlockReader
 from mtcli.data.dedup import key_set, keys_of, pair_keys
 from mtcli.data.scan import Lines, numpy_lines, text_length
 from mtcli.data.sources import Pair, mismatch_error
-from mtcli.data.textio import decode_block, is_utf8, read_range
+from mtcli.data.textio import decode_block, is_utf8, read_range, refuse_lone_cr_ends
 from mtcli.data.workers import forked_pool, in_order, result_of, settle
 
 # Pairs a worker cleans at a time: about 4 MB of WMT text a side, a tenth of a second of work.
@@ -199,6 +199,8 @@ def _line_cuts(path: Path, every: int) -> tuple[list[int], int, int]:
             count += ends
             size += n
             last = bytes(buffer[n - 1:n])
+    if count == 0:  # one line: refused if it is lines ended by lone \r
+        refuse_lone_cr_ends(read_range(path, 0, min(size, CUT_BLOCK_BYTES)), str(path))
     # a cut at the very end (a file that ends with line ``k * every``) starts no range
     return [cut for cut in cuts if cut < size], count + (last != b"\n"), size
 

@@ -49,6 +49,7 @@ from mtcli.data.arrowrows import (
     pair_columns,
 )
 from mtcli.data.download import CORPORA, locate
+from mtcli.data.filenames import misnamed, read_name
 from mtcli.data.textio import read_lines
 from mtcli.data.tmx import tmx_pairs
 from mtcli.data.tsv import table_blocks, table_pairs
@@ -144,10 +145,6 @@ class Source:
         return MissingSplitError(f"{self.describe()}: no split '{split}' (found splits: {found})")
 
 
-# ``<split>.<l1>-<l2>.tsv``: both sides of a split in one file
-_TABLE_NAME = re.compile(r"(?P<split>.+)\.(?P<first>[^.\-]+)-(?P<second>[^.\-]+)\.tsv")
-
-
 class TextDirSource(Source):
     """A directory of ``<split>.<lang>`` (or ``<split>.<lang>.gz``) aligned text files, or of
     ``<split>.<l1>-<l2>.tsv[.gz]`` files holding both sides, or of ``<split>.tmx[.gz]``
@@ -161,30 +158,27 @@ class TextDirSource(Source):
         self._files: dict[tuple[str, str], list[Path]] = {}
         self._tables: dict[str, list[tuple[Path, tuple[str, str]]]] = {}
         self._memories: dict[str, list[Path]] = {}
+        self._misnamed: list[str] = []  # how to name the files that look misnamed
         for entry in sorted(root.iterdir()):
             if not entry.is_file() or entry.name.startswith("."):
                 continue
-            name = entry.name[:-3] if entry.name.endswith(".gz") else entry.name
-            table = self._table_name(name)
-            if name.endswith(".tmx") and len(name) > 4:
-                self._memories.setdefault(name[:-4], []).append(entry)
-            elif table:
-                self._tables.setdefault(table[0], []).append((entry, table[1]))
-                continue
-            if "." not in name:
-                continue
-            split, lang = name.rsplit(".", 1)
-            if split and lang:
-                self._files.setdefault((split, lang), []).append(entry)
+            kind, split, langs = read_name(entry.name, src_lang, tgt_lang)
+            if kind == "memory":
+                self._memories.setdefault(split, []).append(entry)
+            elif kind == "table":
+                self._tables.setdefault(split, []).append((entry, (langs[0], langs[1])))
+            elif kind == "side":
+                self._files.setdefault((split, langs[0]), []).append(entry)
+            elif advice := misnamed(entry.name, (src_lang, tgt_lang)):
+                self._misnamed.append(advice)
 
-    def _table_name(self, name: str) -> tuple[str, tuple[str, str]] | None:
-        """The split and column languages of a ``<split>.<l1>-<l2>.tsv`` name; the configured
-        languages are looked for first, so codes with a hyphen (``en-zh-Hant``) are read too."""
-        for langs in ((self.src_lang, self.tgt_lang), (self.tgt_lang, self.src_lang)):
-            if name.endswith(suffix := f".{langs[0]}-{langs[1]}.tsv") and len(name) > len(suffix):
-                return name[:-len(suffix)], langs
-        table = _TABLE_NAME.fullmatch(name)
-        return (table["split"], (table["first"], table["second"])) if table else None
+    def _missing_split(self, split: str) -> MissingSplitError:
+        return MissingSplitError(f"{super()._missing_split(split)}{self._advice()}")
+
+    def _advice(self) -> str:
+        """The misnamed files' advice, to end an error about a file not found."""
+        more = f"; and {len(self._misnamed) - 3} more" if len(self._misnamed) > 3 else ""
+        return f" ({'; '.join(self._misnamed[:3])}{more})" if self._misnamed else ""
 
     def describe(self) -> str:
         return f"text directory {self.root}"
@@ -230,7 +224,7 @@ class TextDirSource(Source):
                 raise self._missing_split(split)
             langs = ", ".join(self.languages(split))
             raise DataError(f"{self.describe()}: no file {split}.{lang}[.gz] for language '{lang}' "
-                            f"(split '{split}' has languages: {langs})")
+                            f"(split '{split}' has languages: {langs}){self._advice()}")
         if len(found) > 1:
             names = " and ".join(p.name for p in found)
             raise DataError(f"{self.describe()}: both {names} exist; keep one")
@@ -384,6 +378,14 @@ class ParquetDirSource(_ArrowSource):
 
     def describe(self) -> str:
         return f"parquet directory {self.root}"
+
+    def _missing_split(self, split: str) -> MissingSplitError:
+        """Says which sub-directories hold the split in the hub layout of several configurations
+        (``de-en/train-00000-of-00003.parquet``): ``data.hub_config`` picks one."""
+        holders = [sub for sub, files in self._files.items() if any(_split_of_parquet(path.name) == split
+                                                                     for path in files)]
+        hint = f" (in {', '.join(holders)}: set data.hub_config to one)" if holders else ""
+        return MissingSplitError(f"{super()._missing_split(split)}{hint}")
 
     def splits(self) -> list[str]:
         return sorted(self._files)
@@ -587,7 +589,8 @@ def open_source(source: str, src_lang: str, tgt_lang: str, hub_config: str | Non
         if not text.splits():
             entries = ", ".join(sorted(p.name for p in path.iterdir())[:10]) or "nothing"
             raise DataError(f"data.source {source}: no <split>.<lang> text files, <split>.<l1>-<l2>.tsv or "
-                            f"<split>.tmx files, parquet files or saved dataset found (it holds: {entries})")
+                            f"<split>.tmx files, parquet files or saved dataset found (it holds: {entries})"
+                            f"{text._advice()}")
         return text
     if source in CORPORA:
         return TextDirSource(locate(source), src_lang, tgt_lang)

@@ -25,7 +25,7 @@ from mtcli.errors import DataError
 
 def _is_gzip(path: Path) -> bool:
     """Whether ``path`` is read gunzipped: a ``.gz`` name."""
-    return path.suffix == ".gz"
+    return path.suffix.lower() == ".gz"
 
 
 def open_binary(path: Path) -> BinaryIO:
@@ -35,10 +35,21 @@ def open_binary(path: Path) -> BinaryIO:
     return open(path, "rb")
 
 
+def refuse_lone_cr_ends(text: bytes, name: str) -> None:
+    """Raise :class:`DataError` when ``text``, the start of ``name`` (a text without ``\\n``),
+    holds more than one ``\\r``: its lines end in a lone ``\\r`` (classic Mac OS), and read by
+    the rules here it would be one sentence, its line ends spaces."""
+    if text.count(b"\r") > 1 and b"\n" not in text:
+        raise DataError(f"{name}: its lines end in a lone \\r (classic Mac OS line ends), which mtcli reads "
+                        f"as one line; convert them first, e.g. tr '\\r' '\\n' < {name} > {name}.unix")
+
+
 def _decode_line(raw: bytes, name: str, lineno: int) -> str:
     """One line's bytes (its ending included or not) as text, by :func:`iter_binary_lines`' rules."""
     if raw.endswith(b"\n"):
         raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
+    elif lineno == 1:  # the whole text is one line
+        refuse_lone_cr_ends(raw, name)
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -58,8 +69,10 @@ def iter_binary_lines(handle: BinaryIO, name: str) -> Iterator[str]:
     The one line reader of mtcli (``prepare``, ``translate``, ``evaluate``, validation):
     only ``\\n`` ends a line and ``\\r\\n`` counts as ``\\n``; a lone ``\\r`` becomes a space
     inside its line (other Unicode separators stay inside too), so one input line is always one
-    sentence. A UTF-8 byte-order mark on the first line is dropped; an empty line stays an empty
-    string. An undecodable line raises :class:`DataError` as ``NAME:LINE: invalid UTF-8 ...``.
+    sentence; a text whose lines all end in a lone ``\\r`` (and so would be one line) is a
+    :class:`DataError` (:func:`refuse_lone_cr_ends`). A UTF-8 byte-order mark on the first line
+    is dropped; an empty line stays an empty string. An undecodable line raises
+    :class:`DataError` as ``NAME:LINE: invalid UTF-8 ...``.
     """
     for lineno, raw in enumerate(handle, start=1):
         yield _decode_line(raw, name, lineno)

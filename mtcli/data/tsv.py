@@ -1,11 +1,13 @@
 """``<split>.<l1>-<l2>.tsv[.gz]``: both sides of a split in one file, a pair a line.
 
 The columns hold the languages in the order of the file's name, and either direction reads the
-same file. A first line that names the two languages (``de<TAB>en``) is a header. A line without
-exactly two columns (a tab inside a sentence) cannot be read as a pair: a training split reads it
-as an empty pair, which cleaning drops and counts, and warns of the lines at the end; a
-validation or test split, which keeps every line, stops at it (``verbatim``). A field is read as
-it is: a CSV writer's quoting (``"a ""b"" c"``) stays, and is warned of.
+same file. A first line that names the two languages (``de<TAB>en``) is a header; one that looks
+like a header in another form (``src<TAB>tgt``, ``DE<TAB>EN``) is read as a pair, and warned of.
+A line without exactly two columns (a tab inside a sentence) cannot be read as a pair: a
+training split reads it as an empty pair, which cleaning drops and counts, and warns of the
+lines at the end; a validation or test split, which keeps every line, stops at it
+(``verbatim``). A field is read as it is: a CSV writer's quoting (``"a ""b"" c"``) stays, and is
+warned of.
 
 :func:`table_pairs` reads the lines by :mod:`mtcli.data.textio`'s rules; :func:`table_blocks`
 gives the same pairs as two blocks of text at a time, split by numpy over the bytes, for the
@@ -21,8 +23,16 @@ from typing import BinaryIO
 
 import numpy as np
 
-from mtcli.data.textio import decode_block, is_utf8, open_binary, read_errors_named, read_lines
+from mtcli.data.textio import (
+    decode_block,
+    is_utf8,
+    open_binary,
+    read_errors_named,
+    read_lines,
+    refuse_lone_cr_ends,
+)
 from mtcli.errors import DataError
+from mtcli.languages import language_code
 from mtcli.logs import get_logger
 
 #: How much of the file :func:`table_blocks` reads at a time (then cut after its last whole line).
@@ -45,7 +55,7 @@ def table_pairs(path: Path, langs: tuple[str, str], src_lang: str,
         if n == 1 and line == header:
             continue
         if n == 1:
-            _refuse_a_crossed_header(path, line.encode("utf-8"), langs)
+            _check_header(path, line.encode("utf-8"), langs)
         if len(columns) != 2:
             if verbatim:
                 raise DataError(f"{path}:{n}: expected 2 tab-separated columns, found {len(columns)}; a "
@@ -66,12 +76,12 @@ def table_blocks(path: Path, langs: tuple[str, str], src_lang: str,
     header = "\t".join(langs).encode("utf-8")
     first, malformed, first_malformed, quoted = 1, 0, 0, False
     with read_errors_named(path), open_binary(path) as handle:
-        for block in _whole_lines(handle, block_bytes):
+        for block in _whole_lines(handle, block_bytes, str(path)):
             if not is_utf8(block):
                 decode_block(block, str(path), first)  # raises, naming line and column
             quoted = quoted or _warn_of_csv_quoting(path, block, first)
             if first == 1:
-                _refuse_a_crossed_header(path, block.split(b"\n", 1)[0].rstrip(b"\r").removeprefix(_BOM), langs)
+                _check_header(path, block.split(b"\n", 1)[0].rstrip(b"\r").removeprefix(_BOM), langs)
             columns, bad = _columns(block, header if first == 1 else None)
             if len(bad):
                 malformed += len(bad)
@@ -105,12 +115,28 @@ def _warn_of_csv_quoting(path: Path, text: bytes, first: int) -> bool:
     return False
 
 
-def _refuse_a_crossed_header(path: Path, first_line: bytes, langs: tuple[str, str]) -> None:
+#: Column names a first line may hold instead of the two languages' codes.
+_HEADER_WORDS = frozenset({"src", "source", "tgt", "trg", "target", "text", "sentence", "translation", "input",
+                           "output", "source_text", "target_text", "src_text", "tgt_text", "src_lang", "tgt_lang"})
+
+
+def _check_header(path: Path, first_line: bytes, langs: tuple[str, str]) -> None:
     """A header naming the languages the other way round from the file's name (``fr<TAB>en`` in
-    ``train.en-fr.tsv``) leaves which column is which unclear: a :class:`DataError`, not a pair."""
+    ``train.en-fr.tsv``) leaves which column is which unclear: a :class:`DataError`, not a pair.
+    A first line of column names in another form (``src<TAB>tgt``, ``DE<TAB>EN``,
+    ``de_DE<TAB>en_US``) is read as a pair, and warned of."""
     if first_line == f"{langs[1]}\t{langs[0]}".encode():
         raise DataError(f"{path}:1: its header names {langs[1]} then {langs[0]}, its name {langs[0]}-{langs[1]}: "
                         "which column is which is unclear; rename the file or mend the header")
+    fields = first_line.decode("utf-8", "replace").strip().split("\t")
+    if len(fields) != 2 or first_line == "\t".join(langs).encode():
+        return
+    named = all(field.strip().lower() in _HEADER_WORDS for field in fields)
+    coded = sorted(language_code(field.strip()) for field in fields) == sorted(map(language_code, langs))
+    if named or coded:
+        get_logger().warning("%s:1: '%s' looks like a header, and is read as a pair: a .tsv's header is the two "
+                             "languages' codes as its name gives them (%s<TAB>%s)", path,
+                             "<TAB>".join(fields), *langs)
 
 
 def _warn_of_malformed(path: Path, count: int, first: int) -> None:
@@ -119,16 +145,20 @@ def _warn_of_malformed(path: Path, count: int, first: int) -> None:
                              "pairs", path, count, first)
 
 
-def _whole_lines(handle: BinaryIO, block_bytes: int) -> Iterator[bytes]:
-    """The file's bytes in blocks of whole lines, each line ended by ``\\n`` (one is added to a
-    last line without it, whose ``\\r`` at the end is then a space, as the reader makes it)."""
-    rest = b""
+def _whole_lines(handle: BinaryIO, block_bytes: int, name: str) -> Iterator[bytes]:
+    """The bytes of the file ``name`` in blocks of whole lines, each line ended by ``\\n`` (one
+    is added to a last line without it, whose ``\\r`` at the end is then a space, as the reader
+    makes it); a file of lines ended by lone ``\\r`` is refused as the reader refuses it."""
+    rest, whole = b"", True
     while chunk := handle.read(block_bytes):
         chunk = rest + chunk
         end = chunk.rfind(b"\n") + 1
         rest = chunk[end:]
         if end:
+            whole = False
             yield chunk[:end]
+    if whole:  # a file without a \n
+        refuse_lone_cr_ends(rest, name)
     if rest:
         yield (rest[:-1] + b" " if rest.endswith(b"\r") else rest) + b"\n"
 

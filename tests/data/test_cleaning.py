@@ -195,3 +195,12 @@ def test_spans_of_runs_map_to_the_same_bytes_of_the_file(seed: int) -> None:
     mapped = list(cleaning._through(spans, runs))
     assert b"".join(data[a:b] for a, b in mapped) == b"".join(joined[a:b] for a, b in spans)
     assert all(a < b for a, b in mapped)
+
+
+def test_a_file_of_lone_cr_line_ends_is_refused_before_its_line_count(tmp_path) -> None:
+    """Not 'line counts differ: ... has 1 lines but ... has 3 lines'."""
+    src, tgt = tmp_path / "c.src", tmp_path / "c.tgt"
+    src.write_bytes(b"a\rb\rc\r")
+    tgt.write_bytes(b"x\ny\nz\n")
+    with pytest.raises(DataError, match=rf"^{src}: its lines end in a lone \\r"):
+        aligned_ranges(src, tgt, 10)

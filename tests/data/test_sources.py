@@ -513,3 +513,58 @@ def test_dataset_slices_read_every_row_once_in_order(tmp_path: Path, monkeypatch
     assert "\n" not in str(caught.value)
     with pytest.raises(DataError, match=r"data-1\.arrow: unreadable Arrow file"):
         arrowrows.dataset_readers(_FilesDataset(files, 47), "de", "en")
+
+
+def test_capital_extensions_are_read(tmp_path: Path) -> None:
+    """``TRAIN.DE-EN.TSV.GZ`` and ``VAL.TMX`` (some Windows tools write capitals) were read as
+    one side of split 'TRAIN.DE-EN.TSV' in language 'GZ'."""
+    root = tmp_path / "c"
+    root.mkdir()
+    (root / "train.de-en.TSV.GZ").write_bytes(gzip.compress("".join(f"{s}\t{t}\n" for s, t in PAIRS).encode()))
+    (root / "val.TMX").write_text('<tmx version="1.4"><header srclang="de"/><body><tu><tuv xml:lang="de"><seg>'
+                                  'ein</seg></tuv><tuv xml:lang="en"><seg>one</seg></tuv></tu></body></tmx>')
+    source = open_source(str(root), "de", "en")
+    assert source.splits() == ["train", "val"]
+    source.check(["train", "val"])
+    assert list(source.pairs("train")) == PAIRS and list(source.pairs("val")) == [("ein", "one")]
+
+
+@pytest.mark.parametrize(("name", "said"), [
+    ("val.tsv", "val.tsv is not read: a .tsv is named <split>.<l1>-<l2>.tsv (e.g. val.de-en.tsv)"),
+    ("val.de-en.csv", "val.de-en.csv is not read: both sides in one file are a tab-separated "
+                      "<split>.<l1>-<l2>.tsv (e.g. val.de-en.tsv)"),
+    ("val.de.txt", "val.de.txt is not read: one side of a split is named <split>.<lang> (e.g. val.de)"),
+])
+def test_a_file_named_as_a_format_is_not_a_split_and_says_how_to_name_it(tmp_path: Path, name: str,
+                                                                         said: str) -> None:
+    """``val.tsv`` was split 'val' in language 'tsv': 'split val has languages: tsv'."""
+    root = write_text_dir(tmp_path / "c", {"train": PAIRS})
+    (root / name).write_text("ein\tone\n")
+    source = open_source(str(root), "de", "en")
+    assert source.splits() == ["train"]
+    with pytest.raises(DataError, match=rf"no split 'val' \(found splits: train\) \({re.escape(said)}\)$"):
+        source.check(["val"])
+    (root / "val.en").write_text("one\n")
+    with pytest.raises(DataError, match=rf"languages: en\) \({re.escape(said)}\)$"):
+        open_source(str(root), "de", "en").check(["val"])
+
+
+def test_lone_cr_line_ends_are_refused_by_the_reader(tmp_path: Path) -> None:
+    """A file of classic Mac OS line ends was one sentence, its line ends spaces."""
+    path = tmp_path / "train.de"
+    path.write_bytes(b"ein hund\rzwei katzen\r")
+    with pytest.raises(DataError, match=rf"^{path}: its lines end in a lone \\r \(classic Mac OS line ends\)"):
+        list(read_lines(path))
+    path.write_bytes(b"ein\rhund\n")  # a stray \r inside a line: a space, as before
+    assert list(read_lines(path)) == ["ein hund"]
+
+
+def test_a_split_in_config_subdirs_names_them_for_hub_config(tmp_path: Path) -> None:
+    """A hub snapshot of several configurations read without data.hub_config: its configurations
+    were the splits found, nothing said data.hub_config picks one."""
+    root = tmp_path / "pq"
+    for config in ("cs-en", "de-en"):
+        write_parquet(root / config / "train-00000-of-00001.parquet", PAIRS)
+    with pytest.raises(DataError, match=r"no split 'train' \(found splits: cs-en, de-en\) \(in cs-en, de-en: set "
+                                        r"data.hub_config to one\)$"):
+        open_source(str(root), "de", "en").check(["train"])

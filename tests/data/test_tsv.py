@@ -63,9 +63,18 @@ def test_blocks_match_the_reader_on_any_text(tmp_path_factory: pytest.TempPathFa
     logging.disable(logging.WARNING)
     try:
         for src_lang in LANGS:
-            assert blocks_as_pairs(path, src_lang, block_bytes) == list(table_pairs(path, LANGS, src_lang))
+            assert outcome(blocks_as_pairs, path, src_lang, block_bytes) == \
+                outcome(lambda *args: list(table_pairs(*args)), path, LANGS, src_lang)
     finally:
         logging.disable(logging.NOTSET)
+
+
+def outcome(read, *args):
+    """What ``read(*args)`` gives, or the message of the DataError it raises."""
+    try:
+        return read(*args)
+    except DataError as exc:
+        return f"DataError: {exc}"
 
 
 def test_invalid_utf8_in_a_later_block_names_its_line(tmp_path: Path) -> None:
@@ -103,4 +112,37 @@ def test_a_corrupt_gzipped_table_is_one_line_in_blocks_as_in_lines(tmp_path: Pat
     path.write_bytes(damage(gzip.compress(b"ein hund\ta dog\n" * 500)))
     for read in (lambda: list(table_pairs(path, LANGS, "de")), lambda: list(table_blocks(path, LANGS, "de", 1 << 10))):
         with pytest.raises(DataError, match=rf"^{path}: corrupt gzip data \(.+\)$"):
+            read()
+
+
+@pytest.mark.parametrize("first", [b"src\ttgt", b"Source\tTarget", b"DE\tEN", b"de_DE\ten_US", b"EN\tDE"])
+def test_a_first_line_of_other_column_names_is_warned_of(tmp_path: Path, first: bytes,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """``src<TAB>tgt`` atop a file (pandas' ``to_csv`` with named columns) was read as a pair,
+    unsaid: in a test split, a wrong line scored."""
+    path = tmp_path / "test.de-en.tsv"
+    path.write_bytes(first + b"\nein hund\ta dog\n")
+    for read in (lambda: list(table_pairs(path, LANGS, "de")), lambda: blocks_as_pairs(path, "de", 1 << 10)):
+        caplog.clear()
+        assert len(read()) == 2  # read as a pair, as it may be one
+        said = [r.getMessage() for r in caplog.records]
+        assert len(said) == 1 and said[0].startswith(f"{path}:1: '{first.decode().replace(chr(9), '<TAB>')}' "
+                                                      "looks like a header, and is read as a pair")
+
+
+@pytest.mark.parametrize("first", [b"de\ten", b"ja\tyes", b"Hallo\tHello"])
+def test_a_header_of_the_codes_or_a_pair_is_not_warned_of(tmp_path: Path, first: bytes,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "test.de-en.tsv"
+    path.write_bytes(first + b"\nein hund\ta dog\n")
+    list(table_pairs(path, LANGS, "de")), blocks_as_pairs(path, "de", 1 << 10)
+    assert not caplog.records
+
+
+def test_a_table_of_lone_cr_line_ends_is_refused(tmp_path: Path) -> None:
+    """A file saved with classic Mac OS line ends was one malformed pair: the whole training split lost."""
+    path = tmp_path / "train.de-en.tsv"
+    path.write_bytes(b"ein hund\ta dog\rzwei\ttwo\r")
+    for read in (lambda: list(table_pairs(path, LANGS, "de")), lambda: blocks_as_pairs(path, "de", 4)):
+        with pytest.raises(DataError, match=rf"^{path}: its lines end in a lone \\r \(classic Mac OS line ends\)"):
             read()
