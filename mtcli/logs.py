@@ -96,9 +96,32 @@ def failures_logged(handler: logging.Handler) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        text = " ".join(str(exc).split()) or type(exc).__name__
-        handler.handle(logging.LogRecord(get_logger().name, logging.ERROR, __file__, 0, "stopped: %s",
-                                         (text,), None))
+        handler.handle(_stopped(exc, ""))
+        raise
+
+
+def _stopped(exc: Exception, who: str) -> logging.LogRecord:
+    """The log record of ``exc`` ending a run, one line: ``[who ]stopped: <error>``."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return logging.LogRecord(get_logger().name, logging.ERROR, __file__, 0, "%sstopped: %s",
+                             (f"{who} " if who else "", text), None)
+
+
+@contextlib.contextmanager
+def failures_appended(path: Path, who: str, unless: tuple[type[Exception], ...] = ()) -> Iterator[None]:
+    """For a process that does not keep the run's log ``path`` (another rank of the run): an
+    error that ends the block is appended to it, one line naming ``who``, so that the log says
+    why the run stopped (not only that a collective failed). Nothing when the file is not there
+    (the run's directory is on another machine), nor for an error of the ``unless`` types (one
+    that the log's own process says too)."""
+    try:
+        yield
+    except Exception as exc:
+        if not isinstance(exc, unless) and path.is_file():
+            handler = _FileLog(path, encoding="utf-8")
+            handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
+            handler.handle(_stopped(exc, who))
+            handler.close()
         raise
 
 

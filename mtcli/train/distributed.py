@@ -149,6 +149,10 @@ def agree_on_data(cache: tuple[str, str], info: DistInfo) -> None:
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 
 
+class PeerStopped(TrainingError):
+    """A collective failed because another rank stopped (or the connection to it failed)."""
+
+
 @contextlib.contextmanager
 def peer_failures(info: DistInfo) -> Iterator[None]:
     """Turn a collective that failed because another rank stopped (its own error said there)
@@ -157,7 +161,8 @@ def peer_failures(info: DistInfo) -> Iterator[None]:
         yield
     except RuntimeError as exc:
         if info.distributed and (isinstance(exc, dist.DistError) or any(text in str(exc) for text in _PEER_GONE)):
-            raise TrainingError(
+            raise PeerStopped(
                 f"rank {info.rank}: a collective failed: another process of this run stopped (its own error, on "
-                f"its console, says why) or the connection to it failed ({one_line(exc)[:200]})") from None
+                f"its console and in the run's train.log, says why) or the connection to it failed "
+                f"({one_line(exc)[:200]})") from None
         raise

@@ -37,14 +37,21 @@ from mtcli.device import (
     peak_memory_mb,
     resolve_device,
 )
-from mtcli.errors import DeviceMemoryError
+from mtcli.errors import DeviceMemoryError, TrainingInterrupted
 from mtcli.fileio import atomic_copy, atomic_write, check_directory
-from mtcli.logs import add_file_log, failures_logged, get_logger, remove_log_handler
+from mtcli.logs import (
+    add_file_log,
+    failures_appended,
+    failures_logged,
+    get_logger,
+    remove_log_handler,
+)
 from mtcli.plots import write_learning_curves
 from mtcli.rundir import CONFIG_NAME, MANIFEST_NAME, TEXT_DIR, checkpoint_dir, names
 from mtcli.runlock import RunLock
 from mtcli.train.distributed import (
     DistInfo,
+    PeerStopped,
     agree_on_data,
     agree_on_resume,
     init_distributed,
@@ -321,8 +328,6 @@ def train(config: Config) -> TrainSummary:
     device = resolve_device(config.train.device, info.local_rank)
     if config.train.num_threads > 0:
         torch.set_num_threads(config.train.num_threads)
-    config, precision_text = resolve_precision(config, device)
-    config = resolve_compile(config, device)
     check_validation(config)  # now, not at the first validation
     run_dir = config.run_path()
     check_run_directory(run_dir)  # said now, not after the corpus is checked
@@ -338,7 +343,12 @@ def train(config: Config) -> TrainSummary:
             stack.callback(remove_log_handler, handler)
             stack.enter_context(failures_logged(handler))
             remove_stale_temp_files(run_dir)
+        else:  # why this rank stopped, in the log rank 0 keeps (a stop all ranks share: rank 0 says it)
+            stack.enter_context(failures_appended(run_dir / LOG_NAME, f"rank {info.rank}",
+                                                  unless=(PeerStopped, TrainingInterrupted)))
         stack.enter_context(peer_failures(info))  # inside train.log's: it gets the one line
+        config, precision_text = resolve_precision(config, device)  # (their warnings in train.log too)
+        config = resolve_compile(config, device)
         if info.distributed:
             dist.barrier()
         found = find_resume_checkpoint(run_dir)

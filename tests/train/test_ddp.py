@@ -211,6 +211,42 @@ def test_a_rank_that_fails_before_training_stops_the_others_with_one_line(tmp_pa
         "mtcli: error: rank 0: a collective failed: another process of this run stopped"), errors
 
 
+FAIL_IN_TRAINING_ON_RANK_1 = '''
+import os, sys
+import mtcli.train.run as run
+from mtcli.cli import app
+from mtcli.errors import DataError
+
+trains = run.Trainer.run
+
+
+def fails_on_rank_1(self):
+    if os.environ["RANK"] == "1":  # as a batch only this rank reads, or this rank's device
+        raise DataError("rank 1's batch: something only rank 1 met")
+    return trains(self)
+
+
+run.Trainer.run = fails_on_rank_1
+sys.argv[0] = "mtcli"
+app()
+'''
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
+def test_why_another_rank_stopped_is_in_the_runs_log(tmp_path: Path, prepared_toy: Path) -> None:
+    """train.log said only that a collective failed: the reason was on rank 1's console."""
+    script = tmp_path / "fail_in_training_on_rank_1.py"
+    script.write_text(FAIL_IN_TRAINING_ON_RANK_1, encoding="utf-8")
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            str(script), "train", str(TOY_CONFIG)]
+    for item in overrides(prepared_toy, tmp_path / "run"):
+        args += ["--set", item]
+    proc = subprocess.run(args, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0
+    log = (tmp_path / "run" / "train.log").read_text(encoding="utf-8")
+    assert "| ERROR | rank 1 stopped: rank 1's batch: something only rank 1 met" in log, log
+
+
 def test_a_rank_stopped_by_another_ranks_signal_names_that_signal() -> None:
     """Ctrl-C on one machine: the ranks elsewhere said "interrupted by SIGTERM" (and exited 143)."""
     import signal
@@ -297,7 +333,8 @@ def test_ranks_refuse_different_resume_points_and_a_gone_peer_is_one_line(tmp_pa
         # caches of their own on two machines trained one model on different data and piece ids
         assert found[f"data{rank}"].startswith("rank 1: another prepared cache than rank 0's")
     assert found["peer"].startswith("rank 1: a collective failed: another process of this run stopped (its own "
-                                    "error, on its console, says why) or the connection to it failed (")
+                                    "error, on its console and in the run's train.log, says why) or the connection "
+                                    "to it failed (")
     assert "\n" not in found["peer"]
 
 

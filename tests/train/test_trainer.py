@@ -821,6 +821,13 @@ def test_fp16_on_a_cpu_is_warned_about(prepared: Path, tmp_path: Path, caplog: p
     assert any("fp16 on a CPU: expect it to run many times slower" in r.getMessage() for r in caplog.records)
 
 
+def test_a_precision_warning_is_in_the_runs_log(prepared: Path, tmp_path: Path) -> None:
+    """It came before train.log was opened: on the console only, gone with the terminal."""
+    train(make_config(prepared, tmp_path / "run", "train.precision=fp16", "train.max_steps=1", "train.device=cpu"))
+    log = (tmp_path / "run" / "train.log").read_text(encoding="utf-8")
+    assert "WARNING | train.precision fp16 on a CPU: expect it to run many times slower" in log
+
+
 def test_the_first_signal_is_the_one_a_stop_reports() -> None:
     """torchrun follows a Ctrl-C's SIGINT with a SIGTERM of its own: the stop says SIGINT (exit 130)."""
     from mtcli.train.signals import StopSignals
