@@ -40,8 +40,10 @@ def refuse_lone_cr_ends(text: bytes, name: str) -> None:
     holds more than one ``\\r``: its lines end in a lone ``\\r`` (classic Mac OS), and read by
     the rules here it would be one sentence, its line ends spaces."""
     if text.count(b"\r") > 1 and b"\n" not in text:
+        how = (f"convert them first: tr '\\r' '\\n' < {name} > {name}.unix" if not name.startswith("<")
+               else "pipe it through tr '\\r' '\\n' first")  # (<stdin>)
         raise DataError(f"{name}: its lines end in a lone \\r (classic Mac OS line ends), which mtcli reads "
-                        f"as one line; convert them first, e.g. tr '\\r' '\\n' < {name} > {name}.unix")
+                        f"as one line; {how}")
 
 
 def _decode_line(raw: bytes, name: str, lineno: int) -> str:
