@@ -319,6 +319,21 @@ def _join(config: Config, info: DistInfo, device: torch.device) -> PreparedCorpu
     return corpus
 
 
+def _keep_log(stack: contextlib.ExitStack, info: DistInfo, run_dir: Path) -> None:
+    """Rank 0 locks the run and keeps its ``train.log``, which says why the run stopped; another
+    rank appends why it stopped to that log (a stop that all ranks share is rank 0's to say)."""
+    if not info.is_main:
+        stack.enter_context(failures_appended(run_dir / LOG_NAME, f"rank {info.rank}",
+                                              unless=(PeerStopped, TrainingInterrupted)))
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stack.enter_context(RunLock(run_dir))
+    handler = add_file_log(run_dir / LOG_NAME)
+    stack.callback(remove_log_handler, handler)
+    stack.enter_context(failures_logged(handler))
+    remove_stale_temp_files(run_dir)
+
+
 def train(config: Config) -> TrainSummary:
     """Train (or resume) the run of ``config``; see the module docstring."""
     log = get_logger()
@@ -336,16 +351,7 @@ def train(config: Config) -> TrainSummary:
         stack.callback(signals.restore)  # last: a signal after a stop waits for the shutdown
         stack.callback(leave_distributed, info)
         corpus = _join(config, info, device)
-        if info.is_main:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            stack.enter_context(RunLock(run_dir))
-            handler = add_file_log(run_dir / LOG_NAME)
-            stack.callback(remove_log_handler, handler)
-            stack.enter_context(failures_logged(handler))
-            remove_stale_temp_files(run_dir)
-        else:  # why this rank stopped, in the log rank 0 keeps (a stop all ranks share: rank 0 says it)
-            stack.enter_context(failures_appended(run_dir / LOG_NAME, f"rank {info.rank}",
-                                                  unless=(PeerStopped, TrainingInterrupted)))
+        _keep_log(stack, info, run_dir)
         stack.enter_context(peer_failures(info))  # inside train.log's: it gets the one line
         config, precision_text = resolve_precision(config, device)  # (their warnings in train.log too)
         config = resolve_compile(config, device)
