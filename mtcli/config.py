@@ -1,7 +1,7 @@
 """Typed configuration: four dataclass sections loaded from YAML and validated with clear errors.
 
 A config file has the sections ``data``, ``model``, ``train`` and ``decode``; every key maps to a
-field below (see ``configs/multi30k_de_en.yaml`` for a commented reference). Any key can be
+field of :mod:`mtcli.settings` (see ``configs/multi30k_de_en.yaml`` for a commented reference). Any key can be
 overridden from the command line with ``--set section.key=value``; the value is parsed as YAML,
 so ``--set train.max_steps=100`` is an int and ``--set data.test_splits=[a,b]`` a list.
 
@@ -10,219 +10,32 @@ Errors are raised as :class:`mtcli.errors.ConfigError` whose message names the f
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
-import os
 import re
-import shlex
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
 from mtcli.errors import ConfigError
-from mtcli.fileio import atomic_write
+from mtcli.fileio import atomic_write, names_an_open_file
 from mtcli.languages import default_character_coverage, default_normalization
 from mtcli.logs import get_logger
+from mtcli.settings import (
+    MAX_SEED,
+    SECTIONS,
+    Config,
+    CorpusConfig,
+    DataConfig,
+    DecodeConfig,
+    ModelConfig,
+    TrainConfig,
+)
 from mtcli.typed import coerce, type_name
 from mtcli.yamlfile import load_yaml
-
-
-@dataclass
-class CorpusConfig:
-    """One corpus of ``data.sources``: where it comes from, how often its pairs are drawn, the
-    tag its sources carry, and its direction (default ``[data.src_lang, data.tgt_lang]``)."""
-
-    source: str
-    weight: float = 1.0  # each pair is drawn this many times an epoch on average (0.5: half of them)
-    tag: str | None = None  # e.g. "<bt>": an atomic symbol put before each of its sources
-    langs: list[str] | None = None  # [source language, target language]
-    hub_config: str | None = None
-
-
-#: The largest ``train.seed`` (and ``--seeds``): numpy's and torch's generators take it as it is.
-MAX_SEED = 2**32 - 1
-
-
-def usable_cores(limit: int = 16) -> int:
-    """The cores this process may run on, at most ``limit``: ``data.num_workers`` when a config
-    leaves it out (``prepare`` gives the same cache with any number)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(limit, cores))
-
-
-@dataclass
-class DataConfig:
-    """Where the corpus comes from, how it is cleaned, and the joint SentencePiece model."""
-
-    name: str
-    src_lang: str
-    tgt_lang: str
-    source: str = ""  # one corpus; or data.sources, several
-    sources: list[CorpusConfig] = field(default_factory=list)
-    hub_config: str | None = None
-    train_split: str = "train"
-    valid_split: str = "val"
-    test_splits: list[str] = field(default_factory=lambda: ["test"])
-    prepared_dir: str | None = None
-    max_length: int = 250
-    max_length_ratio: float = 3.0
-    dedup: bool = False
-    vocab_size: int = 8000
-    spm_model_type: Literal["unigram", "bpe", "char", "word"] = "unigram"
-    character_coverage: float = 1.0  # a config without it: 0.9995 when a language is Chinese or Japanese
-    # (below 1.0 the rest are spelled in byte pieces: mtcli.data.prepare.spells_in_bytes)
-    spm_normalization: Literal["nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"] = "nmt_nfkc"  # a config
-    # without it: identity when a target language is Chinese or Japanese (see mtcli.languages)
-    spm_max_sentences: int = 2_000_000
-    spm_model: str | None = None  # encode with this model (run dir, cache or spm.model), not a new one
-    num_workers: int = field(default_factory=usable_cores)  # prepare's processes
-
-    def prepared_path(self) -> Path:
-        """Directory of the binarised cache (default ``data/prepared/<name>``)."""
-        return Path(self.prepared_dir) if self.prepared_dir else Path("data/prepared") / self.name
-
-    def corpora(self) -> list[CorpusConfig]:
-        """The corpora to read, each with its direction filled in: ``data.sources``, or the one
-        ``data.source`` names."""
-        listed = self.sources or [CorpusConfig(source=self.source, hub_config=self.hub_config)]
-        return [dataclasses.replace(c, langs=c.langs or [self.src_lang, self.tgt_lang]) for c in listed]
-
-    def target_langs(self) -> list[str]:
-        """The languages the corpora translate into, in the order they first come."""
-        return list(dict.fromkeys(c.langs[1] for c in self.corpora() if c.langs))
-
-
-@dataclass
-class ModelConfig:
-    """Shape of the encoder-decoder Transformer (defaults: the paper's base model)."""
-
-    d_model: int = 512
-    n_heads: int = 8
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    d_ff: int = 2048
-    dropout: float = 0.1
-    attention_dropout: float = 0.1
-    activation_dropout: float = 0.0
-    pre_norm: bool = False
-    tie_embeddings: bool = True
-    max_positions: int = 1024
-    output_vocab: Literal["joint", "target"] = "joint"
-    activation: Literal["relu", "swish"] = "relu"  # the feed-forward's (swish = SiLU, as OPUS-MT's)
-    output_bias: bool = False  # a fixed bias on the logits (Marian's final_logits_bias; mtcli import-hf)
-
-
-@dataclass
-class TrainConfig:
-    """The training loop: batching, optimisation, validation, checkpoints."""
-
-    run_dir: str | None = None
-    seed: int = 1
-    device: str = "auto"
-    num_threads: int = 0
-    precision: Literal["auto", "bf16", "fp16", "fp32"] = "fp32"  # autocast dtype (fp16: with a gradient scaler)
-    compile: bool = False  # torch.compile the forward and loss (a GPU pays back the minute it takes)
-    max_tokens: int = 4096
-    pack_length: int = 0  # > 0: pack pairs end to end in rows of this many slots (one batch shape)
-    update_freq: int = 1
-    max_source_length: int = 256
-    max_target_length: int = 256
-    max_steps: int = 100_000
-    max_epochs: int = 0
-    max_minutes: float = 0.0
-    cooldown_steps: int = 0
-    patience: int = 0
-    init_from: str | None = None  # start from this run directory's (or checkpoint's) weights
-    init_average: int = 1  # ... averaged over the run's last K step checkpoints
-    lr_schedule: Literal["noam", "inverse_sqrt", "constant"] = "noam"
-    lr: float = 0.0  # the peak rate of inverse_sqrt/constant (Noam's comes from lr_factor)
-    lr_factor: float = 1.0
-    warmup_steps: int = 4000
-    label_smoothing: float = 0.1
-    rdrop_alpha: float = 0.0  # R-Drop: > 0 runs each batch twice and adds alpha * symmetric KL
-    subword_alpha: float = 0.0
-    subword_nbest: int = 32
-    subword_sides: Literal["both", "source"] = "both"
-    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
-    adam_eps: float = 1e-9
-    weight_decay: float = 0.0
-    clip_norm: float = 0.0
-    valid_every: int = 1000
-    valid_bleu: bool = True  # decode the validation split greedily and score it (BLEU, chrF)
-    valid_metric: Literal["bleu", "chrf", "loss"] = "bleu"  # picks checkpoint_best, counts for patience
-    valid_max_sentences: int = 0
-    keep_last: int = 5
-    keep_best: int = 0
-    log_every: int = 100
-    max_nonfinite: int = 5
-    progress: bool = True
-
-
-@dataclass
-class DecodeConfig:
-    """Search settings used by ``evaluate``, ``translate`` and validation BLEU."""
-
-    beam_size: int = 5
-    length_penalty: float = 1.0
-    max_len_a: float = 1.2
-    max_len_b: int = 10
-    max_tokens: int = 4096
-    nbest: int = 1
-    bf16: bool = False
-    int8: bool = False
-    workers: int = 1
-    ensemble_mode: Literal["linear", "log_linear"] = "linear"  # how --ensemble members are combined
-    shortlist: int = 0  # > 0: decode over a lexical shortlist, this many target pieces per source piece
-    shortlist_frequent: int = 100  # ... plus this many most frequent target pieces
-    sampling: Literal["none", "topk", "topp"] = "none"  # draw decode.nbest translations instead of searching
-    topk: int = 10  # sampling: topk draws from this many most probable tokens
-    topp: float = 0.9  # sampling: topp draws from the smallest set of tokens with this much probability
-    temperature: float = 1.0  # sampling draws from softmax(log p / temperature)
-    seed: int = 1  # sampling: the same seed, input and model give the same samples
-    tgt_lang: str | None = None  # a model of several target languages: translate into this one (default data.tgt_lang)
-
-
-@dataclass
-class Config:
-    """A whole recipe: the four sections, plus the file it came from (for messages)."""
-
-    data: DataConfig
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
-    path: str = field(default="<config>", compare=False)
-    # the --set given with it, and the data changes made since as --set (None: made otherwise)
-    overrides: tuple[str, ...] | None = field(default=(), compare=False)
-
-    def prepare_command(self) -> str:
-        """The ``mtcli prepare`` command line that builds this config's cache: its file and
-        the ``--set`` of its data section given with it (``CONFIG`` where no command line can
-        say what its data section is)."""
-        if self.overrides is None or self.path == "<config>":
-            return "mtcli prepare CONFIG"
-        sets = "".join(f" --set {shlex.quote(text)}" for text in self.overrides
-                       if text.strip().startswith("data."))
-        return f"mtcli prepare {shlex.quote(self.path)}{sets}"
-
-    def run_path(self) -> Path:
-        """Run directory (default ``data/runs/<config file stem>``; for a run's own
-        ``config.yaml``, that run: ``mtcli train RUN/config.yaml`` resumes it)."""
-        if self.train.run_dir:
-            return Path(self.train.run_dir)
-        if Path(self.path).name == "config.yaml" and (Path(self.path).parent / "checkpoints").is_dir():
-            return Path(self.path).parent
-        stem = Path(self.path).stem if self.path != "<config>" else self.data.name
-        return Path("data/runs") / stem
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain nested dict of the four sections (what is written to ``config.yaml``)."""
-        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
-
-
-SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "decode": DecodeConfig}
 
 
 def _dataclass_entry(cls: type, raw: dict[str, Any]) -> Any:
@@ -279,6 +92,8 @@ def parse_override(text: str) -> tuple[str, str, Any]:
         value = load_yaml(raw_value) if raw_value.strip() else ""
     except yaml.YAMLError:
         value = raw_value
+    if (value is None or isinstance(value, str)) and re.search(r"(^|\s)#", raw_value.strip()):
+        value = raw_value.strip()  # text with a '#', not a comment (a run "my run #2")
     return parts[0], parts[1], value
 
 
@@ -312,17 +127,22 @@ def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | N
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping with sections {', '.join(SECTIONS)}")
     raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    given = copy.deepcopy(raw)
     for text in overrides or []:
         section, key, value = parse_override(text)
         _check_override(text, section, key, value)
-        raw.setdefault(section, {})
-        if not isinstance(raw[section], dict):
+        if raw.get(section) is None:
             raw[section] = {}
+        if not isinstance(raw[section], dict):
+            raise ConfigError(f"{where}: section '{section}' must be a mapping, got {raw[section]!r}")
         raw[section][key] = value
     for section in raw:
         if section not in SECTIONS:
             raise ConfigError(f"{where}: unknown section '{section}' (known: {', '.join(SECTIONS)})")
     if isinstance(raw.get("data"), dict) and "name" not in raw["data"] and where != "<config>":
+        if names_an_open_file(Path(where)):
+            raise ConfigError(f"{where}: a config read from a pipe has no file name to name its cache and run "
+                              "after: set data.name in it (or save it as a file)")
         raw["data"]["name"] = Path(where).stem  # as the run directory is named after the file
     built: dict[str, Any] = {}
     for section, cls in SECTIONS.items():
@@ -338,23 +158,28 @@ def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | N
             raise ConfigError(f"{where}: section '{section}' must be a mapping, got {body!r}")
         built[section] = _build_section(cls, body, where, section, lenient)
     built["data"] = _with_language_defaults(built["data"], raw["data"])
-    config = Config(**built, path=where, overrides=tuple(overrides or ()))
+    # a pipe's config names no file to prepare again, nor its run (data.name does)
+    path = "<config>" if names_an_open_file(Path(where)) else where
+    config = Config(**built, path=path, overrides=tuple(overrides or ()))
     try:
         validate(config, where)
     except ConfigError as exc:  # a bad value may come from a --set: name it beside the file
         if not overrides:
             raise
-        raise ConfigError(_naming_overrides(str(exc), where, overrides)) from None
+        named = _naming_overrides(str(exc), where, overrides)
+        if named is None:  # the error names no --set key: is it the file's own?
+            config_from_dict(given, where, None, lenient)
+        raise ConfigError(named or f"{where} with --set {' '.join(overrides)}: {str(exc)[len(where) + 2:]}") from None
     return config
 
 
-def _naming_overrides(error: str, where: str, overrides: list[str]) -> str:
+def _naming_overrides(error: str, where: str, overrides: list[str]) -> str | None:
     """A :func:`validate` error about ``where`` that also names the ``--set`` overrides whose key
-    it names (all of them when it names none: the rule's key may be set only indirectly)."""
+    it names; None when it names none (the rule's key may be set only indirectly)."""
     message = error[len(where) + 2:]
     named = [text for text in overrides
              if re.search(rf"(?<![\w.]){re.escape(text.split('=', 1)[0].strip())}(?!\w)", message)]
-    return f"{where} with --set {' '.join(named or overrides)}: {message}"
+    return f"{where} with --set {' '.join(named)}: {message}" if named else None
 
 
 def _with_language_defaults(data: DataConfig, given: dict[str, Any]) -> DataConfig:
@@ -422,20 +247,35 @@ def _decode_checks(d: DecodeConfig) -> list[tuple[bool, str]]:
     ]
 
 
-def validate(config: Config, where: str | None = None) -> None:
-    """Check value ranges and cross-field rules; raise :class:`ConfigError` naming the key and
-    ``where`` its value came from (default: the config's file)."""
-    where = where or config.path
-    m, t, d, dc = config.model, config.train, config.decode, config.data
-    checks: list[tuple[bool, str]] = [
+#: Sizes past any model this code can build (a typo's extra digits: an overflow, or hours of
+#: building layers, rather than a message).
+_MODEL_LIMITS = {"d_model": 1 << 16, "d_ff": 1 << 20, "encoder_layers": 1000, "decoder_layers": 1000,
+                 "n_heads": 1 << 12, "max_positions": 1 << 20}
+
+
+def _model_checks(m: ModelConfig) -> list[tuple[bool, str]]:
+    """:func:`validate`'s checks of the model's shape: (holds, what the message says)."""
+    return [
         (m.n_heads >= 1 and m.d_model > 0 and m.d_model % m.n_heads == 0,
          "model.n_heads must be >= 1 and model.d_model a positive multiple of it"),
+        *((getattr(m, key) <= most, f"model.{key} must be at most {most:,}, got {getattr(m, key):,}")
+          for key, most in _MODEL_LIMITS.items()),
         (m.d_model % 2 == 0, "model.d_model must be even (sinusoidal positions pair sin/cos)"),
         (m.encoder_layers >= 1 and m.decoder_layers >= 1, "model.encoder_layers/decoder_layers must be >= 1"),
         (m.d_ff >= 1, "model.d_ff must be >= 1"),
         (m.max_positions >= 2, "model.max_positions must be >= 2"),
         (all(0.0 <= p < 1.0 for p in (m.dropout, m.attention_dropout, m.activation_dropout)),
          "model.dropout, model.attention_dropout and model.activation_dropout must be in [0, 1)"),
+    ]
+
+
+def validate(config: Config, where: str | None = None) -> None:
+    """Check value ranges and cross-field rules; raise :class:`ConfigError` naming the key and
+    ``where`` its value came from (default: the config's file)."""
+    where = where or config.path
+    m, t, d, dc = config.model, config.train, config.decode, config.data
+    checks: list[tuple[bool, str]] = [
+        *_model_checks(m),
         (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
         (t.rdrop_alpha >= 0.0, "train.rdrop_alpha must be 0 (off) or > 0"),
         (t.subword_alpha >= 0.0, "train.subword_alpha must be 0 (off) or > 0"),
@@ -484,8 +324,15 @@ def validate(config: Config, where: str | None = None) -> None:
         (dc.name not in ("", ".", "..") and not re.search(r"[/\\]", dc.name),
          f"data.name must be a plain name, without '/' or '\\' and not '.' or '..' (it names the cache "
          f"data/prepared/<name>), got {dc.name!r}"),
-        (dc.vocab_size >= 8, "data.vocab_size must be >= 8"),
+        (8 <= dc.vocab_size <= 1 << 24, "data.vocab_size must be between 8 and 16,777,216"),
         (dc.num_workers >= 1, "data.num_workers must be >= 1"),
+        *((value <= 1024, f"{key} must be at most 1024") for key, value in (("data.num_workers", dc.num_workers),
+                                                                             ("train.num_threads", t.num_threads))),
+        *((value != "", f"{key} is empty: leave it out (or null) for {meaning}") for key, value, meaning in (
+            ("data.prepared_dir", dc.prepared_dir, "data/prepared/<data.name>"),
+            ("data.spm_model", dc.spm_model, "a SentencePiece model of the corpus's own"),
+            ("train.run_dir", t.run_dir, "data/runs/<config name>"),
+            ("train.init_from", t.init_from, "training from scratch"))),
         (0.98 <= dc.character_coverage <= 1.0,
          "data.character_coverage must be in [0.98, 1] (SentencePiece's range; 0.9995 for Chinese or Japanese)"),
         (dc.src_lang != dc.tgt_lang, "data.src_lang and data.tgt_lang must differ"),
@@ -568,3 +415,8 @@ def save_config(config: Config, path: str | Path) -> None:
     """Write the resolved config as YAML, atomically."""
     with atomic_write(path) as handle:
         yaml.safe_dump(config.to_dict(), handle, sort_keys=False, allow_unicode=True)
+
+
+__all__ = ["DECODE_RANGES", "LANGUAGE_CODE", "MAX_SEED", "SECTIONS", "Config", "CorpusConfig", "DataConfig",
+           "DecodeConfig", "ModelConfig", "TrainConfig", "config_from_dict", "load_config", "parse_override",
+           "save_config", "validate", "with_changes"]

@@ -32,6 +32,10 @@ def type_name(tp: Any) -> str:
 _FLOAT_TEXT = re.compile(r"[-+]?((\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|inf|nan)", re.IGNORECASE)
 
 
+#: The booleans of YAML 1.1 that mtcli's YAML 1.2 reading leaves as text (:mod:`mtcli.yamlfile`).
+_YAML11_BOOLS = {"yes": True, "on": True, "no": False, "off": False}
+
+
 def coerce(value: Any, tp: Any, build: Callable[[type, dict[str, Any]], Any]) -> Any:
     """Return ``value`` converted to ``tp`` or raise ``TypeError`` (ints are accepted as floats);
     a mapping where ``tp`` is a dataclass is made one by ``build(tp, mapping)``."""
@@ -59,6 +63,8 @@ def coerce(value: Any, tp: Any, build: Callable[[type, dict[str, Any]], Any]) ->
     if tp is bool:
         if isinstance(value, bool):
             return value
+        if isinstance(value, str) and value.lower() in _YAML11_BOOLS:  # YAML 1.1's, read as text now
+            return _YAML11_BOOLS[value.lower()]
         raise TypeError
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
@@ -80,7 +86,7 @@ def coerce(value: Any, tp: Any, build: Callable[[type, dict[str, Any]], Any]) ->
     if tp is str:
         if isinstance(value, str):
             return value
-        # YAML reads `de` as str but `no`/`on`/numbers as other types; accept scalars as text.
+        # YAML reads `de` as text but numbers (`1`, `1.5`) as numbers; accept them as text.
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
         raise TypeError

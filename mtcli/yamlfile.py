@@ -1,20 +1,33 @@
-"""YAML as mtcli reads it: PyYAML's safe loader (no Python objects), refusing a key given twice
-in one mapping, which the plain loader lets the second one win silently (a config's ``data:``
-section written twice lost the first)."""
+"""YAML as mtcli reads it: PyYAML's safe loader (no Python objects), with two changes.
+
+- A key given twice in one mapping is an error; the plain loader lets the second one win
+  silently (a config's ``data:`` section written twice lost the first). A merge key
+  (``<<: *defaults``) is no repeat: the mapping's own keys override what it merges.
+- Only ``true`` and ``false`` are booleans, as in YAML 1.2: YAML 1.1 also reads ``no``, ``yes``,
+  ``on`` and ``off`` as booleans, and so turned Norwegian's language code ``no`` into false.
+  A boolean key still takes them (:func:`mtcli.typed.coerce`).
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
 
+_BOOL = "tag:yaml.org,2002:bool"
+_MERGE = "tag:yaml.org,2002:merge"
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """The safe loader, with a mapping's repeated key a :class:`yaml.MarkedYAMLError` at its line."""
+
+class _Loader(yaml.SafeLoader):
+    """The safe loader, with a mapping's repeated key a :class:`yaml.MarkedYAMLError` at its
+    line, and YAML 1.2's booleans."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == _MERGE:
+                continue
             key = self.construct_object(key_node, deep=deep)
             if not isinstance(key, str | int | float | bool):  # unhashable: the loader's own error follows
                 continue
@@ -25,6 +38,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+_Loader.yaml_implicit_resolvers = {first: [(tag, pattern) for tag, pattern in resolvers if tag != _BOOL]
+                                   for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
 def load_yaml(text: str) -> Any:
     """``text`` read as YAML (:class:`yaml.YAMLError` for bad YAML or a repeated key)."""
-    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass

@@ -385,3 +385,89 @@ def test_a_language_that_cannot_name_a_file_is_refused(key: str, lang: str) -> N
     with pytest.raises(ConfigError, match=rf"data.{key} must be a language code .*got '{re.escape(lang)}'"):
         config_from_dict({"data": data})
     config_from_dict({"data": {**data, key: "pt_BR" if key == "src_lang" else "zh-Hans"}})
+
+
+def test_norwegian_and_yaml11_words_are_text_and_booleans_still_take_them(tmp_path: Path) -> None:
+    """`tgt_lang: no` (Norwegian) was YAML 1.1's false: "must be str, got False"."""
+    path = write(tmp_path, "data:\n  name: x\n  source: s\n  src_lang: en\n  tgt_lang: no\n  dedup: yes\n"
+                           "train:\n  progress: off\n")
+    config = load_config(path, ["data.src_lang=on"])
+    assert config.data.tgt_lang == "no" and config.data.src_lang == "on"
+    assert config.data.dedup is True and config.train.progress is False
+    assert load_config(path, ["data.dedup=false"]).data.dedup is False
+
+
+def test_a_merge_key_reads_as_yaml_says(tmp_path: Path) -> None:
+    """`<<: *common` was "could not determine a constructor for the tag merge"."""
+    path = write(tmp_path, "data:\n  name: x\n  src_lang: de\n  tgt_lang: en\n  sources:\n"
+                 "    - &c {source: a, weight: 2.0}\n    - {<<: *c, source: b}\n"
+                 "train: {<<: {max_steps: 7, seed: 3}, seed: 4}\n")
+    config = load_config(path)
+    assert [(c.source, c.weight) for c in config.data.sources] == [("a", 2.0), ("b", 2.0)]
+    assert (config.train.max_steps, config.train.seed) == (7, 4)  # the mapping's own key wins
+    with pytest.raises(ConfigError, match="key 'seed' is given twice"):
+        load_config(write(tmp_path, "data: {name: x, source: a, src_lang: de, tgt_lang: en}\n"
+                                    "train: {seed: 1, seed: 2}\n", "twice.yaml"))
+
+
+def test_a_home_path_is_expanded_in_every_path_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--set train.run_dir=~/run` made ./~/run; data.spm_model and --init-from were not found."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = load_config(write(tmp_path, MINIMAL), ["data.prepared_dir=~/prep", "data.spm_model=~/spm",
+                                                    "train.run_dir=~/run"])
+    assert (config.data.prepared_path(), config.run_path()) == (tmp_path / "prep", tmp_path / "run")
+    assert config.data.spm_model == str(tmp_path / "spm")
+    assert with_changes(config, "train", init_from="~/parent").train.init_from == str(tmp_path / "parent")
+
+
+@pytest.mark.parametrize("key", ["data.prepared_dir", "data.spm_model", "train.run_dir", "train.init_from"])
+def test_an_empty_path_is_refused(tmp_path: Path, key: str) -> None:
+    """`--init-from "$PARENT"` with PARENT unset trained from scratch; spm_model='' made a new model."""
+    with pytest.raises(ConfigError, match=rf"{key} is empty: leave it out \(or null\)"):
+        load_config(write(tmp_path, MINIMAL), [f"{key}="])
+    if key == "train.init_from":
+        with pytest.raises(ConfigError, match=rf"{key} is empty"):
+            with_changes(load_config(write(tmp_path, MINIMAL)), "train", init_from="")
+
+
+def test_a_set_into_a_section_that_is_no_mapping_is_refused(tmp_path: Path) -> None:
+    """`model: d_model=64` with `--set model.dropout=0.2` trained the default base model."""
+    path = write(tmp_path, {**MINIMAL, "model": "d_model=64 n_heads=2"})
+    with pytest.raises(ConfigError, match=r"section 'model' must be a mapping, got 'd_model=64 n_heads=2'"):
+        load_config(path, ["model.dropout=0.2"])
+    assert load_config(write(tmp_path, {**MINIMAL, "model": None}), ["model.dropout=0.2"]).model.dropout == 0.2
+
+
+def test_a_config_from_a_pipe_needs_a_name(tmp_path: Path) -> None:
+    """`mtcli train <(sed ...)` named its cache and run '63', and the next such call resumed it."""
+    raw = {"data": {k: v for k, v in MINIMAL["data"].items() if k != "name"}}
+    with pytest.raises(ConfigError, match=r"^/dev/fd/63: a config read from a pipe has no file name"):
+        config_from_dict(raw, "/dev/fd/63")
+    named = config_from_dict({"data": dict(raw["data"], name="mine")}, "/dev/fd/63")
+    assert named.run_path() == Path("data/runs/mine") and named.data.prepared_path() == Path("data/prepared/mine")
+
+
+def test_an_error_of_the_file_itself_names_no_set(tmp_path: Path) -> None:
+    """`d_model: 63` in the file, `--set train.max_steps=10`: the error blamed the --set."""
+    path = write(tmp_path, {**MINIMAL, "model": {"d_model": 63, "n_heads": 1}})
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: model.d_model must be even"):
+        load_config(path, ["train.max_steps=10"])
+    good = write(tmp_path, MINIMAL, "ok.yaml")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(good))} with --set model.d_model=63: model.d_model must"):
+        load_config(good, ["model.d_model=63", "model.n_heads=1"])
+
+
+@pytest.mark.parametrize(("text", "value"), [("train.run_dir=my run #2", "my run #2"),
+                                              ("data.source=#1", "#1"), ("train.max_steps=10 # ten", 10)])
+def test_a_hash_in_a_set_value_is_text_not_a_comment(text: str, value: object) -> None:
+    """`--set "train.run_dir=my run #2"` made the run 'my run'."""
+    assert parse_override(text)[2] == value
+
+
+@pytest.mark.parametrize("setting", ["model.encoder_layers=99999999999999999999999", "model.d_model=200000",
+                                     "model.max_positions=99999999999999999999999", "data.vocab_size=99999999999",
+                                     "train.num_threads=100000"])
+def test_sizes_past_any_model_are_refused_in_one_line(tmp_path: Path, setting: str) -> None:
+    """They built layers for hours, overflowed, or ran out of memory in a traceback."""
+    with pytest.raises(ConfigError, match=rf"{re.escape(setting.split('=')[0])} must be"):
+        load_config(write(tmp_path, MINIMAL), [setting])
