@@ -32,7 +32,7 @@ from mtcli.config import Config
 from mtcli.data.cache import ConcatArray, PrefixedArray, PreparedCorpus
 from mtcli.data.textio import read_lines
 from mtcli.data.tokenizer import Tokenizer
-from mtcli.errors import DataError
+from mtcli.errors import ConfigError, DataError
 from mtcli.logs import get_logger
 
 
@@ -186,6 +186,11 @@ def subword_resegmenter(corpus: PreparedCorpus, config: Config
     """
     data, seed = config.data, config.train.seed
     tokenizer = Tokenizer(corpus.spm_path)
+    try:
+        tokenizer.nbest(["a"], 2)
+    except RuntimeError:  # "NBestEncode is not available for the current model"
+        raise ConfigError(f"train.subword_alpha > 0 samples from a unigram SentencePiece model; {corpus.spm_path} is "
+                          "not one (a data.spm_model of another type): set train.subword_alpha=0") from None
     if corpus.corpora:
         parts = [(c["split"], c["langs"], [corpus.tags[t] for t in c.get("prefix", [])]) for c in corpus.corpora]
     else:

@@ -134,3 +134,22 @@ def test_the_trainer_resegments_the_sides_asked_for(prepared_toy: Path, tmp_path
         assert (not all(same)) if sampled else all(same), (lang, sides)
         assert all(tok.decode(epoch0[side][i].tolist()) == tok.decode(best[i].tolist())
                    for i in range(len(best)))
+
+
+def test_a_bpe_model_is_refused_in_one_line(prepared_toy: Path, tmp_path: Path) -> None:
+    """data.spm_model of a BPE model passed the config's check (data.spm_model_type: unigram,
+    which a given model ignores), then SentencePiece's NBestEncode raised a traceback."""
+    import types
+
+    from conftest import toy_train_config
+
+    from mtcli.data.sampling import subword_resegmenter
+    from mtcli.errors import ConfigError
+
+    text = list(read_lines(TOY_DIR / "train.src")) + list(read_lines(TOY_DIR / "train.tgt"))
+    bpe = Tokenizer.train(text, tmp_path / "bpe", vocab_size=64, model_type="bpe", character_coverage=1.0,
+                          max_sentences=1_000_000)
+    config = toy_train_config(prepared_toy, tmp_path / "run", "train.subword_alpha=0.1")
+    with pytest.raises(ConfigError, match=rf"^train.subword_alpha > 0 samples from a unigram SentencePiece model; "
+                                          rf"{bpe} is not one"):
+        subword_resegmenter(types.SimpleNamespace(spm_path=bpe, corpora=None), config)  # type: ignore[arg-type]
