@@ -79,6 +79,7 @@ def build_shortlist(source: TokenArray, target: TokenArray, vocab_size: int, per
     pairs, keep the ``per_source`` likeliest per source piece and the ``frequent`` most frequent
     target pieces (see the module docstring)."""
     pairs = min(len(source), len(target), max_pairs)
+    per_source = min(per_source, vocab_size)  # (more is the whole vocabulary too)
     source_count = np.zeros(vocab_size, dtype=np.int64)
     target_count = np.zeros(vocab_size, dtype=np.int64)
     keys = []

@@ -50,6 +50,14 @@ def test_table_keeps_the_likeliest_targets_of_each_source_piece() -> None:
     assert shortlist.candidates(src).tolist() == [0, 1, 2, 3, 10, 12]
 
 
+def test_a_shortlist_wider_than_the_vocabulary_is_the_vocabulary() -> None:
+    """decode.shortlist=100000000 on a 64-piece vocabulary asked for a 47.7 GiB table."""
+    source, target = [np.array([4, 5])], [np.array([10, 11])]
+    shortlist = build_shortlist(source, target, 16, per_source=10**8, frequent=1)
+    assert tuple(shortlist.table.shape) == (16, 16)
+    assert shortlist.table[4].tolist()[:3] == [10, 11, -1]
+
+
 @pytest.mark.parametrize("beam", [1, 4])
 def test_a_shortlist_of_the_whole_vocabulary_changes_nothing(beam: int) -> None:
     model = random_model(seed=3)
