@@ -23,7 +23,14 @@ from mtcli.config import SECTIONS
 from mtcli.errors import CheckpointError
 from mtcli.fileio import atomic_link, live_writer
 from mtcli.logs import get_logger
-from mtcli.rundir import BEST_NAME, LAST_NAME, TEXT_DIR, checkpoint_dir, step_checkpoints
+from mtcli.rundir import (
+    BEST_NAME,
+    CONFIG_NAME,
+    LAST_NAME,
+    TEXT_DIR,
+    checkpoint_dir,
+    step_checkpoints,
+)
 
 
 def find_resume_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
@@ -324,6 +331,21 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     return a == b
+
+
+def another_config_file(state: dict[str, Any], config_path: str, run_dir: Path) -> str | None:
+    """What to warn of when a run is resumed from another config file than the one it was last
+    trained from, both still there: two recipes of one name (``exp1/config.yaml`` and
+    ``exp2/config.yaml``) name one run, so the second went on training the first's. None
+    otherwise (the same file, a moved one, the run's own ``config.yaml``)."""
+    saved = state.get("config_file")
+    now = Path(config_path).absolute()
+    if not saved or config_path == "<config>" or Path(saved) == now or now == (run_dir / CONFIG_NAME).absolute():
+        return None
+    if not Path(saved).is_file():
+        return None
+    return (f"{run_dir} was last trained from {saved}, and is resumed from {now}: a run is named after its config "
+            "file's name; set train.run_dir for a run of this config's own")
 
 
 def hardware(device: torch.device) -> dict[str, Any]:

@@ -223,11 +223,9 @@ class Trainer:
 
     def state_dict(self, rng_ranks: list[dict[str, Any]]) -> dict[str, Any]:
         """The checkpoint state (plain data and tensors: :func:`mtcli.checkpoint.load_checkpoint`
-        reads it weights-only).
-
-        ``rng_ranks``: every rank's RNG states (:func:`~mtcli.train.distributed.gather_rng_states`). ``rng`` is rank 0's;
-        the whole list is saved under a multi-process run so that each rank resumes its own
-        dropout masks."""
+        reads it weights-only). ``rng_ranks``: every rank's RNG states
+        (:func:`~mtcli.train.distributed.gather_rng_states`). ``rng`` is rank 0's; the whole list
+        is saved under a multi-process run so that each rank resumes its own dropout masks."""
         return {
             "format": STATE_FORMAT,
             "step": self.step,
@@ -254,6 +252,7 @@ class Trainer:
                 "valid_seconds": self._valid_seconds,
             },
             "config": self.config.to_dict(),
+            "config_file": str(Path(self.config.path).absolute()) if self.config.path != "<config>" else None,
             "vocab": {"size": int(self.corpus.vocab_size), "spm_sha256": self.spm_sha256},
             "data": self.corpus.content_sha256(),
             "valid": {k: self.last_valid.get(k) for k in VALID_KEYS},

@@ -876,3 +876,29 @@ def test_a_step_whose_objective_is_not_finite_is_skipped_though_its_logged_loss_
     state = load_checkpoint(run / "checkpoints" / "checkpoint_last.pt")
     assert all(torch.isfinite(value).all() for value in state["model"].values() if value.is_floating_point())
     assert "non-finite loss/gradient at step 2" in (run / "train.log").read_text(encoding="utf-8")
+
+
+def test_a_run_resumed_from_another_config_file_of_its_name_is_warned_of(prepared: Path, tmp_path: Path) -> None:
+    """exp1/config.yaml and exp2/config.yaml both name data/runs/config: the second went on
+    training the first's run, saying only "config change on resume" at INFO."""
+    import shutil
+
+    from mtcli.config import load_config
+
+    for exp in ("exp1", "exp2"):
+        (tmp_path / exp).mkdir()
+        shutil.copy(TOY_CONFIG, tmp_path / exp / "config.yaml")
+    run = tmp_path / "run"
+
+    def train_from(path: Path, steps: int) -> str:
+        train(load_config(path, toy_train_overrides(prepared, run, f"train.max_steps={steps}", "train.device=cpu")))
+        return (run / "train.log").read_text(encoding="utf-8")
+
+    said = "was last trained from"
+    assert said not in train_from(tmp_path / "exp1" / "config.yaml", 1)
+    assert said not in train_from(tmp_path / "exp1" / "config.yaml", 2)  # the same file
+    log = train_from(tmp_path / "exp2" / "config.yaml", 3)
+    assert (f"WARNING | {run} was last trained from {tmp_path / 'exp1' / 'config.yaml'}, and is resumed from "
+            f"{tmp_path / 'exp2' / 'config.yaml'}: a run is named after its config file's name") in log
+    train(load_config(run / "config.yaml", [f"data.prepared_dir={prepared}", "train.max_steps=4"]))
+    assert log.count(said) == (run / "train.log").read_text(encoding="utf-8").count(said)  # its own config
