@@ -88,6 +88,10 @@ SetOption = Annotated[
     Optional[list[str]],  # noqa: UP045 - typer needs Optional here
     typer.Option("--set", help="Override a config key: section.key=value (repeatable)."),
 ]
+DecodeSetOption = Annotated[
+    Optional[list[str]],  # noqa: UP045 - typer needs Optional here
+    typer.Option("--set", help="Override a decode setting of the run: decode.key=value (repeatable)."),
+]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")]
 EngineOption = Annotated[str, typer.Option(
     help="torch (ours) or ctranslate2 (the checkpoint converted once into the run directory).")]
@@ -255,7 +259,7 @@ def evaluate(
     ensemble: EnsembleOption = None,
     engine: EngineOption = "torch",
     device: DeviceOption = "auto",
-    set_: SetOption = None,
+    set_: DecodeSetOption = None,
     verbose: Verbose = False,
 ) -> None:
     """Decode a test set and score it with sacreBLEU (BLEU, chrF, signatures); a model of several
@@ -333,7 +337,7 @@ def translate(
     ensemble: EnsembleOption = None,
     engine: EngineOption = "torch",
     device: DeviceOption = "auto",
-    set_: SetOption = None,
+    set_: DecodeSetOption = None,
     verbose: Verbose = False,
 ) -> None:
     """Translate text files or stdin to stdout (or --output), streamed."""
@@ -444,7 +448,7 @@ def serve(
         min=0, max=86_400, help="On SIGTERM, how long the requests in flight may take; those unanswered then get "
                                 "a 503.")] = 60.0,
     engine: EngineOption = "torch",
-    set_: SetOption = None,
+    set_: DecodeSetOption = None,
     verbose: Verbose = False,
 ) -> None:
     """Serve a trained model over HTTP: POST /translate, GET /health, a page at /, docs at /docs.
