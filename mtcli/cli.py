@@ -167,6 +167,12 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             _fail(f"{where}{exc.strerror or exc}", 1)
         except MemoryError as exc:  # where no step of the library knows a smaller way to go on
             _fail(f"out of memory{f': {exc}' if str(exc) else ''}", 1)
+        except RuntimeError as exc:  # torch's allocation failures (a model too large to build)
+            from mtcli.device import is_out_of_memory
+
+            if not is_out_of_memory(exc):
+                raise
+            _fail(f"out of memory: {' '.join(str(exc).split())[:300]}", 1)
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import typer
 from conftest import TOY_CONFIG, toy_train_overrides
 from typer.testing import CliRunner
 
@@ -475,3 +476,27 @@ def test_a_translator_decodes_larger_batches_again_after_a_shortage(
     after = [translator.translate(lines) for _ in range(8)]
     assert after == [whole] * 8
     assert max(sizes[-3:]) > 50, sizes  # the last calls' batches are as large as the first call's
+
+
+def test_a_model_too_large_to_build_is_one_line(capsys: pytest.CaptureFixture) -> None:
+    """model.d_model=200000 passed validation, then torch's CPU allocator failed in a
+    RuntimeError the command's MemoryError branch did not catch: a traceback."""
+    from mtcli.cli import handle_errors
+
+    @handle_errors
+    def builds() -> None:
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you "
+                           "tried to allocate 43200000000 bytes")
+
+    @handle_errors
+    def fails() -> None:
+        raise RuntimeError("something else")
+
+    with pytest.raises(typer.Exit) as stopped:
+        builds()
+    assert stopped.value.exit_code == 1
+    assert capsys.readouterr().err == ("mtcli: error: out of memory: [enforce fail at alloc_cpu.cpp:127] "
+                                       "DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                                       "43200000000 bytes\n")
+    with pytest.raises(RuntimeError, match="something else"):
+        fails()
