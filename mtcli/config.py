@@ -216,8 +216,13 @@ def with_changes(config: Config, section: str, **changes: Any) -> Config:
         else (*config.overrides, *(f"{section}.{key}={value}" for key, value in coerced.items()))
     changed = dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **coerced)},
                                   overrides=said)
-    # the config was valid before, so what fails is the change: name it rather than the file
-    validate(changed, ", ".join(f"{section}.{key}={value!r}" for key, value in coerced.items()))
+    # the config was valid before, so what fails is the change: name it (the keys the error names) rather than the file
+    try:
+        validate(changed, "<change>")
+    except ConfigError as exc:
+        message = str(exc).removeprefix("<change>: ")
+        named = [key for key in coerced if re.search(rf"\b{section}\.{key}\b", message)] or list(coerced)
+        raise ConfigError(f"{', '.join(f'{section}.{key}={coerced[key]!r}' for key in named)}: {message}") from None
     return changed
 
 

@@ -188,6 +188,8 @@ def test_bad_input_is_one_line(systems: tuple[Path, Path, Path], tmp_path: Path)
     empty.write_text("")
     with pytest.raises(DataError, match=r"empty.ref: empty; there is nothing to compare"):  # was an IndexError
         compare([weak, strong], [empty])
+    with pytest.raises(ConfigError, match=r"--tgt-lang '!!': not a language code"):  # was taken, as 13a's
+        compare([weak, strong], [ref], tgt_lang="!!")
     result = CliRunner().invoke(app, ["compare", str(weak), str(short), "--ref", str(ref)])
     assert result.exit_code != 0 and "short.hyp has 1 lines" in result.output
     assert "Traceback" not in result.output

@@ -218,6 +218,9 @@ def test_a_bad_value_names_where_it_came_from(tmp_path: Path) -> None:
     config = load_config(path)
     with pytest.raises(ConfigError, match=r"^decode.beam_size=0: decode.beam_size must be >= 1"):
         with_changes(config, "decode", beam_size=0)
+    # `translate --beam 0` gives its nbest too: the error names the key it is about, not both
+    with pytest.raises(ConfigError, match=r"^decode.beam_size=0: decode.beam_size must be >= 1"):
+        with_changes(config, "decode", beam_size=0, nbest=1)
 
 
 

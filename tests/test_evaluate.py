@@ -185,7 +185,7 @@ def test_evaluate_names_another_runs_checkpoint_by_its_run_and_records_its_weigh
 
 
 @pytest.mark.parametrize("case", ["missing_run", "missing_checkpoint", "count_mismatch", "bad_split", "output_a_file",
-                                  "empty", "untrained_source"])
+                                  "empty", "untrained_source", "empty_source_language"])
 def test_cli_evaluate_bad_input(case: str, tiny_run_dir: Path, tmp_path: Path) -> None:
     src, ref, empty = tmp_path / "a.src", tmp_path / "a.ref", tmp_path / "empty.src"
     src.write_text("eine katze\nrot\n", encoding="utf-8")
@@ -194,6 +194,7 @@ def test_cli_evaluate_bad_input(case: str, tiny_run_dir: Path, tmp_path: Path) -
     args = {
         "empty": ["evaluate", str(tiny_run_dir), "--src", str(empty), "--ref", str(empty)],
         "untrained_source": ["evaluate", str(tiny_run_dir), "--src", str(src), "--ref", str(src), "--src-lang", "zz"],
+        "empty_source_language": ["evaluate", str(tiny_run_dir), "--src-lang", ""],
         "missing_run": ["evaluate", str(tmp_path / "nope")],
         "missing_checkpoint": ["evaluate", str(tiny_run_dir), "--checkpoint", str(tmp_path / "x.pt")],
         "count_mismatch": ["evaluate", str(tiny_run_dir), "--src", str(src), "--ref", str(ref)],
@@ -213,6 +214,8 @@ def test_cli_evaluate_bad_input(case: str, tiny_run_dir: Path, tmp_path: Path) -
         assert err == f"mtcli: error: {src}: exists and is not a directory"
     if case == "untrained_source":  # was scored, and reported as zz->tgt
         assert "no direction zz->* among those it was trained on" in err
+    if case == "empty_source_language":  # was "no direction *->*": any source
+        assert err == "mtcli: error: --src-lang '': not a language code (letters, digits, _ or -: de, pt_BR, zh-Hans)"
     if case == "empty":  # was sacreBLEU's IndexError
         assert err == f"mtcli: error: {empty}: empty; there is nothing to translate and score"
 
