@@ -1010,6 +1010,8 @@ def test_load_for_inference_errors(tmp_path: Path, run_dir: Path, spm_models) ->
     with pytest.raises(CheckpointError, match=r"checkpoints: is a directory, not a checkpoint file \(checkpoints "
                                               r"in it: checkpoint_5.pt\)"):  # was "checkpoint not found"
         load_for_inference(run_dir, checkpoint=str(run_dir / "checkpoints"))
+    with pytest.raises(CheckpointError, match=r"^the checkpoint is empty: give best, last"):  # was '.: is a directory'
+        load_for_inference(run_dir, checkpoint="")
     # a checkpoint trained with another SentencePiece model
     from mtcli.fileio import sha256_file
 

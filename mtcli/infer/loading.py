@@ -105,6 +105,8 @@ def resolve_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:
     ``last``, or a path (as given, or a file name in ``checkpoints/``); CheckpointError if none."""
     directory = checkpoint_dir(run_dir)
     text = str(checkpoint)
+    if not text.strip():  # (Path("") is ".", the working directory)
+        raise CheckpointError(f"the checkpoint is empty: give best, last, a file name in {directory} or a path")
     if text in ("best", "last"):
         path = directory / (BEST_NAME if text == "best" else LAST_NAME)
         if text == "best" and not path.is_file() and (directory / LAST_NAME).is_file():
