@@ -272,7 +272,7 @@ def test_yaml_config_with_python_tag_is_rejected_and_never_runs(tmp_path: Path) 
 
     source = (REPO / "mtcli" / "config.py").read_text(encoding="utf-8")
     assert "load_yaml(" in source and "yaml.load(" not in source and "unsafe_load" not in source
-    assert issubclass(yamlfile._UniqueKeyLoader, yaml.SafeLoader) and "unsafe_load" not in Path(yamlfile.__file__).read_text()
+    assert issubclass(yamlfile._Loader, yaml.SafeLoader) and "unsafe_load" not in Path(yamlfile.__file__).read_text()
 
 
 # --------------------------------------------------------------------------- out of space
