@@ -38,6 +38,20 @@ def default_file_mode() -> int:
     return 0o666 & ~_umask()
 
 
+def replaced_mode(path: Path) -> int:
+    """The mode of a file written over ``path`` by a rename: the existing file's own (a
+    ``chmod 600`` output stays private), else a new file's. A file the user may not write is a
+    ``PermissionError``, as the shell's ``>`` makes it (a rename in its directory would replace
+    it all the same)."""
+    try:
+        existing = os.stat(path)
+    except OSError:
+        return default_file_mode()
+    if stat.S_ISREG(existing.st_mode) and not os.access(path, os.W_OK):
+        raise PermissionError(errno.EACCES, "Permission denied (write-protected)", str(path))
+    return stat.S_IMODE(existing.st_mode)
+
+
 def default_dir_mode() -> int:
     """The mode ``mkdir()`` would give a new directory (0o777 less the umask)."""
     return 0o777 & ~_umask()
@@ -147,10 +161,11 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
     path = written_path(path)
     make_file_parent(path)
     binary = "b" in mode
+    file_mode = replaced_mode(path)
     _remove_dead_writes(path)
     fd, tmp = _temporary_file(path)
     try:
-        os.fchmod(fd, default_file_mode())
+        os.fchmod(fd, file_mode)
         with os.fdopen(fd, mode, encoding=None if binary else encoding) as handle:
             yield handle
             handle.flush()

@@ -255,10 +255,11 @@ def read_errors_named(path: Path) -> Iterator[None]:
 
 
 def count_lines(path: str | Path) -> int:
-    """Number of lines of a text file (a last line without ``\\n`` counts), streamed."""
+    """Number of lines of a text file (a last line without ``\\n`` counts), streamed; a damaged
+    ``.gz`` is :func:`read_errors_named`'s one-line error."""
     count = 0
     last = b"\n"
-    with open_binary(Path(path)) as handle:
+    with read_errors_named(Path(path)), open_binary(Path(path)) as handle:
         while chunk := handle.read(1 << 20):
             count += chunk.count(b"\n")
             last = chunk[-1:]

@@ -31,7 +31,7 @@ from mtcli.fileio import (
     sha256_file,
     written_path,
 )
-from mtcli.infer.resumable import PartialOutput, resumable_output, translation_key
+from mtcli.infer.resumable import PartialOutput, output_locked, resumable_output, translation_key
 from mtcli.infer.translate import DEFAULT_WINDOW, Translation, override_keys
 from mtcli.infer.translator import SAMPLING_ONLY, Translator
 from mtcli.logs import get_logger, progress
@@ -77,6 +77,9 @@ def _check_io(inputs: Sequence[str | Path], output: Path | None, plot_attention:
         role = run_file_role(Path(output).resolve())
         if role is not None:
             raise DataError(f"{output}: {role}, a file of a run; write the translation to another file")
+        if Path(output).suffix.lower() == ".gz" and not is_stream(output):  # read back, it would be taken for gzip
+            raise DataError(f"{output}: the translation is plain text; name the output without .gz (and gzip "
+                            "it after, or pipe it: | gzip > FILE.gz)")
     elif sys.stdout is None:
         raise DataError("<stdout>: closed; give an output file (-o)")
     if plot_attention is not None:
@@ -287,8 +290,11 @@ def _opened(output: Path | None, inputs: _Inputs | None, translator: Translator,
     interrupted (:mod:`mtcli.infer.resumable`, keyed on the inputs, the model and ``settings``)."""
     if output is None:
         yield sys.stdout, None
-    elif inputs is None or is_stream(output):  # a device or pipe (/dev/null) is written as a stream
+    elif is_stream(output):  # a device or pipe (/dev/null) is written as a stream
         with atomic_write(output) as handle:
+            yield handle, None
+    elif inputs is None:  # a stream's translation, written at once; no other run writes it meanwhile
+        with output_locked(written_path(output)), atomic_write(output) as handle:
             yield handle, None
     else:
         key = translation_key(translator.bundle.model, inputs.digests, settings)

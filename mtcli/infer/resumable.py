@@ -33,6 +33,7 @@ from mtcli.fileio import (
     fsync_dir,
     make_file_parent,
     named_after,
+    replaced_mode,
     still_names,
 )
 from mtcli.logs import get_logger
@@ -105,18 +106,13 @@ def resumable_output(output: Path, key: str) -> Iterator[PartialOutput]:
     if len(os.fsencode(record.name)) + TEMP_NAME_EXTRA > _name_max(output.parent):  # said now, not after a window
         raise OSError(errno.ENAMETOOLONG, f"too long a name: the record beside it, {record.name[:24]}..., would "
                       "not fit the file system's names; give a shorter one", str(output))
+    mode = replaced_mode(output)  # (a write-protected output: refused now, not after the translation)
     try:
         handle = open(data, "a", encoding="utf-8")
     except OSError as exc:  # named after the output asked for, not the hidden file beside it
         raise type(exc)(exc.errno, exc.strerror, str(output)) from None
     try:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise BlockingIOError(errno.EAGAIN, "another mtcli translate is writing this output now",
-                                  str(output)) from None
-        except OSError:  # a file system without locks (some network mounts): go on unguarded
-            pass
+        _lock(handle, output)
         if not still_names(handle.fileno(), data):  # the run that held the lock renamed it to the output meanwhile
             raise BlockingIOError(errno.EAGAIN, "another mtcli translate has just finished this output", str(output))
         done, size = _resume_point(handle, record, key)
@@ -131,6 +127,7 @@ def resumable_output(output: Path, key: str) -> Iterator[PartialOutput]:
             yield partial
             handle.flush()
             os.fsync(handle.fileno())
+            os.fchmod(handle.fileno(), mode)
             os.replace(data, output)  # still locked: no other run takes it up in between
             record.unlink(missing_ok=True)
             fsync_dir(output.parent)
@@ -143,6 +140,40 @@ def resumable_output(output: Path, key: str) -> Iterator[PartialOutput]:
     finally:  # after a failed write, closing fails again on the same buffered lines: they are gone
         with contextlib.suppress(OSError):
             handle.close()
+
+
+def _lock(handle: IO[str], output: Path) -> None:
+    """Lock the partial file of ``output`` open in ``handle``; ``BlockingIOError`` naming
+    ``output`` when another run holds it."""
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise BlockingIOError(errno.EAGAIN, "another mtcli translate is writing this output now", str(output)) from None
+    except OSError:  # a file system without locks (some network mounts): go on unguarded
+        pass
+
+
+@contextlib.contextmanager
+def output_locked(output: Path) -> Iterator[None]:
+    """Hold the lock :func:`resumable_output` takes, for a run that writes ``output`` at once
+    (its input a stream, read once): a run of either kind on that output meanwhile is refused.
+    The partial file that holds the lock is removed after, when this run made it."""
+    data = partial_paths(output)[0]
+    make_file_parent(output)
+    try:
+        try:
+            handle, made = os.fdopen(os.open(data, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600), "a"), True
+        except FileExistsError:  # a run interrupted while it wrote a file's translation left it
+            handle, made = open(data, "a", encoding="utf-8"), False
+    except OSError as exc:  # named after the output asked for, not the hidden file beside it
+        raise type(exc)(exc.errno, exc.strerror, str(output)) from None
+    with handle:
+        _lock(handle, output)  # (refused: the file is the other run's now, made here or not)
+        try:
+            yield
+        finally:
+            if made:
+                data.unlink(missing_ok=True)
 
 
 def _keep(partial: PartialOutput, data: Path, output: Path) -> None:

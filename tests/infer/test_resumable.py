@@ -194,3 +194,62 @@ def test_a_file_system_without_locks_still_gets_its_output(
     monkeypatch.setattr(fcntl, "flock", no_locks)
     out = tmp_path / "out.txt"
     assert translate(tiny_run_dir, inputs, out)["lines"] == 14 and len(out.read_text().splitlines()) == 14
+
+
+def test_a_stream_translated_to_an_output_being_written_is_refused(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """`cat more.txt | mtcli translate RUN -o out.txt` beside a file run writing out.txt: both
+    finished, the last one's output replacing the other's, unsaid."""
+    import fcntl
+    import subprocess
+    import sys
+
+    out = tmp_path / "out.txt"
+    data, _ = partial_paths(out)
+    command = [sys.executable, "-m", "mtcli.cli", "translate", str(tiny_run_dir), "-o", str(out), "--beam", "1"]
+    with open(data, "a", encoding="utf-8") as other:
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the run writing it holds it
+        refused = subprocess.run(command, input=b"ein hund\n", capture_output=True, timeout=300, check=False)
+    assert refused.returncode == 1 and not out.exists()
+    assert refused.stderr.decode() == f"mtcli: error: {out}: another mtcli translate is writing this output now\n"
+    data.unlink()
+    done = subprocess.run(command, input=b"ein hund\n", capture_output=True, timeout=300, check=False)
+    assert done.returncode == 0 and len(out.read_text().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]  # no lock file left
+
+
+def test_an_output_keeps_its_mode_and_a_write_protected_one_is_refused(
+        tiny_run_dir: Path, inputs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chmod 600 output came back 644; a 444 one was replaced (a rename needs only the
+    directory's permission): the shell's > refuses it."""
+    import os
+
+    from mtcli.fileio import atomic_write
+
+    out = tmp_path / "out.txt"
+    out.write_text("old\n")
+    out.chmod(0o600)
+    translate(tiny_run_dir, inputs, out)
+    assert len(out.read_text().splitlines()) == 14 and out.stat().st_mode & 0o777 == 0o600
+    with atomic_write(out) as handle:  # (a stream's translation, written at once)
+        handle.write("new\n")
+    assert out.stat().st_mode & 0o777 == 0o600
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if Path(path) == out else real(path, mode, **kw))
+    with pytest.raises(PermissionError, match="write-protected"):  # (root may write any file: os.access says so)
+        translate(tiny_run_dir, inputs, out)
+    assert out.read_text() == "new\n" and not partial_paths(out)[0].exists()
+
+
+def test_a_gz_output_and_a_damaged_gz_input_are_one_line(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """-o out.gz wrote plain text, which mtcli then read as gzip; a cut-short .gz input gave
+    "Aborted!", a damaged one a zlib traceback."""
+    import gzip
+
+    src = tmp_path / "in.txt.gz"
+    src.write_bytes(gzip.compress(b"ein hund\nrot\n" * 50)[:30])
+    result = CliRunner().invoke(app, ["translate", str(tiny_run_dir), str(src)])
+    assert result.exit_code == 1 and result.stderr.startswith(f"mtcli: error: {src}: corrupt gzip data (")
+    src.write_bytes(gzip.compress(b"ein hund\n"))
+    result = CliRunner().invoke(app, ["translate", str(tiny_run_dir), str(src), "-o", str(tmp_path / "out.gz")])
+    assert result.exit_code == 1 and result.stderr.startswith(
+        f"mtcli: error: {tmp_path / 'out.gz'}: the translation is plain text; name the output without .gz")
