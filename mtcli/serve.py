@@ -7,7 +7,7 @@ Endpoints:
   of several target languages) ->
   ``{"translations": ["...", ...], "model": NAME}``, in request order; with ``"nbest": N`` also
   ``"nbest": [[{"text": ..., "score": ...}, ...], ...]``, each line's N best (or, sampling, its
-  N samples in draw order);
+  N samples in draw order; with ``--engine ctranslate2``, by score);
 * ``GET /health`` -> ``{"status": "ok", "model": NAME, "weights_sha256": SHA, "device": DEVICE,
   "target_languages": [...]}`` (the weights' payload sha256, which tells two checkpoints of one
   step apart, null for an average; the languages with the default first: the page offers a
@@ -79,7 +79,7 @@ def _number(key: str) -> Any:
     schema as JSON Schema's ``minimum``/``maximum`` (on the union, pydantic wrote ``ge``/``le``,
     which /docs and client generators do not read)."""
     low, high = DECODE_RANGES[key]
-    return (Annotated[StrictFloat, Field(ge=low, le=high)]
+    return (Annotated[StrictFloat, Field(ge=low, le=high, allow_inf_nan=False)]
             | Annotated[StrictInt, Field(ge=math.ceil(low), le=math.floor(high))])
 
 
@@ -101,7 +101,7 @@ class TranslateRequest(BaseModel):
         default=None, description="The language to translate into, for a model of several (the run's by default).")
     nbest: StrictInt | None = Field(
         default=None, json_schema_extra={"minimum": 1, "maximum": Limits.max_beam}, description="Also answer N hypotheses per line, best first (the beam widens to N), or with "
-                                  "sampling N samples per line, in draw order.")
+                                  "sampling N samples per line, in draw order (by score with --engine ctranslate2).")
 
 
 class Hypothesis(BaseModel):
@@ -260,7 +260,7 @@ def _answer_errors(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def not_here(request: Request, exc: StarletteHTTPException) -> JSONResponse:  # 404, 405
         if exc.status_code == 400:  # FastAPI's answer to a body it cannot parse, short of a JSONDecodeError
-            return JSONResponse({"error": f"malformed JSON: {_unparsable(exc)}"}, status_code=400)
+            return _encoded(request) or JSONResponse({"error": f"malformed JSON: {_unparsable(exc)}"}, status_code=400)
         return JSONResponse({"error": f"{request.method} {request.url.path}: {exc.detail}"},
                             status_code=exc.status_code, headers=exc.headers)
 
@@ -275,7 +275,16 @@ def _answer_errors(app: FastAPI) -> None:
             return JSONResponse({"error": f"Content-Type {kind or '(none)'}: send the request as JSON "
                                           "(Content-Type: application/json)"}, status_code=415)
         status, message = _validation_message(exc)
-        return JSONResponse({"error": message}, status_code=status)
+        return _encoded(request) or JSONResponse({"error": message}, status_code=status)
+
+
+def _encoded(request: Request) -> JSONResponse | None:
+    """The 415 of a compressed body (``Content-Encoding: gzip``), which FastAPI reads as text
+    and so answered as malformed JSON; None for a body sent as it is."""
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        return None
+    return JSONResponse({"error": f"Content-Encoding {encoding}: send the body uncompressed"}, status_code=415)
 
 
 #: How long the server's shutdown waits for the decoding thread once every request is answered.
@@ -521,8 +530,9 @@ def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, lim
         if sighup_received is not None and sighup_received():
             hang_up(signal.SIGHUP, None)
     config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=shutdown_grace_s)
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
     server = _Server(config, lambda bound: log.info("serving %s on http://%s:%d (API key %s)", translator.name,
-                                                    host, bound, "required" if api_key else "not set"))
+                                                    shown, bound, "required" if api_key else "not set"))
     quiet = _QuietForcedStop(server)
     logging.getLogger("uvicorn.error").addFilter(quiet)
     try:
