@@ -191,18 +191,24 @@ app()
 '''
 
 
+def _train_two_ranks(tmp_path: Path, prepared: Path, script_text: str) -> subprocess.CompletedProcess:
+    """``mtcli train`` of the toy recipe in ``tmp_path/run`` under torchrun, two ranks, each
+    running ``script_text`` (it patches mtcli, then runs its command line)."""
+    script = tmp_path / "patched_mtcli.py"
+    script.write_text(script_text, encoding="utf-8")
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            str(script), "train", str(TOY_CONFIG)]
+    for item in overrides(prepared, tmp_path / "run"):
+        args += ["--set", item]
+    return subprocess.run(args, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=240)
+
+
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
 def test_a_rank_that_fails_before_training_stops_the_others_with_one_line(tmp_path: Path, prepared_toy: Path) -> None:
     """Rank 1's cache refused: rank 0 waited 30 s to form the group with it, ignoring torchrun's
     SIGTERM, until torchrun killed it, saying nothing (on two machines: gloo's traceback of 110-160
     lines). Now the group forms first, and rank 0 ends with one line of its own."""
-    script = tmp_path / "fail_on_rank_1.py"
-    script.write_text(FAIL_ON_RANK_1, encoding="utf-8")
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            str(script), "train", str(TOY_CONFIG)]
-    for item in overrides(prepared_toy, tmp_path / "run"):
-        args += ["--set", item]
-    proc = subprocess.run(args, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=240)
+    proc = _train_two_ranks(tmp_path, prepared_toy, FAIL_ON_RANK_1)
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("mtcli: error: ")]
     assert len(errors) == 2 and "mtcli: error: rank 1's cache: no prepared cache here" in errors, proc.stderr[-4000:]
@@ -235,13 +241,7 @@ app()
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
 def test_why_another_rank_stopped_is_in_the_runs_log(tmp_path: Path, prepared_toy: Path) -> None:
     """train.log said only that a collective failed: the reason was on rank 1's console."""
-    script = tmp_path / "fail_in_training_on_rank_1.py"
-    script.write_text(FAIL_IN_TRAINING_ON_RANK_1, encoding="utf-8")
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            str(script), "train", str(TOY_CONFIG)]
-    for item in overrides(prepared_toy, tmp_path / "run"):
-        args += ["--set", item]
-    proc = subprocess.run(args, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=240)
+    proc = _train_two_ranks(tmp_path, prepared_toy, FAIL_IN_TRAINING_ON_RANK_1)
     assert proc.returncode != 0
     log = (tmp_path / "run" / "train.log").read_text(encoding="utf-8")
     assert "| ERROR | rank 1 stopped: rank 1's batch: something only rank 1 met" in log, log
