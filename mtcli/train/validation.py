@@ -80,9 +80,10 @@ def validation_scores(model: nn.Module, corpus: PreparedCorpus, config: Config,
     tokenizer = corpus.tokenizer()
     tags = {lang: tokenizer.piece_to_id(tag) for lang, tag in corpus.target_tags.items()}
     bundle = InferenceModel(model=model, tokenizer=tokenizer, config=config, name="training", target_tags=tags)
-    # into the references' language, whatever decode.tgt_lang asks of translate
+    # into the references' language, whatever decode.tgt_lang asks of translate; a search, whatever
+    # decode.sampling asks of it (scores of samples would pick checkpoint_best by chance)
     greedy = dataclasses.replace(config.decode, beam_size=1, nbest=1, bf16=cfg.precision == "bf16",
-                                 tgt_lang=data.tgt_lang)
+                                 tgt_lang=data.tgt_lang, sampling="none")
     hyps = translate_texts(bundle, sources, greedy, device)
     scores = score(hyps, refs, metrics=("bleu", "chrf"), tgt_lang=data.tgt_lang)
     return {"bleu": float(scores["bleu"]), "chrf": float(scores["chrf"])}

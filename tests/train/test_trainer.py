@@ -902,3 +902,22 @@ def test_a_run_resumed_from_another_config_file_of_its_name_is_warned_of(prepare
             f"{tmp_path / 'exp2' / 'config.yaml'}: a run is named after its config file's name") in log
     train(load_config(run / "config.yaml", [f"data.prepared_dir={prepared}", "train.max_steps=4"]))
     assert log.count(said) == (run / "train.log").read_text(encoding="utf-8").count(said)  # its own config
+
+
+def test_validation_decodes_greedily_under_a_sampling_default(prepared: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recipe's decode.sampling (a default for translate and serve) made validation score
+    samples: checkpoint_best was picked by chance."""
+    import mtcli.train.validation as validation
+    from mtcli.data.cache import PreparedCorpus
+
+    decoded = []
+
+    def translate_texts(bundle, sources, decode, device):  # noqa: ANN001, ANN202
+        decoded.append(decode)
+        return list(sources)
+
+    monkeypatch.setattr(validation, "translate_texts", translate_texts)
+    config = make_config(prepared, tmp_path / "run", "decode.sampling=topk", "decode.beam_size=1")
+    validation.validation_scores(torch.nn.Linear(1, 1), PreparedCorpus.open(prepared), config, torch.device("cpu"))
+    assert [(d.sampling, d.beam_size, d.nbest) for d in decoded] == [("none", 1, 1)]
