@@ -25,10 +25,10 @@ from typing import Any
 from mtcli.allocator import keep_freed_memory
 from mtcli.config import Config, load_config, with_changes
 from mtcli.data.prepare import prepare
-from mtcli.errors import ConfigError, MtcliError, one_line
-from mtcli.evaluate import evaluate, evaluate_directions
+from mtcli.errors import ConfigError, DataError, MtcliError, one_line
+from mtcli.evaluate import NoTestText, evaluate, evaluate_directions
 from mtcli.infer.loading import run_directions
-from mtcli.logs import setup_logging
+from mtcli.logs import get_logger, setup_logging
 from mtcli.pipeline import (
     check_table_place,
     described,
@@ -109,9 +109,17 @@ def run_seed(config: Config) -> dict[str, Any]:
     summary = train(config)
     run_dir = summary.run_dir
     checkpoint, k, by_k, valid_bleu = choose_average_all(run_dir, config.data.valid_split, config.train.keep_last)
-    directions = run_directions(run_dir, config)
-    scores = {"-".join(d): score_direction(run_dir, config, checkpoint, d, valid_bleu.get("-".join(d)))
-              for d in directions}
+    scores = {}
+    for direction in run_directions(run_dir, config):
+        name = "-".join(direction)
+        try:
+            scores[name] = score_direction(run_dir, config, checkpoint, direction, valid_bleu.get(name))
+        except NoTestText:  # a corpus without validation or test sets (as evaluate skips it)
+            get_logger().warning("%s: not scored: it has no text of split '%s' or '%s'", name,
+                                 config.data.valid_split, config.data.test_splits[0])
+    if not scores:
+        raise DataError(f"{run_dir}: no direction has text of split '{config.data.valid_split}' and "
+                        f"'{config.data.test_splits[0]}' to score")
     return {"seed": config.train.seed, "directions": scores, "average_last": k, "valid_mean_bleu_by_average": by_k,
             "params": summary.parameters, "train_steps": summary.steps,
             "train_minutes": summary.elapsed_seconds / 60.0, "train_tokens_per_s": summary.tokens_per_second,
@@ -228,8 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
     try:
         seeds = parse_seeds(args.seeds) or []
-        config = read_from(load_config(args.config, args.overrides), args.data)
-        changed = not args.merge and not is_the_recipe(config, RECIPE)
+        config = None if args.merge else read_from(load_config(args.config, args.overrides), args.data)
+        changed = config is not None and not is_the_recipe(config, RECIPE)  # (--merge trains nothing)
         home, readme = table_place(args.results, args.readme, TABLE, changed)
         previous = load_results(home, TABLE).get("seeds", {})
         check_table_place(home, TABLE)
@@ -239,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             check_one_recipe(previous, "--merge")
         else:
             previous = seeds_of_recipe(previous, recipe_fingerprint(config))
-        fresh = {str(seed): run_seed(seed_config(config, seed)) for seed in (seeds if not args.merge else [])}
+        fresh = {str(seed): run_seed(seed_config(config, seed)) for seed in (seeds if config is not None else [])}
         if fresh:
             previous = {**seeds_of_data(previous, next(iter(fresh.values()))["data"]), **fresh}
         if not previous:

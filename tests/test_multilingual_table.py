@@ -6,24 +6,31 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import REPO, TOY_CONFIG, make_trilingual, multi_overrides
+from conftest import REPO, TOY_CONFIG, TOY_DIR, make_trilingual, multi_overrides
 
 from mtcli.multilingual import MARKS, main, render
 
 
-def test_multilingual_table_on_toy(tmp_path: Path) -> None:
+def test_multilingual_table_on_toy(tmp_path: Path, monkeypatch, capsys) -> None:  # noqa: ANN001
     root = make_trilingual(tmp_path / "corpus")
+    (root / "yy").mkdir()  # a direction of its own with no validation or test split: not scored, said
+    for lang, words in (("src", "src"), ("yy", "tgt")):
+        lines = (TOY_DIR / f"train.{words}").read_text(encoding="utf-8").splitlines()[:50]
+        (root / "yy" / f"train.{lang}").write_text("".join(f"{line} y\n" for line in lines), encoding="utf-8")
     results = tmp_path / "results"
     results.mkdir()
     (results / "multi30k.json").write_text(json.dumps({"src-tgt": {"bleu_lc": 12.5}}))  # a bilingual row
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{MARKS[0]}\n{MARKS[1]}\nend\n", encoding="utf-8")
-    overrides = [*multi_overrides(root, tmp_path / "prep"), f"train.run_dir={tmp_path / 'run'}",
+    overrides = [o.replace("}]", f"}}, {{source: {root}/yy, langs: [src, yy]}}]") if o.startswith("data.sources=") else o
+                 for o in multi_overrides(root, tmp_path / "prep")]
+    overrides += [f"train.run_dir={tmp_path / 'run'}",
                  "train.max_steps=20", "train.valid_every=10", "train.valid_bleu=false", "train.keep_last=2"]
     args = ["--config", str(TOY_CONFIG), "--seeds", "1", "--results", str(results), "--readme", str(readme)]
     assert main([*args, *[a for o in overrides for a in ("--set", o)]]) == 0
     table = json.loads((results / "multilingual.json").read_text())
-    assert list(table["directions"]) == ["src-tgt", "tgt-src", "src-xx"]
+    assert list(table["directions"]) == ["src-tgt", "tgt-src", "src-xx"]  # (it stopped at src-yy's missing val)
+    assert "src-yy: not scored: it has no text of split 'val' or 'test'" in capsys.readouterr().err
     seed = table["seeds"]["1"]
     assert seed["run_dir"].endswith("run-seed1") and set(seed["valid_mean_bleu_by_average"]) == {"1", "2"}
     for name, row in seed["directions"].items():
@@ -43,6 +50,7 @@ def test_multilingual_table_on_toy(tmp_path: Path) -> None:
     other = json.loads(json.dumps(seed))
     other["directions"]["src-tgt"]["bleu_lc"] = seed["directions"]["src-tgt"]["bleu_lc"] + 2.0
     (apart / "multilingual.json").write_text(json.dumps({"seeds": {"2": other}}))
+    monkeypatch.chdir(tmp_path)  # where no configs/multi30k_multi.yaml is: --merge trains nothing, needs no recipe
     assert main(["--merge", str(apart), "--results", str(results), "--readme", str(readme)]) == 0
     merged = json.loads((results / "multilingual.json").read_text())
     assert sorted(merged["seeds"]) == ["1", "2"]
