@@ -34,7 +34,8 @@ from mtcli.errors import ConfigError
 from mtcli.fileio import sha256_file
 from mtcli.model import Transformer
 
-#: Training pairs read to build a table (the first ones; enough for the counts to settle).
+#: Training pairs read to build a table, spread evenly over the split (enough for the counts to
+#: settle; every corpus of a multilingual cache, laid one after another, in its share).
 MAX_PAIRS = 500_000
 SPECIALS = torch.tensor(sorted((PAD_ID, UNK_ID, BOS_ID, EOS_ID)))
 
@@ -75,15 +76,17 @@ class Shortlist:
 
 def build_shortlist(source: TokenArray, target: TokenArray, vocab_size: int, per_source: int,
                     frequent: int, max_pairs: int = MAX_PAIRS) -> Shortlist:
-    """Count which target pieces appear with each source piece over the first ``max_pairs``
-    pairs, keep the ``per_source`` likeliest per source piece and the ``frequent`` most frequent
-    target pieces (see the module docstring)."""
-    pairs = min(len(source), len(target), max_pairs)
+    """Count which target pieces appear with each source piece over ``max_pairs`` pairs spread
+    evenly over all of them (not the first ones, which a multilingual cache gives to its first
+    corpus), keep the ``per_source`` likeliest per source piece and the ``frequent`` most
+    frequent target pieces (see the module docstring)."""
+    total = min(len(source), len(target))
+    rows = range(total) if total <= max_pairs else np.linspace(0, total - 1, max_pairs).round().astype(np.int64)
     per_source = min(per_source, vocab_size)  # (more is the whole vocabulary too)
     source_count = np.zeros(vocab_size, dtype=np.int64)
     target_count = np.zeros(vocab_size, dtype=np.int64)
     keys = []
-    for i in range(pairs):
+    for i in rows:
         s, t = np.unique(source[i]), np.unique(target[i])
         source_count[s] += 1
         target_count[t] += 1

@@ -50,6 +50,16 @@ def test_table_keeps_the_likeliest_targets_of_each_source_piece() -> None:
     assert shortlist.candidates(src).tolist() == [0, 1, 2, 3, 10, 12]
 
 
+def test_the_pairs_counted_are_spread_over_every_corpus() -> None:
+    """Only the first MAX_PAIRS pairs were counted: in a multilingual cache, its corpora one after
+    another, a later direction's tag and pieces got no candidates."""
+    source = [np.array([4])] * 6 + [np.array([5])] * 2  # a second corpus, after the first
+    target = [np.array([10])] * 6 + [np.array([12])] * 2
+    shortlist = build_shortlist(source, target, 16, per_source=1, frequent=2, max_pairs=4)
+    assert shortlist.table[5].tolist() == [12] and shortlist.table[4].tolist() == [10]
+    assert sorted(shortlist.frequent.tolist()) == [10, 12]
+
+
 def test_a_shortlist_wider_than_the_vocabulary_is_the_vocabulary() -> None:
     """decode.shortlist=100000000 on a 64-piece vocabulary asked for a 47.7 GiB table."""
     source, target = [np.array([4, 5])], [np.array([10, 11])]
