@@ -186,7 +186,8 @@ def _with_language_defaults(data: DataConfig, given: dict[str, Any]) -> DataConf
     """``data`` with the character coverage and the normalisation its languages call for, where
     the ``given`` keys leave them out (:mod:`mtcli.languages`)."""
     langs = {data.src_lang, data.tgt_lang, *(lang for c in data.corpora() for lang in c.langs or ())}
-    targets = {data.tgt_lang, *((c.langs or ["", ""])[1] for c in data.corpora())}
+    # (a corpus's langs of other than two languages: refused by validate, after)
+    targets = {data.tgt_lang, *(c.langs[1] for c in data.corpora() if c.langs and len(c.langs) == 2)}
     defaults = {"character_coverage": default_character_coverage(langs),
                 "spm_normalization": default_normalization(targets)}
     return dataclasses.replace(data, **{key: value for key, value in defaults.items() if key not in given})
@@ -372,7 +373,7 @@ def _validate_sources(config: Config, where: str) -> None:
                           + (", not both" if dc.source else ""))
     for i, corpus in enumerate(dc.corpora()):
         key = f"data.sources[{i}]"
-        langs = corpus.langs or []
+        langs = corpus.langs if not dc.sources or dc.sources[i].langs is None else dc.sources[i].langs  # ([] too)
         if dc.sources and not corpus.source:
             raise ConfigError(f"{where}: {key}.source is empty")
         if not 0.0 < corpus.weight <= 1000.0:

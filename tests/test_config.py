@@ -474,3 +474,13 @@ def test_sizes_past_any_model_are_refused_in_one_line(tmp_path: Path, setting: s
     """They built layers for hours, overflowed, or ran out of memory in a traceback."""
     with pytest.raises(ConfigError, match=rf"{re.escape(setting.split('=')[0])} must be"):
         load_config(write(tmp_path, MINIMAL), [setting])
+
+
+@pytest.mark.parametrize("langs", [["en"], [], ["en", "de", "fr"]])
+def test_a_corpus_of_other_than_two_languages_is_one_line(langs: list[str]) -> None:
+    """langs: [en] was an IndexError traceback (the language defaults ran first); [] was taken
+    for the default direction, unsaid."""
+    raw = {"data": {"name": "x", "src_lang": "en", "tgt_lang": "de", "sources": [{"source": "a", "langs": langs}]}}
+    with pytest.raises(ConfigError, match=rf"data.sources\[0\].langs must be two different languages "
+                                          rf"\[source, target\], got {re.escape(str(langs))}$"):
+        config_from_dict(raw)
