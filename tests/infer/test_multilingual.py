@@ -87,6 +87,12 @@ def test_evaluate_on_files_warns_which_direction_it_scores(
     (default,) = evaluate_directions(multi_run, beam=1, **files)
     assert default["direction"] == "src-tgt"
     assert "translates into tgt, src, xx: scoring into tgt, its default (--tgt-lang chooses)" in caplog.text
+    # a file's language cannot be told: a German file was reported as en->fr, unsaid
+    assert (f"{text / 'test.src'}: scored as src->tgt (the run translates from src, tgt; --src-lang names the "
+            "file's language)") in caplog.text
+    caplog.clear()
+    evaluate_directions(multi_run, beam=1, src_lang="src", **files)
+    assert "--src-lang names" not in caplog.text
     caplog.clear()
     (into_xx,) = evaluate_directions(multi_run, beam=1, tgt_lang="xx", **files)
     assert into_xx["direction"] == "src-xx" and "its default" not in caplog.text
