@@ -246,6 +246,9 @@ def _log_start(trainer: Trainer, config: Config, device: torch.device, precision
         log.info("corpora drawn by weight: %s of an epoch's pairs", ", ".join(
             f"{c.source} {'->'.join(c.langs or ())}{' ' + c.tag if c.tag else ''} {100 * share:.3g}%"
             for c, share in zip(config.data.corpora(), shares, strict=True)))
+    if trainer.info.is_main and (tagged := _only_tagged(config)):
+        log.warning("%s: every corpus of it carries a tag; translate and evaluate give no tag, so they decode "
+                    "input unlike any it trains on (leave one corpus of each direction untagged)", tagged)
     if trainer.info.is_main and train.rdrop_alpha > 0 and without_dropout(config.model):
         log.warning("train.rdrop_alpha %g with every model dropout at 0: R-Drop's two passes agree, so it only "
                     "doubles the step's cost (set model.dropout, or train.rdrop_alpha=0)", train.rdrop_alpha)
@@ -257,6 +260,15 @@ def _log_start(trainer: Trainer, config: Config, device: torch.device, precision
                  "target pieces in this epoch)", train.subword_alpha,
                  "both sides" if train.subword_sides == "both" else "source only",
                  int(stream.tgt_lengths[stream.indices].sum()))
+
+
+def _only_tagged(config: Config) -> str:
+    """The directions whose every corpus carries a tag (``data.sources[i].tag``), e.g.
+    ``en->cs``; "" when none."""
+    corpora = config.data.corpora()
+    directions = dict.fromkeys(tuple(c.langs or ()) for c in corpora)
+    return ", ".join("->".join(d) for d in directions
+                     if all(c.tag is not None for c in corpora if tuple(c.langs or ()) == d))
 
 
 def _summary(trainer: Trainer, reason: str) -> TrainSummary:

@@ -921,3 +921,18 @@ def test_validation_decodes_greedily_under_a_sampling_default(prepared: Path, tm
     config = make_config(prepared, tmp_path / "run", "decode.sampling=topk", "decode.beam_size=1")
     validation.validation_scores(torch.nn.Linear(1, 1), PreparedCorpus.open(prepared), config, torch.device("cpu"))
     assert [(d.sampling, d.beam_size, d.nbest) for d in decoded] == [("none", 1, 1)]
+
+
+def test_a_direction_whose_every_corpus_is_tagged_is_named() -> None:
+    """A tag on the only corpus of en->cs: decoding gives none, so that direction was decoded
+    from input unlike any it trained on, unsaid."""
+    from mtcli.config import config_from_dict
+    from mtcli.train.run import _only_tagged
+
+    def sources(*corpora: dict) -> object:
+        return config_from_dict({"data": {"name": "x", "src_lang": "en", "tgt_lang": "de", "sources": list(corpora)}})
+
+    real, bt = {"source": "a"}, {"source": "b", "tag": "<bt>"}
+    assert _only_tagged(sources(real, bt)) == ""  # back-translations beside real pairs: as meant
+    assert _only_tagged(sources(real, {"source": "c", "langs": ["en", "cs"], "tag": "<x>"})) == "en->cs"
+    assert _only_tagged(sources(bt)) == "en->de"
