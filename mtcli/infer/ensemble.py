@@ -37,17 +37,18 @@ class Ensemble(nn.Module):
     key/value cache); attention pictures show the first member's cross-attention.
     """
 
-    def __init__(self, members: Sequence[Transformer]) -> None:
+    def __init__(self, members: Sequence[Transformer], labels: Sequence[str] | None = None) -> None:
         super().__init__()
         if not members:
             raise ConfigError("an ensemble needs at least one model")
+        labels = labels or [f"ensemble member {i}" for i in range(1, len(members) + 1)]  # how errors name them
         first = members[0]
-        for i, other in enumerate(members[1:], 2):
+        for label, other in zip(labels[1:], members[1:], strict=True):
             a, b = first.output_ids, other.output_ids
             same_ids = (a is None) == (b is None) and (a is None or torch.equal(a.cpu(), b.cpu()))
             if other.vocab_size != first.vocab_size or not same_ids:
-                raise CheckpointError(f"ensemble member {i} has another vocabulary or output vocabulary "
-                                      "than member 1: members must come from the same prepared data")
+                raise CheckpointError(f"{label} has another vocabulary or output vocabulary than {labels[0]}: "
+                                      "members must come from the same prepared data")
         self.members = nn.ModuleList(members)
         self.train(first.training)  # a mode of its own would be set on the members by train()
 
@@ -100,4 +101,5 @@ def add_members(bundle: InferenceModel, others: Sequence[str | Path]) -> Inferen
                                   "directions)")
         models.append(member.model)
         names.append(f"{run_dir.name}/{member.name}")
-    return dataclasses.replace(bundle, model=Ensemble(models), name=" + ".join(names))
+    labels = ["the first member", *map(str, others)]
+    return dataclasses.replace(bundle, model=Ensemble(models, labels), name=" + ".join(names))

@@ -73,8 +73,11 @@ def test_ensemble_refuses_members_with_other_output_vocabularies() -> None:
 
     model = random_model(0)
     listed = Transformer(model.cfg, model.vocab_size, output_ids=list(range(20)))
-    with pytest.raises(CheckpointError, match="member 2"):
+    with pytest.raises(CheckpointError, match="^ensemble member 2 has another vocabulary"):
         Ensemble([model, listed])
+    with pytest.raises(CheckpointError, match="^runs/b/checkpoint_9.pt has another vocabulary or output vocabulary "
+                                              "than the first member"):  # as --ensemble gave it, not its place
+        Ensemble([model, listed], ["the first member", "runs/b/checkpoint_9.pt"])
 
 
 def test_evaluate_and_translate_with_ensemble_members(tiny_run_dir: Path, tmp_path: Path) -> None:
