@@ -157,7 +157,8 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
     hyps = [_lines(f, count, what) for f in files]
     tgt_lang = tgt_lang or recorded_language(files)
     identical = {name for name, lines in zip(names[1:], hyps[1:], strict=True) if lines == hyps[0]}
-    differing = {name: sum(a != b for a, b in zip(hyps[0], lines, strict=True)) for name, lines in zip(names, hyps, strict=True)}
+    differing = {m: {name: differing_lines(scorer(m, tgt_lang), hyps[0], lines, refs)
+                     for name, lines in zip(names, hyps, strict=True)} for m in metrics}
     report: dict[str, Any] = {"baseline": names[0], "sentences": count, "references": [str(r) for r in references],
                               "systems": {n: str(f) for n, f in zip(names, files, strict=True)}, "tgt_lang": tgt_lang,
                               "tests": {}}
@@ -170,7 +171,7 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
             "name": TESTS[test], "samples": n,
             "signatures": {m: str(sig) for m, sig in zip(metrics, signatures.values(), strict=True)},
             "scores": {m: {name: _result(r, results[0], name in identical,
-                                         ar_floor(differing[name]) if test == "ar" and name != names[0] else 0.0)
+                                         ar_floor(differing[m][name]) if test == "ar" and name != names[0] else 0.0)
                            for name, r in zip(names, results, strict=True)}
                        for m, results in zip(metrics, list(scores.values())[1:], strict=True)},
         }
@@ -192,13 +193,27 @@ def _distinct(names: list[str]) -> list[str]:
     return out
 
 
+def differing_lines(metric: Any, baseline: list[str], system: list[str], refs: list[list[str]]) -> int:
+    """How many lines give ``metric`` other sentence statistics in ``system`` than in
+    ``baseline`` (what a swap of approximate randomization exchanges): a line whose text
+    differs only in what the metric does not see (``dog.`` and ``dog .`` to BLEU's 13a
+    tokeniser) is no difference to it."""
+    rows = [i for i, (a, b) in enumerate(zip(baseline, system, strict=True)) if a != b]
+    if not rows:
+        return 0
+    some = [[stream[i] for i in rows] for stream in refs]
+    ours = metric._extract_corpus_statistics([baseline[i] for i in rows], some)  # (sacreBLEU's tests read them so)
+    theirs = metric._extract_corpus_statistics([system[i] for i in rows], some)
+    return sum(list(map(float, a)) != list(map(float, b)) for a, b in zip(ours, theirs, strict=True))
+
+
 def ar_floor(differing: int) -> float:
     """The smallest p-value approximate randomization can honestly give two systems whose
-    outputs differ on ``differing`` lines: swapping a line both translate alike changes
-    nothing, so of the 2^k swaps of the others, the one that swaps none and the one that swaps
-    all give the real difference, up to its sign. sacreBLEU counts only samples whose
-    difference exceeds the real one, so it reports 1/(samples+1) there too (one differing
-    line read as significant)."""
+    outputs differ, to a metric, on ``differing`` lines (:func:`differing_lines`): swapping a
+    line both translate alike changes nothing, so of the 2^k swaps of the others, the one that
+    swaps none and the one that swaps all give the real difference, up to its sign. sacreBLEU
+    counts only samples whose difference exceeds the real one, so it reports 1/(samples+1)
+    there too (one differing line read as significant)."""
     return 1.0 if differing <= 1 else min(1.0, 2.0 ** (1 - differing))
 
 

@@ -157,6 +157,14 @@ def test_randomization_gives_few_differing_lines_no_smaller_p_than_they_can(syst
             result = report["tests"]["ar"]["scores"][metric]["b"]
             assert result["p_value"] == floor and result["p_floor"] == floor, (changed, metric, result)
         assert "(few lines differ: no smaller p is possible)" in render(report)
+    # lines whose text differs only in what a metric does not see are no difference to it: BLEU's 13a
+    # tokeniser splits "dog." as "dog ."; three lines so, one really changed: the floor of one line
+    dotted, spaced = tmp_path / "dotted.hyp", tmp_path / "spaced.hyp"
+    dotted.write_text("".join(f"{line}.\n" for line in lines), encoding="utf-8")
+    spaced.write_text("".join(f"{line}\n" for line in ["a man runs.", *(f"{line} ." for line in lines[1:3]),
+                                                          *(f"{line}." for line in lines[3:])]), encoding="utf-8")
+    report = compare([dotted, spaced], [ref], metrics=["bleu"], tests=["ar"], samples=500, names=["a", "b"])
+    assert report["tests"]["ar"]["scores"]["bleu"]["b"]["p_floor"] == 1.0  # was 0.25, as for three changed lines
     many = compare([weak, systems[2]], [ref], metrics=["bleu"], tests=["ar"], samples=500, names=["a", "b"])
     assert many["tests"]["ar"]["scores"]["bleu"]["b"]["p_value"] < 0.05  # 20 lines differ: no floor reached
 
