@@ -6,8 +6,8 @@ A file is one of:
 - ``<split>.<l1>-<l2>.tsv[.gz]``: both sides of a split (:mod:`mtcli.data.tsv`);
 - ``<split>.tmx[.gz]``: a translation memory (:mod:`mtcli.data.tmx`).
 
-The extensions ``.gz``, ``.tsv`` and ``.tmx`` are read in any case (``TRAIN.TMX``, as some
-Windows tools name them). A name whose last part is a file format rather than a language
+The extensions ``.gz``, ``.tsv`` and ``.tmx`` are read in any case (``train.TMX``, as some
+Windows tools write them; the split and language codes are as written). A name whose last part is a file format rather than a language
 (``val.tsv``, ``val.de-en.csv``, ``train.de.txt``) is not read: :func:`misnamed` says how to name
 it, so that an error about a missing split or language can say why the file beside it is not
 the one looked for.
@@ -69,7 +69,7 @@ def misnamed(name: str, langs: tuple[str, str]) -> str | None:
     stem, _, ext = _canonical(name).rpartition(".")
     ext = ext.lower()
     table = stem if _TABLE_NAME.fullmatch(f"{stem}.tsv") else f"{stem}.{langs[0]}-{langs[1]}"
-    if stem and ext == "tsv":
+    if stem and "." not in stem and ext == "tsv":  # (train.en-zh-Hant.tsv: a table of another pair)
         return f"{name} is not read: a .tsv is named <split>.<l1>-<l2>.tsv (e.g. {table}.tsv)"
     if stem and ext == "csv":
         return (f"{name} is not read: both sides in one file are a tab-separated <split>.<l1>-<l2>.tsv "

@@ -50,7 +50,7 @@ from mtcli.data.arrowrows import (
 )
 from mtcli.data.download import CORPORA, locate
 from mtcli.data.filenames import misnamed, read_name
-from mtcli.data.textio import read_lines
+from mtcli.data.textio import is_gzip, read_lines
 from mtcli.data.tmx import tmx_pairs
 from mtcli.data.tsv import table_blocks, table_pairs
 from mtcli.errors import DataError, one_line
@@ -289,7 +289,7 @@ class TextDirSource(Source):
         if self.memory(split) is not None or self.table(split) is not None:
             return None
         files = self.path(split, self.src_lang), self.path(split, self.tgt_lang)
-        return None if any(path.suffix == ".gz" for path in files) else files
+        return None if any(map(is_gzip, files)) else files
 
     def _input_files(self, splits: Iterable[str]) -> Iterator[tuple[str, Path]]:
         for split in splits:

@@ -23,14 +23,14 @@ from typing import BinaryIO
 from mtcli.errors import DataError
 
 
-def _is_gzip(path: Path) -> bool:
+def is_gzip(path: Path) -> bool:
     """Whether ``path`` is read gunzipped: a ``.gz`` name."""
     return path.suffix.lower() == ".gz"
 
 
 def open_binary(path: Path) -> BinaryIO:
     """Binary handle on ``path``, transparently gunzipped for ``.gz`` files."""
-    if _is_gzip(path):
+    if is_gzip(path):
         return gzip.open(path, "rb")
     return open(path, "rb")
 
@@ -221,7 +221,7 @@ def read_lines_hashed(path: str | Path) -> tuple[list[str], str]:
     with read_errors_named(path):
         with open(path, "rb") as handle:
             data = handle.read()
-        text = gzip.decompress(data) if _is_gzip(path) else data
+        text = gzip.decompress(data) if is_gzip(path) else data
         lines = list(iter_binary_lines(io.BytesIO(text), str(path)))
     return lines, hashlib.sha256(data).hexdigest()
 

@@ -131,7 +131,8 @@ def _check_header(path: Path, first_line: bytes, langs: tuple[str, str]) -> None
     fields = first_line.decode("utf-8", "replace").strip().split("\t")
     if len(fields) != 2 or first_line == "\t".join(langs).encode():
         return
-    named = all(field.strip().lower() in _HEADER_WORDS for field in fields)
+    named = all(field.strip().lower() in _HEADER_WORDS for field in fields) and \
+        fields[0].strip().lower() != fields[1].strip().lower()  # ("Text<TAB>Text": a pair as likely)
     coded = sorted(language_code(field.strip()) for field in fields) == sorted(map(language_code, langs))
     if named or coded:
         get_logger().warning("%s:1: '%s' looks like a header, and is read as a pair: a .tsv's header is the two "

@@ -516,8 +516,9 @@ def test_dataset_slices_read_every_row_once_in_order(tmp_path: Path, monkeypatch
 
 
 def test_capital_extensions_are_read(tmp_path: Path) -> None:
-    """``TRAIN.DE-EN.TSV.GZ`` and ``VAL.TMX`` (some Windows tools write capitals) were read as
-    one side of split 'TRAIN.DE-EN.TSV' in language 'GZ'."""
+    """``train.de-en.TSV.GZ`` and ``val.TMX`` (some Windows tools write capitals) were read as
+    one side of split 'train.de-en.TSV' in language 'GZ'; ``train.de.GZ`` is gunzipped on every
+    path (the parallel cleaning's byte ranges were read from the compressed bytes)."""
     root = tmp_path / "c"
     root.mkdir()
     (root / "train.de-en.TSV.GZ").write_bytes(gzip.compress("".join(f"{s}\t{t}\n" for s, t in PAIRS).encode()))
@@ -527,6 +528,11 @@ def test_capital_extensions_are_read(tmp_path: Path) -> None:
     assert source.splits() == ["train", "val"]
     source.check(["train", "val"])
     assert list(source.pairs("train")) == PAIRS and list(source.pairs("val")) == [("ein", "one")]
+    sides = write_text_dir(tmp_path / "sides", {"train": PAIRS}, gz=True)
+    for lang in ("de", "en"):
+        (sides / f"train.{lang}.gz").rename(sides / f"train.{lang}.GZ")
+    source = open_source(str(sides), "de", "en")
+    assert source.plain_files("train") is None and list(source.pairs("train")) == PAIRS
 
 
 @pytest.mark.parametrize(("name", "said"), [
@@ -547,6 +553,14 @@ def test_a_file_named_as_a_format_is_not_a_split_and_says_how_to_name_it(tmp_pat
     (root / "val.en").write_text("one\n")
     with pytest.raises(DataError, match=rf"languages: en\) \({re.escape(said)}\)$"):
         open_source(str(root), "de", "en").check(["val"])
+
+
+def test_a_table_of_another_pair_gets_no_advice_to_rename_it() -> None:
+    """train.en-zh-Hant.tsv in a de-en directory was told "e.g. train.en-zh-Hant.de-en.tsv"."""
+    from mtcli.data.filenames import misnamed
+
+    assert misnamed("train.en-zh-Hant.tsv", ("de", "en")) is None
+    assert misnamed("val.tsv", ("de", "en")).endswith("(e.g. val.de-en.tsv)")
 
 
 def test_lone_cr_line_ends_are_refused_by_the_reader(tmp_path: Path) -> None:

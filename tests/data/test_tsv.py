@@ -130,7 +130,7 @@ def test_a_first_line_of_other_column_names_is_warned_of(tmp_path: Path, first: 
                                                       "looks like a header, and is read as a pair")
 
 
-@pytest.mark.parametrize("first", [b"de\ten", b"ja\tyes", b"Hallo\tHello"])
+@pytest.mark.parametrize("first", [b"de\ten", b"ja\tyes", b"Hallo\tHello", b"Text\tText"])
 def test_a_header_of_the_codes_or_a_pair_is_not_warned_of(tmp_path: Path, first: bytes,
                                                           caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "test.de-en.tsv"
