@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mtcli.config import LANGUAGE_CODE
+from mtcli.config import check_language_code
 from mtcli.data.textio import lines_sha256, read_lines, read_lines_hashed
 from mtcli.errors import ConfigError, DataError
 from mtcli.fileio import atomic_write, check_file_target, is_stream, sha256_file
@@ -138,8 +138,8 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
         check_file_target(Path(output))  # before the tests, not after them
     if samples is not None and samples < 1:
         raise ConfigError(f"--samples must be >= 1, got {samples}")
-    if tgt_lang is not None and not LANGUAGE_CODE.fullmatch(tgt_lang):
-        raise ConfigError(f"--tgt-lang {tgt_lang!r}: not a language code (letters, digits, _ or -: de, pt_BR, zh-Hans)")
+    if tgt_lang is not None:
+        check_language_code("--tgt-lang", tgt_lang)
     first, digest = read_lines_hashed(references[0])  # once: a stream gives its lines once
     count = len(first)
     if not count:

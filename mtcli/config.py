@@ -92,7 +92,8 @@ def parse_override(text: str) -> tuple[str, str, Any]:
         value = load_yaml(raw_value) if raw_value.strip() else ""
     except yaml.YAMLError:
         value = raw_value
-    if (value is None or isinstance(value, str)) and re.search(r"(^|\s)#", raw_value.strip()):
+    if (value is None or isinstance(value, str)) and re.search(r"(^|\s)#", raw_value.strip()) \
+            and not raw_value.strip().startswith(("'", '"')):  # (a quoted value is YAML's to read)
         value = raw_value.strip()  # text with a '#', not a comment (a run "my run #2")
     return parts[0], parts[1], value
 
@@ -127,6 +128,11 @@ def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | N
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping with sections {', '.join(SECTIONS)}")
     raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    if lenient:  # a run's config.yaml from before empty paths were refused: '' meant none then
+        for section, key in _PATH_KEYS:
+            if isinstance(raw.get(section), dict) and isinstance(raw[section].get(key), str) \
+                    and not raw[section][key].strip():
+                raw[section][key] = None
     given = copy.deepcopy(raw)
     for text in overrides or []:
         section, key, value = parse_override(text)
@@ -167,8 +173,12 @@ def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | N
         if not overrides:
             raise
         named = _naming_overrides(str(exc), where, overrides)
-        if named is None:  # the error names no --set key: is it the file's own?
-            config_from_dict(given, where, None, lenient)
+        if named is None and not lenient:  # the error names no --set key: is it the file's own?
+            try:
+                config_from_dict(given, where, None)
+            except ConfigError as own:
+                if str(own) == str(exc):
+                    raise exc from None
         raise ConfigError(named or f"{where} with --set {' '.join(overrides)}: {str(exc)[len(where) + 2:]}") from None
     return config
 
@@ -259,6 +269,17 @@ _MODEL_LIMITS = {"d_model": 1 << 16, "d_ff": 1 << 20, "encoder_layers": 1000, "d
                  "n_heads": 1 << 12, "max_positions": 1 << 20}
 
 
+#: The keys that name a file or directory (their ``~`` expanded: :mod:`mtcli.settings`).
+_PATH_KEYS = (("data", "prepared_dir"), ("data", "spm_model"), ("train", "run_dir"), ("train", "init_from"))
+
+
+def check_language_code(option: str, value: str) -> None:
+    """Raise :class:`ConfigError` when ``value``, given as ``option``, is no language code
+    (:data:`LANGUAGE_CODE`: it names files, ``train.<lang>``, and the tag ``<2lang>``)."""
+    if not LANGUAGE_CODE.fullmatch(value):
+        raise ConfigError(f"{option} {value!r}: not a language code (letters, digits, _ or -: de, pt_BR, zh-Hans)")
+
+
 def _model_checks(m: ModelConfig) -> list[tuple[bool, str]]:
     """:func:`validate`'s checks of the model's shape: (holds, what the message says)."""
     return [
@@ -334,7 +355,8 @@ def validate(config: Config, where: str | None = None) -> None:
         (dc.num_workers >= 1, "data.num_workers must be >= 1"),
         *((value <= 1024, f"{key} must be at most 1024") for key, value in (("data.num_workers", dc.num_workers),
                                                                              ("train.num_threads", t.num_threads))),
-        *((value != "", f"{key} is empty: leave it out (or null) for {meaning}") for key, value, meaning in (
+        *((value is None or bool(value.strip()), f"{key} is empty: leave it out (or null) for {meaning}")
+          for key, value, meaning in (
             ("data.prepared_dir", dc.prepared_dir, "data/prepared/<data.name>"),
             ("data.spm_model", dc.spm_model, "a SentencePiece model of the corpus's own"),
             ("train.run_dir", t.run_dir, "data/runs/<config name>"),
@@ -424,5 +446,5 @@ def save_config(config: Config, path: str | Path) -> None:
 
 
 __all__ = ["DECODE_RANGES", "LANGUAGE_CODE", "MAX_SEED", "SECTIONS", "Config", "CorpusConfig", "DataConfig",
-           "DecodeConfig", "ModelConfig", "TrainConfig", "config_from_dict", "load_config", "parse_override",
-           "save_config", "validate", "with_changes"]
+           "DecodeConfig", "ModelConfig", "TrainConfig", "check_language_code", "config_from_dict", "load_config",
+           "parse_override", "save_config", "validate", "with_changes"]

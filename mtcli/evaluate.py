@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from mtcli.config import LANGUAGE_CODE, Config, DecodeConfig
+from mtcli.config import Config, DecodeConfig, check_language_code
 from mtcli.data.cache import PreparedCorpus, eval_split_name
 from mtcli.data.textio import lines_sha256, read_lines, read_lines_hashed
 from mtcli.device import peak_memory_mb
@@ -334,8 +334,8 @@ def evaluate_directions(
     run_dir = Path(run_dir)
     _check_test_args(split, src_file, ref_file)
     metrics = metric_names(metrics)  # before the model is loaded
-    if src_lang is not None and not LANGUAGE_CODE.fullmatch(src_lang):
-        raise ConfigError(f"--src-lang {src_lang!r}: not a language code (letters, digits, _ or -: de, pt_BR, zh-Hans)")
+    if src_lang is not None:
+        check_language_code("--src-lang", src_lang)
     if more_refs and src_file is None:
         raise ConfigError("several references (--ref ... --ref) need --src files, not a split")
     if output_dir is not None:

@@ -433,6 +433,17 @@ def test_an_empty_path_is_refused(tmp_path: Path, key: str) -> None:
             with_changes(load_config(write(tmp_path, MINIMAL)), "train", init_from="")
 
 
+def test_an_empty_path_in_a_runs_own_config_is_read_as_none(tmp_path: Path) -> None:
+    """A run saved with init_from: '' (before empty paths were refused) could no longer be
+    translated, evaluated or resumed; a path of spaces is empty too."""
+    path = write(tmp_path, {**MINIMAL, "train": {"init_from": "", "run_dir": "  "}})
+    assert load_config(path, lenient=True).train.init_from is None
+    with pytest.raises(ConfigError, match="train.run_dir is empty"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="train.init_from is empty"):
+        load_config(path, ["train.run_dir=null"])
+
+
 def test_a_set_into_a_section_that_is_no_mapping_is_refused(tmp_path: Path) -> None:
     """`model: d_model=64` with `--set model.dropout=0.2` trained the default base model."""
     path = write(tmp_path, {**MINIMAL, "model": "d_model=64 n_heads=2"})
@@ -455,13 +466,18 @@ def test_an_error_of_the_file_itself_names_no_set(tmp_path: Path) -> None:
     path = write(tmp_path, {**MINIMAL, "model": {"d_model": 63, "n_heads": 1}})
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: model.d_model must be even"):
         load_config(path, ["train.max_steps=10"])
+    fixed = write(tmp_path, {"data": {k: v for k, v in MINIMAL["data"].items() if k != "src_lang"},
+                             "model": {"d_model": 500, "n_heads": 3}}, "fixed.yaml")  # (the --set mends the file)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(fixed))} with --set data.src_lang=de: model.n_heads"):
+        load_config(fixed, ["data.src_lang=de"])
     good = write(tmp_path, MINIMAL, "ok.yaml")
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(good))} with --set model.d_model=63: model.d_model must"):
         load_config(good, ["model.d_model=63", "model.n_heads=1"])
 
 
 @pytest.mark.parametrize(("text", "value"), [("train.run_dir=my run #2", "my run #2"),
-                                              ("data.source=#1", "#1"), ("train.max_steps=10 # ten", 10)])
+                                              ("data.source=#1", "#1"), ("train.max_steps=10 # ten", 10),
+                                              ("train.run_dir='my run #2'", "my run #2")])
 def test_a_hash_in_a_set_value_is_text_not_a_comment(text: str, value: object) -> None:
     """`--set "train.run_dir=my run #2"` made the run 'my run'."""
     assert parse_override(text)[2] == value

@@ -45,12 +45,12 @@ import torch
 
 from mtcli.checkpoint import save_checkpoint
 from mtcli.config import (
-    LANGUAGE_CODE,
     Config,
     DataConfig,
     DecodeConfig,
     ModelConfig,
     TrainConfig,
+    check_language_code,
     save_config,
     validate,
 )
@@ -213,8 +213,8 @@ def languages(model_dir: Path, src_lang: str | None, tgt_lang: str | None) -> tu
     for option, given in (("--src-lang", src_lang), ("--tgt-lang", tgt_lang)):
         if given is not None and not given.strip():
             raise ConfigError(f"{option} is empty: give a language code, or leave it out to read the model's")
-        if given is not None and not LANGUAGE_CODE.fullmatch(given):
-            raise ConfigError(f"{option} {given!r}: not a language code (letters, digits, _ or -: de, pt_BR, zh-Hans)")
+        if given is not None:
+            check_language_code(option, given)
     if src_lang and src_lang == tgt_lang:
         raise ConfigError(f"--src-lang and --tgt-lang are both {src_lang!r}: the source and target languages must differ")
     found = [src_lang, tgt_lang]
