@@ -127,7 +127,8 @@ def resumable_output(output: Path, key: str) -> Iterator[PartialOutput]:
             yield partial
             handle.flush()
             os.fsync(handle.fileno())
-            os.fchmod(handle.fileno(), mode)
+            with contextlib.suppress(PermissionError):  # a partial file of another user's: its mode stays
+                os.fchmod(handle.fileno(), mode)
             os.replace(data, output)  # still locked: no other run takes it up in between
             record.unlink(missing_ok=True)
             fsync_dir(output.parent)
@@ -157,8 +158,9 @@ def _lock(handle: IO[str], output: Path) -> None:
 def output_locked(output: Path) -> Iterator[None]:
     """Hold the lock :func:`resumable_output` takes, for a run that writes ``output`` at once
     (its input a stream, read once): a run of either kind on that output meanwhile is refused.
-    The partial file that holds the lock is removed after, when this run made it."""
-    data = partial_paths(output)[0]
+    The partial file that holds the lock is removed after, when this run made it or it holds
+    nothing to resume (one left by a stream run that was killed)."""
+    data, record = partial_paths(output)
     make_file_parent(output)
     try:
         try:
@@ -169,10 +171,12 @@ def output_locked(output: Path) -> Iterator[None]:
         raise type(exc)(exc.errno, exc.strerror, str(output)) from None
     with handle:
         _lock(handle, output)  # (refused: the file is the other run's now, made here or not)
+        if not still_names(handle.fileno(), data):  # the run that held it removed or renamed it meanwhile
+            raise BlockingIOError(errno.EAGAIN, "another mtcli translate has just finished this output", str(output))
         try:
             yield
         finally:
-            if made:
+            if made or (os.fstat(handle.fileno()).st_size == 0 and not record.exists()):
                 data.unlink(missing_ok=True)
 
 

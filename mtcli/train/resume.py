@@ -337,15 +337,23 @@ def another_config_file(state: dict[str, Any], config_path: str, run_dir: Path) 
     """What to warn of when a run is resumed from another config file than the one it was last
     trained from, both still there: two recipes of one name (``exp1/config.yaml`` and
     ``exp2/config.yaml``) name one run, so the second went on training the first's. None
-    otherwise (the same file, a moved one, the run's own ``config.yaml``)."""
-    saved = state.get("config_file")
-    now = Path(config_path).absolute()
-    if not saved or config_path == "<config>" or Path(saved) == now or now == (run_dir / CONFIG_NAME).absolute():
+    otherwise (the same file by any path, a moved one, the run's own ``config.yaml`` now or
+    then)."""
+    saved, own = state.get("config_file"), run_dir / CONFIG_NAME
+    if not saved or config_path == "<config>" or not Path(saved).is_file():
         return None
-    if not Path(saved).is_file():
+    if any(_same_file(a, b) for a, b in ((config_path, own), (saved, config_path), (saved, own))):
         return None
-    return (f"{run_dir} was last trained from {saved}, and is resumed from {now}: a run is named after its config "
-            "file's name; set train.run_dir for a run of this config's own")
+    return (f"{run_dir} was last trained from {saved}, and is resumed from {Path(config_path).resolve()}: a run is "
+            "named after its config file's name; set train.run_dir for a run of this config's own")
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether ``a`` and ``b`` are one file (through ``..`` or a link); False when one is missing."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def hardware(device: torch.device) -> dict[str, Any]:

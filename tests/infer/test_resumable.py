@@ -211,7 +211,7 @@ def test_a_stream_translated_to_an_output_being_written_is_refused(tiny_run_dir:
         refused = subprocess.run(command, input=b"ein hund\n", capture_output=True, timeout=300, check=False)
     assert refused.returncode == 1 and not out.exists()
     assert refused.stderr.decode() == f"mtcli: error: {out}: another mtcli translate is writing this output now\n"
-    data.unlink()
+    data.write_text("")  # as a stream run killed left it: nothing to resume, removed after
     done = subprocess.run(command, input=b"ein hund\n", capture_output=True, timeout=300, check=False)
     assert done.returncode == 0 and len(out.read_text().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]  # no lock file left
@@ -253,3 +253,25 @@ def test_a_gz_output_and_a_damaged_gz_input_are_one_line(tiny_run_dir: Path, tmp
     result = CliRunner().invoke(app, ["translate", str(tiny_run_dir), str(src), "-o", str(tmp_path / "out.gz")])
     assert result.exit_code == 1 and result.stderr.startswith(
         f"mtcli: error: {tmp_path / 'out.gz'}: the translation is plain text; name the output without .gz")
+
+
+def test_a_stream_run_whose_lock_file_went_meanwhile_is_refused(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream run opened the lock file just before the run holding it removed it, then locked
+    the removed file: two runs went on writing one output."""
+    import fcntl
+
+    import mtcli.infer.resumable as resumable
+
+    output = tmp_path / "out.txt"
+    data, _ = resumable.partial_paths(output)
+    data.write_text("")
+    real = fcntl.flock
+
+    def flock(fd: int, operation: int) -> None:
+        data.unlink()  # the run that held the lock finishes meanwhile
+        real(fd, operation)
+
+    monkeypatch.setattr(resumable.fcntl, "flock", flock)
+    with pytest.raises(BlockingIOError, match="has just finished this output"), resumable.output_locked(output):
+        pass

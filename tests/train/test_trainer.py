@@ -902,6 +902,9 @@ def test_a_run_resumed_from_another_config_file_of_its_name_is_warned_of(prepare
             f"{tmp_path / 'exp2' / 'config.yaml'}: a run is named after its config file's name") in log
     train(load_config(run / "config.yaml", [f"data.prepared_dir={prepared}", "train.max_steps=4"]))
     assert log.count(said) == (run / "train.log").read_text(encoding="utf-8").count(said)  # its own config
+    (tmp_path / "exp2" / "sub").mkdir()  # the same file by another path; then after the run's own config.yaml
+    log = train_from(tmp_path / "exp2" / "sub" / ".." / "config.yaml", 5)
+    assert log.count(said) == (run / "train.log").read_text(encoding="utf-8").count(said) == 1
 
 
 def test_validation_decodes_greedily_under_a_sampling_default(prepared: Path, tmp_path: Path,
