@@ -163,6 +163,6 @@ def peer_failures(info: DistInfo) -> Iterator[None]:
         if info.distributed and (isinstance(exc, dist.DistError) or any(text in str(exc) for text in _PEER_GONE)):
             raise PeerStopped(
                 f"rank {info.rank}: a collective failed: another process of this run stopped (its own error, on "
-                f"its console and in the run's train.log, says why) or the connection to it failed "
+                f"its console, and in train.log once the run has one, says why) or the connection to it failed "
                 f"({one_line(exc)[:200]})") from None
         raise
