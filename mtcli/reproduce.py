@@ -525,7 +525,12 @@ def main(argv: list[str] | None = None) -> int:
             row = merge_seed_results(args.merge, row_key, table_name)
         else:
             overrides = pair_overrides(args.direction) + args.overrides
-            config = with_changes(load_config(args.config or recipe, overrides), "data", source=args.data)
+            config = load_config(args.config or recipe, overrides)
+            if args.data is not None and config.data.sources:
+                raise ConfigError(f"--data {args.data}: {config.path} reads several corpora (data.sources): give "
+                                  "each its directory with --set data.sources=[...], or their pinned files in "
+                                  "MTCLI_DATA=DIR (DIR/<corpus>/)")
+            config = with_changes(config, "data", source=args.data)
             check_row(config, table_name, row_key)
             changed = not is_the_recipe(config, recipe, pair_overrides(args.direction))
             if not args.valid_only:  # the table the row goes to, read now: not after hours of training

@@ -243,6 +243,16 @@ def _seed_file(directory: Path, seed: int, bleu_lc: float) -> Path:
     return directory
 
 
+def test_data_for_a_recipe_of_several_corpora_is_refused_naming_it(tmp_path: Path, capsys) -> None:
+    """--data DIR on the adaptation recipe said "data.source='DIR': give data.source or
+    data.sources, not both", a key the user never set."""
+    from mtcli.reproduce import main
+
+    assert main(["wmt_news_en_de_adapt", "--data", str(tmp_path), "--results", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err.startswith(f"mtcli: error: --data {tmp_path}: configs/wmt_news_en_de_adapt.yaml "
+                                              "reads several corpora (data.sources)")
+
+
 def test_merge_combines_seeds_run_apart_and_refuses_a_seed_twice(tmp_path: Path, capsys) -> None:
     from mtcli.reproduce import main
 
