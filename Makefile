@@ -21,7 +21,9 @@
 #   make clean       remove caches and build leftovers (never data/ or results/)
 # SEEDS: the seeds make reproduce trains and scores for each Multi30k direction (the README's rows
 # are their means). REPRODUCE_ARGS passes more options to `python -m mtcli.reproduce` (see its
-# --help), e.g. REPRODUCE_ARGS='--set train.device=cuda'.
+# --help), e.g. REPRODUCE_ARGS='--set train.device=cuda'; reproduce-multilingual and reproduce-bt
+# pass them to mtcli.multilingual and mtcli.backtranslation, which take --set but not every
+# option of mtcli.reproduce (their --help says which).
 
 PYTHON ?= python3
 VENV ?= .venv

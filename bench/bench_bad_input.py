@@ -47,7 +47,7 @@ def broken_copy(corpus: Path, out: Path, case: str, bad_line: int) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("corpus", type=Path, help="a text directory from bench/make_wmt_corpus.py")
     parser.add_argument("--bad-line", type=int, default=3_000_000)
     args = parser.parse_args()

@@ -62,7 +62,7 @@ def measure(source_dir: str, src: str, tgt: str, split: str, workers: int) -> di
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("source", help="a text (a file a side, or .tsv), parquet or save_to_disk directory")
     parser.add_argument("--langs", default="en,de")
     parser.add_argument("--split", default="train")

@@ -89,7 +89,7 @@ def static_step(model: Transformer, rows: int, max_len: int):
 
 def main(argv: list[str] | None = None) -> int:
     """Compile the step, time every variant in interleaved rounds, print and save."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", type=Path, help="trained run (default: random model)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--beam", type=int, default=5)

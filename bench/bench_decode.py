@@ -279,7 +279,7 @@ def _run_worker(job: dict, timeout: float) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, set up model and inputs, run every variant, print and save results."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", type=Path, help="trained run directory (default: random model)")
     parser.add_argument("--checkpoint", default="best")
     parser.add_argument("--input", type=Path, default=None,

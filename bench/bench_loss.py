@@ -53,7 +53,7 @@ def time_ms(fn: Callable[[], None], warmup: int, reps: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1900, help="target positions per pass (default: %(default)s)")
     parser.add_argument("--vocab", type=int, default=5484, help="output pieces (default: %(default)s)")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",

@@ -110,7 +110,7 @@ def print_table(header: list[str], rows: dict, cells) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, required=True, help="scratch directory (tens of GB at 4.5M)")
     parser.add_argument("--sizes", default="500000,1500000,4500000")
     parser.add_argument("--forms", default=",".join(FORMS))

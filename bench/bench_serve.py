@@ -107,7 +107,7 @@ def main() -> int:
     from mtcli.config import load_config
     from mtcli.infer.translator import Translator
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--input", type=Path, default=None, help="source sentences (default: Multi30k test2016)")
     parser.add_argument("--requests", type=int, default=1000)

@@ -35,7 +35,7 @@ from bench_translate_memory import _vm_rss_mb  # noqa: E402  (one /proc reader f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config", type=Path)
     parser.add_argument("--set", action="append", default=[], help="config override (repeatable)")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the child (repeatable)")

@@ -139,7 +139,7 @@ def run_once(args: argparse.Namespace, run_dir: Path, work: Path, n_lines: int) 
 
 def main(argv: list[str] | None = None) -> int:
     """Run every size, print the table and the bound check, save JSON; 1 if over the bound."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lines", default="10000,50000,100000", help="comma-separated input sizes")
     parser.add_argument("--run-dir", type=Path, help="a trained run (default: a random toy model)")
     parser.add_argument("--checkpoint", default="best")

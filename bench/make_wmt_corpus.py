@@ -196,7 +196,7 @@ def write_corpus(out: Path, pairs: int, forms: list[str], seed: int = 1, mutate:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--pairs", type=int, default=4_500_000)
     parser.add_argument("--forms", default=",".join(FORMS))

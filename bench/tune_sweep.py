@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the variants, at most ``--jobs`` at a time, and write the summary."""
     from mtcli.reproduce import RECIPES
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("direction", choices=sorted(RECIPES))
     parser.add_argument("--data", required=True, help="directory of <split>.<lang> files")
     parser.add_argument("--out", type=Path, required=True, help="root of the variants' run dirs")
