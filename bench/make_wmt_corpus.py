@@ -1,4 +1,4 @@
-"""Build a WMT-size English-German corpus offline, from the real pairs in ../shared/data.
+"""Build a WMT-size English-German corpus from real pairs: ../shared/data's, else mtcli's download.
 
 The WMT14 en-de training set has 4.5M pairs; this script writes ``--pairs`` of them (default
 4,500,000) so that `prepare` and `train` can be measured at that size on a machine without
@@ -46,9 +46,30 @@ sys.path.insert(0, str(REPO))
 from mtcli.data.textio import read_lines  # noqa: E402  (the one strict line reader)
 
 SHARED = REPO.parent / "shared" / "data"
-POOLS = (SHARED / "multi30k" / "train", SHARED / "wmt-news-en-de" / "train")
-REAL_SPLITS = {"validation": SHARED / "wmt-news-en-de" / "newstest2013",
-               "test": SHARED / "wmt-news-en-de" / "newstest2014"}
+
+
+def corpus_dir(name: str) -> Path:
+    """Where corpus ``name``'s files are: ../shared/data beside the checkout, else the files
+    ``mtcli prepare`` downloads (once, verified: :func:`mtcli.data.download.locate`)."""
+    if (SHARED / name).is_dir():
+        return SHARED / name
+    from mtcli.data.download import locate
+
+    return locate(name)
+
+
+def pools() -> tuple[Path, Path]:
+    """The training text every generated pair is made of: ``<prefix>.en`` and ``<prefix>.de``."""
+    return corpus_dir("multi30k") / "train", corpus_dir("wmt-news-en-de") / "train"
+
+
+def real_splits() -> dict[str, Path]:
+    """The real validation and test sets, by split: ``<prefix>.en`` and ``<prefix>.de``."""
+    news = corpus_dir("wmt-news-en-de")
+    return {"validation": news / "newstest2013", "test": news / "newstest2014"}
+
+
+SPLITS = ("validation", "test")
 FORMS = ("text", "gz", "parquet", "dataset", "tsv")
 LANGS = ("en", "de")
 CHUNK = 100_000
@@ -60,7 +81,7 @@ def read_pool() -> tuple[list[str], list[str]]:
     """The real training pairs every generated pair is made of."""
     en: list[str] = []
     de: list[str] = []
-    for prefix in POOLS:
+    for prefix in pools():
         a, b = list(read_lines(f"{prefix}.en")), list(read_lines(f"{prefix}.de"))
         if len(a) != len(b):
             raise SystemExit(f"{prefix}: .en has {len(a)} lines, .de {len(b)}")
@@ -167,7 +188,7 @@ def write_corpus(out: Path, pairs: int, forms: list[str], seed: int = 1, mutate:
             handle.close()
     if table is not None:
         table.close()
-    for split, prefix in REAL_SPLITS.items():
+    for split, prefix in real_splits().items():
         lines = {lang: list(read_lines(f"{prefix}.{lang}")) for lang in LANGS}
         if "tsv" in forms:
             (out / "tsv" / f"{split}.en-de.tsv").write_text(
@@ -186,7 +207,7 @@ def write_corpus(out: Path, pairs: int, forms: list[str], seed: int = 1, mutate:
         import datasets
 
         parts = {split: sorted(str(p) for p in parquet_dir.glob(f"{split}-*.parquet"))
-                 for split in ("train", *REAL_SPLITS)}
+                 for split in ("train", *SPLITS)}
         dataset = datasets.DatasetDict({split: datasets.Dataset.from_parquet(files) for split, files in parts.items()})
         dataset.save_to_disk(str(out / "dataset"))
     if "parquet" not in forms and parquet_dir.is_dir():
@@ -207,9 +228,9 @@ def main() -> int:
     unknown = set(forms) - set(FORMS)
     if unknown:
         parser.error(f"unknown forms {sorted(unknown)} (known: {', '.join(FORMS)})")
-    for prefix in (*POOLS, *REAL_SPLITS.values()):
+    for prefix in (*pools(), *real_splits().values()):
         if not Path(f"{prefix}.en").is_file():
-            parser.error(f"{prefix}.en not found: this script reads ../shared/data")
+            parser.error(f"{prefix}.en not found")
     print(write_corpus(args.out, args.pairs, forms, args.seed, args.mutate))
     return 0
 
