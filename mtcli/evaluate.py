@@ -352,7 +352,7 @@ def evaluate_directions(
     if not directions:
         raise ConfigError(f"{run_dir}: no direction {src_lang or '*'}->{tgt_lang or '*'} among those it was "
                           f"trained on ({', '.join('->'.join(d) for d in trained)})")
-    sources = sorted({d[0] for d in trained})
+    sources = sorted({d[0] for d in trained if tgt_lang in (None, d[1])})  # (into --tgt-lang's, when given)
     if src_file is not None and src_lang is None and len(sources) > 1:  # a file's language cannot be told
         get_logger().warning("%s: scored as %s (the run translates from %s; --src-lang names the file's language)",
                              src_file, "->".join(directions[0]), ", ".join(sources))

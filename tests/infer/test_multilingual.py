@@ -92,6 +92,7 @@ def test_evaluate_on_files_warns_which_direction_it_scores(
             "file's language)") in caplog.text
     caplog.clear()
     evaluate_directions(multi_run, beam=1, src_lang="src", **files)
+    evaluate_directions(multi_run, beam=1, tgt_lang="xx", **files)  # only src goes into xx: nothing to choose
     assert "--src-lang names" not in caplog.text
     caplog.clear()
     (into_xx,) = evaluate_directions(multi_run, beam=1, tgt_lang="xx", **files)
