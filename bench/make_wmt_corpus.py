@@ -44,6 +44,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from mtcli.data.textio import read_lines  # noqa: E402  (the one strict line reader)
+from mtcli.errors import MtcliError, one_line  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data"
 
@@ -228,7 +229,11 @@ def main() -> int:
     unknown = set(forms) - set(FORMS)
     if unknown:
         parser.error(f"unknown forms {sorted(unknown)} (known: {', '.join(FORMS)})")
-    for prefix in (*pools(), *real_splits().values()):
+    try:
+        prefixes = (*pools(), *real_splits().values())
+    except MtcliError as exc:  # offline, without ../shared/data
+        parser.error(f"{one_line(exc)}; or put multi30k/ and wmt-news-en-de/ in {SHARED}")
+    for prefix in prefixes:
         if not Path(f"{prefix}.en").is_file():
             parser.error(f"{prefix}.en not found")
     print(write_corpus(args.out, args.pairs, forms, args.seed, args.mutate))

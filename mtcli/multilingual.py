@@ -232,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="train nothing: add the seeds of these results directories (or multilingual.json "
                              "files, e.g. one per GPU process) to the results directory's table")
     args = parser.parse_args(argv)
+    if args.merge and (args.config != RECIPE or args.data or args.overrides):
+        parser.error("--merge trains nothing: --config, --data and --set would change nothing")
     setup_logging()
     keep_freed_memory()
     try:

@@ -435,7 +435,8 @@ def test_an_empty_path_is_refused(tmp_path: Path, key: str) -> None:
 
 def test_an_empty_path_in_a_runs_own_config_is_read_as_none(tmp_path: Path) -> None:
     """A run saved with init_from: '' (before empty paths were refused) could no longer be
-    translated, evaluated or resumed; a path of spaces is empty too."""
+    translated or evaluated (resuming it, a config read in full, says to mend the key); a path
+    of spaces is empty too."""
     path = write(tmp_path, {**MINIMAL, "train": {"init_from": "", "run_dir": "  "}})
     assert load_config(path, lenient=True).train.init_from is None
     with pytest.raises(ConfigError, match="train.run_dir is empty"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import REPO, TOY_CONFIG, TOY_DIR, make_trilingual, multi_overrides
 
 from mtcli.multilingual import MARKS, main, render
@@ -57,6 +58,8 @@ def test_multilingual_table_on_toy(tmp_path: Path, monkeypatch, capsys) -> None:
     first = seed["directions"]["src-tgt"]["bleu_lc"]
     assert merged["directions"]["src-tgt"]["bleu_lc_per_seed"] == [first, first + 2.0]
     assert main(["--merge", str(apart), str(apart / "multilingual.json"), "--results", str(results)]) != 0
+    with pytest.raises(SystemExit):  # settings of a training, which --merge does not run
+        main(["--merge", str(apart), "--results", str(results), "--set", "train.max_steps=5"])
 
 
 def test_training_speed_is_given_per_machine() -> None:

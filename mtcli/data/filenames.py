@@ -7,10 +7,10 @@ A file is one of:
 - ``<split>.tmx[.gz]``: a translation memory (:mod:`mtcli.data.tmx`).
 
 The extensions ``.gz``, ``.tsv`` and ``.tmx`` are read in any case (``train.TMX``, as some
-Windows tools write them; the split and language codes are as written). A name whose last part is a file format rather than a language
-(``val.tsv``, ``val.de-en.csv``, ``train.de.txt``) is not read: :func:`misnamed` says how to name
-it, so that an error about a missing split or language can say why the file beside it is not
-the one looked for.
+Windows tools write them; the split and language codes are as written). A name whose last part
+is a file format rather than a language (``val.tsv``, ``val.de-en.csv``, ``train.de.txt``) is not
+read: :func:`misnamed` says how to name it, so that an error about a missing split or language
+can say why the file beside it is not the one looked for.
 """
 
 from __future__ import annotations
@@ -68,8 +68,10 @@ def misnamed(name: str, langs: tuple[str, str]) -> str | None:
     else None."""
     stem, _, ext = _canonical(name).rpartition(".")
     ext = ext.lower()
-    table = stem if _TABLE_NAME.fullmatch(f"{stem}.tsv") else f"{stem}.{langs[0]}-{langs[1]}"
-    if stem and "." not in stem and ext == "tsv":  # (train.en-zh-Hant.tsv: a table of another pair)
+    head, _, last = stem.rpartition(".")
+    split = head if head and re.fullmatch(r"[A-Za-z]{2,3}_?[A-Za-z]{2,3}", last) else stem  # (val.de_en, val.deen)
+    table = stem if _TABLE_NAME.fullmatch(f"{stem}.tsv") else f"{split}.{langs[0]}-{langs[1]}"
+    if stem and "-" not in stem.rpartition(".")[2] and ext == "tsv":  # (train.en-zh-Hant.tsv: another pair's)
         return f"{name} is not read: a .tsv is named <split>.<l1>-<l2>.tsv (e.g. {table}.tsv)"
     if stem and ext == "csv":
         return (f"{name} is not read: both sides in one file are a tab-separated <split>.<l1>-<l2>.tsv "

@@ -127,8 +127,11 @@ def resumable_output(output: Path, key: str) -> Iterator[PartialOutput]:
             yield partial
             handle.flush()
             os.fsync(handle.fileno())
-            with contextlib.suppress(PermissionError):  # a partial file of another user's: its mode stays
+            try:
                 os.fchmod(handle.fileno(), mode)
+            except PermissionError:  # a partial file of another user's: its mode stays
+                get_logger().warning("%s: written with the mode of %s, another user's file (not %o)", output,
+                                     data.name, mode)
             os.replace(data, output)  # still locked: no other run takes it up in between
             record.unlink(missing_ok=True)
             fsync_dir(output.parent)
@@ -159,7 +162,7 @@ def output_locked(output: Path) -> Iterator[None]:
     """Hold the lock :func:`resumable_output` takes, for a run that writes ``output`` at once
     (its input a stream, read once): a run of either kind on that output meanwhile is refused.
     The partial file that holds the lock is removed after, when this run made it or it holds
-    nothing to resume (one left by a stream run that was killed)."""
+    nothing to resume (no record: one a killed run left before its first window)."""
     data, record = partial_paths(output)
     make_file_parent(output)
     try:
@@ -176,7 +179,7 @@ def output_locked(output: Path) -> Iterator[None]:
         try:
             yield
         finally:
-            if made or (os.fstat(handle.fileno()).st_size == 0 and not record.exists()):
+            if made or not record.exists():  # (without its record, nothing of it can be resumed)
                 data.unlink(missing_ok=True)
 
 

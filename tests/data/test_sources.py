@@ -561,6 +561,8 @@ def test_a_table_of_another_pair_gets_no_advice_to_rename_it() -> None:
 
     assert misnamed("train.en-zh-Hant.tsv", ("de", "en")) is None
     assert misnamed("val.tsv", ("de", "en")).endswith("(e.g. val.de-en.tsv)")
+    assert misnamed("val.de_en.tsv", ("de", "en")).endswith("(e.g. val.de-en.tsv)")  # not val.de_en.de-en.tsv
+    assert misnamed("my.val.tsv", ("de", "en")).endswith("(e.g. my.val.de-en.tsv)")
 
 
 def test_lone_cr_line_ends_are_refused_by_the_reader(tmp_path: Path) -> None:
