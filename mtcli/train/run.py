@@ -37,7 +37,7 @@ from mtcli.device import (
     peak_memory_mb,
     resolve_device,
 )
-from mtcli.errors import DeviceMemoryError, TrainingInterrupted
+from mtcli.errors import DeviceMemoryError, TrainingInterrupted, one_line
 from mtcli.fileio import atomic_copy, atomic_write, check_directory
 from mtcli.logs import (
     add_file_log,
@@ -262,6 +262,20 @@ def _log_start(trainer: Trainer, config: Config, device: torch.device, precision
                  int(stream.tgt_lengths[stream.indices].sum()))
 
 
+def _draw_learning_curves(run_dir: Path) -> None:
+    """``learning_curves.png`` of a finished training, or a warning: a picture that cannot be
+    drawn (a full disk, the run's TensorBoard files gone) does not fail a training whose
+    checkpoints are saved."""
+    try:
+        picture = write_learning_curves(run_dir)
+    except Exception as exc:  # noqa: BLE001 - TensorBoard's readers raise their own kinds
+        get_logger().warning("learning curves not drawn (%s); the training is saved",
+                             getattr(exc, "strerror", None) or one_line(exc))
+        return
+    if picture is not None:
+        get_logger().info("learning curves: %s", picture)
+
+
 def _only_tagged(config: Config) -> str:
     """The directions whose every corpus carries a tag (``data.sources[i].tag``), e.g.
     ``en->cs``; "" when none."""
@@ -416,9 +430,7 @@ def train(config: Config) -> TrainSummary:
         log.info("stopped at step %d: %s", trainer.step, reason)
         if trainer.writer is not None:
             trainer.writer.flush()
-            picture = write_learning_curves(run_dir)
-            if picture is not None:
-                log.info("learning curves: %s", picture)
+            _draw_learning_curves(run_dir)
         if info.distributed:
             dist.barrier()  # no rank tears down its connections while another still writes
         return _summary(trainer, reason)

@@ -37,7 +37,12 @@ class Scalars:
     def __init__(self, directory: Path, purge_step: int | None = None) -> None:
         _quiet_event_threads()
         self.directory = directory
-        self._writer: SummaryWriter | None = SummaryWriter(str(directory), purge_step=purge_step)
+        self._writer: SummaryWriter | None = None
+        try:
+            self._writer = SummaryWriter(str(directory), purge_step=purge_step)
+        except OSError as exc:  # (the event file is made at once: a full disk, a directory not writable)
+            get_logger().warning("%s: cannot write TensorBoard's scalars (%s); the training goes on without them",
+                                 directory, exc.strerror or exc)
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         """Log ``value`` as ``tag`` at ``step``."""

@@ -1,4 +1,5 @@
-"""SIGINT/SIGTERM during training: finish the step, save ``checkpoint_last``, then stop."""
+"""SIGINT/SIGTERM during training, and SIGHUP (a closed ssh session or terminal) unless the
+process ignores it (``nohup``): finish the step, save ``checkpoint_last``, then stop."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            hangup = [signal.SIGHUP] if signal.getsignal(signal.SIGHUP) == signal.SIG_DFL else []  # (nohup: ignored)
+            for sig in (signal.SIGINT, signal.SIGTERM, *hangup):
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 

@@ -939,3 +939,41 @@ def test_a_direction_whose_every_corpus_is_tagged_is_named() -> None:
     assert _only_tagged(sources(real, bt)) == ""  # back-translations beside real pairs: as meant
     assert _only_tagged(sources(real, {"source": "c", "langs": ["en", "cs"], "tag": "<x>"})) == "en->cs"
     assert _only_tagged(sources(bt)) == "en->de"
+
+
+def test_a_hangup_saves_and_stops_unless_ignored() -> None:
+    """SIGHUP (a closed ssh session) killed a training as SIGKILL would: the steps since the last
+    checkpoint lost. Under nohup (SIGHUP ignored) it stays ignored."""
+    from mtcli.train.signals import StopSignals
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        with StopSignals() as signals:
+            os.kill(os.getpid(), signal.SIGHUP)
+            assert signals.signum == signal.SIGHUP
+        signals.restore()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        with StopSignals() as signals:
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        assert signals.signum is None
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+def test_learning_curves_or_tensorboard_that_cannot_be_written_fail_no_training(
+        prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A full disk after the last step (learning_curves.png) was exit 1 with every checkpoint
+    saved; an event file that could not be made stopped the run at its start."""
+    import mtcli.train.run as run_module
+    import mtcli.train.scalars as scalars
+
+    def full(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(run_module, "write_learning_curves", full)
+    monkeypatch.setattr(scalars, "SummaryWriter", full)
+    summary = train(make_config(prepared, tmp_path / "run", "train.max_steps=2", "train.device=cpu"))
+    assert summary.steps == 2
+    said = caplog.text
+    assert "learning curves not drawn (No space left on device); the training is saved" in said
+    assert "tensorboard: cannot write TensorBoard's scalars (No space left on device); the training goes on" in said
