@@ -163,7 +163,7 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             sys.stderr.close()
             raise typer.Exit(141) from None
         except OSError as exc:
-            where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+            where = f"{os.fsdecode(exc.filename)}: " if getattr(exc, "filename", None) else ""  # (bytes: b'...')
             _fail(f"{where}{exc.strerror or exc}", 1)
         except MemoryError as exc:  # where no step of the library knows a smaller way to go on
             _fail(f"out of memory{f': {exc}' if str(exc) else ''}", 1)

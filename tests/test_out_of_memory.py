@@ -500,3 +500,17 @@ def test_a_model_too_large_to_build_is_one_line(capsys: pytest.CaptureFixture) -
                                        "43200000000 bytes\n")
     with pytest.raises(RuntimeError, match="something else"):
         fails()
+
+
+def test_an_os_error_naming_a_bytes_path_prints_the_path(capsys: pytest.CaptureFixture) -> None:
+    """TensorBoard's writer names its event file in bytes: "b'/run/tensorboard/events...'"."""
+    from mtcli.cli import handle_errors
+
+    @handle_errors
+    def refused() -> None:
+        raise PermissionError(13, "Permission denied", b"/run/tensorboard/events.out")
+
+    with pytest.raises(typer.Exit):
+        refused()
+    assert capsys.readouterr().err == "mtcli: error: /run/tensorboard/events.out: Permission denied\n"
+
