@@ -255,6 +255,22 @@ def still_names(fd: int, path: str | Path) -> bool:
     return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
+#: The errors of a write that fails for want of room (a full disk, a file-size limit, a quota).
+_NO_ROOM = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def copy_file(source: Path, target: Path) -> None:
+    """``shutil.copyfile(source, target)``, a write that fails for want of room named after
+    ``target``: Linux's ``sendfile``, which it copies with, names ``source`` (``run/spm.model:
+    No space left on device``, about a file on another disk)."""
+    try:
+        shutil.copyfile(source, target)
+    except OSError as exc:
+        if exc.errno in _NO_ROOM:
+            raise OSError(exc.errno, exc.strerror, str(target)) from None
+        raise
+
+
 def named_after(exc: BaseException, path: str | Path) -> OSError | None:
     """``exc`` as an ``OSError`` naming ``path``, when it is one that names no file (a failed
     write or flush: ``ENOSPC``, ``EFBIG``), so the one-line error says which output could not

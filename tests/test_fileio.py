@@ -420,3 +420,28 @@ def test_a_build_killed_between_its_renames_is_put_in_place(tmp_path: Path) -> N
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the old one moved aside: removed
     assert fileio.BUILDER_NAME not in {p.name for p in out.iterdir()}
     assert not fileio.restore_swap(out)
+
+
+def test_a_copy_that_finds_no_room_names_the_output_not_its_source(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """export and import-hf on a full disk said "run/spm.model: No space left on device", about
+    the run's file on another disk: Linux's sendfile names the source of a copy."""
+    import errno
+    import shutil
+
+    from mtcli.fileio import atomic_dir, copy_file
+
+    source = tmp_path / "run" / "spm.model"
+    source.parent.mkdir()
+    source.write_bytes(b"model")
+
+    def full(src, dst):  # noqa: ANN001, ANN202
+        raise OSError(errno.ENOSPC, "No space left on device", str(src))
+
+    monkeypatch.setattr(shutil, "copyfile", full)
+    out = tmp_path / "export"
+    with pytest.raises(OSError) as caught, atomic_dir(out, mark="mtcli_export.json") as tmp:
+        copy_file(source, tmp / "spm.model")
+    assert caught.value.errno == errno.ENOSPC and str(source) not in str(caught.value.filename)
+    assert str(caught.value.filename).startswith(str(out))
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["run"]

@@ -29,7 +29,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -75,6 +74,7 @@ from mtcli.fileio import (
     FileHasher,
     atomic_dir,
     check_directory,
+    copy_file,
     file_stamp,
     restore_swap,
     sha256_file,
@@ -506,7 +506,7 @@ def _spm_model(tmp: Path, data: DataConfig, plan: Plan, given: Path | None,
         return _train_spm(tmp, data, plan, counts)
     if given.name == VOCAB_NAME:
         for file in tokenizer_files(given):
-            shutil.copyfile(file, tmp / file.name)
+            copy_file(file, tmp / file.name)
         model_path = tmp / VOCAB_NAME
     else:
         model_path = copy_model(given, tmp / "spm")

@@ -33,7 +33,6 @@ CTranslate2 is an optional dependency: ``pip install 'mtcli[ctranslate2]'``.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +41,7 @@ import torch
 from mtcli.checkpoint import sha256_of_loaded
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.errors import ConfigError, MtcliError
-from mtcli.fileio import atomic_dir, check_replaceable
+from mtcli.fileio import atomic_dir, check_replaceable, copy_file
 from mtcli.infer.loading import InferenceModel, load_for_inference, resolve_checkpoint
 from mtcli.logs import get_logger
 from mtcli.model import LAYER_NORM_EPS, Transformer
@@ -173,7 +172,7 @@ def save_ctranslate2(bundle: InferenceModel, output: Path, run_dir: Path, **reco
     spec.optimize(quantization=None)
     with atomic_dir(output, mark=EXPORT_RECORD) as tmp:
         spec.save(str(tmp))
-        shutil.copyfile(bundle.tokenizer.model_path, tmp / "spm.model")
+        copy_file(bundle.tokenizer.model_path, tmp / "spm.model")
         info = {
             "format": "ctranslate2",
             "run_dir": str(run_dir),

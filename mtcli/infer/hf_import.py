@@ -37,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +56,7 @@ from mtcli.config import (
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_PIECE, Tokenizer
 from mtcli.data.vocabmap import load_spm, read_vocab
 from mtcli.errors import ConfigError, DataError, MtcliError, one_line
-from mtcli.fileio import atomic_dir, check_replaceable, sha256_file
+from mtcli.fileio import atomic_dir, check_replaceable, copy_file, sha256_file
 from mtcli.infer.export import CT2_DIR, EXPORT_RECORD
 from mtcli.infer.hf import (
     from_marian,
@@ -331,12 +330,12 @@ def _joint_spm(model_dir: Path, vocab: dict[str, int], order: list[int]) -> Toke
 def _write_tokenizer(tmp: Path, model_dir: Path, vocab: dict[str, int], order: list[int]) -> Path:
     """The run's tokenizer files; returns the file checkpoints identify the vocabulary by."""
     if _joint_spm(model_dir, vocab, order) is not None:
-        shutil.copyfile(model_dir / SOURCE_SPM_NAME, tmp / SPM_NAME)
+        copy_file(model_dir / SOURCE_SPM_NAME, tmp / SPM_NAME)
         return tmp / SPM_NAME
     ours = {m: i for i, m in enumerate(order) if m >= 0}
     renumbered = {piece: ours[m] for piece, m in sorted(vocab.items(), key=lambda item: ours[item[1]])}
     for name in (SOURCE_SPM_NAME, TARGET_SPM_NAME):
-        shutil.copyfile(model_dir / name, tmp / name)
+        copy_file(model_dir / name, tmp / name)
     (tmp / VOCAB_NAME).write_text(json.dumps(renumbered, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
     return tmp / VOCAB_NAME
 
