@@ -28,6 +28,7 @@ from mtcli.fileio import (
     check_directory,
     file_stamp,
     is_stream,
+    named_after,
     sha256_file,
     written_path,
 )
@@ -248,6 +249,11 @@ def translate_files(
         with _opened(output, files, translator, settings) as (handle, partial):
             resumed = partial.done if partial is not None else 0
             run(handle, flush=output is None, partial=partial)
+    except OSError as exc:  # a write to stdout that fails (> /dev/full) names no file: say which
+        renamed = None if output is not None or isinstance(exc, BrokenPipeError) else named_after(exc, "<stdout>")
+        if renamed is None:
+            raise
+        raise renamed from None
     finally:
         if bar is not None:
             bar.close()

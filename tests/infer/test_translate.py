@@ -572,3 +572,13 @@ def test_translate_refuses_to_write_over_a_runs_own_files(tiny_run_dir: Path, tm
         with pytest.raises(DataError, match=f"{path}: {role}.*a file of a run; write the translation to another file"):
             translate_files(run, [src], path)
         assert (path.read_bytes() if path.exists() else None) == before
+
+
+def test_cli_translate_to_a_full_standard_output_names_it(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """`mtcli translate RUN in.txt > /dev/full` said only "No space left on device"."""
+    src = tmp_path / "in.txt"
+    src.write_text("eine katze\n", encoding="utf-8")
+    with open("/dev/full", "w") as full:
+        res = subprocess.run([sys.executable, "-m", "mtcli.cli", "translate", str(tiny_run_dir), str(src)],
+                             stdout=full, stderr=subprocess.PIPE, timeout=300, check=False)
+    assert res.returncode == 1 and res.stderr.decode() == "mtcli: error: <stdout>: No space left on device\n"
