@@ -246,19 +246,27 @@ def translate_files(
     searched = {k: v for k, v in dataclasses.asdict(decode).items() if k not in BATCHING_ONLY}
     settings = {"decode": searched, "engine": engine, "scored": scored, "window": WINDOW}
     try:
-        with _opened(output, files, translator, settings) as (handle, partial):
+        with _naming_stdout(output), _opened(output, files, translator, settings) as (handle, partial):
             resumed = partial.done if partial is not None else 0
             run(handle, flush=output is None, partial=partial)
-    except OSError as exc:  # a write to stdout that fails (> /dev/full) names no file: say which
-        renamed = None if output is not None or isinstance(exc, BrokenPipeError) else named_after(exc, "<stdout>")
-        if renamed is None:
-            raise
-        raise renamed from None
     finally:
         if bar is not None:
             bar.close()
         stack.close()
     return _summary(n_lines, time.perf_counter() - start, translator.name, output, resumed)
+
+
+@contextlib.contextmanager
+def _naming_stdout(output: Path | None) -> Iterator[None]:
+    """A write to standard output (``output`` None) that fails names no file (``> /dev/full``):
+    the error names ``<stdout>``. A closed pipe (``| head``) is left as it is."""
+    try:
+        yield
+    except OSError as exc:
+        renamed = None if output is not None or isinstance(exc, BrokenPipeError) else named_after(exc, "<stdout>")
+        if renamed is None:
+            raise
+        raise renamed from None
 
 
 def _summary(lines: int, seconds: float, name: str, output: Path | None, resumed: int) -> dict:
