@@ -269,15 +269,30 @@ _MODEL_LIMITS = {"d_model": 1 << 16, "d_ff": 1 << 20, "encoder_layers": 1000, "d
                  "n_heads": 1 << 12, "max_positions": 1 << 20}
 
 
-#: The keys that name a file or directory (their ``~`` expanded: :mod:`mtcli.settings`).
-_PATH_KEYS = (("data", "prepared_dir"), ("data", "spm_model"), ("train", "run_dir"), ("train", "init_from"))
+#: The keys that name a file or directory (their ``~`` expanded: :mod:`mtcli.settings`), and
+#: what leaving one out means.
+_PATH_KEYS = {("data", "prepared_dir"): "data/prepared/<data.name>",
+              ("data", "spm_model"): "a SentencePiece model of the corpus's own",
+              ("train", "run_dir"): "data/runs/<config name>", ("train", "init_from"): "training from scratch"}
+#: What a language code may hold, as messages say it.
+_CODE_CHARS = "letters, digits, _ or -: de, pt_BR, zh-Hans"
 
 
 def check_language_code(option: str, value: str) -> None:
     """Raise :class:`ConfigError` when ``value``, given as ``option``, is no language code
     (:data:`LANGUAGE_CODE`: it names files, ``train.<lang>``, and the tag ``<2lang>``)."""
     if not LANGUAGE_CODE.fullmatch(value):
-        raise ConfigError(f"{option} {value!r}: not a language code (letters, digits, _ or -: de, pt_BR, zh-Hans)")
+        raise ConfigError(f"{option} {value!r}: not a language code ({_CODE_CHARS})")
+
+
+def _path_checks(config: Config) -> list[tuple[bool, str]]:
+    """:func:`validate`'s checks of the path keys: none is empty (``--init-from "$UNSET"``)."""
+    checks = []
+    for (section, key), meaning in _PATH_KEYS.items():
+        value = getattr(getattr(config, section), key)
+        checks.append((value is None or bool(value.strip()),
+                       f"{section}.{key} is empty: leave it out (or null) for {meaning}"))
+    return checks
 
 
 def _model_checks(m: ModelConfig) -> list[tuple[bool, str]]:
@@ -355,12 +370,7 @@ def validate(config: Config, where: str | None = None) -> None:
         (dc.num_workers >= 1, "data.num_workers must be >= 1"),
         *((value <= 1024, f"{key} must be at most 1024") for key, value in (("data.num_workers", dc.num_workers),
                                                                              ("train.num_threads", t.num_threads))),
-        *((value is None or bool(value.strip()), f"{key} is empty: leave it out (or null) for {meaning}")
-          for key, value, meaning in (
-            ("data.prepared_dir", dc.prepared_dir, "data/prepared/<data.name>"),
-            ("data.spm_model", dc.spm_model, "a SentencePiece model of the corpus's own"),
-            ("train.run_dir", t.run_dir, "data/runs/<config name>"),
-            ("train.init_from", t.init_from, "training from scratch"))),
+        *_path_checks(config),
         (0.98 <= dc.character_coverage <= 1.0,
          "data.character_coverage must be in [0.98, 1] (SentencePiece's range; 0.9995 for Chinese or Japanese)"),
         (dc.src_lang != dc.tgt_lang, "data.src_lang and data.tgt_lang must differ"),
@@ -388,8 +398,7 @@ def _validate_sources(config: Config, where: str) -> None:
     for key, lang in [("data.src_lang", dc.src_lang), ("data.tgt_lang", dc.tgt_lang),
                       *((f"data.sources[{i}].langs", lang) for i, c in enumerate(dc.sources) for lang in c.langs or ())]:
         if not LANGUAGE_CODE.fullmatch(lang):  # it names files (train.<lang>) and the tag <2lang>
-            raise ConfigError(f"{where}: {key} must be a language code (letters, digits, _ or -: de, pt_BR, "
-                              f"zh-Hans), got {lang!r}")
+            raise ConfigError(f"{where}: {key} must be a language code ({_CODE_CHARS}), got {lang!r}")
     if bool(dc.source) == bool(dc.sources):
         raise ConfigError(f"{where}: give data.source (one corpus) or data.sources (several)"
                           + (", not both" if dc.source else ""))
