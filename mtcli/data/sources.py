@@ -21,12 +21,10 @@ there:
 ``hub``
     a Hugging Face hub id (plus ``data.hub_config``) loaded with ``datasets.load_dataset``.
 
-Hub-layout rows carry a ``translation`` dict ``{src_lang: ..., tgt_lang: ...}`` (or, failing
-that, one column per language). Every source yields ``(source, target)`` string pairs as a
-stream, so a 4.5M-pair corpus is never held in memory.
-
-Text files are read with :mod:`mtcli.data.textio` (strict UTF-8); hub rows get their inner line
-breaks replaced by spaces, so a sentence is always one line.
+Hub-layout rows carry a ``translation`` dict ``{src_lang: ..., tgt_lang: ...}`` (or one column
+per language). Every source streams ``(source, target)`` string pairs, so a 4.5M-pair corpus is
+never held in memory. Text files are read with :mod:`mtcli.data.textio` (strict UTF-8); hub rows
+get their inner line breaks replaced by spaces, so a sentence is always one line.
 """
 
 from __future__ import annotations
@@ -365,6 +363,8 @@ class ParquetDirSource(_ArrowSource):
     def __init__(self, root: Path, src_lang: str, tgt_lang: str, hub_config: str | None) -> None:
         super().__init__(str(root), src_lang, tgt_lang)
         self.root = root / hub_config if hub_config and (root / hub_config).is_dir() else root
+        if hub_config and self.root == root:  # (a snapshot of that one configuration, or a misspelt name)
+            get_logger().warning("data.hub_config %s: %s has no such sub-directory; its top level is read", hub_config, root)
         self._files: dict[str, list[Path]] = {}
         for base in (self.root, self.root / "data"):
             if not base.is_dir():

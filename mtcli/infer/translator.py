@@ -115,8 +115,8 @@ def _check_sampling_only(settings: dict[str, Any], decode: DecodeConfig) -> None
     silently ignored."""
     given = [key for key in SAMPLING_ONLY if settings.get(key) is not None]
     if given and decode.sampling == "none":
-        raise ConfigError(f"{', '.join(given)}: for sampling only; add sampling topk or topp "
-                          "(beam search and greedy decoding would ignore it)")
+        raise ConfigError(f"{', '.join(given)}: for sampling only; add sampling topk or topp (on the command "
+                          "line --sampling topk): beam search and greedy decoding would ignore it")
     if settings.get("beam") not in (None, 1) and decode.sampling != "none":
         raise ConfigError(f"beam {settings['beam']}: sampling draws each token, it keeps no beam; leave the beam "
                           "out when sampling (nbest gives several samples)")

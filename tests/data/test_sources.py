@@ -584,3 +584,18 @@ def test_a_split_in_config_subdirs_names_them_for_hub_config(tmp_path: Path) -> 
     with pytest.raises(DataError, match=r"no split 'train' \(found splits: cs-en, de-en\) \(in cs-en, de-en: set "
                                         r"data.hub_config to one\)$"):
         open_source(str(root), "de", "en").check(["train"])
+
+
+def test_a_hub_config_without_its_sub_directory_is_warned_of(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A data.hub_config naming no sub-directory of a local parquet snapshot (a misspelt name,
+    or a snapshot of that one configuration) was ignored without a word."""
+    root = tmp_path / "pq"
+    write_parquet(root / "train-00000-of-00001.parquet", PAIRS)
+    source = open_source(str(root), "de", "en", hub_config="de-em")
+    assert list(source.pairs("train")) == PAIRS
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [f"data.hub_config de-em: {root} has no such sub-directory; its top level is read"]
+    caplog.clear()
+    write_parquet(root / "de-em" / "train-00000-of-00001.parquet", PAIRS[:1])
+    assert list(open_source(str(root), "de", "en", hub_config="de-em").pairs("train")) == PAIRS[:1]
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

@@ -582,3 +582,10 @@ def test_cli_translate_to_a_full_standard_output_names_it(tiny_run_dir: Path, tm
         res = subprocess.run([sys.executable, "-m", "mtcli.cli", "translate", str(tiny_run_dir), str(src)],
                              stdout=full, stderr=subprocess.PIPE, timeout=300, check=False)
     assert res.returncode == 1 and res.stderr.decode() == "mtcli: error: <stdout>: No space left on device\n"
+
+
+def test_seed_without_sampling_names_the_flag(tiny_run_dir: Path) -> None:
+    """translate --seed without --sampling said to add "sampling topk or topp": the Python API's
+    words, not the flag that asks for sampling."""
+    result = _mtcli("translate", str(tiny_run_dir), "--seed", "3", stdin=b"hello\n")
+    assert result.returncode == 2 and b"--sampling topk" in result.stderr and b"Traceback" not in result.stderr
