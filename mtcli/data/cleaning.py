@@ -199,7 +199,7 @@ def _line_cuts(path: Path, every: int) -> tuple[list[int], int, int]:
             count += ends
             size += n
             last = bytes(buffer[n - 1:n])
-    if count == 0:  # one line: refused if it is lines ended by lone \r
+    if count == 0 or (count == 1 and last == b"\n"):  # one line: refused if it is lines ended by lone \r
         refuse_lone_cr_ends(read_range(path, 0, min(size, CUT_BLOCK_BYTES)), str(path))
     # a cut at the very end (a file that ends with line ``k * every``) starts no range
     return [cut for cut in cuts if cut < size], count + (last != b"\n"), size

@@ -36,9 +36,11 @@ def open_binary(path: Path) -> BinaryIO:
 
 
 def refuse_lone_cr_ends(text: bytes, name: str) -> None:
-    """Raise :class:`DataError` when ``text``, the start of ``name`` (a text without ``\\n``),
-    holds more than one ``\\r``: its lines end in a lone ``\\r`` (classic Mac OS), and read by
-    the rules here it would be one sentence, its line ends spaces."""
+    """Raise :class:`DataError` when ``text``, the start of ``name`` (a text of one line, ended
+    by ``\\n`` or not), holds more than one ``\\r``: its lines end in a lone ``\\r`` (classic
+    Mac OS), and read by the rules here it would be one sentence, its line ends spaces."""
+    if text.endswith(b"\n"):
+        text = text[:-1]
     if text.count(b"\r") > 1 and b"\n" not in text:
         how = (f"convert them first: tr '\\r' '\\n' < {name} > {name}.unix" if not name.startswith("<")
                else "pipe it through tr '\\r' '\\n' first")  # (<stdin>)
@@ -76,8 +78,17 @@ def iter_binary_lines(handle: BinaryIO, name: str) -> Iterator[str]:
     is dropped; an empty line stays an empty string. An undecodable line raises
     :class:`DataError` as ``NAME:LINE: invalid UTF-8 ...``.
     """
-    for lineno, raw in enumerate(handle, start=1):
-        yield _decode_line(raw, name, lineno)
+    lines = iter(handle)
+    first, second = next(lines, None), next(lines, None)
+    if first is None:
+        return
+    if second is None:  # the whole text is one line, its ending or not
+        refuse_lone_cr_ends(first, name)
+    yield _decode_line(first, name, 1)
+    if second is not None:
+        yield _decode_line(second, name, 2)
+        for lineno, raw in enumerate(lines, start=3):
+            yield _decode_line(raw, name, lineno)
 
 
 def is_utf8(block: bytes) -> bool:

@@ -150,16 +150,17 @@ def _whole_lines(handle: BinaryIO, block_bytes: int, name: str) -> Iterator[byte
     """The bytes of the file ``name`` in blocks of whole lines, each line ended by ``\\n`` (one
     is added to a last line without it, whose ``\\r`` at the end is then a space, as the reader
     makes it); a file of lines ended by lone ``\\r`` is refused as the reader refuses it."""
-    rest, whole = b"", True
+    rest, blocks, first = b"", 0, b""
     while chunk := handle.read(block_bytes):
         chunk = rest + chunk
         end = chunk.rfind(b"\n") + 1
         rest = chunk[end:]
         if end:
-            whole = False
+            blocks += 1
+            first = chunk[:end] if blocks == 1 and chunk.count(b"\n", 0, end) == 1 else b""
             yield chunk[:end]
-    if whole:  # a file without a \n
-        refuse_lone_cr_ends(rest, name)
+    if not blocks or (first and not rest):  # a file of one line, its \n at the end or none
+        refuse_lone_cr_ends(first or rest, name)
     if rest:
         yield (rest[:-1] + b" " if rest.endswith(b"\r") else rest) + b"\n"
 

@@ -200,7 +200,8 @@ def test_spans_of_runs_map_to_the_same_bytes_of_the_file(seed: int) -> None:
 def test_a_file_of_lone_cr_line_ends_is_refused_before_its_line_count(tmp_path) -> None:
     """Not 'line counts differ: ... has 1 lines but ... has 3 lines'."""
     src, tgt = tmp_path / "c.src", tmp_path / "c.tgt"
-    src.write_bytes(b"a\rb\rc\r")
     tgt.write_bytes(b"x\ny\nz\n")
-    with pytest.raises(DataError, match=rf"^{src}: its lines end in a lone \\r"):
-        aligned_ranges(src, tgt, 10)
+    for text in (b"a\rb\rc\r", b"a\rb\rc\r\n", b"a\rb\rc\n"):  # (ended by one \n: still one line)
+        src.write_bytes(text)
+        with pytest.raises(DataError, match=rf"^{src}: its lines end in a lone \\r"):
+            aligned_ranges(src, tgt, 10)
