@@ -59,6 +59,7 @@ class PartialOutput:
     :meth:`commit` at the end of each window."""
 
     handle: IO[str]
+    data: Path  # the partial file open in handle
     record: Path
     key: str
     done: int  # input lines whose output the partial file held when it was opened
@@ -74,6 +75,8 @@ class PartialOutput:
         """Record that the output of the first ``lines`` input lines is complete, on disk."""
         self.handle.flush()
         os.fsync(self.handle.fileno())
+        if not still_names(self.handle.fileno(), self.data):  # not recorded in a directory made anew
+            raise FileNotFoundError(errno.ENOENT, "removed while it was written", str(self.data))
         size = os.fstat(self.handle.fileno()).st_size
         with atomic_write(self.record) as out:
             json.dump({"key": self.key, "lines": lines, "bytes": size}, out)
@@ -122,7 +125,7 @@ def resumable_output(output: Path, key: str) -> Iterator[PartialOutput]:
                               output, done, data.name)
         else:
             record.unlink(missing_ok=True)
-        partial = PartialOutput(handle, record, key, done, done, size)
+        partial = PartialOutput(handle, data, record, key, done, done, size)
         try:
             yield partial
             handle.flush()
@@ -136,6 +139,11 @@ def resumable_output(output: Path, key: str) -> Iterator[PartialOutput]:
             record.unlink(missing_ok=True)
             fsync_dir(output.parent)
         except BaseException as exc:
+            if not still_names(handle.fileno(), data):  # removed meanwhile, or its directory: nothing to keep
+                if isinstance(exc, OSError):
+                    raise FileNotFoundError(errno.ENOENT, f"removed while it was written (its directory, or "
+                                            f"{data.name} beside it); nothing of it is kept", str(output)) from None
+                raise
             _keep(partial, data, output)
             renamed = named_after(exc, output)
             if renamed is not None:

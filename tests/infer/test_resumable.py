@@ -275,3 +275,26 @@ def test_a_stream_run_whose_lock_file_went_meanwhile_is_refused(tmp_path: Path,
     monkeypatch.setattr(resumable.fcntl, "flock", flock)
     with pytest.raises(BlockingIOError, match="has just finished this output"), resumable.output_locked(output):
         pass
+
+
+def test_an_output_whose_directory_went_mid_run_says_nothing_is_kept(
+        tiny_run_dir: Path, inputs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The output's directory removed while it was written: the warning said the first lines were
+    kept in the partial file (gone with it), and the error named that hidden file."""
+    import shutil
+
+    out = tmp_path / "gone" / "out.txt"
+    real = Translator.stream
+
+    def stream(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        for n, nbest in enumerate(real(self, *args, **kwargs)):
+            if n == 7:
+                shutil.rmtree(out.parent)
+            yield nbest
+
+    monkeypatch.setattr(Translator, "stream", stream)
+    with pytest.raises(FileNotFoundError) as raised:
+        translate(tiny_run_dir, inputs, out)
+    assert raised.value.filename == str(out) and "nothing of it is kept" in raised.value.strerror
+    assert "kept in" not in caplog.text and not out.parent.exists()
