@@ -142,6 +142,18 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
     return torch.optim.Adam(params, lr=0.0, betas=betas, eps=cfg.adam_eps, fused=fused or None)
 
 
+def restore_adam(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Restore a checkpoint's optimizer ``state`` (Adam's moments and step counts) into
+    ``optimizer``, keeping the settings it was built with from the config (betas, eps,
+    weight_decay): ``load_state_dict`` alone puts the saved ones back, so a resume told to change
+    them would change nothing. The learning rate is the schedule's, set after."""
+    built = [{key: value for key, value in group.items() if key not in ("params", "lr", "initial_lr")}
+             for group in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, settings in zip(optimizer.param_groups, built, strict=True):
+        group.update(settings)
+
+
 def build_schedule(optimizer: torch.optim.Optimizer, d_model: int, cfg: TrainConfig) -> LRSchedule:
     """``train.lr_schedule`` with ``train.warmup_steps`` and ``train.lr_factor`` (Noam) or
     ``train.lr`` (the peak of inverse_sqrt and constant)."""
@@ -150,4 +162,4 @@ def build_schedule(optimizer: torch.optim.Optimizer, d_model: int, cfg: TrainCon
 
 
 __all__ = ["SCHEDULES", "LRSchedule", "build_optimizer", "build_schedule", "cooldown_scale",
-           "noam_lr", "peak_lr"]
+           "noam_lr", "peak_lr", "restore_adam"]

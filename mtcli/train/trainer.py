@@ -76,7 +76,7 @@ from mtcli.train.rdrop import RDropLoss
 from mtcli.train.resume import check_resume_data, hardware, resume_changes
 from mtcli.train.rng import seed_everything, set_rng_state
 from mtcli.train.scalars import Scalars
-from mtcli.train.schedule import build_optimizer, build_schedule, cooldown_scale
+from mtcli.train.schedule import build_optimizer, build_schedule, cooldown_scale, restore_adam
 from mtcli.train.signals import StopSignals
 from mtcli.train.step import (
     COMPILE_LENGTH_MULTIPLE,
@@ -190,7 +190,7 @@ class Trainer:
         check_resume_data(state.get("data") or {}, self.corpus.content_sha256(), str(path), self.corpus.directory)
         try:
             self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+            restore_adam(self.optimizer, state["optimizer"])
         except (KeyError, RuntimeError, ValueError) as exc:
             raise CheckpointError(f"{path}: cannot restore model/optimizer ({one_line(exc)})") from None
         self.schedule.load_state_dict(state["scheduler"])

@@ -321,6 +321,21 @@ def test_a_resume_under_more_label_smoothing_measures_the_best_loss_anew(prepare
         (run / "train.log").read_text("utf-8")
 
 
+def test_adam_settings_changed_on_resume_are_applied(prepared: Path, tmp_path: Path) -> None:
+    """adam_betas, adam_eps and weight_decay changed on resume were logged as applied, but the
+    optimizer's saved settings came back with its state: the run went on as before."""
+    runs = {name: tmp_path / name for name in ("same", "changed")}
+    for run in runs.values():
+        train(make_config(prepared, run, "train.max_steps=2", "train.valid_every=2"))
+    train(make_config(prepared, runs["same"], "train.max_steps=4", "train.valid_every=2"))
+    train(make_config(prepared, runs["changed"], "train.max_steps=4", "train.valid_every=2",
+                      "train.adam_betas=[0.5, 0.6]", "train.adam_eps=0.001", "train.weight_decay=0.5"))
+    group = load_checkpoint(runs["changed"] / "checkpoints" / "checkpoint_last.pt")["optimizer"]["param_groups"][0]
+    assert (tuple(group["betas"]), group["eps"], group["weight_decay"]) == ((0.5, 0.6), 0.001, 0.5)
+    same, changed = (model_params(run / "checkpoints" / "checkpoint_last.pt") for run in runs.values())
+    assert any(not torch.equal(same[name], changed[name]) for name in same)
+
+
 def logged_lr_ratios(prepared: Path, run: Path) -> dict[int, float]:
     """Logged learning rate / Noam's rate at that step, by step, from the run's train.log."""
     import re
