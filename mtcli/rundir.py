@@ -192,8 +192,8 @@ def _measured_alike(entry: dict, newest: dict, by: str) -> bool:
     return all(mine.get(key) == theirs.get(key) for key in BASIS_KEYS[by])
 
 
-def _ranked_best(run_dir: Path) -> list[tuple[int, Path]]:
-    """Indexed step checkpoints that still exist, best first: by the metric that picked the
+def _ranked_best(run_dir: Path, present: bool = True) -> list[tuple[int, Path]]:
+    """Indexed step checkpoints that still exist (``present=False``: or not), best first: by the metric that picked the
     newest one's best (``by``: ``train.valid_metric``; an older index, BLEU) if all have it,
     else by loss; of equal scores the earliest first, as ``checkpoint_best`` keeps it. Those
     scored otherwise than the newest (a resume under another label smoothing, say) come after
@@ -204,7 +204,7 @@ def _ranked_best(run_dir: Path) -> list[tuple[int, Path]]:
     rows = []
     for step, entry in index.items():
         path = directory / str(entry.get("file") or step_checkpoint_name(step))
-        if path.is_file():
+        if path.is_file() or not present:
             rows.append((step, path, entry.get(by), entry.get("loss")))
     if not (by != "loss" and rows and all(r[2] is not None for r in rows)):
         by, rows = "loss", [(step, path, loss, loss) for step, path, _, loss in rows if loss is not None]
@@ -252,6 +252,7 @@ def select_checkpoints(run_dir: Path, last: int = 0, best: int = 0) -> list[Path
                 f"{checkpoint_dir(run_dir)}: asked for the last {last} checkpoints, found "
                 f"{len(steps)}: {names(p for _, p in steps)}"
             )
+        _warn_of_removed(sorted(read_index(run_dir))[-last:], steps[-last:], f"last {last}")
         return [p for _, p in steps[-last:]]
     ranked = _ranked_best(run_dir)
     if len(ranked) < best:
@@ -259,7 +260,19 @@ def select_checkpoints(run_dir: Path, last: int = 0, best: int = 0) -> list[Path
             f"{checkpoint_dir(run_dir) / INDEX_NAME}: asked for the best {best} checkpoints, "
             f"{len(ranked)} indexed with scores still exist: {names(p for _, p in ranked)}"
         )
+    _warn_of_removed([step for step, _ in _ranked_best(run_dir, present=False)[:best]], ranked[:best], f"best {best}")
     return [p for _, p in sorted(ranked[:best])]
+
+
+def _warn_of_removed(wanted: list[int], chosen: list[tuple[int, Path]], which: str) -> None:
+    """Say so when the ``which`` checkpoints by the index (the steps ``wanted``) are not the ones
+    still on disk that are ``chosen``: pruned by ``train.keep_last``, the others stand in."""
+    gone = sorted(set(wanted) - {step for step, _ in chosen})
+    if gone:
+        get_logger().warning("the %s checkpoints by the index are steps %s; %s no longer on disk (train.keep_last "
+                             "and train.keep_best keep them): using %s", which, ", ".join(map(str, sorted(wanted))),
+                             ", ".join(map(str, gone)) + (" is" if len(gone) == 1 else " are"),
+                             names(p for _, p in sorted(chosen)))
 
 
 def names(paths: Any) -> str:

@@ -787,6 +787,27 @@ def test_prune_keeps_last_k_and_best(tmp_path: Path) -> None:
     assert names == sorted([rd.LAST_NAME, rd.BEST_NAME, "checkpoint_50.pt"])
 
 
+def test_the_best_or_last_k_pruned_from_disk_are_warned_of(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """--average-best / --average-last took the best or newest K of the step files still on
+    disk without a word when train.keep_last had pruned the ones the index ranks first."""
+    from mtcli.rundir import select_checkpoints
+
+    _write_run(tmp_path, [10, 20, 30, 40, 50], last=50)
+    for step, bleu in [(10, 1.0), (20, 9.0), (30, 2.0), (40, 3.0), (50, 4.0)]:
+        update_index(tmp_path, step, {"loss": 1.0, "bleu": bleu})
+    assert [p.name for p in select_checkpoints(tmp_path, best=2)] == ["checkpoint_20.pt", "checkpoint_50.pt"]
+    assert [p.name for p in select_checkpoints(tmp_path, last=2)] == ["checkpoint_40.pt", "checkpoint_50.pt"]
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    prune_checkpoints(tmp_path, keep_last=1, keep_best=2)  # on disk: 20 and 50
+    assert [p.name for p in select_checkpoints(tmp_path, last=2)] == ["checkpoint_20.pt", "checkpoint_50.pt"]
+    assert "the last 2 checkpoints by the index are steps 40, 50; 40 is no longer on disk (train.keep_last and " \
+           "train.keep_best keep them): using checkpoint_20.pt, checkpoint_50.pt" in caplog.text
+    caplog.clear()
+    prune_checkpoints(tmp_path, keep_last=1)  # on disk: 50
+    assert [p.name for p in select_checkpoints(tmp_path, best=1)] == ["checkpoint_50.pt"]
+    assert "the best 1 checkpoints by the index are steps 20; 20 is no longer on disk" in caplog.text
+
+
 def test_checkpoints_scored_otherwise_rank_after_those_scored_as_the_newest(tmp_path: Path) -> None:
     """A resume under more label smoothing: the older, unsmoothed losses were lower, so keep_best
     and --average-best kept them over every newer checkpoint."""
