@@ -272,6 +272,10 @@ def _draw_learning_curves(run_dir: Path) -> None:
         get_logger().warning("learning curves not drawn (%s); the training is saved",
                              getattr(exc, "strerror", None) or one_line(exc))
         return
+    except BaseException:  # a Ctrl-C or SIGTERM while drawing: said, and the stop goes on
+        get_logger().warning("learning curves not drawn (stopped); the training is complete and saved, and the "
+                             "same command draws them")
+        raise
     if picture is not None:
         get_logger().info("learning curves: %s", picture)
 
@@ -400,6 +404,8 @@ def train(config: Config) -> TrainSummary:
                 decode = keep_decode_settings(run_dir, config) if info.is_main else ""
                 log.info("nothing to train: %s at step %d (raise it to train further); %s is unchanged%s",
                          finished, trainer.step, run_dir, decode)
+                if info.is_main and not (run_dir / "learning_curves.png").exists():
+                    _draw_learning_curves(run_dir)  # (a stop while they were drawn)
                 return _summary(trainer, finished)
         elif config.train.init_from:
             parent = load_parent(config.train.init_from, config.train.init_average)

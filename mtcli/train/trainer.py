@@ -77,7 +77,7 @@ from mtcli.train.resume import check_resume_data, hardware, resume_changes
 from mtcli.train.rng import seed_everything, set_rng_state
 from mtcli.train.scalars import Scalars
 from mtcli.train.schedule import build_optimizer, build_schedule, cooldown_scale, restore_adam
-from mtcli.train.signals import StopSignals
+from mtcli.train.signals import StopSignals, ValidationCut
 from mtcli.train.step import (
     COMPILE_LENGTH_MULTIPLE,
     HostValues,
@@ -443,7 +443,7 @@ class Trainer:
         values = [float("nan")] * 4
         if self.info.is_main:
             devices = [self.device] if self.device.type == "cuda" else []
-            with torch.random.fork_rng(devices=devices):
+            with torch.random.fork_rng(devices=devices), self.signals.cutting(not self.info.distributed):
                 loss, nll, tokens = validation_loss(self.model, self.criterion, self.corpus,
                                                     self.config, self.device)
                 scores = (validation_scores(self.model, self.corpus, self.config, self.device)
@@ -533,8 +533,7 @@ class Trainer:
         """Train until a stop rule fires; returns the stop reason."""
         cfg = self.cfg
         self._clock = time.monotonic()
-        # Under a wall-clock limit, max_steps is usually a far ceiling: a step total would show
-        # a meaningless ETA, so the bar then counts steps and rate only.
+        # under a wall-clock limit max_steps is a far ceiling: the bar counts steps, no ETA
         total = None if cfg.max_minutes > 0 else cfg.max_steps
         bar = progress(total=total, initial=self.step, enabled=cfg.progress and self.info.is_main,
                        terminal_only=True, desc="train", unit="step")  # train.log has the rest
@@ -587,7 +586,10 @@ class Trainer:
     def _validate_and_save(self) -> None:
         """Validate, write the step's checkpoint, and time both (a time limit keeps room for them)."""
         start = time.monotonic()
-        result = self.validate()
+        try:
+            result = self.validate()
+        except ValidationCut:  # a stop signal during it: checkpoint_last, and the resume validates this step
+            self._interrupt()
         self.save(validated=True, improved=result["improved"])
         self._valid_seconds = time.monotonic() - start
 

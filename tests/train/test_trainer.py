@@ -614,6 +614,38 @@ def test_a_stop_signal_at_a_step_keeps_its_log_line_and_its_validation(prepared:
         p.name for p in (straight / "checkpoints").iterdir())
 
 
+def test_a_stop_signal_during_a_validation_cuts_it_short_and_the_resume_validates_first(
+        prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C during a validation waited for all of it (a large validation set: minutes past
+    the grace a cluster gives before SIGKILL). It stops the validation now; the resumed run
+    validates that step first, so the run ends as an uninterrupted one."""
+    import mtcli.train.trainer as trainer_module
+    from mtcli.errors import TrainingInterrupted
+
+    extra = ("train.valid_every=4", "train.max_steps=8", "model.dropout=0.1")
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train(make_config(prepared, straight, *extra))
+    real, seen = trainer_module.validation_loss, []
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        seen.append(1)
+        if len(seen) == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # (the handler raises at once: nothing below runs)
+            seen.append("ran on")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "validation_loss", interrupted)
+    with pytest.raises(TrainingInterrupted, match="interrupted by SIGINT at step 4"):
+        train(make_config(prepared, split, *extra))
+    assert seen == [1] and 4 not in read_index(split)
+    monkeypatch.undo()
+    train(make_config(prepared, split, *extra))
+    assert logged_losses(split) == logged_losses(straight)
+    assert read_index(split) == read_index(straight)
+    assert "received SIGINT: stopping the validation, then saving checkpoint_last" in \
+        (split / "train.log").read_text(encoding="utf-8")
+
+
 def test_a_finished_run_given_again_is_left_as_it_was(prepared: Path, tmp_path: Path) -> None:
     """Given again with another setting (a batch size), a finished run trained no step but wrote
     the new setting and a rebatched data position into its checkpoint and config.yaml: training
@@ -992,3 +1024,25 @@ def test_learning_curves_or_tensorboard_that_cannot_be_written_fail_no_training(
     said = caplog.text
     assert "learning curves not drawn (No space left on device); the training is saved" in said
     assert "tensorboard: cannot write TensorBoard's scalars (No space left on device); the training goes on" in said
+
+
+def test_a_stop_while_the_learning_curves_are_drawn_is_said_and_the_rerun_draws_them(
+        prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Ctrl-C while learning_curves.png was drawn: a failed run by its exit with every step saved,
+    and the same command (nothing to train) never drew the picture."""
+    import mtcli.train.run as run_module
+
+    run = tmp_path / "run"
+    real = run_module.write_learning_curves
+
+    def stopped(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_module, "write_learning_curves", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        train(make_config(prepared, run, "train.max_steps=2", "train.valid_every=2"))
+    assert "learning curves not drawn (stopped); the training is complete and saved" in caplog.text
+    assert not (run / "learning_curves.png").exists()
+    monkeypatch.setattr(run_module, "write_learning_curves", real)
+    assert train(make_config(prepared, run, "train.max_steps=2", "train.valid_every=2")).steps == 2
+    assert (run / "learning_curves.png").is_file()
