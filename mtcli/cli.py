@@ -23,7 +23,7 @@ from typing import Annotated, Any, Optional
 import typer
 import typer.core
 
-from mtcli.errors import MtcliError
+from mtcli.errors import MtcliError, TrainingInterrupted
 
 # click's exception classes, as the typer installed raises them (it may carry its own click)
 _USAGE_ERROR, _CLICK_EXCEPTION = (next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
@@ -218,24 +218,26 @@ def train(
     keep_freed_memory()
     try:
         summary = run_train(with_changes(load_config(config, list(set_ or [])), "train", init_from=init_from))
-    except MtcliError as exc:
-        _leave_torchrun(exc.exit_code, f"mtcli: error: {exc}")
+    except MtcliError as exc:  # (a stop by a signal is the same on every rank: said once)
+        _leave_torchrun(exc.exit_code, f"mtcli: error: {exc}", every_rank=not isinstance(exc, TrainingInterrupted))
         raise
     if summary.is_main:  # under torchrun, one summary: rank 0's
         print(summary.summary())
     _leave_torchrun(0)
 
 
-def _leave_torchrun(code: int, message: str | None = None) -> None:
-    """Under torchrun, end this rank now (after ``message`` on stderr), skipping the interpreter's
+def _leave_torchrun(code: int, message: str | None = None, every_rank: bool = True) -> None:
+    """Under torchrun, end this rank now (after ``message`` on stderr, from rank 0 only unless
+    ``every_rank``), skipping the interpreter's
     teardown: every rank has left the process group by then, but the C++ destructors of gloo's
     threads that run at exit can still abort a finished rank ("terminate called without an
     active exception", exit -6), failing a run that succeeded. One process returns normally."""
     from mtcli.train.distributed import DistInfo
 
-    if not DistInfo.from_env().distributed:
+    info = DistInfo.from_env()
+    if not info.distributed:
         return
-    if message is not None:
+    if message is not None and (every_rank or info.is_main):
         print(message, file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
