@@ -565,3 +565,22 @@ def test_a_moved_runs_own_config_resumes_it_where_it_is(prepared: Path, tmp_path
     summary = train(load_config(moved / "config.yaml", ["train.max_steps=4"]))
     assert summary.resumed_from is not None and Path(summary.run_dir) == moved and summary.steps == 4
     assert not first.exists()
+
+
+def test_prepare_names_its_cache_for_a_failed_write_inside_its_build(tmp_path: Path) -> None:
+    """A full disk at a file of the hidden build directory (a worker's shard) said
+    'PREPARED: No space left on device; nothing was written', another wording than the one the
+    same fault has at a write that names no file."""
+    import errno
+
+    from mtcli.data.prepare import _naming_write_errors
+    from mtcli.errors import DataError
+
+    out, build = tmp_path / "prepared", tmp_path / ".prepared.x.tmp"
+    for filename in (None, str(build / "train.src.bin")):
+        with pytest.raises(DataError) as raised, _naming_write_errors(out, build):
+            raise OSError(errno.ENOSPC, "No space left on device", filename)
+        assert str(raised.value) == (f"{out}: cannot write the prepared cache (No space left on device); any "
+                                     "previous cache is unchanged")
+    with pytest.raises(FileNotFoundError), _naming_write_errors(out, build):  # a file of the corpus: as it is
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(tmp_path / "train.de"))

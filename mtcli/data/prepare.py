@@ -344,13 +344,14 @@ def encode_with_vocab(tokenizer: VocabTokenizer, text_path: Path, writer: ArrayW
 
 
 @contextlib.contextmanager
-def _naming_write_errors(out: Path) -> Iterator[None]:
-    """Turn a write that fails without naming a file (disk full, file-size limit) into a
-    one-line :class:`DataError` naming the cache being built."""
+def _naming_write_errors(out: Path, build: Path) -> Iterator[None]:
+    """Turn a write that fails without naming a file, or naming one in the hidden ``build``
+    directory (disk full, file-size limit), into a one-line :class:`DataError` naming the cache
+    being built."""
     try:
         yield
     except OSError as exc:
-        if exc.errno is None or exc.filename is not None:
+        if exc.errno is None or not str(exc.filename or build).startswith(str(build)):
             raise
         raise DataError(
             f"{out}: cannot write the prepared cache ({exc.strerror}); any previous cache is unchanged"
@@ -560,7 +561,7 @@ def _build(data: DataConfig, out: Path, plan: Plan, given: Path | None, inputs: 
     start = time.perf_counter()
     log.info("preparing %s from %s (splits: %s)", out, plan.describe(), ", ".join(plan.splits()))
     workers = data.num_workers
-    with contextlib.ExitStack() as swap, atomic_dir(out, mark="manifest.json") as tmp, _naming_write_errors(out):
+    with contextlib.ExitStack() as swap, atomic_dir(out, mark="manifest.json") as tmp, _naming_write_errors(out, tmp):
         eval_counts = write_eval(plan, data, tmp)  # first: small, and an empty validation split stops here
         counts = write_training(plan, data, tmp, workers)
         counts.update(eval_counts)
