@@ -165,6 +165,19 @@ def test_evaluate_average_last(tiny_run_dir: Path, tmp_path: Path) -> None:
     assert report["weights_sha256"] is None  # an average: the weights of no one file
 
 
+def test_an_averaged_checkpoint_file_is_named_as_an_average(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """evaluate --checkpoint avg.pt (written by mtcli average) reported "avg.pt (step 20)", as if
+    it were one step's weights."""
+    from mtcli.evaluate import evaluate
+    from mtcli.infer.averaging import average_run_checkpoints
+
+    averaged = tmp_path / "avg.pt"
+    average_run_checkpoints(tiny_run_dir, averaged, last=2)
+    report = evaluate(tiny_run_dir, split="val", src_file=None, ref_file=None, checkpoint=str(averaged),
+                      average_last=0, average_best=0, overrides=["decode.beam_size=1"], output_dir=tmp_path)
+    assert report["checkpoint"] == "avg.pt (average of checkpoint_10.pt, checkpoint_20.pt)"
+
+
 def test_evaluate_names_another_runs_checkpoint_by_its_run_and_records_its_weights(
         tiny_run_dir: Path, tmp_path: Path) -> None:
     """A checkpoint from outside the run's checkpoints/ wrote over the run's own report of that

@@ -237,7 +237,8 @@ def load_for_inference(
     else:
         path = resolve_checkpoint(run_dir, checkpoint)
         state, payload_sha256 = load_checkpoint_with_id(path)
-        name = f"{path.name} (step {state.get('step', '?')})"
+        members = [str(m.get("file")) for m in state.get("averaged_from") or () if isinstance(m, dict)]
+        name = f"{path.name} ({'average of ' + ', '.join(members) if members else 'step ' + str(state.get('step', '?'))})"
         source = str(path)
     _check_vocabulary(state, source, tokenizer)
     differ = architecture_mismatches((state.get("config") or {}).get("model"), config.model)
