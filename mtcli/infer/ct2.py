@@ -44,6 +44,7 @@ import json
 import os
 import re
 import shutil
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -132,23 +133,29 @@ def open_engine(run_dir: Path, bundle: InferenceModel, device: torch.device, dec
     A kept conversion that CTranslate2 cannot read (a file damaged since, or cut short by a full
     disk) is made again, once, with a warning; it is only ever derived from the weights."""
     _check_compute_type(device, decode)
-    for again in (False, True):
-        model_dir = converted_model(run_dir, bundle)
-        try:
-            engine = CT2Engine(model_dir, bundle, device, decode)
-            engine.probe()
-            return engine
-        except (RuntimeError, ValueError) as exc:
-            if is_out_of_memory(exc):
-                raise DeviceMemoryError(f"out of memory on {memory_text(device)} loading the CTranslate2 conversion "
-                                        f"of {bundle.name}") from None
-            if again:
-                raise CheckpointError(f"{model_dir}: CTranslate2 cannot read the conversion of {bundle.name} "
-                                      f"({one_line(exc)})") from None
-            get_logger().warning("%s: CTranslate2 cannot read this conversion (%s): converting %s again",
-                                 model_dir, one_line(exc), bundle.name)
-        shutil.rmtree(model_dir, ignore_errors=True)  # another process may have made it again meanwhile
+    with _OPENING:  # threads of one process: one converts, the others then find its conversion
+        for again in (False, True):
+            model_dir = converted_model(run_dir, bundle)
+            try:
+                engine = CT2Engine(model_dir, bundle, device, decode)
+                engine.probe()
+                return engine
+            except (RuntimeError, ValueError) as exc:
+                if is_out_of_memory(exc):
+                    raise DeviceMemoryError(f"out of memory on {memory_text(device)} loading the CTranslate2 "
+                                            f"conversion of {bundle.name}") from None
+                if again:
+                    raise CheckpointError(f"{model_dir}: CTranslate2 cannot read the conversion of {bundle.name} "
+                                          f"({one_line(exc)})") from None
+                get_logger().warning("%s: CTranslate2 cannot read this conversion (%s): converting %s again",
+                                     model_dir, one_line(exc), bundle.name)
+            shutil.rmtree(model_dir, ignore_errors=True)  # another process may have made it again meanwhile
     raise AssertionError("unreachable")
+
+
+#: Held while a thread converts or opens a conversion (other processes are kept apart by the
+#: conversion's build under a name of its own, swapped in whole).
+_OPENING = threading.Lock()
 
 
 def _compute_type(decode: DecodeConfig) -> str:

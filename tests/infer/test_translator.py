@@ -503,3 +503,25 @@ def test_an_nbest_setting_where_it_means_nothing_is_refused(tiny_run_dir: Path) 
                        (lambda: translator.nbest(LINES[:1], n=2, nbest=4), r"nbest\(\) takes no nbest setting \(its n")):
         with pytest.raises(ConfigError, match=said):
             call()
+
+
+def test_threads_opening_one_unconverted_checkpoint_share_one_conversion(
+        tiny_run_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Threads of a web app making translators at once: one raised a bare OSError (the old
+    conversion moved aside under one name per process), others warned of a damaged conversion
+    (another thread's, still being built) and converted again."""
+    pytest.importorskip("ctranslate2")
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mtcli.infer.ct2 import CT2_DIR
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    for _ in range(4):
+        shutil.rmtree(run / CT2_DIR, ignore_errors=True)
+        with ThreadPoolExecutor(4) as pool:
+            made = list(pool.map(lambda _: Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2"),
+                                 range(4)))
+        assert len({t.engine.model_dir for t in made}) == 1 and len(list((run / CT2_DIR).iterdir())) == 1
+    assert "cannot read this conversion" not in caplog.text
