@@ -509,6 +509,8 @@ def import_hf(model_dir: str | Path, run_dir: str | Path, src_lang: str | None =
     langs = languages(model_dir, src_lang, tgt_lang)
     vocab = read_vocab(model_dir / VOCAB_NAME)
     order = id_order(raw, vocab, model_dir / "config.json")
+    if (model_dir / "generation_config.json").exists():  # (transformers reads a damaged one as absent)
+        _read_json(model_dir / "generation_config.json")
     hf = _load_marian(model_dir)
     check_generation(hf, model_dir)
     model = build_model(hf, order)

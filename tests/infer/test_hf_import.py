@@ -356,6 +356,9 @@ def _broken(marian_dir: Path, tmp_path: Path) -> Path:
     # settings kept in config.json, as some snapshots have them: the message named a missing file
     (lambda d: ((d / "generation_config.json").unlink(), _set(d, no_repeat_ngram_size=3)), ConfigError,
      r"opus-mt-de-en/config.json: no_repeat_ngram_size: 3 is not supported"),
+    # a damaged generation_config.json: transformers reads it as absent, its beam and length lost
+    (lambda d: (d / "generation_config.json").write_text("{"), DataError,
+     r"opus-mt-de-en/generation_config.json: unreadable \("),
     (lambda d: os.truncate(d / "model.safetensors", 1000), DataError,
      r"opus-mt-de-en/model.safetensors: not a readable safetensors file"),
     (lambda d: (d / "source.spm").write_bytes(b"junk\n"), DataError, "source.spm: not a readable SentencePiece model"),
