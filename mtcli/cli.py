@@ -102,14 +102,21 @@ DeviceOption = Annotated[str, typer.Option(
     help="Decode on auto (the first GPU if there is one; the CPU under decode.int8), cpu, cuda or cuda:N.")]
 
 
-def _output_file(value: str) -> Path:
+def _output_file(value: str, to_stdout: bool = True) -> Path:
     """An output file's name as given: one that ends in ``/`` names a directory, not a file
-    (``Path`` would drop the slash and write a file of the directory's name)."""
+    (``Path`` would drop the slash and write a file of the directory's name). ``to_stdout``:
+    the command writes to stdout without ``-o``."""
     if value.endswith("/") or value.endswith("/."):
         raise typer.BadParameter(f"{value} names a directory; give the output file's name")
     if value == "-":  # stdout to a Unix tool, but a file named "-" to open()
-        raise typer.BadParameter("- is not a file name here; give one, or leave -o out for what goes to stdout")
+        raise typer.BadParameter("- is not a file name here; give one" +
+                                 (", or leave -o out for what goes to stdout" if to_stdout else ""))
     return Path(value)
+
+
+def _file_only(value: str) -> Path:
+    """:func:`_output_file` for an ``-o`` a command needs (its output is no text for stdout)."""
+    return _output_file(value, to_stdout=False)
 
 
 EnsembleOption = Annotated[
@@ -380,7 +387,7 @@ def translate(
 @handle_errors
 def average(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
-    output: Annotated[Path, typer.Option("--output", "-o", parser=_output_file, help="Averaged checkpoint path.")],
+    output: Annotated[Path, typer.Option("--output", "-o", parser=_file_only, help="Averaged checkpoint path.")],
     last: Annotated[int, typer.Option(help="Average the last K step checkpoints.")] = 0,
     best: Annotated[int, typer.Option(help="Average the K best checkpoints by the run's train.valid_metric.")] = 0,
 ) -> None:
