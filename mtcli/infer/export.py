@@ -175,7 +175,7 @@ def save_ctranslate2(bundle: InferenceModel, output: Path, run_dir: Path, **reco
         copy_file(bundle.tokenizer.model_path, tmp / "spm.model")
         info = {
             "format": "ctranslate2",
-            "run_dir": str(run_dir),
+            "run_dir": str(Path(run_dir).resolve()),  # (advice that names it holds from any directory)
             "checkpoint": bundle.name,
             "checkpoint_payload_sha256": bundle.payload_sha256,  # the weights converted (the file's header)
             **record,
@@ -208,7 +208,9 @@ def export_model(
     installed, :class:`mtcli.errors.CheckpointError` for a bad run directory or checkpoint.
     """
     if fmt not in FORMATS:
-        raise ConfigError(f"--format {fmt!r}: unknown export format (known: {', '.join(EXPORT_FORMATS)})")
+        raise ConfigError(f"--format {fmt!r}: unknown export format (known here: {', '.join(FORMATS)}; hf is "
+                          "mtcli.infer.hf.export_hf's)" if fmt in EXPORT_FORMATS else
+                          f"--format {fmt!r}: unknown export format (known: {', '.join(EXPORT_FORMATS)})")
     require_ctranslate2()
     output = Path(output)
     check_replaceable(output, EXPORT_RECORD)  # before the conversion

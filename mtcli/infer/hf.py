@@ -225,7 +225,7 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
         MarianTokenizer(str(tmp / "source.spm"), str(tmp / "target.spm"), str(tmp / "vocab.json"),
                         source_lang=data.src_lang, target_lang=data.tgt_lang, model_max_length=model.cfg.max_positions,
                         unk_token="<unk>", eos_token="</s>", pad_token="<pad>").save_pretrained(tmp)
-        record = {"format": "hf", "run_dir": str(run_dir), "checkpoint": bundle.name,
+        record = {"format": "hf", "run_dir": str(Path(run_dir).resolve()), "checkpoint": bundle.name,
                   "model": bundle.config.to_dict()["model"], "decode": bundle.config.to_dict()["decode"],
                   # what the export wrote: an import takes an edited generation config's beam and limit
                   "generation_config_sha256": sha256_file(tmp / "generation_config.json")}

@@ -102,6 +102,8 @@ def test_export_unknown_format(tiny_run_dir: Path, tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match=r"unknown export format \(known: ctranslate2, hf\)"):
         export_model(tiny_run_dir, tmp_path / "out", fmt="onnx")  # hf too: `mtcli export --format hf` writes it
+    with pytest.raises(ConfigError, match=r"unknown export format \(known here: ctranslate2; hf is mtcli.infer.hf"):
+        export_model(tiny_run_dir, tmp_path / "out", fmt="hf")  # was "unknown ... (known: ctranslate2, hf)"
 
 
 @pytest.mark.parametrize("fmt", ["ctranslate2", "hf"])

@@ -4,6 +4,7 @@ logits, and transformers' translation pipeline gives our greedy translations."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 
@@ -87,7 +88,7 @@ def test_a_pre_norm_run_is_refused(tiny_run_dir: Path, tmp_path: Path, monkeypat
     assert not (tmp_path / "out").exists()
 
 
-def test_the_command_exports_hf(tiny_run_dir: Path, tmp_path: Path) -> None:
+def test_the_command_exports_hf(tiny_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
     from mtcli.cli import app
@@ -95,9 +96,12 @@ def test_the_command_exports_hf(tiny_run_dir: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(tiny_run_dir, run)
     assert "hf" in CliRunner().invoke(app, ["export", "--help"]).output
-    result = CliRunner().invoke(app, ["export", str(run), str(tmp_path / "out"), "--format", "hf"])
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["export", "run", str(tmp_path / "out"), "--format", "hf"])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "out" / "config.json").is_file() and (tmp_path / "out" / "vocab.json").is_file()
+    record = json.loads((tmp_path / "out" / "mtcli_export.json").read_text(encoding="utf-8"))
+    assert record["run_dir"] == str(run)  # as given, "run": advice naming it held only from here
 
 
 def test_every_exported_file_has_the_mode_of_a_new_file(tiny_run_dir: Path, tmp_path: Path) -> None:
