@@ -186,7 +186,8 @@ def _build_model(state: dict, source: str, config: Config, vocab_size: int, run_
         raise CheckpointError(f"{source}: checkpoint has no model parameters")
     model_state = {_WRAPPER_RE.sub("", k): v for k, v in model_state.items()}
     try:
-        model = Transformer(config.model, vocab_size, PAD_ID, model_state.get("output_ids"))
+        with torch.random.fork_rng(devices=[]):  # its random first weights, replaced: the caller's draws unmoved
+            model = Transformer(config.model, vocab_size, PAD_ID, model_state.get("output_ids"))
         model.load_state_dict(model_state)
     except (RuntimeError, ValueError) as exc:
         detail = " ".join(str(exc).split())

@@ -525,3 +525,15 @@ def test_threads_opening_one_unconverted_checkpoint_share_one_conversion(
                                  range(4)))
         assert len({t.engine.model_dir for t in made}) == 1 and len(list((run / CT2_DIR).iterdir())) == 1
     assert "cannot read this conversion" not in caplog.text
+
+
+def test_loading_a_translator_leaves_the_callers_random_numbers_alone(tiny_run_dir: Path) -> None:
+    """A notebook that seeds and then loads a translator drew other random numbers after: the
+    model's first weights, replaced by the checkpoint's, were drawn from the global generator."""
+    import torch
+
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    Translator.from_run(tiny_run_dir, device="cpu")
+    assert torch.equal(torch.rand(3), expected)
