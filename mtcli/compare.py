@@ -232,15 +232,20 @@ def _result(result: Any, baseline: Any, identical: bool = False, floor: float = 
     baseline's, line for line: a difference of 0 is no evidence of any difference (sacreBLEU
     counts only samples whose difference exceeds the real one, so when every sample's is also
     0, as with equal sentence scores, it reports 1/(samples+1), which reads as significant)."""
-    def num(x: Any) -> float | None:
-        return None if x is None else round(float(x), 4)
+    def num(x: Any) -> float | None:  # unrounded: shown to 2 places as sacreBLEU shows them
+        return None if x is None else float(x)
 
     tied = result.p_value is not None and float(result.score) == float(baseline.score)
     p_value = 1.0 if identical or tied else num(result.p_value)
     extra = {"identical_to_baseline": True} if identical else {"same_score_as_baseline": True} if tied else {}
     if p_value is not None and p_value < floor:
-        p_value, extra = round(floor, 4), {**extra, "p_floor": round(floor, 4)}
+        p_value, extra = floor, {**extra, "p_floor": floor}
     return {"score": num(result.score), "mean": num(result.mean), "ci": num(result.ci), "p_value": p_value, **extra}
+
+
+def _p_text(p: float) -> str:
+    """A p-value to 4 places, or to 2 significant digits below 0.0001 (1/100,001 is no 0)."""
+    return f"{p:.4f}" if p == 0 or p >= 1e-4 else f"{p:.1e}"
 
 
 def render(report: dict[str, Any]) -> str:
@@ -252,7 +257,7 @@ def render(report: dict[str, Any]) -> str:
         for metric, by_system in body["scores"].items():
             for name, r in by_system.items():
                 spread = f" (mean {r['mean']:.2f} ± {r['ci']:.2f})" if r["mean"] is not None else ""
-                p = "" if r["p_value"] is None else f"  p = {r['p_value']:.4f}"
+                p = "" if r["p_value"] is None else f"  p = {_p_text(r['p_value'])}"
                 p += " (the baseline's output, line for line)" if r.get("identical_to_baseline") else ""
                 p += " (the baseline's score: no difference to test)" if r.get("same_score_as_baseline") else ""
                 p += " (few lines differ: no smaller p is possible)" if r.get("p_floor") else ""

@@ -92,11 +92,11 @@ def score(hypotheses: list[str], references: list[str], *, more_references: Sequ
     signatures = {name: str(scorer.get_signature()) for name, scorer in scorers.items()}
     b = results["bleu"]
     return {
-        **{name: round(float(r.score), 4) for name, r in results.items()},
+        **{name: float(r.score) for name, r in results.items()},  # unrounded: shown to 2 places as sacreBLEU's
         **{f"{name}_signature": sig for name, sig in signatures.items()},
         "signatures": signatures,
-        "bleu_precisions": [round(float(p), 4) for p in b.precisions],
-        "bleu_bp": round(float(b.bp), 4),
+        "bleu_precisions": [float(p) for p in b.precisions],
+        "bleu_bp": float(b.bp),
         "sys_len": int(b.sys_len),
         "ref_len": int(b.ref_len),
     }

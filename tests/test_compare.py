@@ -50,6 +50,23 @@ def test_both_tests_find_the_better_system(systems: tuple[Path, Path, Path], tmp
     assert "bs:200" in boot["signatures"]["bleu"] and "ar:200" in rand["signatures"]["chrf"]
 
 
+def test_scores_and_p_values_are_sacrebleus_unrounded(systems: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """Scores were rounded to 4 places, then shown to 2: 44.555015 showed as 44.55 where sacreBLEU
+    shows 44.56; and a p-value of 1/(samples + 1) below 0.00005 was stored and shown as 0."""
+    from sacrebleu.metrics import BLEU
+
+    from mtcli.compare import _p_text
+    from mtcli.metrics import score
+
+    ref, weak, strong = systems
+    refs, hyps = (p.read_text(encoding="utf-8").splitlines() for p in (ref, weak))
+    exact = BLEU().corpus_score(hyps, [refs])
+    assert score(hyps, refs)["bleu"] == exact.score and score(hyps, refs)["bleu_bp"] == exact.bp
+    report = compare([strong, weak], [ref], samples=20, tests=("bs",), metrics=("bleu",), names=["s", "w"])
+    assert report["tests"]["bs"]["scores"]["bleu"]["w"]["score"] == exact.score
+    assert [_p_text(p) for p in (1 / 100_001, 0.0123456, 0.0)] == ["1.0e-05", "0.0123", "0.0000"]
+
+
 def test_systems_of_equal_quality_are_not_told_apart(systems: tuple[Path, Path, Path], tmp_path: Path) -> None:
     """One system truncates the odd sentences, the other the even ones."""
     ref, weak, _ = systems
