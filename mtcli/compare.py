@@ -35,7 +35,7 @@ from mtcli.config import check_language_code
 from mtcli.data.textio import lines_sha256, read_lines, read_lines_hashed
 from mtcli.errors import ConfigError, DataError
 from mtcli.fileio import atomic_write, check_file_target, is_stream, sha256_file
-from mtcli.metrics import METRICS, metric_names, scorer
+from mtcli.metrics import BOM_NOTE, METRICS, metric_names, scorer
 
 TESTS = {"bs": "paired bootstrap resampling", "ar": "approximate randomization"}
 DEFAULT_SAMPLES = {"bs": 1000, "ar": 10000}
@@ -62,7 +62,7 @@ def hypothesis_file(system: str | Path, reference: str | Path | None = None, *, 
     if reference is None:
         return found[-1]
     if digest is None:
-        text, digest = read_lines_hashed(reference)
+        text, digest = read_lines_hashed(reference, BOM_NOTE)
         lines = lines_sha256(text)
     scored = {hyp: _scored_against(hyp, digest, lines) for hyp in found}
     matching = [hyp for hyp, same in scored.items() if same] or [hyp for hyp, same in scored.items() if same is None]
@@ -93,7 +93,7 @@ def _scored_against(hyp: Path, digest: str, lines: str | None = None) -> bool | 
 
 
 def _lines(path: Path, count: int | None, what: str) -> list[str]:
-    lines = list(read_lines(path))
+    lines = list(read_lines(path, BOM_NOTE))
     if count is not None and len(lines) != count:
         raise DataError(f"{path} has {len(lines)} lines but the {what} has {count}: line counts must match")
     return lines
@@ -141,7 +141,7 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
         raise ConfigError(f"--samples must be >= 1, got {samples}")
     if tgt_lang is not None:
         check_language_code("--tgt-lang", tgt_lang)
-    first, digest = read_lines_hashed(references[0])  # once: a stream gives its lines once
+    first, digest = read_lines_hashed(references[0], BOM_NOTE)  # once: a stream gives its lines once
     count = len(first)
     if not count:
         raise DataError(f"{references[0]}: empty; there is nothing to compare")

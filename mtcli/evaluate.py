@@ -27,7 +27,7 @@ from mtcli.fileio import atomic_write, check_directory, names_an_open_file
 from mtcli.infer.loading import InferenceModel, run_directions
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, progress
-from mtcli.metrics import metric_names, score, scorer
+from mtcli.metrics import BOM_NOTE, metric_names, score, scorer
 from mtcli.rundir import TEXT_DIR, checkpoint_dir
 
 
@@ -104,8 +104,8 @@ def _read_test(src_path: Path, ref_paths: list[Path]) -> tuple[list[str], list[s
     sources = list(read_lines(src_path))
     if not sources:
         raise NoTestText(f"{src_path}: empty; there is nothing to translate and score")
-    first, digest = read_lines_hashed(ref_paths[0])
-    streams = [first, *(list(read_lines(path)) for path in ref_paths[1:])]
+    first, digest = read_lines_hashed(ref_paths[0], BOM_NOTE)
+    streams = [first, *(list(read_lines(path, BOM_NOTE)) for path in ref_paths[1:])]
     for path, stream in zip(ref_paths, streams, strict=True):
         if len(sources) != len(stream):
             raise DataError(f"{src_path} has {len(sources)} lines but {path} has {len(stream)}: "

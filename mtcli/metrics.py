@@ -37,6 +37,12 @@ METRICS = ("bleu", "chrf", "ter")
 BLEU_TOKENIZERS = {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab"}
 
 
+#: What :func:`mtcli.data.textio.read_lines` says of a hypothesis or reference file that opens
+#: with a byte-order mark: the scores here are of its text without it.
+BOM_NOTE = ("opens with a byte-order mark, which mtcli drops; sacreBLEU's command line keeps it, in the "
+            "first word: strip it (sed -i '1s/^\\xEF\\xBB\\xBF//') to get these scores there")
+
+
 def scorer(name: str, tgt_lang: str | None = None, *, lowercase: bool = False, instead: str = "") -> BLEU | CHRF | TER:
     """sacreBLEU's metric ``name`` (one of :data:`METRICS`) with its default settings, except
     BLEU's tokeniser and TER's character splitting for a Chinese, Japanese or Korean

@@ -67,6 +67,18 @@ def test_scores_and_p_values_are_sacrebleus_unrounded(systems: tuple[Path, Path,
     assert [_p_text(p) for p in (1 / 100_001, 0.0123456, 0.0)] == ["1.0e-05", "0.0123", "0.0000"]
 
 
+def test_a_file_that_opens_with_a_byte_order_mark_is_warned_of(systems: tuple[Path, Path, Path],
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """mtcli drops a byte-order mark, sacreBLEU's command line keeps it (in the first word):
+    scores that sacreBLEU alone could not reproduce, without a word of why."""
+    ref, weak, strong = systems
+    ref.write_bytes(b"\xef\xbb\xbf" + ref.read_bytes())
+    compare([weak, strong], [ref], samples=5, tests=("bs",), metrics=("bleu",), names=["w", "s"])
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [f"{ref}: opens with a byte-order mark, which mtcli drops; sacreBLEU's command line keeps "
+                      "it, in the first word: strip it (sed -i '1s/^\\xEF\\xBB\\xBF//') to get these scores there"]
+
+
 def test_systems_of_equal_quality_are_not_told_apart(systems: tuple[Path, Path, Path], tmp_path: Path) -> None:
     """One system truncates the odd sentences, the other the even ones."""
     ref, weak, _ = systems

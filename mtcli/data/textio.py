@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from mtcli.errors import DataError
+from mtcli.logs import get_logger
 
 
 def is_gzip(path: Path) -> bool:
@@ -67,7 +68,7 @@ def _decode_line(raw: bytes, name: str, lineno: int) -> str:
     return line
 
 
-def iter_binary_lines(handle: BinaryIO, name: str) -> Iterator[str]:
+def iter_binary_lines(handle: BinaryIO, name: str, bom_note: str = "") -> Iterator[str]:
     """Decode a binary stream line by line as strict UTF-8, without the line endings.
 
     The one line reader of mtcli (``prepare``, ``translate``, ``evaluate``, validation):
@@ -76,12 +77,15 @@ def iter_binary_lines(handle: BinaryIO, name: str) -> Iterator[str]:
     sentence; a text whose lines all end in a lone ``\\r`` (and so would be one line) is a
     :class:`DataError` (:func:`refuse_lone_cr_ends`). A UTF-8 byte-order mark on the first line
     is dropped; an empty line stays an empty string. An undecodable line raises
-    :class:`DataError` as ``NAME:LINE: invalid UTF-8 ...``.
+    :class:`DataError` as ``NAME:LINE: invalid UTF-8 ...``. ``bom_note``: said as a warning
+    (``NAME: NOTE``) when the text opens with a byte-order mark.
     """
     lines = iter(handle)
     first, second = next(lines, None), next(lines, None)
     if first is None:
         return
+    if bom_note and first.startswith(b"\xef\xbb\xbf"):
+        get_logger().warning("%s: %s", name, bom_note)
     if second is None:  # the whole text is one line, its ending or not
         refuse_lone_cr_ends(first, name)
     yield _decode_line(first, name, 1)
@@ -216,14 +220,14 @@ class ArrivingLines:
                 return
 
 
-def read_lines(path: str | Path) -> Iterator[str]:
+def read_lines(path: str | Path, bom_note: str = "") -> Iterator[str]:
     """Stream the lines of a UTF-8 text file (``.gz`` allowed); see :func:`iter_binary_lines`."""
     path = Path(path)
     with read_errors_named(path), open_binary(path) as handle:
-        yield from iter_binary_lines(handle, str(path))
+        yield from iter_binary_lines(handle, str(path), bom_note)
 
 
-def read_lines_hashed(path: str | Path) -> tuple[list[str], str]:
+def read_lines_hashed(path: str | Path, bom_note: str = "") -> tuple[list[str], str]:
     """Every line of a text file (as :func:`read_lines` reads them) and the sha256 of its bytes
     as stored (a ``.gz`` file's compressed bytes, what ``sha256sum`` gives), from one read: a
     stream (``<(zcat ref.gz)``, a named pipe) gives its bytes once, so the lines scored and the
@@ -233,7 +237,7 @@ def read_lines_hashed(path: str | Path) -> tuple[list[str], str]:
         with open(path, "rb") as handle:
             data = handle.read()
         text = gzip.decompress(data) if is_gzip(path) else data
-        lines = list(iter_binary_lines(io.BytesIO(text), str(path)))
+        lines = list(iter_binary_lines(io.BytesIO(text), str(path), bom_note))
     return lines, hashlib.sha256(data).hexdigest()
 
 
