@@ -48,7 +48,10 @@ def scorer(name: str, tgt_lang: str | None = None, *, lowercase: bool = False, i
     BLEU's tokeniser and TER's character splitting for a Chinese, Japanese or Korean
     ``tgt_lang`` (see the module docstring). Raises :class:`MtcliError` when the tokeniser's
     package is not installed (its message ends with ``instead``: what else the caller can do)."""
-    code = language_code(tgt_lang)
+    code, tags = language_code(tgt_lang), (tgt_lang or "").lower().replace("_", "-").split("-")
+    if len(tags) > 1 and language_code(tags[1]) in BLEU_TOKENIZERS and code not in BLEU_TOKENIZERS:
+        raise ConfigError(f"language {tgt_lang!r}: the target's language alone, not a pair (sacreBLEU's -l): as "
+                          f"given it is {code} text, scored with 13a; give {tags[1]}")
     if name == "chrf":
         return CHRF()
     if name == "ter":

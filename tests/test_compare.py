@@ -227,6 +227,8 @@ def test_bad_input_is_one_line(systems: tuple[Path, Path, Path], tmp_path: Path)
         compare([weak, strong], [empty])
     with pytest.raises(ConfigError, match=r"--tgt-lang '!!': not a language code"):  # was taken, as 13a's
         compare([weak, strong], [ref], tgt_lang="!!")
+    with pytest.raises(ConfigError, match=r"language 'en-zh': the target's language alone, not a pair .*give zh$"):
+        compare([weak, strong], [ref], tgt_lang="en-zh")  # sacreBLEU's -l en-zh: was scored as English, by 13a
     result = CliRunner().invoke(app, ["compare", str(weak), str(short), "--ref", str(ref)])
     assert result.exit_code != 0 and "short.hyp has 1 lines" in result.output
     assert "Traceback" not in result.output
