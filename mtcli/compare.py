@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,7 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
         raise ConfigError(f"--samples must be >= 1, got {samples}")
     if tgt_lang is not None:
         check_language_code("--tgt-lang", tgt_lang)
+    _check_seed()
     first, digest = read_lines_hashed(references[0], BOM_NOTE)  # once: a stream gives its lines once
     count = len(first)
     if not count:
@@ -241,6 +243,22 @@ def _result(result: Any, baseline: Any, identical: bool = False, floor: float = 
     if p_value is not None and p_value < floor:
         p_value, extra = floor, {**extra, "p_floor": floor}
     return {"score": num(result.score), "mean": num(result.mean), "ci": num(result.ci), "p_value": p_value, **extra}
+
+
+def _check_seed() -> None:
+    """:class:`ConfigError` for a ``SACREBLEU_SEED`` (the tests' seed; 12345 without it) that
+    sacreBLEU would not seed with: 0 means no seed to it, though its signature says ``seed:0``,
+    so the p-values could not be repeated; one not a whole number failed inside the test."""
+    given = os.environ.get("SACREBLEU_SEED")
+    if given is None:
+        return
+    try:
+        seed = int(given)
+    except ValueError:
+        raise ConfigError(f"SACREBLEU_SEED={given!r}: not a whole number (the tests' seed)") from None
+    if seed == 0:
+        raise ConfigError("SACREBLEU_SEED=0: sacreBLEU then draws unseeded (its signature still says seed:0), so "
+                          "these p-values could not be repeated; give another seed")
 
 
 def _p_text(p: float) -> str:

@@ -229,6 +229,13 @@ def test_bad_input_is_one_line(systems: tuple[Path, Path, Path], tmp_path: Path)
         compare([weak, strong], [ref], tgt_lang="!!")
     with pytest.raises(ConfigError, match=r"language 'en-zh': the target's language alone, not a pair .*give zh$"):
         compare([weak, strong], [ref], tgt_lang="en-zh")  # sacreBLEU's -l en-zh: was scored as English, by 13a
+    for seed, said in (("0", "SACREBLEU_SEED=0: sacreBLEU then draws unseeded"), ("x", "SACREBLEU_SEED='x': not a")):
+        os.environ["SACREBLEU_SEED"] = seed  # 0: p-values that could not be repeated, the signature saying seed:0
+        try:
+            with pytest.raises(ConfigError, match=said):
+                compare([weak, strong], [ref], samples=5)
+        finally:
+            del os.environ["SACREBLEU_SEED"]
     result = CliRunner().invoke(app, ["compare", str(weak), str(short), "--ref", str(ref)])
     assert result.exit_code != 0 and "short.hyp has 1 lines" in result.output
     assert "Traceback" not in result.output
