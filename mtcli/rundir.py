@@ -61,7 +61,8 @@ def run_file_role(path: Path) -> str | None:
                SOURCE_SPM_NAME: "its SentencePiece model", TARGET_SPM_NAME: "its SentencePiece model",
                VOCAB_NAME: "its vocabulary", MANIFEST_NAME: "its data manifest", LOCK_NAME: "its lock",
                # named by the layers above: mtcli.train.run, mtcli.train.parent, mtcli.infer.hf_import
-               "train.log": "its log", "parent.json": "its parent's record", "import.json": "its import record"}
+               "train.log": "its log", "parent.json": "its parent's record", "import.json": "its import record",
+               "learning_curves.png": "its learning curves"}
         return own.get(path.name)
     run = parent.parent
     if parent.name == TEXT_DIR and path.is_file() and (run / CONFIG_NAME).is_file() and checkpoint_dir(run).is_dir():

@@ -935,6 +935,7 @@ def test_average_run_last_and_best(tmp_path: Path) -> None:
     for path, role in [(tmp_path / "config.yaml", "the run's config"), (own / "index.json", "its checkpoint index"),
                        (other / "checkpoints" / "checkpoint_last.pt", "a checkpoint training resumes from"),
                        (other / "spm.model", "its SentencePiece model"),
+                       (other / "learning_curves.png", "its learning curves"),  # was written over
                        (other / "text" / "test.src", "the run's copy of a validation or test text")]:
         with pytest.raises(CheckpointError, match=f"{path.name}: {role}"):
             average_run_checkpoints(tmp_path, path, last=2)
