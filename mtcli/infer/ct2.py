@@ -335,7 +335,8 @@ class CT2Engine:
     def _score_cut(self, results: list[Any], cut: list[tuple[int, int, list[str]]], decode: DecodeConfig) -> None:
         """The log-probability of each cut hypothesis (``(line, hypothesis, source pieces)``) of a
         window: its pieces and the end token, scored by CTranslate2 by teacher forcing in one call;
-        its score follows from it as CTranslate2's does, and each n-best list of a search it
+        its score follows from it as CTranslate2's does (over its length with the end token, as an
+        ended hypothesis' score), and each n-best list of a search it
         changed is sorted best first again (samples keep CTranslate2's order, which it sorts by score)."""
         tokenizer = self.bundle.tokenizer
         targets = [[tokenizer.id_to_piece(i) for i in results[k][j].tokens] for k, j, _ in cut]
@@ -345,7 +346,7 @@ class CT2Engine:
             hypothesis = results[k][j]
             logprob = float(sum(result.log_probs))  # the end token's too, as our search ends a cut output
             results[k][j] = dataclasses.replace(
-                hypothesis, logprob=logprob, score=logprob / max(1, len(hypothesis.tokens)) ** decode.length_penalty)
+                hypothesis, logprob=logprob, score=logprob / (len(hypothesis.tokens) + 1) ** decode.length_penalty)
         for k in {k for k, _, _ in cut} if decode.sampling == "none" else ():  # samples: as CTranslate2 gave them
             results[k].sort(key=lambda translation: -translation.score)
 

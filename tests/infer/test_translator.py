@@ -326,6 +326,8 @@ def test_ctranslate2_logprob_is_the_log_probability(ct2_pair: tuple[Translator, 
         if line:
             assert b[0].tokens == a[0].tokens
             assert b[0].logprob == pytest.approx(a[0].logprob, abs=1e-3)
+            alpha = settings.get("length_penalty", theirs.decode.length_penalty)  # CTranslate2's score: over the
+            assert b[0].score == pytest.approx(b[0].logprob / (len(b[0].tokens) + 1) ** alpha)  # length, end too
             compared += 1
     assert compared == 4
 
