@@ -45,13 +45,11 @@ from mtcli.fileio import atomic_dir, check_replaceable, copy_file
 from mtcli.infer.loading import InferenceModel, load_for_inference, resolve_checkpoint
 from mtcli.logs import get_logger
 from mtcli.model import LAYER_NORM_EPS, Transformer
+from mtcli.rundir import EXPORT_RECORD
 
 FORMATS = ("ctranslate2",)  # what export_model writes; `mtcli export --format hf` is mtcli.infer.hf's
 #: every format `mtcli export` knows, as its error lists them
 EXPORT_FORMATS = (*FORMATS, "hf")
-#: The record every export directory holds (source checkpoint, shape): an output directory that
-#: has it is one mtcli wrote, which a new export may replace (:func:`mtcli.fileio.atomic_dir`).
-EXPORT_RECORD = "mtcli_export.json"
 #: Where ``--engine ctranslate2`` keeps a run's conversion (:mod:`mtcli.infer.ct2`)
 CT2_DIR = "ctranslate2"
 

@@ -27,6 +27,7 @@ from mtcli.model import Transformer
 from mtcli.rundir import (
     BEST_NAME,
     CONFIG_NAME,
+    EXPORT_RECORD,
     LAST_NAME,
     MANIFEST_NAME,
     SOURCE_SPM_NAME,
@@ -160,9 +161,21 @@ def _open_run(run_dir: Path) -> tuple[Config, Tokenizer | VocabTokenizer]:
         if training:  # a training that has not yet written its config (it reads its data first)
             raise CheckpointError(f"{run_dir}: no checkpoint yet; it has just started training ({training}): its "
                                   "first checkpoint comes at the first validation, train.valid_every steps in")
+        if (run_dir / EXPORT_RECORD).is_file():  # an export: what it holds is decoded by its own tools
+            raise CheckpointError(f"{run_dir}: an mtcli export, not a run directory; give the run it was exported "
+                                  f"from ({_exported_from(run_dir)}), or load it with CTranslate2 or transformers")
         raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_NAME})")
     config = load_config(run_dir / CONFIG_NAME, lenient=True)
     return config, run_tokenizer(run_dir)
+
+
+def _exported_from(export: Path) -> str:
+    """The run directory an export's record names, or ``"its record names none"``."""
+    try:
+        record = json.loads((export / EXPORT_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        record = None
+    return str(record.get("run_dir")) if isinstance(record, dict) and record.get("run_dir") else "its record names none"
 
 
 def _check_vocabulary(state: dict, source: str, tokenizer: Tokenizer | VocabTokenizer) -> None:

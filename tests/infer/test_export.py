@@ -132,6 +132,11 @@ def test_cli_export(tiny_run_dir: Path, tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stderr
     assert {"model.bin", "config.json", "spm.model"} <= {p.name for p in out.iterdir()}
+    res = subprocess.run([sys.executable, "-m", "mtcli.cli", "translate", str(out)], input="ein hund\n",
+                         capture_output=True, text=True, timeout=300)  # said only "not a run directory"
+    assert res.returncode != 0 and res.stderr.strip() == (
+        f"mtcli: error: {out}: an mtcli export, not a run directory; give the run it was exported from "
+        f"({tiny_run_dir.resolve()}), or load it with CTranslate2 or transformers")
     res = subprocess.run(
         [sys.executable, "-m", "mtcli.cli", "export", str(tmp_path / "missing"), str(tmp_path / "o2")],
         capture_output=True, text=True, timeout=300,
