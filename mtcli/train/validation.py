@@ -69,7 +69,7 @@ def validation_scores(model: nn.Module, corpus: PreparedCorpus, config: Config,
                       device: torch.device) -> dict[str, float]:
     """``{"bleu": ..., "chrf": ...}`` of greedy decoding of the validation split (its first
     ``train.valid_max_sentences`` when set) against its references, decoded as ``mtcli
-    translate`` does."""
+    translate`` does, by the model as it trains (never ``decode.int8`` or ``decode.shortlist``)."""
     data, cfg = config.data, config.train
     split = corpus.eval_split(data.valid_split, data.src_lang, data.tgt_lang)
     sources = list(read_lines(corpus.text_path(split, data.src_lang)))
@@ -81,9 +81,10 @@ def validation_scores(model: nn.Module, corpus: PreparedCorpus, config: Config,
     tags = {lang: tokenizer.piece_to_id(tag) for lang, tag in corpus.target_tags.items()}
     bundle = InferenceModel(model=model, tokenizer=tokenizer, config=config, name="training", target_tags=tags)
     # into the references' language, whatever decode.tgt_lang asks of translate; a search, whatever
-    # decode.sampling asks of it (scores of samples would pick checkpoint_best by chance)
+    # decode.sampling asks of it (scores of samples would pick checkpoint_best by chance); the model
+    # as it trains, not the int8 copy or the shortlist a recipe asks of later decoding on a CPU
     greedy = dataclasses.replace(config.decode, beam_size=1, nbest=1, bf16=cfg.precision == "bf16",
-                                 tgt_lang=data.tgt_lang, sampling="none")
+                                 tgt_lang=data.tgt_lang, sampling="none", int8=False, shortlist=0)
     hyps = translate_texts(bundle, sources, greedy, device)
     scores = score(hyps, refs, metrics=("bleu", "chrf"), tgt_lang=data.tgt_lang)
     return {"bleu": float(scores["bleu"]), "chrf": float(scores["chrf"])}

@@ -646,6 +646,19 @@ def test_a_stop_signal_during_a_validation_cuts_it_short_and_the_resume_validate
         (split / "train.log").read_text(encoding="utf-8")
 
 
+def test_validation_scores_the_model_as_it_trains_whatever_int8_or_shortlist_a_recipe_asks(
+        prepared: Path, tmp_path: Path) -> None:
+    """A recipe's decode.int8 or decode.shortlist (for later decoding on a CPU) changed the
+    validation BLEU and chrF that pick checkpoint_best; on a GPU int8 stopped the training at its
+    first validation (int8 runs on the CPU only), nothing saved."""
+    plain, asked = tmp_path / "plain", tmp_path / "asked"
+    train(make_config(prepared, plain, "train.max_steps=4", "train.valid_every=4", "train.valid_bleu=true"))
+    train(make_config(prepared, asked, "train.max_steps=4", "train.valid_every=4", "train.valid_bleu=true",
+                      "decode.int8=true",
+                      "decode.shortlist=1", "decode.shortlist_frequent=0"))
+    assert read_index(asked) == read_index(plain) and read_index(plain)[4]["bleu"] is not None
+
+
 def test_a_finished_run_given_again_is_left_as_it_was(prepared: Path, tmp_path: Path) -> None:
     """Given again with another setting (a batch size), a finished run trained no step but wrote
     the new setting and a rebatched data position into its checkpoint and config.yaml: training
