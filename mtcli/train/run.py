@@ -252,6 +252,10 @@ def _log_start(trainer: Trainer, config: Config, device: torch.device, precision
     if trainer.info.is_main and train.rdrop_alpha > 0 and without_dropout(config.model):
         log.warning("train.rdrop_alpha %g with every model dropout at 0: R-Drop's two passes agree, so it only "
                     "doubles the step's cost (set model.dropout, or train.rdrop_alpha=0)", train.rdrop_alpha)
+    ends = [f"train.{key}" for key in ("max_minutes", "max_epochs", "patience") if getattr(train, key) > 0]
+    if trainer.info.is_main and train.cooldown_steps > 0 and ends:
+        log.warning("train.cooldown_steps %d counts back from train.max_steps (%d): a run that %s ends first is not "
+                    "cooled down", train.cooldown_steps, train.max_steps, " or ".join(ends))
     if trainer.model.output_ids is not None:
         log.info("output vocabulary: the %d of %d pieces the training targets use "
                  "(model.output_vocab: target)", trainer.model.output_ids.numel(), trainer.corpus.vocab_size)

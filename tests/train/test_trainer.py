@@ -396,6 +396,17 @@ def test_cooldown_steps_scale_the_last_updates_down_linearly(prepared: Path, tmp
     # update s runs at min(1, (max_steps - s + 1) / cooldown_steps) of Noam's rate
     expected = {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0, 6: 0.75, 7: 0.5, 8: 0.25}
     assert ratios == pytest.approx(expected, rel=2e-3)
+    assert "is not cooled down" not in (run / "train.log").read_text(encoding="utf-8")
+
+
+def test_a_cooldown_that_another_stop_rule_would_skip_is_warned_of(prepared: Path, tmp_path: Path) -> None:
+    """The cool-down counts back from max_steps: a run that max_minutes, max_epochs or patience
+    ended first ran at the full rate to its end, without a word."""
+    run = tmp_path / "run"
+    train(make_config(prepared, run, "train.max_steps=1000", "train.max_epochs=1", "train.cooldown_steps=4",
+                      "train.valid_every=100000"))
+    assert "train.cooldown_steps 4 counts back from train.max_steps (1000): a run that train.max_epochs ends " \
+           "first is not cooled down" in (run / "train.log").read_text(encoding="utf-8")
 
 
 def test_cooldown_steps_are_checked_and_may_exceed_a_shortened_run(prepared: Path, tmp_path: Path) -> None:
