@@ -46,9 +46,13 @@ class Ensemble(nn.Module):
         for label, other in zip(labels[1:], members[1:], strict=True):
             a, b = first.output_ids, other.output_ids
             same_ids = (a is None) == (b is None) and (a is None or torch.equal(a.cpu(), b.cpu()))
-            if other.vocab_size != first.vocab_size or not same_ids:
-                raise CheckpointError(f"{label} has another vocabulary or output vocabulary than {labels[0]}: "
-                                      "members must come from the same prepared data")
+            if other.vocab_size != first.vocab_size:
+                raise CheckpointError(f"{label} has another vocabulary than {labels[0]}: members must come from the "
+                                      "same prepared data")
+            if not same_ids:
+                said = [f"{name} {'joint' if ids is None else 'target'}" for name, ids in ((labels[0], a), (label, b))]
+                raise CheckpointError(f"{label} has another output vocabulary than {labels[0]} (model.output_vocab: "
+                                      f"{', '.join(said)}): members must decode over the same pieces")
         self.members = nn.ModuleList(members)
         self.train(first.training)  # a mode of its own would be set on the members by train()
 

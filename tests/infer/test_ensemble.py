@@ -73,11 +73,15 @@ def test_ensemble_refuses_members_with_other_output_vocabularies() -> None:
 
     model = random_model(0)
     listed = Transformer(model.cfg, model.vocab_size, output_ids=list(range(20)))
-    with pytest.raises(CheckpointError, match="^ensemble member 2 has another vocabulary"):
+    with pytest.raises(CheckpointError, match="^ensemble member 2 has another output vocabulary"):
         Ensemble([model, listed])
-    with pytest.raises(CheckpointError, match="^runs/b/checkpoint_9.pt has another vocabulary or output vocabulary "
-                                              "than the first member"):  # as --ensemble gave it, not its place
-        Ensemble([model, listed], ["the first member", "runs/b/checkpoint_9.pt"])
+    with pytest.raises(CheckpointError, match=r"^runs/b/checkpoint_9.pt has another output vocabulary than the first "
+                                              r"member \(model.output_vocab: the first member joint, runs/b/"
+                                              r"checkpoint_9.pt target\)"):  # as --ensemble gave it; "vocabulary
+        Ensemble([model, listed], ["the first member", "runs/b/checkpoint_9.pt"])  # or output vocabulary" before
+    other = Transformer(model.cfg, model.vocab_size + 8)
+    with pytest.raises(CheckpointError, match="^ensemble member 2 has another vocabulary than ensemble member 1"):
+        Ensemble([model, other])
 
 
 def test_evaluate_and_translate_with_ensemble_members(tiny_run_dir: Path, tmp_path: Path) -> None:
