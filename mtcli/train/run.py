@@ -112,7 +112,7 @@ class TrainSummary:
             f"epoch{'' if self.epochs == 1 else 's'}), {self.elapsed_seconds / 60:.1f} min of training",
             f"best valid BLEU: {bleu}   chrF: {chrf}   loss: {loss}   (each at its own best step; "
             f"checkpoint_best is the best by {METRIC_NAMES[self.best_by or 'loss']})",
-            f"parameters: {self.parameters:,}   skipped training pairs: {self.skipped_pairs}   "
+            f"parameters: {self.parameters:,}   training pairs skipped (last epoch): {self.skipped_pairs}   "
             f"train tokens/s: {self.tokens_per_second:,.0f}   peak memory: {self.peak_memory_mb:,.0f} MiB "
             f"on {self.device}",
         ]
