@@ -252,6 +252,11 @@ def _log_start(trainer: Trainer, config: Config, device: torch.device, precision
     if trainer.info.is_main and train.rdrop_alpha > 0 and without_dropout(config.model):
         log.warning("train.rdrop_alpha %g with every model dropout at 0: R-Drop's two passes agree, so it only "
                     "doubles the step's cost (set model.dropout, or train.rdrop_alpha=0)", train.rdrop_alpha)
+    rate = f"factor {train.lr_factor:g}" if train.lr_schedule == "noam" else f"peak {train.lr:g}"
+    log.info("update: %d batch(es) of %d tokens a step a process | lr %s (%s, warmup %d%s) | label smoothing %g%s",
+             train.update_freq, train.max_tokens, train.lr_schedule, rate, train.warmup_steps,
+             f", cool-down {train.cooldown_steps}" if train.cooldown_steps else "", train.label_smoothing,
+             f" | R-Drop alpha {train.rdrop_alpha:g} (two passes a batch)" if train.rdrop_alpha > 0 else "")
     ends = [f"train.{key}" for key in ("max_minutes", "max_epochs", "patience") if getattr(train, key) > 0]
     if trainer.info.is_main and train.cooldown_steps > 0 and ends:
         log.warning("train.cooldown_steps %d counts back from train.max_steps (%d): a run that %s ends first is not "

@@ -54,6 +54,8 @@ def test_run_directory_layout_and_checkpoints(prepared: Path, tmp_path: Path) ->
     assert summary.best_valid_loss is not None and summary.parameters > 0
     assert "max_steps" in summary.summary() and str(run) in summary.summary()
     assert "training pairs skipped (last epoch): 0" in summary.summary()  # (subword sampling: it varies by epoch)
+    assert re.search(r"\| update: 1 batch\(es\) of \d+ tokens a step a process \| lr noam \(factor [\d.]+, warmup \d+\) "
+                     r"\| label smoothing [\d.]+\n", (run / "train.log").read_text(encoding="utf-8"))  # was unsaid
     for name in ("config.yaml", "spm.model", "manifest.json", "train.log", "text/val.src",
                  "text/val.tgt", "text/test.src", "text/test.tgt"):
         assert (run / name).is_file(), name
