@@ -14,8 +14,10 @@ from typing import Any
 from mtcli.logs import get_logger
 
 
-class ValidationCut(Exception):
-    """A stop signal came during a validation that :meth:`StopSignals.cutting` let it cut short."""
+class ValidationCut(BaseException):
+    """A stop signal came during a validation that :meth:`StopSignals.cutting` let it cut short
+    (a BaseException, as KeyboardInterrupt: raised inside a log call, logging would swallow an
+    Exception)."""
 
 
 class StopSignals:
@@ -28,10 +30,10 @@ class StopSignals:
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is None:  # the first signal is the one the stop reports (torchrun follows
-            # a Ctrl-C's SIGINT with its own SIGTERM to the ranks)
+            # a Ctrl-C's SIGINT with its own SIGTERM to the ranks); recorded before it is said
+            self.signum = signum
             get_logger().warning("received %s: %s, then saving checkpoint_last", signal.Signals(signum).name,
                                  "stopping the validation" if self._cut else "finishing this step")
-            self.signum = signum
         if self._cut:
             self._cut = False
             raise ValidationCut

@@ -1073,3 +1073,29 @@ def test_a_stop_while_the_learning_curves_are_drawn_is_said_and_the_rerun_draws_
     monkeypatch.setattr(run_module, "write_learning_curves", real)
     assert train(make_config(prepared, run, "train.max_steps=2", "train.valid_every=2")).steps == 2
     assert (run / "learning_curves.png").is_file()
+
+
+def test_a_stop_signal_inside_a_log_call_still_cuts_the_validation() -> None:
+    """Raised as an Exception inside a log call (a validation warns of long lines), the cut was
+    swallowed by logging's error handler and the validation ran to its end."""
+    import logging
+
+    from mtcli.train.signals import StopSignals, ValidationCut
+
+    class Signalling:
+        def write(self, text: str) -> None:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler raises here, inside StreamHandler.emit
+
+        def flush(self) -> None:
+            pass
+
+    log = logging.getLogger("mtcli.tests.cut")
+    log.addHandler(logging.StreamHandler(Signalling()))
+    try:
+        with StopSignals() as signals:
+            with pytest.raises(ValidationCut), signals.cutting():
+                log.warning("a line of the validation set is longer than the model's positions")
+            assert signals.signum == signal.SIGINT
+        signals.restore()
+    finally:
+        log.handlers.clear()
