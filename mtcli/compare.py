@@ -247,18 +247,18 @@ def _result(result: Any, baseline: Any, identical: bool = False, floor: float = 
 
 def _check_seed() -> None:
     """:class:`ConfigError` for a ``SACREBLEU_SEED`` (the tests' seed; 12345 without it) that
-    sacreBLEU would not seed with: 0 means no seed to it, though its signature says ``seed:0``,
-    so the p-values could not be repeated; one not a whole number failed inside the test."""
+    sacreBLEU would not seed with: 0 and None mean no seed to it, though its signature names one,
+    so the p-values could not be repeated; a negative one failed inside the test."""
     given = os.environ.get("SACREBLEU_SEED")
     if given is None:
         return
     try:
         seed = int(given)
     except ValueError:
-        raise ConfigError(f"SACREBLEU_SEED={given!r}: not a whole number (the tests' seed)") from None
-    if seed == 0:
-        raise ConfigError("SACREBLEU_SEED=0: sacreBLEU then draws unseeded (its signature still says seed:0), so "
-                          "these p-values could not be repeated; give another seed")
+        seed = -1
+    if seed <= 0 or seed >= 2**32:
+        raise ConfigError(f"SACREBLEU_SEED={given}: give a seed from 1 to 2^32-1 (sacreBLEU draws unseeded for 0 "
+                          "or None, while its signature names a seed: p-values no one could repeat)")
 
 
 def _p_text(p: float) -> str:
