@@ -40,8 +40,8 @@ def refuse_lone_cr_ends(text: bytes, name: str) -> None:
     """Raise :class:`DataError` when ``text``, the start of ``name`` (a text of one line, ended
     by ``\\n`` or not), holds more than one ``\\r``: its lines end in a lone ``\\r`` (classic
     Mac OS), and read by the rules here it would be one sentence, its line ends spaces."""
-    if text.endswith(b"\n"):
-        text = text[:-1]
+    if text.endswith(b"\n"):  # its ending, \r\n as a whole (a stray \r in a Windows line is no line end)
+        text = text[:-2] if text.endswith(b"\r\n") else text[:-1]
     if text.count(b"\r") > 1 and b"\n" not in text:
         how = (f"convert them first: tr '\\r' '\\n' < {name} > {name}.unix" if not name.startswith("<")
                else "pipe it through tr '\\r' '\\n' first")  # (<stdin>)
@@ -167,7 +167,9 @@ def _has_input(fd: int) -> bool:
 class ArrivingLines:
     """The lines of a pipe, terminal or socket, handed over as they arrive.
 
-    Iterating gives every line, like :func:`iter_binary_lines` (same decoding rules and errors).
+    Iterating gives every line, like :func:`iter_binary_lines` (same decoding rules and errors,
+    but for a text of lone ``\r`` line ends ended by one ``\n``: its line is handed over before the
+    end of the stream could show it is the only one, so it is one sentence).
     :meth:`windows` gives them in lists instead: it waits for one complete line, then adds the
     lines that have already arrived, without waiting for more. A consumer that works a window at
     a time (``mtcli translate``) then answers each line of a slow producer (``tail -f``, a

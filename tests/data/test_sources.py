@@ -568,12 +568,14 @@ def test_a_table_of_another_pair_gets_no_advice_to_rename_it() -> None:
 def test_lone_cr_line_ends_are_refused_by_the_reader(tmp_path: Path) -> None:
     """A file of classic Mac OS line ends was one sentence, its line ends spaces."""
     path = tmp_path / "train.de"
-    for text in (b"ein hund\rzwei katzen\r", b"ein hund\rzwei katzen\r\n", b"ein\rhund\rzwei katzen\n"):
+    for text in (b"ein hund\rzwei katzen\r", b"ein\rhund\rzwei katzen\r\n", b"ein\rhund\rzwei katzen\n"):
         path.write_bytes(text)  # (a classic Mac OS file that an editor ended with one \n: one sentence too)
         with pytest.raises(DataError, match=rf"^{path}: its lines end in a lone \\r \(classic Mac OS line ends\)"):
             list(read_lines(path))
     path.write_bytes(b"ein\rhund\rzwei\nkatzen\n")  # stray \r inside the first of several lines: spaces
     assert list(read_lines(path)) == ["ein hund zwei", "katzen"]
+    path.write_bytes(b"ein\rhund\r\n")  # a one-line Windows file with one stray \r: a space, not refused
+    assert list(read_lines(path)) == ["ein hund"]
     path.write_bytes(b"ein\rhund\n")  # a stray \r inside a line: a space, as before
     assert list(read_lines(path)) == ["ein hund"]
 

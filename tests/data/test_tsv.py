@@ -142,7 +142,7 @@ def test_a_header_of_the_codes_or_a_pair_is_not_warned_of(tmp_path: Path, first:
 def test_a_table_of_lone_cr_line_ends_is_refused(tmp_path: Path) -> None:
     """A file saved with classic Mac OS line ends was one malformed pair: the whole training split lost."""
     path = tmp_path / "train.de-en.tsv"
-    for text in (b"ein hund\ta dog\rzwei\ttwo\r", b"ein hund\ta dog\rzwei\ttwo\r\n",
+    for text in (b"ein hund\ta dog\rzwei\ttwo\r", b"ein hund\ta dog\rzwei\ttwo\rdrei\tthree\r\n",
                  b"ein hund\ta dog\rzwei\ttwo\rdrei\tthree\n"):
         path.write_bytes(text)  # (a classic Mac OS file that an editor ended with one \n: one pair too)
         for read in (lambda: list(table_pairs(path, LANGS, "de")), lambda: blocks_as_pairs(path, "de", 4),
