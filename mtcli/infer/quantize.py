@@ -81,7 +81,9 @@ def int8_supported() -> str | None:
     if not hasattr(torch, "_int_mm"):
         return "this PyTorch build has no int8 matrix product (torch._int_mm)"
     try:
-        Int8Linear(torch.randn(4, 8), torch.zeros(4), relu=True, nonnegative=True)(torch.rand(2, 8))
+        draws = torch.Generator().manual_seed(0)  # its own: a caller's random numbers stay as they were
+        Int8Linear(torch.randn(4, 8, generator=draws), torch.zeros(4), relu=True,
+                   nonnegative=True)(torch.rand(2, 8, generator=draws))
     except (RuntimeError, AttributeError, NotImplementedError) as exc:
         return f"int8 kernels unavailable ({str(exc).splitlines()[0][:120]})"
     return None

@@ -539,3 +539,10 @@ def test_loading_a_translator_leaves_the_callers_random_numbers_alone(tiny_run_d
     torch.manual_seed(0)
     Translator.from_run(tiny_run_dir, device="cpu")
     assert torch.equal(torch.rand(3), expected)
+    from mtcli.infer.quantize import int8_supported
+
+    if int8_supported() is None:  # the int8 copy's check of its kernels drew from it too
+        translator = Translator.from_run(tiny_run_dir, device="cpu", int8=True)
+        torch.manual_seed(0)
+        translator.translate(["ein hund"])
+        assert torch.equal(torch.rand(3), expected)
