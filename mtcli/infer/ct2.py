@@ -133,7 +133,7 @@ def open_engine(run_dir: Path, bundle: InferenceModel, device: torch.device, dec
     A kept conversion that CTranslate2 cannot read (a file damaged since, or cut short by a full
     disk) is made again, once, with a warning; it is only ever derived from the weights."""
     _check_compute_type(device, decode)
-    with _OPENING:  # threads of one process: one converts, the others then find its conversion
+    with _opening(run_dir):  # threads of one process: one converts, the others then find its conversion
         for again in (False, True):
             model_dir = converted_model(run_dir, bundle)
             try:
@@ -153,9 +153,16 @@ def open_engine(run_dir: Path, bundle: InferenceModel, device: torch.device, dec
     raise AssertionError("unreachable")
 
 
-#: Held while a thread converts or opens a conversion (other processes are kept apart by the
-#: conversion's build under a name of its own, swapped in whole).
-_OPENING = threading.Lock()
+_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def _opening(run_dir: Path) -> threading.Lock:
+    """The lock a thread holds while it converts or opens a conversion of ``run_dir``'s (one a
+    run: a server opening another run's conversion does not wait out this one's; other processes
+    are kept apart by the conversion's build under a name of its own, swapped in whole)."""
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(str(Path(run_dir).resolve()), threading.Lock())
 
 
 def _compute_type(decode: DecodeConfig) -> str:
