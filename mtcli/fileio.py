@@ -256,7 +256,7 @@ def still_names(fd: int, path: str | Path) -> bool:
 
 
 #: The errors of a write that fails for want of room (a full disk, a file-size limit, a quota).
-_NO_ROOM = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+NO_ROOM = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 
 def copy_file(source: Path, target: Path) -> None:
@@ -266,7 +266,7 @@ def copy_file(source: Path, target: Path) -> None:
     try:
         shutil.copyfile(source, target)
     except OSError as exc:
-        if exc.errno in _NO_ROOM:
+        if exc.errno in NO_ROOM:
             raise OSError(exc.errno, exc.strerror, str(target)) from None
         raise
 

@@ -587,3 +587,5 @@ def test_prepare_names_its_cache_for_a_failed_write_inside_its_build(tmp_path: P
                                      "previous cache is unchanged")
     with pytest.raises(FileNotFoundError), _naming_write_errors(out, build):  # a file of the corpus: as it is
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(tmp_path / "train.de"))
+    with pytest.raises(OSError, match="Input/output error"), _naming_write_errors(out, build):  # a read of a
+        raise OSError(errno.EIO, "Input/output error", str(build / "train.src.bin"))  # shard: no write failure

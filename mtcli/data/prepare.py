@@ -71,6 +71,7 @@ from mtcli.data.vocabmap import VocabTokenizer, load_tokenizer, tokenizer_files
 from mtcli.data.workers import can_fork, forked_pool, in_order, result_of
 from mtcli.errors import DataError
 from mtcli.fileio import (
+    NO_ROOM,
     FileHasher,
     atomic_dir,
     check_directory,
@@ -345,13 +346,14 @@ def encode_with_vocab(tokenizer: VocabTokenizer, text_path: Path, writer: ArrayW
 
 @contextlib.contextmanager
 def _naming_write_errors(out: Path, build: Path) -> Iterator[None]:
-    """Turn a write that fails without naming a file, or naming one in the hidden ``build``
-    directory (disk full, file-size limit), into a one-line :class:`DataError` naming the cache
-    being built."""
+    """Turn a write that fails without naming a file, or for want of room naming one in the
+    hidden ``build`` directory (disk full, file-size limit), into a one-line :class:`DataError`
+    naming the cache being built."""
     try:
         yield
     except OSError as exc:
-        if exc.errno is None or not str(exc.filename or build).startswith(str(build)):
+        if exc.errno is None or (exc.filename is not None and not (
+                str(exc.filename).startswith(str(build)) and exc.errno in NO_ROOM)):
             raise
         raise DataError(
             f"{out}: cannot write the prepared cache ({exc.strerror}); any previous cache is unchanged"
