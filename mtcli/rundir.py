@@ -196,12 +196,13 @@ def _measured_alike(entry: dict, newest: dict, by: str) -> bool:
     return all(mine.get(key) == theirs.get(key) for key in BASIS_KEYS[by])
 
 
-def _ranked_best(run_dir: Path, present: bool = True) -> list[tuple[int, Path]]:
-    """Indexed step checkpoints that still exist (``present=False``: or not), best first: by the metric that picked the
-    newest one's best (``by``: ``train.valid_metric``; an older index, BLEU) if all have it,
-    else by loss; of equal scores the earliest first, as ``checkpoint_best`` keeps it. Those
-    scored otherwise than the newest (a resume under another label smoothing, say) come after
-    the others: their scores do not compare."""
+def _ranking(run_dir: Path, present: bool = True) -> tuple[str, list[tuple[int, Path]]]:
+    """The metric, and the indexed step checkpoints that still exist (``present=False``: or
+    not), best first: by the metric that picked the newest one's best (``by``:
+    ``train.valid_metric``; an older index, BLEU) if all have it, else by loss; of equal scores
+    the earliest first, as ``checkpoint_best`` keeps it. Those scored otherwise than the newest
+    (a resume under another label smoothing, say) come after the others: their scores do not
+    compare."""
     directory = checkpoint_dir(run_dir)
     index = read_index(run_dir)
     by = (index[max(index)].get("by") or "bleu") if index else "bleu"
@@ -215,7 +216,7 @@ def _ranked_best(run_dir: Path, present: bool = True) -> list[tuple[int, Path]]:
     newest = index[max(index)] if index else {}
     rows.sort(key=lambda r: (not _measured_alike(index[r[0]], newest, by),
                              float(r[2]) if by == "loss" else -float(r[2]), r[0]))
-    return [(r[0], r[1]) for r in rows]
+    return by, [(r[0], r[1]) for r in rows]
 
 
 def prune_checkpoints(run_dir: Path, keep_last: int, keep_best: int = 0) -> None:
@@ -228,7 +229,7 @@ def prune_checkpoints(run_dir: Path, keep_last: int, keep_best: int = 0) -> None
     keep = {p for _, p in steps[-keep_last:]} if keep_last > 0 else set()
     if keep_best > 0:
         try:
-            keep |= {p for _, p in _ranked_best(run_dir)[:keep_best]}
+            keep |= {p for _, p in _ranking(run_dir)[1][:keep_best]}
         except CheckpointError as exc:
             get_logger().warning("%s; keeping only the last %d", exc, keep_last)
     for _, path in steps:
@@ -258,13 +259,15 @@ def select_checkpoints(run_dir: Path, last: int = 0, best: int = 0) -> list[Path
             )
         _warn_of_removed(sorted(read_index(run_dir))[-last:], steps[-last:], f"last {last}")
         return [p for _, p in steps[-last:]]
-    ranked = _ranked_best(run_dir)
+    by, ranked = _ranking(run_dir)
     if len(ranked) < best:
         raise CheckpointError(
             f"{checkpoint_dir(run_dir) / INDEX_NAME}: asked for the best {best} checkpoints, "
             f"{len(ranked)} indexed with scores still exist: {names(p for _, p in ranked)}"
         )
-    _warn_of_removed([step for step, _ in _ranked_best(run_dir, present=False)[:best]], ranked[:best], f"best {best}")
+    indexed_by, indexed = _ranking(run_dir, present=False)
+    if indexed_by == by:  # (a missing entry without the metric: the index ranked by loss, not comparable)
+        _warn_of_removed([step for step, _ in indexed[:best]], ranked[:best], f"best {best}")
     return [p for _, p in sorted(ranked[:best])]
 
 
@@ -273,8 +276,9 @@ def _warn_of_removed(wanted: list[int], chosen: list[tuple[int, Path]], which: s
     still on disk that are ``chosen``: pruned by ``train.keep_last``, the others stand in."""
     gone = sorted(set(wanted) - {step for step, _ in chosen})
     if gone:
-        get_logger().warning("the %s checkpoints by the index are steps %s; %s no longer on disk (train.keep_last "
-                             "and train.keep_best keep them): using %s", which, ", ".join(map(str, sorted(wanted))),
+        get_logger().warning("the %s checkpoints by the index are steps %s; %s not on disk (removed as "
+                             "train.keep_last and train.keep_best say, or never written): using %s", which,
+                             ", ".join(map(str, sorted(wanted))),
                              ", ".join(map(str, gone)) + (" is" if len(gone) == 1 else " are"),
                              names(p for _, p in sorted(chosen)))
 

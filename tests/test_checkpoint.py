@@ -800,12 +800,16 @@ def test_the_best_or_last_k_pruned_from_disk_are_warned_of(tmp_path: Path, caplo
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
     prune_checkpoints(tmp_path, keep_last=1, keep_best=2)  # on disk: 20 and 50
     assert [p.name for p in select_checkpoints(tmp_path, last=2)] == ["checkpoint_20.pt", "checkpoint_50.pt"]
-    assert "the last 2 checkpoints by the index are steps 40, 50; 40 is no longer on disk (train.keep_last and " \
-           "train.keep_best keep them): using checkpoint_20.pt, checkpoint_50.pt" in caplog.text
+    assert "the last 2 checkpoints by the index are steps 40, 50; 40 is not on disk (removed as train.keep_last " \
+           "and train.keep_best say, or never written): using checkpoint_20.pt, checkpoint_50.pt" in caplog.text
     caplog.clear()
     prune_checkpoints(tmp_path, keep_last=1)  # on disk: 50
     assert [p.name for p in select_checkpoints(tmp_path, best=1)] == ["checkpoint_50.pt"]
-    assert "the best 1 checkpoints by the index are steps 20; 20 is no longer on disk" in caplog.text
+    assert "the best 1 checkpoints by the index are steps 20; 20 is not on disk" in caplog.text
+    caplog.clear()
+    update_index(tmp_path, 60, {"loss": 0.5, "bleu": None})  # indexed, never written, and without a BLEU:
+    assert [p.name for p in select_checkpoints(tmp_path, best=1)] == ["checkpoint_50.pt"]  # ranked by loss
+    assert "checkpoints by the index" not in caplog.text  # with it, not BLEU as on disk: no warning of that
 
 
 def test_checkpoints_scored_otherwise_rank_after_those_scored_as_the_newest(tmp_path: Path) -> None:
