@@ -36,7 +36,7 @@ from mtcli.config import check_language_code
 from mtcli.data.textio import lines_sha256, read_lines, read_lines_hashed
 from mtcli.errors import ConfigError, DataError
 from mtcli.fileio import atomic_write, check_file_target, is_stream, sha256_file
-from mtcli.metrics import BOM_NOTE, METRICS, metric_names, scorer
+from mtcli.metrics import BOM_NOTE, METRICS, check_one_language, metric_names, scorer
 
 TESTS = {"bs": "paired bootstrap resampling", "ar": "approximate randomization"}
 DEFAULT_SAMPLES = {"bs": 1000, "ar": 10000}
@@ -142,6 +142,7 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
         raise ConfigError(f"--samples must be >= 1, got {samples}")
     if tgt_lang is not None:
         check_language_code("--tgt-lang", tgt_lang)
+        check_one_language("--tgt-lang", tgt_lang)
     _check_seed()
     first, digest = read_lines_hashed(references[0], BOM_NOTE)  # once: a stream gives its lines once
     count = len(first)

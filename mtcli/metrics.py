@@ -43,15 +43,22 @@ BOM_NOTE = ("opens with a byte-order mark, which mtcli drops; sacreBLEU's comman
             "first word: strip it (sed -i '1s/^\\xEF\\xBB\\xBF//') to get these scores there")
 
 
+def check_one_language(option: str, tgt_lang: str | None) -> None:
+    """:class:`ConfigError` for a language pair given as the target's language (sacreBLEU's
+    ``-l en-zh``): read as English with a region, it would be scored with 13a, without a word."""
+    code, tags = language_code(tgt_lang), (tgt_lang or "").lower().replace("_", "-").split("-")
+    if len(tags) > 1 and language_code(tags[1]) in BLEU_TOKENIZERS and code not in BLEU_TOKENIZERS:
+        raise ConfigError(f"{option} {tgt_lang!r}: the target's language alone, not a pair (sacreBLEU's -l): as "
+                          f"given it is {code} text, scored with 13a; give {tags[1]}")
+
+
 def scorer(name: str, tgt_lang: str | None = None, *, lowercase: bool = False, instead: str = "") -> BLEU | CHRF | TER:
     """sacreBLEU's metric ``name`` (one of :data:`METRICS`) with its default settings, except
     BLEU's tokeniser and TER's character splitting for a Chinese, Japanese or Korean
     ``tgt_lang`` (see the module docstring). Raises :class:`MtcliError` when the tokeniser's
     package is not installed (its message ends with ``instead``: what else the caller can do)."""
-    code, tags = language_code(tgt_lang), (tgt_lang or "").lower().replace("_", "-").split("-")
-    if len(tags) > 1 and language_code(tags[1]) in BLEU_TOKENIZERS and code not in BLEU_TOKENIZERS:
-        raise ConfigError(f"language {tgt_lang!r}: the target's language alone, not a pair (sacreBLEU's -l): as "
-                          f"given it is {code} text, scored with 13a; give {tags[1]}")
+    check_one_language("language", tgt_lang)
+    code = language_code(tgt_lang)
     if name == "chrf":
         return CHRF()
     if name == "ter":

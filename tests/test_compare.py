@@ -227,7 +227,7 @@ def test_bad_input_is_one_line(systems: tuple[Path, Path, Path], tmp_path: Path)
         compare([weak, strong], [empty])
     with pytest.raises(ConfigError, match=r"--tgt-lang '!!': not a language code"):  # was taken, as 13a's
         compare([weak, strong], [ref], tgt_lang="!!")
-    with pytest.raises(ConfigError, match=r"language 'en-zh': the target's language alone, not a pair .*give zh$"):
+    with pytest.raises(ConfigError, match=r"--tgt-lang 'en-zh': the target's language alone, not a pair .*give zh$"):
         compare([weak, strong], [ref], tgt_lang="en-zh")  # sacreBLEU's -l en-zh: was scored as English, by 13a
     for seed in ("0", "None", "-1", "x"):  # 0, None: unseeded under a signature naming a seed; -1: numpy's traceback
         os.environ["SACREBLEU_SEED"] = seed  # 0: p-values that could not be repeated, the signature saying seed:0
