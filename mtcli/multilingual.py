@@ -30,11 +30,13 @@ from mtcli.evaluate import NoTestText, evaluate, evaluate_directions
 from mtcli.infer.loading import run_directions
 from mtcli.logs import get_logger, setup_logging
 from mtcli.pipeline import (
+    check_run_recipe,
     check_table_place,
     described,
     failed,
     is_the_recipe,
     parse_seeds,
+    row_is_the_recipe,
     seed_config,
     written_or_printed,
 )
@@ -105,6 +107,7 @@ def score_direction(run_dir: Path, config: Config, checkpoint: Path, direction: 
 
 def run_seed(config: Config) -> dict[str, Any]:
     """prepare -> train -> choose the average on val -> score every direction's test split."""
+    check_run_recipe(config)  # (before prepare: said at once)
     prepared = prepare(config)
     summary = train(config)
     run_dir = summary.run_dir
@@ -239,13 +242,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         seeds = parse_seeds(args.seeds) or []
         config = None if args.merge else read_from(load_config(args.config, args.overrides), args.data)
-        changed = config is not None and not is_the_recipe(config, RECIPE)  # (--merge trains nothing)
+        merged = merge_seeds(args.merge) if args.merge else {}
+        changed = (not row_is_the_recipe({"seeds": merged}, RECIPE, []) if args.merge  # (a smoke test's seeds:
+                   else not is_the_recipe(config, RECIPE))  # into results/changed/, not the README's table)
         home, readme = table_place(args.results, args.readme, TABLE, changed)
         previous = load_results(home, TABLE).get("seeds", {})
         check_table_place(home, TABLE)
         bilingual = load_results(args.results, BILINGUAL_TABLE)  # read now, not after the training
         if args.merge:
-            previous.update(merge_seeds(args.merge))
+            previous.update(merged)
             check_one_recipe(previous, "--merge")
         else:
             previous = seeds_of_recipe(previous, recipe_fingerprint(config))

@@ -18,13 +18,43 @@ from mtcli.data.download import CORPORA, unpinned
 from mtcli.errors import ConfigError, MtcliError
 from mtcli.fileio import FileHasher, check_file_target
 from mtcli.logs import get_logger
-from mtcli.results import recipe_fingerprint
+from mtcli.results import PLACE_KEYS, recipe_fingerprint
+from mtcli.rundir import CONFIG_NAME
 
 
 def seed_config(config: Config, seed: int) -> Config:
     """``config`` made a run of its own for seed ``seed``: ``train.seed`` and the run directory
     ``<the recipe's run dir>-seed<seed>``."""
     return with_changes(config, "train", seed=seed, run_dir=f"{config.run_path()}-seed{seed}")
+
+
+def check_run_recipe(config: Config) -> None:
+    """:class:`ConfigError` when ``config``'s run directory holds a run trained to another recipe
+    (its ``config.yaml``): training resumes it under most changed settings, saying so in its log
+    (a finished one trains nothing), and the row it gave would be filed under this recipe."""
+    path = config.run_path() / CONFIG_NAME
+    if not path.is_file():
+        return
+    saved = load_config(path, lenient=True)
+    if config.train.precision == "auto":  # (a run writes what auto came to)
+        saved = with_changes(saved, "train", precision="auto")
+    was, now = (_training_recipe(c) for c in (saved, config))
+    differ = [f"{key}: {was.get(key)} -> {now.get(key)}" for key in sorted(set(was) | set(now))
+              if was.get(key) != now.get(key)]
+    if differ:
+        raise ConfigError(f"{config.run_path()}: trained to another recipe ({'; '.join(differ[:4])}"
+                          f"{'; ...' if len(differ) > 4 else ''}); a row of the table is one recipe's: remove "
+                          "that directory to train anew, or give the settings it was trained with")
+
+
+def _training_recipe(config: Config) -> dict[str, Any]:
+    """``section.key: value`` of what ``config`` trains with (its data, model and train keys),
+    less where things are (:data:`~mtcli.results.PLACE_KEYS`)."""
+    data = json.loads(json.dumps(config.to_dict(), default=str))
+    for corpus in data["data"].get("sources") or []:
+        corpus.pop("source", None)
+    return {f"{section}.{key}": value for section in ("data", "model", "train")
+            for key, value in data[section].items() if key not in PLACE_KEYS.get(section, ())}
 
 
 def parse_seeds(text: str | None) -> list[int] | None:

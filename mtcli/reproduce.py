@@ -40,6 +40,7 @@ from mtcli.fileio import FileHasher, atomic_write
 from mtcli.infer.averaging import average_run_checkpoints
 from mtcli.logs import get_logger, setup_logging
 from mtcli.pipeline import (
+    check_run_recipe,
     check_table_place,
     described,
     failed,
@@ -260,6 +261,7 @@ def run_recipe(config: Config, valid_only: bool = False) -> dict[str, Any]:
     With ``valid_only`` (a tuning run) it stops before the test split: the returned row holds
     only the validation choices, and it is also written to ``run_dir/tuning.json``.
     """
+    check_run_recipe(config)  # (before prepare: said at once)
     prepared = prepare(config)
     summary = train(config)
     valid, run_dir = config.data.valid_split, summary.run_dir

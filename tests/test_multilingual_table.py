@@ -103,3 +103,26 @@ def test_each_directions_tokeniser_is_named_with_the_directions_it_scored() -> N
     assert "- lowercased BLEU `case:lc|tok:zh`: en-zh\n- lowercased BLEU `case:lc|tok:13a`: zh-en, de-en\n" in text
     one = render({"directions": {"de-en": direction("case:lc|tok:13a")}, "seeds": seeds})
     assert one.endswith("- lowercased BLEU `case:lc|tok:13a`\n")
+
+
+def test_merged_seeds_of_another_recipe_leave_the_readme_table_alone(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """--merge of a CPU trial's seeds (150 steps, as bench/gpu_multilingual.sh's trial)
+    replaced the README's seeds: merged seeds were taken as the recipe's without a look."""
+    import shutil
+
+    from mtcli.config import load_config
+    from mtcli.results import recipe_fingerprint
+
+    (tmp_path / "configs").mkdir()
+    shutil.copy(REPO / "configs" / "multi30k_multi.yaml", tmp_path / "configs")
+    trial = recipe_fingerprint(load_config(REPO / "configs" / "multi30k_multi.yaml", ["train.max_steps=150"]))
+    shipped = json.loads((REPO / "results" / "multilingual.json").read_text(encoding="utf-8"))["seeds"]
+    row = {**next(iter(shipped.values())), "recipe": trial}  # a seed's row as the table holds one
+    (tmp_path / "trial").mkdir()
+    (tmp_path / "trial" / "multilingual.json").write_text(json.dumps({"seeds": {"1": row}}))
+    (tmp_path / "README.md").write_text(f"intro\n{MARKS[0]}\n{MARKS[1]}\nend\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert main(["--merge", "trial"]) == 0
+    assert (tmp_path / "results" / "changed" / "multilingual.json").is_file()
+    assert not (tmp_path / "results" / "multilingual.json").exists()
+    assert (tmp_path / "README.md").read_text() == f"intro\n{MARKS[0]}\n{MARKS[1]}\nend\n"

@@ -560,3 +560,22 @@ def test_a_data_directory_is_the_recipes_only_when_it_holds_the_pinned_text(tmp_
 
     monkeypatch.setattr(pipeline, "plan_corpora", lambda data: HubPlan())
     assert not is_the_recipe(load_config(recipe, ["data.source=org/name"]), recipe)
+
+
+def test_a_run_trained_to_another_recipe_is_refused_not_filed_under_this_one(tmp_path: Path) -> None:
+    """A finished run rerun with another --set (or a tuning run's directory, then the plain
+    recipe): training resumed it and trained nothing, and its scores were filed as the recipe."""
+    from mtcli.config import load_config, save_config, with_changes
+    from mtcli.errors import ConfigError
+    from mtcli.pipeline import check_run_recipe
+
+    config = load_config(TOY_DIR.parent.parent.parent / "configs" / "toy.yaml",
+                         [f"train.run_dir={tmp_path / 'run'}", "train.precision=auto"])
+    check_run_recipe(config)  # no run yet
+    (tmp_path / "run").mkdir()
+    trained = with_changes(config, "train", lr_factor=3.0, precision="fp32", num_threads=1)  # (auto: fp32 here)
+    save_config(trained, tmp_path / "run" / "config.yaml")
+    with pytest.raises(ConfigError, match=r"run: trained to another recipe \(train.lr_factor: 3.0 -> 0.5\); a row "
+                                          r"of the table is one recipe's: remove that directory"):
+        check_run_recipe(config)
+    check_run_recipe(with_changes(config, "train", lr_factor=3.0))  # the same recipe, where it ran: goes on
