@@ -193,7 +193,7 @@ def _section_defaults(section: str) -> dict[str, Any]:
 
 
 def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatchable: bool = False,
-                        hardware_kept: bool = True, parent_checked: bool = False) -> list[str]:
+                        hardware_kept: bool = True, parent_checked: bool = False, content_kept: bool = False) -> list[str]:
     """Compare the config a checkpoint was trained with to the one given for resuming.
 
     Both are ``Config.to_dict()`` dicts; a key missing from ``saved`` (an older mtcli) counts
@@ -214,7 +214,9 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
     * safe (:data:`SAFE_KEYS`, ``decode.*``): stopping rules, logging, decoding; and
       ``train.init_from`` set to none, or any :data:`PARENT_KEYS` change when ``parent_checked``
       (:func:`~mtcli.train.parent.check_parent_unchanged` found them naming the weights the run
-      started from). Returned as ``"key: old -> new"``.
+      started from). Returned as ``"key: old -> new"``. ``data.source`` too when
+      ``content_kept`` (the checkpoint records its pairs' sha256, which
+      :func:`check_resume_data` compares: the same files read from another place).
 
     The caller logs the returned strings and applies the new config.
     """
@@ -238,6 +240,8 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
                 kind = "inexact"  # the cooldown's start moves with it: the learning rate changes
             if dotted in PARENT_KEYS and (parent_checked or not (new.get("train") or {}).get("init_from")):
                 kind = "safe"  # let go of its parent, or named its parent again (the weights it started from)
+            if dotted == "data.source" and content_kept:
+                kind = "safe"  # the pairs themselves are compared (check_resume_data)
             if kind == "unsafe":
                 refused.append(text)
             elif kind == "inexact":
@@ -380,7 +384,8 @@ def resume_changes(state: dict[str, Any], new: dict[str, Any], world_size: int, 
     once, with the processes. ``parent_checked``: see :func:`check_resume_config`."""
     changes = check_resume_config(state.get("config") or {}, new, where,
                                   rebatchable="max_tokens" in (state.get("data_state") or {}),
-                                  hardware_kept=state.get("hardware") is not None, parent_checked=parent_checked)
+                                  hardware_kept=state.get("hardware") is not None, parent_checked=parent_checked,
+                                  content_kept=bool((state.get("data") or {}).get("train")))
     changes += hardware_changes(state.get("hardware"), here or {})
     train = new.get("train") or {}
     update_freq, max_tokens = int(train.get("update_freq", 1)), train.get("max_tokens")
