@@ -579,3 +579,15 @@ def test_a_run_trained_to_another_recipe_is_refused_not_filed_under_this_one(tmp
                                           r"of the table is one recipe's: remove that directory"):
         check_run_recipe(config)
     check_run_recipe(with_changes(config, "train", lr_factor=3.0))  # the same recipe, where it ran: goes on
+
+
+def test_seeds_for_the_adapted_row_are_refused(monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # noqa: ANN001
+    """--seeds 2,3 on wmt_news_en_de_adapt was ignored: one row of the seed-1 run, as if of the seeds."""
+    from conftest import REPO
+
+    from mtcli.reproduce import main
+
+    monkeypatch.chdir(REPO)
+    assert main(["wmt_news_en_de_adapt", "--seeds", "2,3"]) != 0
+    assert "--seeds 2,3: wmt_news_en_de_adapt adapts one parent run, with its seed; leave --seeds out" in \
+        capsys.readouterr().err
