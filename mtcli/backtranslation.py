@@ -265,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     except (MtcliError, KeyboardInterrupt, OSError) as exc:
         return failed(exc)
     markdown = render(table)
-    if written_or_printed(lambda: write_table(table, markdown, home, TABLE, readme), table):
-        return 1
+    if status := written_or_printed(lambda: write_table(table, markdown, home, TABLE, readme), table):
+        return status
     print(markdown)
     return 0
 

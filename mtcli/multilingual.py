@@ -262,8 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         results = combine(previous, bilingual)
     except (MtcliError, KeyboardInterrupt, OSError) as exc:
         return failed(exc)
-    if written_or_printed(lambda: write(results, home, readme), results):
-        return 1
+    if status := written_or_printed(lambda: write(results, home, readme), results):
+        return status
     print(render(results))
     return 0
 

@@ -99,11 +99,12 @@ def check_table_place(results_dir: Path, table_name: str) -> None:
 
 
 def written_or_printed(write: Callable[[], None], row: Any) -> int:
-    """``write()`` the results, 0; when that fails (:class:`OSError`), the row on stdout, so the
-    work is not lost, and the one line with its status."""
+    """``write()`` the results, 0; when that fails (:class:`OSError`) or is interrupted (Ctrl-C:
+    the files, each written whole, may then disagree), the row on stdout, so the work is not
+    lost, and the one line with its status."""
     try:
         write()
-    except OSError as exc:
+    except (OSError, KeyboardInterrupt) as exc:
         print(json.dumps(row, indent=2))
         return failed(exc)
     return 0

@@ -560,8 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.merge and "seeds" in row:
         row = with_earlier_seeds(results.get(row_key), row)
     results[row_key] = row
-    if written_or_printed(lambda: write_results(results, results_dir, readme, table_name), row):
-        return 1
+    if status := written_or_printed(lambda: write_results(results, results_dir, readme, table_name), row):
+        return status
     print(render_markdown(results))
     return 0
 

@@ -501,6 +501,13 @@ def test_a_row_that_cannot_be_written_is_printed_with_one_line(capsys: pytest.Ca
     assert json.loads(out) == {"bleu": 40.0}
     assert err == "mtcli: error: results/multi30k.json: No space left on device\n"
 
+    def interrupted() -> None:  # a Ctrl-C while the table was written: a traceback, the row lost
+        raise KeyboardInterrupt
+
+    assert written_or_printed(interrupted, {"bleu": 40.0}) == 130
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"bleu": 40.0} and err == "mtcli: error: interrupted (run the same command again to go on)\n"
+
 
 @pytest.mark.parametrize(("seeds", "says"), [("-1", "between 0 and 4294967295"),
                                              ("1,99999999999999999999", "between 0 and 4294967295"),
