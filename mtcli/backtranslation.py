@@ -51,6 +51,7 @@ from mtcli.pipeline import (
     failed,
     is_the_recipe,
     seed_config,
+    stop_on_sigterm,
     written_or_printed,
 )
 from mtcli.reproduce import reads, run_recipe
@@ -272,4 +273,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()  # (not for main() called in a process of other work)
     sys.exit(main())

@@ -38,6 +38,7 @@ from mtcli.pipeline import (
     parse_seeds,
     row_is_the_recipe,
     seed_config,
+    stop_on_sigterm,
     written_or_printed,
 )
 from mtcli.reproduce import SCORES, choose_average, search_length_penalty, trained_on
@@ -269,4 +270,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()  # (not for main() called in a process of other work)
     sys.exit(main())

@@ -7,6 +7,7 @@ whether a run is the recipe whose table the README shows."""
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -78,8 +79,25 @@ def described(doc: str | None) -> str:
     return " ".join((doc or "").split("\n\n")[0].split())
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to a pipeline, raised where its main thread is (as a Ctrl-C is): the stop is said
+    in one line (its default action ended the process without a word outside training, whose
+    own handler saves the run)."""
+
+
+def stop_on_sigterm() -> None:
+    """Install the SIGTERM handler that raises :class:`Terminated` (the main thread only)."""
+    def terminate(signum: int, frame: object) -> None:
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, terminate)
+
+
 def failed(exc: MtcliError | KeyboardInterrupt | OSError) -> int:
     """A pipeline's one line for what stopped it, and its exit status."""
+    if isinstance(exc, Terminated):
+        print("mtcli: error: terminated (run the same command again to go on)", file=sys.stderr)
+        return 143
     if isinstance(exc, KeyboardInterrupt):
         print("mtcli: error: interrupted (run the same command again to go on)", file=sys.stderr)
         return 130
@@ -111,7 +129,7 @@ def written_or_printed(write: Callable[[], None], row: Any) -> int:
 
 
 __all__ = ["check_table_place", "described", "failed", "is_the_recipe", "parse_seeds", "row_is_the_recipe",
-           "seed_config", "written_or_printed"]
+           "seed_config", "stop_on_sigterm", "written_or_printed"]
 
 
 def _file_fingerprint(recipe: str, overrides: list[str] | None) -> str | None:

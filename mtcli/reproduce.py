@@ -48,6 +48,7 @@ from mtcli.pipeline import (
     parse_seeds,
     row_is_the_recipe,
     seed_config,
+    stop_on_sigterm,
     written_or_printed,
 )
 from mtcli.results import (
@@ -567,4 +568,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()  # (not for main() called in a process of other work)
     sys.exit(main())

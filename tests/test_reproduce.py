@@ -598,3 +598,22 @@ def test_seeds_for_the_adapted_row_are_refused(monkeypatch: pytest.MonkeyPatch, 
     assert main(["wmt_news_en_de_adapt", "--seeds", "2,3"]) != 0
     assert "--seeds 2,3: wmt_news_en_de_adapt adapts one parent run, with its seed; leave --seeds out" in \
         capsys.readouterr().err
+
+
+def test_a_sigterm_to_a_pipeline_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """SIGTERM while a pipeline averaged or decoded ended it without a word (its default action);
+    a Ctrl-C there said it was interrupted."""
+    import os
+    import signal
+
+    from mtcli.pipeline import Terminated, failed, stop_on_sigterm
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        stop_on_sigterm()
+        with pytest.raises(Terminated) as raised:
+            os.kill(os.getpid(), signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert failed(raised.value) == 143
+    assert capsys.readouterr().err == "mtcli: error: terminated (run the same command again to go on)\n"
