@@ -46,6 +46,7 @@ from mtcli.infer.averaging import average_run_checkpoints
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, setup_logging
 from mtcli.pipeline import (
+    check_run_recipe,
     check_table_place,
     described,
     failed,
@@ -143,9 +144,10 @@ def recipe_row(config: Config) -> dict[str, Any]:
     """:func:`~mtcli.reproduce.run_recipe`'s row for ``config``, kept beside its run directory
     (``<run>.row.json``, with the config and a checksum of its input corpora, written before it
     trains too), so that a restarted ``make reproduce-bt`` does not train, average and score a
-    finished run again. A changed config runs (and resumes) it again; changed inputs (the data,
-    or a reverse model that back-translates differently) stop it with one line: its run is of
-    other data, and only the user removes it."""
+    finished run again. A config changed but for its decoding scores it again; one that trains
+    otherwise, or changed inputs (the data, or a reverse model that back-translates
+    differently), stop it with one line, its record kept: its run is of another recipe or other
+    data, and only the user removes it."""
     run_dir = config.run_path()
     record = run_dir.with_name(f"{run_dir.name}.row.json")
     earlier = record if record.is_file() else run_dir / "row.json"  # where an older mtcli kept it
@@ -160,6 +162,7 @@ def recipe_row(config: Config) -> dict[str, Any]:
         if not changed and saved.get("config") == wanted and saved.get("row") is not None:
             get_logger().info("%s: finished earlier, its scores kept (%s)", run_dir, earlier)
             return saved["row"]
+    check_run_recipe(config)  # (before its record is replaced)
     with atomic_write(record) as handle:  # the inputs it trains on, before it trains
         handle.write(json.dumps({"config": wanted, "inputs": inputs, "row": None}, indent=2) + "\n")
     row = run_recipe(config)
