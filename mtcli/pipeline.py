@@ -19,8 +19,9 @@ from mtcli.data.download import CORPORA, unpinned
 from mtcli.errors import ConfigError, MtcliError
 from mtcli.fileio import FileHasher, check_file_target
 from mtcli.logs import get_logger
-from mtcli.results import PLACE_KEYS, recipe_fingerprint
-from mtcli.rundir import CONFIG_NAME
+from mtcli.results import recipe_fingerprint
+from mtcli.rundir import CONFIG_NAME, checkpoint_dir
+from mtcli.train.resume import INEXACT_KEYS
 
 
 def seed_config(config: Config, seed: int) -> Config:
@@ -30,32 +31,32 @@ def seed_config(config: Config, seed: int) -> Config:
 
 
 def check_run_recipe(config: Config) -> None:
-    """:class:`ConfigError` when ``config``'s run directory holds a run trained to another recipe
-    (its ``config.yaml``): training resumes it under most changed settings, saying so in its log
-    (a finished one trains nothing), and the row it gave would be filed under this recipe."""
-    path = config.run_path() / CONFIG_NAME
-    if not path.is_file():
-        return
-    saved = load_config(path, lenient=True)
-    if config.train.precision == "auto":  # (a run writes what auto came to)
-        saved = with_changes(saved, "train", precision="auto")
-    was, now = (_training_recipe(c) for c in (saved, config))
-    differ = [f"{key}: {was.get(key)} -> {now.get(key)}" for key in sorted(set(was) | set(now))
-              if was.get(key) != now.get(key)]
+    """:class:`ConfigError` when ``config``'s run directory holds checkpoints trained with other
+    settings of those a resume lets change (:data:`~mtcli.train.resume.INEXACT_KEYS`: the learning
+    rate, dropout, label smoothing...; its ``config.yaml`` says): training would go on under the
+    new ones, a finished run train nothing, and the row it gave be filed under this recipe. The
+    batch size (``train.max_tokens``, ``update_freq``: what out-of-memory advice changes) and the
+    precision may change; what a resume refuses, training refuses itself."""
+    run = config.run_path()
+    if not (run / CONFIG_NAME).is_file() or not any(checkpoint_dir(run).glob("checkpoint_*.pt")):
+        return  # nothing trained yet: it starts afresh
+    saved, keys = load_config(run / CONFIG_NAME, lenient=True), sorted(INEXACT_KEYS - _MAY_CHANGE)
+    was, now = (c.to_dict() for c in (saved, config))
+    differ = [f"{key}: {_value(was, key)} -> {_value(now, key)}" for key in keys if _value(was, key) != _value(now, key)]
     if differ:
-        raise ConfigError(f"{config.run_path()}: trained to another recipe ({'; '.join(differ[:4])}"
-                          f"{'; ...' if len(differ) > 4 else ''}); a row of the table is one recipe's: remove "
-                          "that directory to train anew, or give the settings it was trained with")
+        raise ConfigError(f"{run}: trained to another recipe ({'; '.join(differ[:4])}{'; ...' if len(differ) > 4 else ''}"
+                          "); a row of the table is one recipe's: remove that directory to train anew, or give the "
+                          "settings it was trained with")
 
 
-def _training_recipe(config: Config) -> dict[str, Any]:
-    """``section.key: value`` of what ``config`` trains with (its data, model and train keys),
-    less where things are (:data:`~mtcli.results.PLACE_KEYS`)."""
-    data = json.loads(json.dumps(config.to_dict(), default=str))
-    for corpus in data["data"].get("sources") or []:
-        corpus.pop("source", None)
-    return {f"{section}.{key}": value for section in ("data", "model", "train")
-            for key, value in data[section].items() if key not in PLACE_KEYS.get(section, ())}
+#: Settings a pipeline's run may resume under: the batch size, for memory, and the precision.
+_MAY_CHANGE = frozenset({"train.max_tokens", "train.update_freq", "train.precision", "train.compile"})
+
+
+def _value(config: dict[str, Any], dotted: str) -> Any:
+    """The value of ``section.key`` in ``config`` (``Config.to_dict()``), as JSON reads it back."""
+    section, key = dotted.split(".", 1)
+    return json.loads(json.dumps((config.get(section) or {}).get(key), default=str))
 
 
 def parse_seeds(text: str | None) -> list[int] | None:
@@ -144,8 +145,8 @@ def _file_fingerprint(recipe: str, overrides: list[str] | None) -> str | None:
 def row_is_the_recipe(row: dict[str, Any], recipe: str, overrides: list[str]) -> bool:
     """Whether the seeds of ``row`` trained the recipe file ``recipe`` (with ``overrides``): rows
     from before the fingerprint, which do not say, are taken as the recipe's."""
-    recipes = {seed.get("recipe") for seed in (row.get("seeds") or {"": row}).values()}
-    return None in recipes or recipes == {_file_fingerprint(recipe, overrides)}
+    recipes = {seed.get("recipe") for seed in (row.get("seeds") or {"": row}).values()} - {None}
+    return recipes <= {_file_fingerprint(recipe, overrides)}  # (one that says another recipe: not)
 
 
 def is_the_recipe(config: Config, recipe: str, overrides: list[str] | None = None) -> bool:

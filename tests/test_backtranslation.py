@@ -72,7 +72,7 @@ def test_a_kept_row_is_not_used_once_its_input_corpora_change(tmp_path: Path,
     """Its data rewritten (or back-translated by another reverse model), a finished variant kept
     the scores of the old data, while its files and its back-translations were new: it now stops
     with one line, and trains again once its run is removed. A config that trains otherwise is
-    refused once its run has a config.yaml (the fake run_recipe here writes none before that)."""
+    refused once its run has a config.yaml and a checkpoint (the fake run_recipe here writes neither)."""
     import shutil
 
     import mtcli.backtranslation as bt
@@ -101,12 +101,13 @@ def test_a_kept_row_is_not_used_once_its_input_corpora_change(tmp_path: Path,
     assert run.is_dir()  # nothing removed
     shutil.rmtree(run)
     assert bt.recipe_row(longer) == {"run": 3}
-    from mtcli.config import save_config
+    from mtcli.config import save_config, with_changes
     from mtcli.errors import ConfigError
 
-    save_config(longer, run / "config.yaml")  # its run trained to 20 steps: the 12-step recipe is refused,
-    record = run.with_name("half.row.json").read_text(encoding="utf-8")  # not resumed and filed as its row
-    with pytest.raises(ConfigError, match=r"half: trained to another recipe \(train.max_steps: 20 -> 12\)"):
+    save_config(with_changes(longer, "train", lr_factor=2.0), run / "config.yaml")  # its run trained at another
+    (run / "checkpoints" / "checkpoint_20.pt").write_bytes(b"")  # rate: refused, not resumed and filed as its row
+    record = run.with_name("half.row.json").read_text(encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"half: trained to another recipe \(train.lr_factor: 2.0 -> 0.5\)"):
         bt.recipe_row(config)
     assert run.with_name("half.row.json").read_text(encoding="utf-8") == record  # its finished row kept
 

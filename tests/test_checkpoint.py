@@ -686,6 +686,16 @@ def test_a_changed_corpus_of_data_sources_is_named_alone(toy_dict: dict) -> None
         check_resume_config(saved, added)
     with pytest.raises(CheckpointError, match=r"depends on: data.sources\[1\]: removed \{'source': 'b'"):
         check_resume_config(saved, {**new, "data": {**new["data"], "sources": sources[:1]}})
+    moved = copy.deepcopy(saved)  # the same corpora read from elsewhere: the pairs' sha256 decides
+    moved["data"]["sources"][0]["source"], moved["data"]["source"] = "/copy/a", "/copy"
+    assert check_resume_config(saved, moved, content_kept=True) == [
+        f"data.source: {saved['data']['source']!r} -> '/copy'", "data.sources[0].source: 'a' -> '/copy/a'"]
+    with pytest.raises(CheckpointError, match=r"depends on: data.source: .* -> '/copy'; data.sources\[0\].source"):
+        check_resume_config(saved, moved)  # a checkpoint that records no pairs' sha256: refused as before
+    moved["data"]["sources"][0]["weight"] = 2.0  # and something more than the place: refused
+    with pytest.raises(CheckpointError, match=r"depends on: data.sources\[0\].source: 'a' -> '/copy/a'; data."
+                                              r"sources\[0\].weight"):
+        check_resume_config(saved, moved, content_kept=True)
 
 
 def test_resume_config_refuses_shape_vocab_and_data_stream_changes(toy_dict: dict) -> None:

@@ -579,13 +579,18 @@ def test_a_run_trained_to_another_recipe_is_refused_not_filed_under_this_one(tmp
     config = load_config(TOY_DIR.parent.parent.parent / "configs" / "toy.yaml",
                          [f"train.run_dir={tmp_path / 'run'}", "train.precision=auto"])
     check_run_recipe(config)  # no run yet
-    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     trained = with_changes(config, "train", lr_factor=3.0, precision="fp32", num_threads=1)  # (auto: fp32 here)
     save_config(trained, tmp_path / "run" / "config.yaml")
+    check_run_recipe(config)  # a config.yaml but no checkpoint (out of memory at step 1): starts afresh
+    (tmp_path / "run" / "checkpoints" / "checkpoint_2.pt").write_bytes(b"")
     with pytest.raises(ConfigError, match=r"run: trained to another recipe \(train.lr_factor: 3.0 -> 0.5\); a row "
                                           r"of the table is one recipe's: remove that directory"):
         check_run_recipe(config)
-    check_run_recipe(with_changes(config, "train", lr_factor=3.0))  # the same recipe, where it ran: goes on
+    same = with_changes(config, "train", lr_factor=3.0)
+    check_run_recipe(same)  # the same recipe, where it ran: goes on
+    check_run_recipe(with_changes(same, "train", max_tokens=64, update_freq=8))  # smaller batches, for memory
+    check_run_recipe(with_changes(same, "data", test_splits=["test", "val"]))  # no training setting
 
 
 def test_seeds_for_the_adapted_row_are_refused(monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # noqa: ANN001

@@ -214,9 +214,9 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
     * safe (:data:`SAFE_KEYS`, ``decode.*``): stopping rules, logging, decoding; and
       ``train.init_from`` set to none, or any :data:`PARENT_KEYS` change when ``parent_checked``
       (:func:`~mtcli.train.parent.check_parent_unchanged` found them naming the weights the run
-      started from). Returned as ``"key: old -> new"``. ``data.source`` too when
-      ``content_kept`` (the checkpoint records its pairs' sha256, which
-      :func:`check_resume_data` compares: the same files read from another place).
+      started from). Returned as ``"key: old -> new"``. ``data.source`` too, and the
+      ``source`` of ``data.sources`` items, when ``content_kept`` (the checkpoint records its
+      pairs' sha256, which :func:`check_resume_data` compares: the same files read elsewhere).
 
     The caller logs the returned strings and applies the new config.
     """
@@ -240,8 +240,9 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
                 kind = "inexact"  # the cooldown's start moves with it: the learning rate changes
             if dotted in PARENT_KEYS and (parent_checked or not (new.get("train") or {}).get("init_from")):
                 kind = "safe"  # let go of its parent, or named its parent again (the weights it started from)
-            if dotted == "data.source" and content_kept:
-                kind = "safe"  # the pairs themselves are compared (check_resume_data)
+            if dotted in ("data.source", "data.sources") and content_kept and _same(*map(_placeless, (old_value,
+                                                                                                new_value))):
+                kind = "safe"  # read from another place: the pairs themselves are compared (check_resume_data)
             if kind == "unsafe":
                 refused.append(text)
             elif kind == "inexact":
@@ -255,6 +256,13 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
             "run directory)"
         )
     return changes
+
+
+def _placeless(value: Any) -> Any:
+    """``data.sources`` without where each corpus is read from (``data.source``: None)."""
+    if isinstance(value, list):
+        return [{k: v for k, v in item.items() if k != "source"} if isinstance(item, dict) else item for item in value]
+    return None
 
 
 def _item_changes(dotted: str, old: Any, new: Any) -> str:
