@@ -425,6 +425,7 @@ def run_adaptation(config: Config) -> dict[str, Any]:
         hint = (f"give train.init_average at most its {len(step_checkpoints(parent))}, or train the parent longer"
                 if step_checkpoints(parent) else "train the parent first: make reproduce-en-de SEEDS=1")
         raise ConfigError(f"{exc} ({hint})") from None
+    check_run_recipe(config)  # (before prepare: said at once)
     prepare(config)
     corpus = PreparedCorpus.open(config.data.prepared_path(), verify=False)
     test, (src, tgt) = config.data.test_splits[0], (config.data.src_lang, config.data.tgt_lang)

@@ -435,6 +435,17 @@ def test_adaptation_from_too_few_parent_checkpoints_says_which_setting(tiny_run_
     config = load_config(TOY_CONFIG, [f"train.init_from={tmp_path / 'none'}", f"train.run_dir={tmp_path / 'child'}"])
     with pytest.raises(ConfigError, match="train the parent first"):
         run_adaptation(config)
+    from mtcli.config import save_config, with_changes
+
+    child = tmp_path / "child"  # a child trained to another recipe: said before the cache is prepared
+    config = load_config(TOY_CONFIG, [f"train.init_from={tiny_run_dir}", "train.init_average=2",
+                                      f"train.run_dir={child}", f"data.prepared_dir={tmp_path / 'cache'}"])
+    (child / "checkpoints").mkdir(parents=True)
+    (child / "checkpoints" / "checkpoint_2.pt").write_bytes(b"")
+    save_config(with_changes(config, "train", lr_factor=9.0), child / "config.yaml")
+    with pytest.raises(ConfigError, match=r"child: trained to another recipe \(train.lr_factor: 9.0 -> "):
+        run_adaptation(config)
+    assert not (tmp_path / "cache").exists()
 
 
 def test_a_recipe_fingerprint_leaves_out_where_a_run_ran_and_merges_refuse_two_recipes(tmp_path: Path) -> None:
