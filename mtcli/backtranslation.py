@@ -40,12 +40,13 @@ from mtcli.config import Config, CorpusConfig, DataConfig, load_config, with_cha
 from mtcli.data.corpora import split_names
 from mtcli.data.sources import open_source
 from mtcli.data.textio import read_lines
-from mtcli.errors import DataError, MtcliError
+from mtcli.errors import DataError
 from mtcli.fileio import atomic_write, sha256_file
 from mtcli.infer.averaging import average_run_checkpoints
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, setup_logging
 from mtcli.pipeline import (
+    STOPS,
     check_run_recipe,
     check_table_place,
     described,
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         home, readme = table_place(args.results, args.readme, TABLE, changed)
         check_table_place(home, TABLE)
         table = run_bt(forward, reverse, args.work / f"seed{args.seed}", real)
-    except (MtcliError, KeyboardInterrupt, OSError) as exc:
+    except STOPS as exc:
         return failed(exc)
     markdown = render(table)
     if status := written_or_printed(lambda: write_table(table, markdown, home, TABLE, readme), table):

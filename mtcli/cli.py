@@ -23,7 +23,7 @@ from typing import Annotated, Any, Optional
 import typer
 import typer.core
 
-from mtcli.errors import MtcliError, TrainingInterrupted
+from mtcli.errors import MtcliError, Terminated, TrainingInterrupted, raise_terminated
 
 # click's exception classes, as the typer installed raises them (it may carry its own click)
 _USAGE_ERROR, _CLICK_EXCEPTION = (next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
@@ -138,16 +138,6 @@ def _fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
-class _Terminated(BaseException):
-    """SIGTERM, raised where the main thread is, so that ``with`` blocks and ``finally`` clauses
-    run: a temporary output is removed (``translate -o`` of files keeps its finished windows to
-    go on from) and worker processes are stopped, as on Ctrl-C."""
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise _Terminated
-
-
 def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     """Turn library errors, interrupts (Ctrl-C, SIGTERM), OS errors and running out of host
     memory into one line and an exit code. ``train`` and ``serve`` install their own SIGTERM
@@ -156,14 +146,14 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGTERM, _terminate) if main else None
+        previous = signal.signal(signal.SIGTERM, raise_terminated) if main else None
         try:
             return func(*args, **kwargs)
         except MtcliError as exc:
             _fail(str(exc), exc.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
-        except _Terminated:
+        except Terminated:  # (translate -o of files keeps its finished windows to go on from)
             _fail("terminated", 143)
         except BrokenPipeError:
             # stdout closed early (e.g. `| head`): stop quietly like other Unix tools.

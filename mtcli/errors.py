@@ -52,6 +52,17 @@ class TrainingInterrupted(MtcliError):
         return (type(self), (str(self), self.signum))
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the main thread is (:func:`raise_terminated`), so that ``with``
+    blocks and ``finally`` clauses run: a temporary output is removed and worker processes are
+    stopped, as on Ctrl-C; the command line and the pipelines then say it in one line."""
+
+
+def raise_terminated(signum: int, frame: object) -> None:
+    """The SIGTERM handler of the command line and the pipelines: raises :class:`Terminated`."""
+    raise Terminated
+
+
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """An exception's message on one line (whitespace runs, newlines included, become one space;
     at most ``limit`` characters; its type name when empty): how mtcli quotes a third-party

@@ -25,11 +25,12 @@ from typing import Any
 from mtcli.allocator import keep_freed_memory
 from mtcli.config import Config, load_config, with_changes
 from mtcli.data.prepare import prepare
-from mtcli.errors import ConfigError, DataError, MtcliError, one_line
+from mtcli.errors import ConfigError, DataError, one_line
 from mtcli.evaluate import NoTestText, evaluate, evaluate_directions
 from mtcli.infer.loading import run_directions
 from mtcli.logs import get_logger, setup_logging
 from mtcli.pipeline import (
+    STOPS,
     check_run_recipe,
     check_table_place,
     described,
@@ -261,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         if not previous:
             raise ConfigError("no seed to tabulate: give --seeds (e.g. 1,2,3) or --merge results with seeds")
         results = combine(previous, bilingual)
-    except (MtcliError, KeyboardInterrupt, OSError) as exc:
+    except STOPS as exc:
         return failed(exc)
     if status := written_or_printed(lambda: write(results, home, readme), results):
         return status

@@ -16,7 +16,7 @@ from typing import Any
 from mtcli.config import MAX_SEED, Config, load_config, with_changes
 from mtcli.data.corpora import plan_corpora
 from mtcli.data.download import CORPORA, unpinned
-from mtcli.errors import ConfigError, MtcliError
+from mtcli.errors import ConfigError, MtcliError, Terminated, raise_terminated
 from mtcli.fileio import FileHasher, check_file_target
 from mtcli.logs import get_logger
 from mtcli.results import recipe_fingerprint
@@ -40,9 +40,8 @@ def check_run_recipe(config: Config) -> None:
     run = config.run_path()
     if not (run / CONFIG_NAME).is_file() or not any(checkpoint_dir(run).glob("checkpoint_*.pt")):
         return  # nothing trained yet: it starts afresh
-    saved, keys = load_config(run / CONFIG_NAME, lenient=True), sorted(INEXACT_KEYS - _MAY_CHANGE)
-    was, now = (c.to_dict() for c in (saved, config))
-    differ = [f"{key}: {_value(was, key)} -> {_value(now, key)}" for key in keys if _value(was, key) != _value(now, key)]
+    was, now = (_settings(c) for c in (load_config(run / CONFIG_NAME, lenient=True), config))
+    differ = [f"{key}: {was[key]} -> {now[key]}" for key in sorted(was) if was[key] != now[key]]
     if differ:
         raise ConfigError(f"{run}: trained to another recipe ({'; '.join(differ[:4])}{'; ...' if len(differ) > 4 else ''}"
                           "); a row of the table is one recipe's: remove that directory to train anew, or give the "
@@ -53,10 +52,11 @@ def check_run_recipe(config: Config) -> None:
 _MAY_CHANGE = frozenset({"train.max_tokens", "train.update_freq", "train.precision", "train.compile"})
 
 
-def _value(config: dict[str, Any], dotted: str) -> Any:
-    """The value of ``section.key`` in ``config`` (``Config.to_dict()``), as JSON reads it back."""
-    section, key = dotted.split(".", 1)
-    return json.loads(json.dumps((config.get(section) or {}).get(key), default=str))
+def _settings(config: Config) -> dict[str, Any]:
+    """``config``'s values of the keys :func:`check_run_recipe` compares, as JSON reads them back."""
+    data = json.loads(json.dumps(config.to_dict(), default=str))
+    return {dotted: (data.get(dotted.split(".")[0]) or {}).get(dotted.split(".", 1)[1])
+            for dotted in INEXACT_KEYS - _MAY_CHANGE}
 
 
 def parse_seeds(text: str | None) -> list[int] | None:
@@ -80,21 +80,17 @@ def described(doc: str | None) -> str:
     return " ".join((doc or "").split("\n\n")[0].split())
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM to a pipeline, raised where its main thread is (as a Ctrl-C is): the stop is said
-    in one line (its default action ended the process without a word outside training, whose
-    own handler saves the run)."""
+#: What stops a pipeline with one line (:func:`failed`) rather than a traceback.
+STOPS = (MtcliError, KeyboardInterrupt, Terminated, OSError)
 
 
 def stop_on_sigterm() -> None:
-    """Install the SIGTERM handler that raises :class:`Terminated` (the main thread only)."""
-    def terminate(signum: int, frame: object) -> None:
-        raise Terminated
-
-    signal.signal(signal.SIGTERM, terminate)
+    """Raise :class:`~mtcli.errors.Terminated` on SIGTERM, as the command line does (its default
+    action ended a pipeline without a word outside training, whose own handler saves the run)."""
+    signal.signal(signal.SIGTERM, raise_terminated)
 
 
-def failed(exc: MtcliError | KeyboardInterrupt | OSError) -> int:
+def failed(exc: MtcliError | KeyboardInterrupt | Terminated | OSError) -> int:
     """A pipeline's one line for what stopped it, and its exit status."""
     if isinstance(exc, Terminated):
         print("mtcli: error: terminated (run the same command again to go on)", file=sys.stderr)
@@ -123,13 +119,13 @@ def written_or_printed(write: Callable[[], None], row: Any) -> int:
     lost, and the one line with its status."""
     try:
         write()
-    except (OSError, KeyboardInterrupt) as exc:
+    except (OSError, KeyboardInterrupt, Terminated) as exc:
         print(json.dumps(row, indent=2))
         return failed(exc)
     return 0
 
 
-__all__ = ["check_table_place", "described", "failed", "is_the_recipe", "parse_seeds", "row_is_the_recipe",
+__all__ = ["STOPS", "check_table_place", "described", "failed", "is_the_recipe", "parse_seeds", "row_is_the_recipe",
            "seed_config", "stop_on_sigterm", "written_or_printed"]
 
 

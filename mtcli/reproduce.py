@@ -40,6 +40,7 @@ from mtcli.fileio import FileHasher, atomic_write
 from mtcli.infer.averaging import average_run_checkpoints
 from mtcli.logs import get_logger, setup_logging
 from mtcli.pipeline import (
+    STOPS,
     check_run_recipe,
     check_table_place,
     described,
@@ -547,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = run_adaptation(config)
             else:
                 row = run_seeds(config, parse_seeds(args.seeds), args.valid_only)
-    except (MtcliError, KeyboardInterrupt, OSError) as exc:
+    except STOPS as exc:
         return failed(exc)
     if args.valid_only:
         print(json.dumps(row, indent=2))
