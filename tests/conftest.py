@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
 from pathlib import Path
 from types import ModuleType
 
@@ -29,6 +30,22 @@ def _torch_threads() -> None:
 
 
 _torch_threads()
+
+
+def mtcli_here(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    """``mtcli ARGS`` run in this process (typer's CliRunner), returned as a subprocess's result
+    (bytes) without the ~2 s a new Python spends importing torch. An exception the command
+    line does not turn into its one-line error is raised here, as a traceback would show.
+    Checks of what only a process has (signals, closed or redirected descriptors, a pipe
+    read line by line) keep a real ``python -m mtcli.cli``."""
+    from typer.testing import CliRunner
+
+    from mtcli.cli import app
+
+    res = CliRunner().invoke(app, list(args), input=stdin)
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise res.exception
+    return subprocess.CompletedProcess(list(args), res.exit_code, res.stdout_bytes, res.stderr_bytes)
 
 
 @pytest.fixture

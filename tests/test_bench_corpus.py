@@ -1,6 +1,6 @@
 """bench/make_wmt_corpus.py at a small size: every form it writes (text, gz, parquet,
-save_to_disk, tsv) prepares into the same cache with the WMT14 base recipe's data settings, and
-trains a few steps; in the tsv form, the pairs with a tab inside a sentence are dropped."""
+save_to_disk, tsv) prepares into the same cache with the WMT14 base recipe's data settings,
+which trains a few steps; in the tsv form, the pairs with a tab inside a sentence are dropped."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def test_every_form_prepares_the_same_cache_and_trains(tmp_path: Path) -> None:
         digests[form] = [hashlib.sha256((result.directory / name).read_bytes()).hexdigest()
                          for name in ("train.en.bin", "validation.de.bin")]
         assert result.counts["validation"]["kept"] == 3000 and result.counts["test"]["kept"] == 3003
-        assert train(config).steps == 2
+        if form in ("text", "tsv"):  # the other forms' caches are the text form's (the digests below)
+            assert train(config).steps == 2
         if form == "tsv":  # a sentence with a tab in it makes a line of three columns: an empty pair
             train_de = (tmp_path / "corpus" / "text" / "train.de").read_text(encoding="utf-8").split("\n")[:-1]
             tabbed = sum("\t" in en or "\t" in de for en, de in zip(train_en, train_de, strict=True))

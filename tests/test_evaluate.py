@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import fifo_of
+from conftest import fifo_of, mtcli_here
 
 from mtcli.errors import ConfigError, DataError
 from mtcli.metrics import score
@@ -99,12 +97,6 @@ def test_score_count_mismatch() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _mtcli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "mtcli.cli", *args], capture_output=True, text=True, timeout=300
-    )
-
-
 def test_evaluate_split_writes_report(tiny_run_dir: Path, tmp_path: Path) -> None:
     from mtcli.evaluate import evaluate
 
@@ -142,7 +134,7 @@ def test_cli_evaluate_src_ref_pair(tiny_run_dir: Path, tmp_path: Path) -> None:
     src, ref = tmp_path / "a.src", tmp_path / "a.ref"
     src.write_text("eine katze spielt\n\nrot\n", encoding="utf-8")
     ref.write_text("a cat plays\n\nred\n", encoding="utf-8")
-    res = _mtcli("evaluate", str(tiny_run_dir), "--src", str(src), "--ref", str(ref), "--beam", "1",
+    res = mtcli_here("evaluate", str(tiny_run_dir), "--src", str(src), "--ref", str(ref), "--beam", "1",
                  "--output", str(tmp_path / "ev"))
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
@@ -214,9 +206,9 @@ def test_cli_evaluate_bad_input(case: str, tiny_run_dir: Path, tmp_path: Path) -
         "bad_split": ["evaluate", str(tiny_run_dir), "--split", "nosuchsplit"],
         "output_a_file": ["evaluate", str(tiny_run_dir), "--output", str(src)],
     }[case]
-    res = _mtcli(*args)
+    res = mtcli_here(*args)
     assert res.returncode != 0
-    err = res.stderr.strip()
+    err = res.stderr.decode().strip()
     assert "Traceback" not in err and err.startswith("mtcli: error:"), err
     assert len(err.splitlines()) == 1
     if case == "count_mismatch":
@@ -261,10 +253,9 @@ def test_evaluate_several_references_and_metrics(tiny_run_dir: Path, tmp_path: P
     assert report["references"] == [str(ref), own] and report["bleu_signature"].startswith("nrefs:2")
     short = tmp_path / "short.txt"
     short.write_text("one\n")
-    base = [sys.executable, "-m", "mtcli.cli", "evaluate", str(tiny_run_dir), "--src", str(src), "--beam", "1"]
-    bad = subprocess.run([*base, "--ref", str(ref), "--ref", str(short), "--metrics", "bleu,ter"],
-                         capture_output=True, text=True, timeout=300)
-    assert bad.returncode != 0 and "short.txt has 1" in bad.stderr and "Traceback" not in bad.stderr
+    bad = mtcli_here("evaluate", str(tiny_run_dir), "--src", str(src), "--beam", "1", "--ref", str(ref),
+                     "--ref", str(short), "--metrics", "bleu,ter")
+    assert bad.returncode != 0 and "short.txt has 1" in bad.stderr.decode()
 
 
 def test_evaluate_records_the_checksum_of_a_reference_read_from_a_pipe(tiny_run_dir: Path, tmp_path: Path) -> None:

@@ -253,6 +253,7 @@ def run_kill_chain(prepared: Path, tmp_path: Path, points: list[tuple]) -> None:
             wait_for_log(run, proc, f"| step {point[1]} |", offset)
             proc.send_signal(signal.SIGKILL)
             _, err = proc.communicate(timeout=60)
+            assert (run / "train.lock").exists()  # a stale lock: the next process takes it over
         elif point[0] == "tmp":
             kill_while_temp_file_exists(run, proc)
             err = ""

@@ -22,7 +22,7 @@ import pytest
 httpx = pytest.importorskip("httpx", reason="the serve tests need httpx (pip install 'mtcli[dev]')")
 pytest.importorskip("fastapi", reason="mtcli serve needs the serve extra (pip install 'mtcli[serve]')")
 
-from conftest import prepare_for_run  # noqa: E402
+from conftest import mtcli_here, prepare_for_run  # noqa: E402
 
 from mtcli.infer.translator import Translator  # noqa: E402
 
@@ -422,10 +422,10 @@ def test_a_port_in_use_or_a_host_not_here_is_one_line_before_the_model_loads(tin
                 ("--port", str(port), f"127.0.0.1:{port}: cannot listen there (Address already in use); another "
                                       "process is listening there: give another --port"),
                 ("--host", "999.1.1.1", "--host 999.1.1.1: not an address to listen on")):
-            res = subprocess.run([sys.executable, "-m", "mtcli.cli", "serve", str(tiny_run_dir), option, value],
-                                 capture_output=True, text=True, timeout=120, check=False)
-            assert res.returncode == 2 and res.stderr.startswith(f"mtcli: error: {expected}"), res.stderr
-            assert len(res.stderr.splitlines()) == 1 and "Uvicorn" not in res.stderr + res.stdout
+            res = mtcli_here("serve", str(tiny_run_dir), option, value)
+            err = res.stderr.decode()
+            assert res.returncode == 2 and err.startswith(f"mtcli: error: {expected}"), err
+            assert len(err.splitlines()) == 1 and b"Uvicorn" not in res.stderr + res.stdout
 
 
 @pytest.mark.parametrize(("option", "value"), [("--port", "99999"), ("--max-lines", "0"), ("--max-chars", "0"),

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import mtcli_here
 from typer.testing import CliRunner
 
 from mtcli.cli import app
@@ -126,21 +126,14 @@ def test_export_refuses_a_directory_of_other_files_before_converting(
 def test_cli_export(tiny_run_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("ctranslate2")
     out = tmp_path / "exported"
-    res = subprocess.run(
-        [sys.executable, "-m", "mtcli.cli", "export", str(tiny_run_dir), str(out)],
-        capture_output=True, text=True, timeout=300,
-    )
+    res = mtcli_here("export", str(tiny_run_dir), str(out))
     assert res.returncode == 0, res.stderr
     assert {"model.bin", "config.json", "spm.model"} <= {p.name for p in out.iterdir()}
-    res = subprocess.run([sys.executable, "-m", "mtcli.cli", "translate", str(out)], input="ein hund\n",
-                         capture_output=True, text=True, timeout=300)  # said only "not a run directory"
-    assert res.returncode != 0 and res.stderr.strip() == (
+    res = mtcli_here("translate", str(out), stdin=b"ein hund\n")  # said only "not a run directory"
+    assert res.returncode != 0 and res.stderr.decode().strip() == (
         f"mtcli: error: {out}: an mtcli export, not a run directory; give the run it was exported from "
         f"({tiny_run_dir.resolve()}), or load it with CTranslate2 or transformers")
-    res = subprocess.run(
-        [sys.executable, "-m", "mtcli.cli", "export", str(tmp_path / "missing"), str(tmp_path / "o2")],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert res.returncode != 0 and "Traceback" not in res.stderr
-    assert res.stderr.strip().startswith("mtcli: error:") and len(res.stderr.strip().splitlines()) == 1
+    res = mtcli_here("export", str(tmp_path / "missing"), str(tmp_path / "o2"))
+    err = res.stderr.decode().strip()
+    assert res.returncode != 0 and err.startswith("mtcli: error:") and len(err.splitlines()) == 1
     assert not (tmp_path / "o2").exists()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import mtcli_here
 
 from mtcli.config import DecodeConfig
 from mtcli.data.textio import count_lines, iter_binary_lines
@@ -324,11 +325,11 @@ def test_cli_translate_stdin_and_files(tiny_run_dir: Path, tmp_path: Path) -> No
     src = tmp_path / "in.txt"
     src.write_text(text, encoding="utf-8")
     out = tmp_path / "out.txt"
-    res = _mtcli("translate", str(tiny_run_dir), str(src), str(src), "-o", str(out), "--beam", "2")
+    res = mtcli_here("translate", str(tiny_run_dir), str(src), str(src), "-o", str(out), "--beam", "2")
     assert res.returncode == 0, res.stderr.decode()
     assert out.read_text(encoding="utf-8").count("\n") == 2 * len(lines)
 
-    res = _mtcli("translate", str(tiny_run_dir), str(src), "--beam", "3", "--nbest", "2")
+    res = mtcli_here("translate", str(tiny_run_dir), str(src), "--beam", "3", "--nbest", "2")
     assert res.returncode == 0, res.stderr.decode()
     rows = res.stdout.decode().splitlines()
     assert len(rows) == 2 * len(lines)
@@ -352,7 +353,7 @@ def test_cli_translate_reads_the_inputs_a_shell_passes(tiny_run_dir: Path, tmp_p
     src.write_text("eine katze spielt\n\nein hund\nrot\n", encoding="utf-8")
     packed = tmp_path / "in.txt.gz"
     packed.write_bytes(gzip.compress(src.read_bytes()))
-    expected = _mtcli("translate", str(tiny_run_dir), str(src), "--beam", "2")
+    expected = mtcli_here("translate", str(tiny_run_dir), str(src), "--beam", "2")
     assert expected.returncode == 0 and expected.stdout.count(b"\n") == 4, expected.stderr.decode()
     mtcli = f"{shlex.quote(sys.executable)} -m mtcli.cli translate {shlex.quote(str(tiny_run_dir))} --beam 2"
     q = shlex.quote
@@ -371,7 +372,7 @@ def test_cli_translate_reads_the_inputs_a_shell_passes(tiny_run_dir: Path, tmp_p
         assert res.stdout == expected.stdout * copies, what
     res = subprocess.run(["bash", "-c", f"{mtcli} /dev/null"], capture_output=True, timeout=300)
     assert res.returncode == 0 and res.stdout == b"", res.stderr.decode()
-    res = _mtcli("translate", str(tiny_run_dir), str(tmp_path))
+    res = mtcli_here("translate", str(tiny_run_dir), str(tmp_path))
     assert res.returncode != 0
     assert res.stderr.decode().strip() == f"mtcli: error: {tmp_path}: is a directory, expected a text file"
 
@@ -399,7 +400,7 @@ def test_cli_translate_invalid_utf8_leaves_no_output(tiny_run_dir: Path, tmp_pat
     src = tmp_path / "bad.txt"
     src.write_bytes(b"eine katze\n" * 5 + b"kaputt \xc3\x28\n" + b"rot\n")
     out = tmp_path / "out.txt"
-    res = _mtcli("translate", str(tiny_run_dir), str(src), "-o", str(out), "--beam", "1")
+    res = mtcli_here("translate", str(tiny_run_dir), str(src), "-o", str(out), "--beam", "1")
     assert res.returncode != 0
     err = res.stderr.decode()
     assert ":6: invalid UTF-8" in err and "Traceback" not in err
@@ -419,7 +420,7 @@ def test_cli_translate_invalid_utf8_leaves_no_output(tiny_run_dir: Path, tmp_pat
 def test_cli_translate_bad_input(args: list[str], tiny_run_dir: Path, tmp_path: Path) -> None:
     missing = tmp_path / "does-not-exist"
     argv = [a.format(run=tiny_run_dir, missing=missing) for a in args]
-    res = _mtcli(*argv, stdin=b"eine katze\n")
+    res = mtcli_here(*argv, stdin=b"eine katze\n")
     assert res.returncode != 0
     err = res.stderr.decode().strip()
     assert "Traceback" not in err and err.startswith("mtcli: error:")
@@ -441,6 +442,10 @@ def test_cli_translate_refuses_outputs_it_cannot_write_before_it_decodes(tiny_ru
         ([], "<&-", "<stdin>: closed; give input files, or lines on standard input"),
     ]
     for extra, redirect, expected in cases:
+        if not redirect:  # (a closed descriptor needs a process of its own)
+            res = mtcli_here("translate", str(tiny_run_dir), *extra)
+            assert res.returncode == 1 and res.stderr.decode() == f"mtcli: error: {expected}\n", res.stderr
+            continue
         argv = ["bash", "-c", f'"$@" {redirect}', "-", sys.executable, "-m", "mtcli.cli", "translate",
                 str(tiny_run_dir), *extra]
         res = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import mtcli_here
 
 import mtcli
 from mtcli.errors import CheckpointError, ConfigError, DataError
@@ -33,10 +34,9 @@ def test_public_name_and_lazy_import() -> None:
 def test_translate_equals_the_command_line(translator: Translator, tiny_run_dir: Path, tmp_path: Path) -> None:
     src = tmp_path / "in.txt"
     src.write_text("".join(f"{line}\n" for line in LINES), encoding="utf-8")
-    cli = subprocess.run([sys.executable, "-m", "mtcli.cli", "translate", str(tiny_run_dir), str(src),
-                          "--beam", "2"], capture_output=True, text=True, timeout=300)
+    cli = mtcli_here("translate", str(tiny_run_dir), str(src), "--beam", "2")
     assert cli.returncode == 0, cli.stderr
-    assert translator.translate(LINES) == cli.stdout.split("\n")[:-1]
+    assert translator.translate(LINES) == cli.stdout.decode().split("\n")[:-1]
     assert translator.translate(LINES)[1] == ""
 
 
@@ -379,13 +379,11 @@ def test_cli_translate_and_evaluate_take_the_engine(tiny_run_dir: Path, tmp_path
     src.write_text("".join(f"{line}\n" for line in LINES), encoding="utf-8")
     outputs = {}
     for engine in ("torch", "ctranslate2"):
-        cli = subprocess.run([sys.executable, "-m", "mtcli.cli", "translate", str(run), str(src), "--beam", "1",
-                              "--engine", engine], capture_output=True, text=True, timeout=300)
+        cli = mtcli_here("translate", str(run), str(src), "--beam", "1", "--engine", engine)
         assert cli.returncode == 0, cli.stderr
         outputs[engine] = cli.stdout
     assert outputs["torch"] == outputs["ctranslate2"]
-    cli = subprocess.run([sys.executable, "-m", "mtcli.cli", "evaluate", str(run), "--beam", "1",
-                          "--engine", "ctranslate2"], capture_output=True, text=True, timeout=300)
+    cli = mtcli_here("evaluate", str(run), "--beam", "1", "--engine", "ctranslate2")
     assert cli.returncode == 0, cli.stderr
     assert json.loads(cli.stdout)["engine"] == "ctranslate2"
 

@@ -191,14 +191,14 @@ app()
 '''
 
 
-def _train_two_ranks(tmp_path: Path, prepared: Path, script_text: str) -> subprocess.CompletedProcess:
+def _train_two_ranks(tmp_path: Path, prepared: Path, script_text: str, *extra: str) -> subprocess.CompletedProcess:
     """``mtcli train`` of the toy recipe in ``tmp_path/run`` under torchrun, two ranks, each
     running ``script_text`` (it patches mtcli, then runs its command line)."""
     script = tmp_path / "patched_mtcli.py"
     script.write_text(script_text, encoding="utf-8")
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
             str(script), "train", str(TOY_CONFIG)]
-    for item in overrides(prepared, tmp_path / "run"):
+    for item in overrides(prepared, tmp_path / "run") + list(extra):
         args += ["--set", item]
     return subprocess.run(args, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=240)
 
@@ -239,12 +239,16 @@ app()
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
-def test_why_another_rank_stopped_is_in_the_runs_log(tmp_path: Path, prepared_toy: Path) -> None:
-    """train.log said only that a collective failed: the reason was on rank 1's console."""
-    proc = _train_two_ranks(tmp_path, prepared_toy, FAIL_IN_TRAINING_ON_RANK_1)
+def test_why_another_rank_stopped_is_in_the_runs_log_and_a_warning_every_rank_meets_is_said_once(
+        tmp_path: Path, prepared_toy: Path) -> None:
+    """train.log said only that a collective failed: the reason was on rank 1's console. And
+    every rank warned alike (8 GPUs: 8 copies of each skipped step's warning)."""
+    proc = _train_two_ranks(tmp_path, prepared_toy, FAIL_IN_TRAINING_ON_RANK_1,
+                            "train.precision=fp16")  # warned of on a CPU, before the ranks train
     assert proc.returncode != 0
     log = (tmp_path / "run" / "train.log").read_text(encoding="utf-8")
     assert "| ERROR | rank 1 stopped: rank 1's batch: something only rank 1 met" in log, log
+    assert proc.stderr.count("train.precision fp16 on a CPU") == 1, proc.stderr[-4000:]
 
 
 def test_a_rank_stopped_by_another_ranks_signal_names_that_signal() -> None:
@@ -336,15 +340,3 @@ def test_ranks_refuse_different_resume_points_and_a_gone_peer_is_one_line(tmp_pa
                                     "error, on its console, and in train.log once the run has one, says why) or the "
                                     "connection to it failed (")
     assert "\n" not in found["peer"]
-
-
-@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
-def test_a_warning_every_rank_meets_is_said_once(tmp_path: Path, prepared_toy: Path) -> None:
-    """Every rank warned alike (8 GPUs: 8 copies of each skipped step's warning)."""
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            "-m", "mtcli.cli", "train", str(TOY_CONFIG)]
-    for item in overrides(prepared_toy, tmp_path / "run") + ["train.precision=fp16"]:  # warned of on a CPU
-        args += ["--set", item]
-    proc = subprocess.run(args, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-8000:]
-    assert proc.stderr.count("train.precision fp16 on a CPU") == 1, proc.stderr[-4000:]

@@ -712,24 +712,6 @@ def test_sigterm_saves_checkpoint_and_exits_143(prepared: Path, tmp_path: Path) 
     assert not (run / "train.lock").exists()
 
 
-def test_sigkill_then_resume_matches_straight_run(prepared: Path, tmp_path: Path) -> None:
-    extra = ("model.dropout=0.1", "train.valid_every=2", "train.max_steps=40", "train.log_every=100")
-    straight = tmp_path / "straight"
-    train(make_config(prepared, straight, *extra))
-    killed = tmp_path / "killed"
-    proc = cli_train(prepared, killed, *extra)
-    wait_until((killed / "checkpoints" / "checkpoint_6.pt").exists, proc, "checkpoint_6.pt appearing",
-               timeout=60.0)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, "the trainer finished before it could be killed"
-    assert (killed / "train.lock").exists()  # a stale lock, taken over on resume
-    summary = train(make_config(prepared, killed, *extra))
-    assert summary.resumed_from is not None and summary.steps == 40
-    assert_same_params(model_params(straight / "checkpoints" / "checkpoint_last.pt"),
-                       model_params(killed / "checkpoints" / "checkpoint_last.pt"))
-
-
 @pytest.mark.parametrize(("line", "expected"), [
     ("flags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n", True),    # Zen 4, Cooper Lake
     ("flags\t\t: fpu sse2 avx2 amx_bf16 amx_tile\n", True),                   # Sapphire Rapids
