@@ -36,6 +36,8 @@ from mtcli.pipeline import (
     described,
     failed,
     is_the_recipe,
+    keep_row,
+    kept_row,
     parse_seeds,
     row_is_the_recipe,
     seed_config,
@@ -61,7 +63,7 @@ from mtcli.results import (
     table_place,
     write_table,
 )
-from mtcli.train import train
+from mtcli.train import TrainSummary, train
 
 RECIPE = "configs/multi30k_multi.yaml"
 TABLE = "multilingual"
@@ -112,6 +114,16 @@ def run_seed(config: Config) -> dict[str, Any]:
     check_run_recipe(config)  # (before prepare: said at once)
     prepared = prepare(config)
     summary = train(config)
+    data = trained_on(prepared.directory)
+    row = kept_row(config, "multilingual", data)
+    if row is None:
+        row = _score_seed(config, summary, data)
+        keep_row(config, "multilingual", data, row)
+    return row
+
+
+def _score_seed(config: Config, summary: TrainSummary, data: str) -> dict[str, Any]:
+    """:func:`run_seed`'s average chosen on val and scores on every direction's test split."""
     run_dir = summary.run_dir
     checkpoint, k, by_k, valid_bleu = choose_average_all(run_dir, config.data.valid_split, config.train.keep_last)
     scores = {}
@@ -129,7 +141,7 @@ def run_seed(config: Config) -> dict[str, Any]:
             "params": summary.parameters, "train_steps": summary.steps,
             "train_minutes": summary.elapsed_seconds / 60.0, "train_tokens_per_s": summary.tokens_per_second,
             "device": device_name(str(next(iter(scores.values()))["device"])), "commit": git_commit(), "tree": source_tree(),
-            "run_dir": str(run_dir), "recipe": recipe_fingerprint(config), "data": trained_on(prepared.directory)}
+            "run_dir": str(run_dir), "recipe": recipe_fingerprint(config), "data": data}
 
 
 def merge_seeds(paths: list[Path]) -> dict[str, dict[str, Any]]:

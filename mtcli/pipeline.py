@@ -1,7 +1,7 @@
 """What the reproduction pipelines (:mod:`mtcli.reproduce`, :mod:`mtcli.multilingual`,
 :mod:`mtcli.backtranslation`) share: their seeds, read from ``--seeds`` and made runs of their
 own, and their command-line plumbing (a one-line error with its status, a results table whose
-place is checked before the training and whose row is printed when it cannot be written), and
+place is checked before the training and whose row is printed when it cannot be written), a finished run's row kept for a rerun, and
 whether a run is the recipe whose table the README shows."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from mtcli.config import MAX_SEED, Config, load_config, with_changes
 from mtcli.data.corpora import plan_corpora
 from mtcli.data.download import CORPORA, unpinned
 from mtcli.errors import ConfigError, MtcliError, Terminated, raise_terminated
-from mtcli.fileio import FileHasher, check_file_target
+from mtcli.fileio import FileHasher, atomic_write, check_file_target
 from mtcli.logs import get_logger
 from mtcli.results import recipe_fingerprint
-from mtcli.rundir import CONFIG_NAME, checkpoint_dir
+from mtcli.rundir import CONFIG_NAME, checkpoint_dir, step_checkpoints
 from mtcli.train.resume import INEXACT_KEYS
 
 
@@ -46,6 +46,47 @@ def check_run_recipe(config: Config) -> None:
         raise ConfigError(f"{run}: trained to another recipe ({'; '.join(differ[:4])}{'; ...' if len(differ) > 4 else ''}"
                           "); a row of the table is one recipe's: remove that directory to train anew, or give the "
                           "settings it was trained with")
+
+
+#: A finished run's row, kept in its run directory with what it was scored from: a pipeline
+#: run again (after an interruption, or to write its table again) takes it, instead of
+#: averaging and decoding that run again.
+ROW_RECORD = "pipeline_row.json"
+
+
+def _scored_from(config: Config, kind: str, data: str) -> dict[str, Any]:
+    """What a run's row depends on: the pipeline step (``kind``), the whole config (decoding
+    and test splits too), the data it read (:func:`~mtcli.results.data_fingerprint`), and its
+    step checkpoints (name, size, time written: trained on, or anew, they differ)."""
+    checkpoints = [[path.name, stat.st_size, stat.st_mtime_ns]
+                   for _, path in step_checkpoints(config.run_path()) for stat in (path.stat(),)]
+    return {"kind": kind, "config": json.loads(json.dumps(config.to_dict(), default=str)), "data": data,
+            "checkpoints": checkpoints}
+
+
+def kept_row(config: Config, kind: str, data: str) -> dict[str, Any] | None:
+    """The row that the pipeline step ``kind`` gave earlier for ``config``'s run, when nothing
+    it depends on (:func:`_scored_from`) changed since; else None. Call it after training:
+    a run that trains further has other checkpoints."""
+    record = config.run_path() / ROW_RECORD
+    try:
+        saved = json.loads(record.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):  # unreadable or damaged: scored again, and written anew
+        return None
+    if not isinstance(saved, dict) or saved.get("row") is None or \
+            {key: saved.get(key) for key in ("kind", "config", "data", "checkpoints")} != _scored_from(config, kind, data):
+        return None
+    get_logger().info("%s: scored earlier, its row kept (%s; remove that file to score it again)",
+                      config.run_path(), record)
+    return saved["row"]
+
+
+def keep_row(config: Config, kind: str, data: str, row: dict[str, Any]) -> None:
+    """Record ``row`` for :func:`kept_row`."""
+    with atomic_write(config.run_path() / ROW_RECORD) as handle:
+        handle.write(json.dumps({**_scored_from(config, kind, data), "row": row}, indent=2, default=str) + "\n")
 
 
 #: Settings a pipeline's run may resume under: the batch size, for memory, and the precision.

@@ -46,6 +46,8 @@ from mtcli.pipeline import (
     described,
     failed,
     is_the_recipe,
+    keep_row,
+    kept_row,
     parse_seeds,
     row_is_the_recipe,
     seed_config,
@@ -72,7 +74,7 @@ from mtcli.results import (
     write_table,
 )
 from mtcli.rundir import CONFIG_NAME, TEXT_DIR, step_checkpoints
-from mtcli.train import train
+from mtcli.train import TrainSummary, train
 from mtcli.train.parent import parent_checkpoints
 
 ADAPTED_ROW = "en-de adapted"
@@ -266,6 +268,16 @@ def run_recipe(config: Config, valid_only: bool = False) -> dict[str, Any]:
     check_run_recipe(config)  # (before prepare: said at once)
     prepared = prepare(config)
     summary = train(config)
+    data, kind = trained_on(prepared.directory), "tuning" if valid_only else "recipe"
+    row = kept_row(config, kind, data)
+    if row is None:
+        row = _score_run(config, summary, data, valid_only)
+        keep_row(config, kind, data, row)
+    return row
+
+
+def _score_run(config: Config, summary: TrainSummary, data: str, valid_only: bool) -> dict[str, Any]:
+    """:func:`run_recipe`'s choices on val and scores on test of the trained run."""
     valid, run_dir = config.data.valid_split, summary.run_dir
     averaged, used, valid_by_average = choose_average(run_dir, valid, min(AVERAGE_LAST, config.train.keep_last))
     alpha, valid_by_alpha = choose_length_penalty(run_dir, valid, averaged, config.decode.length_penalty,
@@ -276,7 +288,7 @@ def run_recipe(config: Config, valid_only: bool = False) -> dict[str, Any]:
               "length_penalty": alpha,
               "valid_bleu_by_average": valid_by_average,
               "valid_bleu_by_length_penalty": valid_by_alpha, "commit": git_commit(), "tree": source_tree(),
-              "recipe": recipe_fingerprint(config), "data": trained_on(prepared.directory)}
+              "recipe": recipe_fingerprint(config), "data": data}
     if valid_only:
         row = {"valid_split": valid, "best_valid_bleu_greedy": summary.best_valid_bleu,
                "valid_bleu": valid_by_alpha[str(alpha)], "config": config.to_dict(), **common}

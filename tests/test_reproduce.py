@@ -62,19 +62,36 @@ def test_write_results_updates_json_md_and_readme(tmp_path: Path) -> None:
     assert "old table" not in text and md in text and text.endswith("after\n")
 
 
-def test_reproduce_pipeline_on_toy(tmp_path: Path, toy_config_path: Path) -> None:
-    """prepare -> train -> average -> evaluate end to end, writing results and the README table."""
+def test_reproduce_pipeline_on_toy(tmp_path: Path, toy_config_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """prepare -> train -> average -> evaluate end to end, writing results and the README table;
+    run again, the finished run's row is kept (nothing decoded again) while its checkpoints
+    and config are those it was scored from."""
+    import os
+
+    import mtcli.reproduce
     from mtcli.reproduce import main
 
     readme = tmp_path / "README.md"
     readme.write_text(f"{MARK_START}\n{MARK_END}\n", encoding="utf-8")
-    code = main([
+    argv = [
         "de_en", "--config", str(toy_config_path), "--results", str(tmp_path / "results"),
         "--readme", str(readme),
         "--set", f"data.prepared_dir={tmp_path / 'prep'}", "--set", f"train.run_dir={tmp_path / 'run'}",
         "--set", "train.max_steps=40", "--set", "train.valid_every=10",
-    ])
+    ]
+    code = main(argv)
     assert code == 0
+    first = (tmp_path / "results" / "multi30k.json").read_text()
+    decoded: list[str] = []
+    scores = mtcli.reproduce.evaluate
+    monkeypatch.setattr(mtcli.reproduce, "evaluate", lambda *a, **k: decoded.append(k["split"]) or scores(*a, **k))
+    assert main(argv) == 0 and decoded == []  # (a rerun after an interruption in a later seed)
+    assert (tmp_path / "results" / "multi30k.json").read_text() == first
+    assert main([*argv, "--set", "decode.max_len_b=40"]) == 0 and "test" in decoded  # decoded otherwise
+    decoded.clear()
+    step = tmp_path / "run" / "checkpoints" / "checkpoint_40.pt"
+    os.utime(step, ns=(step.stat().st_atime_ns, step.stat().st_mtime_ns + 1))  # as a run trained anew
+    assert main([*argv, "--set", "decode.max_len_b=40"]) == 0 and "test" in decoded
     row = json.loads((tmp_path / "results" / "multi30k.json").read_text())["de-en"]
     for key in ("bleu", "bleu_signature", "bleu_lc", "chrf", "params", "train_minutes",
                 "train_tokens_per_s", "decode_sents_per_s", "device", "commit", "recipe", "data"):
