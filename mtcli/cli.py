@@ -122,7 +122,8 @@ def _file_only(value: str) -> Path:
 EnsembleOption = Annotated[
     Optional[list[Path]],  # noqa: UP045 - typer needs Optional here
     typer.Option("--ensemble", help="Decode together with another member: a run directory (its best "
-                 "checkpoint) or a checkpoint file in one (repeatable)."),
+                 "checkpoint), a checkpoint file in one, or a file of the same SentencePiece model "
+                 "(mtcli average -o) (repeatable)."),
 ]
 
 

@@ -72,29 +72,34 @@ def decoding_members(model: nn.Module) -> list[Transformer]:
     return list(model.members) if isinstance(model, Ensemble) else [model]  # type: ignore[list-item]
 
 
-def _member_location(spec: str | Path) -> tuple[Path, str]:
+def _member_location(spec: str | Path, first_run: Path | None) -> tuple[Path, str]:
     """``(run_dir, checkpoint)`` of an ``--ensemble`` argument: a run directory (its best
-    checkpoint) or a checkpoint file in a run directory's ``checkpoints/``."""
+    checkpoint), a checkpoint file in a run directory's ``checkpoints/``, or another checkpoint
+    file (``mtcli average -o avg.pt``), read with ``first_run``, the first member's run (whose
+    SentencePiece model it must have been trained with: its vocabulary is checked)."""
     path = Path(spec)
     if path.is_dir():
         return path, "best"
     if path.is_file() and path.parent.name == "checkpoints":
         return path.parent.parent, str(path)
-    raise CheckpointError(f"{spec}: not a run directory nor a checkpoint in one's checkpoints/ "
-                          "(--ensemble takes either)")
+    if path.is_file() and first_run is not None:
+        return first_run, str(path)
+    raise CheckpointError(f"{spec}: not a run directory nor a checkpoint file (--ensemble takes either)")
 
 
-def add_members(bundle: InferenceModel, others: Sequence[str | Path]) -> InferenceModel:
-    """``bundle`` with its model replaced by the :class:`Ensemble` of it and ``others`` (each a
-    run directory or a checkpoint file in one, see :func:`_member_location`), which must use the
-    same SentencePiece model. Returns ``bundle`` itself when ``others`` is empty."""
+def add_members(bundle: InferenceModel, others: Sequence[str | Path], run_dir: str | Path | None = None
+                ) -> InferenceModel:
+    """``bundle`` (of the run ``run_dir``) with its model replaced by the :class:`Ensemble` of it
+    and ``others`` (each a run directory or a checkpoint file, see :func:`_member_location`),
+    which must use the same SentencePiece model. Returns ``bundle`` itself when ``others`` is
+    empty."""
     if not others:
         return bundle
     models, names = [bundle.model], [bundle.name]
     spm = sha256_file(bundle.tokenizer.model_path)
     for spec in others:
-        run_dir, checkpoint = _member_location(spec)
-        member = load_for_inference(run_dir, checkpoint)
+        member_run, checkpoint = _member_location(spec, None if run_dir is None else Path(run_dir))
+        member = load_for_inference(member_run, checkpoint)
         if sha256_file(member.tokenizer.model_path) != spm:
             raise CheckpointError(f"{spec}: its spm.model differs from the first member's "
                                   "(ensemble members must share the SentencePiece model)")
@@ -104,6 +109,7 @@ def add_members(bundle: InferenceModel, others: Sequence[str | Path]) -> Inferen
                                   f"{directions_text(differ[1])} (ensemble members must translate the same "
                                   "directions)")
         models.append(member.model)
-        names.append(f"{run_dir.name}/{member.name}")
+        loose = Path(spec).is_file() and Path(spec).parent.name != "checkpoints"  # named by its file alone
+        names.append(member.name if loose else f"{member_run.name}/{member.name}")
     labels = ["the first member", *map(str, others)]
     return dataclasses.replace(bundle, model=Ensemble(models, labels), name=" + ".join(names))

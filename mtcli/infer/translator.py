@@ -184,7 +184,7 @@ class Translator:
             raise TypeError("overrides must be a list of 'decode.key=value' strings, not one (wrap it: [text])")
         chosen = None if device == "auto" else resolve_device(device, key="--device")  # before any loading
         bundle = load_for_inference(run_dir, checkpoint, average_last=average_last, average_best=average_best)
-        bundle = add_members(bundle, ensemble)
+        bundle = add_members(bundle, ensemble, run_dir)
         base = decode_config(bundle.config, list(overrides))
         beam_fixed = "decode.beam_size" in override_keys(overrides)
         decode = with_changes(base, "decode", **_fitted(_changes(settings), base.decode, beam_fixed)).decode

@@ -114,11 +114,22 @@ def test_evaluate_and_translate_with_ensemble_members(tiny_run_dir: Path, tmp_pa
         assert len(int8.read_text(encoding="utf-8").splitlines()) == summary["lines"]
     with pytest.raises(CheckpointError, match="not a run directory nor a checkpoint"):
         evaluate(first, split="val", ensemble=[tmp_path / "nowhere.pt"])
+    # an average written outside a run (mtcli average -o) is read with the first member's run
+    from mtcli.infer.averaging import average_run_checkpoints
+
+    averaged = tmp_path / "avg.pt"
+    average_run_checkpoints(other, averaged, last=2)
+    report = evaluate(first, split="val", ensemble=[averaged], overrides=["decode.beam_size=2"],
+                      output_dir=tmp_path / "eval2")
+    assert "avg.pt (average of checkpoint_10.pt, checkpoint_20.pt)" in report["checkpoint"]
     # a run whose checkpoints fit its own spm.model, of the same size but another model type
     stranger = build_tiny_run_dir(tmp_path / "stranger", seed=3, spm_model_type="bpe")
     assert sha256_file(stranger / "spm.model") != sha256_file(first / "spm.model")
     with pytest.raises(CheckpointError, match="spm.model differs from the first member's"):
         evaluate(first, split="val", ensemble=[stranger])
+    with pytest.raises(CheckpointError, match="vocab"):  # a loose file of another SentencePiece model
+        evaluate(first, split="val", ensemble=[shutil.copy(stranger / "checkpoints" / "checkpoint_20.pt",
+                                                           tmp_path / "stranger.pt")])
 
 
 def _reversed_run(run: Path, out: Path) -> Path:
