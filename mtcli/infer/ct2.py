@@ -63,6 +63,7 @@ from mtcli.infer.export import (
     save_ctranslate2,
 )
 from mtcli.infer.loading import InferenceModel, source_prefix
+from mtcli.infer.search import check_beam_width
 from mtcli.infer.translate import Translation, encode_window, line_windows, source_limit
 from mtcli.logs import get_logger
 
@@ -271,7 +272,7 @@ class CT2Engine:
                 [pieces[k] for k in keys], decode, num_hypotheses=decode.nbest,
                 length_penalty=decode.length_penalty, max_decoding_length=limit,
                 min_decoding_length=0, return_scores=True, return_end_token=True,
-                suppress_sequences=[["<blank>"], ["<s>"]], **self._search(decode),
+                suppress_sequences=[["<blank>"], ["<s>"]], **self._search(decode, self.bundle.model.output_size),
             )
             for k, out in zip(keys, outputs, strict=True):
                 results[k], ran_out = self._translations(out, sources[k], limit, decode.length_penalty)
@@ -300,11 +301,13 @@ class CT2Engine:
                                  "now %d, avoids this)", where, self.budget.tokens, decode.max_tokens)
 
     @staticmethod
-    def _search(decode: DecodeConfig) -> dict[str, Any]:
-        """CTranslate2's search options: beam search, or sampling. CTranslate2's samples cannot be
-        seeded (its translator threads draw from generators of their own: set_random_seed does
-        not reach them), so a warning says so once; the torch engine's samples are seeded."""
+    def _search(decode: DecodeConfig, output_size: int) -> dict[str, Any]:
+        """CTranslate2's search options: beam search (as wide as the torch engine allows), or
+        sampling. CTranslate2's samples cannot be seeded (its translator threads draw from
+        generators of their own: set_random_seed does not reach them), so a warning says so
+        once; the torch engine's samples are seeded."""
         if decode.sampling == "none":
+            check_beam_width(decode.beam_size, output_size)
             return {"beam_size": decode.beam_size}
         _warn_unseeded()
         return {"beam_size": 1, "sampling_topk": decode.topk if decode.sampling == "topk" else 0,

@@ -506,6 +506,14 @@ def _attach_attention(
         h.attention = weights[r, :, : len(h.tokens) + 1, : src_lens[i]].cpu()
 
 
+def check_beam_width(beam_size: int, output_size: int) -> None:
+    """:class:`ConfigError` for a beam wider than half the output vocabulary: each step keeps
+    twice the beam's candidates, so that ended ones do not leave it short."""
+    if beam_size > 1 and 2 * beam_size > output_size:
+        raise ConfigError(f"decode.beam_size={beam_size} needs an output vocabulary of at least "
+                          f"{2 * beam_size} pieces")
+
+
 def generate(
     model: Transformer | Ensemble,
     src: Tensor,
@@ -545,9 +553,7 @@ def generate(
         beam_size = 1
     elif not 1 <= nbest <= beam_size:
         raise ConfigError(f"decode.nbest must be between 1 and beam_size={beam_size}, got {nbest}")
-    if beam_size > 1 and 2 * beam_size > model.output_size:
-        raise ConfigError(f"decode.beam_size={beam_size} needs an output vocabulary of at least "
-                          f"{2 * beam_size} pieces")
+    check_beam_width(beam_size, model.output_size)
     if ensemble_mode not in ("linear", "log_linear"):
         raise ConfigError(f"decode.ensemble_mode must be linear or log_linear, got {ensemble_mode!r}")
     if shortlist is not None and isinstance(model, Ensemble):

@@ -544,3 +544,12 @@ def test_loading_a_translator_leaves_the_callers_random_numbers_alone(tiny_run_d
         torch.manual_seed(0)
         translator.translate(["ein hund"])
         assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_beam_wider_than_half_the_vocabulary_is_refused_by_either_engine(
+        ct2_pair: tuple[Translator, Translator]) -> None:
+    """The torch engine refused such a beam; CTranslate2 decoded it."""
+    for engine in ct2_pair:
+        wide = engine.bundle.model.output_size // 2 + 1
+        with pytest.raises(ConfigError, match=f"decode.beam_size={wide} needs an output vocabulary of at least"):
+            engine.translate(["ein hund"], beam=wide)
