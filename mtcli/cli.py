@@ -23,7 +23,13 @@ from typing import Annotated, Any, Optional
 import typer
 import typer.core
 
-from mtcli.errors import MtcliError, Terminated, TrainingInterrupted, raise_terminated
+from mtcli.errors import (
+    MtcliError,
+    Terminated,
+    TrainingInterrupted,
+    restore_handlers,
+    stop_on_signals,
+)
 
 # click's exception classes, as the typer installed raises them (it may carry its own click)
 _USAGE_ERROR, _CLICK_EXCEPTION = (next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
@@ -140,22 +146,22 @@ def _fail(message: str, code: int) -> None:
 
 
 def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn library errors, interrupts (Ctrl-C, SIGTERM), OS errors and running out of host
-    memory into one line and an exit code. ``train`` and ``serve`` install their own SIGTERM
-    handling while they run."""
+    """Turn library errors, interrupts (Ctrl-C, SIGTERM, SIGHUP but under ``nohup``), OS errors
+    and running out of host memory into one line and an exit code. ``train`` and ``serve``
+    install their own signal handling while they run."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGTERM, raise_terminated) if main else None
+        previous = stop_on_signals() if main else {}
         try:
             return func(*args, **kwargs)
         except MtcliError as exc:
             _fail(str(exc), exc.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
-        except Terminated:  # (translate -o of files keeps its finished windows to go on from)
-            _fail("terminated", 143)
+        except Terminated as exc:  # (translate -o of files keeps its finished windows to go on from)
+            _fail(str(exc), exc.exit_code)
         except BrokenPipeError:
             # stdout closed early (e.g. `| head`): stop quietly like other Unix tools.
             sys.stderr.close()
@@ -172,8 +178,7 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             _fail(f"out of memory: {' '.join(str(exc).split())[:300]}", 1)
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+            restore_handlers(previous)
 
     return wrapper
 

@@ -6,6 +6,9 @@ into a one-line message on stderr and a non-zero exit code (``exit_code`` below)
 
 from __future__ import annotations
 
+import signal
+from typing import Any
+
 
 class MtcliError(Exception):
     """Base class of every error a user can cause; its message is one line for the terminal."""
@@ -53,14 +56,40 @@ class TrainingInterrupted(MtcliError):
 
 
 class Terminated(BaseException):
-    """SIGTERM, raised where the main thread is (:func:`raise_terminated`), so that ``with``
-    blocks and ``finally`` clauses run: a temporary output is removed and worker processes are
-    stopped, as on Ctrl-C; the command line and the pipelines then say it in one line."""
+    """SIGTERM, or SIGHUP (the terminal hung up: a closed ssh session), raised where the main
+    thread is (:func:`raise_terminated`), so that ``with`` blocks and ``finally`` clauses run: a
+    temporary output is removed and worker processes are stopped, as on Ctrl-C; the command
+    line and the pipelines then say it in one line, ``str()`` of this, with :attr:`exit_code`."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum)
+        self.signum = int(signum)
+        self.exit_code = 128 + self.signum
+
+    def __str__(self) -> str:
+        return "hung up" if self.signum == getattr(signal, "SIGHUP", None) else "terminated"
 
 
 def raise_terminated(signum: int, frame: object) -> None:
-    """The SIGTERM handler of the command line and the pipelines: raises :class:`Terminated`."""
-    raise Terminated
+    """The SIGTERM (and SIGHUP) handler of the command line and the pipelines: raises
+    :class:`Terminated`."""
+    raise Terminated(signum)
+
+
+def stop_on_signals() -> dict[int, Any]:
+    """Install :func:`raise_terminated` for SIGTERM, and for SIGHUP unless it is ignored
+    (``nohup``: the command is meant to outlive its terminal); returns the handlers it replaced,
+    for :func:`restore_handlers`. Call it from the main thread."""
+    wanted = [signal.SIGTERM]
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:
+        wanted.append(signal.SIGHUP)
+    return {sig: signal.signal(sig, raise_terminated) for sig in wanted}
+
+
+def restore_handlers(previous: dict[int, Any]) -> None:
+    """Put back the handlers :func:`stop_on_signals` replaced."""
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:

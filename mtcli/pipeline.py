@@ -7,7 +7,6 @@ whether a run is the recipe whose table the README shows."""
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 from mtcli.config import MAX_SEED, Config, load_config, with_changes
 from mtcli.data.corpora import plan_corpora
 from mtcli.data.download import CORPORA, unpinned
-from mtcli.errors import ConfigError, MtcliError, Terminated, raise_terminated
+from mtcli.errors import ConfigError, MtcliError, Terminated, stop_on_signals
 from mtcli.fileio import FileHasher, atomic_write, check_file_target
 from mtcli.logs import get_logger
 from mtcli.results import recipe_fingerprint
@@ -126,16 +125,17 @@ STOPS = (MtcliError, KeyboardInterrupt, Terminated, OSError)
 
 
 def stop_on_sigterm() -> None:
-    """Raise :class:`~mtcli.errors.Terminated` on SIGTERM, as the command line does (its default
-    action ended a pipeline without a word outside training, whose own handler saves the run)."""
-    signal.signal(signal.SIGTERM, raise_terminated)
+    """Raise :class:`~mtcli.errors.Terminated` on SIGTERM (and SIGHUP, but under ``nohup``), as
+    the command line does (their default action ended a pipeline without a word outside
+    training, whose own handler saves the run)."""
+    stop_on_signals()
 
 
 def failed(exc: MtcliError | KeyboardInterrupt | Terminated | OSError) -> int:
     """A pipeline's one line for what stopped it, and its exit status."""
     if isinstance(exc, Terminated):
-        print("mtcli: error: terminated (run the same command again to go on)", file=sys.stderr)
-        return 143
+        print(f"mtcli: error: {exc} (run the same command again to go on)", file=sys.stderr)
+        return exc.exit_code
     if isinstance(exc, KeyboardInterrupt):
         print("mtcli: error: interrupted (run the same command again to go on)", file=sys.stderr)
         return 130

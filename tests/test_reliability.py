@@ -390,12 +390,13 @@ app(["prepare", sys.argv[1], "--force"])
 """
 
 
-def _terminate_when(proc: subprocess.Popen, ready: Callable[[], bool], what: str) -> str:
-    """SIGTERM ``proc`` once ``ready()``; its stderr after it exits (143)."""
+def _terminate_when(proc: subprocess.Popen, ready: Callable[[], bool], what: str,
+                    signum: int = signal.SIGTERM) -> str:
+    """``signum`` to ``proc`` once ``ready()``; its stderr after it exits (128 + signum)."""
     wait_until(ready, proc, what, timeout=60)
-    os.kill(proc.pid, signal.SIGTERM)
+    os.kill(proc.pid, signum)
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 143, stderr
+    assert proc.returncode == 128 + signum, stderr
     return stderr
 
 
@@ -423,13 +424,15 @@ def test_sigterm_mid_translate_or_prepare_is_one_line_and_leaves_nothing_behind(
     recipe["data"]["prepared_dir"] = str(cache)
     config = tmp_path / "prepare.yaml"
     config.write_text(yaml.safe_dump(recipe), encoding="utf-8")
-    marker = tmp_path / "marker"
-    proc = subprocess.Popen([sys.executable, "-c", TERMINABLE_PREPARE, str(config), str(marker)], cwd=REPO,
-                            env=child_env(), stderr=subprocess.PIPE, text=True)
-    stderr = _terminate_when(proc, marker.exists, "the middle of prepare")
-    assert error_lines(stderr) == ["mtcli: error: terminated"] and "Traceback" not in stderr, stderr
-    assert {p.name: p.read_bytes() for p in cache.iterdir()} == before
-    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".cache.")]
+    # SIGHUP too (the terminal hung up: a closed ssh session) left the build directory behind
+    for signum, said in ((signal.SIGTERM, "terminated"), (signal.SIGHUP, "hung up")):
+        marker = tmp_path / f"marker{signum}"
+        proc = subprocess.Popen([sys.executable, "-c", TERMINABLE_PREPARE, str(config), str(marker)], cwd=REPO,
+                                env=child_env(), stderr=subprocess.PIPE, text=True)
+        stderr = _terminate_when(proc, marker.exists, "the middle of prepare", signum)
+        assert error_lines(stderr) == [f"mtcli: error: {said}"] and "Traceback" not in stderr, stderr
+        assert {p.name: p.read_bytes() for p in cache.iterdir()} == before
+        assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".cache.")]
 
 
 # --------------------------------------------------------------------------- out of space

@@ -77,6 +77,8 @@ def _sigint_ignored(ignored: bool) -> Iterator[None]:
 
 def _start_worker(parent: int, initializer: Callable[..., None] | None, *initargs: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "SIGHUP"):  # a hang-up reaches the whole group: the parent stops the pool, as on Ctrl-C
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the pool stops its workers with it
     end_with_parent(parent)
     if initializer is not None:

@@ -53,7 +53,7 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
-            hangup = [signal.SIGHUP] if signal.getsignal(signal.SIGHUP) == signal.SIG_DFL else []  # (nohup: ignored)
+            hangup = [signal.SIGHUP] if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN else []  # (nohup: ignored)
             for sig in (signal.SIGINT, signal.SIGTERM, *hangup):
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
