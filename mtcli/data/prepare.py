@@ -538,27 +538,32 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     if restore_swap(out):
         log.info("%s: put in place the cache a killed prepare had built but not swapped in", out)
     given = given_spm_model(data)
-    inputs = FileHasher(_previous_manifest(out).get("input_files"), by_path=True)  # unchanged inputs are not re-read
+    previous = _previous_manifest(out)
+    inputs = FileHasher(previous.get("input_files"), by_path=True)  # unchanged inputs are not re-read
     fingerprint = plan.fingerprint(inputs)
     key = build_key(data, fingerprint, given_sha256(given) if given is not None else None)
     seen = file_stamp(out / "manifest.json")
     current = None if force else _current_cache(out, key)
     if current is None:  # to be built: a place to write it, and no one else using it (a trainer, a prepare)
         _check_writable(out)
+        here = str(Path(config.path).resolve()) if config.path != "<config>" else None
+        if previous.get("config_file") not in (None, here) and previous.get("build_key") != key:
+            log.warning("%s was prepared for %s, a config of the same data.name (%s): it is prepared again for this "
+                        "one; give either its own data.name to keep both", out, previous["config_file"], data.name)
         with CacheLock(out, exclusive=True) as lock:
             if not force and file_stamp(out / "manifest.json") != seen:  # another prepare built it meanwhile
                 current = _current_cache(out, key)
             if current is None:
-                return _build(data, out, plan, given, inputs, fingerprint, key, lock)
+                return _build(data, out, plan, given, inputs, fingerprint, key, lock, here)
     log.info("%s is up to date with %s; nothing to do (--force rebuilds)", out, plan.describe())
     return PrepareReport(directory=out, skipped=True, source=plan.describe(), counts=current.counts(),
                          tokens=current.manifest.get("tokens", {}), vocab_size=current.vocab_size)
 
 
 def _build(data: DataConfig, out: Path, plan: Plan, given: Path | None, inputs: FileHasher,
-           fingerprint: dict[str, Any], key: str, lock: CacheLock) -> PrepareReport:
-    """Write the cache of ``data`` into ``out`` (:func:`prepare`, which holds ``lock``: on the
-    cache there was, if any)."""
+           fingerprint: dict[str, Any], key: str, lock: CacheLock, config_file: str | None) -> PrepareReport:
+    """Write the cache of ``data`` (of the config file ``config_file``) into ``out``
+    (:func:`prepare`, which holds ``lock``: on the cache there was, if any)."""
     log = get_logger()
     start = time.perf_counter()
     log.info("preparing %s from %s (splits: %s)", out, plan.describe(), ", ".join(plan.splits()))
@@ -576,7 +581,7 @@ def _build(data: DataConfig, out: Path, plan: Plan, given: Path | None, inputs: 
         manifest = _manifest(data, plan, key, fingerprint, counts, tokens, dtype, spm)
         if plan.several:
             manifest.update(_corpora_records(plan, counts, tokenizer))
-        manifest["input_files"] = inputs.records
+        manifest["input_files"], manifest["config_file"] = inputs.records, config_file
         write_manifest(tmp, manifest)
         PreparedCorpus.open(tmp, verify=False)
         if lock.fd is None:  # there was none: one another prepare put there since is replaced only

@@ -140,6 +140,26 @@ def test_no_op_force_and_rebuild_on_change(tmp_path: Path, toy_dir: Path) -> Non
     assert not report.skipped and report.counts["test"]["kept"] == 41
 
 
+def test_a_cache_of_another_config_file_of_the_same_name_is_warned_of_before_it_is_replaced(
+        tmp_path: Path, toy_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A copy of a recipe keeps its data.name, and with it the cache: preparing the copy with
+    other data settings replaced the recipe's cache with an info line, and each then rebuilt the
+    other's in turn."""
+    import shutil
+
+    cfg = write_config(tmp_path, toy_dir)
+    copy = shutil.copy(cfg, tmp_path / "mine.yaml")
+    assert not prep.prepare(load_config(cfg)).skipped
+    manifest = json.loads((load_config(cfg).data.prepared_path() / "manifest.json").read_text())
+    assert manifest["config_file"] == str(Path(cfg).resolve())
+    with caplog.at_level("WARNING", logger="mtcli"):
+        assert prep.prepare(load_config(copy)).skipped  # the same data: its cache, nothing said
+        assert not caplog.records
+        assert not prep.prepare(load_config(copy, ["data.max_length=5"])).skipped
+    said = [r.getMessage() for r in caplog.records if "was prepared for" in r.getMessage()]
+    assert len(said) == 1 and f"was prepared for {Path(cfg).resolve()}, a config of the same data.name" in said[0]
+
+
 def test_a_cache_a_trainer_holds_is_not_rebuilt_under_it(tmp_path: Path, toy_dir: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A prepare while a train ran swapped its validation set (the scores jumped, checkpoint_best
