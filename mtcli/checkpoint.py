@@ -38,7 +38,7 @@ import io
 import os
 import pickle
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -232,6 +232,18 @@ def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict:
     pickle that would run code. Nothing in the file is ever executed.
     """
     return load_checkpoint_with_id(path, map_location)[0]
+
+
+def weights_sha256(weights: Mapping[str, torch.Tensor]) -> str:
+    """The sha256 of a state dict's tensors (names, dtypes, shapes and values, in name order):
+    what tells two models apart, whatever else their checkpoint files hold (the optimizer, the
+    times, the run directory). A resumed run and the same run straight through have the same."""
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        tensor = weights[name].detach().contiguous().cpu().reshape(-1)
+        digest.update(f"{name}|{tensor.dtype}|{tuple(weights[name].shape)}\n".encode())
+        digest.update(memoryview(tensor.view(torch.uint8).numpy()))
+    return digest.hexdigest()
 
 
 def load_checkpoint_with_id(path: Path, map_location: Any = "cpu") -> tuple[dict, str]:

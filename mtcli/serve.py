@@ -9,8 +9,8 @@ Endpoints:
   ``"nbest": [[{"text": ..., "score": ...}, ...], ...]``, each line's N best (or, sampling, its
   N samples in draw order; with ``--engine ctranslate2``, by score);
 * ``GET /health`` -> ``{"status": "ok", "model": NAME, "weights_sha256": SHA, "device": DEVICE,
-  "target_languages": [...]}`` (the weights' payload sha256, which tells two checkpoints of one
-  step apart, null for an average; the languages with the default first: the page offers a
+  "target_languages": [...]}`` (the sha256 of the weights, which tells two models apart, a
+  checkpoint's or an average's; the languages with the default first: the page offers a
   choice where a model has several);
 * ``GET /`` a page to type or paste text and read its translation; ``GET /docs`` the OpenAPI docs.
 
@@ -384,7 +384,7 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
     async def health() -> dict[str, Any] | JSONResponse:
         batcher = app.state.batcher
         serving = batcher.translator
-        about = {"model": serving.name, "weights_sha256": serving.bundle.payload_sha256, "device": str(serving.device),
+        about = {"model": serving.name, "weights_sha256": serving.bundle.weights_sha256, "device": str(serving.device),
                  "target_languages": serving.target_languages}
         if not batcher.alive:  # it survives any failure of a batch, so this is a bug: say so, to be restarted
             return JSONResponse({"status": "unhealthy", "error": STOPPED, **about}, status_code=503)

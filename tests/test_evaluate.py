@@ -154,7 +154,12 @@ def test_evaluate_average_last(tiny_run_dir: Path, tmp_path: Path) -> None:
     assert json.loads(Path(report["report"]).read_text()) == report  # the file holds what is printed
     assert "checkpoint_10.pt" in report["checkpoint"] and "checkpoint_20.pt" in report["checkpoint"]
     assert report["sentences"] == len((tiny_run_dir / "text" / "val.src").read_text().splitlines())
-    assert report["weights_sha256"] is None  # an average: the weights of no one file
+    from mtcli.checkpoint import weights_sha256
+    from mtcli.infer.averaging import average_checkpoints
+    from mtcli.rundir import select_checkpoints
+
+    averaged = average_checkpoints(select_checkpoints(tiny_run_dir, last=2))["model"]
+    assert report["weights_sha256"] == weights_sha256(averaged)  # an average's weights are named too
 
 
 def test_an_averaged_checkpoint_file_is_named_as_an_average(tiny_run_dir: Path, tmp_path: Path) -> None:
@@ -176,7 +181,7 @@ def test_evaluate_names_another_runs_checkpoint_by_its_run_and_records_its_weigh
     name, and the report could not tell which weights it scored."""
     import shutil
 
-    from mtcli.checkpoint import load_checkpoint_with_id
+    from mtcli.checkpoint import load_checkpoint_with_id, weights_sha256
     from mtcli.evaluate import evaluate
 
     other = shutil.copytree(tiny_run_dir, tmp_path / "other")
@@ -186,7 +191,8 @@ def test_evaluate_names_another_runs_checkpoint_by_its_run_and_records_its_weigh
     own = evaluate(tiny_run_dir, checkpoint="checkpoint_10.pt", **settings)
     foreign = evaluate(tiny_run_dir, checkpoint=str(given), **settings)
     assert Path(own["report"]).name == "val.10.report.json" and Path(foreign["report"]).name == "val.other.10.report.json"
-    assert foreign["weights_sha256"] == load_checkpoint_with_id(given)[1] == own["weights_sha256"]  # a copy
+    assert foreign["weights_sha256"] == weights_sha256(load_checkpoint_with_id(given)[0]["model"]) == \
+        own["weights_sha256"]  # a copy
 
 
 @pytest.mark.parametrize("case", ["missing_run", "missing_checkpoint", "count_mismatch", "bad_split", "output_a_file",

@@ -15,6 +15,7 @@ from mtcli.checkpoint import (
     directions_text,
     load_checkpoint_with_id,
     other_directions,
+    weights_sha256,
 )
 from mtcli.config import Config, DecodeConfig, load_config
 from mtcli.data.tokenizer import PAD_ID, Tokenizer
@@ -58,6 +59,8 @@ class InferenceModel:
     target_tags: dict[str, int] = dataclasses.field(default_factory=dict)
     # one checkpoint file's weights: the sha256 of the payload they were loaded from (None: an average)
     payload_sha256: str | None = None
+    # the sha256 of the weights themselves (checkpoint.weights_sha256), averages too
+    weights_sha256: str | None = None
 
 
 def source_prefix(bundle: InferenceModel, decode: DecodeConfig) -> list[int]:
@@ -270,4 +273,4 @@ def load_for_inference(
     meta = {k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler", "rng", "rng_ranks")}
     return InferenceModel(model=model, tokenizer=tokenizer, config=config, name=name, state=meta,
                           target_tags=run_target_tags(run_dir, tokenizer),
-                          payload_sha256=payload_sha256)
+                          payload_sha256=payload_sha256, weights_sha256=weights_sha256(state["model"]))

@@ -145,6 +145,12 @@ def test_resume_is_exact(prepared: Path, tmp_path: Path) -> None:
     assert done[0] == done[1] > 0 and second.tokens_per_second > 0
     log = (split / "train.log").read_text(encoding="utf-8")
     assert "train.max_steps: 4 -> 8" in log
+    # the weights' sha256 (what evaluate and serve report) says so; the files' payloads differ
+    from mtcli.checkpoint import load_checkpoint_with_id, weights_sha256
+
+    (one, one_payload), (two, two_payload) = (load_checkpoint_with_id(run / "checkpoints" / "checkpoint_last.pt")
+                                              for run in (straight, split))
+    assert weights_sha256(one["model"]) == weights_sha256(two["model"]) and one_payload != two_payload
 
 
 def test_logged_loss_is_the_window_mean_and_survives_resume(prepared: Path, tmp_path: Path) -> None:
