@@ -30,7 +30,7 @@ from typing import Any
 from mtcli.config import CorpusConfig, DataConfig
 from mtcli.data.cache import array_name, direction_split, eval_split_name
 from mtcli.data.cleaning import CleanCounts, PairCleaner, clean_text_blocks, clean_text_files
-from mtcli.data.sources import MissingSplitError, Source, open_source
+from mtcli.data.sources import MissingSplitError, Source, TextDirSource, open_source
 from mtcli.data.workers import can_fork
 from mtcli.errors import DataError
 from mtcli.fileio import FileHasher
@@ -115,7 +115,8 @@ class Plan:
         texts: dict[tuple[Any, ...], tuple[Corpus, str]] = {}
         for corpus in self.corpora:
             for lang in corpus.langs:
-                key = (corpus.source.kind, corpus.source.location, corpus.config.hub_config, corpus.read_split, lang)
+                key = (corpus.source.kind, corpus.source.location, corpus.config.hub_config, corpus.read_split, lang,
+                       _read_with(corpus))
                 texts.setdefault(key, (corpus, lang))
         return list(texts.values())
 
@@ -136,6 +137,16 @@ class Plan:
         if not self.several:
             return self.corpora[0].source.fingerprint(self.all_splits, hasher)
         return {"corpora": [c.source.fingerprint([c.read_split, *c.provides], hasher) for c in self.corpora]}
+
+
+def _read_with(corpus: Corpus) -> tuple[str, ...]:
+    """What else decides the text of one language a corpus reads: nothing for a side file
+    (``<split>.<lang>``, the same text in every pair), else its pair of languages (a ``.tsv`` of
+    other languages, or a TMX's or a table's rows that hold both, hold other sentences)."""
+    source, split = corpus.source, corpus.read_split
+    if isinstance(source, TextDirSource) and source.table(split) is None and source.memory(split) is None:
+        return ()
+    return tuple(sorted((source.src_lang, source.tgt_lang)))
 
 
 def _has_split(source: Source, split: str) -> bool:

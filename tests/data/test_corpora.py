@@ -54,6 +54,26 @@ def test_the_vocabulary_learns_each_text_once(multi: tuple[Path, Path]) -> None:
     assert texts == [("train.0", "src"), ("train.0", "tgt"), ("train.2", "xx"), ("train.3", "src"), ("train.3", "tgt")]
 
 
+def test_the_vocabulary_learns_each_pair_of_one_directory_of_tsv_files(multi: tuple[Path, Path],
+                                                                      tmp_path: Path) -> None:
+    """train.en-de.tsv and train.en-fr.tsv in one directory hold other English: the second
+    pair's was taken for the first's and never learned (its words spelled in single letters)."""
+    root, _ = multi
+    pairs = tmp_path / "pairs"
+    pairs.mkdir()
+    for split in ("train", "val", "test"):
+        src, tgt = ((root / "tri" / f"{split}.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("src", "tgt"))
+        for other, lines in (("tgt", tgt), ("xx", [line.upper() for line in src])):
+            (pairs / f"{split}.src-{other}.tsv").write_text(
+                "".join(f"{a if other == 'tgt' else a[::-1]}\t{b}\n" for a, b in zip(src, lines, strict=True)),
+                encoding="utf-8")
+    overrides = multi_overrides(root, tmp_path / "p")
+    overrides[1] = f"data.sources=[{{source: {pairs}, langs: [src, tgt]}}, {{source: {pairs}, langs: [src, xx]}}]"
+    plan = plan_corpora(load_config(TOY_CONFIG, overrides).data)
+    texts = [(corpus.train_name, lang) for corpus, lang in plan.spm_texts()]
+    assert texts == [("train.0", "src"), ("train.0", "tgt"), ("train.1", "src"), ("train.1", "xx")]
+
+
 def test_tags_are_atomic_symbols_before_the_sources_only(multi: tuple[Path, Path]) -> None:
     _, prepared = multi
     corpus = PreparedCorpus.open(prepared)
