@@ -168,8 +168,10 @@ def spells_in_bytes(data: DataConfig) -> bool:
     own in UTF-8 byte pieces: where ``data.character_coverage`` leaves the rarest characters
     out of the vocabulary (Chinese, Japanese), so they are still read and written, not unknown
     (``⁇``). At full coverage no training text holds byte pieces, so the model could not
-    learn them: there they would only take 256 pieces of the vocabulary."""
-    return data.character_coverage < 1.0
+    learn them: there they would only take 256 pieces of the vocabulary. A word model has none:
+    it would spell a word it does not know in bytes with the word's ``▁``, written out as a
+    literal ``▁``; there such a word is unknown."""
+    return data.character_coverage < 1.0 and data.spm_model_type != "word"
 
 
 def build_key(data: DataConfig, fingerprint: dict[str, Any], spm_sha256: str | None = None) -> str:

@@ -296,6 +296,13 @@ def test_a_chinese_corpus_is_measured_in_characters(tmp_path: Path) -> None:
     unseen = "一只鲸在草地上跑玩"  # 鲸, whale, is in no training sentence
     ids = tokenizer.encode(unseen)
     assert UNK_ID not in ids and tokenizer.decode(ids) == unseen
+    # a word model has no byte pieces: it spelled an unknown word in bytes with its '▁', which
+    # decoding then wrote out ('a▁在一跳跳 dog')
+    words = load_config(path, ["data.spm_model_type=word", "data.vocab_size=40", f"data.prepared_dir={tmp_path / 'words'}"])
+    prep.prepare(words)
+    assert PreparedCorpus.open(words.data.prepared_path()).manifest["spm"]["byte_fallback"] is False
+    tokenizer = load_tokenizer(words.data.prepared_path() / "spm.model")
+    assert "▁" not in tokenizer.decode(tokenizer.encode("a 一只鲸在草地上跑玩 dog"))
 
 
 def test_a_length_rule_that_drops_much_of_a_corpus_is_warned_of(tmp_path: Path) -> None:
