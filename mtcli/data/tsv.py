@@ -48,10 +48,14 @@ def table_pairs(path: Path, langs: tuple[str, str], src_lang: str,
     columns raises :class:`DataError` naming it."""
     malformed: list[int] = []
     reverse, header = langs[0] != src_lang, "\t".join(langs)
-    quoted = False
+    quoted, head = False, []
     for n, line in enumerate(read_lines(path), 1):
         columns = line.split("\t")
         quoted = quoted or '""' in line and _warn_of_csv_quoting(path, line.encode("utf-8"), n)
+        if n <= _HEAD_LINES:
+            head.append(line)
+            if n == _HEAD_LINES:
+                quoted = quoted or _warn_of_quoted_fields(path, "\n".join(head).encode("utf-8"), langs)
         if n == 1 and line == header:
             continue
         if n == 1:
@@ -64,6 +68,8 @@ def table_pairs(path: Path, langs: tuple[str, str], src_lang: str,
             yield "", ""
         else:
             yield (columns[1], columns[0]) if reverse else (columns[0], columns[1])
+    if len(head) < _HEAD_LINES and not quoted:
+        _warn_of_quoted_fields(path, "\n".join(head).encode("utf-8"), langs)
     _warn_of_malformed(path, len(malformed), malformed[0] if malformed else 0)
 
 
@@ -81,6 +87,7 @@ def table_blocks(path: Path, langs: tuple[str, str], src_lang: str,
                 decode_block(block, str(path), first)  # raises, naming line and column
             quoted = quoted or _warn_of_csv_quoting(path, block, first)
             if first == 1:
+                quoted = quoted or _warn_of_quoted_fields(path, block, langs)
                 _check_header(path, block.split(b"\n", 1)[0].rstrip(b"\r").removeprefix(_BOM), langs)
             columns, bad = _columns(block, header if first == 1 else None)
             if len(bad):
@@ -113,6 +120,26 @@ def _warn_of_csv_quoting(path: Path, text: bytes, first: int) -> bool:
             return True
         at = text.find(b'""', end)
     return False
+
+
+#: The first lines :func:`_warn_of_quoted_fields` reads.
+_HEAD_LINES = 20
+#: A line of two fields in quotes (quotes inside doubled, if any).
+_BOTH_QUOTED = re.compile(rb'"(?:[^"\t\n]|"")*"\t"(?:[^"\t\n]|"")*"\r?')
+
+
+def _warn_of_quoted_fields(path: Path, head: bytes, langs: tuple[str, str]) -> bool:
+    """Warn when every field of the file's first lines (``head``; a header of the languages
+    aside) is in quotes, as a CSV writer that quotes all fields writes them (pandas'
+    ``quoting=csv.QUOTE_ALL``, R's ``write.table``); whether it did."""
+    lines = [line for line in head.removeprefix(_BOM).split(b"\n", _HEAD_LINES)[:_HEAD_LINES]
+             if line.strip() and line.rstrip(b"\r") != "\t".join(langs).encode("utf-8")]
+    if len(lines) < 2 or not all(_BOTH_QUOTED.fullmatch(line) for line in lines):
+        return False
+    get_logger().warning("%s: every field of its first lines is in quotes, as a CSV writer that quotes all fields "
+                         "writes them; a .tsv's fields are read as they are, quotes and all: write it without CSV "
+                         "quoting, or as <split>.<lang> text files", path)
+    return True
 
 
 #: Column names a first line may hold instead of the two languages' codes.

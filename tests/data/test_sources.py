@@ -155,6 +155,14 @@ def test_a_csv_quoted_tsv_is_warned_of_naming_its_line(tmp_path: Path, caplog: p
     list(table_pairs(path, ("de", "en"), "de"))
     list(table_blocks(path, ("de", "en"), "de"))
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    # every field in quotes (pandas' QUOTE_ALL, R's write.table): kept, unsaid
+    path.write_text('de\ten\n"ein hund"\t"a dog"\n"rot"\t"red"\n', encoding="utf-8")
+    assert list(table_pairs(path, ("de", "en"), "de"))[1] == ('"rot"', '"red"')
+    list(table_blocks(path, ("de", "en"), "de"))
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [f"{path}: every field of its first lines is in quotes, as a CSV writer that quotes all fields "
+                      "writes them; a .tsv's fields are read as they are, quotes and all: write it without CSV "
+                      "quoting, or as <split>.<lang> text files"] * 2, warned
 
 
 def test_a_tsv_line_without_two_columns_is_an_empty_pair_and_a_split_in_both_forms_an_error(
