@@ -232,12 +232,14 @@ def _unused(corpus: Corpus, split: str, shared: list[tuple[int, tuple[Corpus, in
             "other sentences, and validation and evaluate read that")
 
 
-def _check_splits(source: Source, data: DataConfig, splits: list[str]) -> None:
-    """``source.check(splits)``; a missing split also names the key that asked for it."""
+def _check_splits(source: Source, data: DataConfig, splits: list[str], corpus: str = "data") -> None:
+    """``source.check(splits)``; a missing split also names the key that asked for it (and a
+    source's advice on ``data.hub_config`` names the one of ``corpus``, ``data.sources[k]``)."""
     for split in splits:
         try:
             source.check([split])
         except MissingSplitError as exc:
+            exc = MissingSplitError(str(exc).replace("set data.hub_config", f"set {corpus}.hub_config"))
             key = ("data.train_split" if split == data.train_split else
                    "data.valid_split" if split == data.valid_split else "data.test_splits")
             hint = ""
@@ -277,7 +279,7 @@ def plan_corpora(data: DataConfig) -> Plan:
     for k, config in enumerate(configs):
         notes += _repeated(configs, k)
         source = _open(config)
-        _check_splits(source, data, [data.train_split])
+        _check_splits(source, data, [data.train_split], f"data.sources[{k}]")
         tgt = (config.langs or ["", ""])[1]
         prefix = ([target_tags[tgt]] if target_tags else []) + ([config.tag] if config.tag else [])
         corpora.append(Corpus(k, config, source, data.train_split, f"{data.train_split}.{k}", prefix))

@@ -597,6 +597,16 @@ def test_a_split_in_config_subdirs_names_them_for_hub_config(tmp_path: Path) -> 
     with pytest.raises(DataError, match=r"no split 'train' \(found splits: cs-en, de-en\) \(in cs-en, de-en: set "
                                         r"data.hub_config to one\)$"):
         open_source(str(root), "de", "en").check(["train"])
+    # one of several corpora: its own key (data.hub_config is refused beside data.sources)
+    from mtcli.config import config_from_dict
+    from mtcli.data.corpora import plan_corpora
+
+    data = config_from_dict({"data": {"name": "pq", "src_lang": "de", "tgt_lang": "en", "sources": [
+        {"source": str(root), "langs": ["de", "en"], "hub_config": "de-en"},
+        {"source": str(root), "langs": ["cs", "en"]}]}}).data
+    with pytest.raises(DataError, match=r"\(in cs-en, de-en: set data.sources\[1\].hub_config to one\); "
+                                        r"data.train_split names it$"):
+        plan_corpora(data)
 
 
 def test_a_hub_config_without_its_sub_directory_is_warned_of(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
