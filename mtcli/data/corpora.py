@@ -22,6 +22,7 @@ decoding) put before a corpus's source sentences:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -115,8 +116,8 @@ class Plan:
         texts: dict[tuple[Any, ...], tuple[Corpus, str]] = {}
         for corpus in self.corpora:
             for lang in corpus.langs:
-                key = (corpus.source.kind, corpus.source.location, corpus.config.hub_config, corpus.read_split, lang,
-                       _read_with(corpus))
+                key = (corpus.source.kind, _spelled(corpus.source.location), corpus.config.hub_config,
+                       corpus.read_split, lang, _read_with(corpus))
                 texts.setdefault(key, (corpus, lang))
         return list(texts.values())
 
@@ -137,6 +138,12 @@ class Plan:
         if not self.several:
             return self.corpora[0].source.fingerprint(self.all_splits, hasher)
         return {"corpora": [c.source.fingerprint([c.read_split, *c.provides], hasher) for c in self.corpora]}
+
+
+def _spelled(location: str) -> str:
+    """A corpus's place, one spelling of it (``corp/x``, ``./corp/x/`` and its absolute path
+    are one directory; a hub id stays one id)."""
+    return os.path.abspath(location) if location else location
 
 
 def _read_with(corpus: Corpus) -> tuple[str, ...]:
@@ -252,7 +259,9 @@ def _check_splits(source: Source, data: DataConfig, splits: list[str], corpus: s
 def _repeated(configs: list[CorpusConfig], k: int) -> list[str]:
     """That corpus ``k`` is one listed before it again (source, direction, tag), if it is: both
     draw the same pairs, which is a weight, said twice."""
-    same = next((j for j, c in enumerate(configs[:k]) if replace(c, weight=configs[k].weight) == configs[k]), None)
+    this = replace(configs[k], source=_spelled(configs[k].source))
+    same = next((j for j, c in enumerate(configs[:k]) if replace(c, weight=this.weight, source=_spelled(c.source)) == this),
+                None)
     if same is None:
         return []
     return [f"data.sources[{k}] repeats data.sources[{same}] ({configs[k].source}, {'->'.join(configs[k].langs or ())}): "

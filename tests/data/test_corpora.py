@@ -343,6 +343,8 @@ def test_an_empty_validation_split_is_refused_only_where_validation_reads_it(
 
 def test_a_corpus_listed_twice_is_warned_about() -> None:
     """Listed again (a copy-paste), a corpus is drawn twice as often: a weight said twice."""
-    sources = (f"[{{source: {TOY_DIR}}}, {{source: {TOY_DIR}, langs: [tgt, src]}}, {{source: {TOY_DIR}, weight: 2}}]")
-    assert plan_corpora(load_config(TOY_CONFIG, ["data.source=", f"data.sources={sources}"]).data).notes == [f"data.sources[2] repeats data.sources[0] ({TOY_DIR}, src->tgt): its pairs are drawn with "
+    sources = (f"[{{source: {TOY_DIR}}}, {{source: {TOY_DIR}, langs: [tgt, src]}}, {{source: {TOY_DIR}/./, weight: 2}}]")
+    plan = plan_corpora(load_config(TOY_CONFIG, ["data.source=", f"data.sources={sources}"]).data)
+    assert len(plan.spm_texts()) == 2  # (another spelling of the same directory: its text learned once)
+    assert plan.notes == [f"data.sources[2] repeats data.sources[0] ({TOY_DIR}/./, src->tgt): its pairs are drawn with "
                         "both weights together; list it once with the weight it should have"]
