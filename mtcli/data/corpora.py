@@ -406,8 +406,11 @@ def write_eval(plan: Plan, data: DataConfig, tmp: Path) -> dict[str, CleanCounts
         counts[split] = CleanCounts(read=n, kept=n)
         get_logger().info("read %s: %d sentences in %s (kept as they are)", split, n, ", ".join(lines))
         if split != read_as:
-            get_logger().info("%s is the split '%s' of %s, kept apart: its text in a language an earlier corpus "
-                              "gives differs from that corpus's", split, read_as, next(iter(lines.values()))[1].source.location)
+            corpus = next(iter(lines.values()))[1]
+            shared = any((read_as, lang) in plan.providers for lang in corpus.langs)
+            get_logger().info("%s is the split '%s' of %s, kept apart: %s", split, read_as, corpus.source.location,
+                              "its text in a language an earlier corpus gives differs from that corpus's" if shared
+                              else "it has no language of an earlier corpus's, to show its sentences are theirs")
         if n == 0:
             _refuse_empty(split, read_as, data, plan, next(iter(lines.values()))[1])
     return counts

@@ -142,7 +142,7 @@ def _own_test_sets(root: Path, out: Path, shorter: bool) -> Path:
 
 @pytest.mark.parametrize("shorter", [False, True], ids=["same-length", "shorter"])
 def test_a_corpus_with_its_own_test_sets_keeps_them_apart(multi: tuple[Path, Path], tmp_path: Path,
-                                                          shorter: bool) -> None:
+                                                          shorter: bool, caplog: pytest.LogCaptureFixture) -> None:
     """A src-tgt corpus and a src-xx corpus whose test sets are other sentences: the second's
     src lines beside the first's would pair unrelated sentences (same length, no error before),
     so its splits are stored as its own, ``val.src-xx``, which validation and scoring read."""
@@ -150,7 +150,10 @@ def test_a_corpus_with_its_own_test_sets_keeps_them_apart(multi: tuple[Path, Pat
     own = _own_test_sets(root, tmp_path / "own", shorter)
     overrides = multi_overrides(root, tmp_path / "p")
     overrides[1] = f"data.sources=[{{source: {root}/tri, langs: [src, tgt]}}, {{source: {own}, langs: [src, xx]}}]"
-    prepare(load_config(TOY_CONFIG, [*overrides, "data.tgt_lang=xx"]))  # the direction of the second corpus
+    with caplog.at_level("INFO", logger="mtcli"):
+        prepare(load_config(TOY_CONFIG, [*overrides, "data.tgt_lang=xx"]))  # the direction of the second corpus
+    assert f"val.src-xx is the split 'val' of {own}, kept apart: its text in a language an earlier corpus gives " \
+        "differs" in caplog.text
     corpus = PreparedCorpus.open(tmp_path / "p")
     assert corpus.split_langs["val"] == ["src", "tgt"] and corpus.split_langs["val.src-xx"] == ["src", "xx"]
     for split in ("val", "test"):
@@ -170,7 +173,8 @@ def test_a_corpus_with_its_own_test_sets_keeps_them_apart(multi: tuple[Path, Pat
     assert Path(report["reference"]) == text / "test.src-xx.xx"
 
 
-def test_a_corpus_sharing_no_language_keeps_its_splits_apart(multi: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_corpus_sharing_no_language_keeps_its_splits_apart(multi: tuple[Path, Path], tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
     """A src-tgt corpus and an aa-bb one: nothing shows their test sets are the same sentences,
     so aa-bb's are its own (they joined the split, and src->aa was then scored on unrelated
     lines; or, of another length, prepare refused the config)."""
@@ -184,9 +188,17 @@ def test_a_corpus_sharing_no_language_keeps_its_splits_apart(multi: tuple[Path, 
         shutil.copy(root / "tri" / f"{split}.xx", other / f"{split}.bb")
     overrides = multi_overrides(root, tmp_path / "p")
     overrides[1] = f"data.sources=[{{source: {root}/tri, langs: [src, tgt]}}, {{source: {other}, langs: [aa, bb]}}]"
-    plan = plan_corpora(load_config(TOY_CONFIG, overrides).data)
+    data = load_config(TOY_CONFIG, overrides).data
+    plan = plan_corpora(data)
     assert plan.read_as == {"val": "val", "test": "test", "val.aa-bb": "val", "test.aa-bb": "test"}
     assert plan.split_langs()["val"] == ["src", "tgt"] and plan.split_langs()["val.aa-bb"] == ["aa", "bb"]
+    from mtcli.data.corpora import write_eval
+
+    (tmp_path / "written").mkdir()
+    with caplog.at_level("INFO", logger="mtcli"):
+        write_eval(plan, data, tmp_path / "written")
+    assert f"val.aa-bb is the split 'val' of {other}, kept apart: it has no language of an earlier corpus's" \
+        in caplog.text  # (it said their texts differ in a language: they have none in common)
 
 
 def test_a_corpus_adding_no_language_to_a_split_is_not_read_for_it(multi: tuple[Path, Path], tmp_path: Path) -> None:
