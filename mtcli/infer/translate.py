@@ -32,6 +32,7 @@ import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -345,8 +346,16 @@ def override_keys(overrides: Sequence[str]) -> set[str]:
 
 
 def decode_config(config: Config, overrides: list[str]) -> Config:
-    """Apply ``decode.*`` ``--set`` overrides to a run's config (other sections are refused)."""
+    """Apply ``decode.*`` ``--set`` overrides to a run's config (other sections are refused).
+    A ``decode.nbest`` wider than the beam, given without a beam, widens it, as ``--nbest`` does."""
+    given: dict[str, Any] = {}
     for text in overrides:
-        if parse_override(text)[0] != "decode":  # a malformed one is said as train says it
+        section, key, value = parse_override(text)
+        if section != "decode":  # a malformed one is said as train says it
             raise ConfigError(f"--set {text!r}: only decode.* keys can be set when decoding")
+        given[key] = value
+    n = given.get("nbest")
+    if "beam_size" not in given and type(n) is int and n > config.decode.beam_size and \
+            given.get("sampling", config.decode.sampling) == "none":
+        overrides = [*overrides, f"decode.beam_size={n}"]
     return config_from_dict(config.to_dict(), config.path, overrides)

@@ -123,6 +123,10 @@ def test_an_nbest_wider_than_the_runs_beam_widens_it_as_translate_and_serve_say(
 
     wide = Translator.from_run(tiny_run_dir, nbest=4, device="cpu")
     assert (wide.decode.beam_size, wide.decode.nbest) == (4, 4)
+    by_set = Translator.from_run(tiny_run_dir, overrides=["decode.nbest=4"], device="cpu")  # --set decode.nbest=4
+    assert (by_set.decode.beam_size, by_set.decode.nbest) == (4, 4)  # (refused: nbest past the run's beam)
+    with pytest.raises(ConfigError, match="nbest"):
+        Translator.from_run(tiny_run_dir, overrides=["decode.nbest=4", "decode.beam_size=2"], device="cpu")
     for fixed in ({"overrides": ["decode.beam_size=2"]}, {"beam": 2}):
         with pytest.raises(ConfigError, match="nbest"):
             Translator.from_run(tiny_run_dir, nbest=4, device="cpu", **fixed)
