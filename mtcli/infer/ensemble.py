@@ -110,6 +110,6 @@ def add_members(bundle: InferenceModel, others: Sequence[str | Path], run_dir: s
                                   "directions)")
         models.append(member.model)
         loose = Path(spec).is_file() and Path(spec).parent.name != "checkpoints"  # named by its file alone
-        names.append(member.name if loose else f"{member_run.name}/{member.name}")
+        names.append(member.name if loose else f"{member_run.name}/checkpoints/{member.name}")
     labels = ["the first member", *map(str, others)]
     return dataclasses.replace(bundle, model=Ensemble(models, labels), name=" + ".join(names))

@@ -103,7 +103,7 @@ def test_evaluate_and_translate_with_ensemble_members(tiny_run_dir: Path, tmp_pa
                       overrides=["decode.beam_size=2"], output_dir=tmp_path / "eval")
     assert report["ensemble"] == [str(other / "checkpoints" / "checkpoint_10.pt")]
     assert Path(report["hypotheses"]).name == "val.best.ensemble2.hyp"
-    assert "checkpoint_best.pt" in report["checkpoint"] and "other/checkpoint_10.pt" in report["checkpoint"]
+    assert "checkpoint_best.pt" in report["checkpoint"] and "other/checkpoints/checkpoint_10.pt (step 10)" in report["checkpoint"]
     out = tmp_path / "out.txt"
     summary = translate_files(first, [first / "text" / "val.src"], out, ensemble=[other])
     assert summary["lines"] == len(out.read_text(encoding="utf-8").splitlines()) > 0
