@@ -299,7 +299,8 @@ def test_train_refuses_a_corrupted_cache_before_training(prepared: Path, tmp_pat
     errors = error_lines(result.stderr)
     assert len(errors) == 1, result.stderr
     assert errors[0].startswith("mtcli: error: ") and str(cache / victim) in errors[0]
-    assert "checksum" in errors[0] and "mtcli prepare" in errors[0]
+    assert "checksum" in errors[0] and f"run `mtcli prepare {TOY_CONFIG} --set " in errors[0]  # (its own command)
+    assert f"--set data.prepared_dir={cache}` (add --force to rebuild)" in errors[0]
     assert not run.exists()  # refused before the run directory (or a checkpoint) was made
 
 

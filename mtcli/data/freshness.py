@@ -37,7 +37,10 @@ def open_prepared(config: Config, check_inputs: bool = True) -> PreparedCorpus:
             raise DataError(f"{path}: another process is preparing it now (`mtcli prepare`, pid {building[0]}): "
                             "train once it has finished")
         raise DataError(f"{path}: no prepared cache; run `{config.prepare_command()}` first")
-    corpus = PreparedCorpus.open(path, verify=True)
+    try:
+        corpus = PreparedCorpus.open(path, verify=True)
+    except DataError as exc:  # its advice with this config's command line
+        raise DataError(str(exc).replace("`mtcli prepare CONFIG`", f"`{config.prepare_command()}`")) from None
     corpus.lock = lock
     data = config.data
     if len(corpus.corpora) != len(data.sources):
