@@ -58,8 +58,10 @@ def _decode_line(raw: bytes, name: str, lineno: int) -> str:
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
+        utf16 = lineno == 1 and raw[:2] in (b"\xff\xfe", b"\xfe\xff")  # a UTF-16 byte-order mark
         raise DataError(
             f"{name}:{lineno}: invalid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
+            f"{'; it is UTF-16 text: convert it, iconv -f UTF-16 -t UTF-8' if utf16 else ''}"
         ) from None
     if lineno == 1 and line.startswith("\ufeff"):
         line = line[1:]

@@ -70,6 +70,10 @@ def test_read_lines_invalid_utf8_names_file_and_line(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"bad\.de:3: invalid UTF-8") as info:
         list(read_lines(path))
     assert "\n" not in str(info.value)
+    path.write_bytes("ein hund\nrot\n".encode("utf-16"))  # (Notepad's "Unicode")
+    with pytest.raises(DataError, match=r"bad\.de:1: invalid UTF-8 \(byte 0xff at column 1\); it is UTF-16 text: "
+                                        r"convert it, iconv -f UTF-16 -t UTF-8$"):
+        list(read_lines(path))
 
 
 def test_read_lines_corrupt_gzip(tmp_path: Path) -> None:
