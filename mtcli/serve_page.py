@@ -10,6 +10,8 @@ PAGE = """<!doctype html>
 <style>
   body { font-family: system-ui, sans-serif; max-width: 52rem; margin: 2rem auto; padding: 0 1rem; }
   textarea, #result { width: 100%; box-sizing: border-box; font-size: 1rem; padding: .5rem; }
+  /* each line in its own script's direction: Arabic or Hebrew right to left, beside English */
+  textarea, #result { unicode-bidi: plaintext; text-align: start; }
   textarea { height: 9rem; }
   #result { min-height: 9rem; border: 1px solid #999; white-space: pre-wrap; background: #f7f7f7; }
   .row { display: flex; gap: 1rem; align-items: center; margin: .75rem 0; flex-wrap: wrap; }
@@ -21,7 +23,7 @@ PAGE = """<!doctype html>
 <h1>mtcli</h1>
 <p>One sentence per line. <a href="/docs">API docs</a></p>
 <label for="source">Text</label>
-<textarea id="source" autofocus></textarea>
+<textarea id="source" dir="auto" autofocus></textarea>
 <div class="row">
   <button id="translate" type="button">Translate</button>
   <label>Search <select id="search">
@@ -37,7 +39,7 @@ PAGE = """<!doctype html>
   <span id="status" role="status"></span>
 </div>
 <label for="result">Translation</label>
-<div id="result" aria-live="polite"></div>
+<div id="result" dir="auto" aria-live="polite"></div>
 <script>
 const $ = (id) => document.getElementById(id);
 async function translate() {

@@ -83,6 +83,10 @@ def test_the_page_translates_what_a_person_types(tiny_run_dir: Path, tmp_path: P
         browser.get(server.url)
         assert browser.title == "mtcli"
         assert not browser.find_element(By.ID, "tgt-lang-label").is_displayed()  # one target language
+        for box in ("source", "result"):  # each line in its script's direction (Arabic, Hebrew: right to left)
+            element = browser.find_element(By.ID, box)
+            assert element.get_attribute("dir") == "auto"
+            assert browser.execute_script("return getComputedStyle(arguments[0]).unicodeBidi", element) == "plaintext"
         # the beam box left empty: the server's beam, widened to the alternatives asked for (the
         # page sent a beam of 5 always, and 8 alternatives were refused)
         widened = read_alternatives(type_and_translate(browser, sentences, nbest=8))
