@@ -9,14 +9,17 @@ and no other command needs them).
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from mtcli.fileio import atomic_write
+from mtcli.logs import get_logger
 
 TRAIN_LOSS, VALID_LOSS, VALID_BLEU, VALID_CHRF = "train/loss", "valid/loss", "valid/bleu", "valid/chrf"
 
@@ -132,7 +135,20 @@ def plot_attention_png(
         ax.set_xlabel("source")
         if layer == 0:
             ax.set_ylabel("target")
-    fig.tight_layout()
-    with atomic_write(path, "wb", encoding=None) as handle:
-        fig.savefig(handle, format="png", dpi=100)
+    with warnings.catch_warnings(record=True) as caught:  # matplotlib warns once a missing glyph
+        warnings.simplefilter("always")
+        fig.tight_layout()
+        with atomic_write(path, "wb", encoding=None) as handle:
+            fig.savefig(handle, format="png", dpi=100)
     plt.close(fig)
+    if any("missing from font" in str(w.message) for w in caught):
+        _say_missing_glyphs(str(plt.rcParams["font.sans-serif"][0]))
+    for other in (w for w in caught if "missing from font" not in str(w.message)):
+        warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
+
+
+@functools.cache
+def _say_missing_glyphs(font: str) -> None:
+    """One warning a process: the pieces of a script the plots' font lacks show as boxes."""
+    get_logger().warning("attention plots: the font %s has no glyphs for some pieces, which show as boxes (install "
+                         "a font that has them, e.g. Debian's fonts-noto-cjk for Chinese and Japanese)", font)

@@ -64,3 +64,20 @@ def test_a_resumed_run_reads_its_curves_without_tensorboards_purge_message(tmp_p
             writer.add_scalar("train/loss", 10.0 + step, step)
     assert read_scalars(logdir)["train/loss"] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 14.0), (5, 15.0)]
     assert "TensorFlow" not in caplog.text
+
+
+def test_pieces_the_font_lacks_are_one_logged_warning(tmp_path: Path, caplog) -> None:  # noqa: ANN001
+    """matplotlib printed a UserWarning for each Chinese glyph its font lacks, outside mtcli's log."""
+    import warnings
+
+    import torch
+
+    from mtcli.plots import _say_missing_glyphs, plot_attention_png
+
+    _say_missing_glyphs.cache_clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # none escapes
+        for name in ("a.png", "b.png"):
+            plot_attention_png(tmp_path / name, ["▁一只", "猫"], ["▁a", "▁cat"], torch.rand(1, 3, 3))
+    said = [r.getMessage() for r in caplog.records if "has no glyphs" in r.getMessage()]
+    assert len(said) == 1 and (tmp_path / "b.png").stat().st_size > 0, said
