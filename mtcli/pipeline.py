@@ -83,9 +83,14 @@ def kept_row(config: Config, kind: str, data: str) -> dict[str, Any] | None:
 
 
 def keep_row(config: Config, kind: str, data: str, row: dict[str, Any]) -> None:
-    """Record ``row`` for :func:`kept_row`."""
-    with atomic_write(config.run_path() / ROW_RECORD) as handle:
-        handle.write(json.dumps({**_scored_from(config, kind, data), "row": row}, indent=2, default=str) + "\n")
+    """Record ``row`` for :func:`kept_row`; a record that cannot be written is a warning (the
+    row still goes to the table; a rerun scores the run again)."""
+    record = config.run_path() / ROW_RECORD
+    try:
+        with atomic_write(record) as handle:
+            handle.write(json.dumps({**_scored_from(config, kind, data), "row": row}, indent=2, default=str) + "\n")
+    except OSError as exc:
+        get_logger().warning("%s: cannot keep the row for a rerun (%s)", record, exc.strerror or exc)
 
 
 #: Settings a pipeline's run may resume under: the batch size, for memory, and the precision.
