@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TOY_DIR
+from conftest import TOY_CONFIG, TOY_DIR
 
 from mtcli.checkpoint import load_checkpoint
 from mtcli.reproduce import combine_seeds, render_markdown, search_length_penalty, write_results
@@ -440,7 +440,6 @@ def test_seeds_trained_on_other_data_are_neither_kept_nor_merged(tmp_path: Path,
 
 
 def test_adaptation_from_too_few_parent_checkpoints_says_which_setting(tiny_run_dir: Path, tmp_path: Path) -> None:
-    from conftest import TOY_CONFIG
 
     from mtcli.config import ConfigError, load_config
     from mtcli.reproduce import run_adaptation
@@ -650,3 +649,17 @@ def test_a_sigterm_to_a_pipeline_is_one_line(capsys: pytest.CaptureFixture[str])
         signal.signal(signal.SIGTERM, previous)
     assert failed(raised.value) == 143
     assert capsys.readouterr().err == "mtcli: error: terminated (run the same command again to go on)\n"
+
+
+def test_a_row_record_that_cannot_be_written_is_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The row was scored: a record it cannot keep (a file where the run directory is, a full
+    disk) must not fail the pipeline before the table is written."""
+    from mtcli.config import load_config
+    from mtcli.pipeline import ROW_RECORD, keep_row, kept_row
+
+    blocked = tmp_path / "run"
+    blocked.write_text("a file in the way")
+    config = load_config(TOY_CONFIG, [f"train.run_dir={blocked}"])
+    keep_row(config, "recipe", "data", {"bleu": 1.0})
+    assert f"{blocked / ROW_RECORD}: cannot keep the row for a rerun" in caplog.text
+    assert kept_row(config, "recipe", "data") is None
