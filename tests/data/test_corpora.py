@@ -201,6 +201,25 @@ def test_a_corpus_sharing_no_language_keeps_its_splits_apart(multi: tuple[Path, 
         in caplog.text  # (it said their texts differ in a language: they have none in common)
 
 
+def test_a_test_split_of_another_direction_alone_says_how_to_score_it(multi: tuple[Path, Path],
+                                                                      tmp_path: Path) -> None:
+    """A split only a src-xx corpus holds cannot be a test split of a src->tgt recipe; the
+    error said so, not how to score it anyway."""
+    import shutil
+
+    root, _ = multi
+    other = tmp_path / "other"
+    other.mkdir()
+    for split, lang in (("train", "src"), ("train", "xx"), ("test", "src"), ("test", "xx")):
+        shutil.copy(root / "tri" / f"{split}.{lang}", other / f"{'news' if split == 'test' else split}.{lang}")
+    overrides = multi_overrides(root, tmp_path / "p")
+    overrides[1] = f"data.sources=[{{source: {root}/tri, langs: [src, tgt]}}, {{source: {other}, langs: [src, xx]}}]"
+    with pytest.raises(DataError, match=r"no corpus holds split 'news' in src and tgt \(the direction data.src_lang "
+                                        r"-> data.tgt_lang\); it is src->xx's: leave it out of data.test_splits and "
+                                        r"score it with `mtcli evaluate RUN --src FILE --ref FILE"):
+        plan_corpora(load_config(TOY_CONFIG, [*overrides, "data.test_splits=[test, news]"]).data)
+
+
 def test_a_corpus_adding_no_language_to_a_split_is_not_read_for_it(multi: tuple[Path, Path], tmp_path: Path) -> None:
     """A corpus whose two languages a split already holds from corpora before it adds nothing
     to it, whatever its text: the first corpus's pairs are scored."""
