@@ -2,7 +2,7 @@
 them that cleaning workers call themselves.
 
 A block is the UTF-8 text of one side of a batch of rows, a line a row, by the rules of
-:meth:`mtcli.data.sources.Source.pairs` (a missing value is an empty line, inner line breaks
+:meth:`mtcli.data.sourcebase.Source.pairs` (a missing value is an empty line, inner line breaks
 become spaces), made by Arrow and numpy without a Python loop over the rows.
 """
 
@@ -33,10 +33,10 @@ def pair_columns(batch: Any, src_lang: str, tgt_lang: str) -> tuple[Any, Any]:
 
 class BlockReader:
     """A part of a split that a worker process reads itself
-    (:meth:`mtcli.data.sources.Source.block_readers`)."""
+    (:meth:`mtcli.data.sourcebase.Source.block_readers`)."""
 
     def blocks(self) -> Iterator[tuple[bytes, bytes]]:
-        """The part's pairs as :meth:`mtcli.data.sources.Source.text_blocks` gives them."""
+        """The part's pairs as :meth:`mtcli.data.sourcebase.Source.text_blocks` gives them."""
         raise NotImplementedError
 
 
@@ -63,7 +63,7 @@ class ParquetRowGroup(BlockReader):
 
 def joined_lines(column: Any) -> bytes:
     """A string column as UTF-8 lines, each ended by ``\n``, by the rules of
-    :meth:`mtcli.data.sources.Source.pairs` (a missing value is empty, an inner line break a
+    :meth:`mtcli.data.sourcebase.Source.pairs` (a missing value is empty, an inner line break a
     space): Arrow's bytes with the line ends put in by numpy, no Python loop."""
     import numpy as np
     import pyarrow as pa
@@ -81,7 +81,7 @@ def joined_lines(column: Any) -> bytes:
     _, offsets_buffer, data_buffer = column.buffers()
     offsets = np.frombuffer(offsets_buffer, dtype=offset_type)[column.offset:column.offset + len(column) + 1]
     data = np.frombuffer(data_buffer, dtype=np.uint8)[offsets[0]:offsets[-1]] if data_buffer else np.zeros(0, np.uint8)
-    if ((data == 10) | (data == 13)).any():  # an inner line break: _normalise's replacements, then again
+    if ((data == 10) | (data == 13)).any():  # an inner line break: single_line's replacements, then again
         for old in ("\r\n", "\n", "\r"):
             column = pc.replace_substring(column, old, " ")
         return joined_lines(column)

@@ -23,7 +23,7 @@ import numpy as np
 from mtcli.data.arrowrows import BlockReader
 from mtcli.data.dedup import key_set, keys_of, pair_keys
 from mtcli.data.scan import Lines, numpy_lines, text_length
-from mtcli.data.sources import Pair, mismatch_error
+from mtcli.data.sourcebase import Pair, mismatch_error
 from mtcli.data.textio import decode_block, is_utf8, read_range, refuse_lone_cr_ends
 from mtcli.data.workers import forked_pool, in_order, result_of, settle
 
@@ -411,8 +411,8 @@ def clean_text_files(src: Path, tgt: Path, out_src: Path, out_tgt: Path, cleaner
 
 def clean_text_blocks(blocks: Iterable[tuple[bytes, bytes] | BlockReader], out_src: Path, out_tgt: Path,
                       cleaner: PairCleaner, workers: int) -> None:
-    """Clean pairs given as blocks of text (:meth:`mtcli.data.sources.Source.text_blocks`), or
-    as readers of them that the workers call themselves (:meth:`~mtcli.data.sources.Source.block_readers`),
+    """Clean pairs given as blocks of text (:meth:`mtcli.data.sourcebase.Source.text_blocks`), or
+    as readers of them that the workers call themselves (:meth:`~mtcli.data.sourcebase.Source.block_readers`),
     into ``out_src``/``out_tgt`` with ``workers`` processes, as :func:`clean_text_files` does."""
     ranges = ((0, block, None) if isinstance(block, BlockReader) else (0, *block) for block in blocks)
     with _parts_directory(out_src) as parts, forked_pool(workers) as pool:

@@ -31,7 +31,8 @@ from typing import Any
 from mtcli.config import CorpusConfig, DataConfig
 from mtcli.data.cache import array_name, direction_split, eval_split_name
 from mtcli.data.cleaning import CleanCounts, PairCleaner, clean_text_blocks, clean_text_files
-from mtcli.data.sources import MissingSplitError, Source, TextDirSource, open_source
+from mtcli.data.sourcebase import MissingSplitError, Source
+from mtcli.data.sources import TextDirSource, open_source
 from mtcli.data.workers import can_fork
 from mtcli.errors import DataError
 from mtcli.fileio import FileHasher

@@ -473,14 +473,14 @@ def test_joined_lines_follow_the_pairs_rules(breaks: bool) -> None:
     import pyarrow as pa
 
     from mtcli.data.arrowrows import joined_lines
-    from mtcli.data.sources import _normalise
+    from mtcli.data.sourcebase import single_line
 
     values = ["a\r\nb", None, "c\nd\re", "ä ü", "", "x"] if breaks else ["a b", None, "ä ü", "", "x" * 70]
     for column in (pa.array(values), pa.array(values, type=pa.large_string()), pa.array(["q", *values]).slice(1),
                    pa.chunked_array([pa.array(values[:2]), pa.array(values[2:])]), pa.array(["", ""]),
                    pa.array([], type=pa.string()),
                    pa.array(values).dictionary_encode()):  # a pandas category column (a traceback: two buffers)
-        expected = "".join(_normalise(v or "") + "\n" for v in column.to_pylist()).encode()
+        expected = "".join(single_line(v or "") + "\n" for v in column.to_pylist()).encode()
         assert joined_lines(column) == expected
 
 
