@@ -18,7 +18,7 @@ from mtcli.data.download import CORPORA, unpinned
 from mtcli.errors import ConfigError, MtcliError, Terminated, stop_on_signals
 from mtcli.fileio import FileHasher, atomic_write, check_file_target
 from mtcli.logs import get_logger
-from mtcli.results import recipe_fingerprint
+from mtcli.results import recipe_fingerprint, source_tree
 from mtcli.rundir import CONFIG_NAME, checkpoint_dir, step_checkpoints
 from mtcli.train.resume import INEXACT_KEYS
 
@@ -53,29 +53,35 @@ def check_run_recipe(config: Config) -> None:
 ROW_RECORD = "pipeline_row.json"
 
 
-def _scored_from(config: Config, kind: str, data: str) -> dict[str, Any]:
-    """What a run's row depends on: the pipeline step (``kind``), the whole config (decoding
-    and test splits too), the data it read (:func:`~mtcli.results.data_fingerprint`), and its
-    step checkpoints (name, size, time written: trained on, or anew, they differ)."""
+def _scored_from(config: Config, data: str) -> dict[str, Any]:
+    """What a run's row depends on: mtcli's files (:func:`~mtcli.results.source_tree`: another
+    version may decode or score otherwise), the whole config (decoding and test splits too),
+    the data it read (:func:`~mtcli.results.data_fingerprint`), and its step checkpoints
+    (name, size, time written: trained on, or anew, they differ)."""
     checkpoints = [[path.name, stat.st_size, stat.st_mtime_ns]
                    for _, path in step_checkpoints(config.run_path()) for stat in (path.stat(),)]
-    return {"kind": kind, "config": json.loads(json.dumps(config.to_dict(), default=str)), "data": data,
+    return {"tree": source_tree(), "config": json.loads(json.dumps(config.to_dict(), default=str)), "data": data,
             "checkpoints": checkpoints}
 
 
-def kept_row(config: Config, kind: str, data: str) -> dict[str, Any] | None:
-    """The row that the pipeline step ``kind`` gave earlier for ``config``'s run, when nothing
-    it depends on (:func:`_scored_from`) changed since; else None. Call it after training:
-    a run that trains further has other checkpoints."""
-    record = config.run_path() / ROW_RECORD
+def _rows_kept(record: Path) -> dict[str, Any]:
+    """The rows ``record`` keeps by pipeline step; {} when there is none, or it is unreadable
+    (then the rows are scored again, and it is written anew)."""
     try:
         saved = json.loads(record.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):  # unreadable or damaged: scored again, and written anew
-        return None
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
+def kept_row(config: Config, kind: str, data: str) -> dict[str, Any] | None:
+    """The row that the pipeline step ``kind`` (a recipe's scoring, a tuning run's) gave
+    earlier for ``config``'s run, when nothing it depends on (:func:`_scored_from`) changed
+    since; else None. Call it after training: a run that trains further has other checkpoints."""
+    record = config.run_path() / ROW_RECORD
+    saved = _rows_kept(record).get(kind)
     if not isinstance(saved, dict) or saved.get("row") is None or \
-            {key: saved.get(key) for key in ("kind", "config", "data", "checkpoints")} != _scored_from(config, kind, data):
+            {key: saved.get(key) for key in ("tree", "config", "data", "checkpoints")} != _scored_from(config, data):
         return None
     get_logger().info("%s: scored earlier, its row kept (%s; remove that file to score it again)",
                       config.run_path(), record)
@@ -83,12 +89,13 @@ def kept_row(config: Config, kind: str, data: str) -> dict[str, Any] | None:
 
 
 def keep_row(config: Config, kind: str, data: str, row: dict[str, Any]) -> None:
-    """Record ``row`` for :func:`kept_row`; a record that cannot be written is a warning (the
-    row still goes to the table; a rerun scores the run again)."""
+    """Record ``row`` for :func:`kept_row`, beside the rows of other steps; a record that cannot
+    be written is a warning (the row still goes to the table; a rerun scores the run again)."""
     record = config.run_path() / ROW_RECORD
+    rows = {**_rows_kept(record), kind: {**_scored_from(config, data), "row": row}}
     try:
         with atomic_write(record) as handle:
-            handle.write(json.dumps({**_scored_from(config, kind, data), "row": row}, indent=2, default=str) + "\n")
+            handle.write(json.dumps(rows, indent=2, default=str) + "\n")
     except OSError as exc:
         get_logger().warning("%s: cannot keep the row for a rerun (%s)", record, exc.strerror or exc)
 

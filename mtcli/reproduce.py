@@ -273,7 +273,19 @@ def run_recipe(config: Config, valid_only: bool = False) -> dict[str, Any]:
     if row is None:
         row = _score_run(config, summary, data, valid_only)
         keep_row(config, kind, data, row)
+    else:  # what scoring leaves beside the row, made again if removed since
+        chosen = summary.run_dir / "checkpoints" / f"checkpoint_avg_last{row['average_last']}.pt"
+        if not chosen.exists():  # (the adaptation decodes it; each is a full model, which a user may remove)
+            average_run_checkpoints(summary.run_dir, chosen, last=int(row["average_last"]))
+        if valid_only and not (config.run_path() / "tuning.json").exists():
+            _write_tuning(config, row)
     return row
+
+
+def _write_tuning(config: Config, row: dict[str, Any]) -> None:
+    """A tuning run's row, in ``run_dir/tuning.json`` (bench/tune_sweep.py reads it)."""
+    with atomic_write(config.run_path() / "tuning.json") as handle:
+        handle.write(json.dumps(row, indent=2) + "\n")
 
 
 def _score_run(config: Config, summary: TrainSummary, data: str, valid_only: bool) -> dict[str, Any]:
@@ -292,8 +304,7 @@ def _score_run(config: Config, summary: TrainSummary, data: str, valid_only: boo
     if valid_only:
         row = {"valid_split": valid, "best_valid_bleu_greedy": summary.best_valid_bleu,
                "valid_bleu": valid_by_alpha[str(alpha)], "config": config.to_dict(), **common}
-        with atomic_write(config.run_path() / "tuning.json") as handle:
-            handle.write(json.dumps(row, indent=2) + "\n")
+        _write_tuning(config, row)
         return row
     report, more_tests = _test_scores(run_dir, config.data.test_splits, averaged, alpha)
     return {

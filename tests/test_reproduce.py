@@ -85,8 +85,12 @@ def test_reproduce_pipeline_on_toy(tmp_path: Path, toy_config_path: Path, monkey
     decoded: list[str] = []
     scores = mtcli.reproduce.evaluate
     monkeypatch.setattr(mtcli.reproduce, "evaluate", lambda *a, **k: decoded.append(k["split"]) or scores(*a, **k))
+    averages = sorted((tmp_path / "run" / "checkpoints").glob("checkpoint_avg_last*.pt"))
+    for path in averages:  # (a full model each: a user may remove it; the adaptation decodes it)
+        path.unlink()
     assert main(argv) == 0 and decoded == []  # (a rerun after an interruption in a later seed)
     assert (tmp_path / "results" / "multi30k.json").read_text() == first
+    assert sorted((tmp_path / "run" / "checkpoints").glob("checkpoint_avg_last*.pt")) == averages  # made again
     assert main([*argv, "--set", "decode.max_len_b=40"]) == 0 and "test" in decoded  # decoded otherwise
     decoded.clear()
     step = tmp_path / "run" / "checkpoints" / "checkpoint_40.pt"
