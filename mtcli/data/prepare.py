@@ -174,9 +174,11 @@ def spells_in_bytes(data: DataConfig) -> bool:
     return data.character_coverage < 1.0 and data.spm_model_type != "word"
 
 
-def build_key(data: DataConfig, fingerprint: dict[str, Any], spm_sha256: str | None = None) -> str:
+def build_key(data: DataConfig, fingerprint: dict[str, Any], spm_sha256: str | None = None,
+              spm_texts: list[list[Any]] | None = None) -> str:
     """sha256 over everything the cache content depends on: inputs, data config, format, and
-    the given SentencePiece model's sha256 (``data.spm_model``), not its path."""
+    the given SentencePiece model's sha256 (``data.spm_model``), not its path; else, of several
+    corpora, the texts SentencePiece learns from (``spm_texts``: corpus index and language)."""
     excluded = KEY_EXCLUDES + (SPM_TRAINING_KEYS if spm_sha256 else ())
     settings = {k: v for k, v in dataclasses.asdict(data).items() if k not in excluded}
     if settings.get("spm_normalization") == "nmt_nfkc":  # SentencePiece's default: a cache made before the key
@@ -190,6 +192,8 @@ def build_key(data: DataConfig, fingerprint: dict[str, Any], spm_sha256: str | N
         settings["spm_model_sha256"] = spm_sha256
     elif spells_in_bytes(data):
         settings["byte_fallback"] = True
+    if spm_texts is not None and not spm_sha256:
+        settings["spm_texts"] = spm_texts
     blob = json.dumps(
         {
             "format": FORMAT_VERSION,
@@ -543,7 +547,8 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     previous = _previous_manifest(out)
     inputs = FileHasher(previous.get("input_files"), by_path=True)  # unchanged inputs are not re-read
     fingerprint = plan.fingerprint(inputs)
-    key = build_key(data, fingerprint, given_sha256(given) if given is not None else None)
+    key = build_key(data, fingerprint, given_sha256(given) if given is not None else None,
+                    [[corpus.index, lang] for corpus, lang in plan.spm_texts()] if plan.several else None)
     seen = file_stamp(out / "manifest.json")
     current = None if force else _current_cache(out, key)
     if current is None:  # to be built: a place to write it, and no one else using it (a trainer, a prepare)

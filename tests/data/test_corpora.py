@@ -72,6 +72,16 @@ def test_the_vocabulary_learns_each_pair_of_one_directory_of_tsv_files(multi: tu
     plan = plan_corpora(load_config(TOY_CONFIG, overrides).data)
     texts = [(corpus.train_name, lang) for corpus, lang in plan.spm_texts()]
     assert texts == [("train.0", "src"), ("train.0", "tgt"), ("train.1", "src"), ("train.1", "xx")]
+    # a cache whose vocabulary learned other texts (as before this was mended) is prepared again
+    from mtcli.data.corpora import Plan
+
+    learned = Plan.spm_texts
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(Plan, "spm_texts", lambda self: [text for text in learned(self) if text[0].index == 0 or
+                                                         text[1] == "xx"])
+        assert not prepare(load_config(TOY_CONFIG, overrides)).skipped
+        assert prepare(load_config(TOY_CONFIG, overrides)).skipped
+    assert not prepare(load_config(TOY_CONFIG, overrides)).skipped
 
 
 def test_tags_are_atomic_symbols_before_the_sources_only(multi: tuple[Path, Path]) -> None:
