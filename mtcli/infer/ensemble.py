@@ -27,6 +27,7 @@ from mtcli.errors import CheckpointError, ConfigError
 from mtcli.fileio import sha256_file
 from mtcli.infer.loading import InferenceModel, load_for_inference
 from mtcli.model import Transformer
+from mtcli.rundir import CONFIG_NAME
 
 
 class Ensemble(nn.Module):
@@ -72,18 +73,19 @@ def decoding_members(model: nn.Module) -> list[Transformer]:
     return list(model.members) if isinstance(model, Ensemble) else [model]  # type: ignore[list-item]
 
 
-def _member_location(spec: str | Path, first_run: Path | None) -> tuple[Path, str]:
+def _member_location(spec: str | Path, first_run: Path | None) -> tuple[Path, str, bool]:
     """``(run_dir, checkpoint)`` of an ``--ensemble`` argument: a run directory (its best
     checkpoint), a checkpoint file in a run directory's ``checkpoints/``, or another checkpoint
     file (``mtcli average -o avg.pt``), read with ``first_run``, the first member's run (whose
-    SentencePiece model it must have been trained with: its vocabulary is checked)."""
+    SentencePiece model it must have been trained with: its vocabulary is checked); and whether
+    it is such a file."""
     path = Path(spec)
     if path.is_dir():
-        return path, "best"
-    if path.is_file() and path.parent.name == "checkpoints":
-        return path.parent.parent, str(path)
+        return path, "best", False
+    if path.is_file() and path.parent.name == "checkpoints" and (path.parent.parent / CONFIG_NAME).is_file():
+        return path.parent.parent, str(path), False
     if path.is_file() and first_run is not None:
-        return first_run, str(path)
+        return first_run, str(path), True
     raise CheckpointError(f"{spec}: not a run directory nor a checkpoint file (--ensemble takes either)")
 
 
@@ -98,7 +100,7 @@ def add_members(bundle: InferenceModel, others: Sequence[str | Path], run_dir: s
     models, names = [bundle.model], [bundle.name]
     spm = sha256_file(bundle.tokenizer.model_path)
     for spec in others:
-        member_run, checkpoint = _member_location(spec, None if run_dir is None else Path(run_dir))
+        member_run, checkpoint, loose = _member_location(spec, None if run_dir is None else Path(run_dir))
         member = load_for_inference(member_run, checkpoint)
         if sha256_file(member.tokenizer.model_path) != spm:
             raise CheckpointError(f"{spec}: its spm.model differs from the first member's "
@@ -109,7 +111,6 @@ def add_members(bundle: InferenceModel, others: Sequence[str | Path], run_dir: s
                                   f"{directions_text(differ[1])} (ensemble members must translate the same "
                                   "directions)")
         models.append(member.model)
-        loose = Path(spec).is_file() and Path(spec).parent.name != "checkpoints"  # named by its file alone
         names.append(member.name if loose else f"{member_run.name}/checkpoints/{member.name}")
     labels = ["the first member", *map(str, others)]
     return dataclasses.replace(bundle, model=Ensemble(models, labels), name=" + ".join(names))

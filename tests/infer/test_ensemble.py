@@ -122,6 +122,12 @@ def test_evaluate_and_translate_with_ensemble_members(tiny_run_dir: Path, tmp_pa
     report = evaluate(first, split="val", ensemble=[averaged], overrides=["decode.beam_size=2"],
                       output_dir=tmp_path / "eval2")
     assert "avg.pt (average of checkpoint_10.pt, checkpoint_20.pt)" in report["checkpoint"]
+    kept = tmp_path / "store" / "checkpoints"  # a folder of that name outside any run
+    kept.mkdir(parents=True)
+    shutil.copy(averaged, kept / "avg.pt")
+    report = evaluate(first, split="val", ensemble=[kept / "avg.pt"], overrides=["decode.beam_size=2"],
+                      output_dir=tmp_path / "eval3")
+    assert "avg.pt (average of checkpoint_10.pt, checkpoint_20.pt)" in report["checkpoint"]
     # a run whose checkpoints fit its own spm.model, of the same size but another model type
     stranger = build_tiny_run_dir(tmp_path / "stranger", seed=3, spm_model_type="bpe")
     assert sha256_file(stranger / "spm.model") != sha256_file(first / "spm.model")
