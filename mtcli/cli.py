@@ -8,6 +8,7 @@ train or decode first set the process-wide allocator policy (:mod:`mtcli.allocat
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import json
@@ -140,7 +141,8 @@ _SAID: contextvars.ContextVar[bool] = contextvars.ContextVar("mtcli_said", defau
 
 
 def _fail(message: str, code: int) -> None:
-    print(f"mtcli: error: {message}", file=sys.stderr)
+    with contextlib.suppress(OSError):  # (a terminal that hung up takes no more lines)
+        print(f"mtcli: error: {message}", file=sys.stderr)
     _SAID.set(True)
     raise typer.Exit(code)
 

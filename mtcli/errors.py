@@ -72,7 +72,9 @@ class Terminated(BaseException):
 
 def raise_terminated(signum: int, frame: object) -> None:
     """The SIGTERM (and SIGHUP) handler of the command line and the pipelines: raises
-    :class:`Terminated`."""
+    :class:`Terminated`, once: the same signal again (a hang-up is often sent twice) is ignored
+    from then on, so that it cannot cut short the cleanup the first one started."""
+    signal.signal(signum, signal.SIG_IGN)
     raise Terminated(signum)
 
 

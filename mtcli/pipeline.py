@@ -6,6 +6,7 @@ whether a run is the recipe whose table the README shows."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections.abc import Callable
@@ -145,18 +146,16 @@ def stop_on_sigterm() -> None:
 
 def failed(exc: MtcliError | KeyboardInterrupt | Terminated | OSError) -> int:
     """A pipeline's one line for what stopped it, and its exit status."""
-    if isinstance(exc, Terminated):
-        print(f"mtcli: error: {exc} (run the same command again to go on)", file=sys.stderr)
-        return exc.exit_code
-    if isinstance(exc, KeyboardInterrupt):
-        print("mtcli: error: interrupted (run the same command again to go on)", file=sys.stderr)
-        return 130
-    if isinstance(exc, OSError):
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"mtcli: error: {where}{exc.strerror or exc}", file=sys.stderr)
-        return 1
-    print(f"mtcli: error: {exc}", file=sys.stderr)
-    return exc.exit_code
+    if isinstance(exc, Terminated | KeyboardInterrupt):
+        said = exc if isinstance(exc, Terminated) else "interrupted"
+        line, code = f"{said} (run the same command again to go on)", 130 if isinstance(exc, KeyboardInterrupt) else exc.exit_code
+    elif isinstance(exc, OSError):
+        line, code = f"{f'{exc.filename}: ' if exc.filename else ''}{exc.strerror or exc}", 1
+    else:
+        line, code = str(exc), exc.exit_code
+    with contextlib.suppress(OSError):  # (a terminal that hung up takes no more lines)
+        print(f"mtcli: error: {line}", file=sys.stderr)
+    return code
 
 
 def check_table_place(results_dir: Path, table_name: str) -> None:

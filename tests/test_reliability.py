@@ -594,3 +594,29 @@ def test_prepare_names_its_cache_for_a_failed_write_inside_its_build(tmp_path: P
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(tmp_path / "train.de"))
     with pytest.raises(OSError, match="Input/output error"), _naming_write_errors(out, build):  # a read of a
         raise OSError(errno.EIO, "Input/output error", str(build / "train.src.bin"))  # shard: no write failure
+
+
+def test_the_one_line_to_a_terminal_that_hung_up_is_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a hang-up, stderr is a dead terminal: writing the line raised EIO inside the
+    handler of the hang-up, so the process ended with a traceback and status 1, not 129."""
+    import errno
+
+    import typer
+
+    import mtcli.cli as cli
+    from mtcli.pipeline import failed
+
+    class DeadTerminal:
+        def write(self, text: str) -> int:
+            raise OSError(errno.EIO, "Input/output error")
+
+        def flush(self) -> None:
+            raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(sys, "stderr", DeadTerminal())
+    with pytest.raises(typer.Exit) as info:
+        cli._fail("hung up", 129)
+    assert info.value.exit_code == 129
+    from mtcli.errors import Terminated
+
+    assert failed(Terminated(signal.SIGHUP)) == 129
