@@ -317,3 +317,19 @@ def test_evaluate_refuses_to_write_over_a_file_it_reads(tiny_run_dir: Path, tmp_
     with pytest.raises(ConfigError, match=r"a\.src\.best\.hyp: evaluate would write its output over .*--output"):
         evaluate(tiny_run_dir, src_file=src, ref_file=other, beam=1, output_dir=out)
     assert other.read_bytes() == before
+
+
+def test_the_weights_sha256_is_the_same_for_the_same_weights_under_a_prefix(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """A checkpoint saved with DDP's or torch.compile's name prefix loads the same weights: it
+    named them otherwise than the same file without it."""
+    import shutil
+
+    from mtcli.checkpoint import load_checkpoint, save_checkpoint
+    from mtcli.infer.loading import load_for_inference
+
+    run = shutil.copytree(tiny_run_dir, tmp_path / "run")
+    plain = load_for_inference(run, "checkpoint_20.pt").weights_sha256
+    state = load_checkpoint(run / "checkpoints" / "checkpoint_20.pt")
+    state["model"] = {f"module._orig_mod.{key}": value for key, value in state["model"].items()}
+    save_checkpoint(tmp_path / "prefixed.pt", state)
+    assert load_for_inference(run, str(tmp_path / "prefixed.pt")).weights_sha256 == plain

@@ -315,9 +315,8 @@ def test_sighup_serves_the_newest_checkpoint_without_stopping_and_a_bad_one_chan
         first = httpx.get(f"{running.url}/health", timeout=10).json()["model"]
         assert first == f"checkpoint_best.pt (step {state['step']})"
         weights = httpx.get(f"{running.url}/health", timeout=10).json()["weights_sha256"]
-        trained = dict(state["model"])  # (as after more training: other weights)
-        name = next(key for key, value in trained.items() if value.is_floating_point())
-        trained[name] = trained[name] + 0.01
+        trained = {key: value + 0.01 if value.is_floating_point() else value  # (as after more training)
+                   for key, value in state["model"].items()}
         save_checkpoint(best, {**state, "step": state["step"] + 1000, "model": trained})
         _reload_until(running, f"checkpoint_best.pt (step {state['step'] + 1000})")
         assert httpx.get(f"{running.url}/health", timeout=10).json()["weights_sha256"] != weights

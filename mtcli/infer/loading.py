@@ -269,8 +269,9 @@ def load_for_inference(
                               f"{directions_text(differ[1])} as {run_dir / CONFIG_NAME}; decode it with its own run "
                               "directory")
     model = _build_model(state, source, config, tokenizer.vocab_size, run_dir)
+    weights = weights_sha256(model.state_dict())  # by the model's own names (a DDP or compiled prefix gone)
     model.to(device).eval()
     meta = {k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler", "rng", "rng_ranks")}
     return InferenceModel(model=model, tokenizer=tokenizer, config=config, name=name, state=meta,
                           target_tags=run_target_tags(run_dir, tokenizer),
-                          payload_sha256=payload_sha256, weights_sha256=weights_sha256(state["model"]))
+                          payload_sha256=payload_sha256, weights_sha256=weights)
