@@ -135,20 +135,38 @@ def plot_attention_png(
         ax.set_xlabel("source")
         if layer == 0:
             ax.set_ylabel("target")
-    with warnings.catch_warnings(record=True) as caught:  # matplotlib warns once a missing glyph
+    # (the labels are drawn when the figure is: a glyph no font has warns then, once each)
+    with warnings.catch_warnings(record=True) as caught, plt.rc_context({"font.family": _font_families()}):
         warnings.simplefilter("always")
         fig.tight_layout()
         with atomic_write(path, "wb", encoding=None) as handle:
             fig.savefig(handle, format="png", dpi=100)
     plt.close(fig)
     if any("missing from font" in str(w.message) for w in caught):
-        _say_missing_glyphs(str(plt.rcParams["font.sans-serif"][0]))
+        _say_missing_glyphs()
     for other in (w for w in caught if "missing from font" not in str(w.message)):
-        warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
+        warnings.warn_explicit(other.message, other.category, other.filename, other.lineno, registry=_WARNED)
+
+
+#: Fonts whose glyphs a label takes where matplotlib's own (DejaVu Sans) has none, when installed.
+FALLBACK_FONTS = ("Noto Sans CJK JP", "Noto Sans CJK SC", "Noto Sans Arabic", "Noto Sans Hebrew",
+                  "Noto Sans Devanagari", "Noto Sans Thai")
+_WARNED: dict = {}  # matplotlib's other warnings, each said once (as Python says a warning)
 
 
 @functools.cache
-def _say_missing_glyphs(font: str) -> None:
-    """One warning a process: the pieces of a script the plots' font lacks show as boxes."""
-    get_logger().warning("attention plots: the font %s has no glyphs for some pieces, which show as boxes (install "
-                         "a font that has them, e.g. Debian's fonts-noto-cjk for Chinese and Japanese)", font)
+def _font_families() -> tuple[str, ...]:
+    """DejaVu Sans, then the :data:`FALLBACK_FONTS` installed: matplotlib draws each glyph in
+    the first of them that has it."""
+    from matplotlib import font_manager
+
+    installed = {font.name for font in font_manager.fontManager.ttflist}
+    return ("DejaVu Sans", *(name for name in FALLBACK_FONTS if name in installed))
+
+
+@functools.cache
+def _say_missing_glyphs() -> None:
+    """One warning a process: the pieces of a script no font at hand has show as boxes."""
+    get_logger().warning("attention plots: no font at hand has glyphs for some pieces, which show as boxes (install "
+                         "one of %s: Debian's fonts-noto-cjk for Chinese and Japanese, fonts-noto-core for others)",
+                         ", ".join(FALLBACK_FONTS))
