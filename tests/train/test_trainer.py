@@ -703,16 +703,19 @@ def test_a_finished_run_given_again_is_left_as_it_was(prepared: Path, tmp_path: 
     assert "but for its decode settings, taken into config.yaml" in (run / "train.log").read_text(encoding="utf-8")
 
 
-def test_sigterm_saves_checkpoint_and_exits_143(prepared: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_saves_checkpoint_and_exits_143(prepared: Path, tmp_path: Path, signum: signal.Signals) -> None:
+    """And a hang-up, 129: the command line's own SIGHUP handler is installed first; training
+    takes the signal over from it (it did only from the default disposition)."""
     run = tmp_path / "run"
     proc = cli_train(prepared, run, "train.max_steps=100000", "train.valid_every=100000")
     log = run / "train.log"
     wait_until(lambda: log.exists() and "| step 3 |" in log.read_text(encoding="utf-8"), proc,
                "step 3 in train.log", timeout=60.0)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143, err
-    assert "interrupted by SIGTERM" in err and "checkpoint_last" in err
+    assert proc.returncode == 128 + signum, err
+    assert f"interrupted by {signum.name}" in err and "checkpoint_last" in err
     state = load_checkpoint(run / "checkpoints" / "checkpoint_last.pt")
     assert state["step"] >= 3
     assert not (run / "train.lock").exists()
