@@ -1,8 +1,9 @@
 """What the reproduction pipelines (:mod:`mtcli.reproduce`, :mod:`mtcli.multilingual`,
 :mod:`mtcli.backtranslation`) share: their seeds, read from ``--seeds`` and made runs of their
 own, and their command-line plumbing (a one-line error with its status, a results table whose
-place is checked before the training and whose row is printed when it cannot be written), a finished run's row kept for a rerun, and
-whether a run is the recipe whose table the README shows."""
+place is checked before the training and whose row is printed when it cannot be written), a
+finished run's row kept for a rerun, and whether a run is the recipe whose table the README
+shows."""
 
 from __future__ import annotations
 
@@ -148,7 +149,8 @@ def failed(exc: MtcliError | KeyboardInterrupt | Terminated | OSError) -> int:
     """A pipeline's one line for what stopped it, and its exit status."""
     if isinstance(exc, Terminated | KeyboardInterrupt):
         said = exc if isinstance(exc, Terminated) else "interrupted"
-        line, code = f"{said} (run the same command again to go on)", 130 if isinstance(exc, KeyboardInterrupt) else exc.exit_code
+        code = 130 if isinstance(exc, KeyboardInterrupt) else exc.exit_code
+        line = f"{said} (run the same command again to go on)"
     elif isinstance(exc, OSError):
         line, code = f"{f'{exc.filename}: ' if exc.filename else ''}{exc.strerror or exc}", 1
     else:

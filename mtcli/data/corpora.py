@@ -264,8 +264,8 @@ def _repeated(configs: list[CorpusConfig], k: int) -> list[str]:
     """That corpus ``k`` is one listed before it again (source, direction, tag), if it is: both
     draw the same pairs, which is a weight, said twice."""
     this = replace(configs[k], source=_spelled(configs[k].source))
-    same = next((j for j, c in enumerate(configs[:k]) if replace(c, weight=this.weight, source=_spelled(c.source)) == this),
-                None)
+    same = next((j for j, c in enumerate(configs[:k])
+                 if replace(c, weight=this.weight, source=_spelled(c.source)) == this), None)
     if same is None:
         return []
     return [f"data.sources[{k}] repeats data.sources[{same}] ({configs[k].source}, {'->'.join(configs[k].langs or ())}): "
