@@ -16,7 +16,7 @@ Steps (each streamed, so memory stays flat in corpus size):
       at most ``data.spm_max_sentences`` sentences; or, with ``data.spm_model``, copy the given
       model (a trained run's, to adapt it to this corpus: the same pieces get the same ids);
    c. encode every split into ``<split>.<lang>.bin/.idx`` (:class:`~mtcli.data.cache.ArrayWriter`), in
-      chunks; large files are spread over ``data.num_workers`` processes;
+      chunks; large files are spread over ``data.num_workers`` processes (:mod:`mtcli.data.encoding`);
    d. write ``manifest.json`` last, with sizes and sha256 of every file.
 
 An interrupted run (even SIGKILL) leaves at most a hidden ``.<name>.*.tmp`` directory, which the
@@ -54,8 +54,8 @@ from mtcli.data.cache import (
 from mtcli.data.cleaning import CleanCounts
 from mtcli.data.corpora import Plan, plan_corpora, text_path, write_eval, write_training
 from mtcli.data.coverage import warn_of_changed_text, warn_of_unknown
-from mtcli.data.scan import line_ends, take_spans
-from mtcli.data.textio import read_range
+from mtcli.data.encoding import encode_file, encode_with_vocab, line_blocks
+from mtcli.data.scan import take_spans
 from mtcli.data.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -63,12 +63,11 @@ from mtcli.data.tokenizer import (
     PAD_ID,
     UNK_ID,
     Tokenizer,
-    WordCache,
     copy_model,
     train_model,
 )
 from mtcli.data.vocabmap import VocabTokenizer, load_tokenizer, tokenizer_files
-from mtcli.data.workers import can_fork, forked_pool, in_order, result_of
+from mtcli.data.workers import forked_pool, result_of
 from mtcli.errors import DataError
 from mtcli.fileio import (
     NO_ROOM,
@@ -81,14 +80,10 @@ from mtcli.fileio import (
     sha256_file,
 )
 from mtcli.languages import measured_in_characters
-from mtcli.logs import get_logger, progress
+from mtcli.logs import get_logger
 from mtcli.rundir import VOCAB_NAME
 from mtcli.version import __version__
 
-CHUNK_BYTES = 1 << 22
-# Below this many lines a file is encoded in-process: forking workers
-# costs about as much as it saves on a corpus the size of Multi30k.
-PARALLEL_MIN_LINES = 50_000
 SPM_SEED = 1
 # SentencePiece's model depends on how many threads train it, so that number is fixed, not the
 # machine's data.num_workers: one config builds one vocabulary everywhere (two threads train the
@@ -243,110 +238,6 @@ def _current_cache(out: Path, key: str) -> PreparedCorpus | None:
     return corpus
 
 
-# ----------------------------------------------------------------------------- encoding
-
-_WORKER: dict[str, Any] = {}
-
-
-def _init_worker(model_path: str, dtype: str) -> None:
-    _WORKER["encoder"] = WordCache(Tokenizer(model_path), np.dtype(dtype))
-
-
-def _encode_range_in_worker(task: tuple[str, int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Read bytes ``[start, end)`` of a text file we wrote (whole ``\n``-ended lines), encode."""
-    return _WORKER["encoder"].encode_text(read_range(*task))
-
-
-def _line_blocks(path: Path, block_bytes: int = 1 << 24) -> Iterator[tuple[memoryview, np.ndarray]]:
-    """The whole lines of a text file :func:`_write_texts` wrote (valid UTF-8, each ended by
-    ``\n`` alone), undecoded, a block at a time, with the offset just after each line's end.
-    The checks of :func:`~mtcli.data.textio.read_lines` were made when the source was read; at
-    WMT size they cost several seconds per pass. Each block is read into the same buffer, so it
-    is only valid until the next one is asked for."""
-    buffer = bytearray(block_bytes)
-    carry = 0  # the bytes of an unended line at the buffer's start
-    with open(path, "rb", buffering=0) as handle:
-        while True:
-            if carry == len(buffer):  # a line longer than the buffer
-                buffer = buffer + bytes(len(buffer))
-            read = handle.readinto(memoryview(buffer)[carry:])
-            if not read:
-                return  # an unended last line is not one of the lines prepare writes
-            size = carry + read
-            cut = buffer.rfind(b"\n", 0, size) + 1
-            if cut:
-                whole = memoryview(buffer)[:cut]
-                yield whole, line_ends(np.frombuffer(whole, dtype=np.uint8))
-            buffer[:size - cut] = buffer[cut:size]
-            carry = size - cut
-
-
-def byte_ranges(path: Path, chunk_bytes: int) -> list[tuple[int, int]]:
-    """Split a ``\n``-terminated text file into ``[start, end)`` byte ranges of whole lines."""
-    size = path.stat().st_size
-    ranges = []
-    start = 0
-    with open(path, "rb") as handle:
-        while start < size:
-            if start + chunk_bytes >= size:
-                end = size
-            else:
-                handle.seek(start + chunk_bytes)
-                handle.readline()
-                end = handle.tell()
-            ranges.append((start, end))
-            start = end
-    return ranges
-
-
-def encode_file(
-    model_path: Path,
-    text_path: Path,
-    writer: ArrayWriter,
-    num_lines: int,
-    workers: int = 1,
-    show_progress: bool = False,
-) -> None:
-    """Encode a text file written by :func:`prepare` into ``writer``, in order.
-
-    Files of at least :data:`PARALLEL_MIN_LINES` lines are cut into byte ranges of whole lines
-    that ``workers`` forked processes read, decode and encode themselves (the parent only
-    writes), with at most ``2 * workers`` ranges in flight so memory stays bounded. Smaller files
-    are encoded in-process: starting processes would cost more than it saves. Each process
-    encodes through a :class:`~mtcli.data.tokenizer.WordCache` (a word's ids are looked up once
-    it has been seen: the same ids, for a fraction of SentencePiece's time per sentence).
-    """
-    bar = progress(total=num_lines, enabled=show_progress, desc=f"encode {text_path.stem}", unit="sent")
-    try:
-        if workers > 1 and num_lines >= PARALLEL_MIN_LINES and can_fork():
-            tasks = [(str(text_path), a, b) for a, b in byte_ranges(text_path, CHUNK_BYTES)]
-            with forked_pool(workers, _init_worker, (str(model_path), writer.dtype.str)) as pool:
-                for ids, lengths in in_order(pool, _encode_range_in_worker, tasks, 2 * workers):
-                    writer.append(ids, lengths)
-                    bar.update(len(lengths))
-        else:
-            encoder = WordCache(Tokenizer(model_path), writer.dtype)
-            for start, end in byte_ranges(text_path, CHUNK_BYTES):
-                ids, lengths = encoder.encode_text(read_range(str(text_path), start, end))
-                writer.append(ids, lengths)
-                bar.update(len(lengths))
-    finally:
-        bar.close()
-
-
-def encode_with_vocab(tokenizer: VocabTokenizer, text_path: Path, writer: ArrayWriter, target: bool,
-                      chunk: int = 10_000) -> None:
-    """Encode a text file written by :func:`prepare` with separate source and target models mapped
-    through one vocabulary (a run ``mtcli import-hf`` made), in this process, ``chunk`` lines at a
-    time: the source side's model, or with ``target`` the target side's."""
-    encode = tokenizer.encode_target_batch if target else tokenizer.encode_batch
-    lines = text_path.read_text(encoding="utf-8").split("\n")[:-1]
-    for start in range(0, len(lines), chunk):
-        ids = encode(lines[start:start + chunk])
-        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-        writer.append(np.fromiter((i for x in ids for i in x), dtype=np.int64, count=int(lengths.sum())), lengths)
-
-
 # ----------------------------------------------------------------------------- prepare
 
 
@@ -379,7 +270,7 @@ def spm_sample(paths: list[Path], total: int, cap: int, seed: int) -> Iterator[b
     chosen = np.sort(np.random.default_rng(seed).choice(total, size=cap, replace=False)) if 0 < cap < total else None
     first = 0  # the line number of the block's first line
     for path in paths:
-        for block, ends in _line_blocks(path):
+        for block, ends in line_blocks(path):
             if chosen is None:
                 yield bytes(block)
                 continue

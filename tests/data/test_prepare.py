@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 import mtcli.data.cache as cache_module
 import mtcli.data.cleaning as cleaning_module
 import mtcli.data.corpora as corpora_module
+import mtcli.data.encoding as encoding_module
 import mtcli.data.prepare as prep
 from mtcli import fileio
 from mtcli.cli import app
@@ -517,9 +518,9 @@ def test_train_compares_the_content_of_a_named_corpus_found_here(
 
 def _parallel_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """Clean and encode even the toy corpus in worker processes, in many small ranges."""
-    monkeypatch.setattr(prep, "PARALLEL_MIN_LINES", 1)
+    monkeypatch.setattr(encoding_module, "PARALLEL_MIN_LINES", 1)
     monkeypatch.setattr(corpora_module, "PARALLEL_MIN_PAIRS", 1)  # the Arrow sources' rows
-    monkeypatch.setattr(prep, "CHUNK_BYTES", 500)  # ranges cut mid-file
+    monkeypatch.setattr(encoding_module, "CHUNK_BYTES", 500)  # ranges cut mid-file
     monkeypatch.setattr(corpora_module, "PARALLEL_CLEAN_BYTES", 1)
     monkeypatch.setattr(cleaning_module, "PAIRS_PER_RANGE", 64)
 
@@ -685,7 +686,7 @@ def test_byte_ranges_cover_whole_lines(tmp_path: Path) -> None:
     path = tmp_path / "t.txt"
     lines = [f"line {i} " + "x" * (i % 7) for i in range(100)]
     path.write_text("".join(line + "\n" for line in lines))
-    ranges = prep.byte_ranges(path, 37)
+    ranges = encoding_module.byte_ranges(path, 37)
     assert ranges[0][0] == 0 and ranges[-1][1] == path.stat().st_size
     assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
     data = path.read_bytes()
@@ -1068,7 +1069,7 @@ def test_line_blocks_cut_between_lines(tmp_path: Path) -> None:
     path = tmp_path / "a.txt"
     lines = [f"line {i} {'x' * (i % 5)}" for i in range(50)]
     path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
-    blocks = [(bytes(block), ends) for block, ends in prep._line_blocks(path, block_bytes=7)]  # valid until the next
+    blocks = [(bytes(block), ends) for block, ends in encoding_module.line_blocks(path, block_bytes=7)]  # valid until the next
     assert len(blocks) > 1 and all(block.endswith(b"\n") for block, _ in blocks)
     got = [block[a:b].decode() for block, ends in blocks
            for a, b in zip([0, *ends[:-1].tolist()], ends.tolist(), strict=True)]
