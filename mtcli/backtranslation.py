@@ -40,7 +40,7 @@ from mtcli.config import Config, CorpusConfig, DataConfig, load_config, with_cha
 from mtcli.data.corpora import split_names
 from mtcli.data.sources import open_source
 from mtcli.data.textio import read_lines
-from mtcli.errors import DataError
+from mtcli.errors import DataError, stop_on_signals
 from mtcli.fileio import atomic_write, sha256_file
 from mtcli.infer.averaging import average_run_checkpoints
 from mtcli.infer.translator import Translator
@@ -53,7 +53,6 @@ from mtcli.pipeline import (
     failed,
     is_the_recipe,
     seed_config,
-    stop_on_sigterm,
     written_or_printed,
 )
 from mtcli.reproduce import reads, run_recipe
@@ -277,5 +276,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    stop_on_sigterm()  # (not for main() called in a process of other work)
+    stop_on_signals()  # SIGTERM and SIGHUP as the command line takes them (not for main() called elsewhere)
     sys.exit(main())

@@ -78,14 +78,17 @@ def raise_terminated(signum: int, frame: object) -> None:
     raise Terminated(signum)
 
 
+def hang_ups() -> list[int]:
+    """SIGHUP, to stop on as on SIGTERM, unless it is ignored (``nohup``: the command is meant
+    to outlive its terminal) or the platform has none; else nothing."""
+    hup = getattr(signal, "SIGHUP", None)
+    return [hup] if hup is not None and signal.getsignal(hup) != signal.SIG_IGN else []
+
+
 def stop_on_signals() -> dict[int, Any]:
-    """Install :func:`raise_terminated` for SIGTERM, and for SIGHUP unless it is ignored
-    (``nohup``: the command is meant to outlive its terminal); returns the handlers it replaced,
-    for :func:`restore_handlers`. Call it from the main thread."""
-    wanted = [signal.SIGTERM]
-    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:
-        wanted.append(signal.SIGHUP)
-    return {sig: signal.signal(sig, raise_terminated) for sig in wanted}
+    """Install :func:`raise_terminated` for SIGTERM and :func:`hang_ups`; returns the handlers
+    it replaced, for :func:`restore_handlers`. Call it from the main thread."""
+    return {sig: signal.signal(sig, raise_terminated) for sig in (signal.SIGTERM, *hang_ups())}
 
 
 def restore_handlers(previous: dict[int, Any]) -> None:

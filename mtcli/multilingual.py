@@ -25,7 +25,7 @@ from typing import Any
 from mtcli.allocator import keep_freed_memory
 from mtcli.config import Config, load_config, with_changes
 from mtcli.data.prepare import prepare
-from mtcli.errors import ConfigError, DataError, one_line
+from mtcli.errors import ConfigError, DataError, one_line, stop_on_signals
 from mtcli.evaluate import NoTestText, evaluate, evaluate_directions
 from mtcli.infer.loading import run_directions
 from mtcli.logs import get_logger, setup_logging
@@ -36,12 +36,10 @@ from mtcli.pipeline import (
     described,
     failed,
     is_the_recipe,
-    keep_row,
-    kept_row,
     parse_seeds,
     row_is_the_recipe,
+    scored_row,
     seed_config,
-    stop_on_sigterm,
     written_or_printed,
 )
 from mtcli.reproduce import SCORES, choose_average, search_length_penalty, trained_on
@@ -115,11 +113,7 @@ def run_seed(config: Config) -> dict[str, Any]:
     prepared = prepare(config)
     summary = train(config)
     data = trained_on(prepared.directory)
-    row = kept_row(config, "multilingual", data)
-    if row is None:
-        row = _score_seed(config, summary, data)
-        keep_row(config, "multilingual", data, row)
-    return row
+    return scored_row(config, "multilingual", data, lambda: _score_seed(config, summary, data))[0]
 
 
 def _score_seed(config: Config, summary: TrainSummary, data: str) -> dict[str, Any]:
@@ -283,5 +277,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    stop_on_sigterm()  # (not for main() called in a process of other work)
+    stop_on_signals()  # SIGTERM and SIGHUP as the command line takes them (not for main() called elsewhere)
     sys.exit(main())

@@ -17,7 +17,7 @@ from typing import Any
 from mtcli.config import MAX_SEED, Config, load_config, with_changes
 from mtcli.data.corpora import plan_corpora
 from mtcli.data.download import CORPORA, unpinned
-from mtcli.errors import ConfigError, MtcliError, Terminated, stop_on_signals
+from mtcli.errors import ConfigError, MtcliError, Terminated
 from mtcli.fileio import FileHasher, atomic_write, check_file_target
 from mtcli.logs import get_logger
 from mtcli.results import recipe_fingerprint, source_tree
@@ -76,30 +76,29 @@ def _rows_kept(record: Path) -> dict[str, Any]:
     return saved if isinstance(saved, dict) else {}
 
 
-def kept_row(config: Config, kind: str, data: str) -> dict[str, Any] | None:
-    """The row that the pipeline step ``kind`` (a recipe's scoring, a tuning run's) gave
-    earlier for ``config``'s run, when nothing it depends on (:func:`_scored_from`) changed
-    since; else None. Call it after training: a run that trains further has other checkpoints."""
+def scored_row(config: Config, kind: str, data: str, score: Callable[[], dict[str, Any]]
+               ) -> tuple[dict[str, Any], bool]:
+    """The row of the pipeline step ``kind`` (a recipe's scoring, a tuning run's) for
+    ``config``'s trained run, and whether it was kept: the one ``score()`` gave earlier, when
+    nothing it depends on (:func:`_scored_from`) changed since; else ``score()``'s, recorded
+    beside the rows of other steps. A record that cannot be written is a warning (the row
+    still goes to the table; a rerun scores the run again). Call it after training: a run
+    that trains further has other checkpoints."""
     record = config.run_path() / ROW_RECORD
-    saved = _rows_kept(record).get(kind)
-    if not isinstance(saved, dict) or saved.get("row") is None or \
-            {key: saved.get(key) for key in ("tree", "config", "data", "checkpoints")} != _scored_from(config, data):
-        return None
-    get_logger().info("%s: scored earlier, its row kept (%s; remove that file to score it again)",
-                      config.run_path(), record)
-    return saved["row"]
-
-
-def keep_row(config: Config, kind: str, data: str, row: dict[str, Any]) -> None:
-    """Record ``row`` for :func:`kept_row`, beside the rows of other steps; a record that cannot
-    be written is a warning (the row still goes to the table; a rerun scores the run again)."""
-    record = config.run_path() / ROW_RECORD
-    rows = {**_rows_kept(record), kind: {**_scored_from(config, data), "row": row}}
+    basis, rows = _scored_from(config, data), _rows_kept(record)
+    saved = rows.get(kind)
+    if isinstance(saved, dict) and saved.get("row") is not None and \
+            {key: saved.get(key) for key in basis} == basis:
+        get_logger().info("%s: scored earlier, its row kept (%s; remove that file to score it again)",
+                          config.run_path(), record)
+        return saved["row"], True
+    row = score()
     try:
         with atomic_write(record) as handle:
-            handle.write(json.dumps(rows, indent=2, default=str) + "\n")
+            handle.write(json.dumps({**rows, kind: {**basis, "row": row}}, indent=2, default=str) + "\n")
     except OSError as exc:
         get_logger().warning("%s: cannot keep the row for a rerun (%s)", record, exc.strerror or exc)
+    return row, False
 
 
 #: Settings a pipeline's run may resume under: the batch size, for memory, and the precision.
@@ -138,13 +137,6 @@ def described(doc: str | None) -> str:
 STOPS = (MtcliError, KeyboardInterrupt, Terminated, OSError)
 
 
-def stop_on_sigterm() -> None:
-    """Raise :class:`~mtcli.errors.Terminated` on SIGTERM (and SIGHUP, but under ``nohup``), as
-    the command line does (their default action ended a pipeline without a word outside
-    training, whose own handler saves the run)."""
-    stop_on_signals()
-
-
 def failed(exc: MtcliError | KeyboardInterrupt | Terminated | OSError) -> int:
     """A pipeline's one line for what stopped it, and its exit status."""
     if isinstance(exc, Terminated | KeyboardInterrupt):
@@ -180,7 +172,7 @@ def written_or_printed(write: Callable[[], None], row: Any) -> int:
 
 
 __all__ = ["STOPS", "check_table_place", "described", "failed", "is_the_recipe", "parse_seeds", "row_is_the_recipe",
-           "seed_config", "stop_on_sigterm", "written_or_printed"]
+           "scored_row", "seed_config", "written_or_printed"]
 
 
 def _file_fingerprint(recipe: str, overrides: list[str] | None) -> str | None:

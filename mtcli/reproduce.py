@@ -34,7 +34,7 @@ from mtcli.config import Config, load_config, with_changes
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.corpora import plan_corpora
 from mtcli.data.prepare import prepare
-from mtcli.errors import ConfigError, MtcliError
+from mtcli.errors import ConfigError, MtcliError, stop_on_signals
 from mtcli.evaluate import evaluate
 from mtcli.fileio import FileHasher, atomic_write
 from mtcli.infer.averaging import average_run_checkpoints
@@ -46,12 +46,10 @@ from mtcli.pipeline import (
     described,
     failed,
     is_the_recipe,
-    keep_row,
-    kept_row,
     parse_seeds,
     row_is_the_recipe,
+    scored_row,
     seed_config,
-    stop_on_sigterm,
     written_or_printed,
 )
 from mtcli.results import (
@@ -269,11 +267,8 @@ def run_recipe(config: Config, valid_only: bool = False) -> dict[str, Any]:
     prepared = prepare(config)
     summary = train(config)
     data, kind = trained_on(prepared.directory), "tuning" if valid_only else "recipe"
-    row = kept_row(config, kind, data)
-    if row is None:
-        row = _score_run(config, summary, data, valid_only)
-        keep_row(config, kind, data, row)
-    else:  # what scoring leaves beside the row, made again if removed since
+    row, kept = scored_row(config, kind, data, lambda: _score_run(config, summary, data, valid_only))
+    if kept:  # what scoring leaves beside the row, made again if removed since
         chosen = summary.run_dir / "checkpoints" / f"checkpoint_avg_last{row['average_last']}.pt"
         if not chosen.exists():  # (the adaptation decodes it; each is a full model, which a user may remove)
             average_run_checkpoints(summary.run_dir, chosen, last=int(row["average_last"]))
@@ -593,5 +588,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    stop_on_sigterm()  # (not for main() called in a process of other work)
+    stop_on_signals()  # SIGTERM and SIGHUP as the command line takes them (not for main() called elsewhere)
     sys.exit(main())

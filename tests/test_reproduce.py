@@ -642,15 +642,15 @@ def test_a_sigterm_to_a_pipeline_is_one_line(capsys: pytest.CaptureFixture[str])
     import os
     import signal
 
-    from mtcli.pipeline import Terminated, failed, stop_on_sigterm
+    from mtcli.errors import restore_handlers, stop_on_signals
+    from mtcli.pipeline import Terminated, failed
 
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = stop_on_signals()  # (what the pipelines' __main__ installs)
     try:
-        stop_on_sigterm()
         with pytest.raises(Terminated) as raised:
             os.kill(os.getpid(), signal.SIGTERM)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        restore_handlers(previous)
     assert failed(raised.value) == 143
     assert capsys.readouterr().err == "mtcli: error: terminated (run the same command again to go on)\n"
 
@@ -659,11 +659,11 @@ def test_a_row_record_that_cannot_be_written_is_a_warning(tmp_path: Path, caplog
     """The row was scored: a record it cannot keep (a file where the run directory is, a full
     disk) must not fail the pipeline before the table is written."""
     from mtcli.config import load_config
-    from mtcli.pipeline import ROW_RECORD, keep_row, kept_row
+    from mtcli.pipeline import ROW_RECORD, scored_row
 
     blocked = tmp_path / "run"
     blocked.write_text("a file in the way")
     config = load_config(TOY_CONFIG, [f"train.run_dir={blocked}"])
-    keep_row(config, "recipe", "data", {"bleu": 1.0})
+    assert scored_row(config, "recipe", "data", lambda: {"bleu": 1.0}) == ({"bleu": 1.0}, False)
     assert f"{blocked / ROW_RECORD}: cannot keep the row for a rerun" in caplog.text
-    assert kept_row(config, "recipe", "data") is None
+    assert scored_row(config, "recipe", "data", lambda: {"bleu": 2.0}) == ({"bleu": 2.0}, False)  # none kept

@@ -16,6 +16,7 @@ cleaning processes (:func:`mtcli.data.cleaning.clean_text_blocks`) of a large fi
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,14 +49,10 @@ def table_pairs(path: Path, langs: tuple[str, str], src_lang: str,
     columns raises :class:`DataError` naming it."""
     malformed: list[int] = []
     reverse, header = langs[0] != src_lang, "\t".join(langs)
-    quoted, head = False, []
+    quoted = _warn_of_quoted_fields(path, _head(path), langs)
     for n, line in enumerate(read_lines(path), 1):
         columns = line.split("\t")
         quoted = quoted or '""' in line and _warn_of_csv_quoting(path, line.encode("utf-8"), n)
-        if n <= _HEAD_LINES:
-            head.append(line)
-            if n == _HEAD_LINES:
-                quoted = quoted or _warn_of_quoted_fields(path, "\n".join(head).encode("utf-8"), langs)
         if n == 1 and line == header:
             continue
         if n == 1:
@@ -68,8 +65,6 @@ def table_pairs(path: Path, langs: tuple[str, str], src_lang: str,
             yield "", ""
         else:
             yield (columns[1], columns[0]) if reverse else (columns[0], columns[1])
-    if len(head) < _HEAD_LINES and not quoted:
-        _warn_of_quoted_fields(path, "\n".join(head).encode("utf-8"), langs)
     _warn_of_malformed(path, len(malformed), malformed[0] if malformed else 0)
 
 
@@ -126,6 +121,12 @@ def _warn_of_csv_quoting(path: Path, text: bytes, first: int) -> bool:
 _HEAD_LINES = 20
 #: A line of two fields in quotes (quotes inside doubled, if any).
 _BOTH_QUOTED = re.compile(rb'"(?:[^"\t\n]|"")*"\t"(?:[^"\t\n]|"")*"\r?')
+
+
+def _head(path: Path) -> bytes:
+    """The first :data:`_HEAD_LINES` lines of ``path`` as stored (a ``.gz`` file's text)."""
+    with read_errors_named(path), open_binary(path) as handle:
+        return b"".join(itertools.islice(handle, _HEAD_LINES))
 
 
 def _warn_of_quoted_fields(path: Path, head: bytes, langs: tuple[str, str]) -> bool:

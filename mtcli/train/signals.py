@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from mtcli.errors import hang_ups
 from mtcli.logs import get_logger
 
 
@@ -53,8 +54,7 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
-            hangup = [signal.SIGHUP] if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN else []  # (nohup: ignored)
-            for sig in (signal.SIGINT, signal.SIGTERM, *hangup):
+            for sig in (signal.SIGINT, signal.SIGTERM, *hang_ups()):
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
