@@ -73,10 +73,10 @@ def source_prefix(bundle: InferenceModel, decode: DecodeConfig) -> list[int]:
     lang = decode.tgt_lang or data.tgt_lang
     if bundle.target_tags:
         if lang not in bundle.target_tags:
-            raise ConfigError(f"--tgt-lang {lang}: this model translates into {', '.join(bundle.target_tags)}")
+            raise ConfigError(f"target language {lang}: this model translates into {', '.join(bundle.target_tags)}")
         return [bundle.target_tags[lang]]
     if lang != data.tgt_lang:
-        raise ConfigError(f"--tgt-lang {lang}: this model translates into {data.tgt_lang} only "
+        raise ConfigError(f"target language {lang}: this model translates into {data.tgt_lang} only "
                           "(it was trained on one target language)")
     return []
 

@@ -37,16 +37,16 @@ def test_the_tag_of_the_asked_language_goes_before_each_source(multi_run: Path) 
     tgt_words = " ".join(n[0].text for n in into_tgt).split()
     assert sum(w.endswith("o") for w in xx_words) > 0.8 * len(xx_words)
     assert sum(w.endswith("o") for w in tgt_words) < 0.5 * len(tgt_words)
-    with pytest.raises(ConfigError, match="--tgt-lang fr: this model translates into tgt, src, xx"):
+    with pytest.raises(ConfigError, match="target language fr: this model translates into tgt, src, xx"):
         translator.translate(SOURCES, tgt_lang="fr")
-    with pytest.raises(ConfigError, match="--tgt-lang fr"):  # refused when loaded, not at the first line
+    with pytest.raises(ConfigError, match="target language fr"):  # refused when loaded, not at the first line
         Translator.from_run(multi_run, tgt_lang="fr")
 
 
 def test_a_model_of_one_target_language_refuses_another(tiny_run_dir: Path) -> None:
     translator = Translator.from_run(tiny_run_dir, beam=1)
     assert translator.translate(["hund"], tgt_lang="tgt") == translator.translate(["hund"])
-    with pytest.raises(ConfigError, match="--tgt-lang fr: this model translates into tgt only"):
+    with pytest.raises(ConfigError, match="target language fr: this model translates into tgt only"):
         translator.translate(["hund"], tgt_lang="fr")
 
 
@@ -59,7 +59,7 @@ def test_translate_cli_takes_the_target_language(multi_run: Path, tmp_path: Path
     assert out.stdout.splitlines() == Translator.from_run(multi_run, beam=1).translate(SOURCES, tgt_lang="xx")
     bad = runner.invoke(app, ["translate", str(multi_run), str(source), "--tgt-lang", "fr"])
     assert bad.exit_code != 0 and "Traceback" not in bad.output
-    assert "--tgt-lang fr: this model translates into tgt, src, xx" in bad.output
+    assert "target language fr: this model translates into tgt, src, xx" in bad.output
     assert "--tgt-lang" in runner.invoke(app, ["translate", "--help"]).output
 
 
@@ -76,7 +76,7 @@ def test_evaluate_scores_each_direction(multi_run: Path, tmp_path: Path) -> None
     assert [r["direction"] for r in only] == ["tgt-src"]
     with pytest.raises(ConfigError, match=r"no direction xx->\* among those it was trained on \(src->tgt, "):
         evaluate_directions(multi_run, beam=1, output_dir=tmp_path, src_lang="xx")
-    with pytest.raises(ConfigError, match="--tgt-lang fr: this model translates into tgt, src, xx"):
+    with pytest.raises(ConfigError, match="target language fr: this model translates into tgt, src, xx"):
         evaluate_directions(multi_run, beam=1, output_dir=tmp_path, tgt_lang="fr")
 
 
@@ -205,7 +205,7 @@ def test_serve_takes_the_target_language_per_request(multi_run: Path) -> None:
         assert good.status_code == 200
         assert good.json()["translations"] == translator.translate(SOURCES, tgt_lang="xx")
         bad = client.post("/translate", json={"text": SOURCES, "tgt_lang": "fr"})
-        assert bad.status_code == 422 and "tgt_lang fr" in bad.json()["error"]
+        assert bad.status_code == 422 and "target language fr" in bad.json()["error"]
         assert client.post("/translate", json={"text": SOURCES}).json()["translations"] == translator.translate(SOURCES)
         assert client.get("/health").json()["target_languages"] == ["tgt", "src", "xx"]  # the default first
     into_xx = Translator.from_run(multi_run, beam=1, tgt_lang="xx")
