@@ -21,13 +21,39 @@ class ValidationCut(BaseException):
     Exception)."""
 
 
+#: A SIGTERM in the ranks' summed stop flags (a SIGINT counts 1): up to 4,095 ranks, the sum
+#: still says whether a Ctrl-C was among them (exact even in float32, to 2^24).
+TERM_FLAG = 4096.0
+
+
 class StopSignals:
-    """Record SIGINT/SIGTERM instead of dying, so the loop can checkpoint and stop cleanly."""
+    """Record SIGINT/SIGTERM instead of dying, so the loop can checkpoint and stop cleanly.
+
+    Under DDP the ranks sum their :meth:`flag` with each step's numbers, and every rank stops at
+    the step whose sum says one was signalled (:meth:`agree`, :meth:`stop_now`)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.agreed = False
         self._previous: dict[int, Any] = {}
         self._cut = False
+
+    def flag(self) -> float:
+        """This rank's stop signal as a number the ranks sum: 0 none, 1 SIGINT, :data:`TERM_FLAG`
+        SIGTERM (so the sum says whether any rank had a Ctrl-C)."""
+        return 0.0 if self.signum is None else 1.0 if self.signum == signal.SIGINT else TERM_FLAG
+
+    def agree(self, total: float) -> None:
+        """Record a stop signal summed over the ranks (another rank's, perhaps: named as it was)."""
+        if total > 0:
+            self.agreed = True
+            if self.signum is None:
+                self.signum = signal.SIGINT if total % TERM_FLAG else signal.SIGTERM
+
+    def stop_now(self, distributed: bool) -> bool:
+        """Whether to save and stop after this step: at a signal in one process; under DDP once
+        the ranks' summed flag says one was signalled, so that all stop at the same step."""
+        return self.agreed if distributed else self.signum is not None
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is None:  # the first signal is the one the stop reports (torchrun follows

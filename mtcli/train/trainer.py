@@ -94,9 +94,6 @@ from mtcli.train.step import (
 from mtcli.train.validation import METRIC_NAMES, Bests, validation_loss, validation_scores
 
 STATE_FORMAT = 1
-#: A SIGTERM in the ranks' summed stop flags (a SIGINT counts 1): up to 4,095 ranks, the sum
-#: still says whether a Ctrl-C was among them (exact even in float32, to 2^24).
-TERM_FLAG = 4096.0
 #: A validation's numbers, as a checkpoint records them (``by``: the one that decided, see Bests).
 VALID_KEYS = ("loss", "nll", "ppl", "bleu", "chrf", "by", "basis")
 
@@ -169,8 +166,6 @@ class Trainer:
         self._pending: tuple[HostValues, float, bool, int] | None = None
         # the fused Adam kernel can skip a non-finite step on the device (found_inf)
         self._skips_on_device = bool(self.optimizer.defaults.get("fused")) and self.scaler is None
-        # under DDP every rank stops at the step they agreed on, whichever rank was signalled
-        self._stop_agreed = False
 
     # ----------------------------------------------------------------- resume
 
@@ -300,12 +295,12 @@ class Trainer:
                 epoch: int) -> dict[str, float] | None:
         """The update after waiting for the step's sums (summed over the ranks under DDP; fp16's
         gradient scaler): skipped on the host when they are not finite."""
-        stop = self._stop_flag()
+        stop = self.signals.flag()
         loss_sum, nll_sum, tokens_f, real_f, padded_f, stop_any = all_sum(
             [float(loss_acc), float(nll_acc), float(tokens), float(real), float(padded), stop],
             self.info, self.device,
         )
-        self._agree_on_stop(stop_any)
+        self.signals.agree(stop_any)
         if self.scaler is not None and math.isfinite(loss_sum):
             self.scaler.unscale_(self.optimizer)
         need_norm = self.cfg.clip_norm > 0 or (self.step + 1) % self.cfg.log_every == 0
@@ -334,7 +329,7 @@ class Trainer:
         counted = [self.settle()] if self._pending is not None else []
         number = self.step + 1
         need_norm = self.cfg.clip_norm > 0 or number % self.cfg.log_every == 0
-        stop = self._stop_flag()
+        stop = self.signals.flag()
         counts = to_device(torch.tensor([tokens, real, padded, stop], dtype=torch.float64), self.device)
         sums = all_sum_queued(torch.cat([torch.stack([loss_acc, nll_acc]), counts]), self.info)
         finite = torch.isfinite(sums[0])
@@ -363,29 +358,11 @@ class Trainer:
         sums, lr, has_norm, epoch = self._pending
         self._pending = None
         loss_sum, nll_sum, tokens, real, padded, stop_any, grad_norm = sums.read()
-        self._agree_on_stop(stop_any)
+        self.signals.agree(stop_any)
         if not math.isfinite(loss_sum) or (has_norm and not math.isfinite(grad_norm)):
             self._skip_update(epoch)  # the device skipped the update already
             return None
         return self._count(step_stats(loss_sum, nll_sum, tokens, real, padded, lr, grad_norm))
-
-    def _stop_flag(self) -> float:
-        """This rank's stop signal as a number the ranks sum: 0 none, 1 SIGINT, :data:`TERM_FLAG`
-        SIGTERM (so the sum says whether any rank had a Ctrl-C)."""
-        signum = self.signals.signum
-        return 0.0 if signum is None else 1.0 if signum == signal.SIGINT else TERM_FLAG
-
-    def _agree_on_stop(self, stop_any: float) -> None:
-        """Record a stop signal summed over the ranks (another rank's, perhaps: named as it was)."""
-        if stop_any > 0:
-            self._stop_agreed = True
-            if self.signals.signum is None:
-                self.signals.signum = signal.SIGINT if stop_any % TERM_FLAG else signal.SIGTERM
-
-    def _stop_now(self) -> bool:
-        """Whether to save and stop after this step: at a signal in one process; under DDP once
-        the ranks' summed flag says one was signalled, so that all stop at the same step."""
-        return self._stop_agreed if self.info.distributed else self.signals.signum is not None
 
     def _count(self, stats: dict[str, float]) -> dict[str, float]:
         """Count an update: the step number, the schedule, the log window and the token total."""
@@ -570,7 +547,7 @@ class Trainer:
                                         self._valid_seconds, self.elapsed + time.monotonic() - self._clock)
                     log_step(self.log, self.writer, self.step, group.epoch, mean, tps, left)
                     window_tokens, window_start, warmup = 0.0, time.monotonic(), 0.0
-                if self._stop_now():  # after the step's log line; its validation runs on resuming
+                if self.signals.stop_now(self.info.distributed):  # after the step's log line; its validation runs on resuming
                     self._interrupt()
                 if stats is not None and self.step % cfg.valid_every == 0:
                     self._validate_and_save()

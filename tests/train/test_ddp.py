@@ -254,20 +254,19 @@ def test_why_another_rank_stopped_is_in_the_runs_log_and_a_warning_every_rank_me
 def test_a_rank_stopped_by_another_ranks_signal_names_that_signal() -> None:
     """Ctrl-C on one machine: the ranks elsewhere said "interrupted by SIGTERM" (and exited 143)."""
     import signal
-    import types
 
-    from mtcli.train.trainer import TERM_FLAG, Trainer
+    from mtcli.train.signals import TERM_FLAG, StopSignals
 
     for flags, expected in (([1.0, 0.0], signal.SIGINT), ([TERM_FLAG, 0.0], signal.SIGTERM),
                             ([TERM_FLAG, 1.0, 0.0], signal.SIGINT)):
-        ranks = [types.SimpleNamespace(signals=types.SimpleNamespace(signum=None), _stop_agreed=False)
-                 for _ in flags]
+        ranks = [StopSignals() for _ in flags]
         for rank, flag in zip(ranks, flags, strict=True):  # as the signal handler records it
-            rank.signals.signum = {1.0: signal.SIGINT, TERM_FLAG: signal.SIGTERM}.get(flag)
-        assert [Trainer._stop_flag(rank) for rank in ranks] == flags  # type: ignore[arg-type]
+            rank.signum = {1.0: signal.SIGINT, TERM_FLAG: signal.SIGTERM}.get(flag)
+        assert [rank.flag() for rank in ranks] == flags
         stopped = ranks[-1]  # a rank no signal reached
-        Trainer._agree_on_stop(stopped, sum(flags))  # type: ignore[arg-type]
-        assert stopped._stop_agreed and stopped.signals.signum == expected
+        assert not stopped.stop_now(distributed=True)
+        stopped.agree(sum(flags))
+        assert stopped.agreed and stopped.signum == expected and stopped.stop_now(distributed=True)
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
