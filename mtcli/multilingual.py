@@ -42,7 +42,7 @@ from mtcli.pipeline import (
     seed_config,
     written_or_printed,
 )
-from mtcli.reproduce import SCORES, choose_average, search_length_penalty, trained_on
+from mtcli.reproduce import SCORES, trained_on
 from mtcli.results import (
     README,
     RESULTS_DIR,
@@ -62,6 +62,7 @@ from mtcli.results import (
     write_table,
 )
 from mtcli.train import TrainSummary, train
+from mtcli.tuning import choose_average, search_length_penalty
 
 RECIPE = "configs/multi30k_multi.yaml"
 TABLE = "multilingual"
@@ -71,7 +72,7 @@ MARKS = markers(TABLE)
 
 def choose_average_all(run_dir: Path, valid_split: str, max_k: int
                        ) -> tuple[Path, int, dict[str, float], dict[str, float]]:
-    """:func:`~mtcli.reproduce.choose_average` on the mean validation BLEU over every direction.
+    """:func:`~mtcli.tuning.choose_average` on the mean validation BLEU over every direction.
     Returns the kept average, k, the mean BLEU by k, and the kept average's validation BLEU by
     direction (``"en-de"``: decoded with the recipe's length penalty, so not decoded again)."""
     by_direction: dict[int, dict[str, float]] = {}

@@ -10,8 +10,9 @@ import torch
 from conftest import TOY_CONFIG, TOY_DIR
 
 from mtcli.checkpoint import load_checkpoint
-from mtcli.reproduce import combine_seeds, render_markdown, search_length_penalty, write_results
+from mtcli.reproduce import combine_seeds, render_markdown, write_results
 from mtcli.results import MARK_END, MARK_START, device_name
+from mtcli.tuning import search_length_penalty
 
 ROW = {
     "bleu": 38.123, "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
