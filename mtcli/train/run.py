@@ -57,6 +57,7 @@ from mtcli.train.distributed import (
     init_distributed,
     leave_distributed,
     peer_failures,
+    sum_gradients,
 )
 from mtcli.train.parent import PARENT_NAME, check_parent_unchanged, load_parent, start_from
 from mtcli.train.rdrop import without_dropout
@@ -433,6 +434,7 @@ def train(config: Config) -> TrainSummary:
             trainer.ddp = nn.parallel.DistributedDataParallel(
                 trainer.model, device_ids=[device.index] if device.type == "cuda" else None
             )
+            trainer.ddp.register_comm_hook(None, sum_gradients)
             stack.callback(setattr, trainer, "ddp", None)  # the reducer goes before the group
         start = trainer.step
         with trainer.signals:

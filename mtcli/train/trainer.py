@@ -6,10 +6,12 @@ One optimiser step, as in "Attention Is All You Need" (section 5):
    :class:`~mtcli.data.batching.BatchStream`; this rank runs every ``world_size``-th of them;
 2. for each, forward (autocast in ``train.precision``: bf16, or fp16 through a gradient scaler
    whose state is checkpointed), the loss summed over target tokens
-   (label-smoothed cross entropy, or :class:`~mtcli.train.rdrop.RDropLoss`), and backward of ``loss * world_size / N`` where ``N`` is the target-token count of
-   the whole group (known on every rank from the cached lengths). DDP averages gradients over
-   ranks, so the gradient is d/dtheta [sum of losses / N]: the same as one process running the
-   whole group with ``update_freq`` accumulation. Meanwhile the host collates the next step's
+   (label-smoothed cross entropy, or :class:`~mtcli.train.rdrop.RDropLoss`), and backward of
+   ``loss / N`` where ``N`` is the target-token count of the whole group (known on every rank
+   from the cached lengths). DDP sums the gradients over the ranks
+   (:func:`~mtcli.train.distributed.sum_gradients`), so the gradient is
+   d/dtheta [sum of losses / N]: the same as one process running the whole group with
+   ``update_freq`` accumulation, in every precision. Meanwhile the host collates the next step's
    batches (:mod:`mtcli.train.feed`);
 3. a non-finite loss or gradient norm skips the update (logged; ``max_nonfinite`` in a row
    raise :class:`TrainingError`); otherwise clip the gradient norm (``clip_norm`` > 0), Adam
@@ -264,7 +266,7 @@ class Trainer:
         model = self.ddp or self.model
         model.train()
         total_tokens = group.target_tokens(self.stream.tgt_lengths)
-        scale = self.info.world_size / max(total_tokens, 1)
+        scale = 1.0 / max(total_tokens, 1)  # the ranks' gradients are summed
         mine = self.feed.collate(group) if batches is None else batches
         loss_acc = torch.zeros((), dtype=torch.float64, device=self.device)
         nll_acc = torch.zeros((), dtype=torch.float64, device=self.device)

@@ -46,7 +46,8 @@ def test_two_gloo_processes_match_one_process_on_both_batches(tmp_path: Path, pr
 
     # One process, the same two batches accumulated into one update (update_freq=2).
     single_run = tmp_path / "single"
-    train(load_config(TOY_CONFIG, overrides(prepared, single_run) + packing + ["train.update_freq=2"]))
+    train(load_config(TOY_CONFIG, overrides(prepared, single_run) + packing
+                      + ["train.update_freq=2", "train.num_threads=1"]))  # one thread, as each rank
 
     a = load_checkpoint(ddp_run / "checkpoints" / "checkpoint_last.pt")
     b = load_checkpoint(single_run / "checkpoints" / "checkpoint_last.pt")
@@ -54,13 +55,31 @@ def test_two_gloo_processes_match_one_process_on_both_batches(tmp_path: Path, pr
     assert a["data_state"]["batch"] == b["data_state"]["batch"] == 2
     assert a["model"].keys() == b["model"].keys()
     for key, value in a["model"].items():
-        assert torch.allclose(value, b["model"][key], rtol=1e-5, atol=1e-6), key
+        assert torch.equal(value, b["model"][key]), key
     # The update really happened and used both batches: a one-batch step lands elsewhere.
     one_batch = tmp_path / "one"
     train(load_config(TOY_CONFIG, overrides(prepared, one_batch) + packing))
     c = load_checkpoint(one_batch / "checkpoints" / "checkpoint_last.pt")
     assert any(not torch.allclose(c["model"][k], b["model"][k], rtol=1e-5, atol=1e-6)
                for k in b["model"])
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
+def test_two_fp16_processes_match_one_process_bit_for_bit(tmp_path: Path, prepared_toy: Path) -> None:
+    """The ranks' gradients are summed (train.distributed.sum_gradients), each rank's loss over
+    the step's tokens, as one process accumulating both batches computes them. Averaged, they
+    needed each loss scaled by the process count, which fp16's loss scaling rounds apart: the
+    parameters drifted from the one-process run's within a few steps."""
+    steps = ("train.max_steps=12", "train.precision=fp16", "train.valid_every=100000")
+    ddp_run, single_run = tmp_path / "ddp", tmp_path / "single"
+    _ddp_train(ddp_run, prepared_toy, *steps)
+    train(load_config(TOY_CONFIG, toy_train_overrides(prepared_toy, single_run, "train.max_tokens=256", *steps,
+                                                      "train.update_freq=2", "train.num_threads=1")))
+    a = load_checkpoint(ddp_run / "checkpoints" / "checkpoint_last.pt")
+    b = load_checkpoint(single_run / "checkpoints" / "checkpoint_last.pt")
+    assert a["step"] == b["step"] == 12 and a["scaler"] == b["scaler"]
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
 
 
 def _ddp_train(run_dir: Path, prepared: Path, *extra: str) -> None:
