@@ -292,7 +292,9 @@ def check_directory(path: Path) -> None:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this machine (a process of another user counts)."""
+    """Whether process ``pid`` runs on this machine (a process of another user counts). A zombie
+    does not: a process killed (``kill -9``, the OOM killer) whose parent has not reaped it yet
+    still answers ``kill(pid, 0)``, but holds nothing any more."""
     if pid <= 0:
         return False
     try:
@@ -300,8 +302,19 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # alive, owned by someone else
-        return True
-    return True
+        pass
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits for its parent to reap it (Linux's /proc; False
+    where it cannot be read)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return False
+    # "pid (comm) state ...": the command name may hold spaces and parentheses
+    return stat[stat.rfind(")") + 1:].split()[:1] == ["Z"]
 
 
 #: Inside a directory :func:`atomic_dir` is building: the builder's pid, so that a later build

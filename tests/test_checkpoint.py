@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -425,8 +426,14 @@ def test_a_change_of_process_count_is_said() -> None:
                            "(resume no longer exact where dropout is on: each process draws its own masks)")
     assert "train.max_tokens: 512 -> 256 (resume no longer exact)" in changes  # the epoch's rest batched anew
     new["train"]["max_tokens"] = 512
-    assert resume_changes(one, new, 2, "ckpt")[-1] == ("processes: 1 -> 2 (each update 2/1 the size; resume no "
+    assert resume_changes(one, new, 2, "ckpt")[-1] == ("processes: 1 -> 2 (each update 2x the size; resume no "
                                                        "longer exact)")
+    # packed rows of 128 slots: 1 x 25,000 tokens is 195 rows, 16 x 1,600 is 16 x 12 = 192 rows,
+    # a little smaller (by the budgets alone it was "128/125 the size", larger)
+    one["config"]["train"].update(max_tokens=25000, pack_length=128)
+    new["train"].update(max_tokens=1600, pack_length=128)
+    assert resume_changes(one, new, 16, "ckpt")[-1] == ("processes: 1 -> 16 (each update 64/65 the size; resume "
+                                                        "no longer exact)")
 
 
 def test_resume_takes_a_step_checkpoint_newer_than_the_last(tmp_path: Path) -> None:
@@ -511,13 +518,20 @@ def test_lock_refused_while_live_process_holds_it_then_taken_after_kill(tmp_path
                 pass
         message = one_line(exc)
         assert f"pid {proc.pid}" in message and socket.gethostname() in message and "since" in message
-    finally:
+        # SIGKILL left the lock behind: it is stale now and is taken over, also while the killed
+        # process waits to be reaped (a zombie still answers kill(pid, 0): it was "in use")
         proc.send_signal(signal.SIGKILL)
+        stat = Path(f"/proc/{proc.pid}/stat")
+        deadline = time.monotonic() + 30
+        while stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (tmp_path / "train.lock").exists()
+        with RunLock(tmp_path):
+            assert json.loads((tmp_path / "train.lock").read_text())["pid"] == os.getpid()
+        assert proc.poll() is None or not stat.exists()  # not reaped until now (where /proc tells)
+    finally:
+        proc.kill()
         proc.wait(timeout=30)
-    # SIGKILL left the lock behind: it is stale now and is taken over.
-    assert (tmp_path / "train.lock").exists()
-    with RunLock(tmp_path):
-        assert json.loads((tmp_path / "train.lock").read_text())["pid"] == os.getpid()
     assert any("stale lock" in m and f"pid {proc.pid} is not running" in m for m in log_lines())
 
 

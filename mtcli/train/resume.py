@@ -303,18 +303,25 @@ def _processes(state: dict[str, Any]) -> tuple[int, int, int | None]:
     return saved, int(train.get("update_freq", 1)), None if tokens is None else int(tokens)
 
 
+def _slots(max_tokens: int, pack_length: int) -> int:
+    """The tokens a batch holds: ``max_tokens``, or under ``train.pack_length`` the whole rows
+    of that many slots it fits (1,600 tokens in rows of 128: 12 rows, 1,536)."""
+    return max_tokens - max_tokens % pack_length if pack_length > 0 else max_tokens
+
+
 def _update_sizes(state: dict[str, Any], world_size: int, update_freq: int,
-                  max_tokens: int | None) -> tuple[int, int]:
+                  max_tokens: int | None, pack_length: int = 0) -> tuple[int, int]:
     """An update's size in the checkpoint's run and in this one: processes x batches x tokens
     (x batches where either budget is not known)."""
     saved, saved_freq, saved_tokens = _processes(state)
     known = saved_tokens is not None and max_tokens is not None
-    return (saved * saved_freq * (saved_tokens if known else 1),
-            world_size * update_freq * (max_tokens if known else 1))
+    saved_pack = int(((state.get("config") or {}).get("train") or {}).get("pack_length") or 0)
+    return (saved * saved_freq * (_slots(saved_tokens, saved_pack) if known else 1),
+            world_size * update_freq * (_slots(max_tokens, pack_length) if known else 1))
 
 
 def process_change(state: dict[str, Any], world_size: int, update_freq: int,
-                   max_tokens: int | None = None) -> str | None:
+                   max_tokens: int | None = None, pack_length: int = 0) -> str | None:
     """How the process count differs from the checkpoint's, as a config change is logged, or
     None: every process takes ``update_freq`` batches of ``max_tokens`` an update, so the
     update's size changes with their number, unless ``train.update_freq`` or
@@ -324,7 +331,7 @@ def process_change(state: dict[str, Any], world_size: int, update_freq: int,
     if saved == world_size:
         return None
     known = saved_tokens is not None and max_tokens is not None
-    before, now = _update_sizes(state, world_size, update_freq, max_tokens)
+    before, now = _update_sizes(state, world_size, update_freq, max_tokens, pack_length)
     if before == now:
         moved = [f"train.update_freq {saved_freq} -> {update_freq}"] if saved_freq != update_freq else []
         moved += [f"train.max_tokens {saved_tokens} -> {max_tokens}"] if known and saved_tokens != max_tokens else []
@@ -332,8 +339,8 @@ def process_change(state: dict[str, Any], world_size: int, update_freq: int,
         return (f"processes: {saved} -> {world_size}{moved_text}: each update as large as before (resume no longer "
                 "exact where dropout is on: each process draws its own masks)")
     ratio = Fraction(now, before)
-    return (f"processes: {saved} -> {world_size} (each update {ratio.numerator}/{ratio.denominator} the size; "
-            "resume no longer exact)")
+    size = f"{ratio.numerator}x" if ratio.denominator == 1 else f"{ratio.numerator}/{ratio.denominator}"
+    return f"processes: {saved} -> {world_size} (each update {size} the size; resume no longer exact)"
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -397,10 +404,11 @@ def resume_changes(state: dict[str, Any], new: dict[str, Any], world_size: int, 
     changes += hardware_changes(state.get("hardware"), here or {})
     train = new.get("train") or {}
     update_freq, max_tokens = int(train.get("update_freq", 1)), train.get("max_tokens")
-    process = process_change(state, world_size, update_freq, None if max_tokens is None else int(max_tokens))
+    budget = (None if max_tokens is None else int(max_tokens), int(train.get("pack_length") or 0))
+    process = process_change(state, world_size, update_freq, *budget)
     if process is None:
         return changes
-    before, now = _update_sizes(state, world_size, update_freq, None if max_tokens is None else int(max_tokens))
+    before, now = _update_sizes(state, world_size, update_freq, *budget)
     if before == now:  # said with the processes
         changes = [change for change in changes if not change.startswith("train.update_freq:")]  # (max_tokens: rebatched)
     return [*changes, process]
