@@ -26,7 +26,8 @@ _Result = TypeVar("_Result")
 def resolve_device(name: str, local_rank: int = 0, key: str = "train.device") -> torch.device:
     """``auto`` -> ``cuda:<local_rank>`` when CUDA is available, else the CPU; ``cuda`` ->
     ``cuda:<local_rank>``; else ``cpu`` or ``cuda:N``. Raises :class:`ConfigError` naming ``key``
-    for anything else, or a GPU this machine does not have."""
+    for anything else, a GPU this machine does not have, or one GPU that the processes of a
+    machine showing each of them several would all train on."""
     if name in ("auto", "cuda") and torch.cuda.is_available():
         count = torch.cuda.device_count()
         if local_rank > 0 and local_rank >= count:  # torchrun --nproc-per-node above the GPUs
@@ -47,6 +48,9 @@ def resolve_device(name: str, local_rank: int = 0, key: str = "train.device") ->
         count = torch.cuda.device_count()
         if device.index is not None and device.index >= count:
             raise ConfigError(f"{key}={name!r} but this machine has {count} GPU(s), cuda:0 to cuda:{count - 1}")
+        if local_rank > 0 and count > 1:  # NCCL stops at a GPU two processes share
+            raise ConfigError(f"{key}={name!r} puts every process of this machine on one of its {count} visible GPUs: "
+                              f"set {key}=auto (process N trains on cuda:N)")
     elif device.type != "cpu":
         raise ConfigError(f"{key}={name!r}: mtcli runs on cpu or cuda")
     return device
