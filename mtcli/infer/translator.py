@@ -84,12 +84,15 @@ def _fitted(changes: dict[str, Any], base: DecodeConfig, beam_fixed: bool = Fals
     """``changes`` (to ``base``) with the beam and the n-best made to fit each other, as a search
     needs (``nbest <= beam_size``): a beam given alone narrows the n-best with it; an n-best
     given alone, wider than the beam, widens the beam to it (unless ``beam_fixed``: a beam set
-    by ``--set``, which is then refused as given). Sampling keeps no beam: left as asked."""
+    by ``--set``, which is then refused as given). Sampling keeps no beam: left as asked; a
+    search asked of a translator that samples narrows its count of samples to the beam."""
     if changes.get("sampling", base.sampling) != "none":
         return changes
     beam, n = changes.get("beam_size"), changes.get("nbest")
     if isinstance(beam, int) and n is None:
         return {**changes, "nbest": max(1, min(base.nbest, beam))}
+    if beam is None and n is None and base.nbest > base.beam_size:  # (only a sampling default's n is)
+        return {**changes, "nbest": base.beam_size}
     if isinstance(n, int) and beam is None and not beam_fixed and n > base.beam_size:
         return {**changes, "beam_size": n}
     return changes

@@ -200,6 +200,20 @@ def test_a_beam_set_beside_sampling_is_refused_however_it_is_given(tiny_run_dir:
     assert len(defaults.nbest(["ein hund"], n=2, sampling="topk")[0]) == 2
 
 
+def test_a_search_asked_of_a_translator_that_samples_several_fits_its_beam(tiny_run_dir: Path) -> None:
+    """A translator (or server) that samples more a text by default than the run's beam holds:
+    a search asked per call was refused ("nbest must be between 1 and beam"), translate() too."""
+    searched = Translator.from_run(tiny_run_dir)
+    beam = searched.decode.beam_size
+    sampler = Translator.from_run(tiny_run_dir, sampling="topk", nbest=beam + 1)
+    assert sampler.translate(LINES, sampling="none") == searched.translate(LINES)
+    two = [line for line in LINES if line.strip()][:2]
+    assert [len(n) for n in sampler.nbest(two, sampling="none")] == [beam, beam]  # the beam's n-best
+    assert [len(n) for n in sampler.nbest(two, beam + 1, sampling="none")] == [beam + 1] * 2  # widened
+    with pytest.raises(ConfigError, match="seed: for sampling only"):  # the real refusal, not the n-best's
+        sampler.translate(LINES, sampling="none", seed=9)
+
+
 def test_ctranslate2_engine_converts_once_and_equals_ours_for_greedy(tiny_run_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("ctranslate2")
     import shutil
