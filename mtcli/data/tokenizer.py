@@ -104,14 +104,16 @@ class Tokenizer:
     def words_encode_alone(self) -> bool:
         """True when a sentence's ids are its space-separated words' ids, each word encoded on its
         own: the model splits pieces at whitespace, so no piece holds a word boundary (a ``▁``
-        past its first character), strips extra whitespace and gives every word its ``▁`` prefix.
-        So is every model mtcli trains; :class:`WordCache` relies on it."""
+        past its first character), strips extra whitespace and gives every word its ``▁`` prefix,
+        and is no word model (whose unknown words, one ``<unk>`` each alone, are one together).
+        So is every other model mtcli trains; :class:`WordCache` relies on it."""
         from sentencepiece import sentencepiece_model_pb2
 
         proto = sentencepiece_model_pb2.ModelProto()
         proto.ParseFromString(self.model_path.read_bytes())
         normalizer, trainer = proto.normalizer_spec, proto.trainer_spec
-        return (trainer.split_by_whitespace and not trainer.treat_whitespace_as_suffix
+        return (trainer.model_type != trainer.WORD and trainer.split_by_whitespace
+                and not trainer.treat_whitespace_as_suffix
                 and normalizer.add_dummy_prefix and normalizer.remove_extra_whitespaces
                 and normalizer.escape_whitespaces
                 and not any(WORD_START in piece.piece[1:] for piece in proto.pieces))
