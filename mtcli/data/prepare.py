@@ -189,6 +189,8 @@ def build_key(data: DataConfig, fingerprint: dict[str, Any], spm_sha256: str | N
         settings["byte_fallback"] = True
     if spm_texts is not None and not spm_sha256:
         settings["spm_texts"] = spm_texts
+    if data.spm_model_type == "word" and not spm_sha256:  # a cache of a word at a time's ids is made again
+        settings["word_model_ids"] = "sentences"
     blob = json.dumps(
         {
             "format": FORMAT_VERSION,
