@@ -1060,6 +1060,9 @@ def test_load_for_inference_errors(tmp_path: Path, run_dir: Path, spm_models) ->
     with pytest.raises(CheckpointError, match=r"checkpoints: is a directory, not a checkpoint file \(checkpoints "
                                               r"in it: checkpoint_5.pt\)"):  # was "checkpoint not found"
         load_for_inference(run_dir, checkpoint=str(run_dir / "checkpoints"))
+    with pytest.raises(CheckpointError, match=r"is a directory, not a checkpoint file \(checkpoints in "
+                                              r".*checkpoints: checkpoint_5.pt\)"):  # a run's: it said "none"
+        load_for_inference(run_dir, checkpoint=str(run_dir))
     with pytest.raises(CheckpointError, match=r"^the checkpoint is empty: give best, last"):  # was '.: is a directory'
         load_for_inference(run_dir, checkpoint="")
     # a checkpoint trained with another SentencePiece model

@@ -108,7 +108,7 @@ class _Units:
             text = "".join(self.text)
             if "  " in text or "\n" in text or "\t" in text or "\r" in text:  # most segments need nothing
                 text = _XML_SPACE.sub(" ", text)
-            self.unit.setdefault(self.lang, text.strip())
+            self.unit.setdefault(self.lang, text.strip(" "))  # XML's spaces are one space by now
             self.text = None
         elif name in _CODES and self.text is not None:
             self.codes -= 1

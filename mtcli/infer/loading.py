@@ -121,8 +121,9 @@ def resolve_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:
         if not path.exists() and not path.is_absolute() and (directory / path).exists():
             path = directory / path
     if path.is_dir():
-        raise CheckpointError(f"{path}: is a directory, not a checkpoint file (checkpoints in it: "
-                              f"{names(sorted(path.glob('*.pt')))})")
+        inside = checkpoint_dir(path) if checkpoint_dir(path).is_dir() else path  # a run's: in checkpoints/
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint file (checkpoints in "
+                              f"{'it' if inside == path else inside}: {names(sorted(inside.glob('*.pt')))})")
     if not path.is_file():
         found = sorted(directory.glob("*.pt"))
         hint = "" if found else _no_checkpoint_yet(run_dir)

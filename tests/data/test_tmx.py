@@ -106,6 +106,9 @@ def test_white_space_runs_collapse_but_a_no_break_space_stays(tmp_path: Path) ->
     path.write_text(_memory(("  Two\t\tspaces  <ph>{1}</ph>  here &#13;&#10; now. ",
                              "Deux espaces\u00a0: ici\u00a0\u00a0!")), encoding="utf-8")
     assert list(tmx_pairs(path, "en", "fr")) == [("Two spaces here now.", "Deux espaces\u00a0: ici\u00a0\u00a0!")]
+    # at a segment's ends too: only XML's spaces are stripped (str.strip took every Unicode space)
+    path.write_text(_memory((" x&#160; ", "\u3000y\u2028")), encoding="utf-8")
+    assert list(tmx_pairs(path, "en", "fr")) == [("x\u00a0", "\u3000y\u2028")]
 
 
 @pytest.mark.parametrize("damage, detail", [
