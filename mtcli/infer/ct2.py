@@ -347,7 +347,7 @@ class CT2Engine:
         window: its pieces and the end token, scored by CTranslate2 by teacher forcing in one call;
         its score follows from it as CTranslate2's does (over its length with the end token, as an
         ended hypothesis' score), and each n-best list of a search it
-        changed is sorted best first again (samples keep CTranslate2's order, which it sorts by score)."""
+        changed is sorted best first again (samples too: CTranslate2 gives them sorted by score)."""
         tokenizer = self.bundle.tokenizer
         targets = [[tokenizer.id_to_piece(i) for i in results[k][j].tokens] for k, j, _ in cut]
         scored = self.translator.score_batch([pieces for _, _, pieces in cut], targets, batch_type="tokens",
@@ -357,7 +357,7 @@ class CT2Engine:
             logprob = float(sum(result.log_probs))  # the end token's too, as our search ends a cut output
             results[k][j] = dataclasses.replace(
                 hypothesis, logprob=logprob, score=logprob / (len(hypothesis.tokens) + 1) ** decode.length_penalty)
-        for k in {k for k, _, _ in cut} if decode.sampling == "none" else ():  # samples: as CTranslate2 gave them
+        for k in {k for k, _, _ in cut}:
             results[k].sort(key=lambda translation: -translation.score)
 
 

@@ -214,6 +214,20 @@ def test_a_search_asked_of_a_translator_that_samples_several_fits_its_beam(tiny_
         sampler.translate(LINES, sampling="none", seed=9)
 
 
+def test_ctranslate2_samples_cut_at_the_length_limit_stay_sorted_by_score(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """A sample cut at the length limit is scored again, with its end token: its list was left
+    in CTranslate2's order, which the docs say is by score, and no longer was."""
+    pytest.importorskip("ctranslate2")
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    theirs = Translator.from_run(run, device="cpu", engine="ctranslate2", sampling="topp", temperature=2.0,
+                                 max_len_a=0.0, max_len_b=4)
+    lists = [n for seed in range(8) for n in theirs.nbest(LINES, 4, seed=seed)]
+    assert all([t.score for t in n] == sorted((t.score for t in n), reverse=True) for n in lists)
+
+
 def test_ctranslate2_engine_converts_once_and_equals_ours_for_greedy(tiny_run_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("ctranslate2")
     import shutil
