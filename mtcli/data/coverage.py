@@ -14,9 +14,10 @@ from mtcli.data.tokenizer import Tokenizer
 from mtcli.data.vocabmap import VocabTokenizer
 from mtcli.logs import get_logger
 
-#: The lines of an evaluation split's target side that :func:`warn_of_changed_text` reads, and
-#: the share of them coming back otherwise through the tokenizer above which it warns.
-ROUND_TRIP_LINES, ROUND_TRIP_WARN_SHARE = 1000, 0.01
+#: The most lines of an evaluation split's target side that :func:`warn_of_changed_text` checks
+#: (every k-th line of a longer one), and the share of them coming back otherwise through the
+#: tokenizer above which it warns.
+ROUND_TRIP_LINES, ROUND_TRIP_WARN_SHARE = 10_000, 0.01
 
 
 def warn_of_changed_text(tmp: Path, plan: Plan, tokenizer: Tokenizer | VocabTokenizer, rule: str | None) -> None:
@@ -30,7 +31,9 @@ def warn_of_changed_text(tmp: Path, plan: Plan, tokenizer: Tokenizer | VocabToke
     for split, langs in plan.split_langs().items():
         for lang in (lang for lang in langs if split in plan.eval_splits and lang in targets):
             with open(text_path(tmp, split, lang), encoding="utf-8") as handle:
-                lines = [line.rstrip("\n") for _, line in zip(range(ROUND_TRIP_LINES), handle, strict=False)]
+                every = [line.rstrip("\n") for line in handle]
+            step = -(-len(every) // ROUND_TRIP_LINES) or 1  # spread over the split, not its head
+            lines = every[::step]
             # runs of ASCII spaces collapsed, as SentencePiece does (a no-break or ideographic space stays)
             written = [re.sub(" +", " ", line).strip(" ") for line in lines]
             back = [tokenizer.decode(tokenizer.encode(line)) for line in lines]
@@ -40,10 +43,11 @@ def warn_of_changed_text(tmp: Path, plan: Plan, tokenizer: Tokenizer | VocabToke
                 at = next((k for k, (a, b) in enumerate(zip(written[i], back[i], strict=False)) if a != b),
                           min(len(written[i]), len(back[i])))
                 fix = _advice(rule, unknown="⁇" in back[i] and "⁇" not in written[i])
+                checked = f"{len(lines)} lines" + ("" if step == 1 else f" (one in {step} of {len(every)})")
                 get_logger().warning(
-                    "%s.%s: %d of %d lines do not come back as written through the SentencePiece model (line %d: "
+                    "%s.%s: %d of %s do not come back as written through the SentencePiece model (line %d: "
                     "%r becomes %r): a model cannot write them as the references do, which caps its scores; %s",
-                    split, lang, len(changed), len(lines), i + 1, written[i][at:at + 8], back[i][at:at + 8], fix)
+                    split, lang, len(changed), checked, i * step + 1, written[i][at:at + 8], back[i][at:at + 8], fix)
 
 
 def _advice(rule: str | None, unknown: bool) -> str:

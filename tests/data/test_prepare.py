@@ -994,6 +994,24 @@ def test_references_with_characters_the_vocabulary_lacks_are_not_blamed_on_norma
     assert warned and "the vocabulary lacks some of its characters" in warned[0] and "identity" not in warned[0]
 
 
+def test_references_that_change_only_past_the_checked_lines_are_warned_of(
+        tmp_path: Path, toy_dir: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check read a split's first lines only: a test set whose changed lines came later
+    (two files joined) was not warned of, and one whose first ones changed was "N of 1000"."""
+    from mtcli.data import coverage
+
+    val = toy_dir / "val.tgt"
+    lines = val.read_text(encoding="utf-8").splitlines()
+    half = len(lines) // 2
+    val.write_text("".join(f"{line} ☃\n" if i >= half else f"{line}\n" for i, line in enumerate(lines)),
+                   encoding="utf-8")
+    monkeypatch.setattr(coverage, "ROUND_TRIP_LINES", max(2, half // 2))
+    prep.prepare(load_config(write_config(tmp_path, toy_dir)))
+    warned = [r.getMessage() for r in caplog.records if "do not come back as written" in r.getMessage()]
+    step = -(-len(lines) // max(2, half // 2))
+    assert warned and f"lines (one in {step} of {len(lines)}) do not come back" in warned[0], warned
+
+
 def test_a_side_the_vocabulary_cannot_spell_is_warned_of(tmp_path: Path, toy_dir: Path,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     """A data.spm_model made for Latin text, given a Greek target side: each word encodes to
