@@ -23,11 +23,13 @@ _Item = TypeVar("_Item")
 _Result = TypeVar("_Result")
 
 
-def resolve_device(name: str, local_rank: int = 0, key: str = "train.device") -> torch.device:
+def resolve_device(name: str, local_rank: int = 0, key: str = "train.device",
+                   local_processes: int = 1) -> torch.device:
     """``auto`` -> ``cuda:<local_rank>`` when CUDA is available, else the CPU; ``cuda`` ->
     ``cuda:<local_rank>``; else ``cpu`` or ``cuda:N``. Raises :class:`ConfigError` naming ``key``
-    for anything else, a GPU this machine does not have, or one GPU that the processes of a
-    machine showing each of them several would all train on."""
+    for anything else, a GPU this machine does not have, or ``cuda:N`` for each of
+    ``local_processes`` processes on this machine when each of them sees several GPUs (they
+    would all train on GPU N)."""
     if name in ("auto", "cuda") and torch.cuda.is_available():
         count = torch.cuda.device_count()
         if local_rank > 0 and local_rank >= count:  # torchrun --nproc-per-node above the GPUs
@@ -48,7 +50,7 @@ def resolve_device(name: str, local_rank: int = 0, key: str = "train.device") ->
         count = torch.cuda.device_count()
         if device.index is not None and device.index >= count:
             raise ConfigError(f"{key}={name!r} but this machine has {count} GPU(s), cuda:0 to cuda:{count - 1}")
-        if local_rank > 0 and count > 1:  # NCCL stops at a GPU two processes share
+        if local_processes > 1 and count > 1:  # NCCL stops at a GPU two processes share
             raise ConfigError(f"{key}={name!r} puts every process of this machine on one of its {count} visible GPUs: "
                               f"set {key}=auto (process N trains on cuda:N)")
     elif device.type != "cpu":

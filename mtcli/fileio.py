@@ -308,13 +308,14 @@ def pid_alive(pid: int) -> bool:
 
 def _zombie(pid: int) -> bool:
     """Whether ``pid`` has exited and waits for its parent to reap it (Linux's /proc; False
-    where it cannot be read)."""
+    where it cannot be read). A process whose main thread alone has exited shows as one too,
+    while its other threads run: alive."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+        # "pid (comm) state ...": the command name may hold spaces and parentheses
+        return stat[stat.rfind(")") + 1:].split()[:1] == ["Z"] and len(os.listdir(f"/proc/{pid}/task")) <= 1
     except OSError:
         return False
-    # "pid (comm) state ...": the command name may hold spaces and parentheses
-    return stat[stat.rfind(")") + 1:].split()[:1] == ["Z"]
 
 
 #: Inside a directory :func:`atomic_dir` is building: the builder's pid, so that a later build

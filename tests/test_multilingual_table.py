@@ -47,9 +47,11 @@ def test_multilingual_table_on_toy(tmp_path: Path, monkeypatch, capsys) -> None:
     assert "| src-tgt |" in text and "| src-xx |" in text and "| 12.50 (1 seed) |" in text
     # run again (as after an interruption in a later seed): the finished seed's row is kept
     import mtcli.multilingual
+    import mtcli.tuning
 
     monkeypatch.setattr(mtcli.multilingual, "evaluate_directions", None)  # (not called)
     monkeypatch.setattr(mtcli.multilingual, "evaluate", None)
+    monkeypatch.setattr(mtcli.tuning, "evaluate", None)
     assert main([*args, *[a for o in overrides for a in ("--set", o)]]) == 0
     assert json.loads((results / "multilingual.json").read_text())["seeds"]["1"] == seed
     monkeypatch.undo()

@@ -70,6 +70,7 @@ def test_reproduce_pipeline_on_toy(tmp_path: Path, toy_config_path: Path, monkey
     import os
 
     import mtcli.reproduce
+    import mtcli.tuning
     from mtcli.reproduce import main
 
     readme = tmp_path / "README.md"
@@ -85,7 +86,8 @@ def test_reproduce_pipeline_on_toy(tmp_path: Path, toy_config_path: Path, monkey
     first = (tmp_path / "results" / "multi30k.json").read_text()
     decoded: list[str] = []
     scores = mtcli.reproduce.evaluate
-    monkeypatch.setattr(mtcli.reproduce, "evaluate", lambda *a, **k: decoded.append(k["split"]) or scores(*a, **k))
+    for module in (mtcli.reproduce, mtcli.tuning):  # the test split's decodes, and val's (average, alpha)
+        monkeypatch.setattr(module, "evaluate", lambda *a, **k: decoded.append(k["split"]) or scores(*a, **k))
     averages = sorted((tmp_path / "run" / "checkpoints").glob("checkpoint_avg_last*.pt"))
     for path in averages:  # (a full model each: a user may remove it; the adaptation decodes it)
         path.unlink()

@@ -5,6 +5,7 @@ before a training spends hours on it."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -30,10 +31,12 @@ def warn_of_changed_text(tmp: Path, plan: Plan, tokenizer: Tokenizer | VocabToke
     targets = {c.langs[1] for c in plan.corpora}
     for split, langs in plan.split_langs().items():
         for lang in (lang for lang in langs if split in plan.eval_splits and lang in targets):
-            with open(text_path(tmp, split, lang), encoding="utf-8") as handle:
-                every = [line.rstrip("\n") for line in handle]
-            step = -(-len(every) // ROUND_TRIP_LINES) or 1  # spread over the split, not its head
-            lines = every[::step]
+            path = text_path(tmp, split, lang)
+            with open(path, "rb") as handle:  # (each line ends with "\n", as prepare writes them)
+                total = sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b""))
+            step = -(-total // ROUND_TRIP_LINES) or 1  # spread over the split, not its head
+            with open(path, encoding="utf-8") as handle:
+                lines = [line.rstrip("\n") for line in itertools.islice(handle, 0, None, step)]
             # runs of ASCII spaces collapsed, as SentencePiece does (a no-break or ideographic space stays)
             written = [re.sub(" +", " ", line).strip(" ") for line in lines]
             back = [tokenizer.decode(tokenizer.encode(line)) for line in lines]
@@ -43,7 +46,7 @@ def warn_of_changed_text(tmp: Path, plan: Plan, tokenizer: Tokenizer | VocabToke
                 at = next((k for k, (a, b) in enumerate(zip(written[i], back[i], strict=False)) if a != b),
                           min(len(written[i]), len(back[i])))
                 fix = _advice(rule, unknown="⁇" in back[i] and "⁇" not in written[i])
-                checked = f"{len(lines)} lines" + ("" if step == 1 else f" (one in {step} of {len(every)})")
+                checked = f"{len(lines)} lines" + ("" if step == 1 else f" (one in {step} of {total})")
                 get_logger().warning(
                     "%s.%s: %d of %s do not come back as written through the SentencePiece model (line %d: "
                     "%r becomes %r): a model cannot write them as the references do, which caps its scores; %s",

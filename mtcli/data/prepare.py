@@ -64,6 +64,7 @@ from mtcli.data.tokenizer import (
     UNK_ID,
     Tokenizer,
     copy_model,
+    is_word_model,
     train_model,
 )
 from mtcli.data.vocabmap import VocabTokenizer, load_tokenizer, tokenizer_files
@@ -170,10 +171,11 @@ def spells_in_bytes(data: DataConfig) -> bool:
 
 
 def build_key(data: DataConfig, fingerprint: dict[str, Any], spm_sha256: str | None = None,
-              spm_texts: list[list[Any]] | None = None) -> str:
+              spm_texts: list[list[Any]] | None = None, word_model: bool = False) -> str:
     """sha256 over everything the cache content depends on: inputs, data config, format, and
     the given SentencePiece model's sha256 (``data.spm_model``), not its path; else, of several
-    corpora, the texts SentencePiece learns from (``spm_texts``: corpus index and language)."""
+    corpora, the texts SentencePiece learns from (``spm_texts``: corpus index and language).
+    ``word_model``: the model is a word model, whose ids are those of whole sentences."""
     excluded = KEY_EXCLUDES + (SPM_TRAINING_KEYS if spm_sha256 else ())
     settings = {k: v for k, v in dataclasses.asdict(data).items() if k not in excluded}
     if settings.get("spm_normalization") == "nmt_nfkc":  # SentencePiece's default: a cache made before the key
@@ -189,7 +191,7 @@ def build_key(data: DataConfig, fingerprint: dict[str, Any], spm_sha256: str | N
         settings["byte_fallback"] = True
     if spm_texts is not None and not spm_sha256:
         settings["spm_texts"] = spm_texts
-    if data.spm_model_type == "word" and not spm_sha256:  # a cache of a word at a time's ids is made again
+    if word_model:  # its ids are those of whole sentences (WordCache encodes no word alone)
         settings["word_model_ids"] = "sentences"
     blob = json.dumps(
         {
@@ -440,8 +442,11 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     previous = _previous_manifest(out)
     inputs = FileHasher(previous.get("input_files"), by_path=True)  # unchanged inputs are not re-read
     fingerprint = plan.fingerprint(inputs)
+    word_model = (data.spm_model_type == "word" if given is None
+                  else len(tokenizer_files(given)) == 1 and is_word_model(given))
     key = build_key(data, fingerprint, given_sha256(given) if given is not None else None,
-                    [[corpus.index, lang] for corpus, lang in plan.spm_texts()] if plan.several else None)
+                    [[corpus.index, lang] for corpus, lang in plan.spm_texts()] if plan.several else None,
+                    word_model)
     seen = file_stamp(out / "manifest.json")
     current = None if force else _current_cache(out, key)
     if current is None:  # to be built: a place to write it, and no one else using it (a trainer, a prepare)

@@ -107,10 +107,7 @@ class Tokenizer:
         past its first character), strips extra whitespace and gives every word its ``▁`` prefix,
         and is no word model (whose unknown words, one ``<unk>`` each alone, are one together).
         So is every other model mtcli trains; :class:`WordCache` relies on it."""
-        from sentencepiece import sentencepiece_model_pb2
-
-        proto = sentencepiece_model_pb2.ModelProto()
-        proto.ParseFromString(self.model_path.read_bytes())
+        proto = _model_proto(self.model_path)
         normalizer, trainer = proto.normalizer_spec, proto.trainer_spec
         return (trainer.model_type != trainer.WORD and trainer.split_by_whitespace
                 and not trainer.treat_whitespace_as_suffix
@@ -295,6 +292,21 @@ class _CountingIterator:
         item = next(self._it)
         self.count += 1
         return item
+
+
+def _model_proto(path: Path) -> Any:
+    """The SentencePiece model file's settings and pieces (its ``ModelProto``)."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(Path(path).read_bytes())
+    return proto
+
+
+def is_word_model(path: Path) -> bool:
+    """Whether the SentencePiece model at ``path`` is a word model (``model_type: word``)."""
+    trainer = _model_proto(path).trainer_spec
+    return trainer.model_type == trainer.WORD
 
 
 class WordCache:

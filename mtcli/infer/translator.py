@@ -91,7 +91,7 @@ def _fitted(changes: dict[str, Any], base: DecodeConfig, beam_fixed: bool = Fals
     beam, n = changes.get("beam_size"), changes.get("nbest")
     if isinstance(beam, int) and n is None:
         return {**changes, "nbest": max(1, min(base.nbest, beam))}
-    if beam is None and n is None and base.nbest > base.beam_size:  # (only a sampling default's n is)
+    if beam is None and n is None and base.nbest > base.beam_size:  # the samples a sampling default draws
         return {**changes, "nbest": base.beam_size}
     if isinstance(n, int) and beam is None and not beam_fixed and n > base.beam_size:
         return {**changes, "beam_size": n}

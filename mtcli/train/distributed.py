@@ -32,6 +32,7 @@ class DistInfo:
     world_size: int = 1
     local_rank: int = 0
     initialized_here: bool = False
+    local_world_size: int = 1  # the processes on this machine
 
     @property
     def is_main(self) -> bool:
@@ -45,15 +46,16 @@ class DistInfo:
 
     @classmethod
     def from_env(cls) -> DistInfo:
-        """Read ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (as set by torchrun)."""
+        """Read ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (as set by torchrun)."""
         try:
             return cls(
                 rank=int(os.environ.get("RANK", "0")),
                 world_size=int(os.environ.get("WORLD_SIZE", "1")),
                 local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+                local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
             )
         except ValueError:
-            raise TrainingError("RANK/WORLD_SIZE/LOCAL_RANK must be integers") from None
+            raise TrainingError("RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE must be integers") from None
 
 
 def init_distributed(info: DistInfo, device: torch.device) -> None:

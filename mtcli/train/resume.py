@@ -312,7 +312,8 @@ def _slots(max_tokens: int, pack_length: int) -> int:
 def _update_sizes(state: dict[str, Any], world_size: int, update_freq: int,
                   max_tokens: int | None, pack_length: int = 0) -> tuple[int, int]:
     """An update's size in the checkpoint's run and in this one: processes x batches x tokens
-    (x batches where either budget is not known)."""
+    (the whole packed rows' slots under ``train.pack_length``; x batches where either budget is
+    not known)."""
     saved, saved_freq, saved_tokens = _processes(state)
     known = saved_tokens is not None and max_tokens is not None
     saved_pack = int(((state.get("config") or {}).get("train") or {}).get("pack_length") or 0)

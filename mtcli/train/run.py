@@ -381,7 +381,7 @@ def train(config: Config) -> TrainSummary:
     info = DistInfo.from_env()
     if info.local_rank > 0:  # one voice on each machine's console: its first process's (they warn alike)
         log.setLevel(logging.ERROR)
-    device = resolve_device(config.train.device, info.local_rank)
+    device = resolve_device(config.train.device, info.local_rank, local_processes=info.local_world_size)
     if config.train.num_threads > 0:
         torch.set_num_threads(config.train.num_threads)
     check_validation(config)  # now, not at the first validation

@@ -11,7 +11,8 @@ One optimiser step, as in "Attention Is All You Need" (section 5):
    from the cached lengths). DDP sums the gradients over the ranks
    (:func:`~mtcli.train.distributed.sum_gradients`), so the gradient is
    d/dtheta [sum of losses / N]: the same as one process running the whole group with
-   ``update_freq`` accumulation, in every precision. Meanwhile the host collates the next step's
+   ``update_freq`` accumulation, up to the order the sums are taken in (bit for bit for two
+   processes of one batch each, in fp32, bf16 and fp16 alike). Meanwhile the host collates the next step's
    batches (:mod:`mtcli.train.feed`);
 3. a non-finite loss or gradient norm skips the update (logged; ``max_nonfinite`` in a row
    raise :class:`TrainingError`); otherwise clip the gradient norm (``clip_norm`` > 0), Adam

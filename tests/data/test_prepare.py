@@ -307,6 +307,23 @@ def test_a_chinese_corpus_is_measured_in_characters(tmp_path: Path) -> None:
     assert "▁" not in tokenizer.decode(tokenizer.encode("a 一只鲸在草地上跑玩 dog"))
 
 
+def test_a_word_models_cache_names_its_whole_sentence_ids_in_its_key(
+        tmp_path: Path, toy_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A word model's cache was made a word at a time (its neighbouring unknown words one <unk>
+    each): its key names the new encoding, so that such a cache is made again, also for a word
+    model given as data.spm_model."""
+    keyed: list[bool] = []
+    real = prep.build_key
+    monkeypatch.setattr(prep, "build_key", lambda *args: keyed.append(args[4]) or real(*args))
+    cfg = write_config(tmp_path, toy_dir, vocab_size=40)
+    words = load_config(cfg, ["data.spm_model_type=word", f"data.prepared_dir={tmp_path / 'words'}"])
+    prep.prepare(words)
+    given = tmp_path / "words" / "spm.model"
+    prep.prepare(load_config(cfg, [f"data.spm_model={given}", f"data.prepared_dir={tmp_path / 'given'}"]))
+    prep.prepare(load_config(cfg, [f"data.prepared_dir={tmp_path / 'pieces'}"]))
+    assert keyed == [True, True, False]
+
+
 def test_a_length_rule_that_drops_much_of_a_corpus_is_warned_of(tmp_path: Path) -> None:
     train = [(f"ein hund {w}", f"a dog {w}") for w in "abcdefghijklmnopqrst"]
     train += [(f"eins {w}", f"one two three four five six seven {w}") for w in "abcdefghij"]

@@ -46,8 +46,7 @@ def test_two_gloo_processes_match_one_process_on_both_batches(tmp_path: Path, pr
 
     # One process, the same two batches accumulated into one update (update_freq=2).
     single_run = tmp_path / "single"
-    train(load_config(TOY_CONFIG, overrides(prepared, single_run) + packing
-                      + ["train.update_freq=2", "train.num_threads=1"]))  # one thread, as each rank
+    train(load_config(TOY_CONFIG, overrides(prepared, single_run) + packing + ["train.update_freq=2"]))
 
     a = load_checkpoint(ddp_run / "checkpoints" / "checkpoint_last.pt")
     b = load_checkpoint(single_run / "checkpoints" / "checkpoint_last.pt")
@@ -74,7 +73,7 @@ def test_two_fp16_processes_match_one_process_bit_for_bit(tmp_path: Path, prepar
     ddp_run, single_run = tmp_path / "ddp", tmp_path / "single"
     _ddp_train(ddp_run, prepared_toy, *steps)
     train(load_config(TOY_CONFIG, toy_train_overrides(prepared_toy, single_run, "train.max_tokens=256", *steps,
-                                                      "train.update_freq=2", "train.num_threads=1")))
+                                                      "train.device=cpu", "train.update_freq=2")))
     a = load_checkpoint(ddp_run / "checkpoints" / "checkpoint_last.pt")
     b = load_checkpoint(single_run / "checkpoints" / "checkpoint_last.pt")
     assert a["step"] == b["step"] == 12 and a["scaler"] == b["scaler"]
@@ -85,7 +84,7 @@ def test_two_fp16_processes_match_one_process_bit_for_bit(tmp_path: Path, prepar
 def _ddp_train(run_dir: Path, prepared: Path, *extra: str) -> None:
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
             "-m", "mtcli.cli", "train", str(TOY_CONFIG)]
-    for item in toy_train_overrides(prepared, run_dir, "train.max_tokens=256", *extra):
+    for item in toy_train_overrides(prepared, run_dir, "train.max_tokens=256", "train.device=cpu", *extra):
         args += ["--set", item]
     env = worker_env()
     proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

@@ -847,13 +847,14 @@ def test_more_processes_than_gpus_is_one_line(monkeypatch: pytest.MonkeyPatch) -
                                               "train.device=cuda:0"):
             resolve_device(name, 1)
     # each process sees only its own GPU (SLURM's --gpus-per-task): cuda:0 is every process's
-    assert resolve_device("cuda:0", 1) == torch.device("cuda:0")
+    assert resolve_device("cuda:0", 1, local_processes=2) == torch.device("cuda:0")
     # every process sees them all: a config's cuda:0 put every rank on one GPU, and NCCL stopped
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert resolve_device("cuda:0", 0) == torch.device("cuda:0") and resolve_device("auto", 1) == torch.device("cuda:1")
-    with pytest.raises(ConfigError, match=r"train.device='cuda:0' puts every process of this machine on one of its 2 "
-                                          r"visible GPUs: set train.device=auto"):
-        resolve_device("cuda:0", 1)
+    for rank in (0, 1):  # every rank says it (rank 0 went on, to wait for the others until killed)
+        with pytest.raises(ConfigError, match=r"train.device='cuda:0' puts every process of this machine on one of "
+                                              r"its 2 visible GPUs: set train.device=auto"):
+            resolve_device("cuda:0", rank, local_processes=2)
 
 
 @pytest.mark.parametrize(("capability", "chosen"), [((7, 0), "fp16"), ((7, 5), "fp16"), ((8, 0), "bf16"), ((9, 0), "bf16")])
