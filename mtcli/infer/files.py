@@ -83,6 +83,8 @@ def _check_io(inputs: Sequence[str | Path], output: Path | None, plot_attention:
                             "it after, or pipe it: | gzip > FILE.gz)")
     elif sys.stdout is None:
         raise DataError("<stdout>: closed; give an output file (-o)")
+    else:
+        _check_stdout_is_no_input(inputs)
     if plot_attention is not None:
         check_directory(Path(plot_attention))
         try:
@@ -90,6 +92,25 @@ def _check_io(inputs: Sequence[str | Path], output: Path | None, plot_attention:
         except OSError as exc:
             raise DataError(f"{plot_attention}: cannot make the directory for the attention plots "
                             f"({exc.strerror or exc})") from None
+
+
+def _check_stdout_is_no_input(inputs: Sequence[str | Path]) -> None:
+    """Refuse standard output that is one of the input files (``translate f >> f``: each
+    translated line is read again, and the file grows until the disk is full)."""
+    try:
+        out = os.fstat(sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # no file behind it (a test's buffer)
+        return
+    if not stat.S_ISREG(out.st_mode):
+        return
+    for path in map(Path, inputs):
+        try:
+            found = path.stat()
+        except OSError:
+            continue
+        if (found.st_dev, found.st_ino) == (out.st_dev, out.st_ino):
+            raise DataError(f"{path}: is also standard output (translate {path} >> {path}); write the "
+                            "translation to another file")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -440,6 +440,9 @@ def test_cli_translate_refuses_outputs_it_cannot_write_before_it_decodes(tiny_ru
         ([str(src), "-o", "/proc/out.txt"], "", "/proc/out.txt: No such file or directory"),
         ([str(src)], ">&-", "<stdout>: closed; give an output file (-o)"),
         ([], "<&-", "<stdin>: closed; give input files, or lines on standard input"),
+        # its own output appended to it: read again as it was written, it grew until the disk was full
+        ([str(src)], f'>> "{src}"', f"{src}: is also standard output (translate {src} >> {src}); write the "
+                                   "translation to another file"),
     ]
     for extra, redirect, expected in cases:
         if not redirect:  # (a closed descriptor needs a process of its own)
