@@ -324,6 +324,10 @@ def _opened(output: Path | None, inputs: _Inputs | None, translator: Translator,
     once); or, for ``inputs`` files, a file a later run goes on with when this one is
     interrupted (:mod:`mtcli.infer.resumable`, keyed on the inputs, the model and ``settings``)."""
     if output is None:
+        # UTF-8, as the input is read and -o is written, whatever the locale (Latin-1 could not
+        # write most translations, and wrote others in bytes a UTF-8 reader refuses)
+        if (sys.stdout.encoding or "").lower().replace("-", "") != "utf8" and hasattr(sys.stdout, "reconfigure"):
+            sys.stdout.reconfigure(encoding="utf-8")
         yield sys.stdout, None
     elif is_stream(output):  # a device or pipe (/dev/null) is written as a stream
         with atomic_write(output) as handle:

@@ -597,3 +597,16 @@ def test_seed_without_sampling_names_the_flag(tiny_run_dir: Path) -> None:
     words, not the flag that asks for sampling."""
     result = _mtcli("translate", str(tiny_run_dir), "--seed", "3", stdin=b"hello\n")
     assert result.returncode == 2 and b"--sampling topk" in result.stderr and b"Traceback" not in result.stderr
+
+
+def test_translations_to_standard_output_are_utf8_whatever_the_locale(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a Latin-1 locale, stdout could not write a Chinese translation (a traceback after
+    the lines before it) and wrote an umlaut as one Latin-1 byte; input and -o are UTF-8."""
+    from mtcli.infer.files import _opened
+
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="latin-1"))
+    with _opened(None, None, None, {}) as (handle, partial):  # type: ignore[arg-type]
+        handle.write("猫 über\n")
+        handle.flush()
+    assert partial is None and raw.getvalue() == "猫 über\n".encode()
