@@ -109,10 +109,19 @@ DeviceOption = Annotated[str, typer.Option(
     help="Decode on auto (the first GPU if there is one; the CPU under decode.int8), cpu, cuda or cuda:N.")]
 
 
+def _named_path(value: str) -> Path:
+    """A path option's value, refused when empty (``Path("")`` is the working directory: an
+    unset shell variable wrote into it, over files of the same names)."""
+    if not value.strip():
+        raise typer.BadParameter("an empty path; give a name")
+    return Path(value)
+
+
 def _output_file(value: str, to_stdout: bool = True) -> Path:
     """An output file's name as given: one that ends in ``/`` names a directory, not a file
     (``Path`` would drop the slash and write a file of the directory's name). ``to_stdout``:
     the command writes to stdout without ``-o``."""
+    _named_path(value)
     if value.endswith("/") or value.endswith("/."):
         raise typer.BadParameter(f"{value} names a directory; give the output file's name")
     if value == "-":  # stdout to a Unix tool, but a file named "-" to open()
@@ -268,7 +277,7 @@ def evaluate(
         "--src-lang", help="A model of several directions: score those from this language only.")] = None,
     tgt_lang: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--tgt-lang", help="A model of several directions: score those into this language only.")] = None,
-    output: Annotated[Optional[Path], typer.Option(help="Directory for the hypotheses (NAME.CHECKPOINT.hyp) and report (NAME.CHECKPOINT.report.json); default: RUN_DIR/eval.")] = None,  # noqa: UP045
+    output: Annotated[Optional[Path], typer.Option(parser=_named_path, help="Directory for the hypotheses (NAME.CHECKPOINT.hyp) and report (NAME.CHECKPOINT.report.json); default: RUN_DIR/eval.")] = None,  # noqa: UP045
     ensemble: EnsembleOption = None,
     engine: EngineOption = "torch",
     device: DeviceOption = "auto",
@@ -346,7 +355,7 @@ def translate(
     seed: Annotated[Optional[int], typer.Option(help="Sampling seed: the same seed gives the same samples.")] = None,  # noqa: UP045
     max_tokens: Annotated[Optional[int], typer.Option(help="Token budget per batch.")] = None,  # noqa: UP045
     tgt_lang: TgtLangOption = None,
-    plot_attention: Annotated[Optional[Path], typer.Option(help="Write cross-attention heatmaps here.")] = None,  # noqa: UP045
+    plot_attention: Annotated[Optional[Path], typer.Option(parser=_named_path, help="Write cross-attention heatmaps here.")] = None,  # noqa: UP045
     ensemble: EnsembleOption = None,
     engine: EngineOption = "torch",
     device: DeviceOption = "auto",

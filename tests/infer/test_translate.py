@@ -610,3 +610,18 @@ def test_translations_to_standard_output_are_utf8_whatever_the_locale(monkeypatc
         handle.write("猫 über\n")
         handle.flush()
     assert partial is None and raw.getvalue() == "猫 über\n".encode()
+
+
+def test_an_empty_path_option_is_refused_not_the_working_directory(tiny_run_dir: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--plot-attention "$UNSET"`` wrote its PNGs into the working directory, over files of
+    the same names, and ``evaluate --output ""`` its report; ``-o ""`` named "." a directory."""
+    src = tmp_path / "in.txt"
+    src.write_text("eine katze\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    for argv, option in ((["translate", str(tiny_run_dir), str(src), "--plot-attention", ""], "'--plot-attention'"),
+                         (["translate", str(tiny_run_dir), str(src), "-o", " "], "'--output' / '-o'"),
+                         (["evaluate", str(tiny_run_dir), "--output", ""], "'--output'")):
+        res = mtcli_here(*argv)
+        assert res.returncode == 2 and f"Invalid value for {option}: an empty path" in res.stderr.decode(), argv
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
