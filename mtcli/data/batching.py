@@ -35,7 +35,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtcli.data.packing import PackedBatch, SlotCounts, collate_packed, pack_epoch, packed_padding
+from mtcli.data.packing import (
+    PackedBatch,
+    SlotCounts,
+    collate_packed,
+    pack_epoch,
+    packed_padding,
+    rows_per_batch,
+)
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from mtcli.device import to_device
 from mtcli.errors import DataError
@@ -333,7 +340,7 @@ class BatchStream:
                  resegment: Resegment | None = None, mix: CorpusMix | None = None, pack_length: int = 0) -> None:
         self.mix = mix
         self.pack_length = int(pack_length)
-        self.pack_rows = max(1, int(max_tokens) // self.pack_length) if self.pack_length else 0
+        self.pack_rows = rows_per_batch(max_tokens, self.pack_length) if self.pack_length else 0
         longest = self.pack_length - 1 if self.pack_length else max(max_source_length, max_target_length)
         self.max_source_length = min(int(max_source_length), longest)
         self.max_target_length = min(int(max_target_length), longest)
@@ -397,7 +404,7 @@ class BatchStream:
     def _batched(self, indices: np.ndarray, max_tokens: int, epoch: int) -> list[Any]:
         """The batches of ``indices`` under a budget of ``max_tokens`` (packed or not), untrimmed."""
         if self.pack_length:
-            return pack_epoch(self.src_lengths, self.tgt_lengths, indices, max(1, max_tokens // self.pack_length),
+            return pack_epoch(self.src_lengths, self.tgt_lengths, indices, rows_per_batch(max_tokens, self.pack_length),
                               self.pack_length, self.seed, epoch)
         return make_batches(self.src_lengths, self.tgt_lengths, indices, max_tokens,
                             seed=self.seed, epoch=epoch, pool_batches=self.pool_batches)

@@ -32,6 +32,11 @@ from mtcli.device import to_device
 OPEN_ROWS = 8
 
 
+def rows_per_batch(max_tokens: int, length: int) -> int:
+    """How many rows of ``length`` slots a batch of ``max_tokens`` holds (at least one)."""
+    return max(1, int(max_tokens) // length)
+
+
 def pack_rows(src_lengths: np.ndarray, tgt_lengths: np.ndarray, order: np.ndarray, length: int) -> list[np.ndarray]:
     """Cut the pairs ``order`` (indices into the length arrays, taken in that order) into rows of
     ``length`` slots: each row's pairs need ``src + 1`` source slots and ``tgt + 1`` target slots
@@ -180,4 +185,5 @@ def collate_packed(src: Any, tgt: Any, rows: Sequence[np.ndarray], n_rows: int, 
                        src_tokens=sum(len(x) + 1 for x in src_ids), tgt_tokens=sum(len(y) + 1 for y in tgt_ids))
 
 
-__all__ = ["OPEN_ROWS", "PackedBatch", "SlotCounts", "collate_packed", "pack_epoch", "pack_rows", "packed_padding"]
+__all__ = ["OPEN_ROWS", "PackedBatch", "SlotCounts", "collate_packed", "pack_epoch", "pack_rows", "packed_padding",
+           "rows_per_batch"]

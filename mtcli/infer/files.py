@@ -72,9 +72,9 @@ def _check_io(inputs: Sequence[str | Path], output: Path | None, plot_attention:
     if not inputs and sys.stdin is None:
         raise DataError("<stdin>: closed; give input files, or lines on standard input")
     if output is not None:
-        for path in map(Path, inputs):
-            if Path(output).exists() and path.exists() and os.path.samefile(path, output):
-                raise DataError(f"{output}: is the input {path}; write the translation to another file")
+        same = _input_at(inputs, os.stat(output)) if Path(output).exists() else None
+        if same is not None:
+            raise DataError(f"{output}: is the input {same}; write the translation to another file")
         role = run_file_role(Path(output).resolve())
         if role is not None:
             raise DataError(f"{output}: {role}, a file of a run; write the translation to another file")
@@ -94,6 +94,18 @@ def _check_io(inputs: Sequence[str | Path], output: Path | None, plot_attention:
                             f"({exc.strerror or exc})") from None
 
 
+def _input_at(inputs: Sequence[str | Path], written: os.stat_result) -> Path | None:
+    """The input that is the file ``written`` describes (the same device and inode), if any."""
+    for path in map(Path, inputs):
+        try:
+            found = path.stat()
+        except OSError:
+            continue
+        if (found.st_dev, found.st_ino) == (written.st_dev, written.st_ino):
+            return path
+    return None
+
+
 def _check_stdout_is_no_input(inputs: Sequence[str | Path]) -> None:
     """Refuse standard output that is one of the input files (``translate f >> f``: each
     translated line is read again, and the file grows until the disk is full)."""
@@ -101,16 +113,10 @@ def _check_stdout_is_no_input(inputs: Sequence[str | Path]) -> None:
         out = os.fstat(sys.stdout.fileno())
     except (AttributeError, OSError, ValueError):  # no file behind it (a test's buffer)
         return
-    if not stat.S_ISREG(out.st_mode):
-        return
-    for path in map(Path, inputs):
-        try:
-            found = path.stat()
-        except OSError:
-            continue
-        if (found.st_dev, found.st_ino) == (out.st_dev, out.st_ino):
-            raise DataError(f"{path}: is also standard output (translate {path} >> {path}); write the "
-                            "translation to another file")
+    same = _input_at(inputs, out) if stat.S_ISREG(out.st_mode) else None
+    if same is not None:
+        raise DataError(f"{same}: is also standard output (translate {same} >> {same}); write the "
+                        "translation to another file")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,7 @@ import torch
 
 from mtcli.checkpoint import load_checkpoint
 from mtcli.config import SECTIONS
+from mtcli.data.packing import rows_per_batch
 from mtcli.errors import CheckpointError
 from mtcli.fileio import atomic_link, live_writer
 from mtcli.logs import get_logger
@@ -306,7 +307,7 @@ def _processes(state: dict[str, Any]) -> tuple[int, int, int | None]:
 def _slots(max_tokens: int, pack_length: int) -> int:
     """The tokens a batch holds: ``max_tokens``, or under ``train.pack_length`` the whole rows
     of that many slots it fits (1,600 tokens in rows of 128: 12 rows, 1,536)."""
-    return max_tokens - max_tokens % pack_length if pack_length > 0 else max_tokens
+    return pack_length * rows_per_batch(max_tokens, pack_length) if pack_length > 0 else max_tokens
 
 
 def _update_sizes(state: dict[str, Any], world_size: int, update_freq: int,
