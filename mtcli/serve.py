@@ -44,9 +44,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import errno
 import logging
 import math
+import os
 import re
 import signal
 import socket
@@ -68,7 +70,7 @@ from mtcli.data.textio import check_unicode
 from mtcli.errors import ConfigError, DataError, DeviceMemoryError, one_line
 from mtcli.hangup import act_or_hang_up
 from mtcli.infer.translator import Translator
-from mtcli.logs import get_logger
+from mtcli.logs import get_logger, on_terminal
 from mtcli.serve_batching import Batcher, Limits
 from mtcli.serve_guards import API_KEY_ENV, BodyLimit, KeyCheck, check_api_key
 from mtcli.serve_page import PAGE
@@ -502,6 +504,14 @@ class _Server(uvicorn.Server):
             self.listening(bound[0].getsockname()[1] if bound else self.config.port)
 
 
+def _uvicorn_logging() -> dict[str, Any]:
+    """uvicorn's logging with its access lines on stderr, beside every other log line: standard
+    output is left alone (a closed pipe there cost a traceback a request)."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["handlers"]["access"]["stream"] = "ext://sys.stderr"
+    return config
+
+
 def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
           api_key: str | None = None, load: Callable[[], Translator] | None = None,
           shutdown_grace_s: float = 60.0, sighup_received: Callable[[], bool] | None = None) -> bool:
@@ -529,7 +539,8 @@ def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, lim
         previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, hang_up)
         if sighup_received is not None and sighup_received():
             hang_up(signal.SIGHUP, None)
-    config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=shutdown_grace_s)
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=shutdown_grace_s,
+                            log_config=_uvicorn_logging(), use_colors=on_terminal() and not os.environ.get("NO_COLOR"))
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
     server = _Server(config, lambda bound: log.info("serving %s on http://%s:%d (API key %s)", translator.name,
                                                     shown, bound, "required" if api_key else "not set"))

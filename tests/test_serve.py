@@ -841,3 +841,27 @@ def test_a_sighup_during_a_reload_loads_once_more_after_it() -> None:
     first.join(30)
     assert loads == [2, 3] and app.state.batcher.translator.name == "step 3"
     assert reloader.start().join(30) is None and loads == [2, 3, 4]  # and later ones as before
+
+
+def test_access_log_goes_to_stderr_without_colours(tiny_run_dir: Path) -> None:
+    """Standard output stays empty: a closed pipe there gave a traceback a request."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mtcli.cli", "serve", str(tiny_run_dir), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "NO_COLOR": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        assert httpx.post(f"http://127.0.0.1:{port}/translate", json={"text": ["a b"]}, timeout=60).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out == ""
+    assert '"POST /translate HTTP/1.1" 200' in err
+    assert "\x1b[" not in err
