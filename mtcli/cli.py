@@ -156,6 +156,18 @@ def _fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
+def _say(text: str) -> None:
+    """Print a command's result on standard output and flush it: a write that fails (a full
+    disk) is an error naming ``<stdout>``, raised before the command returns."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, "<stdout>") from None
+
+
 def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     """Turn library errors, interrupts (Ctrl-C, SIGTERM, SIGHUP but under ``nohup``), OS errors
     and running out of host memory into one line and an exit code. ``train`` and ``serve``
@@ -209,7 +221,7 @@ def prepare(
 
     setup_logging(verbose)
     report = run_prepare(load_config(config, set_), force=force)
-    print(report.summary())
+    _say(report.summary())
 
 
 @app.command()
@@ -236,7 +248,7 @@ def train(
         _leave_torchrun(exc.exit_code, f"mtcli: error: {exc}", every_rank=not isinstance(exc, TrainingInterrupted))
         raise
     if summary.is_main:  # under torchrun, one summary: rank 0's
-        print(summary.summary())
+        _say(summary.summary())
     _leave_torchrun(0)
 
 
@@ -312,7 +324,7 @@ def evaluate(
         tgt_lang=tgt_lang,
         device=device,
     )
-    print(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2, ensure_ascii=False))
+    _say(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2, ensure_ascii=False))
 
 
 @app.command()
@@ -336,7 +348,7 @@ def compare(
     tests = ("bs", "ar") if test == "both" else (test,)
     report = run_compare(systems, ref, metrics=[m.strip() for m in metrics.split(",") if m.strip()],
                          tests=tests, samples=samples, output=output, tgt_lang=tgt_lang)
-    print(render(report))
+    _say(render(report))
 
 
 @app.command()
@@ -405,7 +417,7 @@ def average(
     if (last > 0) == (best > 0):
         raise ConfigError(f"give one of --last K or --best K, K > 0 (got --last {last} --best {best})")
     used = average_run_checkpoints(run_dir, output, last=last, best=best)
-    print(f"averaged {len(used)} checkpoints into {output}: " + ", ".join(p.name for p in used))
+    _say(f"averaged {len(used)} checkpoints into {output}: " + ", ".join(p.name for p in used))
 
 
 @app.command()
@@ -423,7 +435,7 @@ def export(
 
     out = export_hf(run_dir, output, checkpoint) if format == "hf" else export_model(
         run_dir, output, fmt=format, checkpoint=checkpoint)
-    print(f"exported {format} model to {out}")
+    _say(f"exported {format} model to {out}")
 
 
 @app.command("import-hf")
@@ -444,7 +456,7 @@ def import_hf(
 
     setup_logging(verbose)
     report = run_import(model_dir, run_dir, src_lang=src_lang, tgt_lang=tgt_lang, force=force)
-    print(f"imported {model_dir} into {report.run_dir}: {report.src_lang}->{report.tgt_lang}, "
+    _say(f"imported {model_dir} into {report.run_dir}: {report.src_lang}->{report.tgt_lang}, "
           f"{report.parameters:,} parameters, vocabulary {report.vocab_size} ({report.tokenizer})")
 
 

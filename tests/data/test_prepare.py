@@ -18,7 +18,7 @@ from xml.sax.saxutils import escape
 
 import pytest
 import yaml
-from conftest import PREPARE_PAUSED_AFTER_SPM, REPO, TOY_DIR, shared_corpus
+from conftest import PREPARE_PAUSED_AFTER_SPM, REPO, TOY_CONFIG, TOY_DIR, shared_corpus
 from typer.testing import CliRunner
 
 import mtcli.data.cache as cache_module
@@ -1196,3 +1196,14 @@ def test_a_prepare_killed_between_the_renames_of_its_swap_is_put_in_place(tmp_pa
     assert report.skipped  # up to date: nothing rebuilt
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
     assert open_prepared(config).counts() == PreparedCorpus.open(path).counts()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here (it fails every write with ENOSPC)")
+def test_a_full_standard_output_is_named(prepared_toy: Path) -> None:
+    """`mtcli prepare CONFIG > /dev/full` said only "No space left on device", as if of the cache."""
+    with open("/dev/full", "w") as full:
+        res = subprocess.run([sys.executable, "-m", "mtcli.cli", "prepare", str(TOY_CONFIG), "--set",
+                              f"data.source={TOY_DIR}", "--set", f"data.prepared_dir={prepared_toy}"],
+                             stdout=full, stderr=subprocess.PIPE, timeout=300, check=False)
+    assert res.returncode == 1
+    assert res.stderr.decode().splitlines()[-1] == "mtcli: error: <stdout>: No space left on device"
