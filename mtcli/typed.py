@@ -32,8 +32,9 @@ def type_name(tp: Any) -> str:
 _FLOAT_TEXT = re.compile(r"[-+]?((\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|inf|nan)", re.IGNORECASE)
 
 
-#: The booleans of YAML 1.1 that mtcli's YAML 1.2 reading leaves as text (:mod:`mtcli.yamlfile`).
-_YAML11_BOOLS = {"yes": True, "on": True, "no": False, "off": False}
+#: The booleans a text may spell: YAML 1.1's, which mtcli's YAML 1.2 reading leaves as text
+#: (:mod:`mtcli.yamlfile`), and YAML 1.2's own as a quoted value or a Python keyword gives them.
+_BOOL_WORDS = {"yes": True, "on": True, "true": True, "no": False, "off": False, "false": False}
 
 
 def coerce(value: Any, tp: Any, build: Callable[[type, dict[str, Any]], Any]) -> Any:
@@ -63,8 +64,8 @@ def coerce(value: Any, tp: Any, build: Callable[[type, dict[str, Any]], Any]) ->
     if tp is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in _YAML11_BOOLS:  # YAML 1.1's, read as text now
-            return _YAML11_BOOLS[value.lower()]
+        if isinstance(value, str) and value.lower() in _BOOL_WORDS:
+            return _BOOL_WORDS[value.lower()]
         raise TypeError
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):

@@ -400,6 +400,15 @@ def test_norwegian_and_yaml11_words_are_text_and_booleans_still_take_them(tmp_pa
     assert load_config(path, ["data.dedup=false"]).data.dedup is False
 
 
+def test_a_boolean_spelt_as_text_is_taken() -> None:
+    """A Python keyword took "no" for a boolean but refused "false"; a quoted YAML "true" too."""
+    data = {"name": "x", "source": "x", "src_lang": "de", "tgt_lang": "en"}
+    for text, value in (("false", False), ("True", True), ("no", False), ("on", True)):
+        assert config_from_dict({"data": {**data, "dedup": text}}).data.dedup is value
+    with pytest.raises(ConfigError, match="dedup"):
+        config_from_dict({"data": {**data, "dedup": "maybe"}})
+
+
 def test_a_merge_key_reads_as_yaml_says(tmp_path: Path) -> None:
     """`<<: *common` was "could not determine a constructor for the tag merge"."""
     path = write(tmp_path, "data:\n  name: x\n  src_lang: de\n  tgt_lang: en\n  sources:\n"
