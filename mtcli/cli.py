@@ -69,6 +69,7 @@ app = typer.Typer(
     cls=_Commands,
     add_completion=False,
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
     help="mtcli: prepare a parallel corpus, train a Transformer, evaluate and translate.",
 )
@@ -289,7 +290,7 @@ def evaluate(
         "--src-lang", help="A model of several directions: score those from this language only.")] = None,
     tgt_lang: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--tgt-lang", help="A model of several directions: score those into this language only.")] = None,
-    output: Annotated[Optional[Path], typer.Option(parser=_named_path, help="Directory for the hypotheses (NAME.CHECKPOINT.hyp) and report (NAME.CHECKPOINT.report.json); default: RUN_DIR/eval.")] = None,  # noqa: UP045
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=_named_path, help="Directory for the hypotheses (NAME.CHECKPOINT.hyp) and report (NAME.CHECKPOINT.report.json); default: RUN_DIR/eval.")] = None,  # noqa: UP045
     ensemble: EnsembleOption = None,
     engine: EngineOption = "torch",
     device: DeviceOption = "auto",

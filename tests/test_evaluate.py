@@ -210,7 +210,7 @@ def test_cli_evaluate_bad_input(case: str, tiny_run_dir: Path, tmp_path: Path) -
         "missing_checkpoint": ["evaluate", str(tiny_run_dir), "--checkpoint", str(tmp_path / "x.pt")],
         "count_mismatch": ["evaluate", str(tiny_run_dir), "--src", str(src), "--ref", str(ref)],
         "bad_split": ["evaluate", str(tiny_run_dir), "--split", "nosuchsplit"],
-        "output_a_file": ["evaluate", str(tiny_run_dir), "--output", str(src)],
+        "output_a_file": ["evaluate", str(tiny_run_dir), "-o", str(src)],  # (-o as --output)
     }[case]
     res = mtcli_here(*args)
     assert res.returncode != 0

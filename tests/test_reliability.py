@@ -328,6 +328,13 @@ def test_a_usage_error_is_one_line_as_every_other_error(argv: list[str], said: s
     assert "Usage: " in bare.output and "translate" in bare.output
 
 
+@pytest.mark.parametrize("argv", [["-h"], ["translate", "-h"], ["train", "-h"]])
+def test_h_is_help_as_help_is(argv: list[str]) -> None:
+    """`mtcli translate -h` was "No such option: -h"."""
+    short, long = CliRunner().invoke(app, argv), CliRunner().invoke(app, [*argv[:-1], "--help"])
+    assert short.exit_code == 0 and "Usage: " in short.output and short.output == long.output
+
+
 def test_a_ctrl_c_before_the_command_runs_is_one_line_too(monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """typer turns a Ctrl-C while it parses the arguments into a silent exit status 130, and
