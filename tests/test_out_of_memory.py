@@ -129,7 +129,7 @@ def test_a_resume_that_does_not_fit_at_once_resumes_with_the_smaller_batches_it_
     again = CliRunner().invoke(app, argv + advice.split())
     assert again.exit_code == 0, again.stderr
     log = (run / "train.log").read_text(encoding="utf-8")
-    assert "config change on resume: train.max_tokens: 512 -> 256 (resume no longer exact)" in log
+    assert "WARNING | config change on resume: train.max_tokens: 512 -> 256 (resume no longer exact)" in log
     assert "resumed from" in log and "stopped at step 4" in log
 
 

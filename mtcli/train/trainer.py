@@ -179,7 +179,8 @@ class Trainer:
             raise CheckpointError(f"{path}: checkpoint format {state.get('format')!r}, expected {STATE_FORMAT}")
         for change in resume_changes(state, self.config.to_dict(), self.info.world_size, str(path),
                                      hardware(self.device), parent_checked):
-            self.log.info("config change on resume: %s", change)
+            # a resume that is no longer exact is warned of: the run will not match an unbroken one
+            (self.log.warning if "no longer exact" in change else self.log.info)("config change on resume: %s", change)
         vocab = state.get("vocab") or {}
         if vocab.get("spm_sha256") not in (None, self.spm_sha256) or \
                 int(vocab.get("size", self.corpus.vocab_size)) != self.corpus.vocab_size:

@@ -248,7 +248,7 @@ def test_resume_refuses_other_training_or_validation_pairs(prepared: Path, tmp_p
     moved = shutil.copytree(corpus, tmp_path / "copy")  # the same files elsewhere (make ... DATA=copy): was
     prepare(config(f"data.source={moved}"))  # "cannot resume: data.source: ... -> ...", though the pairs are
     assert train(config(f"data.source={moved}", "train.max_steps=6")).steps == 6  # the checkpoint's
-    assert f"config change on resume: data.source: '{corpus}' -> '{moved}'\n" in (run / "train.log").read_text("utf-8")
+    assert f"INFO | config change on resume: data.source: '{corpus}' -> '{moved}'\n" in (run / "train.log").read_text("utf-8")
 
 
 def test_output_vocabulary_target_trains_resumes_and_decodes_from_the_list(prepared: Path,
