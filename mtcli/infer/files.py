@@ -226,7 +226,8 @@ def translate_files(
     is ready; a file output grows under another name and is renamed at the end, so it is never
     partial. When files are translated, the output of each finished window is kept on an error
     or an interrupt, and the same call goes on from there (:mod:`mtcli.infer.resumable`).
-    ``plot_attention`` writes ``<DIR>/<line:06d>.png`` per non-empty input line.
+    ``plot_attention`` writes ``<DIR>/<line:06d>.png`` per non-empty input line, and removes
+    the plots of that form an earlier translation left there for other lines.
     ``ensemble``: more members decoded with the run's model (run directories or checkpoint
     files, see :func:`mtcli.infer.ensemble.add_members`). ``engine``: ``torch`` or ``ctranslate2``.
     Returns a summary dict (lines, checkpoint, seconds, sentences_per_s, output, resumed_after:
@@ -260,12 +261,14 @@ def translate_files(
                 handle.writelines(text + "\n" for text in format_nbest(nbest, decode.nbest, scored))
                 if flush:
                     handle.flush()
-                if plot_attention is not None and nbest[0].attention is not None:
+                if plot_attention is not None:
                     _plot(translator.bundle.tokenizer, nbest[0], Path(plot_attention) / f"{done:06d}.png")
                 if partial is not None and in_file % WINDOW == 0:
                     partial.commit(done)
             if partial is not None:
                 partial.commit(done)
+        if plot_attention is not None:
+            _drop_plots_after(Path(plot_attention), done)
         if files is not None:
             files.check_unchanged(partial)
 
@@ -347,7 +350,19 @@ def _opened(output: Path | None, inputs: _Inputs | None, translator: Translator,
             yield partial.handle, partial
 
 
+def _drop_plots_after(directory: Path, lines: int) -> None:
+    """Remove the plots an earlier, longer translation left in ``directory`` (``NNNNNN.png``
+    numbered past ``lines``): every plot there is then of this input."""
+    for path in directory.glob("*.png"):
+        if path.stem.isascii() and path.stem.isdigit() and len(path.stem) >= 6 and int(path.stem) > lines:
+            path.unlink(missing_ok=True)
+
+
 def _plot(tokenizer: Tokenizer, best: Translation, path: Path) -> None:
-    """The cross-attention heatmap of one translation (:func:`mtcli.plots.plot_attention_png`)."""
+    """The cross-attention heatmap of one translation (:func:`mtcli.plots.plot_attention_png`);
+    for an empty line (no attention), no plot: an older one of that number is removed."""
+    if best.attention is None:
+        path.unlink(missing_ok=True)
+        return
     plot_attention_png(path, [tokenizer.id_to_piece(t) for t in best.source_tokens or []],
                        [tokenizer.id_to_piece(t) for t in best.tokens], best.attention)

@@ -560,6 +560,13 @@ def test_cli_translate_plot_attention(tiny_run_dir: Path, tmp_path: Path) -> Non
     pngs = sorted(p.name for p in plots.glob("*.png"))
     assert pngs == ["000001.png", "000003.png"]
     assert (plots / "000001.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # again into the same directory, of a shorter input whose first line is empty: the older
+    # plots of lines it has not (1, 3) are gone, other files stay
+    (plots / "notes.png").write_bytes(b"mine")
+    src.write_text("\nrot\n", encoding="utf-8")
+    res = _mtcli("translate", str(tiny_run_dir), str(src), "--beam", "1", "--plot-attention", str(plots))
+    assert res.returncode == 0, res.stderr.decode()
+    assert sorted(p.name for p in plots.glob("*.png")) == ["000002.png", "notes.png"]
 
 
 def test_translate_refuses_to_write_over_a_runs_own_files(tiny_run_dir: Path, tmp_path: Path) -> None:
