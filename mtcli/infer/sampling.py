@@ -58,10 +58,14 @@ def filtered_logprobs(logprobs: Tensor, method: str, topk: int, topp: float, tem
 
 def draw(logits: Tensor, generators: list[torch.Generator]) -> Tensor:
     """One token per row of (filtered, tempered) ``logits``, row ``i`` drawn with
-    ``generators[i]`` by the inverse of its cumulative distribution."""
+    ``generators[i]`` by the inverse of its cumulative distribution: the first token whose
+    cumulative probability reaches a uniform draw ``u``, which is kept above 0 (``torch.rand``
+    gives exactly 0 once in 2^24 draws, which would take the first token, ``<pad>``, of
+    probability 0), so that a token of probability 0 is never drawn."""
     probs = logits.float().softmax(dim=-1).cpu()
     cdf = probs.cumsum(dim=-1)
-    u = torch.cat([torch.rand(1, generator=g) for g in generators]) * cdf[:, -1]
+    u = (torch.cat([torch.rand(1, generator=g) for g in generators]) * cdf[:, -1]).clamp(
+        min=torch.finfo(torch.float32).tiny)
     tokens = torch.searchsorted(cdf, u[:, None]).squeeze(1).clamp(max=logits.size(-1) - 1)
     return tokens.to(logits.device)
 

@@ -63,6 +63,19 @@ def test_a_sample_scores_the_model_log_probability_and_never_draws_pad_or_bos() 
             assert h.score == pytest.approx(h.logprob)
 
 
+def test_a_uniform_draw_of_exactly_zero_takes_no_token_of_probability_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.rand gives 0.0 once in 2^24 draws: the inverse CDF then took the first token, pad,
+    at probability 0 (a pad mid-sample, its score -inf)."""
+    from mtcli.infer import sampling
+
+    inf = float("-inf")
+    logits = torch.tensor([[inf, inf, -1.0, inf, -0.5], [inf, inf, inf, -2.0, 0.0]])  # pad, bos at -inf
+    monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: torch.zeros(*args))
+    assert sampling.draw(logits, [torch.Generator(), torch.Generator()]).tolist() == [2, 3]
+    monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: torch.full(args, 1 - 2 ** -24))
+    assert sampling.draw(logits, [torch.Generator(), torch.Generator()]).tolist() == [4, 4]
+
+
 def test_bad_sampling_settings_name_their_key() -> None:
     model, src = random_model(), pad_batch(random_sources(n=1))
     with pytest.raises(ConfigError, match="decode.temperature must be > 0"):
