@@ -628,7 +628,7 @@ def test_an_empty_path_option_is_refused_not_the_working_directory(tiny_run_dir:
     monkeypatch.chdir(tmp_path)
     for argv, option in ((["translate", str(tiny_run_dir), str(src), "--plot-attention", ""], "'--plot-attention'"),
                          (["translate", str(tiny_run_dir), str(src), "-o", " "], "'--output' / '-o'"),
-                         (["evaluate", str(tiny_run_dir), "--output", ""], "'--output'")):
+                         (["evaluate", str(tiny_run_dir), "--output", ""], "'--output' / '-o'")):
         res = mtcli_here(*argv)
         assert res.returncode == 2 and f"Invalid value for {option}: an empty path" in res.stderr.decode(), argv
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
