@@ -226,8 +226,7 @@ def translate_files(
     is ready; a file output grows under another name and is renamed at the end, so it is never
     partial. When files are translated, the output of each finished window is kept on an error
     or an interrupt, and the same call goes on from there (:mod:`mtcli.infer.resumable`).
-    ``plot_attention`` writes ``<DIR>/<line:06d>.png`` per non-empty input line, and removes
-    the plots of that form an earlier translation left there for other lines.
+    ``plot_attention`` writes ``<DIR>/<line:06d>.png`` per non-empty input line (no older ones stay).
     ``ensemble``: more members decoded with the run's model (run directories or checkpoint
     files, see :func:`mtcli.infer.ensemble.add_members`). ``engine``: ``torch`` or ``ctranslate2``.
     Returns a summary dict (lines, checkpoint, seconds, sentences_per_s, output, resumed_after:
