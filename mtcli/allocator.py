@@ -76,8 +76,10 @@ def bound_onednn_cache(capacity: int = ONEDNN_CACHE_CAPACITY) -> bool:
     oneDNN keeps every kernel it has built, keyed by the product's shapes, up to 1,024 of them.
     Decoding multiplies by each weight a number of rows that changes from step to step (beams
     times the sentences still live), so a long decoding process, a server above all, fills the
-    whole cache; in bf16 each kernel holds enough memory that the full cache costs ~300 MB
-    (docs/performance.md), and a cap of 256 costs no measurable speed. oneDNN reads the setting once,
+    whole cache; in bf16 each kernel holds enough memory that the full cache costs several
+    hundred MB more (docs/performance.md), and a cap of 256 costs no measurable speed. (The
+    packed products round their rows to a few counts, :func:`mtcli.infer.packed.padded_rows`,
+    which bounds how many kernels a process builds at all.) oneDNN reads the setting once,
     when it builds its first kernel, so the commands call this before they load a model; the
     user's own ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` (or ``DNNL_...``) wins.
     """

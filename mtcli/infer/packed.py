@@ -15,6 +15,12 @@ a trained :class:`~mtcli.model.Transformer` whose ``nn.Linear`` layers and outpu
   taking its input in bf16, accumulating in fp32 and returning bf16, which is what bf16 autocast
   computes, without autocast casting the weights again for every batch.
 
+oneDNN builds a kernel for each shape it is given and keeps it in its cache, and the number of
+rows changes from step to step (the beams of the sentences still live, the tokens of a batch), so
+a long-running process would build, and hold memory for, a kernel for every row count it ever saw:
+a server grew by hundreds of MB. :class:`PackedLinear` therefore pads its rows up to one of a few
+sizes (:func:`padded_rows`: at most 1/8 more rows above 64) and drops the padding from the result.
+
 docs/performance.md has the measurements. The kernels are PyTorch's ``mkldnn`` operators (the ones its
 compiler uses for the same purpose); :func:`packing_supported` checks that a build has them and
 that they compute ``x W^T + b``, and :func:`pack_for_decoding` returns the model unchanged when
@@ -30,6 +36,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mtcli.model import Transformer
+
+
+def padded_rows(n: int) -> int:
+    """The row count a product of ``n`` rows runs at: ``n`` itself up to 8, then ``n`` rounded up
+    to a multiple of ``max(8, 2^(floor(log2 n) - 3))``: at most 7 rows more below 64, at most 1/8
+    more above, eight sizes an octave.
+
+    So a weight sees at most 79 kernel shapes up to 16,384 rows, however many row counts the
+    batches make."""
+    if n <= 8:
+        return n
+    granule = max(8, 1 << (n.bit_length() - 4))
+    return -(-n // granule) * granule
 
 
 class PackedLinear(nn.Module):
@@ -51,12 +70,15 @@ class PackedLinear(nn.Module):
         self._post = "relu" if relu else "none"
 
     def forward(self, x: Tensor) -> Tensor:
-        """``[..., in]`` -> ``[..., out]``."""
+        """``[..., in]`` -> ``[..., out]``, the rows padded to :func:`padded_rows` for the kernel."""
         shape = x.shape
-        out = torch.ops.mkldnn._linear_pointwise(
-            x.reshape(-1, shape[-1]).to(self.dtype), self._packed, self._bias, self._post, [], ""
-        )
-        return out.view(*shape[:-1], self.out_features)
+        rows = x.reshape(-1, shape[-1]).to(self.dtype)
+        n = rows.size(0)
+        padding = padded_rows(n) - n
+        if padding:
+            rows = F.pad(rows, (0, 0, 0, padding))
+        out = torch.ops.mkldnn._linear_pointwise(rows, self._packed, self._bias, self._post, [], "")
+        return out[:n].view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         relu = ", relu" if self._post == "relu" else ""
@@ -98,4 +120,4 @@ def pack_for_decoding(model: Transformer, dtype: torch.dtype = torch.float32) ->
     return model.for_decoding(functools.partial(PackedLinear, dtype=dtype))
 
 
-__all__ = ["PackedLinear", "pack_for_decoding", "packing_supported"]
+__all__ = ["PackedLinear", "pack_for_decoding", "packing_supported", "padded_rows"]

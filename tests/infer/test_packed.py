@@ -8,7 +8,7 @@ import torch
 from test_search import pad_batch, random_model, random_sources, teacher_forced_logprob
 
 from mtcli.config import DecodeConfig
-from mtcli.infer.packed import PackedLinear, pack_for_decoding, packing_supported
+from mtcli.infer.packed import PackedLinear, pack_for_decoding, packing_supported, padded_rows
 from mtcli.infer.search import generate
 from mtcli.infer.translate import model_for_decoding
 
@@ -27,6 +27,28 @@ def test_packed_linear_equals_linear(bias: bool, relu: bool) -> None:
     torch.testing.assert_close(packed, expected.relu() if relu else expected, rtol=1e-5, atol=1e-5)
     if relu:
         assert bool((packed == 0).any()) and bool((expected < 0).any())
+
+
+def test_rows_are_padded_to_few_sizes_and_the_padding_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every row count made oneDNN build and keep kernels of its own: a server grew by hundreds
+    of MB over batches of varied size. Products now run at a few row counts."""
+    assert [padded_rows(n) for n in (1, 8, 9, 64, 65, 128, 129, 1000)] == [1, 8, 16, 64, 72, 128, 144, 1024]
+    sizes = {padded_rows(n) for n in range(1, 16385)}
+    assert len(sizes) <= 80 and all(n <= padded_rows(n) <= max(n + 7, n * 9 // 8) for n in range(1, 16385))
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(32, 48)
+    seen: list[int] = []
+    kernel = torch.ops.mkldnn._linear_pointwise
+
+    def counting(x: torch.Tensor, *args: object) -> torch.Tensor:
+        seen.append(x.size(0))
+        return kernel(x, *args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counting)
+    for rows in range(1, 200):
+        x = torch.randn(rows, 32)
+        torch.testing.assert_close(PackedLinear(layer.weight, layer.bias)(x), layer(x).detach(), rtol=1e-5, atol=1e-5)
+    assert len(set(seen)) == len({padded_rows(n) for n in range(1, 200)}) < 40
 
 
 def test_packed_copy_fuses_each_feed_forward_relu() -> None:
