@@ -669,21 +669,26 @@ def _log_so_far(server: Server) -> str:
 
 
 def test_port_0_logs_the_port_the_server_listens_on(tiny_run_dir: Path) -> None:
+    """And every log line, a request's access line included, goes to stderr: standard output
+    stays empty (a closed pipe there gave a traceback a request)."""
     import re
 
     proc = subprocess.Popen([sys.executable, "-m", "mtcli.cli", "serve", str(tiny_run_dir), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "NO_COLOR": "1"})
     try:
-        for line in proc.stdout:
+        for line in proc.stderr:
             if match := re.search(r"serving .* on http://127\.0\.0\.1:(\d+) ", line):
                 break
         else:
             raise AssertionError(f"exited {proc.wait()} without saying where it serves")
         port = int(match[1])
         assert port != 0 and httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200
+        assert httpx.post(f"http://127.0.0.1:{port}/translate", json={"text": ["a b"]}, timeout=60).status_code == 200
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out == "" and '"POST /translate HTTP/1.1" 200' in err and "\x1b[" not in err
 
 
 def test_settling_a_job_its_client_cancelled_is_no_error() -> None:
@@ -842,26 +847,3 @@ def test_a_sighup_during_a_reload_loads_once_more_after_it() -> None:
     assert loads == [2, 3] and app.state.batcher.translator.name == "step 3"
     assert reloader.start().join(30) is None and loads == [2, 3, 4]  # and later ones as before
 
-
-def test_access_log_goes_to_stderr_without_colours(tiny_run_dir: Path) -> None:
-    """Standard output stays empty: a closed pipe there gave a traceback a request."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mtcli.cli", "serve", str(tiny_run_dir), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "NO_COLOR": "1"})
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        assert httpx.post(f"http://127.0.0.1:{port}/translate", json={"text": ["a b"]}, timeout=60).status_code == 200
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    assert out == ""
-    assert '"POST /translate HTTP/1.1" 200' in err
-    assert "\x1b[" not in err
