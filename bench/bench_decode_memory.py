@@ -56,22 +56,29 @@ def _rss_mb() -> float:
         return int(status.read().split("VmRSS:")[1].split()[0]) / 1024
 
 
-def worker(job: dict) -> dict:
-    """Translate the job's calls in this process; RSS above the first call every ``every`` calls."""
+def _set_up(job: dict, commands: bool, exact: bool) -> list[str]:
+    """This process as the job asks (``commands``: keep freed memory and cap oneDNN's cache, as
+    the decoding commands do; ``exact``: no padded rows); the input's lines."""
     import torch
 
     import mtcli.infer.packed as packed
-    from mtcli import Translator
 
-    if job["commands"]:
+    if commands:
         from mtcli.allocator import bound_onednn_cache, keep_freed_memory
 
         keep_freed_memory()
         bound_onednn_cache()
-    if job["variant"] == "exact":
+    if exact:
         packed.padded_rows = lambda n: n
     torch.set_num_threads(job["threads"])
-    lines = Path(job["input"]).read_text(encoding="utf-8").splitlines()
+    return Path(job["input"]).read_text(encoding="utf-8").splitlines()
+
+
+def worker(job: dict) -> dict:
+    """Translate the job's calls in this process; RSS above the first call every ``every`` calls."""
+    from mtcli import Translator
+
+    lines = _set_up(job, job["commands"], job["variant"] == "exact")
     translator = Translator.from_run(job["run_dir"], device="cpu", max_len_a=0, max_len_b=job["length"],
                                      bf16=job["bf16"])
     translator.translate(lines[:5])
@@ -89,18 +96,9 @@ def speed(job: dict) -> dict:
     pass of each: each product at its own row count (``job["way"]`` ``exact``) or padded. Each
     sentence decodes as many tokens as its source has (``max_len_a`` 1), so rows drop out of a
     batch as its shorter sentences end, as they do with a trained model."""
-    import torch
-
-    import mtcli.infer.packed as packed
     from mtcli import Translator
-    from mtcli.allocator import bound_onednn_cache, keep_freed_memory
 
-    keep_freed_memory()
-    bound_onednn_cache()
-    if job["way"] == "exact":
-        packed.padded_rows = lambda n: n
-    torch.set_num_threads(job["threads"])
-    lines = Path(job["input"]).read_text(encoding="utf-8").splitlines()
+    lines = _set_up(job, True, job["way"] == "exact")
     translator = Translator.from_run(job["run_dir"], device="cpu", max_len_a=1.0, max_len_b=0)
     out = {}
     for beam in (5, 1):
