@@ -42,12 +42,14 @@ def replaced_mode(path: Path) -> int:
     """The mode of a file written over ``path`` by a rename: the existing file's own (a
     ``chmod 600`` output stays private), else a new file's. A file the user may not write is a
     ``PermissionError``, as the shell's ``>`` makes it (a rename in its directory would replace
-    it all the same)."""
+    it all the same); one on a read-only file system is an ``OSError`` saying so."""
     try:
         existing = os.stat(path)
     except OSError:
         return default_file_mode()
     if stat.S_ISREG(existing.st_mode) and not os.access(path, os.W_OK):
+        if os.statvfs(path).f_flag & os.ST_RDONLY:  # not the file's mode: its file system's
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
         raise PermissionError(errno.EACCES, "Permission denied (write-protected)", str(path))
     return stat.S_IMODE(existing.st_mode)
 

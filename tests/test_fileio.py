@@ -445,3 +445,21 @@ def test_a_copy_that_finds_no_room_names_the_output_not_its_source(tmp_path: Pat
     assert caught.value.errno == errno.ENOSPC and str(source) not in str(caught.value.filename)
     assert str(caught.value.filename).startswith(str(out))
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_an_existing_file_on_a_read_only_file_system_is_said_to_be_on_one(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """It was called "write-protected", which chmod cannot mend."""
+    import errno
+
+    from mtcli.fileio import replaced_mode
+
+    out = tmp_path / "out.txt"
+    out.write_text("old\n")
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False)
+    real = os.statvfs(tmp_path)
+    monkeypatch.setattr(os, "statvfs", lambda path: type("V", (), {"f_flag": real.f_flag | os.ST_RDONLY})())
+    with pytest.raises(OSError) as raised:
+        replaced_mode(out)
+    assert raised.value.errno == errno.EROFS and raised.value.filename == str(out)
+    assert "write-protected" not in str(raised.value)
