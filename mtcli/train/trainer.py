@@ -197,6 +197,8 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         self.stream.load_state_dict(state["data_state"])
         self.step = int(state["step"])
+        if self.cfg.cooldown_steps > 0 and self.step > 0:  # the rate as the last update left it (not saved)
+            self.schedule.set_scale(cooldown_scale(self.step - 1, self.cfg.max_steps, self.cfg.cooldown_steps))
         ts = state.get("train_state") or {}
         for note in self.bests.load_state_dict(ts, (state.get("config") or {}).get("train") or {}):
             self.log.info("%s", note)

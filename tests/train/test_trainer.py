@@ -412,6 +412,25 @@ def test_cooldown_steps_scale_the_last_updates_down_linearly(prepared: Path, tmp
     assert "is not cooled down" not in (run / "train.log").read_text(encoding="utf-8")
 
 
+def test_a_resume_in_the_cooldown_holds_the_rate_an_unbroken_run_holds(prepared: Path, tmp_path: Path) -> None:
+    """The cool-down's scale is not saved: a resumed run saved, before its first update (a stop
+    at a validation), Noam's rate unscaled where the unbroken run held the cooled one."""
+    from mtcli.data.cache import PreparedCorpus
+    from mtcli.train.distributed import DistInfo
+    from mtcli.train.trainer import Trainer
+
+    run = tmp_path / "run"
+    config = make_config(prepared, run, "train.max_steps=8", "train.cooldown_steps=4", "train.valid_every=2",
+                         "train.valid_bleu=false", "train.keep_last=10")
+    train(config)
+    for step in (6, 8):
+        path = run / "checkpoints" / f"checkpoint_{step}.pt"
+        state = load_checkpoint(path)
+        trainer = Trainer(config, DistInfo.from_env(), torch.device("cpu"), PreparedCorpus.open(prepared), run)
+        trainer.resume(path, state)
+        assert trainer.optimizer.param_groups[0]["lr"] == state["optimizer"]["param_groups"][0]["lr"]
+
+
 def test_a_cooldown_that_another_stop_rule_would_skip_is_warned_of(prepared: Path, tmp_path: Path) -> None:
     """The cool-down counts back from max_steps: a run that max_minutes, max_epochs or patience
     ended first ran at the full rate to its end, without a word."""
