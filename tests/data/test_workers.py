@@ -255,7 +255,10 @@ def test_a_spawned_worker_ignores_ctrl_c_while_it_imports_the_main_module(tmp_pa
         "    with forked_pool(1, start='spawn') as pool:\n"
         "        pool.apply(os.getpid)\n"
         "    print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n", encoding="utf-8")
-    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)
+    # (SIGINT at its default in the child, whatever this test process inherited: Python installs
+    # its own handler at start only over the default, and the check below reads that handler)
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert res.returncode == 0 and res.stdout == "True\n", res.stderr  # the parent's own handler, back
     assert out.read_text() == "1"  # ignored in the worker from its start
 
