@@ -197,8 +197,8 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         self.stream.load_state_dict(state["data_state"])
         self.step = int(state["step"])
-        if self.cfg.cooldown_steps > 0 and self.step > 0:  # the rate as the last update left it (not saved)
-            self.schedule.set_scale(cooldown_scale(self.step - 1, self.cfg.max_steps, self.cfg.cooldown_steps))
+        if self.step > 0:  # the rate as the last update left it (the scale is not saved)
+            self._cool_down(self.step - 1)
         ts = state.get("train_state") or {}
         for note in self.bests.load_state_dict(ts, (state.get("config") or {}).get("train") or {}):
             self.log.info("%s", note)
@@ -379,11 +379,12 @@ class Trainer:
         self._tokens_done += int(stats["tokens"])
         return stats
 
-    def _cool_down(self) -> None:
-        """``train.cooldown_steps``: scale the next update's rate down (the update is step + 1;
-        the last one, max_steps, gets 1/cooldown)."""
+    def _cool_down(self, done: int | None = None) -> None:
+        """``train.cooldown_steps``: scale the next update's rate down (the update is step + 1,
+        or ``done`` + 1; the last one, max_steps, gets 1/cooldown)."""
         if self.cfg.cooldown_steps > 0:
-            self.schedule.set_scale(cooldown_scale(self.step, self.cfg.max_steps, self.cfg.cooldown_steps))
+            self.schedule.set_scale(cooldown_scale(self.step if done is None else done, self.cfg.max_steps,
+                                                   self.cfg.cooldown_steps))
 
     def _scaled_step(self) -> bool:
         """The fp16 optimiser step through the gradient scaler: False (gradients dropped, nothing
