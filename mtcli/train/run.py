@@ -427,7 +427,9 @@ def train(config: Config) -> TrainSummary:
             if parent is not None:
                 with atomic_write(run_dir / PARENT_NAME) as handle:
                     handle.write(json.dumps(parent.record(), indent=2) + "\n")
-            trainer.writer = Scalars(run_dir / "tensorboard", purge_step=trainer.step + 1 if found else None)
+            # TensorBoard drops the events past the resume point; on a fresh start (step 0), those a
+            # killed run left before its first checkpoint
+            trainer.writer = Scalars(run_dir / "tensorboard", purge_step=trainer.step + 1)
             stack.callback(trainer.writer.close)
         _log_start(trainer, config, device, precision_text)
         if info.distributed:

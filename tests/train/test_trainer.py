@@ -46,6 +46,25 @@ def model_params(path: Path) -> dict[str, torch.Tensor]:
     return load_checkpoint(path)["model"]
 
 
+def test_a_fresh_start_hides_the_scalars_a_killed_run_left_in_tensorboard(prepared: Path, tmp_path: Path) -> None:
+    """A run killed before its first checkpoint starts again from step 0: TensorBoard (and the
+    learning curves) show the new run's points, not the old run's past its steps."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from mtcli.plots import read_scalars
+
+    run = tmp_path / "run"
+    with SummaryWriter(str(run / "tensorboard")) as writer:
+        for step in range(1, 9):
+            writer.add_scalar("train/loss", 99.0, step)
+    stale, = (run / "tensorboard").glob("events.out.tfevents.*")
+    stale.rename(stale.with_name("events.out.tfevents.1000000000.killed.1.0"))  # an older second
+    (run / "train.log").write_text("the killed run's log\n", encoding="utf-8")
+    train(make_config(prepared, run, "train.max_steps=3", "train.valid_every=100"))
+    losses = read_scalars(run / "tensorboard")["train/loss"]
+    assert [step for step, _ in losses] == [1, 2, 3] and 99.0 not in {value for _, value in losses}
+
+
 def test_run_directory_layout_and_checkpoints(prepared: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     summary = train(make_config(prepared, run, "train.max_steps=6", "train.valid_every=2",
