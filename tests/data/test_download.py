@@ -219,7 +219,7 @@ def test_multi30k_from_the_test_server_is_the_shared_copy(monkeypatch: pytest.Mo
         for name, source in (("fetched", "multi30k"), ("shared", str(shared))):
             config = load_config(REPO / "configs" / "multi30k_de_en.yaml", [
                 f"data.source={source}", f"data.prepared_dir={tmp_path / name}", "data.vocab_size=500",
-                "data.spm_max_sentences=20000"])
+                "data.spm_max_sentences=2000"])
             manifests.append(json.loads((prepare(config).directory / "manifest.json").read_text()))
         assert manifests[0]["build_key"] == manifests[1]["build_key"]
         files = [{name: record["sha256"] for name, record in m["files"].items()} for m in manifests]

@@ -300,26 +300,19 @@ def test_bf16_autocast_path(tiny_run_dir: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _mtcli(*args: str, stdin: bytes | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "mtcli.cli", *args], input=stdin, capture_output=True, cwd=cwd,
-        timeout=300,
-    )
-
-
 def test_cli_translate_stdin_and_files(tiny_run_dir: Path, tmp_path: Path) -> None:
     lines = ["eine katze spielt", "", "ein hund " * 200, "rot"]
     text = "\n".join(lines) + "\n"
-    res = _mtcli("translate", str(tiny_run_dir), "--beam", "1", stdin=text.encode())
+    res = mtcli_here("translate", str(tiny_run_dir), "--beam", "1", stdin=text.encode())
     assert res.returncode == 0, res.stderr.decode()
     assert res.stdout.decode().count("\n") == len(lines)
     assert res.stdout.decode().split("\n")[1] == ""
     assert b"truncated" in res.stderr and b"line 3" in res.stderr
-    dash = _mtcli("translate", str(tiny_run_dir), "-", "--beam", "1", stdin=text.encode())  # - is stdin too
+    dash = mtcli_here("translate", str(tiny_run_dir), "-", "--beam", "1", stdin=text.encode())  # - is stdin too
     assert dash.returncode == 0 and dash.stdout == res.stdout, dash.stderr.decode()
     src = tmp_path / "in.txt"
     src.write_text(text, encoding="utf-8")
-    mixed = _mtcli("translate", str(tiny_run_dir), str(src), "-", "--beam", "1", stdin=text.encode())
+    mixed = mtcli_here("translate", str(tiny_run_dir), str(src), "-", "--beam", "1", stdin=text.encode())
     assert mixed.returncode != 0 and b"standard input is read alone" in mixed.stderr  # was "-: input file not found"
 
     src = tmp_path / "in.txt"
@@ -541,7 +534,7 @@ def test_cli_translate_checkpoint_from_other_vocab(tiny_run_dir: Path, tmp_path:
     Tokenizer.train(text, tmp_path / "other", 40, "unigram", 1.0, 0)
     shutil.copyfile(tmp_path / "other.model", run / "spm.model")
     out = tmp_path / "out.txt"
-    res = _mtcli("translate", str(run), "-o", str(out), stdin=b"eine katze\n")
+    res = mtcli_here("translate", str(run), "-o", str(out), stdin=b"eine katze\n")
     assert res.returncode != 0
     err = res.stderr.decode().strip()
     assert "Traceback" not in err and len(err.splitlines()) == 1 and "vocabulary" in err
@@ -552,7 +545,7 @@ def test_cli_translate_plot_attention(tiny_run_dir: Path, tmp_path: Path) -> Non
     src = tmp_path / "in.txt"
     src.write_text("eine katze spielt\n\nrot\n", encoding="utf-8")
     plots = tmp_path / "att"
-    res = _mtcli(
+    res = mtcli_here(
         "translate", str(tiny_run_dir), str(src), "--beam", "1", "--plot-attention", str(plots),
         "-o", str(tmp_path / "out.txt"),
     )
@@ -564,7 +557,7 @@ def test_cli_translate_plot_attention(tiny_run_dir: Path, tmp_path: Path) -> Non
     # plots of lines it has not (1, 3) are gone, other files stay
     (plots / "notes.png").write_bytes(b"mine")
     src.write_text("\nrot\n", encoding="utf-8")
-    res = _mtcli("translate", str(tiny_run_dir), str(src), "--beam", "1", "--plot-attention", str(plots))
+    res = mtcli_here("translate", str(tiny_run_dir), str(src), "--beam", "1", "--plot-attention", str(plots))
     assert res.returncode == 0, res.stderr.decode()
     assert sorted(p.name for p in plots.glob("*.png")) == ["000002.png", "notes.png"]
 
@@ -602,7 +595,7 @@ def test_cli_translate_to_a_full_standard_output_names_it(tiny_run_dir: Path, tm
 def test_seed_without_sampling_names_the_flag(tiny_run_dir: Path) -> None:
     """translate --seed without --sampling said to add "sampling topk or topp": the Python API's
     words, not the flag that asks for sampling."""
-    result = _mtcli("translate", str(tiny_run_dir), "--seed", "3", stdin=b"hello\n")
+    result = mtcli_here("translate", str(tiny_run_dir), "--seed", "3", stdin=b"hello\n")
     assert result.returncode == 2 and b"--sampling topk" in result.stderr and b"Traceback" not in result.stderr
 
 

@@ -82,13 +82,21 @@ def test_two_fp16_processes_match_one_process_bit_for_bit(tmp_path: Path, prepar
 
 
 def _ddp_train(run_dir: Path, prepared: Path, *extra: str) -> None:
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            "-m", "mtcli.cli", "train", str(TOY_CONFIG)]
+    """``mtcli train`` of the toy recipe on two gloo ranks, started as torchrun starts them (its
+    environment variables) but without its launcher process: the tests above run torchrun itself."""
+    args = [sys.executable, "-m", "mtcli.cli", "train", str(TOY_CONFIG)]
     for item in toy_train_overrides(prepared, run_dir, "train.max_tokens=256", "train.device=cpu", *extra):
         args += ["--set", item]
-    env = worker_env()
-    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-8000:]
+    group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    ranks = [subprocess.Popen(args, cwd=REPO, env=dict(worker_env(), **group, RANK=str(rank), LOCAL_RANK=str(rank)),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    try:
+        errors = [rank.communicate(timeout=300)[1] for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    for rank, err in zip(ranks, errors, strict=True):
+        assert rank.returncode == 0, err[-8000:]
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")

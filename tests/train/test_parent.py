@@ -8,16 +8,15 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import (
-    REPO,
     TOY_CONFIG,
     TOY_DIR,
     assert_same_params,
+    mtcli_here,
     toy_train_config,
     toy_train_overrides,
 )
@@ -113,8 +112,9 @@ def test_init_average_takes_the_mean_of_the_last_k(parent_run: tuple[Path, Path]
 
 
 def cli_train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mtcli", "train", str(TOY_CONFIG), *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    """``mtcli train`` of the toy recipe (in this process), with text stdout and stderr."""
+    res = mtcli_here("train", str(TOY_CONFIG), *args)
+    return subprocess.CompletedProcess(res.args, res.returncode, res.stdout.decode(), res.stderr.decode())
 
 
 def set_args(overrides: list[str]) -> list[str]:
