@@ -101,17 +101,25 @@ def _ddp_train(run_dir: Path, prepared: Path, *extra: str) -> None:
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
 def test_two_gloo_processes_with_dropout_resume_exactly(tmp_path: Path, prepared_toy: Path) -> None:
-    """Each rank draws its own dropout masks; a checkpoint keeps every rank's RNG states, so
-    2 + 2 steps give the parameters of 4 steps straight."""
-    dropout = ("model.dropout=0.3", "model.attention_dropout=0.2", "train.valid_every=100000")
+    """Each rank draws its own dropout masks; a checkpoint keeps every rank's RNG states, so a
+    run resumed from its step-2 checkpoint (as after a stop at step 3) gives at step 4 the
+    parameters of 4 steps straight."""
+    import shutil
+
+    dropout = ("model.dropout=0.3", "model.attention_dropout=0.2", "train.valid_every=2", "train.keep_last=2")
     straight = tmp_path / "straight"
     _ddp_train(straight, prepared_toy, "train.max_steps=4", *dropout)
-    split = tmp_path / "split"
-    _ddp_train(split, prepared_toy, "train.max_steps=2", *dropout)
-    saved = load_checkpoint(split / "checkpoints" / "checkpoint_last.pt")
-    assert len(saved["rng_ranks"]) == 2
+    split = shutil.copytree(straight, tmp_path / "split")
+    checkpoints = split / "checkpoints"
+    (checkpoints / "checkpoint_4.pt").unlink()
+    for name in ("checkpoint_last.pt", "checkpoint_best.pt"):  # the step-2 checkpoint as the last and best
+        shutil.copyfile(checkpoints / "checkpoint_2.pt", checkpoints / name)
+    saved = load_checkpoint(checkpoints / "checkpoint_last.pt")
+    assert saved["step"] == 2 and len(saved["rng_ranks"]) == 2
     assert not torch.equal(saved["rng_ranks"][0]["torch"], saved["rng_ranks"][1]["torch"])
     _ddp_train(split, prepared_toy, "train.max_steps=4", *dropout)
+    assert f"resumed from {checkpoints / 'checkpoint_last.pt'} at step 2," in (split / "train.log").read_text(
+        encoding="utf-8")
     a = load_checkpoint(straight / "checkpoints" / "checkpoint_last.pt")["model"]
     b = load_checkpoint(split / "checkpoints" / "checkpoint_last.pt")["model"]
     assert a.keys() == b.keys()
