@@ -33,6 +33,10 @@ from mtcli.rundir import (
     step_checkpoints,
 )
 
+#: The words that end a config change after which the resumed run no longer matches an unbroken
+#: one (the trainer logs such changes as warnings).
+INEXACT = "resume no longer exact"
+
 
 def find_resume_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
     """The checkpoint to resume a run from, loaded: ``(path, state)``, or None if there is none.
@@ -247,7 +251,7 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
             if kind == "unsafe":
                 refused.append(text)
             elif kind == "inexact":
-                changes.append(f"{text} (resume no longer exact)")
+                changes.append(f"{text} ({INEXACT})")
             else:
                 changes.append(text)
     if refused:
@@ -338,11 +342,11 @@ def process_change(state: dict[str, Any], world_size: int, update_freq: int,
         moved = [f"train.update_freq {saved_freq} -> {update_freq}"] if saved_freq != update_freq else []
         moved += [f"train.max_tokens {saved_tokens} -> {max_tokens}"] if known and saved_tokens != max_tokens else []
         moved_text = f" with {' and '.join(moved)}" if moved else ""
-        return (f"processes: {saved} -> {world_size}{moved_text}: each update as large as before (resume no longer "
-                "exact where dropout is on: each process draws its own masks)")
+        return (f"processes: {saved} -> {world_size}{moved_text}: each update as large as before ({INEXACT} where "
+                "dropout is on: each process draws its own masks)")
     ratio = Fraction(now, before)
     size = f"{ratio.numerator}x" if ratio.denominator == 1 else f"{ratio.numerator}/{ratio.denominator}"
-    return f"processes: {saved} -> {world_size} (each update {size} the size; resume no longer exact)"
+    return f"processes: {saved} -> {world_size} (each update {size} the size; {INEXACT})"
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -388,7 +392,7 @@ def hardware(device: torch.device) -> dict[str, Any]:
 def hardware_changes(saved: dict[str, Any] | None, here: dict[str, Any]) -> list[str]:
     """How the device and threads of a resume differ from the checkpoint's (``saved``: none in a
     checkpoint from before they were kept), each an inexact resume, whatever the config says."""
-    return [f"{key}: {saved[key]} -> {value} (resume no longer exact)" for key, value in here.items()
+    return [f"{key}: {saved[key]} -> {value} ({INEXACT})" for key, value in here.items()
             if saved is not None and key in saved and saved[key] != value]
 
 
