@@ -6,7 +6,10 @@ into a one-line message on stderr and a non-zero exit code (``exit_code`` below)
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -95,6 +98,26 @@ def restore_handlers(previous: dict[int, Any]) -> None:
     """Put back the handlers :func:`stop_on_signals` replaced."""
     for sig, handler in previous.items():
         signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold Ctrl-C, SIGTERM and SIGHUP for the body (outputs that must be replaced together): one
+    that comes meanwhile is acted on as it would have been, once the body is done. In a thread
+    other than the main one, where no handler can be set, nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    held = [sig for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if sig is not None]
+    previous = {sig: signal.signal(sig, lambda signum, frame: arrived.append(signum)) for sig in held}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if arrived:
+            signal.raise_signal(arrived[0])
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:

@@ -22,7 +22,7 @@ from mtcli.config import Config, DecodeConfig, check_language_code
 from mtcli.data.cache import PreparedCorpus, eval_split_name
 from mtcli.data.textio import lines_sha256, read_lines, read_lines_hashed
 from mtcli.device import peak_memory_mb
-from mtcli.errors import ConfigError, DataError
+from mtcli.errors import ConfigError, DataError, signals_held
 from mtcli.fileio import atomic_write, check_directory, names_an_open_file
 from mtcli.infer.loading import InferenceModel, run_directions
 from mtcli.infer.translator import Translator
@@ -131,14 +131,16 @@ def _checkpoint_name(bundle: InferenceModel, average_last: int, average_best: in
 
 
 def _write_outputs(hyp_path: Path, report_path: Path, hypotheses: list[str], report: dict[str, Any]) -> None:
-    """The hypotheses are written and flushed before the report is written and renamed, and
+    """The hypotheses are written and synced before the report is written and renamed, and
     renamed right after it: a failed write (disk full, file-size limit) leaves the previous
-    hypotheses and report, never a new one beside an old one."""
+    hypotheses and report, never a new one beside an old one. A stop (Ctrl-C, SIGTERM, a
+    hang-up) that comes while they are written is acted on once both are in place."""
     report_text = json.dumps(report, indent=2, ensure_ascii=False) + "\n"
-    with atomic_write(hyp_path) as hyp_handle:
+    with signals_held(), atomic_write(hyp_path) as hyp_handle:
         for text in hypotheses:
             hyp_handle.write(text + "\n")
         hyp_handle.flush()
+        os.fsync(hyp_handle.fileno())  # (what is left to do after the report's rename is a rename)
         with atomic_write(report_path) as report_handle:
             report_handle.write(report_text)
 

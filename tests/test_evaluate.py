@@ -333,3 +333,31 @@ def test_the_weights_sha256_is_the_same_for_the_same_weights_under_a_prefix(tiny
     state["model"] = {f"module._orig_mod.{key}": value for key, value in state["model"].items()}
     save_checkpoint(tmp_path / "prefixed.pt", state)
     assert load_for_inference(run, str(tmp_path / "prefixed.pt")).weights_sha256 == plain
+
+
+def test_a_ctrl_c_between_the_two_renames_leaves_both_outputs_new(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report was renamed into place before the hypotheses: a stop in between left the new
+    report beside the old hypotheses (which `compare` then scored as this evaluation's)."""
+    import os
+    import signal
+
+    import mtcli.fileio as fileio
+    from mtcli.evaluate import _write_outputs
+
+    hyp, report = tmp_path / "test.best.hyp", tmp_path / "test.best.report.json"
+    hyp.write_text("old\n", encoding="utf-8")
+    report.write_text('{"beam_size": 1}\n', encoding="utf-8")
+    synced = fileio.fsync_dir
+
+    def interrupted_after_the_first_rename(path: Path) -> None:
+        synced(path)
+        monkeypatch.setattr(fileio, "fsync_dir", synced)
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, right after the report's rename
+
+    monkeypatch.setattr(fileio, "fsync_dir", interrupted_after_the_first_rename)
+    with pytest.raises(KeyboardInterrupt):
+        _write_outputs(hyp, report, ["new"], {"beam_size": 2})
+    assert hyp.read_text(encoding="utf-8") == "new\n" and json.loads(report.read_text(encoding="utf-8")) == {
+        "beam_size": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [hyp.name, report.name]  # no temporary file left
