@@ -27,6 +27,7 @@ Usage (from the repository root)::
 
     python bench/bench_decode_memory.py                       # padded and exact, 200 calls each
     python bench/bench_decode_memory.py --commands            # as translate/evaluate/serve run
+    python bench/bench_decode_memory.py --commands --int8 --variants padded   # int8 weights
     python bench/bench_decode_memory.py --calls 20 --every 10 # smoke
     python bench/bench_decode_memory.py --speed 4             # the padding's cost in sentences/s
 
@@ -80,7 +81,7 @@ def worker(job: dict) -> dict:
 
     lines = _set_up(job, job["commands"], job["variant"] == "exact")
     translator = Translator.from_run(job["run_dir"], device="cpu", max_len_a=0, max_len_b=job["length"],
-                                     bf16=job["bf16"])
+                                     bf16=job["bf16"], int8=job.get("int8", False))
     translator.translate(lines[:5])
     first, start, rng, points = _rss_mb(), time.perf_counter(), random.Random(job["seed"]), []
     for call in range(1, job["calls"] + 1):
@@ -120,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commands", action="store_true",
                         help="keep freed memory and cap oneDNN's cache, as the decoding commands do")
     parser.add_argument("--bf16", action="store_true", help="decode in bf16 (decode.bf16; a CPU with bf16 units)")
+    parser.add_argument("--int8", action="store_true",
+                        help="decode with int8 weights (decode.int8: mtcli.infer.quantize's products)")
     parser.add_argument("--variants", nargs="*", default=["padded", "exact"], choices=["padded", "exact"])
     parser.add_argument("--speed", type=int, default=0, metavar="ROUNDS",
                         help="instead: sentences/s padded and exact, alternated for ROUNDS rounds (the median)")
@@ -160,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     for variant in args.variants if not args.speed else []:
         job = {"variant": variant, "commands": args.commands, "run_dir": str(run_dir), "input": str(TEST),
                "calls": args.calls, "every": args.every, "max_lines": args.max_lines, "length": args.length,
-               "threads": args.threads, "seed": 0, "bf16": args.bf16}
+               "threads": args.threads, "seed": 0, "bf16": args.bf16, "int8": args.int8}
         out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], capture_output=True,
                              text=True, check=True)
         rows.append({"variant": variant, **json.loads(out.stdout.strip().splitlines()[-1])})
@@ -171,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         result = {"commands": True, "bf16": False, **machine, "rounds": args.speed, "sentences": "all",
                   "length": "the source's", "rows": rows}
     else:
-        result = {"commands": args.commands, "bf16": args.bf16, **machine, "calls": args.calls,
+        result = {"commands": args.commands, "bf16": args.bf16, "int8": args.int8, **machine, "calls": args.calls,
                   "max_lines": args.max_lines, "length": args.length, "rows": rows}
     path = args.output or REPO / "bench" / "results" / f"decode_memory_{time.strftime('%Y%m%d_%H%M%S')}.json"
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
