@@ -48,6 +48,8 @@ def forked_pool(workers: int, initializer: Callable[..., None] | None = None,
     printing a ``BrokenPipeError`` traceback. A worker that dies (the out-of-memory killer)
     is noticed by :func:`result_of`, where the pool would wait for its task for ever."""
     context = multiprocessing.get_context(start)
+    if start != "fork":
+        _start_resource_tracker()
     with _sigint_ignored(start != "fork"):
         made = context.Pool(workers, initializer=_start_worker, initargs=(os.getpid(), initializer, *initargs))
     with made as pool:
@@ -58,6 +60,23 @@ def forked_pool(workers: int, initializer: Callable[..., None] | None = None,
             if _ended(pool) is not None:  # one died, perhaps holding a queue's lock: the shutdown must not wait for it
                 pool._inqueue._rlock = context.Lock()  # type: ignore[attr-defined]
                 pool._outqueue._wlock = context.Lock()  # type: ignore[attr-defined]
+
+
+def _start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker, which a pool of new processes needs for its
+    locks, deaf to hang-ups: it ignores SIGINT and SIGTERM but not SIGHUP, which a closed ssh
+    session sends the whole group; it died of it, and the parent's cleanup printed its warning
+    and tracebacks under the one-line error. It starts with SIGHUP blocked, which it keeps."""
+    from multiprocessing import resource_tracker
+
+    hup = getattr(signal, "SIGHUP", None)
+    if hup is None or not hasattr(signal, "pthread_sigmask"):
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {hup})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 @contextlib.contextmanager

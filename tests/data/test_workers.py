@@ -285,3 +285,29 @@ def test_a_script_without_a_main_guard_is_told_what_it_needs(tmp_path: Path) -> 
     result = _run_guarded("import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')", str(script))
     assert result.stdout.startswith("a prepare worker process ended (exit status 1); a script that calls mtcli's "
                                     'prepare or train must do so under `if __name__ == "__main__":`'), result.stdout
+
+
+#: A pool of new processes, then SIGHUP to the whole group, as a closed ssh session sends it.
+HUNG_UP_SPAWNED = r"""
+import os, signal, time
+from multiprocessing import resource_tracker
+from mtcli.data.workers import forked_pool
+
+signal.signal(signal.SIGHUP, lambda signum, frame: print("hung up", flush=True))
+with forked_pool(1, start="spawn") as pool:
+    assert pool.apply(abs, (-3,)) == 3
+    os.killpg(0, signal.SIGHUP)
+    time.sleep(0.5)
+    gone = os.waitpid(resource_tracker._resource_tracker._pid, os.WNOHANG) != (0, 0)
+    print("tracker", "dead" if gone else "alive", flush=True)
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP here")
+def test_a_hang_up_leaves_the_resource_tracker_of_a_spawned_pool_alive() -> None:
+    """prepare hung up while SentencePiece's pool of new processes ran: multiprocessing's resource
+    tracker died of the SIGHUP, and leaving the pool printed its warning and six tracebacks
+    under `mtcli: error: hung up`."""
+    res = _run_guarded(HUNG_UP_SPAWNED)
+    assert res.returncode == 0 and res.stdout.split() == ["hung", "up", "tracker", "alive"], res.stdout + res.stderr
+    assert res.stderr == "", res.stderr
