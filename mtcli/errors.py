@@ -109,7 +109,8 @@ def signals_held() -> Iterator[None]:
         yield
         return
     arrived: list[int] = []
-    held = [sig for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if sig is not None]
+    held = [sig for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None))
+            if sig is not None and signal.getsignal(sig) is not None]  # (None: a handler set outside Python)
     previous = {sig: signal.signal(sig, lambda signum, frame: arrived.append(signum)) for sig in held}
     try:
         yield
