@@ -109,14 +109,13 @@ def signals_held() -> Iterator[None]:
         yield
         return
     arrived: list[int] = []
-    held = [sig for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None))
-            if sig is not None and signal.getsignal(sig) is not None]  # (None: a handler set outside Python)
+    held = [sig for sig in (signal.SIGINT, signal.SIGTERM, *hang_ups())
+            if signal.getsignal(sig) is not None]  # (None: a handler set outside Python)
     previous = {sig: signal.signal(sig, lambda signum, frame: arrived.append(signum)) for sig in held}
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        restore_handlers(previous)
         if arrived:
             signal.raise_signal(arrived[0])
 

@@ -48,9 +48,10 @@ def forked_pool(workers: int, initializer: Callable[..., None] | None = None,
     printing a ``BrokenPipeError`` traceback. A worker that dies (the out-of-memory killer)
     is noticed by :func:`result_of`, where the pool would wait for its task for ever."""
     context = multiprocessing.get_context(start)
-    if start != "fork":
+    spawned = start != "fork"
+    if spawned:
         _start_resource_tracker()
-    with _sigint_ignored(start != "fork"):
+    with _sigint_ignored(spawned):
         made = context.Pool(workers, initializer=_start_worker, initargs=(os.getpid(), initializer, *initargs))
     with made as pool:
         pool._mtcli_started = list(pool._pool)  # type: ignore[attr-defined]  # its workers, as started
