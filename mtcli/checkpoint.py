@@ -176,11 +176,6 @@ def _unpickling_reason(exc: BaseException) -> str:
     return "objects outside the weights-only allowlist"
 
 
-def read_payload(path: Path) -> memoryview:
-    """The verified payload bytes of checkpoint ``path`` (checks header, size and sha256)."""
-    return _verified_payload(path)[0]
-
-
 def _header(data: bytes) -> tuple[int, re.Match[bytes] | None]:
     """Where a checkpoint's header line ends in ``data``, and its match (None: no header)."""
     end = data.find(b"\n", 0, _MAX_HEADER)
@@ -188,7 +183,8 @@ def _header(data: bytes) -> tuple[int, re.Match[bytes] | None]:
 
 
 def _verified_payload(path: Path) -> tuple[memoryview, str]:
-    """:func:`read_payload`'s bytes and their sha256, as the header records it (and as checked)."""
+    """The payload bytes of checkpoint ``path`` and their sha256, as the header records it, after
+    checking its header, size and sha256."""
     path = Path(path)
     try:
         with open(path, "rb") as handle:

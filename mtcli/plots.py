@@ -145,13 +145,16 @@ def plot_attention_png(
     if any("missing from font" in str(w.message) for w in caught):
         _say_missing_glyphs()
     for other in (w for w in caught if "missing from font" not in str(w.message)):
-        warnings.warn_explicit(other.message, other.category, other.filename, other.lineno, registry=_WARNED)
+        text = str(other.message)
+        if text not in _WARNED:
+            _WARNED.add(text)
+            get_logger().warning("attention plots: %s", text)
 
 
 #: Fonts whose glyphs a label takes where matplotlib's own (DejaVu Sans) has none, when installed.
 FALLBACK_FONTS = ("Noto Sans CJK JP", "Noto Sans CJK SC", "Noto Sans Arabic", "Noto Sans Hebrew",
                   "Noto Sans Devanagari", "Noto Sans Thai")
-_WARNED: dict = {}  # matplotlib's other warnings, each said once (as Python says a warning)
+_WARNED: set[str] = set()  # matplotlib's other warnings, each said once a process
 
 
 @functools.cache

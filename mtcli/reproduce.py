@@ -482,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
                 load_results(results_home(args.results, changed), table_name)
                 check_table_place(results_home(args.results, changed), table_name)
             if row_key == ADAPTED_ROW and not args.valid_only:
-                if args.seeds is not None:  # (it was ignored: one row of seed 1's run, as if of the seeds)
+                if args.seeds is not None:
                     raise ConfigError(f"--seeds {args.seeds}: {args.direction} adapts one parent run, with its seed; "
                                       "leave --seeds out")
                 row = run_adaptation(config)

@@ -82,3 +82,25 @@ def test_pieces_the_font_lacks_are_one_logged_warning(tmp_path: Path, caplog) ->
             plot_attention_png(tmp_path / name, ["▁\ue000", "\ue001"], ["▁a", "▁cat"], torch.rand(1, 3, 3))
     said = [r.getMessage() for r in caplog.records if "has glyphs for some pieces" in r.getMessage()]
     assert len(said) == 1 and (tmp_path / "b.png").stat().st_size > 0, said
+
+
+def test_matplotlibs_other_warnings_are_logged_once(tmp_path: Path, caplog, monkeypatch) -> None:  # noqa: ANN001
+    """A matplotlib warning other than a missing glyph goes to mtcli's log, once a process, not to
+    stderr in Python's warning format."""
+    import warnings
+
+    import torch
+    from matplotlib.figure import Figure
+
+    from mtcli.plots import plot_attention_png
+
+    def tight_layout(self, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+        warnings.warn("Tight layout not applied", UserWarning, stacklevel=1)
+
+    monkeypatch.setattr(Figure, "tight_layout", tight_layout)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # none escapes as a Python warning
+        for name in ("a.png", "b.png"):
+            plot_attention_png(tmp_path / name, ["▁a"], ["▁b"], torch.rand(1, 1, 1))
+    said = [r.getMessage() for r in caplog.records if "Tight layout" in r.getMessage()]
+    assert said == ["attention plots: Tight layout not applied"]

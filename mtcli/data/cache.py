@@ -40,7 +40,6 @@ except ImportError:  # not a POSIX system: caches are not locked
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SPM_MODEL = "spm.model"
-SPM_VOCAB = "spm.vocab"
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

@@ -29,7 +29,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -335,7 +334,7 @@ def _encode_splits(tmp: Path, plan: Plan, model_path: Path, dtype: np.dtype, cou
                     encode_with_vocab(tokenizer, text_path(tmp, split, lang), writer, target)
                 else:
                     encode_file(model_path, text_path(tmp, split, lang), writer, num_lines=counts[split].kept,
-                                workers=workers, show_progress=sys.stderr.isatty())
+                                workers=workers, show_progress=True)
             tokens[split][lang] = writer.tokens
             warn_of_unknown(split, lang, writer.unknown, writer.tokens, given, data)
         get_logger().info("encoded %s: %s tokens", split, tokens[split])

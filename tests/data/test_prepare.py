@@ -86,6 +86,20 @@ def assert_nothing_written(config_path: Path) -> None:
 # ----------------------------------------------------------------------------- happy paths
 
 
+def test_a_long_encode_off_a_terminal_says_where_it_is(tmp_path: Path, toy_dir: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Off a terminal (a batch job, nohup) encoding writes the progress bar's plain lines, as
+    every other long loop does: a WMT-size encode showed nothing for minutes."""
+    from mtcli import logs
+
+    monkeypatch.setattr(logs, "on_terminal", lambda: False)
+    monkeypatch.setattr(logs, "PLAIN_BAR_SECONDS", 0.0)  # a line on every update
+    prep.prepare(load_config(write_config(tmp_path, toy_dir)))
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("encode train")]
+    assert lines and "\r" not in "".join(lines), lines
+
+
 def test_prepare_toy_builds_a_complete_cache(tmp_path: Path, toy_dir: Path) -> None:
     config = load_config(write_config(tmp_path, toy_dir))
     report = prep.prepare(config)
