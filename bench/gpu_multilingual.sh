@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The multilingual table's seeds on one lent GPU, side by side: configs/multi30k_multi.yaml
-# prepared once, then one `python -m mtcli.multilingual` process per seed, all at once (the
+# prepared once, then one `mtcli reproduce-multilingual` process per seed, all at once (the
 # recipe's small model leaves a GPU waiting on each process's kernel launches, so the seeds
 # share it well). Each writes OUT_DIR/seed<N>/multilingual.json and OUT_DIR/seed<N>.log; add
 # them to results/multilingual.json here afterwards:
 #
-#   python -m mtcli.multilingual --merge OUT_DIR/seed*/
+#   mtcli reproduce-multilingual --merge OUT_DIR/seed*/
 #
 # Usage (from the repository root, on the GPU machine, which reaches no network: carry
 # data/raw/multi30k, a copy of ../shared/data/multi30k, where mtcli looks for a downloaded corpus):
@@ -45,7 +45,7 @@ declare -A pids
 for seed in ${SEEDS//,/ }; do
     mkdir -p "$OUT/seed$seed"
     # shellcheck disable=SC2086
-    args=(-m mtcli.multilingual --config "$RECIPE" --seeds "$seed" --results "$OUT/seed$seed"
+    args=(-m mtcli reproduce-multilingual --config "$RECIPE" --seeds "$seed" --results "$OUT/seed$seed"
           --readme "$OUT/seed$seed/README.md" "${GPU_DECODE[@]}" ${EXTRA:-})
     { "$PY" "${args[@]}" || { echo "seed $seed failed: again without compiling"
                               "$PY" "${args[@]}" --set train.compile=false; }; } > "$OUT/seed$seed.log" 2>&1 &

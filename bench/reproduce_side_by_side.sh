@@ -5,8 +5,8 @@
 # directory; merge them into the table afterwards:
 #
 #   bench/reproduce_side_by_side.sh ../shared/data/multi30k /tmp/m30k 1,2,3 [--set KEY=VALUE ...]
-#   python -m mtcli.reproduce de_en --merge /tmp/m30k/de_en-seed*/
-#   python -m mtcli.reproduce en_de --merge /tmp/m30k/en_de-seed*/
+#   mtcli reproduce de_en --merge /tmp/m30k/de_en-seed*/
+#   mtcli reproduce en_de --merge /tmp/m30k/en_de-seed*/
 #
 # Logs go to OUT/<direction>-seed<N>.log; OUT/done lists each process's exit status.
 set -uo pipefail
@@ -22,7 +22,7 @@ wait
 declare -A pids
 for d in en_de de_en; do
   for s in ${seeds//,/ }; do
-    "$py" -m mtcli.reproduce "$d" --data "$data" --seeds "$s" --results "$out/$d-seed$s" \
+    "$py" -m mtcli reproduce "$d" --data "$data" --seeds "$s" --results "$out/$d-seed$s" \
       --readme "$out/$d-seed$s/README.md" "$@" >"$out/$d-seed$s.log" 2>&1 &
     pids[$d-seed$s]=$!
   done

@@ -1,4 +1,4 @@
-"""A tuning sweep: several ``python -m mtcli.reproduce DIRECTION --valid-only`` runs side by side.
+"""A tuning sweep: several ``mtcli reproduce DIRECTION --valid-only`` runs side by side.
 
 Each variant is one tuning run (train, then choose the averaging window and the length penalty
 on val; the test split is never decoded) with its own run directory ``OUT/NAME`` and overrides.
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     while pending or running:
         while pending and len(running) < args.jobs:
             job = pending.pop(0)
-            cmd = [sys.executable, "-m", "mtcli.reproduce", args.direction, "--valid-only"]
+            cmd = [sys.executable, "-m", "mtcli", "reproduce", args.direction, "--valid-only"]
             for item in job["overrides"]:
                 cmd += ["--set", item]
             job["log"] = open(args.out / f"{job['name']}.out", "w", encoding="utf-8")  # noqa: SIM115

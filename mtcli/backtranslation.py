@@ -1,7 +1,7 @@
 """``make reproduce-bt``: back-translation end to end on Multi30k (Sennrich et al. 2016; sampled
 back-translation, Edunov et al. 2018).
 
-Run ``python -m mtcli.backtranslation [--seed 1]``. The steps, each a recipe run as
+Run ``mtcli reproduce-bt [--seed 1]``. The steps, each a recipe run as
 ``make reproduce`` makes it (:func:`mtcli.reproduce.run_recipe`: the average and the length
 penalty chosen on val, then test2016):
 
@@ -26,34 +26,29 @@ settings are the same; a run whose input corpora changed since stops it with one
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
-import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mtcli.allocator import keep_freed_memory
 from mtcli.checkpoint import sha256_of_loaded
 from mtcli.config import Config, CorpusConfig, DataConfig, load_config, with_changes
 from mtcli.data.corpora import split_names
 from mtcli.data.sources import open_source
 from mtcli.data.textio import read_lines
-from mtcli.errors import DataError, stop_on_signals
+from mtcli.errors import DataError
 from mtcli.fileio import atomic_write, sha256_file
 from mtcli.infer.averaging import average_run_checkpoints
 from mtcli.infer.translator import Translator
-from mtcli.logs import get_logger, setup_logging
+from mtcli.logs import get_logger
 from mtcli.pipeline import (
-    STOPS,
     check_run_recipe,
     check_table_place,
-    described,
-    failed,
     is_the_recipe,
     seed_config,
-    written_or_printed,
+    write_or_keep,
 )
 from mtcli.reproduce import reads, run_recipe
 from mtcli.results import (
@@ -237,44 +232,28 @@ def render(table: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command-line entry (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=described(__doc__))
-    parser.add_argument("--forward", default=FORWARD, help="the en->de recipe")
-    parser.add_argument("--reverse", default=REVERSE, help="the de->en recipe that back-translates")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--work", type=Path, default=Path("data/bt"), help="where the halves and runs go")
-    parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="results directory")
-    parser.add_argument("--readme", type=Path, default=README, help="README whose table to refresh")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value (both recipes)")
-    args = parser.parse_args(argv)
-    setup_logging()
-    keep_freed_memory()
-    try:
-        forward = seed_config(load_config(args.forward, args.overrides), args.seed)
-        reverse = seed_config(load_config(args.reverse, args.overrides), args.seed)
-        real = (load_results(args.results, "multi30k").get("en-de") or {}).get("seeds", {}).get(str(args.seed))
-        if real is not None and real.get("recipe") != recipe_fingerprint(forward):
-            get_logger().info("the en-de row of %s was trained by another recipe (or does not say which): "
-                              "every pair real is trained here", args.results / "multi30k.json")
-            real = None
-        if real is not None and real.get("data") not in (None, reads(forward)):
-            get_logger().info("the en-de row of %s was trained on other data: every pair real is trained here",
-                              args.results / "multi30k.json")
-            real = None
-        changed = not (is_the_recipe(forward, FORWARD) and is_the_recipe(reverse, REVERSE))
-        home, readme = table_place(args.results, args.readme, TABLE, changed)
-        check_table_place(home, TABLE)
-        table = run_bt(forward, reverse, args.work / f"seed{args.seed}", real)
-    except STOPS as exc:
-        return failed(exc)
+def reproduce_bt(*, forward: str | Path = FORWARD, reverse: str | Path = REVERSE, seed: int = 1,
+                 work: Path = Path("data/bt"), results: Path = RESULTS_DIR, readme: Path = README,
+                 overrides: Sequence[str] = ()) -> str:
+    """Back-translation end to end (the module docstring) with the ``forward`` (en->de) and
+    ``reverse`` (de->en, back-translating) recipes, ``overrides`` applied to both, seed ``seed``,
+    the halves and runs under ``work``; write the table and return it in markdown. Raises
+    :class:`~mtcli.pipeline.Unsaved` with the table when it cannot be written."""
+    forward_config = seed_config(load_config(forward, list(overrides)), seed)
+    reverse_config = seed_config(load_config(reverse, list(overrides)), seed)
+    real = (load_results(results, "multi30k").get("en-de") or {}).get("seeds", {}).get(str(seed))
+    if real is not None and real.get("recipe") != recipe_fingerprint(forward_config):
+        get_logger().info("the en-de row of %s was trained by another recipe (or does not say which): "
+                          "every pair real is trained here", results / "multi30k.json")
+        real = None
+    if real is not None and real.get("data") not in (None, reads(forward_config)):
+        get_logger().info("the en-de row of %s was trained on other data: every pair real is trained here",
+                          results / "multi30k.json")
+        real = None
+    changed = not (is_the_recipe(forward_config, FORWARD) and is_the_recipe(reverse_config, REVERSE))
+    home, readme = table_place(results, readme, TABLE, changed)
+    check_table_place(home, TABLE)
+    table = run_bt(forward_config, reverse_config, work / f"seed{seed}", real)
     markdown = render(table)
-    if status := written_or_printed(lambda: write_table(table, markdown, home, TABLE, readme), table):
-        return status
-    print(markdown)
-    return 0
-
-
-if __name__ == "__main__":
-    stop_on_signals()  # SIGTERM and SIGHUP as the command line takes them (not for main() called elsewhere)
-    sys.exit(main())
+    write_or_keep(lambda: write_table(table, markdown, home, TABLE, readme), table)
+    return markdown

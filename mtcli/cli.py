@@ -8,65 +8,21 @@ train or decode first set the process-wide allocator policy (:mod:`mtcli.allocat
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import functools
 import json
 import logging
 import os
 import signal
 import sys
-import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
-import typer.core
 
-from mtcli.errors import (
-    MtcliError,
-    Terminated,
-    TrainingInterrupted,
-    restore_handlers,
-    stop_on_signals,
-)
-
-# click's exception classes, as the typer installed raises them (it may carry its own click)
-_USAGE_ERROR, _CLICK_EXCEPTION = (next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
-                                  for name in ("UsageError", "ClickException"))
-
-
-class _Commands(typer.core.TyperGroup):
-    """mtcli's commands, with a usage error (an unknown option, a missing argument, a value out
-    of range) said in one line, as every other error is, rather than in a box."""
-
-    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
-        if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
-        _SAID.set(False)
-        try:
-            done = super().main(*args, standalone_mode=False, **kwargs)
-        except _USAGE_ERROR as exc:
-            if type(exc).__name__ == "NoArgsIsHelpError":  # a bare ``mtcli``: the help
-                exc.show()
-                sys.exit(exc.exit_code)
-            where = exc.ctx.command_path if exc.ctx is not None else "mtcli"
-            print(f"mtcli: error: {exc.format_message()} (see {where} --help)", file=sys.stderr)
-            sys.exit(exc.exit_code)
-        except _CLICK_EXCEPTION as exc:
-            exc.show()
-            sys.exit(exc.exit_code)
-        except typer.Abort:
-            print("Aborted!", file=sys.stderr)
-            sys.exit(1)
-        if done == 130 and not _SAID.get():  # typer's Exit(130) for a Ctrl-C before the command's own handling
-            print("mtcli: error: interrupted", file=sys.stderr)
-        sys.exit(done if isinstance(done, int) else 0)
-
+from mtcli.cli_errors import Commands, fail, handle_errors, kept_results, say
+from mtcli.errors import MtcliError, TrainingInterrupted
 
 app = typer.Typer(
-    cls=_Commands,
+    cls=Commands,
     add_completion=False,
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -110,10 +66,10 @@ DeviceOption = Annotated[str, typer.Option(
     help="Decode on auto (the first GPU if there is one; the CPU under decode.int8), cpu, cuda or cuda:N.")]
 
 
-def _named_path(value: str) -> Path:
+def _named_path(value: str | Path) -> Path:
     """A path option's value, refused when empty (``Path("")`` is the working directory: an
     unset shell variable wrote into it, over files of the same names)."""
-    if not value.strip():
+    if not str(value).strip():
         raise typer.BadParameter("an empty path; give a name")
     return Path(value)
 
@@ -144,69 +100,6 @@ EnsembleOption = Annotated[
 ]
 
 
-#: Whether this call of the command line said its error (its one line), so that a Ctrl-C typer
-#: turns into a silent exit status 130 before the command runs (while it parses the arguments)
-#: gets its line too.
-_SAID: contextvars.ContextVar[bool] = contextvars.ContextVar("mtcli_said", default=False)
-
-
-def _fail(message: str, code: int) -> None:
-    with contextlib.suppress(OSError):  # (a terminal that hung up takes no more lines)
-        print(f"mtcli: error: {message}", file=sys.stderr)
-    _SAID.set(True)
-    raise typer.Exit(code)
-
-
-def _say(text: str) -> None:
-    """Print a command's result on standard output and flush it: a write that fails (a full
-    disk) is an error naming ``<stdout>``, raised before the command returns."""
-    try:
-        print(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        raise OSError(exc.errno, exc.strerror, "<stdout>") from None
-
-
-def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn library errors, interrupts (Ctrl-C, SIGTERM, SIGHUP but under ``nohup``), OS errors
-    and running out of host memory into one line and an exit code. ``train`` and ``serve``
-    install their own signal handling while they run."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        main = threading.current_thread() is threading.main_thread()
-        previous = stop_on_signals() if main else {}
-        try:
-            return func(*args, **kwargs)
-        except MtcliError as exc:
-            _fail(str(exc), exc.exit_code)
-        except KeyboardInterrupt:
-            _fail("interrupted", 130)
-        except Terminated as exc:  # (translate -o of files keeps its finished windows to go on from)
-            _fail(str(exc), exc.exit_code)
-        except BrokenPipeError:
-            # stdout closed early (e.g. `| head`): stop quietly like other Unix tools.
-            sys.stderr.close()
-            raise typer.Exit(141) from None
-        except OSError as exc:
-            where = f"{os.fsdecode(exc.filename)}: " if getattr(exc, "filename", None) else ""  # (bytes: b'...')
-            _fail(f"{where}{exc.strerror or exc}", 1)
-        except MemoryError as exc:  # where no step of the library knows a smaller way to go on
-            _fail(f"out of memory{f': {exc}' if str(exc) else ''}", 1)
-        except RuntimeError as exc:  # torch's allocation failures (a model too large to build)
-            from mtcli.device import is_out_of_memory
-
-            if not is_out_of_memory(exc):
-                raise
-            _fail(f"out of memory: {' '.join(str(exc).split())[:300]}", 1)
-        finally:
-            restore_handlers(previous)
-
-    return wrapper
-
-
 @app.command()
 @handle_errors
 def prepare(
@@ -222,7 +115,7 @@ def prepare(
 
     setup_logging(verbose)
     report = run_prepare(load_config(config, set_), force=force)
-    _say(report.summary())
+    say(report.summary())
 
 
 @app.command()
@@ -249,7 +142,7 @@ def train(
         _leave_torchrun(exc.exit_code, f"mtcli: error: {exc}", every_rank=not isinstance(exc, TrainingInterrupted))
         raise
     if summary.is_main:  # under torchrun, one summary: rank 0's
-        _say(summary.summary())
+        say(summary.summary())
     _leave_torchrun(0)
 
 
@@ -325,7 +218,7 @@ def evaluate(
         tgt_lang=tgt_lang,
         device=device,
     )
-    _say(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2, ensure_ascii=False))
+    say(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2, ensure_ascii=False))
 
 
 @app.command()
@@ -349,7 +242,7 @@ def compare(
     tests = ("bs", "ar") if test == "both" else (test,)
     report = run_compare(systems, ref, metrics=[m.strip() for m in metrics.split(",") if m.strip()],
                          tests=tests, samples=samples, output=output, tgt_lang=tgt_lang)
-    _say(render(report))
+    say(render(report))
 
 
 @app.command()
@@ -418,7 +311,7 @@ def average(
     if (last > 0) == (best > 0):
         raise ConfigError(f"give one of --last K or --best K, K > 0 (got --last {last} --best {best})")
     used = average_run_checkpoints(run_dir, output, last=last, best=best)
-    _say(f"averaged {len(used)} checkpoints into {output}: " + ", ".join(p.name for p in used))
+    say(f"averaged {len(used)} checkpoints into {output}: " + ", ".join(p.name for p in used))
 
 
 @app.command()
@@ -436,7 +329,7 @@ def export(
 
     out = export_hf(run_dir, output, checkpoint) if format == "hf" else export_model(
         run_dir, output, fmt=format, checkpoint=checkpoint)
-    _say(f"exported {format} model to {out}")
+    say(f"exported {format} model to {out}")
 
 
 @app.command("import-hf")
@@ -457,8 +350,128 @@ def import_hf(
 
     setup_logging(verbose)
     report = run_import(model_dir, run_dir, src_lang=src_lang, tgt_lang=tgt_lang, force=force)
-    _say(f"imported {model_dir} into {report.run_dir}: {report.src_lang}->{report.tgt_lang}, "
+    say(f"imported {model_dir} into {report.run_dir}: {report.src_lang}->{report.tgt_lang}, "
           f"{report.parameters:,} parameters, vocabulary {report.vocab_size} ({report.tokenizer})")
+
+
+ResultsOption = Annotated[Optional[Path], typer.Option(  # noqa: UP045
+    parser=_named_path, help="Results directory (default: results/).")]
+ReadmeOption = Annotated[Optional[Path], typer.Option(  # noqa: UP045
+    parser=_named_path, help="README whose table to refresh (default: README.md).")]
+DataOption = Annotated[Optional[str], typer.Option(help="Directory of the corpus's <split>.<lang> files.")]  # noqa: UP045
+
+
+MergedArgument = Annotated[Optional[list[Path]], typer.Argument(  # noqa: UP045
+    metavar="[RESULTS]...", show_default=False, help="With --merge: the results directories to combine.")]
+
+
+def _merged(merge: bool, merged: list[Path] | None) -> list[Path]:
+    """The results to merge: given after ``--merge``, and only with it."""
+    if merge and not merged:
+        raise typer.BadParameter("give the results directories to combine after it", param_hint="--merge")
+    if merged and not merge:
+        raise typer.BadParameter(f"{merged[0]}: results to combine go after --merge", param_hint="RESULTS")
+    return list(merged or [])
+
+
+def _pipeline_setup(verbose: bool) -> None:
+    """What a reproduction pipeline's command sets up first: the log, the allocator's policy."""
+    from mtcli.allocator import keep_freed_memory
+    from mtcli.logs import setup_logging
+
+    setup_logging(verbose)
+    keep_freed_memory()
+
+
+@app.command()
+@handle_errors
+def reproduce(
+    direction: Annotated[str, typer.Argument(help="The recipe of a row of the README's tables: de_en, en_de, en_fr, "
+                                                  "fr_en, en_cs, cs_en, wmt_news_en_de or wmt_news_en_de_adapt.")],
+    data: DataOption = None,
+    config: Annotated[Optional[Path], typer.Option(  # noqa: UP045
+        parser=_named_path, help="A recipe to run instead of the direction's.")] = None,
+    results: ResultsOption = None,
+    readme: ReadmeOption = None,
+    set_: SetOption = None,
+    seeds: Annotated[Optional[str], typer.Option(help="Train and score each of these seeds (e.g. 1,2,3), each in "  # noqa: UP045
+                                                      "RUN_DIR-seed<N>; the row holds their mean, standard deviation "
+                                                      "and each seed's scores.")] = None,
+    merge: Annotated[bool, typer.Option("--merge", help="Train nothing: combine the seed rows of the RESULTS "
+                                        "directories (or <table>.json files) written by separate runs, e.g. one "
+                                        "seed per machine.")] = False,
+    merged: MergedArgument = None,
+    valid_only: Annotated[bool, typer.Option("--valid-only", help="A tuning run: choose on val and stop; the test "
+                                             "split is not decoded and no table is written (val scores go to "
+                                             "RUN_DIR/tuning.json).")] = False,
+    verbose: Verbose = False,
+) -> None:
+    """Prepare, train, average and evaluate a recipe, then write its row of the results table
+    (and the README's)."""
+    from mtcli.reproduce import reproduce as run_reproduce
+    from mtcli.results import README, RESULTS_DIR
+
+    _pipeline_setup(verbose)
+    done = kept_results(lambda: run_reproduce(
+        direction, data=data, config_path=config, results=results or RESULTS_DIR, readme=readme or README,
+        overrides=list(set_ or []), seeds=seeds, merge=_merged(merge, merged), valid_only=valid_only))
+    say(json.dumps(done.row, indent=2) if done.markdown is None else done.markdown)
+
+
+@app.command("reproduce-multilingual")
+@handle_errors
+def reproduce_multilingual(
+    data: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        help="Directory of Multi30k's <split>.<lang> files, read by every corpus of the recipe.")] = None,
+    config: Annotated[Optional[Path], typer.Option(  # noqa: UP045
+        parser=_named_path, help="The multilingual recipe (default: configs/multi30k_multi.yaml).")] = None,
+    seeds: Annotated[str, typer.Option(help="Seeds to train and score, e.g. 1,2,3.")] = "1,2,3",
+    results: ResultsOption = None,
+    readme: ReadmeOption = None,
+    set_: SetOption = None,
+    merge: Annotated[bool, typer.Option("--merge", help="Train nothing: add the seeds of the RESULTS directories "
+                                        "(or multilingual.json files), e.g. one per GPU process, to the "
+                                        "table.")] = False,
+    merged: MergedArgument = None,
+    verbose: Verbose = False,
+) -> None:
+    """One model for six Multi30k directions, trained and scored per seed, beside the bilingual
+    rows: the multilingual table."""
+    from mtcli.multilingual import RECIPE
+    from mtcli.multilingual import reproduce_multilingual as run_multilingual
+    from mtcli.results import README, RESULTS_DIR
+
+    _pipeline_setup(verbose)
+    say(kept_results(lambda: run_multilingual(
+        config_path=config or RECIPE, data=data, seeds=seeds, results=results or RESULTS_DIR,
+        readme=readme or README, overrides=list(set_ or []), merge=_merged(merge, merged))))
+
+
+@app.command("reproduce-bt")
+@handle_errors
+def reproduce_bt(
+    forward: Annotated[Optional[Path], typer.Option(  # noqa: UP045
+        parser=_named_path, help="The en->de recipe (default: configs/multi30k_en_de.yaml).")] = None,
+    reverse: Annotated[Optional[Path], typer.Option(  # noqa: UP045
+        parser=_named_path, help="The de->en recipe that back-translates (default: configs/multi30k_de_en.yaml).")] = None,
+    seed: Annotated[int, typer.Option(help="The seed of every run.")] = 1,
+    work: Annotated[Path, typer.Option(parser=_named_path, help="Where the halves and the runs go.")] = Path("data/bt"),
+    results: ResultsOption = None,
+    readme: ReadmeOption = None,
+    set_: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
+        "--set", help="Override a config key of both recipes: section.key=value (repeatable).")] = None,
+    verbose: Verbose = False,
+) -> None:
+    """Back-translation end to end on Multi30k: half the pairs as parallel data, the other half's
+    German back-translated by beam and by sampling; the back-translation table."""
+    from mtcli.backtranslation import FORWARD, REVERSE
+    from mtcli.backtranslation import reproduce_bt as run_bt
+    from mtcli.results import README, RESULTS_DIR
+
+    _pipeline_setup(verbose)
+    say(kept_results(lambda: run_bt(
+        forward=forward or FORWARD, reverse=reverse or REVERSE, seed=seed, work=work,
+        results=results or RESULTS_DIR, readme=readme or README, overrides=list(set_ or []))))
 
 
 @app.command()
@@ -500,7 +513,7 @@ def serve(
             from mtcli.serve import Limits, check_api_key, check_listening
             from mtcli.serve import serve as run_server
         except ImportError as exc:
-            _fail(f"mtcli serve needs the serve extra: pip install 'mtcli[serve]' ({exc.name} is missing)", 1)
+            fail(f"mtcli serve needs the serve extra: pip install 'mtcli[serve]' ({exc.name} is missing)", 1)
         from mtcli.allocator import bound_onednn_cache
         from mtcli.infer.translator import Translator
         from mtcli.logs import setup_logging

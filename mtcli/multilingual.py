@@ -1,6 +1,6 @@
 """``make reproduce-multilingual``: one model for six Multi30k directions, beside the bilingual ones.
 
-Run ``python -m mtcli.multilingual [--seeds 1,2,3] [--config configs/multi30k_multi.yaml]``. For
+Run ``mtcli reproduce-multilingual [--seeds 1,2,3] [--config configs/multi30k_multi.yaml]``. For
 each seed: prepare -> train -> average the last k step checkpoints, k chosen on the mean
 validation BLEU over the directions -> for each direction, the length penalty chosen on its own
 validation split -> its test split. The seeds' rows are kept in ``results/multilingual.json``
@@ -14,33 +14,28 @@ recipes' means of ``results/multi30k.json`` (and into README.md between
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
-import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mtcli.allocator import keep_freed_memory
 from mtcli.config import Config, load_config, with_changes
 from mtcli.data.prepare import prepare
-from mtcli.errors import ConfigError, DataError, one_line, stop_on_signals
+from mtcli.errors import ConfigError, DataError, one_line
 from mtcli.evaluate import NoTestText, evaluate, evaluate_directions
 from mtcli.infer.loading import run_directions
-from mtcli.logs import get_logger, setup_logging
+from mtcli.logs import get_logger
 from mtcli.pipeline import (
-    STOPS,
     check_run_recipe,
     check_table_place,
-    described,
-    failed,
     is_the_recipe,
     parse_seeds,
     row_is_the_recipe,
     scored_row,
     seed_config,
-    written_or_printed,
+    write_or_keep,
 )
 from mtcli.reproduce import SCORES, trained_on
 from mtcli.results import (
@@ -230,53 +225,35 @@ def read_from(config: Config, directory: str | None) -> Config:
     return with_changes(config, "data", sources=[dataclasses.replace(c, source=directory) for c in config.data.sources])
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command-line entry (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=described(__doc__))
-    parser.add_argument("--config", default=RECIPE, help="the multilingual recipe")
-    parser.add_argument("--data", default=None,
-                        help="directory of Multi30k's <split>.<lang> files, read by every corpus of the recipe")
-    parser.add_argument("--seeds", default="1,2,3", help="seeds to train and score, e.g. 1,2,3")
-    parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="results directory")
-    parser.add_argument("--readme", type=Path, default=README, help="README whose table to refresh")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value")
-    parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="RESULTS",
-                        help="train nothing: add the seeds of these results directories (or multilingual.json "
-                             "files, e.g. one per GPU process) to the results directory's table")
-    args = parser.parse_args(argv)
-    if args.merge and (args.config != RECIPE or args.data or args.overrides):
-        parser.error("--merge trains nothing: --config, --data and --set would change nothing")
-    setup_logging()
-    keep_freed_memory()
-    try:
-        seeds = parse_seeds(args.seeds) or []
-        config = None if args.merge else read_from(load_config(args.config, args.overrides), args.data)
-        merged = merge_seeds(args.merge) if args.merge else {}
-        changed = (not row_is_the_recipe({"seeds": merged}, RECIPE, []) if args.merge  # (a smoke test's seeds:
-                   else not is_the_recipe(config, RECIPE))  # into results/changed/, not the README's table)
-        home, readme = table_place(args.results, args.readme, TABLE, changed)
-        previous = load_results(home, TABLE).get("seeds", {})
-        check_table_place(home, TABLE)
-        bilingual = load_results(args.results, BILINGUAL_TABLE)  # read now, not after the training
-        if args.merge:
-            previous.update(merged)
-            check_one_recipe(previous, "--merge")
-        else:
-            previous = seeds_of_recipe(previous, recipe_fingerprint(config))
-        fresh = {str(seed): run_seed(seed_config(config, seed)) for seed in (seeds if config is not None else [])}
-        if fresh:
-            previous = {**seeds_of_data(previous, next(iter(fresh.values()))["data"]), **fresh}
-        if not previous:
-            raise ConfigError("no seed to tabulate: give --seeds (e.g. 1,2,3) or --merge results with seeds")
-        results = combine(previous, bilingual)
-    except STOPS as exc:
-        return failed(exc)
-    if status := written_or_printed(lambda: write(results, home, readme), results):
-        return status
-    print(render(results))
-    return 0
-
-
-if __name__ == "__main__":
-    stop_on_signals()  # SIGTERM and SIGHUP as the command line takes them (not for main() called elsewhere)
-    sys.exit(main())
+def reproduce_multilingual(*, config_path: str | Path = RECIPE, data: str | None = None, seeds: str = "1,2,3",
+                           results: Path = RESULTS_DIR, readme: Path = README, overrides: Sequence[str] = (),
+                           merge: Sequence[Path] = ()) -> str:
+    """Train and score each of ``seeds`` (``"1,2,3"``) of the multilingual recipe (``config_path``;
+    every corpus read from ``data``, a directory of Multi30k's files, when given), or with
+    ``merge`` train nothing and add the seeds of these results directories (or
+    ``multilingual.json`` files); write the table and return it in markdown. Raises
+    :class:`~mtcli.pipeline.Unsaved` with the results when the table cannot be written."""
+    if merge and (str(config_path) != RECIPE or data or overrides):
+        raise ConfigError("--merge trains nothing: --config, --data and --set would change nothing")
+    seed_list = parse_seeds(seeds)
+    config = None if merge else read_from(load_config(config_path, list(overrides)), data)
+    merged = merge_seeds(list(merge)) if merge else {}
+    changed = (not row_is_the_recipe({"seeds": merged}, RECIPE, []) if merge  # (a smoke test's seeds:
+               else not is_the_recipe(config, RECIPE))  # into results/changed/, not the README's table)
+    home, readme = table_place(results, readme, TABLE, changed)
+    previous = load_results(home, TABLE).get("seeds", {})
+    check_table_place(home, TABLE)
+    bilingual = load_results(results, BILINGUAL_TABLE)  # read now, not after the training
+    if merge:
+        previous.update(merged)
+        check_one_recipe(previous, "--merge")
+    else:
+        previous = seeds_of_recipe(previous, recipe_fingerprint(config))
+    fresh = {str(seed): run_seed(seed_config(config, seed)) for seed in (seed_list if config else [])}
+    if fresh:
+        previous = {**seeds_of_data(previous, next(iter(fresh.values()))["data"]), **fresh}
+    if not previous:
+        raise ConfigError("no seed to tabulate: give --seeds (e.g. 1,2,3) or --merge results with seeds")
+    table = combine(previous, bilingual)
+    write_or_keep(lambda: write(table, home, readme), table)
+    return render(table)

@@ -1,15 +1,12 @@
 """What the reproduction pipelines (:mod:`mtcli.reproduce`, :mod:`mtcli.multilingual`,
 :mod:`mtcli.backtranslation`) share: their seeds, read from ``--seeds`` and made runs of their
-own, and their command-line plumbing (a one-line error with its status, a results table whose
-place is checked before the training and whose row is printed when it cannot be written), a
-finished run's row kept for a rerun, and whether a run is the recipe whose table the README
-shows."""
+own; a results table whose place is checked before the training, and whose row is kept for the
+command line to print when it cannot be written (:class:`Unsaved`); a finished run's row kept
+for a rerun; and whether a run is the recipe whose table the README shows."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +14,7 @@ from typing import Any
 from mtcli.config import MAX_SEED, Config, load_config, with_changes
 from mtcli.data.corpora import plan_corpora
 from mtcli.data.download import CORPORA, unpinned
-from mtcli.errors import ConfigError, MtcliError, Terminated
+from mtcli.errors import ConfigError, Terminated
 from mtcli.fileio import FileHasher, atomic_write, check_file_target
 from mtcli.logs import get_logger
 from mtcli.results import recipe_fingerprint, source_tree
@@ -128,28 +125,14 @@ def parse_seeds(text: str | None) -> list[int] | None:
     return seeds
 
 
-def described(doc: str | None) -> str:
-    """A pipeline's ``--help`` description: its module docstring's first paragraph, on one line."""
-    return " ".join((doc or "").split("\n\n")[0].split())
+class Unsaved(Exception):  # noqa: N818 - a state, as Terminated is
+    """A pipeline's results, finished but not written (a full disk, a results table changed
+    while it trained, a Ctrl-C during the writes): ``row`` holds them, so that the command line
+    can print them and the work is not lost; ``__cause__`` is why."""
 
-
-#: What stops a pipeline with one line (:func:`failed`) rather than a traceback.
-STOPS = (MtcliError, KeyboardInterrupt, Terminated, OSError)
-
-
-def failed(exc: MtcliError | KeyboardInterrupt | Terminated | OSError) -> int:
-    """A pipeline's one line for what stopped it, and its exit status."""
-    if isinstance(exc, Terminated | KeyboardInterrupt):
-        said = exc if isinstance(exc, Terminated) else "interrupted"
-        code = 130 if isinstance(exc, KeyboardInterrupt) else exc.exit_code
-        line = f"{said} (run the same command again to go on)"
-    elif isinstance(exc, OSError):
-        line, code = f"{f'{exc.filename}: ' if exc.filename else ''}{exc.strerror or exc}", 1
-    else:
-        line, code = str(exc), exc.exit_code
-    with contextlib.suppress(OSError):  # (a terminal that hung up takes no more lines)
-        print(f"mtcli: error: {line}", file=sys.stderr)
-    return code
+    def __init__(self, row: Any) -> None:
+        super().__init__("the results were not written")
+        self.row = row
 
 
 def check_table_place(results_dir: Path, table_name: str) -> None:
@@ -159,20 +142,17 @@ def check_table_place(results_dir: Path, table_name: str) -> None:
         check_file_target(results_dir / f"{table_name}.{kind}")
 
 
-def written_or_printed(write: Callable[[], None], row: Any) -> int:
-    """``write()`` the results, 0; when that fails (:class:`OSError`) or is interrupted (Ctrl-C:
-    the files, each written whole, may then disagree), the row on stdout, so the work is not
-    lost, and the one line with its status."""
+def write_or_keep(write: Callable[[], None], row: Any) -> None:
+    """``write()`` the results; when that fails (:class:`OSError`) or is interrupted (the files,
+    each written whole, may then disagree), :class:`Unsaved` with ``row``, from why."""
     try:
         write()
     except (OSError, KeyboardInterrupt, Terminated) as exc:
-        print(json.dumps(row, indent=2))
-        return failed(exc)
-    return 0
+        raise Unsaved(row) from exc
 
 
-__all__ = ["STOPS", "check_table_place", "described", "failed", "is_the_recipe", "parse_seeds", "row_is_the_recipe",
-           "scored_row", "seed_config", "written_or_printed"]
+__all__ = ["Unsaved", "check_table_place", "is_the_recipe", "parse_seeds", "row_is_the_recipe", "scored_row",
+           "seed_config", "write_or_keep"]
 
 
 def _file_fingerprint(recipe: str, overrides: list[str] | None) -> str | None:

@@ -1,6 +1,6 @@
 """``make reproduce``: prepare -> train -> average checkpoints -> evaluate, then the BLEU table.
 
-Run one recipe with ``python -m mtcli.reproduce de_en [--data DIR] [--seeds 1,2,3]`` (``en_de``;
+Run one recipe with ``mtcli reproduce de_en [--data DIR] [--seeds 1,2,3]`` (``en_de``;
 ``en_fr``, ``fr_en``, ``en_cs``, ``cs_en``; ``wmt_news_en_de`` for the WMT news smoke benchmark). With ``--seeds`` every seed trains its
 own run (``train.seed``, run directory ``<run_dir>-seed<N>``) and is scored on its own; seeds run
 apart (one per machine, each ``--seeds N --results DIR``) are combined with ``--merge DIR...``. The
@@ -20,36 +20,33 @@ by the commit whose tree it is, when there is one.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mtcli.allocator import keep_freed_memory
 from mtcli.checkpoint import load_checkpoint
 from mtcli.config import Config, load_config, with_changes
 from mtcli.data.cache import PreparedCorpus
 from mtcli.data.corpora import plan_corpora
 from mtcli.data.prepare import prepare
-from mtcli.errors import ConfigError, MtcliError, stop_on_signals
+from mtcli.errors import ConfigError, MtcliError
 from mtcli.evaluate import evaluate
 from mtcli.fileio import FileHasher, atomic_write
 from mtcli.infer.averaging import average_run_checkpoints
-from mtcli.logs import get_logger, setup_logging
+from mtcli.logs import get_logger
 from mtcli.pipeline import (
-    STOPS,
+    Unsaved,
     check_run_recipe,
     check_table_place,
-    described,
-    failed,
     is_the_recipe,
     parse_seeds,
     row_is_the_recipe,
     scored_row,
     seed_config,
-    written_or_printed,
+    write_or_keep,
 )
 from mtcli.results import (
     README,
@@ -441,74 +438,59 @@ def check_row(config: Config, table_name: str, row_key: str) -> None:
                              "changed recipe's table", trains, row_key)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command-line entry: ``python -m mtcli.reproduce {de_en,en_de,wmt_news_en_de} [--data DIR]``."""
-    parser = argparse.ArgumentParser(description=described(__doc__))
-    parser.add_argument("direction", choices=sorted(RECIPES))
-    parser.add_argument("--data", default=None, help="directory of <split>.<lang> files")
-    parser.add_argument("--config", default=None, help="recipe to run instead of the direction's")
-    parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="results directory")
-    parser.add_argument("--readme", type=Path, default=README, help="README whose table to refresh")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        help="config override section.key=value (repeatable)")
-    parser.add_argument("--seeds", default=None,
-                        help="train and score each of these seeds (e.g. 1,2,3), each in RUN_DIR-seed<N>; "
-                             "the row holds their mean, standard deviation and each seed's scores")
-    parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="RESULTS",
-                        help="train nothing: combine the seed rows of results directories (or "
-                             "<table>.json files) written by separate runs, e.g. one seed per machine")
-    parser.add_argument("--valid-only", action="store_true",
-                        help="tuning run: choose on val and stop; the test split is not decoded and "
-                             "no results table is written (val scores go to RUN_DIR/tuning.json)")
-    args = parser.parse_args(argv)
-    setup_logging()
-    keep_freed_memory()
+@dataclass(frozen=True)
+class Reproduced:
+    """What :func:`reproduce` gives: the direction's ``row``, and the results table as written
+    (``markdown``; None for a tuning run, which writes no table)."""
+
+    row: dict[str, Any]
+    markdown: str | None
+
+
+def reproduce(direction: str, *, data: str | None = None, config_path: str | Path | None = None,
+              results: Path = RESULTS_DIR, readme: Path = README, overrides: Sequence[str] = (),
+              seeds: str | None = None, merge: Sequence[Path] = (), valid_only: bool = False) -> Reproduced:
+    """Run ``direction``'s recipe (:data:`RECIPES`; ``config_path`` another) from the corpus
+    (``data``: a directory of ``<split>.<lang>`` files) to its row of the results table, and
+    write the table (see the module docstring); each of ``seeds`` (``"1,2,3"``) its own run.
+    ``merge``: train nothing, combine the seed rows of these results directories (or
+    ``<table>.json`` files). ``valid_only``: a tuning run, chosen on val; no table written.
+    Raises :class:`~mtcli.pipeline.Unsaved` with the row when the table cannot be written."""
+    if direction not in RECIPES:
+        raise ConfigError(f"{direction}: no such recipe; give one of {', '.join(RECIPES)}")
+    recipe, table_name, row_key = RECIPES[direction]
     changed = False
-    try:
-        recipe, table_name, row_key = RECIPES[args.direction]
-        if args.merge:
-            row = merge_seed_results(args.merge, row_key, table_name)
+    if merge:
+        row = merge_seed_results(list(merge), row_key, table_name)
+    else:
+        config = load_config(config_path or recipe, pair_overrides(direction) + list(overrides))
+        if data is not None and config.data.sources:
+            raise ConfigError(f"--data {data}: {config.path} reads several corpora (data.sources): give "
+                              "each its directory with --set data.sources=[...], or their pinned files in "
+                              "MTCLI_DATA=DIR (DIR/<corpus>/)")
+        config = with_changes(config, "data", source=data)
+        check_row(config, table_name, row_key)
+        changed = not is_the_recipe(config, recipe, pair_overrides(direction))
+        if not valid_only:  # the table the row goes to, read now: not after hours of training
+            load_results(results_home(results, changed), table_name)
+            check_table_place(results_home(results, changed), table_name)
+        if row_key == ADAPTED_ROW and not valid_only:
+            if seeds is not None:
+                raise ConfigError(f"--seeds {seeds}: {direction} adapts one parent run, with its seed; "
+                                  "leave --seeds out")
+            row = run_adaptation(config)
         else:
-            overrides = pair_overrides(args.direction) + args.overrides
-            config = load_config(args.config or recipe, overrides)
-            if args.data is not None and config.data.sources:
-                raise ConfigError(f"--data {args.data}: {config.path} reads several corpora (data.sources): give "
-                                  "each its directory with --set data.sources=[...], or their pinned files in "
-                                  "MTCLI_DATA=DIR (DIR/<corpus>/)")
-            config = with_changes(config, "data", source=args.data)
-            check_row(config, table_name, row_key)
-            changed = not is_the_recipe(config, recipe, pair_overrides(args.direction))
-            if not args.valid_only:  # the table the row goes to, read now: not after hours of training
-                load_results(results_home(args.results, changed), table_name)
-                check_table_place(results_home(args.results, changed), table_name)
-            if row_key == ADAPTED_ROW and not args.valid_only:
-                if args.seeds is not None:
-                    raise ConfigError(f"--seeds {args.seeds}: {args.direction} adapts one parent run, with its seed; "
-                                      "leave --seeds out")
-                row = run_adaptation(config)
-            else:
-                row = run_seeds(config, parse_seeds(args.seeds), args.valid_only)
-    except STOPS as exc:
-        return failed(exc)
-    if args.valid_only:
-        print(json.dumps(row, indent=2))
-        return 0
-    changed = changed or not row_is_the_recipe(row, recipe, pair_overrides(args.direction))
-    results_dir, readme = table_place(args.results, args.readme, table_name, changed)
+            row = run_seeds(config, parse_seeds(seeds), valid_only)
+    if valid_only:
+        return Reproduced(row, None)
+    changed = changed or not row_is_the_recipe(row, recipe, pair_overrides(direction))
+    results_dir, readme = table_place(results, readme, table_name, changed)
     try:
-        results = load_results(results_dir, table_name)
-    except MtcliError as exc:  # changed during the training: the row is printed, not lost
-        print(json.dumps(row, indent=2))
-        return failed(exc)
-    if not args.merge and "seeds" in row:
-        row = with_earlier_seeds(results.get(row_key), row)
-    results[row_key] = row
-    if status := written_or_printed(lambda: write_results(results, results_dir, readme, table_name), row):
-        return status
-    print(render_markdown(results))
-    return 0
-
-
-if __name__ == "__main__":
-    stop_on_signals()  # SIGTERM and SIGHUP as the command line takes them (not for main() called elsewhere)
-    sys.exit(main())
+        table = load_results(results_dir, table_name)
+    except MtcliError as exc:  # changed during the training: the row is kept, not lost
+        raise Unsaved(row) from exc
+    if not merge and "seeds" in row:
+        row = with_earlier_seeds(table.get(row_key), row)
+    table[row_key] = row
+    write_or_keep(lambda: write_results(table, results_dir, readme, table_name), row)
+    return Reproduced(row, render_markdown(table))

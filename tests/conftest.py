@@ -6,6 +6,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -46,6 +47,15 @@ def mtcli_here(*args: str, stdin: bytes | None = None) -> subprocess.CompletedPr
     if res.exception is not None and not isinstance(res.exception, SystemExit):
         raise res.exception
     return subprocess.CompletedProcess(list(args), res.exit_code, res.stdout_bytes, res.stderr_bytes)
+
+
+def mtcli_status(*args: str) -> int:
+    """:func:`mtcli_here`'s exit status, its stdout and stderr written to this process's (where
+    ``capsys`` reads them)."""
+    done = mtcli_here(*args)
+    sys.stdout.write(done.stdout.decode("utf-8"))
+    sys.stderr.write(done.stderr.decode("utf-8"))
+    return done.returncode
 
 
 @pytest.fixture

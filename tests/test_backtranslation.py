@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import TOY_CONFIG, TOY_DIR
+from conftest import TOY_CONFIG, TOY_DIR, mtcli_status
 
 from mtcli.backtranslation import ROWS, TABLE, TAG, render, run_bt, split_halves
 from mtcli.config import load_config
@@ -136,7 +136,7 @@ def test_the_real_row_is_reused_only_when_it_read_the_same_data(tmp_path: Path, 
     for data in ("0" * 16, reads(forward)):
         row = {"recipe": recipe_fingerprint(forward), "data": data, "bleu_lc": 30.0}
         (tmp_path / "multi30k.json").write_text(json.dumps({"en-de": {"seeds": {"1": row}}}), encoding="utf-8")
-        assert bt.main(args) == 2
+        assert mtcli_status("reproduce-bt", *args) == 2
     assert given == [None, row]
 
 

@@ -6,10 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-from conftest import REPO, TOY_CONFIG, TOY_DIR, make_trilingual, multi_overrides
+from conftest import REPO, TOY_CONFIG, TOY_DIR, make_trilingual, mtcli_status, multi_overrides
 
-from mtcli.multilingual import MARKS, main, render
+from mtcli.multilingual import MARKS, render
+
+
+def main(argv: list[str]) -> int:
+    """``mtcli reproduce-multilingual ARGV`` in this process: its exit status; its output where
+    capsys reads it."""
+    return mtcli_status("reproduce-multilingual", *argv)
 
 
 def test_multilingual_table_on_toy(tmp_path: Path, monkeypatch, capsys) -> None:  # noqa: ANN001
@@ -68,8 +73,9 @@ def test_multilingual_table_on_toy(tmp_path: Path, monkeypatch, capsys) -> None:
     first = seed["directions"]["src-tgt"]["bleu_lc"]
     assert merged["directions"]["src-tgt"]["bleu_lc_per_seed"] == [first, first + 2.0]
     assert main(["--merge", str(apart), str(apart / "multilingual.json"), "--results", str(results)]) != 0
-    with pytest.raises(SystemExit):  # settings of a training, which --merge does not run
-        main(["--merge", str(apart), "--results", str(results), "--set", "train.max_steps=5"])
+    capsys.readouterr()  # settings of a training, which --merge does not run
+    assert main(["--merge", str(apart), "--results", str(results), "--set", "train.max_steps=5"]) == 2
+    assert "--merge trains nothing" in capsys.readouterr().err
 
 
 def test_training_speed_is_given_per_machine() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TOY_CONFIG, TOY_DIR
+from conftest import TOY_CONFIG, TOY_DIR, mtcli_status
 
 from mtcli.checkpoint import load_checkpoint
 from mtcli.reproduce import combine_seeds, render_markdown, write_results
@@ -21,6 +21,11 @@ ROW = {
     "params": 9_500_000, "train_minutes": 59.9, "train_tokens_per_s": 3210.4,
     "decode_sents_per_s": 101.2, "device": "CPU (x86_64, 2 cores)", "commit": "abc1234",
 }
+
+
+def main(argv: list[str]) -> int:
+    """``mtcli reproduce ARGV`` in this process: its exit status; its output where capsys reads it."""
+    return mtcli_status("reproduce", *argv)
 
 
 def test_render_has_a_row_per_direction_and_signatures() -> None:
@@ -71,7 +76,6 @@ def test_reproduce_pipeline_on_toy(tmp_path: Path, toy_config_path: Path, monkey
 
     import mtcli.reproduce
     import mtcli.tuning
-    from mtcli.reproduce import main
 
     readme = tmp_path / "README.md"
     readme.write_text(f"{MARK_START}\n{MARK_END}\n", encoding="utf-8")
@@ -141,7 +145,6 @@ def test_more_test_splits_get_rows_and_their_own_table(tmp_path: Path) -> None:
 
 def test_valid_only_tuning_run_never_decodes_test(tmp_path: Path, toy_config_path: Path, capsys) -> None:
     """--valid-only chooses on val, writes run_dir/tuning.json, and leaves test and the tables alone."""
-    from mtcli.reproduce import main
 
     code = main([
         "de_en", "--config", str(toy_config_path), "--results", str(tmp_path / "results"),
@@ -206,7 +209,6 @@ def test_length_penalty_search_reuses_the_recipe_score_and_prefers_it_on_ties() 
 def test_seeds_train_their_own_runs_and_the_row_keeps_each(tmp_path: Path, toy_config_path: Path) -> None:
     """--seeds 1,2: two runs (train.seed, RUN_DIR-seed<N>), scored each; the row holds their mean,
     sample standard deviation and every seed's row, and the table shows them."""
-    from mtcli.reproduce import main
 
     readme = tmp_path / "README.md"
     readme.write_text(f"{MARK_START}\n{MARK_END}\n", encoding="utf-8")
@@ -234,7 +236,6 @@ def test_seeds_train_their_own_runs_and_the_row_keeps_each(tmp_path: Path, toy_c
 
 @pytest.mark.parametrize("text", ["1,x", "", "2,2"])
 def test_bad_seeds_are_one_line_errors(text: str, capsys) -> None:
-    from mtcli.reproduce import main
 
     assert main(["de_en", "--seeds", text]) == 2
     assert "--seeds" in capsys.readouterr().err
@@ -251,12 +252,12 @@ def test_a_results_table_that_cannot_be_read_is_said_before_any_training(
     table = tmp_path / "results" / "multi30k.json"
     table.parent.mkdir()
     table.write_text(text, encoding="utf-8")
-    assert reproduce.main(["de_en", "--seeds", "1", "--results", str(table.parent)]) == 1
+    assert main(["de_en", "--seeds", "1", "--results", str(table.parent)]) == 1
     err = capsys.readouterr().err
     assert f"{table}: not a results table" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     # a tuning run writes no table: the broken one is none of its business
     monkeypatch.setattr(reproduce, "run_seeds", lambda *a, **k: {"val": {"bleu": 1.0}})
-    assert reproduce.main(["de_en", "--valid-only", "--results", str(table.parent)]) == 0
+    assert main(["de_en", "--valid-only", "--results", str(table.parent)]) == 0
 
 
 def _seed_file(directory: Path, seed: int, bleu_lc: float) -> Path:
@@ -270,7 +271,6 @@ def _seed_file(directory: Path, seed: int, bleu_lc: float) -> Path:
 def test_data_for_a_recipe_of_several_corpora_is_refused_naming_it(tmp_path: Path, capsys) -> None:
     """--data DIR on the adaptation recipe said "data.source='DIR': give data.source or
     data.sources, not both", a key the user never set."""
-    from mtcli.reproduce import main
 
     assert main(["wmt_news_en_de_adapt", "--data", str(tmp_path), "--results", str(tmp_path / "r")]) == 2
     assert capsys.readouterr().err.startswith(f"mtcli: error: --data {tmp_path}: configs/wmt_news_en_de_adapt.yaml "
@@ -278,7 +278,6 @@ def test_data_for_a_recipe_of_several_corpora_is_refused_naming_it(tmp_path: Pat
 
 
 def test_merge_combines_seeds_run_apart_and_refuses_a_seed_twice(tmp_path: Path, capsys) -> None:
-    from mtcli.reproduce import main
 
     one, two = _seed_file(tmp_path / "one", 1, 40.0), _seed_file(tmp_path / "two", 2, 42.0)
     readme = tmp_path / "README.md"
@@ -310,7 +309,6 @@ def test_a_copy_with_a_stale_git_is_merged_under_the_commit_whose_files_it_ran(
 ) -> None:
     """A working tree copied with an older ``.git`` labels its rows ``<old>-dirty``; its tree hash
     names the files it ran, and ``--merge`` in the real repository finds the commit they belong to."""
-    from mtcli.reproduce import main
     from mtcli.results import commit_of_tree, git_commit, source_tree
 
     repo = tmp_path / "repo"
@@ -365,7 +363,6 @@ def test_two_directions_in_a_row_on_a_clean_clone_both_carry_the_clean_commit(
 ) -> None:
     """The first direction rewrites results/ and the README's table; the second direction's row
     still names the clean commit (and its tree), while an edit of anything else would not."""
-    from mtcli.reproduce import main
     from mtcli.results import git_commit, source_tree
 
     repo = tmp_path / "repo"
@@ -500,10 +497,10 @@ def test_a_results_place_that_cannot_be_written_is_one_line_before_any_training(
         module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A file where the results directory should be was a NotADirectoryError traceback after
     the whole pipeline, and the row was lost."""
-    import importlib
-
     from conftest import TOY_CONFIG
 
+    command = {"mtcli.reproduce": "reproduce", "mtcli.multilingual": "reproduce-multilingual",
+               "mtcli.backtranslation": "reproduce-bt"}[module]
     blocker = tmp_path / "afile"
     blocker.write_text("", encoding="utf-8")
     table = {"mtcli.reproduce": "multi30k", "mtcli.multilingual": "multilingual", "mtcli.backtranslation": "bt"}[module]
@@ -513,32 +510,39 @@ def test_a_results_place_that_cannot_be_written_is_one_line_before_any_training(
                "mtcli.backtranslation": ["--forward", toy, "--reverse", toy]}[module]
     args = [*recipes, "--results", str(blocker), "--set", f"train.run_dir={tmp_path / 'run'}",
             "--set", f"data.prepared_dir={tmp_path / 'prep'}", "--set", "train.max_steps=4"]
-    assert importlib.import_module(module).main(args) == 1
+    assert mtcli_status(command, *args) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"mtcli: error: {blocker}: ") and "directory" in err[-1], err
     args[args.index(str(blocker))] = str(tmp_path / "results")
-    assert importlib.import_module(module).main(args) == 1  # the .json's place is fine, the .md's is not
+    assert mtcli_status(command, *args) == 1  # the .json's place is fine, the .md's is not
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"mtcli: error: {tmp_path / 'results' / table}.md: "), err
     assert not list((tmp_path / "results").glob("*.json"))
     assert not (tmp_path / "run").exists() and not any(tmp_path.glob("run*"))
 
 
-def test_a_row_that_cannot_be_written_is_printed_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    from mtcli.pipeline import written_or_printed
+def test_a_row_that_cannot_be_written_is_printed_with_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import mtcli.reproduce as reproduce
+    from mtcli.pipeline import write_or_keep
 
     def full() -> None:
-        raise OSError(28, "No space left on device", "results/multi30k.json")
+        raise OSError(28, "No space left on device", b"results/multi30k.json")  # (a bytes name: not b'...')
 
-    assert written_or_printed(full, {"bleu": 40.0}) == 1
-    out, err = capsys.readouterr()
-    assert json.loads(out) == {"bleu": 40.0}
-    assert err == "mtcli: error: results/multi30k.json: No space left on device\n"
+    def finished(direction: str, **kwargs: object) -> reproduce.Reproduced:
+        write_or_keep(writes.pop(0), {"bleu": 40.0})
+        raise AssertionError("written")
 
     def interrupted() -> None:  # a Ctrl-C while the table was written: a traceback, the row lost
         raise KeyboardInterrupt
 
-    assert written_or_printed(interrupted, {"bleu": 40.0}) == 130
+    monkeypatch.setattr(reproduce, "reproduce", finished)
+    writes = [full, interrupted]
+    assert main(["de_en"]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"bleu": 40.0}
+    assert err == "mtcli: error: results/multi30k.json: No space left on device\n"
+    assert main(["de_en"]) == 130
     out, err = capsys.readouterr()
     assert json.loads(out) == {"bleu": 40.0} and err == "mtcli: error: interrupted (run the same command again to go on)\n"
 
@@ -631,7 +635,6 @@ def test_seeds_for_the_adapted_row_are_refused(monkeypatch: pytest.MonkeyPatch, 
     """--seeds 2,3 on wmt_news_en_de_adapt was ignored: one row of the seed-1 run, as if of the seeds."""
     from conftest import REPO
 
-    from mtcli.reproduce import main
 
     monkeypatch.chdir(REPO)
     assert main(["wmt_news_en_de_adapt", "--seeds", "2,3"]) != 0
@@ -639,22 +642,21 @@ def test_seeds_for_the_adapted_row_are_refused(monkeypatch: pytest.MonkeyPatch, 
         capsys.readouterr().err
 
 
-def test_a_sigterm_to_a_pipeline_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_sigterm_to_a_pipeline_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
     """SIGTERM while a pipeline averaged or decoded ended it without a word (its default action);
     a Ctrl-C there said it was interrupted."""
     import os
     import signal
 
-    from mtcli.errors import restore_handlers, stop_on_signals
-    from mtcli.pipeline import Terminated, failed
+    import mtcli.reproduce as reproduce
 
-    previous = stop_on_signals()  # (what the pipelines' __main__ installs)
-    try:
-        with pytest.raises(Terminated) as raised:
-            os.kill(os.getpid(), signal.SIGTERM)
-    finally:
-        restore_handlers(previous)
-    assert failed(raised.value) == 143
+    def averaging(direction: str, **kwargs: object) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("not stopped")
+
+    monkeypatch.setattr(reproduce, "reproduce", averaging)
+    assert main(["de_en"]) == 143
     assert capsys.readouterr().err == "mtcli: error: terminated (run the same command again to go on)\n"
 
 
@@ -670,3 +672,26 @@ def test_a_row_record_that_cannot_be_written_is_a_warning(tmp_path: Path, caplog
     assert scored_row(config, "recipe", "data", lambda: {"bleu": 1.0}) == ({"bleu": 1.0}, False)
     assert f"{blocked / ROW_RECORD}: cannot keep the row for a rerun" in caplog.text
     assert scored_row(config, "recipe", "data", lambda: {"bleu": 2.0}) == ({"bleu": 2.0}, False)  # none kept
+
+
+def test_a_pipeline_out_of_memory_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """The pipelines had a command line of their own, whose one-line errors left out running out
+    of memory: a traceback after hours of work."""
+    import mtcli.reproduce as reproduce
+
+    def short_of_memory(direction: str, **kwargs: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(reproduce, "reproduce", short_of_memory)
+    assert main(["de_en"]) == 1
+    assert capsys.readouterr().err == "mtcli: error: out of memory\n"
+
+
+def test_the_help_names_every_recipe() -> None:
+    from conftest import mtcli_here
+
+    from mtcli.reproduce import RECIPES
+
+    said = " ".join(mtcli_here("reproduce", "--help").stdout.decode().split())
+    assert all(name in said for name in RECIPES), said

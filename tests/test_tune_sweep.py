@@ -1,6 +1,6 @@
 """bench/tune_sweep.py: variant parsing and the summary it builds from the runs' files.
 
-The sweep itself runs ``python -m mtcli.reproduce --valid-only`` per variant, which the
+The sweep itself runs ``mtcli reproduce --valid-only`` per variant, which the
 reproduce tests cover; here the runs' outputs are written by hand.
 """
 

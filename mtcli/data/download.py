@@ -207,7 +207,7 @@ def unpinned(name: str, files: dict[str, str]) -> list[str]:
 def _instead(name: str) -> str:
     """What to do when corpus ``name`` cannot be downloaded."""
     return (f"put its <split>.<lang> files in a directory DIR and pass --set data.source=DIR (make reproduce "
-            f"DATA=DIR; python -m mtcli.reproduce --data DIR), or, for a recipe of several corpora, put the "
+            f"DATA=DIR; mtcli reproduce --data DIR), or, for a recipe of several corpora, put the "
             f"pinned files themselves (the same sha256) in DIR/{name}/ and set MTCLI_DATA=DIR")
 
 

@@ -84,7 +84,7 @@ def _start_resource_tracker() -> None:
 def _sigint_ignored(ignored: bool) -> Iterator[None]:
     """With ``ignored``, SIGINT ignored while new processes start (a disposition they keep across
     exec): a spawned worker imports the main module before it runs :func:`_start_worker`, and
-    Ctrl-C then ended it with a traceback (``python -m mtcli.backtranslation``, which imports torch)."""
+    Ctrl-C then ended it with a traceback (``mtcli reproduce-bt``, which imports torch)."""
     if not ignored or threading.current_thread() is not threading.main_thread():
         yield
         return

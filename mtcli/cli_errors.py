@@ -1,0 +1,139 @@
+"""How the ``mtcli`` command line ends: a result printed on stdout (:func:`say`), or one line
+``mtcli: error: ...`` on stderr and an exit status (:func:`fail`) for a library error, an
+interrupt, an OS error, running out of memory (:func:`handle_errors`) or a usage error
+(:class:`Commands`); never a traceback."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import json
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import typer
+import typer.core
+
+from mtcli.errors import MtcliError, Terminated, restore_handlers, stop_on_signals
+
+# click's exception classes, as the typer installed raises them (it may carry its own click)
+_USAGE_ERROR, _CLICK_EXCEPTION = (next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+                                  for name in ("UsageError", "ClickException"))
+
+
+class Commands(typer.core.TyperGroup):
+    """mtcli's commands, with a usage error (an unknown option, a missing argument, a value out
+    of range) said in one line, as every other error is, rather than in a box."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        _SAID.set(False)
+        try:
+            done = super().main(*args, standalone_mode=False, **kwargs)
+        except _USAGE_ERROR as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # a bare ``mtcli``: the help
+                exc.show()
+                sys.exit(exc.exit_code)
+            where = exc.ctx.command_path if exc.ctx is not None else "mtcli"
+            print(f"mtcli: error: {exc.format_message()} (see {where} --help)", file=sys.stderr)
+            sys.exit(exc.exit_code)
+        except _CLICK_EXCEPTION as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            print("Aborted!", file=sys.stderr)
+            sys.exit(1)
+        if done == 130 and not _SAID.get():  # typer's Exit(130) for a Ctrl-C before the command's own handling
+            print("mtcli: error: interrupted", file=sys.stderr)
+        sys.exit(done if isinstance(done, int) else 0)
+
+
+
+#: Whether this call of the command line said its error (its one line), so that a Ctrl-C typer
+#: turns into a silent exit status 130 before the command runs (while it parses the arguments)
+#: gets its line too.
+_SAID: contextvars.ContextVar[bool] = contextvars.ContextVar("mtcli_said", default=False)
+
+
+def fail(message: str, code: int) -> None:
+    """End the command with ``mtcli: error: <message>`` on stderr and exit status ``code``."""
+    with contextlib.suppress(OSError):  # (a terminal that hung up takes no more lines)
+        print(f"mtcli: error: {message}", file=sys.stderr)
+    _SAID.set(True)
+    raise typer.Exit(code)
+
+
+def say(text: str) -> None:
+    """Print a command's result on standard output and flush it: a write that fails (a full
+    disk) is an error naming ``<stdout>``, raised before the command returns."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, "<stdout>") from None
+
+
+def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn library errors, interrupts (Ctrl-C, SIGTERM, SIGHUP but under ``nohup``), OS errors
+    and running out of host memory into one line and an exit code. ``train`` and ``serve``
+    install their own signal handling while they run."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        main = threading.current_thread() is threading.main_thread()
+        previous = stop_on_signals() if main else {}
+        try:
+            return func(*args, **kwargs)
+        except MtcliError as exc:
+            fail(str(exc), exc.exit_code)
+        except KeyboardInterrupt:
+            fail("interrupted", 130)
+        except Terminated as exc:  # (translate -o of files keeps its finished windows to go on from)
+            fail(str(exc), exc.exit_code)
+        except BrokenPipeError:
+            # stdout closed early (e.g. `| head`): stop quietly like other Unix tools.
+            sys.stderr.close()
+            raise typer.Exit(141) from None
+        except OSError as exc:
+            where = f"{os.fsdecode(exc.filename)}: " if getattr(exc, "filename", None) else ""  # (bytes: b'...')
+            fail(f"{where}{exc.strerror or exc}", 1)
+        except MemoryError as exc:  # where no step of the library knows a smaller way to go on
+            fail(f"out of memory{f': {exc}' if str(exc) else ''}", 1)
+        except RuntimeError as exc:  # torch's allocation failures (a model too large to build)
+            from mtcli.device import is_out_of_memory
+
+            if not is_out_of_memory(exc):
+                raise
+            fail(f"out of memory: {' '.join(str(exc).split())[:300]}", 1)
+        finally:
+            restore_handlers(previous)
+
+    return wrapper
+
+
+def kept_results(run: Callable[[], Any]) -> Any:
+    """What a reproduction pipeline's ``run()`` gives. Results it finished but could not write
+    (:class:`~mtcli.pipeline.Unsaved`) are printed on stdout first, so the work is not lost; a
+    stop by a signal says that the same command goes on from where it stopped."""
+    from mtcli.pipeline import Unsaved
+
+    try:
+        try:
+            return run()
+        except Unsaved as exc:
+            say(json.dumps(exc.row, indent=2))
+            raise exc.__cause__ from None  # type: ignore[misc]
+    except KeyboardInterrupt:
+        fail("interrupted (run the same command again to go on)", 130)
+    except Terminated as exc:
+        fail(f"{exc} (run the same command again to go on)", exc.exit_code)
+
+
+__all__ = ["Commands", "fail", "handle_errors", "kept_results", "say"]
