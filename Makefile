@@ -65,29 +65,29 @@ lint:
 reproduce: reproduce-de-en reproduce-en-de
 
 reproduce-de-en reproduce-en-de: reproduce-%:
-	$(BIN)/mtcli reproduce $(subst -,_,$*) $(if $(DATA),--data $(DATA),) --seeds $(SEEDS) $(REPRODUCE_ARGS)
+	$(BIN)/python -m mtcli reproduce $(subst -,_,$*) $(if $(DATA),--data $(DATA),) --seeds $(SEEDS) $(REPRODUCE_ARGS)
 
 reproduce-pairs: $(PAIRS:%=reproduce-%)
 
 $(PAIRS:%=reproduce-%): reproduce-%:
-	$(BIN)/mtcli reproduce $(subst -,_,$*) $(if $(DATA),--data $(DATA),) --seeds $(SEEDS) $(REPRODUCE_ARGS)
+	$(BIN)/python -m mtcli reproduce $(subst -,_,$*) $(if $(DATA),--data $(DATA),) --seeds $(SEEDS) $(REPRODUCE_ARGS)
 
 # reads the recipe's own source (wmt-news-en-de, downloaded once); DATA is Multi30k's
 reproduce-wmt-news:
-	$(BIN)/mtcli reproduce wmt_news_en_de $(REPRODUCE_ARGS)
+	$(BIN)/python -m mtcli reproduce wmt_news_en_de $(REPRODUCE_ARGS)
 
 # starts from data/runs/multi30k_en_de-seed1 (make reproduce-en-de trains it)
 reproduce-wmt-news-adapt:
-	$(BIN)/mtcli reproduce wmt_news_en_de_adapt $(REPRODUCE_ARGS)
+	$(BIN)/python -m mtcli reproduce wmt_news_en_de_adapt $(REPRODUCE_ARGS)
 
 # --set options in REPRODUCE_ARGS apply here too, e.g. REPRODUCE_ARGS='--set train.device=cuda'
 reproduce-multilingual:
-	$(BIN)/mtcli reproduce-multilingual $(if $(DATA),--data $(DATA),) --seeds $(SEEDS) $(REPRODUCE_ARGS)
+	$(BIN)/python -m mtcli reproduce-multilingual $(if $(DATA),--data $(DATA),) --seeds $(SEEDS) $(REPRODUCE_ARGS)
 
 # reuses the en-de row of results/multi30k.json with seed BT_SEED as "all pairs real" when it is there
 # and was trained by the same recipe
 reproduce-bt:
-	$(BIN)/mtcli reproduce-bt --seed $(BT_SEED) $(if $(DATA),--set data.source=$(DATA),) $(REPRODUCE_ARGS)
+	$(BIN)/python -m mtcli reproduce-bt --seed $(BT_SEED) $(if $(DATA),--set data.source=$(DATA),) $(REPRODUCE_ARGS)
 
 clean:
 	rm -rf .pytest_cache .ruff_cache .import_linter_cache build dist *.egg-info

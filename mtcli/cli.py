@@ -1,7 +1,8 @@
 """The ``mtcli`` command line: parse arguments, call library functions, print results.
 
 Every library error (:class:`mtcli.errors.MtcliError`) becomes one line on stderr and a
-non-zero exit code; nothing here holds logic a library function could hold. The library is
+non-zero exit code (:mod:`mtcli.cli_errors`); nothing here holds logic a library function could
+hold. The library is
 imported inside each command, so ``mtcli --help`` answers without loading torch; commands that
 train or decode first set the process-wide allocator policy (:mod:`mtcli.allocator`).
 """
@@ -66,12 +67,21 @@ DeviceOption = Annotated[str, typer.Option(
     help="Decode on auto (the first GPU if there is one; the CPU under decode.int8), cpu, cuda or cuda:N.")]
 
 
+def _value(value: str) -> str:
+    """An option's value, refused when it is another option: click takes the word after an
+    option as its value whatever it is, so ``--seeds $SEEDS --valid-only`` with an empty
+    variable read ``--valid-only`` as the seeds."""
+    if value.startswith("--"):
+        raise typer.BadParameter(f"{value} is an option, not a value (an empty shell variable?); give the value")
+    return value
+
+
 def _named_path(value: str | Path) -> Path:
     """A path option's value, refused when empty (``Path("")`` is the working directory: an
-    unset shell variable wrote into it, over files of the same names)."""
+    unset shell variable wrote into it, over files of the same names) or another option."""
     if not str(value).strip():
         raise typer.BadParameter("an empty path; give a name")
-    return Path(value)
+    return Path(_value(str(value)))
 
 
 def _output_file(value: str, to_stdout: bool = True) -> Path:
@@ -358,11 +368,12 @@ ResultsOption = Annotated[Optional[Path], typer.Option(  # noqa: UP045
     parser=_named_path, help="Results directory (default: results/).")]
 ReadmeOption = Annotated[Optional[Path], typer.Option(  # noqa: UP045
     parser=_named_path, help="README whose table to refresh (default: README.md).")]
-DataOption = Annotated[Optional[str], typer.Option(help="Directory of the corpus's <split>.<lang> files.")]  # noqa: UP045
+DataOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
+    parser=_value, help="Directory of the corpus's <split>.<lang> files.")]
 
 
 MergedArgument = Annotated[Optional[list[Path]], typer.Argument(  # noqa: UP045
-    metavar="[RESULTS]...", show_default=False, help="With --merge: the results directories to combine.")]
+    metavar="RESULTS", show_default=False, help="With --merge: the results directories to combine.")]
 
 
 def _merged(merge: bool, merged: list[Path] | None) -> list[Path]:
@@ -394,7 +405,7 @@ def reproduce(
     results: ResultsOption = None,
     readme: ReadmeOption = None,
     set_: SetOption = None,
-    seeds: Annotated[Optional[str], typer.Option(help="Train and score each of these seeds (e.g. 1,2,3), each in "  # noqa: UP045
+    seeds: Annotated[Optional[str], typer.Option(parser=_value, help="Train and score each of these seeds (e.g. 1,2,3), each in "  # noqa: UP045
                                                       "RUN_DIR-seed<N>; the row holds their mean, standard deviation "
                                                       "and each seed's scores.")] = None,
     merge: Annotated[bool, typer.Option("--merge", help="Train nothing: combine the seed rows of the RESULTS "
@@ -422,10 +433,10 @@ def reproduce(
 @handle_errors
 def reproduce_multilingual(
     data: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        help="Directory of Multi30k's <split>.<lang> files, read by every corpus of the recipe.")] = None,
+        parser=_value, help="Directory of Multi30k's <split>.<lang> files, read by every corpus of the recipe.")] = None,
     config: Annotated[Optional[Path], typer.Option(  # noqa: UP045
         parser=_named_path, help="The multilingual recipe (default: configs/multi30k_multi.yaml).")] = None,
-    seeds: Annotated[str, typer.Option(help="Seeds to train and score, e.g. 1,2,3.")] = "1,2,3",
+    seeds: Annotated[str, typer.Option(parser=_value, help="Seeds to train and score, e.g. 1,2,3.")] = "1,2,3",
     results: ResultsOption = None,
     readme: ReadmeOption = None,
     set_: SetOption = None,

@@ -487,7 +487,7 @@ def reproduce(direction: str, *, data: str | None = None, config_path: str | Pat
     results_dir, readme = table_place(results, readme, table_name, changed)
     try:
         table = load_results(results_dir, table_name)
-    except MtcliError as exc:  # changed during the training: the row is kept, not lost
+    except (MtcliError, OSError) as exc:  # changed during the training: the row is kept, not lost
         raise Unsaved(row) from exc
     if not merge and "seeds" in row:
         row = with_earlier_seeds(table.get(row_key), row)

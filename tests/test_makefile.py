@@ -39,7 +39,7 @@ def test_make_reproduce_runs_both_directions(tmp_path: Path) -> None:
     seeds, data and arguments given (one such target runs for real in the next test; the
     pipeline writing both rows into one table is tests/test_reproduce.py's)."""
     commands = make(tmp_path, "-n", "reproduce", "DATA=/d", "SEEDS=3", "REPRODUCE_ARGS=--set x=1").stdout
-    assert commands.splitlines() == [f"{BIN}/mtcli reproduce {direction} --data /d --seeds 3 --set x=1"
+    assert commands.splitlines() == [f"{BIN}/python -m mtcli reproduce {direction} --data /d --seeds 3 --set x=1"
                                      for direction in ("de_en", "en_de")]
 
 

@@ -695,3 +695,32 @@ def test_the_help_names_every_recipe() -> None:
 
     said = " ".join(mtcli_here("reproduce", "--help").stdout.decode().split())
     assert all(name in said for name in RECIPES), said
+
+
+def test_a_table_made_unreadable_during_the_training_prints_the_row(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A results table that became a directory (or unreadable) while the seeds trained lost their
+    row: only the error was said."""
+    import mtcli.reproduce as reproduce
+
+    results = tmp_path / "results"
+    row = {"bleu": 40.0, "bleu_lc": 41.0, "chrf": 60.0}
+
+    def trained(*args: object, **kwargs: object) -> dict:
+        (results / "multi30k.json").mkdir(parents=True)
+        return row
+
+    monkeypatch.setattr(reproduce, "run_seeds", trained)
+    assert main(["de_en", "--config", str(TOY_CONFIG), "--results", str(results),
+                 "--readme", str(tmp_path / "README.md")]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out) == row
+    assert err.splitlines()[-1].startswith(f"mtcli: error: {results / 'multi30k.json'}: "), err
+
+
+@pytest.mark.parametrize("option", ["--seeds", "--data", "--results", "--config"])
+def test_an_option_whose_value_is_left_out_is_refused(option: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--seeds $SEEDS --valid-only`` with an empty variable read ``--valid-only`` as the seeds,
+    and a tuning run decoded test and wrote a table into ./--valid-only/."""
+    assert main(["de_en", option, "--valid-only"]) == 2
+    assert "--valid-only is an option, not a value" in capsys.readouterr().err
