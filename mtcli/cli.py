@@ -49,6 +49,15 @@ def _options(
     """mtcli: prepare a parallel corpus, train a Transformer, evaluate and translate."""
 
 
+def _value(value: str) -> str:
+    """An option's value, refused when it is another option: click takes the word after an
+    option as its value whatever it is, so ``--seeds $SEEDS --valid-only`` with an empty
+    variable read ``--valid-only`` as the seeds."""
+    if value.startswith("--"):
+        raise typer.BadParameter(f"{value} is an option, not a value (an empty shell variable?); give the value")
+    return value
+
+
 SetOption = Annotated[
     Optional[list[str]],  # noqa: UP045 - typer needs Optional here
     typer.Option("--set", help="Override a config key: section.key=value (repeatable)."),
@@ -61,19 +70,10 @@ Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messag
 EngineOption = Annotated[str, typer.Option(
     help="torch (ours) or ctranslate2 (the checkpoint converted once into the run directory).")]
 TgtLangOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
-    "--tgt-lang", help="Translate into this language (a model trained on several target languages; "
+    "--tgt-lang", parser=_value, help="Translate into this language (a model trained on several target languages; "
     "default: the run's decode.tgt_lang if set, else its data.tgt_lang).")]
 DeviceOption = Annotated[str, typer.Option(
     help="Decode on auto (the first GPU if there is one; the CPU under decode.int8), cpu, cuda or cuda:N.")]
-
-
-def _value(value: str) -> str:
-    """An option's value, refused when it is another option: click takes the word after an
-    option as its value whatever it is, so ``--seeds $SEEDS --valid-only`` with an empty
-    variable read ``--valid-only`` as the seeds."""
-    if value.startswith("--"):
-        raise typer.BadParameter(f"{value} is an option, not a value (an empty shell variable?); give the value")
-    return value
 
 
 def _named_path(value: str | Path) -> Path:
@@ -134,7 +134,7 @@ def train(
     config: Annotated[Path, typer.Argument(help="Recipe YAML (see configs/).")],
     set_: SetOption = None,
     init_from: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        "--init-from", help="Start from this run directory's (or checkpoint's) weights "
+        "--init-from", parser=_value, help="Start from this run directory's (or checkpoint's) weights "
                             "(train.init_from; a new run directory, fresh optimizer).")] = None,
     verbose: Verbose = False,
 ) -> None:
@@ -179,20 +179,20 @@ def _leave_torchrun(code: int, message: str | None = None, every_rank: bool = Tr
 @handle_errors
 def evaluate(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
-    split: Annotated[Optional[str], typer.Option(help="Prepared split to score (default: first test split).")] = None,  # noqa: UP045
+    split: Annotated[Optional[str], typer.Option(parser=_value, help="Prepared split to score (default: first test split).")] = None,  # noqa: UP045
     src: Annotated[Optional[Path], typer.Option(help="Source text file (with --ref) instead of a split.")] = None,  # noqa: UP045
     ref: Annotated[Optional[list[Path]], typer.Option(  # noqa: UP045
         help="Reference text file (with --src; repeatable: several references per sentence).")] = None,
     metrics: Annotated[str, typer.Option(help="Comma-separated: bleu, chrf, ter (BLEU and lowercased "
                                               "BLEU are always scored).")] = "bleu,chrf",
-    checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
+    checkpoint: Annotated[str, typer.Option(parser=_value, help="best, last, or a checkpoint path.")] = "best",
     average_last: Annotated[int, typer.Option(help="Average the last K step checkpoints first.")] = 0,
     average_best: Annotated[int, typer.Option(help="Average the K best checkpoints first.")] = 0,
     beam: Annotated[Optional[int], typer.Option(help="Beam size (1 = greedy; default: the run's decode.beam_size).")] = None,  # noqa: UP045
     src_lang: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        "--src-lang", help="A model of several directions: score those from this language only.")] = None,
+        "--src-lang", parser=_value, help="A model of several directions: score those from this language only.")] = None,
     tgt_lang: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        "--tgt-lang", help="A model of several directions: score those into this language only.")] = None,
+        "--tgt-lang", parser=_value, help="A model of several directions: score those into this language only.")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=_named_path, help="Directory for the hypotheses (NAME.CHECKPOINT.hyp) and report (NAME.CHECKPOINT.report.json); default: RUN_DIR/eval.")] = None,  # noqa: UP045
     ensemble: EnsembleOption = None,
     engine: EngineOption = "torch",
@@ -242,7 +242,7 @@ def compare(
     samples: Annotated[Optional[int], typer.Option(help="Resamples or swaps (default 1000 for bs, 10000 for ar).")] = None,  # noqa: UP045
     output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=_output_file, help="Write the report (JSON) here.")] = None,  # noqa: UP045
     tgt_lang: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        "--tgt-lang", help="The references' language: BLEU tokenises zh, ja and ko text as sacreBLEU does for "
+        "--tgt-lang", parser=_value, help="The references' language: BLEU tokenises zh, ja and ko text as sacreBLEU does for "
         "them (default: the language mtcli evaluate recorded beside the hypotheses; else 13a).")] = None,
 ) -> None:
     """Paired significance tests between systems (sacreBLEU): scores, 95% intervals, p-values."""
@@ -261,7 +261,7 @@ def translate(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
     files: Annotated[Optional[list[Path]], typer.Argument(help="Input files (default, or - alone: stdin).")] = None,  # noqa: UP045
     output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=_output_file, help="Output file (default: stdout).")] = None,  # noqa: UP045
-    checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
+    checkpoint: Annotated[str, typer.Option(parser=_value, help="best, last, or a checkpoint path.")] = "best",
     beam: Annotated[Optional[int], typer.Option(help="Beam size (1 = greedy; default: the run's decode.beam_size).")] = None,  # noqa: UP045
     nbest: Annotated[Optional[int], typer.Option(help="Print N lines per input, best first: score<TAB>text "  # noqa: UP045
                                                       "(with --sampling: N samples, in draw order).")] = None,
@@ -331,7 +331,7 @@ def export(
     output: Annotated[Path, typer.Argument(help="Output directory.")],
     format: Annotated[str, typer.Option("--format", help="Export format: ctranslate2, or hf (a Hugging Face "
                                                          "MarianMTModel with its MarianTokenizer).")] = "ctranslate2",
-    checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
+    checkpoint: Annotated[str, typer.Option(parser=_value, help="best, last, or a checkpoint path.")] = "best",
 ) -> None:
     """Export a trained model for another runtime (CTranslate2, Hugging Face Transformers)."""
     from mtcli.infer.export import export_model
@@ -491,7 +491,7 @@ def serve(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
     host: Annotated[str, typer.Option(help="Address to bind (0.0.0.0 to accept other machines).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
-    checkpoint: Annotated[str, typer.Option(help="best, last, or a checkpoint path.")] = "best",
+    checkpoint: Annotated[str, typer.Option(parser=_value, help="best, last, or a checkpoint path.")] = "best",
     beam: Annotated[Optional[int], typer.Option(help="Default beam size (a request may set its own).")] = None,  # noqa: UP045
     tgt_lang: TgtLangOption = None,
     device: DeviceOption = "auto",

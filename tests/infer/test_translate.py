@@ -625,3 +625,15 @@ def test_an_empty_path_option_is_refused_not_the_working_directory(tiny_run_dir:
         res = mtcli_here(*argv)
         assert res.returncode == 2 and f"Invalid value for {option}: an empty path" in res.stderr.decode(), argv
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+@pytest.mark.parametrize("args", [["translate", "RUN", "--checkpoint", "--beam", "3"],
+                                  ["translate", "RUN", "-o", "--beam", "3"],
+                                  ["train", "cfg.yaml", "--init-from", "--set", "train.max_steps=2"]])
+def test_an_option_whose_value_is_another_option_is_a_usage_error(args: list[str]) -> None:
+    """An empty shell variable left an option without its value: click took the next option as
+    the value (a checkpoint named --beam; an output file named --beam)."""
+    from conftest import mtcli_here
+
+    done = mtcli_here(*args)
+    assert done.returncode == 2 and b"is an option, not a value" in done.stderr, done.stderr
