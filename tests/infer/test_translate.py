@@ -633,7 +633,5 @@ def test_an_empty_path_option_is_refused_not_the_working_directory(tiny_run_dir:
 def test_an_option_whose_value_is_another_option_is_a_usage_error(args: list[str]) -> None:
     """An empty shell variable left an option without its value: click took the next option as
     the value (a checkpoint named --beam; an output file named --beam)."""
-    from conftest import mtcli_here
-
     done = mtcli_here(*args)
     assert done.returncode == 2 and b"is an option, not a value" in done.stderr, done.stderr
