@@ -40,26 +40,32 @@ import pickle
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from mtcli.config import ModelConfig
 from mtcli.errors import CheckpointError, one_line
 from mtcli.fileio import atomic_link, atomic_write
+
+if TYPE_CHECKING:
+    import torch
+# torch is imported where a checkpoint is written or read: the modules that only name a run's
+# files (mtcli.rundir, and through it mtcli prepare) start without its two seconds of imports
 
 FORMAT = 1
 MAGIC = b"MTCLI-CHECKPOINT"
 _HEADER_RE = re.compile(rb"^MTCLI-CHECKPOINT (\d+) sha256=([0-9a-f]{64}) size=(\d+)$")
 _MAX_HEADER = 256
 
-# Types torch.load(weights_only=True) rebuilds; save_checkpoint refuses anything else.
-_PLAIN_SCALARS = (str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device)
+# Types torch.load(weights_only=True) rebuilds (and torch's tensors, sizes, dtypes and devices);
+# save_checkpoint refuses anything else.
+_PLAIN_SCALARS = (str, bytes, int, float, bool, complex, type(None))
 
 
 def _check_plain(obj: Any, where: str) -> None:
     """Raise :class:`CheckpointError` if ``obj`` holds a type weights-only loading refuses."""
-    if isinstance(obj, torch.Tensor | torch.Size) or isinstance(obj, _PLAIN_SCALARS):
+    import torch
+
+    if isinstance(obj, torch.Tensor | torch.Size | torch.dtype | torch.device) or isinstance(obj, _PLAIN_SCALARS):
         return
     if isinstance(obj, dict):
         for key, value in obj.items():
@@ -139,6 +145,8 @@ def save_checkpoint(path: Path, state: dict, also: Iterable[Path] = ()) -> None:
     path = Path(path)
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: a checkpoint state must be a dict, got {type(state).__name__}")
+    import torch
+
     _check_plain(state, f"{path}: state")
     buffer = io.BytesIO()
     try:
@@ -234,6 +242,8 @@ def weights_sha256(weights: Mapping[str, torch.Tensor]) -> str:
     """The sha256 of a state dict's tensors (names, dtypes, shapes and values, in name order):
     what tells two models apart, whatever else their checkpoint files hold (the optimizer, the
     times, the run directory). A resumed run and the same run straight through have the same."""
+    import torch
+
     digest = hashlib.sha256()
     for name in sorted(weights):
         tensor = weights[name].detach().contiguous().cpu().reshape(-1)
@@ -246,6 +256,8 @@ def load_checkpoint_with_id(path: Path, map_location: Any = "cpu") -> tuple[dict
     """:func:`load_checkpoint`'s state and the sha256 of the payload it was loaded from (the
     header's, checked against the bytes): what names these weights, whatever happens to the
     file after they were read (a training run saving a new best over it)."""
+    import torch
+
     path = Path(path)
     payload, digest = _verified_payload(path)
     try:

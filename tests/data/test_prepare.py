@@ -858,6 +858,28 @@ def _run_mtcli(args: list[str], env_extra: dict[str, str], timeout: float = 120)
     )
 
 
+WITHOUT_TORCH = """
+import sys
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("prepare imported torch")
+sys.meta_path.insert(0, NoTorch())
+from mtcli.cli import app
+app(sys.argv[1:], prog_name="mtcli")
+"""
+
+
+def test_prepare_never_imports_torch(tmp_path: Path, toy_dir: Path) -> None:
+    """prepare needs numpy and SentencePiece, not torch: its two seconds of imports came in
+    through the names of a run's files (mtcli.rundir -> mtcli.checkpoint)."""
+    cfg = write_config(tmp_path, toy_dir)
+    for said in ("prepared", "up to date"):  # a build, then a no-op
+        proc = subprocess.run([sys.executable, "-c", WITHOUT_TORCH, "prepare", str(cfg)], capture_output=True,
+                              text=True, timeout=120, cwd=REPO)
+        assert proc.returncode == 0 and said in proc.stdout, proc.stderr
+
+
 def test_hub_id_unreachable_offline(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, "mtcli-tests/no-such-dataset-7f3a", hub_config="de-en")
     offline = {
