@@ -2,9 +2,9 @@
 
 Every library error (:class:`mtcli.errors.MtcliError`) becomes one line on stderr and a
 non-zero exit code (:mod:`mtcli.cli_errors`); nothing here holds logic a library function could
-hold. The library is
-imported inside each command, so ``mtcli --help`` answers without loading torch; commands that
-train or decode first set the process-wide allocator policy (:mod:`mtcli.allocator`).
+hold. The library is imported inside each command, so ``mtcli --help`` answers without loading
+torch; commands that train or decode first set the process-wide allocator policy
+(:mod:`mtcli.allocator`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="mtcli: prepare a parallel corpus, train a Transformer, evaluate and translate.",
 )
-
 
 
 def _version(value: bool) -> None:

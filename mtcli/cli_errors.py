@@ -53,7 +53,6 @@ class Commands(typer.core.TyperGroup):
         sys.exit(done if isinstance(done, int) else 0)
 
 
-
 #: Whether this call of the command line said its error (its one line), so that a Ctrl-C typer
 #: turns into a silent exit status 130 before the command runs (while it parses the arguments)
 #: gets its line too.
