@@ -40,7 +40,7 @@ import torch
 
 from mtcli.checkpoint import sha256_of_loaded
 from mtcli.data.tokenizer import Tokenizer
-from mtcli.errors import ConfigError, MtcliError
+from mtcli.errors import CheckpointError, ConfigError, MtcliError
 from mtcli.fileio import atomic_dir, check_replaceable, copy_file
 from mtcli.infer.loading import InferenceModel, load_for_inference, resolve_checkpoint
 from mtcli.logs import get_logger
@@ -50,6 +50,9 @@ from mtcli.rundir import EXPORT_RECORD
 FORMATS = ("ctranslate2",)  # what export_model writes; `mtcli export --format hf` is mtcli.infer.hf's
 #: every format `mtcli export` knows, as its error lists them
 EXPORT_FORMATS = (*FORMATS, "hf")
+#: Loads of a checkpoint a training run keeps replacing (best, last) before an export gives up:
+#: the record names the file the weights came from, which must hold them still once they are read.
+LOAD_ATTEMPTS = 3
 #: Where ``--engine ctranslate2`` keeps a run's conversion (:mod:`mtcli.infer.ct2`)
 CT2_DIR = "ctranslate2"
 
@@ -212,8 +215,14 @@ def export_model(
     require_ctranslate2()
     output = Path(output)
     check_replaceable(output, EXPORT_RECORD)  # before the conversion
-    bundle = load_for_inference(run_dir, checkpoint, device="cpu")
-    file_sha256 = sha256_of_loaded(resolve_checkpoint(Path(run_dir), checkpoint), bundle.payload_sha256)
+    for attempt in range(LOAD_ATTEMPTS):  # a training run may save a new best or last between the two reads
+        bundle = load_for_inference(run_dir, checkpoint, device="cpu")
+        try:
+            file_sha256 = sha256_of_loaded(resolve_checkpoint(Path(run_dir), checkpoint), bundle.payload_sha256)
+            break
+        except CheckpointError:
+            if attempt == LOAD_ATTEMPTS - 1:
+                raise
     save_ctranslate2(bundle, output, Path(run_dir), checkpoint_sha256=file_sha256)
     get_logger().info("exported %s to %s (%s)", bundle.name, output, fmt)
     return output

@@ -137,3 +137,25 @@ def test_cli_export(tiny_run_dir: Path, tmp_path: Path) -> None:
     err = res.stderr.decode().strip()
     assert res.returncode != 0 and err.startswith("mtcli: error:") and len(err.splitlines()) == 1
     assert not (tmp_path / "o2").exists()
+
+
+def test_an_export_while_training_replaces_the_checkpoint_loads_it_again(
+        tiny_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training run saving a new best between the weights' read and the file's hash failed the
+    export ("replaced while it was being read"), which holds a complete copy of the weights."""
+    pytest.importorskip("ctranslate2")
+    import mtcli.infer.export as export
+    from mtcli.checkpoint import sha256_of_loaded
+    from mtcli.errors import CheckpointError
+
+    replaced = [1]
+
+    def once_replaced(path: Path, payload_sha256: str | None) -> str:
+        if replaced:
+            replaced.pop()
+            raise CheckpointError(f"{path}: replaced while it was being read")
+        return sha256_of_loaded(path, payload_sha256)
+
+    monkeypatch.setattr(export, "sha256_of_loaded", once_replaced)
+    export.export_model(tiny_run_dir, tmp_path / "out")
+    assert not replaced and (tmp_path / "out" / "model.bin").is_file()
