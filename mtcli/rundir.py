@@ -277,7 +277,8 @@ def _warn_of_removed(wanted: list[int], chosen: list[tuple[int, Path]], which: s
     gone = sorted(set(wanted) - {step for step, _ in chosen})
     if gone:
         get_logger().warning("the %s checkpoints by the index are steps %s; %s not on disk (removed as "
-                             "train.keep_last and train.keep_best say, or never written): using %s", which,
+                             "train.keep_last and train.keep_best say, still being saved by a running training, or never "
+                             "written): using %s", which,
                              ", ".join(map(str, sorted(wanted))),
                              ", ".join(map(str, gone)) + (" is" if len(gone) == 1 else " are"),
                              names(p for _, p in sorted(chosen)))

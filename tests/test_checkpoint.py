@@ -825,7 +825,8 @@ def test_the_best_or_last_k_pruned_from_disk_are_warned_of(tmp_path: Path, caplo
     prune_checkpoints(tmp_path, keep_last=1, keep_best=2)  # on disk: 20 and 50
     assert [p.name for p in select_checkpoints(tmp_path, last=2)] == ["checkpoint_20.pt", "checkpoint_50.pt"]
     assert "the last 2 checkpoints by the index are steps 40, 50; 40 is not on disk (removed as train.keep_last " \
-           "and train.keep_best say, or never written): using checkpoint_20.pt, checkpoint_50.pt" in caplog.text
+           "and train.keep_best say, still being saved by a running training, or never written): using " \
+           "checkpoint_20.pt, checkpoint_50.pt" in caplog.text
     caplog.clear()
     prune_checkpoints(tmp_path, keep_last=1)  # on disk: 50
     assert [p.name for p in select_checkpoints(tmp_path, best=1)] == ["checkpoint_50.pt"]
