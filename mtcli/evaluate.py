@@ -6,12 +6,13 @@ decode settings, speed and peak memory) go to ``<run_dir>/eval/`` by default, bo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,11 @@ from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, progress
 from mtcli.metrics import BOM_NOTE, metric_names, score, scorer
 from mtcli.rundir import TEXT_DIR, checkpoint_dir
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: evaluations into one directory are not kept apart there
+    fcntl = None  # type: ignore[assignment]
 
 
 def _safe_name(name: str) -> str:
@@ -130,13 +136,34 @@ def _checkpoint_name(bundle: InferenceModel, average_last: int, average_best: in
     return name + (f".ensemble{members}" if members > 1 else "")
 
 
+@contextlib.contextmanager
+def _directory_locked(directory: Path) -> Iterator[None]:
+    """An ``flock`` on ``directory`` while a block runs: another evaluation writing its outputs
+    there waits for it. Nothing is locked where the directory cannot be (NFS, Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        yield
+        return
+    try:
+        if fcntl is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def _write_outputs(hyp_path: Path, report_path: Path, hypotheses: list[str], report: dict[str, Any]) -> None:
     """The hypotheses are written and synced before the report is written and renamed, and
     renamed right after it: a failed write (disk full, file-size limit) leaves the previous
     hypotheses and report, never a new one beside an old one. A stop (Ctrl-C, SIGTERM, a
-    hang-up) that comes while they are written is acted on once both are in place."""
+    hang-up) that comes while they are written is acted on once both are in place. Two
+    evaluations of one name into one directory (a run's best, decoded on either side of a new
+    best) write their pairs one after the other, never one's hypotheses beside the other's
+    report."""
     report_text = json.dumps(report, indent=2, ensure_ascii=False) + "\n"
-    with signals_held(), atomic_write(hyp_path) as hyp_handle:
+    with _directory_locked(hyp_path.parent), signals_held(), atomic_write(hyp_path) as hyp_handle:
         for text in hypotheses:
             hyp_handle.write(text + "\n")
         hyp_handle.flush()

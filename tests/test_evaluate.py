@@ -361,3 +361,30 @@ def test_a_ctrl_c_between_the_two_renames_leaves_both_outputs_new(tmp_path: Path
     assert hyp.read_text(encoding="utf-8") == "new\n" and json.loads(report.read_text(encoding="utf-8")) == {
         "beam_size": 2}
     assert sorted(p.name for p in tmp_path.iterdir()) == [hyp.name, report.name]  # no temporary file left
+
+
+def test_two_evaluations_into_one_directory_write_their_pairs_one_after_the_other(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An evaluation renaming its pair while another renamed its own could leave one's hypotheses
+    beside the other's report: the pair's writes hold a lock on the directory."""
+    import fcntl
+    import os
+
+    import mtcli.fileio as fileio
+    from mtcli.evaluate import _write_outputs
+
+    synced, blocked = fileio.fsync_dir, []
+
+    def another_evaluation_tries(path: Path) -> None:  # between the pair's renames
+        synced(path)
+        fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            blocked.append(path)
+        finally:
+            os.close(fd)
+
+    monkeypatch.setattr(fileio, "fsync_dir", another_evaluation_tries)
+    _write_outputs(tmp_path / "test.best.hyp", tmp_path / "test.best.report.json", ["new"], {"beam_size": 2})
+    assert blocked, "the directory was not locked while the pair was renamed"
