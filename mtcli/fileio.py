@@ -448,6 +448,7 @@ def atomic_dir(path: str | Path, *, mark: str | None, derived: Collection[str] =
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     except OSError as exc:  # a read-only directory: named as the output, not the hidden build
         raise type(exc)(exc.errno, exc.strerror, str(path)) from None
+    old = None
     try:
         os.chmod(tmp, default_dir_mode())
         (tmp / BUILDER_NAME).write_text(str(os.getpid()))
@@ -457,7 +458,6 @@ def atomic_dir(path: str | Path, *, mark: str | None, derived: Collection[str] =
             (tmp / CONTENTS_NAME).write_text(json.dumps({"mark": mark, "entries": entries}) + "\n", encoding="utf-8")
         fsync_dir(tmp)
         (tmp / BUILDER_NAME).write_text(f"{os.getpid()} {COMPLETE}")  # whole: restore_swap may put it in
-        old = None
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.replace(path, old)
@@ -469,8 +469,15 @@ def atomic_dir(path: str | Path, *, mark: str | None, derived: Collection[str] =
             shutil.rmtree(old, ignore_errors=True)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        raced = old is not None and old.exists() and path.exists()  # another build's, put in between the renames
+        if raced:
+            shutil.rmtree(old, ignore_errors=True)
+        elif old is not None and old.exists():  # the previous one, back in place
+            with contextlib.suppress(OSError):
+                os.replace(old, path)
         if isinstance(exc, OSError) and exc.errno is not None and str(exc.filename or tmp).startswith(str(tmp)):
-            kept = "the previous one is unchanged" if path.exists() else "nothing was written"
+            kept = ("another process put its own there meanwhile" if raced else
+                    "the previous one is unchanged" if path.exists() else "nothing was written")
             raise type(exc)(exc.errno, f"{exc.strerror or exc}; {kept}", str(path)) from exc  # not the hidden build
         raise
 

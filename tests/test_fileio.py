@@ -125,6 +125,29 @@ def test_atomic_dir_swaps_in_complete_directory(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
 
 
+def test_a_directory_another_build_put_in_place_meanwhile_is_named_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two exports to one directory at once: the one whose swap lost said "the previous one is
+    unchanged" (it held the other's output) and left the previous one under a hidden name."""
+    target = tmp_path / "out"
+    with atomic_dir(target, mark="a") as tmp:
+        (tmp / "a").write_text("previous")
+    replace = os.replace
+
+    def another_build_first(src: str | Path, dst: str | Path) -> None:
+        if Path(dst) == target and Path(src).name.endswith(".tmp"):  # the other build's swap, just before ours
+            target.mkdir()
+            (target / "a").write_text("theirs")
+        replace(src, dst)
+
+    monkeypatch.setattr(fileio.os, "replace", another_build_first)
+    with pytest.raises(OSError, match="another process put its own there meanwhile"), \
+            atomic_dir(target, mark="a") as tmp:
+        (tmp / "a").write_text("ours")
+    assert (target / "a").read_text() == "theirs"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the previous one is not left hidden
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
