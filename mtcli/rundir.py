@@ -31,7 +31,7 @@ from mtcli.checkpoint import FORMAT, load_checkpoint
 from mtcli.errors import CheckpointError, one_line
 from mtcli.fileio import atomic_write
 from mtcli.logs import get_logger
-from mtcli.runlock import LOCK_NAME
+from mtcli.runlock import LOCK_NAME, RunLock
 
 CONFIG_NAME = "config.yaml"
 SPM_NAME = "spm.model"
@@ -255,7 +255,7 @@ def select_checkpoints(run_dir: Path, last: int = 0, best: int = 0) -> list[Path
         if len(steps) < last:
             raise CheckpointError(
                 f"{checkpoint_dir(run_dir)}: asked for the last {last} checkpoints, found "
-                f"{len(steps)}: {names(p for _, p in steps)}"
+                f"{len(steps)}: {names(p for _, p in steps)}{no_checkpoint_yet(run_dir) if not steps else ''}"
             )
         _warn_of_removed(sorted(read_index(run_dir))[-last:], steps[-last:], f"last {last}")
         return [p for _, p in steps[-last:]]
@@ -269,6 +269,16 @@ def select_checkpoints(run_dir: Path, last: int = 0, best: int = 0) -> list[Path
     if indexed_by == by:  # (a missing entry without the metric: the index ranked by loss, not comparable)
         _warn_of_removed([step for step, _ in indexed[:best]], ranked[:best], f"best {best}")
     return [p for _, p in sorted(ranked[:best])]
+
+
+def no_checkpoint_yet(run_dir: Path) -> str:
+    """What to add to an error about a run without a checkpoint: it is still training (who holds
+    its lock), or it has not been trained."""
+    training = RunLock(run_dir).holder()
+    if training:
+        return (f"; it is still training ({training}): its first checkpoint comes at the first validation, "
+                "train.valid_every steps in")
+    return "; train it first (mtcli train CONFIG)"
 
 
 def _warn_of_removed(wanted: list[int], chosen: list[tuple[int, Path]], which: str) -> None:

@@ -1043,6 +1043,7 @@ def test_load_for_inference_errors(tmp_path: Path, run_dir: Path, spm_models) ->
     (tmp_path / "plain").mkdir()
     with pytest.raises(CheckpointError, match=r"not a run directory \(no config.yaml\)"):
         load_for_inference(tmp_path / "plain")
+    from mtcli.rundir import select_checkpoints
     from mtcli.runlock import RunLock
 
     with RunLock(tmp_path / "plain"):  # a training in its first seconds: it has not written config.yaml yet
@@ -1053,6 +1054,8 @@ def test_load_for_inference_errors(tmp_path: Path, run_dir: Path, spm_models) ->
     with RunLock(run_dir):  # a training that has not validated yet: said, where it was only "not found"
         with pytest.raises(CheckpointError, match=r"none\); it is still training \(pid \d+ on host .*valid_every"):
             load_for_inference(run_dir)
+        with pytest.raises(CheckpointError, match=r"found 0: none; it is still training \(pid \d+ .*valid_every"):
+            select_checkpoints(run_dir, last=1)  # mtcli average --last 1 said only "found 0: none"
     save_checkpoint(run_dir / "checkpoints" / "checkpoint_5.pt", toy_state(5, vocab=_vocab(run_dir)))
     with pytest.raises(CheckpointError, match="checkpoint not found") as exc:
         load_for_inference(run_dir, checkpoint="last")

@@ -37,6 +37,7 @@ from mtcli.rundir import (
     VOCAB_NAME,
     checkpoint_dir,
     names,
+    no_checkpoint_yet,
     select_checkpoints,
 )
 from mtcli.runlock import RunLock
@@ -126,19 +127,9 @@ def resolve_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:
                               f"{'it' if inside == path else inside}: {names(sorted(inside.glob('*.pt')))})")
     if not path.is_file():
         found = sorted(directory.glob("*.pt"))
-        hint = "" if found else _no_checkpoint_yet(run_dir)
+        hint = "" if found else no_checkpoint_yet(run_dir)
         raise CheckpointError(f"{path}: checkpoint not found (checkpoints in {run_dir}: {names(found)}){hint}")
     return path
-
-
-def _no_checkpoint_yet(run_dir: Path) -> str:
-    """What to say of a run without a checkpoint: it is still training (who holds its lock), or
-    it has not been trained."""
-    training = RunLock(run_dir).holder()
-    if training:
-        return (f"; it is still training ({training}): its first checkpoint comes at the first validation, "
-                "train.valid_every steps in")
-    return "; train it first (mtcli train CONFIG)"
 
 
 def run_tokenizer(run_dir: Path) -> Tokenizer | VocabTokenizer:
