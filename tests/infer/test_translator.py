@@ -3,6 +3,7 @@ with scores, teacher-forced scoring, and clear errors for wrong arguments."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -329,9 +330,21 @@ def test_a_checkpoint_replaced_while_it_is_converted_is_not_mixed_up(
     monkeypatch.undo()
     best.write_bytes(original)
     assert Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2").translate(LINES) == want
-    monkeypatch.setattr(export, "load_for_inference", lambda *a, **k: loaded_then_replaced(*a, **k))
+    flips = [other.read_bytes(), original] * 2
+
+    def replaced_at_every_load(*args, **kwargs):  # a best saved again at every load: the export gives up
+        bundle = real(*args, **kwargs)
+        best.write_bytes(flips.pop(0))
+        return bundle
+
+    monkeypatch.setattr(export, "load_for_inference", replaced_at_every_load)
     with pytest.raises(CheckpointError, match="checkpoint_best.pt: replaced while it was being read"):
         export.export_model(run, tmp_path / "out")
+    best.write_bytes(original)
+    monkeypatch.setattr(export, "load_for_inference", lambda *a, **k: loaded_then_replaced(*a, **k))
+    export.export_model(run, tmp_path / "out")  # replaced once: loaded again, and named as loaded
+    record = json.loads((tmp_path / "out" / "mtcli_export.json").read_text(encoding="utf-8"))
+    assert record["checkpoint_sha256"] == hashlib.sha256(best.read_bytes()).hexdigest()
 
 
 @pytest.fixture(scope="module")
