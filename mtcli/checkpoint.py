@@ -33,6 +33,7 @@ State layout (written by the trainer)::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import os
@@ -46,26 +47,27 @@ from mtcli.config import ModelConfig
 from mtcli.errors import CheckpointError, one_line
 from mtcli.fileio import atomic_link, atomic_write
 
-if TYPE_CHECKING:
-    import torch
 # torch is imported where a checkpoint is written or read: the modules that only name a run's
 # files (mtcli.rundir, and through it mtcli prepare) start without its two seconds of imports
+if TYPE_CHECKING:
+    import torch
 
 FORMAT = 1
 MAGIC = b"MTCLI-CHECKPOINT"
 _HEADER_RE = re.compile(rb"^MTCLI-CHECKPOINT (\d+) sha256=([0-9a-f]{64}) size=(\d+)$")
 _MAX_HEADER = 256
 
-# Types torch.load(weights_only=True) rebuilds (and torch's tensors, sizes, dtypes and devices);
-# save_checkpoint refuses anything else.
-_PLAIN_SCALARS = (str, bytes, int, float, bool, complex, type(None))
+@functools.cache
+def _plain_types() -> tuple[type, ...]:
+    """Types torch.load(weights_only=True) rebuilds; save_checkpoint refuses anything else."""
+    import torch
+
+    return (str, bytes, int, float, bool, complex, type(None), torch.Tensor, torch.Size, torch.dtype, torch.device)
 
 
 def _check_plain(obj: Any, where: str) -> None:
     """Raise :class:`CheckpointError` if ``obj`` holds a type weights-only loading refuses."""
-    import torch
-
-    if isinstance(obj, torch.Tensor | torch.Size | torch.dtype | torch.device) or isinstance(obj, _PLAIN_SCALARS):
+    if isinstance(obj, _plain_types()):
         return
     if isinstance(obj, dict):
         for key, value in obj.items():
