@@ -334,6 +334,9 @@ def merge_seed_results(paths: list[Path], row_key: str, table_name: str) -> dict
             raise ConfigError(f"{file}: not a results file ({exc})") from None
         except KeyError:
             raise ConfigError(f"{file}: no {row_key!r} row") from None
+        if not row.get("seeds") and "seed" not in row:
+            raise ConfigError(f"{file}: its {row_key!r} row names no seed (a table from an older mtcli): "
+                              "train that seed again with --results DIR, and merge DIR")
         for seed, seed_row in (row.get("seeds") or {str(row["seed"]): row}).items():
             if int(seed) in rows:
                 raise ConfigError(f"{file}: seed {seed} of {row_key!r} is in two of the merged files")

@@ -119,11 +119,13 @@ def seeds_of_data(seeds: dict[str, dict[str, Any]], data: str | None) -> dict[st
 
 def check_one_recipe(seeds: dict[Any, dict[str, Any]], what: str) -> None:
     """Refuse seed rows (seed -> row) of different recipes (:func:`recipe_fingerprint`) or data
-    (:func:`data_fingerprint`), naming each seed's; a row from before either, which does not
-    say, is taken as it is."""
+    (:func:`data_fingerprint`), naming each seed's. Rows from before the recipe's fingerprint
+    merge only with each other (one that does not say cannot be checked against one that
+    does); a row from before the data's is taken as it is."""
     for key, words in (("recipe", "by different recipes"), ("data", "on different data")):
         said = {str(seed): row.get(key) for seed, row in seeds.items()}
-        if len({value for value in said.values() if value is not None}) > 1:
+        values = set(said.values())
+        if len(values - {None}) > 1 or (key == "recipe" and None in values and len(values) > 1):
             each = ", ".join(f"seed {seed}: {value or 'not said'}" for seed, value in sorted(said.items()))
             raise ConfigError(f"{what}: the seeds were trained {words} ({each}); merge the seeds of one")
 

@@ -135,8 +135,7 @@ def test_merged_seeds_of_another_recipe_leave_the_readme_table_alone(tmp_path: P
     shipped = json.loads((REPO / "results" / "multilingual.json").read_text(encoding="utf-8"))["seeds"]
     row = {**next(iter(shipped.values())), "recipe": trial}  # a seed's row as the table holds one
     (tmp_path / "trial").mkdir()
-    older = {key: value for key, value in row.items() if key != "recipe"}  # a row from before fingerprints
-    (tmp_path / "trial" / "multilingual.json").write_text(json.dumps({"seeds": {"1": row, "2": older}}))
+    (tmp_path / "trial" / "multilingual.json").write_text(json.dumps({"seeds": {"1": row, "2": row}}))
     (tmp_path / "README.md").write_text(f"intro\n{MARKS[0]}\n{MARKS[1]}\nend\n", encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     assert main(["--merge", "trial"]) == 0

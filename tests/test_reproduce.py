@@ -724,3 +724,24 @@ def test_an_option_whose_value_is_left_out_is_refused(option: str, capsys: pytes
     and a tuning run decoded test and wrote a table into ./--valid-only/."""
     assert main(["de_en", option, "--valid-only"]) == 2
     assert "--valid-only is an option, not a value" in capsys.readouterr().err
+
+
+def test_merge_refuses_a_row_without_a_seed_and_an_unchecked_recipe_beside_a_checked_one(tmp_path: Path) -> None:
+    """A row from before the seeds were recorded was a KeyError traceback; one from before the
+    recipe's fingerprint was averaged with rows of another recipe, unsaid."""
+    from mtcli.config import ConfigError
+    from mtcli.reproduce import merge_seed_results
+
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "multi30k.json").write_text(json.dumps({"de-en": dict(ROW)}), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"old/multi30k.json: its 'de-en' row names no seed \(a table from an older"):
+        merge_seed_results([tmp_path / "old"], "de-en", "multi30k")
+    for seed, fingerprint in ((1, None), (2, "b" * 16), (3, None)):
+        row = dict(ROW, seed=seed, train_steps=8000, average_last=2, length_penalty=1.0,
+                   decode="beam 5, length penalty 1, average of the last 2 checkpoints (both chosen on val)",
+                   **({"recipe": fingerprint} if fingerprint else {}))
+        write_results({"de-en": {**row, "seeds": {str(seed): row}}}, results_dir=tmp_path / str(seed),
+                      readme=None)
+    with pytest.raises(ConfigError, match=r"by different recipes \(seed 1: not said, seed 2: b{16}\)"):
+        merge_seed_results([tmp_path / "1", tmp_path / "2"], "de-en", "multi30k")
+    assert sorted(merge_seed_results([tmp_path / "1", tmp_path / "3"], "de-en", "multi30k")["seeds"]) == ["1", "3"]
