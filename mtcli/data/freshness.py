@@ -18,7 +18,7 @@ from mtcli.config import Config, DataConfig
 from mtcli.data.cache import CacheLock, PreparedCorpus
 from mtcli.data.corpora import plan_corpora
 from mtcli.data.download import CORPORA, located
-from mtcli.data.prepare import KEY_EXCLUDES, SPM_TRAINING_KEYS, given_spm_model
+from mtcli.data.prepare import KEY_EXCLUDES, SPM_TRAINING_KEYS, given_spm_model, word_ids_stale
 from mtcli.data.sources import looks_like_path
 from mtcli.errors import DataError
 from mtcli.fileio import FileHasher, live_builders, sha256_file
@@ -53,6 +53,9 @@ def open_prepared(config: Config, check_inputs: bool = True) -> PreparedCorpus:
     if (corpus.src_lang, corpus.tgt_lang) != (data.src_lang, data.tgt_lang):
         raise DataError(f"{path}: prepared for {corpus.src_lang}->{corpus.tgt_lang}, config says "
                         f"{data.src_lang}->{data.tgt_lang}")
+    if word_ids_stale(corpus):
+        raise DataError(f"{path} was made by an older mtcli, which encoded a word model's sentences a word at a "
+                        f"time (other ids than translate gives); run `{config.prepare_command()}`")
     changed = changed_data_settings(corpus.manifest.get("data_config") or {}, data)
     changed += changed_corpora(corpus.corpora, data) + changed_tokenizer(corpus.manifest.get("spm") or {}, data)
     if check_inputs and (files := changed_inputs(data, corpus.manifest.get("inputs") or {},

@@ -226,6 +226,19 @@ def _previous_manifest(out: Path) -> dict[str, Any]:
     return manifest if isinstance(manifest, dict) else {}
 
 
+#: What a word model's cache records (``word_model_ids``): its ids are those of whole sentences,
+#: as ``translate`` encodes them. An older mtcli encoded such sentences a word at a time.
+WORD_MODEL_IDS = "sentences"
+
+
+def word_ids_stale(corpus: PreparedCorpus) -> bool:
+    """Whether ``corpus`` is a word model's cache from before :data:`WORD_MODEL_IDS`: its ids
+    are not the ones ``translate`` gives (two ``<unk>`` where a sentence encodes to one)."""
+    model = corpus.spm_path
+    return (corpus.manifest.get("word_model_ids") != WORD_MODEL_IDS and len(tokenizer_files(model)) == 1
+            and is_word_model(model))
+
+
 def _current_cache(out: Path, key: str) -> PreparedCorpus | None:
     """The existing cache if it is complete, verified, and built from ``key``; else None."""
     if not (out / "manifest.json").is_file():
@@ -235,8 +248,13 @@ def _current_cache(out: Path, key: str) -> PreparedCorpus | None:
     except DataError as exc:
         get_logger().warning("existing cache is unusable (%s); rebuilding", exc)
         return None
+    if word_ids_stale(corpus):
+        get_logger().info("%s was made by an older mtcli, which encoded a word model's sentences a word at a "
+                          "time; rebuilding", out)
+        return None
     if corpus.manifest.get("build_key") != key:
-        get_logger().info("inputs or data config changed since %s was built; rebuilding", out)
+        get_logger().info("inputs or data settings changed since %s was built, or the versions of mtcli's cache "
+                          "or of sentencepiece did; rebuilding", out)
         return None
     return corpus
 
@@ -486,6 +504,8 @@ def _build(data: DataConfig, out: Path, plan: Plan, given: Path | None, inputs: 
         if plan.several:
             manifest.update(_corpora_records(plan, counts, tokenizer))
         manifest["input_files"], manifest["config_file"] = inputs.records, config_file
+        if len(tokenizer_files(model_path)) == 1 and is_word_model(model_path):
+            manifest["word_model_ids"] = WORD_MODEL_IDS
         write_manifest(tmp, manifest)
         PreparedCorpus.open(tmp, verify=False)
         if lock.fd is None:  # there was none: one another prepare put there since is replaced only

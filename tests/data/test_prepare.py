@@ -338,6 +338,33 @@ def test_a_word_models_cache_names_its_whole_sentence_ids_in_its_key(
     assert keyed == [True, True, False]
 
 
+def test_a_word_models_cache_from_before_whole_sentence_ids_is_refused_by_train_and_made_again(
+        tmp_path: Path, toy_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Such a cache (its manifest without ``word_model_ids``) was trained on without a word: its
+    ids are not those translate gives. A cache made since, whose key is current, is made again
+    too, rather than refused by train and called up to date by prepare."""
+    from mtcli.errors import DataError
+
+    cfg = write_config(tmp_path, toy_dir, vocab_size=40)
+    words = load_config(cfg, ["data.spm_model_type=word", f"data.prepared_dir={tmp_path / 'words'}"])
+    prep.prepare(words)
+    manifest_path = tmp_path / "words" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    assert manifest.pop("word_model_ids") == "sentences"
+    manifest_path.write_text(json.dumps(manifest), encoding="utf-8")
+    with pytest.raises(DataError, match=r"words was made by an older mtcli, which encoded a word model's sentences "
+                                        r"a word at a time \(other ids than translate gives\); run `mtcli prepare "):
+        open_prepared(words)
+    caplog.set_level("INFO", logger="mtcli")
+    assert not prep.prepare(words).skipped
+    assert "an older mtcli, which encoded a word model's sentences a word at a time; rebuilding" in caplog.text
+    open_prepared(words).lock.release()
+    pieces = load_config(cfg, [f"data.prepared_dir={tmp_path / 'pieces'}"])
+    prep.prepare(pieces)
+    assert "word_model_ids" not in PreparedCorpus.open(tmp_path / "pieces").manifest
+    open_prepared(pieces).lock.release()
+
+
 def test_a_length_rule_that_drops_much_of_a_corpus_is_warned_of(tmp_path: Path) -> None:
     train = [(f"ein hund {w}", f"a dog {w}") for w in "abcdefghijklmnopqrst"]
     train += [(f"eins {w}", f"one two three four five six seven {w}") for w in "abcdefghij"]
