@@ -303,6 +303,21 @@ def _model_proto(path: Path) -> Any:
     return proto
 
 
+#: What a SentencePiece model records of how it was trained, not of the ids it gives: the input
+#: files and the threads (mtcli's number of them changed once).
+TRAINING_ONLY = ("input", "input_format", "model_prefix", "num_threads")
+
+
+def same_model(a: Path, b: Path) -> bool:
+    """Whether two SentencePiece model files give the same pieces and ids: the same model but
+    for :data:`TRAINING_ONLY` (a cache prepared again by another mtcli)."""
+    protos = [_model_proto(a), _model_proto(b)]
+    for proto in protos:
+        for field in TRAINING_ONLY:
+            proto.trainer_spec.ClearField(field)
+    return protos[0].SerializeToString(deterministic=True) == protos[1].SerializeToString(deterministic=True)
+
+
 def is_word_model(path: Path) -> bool:
     """Whether the SentencePiece model at ``path`` is a word model (``model_type: word``)."""
     trainer = _model_proto(path).trainer_spec

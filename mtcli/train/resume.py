@@ -21,13 +21,15 @@ import torch
 from mtcli.checkpoint import load_checkpoint
 from mtcli.config import SECTIONS
 from mtcli.data.packing import rows_per_batch
+from mtcli.data.tokenizer import same_model
 from mtcli.errors import CheckpointError
-from mtcli.fileio import atomic_link, live_writer
+from mtcli.fileio import atomic_link, live_writer, sha256_file
 from mtcli.logs import get_logger
 from mtcli.rundir import (
     BEST_NAME,
     CONFIG_NAME,
     LAST_NAME,
+    SPM_NAME,
     TEXT_DIR,
     checkpoint_dir,
     step_checkpoints,
@@ -283,6 +285,20 @@ def _item_changes(dotted: str, old: Any, new: Any) -> str:
     found += [f"{dotted}[{i}]: added {item!r}" for i, item in enumerate(new[len(old):], len(old))]
     found += [f"{dotted}[{i}]: removed {item!r}" for i, item in enumerate(old[len(new):], len(new))]
     return "; ".join(found)
+
+
+def kept_model_sha256(run_dir: Path, saved: str | None, cache_model: Path) -> str | None:
+    """The sha256 a resumed run keeps for its SentencePiece model: ``saved`` (its checkpoints')
+    when the cache's model ``cache_model`` is other bytes of the same model (prepared again by
+    another mtcli) and the run's own copy is the file its checkpoints name; else None."""
+    own = run_dir / SPM_NAME
+    if saved is None or not own.is_file() or not cache_model.is_file() or cache_model.name != SPM_NAME:
+        return None
+    if sha256_file(own) != saved or not same_model(own, cache_model):
+        return None
+    get_logger().info("%s: the cache's SentencePiece model is the run's (other bytes, the same pieces and ids): "
+                      "the run keeps its own copy", cache_model)
+    return saved
 
 
 def check_resume_data(saved: dict[str, str], now: dict[str, str], where: str, cache: Path) -> None:

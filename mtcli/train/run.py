@@ -38,7 +38,7 @@ from mtcli.device import (
     resolve_device,
 )
 from mtcli.errors import DeviceMemoryError, TrainingInterrupted, one_line
-from mtcli.fileio import atomic_copy, atomic_write, check_directory
+from mtcli.fileio import atomic_copy, atomic_write, check_directory, sha256_file
 from mtcli.logs import (
     add_file_log,
     failures_appended,
@@ -47,7 +47,7 @@ from mtcli.logs import (
     remove_log_handler,
 )
 from mtcli.plots import write_learning_curves
-from mtcli.rundir import CONFIG_NAME, MANIFEST_NAME, TEXT_DIR, checkpoint_dir, names
+from mtcli.rundir import CONFIG_NAME, MANIFEST_NAME, SPM_NAME, TEXT_DIR, checkpoint_dir, names
 from mtcli.runlock import RunLock
 from mtcli.train.distributed import (
     DistInfo,
@@ -137,15 +137,18 @@ def check_run_directory(run_dir: Path) -> None:
                               f"{LOG_NAME}); give train.run_dir a new or empty directory", str(run_dir))
 
 
-def setup_run_dir(config: Config, corpus: PreparedCorpus, run_dir: Path) -> None:
-    """Write config.yaml, spm.model, manifest.json and text/<split>.<lang> (the self-contained run)."""
+def setup_run_dir(config: Config, corpus: PreparedCorpus, run_dir: Path, spm_sha256: str) -> None:
+    """Write config.yaml, spm.model, manifest.json and text/<split>.<lang> (the self-contained run).
+    The run keeps its own spm.model when its checkpoints name another file of the same model
+    (``spm_sha256``: :func:`~mtcli.train.resume.kept_model_sha256`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint_dir(run_dir).mkdir(exist_ok=True)
     # the run's own config.yaml names no run directory: it trains the run it lies in, moved or copied
     save_config(dataclasses.replace(config, train=dataclasses.replace(config.train, run_dir=None)),
                 run_dir / CONFIG_NAME)
     for file in tokenizer_files(corpus.spm_path):  # spm.model; or vocab.json, source.spm, target.spm
-        atomic_copy(file, run_dir / file.name)
+        if file.name != SPM_NAME or sha256_file(file) == spm_sha256:  # else the run's own: the same model
+            atomic_copy(file, run_dir / file.name)
     atomic_copy(corpus.directory / MANIFEST_NAME, run_dir / MANIFEST_NAME)
     splits = [config.data.valid_split, *config.data.test_splits]
     for name in (name for split in dict.fromkeys(splits) for name in corpus.eval_copies(split)):
@@ -423,7 +426,7 @@ def train(config: Config) -> TrainSummary:
             log.info("starting from the weights of %s: %s (train.init_from)", parent.source,
                      names(parent.checkpoints))
         if info.is_main:
-            setup_run_dir(config, corpus, run_dir)
+            setup_run_dir(config, corpus, run_dir, trainer.spm_sha256)
             if parent is not None:
                 with atomic_write(run_dir / PARENT_NAME) as handle:
                     handle.write(json.dumps(parent.record(), indent=2) + "\n")

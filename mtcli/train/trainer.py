@@ -76,7 +76,13 @@ from mtcli.train.distributed import DistInfo, all_sum, all_sum_queued, broadcast
 from mtcli.train.feed import BatchFeed
 from mtcli.train.loss import LabelSmoothedLoss
 from mtcli.train.rdrop import RDropLoss
-from mtcli.train.resume import INEXACT, check_resume_data, hardware, resume_changes
+from mtcli.train.resume import (
+    INEXACT,
+    check_resume_data,
+    hardware,
+    kept_model_sha256,
+    resume_changes,
+)
 from mtcli.train.rng import seed_everything, set_rng_state
 from mtcli.train.scalars import Scalars
 from mtcli.train.schedule import build_optimizer, build_schedule, cooldown_scale, restore_adam
@@ -182,6 +188,8 @@ class Trainer:
             # a resume that is no longer exact is warned of: the run will not match an unbroken one
             (self.log.warning if INEXACT in change else self.log.info)("config change on resume: %s", change)
         vocab = state.get("vocab") or {}
+        if vocab.get("spm_sha256") not in (None, self.spm_sha256):
+            self.spm_sha256 = kept_model_sha256(self.run_dir, vocab["spm_sha256"], self.corpus.spm_path) or self.spm_sha256
         if vocab.get("spm_sha256") not in (None, self.spm_sha256) or \
                 int(vocab.get("size", self.corpus.vocab_size)) != self.corpus.vocab_size:
             raise CheckpointError(f"{path}: the checkpoint's SentencePiece model differs from {self.corpus.spm_path} "
