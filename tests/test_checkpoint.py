@@ -683,6 +683,19 @@ def test_a_key_the_checkpoint_predates_says_so_and_how_to_resume(toy_dict: dict)
     assert check_resume_config(saved, {**new, "data": {**new["data"], "spm_normalization": "nmt_nfkc"}}) == []
 
 
+def test_a_key_the_run_had_that_this_mtcli_no_longer_has_is_named_so(toy_dict: dict) -> None:
+    """Such a key read "train.bf16: True -> '<unset>'", as if the user had unset it."""
+    saved = copy.deepcopy(toy_dict)
+    saved["train"]["bf16"] = True
+    saved["model"]["gone"] = 1
+    with pytest.raises(CheckpointError, match=r"cannot resume: .*: model.gone: 1, a key this mtcli no longer has "
+                                              r"\(restore them"):
+        check_resume_config(saved, toy_dict)
+    del saved["model"]["gone"]
+    assert check_resume_config(saved, toy_dict) == [
+        "train.bf16: True, a key this mtcli no longer has (resume no longer exact)"]
+
+
 def test_a_changed_corpus_of_data_sources_is_named_alone(toy_dict: dict) -> None:
     """One corpus's weight changed: the refusal names it, not both lists whole (1,100 characters)."""
     sources = [{"source": "a", "weight": 1.0, "tag": None, "langs": ["en", "de"], "hub_config": None},

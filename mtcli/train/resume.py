@@ -242,6 +242,8 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
             older = key not in (saved.get(section) or {})  # a checkpoint of an mtcli without the key: its default
             text = _item_changes(dotted, old_value, new_value) or (
                 f"{dotted}: {old_value!r}{' (from before the key existed)' if older else ''} -> {new_value!r}")
+            if key not in new_body and section in SECTIONS:  # a key of the mtcli that trained it
+                text = f"{dotted}: {old_value!r}, a key this mtcli no longer has"
             kind = _classify(dotted, rebatchable, hardware_kept)
             if dotted == "train.max_steps" and (new.get("train") or {}).get("cooldown_steps", 0) > 0:
                 kind = "inexact"  # the cooldown's start moves with it: the learning rate changes
