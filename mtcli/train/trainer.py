@@ -199,7 +199,9 @@ class Trainer:
             self.model.load_state_dict(state["model"])
             restore_adam(self.optimizer, state["optimizer"])
         except (KeyError, RuntimeError, ValueError) as exc:
-            raise CheckpointError(f"{path}: cannot restore model/optimizer ({one_line(exc)})") from None
+            raise CheckpointError(f"{path}: cannot restore model/optimizer ({one_line(exc)}): it was trained with other "
+                                  "settings, or by another mtcli; a new run directory can start from its weights "
+                                  f"(--init-from {self.run_dir})") from None
         self.schedule.load_state_dict(state["scheduler"])
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])

@@ -270,6 +270,25 @@ def test_a_cache_model_of_other_bytes_but_the_same_pieces_resumes_and_the_run_ke
         train(make_config(prepared, run, "train.max_steps=6", "train.valid_every=2"))
 
 
+def test_an_optimizer_state_of_other_groups_is_refused_with_a_way_on(prepared: Path, tmp_path: Path) -> None:
+    """A run of an older mtcli (``train.decay_norms_and_biases: false``, one group of Adam's) gave
+    "cannot restore model/optimizer (loaded state dict has a different number of parameter
+    groups)", neither the cause nor what to do."""
+    from mtcli.checkpoint import save_checkpoint
+
+    run = tmp_path / "run"
+    train(make_config(prepared, run, "train.max_steps=2", "train.valid_every=2"))
+    last = run / "checkpoints" / "checkpoint_last.pt"
+    state = load_checkpoint(last)
+    *kept, group = state["optimizer"]["param_groups"]  # its last group split in two
+    state["optimizer"]["param_groups"] = [*kept, {**group, "params": group["params"][:1]},
+                                          {**group, "params": group["params"][1:]}]
+    save_checkpoint(last, state)
+    with pytest.raises(CheckpointError, match=r"cannot restore model/optimizer \(.*\): it was trained with other "
+                                              rf"settings, or by another mtcli; .* \(--init-from {re.escape(str(run))}\)"):
+        train(make_config(prepared, run, "train.max_steps=4", "train.valid_every=2"))
+
+
 def test_resume_refuses_other_training_or_validation_pairs(prepared: Path, tmp_path: Path) -> None:
     """The cache prepared again from other data with the same SentencePiece model: the saved
     position would index other pairs (the rest of an epoch silently skipped), and the best
