@@ -1,8 +1,8 @@
 """Atomic file writes and small file helpers shared by every step.
 
 Every artifact mtcli writes (caches, checkpoints, reports, hypotheses) goes through
-:func:`atomic_write` or :func:`atomic_dir` (:func:`atomic_link` gives a finished file a second
-name): the data is written to a temporary name in the same directory, flushed to disk, then
+:func:`atomic_write` or :func:`mtcli.builddir.atomic_dir` (:func:`atomic_link` gives a finished
+file a second name): the data is written to a temporary name in the same directory, flushed to disk, then
 renamed over the target. A crash or a full disk leaves either the old file or the new one,
 never a half-written file.
 """
@@ -13,7 +13,6 @@ import contextlib
 import errno
 import glob
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -21,7 +20,7 @@ import stat
 import tempfile
 import time
 import uuid
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
@@ -216,7 +215,7 @@ def _writer_pid(temporary: str, name: str = ".+") -> int | None:
     return int(found[1]) if found else None
 
 
-def _another_alive(pid: int | None) -> bool:
+def another_alive(pid: int | None) -> bool:
     """Whether ``pid`` is a live process other than this one (this process's own pid in a name
     is a killed one's, reused, as a restarted container's pid 1 is)."""
     return pid is not None and pid != os.getpid() and pid_alive(pid)
@@ -225,7 +224,7 @@ def _another_alive(pid: int | None) -> bool:
 def live_writer(temporary: str) -> bool:
     """Whether the temporary file ``temporary`` is one another process still alive here is
     writing (False for a name without a pid)."""
-    return _another_alive(_writer_pid(temporary))
+    return another_alive(_writer_pid(temporary))
 
 
 def _remove_dead_writes(path: Path) -> None:
@@ -318,168 +317,6 @@ def _zombie(pid: int) -> bool:
         return stat[stat.rfind(")") + 1:].split()[:1] == ["Z"] and len(os.listdir(f"/proc/{pid}/task")) <= 1
     except OSError:
         return False
-
-
-#: Inside a directory :func:`atomic_dir` is building: the builder's pid, so that a later build
-#: removes what a killed one left (``.NAME.*.tmp``), and only that; ``PID complete`` once the
-#: build is whole, so that one killed while it swapped it in is put in place (:func:`restore_swap`).
-BUILDER_NAME = ".mtcli-builder.pid"
-COMPLETE = "complete"
-
-
-def _builds(path: Path) -> Iterator[tuple[Path, int]]:
-    """The directories builds of ``path`` keep beside it, with their builder's pid: ``.NAME.*.tmp``
-    (the pid in it, kept until after its swap) and ``.NAME.old-PID``."""
-    for entry in path.parent.glob(f".{path.name}.*"):
-        if not entry.is_dir():
-            continue
-        try:
-            if entry.name.endswith(".tmp"):
-                yield entry, int((entry / BUILDER_NAME).read_text().split()[0])
-            elif ".old-" in entry.name:
-                yield entry, int(entry.name.rsplit("-", 1)[1])
-        except (OSError, ValueError):
-            continue  # not one of ours, or still starting: left alone
-
-
-def remove_stale_builds(path: Path) -> None:
-    """Delete what killed builds of ``path`` left beside it: the directories of
-    :func:`_builds` whose process is gone."""
-    for entry, pid in _builds(path):
-        if not pid_alive(pid):
-            shutil.rmtree(entry, ignore_errors=True)
-
-
-def restore_swap(path: Path) -> bool:
-    """Put in place the whole build of ``path`` that a process killed between the two renames of
-    its swap left beside it (``path`` then missing: the old one moved aside, the new one not yet
-    in); whether it did. Until then readers find no ``path``."""
-    if path.exists():
-        return False
-    for entry, pid in _builds(path):
-        try:
-            whole = (entry / BUILDER_NAME).read_text().split()[1:] == [COMPLETE]
-        except OSError:
-            continue
-        if whole and entry.name.endswith(".tmp") and not _another_alive(pid):
-            try:
-                os.replace(entry, path)
-            except OSError:  # another process restored or built it meanwhile
-                return path.exists()
-            with contextlib.suppress(OSError):
-                (path / BUILDER_NAME).unlink()
-            fsync_dir(path.parent)
-            remove_stale_builds(path)  # the old one it had moved aside
-            return True
-    return False
-
-
-def live_builders(path: Path) -> list[int]:
-    """The pids of other processes building ``path`` now (:func:`atomic_dir`)."""
-    return [pid for entry, pid in _builds(path) if entry.name.endswith(".tmp") and _another_alive(pid)]
-
-
-#: What :func:`atomic_dir` leaves in each directory it builds: its mark and its entries, so that
-#: it replaces only a directory holding nothing else (a run holds a copy of its cache's manifest).
-CONTENTS_NAME = ".mtcli-contents.json"
-
-
-def check_replaceable(path: Path, mark: str | None, derived: Collection[str] = ()) -> None:
-    """Raise unless :func:`atomic_dir` may replace ``path`` (see there; a file is never swapped
-    out for a directory): a command calls it before its work, so a wrong output is refused at
-    once, not after the work. ``derived``: entries a later command makes from what was written
-    (a conversion cache), replaced with it."""
-    check_directory(path)
-    if mark is None or not path.is_dir() or not any(path.iterdir()):
-        return
-    if not (path / mark).exists():
-        raise FileExistsError(errno.EEXIST, f"a directory of other files (it has no {mark}); give a new or "
-                              "empty directory, mtcli replaces only what it wrote there", str(path))
-    foreign = [name for name in _foreign_entries(path, mark) if name not in derived]
-    if foreign:
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise FileExistsError(errno.EEXIST, f"holds files besides those mtcli wrote there ({shown}); give a new or "
-                              "empty directory, or move them away: mtcli replaces only what it wrote there", str(path))
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def _foreign_entries(path: Path, mark: str) -> list[str]:
-    """The entries of ``path`` (which holds ``mark``) that :func:`atomic_dir` did not write: by
-    its contents record; for a directory of an older mtcli, by what its mark says (a cache's
-    manifest lists its files; an export's record names its run, an import's its model)."""
-    names = {entry.name for entry in path.iterdir()} - {BUILDER_NAME}  # a build killed right after its swap
-    contents = _read_json(path / CONTENTS_NAME)
-    if isinstance(contents, dict) and contents.get("mark") == mark and isinstance(contents.get("entries"), list):
-        return sorted(names - set(map(str, contents["entries"])) - {CONTENTS_NAME})
-    record = _read_json(path / mark)
-    if not isinstance(record, dict):
-        return sorted(names - {mark})
-    files = record.get("files")
-    if isinstance(files, dict) and all(isinstance(k, str) and (path / k).is_file() for k in files):
-        return sorted(names - set(files) - {mark})
-    if {"run_dir", "checkpoint"} <= record.keys() or "max_logit_difference" in record:  # an export's, an import's
-        return sorted(names & {"train.log", "eval", "tensorboard"})  # what training or scoring there added
-    return sorted(names - {mark})
-
-
-@contextlib.contextmanager
-def atomic_dir(path: str | Path, *, mark: str | None, derived: Collection[str] = ()) -> Iterator[Path]:
-    """Build a directory under a temporary name; on success swap it in for ``path``.
-
-    The previous ``path`` (if any) is removed only after the new one is complete. ``mark`` names
-    a file every directory of this kind holds (``manifest.json`` of a cache): a directory that is
-    not empty and lacks it, or holds anything the build did not write (:data:`CONTENTS_NAME`
-    records what it wrote), is not one mtcli wrote, so it is never replaced, and
-    :class:`FileExistsError` is raised before anything is built (``mark=None``: the caller has
-    checked, as ``--force`` does). ``derived``: see :func:`check_replaceable`. A file at ``path``
-    raises :class:`NotADirectoryError`.
-    """
-    path = Path(path)
-    check_replaceable(path, mark, derived)
-    make_parent(path)
-    remove_stale_builds(path)
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    except OSError as exc:  # a read-only directory: named as the output, not the hidden build
-        raise type(exc)(exc.errno, exc.strerror, str(path)) from None
-    old = None
-    try:
-        os.chmod(tmp, default_dir_mode())
-        (tmp / BUILDER_NAME).write_text(str(os.getpid()))
-        yield tmp
-        if mark is not None:
-            entries = sorted(entry.name for entry in tmp.iterdir() if entry.name != BUILDER_NAME)
-            (tmp / CONTENTS_NAME).write_text(json.dumps({"mark": mark, "entries": entries}) + "\n", encoding="utf-8")
-        fsync_dir(tmp)
-        (tmp / BUILDER_NAME).write_text(f"{os.getpid()} {COMPLETE}")  # whole: restore_swap may put it in
-        if path.exists():
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
-            os.replace(path, old)
-        os.replace(tmp, path)
-        with contextlib.suppress(OSError):  # until here a killed build's directory is known for one
-            (path / BUILDER_NAME).unlink()
-        fsync_dir(path.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raced = old is not None and old.exists() and path.exists()  # another build's, put in between the renames
-        if raced:
-            shutil.rmtree(old, ignore_errors=True)
-        elif old is not None and old.exists():  # the previous one, back in place
-            with contextlib.suppress(OSError):
-                os.replace(old, path)
-        if isinstance(exc, OSError) and exc.errno is not None and str(exc.filename or tmp).startswith(str(tmp)):
-            kept = ("another process put its own there meanwhile" if raced else
-                    "the previous one is unchanged" if path.exists() else "nothing was written")
-            raise type(exc)(exc.errno, f"{exc.strerror or exc}; {kept}", str(path)) from exc  # not the hidden build
-        raise
 
 
 def atomic_link(source: str | Path, path: str | Path) -> None:

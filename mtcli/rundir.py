@@ -44,7 +44,7 @@ LAST_NAME = "checkpoint_last.pt"
 BEST_NAME = "checkpoint_best.pt"
 INDEX_NAME = "index.json"
 #: The record every export directory holds (source checkpoint, shape): an output directory that
-#: has it is one mtcli wrote, which a new export may replace (:func:`mtcli.fileio.atomic_dir`).
+#: has it is one mtcli wrote, which a new export may replace (:func:`mtcli.builddir.atomic_dir`).
 EXPORT_RECORD = "mtcli_export.json"
 _STEP_RE = re.compile(r"^checkpoint_(\d+)\.pt$")
 

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from mtcli import fileio
+from mtcli import builddir, fileio
+from mtcli.builddir import CONTENTS_NAME, atomic_dir
 from mtcli.fileio import (
-    CONTENTS_NAME,
     DEAD_WRITE_S,
     FileHasher,
-    atomic_dir,
     atomic_write,
     check_directory,
     default_file_mode,
@@ -273,7 +272,7 @@ def test_a_build_removes_what_a_killed_one_left(tmp_path: Path) -> None:
     for name, pid in ((".out.k1.tmp", gone.pid), (".out.k2.tmp", os.getpid()), (f".out.old-{gone.pid}", None)):
         (tmp_path / name).mkdir()
         if pid is not None:
-            (tmp_path / name / fileio.BUILDER_NAME).write_text(str(pid))
+            (tmp_path / name / builddir.BUILDER_NAME).write_text(str(pid))
     (tmp_path / ".out.mine.tmp").mkdir()  # no builder's pid: not one of ours
     with atomic_dir(tmp_path / "out", mark="mtcli_export.json") as tmp:
         (tmp / "mtcli_export.json").write_text("{}")
@@ -389,7 +388,7 @@ def test_a_build_killed_inside_its_swap_leaves_no_finished_directory_for_good(tm
         CONTENTS_NAME, "mtcli_export.json"]  # the builder file: gone after the swap, not listed
     killed = tmp_path / ".out.k1.tmp"  # what the kill left: the build, its builder file still in it
     killed.mkdir()
-    (killed / fileio.BUILDER_NAME).write_text(str(gone.pid))
+    (killed / builddir.BUILDER_NAME).write_text(str(gone.pid))
     (killed / "mtcli_export.json").write_text("{}")
     with atomic_dir(tmp_path / "out", mark="mtcli_export.json") as tmp:
         (tmp / "mtcli_export.json").write_text("{}")
@@ -417,14 +416,14 @@ def test_atomic_links_temporary_name_says_its_writer_is_alive(tmp_path: Path, mo
 _KILLED_IN_SWAP = """
 import os, sys
 from pathlib import Path
-from mtcli import fileio
+from mtcli import builddir, fileio
 real = os.replace
 def replace(src, dst):
     if str(src).endswith(".tmp"):  # the new build's move in: killed just before it
         os._exit(9)
     real(src, dst)
 fileio.os.replace = replace
-with fileio.atomic_dir(Path(sys.argv[1]), mark="mtcli_export.json") as tmp:
+with builddir.atomic_dir(Path(sys.argv[1]), mark="mtcli_export.json") as tmp:
     (tmp / "mtcli_export.json").write_text("new")
 """
 
@@ -438,11 +437,11 @@ def test_a_build_killed_between_its_renames_is_put_in_place(tmp_path: Path) -> N
         (tmp / "mtcli_export.json").write_text("old")
     killed = subprocess.run([sys.executable, "-c", _KILLED_IN_SWAP, str(out)], check=False)
     assert killed.returncode == 9 and not out.exists()
-    assert fileio.restore_swap(out)
+    assert builddir.restore_swap(out)
     assert (out / "mtcli_export.json").read_text() == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the old one moved aside: removed
-    assert fileio.BUILDER_NAME not in {p.name for p in out.iterdir()}
-    assert not fileio.restore_swap(out)
+    assert builddir.BUILDER_NAME not in {p.name for p in out.iterdir()}
+    assert not builddir.restore_swap(out)
 
 
 def test_a_copy_that_finds_no_room_names_the_output_not_its_source(tmp_path: Path,
@@ -452,7 +451,8 @@ def test_a_copy_that_finds_no_room_names_the_output_not_its_source(tmp_path: Pat
     import errno
     import shutil
 
-    from mtcli.fileio import atomic_dir, copy_file
+    from mtcli.builddir import atomic_dir
+    from mtcli.fileio import copy_file
 
     source = tmp_path / "run" / "spm.model"
     source.parent.mkdir()

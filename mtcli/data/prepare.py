@@ -6,7 +6,7 @@ Steps (each streamed, so memory stays flat in corpus size):
 2. hash the inputs; if ``data.prepared_path()`` already holds a verified cache built from the same
    inputs and data config, stop: re-running is a no-op (``force=True`` rebuilds);
 3. inside a temporary directory that is swapped in only when complete
-   (:func:`mtcli.fileio.atomic_dir`):
+   (:func:`mtcli.builddir.atomic_dir`):
 
    a. write ``<split>.<lang>.txt``: the validation and test splits verbatim (an empty line
       stays; an empty validation split stops here), then the training split cleaned by
@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import sentencepiece
 
+from mtcli.builddir import atomic_dir, restore_swap
 from mtcli.config import Config, DataConfig
 from mtcli.data.cache import (
     FORMAT_VERSION,
@@ -69,16 +70,7 @@ from mtcli.data.tokenizer import (
 from mtcli.data.vocabmap import VocabTokenizer, load_tokenizer, tokenizer_files
 from mtcli.data.workers import forked_pool, result_of
 from mtcli.errors import DataError
-from mtcli.fileio import (
-    NO_ROOM,
-    FileHasher,
-    atomic_dir,
-    check_directory,
-    copy_file,
-    file_stamp,
-    restore_swap,
-    sha256_file,
-)
+from mtcli.fileio import NO_ROOM, FileHasher, check_directory, copy_file, file_stamp, sha256_file
 from mtcli.languages import measured_in_characters
 from mtcli.logs import get_logger
 from mtcli.rundir import VOCAB_NAME

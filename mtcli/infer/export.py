@@ -38,10 +38,11 @@ from typing import Any
 
 import torch
 
+from mtcli.builddir import atomic_dir, check_replaceable
 from mtcli.checkpoint import sha256_of_loaded
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.errors import CheckpointError, ConfigError, MtcliError
-from mtcli.fileio import atomic_dir, check_replaceable, copy_file
+from mtcli.fileio import copy_file
 from mtcli.infer.loading import InferenceModel, load_for_inference, resolve_checkpoint
 from mtcli.logs import get_logger
 from mtcli.model import LAYER_NORM_EPS, Transformer

@@ -41,9 +41,10 @@ from typing import Any
 
 import torch
 
+from mtcli.builddir import atomic_dir, check_replaceable
 from mtcli.data.vocabmap import VocabTokenizer
 from mtcli.errors import ConfigError, MtcliError, one_line
-from mtcli.fileio import atomic_dir, check_replaceable, default_file_mode, sha256_file
+from mtcli.fileio import default_file_mode, sha256_file
 from mtcli.infer.export import EXPORT_RECORD
 from mtcli.infer.loading import load_for_inference
 from mtcli.model import Transformer

@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from mtcli.builddir import atomic_dir, check_replaceable
 from mtcli.checkpoint import save_checkpoint
 from mtcli.config import (
     Config,
@@ -56,7 +57,7 @@ from mtcli.config import (
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_PIECE, Tokenizer
 from mtcli.data.vocabmap import load_spm, read_vocab
 from mtcli.errors import ConfigError, DataError, MtcliError, one_line
-from mtcli.fileio import atomic_dir, check_replaceable, copy_file, sha256_file
+from mtcli.fileio import copy_file, sha256_file
 from mtcli.infer.export import CT2_DIR, EXPORT_RECORD
 from mtcli.infer.hf import (
     from_marian,

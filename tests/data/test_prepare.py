@@ -26,7 +26,7 @@ import mtcli.data.cleaning as cleaning_module
 import mtcli.data.corpora as corpora_module
 import mtcli.data.encoding as encoding_module
 import mtcli.data.prepare as prep
-from mtcli import fileio
+from mtcli import builddir, fileio
 from mtcli.cli import app
 from mtcli.config import load_config
 from mtcli.data.cache import PreparedCorpus
@@ -1224,12 +1224,12 @@ def test_train_while_the_first_prepare_builds_says_so(tmp_path: Path) -> None:
         open_prepared(config)
     building = path.parent / f".{path.name}.abc123.tmp"
     building.mkdir(parents=True)
-    (building / fileio.BUILDER_NAME).write_text(str(os.getpid()))  # this process's pid: a killed build's, reused
+    (building / builddir.BUILDER_NAME).write_text(str(os.getpid()))  # this process's pid: a killed build's, reused
     with pytest.raises(DataError, match="no prepared cache; run `mtcli prepare"):
         open_prepared(config)
     with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as prepare:  # a prepare under way
         try:
-            (building / fileio.BUILDER_NAME).write_text(str(prepare.pid))
+            (building / builddir.BUILDER_NAME).write_text(str(prepare.pid))
             with pytest.raises(DataError, match=rf"{path}: another process is preparing it now \(`mtcli prepare`, "
                                                 rf"pid {prepare.pid}\): train once it has finished"):
                 open_prepared(config)
@@ -1248,10 +1248,10 @@ def test_a_prepare_killed_between_the_renames_of_its_swap_is_put_in_place(tmp_pa
     gone.wait()  # the killed prepare's pid
     whole = path.parent / f".{path.name}.k1.tmp"
     shutil.copytree(path, whole)
-    (whole / fileio.BUILDER_NAME).write_text(f"{gone.pid} {fileio.COMPLETE}")
+    (whole / builddir.BUILDER_NAME).write_text(f"{gone.pid} {builddir.COMPLETE}")
     unfinished = path.parent / f".{path.name}.k2.tmp"  # a build killed earlier, half done: never put in
     unfinished.mkdir()
-    (unfinished / fileio.BUILDER_NAME).write_text(str(gone.pid))
+    (unfinished / builddir.BUILDER_NAME).write_text(str(gone.pid))
     path.rename(path.parent / f".{path.name}.old-{gone.pid}")
     with pytest.raises(DataError, match="no prepared cache"):
         open_prepared(config)
