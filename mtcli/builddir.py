@@ -32,6 +32,13 @@ BUILDER_NAME = ".mtcli-builder.pid"
 COMPLETE = "complete"
 
 
+def _place(path: str | Path) -> Path:
+    """Where a directory at ``path`` is built: the directory a symbolic link there points to
+    (on its disk, beside it; the link stays), else ``path``."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
 def _builds(path: Path) -> Iterator[tuple[Path, int]]:
     """The directories builds of ``path`` keep beside it, with their builder's pid: ``.NAME.*.tmp``
     (the pid in it, kept until after its swap) and ``.NAME.old-PID``."""
@@ -50,6 +57,7 @@ def _builds(path: Path) -> Iterator[tuple[Path, int]]:
 def remove_stale_builds(path: Path) -> None:
     """Delete what killed builds of ``path`` left beside it: the directories of
     :func:`_builds` whose process is gone."""
+    path = _place(path)
     for entry, pid in _builds(path):
         if not pid_alive(pid):
             shutil.rmtree(entry, ignore_errors=True)
@@ -59,6 +67,7 @@ def restore_swap(path: Path) -> bool:
     """Put in place the whole build of ``path`` that a process killed between the two renames of
     its swap left beside it (``path`` then missing: the old one moved aside, the new one not yet
     in); whether it did. Until then readers find no ``path``."""
+    path = _place(path)
     if path.exists():
         return False
     for entry, pid in _builds(path):
@@ -81,7 +90,7 @@ def restore_swap(path: Path) -> bool:
 
 def live_builders(path: Path) -> list[int]:
     """The pids of other processes building ``path`` now (:func:`atomic_dir`)."""
-    return [pid for entry, pid in _builds(path) if entry.name.endswith(".tmp") and another_alive(pid)]
+    return [pid for entry, pid in _builds(_place(path)) if entry.name.endswith(".tmp") and another_alive(pid)]
 
 
 #: What :func:`atomic_dir` leaves in each directory it builds: its mark and its entries, so that
@@ -94,7 +103,11 @@ def check_replaceable(path: Path, mark: str | None, derived: Collection[str] = (
     out for a directory): a command calls it before its work, so a wrong output is refused at
     once, not after the work. ``derived``: entries a later command makes from what was written
     (a conversion cache), replaced with it."""
+    path = _place(path)
     check_directory(path)
+    if os.path.ismount(path):
+        raise OSError(errno.EBUSY, "a mount point: mtcli builds this directory beside it and swaps it in whole, "
+                      "which cannot be done to a mount point; give a directory inside it", str(path))
     if mark is None or not path.is_dir() or not any(path.iterdir()):
         return
     if not (path / mark).exists():
@@ -143,16 +156,19 @@ def atomic_dir(path: str | Path, *, mark: str | None, derived: Collection[str] =
     records what it wrote), is not one mtcli wrote, so it is never replaced, and
     :class:`FileExistsError` is raised before anything is built (``mark=None``: the caller has
     checked, as ``--force`` does). ``derived``: see :func:`check_replaceable`. A file at ``path``
-    raises :class:`NotADirectoryError`.
+    raises :class:`NotADirectoryError`, a mount point (which cannot be renamed) an ``OSError``
+    before anything is built. A symbolic link at ``path`` stays: the directory it points to is
+    replaced, and built beside it, on its disk.
     """
-    path = Path(path)
+    path = _place(path)
     check_replaceable(path, mark, derived)
     make_parent(path)
     remove_stale_builds(path)
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     except OSError as exc:  # a read-only directory: named as the output, not the hidden build
-        raise type(exc)(exc.errno, exc.strerror, str(path)) from None
+        raise type(exc)(exc.errno, f"{exc.strerror} (it is built beside it, in {path.parent}, then swapped in)",
+                        str(path)) from None
     old = None
     try:
         os.chmod(tmp, default_dir_mode())

@@ -3,6 +3,7 @@ trusted only while a file is provably unchanged."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -229,6 +230,49 @@ def test_atomic_dir_never_replaces_what_mtcli_did_not_write(tmp_path: Path) -> N
     (empty / "notes.txt").write_text("mine")  # added since: the directory is no longer only mtcli's
     with pytest.raises(FileExistsError, match=r"holds files besides those mtcli wrote there \(notes.txt\)"), \
             atomic_dir(empty, mark="manifest.json"):
+        pytest.fail("the body must not run")
+
+
+def test_atomic_dir_through_a_symbolic_link_replaces_the_directory_it_points_to(tmp_path: Path) -> None:
+    """A cache or export reached through a link was built beside the link (on the link's disk,
+    perhaps a full one), the link renamed aside and never removed, and a plain directory left in
+    its place: the directory on the other disk was never updated again."""
+    real, link, dangling = tmp_path / "disk" / "cache", tmp_path / "cache", tmp_path / "new"
+    real.mkdir(parents=True)
+    link.symlink_to(real)
+    dangling.symlink_to(tmp_path / "disk" / "new")
+    for _ in range(2):  # into the empty directory, then over the build
+        with atomic_dir(link, mark="manifest.json") as tmp:
+            assert tmp.parent == real.parent
+            (tmp / "manifest.json").write_text("{}")
+    with atomic_dir(dangling, mark="manifest.json") as tmp:
+        (tmp / "manifest.json").write_text("{}")
+    assert link.is_symlink() and dangling.is_symlink() and (dangling / "manifest.json").is_file()
+    assert sorted(p.name for p in real.iterdir()) == [CONTENTS_NAME, "manifest.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "disk", "new"]
+    assert sorted(p.name for p in real.parent.iterdir()) == ["cache", "new"]
+
+
+def test_atomic_dir_refuses_a_mount_point_before_the_work_and_names_the_place_it_builds_in(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mount point cannot be renamed: prepare (or export) into one did all its work, then
+    failed with "Device or resource busy". A parent it cannot write in was named as the output."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    monkeypatch.setattr(builddir.os.path, "ismount", lambda path: Path(path) == volume)
+    with pytest.raises(OSError, match="a mount point: .* give a directory inside it: '.*volume'"), \
+            atomic_dir(volume, mark="manifest.json"):
+        pytest.fail("the body must not run")
+    with atomic_dir(volume / "cache", mark="manifest.json") as tmp:
+        (tmp / "manifest.json").write_text("{}")
+
+    def read_only(**kwargs: object) -> str:
+        raise PermissionError(errno.EACCES, "Permission denied", str(kwargs["dir"]))
+
+    monkeypatch.setattr(builddir.tempfile, "mkdtemp", read_only)
+    with pytest.raises(PermissionError, match=rf"Permission denied \(it is built beside it, in {volume}, then swapped "
+                                              r"in\): '.*volume/cache'"), \
+            atomic_dir(volume / "cache", mark="manifest.json"):
         pytest.fail("the body must not run")
 
 
