@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import functools
 import json
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -108,6 +110,9 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         except RuntimeError as exc:  # torch's allocation failures (a model too large to build)
             from mtcli.device import is_out_of_memory
 
+            loop = re.fullmatch(r"Symlink loop from '(.*)'", str(exc), re.S)  # Path.resolve() before Python 3.13
+            if loop is not None:
+                fail(f"{loop[1]}: {os.strerror(errno.ELOOP)}", 1)
             if not is_out_of_memory(exc):
                 raise
             fail(f"out of memory: {' '.join(str(exc).split())[:300]}", 1)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import mtcli_here
+from conftest import mtcli_here, mtcli_status
 
 from mtcli.config import DecodeConfig
 from mtcli.data.textio import count_lines, iter_binary_lines
@@ -635,3 +635,18 @@ def test_an_option_whose_value_is_another_option_is_a_usage_error(args: list[str
     the value (a checkpoint named --beam; an output file named --beam)."""
     done = mtcli_here(*args)
     assert done.returncode == 2 and b"is an option, not a value" in done.stderr, done.stderr
+
+
+def test_an_output_in_a_symbolic_link_loop_is_one_line(tiny_run_dir: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Python 3.11's Path.resolve() raises RuntimeError on a loop: translate -o and average -o
+    printed its traceback."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    src = tmp_path / "in.txt"
+    src.write_text("ein hund\n", encoding="utf-8")
+    for args in (["translate", str(tiny_run_dir), str(src), "-o", str(tmp_path / "a")],
+                 ["average", str(tiny_run_dir), "--last", "1", "-o", str(tmp_path / "a" / "avg.pt")]):
+        assert mtcli_status(*args) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"mtcli: error: {tmp_path}/") and err.endswith(": Too many levels of symbolic links\n"), err
