@@ -16,6 +16,7 @@ import errno
 import json
 import logging
 import signal
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,11 @@ def setup_run_dir(config: Config, corpus: PreparedCorpus, run_dir: Path, spm_sha
     (``spm_sha256``: :func:`~mtcli.train.resume.kept_model_sha256`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint_dir(run_dir).mkdir(exist_ok=True)
+    try:  # said now, not at the first checkpoint, a validation interval of training later
+        tempfile.TemporaryFile(dir=checkpoint_dir(run_dir)).close()
+    except OSError as exc:
+        raise OSError(exc.errno, f"{exc.strerror}: no checkpoint could be saved there",
+                      str(checkpoint_dir(run_dir))) from None
     # the run's own config.yaml names no run directory: it trains the run it lies in, moved or copied
     save_config(dataclasses.replace(config, train=dataclasses.replace(config.train, run_dir=None)),
                 run_dir / CONFIG_NAME)

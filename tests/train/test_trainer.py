@@ -289,6 +289,31 @@ def test_an_optimizer_state_of_other_groups_is_refused_with_a_way_on(prepared: P
         train(make_config(prepared, run, "train.max_steps=4", "train.valid_every=2"))
 
 
+def test_a_checkpoint_directory_that_cannot_be_written_is_said_before_training(
+        prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """checkpoints/ on a read-only disk (a link there) was found at the first checkpoint, a
+    whole validation interval of training later, and that training was lost."""
+    import errno
+    import tempfile
+
+    import mtcli.train.run as run_module
+
+    real = tempfile.TemporaryFile
+
+    def read_only(*args: object, dir: str | Path | None = None, **kwargs: object) -> object:  # noqa: A002
+        if dir is not None and Path(dir).name == "checkpoints":
+            raise OSError(errno.EROFS, "Read-only file system", str(dir))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(run_module.tempfile, "TemporaryFile", read_only)
+    steps: list[int] = []
+    monkeypatch.setattr(run_module.Trainer, "train_step", lambda self, *a: steps.append(self.step))
+    run = tmp_path / "run"
+    with pytest.raises(OSError, match=r"Read-only file system: no checkpoint could be saved there") as caught:
+        train(make_config(prepared, run, "train.max_steps=4", "train.valid_every=2"))
+    assert caught.value.filename == str(run / "checkpoints") and steps == []
+
+
 def test_resume_refuses_other_training_or_validation_pairs(prepared: Path, tmp_path: Path) -> None:
     """The cache prepared again from other data with the same SentencePiece model: the saved
     position would index other pairs (the rest of an epoch silently skipped), and the best
