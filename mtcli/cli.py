@@ -46,6 +46,10 @@ def _options(
                                           help="Print the version and exit.")] = False,
 ) -> None:
     """mtcli: prepare a parallel corpus, train a Transformer, evaluate and translate."""
+    try:  # a removed one: relative paths, torch's own libraries and worker processes fail on it
+        os.getcwd()
+    except FileNotFoundError:
+        fail("the current directory no longer exists (removed since the shell entered it): cd into one that does", 1)
 
 
 def _value(value: str) -> str:

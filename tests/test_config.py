@@ -352,6 +352,21 @@ def test_version_prints_the_package_version() -> None:
     assert result.exit_code == 0 and result.output.strip() == f"mtcli {__version__}"
 
 
+def test_a_current_directory_removed_meanwhile_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """There translate, evaluate and train ended in "Intel oneMKL FATAL ERROR: Cannot load
+    libtorch_cpu.so" (torch's libraries), and prepare blamed the cache it could not write."""
+    import os
+
+    def removed() -> str:
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(os, "getcwd", removed)
+    result = CliRunner().invoke(app, ["prepare", "any.yaml"])
+    assert result.exit_code == 1 and result.stderr == (
+        "mtcli: error: the current directory no longer exists (removed since the shell entered it): cd into one "
+        "that does\n")
+
+
 @pytest.mark.parametrize("change", ["train.rdrop_alpha: .inf", "train.lr: .nan", "train.max_minutes: -.inf"])
 def test_a_float_setting_that_is_not_finite_is_refused(tmp_path: Path, change: str) -> None:
     """YAML's .inf was taken (--set refused 'inf' as 'not a float'): an infinite R-Drop weight
