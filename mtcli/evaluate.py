@@ -20,16 +20,16 @@ from typing import Any
 import torch
 
 from mtcli.config import Config, DecodeConfig, check_language_code
-from mtcli.data.cache import PreparedCorpus, eval_split_name
+from mtcli.data.cache import PreparedCorpus, array_name, eval_split_name
 from mtcli.data.textio import lines_sha256, read_lines, read_lines_hashed
 from mtcli.device import peak_memory_mb
 from mtcli.errors import ConfigError, DataError, signals_held
-from mtcli.fileio import atomic_write, check_directory, names_an_open_file
+from mtcli.fileio import atomic_write, check_directory, names_an_open_file, sha256_file
 from mtcli.infer.loading import InferenceModel, run_directions
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, progress
 from mtcli.metrics import BOM_NOTE, metric_names, score, scorer
-from mtcli.rundir import TEXT_DIR, checkpoint_dir
+from mtcli.rundir import MANIFEST_NAME, TEXT_DIR, checkpoint_dir
 
 try:
     import fcntl
@@ -57,6 +57,7 @@ def _split_files(run_dir: Path, config: Config, split: str, direction: tuple[str
     name = eval_split_name(split, src_lang, tgt_lang, lambda name, lang: (text_dir / f"{name}.{lang}").is_file())
     src, ref = text_dir / f"{name}.{src_lang}", text_dir / f"{name}.{tgt_lang}"
     if src.is_file() and ref.is_file():
+        _check_as_prepared(run_dir, [(name, src_lang, src), (name, tgt_lang, ref)])
         return src, ref
     prepared = config.data.prepared_path()
     try:
@@ -73,6 +74,21 @@ def _split_files(run_dir: Path, config: Config, split: str, direction: tuple[str
         f"prepared cache {prepared} (the config's test splits: {', '.join(config.data.test_splits) or 'none'}); "
         "give the files instead: --src FILE --ref FILE"
     )
+
+
+def _check_as_prepared(run_dir: Path, texts: list[tuple[str, str, Path]]) -> None:
+    """Refuse a run's copy of a split's text (split, language, path) that is not the text its
+    ``manifest.json`` records (edited, or cut short within a line): it would be scored as if it
+    were, with no line count to tell."""
+    try:
+        records = json.loads((run_dir / MANIFEST_NAME).read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):  # a run without the record (an import)
+        return
+    for split, lang, path in texts:
+        record = records.get(f"{array_name(split, lang)}.txt") if isinstance(records, dict) else None
+        if isinstance(record, dict) and record.get("sha256") and sha256_file(path) != record["sha256"]:
+            raise DataError(f"{path}: not the text the run was prepared with (its sha256 is not the one "
+                            f"{run_dir / MANIFEST_NAME} records); restore it, or give the files as --src and --ref")
 
 
 def _check_test_args(split: str | None, src_file: str | Path | None, ref_file: str | Path | None) -> None:

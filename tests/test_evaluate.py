@@ -130,6 +130,25 @@ def test_evaluate_split_writes_report(tiny_run_dir: Path, tmp_path: Path) -> Non
     assert on_disk["reference_sha256"] == sha256_file(tiny_run_dir / "text" / "test.tgt")
 
 
+def test_a_runs_test_text_cut_short_within_a_line_is_refused(prepared_toy: Path, tmp_path: Path) -> None:
+    """Its line count unchanged, it was scored as the reference it no longer is."""
+    from conftest import toy_train_config
+
+    from mtcli.evaluate import evaluate
+    from mtcli.train import train
+
+    run = tmp_path / "run"
+    train(toy_train_config(prepared_toy, run, "train.max_steps=1"))
+    ref = run / "text" / "test.tgt"
+    text = ref.read_text(encoding="utf-8")
+    ref.write_text(text[:-3] + "\n", encoding="utf-8")  # the last line's last characters
+    assert len(ref.read_text(encoding="utf-8").splitlines()) == len(text.splitlines())
+    with pytest.raises(DataError, match=rf"{ref}: not the text the run was prepared with .* give the files as --src"):
+        evaluate(run, split=None, src_file=None, ref_file=None, checkpoint="best", average_last=0,
+                 average_best=0, overrides=[], output_dir=tmp_path / "eval")
+    assert not (tmp_path / "eval").exists()
+
+
 def test_cli_evaluate_src_ref_pair(tiny_run_dir: Path, tmp_path: Path) -> None:
     src, ref = tmp_path / "a.src", tmp_path / "a.ref"
     src.write_text("eine katze spielt\n\nrot\n", encoding="utf-8")
