@@ -498,10 +498,15 @@ def test_prepare_over_the_size_limit_keeps_the_previous_cache(tmp_path: Path) ->
     assert res.returncode == 1, res.stderr
     assert "Traceback" not in res.stderr
     assert error_lines(res.stderr) == [
-        f"mtcli: error: {out}: cannot write the prepared cache (File too large); any previous cache is unchanged"
+        f"mtcli: error: {out}: cannot write the prepared cache (File too large); the previous cache is unchanged"
     ], res.stderr
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prepared"]  # no temporary directory left
+    first = tmp_path / "first"  # a first build said so too, of a cache that never was
+    res = mtcli_under_limit(4096, *args[:-1], f"data.prepared_dir={first}")
+    assert error_lines(res.stderr) == [
+        f"mtcli: error: {first}: cannot write the prepared cache (File too large); nothing was written"], res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prepared"]
 
 
 def test_train_checkpoint_over_the_size_limit_keeps_the_previous_one(prepared: Path, tmp_path: Path) -> None:

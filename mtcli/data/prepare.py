@@ -265,9 +265,8 @@ def _naming_write_errors(out: Path, build: Path) -> Iterator[None]:
         if exc.errno is None or (exc.filename is not None and not (
                 str(exc.filename).startswith(str(build)) and exc.errno in NO_ROOM)):
             raise
-        raise DataError(
-            f"{out}: cannot write the prepared cache ({exc.strerror}); any previous cache is unchanged"
-        ) from None
+        kept = "the previous cache is unchanged" if (out / "manifest.json").is_file() else "nothing was written"
+        raise DataError(f"{out}: cannot write the prepared cache ({exc.strerror}); {kept}") from None
 
 
 def spm_sample(paths: list[Path], total: int, cap: int, seed: int) -> Iterator[bytes]:
