@@ -32,6 +32,8 @@ def open_prepared(config: Config, check_inputs: bool = True) -> PreparedCorpus:
     alone reads them) inputs than the config's."""
     path = config.data.prepared_path()
     lock = CacheLock(path, exclusive=False)  # held while the corpus is: no prepare rebuilds it meanwhile
+    if path.exists() and not path.is_dir():
+        raise DataError(f"{path}: a file, where the prepared cache should be a directory")
     if not path.is_dir():  # (the lock waited for a prepare between its two renames)
         building = live_builders(path)
         if building:

@@ -365,6 +365,16 @@ def test_a_word_models_cache_from_before_whole_sentence_ids_is_refused_by_train_
     open_prepared(pieces).lock.release()
 
 
+def test_train_on_a_cache_path_that_is_a_file_says_so(tmp_path: Path, toy_dir: Path) -> None:
+    """It said "no prepared cache; run mtcli prepare", which then refused the file."""
+    from mtcli.errors import DataError
+
+    (tmp_path / "afile").write_text("mine")
+    config = load_config(write_config(tmp_path, toy_dir), [f"data.prepared_dir={tmp_path / 'afile'}"])
+    with pytest.raises(DataError, match=r"afile: a file, where the prepared cache should be a directory$"):
+        open_prepared(config)
+
+
 def test_a_length_rule_that_drops_much_of_a_corpus_is_warned_of(tmp_path: Path) -> None:
     train = [(f"ein hund {w}", f"a dog {w}") for w in "abcdefghijklmnopqrst"]
     train += [(f"eins {w}", f"one two three four five six seven {w}") for w in "abcdefghij"]
