@@ -160,6 +160,9 @@ def test_the_ctranslate2_engine_samples_and_says_its_samples_are_not_seeded(
     pytest.importorskip("ctranslate2")
     import shutil
 
+    from mtcli.infer import ct2
+
+    ct2._warn_unseeded.cache_clear()  # said once a process: another test of this worker may have said it
     run = tmp_path / "run"
     shutil.copytree(tiny_run_dir, run)
     engine = Translator.from_run(run, device="cpu", engine="ctranslate2")
