@@ -198,14 +198,14 @@ def check_decoding(body: TranslateRequest, translator: Translator) -> None:
     if body.seed is not None and translator.engine is not None:  # it would be ignored
         raise RequestError(422, "seed: this server decodes with --engine ctranslate2, whose samples cannot be "
                                 "seeded; leave seed out (or serve with --engine torch for seeded samples)")
-    try:
-        lengths = translator.source_pieces(body.text, **request_settings(body))
-    except ConfigError as exc:
-        raise RequestError(422, request_words(str(exc))) from None
     sampled = (body.sampling or translator.decode.sampling) != "none"
     if body.beam is not None and body.nbest is not None and body.nbest > body.beam and not sampled:
         raise RequestError(422, f"nbest {body.nbest} with beam {body.beam}: nbest must be between 1 and beam "
                                 "(a beam search keeps beam hypotheses; leave beam out and it widens to nbest)")
+    try:
+        lengths = translator.source_pieces(body.text, **request_settings(body), nbest=body.nbest)
+    except ConfigError as exc:
+        raise RequestError(422, request_words(str(exc))) from None
     limit = translator.max_source_pieces
     for i, pieces in enumerate(lengths):
         if pieces > limit:

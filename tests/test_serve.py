@@ -9,6 +9,7 @@ import contextlib
 import gzip
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -847,3 +848,25 @@ def test_a_sighup_during_a_reload_loads_once_more_after_it() -> None:
     assert loads == [2, 3] and app.state.batcher.translator.name == "step 3"
     assert reloader.start().join(30) is None and loads == [2, 3, 4]  # and later ones as before
 
+
+
+def test_a_beam_or_nbest_too_wide_for_the_vocabulary_is_a_422_and_a_default_one_stops_the_start(
+        tiny_run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within the server's 1-16, a beam or an n-best wider than half a small model's output
+    vocabulary got a 500 ("translation failed"), and a run whose own beam was too wide served
+    (its health "ok") and failed every request."""
+    from mtcli.errors import ConfigError
+    from mtcli.model import Transformer
+    from mtcli.serve import RequestError, TranslateRequest, check_decoding
+
+    monkeypatch.setattr(Transformer, "output_size", property(lambda self: 20))
+    translator = Translator.from_run(tiny_run_dir, device="cpu", beam=2)
+    for asked, said in (({"beam": 11}, "beam 11 needs an output vocabulary of at least 22 pieces"),
+                        ({"nbest": 12}, "nbest 12 widens the beam to 12, which needs an output vocabulary of at "
+                                        "least 24 pieces (this model has 20)")):
+        with pytest.raises(RequestError, match=re.escape(said)) as caught:
+            check_decoding(TranslateRequest(text=["ein hund"], **asked), translator)
+        assert caught.value.status == 422
+    check_decoding(TranslateRequest(text=["ein hund"], beam=10, nbest=10), translator)
+    with pytest.raises(ConfigError, match=r"decode.beam_size=11 needs an output vocabulary of at least 22 pieces"):
+        Translator.from_run(tiny_run_dir, device="cpu", beam=11)

@@ -42,6 +42,7 @@ from mtcli.infer.loading import (
     load_for_inference,
     source_prefix,
 )
+from mtcli.infer.search import check_beam_width
 from mtcli.infer.translate import (
     DEFAULT_WINDOW,
     Translation,
@@ -125,6 +126,19 @@ def _check_sampling_only(settings: dict[str, Any], decode: DecodeConfig) -> None
                           "out when sampling (nbest gives several samples)")
 
 
+def _check_width(output_size: int, decode: DecodeConfig, settings: dict[str, Any]) -> None:
+    """Refuse, before any decoding, a beam too wide for the output vocabulary (the search would,
+    at the first batch: a server's request then failed with a 500), naming ``nbest`` when it
+    is an n-best asked for that widened the beam."""
+    if decode.sampling != "none" or decode.beam_size <= 1 or 2 * decode.beam_size <= output_size:
+        return
+    n = settings.get("nbest")
+    if n is not None and settings.get("beam") is None and n == decode.beam_size:
+        raise ConfigError(f"nbest {n} widens the beam to {n}, which needs an output vocabulary of at least {2 * n} "
+                          f"pieces (this model has {output_size}); ask for fewer")
+    check_beam_width(decode.beam_size, output_size)
+
+
 def _text(item: Any, where: str) -> str:
     """``item`` if it is a string of valid Unicode: a TypeError for another type, a
     :class:`DataError` naming ``where`` and the column of a lone surrogate."""
@@ -192,6 +206,7 @@ class Translator:
         beam_fixed = "decode.beam_size" in override_keys(overrides)
         decode = with_changes(base, "decode", **_fitted(_changes(settings), base.decode, beam_fixed)).decode
         _check_sampling_only(_asked(settings, beam_fixed, decode), decode)
+        _check_width(bundle.model.output_size, decode, settings)
         source_prefix(bundle, decode)  # a target language the model does not produce: refused now
         if engine == "ctranslate2":
             check_supported(decode)  # before converting: a run's own settings may ask for it
@@ -234,6 +249,7 @@ class Translator:
             return self.decode
         decode = with_changes(dataclasses.replace(self.bundle.config, decode=self.decode), "decode", **changes).decode
         _check_sampling_only(settings, decode)
+        _check_width(self.bundle.model.output_size, decode, settings)
         return decode
 
     def __getstate__(self) -> dict[str, Any]:
