@@ -323,7 +323,7 @@ def _clean_split(corpus: Corpus, data: DataConfig, src_txt: Path, tgt_txt: Path,
         blocks = source.text_blocks(split) if readers is None else readers
         clean_text_blocks(blocks, src_txt, tgt_txt, cleaner, workers)
     else:
-        _write_sides(cleaner(source.pairs(split)), [src_txt, tgt_txt])
+        _write_sides(cleaner(source.pairs(split)), [src_txt, tgt_txt])  # (the cleaner counts them)
     return cleaner.counts
 
 
@@ -368,21 +368,23 @@ def _warn_of_heavy_drops(corpus: Corpus, counts: CleanCounts, data: DataConfig) 
                                  counts.read, 100 * dropped / counts.read, units)
 
 
-def _write_sides(pairs: Iterable[tuple[str, str]], paths: list[Path | None]) -> int:
-    """Write the sides of ``pairs`` whose path is given; return how many pairs."""
+def _write_sides(pairs: Iterable[tuple[str, str]], paths: list[Path | None]) -> tuple[int, int]:
+    """Write the sides of ``pairs`` whose path is given; return how many pairs, and how many of
+    them hold text (other than white space) on both sides."""
     handles = [open(p, "w", encoding="utf-8", newline="\n") if p is not None else None for p in paths]
-    n = 0
+    n = texted = 0
     try:
         for pair in pairs:
             for handle, text in zip(handles, pair, strict=True):
                 if handle is not None:
                     handle.write(text + "\n")
             n += 1
+            texted += all(text.strip() for text in pair)
     finally:
         for handle in handles:
             if handle is not None:
                 handle.close()
-    return n
+    return n, texted
 
 
 def write_eval(plan: Plan, data: DataConfig, tmp: Path) -> dict[str, CleanCounts]:
@@ -393,13 +395,15 @@ def write_eval(plan: Plan, data: DataConfig, tmp: Path) -> dict[str, CleanCounts
     counts: dict[str, CleanCounts] = {}
     for split, read_as in plan.read_as.items():
         lines: dict[str, tuple[int, Corpus]] = {}
+        texted = 0
         for corpus in plan.corpora:
             paths: list[Path | None] = [None, None]
             for (s, lang), (provider, side) in plan.providers.items():
                 if s == split and provider is corpus:
                     paths[side] = text_path(tmp, split, lang)
             if any(paths):
-                n = _write_sides(corpus.source.verbatim_pairs(read_as), paths)
+                n, with_text = _write_sides(corpus.source.verbatim_pairs(read_as), paths)
+                texted = max(texted, with_text)
                 lines.update({lang: (n, corpus) for lang, path in zip(corpus.langs, paths, strict=True) if path})
         sizes = {n for n, _ in lines.values()}
         if len(sizes) > 1:
@@ -415,21 +419,24 @@ def write_eval(plan: Plan, data: DataConfig, tmp: Path) -> dict[str, CleanCounts
             get_logger().info("%s is the split '%s' of %s, kept apart: %s", split, read_as, corpus.source.location,
                               "its text in a language an earlier corpus gives differs from that corpus's" if shared
                               else "it has no language of an earlier corpus's, to show its sentences are theirs")
-        if n == 0:
-            _refuse_empty(split, read_as, data, plan, next(iter(lines.values()))[1])
+        if texted == 0:
+            _refuse_empty(split, read_as, data, plan, next(iter(lines.values()))[1], n)
     return counts
 
 
-def _refuse_empty(split: str, read_as: str, data: DataConfig, plan: Plan, corpus: Corpus) -> None:
-    """An empty validation split, the one validation reads (data.src_lang -> data.tgt_lang), is a
-    :class:`DataError`; an empty test split, or another corpus's validation split, a warning."""
+def _refuse_empty(split: str, read_as: str, data: DataConfig, plan: Plan, corpus: Corpus, n: int) -> None:
+    """A validation split without a pair of text (of ``n`` lines), the one validation reads
+    (data.src_lang -> data.tgt_lang), is a :class:`DataError`: it would score 0 at every
+    validation, and ``train.patience`` would stop the run. Such a test split, or another
+    corpus's validation split, is a warning."""
     where = f"{corpus.source.describe()}: split '{read_as}'"
+    none = "has no pairs" if n == 0 else f"has {n} lines, none of them a pair of text (empty or blank lines)"
     if read_as == data.valid_split:
         validated = eval_split_name(read_as, data.src_lang, data.tgt_lang, lambda name, lang: (name, lang) in plan.providers)
         if split == validated:
-            raise DataError(f"{where} (data.valid_split) has no pairs; validation needs at least one")
-        get_logger().warning("%s (data.valid_split; kept apart as %s) has no pairs; validation reads %s (data.src_lang "
-                             "-> data.tgt_lang)", where, split, validated)
+            raise DataError(f"{where} (data.valid_split) {none}; validation needs at least one pair")
+        get_logger().warning("%s (data.valid_split; kept apart as %s) %s; validation reads %s (data.src_lang "
+                             "-> data.tgt_lang)", where, split, none, validated)
         return
-    get_logger().warning("%s (data.test_splits) has no pairs; mtcli evaluate cannot score it (scoring every "
-                         "direction, it leaves it out)", where)
+    get_logger().warning("%s (data.test_splits) %s; mtcli evaluate cannot score it (scoring every direction, it "
+                         "leaves it out)", where, none)

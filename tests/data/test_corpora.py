@@ -378,7 +378,7 @@ def test_an_empty_validation_split_is_refused_only_where_validation_reads_it(
     overrides[1] = f"data.sources=[{{source: {root}/tri, langs: [src, tgt]}}, {{source: {own}, langs: [src, xx]}}]"
     prepare(load_config(TOY_CONFIG, overrides))  # validation reads src->tgt's val, from tri
     assert f"{own}: split 'val' (data.valid_split; kept apart as val.src-xx) has no pairs; validation reads val " in caplog.text
-    with pytest.raises(DataError, match=r"split 'val' \(data.valid_split\) has no pairs; validation needs at least one"):
+    with pytest.raises(DataError, match=r"split 'val' \(data.valid_split\) has no pairs; validation needs at least one pair"):
         prepare(load_config(TOY_CONFIG, [*overrides, "data.tgt_lang=xx", f"data.prepared_dir={tmp_path / 'q'}"]))
 
 

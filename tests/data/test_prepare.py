@@ -812,13 +812,14 @@ def _empty_tmx(path: Path) -> None:
     path.write_text('<?xml version="1.0"?><tmx version="1.4"><header/><body>\n</body></tmx>\n', encoding="utf-8")
 
 
-@pytest.mark.parametrize("form", ["text", "tmx"])
+@pytest.mark.parametrize("form", ["text", "tmx", "blank"])
 def test_an_empty_validation_split_is_refused_before_training_text_is_cleaned(
         tmp_path: Path, toy_dir: Path, form: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Empty val.src/val.tgt, or a val.tmx without units: training would only fail at its first
-    validation ("no hypotheses to score"). Known before the (expensive) cleaning of train."""
+    validation ("no hypotheses to score"). Known before the (expensive) cleaning of train. Blank
+    lines only were taken: every validation scored 0, and train.patience stopped the run."""
     for side in ("src", "tgt"):
-        (toy_dir / f"val.{side}").write_bytes(b"")
+        (toy_dir / f"val.{side}").write_bytes(b"\n \n\n" if form == "blank" else b"")
     if form == "tmx":
         for side in ("src", "tgt"):
             (toy_dir / f"val.{side}").unlink()
@@ -827,8 +828,10 @@ def test_an_empty_validation_split_is_refused_before_training_text_is_cleaned(
     cfg = write_config(tmp_path, toy_dir)
     result = run_cli(str(cfg))
     assert result.exit_code == 1
-    assert_one_line_error(result, f"text directory {toy_dir}: split 'val' (data.valid_split) has no pairs; "
-                                  "validation needs at least one")
+    none = ("has 3 lines, none of them a pair of text (empty or blank lines)" if form == "blank"
+            else "has no pairs")
+    assert_one_line_error(result, f"text directory {toy_dir}: split 'val' (data.valid_split) {none}; "
+                                  "validation needs at least one pair")
     assert_nothing_written(cfg)
 
 
