@@ -46,6 +46,7 @@ from mtcli.data.packing import (
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from mtcli.device import to_device
 from mtcli.errors import DataError
+from mtcli.logs import get_logger
 
 
 class SentenceArray(Protocol):
@@ -359,11 +360,16 @@ class BatchStream:
         if self.mix is not None and not len(self.mix.epoch_indices(self.indices, 0)):
             raise DataError("the corpus weights (data.sources[].weight) draw no training pair an epoch: raise them "
                             "(a weight is how many times each of a corpus's pairs is drawn, on average)")
-        if len(self.epoch_batches(0)) < self.world_size:
+        per_process = len(self.epoch_batches(0)) // self.world_size
+        if per_process < 1:
             raise DataError(
                 f"the training split makes too few batches for {self.world_size} processes (each takes one "
                 f"a step); lower train.max_tokens"
             )
+        if self.update_freq > per_process:  # no step spans two epochs
+            get_logger().warning("an epoch makes %d batches a process, so a step takes those %d, not "
+                                 "train.update_freq=%d: its updates are smaller than asked; lower train.max_tokens "
+                                 "for more batches", per_process, per_process, self.update_freq)
 
     def _use_arrays(self, src: SentenceArray, tgt: SentenceArray) -> None:
         """Read pairs from ``src``/``tgt`` from now on (lengths and the length filter follow)."""

@@ -126,6 +126,21 @@ def test_batch_moves_to_the_device_unchanged(device: str) -> None:
     assert to_device(batch.src, device).is_pinned() is False
 
 
+def test_an_update_freq_past_an_epochs_batches_is_warned_of(caplog: pytest.LogCaptureFixture) -> None:
+    """No step spans two epochs: update_freq 100 on 16 batches an epoch made steps of 16, while
+    the log said 100."""
+    src, tgt = random_corpus(200, max_len=30)
+    stream = BatchStream(src, tgt, max_tokens=400, max_source_length=30, max_target_length=30, seed=5,
+                         update_freq=100)
+    batches = len(stream.epoch_batches(0))
+    assert batches < 100 and len(stream.next_group().batches) == batches
+    assert (f"an epoch makes {batches} batches a process, so a step takes those {batches}, not "
+            "train.update_freq=100") in caplog.text
+    caplog.clear()
+    BatchStream(src, tgt, max_tokens=400, max_source_length=30, max_target_length=30, seed=5, update_freq=batches)
+    assert "update_freq" not in caplog.text
+
+
 def test_stream_skips_long_pairs_and_resumes_exactly() -> None:
     src, tgt = random_corpus(400, max_len=30)
     kwargs = dict(max_tokens=120, max_source_length=25, max_target_length=25, seed=5, update_freq=2)
