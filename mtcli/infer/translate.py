@@ -295,10 +295,13 @@ def line_windows(lines: Iterable[str], window: int) -> Iterator[list[str]]:
 
 
 def translate_texts(
-    bundle: InferenceModel, lines: list[str], decode: DecodeConfig, device: torch.device | str = "cpu"
+    bundle: InferenceModel, lines: list[str], decode: DecodeConfig, device: torch.device | str = "cpu",
+    name: str = "input",
 ) -> list[str]:
-    """List in, list out: the best translation of every line (e.g. validation BLEU in training)."""
-    return [nbest[0].text for nbest in translate_lines(bundle, lines, decode, device, window=len(lines) or 1)]
+    """List in, list out: the best translation of every line (e.g. validation BLEU in training;
+    ``name``: the file the lines came from, which a truncation warning names)."""
+    return [nbest[0].text for nbest in translate_lines(bundle, lines, decode, device, window=len(lines) or 1,
+                                                       name=name)]
 
 
 def model_for_decoding(

@@ -72,7 +72,8 @@ def validation_scores(model: nn.Module, corpus: PreparedCorpus, config: Config,
     translate`` does, by the model as it trains (never ``decode.int8`` or ``decode.shortlist``)."""
     data, cfg = config.data, config.train
     split = corpus.eval_split(data.valid_split, data.src_lang, data.tgt_lang)
-    sources = list(read_lines(corpus.text_path(split, data.src_lang)))
+    source_path = corpus.text_path(split, data.src_lang)
+    sources = list(read_lines(source_path))
     refs = list(read_lines(corpus.text_path(split, data.tgt_lang)))
     if cfg.valid_max_sentences > 0:
         sources = sources[: cfg.valid_max_sentences]
@@ -85,7 +86,7 @@ def validation_scores(model: nn.Module, corpus: PreparedCorpus, config: Config,
     # as it trains, not the int8 copy or the shortlist a recipe asks of later decoding on a CPU
     greedy = dataclasses.replace(config.decode, beam_size=1, nbest=1, bf16=cfg.precision == "bf16",
                                  tgt_lang=data.tgt_lang, sampling="none", int8=False, shortlist=0)
-    hyps = translate_texts(bundle, sources, greedy, device)
+    hyps = translate_texts(bundle, sources, greedy, device, name=str(source_path))
     scores = score(hyps, refs, metrics=("bleu", "chrf"), tgt_lang=data.tgt_lang)
     return {"bleu": float(scores["bleu"]), "chrf": float(scores["chrf"])}
 

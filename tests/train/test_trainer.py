@@ -1108,20 +1108,22 @@ def test_a_run_resumed_from_another_config_file_of_its_name_is_warned_of(prepare
 def test_validation_decodes_greedily_under_a_sampling_default(prepared: Path, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A recipe's decode.sampling (a default for translate and serve) made validation score
-    samples: checkpoint_best was picked by chance."""
+    samples: checkpoint_best was picked by chance. A truncation warning names the validation
+    text (it said "input")."""
     import mtcli.train.validation as validation
     from mtcli.data.cache import PreparedCorpus
 
     decoded = []
 
-    def translate_texts(bundle, sources, decode, device):  # noqa: ANN001, ANN202
-        decoded.append(decode)
+    def translate_texts(bundle, sources, decode, device, name):  # noqa: ANN001, ANN202
+        decoded.append((decode, name))
         return list(sources)
 
     monkeypatch.setattr(validation, "translate_texts", translate_texts)
     config = make_config(prepared, tmp_path / "run", "decode.sampling=topk", "decode.beam_size=1")
     validation.validation_scores(torch.nn.Linear(1, 1), PreparedCorpus.open(prepared), config, torch.device("cpu"))
-    assert [(d.sampling, d.beam_size, d.nbest) for d in decoded] == [("none", 1, 1)]
+    assert [(d.sampling, d.beam_size, d.nbest, name) for d, name in decoded] == [
+        ("none", 1, 1, str(prepared / "val.src.txt"))]
 
 
 def test_a_direction_whose_every_corpus_is_tagged_is_named() -> None:
