@@ -79,8 +79,12 @@ def warn_of_unknown(split: str, lang: str, unknown: int, tokens: int, given: boo
         fix = "data.spm_model was made for other text: leave it out to train one on this corpus"
     elif data.spm_model_type == "word":
         fix = "data.spm_model_type word knows only the training text's words: unigram or bpe spell the others"
+    elif data.spm_model_type == "char":
+        fix = (f"a char model of data.vocab_size={data.vocab_size} pieces has no room for every character: "
+               "raise data.vocab_size, or its characters are not in the training text")
     elif data.character_coverage >= 1.0:
-        fix = "its characters are not in the training text (another script?): train on text that holds them"
+        fix = ("its characters are not in the training text (another script?), or only in lines SentencePiece "
+               "leaves out of its training (over 4,192 bytes): train on text that holds them")
     else:
         fix = "raise data.character_coverage"
     get_logger().warning("%s.%s: %d of %d tokens (%.1f%%) are unknown to the SentencePiece model (⁇): the model "

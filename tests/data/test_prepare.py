@@ -1128,7 +1128,8 @@ def test_a_side_the_vocabulary_cannot_spell_is_warned_of(tmp_path: Path, toy_dir
 
 def test_the_unknown_token_warning_says_what_would_help(caplog: pytest.LogCaptureFixture) -> None:
     """It said "raise data.character_coverage" at full coverage, the highest there is, and for
-    a word vocabulary, which coverage does not change."""
+    a word vocabulary, which coverage does not change; "not in the training text" for a char
+    model too small to hold every character of it."""
     from mtcli.config import DataConfig
     from mtcli.data.coverage import warn_of_unknown
 
@@ -1137,6 +1138,8 @@ def test_the_unknown_token_warning_says_what_would_help(caplog: pytest.LogCaptur
                               (DataConfig("x", "de", "en", character_coverage=0.9995), False, "raise data.character_coverage"),
                               (DataConfig("x", "de", "en", spm_model_type="word"), False, "data.spm_model_type word knows "
                                "only the training text's words"),
+                              (DataConfig("x", "de", "en", spm_model_type="char", vocab_size=24), False, "a char model "
+                               "of data.vocab_size=24 pieces has no room for every character: raise data.vocab_size"),
                               (DataConfig("x", "de", "en"), True, "data.spm_model was made for other text")):
         caplog.clear()
         warn_of_unknown("test", "en", 71, 1082, given, data)
