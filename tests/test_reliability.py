@@ -598,10 +598,14 @@ def test_prepare_names_its_cache_for_a_failed_write_inside_its_build(tmp_path: P
 
     out, build = tmp_path / "prepared", tmp_path / ".prepared.x.tmp"
     for filename in (None, str(build / "train.src.bin")):
-        with pytest.raises(DataError) as raised, _naming_write_errors(out, build):
-            raise OSError(errno.ENOSPC, "No space left on device", filename)
-        assert str(raised.value) == (f"{out}: cannot write the prepared cache (No space left on device); any "
-                                     "previous cache is unchanged")
+        for kept in ("nothing was written", "the previous cache is unchanged"):
+            if kept != "nothing was written":
+                out.mkdir(exist_ok=True)
+                (out / "manifest.json").write_text("{}")
+            with pytest.raises(DataError) as raised, _naming_write_errors(out, build):
+                raise OSError(errno.ENOSPC, "No space left on device", filename)
+            assert str(raised.value) == f"{out}: cannot write the prepared cache (No space left on device); {kept}"
+        (out / "manifest.json").unlink()
     with pytest.raises(FileNotFoundError), _naming_write_errors(out, build):  # a file of the corpus: as it is
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(tmp_path / "train.de"))
     with pytest.raises(OSError, match="Input/output error"), _naming_write_errors(out, build):  # a read of a

@@ -276,7 +276,7 @@ def test_validation_decodes_into_the_references_language(multi_run: Path, monkey
     asks_xx = dataclasses.replace(config, decode=dataclasses.replace(config.decode, tgt_lang="xx"))
     asked: list[str | None] = []
 
-    def decoded(model, sources, decode, device):  # noqa: ANN001, ANN202
+    def decoded(model, sources, decode, device, name):  # noqa: ANN001, ANN202
         asked.append(decode.tgt_lang)
         return [""] * len(sources)
 
