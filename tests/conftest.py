@@ -7,8 +7,10 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -171,6 +173,27 @@ def prepare_for_run(run_dir: Path, out: Path) -> Path:
 
     prepare(load_config(TOY_CONFIG, [f"data.source={TOY_DIR}", f"data.prepared_dir={out}", f"data.spm_model={run_dir}"]))
     return out
+
+
+def respell_run_spm(run: Path, edit: Callable[[Any], None]) -> str:
+    """Make ``run``'s spm.model the SentencePiece ``ModelProto`` that ``edit`` changes, and every
+    checkpoint of the run name it (as an older mtcli's run: the same model in other bytes, when
+    ``edit`` changes how it was trained only); its sha256."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    from mtcli.checkpoint import load_checkpoint, save_checkpoint
+    from mtcli.fileio import sha256_file
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString((run / "spm.model").read_bytes())
+    edit(proto)
+    (run / "spm.model").write_bytes(proto.SerializeToString())
+    own = sha256_file(run / "spm.model")
+    for path in (run / "checkpoints").glob("checkpoint_*.pt"):
+        state = load_checkpoint(path)
+        state["vocab"]["spm_sha256"] = own
+        save_checkpoint(path, state)
+    return own
 
 
 def toy_train_overrides(prepared: Path, run_dir: Path, *extra: str) -> list[str]:

@@ -290,16 +290,16 @@ def _item_changes(dotted: str, old: Any, new: Any) -> str:
 
 
 def kept_model_sha256(run_dir: Path, saved: str | None, cache_model: Path) -> str | None:
-    """The sha256 a resumed run keeps for its SentencePiece model: ``saved`` (its checkpoints')
-    when the cache's model ``cache_model`` is other bytes of the same model (prepared again by
-    another mtcli) and the run's own copy is the file its checkpoints name; else None."""
+    """``saved``, the sha256 of the SentencePiece model a run's checkpoints name, when the cache's
+    model ``cache_model`` is other bytes of that same model (prepared again by another mtcli)
+    and the run's own copy is the file they name; else None. A resumed run then keeps its own
+    copy; a child run starts from such a parent."""
     own = run_dir / SPM_NAME
     if saved is None or not own.is_file() or not cache_model.is_file() or cache_model.name != SPM_NAME:
         return None
     if sha256_file(own) != saved or not same_model(own, cache_model):
         return None
-    get_logger().info("%s: the cache's SentencePiece model is the run's (other bytes, the same pieces and ids): "
-                      "the run keeps its own copy", cache_model)
+    get_logger().info("%s is %s in other bytes (the same pieces and ids)", cache_model, own)
     return saved
 
 

@@ -66,6 +66,7 @@ from mtcli.train.resume import (
     another_config_file,
     find_resume_checkpoint,
     finish_interrupted_save,
+    kept_model_sha256,
     remove_stale_temp_files,
 )
 from mtcli.train.scalars import Scalars
@@ -428,7 +429,9 @@ def train(config: Config) -> TrainSummary:
                 return _summary(trainer, finished)
         elif config.train.init_from:
             parent = load_parent(config.train.init_from, config.train.init_average)
-            start_from(trainer.model, parent, config, trainer.spm_sha256)
+            run = parent.checkpoints[-1].parent.parent  # (a file outside a run: no spm.model there)
+            same = kept_model_sha256(run, parent.vocab.get("spm_sha256"), corpus.spm_path)
+            start_from(trainer.model, parent, config, same or trainer.spm_sha256)
             log.info("starting from the weights of %s: %s (train.init_from)", parent.source,
                      names(parent.checkpoints))
         if info.is_main:

@@ -121,6 +121,25 @@ def set_args(overrides: list[str]) -> list[str]:
     return [arg for o in overrides for arg in ("--set", o)]
 
 
+def test_a_parent_whose_model_is_other_bytes_of_the_cache_model_is_started_from(
+        parent_run: tuple[Path, Path], tmp_path: Path) -> None:
+    """A parent run of an older mtcli (its spm.model of another trainer_spec.num_threads) was
+    refused beside a cache of the same model prepared again ("SentencePiece model sha256 ...
+    (parent) vs ... (this run)")."""
+    import shutil
+
+    from conftest import respell_run_spm
+
+    prepared, parent = parent_run
+    older = tmp_path / "older"
+    shutil.copytree(parent, older)
+    respell_run_spm(older, lambda proto: setattr(proto.trainer_spec, "num_threads", 7))
+    assert train(child_config(prepared, tmp_path / "child", older, "train.max_steps=2")).steps == 2
+    respell_run_spm(older, lambda proto: setattr(proto.pieces[5], "score", proto.pieces[5].score + 1))
+    with pytest.raises(ConfigError, match=r"SentencePiece model sha256 \w+ \(parent, \d+ pieces\) vs"):
+        train(child_config(prepared, tmp_path / "child2", older, "train.max_steps=2"))
+
+
 def test_shape_and_vocabulary_mismatches_are_one_line_exit_2(parent_run: tuple[Path, Path], tmp_path: Path) -> None:
     prepared, parent = parent_run
     other = tmp_path / "other-prepared"  # another SentencePiece model (another size)

@@ -237,35 +237,20 @@ def test_a_cache_model_of_other_bytes_but_the_same_pieces_resumes_and_the_run_ke
     """A cache prepared again by another mtcli wrote the same SentencePiece model with another
     ``trainer_spec.num_threads``: every run made before refused to resume ("differs from ... the
     cache was re-prepared"). Here the run's copy and its checkpoints are the other bytes."""
-    from sentencepiece import sentencepiece_model_pb2
+    from conftest import respell_run_spm
 
     from mtcli import Translator
-    from mtcli.checkpoint import save_checkpoint
     from mtcli.fileio import sha256_file
 
     run = tmp_path / "run"
     train(make_config(prepared, run, "train.max_steps=2", "train.valid_every=2"))
-    proto = sentencepiece_model_pb2.ModelProto()
-    proto.ParseFromString((run / "spm.model").read_bytes())
-
-    def the_runs_model_becomes(model: bytes) -> str:
-        (run / "spm.model").write_bytes(model)
-        own = sha256_file(run / "spm.model")
-        for path in (run / "checkpoints").glob("checkpoint_*.pt"):
-            state = load_checkpoint(path)
-            state["vocab"]["spm_sha256"] = own
-            save_checkpoint(path, state)
-        return own
-
-    proto.trainer_spec.num_threads += 5
-    own = the_runs_model_becomes(proto.SerializeToString())
+    own = respell_run_spm(run, lambda proto: setattr(proto.trainer_spec, "num_threads", 7))
     assert own != sha256_file(prepared / "spm.model")
     assert train(make_config(prepared, run, "train.max_steps=4", "train.valid_every=2")).steps == 4
     assert sha256_file(run / "spm.model") == own
     assert {load_checkpoint(p)["vocab"]["spm_sha256"] for p in (run / "checkpoints").glob("*.pt")} == {own}
     assert len(Translator.from_run(run, device="cpu").translate(["ein hund"])) == 1
-    proto.pieces[5].score += 1.0  # another model: refused
-    the_runs_model_becomes(proto.SerializeToString())
+    respell_run_spm(run, lambda proto: setattr(proto.pieces[5], "score", proto.pieces[5].score + 1))  # another model
     with pytest.raises(CheckpointError, match="the checkpoint's SentencePiece model differs from"):
         train(make_config(prepared, run, "train.max_steps=6", "train.valid_every=2"))
 
