@@ -23,6 +23,8 @@ failed one's tokens, so a server pays for a failed batch once, not once a reques
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -139,6 +141,14 @@ def _check_width(output_size: int, decode: DecodeConfig, settings: dict[str, Any
     check_beam_width(decode.beam_size, output_size)
 
 
+@functools.cache
+def _one_thread_in_forked_children() -> None:
+    """A process forked from one that has decoded (a multiprocessing pool under ``fork``,
+    ``gunicorn --preload``, Celery's prefork workers) decodes on one torch thread: GNU OpenMP,
+    once it has run in the parent, hangs a forked child's first multi-threaded operation."""
+    os.register_at_fork(after_in_child=lambda: torch.set_num_threads(1))
+
+
 def _text(item: Any, where: str) -> str:
     """``item`` if it is a string of valid Unicode: a TypeError for another type, a
     :class:`DataError` naming ``where`` and the column of a lone surrogate."""
@@ -172,6 +182,7 @@ class Translator:
         # scoring (whose batches hold pairs, counted as source_batches counts them)
         self._fitting_tokens = MemoryBudget()
         self._fitting_pairs = MemoryBudget()
+        _one_thread_in_forked_children()
 
     @classmethod
     def from_run(cls, run_dir: str | Path, checkpoint: str | Path = "best", *, device: str = "auto",

@@ -598,3 +598,25 @@ def test_a_beam_wider_than_half_the_vocabulary_is_refused_by_either_engine(
         wide = engine.bundle.model.output_size // 2 + 1
         with pytest.raises(ConfigError, match=f"decode.beam_size={wide} needs an output vocabulary of at least"):
             engine.translate(["ein hund"], beam=wide)
+
+
+_FORKED = """
+import multiprocessing, sys, torch
+from mtcli import Translator
+torch.set_num_threads(2)
+translator = Translator.from_run(sys.argv[1], device="cpu")
+lines = ["eine katze spielt", "ein hund läuft im park"]
+expected = translator.translate(lines)  # OpenMP runs in the parent first
+with multiprocessing.get_context("fork").Pool(1) as pool:
+    assert pool.apply_async(translator.translate, (lines,)).get(timeout=60) == expected
+print("ok")
+"""
+
+
+def test_a_process_forked_after_decoding_decodes_too(tiny_run_dir: Path) -> None:
+    """A pool under fork (gunicorn --preload, Celery's prefork workers) hung on its first
+    translation once the parent had translated: GNU OpenMP after a fork."""
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    done = subprocess.run([sys.executable, "-c", _FORKED, str(tiny_run_dir)], capture_output=True, text=True,
+                          env=env, timeout=180)
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr[-2000:]
