@@ -5,6 +5,7 @@ as floats, and plain decimal text as a float (PyYAML reads ``1e-9`` as a string)
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import re
 import types
 import typing
@@ -67,12 +68,12 @@ def coerce(value: Any, tp: Any, build: Callable[[type, dict[str, Any]], Any]) ->
         if isinstance(value, str) and value.lower() in _BOOL_WORDS:
             return _BOOL_WORDS[value.lower()]
         raise TypeError
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+    if tp is int:  # numpy's integers too (a value out of a pandas or numpy pipeline)
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return int(value)
         raise TypeError
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
             return float(value)
         # PyYAML (YAML 1.1) reads `1e-9` (no dot) as a string; accept plain decimal notation.
         if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):

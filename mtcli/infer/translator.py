@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -345,9 +346,9 @@ class Translator:
         _no_nbest(settings, "nbest", " (its n is how many)")
         decode = self.settings(**settings)
         sampled = decode.sampling != "none"
-        if n is not None and (not isinstance(n, int) or isinstance(n, bool)):
+        if n is not None and (not isinstance(n, numbers.Integral) or isinstance(n, bool)):
             raise TypeError(f"nbest n must be an int, got {n!r}")
-        n = (decode.nbest if sampled else decode.beam_size) if n is None else n
+        n = (decode.nbest if sampled else decode.beam_size) if n is None else int(n)
         if n < 1:
             raise ConfigError(f"nbest n must be >= 1, got {n}")
         if not sampled and settings.get("beam") is not None and n > settings["beam"]:

@@ -620,3 +620,17 @@ def test_a_process_forked_after_decoding_decodes_too(tiny_run_dir: Path) -> None
     done = subprocess.run([sys.executable, "-c", _FORKED, str(tiny_run_dir)], capture_output=True, text=True,
                           env=env, timeout=180)
     assert done.returncode == 0 and done.stdout == "ok\n", done.stderr[-2000:]
+
+
+def test_numpy_numbers_are_taken_as_settings(tiny_run_dir: Path) -> None:
+    """A beam or an n out of a numpy or pandas pipeline (np.int64) was refused: "key
+    'decode.beam_size' must be int, got np.int64(2)"."""
+    import numpy as np
+
+    translator = Translator.from_run(tiny_run_dir, device="cpu")
+    lines = ["eine katze spielt"]
+    assert translator.translate(lines, beam=np.int64(2), length_penalty=np.float32(1.0)) == translator.translate(
+        lines, beam=2, length_penalty=1.0)
+    assert [h.text for h in translator.nbest(lines, n=np.int64(2))[0]] == [h.text for h in translator.nbest(lines, 2)[0]]
+    with pytest.raises(ConfigError, match="must be int"):
+        translator.translate(lines, beam=np.bool_(True))
