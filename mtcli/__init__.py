@@ -42,3 +42,8 @@ def __getattr__(name: str) -> Any:
 
         return Translator
     raise AttributeError(f"module 'mtcli' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names with ``Translator`` (loaded lazily): what ``mtcli.<TAB>`` offers."""
+    return sorted({*globals(), *__all__})
