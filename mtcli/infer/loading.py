@@ -135,7 +135,9 @@ def resolve_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:
 def run_tokenizer(run_dir: Path) -> Tokenizer | VocabTokenizer:
     """The run's tokenizer: its joint ``spm.model``, or (a run imported by ``mtcli import-hf``)
     ``source.spm`` and ``target.spm`` mapped through ``vocab.json``; :class:`CheckpointError`
-    when it has neither."""
+    when it has neither. Its files are named absolutely: a host program that changes directory
+    later still finds them (a shortlist hashes the model on first use)."""
+    run_dir = Path(run_dir).absolute()
     spm_path = run_dir / SPM_NAME
     try:
         if not spm_path.is_file() and (run_dir / VOCAB_NAME).is_file():

@@ -157,3 +157,18 @@ def test_translate_builds_the_table_from_the_run_s_prepared_cache(
     bundle.config.data.prepared_dir = str(again)
     with pytest.raises(ConfigError, match="whose tokenizer is not this run's"):
         translate_texts(bundle, lines, decode)
+
+
+def test_a_translator_of_a_relative_run_still_finds_its_files_after_a_change_of_directory(
+        tiny_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host program that changed directory: a shortlist asked for later hashed 'run/spm.model',
+    relative to the new directory (FileNotFoundError)."""
+    import shutil
+
+    from mtcli import Translator
+
+    shutil.copytree(tiny_run_dir, tmp_path / "run")
+    monkeypatch.chdir(tmp_path)
+    translator = Translator.from_run("run", device="cpu")
+    monkeypatch.chdir("/")
+    assert translator.bundle.tokenizer.model_path == tmp_path / "run" / "spm.model"
