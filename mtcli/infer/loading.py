@@ -197,7 +197,8 @@ def _build_model(state: dict, source: str, config: Config, vocab_size: int, run_
     model_state = {_WRAPPER_RE.sub("", k): v for k, v in model_state.items()}
     try:
         with torch.random.fork_rng(devices=[]):  # its random first weights, replaced: the caller's draws unmoved
-            model = Transformer(config.model, vocab_size, PAD_ID, model_state.get("output_ids"))
+            # in float32 before the weights go in, whatever default dtype a host program set
+            model = Transformer(config.model, vocab_size, PAD_ID, model_state.get("output_ids")).float()
         model.load_state_dict(model_state)
     except (RuntimeError, ValueError) as exc:
         detail = " ".join(str(exc).split())

@@ -94,8 +94,9 @@ def packing_supported(dtype: torch.dtype = torch.float32) -> bool:
     if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return False
     generator = torch.Generator().manual_seed(0)
-    weight, bias = torch.randn(24, 16, generator=generator), torch.randn(24, generator=generator)
-    x = torch.randn(3, 16, generator=generator)
+    weight = torch.randn(24, 16, generator=generator, dtype=torch.float32)  # (whatever the default dtype)
+    bias = torch.randn(24, generator=generator, dtype=torch.float32)
+    x = torch.randn(3, 16, generator=generator, dtype=torch.float32)
     try:
         out = PackedLinear(weight, bias, dtype)(x).float()
         out_relu = PackedLinear(weight, bias, dtype, relu=True)(x).float()

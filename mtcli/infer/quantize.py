@@ -82,8 +82,9 @@ def int8_supported() -> str | None:
         return "this PyTorch build has no int8 matrix product (torch._int_mm)"
     try:
         draws = torch.Generator().manual_seed(0)  # its own: a caller's random numbers stay as they were
-        Int8Linear(torch.randn(4, 8, generator=draws), torch.zeros(4), relu=True,
-                   nonnegative=True)(torch.rand(2, 8, generator=draws))
+        f32 = torch.float32  # whatever the default dtype
+        Int8Linear(torch.randn(4, 8, generator=draws, dtype=f32), torch.zeros(4, dtype=f32), relu=True,
+                   nonnegative=True)(torch.rand(2, 8, generator=draws, dtype=f32))
     except (RuntimeError, AttributeError, NotImplementedError) as exc:
         return f"int8 kernels unavailable ({str(exc).splitlines()[0][:120]})"
     return None

@@ -64,7 +64,7 @@ def draw(logits: Tensor, generators: list[torch.Generator]) -> Tensor:
     probability 0), so that a token of probability 0 is never drawn."""
     probs = logits.float().softmax(dim=-1).cpu()
     cdf = probs.cumsum(dim=-1)
-    u = (torch.cat([torch.rand(1, generator=g) for g in generators]) * cdf[:, -1]).clamp(
+    u = (torch.cat([torch.rand(1, generator=g, dtype=torch.float32) for g in generators]) * cdf[:, -1]).clamp(
         min=torch.finfo(torch.float32).tiny)
     tokens = torch.searchsorted(cdf, u[:, None]).squeeze(1).clamp(max=logits.size(-1) - 1)
     return tokens.to(logits.device)

@@ -427,7 +427,7 @@ def _beam_search(
     decoder = _StepDecoder(models, encs, 1, int(max_lens.max()) + 1, use_cache, ensemble_mode, restriction)
     sentence = torch.arange(n, device=device)  # original index of each live sentence
     seq = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
-    scores = torch.zeros((n, 1), device=device)  # [sentences, live beams]
+    scores = torch.zeros((n, 1), device=device, dtype=torch.float32)  # [sentences, live beams]
     limits = max_lens
     bound_lp = length_penalty_factor(max_lens + 1, alpha) if alpha >= 0 else None
     for step in range(int(max_lens.max()) + 1):

@@ -634,3 +634,24 @@ def test_numpy_numbers_are_taken_as_settings(tiny_run_dir: Path) -> None:
     assert [h.text for h in translator.nbest(lines, n=np.int64(2))[0]] == [h.text for h in translator.nbest(lines, 2)[0]]
     with pytest.raises(ConfigError, match="must be int"):
         translator.translate(lines, beam=np.bool_(True))
+
+
+@pytest.mark.parametrize("default", ["float64", "bfloat16"])
+def test_a_host_programs_default_dtype_changes_nothing(tiny_run_dir: Path, default: str) -> None:
+    """A notebook's torch.set_default_dtype(torch.float64) built the model in float64 (int8
+    then failed: "expected scalar type Float but found Double"); set after loading, the first
+    translation failed in oneDNN's probe ("Float did not match Double")."""
+    import torch
+
+    lines = ["eine katze spielt", "ein hund läuft im park"]
+    expected = Translator.from_run(tiny_run_dir, device="cpu")
+    settings = ({}, {"int8": True}, {"bf16": True}, {"sampling": "topk", "seed": 1})
+    wanted = [expected.translate(lines, **kw) for kw in settings] + [expected.score(lines, lines)]
+    loaded_before = Translator.from_run(tiny_run_dir, device="cpu")
+    try:
+        torch.set_default_dtype(getattr(torch, default))
+        for translator in (loaded_before, Translator.from_run(tiny_run_dir, device="cpu")):
+            got = [translator.translate(lines, **kw) for kw in settings] + [translator.score(lines, lines)]
+            assert got[:-1] == wanted[:-1] and got[-1] == pytest.approx(wanted[-1], abs=1e-5)
+    finally:
+        torch.set_default_dtype(torch.float32)
