@@ -159,12 +159,19 @@ def _text(item: Any, where: str) -> str:
     return item
 
 
-def _texts(texts: Any, what: str = "texts") -> list[str]:
-    """``texts`` as a list of strings of valid Unicode (:func:`_text`); a TypeError for a lone string."""
+def _check_many(texts: Any, what: str, kind: str = "a list") -> None:
+    """A TypeError, at the call, for what is not ``kind`` of strings: a lone string, a mapping
+    (its keys), bytes, None or a number."""
     if isinstance(texts, str):
-        raise TypeError(f"{what} must be a list of strings, not one string (wrap it: [text])")
-    if isinstance(texts, Mapping | bytes | bytearray) or not isinstance(texts, Iterable):  # keys, ints, None
-        raise TypeError(f"{what} must be a list of strings, not a {type(texts).__name__}")
+        raise TypeError(f"{what} must be {kind} of strings, not one string (wrap it: [text])")
+    if isinstance(texts, Mapping | bytes | bytearray) or not isinstance(texts, Iterable):
+        name = type(texts).__name__
+        raise TypeError(f"{what} must be {kind} of strings, not {'an' if name[0] in 'aeiou' else 'a'} {name}")
+
+
+def _texts(texts: Any, what: str = "texts") -> list[str]:
+    """``texts`` as a list of strings of valid Unicode (:func:`_text`); see :func:`_check_many`."""
+    _check_many(texts, what)
     return [_text(item, f"{what}[{i}]") for i, item in enumerate(texts)]
 
 
@@ -290,8 +297,7 @@ class Translator:
         if decode is not None and not isinstance(decode, DecodeConfig):
             raise TypeError(f"decode is a {type(decode).__name__}, expected a DecodeConfig (Translator.settings "
                             "makes one)")
-        if isinstance(lines, str):
-            raise TypeError("lines must be an iterable of strings, not one string (wrap it: [text])")
+        _check_many(lines, "lines", "an iterable")
         if not isinstance(lines, ArrivingLines):  # a reader's lines are strings already
             lines = (_text(line, f"{name}[{i}]") for i, line in enumerate(lines, offset))
         return self._stream(lines, decode, name, on_done, return_attention, window, offset)
@@ -324,8 +330,7 @@ class Translator:
     def translate_iter(self, texts: Iterable[str], **settings: Any) -> Iterator[str]:
         """Translate an iterable (a file, a generator) lazily: one output per input, in order,
         reading a window of inputs at a time, so memory stays bounded."""
-        if isinstance(texts, str):
-            raise TypeError("texts must be an iterable of strings, not one string (wrap it: [text])")
+        _check_many(texts, "texts", "an iterable")
         _no_nbest(settings, "translate_iter")
         decode = dataclasses.replace(self.settings(**settings), nbest=1)
 

@@ -180,6 +180,9 @@ def test_decoding_copy_is_made_once(tiny_run_dir: Path, int8: bool) -> None:
     (lambda t: Translator.from_run(".", device=None), TypeError, "got None"),  # torch's multi-line TypeError
     (lambda t: t.translate(None), TypeError, "texts must be a list of strings, not a NoneType"),  # named nothing
     (lambda t: t.score(None, None), TypeError, "sources must be a list of strings, not a NoneType"),
+    (lambda t: t.translate_iter(None), TypeError, "texts must be an iterable of strings, not a NoneType"),  # at next()
+    (lambda t: t.translate_iter({"ein satz": 1}), TypeError, "not a dict"),  # translated its keys
+    (lambda t: t.stream(5), TypeError, "lines must be an iterable of strings, not an int"),
     (lambda t: Translator.from_run(".", average_last=2.0), TypeError, "average_last must be an int .* got 2.0"),
     (lambda t: Translator.from_run(".", average_best=True), TypeError, "average_best must be an int"),  # averaged 1
     (lambda t: Translator.from_run(".", average_last="1"), TypeError, "average_last must be an int"),
