@@ -218,6 +218,8 @@ class Translator:
             raise TypeError("ensemble must be a list of run directories or checkpoints, not one (wrap it: [path])")
         if isinstance(overrides, str):
             raise TypeError("overrides must be a list of 'decode.key=value' strings, not one (wrap it: [text])")
+        if not all(isinstance(item, str) for item in overrides):
+            raise TypeError(f"overrides must be a list of 'decode.key=value' strings, got {list(overrides)!r}")
         chosen = None if device == "auto" else resolve_device(device, key="--device")  # before any loading
         bundle = load_for_inference(run_dir, checkpoint, average_last=average_last, average_best=average_best)
         bundle = add_members(bundle, ensemble, run_dir)

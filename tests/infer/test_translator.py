@@ -178,6 +178,8 @@ def test_decoding_copy_is_made_once(tiny_run_dir: Path, int8: bool) -> None:
     (lambda t: t.nbest(["a"], n="3"), TypeError, "n must be an int, got '3'"),
     (lambda t: Translator.from_run(".", ensemble="run2"), TypeError, "not one"),  # read as runs 'r', 'u', ...
     (lambda t: Translator.from_run(".", device=None), TypeError, "got None"),  # torch's multi-line TypeError
+    (lambda t: Translator.from_run(".", overrides=[5]), TypeError, r"overrides must be a list of 'decode.key=value' "
+                                                                   r"strings, got \[5\]"),  # 'int' is not iterable
     (lambda t: t.translate(None), TypeError, "texts must be a list of strings, not a NoneType"),  # named nothing
     (lambda t: t.score(None, None), TypeError, "sources must be a list of strings, not a NoneType"),
     (lambda t: t.translate_iter(None), TypeError, "texts must be an iterable of strings, not a NoneType"),  # at next()
