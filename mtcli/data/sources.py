@@ -56,6 +56,11 @@ from mtcli.errors import DataError, one_line
 from mtcli.fileio import FileHasher
 from mtcli.logs import get_logger, quiet_loggers
 
+#: What ``prepare`` says of a validation or test file that opens with a byte-order mark.
+SPLIT_BOM_NOTE = ("opens with a byte-order mark, which mtcli drops from the split's text: sacreBLEU's command line "
+                  "on this file keeps it, in the first word, and scores it other than mtcli evaluate does; strip "
+                  "it (sed -i '1s/^\\xEF\\xBB\\xBF//')")
+
 
 class TextDirSource(Source):
     """A directory of ``<split>.<lang>`` (or ``<split>.<lang>.gz``) aligned text files, or of
@@ -158,7 +163,7 @@ class TextDirSource(Source):
             raise DataError(f"{self.describe()}: no {split}.{pair[0]}-{pair[1]}.tsv (or {split}.{pair[0]} and "
                             f"{split}.{pair[1]}) for the pair {pair[0]}-{pair[1]} (split '{split}' is in: {held})")
 
-    def pairs(self, split: str) -> Iterator[Pair]:
+    def pairs(self, split: str, bom_note: str = "") -> Iterator[Pair]:
         memory = self.memory(split)
         if memory is not None:
             yield from tmx_pairs(memory, self.src_lang, self.tgt_lang)
@@ -168,7 +173,7 @@ class TextDirSource(Source):
             yield from table_pairs(*table, self.src_lang)
             return
         src_path, tgt_path = self.path(split, self.src_lang), self.path(split, self.tgt_lang)
-        src_it, tgt_it = read_lines(src_path), read_lines(tgt_path)
+        src_it, tgt_it = read_lines(src_path, bom_note), read_lines(tgt_path, bom_note)
         n = 0
         for src in src_it:
             tgt = next(tgt_it, None)
@@ -185,7 +190,7 @@ class TextDirSource(Source):
         memory, table = self.memory(split), self.table(split)
         if memory is not None:
             return tmx_pairs(memory, self.src_lang, self.tgt_lang, verbatim=True)
-        return self.pairs(split) if table is None else table_pairs(*table, self.src_lang, verbatim=True)
+        return self.pairs(split, SPLIT_BOM_NOTE) if table is None else table_pairs(*table, self.src_lang, verbatim=True)
 
     def text_blocks(self, split: str) -> Iterator[tuple[bytes, bytes]]:
         table = self.table(split)

@@ -849,6 +849,16 @@ def test_an_empty_test_split_is_prepared_with_a_warning_naming_it(tmp_path: Path
     assert corpus.manifest["counts"]["test"]["kept"] == 0 and corpus.manifest["counts"]["val"]["kept"] == 40
 
 
+def test_a_test_reference_opening_with_a_byte_order_mark_is_warned_of(tmp_path: Path, toy_dir: Path) -> None:
+    """Its mark was dropped unsaid, while sacreBLEU's command line on the file keeps it: the two
+    scored it apart (chrF 11.7075 against 11.6951), as evaluate --ref says of such a file."""
+    (toy_dir / "test.tgt").write_bytes(b"\xef\xbb\xbf" + (toy_dir / "test.tgt").read_bytes())
+    result = run_cli(str(write_config(tmp_path, toy_dir)))
+    assert result.exit_code == 0, result.output
+    warned = [line for line in result.stderr.splitlines() if "byte-order mark" in line]
+    assert len(warned) == 1 and f"{toy_dir / 'test.tgt'}: opens with a byte-order mark, which mtcli drops" in warned[0]
+
+
 def test_failed_rebuild_keeps_the_previous_cache(tmp_path: Path, toy_dir: Path) -> None:
     cfg = write_config(tmp_path, toy_dir)
     prep.prepare(load_config(cfg))
