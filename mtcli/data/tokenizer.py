@@ -125,8 +125,10 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         """Detokenized text of ``ids``, on one line (:func:`one_line`); pad, bos and eos are
-        skipped (unk decodes as " ⁇ ")."""
-        return one_line(self._sp.decode([int(i) for i in ids if int(i) not in SPECIAL_IDS]))
+        skipped (unk decodes as " ⁇ "). Spaces at either end go: they come of a bare word-start
+        piece that a search began or ended on, and are no part of the text (transformers'
+        decoding of the HF export drops them too)."""
+        return one_line(self._sp.decode([int(i) for i in ids if int(i) not in SPECIAL_IDS])).strip(" ")
 
     def piece_to_id(self, piece: str) -> int:
         """The id of a piece (unk's id for a piece the model does not have)."""

@@ -227,3 +227,14 @@ def test_word_cache_encodes_whole_sentences_for_a_model_whose_pieces_cross_words
                          cache.encode_text("\n".join(lines).encode())):  # the last line unended
         assert lengths.tolist() == [len(e) for e in expected]
         assert ids.tolist() == [i for e in expected for i in e]
+
+
+def test_decode_drops_the_spaces_of_lone_word_starts_at_either_end(model: Path) -> None:
+    # a search can end (or begin) on the bare word-start piece "▁": its space is no part of the text
+    tok = Tokenizer(model)
+    space = tok.piece_to_id("\u2581")
+    assert tok.id_to_piece(space) == "\u2581"
+    ids = tok.encode(SENTENCES[2])
+    assert tok.decode([*ids, space]) == SENTENCES[2]
+    assert tok.decode([space, space, *ids, space, space]) == SENTENCES[2]
+    assert tok.decode([*tok.encode("Die"), space, *tok.encode("Frau")]) == "Die  Frau"  # inner ones stay
