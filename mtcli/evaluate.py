@@ -126,6 +126,8 @@ def _read_test(src_path: Path, ref_paths: list[Path]) -> tuple[list[str], list[s
     sources = list(read_lines(src_path))
     if not sources:
         raise NoTestText(f"{src_path}: empty; there is nothing to translate and score")
+    if not any(line.strip() for line in sources):
+        raise NoTestText(f"{src_path}: blank lines only; there is nothing to translate and score")
     first, digest = read_lines_hashed(ref_paths[0], BOM_NOTE)
     streams = [first, *(list(read_lines(path, BOM_NOTE)) for path in ref_paths[1:])]
     for path, stream in zip(ref_paths, streams, strict=True):
