@@ -188,7 +188,8 @@ def save_ctranslate2(bundle: InferenceModel, output: Path, run_dir: Path, **reco
         }
         if bundle.target_tags:  # a multilingual run: a source starts with its target language's tag
             info["target_tags"] = {lang: bundle.tokenizer.id_to_piece(i) for lang, i in bundle.target_tags.items()}
-            info["usage"] += "; each source's pieces start with target_tags[target language]"
+            info["usage"] += ("; each source's pieces start with target_tags[target language], the tag "
+                              "counted in the max_positions - 1 pieces a source is cut to")
         (tmp / EXPORT_RECORD).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
 

@@ -224,7 +224,9 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
             (tmp / name).write_bytes(Path(path).read_bytes())
         data = bundle.config.data
         MarianTokenizer(str(tmp / "source.spm"), str(tmp / "target.spm"), str(tmp / "vocab.json"),
-                        source_lang=data.src_lang, target_lang=data.tgt_lang, model_max_length=model.cfg.max_positions,
+                        source_lang=data.src_lang, target_lang=data.tgt_lang,
+                        # room for the tag a multilingual run's sources start with, put before them
+                        model_max_length=model.cfg.max_positions - (1 if bundle.target_tags else 0),
                         unk_token="<unk>", eos_token="</s>", pad_token="<pad>").save_pretrained(tmp)
         record = {"format": "hf", "run_dir": str(Path(run_dir).resolve()), "checkpoint": bundle.name,
                   "model": bundle.config.to_dict()["model"], "decode": bundle.config.to_dict()["decode"],
@@ -233,7 +235,8 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
         if bundle.target_tags:  # a multilingual run: its sources start with a tag, which MarianTokenizer cannot write
             record["target_tags"] = {lang: {"piece": tokenizer.id_to_piece(i), "id": i}
                                      for lang, i in bundle.target_tags.items()}
-            record["usage"] = "put target_tags[target language]['id'] before each source's input_ids"
+            record["usage"] = ("put target_tags[target language]['id'] before each source's input_ids (the "
+                               "tokenizer's model_max_length leaves room for it: truncation=True)")
         (tmp / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")  # import-hf reads it
     return output
 

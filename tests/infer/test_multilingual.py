@@ -234,11 +234,14 @@ def test_an_export_names_the_tags_its_sources_start_with(multi_run: Path, tmp_pa
     assert "target_tags[target language]" in record["usage"]
     tokenizer, model = Tokenizer(out / "spm.model"), ctranslate2.Translator(str(out))
     ours = Translator.from_run(multi_run, beam=1)
+    positions = record["model"]["max_positions"]
+    sources = [*SOURCES, " ".join(["hund"] * 2 * positions)]  # cut, with its tag, as docs/decoding.md says
     for lang, tag in record["target_tags"].items():
-        pieces = [[tag] + [tokenizer.id_to_piece(i) for i in tokenizer.encode(line)] for line in SOURCES]
+        pieces = [([tag] + [tokenizer.id_to_piece(i) for i in tokenizer.encode(line)])[: positions - 1]
+                  for line in sources]
         found = model.translate_batch(pieces, beam_size=1, suppress_sequences=[["<blank>"], ["<s>"]],
                                       max_decoding_length=16, min_decoding_length=0)
-        expected = ours.translate(SOURCES, tgt_lang=lang, max_len_a=0.0, max_len_b=16)
+        expected = ours.translate(sources, tgt_lang=lang, max_len_a=0.0, max_len_b=16)
         assert [tokenizer.decode([tokenizer.piece_to_id(p) for p in r.hypotheses[0]]) for r in found] == expected
 
 
@@ -248,11 +251,17 @@ def test_an_hf_export_records_the_tags_and_import_hf_refuses_it(multi_run: Path,
     refuses it (it made a run labelled src->tgt that wrote another language)."""
     import json
 
+    from transformers import MarianTokenizer
+
     from mtcli.infer.hf import export_hf
     from mtcli.infer.hf_import import import_hf
 
     exported = export_hf(multi_run, tmp_path / "hf")
     record = json.loads((exported / "mtcli_export.json").read_text())
+    # a source cut by the tokenizer leaves room for its tag
+    positions = record["model"]["max_positions"]
+    cut = MarianTokenizer.from_pretrained(exported)(" ".join(["tgt"] * 2 * positions), truncation=True)
+    assert len(cut.input_ids) == positions - 1 and "truncation=True" in record["usage"]
     tags = PreparedCorpus.open(multi_run.parent / "prepared").tags
     assert {lang: t["id"] for lang, t in record["target_tags"].items()} == {
         lang: tags[f"<2{lang}>"] for lang in ("tgt", "src", "xx")}
