@@ -29,15 +29,18 @@ from pathlib import Path
 from typing import Any
 
 from mtcli.config import CorpusConfig, DataConfig
-from mtcli.data.cache import array_name, direction_split, eval_split_name
+from mtcli.data.cache import SPM_MODEL, array_name, direction_split, eval_split_name
 from mtcli.data.cleaning import CleanCounts, PairCleaner, clean_text_blocks, clean_text_files
 from mtcli.data.sourcebase import MissingSplitError, Source
 from mtcli.data.sources import TextDirSource, open_source
+from mtcli.data.tokenizer import UNK_ID
+from mtcli.data.vocabmap import load_tokenizer
 from mtcli.data.workers import can_fork
 from mtcli.errors import DataError
 from mtcli.fileio import FileHasher
 from mtcli.languages import measured_in_characters
 from mtcli.logs import get_logger
+from mtcli.rundir import VOCAB_NAME
 
 # Below this many pairs an Arrow split is cleaned in-process: forking workers costs about as much
 # as it saves on a corpus the size of Multi30k.
@@ -272,21 +275,60 @@ def _repeated(configs: list[CorpusConfig], k: int) -> list[str]:
             "its pairs are drawn with both weights together; list it once with the weight it should have"]
 
 
+def given_spm_model(data: DataConfig) -> Path | None:
+    """The SentencePiece model ``data.spm_model`` names (a run directory or prepared cache holding
+    ``spm.model``, or the file itself; or a run ``mtcli import-hf`` made, with its ``vocab.json``
+    beside ``source.spm`` and ``target.spm``), checked to be one mtcli can use; None when unset."""
+    if not data.spm_model:
+        return None
+    path = Path(data.spm_model)
+    model = path / SPM_MODEL if path.is_dir() else path
+    if path.is_dir() and not model.is_file() and (path / VOCAB_NAME).is_file():
+        model = path / VOCAB_NAME
+    if not model.is_file():
+        where = f"no {SPM_MODEL} in that directory" if path.is_dir() else "not found"
+        raise DataError(f"data.spm_model: {data.spm_model}: {where} (give a run directory, a "
+                        "prepared cache or an spm.model file)")
+    try:
+        load_tokenizer(model)
+    except DataError as exc:
+        raise DataError(f"data.spm_model: {exc}") from None
+    return model
+
+
+def keeps_target_tag(data: DataConfig) -> bool:
+    """Whether sources of one target language start with its tag all the same: when
+    ``data.spm_model`` is a multilingual run's (or cache's) model that holds that tag. A model
+    fine-tuned from that run (``train.init_from``) then reads its sources as the run did; untagged,
+    it starts from weights that never saw such a source (and wrote other languages). The corpora
+    of ``data.sources`` get it; a ``data.source`` is warned of."""
+    targets = data.target_langs()
+    given = given_spm_model(data)
+    return (given is not None and len(targets) == 1
+            and load_tokenizer(given).piece_to_id(target_tag(targets[0])) != UNK_ID)
+
+
 def plan_corpora(data: DataConfig) -> Plan:
     """Open every corpus and decide what is read from where; :class:`DataError` (one line) for a
     missing corpus, split or language."""
     all_splits = split_names(data)
     eval_splits = [split for split in all_splits if split != data.train_split]
+    tagged = keeps_target_tag(data)
     if not data.sources:
         source = open_source(data.source, data.src_lang, data.tgt_lang, data.hub_config)
         _check_splits(source, data, all_splits)
         corpus = Corpus(0, data.corpora()[0], source, data.train_split, data.train_split, [], eval_splits)
         providers = {(split, lang): (corpus, side) for split in eval_splits
                      for side, lang in enumerate((data.src_lang, data.tgt_lang))}
-        return Plan([corpus], all_splits, eval_splits, providers, {s: s for s in eval_splits}, {}, several=False)
+        notes = [f"data.spm_model holds the tag {target_tag(data.tgt_lang)} that its multilingual model's sources start "
+                 "with, and sources read from data.source get none: a model fine-tuned from that one would start from "
+                 "weights that never read an untagged source; list the corpus under data.sources ([{source: "
+                 f"{data.source}}}]) to keep the tag"] if tagged else []
+        return Plan([corpus], all_splits, eval_splits, providers, {s: s for s in eval_splits}, {}, several=False,
+                    notes=notes)
     configs = data.corpora()
     targets = data.target_langs()
-    target_tags = {lang: target_tag(lang) for lang in targets} if len(targets) > 1 else {}
+    target_tags = {lang: target_tag(lang) for lang in targets} if len(targets) > 1 or tagged else {}
     corpora: list[Corpus] = []
     notes: list[str] = []
     for k, config in enumerate(configs):

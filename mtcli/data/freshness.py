@@ -17,9 +17,9 @@ from typing import Any
 from mtcli.builddir import live_builders
 from mtcli.config import Config, DataConfig
 from mtcli.data.cache import CacheLock, PreparedCorpus
-from mtcli.data.corpora import plan_corpora
+from mtcli.data.corpora import given_spm_model, plan_corpora
 from mtcli.data.download import CORPORA, located
-from mtcli.data.prepare import KEY_EXCLUDES, SPM_TRAINING_KEYS, given_spm_model, word_ids_stale
+from mtcli.data.prepare import KEY_EXCLUDES, SPM_TRAINING_KEYS, word_ids_stale
 from mtcli.data.sources import looks_like_path
 from mtcli.errors import DataError
 from mtcli.fileio import FileHasher, sha256_file

@@ -52,7 +52,14 @@ from mtcli.data.cache import (
     write_manifest,
 )
 from mtcli.data.cleaning import CleanCounts
-from mtcli.data.corpora import Plan, plan_corpora, text_path, write_eval, write_training
+from mtcli.data.corpora import (
+    Plan,
+    given_spm_model,
+    plan_corpora,
+    text_path,
+    write_eval,
+    write_training,
+)
 from mtcli.data.coverage import warn_of_changed_text, warn_of_unknown
 from mtcli.data.encoding import encode_file, encode_with_vocab, line_blocks
 from mtcli.data.scan import take_spans
@@ -119,27 +126,6 @@ class PrepareReport:
             f"{self.directory / SPM_MODEL}"
         )
         return "\n".join(lines)
-
-
-def given_spm_model(data: DataConfig) -> Path | None:
-    """The SentencePiece model ``data.spm_model`` names (a run directory or prepared cache holding
-    ``spm.model``, or the file itself; or a run ``mtcli import-hf`` made, with its ``vocab.json``
-    beside ``source.spm`` and ``target.spm``), checked to be one mtcli can use; None when unset."""
-    if not data.spm_model:
-        return None
-    path = Path(data.spm_model)
-    model = path / SPM_MODEL if path.is_dir() else path
-    if path.is_dir() and not model.is_file() and (path / VOCAB_NAME).is_file():
-        model = path / VOCAB_NAME
-    if not model.is_file():
-        where = f"no {SPM_MODEL} in that directory" if path.is_dir() else "not found"
-        raise DataError(f"data.spm_model: {data.spm_model}: {where} (give a run directory, a "
-                        "prepared cache or an spm.model file)")
-    try:
-        load_tokenizer(model)
-    except DataError as exc:
-        raise DataError(f"data.spm_model: {exc}") from None
-    return model
 
 
 def given_sha256(given: Path) -> str:
@@ -444,6 +430,9 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
     plan = plan_corpora(data)
     for note in plan.notes:
         log.warning("%s", note)
+    if len(plan.target_tags) == 1:
+        log.info("each source starts with %s, as in the multilingual model data.spm_model comes from",
+                 ", ".join(plan.target_tags.values()))
     if restore_swap(out):
         log.info("%s: put in place the cache a killed prepare had built but not swapped in", out)
     given = given_spm_model(data)

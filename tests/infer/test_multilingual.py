@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import train_trilingual
+from conftest import TOY_CONFIG, toy_train_config, train_trilingual
 from typer.testing import CliRunner
 
 from mtcli.cli import app
@@ -298,3 +298,33 @@ def test_validation_decodes_into_the_references_language(multi_run: Path, monkey
                                           r"\(they translate into tgt, src, xx\)"):
         validation.check_validation(dataclasses.replace(config, decode=dataclasses.replace(config.decode,
                                                                                             tgt_lang="fr")))
+
+
+def test_a_child_of_one_target_language_keeps_the_tag_its_parent_read(multi_run: Path, tmp_path: Path) -> None:
+    """A run fine-tuned from a multilingual one into one of its languages (data.spm_model and
+    train.init_from the parent) dropped the tag: it started from weights that had never read an
+    untagged source, and wrote other languages. Its sources keep the tag, so it starts where the
+    parent translates into that language."""
+    from mtcli.config import load_config
+    from mtcli.data.corpora import plan_corpora
+    from mtcli.data.prepare import prepare
+    from mtcli.train.run import train
+
+    tri, prepared = multi_run.parent / "tri", tmp_path / "prepared"
+    data = ["data.source=", f"data.sources=[{{source: {tri}, langs: [src, xx]}}]", "data.tgt_lang=xx",
+            f"data.spm_model={multi_run}", f"data.prepared_dir={prepared}"]
+    assert plan_corpora(load_config(TOY_CONFIG, data).data).target_tags == {"xx": "<2xx>"}
+    prepare(load_config(TOY_CONFIG, data))
+    assert PreparedCorpus.open(prepared).manifest["target_tags"] == {"xx": "<2xx>"}
+    child = tmp_path / "child"
+    train(toy_train_config(prepared, child, *data, f"train.init_from={multi_run}", "train.max_steps=1",
+                           "train.valid_every=1", "train.valid_bleu=false", "train.lr_factor=1e-9"))
+    tags = PreparedCorpus.open(prepared).tags
+    ours = Translator.from_run(child, beam=1)
+    assert {n[0].source_tokens[0] for n in ours.nbest(SOURCES, 1)} == {tags["<2xx>"]}
+    assert ours.translate(SOURCES) == Translator.from_run(multi_run, beam=1).translate(SOURCES, tgt_lang="xx")
+    # without the parent's model there is one target language and no tag, as before
+    assert plan_corpora(load_config(TOY_CONFIG, [*data[:3], f"data.prepared_dir={tmp_path}"]).data).target_tags == {}
+    # a data.source gets none, and is warned of
+    single = plan_corpora(load_config(TOY_CONFIG, [f"data.source={tri}", *data[2:]]).data)
+    assert single.target_tags == {} and "list the corpus under data.sources" in single.notes[0]
