@@ -20,7 +20,7 @@ from typing import Annotated, Optional
 import typer
 
 from mtcli.cli_errors import Commands, fail, handle_errors, kept_results, say
-from mtcli.errors import MtcliError, TrainingInterrupted
+from mtcli.errors import MtcliError, TrainingInterrupted, install_advice
 
 app = typer.Typer(
     cls=Commands,
@@ -527,7 +527,7 @@ def serve(
             from mtcli.serve import Limits, check_api_key, check_listening
             from mtcli.serve import serve as run_server
         except ImportError as exc:
-            fail(f"mtcli serve needs the serve extra: pip install 'mtcli[serve]' ({exc.name} is missing)", 1)
+            fail(f"mtcli serve needs {exc.name}: {install_advice('serve')}", 1)
         from mtcli.allocator import bound_onednn_cache
         from mtcli.infer.translator import Translator
         from mtcli.logs import setup_logging

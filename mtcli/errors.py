@@ -126,3 +126,20 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     failure inside its own one-line errors."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def install_advice(extra: str) -> str:
+    """How to install the packages of mtcli's optional ``extra`` (pyproject's
+    ``[project.optional-dependencies]``), by their own names: ``pip install 'fastapi>=0.110' ...``.
+    Not ``pip install 'mtcli[extra]'``: the name mtcli on PyPI is another project's, which that
+    would fetch (or put in place of this one)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        listed = requires("mtcli") or []
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        listed = []
+    wanted = [r.split(";")[0].strip() for r in listed if r.replace("'", '"').endswith(f'extra == "{extra}"')]
+    if not wanted:
+        return f"pip install -e '.[{extra}]' in mtcli's checkout"
+    return "pip install " + " ".join(f"'{r}'" for r in wanted)

@@ -6,7 +6,7 @@ All on detokenised text:
   ``BLEU = BP * exp(sum_n 1/4 * log p_n)`` with ``BP = min(1, exp(1 - r/c))``. Where spaces do
   not separate words, 13a would count a whole sentence as one word, so a Chinese, Japanese or
   Korean target is tokenised as sacreBLEU's command line does for it (``zh``, ``ja-mecab``,
-  ``ko-mecab``; the last two need MeCab: ``pip install 'mtcli[ja]'`` or ``'mtcli[ko]'``), and
+  ``ko-mecab``; the last two need MeCab: the ``ja`` or ``ko`` extra), and
   TER splits its characters (``asian_support``, which sacreBLEU applies only with its
   tercom normalisation, so such a TER's signature also says ``norm:yes``);
 * **chrF** (Popović, 2015): character n-gram F-score, ``beta = 2``;
@@ -26,7 +26,7 @@ from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
-from mtcli.errors import ConfigError, DataError, MtcliError
+from mtcli.errors import ConfigError, DataError, MtcliError, install_advice
 from mtcli.languages import language_code
 
 #: What ``evaluate --metrics`` may name (BLEU and lowercased BLEU are always scored).
@@ -69,7 +69,7 @@ def scorer(name: str, tgt_lang: str | None = None, *, lowercase: bool = False, i
         return BLEU(tokenize=tokenize, lowercase=lowercase)
     except RuntimeError:  # sacreBLEU's MeCab tokenisers import MeCab when made
         raise MtcliError(f"BLEU of '{tgt_lang}' text tokenises it with MeCab ({tokenize}): "
-                         f"pip install 'mtcli[{code}]'{instead}") from None
+                         f"{install_advice(code)}{instead}") from None
 
 
 def metric_names(metrics: Sequence[str]) -> tuple[str, ...]:

@@ -412,3 +412,26 @@ def test_two_evaluations_into_one_directory_write_their_pairs_one_after_the_othe
     monkeypatch.setattr(fileio, "fsync_dir", another_evaluation_tries)
     _write_outputs(tmp_path / "test.best.hyp", tmp_path / "test.best.report.json", ["new"], {"beam_size": 2})
     assert blocked, "the directory was not locked while the pair was renamed"
+
+
+def test_a_missing_optional_package_is_named_with_its_own_pip_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The advice was `pip install 'mtcli[hf]'`, which fetches PyPI's mtcli, another project's:
+    it names the extra's packages, as pyproject lists them."""
+    import importlib.metadata
+    import sys
+
+    from mtcli.errors import MtcliError, install_advice
+    from mtcli.infer.export import require_ctranslate2
+    from mtcli.infer.hf import require_transformers
+
+    assert install_advice("serve").startswith("pip install 'fastapi>=") and "mtcli[" not in install_advice("serve")
+    for require, package in ((require_transformers, "transformers"), (require_ctranslate2, "ctranslate2")):
+        monkeypatch.setitem(sys.modules, package, None)  # (its import fails)
+        with pytest.raises(MtcliError, match=rf": pip install '{package}>=[\d.]+'$"):
+            require()
+
+    def never_installed(name: str) -> None:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "requires", never_installed)
+    assert install_advice("hf") == "pip install -e '.[hf]' in mtcli's checkout"

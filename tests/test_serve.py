@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-httpx = pytest.importorskip("httpx", reason="the serve tests need httpx (pip install 'mtcli[dev]')")
-pytest.importorskip("fastapi", reason="mtcli serve needs the serve extra (pip install 'mtcli[serve]')")
+httpx = pytest.importorskip("httpx", reason="the serve tests need httpx (pip install -e '.[dev]')")
+pytest.importorskip("fastapi", reason="mtcli serve needs the serve extra (pip install -e '.[serve]')")
 
 from conftest import mtcli_here, prepare_for_run  # noqa: E402
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("selenium", reason="the browser test needs selenium (pip install 'mtcli[dev]')")
-pytest.importorskip("fastapi", reason="mtcli serve needs the serve extra (pip install 'mtcli[serve]')")
+pytest.importorskip("selenium", reason="the browser test needs selenium (pip install -e '.[dev]')")
+pytest.importorskip("fastapi", reason="mtcli serve needs the serve extra (pip install -e '.[serve]')")
 
 from conftest import train_trilingual  # noqa: E402
 from selenium import webdriver  # noqa: E402

@@ -29,6 +29,7 @@ import numpy as np
 import sentencepiece as spm
 
 from mtcli.errors import DataError
+from mtcli.errors import one_line as exception_line
 from mtcli.fileio import atomic_write
 from mtcli.logs import get_logger
 
@@ -250,12 +251,22 @@ def _training_error(message: str, vocab_size: int, model_type: str, empty: bool)
     return DataError(f"SentencePiece training failed: {first}")
 
 
+def _model_pb2() -> Any:
+    """SentencePiece's ``sentencepiece_model_pb2``, or a one-line :class:`DataError`: it needs a
+    protobuf runtime of its own major version, at least as new as the one that generated it
+    (which sentencepiece does not declare; mtcli's pyproject does)."""
+    try:
+        from sentencepiece import sentencepiece_model_pb2
+    except Exception as exc:  # ImportError, or protobuf's VersionError (of no public class)
+        raise DataError(f"sentencepiece's model reader cannot load with this protobuf ({exception_line(exc)}): "
+                        "pip install 'protobuf>=7.36.1,<8'") from None
+    return sentencepiece_model_pb2
+
+
 def _without_inputs(model: bytes) -> bytes:
     """A serialized model without the paths of the files it was trained on: the same bytes as
     the model trained on the same sentences as a stream."""
-    from sentencepiece import sentencepiece_model_pb2
-
-    proto = sentencepiece_model_pb2.ModelProto()
+    proto = _model_pb2().ModelProto()
     proto.ParseFromString(model)
     del proto.trainer_spec.input[:]
     return proto.SerializeToString()
@@ -298,9 +309,7 @@ class _CountingIterator:
 
 def _model_proto(path: Path) -> Any:
     """The SentencePiece model file's settings and pieces (its ``ModelProto``)."""
-    from sentencepiece import sentencepiece_model_pb2
-
-    proto = sentencepiece_model_pb2.ModelProto()
+    proto = _model_pb2().ModelProto()
     proto.ParseFromString(Path(path).read_bytes())
     return proto
 

@@ -27,7 +27,7 @@ depends on another toolkit's checkpoint format. What has to line up with :mod:`m
     out = tr.translate_batch([sp.encode("Ein Hund läuft.", out_type=str)], beam_size=5)
     print(sp.decode(out[0].hypotheses[0]))
 
-CTranslate2 is an optional dependency: ``pip install 'mtcli[ctranslate2]'``.
+CTranslate2 is an optional dependency (the ``ctranslate2`` extra).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import torch
 from mtcli.builddir import atomic_dir, check_replaceable
 from mtcli.checkpoint import sha256_of_loaded
 from mtcli.data.tokenizer import Tokenizer
-from mtcli.errors import CheckpointError, ConfigError, MtcliError
+from mtcli.errors import CheckpointError, ConfigError, MtcliError, install_advice
 from mtcli.fileio import copy_file
 from mtcli.infer.loading import InferenceModel, load_for_inference, resolve_checkpoint
 from mtcli.logs import get_logger
@@ -65,8 +65,7 @@ def require_ctranslate2() -> Any:
         import ctranslate2.specs  # noqa: F401
     except ImportError:
         raise MtcliError(
-            "export to ctranslate2 needs the optional 'ctranslate2' package: "
-            "pip install 'mtcli[ctranslate2]'"
+            f"export to ctranslate2 needs the optional 'ctranslate2' package: {install_advice('ctranslate2')}"
         ) from None
     return ctranslate2
 

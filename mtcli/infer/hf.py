@@ -24,7 +24,7 @@ differs, and what the export does about it:
 :func:`weight_table` is the one mapping of our weights to Marian's names; the import
 (:mod:`mtcli.infer.hf_import`) reads through it too.
 
-Needs the ``hf`` extra (``pip install 'mtcli[hf]'``). A pre-norm run (``model.pre_norm``) is
+Needs the ``hf`` extra. A pre-norm run (``model.pre_norm``) is
 refused: Marian has no pre-norm layers.
 """
 
@@ -43,7 +43,7 @@ import torch
 
 from mtcli.builddir import atomic_dir, check_replaceable
 from mtcli.data.vocabmap import VocabTokenizer
-from mtcli.errors import ConfigError, MtcliError, one_line
+from mtcli.errors import ConfigError, MtcliError, install_advice, one_line
 from mtcli.fileio import default_file_mode, sha256_file
 from mtcli.infer.export import EXPORT_RECORD
 from mtcli.infer.loading import load_for_inference
@@ -56,7 +56,7 @@ def require_transformers(purpose: str = "--format hf") -> Any:
     try:
         import transformers
     except ImportError:
-        raise MtcliError(f"{purpose} needs Hugging Face Transformers: pip install 'mtcli[hf]'") from None
+        raise MtcliError(f"{purpose} needs Hugging Face Transformers: {install_advice('hf')}") from None
     return transformers
 
 

@@ -29,7 +29,7 @@ Refused with one line naming the key of ``config.json``: anything mtcli cannot c
 vocabulary, another activation, unequal encoder and decoder widths); and of
 ``generation_config.json``, what mtcli's search does not do (a repetition penalty, n-gram
 blocking, a minimum length, banned words other than the pad token, more than one end token). The import checks itself: the
-logits of both models on a probe must agree. Needs the ``hf`` extra (``pip install 'mtcli[hf]'``).
+logits of both models on a probe must agree. Needs the ``hf`` extra.
 """
 
 from __future__ import annotations

@@ -238,3 +238,16 @@ def test_decode_drops_the_spaces_of_lone_word_starts_at_either_end(model: Path) 
     assert tok.decode([*ids, space]) == SENTENCES[2]
     assert tok.decode([space, space, *ids, space, space]) == SENTENCES[2]
     assert tok.decode([*tok.encode("Die"), space, *tok.encode("Frau")]) == "Die  Frau"  # inner ones stay
+
+
+def test_a_protobuf_that_cannot_read_models_is_one_line(model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sentencepiece's model reader needs a protobuf of its own major version (undeclared by it):
+    with another, prepare was a traceback from a worker."""
+    import sys
+
+    from mtcli.data.tokenizer import _model_proto
+
+    monkeypatch.setitem(sys.modules, "sentencepiece.sentencepiece_model_pb2", None)  # (import fails)
+    with pytest.raises(DataError, match=r"^sentencepiece's model reader cannot load with this protobuf \(.*\): "
+                                        r"pip install 'protobuf>=7.36.1,<8'$"):
+        _model_proto(model)

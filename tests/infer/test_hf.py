@@ -16,7 +16,7 @@ from mtcli.errors import ConfigError
 from mtcli.infer.loading import load_for_inference
 from mtcli.infer.translator import Translator
 
-transformers = pytest.importorskip("transformers", reason="the hf export needs the hf extra (pip install 'mtcli[hf]')")
+transformers = pytest.importorskip("transformers", reason="the hf export needs the hf extra (pip install -e '.[hf]')")
 
 from mtcli.infer.hf import export_hf, model_permutation  # noqa: E402
 

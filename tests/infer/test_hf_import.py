@@ -21,7 +21,7 @@ from mtcli.errors import ConfigError, DataError, MtcliError
 from mtcli.infer.loading import load_for_inference
 from mtcli.infer.translator import Translator
 
-transformers = pytest.importorskip("transformers", reason="import-hf needs the hf extra (pip install 'mtcli[hf]')")
+transformers = pytest.importorskip("transformers", reason="import-hf needs the hf extra (pip install -e '.[hf]')")
 
 from mtcli.infer.hf import export_hf  # noqa: E402
 from mtcli.infer.hf_import import import_hf  # noqa: E402
