@@ -414,7 +414,8 @@ def test_two_evaluations_into_one_directory_write_their_pairs_one_after_the_othe
     assert blocked, "the directory was not locked while the pair was renamed"
 
 
-def test_a_missing_optional_package_is_named_with_its_own_pip_line(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_optional_package_is_named_with_its_own_pip_line(monkeypatch: pytest.MonkeyPatch,
+                                                                   tiny_run_dir: Path, tmp_path: Path) -> None:
     """The advice was `pip install 'mtcli[hf]'`, which fetches PyPI's mtcli, another project's:
     it names the extra's packages, as pyproject lists them."""
     import importlib.metadata
@@ -429,6 +430,14 @@ def test_a_missing_optional_package_is_named_with_its_own_pip_line(monkeypatch: 
         monkeypatch.setitem(sys.modules, package, None)  # (its import fails)
         with pytest.raises(MtcliError, match=rf": pip install '{package}>=[\d.]+'$"):
             require()
+    import shutil
+
+    from mtcli.infer.translator import Translator  # said before the model is loaded or converted
+
+    run = shutil.copytree(tiny_run_dir, tmp_path / "run")
+    with pytest.raises(MtcliError, match=r"^--engine ctranslate2 needs the optional 'ctranslate2' package"):
+        Translator.from_run(run, engine="ctranslate2", checkpoint="checkpoint_10.pt")
+    assert not (run / "ctranslate2").exists()
 
     def never_installed(name: str) -> None:
         raise importlib.metadata.PackageNotFoundError(name)

@@ -58,14 +58,15 @@ LOAD_ATTEMPTS = 3
 CT2_DIR = "ctranslate2"
 
 
-def require_ctranslate2() -> Any:
-    """Import and return ``ctranslate2``, or raise a one-line :class:`MtcliError` saying how to get it."""
+def require_ctranslate2(purpose: str = "export to ctranslate2") -> Any:
+    """Import and return ``ctranslate2``, or raise a one-line :class:`MtcliError` saying that
+    ``purpose`` needs it and how to get it."""
     try:
         import ctranslate2
         import ctranslate2.specs  # noqa: F401
     except ImportError:
         raise MtcliError(
-            f"export to ctranslate2 needs the optional 'ctranslate2' package: {install_advice('ctranslate2')}"
+            f"{purpose} needs the optional 'ctranslate2' package: {install_advice('ctranslate2')}"
         ) from None
     return ctranslate2
 

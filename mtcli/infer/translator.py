@@ -40,6 +40,7 @@ from mtcli.device import MemoryBudget, autocast, in_budget_halves, memory_text, 
 from mtcli.errors import ConfigError, DataError
 from mtcli.infer.ct2 import ENGINES, CT2Engine, check_supported, open_engine
 from mtcli.infer.ensemble import Ensemble, add_members
+from mtcli.infer.export import require_ctranslate2
 from mtcli.infer.loading import (
     InferenceModel,
     load_for_inference,
@@ -221,6 +222,8 @@ class Translator:
         if not all(isinstance(item, str) for item in overrides):
             raise TypeError(f"overrides must be a list of 'decode.key=value' strings, got {list(overrides)!r}")
         chosen = None if device == "auto" else resolve_device(device, key="--device")  # before any loading
+        if engine == "ctranslate2":
+            require_ctranslate2("--engine ctranslate2")
         bundle = load_for_inference(run_dir, checkpoint, average_last=average_last, average_best=average_best)
         bundle = add_members(bundle, ensemble, run_dir)
         base = decode_config(bundle.config, list(overrides))
