@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from mtcli.checkpoint import sha256_of_loaded
-from mtcli.config import Config, CorpusConfig, DataConfig, load_config, with_changes
+from mtcli.config import Config, CorpusConfig, DataConfig, with_changes
 from mtcli.data.corpora import split_names
 from mtcli.data.sources import open_source
 from mtcli.data.textio import read_lines
@@ -47,6 +47,7 @@ from mtcli.pipeline import (
     check_run_recipe,
     check_table_place,
     is_the_recipe,
+    load_recipe,
     seed_config,
     write_or_keep,
 )
@@ -239,8 +240,8 @@ def reproduce_bt(*, forward: str | Path = FORWARD, reverse: str | Path = REVERSE
     ``reverse`` (de->en, back-translating) recipes, ``overrides`` applied to both, seed ``seed``,
     the halves and runs under ``work``; write the table and return it in markdown. Raises
     :class:`~mtcli.pipeline.Unsaved` with the table when it cannot be written."""
-    forward_config = seed_config(load_config(forward, list(overrides)), seed)
-    reverse_config = seed_config(load_config(reverse, list(overrides)), seed)
+    forward_config = seed_config(load_recipe(forward, list(overrides)), seed)
+    reverse_config = seed_config(load_recipe(reverse, list(overrides)), seed)
     real = (load_results(results, "multi30k").get("en-de") or {}).get("seeds", {}).get(str(seed))
     if real is not None and real.get("recipe") != recipe_fingerprint(forward_config):
         get_logger().info("the en-de row of %s was trained by another recipe (or does not say which): "

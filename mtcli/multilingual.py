@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mtcli.config import Config, load_config, with_changes
+from mtcli.config import Config, with_changes
 from mtcli.data.prepare import prepare
 from mtcli.errors import ConfigError, DataError, one_line
 from mtcli.evaluate import NoTestText, evaluate, evaluate_directions
@@ -31,6 +31,7 @@ from mtcli.pipeline import (
     check_run_recipe,
     check_table_place,
     is_the_recipe,
+    load_recipe,
     parse_seeds,
     row_is_the_recipe,
     scored_row,
@@ -236,7 +237,7 @@ def reproduce_multilingual(*, config_path: str | Path = RECIPE, data: str | None
     if merge and (str(config_path) != RECIPE or data or overrides):
         raise ConfigError("--merge trains nothing: --config, --data and --set would change nothing")
     seed_list = parse_seeds(seeds)
-    config = None if merge else read_from(load_config(config_path, list(overrides)), data)
+    config = None if merge else read_from(load_recipe(config_path, list(overrides)), data)
     merged = merge_seeds(list(merge)) if merge else {}
     changed = (not row_is_the_recipe({"seeds": merged}, RECIPE, []) if merge  # (a smoke test's seeds:
                else not is_the_recipe(config, RECIPE))  # into results/changed/, not the README's table)

@@ -164,6 +164,16 @@ def _file_fingerprint(recipe: str, overrides: list[str] | None) -> str | None:
         return None
 
 
+def load_recipe(path: str | Path, overrides: list[str]) -> Config:
+    """:func:`~mtcli.config.load_config` of a recipe. One of mtcli's own (``configs/...``) not
+    found from here is said to be read from an mtcli checkout, where the reproduce commands run
+    (its ``configs/`` holds the recipes, ``results/`` and ``README.md`` the tables)."""
+    if str(path).startswith("configs/") and not Path(path).is_file():
+        raise ConfigError(f"{path}: not found in {Path.cwd()}; the reproduce commands run from an mtcli checkout, "
+                          "whose configs/ holds the recipes (or give the path of a recipe file)")
+    return load_config(path, overrides)
+
+
 def row_is_the_recipe(row: dict[str, Any], recipe: str, overrides: list[str]) -> bool:
     """Whether the seeds of ``row`` trained the recipe file ``recipe`` (with ``overrides``): rows
     from before the fingerprint, which do not say, are taken as the recipe's."""

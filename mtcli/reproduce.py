@@ -42,6 +42,7 @@ from mtcli.pipeline import (
     check_run_recipe,
     check_table_place,
     is_the_recipe,
+    load_recipe,
     parse_seeds,
     row_is_the_recipe,
     scored_row,
@@ -466,7 +467,7 @@ def reproduce(direction: str, *, data: str | None = None, config_path: str | Pat
     if merge:
         row = merge_seed_results(list(merge), row_key, table_name)
     else:
-        config = load_config(config_path or recipe, pair_overrides(direction) + list(overrides))
+        config = load_recipe(config_path or recipe, pair_overrides(direction) + list(overrides))
         if data is not None and config.data.sources:
             raise ConfigError(f"--data {data}: {config.path} reads several corpora (data.sources): give "
                               "each its directory with --set data.sources=[...], or their pinned files in "

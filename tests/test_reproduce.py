@@ -745,3 +745,15 @@ def test_merge_refuses_a_row_without_a_seed_and_an_unchecked_recipe_beside_a_che
     with pytest.raises(ConfigError, match=r"by different recipes \(seed 1: not said, seed 2: b{16}\)"):
         merge_seed_results([tmp_path / "1", tmp_path / "2"], "de-en", "multi30k")
     assert sorted(merge_seed_results([tmp_path / "1", tmp_path / "3"], "de-en", "multi30k")["seeds"]) == ["1", "3"]
+
+
+@pytest.mark.parametrize("command", [["reproduce", "de_en"], ["reproduce-multilingual"], ["reproduce-bt"]])
+def test_a_recipe_reproduced_outside_a_checkout_says_where_they_run(command: list[str], tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """The recipes are the checkout's configs/: from elsewhere it was `config file not found`."""
+    monkeypatch.chdir(tmp_path)
+    assert mtcli_status(*command, "--seeds" if command[0] != "reproduce-bt" else "--seed", "1") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mtcli: error: configs/multi30k_") and len(err.splitlines()) == 1
+    assert err.endswith(f"not found in {tmp_path}; the reproduce commands run from an mtcli checkout, whose "
+                        "configs/ holds the recipes (or give the path of a recipe file)")
