@@ -36,7 +36,7 @@ def _version(value: bool) -> None:
     if value:
         from mtcli.version import __version__
 
-        print(f"mtcli {__version__}")
+        say(f"mtcli {__version__}")
         raise typer.Exit()
 
 

@@ -35,8 +35,16 @@ class Commands(typer.core.TyperGroup):
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
         _SAID.set(False)
+        if sys.stderr is None:  # started with stderr closed (2>&-): Python would print its lines on stdout
+            sys.stderr = open(os.devnull, "w")  # (for the life of the process)
         try:
             done = super().main(*args, standalone_mode=False, **kwargs)
+        except BrokenPipeError:  # --version or --help into a pipe closed early
+            sys.exit(141)
+        except OSError as exc:  # --version or --help into a full disk
+            with contextlib.suppress(OSError):
+                print(f"mtcli: error: {exc.filename or '<stdout>'}: {exc.strerror or exc}", file=sys.stderr)
+            sys.exit(1)
         except _USAGE_ERROR as exc:
             if type(exc).__name__ == "NoArgsIsHelpError":  # a bare ``mtcli``: the help
                 exc.show()
@@ -71,7 +79,10 @@ def fail(message: str, code: int) -> None:
 
 def say(text: str) -> None:
     """Print a command's result on standard output and flush it: a write that fails (a full
-    disk) is an error naming ``<stdout>``, raised before the command returns."""
+    disk, a closed stdout: ``>&-``) is an error naming ``<stdout>``, raised before the command
+    returns."""
+    if sys.stdout is None:  # (print would write nothing, and flush fail on None)
+        raise OSError(errno.EBADF, "closed", "<stdout>")
     try:
         print(text)
         sys.stdout.flush()

@@ -632,3 +632,22 @@ def test_the_one_line_to_a_terminal_that_hung_up_is_not_a_traceback(monkeypatch:
     with pytest.raises(typer.Exit) as info:
         cli_errors.fail("hung up", 129)
     assert info.value.exit_code == 129
+
+
+@pytest.mark.parametrize("redirect, status, said", [
+    (">&-", 1, "mtcli: error: <stdout>: closed"),  # was a traceback (print on None), after the work
+    ("> /dev/full", 1, "mtcli: error: <stdout>: No space left on device"),
+])
+def test_a_result_that_cannot_be_written_is_one_line(tiny_run_dir: Path, tmp_path: Path, redirect: str,
+                                                     status: int, said: str) -> None:
+    for argv in (f"average {tiny_run_dir} --last 1 -o {tmp_path / 'a.pt'}", "--version"):
+        res = subprocess.run(["bash", "-c", f"{sys.executable} -m mtcli.cli {argv} {redirect}"],
+                             capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert (res.returncode, res.stderr.decode().strip()) == (status, said), argv
+
+
+def test_with_stderr_closed_nothing_but_the_result_reaches_stdout(tmp_path: Path) -> None:
+    """Python prints to a closed stderr on stdout: log lines and errors went into the results."""
+    res = subprocess.run(["bash", "-c", f"{sys.executable} -m mtcli.cli prepare {tmp_path / 'none.yaml'} 2>&-"],
+                         capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert (res.returncode, res.stdout) == (2, b"")
