@@ -251,8 +251,10 @@ def translate_files(
     def run(handle: IO[str], flush: bool, partial: PartialOutput | None = None) -> None:
         nonlocal n_lines, bar
         done = partial.done if partial is not None else 0
-        bar = progress(total=sum(counts) if counts is not None else None, initial=done, enabled=bool(inputs),
-                       unit="line", desc="translate")
+        # no bar over translations written to the terminal: they show the progress, and each
+        # would start on the bar's row
+        bar = progress(total=sum(counts) if counts is not None else None, initial=done, unit="line",
+                       enabled=bool(inputs) and not (output is None and sys.stdout.isatty()), desc="translate")
         for name, lines, in_file in _left(sources, counts, done):
             for nbest in translator.stream(lines, name=name, on_done=bar.update, window=WINDOW, offset=in_file,
                                            return_attention=plot_attention is not None):

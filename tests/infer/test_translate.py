@@ -650,3 +650,23 @@ def test_an_output_in_a_symbolic_link_loop_is_one_line(tiny_run_dir: Path, tmp_p
         assert mtcli_status(*args) == 1
         err = capsys.readouterr().err
         assert err.startswith(f"mtcli: error: {tmp_path}/") and err.endswith(": Too many levels of symbolic links\n"), err
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_no_bar_is_drawn_over_translations_written_to_the_terminal(terminal: bool, tiny_run_dir: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bar and the translations shared the terminal's rows: a translation started on the bar's."""
+    from mtcli.infer import files
+
+    class Screen(io.StringIO):
+        def isatty(self) -> bool:
+            return terminal
+
+    bars: list[bool] = []
+    real = files.progress
+    monkeypatch.setattr(files, "progress", lambda **kw: bars.append(kw["enabled"]) or real(**kw))
+    monkeypatch.setattr(sys, "stdout", Screen())
+    src = tmp_path / "in.txt"
+    src.write_text("ein hund\n", encoding="utf-8")
+    files.translate_files(tiny_run_dir, [src], None, beam=1, device="cpu")
+    assert bars == [not terminal] and len(sys.stdout.getvalue().splitlines()) == 1
