@@ -204,7 +204,8 @@ def evaluate(
     verbose: Verbose = False,
 ) -> None:
     """Decode a test set and score it with sacreBLEU (BLEU, chrF, signatures); a model of several
-    directions is scored in each (one report each)."""
+    directions is scored in each (one report each). Stdout: the report as JSON, or a list of
+    them when several directions are scored."""
     from mtcli.allocator import bound_onednn_cache, keep_freed_memory
     from mtcli.evaluate import evaluate_directions
     from mtcli.logs import setup_logging
