@@ -70,6 +70,7 @@ DecodeSetOption = Annotated[
     typer.Option("--set", help="Override a decode setting of the run: decode.key=value (repeatable)."),
 ]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Log warnings and errors only; no progress bars.")]
 EngineOption = Annotated[str, typer.Option(
     help="torch (ours) or ctranslate2 (the checkpoint converted once into the run directory).")]
 TgtLangOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
@@ -120,13 +121,14 @@ def prepare(
     set_: SetOption = None,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if the cache is current.")] = False,
     verbose: Verbose = False,
+    quiet: Quiet = False,
 ) -> None:
     """Read, clean, train SentencePiece and binarise a parallel corpus."""
     from mtcli.config import load_config
     from mtcli.data.prepare import prepare as run_prepare
     from mtcli.logs import setup_logging
 
-    setup_logging(verbose)
+    setup_logging(verbose, quiet=quiet)
     report = run_prepare(load_config(config, set_), force=force)
     say(report.summary())
 
@@ -140,6 +142,7 @@ def train(
         "--init-from", parser=_value, help="Start from this run directory's (or checkpoint's) weights "
                             "(train.init_from; a new run directory, fresh optimizer).")] = None,
     verbose: Verbose = False,
+    quiet: Quiet = False,
 ) -> None:
     """Train a Transformer; re-running on an existing run directory resumes it exactly."""
     from mtcli.allocator import keep_freed_memory
@@ -147,7 +150,7 @@ def train(
     from mtcli.logs import setup_logging
     from mtcli.train import train as run_train
 
-    setup_logging(verbose)
+    setup_logging(verbose, quiet=quiet)
     keep_freed_memory()
     try:
         summary = run_train(with_changes(load_config(config, list(set_ or [])), "train", init_from=init_from))
@@ -202,6 +205,7 @@ def evaluate(
     device: DeviceOption = "auto",
     set_: DecodeSetOption = None,
     verbose: Verbose = False,
+    quiet: Quiet = False,
 ) -> None:
     """Decode a test set and score it with sacreBLEU (BLEU, chrF, signatures); a model of several
     directions is scored in each (one report each). Stdout: the report as JSON, or a list of
@@ -210,7 +214,7 @@ def evaluate(
     from mtcli.evaluate import evaluate_directions
     from mtcli.logs import setup_logging
 
-    setup_logging(verbose)
+    setup_logging(verbose, quiet=quiet)
     keep_freed_memory()
     bound_onednn_cache()
     reports = evaluate_directions(
@@ -248,11 +252,15 @@ def compare(
     tgt_lang: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--tgt-lang", parser=_value, help="The references' language: BLEU tokenises zh, ja and ko text as sacreBLEU does for "
         "them (default: the language mtcli evaluate recorded beside the hypotheses; else 13a).")] = None,
+    verbose: Verbose = False,
+    quiet: Quiet = False,
 ) -> None:
     """Paired significance tests between systems (sacreBLEU): scores, 95% intervals, p-values."""
     from mtcli.compare import compare as run_compare
     from mtcli.compare import render
+    from mtcli.logs import setup_logging
 
+    setup_logging(verbose, quiet=quiet)
     tests = ("bs", "ar") if test == "both" else (test,)
     report = run_compare(systems, ref, metrics=[m.strip() for m in metrics.split(",") if m.strip()],
                          tests=tests, samples=samples, output=output, tgt_lang=tgt_lang)
@@ -281,13 +289,14 @@ def translate(
     device: DeviceOption = "auto",
     set_: DecodeSetOption = None,
     verbose: Verbose = False,
+    quiet: Quiet = False,
 ) -> None:
     """Translate text files or stdin to stdout (or --output), streamed."""
     from mtcli.allocator import bound_onednn_cache, keep_freed_memory
     from mtcli.infer.files import translate_files
     from mtcli.logs import setup_logging
 
-    setup_logging(verbose)
+    setup_logging(verbose, quiet=quiet)
     keep_freed_memory()
     bound_onednn_cache()
     translate_files(
@@ -317,11 +326,15 @@ def average(
     output: Annotated[Path, typer.Option("--output", "-o", parser=_file_only, help="Averaged checkpoint path.")],
     last: Annotated[int, typer.Option(help="Average the last K step checkpoints.")] = 0,
     best: Annotated[int, typer.Option(help="Average the K best checkpoints by the run's train.valid_metric.")] = 0,
+    verbose: Verbose = False,
+    quiet: Quiet = False,
 ) -> None:
     """Average the parameters of the last or best K checkpoints into one."""
     from mtcli.errors import ConfigError
     from mtcli.infer.averaging import average_run_checkpoints
+    from mtcli.logs import setup_logging
 
+    setup_logging(verbose, quiet=quiet)
     if (last > 0) == (best > 0):
         raise ConfigError(f"give one of --last K or --best K, K > 0 (got --last {last} --best {best})")
     used = average_run_checkpoints(run_dir, output, last=last, best=best)
@@ -336,11 +349,15 @@ def export(
     format: Annotated[str, typer.Option("--format", help="Export format: ctranslate2, or hf (a Hugging Face "
                                                          "MarianMTModel with its MarianTokenizer).")] = "ctranslate2",
     checkpoint: Annotated[str, typer.Option(parser=_value, help="best, last, or a checkpoint path.")] = "best",
+    verbose: Verbose = False,
+    quiet: Quiet = False,
 ) -> None:
     """Export a trained model for another runtime (CTranslate2, Hugging Face Transformers)."""
     from mtcli.infer.export import export_model
     from mtcli.infer.hf import export_hf
+    from mtcli.logs import setup_logging
 
+    setup_logging(verbose, quiet=quiet)
     out = export_hf(run_dir, output, checkpoint) if format == "hf" else export_model(
         run_dir, output, fmt=format, checkpoint=checkpoint)
     say(f"exported {format} model to {out}")
@@ -357,12 +374,13 @@ def import_hf(
     tgt_lang: Annotated[Optional[str], typer.Option(help="Target language (as --src-lang).")] = None,  # noqa: UP045
     force: Annotated[bool, typer.Option("--force", help="Replace an existing run directory.")] = False,
     verbose: Verbose = False,
+    quiet: Quiet = False,
 ) -> None:
     """Make a run of a Hugging Face MarianMTModel (an OPUS-MT model) for translate, evaluate and serve."""
     from mtcli.infer.hf_import import import_hf as run_import
     from mtcli.logs import setup_logging
 
-    setup_logging(verbose)
+    setup_logging(verbose, quiet=quiet)
     report = run_import(model_dir, run_dir, src_lang=src_lang, tgt_lang=tgt_lang, force=force)
     say(f"imported {model_dir} into {report.run_dir}: {report.src_lang}->{report.tgt_lang}, "
           f"{report.parameters:,} parameters, vocabulary {report.vocab_size} ({report.tokenizer})")
@@ -389,12 +407,12 @@ def _merged(merge: bool, merged: list[Path] | None) -> list[Path]:
     return list(merged or [])
 
 
-def _pipeline_setup(verbose: bool) -> None:
+def _pipeline_setup(verbose: bool, quiet: bool) -> None:
     """What a reproduction pipeline's command sets up first: the log, the allocator's policy."""
     from mtcli.allocator import keep_freed_memory
     from mtcli.logs import setup_logging
 
-    setup_logging(verbose)
+    setup_logging(verbose, quiet=quiet)
     keep_freed_memory()
 
 
@@ -420,13 +438,14 @@ def reproduce(
                                              "split is not decoded and no table is written (val scores go to "
                                              "RUN_DIR/tuning.json).")] = False,
     verbose: Verbose = False,
+    quiet: Quiet = False,
 ) -> None:
     """Prepare, train, average and evaluate a recipe, then write its row of the results table
     (and the README's)."""
     from mtcli.reproduce import reproduce as run_reproduce
     from mtcli.results import README, RESULTS_DIR
 
-    _pipeline_setup(verbose)
+    _pipeline_setup(verbose, quiet)
     done = kept_results(lambda: run_reproduce(
         direction, data=data, config_path=config, results=results or RESULTS_DIR, readme=readme or README,
         overrides=list(set_ or []), seeds=seeds, merge=_merged(merge, merged), valid_only=valid_only))
@@ -449,6 +468,7 @@ def reproduce_multilingual(
                                         "table.")] = False,
     merged: MergedArgument = None,
     verbose: Verbose = False,
+    quiet: Quiet = False,
 ) -> None:
     """One model for six Multi30k directions, trained and scored per seed, beside the bilingual
     rows: the multilingual table."""
@@ -456,7 +476,7 @@ def reproduce_multilingual(
     from mtcli.multilingual import reproduce_multilingual as run_multilingual
     from mtcli.results import README, RESULTS_DIR
 
-    _pipeline_setup(verbose)
+    _pipeline_setup(verbose, quiet)
     say(kept_results(lambda: run_multilingual(
         config_path=config or RECIPE, data=data, seeds=seeds, results=results or RESULTS_DIR,
         readme=readme or README, overrides=list(set_ or []), merge=_merged(merge, merged))))
@@ -476,6 +496,7 @@ def reproduce_bt(
     set_: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
         "--set", help="Override a config key of both recipes: section.key=value (repeatable).")] = None,
     verbose: Verbose = False,
+    quiet: Quiet = False,
 ) -> None:
     """Back-translation end to end on Multi30k: half the pairs as parallel data, the other half's
     German back-translated by beam and by sampling; the back-translation table."""
@@ -483,7 +504,7 @@ def reproduce_bt(
     from mtcli.backtranslation import reproduce_bt as run_bt
     from mtcli.results import README, RESULTS_DIR
 
-    _pipeline_setup(verbose)
+    _pipeline_setup(verbose, quiet)
     say(kept_results(lambda: run_bt(
         forward=forward or FORWARD, reverse=reverse or REVERSE, seed=seed, work=work,
         results=results or RESULTS_DIR, readme=readme or README, overrides=list(set_ or []))))
@@ -513,6 +534,7 @@ def serve(
     engine: EngineOption = "torch",
     set_: DecodeSetOption = None,
     verbose: Verbose = False,
+    quiet: Quiet = False,
 ) -> None:
     """Serve a trained model over HTTP: POST /translate, GET /health, a page at /, docs at /docs.
     SIGHUP loads the checkpoint again (the newest checkpoint_best) without stopping."""
@@ -533,7 +555,7 @@ def serve(
         from mtcli.infer.translator import Translator
         from mtcli.logs import setup_logging
 
-        setup_logging(verbose)
+        setup_logging(verbose, quiet=quiet)
         limits = Limits(max_lines=max_lines, max_chars=max_chars, max_total_chars=max_request_chars,
                         batch_wait_ms=batch_wait_ms)
         bound_onednn_cache()

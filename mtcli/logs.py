@@ -35,15 +35,18 @@ class _TqdmHandler(logging.StreamHandler):
             self.handleError(record)
 
 
-def setup_logging(verbose: bool = False, tag: str = "") -> None:
-    """Send ``mtcli`` log records to stderr (INFO, or DEBUG when ``verbose``); ``tag`` prefixes
-    each message (e.g. ``member 2``, when several processes share one terminal)."""
+def setup_logging(verbose: bool = False, tag: str = "", quiet: bool = False) -> None:
+    """Send ``mtcli`` log records to stderr (INFO, or DEBUG when ``verbose``; with ``quiet``
+    warnings and errors only, and no progress bars, while a run's ``train.log`` still gets every
+    line); ``tag`` prefixes each message (e.g. ``member 2``, when several processes share one
+    terminal)."""
     logger = get_logger()
     logger.setLevel(logging.DEBUG if verbose else logging.INFO)
     handler = next((h for h in logger.handlers if isinstance(h, _TqdmHandler)), None)
     if handler is None:
         handler = _TqdmHandler()
         logger.addHandler(handler)
+    handler.setLevel(logging.WARNING if quiet and not verbose else logging.NOTSET)
     fmt = _FORMAT.replace("%(message)s", f"{tag} | %(message)s") if tag else _FORMAT
     handler.setFormatter(logging.Formatter(fmt, datefmt="%H:%M:%S"))
     logger.propagate = False
@@ -55,6 +58,7 @@ class _FileLog(logging.FileHandler):
     takes no more lines (the checkpoints, which say so if they cannot be written, go on)."""
 
     failed: OSError | None = None
+    level_before: int | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.failed is None:
@@ -84,6 +88,7 @@ def add_file_log(path: str | Path) -> logging.Handler:
     handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
     logger = get_logger()
     logger.addHandler(handler)
+    handler.level_before = logger.level  # (a host's level, put back by remove_log_handler)
     if logger.level == logging.NOTSET or logger.level > logging.INFO:
         logger.setLevel(logging.INFO)
     return handler
@@ -126,9 +131,12 @@ def failures_appended(path: Path, who: str, unless: tuple[type[Exception], ...] 
 
 
 def remove_log_handler(handler: logging.Handler) -> None:
-    """Detach and close a handler added by :func:`add_file_log`."""
+    """Detach and close a handler added by :func:`add_file_log`, and put back the logger's level
+    from before it (a program that calls ``train`` keeps its own)."""
     get_logger().removeHandler(handler)
     handler.close()
+    if isinstance(handler, _FileLog) and handler.level_before is not None:
+        get_logger().setLevel(handler.level_before)
 
 
 #: Off a terminal (a log file, nohup, a batch or CI job) a bar redrawn in place would fill the
@@ -167,6 +175,8 @@ def progress(iterable: Iterable | None = None, *, enabled: bool = True, terminal
     or nothing with ``terminal_only`` (for a loop whose log lines already say the same).
     """
     kwargs.setdefault("leave", False)
+    console = next((h for h in get_logger().handlers if isinstance(h, _TqdmHandler)), None)
+    enabled = enabled and (console is None or console.level <= logging.INFO)  # (not with --quiet)
     if on_terminal():
         kwargs.setdefault("dynamic_ncols", True)
         return tqdm(iterable, file=sys.stderr, disable=not enabled, **kwargs)

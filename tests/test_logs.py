@@ -111,3 +111,47 @@ def test_a_record_that_cannot_be_formatted_does_not_stop_the_run_log(tmp_path, c
         logs.remove_log_handler(handler)
     assert (tmp_path / "t.log").read_text(encoding="utf-8").rstrip().endswith("after")
     assert "cannot write the log" not in capsys.readouterr().err
+
+
+def test_quiet_logs_warnings_only_and_draws_no_bar_while_a_run_log_gets_every_line(tmp_path, capsys) -> None:
+    """--verbose was the only knob (and logged one message more): a script had no way to keep
+    stderr to what matters."""
+    import logging
+
+    log = logs.get_logger()
+    level, handlers = log.level, list(log.handlers)
+    try:
+        logs.setup_logging(quiet=True)
+        run_log = logs.add_file_log(tmp_path / "train.log")
+        log.info("step 1")
+        log.warning("careful")
+        bar = logs.progress(range(3), total=3)
+        assert bar.disable
+        bar.close()
+        logs.remove_log_handler(run_log)
+        err = capsys.readouterr().err
+        assert "careful" in err and "step 1" not in err
+        assert "step 1" in (tmp_path / "train.log").read_text() and "careful" in (tmp_path / "train.log").read_text()
+        logs.setup_logging()
+        log.info("loud again")
+        assert "loud again" in capsys.readouterr().err
+    finally:
+        log.handlers[:] = handlers
+        log.setLevel(level)
+    assert logging.getLogger("mtcli").level == level
+
+
+def test_a_run_log_puts_back_the_level_a_host_program_set(tmp_path) -> None:
+    """train() from a program that set mtcli's logger to WARNING left it at INFO for good."""
+    import logging
+
+    log = logs.get_logger()
+    level = log.level
+    try:
+        log.setLevel(logging.WARNING)
+        handler = logs.add_file_log(tmp_path / "train.log")
+        assert log.level == logging.INFO  # (the run's log gets its lines meanwhile)
+        logs.remove_log_handler(handler)
+        assert log.level == logging.WARNING
+    finally:
+        log.setLevel(level)

@@ -251,10 +251,8 @@ def translate_files(
     def run(handle: IO[str], flush: bool, partial: PartialOutput | None = None) -> None:
         nonlocal n_lines, bar
         done = partial.done if partial is not None else 0
-        # no bar over translations written to the terminal: they show the progress, and each
-        # would start on the bar's row
         bar = progress(total=sum(counts) if counts is not None else None, initial=done, unit="line",
-                       enabled=bool(inputs) and not (output is None and sys.stdout.isatty()), desc="translate")
+                       enabled=_bar_wanted(inputs, output), desc="translate")
         for name, lines, in_file in _left(sources, counts, done):
             for nbest in translator.stream(lines, name=name, on_done=bar.update, window=WINDOW, offset=in_file,
                                            return_attention=plot_attention is not None):
@@ -285,6 +283,13 @@ def translate_files(
             bar.close()
         stack.close()
     return _summary(n_lines, time.perf_counter() - start, translator.name, output, resumed)
+
+
+def _bar_wanted(inputs: Sequence[str | Path], output: Path | None) -> bool:
+    """Whether translating ``inputs`` into ``output`` shows a bar: for files (not stdin), and not
+    over translations written to the terminal (they show the progress, and each would start on
+    the bar's row)."""
+    return bool(inputs) and not (output is None and sys.stdout.isatty())
 
 
 @contextlib.contextmanager

@@ -670,3 +670,16 @@ def test_no_bar_is_drawn_over_translations_written_to_the_terminal(terminal: boo
     src.write_text("ein hund\n", encoding="utf-8")
     files.translate_files(tiny_run_dir, [src], None, beam=1, device="cpu")
     assert bars == [not terminal] and len(sys.stdout.getvalue().splitlines()) == 1
+
+
+def test_quiet_keeps_stderr_for_warnings_and_errors(tiny_run_dir: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("ein hund\n", encoding="utf-8")
+    from mtcli.logs import setup_logging
+
+    loud = mtcli_here("translate", str(tiny_run_dir), str(src), "--beam", "1")
+    try:
+        quiet = mtcli_here("translate", str(tiny_run_dir), str(src), "--beam", "1", "-q")
+    finally:
+        setup_logging()  # (this process's console log as the other tests find it)
+    assert b"INFO" in loud.stderr and (quiet.returncode, quiet.stderr, quiet.stdout) == (0, b"", loud.stdout)
