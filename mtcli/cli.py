@@ -97,7 +97,7 @@ def _output_file(value: str, to_stdout: bool = True) -> Path:
         raise typer.BadParameter(f"{value} names a directory; give the output file's name")
     if value == "-":  # stdout to a Unix tool, but a file named "-" to open()
         raise typer.BadParameter("- is not a file name here; give one" +
-                                 (", or leave -o out for what goes to stdout" if to_stdout else ""))
+                                 (", or leave -o out for what goes to stdout (compare: --json)" if to_stdout else ""))
     return Path(value)
 
 
@@ -252,6 +252,7 @@ def compare(
     tgt_lang: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--tgt-lang", parser=_value, help="The references' language: BLEU tokenises zh, ja and ko text as sacreBLEU does for "
         "them (default: the language mtcli evaluate recorded beside the hypotheses; else 13a).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON (what -o writes), not as a table.")] = False,
     verbose: Verbose = False,
     quiet: Quiet = False,
 ) -> None:
@@ -264,7 +265,7 @@ def compare(
     tests = ("bs", "ar") if test == "both" else (test,)
     report = run_compare(systems, ref, metrics=[m.strip() for m in metrics.split(",") if m.strip()],
                          tests=tests, samples=samples, output=output, tgt_lang=tgt_lang)
-    say(render(report))
+    say(json.dumps(report, indent=2, ensure_ascii=False) if as_json else render(report))
 
 
 @app.command()

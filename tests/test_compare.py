@@ -313,3 +313,12 @@ def test_a_run_scored_against_a_gz_reference_is_found_by_its_plain_text(tiny_run
         assert hypothesis_file(run, reference) == run / "eval" / "test.src.best.hyp"
         report = compare([run, run], [reference], metrics=["bleu"], tests=["bs"], samples=10)
         assert report["sentences"] == len(text.splitlines())
+
+
+def test_json_puts_the_report_on_stdout_as_o_writes_it(systems: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """Stdout had only the table, and -o - was refused with advice to leave -o out."""
+    ref, weak, strong = systems
+    args = ["compare", str(weak), str(strong), "--ref", str(ref), "--test", "bs", "--samples", "50"]
+    result = CliRunner().invoke(app, [*args, "--json", "-o", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))
