@@ -28,6 +28,7 @@ over this module is :class:`mtcli.infer.translator.Translator`.
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -224,8 +225,8 @@ def translate_lines(
                 emitted = yield from _ready(results, emitted)
             offset += len(chunk)
     finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        if pool is not None and not sys.is_finalizing():  # (a generator left open until the interpreter's
+            pool.shutdown(wait=True, cancel_futures=True)  # exit: concurrent.futures joins its threads then)
             _SHARED_THREADS.leave()
         if was_training:  # (a translator's model is in eval mode: nothing to do, at exit either)
             bundle.model.train()

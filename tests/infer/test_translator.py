@@ -660,3 +660,14 @@ def test_a_host_programs_default_dtype_changes_nothing(tiny_run_dir: Path, defau
             assert got[:-1] == wanted[:-1] and got[-1] == pytest.approx(wanted[-1], abs=1e-5)
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+def test_a_stream_of_decoding_threads_left_open_ends_quietly_with_the_program(tiny_run_dir: Path) -> None:
+    """Its pool was shut down at the interpreter's exit, after the modules it needs were gone: a
+    traceback ("Exception ignored in: <generator ...>") at the end of a program that was fine."""
+    program = ("import itertools, sys; from mtcli import Translator; "
+               "t = Translator.from_run(sys.argv[1], device='cpu', beam=1, overrides=['decode.workers=2']); "
+               "it = t.translate_iter(itertools.repeat('frau')); print(next(it) is not None)")
+    done = subprocess.run([sys.executable, "-c", program, str(tiny_run_dir)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert (done.returncode, done.stdout, done.stderr) == (0, "True\n", "")
