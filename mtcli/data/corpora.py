@@ -308,6 +308,19 @@ def keeps_target_tag(data: DataConfig) -> bool:
             and load_tokenizer(given).piece_to_id(target_tag(targets[0])) != UNK_ID)
 
 
+def one_language_twice(targets: list[str]) -> list[str]:
+    """Warnings for target languages that look like one spelled two ways (``de`` and ``de_DE``,
+    ``pt-BR`` and ``pt_BR``): each gets its own tag and its own share of the data, and a
+    translation asked for one is never trained on the other's."""
+    def subtags(lang: str) -> list[str]:
+        return lang.lower().replace("_", "-").split("-")
+
+    return [f"target languages {b} and {a} look like one language spelled two ways: each gets its own tag "
+            f"({target_tag(b)}, {target_tag(a)}) and the data of its corpora only; spell them alike if they are one"
+            for i, a in enumerate(targets) for b in targets[:i]
+            if subtags(a)[0] == subtags(b)[0] and (len(subtags(a)) == 1 or len(subtags(b)) == 1 or subtags(a) == subtags(b))]
+
+
 def plan_corpora(data: DataConfig) -> Plan:
     """Open every corpus and decide what is read from where; :class:`DataError` (one line) for a
     missing corpus, split or language."""
@@ -330,7 +343,7 @@ def plan_corpora(data: DataConfig) -> Plan:
     targets = data.target_langs()
     target_tags = {lang: target_tag(lang) for lang in targets} if len(targets) > 1 or tagged else {}
     corpora: list[Corpus] = []
-    notes: list[str] = []
+    notes = one_language_twice(targets) if target_tags else []
     for k, config in enumerate(configs):
         notes += _repeated(configs, k)
         source = _open(config)

@@ -389,3 +389,23 @@ def test_a_corpus_listed_twice_is_warned_about() -> None:
     assert len(plan.spm_texts()) == 2  # (another spelling of the same directory: its text learned once)
     assert plan.notes == [f"data.sources[2] repeats data.sources[0] ({TOY_DIR}/./, src->tgt): its pairs are drawn with "
                         "both weights together; list it once with the weight it should have"]
+
+
+def test_one_target_language_spelled_two_ways_is_warned_of(multi: tuple[Path, Path], tmp_path: Path) -> None:
+    """de and de_DE became two target languages with two tags, each on part of the German data."""
+    import shutil
+
+    from mtcli.data.corpora import one_language_twice
+
+    root, _ = multi
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(root / "tri" / "train.src", other / "train.src")
+    shutil.copy(root / "tri" / "train.tgt", other / "train.tgt_XY")
+    overrides = multi_overrides(root, tmp_path / "p")
+    overrides[1] = f"data.sources=[{{source: {root}/tri, langs: [src, tgt]}}, {{source: {other}, langs: [src, tgt_XY]}}]"
+    notes = plan_corpora(load_config(TOY_CONFIG, overrides).data).notes
+    assert notes == ["target languages tgt and tgt_XY look like one language spelled two ways: each gets its own tag "
+                     "(<2tgt>, <2tgt_XY>) and the data of its corpora only; spell them alike if they are one"]
+    assert one_language_twice(["pt_BR", "pt-PT", "zh-Hans", "zh-Hant", "de"]) == []  # variants, told apart
+    assert len(one_language_twice(["pt_BR", "pt-br"])) == 1
