@@ -92,7 +92,7 @@ def test_export_without_ctranslate2_says_how_to_install(
     from mtcli.infer.export import export_model
 
     monkeypatch.setitem(sys.modules, "ctranslate2", None)
-    with pytest.raises(MtcliError, match=r"pip install 'mtcli\[ctranslate2\]'"):
+    with pytest.raises(MtcliError, match=r"pip install 'ctranslate2>="):
         export_model(tiny_run_dir, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
