@@ -336,6 +336,18 @@ def _one_direction(trained: list[tuple[str, str]], default: tuple[str, str], src
                       "(--src-lang, --tgt-lang)")
 
 
+def _zero_shot(trained: list[tuple[str, str]], src_lang: str | None, tgt_lang: str | None) -> list[tuple[str, str]]:
+    """Given files in ``src_lang`` to score into ``tgt_lang``, both languages the run knows but
+    not as a trained direction (fr->de of a model of en<->de and en<->fr): that direction, with a
+    warning that it is zero-shot (``translate --tgt-lang`` decodes it too); else none."""
+    if src_lang is None or tgt_lang is None or src_lang not in {s for s, _ in trained} \
+            or tgt_lang not in {t for _, t in trained}:
+        return []
+    get_logger().warning("%s->%s was not trained (zero-shot): scored as the run translates it (trained: %s)",
+                         src_lang, tgt_lang, ", ".join("->".join(d) for d in trained))
+    return [(src_lang, tgt_lang)]
+
+
 def evaluate(run_dir: str | Path, **options: Any) -> dict[str, Any]:
     """Decode a split (or a ``src_file``/``ref_file`` pair, ``more_refs`` adding references),
     score it (:func:`mtcli.metrics.score` with ``metrics``), write hypotheses + report.
@@ -396,10 +408,12 @@ def evaluate_directions(
         directions = [d for d in trained if src_lang in (None, d[0]) and tgt_lang in (None, d[1])]
     else:  # the model's default target: decode.tgt_lang where the run or --set names one
         directions = _one_direction(trained, (data.src_lang, translator.target_languages[0]), src_lang, tgt_lang)
+    if not directions and src_file is not None:
+        directions = _zero_shot(trained, src_lang, tgt_lang)
     if not directions:
         raise ConfigError(f"{run_dir}: no direction {src_lang or '*'}->{tgt_lang or '*'} among those it was "
                           f"trained on ({', '.join('->'.join(d) for d in trained)})")
-    sources = sorted({d[0] for d in trained if tgt_lang in (None, d[1])})  # (into --tgt-lang's, when given)
+    sources = sorted({d[0] for d in trained})
     if src_file is not None and src_lang is None and len(sources) > 1:  # a file's language cannot be told
         get_logger().warning("%s: scored as %s (the run translates from %s; --src-lang names the file's language)",
                              src_file, "->".join(directions[0]), ", ".join(sources))

@@ -92,8 +92,15 @@ def test_evaluate_on_files_warns_which_direction_it_scores(
             "file's language)") in caplog.text
     caplog.clear()
     evaluate_directions(multi_run, beam=1, src_lang="src", **files)
-    evaluate_directions(multi_run, beam=1, tgt_lang="xx", **files)  # only src goes into xx: nothing to choose
     assert "--src-lang names" not in caplog.text
+    # only src was trained into xx, but a tgt file into xx is zero-shot: the file's language is said
+    # (a French file was labelled en->de, unsaid)
+    evaluate_directions(multi_run, beam=1, tgt_lang="xx", **files)
+    assert f"{text / 'test.src'}: scored as src->xx (the run translates from src, tgt;" in caplog.text
+    caplog.clear()
+    (zero_shot,) = evaluate_directions(multi_run, beam=1, src_lang="tgt", tgt_lang="xx",
+                                       **{**files, "src_file": text / "test.tgt"})  # was refused: untrained
+    assert zero_shot["direction"] == "tgt-xx" and "tgt->xx was not trained (zero-shot)" in caplog.text
     caplog.clear()
     (into_xx,) = evaluate_directions(multi_run, beam=1, tgt_lang="xx", **files)
     assert into_xx["direction"] == "src-xx" and "its default" not in caplog.text
