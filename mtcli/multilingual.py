@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -168,10 +169,20 @@ def combine(seeds: dict[str, dict[str, Any]], bilingual: dict[str, Any]) -> dict
         entry["bleu_lc_per_seed"] = [float(r["bleu_lc"]) for r in rows]
         entry["bleu_lc_signature"] = rows[0].get("bleu_lc_signature")
         mono = bilingual.get(name) or {}
+        if mono and not _same_test_set(mono, rows[0]):  # (a smaller or other copy of the test set: no comparison)
+            entry["bilingual_other_test_set"] = f"{mono.get('test_set')}; these: {rows[0].get('sentences')} sentences"
+            mono = {}
         entry["bilingual_bleu_lc"] = mono.get("bleu_lc")
         entry["bilingual_seeds"] = len(mono.get("seeds") or {}) or int(bool(mono))
         directions[name] = entry
     return {"directions": directions, "seeds": seeds}
+
+
+def _same_test_set(bilingual: dict[str, Any], scored: dict[str, Any]) -> bool:
+    """Whether a bilingual row (its ``test_set``: ``test_2016_flickr (1000 sentences)``) was scored
+    on as many sentences as a multilingual direction: what the rows record of their test sets."""
+    count = re.search(r"\((\d+) sentences\)", str(bilingual.get("test_set", "")))
+    return count is None or scored.get("sentences") is None or int(count[1]) == int(scored["sentences"])
 
 
 def _training_time(seeds: dict[str, dict[str, Any]]) -> str:
@@ -203,6 +214,10 @@ def render(results: dict[str, Any]) -> str:
     first = seeds[sorted(seeds, key=int)[0]]
     lines += ["", f"- {len(seeds)} seed(s); {first['params'] / 1e6:.1f}M parameters, {first['train_steps']:,} steps, "
               f"{_training_time(seeds)}; commit {' / '.join(dict.fromkeys(s['commit'] for s in seeds.values()))}"]
+    other = [f"{name} ({d['bilingual_other_test_set']})" for name, d in results["directions"].items()
+             if d.get("bilingual_other_test_set")]
+    if other:
+        lines.append(f"- not beside the bilingual rows, scored on other test sets: {', '.join(other)}")
     scored: dict[str, list[str]] = {}  # each target language's tokeniser (zh, ja-mecab, 13a) is in its signature
     for name, d in results["directions"].items():
         scored.setdefault(d["bleu_lc_signature"], []).append(name)

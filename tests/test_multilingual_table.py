@@ -142,3 +142,23 @@ def test_merged_seeds_of_another_recipe_leave_the_readme_table_alone(tmp_path: P
     assert (tmp_path / "results" / "changed" / "multilingual.json").is_file()
     assert not (tmp_path / "results" / "multilingual.json").exists()
     assert (tmp_path / "README.md").read_text() == f"intro\n{MARKS[0]}\n{MARKS[1]}\nend\n"
+
+
+def test_a_bilingual_row_of_another_test_set_is_not_set_beside_it() -> None:
+    """A multilingual run scored on 200 lines stood beside the bilingual 1000-line row, under a
+    header that says "same test set", with their difference."""
+    from mtcli.multilingual import combine
+
+    seed = {"directions": {"en-de": {"bleu": 30.0, "bleu_lc": 31.0, "chrf": 55.0, "sentences": 200,
+                                     "bleu_lc_signature": "case:lc|tok:13a"}},
+            "params": 1e6, "train_steps": 10, "train_minutes": 1.0, "train_tokens_per_s": 1.0, "commit": "c",
+            "device": "cpu"}
+    bilingual = {"en-de": {"bleu_lc": 41.18, "seeds": ["1", "2", "3"], "test_set": "test_2016_flickr (1000 sentences)"}}
+    other = combine({"1": seed}, bilingual)
+    assert other["directions"]["en-de"]["bilingual_bleu_lc"] is None
+    text = render(other)
+    assert "| en-de | 31.00 | – | 31.00 | – | – |" in text
+    assert ("- not beside the bilingual rows, scored on other test sets: en-de (test_2016_flickr (1000 sentences); "
+            "these: 200 sentences)") in text
+    seed["directions"]["en-de"]["sentences"] = 1000
+    assert combine({"1": seed}, bilingual)["directions"]["en-de"]["bilingual_bleu_lc"] == 41.18
