@@ -30,8 +30,10 @@ def test_halves_keep_every_other_pair_and_the_rest_as_monolingual(tmp_path: Path
 
 
 def test_backtranslation_pipeline_on_toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    forward = load_config(TOY_CONFIG, [f"data.source={TOY_DIR}", *FAST])
-    reverse = load_config(TOY_CONFIG, [f"data.source={TOY_DIR}", "data.src_lang=tgt", "data.tgt_lang=src", *FAST])
+    # (the full-data row trains on the recipe's own cache: here under tmp_path, not the checkout's data/)
+    forward = load_config(TOY_CONFIG, [f"data.source={TOY_DIR}", f"data.prepared_dir={tmp_path / 'full'}", *FAST])
+    reverse = load_config(TOY_CONFIG, [f"data.source={TOY_DIR}", "data.src_lang=tgt", "data.tgt_lang=src",
+                                       f"data.prepared_dir={tmp_path / 'full'}", *FAST])
     table = run_bt(forward, reverse, tmp_path)
     # run again (a restart): the finished runs and back-translations are kept, nothing runs twice
     import mtcli.backtranslation as bt
