@@ -92,7 +92,10 @@ def test_matplotlibs_other_warnings_are_logged_once(tmp_path: Path, caplog, monk
     import torch
     from matplotlib.figure import Figure
 
+    import mtcli.plots
     from mtcli.plots import plot_attention_png
+
+    monkeypatch.setattr(mtcli.plots, "_WARNED", set())  # (once a process: a test before may have had it said)
 
     def tight_layout(self, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
         warnings.warn("Tight layout not applied", UserWarning, stacklevel=1)
