@@ -1183,3 +1183,21 @@ def test_a_checkpoint_pruned_while_averaging_is_said_so(tmp_path: Path, monkeypa
     monkeypatch.setattr(averaging, "load_checkpoint", load)
     with pytest.raises(CheckpointError, match=r"checkpoint_20.pt: removed while the average was made \(a training"):
         average_checkpoints(paths)
+
+
+@pytest.mark.parametrize("where", ["frame", "state"])
+def test_a_checkpoint_of_a_newer_format_is_refused_by_name(where: str, tmp_path: Path) -> None:
+    """An older mtcli reads neither a newer frame nor a newer state: it says which, in one line."""
+    import torch
+
+    from mtcli import checkpoint
+
+    path = tmp_path / "new.pt"
+    checkpoint.save_checkpoint(path, {"format": checkpoint.FORMAT + (where == "state"), "w": torch.ones(2)})
+    if where == "frame":
+        data = path.read_bytes()
+        path.write_bytes(data.replace(checkpoint.MAGIC + f" {checkpoint.FORMAT} ".encode(),
+                                      checkpoint.MAGIC + f" {checkpoint.FORMAT + 1} ".encode(), 1))
+    with pytest.raises(CheckpointError, match=rf"^{re.escape(str(path))}: checkpoint format {checkpoint.FORMAT + 1} "
+                                              rf"is newer than this mtcli \({checkpoint.FORMAT}\)$"):
+        checkpoint.load_checkpoint(path)
