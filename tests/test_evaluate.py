@@ -215,7 +215,8 @@ def test_evaluate_names_another_runs_checkpoint_by_its_run_and_records_its_weigh
 
 
 @pytest.mark.parametrize("case", ["missing_run", "missing_checkpoint", "count_mismatch", "bad_split", "output_a_file",
-                                  "empty", "blank", "untrained_source", "empty_source_language"])
+                                  "empty", "blank", "untrained_source", "empty_source_language", "src_alone",
+                                  "split_and_files"])
 def test_cli_evaluate_bad_input(case: str, tiny_run_dir: Path, tmp_path: Path) -> None:
     src, ref, empty = tmp_path / "a.src", tmp_path / "a.ref", tmp_path / "empty.src"
     src.write_text("eine katze\nrot\n", encoding="utf-8")
@@ -226,6 +227,8 @@ def test_cli_evaluate_bad_input(case: str, tiny_run_dir: Path, tmp_path: Path) -
     args = {
         "empty": ["evaluate", str(tiny_run_dir), "--src", str(empty), "--ref", str(empty)],
         "blank": ["evaluate", str(tiny_run_dir), "--src", str(blank), "--ref", str(blank)],
+        "src_alone": ["evaluate", str(tiny_run_dir), "--src", str(src)],  # else the test split would be scored
+        "split_and_files": ["evaluate", str(tiny_run_dir), "--split", "val", "--src", str(src), "--ref", str(src)],
         "untrained_source": ["evaluate", str(tiny_run_dir), "--src", str(src), "--ref", str(src), "--src-lang", "zz"],
         "empty_source_language": ["evaluate", str(tiny_run_dir), "--src-lang", ""],
         "missing_run": ["evaluate", str(tmp_path / "nope")],
@@ -251,6 +254,10 @@ def test_cli_evaluate_bad_input(case: str, tiny_run_dir: Path, tmp_path: Path) -
         assert err == "mtcli: error: --src-lang '': not a language code (letters, digits, _ or -: de, pt_BR, zh-Hans)"
     if case == "empty":  # was sacreBLEU's IndexError
         assert err == f"mtcli: error: {empty}: empty; there is nothing to translate and score"
+    if case == "src_alone":
+        assert err == "mtcli: error: --src and --ref must be given together"
+    if case == "split_and_files":
+        assert err == "mtcli: error: give either --split or --src/--ref, not both"
     if case == "blank":  # was scored 0, without a word
         assert err == f"mtcli: error: {blank}: blank lines only; there is nothing to translate and score"
 
