@@ -1210,3 +1210,24 @@ def test_a_stop_signal_inside_a_log_call_still_cuts_the_validation() -> None:
         signals.restore()
     finally:
         log.handlers.clear()
+
+
+@pytest.mark.parametrize("clip_norm", [0.0, 0.5])
+def test_gradients_are_clipped_to_clip_norm_and_the_norm_before_is_reported(clip_norm: float, prepared: Path,
+                                                                            tmp_path: Path) -> None:
+    """No test trained with train.clip_norm > 0: clipping could be switched off unnoticed."""
+    from mtcli.data.cache import PreparedCorpus
+    from mtcli.train.distributed import DistInfo
+    from mtcli.train.trainer import Trainer
+
+    config = make_config(prepared, tmp_path / "run", f"train.clip_norm={clip_norm}")
+    trainer = Trainer(config, DistInfo.from_env(), torch.device("cpu"), PreparedCorpus.open(prepared), tmp_path / "run")
+    params = list(trainer.model.parameters())
+    generator = torch.Generator().manual_seed(0)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=generator)
+    before = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+    reported = trainer._grad_norm()
+    after = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+    assert float(reported) == pytest.approx(float(before), rel=1e-5) and float(before) > 1.0
+    assert float(after) == pytest.approx(clip_norm if clip_norm > 0 else float(before), rel=1e-4)
