@@ -227,3 +227,41 @@ def test_multi30k_from_the_test_server_is_the_shared_copy(monkeypatch: pytest.Mo
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_test_set_sacrebleu_fetches_is_read_through_its_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """newstest2014-filtered comes through sacreBLEU's DATASETS, which no other test touched: a
+    change in its API would break `prepare` of the WMT recipe with every test green."""
+    from http.client import HTTPException
+
+    from sacrebleu.dataset import DATASETS
+
+    real = DATASETS["wmt14"]  # the calls made of it, as the installed sacreBLEU has them
+    assert isinstance(real.data[0], str) and all(callable(getattr(real, name)) for name in (
+        "process_to_text", "get_source_file", "get_reference_files"))
+    (tmp_path / "src.txt").write_bytes(b"a source\n")
+    (tmp_path / "ref.txt").write_bytes(b"eine Referenz\n")
+
+    class TestSet:
+        data = ["https://example.org/test.tgz"]
+        fail = False
+
+        def process_to_text(self, langpair: str) -> None:
+            assert langpair == "en-de"
+            if self.fail:
+                raise SystemExit(1)  # what sacreBLEU does when its download fails
+
+        def get_source_file(self, langpair: str) -> str:
+            return str(tmp_path / "src.txt")
+
+        def get_reference_files(self, langpair: str) -> list[str]:
+            return [str(tmp_path / "ref.txt")]
+
+    test_set = TestSet()
+    monkeypatch.setitem(DATASETS, "wmt14", test_set)
+    for side, text in (("src", b"a source\n"), ("ref", b"eine Referenz\n")):
+        url, chunks = download._source(f"sacrebleu:wmt14:en-de:{side}")
+        assert url == "https://example.org/test.tgz" and b"".join(chunks) == text
+    test_set.fail = True
+    with pytest.raises(HTTPException, match="^sacreBLEU could not download it$"):
+        b"".join(download._source("sacrebleu:wmt14:en-de:src")[1])
