@@ -17,6 +17,12 @@ from mtcli.config import load_config
 from mtcli.train import train
 
 
+@pytest.fixture(autouse=True)
+def _own_temporary_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun leaves a torchelastic_* directory in $TMPDIR: the test's own, not /tmp."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+
+
 def worker_env() -> dict[str, str]:
     # one thread per rank; a rank that dies on a signal prints its Python stack (faulthandler)
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
