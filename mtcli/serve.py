@@ -542,8 +542,11 @@ def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, lim
     config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=shutdown_grace_s,
                             log_config=_uvicorn_logging(), use_colors=on_terminal() and not os.environ.get("NO_COLOR"))
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
-    server = _Server(config, lambda bound: log.info("serving %s on http://%s:%d (API key %s)", translator.name,
-                                                    shown, bound, "required" if api_key else "not set"))
+    targets = translator.target_languages
+    into = f"; into {targets[0]} unless a request's tgt_lang names another of {', '.join(targets)}" \
+        if len(targets) > 1 else ""
+    server = _Server(config, lambda bound: log.info("serving %s on http://%s:%d (API key %s%s)", translator.name,
+                                                    shown, bound, "required" if api_key else "not set", into))
     quiet = _QuietForcedStop(server)
     logging.getLogger("uvicorn.error").addFilter(quiet)
     try:

@@ -238,8 +238,8 @@ def translate_files(
                                      **settings)
     decode = translator.decode
     _warn_of_unused_sampling(overrides, decode)
-    scored = (decode.nbest > 1 or settings.get("nbest") is not None
-              or "decode.nbest" in override_keys(overrides))
+    _say_the_default_target(translator, settings.get("tgt_lang"), overrides)
+    scored = decode.nbest > 1 or settings.get("nbest") is not None or "decode.nbest" in override_keys(overrides)
     stack = contextlib.ExitStack()
     sources = open_inputs(inputs, stack)
     regular = bool(inputs) and not any(isinstance(lines, ArrivingLines) for _, lines in sources)
@@ -283,6 +283,15 @@ def translate_files(
             bar.close()
         stack.close()
     return _summary(n_lines, time.perf_counter() - start, translator.name, output, resumed)
+
+
+def _say_the_default_target(translator: Translator, tgt_lang: str | None, overrides: list[str]) -> None:
+    """Say which language a model of several target languages translates into when none was
+    asked for (a German source into German, silently, looked like a failed translation)."""
+    targets = translator.target_languages
+    if len(targets) > 1 and tgt_lang is None and "decode.tgt_lang" not in override_keys(overrides):
+        get_logger().info("translating into %s, the run's default (--tgt-lang chooses: %s)", targets[0],
+                          ", ".join(targets))
 
 
 def _bar_wanted(inputs: Sequence[str | Path], output: Path | None) -> bool:

@@ -57,6 +57,10 @@ def test_translate_cli_takes_the_target_language(multi_run: Path, tmp_path: Path
     out = runner.invoke(app, ["translate", str(multi_run), str(source), "--tgt-lang", "xx", "--beam", "1"])
     assert out.exit_code == 0, out.output
     assert out.stdout.splitlines() == Translator.from_run(multi_run, beam=1).translate(SOURCES, tgt_lang="xx")
+    assert "translating into" not in out.stderr
+    # asked nothing, it says which language it chose (a German line came back German, unsaid)
+    default = runner.invoke(app, ["translate", str(multi_run), str(source), "--beam", "1"])
+    assert "translating into tgt, the run's default (--tgt-lang chooses: tgt, src, xx)" in default.stderr
     bad = runner.invoke(app, ["translate", str(multi_run), str(source), "--tgt-lang", "fr"])
     assert bad.exit_code != 0 and "Traceback" not in bad.output
     assert "target language fr: this model translates into tgt, src, xx" in bad.output
