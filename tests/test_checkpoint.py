@@ -1201,3 +1201,23 @@ def test_a_checkpoint_of_a_newer_format_is_refused_by_name(where: str, tmp_path:
     with pytest.raises(CheckpointError, match=rf"^{re.escape(str(path))}: checkpoint format {checkpoint.FORMAT + 1} "
                                               rf"is newer than this mtcli \({checkpoint.FORMAT}\)$"):
         checkpoint.load_checkpoint(path)
+
+
+def test_a_checkpoint_that_cannot_be_pruned_is_a_warning_and_the_rest_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """Pruning that failed unsaid would fill the disk; one that raised would stop the training."""
+    _write_run(tmp_path, [10, 20, 30], last=30)
+    stuck = tmp_path / "checkpoints" / "checkpoint_10.pt"
+    unlink = Path.unlink
+
+    def refuse(self: Path, missing_ok: bool = False) -> None:
+        if self == stuck:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    with caplog.at_level(logging.WARNING, logger="mtcli"):
+        prune_checkpoints(tmp_path, keep_last=1)
+    assert f"cannot remove old checkpoint {stuck} (Permission denied)" in caplog.text
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("checkpoint_*0.pt")) == \
+        ["checkpoint_10.pt", "checkpoint_30.pt"]

@@ -757,3 +757,10 @@ def test_a_recipe_reproduced_outside_a_checkout_says_where_they_run(command: lis
     assert err.startswith("mtcli: error: configs/multi30k_") and len(err.splitlines()) == 1
     assert err.endswith(f"not found in {tmp_path}; the reproduce commands run from an mtcli checkout, whose "
                         "configs/ holds the recipes (or give the path of a recipe file)")
+
+
+def test_an_unknown_recipe_is_refused_with_the_known_ones(capsys) -> None:  # noqa: ANN001
+    from mtcli.reproduce import RECIPES
+
+    assert mtcli_status("reproduce", "nosuch", "--seeds", "1") == 2
+    assert capsys.readouterr().err == f"mtcli: error: nosuch: no such recipe; give one of {', '.join(RECIPES)}\n"

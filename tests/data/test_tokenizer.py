@@ -251,3 +251,14 @@ def test_a_protobuf_that_cannot_read_models_is_one_line(model: Path, monkeypatch
     with pytest.raises(DataError, match=r"^sentencepiece's model reader cannot load with this protobuf \(.*\): "
                                         r"pip install 'protobuf>=7.36.1,<8'$"):
         _model_proto(model)
+
+
+def test_a_model_of_other_special_ids_is_refused_by_name(tmp_path: Path) -> None:
+    """SentencePiece's own defaults (unk 0, bos 1, eos 2, no pad): every id would be misread."""
+    import sentencepiece as spm
+
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(_corpus()), model_prefix=str(tmp_path / "plain"),
+                                   vocab_size=60, minloglevel=2)
+    with pytest.raises(DataError, match=r"plain.model: special ids pad/unk/bos/eos are \(-1, 0, 1, 2\), expected "
+                                        r"\(0, 1, 2, 3\) \(not a model trained by mtcli\)$"):
+        Tokenizer(tmp_path / "plain.model")
