@@ -245,9 +245,12 @@ def test_a_protobuf_that_cannot_read_models_is_one_line(model: Path, monkeypatch
     with another, prepare was a traceback from a worker."""
     import sys
 
+    import sentencepiece
+
     from mtcli.data.tokenizer import _model_proto
 
-    monkeypatch.setitem(sys.modules, "sentencepiece.sentencepiece_model_pb2", None)  # (import fails)
+    monkeypatch.delattr(sentencepiece, "sentencepiece_model_pb2", raising=False)  # (imported before: forgotten)
+    monkeypatch.setitem(sys.modules, "sentencepiece.sentencepiece_model_pb2", None)  # (its import fails)
     with pytest.raises(DataError, match=r"^sentencepiece's model reader cannot load with this protobuf \(.*\): "
                                         r"pip install 'protobuf>=7.36.1,<8'$"):
         _model_proto(model)
