@@ -133,7 +133,7 @@ def directions_text(directions: list[tuple[str, str]]) -> str:
     return ", ".join(f"{src}->{tgt}" for src, tgt in directions)
 
 
-def save_checkpoint(path: Path, state: dict, also: Iterable[Path] = ()) -> None:
+def save_checkpoint(path: Path, state: dict, also: Iterable[Path] = (), *, follow: bool = False) -> None:
     """Write ``state`` to ``path`` atomically, with a sha256 of the payload in a header line.
 
     The state is checked to hold only types :func:`load_checkpoint` can read back, serialised
@@ -142,7 +142,8 @@ def save_checkpoint(path: Path, state: dict, also: Iterable[Path] = ()) -> None:
     name of that file (:func:`mtcli.fileio.atomic_link`). If anything fails (disk full, file-size
     limit, permissions) the temporary file is removed, the previous file is untouched, and
     :class:`CheckpointError` names the path and the OS error, and the files of these names that
-    were there before and are unchanged.
+    were there before and are unchanged. ``follow``: ``path`` is the user's own (``average -o``),
+    written through a link (see :func:`~mtcli.fileio.atomic_write`).
     """
     path = Path(path)
     if not isinstance(state, dict):
@@ -160,7 +161,7 @@ def save_checkpoint(path: Path, state: dict, also: Iterable[Path] = ()) -> None:
     also = list(map(Path, also))
     existed = {p for p in (path, *also) if os.path.isfile(p)}  # a failed write leaves these as they were
     try:
-        with atomic_write(path, "wb") as handle:
+        with atomic_write(path, "wb", follow=follow) as handle:
             handle.write(_frame(payload))
             handle.write(payload)
         for target in also:

@@ -181,7 +181,7 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
                        for m, results in zip(metrics, list(scores.values())[1:], strict=True)},
         }
     if output is not None:
-        with atomic_write(output) as handle:
+        with atomic_write(output, follow=True) as handle:
             json.dump(report, handle, indent=2)
             handle.write("\n")
     return report

@@ -144,25 +144,29 @@ def written_path(path: str | Path) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
+def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-8", *,
+                 follow: bool = False) -> Iterator[IO]:
     """Open a temporary file next to ``path``; on success rename it over ``path``.
 
     On any exception the temporary file is removed and ``path`` is left untouched; an
     ``OSError`` that names no file (a failed write or flush: ``ENOSPC``, ``EFBIG``) is re-raised
     with ``path`` as its filename, so the one-line error says which output could not be written.
-    A device or pipe (:func:`is_stream`) is written to directly; a link, through to its target.
+    A device or pipe (:func:`is_stream`) is written to directly. A symbolic link at ``path`` is
+    replaced: a file mtcli names itself (in a run directory, a cache) is never written through a
+    link there to somewhere else, where a run directory made by someone else could point it.
+    ``follow``: ``path`` is the user's own output (``-o``), written through a link to its target.
     """
-    if is_stream(path):
+    if (follow or not os.path.islink(path)) and is_stream(path):
         try:
             with open(path, mode.replace("w", "a"), encoding=None if "b" in mode else encoding) as handle:
                 yield handle
         except OSError as exc:  # /dev/full's ENOSPC names no file
             raise (named_after(exc, path) or exc) from None
         return
-    path = written_path(path)
+    path = written_path(path) if follow else Path(path)
     make_file_parent(path)
     binary = "b" in mode
-    file_mode = replaced_mode(path)
+    file_mode = default_file_mode() if path.is_symlink() else replaced_mode(path)  # (a link: not its target's)
     _remove_dead_writes(path)
     fd, tmp = _temporary_file(path)
     try:

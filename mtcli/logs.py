@@ -16,6 +16,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from mtcli.errors import MtcliError
+
 LOGGER_NAME = "mtcli"
 _FORMAT = "%(asctime)s | %(levelname)s | %(message)s"
 
@@ -83,7 +85,11 @@ class _FileLog(logging.FileHandler):
 
 
 def add_file_log(path: str | Path) -> logging.Handler:
-    """Also append log records to ``path``; returns the handler so the caller can remove it."""
+    """Also append log records to ``path``; returns the handler so the caller can remove it.
+    A symbolic link there is refused (:class:`~mtcli.errors.MtcliError`): a run directory made
+    by someone else could point it at any file of the user's, which training would append to."""
+    if Path(path).is_symlink():
+        raise MtcliError(f"{path}: a symbolic link, where a run keeps its log as a file of its own; remove it")
     handler = _FileLog(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
     logger = get_logger()
@@ -122,7 +128,7 @@ def failures_appended(path: Path, who: str, unless: tuple[type[Exception], ...] 
     try:
         yield
     except Exception as exc:
-        if not isinstance(exc, unless) and path.is_file():
+        if not isinstance(exc, unless) and path.is_file() and not path.is_symlink():
             handler = _FileLog(path, encoding="utf-8")
             handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
             handler.handle(_stopped(exc, who))

@@ -242,9 +242,9 @@ def write_table(results: dict[str, Any], table: str, results_dir: Path, table_na
     """``results_dir/<table_name>.json`` (``results``) and ``.md`` (``table``), each written
     atomically, and ``table`` into the README's block (:func:`refresh_readme`; not with
     ``readme`` None)."""
-    with atomic_write(results_dir / f"{table_name}.json") as handle:
+    with atomic_write(results_dir / f"{table_name}.json", follow=True) as handle:
         handle.write(json.dumps(results, indent=2, sort_keys=sort_keys) + "\n")
-    with atomic_write(results_dir / f"{table_name}.md") as handle:
+    with atomic_write(results_dir / f"{table_name}.md", follow=True) as handle:
         handle.write(table)
     if readme is not None:
         refresh_readme(readme, table_name, table)
@@ -257,7 +257,7 @@ def refresh_readme(readme: Path, table_name: str, table: str) -> None:
     text = readme.read_text(encoding="utf-8") if readme.exists() else ""
     if start in text and end in text:
         head, rest = text.split(start, 1)
-        with atomic_write(readme) as handle:
+        with atomic_write(readme, follow=True) as handle:
             handle.write(f"{head}{start}\n{table}{end}{rest.split(end, 1)[1]}")
 
 

@@ -451,3 +451,29 @@ def test_a_missing_optional_package_is_named_with_its_own_pip_line(monkeypatch: 
 
     monkeypatch.setattr(importlib.metadata, "requires", never_installed)
     assert install_advice("hf") == "pip install -e '.[hf]' in mtcli's checkout"
+
+
+def test_links_planted_in_a_run_are_replaced_not_written_through(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """A run directory from someone else, its eval/ outputs links to the user's files: evaluate
+    overwrote them; and a resumed training appended to whatever train.log pointed at."""
+    import shutil
+
+    from mtcli.errors import MtcliError
+    from mtcli.evaluate import evaluate
+    from mtcli.logs import add_file_log
+
+    run = shutil.copytree(tiny_run_dir, tmp_path / "run")
+    victim = tmp_path / "precious.txt"
+    victim.write_text("mine\n", encoding="utf-8")
+    (run / "eval").mkdir(exist_ok=True)
+    for name in ("val.10.hyp", "val.10.report.json"):
+        (run / "eval" / name).unlink(missing_ok=True)
+        (run / "eval" / name).symlink_to(victim)
+    report = evaluate(run, split="val", src_file=None, ref_file=None, checkpoint="checkpoint_10.pt",
+                      average_last=0, average_best=0, overrides=["decode.beam_size=1"], output_dir=None)
+    assert victim.read_text(encoding="utf-8") == "mine\n"
+    assert not Path(report["hypotheses"]).is_symlink() and not Path(report["report"]).is_symlink()
+    (run / "train.log").unlink(missing_ok=True)
+    (run / "train.log").symlink_to(victim)
+    with pytest.raises(MtcliError, match="train.log: a symbolic link, where a run keeps its log as a file of its own"):
+        add_file_log(run / "train.log")

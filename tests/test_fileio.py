@@ -68,9 +68,14 @@ def test_atomic_write_writes_into_a_pipe_and_through_a_link(tmp_path: Path) -> N
     target, link = tmp_path / "target.txt", tmp_path / "link.txt"
     target.write_text("old\n")
     link.symlink_to(target)
-    with atomic_write(link) as handle:
+    with atomic_write(link, follow=True) as handle:  # the user's own output (-o)
         handle.write("new\n")
     assert link.is_symlink() and target.read_text() == "new\n"
+    # a file mtcli names itself: the link is replaced, its target untouched (a run directory from
+    # elsewhere made evaluate overwrite any file it pointed at)
+    with atomic_write(link) as handle:
+        handle.write("ours\n")
+    assert not link.is_symlink() and link.read_text() == "ours\n" and target.read_text() == "new\n"
 
 
 def test_atomic_write_appends_to_an_open_file_named_through_proc_and_says_what_fails(tmp_path: Path) -> None:
@@ -86,7 +91,7 @@ def test_atomic_write_appends_to_an_open_file_named_through_proc_and_says_what_f
         link = tmp_path / "out"
         link.symlink_to(f"/proc/self/fd/{handle.fileno()}")
         inode = kept.stat().st_ino
-        with atomic_write(link) as out:
+        with atomic_write(link, follow=True) as out:
             out.write("new line\n")
     assert kept.read_text() == "earlier line\nnew line\n" and kept.stat().st_ino == inode
     from mtcli.fileio import is_stream
@@ -101,7 +106,7 @@ def test_atomic_write_appends_to_an_open_file_named_through_proc_and_says_what_f
             shm.unlink()
     loop = tmp_path / "loop"
     loop.symlink_to(loop)
-    with pytest.raises(OSError) as caught, atomic_write(loop):
+    with pytest.raises(OSError) as caught, atomic_write(loop, follow=True):
         pass
     assert caught.value.errno == errno.ELOOP and caught.value.filename == str(loop)
     if os.path.exists("/dev/full"):

@@ -198,6 +198,6 @@ def average_run_checkpoints(run_dir: Path, output: Path, last: int = 0, best: in
                               f"to replace; write the average as, say, {example}")
     paths = select_checkpoints(run_dir, last=last, best=best)
     state = average_checkpoints(paths)
-    save_checkpoint(Path(output), state)
+    save_checkpoint(Path(output), state, follow=True)
     get_logger().info("averaged %s into %s", names(paths), output)
     return paths

@@ -354,10 +354,10 @@ def _opened(output: Path | None, inputs: _Inputs | None, translator: Translator,
             sys.stdout.reconfigure(encoding="utf-8")
         yield sys.stdout, None
     elif is_stream(output):  # a device or pipe (/dev/null) is written as a stream
-        with atomic_write(output) as handle:
+        with atomic_write(output, follow=True) as handle:
             yield handle, None
     elif inputs is None:  # a stream's translation, written at once; no other run writes it meanwhile
-        with output_locked(written_path(output)), atomic_write(output) as handle:
+        with output_locked(written_path(output)), atomic_write(output, follow=True) as handle:
             yield handle, None
     else:
         key = translation_key(translator.bundle.model, inputs.digests, settings)
