@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mtcli.config import ModelConfig
-from mtcli.errors import CheckpointError, one_line
+from mtcli.errors import CheckpointError, one_line, shown
 from mtcli.fileio import atomic_link, atomic_write
 
 # torch is imported where a checkpoint is written or read: the modules that only name a run's
@@ -105,8 +105,8 @@ def architecture_mismatches(saved: Any, ours: ModelConfig | dict[str, Any]) -> l
     if not isinstance(saved, dict):
         return []
     ours = ours if isinstance(ours, dict) else dataclasses.asdict(ours)
-    return [(key, saved[key], ours[key]) for key in ARCHITECTURE_KEYS
-            if key in saved and key in ours and saved[key] != ours[key]]
+    return [(key, saved[key] if isinstance(saved[key], int | float | str | None) else shown(saved[key]), ours[key])
+            for key in ARCHITECTURE_KEYS if key in saved and key in ours and saved[key] != ours[key]]
 
 
 def trained_directions(data: Any) -> list[tuple[str, str]] | None:

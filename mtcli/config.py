@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from mtcli.errors import ConfigError
+from mtcli.errors import ConfigError, shown
 from mtcli.fileio import atomic_write, names_an_open_file
 from mtcli.languages import default_character_coverage, default_normalization
 from mtcli.logs import get_logger
@@ -61,7 +61,7 @@ def _build_section(cls: type, raw: dict[str, Any], where: str, section: str,
             kwargs[key] = coerce(value, hints[key], _dataclass_entry)
         except TypeError:
             raise ConfigError(
-                f"{where}: key '{section}.{key}' must be {type_name(hints[key])}, got {value!r}"
+                f"{where}: key '{section}.{key}' must be {type_name(hints[key])}, got {shown(value)}"
             ) from None
     for name, f in fields.items():
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
@@ -75,7 +75,7 @@ def _corpus_sections(sources: list[Any], where: str, lenient: bool = False) -> l
     for i, c in enumerate(sources):
         if not isinstance(c, (dict, CorpusConfig)):
             raise ConfigError(f"{where}: data.sources[{i}] must be a mapping like {{source: ..., weight: ...}}, "
-                              f"got {c!r}")
+                              f"got {shown(c)}")
     return [_build_section(CorpusConfig, c, where, f"data.sources[{i}]", lenient) if isinstance(c, dict) else c
             for i, c in enumerate(sources)]
 
@@ -114,7 +114,7 @@ def _check_override(text: str, section: str, key: str, value: Any) -> None:
     try:
         coerce(value, hint, _dataclass_entry)
     except TypeError:
-        raise ConfigError(f"--set {text!r}: key '{section}.{key}' must be {type_name(hint)}, got {value!r}") from None
+        raise ConfigError(f"--set {text!r}: key '{section}.{key}' must be {type_name(hint)}, got {shown(value)}") from None
 
 
 def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | None = None,
@@ -140,7 +140,7 @@ def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | N
         if raw.get(section) is None:
             raw[section] = {}
         if not isinstance(raw[section], dict):
-            raise ConfigError(f"{where}: section '{section}' must be a mapping, got {raw[section]!r}")
+            raise ConfigError(f"{where}: section '{section}' must be a mapping, got {shown(raw[section])}")
         raw[section][key] = value
     for section in raw:
         if section not in SECTIONS:
@@ -161,7 +161,7 @@ def config_from_dict(raw: Any, where: str = "<config>", overrides: list[str] | N
         if body is None:
             body = {}
         if not isinstance(body, dict):
-            raise ConfigError(f"{where}: section '{section}' must be a mapping, got {body!r}")
+            raise ConfigError(f"{where}: section '{section}' must be a mapping, got {shown(body)}")
         built[section] = _build_section(cls, body, where, section, lenient)
     built["data"] = _with_language_defaults(built["data"], raw["data"])
     # a pipe's config names no file to prepare again, nor its run (data.name does)
@@ -220,7 +220,7 @@ def with_changes(config: Config, section: str, **changes: Any) -> Config:
         try:
             coerced[key] = coerce(value, hints[key], _dataclass_entry)
         except TypeError:
-            raise ConfigError(f"key '{section}.{key}' must be {type_name(hints[key])}, got {value!r}") from None
+            raise ConfigError(f"key '{section}.{key}' must be {type_name(hints[key])}, got {shown(value)}") from None
     if not coerced:
         return config
     said = None if config.overrides is None or not all(isinstance(v, str | int | float) for v in coerced.values()) \
@@ -440,6 +440,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None,
         raise ConfigError(f"{where}: cannot read config ({exc})") from None
     try:
         raw = load_yaml(text)
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply to be a config") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""

@@ -143,3 +143,17 @@ def install_advice(extra: str) -> str:
     if not wanted:
         return f"pip install -e '.[{extra}]' in mtcli's checkout"
     return "pip install " + " ".join(f"'{r}'" for r in wanted)
+
+
+def shown(value: Any, limit: int = 120) -> str:
+    """``repr(value)`` as an error quotes a value it was given: at most ``limit`` characters, and
+    built no further than that (a YAML file or pickle of shared references, a few hundred bytes,
+    would expand to gigabytes in full)."""
+    import reprlib
+
+    brief = reprlib.Repr()
+    brief.maxlevel = 3
+    brief.maxlist = brief.maxtuple = brief.maxdict = brief.maxset = brief.maxfrozenset = brief.maxdeque = 6
+    brief.maxstring = brief.maxother = brief.maxlong = limit
+    text = brief.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -525,3 +525,27 @@ def test_a_corpus_of_other_than_two_languages_is_one_line(langs: list[str]) -> N
     with pytest.raises(ConfigError, match=rf"data.sources\[0\].langs must be two different languages "
                                           rf"\[source, target\], got {re.escape(str(langs))}$"):
         config_from_dict(raw)
+
+
+def test_a_value_of_shared_references_is_quoted_short_and_a_deep_one_refused(tmp_path: Path) -> None:
+    """A 600-byte YAML of aliases took all memory: its type error quoted the value in full. A
+    value nested past Python's limit was a RecursionError traceback."""
+    from mtcli.checkpoint import architecture_mismatches
+
+    parts = ["&a0 [x, x, x, x, x, x, x, x, x]"] + [f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 7)]
+    toy = (REPO / "configs" / "toy.yaml").read_text(encoding="utf-8")
+    assert "  beam_size: 2\n" in toy
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(toy.replace("  beam_size: 2\n", "  beam_size: [" + ", ".join(parts) + "]\n"), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"key 'decode.beam_size' must be int, got \[\[") as caught:
+        load_config(bomb)
+    assert len(str(caught.value)) < 300
+    deep = tmp_path / "deep.yaml"
+    deep.write_text(toy.replace("  beam_size: 2\n", "  beam_size: " + "[" * 20000 + "]" * 20000 + "\n"), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"deep.yaml: nested too deeply to be a config$"):
+        load_config(deep)
+    nested: list = ["x"] * 9
+    for _ in range(6):
+        nested = [nested] * 9
+    (key, saved, ours), = architecture_mismatches({"d_model": nested}, {"d_model": 64})
+    assert (key, ours) == ("d_model", 64) and len(saved) <= 120

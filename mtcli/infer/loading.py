@@ -20,7 +20,7 @@ from mtcli.checkpoint import (
 from mtcli.config import Config, DecodeConfig, load_config
 from mtcli.data.tokenizer import PAD_ID, Tokenizer
 from mtcli.data.vocabmap import VocabTokenizer
-from mtcli.errors import CheckpointError, ConfigError, DataError
+from mtcli.errors import CheckpointError, ConfigError, DataError, shown
 from mtcli.fileio import sha256_file
 from mtcli.infer.averaging import average_checkpoints
 from mtcli.logs import get_logger
@@ -86,14 +86,18 @@ def _run_manifest(run_dir: Path) -> dict:
     """The run's copy of its prepared data's ``manifest.json`` ({} when it has none)."""
     try:
         manifest = json.loads((run_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # (nested past Python's limit: no manifest of mtcli's)
         return {}
     return manifest if isinstance(manifest, dict) else {}
 
 
 def run_target_tags(run_dir: Path, tokenizer: Tokenizer | VocabTokenizer) -> dict[str, int]:
-    """The target-language tags of the run's prepared data, by language."""
+    """The target-language tags of the run's prepared data, by language; :class:`DataError`
+    when the manifest holds something else there."""
     tags = _run_manifest(run_dir).get("target_tags") or {}
+    if not isinstance(tags, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
+        raise DataError(f"{run_dir / MANIFEST_NAME}: target_tags is not a mapping of languages to tags, but "
+                        f"{shown(tags)}")
     return {lang: tokenizer.piece_to_id(tag) for lang, tag in tags.items()}
 
 
@@ -101,7 +105,10 @@ def run_directions(run_dir: str | Path, config: Config) -> list[tuple[str, str]]
     """The directions a run was trained on, in the order of its corpora, without repeats
     (``data.src_lang -> data.tgt_lang`` for a run of one corpus)."""
     corpora = _run_manifest(Path(run_dir)).get("corpora") or []
-    found = [(c["langs"][0], c["langs"][1]) for c in corpora if len(c.get("langs", [])) == 2]
+    corpora = corpora if isinstance(corpora, list) else []
+    found = [(c["langs"][0], c["langs"][1]) for c in corpora
+             if isinstance(c, dict) and isinstance(c.get("langs"), list) and len(c["langs"]) == 2
+             and all(isinstance(lang, str) for lang in c["langs"])]
     return list(dict.fromkeys(found)) or [(config.data.src_lang, config.data.tgt_lang)]
 
 

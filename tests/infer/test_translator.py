@@ -671,3 +671,20 @@ def test_a_stream_of_decoding_threads_left_open_ends_quietly_with_the_program(ti
     done = subprocess.run([sys.executable, "-c", program, str(tiny_run_dir)], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert (done.returncode, done.stdout, done.stderr) == (0, "True\n", "")
+
+
+@pytest.mark.parametrize("tags", [{"x": 5}, ["a"], "abc"])
+def test_a_manifest_of_malformed_tags_is_one_line(tags: object, tiny_run_dir: Path, tmp_path: Path) -> None:
+    """A run's manifest.json with target_tags of another shape was a TypeError or AttributeError
+    traceback; one nested past Python's limit, a RecursionError."""
+    import json
+    import shutil
+
+    from mtcli.errors import DataError
+
+    run = shutil.copytree(tiny_run_dir, tmp_path / "run")
+    (run / "manifest.json").write_text(json.dumps({"target_tags": tags}), encoding="utf-8")
+    with pytest.raises(DataError, match=r"manifest.json: target_tags is not a mapping of languages to tags, but "):
+        Translator.from_run(run, checkpoint="checkpoint_10.pt")
+    (run / "manifest.json").write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    assert Translator.from_run(run, checkpoint="checkpoint_10.pt", beam=1).translate(["hund"])  # as if it had none
