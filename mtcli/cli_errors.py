@@ -21,6 +21,7 @@ import typer
 import typer.core
 
 from mtcli.errors import MtcliError, Terminated, restore_handlers, stop_on_signals
+from mtcli.logs import printable
 
 # click's exception classes, as the typer installed raises them (it may carry its own click)
 _USAGE_ERROR, _CLICK_EXCEPTION = (next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
@@ -72,7 +73,7 @@ _SAID: contextvars.ContextVar[bool] = contextvars.ContextVar("mtcli_said", defau
 def fail(message: str, code: int) -> None:
     """End the command with ``mtcli: error: <message>`` on stderr and exit status ``code``."""
     with contextlib.suppress(OSError):  # (a terminal that hung up takes no more lines)
-        print(f"mtcli: error: {message}", file=sys.stderr)
+        print(f"mtcli: error: {printable(message)}", file=sys.stderr)
     _SAID.set(True)
     raise typer.Exit(code)
 

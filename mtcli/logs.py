@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -27,12 +28,24 @@ def get_logger() -> logging.Logger:
     return logging.getLogger(LOGGER_NAME)
 
 
+#: Control characters (C0, DEL, C1), which a terminal would obey: a name or text from a file
+#: someone else made (a run's lock, a corpus line) could move the cursor, retitle the window or
+#: forge a line.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with each control character written as its escape (``\\x1b``, ``\\n``): what
+    mtcli prints on the console, one line that says what it holds."""
+    return _CONTROLS.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 class _TqdmHandler(logging.StreamHandler):
     """Writes log lines through tqdm so they do not break an active progress bar."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            tqdm.write(self.format(record), file=sys.stderr)
+            tqdm.write(printable(self.format(record)), file=sys.stderr)
         except Exception:  # pragma: no cover - logging must never raise
             self.handleError(record)
 

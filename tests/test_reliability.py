@@ -652,3 +652,18 @@ def test_with_stderr_closed_nothing_but_the_result_reaches_stdout(tmp_path: Path
     res = subprocess.run(["bash", "-c", f"{sys.executable} -m mtcli.cli prepare {tmp_path / 'none.yaml'} 2>&-"],
                          capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert (res.returncode, res.stdout) == (2, b"")
+
+
+def test_control_characters_from_files_are_printed_as_escapes(tmp_path: Path) -> None:
+    """A run's train.lock from someone else named its holder's host with terminal escapes: the
+    error retitled the window, coloured the terminal and forged a second 'mtcli:' line."""
+    from conftest import mtcli_here
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train.lock").write_text(json.dumps({"pid": 1, "host": "elsewhere\x1b]0;PWNED\x07\r\nmtcli: all fine",
+                                                "started": "x"}), encoding="utf-8")
+    res = mtcli_here("translate", str(run), stdin=b"hallo\n")
+    err = res.stderr.decode()
+    assert res.returncode != 0 and "\x1b" not in err and "\x07" not in err and len(err.splitlines()) == 1
+    assert "elsewhere\\x1b]0;PWNED\\x07\\r\\nmtcli: all fine" in err
