@@ -79,6 +79,14 @@ class _Units:
         parser.EndElementHandler = self.end
         parser.CharacterDataHandler = self.characters
         parser.SkippedEntityHandler = self.skipped
+        parser.ExternalEntityRefHandler = self.external
+
+    def external(self, context: str | None, base: str | None, system_id: str | None, public_id: str | None) -> int:
+        """An entity whose text is another file's (``<!ENTITY x SYSTEM "file:...">``): never
+        read, and its place in the text not dropped unsaid."""
+        raise DataError(f"{self.path}:{self.parser.CurrentLineNumber}: not a TMX file mtcli reads (an entity whose "
+                        f"text is in another file, {system_id}, column {self.parser.CurrentColumnNumber + 1}): "
+                        "write its text itself")
 
     def skipped(self, name: str, is_parameter_entity: bool) -> None:
         """An entity no declaration read defines (``&nbsp;`` under a DOCTYPE whose DTD expat does

@@ -172,3 +172,16 @@ def test_a_text_directory_reads_tmx_splits_and_refuses_a_split_in_two_forms(tmp_
     (tmp_path / "dev.tmx").write_text(MEMORY, encoding="utf-8")
     with pytest.raises(DataError, match=r"dev.tmx and dev.en and dev.fr all hold split 'dev'; keep one form"):
         open_source(str(tmp_path), "en", "fr").check(["dev"])
+
+
+def test_an_entity_of_another_files_text_is_refused_not_dropped(tmp_path: Path) -> None:
+    """<!ENTITY x SYSTEM "file:..."> in the file's own DOCTYPE: never read (good), but its place
+    in the segment was dropped unsaid, in a test split too."""
+    (tmp_path / "secret.txt").write_text("secret", encoding="utf-8")
+    doctype = f'<!DOCTYPE tmx [<!ENTITY x SYSTEM "file://{tmp_path}/secret.txt">]>\n'
+    outside = tmp_path / "outside.tmx"
+    outside.write_text(MEMORY.replace("<tmx", f"{doctype}<tmx", 1).replace("</seg>", " &x; end</seg>", 1),
+                       encoding="utf-8")
+    with pytest.raises(DataError, match=r"outside.tmx:\d+: not a TMX file mtcli reads \(an entity whose text is in "
+                                        r"another file, file://.*secret.txt, column \d+\): write its text itself"):
+        list(tmx_pairs(outside, "en", "fr", verbatim=True))
