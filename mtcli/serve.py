@@ -46,6 +46,7 @@ import asyncio
 import contextlib
 import copy
 import errno
+import ipaddress
 import logging
 import math
 import os
@@ -451,6 +452,22 @@ class Reloader:
         get_logger().info("reloaded: serving %s (was %s)", new.name, old)
 
 
+def warn_of_exposure(host: str, api_key: str | None) -> None:
+    """Warn when the server listens where other machines reach it: without an API key anyone who
+    reaches the port translates (and the page and /health say what model it is); with one, the
+    key crosses the network in clear text. uvicorn times out no slow request either: a server for
+    others belongs behind a reverse proxy that adds TLS and read timeouts."""
+    try:
+        local = all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback
+                    for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM))
+    except (OSError, UnicodeError, ValueError):
+        local = False
+    if not local:
+        get_logger().warning("%s is reached from other machines: %s; put a reverse proxy with TLS and read timeouts "
+                             "in front of it", host, "the API key crosses the network in clear text" if api_key
+                             else "without an API key (--api-key, MTCLI_API_KEY) anyone who reaches it translates")
+
+
 def check_listening(host: str, port: int) -> None:
     """Raise :class:`ConfigError` naming ``host`` or ``port`` when the server could not listen
     there (a host this machine does not have, a port in use): said before a model is loaded,
@@ -526,6 +543,7 @@ def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, lim
     if not (isinstance(shutdown_grace_s, int | float) and 0 <= shutdown_grace_s <= MAX_SHUTDOWN_GRACE_S):
         raise ConfigError(f"--shutdown-grace-s {shutdown_grace_s!r}: must be between 0 and {MAX_SHUTDOWN_GRACE_S:g}")
     check_listening(host, port)
+    warn_of_exposure(host, api_key)
     log = get_logger()
     app = create_app(translator, limits, api_key)
     # uvicorn shuts down gracefully on SIGTERM/SIGINT and then raises the signal again for the

@@ -870,3 +870,18 @@ def test_a_beam_or_nbest_too_wide_for_the_vocabulary_is_a_422_and_a_default_one_
     check_decoding(TranslateRequest(text=["ein hund"], beam=10, nbest=10), translator)
     with pytest.raises(ConfigError, match=r"decode.beam_size=11 needs an output vocabulary of at least 22 pieces"):
         Translator.from_run(tiny_run_dir, device="cpu", beam=11)
+
+
+def test_a_server_other_machines_reach_is_warned_of(caplog: pytest.LogCaptureFixture) -> None:
+    """--host 0.0.0.0 without a key logged an INFO line only; uvicorn times out no slow request."""
+    from mtcli.serve import warn_of_exposure
+
+    with caplog.at_level("WARNING", logger="mtcli"):
+        for host in ("127.0.0.1", "localhost", "::1"):
+            warn_of_exposure(host, None)
+        assert caplog.text == ""
+        warn_of_exposure("0.0.0.0", None)
+        warn_of_exposure("0.0.0.0", "key")
+    assert "0.0.0.0 is reached from other machines: without an API key (--api-key, MTCLI_API_KEY) anyone who " \
+           "reaches it translates; put a reverse proxy with TLS and read timeouts in front of it" in caplog.text
+    assert "the API key crosses the network in clear text" in caplog.text
