@@ -202,6 +202,7 @@ def _build_model(state: dict, source: str, config: Config, vocab_size: int, run_
     if not isinstance(model_state, dict):
         raise CheckpointError(f"{source}: checkpoint has no model parameters")
     model_state = {_WRAPPER_RE.sub("", k): v for k, v in model_state.items()}
+    _check_shapes(model_state, source, config, vocab_size, run_dir)
     try:
         with torch.random.fork_rng(devices=[]):  # its random first weights, replaced: the caller's draws unmoved
             # in float32 before the weights go in, whatever default dtype a host program set
@@ -213,6 +214,23 @@ def _build_model(state: dict, source: str, config: Config, vocab_size: int, run_
             f"{source}: parameters do not fit the model of {run_dir / CONFIG_NAME} ({detail[:300]})"
         ) from None
     return model
+
+
+def _check_shapes(model_state: dict, source: str, config: Config, vocab_size: int, run_dir: Path) -> None:
+    """:class:`CheckpointError` unless the parameters are those, by name and shape, of the model
+    of ``config``, found on a model that holds no memory (PyTorch's meta device): the real one is
+    built after, so a run whose config.yaml asks for a model of a hundred gigabytes is refused
+    before a byte of it is allocated, not when memory runs out."""
+    with torch.device("meta"):
+        shaped = Transformer(config.model, vocab_size, PAD_ID, model_state.get("output_ids")).state_dict()
+    given = {k: tuple(v.shape) for k, v in model_state.items() if isinstance(v, torch.Tensor)}
+    wanted = {k: tuple(v.shape) for k, v in shaped.items()}
+    if given == wanted:
+        return
+    differ = [f"{k}: {given.get(k, 'missing')} in the checkpoint, {wanted.get(k, 'none')} in the model"
+              for k in sorted(set(given) | set(wanted)) if given.get(k) != wanted.get(k)]
+    raise CheckpointError(f"{source}: parameters do not fit the model of {run_dir / CONFIG_NAME} "
+                          f"({'; '.join(differ[:3])}{'; ...' if len(differ) > 3 else ''})")
 
 
 def load_for_inference(

@@ -688,3 +688,38 @@ def test_a_manifest_of_malformed_tags_is_one_line(tags: object, tiny_run_dir: Pa
         Translator.from_run(run, checkpoint="checkpoint_10.pt")
     (run / "manifest.json").write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
     assert Translator.from_run(run, checkpoint="checkpoint_10.pt", beam=1).translate(["hund"])  # as if it had none
+
+
+def test_a_run_whose_config_asks_for_another_model_is_refused_before_it_is_built(
+        tiny_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's config.yaml asking for a model of many gigabytes, beside small weights, had that
+    model allocated (and memory run out) before the weights were found not to fit."""
+    import shutil
+
+    import torch
+    import yaml
+
+    from mtcli.infer import loading
+
+    run = shutil.copytree(tiny_run_dir, tmp_path / "run")
+    config = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+    config["model"].update(d_ff=65536, encoder_layers=12, decoder_layers=12)  # ~1.6 GB of float32
+    (run / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    from mtcli.checkpoint import load_checkpoint, save_checkpoint
+
+    state = load_checkpoint(run / "checkpoints" / "checkpoint_10.pt")  # its own record says the same
+    state["config"]["model"].update(d_ff=65536, encoder_layers=12, decoder_layers=12)
+    save_checkpoint(run / "checkpoints" / "checkpoint_10.pt", state)
+    built: list[str] = []
+    real = loading.Transformer
+
+    def recorded(*args: object, **kwargs: object) -> torch.nn.Module:
+        built.append(torch.empty(0).device.type)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "Transformer", recorded)
+    with pytest.raises(CheckpointError, match=r"checkpoint_10.pt: parameters do not fit the model of .*config.yaml "
+                                              r"\(decoder.layers.0.feed_forward.w_1.bias: \(\d+,\) in the checkpoint, "
+                                              r"\(65536,\) in the model; "):
+        Translator.from_run(run, checkpoint="checkpoint_10.pt")
+    assert built == ["meta"]
