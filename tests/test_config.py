@@ -549,3 +549,17 @@ def test_a_value_of_shared_references_is_quoted_short_and_a_deep_one_refused(tmp
         nested = [nested] * 9
     (key, saved, ours), = architecture_mismatches({"d_model": nested}, {"d_model": 64})
     assert (key, ours) == ("d_model", 64) and len(saved) <= 120
+
+
+def test_numbers_are_yaml_1_2s_and_yaml_1_1s_octal_and_base_60_stay_text() -> None:
+    """train.seed=0042 was seed 34 (octal), max_minutes 1:30 was 90, data.name 007 was '7'; yet
+    beam_size=08 (no octal) was refused: YAML 1.1's numbers, where mtcli reads 1.2's booleans."""
+    from mtcli.yamlfile import load_yaml
+
+    assert load_yaml("[42, -3, +7, 0, 0o17, 0x10, 1.5, -.5, 1e-3, 2E+2, 0042, 08, '1:30', 1:30, 1_000]") == \
+        [42, -3, 7, 0, 15, 16, 1.5, -0.5, 0.001, 200.0, "0042", "08", "1:30", "1:30", "1_000"]
+    with pytest.raises(ConfigError, match=r"key 'train.seed' must be int, got '0042'"):
+        load_config(REPO / "configs" / "toy.yaml", ["train.seed=0042"])
+    with pytest.raises(ConfigError, match=r"key 'train.max_minutes' must be (float|number).*got '1:30'"):
+        load_config(REPO / "configs" / "toy.yaml", ["train.max_minutes=1:30"])
+    assert load_config(REPO / "configs" / "toy.yaml", ["data.name=007", "train.lr_factor=5e-1"]).data.name == "007"
