@@ -324,6 +324,9 @@ def validate(config: Config, where: str | None = None) -> None:
         (t.subword_alpha == 0.0 or dc.spm_model_type == "unigram",
          "train.subword_alpha > 0 samples from a unigram model: set data.spm_model_type: unigram"),
         (t.subword_nbest >= 1, "train.subword_nbest must be >= 1"),
+        (t.subword_alpha == 0.0 or t.subword_nbest >= 2,
+         "train.subword_nbest must be >= 2 with train.subword_alpha > 0 (1 is the best segmentation alone: nothing "
+         "is sampled)"),
         (m.output_vocab == "joint" or t.subword_alpha == 0.0 or t.subword_sides == "source",
          "model.output_vocab: target needs the target pieces fixed: with train.subword_alpha > 0 "
          "set train.subword_sides: source"),
@@ -336,7 +339,7 @@ def validate(config: Config, where: str | None = None) -> None:
                                ("valid_max_sentences", "all of them"), ("num_threads", "PyTorch's choice"),
                                ("clip_norm", "off"), ("weight_decay", "off"), ("lr", "Noam's schedule sets the rate"))),
         (0 <= t.seed <= MAX_SEED, f"train.seed must be between 0 and {MAX_SEED} (numpy's and torch's range)"),
-        (t.lr_factor >= 0, "train.lr_factor must be >= 0"),
+        (t.lr_factor > 0, "train.lr_factor must be > 0"),
         (t.adam_eps > 0, "train.adam_eps must be > 0"),
         (t.pack_length == 0 or 2 <= t.pack_length <= min(t.max_tokens, m.max_positions),
          "train.pack_length must be 0 (token batches) or a row of 2 to min(train.max_tokens, "
@@ -368,6 +371,9 @@ def validate(config: Config, where: str | None = None) -> None:
          f"data/prepared/<name>), got {dc.name!r}"),
         (8 <= dc.vocab_size <= 1 << 24, "data.vocab_size must be between 8 and 16,777,216"),
         (dc.num_workers >= 1, "data.num_workers must be >= 1"),
+        (dc.spm_max_sentences >= 0, "data.spm_max_sentences must be 0 (all of them) or > 0"),
+        (all(name.strip() for name in (dc.train_split, dc.valid_split, *dc.test_splits)),
+         "data.train_split, data.valid_split and data.test_splits must name splits (none empty)"),
         *((value <= 1024, f"{key} must be at most 1024") for key, value in (("data.num_workers", dc.num_workers),
                                                                              ("train.num_threads", t.num_threads))),
         *_path_checks(config),

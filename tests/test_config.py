@@ -192,9 +192,17 @@ def test_cross_field_validation(tmp_path: Path) -> None:
     ("data.character_coverage=0.5", "data.character_coverage must be in [0.98, 1]"),  # SentencePiece's own error
     ("decode.max_len_b=-50", "decode.max_len_a and decode.max_len_b must be >= 0 and not both 0"),
     ("decode.max_len_a=0", "decode.max_len_a and decode.max_len_b must be >= 0 and not both 0"),
+    ("train.lr_factor=0", "train.lr_factor must be > 0"),  # trained at a rate of 0, unsaid
+    ("data.spm_max_sentences=-5", "data.spm_max_sentences must be 0 (all of them) or > 0"),  # taken as 0
+    ("data.valid_split=", "data.train_split, data.valid_split and data.test_splits must name splits (none empty)"),
+    ("data.test_splits=['']", "data.train_split, data.valid_split and data.test_splits must name splits"),
+    ("train.subword_nbest=1", "train.subword_nbest must be >= 2 with train.subword_alpha > 0 (1 is the best "
+                              "segmentation alone: nothing is sampled)"),  # said it sampled, and sampled nothing
 ])
 def test_a_value_out_of_range_is_refused_with_its_key(change: str, says: str) -> None:
-    overrides = [change, "decode.max_len_b=0"] if change == "decode.max_len_a=0" else [change]
+    overrides = {"decode.max_len_a=0": [change, "decode.max_len_b=0"],
+                 "train.subword_nbest=1": [change, "train.subword_alpha=0.1", "data.spm_model_type=unigram"],
+                 }.get(change, [change])
     with pytest.raises(ConfigError) as exc:
         config_from_dict(MINIMAL, overrides=overrides)
     assert says in str(exc.value)

@@ -272,6 +272,9 @@ def _log_start(trainer: Trainer, config: Config, device: torch.device, precision
     if trainer.info.is_main and train.cooldown_steps > 0 and ends:
         log.warning("train.cooldown_steps %d counts back from train.max_steps (%d): a run that %s ends first is not "
                     "cooled down", train.cooldown_steps, train.max_steps, " or ".join(ends))
+    if trainer.info.is_main and train.warmup_steps > train.max_steps:  # every schedule warms up linearly
+        log.warning("train.warmup_steps %d is past train.max_steps %d: the rate never reaches its peak, and ends "
+                    "at %.0f%% of it", train.warmup_steps, train.max_steps, 100 * train.max_steps / train.warmup_steps)
     if trainer.model.output_ids is not None:
         log.info("output vocabulary: the %d of %d pieces the training targets use "
                  "(model.output_vocab: target)", trainer.model.output_ids.numel(), trainer.corpus.vocab_size)

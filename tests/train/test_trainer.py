@@ -1231,3 +1231,12 @@ def test_gradients_are_clipped_to_clip_norm_and_the_norm_before_is_reported(clip
     after = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
     assert float(reported) == pytest.approx(float(before), rel=1e-5) and float(before) > 1.0
     assert float(after) == pytest.approx(clip_norm if clip_norm > 0 else float(before), rel=1e-4)
+
+
+def test_a_warmup_past_the_last_step_is_warned_of(prepared: Path, tmp_path: Path) -> None:
+    """The README's own `--set train.max_steps=100` on the reference recipe (warmup 1600) never
+    got past a sixteenth of the peak rate, without a word."""
+    run = tmp_path / "run"
+    train(make_config(prepared, run, "train.max_steps=2", "train.warmup_steps=8", "train.valid_every=100"))
+    assert "train.warmup_steps 8 is past train.max_steps 2: the rate never reaches its peak, and ends at 25% of it" \
+        in (run / "train.log").read_text(encoding="utf-8")
