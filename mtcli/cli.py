@@ -20,7 +20,7 @@ from typing import Annotated, Optional
 import typer
 
 from mtcli.cli_errors import Commands, fail, handle_errors, kept_results, say
-from mtcli.errors import MtcliError, TrainingInterrupted, install_advice
+from mtcli.errors import ConfigError, MtcliError, TrainingInterrupted, install_advice
 
 app = typer.Typer(
     cls=Commands,
@@ -153,7 +153,11 @@ def train(
     setup_logging(verbose, quiet=quiet)
     keep_freed_memory()
     try:
-        summary = run_train(with_changes(load_config(config, list(set_ or [])), "train", init_from=init_from))
+        loaded = load_config(config, list(set_ or []))
+        if init_from is not None and loaded.train.init_from not in (None, init_from):
+            raise ConfigError(f"--init-from {init_from} and train.init_from {loaded.train.init_from} name two parents; "
+                              "give one")
+        summary = run_train(with_changes(loaded, "train", init_from=init_from))
     except MtcliError as exc:  # (a stop by a signal is the same on every rank: said once)
         _leave_torchrun(exc.exit_code, f"mtcli: error: {exc}", every_rank=not isinstance(exc, TrainingInterrupted))
         raise
@@ -331,7 +335,6 @@ def average(
     quiet: Quiet = False,
 ) -> None:
     """Average the parameters of the last or best K checkpoints into one."""
-    from mtcli.errors import ConfigError
     from mtcli.infer.averaging import average_run_checkpoints
     from mtcli.logs import setup_logging
 

@@ -218,3 +218,15 @@ def test_a_child_is_not_resumed_once_its_parent_has_other_weights(parent_run: tu
     shutil.copyfile(original / "checkpoints" / "checkpoint_8.pt", parent / "checkpoints" / "checkpoint_8.pt")
     summary = train(child_config(prepared, child, parent, "train.max_steps=6", "train.valid_every=2"))
     assert summary.steps == 6
+
+
+def test_two_parents_named_two_ways_are_refused(parent_run: tuple[Path, Path], tmp_path: Path) -> None:
+    """--init-from won over --set train.init_from naming another run, without a word."""
+    prepared, parent = parent_run
+    overrides = toy_train_overrides(prepared, tmp_path / "child", f"train.init_from={tmp_path / 'elsewhere'}", *CHILD)
+    result = cli_train("--init-from", str(parent), *set_args(overrides))
+    assert result.returncode == 2 and result.stderr.strip() == (
+        f"mtcli: error: --init-from {parent} and train.init_from {tmp_path / 'elsewhere'} name two parents; give one")
+    assert not (tmp_path / "child").exists()
+    same = toy_train_overrides(prepared, tmp_path / "same", f"train.init_from={parent}", *CHILD, "train.max_steps=1")
+    assert cli_train("--init-from", str(parent), *set_args(same)).returncode == 0  # one parent, said twice
