@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import math
 import re
 import typing
@@ -55,8 +56,7 @@ def _build_section(cls: type, raw: dict[str, Any], where: str, section: str,
             get_logger().warning("%s: '%s.%s' is not a key of this mtcli version; ignored", where, section, key)
             continue
         if key not in fields:
-            known = ", ".join(fields)
-            raise ConfigError(f"{where}: unknown key '{section}.{key}' (known keys: {known})")
+            raise ConfigError(f"{where}: {unknown_key(section, key, cls)}")
         try:
             kwargs[key] = coerce(value, hints[key], _dataclass_entry)
         except TypeError:
@@ -98,6 +98,20 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     return parts[0], parts[1], value
 
 
+def unknown_key(section: str, key: str, cls: type | None = None) -> str:
+    """What is said of ``section.key``, a key the config does not have (``cls``: the section's
+    class, where it is no top-level one: ``data.sources[0]``): the key of that name in another
+    section (``train.vocab_size``: ``data.vocab_size``), or a near spelling of one in its own
+    (``train.max_step``), then the section's keys."""
+    fields = [f.name for f in dataclasses.fields(cls or SECTIONS[section])]
+    elsewhere = [f"{other}.{key}" for other, kind in SECTIONS.items()
+                 if other != section and key in {f.name for f in dataclasses.fields(kind)}] if cls is None \
+        or section in SECTIONS else []
+    near = [f"{section}.{name}" for name in difflib.get_close_matches(key, fields, n=1, cutoff=0.6)]
+    guess = f"; did you mean {' or '.join(elsewhere or near)}?" if elsewhere or near else ""
+    return f"unknown key '{section}.{key}'{guess} (known keys: {', '.join(fields)})"
+
+
 def _check_override(text: str, section: str, key: str, value: Any) -> None:
     """Refuse a ``--set`` of an unknown section or key, or of a value of the wrong type, naming
     the ``--set`` (not the file, which may not hold the key)."""
@@ -106,7 +120,7 @@ def _check_override(text: str, section: str, key: str, value: Any) -> None:
     cls = SECTIONS[section]
     fields = [f.name for f in dataclasses.fields(cls)]
     if key not in fields:
-        raise ConfigError(f"--set {text!r}: unknown key '{section}.{key}' (known keys: {', '.join(fields)})")
+        raise ConfigError(f"--set {text!r}: {unknown_key(section, key)}")
     hint = typing.get_type_hints(cls)[key]
     if cls is DataConfig and key == "sources" and isinstance(value, list):  # corpora, each a section
         _corpus_sections(value, f"--set {text!r}")
@@ -216,7 +230,7 @@ def with_changes(config: Config, section: str, **changes: Any) -> Config:
         if value is None:
             continue
         if key not in known:
-            raise ConfigError(f"unknown key '{section}.{key}' (known keys: {', '.join(sorted(known))})")
+            raise ConfigError(unknown_key(section, key))
         try:
             coerced[key] = coerce(value, hints[key], _dataclass_entry)
         except TypeError:

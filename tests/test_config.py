@@ -571,3 +571,13 @@ def test_numbers_are_yaml_1_2s_and_yaml_1_1s_octal_and_base_60_stay_text() -> No
     with pytest.raises(ConfigError, match=r"key 'train.max_minutes' must be (float|number).*got '1:30'"):
         load_config(REPO / "configs" / "toy.yaml", ["train.max_minutes=1:30"])
     assert load_config(REPO / "configs" / "toy.yaml", ["data.name=007", "train.lr_factor=5e-1"]).data.name == "007"
+
+
+def test_an_unknown_key_points_to_the_key_meant() -> None:
+    """A key under the wrong section, or misspelt, got the section's forty names and no pointer."""
+    for change, meant in (("train.vocab_size=100", "data.vocab_size"), ("train.max_step=3", "train.max_steps"),
+                          ("decode.beam=4", "decode.beam_size")):
+        with pytest.raises(ConfigError, match=rf"unknown key '{change.split('=')[0]}'; did you mean {meant}\? \(known"):
+            config_from_dict(MINIMAL, overrides=[change])
+    with pytest.raises(ConfigError, match=r"unknown key 'train.zzz' \(known keys: run_dir, "):
+        config_from_dict(MINIMAL, overrides=["train.zzz=1"])
