@@ -353,7 +353,7 @@ def validate(config: Config, where: str | None = None) -> None:
                                ("valid_max_sentences", "all of them"), ("num_threads", "PyTorch's choice"),
                                ("clip_norm", "off"), ("weight_decay", "off"), ("lr", "Noam's schedule sets the rate"))),
         (0 <= t.seed <= MAX_SEED, f"train.seed must be between 0 and {MAX_SEED} (numpy's and torch's range)"),
-        (t.lr_factor > 0, "train.lr_factor must be > 0"),
+        (t.lr_factor >= 0, "train.lr_factor must be >= 0"),
         (t.adam_eps > 0, "train.adam_eps must be > 0"),
         (t.pack_length == 0 or 2 <= t.pack_length <= min(t.max_tokens, m.max_positions),
          "train.pack_length must be 0 (token batches) or a row of 2 to min(train.max_tokens, "

@@ -1221,3 +1221,25 @@ def test_a_checkpoint_that_cannot_be_pruned_is_a_warning_and_the_rest_go(tmp_pat
     assert f"cannot remove old checkpoint {stuck} (Permission denied)" in caplog.text
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("checkpoint_*0.pt")) == \
         ["checkpoint_10.pt", "checkpoint_30.pt"]
+
+
+def test_a_data_change_that_changes_nothing_is_no_change(toy_dict: dict, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resume refused a corpus's default langs written out, data.spm_model spelt another way,
+    and the keys that would have trained a SentencePiece model where data.spm_model gives one."""
+    saved = copy.deepcopy(toy_dict)
+    saved["data"].update(source="", sources=[{"source": "a", "weight": 1.0, "tag": None, "langs": None,
+                                              "hub_config": None}])
+    new = copy.deepcopy(saved)
+    new["data"]["sources"][0]["langs"] = [saved["data"]["src_lang"], saved["data"]["tgt_lang"]]
+    assert check_resume_config(saved, new) == []
+    monkeypatch.chdir(tmp_path)
+    saved["data"]["spm_model"], new["data"]["spm_model"] = "parent", str(tmp_path / "parent")
+    new["data"].update(vocab_size=400, spm_model_type="bpe")
+    assert check_resume_config(saved, new) == []
+    new["data"]["sources"][0]["langs"] = [saved["data"]["tgt_lang"], saved["data"]["src_lang"]]  # a change
+    with pytest.raises(CheckpointError, match=r"data.sources\[0\].langs"):
+        check_resume_config(saved, new)
+    new["data"].update(sources=saved["data"]["sources"], spm_model="")  # a model trained here after all
+    with pytest.raises(CheckpointError, match=r"data.spm_model"):
+        check_resume_config(saved, new)

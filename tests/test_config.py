@@ -192,7 +192,6 @@ def test_cross_field_validation(tmp_path: Path) -> None:
     ("data.character_coverage=0.5", "data.character_coverage must be in [0.98, 1]"),  # SentencePiece's own error
     ("decode.max_len_b=-50", "decode.max_len_a and decode.max_len_b must be >= 0 and not both 0"),
     ("decode.max_len_a=0", "decode.max_len_a and decode.max_len_b must be >= 0 and not both 0"),
-    ("train.lr_factor=0", "train.lr_factor must be > 0"),  # trained at a rate of 0, unsaid
     ("data.spm_max_sentences=-5", "data.spm_max_sentences must be 0 (all of them) or > 0"),  # taken as 0
     ("data.valid_split=", "data.train_split, data.valid_split and data.test_splits must name splits (none empty)"),
     ("data.test_splits=['']", "data.train_split, data.valid_split and data.test_splits must name splits"),

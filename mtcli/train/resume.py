@@ -21,6 +21,7 @@ import torch
 from mtcli.checkpoint import load_checkpoint
 from mtcli.config import SECTIONS
 from mtcli.data.packing import rows_per_batch
+from mtcli.data.prepare import SPM_TRAINING_KEYS
 from mtcli.data.tokenizer import same_model
 from mtcli.errors import CheckpointError
 from mtcli.fileio import atomic_link, live_writer, sha256_file
@@ -233,6 +234,8 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
         old_body = dict(_section_defaults(section))
         old_body.update(saved.get(section) or {})
         new_body = new.get(section) or {}
+        if section == "data":
+            old_body, new_body = _as_read(old_body, new_body)
         for key in sorted(set(old_body) | set(new_body)):
             old_value = old_body.get(key, "<unset>")
             new_value = new_body.get(key, "<unset>")
@@ -265,6 +268,28 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
             "run directory)"
         )
     return changes
+
+
+def _as_read(old: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two data sections as prepare reads them, so that a change that changes nothing is none:
+    a corpus's ``langs`` left out is the run's pair; ``data.spm_model`` is its file, however
+    spelled; and given one, the keys that would have trained a model are not read
+    (:data:`~mtcli.data.prepare.SPM_TRAINING_KEYS`)."""
+    bodies = []
+    for body in (old, new):
+        body = dict(body)
+        pair = [body.get("src_lang"), body.get("tgt_lang")]
+        if isinstance(body.get("sources"), list):
+            body["sources"] = [dict(item, langs=item.get("langs") or pair) if isinstance(item, dict) else item
+                               for item in body["sources"]]
+        if body.get("spm_model"):
+            body["spm_model"] = str(Path(body["spm_model"]).resolve())
+        bodies.append(body)
+    if bodies[0].get("spm_model") and bodies[1].get("spm_model"):
+        for body in bodies:
+            for key in SPM_TRAINING_KEYS:
+                body.pop(key, None)
+    return bodies[0], bodies[1]
 
 
 def _placeless(value: Any) -> Any:
