@@ -19,11 +19,11 @@ from typing import Any
 import torch
 
 from mtcli.checkpoint import load_checkpoint
-from mtcli.config import SECTIONS
+from mtcli.config import SECTIONS, load_config
 from mtcli.data.packing import rows_per_batch
 from mtcli.data.prepare import SPM_TRAINING_KEYS
 from mtcli.data.tokenizer import same_model
-from mtcli.errors import CheckpointError
+from mtcli.errors import CheckpointError, ConfigError
 from mtcli.fileio import atomic_link, live_writer, sha256_file
 from mtcli.logs import get_logger
 from mtcli.rundir import (
@@ -270,6 +270,14 @@ def check_resume_config(saved: dict, new: dict, where: str = "resume", *, rebatc
     return changes
 
 
+def _run_decode(run_dir: Path) -> dict[str, Any] | None:
+    """The decode section of the run's config.yaml, or None where it cannot be read."""
+    try:
+        return load_config(run_dir / CONFIG_NAME, lenient=True).to_dict()["decode"]
+    except ConfigError:
+        return None
+
+
 def _as_read(old: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Two data sections as prepare reads them, so that a change that changes nothing is none:
     a corpus's ``langs`` left out is the run's pair; ``data.spm_model`` is its file, however
@@ -440,13 +448,21 @@ def hardware_changes(saved: dict[str, Any] | None, here: dict[str, Any]) -> list
 
 
 def resume_changes(state: dict[str, Any], new: dict[str, Any], world_size: int, where: str,
-                   here: dict[str, Any] | None = None, parent_checked: bool = False) -> list[str]:
+                   here: dict[str, Any] | None = None, parent_checked: bool = False,
+                   run_dir: Path | None = None) -> list[str]:
     """Every change a resume from ``state`` under the config ``new`` (``Config.to_dict()``),
     ``world_size`` processes and the device and threads ``here`` (:func:`hardware`) makes, to
     log (:func:`check_resume_config` refuses the unsafe ones): a change of
     ``train.update_freq`` that keeps each update as large under another process count is said
-    once, with the processes. ``parent_checked``: see :func:`check_resume_config`."""
-    changes = check_resume_config(state.get("config") or {}, new, where,
+    once, with the processes. ``parent_checked``: see :func:`check_resume_config`. The decode
+    settings are compared with ``run_dir``'s config.yaml where it has them: a start of a
+    finished run takes new ones there, not into its checkpoint (they were said again at every
+    later start)."""
+    saved = dict(state.get("config") or {})
+    decode = _run_decode(run_dir) if run_dir is not None else None
+    if decode is not None:
+        saved["decode"] = decode
+    changes = check_resume_config(saved, new, where,
                                   rebatchable="max_tokens" in (state.get("data_state") or {}),
                                   hardware_kept=state.get("hardware") is not None, parent_checked=parent_checked,
                                   content_kept=bool((state.get("data") or {}).get("train")))

@@ -184,7 +184,7 @@ class Trainer:
         if state.get("format") != STATE_FORMAT:
             raise CheckpointError(f"{path}: checkpoint format {state.get('format')!r}, expected {STATE_FORMAT}")
         for change in resume_changes(state, self.config.to_dict(), self.info.world_size, str(path),
-                                     hardware(self.device), parent_checked):
+                                     hardware(self.device), parent_checked, self.run_dir):
             # a resume that is no longer exact is warned of: the run will not match an unbroken one
             (self.log.warning if INEXACT in change else self.log.info)("config change on resume: %s", change)
         vocab = state.get("vocab") or {}

@@ -806,6 +806,10 @@ def test_a_finished_run_given_again_is_left_as_it_was(prepared: Path, tmp_path: 
             if p.is_file() and p.name not in ("train.log", "config.yaml")} == {
         p: data for p, data in files.items() if p.name != "config.yaml"}
     assert "but for its decode settings, taken into config.yaml" in (run / "train.log").read_text(encoding="utf-8")
+    # started again from its config.yaml: the decode change is not said again, at every start
+    train(load_config(run / "config.yaml"))
+    said = (run / "train.log").read_text(encoding="utf-8").split("but for its decode settings")[-1]
+    assert "config change on resume: decode.beam_size" not in said
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
