@@ -279,7 +279,7 @@ def _decode_checks(d: DecodeConfig) -> list[tuple[bool, str]]:
 
 #: Sizes past any model this code can build (a typo's extra digits: an overflow, or hours of
 #: building layers, rather than a message).
-_MODEL_LIMITS = {"d_model": 1 << 16, "d_ff": 1 << 20, "encoder_layers": 1000, "decoder_layers": 1000,
+MODEL_LIMITS = {"d_model": 1 << 16, "d_ff": 1 << 20, "encoder_layers": 1000, "decoder_layers": 1000,
                  "n_heads": 1 << 12, "max_positions": 1 << 20}
 
 
@@ -315,7 +315,7 @@ def _model_checks(m: ModelConfig) -> list[tuple[bool, str]]:
         (m.n_heads >= 1 and m.d_model > 0 and m.d_model % m.n_heads == 0,
          "model.n_heads must be >= 1 and model.d_model a positive multiple of it"),
         *((getattr(m, key) <= most, f"model.{key} must be at most {most:,}, got {getattr(m, key):,}")
-          for key, most in _MODEL_LIMITS.items()),
+          for key, most in MODEL_LIMITS.items()),
         (m.d_model % 2 == 0, "model.d_model must be even (sinusoidal positions pair sin/cos)"),
         (m.encoder_layers >= 1 and m.decoder_layers >= 1, "model.encoder_layers/decoder_layers must be >= 1"),
         (m.d_ff >= 1, "model.d_ff must be >= 1"),

@@ -45,6 +45,7 @@ import torch
 from mtcli.builddir import atomic_dir, check_replaceable
 from mtcli.checkpoint import save_checkpoint
 from mtcli.config import (
+    MODEL_LIMITS,
     Config,
     DataConfig,
     DecodeConfig,
@@ -56,7 +57,7 @@ from mtcli.config import (
 )
 from mtcli.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_PIECE, Tokenizer
 from mtcli.data.vocabmap import load_spm, read_vocab
-from mtcli.errors import ConfigError, DataError, MtcliError, one_line
+from mtcli.errors import ConfigError, DataError, MtcliError, one_line, shown
 from mtcli.fileio import copy_file, sha256_file
 from mtcli.infer.export import CT2_DIR, EXPORT_RECORD
 from mtcli.infer.hf import (
@@ -148,6 +149,12 @@ def _check_weights(path: Path) -> None:
         raise DataError(f"{path}: not a readable safetensors file, truncated? ({one_line(exc, 200)})") from None
 
 
+#: config.json's sizes, and the model key of mtcli whose limit each has (:data:`MODEL_LIMITS`).
+_SIZES = {"d_model": "d_model", "encoder_ffn_dim": "d_ff", "decoder_ffn_dim": "d_ff", "encoder_layers": "encoder_layers",
+          "decoder_layers": "decoder_layers", "encoder_attention_heads": "n_heads",
+          "decoder_attention_heads": "n_heads", "max_position_embeddings": "max_positions"}
+
+
 def check_model_dir(model_dir: Path) -> dict[str, Any]:
     """``config.json`` of ``model_dir`` after checking the directory holds every file an import
     reads and the config only what mtcli computes exactly; one-line :class:`MtcliError` naming
@@ -167,6 +174,11 @@ def check_model_dir(model_dir: Path) -> dict[str, Any]:
     for name in (SOURCE_SPM_NAME, TARGET_SPM_NAME):
         _warn_uncovered(model_dir / name, load_spm(model_dir / name), vocab_pieces)  # a junk model: said now
     _check_weights(weights_file(model_dir))
+    for key, ours in _SIZES.items():  # before transformers builds it: a size past any model is refused
+        value = raw.get(key)
+        if value is not None and not (isinstance(value, int) and 1 <= value <= MODEL_LIMITS[ours]):
+            raise ConfigError(f"{where}: {key}: {shown(value)} is not a size mtcli builds (model.{ours}: 1 to "
+                              f"{MODEL_LIMITS[ours]:,})")
     for key, (allowed, why) in _REQUIRED.items():
         value = raw.get(key)
         if value not in allowed:

@@ -366,6 +366,10 @@ def _broken(marian_dir: Path, tmp_path: Path) -> Path:
     (lambda d: _drop_weight(d, "model.encoder.layers.0.fc1.weight"), DataError,
      "model.safetensors: lacks 1 weights .* model.encoder.layers.0.fc1.weight"),
     (lambda d: _set(d, d_model=32), ConfigError, r"config.json: does not match .*model.safetensors"),
+    # transformers built the model of config.json (25 GB of positions here) before mtcli's limits ran
+    (lambda d: _set(d, max_position_embeddings=100_000_000), ConfigError,
+     r"config.json: max_position_embeddings: 100000000 is not a size mtcli builds \(model.max_positions: 1 to "),
+    (lambda d: _set(d, encoder_layers="6"), ConfigError, r"config.json: encoder_layers: '6' is not a size mtcli"),
 ])
 def test_what_cannot_be_imported_is_refused_in_one_line(
         marian_dir: Path, tmp_path: Path, damage, error: type, message: str) -> None:
