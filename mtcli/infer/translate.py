@@ -118,6 +118,12 @@ def source_limit(bundle: InferenceModel) -> int:
     return int(bundle.model.max_positions) - 1
 
 
+#: A source line longer than this many characters (or 64 a piece the model reads) is encoded
+#: from its start only: far more than the pieces it is cut to, where encoding all of it took
+#: some forty times its size in memory (a 190 MB line, a small .gz, ended the process).
+HUGE_LINE_CHARS = 1_000_000
+
+
 def encode_window(tokenizer: Tokenizer, chunk: list[str], limit: int, name: str, offset: int,
                   prefix: Sequence[int] = ()) -> tuple[dict[int, list[int]], list[list[Translation] | None]]:
     """The source ids of a window's non-empty lines, after ``prefix`` (a target-language tag),
@@ -126,16 +132,18 @@ def encode_window(tokenizer: Tokenizer, chunk: list[str], limit: int, name: str,
     results: list[list[Translation] | None] = [None] * len(chunk)
     sources: dict[int, list[int]] = {}
     nonempty = [i for i, line in enumerate(chunk) if line.strip()]
-    encoded = dict(zip(nonempty, tokenizer.encode_batch([chunk[i] for i in nonempty]), strict=True))
+    cap = max(HUGE_LINE_CHARS, 64 * limit)
+    encoded = dict(zip(nonempty, tokenizer.encode_batch([chunk[i][:cap] for i in nonempty]), strict=True))
     for i in range(len(chunk)):
         ids = encoded.get(i) or []
         if not ids:
             results[i] = [_empty_translation()]
             continue
         ids = [*prefix, *ids]
-        if len(ids) > limit:
-            get_logger().warning("%s: line %d: source has %d pieces, truncated to the model limit of %d",
-                                 name, offset + i + 1, len(ids), limit)
+        if len(ids) > limit or len(chunk[i]) > cap:
+            size = f"{len(chunk[i]):,} characters" if len(chunk[i]) > cap else f"{len(ids)} pieces"
+            get_logger().warning("%s: line %d: source has %s, truncated to the model limit of %d pieces",
+                                 name, offset + i + 1, size, limit)
             ids = ids[:limit]
         sources[i] = ids
     return sources, results

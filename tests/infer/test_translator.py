@@ -723,3 +723,22 @@ def test_a_run_whose_config_asks_for_another_model_is_refused_before_it_is_built
                                               r"\(65536,\) in the model; "):
         Translator.from_run(run, checkpoint="checkpoint_10.pt")
     assert built == ["meta"]
+
+
+def test_a_huge_line_is_encoded_from_its_start_only(translator: Translator, caplog: pytest.LogCaptureFixture,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 190 MB line (a 450 KB .gz) was encoded whole, in some forty times its size, to keep
+    127 pieces of it: the process was killed."""
+    from mtcli.infer import translate
+
+    monkeypatch.setattr(translate, "HUGE_LINE_CHARS", 1000)
+    seen: list[int] = []
+    encode = type(translator.bundle.tokenizer).encode_batch
+    monkeypatch.setattr(type(translator.bundle.tokenizer), "encode_batch",
+                        lambda self, texts: seen.extend(map(len, texts)) or encode(self, texts))
+    huge = "hund " * 40_000  # 200,000 characters
+    cap = max(1000, 64 * translator.bundle.model.cfg.max_positions)
+    assert len(huge) > cap
+    whole = translator.translate([huge[:cap], "rot"])
+    assert translator.translate([huge, "rot"]) == whole
+    assert max(seen) <= cap and f"line 1: source has {len(huge):,} characters, truncated to the model limit" in caplog.text
