@@ -46,6 +46,20 @@ def _skip_reason() -> str | None:
     return None
 
 
+def release_freed_memory() -> bool:
+    """Give the heap's free memory back to the kernel now (glibc's ``malloc_trim``); True if
+    done. For the moment a transient peak has passed that the process will not reach again:
+    loading a checkpoint reads its whole payload, optimizer moments included, several times the
+    model's size, which :func:`keep_freed_memory` would otherwise keep resident for the whole
+    decoding after it."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        return bool(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
 def keep_freed_memory() -> bool:
     """Make glibc reuse freed blocks instead of returning them to the kernel; True if applied.
 
@@ -89,4 +103,4 @@ def bound_onednn_cache(capacity: int = ONEDNN_CACHE_CAPACITY) -> bool:
     return True
 
 
-__all__ = ["ONEDNN_CACHE_CAPACITY", "bound_onednn_cache", "keep_freed_memory"]
+__all__ = ["ONEDNN_CACHE_CAPACITY", "bound_onednn_cache", "keep_freed_memory", "release_freed_memory"]

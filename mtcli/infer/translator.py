@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mtcli.allocator import release_freed_memory
 from mtcli.config import DecodeConfig, with_changes
 from mtcli.data.batching import collate, source_batch_tokens, source_batches
 from mtcli.data.textio import ArrivingLines, check_unicode
@@ -226,6 +227,7 @@ class Translator:
             require_ctranslate2("--engine ctranslate2")
         bundle = load_for_inference(run_dir, checkpoint, average_last=average_last, average_best=average_best)
         bundle = add_members(bundle, ensemble, run_dir)
+        release_freed_memory()  # what reading the checkpoints took, past now
         base = decode_config(bundle.config, list(overrides))
         beam_fixed = "decode.beam_size" in override_keys(overrides)
         decode = with_changes(base, "decode", **_fitted(_changes(settings), base.decode, beam_fixed)).decode
