@@ -351,13 +351,16 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.batcher = Batcher(translator, limits)
+        # the translator comes from the app's state, which a reload replaces: a closure over the
+        # first one would keep its model in memory beside every later one
+        app.state.batcher = Batcher(app.state.translator, limits)
         try:
             yield
         finally:
             app.state.still_decoding = not app.state.batcher.close(timeout=CLOSE_WAIT_S)
 
     app = FastAPI(title="mtcli", summary=f"Machine translation with {translator.name}", lifespan=lifespan)
+    app.state.translator = translator
     app.state.dropped = 0  # requests answered 503 untranslated: the shutdown grace period ended first
     app.state.still_decoding = False  # at shutdown: a batch of those requests left decoding
     app.add_middleware(BodyLimit, most=limits.max_body_bytes)
@@ -447,7 +450,7 @@ class Reloader:
         except Exception as exc:
             get_logger().error("reload failed, still serving %s: %s: %s", old, type(exc).__name__, one_line(exc))
             return
-        batcher.translator = new
+        batcher.translator = self.app.state.translator = new
         self.app.summary, self.app.openapi_schema = f"Machine translation with {new.name}", None  # /docs: made anew
         get_logger().info("reloaded: serving %s (was %s)", new.name, old)
 
@@ -563,7 +566,9 @@ def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, lim
     targets = translator.target_languages
     into = f"; into {targets[0]} unless a request's tgt_lang names another of {', '.join(targets)}" \
         if len(targets) > 1 else ""
-    server = _Server(config, lambda bound: log.info("serving %s on http://%s:%d (API key %s%s)", translator.name,
+    name = translator.name
+    del translator  # the app's state holds it, until a reload replaces it (then it is freed)
+    server = _Server(config, lambda bound: log.info("serving %s on http://%s:%d (API key %s%s)", name,
                                                     shown, bound, "required" if api_key else "not set", into))
     quiet = _QuietForcedStop(server)
     logging.getLogger("uvicorn.error").addFilter(quiet)
