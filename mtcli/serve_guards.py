@@ -34,11 +34,18 @@ async def answer(send: Any, status: int, error: str, *headers: tuple[bytes, byte
     await send({"type": "http.response.body", "body": body})
 
 
+#: Seconds a request body may stop arriving before it is answered 408 and its connection closed:
+#: uvicorn times out no body, so a client that sends part of one held its connection for good
+#: (enough of them used up the server's file descriptors).
+BODY_TIMEOUT_S = 60.0
+
+
 class BodyLimit:
     """ASGI middleware: a request body over ``most`` bytes is answered 413 as soon as its
     ``Content-Length``, or the bytes that have arrived, say so, and the rest is never read; what
-    the application would still answer then is dropped. A body still arriving when the shutdown's
-    grace period ends is answered 503, as every request the shutdown leaves is (not uvicorn's
+    the application would still answer then is dropped. A body that stops arriving for
+    :data:`BODY_TIMEOUT_S` is answered 408. A body still arriving when the shutdown's grace
+    period ends is answered 503, as every request the shutdown leaves is (not uvicorn's
     plain-text 500, with a traceback in the log)."""
 
     def __init__(self, app: Any, most: int) -> None:
@@ -48,7 +55,7 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or ()).get(b"content-length", b"")
-        seen, answered, started = 0, False, False
+        seen, answered, started, whole = 0, False, False, False
 
         async def refuse() -> None:
             nonlocal answered
@@ -57,13 +64,22 @@ class BodyLimit:
                          (b"connection", b"close"))
 
         async def counted() -> dict:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, answered, whole
+            if whole:  # (the body is in: a wait for the client's disconnect may be long)
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), BODY_TIMEOUT_S)
+            except asyncio.TimeoutError:  # (TimeoutError itself from Python 3.11)
+                answered = True
+                await answer(send, 408, f"the request body stopped arriving for {BODY_TIMEOUT_S:g} s",
+                             (b"connection", b"close"))
+                raise BodyRefused from None
+            whole = message["type"] != "http.request" or not message.get("more_body", False)
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.most:
                     await refuse()
-                    raise BodyTooLarge
+                    raise BodyRefused
             return message
 
         async def sending(message: dict) -> None:
@@ -75,7 +91,7 @@ class BodyLimit:
         if declared.isdigit() and int(declared) > self.most:
             return await refuse()
         try:
-            with contextlib.suppress(BodyTooLarge):
+            with contextlib.suppress(BodyRefused):
                 await self.app(scope, counted, sending)
         except asyncio.CancelledError:  # the shutdown's grace period ended while the body still arrived
             if started or answered:
@@ -85,8 +101,8 @@ class BodyLimit:
                          (b"connection", b"close"))
 
 
-class BodyTooLarge(Exception):
-    """Stops an application whose request body :class:`BodyLimit` refused."""
+class BodyRefused(Exception):
+    """Stops an application whose request body :class:`BodyLimit` refused (too large, or stalled)."""
 
 
 #: What an API key may hold: the visible ASCII characters an HTTP header carries as they are.

@@ -906,3 +906,31 @@ def test_a_reload_frees_the_model_it_replaces(tiny_run_dir: Path) -> None:
         gc.collect()
         assert gone() is None
         assert client.post("/translate", json={"text": ["ein hund"]}).status_code == 200
+
+
+def test_a_body_that_stops_arriving_is_answered_408(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvicorn times out no body: a client that sent part of one held its connection for good,
+    and a few hundred of them used up the server's file descriptors."""
+    import asyncio
+
+    from mtcli import serve_guards
+
+    monkeypatch.setattr(serve_guards, "BODY_TIMEOUT_S", 0.2)
+    sent: list[dict] = []
+    parts = [{"type": "http.request", "body": b'{"text": ', "more_body": True}]
+
+    async def receive() -> dict:
+        if parts:
+            return parts.pop()
+        await asyncio.sleep(3600)  # the rest never comes
+        return {}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def app(scope: dict, receive_: object, send_: object) -> None:
+        while (await receive_())["more_body"]:  # type: ignore[operator]
+            pass
+
+    asyncio.run(serve_guards.BodyLimit(app, 1000)({"type": "http", "headers": []}, receive, send))
+    assert sent[0]["status"] == 408 and b"stopped arriving for 0.2 s" in sent[1]["body"]
