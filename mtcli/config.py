@@ -95,6 +95,8 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     if (value is None or isinstance(value, str)) and re.search(r"(^|\s)#", raw_value.strip()) \
             and not raw_value.strip().startswith(("'", '"')):  # (a quoted value is YAML's to read)
         value = raw_value.strip()  # text with a '#', not a comment (a run "my run #2")
+    if value is None and raw_value.strip() not in ("null", "Null", "NULL", "~"):  # YAML's syntax, not a value
+        value = raw_value.strip()  # (&x, an anchor of nothing, was null: the default run directory, unsaid)
     return parts[0], parts[1], value
 
 

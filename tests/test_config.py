@@ -580,3 +580,11 @@ def test_an_unknown_key_points_to_the_key_meant() -> None:
             config_from_dict(MINIMAL, overrides=[change])
     with pytest.raises(ConfigError, match=r"unknown key 'train.zzz' \(known keys: run_dir, "):
         config_from_dict(MINIMAL, overrides=["train.zzz=1"])
+
+
+def test_a_set_value_that_is_yaml_syntax_alone_is_its_text() -> None:
+    """`--set train.run_dir=&x` was an anchor of nothing, null: the default run directory, unsaid."""
+    toy = REPO / "configs" / "toy.yaml"
+    assert load_config(toy, ["train.run_dir=&x"]).train.run_dir == "&x"
+    assert load_config(toy, ["train.init_from=null"]).train.init_from is None
+    assert load_config(toy, ["train.init_from=~"]).train.init_from is None
