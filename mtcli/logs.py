@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import platform
 import re
 import sys
 from collections.abc import Iterable, Iterator
@@ -50,6 +52,16 @@ class _TqdmHandler(logging.StreamHandler):
             self.handleError(record)
 
 
+def _version(package: str) -> str:
+    """An installed package's version, read without importing it ("?" where not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "?"
+
+
 def setup_logging(verbose: bool = False, tag: str = "", quiet: bool = False) -> None:
     """Send ``mtcli`` log records to stderr (INFO, or DEBUG when ``verbose``; with ``quiet``
     warnings and errors only, and no progress bars, while a run's ``train.log`` still gets every
@@ -65,6 +77,9 @@ def setup_logging(verbose: bool = False, tag: str = "", quiet: bool = False) -> 
     fmt = _FORMAT.replace("%(message)s", f"{tag} | %(message)s") if tag else _FORMAT
     handler.setFormatter(logging.Formatter(fmt, datefmt="%H:%M:%S"))
     logger.propagate = False
+    if verbose:  # what a bug report needs first
+        logger.debug("mtcli %s | Python %s | torch %s | %s | %d cores", _version("mtcli"), platform.python_version(),
+                     _version("torch"), platform.platform(), os.cpu_count() or 0)
 
 
 class _FileLog(logging.FileHandler):

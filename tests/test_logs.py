@@ -155,3 +155,18 @@ def test_a_run_log_puts_back_the_level_a_host_program_set(tmp_path) -> None:
         assert log.level == logging.WARNING
     finally:
         log.setLevel(level)
+
+
+def test_verbose_says_first_what_a_bug_report_needs(capsys) -> None:
+    """-v logged one message in the whole package (an fp16 loss-scale change): it did nothing."""
+    log = logs.get_logger()
+    level, handlers = log.level, list(log.handlers)
+    try:
+        logs.setup_logging(verbose=True)
+        err = capsys.readouterr().err
+        assert "| DEBUG | mtcli " in err and "| Python " in err and "| torch " in err and " cores" in err
+        logs.setup_logging()
+        assert capsys.readouterr().err == ""
+    finally:
+        log.handlers[:] = handlers
+        log.setLevel(level)
