@@ -234,7 +234,7 @@ def render(table: dict[str, Any]) -> str:
 
 
 def reproduce_bt(*, forward: str | Path = FORWARD, reverse: str | Path = REVERSE, seed: int = 1,
-                 work: Path = Path("data/bt"), results: Path = RESULTS_DIR, readme: Path = README,
+                 work: Path = Path("data/bt"), results: Path = RESULTS_DIR, readme: Path | None = README,
                  overrides: Sequence[str] = ()) -> str:
     """Back-translation end to end (the module docstring) with the ``forward`` (en->de) and
     ``reverse`` (de->en, back-translating) recipes, ``overrides`` applied to both, seed ``seed``,

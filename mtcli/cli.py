@@ -411,6 +411,19 @@ def _merged(merge: bool, merged: list[Path] | None) -> list[Path]:
     return list(merged or [])
 
 
+def _readme(readme: Path | None, results: Path | None) -> Path | None:
+    """The README whose table a reproduction refreshes: the one given; else README.md, unless
+    the results go to a directory of their own (``--results DIR``), whose rows alone would
+    replace the README's table (said)."""
+    from mtcli.logs import get_logger
+    from mtcli.results import README
+
+    if readme is not None or results is None:
+        return readme or README
+    get_logger().info("--results %s: %s is left as it is (--readme %s refreshes its table too)", results, README, README)
+    return None
+
+
 def _pipeline_setup(verbose: bool, quiet: bool) -> None:
     """What a reproduction pipeline's command sets up first: the log, the allocator's policy."""
     from mtcli.allocator import keep_freed_memory
@@ -447,11 +460,11 @@ def reproduce(
     """Prepare, train, average and evaluate a recipe, then write its row of the results table
     (and the README's)."""
     from mtcli.reproduce import reproduce as run_reproduce
-    from mtcli.results import README, RESULTS_DIR
+    from mtcli.results import RESULTS_DIR
 
     _pipeline_setup(verbose, quiet)
     done = kept_results(lambda: run_reproduce(
-        direction, data=data, config_path=config, results=results or RESULTS_DIR, readme=readme or README,
+        direction, data=data, config_path=config, results=results or RESULTS_DIR, readme=_readme(readme, results),
         overrides=list(set_ or []), seeds=seeds, merge=_merged(merge, merged), valid_only=valid_only))
     say(json.dumps(done.row, indent=2) if done.markdown is None else done.markdown)
 
@@ -478,12 +491,12 @@ def reproduce_multilingual(
     rows: the multilingual table."""
     from mtcli.multilingual import RECIPE
     from mtcli.multilingual import reproduce_multilingual as run_multilingual
-    from mtcli.results import README, RESULTS_DIR
+    from mtcli.results import RESULTS_DIR
 
     _pipeline_setup(verbose, quiet)
     say(kept_results(lambda: run_multilingual(
         config_path=config or RECIPE, data=data, seeds=seeds, results=results or RESULTS_DIR,
-        readme=readme or README, overrides=list(set_ or []), merge=_merged(merge, merged))))
+        readme=_readme(readme, results), overrides=list(set_ or []), merge=_merged(merge, merged))))
 
 
 @app.command("reproduce-bt")
@@ -506,12 +519,12 @@ def reproduce_bt(
     German back-translated by beam and by sampling; the back-translation table."""
     from mtcli.backtranslation import FORWARD, REVERSE
     from mtcli.backtranslation import reproduce_bt as run_bt
-    from mtcli.results import README, RESULTS_DIR
+    from mtcli.results import RESULTS_DIR
 
     _pipeline_setup(verbose, quiet)
     say(kept_results(lambda: run_bt(
         forward=forward or FORWARD, reverse=reverse or REVERSE, seed=seed, work=work,
-        results=results or RESULTS_DIR, readme=readme or README, overrides=list(set_ or []))))
+        results=results or RESULTS_DIR, readme=_readme(readme, results), overrides=list(set_ or []))))
 
 
 @app.command()

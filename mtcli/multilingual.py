@@ -242,7 +242,7 @@ def read_from(config: Config, directory: str | None) -> Config:
 
 
 def reproduce_multilingual(*, config_path: str | Path = RECIPE, data: str | None = None, seeds: str = "1,2,3",
-                           results: Path = RESULTS_DIR, readme: Path = README, overrides: Sequence[str] = (),
+                           results: Path = RESULTS_DIR, readme: Path | None = README, overrides: Sequence[str] = (),
                            merge: Sequence[Path] = ()) -> str:
     """Train and score each of ``seeds`` (``"1,2,3"``) of the multilingual recipe (``config_path``;
     every corpus read from ``data``, a directory of Multi30k's files, when given), or with

@@ -452,7 +452,7 @@ class Reproduced:
 
 
 def reproduce(direction: str, *, data: str | None = None, config_path: str | Path | None = None,
-              results: Path = RESULTS_DIR, readme: Path = README, overrides: Sequence[str] = (),
+              results: Path = RESULTS_DIR, readme: Path | None = README, overrides: Sequence[str] = (),
               seeds: str | None = None, merge: Sequence[Path] = (), valid_only: bool = False) -> Reproduced:
     """Run ``direction``'s recipe (:data:`RECIPES`; ``config_path`` another) from the corpus
     (``data``: a directory of ``<split>.<lang>`` files) to its row of the results table, and

@@ -78,13 +78,13 @@ def results_home(results_dir: Path, changed: bool) -> Path:
     return results_dir / "changed" if changed and results_dir == RESULTS_DIR else results_dir
 
 
-def table_place(results_dir: Path, readme: Path, table_name: str, changed: bool) -> tuple[Path, Path | None]:
+def table_place(results_dir: Path, readme: Path | None, table_name: str, changed: bool) -> tuple[Path, Path | None]:
     """Where a table goes (:func:`results_home`) and the README to refresh (none for a run that
     changed the recipe), said in a warning when the recipe was changed."""
     home = results_home(results_dir, changed)
     if changed:
-        get_logger().warning("the recipe was changed (--config/--forward/--reverse/--set): the table goes to %s; %s "
-                             "is left as it is", home / f"{table_name}.json", readme)
+        get_logger().warning("the recipe was changed (--config/--forward/--reverse/--set): the table goes to %s%s",
+                             home / f"{table_name}.json", f"; {readme} is left as it is" if readme else "")
     return home, None if changed else readme
 
 

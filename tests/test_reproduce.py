@@ -764,3 +764,18 @@ def test_an_unknown_recipe_is_refused_with_the_known_ones(capsys) -> None:  # no
 
     assert mtcli_status("reproduce", "nosuch", "--seeds", "1") == 2
     assert capsys.readouterr().err == f"mtcli: error: nosuch: no such recipe; give one of {', '.join(RECIPES)}\n"
+
+
+def test_results_of_their_own_directory_leave_the_readme_as_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys) -> None:  # noqa: ANN001
+    """--results DIR without --readme refreshed README.md's table with DIR's rows alone: the
+    README lost every other direction's row, and disagreed with results/."""
+    one = _seed_file(tmp_path / "one", 1, 40.0)
+    monkeypatch.chdir(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{MARK_START}\n| other rows |\n{MARK_END}\n", encoding="utf-8")
+    assert main(["de_en", "--merge", str(one), "--results", str(tmp_path / "out")]) == 0
+    assert "| other rows |" in readme.read_text() and (tmp_path / "out" / "multi30k.json").is_file()
+    assert "--results " in capsys.readouterr().err
+    assert main(["de_en", "--merge", str(one), "--results", str(tmp_path / "out"), "--readme", str(readme)]) == 0
+    assert "| other rows |" not in readme.read_text()  # asked for
