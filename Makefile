@@ -1,4 +1,5 @@
 # mtcli: set up, test, and reproduce the README's numbers.
+#   make             this help
 #   make setup       create .venv with torch (TORCH_SPEC; from PyPI, Linux's default build is CUDA's)
 #                    and mtcli[dev,ctranslate2,serve,hf]
 #                    (EXTRAS=dev,ctranslate2,serve,hf,ja adds MeCab for the BLEU of Japanese; ko: Korean)
@@ -19,6 +20,8 @@
 #   make reproduce-bt   back-translation on Multi30k: half the pairs + their other half's German
 #                    back-translated by beam and by sampling (results/bt.md; BT_SEED, default 1)
 #   make clean       remove caches and build leftovers (never data/ or results/)
+# VENV=DIR: the virtual environment make setup creates (.venv); BIN=DIR: the bin directory of the
+# Python the other targets run (VENV's; e.g. BIN=$$HOME/env/bin for one installed without make).
 # SEEDS: the seeds make reproduce trains and scores for each Multi30k direction (the README's rows
 # are their means). REPRODUCE_ARGS passes more options to `mtcli reproduce` (see its
 # --help), e.g. REPRODUCE_ARGS='--set train.device=cuda'; reproduce-multilingual and reproduce-bt
@@ -44,8 +47,15 @@ PAIRS = en-fr fr-en en-cs cs-en
 BT_SEED ?= 1
 REPRODUCE_ARGS ?=
 
-.PHONY: setup setup-browser test lint reproduce reproduce-de-en reproduce-en-de reproduce-wmt-news \
+.PHONY: help setup setup-browser test lint reproduce reproduce-de-en reproduce-en-de reproduce-wmt-news \
 	reproduce-wmt-news-adapt reproduce-multilingual reproduce-bt clean reproduce-pairs $(PAIRS:%=reproduce-%)
+
+help:
+	@sed -n '2,/^$$/p' $(firstword $(MAKEFILE_LIST)) | sed 's/^# \{0,1\}//'
+
+# the Python every other target runs: said, where make setup has not made it (or BIN names none)
+$(BIN)/python:
+	@echo "make: $(BIN)/python not found: run make setup, or give the bin directory of the Python mtcli is installed in: make BIN=DIR ..." >&2; exit 1
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -56,38 +66,40 @@ setup:
 setup-browser:
 	apt-get install -y -q chromium chromium-driver
 
-test:
+test: $(BIN)/python
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 $(PYTEST_ARGS)
 
-lint:
+lint: $(BIN)/python
 	$(BIN)/ruff check mtcli tests bench
 
 reproduce: reproduce-de-en reproduce-en-de
 
-reproduce-de-en reproduce-en-de: reproduce-%:
-	$(BIN)/python -m mtcli reproduce $(subst -,_,$*) $(if $(DATA),--data $(DATA),) --seeds $(SEEDS) $(REPRODUCE_ARGS)
+reproduce-de-en reproduce-en-de: reproduce-%: $(BIN)/python
+	$(BIN)/python -m mtcli reproduce $(subst -,_,$*) $(if $(DATA),--data "$(DATA)",) --seeds "$(SEEDS)" $(REPRODUCE_ARGS)
 
 reproduce-pairs: $(PAIRS:%=reproduce-%)
 
-$(PAIRS:%=reproduce-%): reproduce-%:
-	$(BIN)/python -m mtcli reproduce $(subst -,_,$*) $(if $(DATA),--data $(DATA),) --seeds $(SEEDS) $(REPRODUCE_ARGS)
+$(PAIRS:%=reproduce-%): reproduce-%: $(BIN)/python
+	$(BIN)/python -m mtcli reproduce $(subst -,_,$*) $(if $(DATA),--data "$(DATA)",) --seeds "$(SEEDS)" $(REPRODUCE_ARGS)
 
-# reads the recipe's own source (wmt-news-en-de, downloaded once); DATA is Multi30k's
-reproduce-wmt-news:
+# reads the recipe's own source (wmt-news-en-de, downloaded once); DATA and SEEDS are Multi30k's
+reproduce-wmt-news: $(BIN)/python
+	$(if $(DATA),$(error DATA is Multi30k's directory: give the WMT news files with REPRODUCE_ARGS='--data DIR'),)
 	$(BIN)/python -m mtcli reproduce wmt_news_en_de $(REPRODUCE_ARGS)
 
 # starts from data/runs/multi30k_en_de-seed1 (make reproduce-en-de trains it)
-reproduce-wmt-news-adapt:
+reproduce-wmt-news-adapt: $(BIN)/python
 	$(BIN)/python -m mtcli reproduce wmt_news_en_de_adapt $(REPRODUCE_ARGS)
 
 # --set options in REPRODUCE_ARGS apply here too, e.g. REPRODUCE_ARGS='--set train.device=cuda'
-reproduce-multilingual:
-	$(BIN)/python -m mtcli reproduce-multilingual $(if $(DATA),--data $(DATA),) --seeds $(SEEDS) $(REPRODUCE_ARGS)
+reproduce-multilingual: $(BIN)/python
+	$(BIN)/python -m mtcli reproduce-multilingual $(if $(DATA),--data "$(DATA)",) --seeds "$(SEEDS)" $(REPRODUCE_ARGS)
 
 # reuses the en-de row of results/multi30k.json with seed BT_SEED as "all pairs real" when it is there
 # and was trained by the same recipe
-reproduce-bt:
-	$(BIN)/python -m mtcli reproduce-bt --seed $(BT_SEED) $(if $(DATA),--set data.source=$(DATA),) $(REPRODUCE_ARGS)
+reproduce-bt: $(BIN)/python
+	$(BIN)/python -m mtcli reproduce-bt --seed $(BT_SEED) $(if $(DATA),--set "data.source=$(DATA)",) $(REPRODUCE_ARGS)
 
 clean:
-	rm -rf .pytest_cache .ruff_cache .import_linter_cache build dist *.egg-info
+	rm -rf .pytest_cache .ruff_cache .import_linter_cache .hypothesis build dist *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -39,7 +39,7 @@ def test_make_reproduce_runs_both_directions(tmp_path: Path) -> None:
     seeds, data and arguments given (one such target runs for real in the next test; the
     pipeline writing both rows into one table is tests/test_reproduce.py's)."""
     commands = make(tmp_path, "-n", "reproduce", "DATA=/d", "SEEDS=3", "REPRODUCE_ARGS=--set x=1").stdout
-    assert commands.splitlines() == [f"{BIN}/python -m mtcli reproduce {direction} --data /d --seeds 3 --set x=1"
+    assert commands.splitlines() == [f'{BIN}/python -m mtcli reproduce {direction} --data "/d" --seeds "3" --set x=1'
                                      for direction in ("de_en", "en_de")]
 
 
@@ -86,15 +86,33 @@ def test_make_reproduce_wmt_news_then_adapt(tmp_path: Path) -> None:
 
 
 def test_make_clean_removes_caches_and_keeps_data(tmp_path: Path) -> None:
-    for name in (".pytest_cache", ".ruff_cache", "build", "mtcli.egg-info", "data/runs"):
+    for name in (".pytest_cache", ".ruff_cache", ".hypothesis", "build", "mtcli.egg-info", "data/runs",
+                 "mtcli/__pycache__", ".venv/lib/__pycache__"):
         (tmp_path / name).mkdir(parents=True)
     make(tmp_path, "clean")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".venv", "data", "mtcli"]
+    assert not (tmp_path / "mtcli" / "__pycache__").exists() and (tmp_path / ".venv" / "lib" / "__pycache__").exists()
 
 
 def test_data_reaches_every_multi30k_pipeline(tmp_path: Path) -> None:
     """DATA=DIR reached reproduce and the pairs but not reproduce-multilingual or reproduce-bt,
     which went to the network for Multi30k instead."""
-    for target, passed in (("reproduce-de-en", "--data /d"), ("reproduce-en-fr", "--data /d"),
-                           ("reproduce-multilingual", "--data /d"), ("reproduce-bt", "--set data.source=/d")):
+    for target, passed in (("reproduce-de-en", '--data "/d"'), ("reproduce-en-fr", '--data "/d"'),
+                           ("reproduce-multilingual", '--data "/d"'), ("reproduce-bt", '--set "data.source=/d"')):
         assert passed in make(tmp_path, "-n", target, "DATA=/d").stdout, target
+
+
+def test_a_bare_make_helps_and_a_missing_python_or_a_misplaced_data_are_said(tmp_path: Path) -> None:
+    """A bare `make` ran setup (a CUDA torch of several GB); with no .venv (mtcli installed
+    without make) every target failed "No such file or directory"; DATA given to the WMT target
+    was dropped, and a DATA or SEEDS with a space split into other arguments."""
+    assert "make setup       create .venv" in make(tmp_path).stdout
+    missing = subprocess.run(["make", "-f", str(REPO / "Makefile"), "BIN=/nowhere", "test"], cwd=tmp_path,
+                             capture_output=True, text=True)
+    assert missing.returncode != 0 and "/nowhere/python not found: run make setup, or give the bin directory" \
+        in missing.stderr
+    wmt = subprocess.run(["make", "-f", str(REPO / "Makefile"), f"BIN={BIN}", "-n", "reproduce-wmt-news", "DATA=/d"],
+                         cwd=tmp_path, capture_output=True, text=True)
+    assert wmt.returncode != 0 and "DATA is Multi30k's directory" in wmt.stderr
+    spaced = make(tmp_path, "-n", "reproduce-de-en", "DATA=/my data", "SEEDS=1, 2").stdout
+    assert '--data "/my data" --seeds "1, 2"' in spaced
