@@ -135,11 +135,14 @@ def test_the_real_row_is_reused_only_when_it_read_the_same_data(tmp_path: Path, 
         raise ConfigError("stop here")
 
     monkeypatch.setattr(bt, "run_bt", run_bt)
-    for data in ("0" * 16, reads(forward)):
-        row = {"recipe": recipe_fingerprint(forward), "data": data, "bleu_lc": 30.0}
+    rows = [{"recipe": recipe_fingerprint(forward), "data": "0" * 16, "bleu_lc": 30.0},
+            {"recipe": recipe_fingerprint(forward), "data": reads(forward), "bleu_lc": 30.0},
+            {"recipe": "f" * 16, "data": reads(forward), "bleu_lc": 30.0},
+            {"bleu_lc": 30.0}]  # a row from before the fingerprints: the recipe's, as a merge takes it (was retrained)
+    for row in rows:
         (tmp_path / "multi30k.json").write_text(json.dumps({"en-de": {"seeds": {"1": row}}}), encoding="utf-8")
         assert mtcli_status("reproduce-bt", *args) == 2
-    assert given == [None, row]
+    assert given == [None, rows[1], None, rows[3]]
 
 
 def test_back_translation_keeps_the_lines_of_its_text(tiny_run_dir: Path, tmp_path: Path) -> None:
