@@ -393,7 +393,7 @@ def import_hf(
 ResultsOption = Annotated[Optional[Path], typer.Option(  # noqa: UP045
     parser=_named_path, help="Results directory (default: results/).")]
 ReadmeOption = Annotated[Optional[Path], typer.Option(  # noqa: UP045
-    parser=_named_path, help="README whose table to refresh (default: README.md).")]
+    parser=_named_path, help="README whose table to refresh (default: README.md; none with --results DIR).")]
 DataOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
     parser=_value, help="Directory of the corpus's <split>.<lang> files.")]
 
@@ -414,14 +414,10 @@ def _merged(merge: bool, merged: list[Path] | None) -> list[Path]:
 def _readme(readme: Path | None, results: Path | None) -> Path | None:
     """The README whose table a reproduction refreshes: the one given; else README.md, unless
     the results go to a directory of their own (``--results DIR``), whose rows alone would
-    replace the README's table (said)."""
-    from mtcli.logs import get_logger
+    replace the README's table."""
     from mtcli.results import README
 
-    if readme is not None or results is None:
-        return readme or README
-    get_logger().info("--results %s: %s is left as it is (--readme %s refreshes its table too)", results, README, README)
-    return None
+    return readme or README if readme is not None or results is None else None
 
 
 def _pipeline_setup(verbose: bool, quiet: bool) -> None:

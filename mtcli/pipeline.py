@@ -13,7 +13,7 @@ from typing import Any
 
 from mtcli.config import MAX_SEED, Config, load_config, with_changes
 from mtcli.data.corpora import plan_corpora
-from mtcli.data.download import CORPORA, unpinned
+from mtcli.data.download import CORPORA, cache_root, located, unpinned
 from mtcli.errors import ConfigError, Terminated
 from mtcli.fileio import FileHasher, atomic_write, check_file_target
 from mtcli.logs import get_logger
@@ -190,18 +190,32 @@ def is_the_recipe(config: Config, recipe: str, overrides: list[str] | None = Non
         _reads_the_recipes_data(config, recipe, overrides)
 
 
+def _in_place(source: str, own: str) -> bool:
+    """Whether ``source`` reads other text in place of the public corpus ``own`` the recipe
+    names: a directory given instead, or a local copy that the name finds (``../shared/data``,
+    ``MTCLI_DATA``), which no download verified (a subset or a lowercased copy there wrote the
+    README's table as the recipe's)."""
+    if own not in CORPORA:
+        return False
+    if source != own:
+        return True
+    where = located(own)
+    return where is not None and Path(where).resolve() != (cache_root() / own).resolve()
+
+
 def _reads_the_recipes_data(config: Config, recipe: str, overrides: list[str] | None) -> bool:
     """Whether each corpus ``config`` reads from a directory in place of the public corpus the
     recipe names (a local copy) holds that corpus's pinned files; a warning names one that does not."""
     pairs = list(zip(config.data.corpora(), load_config(recipe, overrides).data.corpora(), strict=False))
-    if all(corpus.source == own.source or own.source not in CORPORA for corpus, own in pairs):
+    if not any(_in_place(corpus.source, own.source) for corpus, own in pairs):
         return True  # nothing read in place of a public corpus: nothing to hash
     found = plan_corpora(config.data).fingerprint(FileHasher())
     for (corpus, own), files in zip(pairs, found.get("corpora", [found]), strict=False):
-        if corpus.source != own.source and own.source in CORPORA:
+        if _in_place(corpus.source, own.source):
             other = unpinned(own.source, files["files"]) if "files" in files else ["(not a directory of files)"]
             if other:
+                where = corpus.source if corpus.source != own.source else located(own.source)  # (a local copy)
                 get_logger().warning("%s: %s is not the text of %s the recipe reads: the scores are not the "
-                                     "recipe's", corpus.source, other[0], own.source)
+                                     "recipe's", where, other[0], own.source)
                 return False
     return True

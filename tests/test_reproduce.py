@@ -776,6 +776,30 @@ def test_results_of_their_own_directory_leave_the_readme_as_it_is(tmp_path: Path
     readme.write_text(f"{MARK_START}\n| other rows |\n{MARK_END}\n", encoding="utf-8")
     assert main(["de_en", "--merge", str(one), "--results", str(tmp_path / "out")]) == 0
     assert "| other rows |" in readme.read_text() and (tmp_path / "out" / "multi30k.json").is_file()
-    assert "--results " in capsys.readouterr().err
     assert main(["de_en", "--merge", str(one), "--results", str(tmp_path / "out"), "--readme", str(readme)]) == 0
     assert "| other rows |" not in readme.read_text()  # asked for
+
+
+def test_a_local_copy_the_recipes_name_finds_is_checked_as_a_directory_given_is(tmp_path: Path, monkeypatch,
+                                                                                 caplog) -> None:  # noqa: ANN001
+    """A subset of Multi30k in ../shared/data/multi30k, found by the recipe's own name, was
+    never hashed: its scores refreshed the README's table as the recipe's."""
+    from mtcli.config import load_config
+    from mtcli.data import download
+    from mtcli.fileio import sha256_file
+    from mtcli.pipeline import is_the_recipe
+
+    copy = tmp_path / "shared" / "multi30k"
+    copy.mkdir(parents=True)
+    for split in ("train", "val", "test_2016_flickr"):
+        for lang, name in (("de", "src"), ("en", "tgt")):
+            (copy / f"{split}.{lang}").write_bytes((TOY_DIR / f"{split.split('_')[0]}.{name}").read_bytes())
+    pinned = tuple(download.PublicFile(p.name, (), p.stat().st_size, sha256_file(p)) for p in copy.iterdir())
+    monkeypatch.setitem(download.CORPORA, "multi30k", pinned)
+    monkeypatch.setattr(download, "LOCAL_COPIES", (tmp_path / "shared",))
+    recipe = "configs/multi30k_de_en.yaml"
+    assert is_the_recipe(load_config(recipe), recipe)  # the pinned text, found by name
+    with (copy / "train.en").open("a", encoding="utf-8") as handle:
+        handle.write("one more line\n")
+    assert not is_the_recipe(load_config(recipe), recipe)
+    assert f"{copy}: train.en is not the text of multi30k the recipe reads" in caplog.text

@@ -303,7 +303,10 @@ def keeps_target_tag(data: DataConfig) -> bool:
     it starts from weights that never saw such a source (and wrote other languages). The corpora
     of ``data.sources`` get it; a ``data.source`` is warned of."""
     targets = data.target_langs()
-    given = given_spm_model(data)
+    try:
+        given = given_spm_model(data)
+    except DataError:  # (not there yet: a parent still to train; prepare says so itself)
+        return False
     return (given is not None and len(targets) == 1
             and load_tokenizer(given).piece_to_id(target_tag(targets[0])) != UNK_ID)
 
