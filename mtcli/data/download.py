@@ -205,10 +205,12 @@ def unpinned(name: str, files: dict[str, str]) -> list[str]:
 
 
 def _instead(name: str) -> str:
-    """What to do when corpus ``name`` cannot be downloaded."""
-    return (f"put its <split>.<lang> files in a directory DIR and pass --set data.source=DIR (make reproduce "
-            f"DATA=DIR; mtcli reproduce --data DIR), or, for a recipe of several corpora, put the "
-            f"pinned files themselves (the same sha256) in DIR/{name}/ and set MTCLI_DATA=DIR")
+    """What to do when corpus ``name`` cannot be downloaded: its files, and how each command is
+    given them (make's ``DATA`` is Multi30k's)."""
+    make = "make reproduce DATA=DIR" if name == "multi30k" else "make reproduce-wmt-news REPRODUCE_ARGS='--data DIR'"
+    return (f"put its files ({', '.join(f.name for f in CORPORA.get(name, ()))}) in a directory DIR and pass "
+            f"--set data.source=DIR ({make}; mtcli reproduce --data DIR), or, for a recipe of several corpora, put "
+            f"those files themselves (the same sha256) in DIR/{name}/ and set MTCLI_DATA=DIR")
 
 
 def _verified(path: Path, file: PublicFile) -> bool:

@@ -154,6 +154,12 @@ def test_a_server_that_is_down_is_one_line_naming_the_url(toy_corpus: tuple[File
     assert str(err.value).startswith(f"cannot download {server.url}toy/test.src: ")
     assert "Without internet" in str(err.value) and "\n" not in str(err.value)
     assert "in DIR/toy-public/ and set MTCLI_DATA=DIR" in str(err.value)  # for recipes of several corpora
+    # which files, and the make target of this corpus (make reproduce DATA=DIR is Multi30k's)
+    assert "put its files (" in str(err.value) and "REPRODUCE_ARGS='--data DIR'" in str(err.value)
+    from mtcli.data.download import CORPORA, _instead
+
+    assert "train.en" in _instead("multi30k") and "(make reproduce DATA=DIR;" in _instead("multi30k")
+    assert all(f.name in str(err.value) for f in CORPORA["toy-public"])
     _nothing_half_written(root)
 
 
