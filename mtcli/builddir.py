@@ -136,14 +136,14 @@ def _foreign_entries(path: Path, mark: str) -> list[str]:
     if isinstance(contents, dict) and contents.get("mark") == mark and isinstance(contents.get("entries"), list):
         return sorted(names - set(map(str, contents["entries"])) - {CONTENTS_NAME})
     record = _read_json(path / mark)
-    if not isinstance(record, dict):
-        return sorted(names - {mark})
+    if not isinstance(record, dict):  # a file of that name that is not mtcli's (a web app's manifest.json)
+        return sorted(names)
     files = record.get("files")
     if isinstance(files, dict) and all(isinstance(k, str) and (path / k).is_file() for k in files):
         return sorted(names - set(files) - {mark})
     if {"run_dir", "checkpoint"} <= record.keys() or "max_logit_difference" in record:  # an export's, an import's
         return sorted(names & {"train.log", "eval", "tensorboard"})  # what training or scoring there added
-    return sorted(names - {mark})
+    return sorted(names - {mark}) if {"build_key", "mtcli_version"} & record.keys() else sorted(names)
 
 
 @contextlib.contextmanager

@@ -120,11 +120,15 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         except MemoryError as exc:  # where no step of the library knows a smaller way to go on
             fail(f"out of memory{f': {exc}' if str(exc) else ''}", 1)
         except RuntimeError as exc:  # torch's allocation failures (a model too large to build)
-            from mtcli.device import is_out_of_memory
-
             loop = re.fullmatch(r"Symlink loop from '(.*)'", str(exc), re.S)  # Path.resolve() before Python 3.13
             if loop is not None:
                 fail(f"{loop[1]}: {os.strerror(errno.ELOOP)}", 1)
+            if str(exc).startswith("can't start new thread"):  # a memory or process limit (ulimit -v, -u)
+                fail(f"out of memory or processes: {exc}", 1)
+            if "torch" not in sys.modules:  # (prepare never imports it: under a memory limit that would fail too)
+                raise
+            from mtcli.device import is_out_of_memory
+
             if not is_out_of_memory(exc):
                 raise
             fail(f"out of memory: {' '.join(str(exc).split())[:300]}", 1)

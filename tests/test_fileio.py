@@ -118,11 +118,12 @@ def test_atomic_write_appends_to_an_open_file_named_through_proc_and_says_what_f
 def test_atomic_dir_swaps_in_complete_directory(tmp_path: Path) -> None:
     target = tmp_path / "cache"
     target.mkdir()
-    (target / "a").write_text("old")
+    old = '{"mtcli_version": "0.0"}'  # an older mtcli's, from before the contents record
+    (target / "a").write_text(old)
     with pytest.raises(RuntimeError), atomic_dir(target, mark="a") as tmp:
         (tmp / "a").write_text("half")
         raise RuntimeError("interrupted")
-    assert (target / "a").read_text() == "old"
+    assert (target / "a").read_text() == old
     with atomic_dir(target, mark="a") as tmp:
         (tmp / "b").write_text("new")
     assert sorted(p.name for p in target.iterdir()) == [CONTENTS_NAME, "b"]
@@ -236,6 +237,16 @@ def test_atomic_dir_never_replaces_what_mtcli_did_not_write(tmp_path: Path) -> N
     with pytest.raises(FileExistsError, match=r"holds files besides those mtcli wrote there \(notes.txt\)"), \
             atomic_dir(empty, mark="manifest.json"):
         pytest.fail("the body must not run")
+    # a folder holding only a file of the mark's name that is not mtcli's (a web app's manifest.json,
+    # or no JSON at all) was replaced, the file lost
+    for text in ('{"name": "my web app", "icons": []}', "not json"):
+        app = tmp_path / "app"
+        app.mkdir(exist_ok=True)
+        (app / "manifest.json").write_text(text)
+        with pytest.raises(FileExistsError, match=r"holds files besides those mtcli wrote there \(manifest.json\)"), \
+                atomic_dir(app, mark="manifest.json"):
+            pytest.fail("the body must not run")
+        assert (app / "manifest.json").read_text() == text
 
 
 def test_atomic_dir_through_a_symbolic_link_replaces_the_directory_it_points_to(tmp_path: Path) -> None:
@@ -291,7 +302,7 @@ def test_a_directory_that_only_holds_a_file_of_the_marks_name_is_not_replaced(tm
     (target / "manifest.json").write_text(json.dumps(own))
     kept = {"run": "checkpoints", "project": "app.js", "corpus": "train.en"}[kind]
     (target / kept).mkdir() if kind == "run" else (target / kept).write_text("mine")
-    with pytest.raises(FileExistsError, match=f"holds files besides those mtcli wrote there \\({kept}"), \
+    with pytest.raises(FileExistsError, match=f"holds files besides those mtcli wrote there \\((manifest.json, )?{kept}"), \
             atomic_dir(target, mark="manifest.json"):
         pytest.fail("the body must not run")
     assert (target / kept).exists()

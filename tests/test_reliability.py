@@ -667,3 +667,20 @@ def test_control_characters_from_files_are_printed_as_escapes(tmp_path: Path) ->
     err = res.stderr.decode()
     assert res.returncode != 0 and "\x1b" not in err and "\x07" not in err and len(err.splitlines()) == 1
     assert "elsewhere\\x1b]0;PWNED\\x07\\r\\nmtcli: all fine" in err
+
+
+def test_a_thread_that_cannot_start_is_one_line(capsys) -> None:  # noqa: ANN001
+    """prepare under a memory limit (ulimit -v): "can't start new thread" was a traceback, and a
+    second one from importing torch to ask whether it was torch's out of memory."""
+    import typer
+
+    from mtcli.cli_errors import handle_errors
+
+    @handle_errors
+    def command() -> None:
+        raise RuntimeError("can't start new thread")
+
+    with pytest.raises(typer.Exit) as caught:
+        command()
+    assert caught.value.exit_code == 1
+    assert capsys.readouterr().err == "mtcli: error: out of memory or processes: can't start new thread\n"
