@@ -34,10 +34,20 @@ _TRIM_THRESHOLD = 1 << 30
 _done: bool | None = None
 
 
+def _glibc() -> bool:
+    """Whether this process runs on Linux's glibc, whose malloc these settings are for."""
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
+def _libc() -> ctypes.CDLL:
+    """The C library this process runs on."""
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
 def _skip_reason() -> str | None:
     if os.environ.get("MTCLI_KEEP_FREED_MEMORY", "1") == "0":
         return "MTCLI_KEEP_FREED_MEMORY=0"
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not _glibc():
         return "not glibc"
     if "malloc" in os.environ.get("LD_PRELOAD", ""):
         return "another allocator is preloaded"
@@ -52,10 +62,10 @@ def release_freed_memory() -> bool:
     loading a checkpoint reads its whole payload, optimizer moments included, several times the
     model's size, which :func:`keep_freed_memory` would otherwise keep resident for the whole
     decoding after it."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not _glibc():
         return False
     try:
-        return bool(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0))
+        return bool(_libc().malloc_trim(0))
     except (OSError, AttributeError):
         return False
 
@@ -71,7 +81,7 @@ def keep_freed_memory() -> bool:
     _done = False
     if _skip_reason() is None:
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            libc = _libc()
             _done = bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(
                 libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
         except (OSError, AttributeError):

@@ -417,7 +417,9 @@ def _readme(readme: Path | None, results: Path | None) -> Path | None:
     replace the README's table."""
     from mtcli.results import README
 
-    return readme or README if readme is not None or results is None else None
+    if readme is not None:
+        return readme
+    return README if results is None else None
 
 
 def _pipeline_setup(verbose: bool, quiet: bool) -> None:

@@ -303,25 +303,28 @@ def keeps_target_tag(data: DataConfig) -> bool:
     it starts from weights that never saw such a source (and wrote other languages). The corpora
     of ``data.sources`` get it; a ``data.source`` is warned of."""
     targets = data.target_langs()
+    if not data.spm_model or len(targets) != 1:  # (nothing to read: the usual case costs no model load)
+        return False
     try:
         given = given_spm_model(data)
     except DataError:  # (not there yet: a parent still to train; prepare says so itself)
         return False
-    return (given is not None and len(targets) == 1
-            and load_tokenizer(given).piece_to_id(target_tag(targets[0])) != UNK_ID)
+    return given is not None and load_tokenizer(given).piece_to_id(target_tag(targets[0])) != UNK_ID
 
 
 def one_language_twice(targets: list[str]) -> list[str]:
     """Warnings for target languages that look like one spelled two ways (``de`` and ``de_DE``,
     ``pt-BR`` and ``pt_BR``): each gets its own tag and its own share of the data, and a
     translation asked for one is never trained on the other's."""
-    def subtags(lang: str) -> list[str]:
-        return lang.lower().replace("_", "-").split("-")
+    tags = [lang.lower().replace("_", "-").split("-") for lang in targets]
 
-    return [f"target languages {b} and {a} look like one language spelled two ways: each gets its own tag "
-            f"({target_tag(b)}, {target_tag(a)}) and the data of its corpora only; spell them alike if they are one"
-            for i, a in enumerate(targets) for b in targets[:i]
-            if subtags(a)[0] == subtags(b)[0] and (len(subtags(a)) == 1 or len(subtags(b)) == 1 or subtags(a) == subtags(b))]
+    def alike(x: list[str], y: list[str]) -> bool:  # one bare, or the same subtags spelt otherwise
+        return x[0] == y[0] and (len(x) == 1 or len(y) == 1 or x == y)
+
+    return [f"target languages {targets[j]} and {targets[i]} look like one language spelled two ways: each gets its "
+            f"own tag ({target_tag(targets[j])}, {target_tag(targets[i])}) and the data of its corpora only; spell "
+            "them alike if they are one"
+            for i in range(len(targets)) for j in range(i) if alike(tags[i], tags[j])]
 
 
 def plan_corpora(data: DataConfig) -> Plan:
