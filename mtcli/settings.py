@@ -202,6 +202,12 @@ class Config:
                        if text.strip().startswith("data."))
         return f"mtcli prepare {shlex.quote(self.path)}{sets}"
 
+    def source_of(self, key: str) -> str:
+        """Where ``key``'s value (``"train.device"``) came from, for an error about it: the
+        config's file, and the ``--set`` of it when one was given."""
+        given = [text for text in self.overrides or () if text.split("=", 1)[0].strip() == key]
+        return f"{self.path} with --set {' '.join(given)}" if given else self.path
+
     def run_path(self) -> Path:
         """Run directory (default ``data/runs/<config file stem>``; for a run's own
         ``config.yaml``, that run: ``mtcli train RUN/config.yaml`` resumes it)."""

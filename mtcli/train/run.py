@@ -38,7 +38,7 @@ from mtcli.device import (
     peak_memory_mb,
     resolve_device,
 )
-from mtcli.errors import DeviceMemoryError, TrainingInterrupted, one_line
+from mtcli.errors import ConfigError, DeviceMemoryError, TrainingInterrupted, one_line
 from mtcli.fileio import atomic_copy, atomic_write, check_directory, sha256_file
 from mtcli.logs import (
     add_file_log,
@@ -388,13 +388,22 @@ def _keep_log(stack: contextlib.ExitStack, info: DistInfo, run_dir: Path) -> Non
     remove_stale_temp_files(run_dir)
 
 
+def _device(config: Config, info: DistInfo) -> torch.device:
+    """This process's device, from ``train.device``; :class:`ConfigError` naming the file (or
+    ``--set``) that asked for a device this machine lacks."""
+    try:
+        return resolve_device(config.train.device, info.local_rank, local_processes=info.local_world_size)
+    except ConfigError as exc:
+        raise ConfigError(f"{config.source_of('train.device')}: {exc}") from None
+
+
 def train(config: Config) -> TrainSummary:
     """Train (or resume) the run of ``config``; see the module docstring."""
     log = get_logger()
     info = DistInfo.from_env()
     if info.local_rank > 0:  # one voice on each machine's console: its first process's (they warn alike)
         log.setLevel(logging.ERROR)
-    device = resolve_device(config.train.device, info.local_rank, local_processes=info.local_world_size)
+    device = _device(config, info)
     if config.train.num_threads > 0:
         torch.set_num_threads(config.train.num_threads)
     check_validation(config)  # now, not at the first validation

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import shlex
@@ -25,7 +26,7 @@ from conftest import (
 )
 
 from mtcli.checkpoint import load_checkpoint
-from mtcli.config import load_config
+from mtcli.config import load_config, save_config, with_changes
 from mtcli.device import cpu_has_bf16_units
 from mtcli.errors import CheckpointError, ConfigError, DataError, TrainingError
 from mtcli.rundir import read_index
@@ -937,9 +938,19 @@ def test_a_device_that_is_not_one_is_a_config_error_before_any_work(prepared: Pa
                                           "cuda:N"):  # where the value came from, as for every other key
         train(make_config(prepared, tmp_path / "run", "train.device=gpu"))
     assert not (tmp_path / "run").exists()
-    if not torch.cuda.is_available():
-        with pytest.raises(ConfigError, match=r"train.device='cuda:1' but CUDA is not available"):
-            train(make_config(prepared, tmp_path / "run", "train.device=cuda:1"))
+
+def test_a_gpu_this_machine_lacks_names_the_set_or_file_that_asked(prepared: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The value is a device, yet not one here: the error said so without saying where it came from."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"with --set train.device=cuda:1: train.device='cuda:1' but CUDA is not "
+                                          r"available"):
+        train(make_config(prepared, tmp_path / "run", "train.device=cuda:1"))
+    recipe = tmp_path / "gpu.yaml"
+    save_config(with_changes(make_config(prepared, tmp_path / "run"), "train", device="cuda"), recipe)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(recipe))}: train.device='cuda' but CUDA"):
+        train(load_config(recipe))
+    assert not (tmp_path / "run").exists()
 
 
 def test_more_processes_than_gpus_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -992,6 +1003,7 @@ def test_fp32_on_a_gpu_with_bf16_units_says_auto_is_faster(
 
     monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    caplog.set_level(logging.INFO, logger="mtcli")  # (an info line: not only after a test that set the level)
     config, text = resolve_precision(make_config(prepared, tmp_path / "run", "train.precision=fp32"),
                                      torch.device("cuda:0"))
     assert config.train.precision == text == "fp32"
