@@ -9,7 +9,8 @@ decode settings that shape a translation (:func:`translation_key`; the caller le
 that only batch the lines). A later run with the same key keeps the partial
 output up to that record (bytes written after it, by a run killed mid-window, are cut off) and
 goes on from the next line; a run with another key starts over. When every line is done the
-partial file is renamed to ``FILE``, so ``FILE`` is never partial.
+partial file is renamed to ``FILE``, so ``FILE`` is never partial. An error in the input's text (a
+byte that is not UTF-8) keeps nothing: the input mended is other input, which starts over.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import IO, Any
 
 import torch
 
+from mtcli.errors import DataError
 from mtcli.fileio import (
     TEMP_NAME_EXTRA,
     atomic_write,
@@ -144,6 +146,8 @@ def resumable_output(output: Path, key: str) -> Iterator[PartialOutput]:
                     raise FileNotFoundError(errno.ENOENT, f"removed while it was written (its directory, or "
                                             f"{data.name} beside it); nothing of it is kept", str(output)) from None
                 raise
+            if isinstance(exc, DataError):  # the input must change, and changed input starts over
+                partial.discard()
             _keep(partial, data, output)
             renamed = named_after(exc, output)
             if renamed is not None:

@@ -100,6 +100,20 @@ def test_another_input_or_setting_starts_over(
     assert out.read_bytes() == whole.read_bytes()
 
 
+def test_a_byte_that_is_not_utf8_keeps_nothing_for_the_mended_input_starts_over(
+        tiny_run_dir: Path, inputs: list[Path], tmp_path: Path) -> None:
+    """The input must change, and changed input starts over: the partial output kept said that
+    the same command went on from there."""
+    out = tmp_path / "out.txt"
+    inputs[1].write_bytes(b"ein roter Ball\nvier Hunde \xff laufen\n")
+    argv = ["translate", str(tiny_run_dir), *map(str, inputs), "-o", str(out), "--beam", "2", "--device", "cpu"]
+    result = CliRunner().invoke(app, argv)  # windows of 3: the first file's 9 lines are done by then
+    assert result.exit_code == 1 and result.stderr.endswith(f"{inputs[1]}:2: invalid UTF-8 (byte 0xff at column "
+                                                             "12)\n"), result.stderr
+    assert "kept" not in result.stderr and "goes on" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt"]
+
+
 def test_a_lower_max_tokens_or_other_workers_go_on(
         tiny_run_dir: Path, inputs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Settings that only batch the lines do not start over: a user who lowers ``--max-tokens``
