@@ -5,8 +5,8 @@ The weights loaded from the run's checkpoint are converted once
 weights, 16 hex digits>/`` (the checkpoint's payload, as its header records it) and reused while
 the checkpoint holds the same weights; when it changes (a longer run, another checkpoint) the
 next use converts it again, and the conversions of the three checkpoints used last are kept.
-A kept conversion CTranslate2 cannot read
-is converted again (:func:`open_engine`). :class:`CT2Engine` then translates lines
+A kept conversion whose ``model.bin`` is not the file converted (its sha256 is in the record), or
+that CTranslate2 cannot read, is converted again (:func:`open_engine`). :class:`CT2Engine` then translates lines
 as :func:`mtcli.infer.translate.translate_lines` does: windows of lines, empty lines answered
 without the model, sources truncated to the model's limit with a warning, n-best lists of
 :class:`~mtcli.infer.translate.Translation` in input order.
@@ -55,6 +55,7 @@ from mtcli.config import DecodeConfig
 from mtcli.data.tokenizer import EOS_ID
 from mtcli.device import MemoryBudget, is_out_of_memory, memory_text
 from mtcli.errors import CheckpointError, ConfigError, DeviceMemoryError, one_line
+from mtcli.fileio import sha256_file
 from mtcli.infer.export import (
     CT2_DIR,
     EXPORT_RECORD,
@@ -80,13 +81,10 @@ def converted_model(run_dir: Path, bundle: InferenceModel) -> Path:
     key = digest[:16]
     root = Path(run_dir) / CT2_DIR
     target = root / key
-    record = target / EXPORT_RECORD
-    with contextlib.suppress(OSError, ValueError, AttributeError):  # the one kept, if it is these weights'
-        if (target / "model.bin").is_file() and json.loads(record.read_text("utf-8")).get(
-                "checkpoint_payload_sha256") == digest:
-            with contextlib.suppress(OSError):  # in use: kept among the newest (a read-only run: as it is)
-                os.utime(target)
-            return target
+    if _kept(target, digest):
+        with contextlib.suppress(OSError):  # in use: kept among the newest (a read-only run: as it is)
+            os.utime(target)
+        return target
     if target.exists():  # another checkpoint's weights under this one's name (an export there), or an older mtcli's
         shutil.rmtree(target, ignore_errors=True)
     check_convertible(bundle, Path(run_dir))  # before saying it converts
@@ -94,6 +92,23 @@ def converted_model(run_dir: Path, bundle: InferenceModel) -> Path:
     save_ctranslate2(bundle, target, Path(run_dir))
     _remove_old_conversions(root)
     return target
+
+
+def _kept(target: Path, digest: str) -> bool:
+    """Whether ``target`` holds the conversion of the weights of ``digest``, its ``model.bin``
+    the bytes written then (a conversion damaged since, or from before its record held their
+    sha256, is converted again: CTranslate2 reads a flipped byte without a word)."""
+    try:
+        record = json.loads((target / EXPORT_RECORD).read_text("utf-8"))
+        if record.get("checkpoint_payload_sha256") != digest:
+            return False
+        if record.get("model_bin_sha256") == sha256_file(target / "model.bin"):
+            return True
+    except (OSError, ValueError, AttributeError):
+        return False
+    if "model_bin_sha256" in record:
+        get_logger().warning("%s: model.bin is not the file converted (damaged since): converting again", target)
+    return False
 
 
 #: How many conversions a run keeps: those of the checkpoints used last (best and last, say, by

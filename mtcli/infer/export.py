@@ -42,7 +42,7 @@ from mtcli.builddir import atomic_dir, check_replaceable
 from mtcli.checkpoint import sha256_of_loaded
 from mtcli.data.tokenizer import Tokenizer
 from mtcli.errors import CheckpointError, ConfigError, MtcliError, install_advice
-from mtcli.fileio import copy_file
+from mtcli.fileio import copy_file, sha256_file
 from mtcli.infer.loading import InferenceModel, load_for_inference, resolve_checkpoint
 from mtcli.logs import get_logger
 from mtcli.model import LAYER_NORM_EPS, Transformer
@@ -180,6 +180,7 @@ def save_ctranslate2(bundle: InferenceModel, output: Path, run_dir: Path, **reco
             "run_dir": str(Path(run_dir).resolve()),  # (advice that names it holds from any directory)
             "checkpoint": bundle.name,
             "checkpoint_payload_sha256": bundle.payload_sha256,  # the weights converted (the file's header)
+            "model_bin_sha256": sha256_file(tmp / "model.bin"),  # a reader can tell a damaged copy
             **record,
             "model": bundle.config.to_dict()["model"],
             "vocab_size": bundle.tokenizer.vocab_size,

@@ -279,6 +279,12 @@ def test_ctranslate2_engine_converts_once_and_equals_ours_for_greedy(tiny_run_di
     assert Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2").translate(LINES) == again.translate(
         LINES)
     assert len(json.loads(vocabulary.read_text())) > 1  # converted again
+    flipped = bytearray(damaged.read_bytes())  # one weight's byte: CTranslate2 read it, decoded empty lines
+    flipped[-100] ^= 0xFF
+    damaged.write_bytes(bytes(flipped))
+    assert Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2").translate(LINES) == again.translate(
+        LINES)
+    assert damaged.read_bytes() != bytes(flipped)  # converted again
 
 
 
