@@ -390,6 +390,7 @@ def validate(config: Config, where: str | None = None) -> None:
         (dc.spm_max_sentences >= 0, "data.spm_max_sentences must be 0 (all of them) or > 0"),
         (all(name.strip() for name in (dc.train_split, dc.valid_split, *dc.test_splits)),
          "data.train_split, data.valid_split and data.test_splits must name splits (none empty)"),
+        (len(set(dc.test_splits)) == len(dc.test_splits), f"data.test_splits names a split twice: {dc.test_splits}"),
         *((value <= 1024, f"{key} must be at most 1024") for key, value in (("data.num_workers", dc.num_workers),
                                                                              ("train.num_threads", t.num_threads))),
         *_path_checks(config),

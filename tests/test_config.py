@@ -195,6 +195,7 @@ def test_cross_field_validation(tmp_path: Path) -> None:
     ("data.spm_max_sentences=-5", "data.spm_max_sentences must be 0 (all of them) or > 0"),  # taken as 0
     ("data.valid_split=", "data.train_split, data.valid_split and data.test_splits must name splits (none empty)"),
     ("data.test_splits=['']", "data.train_split, data.valid_split and data.test_splits must name splits"),
+    ("data.test_splits=[test,test]", "data.test_splits names a split twice: ['test', 'test']"),
     ("train.subword_nbest=1", "train.subword_nbest must be >= 2 with train.subword_alpha > 0 (1 is the best "
                               "segmentation alone: nothing is sampled)"),  # said it sampled, and sampled nothing
 ])
