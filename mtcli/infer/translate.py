@@ -28,6 +28,7 @@ over this module is :class:`mtcli.infer.translator.Translator`.
 from __future__ import annotations
 
 import itertools
+import re
 import sys
 import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -124,14 +125,25 @@ def source_limit(bundle: InferenceModel) -> int:
 HUGE_LINE_CHARS = 1_000_000
 
 
+#: A target-language tag typed into a source line (``<2fr>``, Marian's ``>>fr<<``): text to the
+#: tokenizer, which makes no tag of it.
+_TYPED_TAG = re.compile(r"\s*(<2[A-Za-z][\w-]*>|>>[A-Za-z][\w-]*<<)")
+
+
 def encode_window(tokenizer: Tokenizer, chunk: list[str], limit: int, name: str, offset: int,
                   prefix: Sequence[int] = ()) -> tuple[dict[int, list[int]], list[list[Translation] | None]]:
     """The source ids of a window's non-empty lines, after ``prefix`` (a target-language tag),
     truncated to ``limit`` with a warning naming the line, and the window's results with the
-    empty lines' already filled in."""
+    empty lines' already filled in. A line of a window put after a tag that starts with a tag
+    typed as text is warned of, once a window."""
     results: list[list[Translation] | None] = [None] * len(chunk)
     sources: dict[int, list[int]] = {}
     nonempty = [i for i, line in enumerate(chunk) if line.strip()]
+    typed = next((i for i in nonempty if _TYPED_TAG.match(chunk[i][:64])), None) if prefix else None
+    if typed is not None:
+        get_logger().warning("%s: line %d starts with %s, which is read as text: the target language is chosen by "
+                             "--tgt-lang (decode.tgt_lang; a request's tgt_lang)", name, offset + typed + 1,
+                             _TYPED_TAG.match(chunk[typed][:64]).group(1))
     cap = max(HUGE_LINE_CHARS, 64 * limit)
     encoded = dict(zip(nonempty, tokenizer.encode_batch([chunk[i][:cap] for i in nonempty]), strict=True))
     for i in range(len(chunk)):

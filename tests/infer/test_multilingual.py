@@ -65,6 +65,19 @@ def test_translate_cli_takes_the_target_language(multi_run: Path, tmp_path: Path
     assert bad.exit_code != 0 and "Traceback" not in bad.output
     assert "target language fr: this model translates into tgt, src, xx" in bad.output
     assert "--tgt-lang" in runner.invoke(app, ["translate", "--help"]).output
+    assert "read as text" not in out.stderr + default.stderr
+
+
+@pytest.mark.parametrize("typed", ["<2xx>", ">>xx<<"])
+def test_a_tag_typed_into_a_source_is_warned_of_as_text(multi_run: Path, tmp_path: Path, typed: str) -> None:
+    """The tokenizer makes text of a typed tag, and the default language came back without a word."""
+    source = tmp_path / "in.txt"
+    source.write_text(f"{SOURCES[0]}\n {typed} {SOURCES[1]}\n{typed} {SOURCES[2]}\n", encoding="utf-8")
+    out = CliRunner().invoke(app, ["translate", str(multi_run), str(source), "--beam", "1"])
+    assert out.exit_code == 0, out.output
+    assert out.stderr.count("read as text") == 1  # once a window
+    assert (f"{source}: line 2 starts with {typed}, which is read as text: the target language is chosen by "
+            "--tgt-lang") in out.stderr
 
 
 def test_evaluate_scores_each_direction(multi_run: Path, tmp_path: Path) -> None:
