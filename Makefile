@@ -63,11 +63,13 @@ setup:
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/pip install --quiet -e ".[$(EXTRAS)]"
 
-setup-browser:
-	apt-get install -y -q chromium chromium-driver
+setup-browser:  # (the package lists are fetched when a fresh machine has none to install from)
+	apt-get install -y -q chromium chromium-driver || { apt-get update -q && apt-get install -y -q chromium chromium-driver; }
 
+# the suite starts hundreds of Python processes: each module is compiled once for all of them,
+# even where the environment asks Python to write no bytecode
 test: $(BIN)/python
-	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -n auto --maxprocesses 4 $(PYTEST_ARGS)
 
 lint: $(BIN)/python
 	$(BIN)/ruff check mtcli tests bench
