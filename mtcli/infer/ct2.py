@@ -275,7 +275,10 @@ class CT2Engine:
         """Fill ``results`` with the n-best lists of a window's ``sources`` (line -> piece ids).
         CTranslate2 takes one output limit a call, so the lines are decoded in groups of one
         limit each: a line's search then ends where ours ends it, whatever lines it is decoded
-        with (one limit for a whole batch kept long hypotheses of short lines in the beam)."""
+        with (one limit for a whole batch kept long hypotheses of short lines in the beam). A beam
+        search returns its whole beam, ranked again once the hypotheses cut at the limit are
+        scored with their end, then cut to ``decode.nbest``: so a line's best translation does not
+        depend on how many were asked for (CTranslate2 ranks a cut hypothesis without its end)."""
         tokenizer = self.bundle.tokenizer
         pieces = {k: [tokenizer.id_to_piece(i) for i in ids] for k, ids in sources.items()}
         groups: dict[int, list[int]] = {}
@@ -284,7 +287,8 @@ class CT2Engine:
         cut: list[tuple[int, int, list[str]]] = []  # (line, hypothesis, source pieces)
         for limit, keys in groups.items():
             outputs = self._translate_fitting(
-                [pieces[k] for k in keys], decode, num_hypotheses=decode.nbest,
+                [pieces[k] for k in keys], decode,
+                num_hypotheses=decode.nbest if decode.sampling != "none" else decode.beam_size,
                 length_penalty=decode.length_penalty, max_decoding_length=limit,
                 min_decoding_length=0, return_scores=True, return_end_token=True,
                 suppress_sequences=[["<blank>"], ["<s>"]], **self._search(decode, self.bundle.model.output_size),
@@ -294,6 +298,8 @@ class CT2Engine:
                 cut += [(k, j, pieces[k]) for j in ran_out]
         if cut:
             self._score_cut(results, cut, decode)
+        for k in sources:
+            del results[k][decode.nbest:]
 
     def _translate_fitting(self, batch: list[list[str]], decode: DecodeConfig, **options: Any) -> list[Any]:
         """CTranslate2's ``translate_batch`` over ``batch`` in batches of ``decode.max_tokens``

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import mtcli_here
+from conftest import TOY_DIR, mtcli_here
 
 import mtcli
 from mtcli.errors import CheckpointError, ConfigError, DataError
@@ -409,6 +409,19 @@ def test_ctranslate2_beam_output_of_a_line_is_the_same_in_any_batch(ct2_pair: tu
         scores = [translation.score for translation in found]
         assert scores == sorted(scores, reverse=True)
         assert len({tuple(translation.tokens) for translation in found}) == len(found)
+
+
+def test_ctranslate2_best_translation_does_not_depend_on_how_many_are_asked_for(
+        ct2_pair: tuple[Translator, Translator]) -> None:
+    """CTranslate2 ranks a hypothesis cut at the length limit without its end; scored with it, a
+    cut best fell behind another hypothesis, which only an n-best list of two or more held: the
+    1-best of --nbest 2 was not the translation of the same command without it."""
+    _, theirs = ct2_pair
+    lines = [line for line in TOY_DIR.joinpath("test.src").read_text(encoding="utf-8").splitlines() if line][:40]
+    for beam in (2, 4):
+        best = theirs.translate(lines, beam=beam, max_len_a=0.0, max_len_b=6)
+        for n in range(2, beam + 1):
+            assert [found[0].text for found in theirs.nbest(lines, n=n, beam=beam, max_len_a=0.0, max_len_b=6)] == best
 
 
 def test_ctranslate2_engine_refuses_what_it_cannot_do(tiny_run_dir: Path) -> None:
