@@ -204,7 +204,8 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
     decode = bundle.config.decode
     hf.generation_config = GenerationConfig(
         decoder_start_token_id=2, eos_token_id=3, pad_token_id=0, forced_eos_token_id=3,
-        bad_words_ids=[[0], [2]], num_beams=decode.beam_size, max_length=generation_max_length(decode, model.cfg.max_positions))
+        bad_words_ids=[[0], [2]], num_beams=decode.beam_size, length_penalty=decode.length_penalty,
+        max_length=generation_max_length(decode, model.cfg.max_positions))
     output = Path(output)
     with atomic_dir(output, mark=EXPORT_RECORD) as tmp, quiet_transformers():
         try:

@@ -72,6 +72,20 @@ def test_transformers_gives_our_greedy_output(tiny_run_dir: Path, exported: Path
     assert ids == ours.bundle.tokenizer.encode(LINES[3]) + [3]  # the same pieces, then </s>
 
 
+def test_the_export_carries_the_runs_beam_and_length_penalty(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """generate() took the run's beam but transformers' length penalty 1.0: a run tuned to 0 came
+    out of transformers unlike mtcli's on a line in seven (with alpha 0 both rank alike)."""
+    from mtcli.config import load_config, save_config, with_changes
+
+    run = shutil.copytree(tiny_run_dir, tmp_path / "run")
+    config = load_config(run / "config.yaml")
+    save_config(with_changes(config, "decode", beam_size=4, length_penalty=0.0, max_len_a=0.0, max_len_b=20),
+                run / "config.yaml")
+    exported = export_hf(run, tmp_path / "hf")
+    generation = transformers.GenerationConfig.from_pretrained(exported)
+    assert (generation.num_beams, generation.length_penalty, generation.max_length) == (4, 0.0, 22)
+
+
 def test_a_pre_norm_run_is_refused(tiny_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import mtcli.infer.hf as hf
 
