@@ -183,6 +183,7 @@ def save_ctranslate2(bundle: InferenceModel, output: Path, run_dir: Path, **reco
             "model_bin_sha256": sha256_file(tmp / "model.bin"),  # a reader can tell a damaged copy
             **record,
             "model": bundle.config.to_dict()["model"],
+            "decode": bundle.config.to_dict()["decode"],  # the run's beam, length penalty and limits
             "vocab_size": bundle.tokenizer.vocab_size,
             "usage": "ctranslate2.Translator(dir).translate_batch([spm pieces], suppress_sequences=[['<blank>'], "
                      "['<s>']], min_decoding_length=0) as mtcli decodes it (docs/decoding.md); source </s> is added",

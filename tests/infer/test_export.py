@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -63,8 +64,10 @@ def test_ctranslate2_greedy_equals_ours(
     run = _randomised_run(tiny_run_dir, tmp_path, pre_norm, tied, shortlist, swish)
     out = export_model(run, tmp_path / "ct2", checkpoint="best")
     assert (out / "model.bin").is_file() and (out / "spm.model").is_file()
-
     bundle = load_for_inference(run, "best")
+    record = json.loads((out / "mtcli_export.json").read_text(encoding="utf-8"))
+    assert record["decode"] == bundle.config.to_dict()["decode"]  # the beam and length penalty to decode with
+
     tok = bundle.tokenizer
     lines = (run / "text" / "test.src").read_text(encoding="utf-8").splitlines()[:8]
     ids = [tok.encode(line) for line in lines]
