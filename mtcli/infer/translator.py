@@ -86,9 +86,11 @@ def _no_nbest(settings: dict[str, Any], method: str, why: str = "") -> None:
         raise ConfigError(f"{method}() takes no nbest setting{why or '; Translator.nbest(texts, n) gives n hypotheses'}")
 
 
-def _fitted(changes: dict[str, Any], base: DecodeConfig, beam_fixed: bool = False) -> dict[str, Any]:
+def _fitted(changes: dict[str, Any], base: DecodeConfig, beam_fixed: bool = False,
+            nbest_fixed: bool = False) -> dict[str, Any]:
     """``changes`` (to ``base``) with the beam and the n-best made to fit each other, as a search
-    needs (``nbest <= beam_size``): a beam given alone narrows the n-best with it; an n-best
+    needs (``nbest <= beam_size``): a beam given alone narrows the n-best with it (unless
+    ``nbest_fixed``: an n-best set by ``--set``, then refused beside a narrower beam); an n-best
     given alone, wider than the beam, widens the beam to it (unless ``beam_fixed``: a beam set
     by ``--set``, which is then refused as given). Sampling keeps no beam: left as asked; a
     search asked of a translator that samples narrows its count of samples to the beam."""
@@ -96,7 +98,7 @@ def _fitted(changes: dict[str, Any], base: DecodeConfig, beam_fixed: bool = Fals
         return changes
     beam, n = changes.get("beam_size"), changes.get("nbest")
     if isinstance(beam, int) and n is None:
-        return {**changes, "nbest": max(1, min(base.nbest, beam))}
+        return changes if nbest_fixed else {**changes, "nbest": max(1, min(base.nbest, beam))}
     if beam is None and n is None and base.nbest > base.beam_size:  # the samples a sampling default draws
         return {**changes, "nbest": base.beam_size}
     if isinstance(n, int) and beam is None and not beam_fixed and n > base.beam_size:
@@ -229,8 +231,8 @@ class Translator:
         bundle = add_members(bundle, ensemble, run_dir)
         release_freed_memory()  # what reading the checkpoints took, past now
         base = decode_config(bundle.config, list(overrides))
-        beam_fixed = "decode.beam_size" in override_keys(overrides)
-        decode = with_changes(base, "decode", **_fitted(_changes(settings), base.decode, beam_fixed)).decode
+        beam_fixed, nbest_fixed = (f"decode.{key}" in override_keys(overrides) for key in ("beam_size", "nbest"))
+        decode = with_changes(base, "decode", **_fitted(_changes(settings), base.decode, beam_fixed, nbest_fixed)).decode
         _check_sampling_only(_asked(settings, beam_fixed, decode), decode)
         _check_width(bundle.model.output_size, decode, settings)
         source_prefix(bundle, decode)  # a target language the model does not produce: refused now

@@ -131,6 +131,10 @@ def test_an_nbest_wider_than_the_runs_beam_widens_it_as_translate_and_serve_say(
     for fixed in ({"overrides": ["decode.beam_size=2"]}, {"beam": 2}):
         with pytest.raises(ConfigError, match="nbest"):
             Translator.from_run(tiny_run_dir, nbest=4, device="cpu", **fixed)
+    with pytest.raises(ConfigError, match="nbest"):  # (--beam 2 --set decode.nbest=4 printed 2 a line, unsaid)
+        Translator.from_run(tiny_run_dir, overrides=["decode.nbest=4"], beam=2, device="cpu")
+    narrower = Translator.from_run(tiny_run_dir, overrides=["decode.nbest=2"], beam=4, device="cpu")
+    assert (narrower.decode.beam_size, narrower.decode.nbest) == (4, 2)
     run = tmp_path / "run"
     shutil.copytree(tiny_run_dir, run)
     config = yaml.safe_load((run / "config.yaml").read_text())
