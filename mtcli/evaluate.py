@@ -26,6 +26,7 @@ from mtcli.device import peak_memory_mb
 from mtcli.errors import ConfigError, DataError, signals_held
 from mtcli.fileio import atomic_write, check_directory, names_an_open_file, sha256_file
 from mtcli.infer.loading import InferenceModel, run_directions
+from mtcli.infer.translate import override_keys
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, progress
 from mtcli.metrics import BOM_NOTE, metric_names, score, scorer
@@ -403,6 +404,8 @@ def evaluate_directions(
                                      average_best=average_best, ensemble=ensemble, engine=engine,
                                      overrides=overrides or (), **settings)
     data, tgt_lang = translator.bundle.config.data, settings.get("tgt_lang")
+    if tgt_lang is None and "decode.tgt_lang" in override_keys(overrides or ()):  # asked by --set: as --tgt-lang
+        tgt_lang = translator.decode.tgt_lang
     trained, every = run_directions(run_dir, translator.bundle.config), every_direction and src_file is None
     if every:
         directions = [d for d in trained if src_lang in (None, d[0]) and tgt_lang in (None, d[1])]

@@ -3,6 +3,7 @@ translate, Translator, evaluate and serve, and refused where the model has no su
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from conftest import TOY_CONFIG, toy_train_config, train_trilingual
 from typer.testing import CliRunner
 
 from mtcli.cli import app
+from mtcli.config import load_config, save_config, with_changes
 from mtcli.data.cache import PreparedCorpus
 from mtcli.errors import ConfigError, DataError
 from mtcli.evaluate import evaluate_directions
@@ -91,6 +93,8 @@ def test_evaluate_scores_each_direction(multi_run: Path, tmp_path: Path) -> None
                                                               "test.tgt-src.best.hyp"]
     only = evaluate_directions(multi_run, beam=1, output_dir=tmp_path, tgt_lang="src")
     assert [r["direction"] for r in only] == ["tgt-src"]
+    by_set = evaluate_directions(multi_run, beam=1, output_dir=tmp_path, overrides=["decode.tgt_lang=src"])
+    assert [r["direction"] for r in by_set] == ["tgt-src"]  # as --tgt-lang (it scored every direction)
     with pytest.raises(ConfigError, match=r"no direction xx->\* among those it was trained on \(src->tgt, "):
         evaluate_directions(multi_run, beam=1, output_dir=tmp_path, src_lang="xx")
     with pytest.raises(ConfigError, match="target language fr: this model translates into tgt, src, xx"):
@@ -121,11 +125,16 @@ def test_evaluate_on_files_warns_which_direction_it_scores(
     caplog.clear()
     (into_xx,) = evaluate_directions(multi_run, beam=1, tgt_lang="xx", **files)
     assert into_xx["direction"] == "src-xx" and "its default" not in caplog.text
-    # the default target is the model's, decode.tgt_lang where it is set (it was data.tgt_lang)
+    # decode.tgt_lang by --set asks for a target as --tgt-lang does (it was said to be the default)
     caplog.clear()
-    (by_config,) = evaluate_directions(multi_run, beam=1, overrides=["decode.tgt_lang=xx"], **files)
-    assert by_config["direction"] == "src-xx" and by_config["bleu"] == into_xx["bleu"]
-    assert "scoring into xx, its default" in caplog.text
+    (by_set,) = evaluate_directions(multi_run, beam=1, overrides=["decode.tgt_lang=xx"], **files)
+    assert by_set["direction"] == "src-xx" and by_set["bleu"] == into_xx["bleu"]
+    assert "its default" not in caplog.text
+    # the default target is the model's, its decode.tgt_lang where the run sets it (it was data.tgt_lang)
+    run = shutil.copytree(multi_run, tmp_path / "run")
+    save_config(with_changes(load_config(run / "config.yaml"), "decode", tgt_lang="xx"), run / "config.yaml")
+    (by_config,) = evaluate_directions(run, beam=1, **{**files, "output_dir": tmp_path / "own"})
+    assert by_config["direction"] == "src-xx" and "scoring into xx, its default" in caplog.text
     # a default target that data.src_lang was not trained into: the one direction into it
     (into_src,) = evaluate_directions(multi_run, beam=1, overrides=["decode.tgt_lang=src"], **files)
     assert into_src["direction"] == "tgt-src"  # was "several trained directions fit"
