@@ -347,7 +347,7 @@ async def _decoded(batcher: Batcher, body: TranslateRequest, request_id: str,
 
 def create_app(translator: Translator, limits: Limits | None = None, api_key: str | None = None) -> FastAPI:
     """The FastAPI application serving ``translator`` (see the module docstring)."""
-    limits = limits or Limits()
+    limits = (limits or Limits()).fitting(translator.decode)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -11,6 +11,7 @@ grace period ends) is not decoded at all.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import math
 import queue
 import threading
@@ -18,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from mtcli.config import DecodeConfig
 from mtcli.errors import ConfigError, DataError, one_line
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger
@@ -43,6 +45,12 @@ class Limits:
         if not (isinstance(wait, int | float) and math.isfinite(wait) and 0 <= wait <= MAX_BATCH_WAIT_MS):
             raise ConfigError(f"--batch-wait-ms {wait!r}: must be between 0 and {MAX_BATCH_WAIT_MS:g} "
                               "(milliseconds to gather requests into one batch)")
+
+    def fitting(self, decode: DecodeConfig) -> Limits:
+        """These limits with room for the server's own beam and n-best (``--beam 20``): a request
+        may ask for what the server decodes without being asked."""
+        wider = max(self.max_beam, decode.beam_size, decode.nbest)
+        return self if wider == self.max_beam else dataclasses.replace(self, max_beam=wider)
 
     @property
     def max_body_bytes(self) -> int:

@@ -872,6 +872,22 @@ def test_a_beam_or_nbest_too_wide_for_the_vocabulary_is_a_422_and_a_default_one_
         Translator.from_run(tiny_run_dir, device="cpu", beam=11)
 
 
+def test_a_server_of_a_beam_past_16_takes_requests_for_its_own_beam(tiny_run_dir: Path) -> None:
+    """serve --beam 20 decoded with beam 20 unasked, and answered a request asking for beam 20 (or
+    its n-best) with a 422, "beam must be between 1 and 16"."""
+    from fastapi.testclient import TestClient
+
+    from mtcli.serve import create_app
+
+    translator = Translator.from_run(tiny_run_dir, beam=20, device="cpu")
+    with TestClient(create_app(translator)) as client:
+        for asked in ({"beam": 20}, {"nbest": 20}, {"beam": 17, "nbest": 3}):
+            answer = client.post("/translate", json={"text": ["ein hund"], **asked})
+            assert answer.status_code == 200, (asked, answer.text)
+        refused = client.post("/translate", json={"text": ["ein hund"], "beam": 21})
+        assert refused.status_code == 422 and refused.json()["error"] == "beam must be between 1 and 20, got 21"
+
+
 def test_a_server_other_machines_reach_is_warned_of(caplog: pytest.LogCaptureFixture) -> None:
     """--host 0.0.0.0 without a key logged an INFO line only; uvicorn times out no slow request."""
     from mtcli.serve import warn_of_exposure
