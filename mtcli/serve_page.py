@@ -51,9 +51,12 @@ async function translate() {
   try {
     const request = {text: lines};
     // an empty box leaves the server's own setting (its --beam, its decode.seed); left empty, the
-    // beam widens to the alternatives asked for
-    if ($("search").value === "beam") { if ($("beam").value !== "") request.beam = Number($("beam").value); }
-    else {
+    // beam widens to the alternatives asked for. "beam" asks for a search also of a server that
+    // samples unasked (--set decode.sampling=topk)
+    if ($("search").value === "beam") {
+      request.sampling = "none";
+      if ($("beam").value !== "") request.beam = Number($("beam").value);
+    } else {
       request.sampling = $("search").value;
       if ($("seed").value !== "") request.seed = Number($("seed").value);  // the same seed, the same samples
     }

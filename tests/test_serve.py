@@ -41,12 +41,12 @@ class Server:
     """`mtcli serve RUN_DIR` in a subprocess, ready when /health answers."""
 
     def __init__(self, run_dir: Path, *args: str, env: dict[str, str] | None = None,
-                 program: tuple[str, ...] = (sys.executable, "-m", "mtcli.cli")) -> None:
+                 program: tuple[str, ...] = (sys.executable, "-m", "mtcli.cli"), beam: int | None = 2) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [*program, "serve", str(run_dir), "--port", str(self.port),
-             "--beam", "2", "--max-lines", "8", "--max-chars", "200", "--max-request-chars", "1000", *args],
+            [*program, "serve", str(run_dir), "--port", str(self.port), *(["--beam", str(beam)] if beam else []),
+             "--max-lines", "8", "--max-chars", "200", "--max-request-chars", "1000", *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, **(env or {})},
         )
