@@ -44,6 +44,7 @@ from mtcli.results import (
     README,
     RESULTS_DIR,
     check_one_recipe,
+    checked_seeds,
     device_name,
     git_commit,
     load_results,
@@ -143,12 +144,18 @@ def merge_seeds(paths: list[Path]) -> dict[str, dict[str, Any]]:
     for path in paths:
         file = path / f"{TABLE}.json" if path.is_dir() else path
         try:
-            found = json.loads(file.read_text(encoding="utf-8"))["seeds"]
+            table = json.loads(file.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"{file}: results file not found") from None
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{file}: not a multilingual results file ({one_line(exc)})") from None
+        found = checked_seeds(table.get("seeds") if isinstance(table, dict) else None, (), str(file))
         for seed, row in found.items():
+            directions = row.get("directions")
+            if not isinstance(directions, dict) or not directions:
+                raise ConfigError(f"{file}: seed {seed} has no directions: not a multilingual results file")
+            for name, scores in directions.items():
+                checked_seeds({seed: scores}, SCORES, f"{file} (direction {name})")
             if seed in seeds:
                 raise ConfigError(f"{file}: seed {seed} is in two of the merged files")
             seeds[seed] = named_commit(row, f"{file} seed {seed}")

@@ -53,6 +53,7 @@ from mtcli.results import (
     README,
     RESULTS_DIR,
     check_one_recipe,
+    checked_seeds,
     data_fingerprint,
     device_name,
     git_commit,
@@ -88,6 +89,9 @@ RECIPES.update({name: ("configs/multi30k_en_de.yaml", "multi30k", f"{s}-{t}") fo
 
 
 SCORES = ("bleu", "bleu_lc", "chrf")
+#: the numbers of a seed's row that its direction's row is combined from (:func:`combine_seeds`)
+SEED_NUMBERS = (*SCORES, "decode_sents_per_s", "train_minutes", "train_tokens_per_s", "train_steps",
+                "average_last", "length_penalty")
 
 
 def _seed_cells(run: dict[str, Any]) -> tuple[str, str]:
@@ -328,17 +332,19 @@ def merge_seed_results(paths: list[Path], row_key: str, table_name: str) -> dict
     for path in paths:
         file = path / f"{table_name}.json" if path.is_dir() else path
         try:
-            row = json.loads(file.read_text(encoding="utf-8"))[row_key]
+            table = json.loads(file.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"{file}: results file not found") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{file}: not a results file ({exc})") from None
-        except KeyError:
-            raise ConfigError(f"{file}: no {row_key!r} row") from None
+        row = table.get(row_key) if isinstance(table, dict) else None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{file}: no {row_key!r} row")
         if not row.get("seeds") and "seed" not in row:
             raise ConfigError(f"{file}: its {row_key!r} row names no seed (a table from an older mtcli): "
                               "train that seed again with --results DIR, and merge DIR")
-        for seed, seed_row in (row.get("seeds") or {str(row["seed"]): row}).items():
+        found = checked_seeds(row.get("seeds") or {str(row["seed"]): row}, SEED_NUMBERS, f"{file} ({row_key!r})")
+        for seed, seed_row in found.items():
             if int(seed) in rows:
                 raise ConfigError(f"{file}: seed {seed} of {row_key!r} is in two of the merged files")
             rows[int(seed)] = named_commit(seed_row, f"{file} seed {seed}")

@@ -22,7 +22,7 @@ import torch
 
 from mtcli.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig
 from mtcli.device import cpu_has_bf16_units, cpu_name
-from mtcli.errors import ConfigError, DataError
+from mtcli.errors import ConfigError, DataError, shown
 from mtcli.fileio import atomic_write
 from mtcli.logs import get_logger
 
@@ -275,6 +275,22 @@ def load_results(results_dir: Path = RESULTS_DIR, table_name: str = "multi30k") 
     if not isinstance(results, dict):
         raise DataError(f"{path}: not a results table (a JSON {type(results).__name__}, not an object)")
     return results
+
+
+def checked_seeds(rows: Any, numbers: tuple[str, ...], where: str) -> dict[str, dict[str, Any]]:
+    """``rows`` (seed -> row, as a results file holds them) when each seed is a number and each
+    row a mapping with a number under each of ``numbers``; else :class:`ConfigError` naming
+    ``where`` and the first seed that is not (a file of another shape, or edited by hand)."""
+    if not isinstance(rows, dict) or not rows:
+        raise ConfigError(f"{where}: holds no seed rows: not a results file of mtcli's (--results DIR)")
+    for seed, row in rows.items():
+        if not str(seed).isdigit():
+            raise ConfigError(f"{where}: seed {shown(seed)} is not a number: not a results file of mtcli's")
+        bad = [key for key in numbers if not isinstance(row, dict) or type(row.get(key)) not in (int, float)]
+        if bad:
+            raise ConfigError(f"{where}: seed {seed} has no number under {', '.join(bad)}: not a results file "
+                              "of mtcli's (--results DIR)")
+    return rows
 
 
 def named_commit(row: dict[str, Any], where: str) -> dict[str, Any]:

@@ -297,6 +297,30 @@ def test_merge_combines_seeds_run_apart_and_refuses_a_seed_twice(tmp_path: Path,
     assert "no 'en-de' row" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("table", [[1, 2], {"de-en": "x"}, {"de-en": {"seed": 1}}, {"de-en": {"seeds": {"a": {}}}},
+                                   {"de-en": {"seeds": {"1": dict(ROW, bleu_lc="41")}}}],
+                         ids=["list", "row-text", "no-scores", "seed-name", "score-text"])
+def test_merge_of_a_file_of_another_shape_is_one_line(tmp_path: Path, table: object, capsys) -> None:
+    """Python's TypeError, KeyError, AttributeError or ValueError, each a traceback."""
+    file = tmp_path / "multi30k.json"
+    file.write_text(json.dumps(table), encoding="utf-8")
+    assert main(["de_en", "--merge", str(file), "--results", str(tmp_path / "out")]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith(f"mtcli: error: {file}") and said.count("\n") == 1, said
+
+
+@pytest.mark.parametrize("table", [[1, 2], {"seeds": []}, {"seeds": {"1": {}}}, {"seeds": {"1": {"directions": "x"}}},
+                                   {"seeds": {"1": {"directions": {"de-en": {"bleu": "x"}}}}}])
+def test_multilingual_merge_of_a_file_of_another_shape_is_one_line(tmp_path: Path, table: object, capsys,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    file = tmp_path / "multilingual.json"
+    file.write_text(json.dumps(table), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert mtcli_status("reproduce-multilingual", "--merge", str(file), "--results", str(tmp_path / "out")) == 2
+    said = capsys.readouterr().err
+    assert said.startswith(f"mtcli: error: {file}") and said.count("\n") == 1, said
+
+
 def _git(repo: Path, *args: str) -> str:
     import subprocess
 
