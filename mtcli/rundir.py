@@ -196,7 +196,18 @@ def _measured_alike(entry: dict, newest: dict, by: str) -> bool:
     return all(mine.get(key) == theirs.get(key) for key in BASIS_KEYS[by])
 
 
-def _ranking(run_dir: Path, present: bool = True) -> tuple[str, list[tuple[int, Path]]]:
+def _readable_index(run_dir: Path, instead: str) -> dict[int, dict] | None:
+    """:func:`read_index`, or None with a warning that says what is done ``instead`` when it
+    cannot be read (the next training step rebuilds it)."""
+    try:
+        return read_index(run_dir)
+    except CheckpointError as exc:
+        get_logger().warning("%s; %s", exc, instead)
+        return None
+
+
+def _ranking(run_dir: Path, present: bool = True, index: dict[int, dict] | None = None
+             ) -> tuple[str, list[tuple[int, Path]]]:
     """The metric, and the indexed step checkpoints that still exist (``present=False``: or
     not), best first: by the metric that picked the newest one's best (``by``:
     ``train.valid_metric``; an older index, BLEU) if all have it, else by loss; of equal scores
@@ -204,7 +215,7 @@ def _ranking(run_dir: Path, present: bool = True) -> tuple[str, list[tuple[int, 
     (a resume under another label smoothing, say) come after the others: their scores do not
     compare."""
     directory = checkpoint_dir(run_dir)
-    index = read_index(run_dir)
+    index = read_index(run_dir) if index is None else index
     by = (index[max(index)].get("by") or "bleu") if index else "bleu"
     rows = []
     for step, entry in index.items():
@@ -257,15 +268,20 @@ def select_checkpoints(run_dir: Path, last: int = 0, best: int = 0) -> list[Path
                 f"{checkpoint_dir(run_dir)}: asked for the last {last} checkpoints, found "
                 f"{len(steps)}: {names(p for _, p in steps)}{no_checkpoint_yet(run_dir) if not steps else ''}"
             )
-        _warn_of_removed(sorted(read_index(run_dir))[-last:], steps[-last:], f"last {last}")
+        index = _readable_index(run_dir, f"the last {last} by their names")  # (read for a warning only)
+        if index is not None:
+            _warn_of_removed(sorted(index)[-last:], steps[-last:], f"last {last}")
         return [p for _, p in steps[-last:]]
-    by, ranked = _ranking(run_dir)
+    index = _readable_index(run_dir, "ranking the step checkpoints by the scores each keeps")
+    if index is None:  # as the next training step rebuilds it
+        index = _entries_from_checkpoints(run_dir, but=-1)
+    by, ranked = _ranking(run_dir, index=index)
     if len(ranked) < best:
         raise CheckpointError(
             f"{checkpoint_dir(run_dir) / INDEX_NAME}: asked for the best {best} checkpoints, "
             f"{len(ranked)} indexed with scores still exist: {names(p for _, p in ranked)}"
         )
-    indexed_by, indexed = _ranking(run_dir, present=False)
+    indexed_by, indexed = _ranking(run_dir, present=False, index=index)
     if indexed_by == by:  # (a missing entry without the metric: the index ranked by loss, not comparable)
         _warn_of_removed([step for step, _ in indexed[:best]], ranked[:best], f"best {best}")
     return [p for _, p in sorted(ranked[:best])]

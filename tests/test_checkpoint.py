@@ -797,6 +797,23 @@ def test_an_unreadable_index_is_rebuilt_and_keep_best_keeps_the_best(tmp_path: P
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt")) == ["checkpoint_20.pt", "checkpoint_50.pt"]
 
 
+def test_averaging_goes_on_past_an_unreadable_index(tmp_path: Path, log_lines) -> None:
+    """average --last stopped at a damaged index.json that it reads for a warning only, and
+    --best at one the step checkpoints' own scores rebuild (as the next training step does)."""
+    from mtcli.rundir import select_checkpoints
+
+    for step, bleu in [(10, 1.0), (20, 9.0), (30, 2.0), (40, 3.0)]:
+        save_checkpoint(tmp_path / "checkpoints" / rd.step_checkpoint_name(step),
+                        {**toy_state(step), "valid": {"loss": 1.0, "bleu": bleu, "by": "bleu"}})
+        update_index(tmp_path, step, {"loss": 1.0, "bleu": bleu, "by": "bleu"})
+    (tmp_path / "checkpoints" / rd.INDEX_NAME).write_text("{bad")
+    assert [p.name for p in select_checkpoints(tmp_path, last=2)] == ["checkpoint_30.pt", "checkpoint_40.pt"]
+    assert [p.name for p in select_checkpoints(tmp_path, best=2)] == ["checkpoint_20.pt", "checkpoint_40.pt"]
+    said = [m for m in log_lines() if "unreadable checkpoint index" in m]
+    assert len(said) == 2 and said[0].endswith("; the last 2 by their names")
+    assert said[1].endswith("; ranking the step checkpoints by the scores each keeps")
+
+
 @pytest.mark.parametrize(("entry", "said"), [
     ({"file": "checkpoint_10.pt", "bleu": "x"}, "bleu is 'x', not a number"),  # was a ValueError traceback
     ({"file": "checkpoint_10.pt", "loss": 1.0, "by": ["bleu"]}, "by is ['bleu'], not loss, bleu or chrf"),
