@@ -209,11 +209,11 @@ class Tokenizer:
             )
         except RuntimeError as exc:
             empty = counted.count == 0 if counted is not None else not any(f.stat().st_size for f in files or ())
-            raise _training_error(str(exc), vocab_size, model_type, empty) from None
+            raise _training_error(str(exc), vocab_size, model_type, empty, bool(byte_fallback)) from None
         built = spm.SentencePieceProcessor(model_proto=proto.getvalue()).get_piece_size()
         if built < vocab_size:  # a char model is the text's characters, whatever the size asked
             raise _training_error(f"Vocabulary size too high ({vocab_size}). Please set it to a value <= {built}",
-                                  vocab_size, model_type, False)
+                                  vocab_size, model_type, False, bool(byte_fallback))
         model_path = Path(f"{model_prefix}.model")
         _write_model(_without_inputs(proto.getvalue()) if files else proto.getvalue(), model_path,
                      model_path.with_suffix(".vocab"))
@@ -225,8 +225,9 @@ class Tokenizer:
         return model_path
 
 
-def _training_error(message: str, vocab_size: int, model_type: str, empty: bool) -> DataError:
-    """SentencePiece's training error as a one-line :class:`DataError` that says what to change."""
+def _training_error(message: str, vocab_size: int, model_type: str, empty: bool, in_bytes: bool = False) -> DataError:
+    """SentencePiece's training error as a one-line :class:`DataError` that says what to change
+    (``in_bytes``: the model has the 256 byte pieces of ``byte_fallback``)."""
     limit = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", message)
     if limit:
         return DataError(
@@ -238,8 +239,9 @@ def _training_error(message: str, vocab_size: int, model_type: str, empty: bool)
     if small:
         return DataError(
             f"data.vocab_size={vocab_size} is too small: covering the training text's characters "
-            f"needs at least {small.group(2)} pieces (special ids and any byte pieces included); raise "
-            "data.vocab_size or lower data.character_coverage"
+            f"needs at least {small.group(2)} pieces (special ids"
+            + (", and the 256 byte pieces a data.character_coverage below 1 adds," if in_bytes else "")
+            + " included); raise data.vocab_size"
         )
     if empty:
         return DataError("cannot train SentencePiece: the training text is empty")

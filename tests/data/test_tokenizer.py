@@ -105,8 +105,13 @@ def test_vocab_too_large_is_one_line_data_error(tmp_path: Path) -> None:
 
 
 def test_vocab_smaller_than_alphabet_is_one_line_data_error(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match=r"data.vocab_size=10 is too small.*at least \d+ pieces"):
+    """It said to lower data.character_coverage, which adds 256 byte pieces to what is needed."""
+    with pytest.raises(DataError, match=r"data.vocab_size=10 is too small.*at least \d+ pieces \(special ids "
+                                        r"included\); raise data.vocab_size$"):
         Tokenizer.train(["abcdefghijklmnop"] * 5, tmp_path / "m", 10, "unigram", 1.0, 1_000_000)
+    with pytest.raises(DataError, match=r"at least \d+ pieces \(special ids, and the 256 byte pieces a "
+                                        r"data.character_coverage below 1 adds, included\); raise data.vocab_size$"):
+        Tokenizer.train(["abcdefghijklmnop"] * 5, tmp_path / "m", 10, "unigram", 0.99, 1_000_000, byte_fallback=True)
 
 
 def test_a_char_model_of_the_wrong_size_is_one_line_data_error(tmp_path: Path) -> None:
