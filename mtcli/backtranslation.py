@@ -38,7 +38,7 @@ from mtcli.config import Config, CorpusConfig, DataConfig, with_changes
 from mtcli.data.corpora import split_names
 from mtcli.data.sources import open_source
 from mtcli.data.textio import read_lines
-from mtcli.errors import DataError
+from mtcli.errors import ConfigError, DataError
 from mtcli.fileio import atomic_write, sha256_file
 from mtcli.infer.averaging import average_run_checkpoints
 from mtcli.infer.translator import Translator
@@ -242,6 +242,10 @@ def reproduce_bt(*, forward: str | Path = FORWARD, reverse: str | Path = REVERSE
     :class:`~mtcli.pipeline.Unsaved` with the table when it cannot be written."""
     forward_config = seed_config(load_recipe(forward, list(overrides)), seed)
     reverse_config = seed_config(load_recipe(reverse, list(overrides)), seed)
+    ahead, back = ((c.data.src_lang, c.data.tgt_lang) for c in (forward_config, reverse_config))
+    if back != ahead[::-1]:  # its translations of the target half would be read as the source language's
+        raise ConfigError(f"--reverse {reverse}: translates {'->'.join(back)}; it must translate {'->'.join(ahead[::-1])} "
+                          f"(the --forward recipe's target into its source)")
     real = (load_results(results, "multi30k").get("en-de") or {}).get("seeds", {}).get(str(seed))
     if real is not None and real.get("recipe") not in (None, recipe_fingerprint(forward_config)):
         # (a row from before the fingerprint, which does not say, is the recipe's, as a merge takes it)

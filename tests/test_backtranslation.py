@@ -120,12 +120,14 @@ def test_the_real_row_is_reused_only_when_it_read_the_same_data(tmp_path: Path, 
     import json
 
     import mtcli.backtranslation as bt
-    from mtcli.config import ConfigError
+    from mtcli.config import ConfigError, save_config, with_changes
     from mtcli.pipeline import seed_config
     from mtcli.reproduce import reads
     from mtcli.results import recipe_fingerprint
 
-    args = ["--forward", str(TOY_CONFIG), "--reverse", str(TOY_CONFIG), "--results", str(tmp_path),
+    reverse = tmp_path / "reverse.yaml"
+    save_config(with_changes(load_config(TOY_CONFIG), "data", src_lang="tgt", tgt_lang="src"), reverse)
+    args = ["--forward", str(TOY_CONFIG), "--reverse", str(reverse), "--results", str(tmp_path),
             "--set", f"data.source={TOY_DIR}", "--work", str(tmp_path / "bt")]
     forward = seed_config(load_config(TOY_CONFIG, [f"data.source={TOY_DIR}"]), 1)
     given: list[object] = []
@@ -143,6 +145,17 @@ def test_the_real_row_is_reused_only_when_it_read_the_same_data(tmp_path: Path, 
         (tmp_path / "multi30k.json").write_text(json.dumps({"en-de": {"seeds": {"1": row}}}), encoding="utf-8")
         assert mtcli_status("reproduce-bt", *args) == 2
     assert given == [None, rows[1], None, rows[3]]
+
+
+def test_a_reverse_recipe_of_the_forward_direction_is_refused(tmp_path: Path, capsys) -> None:
+    """Its "back-translations" of the target half were read as source text: hours of training for a
+    row labelled de-en that was not."""
+    args = ["--forward", str(TOY_CONFIG), "--reverse", str(TOY_CONFIG), "--results", str(tmp_path),
+            "--set", f"data.source={TOY_DIR}", "--work", str(tmp_path / "bt")]
+    assert mtcli_status("reproduce-bt", *args) == 2
+    assert capsys.readouterr().err == (f"mtcli: error: --reverse {TOY_CONFIG}: translates src->tgt; it must "
+                                       "translate tgt->src (the --forward recipe's target into its source)\n")
+    assert not (tmp_path / "bt").exists()
 
 
 def test_back_translation_keeps_the_lines_of_its_text(tiny_run_dir: Path, tmp_path: Path) -> None:
