@@ -125,6 +125,9 @@ def source_limit(bundle: InferenceModel) -> int:
 HUGE_LINE_CHARS = 1_000_000
 
 
+#: How many truncated lines of a window are said one by one; the rest in one line.
+TRUNCATIONS_SAID = 3
+
 #: A target-language tag typed into a source line (``<2fr>``, Marian's ``>>fr<<``): text to the
 #: tokenizer, which makes no tag of it.
 _TYPED_TAG = re.compile(r"\s*(<2[A-Za-z][\w-]*>|>>[A-Za-z][\w-]*<<)")
@@ -146,6 +149,7 @@ def encode_window(tokenizer: Tokenizer, chunk: list[str], limit: int, name: str,
                              _TYPED_TAG.match(chunk[typed][:64]).group(1))
     cap = max(HUGE_LINE_CHARS, 64 * limit)
     encoded = dict(zip(nonempty, tokenizer.encode_batch([chunk[i][:cap] for i in nonempty]), strict=True))
+    cut = []
     for i in range(len(chunk)):
         ids = encoded.get(i) or []
         if not ids:
@@ -153,11 +157,17 @@ def encode_window(tokenizer: Tokenizer, chunk: list[str], limit: int, name: str,
             continue
         ids = [*prefix, *ids]
         if len(ids) > limit or len(chunk[i]) > cap:
-            size = f"{len(chunk[i]):,} characters" if len(chunk[i]) > cap else f"{len(ids)} pieces"
-            get_logger().warning("%s: line %d: source has %s, truncated to the model limit of %d pieces",
-                                 name, offset + i + 1, size, limit)
+            cut.append(offset + i + 1)
+            if len(cut) <= TRUNCATIONS_SAID:
+                size = f"{len(chunk[i]):,} characters" if len(chunk[i]) > cap else f"{len(ids)} pieces"
+                get_logger().warning("%s: line %d: source has %s, truncated to the model limit of %d pieces",
+                                     name, cut[-1], size, limit)
             ids = ids[:limit]
         sources[i] = ids
+    if len(cut) > TRUNCATIONS_SAID:
+        more = cut[TRUNCATIONS_SAID:]
+        get_logger().warning("%s: %d more lines truncated to the model limit of %d pieces (lines %s)", name,
+                             len(more), limit, ", ".join(map(str, more[:10])) + (", ..." if len(more) > 10 else ""))
     return sources, results
 
 

@@ -97,6 +97,17 @@ def test_score_warns_of_a_source_it_truncates(translator: Translator, caplog: py
     assert "sources[1]" not in caplog.text
 
 
+def test_truncated_lines_are_said_three_by_three_then_counted(translator: Translator,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """A file of long lines logged one warning a line: 300 lines, 300 warnings."""
+    long = " ".join(["hund"] * 400)
+    translator.translate([long] * 15 + ["rot", long], beam=1, max_len_a=0.0, max_len_b=2)
+    said = [r.getMessage() for r in caplog.records if "truncated" in r.getMessage()]
+    assert [m.split(": source has")[0] for m in said[:3]] == ["input: line 1", "input: line 2", "input: line 3"]
+    assert said[3:] == ["input: 13 more lines truncated to the model limit of 127 pieces (lines 4, 5, 6, 7, 8, 9, 10, "
+                        "11, 12, 13, ...)"]
+
+
 def test_overrides_given_as_one_string_are_a_type_error(tiny_run_dir: Path) -> None:
     """It was read a character at a time: "--set 'd': expected section.key=value"."""
     with pytest.raises(TypeError, match="overrides must be a list of 'decode.key=value' strings, not one"):
