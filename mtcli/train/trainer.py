@@ -426,8 +426,9 @@ class Trainer:
             raise TrainingError(
                 f"{self.nonfinite_in_row} non-finite losses in a row at step {self.step + 1} "
                 f"(train.max_nonfinite={self.cfg.max_nonfinite}); lower "
-                f"{'train.lr_factor' if self.cfg.lr_schedule == 'noam' else 'train.lr'}, set train.clip_norm, "
-                "or check the data"
+                + (f"train.lr_factor (now {self.cfg.lr_factor:g})" if self.cfg.lr_schedule == "noam"
+                   else f"train.lr (now {self.cfg.lr:g})")
+                + (", set train.clip_norm" if self.cfg.clip_norm <= 0 else "") + ", or check the data"
             )
 
     # ----------------------------------------------------------------- validation

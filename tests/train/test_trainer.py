@@ -630,11 +630,16 @@ def test_nonfinite_loss_skips_then_stops(prepared: Path, tmp_path: Path,
         return out
 
     monkeypatch.setattr(LabelSmoothedLoss, "forward", always_nan)
-    with pytest.raises(TrainingError, match="3 non-finite losses in a row.*; lower train.lr_factor, set"):
-        train(make_config(prepared, tmp_path / "run2", "train.max_steps=10", "train.max_nonfinite=3"))
-    with pytest.raises(TrainingError, match="; lower train.lr, set train.clip_norm"):  # lr_factor is Noam's alone
+    with pytest.raises(TrainingError, match=r"3 non-finite losses in a row.*; lower train.lr_factor \(now 2\), set "
+                                            "train.clip_norm, or check the data$"):
+        train(make_config(prepared, tmp_path / "run2", "train.max_steps=10", "train.max_nonfinite=3",
+                          "train.lr_factor=2", "train.clip_norm=0"))
+    with pytest.raises(TrainingError, match=r"; lower train.lr \(now 0.001\), set train.clip_norm"):  # (Noam's alone)
         train(make_config(prepared, tmp_path / "run3", "train.max_steps=10", "train.max_nonfinite=3",
-                          "train.lr_schedule=constant", "train.lr=0.001", "train.lr_factor=1"))
+                          "train.lr_schedule=constant", "train.lr=0.001", "train.lr_factor=1", "train.clip_norm=0"))
+    with pytest.raises(TrainingError, match=r"; lower train.lr_factor \(now 2\), or check the data$"):  # clipped
+        train(make_config(prepared, tmp_path / "run4", "train.max_steps=10", "train.max_nonfinite=3",
+                          "train.lr_factor=2", "train.clip_norm=1.0"))
 
 
 def test_a_skipped_step_before_a_log_step_keeps_the_step_numbers(prepared: Path, tmp_path: Path,
