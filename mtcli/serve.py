@@ -217,8 +217,8 @@ def check_decoding(body: TranslateRequest, translator: Translator) -> None:
 def request_words(message: str) -> str:
     """``message`` (of a :class:`ConfigError` about decode settings) in the words of a request:
     ``decode.beam_size`` is ``beam``, ``decode.tgt_lang='x'`` is ``tgt_lang 'x'``, and an option
-    named in parentheses beside its setting is dropped."""
-    message = re.sub(r" \(--[a-z-]+\)", "", message)
+    named in parentheses beside its setting (or a command line's way) is dropped."""
+    message = re.sub(r" \((?:--[a-z-]+|on the command line [^)]*)\)", "", message)
     field = {"beam_size": "beam"}
     message = re.sub(r"(?<!--set )decode\.(\w+)=", lambda m: f"{field.get(m[1], m[1])} ", message)
     return re.sub(r"(?<!--set )decode\.(\w+)", lambda m: field.get(m[1], m[1]), message)

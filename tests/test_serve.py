@@ -146,6 +146,7 @@ def test_bad_requests_get_a_4xx_and_the_server_keeps_serving(server: Server, bod
     assert answer.status_code == status, answer.text
     assert needle in answer.json()["error"]
     assert "decode." not in answer.json()["error"]  # the request's own words, not the config's
+    assert "command line" not in answer.json()["error"] and "--" not in answer.json()["error"]
     assert server.post({"text": ["rot"]}).status_code == 200
 
 
