@@ -511,7 +511,8 @@ def check_beam_width(beam_size: int, output_size: int) -> None:
     twice the beam's candidates, so that ended ones do not leave it short."""
     if beam_size > 1 and 2 * beam_size > output_size:
         raise ConfigError(f"decode.beam_size={beam_size} needs an output vocabulary of at least "
-                          f"{2 * beam_size} pieces")
+                          f"{2 * beam_size} pieces (this model has {output_size}: a beam of at most "
+                          f"{output_size // 2})")
 
 
 def generate(

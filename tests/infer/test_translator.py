@@ -634,8 +634,10 @@ def test_a_beam_wider_than_half_the_vocabulary_is_refused_by_either_engine(
         ct2_pair: tuple[Translator, Translator]) -> None:
     """The torch engine refused such a beam; CTranslate2 decoded it."""
     for engine in ct2_pair:
-        wide = engine.bundle.model.output_size // 2 + 1
-        with pytest.raises(ConfigError, match=f"decode.beam_size={wide} needs an output vocabulary of at least"):
+        size = engine.bundle.model.output_size
+        wide = size // 2 + 1
+        with pytest.raises(ConfigError, match=rf"decode.beam_size={wide} needs an output vocabulary of at least "
+                                              rf"{2 * wide} pieces \(this model has {size}: a beam of at most {size // 2}\)"):
             engine.translate(["ein hund"], beam=wide)
 
 
