@@ -25,6 +25,7 @@ from mtcli.data.textio import lines_sha256, read_lines, read_lines_hashed
 from mtcli.device import peak_memory_mb
 from mtcli.errors import ConfigError, DataError, signals_held
 from mtcli.fileio import atomic_write, check_directory, names_an_open_file, sha256_file
+from mtcli.infer.files import warn_of_unused_sampling
 from mtcli.infer.loading import InferenceModel, run_directions
 from mtcli.infer.translate import override_keys
 from mtcli.infer.translator import Translator
@@ -403,6 +404,7 @@ def evaluate_directions(
     translator = Translator.from_run(run_dir, checkpoint, average_last=average_last,
                                      average_best=average_best, ensemble=ensemble, engine=engine,
                                      overrides=overrides or (), **settings)
+    warn_of_unused_sampling(overrides or (), translator.decode, "evaluate decodes by search")
     data, tgt_lang = translator.bundle.config.data, settings.get("tgt_lang")
     if tgt_lang is None and "decode.tgt_lang" in override_keys(overrides or ()):  # asked by --set: as --tgt-lang
         tgt_lang = translator.decode.tgt_lang

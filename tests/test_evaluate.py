@@ -159,6 +159,13 @@ def test_cli_evaluate_src_ref_pair(tiny_run_dir: Path, tmp_path: Path) -> None:
     report = json.loads(res.stdout)
     assert report["sentences"] == 3 and "nrefs:1" in report["bleu_signature"]
     assert (tmp_path / "ev" / f"a.src.{Path(report['hypotheses']).name.split('.')[2]}.hyp").exists()
+    assert "for sampling only" not in res.stderr.decode()
+    # a sampling setting beside a search is said, as translate says it (it passed without a word)
+    res = mtcli_here("evaluate", str(tiny_run_dir), "--src", str(src), "--ref", str(ref), "--beam", "1",
+                     "--output", str(tmp_path / "ev"), "--set", "decode.temperature=0.5", "--set", "decode.topk=3")
+    assert res.returncode == 0, res.stderr
+    assert ("decode.temperature, decode.topk: for sampling only, and evaluate decodes by search: it changes "
+            "nothing") in res.stderr.decode()
 
 
 def test_evaluate_average_last(tiny_run_dir: Path, tmp_path: Path) -> None:

@@ -145,13 +145,14 @@ class _Inputs:
                 raise DataError(f"{path}: changed while it was translated; translate it again once it is written")
 
 
-def _warn_of_unused_sampling(overrides: Sequence[str], decode: DecodeConfig) -> None:
+def warn_of_unused_sampling(overrides: Sequence[str], decode: DecodeConfig,
+                            instead: str = "this translation searches (add --sampling topk or topp)") -> None:
     """A sampling setting ``--set`` gives (a default for when sampling is asked for, as a server's
-    requests do) to a translation that searches changes nothing: said, not silently dropped."""
+    requests do) to a decoding that searches changes nothing: said (with what it does
+    ``instead``), not silently dropped."""
     unused = sorted(k for k in override_keys(overrides) if k.removeprefix("decode.") in SAMPLING_ONLY)
     if unused and decode.sampling == "none":
-        get_logger().warning("%s: for sampling only, and this translation searches (add --sampling topk or topp): "
-                             "it changes nothing", ", ".join(unused))
+        get_logger().warning("%s: for sampling only, and %s: it changes nothing", ", ".join(unused), instead)
 
 
 def _stdin_lines() -> Iterable[str]:
@@ -237,7 +238,7 @@ def translate_files(
     translator = Translator.from_run(run_dir, checkpoint, ensemble=ensemble, engine=engine, overrides=overrides,
                                      **settings)
     decode = translator.decode
-    _warn_of_unused_sampling(overrides, decode)
+    warn_of_unused_sampling(overrides, decode)
     _say_the_default_target(translator, settings.get("tgt_lang"), overrides)
     scored = decode.nbest > 1 or settings.get("nbest") is not None or "decode.nbest" in override_keys(overrides)
     stack = contextlib.ExitStack()
