@@ -222,7 +222,7 @@ def resolve_compile(config: Config, device: torch.device) -> Config:
         return config
     if device.type == "cpu":
         log.warning("train.compile on a CPU: the compiled step ran at 0.4x the eager one on the Multi30k "
-                    "recipe's shape (docs/performance.md); it pays on a GPU")
+                    "recipe's shape (docs/performance.md); it pays on a GPU (--set train.compile=false trains eager)")
         return config
     major, minor = torch.cuda.get_device_capability(device)
     if major >= 7:

@@ -935,7 +935,8 @@ def test_compile_is_turned_off_on_a_gpu_triton_cannot_compile_for(prepared: Path
     assert resolve_compile(config, torch.device("cuda:0")) is config
     caplog.clear()
     assert resolve_compile(config, torch.device("cpu")) is config  # slower there, but it runs: said, kept
-    assert "train.compile on a CPU" in caplog.text
+    said = caplog.text
+    assert "train.compile on a CPU" in said and "(--set train.compile=false trains eager)" in said
 
 
 def test_a_device_that_is_not_one_is_a_config_error_before_any_work(prepared: Path, tmp_path: Path) -> None:
