@@ -459,7 +459,11 @@ def load_config(path: str | Path, overrides: list[str] | None = None,
     except IsADirectoryError:
         run = " (a run directory: its config.yaml resumes it)" if (path / "config.yaml").is_file() else ""
         raise ConfigError(f"{where}: is a directory{run}; give a YAML config file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:  # where, as a data file's bad byte is said (mtcli.data.textio)
+        line, start = exc.object.count(b"\n", 0, exc.start) + 1, exc.object.rfind(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{where}:{line}: invalid UTF-8 (byte 0x{exc.object[exc.start]:02x} at column "
+                          f"{exc.start - start + 1}); save the config as UTF-8") from None
+    except OSError as exc:
         raise ConfigError(f"{where}: cannot read config ({exc})") from None
     try:
         raw = load_yaml(text)

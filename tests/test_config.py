@@ -208,6 +208,13 @@ def test_a_value_out_of_range_is_refused_with_its_key(change: str, says: str) ->
     assert says in str(exc.value)
 
 
+def test_a_config_that_is_not_utf8_names_its_line_and_column(tmp_path: Path) -> None:
+    """It said Python's codec error, with the byte's offset in the file."""
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"data:\n  source: caf\xe9\n")
+    assert cli_error(path) == f"mtcli: error: {path}:2: invalid UTF-8 (byte 0xe9 at column 14); save the config as UTF-8"
+
+
 def test_a_bad_value_names_where_it_came_from(tmp_path: Path) -> None:
     """A value out of range names the --set or the change that gave it, not only the file."""
     path = write(tmp_path, MINIMAL)
