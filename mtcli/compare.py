@@ -34,7 +34,7 @@ from typing import Any
 
 from mtcli.config import check_language_code
 from mtcli.data.textio import lines_sha256, read_lines, read_lines_hashed
-from mtcli.errors import ConfigError, DataError
+from mtcli.errors import ConfigError, DataError, shown
 from mtcli.fileio import atomic_write, check_file_target, is_stream, sha256_file
 from mtcli.metrics import BOM_NOTE, METRICS, check_one_language, metric_names, scorer
 
@@ -131,10 +131,10 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
     if not metrics or not tests:
         raise ConfigError(f"compare needs at least one metric ({', '.join(METRICS)}) and one test "
                           f"({', '.join(TESTS)}), got metrics {list(metrics)} and tests {list(tests)}")
-    unknown = [m for m in metrics if m not in METRICS] + [t for t in tests if t not in TESTS]
-    if unknown:
-        raise ConfigError(f"unknown metric or test {', '.join(map(repr, unknown))} (metrics: {', '.join(METRICS)}; "
-                          f"tests: {', '.join(TESTS)})")
+    for option, given, known in (("--metrics", metrics, METRICS), ("--test", tests, TESTS)):
+        unknown = [name for name in given if name not in known]
+        if unknown:
+            raise ConfigError(f"{option} {', '.join(map(shown, unknown))}: unknown (known: {', '.join(known)})")
     metrics, tests = metric_names(metrics), tuple(dict.fromkeys(tests))
     if output is not None:
         check_file_target(Path(output))  # before the tests, not after them
