@@ -50,7 +50,7 @@ class Commands(typer.core.TyperGroup):
             if type(exc).__name__ == "NoArgsIsHelpError":  # a bare ``mtcli``: the help
                 exc.show()
                 sys.exit(exc.exit_code)
-            where = exc.ctx.command_path if exc.ctx is not None else "mtcli"
+            where = exc.ctx.command_path if exc.ctx is not None else self._named(args, kwargs)
             print(f"mtcli: error: {exc.format_message()} (see {where} --help)", file=sys.stderr)
             sys.exit(exc.exit_code)
         except _CLICK_EXCEPTION as exc:
@@ -62,6 +62,13 @@ class Commands(typer.core.TyperGroup):
         if done == 130 and not _SAID.get():  # typer's Exit(130) for a Ctrl-C before the command's own handling
             print("mtcli: error: interrupted", file=sys.stderr)
         sys.exit(done if isinstance(done, int) else 0)
+
+    def _named(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """``mtcli COMMAND`` for the command the arguments name (a usage error the parser raises
+        without its command's context: an option's value missing), else ``mtcli``."""
+        argv = kwargs.get("args") or (args[0] if args else None) or sys.argv[1:]
+        named = next((word for word in argv if word in self.commands), None)
+        return f"mtcli {named}" if named else "mtcli"
 
 
 #: Whether this call of the command line said its error (its one line), so that a Ctrl-C typer

@@ -317,6 +317,9 @@ def test_train_refuses_a_corrupted_cache_before_training(prepared: Path, tmp_pat
     # average needs its -o: the advice to leave it out for stdout failed ("Missing option")
     (["average", "run", "--last", "2", "-o", "-"], "Invalid value for '--output' / '-o': - is not a file name "
      "here; give one (see"),
+    # an option's value missing: the command's help, not mtcli's, which lists no --beam
+    (["translate", "run", "--beam"], "Option '--beam' requires an argument. (see mtcli translate --help)"),
+    (["evaluate", "run", "--set"], "Option '--set' requires an argument. (see mtcli evaluate --help)"),
 ])
 def test_a_usage_error_is_one_line_as_every_other_error(argv: list[str], said: str) -> None:
     """click's usage errors came in a box of four lines, unlike mtcli's own errors."""
