@@ -198,7 +198,7 @@ def evaluate(
     checkpoint: Annotated[str, typer.Option(parser=_value, help="best, last, or a checkpoint path.")] = "best",
     average_last: Annotated[int, typer.Option(help="Average the last K step checkpoints first.")] = 0,
     average_best: Annotated[int, typer.Option(help="Average the K best checkpoints first.")] = 0,
-    beam: Annotated[Optional[int], typer.Option(help="Beam size (1 = greedy; default: the run's decode.beam_size).")] = None,  # noqa: UP045
+    beam: Annotated[Optional[int], typer.Option(min=1, help="Beam size (1 = greedy; default: the run's decode.beam_size).")] = None,  # noqa: UP045
     src_lang: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--src-lang", parser=_value, help="A model of several directions: score those from this language only.")] = None,
     tgt_lang: Annotated[Optional[str], typer.Option(  # noqa: UP045
@@ -279,14 +279,14 @@ def translate(
     files: Annotated[Optional[list[Path]], typer.Argument(help="Input files (default, or - alone: stdin).")] = None,  # noqa: UP045
     output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=_output_file, help="Output file (default: stdout).")] = None,  # noqa: UP045
     checkpoint: Annotated[str, typer.Option(parser=_value, help="best, last, or a checkpoint path.")] = "best",
-    beam: Annotated[Optional[int], typer.Option(help="Beam size (1 = greedy; default: the run's decode.beam_size).")] = None,  # noqa: UP045
-    nbest: Annotated[Optional[int], typer.Option(help="Print N lines per input, best first: score<TAB>text "  # noqa: UP045
+    beam: Annotated[Optional[int], typer.Option(min=1, help="Beam size (1 = greedy; default: the run's decode.beam_size).")] = None,  # noqa: UP045
+    nbest: Annotated[Optional[int], typer.Option(min=1, help="Print N lines per input, best first: score<TAB>text "  # noqa: UP045
                                                       "(with --sampling: N samples, in draw order).")] = None,
     sampling: Annotated[Optional[str], typer.Option(help="Draw translations instead of searching: topk or topp "  # noqa: UP045
                                                          "(decode.topk, decode.topp; back-translation).")] = None,
     temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature, with --sampling (1: the model's own distribution).")] = None,  # noqa: UP045
     seed: Annotated[Optional[int], typer.Option(help="Sampling seed: the same seed gives the same samples.")] = None,  # noqa: UP045
-    max_tokens: Annotated[Optional[int], typer.Option(help="Token budget per batch.")] = None,  # noqa: UP045
+    max_tokens: Annotated[Optional[int], typer.Option(min=1, help="Token budget per batch.")] = None,  # noqa: UP045
     tgt_lang: TgtLangOption = None,
     plot_attention: Annotated[Optional[Path], typer.Option(parser=_named_path, help="Write cross-attention heatmaps here.")] = None,  # noqa: UP045
     ensemble: EnsembleOption = None,
@@ -532,7 +532,7 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind (0.0.0.0 to accept other machines).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
     checkpoint: Annotated[str, typer.Option(parser=_value, help="best, last, or a checkpoint path.")] = "best",
-    beam: Annotated[Optional[int], typer.Option(help="Default beam size (a request may set its own).")] = None,  # noqa: UP045
+    beam: Annotated[Optional[int], typer.Option(min=1, help="Default beam size (a request may set its own).")] = None,  # noqa: UP045
     tgt_lang: TgtLangOption = None,
     device: DeviceOption = "auto",
     api_key: Annotated[Optional[str], typer.Option(  # noqa: UP045

@@ -320,6 +320,12 @@ def test_train_refuses_a_corrupted_cache_before_training(prepared: Path, tmp_pat
     # an option's value missing: the command's help, not mtcli's, which lists no --beam
     (["translate", "run", "--beam"], "Option '--beam' requires an argument. (see mtcli translate --help)"),
     (["evaluate", "run", "--set"], "Option '--set' requires an argument. (see mtcli evaluate --help)"),
+    # a number out of range names the option typed (it named decode.beam_size, a key not typed)
+    (["translate", "run", "--beam", "0"], "Invalid value for '--beam'"),
+    (["evaluate", "run", "--beam", "0"], "Invalid value for '--beam'"),
+    (["serve", "run", "--beam", "0"], "Invalid value for '--beam'"),
+    (["translate", "run", "--nbest", "0"], "Invalid value for '--nbest'"),
+    (["translate", "run", "--max-tokens", "0"], "Invalid value for '--max-tokens'"),
 ])
 def test_a_usage_error_is_one_line_as_every_other_error(argv: list[str], said: str) -> None:
     """click's usage errors came in a box of four lines, unlike mtcli's own errors."""
