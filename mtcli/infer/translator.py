@@ -379,7 +379,9 @@ class Translator:
         model's limit are truncated (as when translating); longer targets raise :class:`DataError`.
         A batch that runs out of the device's memory is scored again in halves (with a warning
         naming ``max_tokens``), and later batches, of this call and the next, are cut to half its
-        size before they are tried; one pair that does not fit alone raises :class:`DeviceMemoryError`."""
+        size before they are tried; one pair that does not fit alone raises :class:`DeviceMemoryError`.
+        The model is the one loaded: under bf16 autocast where the translator decodes in bf16, in float32
+        under ``int8`` (which quantizes only the decoding copy); the torch engine's in either case."""
         src_texts, tgt_texts = _texts(sources, "sources"), _texts(targets, "targets")
         if len(src_texts) != len(tgt_texts):
             raise ValueError(f"{len(src_texts)} sources but {len(tgt_texts)} targets")
