@@ -523,6 +523,8 @@ def test_a_results_place_that_cannot_be_written_is_one_line_before_any_training(
     the whole pipeline, and the row was lost."""
     from conftest import TOY_CONFIG
 
+    from mtcli.config import load_config, save_config, with_changes
+
     command = {"mtcli.reproduce": "reproduce", "mtcli.multilingual": "reproduce-multilingual",
                "mtcli.backtranslation": "reproduce-bt"}[module]
     blocker = tmp_path / "afile"
@@ -530,8 +532,10 @@ def test_a_results_place_that_cannot_be_written_is_one_line_before_any_training(
     table = {"mtcli.reproduce": "multi30k", "mtcli.multilingual": "multilingual", "mtcli.backtranslation": "bt"}[module]
     (tmp_path / "results" / f"{table}.md").mkdir(parents=True)  # the table's .md place: a directory
     toy = str(TOY_CONFIG)  # should the check go, the pipeline that runs is the toy's
+    reverse = tmp_path / "reverse.yaml"  # (the toy's other direction, as back-translation needs)
+    save_config(with_changes(load_config(TOY_CONFIG), "data", src_lang="tgt", tgt_lang="src"), reverse)
     recipes = {"mtcli.reproduce": ["de_en", "--config", toy], "mtcli.multilingual": ["--config", toy, "--seeds", "1"],
-               "mtcli.backtranslation": ["--forward", toy, "--reverse", toy]}[module]
+               "mtcli.backtranslation": ["--forward", toy, "--reverse", str(reverse)]}[module]
     args = [*recipes, "--results", str(blocker), "--set", f"train.run_dir={tmp_path / 'run'}",
             "--set", f"data.prepared_dir={tmp_path / 'prep'}", "--set", "train.max_steps=4"]
     assert mtcli_status(command, *args) == 1
