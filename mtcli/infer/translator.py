@@ -214,8 +214,10 @@ class Translator:
         if engine not in ENGINES:
             raise ConfigError(f"--engine {engine!r}: unknown (known: {', '.join(ENGINES)})")
         if engine == "ctranslate2" and (average_last or average_best or ensemble):
-            raise ConfigError("--engine ctranslate2 decodes one checkpoint file, not an average or an "
-                              "ensemble (write the average first: mtcli average RUN --last K -o avg.pt)")
+            raise ConfigError("--engine ctranslate2 decodes one checkpoint file, not an average or an ensemble ("
+                              + ("an ensemble: decode with --engine torch" if ensemble else
+                                 "write the average first, mtcli average RUN --last K -o avg.pt, and give "
+                                 "--checkpoint avg.pt") + ")")
         if not isinstance(device, str | torch.device):
             raise TypeError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
         if isinstance(ensemble, str | Path):

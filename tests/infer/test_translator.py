@@ -442,8 +442,10 @@ def test_ctranslate2_best_translation_does_not_depend_on_how_many_are_asked_for(
 def test_ctranslate2_engine_refuses_what_it_cannot_do(tiny_run_dir: Path) -> None:
     with pytest.raises(ConfigError, match="unknown"):
         Translator.from_run(tiny_run_dir, engine="onnx")
-    with pytest.raises(ConfigError, match="one checkpoint file, not an average"):
+    with pytest.raises(ConfigError, match=r"one checkpoint file, not an average .*--checkpoint avg.pt\)$"):
         Translator.from_run(tiny_run_dir, engine="ctranslate2", average_last=2)
+    with pytest.raises(ConfigError, match=r"\(an ensemble: decode with --engine torch\)$"):  # (an average is no ensemble)
+        Translator.from_run(tiny_run_dir, engine="ctranslate2", ensemble=[tiny_run_dir])
     # a shortlist: refused when loading, before any conversion
     converted = tiny_run_dir / "ctranslate2"
     before = sorted(converted.rglob("*")) if converted.exists() else None
