@@ -76,6 +76,8 @@ EngineOption = Annotated[str, typer.Option(
 TgtLangOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
     "--tgt-lang", parser=_value, help="Translate into this language (a model trained on several target languages; "
     "default: the run's decode.tgt_lang if set, else its data.tgt_lang).")]
+AverageLast = Annotated[int, typer.Option(min=0, help="Average the last K step checkpoints first.")]
+AverageBest = Annotated[int, typer.Option(min=0, help="Average the K best checkpoints first.")]
 DeviceOption = Annotated[str, typer.Option(
     help="Decode on auto (the first GPU if there is one; the CPU under decode.int8), cpu, cuda or cuda:N.")]
 
@@ -196,8 +198,8 @@ def evaluate(
     metrics: Annotated[str, typer.Option(help="Comma-separated: bleu, chrf, ter (BLEU and lowercased "
                                               "BLEU are always scored).")] = "bleu,chrf",
     checkpoint: Annotated[str, typer.Option(parser=_value, help="best, last, or a checkpoint path.")] = "best",
-    average_last: Annotated[int, typer.Option(help="Average the last K step checkpoints first.")] = 0,
-    average_best: Annotated[int, typer.Option(help="Average the K best checkpoints first.")] = 0,
+    average_last: AverageLast = 0,
+    average_best: AverageBest = 0,
     beam: Annotated[Optional[int], typer.Option(min=1, help="Beam size (1 = greedy; default: the run's decode.beam_size).")] = None,  # noqa: UP045
     src_lang: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--src-lang", parser=_value, help="A model of several directions: score those from this language only.")] = None,
@@ -279,6 +281,8 @@ def translate(
     files: Annotated[Optional[list[Path]], typer.Argument(help="Input files (default, or - alone: stdin).")] = None,  # noqa: UP045
     output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=_output_file, help="Output file (default: stdout).")] = None,  # noqa: UP045
     checkpoint: Annotated[str, typer.Option(parser=_value, help="best, last, or a checkpoint path.")] = "best",
+    average_last: AverageLast = 0,
+    average_best: AverageBest = 0,
     beam: Annotated[Optional[int], typer.Option(min=1, help="Beam size (1 = greedy; default: the run's decode.beam_size).")] = None,  # noqa: UP045
     nbest: Annotated[Optional[int], typer.Option(min=1, help="Print N lines per input, best first: score<TAB>text "  # noqa: UP045
                                                       "(with --sampling: N samples, in draw order).")] = None,
@@ -313,14 +317,10 @@ def translate(
         plot_attention=plot_attention,
         ensemble=list(ensemble or []),
         engine=engine,
-        beam=beam,
-        nbest=nbest,
-        max_tokens=max_tokens,
-        sampling=sampling,
-        temperature=temperature,
-        seed=seed,
-        tgt_lang=tgt_lang,
-        device=device,
+        average_last=average_last, average_best=average_best,
+        beam=beam, nbest=nbest, max_tokens=max_tokens,
+        sampling=sampling, temperature=temperature, seed=seed,
+        tgt_lang=tgt_lang, device=device,
     )
 
 

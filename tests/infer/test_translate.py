@@ -333,6 +333,23 @@ def test_cli_translate_stdin_and_files(tiny_run_dir: Path, tmp_path: Path) -> No
     assert first >= second
 
 
+def test_cli_translate_decodes_an_average_as_evaluate_does(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """The averaged model a README row is scored with could be translated only after mtcli average -o."""
+    from mtcli.infer.translator import Translator
+
+    source = tmp_path / "in.txt"
+    lines = ["eine katze spielt", "", "ein hund läuft im park", "rot"]
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for option, k in (("--average-last", 2), ("--average-best", 2)):
+        done = mtcli_here("translate", str(tiny_run_dir), str(source), option, str(k), "--beam", "1", "-q")
+        assert done.returncode == 0, done.stderr
+        kind = option.removeprefix("--").replace("-", "_")
+        expected = Translator.from_run(tiny_run_dir, beam=1, device="cpu", **{kind: k}).translate(lines)
+        assert done.stdout.decode("utf-8").splitlines() == expected
+    assert expected != Translator.from_run(tiny_run_dir, beam=1, device="cpu").translate(lines)  # not the best's
+    assert mtcli_here("translate", str(tiny_run_dir), str(source), "--average-last", "5").returncode != 0  # 2 on disk
+
+
 def test_cli_translate_reads_the_inputs_a_shell_passes(tiny_run_dir: Path, tmp_path: Path) -> None:
     """Process substitution, a named pipe, /dev/stdin, /dev/null and a .gz file are read as the
     streams (or files) they are and give what the plain file gives; a directory says so."""
