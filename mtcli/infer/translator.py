@@ -231,6 +231,8 @@ class Translator:
             require_ctranslate2("--engine ctranslate2")
         bundle = load_for_inference(run_dir, checkpoint, average_last=average_last, average_best=average_best)
         bundle = add_members(bundle, ensemble, run_dir)
+        if not isinstance(bundle.model, Ensemble) and "decode.ensemble_mode" in override_keys(overrides):
+            get_logger().warning("decode.ensemble_mode: combines the members of --ensemble; one model: it changes nothing")
         release_freed_memory()  # what reading the checkpoints took, past now
         base = decode_config(bundle.config, list(overrides))
         beam_fixed, nbest_fixed = (f"decode.{key}" in override_keys(overrides) for key in ("beam_size", "nbest"))

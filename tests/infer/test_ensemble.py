@@ -159,6 +159,19 @@ def _reversed_run(run: Path, out: Path) -> Path:
     return out
 
 
+def test_an_ensemble_mode_without_members_is_said_to_change_nothing(tiny_run_dir: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """It was accepted without a word, as if it changed the decoding."""
+    from mtcli.infer.translator import Translator
+
+    Translator.from_run(tiny_run_dir, device="cpu", overrides=["decode.ensemble_mode=log_linear"])
+    assert "decode.ensemble_mode: combines the members of --ensemble; one model: it changes nothing" in caplog.text
+    caplog.clear()
+    Translator.from_run(tiny_run_dir, device="cpu", overrides=["decode.ensemble_mode=log_linear"],
+                        ensemble=[tiny_run_dir / "checkpoints" / "checkpoint_10.pt"])
+    assert "ensemble_mode" not in caplog.text
+
+
 def test_members_checkpoints_and_averages_of_other_directions_are_refused(tiny_run_dir: Path, tmp_path: Path) -> None:
     """A src->tgt model decoded with tgt->src weights (an ensemble member, a checkpoint given by
     path, an average) was accepted: the vocabulary and shapes alone were compared."""
