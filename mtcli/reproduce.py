@@ -89,9 +89,10 @@ RECIPES.update({name: ("configs/multi30k_en_de.yaml", "multi30k", f"{s}-{t}") fo
 
 
 SCORES = ("bleu", "bleu_lc", "chrf")
-#: the numbers of a seed's row that its direction's row is combined from (:func:`combine_seeds`)
-SEED_NUMBERS = (*SCORES, "decode_sents_per_s", "train_minutes", "train_tokens_per_s", "train_steps",
-                "average_last", "length_penalty")
+#: the numbers of the seeds' rows that a direction's row holds the mean of (:func:`combine_seeds`)
+_MEANS = (*SCORES, "decode_sents_per_s", "train_minutes", "train_tokens_per_s")
+#: the numbers of a seed's row that its direction's row is combined from
+SEED_NUMBERS = (*_MEANS, "train_steps", "average_last", "length_penalty")
 
 
 def _seed_cells(run: dict[str, Any]) -> tuple[str, str]:
@@ -274,7 +275,7 @@ def combine_seeds(rows: dict[int, dict[str, Any]]) -> dict[str, Any]:
         return {**first, **{f"{key}_std": None for key in SCORES}, "seeds": {str(first["seed"]): first}}
     out: dict[str, Any] = {k: first[k] for k in ("bleu_signature", "bleu_lc_signature", "chrf_signature",
                                                    "params", "test_set") if k in first}
-    for key in (*SCORES, "decode_sents_per_s", "train_minutes", "train_tokens_per_s"):
+    for key in _MEANS:
         out[key] = statistics.fmean(r[key] for r in ordered)
     for key in SCORES:
         out[f"{key}_std"] = statistics.stdev(r[key] for r in ordered) if len(ordered) > 1 else None

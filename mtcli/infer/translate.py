@@ -142,11 +142,11 @@ def encode_window(tokenizer: Tokenizer, chunk: list[str], limit: int, name: str,
     results: list[list[Translation] | None] = [None] * len(chunk)
     sources: dict[int, list[int]] = {}
     nonempty = [i for i, line in enumerate(chunk) if line.strip()]
-    typed = next((i for i in nonempty if _TYPED_TAG.match(chunk[i][:64])), None) if prefix else None
+    typed = next(((i, tag) for i in nonempty if (tag := _TYPED_TAG.match(chunk[i][:64]))), None) if prefix else None
     if typed is not None:
         get_logger().warning("%s: line %d starts with %s, which is read as text: the target language is chosen by "
-                             "--tgt-lang (decode.tgt_lang; a request's tgt_lang)", name, offset + typed + 1,
-                             _TYPED_TAG.match(chunk[typed][:64]).group(1))
+                             "--tgt-lang (decode.tgt_lang; a request's tgt_lang)", name, offset + typed[0] + 1,
+                             typed[1].group(1))
     cap = max(HUGE_LINE_CHARS, 64 * limit)
     encoded = dict(zip(nonempty, tokenizer.encode_batch([chunk[i][:cap] for i in nonempty]), strict=True))
     cut = []

@@ -231,11 +231,12 @@ class Translator:
             require_ctranslate2("--engine ctranslate2")
         bundle = load_for_inference(run_dir, checkpoint, average_last=average_last, average_best=average_best)
         bundle = add_members(bundle, ensemble, run_dir)
-        if not isinstance(bundle.model, Ensemble) and "decode.ensemble_mode" in override_keys(overrides):
+        given = override_keys(overrides)
+        if not isinstance(bundle.model, Ensemble) and "decode.ensemble_mode" in given:
             get_logger().warning("decode.ensemble_mode: combines the members of --ensemble; one model: it changes nothing")
         release_freed_memory()  # what reading the checkpoints took, past now
         base = decode_config(bundle.config, list(overrides))
-        beam_fixed, nbest_fixed = (f"decode.{key}" in override_keys(overrides) for key in ("beam_size", "nbest"))
+        beam_fixed, nbest_fixed = "decode.beam_size" in given, "decode.nbest" in given
         decode = with_changes(base, "decode", **_fitted(_changes(settings), base.decode, beam_fixed, nbest_fixed)).decode
         _check_sampling_only(_asked(settings, beam_fixed, decode), decode)
         _check_width(bundle.model.output_size, decode, settings)
