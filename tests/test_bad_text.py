@@ -99,15 +99,24 @@ def encode_and_expect(lines: list[str], endings: list[str], final: bool) -> tupl
     endings=st.lists(ENDING, min_size=1, max_size=3),
     final=st.booleans(),
 )
+@example(lines=["\r\r"], endings=["\n"], final=False)  # a text of one line with two \r: classic Mac OS ends
 def test_translate_and_prepare_read_lines_alike(lines: list[str], endings: list[str], final: bool) -> None:
     """Mixed \\n / \\r\\n, lone \\r, odd separators: translate's reader and prepare's reader give
-    the same lines, as many as there are \\n-separated lines."""
+    the same lines, as many as there are \\n-separated lines, or both refuse a text of one line
+    with more than one \\r (its lines end in a lone \\r, mtcli.data.textio.refuse_lone_cr_ends)."""
     data, expected = encode_and_expect(lines, endings, final)
-    got = list(iter_binary_lines(io.BytesIO(data), "in.txt"))
-    assert got == expected
+    body = data.removesuffix(b"\n").removesuffix(b"\r") if data.endswith(b"\r\n") else data.removesuffix(b"\n")
+    mac = b"\n" not in body and body.count(b"\r") > 1
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "in.txt"
         path.write_bytes(data)
+        if mac:
+            for read in (lambda: list(iter_binary_lines(io.BytesIO(data), "in.txt")), lambda: list(read_lines(path))):
+                with pytest.raises(DataError, match="its lines end in a lone"):
+                    read()
+            return
+        got = list(iter_binary_lines(io.BytesIO(data), "in.txt"))
+        assert got == expected
         assert list(read_lines(path)) == got
 
 
