@@ -275,6 +275,9 @@ def _log_start(trainer: Trainer, config: Config, device: torch.device, precision
     if trainer.info.is_main and train.warmup_steps > train.max_steps:  # every schedule warms up linearly
         log.warning("train.warmup_steps %d is past train.max_steps %d: the rate never reaches its peak, and ends "
                     "at %.0f%% of it", train.warmup_steps, train.max_steps, 100 * train.max_steps / train.warmup_steps)
+    if trainer.info.is_main and train.lr_schedule == "noam" and train.lr_factor == 0:
+        log.warning("train.lr_factor 0: the learning rate is 0 at every step, so the weights never change "
+                    "(set train.lr_factor > 0 to train; the recipes use 1.0)")
     if trainer.model.output_ids is not None:
         log.info("output vocabulary: the %d of %d pieces the training targets use "
                  "(model.output_vocab: target)", trainer.model.output_ids.numel(), trainer.corpus.vocab_size)

@@ -403,6 +403,9 @@ def test_patience_stops_when_validation_does_not_improve(prepared: Path, tmp_pat
                                 "train.max_steps=100", "train.valid_every=2", "train.patience=2"))
     assert summary.steps == 6
     assert summary.stop_reason.startswith("patience")
+    # a rate of 0 is said: a user who typed it by mistake would otherwise wait on a run that learns nothing
+    assert "train.lr_factor 0: the learning rate is 0 at every step" in \
+        (tmp_path / "run" / "train.log").read_text("utf-8")
 
 
 def test_a_resume_under_more_label_smoothing_measures_the_best_loss_anew(prepared: Path, tmp_path: Path) -> None:
