@@ -20,6 +20,27 @@ from typing import Annotated, Optional
 import typer
 
 from mtcli.cli_errors import Commands, fail, handle_errors, kept_results, say
+from mtcli.cli_options import (
+    AverageBest,
+    AverageLast,
+    CheckpointOption,
+    DataOption,
+    DecodeSetOption,
+    DeviceOption,
+    EngineOption,
+    EnsembleOption,
+    MergedArgument,
+    Quiet,
+    ReadmeOption,
+    ResultsOption,
+    SetOption,
+    TgtLangOption,
+    Verbose,
+    file_only,
+    named_path,
+    output_file,
+    plain_value,
+)
 from mtcli.errors import ConfigError, MtcliError, TrainingInterrupted, install_advice
 
 app = typer.Typer(
@@ -52,70 +73,6 @@ def _options(
         fail("the current directory no longer exists (removed since the shell entered it): cd into one that does", 1)
 
 
-def _value(value: str) -> str:
-    """An option's value, refused when it is another option: click takes the word after an
-    option as its value whatever it is, so ``--seeds $SEEDS --valid-only`` with an empty
-    variable read ``--valid-only`` as the seeds."""
-    if value.startswith("--"):
-        raise typer.BadParameter(f"{value} is an option, not a value (an empty shell variable?); give the value")
-    return value
-
-
-SetOption = Annotated[
-    Optional[list[str]],  # noqa: UP045 - typer needs Optional here
-    typer.Option("--set", help="Override a config key: section.key=value (repeatable)."),
-]
-DecodeSetOption = Annotated[
-    Optional[list[str]],  # noqa: UP045 - typer needs Optional here
-    typer.Option("--set", help="Override a decode setting of the run: decode.key=value (repeatable)."),
-]
-Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Log warnings and errors only; no progress bars.")]
-EngineOption = Annotated[str, typer.Option(
-    help="torch (ours) or ctranslate2 (the checkpoint converted once into the run directory).")]
-TgtLangOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
-    "--tgt-lang", parser=_value, help="Translate into this language (a model trained on several target languages; "
-    "default: the run's decode.tgt_lang if set, else its data.tgt_lang).")]
-AverageLast = Annotated[int, typer.Option(min=0, help="Average the last K step checkpoints first.")]
-AverageBest = Annotated[int, typer.Option(min=0, help="Average the K best checkpoints first.")]
-DeviceOption = Annotated[str, typer.Option(
-    help="Decode on auto (the first GPU if there is one; the CPU under decode.int8), cpu, cuda or cuda:N.")]
-
-
-def _named_path(value: str | Path) -> Path:
-    """A path option's value, refused when empty (``Path("")`` is the working directory: an
-    unset shell variable wrote into it, over files of the same names) or another option."""
-    if not str(value).strip():
-        raise typer.BadParameter("an empty path; give a name")
-    return Path(_value(str(value)))
-
-
-def _output_file(value: str, to_stdout: bool = True) -> Path:
-    """An output file's name as given: one that ends in ``/`` names a directory, not a file
-    (``Path`` would drop the slash and write a file of the directory's name). ``to_stdout``:
-    the command writes to stdout without ``-o``."""
-    _named_path(value)
-    if value.endswith("/") or value.endswith("/."):
-        raise typer.BadParameter(f"{value} names a directory; give the output file's name")
-    if value == "-":  # stdout to a Unix tool, but a file named "-" to open()
-        raise typer.BadParameter("- is not a file name here; give one" +
-                                 (", or leave -o out for what goes to stdout (compare: --json)" if to_stdout else ""))
-    return Path(value)
-
-
-def _file_only(value: str) -> Path:
-    """:func:`_output_file` for an ``-o`` a command needs (its output is no text for stdout)."""
-    return _output_file(value, to_stdout=False)
-
-
-EnsembleOption = Annotated[
-    Optional[list[Path]],  # noqa: UP045 - typer needs Optional here
-    typer.Option("--ensemble", help="Decode together with another member: a run directory (its best "
-                 "checkpoint), a checkpoint file in one, or a file of the same SentencePiece model "
-                 "(mtcli average -o) (repeatable)."),
-]
-
-
 @app.command()
 @handle_errors
 def prepare(
@@ -141,7 +98,7 @@ def train(
     config: Annotated[Path, typer.Argument(help="Recipe YAML (see configs/).")],
     set_: SetOption = None,
     init_from: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        "--init-from", parser=_value, help="Start from this run directory's (or checkpoint's) weights "
+        "--init-from", parser=plain_value, help="Start from this run directory's (or checkpoint's) weights "
                             "(train.init_from; a new run directory, fresh optimizer).")] = None,
     verbose: Verbose = False,
     quiet: Quiet = False,
@@ -191,21 +148,21 @@ def _leave_torchrun(code: int, message: str | None = None, every_rank: bool = Tr
 @handle_errors
 def evaluate(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
-    split: Annotated[Optional[str], typer.Option(parser=_value, help="Prepared split to score (default: first test split).")] = None,  # noqa: UP045
+    split: Annotated[Optional[str], typer.Option(parser=plain_value, help="Prepared split to score (default: first test split).")] = None,  # noqa: UP045
     src: Annotated[Optional[Path], typer.Option(help="Source text file (with --ref) instead of a split.")] = None,  # noqa: UP045
     ref: Annotated[Optional[list[Path]], typer.Option(  # noqa: UP045
         help="Reference text file (with --src; repeatable: several references per sentence).")] = None,
     metrics: Annotated[str, typer.Option(help="Comma-separated: bleu, chrf, ter (BLEU and lowercased "
                                               "BLEU are always scored).")] = "bleu,chrf",
-    checkpoint: Annotated[str, typer.Option(parser=_value, help="best, last, or a checkpoint path.")] = "best",
+    checkpoint: CheckpointOption = "best",
     average_last: AverageLast = 0,
     average_best: AverageBest = 0,
     beam: Annotated[Optional[int], typer.Option(min=1, help="Beam size (1 = greedy; default: the run's decode.beam_size).")] = None,  # noqa: UP045
     src_lang: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        "--src-lang", parser=_value, help="A model of several directions: score those from this language only.")] = None,
+        "--src-lang", parser=plain_value, help="A model of several directions: score those from this language only.")] = None,
     tgt_lang: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        "--tgt-lang", parser=_value, help="A model of several directions: score those into this language only.")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=_named_path, help="Directory for the hypotheses (NAME.CHECKPOINT.hyp) and report (NAME.CHECKPOINT.report.json); default: RUN_DIR/eval.")] = None,  # noqa: UP045
+        "--tgt-lang", parser=plain_value, help="A model of several directions: score those into this language only.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=named_path, help="Directory for the hypotheses (NAME.CHECKPOINT.hyp) and report (NAME.CHECKPOINT.report.json); default: RUN_DIR/eval.")] = None,  # noqa: UP045
     ensemble: EnsembleOption = None,
     engine: EngineOption = "torch",
     device: DeviceOption = "auto",
@@ -254,9 +211,9 @@ def compare(
     metrics: Annotated[str, typer.Option(help="Comma-separated: bleu, chrf, ter.")] = "bleu,chrf,ter",
     test: Annotated[str, typer.Option(help="bs (paired bootstrap), ar (approximate randomization) or both.")] = "both",
     samples: Annotated[Optional[int], typer.Option(help="Resamples or swaps (default 1000 for bs, 10000 for ar).")] = None,  # noqa: UP045
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=_output_file, help="Write the report (JSON) here.")] = None,  # noqa: UP045
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=output_file, help="Write the report (JSON) here.")] = None,  # noqa: UP045
     tgt_lang: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        "--tgt-lang", parser=_value, help="The references' language: BLEU tokenises zh, ja and ko text as sacreBLEU does for "
+        "--tgt-lang", parser=plain_value, help="The references' language: BLEU tokenises zh, ja and ko text as sacreBLEU does for "
         "them (default: the language mtcli evaluate recorded beside the hypotheses; else 13a).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON (what -o writes), not as a table.")] = False,
     verbose: Verbose = False,
@@ -279,8 +236,8 @@ def compare(
 def translate(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
     files: Annotated[Optional[list[Path]], typer.Argument(help="Input files (default, or - alone: stdin).")] = None,  # noqa: UP045
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=_output_file, help="Output file (default: stdout).")] = None,  # noqa: UP045
-    checkpoint: Annotated[str, typer.Option(parser=_value, help="best, last, or a checkpoint path.")] = "best",
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=output_file, help="Output file (default: stdout).")] = None,  # noqa: UP045
+    checkpoint: CheckpointOption = "best",
     average_last: AverageLast = 0,
     average_best: AverageBest = 0,
     beam: Annotated[Optional[int], typer.Option(min=1, help="Beam size (1 = greedy; default: the run's decode.beam_size).")] = None,  # noqa: UP045
@@ -292,7 +249,7 @@ def translate(
     seed: Annotated[Optional[int], typer.Option(help="Sampling seed: the same seed gives the same samples.")] = None,  # noqa: UP045
     max_tokens: Annotated[Optional[int], typer.Option(min=1, help="Token budget per batch.")] = None,  # noqa: UP045
     tgt_lang: TgtLangOption = None,
-    plot_attention: Annotated[Optional[Path], typer.Option(parser=_named_path, help="Write cross-attention heatmaps here.")] = None,  # noqa: UP045
+    plot_attention: Annotated[Optional[Path], typer.Option(parser=named_path, help="Write cross-attention heatmaps here.")] = None,  # noqa: UP045
     ensemble: EnsembleOption = None,
     engine: EngineOption = "torch",
     device: DeviceOption = "auto",
@@ -328,7 +285,7 @@ def translate(
 @handle_errors
 def average(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
-    output: Annotated[Path, typer.Option("--output", "-o", parser=_file_only, help="Averaged checkpoint path.")],
+    output: Annotated[Path, typer.Option("--output", "-o", parser=file_only, help="Averaged checkpoint path.")],
     last: Annotated[int, typer.Option(help="Average the last K step checkpoints.")] = 0,
     best: Annotated[int, typer.Option(help="Average the K best checkpoints by the run's train.valid_metric.")] = 0,
     verbose: Verbose = False,
@@ -352,7 +309,7 @@ def export(
     output: Annotated[Path, typer.Argument(help="Output directory.")],
     format: Annotated[str, typer.Option("--format", help="Export format: ctranslate2, or hf (a Hugging Face "
                                                          "MarianMTModel with its MarianTokenizer).")] = "ctranslate2",
-    checkpoint: Annotated[str, typer.Option(parser=_value, help="best, last, or a checkpoint path.")] = "best",
+    checkpoint: CheckpointOption = "best",
     verbose: Verbose = False,
     quiet: Quiet = False,
 ) -> None:
@@ -388,18 +345,6 @@ def import_hf(
     report = run_import(model_dir, run_dir, src_lang=src_lang, tgt_lang=tgt_lang, force=force)
     say(f"imported {model_dir} into {report.run_dir}: {report.src_lang}->{report.tgt_lang}, "
           f"{report.parameters:,} parameters, vocabulary {report.vocab_size} ({report.tokenizer})")
-
-
-ResultsOption = Annotated[Optional[Path], typer.Option(  # noqa: UP045
-    parser=_named_path, help="Results directory (default: results/).")]
-ReadmeOption = Annotated[Optional[Path], typer.Option(  # noqa: UP045
-    parser=_named_path, help="README whose table to refresh (default: README.md; none with --results DIR).")]
-DataOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
-    parser=_value, help="Directory of the corpus's <split>.<lang> files.")]
-
-
-MergedArgument = Annotated[Optional[list[Path]], typer.Argument(  # noqa: UP045
-    metavar="RESULTS", show_default=False, help="With --merge: the results directories to combine.")]
 
 
 def _merged(merge: bool, merged: list[Path] | None) -> list[Path]:
@@ -438,11 +383,11 @@ def reproduce(
                                                   "fr_en, en_cs, cs_en, wmt_news_en_de or wmt_news_en_de_adapt.")],
     data: DataOption = None,
     config: Annotated[Optional[Path], typer.Option(  # noqa: UP045
-        parser=_named_path, help="A recipe to run instead of the direction's.")] = None,
+        parser=named_path, help="A recipe to run instead of the direction's.")] = None,
     results: ResultsOption = None,
     readme: ReadmeOption = None,
     set_: SetOption = None,
-    seeds: Annotated[Optional[str], typer.Option(parser=_value, help="Train and score each of these seeds (e.g. 1,2,3), each in "  # noqa: UP045
+    seeds: Annotated[Optional[str], typer.Option(parser=plain_value, help="Train and score each of these seeds (e.g. 1,2,3), each in "  # noqa: UP045
                                                       "RUN_DIR-seed<N>; the row holds their mean, standard deviation "
                                                       "and each seed's scores.")] = None,
     merge: Annotated[bool, typer.Option("--merge", help="Train nothing: combine the seed rows of the RESULTS "
@@ -471,10 +416,10 @@ def reproduce(
 @handle_errors
 def reproduce_multilingual(
     data: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        parser=_value, help="Directory of Multi30k's <split>.<lang> files, read by every corpus of the recipe.")] = None,
+        parser=plain_value, help="Directory of Multi30k's <split>.<lang> files, read by every corpus of the recipe.")] = None,
     config: Annotated[Optional[Path], typer.Option(  # noqa: UP045
-        parser=_named_path, help="The multilingual recipe (default: configs/multi30k_multi.yaml).")] = None,
-    seeds: Annotated[str, typer.Option(parser=_value, help="Seeds to train and score, e.g. 1,2,3.")] = "1,2,3",
+        parser=named_path, help="The multilingual recipe (default: configs/multi30k_multi.yaml).")] = None,
+    seeds: Annotated[str, typer.Option(parser=plain_value, help="Seeds to train and score, e.g. 1,2,3.")] = "1,2,3",
     results: ResultsOption = None,
     readme: ReadmeOption = None,
     set_: SetOption = None,
@@ -501,11 +446,11 @@ def reproduce_multilingual(
 @handle_errors
 def reproduce_bt(
     forward: Annotated[Optional[Path], typer.Option(  # noqa: UP045
-        parser=_named_path, help="The en->de recipe (default: configs/multi30k_en_de.yaml).")] = None,
+        parser=named_path, help="The en->de recipe (default: configs/multi30k_en_de.yaml).")] = None,
     reverse: Annotated[Optional[Path], typer.Option(  # noqa: UP045
-        parser=_named_path, help="The de->en recipe that back-translates (default: configs/multi30k_de_en.yaml).")] = None,
+        parser=named_path, help="The de->en recipe that back-translates (default: configs/multi30k_de_en.yaml).")] = None,
     seed: Annotated[int, typer.Option(help="The seed of every run.")] = 1,
-    work: Annotated[Path, typer.Option(parser=_named_path, help="Where the halves and the runs go.")] = Path("data/bt"),
+    work: Annotated[Path, typer.Option(parser=named_path, help="Where the halves and the runs go.")] = Path("data/bt"),
     results: ResultsOption = None,
     readme: ReadmeOption = None,
     set_: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
@@ -531,7 +476,7 @@ def serve(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
     host: Annotated[str, typer.Option(help="Address to bind (0.0.0.0 to accept other machines).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
-    checkpoint: Annotated[str, typer.Option(parser=_value, help="best, last, or a checkpoint path.")] = "best",
+    checkpoint: CheckpointOption = "best",
     beam: Annotated[Optional[int], typer.Option(min=1, help="Default beam size (a request may set its own).")] = None,  # noqa: UP045
     tgt_lang: TgtLangOption = None,
     device: DeviceOption = "auto",
