@@ -477,6 +477,9 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind (0.0.0.0 to accept other machines).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
     checkpoint: CheckpointOption = "best",
+    average_last: AverageLast = 0,
+    average_best: AverageBest = 0,
+    ensemble: EnsembleOption = None,
     beam: Annotated[Optional[int], typer.Option(min=1, help="Default beam size (a request may set its own).")] = None,  # noqa: UP045
     tgt_lang: TgtLangOption = None,
     device: DeviceOption = "auto",
@@ -497,7 +500,8 @@ def serve(
     quiet: Quiet = False,
 ) -> None:
     """Serve a trained model over HTTP: POST /translate, GET /health, a page at /, docs at /docs.
-    SIGHUP loads the checkpoint again (the newest checkpoint_best) without stopping."""
+    SIGHUP loads the checkpoint again (the newest checkpoint_best, or the newest K averaged)
+    without stopping."""
     # a SIGHUP while the server starts (imports, the model loading) would end it: it is noted
     # instead, and the server loads the model again once it serves (its terminal hanging up
     # still ends it, as the server's own handler does)
@@ -527,7 +531,9 @@ def serve(
 
         def load() -> Translator:  # again on SIGHUP
             return Translator.from_run(run_dir, checkpoint, device=device, engine=engine,
-                                       overrides=list(set_ or []), beam=beam, tgt_lang=tgt_lang)
+                                       average_last=average_last, average_best=average_best,
+                                       ensemble=list(ensemble or []), overrides=list(set_ or []), beam=beam,
+                                       tgt_lang=tgt_lang)
 
         still_decoding = run_server(load(), host=host, port=port, limits=limits, api_key=api_key, load=load,
                                     shutdown_grace_s=shutdown_grace_s, sighup_received=lambda: bool(hangups))

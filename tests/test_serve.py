@@ -299,6 +299,19 @@ def _reload_until(server: Server, name: str) -> None:
         time.sleep(0.2)
 
 
+def test_an_average_and_an_ensemble_are_served_as_translate_decodes_them(tiny_run_dir: Path) -> None:
+    """serve takes --average-last/--average-best and --ensemble as translate does: a README row
+    scored with an average is served without writing the average first."""
+    expected = Translator.from_run(tiny_run_dir, average_last=2, ensemble=[tiny_run_dir], beam=2, device="cpu")
+    running = Server(tiny_run_dir, "--average-last", "2", "--ensemble", str(tiny_run_dir))
+    try:
+        answer = running.post({"text": LINES})
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"translations": expected.translate(LINES), "model": expected.name}
+    finally:
+        assert running.stop() == 0
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="SIGHUP is a POSIX signal")
 def test_sighup_serves_the_newest_checkpoint_without_stopping_and_a_bad_one_changes_nothing(
         tiny_run_dir: Path, tmp_path: Path) -> None:
