@@ -48,26 +48,21 @@ import copy
 import errno
 import ipaddress
 import logging
-import math
 import os
-import re
 import signal
 import socket
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mtcli.config import DECODE_RANGES
-from mtcli.data.textio import check_unicode
 from mtcli.errors import ConfigError, DataError, DeviceMemoryError, one_line
 from mtcli.hangup import act_or_hang_up
 from mtcli.infer.translator import Translator
@@ -75,153 +70,19 @@ from mtcli.logs import get_logger, on_terminal
 from mtcli.serve_batching import Batcher, Limits
 from mtcli.serve_guards import API_KEY_ENV, BodyLimit, KeyCheck, check_api_key
 from mtcli.serve_page import PAGE
-
-
-def _number(key: str) -> Any:
-    """A JSON number (not a string or a boolean) in ``DECODE_RANGES[key]``, its range in the
-    schema as JSON Schema's ``minimum``/``maximum`` (on the union, pydantic wrote ``ge``/``le``,
-    which /docs and client generators do not read)."""
-    low, high = DECODE_RANGES[key]
-    return (Annotated[StrictFloat, Field(ge=low, le=high, allow_inf_nan=False)]
-            | Annotated[StrictInt, Field(ge=math.ceil(low), le=math.floor(high))])
-
-
-class TranslateRequest(BaseModel):
-    """The body of ``POST /translate``."""
-
-    model_config = ConfigDict(extra="forbid")
-    text: list[StrictStr] = Field(description="Lines to translate, one sentence each.")
-    beam: StrictInt | None = Field(default=None, description="Beam size (1 = greedy); the run's by default.",
-                                   json_schema_extra={"minimum": 1, "maximum": Limits.max_beam})
-    length_penalty: _number("length_penalty") | None = Field(
-        default=None, description="GNMT length penalty alpha (below 0 favours shorter outputs).")
-    sampling: Literal["none", "topk", "topp"] | None = Field(
-        default=None, description="Draw the translation instead of searching (the run's decode.topk / topp), "
-                                  "or search (none) on a server that samples by default.")
-    temperature: _number("temperature") | None = Field(default=None, description="Sampling temperature.")
-    seed: StrictInt | None = Field(default=None, description="Sampling seed: the same seed gives the same output.")
-    tgt_lang: StrictStr | None = Field(
-        default=None, description="The language to translate into, for a model of several (the run's by default).")
-    nbest: StrictInt | None = Field(
-        default=None, json_schema_extra={"minimum": 1, "maximum": Limits.max_beam}, description="Also answer N hypotheses per line, best first (the beam widens to N), or with "
-                                  "sampling N samples per line, in draw order (by score with --engine ctranslate2).")
-
-
-class Hypothesis(BaseModel):
-    """One of a line's n-best hypotheses or samples."""
-
-    text: str
-    score: float = Field(description="The length-penalised log-probability the search ranks by.")
-
-
-class TranslateResponse(BaseModel):
-    """The answer of ``POST /translate``: one translation per input line, in order (and with
-    ``nbest``, each line's hypotheses)."""
-
-    translations: list[str]
-    model: str
-    nbest: list[list[Hypothesis]] | None = None
-
-
-class ErrorAnswer(BaseModel):
-    """What every refusal and failure answers: one line saying why (and, for a 500, the id that
-    the server log's line with the cause carries)."""
-
-    error: str
-    request_id: str | None = None
-
-
-#: The answers of ``POST /translate`` besides 200, as ``/docs`` lists them.
-_REFUSALS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorAnswer, "description": why} for status, why in (
-    (400, "Malformed JSON."),
-    (401, "A missing or wrong API key (a server started with one)."),
-    (413, "Too many lines or characters, or a line longer than the model reads."),
-    (415, "A body that is not JSON."),
-    (422, "A field of the wrong type or out of range, or text that is not valid Unicode."),
-    (500, "A failure of the server's own; request_id names the log line with the cause."),
-    (503, "Out of memory even for this request alone, the server stopping, or its decoding thread stopped."),
-)}
-
-
-class RequestError(Exception):
-    """A request the server refuses, with its HTTP status."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class InternalError(RequestError):
-    """A failure that is the server's, not the request's: a 500 that names its request id (the
-    log line with the cause carries the same id)."""
-
-    def __init__(self, request_id: str) -> None:
-        super().__init__(500, f"translation failed (request id {request_id}; the server log has the cause)")
-        self.request_id = request_id
-
-
-def check_request(body: TranslateRequest, limits: Limits) -> None:
-    """Raise :class:`RequestError` when ``body`` asks for more than ``limits`` allow."""
-    if len(body.text) > limits.max_lines:
-        raise RequestError(413, f"too many lines: {len(body.text)} (at most {limits.max_lines} a request)")
-    for i, line in enumerate(body.text):
-        if len(line) > limits.max_chars:
-            raise RequestError(413, f"text[{i}] has {len(line)} characters (at most {limits.max_chars})")
-    total = sum(map(len, body.text))
-    if total > limits.max_total_chars:
-        raise RequestError(413, f"{total} characters in the request (at most {limits.max_total_chars})")
-    for name, value in (("beam", body.beam), ("nbest", body.nbest)):
-        if value is not None and not 1 <= value <= limits.max_beam:
-            raise RequestError(422, f"{name} must be between 1 and {limits.max_beam}, got {value}")
-    named = [(f"text[{i}]", line) for i, line in enumerate(body.text)]
-    for where, value in [*named, ("tgt_lang", body.tgt_lang or "")]:
-        try:
-            check_unicode(value, where)
-        except DataError as exc:
-            raise RequestError(422, str(exc)) from None
-
-
-def request_settings(body: TranslateRequest) -> dict[str, Any]:
-    """The decode settings ``body`` asks for, as :class:`Translator` takes them (None: the
-    server's own)."""
-    return {"beam": body.beam, "length_penalty": body.length_penalty, "sampling": body.sampling,
-            "temperature": body.temperature, "seed": body.seed, "tgt_lang": body.tgt_lang}
-
-
-def check_decoding(body: TranslateRequest, translator: Translator) -> None:
-    """Raise :class:`RequestError` for settings the translator refuses (a target language the
-    model does not produce, a temperature without sampling: 422), or a line that encodes to
-    more pieces than the model reads (413): translating it would silently drop its end. Run
-    before the request joins a batch, so that it fails alone."""
-    if body.sampling not in (None, "none") and translator.decode.shortlist > 0:
-        raise RequestError(422, "sampling: this server decodes over a lexical shortlist (its --set decode.shortlist), "
-                                "and sampling draws from the whole vocabulary; ask for a beam search instead")
-    if body.seed is not None and translator.engine is not None:  # it would be ignored
-        raise RequestError(422, "seed: this server decodes with --engine ctranslate2, whose samples cannot be "
-                                "seeded; leave seed out (or serve with --engine torch for seeded samples)")
-    sampled = (body.sampling or translator.decode.sampling) != "none"
-    if body.beam is not None and body.nbest is not None and body.nbest > body.beam and not sampled:
-        raise RequestError(422, f"nbest {body.nbest} with beam {body.beam}: nbest must be between 1 and beam "
-                                "(a beam search keeps beam hypotheses; leave beam out and it widens to nbest)")
-    try:
-        lengths = translator.source_pieces(body.text, **request_settings(body), nbest=body.nbest)
-    except ConfigError as exc:
-        raise RequestError(422, request_words(str(exc))) from None
-    limit = translator.max_source_pieces
-    for i, pieces in enumerate(lengths):
-        if pieces > limit:
-            raise RequestError(413, f"text[{i}] encodes to {pieces} pieces (the model reads at most {limit}); "
-                                    "split it into sentences")
-
-
-def request_words(message: str) -> str:
-    """``message`` (of a :class:`ConfigError` about decode settings) in the words of a request:
-    ``decode.beam_size`` is ``beam``, ``decode.tgt_lang='x'`` is ``tgt_lang 'x'``, and an option
-    named in parentheses beside its setting (or a command line's way) is dropped."""
-    message = re.sub(r" \((?:--[a-z-]+|on the command line [^)]*)\)", "", message)
-    field = {"beam_size": "beam"}
-    message = re.sub(r"(?<!--set )decode\.(\w+)=", lambda m: f"{field.get(m[1], m[1])} ", message)
-    return re.sub(r"(?<!--set )decode\.(\w+)", lambda m: field.get(m[1], m[1]), message)
+from mtcli.serve_requests import (
+    REFUSALS,
+    ErrorAnswer,
+    Hypothesis,
+    InternalError,
+    RequestError,
+    TranslateRequest,
+    TranslateResponse,
+    check_decoding,
+    check_request,
+    request_settings,
+    request_words,
+)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
@@ -371,7 +232,7 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
     _answer_errors(app)
 
     @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
-              responses=_REFUSALS)
+              responses=REFUSALS)
     async def translate(body: TranslateRequest, request: Request) -> TranslateResponse:
         check_request(body, limits)
         request_id = uuid.uuid4().hex[:12]

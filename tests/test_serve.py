@@ -871,7 +871,7 @@ def test_a_beam_or_nbest_too_wide_for_the_vocabulary_is_a_422_and_a_default_one_
     (its health "ok") and failed every request."""
     from mtcli.errors import ConfigError
     from mtcli.model import Transformer
-    from mtcli.serve import RequestError, TranslateRequest, check_decoding
+    from mtcli.serve_requests import RequestError, TranslateRequest, check_decoding
 
     monkeypatch.setattr(Transformer, "output_size", property(lambda self: 20))
     translator = Translator.from_run(tiny_run_dir, device="cpu", beam=2)
