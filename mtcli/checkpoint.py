@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mtcli.config import ModelConfig
-from mtcli.errors import CheckpointError, one_line, shown
+from mtcli.errors import CheckpointError, failed_to_allocate, one_line, shown
 from mtcli.fileio import atomic_link, atomic_write
 
 # torch is imported where a checkpoint is written or read: the modules that only name a run's
@@ -155,6 +155,8 @@ def save_checkpoint(path: Path, state: dict, also: Iterable[Path] = (), *, follo
     try:
         torch.save(state, buffer)
     except Exception as exc:  # pickling failures come in many types
+        if failed_to_allocate(exc):  # not the state's fault: the file before it stays as it was
+            raise MemoryError(f"{path}: serialising the checkpoint ({one_line(exc)})") from None
         raise CheckpointError(f"{path}: cannot serialise checkpoint ({one_line(exc)})") from None
     payload = buffer.getbuffer()
     target = path
@@ -206,6 +208,8 @@ def _verified_payload(path: Path) -> tuple[memoryview, str]:
         raise CheckpointError(f"{path}: is a directory, not a checkpoint file") from None
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read checkpoint ({exc.strerror or exc})") from None
+    except MemoryError:
+        raise MemoryError(f"{path}: reading its {os.path.getsize(path) / 2**20:,.0f} MiB") from None
     if not data:
         raise CheckpointError(f"{path}: empty (0 bytes), not a checkpoint")
     if not data.startswith(MAGIC):
@@ -271,6 +275,9 @@ def load_checkpoint_with_id(path: Path, map_location: Any = "cpu") -> tuple[dict
             f"({_unpickling_reason(exc)}); a checkpoint never runs code"
         ) from None
     except Exception as exc:  # torch raises RuntimeError/ValueError/... for unreadable payloads
+        if failed_to_allocate(exc):  # the payload's sha256 matched: the file is sound, the memory short
+            raise MemoryError(f"{path}: loading its {len(payload) / 2**20:,.0f} MiB of weights "
+                              f"({one_line(exc)})") from None
         raise CheckpointError(f"{path}: unreadable checkpoint payload ({one_line(exc)})") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: checkpoint holds a {type(state).__name__}, expected a dict")

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from mtcli.errors import ConfigError, DeviceMemoryError
+from mtcli.errors import ConfigError, DeviceMemoryError, failed_to_allocate
 from mtcli.logs import get_logger
 
 _Item = TypeVar("_Item")
@@ -118,23 +118,15 @@ def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return tensor.to(device, non_blocking=True)
 
 
-#: How an allocation failure reads when it is not PyTorch's ``OutOfMemoryError``: the C allocator
-#: on a CPU (under a memory limit; without one the kernel kills the process), CUDA libraries
-#: that allocate for themselves (cuBLAS's workspace, the runtime's own), and CTranslate2's
-_OUT_OF_MEMORY_TEXTS = ("can't allocate memory", "CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED",
-                        "CUDA failed with error out of memory")
-
-
 def is_out_of_memory(exc: BaseException | None) -> bool:
     """Whether ``exc`` is an allocation failure: PyTorch's ``OutOfMemoryError``, a
     ``MemoryError`` (a C++ library's ``std::bad_alloc``, as pybind11 gives it), or a
-    ``RuntimeError`` that reads as one (:data:`_OUT_OF_MEMORY_TEXTS`), also when wrapped
+    ``RuntimeError`` that reads as one (:func:`mtcli.errors.failed_to_allocate`), also when wrapped
     (``torch.compile`` wraps what fails while it compiles)."""
     for _ in range(8):  # a chain of wrappers, never a cycle
         if exc is None:
             return False
-        if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
-                isinstance(exc, RuntimeError) and any(text in str(exc) for text in _OUT_OF_MEMORY_TEXTS)):
+        if isinstance(exc, torch.OutOfMemoryError) or failed_to_allocate(exc):
             return True
         exc = exc.__cause__ or getattr(exc, "inner_exception", None)
     return False

@@ -128,6 +128,22 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+#: How an allocation failure reads when it is not PyTorch's ``OutOfMemoryError``: the C allocator
+#: on a CPU (under a memory limit; without one the kernel kills the process), CUDA libraries
+#: that allocate for themselves (cuBLAS's workspace, the runtime's own), and CTranslate2's
+OUT_OF_MEMORY_TEXTS = ("can't allocate memory", "CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED",
+                       "CUDA failed with error out of memory")
+
+
+def failed_to_allocate(exc: BaseException) -> bool:
+    """Whether ``exc`` itself (not what it wraps) is a failed allocation: a ``MemoryError``
+    (also a C++ library's ``std::bad_alloc``, as pybind11 gives it) or a ``RuntimeError`` that
+    reads as one (:data:`OUT_OF_MEMORY_TEXTS`). Needs no torch: a broad ``except`` around a
+    library call asks it before calling what failed a bad file or a bad value."""
+    return isinstance(exc, MemoryError) or (
+        isinstance(exc, RuntimeError) and any(text in str(exc) for text in OUT_OF_MEMORY_TEXTS))
+
+
 def install_advice(extra: str) -> str:
     """How to install the packages of mtcli's optional ``extra`` (pyproject's
     ``[project.optional-dependencies]``), by their own names: ``pip install 'fastapi>=0.110' ...``.

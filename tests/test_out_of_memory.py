@@ -514,3 +514,76 @@ def test_an_os_error_naming_a_bytes_path_prints_the_path(capsys: pytest.CaptureF
         refused()
     assert capsys.readouterr().err == "mtcli: error: /run/tensorboard/events.out: Permission denied\n"
 
+
+
+@pytest.mark.parametrize("failure", [
+    RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
+                 "tried to allocate 400000000 bytes. Error code 12 (Cannot allocate memory)"),
+    MemoryError(),
+])
+def test_a_checkpoint_that_does_not_fit_in_memory_is_not_called_unreadable(
+        tiny_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: BaseException) -> None:
+    """torch.load failing to allocate (``ulimit -v``, a full host) was reported as "unreadable
+    checkpoint payload": read as a damaged file, which its user would delete. The payload's sha256
+    has matched by then; the command says it ran out of memory, naming the file."""
+    source = tmp_path / "in.txt"
+    source.write_text("eine katze\n", encoding="utf-8")
+
+    def load(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise failure
+
+    monkeypatch.setattr(torch, "load", load)
+    result = CliRunner().invoke(app, ["translate", str(tiny_run_dir), str(source)])
+    best = checkpoint_dir(tiny_run_dir) / "checkpoint_best.pt"
+    assert result.exit_code == 1
+    assert re.fullmatch(rf"mtcli: error: out of memory: {re.escape(str(best))}: loading its [\d,]+ MiB of weights "
+                        r"\(.+\)\n", result.stderr), result.stderr
+
+
+def test_a_checkpoint_that_cannot_be_serialised_for_memory_keeps_the_previous_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.save failing to allocate was "cannot serialise checkpoint": read as a state that
+    cannot be pickled. It is a shortage of memory, and the file before it stays as it was."""
+    from mtcli.checkpoint import load_checkpoint, save_checkpoint
+
+    path = tmp_path / "checkpoint_last.pt"
+    save_checkpoint(path, {"step": 1})
+
+    def save(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise MemoryError()
+
+    monkeypatch.setattr(torch, "save", save)
+    with pytest.raises(MemoryError, match=rf"^{re.escape(str(path))}: serialising the checkpoint \(MemoryError\)$"):
+        save_checkpoint(path, {"step": 2})
+    monkeypatch.undo()
+    assert load_checkpoint(path)["step"] == 1
+
+
+def test_a_checkpoint_too_large_to_read_names_the_file(tiny_run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memory short already for the file's bytes: the error names the file and its size."""
+    import io
+
+    import mtcli.checkpoint as checkpoint
+
+    class Unreadable(io.BytesIO):
+        def read(self, *args: object) -> bytes:
+            raise MemoryError()
+
+    monkeypatch.setattr(checkpoint, "open", lambda *args, **kwargs: Unreadable(), raising=False)
+    best = checkpoint_dir(tiny_run_dir) / "checkpoint_best.pt"
+    with pytest.raises(MemoryError, match=rf"^{re.escape(str(best))}: reading its [\d,]+ MiB$"):
+        checkpoint.load_checkpoint(best)
+
+
+def test_a_model_that_does_not_fit_in_memory_is_not_called_a_mismatch(
+        tiny_run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model's shapes are checked on the meta device first; building it for real can then
+    fail only for memory, which was reported as "parameters do not fit the model of config.yaml"."""
+    import mtcli.infer.loading as loading
+
+    def build(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 43200000000 bytes")
+
+    monkeypatch.setattr(loading, "Transformer", build)
+    with pytest.raises(MemoryError, match=r"checkpoint_best.pt.*: building its model \(DefaultCPUAllocator"):
+        loading.load_for_inference(tiny_run_dir)

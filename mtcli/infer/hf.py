@@ -43,7 +43,7 @@ import torch
 
 from mtcli.builddir import atomic_dir, check_replaceable
 from mtcli.data.vocabmap import VocabTokenizer
-from mtcli.errors import ConfigError, MtcliError, install_advice, one_line
+from mtcli.errors import ConfigError, MtcliError, failed_to_allocate, install_advice, one_line
 from mtcli.fileio import default_file_mode, sha256_file
 from mtcli.infer.export import EXPORT_RECORD
 from mtcli.infer.loading import load_for_inference
@@ -213,6 +213,8 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
         except OSError:
             raise  # atomic_dir names the output
         except Exception as exc:  # safetensors' own error for a full disk, among others
+            if failed_to_allocate(exc):
+                raise MemoryError(f"{output}: writing the export ({one_line(exc)})") from None
             raise MtcliError(f"{output}: cannot write the export ({one_line(exc)})") from None
         for written in tmp.iterdir():  # safetensors writes 0600: an export served by another account could not read it
             if written.is_file():

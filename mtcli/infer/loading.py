@@ -20,7 +20,14 @@ from mtcli.checkpoint import (
 from mtcli.config import Config, DecodeConfig, load_config
 from mtcli.data.tokenizer import PAD_ID, Tokenizer
 from mtcli.data.vocabmap import VocabTokenizer
-from mtcli.errors import CheckpointError, ConfigError, DataError, shown
+from mtcli.errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    failed_to_allocate,
+    one_line,
+    shown,
+)
 from mtcli.fileio import sha256_file
 from mtcli.infer.averaging import average_checkpoints
 from mtcli.logs import get_logger
@@ -209,6 +216,8 @@ def _build_model(state: dict, source: str, config: Config, vocab_size: int, run_
             model = Transformer(config.model, vocab_size, PAD_ID, model_state.get("output_ids")).float()
         model.load_state_dict(model_state)
     except (RuntimeError, ValueError) as exc:
+        if failed_to_allocate(exc):  # the shapes fit (checked on the meta device): the memory is short
+            raise MemoryError(f"{source}: building its model ({one_line(exc)})") from None
         detail = " ".join(str(exc).split())
         raise CheckpointError(
             f"{source}: parameters do not fit the model of {run_dir / CONFIG_NAME} ({detail[:300]})"

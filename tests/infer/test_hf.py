@@ -130,3 +130,15 @@ def test_every_exported_file_has_the_mode_of_a_new_file(tiny_run_dir: Path, tmp_
         os.umask(old)
     modes = {path.name: path.stat().st_mode & 0o777 for path in exported.iterdir() if path.is_file()}
     assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
+
+
+def test_an_export_short_of_memory_says_so_and_leaves_no_output(tiny_run_dir: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed allocation while writing was "cannot write the export": read as a disk's fault."""
+    def save_pretrained(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        raise MemoryError()
+
+    monkeypatch.setattr(transformers.MarianMTModel, "save_pretrained", save_pretrained)
+    with pytest.raises(MemoryError, match=r": writing the export \(MemoryError\)$"):
+        export_hf(tiny_run_dir, tmp_path / "model")
+    assert not (tmp_path / "model").exists()
