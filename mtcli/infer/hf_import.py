@@ -190,7 +190,7 @@ def check_model_dir(model_dir: Path) -> dict[str, Any]:
     for key, expected, why in pairs:
         if raw.get(key) not in (None, expected):
             raise ConfigError(f"{where}: {key}: {raw.get(key)!r} is not supported ({why})")
-    _check_one_vocabulary(model_dir, raw)
+    _check_one_vocabulary(model_dir)
     return raw
 
 
@@ -206,7 +206,7 @@ def _warn_uncovered(path: Path, processor: Any, vocab: dict[str, int]) -> None:
                              "another vocabulary?)", path, missing, len(pieces), VOCAB_NAME, UNK_PIECE)
 
 
-def _check_one_vocabulary(model_dir: Path, raw: dict[str, Any]) -> None:
+def _check_one_vocabulary(model_dir: Path) -> None:
     """:class:`ConfigError` for a model of two vocabularies (``separate_vocabs``): its decoder's
     ids index ``target_vocab.json``, not ``vocab.json``, whatever the two sizes; read through
     the one vocabulary every output would be other pieces. (``share_encoder_decoder_embeddings:

@@ -403,7 +403,7 @@ def keep_parent_rows(parent: Tensor) -> Tensor:
     place (:meth:`~mtcli.model.DecoderCache.reorder` copies only the rows that change); the
     other children take, in order, the rows of the parents that have none.
     """
-    m, k = parent.shape
+    k = parent.shape[1]
     same = parent[:, :, None].eq(parent[:, None, :])  # [m, j, i]: j and i extend one parent
     earlier = torch.ones(k, k, dtype=torch.bool, device=parent.device).tril(-1)  # i < j
     first = ~(same & earlier).any(dim=2)  # j is its parent's first child
