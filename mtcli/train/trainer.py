@@ -321,14 +321,14 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)
         need_norm = self.cfg.clip_norm > 0 or (self.step + 1) % self.cfg.log_every == 0
         grad_norm = float(self._grad_norm()) if math.isfinite(loss_sum) and need_norm else float("nan")
+        self._cool_down()  # this update's rate, before the scaler's step takes it
+        lr = self.schedule.lr
         if self.scaler is not None and math.isfinite(loss_sum) and not self._scaled_step():
             return None  # fp16 gradients overflowed: the scale is lowered and the step taken again later
         if not math.isfinite(loss_sum) or (need_norm and not math.isfinite(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)
             self._skip_update(epoch)
             return None
-        self._cool_down()
-        lr = self.schedule.lr
         if self.scaler is None:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

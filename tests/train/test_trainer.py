@@ -502,6 +502,29 @@ def test_cooldown_steps_scale_the_last_updates_down_linearly(prepared: Path, tmp
     assert "is not cooled down" not in (run / "train.log").read_text(encoding="utf-8")
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_each_update_runs_at_the_rate_the_log_gives_it(prepared: Path, tmp_path: Path, precision: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp16's scaler stepped the optimizer before the cool-down set that update's rate: each
+    update ran at the one before's, and the log gave a rate no update used."""
+    used: list[float] = []
+    real_step = torch.optim.Adam.step
+
+    def step(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        used.append(self.param_groups[0]["lr"])
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", step)
+    run = tmp_path / "run"
+    train(make_config(prepared, run, "train.max_steps=6", "train.cooldown_steps=3", "train.log_every=1",
+                      "train.valid_every=100000", f"train.precision={precision}"))
+    logged = [float(m.group(1)) for m in re.finditer(r"\| step \d+ \| .*\| lr (\S+) \|",
+                                                    (run / "train.log").read_text(encoding="utf-8"))]
+    assert len(used) == len(logged) == 6
+    assert used == pytest.approx(logged, rel=2e-3)
+    assert logged_lr_ratios(prepared, run)[6] == pytest.approx(1 / 3, rel=2e-3)  # the last update's cooled rate
+
+
 def test_a_resume_in_the_cooldown_holds_the_rate_an_unbroken_run_holds(prepared: Path, tmp_path: Path) -> None:
     """The cool-down's scale is not saved: a resumed run saved, before its first update (a stop
     at a validation), Noam's rate unscaled where the unbroken run held the cooled one."""
