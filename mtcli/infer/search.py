@@ -563,6 +563,8 @@ def generate(
         raise ValueError(f"generate expects src [B, S], got shape {list(src.shape)}")
     if src.size(0) == 0:
         return []
+    if not bool(src.ne(PAD_ID).any(dim=1).all()):  # attention over no key at all: NaN scores, no hypotheses
+        raise ValueError("generate: a row of src holds only pad; every source holds at least its eos")
     was_training = model.training
     model.eval()
     try:

@@ -67,8 +67,9 @@ class Embeddings(nn.Module):
     """Token embeddings scaled by sqrt(d_model) (section 3.4): ``E[x] * sqrt(d_model)``.
 
     Initialised N(0, d_model^-0.5), so that the scaled embeddings have unit variance; the row of
-    ``pad_id`` is zero and gets no gradient. ``weight`` is also the pre-softmax projection when
-    embeddings are tied.
+    ``pad_id`` starts at zero and gets no gradient through the lookup. ``weight`` is also the
+    pre-softmax projection when embeddings are tied: the pad row is then the pad logit's weight,
+    which the softmax does train (pad keys are masked, so no output reads it as an embedding).
     """
 
     def __init__(self, vocab_size: int, d_model: int, pad_id: int) -> None:

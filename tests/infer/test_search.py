@@ -218,6 +218,12 @@ def test_arguments_and_model_mode() -> None:
     assert model.training  # restored
     assert tokens_of(generate(model, src, beam_size=2)) == tokens_of(first)  # no dropout
     assert generate(model, src[:0]) == []
+    # a row of pad alone (from Python; the tokenizer gives every line its eos) scored NaN greedily
+    # and had no hypothesis in a beam
+    src[1] = 0
+    for beam in (1, 3):
+        with pytest.raises(ValueError, match="a row of src holds only pad"):
+            generate(model, src, beam_size=beam)
 
 
 def test_length_helpers() -> None:
