@@ -197,7 +197,8 @@ def resolve_precision(config: Config, device: torch.device) -> tuple[Config, str
                              "times slower than fp32 (--set train.precision=auto)", device.type)
     elif precision == "fp32" and device.type == "cuda" and has_units:
         get_logger().info("train.precision fp32 on a GPU with bf16 units: --set train.precision=auto trains "
-                          "in bf16, several times faster")
+                          "in bf16, faster where the matrix products are large (2.3x at the WMT14 base shape on "
+                          "an H100; a step as small as Multi30k's ran faster in fp32)")
     return config, text
 
 
