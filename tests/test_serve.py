@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -299,17 +300,29 @@ def _reload_until(server: Server, name: str) -> None:
         time.sleep(0.2)
 
 
-def test_an_average_and_an_ensemble_are_served_as_translate_decodes_them(tiny_run_dir: Path) -> None:
-    """serve takes --average-last/--average-best and --ensemble as translate does: a README row
-    scored with an average is served without writing the average first."""
+def test_an_average_and_an_ensemble_are_served_as_translate_decodes_them(
+        tiny_run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """serve takes --average-last/--average-best and --ensemble as translate does (a README row
+    scored with an average is served without writing the average first), and SIGHUP's load
+    averages the newest again. The server itself is left out: what it is handed is compared."""
+    from typer.testing import CliRunner
+
+    import mtcli.serve
+    from mtcli.cli import app
+
+    handed: dict[str, Any] = {}
+
+    def run_server(translator: Translator, **kwargs: Any) -> bool:
+        handed.update(translator=translator, load=kwargs["load"])
+        return False
+
+    monkeypatch.setattr(mtcli.serve, "serve", run_server)
+    result = CliRunner().invoke(app, ["serve", str(tiny_run_dir), "--beam", "2", "--device", "cpu",
+                                      "--average-last", "2", "--ensemble", str(tiny_run_dir)])
+    assert result.exit_code == 0, result.output
     expected = Translator.from_run(tiny_run_dir, average_last=2, ensemble=[tiny_run_dir], beam=2, device="cpu")
-    running = Server(tiny_run_dir, "--average-last", "2", "--ensemble", str(tiny_run_dir))
-    try:
-        answer = running.post({"text": LINES})
-        assert answer.status_code == 200, answer.text
-        assert answer.json() == {"translations": expected.translate(LINES), "model": expected.name}
-    finally:
-        assert running.stop() == 0
+    for served in (handed["translator"], handed["load"]()):
+        assert (served.name, served.translate(LINES)) == (expected.name, expected.translate(LINES))
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="SIGHUP is a POSIX signal")
