@@ -236,16 +236,27 @@ def test_a_bad_request_batched_with_good_ones_fails_alone(tiny_run_dir: Path) ->
         assert server.stop() == 0
 
 
-def test_api_key_is_required_when_set(tiny_run_dir: Path) -> None:
-    keyed = Server(tiny_run_dir, env={"MTCLI_API_KEY": KEY})
-    try:
-        assert keyed.post({"text": ["rot"]}).status_code == 401
-        assert keyed.post({"text": ["rot"]}, key="wrong").status_code == 401
-        assert "API key" in keyed.post({"text": ["rot"]}, key="wrong").json()["error"]
-        assert keyed.post({"text": ["rot"]}, key=KEY).status_code == 200
-        assert httpx.get(f"{keyed.url}/health").status_code == 200  # health stays open
-    finally:
-        assert keyed.stop() == 0
+def test_api_key_is_required_when_set(tiny_run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MTCLI_API_KEY (or --api-key) reaches the app, which then refuses /translate without it
+    (what the app does with a key: test_the_api_key_is_checked_before_the_body_and_must_be_sendable)."""
+    from fastapi.testclient import TestClient
+    from typer.testing import CliRunner
+
+    import mtcli.serve
+    from mtcli.cli import app
+
+    handed: list[str | None] = []
+    monkeypatch.setattr(mtcli.serve, "serve", lambda translator, **kwargs: handed.append(kwargs["api_key"]) or False)
+    for args, env in (([], {"MTCLI_API_KEY": KEY}), (["--api-key", KEY], {}), ([], {})):
+        result = CliRunner().invoke(app, ["serve", str(tiny_run_dir), "--device", "cpu", *args], env=env)
+        assert result.exit_code == 0, result.output
+    assert handed == [KEY, KEY, None]
+    with TestClient(mtcli.serve.create_app(Translator.from_run(tiny_run_dir, device="cpu"), api_key=KEY)) as keyed:
+        assert keyed.post("/translate", json={"text": ["rot"]}).status_code == 401
+        wrong = keyed.post("/translate", json={"text": ["rot"]}, headers={"Authorization": "Bearer wrong"})
+        assert wrong.status_code == 401 and "API key" in wrong.json()["error"]
+        assert keyed.post("/translate", json={"text": ["rot"]}, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+        assert keyed.get("/health").status_code == 200  # health stays open
 
 
 def test_sigterm_answers_the_request_in_flight_then_exits_0(tiny_run_dir: Path) -> None:
