@@ -42,6 +42,25 @@ def test_score_matches_sacrebleu_directly() -> None:
     assert score(hyps, refs)["bleu"] == pytest.approx(expected, abs=1e-3)
 
 
+def test_every_score_and_detail_is_sacrebleus_own() -> None:
+    """On hypotheses longer than their references, with punctuation: BLEU's lengths (hypothesis
+    and reference apart), its four precisions in order, chrF (characters only: nw:0, not chrF++)
+    and TER (not normalised: a word with its period attached is one token) are sacreBLEU's."""
+    import sacrebleu
+
+    hyps = ["The cat sat on the mat.", "A dog, barking loudly!"]
+    refs = ["The cat sat on a mat .", "The dog barks"]
+    result = score(hyps, refs, metrics=["bleu", "chrf", "ter"])
+    bleu = sacrebleu.corpus_bleu(hyps, [refs])
+    assert (result["sys_len"], result["ref_len"]) == (bleu.sys_len, bleu.ref_len) == (13, 10)
+    assert result["bleu_precisions"] == pytest.approx(bleu.precisions)
+    assert result["bleu_precisions"][0] > result["bleu_precisions"][-1]  # unigrams first
+    assert result["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score)
+    assert "nw:0" in result["chrf_signature"]
+    assert result["ter"] == pytest.approx(sacrebleu.corpus_ter(hyps, [refs]).score) == pytest.approx(70.0)
+    assert "norm:no" in result["ter_signature"]
+
+
 ZH_REFS = ["一只狗在雪地里奔跑。", "两个男人在踢足球。"]
 ZH_HYPS = ["一只狗在雪里跑。", "两个男人在踢球。"]
 

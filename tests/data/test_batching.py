@@ -74,6 +74,39 @@ def test_sorted_pools_pad_less_than_random_batches() -> None:
     assert pad_sorted < pad_random / 2
 
 
+def pair_widths(batch: np.ndarray, src: FakeArray, tgt: FakeArray) -> np.ndarray:
+    """Each pair's width in a batch: the longer side, eos included."""
+    return np.maximum(src.lengths[batch], tgt.lengths[batch]) + 1
+
+
+def test_training_batches_come_in_shuffled_order() -> None:
+    """Training sees the batches of an epoch in random order, not from the shortest to the
+    longest: the widest pair of each batch is uncorrelated with the batch's position."""
+    src, tgt = random_corpus(500)
+    for seed in (3, 4, 5):
+        batches = make_batches(src.lengths, tgt.lengths, np.arange(500), 200, seed=seed)
+        widest = np.array([pair_widths(b, src, tgt).max() for b in batches])
+        assert not (np.all(np.diff(widest) >= 0) or np.all(np.diff(widest) <= 0))
+        rank = np.argsort(np.argsort(widest, kind="stable"))
+        assert abs(np.corrcoef(np.arange(len(widest)), rank)[0, 1]) < 0.5, seed
+
+
+def test_pairs_are_sorted_by_length_only_within_their_pool() -> None:
+    """pool_batches bounds how far the length sort reaches: with pools of about one batch's
+    worth of pairs, a batch mixes lengths as the shuffle drew them (pairs 13 pieces apart on
+    average); with one pool for the epoch (the default here: 100 batches' worth of pairs is more
+    than 500) a batch holds pairs of one width or two."""
+    src, tgt = random_corpus(500)
+    idx = np.arange(500)
+
+    def spread(batches: list[np.ndarray]) -> float:
+        return float(np.mean([np.ptp(pair_widths(b, src, tgt)) for b in batches]))
+
+    assert spread(make_batches(src.lengths, tgt.lengths, idx, 200, seed=3, pool_batches=1)) > 8
+    assert spread(make_batches(src.lengths, tgt.lengths, idx, 200, seed=3, pool_batches=2)) > 5
+    assert spread(make_batches(src.lengths, tgt.lengths, idx, 200, seed=3)) < 1
+
+
 def test_padding_fraction_hand_value() -> None:
     # one batch: src sizes 2,4 (with eos), tgt sizes 3,3 -> real 12, padded 2*4 + 2*3 = 14
     frac = padding_fraction([np.array([0, 1])], np.array([1, 3]), np.array([2, 2]))
@@ -85,6 +118,27 @@ def test_filter_by_length_counts_skips() -> None:
     assert list(kept) == [0, 3] and skipped == 2
     with pytest.raises(DataError):
         filter_by_length(np.array([1, 2]), np.array([1]), 5, 5)
+
+
+def test_filter_by_length_holds_each_side_to_its_own_limit() -> None:
+    """max_source_length limits the sources and max_target_length the targets (a limit is
+    inclusive), whichever is the larger."""
+    src, tgt = np.array([4, 8, 4, 8, 9]), np.array([8, 4, 9, 8, 4])
+    kept, skipped = filter_by_length(src, tgt, 4, 8)  # sources up to 4, targets up to 8
+    assert list(kept) == [0] and skipped == 4
+    kept, skipped = filter_by_length(src, tgt, 8, 4)  # sources up to 8, targets up to 4
+    assert list(kept) == [1] and skipped == 4
+
+
+def test_a_batch_that_exactly_fills_the_budget_stays_one_batch() -> None:
+    """The budget is inclusive: four pairs of width 5 (4 pieces + eos) in max_tokens 20 are one
+    batch; in 19, a batch of three and one of one."""
+    src = FakeArray([[5] * 4] * 4)
+    tgt = FakeArray([[6] * 3, [6] * 4, [6] * 2, [6] * 4])
+    for seed in (1, 2):
+        assert [len(b) for b in make_batches(src.lengths, tgt.lengths, np.arange(4), 20, seed=seed)] == [4]
+        assert sorted(len(b) for b in make_batches(src.lengths, tgt.lengths, np.arange(4), 19, seed=seed)) == [1, 3]
+    assert [len(b) for b in source_batches([4, 4, 4, 4], 20)] == [4]
 
 
 def test_no_pair_within_the_limits_names_every_setting_that_sets_them() -> None:

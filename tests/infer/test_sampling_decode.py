@@ -35,6 +35,20 @@ def test_topk_keeps_the_k_best_and_topp_the_smallest_nucleus() -> None:
     assert torch.allclose(hot, logp / 2.0)
 
 
+def test_both_filters_sample_from_the_tempered_distribution() -> None:
+    """Temperature applies under top-p as under top-k: with every token kept (topp 1.0, k = V)
+    the draw is from softmax(log p / T), not from the model's own p; and the nucleus is that of
+    the tempered distribution (T 0.5 sharpens it, so fewer tokens reach the same mass)."""
+    logp = torch.log_softmax(torch.tensor([[2.0, 1.0, 0.0, -1.0]]), dim=-1)
+    want = torch.softmax(logp / 0.5, dim=-1)
+    for method in ("topp", "topk"):
+        got = filtered_logprobs(logp, method, 4, 1.0, 0.5).softmax(dim=-1)
+        assert torch.allclose(got, want, atol=1e-6), method
+    # untempered the best token holds 0.64 and the first two 0.88; at T 0.5, 0.86 and 0.98
+    assert filtered_logprobs(logp, "topp", 4, 0.8, 1.0).isfinite().tolist() == [[True, True, False, False]]
+    assert filtered_logprobs(logp, "topp", 4, 0.8, 0.5).isfinite().tolist() == [[True, False, False, False]]
+
+
 @pytest.mark.parametrize("method", ["topk", "topp"])
 def test_samples_are_seeded_and_do_not_depend_on_the_batch(method: str) -> None:
     model, sources = random_model(seed=3), random_sources(seed=4, n=5)

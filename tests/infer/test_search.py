@@ -150,6 +150,32 @@ def test_beam_finds_at_least_the_greedy_score() -> None:
         assert b[0].score >= g[0].score - 1e-5
 
 
+def test_early_stopping_loses_no_hypothesis(monkeypatch) -> None:
+    """A sentence leaves the beam only when no live hypothesis can still enter its n-best list:
+    the n-best lists (tokens and scores) equal those of the same search run to the length limit.
+    The bound is a live hypothesis' log-probability over lp(max_len + 1) (not lp(1)), compared
+    with the nbest-th finished score (not the best). The models' eos is raised so that
+    hypotheses end at many lengths and the n-best lists fill before the limit."""
+    def settings(seed: int, alpha: float) -> list[list[tuple[list[int], float]]]:
+        model = random_model(seed=seed, output_bias=True)
+        model.output_bias[EOS_ID] = 3.0
+        src = pad_batch(random_sources(seed=seed + 100, n=4))
+        results = generate(model, src, beam_size=4, nbest=4, length_penalty=alpha)
+        return [[(h.tokens, h.score) for h in hyps] for hyps in results]
+
+    cases = [(seed, alpha) for seed in range(4) for alpha in (0.6, 1.0, 2.0)]
+    stopping = {case: settings(*case) for case in cases}
+    # the search's own no-bound path (that of alpha < 0): a sentence stays until its length limit
+    bounded = search.length_penalty_factor
+    monkeypatch.setattr(search, "length_penalty_factor",
+                        lambda length, alpha: None if isinstance(length, torch.Tensor) else bounded(length, alpha))
+    for case in cases:
+        exhaustive = settings(*case)
+        for got, want in zip(stopping[case], exhaustive, strict=True):
+            assert [t for t, _ in got] == [t for t, _ in want], case
+            assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-4), case
+
+
 def test_max_length_is_respected() -> None:
     model = random_model(seed=10)  # an untrained model rarely says eos: it runs to the limit
     sources = random_sources(seed=11, n=6)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from mtcli.config import ModelConfig
 from mtcli.model import Transformer, Workspace, count_parameters
 from mtcli.model.attention import dropout, padding_attn_mask, reference_attention, sdpa_backends
-from mtcli.model.layers import EncoderLayer, LayerNorm
+from mtcli.model.layers import EncoderLayer, LayerNorm, SublayerConnection
 
 VOCAB = 40
 
@@ -345,6 +345,51 @@ def test_dropout_rate_scale_and_eval_identity() -> None:
     assert torch.equal(model(src, tgt), first)  # training is reproducible from the seed
     model.eval()
     assert torch.equal(model(src, tgt), model(src, tgt))
+
+
+@pytest.mark.parametrize("rate", ["attention_dropout", "activation_dropout"])
+def test_attention_and_activation_dropout_each_act_alone(rate: str) -> None:
+    """model.attention_dropout (on the attention weights) and model.activation_dropout (after the
+    feed-forward activation) each take effect on their own, every other rate 0: two training
+    passes differ; with that rate 0 too they are equal."""
+    src, tgt = make_batch()
+    model = make_model(**{rate: 0.3}).train()
+    assert not torch.allclose(model(src, tgt), model(src, tgt))
+    model = make_model(**{rate: 0.0}).train()
+    assert torch.equal(model(src, tgt), model(src, tgt))
+
+
+def test_model_dropout_drops_each_sublayer_output() -> None:
+    """model.dropout on the residual branch: a pre-norm sublayer gives x + Dropout(f(LayerNorm(x)))
+    while training (each unit of f's output 0 or f / (1 - p)), x + f(LayerNorm(x)) in eval."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 32)
+    block = SublayerConnection(32, 0.5, pre_norm=True).train()
+    branch = block(x, lambda h: h) - x
+    normed = block.norm(x)
+    kept = branch.ne(0)
+    assert 0.3 < kept.float().mean().item() < 0.7
+    assert torch.allclose(branch[kept], 2 * normed[kept], atol=1e-6)
+    assert torch.allclose(block.eval()(x, lambda h: h), x + normed)
+
+
+def test_model_dropout_drops_the_encoder_and_decoder_inputs() -> None:
+    """model.dropout on the embeddings: the encoder's and the decoder's input is
+    Dropout(Embeddings + PE) while training (seen with their layer stacks emptied: each unit 0 or
+    (Embeddings + PE) / (1 - p)); eval leaves it whole."""
+    model = make_model(dropout=0.5, pre_norm=False).train()
+    model.encoder.layers, model.decoder.layers = torch.nn.ModuleList(), torch.nn.ModuleList()
+    src, tgt = make_batch()
+    torch.manual_seed(0)
+    enc = model.encode(src)
+    hidden, _ = model.decoder(tgt, enc)
+    for stack, ids, out in ((model.encoder, src, enc.memory), (model.decoder, tgt, hidden)):
+        whole = stack.positions(stack.embed(ids))
+        kept = out.ne(0)
+        assert 0.3 < kept.float().mean().item() < 0.7
+        assert torch.allclose(out[kept], 2 * whole[kept], atol=1e-5)
+    model.eval()
+    assert torch.allclose(model.encode(src).memory, model.encoder.positions(model.encoder.embed(src)))
 
 
 def test_bf16_autocast_forward_backward_and_decoding() -> None:

@@ -139,6 +139,13 @@ def test_perplexity() -> None:
     assert math.isfinite(perplexity(1e9, 1))
 
 
+def test_perplexity_of_an_untrained_model_is_not_capped_low() -> None:
+    """A fresh model's NLL of about 9 nats a token (an 8000-piece vocabulary) reads as its
+    perplexity, e^9 (about 8100): the cap only keeps exp() finite, far above any real loss."""
+    assert perplexity(90.0, 10) == pytest.approx(math.exp(9.0))
+    assert perplexity(600.0, 1) == pytest.approx(math.exp(600.0))
+
+
 def test_rejects_bad_epsilon() -> None:
     with pytest.raises(ValueError):
         LabelSmoothedLoss(1.0)

@@ -1283,6 +1283,33 @@ def test_gradients_are_clipped_to_clip_norm_and_the_norm_before_is_reported(clip
     assert float(after) == pytest.approx(clip_norm if clip_norm > 0 else float(before), rel=1e-4)
 
 
+def test_a_step_follows_the_gradient_of_the_loss_per_target_token(prepared: Path, tmp_path: Path) -> None:
+    """The loss a step backpropagates is the label-smoothed sum over its batches (here two,
+    update_freq 2) divided by their target tokens (eos included): its gradient norm, reported
+    as the step's grad_norm, is that of this per-token loss computed directly."""
+    import copy
+
+    from mtcli.data.cache import PreparedCorpus
+    from mtcli.train.distributed import DistInfo
+    from mtcli.train.loss import reference_loss
+    from mtcli.train.trainer import Trainer
+
+    config = make_config(prepared, tmp_path / "run", "train.clip_norm=0", "train.update_freq=2",
+                         "train.precision=fp32")
+    trainer = Trainer(config, DistInfo.from_env(), torch.device("cpu"), PreparedCorpus.open(prepared), tmp_path / "run")
+    assert trainer.model.cfg.dropout == 0.0 and trainer.model.cfg.attention_dropout == 0.0
+    reference = copy.deepcopy(trainer.model).train()
+    group, batches = trainer.feed.next()
+    assert len(batches) == 2
+    stats = [s for s in trainer.train_step(group, batches) + [trainer.settle()] if s is not None]
+    tokens = sum(int(b.tgt_out.ne(0).sum()) for b in batches)
+    loss = sum(reference_loss(reference(b.src, b.tgt_in), b.tgt_out, config.train.label_smoothing) for b in batches)
+    (loss / tokens).backward()
+    norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in reference.parameters() if p.grad is not None]))
+    assert stats[0]["tokens"] == tokens
+    assert stats[0]["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
+
+
 def test_a_warmup_past_the_last_step_is_warned_of(prepared: Path, tmp_path: Path) -> None:
     """The README's own `--set train.max_steps=100` on the reference recipe (warmup 1600) never
     got past a sixteenth of the peak rate, without a word."""

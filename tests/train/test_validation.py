@@ -1,9 +1,13 @@
-"""Tests of mtcli.train.validation.Bests: which validation score picks checkpoint_best and counts
-for train.patience, and how the bests resume."""
+"""Tests of mtcli.train.validation: which pairs the validation loss counts, and Bests: which
+validation score picks checkpoint_best and counts for train.patience, and how the bests resume."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import torch
+from conftest import toy_train_config
 
 from mtcli.config import config_from_dict
 from mtcli.errors import ConfigError
@@ -94,3 +98,34 @@ def test_a_resume_under_another_label_smoothing_or_subset_forgets_the_bests_it_c
     same = Bests("bleu", {"label_smoothing": 0.1, "valid_max_sentences": 0})
     same.load_state_dict(by_bleu.state_dict())
     assert same.rebase({"label_smoothing": 0.1}) == [] and same.best == 20  # an older config lacks a key
+
+
+def test_the_validation_loss_counts_the_first_valid_max_sentences_and_pairs_at_the_length_limit(
+        prepared_toy: Path, tmp_path: Path) -> None:
+    """Target tokens (eos included) the validation loss counts: every pair of the split when
+    model.max_positions - 1 is its longest side (a pair at the limit is kept), all but those
+    longest pairs one position less; and with train.valid_max_sentences=3 the first three."""
+    from mtcli.data.cache import PreparedCorpus
+    from mtcli.data.tokenizer import PAD_ID
+    from mtcli.model import Transformer
+    from mtcli.train.loss import LabelSmoothedLoss
+    from mtcli.train.validation import validation_loss
+
+    corpus = PreparedCorpus.open(prepared_toy)
+    split = corpus.eval_split("val", "src", "tgt")
+    src, tgt = corpus.array(split, "src").lengths, corpus.array(split, "tgt").lengths
+    assert corpus.source_prefix("tgt") == []
+    longest = max(src.max(), tgt.max())
+    pair_width = [max(int(a), int(b)) for a, b in zip(src, tgt, strict=True)]
+
+    def tokens(*extra: str) -> int:
+        config = toy_train_config(prepared_toy, tmp_path / "run", *extra)
+        model = Transformer(config.model, corpus.vocab_size)
+        with torch.no_grad():
+            return validation_loss(model, LabelSmoothedLoss(0.1, PAD_ID), corpus, config, torch.device("cpu"))[2]
+
+    assert tokens(f"model.max_positions={longest + 1}") == int(tgt.sum()) + len(tgt)
+    shorter = [int(n) + 1 for n, w in zip(tgt, pair_width, strict=True) if w < longest]
+    assert len(shorter) < len(tgt)
+    assert tokens(f"model.max_positions={longest}") == sum(shorter)
+    assert tokens("train.valid_max_sentences=3") == int(tgt[:3].sum()) + 3
