@@ -656,7 +656,7 @@ def test_nonfinite_loss_skips_then_stops(prepared: Path, tmp_path: Path,
         return out
 
     monkeypatch.setattr(LabelSmoothedLoss, "forward", always_nan)
-    with pytest.raises(TrainingError, match=r"3 non-finite losses in a row.*; lower train.lr_factor \(now 2\), set "
+    with pytest.raises(TrainingError, match=r"3 non-finite losses or gradients in a row.*; lower train.lr_factor \(now 2\), set "
                                             "train.clip_norm, or check the data$"):
         train(make_config(prepared, tmp_path / "run2", "train.max_steps=10", "train.max_nonfinite=3",
                           "train.lr_factor=2", "train.clip_norm=0"))
@@ -666,6 +666,56 @@ def test_nonfinite_loss_skips_then_stops(prepared: Path, tmp_path: Path,
     with pytest.raises(TrainingError, match=r"; lower train.lr_factor \(now 2\), or check the data$"):  # clipped
         train(make_config(prepared, tmp_path / "run4", "train.max_steps=10", "train.max_nonfinite=3",
                           "train.lr_factor=2", "train.clip_norm=1.0"))
+
+
+def nan_gradients_at(monkeypatch: pytest.MonkeyPatch, calls: set[int] | None) -> None:
+    """The first parameter's gradient is NaN in the backward passes numbered ``calls`` (from 1;
+    every one when None), the loss finite: what a bad batch's backward can give."""
+    from mtcli.train.trainer import Trainer
+
+    real_init = Trainer.__init__
+    count = {"n": 0}
+
+    def poisoned(grad: torch.Tensor) -> torch.Tensor:
+        count["n"] += 1
+        return grad * float("nan") if calls is None or count["n"] in calls else grad
+
+    def init(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        real_init(self, *args, **kwargs)
+        next(self.model.parameters()).register_hook(poisoned)
+
+    monkeypatch.setattr(Trainer, "__init__", init)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_non_finite_gradient_is_skipped_without_clipping_or_a_log_step(
+        prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str) -> None:
+    """With train.clip_norm 0 (every recipe) the gradient norm was measured on log steps only,
+    so a NaN gradient with a finite loss was applied on the others: NaN weights, then a stop
+    for non-finite losses. It is skipped as a non-finite loss is (fp16: as an overflow)."""
+    nan_gradients_at(monkeypatch, {3})
+    run = tmp_path / "run"
+    summary = train(make_config(prepared, run, "train.max_steps=6", "train.log_every=5", "train.valid_every=100",
+                                "train.clip_norm=0", f"train.precision={precision}"))
+    assert summary.steps == 6
+    assert all(torch.isfinite(p).all() for p in model_params(run / "checkpoints" / "checkpoint_last.pt").values())
+    log = (run / "train.log").read_text(encoding="utf-8")
+    assert ("fp16 gradients overflowed at step 3: loss scale" if precision == "fp16" else
+            "non-finite loss/gradient at step 3 (epoch 0): update skipped (1 in a row)") in log
+
+
+def test_fp16_gradients_that_overflow_at_any_scale_stop_the_run(prepared: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each overflow halved the loss scale with a debug line alone, and never stopped: the scale
+    sank towards 0 (gradients then vanish, and at 0 an overflow read as a clean step) while the
+    run dropped every batch. Each is said; below fairseq's 1e-4 the run stops with one line."""
+    nan_gradients_at(monkeypatch, None)
+    run = tmp_path / "run"
+    with pytest.raises(TrainingError, match=r"^fp16 loss scale 6.1\d*e-05 at step 1, below 0.0001: the gradients "
+                                            r"overflow at any scale.*train in bf16 or fp32 \(train.precision\)$"):
+        train(make_config(prepared, run, "train.max_steps=6", "train.valid_every=100", "train.precision=fp16"))
+    log = (run / "train.log").read_text(encoding="utf-8")
+    assert log.count("fp16 gradients overflowed at step 1: loss scale") == 30  # 65536 halved 30 times
 
 
 def test_a_skipped_step_before_a_log_step_keeps_the_step_numbers(prepared: Path, tmp_path: Path,
