@@ -37,7 +37,14 @@ from mtcli.allocator import release_freed_memory
 from mtcli.config import DecodeConfig, with_changes
 from mtcli.data.batching import collate, source_batch_tokens, source_batches
 from mtcli.data.textio import ArrivingLines, check_unicode
-from mtcli.device import MemoryBudget, autocast, in_budget_halves, memory_text, resolve_device
+from mtcli.device import (
+    MemoryBudget,
+    autocast,
+    device_has_bf16_units,
+    in_budget_halves,
+    memory_text,
+    resolve_device,
+)
 from mtcli.errors import ConfigError, DataError
 from mtcli.infer.ct2 import ENGINES, CT2Engine, check_supported, open_engine
 from mtcli.infer.ensemble import Ensemble, add_members
@@ -246,6 +253,9 @@ class Translator:
         else:
             run_shortlist(bundle, decode)  # built now: a cache gone or changed is refused, not at every request
         where = decoding_device(decode) if chosen is None else chosen
+        if decode.bf16 and not decode.int8 and engine == "torch" and not device_has_bf16_units(where):
+            get_logger().warning("decode.bf16 on a %s without bf16 matrix units: expect decoding several times slower "
+                                 "than fp32 (--set decode.bf16=false)", where.type)
         fast = None
         if engine == "ctranslate2":
             fast = open_engine(Path(run_dir), bundle, where, decode)

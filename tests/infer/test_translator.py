@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -798,3 +799,18 @@ def test_the_memory_a_checkpoint_took_to_read_is_given_back_once_loaded(tiny_run
     monkeypatch.setattr(module, "add_members", lambda bundle, *a: released.append("loaded") or bundle)
     Translator.from_run(tiny_run_dir, checkpoint="checkpoint_10.pt")
     assert released == ["loaded", "now"]
+
+
+@pytest.mark.parametrize("units", [False, True])
+def test_bf16_decoding_without_bf16_units_is_warned_of(tiny_run_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture, units: bool) -> None:
+    """decode.bf16 on a CPU without bf16 units decoded 4x slower than fp32 without a word
+    (train.precision bf16 there is warned of)."""
+    import mtcli.infer.translator as translator_module
+
+    monkeypatch.setattr(translator_module, "device_has_bf16_units", lambda device: units)
+    caplog.set_level(logging.WARNING, logger="mtcli")
+    Translator.from_run(tiny_run_dir, device="cpu", overrides=["decode.bf16=true"])
+    said = [r.getMessage() for r in caplog.records if "decode.bf16" in r.getMessage()]
+    assert said == ([] if units else ["decode.bf16 on a cpu without bf16 matrix units: expect decoding several "
+                                      "times slower than fp32 (--set decode.bf16=false)"])
