@@ -69,7 +69,9 @@ def validation_scores(model: nn.Module, corpus: PreparedCorpus, config: Config,
                       device: torch.device) -> dict[str, float]:
     """``{"bleu": ..., "chrf": ...}`` of greedy decoding of the validation split (its first
     ``train.valid_max_sentences`` when set) against its references, decoded as ``mtcli
-    translate`` does, by the model as it trains (never ``decode.int8`` or ``decode.shortlist``)."""
+    translate`` does, by the model as it trains (never ``decode.int8`` or ``decode.shortlist``),
+    in the training's precision: a bf16 run's validation decodes in bf16, so ``evaluate`` of the
+    same checkpoint in fp32 (``decode.bf16: false``) may differ from it in the second decimal."""
     data, cfg = config.data, config.train
     split = corpus.eval_split(data.valid_split, data.src_lang, data.tgt_lang)
     source_path = corpus.text_path(split, data.src_lang)
