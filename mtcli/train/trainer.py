@@ -401,8 +401,8 @@ class Trainer:
 
     def _grad_norm(self) -> Tensor:
         """The gradient norm (on the device), the gradients clipped to ``train.clip_norm`` when
-        that is > 0. (Measured alone, without ``clip_grad_norm_``'s pass that multiplies every
-        gradient by 1 when nothing clips: 2-3 ms on a 2-core CPU at Multi30k's shape, not 30.)"""
+        that is > 0 (the norm measured alone: ``clip_grad_norm_`` also multiplies every gradient by
+        1 when nothing clips, ten times the norm's cost on a CPU; docs/performance.md)."""
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads)
         if self.cfg.clip_norm > 0:
