@@ -1168,6 +1168,15 @@ def test_the_best_of_equal_scores_is_the_earliest_as_checkpoint_best_keeps_it(tm
     assert [p.name for p in rd.select_checkpoints(tmp_path, best=1)] == ["checkpoint_20.pt"]
 
 
+def test_the_best_are_ranked_by_the_metric_the_newest_entry_names(tmp_path: Path) -> None:
+    """A resume under train.valid_metric chrf: the newest entry's metric ranks them all, not the
+    oldest's (by BLEU step 10 would be the best)."""
+    _write_run(tmp_path, [10, 20, 30])
+    for step, bleu, chrf, by in ((10, 9.0, 30.0, "bleu"), (20, 1.0, 50.0, "chrf"), (30, 5.0, 40.0, "chrf")):
+        rd.update_index(tmp_path, step, {"loss": 3.0, "bleu": bleu, "chrf": chrf, "by": by})
+    assert [p.name for p in rd.select_checkpoints(tmp_path, best=1)] == ["checkpoint_20.pt"]
+
+
 def test_averaging_checkpoints_of_two_seeds_is_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Two trainings from random starts (seeds 1 and 2) average into no model; checkpoints of one
     run, or fine-tunings of one parent, are what averaging is for."""

@@ -50,6 +50,17 @@ def test_both_tests_find_the_better_system(systems: tuple[Path, Path, Path], tmp
     assert "bs:200" in boot["signatures"]["bleu"] and "ar:200" in rand["signatures"]["chrf"]
 
 
+def test_each_test_draws_its_own_default_number_of_samples(tmp_path: Path) -> None:
+    """1,000 bootstrap resamples and 10,000 randomization swaps, as the docs and sacreBLEU say."""
+    (tmp_path / "ref.txt").write_text("a small dog runs .\nthe cat sleeps .\ntwo men talk .\n", encoding="utf-8")
+    (tmp_path / "a.hyp").write_text("a dog runs .\nthe cat sleeps .\nmen talk .\n", encoding="utf-8")
+    (tmp_path / "b.hyp").write_text("a small dog runs .\nthe cat is sleeping .\ntwo men talk .\n", encoding="utf-8")
+    report = compare([tmp_path / "a.hyp", tmp_path / "b.hyp"], [tmp_path / "ref.txt"], metrics=["chrf"])
+    assert {test: body["samples"] for test, body in report["tests"].items()} == {"bs": 1000, "ar": 10000}
+    assert "|bs:1000|" in report["tests"]["bs"]["signatures"]["chrf"]
+    assert "|ar:10000|" in report["tests"]["ar"]["signatures"]["chrf"]
+
+
 def test_scores_and_p_values_are_sacrebleus_unrounded(systems: tuple[Path, Path, Path], tmp_path: Path) -> None:
     """Scores were rounded to 4 places, then shown to 2: 44.555015 showed as 44.55 where sacreBLEU
     shows 44.56; and a p-value of 1/(samples + 1) below 0.00005 was stored and shown as 0."""
@@ -64,7 +75,7 @@ def test_scores_and_p_values_are_sacrebleus_unrounded(systems: tuple[Path, Path,
     assert score(hyps, refs)["bleu"] == exact.score and score(hyps, refs)["bleu_bp"] == exact.bp
     report = compare([strong, weak], [ref], samples=20, tests=("bs",), metrics=("bleu",), names=["s", "w"])
     assert report["tests"]["bs"]["scores"]["bleu"]["w"]["score"] == exact.score
-    assert [_p_text(p) for p in (1 / 100_001, 0.0123456, 0.0)] == ["1.0e-05", "0.0123", "0.0000"]
+    assert [_p_text(p) for p in (1 / 100_001, 0.0123456, 0.0, 1e-4)] == ["1.0e-05", "0.0123", "0.0000", "0.0001"]
 
 
 def test_a_file_that_opens_with_a_byte_order_mark_is_warned_of(systems: tuple[Path, Path, Path],
@@ -148,7 +159,9 @@ def test_a_system_identical_to_the_baseline_is_not_significant(systems: tuple[Pa
         assert scores["bleu"]["b"]["p_value"] == scores["ter"]["b"]["p_value"] == 1.0
         assert scores["bleu"]["b"]["identical_to_baseline"] and "identical_to_baseline" not in scores["bleu"]["c"]
         assert scores["bleu"]["c"]["p_value"] < 0.05
+        assert "p_floor" not in scores["bleu"]["b"]  # (p = 1 already: no floor raised it)
     assert "p = 1.0000 (the baseline's output, line for line)" in render(report)
+    assert "few lines differ" not in render(report)
     twice = compare([weak, weak], [ref], metrics=["bleu"], tests=["bs"], samples=10)  # was refused: same name
     assert twice["tests"]["bs"]["scores"]["bleu"][f"{weak} (2)"]["identical_to_baseline"]
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from conftest import REPO, TOY_CONFIG, TOY_DIR, make_trilingual, mtcli_status, multi_overrides
 
+from mtcli.checkpoint import save_checkpoint
 from mtcli.multilingual import MARKS, render
 
 
@@ -162,3 +164,57 @@ def test_a_bilingual_row_of_another_test_set_is_not_set_beside_it() -> None:
             "these: 200 sentences)") in text
     seed["directions"]["en-de"]["sentences"] = 1000
     assert combine({"1": seed}, bilingual)["directions"]["en-de"]["bilingual_bleu_lc"] == 41.18
+
+
+def test_the_kept_averages_validation_scores_are_those_of_its_window(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """Each direction's val BLEU passed on (as the recipe length penalty's score) is the chosen
+    window's, not the last window tried."""
+    import mtcli.multilingual
+
+    for step in (10, 20, 30):
+        save_checkpoint(tmp_path / "checkpoints" / f"checkpoint_{step}.pt",
+                        {"format": 1, "step": step, "model": {"w": torch.full((2,), float(step))}})
+    by_k = {"avg1": (30.0, 32.0), "avg2": (35.0, 37.0), "avg3": (33.0, 33.0)}
+
+    def evaluate_directions(run_dir: Path, *, split: str, checkpoint: str, output_dir: Path) -> list[dict]:
+        return [{"direction": d, "bleu": b} for d, b in zip(("a-b", "c-d"), by_k[output_dir.name], strict=True)]
+
+    monkeypatch.setattr(mtcli.multilingual, "evaluate_directions", evaluate_directions)
+    path, k, by_mean, valid = mtcli.multilingual.choose_average_all(tmp_path, "val", 3)
+    assert (path.name, k, by_mean) == ("checkpoint_avg_last2.pt", 2, {"1": 31.0, "2": 36.0, "3": 33.0})
+    assert valid == {"a-b": 35.0, "c-d": 37.0}
+
+
+def test_a_directions_row_holds_the_mean_sample_sd_and_its_difference_to_the_bilingual_row() -> None:
+    from mtcli.multilingual import combine
+
+    def seed(bleu_lc: float) -> dict:
+        return {"directions": {"en-de": {"bleu": bleu_lc - 1, "bleu_lc": bleu_lc, "chrf": 55.0, "sentences": 1000,
+                                         "bleu_lc_signature": "case:lc|tok:13a"}},
+                "params": 1e6, "train_steps": 10, "train_minutes": 1.0, "train_tokens_per_s": 1.0, "commit": "c",
+                "device": "cpu"}
+
+    bilingual = {"en-de": {"bleu_lc": 29.0, "seeds": ["1", "2"], "test_set": "test_2016_flickr (1000 sentences)"}}
+    text = render(combine({"1": seed(30.0), "2": seed(32.0)}, bilingual))
+    row = next(line for line in text.splitlines() if line.startswith("| en-de"))
+    assert row == "| en-de | 31.00 | 1.41 | 30.00 / 32.00 | 29.00 (2 seeds) | +2.00 |"  # (sd over n - 1)
+
+
+def test_a_directions_length_penalty_is_chosen_on_its_validation_split_and_test_decoded_once(
+        tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    from types import SimpleNamespace
+
+    import mtcli.multilingual
+
+    calls: list[tuple[str, float]] = []
+
+    def evaluate(run_dir: Path, *, split: str, length_penalty: float, **kwargs) -> dict:  # noqa: ANN003
+        calls.append((split, length_penalty))
+        return {"bleu": 40.0 - abs(length_penalty - 1.4) - 5 * (split == "test"), "device": "cpu"}
+
+    monkeypatch.setattr(mtcli.multilingual, "evaluate", evaluate)
+    config = SimpleNamespace(data=SimpleNamespace(valid_split="val", test_splits=["test", "test2"]),
+                             decode=SimpleNamespace(length_penalty=1.0))
+    row = mtcli.multilingual.score_direction(tmp_path, config, tmp_path / "avg.pt", ("src", "tgt"), recipe_bleu=39.6)
+    assert row["length_penalty"] == 1.4 and row["bleu"] == 35.0
+    assert calls == [("val", 0.6), ("val", 1.4), ("val", 1.8), ("test", 1.4)]

@@ -9,10 +9,10 @@ import pytest
 import torch
 from conftest import TOY_CONFIG, TOY_DIR, mtcli_status
 
-from mtcli.checkpoint import load_checkpoint
+from mtcli.checkpoint import load_checkpoint, save_checkpoint
 from mtcli.reproduce import combine_seeds, render_markdown, write_results
 from mtcli.results import MARK_END, MARK_START, device_name
-from mtcli.tuning import search_length_penalty
+from mtcli.tuning import choose_average, search_length_penalty
 
 ROW = {
     "bleu": 38.123, "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
@@ -204,6 +204,22 @@ def test_length_penalty_search_reuses_the_recipe_score_and_prefers_it_on_ties() 
 
     best, scores = search_length_penalty(flat, 1.0, recipe_score=40.0)
     assert best == 1.0 and 1.0 not in calls and scores["1.0"] == 40.0
+
+
+def test_length_penalty_search_breaks_a_tie_without_the_recipe_by_the_smaller_alpha() -> None:
+    by_alpha = {0.2: 38.0, 0.6: 40.0, 1.0: 39.0, 1.4: 40.0, 1.8: 38.0}
+    best, scores = search_length_penalty(by_alpha.__getitem__, 1.0)
+    assert best == 0.6 and sorted(scores, key=float) == ["0.2", "0.6", "1.0", "1.4"]  # (1.4 would try 1.8)
+
+
+def test_averaging_window_ties_go_to_the_smaller_window_and_only_it_stays(tmp_path: Path) -> None:
+    for step in (10, 20, 30):
+        save_checkpoint(tmp_path / "checkpoints" / f"checkpoint_{step}.pt",
+                        {"format": 1, "step": step, "model": {"w": torch.full((2,), float(step))}})
+    path, used, scores = choose_average(tmp_path, "val", 3, lambda path, k: 40.0 + (k > 1))
+    assert scores == {"1": 40.0, "2": 41.0, "3": 41.0}
+    assert path.name == "checkpoint_avg_last2.pt" and [p.name for p in used] == ["checkpoint_20.pt", "checkpoint_30.pt"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("checkpoint_avg_*")) == ["checkpoint_avg_last2.pt"]
 
 
 def test_seeds_train_their_own_runs_and_the_row_keeps_each(tmp_path: Path, toy_config_path: Path) -> None:
@@ -442,6 +458,22 @@ def test_a_seed_run_again_keeps_the_other_seeds_of_its_recipe_only() -> None:
     assert with_earlier_seeds(earlier, other) == other
     unknown = combine_seeds({1: seed_row(1, 10.0, None)})
     assert with_earlier_seeds(earlier, unknown) == unknown
+
+
+def test_a_seed_run_again_is_listed_in_seed_order_with_the_kept_ones() -> None:
+    """Seeds 2 and 3 kept from the earlier row come before seed 1 run again; each seed's window,
+    length penalty and steps are listed in the order of the seeds the row names."""
+    from mtcli.reproduce import with_earlier_seeds
+
+    def seed_row(seed: int, window: int, alpha: float) -> dict:
+        return dict(ROW, seed=seed, train_steps=1000 * seed, average_last=window, length_penalty=alpha, recipe="a",
+                    decode="beam 5, length penalty 1")
+
+    earlier = combine_seeds({2: seed_row(2, 2, 0.6), 3: seed_row(3, 3, 1.4)})
+    again = with_earlier_seeds(earlier, combine_seeds({1: seed_row(1, 1, 1.0)}))
+    assert again["decode"] == ("beam 5; for seed 1/2/3: the average of the last 1/2/3 checkpoints and length "
+                               "penalty 1/0.6/1.4 (chosen on val)")
+    assert again["train_steps"] == [1000, 2000, 3000]
 
 
 def test_seeds_trained_on_other_data_are_neither_kept_nor_merged(tmp_path: Path, prepared_toy: Path) -> None:

@@ -12,6 +12,8 @@ import pytest
 from mtcli.data.cache import (
     FORMAT_VERSION,
     ArrayWriter,
+    ConcatArray,
+    PrefixedArray,
     PreparedCorpus,
     TokenArray,
     token_dtype,
@@ -225,3 +227,16 @@ def test_a_file_system_that_cannot_lock_a_directory_leaves_the_cache_unlocked(tm
     monkeypatch.setattr(cache.fcntl, "flock", cannot)
     for exclusive in (True, False):
         assert cache.CacheLock(tmp_path, exclusive=exclusive).fd is None
+
+
+def test_a_tag_prefix_goes_before_every_sentence_and_counts_in_its_length(tmp_path: Path) -> None:
+    """Written with a prefix (a corpus's tags) or read through one (a sampled epoch's sources):
+    the tags come first, and the lengths that batches are cut by count them."""
+    sents = [[5, 6, 7], [8], [9, 10]]
+    with ArrayWriter(tmp_path, "train.0", "de", np.uint16, prefix=[3, 4]) as writer:
+        writer.append(np.array([i for s in sents for i in s]), np.array([len(s) for s in sents]))
+    array = TokenArray(tmp_path / "train.0.de.bin", tmp_path / "train.0.de.idx", np.uint16)
+    assert [array[i].tolist() for i in range(3)] == [[3, 4, 5, 6, 7], [3, 4, 8], [3, 4, 9, 10]]
+    prefixed = PrefixedArray(ConcatArray([array]), [1])
+    assert [prefixed[i].tolist()[:2] for i in range(3)] == [[1, 3]] * 3
+    assert prefixed.lengths.tolist() == [len(prefixed[i]) for i in range(3)] == [6, 4, 5]

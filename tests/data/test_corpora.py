@@ -319,6 +319,12 @@ def test_subword_sampling_keeps_each_corpus_and_its_tags(multi: tuple[Path, Path
             resampled += drawn != best
         assert resampled > len(cached[side]) // 4, side
         assert any(epoch0[side][i].tolist() != epoch1[side][i].tolist() for i in range(len(cached[side])))
+    # src->tgt and src->xx read the same source text: each corpus draws its own segmentation of it
+    sizes = corpus.corpus_sizes()
+    first, third = range(sizes[0]), range(sizes[0] + sizes[1], sum(sizes[:3]))
+    same = [(i, j) for i, j in zip(first, third, strict=False) if cached[0][i].tolist()[1:] == cached[0][j].tolist()[1:]]
+    assert len(same) > len(first) // 2
+    assert any(epoch0[0][i].tolist()[1:] != epoch0[0][j].tolist()[1:] for i, j in same)
     # and the trainer reads them: a couple of steps over every corpus
     summary = train(with_changes(config, "train", max_steps=2, valid_every=100000, valid_bleu=False))
     assert summary.steps == 2
@@ -389,6 +395,15 @@ def test_a_corpus_listed_twice_is_warned_about() -> None:
     assert len(plan.spm_texts()) == 2  # (another spelling of the same directory: its text learned once)
     assert plan.notes == [f"data.sources[2] repeats data.sources[0] ({TOY_DIR}/./, src->tgt): its pairs are drawn with "
                         "both weights together; list it once with the weight it should have"]
+
+
+def test_corpora_of_one_target_language_get_no_target_tag() -> None:
+    """A tag asks for a language: with one target there is none to ask for, and no source starts
+    with one."""
+    sources = f"[{{source: {TOY_DIR}}}, {{source: {TOY_DIR}/./, weight: 2}}]"
+    plan = plan_corpora(load_config(TOY_CONFIG, ["data.source=", f"data.sources={sources}"]).data)
+    assert plan.target_tags == {} and [corpus.prefix for corpus in plan.corpora] == [[], []]
+    assert plan.symbols() == []
 
 
 def test_one_target_language_spelled_two_ways_is_warned_of(multi: tuple[Path, Path], tmp_path: Path) -> None:

@@ -134,6 +134,11 @@ def test_the_trainer_resegments_the_sides_asked_for(prepared_toy: Path, tmp_path
         assert (not all(same)) if sampled else all(same), (lang, sides)
         assert all(tok.decode(epoch0[side][i].tolist()) == tok.decode(best[i].tolist())
                    for i in range(len(best)))
+        if sampled:  # each side draws with its own generator, seeded (train.seed, epoch, side)
+            lines = list(read_lines(corpus.text_path(config.data.train_split, lang)))
+            drawn = WordSegmentationSampler(tok, lines, best, config.train.subword_alpha, nbest=config.train.subword_nbest
+                                            ).sample(np.random.default_rng([config.train.seed, 0, side]))
+            assert all(epoch0[side][i].tolist() == drawn[i].tolist() for i in range(len(best))), lang
 
 
 def test_a_bpe_model_is_refused_in_one_line(prepared_toy: Path, tmp_path: Path) -> None:

@@ -50,6 +50,14 @@ def test_table_keeps_the_likeliest_targets_of_each_source_piece() -> None:
     assert shortlist.candidates(src).tolist() == [0, 1, 2, 3, 10, 12]
 
 
+def test_a_piece_repeated_in_a_sentence_counts_once_and_unseen_pieces_are_never_frequent() -> None:
+    source = [np.array([4]), np.array([4]), np.array([4])]
+    target = [np.array([11, 11, 11]), np.array([12]), np.array([12])]
+    shortlist = build_shortlist(source, target, 16, per_source=1, frequent=5)
+    assert shortlist.table[4].tolist() == [12]  # p(12 | 4) = 2/3, p(11 | 4) = 1/3 (not 3/3)
+    assert sorted(shortlist.frequent.tolist()) == [11, 12]  # the two seen, not 5 ids
+
+
 def test_the_pairs_counted_are_spread_over_every_corpus() -> None:
     """Only the first MAX_PAIRS pairs were counted: in a multilingual cache, its corpora one after
     another, a later direction's tag and pieces got no candidates."""

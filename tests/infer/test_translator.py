@@ -109,6 +109,15 @@ def test_truncated_lines_are_said_three_by_three_then_counted(translator: Transl
                         "11, 12, 13, ...)"]
 
 
+def test_a_truncated_line_of_a_later_window_is_named_by_its_line_in_the_input(translator: Translator,
+                                                                               caplog: pytest.LogCaptureFixture) -> None:
+    long = " ".join(["hund"] * 400)
+    list(translator.stream(["rot", "rot", "rot", long], window=2, name="in.txt", offset=10,
+                           decode=translator.settings(beam=1, max_len_a=0.0, max_len_b=2)))
+    said = [r.getMessage().split(": source has")[0] for r in caplog.records if "truncated" in r.getMessage()]
+    assert said == ["in.txt: line 14"]
+
+
 def test_overrides_given_as_one_string_are_a_type_error(tiny_run_dir: Path) -> None:
     """It was read a character at a time: "--set 'd': expected section.key=value"."""
     with pytest.raises(TypeError, match="overrides must be a list of 'decode.key=value' strings, not one"):
