@@ -10,6 +10,7 @@ collectives so that every rank stops at the same step. In one process they are t
 from __future__ import annotations
 
 import contextlib
+import datetime
 import gc
 import os
 from collections.abc import Iterator
@@ -58,14 +59,22 @@ class DistInfo:
             raise TrainingError("RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE must be integers") from None
 
 
+#: How long a rank waits in a collective: the others wait while rank 0 validates (decoding the
+#: whole validation split), which NCCL's default of 10 minutes does not always cover (gloo's
+#: default, and Hugging Face's for both).
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
+
+
 def init_distributed(info: DistInfo, device: torch.device) -> None:
-    """Join the process group of a multi-process run (a no-op in one process or if joined)."""
+    """Make a CUDA ``device`` the current one (streams, events and new tensors default to it:
+    ``train.device: cuda:1`` in one process too), and join the process group of a multi-process
+    run (a no-op in one process or if joined)."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if not info.distributed or dist.is_initialized():
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend=backend, rank=info.rank, world_size=info.world_size)
+    dist.init_process_group(backend=backend, rank=info.rank, world_size=info.world_size, timeout=COLLECTIVE_TIMEOUT)
     info.initialized_here = True
 
 

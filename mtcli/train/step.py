@@ -87,7 +87,7 @@ class HostValues:
             self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
             self._host.copy_(values, non_blocking=True)
             self._done = torch.cuda.Event()
-            self._done.record()
+            self._done.record(torch.cuda.current_stream(values.device))  # the copy's stream, on its device
 
     def read(self) -> list[float]:
         """The values (waiting for their copy if it is still under way)."""

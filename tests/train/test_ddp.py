@@ -379,3 +379,32 @@ def test_ranks_refuse_different_resume_points_and_a_gone_peer_is_one_line(tmp_pa
                                     "error, on its console, and in train.log once the run has one, says why) or the "
                                     "connection to it failed (")
     assert "\n" not in found["peer"]
+
+
+def test_a_cuda_device_is_made_current_in_one_process_too_and_ranks_wait_half_an_hour(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """train.device cuda:1 in one process: CUDA events and streams defaulted to GPU 0, so the
+    step's values copied from GPU 1 were read before their copy had landed. And the ranks
+    waiting while rank 0 validates were cut off by NCCL's 10-minute default."""
+    from mtcli.train.distributed import DistInfo, init_distributed
+
+    made_current: list[torch.device] = []
+    joined: list[dict] = []
+    monkeypatch.setattr(torch.cuda, "set_device", made_current.append)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: joined.append(kwargs))
+    init_distributed(DistInfo(), torch.device("cuda:1"))
+    assert made_current == [torch.device("cuda:1")] and joined == []
+    init_distributed(DistInfo(), torch.device("cpu"))
+    assert made_current == [torch.device("cuda:1")]
+    init_distributed(DistInfo(rank=1, world_size=2), torch.device("cuda:1"))
+    assert [j["backend"] for j in joined] == ["nccl"] and joined[0]["timeout"].total_seconds() == 1800
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="reading a second GPU's values needs two GPUs")
+def test_values_copied_from_a_second_gpu_are_read_after_their_copy() -> None:
+    from mtcli.train.step import HostValues
+
+    with torch.cuda.device(0):
+        values = torch.arange(1 << 20, dtype=torch.float64, device="cuda:1").sum().view(1)
+        assert HostValues(values).read() == [float((1 << 20) * ((1 << 20) - 1) // 2)]
