@@ -135,7 +135,9 @@ def build_batches(args: argparse.Namespace, path: Path) -> dict[str, Any]:
         from mtcli.data.batching import padding_fraction
 
         padding_epoch = padding_fraction(all_batches, src_len, tgt_len)
-        batches = [collate(src, tgt, b) for b in all_batches[:need]]
+        # the corpus's batches again from the first when it has fewer than warm-up + timed steps
+        # (a large --max-tokens): every step timed is one the figures count
+        batches = [collate(src, tgt, all_batches[i % len(all_batches)]) for i in range(need)]
     payload = {
         "src": [b.src for b in batches],
         "tgt_in": [b.tgt_in for b in batches],
@@ -249,6 +251,8 @@ def fixed_shape_batches(args: argparse.Namespace, data: dict[str, Any], packed: 
     groups = pack_epoch(*lengths, fits, n_rows, args.pack_length, seed=1, epoch=0)
     batches = [collate_packed(src, tgt, rows, n_rows, args.pack_length)
                for rows in (groups[:-1] if len(groups) > 1 and len(groups[-1]) < n_rows else groups)]
+    # packed, the pairs fill fewer batches: as many as the token batches, from the first again
+    batches = [batches[i % len(batches)] for i in range(len(data["src"]))]
     for key in PACKED_KEYS:
         data[key] = [getattr(b, key) for b in batches]
 
@@ -314,7 +318,12 @@ def worker_variant(args: argparse.Namespace) -> dict[str, Any]:
     if args.sdpa_backends:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
+        import mtcli.model.attention as attention
+
         backends = sdpa_kernel([getattr(SDPBackend, b.strip().upper()) for b in args.sdpa_backends.split(",")])
+        # the backends asked for: mtcli's attention otherwise enters its own choice inside them
+        # (16-bit on CUDA: every backend but cuDNN's), which wins
+        attention.sdpa_backends = lambda device_type, dtype: None
 
     ours = name.startswith("ours")
     # like with like: both loops run each batch once, unless --set train.rdrop_alpha=A asks for

@@ -40,3 +40,21 @@ def test_the_gpu_rows_are_written_on_a_cpu_in_the_smoke_shape(tmp_path: Path) ->
     for row in rows:
         assert {"variant", "device", "tokens_per_s", "mfu", "peak_mem_gb", "vs_reference"} <= set(row)
         assert row["tokens_per_s"] > 0 and row["peak_mem_gb"] > 0
+
+
+def test_every_step_asked_for_is_timed_however_few_batches_the_corpus_makes(tmp_path: Path) -> None:
+    """The synthetic corpus made 36 batches of gpu_check.sh's 25,000 tokens, so its 12 + 30 steps
+    timed 24 (22 packed), and a warm-up past the batches divided by zero. The batches now come
+    round again from the first."""
+    import argparse
+
+    import torch
+
+    bench = bench_script("bench_train")
+    args = argparse.Namespace(warmup=5, steps=3, prepared=tmp_path / "none", synthetic=True, smoke=False, vocab=500,
+                              mean_length=28.0, max_tokens=150_000, pack_length=128, static_length=32)
+    info = bench.build_batches(args, tmp_path / "batches.pt")
+    assert info["batches"] == 8 and 0 < info["padding_timed_batches"] < 1
+    data = torch.load(tmp_path / "batches.pt", weights_only=True)
+    bench.fixed_shape_batches(args, data, True, 500)
+    assert len(data["src"]) == 8 and {tuple(s.shape) for s in data["src"]} == {(150_000 // 128, 128)}
