@@ -988,3 +988,122 @@ def test_a_body_that_stops_arriving_is_answered_408(monkeypatch: pytest.MonkeyPa
 
     asyncio.run(serve_guards.BodyLimit(app, 1000)({"type": "http", "headers": []}, receive, send))
     assert sent[0]["status"] == 408 and b"stopped arriving for 0.2 s" in sent[1]["body"]
+
+
+def test_a_request_at_each_limit_is_taken_and_one_past_it_refused() -> None:
+    """Every limit is a most: a request with exactly max_lines lines, a line of max_chars
+    characters, max_total_chars in all or a beam or n-best of max_beam passes; one more is refused
+    (413 for the size, 422 for the search), naming what was asked."""
+    from mtcli.serve import Limits
+    from mtcli.serve_requests import RequestError, TranslateRequest, check_request
+
+    limits = Limits(max_lines=3, max_chars=4, max_total_chars=10, max_beam=5)
+    for body in ({"text": ["a", "b", "c"]}, {"text": ["abcd"]}, {"text": ["abcd", "abcd", "ab"]},
+                 {"text": ["a"], "beam": 5, "nbest": 5}, {"text": ["a"], "beam": 1, "nbest": 1}):
+        check_request(TranslateRequest(**body), limits)
+    for body, status, said in (
+            ({"text": ["a"] * 4}, 413, "too many lines: 4 (at most 3 a request)"),
+            ({"text": ["abcde"]}, 413, "text[0] has 5 characters (at most 4)"),
+            ({"text": ["abcd", "abcd", "abc"]}, 413, "11 characters in the request (at most 10)"),
+            ({"text": ["a"], "beam": 6}, 422, "beam must be between 1 and 5, got 6"),
+            ({"text": ["a"], "nbest": 6}, 422, "nbest must be between 1 and 5, got 6"),
+            ({"text": ["a"], "nbest": 0}, 422, "nbest must be between 1 and 5, got 0")):
+        with pytest.raises(RequestError) as caught:
+            check_request(TranslateRequest(**body), limits)
+        assert (caught.value.status, str(caught.value)) == (status, said)
+
+
+def test_a_line_of_as_many_pieces_as_the_model_reads_is_taken() -> None:
+    """A line is refused (413) only when it encodes to more pieces than the model reads."""
+    from types import SimpleNamespace
+
+    from mtcli.serve_requests import RequestError, TranslateRequest, check_decoding
+
+    translator = SimpleNamespace(decode=SimpleNamespace(shortlist=0, sampling="none"), engine=None,
+                                 max_source_pieces=4, source_pieces=lambda text, **_: [len(line) for line in text])
+    check_decoding(TranslateRequest(text=["abcd", "a"]), translator)  # type: ignore[arg-type]
+    with pytest.raises(RequestError, match=r"^text\[1\] encodes to 5 pieces \(the model reads at most 4\)") as caught:
+        check_decoding(TranslateRequest(text=["abcd", "abcde"]), translator)  # type: ignore[arg-type]
+    assert caught.value.status == 413
+
+
+def test_the_limits_fit_a_servers_own_nbest() -> None:
+    """A server whose own n-best (or beam) is past max_beam takes requests asking for it."""
+    from types import SimpleNamespace
+
+    from mtcli.serve import Limits
+
+    limits = Limits()
+    assert limits.fitting(SimpleNamespace(beam_size=4, nbest=20)).max_beam == 20  # type: ignore[arg-type]
+    assert limits.fitting(SimpleNamespace(beam_size=18, nbest=1)).max_beam == 18  # type: ignore[arg-type]
+    assert limits.fitting(SimpleNamespace(beam_size=4, nbest=2)) is limits  # type: ignore[arg-type]
+
+
+class Recording(Poisoned):
+    """A :class:`Poisoned` translator that also records the settings of each call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.settings: list[dict[str, object]] = []
+
+    def translate(self, lines: list[str], **settings: object) -> list[str]:
+        self.settings.append(settings)
+        return super().translate(lines, **settings)
+
+
+def test_the_batcher_decodes_together_only_requests_of_equal_settings() -> None:
+    """Requests are batched by their settings (a setting left None is the server's own, as if
+    not given); each batch is one call with its settings, and each request gets its own lines."""
+    from mtcli.serve import Batcher, Limits
+
+    translator = Recording()
+    batcher = Batcher(translator, Limits(batch_wait_ms=300))  # type: ignore[arg-type]
+    try:
+        futures = [batcher.submit(["a"], "id0", beam=2), batcher.submit(["b"], "id1", beam=3),
+                   batcher.submit(["c"], "id2", beam=2, seed=None), batcher.submit(["d"], "id3"),
+                   batcher.submit(["e"], "id4", beam=None)]
+        results = [f.result(timeout=30) for f in futures]
+    finally:
+        batcher.close()
+    assert results == [("poisoned", [x]) for x in "ABCDE"]
+    assert sorted(zip(map(tuple, translator.calls), [sorted(s.items()) for s in translator.settings], strict=True)) == [
+        (("a", "c"), [("beam", 2)]), (("b",), [("beam", 3)]), (("d", "e"), [])]
+
+
+def test_the_batcher_gathers_no_more_than_batch_lines() -> None:
+    """A first request of batch_lines lines is decoded alone: the next waits for the next batch."""
+    from mtcli.serve import Batcher, Limits
+
+    translator = Poisoned()
+    batcher = Batcher(translator, Limits(batch_wait_ms=200, batch_lines=2))  # type: ignore[arg-type]
+    try:
+        futures = [batcher.submit(["a", "b"], "id0"), batcher.submit(["c"], "id1")]
+        assert [f.result(timeout=30) for f in futures] == [("poisoned", ["A", "B"]), ("poisoned", ["C"])]
+    finally:
+        batcher.close()
+    assert translator.calls == [["a", "b"], ["c"]]
+
+
+def test_closing_the_batcher_while_it_gathers_ends_it_after_that_batch() -> None:
+    """close() during the wait for more requests decodes what was gathered, then stops the worker."""
+    from mtcli.serve import Batcher, Limits
+
+    batcher = Batcher(Poisoned(), Limits(batch_wait_ms=300))  # type: ignore[arg-type]
+    future = batcher.submit(["a"], "id0")
+    time.sleep(0.05)  # the worker waits for more
+    assert batcher.close(timeout=3)
+    assert future.result(timeout=0) == ("poisoned", ["A"]) and not batcher.alive
+
+
+def test_a_failed_batch_of_two_requests_fails_only_the_bad_one() -> None:
+    from mtcli.serve import Batcher, Limits
+
+    translator = Poisoned()
+    batcher = Batcher(translator, Limits(batch_wait_ms=300))  # type: ignore[arg-type]
+    try:
+        good, bad = batcher.submit(["x"], "id0"), batcher.submit(["poison"], "id1")
+        assert good.result(timeout=30) == ("poisoned", ["X"])
+        assert isinstance(bad.exception(timeout=30), TypeError)
+    finally:
+        batcher.close()
+    assert translator.calls == [["x", "poison"], ["x"], ["poison"]]

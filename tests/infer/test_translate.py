@@ -173,6 +173,31 @@ def test_order_restored_and_counts_preserved(fake_search, caplog) -> None:  # no
     assert all(b == 1 or b * s <= 12 for b, s in fake_search)
 
 
+def test_a_window_names_its_lines_from_the_offset(caplog) -> None:  # noqa: ANN001
+    """A window after the first counts its lines on from ``offset``: the line a typed tag starts
+    is named by its number in the input, and its empty lines are filled without the model."""
+    from mtcli.infer.translate import encode_window
+
+    class Tagged(_FakeTokenizer):
+        def encode(self, text: str) -> list[int]:
+            return [4 if w.startswith("<") else int(w[1:]) for w in text.split()]
+
+    with caplog.at_level(logging.WARNING, logger="mtcli"):
+        sources, results = encode_window(Tagged(), ["w5", "", "<2xx> w6"], 8, "doc", 40, prefix=[3])
+    assert "doc: line 43 starts with <2xx>, which is read as text" in caplog.text
+    assert sources == {0: [3, 5], 2: [3, 4, 6]} and results[1][0].text == "" and results[0] is None
+
+
+def test_a_line_of_as_many_pieces_as_the_model_reads_is_not_said_truncated(caplog) -> None:  # noqa: ANN001
+    from mtcli.infer.translate import encode_window
+
+    line = " ".join(f"w{i}" for i in range(4, 12))  # 8 pieces, the limit
+    with caplog.at_level(logging.WARNING, logger="mtcli"):
+        sources, _ = encode_window(_FakeTokenizer(), [line, line + " w12"], 8, "doc", 0)
+    assert sources == {0: list(range(4, 12)), 1: list(range(4, 12))}
+    assert "doc: line 2: source has 9 pieces, truncated" in caplog.text and "line 1" not in caplog.text
+
+
 def test_progress_counts_lines_as_batches_finish(fake_search) -> None:  # noqa: ANN001
     # The window's longest lines are decoded first; the first line can only be yielded when its
     # batch is done, but on_done already reports every finished batch (and the empty lines).

@@ -446,7 +446,9 @@ def test_ctranslate2_best_translation_does_not_depend_on_how_many_are_asked_for(
     for beam in (2, 4):
         best = theirs.translate(lines, beam=beam, max_len_a=0.0, max_len_b=6)
         for n in range(2, beam + 1):
-            assert [found[0].text for found in theirs.nbest(lines, n=n, beam=beam, max_len_a=0.0, max_len_b=6)] == best
+            found = theirs.nbest(lines, n=n, beam=beam, max_len_a=0.0, max_len_b=6)
+            assert [hyps[0].text for hyps in found] == best
+            assert all(len(hyps) == n for hyps in found)  # the whole beam is searched, n of it kept
 
 
 def test_ctranslate2_engine_refuses_what_it_cannot_do(tiny_run_dir: Path) -> None:
