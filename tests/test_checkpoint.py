@@ -152,6 +152,29 @@ def test_truncated_checkpoint_is_detected(tmp_path: Path, keep: float) -> None:
     assert str(path) in message and expected in message
 
 
+def test_bytes_appended_after_the_payload_are_detected(tmp_path: Path) -> None:
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, toy_state(3))
+    data = path.read_bytes()
+    size = len(data) - data.index(b"\n") - 1
+    path.write_bytes(data + b"x")
+    with pytest.raises(CheckpointError) as exc:
+        load_checkpoint(path)
+    assert f"checksum mismatch (corrupted or truncated: {size + 1} of {size} payload bytes)" in one_line(exc)
+
+
+def test_a_checkpoint_saved_over_after_loading_is_not_named_as_loaded(tmp_path: Path) -> None:
+    import hashlib
+
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, toy_state(3, seed=1))
+    _, payload_sha256 = ck.load_checkpoint_with_id(path)
+    assert ck.sha256_of_loaded(path, payload_sha256) == hashlib.sha256(path.read_bytes()).hexdigest()
+    save_checkpoint(path, toy_state(4, seed=2))  # a training run saving over it
+    with pytest.raises(CheckpointError, match="c.pt: replaced while it was being read"):
+        ck.sha256_of_loaded(path, payload_sha256)
+
+
 @pytest.mark.parametrize("where", ["payload-start", "payload-middle", "payload-end", "digest"])
 def test_bit_flip_is_detected(tmp_path: Path, where: str) -> None:
     path = tmp_path / "c.pt"
@@ -559,6 +582,20 @@ def test_lock_of_reused_pid_is_stale(tmp_path: Path) -> None:
     )
     with RunLock(tmp_path) as lock:
         assert lock.held
+
+
+def test_lock_from_before_a_reboot_is_stale_though_its_pid_is_alive_again(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import mtcli.runlock as runlock
+
+    monkeypatch.setattr(runlock, "_boot_id", lambda: "this-boot")
+    lock = {"pid": os.getpid(), "host": socket.gethostname(), "started": "x"}  # no proc_start: an older lock
+    (tmp_path / "train.lock").write_text(json.dumps({**lock, "boot_id": "this-boot"}))
+    with pytest.raises(RunLockedError):  # its pid alive since this boot: held
+        RunLock(tmp_path).acquire()
+    (tmp_path / "train.lock").write_text(json.dumps({**lock, "boot_id": "an-earlier-boot"}))
+    with RunLock(tmp_path) as taken:
+        assert taken.held
 
 
 def test_lock_from_another_host_is_refused(tmp_path: Path) -> None:

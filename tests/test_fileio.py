@@ -180,6 +180,25 @@ def test_unchanged_since_trusts_only_a_settled_file_with_the_same_size_time_and_
     assert not unchanged_since(tmp_path / "gone", settled) and not unchanged_since(path, None)
 
 
+def test_unchanged_since_notices_a_new_size_or_another_file_under_the_old_time(tmp_path: Path) -> None:
+    path = tmp_path / "f.txt"
+    path.write_text("hello\n")
+    hour_ago = time.time_ns() - 3600 * 10**9
+    os.utime(path, ns=(hour_ago, hour_ago))
+    settled = file_record(path, sha256_file(path), time.time_ns())
+    path.write_text("hello, world\n")
+    os.utime(path, ns=(hour_ago, hour_ago))  # appended to, its old time put back: the size moved
+    assert not unchanged_since(path, settled)
+    path.write_text("hello\n")
+    os.utime(path, ns=(hour_ago, hour_ago))
+    assert unchanged_since(path, settled)
+    other = tmp_path / "g.txt"
+    other.write_text("HELLO\n")
+    os.utime(other, ns=(hour_ago, hour_ago))
+    os.replace(other, path)  # another file of that size and time renamed over it: a new inode
+    assert not unchanged_since(path, settled)
+
+
 def test_file_hasher_reuses_a_settled_digest_and_rereads_a_changed_file(tmp_path: Path, monkeypatch) -> None:
     path = tmp_path / "f.txt"
     path.write_text("hello\n")

@@ -353,6 +353,29 @@ def test_unchanged_inputs_of_several_directories_are_not_read_again(tmp_path: Pa
     assert [path for path in read if path in inputs] == []
 
 
+def test_a_corpus_directory_whose_files_were_replaced_by_others_is_changed_input(tmp_path: Path) -> None:
+    """Its text files swapped for tables of other pairs: the cache's files are gone, new ones are
+    read; every one of them is named (not only the names both fingerprints share)."""
+    import shutil
+
+    from mtcli.data.freshness import changed_inputs
+    from mtcli.fileio import FileHasher
+
+    root = tmp_path / "corpus"
+    shutil.copytree(TOY_DIR, root)
+    data = load_config(TOY_CONFIG, [f"data.source={root}"]).data
+    saved = plan_corpora(data).fingerprint(FileHasher(by_path=True))
+    assert changed_inputs(data, saved, None) == []
+    for split in ("train", "val", "test"):
+        src, tgt = ((root / f"{split}.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("src", "tgt"))
+        (root / f"{split}.src-tgt.tsv").write_text("".join(f"{t}\t{s}\n" for s, t in zip(src, tgt, strict=True)),
+                                                   encoding="utf-8")
+        (root / f"{split}.src").unlink()
+        (root / f"{split}.tgt").unlink()
+    assert changed_inputs(data, saved, None) == sorted(
+        f"{split}.{name}" for split in ("train", "val", "test") for name in ("src", "tgt", "src-tgt.tsv"))
+
+
 def test_a_later_corpus_whose_own_test_set_is_not_read_is_named(tmp_path: Path, caplog) -> None:
     """Two corpora of one language pair, each with its own test set: the first's is read, and
     prepare says the second's is not (the same corpus listed again, in reverse, says nothing);

@@ -134,6 +134,28 @@ def test_a_wrong_checksum_keeps_nothing(toy_corpus: tuple[Files, Path]) -> None:
     _nothing_half_written(root)
 
 
+def test_a_download_of_the_pinned_size_with_other_bytes_keeps_nothing(toy_corpus: tuple[Files, Path]) -> None:
+    """The sha256 is checked, not just the size: one flipped byte is refused."""
+    server, root = toy_corpus
+    text = (TOY_DIR / "val.src").read_bytes()
+    server.pages["toy/val.src"] = bytes([text[0] ^ 1]) + text[1:]
+    with pytest.raises(DataError, match="the download does not match its pinned checksum"):
+        locate("toy-public")
+    assert not (root / "val.src").exists()
+    _nothing_half_written(root)
+
+
+def test_a_cached_file_of_the_pinned_size_with_other_bytes_is_fetched_again(toy_corpus: tuple[Files, Path]) -> None:
+    server, root = toy_corpus
+    locate("toy-public")
+    text = (root / "val.src").read_bytes()
+    (root / "val.src").write_bytes(bytes([text[0] ^ 1]) + text[1:])
+    asked = len(server.requests)
+    locate("toy-public")
+    assert server.requests[asked:] == ["/toy/val.src"]
+    _same_as_toy(root)
+
+
 def test_a_transfer_cut_off_halfway_keeps_nothing(toy_corpus: tuple[Files, Path]) -> None:
     server, root = toy_corpus
     server.cut = True

@@ -18,7 +18,7 @@ from mtcli.data.sources import (
     detect_kind,
     open_source,
 )
-from mtcli.data.textio import count_lines, read_lines
+from mtcli.data.textio import count_lines, decode_block, read_lines
 from mtcli.errors import DataError
 
 PAIRS = [("ein hund", "a dog"), ("", "empty source"), ("zwei katzen", "two cats"), ("drei", "three")]
@@ -62,6 +62,17 @@ def test_read_lines_gzip_bom_and_inner_cr(tmp_path: Path) -> None:
     path.write_bytes(gzip.compress("\ufeffä\rb\nö\n".encode()))
     assert list(read_lines(path)) == ["ä b", "ö"]
     assert count_lines(path) == 2
+
+
+def test_only_the_first_lines_byte_order_mark_is_dropped(tmp_path: Path) -> None:
+    """A U+FEFF opening a later line is text (a zero-width no-break space), kept as written;
+    the line reader and the block reader agree."""
+    text = "\ufeffeins\n\ufeffzwei\ndrei\n".encode()
+    path = tmp_path / "a.txt"
+    path.write_bytes(text)
+    assert list(read_lines(path)) == ["eins", "\ufeffzwei", "drei"]
+    assert decode_block(text, "a.txt", 1) == ["eins", "\ufeffzwei", "drei"]
+    assert decode_block(text, "a.txt", 5) == ["\ufeffeins", "\ufeffzwei", "drei"]  # a block from line 5 on
 
 
 def test_read_lines_invalid_utf8_names_file_and_line(tmp_path: Path) -> None:
@@ -575,6 +586,16 @@ def test_a_table_of_another_pair_gets_no_advice_to_rename_it() -> None:
     assert misnamed("val.tsv", ("de", "en")).endswith("(e.g. val.de-en.tsv)")
     assert misnamed("val.de_en.tsv", ("de", "en")).endswith("(e.g. val.de-en.tsv)")  # not val.de_en.de-en.tsv
     assert misnamed("my.val.tsv", ("de", "en")).endswith("(e.g. my.val.de-en.tsv)")
+
+
+def test_a_name_that_is_only_a_suffix_is_no_split() -> None:
+    """``.tmx`` and ``.de-en.tsv`` (hidden files, or a name cut short) hold no split named ''."""
+    from mtcli.data.filenames import read_name
+
+    for name in (".tmx", ".de-en.tsv", ".en-de.tsv"):
+        assert read_name(name, "de", "en").kind == "other", name
+    assert read_name("a.tmx", "de", "en")[:2] == ("memory", "a")
+    assert read_name("a.en-de.tsv", "de", "en")[:3] == ("table", "a", ("en", "de"))
 
 
 def test_lone_cr_line_ends_are_refused_by_the_reader(tmp_path: Path) -> None:

@@ -270,3 +270,13 @@ def test_a_model_of_other_special_ids_is_refused_by_name(tmp_path: Path) -> None
     with pytest.raises(DataError, match=r"plain.model: special ids pad/unk/bos/eos are \(-1, 0, 1, 2\), expected "
                                         r"\(0, 1, 2, 3\) \(not a model trained by mtcli\)$"):
         Tokenizer(tmp_path / "plain.model")
+
+
+def test_a_model_with_bos_and_eos_swapped_is_refused(tmp_path: Path) -> None:
+    """pad and unk where mtcli puts them, bos and eos not: every sentence would end in a bos."""
+    import sentencepiece as spm
+
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(_corpus()), model_prefix=str(tmp_path / "swapped"),
+                                   vocab_size=60, pad_id=0, unk_id=1, bos_id=3, eos_id=2, minloglevel=2)
+    with pytest.raises(DataError, match=r"swapped.model: special ids pad/unk/bos/eos are \(0, 1, 3, 2\)"):
+        Tokenizer(tmp_path / "swapped.model")
