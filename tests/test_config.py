@@ -208,6 +208,27 @@ def test_a_value_out_of_range_is_refused_with_its_key(change: str, says: str) ->
     assert says in str(exc.value)
 
 
+@pytest.mark.parametrize(("edge", "past", "says"), [
+    ("train.keep_best=0", "train.keep_best=-1", "train.keep_best must be >= 0"),
+    ("data.character_coverage=0.98", "data.character_coverage=0.979", "data.character_coverage must be in [0.98, 1]"),
+    ("data.vocab_size=16777216", "data.vocab_size=16777217", "data.vocab_size must be between 8 and 16,777,216"),
+    ("train.seed=4294967295", "train.seed=4294967296", "train.seed must be between 0 and 4294967295"),
+    ("train.pack_length=2", "train.pack_length=1", "train.pack_length must be 0 (token batches) or a row of 2"),
+    ("data.num_workers=1024", "data.num_workers=1025", "data.num_workers must be at most 1024"),
+    ("train.num_threads=1024", "train.num_threads=1025", "train.num_threads must be at most 1024"),
+    ("data.max_length_ratio=1.0", "data.max_length_ratio=0.99", "data.max_length_ratio >= 1"),
+    ("train.update_freq=1", "train.update_freq=0", "train.update_freq must be >= 1"),
+    ("data.spm_max_sentences=0", "data.spm_max_sentences=-1", "data.spm_max_sentences must be 0 (all of them)"),
+])
+def test_a_range_s_edge_is_accepted_and_one_step_past_it_refused(edge: str, past: str, says: str) -> None:
+    """Each range check holds its boundary value (a `>=` made `>` refused it) and refuses the
+    next value out (a check left out let it through)."""
+    config_from_dict(MINIMAL, overrides=[edge])
+    with pytest.raises(ConfigError) as exc:
+        config_from_dict(MINIMAL, overrides=[past])
+    assert says in str(exc.value)
+
+
 def test_a_config_that_is_not_utf8_names_its_line_and_column(tmp_path: Path) -> None:
     """It said Python's codec error, with the byte's offset in the file."""
     path = tmp_path / "latin1.yaml"

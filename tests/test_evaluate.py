@@ -304,6 +304,19 @@ def test_score_several_references_and_ter() -> None:
         score(hyps, first, more_references=[second[:1]])
 
 
+def test_evaluate_without_a_split_scores_the_first_of_the_test_splits(tiny_run_dir: Path) -> None:
+    import dataclasses
+
+    from mtcli.config import load_config
+    from mtcli.evaluate import _test_files
+
+    config = load_config(tiny_run_dir / "config.yaml")
+    config = dataclasses.replace(config, data=dataclasses.replace(config.data, test_splits=["val", "test"]))
+    direction = (config.data.src_lang, config.data.tgt_lang)
+    src, ref, name, split = _test_files(tiny_run_dir, config, None, None, None, direction)
+    assert (split, name, src.name, ref.name) == ("val", "val", "val.src", "val.tgt")
+
+
 def test_evaluate_several_references_and_metrics(tiny_run_dir: Path, tmp_path: Path) -> None:
     """The model's own output as a second reference: BLEU 100 and TER 0, whatever the first."""
     from mtcli.evaluate import evaluate
@@ -314,6 +327,7 @@ def test_evaluate_several_references_and_metrics(tiny_run_dir: Path, tmp_path: P
                       beam=1, output_dir=tmp_path / "two")
     assert report["bleu"] == pytest.approx(100.0) and report["ter"] == pytest.approx(0.0)
     assert report["references"] == [str(ref), own] and report["bleu_signature"].startswith("nrefs:2")
+    assert report["split"] is None  # given files, not a split of the run
     short = tmp_path / "short.txt"
     short.write_text("one\n")
     bad = mtcli_here("evaluate", str(tiny_run_dir), "--src", str(src), "--beam", "1", "--ref", str(ref),

@@ -565,3 +565,73 @@ def test_an_existing_file_on_a_read_only_file_system_is_said_to_be_on_one(tmp_pa
         replaced_mode(out)
     assert raised.value.errno == errno.EROFS and raised.value.filename == str(out)
     assert "write-protected" not in str(raised.value)
+
+
+def test_atomic_write_syncs_the_file_before_renaming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crash after the rename must not leave a name pointing at unwritten blocks: the data is
+    synced before the temporary file is renamed over the output."""
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append("replace"), real_replace(a, b))[1])
+    with atomic_write(tmp_path / "out.txt") as handle:
+        handle.write("x\n")
+    assert "replace" in events and "fsync" in events[:events.index("replace")], events
+
+
+def test_atomic_link_leaves_no_temporary_file_when_its_rename_fails(tmp_path: Path) -> None:
+    source = tmp_path / "source.pt"
+    source.write_bytes(b"weights")
+    (tmp_path / "in_the_way").mkdir()
+    (tmp_path / "in_the_way" / "keep").write_text("x")
+    with pytest.raises(OSError):
+        fileio.atomic_link(source, tmp_path / "in_the_way")  # a rename over a non-empty directory fails
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in_the_way", "source.pt"]
+
+
+def test_atomic_link_copies_where_hard_links_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file system without hard links (EPERM, as on some FUSE and SMB mounts): a whole copy."""
+    source = tmp_path / "source.pt"
+    source.write_bytes(b"weights")
+
+    def no_link(src, dst):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(fileio.os, "link", no_link)
+    fileio.atomic_link(source, tmp_path / "best.pt")
+    assert (tmp_path / "best.pt").read_bytes() == b"weights"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "source.pt"]
+
+
+def test_a_failed_atomic_copy_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source, out = tmp_path / "source", tmp_path / "out"
+    source.write_bytes(b"new bytes")
+    out.write_bytes(b"old bytes")
+
+    def half_copy(inp, dst):
+        dst.write(b"new")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fileio.shutil, "copyfileobj", half_copy)
+    with pytest.raises(OSError):
+        fileio.atomic_copy(source, out)
+    assert out.read_bytes() == b"old bytes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "source"]
+
+
+def test_a_swap_whose_builder_is_alive_is_not_taken_over(tmp_path: Path) -> None:
+    """restore_swap puts a killed build's swap in place; while its builder still runs (between
+    its two renames) the build is that builder's to finish."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    with atomic_dir(out, mark="mtcli_export.json") as tmp:
+        (tmp / "mtcli_export.json").write_text("old")
+    killed = subprocess.run([sys.executable, "-c", _KILLED_IN_SWAP, str(out)], check=False)
+    assert killed.returncode == 9 and not out.exists()
+    [builder] = [p / builddir.BUILDER_NAME for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    words = builder.read_text().split()
+    builder.write_text(" ".join([str(os.getppid()), *words[1:]]))  # a live process other than this one
+    assert not builddir.restore_swap(out)
+    assert not out.exists()

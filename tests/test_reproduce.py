@@ -48,6 +48,15 @@ def test_seeds_on_one_machine_show_their_mean_speed() -> None:
     assert "| 59.9 | 2,000 | 101.2 | CPU (x86_64, 2 cores) |" in line
 
 
+def test_a_seeds_row_shows_the_mean_the_sample_sd_and_each_seed_to_two_places() -> None:
+    rows = {s: dict(seed_row(s, "CPU (x86_64, 2 cores)", 1000.0), bleu_lc=bleu) for s, bleu in ((1, 40.0), (2, 41.0),
+                                                                                                   (3, 42.5))}
+    row = combine_seeds(rows)
+    assert row["bleu_lc"] == pytest.approx(41.1666667) and row["bleu_lc_std"] == pytest.approx(1.2583057)  # n - 1
+    line = render_markdown({"en-de": row}).splitlines()[2]
+    assert line.startswith("| en-de | 41.17 | 1.26 | 40.00 / 41.00 / 42.50 | 38.12 | 60.25 |"), line
+
+
 def test_seeds_on_different_machines_show_each_seeds_speed() -> None:
     """A mean of two machines' speeds is no speed figure: the row gives each seed's, and names
     which seeds ran where."""

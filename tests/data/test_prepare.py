@@ -1156,6 +1156,41 @@ def test_the_unknown_token_warning_says_what_would_help(caplog: pytest.LogCaptur
         assert said in caplog.records[-1].getMessage(), said
 
 
+def test_the_unknown_token_warning_starts_just_past_one_percent(caplog: pytest.LogCaptureFixture) -> None:
+    from mtcli.config import DataConfig
+    from mtcli.data.coverage import warn_of_unknown
+
+    data = DataConfig("x", "de", "en")
+    warn_of_unknown("test", "en", 10, 1000, False, data)  # 1% exactly: not yet
+    assert not caplog.records
+    warn_of_unknown("test", "en", 11, 1000, False, data)
+    assert len(caplog.records) == 1 and "test.en" in caplog.records[0].getMessage()
+
+
+def test_the_round_trip_warning_starts_just_past_one_percent_of_the_lines(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from types import SimpleNamespace
+
+    from mtcli.data.corpora import text_path
+    from mtcli.data.coverage import warn_of_changed_text
+
+    class Lossy:  # gives back every line but those holding "☃" as written
+        def encode(self, line: str) -> str:
+            return line
+
+        def decode(self, line: str) -> str:
+            return line.replace("☃", "⁇")
+
+    plan = SimpleNamespace(corpora=[SimpleNamespace(langs=("de", "en"))], eval_splits=["test"],
+                           split_langs=lambda: {"test": ["de", "en"]})
+    for changed, warns in ((1, False), (2, True)):  # of 100 lines
+        caplog.clear()
+        text_path(tmp_path, "test", "en").write_text(
+            "".join(f"line {i}{' ☃' if i < changed else ''}\n" for i in range(100)), encoding="utf-8")
+        warn_of_changed_text(tmp_path, plan, Lossy(), "nmt_nfkc")
+        assert ("do not come back as written" in caplog.text) == warns, (changed, caplog.text)
+
+
 @pytest.mark.parametrize(("make", "needle"), [
     (lambda p: p / "missing.model", "missing.model: not found"),
     (lambda p: p, "no spm.model in that directory"),
