@@ -15,10 +15,7 @@ shrink every later gradient to zero, a run that goes on without learning.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
-from torch import Tensor
 
 from mtcli.errors import TrainingError
 from mtcli.logs import get_logger
@@ -28,29 +25,18 @@ from mtcli.logs import get_logger
 MIN_SCALE = 1e-4
 
 
-class LossScaler:
-    """A :class:`torch.amp.GradScaler` for ``device_type`` whose :meth:`step` says each overflow
-    and stops the run at :data:`MIN_SCALE`."""
+class LossScaler(torch.amp.GradScaler):
+    """PyTorch's :class:`~torch.amp.GradScaler` (``scale``, ``unscale_``, ``state_dict`` as it
+    has them) whose :meth:`checked_step` says each overflow and stops the run at :data:`MIN_SCALE`."""
 
-    def __init__(self, device_type: str) -> None:
-        self.scaler = torch.amp.GradScaler(device_type)
-
-    def scale(self, loss: Tensor) -> Tensor:
-        """``loss`` times the scale, for its backward pass."""
-        return self.scaler.scale(loss)
-
-    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        """Divide the gradients by the scale in place (before clipping or measuring them)."""
-        self.scaler.unscale_(optimizer)
-
-    def step(self, optimizer: torch.optim.Optimizer, number: int) -> bool:
+    def checked_step(self, optimizer: torch.optim.Optimizer, number: int) -> bool:
         """The update through the scaler (step ``number``): True when applied; False when the
         gradients overflowed, which halves the scale (logged) and applies nothing. Raises
         :class:`TrainingError` when the scale falls below :data:`MIN_SCALE`."""
-        before = self.scaler.get_scale()
-        self.scaler.step(optimizer)
-        self.scaler.update()
-        after = self.scaler.get_scale()
+        before = self.get_scale()
+        self.step(optimizer)
+        self.update()
+        after = self.get_scale()
         if after >= before:  # (it falls only on an overflow; it may double after a run of clean steps)
             return True
         get_logger().info("fp16 gradients overflowed at step %d: loss scale %g -> %g, the update skipped and the "
@@ -61,14 +47,6 @@ class LossScaler:
                 "scale, so they are not finite (a learning rate too high, or a bad batch); lower train.lr_factor, "
                 "set train.clip_norm, or train in bf16 or fp32 (train.precision)")
         return False
-
-    def state_dict(self) -> dict[str, Any]:
-        """The scaler's state (scale, growth tracker), as a checkpoint keeps it."""
-        return self.scaler.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s state."""
-        self.scaler.load_state_dict(state)
 
 
 __all__ = ["MIN_SCALE", "LossScaler"]

@@ -325,8 +325,8 @@ class Trainer:
         grad_norm = float(self._grad_norm()) if math.isfinite(loss_sum) else float("nan")
         self._cool_down()  # this update's rate, before the scaler's step takes it
         lr = self.schedule.lr
-        if self.scaler is not None and math.isfinite(loss_sum) and not self.scaler.step(self.optimizer,
-                                                                                         self.step + 1):
+        if self.scaler is not None and math.isfinite(loss_sum) and not self.scaler.checked_step(self.optimizer,
+                                                                                                 self.step + 1):
             self.optimizer.zero_grad(set_to_none=True)  # an overflow: the step taken again with the next batches
             return None
         if not math.isfinite(loss_sum) or not math.isfinite(grad_norm):
