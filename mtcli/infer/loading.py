@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from mtcli.checkpoint import (
     architecture_mismatches,
@@ -225,13 +226,28 @@ def _build_model(state: dict, source: str, config: Config, vocab_size: int, run_
     return model
 
 
+class _ShapesOnly(TorchFunctionMode):
+    """Inside ``torch.device("meta")``: a model built for its shapes alone, its initialisers
+    skipped and ``arange`` made on the host. PyTorch fills a meta tensor (``normal_``, ``arange``)
+    through its Python reference ops, whose first use imports ``torch._dynamo``: 2-3 s of every
+    ``translate``, ``evaluate`` and ``serve`` start, for values nobody reads."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":  # init.normal_(tensor, ...) fills in place
+            return args[0] if args else kwargs["tensor"]
+        if func is torch.arange:
+            kwargs = {**kwargs, "device": "cpu"}
+        return func(*args, **kwargs)
+
+
 def _check_shapes(model_state: dict, source: str, config: Config, vocab_size: int, run_dir: Path) -> None:
     """:class:`CheckpointError` unless the parameters are those, by name and shape, of the model
     of ``config``, found on a model that holds no memory (PyTorch's meta device): the real one is
     built after, so a run whose config.yaml asks for a model of a hundred gigabytes is refused
     before a byte of it is allocated, not when memory runs out."""
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _ShapesOnly():
             shaped = Transformer(config.model, vocab_size, PAD_ID, model_state.get("output_ids")).state_dict()
     except (NotImplementedError, RuntimeError, ValueError):  # (a model built from its output list reads it)
         return  # the real build and load check it

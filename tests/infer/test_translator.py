@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TOY_DIR, mtcli_here
+from conftest import REPO, TOY_DIR, mtcli_here
 
 import mtcli
 from mtcli.errors import CheckpointError, ConfigError, DataError
@@ -675,6 +675,41 @@ def test_a_process_forked_after_decoding_decodes_too(tiny_run_dir: Path) -> None
     done = subprocess.run([sys.executable, "-c", _FORKED, str(tiny_run_dir)], capture_output=True, text=True,
                           env=env, timeout=180)
     assert done.returncode == 0 and done.stdout == "ok\n", done.stderr[-2000:]
+
+
+_LOADED = """
+import sys
+from mtcli import Translator
+Translator.from_run(sys.argv[1], device="cpu").translate(["eine katze spielt"], beam=2)
+print(sorted(name for name in sys.modules if name in ("torch._dynamo", "sympy")))
+"""
+
+
+def test_loading_and_decoding_leave_torch_dynamo_unimported(tiny_run_dir: Path) -> None:
+    """The shape check built the model on the meta device, where PyTorch fills tensors through
+    Python reference ops that import torch._dynamo and sympy: 2 s and 74 MB of every
+    translate, evaluate and serve start, for values nobody read."""
+    done = subprocess.run([sys.executable, "-c", _LOADED, str(tiny_run_dir)], capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0 and done.stdout == "[]\n", (done.stdout, done.stderr[-2000:])
+
+
+@pytest.mark.parametrize("recipe", ["toy.yaml", "multi30k_en_de.yaml", "multi30k_multi.yaml"])
+def test_the_shape_check_sees_the_shapes_of_a_real_build(recipe: str) -> None:
+    """The check builds the model with its initialisers skipped and its ``arange`` on the host:
+    the parameters it names must be those of the model built for real, shape for shape."""
+    import torch
+
+    from mtcli.config import load_config
+    from mtcli.infer.loading import _ShapesOnly
+    from mtcli.model import Transformer
+
+    config = load_config(REPO / "configs" / recipe)
+    with torch.device("meta"), _ShapesOnly():
+        shaped = Transformer(config.model, 1000, 0).state_dict()
+    real = Transformer(config.model, 1000, 0).state_dict()
+    assert {k: v.shape for k, v in shaped.items()} == {k: v.shape for k, v in real.items()}
+    assert {v.device.type for v in shaped.values()} == {"meta"}
 
 
 def test_numpy_numbers_are_taken_as_settings(tiny_run_dir: Path) -> None:
