@@ -275,6 +275,95 @@ def fifo_of(source: Path, fifo: Path, seconds: float = 30.0) -> None:
     threading.Thread(target=feed, daemon=True).start()
 
 
+#: Modules that every ``python -c`` of :class:`ForkedPython` finds imported: a new Python that
+#: trains spends 4-5 s of CPU importing them (torch, and torch._dynamo, which torch.optim imports).
+PRELOADED = ["torch", "torch._dynamo", "torch.optim", "torch.distributed", "mtcli.cli", "mtcli.train.run",
+             "mtcli.infer.translator"]
+
+
+def _python_c(script: str, args: list[str], env: dict[str, str], cwd: str, stderr_path: str) -> None:
+    """What ``python -c SCRIPT ARGS`` does, in a process forked from a server that imported
+    :data:`PRELOADED`: its environment and directory, stdout to /dev/null, stderr to a file."""
+    import atexit
+
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    for fd, path, flags in ((1, os.devnull, os.O_WRONLY), (2, stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+        opened = os.open(path, flags, 0o644)
+        os.dup2(opened, fd)
+        os.close(opened)
+    sys.argv = ["-c", *args]
+    try:
+        exec(compile(script, "<string>", "exec"), {"__name__": "__main__"})
+    finally:
+        atexit._run_exitfuncs()  # a multiprocessing child leaves with os._exit; a Python run's atexit runs
+        sys.stderr.flush()
+
+
+#: ``ForkedPython(MTCLI, ARGS, ...)`` is ``mtcli ARGS``.
+MTCLI = "import sys\nfrom mtcli.cli import app\nsys.argv[0] = 'mtcli'\napp()\n"
+
+
+def forkserver() -> Any:
+    """``multiprocessing``'s forkserver context, its server importing :data:`PRELOADED`."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOADED)
+    return context
+
+
+class ForkedPython:
+    """``subprocess.Popen([sys.executable, "-c", script, *args], stderr=PIPE, stdout=DEVNULL)``
+    for tests that start many Pythons which import torch and mtcli: each is forked from one
+    server process per test worker that imported them once (``multiprocessing``'s forkserver),
+    which saves those seconds of every start. Its standard error is kept in ``stderr_path``.
+    What needs the real start of an interpreter (``python -m mtcli.cli``'s own exit, a
+    terminal, inherited descriptors) keeps a real subprocess."""
+
+    def __init__(self, script: str, args: list[str], stderr_path: Path, env: dict[str, str] | None = None,
+                 cwd: Path = REPO) -> None:
+        context = forkserver()
+        self.stderr_path = Path(stderr_path)
+        self._process = context.Process(target=_python_c, args=(
+            script, [str(a) for a in args], dict(os.environ if env is None else env), str(cwd), str(stderr_path)))
+        self._process.start()
+        self.pid = self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    @property
+    def stderr(self) -> Any:
+        import io
+
+        return io.StringIO(self.stderr_text())
+
+    def stderr_text(self) -> str:
+        return self.stderr_path.read_text(encoding="utf-8", errors="replace") if self.stderr_path.exists() else ""
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def send_signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self._process.kill()
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(["python", "-c", "..."], timeout)
+        return self._process.exitcode
+
+    def communicate(self, timeout: float | None = None) -> tuple[None, str]:
+        self.wait(timeout)
+        return None, self.stderr_text()
+
+
 #: The start of a ``python -c`` script (argv: CONFIG MARKER) that runs ``prepare`` paused once its
 #: SentencePiece model is trained: it writes MARKER and waits, so a test can signal or kill it there.
 PREPARE_PAUSED_AFTER_SPM = """

@@ -29,10 +29,12 @@ import pytest
 import torch
 import yaml
 from conftest import (
+    MTCLI,
     PREPARE_PAUSED_AFTER_SPM,
     REPO,
     TOY_CONFIG,
     TOY_DIR,
+    ForkedPython,
     assert_same_params,
     logged_losses,
     toy_train_config,
@@ -89,11 +91,8 @@ def temp_files(run_dir: Path) -> list[str]:
 
 def test_sigint_saves_checkpoint_last_exits_130_and_resumes_exactly(prepared: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mtcli.cli", *train_argv(prepared, run, "train.max_steps=100000",
-                                                        "train.valid_every=100000")],
-        cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    proc = ForkedPython(MTCLI, train_argv(prepared, run, "train.max_steps=100000", "train.valid_every=100000"),
+                        tmp_path / "stderr.txt", env=child_env())
     wait_for_log(run, proc, "| step 3 |", offset=0)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
@@ -245,10 +244,8 @@ def run_kill_chain(prepared: Path, tmp_path: Path, points: list[tuple]) -> None:
     for point in points:
         offset = (run / "train.log").stat().st_size if (run / "train.log").exists() else 0
         name, step, mode = (point[1], point[2], point[3]) if point[0] == "write" else ("-", 0, "none")
-        proc = subprocess.Popen(
-            [sys.executable, "-c", TRAINER, name, str(step), mode, "--", *train_argv(prepared, run, *extra)],
-            cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
+        proc = ForkedPython(TRAINER, [name, step, mode, "--", *train_argv(prepared, run, *extra)],
+                            tmp_path / "stderr.txt", env=child_env())
         if point[0] == "step":
             wait_for_log(run, proc, f"| step {point[1]} |", offset)
             proc.send_signal(signal.SIGKILL)

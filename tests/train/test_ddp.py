@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import REPO, TOY_CONFIG, toy_train_overrides
+from conftest import MTCLI, REPO, TOY_CONFIG, ForkedPython, forkserver, toy_train_overrides
 
 from mtcli.checkpoint import load_checkpoint
 from mtcli.config import load_config
@@ -89,13 +89,14 @@ def test_two_fp16_processes_match_one_process_bit_for_bit(tmp_path: Path, prepar
 
 def _ddp_train(run_dir: Path, prepared: Path, *extra: str) -> None:
     """``mtcli train`` of the toy recipe on two gloo ranks, started as torchrun starts them (its
-    environment variables) but without its launcher process: the tests above run torchrun itself."""
-    args = [sys.executable, "-m", "mtcli.cli", "train", str(TOY_CONFIG)]
+    environment variables) but without its launcher process, and forked (:class:`ForkedPython`)
+    rather than started: the tests above and below run torchrun itself."""
+    args = ["train", str(TOY_CONFIG)]
     for item in toy_train_overrides(prepared, run_dir, "train.max_tokens=256", "train.device=cpu", *extra):
         args += ["--set", item]
     group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
-    ranks = [subprocess.Popen(args, cwd=REPO, env=dict(worker_env(), **group, RANK=str(rank), LOCAL_RANK=str(rank)),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    ranks = [ForkedPython(MTCLI, args, run_dir.parent / f"{run_dir.name}-rank{rank}.err",
+                          env=dict(worker_env(), **group, RANK=str(rank), LOCAL_RANK=str(rank))) for rank in range(2)]
     try:
         errors = [rank.communicate(timeout=300)[1] for rank in ranks]
     finally:
@@ -359,9 +360,7 @@ def test_ranks_refuse_different_resume_points_and_a_gone_peer_is_one_line(tmp_pa
     """A run directory seen by one machine only: every rank stops, naming what each found,
     instead of one resuming and the other starting afresh. A rank whose peer has gone says so
     in one line, not with gloo's traceback."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("spawn")
+    context = forkserver()
     with context.Manager() as manager:
         results = manager.dict()
         init = f"file://{tmp_path / 'rendezvous'}"

@@ -8,16 +8,15 @@ import os
 import re
 import shlex
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import (
-    REPO,
+    MTCLI,
     TOY_CONFIG,
     TOY_DIR,
+    ForkedPython,
     assert_same_params,
     logged_losses,
     toy_train_config,
@@ -783,13 +782,12 @@ def test_valid_metric_chrf_picks_the_best_by_chrf(prepared: Path, tmp_path: Path
 # --------------------------------------------------------------------------- subprocesses
 
 
-def cli_train(prepared: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
-    args = [sys.executable, "-m", "mtcli.cli", "train", str(TOY_CONFIG)]
+def cli_train(prepared: Path, run_dir: Path, *extra: str) -> ForkedPython:
+    """``mtcli train`` of the toy recipe in a process of its own (forked: :class:`ForkedPython`)."""
+    args = ["train", str(TOY_CONFIG)]
     for item in base_overrides(prepared, run_dir) + list(extra):
         args += ["--set", item]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return ForkedPython(MTCLI, args, run_dir.parent / "stderr.txt", env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
 @pytest.mark.parametrize("at", [4, 3], ids=["validating-step", "logging-step"])
