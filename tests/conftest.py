@@ -278,21 +278,25 @@ def fifo_of(source: Path, fifo: Path, seconds: float = 30.0) -> None:
 #: Modules that every ``python -c`` of :class:`ForkedPython` finds imported: a new Python that
 #: trains spends 4-5 s of CPU importing them (torch, and torch._dynamo, which torch.optim imports).
 PRELOADED = ["torch", "torch._dynamo", "torch.optim", "torch.distributed", "mtcli.cli", "mtcli.train.run",
-             "mtcli.infer.translator"]
+             "mtcli.infer.translator", "mtcli.serve"]
 
 
-def _python_c(script: str, args: list[str], env: dict[str, str], cwd: str, stderr_path: str) -> None:
+def _python_c(script: str, args: list[str], env: dict[str, str], cwd: str, stderr_path: str, stdout: bool) -> None:
     """What ``python -c SCRIPT ARGS`` does, in a process forked from a server that imported
-    :data:`PRELOADED`: its environment and directory, stdout to /dev/null, stderr to a file."""
+    :data:`PRELOADED`: its environment and directory, stderr to a file, and stdout to the same
+    file (``stdout``) or to /dev/null."""
     import atexit
 
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
-    for fd, path, flags in ((1, os.devnull, os.O_WRONLY), (2, stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
-        opened = os.open(path, flags, 0o644)
-        os.dup2(opened, fd)
-        os.close(opened)
+    err = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    out = err if stdout else os.open(os.devnull, os.O_WRONLY)
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    os.close(err)
+    if out != err:
+        os.close(out)
     sys.argv = ["-c", *args]
     try:
         exec(compile(script, "<string>", "exec"), {"__name__": "__main__"})
@@ -316,18 +320,20 @@ def forkserver() -> Any:
 
 class ForkedPython:
     """``subprocess.Popen([sys.executable, "-c", script, *args], stderr=PIPE, stdout=DEVNULL)``
-    for tests that start many Pythons which import torch and mtcli: each is forked from one
+    (``stdout=True``: ``stderr=STDOUT``, both in ``stderr_path``) for tests that start many
+    Pythons which import torch and mtcli: each is forked from one
     server process per test worker that imported them once (``multiprocessing``'s forkserver),
     which saves those seconds of every start. Its standard error is kept in ``stderr_path``.
     What needs the real start of an interpreter (``python -m mtcli.cli``'s own exit, a
     terminal, inherited descriptors) keeps a real subprocess."""
 
     def __init__(self, script: str, args: list[str], stderr_path: Path, env: dict[str, str] | None = None,
-                 cwd: Path = REPO) -> None:
+                 cwd: Path = REPO, stdout: bool = False) -> None:
         context = forkserver()
         self.stderr_path = Path(stderr_path)
         self._process = context.Process(target=_python_c, args=(
-            script, [str(a) for a in args], dict(os.environ if env is None else env), str(cwd), str(stderr_path)))
+            script, [str(a) for a in args], dict(os.environ if env is None else env), str(cwd), str(stderr_path),
+            stdout))
         self._process.start()
         self.pid = self._process.pid
 

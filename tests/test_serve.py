@@ -10,11 +10,14 @@ import gzip
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,7 @@ import pytest
 httpx = pytest.importorskip("httpx", reason="the serve tests need httpx (pip install -e '.[dev]')")
 pytest.importorskip("fastapi", reason="mtcli serve needs the serve extra (pip install -e '.[serve]')")
 
-from conftest import mtcli_here, prepare_for_run  # noqa: E402
+from conftest import MTCLI, ForkedPython, mtcli_here, prepare_for_run  # noqa: E402
 
 from mtcli.infer.translator import Translator  # noqa: E402
 
@@ -39,22 +42,25 @@ def free_port() -> int:
 
 
 class Server:
-    """`mtcli serve RUN_DIR` in a subprocess, ready when /health answers."""
+    """`mtcli serve RUN_DIR` in a process of its own (``script``: what ``python -c`` runs with
+    the arguments), ready when /health answers. It is forked (:class:`ForkedPython`), its
+    output in a file (:meth:`log`); the tests of what only a new interpreter shows start one."""
 
-    def __init__(self, run_dir: Path, *args: str, env: dict[str, str] | None = None,
-                 program: tuple[str, ...] = (sys.executable, "-m", "mtcli.cli"), beam: int | None = 2) -> None:
+    def __init__(self, run_dir: Path, *args: str, env: dict[str, str] | None = None, script: str = MTCLI,
+                 beam: int | None = 2) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [*program, "serve", str(run_dir), "--port", str(self.port), *(["--beam", str(beam)] if beam else []),
-             "--max-lines", "8", "--max-chars", "200", "--max-request-chars", "1000", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, **(env or {})},
-        )
+        folder = tempfile.mkdtemp(prefix="mtcli-serve-")
+        weakref.finalize(self, shutil.rmtree, folder, True)
+        output = Path(folder) / "output.txt"
+        self.proc = ForkedPython(
+            script, ["serve", str(run_dir), "--port", str(self.port), *(["--beam", str(beam)] if beam else []),
+                     "--max-lines", "8", "--max-chars", "200", "--max-request-chars", "1000", *args],
+            output, env={**os.environ, **(env or {})}, stdout=True)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise AssertionError(f"server exited {self.proc.returncode}: {self.proc.stdout.read()}")
+                raise AssertionError(f"server exited {self.proc.returncode}: {self.log()}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return
@@ -69,6 +75,10 @@ class Server:
             headers["Content-Type"] = "application/json"
             return httpx.post(f"{self.url}/translate", content=content, headers=headers, timeout=120)
         return httpx.post(f"{self.url}/translate", json=body, headers=headers, timeout=120)
+
+    def log(self) -> str:
+        """What the server has written so far, its standard output and error."""
+        return self.proc.stderr_text()
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -371,7 +381,7 @@ def test_sighup_serves_the_newest_checkpoint_without_stopping_and_a_bad_one_chan
         _reload_until(running, f"checkpoint_best.pt (step {state['step'] + 2000})")
     finally:
         assert running.stop() == 0
-    log = running.proc.stdout.read()
+    log = running.log()
     assert f"reloaded: serving checkpoint_best.pt (step {state['step'] + 1000}) (was {first})" in log
     assert f"reload failed, still serving checkpoint_best.pt (step {state['step'] + 1000}): " in log
     assert "Traceback" not in log
@@ -605,7 +615,7 @@ def test_requests_still_waiting_when_the_shutdown_grace_ends_get_a_503_and_the_l
     assert answer.status_code == 503, answer.text
     assert answer.json()["error"].startswith("the server stopped before translating this request (request id ")
     assert server.proc.wait(timeout=60) == 0
-    log = server.proc.stdout.read()
+    log = server.log()
     assert ("stopped by SIGTERM: 1 request(s) still unanswered after the 0.5 s shutdown grace period "
             "(--shutdown-grace-s) were answered 503, untranslated") in log
     assert "after answering the requests in flight" not in log and "Traceback" not in log
@@ -622,7 +632,7 @@ def test_a_batch_still_decoding_after_the_grace_period_ends_the_process_with_0(t
         server.proc.send_signal(signal.SIGTERM)
         assert pending.result(timeout=60).status_code == 503
     assert server.proc.wait(timeout=60) == 0
-    log = server.proc.stdout.read()
+    log = server.log()
     assert "left unfinished" in log and "terminate called" not in log
 
 
@@ -642,7 +652,7 @@ def test_a_body_still_arriving_when_the_grace_period_ends_gets_a_503(tiny_run_di
     assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {
         "error": "the server stopped before this request had arrived: send it again"}
     assert server.proc.wait(timeout=60) == 0
-    log = server.proc.stdout.read()
+    log = server.log()
     assert "Traceback" not in log and "1 request(s) still unanswered" in log, log
 
 
@@ -657,7 +667,7 @@ def test_a_request_whose_client_left_is_dropped_from_the_queue(tiny_run_dir: Pat
         assert server.post({"text": ["rot"]}).status_code == 200  # the server goes on
     finally:
         assert server.stop() == 0
-    log = server.proc.stdout.read()
+    log = server.log()
     assert "the client has gone; its lines are dropped unless their decoding had begun" in log
     assert "Traceback" not in log
 
@@ -681,30 +691,15 @@ app(prog_name="mtcli")
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="SIGHUP is a POSIX signal")
 def test_a_sighup_while_the_server_starts_is_a_reload_once_it_serves(tiny_run_dir: Path) -> None:
     """Before, the SIGHUP's default action ended the starting server (exit 129, no message)."""
-    server = Server(tiny_run_dir, program=(sys.executable, "-c", SIGHUP_WHILE_LOADING))
+    server = Server(tiny_run_dir, script=SIGHUP_WHILE_LOADING)
     try:
         deadline = time.monotonic() + 60
-        while "reloaded: serving" not in (log := _log_so_far(server)):
+        while "reloaded: serving" not in (log := server.log()):
             assert time.monotonic() < deadline, log
             time.sleep(0.2)
         assert server.post({"text": ["rot"]}).status_code == 200
     finally:
         assert server.stop() == 0
-
-
-def _log_so_far(server: Server) -> str:
-    """What ``server`` has written so far (its output, read without waiting)."""
-    import select
-
-    out = server.proc.stdout
-    seen = getattr(server, "seen", "")
-    while select.select([out], [], [], 0)[0]:
-        chunk = os.read(out.fileno(), 65536).decode(errors="replace")
-        if not chunk:
-            break
-        seen += chunk
-    server.seen = seen  # type: ignore[attr-defined]
-    return seen
 
 
 def test_port_0_logs_the_port_the_server_listens_on(tiny_run_dir: Path) -> None:
@@ -852,7 +847,7 @@ def test_a_second_ctrl_c_forces_the_stop_in_one_line(tiny_run_dir: Path) -> None
         answer = pending.result(timeout=60)
     assert answer.status_code == 503, answer.text
     assert server.proc.wait(timeout=60) == 0
-    log = server.proc.stdout.read()
+    log = server.log()
     assert ("stopped by a second SIGINT before the 60 s shutdown grace period ended: 1 request(s) still "
             "unanswered were answered 503, untranslated") in log, log
     assert "Traceback" not in log and "CancelledError" not in log, log
