@@ -35,24 +35,31 @@ def overrides(prepared: Path, run_dir: Path) -> list[str]:
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
-@pytest.mark.parametrize("packing", [[], ["train.pack_length=64"]], ids=["token-batches", "packed"])
-def test_two_gloo_processes_match_one_process_on_both_batches(tmp_path: Path, prepared_toy: Path,
-                                                              packing: list[str]) -> None:
-    prepared = prepared_toy
+def test_two_gloo_processes_under_torchrun_match_one_process(tmp_path: Path, prepared_toy: Path) -> None:
     ddp_run = tmp_path / "ddp"
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
             "-m", "mtcli.cli", "train", str(TOY_CONFIG)]
-    for item in overrides(prepared, ddp_run) + packing:
+    for item in overrides(prepared_toy, ddp_run):
         args += ["--set", item]
-    env = worker_env()
-    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(args, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-8000:]
     assert "processes 2" in (ddp_run / "train.log").read_text(encoding="utf-8")
     assert proc.stdout.count("run dir:") == 1, proc.stdout  # one summary on the console, rank 0's
+    _assert_one_process_on_both_batches_matches(ddp_run, prepared_toy, tmp_path)
 
-    # One process, the same two batches accumulated into one update (update_freq=2).
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
+def test_two_gloo_processes_of_packed_rows_match_one_process(tmp_path: Path, prepared_toy: Path) -> None:
+    ddp_run = tmp_path / "ddp"
+    _ddp_train(ddp_run, prepared_toy, "train.max_steps=1", "train.warmup_steps=1", "train.pack_length=64")
+    _assert_one_process_on_both_batches_matches(ddp_run, prepared_toy, tmp_path, "train.pack_length=64")
+
+
+def _assert_one_process_on_both_batches_matches(ddp_run: Path, prepared: Path, tmp_path: Path, *packing: str) -> None:
+    """One process, the same two batches accumulated into one update (update_freq=2), gives the
+    parameters of the two-rank run ``ddp_run``; one batch alone gives others."""
     single_run = tmp_path / "single"
-    train(load_config(TOY_CONFIG, overrides(prepared, single_run) + packing + ["train.update_freq=2"]))
+    train(load_config(TOY_CONFIG, overrides(prepared, single_run) + [*packing, "train.update_freq=2"]))
 
     a = load_checkpoint(ddp_run / "checkpoints" / "checkpoint_last.pt")
     b = load_checkpoint(single_run / "checkpoints" / "checkpoint_last.pt")
@@ -63,7 +70,7 @@ def test_two_gloo_processes_match_one_process_on_both_batches(tmp_path: Path, pr
         assert torch.equal(value, b["model"][key]), key
     # The update really happened and used both batches: a one-batch step lands elsewhere.
     one_batch = tmp_path / "one"
-    train(load_config(TOY_CONFIG, overrides(prepared, one_batch) + packing))
+    train(load_config(TOY_CONFIG, overrides(prepared, one_batch) + list(packing)))
     c = load_checkpoint(one_batch / "checkpoints" / "checkpoint_last.pt")
     assert any(not torch.allclose(c["model"][k], b["model"][k], rtol=1e-5, atol=1e-6)
                for k in b["model"])
@@ -87,23 +94,29 @@ def test_two_fp16_processes_match_one_process_bit_for_bit(tmp_path: Path, prepar
         assert torch.equal(value, b["model"][key]), key
 
 
-def _ddp_train(run_dir: Path, prepared: Path, *extra: str) -> None:
+def _forked_ranks(run_dir: Path, prepared: Path, *extra: str, script: str = MTCLI) -> list[tuple[int, str]]:
     """``mtcli train`` of the toy recipe on two gloo ranks, started as torchrun starts them (its
     environment variables) but without its launcher process, and forked (:class:`ForkedPython`)
-    rather than started: the tests above and below run torchrun itself."""
+    rather than started; ``script``: what each rank runs with the command line. Each rank's exit
+    status and standard error. The tests of the launcher itself run torchrun."""
     args = ["train", str(TOY_CONFIG)]
     for item in toy_train_overrides(prepared, run_dir, "train.max_tokens=256", "train.device=cpu", *extra):
         args += ["--set", item]
     group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
-    ranks = [ForkedPython(MTCLI, args, run_dir.parent / f"{run_dir.name}-rank{rank}.err",
+    ranks = [ForkedPython(script, args, run_dir.parent / f"{run_dir.name}-rank{rank}.err",
                           env=dict(worker_env(), **group, RANK=str(rank), LOCAL_RANK=str(rank))) for rank in range(2)]
     try:
         errors = [rank.communicate(timeout=300)[1] for rank in ranks]
     finally:
         for rank in ranks:
             rank.kill()
-    for rank, err in zip(ranks, errors, strict=True):
-        assert rank.returncode == 0, err[-8000:]
+    return [(rank.returncode, err) for rank, err in zip(ranks, errors, strict=True)]
+
+
+def _ddp_train(run_dir: Path, prepared: Path, *extra: str) -> None:
+    """:func:`_forked_ranks`, each rank ending well."""
+    for returncode, err in _forked_ranks(run_dir, prepared, *extra):
+        assert returncode == 0, err[-8000:]
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
@@ -195,20 +208,15 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path, 
     """SIGTERM to rank 1 alone, between steps: the ranks agree on the stop through the next
     step's summed flag, so both save at one step and exit as interrupted, instead of rank 1
     leaving the collectives while rank 0 waits in them."""
-    script = tmp_path / "signal_one_rank.py"
-    script.write_text(SIGNAL_ONE_RANK, encoding="utf-8")
     run = tmp_path / "run"
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            str(script), "train", str(TOY_CONFIG)]
-    for item in toy_train_overrides(prepared_toy, run, "train.max_tokens=256", "train.max_steps=30",
-                                    "train.log_every=100", "train.valid_every=100000", "train.device=cpu"):
-        args += ["--set", item]
-    proc = subprocess.run(args, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=240)
-    assert proc.returncode != 0, "the run should stop as interrupted"
-    assert proc.stderr.count("training interrupted by SIGTERM") == 1, proc.stderr[-8000:]  # (rank 0 says it)
+    ranks = _forked_ranks(run, prepared_toy, "train.max_steps=30", "train.log_every=100", "train.valid_every=100000",
+                          script=SIGNAL_ONE_RANK)
+    stderr = "".join(err for _, err in ranks)
+    assert all(returncode != 0 for returncode, _ in ranks), "the run should stop as interrupted"
+    assert stderr.count("training interrupted by SIGTERM") == 1, stderr[-8000:]  # (rank 0 says it)
     saved = load_checkpoint(run / "checkpoints" / "checkpoint_last.pt")
     assert 2 <= saved["step"] <= 4, saved["step"]
-    assert f"training interrupted by SIGTERM at step {saved['step']}" in proc.stderr
+    assert f"training interrupted by SIGTERM at step {saved['step']}" in stderr
 
 
 FAIL_ON_RANK_1 = '''
@@ -284,12 +292,13 @@ def test_why_another_rank_stopped_is_in_the_runs_log_and_a_warning_every_rank_me
         tmp_path: Path, prepared_toy: Path) -> None:
     """train.log said only that a collective failed: the reason was on rank 1's console. And
     every rank warned alike (8 GPUs: 8 copies of each skipped step's warning)."""
-    proc = _train_two_ranks(tmp_path, prepared_toy, FAIL_IN_TRAINING_ON_RANK_1,
-                            "train.precision=fp16")  # warned of on a CPU, before the ranks train
-    assert proc.returncode != 0
+    ranks = _forked_ranks(tmp_path / "run", prepared_toy, "train.max_steps=1", "train.warmup_steps=1",
+                          "train.precision=fp16", script=FAIL_IN_TRAINING_ON_RANK_1)  # fp16: warned of on a CPU
+    assert all(returncode != 0 for returncode, _ in ranks)
     log = (tmp_path / "run" / "train.log").read_text(encoding="utf-8")
     assert "| ERROR | rank 1 stopped: rank 1's batch: something only rank 1 met" in log, log
-    assert proc.stderr.count("train.precision fp16 on a CPU") == 1, proc.stderr[-4000:]
+    stderr = "".join(err for _, err in ranks)
+    assert stderr.count("train.precision fp16 on a CPU") == 1, stderr[-4000:]
 
 
 def test_a_rank_stopped_by_another_ranks_signal_names_that_signal() -> None:
