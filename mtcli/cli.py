@@ -33,7 +33,9 @@ from mtcli.cli_options import (
     Quiet,
     ReadmeOption,
     ResultsOption,
+    SamplingOption,
     SetOption,
+    TemperatureOption,
     TgtLangOption,
     Verbose,
     file_only,
@@ -243,9 +245,8 @@ def translate(
     beam: Annotated[Optional[int], typer.Option(min=1, help="Beam size (1 = greedy; default: the run's decode.beam_size).")] = None,  # noqa: UP045
     nbest: Annotated[Optional[int], typer.Option(min=1, help="Print N lines per input, best first: score<TAB>text "  # noqa: UP045
                                                       "(with --sampling: N samples, in draw order).")] = None,
-    sampling: Annotated[Optional[str], typer.Option(help="Draw translations instead of searching: topk or topp "  # noqa: UP045
-                                                         "(decode.topk, decode.topp; back-translation).")] = None,
-    temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature, with --sampling (1: the model's own distribution).")] = None,  # noqa: UP045
+    sampling: SamplingOption = None,
+    temperature: TemperatureOption = None,
     seed: Annotated[Optional[int], typer.Option(help="Sampling seed: the same seed gives the same samples.")] = None,  # noqa: UP045
     max_tokens: Annotated[Optional[int], typer.Option(min=1, help="Token budget per batch.")] = None,  # noqa: UP045
     tgt_lang: TgtLangOption = None,

@@ -38,6 +38,26 @@ AverageBest = Annotated[int, typer.Option(min=0, help="Average the K best checkp
 DeviceOption = Annotated[str, typer.Option(
     help="Decode on auto (the first GPU if there is one; the CPU under decode.int8), cpu, cuda or cuda:N.")]
 
+#: The sampling schemes and the temperature's range, as the decode config takes them
+#: (``mtcli.settings.DecodeConfig.sampling``, ``mtcli.config.DECODE_RANGES``; a test keeps them
+#: equal): the command line names its own option when a value is out of them, not a config key.
+SAMPLING_SCHEMES = ("none", "topk", "topp")
+TEMPERATURE_RANGE = (0.01, 100.0)
+
+
+def sampling_scheme(value: str) -> str:
+    """``--sampling``'s value, refused unless one of :data:`SAMPLING_SCHEMES`."""
+    if value not in SAMPLING_SCHEMES:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(SAMPLING_SCHEMES)}")
+    return value
+
+
+SamplingOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
+    parser=sampling_scheme,
+    help="Draw translations instead of searching: topk or topp (decode.topk, decode.topp; back-translation).")]
+TemperatureOption = Annotated[Optional[float], typer.Option(  # noqa: UP045
+    min=TEMPERATURE_RANGE[0], max=TEMPERATURE_RANGE[1],
+    help="Sampling temperature, with --sampling (1: the model's own distribution).")]
 
 def named_path(value: str | Path) -> Path:
     """A path option's value, refused when empty (``Path("")`` is the working directory: an

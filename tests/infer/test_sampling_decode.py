@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import mtcli_here
 
 from mtcli.data.tokenizer import BOS_ID, PAD_ID
 from mtcli.errors import ConfigError
@@ -96,6 +97,25 @@ def test_bad_sampling_settings_name_their_key() -> None:
         generate(model, src, sample=Sampling("topk", temperature=0.0))
     with pytest.raises(ConfigError, match="decode.topp must be in"):
         generate(model, src, sample=Sampling("topp", topp=1.5))
+
+
+def test_the_command_line_names_its_own_sampling_options_and_takes_the_configs_values(tiny_run_dir: Path) -> None:
+    """``--sampling foo`` and ``--temperature 0`` were refused as the config keys
+    ``decode.sampling`` and ``decode.temperature``, which the user had not written."""
+    import typing
+
+    from mtcli.cli_options import SAMPLING_SCHEMES, TEMPERATURE_RANGE
+    from mtcli.config import DECODE_RANGES
+    from mtcli.settings import DecodeConfig
+
+    assert SAMPLING_SCHEMES == typing.get_args(typing.get_type_hints(DecodeConfig)["sampling"])
+    assert TEMPERATURE_RANGE == DECODE_RANGES["temperature"]
+    for args, said in ((["--sampling", "foo"], "Invalid value for '--sampling': 'foo' is not one of none, topk, topp"),
+                       (["--sampling", "topk", "--temperature", "0"], "Invalid value for '--temperature'"),
+                       (["--temperature", "101"], "Invalid value for '--temperature'")):
+        done = mtcli_here("translate", str(tiny_run_dir), *args, stdin=b"rot\n")
+        assert done.returncode == 2 and said in done.stderr.decode(), done.stderr
+        assert "decode." not in done.stderr.decode()
 
 
 def test_translator_and_the_command_line_sample(tiny_run_dir: Path, tmp_path: Path) -> None:
