@@ -68,7 +68,13 @@ from mtcli.hangup import act_or_hang_up
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, on_terminal
 from mtcli.serve_batching import Batcher, Limits
-from mtcli.serve_guards import API_KEY_ENV, BodyLimit, KeyCheck, check_api_key
+from mtcli.serve_guards import (
+    API_KEY_ENV,
+    BodyLimit,
+    KeyCheck,
+    check_api_key,
+    header_deadline_protocol,
+)
 from mtcli.serve_page import PAGE
 from mtcli.serve_requests import (
     REFUSALS,
@@ -319,8 +325,9 @@ class Reloader:
 def warn_of_exposure(host: str, api_key: str | None) -> None:
     """Warn when the server listens where other machines reach it: without an API key anyone who
     reaches the port translates (and the page and /health say what model it is); with one, the
-    key crosses the network in clear text. uvicorn times out no slow request either: a server for
-    others belongs behind a reverse proxy that adds TLS and read timeouts."""
+    key crosses the network in clear text. A request's headers and body are timed out here, but
+    only per connection: a server for others belongs behind a reverse proxy that adds TLS and
+    limits what one client may hold."""
     try:
         local = all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback
                     for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM))
@@ -421,8 +428,9 @@ def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, lim
         previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, hang_up)
         if sighup_received is not None and sighup_received():
             hang_up(signal.SIGHUP, None)
+    # (ws "none": the app has no WebSocket routes, and an upgraded connection leaves the HTTP protocol's deadline)
     config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=shutdown_grace_s,
-                            log_config=_uvicorn_logging(), use_colors=on_terminal() and not os.environ.get("NO_COLOR"))
+                            http=header_deadline_protocol(), ws="none", log_config=_uvicorn_logging(), use_colors=on_terminal() and not os.environ.get("NO_COLOR"))
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
     targets = translator.target_languages
     into = f"; into {targets[0]} unless a request's tgt_lang names another of {', '.join(targets)}" \

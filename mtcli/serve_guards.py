@@ -1,7 +1,8 @@
-"""What a request to ``mtcli serve`` must pass before the application reads it: its body's size
-(:class:`BodyLimit`) and, on a server with an API key, the key (:class:`KeyCheck`). Both are
-ASGI middleware, so a refused body is never read into memory, and a client without the key
-learns nothing from the answers to its requests."""
+"""What a request to ``mtcli serve`` must pass before the application reads it: its headers in
+time (:func:`header_deadline_protocol`), its body's size and pace (:class:`BodyLimit`) and, on
+a server with an API key, the key (:class:`KeyCheck`). The last two are ASGI middleware, so a
+refused body is never read into memory, and a client without the key learns nothing from the
+answers to its requests."""
 
 from __future__ import annotations
 
@@ -32,6 +33,57 @@ async def answer(send: Any, status: int, error: str, *headers: tuple[bytes, byte
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), *headers]})
     await send({"type": "http.response.body", "body": body})
+
+
+#: Seconds a connection has for a request's headers, from its opening or its previous answer:
+#: uvicorn times out none, so a client that sent part of a request line, a byte now and then,
+#: held its connection for good (nginx's ``client_header_timeout`` is 60 s).
+HEADER_TIMEOUT_S = 30.0
+
+
+def header_deadline_protocol() -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (httptools' where it is installed, else h11's, as uvicorn picks),
+    which closes a connection whose request headers have not all arrived within
+    :data:`HEADER_TIMEOUT_S` of its opening or of its previous answer. The ASGI application
+    never sees such a request, so no middleware can time it out."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class HeaderDeadline(AutoHTTPProtocol):  # type: ignore[valid-type, misc]
+        _deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.cycle is not None and not self.cycle.response_complete:  # a request's headers are in
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self.cycle is None or self.cycle.response_complete:  # (not a pipelined request, begun already)
+                self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(HEADER_TIMEOUT_S, self._close)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _close(self) -> None:
+            self._deadline = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderDeadline
 
 
 #: Seconds a request body may stop arriving before it is answered 408 and its connection closed:

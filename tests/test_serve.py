@@ -985,6 +985,91 @@ def test_a_body_that_stops_arriving_is_answered_408(monkeypatch: pytest.MonkeyPa
     assert sent[0]["status"] == 408 and b"stopped arriving for 0.2 s" in sent[1]["body"]
 
 
+def test_a_request_whose_headers_stop_arriving_has_its_connection_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvicorn times out no request headers: a client that sent part of a request line (a byte
+    now and then) held its connection for good, on a new connection or a kept-alive one. A
+    request whose headers are in is the body's timeout's, not this one's."""
+    import threading
+
+    import uvicorn
+
+    from mtcli import serve_guards
+
+    monkeypatch.setattr(serve_guards, "HEADER_TIMEOUT_S", 0.3)
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+                                           http=serve_guards.header_deadline_protocol()))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+
+    def closed_within(sock: socket.socket, seconds: float) -> bool:
+        sock.settimeout(seconds)
+        try:
+            return sock.recv(1024) == b""
+        except TimeoutError:
+            return False
+
+    def answered(sock: socket.socket) -> bool:
+        sock.settimeout(5)
+        got = b""
+        while not got.endswith(b"ok") and (chunk := sock.recv(1024)):
+            got += chunk
+        return got.startswith(b"HTTP/1.1 200") and got.endswith(b"ok")
+
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.01)
+        with socket.create_connection(("127.0.0.1", port)) as slow:
+            slow.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # and the rest never comes
+            assert closed_within(slow, 5)
+        with socket.create_connection(("127.0.0.1", port)) as kept:
+            kept.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert answered(kept)
+            kept.sendall(b"GET / HT")  # the next request, on the kept-alive connection
+            assert closed_within(kept, 5)
+        with socket.create_connection(("127.0.0.1", port)) as body:
+            body.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab")
+            assert not closed_within(body, 1.0)  # past the headers' 0.3 s: the body has its own timeout
+            body.sendall(b"cd")
+            assert answered(body)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def test_the_server_speaks_http_through_the_header_deadline(tiny_run_dir: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import mtcli.serve as serve_module
+    from mtcli.errors import ConfigError
+
+    configs: list[Any] = []
+
+    class Unstarted:  # records what uvicorn would be given, and never starts
+        started, force_exit = False, False
+
+        def __init__(self, config: Any, listening: Any) -> None:
+            configs.append(config)
+
+        def run(self) -> None:
+            pass
+
+    monkeypatch.setattr(serve_module, "_Server", Unstarted)
+    with pytest.raises(ConfigError, match="did not start"):
+        serve_module.serve(Translator.from_run(tiny_run_dir, device="cpu"), port=free_port())
+    assert configs[0].http.__name__ == "HeaderDeadline" and configs[0].ws == "none"  # (no WebSocket routes)
+
+
 def test_a_request_at_each_limit_is_taken_and_one_past_it_refused() -> None:
     """Every limit is a most: a request with exactly max_lines lines, a line of max_chars
     characters, max_total_chars in all or a beam or n-best of max_beam passes; one more is refused
