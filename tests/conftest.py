@@ -309,6 +309,18 @@ def _python_c(script: str, args: list[str], env: dict[str, str], cwd: str, stder
 MTCLI = "import sys\nfrom mtcli.cli import app\nsys.argv[0] = 'mtcli'\napp()\n"
 
 
+#: The processes :class:`ForkedPython` started, which this process kills at its exit: multiprocessing
+#: would wait there for a child a failed test left running (a server), and the run would hang.
+_FORKED: list[Any] = []
+
+
+def _kill_forked_left_running() -> None:
+    for process in _FORKED:
+        if process.exitcode is None:
+            process.kill()
+            process.join(10)
+
+
 def forkserver() -> Any:
     """``multiprocessing``'s forkserver context, its server importing :data:`PRELOADED`."""
     import multiprocessing
@@ -336,6 +348,11 @@ class ForkedPython:
             stdout))
         self._process.start()
         self.pid = self._process.pid
+        if not _FORKED:
+            import atexit
+
+            atexit.register(_kill_forked_left_running)  # (after multiprocessing's own: run before it)
+        _FORKED.append(self._process)
 
     @property
     def returncode(self) -> int | None:
