@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from forked_child import python_c
 
 REPO = Path(__file__).resolve().parents[1]
 TOY_DIR = REPO / "tests" / "fixtures" / "toy"
@@ -281,30 +282,6 @@ PRELOADED = ["torch", "torch._dynamo", "torch.optim", "torch.distributed", "mtcl
              "mtcli.infer.translator", "mtcli.serve"]
 
 
-def _python_c(script: str, args: list[str], env: dict[str, str], cwd: str, stderr_path: str, stdout: bool) -> None:
-    """What ``python -c SCRIPT ARGS`` does, in a process forked from a server that imported
-    :data:`PRELOADED`: its environment and directory, stderr to a file, and stdout to the same
-    file (``stdout``) or to /dev/null."""
-    import atexit
-
-    os.environ.clear()
-    os.environ.update(env)
-    os.chdir(cwd)
-    err = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    out = err if stdout else os.open(os.devnull, os.O_WRONLY)
-    os.dup2(out, 1)
-    os.dup2(err, 2)
-    os.close(err)
-    if out != err:
-        os.close(out)
-    sys.argv = ["-c", *args]
-    try:
-        exec(compile(script, "<string>", "exec"), {"__name__": "__main__"})
-    finally:
-        atexit._run_exitfuncs()  # a multiprocessing child leaves with os._exit; a Python run's atexit runs
-        sys.stderr.flush()
-
-
 #: ``ForkedPython(MTCLI, ARGS, ...)`` is ``mtcli ARGS``.
 MTCLI = "import sys\nfrom mtcli.cli import app\nsys.argv[0] = 'mtcli'\napp()\n"
 
@@ -343,7 +320,7 @@ class ForkedPython:
                  cwd: Path = REPO, stdout: bool = False) -> None:
         context = forkserver()
         self.stderr_path = Path(stderr_path)
-        self._process = context.Process(target=_python_c, args=(
+        self._process = context.Process(target=python_c, args=(
             script, [str(a) for a in args], dict(os.environ if env is None else env), str(cwd), str(stderr_path),
             stdout))
         self._process.start()
