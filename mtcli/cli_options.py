@@ -3,10 +3,13 @@ option, or an empty path) and the options several commands take alike."""
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+
+from mtcli.settings import DECODE_RANGES, DecodeConfig
 
 
 def plain_value(value: str) -> str:
@@ -38,11 +41,10 @@ AverageBest = Annotated[int, typer.Option(min=0, help="Average the K best checkp
 DeviceOption = Annotated[str, typer.Option(
     help="Decode on auto (the first GPU if there is one; the CPU under decode.int8), cpu, cuda or cuda:N.")]
 
-#: The sampling schemes and the temperature's range, as the decode config takes them
-#: (``mtcli.settings.DecodeConfig.sampling``, ``mtcli.config.DECODE_RANGES``; a test keeps them
-#: equal): the command line names its own option when a value is out of them, not a config key.
-SAMPLING_SCHEMES = ("none", "topk", "topp")
-TEMPERATURE_RANGE = (0.01, 100.0)
+#: The sampling schemes and the temperature's range, those of the decode config: the command line
+#: names its own option when a value is out of them, not a config key.
+SAMPLING_SCHEMES: tuple[str, ...] = typing.get_args(typing.get_type_hints(DecodeConfig)["sampling"])
+TEMPERATURE_RANGE = DECODE_RANGES["temperature"]
 
 
 def sampling_scheme(value: str) -> str:

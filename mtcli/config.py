@@ -26,6 +26,7 @@ from mtcli.fileio import atomic_write, names_an_open_file
 from mtcli.languages import default_character_coverage, default_normalization
 from mtcli.logs import get_logger
 from mtcli.settings import (
+    DECODE_RANGES,
     MAX_SEED,
     SECTIONS,
     Config,
@@ -251,11 +252,6 @@ def with_changes(config: Config, section: str, **changes: Any) -> Config:
         named = [key for key in coerced if re.search(rf"\b{section}\.{key}\b", message)] or list(coerced)
         raise ConfigError(f"{', '.join(f'{section}.{key}={coerced[key]!r}' for key in named)}: {message}") from None
     return changed
-
-
-#: The closed ranges of the numeric decode settings (the server's request fields take the same).
-DECODE_RANGES: dict[str, tuple[float, float]] = {
-    "length_penalty": (-5, 5), "max_len_a": (0, 10), "max_len_b": (0, 10_000), "temperature": (0.01, 100)}
 
 
 def _decode_checks(d: DecodeConfig) -> list[tuple[bool, str]]:

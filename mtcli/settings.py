@@ -158,6 +158,12 @@ class TrainConfig:
         self.run_dir, self.init_from = map(_home, (self.run_dir, self.init_from))
 
 
+#: The closed ranges of the numeric decode settings (the server's request fields and the command
+#: line's options take the same).
+DECODE_RANGES: dict[str, tuple[float, float]] = {
+    "length_penalty": (-5, 5), "max_len_a": (0, 10), "max_len_b": (0, 10_000), "temperature": (0.01, 100)}
+
+
 @dataclass
 class DecodeConfig:
     """Search settings used by ``evaluate``, ``translate`` and validation BLEU."""
