@@ -127,6 +127,13 @@ class PairCleaner:
             counts.kept += len(kept)
             yield from (chunk[i] for i in kept.tolist())
 
+    def kept_among(self, keys: np.ndarray) -> np.ndarray:
+        """The mask of the pair ``keys`` (:func:`pair_keys`) that are a kept pair's. Only a
+        cleaner that deduplicates remembers its kept pairs."""
+        if not self.dedup:
+            raise ValueError("a cleaner that does not deduplicate keeps no pair keys")
+        return self._keys.contains(keys)
+
     def _deduplicated(self, passing: np.ndarray, keys: np.ndarray) -> np.ndarray:
         """The items of ``passing`` whose ``keys`` were not kept before (now remembered)."""
         new = self._keys.add_new(keys)

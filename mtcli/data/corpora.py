@@ -31,6 +31,7 @@ from typing import Any
 from mtcli.config import CorpusConfig, DataConfig
 from mtcli.data.cache import SPM_MODEL, array_name, direction_split, eval_split_name
 from mtcli.data.cleaning import CleanCounts, PairCleaner, clean_text_blocks, clean_text_files
+from mtcli.data.overlap import warn_of_overlap
 from mtcli.data.sourcebase import MissingSplitError, Source
 from mtcli.data.sources import TextDirSource, open_source
 from mtcli.data.tokenizer import UNK_ID
@@ -343,6 +344,7 @@ def plan_corpora(data: DataConfig) -> Plan:
                  "with, and sources read from data.source get none: a model fine-tuned from that one would start from "
                  "weights that never read an untagged source; list the corpus under data.sources ([{source: "
                  f"{data.source}}}]) to keep the tag"] if tagged else []
+        notes += scored_on_training(data)
         return Plan([corpus], all_splits, eval_splits, providers, {s: s for s in eval_splits}, {}, several=False,
                     notes=notes)
     configs = data.corpora()
@@ -361,12 +363,27 @@ def plan_corpora(data: DataConfig) -> Plan:
     return Plan(corpora, all_splits, eval_splits, providers, read_as, target_tags, several=True, notes=notes)
 
 
+def scored_on_training(data: DataConfig) -> list[str]:
+    """Warnings for a validation or test split that is the training split itself (one corpus;
+    with ``data.sources`` its text is compared with the training pairs like any other's)."""
+    notes = []
+    if data.valid_split == data.train_split:
+        notes.append(f"data.valid_split is the training split ('{data.train_split}'): validation scores pairs the "
+                     "model trains on, which rewards memorising when it picks checkpoints and stops the run; give a "
+                     "split held out from training")
+    if data.train_split in data.test_splits:
+        notes.append(f"data.test_splits holds the training split ('{data.train_split}'): its scores are of pairs the "
+                     "model trained on, not of text it has not seen")
+    return notes
+
+
 # ----------------------------------------------------------------------------- text
 
 
-def _clean_split(corpus: Corpus, data: DataConfig, src_txt: Path, tgt_txt: Path, workers: int) -> CleanCounts:
-    """Write the training split cleaned. A large split is cleaned by ``workers`` processes, with
-    the same result as one: plain-text files by byte ranges the workers read themselves
+def _clean_split(corpus: Corpus, data: DataConfig, src_txt: Path, tgt_txt: Path, workers: int) -> PairCleaner:
+    """Write the training split cleaned; return the cleaner, which holds the counts. A large
+    split is cleaned by ``workers`` processes, with the same result as one: plain-text files by
+    byte ranges the workers read themselves
     (:func:`~mtcli.data.cleaning.clean_text_files`); Arrow sources and ``.tsv`` files as blocks
     of text (:func:`~mtcli.data.cleaning.clean_text_blocks`), made from the rows by the workers
     from the parts they read themselves (parquet row groups, slices of a dataset's Arrow files),
@@ -385,7 +402,7 @@ def _clean_split(corpus: Corpus, data: DataConfig, src_txt: Path, tgt_txt: Path,
         clean_text_blocks(blocks, src_txt, tgt_txt, cleaner, workers)
     else:
         _write_sides(cleaner(source.pairs(split)), [src_txt, tgt_txt])  # (the cleaner counts them)
-    return cleaner.counts
+    return cleaner
 
 
 def text_path(tmp: Path, split: str, lang: str) -> Path:
@@ -394,13 +411,20 @@ def text_path(tmp: Path, split: str, lang: str) -> Path:
 
 
 def write_training(plan: Plan, data: DataConfig, tmp: Path, workers: int) -> dict[str, CleanCounts]:
-    """Write each corpus's training pairs, cleaned; return its counts by cache split."""
+    """Write each corpus's training pairs, cleaned; return its counts by cache split. The
+    validation and test texts are in ``tmp`` already (:func:`write_eval`): those that share
+    pairs with a corpus's training pairs are warned of (:func:`~mtcli.data.overlap.warn_of_overlap`)."""
     log = get_logger()
     counts: dict[str, CleanCounts] = {}
+    split_langs = plan.split_langs()
     for corpus in plan.corpora:
         src, tgt = corpus.langs
-        c = counts[corpus.train_name] = _clean_split(corpus, data, text_path(tmp, corpus.train_name, src),
-                                                     text_path(tmp, corpus.train_name, tgt), workers)
+        texts = (text_path(tmp, corpus.train_name, src), text_path(tmp, corpus.train_name, tgt))
+        cleaner = _clean_split(corpus, data, *texts, workers)
+        c = counts[corpus.train_name] = cleaner.counts
+        evaluations = {split: (text_path(tmp, split, src), text_path(tmp, split, tgt))
+                       for split in plan.read_as if {src, tgt} <= set(split_langs[split])}
+        warn_of_overlap(corpus.train_name, texts, evaluations, cleaner.kept_among if cleaner.dedup else None)
         why = ", ".join(f"{k} {v}" for k, v in c.dropped().items())
         log.info("read %s: %d pairs, kept %d (dropped: %s)", corpus.train_name, c.read, c.kept, why)
         _warn_of_heavy_drops(corpus, c, data)

@@ -68,12 +68,7 @@ class SortedKeySet:
         if not len(keys):
             return mask
         unique, first = np.unique(keys, return_index=True)
-        new = np.ones(len(unique), dtype=bool)
-        ask = np.flatnonzero(self._marked(unique)) if self._bitmap is not None else slice(None)
-        asked = unique[ask]
-        for run in self._runs:
-            found = run[np.searchsorted(run, asked).clip(max=len(run) - 1)] == asked
-            new[ask] &= ~found
+        new = ~self.contains(unique)
         mask[first[new]] = True
         if new.any():
             added = unique[new]
@@ -85,6 +80,19 @@ class SortedKeySet:
                 self._runs.append(merged)
             self._update_bitmap(added)
         return mask
+
+    def contains(self, keys: np.ndarray) -> np.ndarray:
+        """The mask of ``keys`` (uint64) that are held; adds nothing."""
+        found = np.zeros(len(keys), dtype=bool)
+        if not len(keys) or not self._runs:
+            return found
+        ask = np.flatnonzero(self._marked(keys)) if self._bitmap is not None else slice(None)
+        asked = keys[ask]
+        held = np.zeros(len(asked), dtype=bool)
+        for run in self._runs:
+            held |= run[np.searchsorted(run, asked).clip(max=len(run) - 1)] == asked
+        found[ask] = held
+        return found
 
     def _slots(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each key's byte in the bitmap and its bit there, from the key's top ``_bits`` bits."""

@@ -15,7 +15,8 @@ from mtcli.data.dedup import SortedKeySet, pair_keys
 
 def _check_remembers_every_key(keys: SortedKeySet) -> None:
     """Batches of keys drawn with repeats, within and across, the key 0 and the largest among
-    them: ``add_new`` marks exactly the first time each value is met."""
+    them: ``add_new`` marks exactly the first time each value is met, and ``contains`` exactly
+    the values met before."""
     rng = np.random.default_rng(0)
     pool = rng.integers(0, 2**64 - 1, size=5000, dtype=np.uint64, endpoint=True)
     pool[:2] = (0, 2**64 - 1)
@@ -27,6 +28,8 @@ def _check_remembers_every_key(keys: SortedKeySet) -> None:
             expected.append(key not in seen)
             seen.add(key)
         assert keys.add_new(batch).tolist() == expected
+        others = rng.choice(pool, size=50)  # some held, some not: contains asks and adds nothing
+        assert keys.contains(others).tolist() == [key in seen for key in others.tolist()]
     assert len(keys) == len(seen)
     assert keys.add_new(np.array([2**64 - 1, 0, 12345, 12345], dtype=np.uint64)).tolist() == [
         False, False, 12345 not in seen, False]

@@ -285,7 +285,8 @@ def test_cleaning_counts_end_to_end(tmp_path: Path) -> None:
 
 def _write_corpus(root: Path, langs: tuple[str, str], train: list[tuple[str, str]]) -> None:
     root.mkdir()
-    for split, pairs in (("train", train), ("val", train[:3]), ("test", train[:3])):
+    held_out = [(train[i][0], train[(i + 1) % 3][1]) for i in range(3)]  # its words, but not its pairs
+    for split, pairs in (("train", train), ("val", held_out), ("test", held_out)):
         for side, lang in enumerate(langs):
             (root / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
 
