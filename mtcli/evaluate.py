@@ -21,6 +21,7 @@ import torch
 
 from mtcli.config import Config, DecodeConfig, check_language_code
 from mtcli.data.cache import PreparedCorpus, array_name, eval_split_name
+from mtcli.data.overlap import overlap_of
 from mtcli.data.textio import lines_sha256, read_lines, read_lines_hashed
 from mtcli.device import peak_memory_mb
 from mtcli.errors import ConfigError, DataError, signals_held
@@ -273,6 +274,25 @@ def _check_outputs(run_dir: Path, test: _Test, inputs: list[_Input]) -> None:
                                       "give another --output directory")
 
 
+def _shared_with_training(run_dir: Path, split: str, direction: tuple[str, str]) -> dict[str, Any] | None:
+    """What ``prepare`` counted of ``split``'s pairs in ``direction`` that are also pairs the run
+    trained on (:func:`~mtcli.data.overlap.overlap_of`, from the run's copy of the cache's
+    manifest); None when not known: files given as ``--src``/``--ref``, or a cache prepared
+    before it counted them. Each training split that shares some is warned of."""
+    try:
+        manifest = json.loads((run_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
+        record, files = manifest["shared_with_training"], manifest["files"]
+        name = eval_split_name(split, *direction, lambda n, lang: f"{array_name(n, lang)}.txt" in files)
+        shared = overlap_of(record, name, direction)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # no split; an older or edited manifest
+        return None
+    for train_name, counts in shared.items():
+        get_logger().warning("%s %s: %d of its %d pairs are also pairs the model trained on (of %s, as prepare "
+                             "counted them): its scores overstate how the model translates text it has not seen",
+                             split, "-".join(direction), counts["shared"], counts["pairs"], train_name)
+    return shared
+
+
 def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, given: _Input) -> dict[str, Any]:
     """Decode and score one direction's test set with a loaded translator; write its outputs."""
     bundle, device, direction = translator.bundle, translator.device, given.direction
@@ -294,6 +314,7 @@ def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, given: _I
         "source": str(src_path),
         "reference": str(ref_path),
         "reference_sha256": given.reference_sha256,
+        "shared_with_training": _shared_with_training(run_dir, split, direction) if split is not None else None,
         "reference_lines_sha256": lines_sha256(given.references),  # its text: also a .gz or CRLF copy's
         "references": [str(path) for path in given.ref_paths],
         "checkpoint": str(bundle.name),

@@ -31,7 +31,7 @@ from typing import Any
 from mtcli.config import CorpusConfig, DataConfig
 from mtcli.data.cache import SPM_MODEL, array_name, direction_split, eval_split_name
 from mtcli.data.cleaning import CleanCounts, PairCleaner, clean_text_blocks, clean_text_files
-from mtcli.data.overlap import warn_of_overlap
+from mtcli.data.overlap import Record, count_overlap, warn_of_overlap
 from mtcli.data.sourcebase import MissingSplitError, Source
 from mtcli.data.sources import TextDirSource, open_source
 from mtcli.data.tokenizer import UNK_ID
@@ -410,12 +410,13 @@ def text_path(tmp: Path, split: str, lang: str) -> Path:
     return tmp / f"{array_name(split, lang)}.txt"
 
 
-def write_training(plan: Plan, data: DataConfig, tmp: Path, workers: int) -> dict[str, CleanCounts]:
-    """Write each corpus's training pairs, cleaned; return its counts by cache split. The
-    validation and test texts are in ``tmp`` already (:func:`write_eval`): those that share
-    pairs with a corpus's training pairs are warned of (:func:`~mtcli.data.overlap.warn_of_overlap`)."""
+def write_training(plan: Plan, data: DataConfig, tmp: Path, workers: int) -> tuple[dict[str, CleanCounts], Record]:
+    """Write each corpus's training pairs, cleaned; return its counts by cache split, and the
+    validation and test splits (their text is in ``tmp`` already: :func:`write_eval`) that share
+    pairs with a corpus's training pairs, each counted and warned of (:mod:`mtcli.data.overlap`)."""
     log = get_logger()
     counts: dict[str, CleanCounts] = {}
+    shared: Record = {}
     split_langs = plan.split_langs()
     for corpus in plan.corpora:
         src, tgt = corpus.langs
@@ -424,7 +425,9 @@ def write_training(plan: Plan, data: DataConfig, tmp: Path, workers: int) -> dic
         c = counts[corpus.train_name] = cleaner.counts
         evaluations = {split: (text_path(tmp, split, src), text_path(tmp, split, tgt))
                        for split in plan.read_as if {src, tgt} <= set(split_langs[split])}
-        warn_of_overlap(corpus.train_name, texts, evaluations, cleaner.kept_among if cleaner.dedup else None)
+        held = cleaner.kept_among if cleaner.dedup else None
+        for split, (n, pairs) in count_overlap(texts, evaluations, held).items():
+            shared.setdefault(split, {})[corpus.train_name] = {"langs": [src, tgt], "shared": n, "pairs": pairs}
         why = ", ".join(f"{k} {v}" for k, v in c.dropped().items())
         log.info("read %s: %d pairs, kept %d (dropped: %s)", corpus.train_name, c.read, c.kept, why)
         _warn_of_heavy_drops(corpus, c, data)
@@ -433,7 +436,8 @@ def write_training(plan: Plan, data: DataConfig, tmp: Path, workers: int) -> dic
                 f"{corpus.source.describe()}: training split '{data.train_split}' is empty after cleaning "
                 f"(read {c.read} pairs; dropped: {why})"
             )
-    return counts
+    warn_of_overlap(shared)
+    return counts, shared
 
 
 # A length rule that drops more than this share of a corpus is more likely wrong for it than right.

@@ -6,7 +6,9 @@ validation set that does rewards memorising when it picks checkpoints and stops 
 that users split themselves (a translation memory cut into train and test after no deduplication,
 a web crawl that holds a public test set) often do. ``prepare`` counts, for every training corpus,
 the validation and test pairs in its two languages that are exactly one of its kept training
-pairs (both sides byte for byte), and warns of each split that has any.
+pairs (both sides byte for byte), records them in the cache's manifest and warns of each split
+that has any (again whenever it finds the cache up to date); ``evaluate`` says them beside the
+scores of such a split.
 
 Pairs are compared by their 64-bit keys (:func:`~mtcli.data.dedup.pair_keys`). With
 ``data.dedup`` the cleaner already holds every kept pair's key, and is asked; otherwise the
@@ -18,6 +20,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -59,20 +62,38 @@ def found_in_text(src: Path, tgt: Path, wanted: np.ndarray) -> np.ndarray:
     return found[np.searchsorted(targets, wanted)] if len(wanted) else np.zeros(0, dtype=bool)
 
 
-def warn_of_overlap(train_name: str, train_texts: tuple[Path, Path], evaluations: dict[str, tuple[Path, Path]],
-                    held: Held | None = None) -> dict[str, int]:
-    """Warn of every evaluation split (name: its source and target text, in the training
-    corpus's two languages) with pairs that are also training pairs of ``train_name`` (its
-    cleaned text ``train_texts``); ``held`` asks the cleaner instead, when it deduplicated.
-    Returns how many of each split's pairs are, for the splits that have any."""
-    shared: dict[str, int] = {}
+def count_overlap(train_texts: tuple[Path, Path], evaluations: dict[str, tuple[Path, Path]],
+                  held: Held | None = None) -> dict[str, tuple[int, int]]:
+    """For each evaluation split (name: its source and target text, in a training corpus's two
+    languages) that has pairs that are also training pairs (the corpus's cleaned text
+    ``train_texts``; ``held`` asks its cleaner instead, when it deduplicated): how many, and
+    how many pairs with text on both sides it has."""
+    shared: dict[str, tuple[int, int]] = {}
     for split, (src, tgt) in evaluations.items():
         keys = eval_pair_keys(src, tgt)
         n = int((held(keys) if held is not None else found_in_text(*train_texts, keys)).sum()) if len(keys) else 0
         if n:
-            shared[split] = n
+            shared[split] = (n, len(keys))
+    return shared
+
+
+#: The manifest's record of them: ``{split: {training split: {"langs", "shared", "pairs"}}}``.
+Record = dict[str, dict[str, dict[str, Any]]]
+
+
+def warn_of_overlap(record: Record) -> None:
+    """Warn of each split, and training split, of a manifest's :data:`Record`."""
+    for split, corpora in record.items():
+        for train_name, counts in corpora.items():
             get_logger().warning(
                 "%s: pairs that are also training pairs (of %s, source and target alike): %d of %d (%.1f%%); scores "
                 "on it overstate how the model translates text it has not seen: take them out of the training data, "
-                "or score on other pairs", split, train_name, n, len(keys), 100 * n / len(keys))
-    return shared
+                "or score on other pairs", split, train_name, counts["shared"], counts["pairs"],
+                100 * counts["shared"] / counts["pairs"])
+
+
+def overlap_of(record: Record, split: str, langs: tuple[str, str]) -> dict[str, dict[str, int]]:
+    """What a manifest's :data:`Record` says of ``split`` in either direction between ``langs``:
+    ``{training split: {"shared", "pairs"}}``."""
+    return {train_name: {"shared": int(counts["shared"]), "pairs": int(counts["pairs"])}
+            for train_name, counts in record.get(split, {}).items() if set(counts["langs"]) == set(langs)}

@@ -62,6 +62,7 @@ from mtcli.data.corpora import (
 )
 from mtcli.data.coverage import warn_of_changed_text, warn_of_unknown
 from mtcli.data.encoding import encode_file, encode_with_vocab, line_blocks
+from mtcli.data.overlap import warn_of_overlap
 from mtcli.data.scan import take_spans
 from mtcli.data.tokenizer import (
     BOS_ID,
@@ -458,6 +459,7 @@ def prepare(config: Config, force: bool = False) -> PrepareReport:
             if current is None:
                 return _build(data, out, plan, given, inputs, fingerprint, key, lock, here)
     log.info("%s is up to date with %s; nothing to do (--force rebuilds)", out, plan.describe())
+    warn_of_overlap(current.manifest.get("shared_with_training", {}))
     return PrepareReport(directory=out, skipped=True, source=plan.describe(), counts=current.counts(),
                          tokens=current.manifest.get("tokens", {}), vocab_size=current.vocab_size)
 
@@ -472,7 +474,7 @@ def _build(data: DataConfig, out: Path, plan: Plan, given: Path | None, inputs: 
     workers = data.num_workers
     with contextlib.ExitStack() as swap, atomic_dir(out, mark="manifest.json") as tmp, _naming_write_errors(out, tmp):
         eval_counts = write_eval(plan, data, tmp)  # first: small, and an empty validation split stops here
-        counts = write_training(plan, data, tmp, workers)
+        counts, shared = write_training(plan, data, tmp, workers)
         counts.update(eval_counts)
         model_path = _spm_model(tmp, data, plan, given, counts)
         tokenizer = load_tokenizer(model_path)
@@ -484,6 +486,7 @@ def _build(data: DataConfig, out: Path, plan: Plan, given: Path | None, inputs: 
         if plan.several:
             manifest.update(_corpora_records(plan, counts, tokenizer))
         manifest["input_files"], manifest["config_file"] = inputs.records, config_file
+        manifest["shared_with_training"] = shared  # {} for none (a cache without it was not counted)
         if len(tokenizer_files(model_path)) == 1 and is_word_model(model_path):
             manifest["word_model_ids"] = WORD_MODEL_IDS
         write_manifest(tmp, manifest)

@@ -13,7 +13,7 @@ from conftest import TOY_CONFIG, TOY_DIR, make_trilingual, multi_overrides
 
 import mtcli.data.corpora as corpora_module
 from mtcli.config import load_config
-from mtcli.data.overlap import eval_pair_keys, found_in_text
+from mtcli.data.overlap import eval_pair_keys, found_in_text, overlap_of
 from mtcli.data.prepare import prepare
 from mtcli.data.textio import read_lines
 
@@ -105,3 +105,55 @@ def test_keys_are_found_across_blocks_and_in_the_order_asked(tmp_path: Path, mon
     assert len(keys) == 5 and keys.dtype == np.uint64
     assert found_in_text(src, tgt, keys).tolist() == [True, False, True, True, True]
     assert found_in_text(src, tgt, keys[:0]).tolist() == []
+
+
+def test_the_count_is_recorded_and_said_again_when_the_cache_is_up_to_date(
+        leaky: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from mtcli.data.cache import PreparedCorpus
+
+    config = _config(leaky, tmp_path)
+    prepare(config)
+    assert PreparedCorpus.open(tmp_path / "prepared").manifest["shared_with_training"] == {
+        "test": {"train": {"langs": ["src", "tgt"], "shared": 4, "pairs": 46}},
+        "val": {"train": {"langs": ["src", "tgt"], "shared": 1, "pairs": 41}}}
+    caplog.clear()
+    caplog.set_level("WARNING", logger="mtcli")
+    assert prepare(config).skipped
+    assert sorted(_warned(caplog)) == [("test", "train", 4, 46), ("val", "train", 1, 41)]
+
+
+def test_evaluate_says_how_many_test_pairs_the_model_trained_on(
+        leaky: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Beside the scores of a split that prepare counted, in the report and a warning; not
+    known (None) for files given as --src/--ref, and none ({}) for a split without any."""
+    from mtcli.evaluate import evaluate
+    from mtcli.train.run import train
+
+    for lang in ("src", "tgt"):  # the validation split as the toy's: no training pair
+        (leaky / f"val.{lang}").write_bytes((TOY_DIR / f"val.{lang}").read_bytes())
+    run = tmp_path / "run"
+    config = _config(leaky, tmp_path, f"train.run_dir={run}", "train.max_steps=2", "train.valid_every=2",
+                     "train.valid_bleu=false")
+    prepare(config)
+    train(config)
+    options = dict(checkpoint="last", average_last=0, average_best=0, overrides=["decode.beam_size=1"],
+                   output_dir=tmp_path / "eval")
+    caplog.set_level("WARNING", logger="mtcli")
+    report = evaluate(run, split="test", src_file=None, ref_file=None, **options)
+    assert report["shared_with_training"] == {"train": {"shared": 4, "pairs": 46}}
+    said = [r.getMessage() for r in caplog.records if "pairs the model trained on" in r.getMessage()]
+    assert said == ["test src-tgt: 4 of its 46 pairs are also pairs the model trained on (of train, as prepare "
+                    "counted them): its scores overstate how the model translates text it has not seen"]
+    assert evaluate(run, split="val", src_file=None, ref_file=None, **options)["shared_with_training"] == {}
+    given = evaluate(run, split=None, src_file=leaky / "test.src", ref_file=leaky / "test.tgt", **options)
+    assert given["shared_with_training"] is None
+
+
+def test_a_split_is_said_shared_by_the_corpora_of_its_two_languages_either_way() -> None:
+    record = {"test": {"train.0": {"langs": ["en", "de"], "shared": 2, "pairs": 9},
+                       "train.1": {"langs": ["de", "en"], "shared": 3, "pairs": 9},
+                       "train.2": {"langs": ["en", "fr"], "shared": 4, "pairs": 9}}}
+    assert overlap_of(record, "test", ("de", "en")) == {"train.0": {"shared": 2, "pairs": 9},
+                                                       "train.1": {"shared": 3, "pairs": 9}}
+    assert overlap_of(record, "test", ("fr", "de")) == {}
+    assert overlap_of(record, "val", ("en", "de")) == {}
