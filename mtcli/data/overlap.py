@@ -68,12 +68,15 @@ def count_overlap(train_texts: tuple[Path, Path], evaluations: dict[str, tuple[P
     languages) that has pairs that are also training pairs (the corpus's cleaned text
     ``train_texts``; ``held`` asks its cleaner instead, when it deduplicated): how many, and
     how many pairs with text on both sides it has."""
+    keys = {split: eval_pair_keys(src, tgt) for split, (src, tgt) in evaluations.items()}
+    every = np.concatenate([np.zeros(0, dtype=np.uint64), *keys.values()])
+    found = held(every) if held is not None else found_in_text(*train_texts, every)  # the text read once
     shared: dict[str, tuple[int, int]] = {}
-    for split, (src, tgt) in evaluations.items():
-        keys = eval_pair_keys(src, tgt)
-        n = int((held(keys) if held is not None else found_in_text(*train_texts, keys)).sum()) if len(keys) else 0
-        if n:
-            shared[split] = (n, len(keys))
+    start = 0
+    for split, split_keys in keys.items():
+        if n := int(found[start:start + len(split_keys)].sum()):
+            shared[split] = (n, len(split_keys))
+        start += len(split_keys)
     return shared
 
 
