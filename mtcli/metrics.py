@@ -28,9 +28,16 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 
 from mtcli.errors import ConfigError, DataError, MtcliError, install_advice
 from mtcli.languages import language_code
+from mtcli.logs import get_logger
 
 #: What ``evaluate --metrics`` may name (BLEU and lowercased BLEU are always scored).
 METRICS = ("bleu", "chrf", "ter")
+
+#: Lines whose n-grams are held at once while scoring. sacreBLEU's ``corpus_score`` extracts every
+#: reference's n-grams before it scores one line (about 50 kB a line for BLEU and chrF together):
+#: gigabytes for a test set of 200k lines. Its segment statistics add up, so the corpus is scored
+#: a block at a time to the same numbers.
+SCORE_BLOCK = 10_000
 
 
 #: BLEU's tokeniser for the target languages whose words spaces do not separate (13a for the rest)
@@ -65,8 +72,8 @@ def scorer(name: str, tgt_lang: str | None = None, *, lowercase: bool = False, i
         asian = code in BLEU_TOKENIZERS  # sacreBLEU ignores asian_support without normalized
         return TER(normalized=asian, asian_support=asian)
     tokenize = BLEU_TOKENIZERS.get(code, "13a")
-    try:
-        return BLEU(tokenize=tokenize, lowercase=lowercase)
+    try:  # force: the check for tokenised text is warn_if_tokenised's, once a corpus, not sacreBLEU's each time
+        return BLEU(tokenize=tokenize, lowercase=lowercase, force=True)
     except RuntimeError:  # sacreBLEU's MeCab tokenisers import MeCab when made
         raise MtcliError(f"BLEU of '{tgt_lang}' text tokenises it with MeCab ({tokenize}): "
                          f"{install_advice(code)}{instead}") from None
@@ -79,6 +86,32 @@ def metric_names(metrics: Sequence[str]) -> tuple[str, ...]:
     if unknown:
         raise ConfigError(f"unknown metric {', '.join(map(repr, unknown))} (known: {', '.join(METRICS)})")
     return tuple(dict.fromkeys(metrics))
+
+
+#: How many hypotheses may end in a tokenised period before :func:`warn_if_tokenised` says so (sacreBLEU's own rule)
+TOKENISED_LINES = 100
+
+
+def warn_if_tokenised(hypotheses: Sequence[str], name: str = "hypotheses") -> None:
+    """Warn, once, when :data:`TOKENISED_LINES` or more of ``hypotheses`` (``name``: whose) end
+    in a tokenised period (``" ."``), as sacreBLEU does: BLEU of tokenised text is not comparable
+    to others' BLEU."""
+    count = sum(line.endswith(" .") for line in hypotheses)
+    if count >= TOKENISED_LINES:
+        get_logger().warning("%s: %d of %d lines end in a tokenised period (' .'); BLEU is of detokenised text: "
+                             "detokenise them (and their references) for a score others can compare",
+                             name, count, len(hypotheses))
+
+
+def corpus_score(metric: BLEU | CHRF | TER, hypotheses: list[str], references: list[list[str]]) -> Any:
+    """``metric.corpus_score(hypotheses, references)``, in the same memory for any number of
+    lines: the segment statistics of :data:`SCORE_BLOCK` lines at a time (sacreBLEU's own
+    per-segment counts), summed once at the end as ``corpus_score`` sums them."""
+    stats: list[Any] = []
+    for start in range(0, len(hypotheses), SCORE_BLOCK):
+        end = start + SCORE_BLOCK
+        stats += metric._extract_corpus_statistics(hypotheses[start:end], [r[start:end] for r in references])
+    return metric._aggregate_and_compute(stats)
 
 
 def score(hypotheses: list[str], references: list[str], *, more_references: Sequence[list[str]] = (),
@@ -102,9 +135,10 @@ def score(hypotheses: list[str], references: list[str], *, more_references: Sequ
         if len(hypotheses) != len(stream):
             raise DataError(f"{len(hypotheses)} hypotheses but {len(stream)} references: counts must match")
     hyps = list(hypotheses)
+    warn_if_tokenised(hyps)
     scorers = {"bleu": scorer("bleu", tgt_lang), "bleu_lc": scorer("bleu", tgt_lang, lowercase=True)}
     scorers.update({name: scorer(name, tgt_lang) for name in ("chrf", "ter") if name in metrics})
-    results = {name: scorer.corpus_score(hyps, refs) for name, scorer in scorers.items()}
+    results = {name: corpus_score(scorer, hyps, refs) for name, scorer in scorers.items()}
     signatures = {name: str(scorer.get_signature()) for name, scorer in scorers.items()}
     b = results["bleu"]
     return {

@@ -90,6 +90,19 @@ def test_a_file_that_opens_with_a_byte_order_mark_is_warned_of(systems: tuple[Pa
                       "it, in the first word: strip it (sed -i '1s/^\\xEF\\xBB\\xBF//') to get these scores there"]
 
 
+def test_a_tokenised_system_is_warned_of_by_its_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A system of tokenised text (100 lines or more end in " .", sacreBLEU's rule) is named once."""
+    lines = [f"sentence {i} , with words" for i in range(120)]
+    (tmp_path / "ref.txt").write_text("".join(f"{line}.\n" for line in lines), encoding="utf-8")
+    (tmp_path / "tok.hyp").write_text("".join(f"{line} .\n" for line in lines), encoding="utf-8")
+    (tmp_path / "detok.hyp").write_text("".join(f"{line}.\n" for line in lines[::-1]), encoding="utf-8")
+    compare([tmp_path / "detok.hyp", tmp_path / "tok.hyp"], [tmp_path / "ref.txt"], samples=5, tests=("bs",),
+            metrics=("bleu",))
+    warned = [(r.name, r.getMessage()) for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [("mtcli", f"{tmp_path / 'tok.hyp'}: 120 of 120 lines end in a tokenised period (' .'); BLEU is "
+                                "of detokenised text: detokenise them (and their references) for a score others can compare")]
+
+
 def test_systems_of_equal_quality_are_not_told_apart(systems: tuple[Path, Path, Path], tmp_path: Path) -> None:
     """One system truncates the odd sentences, the other the even ones."""
     ref, weak, _ = systems

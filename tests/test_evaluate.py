@@ -104,6 +104,49 @@ def test_japanese_and_korean_need_mecab_and_say_which_extra(lang: str, tmp_path:
     assert f"tok:{lang}-mecab" in result["bleu_signature"]
 
 
+def test_a_corpus_scored_in_blocks_scores_as_sacrebleu_scores_it_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of 3 lines over 10 (the last one short), two reference streams: every score,
+    detail and signature is sacreBLEU's ``corpus_score`` of the whole corpus at once."""
+    import sacrebleu
+
+    import mtcli.metrics
+
+    monkeypatch.setattr(mtcli.metrics, "SCORE_BLOCK", 3)
+    words = "the a cat dog sat ran on under mat tree big red".split()
+    first = [" ".join(words[(i * 5 + j) % 12] for j in range(4 + i % 5)) for i in range(10)]
+    second = [" ".join(reversed(line.split())) for line in first]
+    hyps = [" ".join(line.split()[1:] + ["tree"]) if i % 3 else line.upper() for i, line in enumerate(first)]
+    result = score(hyps, first, more_references=[second], metrics=["bleu", "chrf", "ter"])
+    for name, metric in (("bleu", sacrebleu.BLEU()), ("bleu_lc", sacrebleu.BLEU(lowercase=True)),
+                         ("chrf", sacrebleu.CHRF()), ("ter", sacrebleu.TER())):
+        whole = metric.corpus_score(hyps, [first, second])
+        assert result[name] == pytest.approx(whole.score, abs=1e-9), name
+        assert result[f"{name}_signature"] == str(metric.get_signature())
+        if name == "bleu":
+            assert (result["sys_len"], result["ref_len"]) == (whole.sys_len, whole.ref_len)
+            assert result["bleu_precisions"] == pytest.approx(whole.precisions) and result["bleu_bp"] == whole.bp
+    assert 0 < result["bleu"] < result["bleu_lc"] < 100 and "nrefs:2" in result["bleu_signature"]
+
+
+def test_tokenised_hypotheses_are_warned_of_once_a_corpus(monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """sacreBLEU's warning said once, by mtcli, for the corpus: not once per BLEU (cased and
+    lowercased) and per block of lines, and not below sacreBLEU's 100 lines."""
+    import mtcli.metrics
+
+    monkeypatch.setattr(mtcli.metrics, "SCORE_BLOCK", 120)
+    tokenised = [f"line {i} ends with a space ." for i in range(250)]
+    with caplog.at_level("WARNING"):
+        score(tokenised, tokenised)
+    said = [(r.name, r.getMessage()) for r in caplog.records]
+    assert said == [("mtcli", "hypotheses: 250 of 250 lines end in a tokenised period (' .'); BLEU is of detokenised "
+                              "text: detokenise them (and their references) for a score others can compare")]
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        score(tokenised[:99] + ["done."], tokenised[:100])
+    assert not caplog.records
+
+
 def test_score_count_mismatch() -> None:
     with pytest.raises(DataError, match="2 hypotheses but 1 references"):
         score(["a", "b"], ["a"])
