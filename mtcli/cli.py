@@ -284,6 +284,39 @@ def translate(
 
 @app.command()
 @handle_errors
+def score(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
+    source: Annotated[Path, typer.Argument(help="Source sentences, one a line.")],
+    target: Annotated[Path, typer.Argument(help="Their target sentences, line by line.")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=output_file, help="Output file (default: stdout).")] = None,  # noqa: UP045
+    normalize: Annotated[bool, typer.Option(help="The mean log-probability a target piece (</s> counted), "
+                                                 "not the sum: comparable across lengths.")] = False,
+    checkpoint: CheckpointOption = "best",
+    average_last: AverageLast = 0,
+    average_best: AverageBest = 0,
+    max_tokens: Annotated[Optional[int], typer.Option(min=1, help="Token budget per batch.")] = None,  # noqa: UP045
+    tgt_lang: TgtLangOption = None,
+    device: DeviceOption = "auto",
+    set_: DecodeSetOption = None,
+    verbose: Verbose = False,
+    quiet: Quiet = False,
+) -> None:
+    """Score sentence pairs: log p(target | source) under the model, one number a line (for
+    filtering a corpus, or reranking)."""
+    from mtcli.allocator import bound_onednn_cache, keep_freed_memory
+    from mtcli.infer.files import score_files
+    from mtcli.logs import setup_logging
+
+    setup_logging(verbose, quiet=quiet)
+    keep_freed_memory()
+    bound_onednn_cache()
+    score_files(run_dir, source, target, output, checkpoint, list(set_ or []), normalize=normalize,
+                average_last=average_last, average_best=average_best, max_tokens=max_tokens, tgt_lang=tgt_lang,
+                device=device)
+
+
+@app.command()
+@handle_errors
 def average(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `mtcli train`.")],
     output: Annotated[Path, typer.Option("--output", "-o", parser=file_only, help="Averaged checkpoint path.")],

@@ -1,4 +1,4 @@
-"""``mtcli translate``: translate files or standard input, streamed, through a :class:`Translator`.
+"""``mtcli translate`` and ``mtcli score``: files or standard input, streamed, through a :class:`Translator`.
 
 :func:`translate_files` reads every input strictly as UTF-8 (regular files, ``.gz`` files, and the
 streams a shell passes: ``<(zcat news.gz)``, named pipes, ``/dev/stdin``), writes stdout line by
@@ -382,3 +382,67 @@ def _plot(tokenizer: Tokenizer, best: Translation, path: Path) -> None:
         return
     plot_attention_png(path, [tokenizer.id_to_piece(t) for t in best.source_tokens or []],
                        [tokenizer.id_to_piece(t) for t in best.tokens], best.attention)
+
+
+def score_files(run_dir: str | Path, source: Path, target: Path, output: Path | None, checkpoint: str = "best",
+                overrides: list[str] | None = None, *, normalize: bool = False, **settings: Any) -> dict:
+    """``mtcli score``: log p(target | source) of each pair of lines of ``source`` and ``target``
+    (:meth:`~mtcli.infer.translator.Translator.score`; ``normalize``: a piece's mean), one number
+    a line to 4 decimals, into ``output`` (written whole, under another name until the end) or
+    stdout. A target longer than the model can produce scores ``-inf``. Files of different line
+    counts are refused before the model is loaded (streams when one ends first, with nothing
+    written to a file). ``settings``: ``max_tokens``, ``tgt_lang``, ``device``,
+    ``average_last``, ``average_best`` as :meth:`Translator.from_run` takes them. Returns a
+    summary dict (pairs, checkpoint, seconds, pairs_per_s, output)."""
+    inputs = [Path(source), Path(target)]
+    _check_io(inputs, output, None)
+    stack = contextlib.ExitStack()
+    (src_name, src_lines), (tgt_name, tgt_lines) = open_inputs(inputs, stack)
+    regular = all(_is_regular(path) for path in inputs)
+    counts = [count_lines(path) for path in inputs] if regular else None
+    if counts is not None and counts[0] != counts[1]:
+        stack.close()
+        raise DataError(f"{source}: {counts[0]} lines but {target}: {counts[1]}; score takes one target line per "
+                        "source line")
+    try:
+        translator = Translator.from_run(run_dir, checkpoint, overrides=list(overrides or []), **settings)
+        bar = progress(total=counts[0] if counts else None, unit="pair", enabled=_bar_wanted(inputs, output),
+                       desc="score")
+        start, pairs = time.perf_counter(), 0
+        with bar, _naming_stdout(output), _opened(output, None, translator, {}) as (handle, _):
+            for srcs, tgts in _paired_windows(src_lines, tgt_lines, src_name, tgt_name):
+                scores = translator.score(srcs, tgts, normalize=normalize, names=(src_name, tgt_name),
+                                          first_line=pairs + 1)
+                handle.writelines(f"{value:.4f}\n" for value in scores)
+                if output is None:
+                    handle.flush()
+                pairs += len(scores)
+                bar.update(len(scores))
+    finally:
+        stack.close()
+    seconds = time.perf_counter() - start
+    get_logger().info("scored %d pairs in %.1fs (%.1f pairs/s) with %s", pairs, seconds,
+                      pairs / seconds if seconds > 0 else 0.0, translator.name)
+    return {"pairs": pairs, "checkpoint": translator.name, "seconds": round(seconds, 3),
+            "pairs_per_s": round(pairs / seconds, 2) if seconds > 0 else None,
+            "output": str(output) if output is not None else "<stdout>"}
+
+
+def _paired_windows(sources: Iterable[str], targets: Iterable[str], src_name: str,
+                    tgt_name: str) -> Iterator[tuple[list[str], list[str]]]:
+    """The lines of two inputs as pairs, :data:`WINDOW` at a time; :class:`DataError` naming the
+    input that ends first (a stream, whose lines were not counted before)."""
+    missing = object()
+    window: tuple[list[str], list[str]] = ([], [])
+    for line, (src, tgt) in enumerate(itertools.zip_longest(sources, targets, fillvalue=missing), start=1):
+        if src is missing or tgt is missing:
+            short, other = (src_name, tgt_name) if src is missing else (tgt_name, src_name)
+            raise DataError(f"{short}: ends at line {line - 1}, but {other} goes on; score takes one target line per "
+                            "source line")
+        window[0].append(src)
+        window[1].append(tgt)
+        if len(window[0]) == WINDOW:
+            yield window
+            window = ([], [])
+    if window[0]:
+        yield window

@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import numbers
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from mtcli.allocator import release_freed_memory
 from mtcli.config import DecodeConfig, with_changes
@@ -45,7 +47,7 @@ from mtcli.device import (
     memory_text,
     resolve_device,
 )
-from mtcli.errors import ConfigError, DataError
+from mtcli.errors import ConfigError
 from mtcli.infer.ct2 import ENGINES, CT2Engine, check_supported, open_engine
 from mtcli.infer.ensemble import Ensemble, add_members
 from mtcli.infer.export import require_ctranslate2
@@ -57,6 +59,8 @@ from mtcli.infer.loading import (
 from mtcli.infer.search import check_beam_width
 from mtcli.infer.translate import (
     DEFAULT_WINDOW,
+    HUGE_LINE_CHARS,
+    TRUNCATIONS_SAID,
     Translation,
     decode_config,
     decoding_device,
@@ -387,13 +391,18 @@ class Translator:
         return list(self._stream(_texts(texts), decode))
 
     def score(self, sources: Sequence[str], targets: Sequence[str], *, max_tokens: int | None = None,
-              tgt_lang: str | None = None) -> list[float]:
+              tgt_lang: str | None = None, normalize: bool = False, names: tuple[str, str] = ("sources", "targets"),
+              first_line: int | None = None) -> list[float]:
         """log p(target | source) under the model for each pair: the sum of the log-probabilities
         of the target's pieces and ``</s>`` by teacher forcing, no search (for rescoring and
-        filtering). A piece the model cannot produce gives ``-inf``. Sources longer than the
-        model's limit are truncated (as when translating); longer targets raise :class:`DataError`.
-        A batch that runs out of the device's memory is scored again in halves (with a warning
-        naming ``max_tokens``), and later batches, of this call and the next, are cut to half its
+        filtering); ``normalize``: that sum divided by the number of pieces it adds up (the
+        target's and ``</s>``), comparable across lengths. A piece the model cannot produce gives
+        ``-inf``, and so does a target longer than the model's limit (which it cannot produce
+        either), with a warning. Sources longer than the limit are truncated (as when
+        translating), with a warning. Warnings name a pair ``sources[i]`` (``names``), or
+        ``NAME: line N`` counting from ``first_line`` when it is given (as ``mtcli score`` names
+        its files). A batch that runs out of the device's memory is scored again in halves (with
+        a warning naming ``max_tokens``), and later batches, of this call and the next, are cut to half its
         size before they are tried; one pair that does not fit alone raises :class:`DeviceMemoryError`.
         The model is the one loaded: under bf16 autocast where the translator decodes in bf16, in float32
         under ``int8`` (which quantizes only the decoding copy); the torch engine's in either case."""
@@ -403,29 +412,19 @@ class Translator:
         model = self.bundle.model
         if isinstance(model, Ensemble):
             raise ConfigError("score needs one model, not an ensemble")
-        limit, tokenizer = source_limit(self.bundle), self.bundle.tokenizer
         decode = self.settings(max_tokens=max_tokens, tgt_lang=tgt_lang)  # a max_tokens below 1: refused
-        prefix = source_prefix(self.bundle, decode)
-        src_ids = [[*prefix, *ids] for ids in tokenizer.encode_batch(src_texts)]
-        for i, ids in enumerate(src_ids):
-            if len(ids) > limit:  # as translating warns: the score is of the source cut short
-                get_logger().warning("sources[%d]: %d pieces, truncated to the model limit of %d", i, len(ids), limit)
-                src_ids[i] = ids[:limit]
-        tgt_ids = tokenizer.encode_target_batch(tgt_texts)
-        for i, ids in enumerate(tgt_ids):
-            if len(ids) > limit:
-                raise DataError(f"targets[{i}]: {len(ids)} pieces, more than the model's limit of {limit}")
+        src_ids, tgt_ids, too_long = _encoded_pairs(self.bundle, src_texts, tgt_texts, source_prefix(self.bundle, decode),
+                                                    names, first_line)
         lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids, strict=True)]
-        out = [0.0] * len(src_texts)
+        out = [-math.inf if i in too_long else 0.0 for i in range(len(src_texts))]
+        scored = [i for i in range(len(src_texts)) if i not in too_long]
         tokens = decode.max_tokens
 
         def score_batch(batch: list[int]) -> list[float]:
             pairs = collate(src_ids, tgt_ids, np.asarray(batch))
-            logits = model(pairs.src.to(self.device), pairs.tgt_in.to(self.device))
-            lprobs = torch.log_softmax(model.widen(logits.float()), dim=-1)
+            logits = model(pairs.src.to(self.device), pairs.tgt_in.to(self.device)).float()
             target = pairs.tgt_out.to(self.device)
-            picked = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-            return picked.masked_fill(target.eq(model.pad_id), 0.0).sum(-1).tolist()
+            return _target_logprobs(model, logits, target).sum(-1).tolist()
 
         def failed(part: list[int]) -> str:
             return (f"out of memory on {memory_text(self.device)} scoring {len(part)} pair(s) of up to "
@@ -437,14 +436,63 @@ class Translator:
 
         budget = self._fitting_pairs
         with torch.inference_mode(), autocast(self.device, self.decode.bf16):
-            for batch in source_batches(lengths, min(tokens, budget.tokens), 1):
+            for chosen in source_batches([lengths[i] for i in scored], min(tokens, budget.tokens), 1):
+                batch = [scored[i] for i in chosen]
                 scores = in_budget_halves(score_batch, batch, budget,
                                           lambda part: source_batch_tokens([lengths[i] for i in part]),
                                           lambda part, most: source_batches([lengths[i] for i in part], most, 1),
                                           failed, "the pair is too long for this device", halving)
                 for i, value in zip(batch, scores, strict=True):
-                    out[i] = value
+                    out[i] = value / (len(tgt_ids[i]) + 1) if normalize else value
         return out
+
+
+def _target_logprobs(model: Any, logits: Tensor, target: Tensor) -> Tensor:
+    """log p of each ``target`` id ``[B, T]`` under ``logits`` ``[B, T, V_out]`` (the model's
+    output vocabulary), 0 at pad: ``logit - logsumexp(logits)``, read off the output vocabulary
+    without widening it to the joint one (an id off it, which the model cannot produce: -inf)."""
+    positions = model.output_targets(target)
+    picked = logits.gather(-1, positions.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    if model.output_ids is not None:
+        picked = picked.masked_fill(model.output_ids[positions].ne(target), -math.inf)
+    return picked.masked_fill(target.eq(model.pad_id), 0.0)
+
+
+def _encoded_pairs(bundle: InferenceModel, sources: list[str], targets: list[str], prefix: list[int],
+                   names: tuple[str, str], first_line: int | None) -> tuple[list[list[int]], list[list[int]], set[int]]:
+    """The ids of :meth:`Translator.score`'s pairs: each source after ``prefix``, truncated to the
+    model's limit; the targets, and the indices of those longer than it (not scored). Lines far
+    longer than any the model reads are encoded from their start only, as when translating."""
+    limit, tokenizer = source_limit(bundle), bundle.tokenizer
+    cap = max(HUGE_LINE_CHARS, 64 * limit)
+    src_ids = [[*prefix, *ids] for ids in tokenizer.encode_batch([text[:cap] for text in sources])]
+    cut = [i for i, (ids, text) in enumerate(zip(src_ids, sources, strict=True)) if len(ids) > limit or len(text) > cap]
+    tgt_ids = tokenizer.encode_target_batch([text[:cap] for text in targets])
+    too_long = [i for i, (ids, text) in enumerate(zip(tgt_ids, targets, strict=True))
+                if len(ids) > limit or len(text) > cap]
+
+    def size(text: str, ids: list[int]) -> str:
+        return f"{len(text):,} characters" if len(text) > cap else f"{len(ids)} pieces"
+
+    _warn_of(cut, names[0], first_line, lambda i: f"{size(sources[i], src_ids[i])}, truncated to the model limit "
+             f"of {limit} pieces", f"truncated to the model limit of {limit} pieces")
+    _warn_of(too_long, names[1], first_line, lambda i: f"{size(targets[i], tgt_ids[i])}, more than the model's "
+             f"limit of {limit}: scored -inf", f"longer than the model's limit of {limit} pieces, scored -inf")
+    return [ids[:limit] for ids in src_ids], tgt_ids, set(too_long)
+
+
+def _warn_of(rows: list[int], name: str, first_line: int | None, said: Callable[[int], str], more: str) -> None:
+    """Warn of ``rows`` (pairs of one :meth:`Translator.score` call), the first
+    :data:`TRUNCATIONS_SAID` one by one (``said``: what of it), the rest in one line (``more``)."""
+    def at(i: int) -> str:
+        return f"{name}: line {first_line + i}" if first_line is not None else f"{name}[{i}]"
+
+    for i in rows[:TRUNCATIONS_SAID]:
+        get_logger().warning("%s: %s", at(i), said(i))
+    if len(rows) > TRUNCATIONS_SAID:
+        rest = [str(i if first_line is None else first_line + i) for i in rows[TRUNCATIONS_SAID:]]
+        get_logger().warning("%s: %d more %s (%s %s)", name, len(rest), more, "indices" if first_line is None else "lines",
+                             ", ".join(rest[:10]) + (", ..." if len(rest) > 10 else ""))
 
 
 __all__ = ["SETTINGS", "Translator"]
