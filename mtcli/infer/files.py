@@ -388,12 +388,13 @@ def score_files(run_dir: str | Path, source: Path, target: Path, output: Path | 
                 overrides: list[str] | None = None, *, normalize: bool = False, **settings: Any) -> dict:
     """``mtcli score``: log p(target | source) of each pair of lines of ``source`` and ``target``
     (:meth:`~mtcli.infer.translator.Translator.score`; ``normalize``: a piece's mean), one number
-    a line to 4 decimals, into ``output`` (written whole, under another name until the end) or
-    stdout. A target longer than the model can produce scores ``-inf``. Files of different line
-    counts are refused before the model is loaded (streams when one ends first, with nothing
-    written to a file). ``settings``: ``max_tokens``, ``tgt_lang``, ``device``,
-    ``average_last``, ``average_best`` as :meth:`Translator.from_run` takes them. Returns a
-    summary dict (pairs, checkpoint, seconds, pairs_per_s, output)."""
+    a line to 4 decimals, into ``output`` or stdout. A target longer than the model can produce
+    scores ``-inf``. Files of different line counts are refused before the model is loaded
+    (streams when one ends first). A file output is never partial; scored from files, it is kept
+    window by window on an interruption, and the same command goes on from there, as
+    ``translate`` does (:mod:`mtcli.infer.resumable`). ``settings``: ``max_tokens``,
+    ``tgt_lang``, ``device``, ``average_last``, ``average_best`` as :meth:`Translator.from_run`
+    takes them. Returns a summary dict (pairs, checkpoint, seconds, pairs_per_s, output, resumed_after)."""
     inputs = [Path(source), Path(target)]
     _check_io(inputs, output, None)
     stack = contextlib.ExitStack()
@@ -404,37 +405,48 @@ def score_files(run_dir: str | Path, source: Path, target: Path, output: Path | 
         stack.close()
         raise DataError(f"{source}: {counts[0]} lines but {target}: {counts[1]}; score takes one target line per "
                         "source line")
+    files = _Inputs.read(inputs) if regular else None
     try:
         translator = Translator.from_run(run_dir, checkpoint, overrides=list(overrides or []), **settings)
-        bar = progress(total=counts[0] if counts else None, unit="pair", enabled=_bar_wanted(inputs, output),
-                       desc="score")
-        start, pairs = time.perf_counter(), 0
-        with bar, _naming_stdout(output), _opened(output, None, translator, {}) as (handle, _):
-            for srcs, tgts in _paired_windows(src_lines, tgt_lines, src_name, tgt_name):
-                scores = translator.score(srcs, tgts, normalize=normalize, names=(src_name, tgt_name),
-                                          first_line=pairs + 1)
-                handle.writelines(f"{value:.4f}\n" for value in scores)
-                if output is None:
-                    handle.flush()
-                pairs += len(scores)
-                bar.update(len(scores))
+        decode = translator.decode
+        key = {"command": "score", "normalize": normalize, "tgt_lang": decode.tgt_lang, "bf16": decode.bf16}
+        start = time.perf_counter()
+        with _naming_stdout(output), _opened(output, files, translator, key) as (handle, partial):
+            done = partial.done if partial is not None else 0
+            bar = progress(total=counts[0] if counts else None, initial=done, unit="pair",
+                           enabled=_bar_wanted(inputs, output), desc="score")
+            with bar:
+                pairs = done
+                for srcs, tgts in _paired_windows(itertools.islice(src_lines, done, None),
+                                                  itertools.islice(tgt_lines, done, None), src_name, tgt_name, done):
+                    scores = translator.score(srcs, tgts, normalize=normalize, names=(src_name, tgt_name),
+                                              first_line=pairs + 1)
+                    handle.writelines(f"{value:.4f}\n" for value in scores)
+                    pairs += len(scores)
+                    if partial is not None:
+                        partial.commit(pairs)
+                    elif output is None:
+                        handle.flush()
+                    bar.update(len(scores))
+            if files is not None:
+                files.check_unchanged(partial)
     finally:
         stack.close()
     seconds = time.perf_counter() - start
-    get_logger().info("scored %d pairs in %.1fs (%.1f pairs/s) with %s", pairs, seconds,
-                      pairs / seconds if seconds > 0 else 0.0, translator.name)
+    get_logger().info("scored %d pairs in %.1fs (%.1f pairs/s) with %s", pairs - done, seconds,
+                      (pairs - done) / seconds if seconds > 0 else 0.0, translator.name)
     return {"pairs": pairs, "checkpoint": translator.name, "seconds": round(seconds, 3),
-            "pairs_per_s": round(pairs / seconds, 2) if seconds > 0 else None,
-            "output": str(output) if output is not None else "<stdout>"}
+            "pairs_per_s": round((pairs - done) / seconds, 2) if seconds > 0 else None,
+            "output": str(output) if output is not None else "<stdout>", "resumed_after": done}
 
 
-def _paired_windows(sources: Iterable[str], targets: Iterable[str], src_name: str,
-                    tgt_name: str) -> Iterator[tuple[list[str], list[str]]]:
-    """The lines of two inputs as pairs, :data:`WINDOW` at a time; :class:`DataError` naming the
-    input that ends first (a stream, whose lines were not counted before)."""
+def _paired_windows(sources: Iterable[str], targets: Iterable[str], src_name: str, tgt_name: str,
+                    skipped: int = 0) -> Iterator[tuple[list[str], list[str]]]:
+    """The lines of two inputs (after their first ``skipped``) as pairs, :data:`WINDOW` at a time;
+    :class:`DataError` naming the input that ends first (a stream, whose lines were not counted before)."""
     missing = object()
     window: tuple[list[str], list[str]] = ([], [])
-    for line, (src, tgt) in enumerate(itertools.zip_longest(sources, targets, fillvalue=missing), start=1):
+    for line, (src, tgt) in enumerate(itertools.zip_longest(sources, targets, fillvalue=missing), skipped + 1):
         if src is missing or tgt is missing:
             short, other = (src_name, tgt_name) if src is missing else (tgt_name, src_name)
             raise DataError(f"{short}: ends at line {line - 1}, but {other} goes on; score takes one target line per "

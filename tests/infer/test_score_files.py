@@ -138,3 +138,32 @@ def test_log_probabilities_are_read_off_the_output_vocabulary_as_off_the_widened
     joint = torch.randn(2, 4, 24)
     assert torch.allclose(_target_logprobs(whole, joint, target)[keep],
                           torch.log_softmax(joint, -1).gather(-1, target.unsqueeze(-1)).squeeze(-1)[keep], atol=1e-6)
+
+
+def test_an_interrupted_scoring_goes_on_from_its_last_window(tiny_run_dir: Path, pair: tuple[Path, Path],
+                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(files, "WINDOW", 2)
+    whole = tmp_path / "whole.txt"
+    score_files(tiny_run_dir, pair[0], pair[1], whole, device="cpu")
+    scored = Translator.score
+    calls: list[int] = []
+
+    def interrupted(self: Translator, sources: list[str], targets: list[str], **kwargs: object) -> list[float]:
+        calls.append(kwargs["first_line"])  # type: ignore[arg-type]
+        if calls == [1, 3]:
+            raise KeyboardInterrupt
+        return scored(self, sources, targets, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Translator, "score", interrupted)
+    out = tmp_path / "scores.txt"
+    for normalize in (True, False):  # a partial output of other settings is scored again, not resumed
+        calls.clear()
+        with pytest.raises(KeyboardInterrupt):
+            score_files(tiny_run_dir, pair[0], pair[1], out, device="cpu", normalize=normalize)
+        assert not out.exists() and calls == [1, 3]
+    calls.clear()
+    summary = score_files(tiny_run_dir, pair[0], pair[1], out, device="cpu")
+    assert calls == [3, 5] and summary["resumed_after"] == 2 and summary["pairs"] == 5
+    assert "resuming after input line 2" in caplog.text
+    assert out.read_text(encoding="utf-8") == whole.read_text(encoding="utf-8")
