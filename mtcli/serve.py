@@ -8,6 +8,10 @@ Endpoints:
   ``{"translations": ["...", ...], "model": NAME}``, in request order; with ``"nbest": N`` also
   ``"nbest": [[{"text": ..., "score": ...}, ...], ...]``, each line's N best (or, sampling, its
   N samples in draw order; with ``--engine ctranslate2``, by score);
+* ``POST /score`` ``{"source": [...], "target": [...]}`` (``"normalize": true``, ``"tgt_lang"``
+  optional) -> ``{"scores": [...], "model": NAME}``: log p(target | source) of each pair
+  (:meth:`Translator.score`), ``null`` where the model cannot produce the target; batched with the
+  other scoring requests as translations are;
 * ``GET /health`` -> ``{"status": "ok", "model": NAME, "weights_sha256": SHA, "device": DEVICE,
   "target_languages": [...]}`` (the sha256 of the weights, which tells two models apart, a
   checkpoint's or an average's; the languages with the default first: the page offers a
@@ -31,7 +35,7 @@ while decoding answers 500 with a request id, logged on one line beside its caus
 trace goes to the client), and the server keeps serving; a line that does not fit in the
 device's memory even alone (a batch that does not fit is decoded in halves) answers 503, with
 the request id. With an
-API key (``--api-key`` or ``MTCLI_API_KEY``) ``/translate`` needs ``Authorization: Bearer KEY``,
+API key (``--api-key`` or ``MTCLI_API_KEY``) ``/translate`` and ``/score`` need ``Authorization: Bearer KEY``,
 checked first and compared in constant time (:mod:`mtcli.serve_guards`). The server binds 127.0.0.1 unless told otherwise. On SIGTERM
 (or Ctrl-C) uvicorn stops accepting connections, the requests in flight are answered, and the
 process exits 0; a request still unanswered when the grace period (``shutdown_grace_s``) ends is
@@ -48,6 +52,7 @@ import copy
 import errno
 import ipaddress
 import logging
+import math
 import os
 import signal
 import socket
@@ -82,10 +87,14 @@ from mtcli.serve_requests import (
     Hypothesis,
     InternalError,
     RequestError,
+    ScoreRequest,
+    ScoreResponse,
     TranslateRequest,
     TranslateResponse,
     check_decoding,
     check_request,
+    check_score_request,
+    check_scoring,
     request_settings,
     request_words,
 )
@@ -170,14 +179,15 @@ async def _client_gone(request: Request) -> None:
         await asyncio.sleep(0.2)
 
 
-async def _decoded(batcher: Batcher, body: TranslateRequest, request_id: str,
+async def _decoded(batcher: Batcher, body: TranslateRequest | ScoreRequest, request_id: str,
                    request: Request | None = None) -> tuple[str, list[Any]]:
-    """``body`` checked (:func:`check_decoding`) and decoded by ``batcher``: the name of the
-    model and its output; a :class:`RequestError` for a refusal or a failure. A client that
-    closes its connection (``request``) before its lines' turn takes them out of the queue: a
-    client that timed out and left does not keep the others waiting."""
+    """``body`` checked (:func:`check_decoding`, :func:`check_scoring`) and decoded (or scored)
+    by ``batcher``: the name of the model and its output; a :class:`RequestError` for a refusal
+    or a failure. A client that closes its connection (``request``) before its lines' turn takes
+    them out of the queue: a client that timed out and left does not keep the others waiting."""
+    scoring = isinstance(body, ScoreRequest)
     try:
-        await asyncio.to_thread(check_decoding, body, batcher.translator)
+        await asyncio.to_thread(check_scoring if scoring else check_decoding, body, batcher.translator)
     except (RequestError, DataError):
         raise
     except Exception as exc:
@@ -186,7 +196,9 @@ async def _decoded(batcher: Batcher, body: TranslateRequest, request_id: str,
         raise InternalError(request_id) from None
     if not batcher.alive:
         raise RequestError(503, STOPPED)
-    future = batcher.submit(body.text, request_id, nbest=body.nbest, **request_settings(body))
+    future = (batcher.submit(body.source, request_id, targets=body.target, normalize=body.normalize,
+                             tgt_lang=body.tgt_lang) if isinstance(body, ScoreRequest)
+              else batcher.submit(body.text, request_id, nbest=body.nbest, **request_settings(body)))
     waiting = asyncio.ensure_future(asyncio.wrap_future(future))  # cancelled: not decoded, unless begun
     watch = None if request is None else asyncio.ensure_future(_client_gone(request))
     try:
@@ -252,6 +264,18 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
             return TranslateResponse(translations=out, model=name)
         nbest = [[Hypothesis(text=h.text, score=h.score) for h in hyps] for hyps in out]
         return TranslateResponse(translations=[hyps[0].text if hyps else "" for hyps in out], model=name, nbest=nbest)
+
+    @app.post("/score", response_model=ScoreResponse, responses=REFUSALS)
+    async def score(body: ScoreRequest, request: Request) -> ScoreResponse:
+        check_score_request(body, limits)
+        request_id = uuid.uuid4().hex[:12]
+        try:
+            name, out = await _decoded(app.state.batcher, body, request_id, request)
+        except asyncio.CancelledError:  # uvicorn's shutdown grace period ended before the answer
+            app.state.dropped += 1
+            raise RequestError(503, f"the server stopped before scoring this request (request id "
+                                    f"{request_id}): send it again") from None
+        return ScoreResponse(scores=[value if math.isfinite(value) else None for value in out], model=name)
 
     @app.get("/health", response_model=None)
     async def health() -> dict[str, Any] | JSONResponse:

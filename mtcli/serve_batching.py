@@ -65,6 +65,7 @@ class _Job:
     lines: list[str]
     settings: tuple[tuple[str, Any], ...]
     request_id: str
+    targets: list[str] | None = None  # scored against ``lines`` (POST /score), not translated
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
@@ -95,11 +96,13 @@ class Batcher:
         """Whether the worker still takes requests (False once it stopped, for whatever reason)."""
         return self.thread.is_alive()
 
-    def submit(self, lines: list[str], request_id: str = "-", **settings: Any) -> concurrent.futures.Future:
-        """Queue ``lines`` for translation; the future gets the name of the model that translated
-        them and their translations, in order (or the error that decoding them alone raised;
-        ``request_id`` names them in the log). Cancel the future to have them skipped."""
-        job = _Job(lines, tuple(sorted((k, v) for k, v in settings.items() if v is not None)), request_id)
+    def submit(self, lines: list[str], request_id: str = "-", targets: list[str] | None = None,
+               **settings: Any) -> concurrent.futures.Future:
+        """Queue ``lines`` for translation (or, given ``targets``, for scoring the pairs:
+        :meth:`Translator.score`); the future gets the name of the model and the translations
+        (or scores), in order, or the error that decoding them alone raised (``request_id``
+        names them in the log). Cancel the future to have them skipped."""
+        job = _Job(lines, tuple(sorted((k, v) for k, v in settings.items() if v is not None)), request_id, targets)
         self.jobs.put(job)
         return job.future
 
@@ -144,8 +147,8 @@ class Batcher:
                 stop = self._gather(batch)
                 groups: dict[tuple, list[_Job]] = {}
                 for job in batch:
-                    groups.setdefault(job.settings, []).append(job)
-                for settings, jobs in groups.items():
+                    groups.setdefault((job.targets is not None, job.settings), []).append(job)
+                for (_, settings), jobs in groups.items():
                     # a job whose client has gone (its future cancelled) is not decoded; the
                     # others can no longer be cancelled
                     waiting = [job for job in jobs if job.future.set_running_or_notify_cancel()]
@@ -159,15 +162,17 @@ class Batcher:
                         _settle(job, error=exc)
 
     def _decode(self, jobs: list[_Job], settings: dict[str, Any]) -> None:
-        """One translate call for ``jobs`` (equal settings); each job gets its slice. If the
-        call fails, each job is decoded alone, so only a job that fails by itself gets an error."""
+        """One translate (or score) call for ``jobs`` (equal settings); each job gets its slice. If
+        the call fails, each job is decoded alone, so only a job that fails by itself gets an error."""
         lines = [line for job in jobs for line in job.lines]
         n = settings.get("nbest")  # hypotheses per line (a list each) instead of one translation
         rest = {key: value for key, value in settings.items() if key != "nbest"}
         translator = self.translator  # a reload swaps it between batches, never inside one
         try:
-            out: list[Any] = (translator.translate(lines, **rest) if n is None
-                              else translator.nbest(lines, n=n, **rest))
+            if jobs[0].targets is not None:
+                out: list[Any] = translator.score(lines, [t for job in jobs for t in job.targets or ()], **rest)
+            else:
+                out = translator.translate(lines, **rest) if n is None else translator.nbest(lines, n=n, **rest)
         except Exception as exc:
             if len(jobs) > 1:
                 for job in jobs:

@@ -173,7 +173,7 @@ def check_api_key(api_key: str) -> None:
 
 
 class KeyCheck:
-    """ASGI middleware: with an API key, a request to ``/translate`` without ``Authorization:
+    """ASGI middleware: with an API key, a request to ``/translate`` or ``/score`` without ``Authorization:
     Bearer KEY`` is answered 401 before its body is read or checked (a client without the key
     learns nothing from the server's answers to its requests). The key is compared in constant
     time."""
@@ -182,7 +182,7 @@ class KeyCheck:
         self.app, self.key = app, api_key.encode()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("path") != "/translate":
+        if scope["type"] != "http" or scope.get("path") not in ("/translate", "/score"):
             return await self.app(scope, receive, send)
         scheme, _, token = dict(scope.get("headers") or ()).get(b"authorization", b"").partition(b" ")
         if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key):

@@ -1,4 +1,4 @@
-"""The body of ``POST /translate`` and what a request must pass before it joins a batch: its
+"""The bodies of ``POST /translate`` and ``POST /score`` and what a request must pass before it joins a batch: its
 schema (with the ranges ``/docs`` shows), the server's limits, and the decode settings the model
 accepts; each refusal is a :class:`RequestError` with its HTTP status and one line."""
 
@@ -8,7 +8,7 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from mtcli.config import DECODE_RANGES
 from mtcli.data.textio import check_unicode
@@ -63,6 +63,27 @@ class TranslateResponse(BaseModel):
     nbest: list[list[Hypothesis]] | None = None
 
 
+class ScoreRequest(BaseModel):
+    """The body of ``POST /score``."""
+
+    model_config = ConfigDict(extra="forbid")
+    source: list[StrictStr] = Field(description="Source sentences.")
+    target: list[StrictStr] = Field(description="Their target sentences, one for each source, in order.")
+    normalize: StrictBool = Field(default=False, description="The mean log-probability a target piece (</s> "
+                                                             "counted), not the sum: comparable across lengths.")
+    tgt_lang: StrictStr | None = Field(
+        default=None, description="The targets' language, for a model of several (the run's by default).")
+
+
+class ScoreResponse(BaseModel):
+    """The answer of ``POST /score``: one score a pair, in order."""
+
+    scores: list[float | None] = Field(description="log p(target | source) of each pair, by teacher forcing; null "
+                                                   "where the model cannot produce the target (a piece off its "
+                                                   "vocabulary, or more pieces than it produces).")
+    model: str
+
+
 class ErrorAnswer(BaseModel):
     """What every refusal and failure answers: one line saying why (and, for a 500, the id that
     the server log's line with the cause carries)."""
@@ -102,19 +123,41 @@ class InternalError(RequestError):
 
 def check_request(body: TranslateRequest, limits: Limits) -> None:
     """Raise :class:`RequestError` when ``body`` asks for more than ``limits`` allow."""
-    if len(body.text) > limits.max_lines:
-        raise RequestError(413, f"too many lines: {len(body.text)} (at most {limits.max_lines} a request)")
-    for i, line in enumerate(body.text):
-        if len(line) > limits.max_chars:
-            raise RequestError(413, f"text[{i}] has {len(line)} characters (at most {limits.max_chars})")
-    total = sum(map(len, body.text))
-    if total > limits.max_total_chars:
-        raise RequestError(413, f"{total} characters in the request (at most {limits.max_total_chars})")
+    _check_texts({"text": body.text}, limits)
     for name, value in (("beam", body.beam), ("nbest", body.nbest)):
         if value is not None and not 1 <= value <= limits.max_beam:
             raise RequestError(422, f"{name} must be between 1 and {limits.max_beam}, got {value}")
-    named = [(f"text[{i}]", line) for i, line in enumerate(body.text)]
-    for where, value in [*named, ("tgt_lang", body.tgt_lang or "")]:
+    _check_unicode([("tgt_lang", body.tgt_lang or "")])
+
+
+def check_score_request(body: ScoreRequest, limits: Limits) -> None:
+    """Raise :class:`RequestError` for a ``POST /score`` body of unequal lists, or over ``limits``
+    (the lines of each list, and the characters of both together)."""
+    if len(body.source) != len(body.target):
+        raise RequestError(422, f"source has {len(body.source)} lines but target {len(body.target)}: one target a "
+                                "source")
+    _check_texts({"source": body.source, "target": body.target}, limits)
+    _check_unicode([("tgt_lang", body.tgt_lang or "")])
+
+
+def _check_texts(fields: dict[str, list[str]], limits: Limits) -> None:
+    """Refuse more lines than ``limits.max_lines`` in a field of ``fields``, a longer line than
+    ``max_chars``, more characters in all than ``max_total_chars`` (413), text that is not valid Unicode (422)."""
+    for name, lines in fields.items():
+        if len(lines) > limits.max_lines:
+            raise RequestError(413, f"too many lines: {len(lines)} (at most {limits.max_lines} a request)")
+        for i, line in enumerate(lines):
+            if len(line) > limits.max_chars:
+                raise RequestError(413, f"{name}[{i}] has {len(line)} characters (at most {limits.max_chars})")
+    total = sum(len(line) for lines in fields.values() for line in lines)
+    if total > limits.max_total_chars:
+        raise RequestError(413, f"{total} characters in the request (at most {limits.max_total_chars})")
+    _check_unicode([(f"{name}[{i}]", line) for name, lines in fields.items() for i, line in enumerate(lines)])
+
+
+def _check_unicode(named: list[tuple[str, str]]) -> None:
+    """422 naming the first of ``named`` (``(where, text)``) that is not valid Unicode."""
+    for where, value in named:
         try:
             check_unicode(value, where)
         except DataError as exc:
@@ -154,6 +197,21 @@ def check_decoding(body: TranslateRequest, translator: Translator) -> None:
                                     "split it into sentences")
 
 
+def check_scoring(body: ScoreRequest, translator: Translator) -> None:
+    """Raise :class:`RequestError` for a target language the model does not produce (422), or a
+    source that encodes to more pieces than the model reads (413: its score would be of the
+    source cut short). Run before the request joins a batch, so that it fails alone."""
+    try:
+        lengths = translator.source_pieces(body.source, tgt_lang=body.tgt_lang)
+    except ConfigError as exc:
+        raise RequestError(422, request_words(str(exc))) from None
+    limit = translator.max_source_pieces
+    for i, pieces in enumerate(lengths):
+        if pieces > limit:
+            raise RequestError(413, f"source[{i}] encodes to {pieces} pieces (the model reads at most {limit}); "
+                                    "split it into sentences")
+
+
 def request_words(message: str) -> str:
     """``message`` (of a :class:`ConfigError` about decode settings) in the words of a request:
     ``decode.beam_size`` is ``beam``, ``decode.tgt_lang='x'`` is ``tgt_lang 'x'``, and an option
@@ -164,5 +222,6 @@ def request_words(message: str) -> str:
     return re.sub(r"(?<!--set )decode\.(\w+)", lambda m: field.get(m[1], m[1]), message)
 
 
-__all__ = ["REFUSALS", "ErrorAnswer", "Hypothesis", "InternalError", "RequestError", "TranslateRequest",
-           "TranslateResponse", "check_decoding", "check_request", "request_settings", "request_words"]
+__all__ = ["REFUSALS", "ErrorAnswer", "Hypothesis", "InternalError", "RequestError", "ScoreRequest", "ScoreResponse",
+           "TranslateRequest", "TranslateResponse", "check_decoding", "check_request", "check_score_request",
+           "check_scoring", "request_settings", "request_words"]

@@ -1187,3 +1187,77 @@ def test_a_failed_batch_of_two_requests_fails_only_the_bad_one() -> None:
     finally:
         batcher.close()
     assert translator.calls == [["x", "poison"], ["x"], ["poison"]]
+
+
+def test_score_answers_the_translators_scores_in_order_and_refuses_bad_pairs(tiny_run_dir: Path) -> None:
+    """POST /score: log p(target | source) per pair, batched with other requests as translations
+    are; null where the model cannot produce the target; each refusal a 4xx, and it keeps serving."""
+    from fastapi.testclient import TestClient
+
+    from mtcli.serve import Limits, create_app
+
+    translator = Translator.from_run(tiny_run_dir, device="cpu")
+    sources, targets = ["eine katze spielt", "rot", ""], ["a cat plays", "red", "two dogs"]
+    expected = translator.score(sources, targets)
+    too_long = " ".join(["dog"] * 400)
+    with TestClient(create_app(translator, Limits(max_lines=4))) as client:
+        answer = client.post("/score", json={"source": sources, "target": targets})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["scores"] == pytest.approx(expected, abs=1e-4)
+        assert answer.json()["model"] == translator.name
+        normalised = client.post("/score", json={"source": sources, "target": targets, "normalize": True})
+        assert normalised.json()["scores"] == pytest.approx(translator.score(sources, targets, normalize=True), abs=1e-4)
+        cannot = client.post("/score", json={"source": ["ein hund"], "target": [too_long]})
+        assert cannot.status_code == 200 and cannot.json()["scores"] == [None]  # -inf, which JSON has no word for
+        for body, status, words in [
+            ({"source": ["a", "b"], "target": ["a"]}, 422, "source has 2 lines but target 1"),
+            ({"source": ["a"] * 5, "target": ["a"] * 5}, 413, "too many lines: 5"),
+            ({"source": [" ".join(["hund"] * 400)], "target": ["a dog"]}, 413, "source[0] encodes to"),
+            ({"source": ["a"], "target": ["a"], "tgt_lang": "xx"}, 422, "xx"),
+            ({"source": ["a"], "target": ["a"], "normalize": "yes"}, 422, "normalize"),
+            (b'{"source": ["a"], "target": ["\\ud800"]}', 422, "target[0]: not valid Unicode"),
+        ]:
+            refused = (client.post("/score", json=body) if isinstance(body, dict) else
+                       client.post("/score", content=body, headers={"content-type": "application/json"}))
+            assert refused.status_code == status and words in refused.json()["error"], (body, refused.text)
+        again = client.post("/score", json={"source": sources, "target": targets})
+        assert again.json()["scores"] == pytest.approx(expected, abs=1e-4)
+        assert client.post("/translate", json={"text": sources}).status_code == 200
+        assert client.get("/openapi.json").json()["paths"]["/score"]["post"]["responses"].keys() >= {"200", "413", "422"}
+
+
+def test_score_needs_the_api_key_as_translate_does(tiny_run_dir: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from mtcli.serve import create_app
+
+    with TestClient(create_app(Translator.from_run(tiny_run_dir, device="cpu"), api_key=KEY)) as client:
+        body = {"source": ["rot"], "target": ["red"]}
+        assert client.post("/score", json=body).status_code == 401
+        assert client.post("/score", json=body, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+
+
+def test_pairs_to_score_are_batched_together_and_apart_from_lines_to_translate(tiny_run_dir: Path) -> None:
+    from mtcli.serve_batching import Batcher, Limits
+
+    translator = Translator.from_run(tiny_run_dir, device="cpu")
+    calls: list[int] = []
+    real = translator.score
+
+    def counted(sources: list[str], targets: list[str], **settings: object) -> list[float]:
+        calls.append(len(sources))
+        return real(sources, targets, **settings)  # type: ignore[arg-type]
+
+    translator.score = counted  # type: ignore[method-assign]
+    batcher = Batcher(translator, Limits(batch_wait_ms=500))
+    try:
+        futures = [batcher.submit(["rot"], targets=["red"]),  # the same settings as the translation's
+                   batcher.submit(["eine katze spielt"]),
+                   batcher.submit(["rot", "eine katze spielt"], targets=["a cat", "a cat plays"])]
+        (_, first), (_, translated), (_, both) = (f.result(timeout=60) for f in futures)
+    finally:
+        batcher.close(timeout=60)
+    assert calls == [3]  # one call for both scoring requests, none for the translation
+    assert translated == translator.translate(["eine katze spielt"])
+    assert first + both == pytest.approx(real(["rot", "rot", "eine katze spielt"], ["red", "a cat", "a cat plays"]),
+                                         abs=1e-4)
