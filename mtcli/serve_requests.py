@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from mtcli.config import DECODE_RANGES
 from mtcli.data.textio import check_unicode
 from mtcli.errors import ConfigError, DataError
+from mtcli.infer.ensemble import Ensemble
 from mtcli.infer.translator import Translator
 from mtcli.serve_batching import Limits
 
@@ -100,6 +101,7 @@ REFUSALS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorAnswer, "des
     (415, "A body that is not JSON."),
     (422, "A field of the wrong type or out of range, or text that is not valid Unicode."),
     (500, "A failure of the server's own; request_id names the log line with the cause."),
+    (501, "POST /score on a server of an ensemble (a pair is scored by one model)."),
     (503, "Out of memory even for this request alone, the server stopping, or its decoding thread stopped."),
 )}
 
@@ -200,7 +202,11 @@ def check_decoding(body: TranslateRequest, translator: Translator) -> None:
 def check_scoring(body: ScoreRequest, translator: Translator) -> None:
     """Raise :class:`RequestError` for a target language the model does not produce (422), or a
     source that encodes to more pieces than the model reads (413: its score would be of the
-    source cut short). Run before the request joins a batch, so that it fails alone."""
+    source cut short), and a server of an ensemble (501: a pair is scored by one model). Run
+    before the request joins a batch, so that it fails alone."""
+    if isinstance(translator.bundle.model, Ensemble):
+        raise RequestError(501, "this server decodes an ensemble (--ensemble), and a pair is scored by one model: "
+                                "send it to a server of one model")
     try:
         lengths = translator.source_pieces(body.source, tgt_lang=body.tgt_lang)
     except ConfigError as exc:

@@ -1237,6 +1237,17 @@ def test_score_needs_the_api_key_as_translate_does(tiny_run_dir: Path) -> None:
         assert client.post("/score", json=body, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
 
 
+def test_a_server_of_an_ensemble_refuses_to_score_and_keeps_translating(tiny_run_dir: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from mtcli.serve import create_app
+
+    with TestClient(create_app(Translator.from_run(tiny_run_dir, device="cpu", ensemble=[tiny_run_dir]))) as client:
+        refused = client.post("/score", json={"source": ["rot"], "target": ["red"]})
+        assert refused.status_code == 501 and "ensemble" in refused.json()["error"]
+        assert client.post("/translate", json={"text": ["rot"]}).status_code == 200
+
+
 def test_pairs_to_score_are_batched_together_and_apart_from_lines_to_translate(tiny_run_dir: Path) -> None:
     from mtcli.serve_batching import Batcher, Limits
 
