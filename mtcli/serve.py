@@ -83,6 +83,7 @@ from mtcli.serve_guards import (
 from mtcli.serve_page import PAGE
 from mtcli.serve_requests import (
     REFUSALS,
+    SCORE_REFUSALS,
     ErrorAnswer,
     Hypothesis,
     InternalError,
@@ -224,6 +225,19 @@ async def _decoded(batcher: Batcher, body: TranslateRequest | ScoreRequest, requ
                 task.cancel()
 
 
+async def _answered(app: FastAPI, body: TranslateRequest | ScoreRequest, request: Request,
+                    doing: str) -> tuple[str, list[Any]]:
+    """:func:`_decoded` under a new request id; a 503 (counted in ``app.state.dropped``) when
+    uvicorn's shutdown grace period ends before the answer (``doing``: what it was for)."""
+    request_id = uuid.uuid4().hex[:12]
+    try:
+        return await _decoded(app.state.batcher, body, request_id, request)
+    except asyncio.CancelledError:
+        app.state.dropped += 1
+        raise RequestError(503, f"the server stopped before {doing} this request (request id {request_id}): "
+                                "send it again") from None
+
+
 def create_app(translator: Translator, limits: Limits | None = None, api_key: str | None = None) -> FastAPI:
     """The FastAPI application serving ``translator`` (see the module docstring)."""
     limits = (limits or Limits()).fitting(translator.decode)
@@ -253,28 +267,16 @@ def create_app(translator: Translator, limits: Limits | None = None, api_key: st
               responses=REFUSALS)
     async def translate(body: TranslateRequest, request: Request) -> TranslateResponse:
         check_request(body, limits)
-        request_id = uuid.uuid4().hex[:12]
-        try:
-            name, out = await _decoded(app.state.batcher, body, request_id, request)
-        except asyncio.CancelledError:  # uvicorn's shutdown grace period ended before the answer
-            app.state.dropped += 1
-            raise RequestError(503, f"the server stopped before translating this request (request id "
-                                    f"{request_id}): send it again") from None
+        name, out = await _answered(app, body, request, "translating")
         if body.nbest is None:
             return TranslateResponse(translations=out, model=name)
         nbest = [[Hypothesis(text=h.text, score=h.score) for h in hyps] for hyps in out]
         return TranslateResponse(translations=[hyps[0].text if hyps else "" for hyps in out], model=name, nbest=nbest)
 
-    @app.post("/score", response_model=ScoreResponse, responses=REFUSALS)
+    @app.post("/score", response_model=ScoreResponse, responses=SCORE_REFUSALS)
     async def score(body: ScoreRequest, request: Request) -> ScoreResponse:
         check_score_request(body, limits)
-        request_id = uuid.uuid4().hex[:12]
-        try:
-            name, out = await _decoded(app.state.batcher, body, request_id, request)
-        except asyncio.CancelledError:  # uvicorn's shutdown grace period ended before the answer
-            app.state.dropped += 1
-            raise RequestError(503, f"the server stopped before scoring this request (request id "
-                                    f"{request_id}): send it again") from None
+        name, out = await _answered(app, body, request, "scoring")
         return ScoreResponse(scores=[value if math.isfinite(value) else None for value in out], model=name)
 
     @app.get("/health", response_model=None)

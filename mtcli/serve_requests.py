@@ -101,10 +101,13 @@ REFUSALS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorAnswer, "des
     (415, "A body that is not JSON."),
     (422, "A field of the wrong type or out of range, or text that is not valid Unicode."),
     (500, "A failure of the server's own; request_id names the log line with the cause."),
-    (501, "POST /score on a server of an ensemble (a pair is scored by one model)."),
     (503, "Out of memory even for this request alone, the server stopping, or its decoding thread stopped."),
 )}
 
+
+#: The answers of ``POST /score`` besides 200: those of ``/translate``, and one more.
+SCORE_REFUSALS: dict[int | str, dict[str, Any]] = {
+    **REFUSALS, 501: {"model": ErrorAnswer, "description": "A server of an ensemble (a pair is scored by one model)."}}
 
 class RequestError(Exception):
     """A request the server refuses, with its HTTP status."""
@@ -188,15 +191,7 @@ def check_decoding(body: TranslateRequest, translator: Translator) -> None:
     if body.beam is not None and body.nbest is not None and body.nbest > body.beam and not sampled:
         raise RequestError(422, f"nbest {body.nbest} with beam {body.beam}: nbest must be between 1 and beam "
                                 "(a beam search keeps beam hypotheses; leave beam out and it widens to nbest)")
-    try:
-        lengths = translator.source_pieces(body.text, **request_settings(body), nbest=body.nbest)
-    except ConfigError as exc:
-        raise RequestError(422, request_words(str(exc))) from None
-    limit = translator.max_source_pieces
-    for i, pieces in enumerate(lengths):
-        if pieces > limit:
-            raise RequestError(413, f"text[{i}] encodes to {pieces} pieces (the model reads at most {limit}); "
-                                    "split it into sentences")
+    _check_sources(translator, body.text, "text", **request_settings(body), nbest=body.nbest)
 
 
 def check_scoring(body: ScoreRequest, translator: Translator) -> None:
@@ -207,14 +202,20 @@ def check_scoring(body: ScoreRequest, translator: Translator) -> None:
     if isinstance(translator.bundle.model, Ensemble):
         raise RequestError(501, "this server decodes an ensemble (--ensemble), and a pair is scored by one model: "
                                 "send it to a server of one model")
+    _check_sources(translator, body.source, "source", tgt_lang=body.tgt_lang)
+
+
+def _check_sources(translator: Translator, texts: list[str], name: str, **settings: Any) -> None:
+    """422 for ``settings`` the translator refuses; 413 naming the first of ``texts`` (the
+    field ``name``) that encodes to more pieces than the model reads."""
     try:
-        lengths = translator.source_pieces(body.source, tgt_lang=body.tgt_lang)
+        lengths = translator.source_pieces(texts, **settings)
     except ConfigError as exc:
         raise RequestError(422, request_words(str(exc))) from None
     limit = translator.max_source_pieces
     for i, pieces in enumerate(lengths):
         if pieces > limit:
-            raise RequestError(413, f"source[{i}] encodes to {pieces} pieces (the model reads at most {limit}); "
+            raise RequestError(413, f"{name}[{i}] encodes to {pieces} pieces (the model reads at most {limit}); "
                                     "split it into sentences")
 
 
@@ -228,6 +229,6 @@ def request_words(message: str) -> str:
     return re.sub(r"(?<!--set )decode\.(\w+)", lambda m: field.get(m[1], m[1]), message)
 
 
-__all__ = ["REFUSALS", "ErrorAnswer", "Hypothesis", "InternalError", "RequestError", "ScoreRequest", "ScoreResponse",
+__all__ = ["REFUSALS", "SCORE_REFUSALS", "ErrorAnswer", "Hypothesis", "InternalError", "RequestError", "ScoreRequest", "ScoreResponse",
            "TranslateRequest", "TranslateResponse", "check_decoding", "check_request", "check_score_request",
            "check_scoring", "request_settings", "request_words"]

@@ -810,6 +810,7 @@ def test_the_schema_lists_the_error_answers_as_sent(tiny_run_dir: Path) -> None:
         schema = client.get("/openapi.json").json()
     answers = schema["paths"]["/translate"]["post"]["responses"]
     assert sorted(answers) == ["200", "400", "401", "413", "415", "422", "500", "503"]
+    assert sorted(schema["paths"]["/score"]["post"]["responses"]) == sorted([*answers, "501"])
     for status in ("400", "422", "503"):
         assert answers[status]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorAnswer"}
     assert "HTTPValidationError" not in schema["components"]["schemas"]
