@@ -65,21 +65,22 @@ def format_nbest(nbest: list[Translation], n: int, scored: bool) -> list[str]:
     return out
 
 
-def _check_io(inputs: Sequence[str | Path], output: Path | None, plot_attention: Path | None) -> None:
+def _check_io(inputs: Sequence[str | Path], output: Path | None, plot_attention: Path | None,
+              what: str = "translation") -> None:
     """Refuse, before any work: an output that is one of the inputs (its translation would
     replace it), a closed standard input or output that would be read or written, and an
-    attention directory that cannot be made."""
+    attention directory that cannot be made. ``what``: the output, in the errors' words."""
     if not inputs and sys.stdin is None:
         raise DataError("<stdin>: closed; give input files, or lines on standard input")
     if output is not None:
         same = _input_at(inputs, os.stat(output)) if Path(output).exists() else None
         if same is not None:
-            raise DataError(f"{output}: is the input {same}; write the translation to another file")
+            raise DataError(f"{output}: is the input {same}; write the {what} to another file")
         role = run_file_role(Path(output).resolve())
         if role is not None:
-            raise DataError(f"{output}: {role}, a file of a run; write the translation to another file")
+            raise DataError(f"{output}: {role}, a file of a run; write the {what} to another file")
         if Path(output).suffix.lower() == ".gz" and not is_stream(output):  # read back, it would be taken for gzip
-            raise DataError(f"{output}: the translation is plain text; name the output without .gz (and gzip "
+            raise DataError(f"{output}: the {what} is written as plain text; name the output without .gz (and gzip "
                             "it after, or pipe it: | gzip > FILE.gz)")
     elif sys.stdout is None:
         raise DataError("<stdout>: closed; give an output file (-o)")
@@ -396,7 +397,7 @@ def score_files(run_dir: str | Path, source: Path, target: Path, output: Path | 
     ``tgt_lang``, ``device``, ``average_last``, ``average_best`` as :meth:`Translator.from_run`
     takes them. Returns a summary dict (pairs, checkpoint, seconds, pairs_per_s, output, resumed_after)."""
     inputs = [Path(source), Path(target)]
-    _check_io(inputs, output, None)
+    _check_io(inputs, output, None, "score list")
     stack = contextlib.ExitStack()
     (src_name, src_lines), (tgt_name, tgt_lines) = open_inputs(inputs, stack)
     regular = all(_is_regular(path) for path in inputs)

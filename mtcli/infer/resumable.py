@@ -119,7 +119,7 @@ def resumable_output(output: Path, key: str) -> Iterator[PartialOutput]:
     try:
         _lock(handle, output)
         if not still_names(handle.fileno(), data):  # the run that held the lock renamed it to the output meanwhile
-            raise BlockingIOError(errno.EAGAIN, "another mtcli translate has just finished this output", str(output))
+            raise BlockingIOError(errno.EAGAIN, "another mtcli command has just finished this output", str(output))
         done, size = _resume_point(handle, record, key)
         os.ftruncate(handle.fileno(), size)  # bytes after the record: a run killed mid-window
         if done:
@@ -164,7 +164,7 @@ def _lock(handle: IO[str], output: Path) -> None:
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise BlockingIOError(errno.EAGAIN, "another mtcli translate is writing this output now", str(output)) from None
+        raise BlockingIOError(errno.EAGAIN, "another mtcli command is writing this output now", str(output)) from None
     except OSError:  # a file system without locks (some network mounts): go on unguarded
         pass
 
@@ -187,7 +187,7 @@ def output_locked(output: Path) -> Iterator[None]:
     with handle:
         _lock(handle, output)  # (refused: the file is the other run's now, made here or not)
         if not still_names(handle.fileno(), data):  # the run that held it removed or renamed it meanwhile
-            raise BlockingIOError(errno.EAGAIN, "another mtcli translate has just finished this output", str(output))
+            raise BlockingIOError(errno.EAGAIN, "another mtcli command has just finished this output", str(output))
         try:
             yield
         finally:

@@ -155,7 +155,7 @@ def test_a_second_run_on_an_output_being_written_is_refused_and_leaves_it_alone(
         fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the run writing it holds it
         result = CliRunner().invoke(app, ["translate", str(tiny_run_dir), *map(str, inputs), "-o", str(out)])
     assert result.exit_code == 1
-    assert result.stderr == f"mtcli: error: {out}: another mtcli translate is writing this output now\n"
+    assert result.stderr == f"mtcli: error: {out}: another mtcli command is writing this output now\n"
     assert data.read_text(encoding="utf-8") == "the other run's lines\n" and not out.exists()
 
 
@@ -224,7 +224,7 @@ def test_a_stream_translated_to_an_output_being_written_is_refused(tiny_run_dir:
         fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the run writing it holds it
         refused = subprocess.run(command, input=b"ein hund\n", capture_output=True, timeout=300, check=False)
     assert refused.returncode == 1 and not out.exists()
-    assert refused.stderr.decode() == f"mtcli: error: {out}: another mtcli translate is writing this output now\n"
+    assert refused.stderr.decode() == f"mtcli: error: {out}: another mtcli command is writing this output now\n"
     data.write_text("")  # as a stream run killed left it: nothing to resume, removed after
     done = subprocess.run(command, input=b"ein hund\n", capture_output=True, timeout=300, check=False)
     assert done.returncode == 0 and len(out.read_text().splitlines()) == 1
@@ -266,7 +266,7 @@ def test_a_gz_output_and_a_damaged_gz_input_are_one_line(tiny_run_dir: Path, tmp
     src.write_bytes(gzip.compress(b"ein hund\n"))
     result = CliRunner().invoke(app, ["translate", str(tiny_run_dir), str(src), "-o", str(tmp_path / "out.gz")])
     assert result.exit_code == 1 and result.stderr.startswith(
-        f"mtcli: error: {tmp_path / 'out.gz'}: the translation is plain text; name the output without .gz")
+        f"mtcli: error: {tmp_path / 'out.gz'}: the translation is written as plain text; name the output without .gz")
 
 
 def test_a_stream_run_whose_lock_file_went_meanwhile_is_refused(tmp_path: Path,

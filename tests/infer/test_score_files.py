@@ -110,13 +110,17 @@ def test_a_stream_that_ends_first_is_named_and_nothing_is_written(tiny_run_dir: 
     assert set(tmp_path.iterdir()) == set(pair)  # no output, nor a temporary one left
 
 
-@pytest.mark.parametrize("args", [["missing.de", "{tgt}"], ["{src}", "{src}", "-o", "{src}"]])
-def test_bad_input_is_one_line(args: list[str], tiny_run_dir: Path, pair: tuple[Path, Path]) -> None:
+@pytest.mark.parametrize(("args", "says"), [
+    (["missing.de", "{tgt}"], "missing.de: input file not found"),
+    (["{src}", "{tgt}", "-o", "{src}"], "{src}: is the input {src}; write the score list to another file"),
+    (["{src}", "{tgt}", "-o", "{src}.gz"], "{src}.gz: the score list is written as plain text"),
+])
+def test_bad_input_is_one_line(args: list[str], says: str, tiny_run_dir: Path, pair: tuple[Path, Path]) -> None:
     given = [a.format(src=pair[0], tgt=pair[1]) for a in args]
     res = mtcli_here("score", str(tiny_run_dir), *given)
     assert res.returncode != 0
     error = res.stderr.decode().strip()
-    assert error.startswith("mtcli: error: ") and "\n" not in error and "Traceback" not in error
+    assert error.startswith(f"mtcli: error: {says.format(src=pair[0])}") and "\n" not in error, error
 
 
 def test_log_probabilities_are_read_off_the_output_vocabulary_as_off_the_widened_one() -> None:
@@ -163,7 +167,8 @@ def test_an_interrupted_scoring_goes_on_from_its_last_window(tiny_run_dir: Path,
             score_files(tiny_run_dir, pair[0], pair[1], out, device="cpu", normalize=normalize)
         assert not out.exists() and calls == [1, 3]
     calls.clear()
-    summary = score_files(tiny_run_dir, pair[0], pair[1], out, device="cpu")
+    with caplog.at_level(logging.INFO, logger="mtcli"):
+        summary = score_files(tiny_run_dir, pair[0], pair[1], out, device="cpu")
     assert calls == [3, 5] and summary["resumed_after"] == 2 and summary["pairs"] == 5
     assert "resuming after input line 2" in caplog.text
     assert out.read_text(encoding="utf-8") == whole.read_text(encoding="utf-8")
