@@ -198,7 +198,7 @@ async def _decoded(batcher: Batcher, body: TranslateRequest | ScoreRequest, requ
     if not batcher.alive:
         raise RequestError(503, STOPPED)
     future = (batcher.submit(body.source, request_id, targets=body.target, normalize=body.normalize,
-                             tgt_lang=body.tgt_lang) if isinstance(body, ScoreRequest)
+                             tgt_lang=body.tgt_lang) if scoring
               else batcher.submit(body.text, request_id, nbest=body.nbest, **request_settings(body)))
     waiting = asyncio.ensure_future(asyncio.wrap_future(future))  # cancelled: not decoded, unless begun
     watch = None if request is None else asyncio.ensure_future(_client_gone(request))

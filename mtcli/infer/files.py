@@ -434,10 +434,9 @@ def score_files(run_dir: str | Path, source: Path, target: Path, output: Path | 
     finally:
         stack.close()
     seconds = time.perf_counter() - start
-    get_logger().info("scored %d pairs in %.1fs (%.1f pairs/s) with %s", pairs - done, seconds,
-                      (pairs - done) / seconds if seconds > 0 else 0.0, translator.name)
-    return {"pairs": pairs, "checkpoint": translator.name, "seconds": round(seconds, 3),
-            "pairs_per_s": round((pairs - done) / seconds, 2) if seconds > 0 else None,
+    rate = round((pairs - done) / seconds, 2) if seconds > 0 else None
+    get_logger().info("scored %d pairs in %.1fs (%s pairs/s) with %s", pairs - done, seconds, rate, translator.name)
+    return {"pairs": pairs, "checkpoint": translator.name, "seconds": round(seconds, 3), "pairs_per_s": rate,
             "output": str(output) if output is not None else "<stdout>", "resumed_after": done}
 
 

@@ -128,6 +128,29 @@ HUGE_LINE_CHARS = 1_000_000
 #: How many truncated lines of a window are said one by one; the rest in one line.
 TRUNCATIONS_SAID = 3
 
+
+def line_cap(limit: int) -> int:
+    """The characters of a line encoded (:data:`HUGE_LINE_CHARS`, or 64 a piece the model reads)."""
+    return max(HUGE_LINE_CHARS, 64 * limit)
+
+
+def cut_size(text: str, ids: Sequence[int], cap: int) -> str:
+    """How long a line cut short is, as its warning says it: in characters past ``cap``, else in pieces."""
+    return f"{len(text):,} characters" if len(text) > cap else f"{len(ids)} pieces"
+
+
+def warn_of_some(rows: Sequence[int], one: Callable[[int], str], rest: Callable[[int, str], str],
+                 shown: Callable[[int], int] = int) -> None:
+    """Warn of each of ``rows`` (lines cut short, say): the first :data:`TRUNCATIONS_SAID` one by
+    one (``one(row)``), the rest in one line (``rest(how many, the first ten listed)``, each
+    listed as ``shown(row)``)."""
+    for row in rows[:TRUNCATIONS_SAID]:
+        get_logger().warning("%s", one(row))
+    more = rows[TRUNCATIONS_SAID:]
+    if more:
+        get_logger().warning("%s", rest(len(more), ", ".join(str(shown(row)) for row in more[:10])
+                                        + (", ..." if len(more) > 10 else "")))
+
 #: A target-language tag typed into a source line (``<2fr>``, Marian's ``>>fr<<``): text to the
 #: tokenizer, which makes no tag of it.
 _TYPED_TAG = re.compile(r"\s*(<2[A-Za-z][\w-]*>|>>[A-Za-z][\w-]*<<)")
@@ -147,9 +170,9 @@ def encode_window(tokenizer: Tokenizer, chunk: list[str], limit: int, name: str,
         get_logger().warning("%s: line %d starts with %s, which is read as text: the target language is chosen by "
                              "--tgt-lang (decode.tgt_lang; a request's tgt_lang)", name, offset + typed[0] + 1,
                              typed[1].group(1))
-    cap = max(HUGE_LINE_CHARS, 64 * limit)
+    cap = line_cap(limit)
     encoded = dict(zip(nonempty, tokenizer.encode_batch([chunk[i][:cap] for i in nonempty]), strict=True))
-    cut = []
+    cut: dict[int, str] = {}  # line number -> how long it was
     for i in range(len(chunk)):
         ids = encoded.get(i) or []
         if not ids:
@@ -157,17 +180,12 @@ def encode_window(tokenizer: Tokenizer, chunk: list[str], limit: int, name: str,
             continue
         ids = [*prefix, *ids]
         if len(ids) > limit or len(chunk[i]) > cap:
-            cut.append(offset + i + 1)
-            if len(cut) <= TRUNCATIONS_SAID:
-                size = f"{len(chunk[i]):,} characters" if len(chunk[i]) > cap else f"{len(ids)} pieces"
-                get_logger().warning("%s: line %d: source has %s, truncated to the model limit of %d pieces",
-                                     name, cut[-1], size, limit)
+            cut[offset + i + 1] = cut_size(chunk[i], ids, cap)
             ids = ids[:limit]
         sources[i] = ids
-    if len(cut) > TRUNCATIONS_SAID:
-        more = cut[TRUNCATIONS_SAID:]
-        get_logger().warning("%s: %d more lines truncated to the model limit of %d pieces (lines %s)", name,
-                             len(more), limit, ", ".join(map(str, more[:10])) + (", ..." if len(more) > 10 else ""))
+    warn_of_some(list(cut), lambda n: f"{name}: line {n}: source has {cut[n]}, truncated to the model limit of "
+                 f"{limit} pieces", lambda k, listed: f"{name}: {k} more lines truncated to the model limit of "
+                 f"{limit} pieces (lines {listed})")
     return sources, results
 
 

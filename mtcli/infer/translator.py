@@ -27,7 +27,7 @@ import functools
 import math
 import numbers
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,16 +59,17 @@ from mtcli.infer.loading import (
 from mtcli.infer.search import check_beam_width
 from mtcli.infer.translate import (
     DEFAULT_WINDOW,
-    HUGE_LINE_CHARS,
-    TRUNCATIONS_SAID,
     Translation,
+    cut_size,
     decode_config,
     decoding_device,
+    line_cap,
     model_for_decoding,
     override_keys,
     run_shortlist,
     source_limit,
     translate_lines,
+    warn_of_some,
 )
 from mtcli.logs import get_logger
 
@@ -461,38 +462,30 @@ def _target_logprobs(model: Any, logits: Tensor, target: Tensor) -> Tensor:
 def _encoded_pairs(bundle: InferenceModel, sources: list[str], targets: list[str], prefix: list[int],
                    names: tuple[str, str], first_line: int | None) -> tuple[list[list[int]], list[list[int]], set[int]]:
     """The ids of :meth:`Translator.score`'s pairs: each source after ``prefix``, truncated to the
-    model's limit; the targets, and the indices of those longer than it (not scored). Lines far
-    longer than any the model reads are encoded from their start only, as when translating."""
+    model's limit; the targets, and the indices of those longer than it (not scored), each said
+    (:func:`~mtcli.infer.translate.warn_of_some`). Lines far longer than any the model reads are
+    encoded from their start only, as when translating."""
     limit, tokenizer = source_limit(bundle), bundle.tokenizer
-    cap = max(HUGE_LINE_CHARS, 64 * limit)
+    cap = line_cap(limit)
     src_ids = [[*prefix, *ids] for ids in tokenizer.encode_batch([text[:cap] for text in sources])]
-    cut = [i for i, (ids, text) in enumerate(zip(src_ids, sources, strict=True)) if len(ids) > limit or len(text) > cap]
     tgt_ids = tokenizer.encode_target_batch([text[:cap] for text in targets])
-    too_long = [i for i, (ids, text) in enumerate(zip(tgt_ids, targets, strict=True))
-                if len(ids) > limit or len(text) > cap]
 
-    def size(text: str, ids: list[int]) -> str:
-        return f"{len(text):,} characters" if len(text) > cap else f"{len(ids)} pieces"
+    def too_long_of(encoded: list[list[int]], texts: list[str]) -> list[int]:
+        return [i for i, (ids, text) in enumerate(zip(encoded, texts, strict=True)) if len(ids) > limit or len(text) > cap]
 
-    _warn_of(cut, names[0], first_line, lambda i: f"{size(sources[i], src_ids[i])}, truncated to the model limit "
-             f"of {limit} pieces", f"truncated to the model limit of {limit} pieces")
-    _warn_of(too_long, names[1], first_line, lambda i: f"{size(targets[i], tgt_ids[i])}, more than the model's "
-             f"limit of {limit}: scored -inf", f"longer than the model's limit of {limit} pieces, scored -inf")
+    cut, too_long = too_long_of(src_ids, sources), too_long_of(tgt_ids, targets)
+
+    def warn(rows: list[int], name: str, texts: list[str], encoded: list[list[int]], what: str, more: str) -> None:
+        label = (lambda i: f"{name}[{i}]") if first_line is None else (lambda i: f"{name}: line {first_line + i}")
+        warn_of_some(rows, lambda i: f"{label(i)}: {cut_size(texts[i], encoded[i], cap)}, {what}",
+                     lambda k, listed: f"{name}: {k} more {more} ({'indices' if first_line is None else 'lines'} "
+                                       f"{listed})", lambda i: i + (first_line or 0))
+
+    truncated = f"truncated to the model limit of {limit} pieces"
+    warn(cut, names[0], sources, src_ids, truncated, truncated)
+    warn(too_long, names[1], targets, tgt_ids, f"more than the model's limit of {limit}: scored -inf",
+         f"longer than the model's limit of {limit} pieces, scored -inf")
     return [ids[:limit] for ids in src_ids], tgt_ids, set(too_long)
-
-
-def _warn_of(rows: list[int], name: str, first_line: int | None, said: Callable[[int], str], more: str) -> None:
-    """Warn of ``rows`` (pairs of one :meth:`Translator.score` call), the first
-    :data:`TRUNCATIONS_SAID` one by one (``said``: what of it), the rest in one line (``more``)."""
-    def at(i: int) -> str:
-        return f"{name}: line {first_line + i}" if first_line is not None else f"{name}[{i}]"
-
-    for i in rows[:TRUNCATIONS_SAID]:
-        get_logger().warning("%s: %s", at(i), said(i))
-    if len(rows) > TRUNCATIONS_SAID:
-        rest = [str(i if first_line is None else first_line + i) for i in rows[TRUNCATIONS_SAID:]]
-        get_logger().warning("%s: %d more %s (%s %s)", name, len(rest), more, "indices" if first_line is None else "lines",
-                             ", ".join(rest[:10]) + (", ..." if len(rest) > 10 else ""))
 
 
 __all__ = ["SETTINGS", "Translator"]
