@@ -34,6 +34,7 @@ from mtcli.cli_options import (
     ReadmeOption,
     ResultsOption,
     SamplingOption,
+    ScoreTgtLangOption,
     SetOption,
     TemperatureOption,
     TgtLangOption,
@@ -295,7 +296,7 @@ def score(
     average_last: AverageLast = 0,
     average_best: AverageBest = 0,
     max_tokens: Annotated[Optional[int], typer.Option(min=1, help="Token budget per batch.")] = None,  # noqa: UP045
-    tgt_lang: TgtLangOption = None,
+    tgt_lang: ScoreTgtLangOption = None,
     device: DeviceOption = "auto",
     set_: DecodeSetOption = None,
     verbose: Verbose = False,
@@ -533,7 +534,8 @@ def serve(
     verbose: Verbose = False,
     quiet: Quiet = False,
 ) -> None:
-    """Serve a trained model over HTTP: POST /translate, GET /health, a page at /, docs at /docs.
+    """Serve a trained model over HTTP: POST /translate and /score, GET /health, a page at /,
+    docs at /docs.
     SIGHUP loads the checkpoint again (the newest checkpoint_best, or the newest K averaged)
     without stopping."""
     # a SIGHUP while the server starts (imports, the model loading) would end it: it is noted

@@ -36,6 +36,9 @@ EngineOption = Annotated[str, typer.Option(
 TgtLangOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
     "--tgt-lang", parser=plain_value, help="Translate into this language (a model trained on several target languages; "
     "default: the run's decode.tgt_lang if set, else its data.tgt_lang).")]
+ScoreTgtLangOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
+    "--tgt-lang", parser=plain_value, help="The targets' language (a model trained on several target languages; "
+    "default: the run's decode.tgt_lang if set, else its data.tgt_lang).")]
 AverageLast = Annotated[int, typer.Option(min=0, help="Average the last K step checkpoints first.")]
 AverageBest = Annotated[int, typer.Option(min=0, help="Average the K best checkpoints first.")]
 DeviceOption = Annotated[str, typer.Option(

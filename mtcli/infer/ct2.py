@@ -2,7 +2,8 @@
 
 The weights loaded from the run's checkpoint are converted once
 (:func:`mtcli.infer.export.save_ctranslate2`) into ``<run_dir>/ctranslate2/<sha256 of the
-weights, 16 hex digits>/`` (the checkpoint's payload, as its header records it) and reused while
+weights, 16 hex digits>/`` (the checkpoint's payload, as its header records it; for a run this
+user cannot write, under :func:`user_conversions`) and reused while
 the checkpoint holds the same weights; when it changes (a longer run, another checkpoint) the
 next use converts it again, and the conversions of the three checkpoints used last are kept.
 A kept conversion whose ``model.bin`` is not the file converted (its sha256 is in the record), or
@@ -40,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import re
@@ -72,19 +74,25 @@ ENGINES = ("torch", "ctranslate2")
 
 
 def converted_model(run_dir: Path, bundle: InferenceModel) -> Path:
-    """The CTranslate2 conversion of ``bundle``'s weights in ``run_dir/ctranslate2/``, made from
-    them if needed (never from the checkpoint file read again, which a training run may have
-    replaced since)."""
+    """The CTranslate2 conversion of ``bundle``'s weights in ``run_dir/ctranslate2/`` (or, for a
+    run this user cannot write, in :func:`user_conversions`), made from them if needed (never from
+    the checkpoint file read again, which a training run may have replaced since)."""
     digest = bundle.payload_sha256
     if digest is None:
         raise ConfigError("--engine ctranslate2 decodes one checkpoint file, not an average")
     key = digest[:16]
-    root = Path(run_dir) / CT2_DIR
+    roots = [Path(run_dir) / CT2_DIR, user_conversions(run_dir)]
+    for root in roots:
+        if _kept(root / key, digest):
+            with contextlib.suppress(OSError):  # in use: kept among the newest (a read-only run: as it is)
+                os.utime(root / key)
+            return root / key
+    root = next((root for root in roots if _writable(root)), None)
+    if root is None:
+        raise ConfigError(f"--engine ctranslate2 converts {bundle.name} once, but neither {roots[0]} nor "
+                          f"{roots[1]} can be written: set XDG_CACHE_HOME to a writable directory, or "
+                          "decode with --engine torch")
     target = root / key
-    if _kept(target, digest):
-        with contextlib.suppress(OSError):  # in use: kept among the newest (a read-only run: as it is)
-            os.utime(target)
-        return target
     if target.exists():  # another checkpoint's weights under this one's name (an export there), or an older mtcli's
         shutil.rmtree(target, ignore_errors=True)
     check_convertible(bundle, Path(run_dir))  # before saying it converts
@@ -92,6 +100,24 @@ def converted_model(run_dir: Path, bundle: InferenceModel) -> Path:
     save_ctranslate2(bundle, target, Path(run_dir))
     _remove_old_conversions(root)
     return target
+
+
+def user_conversions(run_dir: Path) -> Path:
+    """Where the conversions of a run this user cannot write go (a model shared read-only, a
+    container's read-only volume): ``$XDG_CACHE_HOME/mtcli/ctranslate2/<run key>`` (default
+    ``~/.cache``), the run key the first 16 hex digits of the sha256 of the run's absolute path."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    run_key = hashlib.sha256(str(Path(run_dir).resolve()).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return Path(cache) / "mtcli" / CT2_DIR / run_key
+
+
+def _writable(root: Path) -> bool:
+    """Whether this process can make ``root`` (or new entries in it): its nearest existing
+    directory can be written (false on a read-only file system, even for root)."""
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    return existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
 
 
 def _kept(target: Path, digest: str) -> bool:

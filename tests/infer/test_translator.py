@@ -313,6 +313,44 @@ def test_ctranslate2_engine_converts_once_and_equals_ours_for_greedy(tiny_run_di
 
 
 
+def test_a_run_this_user_cannot_write_is_converted_into_the_user_cache(
+        tiny_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model shared read-only (another user's run, a container's read-only volume): the
+    conversion went into the run directory, so --engine ctranslate2 ended in "Read-only file
+    system" where --engine torch decodes."""
+    pytest.importorskip("ctranslate2")
+    import shutil
+
+    from mtcli.infer.ct2 import CT2_DIR, user_conversions
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    real_access = os.access
+    read_only = [run]
+
+    def access(path: object, mode: int) -> bool:  # as on a read-only file system, whoever asks
+        inside = any(Path(str(path)).is_relative_to(top) for top in read_only)
+        return False if inside and mode & os.W_OK else real_access(path, mode)
+
+    monkeypatch.setattr(os, "access", access)
+    ours = Translator.from_run(run, beam=1, device="cpu").translate(LINES)
+    theirs = Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2")
+    assert theirs.translate(LINES) == ours
+    assert not (run / CT2_DIR).exists()
+    cached = user_conversions(run)
+    assert cached.parent == tmp_path / "cache" / "mtcli" / CT2_DIR and theirs.engine.model_dir.parent == cached
+    assert user_conversions(tmp_path / "another") != cached  # each run's conversions apart
+    stamp = (theirs.engine.model_dir / "model.bin").stat().st_mtime_ns
+    assert Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2").translate(LINES) == ours
+    assert (theirs.engine.model_dir / "model.bin").stat().st_mtime_ns == stamp  # found there: not converted again
+    read_only.append(tmp_path / "read-only")
+    (tmp_path / "read-only").mkdir()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "read-only" / "cache"))
+    with pytest.raises(ConfigError, match="XDG_CACHE_HOME to a writable directory, or decode with --engine torch"):
+        Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2")
+
+
 def test_the_conversions_used_last_are_kept(tmp_path: Path) -> None:
     """Each conversion removed every other: two servers of one run's best and last checkpoints
     converted again at every start, or removed the other's while it was opened."""
