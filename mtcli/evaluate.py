@@ -25,7 +25,12 @@ from mtcli.data.overlap import overlap_of
 from mtcli.data.textio import lines_sha256, read_lines, read_lines_hashed
 from mtcli.device import peak_memory_mb
 from mtcli.errors import ConfigError, DataError, signals_held
-from mtcli.fileio import atomic_write, check_directory, names_an_open_file, sha256_file
+from mtcli.fileio import (
+    atomic_write,
+    check_writable_directory,
+    names_an_open_file,
+    sha256_file,
+)
 from mtcli.infer.files import warn_of_unused_sampling
 from mtcli.infer.loading import InferenceModel, run_directions
 from mtcli.infer.translate import override_keys
@@ -259,8 +264,17 @@ def _output_paths(run_dir: Path, test: _Test, name: str) -> tuple[Path, Path]:
 
 
 def _check_outputs(run_dir: Path, test: _Test, inputs: list[_Input]) -> None:
-    """Refuse, before decoding, outputs that would overwrite a file read: another system's
-    hypotheses given as the reference, in the same output directory under the same name."""
+    """Refuse, before decoding, an output directory that cannot be written (a read-only run) and
+    outputs that would overwrite a file read: another system's hypotheses given as the reference,
+    in the same output directory under the same name."""
+    out_dir = _output_paths(run_dir, test, inputs[0].name)[0].parent
+    try:
+        check_writable_directory(out_dir)
+    except OSError as exc:
+        if test.output_dir is not None:
+            raise
+        raise ConfigError(f"{out_dir}: {exc.strerror}: evaluate writes the hypotheses and the report there; "
+                          "give --output DIR") from None
     reads = [path for given in inputs for path in (given.src_path, *given.ref_paths)]
     for given in inputs:  # one direction's outputs against every direction's inputs (a shared --output)
         for output in _output_paths(run_dir, test, given.name):
@@ -421,7 +435,7 @@ def evaluate_directions(
     if more_refs and src_file is None:
         raise ConfigError("several references (--ref ... --ref) need --src files, not a split")
     if output_dir is not None:
-        check_directory(Path(output_dir))  # before the decoding
+        check_writable_directory(Path(output_dir))  # before the model loads
     translator = Translator.from_run(run_dir, checkpoint, average_last=average_last,
                                      average_best=average_best, ensemble=ensemble, engine=engine,
                                      overrides=overrides or (), **settings)

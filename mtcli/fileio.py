@@ -37,6 +37,27 @@ def default_file_mode() -> int:
     return 0o666 & ~_umask()
 
 
+def can_write_into(path: Path) -> bool:
+    """Whether this process can make ``path``, or new entries in it: the nearest of it and the
+    paths above it that exists is a directory it may write (not on a read-only file system, which
+    holds even for root)."""
+    existing = next((p for p in (path, *path.parents) if p.exists()), path)
+    return existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
+
+
+def check_writable_directory(path: Path) -> None:
+    """:func:`check_directory`, then an ``OSError`` naming ``path`` when :func:`can_write_into`
+    says no: ``EROFS`` on a read-only file system, else ``EACCES`` (checked before the work that
+    would write there)."""
+    check_directory(path)
+    if can_write_into(path):
+        return
+    existing = next((p for p in (path, *path.parents) if p.exists()), path)
+    if os.statvfs(existing).f_flag & os.ST_RDONLY:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+    raise PermissionError(errno.EACCES, f"Permission denied (in {existing})", str(path))
+
+
 def replaced_mode(path: Path) -> int:
     """The mode of a file written over ``path`` by a rename: the existing file's own (a
     ``chmod 600`` output stays private), else a new file's. A file the user may not write is a

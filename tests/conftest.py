@@ -148,6 +148,22 @@ def build_tiny_run_dir(run_dir: Path, seed: int = 0, spm_model_type: str | None 
     return run_dir
 
 
+@pytest.fixture
+def read_only(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Directories (append to the list) that ``os.access`` says cannot be written, as on a
+    read-only file system, which holds for root too (the suite may run as root, which chmod does
+    not stop)."""
+    real_access, tops = os.access, []
+
+    def access(path: Any, mode: int, **kwargs: Any) -> bool:
+        if mode & os.W_OK and any(Path(os.fsdecode(path)).is_relative_to(top) for top in tops):
+            return False
+        return real_access(path, mode, **kwargs)
+
+    monkeypatch.setattr(os, "access", access)
+    return tops
+
+
 @pytest.fixture(scope="session")
 def tiny_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random (untrained) toy-config run directory, shared by the session: do not modify it

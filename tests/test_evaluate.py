@@ -433,6 +433,32 @@ def test_evaluate_refuses_to_write_over_a_file_it_reads(tiny_run_dir: Path, tmp_
     assert other.read_bytes() == before
 
 
+def test_a_run_it_cannot_write_is_refused_before_decoding(tiny_run_dir: Path, tmp_path: Path,
+                                                          read_only: list[Path],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model shared read-only: the hypotheses go to RUN/eval by default, and evaluate decoded and
+    scored the whole test set before it found it could not write them."""
+    import shutil
+
+    import mtcli.evaluate
+    from mtcli.evaluate import evaluate
+
+    run = shutil.copytree(tiny_run_dir, tmp_path / "run")
+    read_only.append(run)
+    decoded = []
+    real_decode = mtcli.evaluate._decode
+    monkeypatch.setattr(mtcli.evaluate, "_decode", lambda *a, **k: decoded.append(1) or real_decode(*a, **k))
+    test = {"src_file": run / "text" / "test.src", "ref_file": run / "text" / "test.tgt", "beam": 1}
+    with pytest.raises(ConfigError, match=r"run/eval: .*: evaluate writes the hypotheses and the report there; "
+                                          r"give --output DIR"):
+        evaluate(run, **test)
+    with pytest.raises(OSError, match="ro-out"):  # an --output it cannot write: before the model loads
+        evaluate(run, output_dir=run / "ro-out", **test)
+    assert not decoded and not (run / "eval").exists()
+    report = evaluate(run, output_dir=tmp_path / "out", **test)  # somewhere it can
+    assert decoded and Path(report["hypotheses"]).parent == tmp_path / "out"
+
+
 def test_the_weights_sha256_is_the_same_for_the_same_weights_under_a_prefix(tiny_run_dir: Path, tmp_path: Path) -> None:
     """A checkpoint saved with DDP's or torch.compile's name prefix loads the same weights: it
     named them otherwise than the same file without it."""

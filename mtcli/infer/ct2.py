@@ -57,7 +57,7 @@ from mtcli.config import DecodeConfig
 from mtcli.data.tokenizer import EOS_ID
 from mtcli.device import MemoryBudget, is_out_of_memory, memory_text
 from mtcli.errors import CheckpointError, ConfigError, DeviceMemoryError, one_line
-from mtcli.fileio import sha256_file
+from mtcli.fileio import can_write_into, sha256_file
 from mtcli.infer.export import (
     CT2_DIR,
     EXPORT_RECORD,
@@ -87,7 +87,7 @@ def converted_model(run_dir: Path, bundle: InferenceModel) -> Path:
             with contextlib.suppress(OSError):  # in use: kept among the newest (a read-only run: as it is)
                 os.utime(root / key)
             return root / key
-    root = next((root for root in roots if _writable(root)), None)
+    root = next((root for root in roots if can_write_into(root)), None)
     if root is None:
         raise ConfigError(f"--engine ctranslate2 converts {bundle.name} once, but neither {roots[0]} nor "
                           f"{roots[1]} can be written: set XDG_CACHE_HOME to a writable directory, or "
@@ -109,15 +109,6 @@ def user_conversions(run_dir: Path) -> Path:
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     run_key = hashlib.sha256(str(Path(run_dir).resolve()).encode("utf-8", "surrogateescape")).hexdigest()[:16]
     return Path(cache) / "mtcli" / CT2_DIR / run_key
-
-
-def _writable(root: Path) -> bool:
-    """Whether this process can make ``root`` (or new entries in it): its nearest existing
-    directory can be written (false on a read-only file system, even for root)."""
-    existing = root
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    return existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
 
 
 def _kept(target: Path, digest: str) -> bool:
