@@ -3,7 +3,7 @@
 The layering is checked by import-linter itself (``lint-imports``), on the package as it is and on
 a copy with one upward import and one cycle added, which it must refuse. The size rules (modules
 under 600 lines, functions under 80) and the rule that mtcli's own modules import each other at
-the top (the command line, ``cli.py`` and ``cli_errors.py``, excepted: it imports the library per
+the top (the command line, ``cli.py``, ``cli_recipes.py`` and ``cli_errors.py``, excepted: it imports the library per
 command, for start-up time) are read
 from the source with ``ast``.
 """
@@ -80,7 +80,7 @@ def test_mtcli_modules_import_each_other_at_the_top() -> None:
     the CLI are deliberate."""
     hidden: list[str] = []
     for path in _sources():
-        if path in (PACKAGE / "cli.py", PACKAGE / "cli_errors.py"):
+        if path in (PACKAGE / "cli.py", PACKAGE / "cli_recipes.py", PACKAGE / "cli_errors.py"):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
