@@ -400,7 +400,7 @@ def serve(
     device: DeviceOption = "auto",
     api_key: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--api-key", envvar="MTCLI_API_KEY", show_envvar=True,
-        help="Require 'Authorization: Bearer KEY' on /translate.")] = None,
+        help="Require 'Authorization: Bearer KEY' on /translate and /score.")] = None,
     max_lines: Annotated[int, typer.Option(min=1, help="Most lines a request may send.")] = 64,
     max_chars: Annotated[int, typer.Option(min=1, help="Most characters a line may have.")] = 2000,
     max_request_chars: Annotated[int, typer.Option(min=1, help="Most characters a request may have in all.")] = 20_000,

@@ -82,6 +82,14 @@ def setup_logging(verbose: bool = False, tag: str = "", quiet: bool = False) -> 
                      _version("torch"), platform.platform(), os.cpu_count() or 0)
 
 
+def console_level() -> int:
+    """The lowest level of record the console shows (:func:`setup_logging`): WARNING under
+    ``quiet``, else the logger's own (INFO, or DEBUG when ``verbose``)."""
+    logger = get_logger()
+    handler = next((h for h in logger.handlers if isinstance(h, _TqdmHandler)), None)
+    return max(logger.getEffectiveLevel(), handler.level if handler is not None else logging.NOTSET)
+
+
 class _FileLog(logging.FileHandler):
     """A run's text log that never stops its run: a line that cannot be written (a full disk) is
     one warning on the console naming the file, instead of a traceback a line, and the file

@@ -725,6 +725,19 @@ def test_port_0_logs_the_port_the_server_listens_on(tiny_run_dir: Path) -> None:
     assert out == "" and '"POST /translate HTTP/1.1" 200' in err and "\x1b[" not in err
 
 
+def test_quiet_leaves_out_uvicorn_info_and_access_lines(tiny_run_dir: Path) -> None:
+    """--quiet is warnings and errors only: uvicorn logged its start and an access line a request
+    all the same."""
+    server = Server(tiny_run_dir, "--quiet")
+    try:
+        assert server.post({"text": ["rot"]}).status_code == 200
+        assert server.post({"text": "rot"}).status_code == 422
+    finally:
+        assert server.stop() == 0
+    log = server.log()
+    assert "POST /translate" not in log and "Uvicorn running" not in log and "serving" not in log, log
+
+
 def test_settling_a_job_its_client_cancelled_is_no_error() -> None:
     from mtcli.serve_batching import _Job, _settle
 
