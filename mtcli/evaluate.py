@@ -36,7 +36,7 @@ from mtcli.infer.loading import InferenceModel, run_directions
 from mtcli.infer.translate import override_keys
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, progress
-from mtcli.metrics import BOM_NOTE, metric_names, score, scorer
+from mtcli.metrics import BOM_NOTE, metric_names, phrase_bleu_note, score, scorer
 from mtcli.rundir import MANIFEST_NAME, TEXT_DIR, checkpoint_dir
 
 try:
@@ -319,6 +319,9 @@ def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, given: _I
     seconds = time.perf_counter() - start
     scores = score(hypotheses, given.references, more_references=given.more_references, metrics=test.metrics,
                    tgt_lang=direction[1])
+    if note := phrase_bleu_note(direction[1]):
+        get_logger().warning("%s %s: %s%s", split or name, "-".join(direction), note,
+                             "" if "chrf" in test.metrics else " (--metrics bleu,chrf)")
     hyp_path, report_path = _output_paths(run_dir, test, name)
     report: dict[str, Any] = {
         **scores,

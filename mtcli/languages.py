@@ -1,12 +1,14 @@
 """What mtcli knows about a language from its code: where spaces do not separate its words.
 
-Three places treat such languages differently, each as the tool it follows does:
+Four places treat such languages differently, each as the tool it follows does:
 
-* cleaning (:mod:`mtcli.data.cleaning`) measures Chinese and Japanese text in characters, not
-  words, as OpusFilter's length filters do with ``unit: char``: a whole unspaced sentence would
-  otherwise count as one word and fail the length-ratio rule against any longer English one
-  (sacreBLEU's ``zh`` tokeniser, too, counts a Chinese character as a word);
-* SentencePiece covers 99.95% of their characters rather than all of them (its own advice for
+* cleaning (:mod:`mtcli.data.cleaning`) measures Chinese, Japanese, Thai, Lao, Khmer, Burmese,
+  Tibetan and Dzongkha text in characters, not words, as OpusFilter's length filters do with
+  ``unit: char``: a whole unspaced sentence (or phrase: the spaces of Thai or Burmese, where
+  there are any, part phrases) would otherwise count as one word and fail the length-ratio
+  rule against any longer English one (sacreBLEU's ``zh`` tokeniser, too, counts a Chinese
+  character as a word);
+* SentencePiece covers 99.95% of the characters of Chinese and Japanese rather than all of them (its own advice for
   languages with rich character sets), so that thousands of rare characters do not take the
   vocabulary (:func:`default_character_coverage`);
 * BLEU tokenises a Chinese, Japanese or Korean target as sacreBLEU's ``-l`` does
@@ -21,12 +23,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 #: ISO 639 codes that mean Chinese (the macrolanguage ``zho``/``chi`` and its members, Literary
-#: Chinese ``lzh`` too: all written in Han characters without spaces), Japanese and Korean
+#: Chinese ``lzh`` too: all written in Han characters without spaces); then the three-letter codes
+#: of Japanese, Korean and the unspaced languages below
 _CHINESE = ("zho", "chi", "cmn", "yue", "wuu", "hak", "nan", "gan", "hsn", "cdo", "cjy", "cpx", "czh", "czo",
             "mnp", "lzh")
-_ALIASES = {**dict.fromkeys(_CHINESE, "zh"), "jpn": "ja", "kor": "ko"}
+_ALIASES = {**dict.fromkeys(_CHINESE, "zh"), "jpn": "ja", "kor": "ko", "tha": "th", "lao": "lo", "khm": "km",
+            "mya": "my", "bur": "my", "bod": "bo", "tib": "bo", "dzo": "dz"}
 #: Languages written without spaces between words, measured in characters by the cleaning rules.
-CHARACTER_LANGUAGES = ("zh", "ja")
+CHARACTER_LANGUAGES = ("zh", "ja", "th", "lo", "km", "my", "bo", "dz")
+#: Those of them with thousands of characters (Han, kana), whose full-width punctuation NFKC turns into ASCII.
+RICH_SCRIPT_LANGUAGES = ("zh", "ja")
 #: SentencePiece's character coverage for a vocabulary that holds such a language (1.0 otherwise).
 RICH_SCRIPT_COVERAGE = 0.9995
 
@@ -46,11 +52,11 @@ def measured_in_characters(lang: str | None) -> bool:
 def default_character_coverage(langs: Iterable[str]) -> float:
     """``data.character_coverage`` when a config does not set it: 0.9995 when one of ``langs``
     is Chinese or Japanese, else 1.0."""
-    return RICH_SCRIPT_COVERAGE if any(measured_in_characters(lang) for lang in langs) else 1.0
+    return RICH_SCRIPT_COVERAGE if any(language_code(lang) in RICH_SCRIPT_LANGUAGES for lang in langs) else 1.0
 
 
 def default_normalization(target_langs: Iterable[str]) -> str:
     """``data.spm_normalization`` when a config does not set it: ``identity`` when one of
     ``target_langs`` is Chinese or Japanese (a model then writes their full-width punctuation
     as the references do), else SentencePiece's own ``nmt_nfkc``."""
-    return "identity" if any(measured_in_characters(lang) for lang in target_langs) else "nmt_nfkc"
+    return "identity" if any(language_code(lang) in RICH_SCRIPT_LANGUAGES for lang in target_langs) else "nmt_nfkc"

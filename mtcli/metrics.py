@@ -27,7 +27,7 @@ from typing import Any
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 from mtcli.errors import ConfigError, DataError, MtcliError, install_advice
-from mtcli.languages import language_code
+from mtcli.languages import language_code, measured_in_characters
 from mtcli.logs import get_logger
 
 #: What ``evaluate --metrics`` may name (BLEU and lowercased BLEU are always scored).
@@ -77,6 +77,17 @@ def scorer(name: str, tgt_lang: str | None = None, *, lowercase: bool = False, i
     except RuntimeError:  # sacreBLEU's MeCab tokenisers import MeCab when made
         raise MtcliError(f"BLEU of '{tgt_lang}' text tokenises it with MeCab ({tokenize}): "
                          f"{install_advice(code)}{instead}") from None
+
+
+def phrase_bleu_note(tgt_lang: str | None) -> str | None:
+    """What BLEU measures of a target in a language written without spaces between words for
+    which sacreBLEU has no tokeniser of its own (Thai, Lao, Khmer, Burmese, Tibetan): 13a splits
+    it at its spaces, which part phrases at most, so its "words" are whole phrases and its BLEU
+    says little; chrF, of characters, is the score to read. None for any other language."""
+    if not measured_in_characters(tgt_lang) or language_code(tgt_lang) in BLEU_TOKENIZERS:
+        return None
+    return (f"BLEU of '{tgt_lang}' text splits it into words at its spaces (13a), which part phrases in it, not "
+            "words: its BLEU counts whole phrases; read chrF")
 
 
 def metric_names(metrics: Sequence[str]) -> tuple[str, ...]:

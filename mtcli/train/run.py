@@ -47,6 +47,7 @@ from mtcli.logs import (
     get_logger,
     remove_log_handler,
 )
+from mtcli.metrics import phrase_bleu_note
 from mtcli.plots import write_learning_curves
 from mtcli.rundir import CONFIG_NAME, MANIFEST_NAME, SPM_NAME, TEXT_DIR, checkpoint_dir, names
 from mtcli.runlock import RunLock
@@ -264,6 +265,9 @@ def _log_start(trainer: Trainer, config: Config, device: torch.device, precision
     if trainer.info.is_main and train.rdrop_alpha > 0 and without_dropout(config.model):
         log.warning("train.rdrop_alpha %g with every model dropout at 0: R-Drop's two passes agree, so it only "
                     "doubles the step's cost (set model.dropout, or train.rdrop_alpha=0)", train.rdrop_alpha)
+    note = phrase_bleu_note(config.data.tgt_lang) if train.valid_bleu and train.valid_metric == "bleu" else None
+    if trainer.info.is_main and note:
+        log.warning("%s; train.valid_metric: chrf picks checkpoint_best by it instead", note)
     rate = f"factor {train.lr_factor:g}" if train.lr_schedule == "noam" else f"peak {train.lr:g}"
     log.info("update: %d batch(es) of %d tokens a step a process | lr %s (%s, warmup %d%s) | label smoothing %g%s",
              train.update_freq, train.max_tokens, train.lr_schedule, rate, train.warmup_steps,

@@ -61,10 +61,32 @@ def test_chinese_and_japanese_are_measured_in_characters() -> None:
     by_characters = PairCleaner(max_length=20, max_ratio=3.0, characters=(True, False))
     assert list(by_characters(pairs)) == pairs[:1]
     assert by_characters.counts == CleanCounts(read=3, kept=1, too_long=1, ratio=1)
-    assert [measured_in_characters(lang) for lang in ("zh", "zh_TW", "cmn", "ja", "jpn", "ko", "th", "en")] == [
+    assert [measured_in_characters(lang) for lang in ("zh", "zh_TW", "cmn", "ja", "jpn", "ko", "en", "de")] == [
         True, True, True, True, True, False, False, False]
     # the other Chinese languages and Literary Chinese, by their ISO 639-3 codes, with a region too
     assert all(measured_in_characters(lang) for lang in ("wuu", "hak", "nan", "gan", "lzh", "yue-HK", "nan_TW"))
+
+
+def test_thai_lao_khmer_burmese_and_tibetan_are_measured_in_characters() -> None:
+    """Their spaces, where there are any, part phrases, not words: measured in words, a Thai
+    sentence was one or two words whatever it said, so the ratio rule dropped a pair for its
+    English side's length alone, and no Thai side was ever too long."""
+    from mtcli.languages import default_character_coverage, default_normalization
+
+    pairs = [("I would like to book a table for two people tonight", "ฉันอยากจองโต๊ะสำหรับสองคนคืนนี้"),
+             ("The weather is very hot today", "วันนี้อากาศร้อนมาก"),
+             ("Where is the station", "สถานีรถไฟอยู่ที่ไหน ครับ"),
+             ("It rains", "ฝนตก" * 40)]  # 160 characters, one word
+    by_words = PairCleaner(max_length=100, max_ratio=3.0)
+    assert list(by_words(pairs)) == pairs[2:] and by_words.counts == CleanCounts(read=4, kept=2, ratio=2)
+    thai = PairCleaner(max_length=100, max_ratio=3.0, characters=(False, measured_in_characters("th")))
+    assert list(thai(pairs)) == pairs[:2]  # characters against words: 2.8, 3.0, 5.75
+    assert thai.counts == CleanCounts(read=4, kept=2, too_long=1, ratio=1)
+    codes = ("th", "th_TH", "tha", "lo", "lao", "km", "khm", "my", "mya", "bur", "bo", "bod", "dz", "dzo")
+    assert all(measured_in_characters(lang) for lang in codes)
+    # small alphabets: SentencePiece covers all their characters, and NFKC stays
+    assert default_character_coverage(["en", "th"]) == 1.0 and default_normalization(["th", "km"]) == "nmt_nfkc"
+    assert default_character_coverage(["en", "ja"]) < 1.0 and default_normalization(["zh"]) == "identity"
 
 
 def test_absorb_drops_what_an_earlier_range_kept() -> None:

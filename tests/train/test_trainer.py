@@ -553,6 +553,35 @@ def test_a_cooldown_that_another_stop_rule_would_skip_is_warned_of(prepared: Pat
            "first is not cooled down" in (run / "train.log").read_text(encoding="utf-8")
 
 
+def test_validation_bleu_of_a_thai_target_is_said_to_count_phrases(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """13a splits Thai at its spaces, which part phrases: checkpoint_best chosen by that BLEU was
+    chosen by a score of whole phrases, and evaluate's BLEU was of them, without a word."""
+    import shutil
+
+    from mtcli.data.prepare import prepare
+    from mtcli.evaluate import evaluate
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split in ("train", "val", "test"):
+        shutil.copyfile(TOY_DIR / f"{split}.src", corpus / f"{split}.de")
+        shutil.copyfile(TOY_DIR / f"{split}.tgt", corpus / f"{split}.th")
+    langs = [f"data.source={corpus}", "data.src_lang=de", "data.tgt_lang=th", "data.max_length_ratio=20"]
+    prepared = tmp_path / "prepared"
+    prepare(load_config(TOY_CONFIG, [*langs, f"data.prepared_dir={prepared}"]))
+    said = "BLEU of 'th' text splits it into words at its spaces (13a), which part phrases in it"
+    for name, metric, warned in (("bleu", "bleu", True), ("chrf", "chrf", False)):
+        run = tmp_path / name
+        train(make_config(prepared, run, *langs, "train.max_steps=1", "train.valid_bleu=true",
+                          f"train.valid_metric={metric}", "train.valid_every=100000"))
+        log = (run / "train.log").read_text(encoding="utf-8")
+        assert (said in log and "train.valid_metric: chrf picks checkpoint_best by it instead" in log) == warned
+    with caplog.at_level(logging.WARNING, logger="mtcli"):
+        evaluate(tmp_path / "chrf", split="test", beam=1, metrics=["bleu"])
+    assert f"test de-th: {said}" in caplog.text and "read chrF (--metrics bleu,chrf)" in caplog.text
+
+
 def test_cooldown_steps_are_checked_and_may_exceed_a_shortened_run(prepared: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="train.cooldown_steps"):
         make_config(prepared, tmp_path / "run", "train.cooldown_steps=-1")
