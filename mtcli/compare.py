@@ -36,11 +36,13 @@ from mtcli.config import check_language_code
 from mtcli.data.textio import lines_sha256, read_lines, read_lines_hashed
 from mtcli.errors import ConfigError, DataError, shown
 from mtcli.fileio import atomic_write, check_file_target, is_stream, sha256_file
+from mtcli.logs import get_logger
 from mtcli.metrics import (
     BOM_NOTE,
     METRICS,
     check_one_language,
     metric_names,
+    phrase_bleu_note,
     scorer,
     warn_if_tokenised,
 )
@@ -169,6 +171,8 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
     tgt_lang = tgt_lang or recorded_language(files)
     for file, lines in zip(files, hyps, strict=True):
         warn_if_tokenised(lines, str(file))
+    if "bleu" in metrics and (note := phrase_bleu_note(tgt_lang)):
+        get_logger().warning("%s%s", note, "" if "chrf" in metrics else " (--metrics bleu,chrf)")
     identical = {name for name, lines in zip(names[1:], hyps[1:], strict=True) if lines == hyps[0]}
     # (past log2(swaps + 1) + 1 differing lines, the floor is below any p the test can give)
     enough = math.ceil(math.log2((samples or DEFAULT_SAMPLES["ar"]) + 1)) + 1

@@ -5,6 +5,7 @@ newest hypotheses; bad input is one line naming the file."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -222,6 +223,21 @@ def test_randomization_gives_few_differing_lines_no_smaller_p_than_they_can(syst
     assert report["tests"]["ar"]["scores"]["bleu"]["b"]["p_floor"] == 1.0  # was 0.25, as for three changed lines
     many = compare([weak, systems[2]], [ref], metrics=["bleu"], tests=["ar"], samples=500, names=["a", "b"])
     assert many["tests"]["ar"]["scores"]["bleu"]["b"]["p_value"] < 0.05  # 20 lines differ: no floor reached
+
+
+def test_bleu_of_a_thai_target_is_said_to_count_phrases(systems: tuple[Path, Path, Path],
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    ref, weak, strong = systems
+    said = "BLEU of 'th' text splits it into words at its spaces (13a), which part phrases in it"
+    for metrics, warned in ((["bleu"], True), (["chrf"], False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="mtcli"):
+            compare([weak, strong], [ref], metrics=metrics, tests=["bs"], samples=5, tgt_lang="th")
+        assert (said in caplog.text) == warned, caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mtcli"):
+        compare([weak, strong], [ref], metrics=["bleu"], tests=["bs"], samples=5, tgt_lang="en")
+    assert "BLEU of" not in caplog.text
 
 
 def test_bad_input_is_one_line(systems: tuple[Path, Path, Path], tmp_path: Path) -> None:
