@@ -40,6 +40,7 @@ from mtcli.cli_options import (
     named_path,
     output_file,
     plain_value,
+    report_file,
 )
 from mtcli.errors import ConfigError, MtcliError, TrainingInterrupted, install_advice
 
@@ -211,7 +212,7 @@ def compare(
     metrics: Annotated[str, typer.Option(help="Comma-separated: bleu, chrf, ter.")] = "bleu,chrf,ter",
     test: Annotated[str, typer.Option(help="bs (paired bootstrap), ar (approximate randomization) or both.")] = "both",
     samples: Annotated[Optional[int], typer.Option(help="Resamples or swaps (default 1000 for bs, 10000 for ar).")] = None,  # noqa: UP045
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=output_file, help="Write the report (JSON) here.")] = None,  # noqa: UP045
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=report_file, help="Write the report (JSON) here.")] = None,  # noqa: UP045
     tgt_lang: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--tgt-lang", parser=plain_value, help="The references' language: BLEU tokenises zh, ja and ko text as sacreBLEU does for "
         "them (default: the language mtcli evaluate recorded beside the hypotheses; else 13a).")] = None,

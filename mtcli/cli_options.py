@@ -72,22 +72,26 @@ def named_path(value: str | Path) -> Path:
     return Path(plain_value(str(value)))
 
 
-def output_file(value: str, to_stdout: bool = True) -> Path:
+def output_file(value: str, stdout: str = ", or leave -o out for the output on stdout") -> Path:
     """An output file's name as given: one that ends in ``/`` names a directory, not a file
-    (``Path`` would drop the slash and write a file of the directory's name). ``to_stdout``:
-    the command writes to stdout without ``-o``."""
+    (``Path`` would drop the slash and write a file of the directory's name). ``stdout``: what
+    ``-o -`` is told of the command's standard output."""
     named_path(value)
     if value.endswith("/") or value.endswith("/."):
         raise typer.BadParameter(f"{value} names a directory; give the output file's name")
     if value == "-":  # stdout to a Unix tool, but a file named "-" to open()
-        raise typer.BadParameter("- is not a file name here; give one" +
-                                 (", or leave -o out for what goes to stdout (compare: --json)" if to_stdout else ""))
+        raise typer.BadParameter(f"- is not a file name here; give one{stdout}")
     return Path(value)
 
 
 def file_only(value: str) -> Path:
     """:func:`output_file` for an ``-o`` a command needs (its output is no text for stdout)."""
-    return output_file(value, to_stdout=False)
+    return output_file(value, stdout="")
+
+
+def report_file(value: str) -> Path:
+    """:func:`output_file` for ``compare -o``, whose report goes to stdout as JSON with --json."""
+    return output_file(value, stdout=", or leave -o out and give --json for the report on stdout")
 
 
 EnsembleOption = Annotated[

@@ -187,6 +187,7 @@ async def _decoded(batcher: Batcher, body: TranslateRequest | ScoreRequest, requ
     or a failure. A client that closes its connection (``request``) before its lines' turn takes
     them out of the queue: a client that timed out and left does not keep the others waiting."""
     scoring = isinstance(body, ScoreRequest)
+    doing = "scoring" if scoring else "translation"
     try:
         await asyncio.to_thread(check_scoring if scoring else check_decoding, body, batcher.translator)
     except (RequestError, DataError):
@@ -194,7 +195,7 @@ async def _decoded(batcher: Batcher, body: TranslateRequest | ScoreRequest, requ
     except Exception as exc:
         get_logger().error("request %s: reading the input failed: %s: %s", request_id,
                            type(exc).__name__, one_line(exc))
-        raise InternalError(request_id) from None
+        raise InternalError(request_id, doing) from None
     if not batcher.alive:
         raise RequestError(503, STOPPED)
     future = (batcher.submit(body.source, request_id, targets=body.target, normalize=body.normalize,
@@ -215,10 +216,10 @@ async def _decoded(batcher: Batcher, body: TranslateRequest | ScoreRequest, requ
     except DataError:  # the client's own text, found only when decoded alone
         raise
     except DeviceMemoryError:  # even alone; the batcher logged it with the request id
-        raise RequestError(503, f"out of memory translating this request (request id {request_id}); "
-                                "send fewer or shorter lines") from None
+        raise RequestError(503, f"out of memory {'scoring' if scoring else 'translating'} this request (request id "
+                                f"{request_id}); send fewer or shorter lines") from None
     except Exception:  # the batcher logged it with the request id
-        raise InternalError(request_id) from None
+        raise InternalError(request_id, doing) from None
     finally:
         for task in (waiting, watch):
             if task is not None and not task.done():

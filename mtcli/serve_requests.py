@@ -121,8 +121,8 @@ class InternalError(RequestError):
     """A failure that is the server's, not the request's: a 500 that names its request id (the
     log line with the cause carries the same id)."""
 
-    def __init__(self, request_id: str) -> None:
-        super().__init__(500, f"translation failed (request id {request_id}; the server log has the cause)")
+    def __init__(self, request_id: str, doing: str = "translation") -> None:
+        super().__init__(500, f"{doing} failed (request id {request_id}; the server log has the cause)")
         self.request_id = request_id
 
 

@@ -309,8 +309,12 @@ def test_train_refuses_a_corrupted_cache_before_training(prepared: Path, tmp_pat
     (["compare", "a.hyp", "b.hyp"], "Missing option '--ref'."),
     (["translate", "run", "-o", "out/"], "Invalid value for '--output' / '-o': out/ names a directory"),
     (["average", "run", "--last", "2", "-o", "ckpt/."], "Invalid value for '--output' / '-o': ckpt/. names a"),
-    (["translate", "run", "-o", "-"], "Invalid value for '--output' / '-o': - is not a file name here"),
-    (["compare", "a.hyp", "b.hyp", "--ref", "r", "-o", "-"], "Invalid value for '--output' / '-o': - is not a"),
+    (["translate", "run", "-o", "-"], "Invalid value for '--output' / '-o': - is not a file name here; give one, or "
+     "leave -o out for the output on stdout"),
+    (["score", "run", "s", "t", "-o", "-"], "Invalid value for '--output' / '-o': - is not a file name here; give one, "
+     "or leave -o out for the output on stdout"),
+    (["compare", "a.hyp", "b.hyp", "--ref", "r", "-o", "-"], "Invalid value for '--output' / '-o': - is not a file "
+     "name here; give one, or leave -o out and give --json for the report on stdout"),
     # average needs its -o: the advice to leave it out for stdout failed ("Missing option")
     (["average", "run", "--last", "2", "-o", "-"], "Invalid value for '--output' / '-o': - is not a file name "
      "here; give one (see"),

@@ -304,6 +304,9 @@ def test_a_failure_while_decoding_is_a_500_and_the_server_keeps_serving(
         assert "out of memory" not in broken.text and "Traceback" not in broken.text
         fine = client.post("/translate", json={"text": ["rot"]})
         assert fine.status_code == 200 and fine.json()["translations"] == real(["rot"])
+        translator.score = lambda *args, **kwargs: flaky(["explode"])  # type: ignore[method-assign]
+        scoring = client.post("/score", json={"source": ["rot"], "target": ["red"]})  # said it was a translation
+        assert scoring.status_code == 500 and scoring.json()["error"].startswith("scoring failed (request id ")
     logged = [r for r in caplog.records if request_id in r.getMessage()]
     assert len(logged) == 1 and logged[0].exc_info is None
     assert logged[0].getMessage() == f"request {request_id}: decoding failed: RuntimeError: out of memory while decoding"

@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 from mtcli.config import DecodeConfig
 from mtcli.data.textio import ArrivingLines, count_lines, iter_binary_lines, read_lines
@@ -33,7 +33,7 @@ from mtcli.fileio import (
     written_path,
 )
 from mtcli.infer.resumable import PartialOutput, output_locked, resumable_output, translation_key
-from mtcli.infer.translate import DEFAULT_WINDOW, Translation, override_keys
+from mtcli.infer.translate import DEFAULT_WINDOW, Translation, line_windows, override_keys
 from mtcli.infer.translator import SAMPLING_ONLY, Translator
 from mtcli.logs import get_logger, progress
 from mtcli.plots import plot_attention_png
@@ -85,7 +85,7 @@ def _check_io(inputs: Sequence[str | Path], output: Path | None, plot_attention:
     elif sys.stdout is None:
         raise DataError("<stdout>: closed; give an output file (-o)")
     else:
-        _check_stdout_is_no_input(inputs)
+        _check_stdout_is_no_input(inputs, what)
     if plot_attention is not None:
         check_directory(Path(plot_attention))
         try:
@@ -107,17 +107,17 @@ def _input_at(inputs: Sequence[str | Path], written: os.stat_result) -> Path | N
     return None
 
 
-def _check_stdout_is_no_input(inputs: Sequence[str | Path]) -> None:
+def _check_stdout_is_no_input(inputs: Sequence[str | Path], what: str = "translation") -> None:
     """Refuse standard output that is one of the input files (``translate f >> f``: each
-    translated line is read again, and the file grows until the disk is full)."""
+    translated line is read again, and the file grows until the disk is full; ``what``: the
+    output, in the error's words)."""
     try:
         out = os.fstat(sys.stdout.fileno())
     except (AttributeError, OSError, ValueError):  # no file behind it (a test's buffer)
         return
     same = _input_at(inputs, out) if stat.S_ISREG(out.st_mode) else None
     if same is not None:
-        raise DataError(f"{same}: is also standard output (translate {same} >> {same}); write the "
-                        "translation to another file")
+        raise DataError(f"{same}: is also standard output (>> {same}); write the {what} to another file")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,17 +133,17 @@ class _Inputs:
     def read(cls, paths: Sequence[str | Path]) -> _Inputs:
         return cls([Path(p) for p in paths], [file_stamp(Path(p)) for p in paths], [sha256_file(p) for p in paths])
 
-    def check_unchanged(self, partial: PartialOutput | None) -> None:
-        """:class:`DataError` naming an input rewritten while it was translated (the lines read
-        after it came from the new text, from the middle of a line: neither file's translation),
-        and nothing of ``partial`` kept for a later run. One touched, or deleted (its open file
-        was read to the end), is fine."""
+    def check_unchanged(self, partial: PartialOutput | None, command: str = "translate") -> None:
+        """:class:`DataError` naming an input rewritten while ``command`` read it (the lines read
+        after it came from the new text, from the middle of a line: neither file's output), and
+        nothing of ``partial`` kept for a later run. One touched, or deleted (its open file was
+        read to the end), is fine."""
         for path, state, digest in zip(self.paths, self.states, self.digests, strict=True):
             now = file_stamp(path)
             if now is not None and now != state and sha256_file(path) != digest:
                 if partial is not None:
                     partial.discard()
-                raise DataError(f"{path}: changed while it was translated; translate it again once it is written")
+                raise DataError(f"{path}: changed while {command} read it; {command} it again once it is written")
 
 
 def warn_of_unused_sampling(overrides: Sequence[str], decode: DecodeConfig,
@@ -287,13 +287,19 @@ def translate_files(
     return _summary(n_lines, time.perf_counter() - start, translator.name, output, resumed)
 
 
-def _say_the_default_target(translator: Translator, tgt_lang: str | None, overrides: list[str]) -> None:
+def _say_the_default_target(translator: Translator, tgt_lang: str | None, overrides: list[str],
+                            scoring: bool = False) -> None:
     """Say which language a model of several target languages translates into when none was
-    asked for (a German source into German, silently, looked like a failed translation)."""
+    asked for (a German source into German, silently, looked like a failed translation); with
+    ``scoring``, warn that the targets are scored as that language's (wrong numbers look right)."""
     targets = translator.target_languages
     if len(targets) > 1 and tgt_lang is None and "decode.tgt_lang" not in override_keys(overrides):
-        get_logger().info("translating into %s, the run's default (--tgt-lang chooses: %s)", targets[0],
-                          ", ".join(targets))
+        if scoring:
+            get_logger().warning("scoring the targets as %s, the run's default (--tgt-lang names their language: "
+                                 "%s)", targets[0], ", ".join(targets))
+        else:
+            get_logger().info("translating into %s, the run's default (--tgt-lang chooses: %s)", targets[0],
+                              ", ".join(targets))
 
 
 def _bar_wanted(inputs: Sequence[str | Path], output: Path | None) -> bool:
@@ -398,6 +404,7 @@ def score_files(run_dir: str | Path, source: Path, target: Path, output: Path | 
     takes them. Returns a summary dict (pairs, checkpoint, seconds, pairs_per_s, output, resumed_after)."""
     inputs = [Path(source), Path(target)]
     _check_io(inputs, output, None, "score list")
+    _check_two_inputs(*inputs)
     stack = contextlib.ExitStack()
     (src_name, src_lines), (tgt_name, tgt_lines) = open_inputs(inputs, stack)
     regular = all(_is_regular(path) for path in inputs)
@@ -409,6 +416,7 @@ def score_files(run_dir: str | Path, source: Path, target: Path, output: Path | 
     files = _Inputs.read(inputs) if regular else None
     try:
         translator = Translator.from_run(run_dir, checkpoint, overrides=list(overrides or []), **settings)
+        _say_the_default_target(translator, settings.get("tgt_lang"), list(overrides or []), scoring=True)
         decode = translator.decode
         key = {"command": "score", "normalize": normalize, "tgt_lang": decode.tgt_lang, "bf16": decode.bf16}
         start = time.perf_counter()
@@ -418,8 +426,9 @@ def score_files(run_dir: str | Path, source: Path, target: Path, output: Path | 
                            enabled=_bar_wanted(inputs, output), desc="score")
             with bar:
                 pairs = done
-                for srcs, tgts in _paired_windows(itertools.islice(src_lines, done, None),
-                                                  itertools.islice(tgt_lines, done, None), src_name, tgt_name, done):
+                if done:  # (files: a stream is never resumed)
+                    src_lines, tgt_lines = (itertools.islice(lines, done, None) for lines in (src_lines, tgt_lines))
+                for srcs, tgts in _paired_windows(src_lines, tgt_lines, src_name, tgt_name, done):
                     scores = translator.score(srcs, tgts, normalize=normalize, names=(src_name, tgt_name),
                                               first_line=pairs + 1)
                     handle.writelines(f"{value:.4f}\n" for value in scores)
@@ -430,7 +439,7 @@ def score_files(run_dir: str | Path, source: Path, target: Path, output: Path | 
                         handle.flush()
                     bar.update(len(scores))
             if files is not None:
-                files.check_unchanged(partial)
+                files.check_unchanged(partial, "score")
     finally:
         stack.close()
     seconds = time.perf_counter() - start
@@ -440,21 +449,42 @@ def score_files(run_dir: str | Path, source: Path, target: Path, output: Path | 
             "output": str(output) if output is not None else "<stdout>", "resumed_after": done}
 
 
+def _check_two_inputs(source: Path, target: Path) -> None:
+    """Refuse, before reading: ``-`` (standard input is one of two inputs here: ``/dev/stdin``
+    names it), and one stream given as both (``/dev/stdin /dev/stdin``: the two readers would
+    share its lines between them and pair lines that are not a pair)."""
+    for path in (source, target):
+        if str(path) == "-" and not path.exists():
+            raise DataError("-: score reads a source and a target file; give standard input as /dev/stdin")
+    if _is_regular(source) or _is_regular(target):
+        return
+    with contextlib.suppress(OSError):
+        if os.path.samefile(source, target):
+            raise DataError(f"{source} and {target}: one stream given as both; give the sources and the targets "
+                            "as two files or streams")
+
+
 def _paired_windows(sources: Iterable[str], targets: Iterable[str], src_name: str, tgt_name: str,
                     skipped: int = 0) -> Iterator[tuple[list[str], list[str]]]:
-    """The lines of two inputs (after their first ``skipped``) as pairs, :data:`WINDOW` at a time;
-    :class:`DataError` naming the input that ends first (a stream, whose lines were not counted before)."""
-    missing = object()
-    window: tuple[list[str], list[str]] = ([], [])
-    for line, (src, tgt) in enumerate(itertools.zip_longest(sources, targets, fillvalue=missing), skipped + 1):
-        if src is missing or tgt is missing:
-            short, other = (src_name, tgt_name) if src is missing else (tgt_name, src_name)
-            raise DataError(f"{short}: ends at line {line - 1}, but {other} goes on; score takes one target line per "
-                            "source line")
-        window[0].append(src)
-        window[1].append(tgt)
-        if len(window[0]) == WINDOW:
-            yield window
-            window = ([], [])
-    if window[0]:
-        yield window
+    """The lines of two inputs (after their first ``skipped``) as pairs, :data:`WINDOW` at a time,
+    or, from a stream (:class:`ArrivingLines`), the pairs whose lines have arrived, as
+    ``translate`` answers a stream's lines: a program that writes a pair and waits for its score
+    gets it. :class:`DataError` naming the input that ends first (a stream, whose lines were not
+    counted before)."""
+    swapped = isinstance(targets, ArrivingLines) and not isinstance(sources, ArrivingLines)
+    lead, follow = (targets, iter(sources)) if swapped else (sources, iter(targets))
+    names = (tgt_name, src_name) if swapped else (src_name, tgt_name)
+    line = skipped
+    for chunk in line_windows(lead, WINDOW):
+        other = list(itertools.islice(follow, len(chunk)))
+        if len(other) < len(chunk):
+            _unpaired(names[1], line + len(other), names[0])
+        line += len(chunk)
+        yield (other, chunk) if swapped else (chunk, other)
+    if next(follow, None) is not None:
+        _unpaired(names[0], line, names[1])
+
+
+def _unpaired(short: str, lines: int, other: str) -> NoReturn:
+    """:class:`DataError`: ``short`` ends after ``lines`` lines while ``other`` goes on."""
+    raise DataError(f"{short}: ends at line {lines}, but {other} goes on; score takes one target line per source line")

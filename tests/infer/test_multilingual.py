@@ -70,6 +70,23 @@ def test_translate_cli_takes_the_target_language(multi_run: Path, tmp_path: Path
     assert "read as text" not in out.stderr + default.stderr
 
 
+def test_score_cli_warns_which_language_it_scores_the_targets_as(multi_run: Path, tmp_path: Path) -> None:
+    """Targets scored as the run's default target language, unsaid: the numbers of targets in
+    another language were wrong without a sign (translate at least shows its output)."""
+    source, target = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    target.write_text("\n".join(Translator.from_run(multi_run, beam=1).translate(SOURCES, tgt_lang="xx")) + "\n",
+                      encoding="utf-8")
+    runner = CliRunner()
+    default = runner.invoke(app, ["score", str(multi_run), str(source), str(target)])
+    assert default.exit_code == 0, default.output
+    assert "scoring the targets as tgt, the run's default (--tgt-lang names their language: tgt, src, xx)" \
+        in default.stderr
+    named = runner.invoke(app, ["score", str(multi_run), str(source), str(target), "--tgt-lang", "xx"])
+    assert named.exit_code == 0 and "scoring the targets as" not in named.stderr
+    assert named.stdout != default.stdout  # scored as xx text, which they are, not as tgt
+
+
 @pytest.mark.parametrize("typed", ["<2xx>", ">>xx<<"])
 def test_a_tag_typed_into_a_source_is_warned_of_as_text(multi_run: Path, tmp_path: Path, typed: str) -> None:
     """The tokenizer makes text of a typed tag, and the default language came back without a word."""

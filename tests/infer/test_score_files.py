@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import re
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import mtcli_here
+from conftest import MTCLI, ForkedPython, fifo_of, mtcli_here
 
 from mtcli import Translator
 from mtcli.config import ModelConfig
@@ -110,8 +113,70 @@ def test_a_stream_that_ends_first_is_named_and_nothing_is_written(tiny_run_dir: 
     assert set(tmp_path.iterdir()) == set(pair)  # no output, nor a temporary one left
 
 
+def test_pairs_from_streams_are_scored_as_they_arrive(translator: Translator, tiny_run_dir: Path,
+                                                     tmp_path: Path) -> None:
+    """score waited for 2,000 pairs or the end of its streams: a program that writes a pair and
+    waits for its score (a reranker's co-process) waited for ever."""
+    src, tgt, out = tmp_path / "src.fifo", tmp_path / "tgt.fifo", tmp_path / "out.txt"
+    os.mkfifo(src)
+    os.mkfifo(tgt)
+    proc = ForkedPython(MTCLI, ["score", str(tiny_run_dir), str(src), str(tgt), "--device", "cpu", "-q"], out,
+                        stdout=True)
+    try:
+        with open(src, "w", encoding="utf-8") as sources, open(tgt, "w", encoding="utf-8") as targets:
+            for count, (source, target) in enumerate(zip(SOURCES[:2], TARGETS[:2], strict=True), 1):
+                sources.write(source + "\n")
+                sources.flush()
+                targets.write(target + "\n")
+                targets.flush()
+                deadline = time.monotonic() + 60
+                while len(re.findall(r"^-?[\d.]+$", proc.stderr_text(), re.M)) < count:
+                    assert time.monotonic() < deadline and proc.poll() is None, proc.stderr_text()
+                    time.sleep(0.05)
+        assert proc.wait(timeout=60) == 0, proc.stderr_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    scores = [float(v) for v in proc.stderr_text().split()]
+    assert scores == pytest.approx(translator.score(SOURCES[:2], TARGETS[:2]), abs=1e-4)
+
+
+def test_one_stream_given_twice_is_refused_before_it_is_read(tiny_run_dir: Path, pair: tuple[Path, Path],
+                                                            tmp_path: Path) -> None:
+    """The two readers shared its lines: 4,000 scores of lines that were not pairs, then an
+    error that named the stream as ending while it went on."""
+    fifo = tmp_path / "pairs.fifo"
+    fifo_of(pair[0], fifo)
+    with pytest.raises(DataError, match=rf"^{fifo} and {fifo}: one stream given as both"):
+        score_files(tiny_run_dir, fifo, fifo, None)
+
+
+def test_its_messages_speak_of_scoring(tiny_run_dir: Path, pair: tuple[Path, Path], tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two of score's errors were translate's: "(translate t >> t); write the translation to
+    another file" and "changed while it was translated; translate it again"."""
+    import sys
+
+    with open(pair[1], "a", encoding="utf-8") as appended:
+        monkeypatch.setattr(sys, "stdout", appended)
+        with pytest.raises(DataError, match=rf"^{pair[1]}: is also standard output \(>> {pair[1]}\); write the score "
+                                            "list to another file"):
+            score_files(tiny_run_dir, pair[0], pair[1], None)
+    monkeypatch.undo()
+    real = Translator.score
+
+    def score(self: Translator, *args: object, **kwargs: object) -> list[float]:
+        pair[1].write_text("x\n", encoding="utf-8")  # rewritten while being read
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Translator, "score", score)
+    with pytest.raises(DataError, match=rf"^{pair[1]}: changed while score read it; score it again once it is"):
+        score_files(tiny_run_dir, pair[0], pair[1], tmp_path / "scores.txt", device="cpu")
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (["missing.de", "{tgt}"], "missing.de: input file not found"),
+    (["-", "{tgt}"], "-: score reads a source and a target file; give standard input as /dev/stdin"),
     (["{src}", "{tgt}", "-o", "{src}"], "{src}: is the input {src}; write the score list to another file"),
     (["{src}", "{tgt}", "-o", "{src}.gz"], "{src}.gz: the score list is written as plain text"),
 ])

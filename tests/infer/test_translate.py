@@ -476,8 +476,8 @@ def test_cli_translate_refuses_outputs_it_cannot_write_before_it_decodes(tiny_ru
         ([str(src)], ">&-", "<stdout>: closed; give an output file (-o)"),
         ([], "<&-", "<stdin>: closed; give input files, or lines on standard input"),
         # its own output appended to it: read again as it was written, it grew until the disk was full
-        ([str(src)], f'>> "{src}"', f"{src}: is also standard output (translate {src} >> {src}); write the "
-                                   "translation to another file"),
+        ([str(src)], f'>> "{src}"', f"{src}: is also standard output (>> {src}); write the translation to "
+                                   "another file"),
     ]
     for extra, redirect, expected in cases:
         if not redirect:  # (a closed descriptor needs a process of its own)
@@ -545,7 +545,7 @@ def test_an_input_rewritten_while_it_is_translated_leaves_no_output(
         yield from real(self, lines, **kwargs)
 
     monkeypatch.setattr(Translator, "stream", stream)
-    with pytest.raises(DataError, match="in.txt: changed while it was translated"):
+    with pytest.raises(DataError, match="in.txt: changed while translate read it; translate it again"):
         translate_files(tiny_run_dir, [src], out, beam=1, device="cpu")
     assert not out.exists() and not list(tmp_path.glob(".out.txt*"))  # its lines are not the key's: none kept
     # touched (same text) or deleted (its open file read to the end): the translation is whole
