@@ -2,9 +2,9 @@
 
 The weights loaded from the run's checkpoint are converted once
 (:func:`mtcli.infer.export.save_ctranslate2`) into ``<run_dir>/ctranslate2/<sha256 of the
-weights, 16 hex digits>/`` (the checkpoint's payload, as its header records it; for a run this
-user cannot write, under :func:`user_conversions`) and reused while
-the checkpoint holds the same weights; when it changes (a longer run, another checkpoint) the
+weights, 16 hex digits>/`` (the checkpoint's payload, as its header records it; an average of
+checkpoints, its tensors'; for a run this user cannot write, under :func:`user_conversions`) and
+reused while the checkpoint holds the same weights; when it changes (a longer run, another checkpoint) the
 next use converts it again, and the conversions of the three checkpoints used last are kept.
 A kept conversion whose ``model.bin`` is not the file converted (its sha256 is in the record), or
 that CTranslate2 cannot read, is converted again (:func:`open_engine`). :class:`CT2Engine` then translates lines
@@ -77,9 +77,9 @@ def converted_model(run_dir: Path, bundle: InferenceModel) -> Path:
     """The CTranslate2 conversion of ``bundle``'s weights in ``run_dir/ctranslate2/`` (or, for a
     run this user cannot write, in :func:`user_conversions`), made from them if needed (never from
     the checkpoint file read again, which a training run may have replaced since)."""
-    digest = bundle.payload_sha256
+    digest = bundle.payload_sha256 or bundle.weights_sha256  # a checkpoint file's, else an average's
     if digest is None:
-        raise ConfigError("--engine ctranslate2 decodes one checkpoint file, not an average")
+        raise ConfigError("--engine ctranslate2 decodes one model, not an ensemble")
     key = digest[:16]
     roots = [Path(run_dir) / CT2_DIR, user_conversions(run_dir)]
     for root in roots:
@@ -96,7 +96,7 @@ def converted_model(run_dir: Path, bundle: InferenceModel) -> Path:
     if target.exists():  # another checkpoint's weights under this one's name (an export there), or an older mtcli's
         shutil.rmtree(target, ignore_errors=True)
     check_convertible(bundle, Path(run_dir))  # before saying it converts
-    get_logger().info("converting %s for CTranslate2 into %s (once per checkpoint)", bundle.name, target)
+    get_logger().info("converting %s for CTranslate2 into %s (once for these weights)", bundle.name, target)
     save_ctranslate2(bundle, target, Path(run_dir))
     _remove_old_conversions(root)
     return target
@@ -117,7 +117,7 @@ def _kept(target: Path, digest: str) -> bool:
     sha256, is converted again: CTranslate2 reads a flipped byte without a word)."""
     try:
         record = json.loads((target / EXPORT_RECORD).read_text("utf-8"))
-        if record.get("checkpoint_payload_sha256") != digest:
+        if digest not in (record.get("checkpoint_payload_sha256"), record.get("weights_sha256")):
             return False
         if record.get("model_bin_sha256") == sha256_file(target / "model.bin"):
             return True
@@ -144,7 +144,8 @@ def _is_conversion(entry: Path) -> bool:
         return False
     if not isinstance(record, dict):
         return False
-    digest = record.get("checkpoint_payload_sha256")  # an older mtcli's conversion: named so, without it
+    # (an average's is named by its weights' sha256; an older mtcli's conversion, by neither)
+    digest = record.get("checkpoint_payload_sha256") or record.get("weights_sha256")
     return str(digest).startswith(entry.name) if digest else record.get("format") == "ctranslate2"
 
 

@@ -180,6 +180,7 @@ def save_ctranslate2(bundle: InferenceModel, output: Path, run_dir: Path, **reco
             "run_dir": str(Path(run_dir).resolve()),  # (advice that names it holds from any directory)
             "checkpoint": bundle.name,
             "checkpoint_payload_sha256": bundle.payload_sha256,  # the weights converted (the file's header)
+            "weights_sha256": bundle.weights_sha256,  # the same, of the tensors (an average has only this)
             "model_bin_sha256": sha256_file(tmp / "model.bin"),  # a reader can tell a damaged copy
             **record,
             "model": bundle.config.to_dict()["model"],

@@ -220,16 +220,14 @@ class Translator:
         ``sampling``, ``topk``, ``topp``, ``temperature``, ``seed``, ``tgt_lang`` (the language
         to translate into, for a model of several target languages); ``overrides``:
         ``decode.*=value`` strings as ``--set`` takes them. ``engine``: ``torch`` (ours) or
-        ``ctranslate2`` (:mod:`mtcli.infer.ct2`: the checkpoint converted once into the run
-        directory; one checkpoint file, int8/bf16 fixed here). Raises :class:`CheckpointError`
+        ``ctranslate2`` (:mod:`mtcli.infer.ct2`: the weights, of a checkpoint or an average,
+        converted once into the run directory; no ensemble; int8/bf16 fixed here). Raises :class:`CheckpointError`
         or :class:`ConfigError` with one line."""
         if engine not in ENGINES:
             raise ConfigError(f"--engine {engine!r}: unknown (known: {', '.join(ENGINES)})")
-        if engine == "ctranslate2" and (average_last or average_best or ensemble):
-            raise ConfigError("--engine ctranslate2 decodes one checkpoint file, not an average or an ensemble ("
-                              + ("an ensemble: decode with --engine torch" if ensemble else
-                                 "write the average first, mtcli average RUN --last K -o avg.pt, and give "
-                                 "--checkpoint avg.pt") + ")")
+        if engine == "ctranslate2" and ensemble:
+            raise ConfigError("--engine ctranslate2 decodes one model, not an ensemble (an ensemble: decode with "
+                              "--engine torch)")
         if not isinstance(device, str | torch.device):
             raise TypeError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
         if isinstance(ensemble, str | Path):
