@@ -32,7 +32,8 @@ DecodeSetOption = Annotated[
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Log warnings and errors only; no progress bars.")]
 EngineOption = Annotated[str, typer.Option(
-    help="torch (ours) or ctranslate2 (the checkpoint converted once into the run directory).")]
+    help="torch (ours) or ctranslate2 (the weights converted once, into the run directory or, for a run you "
+         "cannot write, ~/.cache/mtcli).")]
 TgtLangOption = Annotated[Optional[str], typer.Option(  # noqa: UP045
     "--tgt-lang", parser=plain_value, help="Translate into this language (a model trained on several target languages; "
     "default: the run's decode.tgt_lang if set, else its data.tgt_lang).")]
