@@ -21,6 +21,7 @@ import torch
 
 from mtcli.config import Config, DecodeConfig, check_language_code
 from mtcli.data.cache import PreparedCorpus, array_name, eval_split_name
+from mtcli.data.coverage import ROUND_TRIP_LINES, warn_of_unwritable
 from mtcli.data.overlap import overlap_of
 from mtcli.data.textio import lines_sha256, read_lines, read_lines_hashed
 from mtcli.device import peak_memory_mb
@@ -471,7 +472,19 @@ def evaluate_directions(
     test = _Test(split, src_file, [*refs, *map(Path, more_refs)], metrics, output_dir, ckpt, model)
     inputs = _inputs(run_dir, translator.bundle.config, test, directions, every)  # all, before decoding
     _check_outputs(run_dir, test, inputs)
+    _warn_of_unwritable_references(translator, inputs)
     return [_evaluate_with(translator, run_dir, test, given) for given in inputs]
+
+
+def _warn_of_unwritable_references(translator: Translator, inputs: list[_Input]) -> None:
+    """Warn of references the model's tokenizer does not give back as written (its normalisation,
+    characters it lacks): scores against them are capped (:func:`~mtcli.data.coverage.warn_of_unwritable`)."""
+    rule = translator.bundle.config.data.spm_normalization
+    for given in inputs:
+        for path, lines in zip(given.ref_paths, [given.references, *given.more_references], strict=True):
+            step = -(-len(lines) // ROUND_TRIP_LINES) or 1
+            name = f"{given.split}.{given.direction[1]}" if given.split else str(path)
+            warn_of_unwritable(name, lines[::step], translator.bundle.tokenizer, rule, step, len(lines))
 
 
 def _inputs(run_dir: Path, config: Config, test: _Test, directions: list[tuple[str, str]], every: bool) -> list[_Input]:

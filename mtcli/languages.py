@@ -13,9 +13,12 @@ Four places treat such languages differently, each as the tool it follows does:
   vocabulary (:func:`default_character_coverage`);
 * BLEU tokenises a Chinese, Japanese or Korean target as sacreBLEU's ``-l`` does
   (:mod:`mtcli.metrics`);
-* SentencePiece keeps a Chinese or Japanese target's text as written (``identity``) rather than
-  NFKC-normalise it, which turns their full-width punctuation (``，！（）``) into ASCII that no
-  reference holds (:func:`default_normalization`).
+* SentencePiece keeps a target's text as written (``identity``) rather than NFKC-normalise it
+  where that rewrites the language's ordinary text into what no reference holds
+  (:func:`default_normalization`): Chinese and Japanese full-width punctuation (``，！（）``)
+  becomes ASCII, Thai and Lao SARA AM (``ำ``, ``ຳ``) two other characters, Korean's
+  compatibility jamo (``ㅋㅠ``) other jamo or syllables, and SentencePiece's ``nmt_nfkc`` turns the
+  zero-width non-joiner of Persian and Central Kurdish words into a space, splitting them.
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ from collections.abc import Iterable
 _CHINESE = ("zho", "chi", "cmn", "yue", "wuu", "hak", "nan", "gan", "hsn", "cdo", "cjy", "cpx", "czh", "czo",
             "mnp", "lzh")
 _ALIASES = {**dict.fromkeys(_CHINESE, "zh"), "jpn": "ja", "kor": "ko", "tha": "th", "lao": "lo", "khm": "km",
-            "mya": "my", "bur": "my", "bod": "bo", "tib": "bo", "dzo": "dz"}
+            "mya": "my", "bur": "my", "bod": "bo", "tib": "bo", "dzo": "dz", "fas": "fa", "per": "fa"}
 #: Languages written without spaces between words, measured in characters by the cleaning rules.
 CHARACTER_LANGUAGES = ("zh", "ja", "th", "lo", "km", "my", "bo", "dz")
 #: Those of them with thousands of characters (Han, kana), whose full-width punctuation NFKC turns into ASCII.
 RICH_SCRIPT_LANGUAGES = ("zh", "ja")
+#: Targets whose ordinary text SentencePiece's NFKC rewrites (module docstring): kept as written.
+AS_WRITTEN_LANGUAGES = (*RICH_SCRIPT_LANGUAGES, "th", "lo", "ko", "fa", "ckb")
 #: SentencePiece's character coverage for a vocabulary that holds such a language (1.0 otherwise).
 RICH_SCRIPT_COVERAGE = 0.9995
 
@@ -57,6 +62,6 @@ def default_character_coverage(langs: Iterable[str]) -> float:
 
 def default_normalization(target_langs: Iterable[str]) -> str:
     """``data.spm_normalization`` when a config does not set it: ``identity`` when one of
-    ``target_langs`` is Chinese or Japanese (a model then writes their full-width punctuation
-    as the references do), else SentencePiece's own ``nmt_nfkc``."""
-    return "identity" if any(language_code(lang) in RICH_SCRIPT_LANGUAGES for lang in target_langs) else "nmt_nfkc"
+    ``target_langs`` is one of :data:`AS_WRITTEN_LANGUAGES` (a model then writes their text as
+    the references do), else SentencePiece's own ``nmt_nfkc``."""
+    return "identity" if any(language_code(lang) in AS_WRITTEN_LANGUAGES for lang in target_langs) else "nmt_nfkc"

@@ -459,6 +459,30 @@ def test_a_run_it_cannot_write_is_refused_before_decoding(tiny_run_dir: Path, tm
     assert decoded and Path(report["hypotheses"]).parent == tmp_path / "out"
 
 
+def test_references_the_model_cannot_write_are_warned_of(tiny_run_dir: Path, tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """prepare warned of a split's references that do not come back as written through the
+    tokenizer (NFKC's rewrites), but evaluate never did: files given with --ref, or a user who
+    missed prepare's line, saw scores capped without a word."""
+    import logging
+
+    from mtcli.evaluate import evaluate
+
+    src, plain, wide = tmp_path / "test.src", tmp_path / "plain.tgt", tmp_path / "wide.tgt"
+    src.write_text((tiny_run_dir / "text" / "test.src").read_text(encoding="utf-8"), encoding="utf-8")
+    lines = (tiny_run_dir / "text" / "test.tgt").read_text(encoding="utf-8").splitlines()
+    plain.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    wide.write_text("".join(line.replace("a", "ａ") + "\n" for line in lines), encoding="utf-8")  # NFKC: "a"
+    with caplog.at_level(logging.WARNING, logger="mtcli"):
+        evaluate(tiny_run_dir, src_file=src, ref_file=plain, beam=1, output_dir=tmp_path / "a")
+        assert "come back as written" not in caplog.text
+        evaluate(tiny_run_dir, src_file=src, ref_file=plain, more_refs=[wide], beam=1, output_dir=tmp_path / "b")
+    said = [r.getMessage() for r in caplog.records if "come back as written" in r.getMessage()]
+    changed = sum("a" in line for line in lines)
+    assert len(said) == 1 and said[0].startswith(f"{wide}: {changed} of {len(lines)} lines do not come back"), said
+    assert "'ａ' (U+FF41) becomes 'a' (U+0061)" in said[0] and "data.spm_normalization: identity" in said[0]
+
+
 def test_the_weights_sha256_is_the_same_for_the_same_weights_under_a_prefix(tiny_run_dir: Path, tmp_path: Path) -> None:
     """A checkpoint saved with DDP's or torch.compile's name prefix loads the same weights: it
     named them otherwise than the same file without it."""

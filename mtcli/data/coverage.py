@@ -5,6 +5,7 @@ before a training spends hours on it."""
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import re
 from pathlib import Path
@@ -37,20 +38,42 @@ def warn_of_changed_text(tmp: Path, plan: Plan, tokenizer: Tokenizer | VocabToke
             step = -(-total // ROUND_TRIP_LINES) or 1  # spread over the split, not its head
             with open(path, encoding="utf-8") as handle:
                 lines = [line.rstrip("\n") for line in itertools.islice(handle, 0, None, step)]
-            # runs of ASCII spaces collapsed, as SentencePiece does (a no-break or ideographic space stays)
-            written = [re.sub(" +", " ", line).strip(" ") for line in lines]
-            back = [tokenizer.decode(tokenizer.encode(line)) for line in lines]
-            changed = [i for i, (a, b) in enumerate(zip(written, back, strict=True)) if a != b]
-            if len(changed) > ROUND_TRIP_WARN_SHARE * len(lines):
-                i = changed[0]
-                at = next((k for k, (a, b) in enumerate(zip(written[i], back[i], strict=False)) if a != b),
-                          min(len(written[i]), len(back[i])))
-                fix = _advice(rule, unknown="⁇" in back[i] and "⁇" not in written[i])
-                checked = f"{len(lines)} lines" + ("" if step == 1 else f" (one in {step} of {total})")
-                get_logger().warning(
-                    "%s.%s: %d of %s do not come back as written through the SentencePiece model (line %d: "
-                    "%r becomes %r): a model cannot write them as the references do, which caps its scores; %s",
-                    split, lang, len(changed), checked, i * step + 1, written[i][at:at + 8], back[i][at:at + 8], fix)
+            warn_of_unwritable(f"{split}.{lang}", lines, tokenizer, rule, step, total)
+
+
+def warn_of_unwritable(name: str, lines: list[str], tokenizer: Tokenizer | VocabTokenizer, rule: str | None,
+                       step: int = 1, total: int | None = None) -> None:
+    """Warn when more than :data:`ROUND_TRIP_WARN_SHARE` of ``lines`` (reference text, every
+    ``step``-th line of ``total``) do not come back as written through ``tokenizer``, whose
+    normalisation is ``rule`` (None: not known), naming the first such line and what it becomes."""
+    if isinstance(tokenizer, VocabTokenizer):  # an import's two models: it encodes sources, not targets
+        return
+    # runs of ASCII spaces collapsed, as SentencePiece does (a no-break or ideographic space stays)
+    written = [re.sub(" +", " ", line).strip(" ") for line in lines]
+    back = [tokenizer.decode(tokenizer.encode(line)) for line in lines]
+    changed = [i for i, (a, b) in enumerate(zip(written, back, strict=True)) if a != b]
+    if len(changed) <= ROUND_TRIP_WARN_SHARE * len(lines):
+        return
+    i = changed[0]
+    fix = _advice(rule, unknown="⁇" in back[i] and "⁇" not in written[i])
+    checked = f"{len(lines)} lines" + ("" if step == 1 else f" (one in {step} of {total})")
+    get_logger().warning("%s: %d of %s do not come back as written through the SentencePiece model (line %d: %s): "
+                         "a model cannot write them as the references do, which caps its scores; %s",
+                         name, len(changed), checked, i * step + 1, _change(written[i], back[i]), fix)
+
+
+def _change(written: str, back: str) -> str:
+    """The first difference of ``written`` and ``back``, said so a reader can see it: the
+    characters in quotes and as code points (a combining mark, a jamo or a zero-width character
+    looks alike, or like nothing, printed), after a few characters of context."""
+    tag, i1, i2, j1, j2 = next(op for op in difflib.SequenceMatcher(None, written, back, autojunk=False).get_opcodes()
+                               if op[0] != "equal")
+    was, now = written[i1:i2][:8], back[j1:j2][:8]
+
+    def points(text: str) -> str:
+        return " ".join(f"U+{ord(c):04X}" for c in text) or "nothing"
+
+    return f"{written[max(0, i1 - 8):i1]!r} then {was!r} ({points(was)}) becomes {now!r} ({points(now)})"
 
 
 def _advice(rule: str | None, unknown: bool) -> str:
@@ -92,4 +115,5 @@ def warn_of_unknown(split: str, lang: str, unknown: int, tokens: int, given: boo
                          100 * unknown / tokens, fix)
 
 
-__all__ = ["ROUND_TRIP_LINES", "ROUND_TRIP_WARN_SHARE", "UNKNOWN_WARN_SHARE", "warn_of_changed_text", "warn_of_unknown"]
+__all__ = ["ROUND_TRIP_LINES", "ROUND_TRIP_WARN_SHARE", "UNKNOWN_WARN_SHARE", "warn_of_changed_text", "warn_of_unknown",
+           "warn_of_unwritable"]
