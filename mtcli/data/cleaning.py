@@ -68,7 +68,8 @@ class CleanCounts:
 class PairCleaner:
     """Filters training pairs; each pair is dropped for the first rule it breaks, in order:
 
-    1. ``empty``: either side is empty or whitespace only;
+    1. ``empty``: either side is empty, or holds only spaces and invisible format characters (a
+       zero-width space, a direction mark);
     2. ``too_long``: either side is longer than ``max_length``;
     3. ``ratio``: ``max(|x|, |y|) / min(|x|, |y|) > max_ratio``;
     4. ``duplicate`` (when ``dedup``): the exact (source, target) pair was already kept. Kept

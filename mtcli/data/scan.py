@@ -9,6 +9,8 @@ pandas hashes the lines (:func:`numpy_lines` gives all three).
 
 from __future__ import annotations
 
+import functools
+import unicodedata
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -27,9 +29,18 @@ class Lines(NamedTuple):
 
 def text_length(text: str, characters: bool = False) -> int:
     """How long ``text`` is for cleaning: its words (``len(text.split())``), or with
-    ``characters`` its characters other than spaces."""
+    ``characters`` its characters other than spaces; 0 for text of spaces and invisible format
+    characters alone (a zero-width space, a direction mark: Unicode's ``Cf``), which reads as empty."""
     words = text.split()
+    if words and not text.isascii() and all(unicodedata.category(c) == "Cf" for word in words for c in word):
+        return 0
     return sum(map(len, words)) if characters else len(words)
+
+
+@functools.cache
+def _format_characters() -> np.ndarray:
+    """The code points of Unicode's invisible format characters (``Cf``), sorted."""
+    return np.array([c for c in range(0x110000) if unicodedata.category(chr(c)) == "Cf"], dtype=np.int64)
 
 
 def line_ends(block: np.ndarray) -> np.ndarray:
@@ -89,10 +100,26 @@ def line_layout(block: bytes, characters: bool = False) -> tuple[np.ndarray, np.
     stops = ends + 1 if a[-1] == 10 else np.append(ends + 1, len(a))
     line_starts = np.concatenate(([0], stops[:-1]))
     counts = np.add.reduceat(unit_start.view(np.uint8), line_starts, dtype=np.int32).astype(np.int64)
-    for i in _wide_space_lines(a, stops).tolist():
+    for i in np.union1d(_wide_space_lines(a, stops), _format_led_lines(a, line_starts, counts)).tolist():
         start = int(stops[i - 1]) if i else 0
         counts[i] = text_length(block[start:int(stops[i])].decode("utf-8"), characters)
     return stops, counts
+
+
+def _format_led_lines(a: np.ndarray, line_starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Indices of the lines of the UTF-8 bytes ``a`` (starting at ``line_starts``) counted as
+    holding text whose first character is a space or an invisible format character: the few
+    that may hold nothing else, which :func:`text_length` then measures (as 0 if so)."""
+    last = len(a) - 1
+    first = a[line_starts]
+    maybe = np.flatnonzero((counts > 0) & ((first >= 0xC2) | _ASCII_SPACE[first]))
+    if not len(maybe):
+        return maybe
+    b0, b1, b2, b3 = (a[np.minimum(line_starts[maybe] + k, last)].astype(np.int64) for k in range(4))
+    point = np.where(b0 < 0xE0, ((b0 & 0x1F) << 6) | (b1 & 0x3F),
+                     np.where(b0 < 0xF0, ((b0 & 0x0F) << 12) | ((b1 & 0x3F) << 6) | (b2 & 0x3F),
+                              ((b0 & 0x07) << 18) | ((b1 & 0x3F) << 12) | ((b2 & 0x3F) << 6) | (b3 & 0x3F)))
+    return maybe[_ASCII_SPACE[b0] | ((b0 >= 0xC2) & np.isin(point, _format_characters()))]
 
 
 def _wide_space_lines(a: np.ndarray, stops: np.ndarray) -> np.ndarray:

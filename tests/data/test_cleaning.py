@@ -71,7 +71,7 @@ def test_thai_lao_khmer_burmese_and_tibetan_are_measured_in_characters() -> None
     """Their spaces, where there are any, part phrases, not words: measured in words, a Thai
     sentence was one or two words whatever it said, so the ratio rule dropped a pair for its
     English side's length alone, and no Thai side was ever too long."""
-    from mtcli.languages import default_character_coverage, default_normalization
+    from mtcli.languages import default_character_coverage
 
     pairs = [("I would like to book a table for two people tonight", "ฉันอยากจองโต๊ะสำหรับสองคนคืนนี้"),
              ("The weather is very hot today", "วันนี้อากาศร้อนมาก"),

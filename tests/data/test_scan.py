@@ -35,7 +35,8 @@ def test_every_python_space_is_known_and_none_is_above_u3000() -> None:
 @pytest.mark.parametrize("seed", range(5))
 def test_line_layout_finds_every_line_and_its_length(seed: int, characters: bool) -> None:
     rng = np.random.default_rng(seed)
-    alphabet = ["a", "bc", "ä", "“", "\u2029x", " ", "  ", "\t", "\x1c", "\x01", "猫", "🙂", *SPACES[::7]]
+    alphabet = ["a", "bc", "ä", "“", "\u2029x", " ", "  ", "\t", "\x1c", "\x01", "猫", "🙂", *SPACES[::7],
+                "\u200b", "\u200f", "\ufeff", "\U000e0020", "\u0600", "\u00ad"]
     lines = ["".join(rng.choice(alphabet, size=rng.integers(0, 12))) for _ in range(300)]
     for ended in (True, False):
         block = "\n".join(lines).encode() + (b"\n" if ended else b"")
@@ -44,6 +45,23 @@ def test_line_layout_finds_every_line_and_its_length(seed: int, characters: bool
         assert [block[a:b].rstrip(b"\n").decode() for a, b in zip(starts, stops.tolist(), strict=True)] == lines
         assert counts.tolist() == [text_length(line, characters) for line in lines]
     assert [len(x) for x in line_layout(b"", characters)] == [0, 0]
+
+
+@pytest.mark.parametrize("characters", [False, True])
+def test_a_line_of_invisible_format_characters_alone_is_empty(characters: bool) -> None:
+    """A side of zero-width spaces or direction marks alone (U+200B, U+200F) passed the empty
+    rule as a word, and was kept with no token at all."""
+    empty = ["\u200b", "\u200f", " \u200b \u200e ", "\ufeff", "\u2060\u2060", "\u00ad", "\U000e0001", "\u200b\u3000"]
+    text = ["\u200bhallo", "hallo\u200b", "\u200f\u0645\u0631\u062d\u0628\u0627", " \u200b x", "猫\u200b", "\u00ad-"]
+    assert [text_length(line, characters) for line in empty] == [0] * len(empty)
+    assert all(text_length(line, characters) > 0 for line in text)
+    block = "\n".join([*empty, *text]).encode()
+    assert line_layout(block, characters)[1].tolist() == [text_length(line, characters) for line in [*empty, *text]]
+    from mtcli.data.cleaning import PairCleaner
+
+    cleaner = PairCleaner(max_length=100, max_ratio=3.0, characters=(False, characters))
+    assert list(cleaner([("Thanks.", "\u200f"), ("Thank you very much for this.", "\u200b")])) == []
+    assert cleaner.counts.empty == 2 and cleaner.counts.ratio == 0  # the second was a ratio drop
 
 
 @pytest.mark.parametrize("ended", [True, False])
