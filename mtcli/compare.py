@@ -169,6 +169,9 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
     refs = [first] + [_lines(Path(r), count, what) for r in references[1:]]
     hyps = [_lines(f, count, what) for f in files]
     tgt_lang = tgt_lang or recorded_language(files)
+    if tgt_lang is None and "bleu" in metrics and (looks := unspaced_script(first)):
+        get_logger().warning("%s: no --tgt-lang, nor a language recorded beside the hypotheses, so BLEU splits words "
+                             "at spaces (13a), but it looks like %s text: give --tgt-lang %s", references[0], *looks)
     for file, lines in zip(files, hyps, strict=True):
         warn_if_tokenised(lines, str(file))
     if "bleu" in metrics and (note := phrase_bleu_note(tgt_lang)):
@@ -198,6 +201,28 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
             json.dump(report, handle, indent=2)
             handle.write("\n")
     return report
+
+
+#: Scripts whose text is written without spaces between words, by code point ranges, with the
+#: language whose code picks BLEU's tokeniser (kana first: Japanese text holds Han too).
+_UNSPACED_SCRIPTS = (("Japanese", "ja", ((0x3040, 0x30FF),)),
+                     ("Chinese", "zh", ((0x4E00, 0x9FFF), (0x3400, 0x4DBF))),
+                     ("Korean", "ko", ((0xAC00, 0xD7AF), (0x1100, 0x11FF), (0x3130, 0x318F))),
+                     ("Thai", "th", ((0x0E00, 0x0E7F),)))
+
+
+def unspaced_script(lines: Sequence[str], sample: int = 1000) -> tuple[str, str] | None:
+    """The name and code of the language of a script written without spaces (Japanese,
+    Chinese, Korean, Thai) when most of ``lines`` (``sample`` of them, spread out) are mostly
+    in it; else None."""
+    picked = lines[::max(1, len(lines) // sample)]
+    for name, code, ranges in _UNSPACED_SCRIPTS:
+        def inside(c: str) -> bool:
+            return any(low <= ord(c) <= high for low, high in ranges)  # noqa: B023 - used at once
+        mostly = sum(sum(map(inside, line)) * 4 > len(line) for line in picked if line.strip())
+        if mostly * 2 > len(picked):
+            return name, code
+    return None
 
 
 def _distinct(names: list[str]) -> list[str]:

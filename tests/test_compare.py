@@ -240,6 +240,31 @@ def test_bleu_of_a_thai_target_is_said_to_count_phrases(systems: tuple[Path, Pat
     assert "BLEU of" not in caplog.text
 
 
+def test_unspaced_references_with_no_language_are_said_to_need_one(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Chinese hypotheses with no --tgt-lang and none recorded were scored by 13a: BLEU 0.00 of
+    whole sentences as words, without a word."""
+    from mtcli.compare import unspaced_script
+
+    lines = ["一只猫在草地上玩。", "两个孩子在公园里跑步。", "一个男人在骑自行车。", "女人在看书。"] * 5
+    ref, a, b = tmp_path / "ref.txt", tmp_path / "a.hyp", tmp_path / "b.hyp"
+    ref.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    a.write_text("\n".join(line[:-2] + "。" for line in lines) + "\n", encoding="utf-8")
+    b.write_text("\n".join(lines[1:] + lines[:1]) + "\n", encoding="utf-8")
+    said = "ref.txt: no --tgt-lang, nor a language recorded beside the hypotheses, so BLEU splits words at spaces " \
+           "(13a), but it looks like Chinese text: give --tgt-lang zh"
+    for given, warned in ((None, True), ("zh", False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="mtcli"):
+            report = compare([a, b], [ref], metrics=["bleu"], tests=["bs"], samples=5, tgt_lang=given)
+        assert (said in caplog.text) == warned, caplog.text
+    assert "tok:zh" in report["tests"]["bs"]["signatures"]["bleu"]
+    assert unspaced_script(["今日はいい天気ですね。"] * 3) == ("Japanese", "ja")
+    assert unspaced_script(["오늘 날씨가 좋네요."]) == ("Korean", "ko")
+    assert unspaced_script(["วันนี้อากาศร้อนมาก"]) == ("Thai", "th")
+    assert unspaced_script(["A dog runs in the park.", "", "Un chien court."]) is None
+
+
 def test_bad_input_is_one_line(systems: tuple[Path, Path, Path], tmp_path: Path) -> None:
     ref, weak, strong = systems
     short = tmp_path / "short.hyp"
