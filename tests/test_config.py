@@ -344,6 +344,8 @@ def test_character_coverage_left_out_follows_the_languages(langs: tuple[str, str
 
 @pytest.mark.parametrize(("langs", "rule"), [
     (("de", "en"), "nmt_nfkc"), (("en", "zh"), "identity"), (("en", "ja-JP"), "identity"), (("zh", "en"), "nmt_nfkc"),
+    (("en", "th"), "identity"), (("en", "ko_KR"), "identity"), (("en", "fa"), "identity"), (("fa", "en"), "nmt_nfkc"),
+    (("en", "km"), "nmt_nfkc"),
 ])
 def test_normalization_left_out_keeps_a_chinese_or_japanese_target_as_written(langs: tuple[str, str], rule: str) -> None:
     """NFKC turns Chinese and Japanese full-width punctuation into ASCII no reference holds: a
