@@ -73,6 +73,15 @@ def test_an_exact_variant_wins_and_several_near_ones_are_refused(tmp_path: Path,
     assert list(tmx_pairs(path, "en", "zh")) == [("a dog", "一只狗"), ("", "")]
     assert "among them, " in caplog.text and "train.tmx:4: a translation unit holds several 'zh' variants" in caplog.text
     assert list(tmx_pairs(path, "en", "zh_TW")) == [("a dog", "一隻狗"), ("a cat", "一隻貓")]
+    # a language's other code: data.tgt_lang kor found no 'ko-KR' segment, though kor is Korean for BLEU
+    korean = tmp_path / "ko.tmx"
+    korean.write_text('<?xml version="1.0" encoding="UTF-8"?>\n<tmx version="1.4"><header/><body>\n'
+                      + unit(("en", "a dog"), ("ko-KR", "개")) + unit(("eng", "a cat"), ("kor", "고양이"))
+                      + "</body></tmx>\n", encoding="utf-8")
+    assert list(tmx_pairs(korean, "en", "kor")) == [("a dog", "개"), ("", "")]
+    assert list(tmx_pairs(korean, "en", "ko")) == [("a dog", "개"), ("", "")]  # (eng is no code mtcli maps)
+    with pytest.raises(DataError, match="no translation unit holds both 'en' and 'ko-KP'"):  # a region: its own only
+        list(tmx_pairs(korean, "en", "ko-KP"))
 
 
 def _memory(*units: tuple[str, str]) -> str:
