@@ -157,6 +157,7 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
     count = len(first)
     if not count:
         raise DataError(f"{references[0]}: empty; there is nothing to compare")
+    _check_memory(count, metrics, tests, samples)
     text = lines_sha256(first)
     files = [hypothesis_file(s, references[0], digest=digest, lines=text) for s in systems]
     if output is not None and Path(output).exists() and any(
@@ -223,6 +224,49 @@ def unspaced_script(lines: Sequence[str], sample: int = 1000) -> tuple[str, str]
         if mostly * 2 > len(picked):
             return name, code
     return None
+
+
+#: sacreBLEU's sufficient statistics a line, per metric (what its paired tests resample).
+_STATISTICS = {"bleu": 10, "chrf": 18, "ter": 2}
+
+
+def paired_test_bytes(test: str, lines: int, metrics: Sequence[str], samples: int) -> int:
+    """About the most memory sacreBLEU's paired ``test`` takes at once over ``lines`` lines:
+    every resample or swap of every line is one array. Approximate randomization holds two
+    ``samples x lines`` masks and one cast to 8-byte numbers for a matrix product; bootstrap
+    resampling ``samples x lines`` indices (8 bytes) and the statistics they pick (4 bytes each)."""
+    if test == "ar":
+        return 10 * samples * lines
+    return max(8 + 4 * _STATISTICS[m] for m in metrics) * samples * lines
+
+
+def _available_bytes() -> int | None:
+    """The memory the kernel says new allocations can have (``MemAvailable``), or None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
+def _check_memory(lines: int, metrics: Sequence[str], tests: Sequence[str], samples: int | None) -> None:
+    """:class:`ConfigError` before the tests when one would need more memory than is available
+    (:func:`paired_test_bytes`): on a test set of 200,000 lines, sacreBLEU's approximate
+    randomization needs about 20 GB, and a process out of memory is killed without a word."""
+    available = _available_bytes()
+    for test in tests:
+        n = samples or DEFAULT_SAMPLES[test]
+        need = paired_test_bytes(test, lines, metrics, n)
+        if available is not None and need * 1.2 > available:  # (the process's own memory besides)
+            fewer = max(1, int(n * available / (need * 1.2)))
+            raise ConfigError(f"--test {test} over {lines:,} lines with {n:,} samples needs about {_size(need)} at once "
+                              f"(sacreBLEU holds every sample of every line), and {_size(available)} is available: "
+                              f"give --samples {fewer:,} or fewer, or compare a part of the lines")
+
+
+def _size(size: float) -> str:
+    """``size`` bytes in GiB, or MiB below one."""
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
 
 
 def _distinct(names: list[str]) -> list[str]:

@@ -265,6 +265,27 @@ def test_unspaced_references_with_no_language_are_said_to_need_one(tmp_path: Pat
     assert unspaced_script(["A dog runs in the park.", "", "Un chien court."]) is None
 
 
+def test_a_test_that_needs_more_memory_than_there_is_is_refused_before_it_runs(
+        systems: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """sacreBLEU holds every sample of every line at once: approximate randomization over
+    200,000 lines needs about 20 GB, and the process was killed without a word, after minutes."""
+    import mtcli.compare
+    from mtcli.compare import paired_test_bytes
+
+    ref, weak, strong = systems
+    lines = len(ref.read_text(encoding="utf-8").splitlines())
+    assert paired_test_bytes("ar", 200_000, ["bleu"], 10_000) / 2**30 == pytest.approx(18.6, abs=0.1)
+    assert paired_test_bytes("bs", 200_000, ["bleu", "chrf"], 1_000) > paired_test_bytes("bs", 200_000, ["bleu"], 1_000)
+    need = paired_test_bytes("ar", lines, ["bleu"], 10_000)
+    monkeypatch.setattr(mtcli.compare, "_available_bytes", lambda: need)
+    with pytest.raises(ConfigError, match=rf"^--test ar over {lines:,} lines with 10,000 samples needs about 4 MiB "
+                                          r"at once .*: give --samples 8,333 or fewer, or compare a part of the lines$"):
+        compare([weak, strong], [ref], metrics=["bleu"], tests=["bs", "ar"])
+    compare([weak, strong], [ref], metrics=["bleu"], tests=["ar"], samples=8_333)  # fits
+    monkeypatch.setattr(mtcli.compare, "_available_bytes", lambda: None)  # not known: run
+    compare([weak, strong], [ref], metrics=["bleu"], tests=["bs"], samples=10)
+
+
 def test_bad_input_is_one_line(systems: tuple[Path, Path, Path], tmp_path: Path) -> None:
     ref, weak, strong = systems
     short = tmp_path / "short.hyp"
