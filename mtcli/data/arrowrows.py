@@ -51,14 +51,29 @@ class ParquetRowGroup(BlockReader):
     tgt_lang: str
 
     def blocks(self) -> Iterator[tuple[bytes, bytes]]:
-        import pyarrow.parquet as pq
+        for batch in parquet_batches(self.path, [self.index]):
+            src, tgt = pair_columns(batch, self.src_lang, self.tgt_lang)
+            yield joined_lines(src), joined_lines(tgt)
 
-        try:
-            for batch in pq.ParquetFile(self.path).iter_batches(batch_size=ARROW_BATCH, row_groups=[self.index]):
-                src, tgt = pair_columns(batch, self.src_lang, self.tgt_lang)
-                yield joined_lines(src), joined_lines(tgt)
-        except OSError as exc:
-            raise DataError(f"{self.path}: unreadable parquet file ({exc})") from None
+
+def parquet_batches(path: Path, row_groups: list[int] | None = None) -> Iterator[Any]:
+    """The batches of a parquet file (of ``row_groups``, else of all), read a row group at a time:
+    Arrow cannot give a nested column whose dictionaries change from one row group to the next
+    in one batch (a Hugging Face ``translation`` struct of dictionary-encoded strings, several
+    row groups). Each batch is checked whole (a string column of invalid UTF-8), and a failure to
+    read is one :class:`DataError` line naming the file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        handle = pq.ParquetFile(path)
+        for group in range(handle.metadata.num_row_groups) if row_groups is None else row_groups:
+            for batch in handle.iter_batches(batch_size=ARROW_BATCH, row_groups=[group]):
+                batch.validate(full=True)
+                yield batch
+    except (OSError, pa.ArrowException, UnicodeDecodeError) as exc:
+        said = str(exc).splitlines()[0] if str(exc) else repr(exc)
+        raise DataError(f"{path}: unreadable parquet file ({said})") from None
 
 
 def joined_lines(column: Any) -> bytes:

@@ -316,16 +316,10 @@ class ParquetDirSource(_ArrowSource):
         return schemas[0]
 
     def _batches(self, split: str) -> Iterator[Any]:
-        import pyarrow.parquet as pq
-
         if split not in self._files:
             raise self._missing_split(split)
         for path in self._files[split]:
-            try:
-                handle = pq.ParquetFile(path)
-                yield from handle.iter_batches(batch_size=arrowrows.ARROW_BATCH)
-            except OSError as exc:
-                raise DataError(f"{path}: unreadable parquet file ({exc})") from None
+            yield from arrowrows.parquet_batches(path)
 
     def num_pairs(self, split: str) -> int:
         import pyarrow.parquet as pq

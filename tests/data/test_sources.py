@@ -418,6 +418,48 @@ def test_a_damaged_parquet_file_is_named(tmp_path: Path, damage: str) -> None:
         open_source(str(root), "de", "en").check(["train"])
 
 
+def test_a_translation_struct_of_dictionary_strings_in_row_groups_is_read(tmp_path: Path) -> None:
+    """Arrow gave ArrowNotImplementedError ("Nested data conversions not implemented for chunked
+    array outputs"), a traceback, for a valid file: the split is now read a row group at a time,
+    as prepare's workers read it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mtcli.data.arrowrows import ParquetRowGroup
+
+    pairs = [(f"{s} {i}", f"{t} {i}") for i in range(40) for s, t in PAIRS]
+    struct = pa.StructArray.from_arrays([pa.array([s for s, _ in pairs]).dictionary_encode(),
+                                         pa.array([t for _, t in pairs]).dictionary_encode()], names=["de", "en"])
+    path = tmp_path / "pq" / "train-00000-of-00001.parquet"
+    path.parent.mkdir()
+    pq.write_table(pa.table({"translation": struct}), path, row_group_size=30)
+    source = open_source(str(tmp_path / "pq"), "de", "en")
+    assert list(source.pairs("train")) == pairs
+    blocks = [block for reader in source.block_readers("train") for block in reader.blocks()]
+    assert b"".join(src for src, _ in blocks).decode().splitlines() == [s for s, _ in pairs]
+    assert all(isinstance(reader, ParquetRowGroup) for reader in source.block_readers("train"))
+
+
+def test_a_parquet_string_column_of_invalid_utf8_is_one_line(tmp_path: Path) -> None:
+    """A UnicodeDecodeError traceback from one process, a RemoteTraceback from the workers."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    raw = [s.encode() for _, s in PAIRS]
+    raw[1] = b"caf\xe9"
+    offsets = np.cumsum([0, *map(len, raw)]).astype(np.int32)
+    bad = pa.Array.from_buffers(pa.string(), len(raw), [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(raw))])
+    path = tmp_path / "pq" / "train-00000-of-00001.parquet"
+    path.parent.mkdir()
+    pq.write_table(pa.table({"de": pa.array([s for s, _ in PAIRS]), "en": bad}), path)
+    source = open_source(str(tmp_path / "pq"), "de", "en")
+    for read in (lambda: list(source.pairs("train")),
+                 lambda: [block for reader in source.block_readers("train") for block in reader.blocks()]):
+        with pytest.raises(DataError, match=rf"^{re.escape(str(path))}: unreadable parquet file \(.*Invalid UTF8"):
+            read()
+
+
 def test_saved_dataset_dict(tmp_path: Path) -> None:
     datasets = pytest.importorskip("datasets")
     rows = lambda pairs: {"translation": [{"de": s, "en": t} for s, t in pairs]}  # noqa: E731
