@@ -21,15 +21,18 @@ space) stay as they are.
 A unit without one of the two languages is an empty pair: a training split drops and counts it
 in cleaning, with a warning at the end; a validation or test split (``verbatim``), which keeps
 every unit, stops at it, naming its line. A file none of whose units holds the pair says which
-languages it has. The file is parsed as it streams (expat, from the standard library;
-UTF-8 or, with its byte-order mark, UTF-16), so its size does not matter.
+languages it has. The file is parsed as it streams (expat, from the standard library: UTF-8, or
+with its byte-order mark UTF-16, or any encoding its XML declaration names that Python knows,
+Shift_JIS or GB2312 say, decoded into UTF-8 first), so its size does not matter.
 """
 
 from __future__ import annotations
 
+import codecs
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from xml.parsers import expat
 
 from mtcli.data.textio import open_binary, read_errors_named
@@ -139,19 +142,55 @@ class _Units:
 def tmx_units(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
     """The translation units of the TMX file ``path``: the line each begins on and its
     segments by ``xml:lang``. Malformed XML raises :class:`DataError` naming line and column."""
-    parser = expat.ParserCreate()
-    units = _Units(parser, path)
+    parser: Any = None
+    units: _Units | None = None
     try:
         with read_errors_named(path), open_binary(path) as handle:
-            while chunk := handle.read(_READ_BYTES):
-                parser.Parse(chunk, False)
+            chunk = handle.read(_READ_BYTES)
+            override, decoder = _reading(path, chunk)
+            parser = expat.ParserCreate(override)
+            units = _Units(parser, path)
+            while chunk:
+                parser.Parse(decoder.decode(chunk).encode("utf-8") if decoder else chunk, False)
                 yield from units.done
                 units.done.clear()
-            parser.Parse(b"", True)
+                chunk = handle.read(_READ_BYTES)
+            parser.Parse(decoder.decode(b"", final=True).encode("utf-8") if decoder else b"", True)
     except expat.ExpatError as exc:
+        hint = ("; bytes not in the encoding its declaration names (UTF-8 if none)? convert it to that"
+                if exc.code == expat.errors.codes[expat.errors.XML_ERROR_INVALID_TOKEN] else "")
         raise DataError(f"{path}:{exc.lineno}: not a well-formed TMX file ({expat.ErrorString(exc.code)}, "
-                        f"column {exc.offset + 1})") from None
-    yield from units.done
+                        f"column {exc.offset + 1}){hint}") from None
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not {exc.encoding} text, as its XML declaration says ({exc.reason} at a byte "
+                        f"{exc.object[exc.start]:#04x}); convert it to UTF-8") from None
+    if units is not None:
+        yield from units.done
+
+
+#: Encodings expat reads itself; any other a file declares is decoded by Python's codec into UTF-8.
+_EXPAT_ENCODINGS = ("utf-8", "utf-16", "utf-16-le", "utf-16-be", "latin-1", "ascii")
+
+
+def _reading(path: Path, head: bytes) -> tuple[str | None, Any]:
+    """How to parse a TMX file that starts with ``head``: the encoding to tell expat instead of
+    the one its XML declaration names (None: the declared one), and a Python decoder to turn its
+    bytes into UTF-8 first (None: expat reads them). expat knows UTF-8, UTF-16 and ISO-8859-1
+    only; an old memory may declare Shift_JIS, GB2312 or Big5, or name UTF-8 ``UTF8``."""
+    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # whatever its declaration says ("Unicode")
+        return "UTF-16", None
+    declared = re.match(rb"(?:\xef\xbb\xbf)?\s*<\?xml[^>]*?encoding\s*=\s*[\"']([A-Za-z0-9._:-]+)[\"']", head)
+    if declared is None:
+        return None, None
+    name = declared[1].decode("ascii")
+    try:
+        codec = codecs.lookup(name).name
+    except LookupError:
+        raise DataError(f"{path}: its XML declaration names the encoding '{name}', which Python does not know; "
+                        "convert the file to UTF-8 (and declare that)") from None
+    if codec in _EXPAT_ENCODINGS:
+        return ("UTF-8" if codec == "utf-8" else None), None
+    return "UTF-8", codecs.getincrementaldecoder(codec)()
 
 
 def tmx_pairs(path: Path, src_lang: str, tgt_lang: str, verbatim: bool = False) -> Iterator[tuple[str, str]]:

@@ -150,6 +150,39 @@ def test_utf16_with_its_byte_order_mark_and_gzip_are_read(tmp_path: Path) -> Non
     assert list(tmx_pairs(utf16, "en", "fr")) == list(tmx_pairs(plain, "en", "fr"))
 
 
+@pytest.mark.parametrize("declared", ["Shift_JIS", "GB2312", "Big5", "UTF8", "utf8", "windows-1252"])
+def test_an_encoding_its_declaration_names_is_read(tmp_path: Path, declared: str) -> None:
+    """expat reads UTF-8, UTF-16 and ISO-8859-1 itself: Shift_JIS or GB2312 (an old memory's)
+    was a ValueError traceback ("multi-byte encodings are not supported"), and UTF-8 declared
+    as "UTF8" failed at its first non-ASCII character ("invalid token")."""
+    text = {"Shift_JIS": "こんにちは、世界", "GB2312": "你好，世界", "Big5": "你好，世界"}.get(declared, "Grüße, café")
+    memory = MEMORY.replace('encoding="UTF-8"', f'encoding="{declared}"').replace("Nur Deutsch.", text)
+    memory = memory if declared in ("UTF8", "utf8", "windows-1252") else memory.replace("é", "e")  # (no é in them)
+    path = tmp_path / "memory.tmx"
+    path.write_bytes(memory.encode("utf-8" if declared.lower().startswith("utf") else declared))
+    assert list(tmx_pairs(path, "de", "en")) == [("", ""), (text, "English only."), ("", "")]
+
+
+def test_an_encoding_that_cannot_be_read_is_one_line(tmp_path: Path) -> None:
+    """An unknown name was a LookupError traceback; a UTF-16 file with its byte-order mark that
+    declares "Unicode" (as some Windows tools write it) was one too."""
+    path = tmp_path / "memory.tmx"
+    path.write_text(MEMORY.replace('encoding="UTF-8"', 'encoding="utf-9"'), encoding="utf-8")
+    with pytest.raises(DataError, match=r"memory.tmx: its XML declaration names the encoding 'utf-9', which Python "
+                                        "does not know; convert the file to UTF-8"):
+        list(tmx_pairs(path, "de", "en"))
+    path.write_bytes(MEMORY.replace('encoding="UTF-8"', 'encoding="Unicode"').encode("utf-16"))
+    assert list(tmx_pairs(path, "de", "en"))[1] == ("Nur Deutsch.", "English only.")
+    path.write_bytes(MEMORY.replace('encoding="UTF-8"', 'encoding="GB2312"').encode("ascii", "replace")
+                     .replace(b"Nur Deutsch.", b"\xff\xfe"))  # bytes that are no GB2312
+    with pytest.raises(DataError, match=r"memory.tmx: not gb2312 text, as its XML declaration says"):
+        list(tmx_pairs(path, "de", "en"))
+    path.write_bytes(MEMORY.replace("Nur Deutsch.", "caf\u00e9").encode("cp1252"))  # says UTF-8
+    with pytest.raises(DataError, match=r"memory.tmx:\d+: not a well-formed TMX file \(not well-formed \(invalid "
+                                        r"token\), column \d+\); bytes not in the encoding its declaration names"):
+        list(tmx_pairs(path, "de", "en"))
+
+
 def test_malformed_xml_and_a_file_without_the_pair_are_one_line_each(tmp_path: Path) -> None:
     broken = tmp_path / "broken.tmx"
     broken.write_text(MEMORY.replace("</tu>", "", 1), encoding="utf-8")
