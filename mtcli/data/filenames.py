@@ -6,7 +6,8 @@ A file is one of:
 - ``<split>.<l1>-<l2>.tsv[.gz]``: both sides of a split (:mod:`mtcli.data.tsv`);
 - ``<split>.tmx[.gz]``: a translation memory (:mod:`mtcli.data.tmx`).
 
-The extensions ``.gz``, ``.tsv`` and ``.tmx`` are read in any case (``train.TMX``, as some
+Other compressions (``.xz``, ``.bz2``, ``.zst``...) are not read, and said so. The extensions
+``.gz``, ``.tsv`` and ``.tmx`` are read in any case (``train.TMX``, as some
 Windows tools write them; the split and language codes are as written). A name whose last part
 is a file format rather than a language (``val.tsv``, ``val.de-en.csv``, ``train.de.txt``) is not
 read: :func:`misnamed` says how to name it, so that an error about a missing split or language
@@ -24,6 +25,9 @@ _TABLE_NAME = re.compile(r"(?P<split>.+)\.(?P<first>[^.\-]+)-(?P<second>[^.\-]+)
 #: Last parts of a name that are a file format, not a language: such a file is not a side.
 FORMATS = frozenset({"tsv", "csv", "txt", "text", "json", "jsonl", "xml", "xlsx", "html", "parquet", "arrow",
                      "tmx", "xliff", "xlf", "sgm", "yaml", "yml", "md", "log"})
+#: Compressions a download may come in that are not read (``.gz`` is), and how to undo each.
+UNREAD_COMPRESSIONS = {"xz": "xz -dk", "bz2": "bzip2 -dk", "zst": "zstd -d", "lz4": "lz4 -d", "lzma": "xz -dk",
+                       "zip": "unzip", "7z": "7z x"}
 
 
 class FileName(NamedTuple):
@@ -57,7 +61,7 @@ def read_name(name: str, src_lang: str, tgt_lang: str) -> FileName:
     if table := _TABLE_NAME.fullmatch(name):
         return FileName("table", table["split"], (table["first"], table["second"]))
     split, dot, lang = name.rpartition(".")
-    if not (dot and split and lang) or lang.lower() in FORMATS:
+    if not (dot and split and lang) or lang.lower() in FORMATS or lang.lower() in UNREAD_COMPRESSIONS:
         return FileName("other", "", ())
     return FileName("side", split, (lang,))
 
@@ -68,6 +72,9 @@ def misnamed(name: str, langs: tuple[str, str]) -> str | None:
     else None."""
     stem, _, ext = _canonical(name).rpartition(".")
     ext = ext.lower()
+    if stem and ext in UNREAD_COMPRESSIONS:
+        return (f"{name} is not read: mtcli reads plain text and .gz, not .{ext}; decompress it first "
+                f"({UNREAD_COMPRESSIONS[ext]} {name}), or gzip it")
     head, _, last = stem.rpartition(".")
     split = head if head and re.fullmatch(r"[A-Za-z]{2,3}_?[A-Za-z]{2,3}", last) else stem  # (val.de_en, val.deen)
     table = stem if _TABLE_NAME.fullmatch(f"{stem}.tsv") else f"{split}.{langs[0]}-{langs[1]}"

@@ -605,6 +605,11 @@ def test_capital_extensions_are_read(tmp_path: Path) -> None:
     ("val.de-en.csv", "val.de-en.csv is not read: both sides in one file are a tab-separated "
                       "<split>.<l1>-<l2>.tsv (e.g. val.de-en.tsv)"),
     ("val.de.txt", "val.de.txt is not read: one side of a split is named <split>.<lang> (e.g. val.de)"),
+    # another compression than gzip: it was split 'val.de' in language 'xz' ("no split 'val'", found 'val.de')
+    ("val.de.xz", "val.de.xz is not read: mtcli reads plain text and .gz, not .xz; decompress it first (xz -dk "
+                  "val.de.xz), or gzip it"),
+    ("val.de-en.tsv.zst", "val.de-en.tsv.zst is not read: mtcli reads plain text and .gz, not .zst; decompress it "
+                          "first (zstd -d val.de-en.tsv.zst), or gzip it"),
 ])
 def test_a_file_named_as_a_format_is_not_a_split_and_says_how_to_name_it(tmp_path: Path, name: str,
                                                                          said: str) -> None:
