@@ -249,13 +249,24 @@ class _ArrowSource(Source):
     def pairs(self, split: str) -> Iterator[Pair]:
         return ((single_line(src or ""), single_line(tgt or "")) for src, tgt in self._rows(split))
 
+    def _placed_batches(self, split: str) -> Iterator[tuple[str, Any]]:
+        """The batches of ``split``, each with where its rows are counted from (a file of its own
+        restarts the count)."""
+        for batch in self._batches(split):
+            yield f"{self.describe()}: split '{split}'", batch
+
     def verbatim_pairs(self, split: str) -> Iterator[Pair]:
-        for row, (src, tgt) in enumerate(self._rows(split), start=1):
-            if src is None or tgt is None:
-                lang = self.src_lang if src is None else self.tgt_lang
-                raise DataError(f"{self.describe()}: split '{split}', row {row}: no '{lang}' text (a missing "
-                                "value); a validation or test split keeps every pair: mend the data")
-            yield single_line(src), single_line(tgt)
+        where, row = "", 0
+        for place, batch in self._placed_batches(split):
+            where, row = place, 0 if place != where else row
+            src_col, tgt_col = pair_columns(batch, self.src_lang, self.tgt_lang)
+            for src, tgt in zip(src_col.to_pylist(), tgt_col.to_pylist(), strict=True):
+                row += 1
+                if src is None or tgt is None:
+                    lang = self.src_lang if src is None else self.tgt_lang
+                    raise DataError(f"{where}, row {row}: no '{lang}' text (a missing value); a validation or test "
+                                    "split keeps every pair: mend the data")
+                yield single_line(src), single_line(tgt)
 
     def text_blocks(self, split: str) -> Iterator[tuple[bytes, bytes]]:
         for src_col, tgt_col in self._columns(split):
@@ -316,10 +327,13 @@ class ParquetDirSource(_ArrowSource):
         return schemas[0]
 
     def _batches(self, split: str) -> Iterator[Any]:
+        return (batch for _, batch in self._placed_batches(split))
+
+    def _placed_batches(self, split: str) -> Iterator[tuple[str, Any]]:
         if split not in self._files:
             raise self._missing_split(split)
         for path in self._files[split]:
-            yield from arrowrows.parquet_batches(path)
+            yield from ((str(path), batch) for batch in arrowrows.parquet_batches(path))
 
     def num_pairs(self, split: str) -> int:
         import pyarrow.parquet as pq

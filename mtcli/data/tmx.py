@@ -207,8 +207,9 @@ def tmx_pairs(path: Path, src_lang: str, tgt_lang: str, verbatim: bool = False) 
         if src is None or tgt is None:
             lacking = src_lang if src is None else tgt_lang
             if verbatim:
-                raise DataError(f"{path}:{line}: a translation unit without a '{lacking}' segment; a validation "
-                                "or test split keeps every unit: mend the file")
+                raise DataError(f"{path}:{line}: a translation unit without a '{lacking}' segment (its languages: "
+                                f"{', '.join(sorted(unit)) or 'none'}); a validation or test split keeps every unit: "
+                                "mend the file")
             seen.update(unit)
             missing, first_missing = missing + 1, first_missing or line
             yield "", ""

@@ -348,7 +348,14 @@ def test_parquet_language_columns_and_newlines_in_rows(tmp_path: Path) -> None:
     assert list(open_source(str(root), "de", "en").pairs("train")) == [("a b", "c"), ("", "d")]
     # a validation or test split keeps every pair: a missing value there is named, as a TSV's is
     pq.write_table(pa.table({"translation": [{"de": "a", "en": "c"}, None]}), root / "validation-0.parquet")
-    with pytest.raises(DataError, match=r"split 'validation', row 2: no 'de' text \(a missing value\)"):
+    with pytest.raises(DataError, match=r"validation-0.parquet, row 2: no 'de' text \(a missing value\)"):
+        list(open_source(str(root), "de", "en").verbatim_pairs("validation"))
+    # a split of several files: the row of the file that holds it (it was counted across the files, unnamed)
+    pq.write_table(pa.table({"translation": [{"de": "a", "en": "c"}, {"de": "b", "en": "d"}]}),
+                   root / "validation-0.parquet")
+    pq.write_table(pa.table({"translation": [{"de": "e", "en": "f"}, {"de": "g", "en": None}]}),
+                   root / "validation-1.parquet")
+    with pytest.raises(DataError, match=r"validation-1.parquet, row 2: no 'en' text \(a missing value\)"):
         list(open_source(str(root), "de", "en").verbatim_pairs("validation"))
 
 

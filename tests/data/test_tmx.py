@@ -138,7 +138,8 @@ def test_a_corrupt_gzipped_memory_is_one_line_naming_the_file(tmp_path: Path, da
 def test_a_validation_split_stops_at_a_unit_without_the_pair(tmp_path: Path) -> None:
     path = tmp_path / "valid.tmx"
     path.write_text(MEMORY, encoding="utf-8")
-    with pytest.raises(DataError, match=r"valid.tmx:10: a translation unit without a 'fr' segment; a validation"):
+    with pytest.raises(DataError, match=r"valid.tmx:10: a translation unit without a 'fr' segment \(its languages: de, "
+                                        r"en\); a validation"):
         list(tmx_pairs(path, "en", "fr", verbatim=True))
 
 
