@@ -204,8 +204,9 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
     return report
 
 
-#: Scripts whose text is written without spaces between words, by code point ranges, with the
-#: language whose code picks BLEU's tokeniser (kana first: Japanese text holds Han too).
+#: Scripts whose text BLEU's 13a does not split into words as sacreBLEU's ``-l`` for its language
+#: would (Chinese, Japanese and Thai have no spaces between words; Korean is split by MeCab), by
+#: code point ranges, with that language's code (kana first: Japanese text holds Han too).
 _UNSPACED_SCRIPTS = (("Japanese", "ja", ((0x3040, 0x30FF),)),
                      ("Chinese", "zh", ((0x4E00, 0x9FFF), (0x3400, 0x4DBF))),
                      ("Korean", "ko", ((0xAC00, 0xD7AF), (0x1100, 0x11FF), (0x3130, 0x318F))),
@@ -213,9 +214,9 @@ _UNSPACED_SCRIPTS = (("Japanese", "ja", ((0x3040, 0x30FF),)),
 
 
 def unspaced_script(lines: Sequence[str], sample: int = 1000) -> tuple[str, str] | None:
-    """The name and code of the language of a script written without spaces (Japanese,
-    Chinese, Korean, Thai) when most of ``lines`` (``sample`` of them, spread out) are mostly
-    in it; else None."""
+    """The name and code of the language of a script whose words 13a does not split as that
+    language's own tokeniser would (Japanese, Chinese, Korean, Thai), when most of ``lines``
+    (``sample`` of them, spread out) are mostly in it; else None."""
     picked = lines[::max(1, len(lines) // sample)]
     for name, code, ranges in _UNSPACED_SCRIPTS:
         def inside(c: str) -> bool:

@@ -21,7 +21,7 @@ import torch
 
 from mtcli.config import Config, DecodeConfig, check_language_code
 from mtcli.data.cache import PreparedCorpus, array_name, eval_split_name
-from mtcli.data.coverage import ROUND_TRIP_LINES, warn_of_unwritable
+from mtcli.data.coverage import round_trip_step, warn_of_unwritable
 from mtcli.data.overlap import overlap_of
 from mtcli.data.textio import lines_sha256, read_lines, read_lines_hashed
 from mtcli.device import peak_memory_mb
@@ -482,7 +482,7 @@ def _warn_of_unwritable_references(translator: Translator, inputs: list[_Input])
     rule = translator.bundle.config.data.spm_normalization
     for given in inputs:
         for path, lines in zip(given.ref_paths, [given.references, *given.more_references], strict=True):
-            step = -(-len(lines) // ROUND_TRIP_LINES) or 1
+            step = round_trip_step(len(lines))
             name = f"{given.split}.{given.direction[1]}" if given.split else str(path)
             warn_of_unwritable(name, lines[::step], translator.bundle.tokenizer, rule, step, len(lines))
 

@@ -37,11 +37,16 @@ def default_file_mode() -> int:
     return 0o666 & ~_umask()
 
 
+def _nearest_existing(path: Path) -> Path:
+    """``path``, or the nearest of the paths above it that exists."""
+    return next((p for p in (path, *path.parents) if p.exists()), path)
+
+
 def can_write_into(path: Path) -> bool:
     """Whether this process can make ``path``, or new entries in it: the nearest of it and the
     paths above it that exists is a directory it may write (not on a read-only file system, which
     holds even for root)."""
-    existing = next((p for p in (path, *path.parents) if p.exists()), path)
+    existing = _nearest_existing(path)
     return existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
 
 
@@ -52,7 +57,7 @@ def check_writable_directory(path: Path) -> None:
     check_directory(path)
     if can_write_into(path):
         return
-    existing = next((p for p in (path, *path.parents) if p.exists()), path)
+    existing = _nearest_existing(path)
     if os.statvfs(existing).f_flag & os.ST_RDONLY:
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
     raise PermissionError(errno.EACCES, f"Permission denied (in {existing})", str(path))

@@ -49,6 +49,14 @@ def language_code(lang: str | None) -> str:
     return _ALIASES.get(code, code)
 
 
+def same_language(code: str, other: str) -> bool:
+    """Whether two codes without a region are one language's by the aliases here (``kor`` and
+    ``ko``, ``tha`` and ``th``): Chinese's members aside (``yue`` and ``lzh`` are not ``zh``,
+    though BLEU and cleaning treat them alike)."""
+    code, other = code.lower(), other.lower()
+    return code == other or (code not in _CHINESE and other not in _CHINESE and language_code(code) == language_code(other))
+
+
 def measured_in_characters(lang: str | None) -> bool:
     """Whether the cleaning rules measure text in ``lang`` in characters, not words."""
     return language_code(lang) in CHARACTER_LANGUAGES

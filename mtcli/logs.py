@@ -82,12 +82,11 @@ def setup_logging(verbose: bool = False, tag: str = "", quiet: bool = False) -> 
                      _version("torch"), platform.platform(), os.cpu_count() or 0)
 
 
-def console_level() -> int:
-    """The lowest level of record the console shows (:func:`setup_logging`): WARNING under
-    ``quiet``, else the logger's own (INFO, or DEBUG when ``verbose``)."""
-    logger = get_logger()
-    handler = next((h for h in logger.handlers if isinstance(h, _TqdmHandler)), None)
-    return max(logger.getEffectiveLevel(), handler.level if handler is not None else logging.NOTSET)
+def console_quiet() -> bool:
+    """Whether the command line asked for warnings and errors only (:func:`setup_logging`'s
+    ``quiet``); False where it did not set up the log (mtcli called from Python)."""
+    handler = next((h for h in get_logger().handlers if isinstance(h, _TqdmHandler)), None)
+    return handler is not None and handler.level >= logging.WARNING
 
 
 class _FileLog(logging.FileHandler):

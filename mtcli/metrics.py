@@ -81,7 +81,7 @@ def scorer(name: str, tgt_lang: str | None = None, *, lowercase: bool = False, i
 
 def phrase_bleu_note(tgt_lang: str | None) -> str | None:
     """What BLEU measures of a target in a language written without spaces between words for
-    which sacreBLEU has no tokeniser of its own (Thai, Lao, Khmer, Burmese, Tibetan): 13a splits
+    which sacreBLEU has no tokeniser of its own (Thai, Lao, Khmer, Burmese, Tibetan, Dzongkha): 13a splits
     it at its spaces, which part phrases at most, so its "words" are whole phrases and its BLEU
     says little; chrF, of characters, is the score to read. None for any other language."""
     if not measured_in_characters(tgt_lang) or language_code(tgt_lang) in BLEU_TOKENIZERS:

@@ -71,7 +71,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from mtcli.errors import ConfigError, DataError, DeviceMemoryError, one_line
 from mtcli.hangup import act_or_hang_up
 from mtcli.infer.translator import Translator
-from mtcli.logs import console_level, get_logger, on_terminal
+from mtcli.logs import console_quiet, get_logger, on_terminal
 from mtcli.serve_batching import Batcher, Limits
 from mtcli.serve_guards import (
     API_KEY_ENV,
@@ -457,7 +457,7 @@ def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, lim
             hang_up(signal.SIGHUP, None)
     # (ws "none": the app has no WebSocket routes, and an upgraded connection leaves the HTTP protocol's deadline)
     # uvicorn's lines (a request's access line among them) follow mtcli's level: none of its INFO under --quiet
-    level = "info" if console_level() <= logging.INFO else "warning"
+    level = "warning" if console_quiet() else "info"
     config = uvicorn.Config(app, host=host, port=port, log_level=level, timeout_graceful_shutdown=shutdown_grace_s,
                             http=header_deadline_protocol(), ws="none", log_config=_uvicorn_logging(), use_colors=on_terminal() and not os.environ.get("NO_COLOR"))
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it

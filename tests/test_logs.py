@@ -121,7 +121,10 @@ def test_quiet_logs_warnings_only_and_draws_no_bar_while_a_run_log_gets_every_li
     log = logs.get_logger()
     level, handlers = log.level, list(log.handlers)
     try:
+        log.handlers[:] = [h for h in handlers if not isinstance(h, logs._TqdmHandler)]
+        assert not logs.console_quiet()  # no command line: uvicorn's INFO lines stay, as serve() had them
         logs.setup_logging(quiet=True)
+        assert logs.console_quiet()
         run_log = logs.add_file_log(tmp_path / "train.log")
         log.info("step 1")
         log.warning("careful")
@@ -133,6 +136,7 @@ def test_quiet_logs_warnings_only_and_draws_no_bar_while_a_run_log_gets_every_li
         assert "careful" in err and "step 1" not in err
         assert "step 1" in (tmp_path / "train.log").read_text() and "careful" in (tmp_path / "train.log").read_text()
         logs.setup_logging()
+        assert not logs.console_quiet()
         log.info("loud again")
         assert "loud again" in capsys.readouterr().err
     finally:

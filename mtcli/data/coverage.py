@@ -35,17 +35,24 @@ def warn_of_changed_text(tmp: Path, plan: Plan, tokenizer: Tokenizer | VocabToke
             path = text_path(tmp, split, lang)
             with open(path, "rb") as handle:  # (each line ends with "\n", as prepare writes them)
                 total = sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b""))
-            step = -(-total // ROUND_TRIP_LINES) or 1  # spread over the split, not its head
+            step = round_trip_step(total)
             with open(path, encoding="utf-8") as handle:
                 lines = [line.rstrip("\n") for line in itertools.islice(handle, 0, None, step)]
             warn_of_unwritable(f"{split}.{lang}", lines, tokenizer, rule, step, total)
 
 
+def round_trip_step(total: int) -> int:
+    """Which lines of ``total`` :func:`warn_of_unwritable` reads: every step-th, at most
+    :data:`ROUND_TRIP_LINES` spread over the text rather than its head."""
+    return -(-total // ROUND_TRIP_LINES) or 1
+
+
 def warn_of_unwritable(name: str, lines: list[str], tokenizer: Tokenizer | VocabTokenizer, rule: str | None,
                        step: int = 1, total: int | None = None) -> None:
     """Warn when more than :data:`ROUND_TRIP_WARN_SHARE` of ``lines`` (reference text, every
-    ``step``-th line of ``total``) do not come back as written through ``tokenizer``, whose
-    normalisation is ``rule`` (None: not known), naming the first such line and what it becomes."""
+    ``step``-th line of ``total``: :func:`round_trip_step`) do not come back as written through
+    ``tokenizer``, whose normalisation is ``rule`` (None: not known), naming the first such line
+    and what it becomes."""
     if isinstance(tokenizer, VocabTokenizer):  # an import's two models: it encodes sources, not targets
         return
     # runs of ASCII spaces collapsed, as SentencePiece does (a no-break or ideographic space stays)
@@ -116,4 +123,4 @@ def warn_of_unknown(split: str, lang: str, unknown: int, tokens: int, given: boo
 
 
 __all__ = ["ROUND_TRIP_LINES", "ROUND_TRIP_WARN_SHARE", "UNKNOWN_WARN_SHARE", "warn_of_changed_text", "warn_of_unknown",
-           "warn_of_unwritable"]
+           "round_trip_step", "warn_of_unwritable"]

@@ -37,7 +37,7 @@ from xml.parsers import expat
 
 from mtcli.data.textio import open_binary, read_errors_named
 from mtcli.errors import DataError
-from mtcli.languages import language_code
+from mtcli.languages import same_language
 from mtcli.logs import get_logger
 
 #: Elements whose text is a native code (formatting of the tool that wrote the file), not words.
@@ -51,8 +51,8 @@ _XML_SPACE = re.compile(r"[ \t\r\n]+")
 
 def _segment(unit: dict[str, str], lang: str, where: str) -> str | None:
     """The text of ``unit``'s variant in ``lang``: the one whose ``xml:lang`` is ``lang``, else
-    the one variant of it (a region, a script, or its other code: ``ko-KR`` or ``kor`` for
-    ``ko``, :func:`~mtcli.languages.language_code`); None when there is none. Several variants and
+    the one variant of it (a region, a script; else its other code, ``ko-KR`` or ``kor`` for
+    ``ko``, :func:`~mtcli.languages.same_language`); None when there is none. Several variants and
     none exactly ``lang`` (``zh-CN`` and ``zh-TW`` for ``zh``) is a :class:`DataError` naming
     ``where``: one would be taken at random."""
     wanted = lang.lower().replace("_", "-")
@@ -60,9 +60,9 @@ def _segment(unit: dict[str, str], lang: str, where: str) -> str | None:
     exact = [v for v, n in named.items() if n == wanted]
     if exact:
         return unit[exact[0]]
-    # a language without a region also matches its other code mtcli knows (kor: ko-KR; ko: kor)
-    same = language_code(wanted) if "-" not in wanted else wanted
-    near = [v for v, n in named.items() if n.split("-", 1)[0] == wanted or language_code(n) == same]
+    near = [v for v, n in named.items() if n.split("-", 1)[0] == wanted]
+    if not near and "-" not in wanted:  # its other code mtcli knows (kor: ko-KR; ko: kor)
+        near = [v for v, n in named.items() if same_language(n.split("-", 1)[0], wanted)]
     if len(near) > 1:
         raise DataError(f"{where}: a translation unit holds several '{lang}' variants ({', '.join(near)}); "
                         "name the one to read as the language (e.g. data.tgt_lang)")
@@ -169,7 +169,7 @@ def tmx_units(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
 
 
 #: Encodings expat reads itself; any other a file declares is decoded by Python's codec into UTF-8.
-_EXPAT_ENCODINGS = ("utf-8", "utf-16", "utf-16-le", "utf-16-be", "latin-1", "ascii")
+_EXPAT_ENCODINGS = ("utf-8", "utf-16", "utf-16-le", "utf-16-be", "iso8859-1", "ascii")
 
 
 def _reading(path: Path, head: bytes) -> tuple[str | None, Any]:

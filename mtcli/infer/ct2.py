@@ -46,6 +46,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -106,7 +107,9 @@ def user_conversions(run_dir: Path) -> Path:
     """Where the conversions of a run this user cannot write go (a model shared read-only, a
     container's read-only volume): ``$XDG_CACHE_HOME/mtcli/ctranslate2/<run key>`` (default
     ``~/.cache``), the run key the first 16 hex digits of the sha256 of the run's absolute path."""
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    home = os.path.expanduser("~")  # ("~" itself with no HOME and no passwd entry: the temporary directory's)
+    cache = os.environ.get("XDG_CACHE_HOME") or (os.path.join(home, ".cache") if home != "~" else
+                                                 os.path.join(tempfile.gettempdir(), f"mtcli-{os.getuid()}"))
     run_key = hashlib.sha256(str(Path(run_dir).resolve()).encode("utf-8", "surrogateescape")).hexdigest()[:16]
     return Path(cache) / "mtcli" / CT2_DIR / run_key
 
@@ -171,7 +174,7 @@ def open_engine(run_dir: Path, bundle: InferenceModel, device: torch.device, dec
         for again in (False, True):
             model_dir = converted_model(run_dir, bundle)
             try:
-                engine = CT2Engine(model_dir, bundle, device, decode)
+                engine = CT2Engine(model_dir, bundle, device, decode, run_dir)
                 engine.probe()
                 return engine
             except (RuntimeError, ValueError) as exc:
@@ -239,8 +242,10 @@ def _warn_unseeded() -> None:
 class CT2Engine:
     """A ``ctranslate2.Translator`` over a converted run, with the run's tokenizer."""
 
-    def __init__(self, model_dir: Path, bundle: InferenceModel, device: torch.device, decode: DecodeConfig) -> None:
-        self.model_dir = Path(model_dir).absolute()  # run_dir/ctranslate2/<key>
+    def __init__(self, model_dir: Path, bundle: InferenceModel, device: torch.device, decode: DecodeConfig,
+                 run_dir: Path | None = None) -> None:
+        self.model_dir = Path(model_dir).absolute()  # run_dir/ctranslate2/<key>, or the user's cache
+        self.run_dir = Path(run_dir).absolute() if run_dir is not None else self.model_dir.parent.parent
         self.bundle = bundle
         self.device = device
         self.compute = _compute_type(decode)
@@ -269,7 +274,7 @@ class CT2Engine:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.model_dir = converted_model(self.model_dir.parent.parent, self.bundle)
+        self.model_dir = converted_model(self.run_dir, self.bundle)
         self.translator = self._open()
 
     def translate_lines(self, lines: Iterable[str], decode: DecodeConfig, *, name: str = "input",

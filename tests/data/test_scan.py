@@ -47,6 +47,13 @@ def test_line_layout_finds_every_line_and_its_length(seed: int, characters: bool
     assert [len(x) for x in line_layout(b"", characters)] == [0, 0]
 
 
+def test_the_format_characters_looked_for_are_every_one_unicode_has() -> None:
+    """Looked for in the first two planes and the tags only: this Python's Unicode has none elsewhere."""
+    import unicodedata
+
+    assert scan._format_characters().tolist() == [c for c in range(0x110000) if unicodedata.category(chr(c)) == "Cf"]
+
+
 @pytest.mark.parametrize("characters", [False, True])
 def test_a_line_of_invisible_format_characters_alone_is_empty(characters: bool) -> None:
     """A side of zero-width spaces or direction marks alone (U+200B, U+200F) passed the empty

@@ -82,6 +82,12 @@ def test_an_exact_variant_wins_and_several_near_ones_are_refused(tmp_path: Path,
     assert list(tmx_pairs(korean, "en", "ko")) == [("a dog", "개"), ("", "")]  # (eng is no code mtcli maps)
     with pytest.raises(DataError, match="no translation unit holds both 'en' and 'ko-KP'"):  # a region: its own only
         list(tmx_pairs(korean, "en", "ko-KP"))
+    # Chinese's members are other languages: zh reads zh-CN beside yue-HK, and never yue or lzh alone
+    chinese = tmp_path / "zh.tmx"
+    chinese.write_text('<?xml version="1.0" encoding="UTF-8"?>\n<tmx version="1.4"><header/><body>\n'
+                       + unit(("en", "a dog"), ("zh-CN", "一只狗"), ("yue-HK", "一隻狗"))
+                       + unit(("en", "a cat"), ("lzh", "貓")) + "</body></tmx>\n", encoding="utf-8")
+    assert list(tmx_pairs(chinese, "en", "zh")) == [("a dog", "一只狗"), ("", "")]
 
 
 def _memory(*units: tuple[str, str]) -> str:

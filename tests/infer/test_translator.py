@@ -358,6 +358,11 @@ def test_a_run_this_user_cannot_write_is_converted_into_the_user_cache(
     stamp = (theirs.engine.model_dir / "model.bin").stat().st_mtime_ns
     assert Translator.from_run(run, beam=1, device="cpu", engine="ctranslate2").translate(LINES) == ours
     assert (theirs.engine.model_dir / "model.bin").stat().st_mtime_ns == stamp  # found there: not converted again
+    import copy
+
+    copied = copy.deepcopy(theirs)  # its run was taken to be the cache's parent: converted again, into it
+    assert copied.engine.model_dir == theirs.engine.model_dir and copied.translate(LINES) == ours
+    assert sorted(p.name for p in cached.parent.iterdir()) == [cached.name]
     read_only.append(tmp_path / "read-only")
     (tmp_path / "read-only").mkdir()
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "read-only" / "cache"))
