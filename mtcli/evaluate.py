@@ -264,18 +264,22 @@ def _output_paths(run_dir: Path, test: _Test, name: str) -> tuple[Path, Path]:
     return out_dir / f"{name}.{test.ckpt}.hyp", out_dir / f"{name}.{test.ckpt}.report.json"
 
 
-def _check_outputs(run_dir: Path, test: _Test, inputs: list[_Input]) -> None:
-    """Refuse, before decoding, an output directory that cannot be written (a read-only run) and
-    outputs that would overwrite a file read: another system's hypotheses given as the reference,
-    in the same output directory under the same name."""
-    out_dir = _output_paths(run_dir, test, inputs[0].name)[0].parent
+def _check_output_dir(run_dir: Path, output_dir: str | Path | None) -> None:
+    """Refuse an output directory that cannot be written: ``--output``'s, or ``RUN/eval`` of a
+    run shared read-only, which evaluate found only after it had decoded and scored the test set."""
+    out_dir = Path(output_dir) if output_dir is not None else run_dir / "eval"
     try:
         check_writable_directory(out_dir)
     except OSError as exc:
-        if test.output_dir is not None:
+        if output_dir is not None:
             raise
         raise ConfigError(f"{out_dir}: {exc.strerror}: evaluate writes the hypotheses and the report there; "
                           "give --output DIR") from None
+
+
+def _check_outputs(run_dir: Path, test: _Test, inputs: list[_Input]) -> None:
+    """Refuse, before decoding, outputs that would overwrite a file read: another system's
+    hypotheses given as the reference, in the same output directory under the same name."""
     reads = [path for given in inputs for path in (given.src_path, *given.ref_paths)]
     for given in inputs:  # one direction's outputs against every direction's inputs (a shared --output)
         for output in _output_paths(run_dir, test, given.name):
@@ -438,8 +442,7 @@ def evaluate_directions(
         check_language_code("--src-lang", src_lang)
     if more_refs and src_file is None:
         raise ConfigError("several references (--ref ... --ref) need --src files, not a split")
-    if output_dir is not None:
-        check_writable_directory(Path(output_dir))  # before the model loads
+    _check_output_dir(run_dir, output_dir)  # before the model loads (and is converted, for CTranslate2)
     translator = Translator.from_run(run_dir, checkpoint, average_last=average_last,
                                      average_best=average_best, ensemble=ensemble, engine=engine,
                                      overrides=overrides or (), **settings)

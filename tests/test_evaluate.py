@@ -449,12 +449,15 @@ def test_a_run_it_cannot_write_is_refused_before_decoding(tiny_run_dir: Path, tm
     real_decode = mtcli.evaluate._decode
     monkeypatch.setattr(mtcli.evaluate, "_decode", lambda *a, **k: decoded.append(1) or real_decode(*a, **k))
     test = {"src_file": run / "text" / "test.src", "ref_file": run / "text" / "test.tgt", "beam": 1}
+    real_load = mtcli.evaluate.Translator.from_run
+    monkeypatch.setattr(mtcli.evaluate.Translator, "from_run", lambda *a, **k: decoded.append("loaded"))
     with pytest.raises(ConfigError, match=r"run/eval: .*: evaluate writes the hypotheses and the report there; "
                                           r"give --output DIR"):
         evaluate(run, **test)
-    with pytest.raises(OSError, match="ro-out"):  # an --output it cannot write: before the model loads
+    with pytest.raises(OSError, match="ro-out"):  # an --output it cannot write
         evaluate(run, output_dir=run / "ro-out", **test)
-    assert not decoded and not (run / "eval").exists()
+    assert not decoded and not (run / "eval").exists()  # before the model loaded (or was converted)
+    monkeypatch.setattr(mtcli.evaluate.Translator, "from_run", real_load)
     report = evaluate(run, output_dir=tmp_path / "out", **test)  # somewhere it can
     assert decoded and Path(report["hypotheses"]).parent == tmp_path / "out"
 
