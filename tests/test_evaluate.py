@@ -486,6 +486,16 @@ def test_references_the_model_cannot_write_are_warned_of(tiny_run_dir: Path, tmp
     assert "'ａ' (U+FF41) becomes 'a' (U+0061)" in said[0] and "data.spm_normalization: identity" in said[0]
 
 
+def test_the_change_shown_of_a_long_line_is_found_near_where_it_is() -> None:
+    """difflib over whole lines: a 200,000-character reference took minutes (prepare's fuzz test hung)."""
+    from mtcli.data.coverage import _change
+
+    assert _change("x" * 100_000 + "ａ" + "y" * 100_000, "x" * 100_000 + "a" + "y" * 100_000) == \
+        "'xxxxxxxx' then 'ａ' (U+FF41) becomes 'a' (U+0061)"
+    assert _change("ทำงาน", "ทํางาน") == "'ท' then 'ำ' (U+0E33) becomes 'ํา' (U+0E4D U+0E32)"
+    assert _change("abc", "abcd") == "'abc' then '' (nothing) becomes 'd' (U+0064)"
+
+
 def test_the_weights_sha256_is_the_same_for_the_same_weights_under_a_prefix(tiny_run_dir: Path, tmp_path: Path) -> None:
     """A checkpoint saved with DDP's or torch.compile's name prefix loads the same weights: it
     named them otherwise than the same file without it."""

@@ -73,9 +73,14 @@ def _change(written: str, back: str) -> str:
     """The first difference of ``written`` and ``back``, said so a reader can see it: the
     characters in quotes and as code points (a combining mark, a jamo or a zero-width character
     looks alike, or like nothing, printed), after a few characters of context."""
-    tag, i1, i2, j1, j2 = next(op for op in difflib.SequenceMatcher(None, written, back, autojunk=False).get_opcodes()
-                               if op[0] != "equal")
-    was, now = written[i1:i2][:8], back[j1:j2][:8]
+    start = next((k for k, (a, b) in enumerate(zip(written, back, strict=False)) if a != b),
+                 min(len(written), len(back)))
+    # (difflib over a window from there: over whole lines of 100k characters it takes minutes)
+    window_a, window_b = written[start:start + 32], back[start:start + 32]
+    tag, i1, i2, j1, j2 = next((op for op in difflib.SequenceMatcher(None, window_a, window_b, autojunk=False)
+                                .get_opcodes() if op[0] != "equal"), ("replace", 0, len(window_a), 0, len(window_b)))
+    was, now = window_a[i1:i2][:8], window_b[j1:j2][:8]
+    i1 += start
 
     def points(text: str) -> str:
         return " ".join(f"U+{ord(c):04X}" for c in text) or "nothing"
