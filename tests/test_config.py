@@ -619,3 +619,25 @@ def test_a_set_value_that_is_yaml_syntax_alone_is_its_text() -> None:
     assert load_config(toy, ["train.run_dir=&x"]).train.run_dir == "&x"
     assert load_config(toy, ["train.init_from=null"]).train.init_from is None
     assert load_config(toy, ["train.init_from=~"]).train.init_from is None
+
+
+def test_the_readmes_table_of_languages_says_what_the_code_does() -> None:
+    """Each row's codes: how cleaning counts them, BLEU's tokeniser, and the SentencePiece
+    defaults of a config with such a target (the table was written by hand beside the code)."""
+    from mtcli.languages import (
+        default_character_coverage,
+        default_normalization,
+        measured_in_characters,
+    )
+    from mtcli.metrics import BLEU_TOKENIZERS, language_code
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (.+?) \| (words|characters) \| `([\w-]+)`.*? \| `(\w+)` \| ([\d.]+) \|$", readme, re.M)
+    assert len(rows) == 7, rows
+    for languages, unit, tokenizer, normalization, coverage in rows:
+        codes = re.findall(r"`(\w+)`", languages) or ["de", "pt", "sw"]  # (any other)
+        for code in codes:
+            assert measured_in_characters(code) == (unit == "characters"), code
+            assert BLEU_TOKENIZERS.get(language_code(code), "13a") == tokenizer, code
+            assert default_normalization(["en", code]) == normalization, code
+            assert default_character_coverage(["en", code]) == float(coverage), code
