@@ -65,6 +65,12 @@ class CleanCounts:
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
+#: The cleaning rules' version, in a cache's key (:func:`~mtcli.data.prepare.build_key`): a cache
+#: cleaned by other rules is prepared again. 2: a side of invisible format characters alone
+#: (a zero-width space, a direction mark) is empty.
+CLEANING_RULES = 2
+
+
 class PairCleaner:
     """Filters training pairs; each pair is dropped for the first rule it breaks, in order:
 

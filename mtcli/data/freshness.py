@@ -65,9 +65,11 @@ def open_prepared(config: Config, check_inputs: bool = True) -> PreparedCorpus:
                                                  corpus.manifest.get("input_files"))):
         changed.append(f"other content in {', '.join(files)}")
     if changed:
+        had = " ".join(settings_prepare_had(corpus.manifest.get("data_config") or {}, data))
         raise DataError(f"{path} was prepared with {'; '.join(changed)}; run `{config.prepare_command()}`, or give "
-                        "this command the data settings prepare had: the cache follows the config's data section "
-                        "and its files")
+                        f"this command the data settings prepare had{f' ({had})' if had else ''}: the cache follows "
+                        "the config's data section and its files (a run begun on this cache resumes only on its "
+                        "pairs and vocabulary: resume it with those settings, not on a cache prepared again)")
     for source, location in missing_sources(data, corpus.manifest):
         get_logger().warning("data.source %s: no such directory; the cache %s was prepared from %s, and is trained "
                              "on as it is (a mistyped path?)", source, path, location)
@@ -94,9 +96,20 @@ def changed_data_settings(saved: dict[str, Any], data: DataConfig) -> list[str]:
     ``data_config``) is not ``data``'s, as ``data.key=old (the config: new)``. Keys a cache from
     an older mtcli did not record are not compared, except those :data:`BEFORE_THE_KEY` knows
     the value of."""
+    return [f"data.{key}={old!r} (the config: {new!r})" for key, old, new in _changed(saved, data)]
+
+
+def settings_prepare_had(saved: dict[str, Any], data: DataConfig) -> list[str]:
+    """``--set data.key=value`` for each setting :func:`changed_data_settings` finds changed: the
+    cache's values, which a command given them reads the cache with."""
+    return [f"--set data.{key}={old}" for key, old, _ in _changed(saved, data)]
+
+
+def _changed(saved: dict[str, Any], data: DataConfig) -> list[tuple[str, Any, Any]]:
+    """``(key, the cache's value, the config's)`` of :func:`changed_data_settings`."""
     excluded = KEY_EXCLUDES + (SPM_TRAINING_KEYS if data.spm_model else ())
     saved = {**BEFORE_THE_KEY, **saved}
-    return [f"data.{key}={saved[key]!r} (the config: {value!r})" for key, value in dataclasses.asdict(data).items()
+    return [(key, saved[key], value) for key, value in dataclasses.asdict(data).items()
             if key not in excluded and key in saved and saved[key] != value]
 
 

@@ -51,7 +51,7 @@ from mtcli.data.cache import (
     token_dtype,
     write_manifest,
 )
-from mtcli.data.cleaning import CleanCounts
+from mtcli.data.cleaning import CLEANING_RULES, CleanCounts
 from mtcli.data.corpora import (
     Plan,
     given_spm_model,
@@ -160,6 +160,7 @@ def build_key(data: DataConfig, fingerprint: dict[str, Any], spm_sha256: str | N
         del settings["spm_normalization"]
     if data.sources:  # where each corpus is and how often it is drawn do not change the content
         settings["sources"] = [{"tag": c.tag, "langs": c.langs, "hub_config": c.hub_config} for c in data.corpora()]
+    settings["cleaning"] = CLEANING_RULES  # (a cache of the first rules, before the key: prepared again)
     measured = sorted({lang for c in data.corpora() for lang in c.langs or () if measured_in_characters(lang)})
     if measured:  # the cleaning rules measure these languages in characters
         settings["characters"] = measured

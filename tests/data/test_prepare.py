@@ -125,6 +125,22 @@ def test_prepare_toy_builds_a_complete_cache(tmp_path: Path, toy_dir: Path) -> N
     assert "prepared" in report.summary() and "train" in report.summary()
 
 
+def test_a_cache_of_other_cleaning_rules_is_prepared_again(tmp_path: Path, toy_dir: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache cleaned before invisible-only sides were empty was "up to date" to a prepare that
+    would drop them: it kept them unseen."""
+    (toy_dir / "train.src").write_text((toy_dir / "train.src").read_text(encoding="utf-8") + "\u200b\n",
+                                       encoding="utf-8")
+    (toy_dir / "train.tgt").write_text((toy_dir / "train.tgt").read_text(encoding="utf-8") + "thanks\n",
+                                       encoding="utf-8")
+    cfg = write_config(tmp_path, toy_dir)
+    monkeypatch.setattr(prep, "CLEANING_RULES", 1)  # as a cache of the first rules was keyed
+    assert not prep.prepare(load_config(cfg)).skipped
+    monkeypatch.undo()
+    again = prep.prepare(load_config(cfg))
+    assert not again.skipped and again.counts["train"]["dropped"]["empty"] == 1
+
+
 def test_no_op_force_and_rebuild_on_change(tmp_path: Path, toy_dir: Path) -> None:
     cfg = write_config(tmp_path, toy_dir)
     config = load_config(cfg)
@@ -490,6 +506,9 @@ def test_train_refuses_a_cache_prepared_with_other_data_settings_or_files(tmp_pa
     # the prepare to run is the one with this command's data --set (not its train.run_dir)
     assert_one_line_error(result, "was prepared with data.vocab_size=64 (the config: 80); run `mtcli prepare "
                                   f"{shlex.quote(str(cfg))} --set data.vocab_size=80`, or give")
+    # the settings it was prepared with, to resume a run begun on it (preparing again changed its Thai pairs)
+    assert "or give this command the data settings prepare had (--set data.vocab_size=64): " in result.stderr
+    assert "resume it with those settings, not on a cache prepared again" in result.stderr
     assert not (tmp_path / "run").exists()
     # a corpus file edited since: named; the same content touched again, or the corpus gone: trained on
     train_file = toy_dir / "train.tgt"
