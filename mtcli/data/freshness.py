@@ -17,9 +17,10 @@ from typing import Any
 from mtcli.builddir import live_builders
 from mtcli.config import Config, DataConfig
 from mtcli.data.cache import CacheLock, PreparedCorpus
+from mtcli.data.cleaning import CLEANING_RULES
 from mtcli.data.corpora import given_spm_model, plan_corpora
 from mtcli.data.download import CORPORA, located
-from mtcli.data.prepare import KEY_EXCLUDES, SPM_TRAINING_KEYS, word_ids_stale
+from mtcli.data.prepare import KEY_EXCLUDES, SPM_TRAINING_KEYS, measured_languages, word_ids_stale
 from mtcli.data.sources import looks_like_path
 from mtcli.errors import DataError
 from mtcli.fileio import FileHasher, sha256_file
@@ -70,10 +71,25 @@ def open_prepared(config: Config, check_inputs: bool = True) -> PreparedCorpus:
                         f"this command the data settings prepare had{f' ({had})' if had else ''}: the cache follows "
                         "the config's data section and its files (a run begun on this cache resumes only on its "
                         "pairs and vocabulary: resume it with those settings, not on a cache prepared again)")
+    if older := _older_cleaning(corpus.manifest.get("cleaning") or {}, measured_languages(data)):
+        get_logger().warning("%s was cleaned by an older mtcli's rules (%s): a run resumed on it keeps them; for a new "
+                             "run, `%s` cleans it again", path, "; ".join(older), config.prepare_command())
     for source, location in missing_sources(data, corpus.manifest):
         get_logger().warning("data.source %s: no such directory; the cache %s was prepared from %s, and is trained "
                              "on as it is (a mistyped path?)", source, path, location)
     return corpus
+
+
+def _older_cleaning(cleaned: dict[str, Any], measured: list[str]) -> list[str]:
+    """How a cache's cleaning (its manifest's ``cleaning``: none before it was recorded) differs
+    from what ``prepare`` does now, whose length rules measure ``measured`` in characters."""
+    older = []
+    if cleaned.get("rules", 1) < CLEANING_RULES:
+        older.append("a side of invisible format characters alone was kept")
+    if cleaned.get("characters", measured if not measured else None) != measured:
+        then = ", ".join(cleaned["characters"]) or "none" if "characters" in cleaned else "not recorded"
+        older.append(f"languages measured in characters: {', '.join(measured) or 'none'} now, {then} then")
+    return older
 
 
 def missing_sources(data: DataConfig, manifest: dict[str, Any]) -> list[tuple[str, str]]:

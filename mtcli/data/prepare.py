@@ -148,6 +148,11 @@ def spells_in_bytes(data: DataConfig) -> bool:
     return data.character_coverage < 1.0 and data.spm_model_type != "word"
 
 
+def measured_languages(data: DataConfig) -> list[str]:
+    """The languages of ``data``'s corpora that the cleaning rules measure in characters, sorted."""
+    return sorted({lang for c in data.corpora() for lang in c.langs or () if measured_in_characters(lang)})
+
+
 def build_key(data: DataConfig, fingerprint: dict[str, Any], spm_sha256: str | None = None,
               spm_texts: list[list[Any]] | None = None, word_model: bool = False) -> str:
     """sha256 over everything the cache content depends on: inputs, data config, format, and
@@ -161,7 +166,7 @@ def build_key(data: DataConfig, fingerprint: dict[str, Any], spm_sha256: str | N
     if data.sources:  # where each corpus is and how often it is drawn do not change the content
         settings["sources"] = [{"tag": c.tag, "langs": c.langs, "hub_config": c.hub_config} for c in data.corpora()]
     settings["cleaning"] = CLEANING_RULES  # (a cache of the first rules, before the key: prepared again)
-    measured = sorted({lang for c in data.corpora() for lang in c.langs or () if measured_in_characters(lang)})
+    measured = measured_languages(data)
     if measured:  # the cleaning rules measure these languages in characters
         settings["characters"] = measured
     if spm_sha256:
@@ -379,6 +384,7 @@ def _manifest(data: DataConfig, plan: Plan, key: str, fingerprint: dict[str, Any
     return {
         "build_key": key,
         "mtcli_version": __version__,
+        "cleaning": {"rules": CLEANING_RULES, "characters": measured_languages(data)},
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "source": {"kind": source.kind, "location": source.location, "hub_config": data.hub_config},
         "inputs": fingerprint,

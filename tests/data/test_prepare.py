@@ -141,6 +141,29 @@ def test_a_cache_of_other_cleaning_rules_is_prepared_again(tmp_path: Path, toy_d
     assert not again.skipped and again.counts["train"]["dropped"]["empty"] == 1
 
 
+def test_train_warns_of_a_cache_cleaned_by_older_rules(tmp_path: Path, toy_dir: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """train took a cache cleaned before invisible-only sides were empty, or before a language
+    was measured in characters, without a word: a new run was cleaned by the old rules."""
+    import logging
+
+    cfg = write_config(tmp_path, toy_dir)
+    prep.prepare(load_config(cfg))
+    with caplog.at_level(logging.WARNING, logger="mtcli"):
+        open_prepared(load_config(cfg)).lock.release()
+    assert "older mtcli's rules" not in caplog.text
+    path = load_config(cfg).data.prepared_path() / "manifest.json"
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    for recorded, said in (({}, "a side of invisible format characters alone was kept"),  # before it was recorded
+                           ({"rules": 2, "characters": ["th"]}, "measured in characters: none now, th then")):
+        path.write_text(json.dumps({**manifest, "cleaning": recorded}), encoding="utf-8")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="mtcli"):
+            open_prepared(load_config(cfg)).lock.release()
+        assert "was cleaned by an older mtcli's rules (" in caplog.text and said in caplog.text, caplog.text
+        assert "a run resumed on it keeps them; for a new run, `mtcli prepare" in caplog.text
+
+
 def test_no_op_force_and_rebuild_on_change(tmp_path: Path, toy_dir: Path) -> None:
     cfg = write_config(tmp_path, toy_dir)
     config = load_config(cfg)
