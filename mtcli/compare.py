@@ -219,9 +219,8 @@ def unspaced_script(lines: Sequence[str], sample: int = 1000) -> tuple[str, str]
     (``sample`` of them, spread out) are mostly in it; else None."""
     picked = lines[::max(1, len(lines) // sample)]
     for name, code, ranges in _UNSPACED_SCRIPTS:
-        def inside(c: str) -> bool:
-            return any(low <= ord(c) <= high for low, high in ranges)  # noqa: B023 - used at once
-        mostly = sum(sum(map(inside, line)) * 4 > len(line) for line in picked if line.strip())
+        mostly = sum(sum(any(low <= ord(c) <= high for low, high in ranges) for c in line) * 4 > len(line)
+                     for line in picked if line.strip())
         if mostly * 2 > len(picked):
             return name, code
     return None

@@ -86,8 +86,9 @@ def _older_cleaning(cleaned: dict[str, Any], measured: list[str]) -> list[str]:
     older = []
     if cleaned.get("rules", 1) < CLEANING_RULES:
         older.append("a side of invisible format characters alone was kept")
-    if cleaned.get("characters", measured if not measured else None) != measured:
-        then = ", ".join(cleaned["characters"]) or "none" if "characters" in cleaned else "not recorded"
+    recorded = cleaned.get("characters")  # (None: not recorded, a difference only if some are measured now)
+    if recorded != measured and (recorded is not None or measured):
+        then = "not recorded" if recorded is None else ", ".join(recorded) or "none"
         older.append(f"languages measured in characters: {', '.join(measured) or 'none'} now, {then} then")
     return older
 

@@ -244,7 +244,19 @@ class _ArrowSource(Source):
             yield pair_columns(batch, self.src_lang, self.tgt_lang)
 
     def _rows(self, split: str) -> Iterator[tuple[str | None, str | None]]:
-        return (row for src, tgt in self._columns(split) for row in zip(src.to_pylist(), tgt.to_pylist(), strict=True))
+        return ((src, tgt) for _, _, src, tgt in self._placed_rows(split))
+
+    def _placed_rows(self, split: str) -> Iterator[tuple[str, int, str | None, str | None]]:
+        """``(where, row, src, tgt)`` of each row of ``split``: rows counted from 1 in each place
+        :meth:`_placed_batches` names (a file of its own restarts the count)."""
+        where, row = "", 0
+        for place, batch in self._placed_batches(split):
+            if place != where:
+                where, row = place, 0
+            src_col, tgt_col = pair_columns(batch, self.src_lang, self.tgt_lang)
+            for src, tgt in zip(src_col.to_pylist(), tgt_col.to_pylist(), strict=True):
+                row += 1
+                yield where, row, src, tgt
 
     def pairs(self, split: str) -> Iterator[Pair]:
         return ((single_line(src or ""), single_line(tgt or "")) for src, tgt in self._rows(split))
@@ -256,17 +268,12 @@ class _ArrowSource(Source):
             yield f"{self.describe()}: split '{split}'", batch
 
     def verbatim_pairs(self, split: str) -> Iterator[Pair]:
-        where, row = "", 0
-        for place, batch in self._placed_batches(split):
-            where, row = place, 0 if place != where else row
-            src_col, tgt_col = pair_columns(batch, self.src_lang, self.tgt_lang)
-            for src, tgt in zip(src_col.to_pylist(), tgt_col.to_pylist(), strict=True):
-                row += 1
-                if src is None or tgt is None:
-                    lang = self.src_lang if src is None else self.tgt_lang
-                    raise DataError(f"{where}, row {row}: no '{lang}' text (a missing value); a validation or test "
-                                    "split keeps every pair: mend the data")
-                yield single_line(src), single_line(tgt)
+        for where, row, src, tgt in self._placed_rows(split):
+            if src is None or tgt is None:
+                lang = self.src_lang if src is None else self.tgt_lang
+                raise DataError(f"{where}, row {row}: no '{lang}' text (a missing value); a validation or test "
+                                "split keeps every pair: mend the data")
+            yield single_line(src), single_line(tgt)
 
     def text_blocks(self, split: str) -> Iterator[tuple[bytes, bytes]]:
         for src_col, tgt_col in self._columns(split):

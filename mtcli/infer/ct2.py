@@ -243,9 +243,9 @@ class CT2Engine:
     """A ``ctranslate2.Translator`` over a converted run, with the run's tokenizer."""
 
     def __init__(self, model_dir: Path, bundle: InferenceModel, device: torch.device, decode: DecodeConfig,
-                 run_dir: Path | None = None) -> None:
+                 run_dir: Path) -> None:
         self.model_dir = Path(model_dir).absolute()  # run_dir/ctranslate2/<key>, or the user's cache
-        self.run_dir = Path(run_dir).absolute() if run_dir is not None else self.model_dir.parent.parent
+        self.run_dir = Path(run_dir).absolute()  # (what a copy converts for again)
         self.bundle = bundle
         self.device = device
         self.compute = _compute_type(decode)
