@@ -340,7 +340,7 @@ def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, given: _I
         "reference_lines_sha256": lines_sha256(given.references),  # its text: also a .gz or CRLF copy's
         "references": [str(path) for path in given.ref_paths],
         "checkpoint": str(bundle.name),
-        "weights_sha256": None if test.model["ensemble"] else bundle.weights_sha256,  # None: an ensemble
+        "weights_sha256": bundle.weights_sha256,  # an ensemble's: of its members' (ensemble_sha256)
         "engine": "ctranslate2" if translator.engine is not None else "torch",
         "decode": dict(vars(decode)),
         "sentences": len(sources),

@@ -16,6 +16,7 @@ with different ``train.seed``).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -97,7 +98,7 @@ def add_members(bundle: InferenceModel, others: Sequence[str | Path], run_dir: s
     empty."""
     if not others:
         return bundle
-    models, names = [bundle.model], [bundle.name]
+    models, names, digests = [bundle.model], [bundle.name], [bundle.weights_sha256]
     spm = sha256_file(bundle.tokenizer.model_path)
     for spec in others:
         member_run, checkpoint, loose = _member_location(spec, None if run_dir is None else Path(run_dir))
@@ -112,5 +113,15 @@ def add_members(bundle: InferenceModel, others: Sequence[str | Path], run_dir: s
                                   "directions)")
         models.append(member.model)
         names.append(member.name if loose else f"{member_run.name}/checkpoints/{member.name}")
+        digests.append(member.weights_sha256)
     labels = ["the first member", *map(str, others)]
-    return dataclasses.replace(bundle, model=Ensemble(models, labels), name=" + ".join(names))
+    return dataclasses.replace(bundle, model=Ensemble(models, labels), name=" + ".join(names),
+                               weights_sha256=ensemble_sha256(digests))
+
+
+def ensemble_sha256(member_digests: Sequence[str | None]) -> str | None:
+    """The sha256 that names an ensemble: of its members' weights' sha256s, in order (a model
+    alone or in an ensemble, or two ensembles of other members, are told apart)."""
+    if any(digest is None for digest in member_digests):
+        return None
+    return hashlib.sha256(("ensemble:" + ",".join(member_digests)).encode()).hexdigest()  # type: ignore[arg-type]

@@ -32,6 +32,7 @@ CTranslate2 is an optional dependency (the ``ctranslate2`` extra).
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,20 @@ def vocabulary_of(tokenizer: Tokenizer) -> list[str]:
     return pieces
 
 
+def check_export_dir(output: Path, fmt: str) -> None:
+    """Raise, before a conversion, unless ``output`` may take a ``fmt`` export: a new or empty
+    directory, or one of mtcli's exports of that format (:func:`check_replaceable`); an export
+    of the other format is kept (exports of a run in two formats go in two directories)."""
+    check_replaceable(output, EXPORT_RECORD)
+    try:
+        held = json.loads((output / EXPORT_RECORD).read_text(encoding="utf-8")).get("format")
+    except (OSError, ValueError, AttributeError):  # none there (or not a record: check_replaceable's)
+        return
+    if held in EXPORT_FORMATS and held != fmt:
+        raise FileExistsError(errno.EEXIST, f"holds a --format {held} export, which this --format {fmt} export "
+                              "would replace; give another directory (or remove this one first)", str(output))
+
+
 def export_model(
     run_dir: str | Path, output: str | Path, fmt: str = "ctranslate2", checkpoint: str = "best"
 ) -> Path:
@@ -219,7 +234,7 @@ def export_model(
                           f"--format {fmt!r}: unknown export format (known: {', '.join(EXPORT_FORMATS)})")
     require_ctranslate2()
     output = Path(output)
-    check_replaceable(output, EXPORT_RECORD)  # before the conversion
+    check_export_dir(output, fmt)  # before the conversion
     for attempt in range(LOAD_ATTEMPTS):  # a training run may save a new best or last between the two reads
         bundle = load_for_inference(run_dir, checkpoint, device="cpu")
         try:

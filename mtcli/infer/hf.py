@@ -41,11 +41,11 @@ from typing import Any
 
 import torch
 
-from mtcli.builddir import atomic_dir, check_replaceable
+from mtcli.builddir import atomic_dir
 from mtcli.data.vocabmap import VocabTokenizer
 from mtcli.errors import ConfigError, MtcliError, failed_to_allocate, install_advice, one_line
 from mtcli.fileio import default_file_mode, sha256_file
-from mtcli.infer.export import EXPORT_RECORD
+from mtcli.infer.export import EXPORT_RECORD, check_export_dir
 from mtcli.infer.loading import load_for_inference
 from mtcli.model import Transformer
 
@@ -190,7 +190,7 @@ def export_hf(run_dir: str | Path, output: str | Path, checkpoint: str = "best")
     require_transformers()
     from transformers import GenerationConfig, MarianMTModel, MarianTokenizer
 
-    check_replaceable(Path(output), EXPORT_RECORD)  # before the conversion
+    check_export_dir(Path(output), "hf")  # before the conversion
     bundle = load_for_inference(run_dir, checkpoint, device="cpu")
     model = bundle.model.float().eval()
     if model.cfg.pre_norm:

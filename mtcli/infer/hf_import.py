@@ -402,6 +402,9 @@ def check_generation(hf: Any, model_dir: Path) -> None:
     where = model_dir / "generation_config.json"
     if not where.is_file():  # transformers reads the generation settings from config.json then
         where = model_dir / "config.json"
+    beams = getattr(generation, "num_beams", None)
+    if beams is not None and (not isinstance(beams, int) or isinstance(beams, bool) or beams < 1):
+        raise ConfigError(f"{where}: num_beams: {beams!r} is not a beam size (an integer >= 1; 1: greedy search)")
     end = hf.config.eos_token_id  # the id import renumbers as mtcli's </s>
     ends = generation.eos_token_id
     if ends is not None and _id_set(ends) != {end}:

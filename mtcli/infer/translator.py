@@ -47,7 +47,7 @@ from mtcli.device import (
     memory_text,
     resolve_device,
 )
-from mtcli.errors import ConfigError
+from mtcli.errors import ConfigError, DataError
 from mtcli.infer.ct2 import ENGINES, CT2Engine, check_supported, open_engine
 from mtcli.infer.ensemble import Ensemble, add_members
 from mtcli.infer.export import require_ctranslate2
@@ -158,6 +158,14 @@ def _check_width(output_size: int, decode: DecodeConfig, settings: dict[str, Any
     check_beam_width(decode.beam_size, output_size)
 
 
+def _check_unseeded(settings: dict[str, Any], in_overrides: bool = False) -> None:
+    """Refuse a seed given to the ctranslate2 engine (as ``serve`` refuses it in a request):
+    its samples cannot be seeded, and the same seed would give other samples each call."""
+    if settings.get("seed") is not None or in_overrides:
+        raise ConfigError("seed: --engine ctranslate2's samples cannot be seeded (its threads draw from generators "
+                          "of their own); leave the seed out, or decode with --engine torch for seeded samples")
+
+
 @functools.cache
 def _one_thread_in_forked_children() -> None:
     """A process forked from one that has decoded (a multiprocessing pool under ``fork``,
@@ -252,6 +260,7 @@ class Translator:
         _check_width(bundle.model.output_size, decode, settings)
         source_prefix(bundle, decode)  # a target language the model does not produce: refused now
         if engine == "ctranslate2":
+            _check_unseeded(settings, "decode.seed" in given)
             check_supported(decode)  # before converting: a run's own settings may ask for it
         else:
             run_shortlist(bundle, decode)  # built now: a cache gone or changed is refused, not at every request
@@ -296,6 +305,8 @@ class Translator:
         decode = with_changes(dataclasses.replace(self.bundle.config, decode=self.decode), "decode", **changes).decode
         _check_sampling_only(settings, decode)
         _check_width(self.bundle.model.output_size, decode, settings)
+        if self.engine is not None:
+            _check_unseeded(settings)
         return decode
 
     def __getstate__(self) -> dict[str, Any]:
@@ -354,18 +365,34 @@ class Translator:
         decode = dataclasses.replace(self.settings(**settings), nbest=1)
         return [nbest[0].text if nbest else "" for nbest in self._stream(items, decode)]
 
-    def translate_iter(self, texts: Iterable[str], **settings: Any) -> Iterator[str]:
-        """Translate an iterable (a file, a generator) lazily: one output per input, in order,
-        reading a window of inputs at a time, so memory stays bounded."""
+    def translate_iter(self, texts: Iterable[str], *, window: int = DEFAULT_WINDOW,
+                       **settings: Any) -> Iterator[str]:
+        """Translate an iterable (a file, a generator) lazily: one output per input, in order.
+        ``window`` texts are read, then translated together (sorted by length into batches), so
+        memory stays bounded; a producer that waits for each answer before it gives the next text
+        (a chat loop, a queue) needs ``window=1``, as ``fairseq-interactive --buffer-size 1``. An
+        input that fails (raises) has the texts read before it translated and yielded first."""
         _check_many(texts, "texts", "an iterable")
         _no_nbest(settings, "translate_iter")
+        if not isinstance(window, numbers.Integral) or isinstance(window, bool) or window < 1:
+            raise ConfigError(f"translate_iter window must be an int >= 1, got {window!r}")
         decode = dataclasses.replace(self.settings(**settings), nbest=1)
+        failed: list[Exception] = []
 
         def checked() -> Iterator[str]:
-            for i, item in enumerate(texts):
-                yield _text(item, f"texts[{i}]")
+            try:
+                for i, item in enumerate(texts):
+                    yield _text(item, f"texts[{i}]")
+            except Exception as exc:  # ends the input here; raised once what came before is out
+                failed.append(exc)
 
-        return (nbest[0].text if nbest else "" for nbest in self._stream(checked(), decode))
+        def translated() -> Iterator[str]:
+            for nbest in self._stream(checked(), decode, window=int(window)):
+                yield nbest[0].text if nbest else ""
+            if failed:
+                raise failed[0]
+
+        return translated()
 
     def nbest(self, texts: Sequence[str], n: int | None = None, **settings: Any) -> list[list[Translation]]:
         """The ``n`` best hypotheses of each text (default: the beam size), best first, each a
@@ -387,6 +414,7 @@ class Translator:
             raise ConfigError(f"nbest {n} with beam {settings['beam']}: a beam search keeps beam hypotheses "
                               "(leave beam out and it widens to n)")
         decode = dataclasses.replace(decode, nbest=n, beam_size=decode.beam_size if sampled else max(decode.beam_size, n))
+        _check_width(self.bundle.model.output_size, decode, {**settings, "nbest": n})
         return list(self._stream(_texts(texts), decode))
 
     def score(self, sources: Sequence[str], targets: Sequence[str], *, max_tokens: int | None = None,
@@ -407,7 +435,9 @@ class Translator:
         under ``int8`` (which quantizes only the decoding copy); the torch engine's in either case."""
         src_texts, tgt_texts = _texts(sources, "sources"), _texts(targets, "targets")
         if len(src_texts) != len(tgt_texts):
-            raise ValueError(f"{len(src_texts)} sources but {len(tgt_texts)} targets")
+            raise DataError(f"{len(src_texts)} sources but {len(tgt_texts)} targets: score takes them in pairs")
+        if not isinstance(normalize, bool | np.bool_):  # ("no" would be true)
+            raise TypeError(f"normalize must be a bool, got {normalize!r}")
         model = self.bundle.model
         if isinstance(model, Ensemble):
             raise ConfigError("score needs one model, not an ensemble")

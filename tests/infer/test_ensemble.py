@@ -159,6 +159,20 @@ def _reversed_run(run: Path, out: Path) -> Path:
     return out
 
 
+def test_an_ensembles_weights_sha256_names_all_its_members(tiny_run_dir: Path) -> None:
+    """/health and evaluate's report tell an ensemble from its first member alone, and from an
+    ensemble of other members."""
+    from mtcli.infer.ensemble import add_members
+    from mtcli.infer.loading import load_for_inference
+
+    alone = load_for_inference(tiny_run_dir, "best").weights_sha256
+    checkpoints = tiny_run_dir / "checkpoints"
+    with_10 = add_members(load_for_inference(tiny_run_dir, "best"), [checkpoints / "checkpoint_10.pt"]).weights_sha256
+    with_20 = add_members(load_for_inference(tiny_run_dir, "best"), [checkpoints / "checkpoint_20.pt"]).weights_sha256
+    again = add_members(load_for_inference(tiny_run_dir, "best"), [checkpoints / "checkpoint_10.pt"]).weights_sha256
+    assert len({alone, with_10, with_20}) == 3 and again == with_10 and len(with_10) == 64
+
+
 def test_an_ensemble_mode_without_members_is_said_to_change_nothing(tiny_run_dir: Path,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     """It was accepted without a word, as if it changed the decoding."""

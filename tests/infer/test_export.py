@@ -124,6 +124,13 @@ def test_export_refuses_a_directory_of_other_files_before_converting(
     assert [p.name for p in docs.iterdir()] == ["thesis.tex"]
     assert CliRunner().invoke(app, ["export", str(tiny_run_dir), str(tmp_path / "out"), "--format", fmt]).exit_code == 0
     assert CliRunner().invoke(app, ["export", str(tiny_run_dir), str(tmp_path / "out"), "--format", fmt]).exit_code == 0
+    other = "hf" if fmt == "ctranslate2" else "ctranslate2"  # an export of the other format is kept
+    before = sorted(p.name for p in (tmp_path / "out").iterdir())
+    res = CliRunner().invoke(app, ["export", str(tiny_run_dir), str(tmp_path / "out"), "--format", other])
+    assert res.exit_code == 1 and res.stderr.strip() == (
+        f"mtcli: error: {tmp_path / 'out'}: holds a --format {fmt} export, which this --format {other} export would "
+        "replace; give another directory (or remove this one first)")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == before
 
 
 def test_cli_export(tiny_run_dir: Path, tmp_path: Path) -> None:

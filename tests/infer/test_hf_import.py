@@ -347,6 +347,9 @@ def _broken(marian_dir: Path, tmp_path: Path) -> Path:
      "generation_config.json: repetition_penalty: 1.5 is not supported"),
     (lambda d: _generation(d, no_repeat_ngram_size=2), ConfigError, "no_repeat_ngram_size: 2 is not supported"),
     (lambda d: _generation(d, min_length=10), ConfigError, "min_length: 10 is not supported"),
+    # the run's config was said to be wrong, naming a file the failed import had not left
+    (lambda d: _generation(d, num_beams=-3), ConfigError, r"generation_config.json: num_beams: -3 is not a beam size"),
+    (lambda d: _generation(d, num_beams=0), ConfigError, r"generation_config.json: num_beams: 0 is not a beam size"),
     (lambda d: _generation(d, bad_words_ids=[[5], [6]]), ConfigError, r"bad_words_ids: \[\[5\], \[6\]\] is not"),
     # generate ends at any of several end tokens; mtcli's search at one (outputs differed silently)
     (lambda d: _generation(d, eos_token_id=[0, 5]), ConfigError,

@@ -203,3 +203,9 @@ def test_the_ctranslate2_engine_samples_and_says_its_samples_are_not_seeded(
     samples = engine.nbest(LINES, 3, sampling="topk", topk=5)
     assert [len(n) for n in samples] == [3, 3, 3]
     assert "not reproducible" in caplog.text
+    # a seed asked for is refused, as serve refuses it in a request: it would give other samples each call
+    with pytest.raises(ConfigError, match="^seed: --engine ctranslate2's samples cannot be seeded"):
+        engine.nbest(LINES, 3, sampling="topk", seed=1)
+    for given in ({"sampling": "topk", "seed": 1}, {"overrides": ["decode.seed=4"]}):
+        with pytest.raises(ConfigError, match="^seed: --engine ctranslate2's samples cannot be seeded"):
+            Translator.from_run(run, device="cpu", engine="ctranslate2", **given)

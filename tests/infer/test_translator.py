@@ -55,6 +55,32 @@ def test_translate_iter_streams_in_order(translator: Translator) -> None:
     assert list(outputs) == translator.translate(LINES * 3)
 
 
+def test_translate_iter_of_window_1_answers_a_producer_that_waits_for_each_answer(translator: Translator) -> None:
+    answers: list[str] = []
+
+    def chat():  # gives the next text only once the last one is answered
+        for i, line in enumerate(LINES):
+            assert len(answers) == i, f"text {i} asked for with {len(answers)} answers given"
+            yield line
+
+    for answer in translator.translate_iter(chat(), window=1):
+        answers.append(answer)
+    assert answers == translator.translate(LINES)
+    with pytest.raises(ConfigError, match="window must be an int >= 1, got 0"):
+        translator.translate_iter(LINES, window=0)
+
+
+def test_translate_iter_yields_what_it_read_before_its_input_failed(translator: Translator) -> None:
+    def broken():
+        yield from LINES[:3]
+        raise OSError("the connection dropped")
+
+    answers = translator.translate_iter(broken())
+    assert [next(answers) for _ in range(3)] == translator.translate(LINES[:3])
+    with pytest.raises(OSError, match="the connection dropped"):
+        next(answers)
+
+
 def test_nbest_lists_are_ranked_and_widen_the_beam(translator: Translator) -> None:
     lists = translator.nbest(LINES, n=3)
     assert len(lists) == len(LINES)
@@ -184,7 +210,9 @@ def test_decoding_copy_is_made_once(tiny_run_dir: Path, int8: bool) -> None:
     (lambda t: t.translate(["ok", 3]), TypeError, r"texts\[1\] is a int"),
     (lambda t: t.translate(["ok"], beam=0), ConfigError, "decode.beam_size must be >= 1"),
     (lambda t: t.translate(["ok"], beam_width=3), TypeError, "unknown decode setting"),
-    (lambda t: t.score(["a"], ["b", "c"]), ValueError, "1 sources but 2 targets"),
+    (lambda t: t.score(["a"], ["b", "c"]), DataError, "1 sources but 2 targets"),
+    (lambda t: t.score(["a"], ["b"], normalize="no"), TypeError, "normalize must be a bool, got 'no'"),
+    (lambda t: t.nbest(["a"], n=10_000), ConfigError, "^nbest 10000 widens the beam"),
     (lambda t: list(t.translate_iter([b"bytes"])), TypeError, r"texts\[0\] is a bytes"),
     (lambda t: t.translate(["ok", "lone \ud800"]), DataError,
      r"^texts\[1\]: not valid Unicode \(lone surrogate at column 6\)$"),
@@ -255,7 +283,7 @@ def test_ctranslate2_samples_cut_at_the_length_limit_stay_sorted_by_score(tiny_r
     shutil.copytree(tiny_run_dir, run)
     theirs = Translator.from_run(run, device="cpu", engine="ctranslate2", sampling="topp", temperature=2.0,
                                  max_len_a=0.0, max_len_b=4)
-    lists = [n for seed in range(8) for n in theirs.nbest(LINES, 4, seed=seed)]
+    lists = [n for _ in range(8) for n in theirs.nbest(LINES, 4)]  # (unseeded: other samples each call)
     assert all([t.score for t in n] == sorted((t.score for t in n), reverse=True) for n in lists)
 
 
