@@ -153,8 +153,8 @@ def evaluate(
     src: Annotated[Optional[Path], typer.Option(help="Source text file (with --ref) instead of a split.")] = None,  # noqa: UP045
     ref: Annotated[Optional[list[Path]], typer.Option(  # noqa: UP045
         help="Reference text file (with --src; repeatable: several references per sentence).")] = None,
-    metrics: Annotated[str, typer.Option(help="Comma-separated: bleu, chrf, ter (BLEU and lowercased "
-                                              "BLEU are always scored).")] = "bleu,chrf",
+    metrics: Annotated[str, typer.Option(help="Comma-separated: bleu (BLEU and lowercased BLEU), chrf, "
+                                              "ter.")] = "bleu,chrf",
     checkpoint: CheckpointOption = "best",
     average_last: AverageLast = 0,
     average_best: AverageBest = 0,

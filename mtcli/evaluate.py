@@ -33,7 +33,7 @@ from mtcli.fileio import (
     sha256_file,
 )
 from mtcli.infer.files import warn_of_unused_sampling
-from mtcli.infer.loading import InferenceModel, run_directions
+from mtcli.infer.loading import InferenceModel, check_run_dir, run_directions
 from mtcli.infer.translate import override_keys
 from mtcli.infer.translator import Translator
 from mtcli.logs import get_logger, progress
@@ -67,6 +67,7 @@ def _split_files(run_dir: Path, config: Config, split: str, direction: tuple[str
     src, ref = text_dir / f"{name}.{src_lang}", text_dir / f"{name}.{tgt_lang}"
     if src.is_file() and ref.is_file():
         _check_as_prepared(run_dir, [(name, src_lang, src), (name, tgt_lang, ref)])
+        _warn_of_newer_text(run_dir, config.data.prepared_path(), name, (src_lang, tgt_lang), (src, ref))
         return src, ref
     prepared = config.data.prepared_path()
     try:
@@ -98,6 +99,33 @@ def _check_as_prepared(run_dir: Path, texts: list[tuple[str, str, Path]]) -> Non
         if isinstance(record, dict) and record.get("sha256") and sha256_file(path) != record["sha256"]:
             raise DataError(f"{path}: not the text the run was prepared with (its sha256 is not the one "
                             f"{run_dir / MANIFEST_NAME} records); restore it, or give the files as --src and --ref")
+
+
+def _warn_of_newer_text(run_dir: Path, prepared: Path, split: str, langs: tuple[str, str],
+                        copies: tuple[Path, Path]) -> None:
+    """Warn when the prepared cache holds another text of ``split`` than the run's copy (a
+    reference mended and prepared again since the run began): the run's copy is what is scored,
+    and the warning gives the ``--src``/``--ref`` that score the cache's."""
+    def records(directory: Path) -> dict[str, Any]:
+        try:
+            files = json.loads((directory / MANIFEST_NAME).read_text(encoding="utf-8"))["files"]
+        except (OSError, ValueError, KeyError, TypeError):  # no record to compare (an import, no cache)
+            return {}
+        return files if isinstance(files, dict) else {}
+
+    ours, theirs = records(run_dir), records(prepared)
+    changed = []
+    for lang in langs:
+        name = f"{array_name(split, lang)}.txt"
+        mine, now = ours.get(name), theirs.get(name)
+        if isinstance(mine, dict) and isinstance(now, dict) and None not in (mine.get("sha256"), now.get("sha256")) \
+                and mine["sha256"] != now["sha256"]:
+            changed.append(name)
+    if changed:
+        new = [prepared / f"{array_name(split, lang)}.txt" for lang in langs]
+        get_logger().warning("%s: %s prepared again since this run began, with other text (%s); scoring the run's "
+                             "copy, %s and %s (to score the new text: --src %s --ref %s)", prepared, split,
+                             ", ".join(changed), copies[0], copies[1], new[0], new[1])
 
 
 def _check_test_args(split: str | None, src_file: str | Path | None, ref_file: str | Path | None) -> None:
@@ -253,7 +281,9 @@ def _read_input(run_dir: Path, config: Config, test: _Test, direction: tuple[str
     if split is None and names_an_open_file(src_path):
         # <(zcat a.gz), a pipe: named by its text, not by a descriptor's number every such call shares
         name = f"stream-{lines_sha256(sources)[:12]}{_direction_suffix(config, direction)}"
-    scorer("bleu", direction[1], instead=instead)
+    if "bleu" in test.metrics:
+        chrf = "or --metrics chrf: chrF needs no tokeniser"
+        scorer("bleu", direction[1], instead=f"{instead[:-1]}; {chrf})" if instead else f" ({chrf})")
     return _Input(direction, src_path, ref_paths, name, split, sources, references, more_references, digest)
 
 
@@ -442,6 +472,7 @@ def evaluate_directions(
         check_language_code("--src-lang", src_lang)
     if more_refs and src_file is None:
         raise ConfigError("several references (--ref ... --ref) need --src files, not a split")
+    check_run_dir(run_dir)  # (a config given for the run: its eval/ was said to be unwritable)
     _check_output_dir(run_dir, output_dir)  # before the model loads (and is converted, for CTranslate2)
     translator = Translator.from_run(run_dir, checkpoint, average_last=average_last,
                                      average_best=average_best, ensemble=ensemble, engine=engine,

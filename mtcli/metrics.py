@@ -131,8 +131,8 @@ def score(hypotheses: list[str], references: list[str], *, more_references: Sequ
     reference streams, one line per hypothesis each), both in ``tgt_lang`` (which picks BLEU's
     tokeniser, see :func:`scorer`).
 
-    Always BLEU and lowercased BLEU (``bleu``, ``bleu_lc``, floats 0-100); chrF and TER when
-    ``metrics`` names them (``chrf``, ``ter``; lower TER is better). Each with its signature as
+    The metrics ``metrics`` names: BLEU with lowercased BLEU (``bleu``, ``bleu_lc``, floats
+    0-100), chrF and TER (``chrf``, ``ter``; lower TER is better). Each with its signature as
     ``<metric>_signature`` (also grouped under ``signatures``), and BLEU's details
     (``bleu_precisions``, ``bleu_bp``, ``sys_len``, ``ref_len``). Raises :class:`DataError` if a
     reference stream's length differs from the hypotheses' or when there are none, and
@@ -147,17 +147,16 @@ def score(hypotheses: list[str], references: list[str], *, more_references: Sequ
             raise DataError(f"{len(hypotheses)} hypotheses but {len(stream)} references: counts must match")
     hyps = list(hypotheses)
     warn_if_tokenised(hyps)
-    scorers = {"bleu": scorer("bleu", tgt_lang), "bleu_lc": scorer("bleu", tgt_lang, lowercase=True)}
+    scorers = {"bleu": scorer("bleu", tgt_lang), "bleu_lc": scorer("bleu", tgt_lang, lowercase=True)} \
+        if "bleu" in metrics else {}  # (chrF and TER need no tokeniser: no MeCab for --metrics chrf)
     scorers.update({name: scorer(name, tgt_lang) for name in ("chrf", "ter") if name in metrics})
     results = {name: corpus_score(scorer, hyps, refs) for name, scorer in scorers.items()}
     signatures = {name: str(scorer.get_signature()) for name, scorer in scorers.items()}
-    b = results["bleu"]
+    b = results.get("bleu")
     return {
         **{name: float(r.score) for name, r in results.items()},  # unrounded: shown to 2 places as sacreBLEU's
         **{f"{name}_signature": sig for name, sig in signatures.items()},
         "signatures": signatures,
-        "bleu_precisions": [float(p) for p in b.precisions],
-        "bleu_bp": float(b.bp),
-        "sys_len": int(b.sys_len),
-        "ref_len": int(b.ref_len),
+        **({"bleu_precisions": [float(p) for p in b.precisions], "bleu_bp": float(b.bp), "sys_len": int(b.sys_len),
+            "ref_len": int(b.ref_len)} if b is not None else {}),
     }

@@ -94,6 +94,8 @@ def test_japanese_and_korean_need_mecab_and_say_which_extra(lang: str, tmp_path:
     except ImportError:
         with pytest.raises(MtcliError, match=rf"pip install 'sacrebleu\[{lang}\]>=[\d.]+'"):
             score(["a"], ["a"], tgt_lang=lang)
+        chrf = score(["a b"], ["a b"], tgt_lang=lang, metrics=["chrf"])  # chrF alone needs no tokeniser
+        assert chrf["chrf"] == 100.0 and "bleu" not in chrf and list(chrf["signatures"]) == ["chrf"]
         config = toy_train_config(tmp_path / "prepared", tmp_path / "run", f"data.tgt_lang={lang}",
                                   "train.valid_bleu=true")
         with pytest.raises(MtcliError, match=rf"pip install 'sacrebleu\[{lang}\]>=[\d.]+' \(or train.valid_bleu=false"):
@@ -209,6 +211,51 @@ def test_a_runs_test_text_cut_short_within_a_line_is_refused(prepared_toy: Path,
         evaluate(run, split=None, src_file=None, ref_file=None, checkpoint="best", average_last=0,
                  average_best=0, overrides=[], output_dir=tmp_path / "eval")
     assert not (tmp_path / "eval").exists()
+
+
+def test_a_reference_mended_and_prepared_again_since_the_run_is_warned_of(tmp_path: Path,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """The run's copy of its test text is scored; a reference mended in the corpus and prepared
+    again was scored as the old one without a word."""
+    import logging
+    import shutil
+
+    from conftest import TOY_DIR, toy_train_config
+
+    from mtcli.data.prepare import prepare
+    from mtcli.evaluate import evaluate
+    from mtcli.train import train
+
+    corpus, prepared, run = tmp_path / "corpus", tmp_path / "prepared", tmp_path / "run"
+    shutil.copytree(TOY_DIR, corpus)
+    config = toy_train_config(prepared, run, f"data.source={corpus}", "train.max_steps=1")
+    prepare(config)
+    train(config)
+    ref = corpus / "test.tgt"
+    ref.write_text("a mended first line\n" + ref.read_text(encoding="utf-8").split("\n", 1)[1], encoding="utf-8")
+    prepare(config)
+    with caplog.at_level(logging.WARNING, logger="mtcli"):
+        report = evaluate(run, output_dir=tmp_path / "eval")
+    assert report["reference"] == str(run / "text" / "test.tgt")
+    assert (f"{prepared}: test prepared again since this run began, with other text (test.tgt.txt); scoring the run's "
+            f"copy, {run / 'text' / 'test.src'} and {run / 'text' / 'test.tgt'} (to score the new text: --src "
+            f"{prepared / 'test.src.txt'} --ref {prepared / 'test.tgt.txt'})") in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mtcli"):
+        evaluate(run, split="val", output_dir=tmp_path / "eval")  # a split as it was: nothing to say
+    assert "prepared again" not in caplog.text
+
+
+def test_a_config_given_for_the_run_directory_is_said_to_be_one(tmp_path: Path) -> None:
+    """``mtcli evaluate recipe.yaml`` (prepare and train take the config) was told that
+    recipe.yaml/eval could not be made."""
+    from conftest import TOY_CONFIG
+
+    for command in ("evaluate", "translate"):
+        res = mtcli_here(command, str(TOY_CONFIG), stdin=b"")
+        assert res.returncode == 1 and res.stderr.decode().strip() == (
+            f"mtcli: error: {TOY_CONFIG}: a config file, not a run directory; give the run directory its training "
+            "wrote (its train.run_dir)")
 
 
 def test_cli_evaluate_src_ref_pair(tiny_run_dir: Path, tmp_path: Path) -> None:

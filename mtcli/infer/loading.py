@@ -166,6 +166,17 @@ def run_tokenizer(run_dir: Path) -> Tokenizer | VocabTokenizer:
 
 def _open_run(run_dir: Path) -> tuple[Config, Tokenizer | VocabTokenizer]:
     """The run's config and tokenizer; :class:`CheckpointError` for anything but a run directory."""
+    check_run_dir(run_dir)
+    config = load_config(run_dir / CONFIG_NAME, lenient=True)
+    return config, run_tokenizer(run_dir)
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """:class:`CheckpointError` for anything but a run directory, saying what it is instead (a
+    training's config file, an export, a training that has just begun)."""
+    if run_dir.suffix in (".yaml", ".yml") and run_dir.is_file():
+        raise CheckpointError(f"{run_dir}: a config file, not a run directory; give the run directory its "
+                              "training wrote (its train.run_dir)")
     if not run_dir.exists():
         raise CheckpointError(f"{run_dir}: run directory not found")
     if not run_dir.is_dir() or not (run_dir / CONFIG_NAME).is_file():
@@ -177,8 +188,6 @@ def _open_run(run_dir: Path) -> tuple[Config, Tokenizer | VocabTokenizer]:
             raise CheckpointError(f"{run_dir}: an mtcli export, not a run directory; give the run it was exported "
                                   f"from ({_exported_from(run_dir)}), or load it with CTranslate2 or transformers")
         raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_NAME})")
-    config = load_config(run_dir / CONFIG_NAME, lenient=True)
-    return config, run_tokenizer(run_dir)
 
 
 def _exported_from(export: Path) -> str:
