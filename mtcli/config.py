@@ -23,7 +23,7 @@ import yaml
 
 from mtcli.errors import ConfigError, shown
 from mtcli.fileio import atomic_write, names_an_open_file
-from mtcli.languages import default_character_coverage, default_normalization
+from mtcli.languages import default_character_coverage, default_normalization, standard_tag
 from mtcli.logs import get_logger
 from mtcli.settings import (
     DECODE_RANGES,
@@ -411,6 +411,22 @@ _SPECIAL_PIECES = ("<s>", "<pad>", "<unk>")  # and </s>: mtcli.data.tokenizer's 
 LANGUAGE_CODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 
+def _check_one_code_a_language(config: Config, where: str) -> None:
+    """Refuse one language written two ways in a config's languages (``de`` and ``deu``, ``fr``
+    and ``fra_Latn``): a model tags, scores and translates into each code apart, so its pairs
+    would be split between two target languages without a word. Regions and scripts that say
+    something (``pt-BR`` and ``pt``, ``zh-TW`` and ``zh-CN``) are other languages here."""
+    dc = config.data
+    seen: dict[str, tuple[str, str]] = {}
+    for key, lang in [("data.src_lang", dc.src_lang), ("data.tgt_lang", dc.tgt_lang),
+                      *((f"data.sources[{i}].langs", lang) for i, c in enumerate(dc.sources) for lang in c.langs or ())]:
+        first_key, first = seen.setdefault(standard_tag(lang), (key, lang))
+        if first != lang:
+            raise ConfigError(f"{where}: {first_key} {first!r} and {key} {lang!r} are one language written two ways "
+                              f"({standard_tag(lang)}): a model keeps each code apart (its tag, its direction, its "
+                              "score), splitting the language's pairs between them; write it one way")
+
+
 def _validate_sources(config: Config, where: str) -> None:
     """The rules of ``data.source`` / ``data.sources``."""
     dc = config.data
@@ -434,6 +450,7 @@ def _validate_sources(config: Config, where: str) -> None:
         if corpus.tag is not None and (not _TAG.fullmatch(corpus.tag) or corpus.tag in _SPECIAL_PIECES):
             raise ConfigError(f"{where}: {key}.tag must be one symbol <name> (letters, digits, _ or -), e.g. '<bt>', "
                               f"not <s>, </s>, <pad>, <unk> or a target-language tag <2xx>, got {corpus.tag!r}")
+    _check_one_code_a_language(config, where)
     directions = [tuple(c.langs or ()) for c in dc.corpora()]
     if (dc.src_lang, dc.tgt_lang) not in directions:
         raise ConfigError(f"{where}: no corpus of data.sources goes {dc.src_lang}->{dc.tgt_lang} (data.src_lang, "

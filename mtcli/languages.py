@@ -23,15 +23,16 @@ Four places treat such languages differently, each as the tool it follows does:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
+import langcodes
+
 #: ISO 639 codes that mean Chinese (the macrolanguage ``zho``/``chi`` and its members, Literary
-#: Chinese ``lzh`` too: all written in Han characters without spaces); then the three-letter codes
-#: of Japanese, Korean and the unspaced languages below
+#: Chinese ``lzh`` too: all written in Han characters without spaces), which langcodes keeps
+#: apart from ``zh`` but for the first three and Mandarin
 _CHINESE = ("zho", "chi", "cmn", "yue", "wuu", "hak", "nan", "gan", "hsn", "cdo", "cjy", "cpx", "czh", "czo",
             "mnp", "lzh")
-_ALIASES = {**dict.fromkeys(_CHINESE, "zh"), "jpn": "ja", "kor": "ko", "tha": "th", "lao": "lo", "khm": "km",
-            "mya": "my", "bur": "my", "bod": "bo", "tib": "bo", "dzo": "dz", "fas": "fa", "per": "fa"}
 #: Languages written without spaces between words, measured in characters by the cleaning rules.
 CHARACTER_LANGUAGES = ("zh", "ja", "th", "lo", "km", "my", "bo", "dz")
 #: Those of them with thousands of characters (Han, kana), whose full-width punctuation NFKC turns into ASCII.
@@ -42,17 +43,36 @@ AS_WRITTEN_LANGUAGES = (*RICH_SCRIPT_LANGUAGES, "th", "lo", "ko", "fa", "ckb")
 RICH_SCRIPT_COVERAGE = 0.9995
 
 
+@functools.cache
 def language_code(lang: str | None) -> str:
-    """``lang`` as its two-letter code: ``zh_TW``, ``zh-Hans``, ``cmn``, ``wuu``, ``lzh`` ->
-    ``zh``; ``jpn`` -> ``ja``; ``""`` for None."""
+    """``lang``'s language as its shortest ISO 639 code (langcodes' standard form): ``deu``,
+    ``ger``, ``de-AT`` -> ``de``; ``jpn_Jpan`` -> ``ja``; ``iw`` -> ``he``; ``zh_TW``, ``zh-Hans``,
+    ``cmn``, ``wuu``, ``lzh`` -> ``zh`` (all written in Han characters); a code langcodes does not
+    know as it is, lowercased; ``""`` for None."""
     code = (lang or "").lower().replace("_", "-").split("-")[0]
-    return _ALIASES.get(code, code)
+    if code in _CHINESE:
+        return "zh"
+    try:
+        return langcodes.standardize_tag(code, macro=True)
+    except (langcodes.LanguageTagError, ValueError):  # not a language subtag (a one-letter name)
+        return code
+
+
+@functools.cache
+def standard_tag(lang: str) -> str:
+    """``lang`` in langcodes' standard form, region and script kept where they say something:
+    ``deu`` -> ``de``, ``fra_Latn`` -> ``fr`` (Latin is French's script), ``pt_br`` -> ``pt-BR``,
+    ``zh-hant`` -> ``zh-Hant``; a tag langcodes cannot read, as it is."""
+    try:
+        return langcodes.standardize_tag(lang.replace("_", "-"), macro=True)
+    except (langcodes.LanguageTagError, ValueError):
+        return lang
 
 
 def same_language(code: str, other: str) -> bool:
-    """Whether two codes without a region are one language's by the aliases here (``kor`` and
-    ``ko``, ``tha`` and ``th``): Chinese's members aside (``yue`` and ``lzh`` are not ``zh``,
-    though BLEU and cleaning treat them alike)."""
+    """Whether two codes without a region are one language's (``kor`` and ``ko``, ``ger`` and
+    ``de``): Chinese's members aside (``yue`` and ``lzh`` are not ``zh``, though BLEU and
+    cleaning treat them alike)."""
     code, other = code.lower(), other.lower()
     return code == other or (code not in _CHINESE and other not in _CHINESE and language_code(code) == language_code(other))
 

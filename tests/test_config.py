@@ -565,6 +565,30 @@ def test_a_corpus_of_other_than_two_languages_is_one_line(langs: list[str]) -> N
         config_from_dict(raw)
 
 
+@pytest.mark.parametrize(("sources", "message"), [
+    ([{"source": "a", "langs": ["en", "de"]}, {"source": "b", "langs": ["eng", "deu"]}],
+     r"data.src_lang 'en' and data.sources\[1\].langs 'eng' are one language written two ways \(en\)"),
+    ([{"source": "a", "langs": ["en", "de"]}, {"source": "b", "langs": ["en", "ger"]}],
+     r"data.tgt_lang 'de' and data.sources\[1\].langs 'ger' are one language written two ways \(de\)"),
+    ([{"source": "a", "langs": ["en", "de"]}, {"source": "b", "langs": ["fr", "en"]}, {"source": "c", "langs": ["en", "fra_Latn"]}],
+     r"data.sources\[1\].langs 'fr' and data.sources\[2\].langs 'fra_Latn' are one language written two ways \(fr\)"),
+])
+def test_one_language_written_two_ways_is_refused(sources: list, message: str) -> None:
+    """German as de in one corpus and deu in another was two target languages, <2de> and <2deu>,
+    its pairs split between them, without a word."""
+    raw = {"data": {"name": "x", "src_lang": "en", "tgt_lang": "de", "sources": sources}}
+    with pytest.raises(ConfigError, match=message + ": a model keeps each code apart .*; write it one way$"):
+        config_from_dict(raw)
+
+
+def test_regions_and_scripts_that_say_something_are_other_languages() -> None:
+    raw = {"data": {"name": "x", "src_lang": "en", "tgt_lang": "pt", "sources": [
+        {"source": "a", "langs": ["en", "pt"]}, {"source": "b", "langs": ["en", "pt-BR"]},
+        {"source": "c", "langs": ["en", "zh-TW"]}, {"source": "d", "langs": ["en", "zh-CN"]},
+        {"source": "e", "langs": ["en", "sr-Latn"]}, {"source": "f", "langs": ["en", "sr-Cyrl"]}]}}
+    assert len(config_from_dict(raw).data.corpora()) == 6
+
+
 def test_a_value_of_shared_references_is_quoted_short_and_a_deep_one_refused(tmp_path: Path) -> None:
     """A 600-byte YAML of aliases took all memory: its type error quoted the value in full. A
     value nested past Python's limit was a RecursionError traceback."""

@@ -78,8 +78,9 @@ def test_an_exact_variant_wins_and_several_near_ones_are_refused(tmp_path: Path,
     korean.write_text('<?xml version="1.0" encoding="UTF-8"?>\n<tmx version="1.4"><header/><body>\n'
                       + unit(("en", "a dog"), ("ko-KR", "개")) + unit(("eng", "a cat"), ("kor", "고양이"))
                       + "</body></tmx>\n", encoding="utf-8")
-    assert list(tmx_pairs(korean, "en", "kor")) == [("a dog", "개"), ("", "")]
-    assert list(tmx_pairs(korean, "en", "ko")) == [("a dog", "개"), ("", "")]  # (eng is no code mtcli maps)
+    assert list(tmx_pairs(korean, "en", "kor")) == [("a dog", "개"), ("a cat", "고양이")]
+    assert list(tmx_pairs(korean, "en", "ko")) == [("a dog", "개"), ("a cat", "고양이")]  # eng is en too
+    assert list(tmx_pairs(korean, "eng", "ko")) == [("a dog", "개"), ("a cat", "고양이")]
     with pytest.raises(DataError, match="no translation unit holds both 'en' and 'ko-KP'"):  # a region: its own only
         list(tmx_pairs(korean, "en", "ko-KP"))
     # Chinese's members are other languages: zh reads zh-CN beside yue-HK, and never yue or lzh alone
