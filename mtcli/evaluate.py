@@ -321,6 +321,25 @@ def _check_outputs(run_dir: Path, test: _Test, inputs: list[_Input]) -> None:
                 if same:
                     raise ConfigError(f"{output}: evaluate would write its output over {read}, which it reads; "
                                       "give another --output directory")
+        _warn_of_another_test_set(_output_paths(run_dir, test, given.name)[1], given)
+
+
+def _warn_of_another_test_set(report_path: Path, given: _Input) -> None:
+    """Warn, before decoding, when the report this evaluation replaces is of another test set
+    (``--src`` files of one name in two directories are named alike): its scores are lost."""
+    try:
+        old = json.loads(report_path.read_text(encoding="utf-8"))
+        was = Path(old["source"]), old["reference_lines_sha256"]
+    except (OSError, ValueError, KeyError, TypeError):  # none there, or not a report of this form
+        return
+    try:
+        same_source = os.path.samefile(was[0], given.src_path)
+    except OSError:  # moved away since
+        same_source = was[0] == given.src_path
+    if not same_source or was[1] != lines_sha256(given.references):
+        what = f"source {was[0]}" if not same_source else "another reference text"
+        get_logger().warning("%s: holds the scores of %s, which this evaluation replaces (give --output DIR to keep "
+                             "both)", report_path, what)
 
 
 def _shared_with_training(run_dir: Path, split: str, direction: tuple[str, str]) -> dict[str, Any] | None:

@@ -277,6 +277,32 @@ def test_cli_evaluate_src_ref_pair(tiny_run_dir: Path, tmp_path: Path) -> None:
             "nothing") in res.stderr.decode()
 
 
+def test_a_report_of_another_test_set_of_the_same_name_is_warned_of_before_it_is_replaced(
+        tiny_run_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``--src odd/test.en`` then ``--src c1/test.en``: the second report replaced the first unsaid."""
+    import logging
+
+    from mtcli.evaluate import evaluate
+
+    for folder, lines in (("odd", ["rot", "blau"]), ("c1", ["grün", "rot", "gelb"])):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "test.src").write_text("".join(f"{x}\n" for x in lines), encoding="utf-8")
+        (tmp_path / folder / "test.ref").write_text("".join(f"{x}\n" for x in lines), encoding="utf-8")
+
+    def run(folder: str) -> str:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="mtcli"):
+            evaluate(tiny_run_dir, src_file=tmp_path / folder / "test.src", ref_file=tmp_path / folder / "test.ref",
+                     output_dir=tmp_path / "eval", overrides=["decode.beam_size=1"])
+        return caplog.text
+
+    assert "which this evaluation replaces" not in run("odd")
+    assert "which this evaluation replaces" not in run("odd")  # the same test set again
+    said = run("c1")
+    assert f"test.src.best.report.json: holds the scores of source {tmp_path / 'odd' / 'test.src'}, which this " \
+           "evaluation replaces (give --output DIR to keep both)" in said
+
+
 def test_evaluate_average_last(tiny_run_dir: Path, tmp_path: Path) -> None:
     from mtcli.evaluate import evaluate
 

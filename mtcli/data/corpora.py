@@ -39,7 +39,7 @@ from mtcli.data.vocabmap import load_tokenizer
 from mtcli.data.workers import can_fork
 from mtcli.errors import DataError
 from mtcli.fileio import FileHasher
-from mtcli.languages import measured_in_characters
+from mtcli.languages import measured_in_characters, same_language
 from mtcli.logs import get_logger
 from mtcli.rundir import VOCAB_NAME
 
@@ -169,9 +169,9 @@ def _has_split(source: Source, split: str) -> bool:
     return True
 
 
-def _open(corpus: CorpusConfig) -> Source:
+def _open(corpus: CorpusConfig, k: int) -> Source:
     src, tgt = corpus.langs or ("", "")
-    return open_source(corpus.source, src, tgt, corpus.hub_config)
+    return open_source(corpus.source, src, tgt, corpus.hub_config, f"data.sources[{k}].source")
 
 
 def _providers(data: DataConfig, corpora: list[Corpus], eval_splits: Iterable[str], notes: list[str]
@@ -320,7 +320,7 @@ def one_language_twice(targets: list[str]) -> list[str]:
     tags = [lang.lower().replace("_", "-").split("-") for lang in targets]
 
     def alike(x: list[str], y: list[str]) -> bool:  # one bare, or the same subtags spelt otherwise
-        return x[0] == y[0] and (len(x) == 1 or len(y) == 1 or x == y)
+        return same_language(x[0], y[0]) and (len(x) == 1 or len(y) == 1 or x[1:] == y[1:])
 
     return [f"target languages {targets[j]} and {targets[i]} look like one language spelled two ways: each gets its "
             f"own tag ({target_tag(targets[j])}, {target_tag(targets[i])}) and the data of its corpora only; spell "
@@ -354,7 +354,7 @@ def plan_corpora(data: DataConfig) -> Plan:
     notes = one_language_twice(targets) if target_tags else []
     for k, config in enumerate(configs):
         notes += _repeated(configs, k)
-        source = _open(config)
+        source = _open(config, k)
         _check_splits(source, data, [data.train_split], f"data.sources[{k}]")
         tgt = (config.langs or ["", ""])[1]
         prefix = ([target_tags[tgt]] if target_tags else []) + ([config.tag] if config.tag else [])

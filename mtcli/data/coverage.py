@@ -94,7 +94,8 @@ def _advice(rule: str | None, unknown: bool) -> str:
     if rule is None:
         return "the given data.spm_model normalises it or lacks some of its characters"
     if unknown or rule == "identity":
-        return "the vocabulary lacks some of its characters (raise data.vocab_size or data.character_coverage)"
+        return ("the vocabulary lacks some of its characters: they are not in the training text (train on text "
+                "that holds them), or a data.character_coverage below 1.0 left them out")
     return f"its normalisation ({rule}) changes them: data.spm_normalization: identity keeps the text as written"
 
 

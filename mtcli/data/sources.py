@@ -90,6 +90,13 @@ class TextDirSource(Source):
                 self._misnamed.append(advice)
 
     def _missing_split(self, split: str) -> MissingSplitError:
+        swapped = sorted(lang for lang, name in self._files if name == split  # en.train: <lang>.<split>
+                         and lang in (self.src_lang, self.tgt_lang))
+        if swapped:
+            return MissingSplitError(
+                f"{self.describe()}: no split '{split}': its files are named <lang>.<split> "
+                f"({', '.join(f'{lang}.{split}' for lang in swapped)}), and mtcli reads <split>.<lang>: rename them "
+                f"({', '.join(f'{split}.{lang}' for lang in swapped)})")
         return MissingSplitError(f"{super()._missing_split(split)}{self._advice()}")
 
     def _advice(self) -> str:
@@ -429,10 +436,12 @@ class HubSource(_ArrowSource):
 
     kind = "hub"
 
-    def __init__(self, hub_id: str, hub_config: str | None, src_lang: str, tgt_lang: str) -> None:
+    def __init__(self, hub_id: str, hub_config: str | None, src_lang: str, tgt_lang: str,
+                 key: str = "data.source") -> None:
         super().__init__(hub_id, src_lang, tgt_lang)
         self.hub_id = hub_id
         self.hub_config = hub_config
+        self.key = key  # the config key that names it
         self._dict: Any = None
 
     def describe(self) -> str:
@@ -452,9 +461,9 @@ class HubSource(_ArrowSource):
                 if "/" not in self.hub_id:  # as likely a local directory misspelt
                     why += f", and no directory {Path.cwd() / self.hub_id} exists"
                 raise DataError(
-                    f"cannot load Hugging Face dataset '{self.hub_id}'"
+                    f"{self.key}: cannot load Hugging Face dataset '{self.hub_id}'"
                     f"{f' config {self.hub_config!r}' if self.hub_config else ''}: {why} "
-                    f"[{one_line(exc)}]; with no internet, point data.source at a local directory "
+                    f"[{one_line(exc)}]; with no internet, point {self.key} at a local directory "
                     "(<split>.<lang> text files, a save_to_disk directory, or parquet files)"
                 ) from None
             if not hasattr(loaded, "keys"):
@@ -499,13 +508,15 @@ def looks_like_path(source: str) -> bool:
         "/" in source and Path(source.split("/")[0]).is_dir())
 
 
-def open_source(source: str, src_lang: str, tgt_lang: str, hub_config: str | None = None) -> Source:
+def open_source(source: str, src_lang: str, tgt_lang: str, hub_config: str | None = None,
+                key: str = "data.source") -> Source:
     """The :class:`Source` ``data.source`` names: a local directory (kind detected), a public
-    corpus mtcli knows by name (:mod:`mtcli.data.download`: fetched once, verified), or a hub id."""
+    corpus mtcli knows by name (:mod:`mtcli.data.download`: fetched once, verified), or a hub id
+    (``key``: the config key that names it, for errors: ``data.sources[1].source``)."""
     path = Path(source).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise DataError(f"data.source {source}: is a file, expected a directory or a hub id")
+            raise DataError(f"{key} {source}: is a file, expected a directory or a hub id")
         kind = detect_kind(path)
         if kind == "dataset":
             return DatasetDirSource(path, src_lang, tgt_lang)
@@ -514,16 +525,16 @@ def open_source(source: str, src_lang: str, tgt_lang: str, hub_config: str | Non
             if not text._memories and not any({src_lang, tgt_lang} <= set(text.languages(split))
                                               for split in text.splits()):  # (a .tmx's languages: read later)
                 return ParquetDirSource(path, src_lang, tgt_lang, hub_config)
-            get_logger().warning("data.source %s: reading its text files; its .parquet files are left out", source)
+            get_logger().warning("%s %s: reading its text files; its .parquet files are left out", key, source)
         if not text.splits():
             entries = ", ".join(sorted(p.name for p in path.iterdir())[:10]) or "nothing"
-            raise DataError(f"data.source {source}: no <split>.<lang> text files, <split>.<l1>-<l2>.tsv or "
+            raise DataError(f"{key} {source}: no <split>.<lang> text files, <split>.<l1>-<l2>.tsv or "
                             f"<split>.tmx files, parquet files or saved dataset found (it holds: {entries})"
                             f"{text._advice()}")
         return text
     if source in CORPORA:
         return TextDirSource(locate(source), src_lang, tgt_lang)
     if looks_like_path(source) or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
-        raise DataError(f"data.source {source}: directory not found (relative paths are from {Path.cwd()})")
-    get_logger().info("data.source %s is not a local directory: loading it from the Hugging Face hub", source)
-    return HubSource(source, hub_config, src_lang, tgt_lang)
+        raise DataError(f"{key} {source}: directory not found (relative paths are from {Path.cwd()})")
+    get_logger().info("%s %s is not a local directory: loading it from the Hugging Face hub", key, source)
+    return HubSource(source, hub_config, src_lang, tgt_lang, key)

@@ -265,6 +265,31 @@ def test_a_misspelt_directory_under_a_local_one_is_not_taken_for_a_hub_id(monkey
     assert isinstance(open_source("some-org/en_fr", "en", "fr"), HubSource)  # no local some-org/
 
 
+def test_a_corpus_of_several_that_cannot_be_opened_is_named_by_its_key(tmp_path: Path) -> None:
+    """The error said data.source of a config that has data.sources, naming no entry of it."""
+    from mtcli.config import config_from_dict
+    from mtcli.data.corpora import plan_corpora
+
+    root = write_text_dir(tmp_path / "c", {"train": PAIRS})
+    data = config_from_dict({"data": {"name": "x", "src_lang": "de", "tgt_lang": "en", "sources": [
+        {"source": str(root)}, {"source": str(tmp_path / "nodir")}]}}).data
+    with pytest.raises(DataError, match=rf"^data.sources\[1\].source {re.escape(str(tmp_path / 'nodir'))}: directory "
+                                        "not found"):
+        plan_corpora(data)
+
+
+def test_files_named_lang_dot_split_are_said_to_be_swapped(tmp_path: Path) -> None:
+    """en.train, fr.train: the advice was data.train_split, naming the splits 'en' and 'fr'."""
+    root = tmp_path / "c"
+    root.mkdir()
+    for lang in ("de", "en"):
+        (root / f"{lang}.train").write_text("x\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r": no split 'train': its files are named <lang>.<split> \(de.train, "
+                                        r"en.train\), and mtcli reads <split>.<lang>: rename them \(train.de, "
+                                        r"train.en\)$"):
+        open_source(str(root), "de", "en").check(["train"])
+
+
 def test_open_source_hub_id_is_lazy() -> None:
     source = open_source("some-org/some-dataset", "de", "en", "de-en")
     assert isinstance(source, HubSource)
