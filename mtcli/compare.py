@@ -36,6 +36,7 @@ from mtcli.config import check_language_code
 from mtcli.data.textio import lines_sha256, read_lines, read_lines_hashed
 from mtcli.errors import ConfigError, DataError, shown
 from mtcli.fileio import atomic_write, check_file_target, is_stream, sha256_file
+from mtcli.languages import known_code
 from mtcli.logs import get_logger
 from mtcli.metrics import (
     BOM_NOTE,
@@ -137,13 +138,17 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
         raise ConfigError("compare needs at least two systems: the baseline first, then the others")
     if not references:
         raise ConfigError("compare needs at least one reference file (--ref)")
+    if any(str(path) == "-" for path in (*systems, *references)):
+        raise ConfigError("-: compare reads each system's hypotheses and the references as files (or run "
+                          "directories); give standard input as /dev/stdin")
     if not metrics or not tests:
         raise ConfigError(f"compare needs at least one metric ({', '.join(METRICS)}) and one test "
                           f"({', '.join(TESTS)}), got metrics {list(metrics)} and tests {list(tests)}")
     for option, given, known in (("--metrics", metrics, METRICS), ("--test", tests, TESTS)):
         unknown = [name for name in given if name not in known]
         if unknown:
-            raise ConfigError(f"{option} {', '.join(map(shown, unknown))}: unknown (known: {', '.join(known)})")
+            also = ", both" if option == "--test" else ""  # (the command line's name for the two)
+            raise ConfigError(f"{option} {', '.join(map(shown, unknown))}: unknown (known: {', '.join(known)}{also})")
     metrics, tests = metric_names(metrics), tuple(dict.fromkeys(tests))
     if output is not None:
         check_file_target(Path(output))  # before the tests, not after them
@@ -152,6 +157,9 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
     if tgt_lang is not None:
         check_language_code("--tgt-lang", tgt_lang)
         check_one_language("--tgt-lang", tgt_lang)
+        if not known_code(tgt_lang):
+            get_logger().warning("--tgt-lang %s: no language code langcodes knows (a typo?): scored as a language "
+                                 "whose words spaces separate (BLEU's 13a)", tgt_lang)
     _check_seed()
     first, digest = read_lines_hashed(references[0], BOM_NOTE)  # once: a stream gives its lines once
     count = len(first)

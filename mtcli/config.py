@@ -88,7 +88,8 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     dotted, raw_value = text.split("=", 1)
     parts = dotted.strip().split(".")
     if len(parts) != 2 or not all(parts):
-        raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. train.max_steps=100")
+        raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. train.max_steps=100 (decoding: "
+                          "decode.beam_size=5)")
     try:
         value = load_yaml(raw_value) if raw_value.strip() else ""
     except yaml.YAMLError:

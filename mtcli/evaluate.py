@@ -128,12 +128,15 @@ def _warn_of_newer_text(run_dir: Path, prepared: Path, split: str, langs: tuple[
                              ", ".join(changed), copies[0], copies[1], new[0], new[1])
 
 
-def _check_test_args(split: str | None, src_file: str | Path | None, ref_file: str | Path | None) -> None:
+def _check_test_args(split: str | None, src_file: str | Path | None, ref_file: str | Path | None,
+                     more_refs: Sequence[str | Path] = ()) -> None:
     """A split, or a source and a reference file, or neither (the first test split)."""
     if (src_file is None) != (ref_file is None):
         raise ConfigError("--src and --ref must be given together")
     if src_file is not None and split is not None:
         raise ConfigError("give either --split or --src/--ref, not both")
+    if any(str(path) == "-" for path in (src_file, ref_file, *more_refs) if path is not None):
+        raise ConfigError("-: evaluate reads a source and its references as files; give standard input as /dev/stdin")
 
 
 def _test_files(run_dir: Path, config: Config, split: str | None, src_file: str | Path | None,
@@ -485,7 +488,7 @@ def evaluate_directions(
     those with the given ``src_lang`` / setting ``tgt_lang``: one report each. A run of one
     direction, or given files, gives one report."""
     run_dir = Path(run_dir)
-    _check_test_args(split, src_file, ref_file)
+    _check_test_args(split, src_file, ref_file, more_refs)
     metrics = metric_names(metrics)  # before the model is loaded
     if src_lang is not None:
         check_language_code("--src-lang", src_lang)

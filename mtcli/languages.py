@@ -69,6 +69,11 @@ def standard_tag(lang: str) -> str:
         return lang
 
 
+def known_code(lang: str) -> bool:
+    """Whether langcodes knows ``lang`` as a language tag (``zn``, a typo of ``zh``, it does not)."""
+    return langcodes.tag_is_valid(lang.replace("_", "-"))
+
+
 def same_language(code: str, other: str) -> bool:
     """Whether two codes without a region are one language's (``kor`` and ``ko``, ``ger`` and
     ``de``): Chinese's members aside (``yue`` and ``lzh`` are not ``zh``, though BLEU and

@@ -93,6 +93,8 @@ def phrase_bleu_note(tgt_lang: str | None) -> str | None:
 def metric_names(metrics: Sequence[str]) -> tuple[str, ...]:
     """``metrics`` without repeats, in order; :class:`ConfigError` naming any not in
     :data:`METRICS` (said before a decoding, not after it)."""
+    if not metrics:  # (an empty variable, --metrics "": a report without a score)
+        raise ConfigError(f"no metric given: name at least one of {', '.join(METRICS)}")
     unknown = [m for m in metrics if m not in METRICS]
     if unknown:
         raise ConfigError(f"unknown metric {', '.join(map(repr, unknown))} (known: {', '.join(METRICS)})")

@@ -237,7 +237,10 @@ def test_bleu_of_a_thai_target_is_said_to_count_phrases(systems: tuple[Path, Pat
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="mtcli"):
         compare([weak, strong], [ref], metrics=["bleu"], tests=["bs"], samples=5, tgt_lang="en")
-    assert "BLEU of" not in caplog.text
+    assert "BLEU of" not in caplog.text and "langcodes" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="mtcli"):  # zn for zh: scored by 13a, unsaid
+        compare([weak, strong], [ref], metrics=["bleu"], tests=["bs"], samples=5, tgt_lang="zn")
+    assert "--tgt-lang zn: no language code langcodes knows (a typo?)" in caplog.text
 
 
 def test_unspaced_references_with_no_language_are_said_to_need_one(tmp_path: Path,
@@ -296,7 +299,7 @@ def test_bad_input_is_one_line(systems: tuple[Path, Path, Path], tmp_path: Path)
         compare([weak], [ref])
     with pytest.raises(ConfigError, match=r"^--metrics 'meteor': unknown \(known: bleu, chrf, ter\)$"):
         compare([weak, strong], [ref], metrics=["meteor"])
-    with pytest.raises(ConfigError, match=r"^--test '', 'xx': unknown \(known: bs, ar\)$"):  # (named neither option)
+    with pytest.raises(ConfigError, match=r"^--test '', 'xx': unknown \(known: bs, ar, both\)$"):  # (named neither option)
         compare([weak, strong], [ref], tests=["", "bs", "xx"])
     with pytest.raises(ConfigError, match=r"at least one metric .* got metrics \[\]"):  # printed two empty tables
         compare([weak, strong], [ref], metrics=[])
@@ -317,6 +320,11 @@ def test_bad_input_is_one_line(systems: tuple[Path, Path, Path], tmp_path: Path)
         compare([weak, strong], [ref], tgt_lang="!!")
     with pytest.raises(ConfigError, match=r"--tgt-lang 'en-zh': the target's language alone, not a pair .*give zh$"):
         compare([weak, strong], [ref], tgt_lang="en-zh")  # sacreBLEU's -l en-zh: was scored as English, by 13a
+    for given in ([weak, Path("-")], [Path("-"), strong]):  # (translate and score said to use /dev/stdin)
+        with pytest.raises(ConfigError, match=r"^-: compare reads .* give standard input as /dev/stdin$"):
+            compare(given, [ref])
+    with pytest.raises(ConfigError, match=r"^-: compare reads .* give standard input as /dev/stdin$"):
+        compare([weak, strong], [Path("-")])
     for seed in ("0", "None", "-1", "x"):  # 0, None: unseeded under a signature naming a seed; -1: numpy's traceback
         os.environ["SACREBLEU_SEED"] = seed  # 0: p-values that could not be repeated, the signature saying seed:0
         try:

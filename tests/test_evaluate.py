@@ -258,6 +258,19 @@ def test_a_config_given_for_the_run_directory_is_said_to_be_one(tmp_path: Path) 
             "wrote (its train.run_dir)")
 
 
+def test_no_metric_and_standard_input_as_dash_are_refused_before_decoding(tiny_run_dir: Path, tmp_path: Path) -> None:
+    """--metrics "" decoded the test set and wrote a report of no score, exit 0; --src - was a
+    file not found."""
+    res = mtcli_here("evaluate", str(tiny_run_dir), "--metrics", "", "--output", str(tmp_path / "ev"))
+    assert res.returncode == 2 and res.stderr.decode().strip() == \
+        "mtcli: error: no metric given: name at least one of bleu, chrf, ter"
+    ref = tiny_run_dir / "text" / "test.tgt"
+    res = mtcli_here("evaluate", str(tiny_run_dir), "--src", "-", "--ref", str(ref), "--output", str(tmp_path / "ev"))
+    assert res.returncode == 2 and res.stderr.decode().strip() == ("mtcli: error: -: evaluate reads a source and its "
+                                                                   "references as files; give standard input as /dev/stdin")
+    assert not (tmp_path / "ev").exists()
+
+
 def test_cli_evaluate_src_ref_pair(tiny_run_dir: Path, tmp_path: Path) -> None:
     src, ref = tmp_path / "a.src", tmp_path / "a.ref"
     src.write_text("eine katze spielt\n\nrot\n", encoding="utf-8")
