@@ -123,17 +123,9 @@ def recorded_language(files: Sequence[Path]) -> str | None:
     return None
 
 
-def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
-            metrics: Sequence[str] = METRICS, tests: Sequence[str] = ("bs", "ar"),
-            samples: int | None = None, names: Sequence[str] | None = None,
-            output: str | Path | None = None, tgt_lang: str | None = None) -> dict[str, Any]:
-    """Compare ``systems`` (the first is the baseline) on ``references`` with each of ``tests``
-    (``bs``, ``ar``; see the module docstring), for each of ``metrics``. ``samples``: resamples
-    or swaps per test (default 1,000 and 10,000); ``tgt_lang``: the references' language (by
-    default the one recorded beside the hypotheses, if any). Returns the report, also written to
-    ``output`` (a ``report.json`` path) when given. Raises :class:`ConfigError` or :class:`DataError`."""
-    from sacrebleu.significance import PairedTest
-
+def _check_arguments(systems: Sequence[str | Path], references: Sequence[str | Path], metrics: Sequence[str],
+                     tests: Sequence[str], samples: int | None, output: str | Path | None, tgt_lang: str | None) -> None:
+    """:func:`compare`'s arguments checked before any file is read (one-line errors)."""
     if len(systems) < 2:
         raise ConfigError("compare needs at least two systems: the baseline first, then the others")
     if not references:
@@ -149,7 +141,6 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
         if unknown:
             also = ", both" if option == "--test" else ""  # (the command line's name for the two)
             raise ConfigError(f"{option} {', '.join(map(shown, unknown))}: unknown (known: {', '.join(known)}{also})")
-    metrics, tests = metric_names(metrics), tuple(dict.fromkeys(tests))
     if output is not None:
         check_file_target(Path(output))  # before the tests, not after them
     if samples is not None and samples < 1:
@@ -160,6 +151,21 @@ def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
         if not known_code(tgt_lang):
             get_logger().warning("--tgt-lang %s: no language code langcodes knows (a typo?): scored as a language "
                                  "whose words spaces separate (BLEU's 13a)", tgt_lang)
+
+
+def compare(systems: Sequence[str | Path], references: Sequence[str | Path], *,
+            metrics: Sequence[str] = METRICS, tests: Sequence[str] = ("bs", "ar"),
+            samples: int | None = None, names: Sequence[str] | None = None,
+            output: str | Path | None = None, tgt_lang: str | None = None) -> dict[str, Any]:
+    """Compare ``systems`` (the first is the baseline) on ``references`` with each of ``tests``
+    (``bs``, ``ar``; see the module docstring), for each of ``metrics``. ``samples``: resamples
+    or swaps per test (default 1,000 and 10,000); ``tgt_lang``: the references' language (by
+    default the one recorded beside the hypotheses, if any). Returns the report, also written to
+    ``output`` (a ``report.json`` path) when given. Raises :class:`ConfigError` or :class:`DataError`."""
+    from sacrebleu.significance import PairedTest
+
+    _check_arguments(systems, references, metrics, tests, samples, output, tgt_lang)
+    metrics, tests = metric_names(metrics), tuple(dict.fromkeys(tests))
     _check_seed()
     first, digest = read_lines_hashed(references[0], BOM_NOTE)  # once: a stream gives its lines once
     count = len(first)
