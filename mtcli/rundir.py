@@ -233,11 +233,15 @@ def _ranking(run_dir: Path, present: bool = True, index: dict[int, dict] | None 
 def prune_checkpoints(run_dir: Path, keep_last: int, keep_best: int = 0) -> None:
     """Delete ``checkpoint_<step>.pt`` files beyond the newest ``keep_last``.
 
-    ``checkpoint_last.pt``/``checkpoint_best.pt`` are never touched; with ``keep_best`` > 0
-    the best ``keep_best`` indexed step checkpoints are kept too (for ``--average-best``).
+    ``checkpoint_last.pt``/``checkpoint_best.pt`` are never touched, nor the step files they are
+    hard links to (removing one frees no space, and ``--best 1`` would find no step of the best);
+    with ``keep_best`` > 0 the best ``keep_best`` indexed step checkpoints are kept too (for
+    ``--average-best``).
     """
     steps = step_checkpoints(run_dir)
     keep = {p for _, p in steps[-keep_last:]} if keep_last > 0 else set()
+    linked = [checkpoint_dir(run_dir) / name for name in (LAST_NAME, BEST_NAME)]
+    keep |= {p for _, p in steps if any(_same_file(p, other) for other in linked)}
     if keep_best > 0:
         try:
             keep |= {p for _, p in _ranking(run_dir)[1][:keep_best]}
@@ -249,6 +253,13 @@ def prune_checkpoints(run_dir: Path, keep_last: int, keep_best: int = 0) -> None
                 path.unlink(missing_ok=True)
             except OSError as exc:
                 get_logger().warning("cannot remove old checkpoint %s (%s)", path, exc.strerror or exc)
+
+
+def _same_file(path: Path, other: Path) -> bool:
+    try:
+        return path.samefile(other)
+    except OSError:  # (one of them not there)
+        return False
 
 
 def select_checkpoints(run_dir: Path, last: int = 0, best: int = 0) -> list[Path]:

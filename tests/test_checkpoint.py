@@ -878,6 +878,24 @@ def test_prune_keeps_last_k_and_best(tmp_path: Path) -> None:
     assert names == sorted([rd.LAST_NAME, rd.BEST_NAME, "checkpoint_50.pt"])
 
 
+def test_the_step_files_of_checkpoint_best_and_last_are_never_pruned(tmp_path: Path) -> None:
+    """They are hard links to checkpoint_best.pt and checkpoint_last.pt: removing them freed no
+    space, and `mtcli average --best 1` then averaged another step, the best's file gone."""
+    import os
+
+    from mtcli.rundir import select_checkpoints
+
+    _write_run(tmp_path, [10, 20, 30, 40, 50])
+    directory = tmp_path / "checkpoints"
+    os.link(directory / "checkpoint_20.pt", directory / rd.BEST_NAME)  # as training links them
+    os.link(directory / "checkpoint_50.pt", directory / rd.LAST_NAME)
+    for step, bleu in [(10, 1.0), (20, 9.0), (30, 2.0), (40, 3.0), (50, 4.0)]:
+        update_index(tmp_path, step, {"loss": 1.0, "bleu": bleu})
+    prune_checkpoints(tmp_path, keep_last=1)
+    assert sorted(p.name for p in directory.glob("checkpoint_*[0-9].pt")) == ["checkpoint_20.pt", "checkpoint_50.pt"]
+    assert [p.name for p in select_checkpoints(tmp_path, best=1)] == ["checkpoint_20.pt"]
+
+
 def test_the_best_or_last_k_pruned_from_disk_are_warned_of(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """--average-best / --average-last took the best or newest K of the step files still on
     disk without a word when train.keep_last had pruned the ones the index ranks first."""
