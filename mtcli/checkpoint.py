@@ -189,6 +189,15 @@ def _unpickling_reason(exc: BaseException) -> str:
     return "objects outside the weights-only allowlist"
 
 
+def is_checkpoint_file(path: Path) -> bool:
+    """Whether ``path`` opens as a file :func:`save_checkpoint` writes (its magic; not verified)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
 def _header(data: bytes) -> tuple[int, re.Match[bytes] | None]:
     """Where a checkpoint's header line ends in ``data``, and its match (None: no header)."""
     end = data.find(b"\n", 0, _MAX_HEADER)

@@ -1018,6 +1018,13 @@ def test_average_run_last_and_best(tmp_path: Path) -> None:
 
     used = average_run_checkpoints(tmp_path, tmp_path / "avg_best.pt", best=2)
     assert [p.name for p in used] == ["checkpoint_20.pt", "checkpoint_30.pt"]  # BLEU 9 and 7
+    average_run_checkpoints(tmp_path, tmp_path / "avg_best.pt", best=2)  # an average replaces its own file
+    notes = tmp_path / "notes.yaml"  # -o of a file of one's own: it became a checkpoint, exit 0
+    notes.write_text("mine\n")
+    with pytest.raises(CheckpointError, match=r"notes.yaml: a file that is not an mtcli checkpoint, which an average "
+                                              r"would replace; write it to a new path, say checkpoint_avg_best2.pt"):
+        average_run_checkpoints(tmp_path, notes, best=2)
+    assert notes.read_text() == "mine\n"
     averaged = load_checkpoint(tmp_path / "avg_best.pt")
     assert torch.equal(averaged["model"]["layer.weight"], _mean([states[20], states[30]], "layer.weight"))
 

@@ -357,6 +357,7 @@ class BatchStream:
         self.batch = 0
         self._cached: tuple[int, list[Any], tuple[SentenceArray, SentenceArray]] | None = None
         self.segments: list[tuple[int, int]] = []  # the current epoch's earlier budgets and their ends
+        self.left_out = 0  # batches the last epoch_batches() left out (fewer than the processes)
         if self.mix is not None and not len(self.mix.epoch_indices(self.indices, 0)):
             raise DataError("the corpus weights (data.sources[].weight) draw no training pair an epoch: raise them "
                             "(a weight is how many times each of a corpus's pairs is drawn, on average)")
@@ -402,6 +403,7 @@ class BatchStream:
                                                                 for b in taken]))
             batches = self._batched(indices, self.max_tokens, epoch)
             usable = len(batches) // self.world_size * self.world_size
+            self.left_out = len(batches) - usable  # (fewer than the processes: out of this epoch)
             self._cached = (epoch, done + batches[:usable], (self.src, self.tgt))
         elif self.resegment is not None and self.src is not self._cached[2][0]:
             self._use_arrays(*self._cached[2])

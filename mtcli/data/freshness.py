@@ -27,10 +27,11 @@ from mtcli.fileio import FileHasher, sha256_file
 from mtcli.logs import get_logger
 
 
-def open_prepared(config: Config, check_inputs: bool = True) -> PreparedCorpus:
+def open_prepared(config: Config, check_inputs: bool = True, resuming: bool = False) -> PreparedCorpus:
     """The prepared cache of ``config`` (checksums verified); :class:`DataError` if it is missing,
     corrupt, or prepared from other data settings or (with ``check_inputs``; under DDP, rank 0
-    alone reads them) inputs than the config's."""
+    alone reads them) inputs than the config's. ``resuming``: a run begun on the cache is to
+    go on, which preparing it again would end (the advice says so first)."""
     path = config.data.prepared_path()
     lock = CacheLock(path, exclusive=False)  # held while the corpus is: no prepare rebuilds it meanwhile
     if path.exists() and not path.is_dir():
@@ -67,10 +68,14 @@ def open_prepared(config: Config, check_inputs: bool = True) -> PreparedCorpus:
         changed.append(f"other content in {', '.join(files)}")
     if changed:
         had = " ".join(settings_prepare_had(corpus.manifest.get("data_config") or {}, data))
-        raise DataError(f"{path} was prepared with {'; '.join(changed)}; run `{config.prepare_command()}`, or give "
-                        f"this command the data settings prepare had{f' ({had})' if had else ''}: the cache follows "
-                        "the config's data section and its files (a run begun on this cache resumes only on its "
-                        "pairs and vocabulary: resume it with those settings, not on a cache prepared again)")
+        settings = f"give this command the data settings prepare had{f' ({had})' if had else ''}"
+        if resuming:  # (preparing again first, as the other advice says, made the run one that cannot resume)
+            raise DataError(f"{path} was prepared with {'; '.join(changed)}, and {config.train.run_dir} was begun on "
+                            f"it as it is: to resume the run, {settings}, or restore the files as they were; to "
+                            f"train on the new data, run `{config.prepare_command()}` and train into a new "
+                            "train.run_dir (the run resumes only on its own pairs and vocabulary)")
+        raise DataError(f"{path} was prepared with {'; '.join(changed)}; run `{config.prepare_command()}`, or "
+                        f"{settings}: the cache follows the config's data section and its files")
     if older := _older_cleaning(corpus.manifest.get("cleaning") or {}, measured_languages(data)):
         get_logger().warning("%s was cleaned by an older mtcli's rules (%s): a run resumed on it keeps them; for a new "
                              "run, `%s` cleans it again", path, "; ".join(older), config.prepare_command())

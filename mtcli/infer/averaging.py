@@ -16,6 +16,7 @@ from mtcli.checkpoint import (
     FORMAT,
     architecture_mismatches,
     directions_text,
+    is_checkpoint_file,
     load_checkpoint,
     other_directions,
     save_checkpoint,
@@ -196,6 +197,9 @@ def average_run_checkpoints(run_dir: Path, output: Path, last: int = 0, best: in
     if role is not None:
         raise CheckpointError(f"{output}: {role} in the run directory {output.resolve().parent}, not an output "
                               f"to replace; write the average as, say, {example}")
+    if output.is_file() and output.stat().st_size and not is_checkpoint_file(output):
+        raise CheckpointError(f"{output}: a file that is not an mtcli checkpoint, which an average would replace; "
+                              f"write it to a new path, say {example}")
     paths = select_checkpoints(run_dir, last=last, best=best)
     state = average_checkpoints(paths)
     save_checkpoint(Path(output), state, follow=True)

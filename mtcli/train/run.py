@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -49,7 +50,16 @@ from mtcli.logs import (
 )
 from mtcli.metrics import phrase_bleu_note
 from mtcli.plots import write_learning_curves
-from mtcli.rundir import CONFIG_NAME, MANIFEST_NAME, SPM_NAME, TEXT_DIR, checkpoint_dir, names
+from mtcli.rundir import (
+    CONFIG_NAME,
+    LAST_NAME,
+    MANIFEST_NAME,
+    SPM_NAME,
+    TEXT_DIR,
+    checkpoint_dir,
+    names,
+    step_checkpoints,
+)
 from mtcli.runlock import RunLock
 from mtcli.train.distributed import (
     DistInfo,
@@ -100,6 +110,7 @@ class TrainSummary:
     rank: int = 0
     device: str = ""
     peak_memory_mb: float = 0.0  # PyTorch's allocations on a GPU, the process's resident set on a CPU
+    trained: bool = True  # False: the run was finished already, and this call trained nothing
 
     @property
     def is_main(self) -> bool:
@@ -110,15 +121,17 @@ class TrainSummary:
         """A few lines for the terminal."""
         bleu, chrf = ("n/a" if v is None else f"{v:.2f}" for v in (self.best_valid_bleu, self.best_valid_chrf))
         loss = "n/a" if self.best_valid_loss is None else f"{self.best_valid_loss:.4f}"
+        stopped = (f"stopped: {self.stop_reason} after {self.steps} steps" if self.trained else
+                   f"nothing trained now: the run was at step {self.steps} already ({self.stop_reason})")
         lines = [
             f"run dir: {self.run_dir}",
-            f"stopped: {self.stop_reason} after {self.steps} steps ({self.epochs} full "
-            f"epoch{'' if self.epochs == 1 else 's'}), {self.elapsed_seconds / 60:.1f} min of training",
+            f"{stopped} ({self.epochs} full epoch{'' if self.epochs == 1 else 's'}), "
+            f"{self.elapsed_seconds / 60:.1f} min of training",
             f"best valid BLEU: {bleu}   chrF: {chrf}   loss: {loss}   (each at its own best step; "
             f"checkpoint_best is the best by {METRIC_NAMES[self.best_by or 'loss']})",
-            f"parameters: {self.parameters:,}   training pairs skipped (last epoch): {self.skipped_pairs}   "
-            f"train tokens/s: {self.tokens_per_second:,.0f}   peak memory: {self.peak_memory_mb:,.0f} MiB "
-            f"on {self.device}",
+            f"parameters: {self.parameters:,}   training pairs too long (never trained on): {self.skipped_pairs}"
+            + (f"   train tokens/s: {self.tokens_per_second:,.0f}   peak memory: {self.peak_memory_mb:,.0f} MiB "
+               f"on {self.device}" if self.trained else ""),
         ]
         if self.resumed_from:
             lines.append(f"resumed from: {self.resumed_from}")
@@ -234,6 +247,18 @@ def resolve_compile(config: Config, device: torch.device) -> Config:
     return dataclasses.replace(config, train=dataclasses.replace(config.train, compile=False))
 
 
+def _warn_of_pairs_over_the_budget(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int) -> None:
+    """Warn of training pairs wider than a batch's token budget: each is a batch of its own,
+    over the budget (on a GPU, the batch that runs out of memory, unexplained)."""
+    width = np.maximum(src_lengths, tgt_lengths) + 1  # (pieces and </s>, as make_batches counts a pair)
+    over = int((width > max_tokens).sum())
+    if over:
+        get_logger().warning("%d of %d training pairs are longer than train.max_tokens=%d tokens (the longest: %d): "
+                             "each is a batch of its own, over the budget; raise train.max_tokens to at least %d, or "
+                             "lower train.max_source_length and train.max_target_length", over, len(width), max_tokens,
+                             int(width.max()), int(width.max()))
+
+
 def _log_start(trainer: Trainer, config: Config, device: torch.device, precision_text: str) -> None:
     """The run's first log lines: where, on what, and what the training stream reads."""
     log, stream, train = get_logger(), trainer.stream, config.train
@@ -249,6 +274,12 @@ def _log_start(trainer: Trainer, config: Config, device: torch.device, precision
         log.warning("%d of %d training pairs are longer than the limits and never trained on (%s)", stream.skipped,
                     stream.skipped + len(stream.indices), "train.pack_length" if stream.pack_length else
                     "train.max_source_length, train.max_target_length, model.max_positions")
+    if trainer.info.is_main and stream.world_size > 1 and stream.epoch_batches(stream.epoch) and stream.left_out:
+        log.info("this epoch's last %d batch(es), fewer than the %d processes, are left out of it (each epoch "
+                 "shuffles anew)", stream.left_out, stream.world_size)
+    if trainer.info.is_main and not stream.pack_length:
+        _warn_of_pairs_over_the_budget(stream.src_lengths[stream.indices], stream.tgt_lengths[stream.indices],
+                                       train.max_tokens)
     if stream.pack_length:
         compiled = (" (compiled for that shape, replayed as a CUDA graph)" if trainer.graphs else
                     " (compiled for that shape)" if train.compile else "")
@@ -375,7 +406,9 @@ def _join(config: Config, info: DistInfo, device: torch.device) -> PreparedCorpu
         init_distributed(info, device)
         if info.distributed:
             end_with_parent(launcher)
-        corpus = open_prepared(config, check_inputs=info.is_main)  # one process reads the corpus's files
+        run_dir = config.run_path()
+        begun = bool(step_checkpoints(run_dir)) or (checkpoint_dir(run_dir) / LAST_NAME).exists()
+        corpus = open_prepared(config, check_inputs=info.is_main, resuming=begun)  # (one process reads its files)
         manifest = corpus.manifest
         agree_on_data((str(manifest.get("build_key")), str((manifest.get("spm") or {}).get("sha256"))), info)
     return corpus
@@ -446,7 +479,7 @@ def train(config: Config) -> TrainSummary:
                          finished, trainer.step, run_dir, decode)
                 if info.is_main and not (run_dir / "learning_curves.png").exists():
                     _draw_learning_curves(run_dir)  # (a stop while they were drawn)
-                return _summary(trainer, finished)
+                return dataclasses.replace(_summary(trainer, finished), trained=False)
         elif config.train.init_from:
             parent = load_parent(config.train.init_from, config.train.init_average)
             run = parent.checkpoints[-1].parent.parent  # (a file outside a run: no spm.model there)

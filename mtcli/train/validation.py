@@ -159,9 +159,13 @@ class Bests:
         self.best_by = state.get("best_by") or (None if self.best is None else
                                                 "bleu" if self.best == self.bleu else "loss")
         self.bad_validations = int(state.get("bad_validations", 0))
+        notes = []
         if self.best_by not in (None, self.metric):  # another metric decides now: its patience starts anew
             self.bad_validations = 0
-        return self.rebase(saved_train or {})
+            notes.append(f"checkpoint_best was picked by {METRIC_NAMES[self.best_by]}, and {METRIC_NAMES[self.metric]} "
+                         "picks it now: the next validation it scores replaces it, and the best that picks it and counts "
+                         "patience starts again from there")
+        return notes + self.rebase(saved_train or {})
 
     def rebase(self, saved: dict[str, Any]) -> list[str]:
         """Forget the bests measured under another basis than this run's (``saved``: the

@@ -305,6 +305,8 @@ def test_stream_shards_batches_across_ranks() -> None:
     kwargs = dict(max_tokens=100, max_source_length=64, max_target_length=64, seed=2)
     streams = [BatchStream(src, tgt, world_size=2, rank=r, **kwargs) for r in range(2)]
     assert len(streams[0].epoch_batches(0)) % 2 == 0
+    whole = len(BatchStream(src, tgt, **kwargs).epoch_batches(0))  # one process: none left out
+    assert streams[0].left_out == whole - len(streams[0].epoch_batches(0)) == whole % 2  # (train logs it)
     g0, g1 = streams[0].next_group(), streams[1].next_group()
     assert len(g0.batches) == 2
     assert np.array_equal(g0.mine()[0], g0.batches[0])

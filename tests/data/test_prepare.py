@@ -531,8 +531,16 @@ def test_train_refuses_a_cache_prepared_with_other_data_settings_or_files(tmp_pa
                                   f"{shlex.quote(str(cfg))} --set data.vocab_size=80`, or give")
     # the settings it was prepared with, to resume a run begun on it (preparing again changed its Thai pairs)
     assert "or give this command the data settings prepare had (--set data.vocab_size=64): " in result.stderr
-    assert "resume it with those settings, not on a cache prepared again" in result.stderr
     assert not (tmp_path / "run").exists()
+    # a run begun on the cache: preparing again, the first advice, ended its resume
+    (tmp_path / "begun" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "begun" / "checkpoints" / "checkpoint_last.pt").write_bytes(b"")
+    result = CliRunner().invoke(app, ["train", str(cfg), "--set", "data.vocab_size=80",
+                                      "--set", f"train.run_dir={tmp_path / 'begun'}"])
+    assert_one_line_error(result, f"was prepared with data.vocab_size=64 (the config: 80), and {tmp_path / 'begun'} was "
+                                  "begun on it as it is: to resume the run, give this command the data settings "
+                                  "prepare had (--set data.vocab_size=64), or restore the files as they were; to train "
+                                  "on the new data, run `mtcli prepare")
     # a corpus file edited since: named; the same content touched again, or the corpus gone: trained on
     train_file = toy_dir / "train.tgt"
     text = train_file.read_text(encoding="utf-8")

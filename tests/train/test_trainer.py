@@ -72,7 +72,7 @@ def test_run_directory_layout_and_checkpoints(prepared: Path, tmp_path: Path) ->
     assert summary.steps == 6 and summary.stop_reason.startswith("max_steps")
     assert summary.best_valid_loss is not None and summary.parameters > 0
     assert "max_steps" in summary.summary() and str(run) in summary.summary()
-    assert "training pairs skipped (last epoch): 0" in summary.summary()  # (subword sampling: it varies by epoch)
+    assert "training pairs too long (never trained on): 0" in summary.summary()  # (subword sampling: it varies by epoch)
     assert re.search(r"\| update: 1 batch\(es\) of \d+ tokens a step a process \| lr noam \(factor [\d.]+, warmup \d+\) "
                      r"\| label smoothing [\d.]+\n", (run / "train.log").read_text(encoding="utf-8"))  # was unsaid
     for name in ("config.yaml", "spm.model", "manifest.json", "train.log", "text/val.src",
@@ -897,6 +897,22 @@ def test_validation_scores_the_model_as_it_trains_whatever_int8_or_shortlist_a_r
     assert read_index(asked) == read_index(plain) and read_index(plain)[4]["bleu"] is not None
 
 
+def test_pairs_wider_than_the_token_budget_are_warned_of(prepared: Path, tmp_path: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """train.max_tokens=5 trained every pair as a batch of its own, over the budget, unsaid (on a
+    GPU: an out-of-memory error nothing explained)."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="mtcli"):
+        train(make_config(prepared, tmp_path / "run", "train.max_steps=1", "train.max_tokens=5"))
+    assert re.search(r"\d+ of \d+ training pairs are longer than train.max_tokens=5 tokens \(the longest: (\d+)\): "
+                     r"each is a batch of its own, over the budget; raise train.max_tokens to at least \1", caplog.text)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mtcli"):
+        train(make_config(prepared, tmp_path / "run2", "train.max_steps=1"))
+    assert "longer than train.max_tokens" not in caplog.text
+
+
 def test_a_finished_run_given_again_is_left_as_it_was(prepared: Path, tmp_path: Path) -> None:
     """Given again with another setting (a batch size), a finished run trained no step but wrote
     the new setting and a rebatched data position into its checkpoint and config.yaml: training
@@ -905,7 +921,9 @@ def test_a_finished_run_given_again_is_left_as_it_was(prepared: Path, tmp_path: 
     train(make_config(prepared, run, "train.max_steps=4", "train.valid_every=2"))
     files = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and p.name != "train.log"}
     again = train(make_config(prepared, run, "train.max_steps=4", "train.valid_every=2", "train.max_tokens=100"))
-    assert again.steps == 4 and again.stop_reason == "max_steps=4"
+    assert again.steps == 4 and again.stop_reason == "max_steps=4" and not again.trained
+    assert "nothing trained now: the run was at step 4 already (max_steps=4)" in again.summary()
+    assert "peak memory" not in again.summary()  # (this call's, which trained nothing, was shown as the run's)
     assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and p.name != "train.log"} == files
     assert "nothing to train: max_steps=4 at step 4" in (run / "train.log").read_text(encoding="utf-8")
     # decode settings, which evaluate reads from config.yaml, are taken; nothing else changes

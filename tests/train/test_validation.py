@@ -61,10 +61,13 @@ def test_a_resume_under_another_metric_starts_its_patience_anew() -> None:
     stopped.update(valid(3, 9, 39))
     assert stopped.bad_validations == 1
     resumed = Bests("loss")
-    resumed.load_state_dict(stopped.state_dict())
+    said = resumed.load_state_dict(stopped.state_dict())
     assert resumed.bad_validations == 0
+    assert said == ["checkpoint_best was picked by chrF, and loss picks it now: the next validation it scores replaces "
+                    "it, and the best that picks it and counts patience starts again from there"]  # (it was unsaid)
+    assert resumed.update(valid(3.5))  # worse than the best loss, 3: yet checkpoint_best's now, as said
     same = Bests("chrf")
-    same.load_state_dict(stopped.state_dict())
+    assert same.load_state_dict(stopped.state_dict()) == []
     assert same.bad_validations == 1  # the same metric: exactly where it was
 
 
