@@ -217,9 +217,10 @@ def test_evaluate_leaves_out_an_empty_test_split_and_says_how_to_score_the_other
         return real_scorer(name, tgt_lang, instead=instead, **kw)
 
     monkeypatch.setattr(evaluate_module, "scorer", scorer)
-    with pytest.raises(MtcliError, match=r"a package \(or --tgt-lang: score the directions into another language\)$"):
+    with pytest.raises(MtcliError, match=r"a package \(or --tgt-lang: score the directions into another language; or "
+                                         r"--metrics chrf: chrF needs no tokeniser\)$"):
         evaluate_directions(multi_run, beam=1, output_dir=tmp_path)
-    with pytest.raises(MtcliError, match="a package$"):  # asked for xx alone: nothing else to suggest
+    with pytest.raises(MtcliError, match=r"a package \(or --metrics chrf: chrF needs no tokeniser\)$"):  # xx alone
         evaluate_directions(multi_run, beam=1, output_dir=tmp_path, tgt_lang="xx")
 
 

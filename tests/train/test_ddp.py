@@ -228,10 +228,10 @@ from mtcli.errors import DataError
 opened = run.open_prepared
 
 
-def open_prepared(config, check_inputs=True):
+def open_prepared(config, check_inputs=True, resuming=False):
     if os.environ["RANK"] == "1":  # as a machine whose cache is missing, or other
         raise DataError("rank 1's cache: no prepared cache here")
-    return opened(config, check_inputs)
+    return opened(config, check_inputs, resuming)
 
 
 run.open_prepared = open_prepared
