@@ -384,6 +384,7 @@ def _evaluate_with(translator: Translator, run_dir: Path, test: _Test, given: _I
         **scores,
         "split": split,
         "direction": "-".join(direction),
+        "src_lang": direction[0],
         "tgt_lang": direction[1],
         "source": str(src_path),
         "reference": str(ref_path),
@@ -511,8 +512,11 @@ def evaluate_directions(
     if not directions and src_file is not None:
         directions = _zero_shot(trained, src_lang, tgt_lang)
     if not directions:
+        zero_shot = src_file is None and src_lang in {s for s, _ in trained} and tgt_lang in {t for _, t in trained}
         raise ConfigError(f"{run_dir}: no direction {src_lang or '*'}->{tgt_lang or '*'} among those it was "
-                          f"trained on ({', '.join('->'.join(d) for d in trained)})")
+                          f"trained on ({', '.join('->'.join(d) for d in trained)})"
+                          + ("; a direction it was not trained on is scored zero-shot on files: --src FILE --ref FILE"
+                             if zero_shot else ""))
     sources = sorted({d[0] for d in trained})
     if src_file is not None and src_lang is None and len(sources) > 1:  # a file's language cannot be told
         get_logger().warning("%s: scored as %s (the run translates from %s; --src-lang names the file's language)",

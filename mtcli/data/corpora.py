@@ -221,8 +221,12 @@ def _providers(data: DataConfig, corpora: list[Corpus], eval_splits: Iterable[st
         holds = eval_split_name(split, src, tgt, lambda name, lang: (name, lang) in providers)
         if (holds, src) not in providers or (holds, tgt) not in providers:
             others = sorted({"->".join(c.langs) for (s, _), (c, _) in providers.items() if read_as.get(s) == split})
-            hint = (f"; it is {', '.join(others)}'s: leave it out of data.test_splits and score it with `mtcli "
-                    "evaluate RUN --src FILE --ref FILE --src-lang L1 --tgt-lang L2`") if others else ""
+            if split == data.valid_split:  # (not a test split to leave out: validation scores this direction)
+                hint = (f"; it is {', '.join(others)}'s: validate a direction that has it (data.src_lang, "
+                        "data.tgt_lang), or name another split (data.valid_split)") if others else ""
+            else:
+                hint = (f"; it is {', '.join(others)}'s: leave it out of data.test_splits and score it with `mtcli "
+                        "evaluate RUN --src FILE --ref FILE --src-lang L1 --tgt-lang L2`") if others else ""
             raise DataError(f"data.sources: no corpus holds split '{split}' in {data.src_lang} and "
                             f"{data.tgt_lang} (the direction data.src_lang -> data.tgt_lang){hint}")
     return providers, read_as

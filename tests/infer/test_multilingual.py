@@ -116,6 +116,10 @@ def test_evaluate_scores_each_direction(multi_run: Path, tmp_path: Path) -> None
         evaluate_directions(multi_run, beam=1, output_dir=tmp_path, src_lang="xx")
     with pytest.raises(ConfigError, match="target language fr: this model translates into tgt, src, xx"):
         evaluate_directions(multi_run, beam=1, output_dir=tmp_path, tgt_lang="fr")
+    with pytest.raises(ConfigError, match=r"no direction tgt->xx among .*; a direction it was not trained on is scored "
+                                          r"zero-shot on files: --src FILE --ref FILE$"):  # (it gave no way on)
+        evaluate_directions(multi_run, beam=1, output_dir=tmp_path, src_lang="tgt", tgt_lang="xx")
+    assert all(r["src_lang"] + "-" + r["tgt_lang"] == r["direction"] for r in reports)
 
 
 def test_evaluate_on_files_warns_which_direction_it_scores(
