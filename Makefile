@@ -21,7 +21,7 @@
 #                    back-translated by beam and by sampling (results/bt.md; BT_SEED, default 1)
 #   make clean       remove caches and build leftovers (never data/ or results/)
 # VENV=DIR: the virtual environment make setup creates (.venv); BIN=DIR: the bin directory of the
-# Python the other targets run (VENV's; e.g. BIN=$$HOME/env/bin for one installed without make).
+# Python the other targets run (VENV's; e.g. BIN=~/env/bin for one installed without make).
 # SEEDS: the seeds make reproduce trains and scores for each Multi30k direction (the README's rows
 # are their means). REPRODUCE_ARGS passes more options to `mtcli reproduce` (see its
 # --help), e.g. REPRODUCE_ARGS='--set train.device=cuda'; reproduce-multilingual and reproduce-bt
@@ -91,6 +91,7 @@ reproduce-wmt-news: $(BIN)/python
 
 # starts from data/runs/multi30k_en_de-seed1 (make reproduce-en-de trains it)
 reproduce-wmt-news-adapt: $(BIN)/python
+	$(if $(DATA),$(error DATA is Multi30k's directory: give the WMT news files with REPRODUCE_ARGS='--data DIR'),)
 	$(BIN)/python -m mtcli reproduce wmt_news_en_de_adapt $(REPRODUCE_ARGS)
 
 # --set options in REPRODUCE_ARGS apply here too, e.g. REPRODUCE_ARGS='--set train.device=cuda'

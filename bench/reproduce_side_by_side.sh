@@ -11,6 +11,7 @@
 # Logs go to OUT/<direction>-seed<N>.log; OUT/done lists each process's exit status.
 set -uo pipefail
 data=$1 out=$2 seeds=${3:-1,2,3}
+[[ -d $data ]] || { echo "reproduce_side_by_side.sh: $data: no such directory (the Multi30k text files)" >&2; exit 2; }
 shift $(( $# < 3 ? $# : 3 ))
 py=${PYTHON:-python}
 mkdir -p "$out"
@@ -27,7 +28,14 @@ for d in en_de de_en; do
     pids[$d-seed$s]=$!
   done
 done
+failed=0
 for run in "${!pids[@]}"; do
-  wait "${pids[$run]}"; echo "$run $?" >>"$out/done.tmp"
+  wait "${pids[$run]}"; status=$?
+  echo "$run $status" >>"$out/done.tmp"
+  if (( status != 0 )); then
+    failed=1
+    echo "reproduce_side_by_side.sh: $run failed (exit $status): $(tail -n 1 "$out/$run.log")" >&2
+  fi
 done
 mv "$out/done.tmp" "$out/done"
+exit "$failed"

@@ -239,6 +239,7 @@ def test_a_translator_pays_for_a_batch_that_does_not_fit_once_not_once_a_call(
 
 def test_the_server_answers_503_only_for_a_request_that_does_not_fit_alone(
         tiny_run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("fastapi", reason="serve is an extra: pip install -e '.[serve]'")
     from fastapi.testclient import TestClient
 
     from mtcli.infer.translator import Translator

@@ -250,6 +250,7 @@ def test_evaluate_checks_every_direction_before_decoding_any(
 
 
 def test_serve_takes_the_target_language_per_request(multi_run: Path) -> None:
+    pytest.importorskip("fastapi", reason="mtcli serve needs the serve extra")
     from fastapi.testclient import TestClient
 
     from mtcli.serve import create_app
