@@ -208,9 +208,10 @@ def _instead(name: str) -> str:
     """What to do when corpus ``name`` cannot be downloaded: its files, and how each command is
     given them (make's ``DATA`` is Multi30k's)."""
     make = "make reproduce DATA=DIR" if name == "multi30k" else "make reproduce-wmt-news REPRODUCE_ARGS='--data DIR'"
-    return (f"put its files ({', '.join(f.name for f in CORPORA.get(name, ()))}) in a directory DIR and pass "
-            f"--set data.source=DIR ({make}; mtcli reproduce --data DIR), or, for a recipe of several corpora, put "
-            f"those files themselves (the same sha256) in DIR/{name}/ and set MTCLI_DATA=DIR")
+    return (f"put its files ({', '.join(f.name for f in CORPORA.get(name, ()))}; those of the recipe's languages "
+            f"are enough) in a directory DIR and pass --set data.source=DIR ({make}; mtcli reproduce --data DIR), "
+            f"or in ../shared/data/{name}/ beside the checkout, where it is found; or put all those files themselves "
+            f"(the same sha256) in DIR/{name}/ and set MTCLI_DATA=DIR")
 
 
 def _verified(path: Path, file: PublicFile) -> bool:
@@ -247,10 +248,15 @@ def locate(name: str) -> Path:
         log.info("data.source %s: downloading %d file(s), %.1f MB of text, into %s", name, len(missing),
                  sum(f.size for f in missing) / 1e6, root)
         root.mkdir(parents=True, exist_ok=True)
-        for file in missing:
-            _remove_stale_parts(root / file.name)
-            _fetch(file, root / file.name, name)
-            log.info("  %s: %d bytes, sha256 verified", file.name, file.size)
+        try:
+            for file in missing:
+                _remove_stale_parts(root / file.name)
+                _fetch(file, root / file.name, name)
+                log.info("  %s: %d bytes, sha256 verified", file.name, file.size)
+        except DataError:
+            with contextlib.suppress(OSError):  # a first download that failed: no empty directory left
+                root.rmdir()
+            raise
     return root
 
 
