@@ -234,15 +234,16 @@ def test_a_reference_mended_and_prepared_again_since_the_run_is_warned_of(tmp_pa
     ref = corpus / "test.tgt"
     ref.write_text("a mended first line\n" + ref.read_text(encoding="utf-8").split("\n", 1)[1], encoding="utf-8")
     prepare(config)
+    short = ["decode.beam_size=1", "decode.max_len_a=0", "decode.max_len_b=4"]  # (an untrained model's outputs)
     with caplog.at_level(logging.WARNING, logger="mtcli"):
-        report = evaluate(run, output_dir=tmp_path / "eval")
+        report = evaluate(run, output_dir=tmp_path / "eval", overrides=short)
     assert report["reference"] == str(run / "text" / "test.tgt")
     assert (f"{prepared}: test prepared again since this run began, with other text (test.tgt.txt); scoring the run's "
             f"copy, {run / 'text' / 'test.src'} and {run / 'text' / 'test.tgt'} (to score the new text: --src "
             f"{prepared / 'test.src.txt'} --ref {prepared / 'test.tgt.txt'})") in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="mtcli"):
-        evaluate(run, split="val", output_dir=tmp_path / "eval")  # a split as it was: nothing to say
+        evaluate(run, split="val", output_dir=tmp_path / "eval", overrides=short)  # a split as it was: unsaid
     assert "prepared again" not in caplog.text
 
 
