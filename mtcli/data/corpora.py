@@ -364,7 +364,22 @@ def plan_corpora(data: DataConfig) -> Plan:
         prefix = ([target_tags[tgt]] if target_tags else []) + ([config.tag] if config.tag else [])
         corpora.append(Corpus(k, config, source, data.train_split, f"{data.train_split}.{k}", prefix))
     providers, read_as = _providers(data, corpora, eval_splits, notes)
+    notes += _untested(data, corpora, providers)
     return Plan(corpora, all_splits, eval_splits, providers, read_as, target_tags, several=True, notes=notes)
+
+
+def _untested(data: DataConfig, corpora: list[Corpus], providers: dict[tuple[str, str], Any]) -> list[str]:
+    """Warnings for the directions no test split holds in both languages: ``evaluate`` leaves
+    them out (said only after the training, before)."""
+    def tested(src: str, tgt: str) -> bool:
+        holds = lambda name, lang: (name, lang) in providers  # noqa: E731
+        return any(holds(name := eval_split_name(split, src, tgt, holds), src) and holds(name, tgt)
+                   for split in data.test_splits)
+
+    directions = dict.fromkeys(c.langs for c in corpora)
+    return [f"{src}->{tgt}: no test split holds it in both languages (data.test_splits: "
+            f"{', '.join(data.test_splits) or 'none'}); evaluate scores it only on files given (--src, --ref)"
+            for src, tgt in directions if data.test_splits and not tested(src, tgt)]
 
 
 def scored_on_training(data: DataConfig) -> list[str]:

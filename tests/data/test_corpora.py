@@ -444,6 +444,9 @@ def test_one_target_language_spelled_two_ways_is_warned_of(multi: tuple[Path, Pa
     overrides[1] = f"data.sources=[{{source: {root}/tri, langs: [src, tgt]}}, {{source: {other}, langs: [src, tgt_XY]}}]"
     notes = plan_corpora(load_config(TOY_CONFIG, overrides).data).notes
     assert notes == ["target languages tgt and tgt_XY look like one language spelled two ways: each gets its own tag "
-                     "(<2tgt>, <2tgt_XY>) and the data of its corpora only; spell them alike if they are one"]
+                     "(<2tgt>, <2tgt_XY>) and the data of its corpora only; spell them alike if they are one",
+                     # (a corpus of train files alone: said at prepare, not first by evaluate after the training)
+                     "src->tgt_XY: no test split holds it in both languages (data.test_splits: test); evaluate scores "
+                     "it only on files given (--src, --ref)"]
     assert one_language_twice(["pt_BR", "pt-PT", "zh-Hans", "zh-Hant", "de"]) == []  # variants, told apart
     assert len(one_language_twice(["pt_BR", "pt-br"])) == 1
