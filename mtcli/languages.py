@@ -29,8 +29,8 @@ from collections.abc import Iterable
 import langcodes
 
 #: ISO 639 codes that mean Chinese (the macrolanguage ``zho``/``chi`` and its members, Literary
-#: Chinese ``lzh`` too: all written in Han characters without spaces), which langcodes keeps
-#: apart from ``zh`` but for the first three and Mandarin
+#: Chinese ``lzh`` too: all written in Han characters without spaces); langcodes makes ``zh`` of
+#: ``zho``, ``chi`` and ``cmn`` alone
 _CHINESE = ("zho", "chi", "cmn", "yue", "wuu", "hak", "nan", "gan", "hsn", "cdo", "cjy", "cpx", "czh", "czo",
             "mnp", "lzh")
 #: Languages written without spaces between words, measured in characters by the cleaning rules.
