@@ -66,8 +66,9 @@ def _split_files(run_dir: Path, config: Config, split: str, direction: tuple[str
     name = eval_split_name(split, src_lang, tgt_lang, lambda name, lang: (text_dir / f"{name}.{lang}").is_file())
     src, ref = text_dir / f"{name}.{src_lang}", text_dir / f"{name}.{tgt_lang}"
     if src.is_file() and ref.is_file():
-        _check_as_prepared(run_dir, [(name, src_lang, src), (name, tgt_lang, ref)])
-        _warn_of_newer_text(run_dir, config.data.prepared_path(), name, (src_lang, tgt_lang), (src, ref))
+        records = _file_records(run_dir)
+        _check_as_prepared(run_dir, records, [(name, src_lang, src), (name, tgt_lang, ref)])
+        _warn_of_newer_text(records, config.data.prepared_path(), name, (src_lang, tgt_lang), (src, ref))
         return src, ref
     prepared = config.data.prepared_path()
     try:
@@ -86,34 +87,34 @@ def _split_files(run_dir: Path, config: Config, split: str, direction: tuple[str
     )
 
 
-def _check_as_prepared(run_dir: Path, texts: list[tuple[str, str, Path]]) -> None:
-    """Refuse a run's copy of a split's text (split, language, path) that is not the text its
-    ``manifest.json`` records (edited, or cut short within a line): it would be scored as if it
-    were, with no line count to tell."""
+def _file_records(directory: Path) -> dict[str, Any]:
+    """The ``files`` of a cache's (or a run's copy of its) ``manifest.json``: name -> size and
+    sha256; empty where there is none to read (an import, no cache)."""
     try:
-        records = json.loads((run_dir / MANIFEST_NAME).read_text(encoding="utf-8"))["files"]
-    except (OSError, ValueError, KeyError, TypeError):  # a run without the record (an import)
-        return
+        files = json.loads((directory / MANIFEST_NAME).read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return files if isinstance(files, dict) else {}
+
+
+def _check_as_prepared(run_dir: Path, records: dict[str, Any], texts: list[tuple[str, str, Path]]) -> None:
+    """Refuse a run's copy of a split's text (split, language, path) that is not the text its
+    ``manifest.json`` records (``records``: its files): edited, or cut short within a line, it
+    would be scored as if it were, with no line count to tell."""
     for split, lang, path in texts:
-        record = records.get(f"{array_name(split, lang)}.txt") if isinstance(records, dict) else None
+        record = records.get(f"{array_name(split, lang)}.txt")
         if isinstance(record, dict) and record.get("sha256") and sha256_file(path) != record["sha256"]:
             raise DataError(f"{path}: not the text the run was prepared with (its sha256 is not the one "
                             f"{run_dir / MANIFEST_NAME} records); restore it, or give the files as --src and --ref")
 
 
-def _warn_of_newer_text(run_dir: Path, prepared: Path, split: str, langs: tuple[str, str],
+def _warn_of_newer_text(ours: dict[str, Any], prepared: Path, split: str, langs: tuple[str, str],
                         copies: tuple[Path, Path]) -> None:
-    """Warn when the prepared cache holds another text of ``split`` than the run's copy (a
-    reference mended and prepared again since the run began): the run's copy is what is scored,
-    and the warning gives the ``--src``/``--ref`` that score the cache's."""
-    def records(directory: Path) -> dict[str, Any]:
-        try:
-            files = json.loads((directory / MANIFEST_NAME).read_text(encoding="utf-8"))["files"]
-        except (OSError, ValueError, KeyError, TypeError):  # no record to compare (an import, no cache)
-            return {}
-        return files if isinstance(files, dict) else {}
-
-    ours, theirs = records(run_dir), records(prepared)
+    """Warn when the prepared cache holds another text of ``split`` than the run's copy (whose
+    manifest's files are ``ours``: a reference mended and prepared again since the run began):
+    the run's copy is what is scored, and the warning gives the ``--src``/``--ref`` that score
+    the cache's."""
+    theirs = _file_records(prepared)
     changed = []
     for lang in langs:
         name = f"{array_name(split, lang)}.txt"
@@ -276,7 +277,7 @@ class _Input:
 def _read_input(run_dir: Path, config: Config, test: _Test, direction: tuple[str, str], instead: str = "") -> _Input:
     """The test text of ``direction``: its files found and read, their line counts checked, and
     BLEU's tokeniser for its target loaded (a missing package is said now, not after a decoding;
-    its message ends with ``instead``)."""
+    its message offers ``instead``, and chrF alone)."""
     src_path, ref_path, name, split = _test_files(run_dir, config, test.split, test.src_file,
                                                   test.ref_files[0] if test.ref_files else None, direction)
     ref_paths = [ref_path, *test.ref_files[1:]]
@@ -285,8 +286,8 @@ def _read_input(run_dir: Path, config: Config, test: _Test, direction: tuple[str
         # <(zcat a.gz), a pipe: named by its text, not by a descriptor's number every such call shares
         name = f"stream-{lines_sha256(sources)[:12]}{_direction_suffix(config, direction)}"
     if "bleu" in test.metrics:
-        chrf = "or --metrics chrf: chrF needs no tokeniser"
-        scorer("bleu", direction[1], instead=f"{instead[:-1]}; {chrf})" if instead else f" ({chrf})")
+        ways = [*([instead] if instead else []), "or --metrics chrf: chrF needs no tokeniser"]
+        scorer("bleu", direction[1], instead=f" ({'; '.join(ways)})")
     return _Input(direction, src_path, ref_paths, name, split, sources, references, more_references, digest)
 
 
@@ -556,7 +557,7 @@ def _inputs(run_dir: Path, config: Config, test: _Test, directions: list[tuple[s
         others = every and any(tgt != direction[1] for _, tgt in directions)
         try:
             inputs.append(_read_input(run_dir, config, test, direction,
-                                      " (or --tgt-lang: score the directions into another language)" if others else ""))
+                                      "or --tgt-lang: score the directions into another language" if others else ""))
         except NoTestText as exc:
             if not every:
                 raise

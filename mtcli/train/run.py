@@ -274,7 +274,7 @@ def _log_start(trainer: Trainer, config: Config, device: torch.device, precision
         log.warning("%d of %d training pairs are longer than the limits and never trained on (%s)", stream.skipped,
                     stream.skipped + len(stream.indices), "train.pack_length" if stream.pack_length else
                     "train.max_source_length, train.max_target_length, model.max_positions")
-    if trainer.info.is_main and stream.world_size > 1 and stream.epoch_batches(stream.epoch) and stream.left_out:
+    if trainer.info.is_main and stream.left_out:  # (the epoch's batches, made for its padding just above)
         log.info("this epoch's last %d batch(es), fewer than the %d processes, are left out of it (each epoch "
                  "shuffles anew)", stream.left_out, stream.world_size)
     if trainer.info.is_main and not stream.pack_length:
