@@ -91,6 +91,23 @@ def test_a_file_that_opens_with_a_byte_order_mark_is_warned_of(systems: tuple[Pa
                       "it, in the first word: strip it (sed -i '1s/^\\xEF\\xBB\\xBF//') to get these scores there"]
 
 
+def test_a_byte_order_mark_inside_a_joined_reference_is_dropped_and_warned_of(
+        systems: tuple[Path, Path, Path], caplog: pytest.LogCaptureFixture) -> None:
+    """``cat a.txt b.txt`` of two files that open with a byte-order mark leaves one inside the
+    text, opening a line: kept, it was part of that line's first word, which no system writes."""
+    ref, weak, strong = systems
+    clean = compare([weak, strong], [ref], samples=5, tests=("bs",), metrics=("bleu",), names=["w", "s"])
+    lines = ref.read_bytes().split(b"\n")
+    lines[2] = b"\xef\xbb\xbf" + lines[2]
+    lines[4] = b"\xef\xbb\xbf" + lines[4]
+    ref.write_bytes(b"\n".join(lines))
+    caplog.clear()
+    joined = compare([weak, strong], [ref], samples=5, tests=("bs",), metrics=("bleu",), names=["w", "s"])
+    assert joined["tests"]["bs"]["scores"] == clean["tests"]["bs"]["scores"]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and warned[0].startswith(f"{ref}:3 (and 1 more): a byte-order mark opens the line")
+
+
 def test_a_tokenised_system_is_warned_of_by_its_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A system of tokenised text (100 lines or more end in " .", sacreBLEU's rule) is named once."""
     lines = [f"sentence {i} , with words" for i in range(120)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import itertools
 import os
 import select
 import zlib
@@ -80,7 +81,8 @@ def iter_binary_lines(handle: BinaryIO, name: str, bom_note: str = "") -> Iterat
     :class:`DataError` (:func:`refuse_lone_cr_ends`). A UTF-8 byte-order mark on the first line
     is dropped; an empty line stays an empty string. An undecodable line raises
     :class:`DataError` as ``NAME:LINE: invalid UTF-8 ...``. ``bom_note``: said as a warning
-    (``NAME: NOTE``) when the text opens with a byte-order mark.
+    (``NAME: NOTE``) when the text opens with a byte-order mark; with it (a file to score), a
+    byte-order mark opening a later line (files joined with ``cat``) is dropped too, and warned of.
     """
     lines = iter(handle)
     first, second = next(lines, None), next(lines, None)
@@ -92,9 +94,30 @@ def iter_binary_lines(handle: BinaryIO, name: str, bom_note: str = "") -> Iterat
         refuse_lone_cr_ends(first, name)
     yield _decode_line(first, name, 1)
     if second is not None:
-        yield _decode_line(second, name, 2)
-        for lineno, raw in enumerate(lines, start=3):
-            yield _decode_line(raw, name, lineno)
+        rest = itertools.chain([second], lines)
+        if bom_note:
+            yield from _without_inner_boms(rest, name)
+        else:
+            for lineno, raw in enumerate(rest, start=2):
+                yield _decode_line(raw, name, lineno)
+
+
+def _without_inner_boms(raws: Iterator[bytes], name: str) -> Iterator[str]:
+    """Lines 2 on of a file to score, a byte-order mark that opens one dropped: it marks where
+    ``cat`` joined a file that opened with one, and kept, it would be the next word's first
+    character, a word no hypothesis holds. Warned of once, at the end, naming the first line."""
+    marked: list[int] = []
+    for lineno, raw in enumerate(raws, start=2):
+        line = _decode_line(raw, name, lineno)
+        if line.startswith("\ufeff"):
+            marked.append(lineno)
+            line = line[1:]
+        yield line
+    if marked:
+        more = f" (and {len(marked) - 1} more)" if len(marked) > 1 else ""
+        get_logger().warning(
+            "%s:%d%s: a byte-order mark opens the line, where a file opening with one was joined on "
+            "(cat); mtcli drops it, sacreBLEU's command line keeps it in the first word", name, marked[0], more)
 
 
 def is_utf8(block: bytes) -> bool:
