@@ -29,6 +29,7 @@ get their inner line breaks replaced by spaces, so a sentence is always one line
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -508,6 +509,14 @@ def looks_like_path(source: str) -> bool:
         "/" in source and Path(source.split("/")[0]).is_dir())
 
 
+def _near_name(source: str) -> str | None:
+    """The corpus mtcli knows, or the directory here, whose name ``source`` misspells (by
+    :func:`difflib.get_close_matches`), else None: ``multi30`` for ``multi30k``."""
+    names = [*CORPORA, *(entry.name for entry in Path.cwd().iterdir() if entry.is_dir())]
+    near = difflib.get_close_matches(source.lower(), names, n=1, cutoff=0.75)
+    return near[0] if near else None
+
+
 def open_source(source: str, src_lang: str, tgt_lang: str, hub_config: str | None = None,
                 key: str = "data.source") -> Source:
     """The :class:`Source` ``data.source`` names: a local directory (kind detected), a public
@@ -536,5 +545,8 @@ def open_source(source: str, src_lang: str, tgt_lang: str, hub_config: str | Non
         return TextDirSource(locate(source), src_lang, tgt_lang)
     if looks_like_path(source) or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
         raise DataError(f"{key} {source}: directory not found (relative paths are from {Path.cwd()})")
+    if "/" not in source and (near := _near_name(source)):  # a typo, not a hub id: no wait on the hub
+        raise DataError(f"{key} {source}: no such directory or corpus; did you mean {near}? "
+                        f"(relative paths are from {Path.cwd()}; a hub id is org/name)")
     get_logger().info("%s %s is not a local directory: loading it from the Hugging Face hub", key, source)
     return HubSource(source, hub_config, src_lang, tgt_lang, key)

@@ -265,6 +265,19 @@ def test_a_misspelt_directory_under_a_local_one_is_not_taken_for_a_hub_id(monkey
     assert isinstance(open_source("some-org/en_fr", "en", "fr"), HubSource)  # no local some-org/
 
 
+def test_a_misspelt_corpus_or_directory_name_is_refused_at_once(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    """``multi30`` for ``multi30k`` (or ``Corpus`` for a directory ``corpus/``) went to the hub as a
+    dataset id, about 25 s offline, before its error: a name this close to one known is a typo."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my-corpus").mkdir()
+    with pytest.raises(DataError, match=r"data.source multi30: no such directory or corpus; did you mean multi30k\?"):
+        open_source("multi30", "en", "de")
+    with pytest.raises(DataError, match=r"did you mean my-corpus\?"):
+        open_source("My_Corpus", "en", "de")
+    assert isinstance(open_source("opus_books", "en", "fr"), HubSource)  # a bare hub id near nothing here
+
+
 def test_a_corpus_of_several_that_cannot_be_opened_is_named_by_its_key(tmp_path: Path) -> None:
     """The error said data.source of a config that has data.sources, naming no entry of it."""
     from mtcli.config import config_from_dict
