@@ -178,8 +178,8 @@ def _variant(config: Config, name: str, sources: list[CorpusConfig], run_dir: Pa
 
 
 def _summary(row: dict[str, Any]) -> dict[str, Any]:
-    keep = ("bleu", "bleu_lc", "chrf", "bleu_lc_signature", "train_steps", "average_last", "length_penalty",
-            "seed", "commit", "device", "train_minutes")
+    keep = ("bleu", "bleu_lc", "chrf", "bleu_signature", "bleu_lc_signature", "chrf_signature", "train_steps",
+            "average_last", "length_penalty", "seed", "commit", "device", "train_minutes")
     return {key: row.get(key) for key in keep}
 
 
@@ -230,6 +230,10 @@ def render(table: dict[str, Any]) -> str:
     first = table[ROWS[0]]
     lines += ["", f"- seed {first['seed']}; each row's checkpoint average and length penalty chosen on val",
               f"- lowercased BLEU `{first['bleu_lc_signature']}`"]
+    for key, metric in (("bleu_signature", "BLEU"), ("chrf_signature", "chrF")):
+        signatures = {table[name].get(key) for name in ROWS}
+        lines.append(f"- {metric} `{signatures.pop()}`" if len(signatures) == 1 and None not in signatures else
+                     f"- {metric}: its signature was not kept with these rows (a table from an older mtcli)")
     return "\n".join(lines) + "\n"
 
 

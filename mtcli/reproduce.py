@@ -354,7 +354,7 @@ def merge_seed_results(paths: list[Path], row_key: str, table_name: str) -> dict
 
 
 def _scores(report: dict[str, Any]) -> dict[str, Any]:
-    return {key: report[key] for key in (*SCORES, "sentences")}
+    return {key: report[key] for key in (*SCORES, *(f"{score}_signature" for score in SCORES), "sentences")}
 
 
 def run_adaptation(config: Config) -> dict[str, Any]:
@@ -423,7 +423,19 @@ def _adaptation_table(results: dict[str, dict[str, Any]]) -> list[str]:
         lines.append(row("(b) from scratch on news", results["en-de"]["train_steps"], results["en-de"], None))
     lines.append(row("(c) parent adapted to news", adapted["train_steps"], adapted, adapted["own_scores_after"]))
     lines.append(f"\n(a): {parent['decode']}; {own} of (c) with the parent's length penalty.")
+    lines += ["", _adaptation_signatures([parent["scores"], parent["own_scores"], adapted["own_scores_after"]])]
     return lines
+
+
+def _adaptation_signatures(scores: list[dict[str, Any]]) -> str:
+    """The line that gives the sacreBLEU signatures of the adaptation table's own scores, or says
+    they were not kept (the rows of an older mtcli)."""
+    names = {"bleu": "BLEU", "chrf": "chrF", "bleu_lc": "lowercased BLEU"}  # (the order of the notes above)
+    signed = {"; ".join(f"{name} `{one[f'{score}_signature']}`" for score, name in names.items())
+              for one in scores if all(f"{score}_signature" in one for score in SCORES)}
+    if not signed:
+        return "Signatures of (a) and of the parent's test set: not kept with these scores (a table from an older mtcli)."
+    return f"Signatures of (a) and of the parent's test set: {' / '.join(sorted(signed))}."
 
 
 def pair_overrides(direction: str) -> list[str]:

@@ -63,6 +63,10 @@ def test_backtranslation_pipeline_on_toy(tmp_path: Path, monkeypatch: pytest.Mon
     text = render(table)
     assert all(f"| {name} |" in text for name in ROWS)
     assert all(f"| {row['device']} | {row['commit']} |" in text for row in table.values())
+    assert f"- BLEU `{table[ROWS[0]]['bleu_signature']}`" in text and "- chrF `nrefs:1|" in text
+    older = {name: {k: v for k, v in row.items() if k not in ("bleu_signature", "chrf_signature")}
+             for name, row in table.items()}
+    assert "- chrF: its signature was not kept with these rows" in render(older)
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{markers(TABLE)[0]}\nold table\n{markers(TABLE)[1]}\nend\n", encoding="utf-8")
     refresh_readme(readme, TABLE, text)

@@ -83,6 +83,8 @@ def test_make_reproduce_wmt_news_then_adapt(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "data" / "runs" / "toy-adapt" / "parent.json").read_text())["average"] == 2
     table = (tmp_path / "results" / "wmt_news.md").read_text(encoding="utf-8")
     assert "(a) parent, as it is" in table and "(c) parent adapted to news" in table
+    assert (f"Signatures of (a) and of the parent's test set: BLEU `{adapted['bleu_signature']}`; "
+            f"chrF `{adapted['chrf_signature']}`; lowercased BLEU `{adapted['bleu_lc_signature']}`.") in table
 
 
 def test_make_clean_removes_caches_and_keeps_data(tmp_path: Path) -> None:
