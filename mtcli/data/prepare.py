@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import sentencepiece
 
-from mtcli.builddir import atomic_dir, restore_swap
+from mtcli.builddir import atomic_dir, check_replaceable, restore_swap
 from mtcli.config import Config, DataConfig
 from mtcli.data.cache import (
     FORMAT_VERSION,
@@ -194,6 +194,7 @@ def _check_writable(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise DataError(f"cannot write the prepared cache to {out}: it exists and is not a directory")
     check_directory(out)  # a file above it: named (mkdir said only "File exists")
+    check_replaceable(out, "manifest.json")  # a directory of the user's own files: refused before the work
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out.parent):

@@ -943,8 +943,10 @@ def test_a_prepared_dir_of_other_files_is_refused_and_kept(tmp_path: Path, toy_d
     mine.mkdir()
     (mine / "corpus.en").write_text("mine\n")
     cfg = write_config(tmp_path, toy_dir, prepared_dir=str(mine))
-    assert_one_line_error(run_cli(str(cfg)), f"{mine}: a directory of other files (it has no manifest.json)")
+    result = run_cli(str(cfg))
+    assert_one_line_error(result, f"{mine}: a directory of other files (it has no manifest.json)")
     assert [p.name for p in mine.iterdir()] == ["corpus.en"]
+    assert "preparing" not in result.stderr  # refused before the work is begun (it logged "preparing ...")
 
 
 def test_missing_source_directory(tmp_path: Path) -> None:
