@@ -64,7 +64,7 @@ class DataConfig:
     character_coverage: float = 1.0  # a config without it: 0.9995 when a language is Chinese or Japanese
     # (below 1.0 the rest are spelled in byte pieces: mtcli.data.prepare.spells_in_bytes)
     spm_normalization: Literal["nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"] = "nmt_nfkc"  # a config
-    # without it: identity when a target language is Chinese or Japanese (see mtcli.languages)
+    # without it: identity for a target language of mtcli.languages.AS_WRITTEN_LANGUAGES (zh, ja, th, ko...)
     spm_max_sentences: int = 2_000_000
     spm_model: str | None = None  # encode with this model (run dir, cache or spm.model), not a new one
     num_workers: int = field(default_factory=usable_cores)  # prepare's processes
