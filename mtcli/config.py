@@ -106,7 +106,9 @@ def unknown_key(section: str, key: str, cls: type | None = None) -> str:
     """What is said of ``section.key``, a key the config does not have (``cls``: the section's
     class, where it is no top-level one: ``data.sources[0]``): the key of that name in another
     section (``train.vocab_size``: ``data.vocab_size``), or a near spelling of one in its own
-    (``train.max_step``), then the section's keys."""
+    (``train.max_step``), then the section's keys. (YAML reads ``1:``, ``true:`` or ``null:`` as
+    a key that is no text: it is said as written.)"""
+    key = str(key)
     fields = [f.name for f in dataclasses.fields(cls or SECTIONS[section])]
     elsewhere = [f"{other}.{key}" for other, kind in SECTIONS.items()
                  if other != section and key in {f.name for f in dataclasses.fields(kind)}] if cls is None \

@@ -665,3 +665,13 @@ def test_the_readmes_table_of_languages_says_what_the_code_does() -> None:
             assert BLEU_TOKENIZERS.get(language_code(code), "13a") == tokenizer, code
             assert default_normalization(["en", code]) == normalization, code
             assert default_character_coverage(["en", code]) == float(coverage), code
+
+
+@pytest.mark.parametrize(("key", "said"), [("1", "data.1"), ("null", "data.None"), ("1.5", "data.1.5")])
+def test_a_key_yaml_reads_as_no_text_is_an_unknown_key(tmp_path: Path, key: str, said: str) -> None:
+    """``1: foo`` under data was a TypeError traceback (the spelling suggestion took the key for text)."""
+    path = write(tmp_path, "data:\n  name: x\n  source: somewhere\n  src_lang: de\n  tgt_lang: en\n"
+                           f"  {key}: foo\n")
+    assert f"unknown key '{said}'" in cli_error(path)
+    sources = write(tmp_path, "data:\n  name: x\n  sources:\n    - source: somewhere\n      true: 3\n", "s.yaml")
+    assert "unknown key 'data.sources[0].True'" in cli_error(sources)
