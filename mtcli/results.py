@@ -25,6 +25,7 @@ from mtcli.device import cpu_has_bf16_units, cpu_name
 from mtcli.errors import ConfigError, DataError, shown
 from mtcli.fileio import atomic_write
 from mtcli.logs import get_logger
+from mtcli.version import __version__
 
 RESULTS_DIR = Path("results")
 README = Path("README.md")
@@ -130,9 +131,38 @@ def check_one_recipe(seeds: dict[Any, dict[str, Any]], what: str) -> None:
             raise ConfigError(f"{what}: the seeds were trained {words} ({each}); merge the seeds of one")
 
 
+def checkout() -> Path | None:
+    """The git checkout mtcli runs from (the directory above the package, when it holds a
+    ``.git``), or None for an installed mtcli: a row names the files of mtcli that ran it, never
+    those of the directory it was run in (a user's own project, whose git is not mtcli's)."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / ".git").exists() else None
+
+
 def _git(*args: str, env: dict[str, str] | None = None) -> str:
-    """``git ARGS`` in the current directory: its output, stripped (raises on failure)."""
-    return subprocess.run(["git", *args], capture_output=True, text=True, check=True, env=env).stdout.strip()
+    """``git ARGS`` in mtcli's checkout: its output, stripped (raises on failure, and without a
+    checkout: :class:`FileNotFoundError`)."""
+    root = checkout()
+    if root is None:
+        raise FileNotFoundError("mtcli runs from no git checkout")
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=True, env=env,
+                          cwd=root).stdout.strip()
+
+
+def package_version() -> str:
+    """What an installed mtcli (no checkout) records for a row's commit: ``mtcli <version>``."""
+    return f"mtcli {__version__}"
+
+
+def package_digest() -> str:
+    """What an installed mtcli records for a row's tree: ``package:`` and the sha256 of its own
+    files (their paths and bytes), which any other version of mtcli changes."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(f"{path.relative_to(root).as_posix()}\0".encode())
+        digest.update(path.read_bytes())
+    return f"package:{digest.hexdigest()}"
 
 
 #: What runs write beside the tables, which is not what they run: a smoke test's tables
@@ -161,19 +191,23 @@ def _own_edits() -> list[str]:
     """Pathspecs of what a reproduction writes and git should not count: the tables, and
     README.md while it differs from HEAD's only inside the results blocks."""
     excluded = generated_paths()
+    readme = Path(checkout() or ".") / README
     try:
-        committed = subprocess.run(["git", "show", f"HEAD:{README}"], capture_output=True, encoding="utf-8",
-                                   check=True).stdout
-        if README.exists() and _without_tables(committed) == _without_tables(README.read_text(encoding="utf-8")):
+        committed = _git("show", f"HEAD:{README}")
+        edited = readme.read_text(encoding="utf-8") if readme.exists() else None
+        if edited is not None and _without_tables(committed).strip() == _without_tables(edited).strip():
             excluded.append(str(README))
-    except subprocess.CalledProcessError:
+    except (OSError, subprocess.CalledProcessError):
         pass
     return [".", *(f":(exclude){path}" for path in excluded)]
 
 
 def git_commit() -> str:
-    """Short hash of HEAD (with ``-dirty`` when files other than the reproduction's own tables
-    differ from it), or ``unknown``."""
+    """Short hash of mtcli's checkout's HEAD (with ``-dirty`` when files other than the
+    reproduction's own tables differ from it); ``mtcli <version>`` for an installed mtcli;
+    ``unknown`` when git fails."""
+    if checkout() is None:
+        return package_version()
     try:
         head = _git("rev-parse", "--short", "HEAD")
         dirty = _git("status", "--porcelain", "--untracked-files=no", "--", *_own_edits())
@@ -189,8 +223,10 @@ def source_tree() -> str:
     It equals ``git rev-parse C^{tree}`` exactly when the files are commit ``C``'s, whatever the
     repository's HEAD says: a copy of a checkout whose ``.git`` is older than its files (as on a
     machine the working tree was copied to) still names the files it ran. The real index is not
-    touched (a temporary one is used).
+    touched (a temporary one is used). An installed mtcli: :func:`package_digest`.
     """
+    if checkout() is None:
+        return package_digest()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             env = dict(os.environ, GIT_INDEX_FILE=str(Path(tmp) / "index"))

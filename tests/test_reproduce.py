@@ -372,14 +372,14 @@ def test_a_copy_with_a_stale_git_is_merged_under_the_commit_whose_files_it_ran(
     _git(repo, "add", "recipe.yaml", "new.sh")
     _git(repo, "commit", "-qm", "two")
     new = _git(repo, "rev-parse", "--short", "HEAD")
-    monkeypatch.chdir(repo)
+    monkeypatch.setattr("mtcli.results.checkout", lambda: repo)  # mtcli's files: this repository's
     assert git_commit() == new and source_tree() == _git(repo, "rev-parse", "HEAD^{tree}")
     index = (repo / ".git" / "index").read_bytes()
 
     copy = tmp_path / "copy"  # the device's copy: the new files, the old .git
     _git(tmp_path, "clone", "-q", str(repo), str(copy))
     _git(copy, "reset", "-q", "--mixed", old)
-    monkeypatch.chdir(copy)
+    monkeypatch.setattr("mtcli.results.checkout", lambda: copy)
     assert git_commit() == f"{old}-dirty"
     ran = source_tree()
     assert ran == _git(repo, "rev-parse", f"{new}^{{tree}}")
@@ -391,7 +391,7 @@ def test_a_copy_with_a_stale_git_is_merged_under_the_commit_whose_files_it_ran(
     edited = source_tree()
     assert edited != ran
 
-    monkeypatch.chdir(repo)
+    monkeypatch.setattr("mtcli.results.checkout", lambda: repo)
     assert (repo / ".git" / "index").read_bytes() == index  # the real index is left alone
     assert commit_of_tree(ran) == new and commit_of_tree(edited) is None
     one, two = _seed_file(tmp_path / "one", 1, 40.0), _seed_file(tmp_path / "two", 2, 42.0)
@@ -424,6 +424,7 @@ def test_two_directions_in_a_row_on_a_clean_clone_both_carry_the_clean_commit(
     _git(repo, "commit", "-qm", "clean")
     clean, tree = _git(repo, "rev-parse", "--short", "HEAD"), _git(repo, "rev-parse", "HEAD^{tree}")
     monkeypatch.chdir(repo)
+    monkeypatch.setattr("mtcli.results.checkout", lambda: repo)
     monkeypatch.setattr("mtcli.reproduce.row_is_the_recipe", lambda *args: True)  # the toy stands for the recipes
     monkeypatch.setattr("mtcli.reproduce.is_the_recipe", lambda *args: True)
     for recipe in ("de_en", "en_de"):
@@ -437,6 +438,39 @@ def test_two_directions_in_a_row_on_a_clean_clone_both_carry_the_clean_commit(
     with (repo / "README.md").open("a", encoding="utf-8") as handle:
         handle.write("an edit outside the table\n")
     assert git_commit() == f"{clean}-dirty" and source_tree() != tree
+
+
+def test_a_row_names_mtcli_s_files_not_those_of_the_project_it_is_run_in(tmp_path: Path, monkeypatch) -> None:
+    """Run in a user's own git project, a reproduction named that project's HEAD as its commit,
+    and hashed the project's files (checkpoints too) into the project's .git as loose objects."""
+    from mtcli.results import checkout, git_commit, source_tree
+
+    project = tmp_path / "project"
+    project.mkdir()
+    _git(project, "init", "-q")
+    (project / "notes.txt").write_text("mine\n", encoding="utf-8")
+    _git(project, "add", "notes.txt")
+    _git(project, "commit", "-qm", "mine")
+    (project / "checkpoint.pt").write_bytes(b"weights" * 100)
+    objects = sorted(p.name for p in (project / ".git" / "objects").rglob("*"))
+    monkeypatch.chdir(project)
+    mine = _git(project, "rev-parse", "--short", "HEAD")
+    assert git_commit() != mine and source_tree() != _git(project, "rev-parse", "HEAD^{tree}")
+    assert sorted(p.name for p in (project / ".git" / "objects").rglob("*")) == objects
+    if checkout() is not None:  # (a test run from mtcli's checkout: its HEAD)
+        assert git_commit().removesuffix("-dirty") == _git(checkout(), "rev-parse", "--short", "HEAD")
+
+
+def test_an_installed_mtcli_names_its_version_and_a_digest_of_its_files(monkeypatch) -> None:
+    """Without a checkout a row said ``unknown``, and the rows a pipeline keeps were never
+    invalidated by another version of mtcli (their key held ``unknown`` for the files)."""
+    from mtcli.results import git_commit, package_digest, source_tree
+    from mtcli.version import __version__
+
+    monkeypatch.setattr("mtcli.results.checkout", lambda: None)
+    assert git_commit() == f"mtcli {__version__}"
+    tree = source_tree()
+    assert tree == package_digest() and tree.startswith("package:") and len(tree) == len("package:") + 64
 
 
 def test_every_recipe_table_is_a_known_results_table_and_the_pairs_are_their_own_rows() -> None:
