@@ -409,19 +409,21 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def another_config_file(state: dict[str, Any], config_path: str, run_dir: Path) -> str | None:
-    """What to warn of when a run is resumed from another config file than the one it was last
-    trained from, both still there: two recipes of one name (``exp1/config.yaml`` and
-    ``exp2/config.yaml``) name one run, so the second went on training the first's. None
-    otherwise (the same file by any path, a moved one, the run's own ``config.yaml`` now or
-    then)."""
+def check_same_config_file(state: dict[str, Any], config_path: str, run_dir: Path) -> None:
+    """Refuse (:class:`ConfigError`) to resume a run from another config file than the one it was
+    last trained from, both still there: two recipes of one name (``exp1/config.yaml`` and
+    ``exp2/config.yaml``) name one run, so the second went on training the first's, with its own
+    settings, and the first's checkpoints were the second's from then on. Nothing is refused for
+    the same file by any path, a moved one, or the run's own ``config.yaml`` now or then."""
     saved, own = state.get("config_file"), run_dir / CONFIG_NAME
     if not saved or config_path == "<config>" or not Path(saved).is_file():
-        return None
+        return
     if any(_same_file(a, b) for a, b in ((config_path, own), (saved, config_path), (saved, own))):
-        return None
-    return (f"{run_dir} was last trained from {saved}, and is resumed from {Path(config_path).resolve()}: a run is "
-            "named after its config file's name; set train.run_dir for a run of this config's own")
+        return
+    raise ConfigError(
+        f"{run_dir} was trained from {saved}, not from {Path(config_path).resolve()}: going on would train that "
+        f"run with this config's settings; set train.run_dir for a run of this config's own (a run is named after "
+        f"its config file's name), or go on with the run's own config: mtcli train {own} [--set KEY=VALUE]")
 
 
 def _same_file(a: str | Path, b: str | Path) -> bool:

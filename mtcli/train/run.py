@@ -74,7 +74,7 @@ from mtcli.train.distributed import (
 from mtcli.train.parent import PARENT_NAME, check_parent_unchanged, load_parent, start_from
 from mtcli.train.rdrop import without_dropout
 from mtcli.train.resume import (
-    another_config_file,
+    check_same_config_file,
     find_resume_checkpoint,
     finish_interrupted_save,
     kept_model_sha256,
@@ -466,8 +466,7 @@ def train(config: Config) -> TrainSummary:
         trainer = Trainer(config, info, device, corpus, run_dir, signals)
         parent = None
         if found is not None:
-            if info.is_main and (other := another_config_file(found[1], config.path, run_dir)):
-                log.warning(other)
+            check_same_config_file(found[1], config.path, run_dir)  # (in every process: each stops)
             checked = check_parent_unchanged(run_dir, config.train.init_from, config.train.init_average)
             trainer.resume(*found, parent_checked=checked)
             if info.is_main:

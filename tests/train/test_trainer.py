@@ -1206,33 +1206,39 @@ def test_a_step_whose_objective_is_not_finite_is_skipped_though_its_logged_loss_
     assert "non-finite loss/gradient at step 2" in (run / "train.log").read_text(encoding="utf-8")
 
 
-def test_a_run_resumed_from_another_config_file_of_its_name_is_warned_of(prepared: Path, tmp_path: Path) -> None:
+def test_a_run_is_not_resumed_from_another_config_file_of_its_name(prepared: Path, tmp_path: Path) -> None:
     """exp1/config.yaml and exp2/config.yaml both name data/runs/config: the second went on
-    training the first's run, saying only "config change on resume" at INFO."""
+    training the first's run with its own settings (a warning, exit 0), and exp1's checkpoints
+    were exp2's from then on. It is refused, the run left as it was; the run's own config.yaml,
+    and the same file by another path, go on."""
     import shutil
 
     from mtcli.config import load_config
+    from mtcli.errors import ConfigError
 
     for exp in ("exp1", "exp2"):
         (tmp_path / exp).mkdir()
         shutil.copy(TOY_CONFIG, tmp_path / exp / "config.yaml")
     run = tmp_path / "run"
 
-    def train_from(path: Path, steps: int) -> str:
+    def train_from(path: Path, steps: int) -> None:
         train(load_config(path, toy_train_overrides(prepared, run, f"train.max_steps={steps}", "train.device=cpu")))
-        return (run / "train.log").read_text(encoding="utf-8")
 
-    said = "was last trained from"
-    assert said not in train_from(tmp_path / "exp1" / "config.yaml", 1)
-    assert said not in train_from(tmp_path / "exp1" / "config.yaml", 2)  # the same file
-    log = train_from(tmp_path / "exp2" / "config.yaml", 3)
-    assert (f"WARNING | {run} was last trained from {tmp_path / 'exp1' / 'config.yaml'}, and is resumed from "
-            f"{tmp_path / 'exp2' / 'config.yaml'}: a run is named after its config file's name") in log
-    train(load_config(run / "config.yaml", [f"data.prepared_dir={prepared}", "train.max_steps=4"]))
-    assert log.count(said) == (run / "train.log").read_text(encoding="utf-8").count(said)  # its own config
-    (tmp_path / "exp2" / "sub").mkdir()  # the same file by another path; then after the run's own config.yaml
-    log = train_from(tmp_path / "exp2" / "sub" / ".." / "config.yaml", 5)
-    assert log.count(said) == (run / "train.log").read_text(encoding="utf-8").count(said) == 1
+    train_from(tmp_path / "exp1" / "config.yaml", 1)
+    train_from(tmp_path / "exp1" / "config.yaml", 2)  # the same file
+    last = (run / "checkpoints" / "checkpoint_last.pt").read_bytes()
+    with pytest.raises(ConfigError) as refused:
+        train_from(tmp_path / "exp2" / "config.yaml", 3)
+    assert str(refused.value) == (
+        f"{run} was trained from {tmp_path / 'exp1' / 'config.yaml'}, not from {tmp_path / 'exp2' / 'config.yaml'}: "
+        "going on would train that run with this config's settings; set train.run_dir for a run of this config's "
+        "own (a run is named after its config file's name), or go on with the run's own config: mtcli train "
+        f"{run / 'config.yaml'} [--set KEY=VALUE]")
+    assert (run / "checkpoints" / "checkpoint_last.pt").read_bytes() == last
+    train(load_config(run / "config.yaml", [f"data.prepared_dir={prepared}", "train.max_steps=4"]))  # its own
+    (tmp_path / "exp1" / "sub").mkdir()  # the same file by another path, after the run's own config.yaml
+    train_from(tmp_path / "exp1" / "sub" / ".." / "config.yaml", 5)
+    assert load_checkpoint(run / "checkpoints" / "checkpoint_last.pt")["step"] == 5
 
 
 def test_validation_decodes_greedily_under_a_sampling_default(prepared: Path, tmp_path: Path,
