@@ -83,7 +83,7 @@ from mtcli.train.resume import (
 from mtcli.train.scalars import Scalars
 from mtcli.train.signals import StopSignals
 from mtcli.train.trainer import Trainer
-from mtcli.train.validation import METRIC_NAMES, check_validation
+from mtcli.train.validation import METRIC_NAMES, check_decode_width, check_validation
 
 #: The run's log: with ``checkpoints/``, what tells a run's directory from another
 LOG_NAME = "train.log"
@@ -464,6 +464,7 @@ def train(config: Config) -> TrainSummary:
         found = find_resume_checkpoint(run_dir)
         agree_on_resume(None if found is None else int(found[1].get("step", 0)), info)
         trainer = Trainer(config, info, device, corpus, run_dir, signals)
+        check_decode_width(config, trainer.model.output_size)
         parent = None
         if found is not None:
             check_same_config_file(found[1], config.path, run_dir)  # (in every process: each stops)

@@ -17,6 +17,7 @@ from mtcli.data.textio import read_lines
 from mtcli.device import autocast
 from mtcli.errors import ConfigError
 from mtcli.infer.loading import InferenceModel
+from mtcli.infer.search import check_beam_width
 from mtcli.infer.translate import translate_texts
 from mtcli.logs import get_logger
 from mtcli.metrics import score, scorer
@@ -34,6 +35,16 @@ def check_validation(config: Config) -> None:
     if config.decode.tgt_lang is not None and config.decode.tgt_lang not in targets:
         raise ConfigError(f"{config.path}: decode.tgt_lang {config.decode.tgt_lang}: no corpus of the data translates "
                           f"into it (they translate into {', '.join(targets)})")
+
+
+def check_decode_width(config: Config, output_size: int) -> None:
+    """Refuse, before training starts, a ``decode.beam_size`` too wide for the model's output
+    vocabulary: saved with the run, it made ``translate`` and ``evaluate`` refuse the trained model."""
+    try:
+        check_beam_width(config.decode.beam_size, output_size)
+    except ConfigError as exc:
+        raise ConfigError(f"{config.source_of('decode.beam_size')}: {exc}; translate and evaluate would refuse "
+                          "the trained run") from None
 
 
 @torch.no_grad()

@@ -1418,3 +1418,15 @@ def test_a_warmup_past_the_last_step_is_warned_of(prepared: Path, tmp_path: Path
     train(make_config(prepared, run, "train.max_steps=2", "train.warmup_steps=8", "train.valid_every=100"))
     assert "train.warmup_steps 8 is past train.max_steps 2: the rate never reaches its peak, and ends at 25% of it" \
         in (run / "train.log").read_text(encoding="utf-8")
+
+
+def test_a_beam_too_wide_for_the_vocabulary_is_refused_before_training(prepared: Path, tmp_path: Path) -> None:
+    """decode.beam_size=1000 on a small vocabulary trained and saved a run that translate and
+    evaluate then refused; it is said at once, before any step."""
+    from mtcli.errors import ConfigError
+
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"with --set decode.beam_size=1000: decode.beam_size=1000 needs an output "
+                                          r"vocabulary of at least 2000 pieces .*translate and evaluate would refuse"):
+        train(make_config(prepared, run, "decode.beam_size=1000"))
+    assert not list((run / "checkpoints").glob("*.pt"))
