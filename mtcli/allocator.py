@@ -114,3 +114,13 @@ def bound_onednn_cache(capacity: int = ONEDNN_CACHE_CAPACITY) -> bool:
 
 
 __all__ = ["ONEDNN_CACHE_CAPACITY", "bound_onednn_cache", "keep_freed_memory", "release_freed_memory"]
+
+
+def available_host_bytes() -> int | None:
+    """The memory the kernel says new allocations can have (``MemAvailable``), or None where it
+    does not say (not Linux)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None

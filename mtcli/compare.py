@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mtcli.allocator import available_host_bytes
 from mtcli.config import check_language_code
 from mtcli.data.textio import lines_sha256, read_lines, read_lines_hashed
 from mtcli.errors import ConfigError, DataError, shown
@@ -254,20 +255,11 @@ def paired_test_bytes(test: str, lines: int, metrics: Sequence[str], samples: in
     return max(8 + 4 * _STATISTICS[m] for m in metrics) * samples * lines
 
 
-def _available_bytes() -> int | None:
-    """The memory the kernel says new allocations can have (``MemAvailable``), or None."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError, IndexError):
-        return None
-
-
 def _check_memory(lines: int, metrics: Sequence[str], tests: Sequence[str], samples: int | None) -> None:
     """:class:`ConfigError` before the tests when one would need more memory than is available
     (:func:`paired_test_bytes`): on a test set of 200,000 lines, sacreBLEU's approximate
     randomization needs about 20 GB, and a process out of memory is killed without a word."""
-    available = _available_bytes()
+    available = available_host_bytes()
     for test in tests:
         n = samples or DEFAULT_SAMPLES[test]
         need = paired_test_bytes(test, lines, metrics, n)

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from mtcli.allocator import available_host_bytes
 from mtcli.errors import ConfigError, DeviceMemoryError, failed_to_allocate
 from mtcli.logs import get_logger
 
@@ -161,6 +162,14 @@ def peak_memory_mb(device: torch.device) -> float:
         return torch.cuda.max_memory_allocated(device) / 2**20
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / (2**20 if sys.platform == "darwin" else 2**10)  # bytes on macOS, KiB on Linux
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """The memory new allocations on ``device`` can have now: a GPU's free memory (what other
+    processes hold left out), the host's ``MemAvailable`` for a CPU; None where unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return available_host_bytes() if device.type == "cpu" else None
 
 
 def memory_text(device: torch.device) -> str:

@@ -297,12 +297,12 @@ def test_a_test_that_needs_more_memory_than_there_is_is_refused_before_it_runs(
     assert paired_test_bytes("ar", 200_000, ["bleu"], 10_000) / 2**30 == pytest.approx(18.6, abs=0.1)
     assert paired_test_bytes("bs", 200_000, ["bleu", "chrf"], 1_000) > paired_test_bytes("bs", 200_000, ["bleu"], 1_000)
     need = paired_test_bytes("ar", lines, ["bleu"], 10_000)
-    monkeypatch.setattr(mtcli.compare, "_available_bytes", lambda: need)
+    monkeypatch.setattr(mtcli.compare, "available_host_bytes", lambda: need)
     with pytest.raises(ConfigError, match=rf"^--test ar over {lines:,} lines with 10,000 samples needs about 4 MiB "
                                           r"at once .*: give --samples 8,333 or fewer, or compare a part of the lines$"):
         compare([weak, strong], [ref], metrics=["bleu"], tests=["bs", "ar"])
     compare([weak, strong], [ref], metrics=["bleu"], tests=["ar"], samples=8_333)  # fits
-    monkeypatch.setattr(mtcli.compare, "_available_bytes", lambda: None)  # not known: run
+    monkeypatch.setattr(mtcli.compare, "available_host_bytes", lambda: None)  # not known: run
     compare([weak, strong], [ref], metrics=["bleu"], tests=["bs"], samples=10)
 
 

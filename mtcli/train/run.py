@@ -33,6 +33,7 @@ from mtcli.data.freshness import open_prepared
 from mtcli.data.vocabmap import tokenizer_files
 from mtcli.data.workers import end_with_parent
 from mtcli.device import (
+    available_bytes,
     device_has_bf16_units,
     is_out_of_memory,
     memory_text,
@@ -49,6 +50,7 @@ from mtcli.logs import (
     remove_log_handler,
 )
 from mtcli.metrics import phrase_bleu_note
+from mtcli.model import Transformer, count_parameters
 from mtcli.plots import write_learning_curves
 from mtcli.rundir import (
     CONFIG_NAME,
@@ -392,6 +394,35 @@ def out_of_memory_error(config: Config, device: torch.device, trainer: Trainer, 
                              f"if it fails again, resume with smaller batches ({smaller})")
 
 
+#: The bytes a parameter holds while it trains: its fp32 weight and gradient and Adam's two moments.
+TRAINING_BYTES_PER_PARAMETER = 16
+
+
+def check_model(config: Config, corpus: PreparedCorpus, device: torch.device, processes: int = 1) -> None:
+    """Refuse (:class:`ConfigError`), before the run directory is made, what the model's shape
+    rules out: a ``decode.beam_size`` wider than its output vocabulary allows
+    (:func:`check_decode_width`), and parameters that alone cannot train in the memory ``device``
+    has free (``processes`` of them sharing one host's memory): a ``model.d_model`` of 65536 ran
+    out of memory allocating 48 GiB, naming no key, and a huge ``model.d_ff`` after a first step,
+    with advice to shrink the batches. The model is built on PyTorch's ``meta`` device, which
+    allocates nothing."""
+    output_ids = corpus.target_vocabulary() if config.model.output_vocab == "target" else None
+    check_decode_width(config, corpus.vocab_size if output_ids is None else len(output_ids))
+    with torch.device("meta"):  # (the output list is a buffer: the parameters are the same without it)
+        model = Transformer(config.model, corpus.vocab_size)
+    free, parameters = available_bytes(device), count_parameters(model)
+    need = parameters * TRAINING_BYTES_PER_PARAMETER * (processes if device.type == "cpu" else 1)
+    if free is not None and need > free:
+        m = config.model
+        shape = (f"model.d_model={m.d_model}, model.d_ff={m.d_ff}, {m.encoder_layers}+{m.decoder_layers} layers, "
+                 f"a vocabulary of {corpus.vocab_size:,}")
+        on = f"{processes} processes' " if processes > 1 and device.type == "cpu" else ""
+        raise ConfigError(f"{config.path}: the model's {parameters / 1e6:,.1f}M parameters ({shape}) need "
+                          f"{need / 2**30:,.1f} GiB to train ({on}weights, gradients and Adam's two moments, "
+                          f"{TRAINING_BYTES_PER_PARAMETER} bytes a parameter), more than the {free / 2**30:,.1f} GiB "
+                          f"free on {memory_text(device)}: make the model smaller")
+
+
 def _join(config: Config, info: DistInfo, device: torch.device) -> PreparedCorpus:
     """Join the run's process group (under torchrun) and open the prepared cache, every rank
     agreeing on it: a rank that fails here stops the others with one line each (they waited
@@ -455,6 +486,7 @@ def train(config: Config) -> TrainSummary:
         stack.callback(signals.restore)  # last: a signal after a stop waits for the shutdown
         stack.callback(leave_distributed, info)
         corpus = _join(config, info, device)
+        check_model(config, corpus, device, info.local_world_size)
         _keep_log(stack, info, run_dir)
         stack.enter_context(peer_failures(info))  # inside train.log's: it gets the one line
         config, precision_text = resolve_precision(config, device)  # (their warnings in train.log too)
@@ -464,7 +496,6 @@ def train(config: Config) -> TrainSummary:
         found = find_resume_checkpoint(run_dir)
         agree_on_resume(None if found is None else int(found[1].get("step", 0)), info)
         trainer = Trainer(config, info, device, corpus, run_dir, signals)
-        check_decode_width(config, trainer.model.output_size)
         parent = None
         if found is not None:
             check_same_config_file(found[1], config.path, run_dir)  # (in every process: each stops)

@@ -1430,3 +1430,25 @@ def test_a_beam_too_wide_for_the_vocabulary_is_refused_before_training(prepared:
                                           r"vocabulary of at least 2000 pieces .*translate and evaluate would refuse"):
         train(make_config(prepared, run, "decode.beam_size=1000"))
     assert not list((run / "checkpoints").glob("*.pt"))
+
+
+def test_a_model_too_large_for_the_free_memory_is_refused_before_the_run_is_made(
+        prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """model.d_model=65536 ran out of memory allocating 48 GiB, naming no key, after the run's
+    directory was made; a huge model.d_ff after a step, with advice to shrink the batches."""
+    import mtcli.train.run as run_module
+    from mtcli.data.cache import PreparedCorpus
+    from mtcli.errors import ConfigError
+    from mtcli.model import Transformer, count_parameters
+
+    config = make_config(prepared, tmp_path / "run")
+    corpus = PreparedCorpus.open(prepared)
+    parameters = count_parameters(Transformer(config.model, corpus.vocab_size))
+    monkeypatch.setattr(run_module, "available_bytes", lambda device: 16 * parameters - 1)
+    with pytest.raises(ConfigError, match=rf"the model's {parameters / 1e6:,.1f}M parameters \(model.d_model="
+                                          r".*Adam's two moments, 16 bytes a parameter\), more than the .* GiB free "
+                                          r"on cpu: make the model smaller"):
+        train(config)
+    assert not (tmp_path / "run").exists()
+    monkeypatch.setattr(run_module, "available_bytes", lambda device: 16 * parameters)
+    assert train(dataclasses.replace(config, train=dataclasses.replace(config.train, max_steps=1))).trained
