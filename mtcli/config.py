@@ -471,7 +471,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None,
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"{where}: config file not found") from None
+        stdin = "; a config on standard input is given as /dev/stdin (with a data.name)" if where == "-" else ""
+        raise ConfigError(f"{where}: config file not found{stdin}") from None
     except IsADirectoryError:
         run = " (a run directory: its config.yaml resumes it)" if (path / "config.yaml").is_file() else ""
         raise ConfigError(f"{where}: is a directory{run}; give a YAML config file") from None

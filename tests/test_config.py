@@ -675,3 +675,9 @@ def test_a_key_yaml_reads_as_no_text_is_an_unknown_key(tmp_path: Path, key: str,
     assert f"unknown key '{said}'" in cli_error(path)
     sources = write(tmp_path, "data:\n  name: x\n  sources:\n    - source: somewhere\n      true: 3\n", "s.yaml")
     assert "unknown key 'data.sources[0].True'" in cli_error(sources)
+
+
+def test_a_config_of_dash_points_to_dev_stdin() -> None:
+    """`mtcli prepare -` said only "-: config file not found", where translate reads - as stdin."""
+    assert cli_error(Path("-")).endswith("-: config file not found; a config on standard input is given as "
+                                         "/dev/stdin (with a data.name)")
