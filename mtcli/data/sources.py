@@ -517,6 +517,13 @@ def _near_name(source: str) -> str | None:
     return near[0] if near else None
 
 
+def _unused_hub_config(key: str, source: str, kind: str, hub_config: str | None) -> None:
+    """Warn of a ``hub_config`` beside a source that has no configurations to pick from."""
+    if hub_config:
+        get_logger().warning("%s %s: %s has no configurations to pick from; hub_config %s is left out",
+                             key, source, kind, hub_config)
+
+
 def open_source(source: str, src_lang: str, tgt_lang: str, hub_config: str | None = None,
                 key: str = "data.source") -> Source:
     """The :class:`Source` ``data.source`` names: a local directory (kind detected), a public
@@ -528,6 +535,7 @@ def open_source(source: str, src_lang: str, tgt_lang: str, hub_config: str | Non
             raise DataError(f"{key} {source}: is a file, expected a directory or a hub id")
         kind = detect_kind(path)
         if kind == "dataset":
+            _unused_hub_config(key, source, "a saved dataset", hub_config)
             return DatasetDirSource(path, src_lang, tgt_lang)
         text = TextDirSource(path, src_lang, tgt_lang)
         if kind == "parquet":  # unless it holds text of both languages (a stray notes.parquet beside it)
@@ -535,6 +543,7 @@ def open_source(source: str, src_lang: str, tgt_lang: str, hub_config: str | Non
                                               for split in text.splits()):  # (a .tmx's languages: read later)
                 return ParquetDirSource(path, src_lang, tgt_lang, hub_config)
             get_logger().warning("%s %s: reading its text files; its .parquet files are left out", key, source)
+        _unused_hub_config(key, source, "a directory of text files", hub_config)
         if not text.splits():
             entries = ", ".join(sorted(p.name for p in path.iterdir())[:10]) or "nothing"
             raise DataError(f"{key} {source}: no <split>.<lang> text files, <split>.<l1>-<l2>.tsv or "
@@ -542,6 +551,7 @@ def open_source(source: str, src_lang: str, tgt_lang: str, hub_config: str | Non
                             f"{text._advice()}")
         return text
     if source in CORPORA:
+        _unused_hub_config(key, source, "a corpus mtcli knows", hub_config)
         return TextDirSource(locate(source), src_lang, tgt_lang)
     if looks_like_path(source) or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
         raise DataError(f"{key} {source}: directory not found (relative paths are from {Path.cwd()})")

@@ -278,6 +278,19 @@ def test_a_misspelt_corpus_or_directory_name_is_refused_at_once(monkeypatch: pyt
     assert isinstance(open_source("opus_books", "en", "fr"), HubSource)  # a bare hub id near nothing here
 
 
+def test_a_hub_config_beside_a_text_directory_is_warned_of(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """data.hub_config: de-en with a directory of text files was left out without a word."""
+    import logging
+
+    root = write_text_dir(tmp_path / "c", {"train": PAIRS})
+    with caplog.at_level(logging.WARNING, logger="mtcli"):
+        open_source(str(root), "de", "en", hub_config="de-en")
+        open_source(str(root), "de", "en")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"data.source {root}: a directory of text files has no configurations to pick from; hub_config de-en is "
+        "left out"]
+
+
 def test_a_corpus_of_several_that_cannot_be_opened_is_named_by_its_key(tmp_path: Path) -> None:
     """The error said data.source of a config that has data.sources, naming no entry of it."""
     from mtcli.config import config_from_dict
