@@ -63,6 +63,7 @@ from mtcli.rundir import (
     step_checkpoints,
 )
 from mtcli.runlock import RunLock
+from mtcli.settings import usable_cores
 from mtcli.train.distributed import (
     DistInfo,
     PeerStopped,
@@ -460,6 +461,21 @@ def _keep_log(stack: contextlib.ExitStack, info: DistInfo, run_dir: Path) -> Non
     remove_stale_temp_files(run_dir)
 
 
+def _set_threads(config: Config, info: DistInfo) -> None:
+    """``train.num_threads`` (0: PyTorch's own choice), warned of when this machine's processes
+    would run more threads than the cores they may use: they take turns, slower than fewer."""
+    threads = config.train.num_threads
+    if threads <= 0:
+        return
+    torch.set_num_threads(threads)
+    cores = usable_cores(limit=1 << 16)
+    if threads * info.local_world_size > cores:
+        each = f" in each of {info.local_world_size} processes" if info.local_world_size > 1 else ""
+        get_logger().warning("%s: train.num_threads=%d%s is more threads than the %d cores this machine lets the run "
+                             "use; they take turns, which is slower than %d", config.path,
+                             threads, each, cores, max(1, cores // info.local_world_size))
+
+
 def _device(config: Config, info: DistInfo) -> torch.device:
     """This process's device, from ``train.device``; :class:`ConfigError` naming the file (or
     ``--set``) that asked for a device this machine lacks."""
@@ -476,8 +492,7 @@ def train(config: Config) -> TrainSummary:
     if info.local_rank > 0:  # one voice on each machine's console: its first process's (they warn alike)
         log.setLevel(logging.ERROR)
     device = _device(config, info)
-    if config.train.num_threads > 0:
-        torch.set_num_threads(config.train.num_threads)
+    _set_threads(config, info)
     check_validation(config)  # now, not at the first validation
     run_dir = config.run_path()
     check_run_directory(run_dir)  # said now, not after the corpus is checked

@@ -1452,3 +1452,23 @@ def test_a_model_too_large_for_the_free_memory_is_refused_before_the_run_is_made
     assert not (tmp_path / "run").exists()
     monkeypatch.setattr(run_module, "available_bytes", lambda device: 16 * parameters)
     assert train(dataclasses.replace(config, train=dataclasses.replace(config.train, max_steps=1))).trained
+
+
+def test_more_threads_than_cores_are_warned_of(prepared: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """train.num_threads: 64 on a 2-core machine ran 64 threads taking turns, without a word."""
+    import logging
+
+    import mtcli.train.run as run_module
+
+    monkeypatch.setattr(run_module, "usable_cores", lambda limit: 2)
+    saved = torch.get_num_threads()
+    try:
+        with caplog.at_level(logging.WARNING, logger="mtcli"):
+            train(make_config(prepared, tmp_path / "run", "train.max_steps=1", "train.num_threads=3"))
+    finally:
+        torch.set_num_threads(saved)
+    warned = [r.getMessage() for r in caplog.records if "train.num_threads" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].endswith(
+        ": train.num_threads=3 is more threads than the 2 cores this machine lets the run use; "
+        "they take turns, which is slower than 2")
