@@ -41,7 +41,8 @@ def open_prepared(config: Config, check_inputs: bool = True, resuming: bool = Fa
         if building:
             raise DataError(f"{path}: another process is preparing it now (`mtcli prepare`, pid {building[0]}): "
                             "train once it has finished")
-        raise DataError(f"{path}: no prepared cache; run `{config.prepare_command()}` first")
+        here = "" if path.is_absolute() else f" (relative paths are from {Path.cwd()}, where prepare writes it too)"
+        raise DataError(f"{path}: no prepared cache{here}; run `{config.prepare_command()}` first")
     try:
         corpus = PreparedCorpus.open(path, verify=True)
     except DataError as exc:  # its advice with this config's command line

@@ -1330,6 +1330,16 @@ def test_no_op_reads_no_file_that_is_provably_unchanged(tmp_path: Path, toy_dir:
     assert "test.src" in reads and "train.src" not in reads
 
 
+def test_a_missing_cache_at_a_relative_path_says_where_it_was_looked_for(tmp_path: Path, monkeypatch) -> None:
+    """Prepared in one directory and trained from another, a relative data.prepared_dir is not
+    found, and the advice to prepare did not say the path is from the current directory."""
+    monkeypatch.chdir(tmp_path)
+    config = load_config(REPO / "configs" / "toy.yaml", [f"data.source={TOY_DIR}", "data.prepared_dir=prep"])
+    with pytest.raises(DataError, match=rf"^prep: no prepared cache \(relative paths are from {tmp_path}, where "
+                                        r"prepare writes it too\); run `mtcli prepare"):
+        open_prepared(config)
+
+
 def test_train_while_the_first_prepare_builds_says_so(tmp_path: Path) -> None:
     """It said "no prepared cache; run mtcli prepare", which started a second build."""
     config = load_config(REPO / "configs" / "toy.yaml", [f"data.source={TOY_DIR}",
